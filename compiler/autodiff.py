@@ -1,0 +1,147 @@
+"""Reverse-mode automatic differentiation as an IR -> IR transform.
+
+Contract: `vjp(fn, wrt)` returns the *joint* function
+
+    joint(params..., ct_1, ..., ct_k) -> (outputs..., grad_wrt_1, ...)
+
+where `ct_i` is the cotangent of fn's i-th output and `grad_wrt_j` the
+cotangent of parameter `wrt[j]` (zeros when nothing flows to it, cast to the
+parameter's dtype).  It is an ordinary IR function: it can be
+differentiated again, simplified, fused and printed.
+
+Primitive derivatives come from the op table (`compiler.ops`).  A
+`custom_vjp` call (a user function with a grad block) is differentiated by
+its grad block: its `fwd` is inlined, keeping the residuals, and its `bwd`
+is inlined in the backward sweep, so a second differentiation flows through
+the residuals the block reads.  Only float values carry cotangents; uses of
+one value sum.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from compiler import ops
+from compiler.ir import Atom, Builder, Eqn, Function, Lit, Var, inline, vars_in
+
+
+def vjp(fn: Function, wrt: Sequence[int]) -> Function:
+    b = Builder()
+    params = [Var(v.type, v.hint) for v in fn.params]
+    env: dict[Var, Atom] = dict(zip(fn.params, params))
+
+    def sub(a: Atom) -> Atom:
+        return env.get(a, a) if isinstance(a, Var) else a
+
+    # Forward sweep: copy the primal, expanding custom calls into their fwd
+    # body and remembering the residuals their bwd will read.
+    active: set[Var] = {params[i] for i in wrt if params[i].type.is_float}
+    tape: list[tuple[Eqn, Optional[list[Atom]]]] = []
+    for eqn in fn.eqns:
+        inputs = tuple(sub(a) for a in eqn.inputs)
+        if eqn.op == "custom_vjp":
+            p = eqn.p
+            results = inline(b, p["fwd"], inputs)
+            outs = results[:p["n_out"]]
+            residuals = results[p["n_out"]:]
+            new = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
+                      eqn.params, eqn.span)
+            for old, out in zip(eqn.outputs, outs):
+                env[old] = out
+            record = (new, outs, residuals)
+        else:
+            outs_vars = tuple(Var(v.type, v.hint) for v in eqn.outputs)
+            new = Eqn(eqn.op, inputs, outs_vars, eqn.params, eqn.span)
+            b.eqns.append(new)
+            env.update(zip(eqn.outputs, outs_vars))
+            outs = list(outs_vars)
+            record = (new, outs, None)
+        is_active = (any(a in active for a in vars_in(inputs))
+                     and eqn.op not in ops.NON_DIFFERENTIABLE)
+        if is_active:
+            active.update(o for o in vars_in(outs) if o.type.is_float)
+            tape.append(record)
+
+    outputs = [sub(a) for a in fn.outputs]
+    cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs)]
+
+    # Backward sweep.
+    cts: dict[Var, Atom] = {}
+
+    def accumulate(v: Atom, ct: Optional[Atom]) -> None:
+        if ct is None or not isinstance(v, Var) or v not in active:
+            return
+        if ct.type.dtype != v.type.dtype:
+            ct = b.bind("cast", ct, dtype=v.type.dtype)
+        cts[v] = b.bind("add", cts[v], ct) if v in cts else ct
+
+    for out, ct in zip(outputs, cts_in):
+        accumulate(out, ct)
+
+    for eqn, outs, residuals in reversed(tape):
+        out_cts = [cts.get(o) if isinstance(o, Var) else None for o in outs]
+        if all(c is None for c in out_cts):
+            continue
+        out_cts = [c if c is not None else ops.zeros_like(b, o.type)
+                   for c, o in zip(out_cts, outs)]
+        needs = [isinstance(a, Var) and a in active for a in eqn.inputs]
+        if eqn.op == "custom_vjp":
+            in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
+        else:
+            rule = ops.OPS[eqn.op].vjp
+            shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
+            in_cts = rule(b, shadow, out_cts, needs)
+        for a, need, ct in zip(eqn.inputs, needs, in_cts):
+            if need:
+                accumulate(a, ct)
+
+    grads = []
+    for i in wrt:
+        p = params[i]
+        grads.append(cts.get(p) if p in cts else ops.zeros_like(b, p.type))
+    return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+
+
+def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool) -> Function:
+    """(params...) -> ([outputs...,] grads...): the gradient of the sum of
+    every output, seeded with ones."""
+    joint = vjp(fn, wrt)
+    b = Builder()
+    params = [Var(v.type, v.hint) for v in fn.params]
+    seeds = [ops.full(b, 1, t.shape, t.dtype) for t in fn.out_types]
+    results = inline(b, joint, params + seeds)
+    n_out = len(fn.outputs)
+    outputs = (results if with_value else results[n_out:])
+    suffix = "value_and_grad" if with_value else "grad"
+    return b.function(f"{fn.name}_{suffix}", params, outputs)
+
+
+def split(joint: Function, n_params: int, n_out: int) -> tuple[Function, Function]:
+    """Cut a joint function (see `vjp`) into
+
+        fwd(params...) -> (outputs..., residuals...)
+        bwd(residuals..., cts...) -> grads...
+
+    Everything that does not depend on a cotangent runs in `fwd`; the values
+    `bwd` reads from it are the residuals, the memory a pullback keeps."""
+    cts = joint.params[n_params:]
+    tainted: set[Var] = set(cts)
+    fwd_eqns: list[Eqn] = []
+    bwd_eqns: list[Eqn] = []
+    for eqn in joint.eqns:
+        if any(a in tainted for a in vars_in(eqn.inputs)):
+            bwd_eqns.append(eqn)
+            tainted.update(eqn.outputs)
+        else:
+            fwd_eqns.append(eqn)
+    residuals: list[Var] = []
+    seen: set[Var] = set()
+    grads = joint.outputs[n_out:]
+    for a in [a for e in bwd_eqns for a in e.inputs] + list(grads):
+        if isinstance(a, Var) and a not in tainted and a not in seen:
+            seen.add(a)
+            residuals.append(a)
+    fwd = Function(f"{joint.name}_fwd", joint.params[:n_params], tuple(fwd_eqns),
+                   tuple(joint.outputs[:n_out]) + tuple(residuals))
+    bwd = Function(f"{joint.name}_bwd", tuple(residuals) + tuple(cts), tuple(bwd_eqns),
+                   tuple(grads))
+    return fwd, bwd

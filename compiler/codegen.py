@@ -1,0 +1,298 @@
+"""Codegen: fused steps -> Python source for a kernel module and a driver.
+
+Contract: `generate(fn, target)` returns a `Generated` holding
+- `kernel_source`: a Python module of Numba kernels, one per fused loop,
+  rendered from the op table's scalar templates.  It depends only on the
+  structure of the computation (dtypes, which inputs broadcast how), never
+  on sizes, so one compiled kernel serves every size;
+- `driver_source`: a plain-Python function `run(*args)` for this exact
+  signature that allocates outputs with NumPy, calls the kernels (and the
+  runtime's reduction and matmul kernels) in order, and returns the
+  outputs.  Kernels never allocate.
+
+Only `Target` differs between the CPU and CUDA: the loop wrapper and how
+the driver launches a loop and allocates memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from compiler.fusion import Loop, fuse
+from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from compiler.ops import OPS
+
+# Loops with fewer elements than this run serially: waking the thread pool
+# costs more than it saves below a few tens of thousands of elements.
+PARALLEL_THRESHOLD = 1 << 15
+
+SCALAR_TYPES = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32",
+                "i64": "np.int64", "bool": "np.bool_"}
+CASTS = {"f32": "f32", "f64": "f64", "i32": "i32", "i64": "i64", "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class Generated:
+    name: str
+    kernel_source: str
+    driver_source: str
+    kernel_names: tuple[str, ...]
+
+    @property
+    def kernel_hash(self) -> str:
+        return hashlib.sha256(self.kernel_source.encode()).hexdigest()[:20]
+
+
+# ------------------------------------------------------------ input access
+
+
+def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
+    """How a loop over `loop` reads an input of `shape` at flat index i."""
+    if shape == loop:
+        return "full"
+    if math.prod(shape) == 1:
+        return "scalar"
+    trimmed = shape[next((k for k, d in enumerate(shape) if d != 1), len(shape)):]
+    if trimmed == loop[len(loop) - len(trimmed):]:
+        return "suffix"
+    padded = (1,) * (len(loop) - len(shape)) + shape
+    j = next((k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k]), 0)
+    if all(d == 1 for d in padded[j:]):
+        return "outer"
+    return "general"
+
+
+def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object]:
+    """The extra kernel argument an access kind needs (computed per size)."""
+    kind = access_kind(shape, loop)
+    padded = (1,) * (len(loop) - len(shape)) + shape
+    if kind == "outer":
+        j = next(k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k])
+        return math.prod(loop[j:])
+    if kind == "general":
+        rows = []
+        out_stride, in_stride = 1, 1
+        for axis in reversed(range(len(loop))):
+            rows.append((out_stride, loop[axis], in_stride if padded[axis] != 1 else 0))
+            out_stride *= loop[axis]
+            in_stride *= padded[axis]
+        return tuple(reversed(rows))
+    return None
+
+
+# ------------------------------------------------------------------ targets
+
+
+class CpuTarget:
+    name = "cpu"
+    header = ("import math\nimport numpy as np\nimport numba\nfrom numba import prange\n")
+
+    def render_loop(self, kname: str, args: list[str], pre: list[str],
+                    body: list[str]) -> str:
+        arglist = ", ".join(["n"] + args)
+        out = []
+        for suffix, deco, rng in (("", "@numba.njit(parallel=True, cache=True, "
+                                   "error_model='numpy', nogil=True)", "prange"),
+                                  ("_serial", "@numba.njit(cache=True, error_model='numpy', "
+                                   "nogil=True)", "range")):
+            out.append(deco)
+            out.append(f"def {kname}{suffix}({arglist}):")
+            out += ["    " + line for line in pre]
+            out.append(f"    for i in {rng}(n):")
+            out += ["        " + line for line in body]
+            out.append("")
+        return "\n".join(out)
+
+    def launch(self, kname: str, n: int, args: list[str]) -> str:
+        variant = "" if n >= PARALLEL_THRESHOLD else "_serial"
+        return f"K.{kname}{variant}({', '.join([str(n)] + args)})"
+
+
+TARGETS = {"cpu": CpuTarget()}
+
+
+# ------------------------------------------------------------------ kernels
+
+
+def _literal(a: Lit, consts: dict) -> str:
+    key = (a.type.dtype, repr(a.value))
+    if key not in consts:
+        consts[key] = f"c{len(consts)}"
+    return consts[key]
+
+
+def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list[str]]:
+    """Kernel source for one fused loop, and the driver-side argument kinds
+    (one per kernel argument after n: 'in', 'out' or 'aux')."""
+    names: dict[Var, str] = {}
+    args: list[str] = []
+    pre: list[str] = []
+    body: list[str] = []
+    kinds: list[tuple[str, object]] = []
+
+    for k, v in enumerate(loop.inputs):
+        arg = f"in{k}"
+        args.append(arg)
+        kinds.append(("in", v))
+        kind = access_kind(v.type.shape, loop.shape)
+        if kind == "full":
+            body.append(f"a{k} = {arg}[i]")
+        elif kind == "scalar":
+            pre.append(f"a{k} = {arg}[0]")
+        elif kind == "suffix":
+            pre.append(f"m{k} = {arg}.shape[0]")
+            body.append(f"a{k} = {arg}[i % m{k}]")
+        elif kind == "outer":
+            body.append(f"a{k} = {arg}[i // q{k}]")
+        else:
+            body.append(f"j{k} = 0")
+            body.append(f"for r in range(g{k}.shape[0]):")
+            body.append(f"    j{k} += ((i // g{k}[r, 0]) % g{k}[r, 1]) * g{k}[r, 2]")
+            body.append(f"a{k} = {arg}[j{k}]")
+        names[v] = f"a{k}"
+    for j, v in enumerate(loop.outputs):
+        args.append(f"out{j}")
+        kinds.append(("out", v))
+    for k, v in enumerate(loop.inputs):
+        kind = access_kind(v.type.shape, loop.shape)
+        if kind in ("outer", "general"):
+            args.append(f"q{k}" if kind == "outer" else f"g{k}")
+            kinds.append(("aux", v))
+
+    def ref(a: Atom) -> str:
+        return _literal(a, consts) if isinstance(a, Lit) else names[a]
+
+    for n, eqn in enumerate(loop.eqns):
+        out = eqn.outputs[0]
+        local = f"v{n}"
+        names[out] = local
+        op = OPS[eqn.op]
+        if eqn.op == "full":
+            expr = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())), consts)
+        elif eqn.op == "broadcast_to":
+            expr = ref(eqn.inputs[0])
+        else:
+            expr = op.template_for(target.name).format(
+                *[ref(a) for a in eqn.inputs], T=CASTS[out.type.dtype])
+        body.append(f"{local} = {CASTS[out.type.dtype]}({expr})")
+    for j, v in enumerate(loop.outputs):
+        body.append(f"out{j}[i] = {names[v]}")
+    return target.render_loop(kname, args, pre, body), kinds
+
+
+# ------------------------------------------------------------------- driver
+
+
+def generate(fn: Function, target_name: str = "cpu") -> Generated:
+    target = TARGETS[target_name]
+    steps = fuse(fn)
+    consts: dict = {}
+    kernels: list[str] = []
+    kernel_names: list[str] = []
+    names: dict[Var, str] = {}
+    fresh: set[Var] = set()  # driver values that own their memory
+    lines: list[str] = []
+
+    def ref(a: Atom) -> str:
+        if isinstance(a, Lit):
+            return f"np.{_np_name(a.type.dtype)}({a.value!r})"
+        return names[a]
+
+    def define(v: Var) -> str:
+        names[v] = f"t{len(names)}"
+        return names[v]
+
+    params = [define(v) for v in fn.params]
+    for step in steps:
+        if isinstance(step, Loop):
+            kname = f"k_{_ident(fn.name)}_{len(kernel_names)}"
+            source, kinds = render_loop(step, kname, target, consts)
+            kernels.append(source)
+            kernel_names.append(kname)
+            size = math.prod(step.shape)
+            call_args = []
+            for kind, v in kinds:
+                if kind == "in":
+                    call_args.append(f"R.flat({ref(v)})")
+                elif kind == "out":
+                    name = define(v)
+                    fresh.add(v)
+                    lines.append(f"{name} = np.empty({size}, np.{_np_name(v.type.dtype)})")
+                    call_args.append(name)
+                else:
+                    aux = access_aux(v.type.shape, step.shape)
+                    call_args.append(repr(aux) if isinstance(aux, int)
+                                     else f"np.array({aux!r}, np.int64)")
+            lines.append(target.launch(kname, size, call_args))
+            for v in step.outputs:
+                if v.type.shape != (size,):
+                    lines.append(f"{names[v]} = {names[v]}.reshape({v.type.shape!r})")
+        else:
+            lines.append(_render_eqn(step, ref, define))
+            if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate"):
+                fresh.update(step.outputs)
+    outs = []
+    for a in fn.outputs:
+        if isinstance(a, Lit):
+            outs.append(f"np.asarray({ref(a)})")
+        elif a in fresh:
+            outs.append(names[a])
+        else:
+            outs.append(f"np.array({names[a]})")  # never hand out a view of an input
+    lines.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+
+    const_lines = [f"{name} = np.{_np_name(dtype)}({value})"
+                   for (dtype, value), name in consts.items()]
+    kernel_source = "\n".join(
+        [f'"""Kernels generated by gradc for {fn.name} ({target.name})."""',
+         target.header,
+         "f32, f64, i32, i64 = np.float32, np.float64, np.int32, np.int64",
+         "nan, inf = np.nan, np.inf", *const_lines, "", ""] + kernels)
+    driver_source = "\n".join(
+        [f"def run({', '.join(params)}):"] + ["    " + l for l in lines]) + "\n"
+    return Generated(fn.name, kernel_source, driver_source, tuple(kernel_names))
+
+
+def _render_eqn(eqn: Eqn, ref, define) -> str:
+    x = [ref(a) for a in eqn.inputs]
+    p = eqn.p
+    out = define(eqn.outputs[0])
+    op = eqn.op
+    if op == "reduce_sum":
+        return f"{out} = R.reduce_sum({x[0]}, {tuple(p['axes'])!r})"
+    if op == "reduce_max":
+        return f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r})"
+    if op == "matmul":
+        return f"{out} = R.matmul({x[0]}, {x[1]})"
+    if op == "reshape":
+        return f"{out} = np.reshape({x[0]}, {tuple(p['shape'])!r})"
+    if op == "transpose":
+        return f"{out} = np.transpose({x[0]}, {tuple(p['perm'])!r})"
+    if op == "broadcast_to":
+        return f"{out} = np.broadcast_to({x[0]}, {tuple(p['shape'])!r})"
+    if op == "slice":
+        return f"{out} = {x[0]}[{_slices(p)}]"
+    if op == "embed":
+        return f"{out} = R.embed({x[0]}, {tuple(p['shape'])!r}, ({_slices(p)},))"
+    if op == "concatenate":
+        return f"{out} = np.concatenate(({', '.join(x)},), axis={p['axis']})"
+    raise NotImplementedError(f"no driver code for {op}")
+
+
+def _slices(p) -> str:
+    parts = []
+    for start, stop, step in zip(p["starts"], p["stops"], p["steps"]):
+        stop_text = "None" if stop < 0 else str(stop)
+        parts.append(f"slice({start}, {stop_text}, {step})")
+    return ", ".join(parts)
+
+
+def _np_name(dtype: str) -> str:
+    return {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
+            "bool": "bool_"}[dtype]
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)

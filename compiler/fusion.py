@@ -1,0 +1,107 @@
+"""Fusion: group elementwise equations into loop kernels.
+
+Contract: `fuse(fn)` returns the function's work as an ordered list of
+steps: `Loop`s (a fused chain of elementwise equations over one iteration
+shape) and single non-elementwise equations (reductions, matmul, layout).
+A value that only the members of one loop read never leaves the loop: it
+lives in a register, so a value-and-gradient of an elementwise chain is one
+pass that stores no residual.  `broadcast_to` and `full` join loops as
+elementwise ops (their inputs are read with broadcast indexing, their
+values are constants), so broadcasting never materializes an array.
+
+Greedy rule: an elementwise equation joins the loop of one of its
+producers when the shapes agree and every other input it reads was defined
+before that loop starts; the loop then runs where its first member stood,
+which keeps the step order topological.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from compiler.ops import OPS
+
+FUSIBLE = {name for name, op in OPS.items() if op.kind == "elementwise"} | {"broadcast_to"}
+
+
+@dataclass
+class Loop:
+    shape: tuple[int, ...]
+    start: int
+    eqns: list[Eqn] = field(default_factory=list)
+    produced: set = field(default_factory=set)
+    inputs: list[Var] = field(default_factory=list)   # read from outside
+    outputs: list[Var] = field(default_factory=list)  # needed outside
+
+
+Step = Union[Loop, Eqn]
+
+
+def fuse(fn: Function) -> list[Step]:
+    fulls = {e.out: e for e in fn.eqns if e.op == "full"}
+    defined_at: dict[Var, int] = {v: -1 for v in fn.params}
+    loop_of: dict[Var, Loop] = {}
+    steps: list[tuple[int, Step]] = []
+
+    for index, eqn in enumerate(fn.eqns):
+        if eqn.op not in FUSIBLE:
+            steps.append((index, eqn))
+            defined_at.update((o, index) for o in eqn.outputs)
+            continue
+        if eqn.op not in ("full", "broadcast_to"):
+            # Loops read constants as literals, whatever their declared
+            # shape; a `full` is materialized only for a non-loop reader.
+            eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
+                      eqn.outputs, eqn.params, eqn.span)
+        shape = eqn.outputs[0].type.shape
+        home = None
+        for a in eqn.inputs:
+            candidate = loop_of.get(a) if isinstance(a, Var) else None
+            if candidate is None or candidate.shape != shape or candidate is home:
+                continue
+            external = [x for x in eqn.inputs
+                        if isinstance(x, Var) and x not in candidate.produced]
+            if all(defined_at[x] < candidate.start for x in external):
+                if home is None or candidate.start > home.start:
+                    home = candidate
+        if home is None:
+            home = Loop(shape, index)
+            steps.append((index, home))
+        home.eqns.append(eqn)
+        home.produced.update(eqn.outputs)
+        for o in eqn.outputs:
+            loop_of[o] = home
+            defined_at[o] = index
+
+    ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
+    _wire(ordered, fn)
+    return [s for s in ordered if not isinstance(s, Loop) or s.outputs]
+
+
+def _as_constant(a: Atom, fulls: dict[Var, Eqn]) -> Atom:
+    if isinstance(a, Var) and a in fulls:
+        p = fulls[a].p
+        return Lit(p["value"], TensorType(p["dtype"], ()))
+    return a
+
+
+def _wire(steps: list[Step], fn: Function) -> None:
+    """Fill each loop's external inputs and the outputs others need."""
+    needed: set[Var] = {a for a in fn.outputs if isinstance(a, Var)}
+    for step in steps:
+        eqns = step.eqns if isinstance(step, Loop) else [step]
+        for eqn in eqns:
+            for a in eqn.inputs:
+                if isinstance(a, Var) and not (isinstance(step, Loop) and a in step.produced):
+                    needed.add(a)
+    for step in steps:
+        if not isinstance(step, Loop):
+            continue
+        seen: set[Var] = set()
+        for eqn in step.eqns:
+            for a in eqn.inputs:
+                if isinstance(a, Var) and a not in step.produced and a not in seen:
+                    seen.add(a)
+                    step.inputs.append(a)
+            step.outputs.extend(o for o in eqn.outputs if o in needed)

@@ -1,0 +1,231 @@
+"""The typed SSA intermediate representation.
+
+Contract: everything here is immutable.  A `Function` is a list of `Eqn`s in
+topological order; each `Eqn` applies one primitive (named in
+`compiler.ops.OPS`) to input atoms (`Var`s defined earlier or `Lit`s) and
+defines fresh output `Var`s.  Shapes are concrete: a function is lowered
+once per call signature, and the kernels it turns into are shape-generic, so
+they are reused across signatures.  A pass takes a Function and returns a new
+one.  `Builder` is the one mutable helper, used while constructing a
+function; `print_function` is the one textual form (MLIR-flavoured, with
+deterministic names).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Union
+
+import numpy as np
+
+from dsl.errors import Span
+
+DTYPES = ("bool", "i32", "i64", "f32", "f64")
+FLOATS = ("f32", "f64")
+INTS = ("i32", "i64")
+NUMPY_DTYPES = {"bool": np.bool_, "i32": np.int32, "i64": np.int64,
+                "f32": np.float32, "f64": np.float64}
+
+
+def dtype_of_numpy(dt: np.dtype) -> str | None:
+    for name, np_type in NUMPY_DTYPES.items():
+        if np.dtype(np_type) == dt:
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOATS
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(NUMPY_DTYPES[self.dtype]).itemsize
+
+    def with_dtype(self, dtype: str) -> "TensorType":
+        return TensorType(dtype, self.shape)
+
+    def __str__(self) -> str:
+        if not self.shape:
+            return self.dtype
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+_var_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    """An SSA value.  Identity is the object; `hint` is a source name used
+    only to make printed IR readable."""
+
+    type: TensorType
+    hint: str = ""
+    uid: int = field(default_factory=lambda: next(_var_ids))
+
+    def __repr__(self) -> str:
+        return f"Var({self.hint or '_'}#{self.uid}: {self.type})"
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A scalar constant of a concrete dtype."""
+
+    value: Union[int, float, bool]
+    type: TensorType
+
+    def __repr__(self) -> str:
+        return f"Lit({self.value!r}: {self.type})"
+
+
+Atom = Union[Var, Lit]
+
+
+@dataclass(frozen=True)
+class Eqn:
+    op: str
+    inputs: tuple[Atom, ...]
+    outputs: tuple[Var, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+    span: Span | None = None
+
+    @property
+    def p(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def out(self) -> Var:
+        (only,) = self.outputs
+        return only
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    params: tuple[Var, ...]
+    eqns: tuple[Eqn, ...]
+    outputs: tuple[Atom, ...]
+
+    @property
+    def in_types(self) -> tuple[TensorType, ...]:
+        return tuple(v.type for v in self.params)
+
+    @property
+    def out_types(self) -> tuple[TensorType, ...]:
+        return tuple(a.type for a in self.outputs)
+
+
+def vars_in(atoms: Iterable[Atom]) -> Iterator[Var]:
+    return (a for a in atoms if isinstance(a, Var))
+
+
+class Builder:
+    """Accumulates equations; `bind` type-checks through the op table."""
+
+    def __init__(self) -> None:
+        self.eqns: list[Eqn] = []
+
+    def bind(self, op: str, *inputs: Atom, span: Span | None = None,
+             hint: str = "", **params: Any) -> Var:
+        (out,) = self.bind_multi(op, *inputs, span=span, hint=hint, **params)
+        return out
+
+    def bind_multi(self, op: str, *inputs: Atom, span: Span | None = None,
+                   hint: str = "", **params: Any) -> tuple[Var, ...]:
+        from compiler.ops import OPS  # the table imports this module
+        out_types = OPS[op].type_rule([a.type for a in inputs], params, span)
+        outs = tuple(Var(t, hint) for t in out_types)
+        self.eqns.append(Eqn(op, tuple(inputs), outs,
+                             tuple(sorted(params.items())), span))
+        return outs
+
+    def lit(self, value: Union[int, float, bool], dtype: str) -> Lit:
+        return Lit(_coerce(value, dtype), TensorType(dtype, ()))
+
+    def function(self, name: str, params: Iterable[Var],
+                 outputs: Iterable[Atom]) -> Function:
+        return Function(name, tuple(params), tuple(self.eqns), tuple(outputs))
+
+
+def _coerce(value: Union[int, float, bool], dtype: str) -> Union[int, float, bool]:
+    if dtype == "bool":
+        return bool(value)
+    if dtype in INTS:
+        return int(value)
+    return float(value)
+
+
+def inline(builder: Builder, fn: Function, args: Iterable[Atom]) -> list[Atom]:
+    """Append a copy of `fn`'s body to `builder` with fresh output vars,
+    substituting `args` for its parameters; return its outputs."""
+    env: dict[Var, Atom] = dict(zip(fn.params, args, strict=True))
+
+    def sub(a: Atom) -> Atom:
+        return env.get(a, a) if isinstance(a, Var) else a
+
+    for eqn in fn.eqns:
+        outs = tuple(Var(v.type, v.hint) for v in eqn.outputs)
+        env.update(zip(eqn.outputs, outs))
+        builder.eqns.append(Eqn(eqn.op, tuple(sub(a) for a in eqn.inputs),
+                                outs, eqn.params, eqn.span))
+    return [sub(a) for a in fn.outputs]
+
+
+# ------------------------------------------------------------------ printer
+
+
+def print_function(fn: Function) -> str:
+    """MLIR-flavoured text; names are numbered in order of definition."""
+    names: dict[Var, str] = {}
+
+    def name(a: Atom) -> str:
+        if isinstance(a, Lit):
+            return f"{a.value!r}:{a.type.dtype}"
+        if a not in names:
+            names[a] = f"%{a.hint}{len(names)}" if a.hint else f"%{len(names)}"
+        return names[a]
+
+    params = ", ".join(f"{name(v)}: {v.type}" for v in fn.params)
+    outs = ", ".join(str(t) for t in fn.out_types)
+    lines = [f"func @{fn.name}({params}) -> ({outs}) {{"]
+    lines += _print_eqns(fn.eqns, name, "  ")
+    lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
+    lines = []
+    for eqn in eqns:
+        outs = ", ".join(name(v) for v in eqn.outputs)
+        ins = ", ".join(name(a) for a in eqn.inputs)
+        attrs = {k: v for k, v in eqn.params if not isinstance(v, Function)}
+        subs = {k: v for k, v in eqn.params if isinstance(v, Function)}
+        attr_text = (" {" + ", ".join(f"{k} = {_fmt(v)}" for k, v in attrs.items()) + "}"
+                     if attrs else "")
+        types = ", ".join(str(v.type) for v in eqn.outputs)
+        lines.append(f"{indent}{outs} = {eqn.op} {ins}{attr_text} : {types}")
+        for key, sub in subs.items():
+            lines.append(f"{indent}  {key}:")
+            lines += ["  " + indent + l for l in print_function(sub).splitlines()]
+    return lines
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return repr(value)

@@ -1,0 +1,117 @@
+"""IR -> IR clean-up passes, each returning a new Function.
+
+Contract:
+- `inline_calls`: replaces every `custom_vjp` call by its `fwd` body (run
+  once no more differentiation is to come);
+- `simplify`: drops identities (stop_gradient, x + 0, x * 1, casts and
+  reshapes to the same type) without changing any IEEE result;
+- `cse`: merges equations with the same op, inputs and static params;
+- `dce`: removes equations whose outputs nobody reads.
+"""
+from __future__ import annotations
+
+from compiler.ir import Atom, Builder, Eqn, Function, Lit, Var, inline
+
+
+def _substituting(fn: Function):
+    env: dict[Var, Atom] = {}
+
+    def sub(a: Atom) -> Atom:
+        while isinstance(a, Var) and a in env:
+            a = env[a]
+        return a
+    return env, sub
+
+
+def inline_calls(fn: Function) -> Function:
+    b = Builder()
+    env, sub = _substituting(fn)
+    for eqn in fn.eqns:
+        inputs = tuple(sub(a) for a in eqn.inputs)
+        if eqn.op == "custom_vjp":
+            body = inline_calls(eqn.p["fwd"])
+            outs = inline(b, body, inputs)[:eqn.p["n_out"]]
+            env.update(zip(eqn.outputs, outs))
+        else:
+            b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
+    return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
+
+
+def _is_lit(a: Atom, value) -> bool:
+    return isinstance(a, Lit) and a.value == value
+
+
+def simplify(fn: Function) -> Function:
+    b = Builder()
+    env, sub = _substituting(fn)
+    for eqn in fn.eqns:
+        inputs = tuple(sub(a) for a in eqn.inputs)
+        out = eqn.outputs[0]
+        alias = _identity_input(eqn.op, inputs, eqn.p, out)
+        if alias is not None and alias.type == out.type and isinstance(alias, Var):
+            env[out] = alias
+            continue
+        b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
+    return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
+
+
+def _identity_input(op: str, inputs, params, out) -> Atom | None:
+    if op == "stop_gradient":
+        return inputs[0]
+    if op in ("cast", "reshape", "broadcast_to") and inputs[0].type == out.type:
+        return inputs[0]
+    if op == "transpose" and tuple(params["perm"]) == tuple(range(len(params["perm"]))):
+        return inputs[0]
+    if op == "add":
+        if _is_lit(inputs[1], 0):
+            return inputs[0]
+        if _is_lit(inputs[0], 0):
+            return inputs[1]
+    if op == "sub" and _is_lit(inputs[1], 0):
+        return inputs[0]
+    if op == "mul":
+        if _is_lit(inputs[1], 1):
+            return inputs[0]
+        if _is_lit(inputs[0], 1):
+            return inputs[1]
+    if op == "div" and _is_lit(inputs[1], 1):
+        return inputs[0]
+    return None
+
+
+def _key(eqn: Eqn, inputs) -> tuple | None:
+    if eqn.op == "custom_vjp":
+        return None
+    ins = tuple(("v", id(a)) if isinstance(a, Var) else ("l", a.value, a.type) for a in inputs)
+    return (eqn.op, ins, eqn.params)
+
+
+def cse(fn: Function) -> Function:
+    b = Builder()
+    env, sub = _substituting(fn)
+    seen: dict[tuple, tuple[Var, ...]] = {}
+    for eqn in fn.eqns:
+        inputs = tuple(sub(a) for a in eqn.inputs)
+        key = _key(eqn, inputs)
+        if key is not None and key in seen:
+            env.update(zip(eqn.outputs, seen[key]))
+            continue
+        if key is not None:
+            seen[key] = eqn.outputs
+        b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
+    return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
+
+
+def dce(fn: Function) -> Function:
+    live: set[Var] = {a for a in fn.outputs if isinstance(a, Var)}
+    kept: list[Eqn] = []
+    for eqn in reversed(fn.eqns):
+        if any(o in live for o in eqn.outputs):
+            kept.append(eqn)
+            live.update(a for a in eqn.inputs if isinstance(a, Var))
+    return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
+
+
+def optimize(fn: Function) -> Function:
+    """The standard clean-up sequence after differentiation."""
+    return dce(cse(simplify(inline_calls(fn))))

@@ -1,0 +1,80 @@
+"""The compiler's stages, in order, as one readable list.
+
+    parse -> check -> lower -> autodiff -> inline -> simplify -> cse -> dce
+          -> fuse -> codegen
+
+Contract: `front_end(source, file)` runs parse and check and returns the
+module and the functions it can call; `optimize(fn)` runs the IR passes
+(verifying between them when GRADC_VERIFY=1); `build(fn, target)` runs
+them and codegen and returns loaded, callable code (`Program`).  `lower`
+and `autodiff` are driven by `dsl.function`, which knows which transform
+the user asked for.  `gradc show --emit STAGE` stops after any stage.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from compiler import passes
+from compiler.codegen import Generated, generate
+from compiler.ir import Function
+from compiler.verify import verify
+from dsl import ast
+from dsl.checker import check
+from dsl.errors import GradError
+from dsl.parser import parse
+
+IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
+    ("inline", passes.inline_calls),
+    ("simplify", passes.simplify),
+    ("cse", passes.cse),
+    ("dce", passes.dce),
+)
+
+
+def front_end(source: str, file: str) -> tuple[ast.Module, dict[str, ast.FuncDef]]:
+    module = parse(source, file)
+    functions = {f.name: f for f in module.funcs}
+    try:
+        check(module, functions)
+    except GradError as err:
+        raise err.with_source(source)
+    return module, functions
+
+
+def verifying() -> bool:
+    return os.environ.get("GRADC_VERIFY", "") not in ("", "0")
+
+
+def optimize(fn: Function) -> Function:
+    if verifying():
+        verify(fn, "lower/autodiff")
+    for stage, run in IR_PASSES:
+        fn = run(fn)
+        if verifying():
+            verify(fn, stage)
+    return fn
+
+
+@dataclass
+class Program:
+    """Loaded code for one function at one signature."""
+
+    ir: Function
+    generated: Generated
+    run: Callable
+
+    def __call__(self, *arrays):
+        return self.run(*arrays)
+
+
+def build(fn: Function, target: str = "cpu") -> Program:
+    from runtime.loader import load_kernels, make_driver
+    fn = optimize(fn)
+    generated = generate(fn, target)
+    if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
+        print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
+    kernels = load_kernels(generated.kernel_source)
+    return Program(fn, generated, make_driver(generated.driver_source, kernels))

@@ -1,0 +1,86 @@
+"""The Python API: load modules, transform functions.
+
+Contract: `load(path)` and `loads(text)` parse and check a `.grad` module
+now (raising `GradError` on any problem) and compile nothing; each function
+becomes a module attribute that compiles on first call per signature.
+`grad`, `value_and_grad` and `vjp` take any compiled function, including
+the results of other transforms.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Union
+
+from compiler.lower import Program as LowerProgram
+from compiler.pipeline import front_end
+from dsl import ast
+from dsl.errors import GradError, Span
+from dsl.function import Compiled, GradFn, GradFunction, Wrt, vjp as _vjp
+
+
+class Module:
+    """A loaded `.grad` file: its functions as attributes."""
+
+    def __init__(self, module: ast.Module, functions: dict[str, ast.FuncDef]):
+        self.__file__ = module.file
+        self._ast = module
+        program = LowerProgram(module, functions)
+        self._functions = {f.name: GradFn(program, f, module.source) for f in module.funcs}
+
+    def __getattr__(self, name: str):
+        functions = self.__dict__.get("_functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"module {self.__dict__.get('__file__')!r} has no function "
+                             f"{name!r}; it defines: {', '.join(functions) or 'nothing'}")
+
+    def __dir__(self):
+        return list(self._functions) + ["functions"]
+
+    @property
+    def functions(self) -> dict[str, GradFn]:
+        return dict(self._functions)
+
+    def __repr__(self) -> str:
+        return f"<.grad module {self.__file__} ({', '.join(self._functions)})>"
+
+
+def loads(source: str, file: str = "<string>") -> Module:
+    if not isinstance(source, str):
+        raise TypeError(f"loads() takes source text, got {type(source).__name__}")
+    module, functions = front_end(source, file)
+    return Module(module, functions)
+
+
+def load(path: Union[str, os.PathLike]) -> Module:
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except FileNotFoundError:
+        raise GradError(f"no such file: {path}", Span(str(path), 1, 1)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise GradError(f"cannot read {path}: {err}", Span(str(path), 1, 1)) from None
+    return loads(source, str(path))
+
+
+def _check_fn(f, what: str) -> Compiled:
+    if not isinstance(f, Compiled):
+        raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
+                        f"{type(f).__name__}")
+    return f
+
+
+def grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
+    """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
+    return GradFunction(_check_fn(f, "grad"), wrt, with_value=False)
+
+
+def value_and_grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
+    return GradFunction(_check_fn(f, "value_and_grad"), wrt, with_value=True)
+
+
+def vjp(f: Compiled, *args, **kwargs):
+    """(outputs, pullback): pullback(*cotangents) gives one cotangent per
+    argument passed (None for const and non-float ones)."""
+    return _vjp(_check_fn(f, "vjp"), *args, **kwargs)

@@ -1,0 +1,247 @@
+"""The checked surface syntax tree of a `.grad` file.
+
+Contract: immutable dataclasses, one per construct of the language, each with
+the `Span` of the source text it came from.  The parser builds them
+(`dsl.parser`), the checker validates them (`dsl.checker`) and the compiler
+lowers them to IR (`compiler.lower`).  Nothing here knows about shapes or
+dtypes of call arguments; those are bound at call time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from dsl.errors import Span
+
+# ----------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Num:
+    value: Union[int, float]
+    span: Span
+
+    @property
+    def is_float(self) -> bool:
+        return isinstance(self.value, float)
+
+
+@dataclass(frozen=True)
+class Bool:
+    value: bool
+    span: Span
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # + - * / ** @
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class UnaryOp:
+    op: str  # - + not
+    operand: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Compare:
+    op: str  # < <= > >= == !=
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class BoolOp:
+    op: str  # and or
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Keyword:
+    name: str
+    value: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Call:
+    func: "Expr"
+    args: tuple["Expr", ...]
+    kwargs: tuple[Keyword, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Attr:
+    value: "Expr"
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Slice:
+    start: "Expr | None"
+    stop: "Expr | None"
+    step: "Expr | None"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Index:
+    value: "Expr"
+    items: tuple["Expr | Slice", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class TupleExpr:
+    items: tuple["Expr", ...]
+    span: Span
+
+
+Expr = Union[Name, Num, Bool, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
+             Index, TupleExpr]
+
+# ------------------------------------------------------------------ statements
+
+
+@dataclass(frozen=True)
+class Assign:
+    targets: tuple[str, ...]  # one name, or several for `a, b = e`
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class AugAssign:
+    target: str
+    op: str  # + - * /
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class ReturnItem:
+    name: str | None  # `x=...` names a cotangent; None is positional
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Return:
+    items: tuple[ReturnItem, ...]
+    span: Span
+
+
+Stmt = Union[Assign, AugAssign, Return]
+
+# ------------------------------------------------------------------ top level
+
+DTYPES = ("f32", "f64", "i32", "i64", "bool")
+FLOAT_DTYPES = ("f32", "f64")
+
+
+@dataclass(frozen=True)
+class TypeAnn:
+    """`f64` (a scalar), `f64[n, 3]` (named or fixed dims), `f64[...]` (any
+    rank), or `const` / `const f64[n]`.  dtype None means any dtype."""
+
+    dtype: str | None
+    dims: tuple[Union[str, int], ...] | None  # None: any rank
+    const: bool
+    span: Span
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.dims is None else len(self.dims)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ann: TypeAnn | None
+    default: Num | Bool | None
+    span: Span
+
+    @property
+    def is_const(self) -> bool:
+        return self.ann is not None and self.ann.const
+
+    @property
+    def differentiable(self) -> bool:
+        """Float (or not annotated) and not `const`: gets a cotangent."""
+        if self.ann is None:
+            return True
+        if self.ann.const:
+            return False
+        return self.ann.dtype is None or self.ann.dtype in FLOAT_DTYPES
+
+
+@dataclass(frozen=True)
+class GradBlock:
+    upstream: tuple[str, ...]
+    body: tuple[Stmt, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Decorator:
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class FuncDef:
+    name: str
+    params: tuple[Param, ...]
+    ret: TypeAnn | None
+    body: tuple[Stmt, ...]
+    grads: tuple[GradBlock, ...]
+    decorators: tuple[Decorator, ...]
+    span: Span
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    @property
+    def differentiable_params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.differentiable)
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    name: str
+    type: TypeAnn
+    span: Span
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str
+    names: tuple[str, ...] | None  # None: `import module`
+    span: Span
+
+
+@dataclass(frozen=True)
+class Module:
+    file: str
+    source: str = field(repr=False)
+    imports: tuple[Import, ...]
+    params: tuple[ParamDecl, ...]
+    funcs: tuple[FuncDef, ...]
+
+    def func(self, name: str) -> FuncDef | None:
+        return next((f for f in self.funcs if f.name == name), None)

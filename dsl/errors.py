@@ -1,0 +1,91 @@
+"""User-facing errors.
+
+Contract: every error the toolchain raises about a user's source is a
+`GradError` carrying a `Span` (file, line, column, and the end of the
+offending text) and, when known, the source text so it can render the
+offending line with a caret.  `str(err)` is the full diagnostic:
+
+    FILE:LINE:COL: error: MESSAGE
+        the source line
+        ^^^^
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of source text; lines and columns are 1-based."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int = 0
+    end_col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+UNKNOWN_SPAN = Span("<unknown>", 1, 1)
+
+
+class GradError(Exception):
+    """An error in a `.grad` program, reported at a source span."""
+
+    def __init__(self, message: str, span: Span | None = None,
+                 source: str | None = None, note: str | None = None):
+        self.message = message
+        self.span = span or UNKNOWN_SPAN
+        self.source = source
+        self.note = note
+        super().__init__(message)
+
+    @property
+    def file(self) -> str:
+        return self.span.file
+
+    @property
+    def line(self) -> int:
+        return self.span.line
+
+    @property
+    def col(self) -> int:
+        return self.span.col
+
+    def with_source(self, source: str) -> "GradError":
+        """Attach the source text if the error does not carry it yet."""
+        if self.source is None:
+            self.source = source
+        return self
+
+    def __str__(self) -> str:
+        text = f"{self.span}: error: {self.message}"
+        caret = _caret_lines(self.span, self.source)
+        if caret:
+            text += "\n" + caret
+        if self.note:
+            text += f"\nnote: {self.note}"
+        return text
+
+
+def _caret_lines(span: Span, source: str | None) -> str:
+    if source is None:
+        return ""
+    lines = source.splitlines()
+    if not 1 <= span.line <= len(lines):
+        return ""
+    line = lines[span.line - 1].rstrip("\n")
+    start = max(span.col, 1)
+    if span.end_line == span.line and span.end_col > start:
+        width = span.end_col - start
+    else:
+        width = 1
+    width = max(1, min(width, len(line) - start + 1))
+    return f"    {line}\n    {' ' * (start - 1)}{'^' * width}"
+
+
+class ArgumentError(GradError, TypeError):
+    """A bad runtime argument (dtype, rank, shape, missing param, count),
+    raised before any kernel runs.  Its span is the function's definition."""

@@ -1,0 +1,266 @@
+"""Callable compiled functions and the transforms that make new ones.
+
+Contract: a `Compiled` is called like the `.grad` function it stands for
+(NumPy arrays, scalars or sequences in; NumPy arrays out).  On each call it
+binds and validates the arguments (`runtime.args`, raising `ArgumentError`
+before any kernel runs), looks up the program for that signature (dtype and
+shape of each argument) and, on a miss, lowers, differentiates, optimizes,
+fuses and generates it.  Transforms (`GradFunction` for grad and
+value_and_grad) are themselves `Compiled`, built from the IR of the function
+they wrap, so they compose: `grad(grad(f))` differentiates the gradient's
+IR.  `vjp` returns the primal output and a pullback that keeps only the
+residuals the backward pass reads.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from compiler import autodiff
+from compiler.ir import Function, TensorType
+from compiler.lower import Lowerer, Program as LowerProgram
+from compiler.pipeline import Program, build
+from dsl import ast
+from dsl.errors import ArgumentError, GradError
+from runtime.args import SUPPORTED, ParamSpec, bind
+
+Wrt = Union[int, str, Sequence[Union[int, str]]]
+
+
+def specs_of(fdef: ast.FuncDef) -> tuple[ParamSpec, ...]:
+    return tuple(ParamSpec(p.name, p.ann.dtype if p.ann else None,
+                           p.ann.dims if p.ann else None, p.is_const,
+                           p.default is not None) for p in fdef.params)
+
+
+def _signature(bound: dict[str, np.ndarray]) -> tuple:
+    return tuple((name, a.dtype.str, a.shape) for name, a in bound.items())
+
+
+def _types(bound: dict[str, np.ndarray]) -> dict[str, TensorType]:
+    return {name: TensorType(SUPPORTED[a.dtype], tuple(a.shape)) for name, a in bound.items()}
+
+
+class Compiled:
+    """Base of every callable: binding, the per-signature program cache."""
+
+    name: str
+    specs: tuple[ParamSpec, ...]
+    target: str = "cpu"
+
+    def __init__(self) -> None:
+        self._programs: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    # subclasses: the IR for a signature, and how to shape the results
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        raise NotImplementedError
+
+    def format(self, outs: Sequence[np.ndarray], bound: dict[str, np.ndarray]) -> Any:
+        raise NotImplementedError
+
+    def n_outputs(self, types: dict[str, TensorType]) -> int:
+        return len(self.lower(types).outputs)
+
+    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+        return bind(self.name, self.specs, args, kwargs, self.span)
+
+    @property
+    def span(self):
+        return None
+
+    def program(self, bound: dict[str, np.ndarray]) -> Program:
+        key = _signature(bound)
+        program = self._programs.get(key)
+        if program is None:
+            with self._lock:
+                program = self._programs.get(key)
+                if program is None:
+                    program = build(self.lower(_types(bound)), self.target)
+                    self._programs[key] = program
+        return program
+
+    def __call__(self, *args, **kwargs):
+        bound = self.bind(args, kwargs)
+        outs = self.program(bound)(*bound.values())
+        return self.format(outs, bound)
+
+    def ir(self, *args, **kwargs) -> Function:
+        """The optimized IR this call would run (for inspection)."""
+        return self.program(self.bind(args, kwargs)).ir
+
+
+class GradFunction(Compiled):
+    """`grad(f, wrt)` and `value_and_grad(f, wrt)`: the gradient of the sum
+    of f's outputs with respect to the parameters named by `wrt`."""
+
+    def __init__(self, inner: Compiled, wrt: Wrt, with_value: bool):
+        super().__init__()
+        self.inner = inner
+        self.with_value = with_value
+        self.single = not isinstance(wrt, (tuple, list))
+        self.wrt = resolve_wrt(inner, wrt)
+        self.specs = inner.specs
+        self.target = inner.target
+        kind = "value_and_grad" if with_value else "grad"
+        self.name = f"{kind}({inner.name})"
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        names = list(types)
+        indices = []
+        for w in self.wrt:
+            if w not in types:
+                raise ArgumentError(f"cannot differentiate {self.inner.name}() with respect "
+                                    f"to {w!r}: no value was passed for it", self.span)
+            if not types[w].is_float:
+                raise ArgumentError(f"cannot differentiate {self.inner.name}() with respect "
+                                    f"to {w!r}: it has dtype {types[w].dtype}, and only "
+                                    "floats carry gradients", self.span)
+            indices.append(names.index(w))
+        fn = self.inner.lower(types)
+        return autodiff.grad_of_sum(fn, indices, self.with_value)
+
+    def format(self, outs, bound):
+        n_grads = len(self.wrt)
+        grads = list(outs[len(outs) - n_grads:])
+        grads_out = grads[0] if self.single else tuple(grads)
+        if not self.with_value:
+            return grads_out
+        value = self.inner.format(outs[:len(outs) - n_grads], bound)
+        return value, grads_out
+
+
+def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
+    items = wrt if isinstance(wrt, (tuple, list)) else (wrt,)
+    if not items:
+        raise ArgumentError("wrt must name at least one parameter", f.span)
+    names = []
+    for w in items:
+        if isinstance(w, bool) or not isinstance(w, (int, str)):
+            raise ArgumentError(f"wrt entries are parameter positions or names, got {w!r}",
+                                f.span)
+        if isinstance(w, int):
+            if not 0 <= w < len(f.specs):
+                raise ArgumentError(f"wrt={w} is out of range: {f.name}() has "
+                                    f"{len(f.specs)} parameter(s)", f.span)
+            spec = f.specs[w]
+        else:
+            spec = next((s for s in f.specs if s.name == w), None)
+            if spec is None:
+                raise ArgumentError(f"{f.name}() has no parameter {w!r}", f.span)
+        if not spec.differentiable:
+            why = "const" if spec.const else f"of dtype {spec.dtype}"
+            raise ArgumentError(f"cannot differentiate {f.name}() with respect to "
+                                f"{spec.name!r}: it is {why}", f.span)
+        names.append(spec.name)
+    return tuple(names)
+
+
+class Pullback:
+    """The backward half of `vjp`: holds the residuals, maps output
+    cotangents to one cotangent per argument (None for non-float ones)."""
+
+    def __init__(self, name: str, program: Program, residuals: Sequence[np.ndarray],
+                 out_types: Sequence[TensorType], arg_names: Sequence[str],
+                 float_args: Sequence[str]):
+        self.name = name
+        self._program = program
+        self._residuals = tuple(residuals)
+        self._out_types = tuple(out_types)
+        self._arg_names = tuple(arg_names)
+        self._float_args = tuple(float_args)
+
+    @property
+    def residual_bytes(self) -> int:
+        return sum(r.nbytes for r in self._residuals)
+
+    def __call__(self, *cts):
+        if len(cts) != len(self._out_types):
+            raise ArgumentError(f"pullback of {self.name}() takes {len(self._out_types)} "
+                                f"cotangent(s), one per output, but {len(cts)} were given")
+        arrays = []
+        for k, (ct, t) in enumerate(zip(cts, self._out_types)):
+            array = np.asarray(ct)
+            if array.dtype.kind not in "biuf":
+                raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() is not "
+                                    "numeric")
+            array = array.astype(np.dtype(SUPPORTED_INV[t.dtype]), copy=False)
+            if array.shape != t.shape:
+                if array.ndim == 0:
+                    array = np.full(t.shape, array)
+                else:
+                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() has "
+                                        f"shape {list(array.shape)}; the output has shape "
+                                        f"{list(t.shape)}")
+            arrays.append(array)
+        grads = iter(self._program(*self._residuals, *arrays))
+        return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
+
+
+SUPPORTED_INV = {v: k for k, v in SUPPORTED.items()}
+
+
+class VjpCache:
+    """Split forward/backward programs of one function, per signature."""
+
+    def __init__(self) -> None:
+        self.programs: dict[tuple, tuple[Program, Program, int]] = {}
+
+
+def vjp(f: Compiled, *args, **kwargs):
+    bound = f.bind(args, kwargs)
+    types = _types(bound)
+    names = list(types)
+    float_args = [n for n in names if types[n].is_float
+                  and next(s for s in f.specs if s.name == n).differentiable]
+    cache = f.__dict__.setdefault("_vjp_programs", {})
+    key = _signature(bound)
+    if key not in cache:
+        fn = f.lower(types)
+        joint = autodiff.vjp(fn, [names.index(n) for n in float_args])
+        from compiler.pipeline import optimize
+        joint = optimize(joint)
+        fwd, bwd = autodiff.split(joint, len(names), len(fn.outputs))
+        cache[key] = (build(fwd, f.target), build(bwd, f.target), len(fn.outputs),
+                      fn.out_types)
+    fwd_program, bwd_program, n_out, out_types = cache[key]
+    results = fwd_program(*bound.values())
+    outs, residuals = results[:n_out], results[n_out:]
+    pullback = Pullback(f.name, bwd_program, residuals, out_types, names, float_args)
+    return f.format(outs, bound), pullback
+
+
+class GradFn(Compiled):
+    """A function of a loaded `.grad` module."""
+
+    def __init__(self, program: LowerProgram, fdef: ast.FuncDef, source: str):
+        super().__init__()
+        self.fdef = fdef
+        self.name = fdef.name
+        self.__name__ = fdef.name
+        self.__doc__ = f"{fdef.name}({', '.join(p.name for p in fdef.params)}) from {fdef.span.file}"
+        self.specs = specs_of(fdef)
+        self._lower_program = program
+        self._source = source
+
+    @property
+    def span(self):
+        return self.fdef.span
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        try:
+            return Lowerer(self._lower_program).lower_entry(self.fdef, types)
+        except GradError as err:
+            raise err.with_source(self._source)
+
+    def format(self, outs, bound):
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self) -> str:
+        return f"<.grad function {self.name} from {self.fdef.span.file}>"

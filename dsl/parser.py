@@ -1,0 +1,332 @@
+"""Source text -> `dsl.ast.Module`.
+
+Contract: `parse(source, file)` returns a Module or raises `GradError` with
+the span of the first problem; no other exception escapes for any input
+text.  The grammar is `grammar/grad.lark` (LALR with a Python-style
+indenter); the transformer below maps each rule to one AST node and raises
+on anything it does not handle.
+"""
+from __future__ import annotations
+
+import functools
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+from lark.indenter import DedentError, Indenter
+
+from dsl import ast
+from dsl.errors import GradError, Span
+from grammar import grammar_text
+
+
+class _GradIndenter(Indenter):
+    NL_type = "_NL"
+    OPEN_PAREN_types = ["LPAR", "LSQB"]
+    CLOSE_PAREN_types = ["RPAR", "RSQB"]
+    INDENT_type = "_INDENT"
+    DEDENT_type = "_DEDENT"
+    tab_len = 8
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(grammar_text(), parser="lalr", postlex=_GradIndenter(),
+                propagate_positions=True, maybe_placeholders=True)
+
+
+# Friendly names for the terminals lark reports in "expected ..." messages.
+_TERMINAL_NAMES = {
+    "_NL": "end of line", "_INDENT": "an indented block",
+    "_DEDENT": "end of block", "NAME": "a name", "INT": "an integer",
+    "FLOAT": "a number", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['",
+    "RSQB": "']'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
+    "DTYPE": "a dtype", "$END": "end of file", "GRAD": "'grad'",
+}
+
+
+def parse(source: str, file: str = "<string>") -> ast.Module:
+    """Parse `.grad` source text; raise GradError on any malformed input."""
+    try:
+        _check_indentation(source, file)
+        tree = _parser().parse(source + "\n")
+        return _ToAst(file, source).transform(tree)
+    except GradError as err:
+        raise err.with_source(source)
+    except lark.exceptions.VisitError as err:
+        if isinstance(err.orig_exc, GradError):
+            raise err.orig_exc.with_source(source) from None
+        raise GradError(f"cannot parse: {err.orig_exc}",
+                        Span(file, 1, 1), source) from None
+    except lark.exceptions.UnexpectedInput as err:
+        raise _syntax_error(err, file, source) from None
+    except DedentError as err:
+        line = _dedent_line(str(err), source)
+        raise GradError("unindent does not match any outer indentation level",
+                        Span(file, line, 1), source) from None
+    except lark.exceptions.LarkError as err:
+        raise GradError(f"cannot parse: {err}", Span(file, 1, 1),
+                        source) from None
+
+
+def _check_indentation(source: str, file: str) -> None:
+    for number, line in enumerate(source.splitlines(), 1):
+        stripped = line.lstrip(" \t")
+        indent = line[: len(line) - len(stripped)]
+        if "\t" in indent and stripped and not stripped.startswith("#"):
+            raise GradError("tabs are not allowed in indentation; use spaces",
+                            Span(file, number, indent.index("\t") + 1))
+
+
+def _dedent_line(message: str, source: str) -> int:
+    # lark's DedentError carries no position; find the first line whose
+    # indentation matches no open level.
+    levels = [0]
+    for number, line in enumerate(source.splitlines(), 1):
+        stripped = line.lstrip(" ")
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(stripped)
+        if indent > levels[-1]:
+            levels.append(indent)
+            continue
+        while indent < levels[-1]:
+            levels.pop()
+        if indent != levels[-1]:
+            return number
+    return max(1, len(source.splitlines()))
+
+
+def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
+                  source: str) -> GradError:
+    line = max(1, getattr(err, "line", 1) or 1)
+    col = max(1, getattr(err, "column", 1) or 1)
+    n_lines = max(1, len(source.splitlines()))
+    if line > n_lines:
+        line, col = n_lines, len(source.splitlines()[-1]) + 1 if source.splitlines() else 1
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        char = source.splitlines()[line - 1][col - 1:col] if source.splitlines() else ""
+        message = f"unexpected character {char!r}"
+    elif isinstance(err, lark.exceptions.UnexpectedToken):
+        token = err.token
+        if token.type == "$END":
+            found = "end of file"
+        elif token.type in ("_NL", "_INDENT", "_DEDENT"):
+            found = _TERMINAL_NAMES[token.type]
+        else:
+            found = repr(str(token))
+        message = f"unexpected {found}"
+        expected = sorted(_TERMINAL_NAMES.get(t, repr(t.lower()) if t.isupper() and len(t) > 1 else t)
+                          for t in err.expected if not t.startswith("__"))
+        if expected and len(expected) <= 6:
+            message += "; expected " + " or ".join(expected)
+    else:
+        message = "unexpected end of file"
+    end = col + 1
+    return GradError(f"syntax error: {message}", Span(file, line, col, line, end), source)
+
+
+def _span(file: str, meta) -> Span:
+    if getattr(meta, "empty", True):
+        return Span(file, 1, 1)
+    return Span(file, meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tok_span(file: str, tok: Token) -> Span:
+    return Span(file, tok.line or 1, tok.column or 1, tok.end_line or tok.line or 1,
+                tok.end_column or (tok.column or 1) + len(tok))
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """One method per grammar rule, each returning one AST node."""
+
+    def __init__(self, file: str, source: str):
+        super().__init__()
+        self.file = file
+        self.source = source
+
+    def s(self, meta) -> Span:
+        return _span(self.file, meta)
+
+    def __default__(self, data, children, meta):
+        raise GradError(f"internal: unhandled grammar rule {data!r}",
+                        self.s(meta))
+
+    # ---------------------------------------------------------- top level
+    def start(self, meta, children):
+        imports = tuple(c for c in children if isinstance(c, ast.Import))
+        params = tuple(c for c in children if isinstance(c, ast.ParamDecl))
+        funcs = tuple(c for c in children if isinstance(c, ast.FuncDef))
+        return ast.Module(self.file, self.source, imports, params, funcs)
+
+    def import_stmt(self, meta, children):
+        return ast.Import(str(children[0]), None, self.s(meta))
+
+    def from_import(self, meta, children):
+        return ast.Import(str(children[0]), tuple(str(c) for c in children[1:]),
+                          self.s(meta))
+
+    def param_decl(self, meta, children):
+        name, typ = children
+        return ast.ParamDecl(str(name), typ, self.s(meta))
+
+    def funcdef(self, meta, children):
+        decorators = tuple(c for c in children if isinstance(c, ast.Decorator))
+        rest = [c for c in children if not isinstance(c, ast.Decorator)]
+        name, params, ret, body, *grads = rest
+        return ast.FuncDef(str(name), tuple(params or ()), ret, body,
+                           tuple(grads), decorators, _tok_span(self.file, name))
+
+    def decorator(self, meta, children):
+        return ast.Decorator(str(children[0]), self.s(meta))
+
+    def params(self, meta, children):
+        return tuple(c for c in children if c is not None)
+
+    def param(self, meta, children):
+        name, ann, default = children
+        return ast.Param(str(name), ann, default, self.s(meta))
+
+    def type(self, meta, children):
+        dtype, dims = children
+        if dims is None:
+            dims = ()
+        elif dims == "...":
+            dims = None
+        return ast.TypeAnn(str(dtype), dims, False, self.s(meta))
+
+    def const_type(self, meta, children):
+        return ast.TypeAnn(None, None, True, self.s(meta))
+
+    def const_typed(self, meta, children):
+        typ = children[1]
+        return ast.TypeAnn(typ.dtype, typ.dims, True, self.s(meta))
+
+    def dims(self, meta, children):
+        return tuple(children)
+
+    def any_rank(self, meta, children):
+        return "..."
+
+    def dim(self, meta, children):
+        tok = children[0]
+        return int(tok) if tok.type == "INT" else str(tok)
+
+    def gradblock(self, meta, children):
+        upstream = tuple(str(c) for c in children[1:-1] if c is not None)
+        return ast.GradBlock(upstream, children[-1],
+                             _tok_span(self.file, children[0]))
+
+    def body(self, meta, children):
+        return tuple(children)
+
+    # --------------------------------------------------------- statements
+    def assign(self, meta, children):
+        return ast.Assign((str(children[0]),), children[1], self.s(meta))
+
+    def tuple_assign(self, meta, children):
+        names = tuple(str(c) for c in children[:-1] if c is not None)
+        return ast.Assign(names, children[-1], self.s(meta))
+
+    def aug_assign(self, meta, children):
+        name, op, value = children
+        return ast.AugAssign(str(name), str(op)[0], value, self.s(meta))
+
+    def return_stmt(self, meta, children):
+        return ast.Return(tuple(c for c in children if c is not None), self.s(meta))
+
+    def ret_item(self, meta, children):
+        return ast.ReturnItem(None, children[0], self.s(meta))
+
+    def named_ret(self, meta, children):
+        return ast.ReturnItem(str(children[0]), children[1], self.s(meta))
+
+    # -------------------------------------------------------- expressions
+    def _bin(op):  # noqa: N805 - a rule-method factory, used at class level
+        def rule(self, meta, children):
+            return ast.BinOp(op, children[0], children[1], self.s(meta))
+        return rule
+
+    add, sub, mul, div = _bin("+"), _bin("-"), _bin("*"), _bin("/")
+    matmul, pow = _bin("@"), _bin("**")
+
+    def compare(self, meta, children):
+        left, op, right = children
+        return ast.Compare(str(op), left, right, self.s(meta))
+
+    def or_op(self, meta, children):
+        return ast.BoolOp("or", children[0], children[1], self.s(meta))
+
+    def and_op(self, meta, children):
+        return ast.BoolOp("and", children[0], children[1], self.s(meta))
+
+    def not_op(self, meta, children):
+        return ast.UnaryOp("not", children[0], self.s(meta))
+
+    def neg(self, meta, children):
+        return ast.UnaryOp("-", children[0], self.s(meta))
+
+    def pos(self, meta, children):
+        return children[0]
+
+    def call(self, meta, children):
+        func, args = children
+        args = args or ()
+        positional = tuple(a for a in args if not isinstance(a, ast.Keyword))
+        keywords = tuple(a for a in args if isinstance(a, ast.Keyword))
+        seen_kw = False
+        for a in args:
+            if isinstance(a, ast.Keyword):
+                seen_kw = True
+            elif seen_kw:
+                raise GradError("positional argument follows keyword argument",
+                                a.span)
+        return ast.Call(func, positional, keywords, self.s(meta))
+
+    def args(self, meta, children):
+        return tuple(c for c in children if c is not None)
+
+    def kwarg(self, meta, children):
+        return ast.Keyword(str(children[0]), children[1], self.s(meta))
+
+    def index(self, meta, children):
+        return ast.Index(children[0], children[1], self.s(meta))
+
+    def subscripts(self, meta, children):
+        return tuple(c for c in children if c is not None)
+
+    def slice2(self, meta, children):
+        return ast.Slice(children[0], children[1], None, self.s(meta))
+
+    def slice3(self, meta, children):
+        return ast.Slice(children[0], children[1], children[2], self.s(meta))
+
+    def attr(self, meta, children):
+        return ast.Attr(children[0], str(children[1]), self.s(meta))
+
+    def name(self, meta, children):
+        return ast.Name(str(children[0]), _tok_span(self.file, children[0]))
+
+    def int_lit(self, meta, children):
+        return ast.Num(int(children[0]), _tok_span(self.file, children[0]))
+
+    def float_lit(self, meta, children):
+        return ast.Num(float(children[0]), _tok_span(self.file, children[0]))
+
+    def neg_int_lit(self, meta, children):
+        return ast.Num(-int(children[0]), self.s(meta))
+
+    def neg_float_lit(self, meta, children):
+        return ast.Num(-float(children[0]), self.s(meta))
+
+    def true_lit(self, meta, children):
+        return ast.Bool(True, _tok_span(self.file, children[0]))
+
+    def false_lit(self, meta, children):
+        return ast.Bool(False, _tok_span(self.file, children[0]))
+
+    def tuple_lit(self, meta, children):
+        return ast.TupleExpr(tuple(c for c in children if c is not None), self.s(meta))
+
+    def literal(self, meta, children):
+        return children[0]

@@ -1,0 +1,119 @@
+"""Turning Python call arguments into validated NumPy arrays.
+
+Contract: `bind(name, specs, args, kwargs, span)` returns an ordered
+{param name: ndarray} for the arguments the caller passed (parameters left
+out fall back to their defaults, which are compile-time constants), or
+raises `ArgumentError` before anything runs: too many or missing
+arguments, unknown keywords, unsupported dtypes, and arrays whose dtype,
+rank or fixed/named dimensions contradict the parameter's annotation.
+
+Python scalars and sequences take the annotated dtype; unannotated ones
+become f64 when the parameter is differentiable (so `grad(f)(3)` works) and
+keep NumPy's type otherwise.  NumPy arrays keep their dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from dsl.errors import ArgumentError, Span
+
+SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
+             np.dtype(np.int32): "i32", np.dtype(np.int64): "i64",
+             np.dtype(np.bool_): "bool"}
+NUMPY = {v: k for k, v in SUPPORTED.items()}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    dtype: Optional[str]  # None: any
+    dims: Optional[tuple[Union[str, int], ...]]  # None: any rank
+    const: bool
+    has_default: bool
+
+    @property
+    def differentiable(self) -> bool:
+        return not self.const and (self.dtype is None or self.dtype in ("f32", "f64"))
+
+
+def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
+         kwargs: dict[str, Any], span: Optional[Span] = None) -> dict[str, np.ndarray]:
+    if len(args) > len(specs):
+        raise ArgumentError(f"{fn_name}() takes {len(specs)} argument(s) but {len(args)} "
+                            "were given", span)
+    given: dict[str, Any] = {s.name: a for s, a in zip(specs, args)}
+    for key, value in kwargs.items():
+        if not any(s.name == key for s in specs):
+            raise ArgumentError(f"{fn_name}() has no parameter {key!r}", span)
+        if key in given:
+            raise ArgumentError(f"{fn_name}() got two values for {key!r}", span)
+        given[key] = value
+    out: dict[str, np.ndarray] = {}
+    dims: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        if spec.name not in given:
+            if not spec.has_default:
+                raise ArgumentError(f"{fn_name}() is missing argument {spec.name!r}", span)
+            continue
+        array = convert(fn_name, spec, given[spec.name], span)
+        _check_shape(fn_name, spec, array, dims, span)
+        out[spec.name] = array
+    return out
+
+
+def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
+    where = f"argument {spec.name!r} of {fn_name}()"
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        array = np.asarray(value)
+        if array.dtype not in SUPPORTED:
+            raise ArgumentError(f"{where} has unsupported dtype {array.dtype}; use "
+                                "float32, float64, int32, int64 or bool", span)
+        if spec.dtype is not None and SUPPORTED[array.dtype] != spec.dtype:
+            raise ArgumentError(f"{where} has dtype {SUPPORTED[array.dtype]}, but its "
+                                f"annotation says {spec.dtype}", span)
+        return array
+    if hasattr(value, "__cuda_array_interface__"):
+        raise ArgumentError(f"{where} is a device array; this function runs on the CPU",
+                            span)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise ArgumentError(f"{where} is not an array: {err}", span) from None
+    if array.dtype == object or array.dtype.kind not in "biuf":
+        raise ArgumentError(f"{where} is not numeric: got {type(value).__name__}", span)
+    if spec.dtype is not None:
+        target = NUMPY[spec.dtype]
+        if spec.dtype in ("i32", "i64", "bool") and array.dtype.kind == "f":
+            if not np.all(np.equal(np.mod(array, 1), 0)):
+                raise ArgumentError(f"{where} must hold {spec.dtype} values", span)
+        return array.astype(target)
+    if spec.differentiable or array.dtype.kind == "f":
+        return array.astype(np.float64)
+    if array.dtype.kind in "iu":
+        return array.astype(np.int64)
+    return array
+
+
+def _check_shape(fn_name: str, spec: ParamSpec, array: np.ndarray,
+                 dims: dict[str, tuple[int, str]], span) -> None:
+    if spec.dims is None:
+        return
+    where = f"argument {spec.name!r} of {fn_name}()"
+    if array.ndim != len(spec.dims):
+        ann = f"{spec.dtype or ''}[{', '.join(map(str, spec.dims))}]" if spec.dims else spec.dtype
+        raise ArgumentError(f"{where} has rank {array.ndim} (shape {list(array.shape)}), "
+                            f"but its annotation {ann} has rank {len(spec.dims)}", span)
+    for axis, (dim, size) in enumerate(zip(spec.dims, array.shape)):
+        if isinstance(dim, int):
+            if size != dim:
+                raise ArgumentError(f"{where} has size {size} on axis {axis}, but its "
+                                    f"annotation says {dim}", span)
+        elif dim in dims and dims[dim][0] != size:
+            raise ArgumentError(f"dimension {dim!r} is {dims[dim][0]} for "
+                                f"{dims[dim][1]!r} but {size} for {spec.name!r} in "
+                                f"{fn_name}()", span)
+        else:
+            dims.setdefault(dim, (size, spec.name))

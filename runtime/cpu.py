@@ -1,0 +1,152 @@
+"""CPU helpers that generated drivers call (imported there as `R`).
+
+Contract: every function takes and returns NumPy arrays; none modifies its
+inputs.  Reductions run in Numba kernels over an (outer, reduced, inner)
+view of a contiguous array, accumulating floats in f64; matmul calls
+NumPy's BLAS, which no loop written here would beat.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import prange
+
+# Below this many elements a reduction runs on one thread.
+PARALLEL_THRESHOLD = 1 << 15
+
+
+def flat(x: np.ndarray) -> np.ndarray:
+    """A contiguous 1-d view (or copy) for a kernel argument."""
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum_rows(x, out):
+    for o in range(x.shape[0]):
+        acc = 0.0
+        for r in range(x.shape[1]):
+            acc += x[o, r]
+        out[o] = acc
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _sum_rows_parallel(x, out):
+    for o in prange(x.shape[0]):
+        acc = 0.0
+        for r in range(x.shape[1]):
+            acc += x[o, r]
+        out[o] = acc
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _sum_row_chunked(x, chunk, partial):
+    # One long row: each thread sums a chunk, f64 partial sums.
+    n = x.shape[0]
+    for c in prange(partial.shape[0]):
+        acc = 0.0
+        for r in range(c * chunk, min(n, (c + 1) * chunk)):
+            acc += x[r]
+        partial[c] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum_middle(x, out):
+    # x: (outer, reduced, inner) -> out: (outer, inner)
+    for o in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            out[o, i] = 0.0
+        for r in range(x.shape[1]):
+            for i in range(x.shape[2]):
+                out[o, i] += x[o, r, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _max_rows(x, out):
+    for o in range(x.shape[0]):
+        acc = x[o, 0]
+        for r in range(1, x.shape[1]):
+            v = x[o, r]
+            if v > acc or v != v:
+                acc = v
+                if v != v:
+                    break
+        out[o] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _max_middle(x, out):
+    for o in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            out[o, i] = x[o, 0, i]
+        for r in range(1, x.shape[1]):
+            for i in range(x.shape[2]):
+                v = x[o, r, i]
+                if v > out[o, i] or v != v:
+                    out[o, i] = v
+
+
+def _runs(axes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Split sorted axes into maximal runs of consecutive axes."""
+    runs: list[tuple[int, int]] = []
+    for a in axes:
+        if runs and runs[-1][1] == a:
+            runs[-1] = (runs[-1][0], a + 1)
+        else:
+            runs.append((a, a + 1))
+    return runs
+
+
+def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    out_dtype = x.dtype
+    # Reduce the last run first so earlier axis numbers stay valid.
+    for start, stop in reversed(_runs(axes)):
+        shape = x.shape
+        outer = math.prod(shape[:start])
+        reduced = math.prod(shape[start:stop])
+        inner = math.prod(shape[stop:])
+        kept = shape[:start] + shape[stop:]
+        if is_sum and (reduced == 0 or outer * inner == 0):
+            x = np.zeros(kept, out_dtype)
+            continue
+        acc_dtype = np.float64 if out_dtype.kind == "f" else out_dtype
+        if inner == 1:
+            view = x.reshape(outer, reduced)
+            if is_sum and outer == 1 and reduced >= PARALLEL_THRESHOLD:
+                chunk = max(4096, -(-reduced // (4 * numba.get_num_threads())))
+                partial = np.empty(-(-reduced // chunk), np.float64)
+                _sum_row_chunked(view.reshape(-1), chunk, partial)
+                result = np.array([partial.sum()], dtype=np.float64)
+            else:
+                result = np.empty(outer, acc_dtype if is_sum else out_dtype)
+                if is_sum and outer * reduced >= PARALLEL_THRESHOLD and outer > 1:
+                    _sum_rows_parallel(view, result)
+                else:
+                    rows(view, result)
+        else:
+            view = x.reshape(outer, reduced, inner)
+            result = np.empty((outer, inner), acc_dtype if is_sum else out_dtype)
+            middle(view, result)
+        x = result.astype(out_dtype, copy=False).reshape(kept)
+    return x
+
+
+def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return _reduce(x, axes, _sum_rows, _sum_middle, True)
+
+
+def reduce_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return _reduce(x, axes, _max_rows, _max_middle, False)
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a, b)
+
+
+def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
+    """Zeros of `shape` with `x` written at `where` (the VJP of slicing)."""
+    out = np.zeros(shape, x.dtype)
+    out[where] = x
+    return out
