@@ -399,14 +399,14 @@ def _unary_op(name, template, rule, ref, domain="real", tol=1e-5, templates=None
 _unary_op("neg", "-{0}", lambda b, x, o, ct: b.bind("neg", ct), np.negative,
           float_only=False)
 _unary_op("exp", "math.exp({0})", lambda b, x, o, ct: _mul(b, ct, o), np.exp, "real")
-_unary_op("log", "math.log({0}) if {0} > 0 else ({T}(-np.inf) if {0} == 0 else {T}(np.nan))",
+_unary_op("log", "math.log({0})",
           lambda b, x, o, ct: b.bind("div", ct, x), np.log, "positive")
-_unary_op("log1p", "math.log1p({0}) if {0} > -1 else ({T}(-np.inf) if {0} == -1 else {T}(np.nan))",
+_unary_op("log1p", "math.log1p({0})",
           lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x))),
           np.log1p, "positive")
 _unary_op("expm1", "math.expm1({0})",
           lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o))), np.expm1)
-_unary_op("sqrt", "math.sqrt({0}) if {0} >= 0 else {T}(np.nan)",
+_unary_op("sqrt", "math.sqrt({0})",
           lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o))),
           np.sqrt, "positive")
 _unary_op("sin", "math.sin({0})", lambda b, x, o, ct: _mul(b, ct, b.bind("cos", x)), np.sin)

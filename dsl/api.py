@@ -71,13 +71,25 @@ def _check_fn(f, what: str) -> Compiled:
     return f
 
 
+def _transform(f: Compiled, wrt: Wrt, with_value: bool) -> GradFunction:
+    # One transform object per (function, wrt, kind), so that calling
+    # `dsl.grad(f)(x)` in a loop reuses its compiled programs.
+    key = (tuple(wrt) if isinstance(wrt, (list, tuple)) else wrt, type(wrt).__name__,
+           with_value)
+    cache = f.__dict__.setdefault("_transforms", {})
+    if key not in cache:
+        cache[key] = GradFunction(f, wrt, with_value)
+    return cache[key]
+
+
 def grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
     """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
-    return GradFunction(_check_fn(f, "grad"), wrt, with_value=False)
+    return _transform(_check_fn(f, "grad"), wrt, with_value=False)
 
 
 def value_and_grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
-    return GradFunction(_check_fn(f, "value_and_grad"), wrt, with_value=True)
+    """(f's value, the gradient of the sum of its outputs)."""
+    return _transform(_check_fn(f, "value_and_grad"), wrt, with_value=True)
 
 
 def vjp(f: Compiled, *args, **kwargs):

@@ -1,0 +1,157 @@
+"""`gradc`: the command line.
+
+Contract: `main(argv)` returns the exit status: 0 on success, 1 for an
+error in the user's program or data (printed once as
+`FILE:LINE:COL: error: MESSAGE` with the source line and a caret), 2 for a
+usage error.  No Python traceback reaches the user.
+
+    gradc run FILE.grad FN ARG... [--wrt K ...]
+        ARG: a number, a list like [1, 2, 3], or a .npy file.
+        Prints the value and the gradient of the sum of the outputs.
+    gradc show FILE.grad [--fn NAME] --emit ast|ir|grad-ir|kernels [--sig ...]
+"""
+from __future__ import annotations
+
+import argparse
+import ast as pyast
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+import dsl
+from dsl.errors import GradError
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parse_arg(text: str):
+    if text.endswith(".npy"):
+        path = Path(text)
+        if not path.exists():
+            raise UsageError(f"no such .npy file: {text}")
+        return np.load(path, allow_pickle=False)
+    try:
+        value = pyast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise UsageError(f"cannot read argument {text!r}: expected a number, a list "
+                         "like [1, 2, 3], or a .npy file") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+        raise UsageError(f"cannot read argument {text!r}: expected a number or a list")
+    array = np.asarray(value)
+    if array.dtype.kind not in "iuf":
+        raise UsageError(f"argument {text!r} is not a numeric array")
+    return array.astype(np.float64)
+
+
+def _format(value) -> str:
+    with np.printoptions(precision=17 if np.ndim(value) == 0 else 8, suppress=False):
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            return repr(value.item())
+        return np.array2string(np.asarray(value), separator=", ")
+
+
+def _lookup(module: dsl.Module, name: str, file: str):
+    functions = module.functions
+    if name not in functions:
+        known = ", ".join(functions) or "none"
+        raise GradError(f"no function {name!r} in {file} (it defines: {known})",
+                        dsl.Span(file, 1, 1))
+    return functions[name]
+
+
+def cmd_run(args) -> int:
+    module = dsl.load(args.file)
+    f = _lookup(module, args.fn, args.file)
+    values = [_parse_arg(a) for a in args.args]
+    result = f(*values)
+    outs = result if isinstance(result, tuple) else (result,)
+    for k, out in enumerate(outs):
+        label = f"{args.fn}" if len(outs) == 1 else f"{args.fn}[{k}]"
+        print(f"{label} = {_format(out)}")
+    passed = [s for s in f.specs[:len(values)]]
+    if args.wrt:
+        wrt = [int(w) if w.isdigit() else w for w in args.wrt]
+    else:
+        wrt = [s.name for s in passed if s.differentiable]
+    if not wrt:
+        print("(no differentiable arguments)")
+        return 0
+    grads = dsl.grad(f, wrt=tuple(wrt))(*values)
+    for w, g in zip(wrt, grads):
+        name = f.specs[w].name if isinstance(w, int) else w
+        print(f"d/d{name} = {_format(g)}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from compiler.ir import print_function
+    from compiler.pipeline import front_end, optimize
+    from compiler.codegen import generate
+    source = Path(args.file).read_text() if Path(args.file).exists() else None
+    if source is None:
+        raise GradError(f"no such file: {args.file}", dsl.Span(args.file, 1, 1))
+    module_ast, _ = front_end(source, args.file)
+    if args.emit == "ast":
+        for f in module_ast.funcs:
+            if args.fn in (None, f.name):
+                print(f)
+        return 0
+    module = dsl.Module(module_ast, {f.name: f for f in module_ast.funcs})
+    names = [args.fn] if args.fn else list(module.functions)
+    for name in names:
+        f = _lookup(module, name, args.file)
+        sample = [np.zeros(4) if s.dims is None or len(s.dims) == 1 else
+                  np.zeros((4,) * len(s.dims)) for s in f.specs if not s.has_default]
+        sample = [a.astype(np.float32) if s.dtype == "f32" else a
+                  for a, s in zip(sample, f.specs)]
+        target = f if args.emit != "grad-ir" else dsl.value_and_grad(
+            f, wrt=tuple(s.name for s in f.specs[:len(sample)] if s.differentiable) or 0)
+        bound = target.bind(sample, {})
+        from dsl.function import _types
+        fn = optimize(target.lower(_types(bound)))
+        if args.emit in ("ir", "grad-ir"):
+            print(print_function(fn))
+        else:
+            generated = generate(fn)
+            print(generated.kernel_source)
+            print(generated.driver_source)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradc", description="The .grad compiler.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a function and print its value and gradients")
+    run.add_argument("file", help="the .grad file")
+    run.add_argument("fn", help="the function to run")
+    run.add_argument("args", nargs="*", help="arguments: numbers, [1, 2] lists, .npy files")
+    run.add_argument("--wrt", nargs="+", help="differentiate w.r.t. these parameters "
+                     "(names or positions); default: every differentiable one")
+    run.set_defaults(func=cmd_run)
+    show = sub.add_parser("show", help="print a compiler stage")
+    show.add_argument("file")
+    show.add_argument("--fn", help="only this function")
+    show.add_argument("--emit", required=True, choices=("ast", "ir", "grad-ir", "kernels"))
+    show.set_defaults(func=cmd_show)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as err:
+        print(f"gradc: error: {err}", file=sys.stderr)
+        return 2
+    except GradError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
