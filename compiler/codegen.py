@@ -22,7 +22,7 @@ from typing import Optional
 
 from compiler.fusion import Loop, fuse
 from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
-from compiler.ops import OPS
+from compiler.ops import OPS, python_slices
 
 # Loops with fewer elements than this run serially: waking the thread pool
 # costs more than it saves below a few tens of thousands of elements.
@@ -282,11 +282,7 @@ def _render_eqn(eqn: Eqn, ref, define) -> str:
 
 
 def _slices(p) -> str:
-    parts = []
-    for start, stop, step in zip(p["starts"], p["stops"], p["steps"]):
-        stop_text = "None" if stop < 0 else str(stop)
-        parts.append(f"slice({start}, {stop_text}, {step})")
-    return ", ".join(parts)
+    return ", ".join(map(repr, python_slices(p["starts"], p["stops"], p["steps"])))
 
 
 def _np_name(dtype: str) -> str:

@@ -259,7 +259,11 @@ class Lowerer:
                 out[p.name] = ops.full(b, value, t.shape, t.dtype)
                 continue
             if value.type.shape != t.shape:
-                if value.type.shape == () or value.type.size == 1 and value.type.rank <= t.rank:
+                # A cotangent of the shape the parameter was broadcast to is
+                # summed back, as derived gradients are; a size-1 one spreads.
+                if _broadcasts(t.shape, value.type.shape):
+                    value = ops.unbroadcast(b, value, t.shape)
+                elif value.type.size == 1 and value.type.rank <= t.rank:
                     value = b.bind("broadcast_to", value, shape=t.shape, span=sp)
                 else:
                     raise GradError(
@@ -517,6 +521,12 @@ class Lowerer:
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
+
+
+def _broadcasts(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    if len(small) > len(big):
+        return False
+    return all(s in (1, g) for s, g in zip(small[::-1], big[::-1]))
 
 
 def _ann_text(ann: ast.TypeAnn) -> str:

@@ -491,13 +491,19 @@ _register(Op("transpose", "layout", _transpose_rule, _transpose_vjp,
              lambda x, perm: np.transpose(x, perm)))
 _register(Op("broadcast_to", "layout", _broadcast_to_rule, _broadcast_to_vjp,
              lambda x, shape: np.broadcast_to(x, shape)))
+def python_slices(starts, stops, steps) -> tuple[slice, ...]:
+    """Slice params (normalized as by `slice.indices`) as Python slices: a
+    negative stop there means "past the front", which Python spells None."""
+    return tuple(slice(a, None if b < 0 else b, c) for a, b, c in zip(starts, stops, steps))
+
+
 _register(Op("slice", "layout", _slice_rule, _slice_vjp,
-             lambda x, starts, stops, steps: x[tuple(map(slice, starts, stops, steps))]))
+             lambda x, starts, stops, steps: x[python_slices(starts, stops, steps)]))
 
 
 def _embed_ref(x, shape, starts, stops, steps):
     out = np.zeros(shape, x.dtype)
-    out[tuple(map(slice, starts, stops, steps))] = x
+    out[python_slices(starts, stops, steps)] = x
     return out
 
 

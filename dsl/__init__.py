@@ -4,9 +4,23 @@
     m = dsl.load("examples/log1pexp.grad")
     y = m.log1pexp(x)
     g = dsl.grad(m.log1pexp)(x)
+
+The API is imported on first use, so that `dsl.errors` (which the compiler
+itself uses) can be imported without pulling in the whole toolchain.
 """
-from dsl.api import Module, grad, load, loads, value_and_grad, vjp
 from dsl.errors import ArgumentError, GradError, Span
 
-__all__ = ["ArgumentError", "GradError", "Module", "Span", "grad", "load", "loads",
-           "value_and_grad", "vjp"]
+_API = ("Module", "grad", "load", "loads", "value_and_grad", "vjp")
+
+__all__ = ["ArgumentError", "GradError", "Span", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from dsl import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'dsl' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)
