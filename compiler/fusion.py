@@ -9,10 +9,10 @@ pass that stores no residual.  `broadcast_to` and `full` join loops as
 elementwise ops (their inputs are read with broadcast indexing, their
 values are constants), so broadcasting never materializes an array.
 
-Greedy rule: an elementwise equation joins the loop of one of its
-producers when the shapes agree and every other input it reads was defined
-before that loop starts; the loop then runs where its first member stood,
-which keeps the step order topological.
+Greedy rule: an elementwise equation joins a loop of its shape when every
+input it reads from outside that loop was defined before the loop starts
+(preferring the loop that produces its inputs); the loop then runs where
+its first member stood, which keeps the step order topological.
 """
 from __future__ import annotations
 
@@ -55,16 +55,8 @@ def fuse(fn: Function) -> list[Step]:
             eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
                       eqn.outputs, eqn.params, eqn.span)
         shape = eqn.outputs[0].type.shape
-        home = None
-        for a in eqn.inputs:
-            candidate = loop_of.get(a) if isinstance(a, Var) else None
-            if candidate is None or candidate.shape != shape or candidate is home:
-                continue
-            external = [x for x in eqn.inputs
-                        if isinstance(x, Var) and x not in candidate.produced]
-            if all(defined_at[x] < candidate.start for x in external):
-                if home is None or candidate.start > home.start:
-                    home = candidate
+        home = _pick_loop(eqn, [s for _, s in steps if isinstance(s, Loop)
+                                and s.shape == shape], defined_at)
         if home is None:
             home = Loop(shape, index)
             steps.append((index, home))
@@ -77,6 +69,19 @@ def fuse(fn: Function) -> list[Step]:
     ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
     _wire(ordered, fn)
     return [s for s in ordered if not isinstance(s, Loop) or s.outputs]
+
+
+def _pick_loop(eqn: Eqn, loops: list[Loop], defined_at: dict[Var, int]) -> Loop | None:
+    """The loop `eqn` can join: every input it reads from outside the loop
+    must exist before the loop runs.  Prefer the loop that produces most of
+    its inputs (their values then stay in registers), else the earliest."""
+    best, best_score = None, -1
+    for loop in loops:
+        inside = [a for a in eqn.inputs if isinstance(a, Var) and a in loop.produced]
+        external = [a for a in eqn.inputs if isinstance(a, Var) and a not in loop.produced]
+        if all(defined_at[a] < loop.start for a in external) and len(inside) > best_score:
+            best, best_score = loop, len(inside)
+    return best
 
 
 def _as_constant(a: Atom, fulls: dict[Var, Eqn]) -> Atom:

@@ -1,0 +1,161 @@
+"""Every user error is a GradError with file, line, column and a caret;
+bad runtime arguments are caught before any kernel runs."""
+import re
+
+import numpy as np
+import pytest
+
+import dsl
+
+GOOD = "def f(x):\n    return x\n"
+
+
+def load_error(source: str) -> dsl.GradError:
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, "bad.grad")
+    return info.value
+
+
+def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str = ""):
+    assert err.file == "bad.grad"
+    assert err.line == line, str(err)
+    if col is not None:
+        assert err.col == col, str(err)
+    assert text in err.message, str(err)
+    rendered = str(err)
+    assert rendered.startswith(f"bad.grad:{line}:{err.col}: error: ")
+    assert "^" in rendered.splitlines()[-1]
+
+
+@pytest.mark.parametrize("source,line,col,text", [
+    ("def f(x)\n    return x\n", 1, 9, "syntax error"),
+    ("def f(x):\nreturn x\n", 2, 1, "syntax error"),
+    ("def f(x):\n    return x +\n", 2, 15, "syntax error"),
+    ("def f(x):\n    y = (x\n", 2, None, "syntax error"),
+    ("def f(x):\n    return x $ 2\n", 2, 14, "unexpected character"),
+    ("def f(x):\n\treturn x\n", 2, 1, "tabs"),
+    ("def f(x):\n        y = x\n    return y\n", 3, None, "unindent"),
+])
+def test_syntax_errors(source, line, col, text):
+    assert_at(load_error(source), line, col, text)
+
+
+@pytest.mark.parametrize("source,line,col,text", [
+    ("def f(x):\n    return y\n", 2, 12, "name 'y' is not defined"),
+    ("def f(x):\n    return foo(x)\n", 2, 12, "unknown function 'foo'"),
+    ("def f(x):\n    return exp(x, x)\n", 2, 12, "exp() takes 1"),
+    ("def g(a, b):\n    return a\ndef f(x):\n    return g(x)\n", 4, 12, "missing argument"),
+    ("def g(a):\n    return a\ndef f(x):\n    return g(x, x)\n", 4, 12, "takes 1 argument"),
+    ("def g(a):\n    return a\ndef f(x):\n    return g(x, b=x)\n", 4, 12, "no parameter 'b'"),
+    ("def f(x):\n    return sum(x, axes=0)\n", 2, 12, "unexpected keyword argument 'axes'"),
+    ("def f(x):\n    return x\ndef f(y):\n    return y\n", 3, 5, "already defined"),
+    ("def f(x, x):\n    return x\n", 1, None, "duplicate parameter"),
+    ("def f(x):\n    return x\n    y = x\n", 3, 5, "unreachable"),
+    ("def f(x):\n    y = x\n", 2, None, "no return"),
+    ("@fast\ndef f(x):\n    return x\n", 1, 1, "unknown decorator"),
+    ("def f(x):\n    return x.sum\n", 2, 12, "no attribute 'sum'"),
+])
+def test_name_and_arity_errors(source, line, col, text):
+    assert_at(load_error(source), line, col, text)
+
+
+@pytest.mark.parametrize("source,line,text", [
+    # too many cotangents
+    ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz, dz, dz\n", 4,
+     "grad block of f() (line 3) returns 3 cotangent(s); expected one cotangent for each of x, y"),
+    # too few
+    ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y\n", 4,
+     "missing the cotangent for 'y'"),
+    # misnamed
+    ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y, z=dz\n", 4,
+     "'z', which is not a parameter of f()"),
+    # const parameters get no cotangent
+    ("def f(x, a: const):\n    return x * a\ngrad(dz):\n    return dz * a, a=0\n", 4,
+     "'a', which is const"),
+    # duplicated
+    ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y, x=dz\n", 4, "twice"),
+    # wrong number of upstream cotangents
+    ("def f(x):\n    return x, x\ngrad(dz):\n    return dz\n", 3, "takes 1 upstream"),
+    # grad block reads an undefined name
+    ("def f(x):\n    return x\ngrad(dz):\n    return dz * q\n", 4, "name 'q' is not defined"),
+    ("@pass_through\ndef f(x):\n    return x\ngrad(dz):\n    return dz\n", 4, "pass_through"),
+])
+def test_grad_block_contract_is_checked_at_load(source, line, text):
+    assert_at(load_error(source), line, None, text)
+
+
+def test_named_cotangents_in_any_order_are_accepted():
+    m = dsl.loads("def f(x, y):\n    return x * y\ngrad(dz):\n    return y=dz * x, x=dz * y\n")
+    assert dsl.grad(m.f, wrt=(0, 1))(2.0, 5.0) == (5.0, 2.0)
+    m = dsl.loads("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y, y=0\n")
+    assert dsl.grad(m.f, wrt=(0, 1))(2.0, 5.0) == (5.0, 0.0)
+
+
+def test_load_missing_file():
+    with pytest.raises(dsl.GradError, match="no such file"):
+        dsl.load("/nonexistent/x.grad")
+
+
+# ------------------------------------------------------------- call-time
+
+ANNOTATED = """
+def f(x: f64[n], y: f64[n, 3], k: const i64 = 2):
+    return sum(x) + sum(y)
+def g(a, b):
+    return a + b
+"""
+
+
+@pytest.fixture(scope="module")
+def m():
+    return dsl.loads(ANNOTATED, "ann.grad")
+
+
+@pytest.mark.parametrize("args,text", [
+    ((np.zeros(2, np.float32), np.zeros((2, 3))), "dtype f32, but its annotation says f64"),
+    ((np.zeros((2, 1)), np.zeros((2, 3))), "rank 2"),
+    ((np.zeros(2), np.zeros((2, 4))), "size 4 on axis 1, but its annotation says 3"),
+    ((np.zeros(2), np.zeros((5, 3))), "dimension 'n' is 2 for 'x' but 5 for 'y'"),
+    ((np.zeros(2),), "missing argument 'y'"),
+    ((np.zeros(2), np.zeros((2, 3)), 1, 4), "takes 3 argument"),
+    ((np.zeros(2, np.complex128), np.zeros((2, 3))), "unsupported dtype"),
+    (("abc", np.zeros((2, 3))), "not numeric"),
+])
+def test_bad_arguments_are_caught_before_kernels(m, args, text):
+    with pytest.raises(dsl.ArgumentError, match=re.escape(text)):
+        m.f(*args)
+
+
+def test_shapes_that_do_not_broadcast_point_at_the_expression(m):
+    with pytest.raises(dsl.GradError) as info:
+        m.g(np.zeros(3), np.zeros(4))
+    assert "shapes [3] and [4] do not broadcast" in str(info.value)
+    assert info.value.line == 5 and info.value.col == 12
+    assert "return a + b" in str(info.value)
+
+
+def test_grad_wrt_errors(m):
+    with pytest.raises(dsl.ArgumentError, match="'k': it is const"):
+        dsl.grad(m.f, wrt="k")
+    with pytest.raises(dsl.ArgumentError, match="out of range"):
+        dsl.grad(m.f, wrt=7)
+    with pytest.raises(dsl.ArgumentError, match="no parameter 'z'"):
+        dsl.grad(m.f, wrt="z")
+
+
+def test_pullback_checks_its_cotangents():
+    m = dsl.loads("def f(x):\n    return x * 2\n")
+    _, pullback = dsl.vjp(m.f, np.ones(3))
+    with pytest.raises(dsl.ArgumentError, match="takes 1 cotangent"):
+        pullback(np.ones(3), np.ones(3))
+    with pytest.raises(dsl.ArgumentError, match="shape"):
+        pullback(np.ones(4))
+    np.testing.assert_array_equal(pullback(np.ones(3))[0], [2.0, 2.0, 2.0])
+
+
+def test_mis_shaped_cotangent_is_an_error_at_first_call():
+    m = dsl.loads("def f(x):\n    return sum(x)\ngrad(d):\n    return stack((d, d, d, d))\n",
+                  "bad.grad")
+    with pytest.raises(dsl.GradError, match=r"cotangent of shape \[4\] for 'x', which has "
+                                            r"shape \[3\]"):
+        dsl.grad(m.f)(np.ones(3))
