@@ -23,7 +23,7 @@ from compiler.ir import Function
 from compiler.verify import verify
 from dsl import ast
 from dsl.checker import check
-from dsl.errors import GradError
+from dsl.errors import GradError, Span
 from dsl.parser import parse
 
 IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
@@ -35,13 +35,24 @@ IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
 
 
 def front_end(source: str, file: str) -> tuple[ast.Module, dict[str, ast.FuncDef]]:
-    module = parse(source, file)
-    functions = {f.name: f for f in module.funcs}
     try:
+        module = parse(source, file)
+        functions = {f.name: f for f in module.funcs}
         check(module, functions)
     except GradError as err:
         raise err.with_source(source)
+    except RecursionError:
+        raise too_deep(source, file) from None
     return module, functions
+
+
+def too_deep(source: str, file: str) -> GradError:
+    """Nesting beyond Python's recursion limit, reported at the line with
+    the most brackets and operators (where the nesting must be)."""
+    lines = source.splitlines() or [""]
+    score = [sum(line.count(c) for c in "([-+*/not") for line in lines]
+    line = score.index(max(score)) + 1
+    return GradError("expression is nested too deeply", Span(file, line, 1), source)
 
 
 def verifying() -> bool:
