@@ -1,121 +1,144 @@
 """AST -> IR, for one call signature.
 
-Contract: `lower_entry(program, fdef, arg_types)` returns an `ir.Function`
-whose parameters are the runtime arguments (in the order of `arg_types`,
-which names the parameters the caller passed) and whose body is the
-function's computation with every call to a function without grad blocks
-inlined.  A call to a function with grad blocks becomes one `custom_vjp`
-equation carrying two sub-functions:
+Contract: `Lowerer(namespace).lower_entry(fdef, types)` returns an
+`ir.Function` whose parameters are the runtime arguments named by `types`
+(the function's parameters the caller passed, then the module `param`s it
+reads, directly or through calls) and whose body is the computation, with
+every call to a function without grad blocks inlined.
 
-- `fwd(args) -> (outputs..., residuals...)`: the body, also returning the
-  forward locals the first grad block reads;
-- `bwd(args, residuals, cotangents) -> one cotangent per arg`: the block.
+Custom gradients.  A function is a chain of *stages*: stage 0 is its body;
+stage k >= 1 is its k-th grad block, the VJP of stage k-1, seen as a
+function of its inputs I_k = (the block's upstream cotangents, then
+I_{k-1}); I_0 is the function's parameters and the params it reads.  A
+stage followed by a grad block is lowered to one `custom_vjp` equation
+carrying two sub-functions:
 
-Values that are known at compile time (literals, `x.shape[k]`, arithmetic
-on them, tuples) stay Python values until they meet an array: then a
-literal takes the array's dtype (language.md section 4).  Every problem is
-raised as a `GradError` at the span of the expression that caused it.
+- `fwd(I_k arrays) -> (outputs..., residuals...)`: the stage, also
+  returning the locals the next block reads;
+- `bwd(I_k arrays, residuals, cotangents) -> one cotangent per input`: the
+  next block.  When a further block follows, `bwd` is itself the next
+  stage's `custom_vjp` (recomputing the locals it needs), so `autodiff`
+  differentiates each block by the block after it, and the last written
+  block by ordinary reverse mode through its residuals.
+
+`@recompute` stages keep no residuals: their `bwd` reruns the stage behind
+a `recompute_barrier` so the split into forward and backward passes cannot
+hoist it back.  `@pass_through` stages have the identity as their `bwd`.
+
+Values known at compile time (literals, `x.shape[k]`, arithmetic on them,
+tuples) stay Python values until they meet an array (`compiler.values`).
+Every problem is raised as a `GradError` at the span that caused it.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
 
-from compiler import ops
-from compiler.ir import FLOATS, INTS, Atom, Builder, Function, Lit, TensorType, Var
+from compiler import autodiff, ops
+from compiler.builtins import BUILTINS, TRANSFORMS
+from compiler.ir import Atom, Builder, Function, TensorType, Var, inline
+from compiler.values import Value, as_atom, cast, is_static, unify
 from dsl import ast
 from dsl.errors import GradError, Span
 
-Static = Union[int, float, bool, tuple]
-Value = Union[Var, Lit, int, float, bool, tuple]
 
-
-@dataclass(frozen=True)
-class Program:
-    """What lowering needs to resolve names: the module being compiled and
-    the functions it can call (its own and imported ones)."""
+@dataclass
+class Namespace:
+    """What a module's code can name: its functions and those it imports
+    (`from m import f`), imported modules (`import m`, then `m.f`), and the
+    `param`s declared by it and by the modules it imports."""
 
     module: ast.Module
-    functions: dict[str, ast.FuncDef]
+    functions: dict[str, tuple[ast.FuncDef, "Namespace"]] = field(default_factory=dict)
+    modules: dict[str, "Namespace"] = field(default_factory=dict)
+    params: dict[str, ast.ParamDecl] = field(default_factory=dict)
+
+    def resolve(self, func: ast.Expr) -> Optional[tuple[ast.FuncDef, "Namespace"]]:
+        if isinstance(func, ast.Name):
+            return self.functions.get(func.id)
+        if (isinstance(func, ast.Attr) and isinstance(func.value, ast.Name)
+                and func.value.id in self.modules):
+            return self.modules[func.value.id].functions.get(func.name)
+        return None
 
 
-def is_static(v: Value) -> bool:
-    return not isinstance(v, (Var, Lit))
+def param_reads(fdef: ast.FuncDef, ns: Namespace, _visiting=None) -> tuple[str, ...]:
+    """The module params a function reads, directly or through calls."""
+    visiting = _visiting if _visiting is not None else set()
+    if id(fdef) in visiting:
+        return ()
+    visiting.add(id(fdef))
+    reads: set[str] = set()
+    bodies = [fdef.body] + [g.body for g in fdef.grads]
+    local = {p.name for p in fdef.params}
+    for body in bodies:
+        reads |= {n for n in free_names(body, local) if n in ns.params}
+    for call in _calls(bodies):
+        target = ns.resolve(call.func)
+        if target is not None:
+            reads |= set(param_reads(*target, visiting))
+        if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
+            target = ns.resolve(call.args[0])
+            if target is not None:
+                reads |= set(param_reads(*target, visiting))
+    return tuple(sorted(reads))
 
 
-# ------------------------------------------------------------- dtype rules
+def _calls(bodies) -> list[ast.Call]:
+    found: list[ast.Call] = []
+
+    def visit(node) -> None:
+        if isinstance(node, ast.Call):
+            found.append(node)
+        if isinstance(node, tuple):
+            for item in node:
+                visit(item)
+        elif hasattr(node, "__dataclass_fields__"):
+            for name in node.__dataclass_fields__:
+                if name != "span":
+                    visit(getattr(node, name))
+
+    for body in bodies:
+        visit(body)
+    return found
 
 
-def promote(a: str, b: str) -> str:
-    if a == b:
-        return a
-    if a in FLOATS or b in FLOATS:
-        return "f64" if "f64" in (a, b) else "f32"
-    if "i64" in (a, b) or "bool" in (a, b) and "i32" not in (a, b):
-        return "i64"
-    return "i32"
+def stage_inputs(fdef: ast.FuncDef, ns: Namespace, k: int) -> list[str]:
+    """The names of I_k, in order."""
+    if k == 0:
+        return [p.name for p in fdef.params] + list(param_reads(fdef, ns))
+    return list(fdef.grads[k - 1].upstream) + stage_inputs(fdef, ns, k - 1)
 
 
-def _weak_dtype(value: Static) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "i64"
-    return "f64"
+def positional_cotangents(fdef: ast.FuncDef, k: int) -> list[str]:
+    """What block k (1-based) may return positionally, in order: the
+    upstreams of block k-1, ..., then the function's differentiable
+    parameters.  Module params are returned by name."""
+    if k == 1:
+        return [p.name for p in fdef.differentiable_params]
+    return list(fdef.grads[k - 2].upstream) + positional_cotangents(fdef, k - 1)
 
 
-def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = None) -> Atom:
-    """A compile-time value becomes a literal (of `dtype` when given)."""
-    if isinstance(v, (Var, Lit)):
-        return cast(b, v, dtype) if dtype else v
-    if isinstance(v, tuple):
-        raise GradError("a tuple cannot be used as an array here", span)
-    return b.lit(v, dtype or _weak_dtype(v))
-
-
-def cast(b: Builder, a: Atom, dtype: str) -> Atom:
-    if a.type.dtype == dtype:
-        return a
-    if isinstance(a, Lit):
-        return b.lit(a.value, dtype)
-    return b.bind("cast", a, dtype=dtype)
-
-
-def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
-          float_result: bool = False, arithmetic: bool = True) -> list[Atom]:
-    """Bring operands to one dtype: arrays promote (f32 with f64 gives f64),
-    literals take the arrays' dtype (a float literal makes ints f64)."""
-    arrays = [v for v in values if not is_static(v)]
-    if arrays:
-        dtype = arrays[0].type.dtype
-        for a in arrays[1:]:
-            dtype = promote(dtype, a.type.dtype)
-        if any(isinstance(v, float) for v in values if is_static(v)) and dtype not in FLOATS:
-            dtype = "f64"
-    else:
-        dtype = "f64" if any(isinstance(v, float) for v in values) else "i64"
-    if arithmetic and dtype == "bool":
-        dtype = "i64"
-    if float_result and dtype not in FLOATS:
-        dtype = "f64"
-    return [as_atom(b, v, span, dtype) for v in values]
-
-
-# ----------------------------------------------------------------- lowering
+def named_cotangents(fdef: ast.FuncDef, ns: Namespace, k: int) -> list[str]:
+    """Everything block k may return a cotangent for."""
+    float_params = [w for w in param_reads(fdef, ns)
+                    if ns.params[w].type.dtype in ("f32", "f64")]
+    return positional_cotangents(fdef, k) + float_params
 
 
 class Lowerer:
-    def __init__(self, program: Program):
-        self.program = program
+    def __init__(self, namespace: Namespace):
+        self.namespace = namespace
         self.call_stack: list[str] = []
 
-    def lower_entry(self, fdef: ast.FuncDef, arg_types: dict[str, TensorType],
+    def lower_entry(self, fdef: ast.FuncDef, types: dict[str, TensorType],
                     name: Optional[str] = None) -> Function:
+        """`types` names the parameters passed and the params read."""
         b = Builder()
-        params = [Var(t, n) for n, t in arg_types.items()]
-        args = dict(zip(arg_types, params))
-        outs = self.call(b, fdef, [], args, fdef.span)
+        params = [Var(t, n) for n, t in types.items()]
+        env = dict(zip(types, params))
+        args = {p.name: env[p.name] for p in fdef.params if p.name in env}
+        outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
         return b.function(name or fdef.name, params, [as_atom(b, o, fdef.span) for o in outs])
 
     # ------------------------------------------------------------ calls
@@ -139,18 +162,22 @@ class Lowerer:
                 bound[p.name] = p.default.value
         return {p.name: bound[p.name] for p in fdef.params}
 
-    def call(self, b: Builder, fdef: ast.FuncDef, positional: Sequence[Value],
-             keywords: dict[str, Value], span: Span) -> list[Value]:
+    def call(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, positional: Sequence[Value],
+             keywords: dict[str, Value], span: Span, caller_env: dict[str, Value]) -> list[Value]:
         if fdef.name in self.call_stack:
             raise GradError(f"recursive call to {fdef.name}() is not supported", span)
         args = self.bind_args(fdef, positional, keywords, span)
         self.check_annotations(fdef, args, span)
+        inputs = dict(args)
+        for w in param_reads(fdef, ns):
+            inputs[w] = caller_env[w]
+        if fdef.grads or fdef.decorators:
+            # Everything a custom gradient differentiates is an array.
+            for p in fdef.differentiable_params:
+                inputs[p.name] = as_atom(b, inputs[p.name], span)
         self.call_stack.append(fdef.name)
         try:
-            if fdef.grads:
-                return self.custom_call(b, fdef, args, span)
-            env = dict(args)
-            return self.block(b, fdef.body, env)
+            return self.stage(b, fdef, ns, 0, inputs, span)
         finally:
             self.call_stack.pop()
 
@@ -189,77 +216,146 @@ class Lowerer:
                 else:
                     dims.setdefault(dim, (size, p.name))
 
-    def custom_call(self, b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
-                    span: Span) -> list[Value]:
-        """A call to a function with a grad block: one `custom_vjp` equation."""
-        block = fdef.grads[0]
-        array_names = [n for n, v in args.items() if not is_static(v)]
-        statics = {n: v for n, v in args.items() if is_static(v)}
+    # ----------------------------------------------------------- stages
 
-        # fwd: the body, returning its outputs and the residuals.
+    def eval_stage(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, k: int,
+                   inputs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
+        """Stage k inline: the body, then blocks 1..k, each block's returned
+        cotangents mapped onto its inputs.  Returns (outputs, final env)."""
+        env = dict(inputs)
+        outs = self.block(b, fdef.body, env)
+        for j in range(1, k + 1):
+            block = fdef.grads[j - 1]
+            items = self.block_items(b, block.body, env)
+            cts = self.map_cotangents(b, fdef, ns, j, items, inputs)
+            outs = [cts[n] for n in named_cotangents(fdef, ns, j)]
+        return outs, env
+
+    def stage(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, k: int,
+              inputs: dict[str, Value], span: Span) -> list[Value]:
+        decorators = {d.name for d in fdef.decorators}
+        recompute = k == 0 and "recompute" in decorators
+        if k == 0 and "pass_through" in decorators:
+            return self.pass_through(b, fdef, ns, inputs, span)
+        if k == len(fdef.grads) and not recompute:
+            return self.eval_stage(b, fdef, ns, k, inputs)[0]
+
+        arrays = [n for n, v in inputs.items() if not is_static(v)]
+        statics = {n: v for n, v in inputs.items() if is_static(v)}
         fb = Builder()
-        fparams = [Var(args[n].type, n) for n in array_names]
-        env: dict[str, Value] = {**statics, **dict(zip(array_names, fparams))}
-        outs = [as_atom(fb, o, span) for o in self.block(fb, fdef.body, env)]
-        residual_names = [n for n in sorted(free_names(block.body, set(block.upstream)))
-                          if n in env and n not in args]
-        res_arrays = [n for n in residual_names if not is_static(env[n])]
-        res_statics = {n: env[n] for n in residual_names if is_static(env[n])}
-        fwd = fb.function(f"{fdef.name}_fwd", fparams,
+        fparams = [Var(inputs[n].type, n) for n in arrays]
+        outs, env = self.eval_stage(fb, fdef, ns, k, {**statics, **dict(zip(arrays, fparams))})
+        outs = [as_atom(fb, o, span) for o in outs]
+        block = fdef.grads[k] if k < len(fdef.grads) else None
+        if block is not None and not recompute:
+            reads = free_names(block.body, set(block.upstream))
+            res_names = [n for n in env if n in reads and n not in inputs]
+        else:
+            res_names = []
+        res_arrays = [n for n in res_names if not is_static(env[n])]
+        res_statics = {n: env[n] for n in res_names if is_static(env[n])}
+        fwd = fb.function(f"{fdef.name}_fwd{k}", fparams,
                           outs + [env[n] for n in res_arrays])
 
-        # bwd: the grad block, from (args, residuals, cotangents).
         bb = Builder()
-        bargs = [Var(v.type, v.hint) for v in fparams]
+        bargs = [Var(p.type, p.hint) for p in fparams]
         bres = [Var(env[n].type, n) for n in res_arrays]
-        bcts = [Var(o.type, u) for o, u in zip(outs, block.upstream)]
-        if len(block.upstream) != len(outs):
-            raise GradError(f"grad block of {fdef.name}() takes {len(block.upstream)} "
-                            f"cotangents but {fdef.name}() returns {len(outs)} values",
-                            block.span)
-        benv: dict[str, Value] = {**statics, **res_statics,
-                                  **dict(zip(array_names, bargs)),
-                                  **dict(zip(res_arrays, bres)),
-                                  **dict(zip(block.upstream, bcts))}
-        items = self.block_items(bb, block.body, benv)
-        cts = self.grad_results(bb, fdef, block, items, args)
-        bwd = bb.function(f"{fdef.name}_bwd", bargs + bres + bcts,
-                          [cts[n] for n in array_names])
+        upstream = block.upstream if block else tuple(f"d{i}" for i in range(len(outs)))
+        bcts = [Var(o.type, u) for o, u in zip(outs, upstream)]
+        if recompute:
+            # The rerun depends on a cotangent, so it stays in the backward pass.
+            bargs_used = [bb.bind("recompute_barrier", a, bcts[0]) for a in bargs]
+        else:
+            bargs_used = list(bargs)
+        base = {**statics, **dict(zip(arrays, bargs_used))}
+        if block is None:
+            # @recompute without a grad block: differentiate the rerun body.
+            floats = [i for i, a in enumerate(bargs) if a.type.is_float]
+            joint = autodiff.vjp(Function(fwd.name, fwd.params, fwd.eqns, fwd.outputs[:len(outs)]),
+                                 floats)
+            grads = iter(inline(bb, joint, bargs_used + bcts)[len(outs):])
+            cts = [next(grads) if a.type.is_float else ops.zeros_like(bb, a.type) for a in bargs]
+        else:
+            if k + 1 < len(fdef.grads):
+                next_inputs = {**dict(zip(block.upstream, bcts)), **base}
+                outs_next = self.stage(bb, fdef, ns, k + 1, next_inputs, span)
+                by_name = dict(zip(named_cotangents(fdef, ns, k + 1), outs_next))
+            else:
+                if recompute:
+                    _, benv = self.eval_stage(bb, fdef, ns, k, base)
+                else:
+                    benv = {**base, **res_statics, **dict(zip(res_arrays, bres))}
+                benv.update(zip(block.upstream, bcts))
+                items = self.block_items(bb, block.body, benv)
+                by_name = self.map_cotangents(bb, fdef, ns, k + 1, items, inputs)
+            cts = [by_name[n] if n in by_name else ops.zeros_like(bb, a.type)
+                   for n, a in zip(arrays, bargs)]
+        cts = [as_atom(bb, c, span) for c in cts]
+        bwd = bb.function(f"{fdef.name}_bwd{k + 1}", bargs + bres + bcts, cts)
+        return list(b.bind_multi("custom_vjp", *[inputs[n] for n in arrays], span=span,
+                                 fwd=fwd, bwd=bwd, n_out=len(outs), name=fdef.name))
 
-        inputs = [args[n] for n in array_names]
-        return list(b.bind_multi("custom_vjp", *inputs, span=span, fwd=fwd, bwd=bwd,
-                                 n_out=len(outs), name=fdef.name))
+    def pass_through(self, b: Builder, fdef: ast.FuncDef, ns: Namespace,
+                     inputs: dict[str, Value], span: Span) -> list[Value]:
+        """Forward runs the body; the gradient is the identity."""
+        arrays = [n for n, v in inputs.items() if not is_static(v)]
+        (target,) = [p.name for p in fdef.differentiable_params]
+        if target not in arrays:
+            raise GradError(f"@pass_through function {fdef.name}() needs an array for "
+                            f"{target!r}", span)
+        fb = Builder()
+        fparams = [Var(inputs[n].type, n) for n in arrays]
+        statics = {n: v for n, v in inputs.items() if is_static(v)}
+        outs, _ = self.eval_stage(fb, fdef, ns, 0, {**statics, **dict(zip(arrays, fparams))})
+        (out,) = [as_atom(fb, o, span) for o in outs]
+        x_type = inputs[target].type
+        if not _broadcasts(x_type.shape, out.type.shape):
+            raise GradError(f"@pass_through function {fdef.name}() returns shape "
+                            f"{list(out.type.shape)}, which {target!r} (shape "
+                            f"{list(x_type.shape)}) does not broadcast to", span)
+        fwd = fb.function(f"{fdef.name}_fwd0", fparams, [out])
+        bb = Builder()
+        bargs = [Var(p.type, p.hint) for p in fparams]
+        ct = Var(out.type, "d0")
+        cts = []
+        for n, a in zip(arrays, bargs):
+            if n == target and a.type.is_float:
+                cts.append(cast(bb, ops.unbroadcast(bb, ct, a.type.shape), a.type.dtype))
+            else:
+                cts.append(ops.zeros_like(bb, a.type))
+        bwd = bb.function(f"{fdef.name}_bwd1", bargs + [ct], cts)
+        return list(b.bind_multi("custom_vjp", *[inputs[n] for n in arrays], span=span,
+                                 fwd=fwd, bwd=bwd, n_out=1, name=fdef.name))
 
-    def grad_results(self, b: Builder, fdef: ast.FuncDef, block: ast.GradBlock,
-                     items: list[tuple[Optional[str], Value, Span]],
-                     args: dict[str, Value]) -> dict[str, Atom]:
-        """Map a grad block's returned items onto the parameters, checking
-        each cotangent's shape; non-differentiable parameters get zeros."""
-        expected = [p.name for p in fdef.differentiable_params]
+    def map_cotangents(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, k: int,
+                       items: list[tuple[Optional[str], Value, Span]],
+                       inputs: dict[str, Value]) -> dict[str, Atom]:
+        """Block k's returned items as {name: cotangent} for every name in
+        `named_cotangents(fdef, ns, k)`, shape-checked against the inputs."""
+        block = fdef.grads[k - 1]
+        where = f"grad block {k} of {fdef.name}() (line {block.span.line})"
         given: dict[str, tuple[Value, Span]] = {}
         positional = [it for it in items if it[0] is None]
-        for name, (_, value, sp) in zip(expected, positional):
+        for name, (_, value, sp) in zip(positional_cotangents(fdef, k), positional):
             given[name] = (value, sp)
         for name, value, sp in items:
             if name is not None:
                 given[name] = (value, sp)
         out: dict[str, Atom] = {}
-        for p in fdef.params:
-            arg = args[p.name]
-            if is_static(arg):
+        for name in named_cotangents(fdef, ns, k):
+            t = inputs[name].type
+            if name not in given or not t.is_float:
+                out[name] = ops.zeros_like(b, t)
                 continue
-            t = arg.type
-            if p.name not in given or not t.is_float:
-                out[p.name] = ops.zeros_like(b, t)
-                continue
-            value, sp = given[p.name]
+            value, sp = given[name]
             if is_static(value):
                 if isinstance(value, tuple):
-                    raise GradError(f"cotangent for {p.name!r} is a tuple", sp)
-                out[p.name] = ops.full(b, value, t.shape, t.dtype)
+                    raise GradError(f"{where} returns a tuple as the cotangent for {name!r}",
+                                    sp)
+                out[name] = ops.full(b, value, t.shape, t.dtype)
                 continue
             if value.type.shape != t.shape:
-                # A cotangent of the shape the parameter was broadcast to is
+                # A cotangent of the shape the input was broadcast to is
                 # summed back, as derived gradients are; a size-1 one spreads.
                 if _broadcasts(t.shape, value.type.shape):
                     value = ops.unbroadcast(b, value, t.shape)
@@ -267,11 +363,58 @@ class Lowerer:
                     value = b.bind("broadcast_to", value, shape=t.shape, span=sp)
                 else:
                     raise GradError(
-                        f"grad block of {fdef.name}() (line {block.span.line}) returns a "
-                        f"cotangent of shape {list(value.type.shape)} for {p.name!r}, "
-                        f"which has shape {list(t.shape)}", sp)
-            out[p.name] = cast(b, value, t.dtype)
+                        f"{where} returns a cotangent of shape {list(value.type.shape)} "
+                        f"for {name!r}, which has shape {list(t.shape)}", sp)
+            out[name] = cast(b, value, t.dtype)
         return out
+
+    def transform_call(self, b: Builder, inner: ast.Call, outer: ast.Call,
+                       env: dict[str, Value]) -> Value:
+        """`grad(f, wrt=k)(args)` / `value_and_grad(f, wrt=k)(args)` in the
+        language: f's gradient IR, inlined, so it can be differentiated again."""
+        kind = inner.func.id
+        target = self.namespace.resolve(inner.args[0]) if inner.args else None
+        if target is None:
+            raise GradError(f"{kind}() takes a function name as its first argument",
+                            inner.span)
+        fdef, ns = target
+        wrt_value = (self.expr(b, inner.args[1], env) if len(inner.args) > 1 else
+                     next((self.expr(b, k.value, env) for k in inner.kwargs if k.name == "wrt"),
+                          0))
+        single = not isinstance(wrt_value, tuple)
+        wrt_items = (wrt_value,) if single else wrt_value
+        args = [self.expr(b, a, env) for a in outer.args]
+        kwargs = {k.name: self.expr(b, k.value, env) for k in outer.kwargs}
+        bound = self.bind_args(fdef, args, kwargs, outer.span)
+        wrt_names = []
+        for w in wrt_items:
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
+                raise GradError(f"wrt must be parameter positions of {fdef.name}() "
+                                f"(0 to {len(fdef.params) - 1}), got {w!r}", inner.span)
+            name = fdef.params[w].name
+            value = bound[name]
+            if not fdef.params[w].differentiable or is_static(value) or not value.type.is_float:
+                raise GradError(f"cannot differentiate {fdef.name}() with respect to "
+                                f"{name!r}: it is not a float array here", inner.span)
+            wrt_names.append(name)
+        arrays = [n for n, v in bound.items() if not is_static(v)]
+        reads = list(param_reads(fdef, ns))
+        sb = Builder()
+        sparams = [Var(bound[n].type, n) for n in arrays]
+        pparams = [Var(env[w].type, w) for w in reads]
+        senv = dict(zip(reads, pparams))
+        sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
+        outs = self.call(sb, fdef, ns, [], sargs, outer.span, senv)
+        sub = sb.function(fdef.name, sparams + pparams, [as_atom(sb, o, outer.span) for o in outs])
+        with_value = kind == "value_and_grad"
+        g = autodiff.grad_of_sum(sub, [arrays.index(n) for n in wrt_names], with_value)
+        results = inline(b, g, [bound[n] for n in arrays] + [env[w] for w in reads])
+        grads = results[len(results) - len(wrt_names):]
+        grads_value = grads[0] if single else tuple(grads)
+        if not with_value:
+            return grads_value
+        values = results[:len(outs)]
+        return (values[0] if len(values) == 1 else tuple(values)), grads_value
 
     # ------------------------------------------------------- statements
 
@@ -323,7 +466,7 @@ class Lowerer:
     def expr_Name(self, b, e: ast.Name, env):
         if e.id in env:
             return env[e.id]
-        if e.id in self.program.functions or e.id in BUILTINS:
+        if self.namespace.resolve(e) is not None or e.id in BUILTINS:
             raise GradError(f"function {e.id!r} used as a value; call it", e.span)
         raise GradError(f"name {e.id!r} is not defined", e.span)
 
@@ -443,18 +586,26 @@ class Lowerer:
         return v
 
     def expr_Call(self, b, e: ast.Call, env):
-        if not isinstance(e.func, ast.Name):
+        if (isinstance(e.func, ast.Call) and isinstance(e.func.func, ast.Name)
+                and e.func.func.id in TRANSFORMS):
+            return self.transform_call(b, e.func, e, env)
+        target = self.namespace.resolve(e.func)
+        if target is None and not isinstance(e.func, ast.Name):
             raise GradError("only named functions can be called", e.func.span)
-        name = e.func.id
-        if name in env:
+        name = e.func.id if isinstance(e.func, ast.Name) else e.func.name
+        if isinstance(e.func, ast.Name) and name in env:
             raise GradError(f"{name!r} is a value, not a function", e.func.span)
         args = [self.expr(b, a, env) for a in e.args]
         kwargs = {k.name: self.expr(b, k.value, env) for k in e.kwargs}
         if len(kwargs) != len(e.kwargs):
             raise GradError("keyword argument repeated", e.span)
-        fdef = self.program.functions.get(name)
-        if fdef is not None:
-            outs = self.call(b, fdef, args, kwargs, e.span)
+        if target is not None:
+            fdef, ns = target
+            outer, self.namespace = self.namespace, ns
+            try:
+                outs = self.call(b, fdef, ns, args, kwargs, e.span, env)
+            finally:
+                self.namespace = outer
             return outs[0] if len(outs) == 1 else tuple(outs)
         builtin = BUILTINS.get(name)
         if builtin is None:
@@ -605,175 +756,3 @@ def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:
     return free
 
 
-# ---------------------------------------------------------------- builtins
-
-
-@dataclass(frozen=True)
-class Builtin:
-    """A function of the surface language: its signature (checked at load
-    time) and how it lowers to primitives."""
-
-    min_args: int
-    max_args: int
-    kwargs: tuple[str, ...]
-    lower: Callable[[Lowerer, Builder, list, dict, Span], Value]
-
-    def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
-        names = list(kwargs)
-        n_total = n_args + sum(1 for k in names if k not in self.kwargs)
-        if not self.min_args <= n_args <= self.max_args and not (
-                n_args < self.min_args and n_total >= self.min_args):
-            want = (str(self.min_args) if self.min_args == self.max_args
-                    else f"{self.min_args} to {self.max_args}")
-            raise GradError(f"{name}() takes {want} positional arguments but {n_args} "
-                            f"were given", span)
-        for k in names:
-            if k not in self.kwargs:
-                raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
-
-
-def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
-    if len(args) > position:
-        return args[position]
-    return kwargs.get(name, default)
-
-
-def _unary_builtin(op: str) -> Builtin:
-    return Builtin(1, 1, (), lambda L, b, a, k, s: L.unary(b, op, a[0], s))
-
-
-def _binary_builtin(op: str) -> Builtin:
-    return Builtin(2, 2, (), lambda L, b, a, k, s: L.binary(b, op, a[0], a[1], s))
-
-
-def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
-    def lower(L: Lowerer, b: Builder, args, kwargs, span):
-        axis = _kw(args, kwargs, 1, "axis")
-        keepdims = _kw(args, kwargs, 2, "keepdims", False)
-        x = as_atom(b, args[0], span)
-        if mean and x.type.dtype not in FLOATS:
-            x = cast(b, x, "f64")
-        if negate:
-            x = b.bind("neg", x, span=span)
-        out = L.reduce(b, op, x, axis, keepdims, span)
-        if negate:
-            out = b.bind("neg", out, span=span)
-        if mean:
-            count = x.type.size // max(out.type.size, 1) if x.type.size else 0
-            out = b.bind("div", out, b.lit(count, out.type.dtype), span=span)
-        return out
-    return Builtin(1, 3, ("axis", "keepdims"), lower)
-
-
-def _where(L, b, args, kwargs, span):
-    cond = L.as_bool(b, args[0], span)
-    x, y = unify(b, args[1:], span, arithmetic=False)
-    return b.bind("where", cond, x, y, span=span)
-
-
-def _clip(L, b, args, kwargs, span):
-    low = L.binary(b, "maximum", args[0], args[1], span)
-    return L.binary(b, "minimum", low, args[2], span)
-
-
-def _static_shape(v, span) -> tuple[int, ...]:
-    shape = v if isinstance(v, tuple) else (v,)
-    if any(isinstance(d, bool) or not isinstance(d, int) for d in shape):
-        raise GradError("a shape must be a compile-time tuple of integers", span)
-    return shape
-
-
-def _reshape(L, b, args, kwargs, span):
-    x = as_atom(b, args[0], span)
-    shape = list(_static_shape(_kw(args, kwargs, 1, "shape"), span))
-    if shape.count(-1) > 1 or any(d < -1 for d in shape):
-        raise GradError(f"invalid shape {shape}", span)
-    if -1 in shape:
-        known = math.prod(d for d in shape if d != -1)
-        if known == 0 or x.type.size % known:
-            raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
-        shape[shape.index(-1)] = x.type.size // known
-    shape = tuple(shape)
-    return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span)
-
-
-def _broadcast_to(L, b, args, kwargs, span):
-    x = as_atom(b, args[0], span)
-    shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
-    return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span)
-
-
-def _transpose(L, b, args, kwargs, span):
-    x = as_atom(b, args[0], span)
-    axes = _kw(args, kwargs, 1, "axes")
-    if axes is not None:
-        axes = _static_shape(axes, span)
-    return L.transpose(b, x, axes, span)
-
-
-def _concatenate(L, b, args, kwargs, span, stack: bool = False):
-    seq = args[0]
-    if not isinstance(seq, tuple) or not seq:
-        raise GradError("expected a non-empty tuple of arrays, e.g. (a, b)", span)
-    axis = _kw(args, kwargs, 1, "axis", 0)
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError("axis must be a compile-time integer", span)
-    items = unify(b, list(seq), span, arithmetic=False)
-    rank = items[0].type.rank + (1 if stack else 0)
-    if not -rank <= axis < rank or rank == 0:
-        raise GradError(f"axis {axis} is out of range for rank {rank}", span)
-    axis %= rank
-    if stack:
-        shapes = {a.type.shape for a in items}
-        if len(shapes) != 1:
-            raise GradError(f"stack() needs arrays of one shape, got "
-                            f"{[list(s) for s in shapes]}", span)
-        items = [b.bind("reshape", a, shape=a.type.shape[:axis] + (1,) + a.type.shape[axis:],
-                        span=span) for a in items]
-    if len(items) == 1:
-        return items[0]
-    return b.bind("concatenate", *items, axis=axis, span=span)
-
-
-def _fill_like(value_pos: Optional[int], value=None):
-    def lower(L, b, args, kwargs, span):
-        x = as_atom(b, args[0], span)
-        fill = args[value_pos] if value_pos is not None else value
-        if not is_static(fill) or isinstance(fill, tuple):
-            raise GradError("full_like() needs a compile-time fill value", span)
-        return ops.full(b, fill, x.type.shape, x.type.dtype)
-    return lower
-
-
-def _stop_gradient(L, b, args, kwargs, span):
-    v = args[0]
-    return v if is_static(v) else b.bind("stop_gradient", v, span=span)
-
-
-def _matmul_builtin(L, b, args, kwargs, span):
-    return L.matmul(b, args[0], args[1], span)
-
-
-BUILTINS: dict[str, Builtin] = {
-    **{name: _unary_builtin(name) for name in (
-        "exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "sinh",
-        "cosh", "arctan", "sigmoid", "erf", "abs", "sign", "floor", "ceil", "round")},
-    "maximum": _binary_builtin("maximum"),
-    "minimum": _binary_builtin("minimum"),
-    "where": Builtin(3, 3, (), _where),
-    "clip": Builtin(3, 3, (), _clip),
-    "sum": _reduction("reduce_sum"),
-    "mean": _reduction("reduce_sum", mean=True),
-    "max": _reduction("reduce_max"),
-    "min": _reduction("reduce_max", negate=True),
-    "matmul": Builtin(2, 2, (), _matmul_builtin),
-    "transpose": Builtin(1, 2, ("axes",), _transpose),
-    "reshape": Builtin(2, 2, ("shape",), _reshape),
-    "broadcast_to": Builtin(2, 2, ("shape",), _broadcast_to),
-    "stack": Builtin(1, 2, ("axis",), lambda L, b, a, k, s: _concatenate(L, b, a, k, s, True)),
-    "concatenate": Builtin(1, 2, ("axis",), _concatenate),
-    "zeros_like": Builtin(1, 1, (), _fill_like(None, 0)),
-    "ones_like": Builtin(1, 1, (), _fill_like(None, 1)),
-    "full_like": Builtin(2, 2, (), _fill_like(1)),
-    "stop_gradient": Builtin(1, 1, (), _stop_gradient),
-}

@@ -531,6 +531,15 @@ def _custom_vjp_rule(types, params, span):
     return list(fwd.out_types[:params["n_out"]])
 
 
+def _barrier_rule(types, params, span):
+    return [types[0]]
+
+
+# Identity on its first input, with a data dependency on its second (a
+# cotangent): what a `@recompute` backward reruns stays in the backward pass.
+_register(Op("recompute_barrier", "layout", _barrier_rule,
+             lambda b, eqn, cts, needs: [cts[0], None], lambda x, token: x, arity=2))
+
 # A call to a user function with grad blocks; `compiler.autodiff` gives it
 # its gradient (the `bwd` sub-function) and `compiler.passes.inline_calls`
 # replaces it by its `fwd` body once no more differentiation is to come.

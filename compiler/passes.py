@@ -41,13 +41,16 @@ def _is_lit(a: Atom, value) -> bool:
     return isinstance(a, Lit) and a.value == value
 
 
-def simplify(fn: Function) -> Function:
+def simplify(fn: Function, keep_barriers: bool = False) -> Function:
+    """`keep_barriers` leaves `recompute_barrier`s in place, for a joint
+    function that is still to be split into forward and backward passes."""
     b = Builder()
     env, sub = _substituting(fn)
     for eqn in fn.eqns:
         inputs = tuple(sub(a) for a in eqn.inputs)
         out = eqn.outputs[0]
-        alias = _identity_input(eqn.op, inputs, eqn.p, out)
+        alias = (None if keep_barriers and eqn.op == "recompute_barrier"
+                 else _identity_input(eqn.op, inputs, eqn.p, out))
         if alias is not None and alias.type == out.type and isinstance(alias, Var):
             env[out] = alias
             continue
@@ -56,7 +59,7 @@ def simplify(fn: Function) -> Function:
 
 
 def _identity_input(op: str, inputs, params, out) -> Atom | None:
-    if op == "stop_gradient":
+    if op in ("stop_gradient", "recompute_barrier"):
         return inputs[0]
     if op in ("cast", "reshape", "broadcast_to") and inputs[0].type == out.type:
         return inputs[0]
@@ -112,6 +115,4 @@ def dce(fn: Function) -> Function:
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
 
 
-def optimize(fn: Function) -> Function:
-    """The standard clean-up sequence after differentiation."""
-    return dce(cse(simplify(inline_calls(fn))))
+

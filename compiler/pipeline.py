@@ -3,8 +3,8 @@
     parse -> check -> lower -> autodiff -> inline -> simplify -> cse -> dce
           -> fuse -> codegen
 
-Contract: `front_end(source, file)` runs parse and check and returns the
-module and the functions it can call; `optimize(fn)` runs the IR passes
+Contract: `front_end(source, file)` runs parse and check (of the module
+and its imports) and returns the module and its namespace; `optimize(fn)` runs the IR passes
 (verifying between them when GRADC_VERIFY=1); `build(fn, target)` runs
 them and codegen and returns loaded, callable code (`Program`).  `lower`
 and `autodiff` are driven by `dsl.function`, which knows which transform
@@ -22,7 +22,6 @@ from compiler.codegen import Generated, generate
 from compiler.ir import Function
 from compiler.verify import verify
 from dsl import ast
-from dsl.checker import check
 from dsl.errors import GradError, Span
 from dsl.parser import parse
 
@@ -34,16 +33,16 @@ IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
 )
 
 
-def front_end(source: str, file: str) -> tuple[ast.Module, dict[str, ast.FuncDef]]:
+def front_end(source: str, file: str) -> tuple[ast.Module, "Namespace"]:
+    """Parse and check a module and everything it imports."""
+    from dsl.modules import namespace_for
     try:
         module = parse(source, file)
-        functions = {f.name: f for f in module.funcs}
-        check(module, functions)
+        return module, namespace_for(module)
     except GradError as err:
         raise err.with_source(source)
     except RecursionError:
         raise too_deep(source, file) from None
-    return module, functions
 
 
 def too_deep(source: str, file: str) -> GradError:
@@ -59,11 +58,13 @@ def verifying() -> bool:
     return os.environ.get("GRADC_VERIFY", "") not in ("", "0")
 
 
-def optimize(fn: Function) -> Function:
+def optimize(fn: Function, keep_barriers: bool = False) -> Function:
+    """The IR passes in order; `keep_barriers` for a joint function that
+    `autodiff.split` will cut into forward and backward passes."""
     if verifying():
         verify(fn, "lower/autodiff")
     for stage, run in IR_PASSES:
-        fn = run(fn)
+        fn = passes.simplify(fn, keep_barriers) if stage == "simplify" else run(fn)
         if verifying():
             verify(fn, stage)
     return fn

@@ -12,21 +12,27 @@ import os
 from pathlib import Path
 from typing import Union
 
-from compiler.lower import Program as LowerProgram
+from compiler.lower import Namespace
 from compiler.pipeline import front_end
 from dsl import ast
 from dsl.errors import GradError, Span
 from dsl.function import Compiled, GradFn, GradFunction, Wrt, vjp as _vjp
+from runtime.args import ParamSpec
+from runtime.params import ParamStore
 
 
 class Module:
-    """A loaded `.grad` file: its functions as attributes."""
+    """A loaded `.grad` file: its functions (and those it imports by name)
+    as attributes, and `params`, the values of its `param` declarations."""
 
-    def __init__(self, module: ast.Module, functions: dict[str, ast.FuncDef]):
+    def __init__(self, module: ast.Module, namespace: Namespace):
         self.__file__ = module.file
         self._ast = module
-        program = LowerProgram(module, functions)
-        self._functions = {f.name: GradFn(program, f, module.source) for f in module.funcs}
+        specs = [ParamSpec(d.name, d.type.dtype, d.type.dims, False, False)
+                 for d in namespace.params.values()]
+        self.params = ParamStore(specs, module.file)
+        self._functions = {name: GradFn(namespace, fdef, self.params)
+                           for name, (fdef, _) in namespace.functions.items()}
 
     def __getattr__(self, name: str):
         functions = self.__dict__.get("_functions", {})
@@ -36,7 +42,7 @@ class Module:
                              f"{name!r}; it defines: {', '.join(functions) or 'nothing'}")
 
     def __dir__(self):
-        return list(self._functions) + ["functions"]
+        return list(self._functions) + ["functions", "params"]
 
     @property
     def functions(self) -> dict[str, GradFn]:
@@ -49,8 +55,8 @@ class Module:
 def loads(source: str, file: str = "<string>") -> Module:
     if not isinstance(source, str):
         raise TypeError(f"loads() takes source text, got {type(source).__name__}")
-    module, functions = front_end(source, file)
-    return Module(module, functions)
+    module, namespace = front_end(source, file)
+    return Module(module, namespace)
 
 
 def load(path: Union[str, os.PathLike]) -> Module:

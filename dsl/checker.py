@@ -1,20 +1,25 @@
 """Load-time checks of a parsed module, before anything is compiled.
 
-Contract: `check(module, functions)` raises the first `GradError` it finds
-among: duplicate definitions or parameters; unknown decorators; names read
-before they are defined; calls to unknown functions or with the wrong
-number of arguments or unknown keywords; statements after `return`; bodies
-without one; and the grad-block contract:
+Contract: `check(module, namespace)` raises the first `GradError` it finds
+among: duplicate definitions or parameters; names that shadow a module
+`param`; unknown decorators; names read before they are defined; calls to
+unknown functions or with the wrong number of arguments or unknown
+keywords; statements after `return`; bodies without one; and the
+grad-block contract:
 
-- the first block takes one upstream cotangent per value the function
-  returns;
-- it returns one cotangent per differentiable parameter (float or
+- block 1 takes one upstream cotangent per value the function returns; a
+  later block takes one per cotangent the block before it returns;
+- block 1 returns one cotangent per differentiable parameter (float or
   unannotated, not `const`), positionally in order and/or by name
-  (`x=...`); `0` is a zero cotangent.  A missing, extra, duplicated or
-  misnamed cotangent is an error naming the function, the block's line and
-  what was expected;
+  (`x=...`), and by name one for each float `param` the function reads,
+  directly or through calls; `0` is a zero cotangent;
+- block k > 1 is the VJP of block k-1 seen as a function of (block k-1's
+  upstream cotangents, then block k-1's inputs), and returns one cotangent
+  for each of those, in that order or by name;
+- a missing, extra, duplicated or misnamed cotangent is an error naming the
+  function, the block's line and what was expected;
 - `@pass_through` functions take no grad block and have exactly one
-  differentiable parameter.
+  differentiable parameter and one result.
 
 Shapes and dtypes are checked when a call binds them (`compiler.lower`).
 """
@@ -22,20 +27,22 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from compiler.lower import BUILTINS, free_names
+from compiler.builtins import BUILTINS, TRANSFORMS
+from compiler.lower import Namespace, named_cotangents, param_reads, positional_cotangents
 from dsl import ast
 from dsl.errors import GradError
 
 DECORATORS = ("recompute", "pass_through")
+ATTRIBUTES = ("T", "shape", "ndim", "size")
 
 
-def check(module: ast.Module, functions: dict[str, ast.FuncDef]) -> None:
+def check(module: ast.Module, ns: Namespace) -> None:
     seen: dict[str, ast.FuncDef] = {}
     for f in module.funcs:
         if f.name in seen:
             raise GradError(f"function {f.name!r} is already defined at line "
                             f"{seen[f.name].span.line}", f.span)
-        if f.name in BUILTINS:
+        if f.name in BUILTINS or f.name in TRANSFORMS:
             raise GradError(f"function {f.name!r} shadows a builtin", f.span)
         seen[f.name] = f
     declared: set[str] = set()
@@ -44,74 +51,211 @@ def check(module: ast.Module, functions: dict[str, ast.FuncDef]) -> None:
             raise GradError(f"{p.name!r} is already defined", p.span)
         declared.add(p.name)
     for f in module.funcs:
-        _check_function(f, functions)
+        _Function(f, ns).check()
 
 
-def _check_function(f: ast.FuncDef, functions: dict[str, ast.FuncDef]) -> None:
-    names: set[str] = set()
-    for p in f.params:
-        if p.name in names:
-            raise GradError(f"duplicate parameter {p.name!r} in {f.name}()", p.span)
-        names.add(p.name)
-    for d in f.decorators:
-        if d.name not in DECORATORS:
-            raise GradError(f"unknown decorator @{d.name} (known: "
-                            f"{', '.join('@' + n for n in DECORATORS)})", d.span)
-    n_returns = _check_block(f.body, set(names), functions, f"{f.name}()", allow_named=False)
-    if any(d.name == "pass_through" for d in f.decorators):
-        if f.grads:
-            raise GradError(f"@pass_through function {f.name}() cannot have a grad block; "
-                            "its gradient is the identity", f.grads[0].span)
-        if len(f.differentiable_params) != 1 or n_returns != 1:
-            raise GradError(f"@pass_through function {f.name}() needs exactly one "
-                            "differentiable parameter and one result", f.span)
-    locals_ = _assigned(f.body) | names
-    visible = set(locals_)
-    for index, block in enumerate(f.grads):
-        _check_grad_block(f, block, index, n_returns, visible, functions)
-        visible |= set(block.upstream) | _assigned(block.body)
+class _Function:
+    def __init__(self, f: ast.FuncDef, ns: Namespace):
+        self.f = f
+        self.ns = ns
 
+    def check(self) -> None:
+        f = self.f
+        names: set[str] = set()
+        for p in f.params:
+            if p.name in names:
+                raise GradError(f"duplicate parameter {p.name!r} in {f.name}()", p.span)
+            self.not_a_param(p.name, p.span, "a parameter")
+            names.add(p.name)
+        for d in f.decorators:
+            if d.name not in DECORATORS:
+                raise GradError(f"unknown decorator @{d.name} (known: "
+                                f"{', '.join('@' + n for n in DECORATORS)})", d.span)
+        decorators = [d.name for d in f.decorators]
+        if len(set(decorators)) != len(decorators) or len(decorators) > 1:
+            raise GradError(f"{f.name}() takes at most one of @recompute and @pass_through",
+                            f.decorators[-1].span)
+        visible = names | set(self.ns.params)
+        n_outputs = self.block(f.body, visible, f"{f.name}()", allow_named=False)
+        if "pass_through" in decorators:
+            if f.grads:
+                raise GradError(f"@pass_through function {f.name}() cannot have a grad "
+                                "block; its gradient is the identity", f.grads[0].span)
+            if len(f.differentiable_params) != 1 or n_outputs != 1:
+                raise GradError(f"@pass_through function {f.name}() needs exactly one "
+                                "differentiable parameter and one result", f.span)
+        visible = visible | _assigned(f.body)
+        for k, block in enumerate(f.grads, start=1):
+            n_outputs = self.grad_block(block, k, n_outputs, visible)
+            visible |= set(block.upstream) | _assigned(block.body)
 
-def _check_grad_block(f: ast.FuncDef, block: ast.GradBlock, index: int, n_returns: int,
-                      visible: set[str], functions) -> None:
-    where = f"grad block of {f.name}() (line {block.span.line})"
-    if len(set(block.upstream)) != len(block.upstream):
-        raise GradError(f"{where} repeats an upstream name", block.span)
-    if index == 0 and len(block.upstream) != n_returns:
-        raise GradError(f"{where} takes {len(block.upstream)} upstream cotangent(s), but "
-                        f"{f.name}() returns {n_returns} value(s)", block.span)
-    _check_block(block.body, visible | set(block.upstream), functions, where,
-                 allow_named=True)
-    if index > 0:
-        return  # later blocks: contract checked when higher orders are built
-    returns = [s for s in block.body if isinstance(s, ast.Return)]
-    items = returns[0].items
-    expected = [p.name for p in f.differentiable_params]
-    positional = [it for it in items if it.name is None]
-    named = [it for it in items if it.name is not None]
-    want = (f"one cotangent for each of {', '.join(expected)}" if expected
-            else "no cotangents (it has no differentiable parameters)")
-    if len(positional) > len(expected):
-        raise GradError(f"{where} returns {len(items)} cotangent(s); expected {want}",
-                        positional[len(expected)].span)
-    covered = expected[:len(positional)]
-    for it in named:
-        if it.name not in expected:
-            p = f.param(it.name)
-            why = ("is const" if p is not None and p.is_const else
-                   "is not differentiable" if p is not None else
-                   f"is not a parameter of {f.name}()")
-            raise GradError(f"{where} returns a cotangent for {it.name!r}, which {why}; "
-                            f"expected {want}", it.span)
-        if it.name in covered:
-            raise GradError(f"{where} returns the cotangent for {it.name!r} twice",
-                            it.span)
-        covered.append(it.name)
-    missing = [n for n in expected if n not in covered]
-    if missing:
-        raise GradError(f"{where} is missing the cotangent for "
-                        f"{', '.join(repr(m) for m in missing)}; expected {want}",
-                        returns[0].span)
+    def not_a_param(self, name: str, span, what: str) -> None:
+        if name in self.ns.params:
+            raise GradError(f"{what} named {name!r} would shadow the module param "
+                            f"{name!r}", span)
+
+    def grad_block(self, block: ast.GradBlock, k: int, n_upstream: int, visible: set[str]) -> int:
+        """Check block k; return how many cotangents it returns."""
+        f = self.f
+        where = f"grad block {k} of {f.name}() (line {block.span.line})"
+        if len(set(block.upstream)) != len(block.upstream):
+            raise GradError(f"{where} repeats an upstream name", block.span)
+        for u in block.upstream:
+            if u in visible:
+                raise GradError(f"{where}: upstream name {u!r} is already defined",
+                                block.span)
+        what = "value(s) the function returns" if k == 1 else \
+            f"cotangent(s) block {k - 1} returns"
+        if len(block.upstream) != n_upstream:
+            raise GradError(f"{where} takes {len(block.upstream)} upstream cotangent(s), "
+                            f"but there are {n_upstream} {what}", block.span)
+        self.block(block.body, visible | set(block.upstream), where, allow_named=True)
+        items = next(s for s in block.body if isinstance(s, ast.Return)).items
+        positional_names = positional_cotangents(f, k)
+        allowed = named_cotangents(f, self.ns, k)
+        want = (f"one cotangent for each of {', '.join(allowed)}" if allowed
+                else "no cotangents (it has no differentiable parameters)")
+        if k > 1:
+            want += f" (block {k} differentiates block {k - 1} w.r.t. its upstream, " \
+                    "then the function's parameters)"
+        positional = [it for it in items if it.name is None]
+        named = [it for it in items if it.name is not None]
+        if len(positional) > len(positional_names):
+            raise GradError(f"{where} returns {len(items)} cotangent(s); expected {want}",
+                            positional[len(positional_names)].span)
+        covered = positional_names[:len(positional)]
+        for it in named:
+            if it.name not in allowed:
+                p = f.param(it.name)
+                why = ("is const" if p is not None and p.is_const else
+                       "is not differentiable" if p is not None else
+                       "is a param the function does not read" if it.name in self.ns.params
+                       else f"is not an input of block {k - 1}" if k > 1
+                       else f"is not a parameter of {f.name}()")
+                raise GradError(f"{where} returns a cotangent for {it.name!r}, which {why}; "
+                                f"expected {want}", it.span)
+            if it.name in covered:
+                raise GradError(f"{where} returns the cotangent for {it.name!r} twice",
+                                it.span)
+            covered.append(it.name)
+        missing = [n for n in allowed if n not in covered]
+        if missing:
+            span = items[-1].span if items else block.span
+            raise GradError(f"{where} is missing the cotangent for "
+                            f"{', '.join(repr(m) for m in missing)}; expected {want}", span)
+        return len(allowed)
+
+    def block(self, body, defined: set[str], where: str, allow_named: bool) -> int:
+        """Check one statement list; return how many values its return gives."""
+        defined = set(defined)
+        n_returns = -1
+        for stmt in body:
+            if n_returns >= 0:
+                raise GradError("statement after return is unreachable", stmt.span)
+            if isinstance(stmt, ast.Assign):
+                self.expr(stmt.value, defined)
+                if len(set(stmt.targets)) != len(stmt.targets):
+                    raise GradError("a name is assigned twice in one statement", stmt.span)
+                for t in stmt.targets:
+                    self.not_a_param(t, stmt.span, "a local")
+                defined.update(stmt.targets)
+            elif isinstance(stmt, ast.AugAssign):
+                if stmt.target not in defined:
+                    raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
+                self.not_a_param(stmt.target, stmt.span, "a local")
+                self.expr(stmt.value, defined)
+            elif isinstance(stmt, ast.Return):
+                for item in stmt.items:
+                    if item.name is not None and not allow_named:
+                        raise GradError("named return values are only allowed in grad "
+                                        "blocks", item.span)
+                    self.expr(item.value, defined)
+                n_returns = len(stmt.items)
+        if n_returns < 0:
+            span = body[-1].span if body else None
+            raise GradError(f"{where} has no return statement", span)
+        return n_returns
+
+    def expr(self, e, defined: set[str]) -> None:
+        if isinstance(e, ast.Name):
+            if e.id not in defined:
+                if self.ns.resolve(e) is not None or e.id in BUILTINS:
+                    raise GradError(f"function {e.id!r} used as a value; call it", e.span)
+                raise GradError(f"name {e.id!r} is not defined", e.span)
+        elif isinstance(e, ast.Call):
+            self.call(e, defined)
+        elif isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp)):
+            self.expr(e.left, defined)
+            self.expr(e.right, defined)
+        elif isinstance(e, ast.UnaryOp):
+            self.expr(e.operand, defined)
+        elif isinstance(e, ast.Attr):
+            if self.ns.resolve(e) is not None:
+                raise GradError(f"function {e.name!r} used as a value; call it", e.span)
+            if isinstance(e.value, ast.Name) and e.value.id in self.ns.modules:
+                raise GradError(f"module {e.value.id!r} has no function {e.name!r}", e.span)
+            self.expr(e.value, defined)
+            if e.name not in ATTRIBUTES:
+                raise GradError(f"arrays have no attribute {e.name!r} (only .T, .shape, "
+                                ".ndim, .size)", e.span)
+        elif isinstance(e, ast.Index):
+            self.expr(e.value, defined)
+            for item in e.items:
+                self.expr(item, defined)
+        elif isinstance(e, ast.Slice):
+            for part in (e.start, e.stop, e.step):
+                if part is not None:
+                    self.expr(part, defined)
+        elif isinstance(e, ast.TupleExpr):
+            for item in e.items:
+                self.expr(item, defined)
+
+    def call(self, e: ast.Call, defined: set[str]) -> None:
+        kw_names = [k.name for k in e.kwargs]
+        if len(set(kw_names)) != len(kw_names):
+            raise GradError("keyword argument repeated", e.span)
+        func = e.func
+        if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) \
+                and func.func.id in TRANSFORMS and func.func.id not in defined:
+            target = self.transform(func, defined)
+            _check_call_arity(target, len(e.args), kw_names, e)
+        elif isinstance(func, ast.Name) and func.id in TRANSFORMS and func.id not in defined:
+            raise GradError(f"{func.id}(f, wrt=...) builds a function; call it on "
+                            f"arguments: {func.id}(f)(x)", e.span)
+        else:
+            target = self.ns.resolve(func)
+            if target is not None:
+                _check_call_arity(target[0], len(e.args), kw_names, e)
+            elif isinstance(func, ast.Name):
+                if func.id in defined:
+                    raise GradError(f"{func.id!r} is a value, not a function", func.span)
+                if func.id not in BUILTINS:
+                    raise GradError(f"unknown function {func.id!r}", func.span)
+                BUILTINS[func.id].check(func.id, len(e.args), kw_names, e.span)
+            elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
+                    and func.value.id in self.ns.modules:
+                raise GradError(f"module {func.value.id!r} has no function {func.name!r}",
+                                func.span)
+            else:
+                raise GradError("only named functions can be called", func.span)
+        for a in e.args:
+            self.expr(a, defined)
+        for k in e.kwargs:
+            self.expr(k.value, defined)
+
+    def transform(self, e: ast.Call, defined: set[str]) -> ast.FuncDef:
+        """`grad(f, wrt=...)`: f must name a function; returns it."""
+        name = e.func.id
+        target = self.ns.resolve(e.args[0]) if e.args else None
+        if target is None:
+            raise GradError(f"{name}() takes the name of a function as its first argument",
+                            e.args[0].span if e.args else e.span)
+        extra = [k.name for k in e.kwargs if k.name != "wrt"]
+        if len(e.args) > 2 or extra or (len(e.args) == 2 and e.kwargs):
+            raise GradError(f"{name}() takes a function and wrt=", e.span)
+        for arg in list(e.args[1:]) + [k.value for k in e.kwargs]:
+            self.expr(arg, defined)
+        return target[0]
 
 
 def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
@@ -122,83 +266,6 @@ def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
         elif isinstance(s, ast.AugAssign):
             out.add(s.target)
     return out
-
-
-def _check_block(body, defined: set[str], functions, where: str, allow_named: bool) -> int:
-    """Check one statement list; return how many values its return gives."""
-    defined = set(defined)
-    n_returns = -1
-    for i, stmt in enumerate(body):
-        if n_returns >= 0:
-            raise GradError("statement after return is unreachable", stmt.span)
-        if isinstance(stmt, ast.Assign):
-            _check_expr(stmt.value, defined, functions)
-            if len(set(stmt.targets)) != len(stmt.targets):
-                raise GradError("a name is assigned twice in one statement", stmt.span)
-            defined.update(stmt.targets)
-        elif isinstance(stmt, ast.AugAssign):
-            if stmt.target not in defined:
-                raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
-            _check_expr(stmt.value, defined, functions)
-        elif isinstance(stmt, ast.Return):
-            for item in stmt.items:
-                if item.name is not None and not allow_named:
-                    raise GradError("named return values are only allowed in grad blocks",
-                                    item.span)
-                _check_expr(item.value, defined, functions)
-            n_returns = len(stmt.items)
-    if n_returns < 0:
-        span = body[-1].span if body else None
-        raise GradError(f"{where} has no return statement", span)
-    return n_returns
-
-
-def _check_expr(e, defined: set[str], functions: dict[str, ast.FuncDef]) -> None:
-    if isinstance(e, ast.Name):
-        if e.id not in defined:
-            if e.id in functions or e.id in BUILTINS:
-                raise GradError(f"function {e.id!r} used as a value; call it", e.span)
-            raise GradError(f"name {e.id!r} is not defined", e.span)
-    elif isinstance(e, ast.Call):
-        if not isinstance(e.func, ast.Name):
-            raise GradError("only named functions can be called", e.func.span)
-        name = e.func.id
-        kw_names = [k.name for k in e.kwargs]
-        if len(set(kw_names)) != len(kw_names):
-            raise GradError("keyword argument repeated", e.span)
-        if name in defined:
-            raise GradError(f"{name!r} is a value, not a function", e.func.span)
-        if name in functions:
-            _check_call_arity(functions[name], len(e.args), kw_names, e)
-        elif name in BUILTINS:
-            BUILTINS[name].check(name, len(e.args), kw_names, e.span)
-        else:
-            raise GradError(f"unknown function {name!r}", e.func.span)
-        for a in e.args:
-            _check_expr(a, defined, functions)
-        for k in e.kwargs:
-            _check_expr(k.value, defined, functions)
-    elif isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp)):
-        _check_expr(e.left, defined, functions)
-        _check_expr(e.right, defined, functions)
-    elif isinstance(e, ast.UnaryOp):
-        _check_expr(e.operand, defined, functions)
-    elif isinstance(e, ast.Attr):
-        _check_expr(e.value, defined, functions)
-        if e.name not in ("T", "shape", "ndim", "size"):
-            raise GradError(f"arrays have no attribute {e.name!r} (only .T, .shape, "
-                            ".ndim, .size)", e.span)
-    elif isinstance(e, ast.Index):
-        _check_expr(e.value, defined, functions)
-        for item in e.items:
-            _check_expr(item, defined, functions)
-    elif isinstance(e, ast.Slice):
-        for part in (e.start, e.stop, e.step):
-            if part is not None:
-                _check_expr(part, defined, functions)
-    elif isinstance(e, ast.TupleExpr):
-        for item in e.items:
-            _check_expr(item, defined, functions)
 
 
 def _check_call_arity(f: ast.FuncDef, n_args: int, kw_names: list[str], call: ast.Call) -> None:

@@ -88,31 +88,31 @@ def cmd_run(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from compiler.ir import print_function
-    from compiler.pipeline import front_end, optimize
     from compiler.codegen import generate
-    source = Path(args.file).read_text() if Path(args.file).exists() else None
-    if source is None:
-        raise GradError(f"no such file: {args.file}", dsl.Span(args.file, 1, 1))
-    module_ast, _ = front_end(source, args.file)
+    from compiler.ir import print_function
+    from compiler.pipeline import optimize
+    from dsl.function import _types
+    module = dsl.load(args.file)
     if args.emit == "ast":
-        for f in module_ast.funcs:
+        for f in module._ast.funcs:
             if args.fn in (None, f.name):
                 print(f)
         return 0
-    module = dsl.Module(module_ast, {f.name: f for f in module_ast.funcs})
-    names = [args.fn] if args.fn else list(module.functions)
+    names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
     for name in names:
         f = _lookup(module, name, args.file)
-        sample = [np.zeros(4) if s.dims is None or len(s.dims) == 1 else
-                  np.zeros((4,) * len(s.dims)) for s in f.specs if not s.has_default]
-        sample = [a.astype(np.float32) if s.dtype == "f32" else a
-                  for a, s in zip(sample, f.specs)]
-        target = f if args.emit != "grad-ir" else dsl.value_and_grad(
-            f, wrt=tuple(s.name for s in f.specs[:len(sample)] if s.differentiable) or 0)
-        bound = target.bind(sample, {})
-        from dsl.function import _types
-        fn = optimize(target.lower(_types(bound)))
+        sample = [np.zeros((4,) * (1 if s.dims is None else len(s.dims)),
+                           np.float32 if s.dtype == "f32" else np.float64)
+                  for s in f.specs if not s.has_default]
+        for w, spec in zip(f.reads, f.param_specs):
+            if w not in module.params:
+                module.params[w] = np.zeros([d if isinstance(d, int) else 4
+                                             for d in (spec.dims or (4,))])
+        target = f
+        if args.emit == "grad-ir":
+            wrt = tuple(s.name for s in f.specs[:len(sample)] if s.differentiable)
+            target = dsl.value_and_grad(f, wrt=wrt or 0)
+        fn = optimize(target.lower(_types(target.bind(sample, {}))))
         if args.emit in ("ir", "grad-ir"):
             print(print_function(fn))
         else:

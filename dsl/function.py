@@ -20,11 +20,12 @@ import numpy as np
 
 from compiler import autodiff
 from compiler.ir import Function, TensorType
-from compiler.lower import Lowerer, Program as LowerProgram
-from compiler.pipeline import Program, build
+from compiler.lower import Lowerer, Namespace, param_reads
+from compiler.pipeline import Program, build, too_deep
 from dsl import ast
 from dsl.errors import ArgumentError, GradError
 from runtime.args import SUPPORTED, ParamSpec, bind
+from runtime.params import ParamStore
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
 
@@ -48,6 +49,7 @@ class Compiled:
 
     name: str
     specs: tuple[ParamSpec, ...]
+    param_specs: tuple[ParamSpec, ...] = ()  # module params it reads
     target: str = "cpu"
 
     def __init__(self) -> None:
@@ -103,6 +105,7 @@ class GradFunction(Compiled):
         self.single = not isinstance(wrt, (tuple, list))
         self.wrt = resolve_wrt(inner, wrt)
         self.specs = inner.specs
+        self.param_specs = inner.param_specs
         self.target = inner.target
         kind = "value_and_grad" if with_value else "grad"
         self.name = f"{kind}({inner.name})"
@@ -110,6 +113,9 @@ class GradFunction(Compiled):
     @property
     def span(self):
         return self.inner.span
+
+    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+        return self.inner.bind(args, kwargs)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
@@ -151,9 +157,10 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
                                     f"{len(f.specs)} parameter(s)", f.span)
             spec = f.specs[w]
         else:
-            spec = next((s for s in f.specs if s.name == w), None)
+            spec = next((s for s in f.specs + f.param_specs if s.name == w), None)
             if spec is None:
-                raise ArgumentError(f"{f.name}() has no parameter {w!r}", f.span)
+                raise ArgumentError(f"{f.name}() has no parameter {w!r} and reads no param "
+                                    f"{w!r}", f.span)
         if not spec.differentiable:
             why = "const" if spec.const else f"of dtype {spec.dtype}"
             raise ArgumentError(f"cannot differentiate {f.name}() with respect to "
@@ -218,14 +225,14 @@ def vjp(f: Compiled, *args, **kwargs):
     types = _types(bound)
     names = list(types)
     float_args = [n for n in names if types[n].is_float
-                  and next(s for s in f.specs if s.name == n).differentiable]
+                  and next(s for s in f.specs + f.param_specs if s.name == n).differentiable]
     cache = f.__dict__.setdefault("_vjp_programs", {})
     key = _signature(bound)
     if key not in cache:
         fn = f.lower(types)
         joint = autodiff.vjp(fn, [names.index(n) for n in float_args])
         from compiler.pipeline import optimize
-        joint = optimize(joint)
+        joint = optimize(joint, keep_barriers=True)
         fwd, bwd = autodiff.split(joint, len(names), len(fn.outputs))
         cache[key] = (build(fwd, f.target), build(bwd, f.target), len(fn.outputs),
                       fn.out_types)
@@ -239,25 +246,42 @@ def vjp(f: Compiled, *args, **kwargs):
 class GradFn(Compiled):
     """A function of a loaded `.grad` module."""
 
-    def __init__(self, program: LowerProgram, fdef: ast.FuncDef, source: str):
+    def __init__(self, namespace: Namespace, fdef: ast.FuncDef, params: ParamStore):
         super().__init__()
         self.fdef = fdef
         self.name = fdef.name
         self.__name__ = fdef.name
         self.__doc__ = f"{fdef.name}({', '.join(p.name for p in fdef.params)}) from {fdef.span.file}"
         self.specs = specs_of(fdef)
-        self._lower_program = program
-        self._source = source
+        self.reads = param_reads(fdef, namespace)
+        self.param_specs = tuple(params.spec(w) for w in self.reads)
+        self._namespace = namespace
+        self._params = params
 
     @property
     def span(self):
         return self.fdef.span
 
+    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+        bound = super().bind(args, kwargs)
+        for w in self.reads:
+            bound[w] = self._params.require(w, self.name)
+        return bound
+
     def lower(self, types: dict[str, TensorType]) -> Function:
+        source = self.fdef_source()
         try:
-            return Lowerer(self._lower_program).lower_entry(self.fdef, types)
+            return Lowerer(self._namespace_of_fdef()).lower_entry(self.fdef, types)
         except GradError as err:
-            raise err.with_source(self._source)
+            raise err.with_source(source)
+        except RecursionError:
+            raise too_deep(source, self.fdef.span.file) from None
+
+    def fdef_source(self) -> str:
+        return self._namespace.functions[self.name][1].module.source
+
+    def _namespace_of_fdef(self) -> Namespace:
+        return self._namespace.functions[self.name][1]
 
     def format(self, outs, bound):
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -59,7 +59,7 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
                 raise ArgumentError(f"{fn_name}() is missing argument {spec.name!r}", span)
             continue
         array = convert(fn_name, spec, given[spec.name], span)
-        _check_shape(fn_name, spec, array, dims, span)
+        check_shape(fn_name, spec, array, dims, span)
         out[spec.name] = array
     return out
 
@@ -97,7 +97,7 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     return array
 
 
-def _check_shape(fn_name: str, spec: ParamSpec, array: np.ndarray,
+def check_shape(fn_name: str, spec: ParamSpec, array: np.ndarray,
                  dims: dict[str, tuple[int, str]], span) -> None:
     if spec.dims is None:
         return

@@ -62,7 +62,7 @@ def test_name_and_arity_errors(source, line, col, text):
 @pytest.mark.parametrize("source,line,text", [
     # too many cotangents
     ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz, dz, dz\n", 4,
-     "grad block of f() (line 3) returns 3 cotangent(s); expected one cotangent for each of x, y"),
+     "grad block 1 of f() (line 3) returns 3 cotangent(s); expected one cotangent for each of x, y"),
     # too few
     ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y\n", 4,
      "missing the cotangent for 'y'"),

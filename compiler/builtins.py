@@ -1,0 +1,194 @@
+"""The builtin functions of the surface language.
+
+Contract: `BUILTINS[name]` is a `Builtin`: its signature (checked at load
+time by `dsl.checker`) and how it lowers to primitives of the op table.
+Sugar (`mean`, `min`, `clip`, `stack`, `*_like`) lowers to primitives here;
+only primitives carry derivative rules.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from compiler import ops
+from compiler.ir import FLOATS, Builder
+from compiler.values import Value, as_atom, cast, is_static, unify
+from dsl.errors import GradError, Span
+
+if TYPE_CHECKING:
+    from compiler.lower import Lowerer
+
+@dataclass(frozen=True)
+class Builtin:
+    """A function of the surface language: its signature (checked at load
+    time) and how it lowers to primitives."""
+
+    min_args: int
+    max_args: int
+    kwargs: tuple[str, ...]
+    lower: Callable[[Lowerer, Builder, list, dict, Span], Value]
+
+    def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
+        names = list(kwargs)
+        n_total = n_args + sum(1 for k in names if k not in self.kwargs)
+        if not self.min_args <= n_args <= self.max_args and not (
+                n_args < self.min_args and n_total >= self.min_args):
+            want = (str(self.min_args) if self.min_args == self.max_args
+                    else f"{self.min_args} to {self.max_args}")
+            raise GradError(f"{name}() takes {want} positional arguments but {n_args} "
+                            f"were given", span)
+        for k in names:
+            if k not in self.kwargs:
+                raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
+
+
+def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
+    if len(args) > position:
+        return args[position]
+    return kwargs.get(name, default)
+
+
+def _unary_builtin(op: str) -> Builtin:
+    return Builtin(1, 1, (), lambda L, b, a, k, s: L.unary(b, op, a[0], s))
+
+
+def _binary_builtin(op: str) -> Builtin:
+    return Builtin(2, 2, (), lambda L, b, a, k, s: L.binary(b, op, a[0], a[1], s))
+
+
+def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
+    def lower(L: Lowerer, b: Builder, args, kwargs, span):
+        axis = _kw(args, kwargs, 1, "axis")
+        keepdims = _kw(args, kwargs, 2, "keepdims", False)
+        x = as_atom(b, args[0], span)
+        if mean and x.type.dtype not in FLOATS:
+            x = cast(b, x, "f64")
+        if negate:
+            x = b.bind("neg", x, span=span)
+        out = L.reduce(b, op, x, axis, keepdims, span)
+        if negate:
+            out = b.bind("neg", out, span=span)
+        if mean:
+            count = x.type.size // max(out.type.size, 1) if x.type.size else 0
+            out = b.bind("div", out, b.lit(count, out.type.dtype), span=span)
+        return out
+    return Builtin(1, 3, ("axis", "keepdims"), lower)
+
+
+def _where(L, b, args, kwargs, span):
+    cond = L.as_bool(b, args[0], span)
+    x, y = unify(b, args[1:], span, arithmetic=False)
+    return b.bind("where", cond, x, y, span=span)
+
+
+def _clip(L, b, args, kwargs, span):
+    low = L.binary(b, "maximum", args[0], args[1], span)
+    return L.binary(b, "minimum", low, args[2], span)
+
+
+def _static_shape(v, span) -> tuple[int, ...]:
+    shape = v if isinstance(v, tuple) else (v,)
+    if any(isinstance(d, bool) or not isinstance(d, int) for d in shape):
+        raise GradError("a shape must be a compile-time tuple of integers", span)
+    return shape
+
+
+def _reshape(L, b, args, kwargs, span):
+    x = as_atom(b, args[0], span)
+    shape = list(_static_shape(_kw(args, kwargs, 1, "shape"), span))
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        raise GradError(f"invalid shape {shape}", span)
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or x.type.size % known:
+            raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
+        shape[shape.index(-1)] = x.type.size // known
+    shape = tuple(shape)
+    return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span)
+
+
+def _broadcast_to(L, b, args, kwargs, span):
+    x = as_atom(b, args[0], span)
+    shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
+    return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span)
+
+
+def _transpose(L, b, args, kwargs, span):
+    x = as_atom(b, args[0], span)
+    axes = _kw(args, kwargs, 1, "axes")
+    if axes is not None:
+        axes = _static_shape(axes, span)
+    return L.transpose(b, x, axes, span)
+
+
+def _concatenate(L, b, args, kwargs, span, stack: bool = False):
+    seq = args[0]
+    if not isinstance(seq, tuple) or not seq:
+        raise GradError("expected a non-empty tuple of arrays, e.g. (a, b)", span)
+    axis = _kw(args, kwargs, 1, "axis", 0)
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise GradError("axis must be a compile-time integer", span)
+    items = unify(b, list(seq), span, arithmetic=False)
+    rank = items[0].type.rank + (1 if stack else 0)
+    if not -rank <= axis < rank or rank == 0:
+        raise GradError(f"axis {axis} is out of range for rank {rank}", span)
+    axis %= rank
+    if stack:
+        shapes = {a.type.shape for a in items}
+        if len(shapes) != 1:
+            raise GradError(f"stack() needs arrays of one shape, got "
+                            f"{[list(s) for s in shapes]}", span)
+        items = [b.bind("reshape", a, shape=a.type.shape[:axis] + (1,) + a.type.shape[axis:],
+                        span=span) for a in items]
+    if len(items) == 1:
+        return items[0]
+    return b.bind("concatenate", *items, axis=axis, span=span)
+
+
+def _fill_like(value_pos: Optional[int], value=None):
+    def lower(L, b, args, kwargs, span):
+        x = as_atom(b, args[0], span)
+        fill = args[value_pos] if value_pos is not None else value
+        if not is_static(fill) or isinstance(fill, tuple):
+            raise GradError("full_like() needs a compile-time fill value", span)
+        return ops.full(b, fill, x.type.shape, x.type.dtype)
+    return lower
+
+
+def _stop_gradient(L, b, args, kwargs, span):
+    v = args[0]
+    return v if is_static(v) else b.bind("stop_gradient", v, span=span)
+
+
+def _matmul_builtin(L, b, args, kwargs, span):
+    return L.matmul(b, args[0], args[1], span)
+
+
+# In-language transforms, `grad(f, wrt=k)(args)`: lowered by
+# `Lowerer.transform_call`, since their first argument is a function.
+TRANSFORMS = ("grad", "value_and_grad")
+
+BUILTINS: dict[str, Builtin] = {
+    **{name: _unary_builtin(name) for name in (
+        "exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "sinh",
+        "cosh", "arctan", "sigmoid", "erf", "abs", "sign", "floor", "ceil", "round")},
+    "maximum": _binary_builtin("maximum"),
+    "minimum": _binary_builtin("minimum"),
+    "where": Builtin(3, 3, (), _where),
+    "clip": Builtin(3, 3, (), _clip),
+    "sum": _reduction("reduce_sum"),
+    "mean": _reduction("reduce_sum", mean=True),
+    "max": _reduction("reduce_max"),
+    "min": _reduction("reduce_max", negate=True),
+    "matmul": Builtin(2, 2, (), _matmul_builtin),
+    "transpose": Builtin(1, 2, ("axes",), _transpose),
+    "reshape": Builtin(2, 2, ("shape",), _reshape),
+    "broadcast_to": Builtin(2, 2, ("shape",), _broadcast_to),
+    "stack": Builtin(1, 2, ("axis",), lambda L, b, a, k, s: _concatenate(L, b, a, k, s, True)),
+    "concatenate": Builtin(1, 2, ("axis",), _concatenate),
+    "zeros_like": Builtin(1, 1, (), _fill_like(None, 0)),
+    "ones_like": Builtin(1, 1, (), _fill_like(None, 1)),
+    "full_like": Builtin(2, 2, (), _fill_like(1)),
+    "stop_gradient": Builtin(1, 1, (), _stop_gradient),
+}

@@ -1,0 +1,80 @@
+"""Values during lowering, and the dtype rules of language.md section 4.
+
+Contract: a lowering-time `Value` is either an IR atom (`Var`/`Lit`) or a
+compile-time Python value (int, float, bool, or a tuple of values).
+`unify` brings operands to one dtype: arrays promote (f32 with f64 gives
+f64, any float beats any int), and a compile-time number takes the dtype
+of the arrays it meets (`x * 0.2` stays f32), except that a float literal
+turns an integer array into f64.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from compiler.ir import FLOATS, Atom, Builder, Lit, Var
+from dsl.errors import GradError, Span
+
+Static = Union[int, float, bool, tuple]
+Value = Union[Var, Lit, int, float, bool, tuple]
+
+
+def is_static(v: Value) -> bool:
+    return not isinstance(v, (Var, Lit))
+
+
+# ------------------------------------------------------------- dtype rules
+
+
+def promote(a: str, b: str) -> str:
+    if a == b:
+        return a
+    if a in FLOATS or b in FLOATS:
+        return "f64" if "f64" in (a, b) else "f32"
+    if "i64" in (a, b) or "bool" in (a, b) and "i32" not in (a, b):
+        return "i64"
+    return "i32"
+
+
+def _weak_dtype(value: Static) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "i64"
+    return "f64"
+
+
+def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = None) -> Atom:
+    """A compile-time value becomes a literal (of `dtype` when given)."""
+    if isinstance(v, (Var, Lit)):
+        return cast(b, v, dtype) if dtype else v
+    if isinstance(v, tuple):
+        raise GradError("a tuple cannot be used as an array here", span)
+    return b.lit(v, dtype or _weak_dtype(v))
+
+
+def cast(b: Builder, a: Atom, dtype: str) -> Atom:
+    if a.type.dtype == dtype:
+        return a
+    if isinstance(a, Lit):
+        return b.lit(a.value, dtype)
+    return b.bind("cast", a, dtype=dtype)
+
+
+def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
+          float_result: bool = False, arithmetic: bool = True) -> list[Atom]:
+    """Bring operands to one dtype: arrays promote (f32 with f64 gives f64),
+    literals take the arrays' dtype (a float literal makes ints f64)."""
+    arrays = [v for v in values if not is_static(v)]
+    if arrays:
+        dtype = arrays[0].type.dtype
+        for a in arrays[1:]:
+            dtype = promote(dtype, a.type.dtype)
+        if any(isinstance(v, float) for v in values if is_static(v)) and dtype not in FLOATS:
+            dtype = "f64"
+    else:
+        dtype = "f64" if any(isinstance(v, float) for v in values) else "i64"
+    if arithmetic and dtype == "bool":
+        dtype = "i64"
+    if float_result and dtype not in FLOATS:
+        dtype = "f64"
+    return [as_atom(b, v, span, dtype) for v in values]

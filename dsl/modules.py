@@ -1,0 +1,92 @@
+"""Resolving `import` and `from ... import` between `.grad` files.
+
+Contract: `namespace_for(module)` returns the checked `Namespace` of a
+parsed module, loading what it imports: `NAME.grad` beside the importing
+file, then in each directory of `$GRAD_PATH` (os.pathsep-separated), then
+in the standard library (`dsl/stdlib/`).  Each file is parsed and checked
+once per call; an import cycle, a missing module or a missing name is a
+`GradError` at the import statement.  Imported modules' `param`s join the
+importer's (a name declared twice is an error).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from compiler.lower import Namespace
+from dsl import ast
+from dsl.checker import check
+from dsl.errors import GradError
+from dsl.parser import parse
+
+STDLIB = Path(__file__).resolve().parent / "stdlib"
+
+
+def search_path(importer: str) -> list[Path]:
+    dirs = []
+    here = Path(importer)
+    if here.suffix == ".grad" and here.parent.exists():
+        dirs.append(here.parent)
+    else:
+        dirs.append(Path.cwd())
+    dirs += [Path(p) for p in os.environ.get("GRAD_PATH", "").split(os.pathsep) if p]
+    dirs.append(STDLIB)
+    return dirs
+
+
+def find_module(name: str, importer: str) -> Optional[Path]:
+    for directory in search_path(importer):
+        candidate = directory / f"{name}.grad"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namespace:
+    loading: dict[str, Optional[Namespace]] = {} if _loading is None else _loading
+    ns = Namespace(module)
+    for imp in module.imports:
+        path = find_module(imp.module, module.file)
+        if path is None:
+            where = ", ".join(str(d) for d in search_path(module.file))
+            raise GradError(f"cannot find module {imp.module!r} ({imp.module}.grad in "
+                            f"{where})", imp.span)
+        key = str(path.resolve())
+        if key in loading and loading[key] is None:
+            raise GradError(f"import cycle through {imp.module!r}", imp.span)
+        if key not in loading:
+            loading[key] = None
+            try:
+                source = path.read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                raise GradError(f"cannot read {path}: {err}", imp.span) from None
+            loading[key] = namespace_for(parse(source, str(path)), loading)
+        sub = loading[key]
+        if imp.names is None:
+            ns.modules[imp.module] = sub
+        else:
+            for name in imp.names:
+                if name not in sub.functions:
+                    raise GradError(f"module {imp.module!r} has no function {name!r}",
+                                    imp.span)
+                ns.functions[name] = sub.functions[name]
+        for pname, decl in sub.params.items():
+            if pname in ns.params and ns.params[pname] is not decl:
+                raise GradError(f"param {pname!r} is declared by two imported modules",
+                                imp.span)
+            ns.params[pname] = decl
+    for f in module.funcs:
+        if f.name in ns.functions:
+            raise GradError(f"function {f.name!r} is already imported", f.span)
+    for f in module.funcs:
+        ns.functions[f.name] = (f, ns)
+    for p in module.params:
+        if p.name in ns.params:
+            raise GradError(f"param {p.name!r} is already declared by an import", p.span)
+        ns.params[p.name] = p
+    try:
+        check(module, ns)
+    except GradError as err:
+        raise err.with_source(module.source)
+    return ns
