@@ -9,7 +9,9 @@ cotangent of parameter `wrt[j]` (zeros when nothing flows to it, cast to the
 parameter's dtype).  It is an ordinary IR function: it can be
 differentiated again, simplified, fused and printed.
 
-Primitive derivatives come from the op table (`compiler.ops`).  A
+Primitive derivatives come from the op table (`compiler.ops`).  The
+gradient of `where(c, a, b)` takes nothing from the branch not selected,
+even where that branch's derivative is inf or NaN.  A
 `custom_vjp` call (a user function with a grad block) is differentiated by
 its grad block: its `fwd` is inlined, keeping the residuals, and its `bwd`
 is inlined in the backward sweep, so a second differentiation flows through
@@ -64,18 +66,28 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
     outputs = [sub(a) for a in fn.outputs]
     cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs)]
 
-    # Backward sweep.
+    # Backward sweep.  `masks[v]` is a bool value (broadcastable to v) where
+    # v's cotangent may be nonzero: inside a branch of `where`, every
+    # contribution is re-selected by it, so the branch not taken contributes
+    # exactly 0 even where its local derivative is inf or NaN.
     cts: dict[Var, Atom] = {}
+    masks: dict[Var, Optional[Var]] = {}
 
-    def accumulate(v: Atom, ct: Optional[Atom]) -> None:
+    def accumulate(v: Atom, ct: Optional[Atom], mask: Optional[Var]) -> None:
         if ct is None or not isinstance(v, Var) or v not in active:
             return
         if ct.type.dtype != v.type.dtype:
             ct = b.bind("cast", ct, dtype=v.type.dtype)
-        cts[v] = b.bind("add", cts[v], ct) if v in cts else ct
+        if v in cts:
+            cts[v] = b.bind("add", cts[v], ct)
+            if masks.get(v) is not mask:
+                masks[v] = None
+        else:
+            cts[v] = ct
+            masks[v] = mask
 
     for out, ct in zip(outputs, cts_in):
-        accumulate(out, ct)
+        accumulate(out, ct, None)
 
     for eqn, outs, residuals in reversed(tape):
         out_cts = [cts.get(o) if isinstance(o, Var) else None for o in outs]
@@ -90,15 +102,35 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
             rule = ops.OPS[eqn.op].vjp
             shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
             in_cts = rule(b, shadow, out_cts, needs)
-        for a, need, ct in zip(eqn.inputs, needs, in_cts):
-            if need:
-                accumulate(a, ct)
+        out_mask = _common_mask([masks.get(o) if isinstance(o, Var) else None for o in outs])
+        for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
+            if not need or ct is None:
+                continue
+            mask = out_mask if out_mask is not None and _fits(out_mask, a) else None
+            if mask is not None:
+                ct = b.bind("where", mask, ct, ops.lit(b, 0, ct))
+            elif eqn.op == "where" and index > 0 and _fits(eqn.inputs[0], a):
+                cond = eqn.inputs[0]
+                mask = cond if index == 1 else b.bind("logical_not", cond)
+            accumulate(a, ct, mask)
 
     grads = []
     for i in wrt:
         p = params[i]
         grads.append(cts.get(p) if p in cts else ops.zeros_like(b, p.type))
     return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+
+
+def _common_mask(masks: list[Optional[Var]]) -> Optional[Var]:
+    first = masks[0] if masks else None
+    return first if first is not None and all(m is first for m in masks) else None
+
+
+def _fits(mask: Atom, v: Atom) -> bool:
+    """Whether selecting by `mask` keeps v's shape."""
+    if not isinstance(mask, Var) or mask.type.rank > v.type.rank:
+        return False
+    return all(m in (1, d) for m, d in zip(mask.type.shape[::-1], v.type.shape[::-1]))
 
 
 def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool) -> Function:

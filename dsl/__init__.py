@@ -9,13 +9,17 @@ The API is imported on first use, so that `dsl.errors` (which the compiler
 itself uses) can be imported without pulling in the whole toolchain.
 """
 from dsl.errors import ArgumentError, GradError, Span
+from dsl.tape import Tape
 
-_API = ("Module", "grad", "load", "loads", "value_and_grad", "vjp")
+_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "check_gradients")
 
-__all__ = ["ArgumentError", "GradError", "Span", *_API]
+__all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API]
 
 
 def __getattr__(name: str):
+    if name == "check_gradients":
+        from dsl.check import check_gradients
+        return check_gradients
     if name in _API:
         from dsl import api
         return getattr(api, name)

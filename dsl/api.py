@@ -16,7 +16,7 @@ from compiler.lower import Namespace
 from compiler.pipeline import front_end
 from dsl import ast
 from dsl.errors import GradError, Span
-from dsl.function import Compiled, GradFn, GradFunction, Wrt, vjp as _vjp
+from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, vjp as _vjp
 from runtime.args import ParamSpec
 from runtime.params import ParamStore
 
@@ -96,6 +96,11 @@ def grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
 def value_and_grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
     """(f's value, the gradient of the sum of its outputs)."""
     return _transform(_check_fn(f, "value_and_grad"), wrt, with_value=True)
+
+
+def hvp(f: Compiled, wrt: Union[int, str] = 0) -> HvpFunction:
+    """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v."""
+    return HvpFunction(_check_fn(f, "hvp"), wrt)
 
 
 def vjp(f: Compiled, *args, **kwargs):

@@ -19,11 +19,12 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from compiler import autodiff
-from compiler.ir import Function, TensorType
+from compiler.ir import Builder, Function, TensorType, Var, inline
 from compiler.lower import Lowerer, Namespace, param_reads
-from compiler.pipeline import Program, build, too_deep
+from compiler.pipeline import Program, build, optimize, too_deep
 from dsl import ast
 from dsl.errors import ArgumentError, GradError
+from dsl.tape import recording_tapes
 from runtime.args import SUPPORTED, ParamSpec, bind
 from runtime.params import ParamStore
 
@@ -86,8 +87,23 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         bound = self.bind(args, kwargs)
-        outs = self.program(bound)(*bound.values())
-        return self.format(outs, bound)
+        return self.format(self.call_bound(bound), bound)
+
+    def call_bound(self, bound: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Run on validated arguments; record the call on every active
+        `dsl.Tape` that watches one of them (keeping a pullback)."""
+        tapes = recording_tapes(bound.values())
+        if not tapes:
+            return self.program(bound)(*bound.values())
+        outs, pullback = vjp_bound(self, bound)
+        for tape in tapes:
+            tape.record(self, bound, outs, pullback)
+        return outs
+
+    def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
+        specs = {s.name: s for s in self.specs + self.param_specs}
+        return [n for n, a in bound.items()
+                if a.dtype.kind == "f" and (n not in specs or specs[n].differentiable)]
 
     def ir(self, *args, **kwargs) -> Function:
         """The optimized IR this call would run (for inspection)."""
@@ -197,7 +213,7 @@ class Pullback:
             if array.dtype.kind not in "biuf":
                 raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() is not "
                                     "numeric")
-            array = array.astype(np.dtype(SUPPORTED_INV[t.dtype]), copy=False)
+            array = array.astype(np.dtype(_NUMPY[t.dtype]), copy=False)
             if array.shape != t.shape:
                 if array.ndim == 0:
                     array = np.full(t.shape, array)
@@ -210,28 +226,24 @@ class Pullback:
         return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
 
 
-SUPPORTED_INV = {v: k for k, v in SUPPORTED.items()}
-
-
-class VjpCache:
-    """Split forward/backward programs of one function, per signature."""
-
-    def __init__(self) -> None:
-        self.programs: dict[tuple, tuple[Program, Program, int]] = {}
-
 
 def vjp(f: Compiled, *args, **kwargs):
     bound = f.bind(args, kwargs)
+    outs, pullback = vjp_bound(f, bound)
+    return f.format(outs, bound), pullback
+
+
+def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
+    """(raw outputs, Pullback) on validated arguments; the forward keeps
+    only the residuals its backward reads."""
     types = _types(bound)
     names = list(types)
-    float_args = [n for n in names if types[n].is_float
-                  and next(s for s in f.specs + f.param_specs if s.name == n).differentiable]
+    float_args = f.differentiable_names(bound)
     cache = f.__dict__.setdefault("_vjp_programs", {})
     key = _signature(bound)
     if key not in cache:
         fn = f.lower(types)
         joint = autodiff.vjp(fn, [names.index(n) for n in float_args])
-        from compiler.pipeline import optimize
         joint = optimize(joint, keep_barriers=True)
         fwd, bwd = autodiff.split(joint, len(names), len(fn.outputs))
         cache[key] = (build(fwd, f.target), build(bwd, f.target), len(fn.outputs),
@@ -239,8 +251,93 @@ def vjp(f: Compiled, *args, **kwargs):
     fwd_program, bwd_program, n_out, out_types = cache[key]
     results = fwd_program(*bound.values())
     outs, residuals = results[:n_out], results[n_out:]
-    pullback = Pullback(f.name, bwd_program, residuals, out_types, names, float_args)
-    return f.format(outs, bound), pullback
+    return outs, Pullback(f.name, bwd_program, residuals, out_types, names, float_args)
+
+
+class VjpFunction(Compiled):
+    """(args..., cotangents...) -> one cotangent per float argument: the
+    backward pass as a function of its own, so that a `Tape` computing a
+    gradient inside an outer tape records it, and the outer tape can
+    differentiate it (second order)."""
+
+    def __init__(self, inner: Compiled, n_outputs: int):
+        super().__init__()
+        self.inner = inner
+        self.n_outputs = n_outputs
+        self.name = f"vjp({inner.name})"
+        self.specs = inner.specs
+        self.param_specs = inner.param_specs + tuple(
+            ParamSpec(f"$ct{i}", None, None, False, False) for i in range(n_outputs))
+        self.target = inner.target
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        names = [n for n in types if not n.startswith("$ct")]
+        inner_types = {n: types[n] for n in names}
+        fn = self.inner.lower(inner_types)
+        floats = [n for n in self.inner.differentiable_names(
+            {n: np.empty(0, _NUMPY[t.dtype]) for n, t in inner_types.items()})]
+        joint = autodiff.vjp(fn, [names.index(n) for n in floats])
+        n_out = len(fn.outputs)
+        return Function(f"{fn.name}_pullback", joint.params, joint.eqns, joint.outputs[n_out:])
+
+    def format(self, outs, bound):
+        return tuple(outs)
+
+
+class HvpFunction(Compiled):
+    """`hvp(f, wrt)(args..., v)`: the Hessian of sum(f) w.r.t. argument
+    `wrt`, times v (reverse over reverse)."""
+
+    def __init__(self, inner: Compiled, wrt: Union[int, str]):
+        super().__init__()
+        self.inner = inner
+        (self.wrt,) = resolve_wrt(inner, wrt)
+        self.name = f"hvp({inner.name})"
+        self.specs = inner.specs
+        self.param_specs = inner.param_specs
+        self.target = inner.target
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+        if not args:
+            raise ArgumentError(f"{self.name} takes the arguments of {self.inner.name}() "
+                                "followed by the vector v", self.span)
+        bound = self.inner.bind(args[:-1], kwargs)
+        if self.wrt not in bound:
+            raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
+        x = bound[self.wrt]
+        v = np.asarray(args[-1], dtype=x.dtype)
+        if v.shape != x.shape:
+            raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
+                                f"has shape {list(x.shape)}", self.span)
+        bound["$v"] = v
+        return bound
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        names = [n for n in types if n != "$v"]
+        fn = self.inner.lower({n: types[n] for n in names})
+        i = names.index(self.wrt)
+        if not types[self.wrt].is_float:
+            raise ArgumentError(f"cannot differentiate w.r.t. {self.wrt!r}: not a float",
+                                self.span)
+        gradient = autodiff.grad_of_sum(fn, [i], with_value=False)
+        b = Builder()
+        params = [Var(types[n], n) for n in names] + [Var(types["$v"], "v")]
+        (g,) = inline(b, gradient, params[:-1])
+        gv = b.bind("mul", g, params[-1])
+        axes = tuple(range(gv.type.rank))
+        total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
+        directional = b.function(f"{fn.name}_gv", params, [total])
+        return autodiff.grad_of_sum(directional, [i], with_value=False)
+
+    def format(self, outs, bound):
+        return outs[0]
+
+
+_NUMPY = {v: k for k, v in SUPPORTED.items()}
 
 
 class GradFn(Compiled):

@@ -1,0 +1,144 @@
+"""`dsl.Tape`: gradients through separately compiled calls made from Python.
+
+Contract:
+
+    with dsl.Tape() as tape:
+        tape.watch(x)                  # x: a float NumPy array
+        y = m.f(x); z = m.g(y, x)      # calls on watched arrays are recorded
+    tape.gradient(z, x)                # d sum(z) / dx, same structure as sources
+
+A call is recorded when one of its arguments is watched or was produced by
+a recorded call; it then runs through its split forward pass and keeps a
+pullback (the residuals only).  `gradient` sums cotangents over every path
+and returns None for a source the target does not depend on.  A tape that
+is not `persistent` gives one gradient.  Tapes nest: while an inner tape
+computes a gradient inside an outer one, it runs its backward passes as
+compiled functions of their own, which the outer tape records, so the outer
+tape differentiates the inner gradient (second order).  Arrays are tracked
+by identity: do not modify them in place while a tape holds them.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+_state = threading.local()
+
+
+def _active() -> list["Tape"]:
+    if not hasattr(_state, "tapes"):
+        _state.tapes = []
+    return _state.tapes
+
+
+def recording_tapes(arrays: Iterable[np.ndarray]) -> list["Tape"]:
+    tapes = _active()
+    if not tapes:
+        return []
+    arrays = list(arrays)
+    return [t for t in tapes if t._recording and any(t.tracks(a) for a in arrays)]
+
+
+@dataclass
+class _Record:
+    function: Any  # dsl.function.Compiled
+    bound: dict[str, np.ndarray]
+    outs: tuple[np.ndarray, ...]
+    pullback: Any
+
+
+class Tape:
+    def __init__(self, persistent: bool = False):
+        self.persistent = persistent
+        self._records: list[_Record] = []
+        self._tracked: dict[int, np.ndarray] = {}  # id -> array (kept alive)
+        self._recording = False
+        self._used = False
+
+    def __enter__(self) -> "Tape":
+        _active().append(self)
+        self._recording = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._recording = False
+        _active().remove(self)
+
+    def watch(self, *arrays: np.ndarray) -> None:
+        for a in arrays:
+            if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+                raise TypeError("Tape.watch() takes float NumPy arrays; convert Python "
+                                "numbers with np.asarray(x, dtype=float) first")
+            self._tracked[id(a)] = a
+
+    def tracks(self, a: Any) -> bool:
+        return self._tracked.get(id(a)) is a
+
+    def record(self, function, bound, outs, pullback) -> None:
+        self._records.append(_Record(function, dict(bound), tuple(outs), pullback))
+        for o in outs:
+            if isinstance(o, np.ndarray) and o.dtype.kind == "f":
+                self._tracked[id(o)] = o
+
+    def gradient(self, target: np.ndarray,
+                 sources: Union[np.ndarray, Sequence[np.ndarray]]):
+        from dsl.function import VjpFunction
+        if self._used and not self.persistent:
+            raise RuntimeError("a non-persistent Tape gives one gradient; use "
+                               "Tape(persistent=True) for more")
+        self._used = True
+        single = isinstance(sources, np.ndarray)
+        source_list = [sources] if single else list(sources)
+        if not self.tracks(target):
+            raise ValueError("the target was not computed by a call recorded on this tape")
+        outer = [t for t in _active() if t is not self]
+        cts: dict[int, np.ndarray] = {id(target): np.ones_like(target)}
+        for rec in reversed(self._records):
+            out_cts = [cts.get(id(o)) for o in rec.outs]
+            if all(c is None for c in out_cts):
+                continue
+            out_cts = [c if c is not None else np.zeros_like(o) for c, o in zip(out_cts, rec.outs)]
+            names = list(rec.bound)
+            floats = rec.function.differentiable_names(rec.bound)
+            if outer:
+                # Run the backward pass as a recorded compiled call.
+                vjp_fn = _vjp_function(rec.function, len(rec.outs))
+                bound = dict(rec.bound)
+                bound.update({f"$ct{i}": c for i, c in enumerate(out_cts)})
+                grads = dict(zip(floats, vjp_fn.call_bound(bound)))
+            else:
+                grads = dict(zip(names, rec.pullback(*out_cts)))
+            for name in floats:
+                arg, g = rec.bound[name], grads.get(name)
+                if g is None or not self.tracks(arg):
+                    continue
+                previous = cts.get(id(arg))
+                cts[id(arg)] = g if previous is None else _add(previous, g, bool(outer))
+        result = [cts.get(id(s)) for s in source_list]
+        return result[0] if single else result
+
+
+def _vjp_function(f, n_outputs: int):
+    from dsl.function import VjpFunction
+    cache = f.__dict__.setdefault("_tape_vjp", {})
+    if n_outputs not in cache:
+        cache[n_outputs] = VjpFunction(f, n_outputs)
+    return cache[n_outputs]
+
+
+_ADD = None
+
+
+def _add(a: np.ndarray, b: np.ndarray, recorded: bool) -> np.ndarray:
+    """Sum of two cotangents; a compiled (so recordable) call inside an
+    outer tape, plain NumPy otherwise."""
+    global _ADD
+    if not recorded:
+        return a + b
+    if _ADD is None:
+        from dsl.api import loads
+        _ADD = loads("def add(a, b):\n    return a + b\n", "<tape>").add
+    return _ADD(a, b)
