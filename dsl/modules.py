@@ -38,8 +38,11 @@ def search_path(importer: str) -> list[Path]:
 def find_module(name: str, importer: str) -> Optional[Path]:
     for directory in search_path(importer):
         candidate = directory / f"{name}.grad"
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:  # a name the file system cannot hold
+            continue
     return None
 
 

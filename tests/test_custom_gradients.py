@@ -1,0 +1,255 @@
+"""Higher orders and the rest of custom-gradient semantics (issue: chained
+grad blocks, params, recompute, pass-through, Tape, NaN-safe where)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from helpers import central_difference
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+LEAKY_BODY = """
+def leaky_relu(x, alpha: const = 0.2):
+    y = maximum(x, x * alpha)
+    return y
+"""
+BLOCK1 = "grad(dy):\n    return where(y >= 0, dy, dy * alpha)\n"
+BLOCK2 = "grad(ddx):\n    return dy=where(y >= 0, ddx, ddx * alpha), x=0\n"
+R1 = """
+def discriminator(x, w):
+    return sum(leaky_relu(x * w))
+
+def r1_penalty(x, w):
+    g = grad(discriminator, wrt=0)(x, w)
+    return sum(g * g)
+"""
+
+
+@pytest.mark.parametrize("blocks", ["", BLOCK1, BLOCK1 + BLOCK2], ids=["none", "one", "two"])
+def test_stylegan_r1_is_identical_with_zero_one_and_two_blocks(blocks):
+    m = dsl.loads(LEAKY_BODY + blocks + R1)
+    x = np.array([-2.0, -0.5, 0.5, 3.0])
+    w = np.array([1.5, -1.0, 2.0, 0.7])
+    np.testing.assert_allclose(dsl.grad(m.discriminator)(x, w), [0.3, -1.0, 2.0, 0.7])
+    np.testing.assert_allclose(m.r1_penalty(x, w), 5.58)
+    dx, dw = dsl.grad(m.r1_penalty, wrt=(0, 1))(x, w)
+    np.testing.assert_allclose(dw, [0.12, -2.0, 4.0, 1.4])
+    np.testing.assert_array_equal(dx, np.zeros(4))
+
+
+def test_stylegan_example_passes_the_gradient_check():
+    m = dsl.load(EXAMPLES / "stylegan_r1.grad")
+    x, w = np.array([-2.0, -0.5, 0.5, 3.0]), np.array([1.5, -1.0, 2.0, 0.7])
+    checks = dsl.check_gradients(m.r1_penalty, x, w) + dsl.check_gradients(m.leaky_relu, x)
+    assert checks and all(c.ok for c in checks), [str(c) for c in checks]
+    assert any(c.source.startswith("grad block 2") for c in checks)
+
+
+def test_second_derivative_of_log1pexp_is_sigmoid_derivative():
+    m = dsl.load(EXAMPLES / "log1pexp.grad")
+    x = np.linspace(-30, 30, 61)
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(dsl.grad(dsl.grad(m.log1pexp))(x), s * (1 - s), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dsl.hvp(m.log1pexp)(x, np.ones_like(x)), s * (1 - s), atol=1e-12)
+
+
+TRANSPOSE_ONLY = """
+def log1pexp(x):
+    e = exp(x)
+    return log(1 + e)
+grad(dy):
+    return dy * (1 - 1 / (1 + e))
+grad(ddx):
+    return dy=ddx * (1 - 1 / (1 + e)), x=0
+"""
+
+
+def test_transpose_only_second_block_is_reported_and_autodiff_is_right():
+    bad = dsl.loads(TRANSPOSE_ONLY)
+    x = np.array([-1.0, 0.5, 2.0])
+    checks = {c.order: c for c in dsl.check_gradients(bad.log1pexp, x)}
+    assert checks[1].ok
+    assert not checks[2].ok and checks[2].source == "grad block 2 (line 7)"
+    # Without the override, differentiating the first block is right.
+    good = dsl.load(EXAMPLES / "log1pexp.grad")
+    h = dsl.grad(dsl.grad(good.log1pexp))(x)
+    fd = central_difference(lambda v: dsl.grad(good.log1pexp)(v), [x], 0)
+    np.testing.assert_allclose(h, fd, rtol=1e-6)
+
+
+def test_linear_poly_values_gradients_and_the_tf_block():
+    m = dsl.load(EXAMPLES / "linear_poly.grad")
+    m.params["weights"] = np.ones(2)
+    x = np.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(m.linear_poly(x), [2.0, 3.0, 4.0])
+    dx, dw = dsl.grad(m.linear_poly, wrt=(0, "weights"))(x)
+    np.testing.assert_allclose(dx, [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(dw, [3.0, 6.0])
+    assert all(c.ok for c in dsl.check_gradients(m.linear_poly, x))
+
+    tf_doc = (EXAMPLES / "linear_poly.grad").read_text().replace(
+        "stack((sum(dpoly), sum(dpoly * x)))", "stack((sum(dpoly * x), sum(dpoly)))")
+    bad = dsl.loads(tf_doc, "tf_linear_poly.grad")
+    bad.params["weights"] = np.ones(2)
+    np.testing.assert_allclose(dsl.grad(bad.linear_poly, wrt="weights")(x), [6.0, 3.0])
+    failed = [c for c in dsl.check_gradients(bad.linear_poly, x) if not c.ok]
+    assert [(c.order, c.wrt) for c in failed] == [(1, "weights")]
+    assert failed[0].source == "grad block 1 (line 7)"
+
+
+def test_unset_param_is_a_clear_error():
+    m = dsl.load(EXAMPLES / "linear_poly.grad")
+    with pytest.raises(dsl.ArgumentError, match="reads param 'weights', which is not set"):
+        m.linear_poly(np.ones(3))
+    with pytest.raises(dsl.ArgumentError, match="size 3 on axis 0, but its annotation says 2"):
+        m.params["weights"] = np.ones(3)
+    with pytest.raises(dsl.ArgumentError, match="no param 'bias'"):
+        m.params["bias"] = 1.0
+
+
+def test_params_flow_through_calls():
+    m = dsl.loads("param s: f64\n\ndef inner(x):\n    return s * x\n\n"
+                  "def outer(x):\n    return inner(x) * inner(x)\n")
+    m.params["s"] = 3.0
+    x = np.array([1.0, 2.0])
+    np.testing.assert_allclose(m.outer(x), 9 * x * x)
+    dx, ds = dsl.grad(m.outer, wrt=(0, "s"))(x)
+    np.testing.assert_allclose(dx, 18 * x)
+    np.testing.assert_allclose(ds, np.sum(2 * 3.0 * x * x))
+
+
+@pytest.mark.parametrize("source,text", [
+    ("param w: f64[2]\ndef f(x):\n    return w[0] * x\ngrad(d):\n    return d * w[0]\n",
+     "missing the cotangent for 'w'"),
+    ("def f(x):\n    return x * x\ngrad(d):\n    return d * 2 * x\ngrad(a, b):\n"
+     "    return a, b\n", "takes 2 upstream cotangent(s), but there are 1"),
+    ("def f(x):\n    return x * x\ngrad(d):\n    return d * 2 * x\ngrad(dd):\n"
+     "    return dd * 2 * x, 2 * d * dd, dd\n", "returns 3 cotangent(s)"),
+    ("@pass_through\ndef q(x):\n    return round(x)\ngrad(d):\n    return d\n",
+     "cannot have a grad block"),
+    ("param w: f64\ndef f(w):\n    return w\n", "shadow the module param 'w'"),
+])
+def test_custom_gradient_contract_errors_at_load(source, text):
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, "bad.grad")
+    assert text in info.value.message
+    assert info.value.line > 1 and info.value.col >= 1
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return dsl.load(EXAMPLES / "checkpoint.grad")
+
+
+def test_recompute_equals_plain_and_keeps_only_inputs(checkpoint):
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(4, 8)), rng.normal(size=(8, 8)) / 3
+    np.testing.assert_allclose(checkpoint.checkpointed(x, w), checkpoint.plain(x, w), rtol=1e-14)
+    g_c = dsl.grad(checkpoint.checkpointed, wrt=(0, 1))(x, w)
+    g_p = dsl.grad(checkpoint.plain, wrt=(0, 1))(x, w)
+    for a, b in zip(g_c, g_p):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    for wrt in (0, 1):
+        np.testing.assert_allclose(dsl.grad(dsl.grad(checkpoint.checkpointed), wrt=wrt)(x, w),
+                                   dsl.grad(dsl.grad(checkpoint.plain), wrt=wrt)(x, w),
+                                   rtol=1e-10)
+    out_c, pb_c = dsl.vjp(checkpoint.checkpointed, x, w)
+    out_p, pb_p = dsl.vjp(checkpoint.plain, x, w)
+    activation = out_p.nbytes
+    assert pb_c.residual_bytes <= x.nbytes + w.nbytes
+    assert pb_p.residual_bytes >= 20 * activation
+    for a, b in zip(pb_c(np.ones_like(out_c)), pb_p(np.ones_like(out_p))):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_pass_through_rounds_forward_and_is_identity_backward():
+    m = dsl.load(EXAMPLES / "straight_through.grad")
+    x = np.array([0.1234, 0.5, -0.3])
+    np.testing.assert_allclose(m.quantize(x), np.round(x * 255) / 255)
+    np.testing.assert_array_equal(dsl.grad(m.quantize)(x), np.ones(3))
+    t = np.zeros(3)
+    np.testing.assert_allclose(dsl.grad(m.quantized_loss)(x, t), 2 * (np.round(x * 255) / 255))
+
+
+def test_tape_chains_calls_and_nested_tapes_give_second_order():
+    m = dsl.load(EXAMPLES / "log1pexp.grad")
+    b = dsl.load(EXAMPLES / "bar.grad")
+    x = np.array([0.5, -1.0, 2.0])
+    unrelated = np.ones(3)
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(x, unrelated)
+        z = b.bar(m.log1pexp(x), x)
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(tape.gradient(z, x), s * x + np.logaddexp(0, x))
+    assert tape.gradient(z, [x, unrelated])[1] is None
+    with dsl.Tape() as outer:
+        outer.watch(x)
+        with dsl.Tape() as inner:
+            inner.watch(x)
+            y = b.bar(m.log1pexp(x), m.log1pexp(x))
+        g = inner.gradient(y, x)
+    h = outer.gradient(g, x)
+    f2 = dsl.loads("from std import softplus\ndef y(x):\n    return softplus(x) * softplus(x)\n").y
+    np.testing.assert_allclose(g, dsl.grad(f2)(x), rtol=1e-12)
+    np.testing.assert_allclose(h, dsl.grad(dsl.grad(f2))(x), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="one gradient"):
+        inner.gradient(y, x)
+
+
+def test_where_gradient_ignores_the_branch_not_taken():
+    m = dsl.loads("def f(x):\n    return where(x > 0, sqrt(x), 0)\n"
+                  "def g(x):\n    return where(x > 0, x * log(x), -x)\n")
+    x = np.array([-1.0, 0.0, 4.0])
+    np.testing.assert_array_equal(dsl.grad(m.f)(x), [0.0, 0.0, 0.25])
+    np.testing.assert_allclose(dsl.grad(dsl.grad(m.f))(x), [0.0, 0.0, -1 / 32])
+    np.testing.assert_allclose(dsl.grad(m.g)(x), [-1.0, -1.0, np.log(4) + 1])
+    np.testing.assert_allclose(dsl.grad(dsl.grad(m.g))(x), [0.0, 0.0, 0.25])
+
+
+STD = dsl.loads("from std import softplus, log_sigmoid, logsumexp, relu, leaky_relu, gelu\n"
+                "def lse_rows(x):\n    return logsumexp(x, axis=1)\n")
+REFERENCE = {
+    "softplus": lambda x: np.logaddexp(0, x),
+    "log_sigmoid": lambda x: -np.logaddexp(0, -x),
+    "relu": lambda x: np.maximum(x, 0),
+    "leaky_relu": lambda x: np.where(x >= 0, x, 0.01 * x),
+    "gelu": lambda x: 0.5 * x * (1 + np.vectorize(__import__("math").erf)(x / np.sqrt(2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.floats(-20, 20).filter(lambda v: abs(v) > 1e-3), min_size=1, max_size=6))
+def test_stdlib_values_and_gradients(name, xs):
+    f = getattr(STD, name)
+    x = np.array(xs)
+    np.testing.assert_allclose(f(x), REFERENCE[name](x), rtol=1e-12, atol=1e-14)
+    fd = central_difference(REFERENCE[name], [x], 0)
+    np.testing.assert_allclose(dsl.grad(f)(x), fd, rtol=1e-6, atol=1e-8)
+
+
+def test_stdlib_is_stable_at_extremes():
+    x = np.array([-1000.0, 1000.0])
+    np.testing.assert_array_equal(dsl.grad(STD.softplus)(x), [0.0, 1.0])
+    np.testing.assert_array_equal(dsl.grad(STD.log_sigmoid)(x), [1.0, 0.0])
+    np.testing.assert_array_equal(STD.log_sigmoid(x), [-1000.0, 0.0])
+    rows = np.array([[1000.0, 1000.0, -5.0], [1.0, 2.0, 3.0]])
+    np.testing.assert_allclose(STD.lse_rows(rows), [1000 + np.log(2), np.log(np.exp([1, 2, 3]).sum())])
+    g = dsl.grad(STD.lse_rows)(rows)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g.sum(axis=1), [1.0, 1.0])
+
+
+def test_hvp_matches_finite_differences_of_the_gradient():
+    m = dsl.load(EXAMPLES / "dense.grad")
+    rng = np.random.default_rng(2)
+    x, w, b, t = (rng.normal(size=s) for s in [(3, 4), (4, 2), (2,), (3, 2)])
+    v = rng.normal(size=w.shape)
+    h = dsl.hvp(m.loss, wrt=1)(x, w, b, t, v)
+    grad_w = dsl.grad(m.loss, wrt=1)
+    eps = 1e-5
+    fd = (grad_w(x, w + eps * v, b, t) - grad_w(x, w - eps * v, b, t)) / (2 * eps)
+    np.testing.assert_allclose(h, fd, rtol=1e-6, atol=1e-8)
