@@ -15,7 +15,9 @@ implementations are run round-robin (the starting one rotates each repeat)
 so that machine noise hits all of them alike.  One sample is a batch of
 calls long enough to be well above the timer's resolution; the table gives
 the median time per call and NumPy's median over the dsl's (the dsl's
-speedup over NumPy; > 1 means the dsl is faster).
+speedup over NumPy; > 1 means the dsl is faster).  "dsl-1t" is the same dsl
+call with Numba limited to one thread.  On a shared machine, parallel
+kernels suffer most from other processes: compare min..max spreads.
 """
 from __future__ import annotations
 
@@ -56,6 +58,19 @@ def make_numpy():
 def make_dsl():
     m = dsl.load(EXAMPLE)
     return dsl.value_and_grad(m.log1pexp)
+
+
+def single_threaded(fn):
+    """fn with Numba's parallel kernels limited to one thread (shows how much
+    of the dsl's time is thread-level parallelism)."""
+    def run(x):
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            return fn(x)
+        finally:
+            numba.set_num_threads(threads)
+    return run
 
 
 def make_jax():
@@ -176,17 +191,26 @@ def check(name: str, got, want, dtype) -> None:
 # ---------------------------------------------------------------------- main
 
 
+def _loadavg() -> str:
+    try:
+        return "/".join(f"{a:.2f}" for a in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=["1e5", "1e7"],
                    help="element counts (1e5, 100000, ...); default: 1e5 1e7")
-    p.add_argument("--repeats", type=int, default=15,
-                   help="round-robin samples per implementation and case (default 15)")
+    p.add_argument("--repeats", type=int, default=21,
+                   help="round-robin samples per implementation and case (default 21)")
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"],
                    choices=["float64", "float32"])
     p.add_argument("--sample-ms", type=float, default=20.0,
                    help="minimum length of one sample; small sizes batch calls (default 20)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-single", action="store_true",
+                   help="leave out the dsl-1t column (the dsl on one Numba thread)")
     return p.parse_args(argv)
 
 
@@ -194,6 +218,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     sizes = [int(float(s)) for s in args.sizes]
     start = time.perf_counter()
+    load_before = _loadavg()
 
     try:
         affinity = len(os.sched_getaffinity(0))
@@ -208,6 +233,8 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     impls["dsl"] = make_dsl()
     load_s = time.perf_counter() - t0
+    if numba.get_num_threads() > 1 and not args.no_single:
+        impls["dsl-1t"] = single_threaded(impls["dsl"])
     for name, make in (("jax", make_jax), ("torch", make_torch)):
         fn = make()
         if fn is None:
@@ -258,7 +285,8 @@ def main(argv=None) -> None:
     for dtype_name, n, _, first in rows:
         print(f"  {dtype_name} {n:,}: " + "; ".join(f"{nm} {first[nm] * 1e3:.1f}"
                                                     for nm in names))
-    print(f"total {time.perf_counter() - start:.1f} s")
+    print(f"total {time.perf_counter() - start:.1f} s; load average before {load_before}, "
+          f"after {_loadavg()} (other processes on the machine skew parallel timings)")
 
 
 if __name__ == "__main__":

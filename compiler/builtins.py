@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from compiler import ops
 from compiler.ir import FLOATS, Builder
+from compiler.shapes import NeedsConcrete, Sym, prod
 from compiler.values import Value, as_atom, cast, is_static, unify
 from dsl.errors import GradError, Span
 
@@ -70,8 +71,9 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
         if negate:
             out = b.bind("neg", out, span=span)
         if mean:
-            count = x.type.size // max(out.type.size, 1) if x.type.size else 0
-            out = b.bind("div", out, b.lit(count, out.type.dtype), span=span)
+            reduced = L.reduced_axes(x, axis, span)
+            count = prod(x.type.shape[a] for a in reduced)
+            out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         return out
     return Builtin(1, 3, ("axis", "keepdims"), lower)
 
@@ -152,6 +154,8 @@ def _fill_like(value_pos: Optional[int], value=None):
         fill = args[value_pos] if value_pos is not None else value
         if not is_static(fill) or isinstance(fill, tuple):
             raise GradError("full_like() needs a compile-time fill value", span)
+        if isinstance(fill, Sym):
+            raise NeedsConcrete("a size used as a fill value")
         return ops.full(b, fill, x.type.shape, x.type.dtype)
     return lower
 

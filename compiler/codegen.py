@@ -23,6 +23,7 @@ from typing import Optional
 from compiler.fusion import Loop, fuse
 from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from compiler.ops import OPS, python_slices
+from compiler.shapes import Sym, prod, render, render_shape
 
 # Loops with fewer elements than this run serially: waking the thread pool
 # costs more than it saves below a few tens of thousands of elements.
@@ -52,7 +53,7 @@ def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
     """How a loop over `loop` reads an input of `shape` at flat index i."""
     if shape == loop:
         return "full"
-    if math.prod(shape) == 1:
+    if prod(shape) == 1:
         return "scalar"
     trimmed = shape[next((k for k, d in enumerate(shape) if d != 1), len(shape)):]
     if trimmed == loop[len(loop) - len(trimmed):]:
@@ -70,10 +71,10 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     padded = (1,) * (len(loop) - len(shape)) + shape
     if kind == "outer":
         j = next(k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k])
-        return math.prod(loop[j:])
+        return prod(loop[j:])
     if kind == "general":
         rows = []
-        out_stride, in_stride = 1, 1
+        out_stride, in_stride = 1, 1  # (may be symbolic products)
         for axis in reversed(range(len(loop))):
             rows.append((out_stride, loop[axis], in_stride if padded[axis] != 1 else 0))
             out_stride *= loop[axis]
@@ -105,9 +106,13 @@ class CpuTarget:
             out.append("")
         return "\n".join(out)
 
-    def launch(self, kname: str, n: int, args: list[str]) -> str:
-        variant = "" if n >= PARALLEL_THRESHOLD else "_serial"
-        return f"K.{kname}{variant}({', '.join([str(n)] + args)})"
+    def launch(self, kname: str, n, args: list[str]) -> str:
+        size = render(n)
+        if isinstance(n, Sym):
+            kernel = f"(K.{kname} if {size} >= {PARALLEL_THRESHOLD} else K.{kname}_serial)"
+        else:
+            kernel = f"K.{kname}" + ("" if n >= PARALLEL_THRESHOLD else "_serial")
+        return f"{kernel}({', '.join([size] + args)})"
 
 
 TARGETS = {"cpu": CpuTarget()}
@@ -205,13 +210,14 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
         return names[v]
 
     params = [define(v) for v in fn.params]
+    lines += bind_symbols(fn.params, names)
     for step in steps:
         if isinstance(step, Loop):
             kname = f"k_{_ident(fn.name)}_{len(kernel_names)}"
             source, kinds = render_loop(step, kname, target, consts)
             kernels.append(source)
             kernel_names.append(kname)
-            size = math.prod(step.shape)
+            size = prod(step.shape)
             call_args = []
             for kind, v in kinds:
                 if kind == "in":
@@ -219,16 +225,18 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
                 elif kind == "out":
                     name = define(v)
                     fresh.add(v)
-                    lines.append(f"{name} = np.empty({size}, np.{_np_name(v.type.dtype)})")
+                    lines.append(f"{name} = np.empty({render(size)}, "
+                                 f"np.{_np_name(v.type.dtype)})")
                     call_args.append(name)
                 else:
                     aux = access_aux(v.type.shape, step.shape)
-                    call_args.append(repr(aux) if isinstance(aux, int)
-                                     else f"np.array({aux!r}, np.int64)")
+                    call_args.append(render(aux) if not isinstance(aux, tuple) else
+                                     "np.array([" + ", ".join(render_shape(row) for row in aux)
+                                     + "], np.int64)")
             lines.append(target.launch(kname, size, call_args))
             for v in step.outputs:
                 if v.type.shape != (size,):
-                    lines.append(f"{names[v]} = {names[v]}.reshape({v.type.shape!r})")
+                    lines.append(f"{names[v]} = {names[v]}.reshape({render_shape(v.type.shape)})")
         else:
             lines.append(_render_eqn(step, ref, define))
             if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate"):
@@ -255,11 +263,31 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
     return Generated(fn.name, kernel_source, driver_source, tuple(kernel_names))
 
 
+def bind_symbols(params, names: dict[Var, str]) -> list[str]:
+    """Driver lines binding each size symbol to the first argument axis
+    that carries it, and checking every other axis that carries it."""
+    lines, bound = [], set()
+    for v in params:
+        for axis, d in enumerate(v.type.shape):
+            if not isinstance(d, Sym) or d.coef != 1 or len(d.factors) != 1:
+                continue
+            (symbol,) = d.factors
+            if symbol not in bound:
+                bound.add(symbol)
+                lines.append(f"{symbol} = {names[v]}.shape[{axis}]")
+            else:
+                lines.append(f"if {names[v]}.shape[{axis}] != {symbol}: "
+                             f"R.size_mismatch({symbol!r}, {symbol}, {names[v]}.shape[{axis}])")
+    return lines
+
+
 def _render_eqn(eqn: Eqn, ref, define) -> str:
     x = [ref(a) for a in eqn.inputs]
     p = eqn.p
     out = define(eqn.outputs[0])
     op = eqn.op
+    if op == "dim":
+        return f"{out} = np.asarray({render(p['value'])}, np.{_np_name(p['dtype'])})"
     if op == "reduce_sum":
         return f"{out} = R.reduce_sum({x[0]}, {tuple(p['axes'])!r})"
     if op == "reduce_max":
@@ -267,15 +295,15 @@ def _render_eqn(eqn: Eqn, ref, define) -> str:
     if op == "matmul":
         return f"{out} = R.matmul({x[0]}, {x[1]})"
     if op == "reshape":
-        return f"{out} = np.reshape({x[0]}, {tuple(p['shape'])!r})"
+        return f"{out} = np.reshape({x[0]}, {render_shape(p['shape'])})"
     if op == "transpose":
         return f"{out} = np.transpose({x[0]}, {tuple(p['perm'])!r})"
     if op == "broadcast_to":
-        return f"{out} = np.broadcast_to({x[0]}, {tuple(p['shape'])!r})"
+        return f"{out} = np.broadcast_to({x[0]}, {render_shape(p['shape'])})"
     if op == "slice":
         return f"{out} = {x[0]}[{_slices(p)}]"
     if op == "embed":
-        return f"{out} = R.embed({x[0]}, {tuple(p['shape'])!r}, ({_slices(p)},))"
+        return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
     if op == "concatenate":
         return f"{out} = np.concatenate(({', '.join(x)},), axis={p['axis']})"
     raise NotImplementedError(f"no driver code for {op}")

@@ -12,10 +12,21 @@ import numpy as np
 
 from compiler.ir import NUMPY_DTYPES, Function, Lit, Var
 from compiler.ops import OPS
+from compiler.shapes import Sym, evaluate
+
+
+def _concrete(value, binding: dict[str, int]):
+    if isinstance(value, tuple):
+        return tuple(_concrete(v, binding) for v in value)
+    if isinstance(value, Sym):
+        return evaluate(value, binding)
+    return value
 
 
 def interpret(fn: Function, *arrays) -> tuple[np.ndarray, ...]:
     env: dict[Var, np.ndarray] = {v: np.asarray(a) for v, a in zip(fn.params, arrays, strict=True)}
+    binding = {d.factors[0]: size for v in fn.params
+               for d, size in zip(v.type.shape, env[v].shape) if isinstance(d, Sym)}
 
     def read(a):
         if isinstance(a, Lit):
@@ -25,8 +36,11 @@ def interpret(fn: Function, *arrays) -> tuple[np.ndarray, ...]:
     with np.errstate(all="ignore"):
         for eqn in fn.eqns:
             inputs = [read(a) for a in eqn.inputs]
-            params = eqn.p
-            if eqn.op == "custom_vjp":
+            params = {k: v if isinstance(v, Function) else _concrete(v, binding)
+                      for k, v in eqn.params}
+            if eqn.op == "dim":
+                outs = (params["value"],)
+            elif eqn.op == "custom_vjp":
                 outs = interpret(params["fwd"], *inputs)[:params["n_out"]]
             else:
                 ref = OPS[eqn.op].ref
@@ -37,5 +51,5 @@ def interpret(fn: Function, *arrays) -> tuple[np.ndarray, ...]:
             for var, value in zip(eqn.outputs, outs):
                 dtype = NUMPY_DTYPES[var.type.dtype]
                 env[var] = np.broadcast_to(np.asarray(value).astype(dtype, copy=False),
-                                           var.type.shape)
+                                           _concrete(var.type.shape, binding))
     return tuple(np.array(read(a)) for a in fn.outputs)

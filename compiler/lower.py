@@ -37,6 +37,7 @@ from typing import Optional, Sequence, Union
 from compiler import autodiff, ops
 from compiler.builtins import BUILTINS, TRANSFORMS
 from compiler.ir import Atom, Builder, Function, TensorType, Var, inline
+from compiler.shapes import NeedsConcrete, Sym
 from compiler.values import Value, as_atom, cast, is_static, unify
 from dsl import ast
 from dsl.errors import GradError, Span
@@ -204,6 +205,8 @@ class Lowerer:
                                 f"(shape {list(shape)}); its annotation "
                                 f"{_ann_text(ann)} has rank {len(ann.dims)}", span)
             for axis, (dim, size) in enumerate(zip(ann.dims, shape)):
+                if isinstance(dim, int) and isinstance(size, Sym):
+                    raise NeedsConcrete(f"size {size} meets the fixed size {dim}")
                 if isinstance(dim, int):
                     if dim != size:
                         raise GradError(f"argument {p.name!r} of {fdef.name}() has size "
@@ -501,6 +504,8 @@ class Lowerer:
         left, right = self.expr(b, e.left, env), self.expr(b, e.right, env)
         op = _COMPARE[e.op]
         if is_static(left) and is_static(right):
+            if isinstance(left, Sym) or isinstance(right, Sym):
+                raise NeedsConcrete("a size is compared")
             return bool(ops.OPS[op].ref(left, right))
         x, y = unify(b, [left, right], e.span, arithmetic=False)
         return b.bind(op, x, y, span=e.span)
@@ -555,6 +560,15 @@ class Lowerer:
         starts, stops, steps, keep = [], [], [], []
         for axis, size in enumerate(shape):
             item = e.items[axis] if axis < len(e.items) else None
+            if isinstance(size, Sym):
+                if item is not None and not (isinstance(item, ast.Slice) and item.start is None
+                                             and item.stop is None and item.step is None):
+                    raise NeedsConcrete(f"axis {axis} of size {size} is indexed")
+                starts.append(0)
+                stops.append(size)
+                steps.append(1)
+                keep.append(size)
+                continue
             if item is None or isinstance(item, ast.Slice):
                 bounds = [None if part is None else self.static_int(b, part, env)
                           for part in ((item.start, item.stop, item.step) if item else ())]
@@ -580,6 +594,8 @@ class Lowerer:
 
     def static_int(self, b, e: ast.Expr, env) -> int:
         v = self.expr(b, e, env)
+        if isinstance(v, Sym):
+            raise NeedsConcrete(f"the size {v} is used as an index")
         if isinstance(v, bool) or not isinstance(v, int):
             raise GradError("expected a compile-time integer (a literal, x.shape[k], or "
                             "arithmetic on them)", e.span)
@@ -650,8 +666,7 @@ class Lowerer:
             return v
         return b.bind("transpose", v, perm=perm, span=span)
 
-    def reduce(self, b, op: str, v: Value, axis, keepdims, span) -> Atom:
-        x = as_atom(b, v, span)
+    def reduced_axes(self, x: Atom, axis, span) -> tuple[int, ...]:
         rank = x.type.rank
         if axis is None:
             axes = tuple(range(rank))
@@ -661,7 +676,11 @@ class Lowerer:
             axes = (axis,)
         if any(isinstance(a, bool) or not isinstance(a, int) for a in axes):
             raise GradError("axis must be a compile-time integer or tuple of integers", span)
-        axes = ops._normalize_axes(axes, rank, span)
+        return ops._normalize_axes(axes, rank, span)
+
+    def reduce(self, b, op: str, v: Value, axis, keepdims, span) -> Atom:
+        x = as_atom(b, v, span)
+        axes = self.reduced_axes(x, axis, span)
         if op == "reduce_max" and any(x.type.shape[a] == 0 for a in axes):
             raise GradError("max/min of an empty array", span)
         if x.type.dtype == "bool":

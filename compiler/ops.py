@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from compiler.ir import FLOATS, Atom, Builder, Eqn, Lit, TensorType, Var
+from compiler.shapes import Sym
 from dsl.errors import GradError, Span
 
 Cts = list[Optional[Atom]]
@@ -148,8 +149,8 @@ def _broadcast_to_rule(types, params, span):
 
 def _slice_rule(types, params, span):
     (x,) = types
-    shape = tuple(len(range(a, b, c)) for a, b, c in
-                  zip(params["starts"], params["stops"], params["steps"]))
+    shape = tuple(b if isinstance(b, Sym) and (a, c) == (0, 1) else len(range(a, b, c))
+                  for a, b, c in zip(params["starts"], params["stops"], params["steps"]))
     return [TensorType(x.dtype, shape)]
 
 
@@ -494,7 +495,8 @@ _register(Op("broadcast_to", "layout", _broadcast_to_rule, _broadcast_to_vjp,
 def python_slices(starts, stops, steps) -> tuple[slice, ...]:
     """Slice params (normalized as by `slice.indices`) as Python slices: a
     negative stop there means "past the front", which Python spells None."""
-    return tuple(slice(a, None if b < 0 else b, c) for a, b, c in zip(starts, stops, steps))
+    return tuple(slice(a, None if isinstance(b, Sym) or b < 0 else b, c)
+                 for a, b, c in zip(starts, stops, steps))
 
 
 _register(Op("slice", "layout", _slice_rule, _slice_vjp,
@@ -529,6 +531,15 @@ def _custom_vjp_rule(types, params, span):
     if [t for t in types] != list(fwd.in_types):
         raise GradError("internal: custom_vjp argument types do not match its body", span)
     return list(fwd.out_types[:params["n_out"]])
+
+
+def _dim_rule(types, params, span):
+    return [TensorType(params["dtype"], ())]
+
+
+# A size known only at call time (a `Sym`), as a scalar: what `mean` divides
+# by when the reduced axes are symbolic.  The driver computes it.
+_register(Op("dim", "shape", _dim_rule, _no_grad, None, arity=0, differentiable=False))
 
 
 def _barrier_rule(types, params, span):

@@ -48,7 +48,7 @@ def front_end(source: str, file: str) -> tuple[ast.Module, "Namespace"]:
 def too_deep(source: str, file: str) -> GradError:
     """Nesting beyond Python's recursion limit, reported at the line with
     the most brackets and operators (where the nesting must be)."""
-    lines = source.splitlines() or [""]
+    lines = source.split("\n")
     score = [sum(line.count(c) for c in "([-+*/not") for line in lines]
     line = score.index(max(score)) + 1
     return GradError("expression is nested too deeply", Span(file, line, 1), source)

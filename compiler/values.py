@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 from compiler.ir import FLOATS, Atom, Builder, Lit, Var
+from compiler.shapes import Sym
 from dsl.errors import GradError, Span
 
-Static = Union[int, float, bool, tuple]
-Value = Union[Var, Lit, int, float, bool, tuple]
+Static = Union[int, float, bool, tuple, Sym]
+Value = Union[Var, Lit, int, float, bool, tuple, Sym]
 
 
 def is_static(v: Value) -> bool:
@@ -49,6 +50,8 @@ def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = N
         return cast(b, v, dtype) if dtype else v
     if isinstance(v, tuple):
         raise GradError("a tuple cannot be used as an array here", span)
+    if isinstance(v, Sym):
+        return b.bind("dim", value=v, dtype=dtype or "i64", span=span)
     return b.lit(v, dtype or _weak_dtype(v))
 
 

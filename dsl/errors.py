@@ -73,7 +73,7 @@ class GradError(Exception):
 def _caret_lines(span: Span, source: str | None) -> str:
     if source is None:
         return ""
-    lines = source.splitlines()
+    lines = source.split("\n")  # as the lexer counts lines
     if not 1 <= span.line <= len(lines):
         return ""
     line = lines[span.line - 1].rstrip("\n")

@@ -22,6 +22,7 @@ from compiler import autodiff
 from compiler.ir import Builder, Function, TensorType, Var, inline
 from compiler.lower import Lowerer, Namespace, param_reads
 from compiler.pipeline import Program, build, optimize, too_deep
+from compiler.shapes import NeedsConcrete, Sym
 from dsl import ast
 from dsl.errors import ArgumentError, GradError
 from dsl.tape import recording_tapes
@@ -41,6 +42,19 @@ def _signature(bound: dict[str, np.ndarray]) -> tuple:
     return tuple((name, a.dtype.str, a.shape) for name, a in bound.items())
 
 
+def _symbolic(bound: dict[str, np.ndarray]) -> tuple[tuple, dict[str, TensorType]]:
+    """The size pattern of a call and its symbolic types: equal sizes share
+    a symbol; size 1 stays 1, since it broadcasts."""
+    symbols: dict[int, Sym] = {}
+    types, key = {}, []
+    for name, a in bound.items():
+        shape = tuple(1 if d == 1 else symbols.setdefault(d, Sym.named(f"s{len(symbols)}"))
+                      for d in a.shape)
+        types[name] = TensorType(SUPPORTED[a.dtype], shape)
+        key.append((name, a.dtype.str, tuple(str(d) for d in shape)))
+    return ("symbolic", tuple(key)), types
+
+
 def _types(bound: dict[str, np.ndarray]) -> dict[str, TensorType]:
     return {name: TensorType(SUPPORTED[a.dtype], tuple(a.shape)) for name, a in bound.items()}
 
@@ -55,7 +69,8 @@ class Compiled:
 
     def __init__(self) -> None:
         self._programs: dict[tuple, Any] = {}
-        self._lock = threading.Lock()
+        self._concrete_only: set[tuple] = set()
+        self._lock = threading.RLock()
 
     # subclasses: the IR for a signature, and how to shape the results
     def lower(self, types: dict[str, TensorType]) -> Function:
@@ -75,15 +90,26 @@ class Compiled:
         return None
 
     def program(self, bound: dict[str, np.ndarray]) -> Program:
-        key = _signature(bound)
-        program = self._programs.get(key)
-        if program is None:
-            with self._lock:
-                program = self._programs.get(key)
-                if program is None:
-                    program = build(self.lower(_types(bound)), self.target)
-                    self._programs[key] = program
-        return program
+        """The program for these arguments: lowered with symbolic sizes (one
+        program for every call with the same dtypes, ranks and pattern of
+        equal sizes), or with concrete sizes when the function needs them."""
+        pattern, types = _symbolic(bound)
+        program = self._programs.get(pattern) or self._programs.get(_signature(bound))
+        if program is not None:
+            return program
+        with self._lock:
+            if pattern not in self._concrete_only:
+                try:
+                    program = build(self.lower(types), self.target)
+                    self._programs[pattern] = program
+                    return program
+                except (NeedsConcrete, GradError):
+                    # Lower again with the sizes: it may need them, and an
+                    # error should name real sizes, not symbols.
+                    self._concrete_only.add(pattern)
+            program = build(self.lower(_types(bound)), self.target)
+            self._programs[_signature(bound)] = program
+            return program
 
     def __call__(self, *args, **kwargs):
         bound = self.bind(args, kwargs)

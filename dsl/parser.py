@@ -40,7 +40,13 @@ _TERMINAL_NAMES = {
     "_DEDENT": "end of block", "NAME": "a name", "INT": "an integer",
     "FLOAT": "a number", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['",
     "RSQB": "']'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
-    "DTYPE": "a dtype", "$END": "end of file", "GRAD": "'grad'",
+    "DTYPE": "a dtype", "$END": "end of file", "GRAD": "'grad'", "AT": "'@'",
+    "AUG_OP": "'+=', '-=', '*=' or '/='", "COMP_OP": "a comparison", "DOT": "'.'",
+    "MORETHAN": "'>'", "LESSTHAN": "'<'", "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'",
+    "STAR": "'*'", "SLASH": "'/'", "_DEF": "'def'", "_RETURN": "'return'",
+    "_IMPORT": "'import'", "_FROM": "'from'", "_PARAM": "'param'", "_NOT": "'not'",
+    "_AND": "'and'", "_OR": "'or'", "CONST": "'const'", "ELLIPSIS": "'...'",
+    "RARROW": "'->'", "TRUE": "'True'", "FALSE": "'False'", "__ANON_0": "'**'",
 }
 
 
@@ -55,6 +61,8 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
     except lark.exceptions.VisitError as err:
         if isinstance(err.orig_exc, GradError):
             raise err.orig_exc.with_source(source) from None
+        if isinstance(err.orig_exc, RecursionError):
+            raise err.orig_exc from None  # reported by the caller as nesting
         raise GradError(f"cannot parse: {err.orig_exc}",
                         Span(file, 1, 1), source) from None
     except lark.exceptions.UnexpectedInput as err:
@@ -68,8 +76,20 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
                         source) from None
 
 
+def lines_of(source: str) -> list[str]:
+    """Lines as the lexer counts them (only \\n ends a line)."""
+    return source.split("\n")
+
+
 def _check_indentation(source: str, file: str) -> None:
-    for number, line in enumerate(source.splitlines(), 1):
+    first = True
+    for number, line in enumerate(lines_of(source), 1):
+        stripped = line.lstrip(" \t")
+        if first and stripped and not stripped.startswith("#") and stripped.strip():
+            first = False
+            if len(stripped) != len(line):
+                raise GradError("unexpected indent: top-level code starts in column 1",
+                                Span(file, number, 1))
         stripped = line.lstrip(" \t")
         indent = line[: len(line) - len(stripped)]
         if "\t" in indent and stripped and not stripped.startswith("#"):
@@ -81,7 +101,7 @@ def _dedent_line(message: str, source: str) -> int:
     # lark's DedentError carries no position; find the first line whose
     # indentation matches no open level.
     levels = [0]
-    for number, line in enumerate(source.splitlines(), 1):
+    for number, line in enumerate(lines_of(source), 1):
         stripped = line.lstrip(" ")
         if not stripped or stripped.startswith("#"):
             continue
@@ -93,18 +113,18 @@ def _dedent_line(message: str, source: str) -> int:
             levels.pop()
         if indent != levels[-1]:
             return number
-    return max(1, len(source.splitlines()))
+    return max(1, len(lines_of(source)))
 
 
 def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                   source: str) -> GradError:
     line = max(1, getattr(err, "line", 1) or 1)
     col = max(1, getattr(err, "column", 1) or 1)
-    n_lines = max(1, len(source.splitlines()))
-    if line > n_lines:
-        line, col = n_lines, len(source.splitlines()[-1]) + 1 if source.splitlines() else 1
+    lines = lines_of(source)
+    if line > len(lines):
+        line, col = len(lines), len(lines[-1]) + 1
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
-        char = source.splitlines()[line - 1][col - 1:col] if source.splitlines() else ""
+        char = lines[line - 1][col - 1:col]
         message = f"unexpected character {char!r}"
     elif isinstance(err, lark.exceptions.UnexpectedToken):
         token = err.token
@@ -210,7 +230,7 @@ class _ToAst(Transformer):
 
     def dim(self, meta, children):
         tok = children[0]
-        return int(tok) if tok.type == "INT" else str(tok)
+        return self._int(tok) if tok.type == "INT" else str(tok)
 
     def gradblock(self, meta, children):
         upstream = tuple(str(c) for c in children[1:-1] if c is not None)
@@ -308,13 +328,19 @@ class _ToAst(Transformer):
         return ast.Name(str(children[0]), _tok_span(self.file, children[0]))
 
     def int_lit(self, meta, children):
-        return ast.Num(int(children[0]), _tok_span(self.file, children[0]))
+        return ast.Num(self._int(children[0]), _tok_span(self.file, children[0]))
+
+    def _int(self, token) -> int:
+        try:
+            return int(token)
+        except ValueError:  # beyond Python's digit limit
+            raise GradError("integer literal is too long", _tok_span(self.file, token)) from None
 
     def float_lit(self, meta, children):
         return ast.Num(float(children[0]), _tok_span(self.file, children[0]))
 
     def neg_int_lit(self, meta, children):
-        return ast.Num(-int(children[0]), self.s(meta))
+        return ast.Num(-self._int(children[0]), self.s(meta))
 
     def neg_float_lit(self, meta, children):
         return ast.Num(-float(children[0]), self.s(meta))

@@ -17,6 +17,12 @@ from numba import prange
 PARALLEL_THRESHOLD = 1 << 15
 
 
+def size_mismatch(symbol: str, expected: int, got: int) -> None:
+    from dsl.errors import ArgumentError
+    raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
+                        f"axis and {got} on another")
+
+
 def flat(x: np.ndarray) -> np.ndarray:
     """A contiguous 1-d view (or copy) for a kernel argument."""
     return np.ascontiguousarray(x).reshape(-1)

@@ -2,17 +2,19 @@
 
 Property: for any text, `dsl.loads(text)` either returns a module or raises
 `dsl.GradError` whose position is 1-based and whose message starts with the
-`<string>:LINE:COL: error:` header.  No other exception may escape (no
+`<string>:LINE:COL: error:` header (or `PATH.grad:LINE:COL: error:` when the
+problem is in a module the text imports).  No other exception may escape (no
 IndexError, AttributeError, lark exceptions, RecursionError, ...).
 
 Inputs are the example programs plus richer snippets below, mutated at the
 token level (insert / delete / swap / repeat a token), the line level
 (duplicate / delete / swap / re-indent a line), by truncation, and by
 inserting unicode and control characters.  `loads` only parses and checks,
-so each example is cheap.
+so each example is cheap.  Set GRAD_FUZZ_SCALE=N for N times more examples.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dsl
+
+# Scale the example counts for a longer bug hunt, e.g. GRAD_FUZZ_SCALE=10.
+SCALE = max(1, int(os.environ.get("GRAD_FUZZ_SCALE", "1")))
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -56,9 +61,6 @@ grad(dc):
 """,
     # pass_through, calls between functions, negative literal defaults
     """\
-import foo
-from bar import baz, qux
-
 @pass_through
 def clamp(x, lo: const = -1, hi: const = 1.0):
     return maximum(minimum(x, hi), lo)
@@ -83,8 +85,8 @@ grad(ds, dd):
     gx = ds + dd
     gy = ds - dd
     return gx, gy
-grad(a, b, c):
-    return a
+grad(a, b):
+    return a + b, a - b, 0, y=0
 """,
     # indexing forms and numbers
     """\
@@ -103,12 +105,32 @@ grad(d1, d2):
 """,
 ]
 
+# Imports: whether a module resolves depends on what is on the search path,
+# so these seeds are not required to load, only to fail cleanly.
+IMPORT_SNIPPETS = [
+    """\
+import std
+from std import softplus, logsumexp
+
+def u(x: f64[n]):
+    return softplus(x) + std.relu(x)
+""",
+    """\
+import foo
+from bar import baz, qux
+
+def v(x):
+    return baz(x)
+""",
+]
+
 KEYWORDS = ["def", "grad", "return", "param", "import", "from", "not", "and",
             "or", "True", "False", "const"]
 NAMES = ["x", "y", "w", "b", "dy", "f", "g", "foo", "_", "n", "T", "shape",
          "f64", "f32", "i32", "i64", "bool", "recompute", "pass_through", "sum",
          "mean", "exp", "log", "where", "maximum", "softplus", "bar", "axis",
-         "keepdims", "grad_", "def_", "constx", "Truex"]
+         "keepdims", "grad_", "def_", "constx", "Truex", "std",
+         "examples", "tests", "__init__", "a" * 300]
 NUMBERS = ["0", "1", "2", "0.2", "1.", ".5", "1e3", "2E-5", "007",
            "99999999999999999999999999", "1" * 5000, "1e999", "0x1F", "1_000"]
 OPERATORS = ["+", "-", "*", "/", "@", "**", "<", "<=", "==", "!=", ">=", ">",
@@ -131,11 +153,8 @@ _TOKEN_RE = re.compile(
     re.S)
 
 
-def _seeds() -> list[str]:
-    return [p.read_text() for p in sorted(EXAMPLES.glob("*.grad"))] + SNIPPETS
-
-
-SEEDS = _seeds()
+VALID_SEEDS = [p.read_text() for p in sorted(EXAMPLES.glob("*.grad"))] + SNIPPETS
+SEEDS = VALID_SEEDS + IMPORT_SNIPPETS
 
 
 def tokenize(text: str) -> list[str]:
@@ -268,21 +287,22 @@ def check_loads(text: str) -> None:
     except dsl.GradError as err:
         assert isinstance(err.line, int) and err.line >= 1, (err.line, str(err))
         assert isinstance(err.col, int) and err.col >= 1, (err.col, str(err))
-        assert err.file == "<string>", (err.file, str(err))
-        header = f"<string>:{err.line}:{err.col}: error:"
+        # The error is in the text itself, or in a `.grad` file it imports.
+        assert err.file == "<string>" or err.file.endswith(".grad"), (err.file, str(err))
+        header = f"{err.file}:{err.line}:{err.col}: error:"
         assert str(err).startswith(header), (header, str(err))
     else:
         assert isinstance(module, dsl.Module)
 
 
-@pytest.mark.parametrize("source", SEEDS, ids=lambda s: s.split("(")[0].split()[-1])
+@pytest.mark.parametrize("source", VALID_SEEDS, ids=lambda s: s.split("(")[0].split()[-1])
 def test_seeds_load(source):
     # The unmutated seeds are valid programs, so mutations start from deep
     # inside the grammar and the checker.
     dsl.loads(source)
 
 
-@settings(max_examples=400, deadline=None,
+@settings(max_examples=400 * SCALE, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_mutated_sources(data):
@@ -294,17 +314,35 @@ def test_mutated_sources(data):
     check_loads(text)
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=150 * SCALE, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(tokens=st.lists(st.sampled_from(TOKENS + [" "] * 8 + ["\n"] * 4), max_size=40))
 def test_token_soup(tokens):
     check_loads("".join(tokens))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100 * SCALE, deadline=None)
 @given(text=st.text(max_size=60))
 def test_arbitrary_text(text):
     check_loads(text)
+
+
+_IMPORT_NAMES = st.one_of(
+    st.sampled_from(NAMES + KEYWORDS),
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,30}", fullmatch=True),
+    st.builds(lambda c, n: c * n, st.sampled_from(["a", "_", "Z9"]), st.integers(1, 600)),
+)
+
+
+@settings(max_examples=100 * SCALE, deadline=None)
+@given(module=_IMPORT_NAMES, names=st.lists(_IMPORT_NAMES, max_size=3),
+       form=st.sampled_from(["import {m}\n", "from {m} import {n}\n",
+                             "import {m}\ndef f(x):\n    return {m}.{n}(x)\n",
+                             "from {m} import {n}\ndef f(x):\n    return {n}(x)\n"]))
+def test_import_statements(module, names, form):
+    # Imports look files up on disk (beside the importer, $GRAD_PATH, the
+    # standard library): any name, however long, must fail cleanly.
+    check_loads(form.format(m=module, n=", ".join(names) or "softplus"))
 
 
 @pytest.mark.parametrize("depth", [50, 500, 5000])

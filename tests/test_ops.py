@@ -248,5 +248,5 @@ def test_layout_and_matmul(name, in_shapes, params, seed, dtype):
 
 def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
-    helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier"}
+    helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim"}
     assert set(OPS) - covered - helpers == set()

@@ -1,0 +1,86 @@
+"""Array sizes that are not known until call time.
+
+Contract: a dimension (`Dim`) is an `int` or a `Sym`, the product of a
+coefficient and named factors (`n`, `n*m`, `3*n`).  Symbolic lowering gives
+each distinct size of a call's arguments a symbol, so one lowered program
+and one set of kernels serve every call whose sizes repeat the same
+pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
+Sizes multiply symbolically; anything else a program does with a size
+(adding to it, slicing part of a symbolic axis, comparing it with a fixed
+size) raises `NeedsConcrete`, and the caller lowers again with concrete
+sizes (or, ahead of time, reports that the signature needs them).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+
+class NeedsConcrete(Exception):
+    """A program used a symbolic size in a way that needs its value."""
+
+
+@dataclass(frozen=True)
+class Sym:
+    factors: tuple[str, ...]
+    coef: int = 1
+
+    @staticmethod
+    def named(name: str) -> "Sym":
+        return Sym((name,))
+
+    def __mul__(self, other):
+        if isinstance(other, Sym):
+            return Sym(tuple(sorted(self.factors + other.factors)), self.coef * other.coef)
+        if isinstance(other, int) and not isinstance(other, bool):
+            return 0 if other == 0 else Sym(self.factors, self.coef * other)
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def _concrete(self, *_):
+        raise NeedsConcrete(f"the size {self} is used as a number")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __floordiv__ = __rfloordiv__ = _concrete
+    __mod__ = __rmod__ = __truediv__ = __rtruediv__ = __pow__ = __neg__ = _concrete
+    __lt__ = __le__ = __gt__ = __ge__ = __index__ = __int__ = __float__ = _concrete
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        text = "*".join(self.factors)
+        return text if self.coef == 1 else f"{self.coef}*{text}"
+
+    __repr__ = __str__
+
+
+Dim = Union[int, Sym]
+
+
+def prod(dims: Iterable[Dim]) -> Dim:
+    return math.prod(dims, start=1)
+
+
+def is_symbolic(shape: Iterable[Dim]) -> bool:
+    return any(isinstance(d, Sym) for d in shape)
+
+
+def render(d: Dim) -> str:
+    """Python source for a dimension; symbols are driver variables."""
+    if isinstance(d, Sym):
+        text = " * ".join(d.factors)
+        return text if d.coef == 1 else f"{d.coef} * {text}"
+    return str(d)
+
+
+def render_shape(shape: Iterable[Dim]) -> str:
+    parts = [render(d) for d in shape]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def evaluate(d: Dim, binding: dict[str, int]) -> int:
+    if isinstance(d, Sym):
+        return d.coef * math.prod(binding[f] for f in d.factors)
+    return d
