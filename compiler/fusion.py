@@ -64,7 +64,7 @@ def fuse(fn: Function) -> list[Step]:
         home.produced.update(eqn.outputs)
         for o in eqn.outputs:
             loop_of[o] = home
-            defined_at[o] = index
+            defined_at[o] = home.start  # the whole loop runs where it starts
 
     ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
     _wire(ordered, fn)
