@@ -7,14 +7,16 @@ compares each with central differences of the order below:
 - order 1: grad(f, wrt=x) (the first grad block, or reverse mode) against
   differences of sum(f) along random directions (and per element for small
   inputs);
-- order 2: hvp(f, wrt=x)(v) (the second grad block when written, else
-  reverse mode through the first block and its residuals) against
-  differences of grad(f, wrt=x) along v.
+- order k >= 2: the directional derivative of order k (the k-th grad block
+  when written, else reverse mode through the last block and its
+  residuals) against differences of order k-1 along the same direction.
 
-It returns one `GradCheck` per (order, argument) with the max absolute and
-relative error, whether a NaN/Inf appeared where the function is finite,
-which gradient was tested (a block and its line, or "automatic"), and the
-verdict.  `gradc check` prints these; tests assert on them.
+Directions along which the function is not smooth at the point (one-sided
+differences disagree: a kink, a jump) are skipped.  It returns one
+`GradCheck` per (order, argument): max absolute and relative error, whether
+a NaN/Inf appeared where the differences are finite, which gradient was
+tested (a block and its line, or "automatic"), how many directions were
+compared, and the verdict.  `gradc check` and the tests use it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.function import Compiled, GradFn, GradFunction, HvpFunction
+from dsl.function import Compiled, Directional, GradFunction
 
 
 @dataclass(frozen=True)
@@ -30,22 +32,26 @@ class GradCheck:
     function: str
     order: int
     wrt: str
-    source: str  # "grad block 1 (line 7)" or "automatic"
+    source: str  # "grad block 1 (line 7)" or "automatic ..."
     max_abs: float
     max_rel: float
     nonfinite: bool
+    compared: int
     ok: bool
 
     def __str__(self) -> str:
         verdict = "ok" if self.ok else "MISMATCH"
-        nan = " NaN/Inf in gradient" if self.nonfinite else ""
+        nan = ", NaN/Inf in gradient" if self.nonfinite else ""
         return (f"{self.function}: order {self.order} w.r.t. {self.wrt} [{self.source}]: "
                 f"max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}{nan}: "
                 f"{verdict}")
 
 
-def _source(f: Compiled, order: int) -> str:
+def source_of(f: Compiled, order: int) -> str:
     fdef = getattr(f, "fdef", None)
+    decorators = {d.name for d in fdef.decorators} if fdef is not None else set()
+    if "pass_through" in decorators:
+        return "pass-through (identity)"
     if fdef is None or not fdef.grads:
         return "automatic"
     if order <= len(fdef.grads):
@@ -54,63 +60,79 @@ def _source(f: Compiled, order: int) -> str:
     return f"automatic through grad block {last} (line {fdef.grads[last - 1].span.line})"
 
 
-def _as_f64(bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {n: a.astype(np.float64) if a.dtype.kind == "f" else a for n, a in bound.items()}
-
-
 def _run(f: Compiled, bound: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return list(f.program(bound)(*bound.values()))
-
-
-def _compare(analytic: np.ndarray, numeric: np.ndarray, rtol: float, atol: float):
-    analytic, numeric = np.asarray(analytic, float), np.asarray(numeric, float)
-    nonfinite = bool(np.any(~np.isfinite(analytic)) and np.all(np.isfinite(numeric)))
     with np.errstate(all="ignore"):
-        err = np.abs(analytic - numeric)
-        max_abs = float(np.nanmax(err)) if err.size else 0.0
-        scale = np.maximum(np.abs(numeric), 1.0)
-        max_rel = float(np.nanmax(err / scale)) if err.size else 0.0
-    ok = (not nonfinite and np.all(np.isfinite(err)) and
-          bool(np.all(err <= atol + rtol * np.abs(numeric))))
-    if not np.all(np.isfinite(numeric)):
-        ok = ok and bool(np.array_equal(np.isfinite(analytic), np.isfinite(numeric)))
-    return max_abs, (max_rel if np.isfinite(max_rel) else float("inf")), nonfinite, bool(ok)
+        return list(f.program(bound)(*bound.values()))
+
+
+def _compare(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: float):
+    max_abs = max_rel = 0.0
+    nonfinite, ok = False, True
+    for analytic, numeric in pairs:
+        analytic, numeric = np.asarray(analytic, float), np.asarray(numeric, float)
+        if np.any(~np.isfinite(analytic) & np.isfinite(numeric)):
+            nonfinite, ok = True, False
+        with np.errstate(all="ignore"):
+            err = np.where(np.isfinite(numeric), np.abs(analytic - numeric), 0.0)
+        max_abs = max(max_abs, float(np.max(err, initial=0.0)))
+        max_rel = max(max_rel, float(np.max(err / np.maximum(np.abs(numeric), 1.0),
+                                            initial=0.0)))
+        ok = ok and bool(np.all(err <= atol + rtol * np.abs(np.nan_to_num(numeric))))
+    return max_abs, max_rel, nonfinite, len(pairs), ok
 
 
 def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     rtol: float = 1e-4, atol: float = 1e-6, seed: int = 0,
                     **kwargs) -> list[GradCheck]:
     rng = np.random.default_rng(seed)
-    bound = _as_f64(f.bind(args, kwargs))
+    bound = {n: a.astype(np.float64) if a.dtype.kind == "f" else a
+             for n, a in f.bind(args, kwargs).items()}
     results: list[GradCheck] = []
     for name in f.differentiable_names(bound):
         x = bound[name]
-        grad_fn = GradFunction(f, name, with_value=False)
+        step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
+        directions = [rng.normal(size=x.shape) for _ in range(3)]
+        if x.size <= 16:
+            directions += [np.eye(x.size)[i].reshape(x.shape) for i in range(x.size)]
 
         def total(point: np.ndarray) -> float:
             return float(sum(np.sum(o) for o in _run(f, {**bound, name: point})))
 
-        g = _run(grad_fn, bound)[-1]
-        directions = [rng.normal(size=x.shape) for _ in range(3)]
-        if x.size <= 16:
-            directions += [np.eye(x.size)[i].reshape(x.shape) for i in range(x.size)]
-        analytic = np.array([np.sum(g * v) for v in directions])
-        numeric = np.array([(total(x + eps * v) - total(x - eps * v)) / (2 * eps)
-                            for v in directions])
-        results.append(GradCheck(f.name, 1, name, _source(f, 1),
-                                 *_compare(analytic, numeric, rtol, atol)))
-        if order < 2:
-            continue
-        hvp_fn = HvpFunction(f, name)
-        step = eps * 100  # differences of a gradient need a larger step
-        for v in directions[:3]:
-            h = _run(hvp_fn, {**bound, "$v": v})[0]
-            gp = _run(grad_fn, {**bound, name: x + step * v})[-1]
-            gm = _run(grad_fn, {**bound, name: x - step * v})[-1]
-            numeric2 = (gp - gm) / (2 * step)
-            check = GradCheck(f.name, 2, name, _source(f, 2),
-                              *_compare(h, numeric2, rtol * 10, atol * 10))
-            if not check.ok or v is directions[2]:
-                results.append(check)
-                break
+        gradient = GradFunction(f, name, with_value=False)
+        g = _run(gradient, bound)[-1]
+        pairs = []
+        f0 = total(x)
+        for v in directions:
+            plus, minus = total(x + step * v), total(x - step * v)
+            if _smooth((plus - f0) / step, (f0 - minus) / step, atol, rtol):
+                pairs.append((np.sum(g * v), (plus - minus) / (2 * step)))
+        results.append(GradCheck(f.name, 1, name, source_of(f, 1), *_compare(pairs, rtol, atol)))
+
+        # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1}
+        previous = gradient
+        for k in range(2, order + 1):
+            h = step * 100 ** (1 / 2)  # differences of a derivative want a larger step
+            current = Directional(previous, name, f"$v{k}")
+            pairs = []
+            for v in directions[:3]:
+                extra = {f"$v{j}": v for j in range(2, k + 1)}
+                analytic = _run(current, {**bound, **extra})[0]
+                base = {**bound, **{f"$v{j}": v for j in range(2, k)}}
+                p = _run(previous, {**base, name: x + h * v})[-1]
+                m = _run(previous, {**base, name: x - h * v})[-1]
+                c = _run(previous, base)[-1]
+                if _smooth((p - c) / h, (c - m) / h, atol * 10, rtol * 10):
+                    pairs.append((analytic, (p - m) / (2 * h)))
+            results.append(GradCheck(f.name, k, name, source_of(f, k),
+                                     *_compare(pairs, rtol * 10, atol * 10)))
+            previous = current
     return results
+
+
+def _smooth(forward, backward, atol: float, rtol: float) -> bool:
+    """One-sided differences agree: no kink or jump along this direction."""
+    forward, backward = np.asarray(forward, float), np.asarray(backward, float)
+    with np.errstate(all="ignore"):
+        gap = np.abs(forward - backward)
+        scale = np.maximum(np.abs(forward), np.abs(backward))
+    return bool(np.all(np.isfinite(gap)) and np.all(gap <= 1e-2 * (1 + scale)))

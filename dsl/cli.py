@@ -122,6 +122,22 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    from dsl.aot import compile_module
+    progress = _progress if sys.stderr.isatty() else None
+    target = compile_module(args.file, args.output, args.sig, args.target,
+                            precompile=bool(args.sig), progress=progress)
+    if progress:
+        sys.stderr.write("\n")
+    print(f"wrote {target}")
+    return 0
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write("\r\033[K" + message)
+    sys.stderr.flush()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradc", description="The .grad compiler.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--fn", help="only this function")
     show.add_argument("--emit", required=True, choices=("ast", "ir", "grad-ir", "kernels"))
     show.set_defaults(func=cmd_show)
+    comp = sub.add_parser("compile", help="write an importable module of compiled kernels")
+    comp.add_argument("file")
+    comp.add_argument("-o", "--output", default=".", help="output directory (default: .)")
+    comp.add_argument("--target", default="cpu", choices=("cpu",))
+    comp.add_argument("--sig", nargs="+", help="signatures to compile now, like "
+                      "'f(f64[:], f32[n, 3])'; the machine code is cached beside the module")
+    comp.set_defaults(func=cmd_compile)
     return parser
 
 

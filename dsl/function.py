@@ -310,26 +310,54 @@ class VjpFunction(Compiled):
         return tuple(outs)
 
 
-class HvpFunction(Compiled):
-    """`hvp(f, wrt)(args..., v)`: the Hessian of sum(f) w.r.t. argument
-    `wrt`, times v (reverse over reverse)."""
+class Directional(Compiled):
+    """x, v -> grad_x <inner(x), v>: one more order of directional
+    derivative of `inner` (whose single output has x's shape) along the
+    argument named `vname`."""
 
-    def __init__(self, inner: Compiled, wrt: Union[int, str]):
+    def __init__(self, inner: Compiled, wrt: str, vname: str):
         super().__init__()
-        self.inner = inner
-        (self.wrt,) = resolve_wrt(inner, wrt)
-        self.name = f"hvp({inner.name})"
-        self.specs = inner.specs
-        self.param_specs = inner.param_specs
+        self.inner, self.wrt, self.vname = inner, wrt, vname
+        self.name = f"d({inner.name})"
+        self.specs, self.param_specs = inner.specs, inner.param_specs
         self.target = inner.target
 
     @property
     def span(self):
         return self.inner.span
 
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        if not types[self.wrt].is_float:
+            raise ArgumentError(f"cannot differentiate w.r.t. {self.wrt!r}: not a float",
+                                self.span)
+        inner_names = [n for n in types if n != self.vname]
+        fn = self.inner.lower({n: types[n] for n in inner_names})
+        b = Builder()
+        params = [Var(t, n) for n, t in types.items()]
+        env = dict(zip(types, params))
+        (g,) = inline(b, fn, [env[n] for n in inner_names])
+        gv = b.bind("mul", g, env[self.vname])
+        axes = tuple(range(gv.type.rank))
+        total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
+        directional = b.function(f"{fn.name}_dir", params, [total])
+        return autodiff.grad_of_sum(directional, [list(types).index(self.wrt)], False)
+
+    def format(self, outs, bound):
+        return outs[0]
+
+
+class HvpFunction(Directional):
+    """`hvp(f, wrt)(args..., v)`: the Hessian of sum(f) w.r.t. argument
+    `wrt`, times v (reverse over reverse)."""
+
+    def __init__(self, inner: Compiled, wrt: Union[int, str]):
+        (name,) = resolve_wrt(inner, wrt)
+        super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
+        self.name = f"hvp({inner.name})"
+
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
         if not args:
-            raise ArgumentError(f"{self.name} takes the arguments of {self.inner.name}() "
+            raise ArgumentError(f"{self.name} takes the arguments of {self.inner.name} "
                                 "followed by the vector v", self.span)
         bound = self.inner.bind(args[:-1], kwargs)
         if self.wrt not in bound:
@@ -341,26 +369,6 @@ class HvpFunction(Compiled):
                                 f"has shape {list(x.shape)}", self.span)
         bound["$v"] = v
         return bound
-
-    def lower(self, types: dict[str, TensorType]) -> Function:
-        names = [n for n in types if n != "$v"]
-        fn = self.inner.lower({n: types[n] for n in names})
-        i = names.index(self.wrt)
-        if not types[self.wrt].is_float:
-            raise ArgumentError(f"cannot differentiate w.r.t. {self.wrt!r}: not a float",
-                                self.span)
-        gradient = autodiff.grad_of_sum(fn, [i], with_value=False)
-        b = Builder()
-        params = [Var(types[n], n) for n in names] + [Var(types["$v"], "v")]
-        (g,) = inline(b, gradient, params[:-1])
-        gv = b.bind("mul", g, params[-1])
-        axes = tuple(range(gv.type.rank))
-        total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
-        directional = b.function(f"{fn.name}_gv", params, [total])
-        return autodiff.grad_of_sum(directional, [i], with_value=False)
-
-    def format(self, outs, bound):
-        return outs[0]
 
 
 _NUMPY = {v: k for k, v in SUPPORTED.items()}

@@ -28,11 +28,17 @@ NUMPY = {v: k for k, v in SUPPORTED.items()}
 
 @dataclass(frozen=True)
 class ParamSpec:
+    """A parameter as the runtime checks it; iterable as a plain tuple, so
+    compiled modules can hold it as a literal."""
+
     name: str
     dtype: Optional[str]  # None: any
     dims: Optional[tuple[Union[str, int], ...]]  # None: any rank
     const: bool
     has_default: bool
+
+    def __iter__(self):
+        return iter((self.name, self.dtype, self.dims, self.const, self.has_default))
 
     @property
     def differentiable(self) -> bool:

@@ -65,6 +65,22 @@ def load_kernels(source: str) -> ModuleType:
         return module
 
 
+def load_kernel_file(path: str) -> ModuleType:
+    """Import a kernel module that lives at `path` (a compiled module's
+    sibling), once per process."""
+    key = os.path.abspath(path)
+    with _lock:
+        module = _modules.get(key)
+        if module is None:
+            name = "gradk_aot_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+            spec = importlib.util.spec_from_file_location(name, key)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            _modules[key] = module
+        return module
+
+
 def make_driver(driver_source: str, kernels: ModuleType, helpers=cpu) -> Callable:
     namespace = {"np": np, "K": kernels, "R": helpers}
     exec(compile(driver_source, "<gradc driver>", "exec"), namespace)

@@ -1,0 +1,218 @@
+"""`gradc compile`: ahead-of-time compiled Python modules.
+
+Contract: `compile_module(path, out_dir, sigs)` writes `out_dir/NAME.py`
+(NAME is the `.grad` file's stem) and one kernel file per distinct kernel
+source beside it.  The module imports only NumPy, Numba and the `runtime`
+package (`runtime.aot`), never the parser or compiler, and exposes each
+function with `.grad` and `.value_and_grad`, for the signatures given
+(`f(f64[:], f32[n, 3], i64)`: `:` is any size, a name is a size shared by
+the axes that name it, an integer is fixed).  Without `--sig` each
+function gets f64 arrays of its annotated (else rank-1) shape.  With
+`precompile=True` every kernel is compiled now, both its serial and its
+parallel variant, and Numba's cache beside the module keeps the machine
+code, so importing and calling it later compiles nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from compiler.codegen import generate
+from compiler.ir import TensorType
+from compiler.pipeline import optimize
+from compiler.shapes import NeedsConcrete, Sym, evaluate, prod
+from dsl.api import Module, load
+from dsl.errors import GradError, Span
+from dsl.function import GradFn, GradFunction
+
+_SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
+_ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
+
+
+class SignatureError(GradError):
+    pass
+
+
+def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
+    """`f(f64[:], f32[n, 3])` -> ("f", [("f64", (Sym, )), ("f32", (Sym n, 3))])."""
+    counter = counter if counter is not None else itertools.count()
+    match = _SIG.match(text)
+    if not match:
+        raise SignatureError(f"cannot read signature {text!r}; write it like "
+                             "'f(f64[:], f32[n, 3], i64)'", Span("<sig>", 1, 1))
+    name, body = match.groups()
+    args = []
+    for part in _split(body):
+        arg = _ARG.match(part)
+        if not arg:
+            raise SignatureError(f"cannot read {part.strip()!r} in signature {text!r}",
+                                 Span("<sig>", 1, 1))
+        dtype, dims_text = arg.groups()
+        dims = []
+        for d in ([] if dims_text is None else dims_text.split(",")):
+            d = d.strip()
+            if d == ":":
+                dims.append(Sym.named(f"a{next(counter)}"))
+            elif d.isdigit():
+                dims.append(int(d))
+            elif re.fullmatch(r"[A-Za-z_]\w*", d):
+                dims.append(Sym.named(d))
+            else:
+                raise SignatureError(f"bad dimension {d!r} in signature {text!r}",
+                                     Span("<sig>", 1, 1))
+        args.append((dtype, tuple(dims)))
+    return name, args
+
+
+def _split(body: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in body:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        parts.append(current)
+    return parts
+
+
+def default_sig(f: GradFn) -> str:
+    args = []
+    for spec in f.specs:
+        if spec.has_default:
+            break
+        dtype = spec.dtype or "f64"
+        dims = spec.dims if spec.dims is not None else (":",)
+        args.append(dtype + (f"[{', '.join(map(str, dims))}]" if dims else ""))
+    return f"{f.name}({', '.join(args)})"
+
+
+def _types(module: Module, f: GradFn, args: list[tuple[str, tuple]],
+           sig: str) -> dict[str, TensorType]:
+    if len(args) > len(f.specs):
+        raise SignatureError(f"signature {sig!r} has {len(args)} arguments; {f.name}() takes "
+                             f"{len(f.specs)}", f.span)
+    missing = [s.name for s in f.specs[len(args):] if not s.has_default]
+    if missing:
+        raise SignatureError(f"signature {sig!r} leaves out {', '.join(missing)}", f.span)
+    types = {s.name: TensorType(dtype, dims) for s, (dtype, dims) in zip(f.specs, args)}
+    for w, spec in zip(f.reads, f.param_specs):
+        dims = tuple(d if isinstance(d, int) else Sym.named(f"p_{d}")
+                     for d in (spec.dims or ()))
+        types[w] = TensorType(spec.dtype or "f64", dims)
+    return types
+
+
+def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
+                   target: str = "cpu", precompile: bool = False, progress=None) -> Path:
+    module = load(path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    functions = module.functions
+    sig_texts = sigs or [default_sig(f) for f in functions.values()]
+    spec: dict = {"params": [tuple(module.params.spec(w)) for w in _declared(module)],
+                  "functions": {}}
+    samples: list[tuple[str, str, list[np.ndarray]]] = []
+    for text in sig_texts:
+        name, args = parse_sig(text)
+        if name not in functions:
+            raise SignatureError(f"signature {text!r} names no function of {path} "
+                                 f"(it defines: {', '.join(functions)})", Span(path, 1, 1))
+        f = functions[name]
+        types = _types(module, f, args, text)
+        entry = spec["functions"].setdefault(
+            name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
+                   "programs": [], "wrt": []})
+        key = [(n, np.dtype(_NP[t.dtype]).str, t.rank) for n, t in types.items()]
+        wrt = tuple(n for n, t in types.items() if t.is_float and
+                    next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
+        transforms = [("call", f)]
+        if wrt:
+            transforms += [("grad", GradFunction(f, wrt, with_value=False)),
+                           ("value_and_grad", GradFunction(f, wrt, with_value=True))]
+            entry["wrt"].append((key, list(wrt)))
+        for kind, fn in transforms:
+            try:
+                ir = optimize(fn.lower(types))
+            except NeedsConcrete as err:
+                raise SignatureError(f"{name}() cannot be compiled for any size: {err}; give "
+                                     f"concrete sizes in --sig, e.g. {name}(f64[128])",
+                                     f.span) from None
+            generated = generate(ir, target)
+            kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
+            _write(out / f"{kernels}.py", generated.kernel_source)
+            samples.append((name, kind, [
+                np.ones(tuple(d if isinstance(d, int) else 3 for d in t.shape), _NP[t.dtype])
+                for n, t in types.items() if n not in f.reads]))
+            entry["programs"].append((kind, key, {"kernels": kernels,
+                                                  "driver": generated.driver_source}))
+    target_file = out / f"{Path(path).stem}.py"
+    _write(target_file, _module_source(path, sig_texts, spec))
+    if precompile:
+        _precompile(target_file, spec, samples, progress)
+    return target_file
+
+
+def _declared(module: Module) -> list[str]:
+    return [s for s in module.params._specs]
+
+
+_NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64,
+       "bool": np.bool_}
+
+
+def _write(path: Path, text: str) -> None:
+    from runtime.loader import _write_atomic
+    _write_atomic(path, text)
+
+
+def _module_source(path: str, sigs: list[str], spec: dict) -> str:
+    return (f'"""Compiled by gradc from {Path(path).name}.\n\nSignatures:\n'
+            + "".join(f"    {s}\n" for s in sigs)
+            + '\nEach function is callable, with .grad and .value_and_grad; `params` holds\n'
+              'the values of the module\'s params.  Needs numpy, numba and the runtime\n'
+              'package, not the compiler.\n"""\n'
+              "from runtime.aot import AotModule\n\n"
+            + f"SPEC = {spec!r}\n\n"
+              "_module = AotModule(__name__, __file__, SPEC)\n"
+              "params = _module.params\n"
+            + "".join(f"{name} = _module.functions[{name!r}]\n" for name in spec["functions"]))
+
+
+def _precompile(target_file: Path, spec: dict, samples, progress) -> None:
+    """Run every program once on small arrays, then compile the parallel
+    variant of every kernel with the serial variant's types."""
+    import importlib.util
+    name = f"_gradc_precompile_{target_file.stem}"
+    loader_spec = importlib.util.spec_from_file_location(name, target_file)
+    compiled = importlib.util.module_from_spec(loader_spec)
+    loader_spec.loader.exec_module(compiled)
+    aot = compiled._module
+    for decl in spec["params"]:
+        pname, dtype, dims = decl[0], decl[1], decl[2]
+        shape = [d if isinstance(d, int) else 3 for d in (dims or ())]
+        aot.params[pname] = np.ones(shape, _NP[dtype or "f64"])
+    programs = [program for fspec in spec["functions"].values()
+                for _, _, program in fspec["programs"]]
+    for index, ((fname, kind, arrays), program) in enumerate(zip(samples, programs), 1):
+        if progress:
+            progress(f"[{index}/{len(programs)}] compiling {kind} of {fname}")
+        fn = aot.functions[fname]
+        getattr(fn, "__call__" if kind == "call" else kind)(*arrays)
+        kernels = aot.driver(program).__globals__["K"]
+        for attr in dir(kernels):
+            if attr.endswith("_serial"):
+                serial = getattr(kernels, attr)
+                parallel = getattr(kernels, attr[:-len("_serial")])
+                for signature in serial.signatures:
+                    parallel.compile(signature)
