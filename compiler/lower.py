@@ -74,7 +74,7 @@ def param_reads(fdef: ast.FuncDef, ns: Namespace, _visiting=None) -> tuple[str, 
     local = {p.name for p in fdef.params}
     for body in bodies:
         reads |= {n for n in free_names(body, local) if n in ns.params}
-    for call in _calls(bodies):
+    for call in calls_in(bodies):
         target = ns.resolve(call.func)
         if target is not None:
             reads |= set(param_reads(*target, visiting))
@@ -85,7 +85,8 @@ def param_reads(fdef: ast.FuncDef, ns: Namespace, _visiting=None) -> tuple[str, 
     return tuple(sorted(reads))
 
 
-def _calls(bodies) -> list[ast.Call]:
+def calls_in(bodies) -> list[ast.Call]:
+    """Every call expression in the given statement lists."""
     found: list[ast.Call] = []
 
     def visit(node) -> None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.lower import calls_in
+from dsl import ast
 from dsl.function import Compiled, Directional, GradFunction
 
 
@@ -92,7 +94,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         x = bound[name]
         step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
         directions = [rng.normal(size=x.shape) for _ in range(3)]
-        if x.size <= 16:
+        if x.size <= 4:
             directions += [np.eye(x.size)[i].reshape(x.shape) for i in range(x.size)]
 
         def total(point: np.ndarray) -> float:
@@ -101,38 +103,170 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         gradient = GradFunction(f, name, with_value=False)
         g = _run(gradient, bound)[-1]
         pairs = []
-        f0 = total(x)
         for v in directions:
-            plus, minus = total(x + step * v), total(x - step * v)
-            if _smooth((plus - f0) / step, (f0 - minus) / step, atol, rtol):
-                pairs.append((np.sum(g * v), (plus - minus) / (2 * step)))
+            numeric = _central(lambda t: total(x + t * v), step, rtol, atol)
+            if numeric is not None:
+                pairs.append((np.sum(g * v), numeric))
         results.append(GradCheck(f.name, 1, name, source_of(f, 1), *_compare(pairs, rtol, atol)))
 
         # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1}
         previous = gradient
         for k in range(2, order + 1):
-            h = step * 100 ** (1 / 2)  # differences of a derivative want a larger step
             current = Directional(previous, name, f"$v{k}")
             pairs = []
             for v in directions[:3]:
-                extra = {f"$v{j}": v for j in range(2, k + 1)}
-                analytic = _run(current, {**bound, **extra})[0]
                 base = {**bound, **{f"$v{j}": v for j in range(2, k)}}
-                p = _run(previous, {**base, name: x + h * v})[-1]
-                m = _run(previous, {**base, name: x - h * v})[-1]
-                c = _run(previous, base)[-1]
-                if _smooth((p - c) / h, (c - m) / h, atol * 10, rtol * 10):
-                    pairs.append((analytic, (p - m) / (2 * h)))
+                analytic = _run(current, {**base, f"$v{k}": v})[0]
+                numeric = _central(lambda t: _run(previous, {**base, name: x + t * v})[-1],
+                                   step * 10, rtol * 10, atol * 10)
+                if numeric is not None:
+                    pairs.append((analytic, numeric))
             results.append(GradCheck(f.name, k, name, source_of(f, k),
                                      *_compare(pairs, rtol * 10, atol * 10)))
             previous = current
     return results
 
 
-def _smooth(forward, backward, atol: float, rtol: float) -> bool:
-    """One-sided differences agree: no kink or jump along this direction."""
-    forward, backward = np.asarray(forward, float), np.asarray(backward, float)
+def _central(along, step: float, rtol: float, atol: float):
+    """The derivative of t -> along(t) at 0 by central differences, or None
+    where the function is not smooth there.  Two tests: estimates at step
+    and step/2 must agree (a kink inside the step moves them apart), and
+    one-sided differences must agree up to O(step) curvature (a kink at 0
+    itself makes them differ by the jump in slope, whatever the step)."""
+    at = {t: np.asarray(along(t), float) for t in (-step, -step / 2, 0.0, step / 2, step)}
+    coarse = (at[step] - at[-step]) / (2 * step)
+    fine = (at[step / 2] - at[-step / 2]) / step
+    ahead, behind = (at[step] - at[0.0]) / step, (at[0.0] - at[-step]) / step
     with np.errstate(all="ignore"):
-        gap = np.abs(forward - backward)
-        scale = np.maximum(np.abs(forward), np.abs(backward))
-    return bool(np.all(np.isfinite(gap)) and np.all(gap <= 1e-2 * (1 + scale)))
+        gap = np.abs(coarse - fine)
+        one_sided = np.abs(ahead - behind)
+        scale = np.maximum(np.abs(ahead), np.abs(behind))
+        if not (np.all(np.isfinite(gap)) and np.all(np.isfinite(one_sided))):
+            return None
+        if np.any(gap > atol + rtol * np.abs(fine)):
+            return None
+        if np.any(one_sided > 1e-2 * scale + 10 * step * (1 + scale)):
+            return None
+    return fine
+
+
+# ------------------------------------------------------------ whole functions
+
+STRESS = (0.0, 1e-8, -1e-8, 10.0, -10.0, 100.0, -100.0, 1000.0, -1000.0)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One row of `gradc check`: a (function, order, argument) over every
+    point tried."""
+
+    function: str
+    order: int
+    wrt: str
+    source: str
+    points: int
+    max_abs: float
+    max_rel: float
+    nonfinite: bool
+    ok: bool
+
+
+def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
+    sizes: dict[str, int] = {}
+    args = []
+    for spec in f.specs:
+        if spec.has_default:
+            break
+        if spec.dims is None:
+            shape = (3,) * rank
+        else:
+            shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, 3 + len(sizes))
+                          for d in spec.dims)
+        dtype = spec.dtype or "f64"
+        if dtype in ("i32", "i64"):
+            args.append(rng.integers(0, 4, size=shape).astype(np.int64 if dtype == "i64"
+                                                              else np.int32))
+        elif dtype == "bool":
+            args.append(rng.random(shape) < 0.5)
+        elif spec.differentiable:
+            args.append(np.asarray(fill(shape), np.float64).astype(
+                np.float32 if dtype == "f32" else np.float64))
+        else:
+            args.append(rng.normal(size=shape).astype(np.float32 if dtype == "f32"
+                                                      else np.float64))
+    return args
+
+
+def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> list[Summary]:
+    """Check `f` at random points (of a few domains: any sign, positive,
+    inside (-1, 1)) and at stress points (every float argument set to 0,
+    +-1e-8, +-10, +-100, +-1000), skipping points where f is not finite."""
+    from dsl.errors import GradError
+    rng = np.random.default_rng(seed)
+    if params is not None:
+        for w, spec in zip(getattr(f, "reads", ()), f.param_specs):
+            if w not in params:
+                shape = [d if isinstance(d, int) else 3 for d in (spec.dims or ())]
+                params[w] = rng.normal(size=shape)
+    fills = [lambda s: rng.normal(size=s) * 2, lambda s: np.abs(rng.normal(size=s)) * 2 + 0.1,
+             lambda s: rng.uniform(-0.9, 0.9, s)]
+    fills += [lambda s, v=v: np.full(s, v) for v in STRESS]
+    rank = None
+    for candidate in (1, 2, 0):  # the first rank the unannotated arguments accept
+        try:
+            f(*_sample_args(f, rng, candidate, fills[0]))
+            rank = candidate
+            break
+        except GradError:
+            continue
+    if rank is None:
+        f(*_sample_args(f, rng, 1, fills[0]))  # raises the error for rank 1
+    reason = intentional_mismatch(f)
+    rows: dict[tuple, list[GradCheck]] = {}
+    for fill in fills:
+        args = _sample_args(f, rng, rank, fill)
+        with np.errstate(all="ignore"):
+            outs = f(*args)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if not all(np.all(np.isfinite(o)) for o in outs):
+            continue  # outside the function's domain
+        for check in check_gradients(f, *args, order=order, seed=seed):
+            rows.setdefault((check.order, check.wrt), []).append(check)
+    out = []
+    for (k, wrt), checks in sorted(rows.items(), key=lambda item: (item[0][1], item[0][0])):
+        compared = [c for c in checks if c.compared]
+        if reason:
+            out.append(Summary(f.name, k, wrt, f"not compared: {reason}", 0, 0.0, 0.0,
+                               any(c.nonfinite for c in checks), True))
+            continue
+        out.append(Summary(f.name, k, wrt, checks[0].source, len(compared),
+                           max((c.max_abs for c in compared), default=0.0),
+                           max((c.max_rel for c in compared), default=0.0),
+                           any(c.nonfinite for c in checks), all(c.ok for c in checks)))
+    return out
+
+
+def intentional_mismatch(f: Compiled) -> str:
+    """Why f's gradient is by design not the derivative of its forward
+    (a straight-through estimator or stop_gradient, here or in a callee),
+    or "" when it should match."""
+    fdef, namespace = getattr(f, "fdef", None), getattr(f, "_namespace", None)
+    if fdef is None:
+        return ""
+    seen: set[int] = set()
+
+    def visit(fd, ns) -> str:
+        if id(fd) in seen:
+            return ""
+        seen.add(id(fd))
+        if any(d.name == "pass_through" for d in fd.decorators):
+            return f"{fd.name}() is @pass_through"
+        for call in calls_in([fd.body] + [g.body for g in fd.grads]):
+            if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
+                return f"{fd.name}() uses stop_gradient"
+            target = ns.resolve(call.func)
+            if target is not None and (why := visit(*target)):
+                return why
+        return ""
+
+    return visit(fdef, namespace.functions[fdef.name][1])

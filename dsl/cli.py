@@ -122,6 +122,43 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from dsl.check import check_function
+    path = Path(args.path)
+    if path.is_dir():
+        files = sorted(path.glob("*.grad"))
+        if not files:
+            raise UsageError(f"no .grad files in {path}")
+    else:
+        files = [path]
+    failed = 0
+    for file in files:
+        module = dsl.load(file)
+        names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
+        print(f"{file}")
+        header = (f"  {'function':<16} {'order':>5}  {'wrt':<10} {'gradient':<44} {'points':>6}"
+                  f"  {'max abs err':>11}  {'max rel err':>11}  {'NaN/Inf':<7}  verdict")
+        print(header)
+        for name in names:
+            f = _lookup(module, name, str(file))
+            rows = check_function(f, module.params, args.order, args.seed)
+            if not rows:
+                print(f"  {name:<16} (no differentiable arguments)")
+            for r in rows:
+                verdict = "ok" if r.ok else "FAIL"
+                print(f"  {r.function:<16} {r.order:>5}  {r.wrt:<10} {r.source:<44} "
+                      f"{r.points:>6}  {r.max_abs:>11.2e}  {r.max_rel:>11.2e}  "
+                      f"{'yes' if r.nonfinite else 'no':<7}  {verdict}")
+            for r in rows:
+                if not r.ok:
+                    failed += 1
+                    what = "has NaN/Inf where the function is finite" if r.nonfinite else \
+                        f"disagrees with finite differences (max rel err {r.max_rel:.2g})"
+                    print(f"{file}: error: {r.function}(): the order-{r.order} gradient w.r.t. "
+                          f"{r.wrt} from {r.source} {what}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_compile(args) -> int:
     from dsl.aot import compile_module
     progress = _progress if sys.stderr.isatty() else None
@@ -153,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--fn", help="only this function")
     show.add_argument("--emit", required=True, choices=("ast", "ir", "grad-ir", "kernels"))
     show.set_defaults(func=cmd_show)
+    check = sub.add_parser("check", help="compare every gradient with finite differences")
+    check.add_argument("path", help="a .grad file or a directory of them")
+    check.add_argument("--fn", help="only this function")
+    check.add_argument("--order", type=int, default=2, help="highest order (default 2)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the random points")
+    check.set_defaults(func=cmd_check)
     comp = sub.add_parser("compile", help="write an importable module of compiled kernels")
     comp.add_argument("file")
     comp.add_argument("-o", "--output", default=".", help="output directory (default: .)")

@@ -1,4 +1,5 @@
 """`gradc run` and `gradc show`: output, exit codes, no tracebacks."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,55 @@ def test_console_script_runs_without_traceback():
                              "0"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["log1pexp = 0.6931471805599453", "d/dx = 0.5"]
+
+
+def test_check_passes_on_every_example(capsys):
+    assert main(["check", str(ROOT / "examples")]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out
+    assert "grad block 2 (line 14)" in out  # stylegan's second block was compared
+    assert "not compared: quantize() is @pass_through" in out
+
+
+def test_check_names_the_wrong_block(tmp_path, capsys):
+    tf_doc = (ROOT / "examples" / "linear_poly.grad").read_text().replace(
+        "stack((sum(dpoly), sum(dpoly * x)))", "stack((sum(dpoly * x), sum(dpoly)))")
+    (tmp_path / "tf.grad").write_text(tf_doc)
+    assert main(["check", str(tmp_path / "tf.grad")]) == 1
+    err = capsys.readouterr().err
+    assert "linear_poly(): the order-1 gradient w.r.t. weights from grad block 1 (line 7)" in err
+
+    leaky = (ROOT / "examples" / "leaky_relu.grad").read_text().replace("dy * alpha)", "dy * 0.3)")
+    (tmp_path / "leaky.grad").write_text(leaky)
+    assert main(["check", str(tmp_path / "leaky.grad"), "--order", "1"]) == 1
+    assert "grad block 1 (line 5)" in capsys.readouterr().err
+
+
+def test_compile_writes_a_module_that_needs_no_compiler(tmp_path):
+    out = tmp_path / "out"
+    assert main(["compile", str(LOG1PEXP), "-o", str(out), "--sig", "log1pexp(f64[:])"]) == 0
+    script = f"""
+import sys
+sys.path.insert(0, {str(out)!r})
+from numba.core import event
+compiles = []
+class Listener(event.Listener):
+    def on_start(self, ev): compiles.append(ev)
+    def on_end(self, ev): pass
+event.register("numba:compile", Listener())
+import numpy as np, log1pexp
+x = np.linspace(-5, 1000, 9)
+v, g = log1pexp.log1pexp.value_and_grad(x)
+print(repr(v.tolist()), repr(g.tolist()), repr(log1pexp.log1pexp(x).tolist()))
+print("lark" in sys.modules, any(m.split(".")[0] == "compiler" for m in sys.modules), len(compiles))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    values, grads, plain, flags = result.stdout.splitlines()
+    import dsl
+    m = dsl.load(LOG1PEXP)
+    x = np.linspace(-5, 1000, 9)
+    v, g = dsl.value_and_grad(m.log1pexp)(x)
+    assert eval(values) == v.tolist() and eval(grads) == g.tolist() and eval(plain) == v.tolist()
+    assert flags == "False False 0"
