@@ -37,20 +37,25 @@ def inline_calls(fn: Function) -> Function:
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
 
 
-def _is_lit(a: Atom, value) -> bool:
-    return isinstance(a, Lit) and a.value == value
-
-
 def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     """`keep_barriers` leaves `recompute_barrier`s in place, for a joint
     function that is still to be split into forward and backward passes."""
     b = Builder()
     env, sub = _substituting(fn)
+    fills: dict[Var, object] = {}  # outputs of `full`: their value
     for eqn in fn.eqns:
         inputs = tuple(sub(a) for a in eqn.inputs)
         out = eqn.outputs[0]
+        if eqn.op in ("reshape", "broadcast_to") and inputs[0] in fills:
+            # a reshaped or broadcast constant is a constant of the new shape
+            eqn = Eqn("full", (), eqn.outputs, (("dtype", out.type.dtype),
+                                                ("shape", out.type.shape),
+                                                ("value", fills[inputs[0]])), eqn.span)
+            inputs = ()
+        if eqn.op == "full":
+            fills[out] = eqn.p["value"]
         alias = (None if keep_barriers and eqn.op == "recompute_barrier"
-                 else _identity_input(eqn.op, inputs, eqn.p, out))
+                 else _identity_input(eqn.op, inputs, eqn.p, out, fills))
         if alias is not None and alias.type == out.type and isinstance(alias, Var):
             env[out] = alias
             continue
@@ -58,26 +63,33 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
 
 
-def _identity_input(op: str, inputs, params, out) -> Atom | None:
+def _identity_input(op: str, inputs, params, out, fills) -> Atom | None:
+    def is_const(a: Atom, value) -> bool:
+        if isinstance(a, Lit):
+            return a.value == value
+        return a in fills and fills[a] == value
+
     if op in ("stop_gradient", "recompute_barrier"):
         return inputs[0]
     if op in ("cast", "reshape", "broadcast_to") and inputs[0].type == out.type:
         return inputs[0]
     if op == "transpose" and tuple(params["perm"]) == tuple(range(len(params["perm"]))):
         return inputs[0]
+    # x + 0, x - 0, x * 1, x / 1 are x in IEEE arithmetic too (up to the sign
+    # of a zero sum).
     if op == "add":
-        if _is_lit(inputs[1], 0):
+        if is_const(inputs[1], 0):
             return inputs[0]
-        if _is_lit(inputs[0], 0):
+        if is_const(inputs[0], 0):
             return inputs[1]
-    if op == "sub" and _is_lit(inputs[1], 0):
+    if op == "sub" and is_const(inputs[1], 0):
         return inputs[0]
     if op == "mul":
-        if _is_lit(inputs[1], 1):
+        if is_const(inputs[1], 1):
             return inputs[0]
-        if _is_lit(inputs[0], 1):
+        if is_const(inputs[0], 1):
             return inputs[1]
-    if op == "div" and _is_lit(inputs[1], 1):
+    if op == "div" and is_const(inputs[1], 1):
         return inputs[0]
     return None
 

@@ -11,12 +11,16 @@ itself uses) can be imported without pulling in the whole toolchain.
 from dsl.errors import ArgumentError, GradError, Span
 from dsl.tape import Tape
 
-_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "check_gradients")
+_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "check_gradients",
+        "install_import_hook")
 
 __all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API]
 
 
 def __getattr__(name: str):
+    if name == "install_import_hook":
+        from dsl.importer import install_import_hook
+        return install_import_hook
     if name == "check_gradients":
         from dsl.check import check_gradients
         return check_gradients

@@ -91,35 +91,77 @@ def cmd_show(args) -> int:
     from compiler.codegen import generate
     from compiler.ir import print_function
     from compiler.pipeline import optimize
-    from dsl.function import _types
+    from dsl.aot import _types, default_sig, parse_sig
     module = dsl.load(args.file)
     if args.emit == "ast":
         for f in module._ast.funcs:
             if args.fn in (None, f.name):
                 print(f)
         return 0
-    names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
-    for name in names:
+    functions = module.functions
+    if args.sig:
+        sigs = args.sig
+    else:
+        names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
+        sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
+    for sig in sigs:
+        name, sig_args = parse_sig(sig)
         f = _lookup(module, name, args.file)
-        sample = [np.zeros((4,) * (1 if s.dims is None else len(s.dims)),
-                           np.float32 if s.dtype == "f32" else np.float64)
-                  for s in f.specs if not s.has_default]
-        for w, spec in zip(f.reads, f.param_specs):
-            if w not in module.params:
-                module.params[w] = np.zeros([d if isinstance(d, int) else 4
-                                             for d in (spec.dims or (4,))])
+        if args.fn and name != args.fn:
+            continue
+        types = _types(module, f, sig_args, sig)
         target = f
-        if args.emit == "grad-ir":
-            wrt = tuple(s.name for s in f.specs[:len(sample)] if s.differentiable)
+        if args.emit in ("grad-ir", "grad-kernels"):
+            wrt = tuple(n for n, t in types.items() if t.is_float and
+                        next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
             target = dsl.value_and_grad(f, wrt=wrt or 0)
-        fn = optimize(target.lower(_types(target.bind(sample, {}))))
+        fn = optimize(target.lower(types))
         if args.emit in ("ir", "grad-ir"):
             print(print_function(fn))
-        else:
-            generated = generate(fn)
+            continue
+        generated = generate(fn)
+        if args.emit in ("kernels", "grad-kernels"):
             print(generated.kernel_source)
             print(generated.driver_source)
+        else:
+            print(_llvm(generated, types, fn))
     return 0
+
+
+def _llvm(generated, types, fn) -> str:
+    """LLVM IR of every kernel, compiled for the signature's dtypes."""
+    from runtime.loader import load_kernels
+    kernels = load_kernels(generated.kernel_source)
+    text = []
+    for name in generated.kernel_names:
+        dispatcher = getattr(kernels, name + "_serial")
+        signature = _kernel_signature(name, fn)
+        dispatcher.compile(signature)
+        for sig, llvm in dispatcher.inspect_llvm().items():
+            text.append(f"; kernel {name} {sig}\n{llvm}")
+    return "\n".join(text)
+
+
+def _kernel_signature(name: str, fn):
+    """Numba argument types of a kernel, read off the driver's call."""
+    import numba
+    from compiler.codegen import access_kind
+    from compiler.fusion import Loop, fuse
+    steps = [s for s in fuse(fn) if isinstance(s, Loop)]
+    index = int(name.rsplit("_", 1)[1])
+    loop = steps[index]
+    as_numba = {"f32": numba.float32, "f64": numba.float64, "i32": numba.int32,
+                "i64": numba.int64, "bool": numba.boolean}
+    args = [numba.int64]
+    args += [as_numba[v.type.dtype][::1] for v in loop.inputs]
+    args += [as_numba[v.type.dtype][::1] for v in loop.outputs]
+    for v in loop.inputs:
+        kind = access_kind(v.type.shape, loop.shape)
+        if kind == "outer":
+            args.append(numba.int64)
+        elif kind == "general":
+            args.append(numba.int64[:, ::1])
+    return tuple(args)
 
 
 def cmd_check(args) -> int:
@@ -188,7 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a compiler stage")
     show.add_argument("file")
     show.add_argument("--fn", help="only this function")
-    show.add_argument("--emit", required=True, choices=("ast", "ir", "grad-ir", "kernels"))
+    show.add_argument("--emit", required=True,
+                      choices=("ast", "ir", "grad-ir", "kernels", "grad-kernels", "llvm"))
+    show.add_argument("--sig", nargs="+", help="signatures like 'f(f64[:])' (default: f64 "
+                      "arrays of each function's annotated, else rank-1, shape)")
     show.set_defaults(func=cmd_show)
     check = sub.add_parser("check", help="compare every gradient with finite differences")
     check.add_argument("path", help="a .grad file or a directory of them")

@@ -1,0 +1,69 @@
+"""The import hook, the kernel cache, and a warm second process."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def test_import_hook_finds_grad_files(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    finder = dsl.install_import_hook()
+    assert dsl.install_import_hook() is finder
+    assert sum(f is finder for f in sys.meta_path) == 1
+    for name in ("log1pexp", "bar"):
+        sys.modules.pop(name, None)
+    import log1pexp
+    from bar import bar
+    assert dsl.grad(log1pexp.log1pexp)(np.array([100.0]))[0] == 1.0
+    assert bar(2.0, 3.0) == 6.0
+
+
+def test_import_hook_reports_errors_as_grad_errors(tmp_path, monkeypatch):
+    (tmp_path / "broken_mod.grad").write_text("def f(x):\n    return y\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dsl.install_import_hook()
+    with pytest.raises(dsl.GradError, match="broken_mod.grad:2:12: error: name 'y'"):
+        import broken_mod  # noqa: F401
+
+
+SCRIPT = """
+import sys, time
+from numba.core import event
+compiles = []
+class Listener(event.Listener):
+    def on_start(self, ev): compiles.append(ev)
+    def on_end(self, ev): pass
+event.register("numba:compile", Listener())
+import numpy as np, dsl
+m = dsl.load(sys.argv[1])
+g = dsl.grad(m.loss, wrt=(0, 1, 2))(np.ones((3, 4)), np.ones((4, 2)), np.ones(2), np.zeros((3, 2)))
+print(len(compiles), float(g[1].sum()))
+"""
+
+
+def test_second_process_compiles_nothing_and_concurrent_processes_agree(tmp_path):
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path / "cache")}
+    dense = str(EXAMPLES / "dense.grad")
+    # two cold processes at once: both succeed, no torn cache files
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, dense], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    cold = [r[0].split() for r in results]
+    assert cold[0][1] == cold[1][1]
+    warm = subprocess.run([sys.executable, "-c", SCRIPT, dense], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr
+    n_compiles, value = warm.stdout.split()
+    assert n_compiles == "0" and value == cold[0][1]
+    assert not list((tmp_path / "cache" / "kernels").glob(".tmp-*"))
