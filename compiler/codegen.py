@@ -152,9 +152,10 @@ def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list
         elif kind == "outer":
             body.append(f"a{k} = {arg}[i // q{k}]")
         else:
+            # g: (out stride, out size, in stride) per axis, flattened
             body.append(f"j{k} = 0")
-            body.append(f"for r in range(g{k}.shape[0]):")
-            body.append(f"    j{k} += ((i // g{k}[r, 0]) % g{k}[r, 1]) * g{k}[r, 2]")
+            body.append(f"for r in range(0, len(g{k}), 3):")
+            body.append(f"    j{k} += ((i // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
             body.append(f"a{k} = {arg}[j{k}]")
         names[v] = f"a{k}"
     for j, v in enumerate(loop.outputs):
@@ -202,7 +203,7 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
 
     def ref(a: Atom) -> str:
         if isinstance(a, Lit):
-            return f"np.{_np_name(a.type.dtype)}({a.value!r})"
+            return f"R.scalar({a.value!r}, np.{_np_name(a.type.dtype)})"
         return names[a]
 
     def define(v: Var) -> str:
@@ -225,30 +226,28 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
                 elif kind == "out":
                     name = define(v)
                     fresh.add(v)
-                    lines.append(f"{name} = np.empty({render(size)}, "
+                    lines.append(f"{name} = R.empty({render(size)}, "
                                  f"np.{_np_name(v.type.dtype)})")
                     call_args.append(name)
                 else:
                     aux = access_aux(v.type.shape, step.shape)
                     call_args.append(render(aux) if not isinstance(aux, tuple) else
-                                     "np.array([" + ", ".join(render_shape(row) for row in aux)
-                                     + "], np.int64)")
+                                     render_shape([d for row in aux for d in row]))
             lines.append(target.launch(kname, size, call_args))
             for v in step.outputs:
                 if v.type.shape != (size,):
-                    lines.append(f"{names[v]} = {names[v]}.reshape({render_shape(v.type.shape)})")
+                    lines.append(f"{names[v]} = R.reshape({names[v]}, "
+                                 f"{render_shape(v.type.shape)})")
         else:
             lines.append(_render_eqn(step, ref, define))
-            if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate"):
+            if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate", "dim"):
                 fresh.update(step.outputs)
     outs = []
     for a in fn.outputs:
-        if isinstance(a, Lit):
-            outs.append(f"np.asarray({ref(a)})")
-        elif a in fresh:
-            outs.append(names[a])
+        if isinstance(a, Lit) or a in fresh:
+            outs.append(ref(a))
         else:
-            outs.append(f"np.array({names[a]})")  # never hand out a view of an input
+            outs.append(f"R.copy({names[a]})")  # never hand out a view of an input
     lines.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
 
     const_lines = [f"{name} = np.{_np_name(dtype)}({value})"
@@ -282,30 +281,27 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
 
 
 def _render_eqn(eqn: Eqn, ref, define) -> str:
+    """A non-loop step: a call into the target's helper module `R`."""
     x = [ref(a) for a in eqn.inputs]
     p = eqn.p
     out = define(eqn.outputs[0])
     op = eqn.op
     if op == "dim":
-        return f"{out} = np.asarray({render(p['value'])}, np.{_np_name(p['dtype'])})"
-    if op == "reduce_sum":
-        return f"{out} = R.reduce_sum({x[0]}, {tuple(p['axes'])!r})"
-    if op == "reduce_max":
-        return f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r})"
+        return f"{out} = R.scalar({render(p['value'])}, np.{_np_name(p['dtype'])})"
+    if op in ("reduce_sum", "reduce_max"):
+        return f"{out} = R.{op}({x[0]}, {tuple(p['axes'])!r})"
     if op == "matmul":
         return f"{out} = R.matmul({x[0]}, {x[1]})"
-    if op == "reshape":
-        return f"{out} = np.reshape({x[0]}, {render_shape(p['shape'])})"
+    if op in ("reshape", "broadcast_to"):
+        return f"{out} = R.{op}({x[0]}, {render_shape(p['shape'])})"
     if op == "transpose":
-        return f"{out} = np.transpose({x[0]}, {tuple(p['perm'])!r})"
-    if op == "broadcast_to":
-        return f"{out} = np.broadcast_to({x[0]}, {render_shape(p['shape'])})"
+        return f"{out} = R.transpose({x[0]}, {tuple(p['perm'])!r})"
     if op == "slice":
-        return f"{out} = {x[0]}[{_slices(p)}]"
+        return f"{out} = R.slice({x[0]}, ({_slices(p)},))"
     if op == "embed":
         return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
     if op == "concatenate":
-        return f"{out} = np.concatenate(({', '.join(x)},), axis={p['axis']})"
+        return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
     raise NotImplementedError(f"no driver code for {op}")
 
 

@@ -160,7 +160,7 @@ def _kernel_signature(name: str, fn):
         if kind == "outer":
             args.append(numba.int64)
         elif kind == "general":
-            args.append(numba.int64[:, ::1])
+            args.append(numba.types.UniTuple(numba.int64, 3 * len(loop.shape)))
     return tuple(args)
 
 

@@ -28,6 +28,29 @@ def flat(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1)
 
 
+# Memory and layout, as the drivers of both targets name them.
+empty = np.empty
+reshape = np.reshape
+transpose = np.transpose
+broadcast_to = np.broadcast_to
+
+
+def scalar(value, dtype) -> np.ndarray:
+    return np.asarray(value, dtype)
+
+
+def copy(x: np.ndarray) -> np.ndarray:
+    return np.array(x)
+
+
+def slice(x: np.ndarray, where: tuple) -> np.ndarray:  # noqa: A001 (the op's name)
+    return x[where]
+
+
+def concatenate(xs: tuple, axis: int) -> np.ndarray:
+    return np.concatenate(xs, axis=axis)
+
+
 @numba.njit(cache=True, nogil=True)
 def _sum_rows(x, out):
     for o in range(x.shape[0]):
