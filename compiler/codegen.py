@@ -115,7 +115,28 @@ class CpuTarget:
         return f"{kernel}({', '.join([size] + args)})"
 
 
-TARGETS = {"cpu": CpuTarget()}
+class CudaTarget:
+    """`@cuda.jit` kernels with a grid-stride loop; launched on
+    `R.blocks(n)` blocks of `R.THREADS` threads."""
+
+    name = "cuda"
+    header = ("import numpy as np\nfrom numba import cuda\n"
+              "from runtime.cuda import kernel_math as math\n")
+
+    def render_loop(self, kname: str, args: list[str], pre: list[str],
+                    body: list[str]) -> str:
+        lines = ["@cuda.jit", f"def {kname}({', '.join(['n'] + args)}):"]
+        lines += ["    " + line for line in pre]
+        lines.append("    for i in range(cuda.grid(1), n, cuda.gridsize(1)):")
+        lines += ["        " + line for line in body]
+        return "\n".join(lines) + "\n"
+
+    def launch(self, kname: str, n, args: list[str]) -> str:
+        size = render(n)
+        return f"K.{kname}[R.blocks({size}), R.THREADS]({', '.join([size] + args)})"
+
+
+TARGETS = {"cpu": CpuTarget(), "cuda": CudaTarget()}
 
 
 # ------------------------------------------------------------------ kernels

@@ -437,7 +437,8 @@ _unary_op("sign", "{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))
           np.sign, differentiable=False, float_only=False)
 _unary_op("floor", "math.floor({0})", None, np.floor, differentiable=False)
 _unary_op("ceil", "math.ceil({0})", None, np.ceil, differentiable=False)
-_unary_op("round", "np.rint({0})", None, np.rint, differentiable=False)
+_unary_op("round", "np.rint({0})", None, np.rint, differentiable=False,
+          templates={"cuda": "round({0})"})
 
 
 def _binary_op(name, template, rule_a, rule_b, ref, result="same", domain="real",

@@ -89,4 +89,8 @@ def build(fn: Function, target: str = "cpu") -> Program:
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernels(generated.kernel_source)
-    return Program(fn, generated, make_driver(generated.driver_source, kernels))
+    if target == "cuda":
+        from runtime import cuda as helpers
+    else:
+        from runtime import cpu as helpers
+    return Program(fn, generated, make_driver(generated.driver_source, kernels, helpers))

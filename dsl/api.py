@@ -25,13 +25,20 @@ class Module:
     """A loaded `.grad` file: its functions (and those it imports by name)
     as attributes, and `params`, the values of its `param` declarations."""
 
-    def __init__(self, module: ast.Module, namespace: Namespace):
+    def __init__(self, module: ast.Module, namespace: Namespace, target: str = "cpu",
+                 host_results: bool = False):
+        if target not in ("cpu", "cuda"):
+            raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
+        if target == "cuda":
+            from runtime.cuda import require
+            require()
         self.__file__ = module.file
+        self.target = target
         self._ast = module
         specs = [ParamSpec(d.name, d.type.dtype, d.type.dims, False, False)
                  for d in namespace.params.values()]
         self.params = ParamStore(specs, module.file)
-        self._functions = {name: GradFn(namespace, fdef, self.params)
+        self._functions = {name: GradFn(namespace, fdef, self.params, target, host_results)
                            for name, (fdef, _) in namespace.functions.items()}
 
     def __getattr__(self, name: str):
@@ -52,14 +59,18 @@ class Module:
         return f"<.grad module {self.__file__} ({', '.join(self._functions)})>"
 
 
-def loads(source: str, file: str = "<string>") -> Module:
+def loads(source: str, file: str = "<string>", target: str = "cpu",
+          host_results: bool = False) -> Module:
+    """Parse and check source text.  target="cuda" compiles for the GPU
+    (results stay on the device unless host_results=True)."""
     if not isinstance(source, str):
         raise TypeError(f"loads() takes source text, got {type(source).__name__}")
     module, namespace = front_end(source, file)
-    return Module(module, namespace)
+    return Module(module, namespace, target, host_results)
 
 
-def load(path: Union[str, os.PathLike]) -> Module:
+def load(path: Union[str, os.PathLike], target: str = "cpu",
+         host_results: bool = False) -> Module:
     path = Path(path)
     try:
         source = path.read_text()
@@ -67,7 +78,7 @@ def load(path: Union[str, os.PathLike]) -> Module:
         raise GradError(f"no such file: {path}", Span(str(path), 1, 1)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise GradError(f"cannot read {path}: {err}", Span(str(path), 1, 1)) from None
-    return loads(source, str(path))
+    return loads(source, str(path), target, host_results)
 
 
 def _check_fn(f, what: str) -> Compiled:

@@ -26,7 +26,7 @@ from compiler.shapes import NeedsConcrete, Sym
 from dsl import ast
 from dsl.errors import ArgumentError, GradError
 from dsl.tape import recording_tapes
-from runtime.args import SUPPORTED, ParamSpec, bind
+from runtime.args import SUPPORTED, ParamSpec, bind, is_device_array
 from runtime.params import ParamStore
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -111,13 +111,33 @@ class Compiled:
             self._programs[_signature(bound)] = program
             return program
 
+    host_results: bool = False  # CUDA target: copy results to NumPy
+
     def __call__(self, *args, **kwargs):
         bound = self.bind(args, kwargs)
-        return self.format(self.call_bound(bound), bound)
+        outs = self.call_bound(bound)
+        if self.target == "cuda" and self.host_results:
+            from runtime import cuda
+            outs = tuple(cuda.to_host(o) for o in outs)
+        return self.format(outs, bound)
+
+    def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arguments where the kernels run: on the CUDA target host
+        arrays are copied to the device once; device arrays stay."""
+        if self.target == "cuda":
+            from runtime import cuda
+            return {n: cuda.as_device(a) for n, a in bound.items()}
+        for n, a in bound.items():
+            if is_device_array(a):
+                raise ArgumentError(f"argument {n!r} of {self.name}() is a GPU array, but "
+                                    "this function runs on the CPU; load the module with "
+                                    "target='cuda'", self.span)
+        return bound
 
     def call_bound(self, bound: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         """Run on validated arguments; record the call on every active
         `dsl.Tape` that watches one of them (keeping a pullback)."""
+        bound = self.on_target(bound)
         tapes = recording_tapes(bound.values())
         if not tapes:
             return self.program(bound)(*bound.values())
@@ -148,7 +168,7 @@ class GradFunction(Compiled):
         self.wrt = resolve_wrt(inner, wrt)
         self.specs = inner.specs
         self.param_specs = inner.param_specs
-        self.target = inner.target
+        self.target, self.host_results = inner.target, inner.host_results
         kind = "value_and_grad" if with_value else "grad"
         self.name = f"{kind}({inner.name})"
 
@@ -217,8 +237,9 @@ class Pullback:
 
     def __init__(self, name: str, program: Program, residuals: Sequence[np.ndarray],
                  out_types: Sequence[TensorType], arg_names: Sequence[str],
-                 float_args: Sequence[str]):
+                 float_args: Sequence[str], target: str = "cpu"):
         self.name = name
+        self.target = target
         self._program = program
         self._residuals = tuple(residuals)
         self._out_types = tuple(out_types)
@@ -235,6 +256,12 @@ class Pullback:
                                 f"cotangent(s), one per output, but {len(cts)} were given")
         arrays = []
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
+            if self.target == "cuda" and is_device_array(ct):
+                if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != _NUMPY[t.dtype]:
+                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
+                                        f"must have shape {list(t.shape)} and dtype {t.dtype}")
+                arrays.append(ct)
+                continue
             array = np.asarray(ct)
             if array.dtype.kind not in "biuf":
                 raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() is not "
@@ -248,13 +275,16 @@ class Pullback:
                                         f"shape {list(array.shape)}; the output has shape "
                                         f"{list(t.shape)}")
             arrays.append(array)
+        if self.target == "cuda":
+            from runtime import cuda
+            arrays = [cuda.as_device(a) for a in arrays]
         grads = iter(self._program(*self._residuals, *arrays))
         return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
 
 
 
 def vjp(f: Compiled, *args, **kwargs):
-    bound = f.bind(args, kwargs)
+    bound = f.on_target(f.bind(args, kwargs))
     outs, pullback = vjp_bound(f, bound)
     return f.format(outs, bound), pullback
 
@@ -277,7 +307,8 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
     fwd_program, bwd_program, n_out, out_types = cache[key]
     results = fwd_program(*bound.values())
     outs, residuals = results[:n_out], results[n_out:]
-    return outs, Pullback(f.name, bwd_program, residuals, out_types, names, float_args)
+    return outs, Pullback(f.name, bwd_program, residuals, out_types, names, float_args,
+                          f.target)
 
 
 class VjpFunction(Compiled):
@@ -294,7 +325,7 @@ class VjpFunction(Compiled):
         self.specs = inner.specs
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(f"$ct{i}", None, None, False, False) for i in range(n_outputs))
-        self.target = inner.target
+        self.target, self.host_results = inner.target, inner.host_results
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = [n for n in types if not n.startswith("$ct")]
@@ -320,7 +351,7 @@ class Directional(Compiled):
         self.inner, self.wrt, self.vname = inner, wrt, vname
         self.name = f"d({inner.name})"
         self.specs, self.param_specs = inner.specs, inner.param_specs
-        self.target = inner.target
+        self.target, self.host_results = inner.target, inner.host_results
 
     @property
     def span(self):
@@ -377,8 +408,10 @@ _NUMPY = {v: k for k, v in SUPPORTED.items()}
 class GradFn(Compiled):
     """A function of a loaded `.grad` module."""
 
-    def __init__(self, namespace: Namespace, fdef: ast.FuncDef, params: ParamStore):
+    def __init__(self, namespace: Namespace, fdef: ast.FuncDef, params: ParamStore,
+                 target: str = "cpu", host_results: bool = False):
         super().__init__()
+        self.target, self.host_results = target, host_results
         self.fdef = fdef
         self.name = fdef.name
         self.__name__ = fdef.name

@@ -25,6 +25,8 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
+from runtime.args import is_device_array
+
 _state = threading.local()
 
 
@@ -69,9 +71,10 @@ class Tape:
 
     def watch(self, *arrays: np.ndarray) -> None:
         for a in arrays:
-            if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
-                raise TypeError("Tape.watch() takes float NumPy arrays; convert Python "
-                                "numbers with np.asarray(x, dtype=float) first")
+            if not (isinstance(a, np.ndarray) or is_device_array(a)) or \
+                    np.dtype(a.dtype).kind != "f":
+                raise TypeError("Tape.watch() takes float NumPy (or GPU) arrays; convert "
+                                "Python numbers with np.asarray(x, dtype=float) first")
             self._tracked[id(a)] = a
 
     def tracks(self, a: Any) -> bool:
@@ -80,27 +83,26 @@ class Tape:
     def record(self, function, bound, outs, pullback) -> None:
         self._records.append(_Record(function, dict(bound), tuple(outs), pullback))
         for o in outs:
-            if isinstance(o, np.ndarray) and o.dtype.kind == "f":
+            if np.dtype(o.dtype).kind == "f":
                 self._tracked[id(o)] = o
 
     def gradient(self, target: np.ndarray,
                  sources: Union[np.ndarray, Sequence[np.ndarray]]):
-        from dsl.function import VjpFunction
         if self._used and not self.persistent:
             raise RuntimeError("a non-persistent Tape gives one gradient; use "
                                "Tape(persistent=True) for more")
         self._used = True
-        single = isinstance(sources, np.ndarray)
+        single = isinstance(sources, np.ndarray) or is_device_array(sources)
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
             raise ValueError("the target was not computed by a call recorded on this tape")
         outer = [t for t in _active() if t is not self]
-        cts: dict[int, np.ndarray] = {id(target): np.ones_like(target)}
+        cts: dict[int, np.ndarray] = {id(target): _filled(target, 1)}
         for rec in reversed(self._records):
             out_cts = [cts.get(id(o)) for o in rec.outs]
             if all(c is None for c in out_cts):
                 continue
-            out_cts = [c if c is not None else np.zeros_like(o) for c, o in zip(out_cts, rec.outs)]
+            out_cts = [c if c is not None else _filled(o, 0) for c, o in zip(out_cts, rec.outs)]
             names = list(rec.bound)
             floats = rec.function.differentiable_names(rec.bound)
             if outer:
@@ -129,16 +131,25 @@ def _vjp_function(f, n_outputs: int):
     return cache[n_outputs]
 
 
-_ADD = None
+def _filled(like, value):
+    """An array of `value` shaped like `like`, where `like` lives."""
+    if is_device_array(like):
+        from runtime import cuda
+        return cuda.full(tuple(like.shape), value, like.dtype)
+    return np.full_like(like, value)
 
 
-def _add(a: np.ndarray, b: np.ndarray, recorded: bool) -> np.ndarray:
+_ADDERS: dict = {}
+
+
+def _add(a, b, recorded: bool):
     """Sum of two cotangents; a compiled (so recordable) call inside an
-    outer tape, plain NumPy otherwise."""
-    global _ADD
-    if not recorded:
+    outer tape or on the GPU, plain NumPy otherwise."""
+    device = is_device_array(a)
+    if not recorded and not device:
         return a + b
-    if _ADD is None:
+    target = "cuda" if device else "cpu"
+    if target not in _ADDERS:
         from dsl.api import loads
-        _ADD = loads("def add(a, b):\n    return a + b\n", "<tape>").add
-    return _ADD(a, b)
+        _ADDERS[target] = loads("def add(a, b):\n    return a + b\n", "<tape>", target).add
+    return _ADDERS[target](a, b)

@@ -70,6 +70,12 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
     return out
 
 
+def is_device_array(value: Any) -> bool:
+    """A GPU array (Numba's, or anything with __cuda_array_interface__)."""
+    return (hasattr(value, "__cuda_array_interface__")
+            or type(value).__module__.startswith("numba.cuda"))
+
+
 def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     where = f"argument {spec.name!r} of {fn_name}()"
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
@@ -81,9 +87,14 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
             raise ArgumentError(f"{where} has dtype {SUPPORTED[array.dtype]}, but its "
                                 f"annotation says {spec.dtype}", span)
         return array
-    if hasattr(value, "__cuda_array_interface__"):
-        raise ArgumentError(f"{where} is a device array; this function runs on the CPU",
-                            span)
+    if is_device_array(value):
+        dtype = np.dtype(value.dtype)
+        if dtype not in SUPPORTED:
+            raise ArgumentError(f"{where} has unsupported dtype {dtype}", span)
+        if spec.dtype is not None and SUPPORTED[dtype] != spec.dtype:
+            raise ArgumentError(f"{where} has dtype {SUPPORTED[dtype]}, but its annotation "
+                                f"says {spec.dtype}", span)
+        return value
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
@@ -108,9 +119,9 @@ def check_shape(fn_name: str, spec: ParamSpec, array: np.ndarray,
     if spec.dims is None:
         return
     where = f"argument {spec.name!r} of {fn_name}()"
-    if array.ndim != len(spec.dims):
+    if len(array.shape) != len(spec.dims):
         ann = f"{spec.dtype or ''}[{', '.join(map(str, spec.dims))}]" if spec.dims else spec.dtype
-        raise ArgumentError(f"{where} has rank {array.ndim} (shape {list(array.shape)}), "
+        raise ArgumentError(f"{where} has rank {len(array.shape)} (shape {list(array.shape)}), "
                             f"but its annotation {ann} has rank {len(spec.dims)}", span)
     for axis, (dim, size) in enumerate(zip(spec.dims, array.shape)):
         if isinstance(dim, int):

@@ -1,0 +1,363 @@
+"""CUDA helpers that generated drivers call (imported there as `R`) on the
+CUDA target, and the host/device boundary.
+
+Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
+reshape, transpose, broadcast_to, slice, embed, concatenate, matmul,
+reduce_sum, reduce_max, size_mismatch), taking and returning C-contiguous
+Numba device arrays; layout operations materialize contiguous results with
+a gather or scatter kernel, so every array a driver holds is contiguous.
+`to_device` and `to_host` are the only places data crosses the bus (tests
+count them).  Reductions: one thread per output over an (outer, reduced,
+inner) view, or, for long rows, a block-level tree in shared memory whose
+block results meet by atomics; float sums accumulate in f64.  Matmul is a
+tiled shared-memory kernel.  `require()` raises a clear error when
+numba-cuda or a GPU (or the simulator) is missing.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import math
+
+import numpy as np
+
+from dsl.errors import ArgumentError, GradError
+
+
+def require() -> None:
+    """Raise a clear error unless CUDA kernels can run here."""
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise GradError("target='cuda' needs the numba-cuda package: "
+                        "pip install 'gradlang[cuda]'")
+    from numba import config, cuda
+    if not config.ENABLE_CUDASIM and not cuda.is_available():
+        raise GradError("target='cuda': no CUDA GPU is available here; set "
+                        "NUMBA_ENABLE_CUDASIM=1 to run on Numba's CUDA simulator")
+
+
+require()
+
+from numba import config, cuda, float64, int64  # noqa: E402  (after the check)
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+# The simulator runs each thread as a Python thread: keep blocks small there.
+THREADS = 8 if SIMULATOR else 256
+MAX_BLOCKS = 2 if SIMULATOR else 2048
+TILE = 4 if SIMULATOR else 16
+
+
+class _SimulatorMath:
+    """What `math` means inside kernels under the simulator: the simulator
+    runs kernels as Python, whose math.exp(1000.0) raises where the GPU
+    returns inf; NumPy's functions give the GPU's IEEE results."""
+
+    def __getattr__(self, name: str):
+        numpy_name = {"atan": "arctan"}.get(name, name)
+        function = getattr(np, numpy_name, None) if name != "erf" else None
+        if function is None:
+            return getattr(math, name)
+
+        def ieee(*args):
+            with np.errstate(all="ignore"):
+                return function(*args)
+        return ieee
+
+
+# Generated CUDA kernels import this as `math`: the real module on a GPU.
+kernel_math = _SimulatorMath() if SIMULATOR else math
+
+
+def blocks(n: int) -> int:
+    return max(1, min(MAX_BLOCKS, -(-n // THREADS)))
+
+
+# ------------------------------------------------------------ host / device
+
+
+def is_device_array(x) -> bool:
+    return cuda.is_cuda_array(x) if hasattr(cuda, "is_cuda_array") else \
+        type(x).__module__.startswith("numba.cuda") and hasattr(x, "copy_to_host")
+
+
+def to_device(a: np.ndarray):
+    """Copy a host array to the device (the one host-to-device path)."""
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def to_host(d) -> np.ndarray:
+    """Copy a device array to the host (the one device-to-host path)."""
+    return d.copy_to_host()
+
+
+def as_device(x):
+    """A device array for x: device arrays as they are, any object with
+    `__cuda_array_interface__` without a copy, host data copied once."""
+    if is_device_array(x):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(x)
+    return to_device(np.asarray(x))
+
+
+# -------------------------------------------------------------- kernels
+
+
+@cuda.jit
+def _fill(out, value):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = value
+
+
+@cuda.jit
+def _gather(out, src, offset, meta):
+    # meta: (out stride, out size, src stride) per axis, flattened
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        j = offset
+        for r in range(0, len(meta), 3):
+            j += ((i // meta[r]) % meta[r + 1]) * meta[r + 2]
+        out[i] = src[j]
+
+
+@cuda.jit
+def _scatter(out, src, offset, meta):
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
+        j = offset
+        for r in range(0, len(meta), 3):
+            j += ((i // meta[r]) % meta[r + 1]) * meta[r + 2]
+        out[j] = src[i]
+
+
+@cuda.jit
+def _cast(out, src):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = src[i]
+
+
+@cuda.jit
+def _reduce_middle(src, n_outer, n_reduced, n_inner, out, is_max):
+    # one thread per output (o, i), looping over the reduced axis
+    for k in range(cuda.grid(1), n_outer * n_inner, cuda.gridsize(1)):
+        o, i = k // n_inner, k % n_inner
+        base = o * n_reduced * n_inner + i
+        acc = src[base]
+        for r in range(1, n_reduced):
+            v = src[base + r * n_inner]
+            if is_max:
+                if v > acc or v != v:
+                    acc = v
+            else:
+                acc += v
+        out[k] = acc
+
+
+@cuda.jit
+def _sum_rows(src, n_reduced, out):
+    # grid (chunks, rows): a tree in shared memory per block, then atomics
+    shared = cuda.shared.array(THREADS, float64)
+    row, tid = cuda.blockIdx.y, cuda.threadIdx.x
+    acc = 0.0
+    start = cuda.blockIdx.x * cuda.blockDim.x + tid
+    for r in range(start, n_reduced, cuda.gridDim.x * cuda.blockDim.x):
+        acc += src[row * n_reduced + r]
+    shared[tid] = acc
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if tid < step:
+            shared[tid] += shared[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    if tid == 0:
+        cuda.atomic.add(out, row, shared[0])
+
+
+@cuda.jit
+def _matmul(a, b, out):
+    sa = cuda.shared.array((TILE, TILE), float64)
+    sb = cuda.shared.array((TILE, TILE), float64)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    row = cuda.blockIdx.y * TILE + ty
+    col = cuda.blockIdx.x * TILE + tx
+    n, k, m = a.shape[0], a.shape[1], b.shape[1]
+    acc = 0.0
+    for t in range((k + TILE - 1) // TILE):
+        sa[ty, tx] = a[row, t * TILE + tx] if row < n and t * TILE + tx < k else 0.0
+        sb[ty, tx] = b[t * TILE + ty, col] if col < m and t * TILE + ty < k else 0.0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += sa[ty, j] * sb[j, tx]
+        cuda.syncthreads()
+    if row < n and col < m:
+        out[row, col] = acc
+
+
+def _launch(kernel, n: int, *args) -> None:
+    kernel[blocks(n), THREADS](*args)
+
+
+# ------------------------------------------------------- driver helpers
+
+
+def empty(n, dtype):
+    return cuda.device_array(n, dtype)
+
+
+def scalar(value, dtype):
+    out = cuda.device_array(1, dtype)
+    _launch(_fill, 1, out, np.dtype(dtype).type(value))
+    return out.reshape(())
+
+
+def full(shape, value, dtype):
+    out = cuda.device_array(max(1, math.prod(shape)), dtype)
+    _launch(_fill, out.size, out, np.dtype(dtype).type(value))
+    return out[:math.prod(shape)].reshape(shape) if shape else out.reshape(())
+
+
+def copy(x):
+    out = cuda.device_array(x.shape, x.dtype)
+    out.copy_to_device(x)
+    return out
+
+
+def flat(x):
+    return x.reshape(x.size)
+
+
+def reshape(x, shape):
+    return x.reshape(shape) if tuple(shape) != tuple(x.shape) else x
+
+
+def _strides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def _meta(out_shape, src_strides) -> tuple:
+    rows = []
+    for s, d, t in zip(_strides(out_shape), out_shape, src_strides):
+        rows += [s, d, t]
+    return tuple(rows)
+
+
+def _gathered(x, out_shape, offset: int, src_strides):
+    size = math.prod(out_shape)
+    out = cuda.device_array(max(size, 1), x.dtype)
+    if size:
+        _launch(_gather, size, out, flat(x), offset, _meta(out_shape, src_strides))
+    return out[:size].reshape(out_shape) if out_shape else out.reshape(())
+
+
+def transpose(x, perm):
+    strides = _strides(x.shape)
+    return _gathered(x, tuple(x.shape[p] for p in perm), 0, [strides[p] for p in perm])
+
+
+def broadcast_to(x, shape):
+    lead = len(shape) - x.ndim
+    strides = [0] * lead + [0 if d == 1 else s for d, s in zip(x.shape, _strides(x.shape))]
+    return _gathered(x, tuple(shape), 0, strides)
+
+
+def _slice_layout(shape, where):
+    bounds = [s.indices(d) for s, d in zip(where, shape)]
+    strides = _strides(shape)
+    out_shape = tuple(len(range(*b)) for b in bounds)
+    offset = sum(b[0] * s for b, s in zip(bounds, strides))
+    return out_shape, offset, [b[2] * s for b, s in zip(bounds, strides)]
+
+
+def slice(x, where: tuple):  # noqa: A001 (the op's name)
+    return _gathered(x, *_slice_layout(x.shape, where))
+
+
+def embed(x, shape, where: tuple):
+    out = full(tuple(shape), 0, x.dtype)
+    out_shape, offset, strides = _slice_layout(tuple(shape), where)
+    if x.size:
+        _launch(_scatter, x.size, flat(out), flat(x), offset, _meta(out_shape, strides))
+    return out
+
+
+def concatenate(xs: tuple, axis: int):
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    out = full(tuple(shape), 0, xs[0].dtype)
+    start = 0
+    for x in xs:
+        where = tuple(builtins.slice(start, start + x.shape[axis]) if k == axis
+                      else builtins.slice(None) for k in range(len(shape)))
+        out_shape, offset, strides = _slice_layout(tuple(shape), where)
+        if x.size:
+            _launch(_scatter, x.size, flat(out), flat(x), offset, _meta(out_shape, strides))
+        start += x.shape[axis]
+    return out
+
+
+def matmul(a, b):
+    n, m = a.shape[0], b.shape[1]
+    if a.dtype != np.float64:
+        # the tiled kernel accumulates in f64; other dtypes round-trip
+        a64, b64 = _astype(a, np.float64), _astype(b, np.float64)
+        return _astype(matmul(a64, b64), a.dtype)
+    out = cuda.device_array((n, m), np.float64)
+    grid = (max(1, -(-m // TILE)), max(1, -(-n // TILE)))
+    _matmul[grid, (TILE, TILE)](a, b, out)
+    return out
+
+
+def _astype(x, dtype):
+    out = cuda.device_array(x.shape, dtype)
+    if x.size:
+        _launch(_cast, x.size, flat(out), flat(x))
+    return out
+
+
+def _reduce(x, axes, is_max: bool):
+    out_dtype = x.dtype
+    for start, stop in reversed(_runs(axes)):
+        shape = tuple(x.shape)
+        outer, reduced = math.prod(shape[:start]), math.prod(shape[start:stop])
+        inner = math.prod(shape[stop:])
+        kept = shape[:start] + shape[stop:]
+        if reduced == 0 or outer * inner == 0:
+            x = full(kept, 0, out_dtype)
+            continue
+        acc_dtype = np.float64 if np.dtype(out_dtype).kind == "f" else np.int64
+        if (not is_max and inner == 1 and reduced >= 4 * THREADS
+                and np.dtype(out_dtype).kind == "f"):
+            result = full((outer,), 0, acc_dtype)
+            chunks = max(1, min(MAX_BLOCKS, -(-reduced // (THREADS * 8))))
+            _sum_rows[(chunks, outer), THREADS](flat(x), reduced, result)
+        else:
+            result = cuda.device_array(outer * inner, acc_dtype if not is_max else out_dtype)
+            _launch(_reduce_middle, outer * inner, flat(x), outer, reduced, inner, result,
+                    is_max)
+        x = reshape(_astype(result, out_dtype) if result.dtype != out_dtype else result, kept)
+    return x
+
+
+def _runs(axes):
+    runs = []
+    for a in axes:
+        if runs and runs[-1][1] == a:
+            runs[-1] = (runs[-1][0], a + 1)
+        else:
+            runs.append((a, a + 1))
+    return runs
+
+
+def reduce_sum(x, axes):
+    return _reduce(x, axes, False)
+
+
+def reduce_max(x, axes):
+    return _reduce(x, axes, True)
+
+
+def size_mismatch(symbol: str, expected: int, got: int) -> None:
+    raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
+                        f"axis and {got} on another")
