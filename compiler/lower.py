@@ -39,6 +39,7 @@ from compiler.builtins import BUILTINS, TRANSFORMS
 from compiler.ir import Atom, Builder, Function, TensorType, Var, inline
 from compiler.shapes import NeedsConcrete, Sym
 from compiler.values import Value, as_atom, cast, is_static, unify
+from runtime.args import check_dims
 from dsl import ast
 from dsl.errors import GradError, Span
 
@@ -201,24 +202,10 @@ class Lowerer:
                                 f"its annotation says {ann.dtype}", span)
             if ann.dims is None:
                 continue
-            if len(shape) != len(ann.dims):
-                raise GradError(f"argument {p.name!r} of {fdef.name}() has rank {len(shape)} "
-                                f"(shape {list(shape)}); its annotation "
-                                f"{_ann_text(ann)} has rank {len(ann.dims)}", span)
-            for axis, (dim, size) in enumerate(zip(ann.dims, shape)):
-                if isinstance(dim, int) and isinstance(size, Sym):
-                    raise NeedsConcrete(f"size {size} meets the fixed size {dim}")
-                if isinstance(dim, int):
-                    if dim != size:
-                        raise GradError(f"argument {p.name!r} of {fdef.name}() has size "
-                                        f"{size} on axis {axis}; its annotation says {dim}",
-                                        span)
-                elif dim in dims and dims[dim][0] != size:
-                    raise GradError(f"dimension {dim!r} is {dims[dim][0]} for "
-                                    f"{dims[dim][1]!r} but {size} for {p.name!r} "
-                                    f"in a call to {fdef.name}()", span)
-                else:
-                    dims.setdefault(dim, (size, p.name))
+            if any(isinstance(d, int) and isinstance(size, Sym)
+                   for d, size in zip(ann.dims, shape)):
+                raise NeedsConcrete(f"a size of {p.name!r} meets a fixed size")
+            check_dims(fdef.name, p.name, ann.dtype, ann.dims, shape, dims, GradError, span)
 
     # ----------------------------------------------------------- stages
 
@@ -698,11 +685,6 @@ def _broadcasts(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
     if len(small) > len(big):
         return False
     return all(s in (1, g) for s, g in zip(small[::-1], big[::-1]))
-
-
-def _ann_text(ann: ast.TypeAnn) -> str:
-    dims = "" if not ann.dims else "[" + ", ".join(map(str, ann.dims)) + "]"
-    return f"{ann.dtype or 'const'}{dims}"
 
 
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}

@@ -114,23 +114,29 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     return array
 
 
-def check_shape(fn_name: str, spec: ParamSpec, array: np.ndarray,
-                 dims: dict[str, tuple[int, str]], span) -> None:
-    if spec.dims is None:
-        return
-    where = f"argument {spec.name!r} of {fn_name}()"
-    if len(array.shape) != len(spec.dims):
-        ann = f"{spec.dtype or ''}[{', '.join(map(str, spec.dims))}]" if spec.dims else spec.dtype
-        raise ArgumentError(f"{where} has rank {len(array.shape)} (shape {list(array.shape)}), "
-                            f"but its annotation {ann} has rank {len(spec.dims)}", span)
-    for axis, (dim, size) in enumerate(zip(spec.dims, array.shape)):
+def check_shape(fn_name: str, spec: ParamSpec, array, dims: dict[str, tuple[int, str]],
+                span) -> None:
+    if spec.dims is not None:
+        check_dims(fn_name, spec.name, spec.dtype, spec.dims, tuple(array.shape), dims,
+                   ArgumentError, span)
+
+
+def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
+               bound: dict[str, tuple[int, str]], error=ArgumentError, span=None) -> None:
+    """One argument's shape against its annotation's dimensions; named
+    dimensions are bound in `bound` (name -> (size, first argument))."""
+    where = f"argument {name!r} of {fn_name}()"
+    if len(shape) != len(dims_ann):
+        ann = f"{dtype or ''}[{', '.join(map(str, dims_ann))}]" if dims_ann else dtype
+        raise error(f"{where} has rank {len(shape)} (shape {list(shape)}), but its "
+                    f"annotation {ann} has rank {len(dims_ann)}", span)
+    for axis, (dim, size) in enumerate(zip(dims_ann, shape)):
         if isinstance(dim, int):
             if size != dim:
-                raise ArgumentError(f"{where} has size {size} on axis {axis}, but its "
-                                    f"annotation says {dim}", span)
-        elif dim in dims and dims[dim][0] != size:
-            raise ArgumentError(f"dimension {dim!r} is {dims[dim][0]} for "
-                                f"{dims[dim][1]!r} but {size} for {spec.name!r} in "
-                                f"{fn_name}()", span)
+                raise error(f"{where} has size {size} on axis {axis}, but its annotation "
+                            f"says {dim}", span)
+        elif dim in bound and bound[dim][0] != size:
+            raise error(f"dimension {dim!r} is {bound[dim][0]} for {bound[dim][1]!r} but "
+                        f"{size} for {name!r} in {fn_name}()", span)
         else:
-            dims.setdefault(dim, (size, spec.name))
+            bound.setdefault(dim, (size, name))

@@ -13,14 +13,10 @@ import numba
 import numpy as np
 from numba import prange
 
+from runtime.common import axis_runs, size_mismatch  # noqa: F401 (drivers call R.size_mismatch)
+
 # Below this many elements a reduction runs on one thread.
 PARALLEL_THRESHOLD = 1 << 15
-
-
-def size_mismatch(symbol: str, expected: int, got: int) -> None:
-    from dsl.errors import ArgumentError
-    raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
-                        f"axis and {got} on another")
 
 
 def flat(x: np.ndarray) -> np.ndarray:
@@ -116,22 +112,11 @@ def _max_middle(x, out):
                     out[o, i] = v
 
 
-def _runs(axes: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Split sorted axes into maximal runs of consecutive axes."""
-    runs: list[tuple[int, int]] = []
-    for a in axes:
-        if runs and runs[-1][1] == a:
-            runs[-1] = (runs[-1][0], a + 1)
-        else:
-            runs.append((a, a + 1))
-    return runs
-
-
 def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) -> np.ndarray:
     x = np.ascontiguousarray(x)
     out_dtype = x.dtype
     # Reduce the last run first so earlier axis numbers stay valid.
-    for start, stop in reversed(_runs(axes)):
+    for start, stop in reversed(axis_runs(axes)):
         shape = x.shape
         outer = math.prod(shape[:start])
         reduced = math.prod(shape[start:stop])

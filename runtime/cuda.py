@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from dsl.errors import ArgumentError, GradError
+from dsl.errors import GradError
 
 
 def require() -> None:
@@ -37,7 +37,9 @@ def require() -> None:
 
 require()
 
-from numba import config, cuda, float64, int64  # noqa: E402  (after the check)
+from numba import config, cuda, float64  # noqa: E402  (after the check)
+
+from runtime.common import axis_runs, size_mismatch  # noqa: E402,F401 (drivers call it)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 # The simulator runs each thread as a Python thread: keep blocks small there.
@@ -318,7 +320,7 @@ def _astype(x, dtype):
 
 def _reduce(x, axes, is_max: bool):
     out_dtype = x.dtype
-    for start, stop in reversed(_runs(axes)):
+    for start, stop in reversed(axis_runs(axes)):
         shape = tuple(x.shape)
         outer, reduced = math.prod(shape[:start]), math.prod(shape[start:stop])
         inner = math.prod(shape[stop:])
@@ -340,24 +342,9 @@ def _reduce(x, axes, is_max: bool):
     return x
 
 
-def _runs(axes):
-    runs = []
-    for a in axes:
-        if runs and runs[-1][1] == a:
-            runs[-1] = (runs[-1][0], a + 1)
-        else:
-            runs.append((a, a + 1))
-    return runs
-
-
 def reduce_sum(x, axes):
     return _reduce(x, axes, False)
 
 
 def reduce_max(x, axes):
     return _reduce(x, axes, True)
-
-
-def size_mismatch(symbol: str, expected: int, got: int) -> None:
-    raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
-                        f"axis and {got} on another")

@@ -57,11 +57,7 @@ def load_kernels(source: str) -> ModuleType:
         name = f"gradk_{digest}"
         path = cache_dir() / "kernels" / f"{name}.py"
         _write_atomic(path, source)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        _modules[digest] = module
+        module = _modules[digest] = _import_file(name, path)
         return module
 
 
@@ -73,12 +69,16 @@ def load_kernel_file(path: str) -> ModuleType:
         module = _modules.get(key)
         if module is None:
             name = "gradk_aot_" + hashlib.sha256(key.encode()).hexdigest()[:16]
-            spec = importlib.util.spec_from_file_location(name, key)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-            _modules[key] = module
+            module = _modules[key] = _import_file(name, key)
         return module
+
+
+def _import_file(name: str, path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_driver(driver_source: str, kernels: ModuleType, helpers=cpu) -> Callable:

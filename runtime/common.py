@@ -1,0 +1,22 @@
+"""What the CPU and CUDA helper modules share."""
+from __future__ import annotations
+
+from dsl.errors import ArgumentError
+
+
+def axis_runs(axes: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Split sorted axes into maximal runs of consecutive axes, as
+    (start, stop) pairs: each run is one (outer, reduced, inner) view."""
+    runs: list[tuple[int, int]] = []
+    for a in axes:
+        if runs and runs[-1][1] == a:
+            runs[-1] = (runs[-1][0], a + 1)
+        else:
+            runs.append((a, a + 1))
+    return runs
+
+
+def size_mismatch(symbol: str, expected: int, got: int) -> None:
+    """Raised by a driver whose arguments disagree on a shared size."""
+    raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
+                        f"axis and {got} on another")
