@@ -120,7 +120,11 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     out.mkdir(parents=True, exist_ok=True)
     functions = module.functions
     sig_texts = sigs or [default_sig(f) for f in functions.values()]
-    spec: dict = {"params": [tuple(module.params.spec(w)) for w in _declared(module)],
+    if target == "cuda":
+        from runtime.cuda import require
+        require()
+    spec: dict = {"target": target,
+                  "params": [tuple(module.params.spec(w)) for w in _declared(module)],
                   "functions": {}}
     samples: list[tuple[str, str, list[np.ndarray]]] = []
     for text in sig_texts:

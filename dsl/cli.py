@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="write an importable module of compiled kernels")
     comp.add_argument("file")
     comp.add_argument("-o", "--output", default=".", help="output directory (default: .)")
-    comp.add_argument("--target", default="cpu", choices=("cpu",))
+    comp.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     comp.add_argument("--sig", nargs="+", help="signatures to compile now, like "
                       "'f(f64[:], f32[n, 3])'; the machine code is cached beside the module")
     comp.set_defaults(func=cmd_compile)

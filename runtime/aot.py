@@ -1,6 +1,7 @@
 """The runtime side of an ahead-of-time compiled module (`gradc compile`).
 
-Contract: a compiled module holds a literal `SPEC` (each function's
+Contract: a compiled module holds a literal `SPEC` (its target, each
+function's
 parameter specs, the params it reads, and for each signature and kind —
 call, grad, value_and_grad — the name of a kernel file beside it and the
 source of a plain-Python driver) and builds its functions with
@@ -29,6 +30,12 @@ class AotModule:
     def __init__(self, name: str, file: str, spec: dict):
         self.name = name
         self.directory = os.path.dirname(os.path.abspath(file))
+        self.target = spec.get("target", "cpu")
+        if self.target == "cuda":
+            from runtime import cuda as helpers
+        else:
+            from runtime import cpu as helpers
+        self.helpers = helpers
         self.params = ParamStore([ParamSpec(*p) for p in spec["params"]], name)
         self.functions = {fname: AotFunction(self, fname, fspec)
                           for fname, fspec in spec["functions"].items()}
@@ -39,7 +46,7 @@ class AotModule:
         if key not in self._drivers:
             path = os.path.join(self.directory, program["kernels"] + ".py")
             kernels = load_kernel_file(path)
-            self._drivers[key] = make_driver(program["driver"], kernels)
+            self._drivers[key] = make_driver(program["driver"], kernels, self.helpers)
         return self._drivers[key]
 
 
@@ -65,14 +72,17 @@ class AotFunction:
 
     def _run(self, kind: str, args, kwargs):
         bound = self._bind(args, kwargs)
-        sig = tuple((n, a.dtype.str, a.ndim) for n, a in bound.items())
+        sig = tuple((n, np.dtype(a.dtype).str, len(a.shape)) for n, a in bound.items())
         program = self.programs.get((kind, sig))
         if program is None:
             have = sorted({self._describe(s) for (k, s) in self.programs if k == kind})
             raise ArgumentError(f"{self.name}() was compiled for {', '.join(have)}; "
                                 f"this call is {self._describe(sig)}; add it with "
                                 "gradc compile --sig")
-        outs = self.module.driver(program)(*bound.values())
+        arrays = bound.values()
+        if self.module.target == "cuda":
+            arrays = [self.module.helpers.as_device(a) for a in arrays]
+        outs = self.module.driver(program)(*arrays)
         return outs, sig
 
     def _describe(self, sig: Sequence) -> str:

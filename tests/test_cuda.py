@@ -100,6 +100,8 @@ def test_other_primitives_match_cpu(name, shapes, params, dtype):
     joint = autodiff.vjp(fn, list(range(len(arrays))))
     ct = rng.normal(size=fn.outputs[0].type.shape).astype(NP[dtype])
     assert_same(*on_both(joint, *arrays, ct), dtype)
+    second = autodiff.grad_of_sum(autodiff.grad_of_sum(fn, [0], False), [0], False)
+    assert_same(*on_both(second, *arrays), dtype)
 
 
 def test_every_primitive_is_covered():
@@ -184,3 +186,41 @@ def test_missing_numba_cuda_is_one_clear_error(monkeypatch):
     with pytest.raises(dsl.GradError, match=r"needs the numba-cuda package: pip install "
                                             r"'gradlang\[cuda\]'"):
         dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
+
+
+def test_every_transform_runs_on_the_device():
+    rng = np.random.default_rng(4)
+    args = [rng.normal(size=s) for s in [(3, 4), (4, 2), (2,), (3, 2)]]
+    cpu = dsl.load(EXAMPLES / "dense.grad")
+    gpu = dsl.load(EXAMPLES / "dense.grad", target="cuda")
+    v_c, g_c = dsl.value_and_grad(cpu.loss, wrt=(0, 1, 2))(*args)
+    v_g, g_g = dsl.value_and_grad(gpu.loss, wrt=(0, 1, 2))(*args)
+    assert rcuda.is_device_array(v_g)
+    np.testing.assert_allclose(rcuda.to_host(v_g), v_c, rtol=1e-12)
+    for a, b in zip(g_g, g_c):
+        np.testing.assert_allclose(rcuda.to_host(a), b, rtol=1e-12, atol=1e-14)
+    out_c, pb_c = dsl.vjp(cpu.loss, *args)
+    out_g, pb_g = dsl.vjp(gpu.loss, *args)
+    for a, b in zip(pb_g(rcuda.to_device(np.array(2.0))), pb_c(np.array(2.0))):
+        if b is None:
+            assert a is None
+        else:
+            np.testing.assert_allclose(rcuda.to_host(a), b, rtol=1e-12, atol=1e-14)
+    v = rng.normal(size=(4, 2))
+    np.testing.assert_allclose(rcuda.to_host(dsl.hvp(gpu.loss, wrt=1)(*args, v)),
+                               dsl.hvp(cpu.loss, wrt=1)(*args, v), rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_module_for_cuda(tmp_path, monkeypatch):
+    from dsl.aot import compile_module
+    compile_module(str(EXAMPLES / "log1pexp.grad"), str(tmp_path), ["log1pexp(f64[:])"],
+                   target="cuda")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    compiled = importlib.import_module("log1pexp")
+    x = np.linspace(-5, 100, 6)
+    v, g = compiled.log1pexp.value_and_grad(x)
+    cpu = dsl.load(EXAMPLES / "log1pexp.grad")
+    v_c, g_c = dsl.value_and_grad(cpu.log1pexp)(x)
+    np.testing.assert_allclose(rcuda.to_host(v), v_c, rtol=1e-12)
+    np.testing.assert_allclose(rcuda.to_host(g), g_c, rtol=1e-12)

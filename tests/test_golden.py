@@ -38,4 +38,4 @@ def test_golden(path, capsys, tmp_path):
 
 def test_every_stage_has_a_golden_file():
     stages = {split(p)[0]["emit"] for p in GOLDEN}
-    assert {"ast", "ir", "grad-ir", "grad-kernels"} <= stages
+    assert {"ast", "ir", "grad-ir", "kernels", "grad-kernels"} <= stages
