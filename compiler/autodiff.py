@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from compiler import ops
-from compiler.ir import Atom, Builder, Eqn, Function, Lit, Var, inline, vars_in
+from compiler.ir import Atom, Builder, Eqn, Function, Var, inline, vars_in
 
 
 def vjp(fn: Function, wrt: Sequence[int]) -> Function:

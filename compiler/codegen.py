@@ -16,7 +16,6 @@ the driver launches a loop and allocates memory.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from typing import Optional
 

@@ -32,7 +32,7 @@ Every problem is raised as a `GradError` at the span that caused it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 from compiler import autodiff, ops
 from compiler.builtins import BUILTINS, TRANSFORMS

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from compiler.ir import FLOATS, Atom, Builder, Eqn, Lit, TensorType, Var
+from compiler.ir import Atom, Builder, Eqn, Lit, TensorType, Var
 from compiler.shapes import Sym
 from dsl.errors import GradError, Span
 

@@ -20,6 +20,7 @@ from typing import Callable
 from compiler import passes
 from compiler.codegen import Generated, generate
 from compiler.ir import Function
+from compiler.lower import Namespace
 from compiler.verify import verify
 from dsl import ast
 from dsl.errors import GradError, Span
@@ -33,7 +34,7 @@ IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
 )
 
 
-def front_end(source: str, file: str) -> tuple[ast.Module, "Namespace"]:
+def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
     """Parse and check a module and everything it imports."""
     from dsl.modules import namespace_for
     try:

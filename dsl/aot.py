@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -27,7 +25,7 @@ import numpy as np
 from compiler.codegen import generate
 from compiler.ir import TensorType
 from compiler.pipeline import optimize
-from compiler.shapes import NeedsConcrete, Sym, evaluate, prod
+from compiler.shapes import NeedsConcrete, Sym
 from dsl.api import Module, load
 from dsl.errors import GradError, Span
 from dsl.function import GradFn, GradFunction

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from compiler.builtins import BUILTINS, TRANSFORMS
-from compiler.lower import Namespace, named_cotangents, param_reads, positional_cotangents
+from compiler.lower import Namespace, named_cotangents, positional_cotangents
 from dsl import ast
 from dsl.errors import GradError
 

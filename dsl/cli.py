@@ -98,7 +98,6 @@ def cmd_show(args) -> int:
             if args.fn in (None, f.name):
                 print(f)
         return 0
-    functions = module.functions
     if args.sig:
         sigs = args.sig
     else:

@@ -14,7 +14,7 @@ residuals the backward pass reads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 

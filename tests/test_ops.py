@@ -150,7 +150,6 @@ def test_elementwise_vjp_matches_finite_differences(name, data, shape, seed):
 @pytest.mark.parametrize("name", [n for n in ELEMENTWISE if not OPS[n].differentiable
                                   and "bool" not in input_domains(n)])
 def test_non_differentiable_ops_have_zero_gradient(name):
-    op = OPS[name]
     rng = np.random.default_rng(0)
     domains = input_domains(name)
     arrays = [sample(rng, d, (5,)) for d in domains]
