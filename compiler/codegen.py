@@ -262,12 +262,14 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
             lines.append(_render_eqn(step, ref, define))
             if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate", "dim"):
                 fresh.update(step.outputs)
-    outs = []
+    outs, handed_out = [], set()
     for a in fn.outputs:
-        if isinstance(a, Lit) or a in fresh:
+        if isinstance(a, Lit) or (a in fresh and a not in handed_out):
             outs.append(ref(a))
         else:
-            outs.append(f"R.copy({names[a]})")  # never hand out a view of an input
+            # never hand out a view of an input, nor one array twice
+            outs.append(f"R.copy({names[a]})")
+        handed_out.add(a)
     lines.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
 
     const_lines = [f"{name} = np.{_np_name(dtype)}({value})"

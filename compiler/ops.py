@@ -495,9 +495,17 @@ _register(Op("broadcast_to", "layout", _broadcast_to_rule, _broadcast_to_vjp,
              lambda x, shape: np.broadcast_to(x, shape)))
 def python_slices(starts, stops, steps) -> tuple[slice, ...]:
     """Slice params (normalized as by `slice.indices`) as Python slices: a
-    negative stop there means "past the front", which Python spells None."""
-    return tuple(slice(a, None if isinstance(b, Sym) or b < 0 else b, c)
-                 for a, b, c in zip(starts, stops, steps))
+    negative stop there means "past the front", which Python spells None,
+    and an empty range must stay empty whatever its start."""
+    out = []
+    for a, b, c in zip(starts, stops, steps):
+        if isinstance(b, Sym):
+            out.append(slice(a, None, c))
+        elif len(range(a, b, c)) == 0:
+            out.append(slice(0, 0, 1))
+        else:
+            out.append(slice(a, None if b < 0 else b, c))
+    return tuple(out)
 
 
 _register(Op("slice", "layout", _slice_rule, _slice_vjp,

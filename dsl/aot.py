@@ -84,15 +84,28 @@ def _split(body: str) -> list[str]:
     return parts
 
 
-def default_sig(f: GradFn) -> str:
-    args = []
-    for spec in f.specs:
-        if spec.has_default:
-            break
-        dtype = spec.dtype or "f64"
-        dims = spec.dims if spec.dims is not None else (":",)
-        args.append(dtype + (f"[{', '.join(map(str, dims))}]" if dims else ""))
-    return f"{f.name}({', '.join(args)})"
+def default_sig(module: Module, f: GradFn) -> str:
+    """A signature f can be lowered for: annotated parameters as annotated,
+    the others f64 arrays sharing one size, of rank 1, else 2, else 0."""
+    candidates = []
+    for unannotated in ("[n]", "[n, n]", ""):
+        args = []
+        for spec in f.specs:
+            if spec.has_default:
+                break
+            dtype = spec.dtype or "f64"
+            dims = (f"[{', '.join(map(str, spec.dims))}]" if spec.dims else "") \
+                if spec.dims is not None else unannotated
+            args.append(dtype + dims)
+        candidates.append(f"{f.name}({', '.join(args)})")
+    for sig in candidates:
+        name, args = parse_sig(sig)
+        try:
+            f.lower(_types(module, f, args, sig))
+            return sig
+        except (GradError, NeedsConcrete):
+            continue
+    return candidates[0]  # lowering it again reports the error
 
 
 def _types(module: Module, f: GradFn, args: list[tuple[str, tuple]],
@@ -115,9 +128,13 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                    target: str = "cpu", precompile: bool = False, progress=None) -> Path:
     module = load(path)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise GradError(f"cannot create the output directory {out}: {err.strerror}",
+                        Span(str(out), 1, 1)) from None
     functions = module.functions
-    sig_texts = sigs or [default_sig(f) for f in functions.values()]
+    sig_texts = sigs or [default_sig(module, f) for f in functions.values()]
     if target == "cuda":
         from runtime.cuda import require
         require()

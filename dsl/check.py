@@ -26,7 +26,7 @@ import numpy as np
 
 from compiler.lower import calls_in
 from dsl import ast
-from dsl.function import Compiled, Directional, GradFunction
+from dsl.function import Compiled, Directional, GradFunction, Select, VjpFunction
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,15 @@ def _compare(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: floa
 
 def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     rtol: float = 1e-4, atol: float = 1e-6, seed: int = 0,
-                    **kwargs) -> list[GradCheck]:
+                    upstream: bool = True, **kwargs) -> list[GradCheck]:
     rng = np.random.default_rng(seed)
-    bound = {n: a.astype(np.float64) if a.dtype.kind == "f" else a
+    # Differences in f64, unless an annotation insists on f32: then in f32,
+    # with a step and tolerances f32 can honour.
+    fixed = {s.name: s.dtype for s in f.specs + f.param_specs}
+    bound = {n: a.astype(np.float64) if a.dtype.kind == "f" and fixed.get(n) != "f32" else a
              for n, a in f.bind(args, kwargs).items()}
+    if any(a.dtype == np.float32 for a in bound.values()):
+        eps, rtol, atol = max(eps, 1e-3), max(rtol, 1e-2), max(atol, 1e-3)
     results: list[GradCheck] = []
     for name in f.differentiable_names(bound):
         x = bound[name]
@@ -104,7 +109,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         g = _run(gradient, bound)[-1]
         pairs = []
         for v in directions:
-            numeric = _central(lambda t: total(x + t * v), step, rtol, atol)
+            numeric = _central(lambda t: total((x + t * v).astype(x.dtype)), step, rtol, atol)
             if numeric is not None:
                 pairs.append((np.sum(g * v), numeric))
         results.append(GradCheck(f.name, 1, name, source_of(f, 1), *_compare(pairs, rtol, atol)))
@@ -117,14 +122,45 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
             for v in directions[:3]:
                 base = {**bound, **{f"$v{j}": v for j in range(2, k)}}
                 analytic = _run(current, {**base, f"$v{k}": v})[0]
-                numeric = _central(lambda t: _run(previous, {**base, name: x + t * v})[-1],
+                numeric = _central(lambda t: _run(previous, {**base, name: (x + t * v).astype(x.dtype)})[-1],
                                    step * 10, rtol * 10, atol * 10)
                 if numeric is not None:
                     pairs.append((analytic, numeric))
             results.append(GradCheck(f.name, k, name, source_of(f, k),
                                      *_compare(pairs, rtol * 10, atol * 10)))
             previous = current
+        if order >= 2 and upstream:
+            results.append(_check_upstream(f, bound, name, rng, step, rtol * 10, atol * 10))
     return results
+
+
+def _check_upstream(f: Compiled, bound, name: str, rng, step: float, rtol: float,
+                    atol: float) -> GradCheck:
+    """Order 2 through the upstream cotangent: the VJP u -> J^T u of f at
+    the point, differentiated w.r.t. u (which a second grad block answers
+    with its cotangent for the first block's upstream), against finite
+    differences in u, by the dot-product test <d/du <J^T u, v>, w> =
+    <d/dt J^T (u + t w), v>."""
+    outs = _run(f, bound)
+    floats = f.differentiable_names(bound)
+    vjp_x = Select(VjpFunction(f, len(outs)), floats.index(name))
+    us = {f"$ct{i}": rng.normal(size=o.shape).astype(o.dtype) for i, o in enumerate(outs)}
+    fdef = getattr(f, "fdef", None)
+    upstream = fdef.grads[0].upstream[0] if fdef is not None and fdef.grads else "upstream"
+    pairs = []
+    for _ in range(3):
+        v = rng.normal(size=bound[name].shape)
+        w = {c: rng.normal(size=u.shape) for c, u in us.items()}
+        analytic = 0.0
+        for c in us:
+            d = Directional(vjp_x, c, "$w")
+            analytic += float(np.sum(_run(d, {**bound, **us, "$w": v})[0] * w[c]))
+        numeric = _central(lambda t: float(np.sum(_run(vjp_x, {**bound, **{
+            c: (u + t * w[c]).astype(u.dtype) for c, u in us.items()}})[0] * v)), step, rtol, atol)
+        if numeric is not None:
+            pairs.append((analytic, numeric))
+    return GradCheck(f.name, 2, f"{upstream} (of d/d{name})", source_of(f, 2),
+                     *_compare(pairs, rtol, atol))
 
 
 def _central(along, step: float, rtol: float, atol: float):
@@ -223,14 +259,17 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> l
         f(*_sample_args(f, rng, 1, fills[0]))  # raises the error for rank 1
     reason = intentional_mismatch(f)
     rows: dict[tuple, list[GradCheck]] = {}
-    for fill in fills:
+    for index, fill in enumerate(fills):
         args = _sample_args(f, rng, rank, fill)
         with np.errstate(all="ignore"):
             outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)
         if not all(np.all(np.isfinite(o)) for o in outs):
             continue  # outside the function's domain
-        for check in check_gradients(f, *args, order=order, seed=seed):
+        # the upstream-cotangent check at the random points only: it is linear
+        # in the cotangent, so stress values add nothing but compile time
+        for check in check_gradients(f, *args, order=order, seed=seed,
+                                     upstream=index < 3):
             rows.setdefault((check.order, check.wrt), []).append(check)
     out = []
     for (k, wrt), checks in sorted(rows.items(), key=lambda item: (item[0][1], item[0][0])):

@@ -39,12 +39,15 @@ def _parse_arg(text: str):
     except (ValueError, SyntaxError):
         raise UsageError(f"cannot read argument {text!r}: expected a number, a list "
                          "like [1, 2, 3], or a .npy file") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+    if not isinstance(value, (int, float, list, tuple)):
         raise UsageError(f"cannot read argument {text!r}: expected a number or a list")
-    array = np.asarray(value)
-    if array.dtype.kind not in "iuf":
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        raise UsageError(f"argument {text!r} is a ragged list") from None
+    if array.dtype.kind not in "biuf":
         raise UsageError(f"argument {text!r} is not a numeric array")
-    return array.astype(np.float64)
+    return value  # converted to the parameter's dtype when bound
 
 
 def _format(value) -> str:
@@ -102,7 +105,7 @@ def cmd_show(args) -> int:
         sigs = args.sig
     else:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
-        sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
+        sigs = [default_sig(module, _lookup(module, n, args.file)) for n in names]
     for sig in sigs:
         name, sig_args = parse_sig(sig)
         f = _lookup(module, name, args.file)
@@ -176,13 +179,21 @@ def cmd_check(args) -> int:
     for file in files:
         module = dsl.load(file)
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
+        for name in names:
+            _lookup(module, name, str(file))
         print(f"{file}")
         header = (f"  {'function':<16} {'order':>5}  {'wrt':<10} {'gradient':<44} {'points':>6}"
                   f"  {'max abs err':>11}  {'max rel err':>11}  {'NaN/Inf':<7}  verdict")
         print(header)
         for name in names:
             f = _lookup(module, name, str(file))
-            rows = check_function(f, module.params, args.order, args.seed)
+            try:
+                rows = check_function(f, module.params, args.order, args.seed)
+            except GradError as err:
+                failed += 1
+                print(f"  {name:<16} could not be checked", file=sys.stdout)
+                print(str(err), file=sys.stderr)
+                continue
             if not rows:
                 print(f"  {name:<16} (no differentiable arguments)")
             for r in rows:
@@ -216,6 +227,16 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradc", description="The .grad compiler.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="compare every gradient with finite differences")
     check.add_argument("path", help="a .grad file or a directory of them")
     check.add_argument("--fn", help="only this function")
-    check.add_argument("--order", type=int, default=2, help="highest order (default 2)")
+    check.add_argument("--order", type=_positive, default=2, help="highest order (default 2)")
     check.add_argument("--seed", type=int, default=0, help="seed of the random points")
     check.set_defaults(func=cmd_check)
     comp = sub.add_parser("compile", help="write an importable module of compiled kernels")

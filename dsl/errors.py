@@ -61,7 +61,8 @@ class GradError(Exception):
         return self
 
     def __str__(self) -> str:
-        text = f"{self.span}: error: {self.message}"
+        where = "" if self.span is UNKNOWN_SPAN else f"{self.span}: "
+        text = f"{where}error: {self.message}"
         caret = _caret_lines(self.span, self.source)
         if caret:
             text += "\n" + caret

@@ -344,6 +344,24 @@ class VjpFunction(Compiled):
         return tuple(outs)
 
 
+class Select(Compiled):
+    """One output of another function."""
+
+    def __init__(self, inner: Compiled, index: int):
+        super().__init__()
+        self.inner, self.index = inner, index
+        self.name = f"{inner.name}[{index}]"
+        self.specs, self.param_specs = inner.specs, inner.param_specs
+        self.target, self.host_results = inner.target, inner.host_results
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        fn = self.inner.lower(types)
+        return Function(fn.name, fn.params, fn.eqns, (fn.outputs[self.index],))
+
+    def format(self, outs, bound):
+        return outs[0]
+
+
 class Directional(Compiled):
     """x, v -> grad_x <inner(x), v>: one more order of directional
     derivative of `inner` (whose single output has x's shape) along the
@@ -370,7 +388,10 @@ class Directional(Compiled):
         params = [Var(t, n) for n, t in types.items()]
         env = dict(zip(types, params))
         (g,) = inline(b, fn, [env[n] for n in inner_names])
-        gv = b.bind("mul", g, env[self.vname])
+        v = env[self.vname]
+        if v.type.dtype != g.type.dtype:
+            v = b.bind("cast", v, dtype=g.type.dtype)
+        gv = b.bind("mul", g, v)
         axes = tuple(range(gv.type.rank))
         total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
         directional = b.function(f"{fn.name}_dir", params, [total])
@@ -385,6 +406,9 @@ class HvpFunction(Directional):
     `wrt`, times v (reverse over reverse)."""
 
     def __init__(self, inner: Compiled, wrt: Union[int, str]):
+        if isinstance(wrt, (tuple, list)):
+            raise ArgumentError("hvp() differentiates w.r.t. one parameter; give wrt as a "
+                                "position or a name", inner.span)
         (name,) = resolve_wrt(inner, wrt)
         super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
         self.name = f"hvp({inner.name})"

@@ -25,7 +25,12 @@ from typing import Any, Iterable, Sequence, Union
 
 import numpy as np
 
+from dsl.errors import ArgumentError, GradError
 from runtime.args import is_device_array
+
+
+class TapeError(GradError, RuntimeError):
+    """A Tape used out of order."""
 
 _state = threading.local()
 
@@ -73,8 +78,8 @@ class Tape:
         for a in arrays:
             if not (isinstance(a, np.ndarray) or is_device_array(a)) or \
                     np.dtype(a.dtype).kind != "f":
-                raise TypeError("Tape.watch() takes float NumPy (or GPU) arrays; convert "
-                                "Python numbers with np.asarray(x, dtype=float) first")
+                raise ArgumentError("Tape.watch() takes float NumPy (or GPU) arrays; convert "
+                                    "Python numbers with np.asarray(x, dtype=float) first")
             self._tracked[id(a)] = a
 
     def tracks(self, a: Any) -> bool:
@@ -89,13 +94,13 @@ class Tape:
     def gradient(self, target: np.ndarray,
                  sources: Union[np.ndarray, Sequence[np.ndarray]]):
         if self._used and not self.persistent:
-            raise RuntimeError("a non-persistent Tape gives one gradient; use "
-                               "Tape(persistent=True) for more")
+            raise TapeError("a non-persistent Tape gives one gradient; use "
+                            "Tape(persistent=True) for more")
         self._used = True
         single = isinstance(sources, np.ndarray) or is_device_array(sources)
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
-            raise ValueError("the target was not computed by a call recorded on this tape")
+            raise TapeError("the target was not computed by a call recorded on this tape")
         outer = [t for t in _active() if t is not self]
         cts: dict[int, np.ndarray] = {id(target): _filled(target, 1)}
         for rec in reversed(self._records):

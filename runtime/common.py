@@ -20,3 +20,10 @@ def size_mismatch(symbol: str, expected: int, got: int) -> None:
     """Raised by a driver whose arguments disagree on a shared size."""
     raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
                         f"axis and {got} on another")
+
+
+def check_nonempty(shape, axes) -> None:
+    """max/min over an empty axis has no value (NumPy raises too)."""
+    if any(shape[a] == 0 for a in axes):
+        raise ArgumentError(f"max/min over an empty axis (shape {list(shape)}, axes "
+                            f"{list(axes)})")

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from runtime.common import axis_runs, size_mismatch  # noqa: F401 (drivers call R.size_mismatch)
+from runtime.common import axis_runs, check_nonempty, size_mismatch  # noqa: F401 (drivers call R.size_mismatch)
 
 # Below this many elements a reduction runs on one thread.
 PARALLEL_THRESHOLD = 1 << 15
@@ -152,6 +152,7 @@ def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 
 def reduce_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    check_nonempty(x.shape, axes)
     return _reduce(x, axes, _max_rows, _max_middle, False)
 
 

@@ -39,7 +39,7 @@ require()
 
 from numba import config, cuda, float64  # noqa: E402  (after the check)
 
-from runtime.common import axis_runs, size_mismatch  # noqa: E402,F401 (drivers call it)
+from runtime.common import axis_runs, check_nonempty, size_mismatch  # noqa: E402,F401
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 # The simulator runs each thread as a Python thread: keep blocks small there.
@@ -347,4 +347,5 @@ def reduce_sum(x, axes):
 
 
 def reduce_max(x, axes):
+    check_nonempty(x.shape, axes)
     return _reduce(x, axes, True)

@@ -14,7 +14,14 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from dsl.errors import ArgumentError
-from runtime.args import ParamSpec, check_shape, convert
+from runtime.args import NUMPY, ParamSpec, check_shape, convert
+
+
+class ParamError(ArgumentError, KeyError):
+    """An undeclared or unset param (a KeyError too, as mappings raise)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return ArgumentError.__str__(self)
 
 
 class ParamStore(MutableMapping):
@@ -26,16 +33,30 @@ class ParamStore(MutableMapping):
     def spec(self, name: str) -> ParamSpec:
         return self._specs[name]
 
-    def __setitem__(self, name: str, value) -> None:
+    def _spec(self, name: str) -> ParamSpec:
         if name not in self._specs:
             known = ", ".join(self._specs) or "none"
-            raise ArgumentError(f"{self._module} declares no param {name!r} (params: {known})")
-        spec = self._specs[name]
-        array = convert(f"param {name}", spec, value, None)
+            raise ParamError(f"{self._module} declares no param {name!r} (params: {known})")
+        return self._specs[name]
+
+    def __setitem__(self, name: str, value) -> None:
+        spec = self._spec(name)
+        array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else value
+        if isinstance(array, np.ndarray) and spec.dtype is not None and \
+                array.dtype.kind in "biuf":
+            # a param takes its declared dtype, as Python numbers do
+            array = array.tolist() if array.dtype.kind == "f" and spec.dtype[0] != "f" \
+                else array.astype(NUMPY[spec.dtype])
+        array = convert(f"param {name}", ParamSpec(name, spec.dtype, spec.dims, False, False),
+                        array, None)
         check_shape(f"param {name}", spec, array, {}, None)
         self._values[name] = array
 
     def __getitem__(self, name: str) -> np.ndarray:
+        self._spec(name)
+        if name not in self._values:
+            raise ParamError(f"param {name!r} is not set; set it with "
+                             f"module.params[{name!r}] = ...")
         return self._values[name]
 
     def __delitem__(self, name: str) -> None:
@@ -49,7 +70,7 @@ class ParamStore(MutableMapping):
 
     def require(self, name: str, reader: str) -> np.ndarray:
         if name not in self._values:
-            raise ArgumentError(f"{reader}() reads param {name!r}, which is not set; set it "
+            raise ParamError(f"{reader}() reads param {name!r}, which is not set; set it "
                                 f"with module.params[{name!r}] = ...")
         return self._values[name]
 

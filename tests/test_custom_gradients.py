@@ -70,7 +70,7 @@ grad(ddx):
 def test_transpose_only_second_block_is_reported_and_autodiff_is_right():
     bad = dsl.loads(TRANSPOSE_ONLY)
     x = np.array([-1.0, 0.5, 2.0])
-    checks = {c.order: c for c in dsl.check_gradients(bad.log1pexp, x)}
+    checks = {c.order: c for c in dsl.check_gradients(bad.log1pexp, x) if c.wrt == "x"}
     assert checks[1].ok
     assert not checks[2].ok and checks[2].source == "grad block 2 (line 7)"
     # Without the override, differentiating the first block is right.
@@ -195,7 +195,7 @@ def test_tape_chains_calls_and_nested_tapes_give_second_order():
     f2 = dsl.loads("from std import softplus\ndef y(x):\n    return softplus(x) * softplus(x)\n").y
     np.testing.assert_allclose(g, dsl.grad(f2)(x), rtol=1e-12)
     np.testing.assert_allclose(h, dsl.grad(dsl.grad(f2))(x), rtol=1e-12)
-    with pytest.raises(RuntimeError, match="one gradient"):
+    with pytest.raises(dsl.GradError, match="one gradient"):
         inner.gradient(y, x)
 
 

@@ -1,0 +1,88 @@
+"""Bugs found by adversarial testing, each pinned by a test."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.cli import main
+from helpers import central_difference
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("expr,n", [("x[-9::-2]", 5), ("x[-2::-1]", 1), ("x[-3::-1]", 2),
+                                    ("x[-4:0:-1]", 3), ("x[::-1]", 4), ("x[-1:-4:-2]", 5)])
+def test_negative_step_slices_match_numpy(expr, n):
+    m = dsl.loads(f"def f(x):\n    return {expr}\ndef g(x):\n    return sum({expr} * {expr})\n")
+    x = np.arange(1.0, n + 1)
+    np.testing.assert_array_equal(m.f(x), eval(expr))
+    np.testing.assert_allclose(dsl.grad(m.g)(x), central_difference(
+        lambda v: np.sum(eval(expr.replace("x", "v")) ** 2), [x], 0), atol=1e-6)
+
+
+def test_returning_one_value_twice_gives_two_arrays_and_right_tape_gradients():
+    m = dsl.loads("def same(x):\n    y = x * 2\n    return y, y\n"
+                  "def g(a, b):\n    return sum(a * b)\n")
+    x = np.array([1.0, 2.0])
+    a, b = m.same(x)
+    assert a is not b
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        a, b = m.same(x)
+        z = m.g(a, np.ones(2))
+    np.testing.assert_array_equal(tape.gradient(z, x), [2.0, 2.0])
+
+
+def test_max_of_an_empty_axis_is_an_error():
+    m = dsl.loads("def f(x):\n    return max(x)\n")
+    with pytest.raises(dsl.ArgumentError, match="empty axis"):
+        m.f(np.zeros(0))
+
+
+def test_check_catches_a_wrong_upstream_cotangent_in_block_two():
+    wrong = dsl.loads("def c(x):\n    return x * x * x\ngrad(dy):\n    return dy * 3 * x * x\n"
+                      "grad(ddx):\n    return dy=ddx * 5 * x * x, x=ddx * dy * 6 * x\n")
+    bad = [c for c in dsl.check_gradients(wrong.c, np.array([0.3, -0.7, 1.1])) if not c.ok]
+    assert [(c.order, c.wrt) for c in bad] == [(2, "dy (of d/dx)")]
+    assert bad[0].source == "grad block 2 (line 5)"
+
+
+def test_f32_functions_can_be_checked(tmp_path, capsys):
+    (tmp_path / "f.grad").write_text("def f(x: f32[n]):\n    return sum(x * x)\n")
+    assert main(["check", str(tmp_path / "f.grad")]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def test_show_and_compile_find_a_signature_for_every_example(tmp_path, capsys):
+    for example in sorted(EXAMPLES.glob("*.grad")):
+        assert main(["show", str(example), "--emit", "ir"]) == 0
+    assert main(["compile", str(EXAMPLES / "bar.grad"), "-o", str(tmp_path)]) == 0
+    assert main(["compile", str(EXAMPLES / "bar.grad"), "-o", "/proc/no/such"]) == 1
+    assert "cannot create the output directory" in capsys.readouterr().err
+
+
+def test_run_converts_arguments_to_their_annotated_dtypes(tmp_path, capsys):
+    (tmp_path / "t.grad").write_text("def h(x, k: i64):\n    return x * k\n"
+                                     "def b(x, m: bool[n]):\n    return where(m, x, 0)\n")
+    assert main(["run", str(tmp_path / "t.grad"), "h", "1.5", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["h = 4.5", "d/dx = 3.0"]
+    assert main(["run", str(tmp_path / "t.grad"), "b", "[1.0, 2.0]", "[True, False]"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "d/dx = [1., 0.]"
+
+
+def test_params_take_their_declared_dtype():
+    m = dsl.loads("param w: f32[3]\nparam p: f64\ndef f(x):\n    return w * x + p\n")
+    m.params["w"] = np.ones(3)
+    m.params["p"] = np.float32(2.0)
+    assert m.params["w"].dtype == np.float32 and m.params["p"].dtype == np.float64
+    with pytest.raises(dsl.ArgumentError, match="no param 'q'"):
+        m.params["q"]
+    with pytest.raises(KeyError):
+        m.params["q"]
+
+
+def test_hvp_takes_one_wrt():
+    m = dsl.loads("def g(x, y):\n    return x * y\n")
+    with pytest.raises(dsl.ArgumentError, match="one parameter"):
+        dsl.hvp(m.g, wrt=(0, 1))
