@@ -65,6 +65,15 @@ class TensorType:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
+@dataclass(frozen=True)
+class StaticScalar(TensorType):
+    """The type of an integer or bool `const` argument whose value the
+    program is specialized on: lowering sees the value (usable as an axis,
+    an index or a size); the argument itself goes unused."""
+
+    value: Union[int, bool] = 0
+
+
 _var_ids = itertools.count()
 
 

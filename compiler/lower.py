@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 from compiler import autodiff, ops
 from compiler.builtins import BUILTINS, TRANSFORMS
-from compiler.ir import Atom, Builder, Function, TensorType, Var, inline
+from compiler.ir import Atom, Builder, Function, StaticScalar, TensorType, Var, inline
 from compiler.shapes import NeedsConcrete, Sym
 from compiler.values import Value, as_atom, cast, is_static, unify
 from runtime.args import check_dims
@@ -139,7 +139,8 @@ class Lowerer:
         """`types` names the parameters passed and the params read."""
         b = Builder()
         params = [Var(t, n) for n, t in types.items()]
-        env = dict(zip(types, params))
+        env: dict[str, Value] = dict(zip(types, params))
+        env.update({n: t.value for n, t in types.items() if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
         return b.function(name or fdef.name, params, [as_atom(b, o, fdef.span) for o in outs])
@@ -380,8 +381,9 @@ class Lowerer:
         wrt_names = []
         for w in wrt_items:
             if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
+                got = repr(w) if isinstance(w, int) else "a value computed at run time"
                 raise GradError(f"wrt must be parameter positions of {fdef.name}() "
-                                f"(0 to {len(fdef.params) - 1}), got {w!r}", inner.span)
+                                f"(0 to {len(fdef.params) - 1}), got {got}", inner.span)
             name = fdef.params[w].name
             value = bound[name]
             if not fdef.params[w].differentiable or is_static(value) or not value.type.is_float:

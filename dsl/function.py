@@ -19,7 +19,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from compiler import autodiff
-from compiler.ir import Builder, Function, TensorType, Var, inline
+from compiler.ir import Builder, Function, StaticScalar, TensorType, Var, inline
 from compiler.lower import Lowerer, Namespace, param_reads
 from compiler.pipeline import Program, build, optimize, too_deep
 from compiler.shapes import NeedsConcrete, Sym
@@ -42,12 +42,18 @@ def _signature(bound: dict[str, np.ndarray]) -> tuple:
     return tuple((name, a.dtype.str, a.shape) for name, a in bound.items())
 
 
-def _symbolic(bound: dict[str, np.ndarray]) -> tuple[tuple, dict[str, TensorType]]:
+def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
+              ) -> tuple[tuple, dict[str, TensorType]]:
     """The size pattern of a call and its symbolic types: equal sizes share
-    a symbol; size 1 stays 1, since it broadcasts."""
+    a symbol; size 1 stays 1, since it broadcasts.  Static arguments are
+    part of the pattern by value."""
     symbols: dict[int, Sym] = {}
     types, key = {}, []
     for name, a in bound.items():
+        if name in statics:
+            types[name] = _static(a)
+            key.append((name, a.dtype.str, repr(a.item())))
+            continue
         shape = tuple(1 if d == 1 else symbols.setdefault(d, Sym.named(f"s{len(symbols)}"))
                       for d in a.shape)
         types[name] = TensorType(SUPPORTED[a.dtype], shape)
@@ -55,8 +61,13 @@ def _symbolic(bound: dict[str, np.ndarray]) -> tuple[tuple, dict[str, TensorType
     return ("symbolic", tuple(key)), types
 
 
-def _types(bound: dict[str, np.ndarray]) -> dict[str, TensorType]:
-    return {name: TensorType(SUPPORTED[a.dtype], tuple(a.shape)) for name, a in bound.items()}
+def _types(bound: dict[str, np.ndarray], statics=frozenset()) -> dict[str, TensorType]:
+    return {name: _static(a) if name in statics else TensorType(SUPPORTED[a.dtype], tuple(a.shape))
+            for name, a in bound.items()}
+
+
+def _static(a) -> StaticScalar:
+    return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
 class Compiled:
@@ -93,8 +104,10 @@ class Compiled:
         """The program for these arguments: lowered with symbolic sizes (one
         program for every call with the same dtypes, ranks and pattern of
         equal sizes), or with concrete sizes when the function needs them."""
-        pattern, types = _symbolic(bound)
-        program = self._programs.get(pattern) or self._programs.get(_signature(bound))
+        statics = self.static_names(bound)
+        pattern, types = _symbolic(bound, statics)
+        concrete_key = _signature(bound) + tuple((n, bound[n].item()) for n in sorted(statics))
+        program = self._programs.get(pattern) or self._programs.get(concrete_key)
         if program is not None:
             return program
         with self._lock:
@@ -107,9 +120,16 @@ class Compiled:
                     # Lower again with the sizes: it may need them, and an
                     # error should name real sizes, not symbols.
                     self._concrete_only.add(pattern)
-            program = build(self.lower(_types(bound)), self.target)
-            self._programs[_signature(bound)] = program
+            program = build(self.lower(_types(bound, statics)), self.target)
+            self._programs[concrete_key] = program
             return program
+
+    def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
+        """The `const` integer and bool scalars of this call: compile-time
+        values (an axis, an index), so programs are specialized on them."""
+        consts = {s.name for s in self.specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
+        return frozenset(n for n in consts if n in bound and not is_device_array(bound[n])
+                         and bound[n].ndim == 0 and np.dtype(bound[n].dtype).kind in "biu")
 
     host_results: bool = False  # CUDA target: copy results to NumPy
 
@@ -295,11 +315,12 @@ def vjp(f: Compiled, *args, **kwargs):
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
     """(raw outputs, Pullback) on validated arguments; the forward keeps
     only the residuals its backward reads."""
-    types = _types(bound)
+    statics = f.static_names(bound)
+    types = _types(bound, statics)
     names = list(types)
     float_args = f.differentiable_names(bound)
     cache = f.__dict__.setdefault("_vjp_programs", {})
-    key = _signature(bound)
+    key = _signature(bound) + tuple((n, bound[n].item()) for n in sorted(statics))
     if key not in cache:
         fn = f.lower(types)
         joint = autodiff.vjp(fn, [names.index(n) for n in float_args])

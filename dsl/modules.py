@@ -86,7 +86,9 @@ def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namesp
         ns.functions[f.name] = (f, ns)
     for p in module.params:
         if p.name in ns.params:
-            raise GradError(f"param {p.name!r} is already declared by an import", p.span)
+            own = ns.params[p.name] in module.params
+            raise GradError(f"param {p.name!r} is already declared"
+                            + ("" if own else " by an import"), p.span)
         ns.params[p.name] = p
     try:
         check(module, ns)

@@ -74,6 +74,8 @@ class AotFunction:
         bound = self._bind(args, kwargs)
         sig = tuple((n, np.dtype(a.dtype).str, len(a.shape)) for n, a in bound.items())
         program = self.programs.get((kind, sig))
+        if program is None and kind != "call" and (("call", sig) in self.programs):
+            raise ArgumentError(f"{self.name}() has no float arguments to differentiate")
         if program is None:
             have = sorted({self._describe(s) for (k, s) in self.programs if k == kind})
             raise ArgumentError(f"{self.name}() was compiled for {', '.join(have)}; "

@@ -86,3 +86,22 @@ def test_hvp_takes_one_wrt():
     m = dsl.loads("def g(x, y):\n    return x * y\n")
     with pytest.raises(dsl.ArgumentError, match="one parameter"):
         dsl.hvp(m.g, wrt=(0, 1))
+
+
+def test_const_integer_arguments_are_compile_time_values():
+    m = dsl.loads("from std import logsumexp\n"
+                  "def sa(x, axis: const = 0):\n    return sum(x, axis=axis)\n"
+                  "def pick(x, k: const i64):\n    return x[k] * 2\n")
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(m.logsumexp(x, 0), np.log(np.exp(x).sum(axis=0)))
+    np.testing.assert_allclose(m.logsumexp(x, 1), np.log(np.exp(x).sum(axis=1)))
+    np.testing.assert_allclose(m.sa(x, 1), x.sum(axis=1))
+    np.testing.assert_allclose(m.sa(x), x.sum(axis=0))
+    np.testing.assert_array_equal(dsl.grad(m.pick)(np.arange(3.0), 1), [0.0, 2.0, 0.0])
+    np.testing.assert_array_equal(dsl.grad(m.pick)(np.arange(3.0), 2), [0.0, 0.0, 2.0])
+
+
+def test_a_param_declared_twice_says_so():
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads("param p: f64\nparam p: f64\ndef f(x):\n    return x * p\n")
+    assert info.value.message == "param 'p' is already declared"
