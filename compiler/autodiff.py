@@ -43,7 +43,7 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
         if eqn.op == "custom_vjp":
             p = eqn.p
             results = inline(b, p["fwd"], inputs)
-            outs = results[:p["n_out"]]
+            outs = _own(b, results[:p["n_out"]], inputs)
             residuals = results[p["n_out"]:]
             new = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
                       eqn.params, eqn.span)
@@ -96,22 +96,33 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
         out_cts = [c if c is not None else ops.zeros_like(b, o.type)
                    for c, o in zip(out_cts, outs)]
         needs = [isinstance(a, Var) and a in active for a in eqn.inputs]
+        out_mask = _common_mask([masks.get(o) if isinstance(o, Var) else None for o in outs])
+        selected_inside = False
         if eqn.op == "custom_vjp":
             in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
         else:
             rule = ops.OPS[eqn.op].vjp
             shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
-            in_cts = rule(b, shadow, out_cts, needs)
-        out_mask = _common_mask([masks.get(o) if isinstance(o, Var) else None for o in outs])
+            if getattr(rule, "takes_mask", False):
+                # elementwise rules select before un-broadcasting
+                in_cts = rule(b, shadow, out_cts, needs, mask=out_mask)
+                selected_inside = True
+            else:
+                in_cts = rule(b, shadow, out_cts, needs)
         for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
             if not need or ct is None:
                 continue
             mask = out_mask if out_mask is not None and _fits(out_mask, a) else None
-            if mask is not None:
+            if mask is not None and not selected_inside and eqn.op != "where":
                 ct = b.bind("where", mask, ct, ops.lit(b, 0, ct))
-            elif eqn.op == "where" and index > 0 and _fits(eqn.inputs[0], a):
+            if eqn.op == "where" and index > 0 and _fits(eqn.inputs[0], a):
+                # a branch's cotangent is nonzero only where it was taken
+                # (and, in a nested where, where the outer branch was too)
                 cond = eqn.inputs[0]
-                mask = cond if index == 1 else b.bind("logical_not", cond)
+                taken = cond if index == 1 else b.bind("logical_not", cond)
+                if mask is not None:
+                    taken = b.bind("logical_and", mask, taken)
+                mask = taken
             accumulate(a, ct, mask)
 
     grads = []
@@ -119,6 +130,19 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
         p = params[i]
         grads.append(cts.get(p) if p in cts else ops.zeros_like(b, p.type))
     return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+
+
+def _own(b: Builder, outs: list[Atom], inputs) -> list[Atom]:
+    """A custom call's outputs as values of their own: an output that is
+    one of its inputs (or a literal, or repeated) gets an identity equation,
+    so the cotangent it receives is not confused with its input's."""
+    owned, seen = [], set(vars_in(inputs))
+    for out in outs:
+        if not isinstance(out, Var) or out in seen:
+            out = b.bind("cast", out, dtype=out.type.dtype)
+        seen.add(out)
+        owned.append(out)
+    return owned
 
 
 def _common_mask(masks: list[Optional[Var]]) -> Optional[Var]:
@@ -165,6 +189,15 @@ def split(joint: Function, n_params: int, n_out: int) -> tuple[Function, Functio
             tainted.update(eqn.outputs)
         else:
             fwd_eqns.append(eqn)
+    # Constants (zeros, sizes) only the backward pass reads are made there,
+    # not kept as residuals.
+    fwd_reads = {a for e in fwd_eqns for a in vars_in(e.inputs)} | \
+        set(vars_in(joint.outputs[:n_out]))
+    moved = [e for e in fwd_eqns if not list(vars_in(e.inputs))
+             and not any(o in fwd_reads for o in e.outputs)]
+    fwd_eqns = [e for e in fwd_eqns if e not in moved]
+    bwd_eqns = moved + bwd_eqns
+    tainted.update(o for e in moved for o in e.outputs)
     residuals: list[Var] = []
     seen: set[Var] = set()
     grads = joint.outputs[n_out:]

@@ -66,6 +66,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
         if mean and x.type.dtype not in FLOATS:
             x = cast(b, x, "f64")
         if negate:
+            if x.type.dtype == "bool":
+                x = cast(b, x, "i64")
             x = b.bind("neg", x, span=span)
         out = L.reduce(b, op, x, axis, keepdims, span)
         if negate:

@@ -286,11 +286,17 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
 
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:
     """Driver lines binding each size symbol to the first argument axis
-    that carries it, and checking every other axis that carries it."""
+    that carries it, and checking every other axis that carries it, and
+    every fixed size (a program compiled ahead of time for f64[4] must not
+    run on 2 elements)."""
     lines, bound = [], set()
     for v in params:
         for axis, d in enumerate(v.type.shape):
-            if not isinstance(d, Sym) or d.coef != 1 or len(d.factors) != 1:
+            if isinstance(d, int):
+                lines.append(f"if {names[v]}.shape[{axis}] != {d}: "
+                             f"R.size_mismatch('a fixed size', {d}, {names[v]}.shape[{axis}])")
+                continue
+            if d.coef != 1 or len(d.factors) != 1:
                 continue
             (symbol,) = d.factors
             if symbol not in bound:

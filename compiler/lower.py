@@ -236,12 +236,16 @@ class Lowerer:
         statics = {n: v for n, v in inputs.items() if is_static(v)}
         fb = Builder()
         fparams = [Var(inputs[n].type, n) for n in arrays]
-        outs, env = self.eval_stage(fb, fdef, ns, k, {**statics, **dict(zip(arrays, fparams))})
+        initial = {**statics, **dict(zip(arrays, fparams))}
+        outs, env = self.eval_stage(fb, fdef, ns, k, dict(initial))
         outs = [as_atom(fb, o, span) for o in outs]
         block = fdef.grads[k] if k < len(fdef.grads) else None
         if block is not None and not recompute:
+            # the block sees the body's final bindings, parameters rebound
+            # in the body included
             reads = free_names(block.body, set(block.upstream))
-            res_names = [n for n in env if n in reads and n not in inputs]
+            res_names = [n for n in env if n in reads
+                         and (n not in initial or env[n] is not initial[n])]
         else:
             res_names = []
         res_arrays = [n for n in res_names if not is_static(env[n])]

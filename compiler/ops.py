@@ -241,26 +241,36 @@ def _cast_like(b: Builder, x: Atom, t: TensorType) -> Atom:
 # out with the input's shape: broadcasting is undone here.
 
 
+def _selected(b: Builder, mask: Optional[Var], ct: Atom) -> Atom:
+    """Inside a branch of `where`: the contribution where the branch was
+    taken, exactly 0 elsewhere (even where the local derivative is inf)."""
+    return ct if mask is None else b.bind("where", mask, ct, lit(b, 0, ct))
+
+
 def _unary(rule: Callable[[Builder, Atom, Var, Atom], Atom]):
-    def vjp(b, eqn, cts, needs):
+    def vjp(b, eqn, cts, needs, mask=None):
         (x,) = eqn.inputs
         if not needs[0]:
             return [None]
-        return [rule(b, x, eqn.out, cts[0])]
+        return [_selected(b, mask, rule(b, x, eqn.out, cts[0]))]
+    vjp.takes_mask = True
     return vjp
 
 
 def _binary(rule_a, rule_b):
-    def vjp(b, eqn, cts, needs):
+    def vjp(b, eqn, cts, needs, mask=None):
         x, y = eqn.inputs
         ct = cts[0]
         out = []
         for need, rule, operand in ((needs[0], rule_a, x), (needs[1], rule_b, y)):
             if need and rule is not None:
-                out.append(unbroadcast(b, rule(b, x, y, eqn.out, ct), operand.type.shape))
+                # select at the output's shape, before summing broadcast axes
+                full_ct = _selected(b, mask, rule(b, x, y, eqn.out, ct))
+                out.append(unbroadcast(b, full_ct, operand.type.shape))
             else:
                 out.append(None)
         return out
+    vjp.takes_mask = True
     return vjp
 
 
@@ -435,10 +445,13 @@ _unary_op("abs", "abs({0})", lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)),
           "nonzero", float_only=False)
 _unary_op("sign", "{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))", None,
           np.sign, differentiable=False, float_only=False)
-_unary_op("floor", "math.floor({0})", None, np.floor, differentiable=False)
-_unary_op("ceil", "math.ceil({0})", None, np.ceil, differentiable=False)
-_unary_op("round", "np.rint({0})", None, np.rint, differentiable=False,
-          templates={"cuda": "round({0})"})
+# math.floor and friends return integers: beyond 2**52 (and for inf and NaN)
+# a float is already integral, so it is returned as it is.
+_INTEGRAL = "{0} if not (abs({0}) < 4503599627370496.0) else {T}(%s({0}))"
+_unary_op("floor", _INTEGRAL % "math.floor", None, np.floor, differentiable=False)
+_unary_op("ceil", _INTEGRAL % "math.ceil", None, np.ceil, differentiable=False)
+_unary_op("round", _INTEGRAL % "np.rint", None, np.rint, differentiable=False,
+          templates={"cuda": _INTEGRAL % "round"})
 
 
 def _binary_op(name, template, rule_a, rule_b, ref, result="same", domain="real",

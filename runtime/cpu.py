@@ -2,7 +2,8 @@
 
 Contract: every function takes and returns NumPy arrays; none modifies its
 inputs.  Reductions run in Numba kernels over an (outer, reduced, inner)
-view of a contiguous array, accumulating floats in f64; matmul calls
+view of a contiguous array, accumulating floats in f64 and integers in
+i64; matmul calls
 NumPy's BLAS, which no loop written here would beat.
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ def concatenate(xs: tuple, axis: int) -> np.ndarray:
 @numba.njit(cache=True, nogil=True)
 def _sum_rows(x, out):
     for o in range(x.shape[0]):
-        acc = 0.0
+        acc = out.dtype.type(0)
         for r in range(x.shape[1]):
             acc += x[o, r]
         out[o] = acc
@@ -59,7 +60,7 @@ def _sum_rows(x, out):
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _sum_rows_parallel(x, out):
     for o in prange(x.shape[0]):
-        acc = 0.0
+        acc = out.dtype.type(0)
         for r in range(x.shape[1]):
             acc += x[o, r]
         out[o] = acc
@@ -70,7 +71,7 @@ def _sum_row_chunked(x, chunk, partial):
     # One long row: each thread sums a chunk, f64 partial sums.
     n = x.shape[0]
     for c in prange(partial.shape[0]):
-        acc = 0.0
+        acc = partial.dtype.type(0)
         for r in range(c * chunk, min(n, (c + 1) * chunk)):
             acc += x[r]
         partial[c] = acc
@@ -81,7 +82,7 @@ def _sum_middle(x, out):
     # x: (outer, reduced, inner) -> out: (outer, inner)
     for o in range(x.shape[0]):
         for i in range(x.shape[2]):
-            out[o, i] = 0.0
+            out[o, i] = 0
         for r in range(x.shape[1]):
             for i in range(x.shape[2]):
                 out[o, i] += x[o, r, i]
@@ -125,14 +126,14 @@ def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) ->
         if is_sum and (reduced == 0 or outer * inner == 0):
             x = np.zeros(kept, out_dtype)
             continue
-        acc_dtype = np.float64 if out_dtype.kind == "f" else out_dtype
+        acc_dtype = np.float64 if out_dtype.kind == "f" else np.int64
         if inner == 1:
             view = x.reshape(outer, reduced)
             if is_sum and outer == 1 and reduced >= PARALLEL_THRESHOLD:
                 chunk = max(4096, -(-reduced // (4 * numba.get_num_threads())))
-                partial = np.empty(-(-reduced // chunk), np.float64)
+                partial = np.empty(-(-reduced // chunk), acc_dtype)
                 _sum_row_chunked(view.reshape(-1), chunk, partial)
-                result = np.array([partial.sum()], dtype=np.float64)
+                result = np.array([partial.sum()], dtype=acc_dtype)
             else:
                 result = np.empty(outer, acc_dtype if is_sum else out_dtype)
                 if is_sum and outer * reduced >= PARALLEL_THRESHOLD and outer > 1:

@@ -136,19 +136,28 @@ def _cast(out, src):
 
 
 @cuda.jit
-def _reduce_middle(src, n_outer, n_reduced, n_inner, out, is_max):
-    # one thread per output (o, i), looping over the reduced axis
+def _sum_middle(src, n_outer, n_reduced, n_inner, out, zero):
+    # one thread per output (o, i), looping over the reduced axis; `zero`
+    # has the accumulator's type (f64 for floats, i64 for integers)
+    for k in range(cuda.grid(1), n_outer * n_inner, cuda.gridsize(1)):
+        o, i = k // n_inner, k % n_inner
+        base = o * n_reduced * n_inner + i
+        acc = zero
+        for r in range(n_reduced):
+            acc += src[base + r * n_inner]
+        out[k] = acc
+
+
+@cuda.jit
+def _max_middle(src, n_outer, n_reduced, n_inner, out):
     for k in range(cuda.grid(1), n_outer * n_inner, cuda.gridsize(1)):
         o, i = k // n_inner, k % n_inner
         base = o * n_reduced * n_inner + i
         acc = src[base]
         for r in range(1, n_reduced):
             v = src[base + r * n_inner]
-            if is_max:
-                if v > acc or v != v:
-                    acc = v
-            else:
-                acc += v
+            if v > acc or v != v:
+                acc = v
         out[k] = acc
 
 
@@ -334,10 +343,13 @@ def _reduce(x, axes, is_max: bool):
             result = full((outer,), 0, acc_dtype)
             chunks = max(1, min(MAX_BLOCKS, -(-reduced // (THREADS * 8))))
             _sum_rows[(chunks, outer), THREADS](flat(x), reduced, result)
+        elif is_max:
+            result = cuda.device_array(outer * inner, out_dtype)
+            _launch(_max_middle, outer * inner, flat(x), outer, reduced, inner, result)
         else:
-            result = cuda.device_array(outer * inner, acc_dtype if not is_max else out_dtype)
-            _launch(_reduce_middle, outer * inner, flat(x), outer, reduced, inner, result,
-                    is_max)
+            result = cuda.device_array(outer * inner, acc_dtype)
+            _launch(_sum_middle, outer * inner, flat(x), outer, reduced, inner, result,
+                    acc_dtype(0))
         x = reshape(_astype(result, out_dtype) if result.dtype != out_dtype else result, kept)
     return x
 

@@ -82,6 +82,6 @@ def _import_file(name: str, path) -> ModuleType:
 
 
 def make_driver(driver_source: str, kernels: ModuleType, helpers=cpu) -> Callable:
-    namespace = {"np": np, "K": kernels, "R": helpers}
+    namespace = {"np": np, "K": kernels, "R": helpers, "inf": np.inf, "nan": np.nan}
     exec(compile(driver_source, "<gradc driver>", "exec"), namespace)
     return namespace["run"]

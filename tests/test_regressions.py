@@ -105,3 +105,57 @@ def test_a_param_declared_twice_says_so():
     with pytest.raises(dsl.GradError) as info:
         dsl.loads("param p: f64\nparam p: f64\ndef f(x):\n    return x * p\n")
     assert info.value.message == "param 'p' is already declared"
+
+
+def test_where_selects_broadcast_and_nested_branches():
+    m = dsl.loads("def f(x, y):\n    return sum(where(y < 10, x * y, 0))\n"
+                  "def n(x):\n    return where(x > -1, where(x > 0, log(x), 0 * x), 0 * x)\n")
+    assert dsl.grad(m.f)(2.0, np.array([1.0, np.inf, 3.0])) == 4.0
+    np.testing.assert_array_equal(dsl.grad(m.n)(np.array([0.0, 2.0])), [0.0, 0.5])
+
+
+def test_custom_gradient_of_a_function_returning_its_input_counts_once():
+    m = dsl.loads("def ident(x):\n    return x\ngrad(dy):\n    return 2 * dy\n"
+                  "def h(x):\n    return ident(x) + x\n")
+    assert dsl.grad(m.ident)(1.0) == 2.0
+    assert dsl.grad(m.h)(1.0) == 3.0
+
+
+def test_grad_block_sees_a_rebound_parameter():
+    m = dsl.loads("def f(x):\n    x = x * 2\n    return sin(x)\ngrad(dy):\n"
+                  "    return dy * 2 * cos(x)\n")
+    x = np.array([0.3, 1.0])
+    np.testing.assert_allclose(dsl.grad(m.f)(x), 2 * np.cos(2 * x), rtol=1e-14)
+
+
+def test_compiled_module_checks_fixed_sizes(tmp_path, monkeypatch):
+    from dsl.aot import compile_module
+    (tmp_path / "fx.grad").write_text("def f(x):\n    return exp(x) * 2\n")
+    compile_module(str(tmp_path / "fx.grad"), str(tmp_path / "out"), ["f(f64[4])"])
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    import importlib
+    fx = importlib.import_module("fx")
+    np.testing.assert_allclose(fx.f(np.zeros(4)), 2 * np.ones(4))
+    with pytest.raises(dsl.ArgumentError, match="disagree on a size"):
+        fx.f(np.zeros(2))
+
+
+def test_rounding_ops_keep_huge_and_non_finite_values():
+    m = dsl.loads("def f(x):\n    return floor(x) + ceil(x) + round(x)\n")
+    x = np.array([np.inf, -np.inf, np.nan, 1e20, 2.5, -2.5])
+    np.testing.assert_array_equal(m.f(x), np.floor(x) + np.ceil(x) + np.rint(x))
+
+
+def test_min_of_bools_and_exact_integer_sums():
+    m = dsl.loads("def mn(x):\n    return min(x > 0)\ndef s(x):\n    return sum(x)\n")
+    assert m.mn(np.array([1.0, -1.0])) == 0
+    assert m.s(np.array([2**53, 1, 1])) == 2**53 + 2
+
+
+def test_non_finite_literals_and_zero_cotangents():
+    m = dsl.loads("def t(x):\n    return x * 2, 1e400\ndef f(x, y):\n    return x * 2\n")
+    assert m.t(np.ones(2))[1] == np.inf
+    _, pullback = dsl.vjp(m.f, np.ones(1000), np.ones(1000))
+    assert pullback.residual_bytes == 0
+    dx, dy = pullback(np.ones(1000))
+    np.testing.assert_array_equal(dy, np.zeros(1000))
