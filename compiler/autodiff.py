@@ -45,11 +45,8 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
             results = inline(b, p["fwd"], inputs)
             outs = _own(b, results[:p["n_out"]], inputs)
             residuals = results[p["n_out"]:]
-            new = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
-                      eqn.params, eqn.span)
-            for old, out in zip(eqn.outputs, outs):
-                env[old] = out
-            record = (new, outs, residuals)
+            env.update(zip(eqn.outputs, outs))
+            record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs, residuals)
         else:
             outs_vars = tuple(Var(v.type, v.hint) for v in eqn.outputs)
             new = Eqn(eqn.op, inputs, outs_vars, eqn.params, eqn.span)

@@ -5,17 +5,17 @@ Contract: `generate(fn, target)` returns a `Generated` holding
   rendered from the op table's scalar templates.  It depends only on the
   structure of the computation (dtypes, which inputs broadcast how), never
   on sizes, so one compiled kernel serves every size;
-- `driver_source`: a plain-Python function `run(*args)` for this exact
-  signature that allocates outputs with NumPy, calls the kernels (and the
-  runtime's reduction and matmul kernels) in order, and returns the
-  outputs.  Kernels never allocate.
+- `driver_source`: a plain-Python function `run(*args)` for fn's types
+  (symbolic sizes become variables bound from the arguments) that
+  allocates outputs and does layout, reductions and matmul through the
+  target's helper module `R`, launches the kernels in order, and returns
+  the outputs.  Kernels never allocate.
 
 Only `Target` differs between the CPU and CUDA: the loop wrapper and how
 the driver launches a loop and allocates memory.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,9 +28,6 @@ from compiler.shapes import Sym, prod, render, render_shape
 # costs more than it saves below a few tens of thousands of elements.
 PARALLEL_THRESHOLD = 1 << 15
 
-SCALAR_TYPES = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32",
-                "i64": "np.int64", "bool": "np.bool_"}
-CASTS = {"f32": "f32", "f64": "f64", "i32": "i32", "i64": "i64", "bool": "bool"}
 
 
 @dataclass(frozen=True)
@@ -39,10 +36,6 @@ class Generated:
     kernel_source: str
     driver_source: str
     kernel_names: tuple[str, ...]
-
-    @property
-    def kernel_hash(self) -> str:
-        return hashlib.sha256(self.kernel_source.encode()).hexdigest()[:20]
 
 
 # ------------------------------------------------------------ input access
@@ -201,8 +194,8 @@ def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list
             expr = ref(eqn.inputs[0])
         else:
             expr = op.template_for(target.name).format(
-                *[ref(a) for a in eqn.inputs], T=CASTS[out.type.dtype])
-        body.append(f"{local} = {CASTS[out.type.dtype]}({expr})")
+                *[ref(a) for a in eqn.inputs], T=out.type.dtype)
+        body.append(f"{local} = {out.type.dtype}({expr})")
     for j, v in enumerate(loop.outputs):
         body.append(f"out{j}[i] = {names[v]}")
     return target.render_loop(kname, args, pre, body), kinds
@@ -320,8 +313,8 @@ def _render_eqn(eqn: Eqn, ref, define) -> str:
         return f"{out} = R.{op}({x[0]}, {tuple(p['axes'])!r})"
     if op == "matmul":
         return f"{out} = R.matmul({x[0]}, {x[1]})"
-    if op in ("reshape", "broadcast_to"):
-        return f"{out} = R.{op}({x[0]}, {render_shape(p['shape'])})"
+    if op == "reshape":
+        return f"{out} = R.reshape({x[0]}, {render_shape(p['shape'])})"
     if op == "transpose":
         return f"{out} = R.transpose({x[0]}, {tuple(p['perm'])!r})"
     if op == "slice":

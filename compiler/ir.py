@@ -28,13 +28,6 @@ NUMPY_DTYPES = {"bool": np.bool_, "i32": np.int32, "i64": np.int64,
                 "f32": np.float32, "f64": np.float64}
 
 
-def dtype_of_numpy(dt: np.dtype) -> str | None:
-    for name, np_type in NUMPY_DTYPES.items():
-        if np.dtype(np_type) == dt:
-            return name
-    return None
-
-
 @dataclass(frozen=True)
 class TensorType:
     dtype: str
@@ -51,13 +44,6 @@ class TensorType:
     @property
     def is_float(self) -> bool:
         return self.dtype in FLOATS
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * np.dtype(NUMPY_DTYPES[self.dtype]).itemsize
-
-    def with_dtype(self, dtype: str) -> "TensorType":
-        return TensorType(dtype, self.shape)
 
     def __str__(self) -> str:
         if not self.shape:

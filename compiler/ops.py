@@ -544,7 +544,6 @@ def _np_dtype(dtype: str):
 
 # Ops that compute nothing a derivative can flow through.
 NON_DIFFERENTIABLE = {name for name, op in OPS.items() if not op.differentiable}
-ELEMENTWISE = {name for name, op in OPS.items() if op.kind == "elementwise"}
 FLOAT_ONLY = {name for name, op in OPS.items() if op.float_only}
 
 

@@ -4,7 +4,8 @@ Contract:
 - `inline_calls`: replaces every `custom_vjp` call by its `fwd` body (run
   once no more differentiation is to come);
 - `simplify`: drops identities (stop_gradient, x + 0, x * 1, casts and
-  reshapes to the same type) without changing any IEEE result;
+  reshapes to the same type; results unchanged up to the sign of a zero
+  sum) and folds reshaped or broadcast constants into constants;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads.
 """

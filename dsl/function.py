@@ -3,9 +3,9 @@
 Contract: a `Compiled` is called like the `.grad` function it stands for
 (NumPy arrays, scalars or sequences in; NumPy arrays out).  On each call it
 binds and validates the arguments (`runtime.args`, raising `ArgumentError`
-before any kernel runs), looks up the program for that signature (dtype and
-shape of each argument) and, on a miss, lowers, differentiates, optimizes,
-fuses and generates it.  Transforms (`GradFunction` for grad and
+before any kernel runs), looks up the program for the call's dtypes and
+pattern of sizes (or its exact sizes, for functions that need them) and, on
+a miss, lowers, differentiates, optimizes, fuses and generates it.  Transforms (`GradFunction` for grad and
 value_and_grad) are themselves `Compiled`, built from the IR of the function
 they wrap, so they compose: `grad(grad(f))` differentiates the gradient's
 IR.  `vjp` returns the primal output and a pullback that keeps only the
@@ -89,9 +89,6 @@ class Compiled:
 
     def format(self, outs: Sequence[np.ndarray], bound: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
-
-    def n_outputs(self, types: dict[str, TensorType]) -> int:
-        return len(self.lower(types).outputs)
 
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
         return bind(self.name, self.specs, args, kwargs, self.span)

@@ -29,7 +29,6 @@ def flat(x: np.ndarray) -> np.ndarray:
 empty = np.empty
 reshape = np.reshape
 transpose = np.transpose
-broadcast_to = np.broadcast_to
 
 
 def scalar(value, dtype) -> np.ndarray:

@@ -2,14 +2,14 @@
 CUDA target, and the host/device boundary.
 
 Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
-reshape, transpose, broadcast_to, slice, embed, concatenate, matmul,
+reshape, transpose, slice, embed, concatenate, matmul,
 reduce_sum, reduce_max, size_mismatch), taking and returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
 count them).  Reductions: one thread per output over an (outer, reduced,
 inner) view, or, for long rows, a block-level tree in shared memory whose
-block results meet by atomics; float sums accumulate in f64.  Matmul is a
+block results meet by atomics; sums accumulate in f64 (floats) or i64.  Matmul is a
 tiled shared-memory kernel.  `require()` raises a clear error when
 numba-cuda or a GPU (or the simulator) is missing.
 """
@@ -265,12 +265,6 @@ def _gathered(x, out_shape, offset: int, src_strides):
 def transpose(x, perm):
     strides = _strides(x.shape)
     return _gathered(x, tuple(x.shape[p] for p in perm), 0, [strides[p] for p in perm])
-
-
-def broadcast_to(x, shape):
-    lead = len(shape) - x.ndim
-    strides = [0] * lead + [0 if d == 1 else s for d, s in zip(x.shape, _strides(x.shape))]
-    return _gathered(x, tuple(shape), 0, strides)
 
 
 def _slice_layout(shape, where):
