@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 from compiler import ops
 from compiler.ir import Atom, Builder, Eqn, Function, Var, inline, vars_in
+from compiler.shapes import broadcasts_to
 
 
 def vjp(fn: Function, wrt: Sequence[int]) -> Function:
@@ -149,9 +150,7 @@ def _common_mask(masks: list[Optional[Var]]) -> Optional[Var]:
 
 def _fits(mask: Atom, v: Atom) -> bool:
     """Whether selecting by `mask` keeps v's shape."""
-    if not isinstance(mask, Var) or mask.type.rank > v.type.rank:
-        return False
-    return all(m in (1, d) for m, d in zip(mask.type.shape[::-1], v.type.shape[::-1]))
+    return isinstance(mask, Var) and broadcasts_to(mask.type.shape, v.type.shape)
 
 
 def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool) -> Function:

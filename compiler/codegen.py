@@ -23,10 +23,8 @@ from compiler.fusion import Loop, fuse
 from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from compiler.ops import OPS, python_slices
 from compiler.shapes import Sym, prod, render, render_shape
+from runtime.cpu import PARALLEL_THRESHOLD  # one threshold for loops and reductions
 
-# Loops with fewer elements than this run serially: waking the thread pool
-# costs more than it saves below a few tens of thousands of elements.
-PARALLEL_THRESHOLD = 1 << 15
 
 
 

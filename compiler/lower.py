@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 from compiler import autodiff, ops
 from compiler.builtins import BUILTINS, TRANSFORMS
 from compiler.ir import Atom, Builder, Function, StaticScalar, TensorType, Var, inline
-from compiler.shapes import NeedsConcrete, Sym
+from compiler.shapes import NeedsConcrete, Sym, broadcasts_to
 from compiler.values import Value, as_atom, cast, is_static, unify
 from runtime.args import check_dims
 from dsl import ast
@@ -305,7 +305,7 @@ class Lowerer:
         outs, _ = self.eval_stage(fb, fdef, ns, 0, {**statics, **dict(zip(arrays, fparams))})
         (out,) = [as_atom(fb, o, span) for o in outs]
         x_type = inputs[target].type
-        if not _broadcasts(x_type.shape, out.type.shape):
+        if not broadcasts_to(x_type.shape, out.type.shape):
             raise GradError(f"@pass_through function {fdef.name}() returns shape "
                             f"{list(out.type.shape)}, which {target!r} (shape "
                             f"{list(x_type.shape)}) does not broadcast to", span)
@@ -353,7 +353,7 @@ class Lowerer:
             if value.type.shape != t.shape:
                 # A cotangent of the shape the input was broadcast to is
                 # summed back, as derived gradients are; a size-1 one spreads.
-                if _broadcasts(t.shape, value.type.shape):
+                if broadcasts_to(t.shape, value.type.shape):
                     value = ops.unbroadcast(b, value, t.shape)
                 elif value.type.size == 1 and value.type.rank <= t.rank:
                     value = b.bind("broadcast_to", value, shape=t.shape, span=sp)
@@ -685,12 +685,6 @@ class Lowerer:
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
-
-
-def _broadcasts(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
-    if len(small) > len(big):
-        return False
-    return all(s in (1, g) for s, g in zip(small[::-1], big[::-1]))
 
 
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}

@@ -84,3 +84,11 @@ def evaluate(d: Dim, binding: dict[str, int]) -> int:
     if isinstance(d, Sym):
         return d.coef * math.prod(binding[f] for f in d.factors)
     return d
+
+
+def broadcasts_to(small, big) -> bool:
+    """Whether a shape broadcasts to another (NumPy's rule, right-aligned)."""
+    small, big = tuple(small), tuple(big)
+    if len(small) > len(big):
+        return False
+    return all(s in (1, b) for s, b in zip(small[::-1], big[::-1]))

@@ -29,6 +29,7 @@ from compiler.shapes import NeedsConcrete, Sym
 from dsl.api import Module, load
 from dsl.errors import GradError, Span
 from dsl.function import GradFn, GradFunction
+from runtime.args import NUMPY
 
 _SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
 _ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
@@ -152,7 +153,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
                    "programs": [], "wrt": []})
-        key = [(n, np.dtype(_NP[t.dtype]).str, t.rank) for n, t in types.items()]
+        key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank) for n, t in types.items()]
         wrt = tuple(n for n, t in types.items() if t.is_float and
                     next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
         transforms = [("call", f)]
@@ -171,7 +172,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
             _write(out / f"{kernels}.py", generated.kernel_source)
             samples.append((name, kind, [
-                np.ones(tuple(d if isinstance(d, int) else 3 for d in t.shape), _NP[t.dtype])
+                np.ones(tuple(d if isinstance(d, int) else 3 for d in t.shape), NUMPY[t.dtype])
                 for n, t in types.items() if n not in f.reads]))
             entry["programs"].append((kind, key, {"kernels": kernels,
                                                   "driver": generated.driver_source}))
@@ -184,10 +185,6 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
 
 def _declared(module: Module) -> list[str]:
     return [s for s in module.params._specs]
-
-
-_NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64,
-       "bool": np.bool_}
 
 
 def _write(path: Path, text: str) -> None:
@@ -220,7 +217,7 @@ def _precompile(target_file: Path, spec: dict, samples, progress) -> None:
     for decl in spec["params"]:
         pname, dtype, dims = decl[0], decl[1], decl[2]
         shape = [d if isinstance(d, int) else 3 for d in (dims or ())]
-        aot.params[pname] = np.ones(shape, _NP[dtype or "f64"])
+        aot.params[pname] = np.ones(shape, NUMPY[dtype or "f64"])
     programs = [program for fspec in spec["functions"].values()
                 for _, _, program in fspec["programs"]]
     for index, ((fname, kind, arrays), program) in enumerate(zip(samples, programs), 1):

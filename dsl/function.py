@@ -26,7 +26,7 @@ from compiler.shapes import NeedsConcrete, Sym
 from dsl import ast
 from dsl.errors import ArgumentError, GradError
 from dsl.tape import recording_tapes
-from runtime.args import SUPPORTED, ParamSpec, bind, is_device_array
+from runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, is_device_array
 from runtime.params import ParamStore
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -38,8 +38,10 @@ def specs_of(fdef: ast.FuncDef) -> tuple[ParamSpec, ...]:
                            p.default is not None) for p in fdef.params)
 
 
-def _signature(bound: dict[str, np.ndarray]) -> tuple:
-    return tuple((name, a.dtype.str, a.shape) for name, a in bound.items())
+def _signature(bound: dict[str, np.ndarray], statics=frozenset()) -> tuple:
+    """The exact key of a call: dtypes, shapes, and static values."""
+    return tuple((name, a.dtype.str, a.shape) for name, a in bound.items()) + \
+        tuple((n, bound[n].item()) for n in sorted(statics))
 
 
 def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
@@ -103,7 +105,7 @@ class Compiled:
         equal sizes), or with concrete sizes when the function needs them."""
         statics = self.static_names(bound)
         pattern, types = _symbolic(bound, statics)
-        concrete_key = _signature(bound) + tuple((n, bound[n].item()) for n in sorted(statics))
+        concrete_key = _signature(bound, statics)
         program = self._programs.get(pattern) or self._programs.get(concrete_key)
         if program is not None:
             return program
@@ -277,7 +279,7 @@ class Pullback:
                 # (a scalar may come as a 1-element array: simulators make 0-d ones 1-d)
                 scalar_ok = t.shape == () and ct.size == 1
                 if (tuple(ct.shape) != t.shape and not scalar_ok) or \
-                        np.dtype(ct.dtype) != _NUMPY[t.dtype]:
+                        np.dtype(ct.dtype) != NUMPY[t.dtype]:
                     raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)
@@ -286,7 +288,7 @@ class Pullback:
             if array.dtype.kind not in "biuf":
                 raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() is not "
                                     "numeric")
-            array = array.astype(np.dtype(_NUMPY[t.dtype]), copy=False)
+            array = array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
             if array.shape != t.shape:
                 if array.ndim == 0:
                     array = np.full(t.shape, array)
@@ -317,7 +319,7 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
     names = list(types)
     float_args = f.differentiable_names(bound)
     cache = f.__dict__.setdefault("_vjp_programs", {})
-    key = _signature(bound) + tuple((n, bound[n].item()) for n in sorted(statics))
+    key = _signature(bound, statics)
     if key not in cache:
         fn = f.lower(types)
         joint = autodiff.vjp(fn, [names.index(n) for n in float_args])
@@ -353,7 +355,7 @@ class VjpFunction(Compiled):
         inner_types = {n: types[n] for n in names}
         fn = self.inner.lower(inner_types)
         floats = [n for n in self.inner.differentiable_names(
-            {n: np.empty(0, _NUMPY[t.dtype]) for n, t in inner_types.items()})]
+            {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})]
         joint = autodiff.vjp(fn, [names.index(n) for n in floats])
         n_out = len(fn.outputs)
         return Function(f"{fn.name}_pullback", joint.params, joint.eqns, joint.outputs[n_out:])
@@ -447,7 +449,6 @@ class HvpFunction(Directional):
         return bound
 
 
-_NUMPY = {v: k for k, v in SUPPORTED.items()}
 
 
 class GradFn(Compiled):

@@ -16,7 +16,8 @@ from numba import prange
 
 from runtime.common import axis_runs, check_nonempty, size_mismatch  # noqa: F401 (drivers call R.size_mismatch)
 
-# Below this many elements a reduction runs on one thread.
+# Below this many elements a loop or a reduction runs on one thread: waking
+# the thread pool costs more than it saves below a few tens of thousands.
 PARALLEL_THRESHOLD = 1 << 15
 
 
