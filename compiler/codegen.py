@@ -26,8 +26,6 @@ from compiler.shapes import Sym, prod, render, render_shape
 from runtime.cpu import PARALLEL_THRESHOLD  # one threshold for loops and reductions
 
 
-
-
 @dataclass(frozen=True)
 class Generated:
     name: str
