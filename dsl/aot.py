@@ -5,8 +5,9 @@ Contract: `compile_module(path, out_dir, sigs)` writes `out_dir/NAME.py`
 source beside it.  The module imports only NumPy, Numba and the `runtime`
 package (`runtime.aot`), never the parser or compiler, and exposes each
 function with `.grad` and `.value_and_grad`, for the signatures given
-(`f(f64[:], f32[n, 3], i64)`: `:` is any size, a name is a size shared by
-the axes that name it, an integer is fixed).  Without `--sig` each
+(`f(f64[:], f32[n, 3], i64, 1)`: `:` is any size, a name is a size shared
+by the axes that name it, an integer is fixed; a bare integer or True/False
+is the value of a const parameter, which the program is compiled for).  Without `--sig` each
 function gets f64 arrays of its annotated (else rank-1) shape.  With
 `precompile=True` every kernel is compiled now, both its serial and its
 parallel variant, and Numba's cache beside the module keeps the machine
@@ -23,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from compiler.codegen import generate
-from compiler.ir import TensorType
+from compiler.ir import StaticScalar, TensorType
 from compiler.pipeline import optimize
 from compiler.shapes import NeedsConcrete, Sym
 from dsl.api import Module, load
@@ -49,6 +50,11 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
     name, body = match.groups()
     args = []
     for part in _split(body):
+        literal = part.strip()
+        if re.fullmatch(r"-?\d+|True|False", literal):
+            value = {"True": True, "False": False}.get(literal)
+            args.append(("static", int(literal) if value is None else value))
+            continue
         arg = _ARG.match(part)
         if not arg:
             raise SignatureError(f"cannot read {part.strip()!r} in signature {text!r}",
@@ -117,7 +123,17 @@ def _types(module: Module, f: GradFn, args: list[tuple[str, tuple]],
     missing = [s.name for s in f.specs[len(args):] if not s.has_default]
     if missing:
         raise SignatureError(f"signature {sig!r} leaves out {', '.join(missing)}", f.span)
-    types = {s.name: TensorType(dtype, dims) for s, (dtype, dims) in zip(f.specs, args)}
+    types = {}
+    for s, (dtype, dims) in zip(f.specs, args):
+        if dtype == "static":
+            if not s.const:
+                raise SignatureError(f"signature {sig!r} gives a value for {s.name!r}, which "
+                                     "is not const", f.span)
+            value = dims
+            kind = "bool" if isinstance(value, bool) else (s.dtype or "i64")
+            types[s.name] = StaticScalar(kind, (), value)
+        else:
+            types[s.name] = TensorType(dtype, dims)
     for w, spec in zip(f.reads, f.param_specs):
         dims = tuple(d if isinstance(d, int) else Sym.named(f"p_{d}")
                      for d in (spec.dims or ()))
@@ -153,7 +169,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
                    "programs": [], "wrt": []})
-        key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank) for n, t in types.items()]
+        key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank)
+               + ((t.value,) if isinstance(t, StaticScalar) else ()) for n, t in types.items()]
         wrt = tuple(n for n, t in types.items() if t.is_float and
                     next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
         transforms = [("call", f)]
@@ -168,10 +185,18 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                 raise SignatureError(f"{name}() cannot be compiled for any size: {err}; give "
                                      f"concrete sizes in --sig, e.g. {name}(f64[128])",
                                      f.span) from None
+            except GradError as err:
+                consts = [s.name for s, (dtype, _) in zip(f.specs, args)
+                          if s.const and dtype in ("i32", "i64", "bool")]
+                if consts and err.note is None:
+                    err.note = (f"a const integer used as an axis or index needs its value "
+                                f"in the signature, e.g. {consts[0]} given as 1")
+                raise
             generated = generate(ir, target)
             kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
             _write(out / f"{kernels}.py", generated.kernel_source)
             samples.append((name, kind, [
+                np.asarray(t.value, NUMPY[t.dtype]) if isinstance(t, StaticScalar) else
                 np.ones(tuple(d if isinstance(d, int) else 3 for d in t.shape), NUMPY[t.dtype])
                 for n, t in types.items() if n not in f.reads]))
             entry["programs"].append((kind, key, {"kernels": kernels,

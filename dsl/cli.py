@@ -33,7 +33,10 @@ def _parse_arg(text: str):
         path = Path(text)
         if not path.exists():
             raise UsageError(f"no such .npy file: {text}")
-        return np.load(path, allow_pickle=False)
+        try:
+            return np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise UsageError(f"cannot read {text}: {err}") from None
     try:
         value = pyast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -75,11 +78,11 @@ def cmd_run(args) -> int:
     for k, out in enumerate(outs):
         label = f"{args.fn}" if len(outs) == 1 else f"{args.fn}[{k}]"
         print(f"{label} = {_format(out)}")
-    passed = [s for s in f.specs[:len(values)]]
     if args.wrt:
         wrt = [int(w) if w.isdigit() else w for w in args.wrt]
-    else:
-        wrt = [s.name for s in passed if s.differentiable]
+    else:  # every argument that gets a gradient (numbers become f64; .npy keep theirs)
+        wrt = [s.name for s, v in zip(f.specs, values) if s.differentiable
+               and not (isinstance(v, np.ndarray) and v.dtype.kind != "f")]
     if not wrt:
         print("(no differentiable arguments)")
         return 0
@@ -252,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--fn", help="only this function")
     show.add_argument("--emit", required=True,
                       choices=("ast", "ir", "grad-ir", "kernels", "grad-kernels", "llvm"))
-    show.add_argument("--sig", nargs="+", help="signatures like 'f(f64[:])' (default: f64 "
+    show.add_argument("--sig", nargs="+", action="extend", help="signatures like 'f(f64[:])' (default: f64 "
                       "arrays of each function's annotated, else rank-1, shape)")
     show.set_defaults(func=cmd_show)
     check = sub.add_parser("check", help="compare every gradient with finite differences")
@@ -265,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("file")
     comp.add_argument("-o", "--output", default=".", help="output directory (default: .)")
     comp.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
-    comp.add_argument("--sig", nargs="+", help="signatures to compile now, like "
+    comp.add_argument("--sig", nargs="+", action="extend", help="signatures to compile now, like "
                       "'f(f64[:], f32[n, 3])'; the machine code is cached beside the module")
     comp.set_defaults(func=cmd_compile)
     return parser

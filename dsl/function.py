@@ -26,7 +26,7 @@ from compiler.shapes import NeedsConcrete, Sym
 from dsl import ast
 from dsl.errors import ArgumentError, GradError
 from dsl.tape import recording_tapes
-from runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, is_device_array
+from runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, is_device_array, static_names
 from runtime.params import ParamStore
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -124,11 +124,7 @@ class Compiled:
             return program
 
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
-        """The `const` integer and bool scalars of this call: compile-time
-        values (an axis, an index), so programs are specialized on them."""
-        consts = {s.name for s in self.specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
-        return frozenset(n for n in consts if n in bound and not is_device_array(bound[n])
-                         and bound[n].ndim == 0 and np.dtype(bound[n].dtype).kind in "biu")
+        return static_names(self.specs, bound)
 
     host_results: bool = False  # CUDA target: copy results to NumPy
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dsl.errors import ArgumentError
-from runtime.args import ParamSpec, bind
+from runtime.args import ParamSpec, bind, call_key, static_names
 from runtime.loader import load_kernel_file, make_driver
 from runtime.params import ParamStore
 
@@ -72,7 +72,7 @@ class AotFunction:
 
     def _run(self, kind: str, args, kwargs):
         bound = self._bind(args, kwargs)
-        sig = tuple((n, np.dtype(a.dtype).str, len(a.shape)) for n, a in bound.items())
+        sig = call_key(bound, static_names(self.specs, bound))
         program = self.programs.get((kind, sig))
         if program is None and kind != "call" and (("call", sig) in self.programs):
             raise ArgumentError(f"{self.name}() has no float arguments to differentiate")
@@ -89,8 +89,9 @@ class AotFunction:
 
     def _describe(self, sig: Sequence) -> str:
         names = {"<f8": "f64", "<f4": "f32", "<i8": "i64", "<i4": "i32", "|b1": "bool"}
-        parts = [names.get(dt, dt) + ("[" + ", ".join(":" * ndim) + "]" if ndim else "")
-                 for _, dt, ndim in sig]
+        parts = [repr(rest[0]) if rest else
+                 names.get(dt, dt) + ("[" + ", ".join(":" * ndim) + "]" if ndim else "")
+                 for _, dt, ndim, *rest in sig]
         return f"{self.name}({', '.join(parts)})"
 
     def __call__(self, *args, **kwargs):

@@ -140,3 +140,19 @@ def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
                         f"{size} for {name!r} in {fn_name}()", span)
         else:
             bound.setdefault(dim, (size, name))
+
+
+def static_names(specs: Sequence[ParamSpec], bound: dict) -> frozenset:
+    """The `const` integer and bool scalars of a call: compile-time values
+    (an axis, an index), so programs are specialized on their values."""
+    consts = {s.name for s in specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
+    return frozenset(n for n in consts if n in bound and not is_device_array(bound[n])
+                     and np.ndim(bound[n]) == 0 and np.dtype(bound[n].dtype).kind in "biu")
+
+
+def call_key(bound: dict, statics: frozenset) -> tuple:
+    """What picks a compiled-ahead program: each argument's dtype and rank,
+    and the values of static arguments."""
+    return tuple((n, np.dtype(a.dtype).str, len(a.shape))
+                 + ((np.asarray(a).item(),) if n in statics else ())
+                 for n, a in bound.items())

@@ -83,7 +83,7 @@ def is_device_array(x) -> bool:
 
 def to_device(a: np.ndarray):
     """Copy a host array to the device (the one host-to-device path)."""
-    return cuda.to_device(np.ascontiguousarray(a))
+    return cuda.to_device(np.require(a, requirements="C"))  # keeps 0-d arrays 0-d
 
 
 def to_host(d) -> np.ndarray:

@@ -159,3 +159,41 @@ def test_non_finite_literals_and_zero_cotangents():
     assert pullback.residual_bytes == 0
     dx, dy = pullback(np.ones(1000))
     np.testing.assert_array_equal(dy, np.zeros(1000))
+
+
+def test_scalars_stay_scalars_on_cuda():
+    src = ("def nd(x, a):\n    return x * a.ndim\n"
+           "def ann(a: f64, x):\n    return x * a\n"
+           "def f(x, a):\n    return sum(x) * a\n")
+    cu = dsl.loads(src, target="cuda", host_results=True)
+    x = np.array([1.0, 2.0])
+    np.testing.assert_array_equal(cu.nd(x, 2.0), [0.0, 0.0])
+    np.testing.assert_array_equal(cu.ann(2.0, x), [2.0, 4.0])
+    assert cu.f(x, 2.0).shape == () and dsl.grad(cu.f, wrt=1)(x, 2.0).shape == ()
+
+
+def test_compile_takes_repeated_sigs_and_const_values(tmp_path, monkeypatch):
+    (tmp_path / "ax.grad").write_text("def ax(x, axis: const i64):\n"
+                                      "    return sum(x * x, axis=axis)\n"
+                                      "def sq(x):\n    return x * x\n")
+    out = tmp_path / "out"
+    assert main(["compile", str(tmp_path / "ax.grad"), "-o", str(out),
+                 "--sig", "ax(f64[m, n], 1)", "--sig", "ax(f64[m, n], 0)",
+                 "--sig", "sq(f32[:])"]) == 0
+    monkeypatch.syspath_prepend(str(out))
+    import importlib
+    ax = importlib.import_module("ax")
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(ax.ax(x, 1), (x * x).sum(axis=1))
+    np.testing.assert_array_equal(ax.ax(x, 0), (x * x).sum(axis=0))
+    np.testing.assert_array_equal(ax.ax.grad(x, 1), 2 * x)
+    assert ax.sq(np.ones(2, np.float32)).dtype == np.float32
+    with pytest.raises(dsl.ArgumentError, match="was compiled for"):
+        ax.ax(x, 2)
+
+
+def test_run_reports_unreadable_npy_files(tmp_path, capsys):
+    (tmp_path / "bad.npy").write_text("not numpy")
+    assert main(["run", str(EXAMPLES / "log1pexp.grad"), "log1pexp",
+                 str(tmp_path / "bad.npy")]) == 2
+    assert "cannot read" in capsys.readouterr().err
