@@ -94,6 +94,39 @@ class CpuTarget:
             out.append("")
         return "\n".join(out)
 
+    def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
+                             body: list[str], summand: str, reduced: str) -> str:
+        """A loop over (rows, row length) whose last step sums `summand`
+        along each row into `reduced[row]`, in f64: `_rows` runs rows in
+        parallel, `_all` one row (a full sum) as a parallel reduction."""
+        arglist = ", ".join(["n", "rows"] + args)
+        inner = ["    " + line for line in body]
+        out = []
+        for suffix, deco, rng in (("", "@numba.njit(parallel=True, cache=True, "
+                                   "error_model='numpy', nogil=True)", "prange"),
+                                  ("_serial", "@numba.njit(cache=True, error_model='numpy', "
+                                   "nogil=True)", "range")):
+            out += [deco, f"def {kname}{suffix}({arglist}):"]
+            out += ["    " + line for line in pre]
+            out += ["    length = n // rows if rows else 0",
+                    f"    for o in {rng}(rows):", "        acc = 0.0",
+                    "        for r in range(length):", "            i = o * length + r"]
+            out += ["        " + line for line in inner]
+            out += [f"            acc += {summand}", f"        {reduced}[o] = acc", ""]
+        out += ["@numba.njit(parallel=True, cache=True, error_model='numpy', nogil=True)",
+                f"def {kname}_all({arglist}):"]
+        out += ["    " + line for line in pre]
+        out += ["    acc = 0.0", "    for i in prange(n):"]
+        out += ["        " + line for line in body]
+        out += [f"        acc += {summand}", f"    {reduced}[0] = acc", ""]
+        return "\n".join(out)
+
+    def launch_reducing(self, kname: str, n, rows, args: list[str]) -> str:
+        size, count = render(n), render(rows)
+        kernel = (f"(K.{kname}_serial if {size} < {PARALLEL_THRESHOLD} else "
+                  f"K.{kname}_all if {count} == 1 else K.{kname})")
+        return f"{kernel}({', '.join([size, count] + args)})"
+
     def launch(self, kname: str, n, args: list[str]) -> str:
         size = render(n)
         if isinstance(n, Sym):
@@ -192,8 +225,15 @@ def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list
             expr = op.template_for(target.name).format(
                 *[ref(a) for a in eqn.inputs], T=out.type.dtype)
         body.append(f"{local} = {out.type.dtype}({expr})")
+    reduced = None
     for j, v in enumerate(loop.outputs):
-        body.append(f"out{j}[i] = {names[v]}")
+        if loop.reduction is not None and v in loop.reduction.outputs:
+            reduced = f"out{j}"
+        else:
+            body.append(f"out{j}[i] = {names[v]}")
+    if reduced is not None:
+        summand = names[loop.reduction.inputs[0]]
+        return target.render_reducing_loop(kname, args, pre, body, summand, reduced), kinds
     return target.render_loop(kname, args, pre, body), kinds
 
 
@@ -202,7 +242,7 @@ def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list
 
 def generate(fn: Function, target_name: str = "cpu") -> Generated:
     target = TARGETS[target_name]
-    steps = fuse(fn)
+    steps = fuse(fn, reductions=hasattr(target, "render_reducing_loop"))
     consts: dict = {}
     kernels: list[str] = []
     kernel_names: list[str] = []
@@ -228,6 +268,7 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
             kernels.append(source)
             kernel_names.append(kname)
             size = prod(step.shape)
+            reduced = step.reduction.outputs if step.reduction is not None else ()
             call_args = []
             for kind, v in kinds:
                 if kind == "in":
@@ -235,16 +276,21 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
                 elif kind == "out":
                     name = define(v)
                     fresh.add(v)
-                    lines.append(f"{name} = R.empty({render(size)}, "
+                    length = prod(v.type.shape) if v in reduced else size
+                    lines.append(f"{name} = R.empty({render(length)}, "
                                  f"np.{_np_name(v.type.dtype)})")
                     call_args.append(name)
                 else:
                     aux = access_aux(v.type.shape, step.shape)
                     call_args.append(render(aux) if not isinstance(aux, tuple) else
                                      render_shape([d for row in aux for d in row]))
-            lines.append(target.launch(kname, size, call_args))
+            if reduced:
+                rows = prod(reduced[0].type.shape)
+                lines.append(target.launch_reducing(kname, size, rows, call_args))
+            else:
+                lines.append(target.launch(kname, size, call_args))
             for v in step.outputs:
-                if v.type.shape != (size,):
+                if v.type.shape != (prod(v.type.shape),):
                     lines.append(f"{names[v]} = R.reshape({names[v]}, "
                                  f"{render_shape(v.type.shape)})")
         else:

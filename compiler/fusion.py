@@ -9,6 +9,10 @@ pass that stores no residual.  `broadcast_to` and `full` join loops as
 elementwise ops (their inputs are read with broadcast indexing, their
 values are constants), so broadcasting never materializes an array.
 
+On the CPU a loop may also end in a float sum over trailing axes of a
+value only that sum reads (`sum(x * x)`, `sum(err * err, axis=1)`): the
+loop accumulates it, and the summed array is never stored.
+
 Greedy rule: an elementwise equation joins a loop of its shape when every
 input it reads from outside that loop was defined before the loop starts
 (preferring the loop that produces its inputs); the loop then runs where
@@ -33,18 +37,36 @@ class Loop:
     produced: set = field(default_factory=set)
     inputs: list[Var] = field(default_factory=list)   # read from outside
     outputs: list[Var] = field(default_factory=list)  # needed outside
+    # A float sum over trailing axes of a value only it reads, accumulated
+    # in the loop itself (so that value is never stored).
+    reduction: Eqn | None = None
 
 
 Step = Union[Loop, Eqn]
 
 
-def fuse(fn: Function) -> list[Step]:
+def fuse(fn: Function, reductions: bool = False) -> list[Step]:
+    """`reductions`: let a loop end in a sum over trailing axes."""
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}
     defined_at: dict[Var, int] = {v: -1 for v in fn.params}
     loop_of: dict[Var, Loop] = {}
     steps: list[tuple[int, Step]] = []
+    uses: dict[Var, int] = {}
+    for e in fn.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                uses[a] = uses.get(a, 0) + 1
+    outputs = {a for a in fn.outputs if isinstance(a, Var)}
 
     for index, eqn in enumerate(fn.eqns):
+        home = loop_of.get(eqn.inputs[0]) if eqn.inputs and isinstance(eqn.inputs[0], Var) \
+            else None
+        if reductions and home is not None and _absorbable(eqn, home, uses, outputs):
+            # The sum exists only once the loop has finished: to every other
+            # equation it is an outside value defined here.
+            home.reduction = eqn
+            defined_at.update((o, index) for o in eqn.outputs)
+            continue
         if eqn.op not in FUSIBLE:
             steps.append((index, eqn))
             defined_at.update((o, index) for o in eqn.outputs)
@@ -69,6 +91,17 @@ def fuse(fn: Function) -> list[Step]:
     ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
     _wire(ordered, fn)
     return [s for s in ordered if not isinstance(s, Loop) or s.outputs]
+
+
+def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
+    """A float sum over trailing axes of a value only it reads."""
+    if eqn.op != "reduce_sum" or loop.reduction is not None:
+        return False
+    (x,) = eqn.inputs
+    axes = tuple(eqn.p["axes"])
+    rank = x.type.rank
+    return (x.type.shape == loop.shape and x.type.is_float and uses.get(x) == 1
+            and x not in outputs and rank > 0 and axes == tuple(range(rank - len(axes), rank)))
 
 
 def _pick_loop(eqn: Eqn, loops: list[Loop], defined_at: dict[Var, int]) -> Loop | None:
@@ -110,3 +143,5 @@ def _wire(steps: list[Step], fn: Function) -> None:
                     seen.add(a)
                     step.inputs.append(a)
             step.outputs.extend(o for o in eqn.outputs if o in needed)
+        if step.reduction is not None:
+            step.outputs.extend(o for o in step.reduction.outputs if o in needed)

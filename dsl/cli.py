@@ -152,12 +152,12 @@ def _kernel_signature(name: str, fn):
     import numba
     from compiler.codegen import access_kind
     from compiler.fusion import Loop, fuse
-    steps = [s for s in fuse(fn) if isinstance(s, Loop)]
+    steps = [s for s in fuse(fn, reductions=True) if isinstance(s, Loop)]
     index = int(name.rsplit("_", 1)[1])
     loop = steps[index]
     as_numba = {"f32": numba.float32, "f64": numba.float64, "i32": numba.int32,
                 "i64": numba.int64, "bool": numba.boolean}
-    args = [numba.int64]
+    args = [numba.int64] + ([numba.int64] if loop.reduction is not None else [])
     args += [as_numba[v.type.dtype][::1] for v in loop.inputs]
     args += [as_numba[v.type.dtype][::1] for v in loop.outputs]
     for v in loop.inputs:

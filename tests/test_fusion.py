@@ -69,3 +69,15 @@ def test_large_arrays_take_the_parallel_kernel():
     x = np.linspace(-50, 50, 1 << 16)
     v, g = dsl.value_and_grad(m.log1pexp)(x)
     np.testing.assert_allclose(g, 0.5 * (1 + np.tanh(x / 2)), rtol=1e-12, atol=1e-15)
+
+
+def test_a_sum_of_an_elementwise_chain_never_stores_the_chain():
+    m = dsl.loads("def sq(x):\n    return sum(x * x)\n"
+                  "def rows(x):\n    return sum(exp(x) * 2, axis=1)\n")
+    x = np.random.default_rng(0).normal(size=(300, 200))
+    for f, expected in ((m.sq, (x * x).sum()), (m.rows, (np.exp(x) * 2).sum(axis=1))):
+        steps = fuse(f.ir(x), reductions=True)
+        assert len(steps) == 1 and steps[0].reduction is not None
+        np.testing.assert_allclose(f(x), expected, rtol=1e-12)
+    big = np.random.default_rng(1).normal(size=1 << 16)  # the parallel full-sum kernel
+    np.testing.assert_allclose(m.sq(big), (big * big).sum(), rtol=1e-12)
