@@ -23,6 +23,7 @@ from compiler.fusion import Loop, fuse
 from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from compiler.ops import OPS, python_slices
 from compiler.shapes import Sym, prod, render, render_shape
+from runtime.common import c_strides, stride_table
 from runtime.cpu import PARALLEL_THRESHOLD  # one threshold for loops and reductions
 
 
@@ -61,13 +62,8 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
         j = next(k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k])
         return prod(loop[j:])
     if kind == "general":
-        rows = []
-        out_stride, in_stride = 1, 1  # (may be symbolic products)
-        for axis in reversed(range(len(loop))):
-            rows.append((out_stride, loop[axis], in_stride if padded[axis] != 1 else 0))
-            out_stride *= loop[axis]
-            in_stride *= padded[axis]
-        return tuple(reversed(rows))
+        strides = [0 if d == 1 else s for d, s in zip(padded, c_strides(padded))]
+        return stride_table(loop, strides)
     return None
 
 
@@ -283,7 +279,7 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
                 else:
                     aux = access_aux(v.type.shape, step.shape)
                     call_args.append(render(aux) if not isinstance(aux, tuple) else
-                                     render_shape([d for row in aux for d in row]))
+                                     render_shape(aux))
             if reduced:
                 rows = prod(reduced[0].type.shape)
                 lines.append(target.launch_reducing(kname, size, rows, call_args))

@@ -272,10 +272,7 @@ class Pullback:
         arrays = []
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
             if self.target == "cuda" and is_device_array(ct):
-                # (a scalar may come as a 1-element array: simulators make 0-d ones 1-d)
-                scalar_ok = t.shape == () and ct.size == 1
-                if (tuple(ct.shape) != t.shape and not scalar_ok) or \
-                        np.dtype(ct.dtype) != NUMPY[t.dtype]:
+                if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != NUMPY[t.dtype]:
                     raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from compiler.builtins import BUILTINS
 from compiler.lower import Namespace
 from dsl import ast
 from dsl.checker import check
@@ -70,6 +71,8 @@ def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namesp
             ns.modules[imp.module] = sub
         else:
             for name in imp.names:
+                if name in BUILTINS and name not in sub.functions:
+                    continue  # a builtin (`from std import sigmoid`): already everywhere
                 if name not in sub.functions:
                     raise GradError(f"module {imp.module!r} has no function {name!r}",
                                     imp.span)

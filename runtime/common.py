@@ -27,3 +27,22 @@ def check_nonempty(shape, axes) -> None:
     if any(shape[a] == 0 for a in axes):
         raise ArgumentError(f"max/min over an empty axis (shape {list(shape)}, axes "
                             f"{list(axes)})")
+
+
+def c_strides(shape) -> list:
+    """Element strides of a C-contiguous array (sizes may be symbolic)."""
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc = acc * d
+    return strides[::-1]
+
+
+def stride_table(out_shape, src_strides) -> tuple:
+    """(out stride, out size, source stride) per axis, flattened: how a
+    kernel maps flat output index i to a source element, as
+    sum(((i // out_stride) % out_size) * source_stride)."""
+    table = []
+    for s, d, t in zip(c_strides(out_shape), out_shape, src_strides):
+        table += [s, d, t]
+    return tuple(table)

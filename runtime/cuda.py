@@ -39,7 +39,9 @@ require()
 
 from numba import config, cuda, float64  # noqa: E402  (after the check)
 
-from runtime.common import axis_runs, check_nonempty, size_mismatch  # noqa: E402,F401
+from runtime.args import is_device_array  # noqa: E402,F401 (part of this module's API)
+from runtime.common import (axis_runs, c_strides, check_nonempty,  # noqa: E402,F401
+                            size_mismatch, stride_table)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 # The simulator runs each thread as a Python thread: keep blocks small there.
@@ -76,11 +78,6 @@ def blocks(n: int) -> int:
 # ------------------------------------------------------------ host / device
 
 
-def is_device_array(x) -> bool:
-    return cuda.is_cuda_array(x) if hasattr(cuda, "is_cuda_array") else \
-        type(x).__module__.startswith("numba.cuda") and hasattr(x, "copy_to_host")
-
-
 def to_device(a: np.ndarray):
     """Copy a host array to the device (the one host-to-device path)."""
     return cuda.to_device(np.require(a, requirements="C"))  # keeps 0-d arrays 0-d
@@ -110,23 +107,25 @@ def _fill(out, value):
         out[i] = value
 
 
+@cuda.jit(device=True)
+def _source_index(i, offset, meta):
+    # meta: a stride table (runtime.common.stride_table)
+    j = offset
+    for r in range(0, len(meta), 3):
+        j += ((i // meta[r]) % meta[r + 1]) * meta[r + 2]
+    return j
+
+
 @cuda.jit
 def _gather(out, src, offset, meta):
-    # meta: (out stride, out size, src stride) per axis, flattened
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        j = offset
-        for r in range(0, len(meta), 3):
-            j += ((i // meta[r]) % meta[r + 1]) * meta[r + 2]
-        out[i] = src[j]
+        out[i] = src[_source_index(i, offset, meta)]
 
 
 @cuda.jit
 def _scatter(out, src, offset, meta):
     for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
-        j = offset
-        for r in range(0, len(meta), 3):
-            j += ((i // meta[r]) % meta[r + 1]) * meta[r + 2]
-        out[j] = src[i]
+        out[_source_index(i, offset, meta)] = src[i]
 
 
 @cuda.jit
@@ -162,24 +161,36 @@ def _max_middle(src, n_outer, n_reduced, n_inner, out):
 
 
 @cuda.jit
-def _sum_rows(src, n_reduced, out):
+def _tree_rows(src, n_reduced, out, is_max):
     # grid (chunks, rows): a tree in shared memory per block, then atomics
+    # into out[row] (pre-set to 0 for a sum, -inf for a max); floats only
     shared = cuda.shared.array(THREADS, float64)
     row, tid = cuda.blockIdx.y, cuda.threadIdx.x
-    acc = 0.0
+    acc = -np.inf if is_max else 0.0
     start = cuda.blockIdx.x * cuda.blockDim.x + tid
     for r in range(start, n_reduced, cuda.gridDim.x * cuda.blockDim.x):
-        acc += src[row * n_reduced + r]
+        v = src[row * n_reduced + r]
+        if not is_max:
+            acc += v
+        elif v > acc or v != v:
+            acc = v
     shared[tid] = acc
     cuda.syncthreads()
     step = cuda.blockDim.x // 2
     while step > 0:
         if tid < step:
-            shared[tid] += shared[tid + step]
+            other = shared[tid + step]
+            if not is_max:
+                shared[tid] += other
+            elif other > shared[tid] or other != other:
+                shared[tid] = other
         cuda.syncthreads()
         step //= 2
     if tid == 0:
-        cuda.atomic.add(out, row, shared[0])
+        if is_max:
+            cuda.atomic.max(out, row, shared[0])
+        else:
+            cuda.atomic.add(out, row, shared[0])
 
 
 @cuda.jit
@@ -239,37 +250,22 @@ def reshape(x, shape):
     return x.reshape(shape) if tuple(shape) != tuple(x.shape) else x
 
 
-def _strides(shape) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
-
-
-def _meta(out_shape, src_strides) -> tuple:
-    rows = []
-    for s, d, t in zip(_strides(out_shape), out_shape, src_strides):
-        rows += [s, d, t]
-    return tuple(rows)
-
-
 def _gathered(x, out_shape, offset: int, src_strides):
     size = math.prod(out_shape)
     out = cuda.device_array(max(size, 1), x.dtype)
     if size:
-        _launch(_gather, size, out, flat(x), offset, _meta(out_shape, src_strides))
+        _launch(_gather, size, out, flat(x), offset, stride_table(out_shape, src_strides))
     return out[:size].reshape(out_shape) if out_shape else out.reshape(())
 
 
 def transpose(x, perm):
-    strides = _strides(x.shape)
+    strides = c_strides(x.shape)
     return _gathered(x, tuple(x.shape[p] for p in perm), 0, [strides[p] for p in perm])
 
 
 def _slice_layout(shape, where):
     bounds = [s.indices(d) for s, d in zip(where, shape)]
-    strides = _strides(shape)
+    strides = c_strides(shape)
     out_shape = tuple(len(range(*b)) for b in bounds)
     offset = sum(b[0] * s for b, s in zip(bounds, strides))
     return out_shape, offset, [b[2] * s for b, s in zip(bounds, strides)]
@@ -283,7 +279,7 @@ def embed(x, shape, where: tuple):
     out = full(tuple(shape), 0, x.dtype)
     out_shape, offset, strides = _slice_layout(tuple(shape), where)
     if x.size:
-        _launch(_scatter, x.size, flat(out), flat(x), offset, _meta(out_shape, strides))
+        _launch(_scatter, x.size, flat(out), flat(x), offset, stride_table(out_shape, strides))
     return out
 
 
@@ -297,7 +293,7 @@ def concatenate(xs: tuple, axis: int):
                       else builtins.slice(None) for k in range(len(shape)))
         out_shape, offset, strides = _slice_layout(tuple(shape), where)
         if x.size:
-            _launch(_scatter, x.size, flat(out), flat(x), offset, _meta(out_shape, strides))
+            _launch(_scatter, x.size, flat(out), flat(x), offset, stride_table(out_shape, strides))
         start += x.shape[axis]
     return out
 
@@ -332,11 +328,10 @@ def _reduce(x, axes, is_max: bool):
             x = full(kept, 0, out_dtype)
             continue
         acc_dtype = np.float64 if np.dtype(out_dtype).kind == "f" else np.int64
-        if (not is_max and inner == 1 and reduced >= 4 * THREADS
-                and np.dtype(out_dtype).kind == "f"):
-            result = full((outer,), 0, acc_dtype)
+        if inner == 1 and reduced >= 4 * THREADS and np.dtype(out_dtype).kind == "f":
+            result = full((outer,), -np.inf if is_max else 0, np.float64)
             chunks = max(1, min(MAX_BLOCKS, -(-reduced // (THREADS * 8))))
-            _sum_rows[(chunks, outer), THREADS](flat(x), reduced, result)
+            _tree_rows[(chunks, outer), THREADS](flat(x), reduced, result, is_max)
         elif is_max:
             result = cuda.device_array(outer * inner, out_dtype)
             _launch(_max_middle, outer * inner, flat(x), outer, reduced, inner, result)

@@ -82,7 +82,8 @@ def test_elementwise_primitives_match_cpu(name, seed, dtype, shapes):
 
 CASES = [("reduce_sum", [(40, 3)], {"axes": (0,)}), ("reduce_sum", [(2, 3, 4)], {"axes": (0, 2)}),
          ("reduce_sum", [(100,)], {"axes": (0,)}), ("reduce_max", [(3, 5)], {"axes": (1,)}),
-         ("reduce_max", [(2, 3, 4)], {"axes": (1,)}), ("reshape", [(2, 6)], {"shape": (3, 4)}),
+         ("reduce_max", [(2, 3, 4)], {"axes": (1,)}),
+         ("reduce_max", [(100,)], {"axes": (0,)}), ("reduce_max", [(2, 40)], {"axes": (1,)}), ("reshape", [(2, 6)], {"shape": (3, 4)}),
          ("transpose", [(2, 3, 4)], {"perm": (2, 0, 1)}),
          ("broadcast_to", [(3, 1)], {"shape": (2, 3, 4)}),
          ("slice", [(5, 4)], {"starts": (1, 0), "stops": (5, 4), "steps": (2, 1)}),

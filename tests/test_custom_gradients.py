@@ -209,7 +209,8 @@ def test_where_gradient_ignores_the_branch_not_taken():
     np.testing.assert_allclose(dsl.grad(dsl.grad(m.g))(x), [0.0, 0.0, 0.25])
 
 
-STD = dsl.loads("from std import softplus, log_sigmoid, logsumexp, relu, leaky_relu, gelu\n"
+STD = dsl.loads("from std import softplus, log_sigmoid, logsumexp, relu, leaky_relu, gelu, "
+                "sigmoid\n"
                 "def lse_rows(x):\n    return logsumexp(x, axis=1)\n")
 REFERENCE = {
     "softplus": lambda x: np.logaddexp(0, x),
@@ -233,6 +234,9 @@ def test_stdlib_values_and_gradients(name, xs):
 
 def test_stdlib_is_stable_at_extremes():
     x = np.array([-1000.0, 1000.0])
+    sig = dsl.loads("from std import sigmoid\ndef s(x):\n    return sigmoid(x)\n").s
+    np.testing.assert_array_equal(sig(x), [0.0, 1.0])
+    np.testing.assert_array_equal(dsl.grad(sig)(x), [0.0, 0.0])
     np.testing.assert_array_equal(dsl.grad(STD.softplus)(x), [0.0, 1.0])
     np.testing.assert_array_equal(dsl.grad(STD.log_sigmoid)(x), [1.0, 0.0])
     np.testing.assert_array_equal(STD.log_sigmoid(x), [-1000.0, 0.0])

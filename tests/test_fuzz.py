@@ -195,14 +195,18 @@ def replace_token(data, text):
     return "".join(toks)
 
 
+def _swap(data, parts: list, label: str) -> list:
+    i = _pick_index(data, len(parts), f"{label} i")
+    j = _pick_index(data, len(parts), f"{label} j")
+    parts[i], parts[j] = parts[j], parts[i]
+    return parts
+
+
 def swap_tokens(data, text):
     toks = tokenize(text)
     if len(toks) < 2:
         return text
-    i = _pick_index(data, len(toks), "swap i")
-    j = _pick_index(data, len(toks), "swap j")
-    toks[i], toks[j] = toks[j], toks[i]
-    return "".join(toks)
+    return "".join(_swap(data, toks, "swap"))
 
 
 def repeat_token(data, text):
@@ -236,11 +240,7 @@ def delete_line(data, text):
 
 
 def swap_lines(data, text):
-    lines = _lines(text)
-    i = _pick_index(data, len(lines), "swap line i")
-    j = _pick_index(data, len(lines), "swap line j")
-    lines[i], lines[j] = lines[j], lines[i]
-    return "\n".join(lines)
+    return "\n".join(_swap(data, _lines(text), "swap line"))
 
 
 def reindent_line(data, text):
