@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from compiler import ops
-from compiler.ir import Atom, Builder, Eqn, Function, Var, inline, vars_in
-from compiler.shapes import broadcasts_to
+from gradlang.compiler import ops
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.ir import Atom, Eqn, Function, Var, vars_in
+from gradlang.compiler.shapes import broadcasts_to
 
 
 def vjp(fn: Function, wrt: Sequence[int]) -> Function:

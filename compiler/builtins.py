@@ -1,7 +1,7 @@
 """The builtin functions of the surface language.
 
 Contract: `BUILTINS[name]` is a `Builtin`: its signature (checked at load
-time by `dsl.checker`) and how it lowers to primitives of the op table.
+time by `compiler.checker`) and how it lowers to primitives of the op table.
 Sugar (`mean`, `min`, `clip`, `stack`, `*_like`) lowers to primitives here;
 only primitives carry derivative rules.
 """
@@ -11,14 +11,15 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from compiler import ops
-from compiler.ir import FLOATS, Builder
-from compiler.shapes import NeedsConcrete, Sym, prod
-from compiler.values import Value, as_atom, cast, is_static, unify
-from dsl.errors import GradError, Span
+from gradlang.compiler import ops
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import FLOATS
+from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
+from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
+from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
-    from compiler.lower import Lowerer
+    from gradlang.compiler.lower import Lowerer
 
 @dataclass(frozen=True)
 class Builtin:

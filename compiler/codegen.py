@@ -11,20 +11,21 @@ Contract: `generate(fn, target)` returns a `Generated` holding
   target's helper module `R`, launches the kernels in order, and returns
   the outputs.  Kernels never allocate.
 
-Only `Target` differs between the CPU and CUDA: the loop wrapper and how
-the driver launches a loop and allocates memory.
+Only the `Target` (`runtime.target`) differs between targets: the loop
+wrapper, how the driver launches a loop, and the helper module `R`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from compiler.fusion import Loop, fuse
-from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
-from compiler.ops import OPS, python_slices
-from compiler.shapes import Sym, prod, render, render_shape
-from runtime.common import c_strides, stride_table
-from runtime.cpu import PARALLEL_THRESHOLD  # one threshold for loops and reductions
+from gradlang.compiler.fusion import Loop, fuse
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ops import OPS, python_slices
+from gradlang.compiler.shapes import prod, render, render_shape
+from gradlang.runtime import target as targets
+from gradlang.runtime.common import c_strides, stride_table
+from gradlang.runtime.target import Target
 
 
 @dataclass(frozen=True)
@@ -67,95 +68,6 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     return None
 
 
-# ------------------------------------------------------------------ targets
-
-
-class CpuTarget:
-    name = "cpu"
-    header = ("import math\nimport numpy as np\nimport numba\nfrom numba import prange\n")
-
-    def render_loop(self, kname: str, args: list[str], pre: list[str],
-                    body: list[str]) -> str:
-        arglist = ", ".join(["n"] + args)
-        out = []
-        for suffix, deco, rng in (("", "@numba.njit(parallel=True, cache=True, "
-                                   "error_model='numpy', nogil=True)", "prange"),
-                                  ("_serial", "@numba.njit(cache=True, error_model='numpy', "
-                                   "nogil=True)", "range")):
-            out.append(deco)
-            out.append(f"def {kname}{suffix}({arglist}):")
-            out += ["    " + line for line in pre]
-            out.append(f"    for i in {rng}(n):")
-            out += ["        " + line for line in body]
-            out.append("")
-        return "\n".join(out)
-
-    def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, reduced: str) -> str:
-        """A loop over (rows, row length) whose last step sums `summand`
-        along each row into `reduced[row]`, in f64: `_rows` runs rows in
-        parallel, `_all` one row (a full sum) as a parallel reduction."""
-        arglist = ", ".join(["n", "rows"] + args)
-        inner = ["    " + line for line in body]
-        out = []
-        for suffix, deco, rng in (("", "@numba.njit(parallel=True, cache=True, "
-                                   "error_model='numpy', nogil=True)", "prange"),
-                                  ("_serial", "@numba.njit(cache=True, error_model='numpy', "
-                                   "nogil=True)", "range")):
-            out += [deco, f"def {kname}{suffix}({arglist}):"]
-            out += ["    " + line for line in pre]
-            out += ["    length = n // rows if rows else 0",
-                    f"    for o in {rng}(rows):", "        acc = 0.0",
-                    "        for r in range(length):", "            i = o * length + r"]
-            out += ["        " + line for line in inner]
-            out += [f"            acc += {summand}", f"        {reduced}[o] = acc", ""]
-        out += ["@numba.njit(parallel=True, cache=True, error_model='numpy', nogil=True)",
-                f"def {kname}_all({arglist}):"]
-        out += ["    " + line for line in pre]
-        out += ["    acc = 0.0", "    for i in prange(n):"]
-        out += ["        " + line for line in body]
-        out += [f"        acc += {summand}", f"    {reduced}[0] = acc", ""]
-        return "\n".join(out)
-
-    def launch_reducing(self, kname: str, n, rows, args: list[str]) -> str:
-        size, count = render(n), render(rows)
-        kernel = (f"(K.{kname}_serial if {size} < {PARALLEL_THRESHOLD} else "
-                  f"K.{kname}_all if {count} == 1 else K.{kname})")
-        return f"{kernel}({', '.join([size, count] + args)})"
-
-    def launch(self, kname: str, n, args: list[str]) -> str:
-        size = render(n)
-        if isinstance(n, Sym):
-            kernel = f"(K.{kname} if {size} >= {PARALLEL_THRESHOLD} else K.{kname}_serial)"
-        else:
-            kernel = f"K.{kname}" + ("" if n >= PARALLEL_THRESHOLD else "_serial")
-        return f"{kernel}({', '.join([size] + args)})"
-
-
-class CudaTarget:
-    """`@cuda.jit` kernels with a grid-stride loop; launched on
-    `R.blocks(n)` blocks of `R.THREADS` threads."""
-
-    name = "cuda"
-    header = ("import numpy as np\nfrom numba import cuda\n"
-              "from runtime.cuda import kernel_math as math\n")
-
-    def render_loop(self, kname: str, args: list[str], pre: list[str],
-                    body: list[str]) -> str:
-        lines = ["@cuda.jit", f"def {kname}({', '.join(['n'] + args)}):"]
-        lines += ["    " + line for line in pre]
-        lines.append("    for i in range(cuda.grid(1), n, cuda.gridsize(1)):")
-        lines += ["        " + line for line in body]
-        return "\n".join(lines) + "\n"
-
-    def launch(self, kname: str, n, args: list[str]) -> str:
-        size = render(n)
-        return f"K.{kname}[R.blocks({size}), R.THREADS]({', '.join([size] + args)})"
-
-
-TARGETS = {"cpu": CpuTarget(), "cuda": CudaTarget()}
-
-
 # ------------------------------------------------------------------ kernels
 
 
@@ -166,7 +78,7 @@ def _literal(a: Lit, consts: dict) -> str:
     return consts[key]
 
 
-def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list[str]]:
+def render_loop(loop: Loop, kname: str, target: Target, consts: dict) -> tuple[str, list[str]]:
     """Kernel source for one fused loop, and the driver-side argument kinds
     (one per kernel argument after n: 'in', 'out' or 'aux')."""
     names: dict[Var, str] = {}
@@ -218,7 +130,7 @@ def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list
         elif eqn.op == "broadcast_to":
             expr = ref(eqn.inputs[0])
         else:
-            expr = op.template_for(target.name).format(
+            expr = op.template.format(
                 *[ref(a) for a in eqn.inputs], T=out.type.dtype)
         body.append(f"{local} = {out.type.dtype}({expr})")
     reduced = None
@@ -236,9 +148,9 @@ def render_loop(loop: Loop, kname: str, target, consts: dict) -> tuple[str, list
 # ------------------------------------------------------------------- driver
 
 
-def generate(fn: Function, target_name: str = "cpu") -> Generated:
-    target = TARGETS[target_name]
-    steps = fuse(fn, reductions=hasattr(target, "render_reducing_loop"))
+def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generated:
+    target = targets.get(target)
+    steps = fuse(fn, reductions=target.fuses_reductions)
     consts: dict = {}
     kernels: list[str] = []
     kernel_names: list[str] = []
@@ -282,9 +194,11 @@ def generate(fn: Function, target_name: str = "cpu") -> Generated:
                                      render_shape(aux))
             if reduced:
                 rows = prod(reduced[0].type.shape)
-                lines.append(target.launch_reducing(kname, size, rows, call_args))
+                lines.append(target.launch_reducing(kname, render(size), render(rows),
+                                                    call_args))
             else:
-                lines.append(target.launch(kname, size, call_args))
+                known = size if isinstance(size, int) else None
+                lines.append(target.launch(kname, render(size), known, call_args))
             for v in step.outputs:
                 if v.type.shape != (prod(v.type.shape),):
                     lines.append(f"{names[v]} = R.reshape({names[v]}, "

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
-from compiler.ops import OPS
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ops import OPS
 
 FUSIBLE = {name for name, op in OPS.items() if op.kind == "elementwise"} | {"broadcast_to"}
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir import NUMPY_DTYPES, Function, Lit, Var
-from compiler.ops import OPS
-from compiler.shapes import Sym, evaluate
+from gradlang.compiler.ir import NUMPY_DTYPES, Function, Lit, Var
+from gradlang.compiler.ops import OPS
+from gradlang.compiler.shapes import Sym, evaluate
 
 
 def _concrete(value, binding: dict[str, int]):

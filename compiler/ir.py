@@ -6,8 +6,8 @@ topological order; each `Eqn` applies one primitive (named in
 defines fresh output `Var`s.  Shapes are concrete: a function is lowered
 once per call signature, and the kernels it turns into are shape-generic, so
 they are reused across signatures.  A pass takes a Function and returns a new
-one.  `Builder` is the one mutable helper, used while constructing a
-function; `print_function` is the one textual form (MLIR-flavoured, with
+one (`compiler.builder` holds the one mutable helper, used while
+constructing a function); `print_function` is the one textual form (MLIR-flavoured, with
 deterministic names).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Union
 
 import numpy as np
 
-from dsl.errors import Span
+from gradlang.runtime.errors import Span
 
 DTYPES = ("bool", "i32", "i64", "f32", "f64")
 FLOATS = ("f32", "f64")
@@ -126,58 +126,6 @@ class Function:
 
 def vars_in(atoms: Iterable[Atom]) -> Iterator[Var]:
     return (a for a in atoms if isinstance(a, Var))
-
-
-class Builder:
-    """Accumulates equations; `bind` type-checks through the op table."""
-
-    def __init__(self) -> None:
-        self.eqns: list[Eqn] = []
-
-    def bind(self, op: str, *inputs: Atom, span: Span | None = None,
-             hint: str = "", **params: Any) -> Var:
-        (out,) = self.bind_multi(op, *inputs, span=span, hint=hint, **params)
-        return out
-
-    def bind_multi(self, op: str, *inputs: Atom, span: Span | None = None,
-                   hint: str = "", **params: Any) -> tuple[Var, ...]:
-        from compiler.ops import OPS  # the table imports this module
-        out_types = OPS[op].type_rule([a.type for a in inputs], params, span)
-        outs = tuple(Var(t, hint) for t in out_types)
-        self.eqns.append(Eqn(op, tuple(inputs), outs,
-                             tuple(sorted(params.items())), span))
-        return outs
-
-    def lit(self, value: Union[int, float, bool], dtype: str) -> Lit:
-        return Lit(_coerce(value, dtype), TensorType(dtype, ()))
-
-    def function(self, name: str, params: Iterable[Var],
-                 outputs: Iterable[Atom]) -> Function:
-        return Function(name, tuple(params), tuple(self.eqns), tuple(outputs))
-
-
-def _coerce(value: Union[int, float, bool], dtype: str) -> Union[int, float, bool]:
-    if dtype == "bool":
-        return bool(value)
-    if dtype in INTS:
-        return int(value)
-    return float(value)
-
-
-def inline(builder: Builder, fn: Function, args: Iterable[Atom]) -> list[Atom]:
-    """Append a copy of `fn`'s body to `builder` with fresh output vars,
-    substituting `args` for its parameters; return its outputs."""
-    env: dict[Var, Atom] = dict(zip(fn.params, args, strict=True))
-
-    def sub(a: Atom) -> Atom:
-        return env.get(a, a) if isinstance(a, Var) else a
-
-    for eqn in fn.eqns:
-        outs = tuple(Var(v.type, v.hint) for v in eqn.outputs)
-        env.update(zip(eqn.outputs, outs))
-        builder.eqns.append(Eqn(eqn.op, tuple(sub(a) for a in eqn.inputs),
-                                outs, eqn.params, eqn.span))
-    return [sub(a) for a in fn.outputs]
 
 
 # ------------------------------------------------------------------ printer

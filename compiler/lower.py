@@ -34,14 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from compiler import autodiff, ops
-from compiler.builtins import BUILTINS, TRANSFORMS
-from compiler.ir import Atom, Builder, Function, StaticScalar, TensorType, Var, inline
-from compiler.shapes import NeedsConcrete, Sym, broadcasts_to
-from compiler.values import Value, as_atom, cast, is_static, unify
-from runtime.args import check_dims
-from dsl import ast
-from dsl.errors import GradError, Span
+from gradlang.compiler import ast, autodiff, ops
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
+from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
+from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
+from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
+from gradlang.runtime.args import check_dims
+from gradlang.runtime.errors import GradError, Span
 
 
 @dataclass

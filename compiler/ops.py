@@ -12,8 +12,8 @@ needs to know about a primitive:
 - `vjp(builder, eqn, cts, needs) -> input cotangents`: builds IR for the
   vector-Jacobian product, returning None for inputs without a gradient;
 - `template`: the scalar expression a fused loop evaluates (`{0}`, `{1}` are
-  the inputs, `{T}` the output dtype's constructor), with a per-target
-  override in `templates`;
+  the inputs, `{T}` the output dtype's constructor), the same on every
+  target (`math` in a kernel is the target's math module);
 - `ref`: the NumPy reference, which is both the oracle of the op-table tests
   and the interpreter `compiler.interpret` runs;
 - `domain` and `tol`: where the op-table tests sample inputs and how close
@@ -24,14 +24,17 @@ Adding a primitive is adding one row here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from compiler.ir import Atom, Builder, Eqn, Lit, TensorType, Var
-from compiler.shapes import Sym
-from dsl.errors import GradError, Span
+from gradlang.compiler.ir import NUMPY_DTYPES, Atom, Eqn, Lit, TensorType, Var
+from gradlang.compiler.shapes import Sym
+from gradlang.runtime.errors import GradError, Span
+
+if TYPE_CHECKING:  # rules receive a builder; the builder consults this table
+    from gradlang.compiler.builder import Builder
 
 Cts = list[Optional[Atom]]
 
@@ -44,15 +47,11 @@ class Op:
     vjp: Optional[Callable[[Builder, Eqn, list[Atom], list[bool]], Cts]]
     ref: Optional[Callable[..., Any]] = None
     template: Optional[str] = None
-    templates: dict[str, str] = field(default_factory=dict)
     arity: int = 1
     domain: str = "real"  # real | positive | unit | nonzero | bool | any
     float_only: bool = False  # integer inputs are cast to f64 first
     tol: float = 1e-5
     differentiable: bool = True
-
-    def template_for(self, target: str) -> str:
-        return self.templates.get(target, self.template or "")
 
 
 OPS: dict[str, Op] = {}
@@ -399,11 +398,11 @@ def _no_grad(b, eqn, cts, needs):
 _SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
 
 
-def _unary_op(name, template, rule, ref, domain="real", tol=1e-5, templates=None,
+def _unary_op(name, template, rule, ref, domain="real", tol=1e-5,
               differentiable=True, float_only=True):
     _register(Op(name, "elementwise", _elementwise_rule(),
                  _unary(rule) if rule else _no_grad, ref, template,
-                 templates or {}, 1, domain, float_only=float_only, tol=tol,
+                 1, domain, float_only=float_only, tol=tol,
                  differentiable=differentiable))
 
 
@@ -450,15 +449,15 @@ _unary_op("sign", "{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))
 _INTEGRAL = "{0} if not (abs({0}) < 4503599627370496.0) else {T}(%s({0}))"
 _unary_op("floor", _INTEGRAL % "math.floor", None, np.floor, differentiable=False)
 _unary_op("ceil", _INTEGRAL % "math.ceil", None, np.ceil, differentiable=False)
-_unary_op("round", _INTEGRAL % "np.rint", None, np.rint, differentiable=False,
-          templates={"cuda": _INTEGRAL % "round"})
+# Python's round() rounds half to even, like np.rint, in Numba on every target.
+_unary_op("round", _INTEGRAL % "round", None, np.rint, differentiable=False)
 
 
 def _binary_op(name, template, rule_a, rule_b, ref, result="same", domain="real",
                float_only=False, differentiable=True, tol=1e-5):
     vjp = _binary(rule_a, rule_b) if differentiable else _no_grad
     _register(Op(name, "elementwise", _elementwise_rule(result), vjp, ref, template,
-                 {}, 2, domain, float_only=float_only, tol=tol,
+                 2, domain, float_only=float_only, tol=tol,
                  differentiable=differentiable))
 
 
@@ -472,9 +471,9 @@ _binary_op("div", "{0} / {1}", lambda b, x, y, o, ct: b.bind("div", ct, y),
            np.divide, domain="nonzero", float_only=True)
 _binary_op("pow", "{0} ** {1}", _pow_a, _pow_b, np.power, domain="positive", tol=1e-4)
 OPS["maximum"] = Op("maximum", "elementwise", _elementwise_rule(), _max_vjp(True),
-                    np.maximum, "{0} if ({0} > {1} or {0} != {0}) else {1}", {}, 2)
+                    np.maximum, "{0} if ({0} > {1} or {0} != {0}) else {1}", 2)
 OPS["minimum"] = Op("minimum", "elementwise", _elementwise_rule(), _max_vjp(False),
-                    np.minimum, "{0} if ({0} < {1} or {0} != {0}) else {1}", {}, 2)
+                    np.minimum, "{0} if ({0} < {1} or {0} != {0}) else {1}", 2)
 for _name, _sym, _ref in (("lt", "<", np.less), ("le", "<=", np.less_equal),
                           ("gt", ">", np.greater), ("ge", ">=", np.greater_equal),
                           ("eq", "==", np.equal), ("ne", "!=", np.not_equal)):
@@ -485,16 +484,16 @@ for _name, _sym, _ref in (("logical_and", "and", np.logical_and),
     _binary_op(_name, "{0} %s {1}" % _sym, None, None, _ref, domain="bool",
                differentiable=False)
 _register(Op("logical_not", "elementwise", _elementwise_rule(), _no_grad, np.logical_not,
-             "not {0}", {}, 1, "bool", differentiable=False))
+             "not {0}", 1, "bool", differentiable=False))
 _register(Op("where", "elementwise", _where_rule, _where_vjp, np.where,
-             "{1} if {0} else {2}", {}, 3))
+             "{1} if {0} else {2}", 3))
 _register(Op("stop_gradient", "elementwise", _elementwise_rule(), _no_grad,
-             lambda x: x.copy(), "{0}", {}, 1, differentiable=False))
+             lambda x: x.copy(), "{0}", 1, differentiable=False))
 _register(Op("cast", "elementwise", _cast_rule, _cast_vjp,
-             lambda x, dtype: x.astype(_np_dtype(dtype)), "{0}", {}, 1))
+             lambda x, dtype: x.astype(_np_dtype(dtype)), "{0}", 1))
 _register(Op("full", "elementwise", _full_rule, _no_grad,
              lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype)),
-             "{value}", {}, 0, differentiable=False))
+             "{value}", 0, differentiable=False))
 
 _register(Op("reduce_sum", "reduction", _reduce_rule, _sum_vjp,
              lambda x, axes: np.sum(x, axis=tuple(axes)).astype(x.dtype), arity=1))
@@ -538,7 +537,6 @@ _register(Op("matmul", "matmul", _matmul_rule, _matmul_vjp, np.matmul, arity=2, 
 
 
 def _np_dtype(dtype: str):
-    from compiler.ir import NUMPY_DTYPES
     return NUMPY_DTYPES[dtype]
 
 

@@ -11,7 +11,8 @@ Contract:
 """
 from __future__ import annotations
 
-from compiler.ir import Atom, Builder, Eqn, Function, Lit, Var, inline
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
 
 
 def _substituting(fn: Function):

@@ -17,14 +17,16 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from compiler import passes
-from compiler.codegen import Generated, generate
-from compiler.ir import Function
-from compiler.lower import Namespace
-from compiler.verify import verify
-from dsl import ast
-from dsl.errors import GradError, Span
-from dsl.parser import parse
+from gradlang.compiler import ast, passes
+from gradlang.compiler.codegen import Generated, generate
+from gradlang.compiler.ir import Function
+from gradlang.compiler.lower import Namespace
+from gradlang.compiler.parser import parse
+from gradlang.compiler.verify import verify
+from gradlang.runtime import target as targets
+from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.loader import load_kernels, make_driver
+from gradlang.runtime.target import Target
 
 IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
     ("inline", passes.inline_calls),
@@ -36,7 +38,7 @@ IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
 
 def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
     """Parse and check a module and everything it imports."""
-    from dsl.modules import namespace_for
+    from gradlang.compiler.modules import namespace_for
     try:
         module = parse(source, file)
         return module, namespace_for(module)
@@ -83,15 +85,11 @@ class Program:
         return self.run(*arrays)
 
 
-def build(fn: Function, target: str = "cpu") -> Program:
-    from runtime.loader import load_kernels, make_driver
+def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
+    target = targets.get(target)
     fn = optimize(fn)
     generated = generate(fn, target)
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernels(generated.kernel_source)
-    if target == "cuda":
-        from runtime import cuda as helpers
-    else:
-        from runtime import cpu as helpers
-    return Program(fn, generated, make_driver(generated.driver_source, kernels, helpers))
+    return Program(fn, generated, make_driver(generated.driver_source, kernels, target.helpers))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from compiler.ir import FLOATS, Atom, Builder, Lit, Var
-from compiler.shapes import Sym
-from dsl.errors import GradError, Span
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import FLOATS, Atom, Lit, Var
+from gradlang.compiler.shapes import Sym
+from gradlang.runtime.errors import GradError, Span
 
 Static = Union[int, float, bool, tuple, Sym]
 Value = Union[Var, Lit, int, float, bool, tuple, Sym]

@@ -7,8 +7,8 @@ op table's type rule gives for its inputs.
 """
 from __future__ import annotations
 
-from compiler.ir import Function, Var, print_function
-from compiler.ops import OPS
+from gradlang.compiler.ir import Function, Var, print_function
+from gradlang.compiler.ops import OPS
 
 
 class IRVerificationError(AssertionError):

@@ -5,11 +5,12 @@
     y = m.log1pexp(x)
     g = dsl.grad(m.log1pexp)(x)
 
-The API is imported on first use, so that `dsl.errors` (which the compiler
-itself uses) can be imported without pulling in the whole toolchain.
+The API is imported on first use, so that `import dsl` (and catching
+`dsl.GradError`) costs nothing until a module is loaded.  The layers under
+it: `gradlang.compiler` (front end to codegen) and `gradlang.runtime` (what a
+compiled module needs); neither imports this package.
 """
-from dsl.errors import ArgumentError, GradError, Span
-from dsl.tape import Tape
+from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 _API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "check_gradients",
         "install_import_hook")
@@ -24,6 +25,9 @@ def __getattr__(name: str):
     if name == "check_gradients":
         from dsl.check import check_gradients
         return check_gradients
+    if name == "Tape":
+        from dsl.tape import Tape
+        return Tape
     if name in _API:
         from dsl import api
         return getattr(api, name)

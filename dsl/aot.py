@@ -23,14 +23,16 @@ from typing import Optional
 
 import numpy as np
 
-from compiler.codegen import generate
-from compiler.ir import StaticScalar, TensorType
-from compiler.pipeline import optimize
-from compiler.shapes import NeedsConcrete, Sym
 from dsl.api import Module, load
-from dsl.errors import GradError, Span
 from dsl.function import GradFn, GradFunction
-from runtime.args import NUMPY
+from gradlang.compiler.codegen import generate
+from gradlang.compiler.ir import StaticScalar, TensorType
+from gradlang.compiler.pipeline import optimize
+from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.runtime import target as targets
+from gradlang.runtime.args import NUMPY
+from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.target import Target
 
 _SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
 _ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
@@ -142,7 +144,7 @@ def _types(module: Module, f: GradFn, args: list[tuple[str, tuple]],
 
 
 def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
-                   target: str = "cpu", precompile: bool = False, progress=None) -> Path:
+                   target: "Target | str" = targets.DEFAULT, precompile: bool = False, progress=None) -> Path:
     module = load(path)
     out = Path(out_dir)
     try:
@@ -152,10 +154,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                         Span(str(out), 1, 1)) from None
     functions = module.functions
     sig_texts = sigs or [default_sig(module, f) for f in functions.values()]
-    if target == "cuda":
-        from runtime.cuda import require
-        require()
-    spec: dict = {"target": target,
+    target = targets.get(target)
+    spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],
                   "functions": {}}
     samples: list[tuple[str, str, list[np.ndarray]]] = []
@@ -213,7 +213,7 @@ def _declared(module: Module) -> list[str]:
 
 
 def _write(path: Path, text: str) -> None:
-    from runtime.loader import _write_atomic
+    from gradlang.runtime.loader import _write_atomic
     _write_atomic(path, text)
 
 
@@ -223,7 +223,7 @@ def _module_source(path: str, sigs: list[str], spec: dict) -> str:
             + '\nEach function is callable, with .grad and .value_and_grad; `params` holds\n'
               'the values of the module\'s params.  Needs numpy, numba and the runtime\n'
               'package, not the compiler.\n"""\n'
-              "from runtime.aot import AotModule\n\n"
+              "from gradlang.runtime.aot import AotModule\n\n"
             + f"SPEC = {spec!r}\n\n"
               "_module = AotModule(__name__, __file__, SPEC)\n"
               "params = _module.params\n"

@@ -12,26 +12,25 @@ import os
 from pathlib import Path
 from typing import Union
 
-from compiler.lower import Namespace
-from compiler.pipeline import front_end
-from dsl import ast
-from dsl.errors import GradError, Span
-from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, vjp as _vjp
-from runtime.args import ParamSpec
-from runtime.params import ParamStore
+from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt
+from dsl.function import vjp as _vjp
+from gradlang.compiler import ast
+from gradlang.compiler.lower import Namespace
+from gradlang.compiler.pipeline import front_end
+from gradlang.runtime import target as targets
+from gradlang.runtime.args import ParamSpec
+from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.params import ParamStore
+from gradlang.runtime.target import Target
 
 
 class Module:
     """A loaded `.grad` file: its functions (and those it imports by name)
     as attributes, and `params`, the values of its `param` declarations."""
 
-    def __init__(self, module: ast.Module, namespace: Namespace, target: str = "cpu",
-                 host_results: bool = False):
-        if target not in ("cpu", "cuda"):
-            raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
-        if target == "cuda":
-            from runtime.cuda import require
-            require()
+    def __init__(self, module: ast.Module, namespace: Namespace,
+                 target: "Target | str" = targets.DEFAULT, host_results: bool = False):
+        target = targets.get(target)
         self.__file__ = module.file
         self.target = target
         self._ast = module
@@ -59,17 +58,18 @@ class Module:
         return f"<.grad module {self.__file__} ({', '.join(self._functions)})>"
 
 
-def loads(source: str, file: str = "<string>", target: str = "cpu",
+def loads(source: str, file: str = "<string>", target: "Target | str" = targets.DEFAULT,
           host_results: bool = False) -> Module:
-    """Parse and check source text.  target="cuda" compiles for the GPU
-    (results stay on the device unless host_results=True)."""
+    """Parse and check source text.  `target` names where kernels run
+    (`gradlang.runtime.target.TARGETS`); on a device target results stay
+    on the device unless host_results=True."""
     if not isinstance(source, str):
         raise TypeError(f"loads() takes source text, got {type(source).__name__}")
     module, namespace = front_end(source, file)
     return Module(module, namespace, target, host_results)
 
 
-def load(path: Union[str, os.PathLike], target: str = "cpu",
+def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT,
          host_results: bool = False) -> Module:
     path = Path(path)
     try:

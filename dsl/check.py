@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.lower import calls_in
-from dsl import ast
 from dsl.function import Compiled, Directional, GradFunction, Select, VjpFunction
+from gradlang.compiler import ast
+from gradlang.compiler.lower import calls_in
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> l
     """Check `f` at random points (of a few domains: any sign, positive,
     inside (-1, 1)) and at stress points (every float argument set to 0,
     +-1e-8, +-10, +-100, +-1000), skipping points where f is not finite."""
-    from dsl.errors import GradError
+    from gradlang.runtime.errors import GradError
     rng = np.random.default_rng(seed)
     if params is not None:
         for w, spec in zip(getattr(f, "reads", ()), f.param_specs):

@@ -21,7 +21,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 import dsl
-from dsl.errors import GradError
+from gradlang.runtime import target as targets
+from gradlang.runtime.errors import GradError
 
 
 class UsageError(Exception):
@@ -94,10 +95,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from compiler.codegen import generate
-    from compiler.ir import print_function
-    from compiler.pipeline import optimize
     from dsl.aot import _types, default_sig, parse_sig
+    from gradlang.compiler.codegen import generate
+    from gradlang.compiler.ir import print_function
+    from gradlang.compiler.pipeline import optimize
     module = dsl.load(args.file)
     if args.emit == "ast":
         for f in module._ast.funcs:
@@ -135,7 +136,7 @@ def cmd_show(args) -> int:
 
 def _llvm(generated, types, fn) -> str:
     """LLVM IR of every kernel, compiled for the signature's dtypes."""
-    from runtime.loader import load_kernels
+    from gradlang.runtime.loader import load_kernels
     kernels = load_kernels(generated.kernel_source)
     text = []
     for name in generated.kernel_names:
@@ -150,8 +151,9 @@ def _llvm(generated, types, fn) -> str:
 def _kernel_signature(name: str, fn):
     """Numba argument types of a kernel, read off the driver's call."""
     import numba
-    from compiler.codegen import access_kind
-    from compiler.fusion import Loop, fuse
+
+    from gradlang.compiler.codegen import access_kind
+    from gradlang.compiler.fusion import Loop, fuse
     steps = [s for s in fuse(fn, reductions=True) if isinstance(s, Loop)]
     index = int(name.rsplit("_", 1)[1])
     loop = steps[index]
@@ -267,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="write an importable module of compiled kernels")
     comp.add_argument("file")
     comp.add_argument("-o", "--output", default=".", help="output directory (default: .)")
-    comp.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    comp.add_argument("--target", default=targets.DEFAULT, choices=tuple(targets.TARGETS))
     comp.add_argument("--sig", nargs="+", action="extend", help="signatures to compile now, like "
                       "'f(f64[:], f32[n, 3])'; the machine code is cached beside the module")
     comp.set_defaults(func=cmd_compile)

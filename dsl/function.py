@@ -18,16 +18,17 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from compiler import autodiff
-from compiler.ir import Builder, Function, StaticScalar, TensorType, Var, inline
-from compiler.lower import Lowerer, Namespace, param_reads
-from compiler.pipeline import Program, build, optimize, too_deep
-from compiler.shapes import NeedsConcrete, Sym
-from dsl import ast
-from dsl.errors import ArgumentError, GradError
-from dsl.tape import recording_tapes
-from runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, is_device_array, static_names
-from runtime.params import ParamStore
+from dsl.recording import recording_tapes
+from gradlang.compiler import ast, autodiff
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var
+from gradlang.compiler.lower import Lowerer, Namespace, param_reads
+from gradlang.compiler.pipeline import Program, build, optimize, too_deep
+from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, static_names
+from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.params import ParamStore
+from gradlang.runtime.target import Target
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
 
@@ -78,7 +79,7 @@ class Compiled:
     name: str
     specs: tuple[ParamSpec, ...]
     param_specs: tuple[ParamSpec, ...] = ()  # module params it reads
-    target: str = "cpu"
+    target: Target
 
     def __init__(self) -> None:
         self._programs: dict[tuple, Any] = {}
@@ -126,28 +127,20 @@ class Compiled:
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound)
 
-    host_results: bool = False  # CUDA target: copy results to NumPy
+    host_results: bool = False  # device targets: copy results to NumPy
 
     def __call__(self, *args, **kwargs):
         bound = self.bind(args, kwargs)
         outs = self.call_bound(bound)
-        if self.target == "cuda" and self.host_results:
-            from runtime import cuda
-            outs = tuple(cuda.to_host(o) for o in outs)
+        if self.host_results:
+            outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs, bound)
 
     def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The arguments where the kernels run: on the CUDA target host
-        arrays are copied to the device once; device arrays stay."""
-        if self.target == "cuda":
-            from runtime import cuda
-            return {n: cuda.as_device(a) for n, a in bound.items()}
-        for n, a in bound.items():
-            if is_device_array(a):
-                raise ArgumentError(f"argument {n!r} of {self.name}() is a GPU array, but "
-                                    "this function runs on the CPU; load the module with "
-                                    "target='cuda'", self.span)
-        return bound
+        """The arguments where the kernels run (host arrays copied to a
+        device target once; its own arrays stay)."""
+        return {n: self.target.accept(a, f"argument {n!r} of {self.name}()")
+                for n, a in bound.items()}
 
     def call_bound(self, bound: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         """Run on validated arguments; record the call on every active
@@ -252,7 +245,7 @@ class Pullback:
 
     def __init__(self, name: str, program: Program, residuals: Sequence[np.ndarray],
                  out_types: Sequence[TensorType], arg_names: Sequence[str],
-                 float_args: Sequence[str], target: str = "cpu"):
+                 float_args: Sequence[str], target: Target):
         self.name = name
         self.target = target
         self._program = program
@@ -271,7 +264,7 @@ class Pullback:
                                 f"cotangent(s), one per output, but {len(cts)} were given")
         arrays = []
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
-            if self.target == "cuda" and is_device_array(ct):
+            if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
                 if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != NUMPY[t.dtype]:
                     raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
@@ -290,9 +283,8 @@ class Pullback:
                                         f"shape {list(array.shape)}; the output has shape "
                                         f"{list(t.shape)}")
             arrays.append(array)
-        if self.target == "cuda":
-            from runtime import cuda
-            arrays = [cuda.as_device(a) for a in arrays]
+        arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {self.name}()")
+                  for k, a in enumerate(arrays)]
         grads = iter(self._program(*self._residuals, *arrays))
         return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
 
@@ -448,7 +440,7 @@ class GradFn(Compiled):
     """A function of a loaded `.grad` module."""
 
     def __init__(self, namespace: Namespace, fdef: ast.FuncDef, params: ParamStore,
-                 target: str = "cpu", host_results: bool = False):
+                 target: Target, host_results: bool = False):
         super().__init__()
         self.target, self.host_results = target, host_results
         self.fdef = fdef

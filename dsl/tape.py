@@ -19,34 +19,22 @@ by identity: do not modify them in place while a tape holds them.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 
-from dsl.errors import ArgumentError, GradError
-from runtime.args import is_device_array
+from dsl.api import loads
+from dsl.function import VjpFunction
+from dsl.recording import active_tapes
+from gradlang.runtime import target as targets
+from gradlang.runtime.args import is_device_array
+from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.target import Target
 
 
 class TapeError(GradError, RuntimeError):
     """A Tape used out of order."""
-
-_state = threading.local()
-
-
-def _active() -> list["Tape"]:
-    if not hasattr(_state, "tapes"):
-        _state.tapes = []
-    return _state.tapes
-
-
-def recording_tapes(arrays: Iterable[np.ndarray]) -> list["Tape"]:
-    tapes = _active()
-    if not tapes:
-        return []
-    arrays = list(arrays)
-    return [t for t in tapes if t._recording and any(t.tracks(a) for a in arrays)]
 
 
 @dataclass
@@ -66,13 +54,13 @@ class Tape:
         self._used = False
 
     def __enter__(self) -> "Tape":
-        _active().append(self)
+        active_tapes().append(self)
         self._recording = True
         return self
 
     def __exit__(self, *exc) -> None:
         self._recording = False
-        _active().remove(self)
+        active_tapes().remove(self)
 
     def watch(self, *arrays: np.ndarray) -> None:
         for a in arrays:
@@ -101,7 +89,7 @@ class Tape:
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
             raise TapeError("the target was not computed by a call recorded on this tape")
-        outer = [t for t in _active() if t is not self]
+        outer = [t for t in active_tapes() if t is not self]
         cts: dict[int, np.ndarray] = {id(target): _filled(target, 1)}
         for rec in reversed(self._records):
             out_cts = [cts.get(id(o)) for o in rec.outs]
@@ -129,7 +117,6 @@ class Tape:
 
 
 def _vjp_function(f, n_outputs: int):
-    from dsl.function import VjpFunction
     cache = f.__dict__.setdefault("_tape_vjp", {})
     if n_outputs not in cache:
         cache[n_outputs] = VjpFunction(f, n_outputs)
@@ -138,10 +125,14 @@ def _vjp_function(f, n_outputs: int):
 
 def _filled(like, value):
     """An array of `value` shaped like `like`, where `like` lives."""
-    if is_device_array(like):
-        from runtime import cuda
-        return cuda.full(tuple(like.shape), value, like.dtype)
-    return np.full_like(like, value)
+    return _target_of(like).full(tuple(like.shape), value, like.dtype)
+
+
+def _target_of(array) -> Target:
+    """The target whose kernels take `array` where it lives."""
+    if isinstance(array, np.ndarray) or not is_device_array(array):
+        return targets.get(targets.DEFAULT)
+    return next(t for t in map(targets.get, targets.TARGETS) if t.is_array(array))
 
 
 _ADDERS: dict = {}
@@ -150,11 +141,10 @@ _ADDERS: dict = {}
 def _add(a, b, recorded: bool):
     """Sum of two cotangents; a compiled (so recordable) call inside an
     outer tape or on the GPU, plain NumPy otherwise."""
-    device = is_device_array(a)
-    if not recorded and not device:
+    target = _target_of(a)
+    if not recorded and isinstance(a, np.ndarray):
         return a + b
-    target = "cuda" if device else "cpu"
-    if target not in _ADDERS:
-        from dsl.api import loads
-        _ADDERS[target] = loads("def add(a, b):\n    return a + b\n", "<tape>", target).add
-    return _ADDERS[target](a, b)
+    if target.name not in _ADDERS:
+        _ADDERS[target.name] = loads("def add(a, b):\n    return a + b\n", "<tape>",
+                                     target).add
+    return _ADDERS[target.name](a, b)

@@ -18,10 +18,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dsl.errors import ArgumentError
-from runtime.args import ParamSpec, bind, call_key, static_names
-from runtime.loader import load_kernel_file, make_driver
-from runtime.params import ParamStore
+from gradlang.runtime import target as targets
+from gradlang.runtime.args import ParamSpec, bind, call_key, static_names
+from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.loader import load_kernel_file, make_driver
+from gradlang.runtime.params import ParamStore
 
 KINDS = ("call", "grad", "value_and_grad")
 
@@ -30,12 +31,8 @@ class AotModule:
     def __init__(self, name: str, file: str, spec: dict):
         self.name = name
         self.directory = os.path.dirname(os.path.abspath(file))
-        self.target = spec.get("target", "cpu")
-        if self.target == "cuda":
-            from runtime import cuda as helpers
-        else:
-            from runtime import cpu as helpers
-        self.helpers = helpers
+        self.target = targets.get(spec.get("target", targets.DEFAULT))
+        self.helpers = self.target.helpers
         self.params = ParamStore([ParamSpec(*p) for p in spec["params"]], name)
         self.functions = {fname: AotFunction(self, fname, fspec)
                           for fname, fspec in spec["functions"].items()}
@@ -81,9 +78,8 @@ class AotFunction:
             raise ArgumentError(f"{self.name}() was compiled for {', '.join(have)}; "
                                 f"this call is {self._describe(sig)}; add it with "
                                 "gradc compile --sig")
-        arrays = bound.values()
-        if self.module.target == "cuda":
-            arrays = [self.module.helpers.as_device(a) for a in arrays]
+        accept = self.module.target.accept
+        arrays = [accept(a, f"argument {n!r} of {self.name}()") for n, a in bound.items()]
         outs = self.module.driver(program)(*arrays)
         return outs, sig
 

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.errors import ArgumentError, Span
+from gradlang.runtime.errors import ArgumentError, Span
 
 SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
              np.dtype(np.int32): "i32", np.dtype(np.int64): "i64",

@@ -1,7 +1,7 @@
 """What the CPU and CUDA helper modules share."""
 from __future__ import annotations
 
-from dsl.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError
 
 
 def axis_runs(axes: tuple[int, ...]) -> list[tuple[int, int]]:

@@ -1,4 +1,5 @@
-"""CPU helpers that generated drivers call (imported there as `R`).
+"""The CPU target: its `Target` (`TARGET`, at the end) and the helpers that
+generated drivers call (imported there as `R`).
 
 Contract: every function takes and returns NumPy arrays; none modifies its
 inputs.  Reductions run in Numba kernels over an (outer, reduced, inner)
@@ -9,12 +10,22 @@ NumPy's BLAS, which no loop written here would beat.
 from __future__ import annotations
 
 import math
+import sys
+from types import ModuleType
+from typing import Any, Optional
 
 import numba
 import numpy as np
 from numba import prange
 
-from runtime.common import axis_runs, check_nonempty, size_mismatch  # noqa: F401 (drivers call R.size_mismatch)
+from gradlang.runtime.args import is_device_array
+from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch)
+    axis_runs,
+    check_nonempty,
+    size_mismatch,
+)
+from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.target import Target
 
 # Below this many elements a loop or a reduction runs on one thread: waking
 # the thread pool costs more than it saves below a few tens of thousands.
@@ -166,3 +177,86 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
     out = np.zeros(shape, x.dtype)
     out[where] = x
     return out
+
+
+# ------------------------------------------------------------------ target
+
+_PARALLEL = "@numba.njit(parallel=True, cache=True, error_model='numpy', nogil=True)"
+_SERIAL = "@numba.njit(cache=True, error_model='numpy', nogil=True)"
+
+
+class CpuTarget(Target):
+    """`@njit` kernels, each in a `prange` variant and a serial one; the
+    driver picks by size (`PARALLEL_THRESHOLD`).  Arrays are NumPy's."""
+
+    name = "cpu"
+    header = "import math\nimport numpy as np\nimport numba\nfrom numba import prange\n"
+    fuses_reductions = True
+
+    @property
+    def helpers(self) -> ModuleType:
+        return sys.modules[__name__]
+
+    def render_loop(self, kname: str, args: list[str], pre: list[str],
+                    body: list[str]) -> str:
+        arglist = ", ".join(["n"] + args)
+        out = []
+        for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
+            out += [deco, f"def {kname}{suffix}({arglist}):"]
+            out += ["    " + line for line in pre]
+            out.append(f"    for i in {rng}(n):")
+            out += ["        " + line for line in body]
+            out.append("")
+        return "\n".join(out)
+
+    def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
+        if known is None:
+            kernel = f"(K.{kname} if {size} >= {PARALLEL_THRESHOLD} else K.{kname}_serial)"
+        else:
+            kernel = f"K.{kname}" + ("" if known >= PARALLEL_THRESHOLD else "_serial")
+        return f"{kernel}({', '.join([size] + args)})"
+
+    def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
+                             body: list[str], summand: str, reduced: str) -> str:
+        """A loop over (rows, row length) whose last step sums `summand`
+        along each row into `reduced[row]`, in f64: `_rows` runs rows in
+        parallel, `_all` one row (a full sum) as a parallel reduction."""
+        arglist = ", ".join(["n", "rows"] + args)
+        out = []
+        for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
+            out += [deco, f"def {kname}{suffix}({arglist}):"]
+            out += ["    " + line for line in pre]
+            out += ["    length = n // rows if rows else 0",
+                    f"    for o in {rng}(rows):", "        acc = 0.0",
+                    "        for r in range(length):", "            i = o * length + r"]
+            out += ["            " + line for line in body]
+            out += [f"            acc += {summand}", f"        {reduced}[o] = acc", ""]
+        out += [_PARALLEL, f"def {kname}_all({arglist}):"]
+        out += ["    " + line for line in pre]
+        out += ["    acc = 0.0", "    for i in prange(n):"]
+        out += ["        " + line for line in body]
+        out += [f"        acc += {summand}", f"    {reduced}[0] = acc", ""]
+        return "\n".join(out)
+
+    def launch_reducing(self, kname: str, size: str, rows: str, args: list[str]) -> str:
+        kernel = (f"(K.{kname}_serial if {size} < {PARALLEL_THRESHOLD} else "
+                  f"K.{kname}_all if {rows} == 1 else K.{kname})")
+        return f"{kernel}({', '.join([size, rows] + args)})"
+
+    def is_array(self, value: Any) -> bool:
+        return isinstance(value, np.ndarray)
+
+    def accept(self, value: Any, what: str) -> np.ndarray:
+        if is_device_array(value):
+            raise ArgumentError(f"{what} is a GPU array, but this function runs on the CPU; "
+                                "load the module with a GPU target")
+        return value
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array
+
+    def full(self, shape: tuple, value, dtype) -> np.ndarray:
+        return np.full(shape, value, dtype)
+
+
+TARGET = CpuTarget()

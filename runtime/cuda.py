@@ -1,5 +1,6 @@
-"""CUDA helpers that generated drivers call (imported there as `R`) on the
-CUDA target, and the host/device boundary.
+"""The CUDA target: its `Target` (`TARGET`, at the end), the helpers that
+generated drivers call (imported there as `R`), and the host/device
+boundary.
 
 Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
 reshape, transpose, slice, embed, concatenate, matmul,
@@ -18,20 +19,23 @@ from __future__ import annotations
 import builtins
 import importlib.util
 import math
+import sys
+from types import ModuleType
+from typing import Any, Optional
 
 import numpy as np
 
-from dsl.errors import GradError
+from gradlang.runtime.target import Target, TargetError
 
 
 def require() -> None:
     """Raise a clear error unless CUDA kernels can run here."""
     if importlib.util.find_spec("numba_cuda") is None:
-        raise GradError("target='cuda' needs the numba-cuda package: "
+        raise TargetError("target='cuda' needs the numba-cuda package: "
                         "pip install 'gradlang[cuda]'")
     from numba import config, cuda
     if not config.ENABLE_CUDASIM and not cuda.is_available():
-        raise GradError("target='cuda': no CUDA GPU is available here; set "
+        raise TargetError("target='cuda': no CUDA GPU is available here; set "
                         "NUMBA_ENABLE_CUDASIM=1 to run on Numba's CUDA simulator")
 
 
@@ -39,9 +43,14 @@ require()
 
 from numba import config, cuda, float64  # noqa: E402  (after the check)
 
-from runtime.args import is_device_array  # noqa: E402,F401 (part of this module's API)
-from runtime.common import (axis_runs, c_strides, check_nonempty,  # noqa: E402,F401
-                            size_mismatch, stride_table)
+from gradlang.runtime.args import is_device_array  # noqa: E402,F401 (part of this module's API)
+from gradlang.runtime.common import (  # noqa: E402,F401
+    axis_runs,
+    c_strides,
+    check_nonempty,
+    size_mismatch,
+    stride_table,
+)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 # The simulator runs each thread as a Python thread: keep blocks small there.
@@ -53,12 +62,12 @@ TILE = 4 if SIMULATOR else 16
 class _SimulatorMath:
     """What `math` means inside kernels under the simulator: the simulator
     runs kernels as Python, whose math.exp(1000.0) raises where the GPU
-    returns inf; NumPy's functions give the GPU's IEEE results."""
+    returns inf; NumPy's function of the same name (NumPy 2 has every name
+    `math` has for the ops' templates) gives the GPU's IEEE results."""
 
     def __getattr__(self, name: str):
-        numpy_name = {"atan": "arctan"}.get(name, name)
-        function = getattr(np, numpy_name, None) if name != "erf" else None
-        if function is None:
+        function = getattr(np, name, None)
+        if not isinstance(function, np.ufunc):
             return getattr(math, name)
 
         def ieee(*args):
@@ -350,3 +359,48 @@ def reduce_sum(x, axes):
 def reduce_max(x, axes):
     check_nonempty(x.shape, axes)
     return _reduce(x, axes, True)
+
+
+# ------------------------------------------------------------------ target
+
+
+class CudaTarget(Target):
+    """`@cuda.jit` kernels with a grid-stride loop, launched on
+    `blocks(n)` blocks of `THREADS` threads; arrays live on the device."""
+
+    name = "cuda"
+    header = ("import numpy as np\nfrom numba import cuda\n"
+              "from gradlang.runtime.cuda import kernel_math as math\n")
+
+    @property
+    def helpers(self) -> ModuleType:
+        return sys.modules[__name__]
+
+    def render_loop(self, kname: str, args: list[str], pre: list[str],
+                    body: list[str]) -> str:
+        lines = ["@cuda.jit", f"def {kname}({', '.join(['n'] + args)}):"]
+        lines += ["    " + line for line in pre]
+        lines.append("    for i in range(cuda.grid(1), n, cuda.gridsize(1)):")
+        lines += ["        " + line for line in body]
+        return "\n".join(lines) + "\n"
+
+    def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
+        return f"K.{kname}[R.blocks({size}), R.THREADS]({', '.join([size] + args)})"
+
+    def require(self) -> None:
+        require()
+
+    def is_array(self, value: Any) -> bool:
+        return is_device_array(value)
+
+    def accept(self, value: Any, what: str) -> Any:
+        return as_device(value)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return to_host(array)
+
+    def full(self, shape: tuple, value, dtype) -> Any:
+        return full(shape, value, dtype)
+
+
+TARGET = CudaTarget()

@@ -24,8 +24,6 @@ from typing import Callable
 
 import numpy as np
 
-from runtime import cpu
-
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
 
@@ -81,7 +79,7 @@ def _import_file(name: str, path) -> ModuleType:
     return module
 
 
-def make_driver(driver_source: str, kernels: ModuleType, helpers=cpu) -> Callable:
+def make_driver(driver_source: str, kernels: ModuleType, helpers: ModuleType) -> Callable:
     namespace = {"np": np, "K": kernels, "R": helpers, "inf": np.inf, "nan": np.nan}
     exec(compile(driver_source, "<gradc driver>", "exec"), namespace)
     return namespace["run"]

@@ -13,8 +13,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dsl.errors import ArgumentError
-from runtime.args import NUMPY, ParamSpec, check_shape, convert
+from gradlang.runtime.args import NUMPY, ParamSpec, check_shape, convert
+from gradlang.runtime.errors import ArgumentError
 
 
 class ParamError(ArgumentError, KeyError):

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
-from compiler import autodiff
-from compiler.ir import Builder, TensorType, Var
-from compiler.ops import OPS
-from compiler.pipeline import build
-from runtime import cuda as rcuda
+from gradlang.compiler import autodiff
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import TensorType, Var
+from gradlang.compiler.ops import OPS
+from gradlang.compiler.pipeline import build
+from gradlang.runtime import cuda as rcuda
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NP = {"f32": np.float32, "f64": np.float64}

@@ -3,8 +3,8 @@ one pass that stores no residual; broadcasting never materializes."""
 import numpy as np
 
 import dsl
-from compiler.codegen import access_kind
-from compiler.fusion import Loop, fuse
+from gradlang.compiler.codegen import access_kind
+from gradlang.compiler.fusion import Loop, fuse
 
 
 def steps_of(f, *args):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
-from compiler.interpret import interpret
+from gradlang.compiler.interpret import interpret
 from dsl.function import _types
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from compiler import autodiff
-from compiler.ir import Builder, TensorType, Var
-from compiler.ops import OPS
-from compiler.pipeline import build
+from gradlang.compiler import autodiff
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import TensorType, Var
+from gradlang.compiler.ops import OPS
+from gradlang.compiler.pipeline import build
 
 NP = {"f32": np.float32, "f64": np.float64, "bool": np.bool_, "i64": np.int64}
 

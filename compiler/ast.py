@@ -2,7 +2,7 @@
 
 Contract: immutable dataclasses, one per construct of the language, each with
 the `Span` of the source text it came from.  The parser builds them
-(`dsl.parser`), the checker validates them (`dsl.checker`) and the compiler
+(`compiler.parser`), the checker validates them (`compiler.checker`) and the compiler
 lowers them to IR (`compiler.lower`).  Nothing here knows about shapes or
 dtypes of call arguments; those are bound at call time.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from dsl.errors import Span
+from gradlang.runtime.errors import Span
 
 # ----------------------------------------------------------------- expressions
 

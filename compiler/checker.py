@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from compiler.builtins import BUILTINS, TRANSFORMS
-from compiler.lower import Namespace, named_cotangents, positional_cotangents
-from dsl import ast
-from dsl.errors import GradError
+from gradlang.compiler import ast
+from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
+from gradlang.compiler.lower import Namespace, named_cotangents, positional_cotangents
+from gradlang.runtime.errors import GradError
 
 DECORATORS = ("recompute", "pass_through")
 ATTRIBUTES = ("T", "shape", "ndim", "size")

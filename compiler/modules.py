@@ -3,7 +3,7 @@
 Contract: `namespace_for(module)` returns the checked `Namespace` of a
 parsed module, loading what it imports: `NAME.grad` beside the importing
 file, then in each directory of `$GRAD_PATH` (os.pathsep-separated), then
-in the standard library (`dsl/stdlib/`).  Each file is parsed and checked
+in the standard library (`compiler/stdlib/`).  Each file is parsed and checked
 once per call; an import cycle, a missing module or a missing name is a
 `GradError` at the import statement.  Imported modules' `param`s join the
 importer's (a name declared twice is an error).
@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from compiler.builtins import BUILTINS
-from compiler.lower import Namespace
-from dsl import ast
-from dsl.checker import check
-from dsl.errors import GradError
-from dsl.parser import parse
+from gradlang.compiler import ast
+from gradlang.compiler.builtins import BUILTINS
+from gradlang.compiler.checker import check
+from gradlang.compiler.lower import Namespace
+from gradlang.compiler.parser import parse
+from gradlang.runtime.errors import GradError
 
 STDLIB = Path(__file__).resolve().parent / "stdlib"
 

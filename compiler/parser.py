@@ -1,4 +1,4 @@
-"""Source text -> `dsl.ast.Module`.
+"""Source text -> `compiler.ast.Module`.
 
 Contract: `parse(source, file)` returns a Module or raises `GradError` with
 the span of the first problem; no other exception escapes for any input
@@ -14,9 +14,9 @@ import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.indenter import DedentError, Indenter
 
-from dsl import ast
-from dsl.errors import GradError, Span
-from grammar import grammar_text
+from gradlang.compiler import ast
+from gradlang.grammar import grammar_text
+from gradlang.runtime.errors import GradError, Span
 
 
 class _GradIndenter(Indenter):

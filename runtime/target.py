@@ -1,0 +1,94 @@
+"""Targets: everything that differs between the places kernels run.
+
+Contract: `get(name)` returns the `Target` registered under `name`,
+importing its module on first use (so the CPU never imports numba-cuda),
+and raises `TargetError` for an unknown name or a target that cannot run
+here (`Target.require`).  A `Target` is at once:
+
+- the helper module generated drivers call as `R` (`helpers`): memory,
+  layout, reductions, matmul, size checks;
+- the loop wrapper codegen renders kernels with (`header`, `render_loop`,
+  `launch`, and, where a loop may end in a sum, `render_reducing_loop` and
+  `launch_reducing`);
+- the boundary with the host: `accept` (an argument as the target's array,
+  or an `ArgumentError`), `to_host`, `full`, `is_array`.
+
+`TARGETS` is the one table of target names; the code of each target lives
+in its own module, and nothing else tests a target's name.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Optional
+
+import numpy as np
+
+from gradlang.runtime.errors import GradError
+
+# name -> the module that defines `TARGET` for it
+TARGETS = {"cpu": "gradlang.runtime.cpu", "cuda": "gradlang.runtime.cuda"}
+DEFAULT = "cpu"
+
+
+class TargetError(GradError, ValueError):
+    """An unknown target, or one that cannot run on this machine."""
+
+
+class Target:
+    """The interface; `runtime.cpu.TARGET` and `runtime.cuda.TARGET` fill it."""
+
+    name: str
+    helpers: ModuleType
+    header: str  # imports at the top of a kernel module
+    fuses_reductions = False  # whether a loop may end in a sum (render_reducing_loop)
+
+    # -- codegen: kernels and how a driver launches them
+    def render_loop(self, kname: str, args: list[str], pre: list[str],
+                    body: list[str]) -> str:
+        raise NotImplementedError
+
+    def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
+        """A driver line running kernel `kname` over `size` elements
+        (`known`: the size when fixed at compile time)."""
+        raise NotImplementedError
+
+    def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
+                             body: list[str], summand: str, reduced: str) -> str:
+        raise NotImplementedError
+
+    def launch_reducing(self, kname: str, size: str, rows: str, args: list[str]) -> str:
+        raise NotImplementedError
+
+    def require(self) -> None:
+        """Raise `TargetError` unless this target's kernels can run here."""
+
+    # -- the host boundary
+    def is_array(self, value: Any) -> bool:
+        """Whether `value` already lives where this target's kernels run."""
+        raise NotImplementedError
+
+    def accept(self, value: Any, what: str) -> Any:
+        """`value` (a bound, validated argument) as this target's array."""
+        raise NotImplementedError
+
+    def to_host(self, array: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def full(self, shape: tuple, value, dtype) -> Any:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<target {self.name}>"
+
+
+def get(name: "str | Target") -> Target:
+    """The target called `name` (a `Target` is returned as it is)."""
+    if isinstance(name, Target):
+        return name
+    if not isinstance(name, str) or name not in TARGETS:
+        raise TargetError(f"unknown target {name!r}; the targets are "
+                          f"{', '.join(map(repr, TARGETS))}")
+    target = importlib.import_module(TARGETS[name]).TARGET
+    target.require()  # asked on every use: what is installed can change
+    return target
