@@ -1,4 +1,4 @@
-"""What the CPU and CUDA helper modules share."""
+"""What the targets' helper modules share (drivers call them as `R`)."""
 from __future__ import annotations
 
 from gradlang.runtime.errors import ArgumentError
