@@ -9,7 +9,8 @@ cotangent of parameter `wrt[j]` (zeros when nothing flows to it, cast to the
 parameter's dtype).  It is an ordinary IR function: it can be
 differentiated again, simplified, fused and printed.
 
-Primitive derivatives come from the op table (`compiler.ops`).  The
+Primitive derivatives come from the op table (`compiler.ops`): each row's
+VJP rule, and how the where-mask applies to it (`Op.masking`).  The
 gradient of `where(c, a, b)` takes nothing from the branch not selected,
 even where that branch's derivative is inf or NaN.  A
 `custom_vjp` call (a user function with a grad block) is differentiated by
@@ -28,107 +29,138 @@ from gradlang.compiler.ir import Atom, Eqn, Function, Var, vars_in
 from gradlang.compiler.shapes import broadcasts_to
 
 
+# One step of the forward sweep: the equation as copied (its inputs renamed),
+# the values standing for its outputs, and a custom call's residuals.
+_Record = tuple[Eqn, list[Atom], Optional[list[Atom]]]
+
+
 def vjp(fn: Function, wrt: Sequence[int]) -> Function:
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
     env: dict[Var, Atom] = dict(zip(fn.params, params))
-
-    def sub(a: Atom) -> Atom:
-        return env.get(a, a) if isinstance(a, Var) else a
-
-    # Forward sweep: copy the primal, expanding custom calls into their fwd
-    # body and remembering the residuals their bwd will read.
     active: set[Var] = {params[i] for i in wrt if params[i].type.is_float}
-    tape: list[tuple[Eqn, Optional[list[Atom]]]] = []
+    tape = _forward_sweep(b, fn, env, active)
+    outputs = [env.get(a, a) if isinstance(a, Var) else a for a in fn.outputs]
+    cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs)]
+    cots = _Cotangents(b, active)
+    for out, ct in zip(outputs, cts_in):
+        cots.accumulate(out, ct, None)
+    for record in reversed(tape):
+        _pull_back(b, record, cots)
+    grads = [cots.of(params[i]) for i in wrt]
+    grads = [g if g is not None else ops.zeros_like(b, params[i].type)
+             for i, g in zip(wrt, grads)]
+    return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+
+
+def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
+                   active: set[Var]) -> list[_Record]:
+    """Copies the primal into `b`, expanding custom calls into their fwd
+    body (remembering the residuals their bwd will read); returns the tape
+    of equations a cotangent flows through and grows `active` with the
+    float values that depend on an active one."""
+    tape: list[_Record] = []
     for eqn in fn.eqns:
-        inputs = tuple(sub(a) for a in eqn.inputs)
-        if eqn.op == "custom_vjp":
-            p = eqn.p
-            results = inline(b, p["fwd"], inputs)
-            outs = _own(b, results[:p["n_out"]], inputs)
-            residuals = results[p["n_out"]:]
-            env.update(zip(eqn.outputs, outs))
-            record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs, residuals)
+        inputs = tuple(env.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs)
+        op = ops.OPS[eqn.op]
+        if op.kind == "call":
+            results = inline(b, eqn.p["fwd"], inputs)
+            outs = _own(b, results[:eqn.p["n_out"]], inputs)
+            record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs,
+                      results[eqn.p["n_out"]:])
         else:
-            outs_vars = tuple(Var(v.type, v.hint) for v in eqn.outputs)
-            new = Eqn(eqn.op, inputs, outs_vars, eqn.params, eqn.span)
-            b.eqns.append(new)
-            env.update(zip(eqn.outputs, outs_vars))
-            outs = list(outs_vars)
-            record = (new, outs, None)
-        is_active = (any(a in active for a in vars_in(inputs))
-                     and eqn.op not in ops.NON_DIFFERENTIABLE)
-        if is_active:
+            copy = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
+                       eqn.params, eqn.span)
+            b.eqns.append(copy)
+            outs = list(copy.outputs)
+            record = (copy, outs, None)
+        env.update(zip(eqn.outputs, outs))
+        if op.differentiable and any(a in active for a in vars_in(inputs)):
             active.update(o for o in vars_in(outs) if o.type.is_float)
             tape.append(record)
+    return tape
 
-    outputs = [sub(a) for a in fn.outputs]
-    cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs)]
 
-    # Backward sweep.  `masks[v]` is a bool value (broadcastable to v) where
-    # v's cotangent may be nonzero: inside a branch of `where`, every
-    # contribution is re-selected by it, so the branch not taken contributes
-    # exactly 0 even where its local derivative is inf or NaN.
-    cts: dict[Var, Atom] = {}
-    masks: dict[Var, Optional[Var]] = {}
+class _Cotangents:
+    """The backward sweep's state: each active value's cotangent so far,
+    and its where-mask: a bool value (broadcastable to it) where the
+    cotangent may be nonzero, or None for everywhere.  Inside a branch of
+    `where`, every contribution is re-selected by the mask (see
+    `_select`), so the branch not taken contributes exactly 0 even where
+    its local derivative is inf or NaN."""
 
-    def accumulate(v: Atom, ct: Optional[Atom], mask: Optional[Var]) -> None:
-        if ct is None or not isinstance(v, Var) or v not in active:
+    def __init__(self, b: Builder, active: set[Var]):
+        self.b = b
+        self.active = active
+        self.cts: dict[Var, Atom] = {}
+        self.masks: dict[Var, Optional[Var]] = {}
+
+    def needs(self, a: Atom) -> bool:
+        return isinstance(a, Var) and a in self.active
+
+    def of(self, v: Atom) -> Optional[Atom]:
+        return self.cts.get(v) if isinstance(v, Var) else None
+
+    def mask(self, v: Atom) -> Optional[Var]:
+        return self.masks.get(v) if isinstance(v, Var) else None
+
+    def accumulate(self, v: Atom, ct: Optional[Atom], mask: Optional[Var]) -> None:
+        """Adds a contribution to v's cotangent; uses of one value sum."""
+        if ct is None or not self.needs(v):
             return
         if ct.type.dtype != v.type.dtype:
-            ct = b.bind("cast", ct, dtype=v.type.dtype)
-        if v in cts:
-            cts[v] = b.bind("add", cts[v], ct)
-            if masks.get(v) is not mask:
-                masks[v] = None
+            ct = self.b.bind("cast", ct, dtype=v.type.dtype)
+        if v in self.cts:
+            self.cts[v] = self.b.bind("add", self.cts[v], ct)
+            if self.masks.get(v) is not mask:
+                self.masks[v] = None
         else:
-            cts[v] = ct
-            masks[v] = mask
+            self.cts[v] = ct
+            self.masks[v] = mask
 
-    for out, ct in zip(outputs, cts_in):
-        accumulate(out, ct, None)
 
-    for eqn, outs, residuals in reversed(tape):
-        out_cts = [cts.get(o) if isinstance(o, Var) else None for o in outs]
-        if all(c is None for c in out_cts):
-            continue
-        out_cts = [c if c is not None else ops.zeros_like(b, o.type)
-                   for c, o in zip(out_cts, outs)]
-        needs = [isinstance(a, Var) and a in active for a in eqn.inputs]
-        out_mask = _common_mask([masks.get(o) if isinstance(o, Var) else None for o in outs])
-        selected_inside = False
-        if eqn.op == "custom_vjp":
-            in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
-        else:
-            rule = ops.OPS[eqn.op].vjp
-            shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
-            if getattr(rule, "takes_mask", False):
-                # elementwise rules select before un-broadcasting
-                in_cts = rule(b, shadow, out_cts, needs, mask=out_mask)
-                selected_inside = True
-            else:
-                in_cts = rule(b, shadow, out_cts, needs)
-        for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
-            if not need or ct is None:
-                continue
-            mask = out_mask if out_mask is not None and _fits(out_mask, a) else None
-            if mask is not None and not selected_inside and eqn.op != "where":
-                ct = b.bind("where", mask, ct, ops.lit(b, 0, ct))
-            if eqn.op == "where" and index > 0 and _fits(eqn.inputs[0], a):
-                # a branch's cotangent is nonzero only where it was taken
-                # (and, in a nested where, where the outer branch was too)
-                cond = eqn.inputs[0]
-                taken = cond if index == 1 else b.bind("logical_not", cond)
-                if mask is not None:
-                    taken = b.bind("logical_and", mask, taken)
-                mask = taken
-            accumulate(a, ct, mask)
+def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
+    """Adds the contributions of one taped equation to its inputs'
+    cotangents: the op's VJP rule (a custom call's bwd), selected by the
+    where-mask and, for elementwise ops, un-broadcast."""
+    eqn, outs, residuals = record
+    out_cts = [cots.of(o) for o in outs]
+    if all(c is None for c in out_cts):
+        return
+    out_cts = [c if c is not None else ops.zeros_like(b, o.type)
+               for c, o in zip(out_cts, outs)]
+    needs = [cots.needs(a) for a in eqn.inputs]
+    op = ops.OPS[eqn.op]
+    if op.kind == "call":
+        in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
+    else:
+        shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
+        in_cts = op.vjp(b, shadow, out_cts, needs)
+    out_mask = _common_mask([cots.mask(o) for o in outs])
+    for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
+        if need and ct is not None:
+            ct, mask = _select(b, op, eqn.inputs, index, ct, out_mask)
+            if op.kind == "elementwise":
+                ct = ops.unbroadcast(b, ct, a.type.shape)
+            cots.accumulate(a, ct, mask)
 
-    grads = []
-    for i in wrt:
-        p = params[i]
-        grads.append(cts.get(p) if p in cts else ops.zeros_like(b, p.type))
-    return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+
+def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom,
+            out_mask: Optional[Var]) -> tuple[Atom, Optional[Var]]:
+    """Input `index`'s cotangent `ct` (at the output's shape for an
+    elementwise op, so before un-broadcasting) selected by the output's
+    where-mask as `op.masking` says, and the mask that input carries on."""
+    a = inputs[index]
+    if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
+        ct = b.bind("where", out_mask, ct, ops.lit(b, 0, ct))
+    mask = out_mask if out_mask is not None and _fits(out_mask, a) else None
+    cond = inputs[0]
+    if op.masking == "branches" and index > 0 and _fits(cond, a):
+        # a branch's cotangent is nonzero only where it was taken (and, in
+        # a nested where, where the outer branch was too)
+        taken = cond if index == 1 else b.bind("logical_not", cond)
+        mask = taken if mask is None else b.bind("logical_and", mask, taken)
+    return ct, mask
 
 
 def _own(b: Builder, outs: list[Atom], inputs) -> list[Atom]:

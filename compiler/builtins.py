@@ -2,8 +2,11 @@
 
 Contract: `BUILTINS[name]` is a `Builtin`: its signature (checked at load
 time by `compiler.checker`) and how it lowers to primitives of the op table.
-Sugar (`mean`, `min`, `clip`, `stack`, `*_like`) lowers to primitives here;
-only primitives carry derivative rules.
+Every row of the table with a `source_name` is a builtin of that name,
+taking its inputs positionally (unified like arithmetic operands) unless
+`_LOWERINGS` gives it a lowering of its own; sugar (`mean`, `min`, `clip`,
+`stack`, `*_like`) lowers to primitives here.  Only primitives carry
+derivative rules.
 """
 from __future__ import annotations
 
@@ -51,12 +54,14 @@ def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
     return kwargs.get(name, default)
 
 
-def _unary_builtin(op: str) -> Builtin:
-    return Builtin(1, 1, (), lambda L, b, a, k, s: L.unary(b, op, a[0], s))
-
-
-def _binary_builtin(op: str) -> Builtin:
-    return Builtin(2, 2, (), lambda L, b, a, k, s: L.binary(b, op, a[0], a[1], s))
+def _primitive(op: ops.Op) -> Builtin:
+    """A row of the op table called by its source name."""
+    def lower(L: Lowerer, b: Builder, args, kwargs, span) -> Value:
+        if op.arity == 2:  # folds constants like arithmetic does
+            return L.binary(b, op.name, args[0], args[1], span)
+        inputs = unify(b, args, span, float_result=op.float_only)
+        return b.bind(op.name, *inputs, span=span)
+    return Builtin(op.arity, op.arity, (), lower)
 
 
 def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
@@ -176,13 +181,13 @@ def _matmul_builtin(L, b, args, kwargs, span):
 # `Lowerer.transform_call`, since their first argument is a function.
 TRANSFORMS = ("grad", "value_and_grad")
 
-BUILTINS: dict[str, Builtin] = {
-    **{name: _unary_builtin(name) for name in (
-        "exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "sinh",
-        "cosh", "arctan", "sigmoid", "erf", "abs", "sign", "floor", "ceil", "round")},
-    "maximum": _binary_builtin("maximum"),
-    "minimum": _binary_builtin("minimum"),
+# Primitives whose lowering is not `_primitive`'s.
+_LOWERINGS: dict[str, Builtin] = {
     "where": Builtin(3, 3, (), _where),
+    "stop_gradient": Builtin(1, 1, (), _stop_gradient),
+}
+
+_SUGAR: dict[str, Builtin] = {
     "clip": Builtin(3, 3, (), _clip),
     "sum": _reduction("reduce_sum"),
     "mean": _reduction("reduce_sum", mean=True),
@@ -197,5 +202,10 @@ BUILTINS: dict[str, Builtin] = {
     "zeros_like": Builtin(1, 1, (), _fill_like(None, 0)),
     "ones_like": Builtin(1, 1, (), _fill_like(None, 1)),
     "full_like": Builtin(2, 2, (), _fill_like(1)),
-    "stop_gradient": Builtin(1, 1, (), _stop_gradient),
+}
+
+BUILTINS: dict[str, Builtin] = {
+    **{op.source_name: _LOWERINGS.get(op.name) or _primitive(op)
+       for op in ops.OPS.values() if op.source_name is not None},
+    **_SUGAR,
 }

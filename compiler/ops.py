@@ -1,31 +1,17 @@
 """The table of primitives: every op declared once.
 
-Contract: `OPS[name]` is an `Op` holding everything the rest of the compiler
-needs to know about a primitive:
-
-- `kind`: "elementwise" (fusable into a loop), "reduction", "layout"
-  (shape-only: reshape, transpose, slicing, ...), "matmul", or "call"
-  (a user function carrying its own gradient);
-- `type_rule(in_types, params, span) -> out_types` (shapes broadcast as in
-  NumPy; elementwise inputs already share one dtype, `compiler.lower`
-  inserts the casts);
-- `vjp(builder, eqn, cts, needs) -> input cotangents`: builds IR for the
-  vector-Jacobian product, returning None for inputs without a gradient;
-- `template`: the scalar expression a fused loop evaluates (`{0}`, `{1}` are
-  the inputs, `{T}` the output dtype's constructor), the same on every
-  target (`math` in a kernel is the target's math module);
-- `ref`: the NumPy reference, which is both the oracle of the op-table tests
-  and the interpreter `compiler.interpret` runs;
-- `domain` and `tol`: where the op-table tests sample inputs and how close
-  f32 must come.
-
-Adding a primitive is adding one row here.
+Contract: `OPS[name]` is the `Op` row holding everything the rest of the
+compiler, and the tests generated from the table, need to know about a
+primitive (the fields are documented on `Op`).  Adding a primitive is
+adding one row to `_TABLE`: a row with a `source_name` is callable from
+`.grad` source with no other edit (`compiler.builtins` derives its
+builtins from the rows), and the op-table tests pick it up.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -37,29 +23,8 @@ if TYPE_CHECKING:  # rules receive a builder; the builder consults this table
     from gradlang.compiler.builder import Builder
 
 Cts = list[Optional[Atom]]
-
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    kind: str
-    type_rule: Callable[[list[TensorType], dict, Optional[Span]], list[TensorType]]
-    vjp: Optional[Callable[[Builder, Eqn, list[Atom], list[bool]], Cts]]
-    ref: Optional[Callable[..., Any]] = None
-    template: Optional[str] = None
-    arity: int = 1
-    domain: str = "real"  # real | positive | unit | nonzero | bool | any
-    float_only: bool = False  # integer inputs are cast to f64 first
-    tol: float = 1e-5
-    differentiable: bool = True
-
-
-OPS: dict[str, Op] = {}
-
-
-def _register(op: Op) -> Op:
-    OPS[op.name] = op
-    return op
+TypeRule = Callable[[list[TensorType], dict, Optional[Span]], list[TensorType]]
+VjpRule = Callable[["Builder", Eqn, list[Atom], list[bool]], Cts]
 
 
 # ------------------------------------------------------------- shape rules
@@ -236,40 +201,26 @@ def _cast_like(b: Builder, x: Atom, t: TensorType) -> Atom:
 
 # -------------------------------------------------------------- VJP rules
 # Each takes (builder, eqn, cotangents of eqn's outputs, which inputs need a
-# cotangent) and returns one cotangent (or None) per input.  Cotangents come
-# out with the input's shape: broadcasting is undone here.
+# cotangent) and returns one cotangent (or None) per input.  An elementwise
+# rule returns cotangents at the output's shape: `compiler.autodiff` selects
+# them by the where-mask there and then undoes the broadcasting.  Any other
+# rule returns them at the input's shape.
 
 
-def _selected(b: Builder, mask: Optional[Var], ct: Atom) -> Atom:
-    """Inside a branch of `where`: the contribution where the branch was
-    taken, exactly 0 elsewhere (even where the local derivative is inf)."""
-    return ct if mask is None else b.bind("where", mask, ct, lit(b, 0, ct))
-
-
-def _unary(rule: Callable[[Builder, Atom, Var, Atom], Atom]):
-    def vjp(b, eqn, cts, needs, mask=None):
+def _unary(rule: Callable[[Builder, Atom, Var, Atom], Atom]) -> VjpRule:
+    """An elementwise VJP from `rule(b, x, out, ct)`."""
+    def vjp(b, eqn, cts, needs):
         (x,) = eqn.inputs
-        if not needs[0]:
-            return [None]
-        return [_selected(b, mask, rule(b, x, eqn.out, cts[0]))]
-    vjp.takes_mask = True
+        return [rule(b, x, eqn.out, cts[0]) if needs[0] else None]
     return vjp
 
 
-def _binary(rule_a, rule_b):
-    def vjp(b, eqn, cts, needs, mask=None):
+def _binary(rule_x, rule_y) -> VjpRule:
+    """An elementwise VJP from `rule_x(b, x, y, out, ct)` and `rule_y`."""
+    def vjp(b, eqn, cts, needs):
         x, y = eqn.inputs
-        ct = cts[0]
-        out = []
-        for need, rule, operand in ((needs[0], rule_a, x), (needs[1], rule_b, y)):
-            if need and rule is not None:
-                # select at the output's shape, before summing broadcast axes
-                full_ct = _selected(b, mask, rule(b, x, y, eqn.out, ct))
-                out.append(unbroadcast(b, full_ct, operand.type.shape))
-            else:
-                out.append(None)
-        return out
-    vjp.takes_mask = True
+        return [rule(b, x, y, eqn.out, cts[0]) if need else None
+                for need, rule in zip(needs, (rule_x, rule_y))]
     return vjp
 
 
@@ -304,12 +255,11 @@ def _pow_b(b, x, y, out, ct):
 
 
 def _where_vjp(b, eqn, cts, needs):
-    cond, x, y = eqn.inputs
+    cond = eqn.inputs[0]
     ct = cts[0]
     zero = lit(b, 0, ct)
-    ct_x = unbroadcast(b, b.bind("where", cond, ct, zero), x.type.shape) if needs[1] else None
-    ct_y = unbroadcast(b, b.bind("where", cond, zero, ct), y.type.shape) if needs[2] else None
-    return [None, ct_x, ct_y]
+    return [None, b.bind("where", cond, ct, zero) if needs[1] else None,
+            b.bind("where", cond, zero, ct) if needs[2] else None]
 
 
 def _cast_vjp(b, eqn, cts, needs):
@@ -389,122 +339,32 @@ def _concat_vjp(b, eqn, cts, needs):
     return out
 
 
-def _no_grad(b, eqn, cts, needs):
-    return [None] * len(eqn.inputs)
+def _no_op_for_same_type(params: dict) -> bool:
+    return True
 
 
-# ------------------------------------------------------------------ the table
-
-_SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
-
-
-def _unary_op(name, template, rule, ref, domain="real", tol=1e-5,
-              differentiable=True, float_only=True):
-    _register(Op(name, "elementwise", _elementwise_rule(),
-                 _unary(rule) if rule else _no_grad, ref, template,
-                 1, domain, float_only=float_only, tol=tol,
-                 differentiable=differentiable))
+def _is_identity_perm(params: dict) -> bool:
+    return tuple(params["perm"]) == tuple(range(len(params["perm"])))
 
 
-_unary_op("neg", "-{0}", lambda b, x, o, ct: b.bind("neg", ct), np.negative,
-          float_only=False)
-_unary_op("exp", "math.exp({0})", lambda b, x, o, ct: _mul(b, ct, o), np.exp, "real")
-_unary_op("log", "math.log({0})",
-          lambda b, x, o, ct: b.bind("div", ct, x), np.log, "positive")
-_unary_op("log1p", "math.log1p({0})",
-          lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x))),
-          np.log1p, "positive")
-_unary_op("expm1", "math.expm1({0})",
-          lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o))), np.expm1)
-_unary_op("sqrt", "math.sqrt({0})",
-          lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o))),
-          np.sqrt, "positive")
-_unary_op("sin", "math.sin({0})", lambda b, x, o, ct: _mul(b, ct, b.bind("cos", x)), np.sin)
-_unary_op("cos", "math.cos({0})",
-          lambda b, x, o, ct: b.bind("neg", _mul(b, ct, b.bind("sin", x))), np.cos)
-_unary_op("tan", "math.tan({0})",
-          lambda b, x, o, ct: _mul(b, ct, b.bind("add", lit(b, 1, o), _mul(b, o, o))),
-          np.tan, "unit")
-_unary_op("tanh", "math.tanh({0})", lambda b, x, o, ct: _one_minus_sq(b, o, ct), np.tanh)
-_unary_op("sinh", "math.sinh({0})", lambda b, x, o, ct: _mul(b, ct, b.bind("cosh", x)), np.sinh)
-_unary_op("cosh", "math.cosh({0})", lambda b, x, o, ct: _mul(b, ct, b.bind("sinh", x)), np.cosh)
-_unary_op("arctan", "math.atan({0})",
-          lambda b, x, o, ct: b.bind("div", ct, b.bind("add", lit(b, 1, x), _mul(b, x, x))),
-          np.arctan)
-_unary_op("sigmoid",
-          "{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 else math.exp({0}) / ({T}(1) + math.exp({0}))",
-          lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o))),
-          lambda x: np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))),
-                             np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x)))).astype(x.dtype))
-_unary_op("erf", "math.erf({0})",
-          lambda b, x, o, ct: _mul(b, ct, _mul(b, lit(b, _SQRT_2_OVER_PI, x),
-                                             b.bind("exp", b.bind("neg", _mul(b, x, x))))),
-          lambda x: np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy())
-_unary_op("abs", "abs({0})", lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)), np.abs,
-          "nonzero", float_only=False)
-_unary_op("sign", "{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))", None,
-          np.sign, differentiable=False, float_only=False)
-# math.floor and friends return integers: beyond 2**52 (and for inf and NaN)
-# a float is already integral, so it is returned as it is.
-_INTEGRAL = "{0} if not (abs({0}) < 4503599627370496.0) else {T}(%s({0}))"
-_unary_op("floor", _INTEGRAL % "math.floor", None, np.floor, differentiable=False)
-_unary_op("ceil", _INTEGRAL % "math.ceil", None, np.ceil, differentiable=False)
-# Python's round() rounds half to even, like np.rint, in Numba on every target.
-_unary_op("round", _INTEGRAL % "round", None, np.rint, differentiable=False)
+def _custom_vjp_rule(types, params, span):
+    fwd = params["fwd"]
+    if list(types) != list(fwd.in_types):
+        raise GradError("internal: custom_vjp argument types do not match its body", span)
+    return list(fwd.out_types[:params["n_out"]])
 
 
-def _binary_op(name, template, rule_a, rule_b, ref, result="same", domain="real",
-               float_only=False, differentiable=True, tol=1e-5):
-    vjp = _binary(rule_a, rule_b) if differentiable else _no_grad
-    _register(Op(name, "elementwise", _elementwise_rule(result), vjp, ref, template,
-                 2, domain, float_only=float_only, tol=tol,
-                 differentiable=differentiable))
+def _dim_rule(types, params, span):
+    return [TensorType(params["dtype"], ())]
 
 
-_binary_op("add", "{0} + {1}", lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: ct, np.add)
-_binary_op("sub", "{0} - {1}", lambda b, x, y, o, ct: ct,
-           lambda b, x, y, o, ct: b.bind("neg", ct), np.subtract)
-_binary_op("mul", "{0} * {1}", lambda b, x, y, o, ct: _mul(b, ct, y),
-           lambda b, x, y, o, ct: _mul(b, ct, x), np.multiply)
-_binary_op("div", "{0} / {1}", lambda b, x, y, o, ct: b.bind("div", ct, y),
-           lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)),
-           np.divide, domain="nonzero", float_only=True)
-_binary_op("pow", "{0} ** {1}", _pow_a, _pow_b, np.power, domain="positive", tol=1e-4)
-OPS["maximum"] = Op("maximum", "elementwise", _elementwise_rule(), _max_vjp(True),
-                    np.maximum, "{0} if ({0} > {1} or {0} != {0}) else {1}", 2)
-OPS["minimum"] = Op("minimum", "elementwise", _elementwise_rule(), _max_vjp(False),
-                    np.minimum, "{0} if ({0} < {1} or {0} != {0}) else {1}", 2)
-for _name, _sym, _ref in (("lt", "<", np.less), ("le", "<=", np.less_equal),
-                          ("gt", ">", np.greater), ("ge", ">=", np.greater_equal),
-                          ("eq", "==", np.equal), ("ne", "!=", np.not_equal)):
-    _binary_op(_name, "{0} %s {1}" % _sym, None, None, _ref, result="bool",
-               differentiable=False)
-for _name, _sym, _ref in (("logical_and", "and", np.logical_and),
-                          ("logical_or", "or", np.logical_or)):
-    _binary_op(_name, "{0} %s {1}" % _sym, None, None, _ref, domain="bool",
-               differentiable=False)
-_register(Op("logical_not", "elementwise", _elementwise_rule(), _no_grad, np.logical_not,
-             "not {0}", 1, "bool", differentiable=False))
-_register(Op("where", "elementwise", _where_rule, _where_vjp, np.where,
-             "{1} if {0} else {2}", 3))
-_register(Op("stop_gradient", "elementwise", _elementwise_rule(), _no_grad,
-             lambda x: x.copy(), "{0}", 1, differentiable=False))
-_register(Op("cast", "elementwise", _cast_rule, _cast_vjp,
-             lambda x, dtype: x.astype(_np_dtype(dtype)), "{0}", 1))
-_register(Op("full", "elementwise", _full_rule, _no_grad,
-             lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype)),
-             "{value}", 0, differentiable=False))
+def _first_type_rule(types, params, span):
+    return [types[0]]
 
-_register(Op("reduce_sum", "reduction", _reduce_rule, _sum_vjp,
-             lambda x, axes: np.sum(x, axis=tuple(axes)).astype(x.dtype), arity=1))
-_register(Op("reduce_max", "reduction", _reduce_rule, _max_reduce_vjp,
-             lambda x, axes: np.max(x, axis=tuple(axes)), arity=1))
-_register(Op("reshape", "layout", _reshape_rule, _reshape_vjp,
-             lambda x, shape: np.reshape(x, shape)))
-_register(Op("transpose", "layout", _transpose_rule, _transpose_vjp,
-             lambda x, perm: np.transpose(x, perm)))
-_register(Op("broadcast_to", "layout", _broadcast_to_rule, _broadcast_to_vjp,
-             lambda x, shape: np.broadcast_to(x, shape)))
+
+# --------------------------------------------------------------- references
+
+
 def python_slices(starts, stops, steps) -> tuple[slice, ...]:
     """Slice params (normalized as by `slice.indices`) as Python slices: a
     negative stop there means "past the front", which Python spells None,
@@ -520,57 +380,223 @@ def python_slices(starts, stops, steps) -> tuple[slice, ...]:
     return tuple(out)
 
 
-_register(Op("slice", "layout", _slice_rule, _slice_vjp,
-             lambda x, starts, stops, steps: x[python_slices(starts, stops, steps)]))
-
-
 def _embed_ref(x, shape, starts, stops, steps):
     out = np.zeros(shape, x.dtype)
     out[python_slices(starts, stops, steps)] = x
     return out
 
 
-_register(Op("embed", "layout", _embed_rule, _embed_vjp, _embed_ref))
-_register(Op("concatenate", "layout", _concat_rule, _concat_vjp,
-             lambda *xs, axis: np.concatenate(xs, axis=axis), arity=-1))
-_register(Op("matmul", "matmul", _matmul_rule, _matmul_vjp, np.matmul, arity=2, tol=1e-4))
-
-
 def _np_dtype(dtype: str):
     return NUMPY_DTYPES[dtype]
 
 
+def _sigmoid_ref(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+def _erf_ref(x):
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+# ------------------------------------------------------------------ the row
+
+_SAME = _elementwise_rule()
+_BOOL_RESULT = _elementwise_rule("bool")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One primitive.  The defaults describe an elementwise op that keeps
+    its inputs' dtype and has no derivative."""
+
+    name: str
+    # "elementwise" (fusable into a loop), "reduction", "layout" (shape
+    # only: reshape, transpose, slicing, ...), "matmul", "shape" (a size
+    # known at call time) or "call" (a user function carrying its gradient)
+    kind: str = "elementwise"
+    # (in_types, params, span) -> out_types; elementwise inputs already
+    # share one dtype (`compiler.lower` inserts the casts)
+    type_rule: TypeRule = _SAME
+    # (builder, eqn, cts, needs) -> input cotangents, built as IR (see "VJP
+    # rules" above); None: no derivative flows through the op
+    vjp: Optional[VjpRule] = None
+    # the NumPy reference: the oracle of the op-table tests and what
+    # `compiler.interpret` runs
+    ref: Optional[Callable[..., Any]] = None
+    # the scalar expression a fused loop evaluates ({0}, {1}: the inputs,
+    # {T}: the output dtype's constructor), the same on every target (`math`
+    # in a kernel is the target's math module)
+    template: Optional[str] = None
+    arity: int = 1  # -1: any number of inputs
+    # where the op-table tests sample each input: real | positive | unit |
+    # nonzero | bool; one string for every input, or one per input
+    domain: Union[str, tuple[str, ...]] = "real"
+    float_only: bool = False  # integer inputs are cast to f64 first
+    tol: float = 1e-5  # how close f32 must come to the reference
+    # the name that calls the op from `.grad` source (None: not callable)
+    source_name: Optional[str] = None
+    # e with `x op e == x` for every x, IEEE included (x * 0 is not 0 for
+    # inf, so no absorbing elements); with `commutative`, `e op x == x` too
+    identity: Optional[float] = None
+    commutative: bool = False
+    # params -> whether the op returns its first input unchanged when the
+    # output has the input's type (a cast to the same dtype, ...)
+    no_op_if: Optional[Callable[[dict], bool]] = None
+    # how `compiler.autodiff` applies the where-mask of the output (where
+    # it may be nonzero): "select" re-selects every input cotangent by it,
+    # so a branch not taken contributes exactly 0 even where the local
+    # derivative is inf; "branches" is `where` itself, whose rule already
+    # selects, and whose branch k narrows the mask to where it was taken
+    masking: str = "select"
+
+    @property
+    def differentiable(self) -> bool:
+        return self.vjp is not None or self.kind == "call"
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        if isinstance(self.domain, tuple):
+            return self.domain
+        return (self.domain,) * max(self.arity, 0)
+
+
+# ---------------------------------------------------------------- the table
+
+_SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
+# math.floor and friends return integers: beyond 2**52 (and for inf and NaN)
+# a float is already integral, so it is returned as it is.
+_INTEGRAL = "{0} if not (abs({0}) < 4503599627370496.0) else {T}(%s({0}))"
+_SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
+            "else math.exp({0}) / ({T}(1) + math.exp({0}))")
+
+
+def _compare(name: str, symbol: str, ref) -> Op:
+    return Op(name, type_rule=_BOOL_RESULT, ref=ref, template="{0} %s {1}" % symbol, arity=2)
+
+
+_TABLE: tuple[Op, ...] = (
+    # ---- elementwise, one input
+    Op("neg", template="-{0}", ref=np.negative,
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", ct))),
+    Op("exp", template="math.exp({0})", ref=np.exp, float_only=True, source_name="exp",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o))),
+    Op("log", template="math.log({0})", ref=np.log, float_only=True, source_name="log",
+       domain="positive", vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, x))),
+    Op("log1p", template="math.log1p({0})", ref=np.log1p, float_only=True,
+       source_name="log1p", domain="positive",
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x))))),
+    Op("expm1", template="math.expm1({0})", ref=np.expm1, float_only=True,
+       source_name="expm1",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o))))),
+    Op("sqrt", template="math.sqrt({0})", ref=np.sqrt, float_only=True, source_name="sqrt",
+       domain="positive",
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o))))),
+    Op("sin", template="math.sin({0})", ref=np.sin, float_only=True, source_name="sin",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cos", x)))),
+    Op("cos", template="math.cos({0})", ref=np.cos, float_only=True, source_name="cos",
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, ct, b.bind("sin", x))))),
+    Op("tan", template="math.tan({0})", ref=np.tan, float_only=True, source_name="tan",
+       domain="unit",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", lit(b, 1, o), _mul(b, o, o))))),
+    Op("tanh", template="math.tanh({0})", ref=np.tanh, float_only=True, source_name="tanh",
+       vjp=_unary(lambda b, x, o, ct: _one_minus_sq(b, o, ct))),
+    Op("sinh", template="math.sinh({0})", ref=np.sinh, float_only=True, source_name="sinh",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cosh", x)))),
+    Op("cosh", template="math.cosh({0})", ref=np.cosh, float_only=True, source_name="cosh",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sinh", x)))),
+    Op("arctan", template="math.atan({0})", ref=np.arctan, float_only=True,
+       source_name="arctan",
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct,
+                                             b.bind("add", lit(b, 1, x), _mul(b, x, x))))),
+    Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o))))),
+    Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
+           b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x))))))),
+    Op("abs", template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)))),
+    Op("sign", template="{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))",
+       ref=np.sign, source_name="sign"),
+    Op("floor", template=_INTEGRAL % "math.floor", ref=np.floor, float_only=True,
+       source_name="floor"),
+    Op("ceil", template=_INTEGRAL % "math.ceil", ref=np.ceil, float_only=True,
+       source_name="ceil"),
+    # Python's round() rounds half to even, like np.rint, in Numba on every target.
+    Op("round", template=_INTEGRAL % "round", ref=np.rint, float_only=True,
+       source_name="round"),
+    Op("logical_not", template="not {0}", ref=np.logical_not, domain="bool"),
+    Op("stop_gradient", template="{0}", ref=lambda x: x.copy(), source_name="stop_gradient",
+       no_op_if=_no_op_for_same_type),
+    Op("cast", type_rule=_cast_rule, vjp=_cast_vjp, template="{0}",
+       ref=lambda x, dtype: x.astype(_np_dtype(dtype)), no_op_if=_no_op_for_same_type),
+    Op("full", type_rule=_full_rule, template="{value}", arity=0,
+       ref=lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype))),
+    # ---- elementwise, two inputs
+    Op("add", template="{0} + {1}", ref=np.add, arity=2, identity=0, commutative=True,
+       vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: ct)),
+    Op("sub", template="{0} - {1}", ref=np.subtract, arity=2, identity=0,
+       vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind("neg", ct))),
+    Op("mul", template="{0} * {1}", ref=np.multiply, arity=2, identity=1, commutative=True,
+       vjp=_binary(lambda b, x, y, o, ct: _mul(b, ct, y), lambda b, x, y, o, ct: _mul(b, ct, x))),
+    Op("div", template="{0} / {1}", ref=np.divide, arity=2, identity=1, float_only=True,
+       domain=("real", "nonzero"),
+       vjp=_binary(lambda b, x, y, o, ct: b.bind("div", ct, y),
+                   lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
+    Op("pow", template="{0} ** {1}", ref=np.power, arity=2, domain=("positive", "real"),
+       tol=1e-4, vjp=_binary(_pow_a, _pow_b)),
+    Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,
+       arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
+    Op("minimum", template="{0} if ({0} < {1} or {0} != {0}) else {1}", ref=np.minimum,
+       arity=2, commutative=True, source_name="minimum", vjp=_max_vjp(False)),
+    _compare("lt", "<", np.less),
+    _compare("le", "<=", np.less_equal),
+    _compare("gt", ">", np.greater),
+    _compare("ge", ">=", np.greater_equal),
+    _compare("eq", "==", np.equal),
+    _compare("ne", "!=", np.not_equal),
+    Op("logical_and", template="{0} and {1}", ref=np.logical_and, arity=2, domain="bool"),
+    Op("logical_or", template="{0} or {1}", ref=np.logical_or, arity=2, domain="bool"),
+    # ---- elementwise, three inputs
+    Op("where", type_rule=_where_rule, vjp=_where_vjp, template="{1} if {0} else {2}",
+       ref=np.where, arity=3, domain=("bool", "real", "real"), source_name="where",
+       masking="branches"),
+    # ---- reductions, layout, matmul
+    Op("reduce_sum", kind="reduction", type_rule=_reduce_rule, vjp=_sum_vjp,
+       ref=lambda x, axes: np.sum(x, axis=tuple(axes)).astype(x.dtype)),
+    Op("reduce_max", kind="reduction", type_rule=_reduce_rule, vjp=_max_reduce_vjp,
+       ref=lambda x, axes: np.max(x, axis=tuple(axes))),
+    Op("reshape", kind="layout", type_rule=_reshape_rule, vjp=_reshape_vjp,
+       ref=lambda x, shape: np.reshape(x, shape), no_op_if=_no_op_for_same_type),
+    Op("transpose", kind="layout", type_rule=_transpose_rule, vjp=_transpose_vjp,
+       ref=lambda x, perm: np.transpose(x, perm), no_op_if=_is_identity_perm),
+    Op("broadcast_to", kind="layout", type_rule=_broadcast_to_rule, vjp=_broadcast_to_vjp,
+       ref=lambda x, shape: np.broadcast_to(x, shape), no_op_if=_no_op_for_same_type),
+    Op("slice", kind="layout", type_rule=_slice_rule, vjp=_slice_vjp,
+       ref=lambda x, starts, stops, steps: x[python_slices(starts, stops, steps)]),
+    Op("embed", kind="layout", type_rule=_embed_rule, vjp=_embed_vjp, ref=_embed_ref),
+    Op("concatenate", kind="layout", type_rule=_concat_rule, vjp=_concat_vjp, arity=-1,
+       ref=lambda *xs, axis: np.concatenate(xs, axis=axis)),
+    Op("matmul", kind="matmul", type_rule=_matmul_rule, vjp=_matmul_vjp, ref=np.matmul,
+       arity=2, tol=1e-4),
+    # ---- internal
+    # A size known only at call time (a `Sym`), as a scalar: what `mean`
+    # divides by when the reduced axes are symbolic.  The driver computes it.
+    Op("dim", kind="shape", type_rule=_dim_rule, arity=0),
+    # Identity on its first input, with a data dependency on its second (a
+    # cotangent): what a `@recompute` backward reruns stays in the backward
+    # pass.
+    Op("recompute_barrier", kind="layout", type_rule=_first_type_rule, arity=2,
+       vjp=lambda b, eqn, cts, needs: [cts[0], None], ref=lambda x, token: x,
+       no_op_if=_no_op_for_same_type),
+    # A call to a user function with grad blocks; `compiler.autodiff` gives
+    # it its gradient (the `bwd` sub-function) and
+    # `compiler.passes.inline_calls` replaces it by its `fwd` body once no
+    # more differentiation is to come.
+    Op("custom_vjp", kind="call", type_rule=_custom_vjp_rule, arity=-1),
+)
+
+OPS: dict[str, Op] = {op.name: op for op in _TABLE}
 # Ops that compute nothing a derivative can flow through.
 NON_DIFFERENTIABLE = {name for name, op in OPS.items() if not op.differentiable}
 FLOAT_ONLY = {name for name, op in OPS.items() if op.float_only}
-
-
-def _custom_vjp_rule(types, params, span):
-    fwd = params["fwd"]
-    if [t for t in types] != list(fwd.in_types):
-        raise GradError("internal: custom_vjp argument types do not match its body", span)
-    return list(fwd.out_types[:params["n_out"]])
-
-
-def _dim_rule(types, params, span):
-    return [TensorType(params["dtype"], ())]
-
-
-# A size known only at call time (a `Sym`), as a scalar: what `mean` divides
-# by when the reduced axes are symbolic.  The driver computes it.
-_register(Op("dim", "shape", _dim_rule, _no_grad, None, arity=0, differentiable=False))
-
-
-def _barrier_rule(types, params, span):
-    return [types[0]]
-
-
-# Identity on its first input, with a data dependency on its second (a
-# cotangent): what a `@recompute` backward reruns stays in the backward pass.
-_register(Op("recompute_barrier", "layout", _barrier_rule,
-             lambda b, eqn, cts, needs: [cts[0], None], lambda x, token: x, arity=2))
-
-# A call to a user function with grad blocks; `compiler.autodiff` gives it
-# its gradient (the `bwd` sub-function) and `compiler.passes.inline_calls`
-# replaces it by its `fwd` body once no more differentiation is to come.
-_register(Op("custom_vjp", "call", _custom_vjp_rule, None, arity=-1))

@@ -3,9 +3,9 @@
 Contract:
 - `inline_calls`: replaces every `custom_vjp` call by its `fwd` body (run
   once no more differentiation is to come);
-- `simplify`: drops identities (stop_gradient, x + 0, x * 1, casts and
-  reshapes to the same type; results unchanged up to the sign of a zero
-  sum) and folds reshaped or broadcast constants into constants;
+- `simplify`: drops identities, as the op table declares them (x + 0,
+  x * 1, stop_gradient, casts and reshapes to the same type; results
+  unchanged up to the sign of a zero sum) and folds reshaped or broadcast constants into constants;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
+from gradlang.compiler.ops import OPS
 
 
 def _substituting(fn: Function):
@@ -57,7 +58,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
         if eqn.op == "full":
             fills[out] = eqn.p["value"]
         alias = (None if keep_barriers and eqn.op == "recompute_barrier"
-                 else _identity_input(eqn.op, inputs, eqn.p, out, fills))
+                 else _identity_input(eqn.op, inputs, eqn.p, fills))
         if alias is not None and alias.type == out.type and isinstance(alias, Var):
             env[out] = alias
             continue
@@ -65,34 +66,23 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
 
 
-def _identity_input(op: str, inputs, params, out, fills) -> Atom | None:
-    def is_const(a: Atom, value) -> bool:
-        if isinstance(a, Lit):
-            return a.value == value
-        return a in fills and fills[a] == value
+def _identity_input(op: str, inputs, params, fills) -> Atom | None:
+    """The input `op` returns unchanged, as its row in the op table says
+    (`no_op_if`, `identity`, `commutative`), or None."""
+    row = OPS[op]
 
-    if op in ("stop_gradient", "recompute_barrier"):
+    def is_identity(a: Atom) -> bool:
+        if isinstance(a, Lit):
+            return a.value == row.identity
+        return a in fills and fills[a] == row.identity
+
+    if row.no_op_if is not None and row.no_op_if(params):
         return inputs[0]
-    if op in ("cast", "reshape", "broadcast_to") and inputs[0].type == out.type:
-        return inputs[0]
-    if op == "transpose" and tuple(params["perm"]) == tuple(range(len(params["perm"]))):
-        return inputs[0]
-    # x + 0, x - 0, x * 1, x / 1 are x in IEEE arithmetic too (up to the sign
-    # of a zero sum).
-    if op == "add":
-        if is_const(inputs[1], 0):
+    if row.identity is not None:
+        if is_identity(inputs[1]):
             return inputs[0]
-        if is_const(inputs[0], 0):
+        if row.commutative and is_identity(inputs[0]):
             return inputs[1]
-    if op == "sub" and is_const(inputs[1], 0):
-        return inputs[0]
-    if op == "mul":
-        if is_const(inputs[1], 1):
-            return inputs[0]
-        if is_const(inputs[0], 1):
-            return inputs[1]
-    if op == "div" and is_const(inputs[1], 1):
-        return inputs[0]
     return None
 
 
