@@ -509,6 +509,10 @@ _TABLE: tuple[Op, ...] = (
        source_name="arctan",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct,
                                              b.bind("add", lit(b, 1, x), _mul(b, x, x))))),
+    Op("arcsinh", template="math.asinh({0})", ref=np.arcsinh, float_only=True,
+       source_name="arcsinh",
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind(
+           "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x)))))),
     Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o))))),
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
