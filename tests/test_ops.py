@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 import dsl
-from gradlang.compiler import autodiff
+from gradlang.compiler import autodiff, passes
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import TensorType, Var
@@ -273,6 +273,22 @@ def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
     helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim"}
     assert set(OPS) - covered - helpers == set()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, op in OPS.items() if op.identity is not None))
+def test_simplify_drops_the_identities_the_rows_declare(name):
+    op = OPS[name]
+    x = np.array([-1.5, 0.5, 2.0])
+    for identity_first in (False, True):
+        b = Builder()
+        param = Var(TensorType("f64", x.shape), "x")
+        identity = b.lit(op.identity, "f64")
+        operands = (identity, param) if identity_first else (param, identity)
+        fn = b.function(name, [param], [b.bind(name, *operands)])
+        simple = passes.simplify(fn)
+        assert len(simple.eqns) == (1 if identity_first and not op.commutative else 0)
+        expected = op.ref(*[op.identity if a is identity else x for a in operands])
+        np.testing.assert_array_equal(interpret(simple, x)[0], expected)
 
 
 # ------------------------------------------------------------ from source
