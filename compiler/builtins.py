@@ -187,6 +187,7 @@ _LOWERINGS: dict[str, Builtin] = {
     "stop_gradient": Builtin(1, 1, (), _stop_gradient),
 }
 
+# Sugar, and primitives called with compile-time arguments (shapes, axes).
 _SUGAR: dict[str, Builtin] = {
     "clip": Builtin(3, 3, (), _clip),
     "sum": _reduction("reduce_sum"),

@@ -436,8 +436,9 @@ class Op:
     tol: float = 1e-5  # how close f32 must come to the reference
     # the name that calls the op from `.grad` source (None: not callable)
     source_name: Optional[str] = None
-    # e with `x op e == x` for every x, IEEE included (x * 0 is not 0 for
-    # inf, so no absorbing elements); with `commutative`, `e op x == x` too
+    # e with `x op e == x` for every x, in IEEE arithmetic too (up to the
+    # sign of a zero sum); with `commutative`, `e op x == x` too.  There
+    # are no absorbing elements: x * 0 is NaN, not 0, for x = inf.
     identity: Optional[float] = None
     commutative: bool = False
     # params -> whether the op returns its first input unchanged when the

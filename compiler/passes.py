@@ -5,7 +5,8 @@ Contract:
   once no more differentiation is to come);
 - `simplify`: drops identities, as the op table declares them (x + 0,
   x * 1, stop_gradient, casts and reshapes to the same type; results
-  unchanged up to the sign of a zero sum) and folds reshaped or broadcast constants into constants;
+  unchanged up to the sign of a zero sum) and folds reshaped or broadcast
+  constants into constants;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads.
 """
