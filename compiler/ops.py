@@ -453,6 +453,7 @@ class Op:
 
     @property
     def differentiable(self) -> bool:
+        # a call's derivative is its grad block (see `compiler.autodiff`)
         return self.vjp is not None or self.kind == "call"
 
     @property
@@ -470,10 +471,6 @@ _SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
 _INTEGRAL = "{0} if not (abs({0}) < 4503599627370496.0) else {T}(%s({0}))"
 _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
             "else math.exp({0}) / ({T}(1) + math.exp({0}))")
-
-
-def _compare(name: str, symbol: str, ref) -> Op:
-    return Op(name, type_rule=_BOOL_RESULT, ref=ref, template="{0} %s {1}" % symbol, arity=2)
 
 
 _TABLE: tuple[Op, ...] = (
@@ -554,12 +551,12 @@ _TABLE: tuple[Op, ...] = (
        arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
     Op("minimum", template="{0} if ({0} < {1} or {0} != {0}) else {1}", ref=np.minimum,
        arity=2, commutative=True, source_name="minimum", vjp=_max_vjp(False)),
-    _compare("lt", "<", np.less),
-    _compare("le", "<=", np.less_equal),
-    _compare("gt", ">", np.greater),
-    _compare("ge", ">=", np.greater_equal),
-    _compare("eq", "==", np.equal),
-    _compare("ne", "!=", np.not_equal),
+    Op("lt", type_rule=_BOOL_RESULT, template="{0} < {1}", ref=np.less, arity=2),
+    Op("le", type_rule=_BOOL_RESULT, template="{0} <= {1}", ref=np.less_equal, arity=2),
+    Op("gt", type_rule=_BOOL_RESULT, template="{0} > {1}", ref=np.greater, arity=2),
+    Op("ge", type_rule=_BOOL_RESULT, template="{0} >= {1}", ref=np.greater_equal, arity=2),
+    Op("eq", type_rule=_BOOL_RESULT, template="{0} == {1}", ref=np.equal, arity=2),
+    Op("ne", type_rule=_BOOL_RESULT, template="{0} != {1}", ref=np.not_equal, arity=2),
     Op("logical_and", template="{0} and {1}", ref=np.logical_and, arity=2, domain="bool"),
     Op("logical_or", template="{0} or {1}", ref=np.logical_or, arity=2, domain="bool"),
     # ---- elementwise, three inputs
