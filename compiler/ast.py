@@ -112,8 +112,17 @@ class TupleExpr:
     span: Span
 
 
+@dataclass(frozen=True)
+class ListExpr:
+    """`[a, b]`: the same compile-time sequence as a tuple (NumPy spelling
+    for `stack([a, b])`, shapes and axes); only messages tell them apart."""
+
+    items: tuple["Expr", ...]
+    span: Span
+
+
 Expr = Union[Name, Num, Bool, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
-             Index, TupleExpr]
+             Index, TupleExpr, ListExpr]
 
 # ------------------------------------------------------------------ statements
 

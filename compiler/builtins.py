@@ -98,9 +98,9 @@ def _clip(L, b, args, kwargs, span):
 
 
 def _static_shape(v, span) -> tuple[int, ...]:
-    shape = v if isinstance(v, tuple) else (v,)
+    shape = tuple(v) if isinstance(v, tuple) else (v,)
     if any(isinstance(d, bool) or not isinstance(d, int) for d in shape):
-        raise GradError("a shape must be a compile-time tuple of integers", span)
+        raise GradError("a shape must be a compile-time tuple or list of integers", span)
     return shape
 
 
@@ -121,6 +121,8 @@ def _reshape(L, b, args, kwargs, span):
 def _broadcast_to(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
+    if any(d < 0 for d in shape):
+        raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
     return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span)
 
 
@@ -135,7 +137,9 @@ def _transpose(L, b, args, kwargs, span):
 def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     seq = args[0]
     if not isinstance(seq, tuple) or not seq:
-        raise GradError("expected a non-empty tuple of arrays, e.g. (a, b)", span)
+        name = "stack" if stack else "concatenate"
+        raise GradError(f"{name}() takes a non-empty list (or tuple) of arrays, e.g. "
+                        f"{name}([a, b])", span)
     axis = _kw(args, kwargs, 1, "axis", 0)
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise GradError("axis must be a compile-time integer", span)

@@ -206,7 +206,7 @@ class _Function:
             for part in (e.start, e.stop, e.step):
                 if part is not None:
                     self.expr(part, defined)
-        elif isinstance(e, ast.TupleExpr):
+        elif isinstance(e, (ast.TupleExpr, ast.ListExpr)):
             for item in e.items:
                 self.expr(item, defined)
 

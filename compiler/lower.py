@@ -39,7 +39,8 @@ from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
 from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
 from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
-from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
+from gradlang.compiler.values import (StaticList, Value, as_atom, cast, is_static,
+                                      sequence_kind, unify)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
 
@@ -194,7 +195,7 @@ class Lowerer:
             if is_static(value):
                 if isinstance(value, tuple):
                     raise GradError(f"argument {p.name!r} of {fdef.name}() must be an "
-                                    "array, not a tuple", span)
+                                    f"array, not a {sequence_kind(value)}", span)
                 shape, dtype = (), None
             else:
                 shape, dtype = value.type.shape, value.type.dtype
@@ -476,6 +477,9 @@ class Lowerer:
     def expr_TupleExpr(self, b, e: ast.TupleExpr, env):
         return tuple(self.expr(b, item, env) for item in e.items)
 
+    def expr_ListExpr(self, b, e: ast.ListExpr, env):
+        return StaticList(self.expr(b, item, env) for item in e.items)
+
     def expr_BinOp(self, b, e: ast.BinOp, env):
         left, right = self.expr(b, e.left, env), self.expr(b, e.right, env)
         if e.op == "@":
@@ -490,7 +494,7 @@ class Lowerer:
             return b.bind("logical_not", self.as_bool(b, v, e.span), span=e.span)
         if is_static(v):
             if isinstance(v, tuple):
-                raise GradError("cannot negate a tuple", e.span)
+                raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
             return -v
         return b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool" else v, span=e.span)
 
@@ -536,10 +540,10 @@ class Lowerer:
         v = self.expr(b, e.value, env)
         if isinstance(v, tuple):
             if len(e.items) != 1 or isinstance(e.items[0], ast.Slice):
-                raise GradError("a tuple takes one integer index", e.span)
+                raise GradError(f"a {sequence_kind(v)} takes one integer index", e.span)
             k = self.static_int(b, e.items[0], env)
             if not -len(v) <= k < len(v):
-                raise GradError(f"index {k} is out of range for a tuple of length "
+                raise GradError(f"index {k} is out of range for a {sequence_kind(v)} of length "
                                 f"{len(v)}", e.items[0].span)
             return v[k]
         if is_static(v):
@@ -627,8 +631,10 @@ class Lowerer:
 
     def binary(self, b, op: str, left: Value, right: Value, span) -> Value:
         if is_static(left) and is_static(right):
-            if isinstance(left, tuple) or isinstance(right, tuple):
-                raise GradError("arithmetic on tuples is not supported", span)
+            for v in (left, right):
+                if isinstance(v, tuple):
+                    raise GradError(f"arithmetic on a {sequence_kind(v)} is not supported",
+                                    span)
             try:
                 return _fold(op, left, right)
             except (ZeroDivisionError, OverflowError, ValueError) as err:
@@ -739,7 +745,7 @@ def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:
             for part in (e.start, e.stop, e.step):
                 if part is not None:
                     visit(part)
-        elif isinstance(e, ast.TupleExpr):
+        elif isinstance(e, (ast.TupleExpr, ast.ListExpr)):
             for item in e.items:
                 visit(item)
 

@@ -354,5 +354,8 @@ class _ToAst(Transformer):
     def tuple_lit(self, meta, children):
         return ast.TupleExpr(tuple(c for c in children if c is not None), self.s(meta))
 
+    def list_lit(self, meta, children):
+        return ast.ListExpr(tuple(c for c in children if c is not None), self.s(meta))
+
     def literal(self, meta, children):
         return children[0]

@@ -1,7 +1,8 @@
 """Values during lowering, and the dtype rules of language.md section 4.
 
 Contract: a lowering-time `Value` is either an IR atom (`Var`/`Lit`) or a
-compile-time Python value (int, float, bool, or a tuple of values).
+compile-time Python value (int, float, bool, or a tuple of values; a list
+literal is a `StaticList`, a tuple that remembers its spelling).
 `unify` brings operands to one dtype: arrays promote (f32 with f64 gives
 f64, any float beats any int), and a compile-time number takes the dtype
 of the arrays it meets (`x * 0.2` stays f32), except that a float literal
@@ -15,6 +16,17 @@ from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var
 from gradlang.compiler.shapes import Sym
 from gradlang.runtime.errors import GradError, Span
+
+class StaticList(tuple):
+    """The value of a list literal `[a, b]`.  Lists mean what tuples mean
+    (`stack([a, b])`, shapes, axes, unpacking, indexing), so this is a
+    tuple; the type only lets messages name what the user wrote."""
+
+
+def sequence_kind(v: tuple) -> str:
+    """'list' or 'tuple', for messages about a compile-time sequence."""
+    return "list" if isinstance(v, StaticList) else "tuple"
+
 
 Static = Union[int, float, bool, tuple, Sym]
 Value = Union[Var, Lit, int, float, bool, tuple, Sym]
@@ -50,7 +62,8 @@ def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = N
     if isinstance(v, (Var, Lit)):
         return cast(b, v, dtype) if dtype else v
     if isinstance(v, tuple):
-        raise GradError("a tuple cannot be used as an array here", span)
+        hint = "; build an array with stack([...])" if isinstance(v, StaticList) else ""
+        raise GradError(f"a {sequence_kind(v)} cannot be used as an array here{hint}", span)
     if isinstance(v, Sym):
         return b.bind("dim", value=v, dtype=dtype or "i64", span=span)
     return b.lit(v, dtype or _weak_dtype(v))
