@@ -10,11 +10,12 @@ imports the other's dependents.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Union
 
 from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import OPS
-from gradlang.runtime.errors import Span
+from gradlang.runtime.errors import GradError, Span
 
 
 class Builder:
@@ -36,20 +37,50 @@ class Builder:
                              tuple(sorted(params.items())), span))
         return outs
 
-    def lit(self, value: Union[int, float, bool], dtype: str) -> Lit:
-        return Lit(_coerce(value, dtype), TensorType(dtype, ()))
+    def lit(self, value: Union[int, float, bool], dtype: str,
+            span: Span | None = None) -> Lit:
+        return Lit(coerce(value, dtype, span), TensorType(dtype, ()))
 
     def function(self, name: str, params: Iterable[Var],
                  outputs: Iterable[Atom]) -> Function:
         return Function(name, tuple(params), tuple(self.eqns), tuple(outputs))
 
 
-def _coerce(value: Union[int, float, bool], dtype: str) -> Union[int, float, bool]:
+_INT_BITS = {"i32": 32, "i64": 64}
+_FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": 1.7976931348623157e308}
+
+
+def coerce(value: Union[int, float, bool], dtype: str,
+           span: Span | None = None) -> Union[int, float, bool]:
+    """A compile-time number as a Python scalar of `dtype`; a `GradError` at
+    `span` when it does not fit (an integer out of range, a NaN or infinity
+    meant for an integer, a finite number beyond the float's range), since
+    NumPy and Numba would raise on it or silently wrap or round it to inf."""
     if dtype == "bool":
         return bool(value)
     if dtype in INTS:
-        return int(value)
-    return float(value)
+        bits = _INT_BITS[dtype]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise GradError(f"{value} cannot be stored in {dtype}", span)
+        result = int(value)
+        if not -2 ** (bits - 1) <= result < 2 ** (bits - 1):
+            raise GradError(f"the constant {_short(value)} does not fit in {dtype}", span)
+        return result
+    try:
+        result = float(value)
+    except OverflowError:
+        result = math.inf
+    finite = isinstance(value, int) or math.isfinite(value)
+    if finite and abs(result) > _FLOAT_MAX[dtype]:
+        raise GradError(f"the constant {_short(value)} is beyond the range of {dtype}", span)
+    return result
+
+
+def _short(value: Union[int, float]) -> str:
+    # str() of a huge int is slow, and refused past 4300 digits
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"{'-' if value < 0 else ''}(about 10**{int(value.bit_length() * 0.30103)})"
+    return str(value)
 
 
 def inline(builder: Builder, fn: Function, args: Iterable[Atom]) -> list[Atom]:

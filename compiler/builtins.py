@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.builder import Builder
+from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS
 from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
 from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
@@ -168,7 +168,7 @@ def _fill_like(value_pos: Optional[int], value=None):
             raise GradError("full_like() needs a compile-time fill value", span)
         if isinstance(fill, Sym):
             raise NeedsConcrete("a size used as a fill value")
-        return ops.full(b, fill, x.type.shape, x.type.dtype)
+        return ops.full(b, coerce(fill, x.type.dtype, span), x.type.shape, x.type.dtype)
     return lower
 
 

@@ -31,6 +31,7 @@ Every problem is raised as a `GradError` at the span that caused it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -442,7 +443,7 @@ class Lowerer:
                     raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
                 rhs = self.expr(b, stmt.value, env)
                 env[stmt.target] = self.binary(b, _BINOPS[stmt.op], env[stmt.target], rhs,
-                                               stmt.span)
+                                               stmt.span, (stmt.span, stmt.value.span))
             elif isinstance(stmt, ast.Return):
                 return [(it.name, self.expr(b, it.value, env), it.span) for it in stmt.items]
         raise GradError("function body has no return statement",
@@ -484,7 +485,7 @@ class Lowerer:
         left, right = self.expr(b, e.left, env), self.expr(b, e.right, env)
         if e.op == "@":
             return self.matmul(b, left, right, e.span)
-        return self.binary(b, _BINOPS[e.op], left, right, e.span)
+        return self.binary(b, _BINOPS[e.op], left, right, e.span, (e.left.span, e.right.span))
 
     def expr_UnaryOp(self, b, e: ast.UnaryOp, env):
         v = self.expr(b, e.operand, env)
@@ -505,7 +506,8 @@ class Lowerer:
             if isinstance(left, Sym) or isinstance(right, Sym):
                 raise NeedsConcrete("a size is compared")
             return bool(ops.OPS[op].ref(left, right))
-        x, y = unify(b, [left, right], e.span, arithmetic=False)
+        x, y = unify(b, [left, right], e.span, arithmetic=False,
+                     spans=(e.left.span, e.right.span))
         return b.bind(op, x, y, span=e.span)
 
     def expr_BoolOp(self, b, e: ast.BoolOp, env):
@@ -629,7 +631,8 @@ class Lowerer:
 
     # ---------------------------------------------------- op helpers
 
-    def binary(self, b, op: str, left: Value, right: Value, span) -> Value:
+    def binary(self, b, op: str, left: Value, right: Value, span,
+               operand_spans: Optional[tuple[Span, Span]] = None) -> Value:
         if is_static(left) and is_static(right):
             for v in (left, right):
                 if isinstance(v, tuple):
@@ -639,7 +642,8 @@ class Lowerer:
                 return _fold(op, left, right)
             except (ZeroDivisionError, OverflowError, ValueError) as err:
                 raise GradError(f"compile-time arithmetic failed: {err}", span) from None
-        x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY)
+        x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
+                     spans=operand_spans)
         return b.bind(op, x, y, span=span)
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
@@ -697,21 +701,33 @@ _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 
 
+# A compile-time integer past this many bits fits no dtype (f64 ends below
+# 2**1024), so an integer power that would pass it is refused before it is
+# computed: `9 ** 9 ** 9` would take 1.2e9 bits and minutes.
+_MAX_STATIC_BITS = 1024
+
+
 def _fold(op: str, x, y):
     if op == "add":
-        return x + y
-    if op == "sub":
-        return x - y
-    if op == "mul":
-        return x * y
-    if op == "div":
-        return x / y
-    if op == "pow":
+        result = x + y
+    elif op == "sub":
+        result = x - y
+    elif op == "mul":
+        result = x * y
+    elif op == "div":
+        result = x / y
+    elif op == "pow":
+        if (type(x) is int and type(y) is int and y > 0 and abs(x) > 1
+                and (abs(x).bit_length() - 1) * y >= _MAX_STATIC_BITS):
+            raise OverflowError("the integer power is beyond the range of every dtype")
         result = x ** y
         if isinstance(result, complex):
             raise ValueError("negative base with fractional exponent")
-        return result
-    raise ValueError(op)
+    else:
+        raise ValueError(op)
+    if isinstance(result, float) and not math.isfinite(result):
+        raise OverflowError("the result is beyond the range of f64")
+    return result
 
 
 def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:

@@ -66,7 +66,7 @@ def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = N
         raise GradError(f"a {sequence_kind(v)} cannot be used as an array here{hint}", span)
     if isinstance(v, Sym):
         return b.bind("dim", value=v, dtype=dtype or "i64", span=span)
-    return b.lit(v, dtype or _weak_dtype(v))
+    return b.lit(v, dtype or _weak_dtype(v), span)
 
 
 def cast(b: Builder, a: Atom, dtype: str) -> Atom:
@@ -78,9 +78,12 @@ def cast(b: Builder, a: Atom, dtype: str) -> Atom:
 
 
 def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
-          float_result: bool = False, arithmetic: bool = True) -> list[Atom]:
+          float_result: bool = False, arithmetic: bool = True,
+          spans: Optional[Sequence[Optional[Span]]] = None) -> list[Atom]:
     """Bring operands to one dtype: arrays promote (f32 with f64 gives f64),
-    literals take the arrays' dtype (a float literal makes ints f64)."""
+    literals take the arrays' dtype (a float literal makes ints f64).  A
+    constant that does not fit is an error at its own span in `spans` when
+    given, else at `span`."""
     arrays = [v for v in values if not is_static(v)]
     if arrays:
         dtype = arrays[0].type.dtype
@@ -94,4 +97,4 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
         dtype = "i64"
     if float_result and dtype not in FLOATS:
         dtype = "f64"
-    return [as_atom(b, v, span, dtype) for v in values]
+    return [as_atom(b, v, at, dtype) for v, at in zip(values, spans or [span] * len(values))]
