@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, ops
 from gradlang.compiler.builder import Builder, inline
@@ -56,6 +56,8 @@ class Namespace:
     functions: dict[str, tuple[ast.FuncDef, "Namespace"]] = field(default_factory=dict)
     modules: dict[str, "Namespace"] = field(default_factory=dict)
     params: dict[str, ast.ParamDecl] = field(default_factory=dict)
+    # param_reads's answers, by id() of this module's FuncDefs
+    reads: dict[int, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def resolve(self, func: ast.Expr) -> Optional[tuple[ast.FuncDef, "Namespace"]]:
         if isinstance(func, ast.Name):
@@ -66,26 +68,76 @@ class Namespace:
         return None
 
 
-def param_reads(fdef: ast.FuncDef, ns: Namespace, _visiting=None) -> tuple[str, ...]:
-    """The module params a function reads, directly or through calls."""
-    visiting = _visiting if _visiting is not None else set()
-    if id(fdef) in visiting:
-        return ()
-    visiting.add(id(fdef))
-    reads: set[str] = set()
+def param_reads(fdef: ast.FuncDef, ns: Namespace) -> tuple[str, ...]:
+    """The module params a function reads, directly or through calls.
+
+    Worked out once per function (kept in `ns.reads`): one walk of the call
+    graph from `fdef` answers for every function it reaches."""
+    if id(fdef) not in ns.reads:
+        _close_param_reads(fdef, ns)
+    return ns.reads[id(fdef)]
+
+
+def _close_param_reads(root: ast.FuncDef, root_ns: Namespace) -> None:
+    """Tarjan's strongly connected components, iteratively (a call chain may
+    be deeper than Python's stack): functions that call each other read the
+    union of what they read (recursion itself is an error when lowered)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    reads: dict[int, set[str]] = {}
+    owner: dict[int, Namespace] = {}
+    component: list[int] = []
+    work: list[tuple[int, Iterator[tuple[ast.FuncDef, Namespace]]]] = []
+
+    def enter(fdef: ast.FuncDef, ns: Namespace) -> None:
+        key = id(fdef)
+        index[key] = low[key] = len(index)
+        owner[key] = ns
+        reads[key], callees = _direct_reads(fdef, ns)
+        component.append(key)
+        work.append((key, iter(callees)))
+
+    enter(root, root_ns)
+    while work:
+        key, callees = work[-1]
+        for fdef, ns in callees:
+            callee = id(fdef)
+            if callee in ns.reads:
+                reads[key].update(ns.reads[callee])
+            elif callee not in index:
+                enter(fdef, ns)
+                break
+            else:  # on the component stack: a cycle back to it
+                low[key] = min(low[key], index[callee])
+        else:
+            work.pop()
+            if low[key] == index[key]:
+                members = component[component.index(key):]
+                del component[component.index(key):]
+                closed = set().union(*(reads[m] for m in members))
+                for m in members:
+                    reads[m] = closed
+                    owner[m].reads[m] = tuple(sorted(closed))
+            if work:
+                caller = work[-1][0]
+                low[caller] = min(low[caller], low[key])
+                reads[caller].update(reads[key])
+
+
+def _direct_reads(fdef: ast.FuncDef, ns: Namespace
+                  ) -> tuple[set[str], list[tuple[ast.FuncDef, Namespace]]]:
+    """The params a function's own text reads, and the functions it calls
+    (by name, or through `grad(f)`)."""
     bodies = [fdef.body] + [g.body for g in fdef.grads]
     local = {p.name for p in fdef.params}
-    for body in bodies:
-        reads |= {n for n in free_names(body, local) if n in ns.params}
+    reads = {n for body in bodies for n in free_names(body, local) if n in ns.params}
+    callees = []
     for call in calls_in(bodies):
-        target = ns.resolve(call.func)
-        if target is not None:
-            reads |= set(param_reads(*target, visiting))
+        targets = [call.func]
         if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
-            target = ns.resolve(call.args[0])
-            if target is not None:
-                reads |= set(param_reads(*target, visiting))
-    return tuple(sorted(reads))
+            targets.append(call.args[0])
+        callees += [t for t in map(ns.resolve, targets) if t is not None]
+    return reads, callees
 
 
 def calls_in(bodies) -> list[ast.Call]:
@@ -131,6 +183,12 @@ def named_cotangents(fdef: ast.FuncDef, ns: Namespace, k: int) -> list[str]:
     return positional_cotangents(fdef, k) + float_params
 
 
+# Calls are inlined by recursion, several Python frames per level; a
+# bound well inside Python's default stack turns a deeper chain into an
+# error at the call rather than a RecursionError.
+MAX_CALL_DEPTH = 64
+
+
 class Lowerer:
     def __init__(self, namespace: Namespace):
         self.namespace = namespace
@@ -172,6 +230,9 @@ class Lowerer:
              keywords: dict[str, Value], span: Span, caller_env: dict[str, Value]) -> list[Value]:
         if fdef.name in self.call_stack:
             raise GradError(f"recursive call to {fdef.name}() is not supported", span)
+        if len(self.call_stack) >= MAX_CALL_DEPTH:
+            raise GradError(f"calls are nested more than {MAX_CALL_DEPTH} deep here (from "
+                            f"{self.call_stack[0]}()); calls are inlined", span)
         args = self.bind_args(fdef, positional, keywords, span)
         self.check_annotations(fdef, args, span)
         inputs = dict(args)
