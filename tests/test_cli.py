@@ -86,7 +86,7 @@ def test_check_passes_on_every_example(capsys):
 
 def test_check_names_the_wrong_block(tmp_path, capsys):
     tf_doc = (ROOT / "examples" / "linear_poly.grad").read_text().replace(
-        "stack((sum(dpoly), sum(dpoly * x)))", "stack((sum(dpoly * x), sum(dpoly)))")
+        "stack([sum(dpoly), sum(dpoly * x)])", "stack([sum(dpoly * x), sum(dpoly)])")
     (tmp_path / "tf.grad").write_text(tf_doc)
     assert main(["check", str(tmp_path / "tf.grad")]) == 1
     err = capsys.readouterr().err

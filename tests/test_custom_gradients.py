@@ -91,7 +91,7 @@ def test_linear_poly_values_gradients_and_the_tf_block():
     assert all(c.ok for c in dsl.check_gradients(m.linear_poly, x))
 
     tf_doc = (EXAMPLES / "linear_poly.grad").read_text().replace(
-        "stack((sum(dpoly), sum(dpoly * x)))", "stack((sum(dpoly * x), sum(dpoly)))")
+        "stack([sum(dpoly), sum(dpoly * x)])", "stack([sum(dpoly * x), sum(dpoly)])")
     bad = dsl.loads(tf_doc, "tf_linear_poly.grad")
     bad.params["weights"] = np.ones(2)
     np.testing.assert_allclose(dsl.grad(bad.linear_poly, wrt="weights")(x), [6.0, 3.0])
