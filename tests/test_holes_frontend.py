@@ -1,0 +1,144 @@
+"""Front-end holes, each pinned: constants that do not fit their dtype,
+compile-time arithmetic that would not finish, negative sizes, and call
+graphs that were walked quadratically or recursively."""
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.compiler import lower
+from gradlang.compiler.lower import MAX_CALL_DEPTH, param_reads
+from gradlang.compiler.pipeline import front_end
+
+I64 = np.array([1, 2], dtype=np.int64)
+I32 = np.array([1, 2], dtype=np.int32)
+F64 = np.array([1.0, 2.0])
+F32 = np.array([1.0, 2.0], dtype=np.float32)
+HUGE = "9" * 400
+
+
+def call_error(body: str, x: np.ndarray) -> dsl.GradError:
+    m = dsl.loads(f"def f(x):\n    {body}\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(x)
+    return info.value
+
+
+# ---------------------------------------------------- constants and dtypes
+
+@pytest.mark.parametrize("body,x,col,text", [
+    ("return x + 10**26", I64, 16, "the constant 100000000000000000000000000 does not fit in i64"),
+    ("return x + 3000000000", I32, 16, "the constant 3000000000 does not fit in i32"),
+    ("return x - 2147483649", I32, 16, "does not fit in i32"),
+    (f"return x + {HUGE}", F64, 16, "the constant (about 10**400) is beyond the range of f64"),
+    ("return x * 1e39", F32, 16, "the constant 1e+39 is beyond the range of f32"),
+    ("return x < 10**26", I64, 16, "does not fit in i64"),
+    ("x += 10**26\n    return x", I64, 10, "does not fit in i64"),
+    ("return maximum(x, 10**19)", I64, 12, "does not fit in i64"),
+    ("return full_like(x, 1e20)", I64, 12, "the constant 1e+20 does not fit in i64"),
+    ("return full_like(x, 3000000000)", I32, 12, "does not fit in i32"),
+    ("return x + 9 ** 9 ** 9", F64, 16, "the integer power is beyond the range of every dtype"),
+    ("return x + (-3) ** 2000", F64, 16, "beyond the range of every dtype"),
+    ("return x + 1e300 * 1e300", F64, 16, "the result is beyond the range of f64"),
+    ("return x + 2 ** 1023 * 2.0", F64, 16, "compile-time arithmetic failed"),
+    ("return broadcast_to(x, (-1, 3))", F64, 12, "invalid shape [-1, 3]: sizes cannot be "
+                                                 "negative"),
+])
+def test_a_constant_that_does_not_fit_is_an_error_at_it(body, x, col, text):
+    err = call_error(body, x)
+    assert (err.file, err.line, err.col) == ("bad.grad", 2, col), str(err)
+    assert text in err.message, str(err)
+    assert "^" in str(err).splitlines()[-1]
+
+
+def test_a_failed_constant_leaves_the_module_usable():
+    # The overflow used to happen while writing the kernel, leaving a
+    # broken file in the kernel cache.
+    src = "def f(x):\n    return x + 10**26\ndef g(x):\n    return x + 10**18\n"
+    m = dsl.loads(src, "bad.grad")
+    with pytest.raises(dsl.GradError):
+        m.f(I64)
+    with pytest.raises(dsl.GradError):
+        dsl.loads(src, "bad.grad").f(I64)
+    np.testing.assert_array_equal(m.g(I64), I64 + 10**18)
+
+
+@pytest.mark.parametrize("source,line,col", [
+    ("def f(x):\n    return x + 1e400\n", 2, 16),
+    ("def f(x):\n    return x + -1.5e309\n", 2, 17),
+    ("def f(x, a=-1e400):\n    return x + a\n", 1, 13),
+])
+def test_a_float_literal_beyond_f64_is_an_error_at_the_literal(source, line, col):
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, "bad.grad")
+    assert (info.value.line, info.value.col) == (line, col), str(info.value)
+    assert "is beyond the range of f64" in info.value.message
+
+
+def test_constants_at_the_edges_of_their_dtype_still_work():
+    m = dsl.loads("def i64_max(x):\n    return x + (2**63 - 3)\n"
+                  "def i32_min(x):\n    return x + (-2147483647 - 1)\n"
+                  "def f64_big(x):\n    return x * 2 ** 1000\n"
+                  "def f32_max(x):\n    return x * 3.4e38\n"
+                  "def int_fill(x):\n    return full_like(x, 2.5)\n"
+                  "def small_power(x):\n    return x + 2 ** -2000\n")
+    assert m.i64_max(I64).tolist() == [2**63 - 2, 2**63 - 1]
+    assert m.i32_min(np.array([0, 1], dtype=np.int32)).tolist() == [-2**31, -2**31 + 1]
+    np.testing.assert_array_equal(m.f64_big(F64), F64 * 2.0 ** 1000)
+    np.testing.assert_array_equal(m.f32_max(np.array([1.0], dtype=np.float32)),
+                                  np.float32(3.4e38))
+    np.testing.assert_array_equal(m.int_fill(I64), [2, 2])
+    np.testing.assert_array_equal(m.small_power(F64), F64)
+
+
+# ------------------------------------------------------------- call graphs
+
+def chain(n: int) -> str:
+    """f0 reads the param p; f_k calls f_{k-1}."""
+    return ("param p: f64\ndef f0(x):\n    return x * p\n"
+            + "".join(f"def f{k}(x):\n    return f{k - 1}(x)\n" for k in range(1, n)))
+
+
+def test_each_function_body_is_walked_once_for_param_reads(monkeypatch):
+    walked = []
+    original = lower.free_names
+    monkeypatch.setattr(lower, "free_names",
+                        lambda body, bound: walked.append(body) or original(body, bound))
+    dsl.loads(chain(300), "chain.grad")  # asks each function what it reads
+    assert len(walked) == 300  # was 300 * 301 / 2: each function walked its callees again
+    module, ns = front_end(chain(5), "chain.grad")
+    assert [param_reads(module.func(f"f{k}"), ns) for k in range(5)] == [("p",)] * 5
+
+
+def test_mutually_recursive_functions_read_the_union_of_their_params():
+    module, ns = front_end("param p: f64\nparam q: f64\nparam r: f64\n"
+                           "def f(x):\n    return g(x) * p\n"
+                           "def g(x):\n    return f(x) * q\n"
+                           "def h(x):\n    return f(x) + r\n"
+                           "def lone(x):\n    return x\n", "cycle.grad")
+    assert param_reads(module.func("h"), ns) == ("p", "q", "r")
+    assert param_reads(module.func("f"), ns) == ("p", "q")
+    assert param_reads(module.func("g"), ns) == ("p", "q")
+    assert param_reads(module.func("lone"), ns) == ()
+
+
+@pytest.fixture(scope="module")
+def long_chain():
+    m = dsl.loads(chain(1000), "chain.grad")  # raised RecursionError
+    m.params["p"] = np.array(3.0)
+    return m
+
+
+def test_a_chain_of_1000_functions_loads_and_a_64_deep_call_runs(long_chain):
+    depth = MAX_CALL_DEPTH - 1
+    np.testing.assert_allclose(getattr(long_chain, f"f{depth}")(F64), 3 * F64)
+
+
+def test_a_call_chain_deeper_than_the_bound_is_an_error_at_the_call(long_chain):
+    with pytest.raises(dsl.GradError) as info:
+        long_chain.f999(F64)
+    err = info.value
+    assert f"calls are nested more than {MAX_CALL_DEPTH} deep here (from f999())" \
+        in err.message
+    # the call that would go one level deeper: f935 inside f936
+    assert (err.file, err.line, err.col) == ("chain.grad", 2 * 936 + 3, 12), str(err)
+    assert err.source is not None and "^" in str(err).splitlines()[-1]
