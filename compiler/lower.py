@@ -786,9 +786,14 @@ def _fold(op: str, x, y):
             raise ValueError("negative base with fractional exponent")
     else:
         raise ValueError(op)
-    if isinstance(result, float) and not math.isfinite(result):
+    if isinstance(result, float) and not math.isfinite(result) and _finite(x) and _finite(y):
+        # (infinity is written 1e400; arithmetic on it may give inf or nan)
         raise OverflowError("the result is beyond the range of f64")
     return result
+
+
+def _finite(v) -> bool:
+    return not isinstance(v, float) or math.isfinite(v)
 
 
 def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:

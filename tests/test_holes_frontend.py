@@ -62,16 +62,19 @@ def test_a_failed_constant_leaves_the_module_usable():
     np.testing.assert_array_equal(m.g(I64), I64 + 10**18)
 
 
-@pytest.mark.parametrize("source,line,col", [
-    ("def f(x):\n    return x + 1e400\n", 2, 16),
-    ("def f(x):\n    return x + -1.5e309\n", 2, 17),
-    ("def f(x, a=-1e400):\n    return x + a\n", 1, 13),
-])
-def test_a_float_literal_beyond_f64_is_an_error_at_the_literal(source, line, col):
-    with pytest.raises(dsl.GradError) as info:
-        dsl.loads(source, "bad.grad")
-    assert (info.value.line, info.value.col) == (line, col), str(info.value)
-    assert "is beyond the range of f64" in info.value.message
+def test_infinity_is_written_1e400_but_never_stored_in_an_integer():
+    m = dsl.loads("def inf32(x):\n    return maximum(x, -1e400)\n"
+                  "def nan(x):\n    return x + (1e400 - 1e400)\n"
+                  "def int_plus_inf(x):\n    return x + 1e400\n", "inf.grad")
+    np.testing.assert_array_equal(m.inf32(np.array([-np.inf, 1.0], dtype=np.float32)),
+                                  [-np.inf, 1.0])
+    assert np.isnan(m.nan(F64)).all()
+    np.testing.assert_array_equal(m.int_plus_inf(I64), [np.inf, np.inf])  # a float: f64
+    for body, text in [("return full_like(x, -1e400)", "-inf cannot be stored in i64"),
+                       ("return full_like(x, 1e400 - 1e400)", "nan cannot be stored in i64")]:
+        err = call_error(body, I64)
+        assert (err.line, err.col) == (2, 12), str(err)
+        assert text in err.message, str(err)
 
 
 def test_constants_at_the_edges_of_their_dtype_still_work():
