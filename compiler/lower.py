@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, ops
-from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.builder import Builder, coerce, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
 from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
 from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
@@ -411,7 +411,7 @@ class Lowerer:
                 if isinstance(value, tuple):
                     raise GradError(f"{where} returns a tuple as the cotangent for {name!r}",
                                     sp)
-                out[name] = ops.full(b, value, t.shape, t.dtype)
+                out[name] = ops.full(b, coerce(value, t.dtype, sp), t.shape, t.dtype)
                 continue
             if value.type.shape != t.shape:
                 # A cotangent of the shape the input was broadcast to is

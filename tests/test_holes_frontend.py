@@ -50,6 +50,19 @@ def test_a_constant_that_does_not_fit_is_an_error_at_it(body, x, col, text):
     assert "^" in str(err).splitlines()[-1]
 
 
+@pytest.mark.parametrize("cotangent,x,text", [
+    ("1e39", F32, "the constant 1e+39 is beyond the range of f32"),
+    ("2 ** 1000 * 2 ** 100", F64, "(about 10**331) is beyond the range of f64"),
+])
+def test_a_constant_cotangent_that_does_not_fit_is_an_error_at_it(cotangent, x, text):
+    m = dsl.loads(f"def f(x):\n    return x * 2\ngrad(dz):\n    return {cotangent}\n",
+                  "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        dsl.grad(m.f)(x)
+    assert (info.value.line, info.value.col) == (4, 12), str(info.value)
+    assert text in info.value.message
+
+
 def test_a_failed_constant_leaves_the_module_usable():
     # The overflow used to happen while writing the kernel, leaving a
     # broken file in the kernel cache.
