@@ -29,7 +29,8 @@ from typing import Iterable
 
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
-from gradlang.compiler.lower import Namespace, named_cotangents, positional_cotangents
+from gradlang.compiler.namespace import Namespace
+from gradlang.compiler.staging import named_cotangents, positional_cotangents
 from gradlang.runtime.errors import GradError
 
 DECORATORS = ("recompute", "pass_through")

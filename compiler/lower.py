@@ -6,24 +6,10 @@ Contract: `Lowerer(namespace).lower_entry(fdef, types)` returns an
 reads, directly or through calls) and whose body is the computation, with
 every call to a function without grad blocks inlined.
 
-Custom gradients.  A function is a chain of *stages*: stage 0 is its body;
-stage k >= 1 is its k-th grad block, the VJP of stage k-1, seen as a
-function of its inputs I_k = (the block's upstream cotangents, then
-I_{k-1}); I_0 is the function's parameters and the params it reads.  A
-stage followed by a grad block is lowered to one `custom_vjp` equation
-carrying two sub-functions:
-
-- `fwd(I_k arrays) -> (outputs..., residuals...)`: the stage, also
-  returning the locals the next block reads;
-- `bwd(I_k arrays, residuals, cotangents) -> one cotangent per input`: the
-  next block.  When a further block follows, `bwd` is itself the next
-  stage's `custom_vjp` (recomputing the locals it needs), so `autodiff`
-  differentiates each block by the block after it, and the last written
-  block by ordinary reverse mode through its residuals.
-
-`@recompute` stages keep no residuals: their `bwd` reruns the stage behind
-a `recompute_barrier` so the split into forward and backward passes cannot
-hoist it back.  `@pass_through` stages have the identity as their `bwd`.
+A call of a function with grad blocks (or a gradient decorator) becomes
+a `custom_vjp` equation whose backward pass is the grad block
+(`compiler.staging`); `grad(f)(...)` in the language is f's gradient IR,
+inlined, so it can be differentiated again.
 
 Values known at compile time (literals, `x.shape[k]`, arithmetic on them,
 tuples) stay Python values until they meet an array (`compiler.values`).
@@ -32,155 +18,19 @@ Every problem is raised as a `GradError` at the span that caused it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, ops
-from gradlang.compiler.builder import Builder, coerce, inline
+from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
 from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
-from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
+from gradlang.compiler.namespace import Namespace, param_reads
+from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, cast, is_static,
                                       sequence_kind, unify)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
-
-
-@dataclass
-class Namespace:
-    """What a module's code can name: its functions and those it imports
-    (`from m import f`), imported modules (`import m`, then `m.f`), and the
-    `param`s declared by it and by the modules it imports."""
-
-    module: ast.Module
-    functions: dict[str, tuple[ast.FuncDef, "Namespace"]] = field(default_factory=dict)
-    modules: dict[str, "Namespace"] = field(default_factory=dict)
-    params: dict[str, ast.ParamDecl] = field(default_factory=dict)
-    # param_reads's answers, by id() of this module's FuncDefs
-    reads: dict[int, tuple[str, ...]] = field(default_factory=dict, repr=False)
-
-    def resolve(self, func: ast.Expr) -> Optional[tuple[ast.FuncDef, "Namespace"]]:
-        if isinstance(func, ast.Name):
-            return self.functions.get(func.id)
-        if (isinstance(func, ast.Attr) and isinstance(func.value, ast.Name)
-                and func.value.id in self.modules):
-            return self.modules[func.value.id].functions.get(func.name)
-        return None
-
-
-def param_reads(fdef: ast.FuncDef, ns: Namespace) -> tuple[str, ...]:
-    """The module params a function reads, directly or through calls.
-
-    Worked out once per function (kept in `ns.reads`): one walk of the call
-    graph from `fdef` answers for every function it reaches."""
-    if id(fdef) not in ns.reads:
-        _close_param_reads(fdef, ns)
-    return ns.reads[id(fdef)]
-
-
-def _close_param_reads(root: ast.FuncDef, root_ns: Namespace) -> None:
-    """Tarjan's strongly connected components, iteratively (a call chain may
-    be deeper than Python's stack): functions that call each other read the
-    union of what they read (recursion itself is an error when lowered)."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    reads: dict[int, set[str]] = {}
-    owner: dict[int, Namespace] = {}
-    component: list[int] = []
-    work: list[tuple[int, Iterator[tuple[ast.FuncDef, Namespace]]]] = []
-
-    def enter(fdef: ast.FuncDef, ns: Namespace) -> None:
-        key = id(fdef)
-        index[key] = low[key] = len(index)
-        owner[key] = ns
-        reads[key], callees = _direct_reads(fdef, ns)
-        component.append(key)
-        work.append((key, iter(callees)))
-
-    enter(root, root_ns)
-    while work:
-        key, callees = work[-1]
-        for fdef, ns in callees:
-            callee = id(fdef)
-            if callee in ns.reads:
-                reads[key].update(ns.reads[callee])
-            elif callee not in index:
-                enter(fdef, ns)
-                break
-            else:  # on the component stack: a cycle back to it
-                low[key] = min(low[key], index[callee])
-        else:
-            work.pop()
-            if low[key] == index[key]:
-                members = component[component.index(key):]
-                del component[component.index(key):]
-                closed = set().union(*(reads[m] for m in members))
-                for m in members:
-                    reads[m] = closed
-                    owner[m].reads[m] = tuple(sorted(closed))
-            if work:
-                caller = work[-1][0]
-                low[caller] = min(low[caller], low[key])
-                reads[caller].update(reads[key])
-
-
-def _direct_reads(fdef: ast.FuncDef, ns: Namespace
-                  ) -> tuple[set[str], list[tuple[ast.FuncDef, Namespace]]]:
-    """The params a function's own text reads, and the functions it calls
-    (by name, or through `grad(f)`)."""
-    bodies = [fdef.body] + [g.body for g in fdef.grads]
-    local = {p.name for p in fdef.params}
-    reads = {n for body in bodies for n in free_names(body, local) if n in ns.params}
-    callees = []
-    for call in calls_in(bodies):
-        targets = [call.func]
-        if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
-            targets.append(call.args[0])
-        callees += [t for t in map(ns.resolve, targets) if t is not None]
-    return reads, callees
-
-
-def calls_in(bodies) -> list[ast.Call]:
-    """Every call expression in the given statement lists."""
-    found: list[ast.Call] = []
-
-    def visit(node) -> None:
-        if isinstance(node, ast.Call):
-            found.append(node)
-        if isinstance(node, tuple):
-            for item in node:
-                visit(item)
-        elif hasattr(node, "__dataclass_fields__"):
-            for name in node.__dataclass_fields__:
-                if name != "span":
-                    visit(getattr(node, name))
-
-    for body in bodies:
-        visit(body)
-    return found
-
-
-def stage_inputs(fdef: ast.FuncDef, ns: Namespace, k: int) -> list[str]:
-    """The names of I_k, in order."""
-    if k == 0:
-        return [p.name for p in fdef.params] + list(param_reads(fdef, ns))
-    return list(fdef.grads[k - 1].upstream) + stage_inputs(fdef, ns, k - 1)
-
-
-def positional_cotangents(fdef: ast.FuncDef, k: int) -> list[str]:
-    """What block k (1-based) may return positionally, in order: the
-    upstreams of block k-1, ..., then the function's differentiable
-    parameters.  Module params are returned by name."""
-    if k == 1:
-        return [p.name for p in fdef.differentiable_params]
-    return list(fdef.grads[k - 2].upstream) + positional_cotangents(fdef, k - 1)
-
-
-def named_cotangents(fdef: ast.FuncDef, ns: Namespace, k: int) -> list[str]:
-    """Everything block k may return a cotangent for."""
-    float_params = [w for w in param_reads(fdef, ns)
-                    if ns.params[w].type.dtype in ("f32", "f64")]
-    return positional_cotangents(fdef, k) + float_params
 
 
 # Calls are inlined by recursion, several Python frames per level; a
@@ -238,13 +88,11 @@ class Lowerer:
         inputs = dict(args)
         for w in param_reads(fdef, ns):
             inputs[w] = caller_env[w]
-        if fdef.grads or fdef.decorators:
-            # Everything a custom gradient differentiates is an array.
-            for p in fdef.differentiable_params:
-                inputs[p.name] = as_atom(b, inputs[p.name], span)
         self.call_stack.append(fdef.name)
         try:
-            return self.stage(b, fdef, ns, 0, inputs, span)
+            if fdef.grads or fdef.decorators:
+                return lower_staged(self, b, fdef, ns, inputs, span)
+            return self.block(b, fdef.body, inputs)
         finally:
             self.call_stack.pop()
 
@@ -270,162 +118,6 @@ class Lowerer:
                    for d, size in zip(ann.dims, shape)):
                 raise NeedsConcrete(f"a size of {p.name!r} meets a fixed size")
             check_dims(fdef.name, p.name, ann.dtype, ann.dims, shape, dims, GradError, span)
-
-    # ----------------------------------------------------------- stages
-
-    def eval_stage(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, k: int,
-                   inputs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
-        """Stage k inline: the body, then blocks 1..k, each block's returned
-        cotangents mapped onto its inputs.  Returns (outputs, final env)."""
-        env = dict(inputs)
-        outs = self.block(b, fdef.body, env)
-        for j in range(1, k + 1):
-            block = fdef.grads[j - 1]
-            items = self.block_items(b, block.body, env)
-            cts = self.map_cotangents(b, fdef, ns, j, items, inputs)
-            outs = [cts[n] for n in named_cotangents(fdef, ns, j)]
-        return outs, env
-
-    def stage(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, k: int,
-              inputs: dict[str, Value], span: Span) -> list[Value]:
-        decorators = {d.name for d in fdef.decorators}
-        recompute = k == 0 and "recompute" in decorators
-        if k == 0 and "pass_through" in decorators:
-            return self.pass_through(b, fdef, ns, inputs, span)
-        if k == len(fdef.grads) and not recompute:
-            return self.eval_stage(b, fdef, ns, k, inputs)[0]
-
-        arrays = [n for n, v in inputs.items() if not is_static(v)]
-        statics = {n: v for n, v in inputs.items() if is_static(v)}
-        fb = Builder()
-        fparams = [Var(inputs[n].type, n) for n in arrays]
-        initial = {**statics, **dict(zip(arrays, fparams))}
-        outs, env = self.eval_stage(fb, fdef, ns, k, dict(initial))
-        outs = [as_atom(fb, o, span) for o in outs]
-        block = fdef.grads[k] if k < len(fdef.grads) else None
-        if block is not None and not recompute:
-            # the block sees the body's final bindings, parameters rebound
-            # in the body included
-            reads = free_names(block.body, set(block.upstream))
-            res_names = [n for n in env if n in reads
-                         and (n not in initial or env[n] is not initial[n])]
-        else:
-            res_names = []
-        res_arrays = [n for n in res_names if not is_static(env[n])]
-        res_statics = {n: env[n] for n in res_names if is_static(env[n])}
-        fwd = fb.function(f"{fdef.name}_fwd{k}", fparams,
-                          outs + [env[n] for n in res_arrays])
-
-        bb = Builder()
-        bargs = [Var(p.type, p.hint) for p in fparams]
-        bres = [Var(env[n].type, n) for n in res_arrays]
-        upstream = block.upstream if block else tuple(f"d{i}" for i in range(len(outs)))
-        bcts = [Var(o.type, u) for o, u in zip(outs, upstream)]
-        if recompute:
-            # The rerun depends on a cotangent, so it stays in the backward pass.
-            bargs_used = [bb.bind("recompute_barrier", a, bcts[0]) for a in bargs]
-        else:
-            bargs_used = list(bargs)
-        base = {**statics, **dict(zip(arrays, bargs_used))}
-        if block is None:
-            # @recompute without a grad block: differentiate the rerun body.
-            floats = [i for i, a in enumerate(bargs) if a.type.is_float]
-            joint = autodiff.vjp(Function(fwd.name, fwd.params, fwd.eqns, fwd.outputs[:len(outs)]),
-                                 floats)
-            grads = iter(inline(bb, joint, bargs_used + bcts)[len(outs):])
-            cts = [next(grads) if a.type.is_float else ops.zeros_like(bb, a.type) for a in bargs]
-        else:
-            if k + 1 < len(fdef.grads):
-                next_inputs = {**dict(zip(block.upstream, bcts)), **base}
-                outs_next = self.stage(bb, fdef, ns, k + 1, next_inputs, span)
-                by_name = dict(zip(named_cotangents(fdef, ns, k + 1), outs_next))
-            else:
-                if recompute:
-                    _, benv = self.eval_stage(bb, fdef, ns, k, base)
-                else:
-                    benv = {**base, **res_statics, **dict(zip(res_arrays, bres))}
-                benv.update(zip(block.upstream, bcts))
-                items = self.block_items(bb, block.body, benv)
-                by_name = self.map_cotangents(bb, fdef, ns, k + 1, items, inputs)
-            cts = [by_name[n] if n in by_name else ops.zeros_like(bb, a.type)
-                   for n, a in zip(arrays, bargs)]
-        cts = [as_atom(bb, c, span) for c in cts]
-        bwd = bb.function(f"{fdef.name}_bwd{k + 1}", bargs + bres + bcts, cts)
-        return list(b.bind_multi("custom_vjp", *[inputs[n] for n in arrays], span=span,
-                                 fwd=fwd, bwd=bwd, n_out=len(outs), name=fdef.name))
-
-    def pass_through(self, b: Builder, fdef: ast.FuncDef, ns: Namespace,
-                     inputs: dict[str, Value], span: Span) -> list[Value]:
-        """Forward runs the body; the gradient is the identity."""
-        arrays = [n for n, v in inputs.items() if not is_static(v)]
-        (target,) = [p.name for p in fdef.differentiable_params]
-        if target not in arrays:
-            raise GradError(f"@pass_through function {fdef.name}() needs an array for "
-                            f"{target!r}", span)
-        fb = Builder()
-        fparams = [Var(inputs[n].type, n) for n in arrays]
-        statics = {n: v for n, v in inputs.items() if is_static(v)}
-        outs, _ = self.eval_stage(fb, fdef, ns, 0, {**statics, **dict(zip(arrays, fparams))})
-        (out,) = [as_atom(fb, o, span) for o in outs]
-        x_type = inputs[target].type
-        if not broadcasts_to(x_type.shape, out.type.shape):
-            raise GradError(f"@pass_through function {fdef.name}() returns shape "
-                            f"{list(out.type.shape)}, which {target!r} (shape "
-                            f"{list(x_type.shape)}) does not broadcast to", span)
-        fwd = fb.function(f"{fdef.name}_fwd0", fparams, [out])
-        bb = Builder()
-        bargs = [Var(p.type, p.hint) for p in fparams]
-        ct = Var(out.type, "d0")
-        cts = []
-        for n, a in zip(arrays, bargs):
-            if n == target and a.type.is_float:
-                cts.append(cast(bb, ops.unbroadcast(bb, ct, a.type.shape), a.type.dtype))
-            else:
-                cts.append(ops.zeros_like(bb, a.type))
-        bwd = bb.function(f"{fdef.name}_bwd1", bargs + [ct], cts)
-        return list(b.bind_multi("custom_vjp", *[inputs[n] for n in arrays], span=span,
-                                 fwd=fwd, bwd=bwd, n_out=1, name=fdef.name))
-
-    def map_cotangents(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, k: int,
-                       items: list[tuple[Optional[str], Value, Span]],
-                       inputs: dict[str, Value]) -> dict[str, Atom]:
-        """Block k's returned items as {name: cotangent} for every name in
-        `named_cotangents(fdef, ns, k)`, shape-checked against the inputs."""
-        block = fdef.grads[k - 1]
-        where = f"grad block {k} of {fdef.name}() (line {block.span.line})"
-        given: dict[str, tuple[Value, Span]] = {}
-        positional = [it for it in items if it[0] is None]
-        for name, (_, value, sp) in zip(positional_cotangents(fdef, k), positional):
-            given[name] = (value, sp)
-        for name, value, sp in items:
-            if name is not None:
-                given[name] = (value, sp)
-        out: dict[str, Atom] = {}
-        for name in named_cotangents(fdef, ns, k):
-            t = inputs[name].type
-            if name not in given or not t.is_float:
-                out[name] = ops.zeros_like(b, t)
-                continue
-            value, sp = given[name]
-            if is_static(value):
-                if isinstance(value, tuple):
-                    raise GradError(f"{where} returns a tuple as the cotangent for {name!r}",
-                                    sp)
-                out[name] = ops.full(b, coerce(value, t.dtype, sp), t.shape, t.dtype)
-                continue
-            if value.type.shape != t.shape:
-                # A cotangent of the shape the input was broadcast to is
-                # summed back, as derived gradients are; a size-1 one spreads.
-                if broadcasts_to(t.shape, value.type.shape):
-                    value = ops.unbroadcast(b, value, t.shape)
-                elif value.type.size == 1 and value.type.rank <= t.rank:
-                    value = b.bind("broadcast_to", value, shape=t.shape, span=sp)
-                else:
-                    raise GradError(
-                        f"{where} returns a cotangent of shape {list(value.type.shape)} "
-                        f"for {name!r}, which has shape {list(t.shape)}", sp)
-            out[name] = cast(b, value, t.dtype)
-        return out
 
     def transform_call(self, b: Builder, inner: ast.Call, outer: ast.Call,
                        env: dict[str, Value]) -> Value:
@@ -794,55 +486,3 @@ def _fold(op: str, x, y):
 
 def _finite(v) -> bool:
     return not isinstance(v, float) or math.isfinite(v)
-
-
-def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:
-    """Names a block reads before (or without) assigning them."""
-    bound = set(bound)
-    free: set[str] = set()
-
-    def visit(e) -> None:
-        if isinstance(e, ast.Name):
-            if e.id not in bound:
-                free.add(e.id)
-        elif isinstance(e, ast.Call):
-            if not isinstance(e.func, ast.Name):
-                visit(e.func)
-            for a in e.args:
-                visit(a)
-            for k in e.kwargs:
-                visit(k.value)
-        elif isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp)):
-            visit(e.left)
-            visit(e.right)
-        elif isinstance(e, ast.UnaryOp):
-            visit(e.operand)
-        elif isinstance(e, ast.Attr):
-            visit(e.value)
-        elif isinstance(e, ast.Index):
-            visit(e.value)
-            for item in e.items:
-                visit(item)
-        elif isinstance(e, ast.Slice):
-            for part in (e.start, e.stop, e.step):
-                if part is not None:
-                    visit(part)
-        elif isinstance(e, (ast.TupleExpr, ast.ListExpr)):
-            for item in e.items:
-                visit(item)
-
-    for stmt in body:
-        if isinstance(stmt, ast.Assign):
-            visit(stmt.value)
-            bound.update(stmt.targets)
-        elif isinstance(stmt, ast.AugAssign):
-            if stmt.target not in bound:
-                free.add(stmt.target)
-            visit(stmt.value)
-            bound.add(stmt.target)
-        elif isinstance(stmt, ast.Return):
-            for item in stmt.items:
-                visit(item.value)
-    return free
-
-

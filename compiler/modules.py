@@ -17,7 +17,7 @@ from typing import Optional
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS
 from gradlang.compiler.checker import check
-from gradlang.compiler.lower import Namespace
+from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.parser import parse
 from gradlang.runtime.errors import GradError
 

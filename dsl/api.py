@@ -15,7 +15,7 @@ from typing import Union
 from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt
 from dsl.function import vjp as _vjp
 from gradlang.compiler import ast
-from gradlang.compiler.lower import Namespace
+from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.pipeline import front_end
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import ParamSpec

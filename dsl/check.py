@@ -26,7 +26,7 @@ import numpy as np
 
 from dsl.function import Compiled, Directional, GradFunction, Select, VjpFunction
 from gradlang.compiler import ast
-from gradlang.compiler.lower import calls_in
+from gradlang.compiler.namespace import calls_in
 
 
 @dataclass(frozen=True)
