@@ -145,6 +145,22 @@ def render_loop(loop: Loop, kname: str, target: Target, consts: dict) -> tuple[s
     return target.render_loop(kname, args, pre, body), kinds
 
 
+def kernel_signature(loop: Loop) -> str:
+    """The argument types of a loop's kernel in Numba's notation, in the
+    order `render_loop` declares them (n, [rows,] inputs, outputs, aux)."""
+    array = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
+             "bool": "boolean"}
+    args = ["int64"] + (["int64"] if loop.reduction is not None else [])
+    args += [f"{array[v.type.dtype]}[::1]" for v in loop.inputs + loop.outputs]
+    for v in loop.inputs:
+        kind = access_kind(v.type.shape, loop.shape)
+        if kind == "outer":
+            args.append("int64")
+        elif kind == "general":
+            args.append(f"UniTuple(int64, {3 * len(loop.shape)})")
+    return ", ".join(args)
+
+
 # ------------------------------------------------------------------- driver
 
 

@@ -17,13 +17,18 @@ Greedy rule: an elementwise equation joins a loop of its shape when every
 input it reads from outside that loop was defined before the loop starts
 (preferring the loop that produces its inputs); the loop then runs where
 its first member stood, which keeps the step order topological.
+
+`print_steps(fn, steps)` prints them in the IR printer's notation, each
+loop as a block naming its iteration shape, what it reads from outside
+and what it writes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Union
 
-from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, namer, print_eqns,
+                                  signature_line)
 from gradlang.compiler.ops import OPS
 
 FUSIBLE = {name for name, op in OPS.items() if op.kind == "elementwise"} | {"broadcast_to"}
@@ -145,3 +150,26 @@ def _wire(steps: list[Step], fn: Function) -> None:
             step.outputs.extend(o for o in eqn.outputs if o in needed)
         if step.reduction is not None:
             step.outputs.extend(o for o in step.reduction.outputs if o in needed)
+
+
+def print_steps(fn: Function, steps: list[Step]) -> str:
+    name = namer()
+    lines = [signature_line(fn, name)]
+    loops = 0
+    for step in steps:
+        if not isinstance(step, Loop):
+            lines += print_eqns([step], name, "  ")
+            continue
+        shape = ", ".join(str(d) for d in step.shape)
+        reads = ", ".join(name(v) for v in step.inputs) or "nothing"
+        body = print_eqns(step.eqns, name, "    ")
+        if step.reduction is not None:
+            body += print_eqns([step.reduction], name, "    ")
+        writes = ", ".join(name(v) for v in step.outputs)
+        summed = " (summed in the loop)" if step.reduction is not None else ""
+        lines.append(f"  loop {loops} over [{shape}] reads {reads} writes {writes}{summed} {{")
+        lines += body + ["  }"]
+        loops += 1
+    lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")
+    lines.append("}")
+    return "\n".join(lines)

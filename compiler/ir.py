@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import numpy as np
 
@@ -131,8 +131,9 @@ def vars_in(atoms: Iterable[Atom]) -> Iterator[Var]:
 # ------------------------------------------------------------------ printer
 
 
-def print_function(fn: Function) -> str:
-    """MLIR-flavoured text; names are numbered in order of definition."""
+def namer() -> Callable[[Atom], str]:
+    """A printer of atoms: each variable is named once, in order of first
+    printing (`%hintN` or `%N`); a literal is `value:dtype`."""
     names: dict[Var, str] = {}
 
     def name(a: Atom) -> str:
@@ -141,17 +142,26 @@ def print_function(fn: Function) -> str:
         if a not in names:
             names[a] = f"%{a.hint}{len(names)}" if a.hint else f"%{len(names)}"
         return names[a]
+    return name
 
+
+def signature_line(fn: Function, name: Callable[[Atom], str]) -> str:
     params = ", ".join(f"{name(v)}: {v.type}" for v in fn.params)
     outs = ", ".join(str(t) for t in fn.out_types)
-    lines = [f"func @{fn.name}({params}) -> ({outs}) {{"]
-    lines += _print_eqns(fn.eqns, name, "  ")
+    return f"func @{fn.name}({params}) -> ({outs}) {{"
+
+
+def print_function(fn: Function) -> str:
+    """MLIR-flavoured text; names are numbered in order of definition."""
+    name = namer()
+    lines = [signature_line(fn, name)]
+    lines += print_eqns(fn.eqns, name, "  ")
     lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")
     lines.append("}")
     return "\n".join(lines)
 
 
-def _print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
+def print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
     lines = []
     for eqn in eqns:
         outs = ", ".join(name(v) for v in eqn.outputs)

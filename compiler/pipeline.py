@@ -1,26 +1,45 @@
-"""The compiler's stages, in order, as one readable list.
+"""The compiler's stages, in order, and the functions that drive them.
 
-    parse -> check -> lower -> autodiff -> inline -> simplify -> cse -> dce
-          -> fuse -> codegen
+    parse     source -> AST with spans                       compiler/parser.py
+    check     names, arity, grad-block contracts, params     compiler/checker.py
+    lower     AST -> typed SSA IR for one call signature     compiler/lower.py
+    autodiff  IR -> IR: gradient, vjp, directional           compiler/autodiff.py
+    inline    calls of sub-functions inlined                 compiler/passes.py
+    simplify  algebraic simplification                       compiler/passes.py
+    cse       common subexpressions merged                   compiler/passes.py
+    dce       dead equations removed                         compiler/passes.py
+    fuse      elementwise equations -> loops                 compiler/fusion.py
+    codegen   loops -> kernel module + driver source         compiler/codegen.py
+    load      kernel module imported, driver bound           runtime/loader.py
 
-Contract: `front_end(source, file)` runs parse and check (of the module
-and its imports) and returns the module and its namespace; `optimize(fn)` runs the IR passes
-(verifying between them when GRADC_VERIFY=1); `build(fn, target)` runs
-them and codegen and returns loaded, callable code (`Program`).  `lower`
-and `autodiff` are driven by `dsl.function`, which knows which transform
-the user asked for.  `gradc show --emit STAGE` stops after any stage.
+`STAGES` is that list; `EMITS` (what `gradc show --emit` accepts) is
+derived from it: each stage's printed form, and `grad-` before every stage
+that can run on a gradient.  Contracts:
+
+- `front_end(source, file)`: parse and check; the module and its namespace.
+- `lower_entry(namespace, fdef, types)`: lower; errors carry the source.
+- `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `select`:
+  the transforms, IR -> IR (`vjp_programs` builds both halves).
+- `optimize(fn)`: the IR passes (verifying between them when
+  GRADC_VERIFY=1); `build(fn, target)`: passes, fuse, codegen and load,
+  returning a callable `Program`.
+- `emit(fn, stage, target)`: the text of `fn` (lowered or differentiated)
+  after `stage`, which is one of the stages from inline on.
 """
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
-from gradlang.compiler import ast, passes
-from gradlang.compiler.codegen import Generated, generate
-from gradlang.compiler.ir import Function
-from gradlang.compiler.lower import Namespace
+from gradlang.compiler import ast, autodiff, passes
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.codegen import Generated, generate, kernel_signature
+from gradlang.compiler.fusion import Loop, fuse, print_steps
+from gradlang.compiler.ir import Function, TensorType, Var, print_function
+from gradlang.compiler.lower import Lowerer
+from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.parser import parse
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
@@ -28,12 +47,63 @@ from gradlang.runtime.errors import GradError, Span
 from gradlang.runtime.loader import load_kernels, make_driver
 from gradlang.runtime.target import Target
 
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    emit: Optional[str]  # what `gradc show --emit` calls its output
+    on_gradient: bool    # whether it can run on a derived gradient
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("parse", None, False),  # printed after check, as the checked AST
+    Stage("check", "ast", False),
+    Stage("lower", "lower", False),
+    Stage("autodiff", "autodiff", True),
+    Stage("inline", "inline", True),
+    Stage("simplify", "simplify", True),
+    Stage("cse", "cse", True),
+    Stage("dce", "dce", True),
+    Stage("fuse", "loops", True),
+    Stage("codegen", "kernels", True),
+    Stage("load", "llvm", True),
+)
+# `ir` is the optimized IR, what fusion reads (the last IR pass).
+ALIASES = {"ir": "dce"}
+
+
+def _emit_names() -> tuple[str, ...]:
+    names: list[str] = []
+    for stage in STAGES:
+        if stage.emit is None:
+            continue
+        if stage.name != "autodiff":  # autodiff's output is always a gradient
+            names.append(stage.emit)
+        if stage.on_gradient:
+            names.append("grad-" + stage.emit)
+    for alias in ALIASES:
+        names += [alias, "grad-" + alias]
+    return tuple(names)
+
+
+EMITS: tuple[str, ...] = _emit_names()
 IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
     ("inline", passes.inline_calls),
     ("simplify", passes.simplify),
     ("cse", passes.cse),
     ("dce", passes.dce),
 )
+
+
+def stage_of(emit_name: str) -> tuple[str, bool]:
+    """`--emit` name -> (stage name, whether on the gradient)."""
+    on_gradient = emit_name.startswith("grad-")
+    name = emit_name[len("grad-"):] if on_gradient else emit_name
+    name = ALIASES.get(name, name)
+    return next(s.name for s in STAGES if s.emit == name), on_gradient
+
+
+# ------------------------------------------------------------ front end
 
 
 def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
@@ -57,19 +127,89 @@ def too_deep(source: str, file: str) -> GradError:
     return GradError("expression is nested too deeply", Span(file, line, 1), source)
 
 
+def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
+                types: dict[str, TensorType]) -> Function:
+    """`fdef` (defined in `namespace`'s module) lowered for `types`: its
+    parameters passed, then the params it reads.  A `GradError` carries
+    the module's source, for the caret line."""
+    source = namespace.module.source
+    try:
+        return Lowerer(namespace).lower_entry(fdef, types)
+    except GradError as err:
+        raise err.with_source(source)
+    except RecursionError:
+        raise too_deep(source, fdef.span.file) from None
+
+
+# ----------------------------------------------------------- transforms
+
+
+def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool) -> Function:
+    """(params) -> ([outputs...,] d sum(outputs) / d params[wrt]...)."""
+    return autodiff.grad_of_sum(fn, wrt, with_value)
+
+
+def pullback(fn: Function, wrt: Sequence[int]) -> Function:
+    """(params..., cotangents...) -> one cotangent per params[wrt]: the
+    backward pass as a function of its own, which can be differentiated."""
+    joint = autodiff.vjp(fn, wrt)
+    n_out = len(fn.outputs)
+    return Function(f"{fn.name}_pullback", joint.params, joint.eqns, joint.outputs[n_out:])
+
+
+def vjp_programs(fn: Function, wrt: Sequence[int],
+                 target: "Target | str") -> tuple["Program", "Program"]:
+    """The forward program (params) -> (outputs..., residuals...) and the
+    backward one (residuals..., cotangents...) -> one cotangent per
+    params[wrt]: the joint vjp, optimized whole, then split so that the
+    forward keeps only the residuals the backward reads."""
+    joint = optimize(autodiff.vjp(fn, wrt), keep_barriers=True)
+    fwd, bwd = autodiff.split(joint, len(fn.params), len(fn.outputs))
+    return build(fwd, target), build(bwd, target)
+
+
+def directional(fn: Function, types: dict[str, TensorType], wrt: str, v: str) -> Function:
+    """(types...) -> grad_wrt <fn(...), v>: fn (whose parameters are
+    `types` without `v`, and whose one output has the shape of `wrt`)
+    contracted with `v`, then differentiated along `wrt`."""
+    b = Builder()
+    params = [Var(t, n) for n, t in types.items()]
+    env = dict(zip(types, params))
+    (g,) = inline(b, fn, [env[n] for n in types if n != v])
+    direction = env[v]
+    if direction.type.dtype != g.type.dtype:
+        direction = b.bind("cast", direction, dtype=g.type.dtype)
+    gv = b.bind("mul", g, direction)
+    axes = tuple(range(gv.type.rank))
+    total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
+    contracted = b.function(f"{fn.name}_dir", params, [total])
+    return autodiff.grad_of_sum(contracted, [list(types).index(wrt)], False)
+
+
+def select(fn: Function, index: int) -> Function:
+    """fn with only its output `index`."""
+    return Function(fn.name, fn.params, fn.eqns, (fn.outputs[index],))
+
+
+# ------------------------------------------------------------ back end
+
+
 def verifying() -> bool:
     return os.environ.get("GRADC_VERIFY", "") not in ("", "0")
 
 
-def optimize(fn: Function, keep_barriers: bool = False) -> Function:
-    """The IR passes in order; `keep_barriers` for a joint function that
-    `autodiff.split` will cut into forward and backward passes."""
+def optimize(fn: Function, keep_barriers: bool = False, stop: str = "dce") -> Function:
+    """The IR passes in order, up to and including `stop`; `keep_barriers`
+    for a joint function that `autodiff.split` will cut into forward and
+    backward passes."""
     if verifying():
         verify(fn, "lower/autodiff")
     for stage, run in IR_PASSES:
         fn = passes.simplify(fn, keep_barriers) if stage == "simplify" else run(fn)
         if verifying():
             verify(fn, stage)
+        if stage == stop:
+            break
     return fn
 
 
@@ -93,3 +233,32 @@ def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernels(generated.kernel_source)
     return Program(fn, generated, make_driver(generated.driver_source, kernels, target.helpers))
+
+
+def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> str:
+    """`fn`, fresh from lower or autodiff, run up to `stage` and printed."""
+    target = targets.get(target)
+    if stage in ("lower", "autodiff"):
+        return print_function(fn)
+    if stage in dict(IR_PASSES):
+        return print_function(optimize(fn, stop=stage))
+    fn = optimize(fn)
+    if stage == "fuse":
+        return print_steps(fn, fuse(fn, reductions=target.fuses_reductions))
+    generated = generate(fn, target)
+    if stage == "codegen":
+        return generated.kernel_source + "\n" + generated.driver_source
+    return _machine_code(fn, generated, target)
+
+
+def _machine_code(fn: Function, generated: Generated, target: Target) -> str:
+    """What the target compiles each kernel to (LLVM IR on the CPU),
+    compiled now for the kernel's argument types, never read from a cache."""
+    kernels = load_kernels(generated.kernel_source)
+    loops = [s for s in fuse(fn, reductions=target.fuses_reductions) if isinstance(s, Loop)]
+    text = []
+    for name, loop in zip(generated.kernel_names, loops):
+        signature = kernel_signature(loop)
+        text.append(f"; kernel {name} ({signature})\n"
+                    f"{target.compiled_ir(kernels, name, signature)}")
+    return "\n".join(text)

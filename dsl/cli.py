@@ -8,7 +8,8 @@ usage error.  No Python traceback reaches the user.
     gradc run FILE.grad FN ARG... [--wrt K ...]
         ARG: a number, a list like [1, 2, 3], or a .npy file.
         Prints the value and the gradient of the sum of the outputs.
-    gradc show FILE.grad [--fn NAME] --emit ast|ir|grad-ir|kernels [--sig ...]
+    gradc show FILE.grad [--fn NAME] --emit STAGE [--target T] [--sig ...]
+        STAGE: one of `compiler.pipeline.EMITS`; prints the program there.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 import dsl
+from gradlang.compiler import pipeline
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError
 
@@ -95,12 +97,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_show(args) -> int:
+    """Run the pipeline on each signature up to the stage `--emit` names
+    (on the value and gradient for `grad-` stages) and print it."""
     from dsl.aot import _types, default_sig, parse_sig
-    from gradlang.compiler.codegen import generate
-    from gradlang.compiler.ir import print_function
-    from gradlang.compiler.pipeline import optimize
     module = dsl.load(args.file)
-    if args.emit == "ast":
+    stage, on_gradient = pipeline.stage_of(args.emit)
+    if stage == "check":
         for f in module._ast.funcs:
             if args.fn in (None, f.name):
                 print(f)
@@ -116,59 +118,12 @@ def cmd_show(args) -> int:
         if args.fn and name != args.fn:
             continue
         types = _types(module, f, sig_args, sig)
-        target = f
-        if args.emit in ("grad-ir", "grad-kernels"):
+        if on_gradient:
             wrt = tuple(n for n, t in types.items() if t.is_float and
                         next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
-            target = dsl.value_and_grad(f, wrt=wrt or 0)
-        fn = optimize(target.lower(types))
-        if args.emit in ("ir", "grad-ir"):
-            print(print_function(fn))
-            continue
-        generated = generate(fn)
-        if args.emit in ("kernels", "grad-kernels"):
-            print(generated.kernel_source)
-            print(generated.driver_source)
-        else:
-            print(_llvm(generated, types, fn))
+            f = dsl.value_and_grad(f, wrt=wrt or 0)
+        print(pipeline.emit(f.lower(types), stage, args.target))
     return 0
-
-
-def _llvm(generated, types, fn) -> str:
-    """LLVM IR of every kernel, compiled for the signature's dtypes."""
-    from gradlang.runtime.loader import load_kernels
-    kernels = load_kernels(generated.kernel_source)
-    text = []
-    for name in generated.kernel_names:
-        dispatcher = getattr(kernels, name + "_serial")
-        signature = _kernel_signature(name, fn)
-        dispatcher.compile(signature)
-        for sig, llvm in dispatcher.inspect_llvm().items():
-            text.append(f"; kernel {name} {sig}\n{llvm}")
-    return "\n".join(text)
-
-
-def _kernel_signature(name: str, fn):
-    """Numba argument types of a kernel, read off the driver's call."""
-    import numba
-
-    from gradlang.compiler.codegen import access_kind
-    from gradlang.compiler.fusion import Loop, fuse
-    steps = [s for s in fuse(fn, reductions=True) if isinstance(s, Loop)]
-    index = int(name.rsplit("_", 1)[1])
-    loop = steps[index]
-    as_numba = {"f32": numba.float32, "f64": numba.float64, "i32": numba.int32,
-                "i64": numba.int64, "bool": numba.boolean}
-    args = [numba.int64] + ([numba.int64] if loop.reduction is not None else [])
-    args += [as_numba[v.type.dtype][::1] for v in loop.inputs]
-    args += [as_numba[v.type.dtype][::1] for v in loop.outputs]
-    for v in loop.inputs:
-        kind = access_kind(v.type.shape, loop.shape)
-        if kind == "outer":
-            args.append(numba.int64)
-        elif kind == "general":
-            args.append(numba.types.UniTuple(numba.int64, 3 * len(loop.shape)))
-    return tuple(args)
 
 
 def cmd_check(args) -> int:
@@ -255,8 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a compiler stage")
     show.add_argument("file")
     show.add_argument("--fn", help="only this function")
-    show.add_argument("--emit", required=True,
-                      choices=("ast", "ir", "grad-ir", "kernels", "grad-kernels", "llvm"))
+    show.add_argument("--emit", required=True, choices=pipeline.EMITS, metavar="STAGE",
+                      help="the stage to stop after: " + ", ".join(pipeline.EMITS) +
+                      " (grad-: on the value and gradient; ir: the optimized IR)")
+    show.add_argument("--target", default=targets.DEFAULT, choices=tuple(targets.TARGETS),
+                      help="the target of loops, kernels and llvm (default: cpu)")
     show.add_argument("--sig", nargs="+", action="extend", help="signatures like 'f(f64[:])' (default: f64 "
                       "arrays of each function's annotated, else rank-1, shape)")
     show.set_defaults(func=cmd_show)

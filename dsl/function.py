@@ -5,7 +5,9 @@ Contract: a `Compiled` is called like the `.grad` function it stands for
 binds and validates the arguments (`runtime.args`, raising `ArgumentError`
 before any kernel runs), looks up the program for the call's dtypes and
 pattern of sizes (or its exact sizes, for functions that need them) and, on
-a miss, lowers, differentiates, optimizes, fuses and generates it.  Transforms (`GradFunction` for grad and
+a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
+names the pipeline's front of its IR (lower, then its transform), and
+`pipeline.build` does the rest.  Transforms (`GradFunction` for grad and
 value_and_grad) are themselves `Compiled`, built from the IR of the function
 they wrap, so they compose: `grad(grad(f))` differentiates the gradient's
 IR.  `vjp` returns the primal output and a pullback that keeps only the
@@ -19,11 +21,10 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from dsl.recording import recording_tapes
-from gradlang.compiler import ast, autodiff
-from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var
-from gradlang.compiler.lower import Lowerer, Namespace, param_reads
-from gradlang.compiler.pipeline import Program, build, optimize, too_deep
+from gradlang.compiler import ast, pipeline
+from gradlang.compiler.ir import Function, StaticScalar, TensorType
+from gradlang.compiler.namespace import Namespace, param_reads
+from gradlang.compiler.pipeline import Program, build
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, static_names
 from gradlang.runtime.errors import ArgumentError, GradError
@@ -199,8 +200,7 @@ class GradFunction(Compiled):
                                     f"to {w!r}: it has dtype {types[w].dtype}, and only "
                                     "floats carry gradients", self.span)
             indices.append(names.index(w))
-        fn = self.inner.lower(types)
-        return autodiff.grad_of_sum(fn, indices, self.with_value)
+        return pipeline.grad_of_sum(self.inner.lower(types), indices, self.with_value)
 
     def format(self, outs, bound):
         n_grads = len(self.wrt)
@@ -307,11 +307,8 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
     key = _signature(bound, statics)
     if key not in cache:
         fn = f.lower(types)
-        joint = autodiff.vjp(fn, [names.index(n) for n in float_args])
-        joint = optimize(joint, keep_barriers=True)
-        fwd, bwd = autodiff.split(joint, len(names), len(fn.outputs))
-        cache[key] = (build(fwd, f.target), build(bwd, f.target), len(fn.outputs),
-                      fn.out_types)
+        fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
+        cache[key] = (fwd, bwd, len(fn.outputs), fn.out_types)
     fwd_program, bwd_program, n_out, out_types = cache[key]
     results = fwd_program(*bound.values())
     outs, residuals = results[:n_out], results[n_out:]
@@ -341,9 +338,7 @@ class VjpFunction(Compiled):
         fn = self.inner.lower(inner_types)
         floats = [n for n in self.inner.differentiable_names(
             {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})]
-        joint = autodiff.vjp(fn, [names.index(n) for n in floats])
-        n_out = len(fn.outputs)
-        return Function(f"{fn.name}_pullback", joint.params, joint.eqns, joint.outputs[n_out:])
+        return pipeline.pullback(fn, [names.index(n) for n in floats])
 
     def format(self, outs, bound):
         return tuple(outs)
@@ -360,8 +355,7 @@ class Select(Compiled):
         self.target, self.host_results = inner.target, inner.host_results
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        fn = self.inner.lower(types)
-        return Function(fn.name, fn.params, fn.eqns, (fn.outputs[self.index],))
+        return pipeline.select(self.inner.lower(types), self.index)
 
     def format(self, outs, bound):
         return outs[0]
@@ -387,20 +381,8 @@ class Directional(Compiled):
         if not types[self.wrt].is_float:
             raise ArgumentError(f"cannot differentiate w.r.t. {self.wrt!r}: not a float",
                                 self.span)
-        inner_names = [n for n in types if n != self.vname]
-        fn = self.inner.lower({n: types[n] for n in inner_names})
-        b = Builder()
-        params = [Var(t, n) for n, t in types.items()]
-        env = dict(zip(types, params))
-        (g,) = inline(b, fn, [env[n] for n in inner_names])
-        v = env[self.vname]
-        if v.type.dtype != g.type.dtype:
-            v = b.bind("cast", v, dtype=g.type.dtype)
-        gv = b.bind("mul", g, v)
-        axes = tuple(range(gv.type.rank))
-        total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
-        directional = b.function(f"{fn.name}_dir", params, [total])
-        return autodiff.grad_of_sum(directional, [list(types).index(self.wrt)], False)
+        fn = self.inner.lower({n: t for n, t in types.items() if n != self.vname})
+        return pipeline.directional(fn, types, self.wrt, self.vname)
 
     def format(self, outs, bound):
         return outs[0]
@@ -464,19 +446,9 @@ class GradFn(Compiled):
         return bound
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        source = self.fdef_source()
-        try:
-            return Lowerer(self._namespace_of_fdef()).lower_entry(self.fdef, types)
-        except GradError as err:
-            raise err.with_source(source)
-        except RecursionError:
-            raise too_deep(source, self.fdef.span.file) from None
-
-    def fdef_source(self) -> str:
-        return self._namespace.functions[self.name][1].module.source
-
-    def _namespace_of_fdef(self) -> Namespace:
-        return self._namespace.functions[self.name][1]
+        # the namespace of the module that defines it (it may be imported)
+        home = self._namespace.functions[self.name][1]
+        return pipeline.lower_entry(home, self.fdef, types)
 
     def format(self, outs, bound):
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -243,6 +243,15 @@ class CpuTarget(Target):
                   f"K.{kname}_all if {rows} == 1 else K.{kname})")
         return f"{kernel}({', '.join([size, rows] + args)})"
 
+    def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:
+        cached = getattr(kernels, kname + "_serial")
+        # A dispatcher that found machine code in Numba's cache has no LLVM
+        # IR to show: compile a copy of it that has no cache.
+        fresh = numba.jit(**cached.targetoptions)(cached.py_func)
+        fresh.compile(signature)
+        (llvm,) = fresh.inspect_llvm().values()
+        return llvm
+
     def is_array(self, value: Any) -> bool:
         return isinstance(value, np.ndarray)
 

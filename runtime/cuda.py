@@ -387,6 +387,12 @@ class CudaTarget(Target):
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
         return f"K.{kname}[R.blocks({size}), R.THREADS]({', '.join([size] + args)})"
 
+    def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:
+        if SIMULATOR:
+            raise TargetError("the CUDA simulator compiles nothing: the LLVM IR of CUDA "
+                              "kernels needs a GPU")
+        return getattr(kernels, kname).compile(signature).inspect_llvm()
+
     def require(self) -> None:
         require()
 

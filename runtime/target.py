@@ -9,7 +9,8 @@ here (`Target.require`).  A `Target` is at once:
   layout, reductions, matmul, size checks;
 - the loop wrapper codegen renders kernels with (`header`, `render_loop`,
   `launch`, and, where a loop may end in a sum, `render_reducing_loop` and
-  `launch_reducing`);
+  `launch_reducing`), and what a kernel compiles to (`compiled_ir`, for
+  `gradc show --emit llvm`);
 - the boundary with the host: `accept` (an argument as the target's array,
   or an `ArgumentError`), `to_host`, `full`, `is_array`.
 
@@ -58,6 +59,12 @@ class Target:
         raise NotImplementedError
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str]) -> str:
+        raise NotImplementedError
+
+    def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:
+        """What kernel `kname` of a loaded kernel module compiles to for
+        `signature` (argument types in Numba's notation), compiled now:
+        never read from a cache, which keeps machine code only."""
         raise NotImplementedError
 
     def require(self) -> None:
