@@ -165,9 +165,10 @@ def print_steps(fn: Function, steps: list[Step]) -> str:
         body = print_eqns(step.eqns, name, "    ")
         if step.reduction is not None:
             body += print_eqns([step.reduction], name, "    ")
-        writes = ", ".join(name(v) for v in step.outputs)
-        summed = " (summed in the loop)" if step.reduction is not None else ""
-        lines.append(f"  loop {loops} over [{shape}] reads {reads} writes {writes}{summed} {{")
+        sums = step.reduction.outputs if step.reduction is not None else ()
+        writes = ", ".join(name(v) + (" (summed in the loop)" if v in sums else "")
+                           for v in step.outputs)
+        lines.append(f"  loop {loops} over [{shape}] reads {reads} writes {writes} {{")
         lines += body + ["  }"]
         loops += 1
     lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")

@@ -1,0 +1,131 @@
+"""`gradc show --emit STAGE [--target T]`: one choice per pipeline stage,
+each printing what that stage (and no later one) made."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsl.cli import main
+from gradlang.compiler import pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG1PEXP = str(ROOT / "examples" / "log1pexp.grad")
+DENSE = str(ROOT / "examples" / "dense.grad")
+LOSS_SIG = "loss(f64[b, 3], f64[3, 2], f64[2], f64[b, 2])"
+
+
+def show(capsys, *argv: str) -> str:
+    assert main(["show", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_emit_choices_are_the_pipeline_stages():
+    """Every `--emit` name stops after a stage of `STAGES`, every stage
+    after check can be stopped after, and the old names still work."""
+    names = [s.name for s in pipeline.STAGES]
+    assert names == ["parse", "check", "lower", "autodiff", "inline", "simplify", "cse",
+                     "dce", "fuse", "codegen", "load"]
+    reached = {pipeline.stage_of(e) for e in pipeline.EMITS}
+    assert {stage for stage, _ in reached} == set(names) - {"parse"}
+    assert ("autodiff", True) in reached and ("autodiff", False) not in reached
+    assert {"ast", "ir", "grad-ir", "kernels", "grad-kernels", "llvm"} <= set(pipeline.EMITS)
+    assert pipeline.stage_of("grad-ir") == ("dce", True)
+    parser_choices = next(a.choices for a in _show_parser()._actions if a.dest == "emit")
+    assert tuple(parser_choices) == pipeline.EMITS
+
+
+def _show_parser():
+    from dsl.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sub.choices["show"]
+
+
+def test_lower_keeps_the_grad_block_as_custom_vjp_until_inline(capsys):
+    lowered = show(capsys, LOG1PEXP, "--emit", "lower")
+    assert "custom_vjp %x0" in lowered
+    assert "func @log1pexp_bwd1(" in lowered and "func @log1pexp_fwd0(" in lowered
+    inlined = show(capsys, LOG1PEXP, "--emit", "inline")
+    assert "custom_vjp" not in inlined and "bwd" not in inlined
+    assert "%e1 = exp %x0" in inlined
+
+
+def test_each_ir_pass_on_the_gradient_shows_its_own_work(capsys):
+    """log1pexp's derived gradient: autodiff seeds a ones array and
+    recomputes 1 + e; simplify drops the multiply by ones, cse the second
+    1 + e, dce the unused ones array."""
+    out = {s: show(capsys, LOG1PEXP, "--emit", "grad-" + s)
+           for s in ("autodiff", "simplify", "cse", "dce")}
+    assert "= full" in out["autodiff"] and "= mul" in out["autodiff"]
+    assert out["autodiff"].count("add 1.0:f64, %e2") == 2
+    assert "= mul" not in out["simplify"]
+    assert out["simplify"].count("add 1.0:f64, %e2") == 2
+    assert out["cse"].count("add 1.0:f64, %e2") == 1 and "= full" in out["cse"]
+    assert "= full" not in out["dce"]
+    assert out["dce"] == show(capsys, LOG1PEXP, "--emit", "grad-ir")
+
+
+def test_loops_show_each_fused_loop_over_its_shape(capsys):
+    out = show(capsys, DENSE, "--fn", "loss", "--emit", "loops", "--sig", LOSS_SIG)
+    lines = out.splitlines()
+    assert lines[0].startswith("func @loss(")
+    # x @ w + b, softplus, err, err * err and its row sum: one loop over
+    # the (batch, out) shape, reading the matmul, b and target
+    (loop0,) = [l for l in lines if l.strip().startswith("loop 0 ")]
+    assert loop0.startswith("  loop 0 over [b, 2] reads %")
+    assert "(summed in the loop)" in loop0
+    body = lines[lines.index(loop0) + 1:lines.index("  }", lines.index(loop0))]
+    ops = [l.split(" = ")[1].split()[0] for l in body]
+    assert ops[0] == "add" and "log1p" in ops and ops[-2:] == ["mul", "reduce_sum"]
+    assert any(l.strip().startswith("%") and "= matmul" in l for l in lines[:lines.index(loop0)])
+    grad = show(capsys, DENSE, "--fn", "loss", "--emit", "grad-loops", "--sig", LOSS_SIG)
+    assert grad.startswith("func @loss_value_and_grad(")
+    assert grad.count("  loop ") > out.count("  loop ")
+
+
+def test_target_changes_loops_and_kernels(capsys):
+    """CUDA loops do not end in a sum; its kernels are grid-stride loops."""
+    argv = [DENSE, "--fn", "loss", "--sig", LOSS_SIG]
+    cpu = show(capsys, *argv, "--emit", "kernels", "--target", "cpu")
+    assert "prange(" in cpu and "cuda" not in cpu
+    cuda = show(capsys, *argv, "--emit", "kernels", "--target", "cuda")
+    assert "@cuda.jit" in cuda and "cuda.gridsize(1)" in cuda and "prange" not in cuda
+    assert "R.blocks(" in cuda  # the driver launches on a grid
+    loops = show(capsys, *argv, "--emit", "loops", "--target", "cuda")
+    assert "summed in the loop" not in loops
+    assert "= reduce_sum" in loops
+
+
+def test_unknown_target_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["show", LOG1PEXP, "--emit", "kernels", "--target", "tpu"])
+    assert info.value.code == 2
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="a GPU has LLVM IR to show")
+def test_llvm_on_the_cuda_simulator_says_why_not(capsys):
+    assert main(["show", LOG1PEXP, "--emit", "llvm", "--target", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "simulator" in err and "Traceback" not in err
+
+
+def test_llvm_is_printed_when_numba_cache_is_warm(tmp_path):
+    """Numba keeps only machine code in its cache: a kernel loaded from it
+    has no LLVM IR, which `show --emit llvm` used to print as nothing."""
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path)}
+
+    def gradc(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dsl.cli", *argv], capture_output=True,
+                              text=True, cwd=ROOT, env=env)
+
+    warm = gradc("run", LOG1PEXP, "log1pexp", "[1.0, 2.0]")
+    assert warm.returncode == 0, warm.stderr
+    assert list((tmp_path / "kernels" / "__pycache__").glob("*.nbi")), "the cache is warm"
+    for _ in range(2):  # the first show may warm more; the second surely reads it
+        result = gradc("show", LOG1PEXP, "--emit", "llvm")
+        assert result.returncode == 0, result.stderr
+        assert "; kernel k_log1pexp_0 (int64, float64[::1], float64[::1])" in result.stdout
+        assert "define " in result.stdout and "k_log1pexp_0_serial" in result.stdout
+        assert "Inspection disabled" not in result.stderr
