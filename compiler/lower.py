@@ -133,31 +133,14 @@ class Lowerer:
                      next((self.expr(b, k.value, env) for k in inner.kwargs if k.name == "wrt"),
                           0))
         single = not isinstance(wrt_value, tuple)
-        wrt_items = (wrt_value,) if single else wrt_value
         args = [self.expr(b, a, env) for a in outer.args]
         kwargs = {k.name: self.expr(b, k.value, env) for k in outer.kwargs}
         bound = self.bind_args(fdef, args, kwargs, outer.span)
-        wrt_names = []
-        for w in wrt_items:
-            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
-                got = repr(w) if isinstance(w, int) else "a value computed at run time"
-                raise GradError(f"wrt must be parameter positions of {fdef.name}() "
-                                f"(0 to {len(fdef.params) - 1}), got {got}", inner.span)
-            name = fdef.params[w].name
-            value = bound[name]
-            if not fdef.params[w].differentiable or is_static(value) or not value.type.is_float:
-                raise GradError(f"cannot differentiate {fdef.name}() with respect to "
-                                f"{name!r}: it is not a float array here", inner.span)
-            wrt_names.append(name)
+        wrt_names = self.transform_wrt(fdef, bound, (wrt_value,) if single else wrt_value,
+                                       inner.span)
         arrays = [n for n, v in bound.items() if not is_static(v)]
         reads = list(param_reads(fdef, ns))
-        sb = Builder()
-        sparams = [Var(bound[n].type, n) for n in arrays]
-        pparams = [Var(env[w].type, w) for w in reads]
-        senv = dict(zip(reads, pparams))
-        sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
-        outs = self.call(sb, fdef, ns, [], sargs, outer.span, senv)
-        sub = sb.function(fdef.name, sparams + pparams, [as_atom(sb, o, outer.span) for o in outs])
+        sub = self.sub_function(fdef, ns, bound, {w: env[w] for w in reads}, outer.span)
         with_value = kind == "value_and_grad"
         g = autodiff.grad_of_sum(sub, [arrays.index(n) for n in wrt_names], with_value)
         results = inline(b, g, [bound[n] for n in arrays] + [env[w] for w in reads])
@@ -165,8 +148,39 @@ class Lowerer:
         grads_value = grads[0] if single else tuple(grads)
         if not with_value:
             return grads_value
-        values = results[:len(outs)]
+        values = results[:len(sub.outputs)]
         return (values[0] if len(values) == 1 else tuple(values)), grads_value
+
+    @staticmethod
+    def transform_wrt(fdef: ast.FuncDef, bound: dict[str, Value], wrt_items: tuple,
+                      span: Span) -> list[str]:
+        """The parameters `wrt` names: positions of float array parameters."""
+        names = []
+        for w in wrt_items:
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
+                got = repr(w) if isinstance(w, int) else "a value computed at run time"
+                raise GradError(f"wrt must be parameter positions of {fdef.name}() "
+                                f"(0 to {len(fdef.params) - 1}), got {got}", span)
+            name = fdef.params[w].name
+            value = bound[name]
+            if not fdef.params[w].differentiable or is_static(value) or not value.type.is_float:
+                raise GradError(f"cannot differentiate {fdef.name}() with respect to "
+                                f"{name!r}: it is not a float array here", span)
+            names.append(name)
+        return names
+
+    def sub_function(self, fdef: ast.FuncDef, ns: Namespace, bound: dict[str, Value],
+                     reads: dict[str, Value], span: Span) -> Function:
+        """fdef on `bound` as a function of its own: parameters are the
+        array arguments, then the params it reads; static ones are baked in."""
+        arrays = [n for n, v in bound.items() if not is_static(v)]
+        sb = Builder()
+        sparams = [Var(bound[n].type, n) for n in arrays]
+        pparams = [Var(v.type, w) for w, v in reads.items()]
+        senv = dict(zip(reads, pparams))
+        sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
+        outs = self.call(sb, fdef, ns, [], sargs, span, senv)
+        return sb.function(fdef.name, sparams + pparams, [as_atom(sb, o, span) for o in outs])
 
     # ------------------------------------------------------- statements
 

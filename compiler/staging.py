@@ -82,8 +82,8 @@ def lower_staged(lowerer: "Lowerer", b: Builder, fdef: ast.FuncDef, ns: Namespac
 
 
 @dataclass
-class Stage:
-    """Stage k lowered on its own: `fwd`, and what its `bwd` starts from."""
+class Forward:
+    """Stage k's forward half, `fwd`, and what its `bwd` is built from."""
 
     k: int
     arrays: list[str]               # the inputs passed as arrays, in order
@@ -135,7 +135,7 @@ class Chain:
             outs = [cts[n] for n in named_cotangents(self.fdef, self.ns, j)]
         return outs, env
 
-    def forward(self, k: int, inputs: dict[str, Value], keep_residuals: bool) -> Stage:
+    def forward(self, k: int, inputs: dict[str, Value], keep_residuals: bool) -> Forward:
         """`fwd` of stage k: its outputs, then the residuals block k+1 reads."""
         fdef = self.fdef
         arrays = [n for n, v in inputs.items() if not is_static(v)]
@@ -156,10 +156,10 @@ class Chain:
         residuals = [n for n in res_names if not is_static(env[n])]
         fwd = fb.function(f"{fdef.name}_fwd{k}", fparams,
                           outs + [env[n] for n in residuals])
-        return Stage(k, arrays, statics, fwd, len(outs), env, residuals,
+        return Forward(k, arrays, statics, fwd, len(outs), env, residuals,
                      {n: env[n] for n in res_names if is_static(env[n])})
 
-    def backward(self, stage: Stage, inputs: dict[str, Value], recompute: bool) -> Function:
+    def backward(self, stage: Forward, inputs: dict[str, Value], recompute: bool) -> Function:
         """`bwd` of stage k: (I_k arrays, residuals, cotangents) -> one
         cotangent per I_k array."""
         k, fdef = stage.k, self.fdef
@@ -185,7 +185,7 @@ class Chain:
         cts = [as_atom(bb, c, self.span) for c in cts]
         return bb.function(f"{fdef.name}_bwd{k + 1}", bargs + bres + bcts, cts)
 
-    def rerun_vjp(self, bb: Builder, stage: Stage, bargs: list[Var],
+    def rerun_vjp(self, bb: Builder, stage: Forward, bargs: list[Var],
                   bargs_used: list[Atom], bcts: list[Var]) -> list[Atom]:
         """@recompute without a grad block: differentiate the rerun body."""
         fwd = stage.fwd
@@ -194,7 +194,7 @@ class Chain:
         grads = iter(inline(bb, autodiff.vjp(primal, floats), bargs_used + bcts)[stage.n_out:])
         return [next(grads) if a.type.is_float else ops.zeros_like(bb, a.type) for a in bargs]
 
-    def block_cotangents(self, bb: Builder, stage: Stage, base: dict[str, Value],
+    def block_cotangents(self, bb: Builder, stage: Forward, base: dict[str, Value],
                          bres: list[Var], bcts: list[Var], inputs: dict[str, Value],
                          recompute: bool) -> dict[str, Value]:
         """Block k+1 on the backward pass's inputs, as {name: cotangent}:

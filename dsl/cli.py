@@ -215,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                       " (grad-: on the value and gradient; ir: the optimized IR)")
     show.add_argument("--target", default=targets.DEFAULT, choices=tuple(targets.TARGETS),
                       help="the target of loops, kernels and llvm (default: cpu)")
-    show.add_argument("--sig", nargs="+", action="extend", help="signatures like 'f(f64[:])' (default: f64 "
-                      "arrays of each function's annotated, else rank-1, shape)")
+    show.add_argument("--sig", nargs="+", action="extend",
+                      help="signatures like 'f(f64[:])' (default: f64 arrays of each "
+                      "function's annotated, else rank-1, shape)")
     show.set_defaults(func=cmd_show)
     check = sub.add_parser("check", help="compare every gradient with finite differences")
     check.add_argument("path", help="a .grad file or a directory of them")
