@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import dsl
-from gradlang.compiler import lower
-from gradlang.compiler.lower import MAX_CALL_DEPTH, param_reads
+from gradlang.compiler import namespace
+from gradlang.compiler.lower import MAX_CALL_DEPTH
+from gradlang.compiler.namespace import param_reads
 from gradlang.compiler.pipeline import front_end
 
 I64 = np.array([1, 2], dtype=np.int64)
@@ -116,8 +117,8 @@ def chain(n: int) -> str:
 
 def test_each_function_body_is_walked_once_for_param_reads(monkeypatch):
     walked = []
-    original = lower.free_names
-    monkeypatch.setattr(lower, "free_names",
+    original = namespace.free_names
+    monkeypatch.setattr(namespace, "free_names",
                         lambda body, bound: walked.append(body) or original(body, bound))
     dsl.loads(chain(300), "chain.grad")  # asks each function what it reads
     assert len(walked) == 300  # was 300 * 301 / 2: each function walked its callees again
