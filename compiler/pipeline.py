@@ -23,8 +23,9 @@ that can run on a gradient.  Contracts:
 - `optimize(fn)`: the IR passes (verifying between them when
   GRADC_VERIFY=1); `build(fn, target)`: passes, fuse, codegen and load,
   returning a callable `Program`.
-- `emit(fn, stage, target)`: the text of `fn` (lowered or differentiated)
-  after `stage`, which is one of the stages from inline on.
+- `emit(fn, stage, target)`: `fn`, as lower or autodiff made it, run on
+  through `stage` (lower or autodiff: as it is) and printed: IR, the fused
+  loops, kernel and driver source, or the kernels' LLVM IR.
 """
 from __future__ import annotations
 

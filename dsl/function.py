@@ -6,8 +6,8 @@ binds and validates the arguments (`runtime.args`, raising `ArgumentError`
 before any kernel runs), looks up the program for the call's dtypes and
 pattern of sizes (or its exact sizes, for functions that need them) and, on
 a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
-names the pipeline's front of its IR (lower, then its transform), and
-`pipeline.build` does the rest.  Transforms (`GradFunction` for grad and
+returns its IR from the pipeline's first stages (lower, then the
+callable's transform), and `pipeline.build` runs the rest.  Transforms (`GradFunction` for grad and
 value_and_grad) are themselves `Compiled`, built from the IR of the function
 they wrap, so they compose: `grad(grad(f))` differentiates the gradient's
 IR.  `vjp` returns the primal output and a pullback that keeps only the
