@@ -123,9 +123,8 @@ def test_llvm_is_printed_when_numba_cache_is_warm(tmp_path):
     warm = gradc("run", LOG1PEXP, "log1pexp", "[1.0, 2.0]")
     assert warm.returncode == 0, warm.stderr
     assert list((tmp_path / "kernels" / "__pycache__").glob("*.nbi")), "the cache is warm"
-    for _ in range(2):  # the first show may warm more; the second surely reads it
-        result = gradc("show", LOG1PEXP, "--emit", "llvm")
-        assert result.returncode == 0, result.stderr
-        assert "; kernel k_log1pexp_0 (int64, float64[::1], float64[::1])" in result.stdout
-        assert "define " in result.stdout and "k_log1pexp_0_serial" in result.stdout
-        assert "Inspection disabled" not in result.stderr
+    result = gradc("show", LOG1PEXP, "--emit", "llvm")  # the kernel `run` compiled
+    assert result.returncode == 0, result.stderr
+    assert "define " in result.stdout and "k_log1pexp_0_serial" in result.stdout
+    assert "Inspection disabled" not in result.stderr
+    assert "; kernel k_log1pexp_0 (int64, float64[::1], float64[::1])" in result.stdout
