@@ -1,0 +1,129 @@
+"""Holes found by adversarial testing of the runtime: a broken or unusable
+kernel cache, out-of-range integer arguments, bad hvp and pullback
+arguments, tapes (nesting, NumPy between recorded calls) and tracebacks."""
+import hashlib
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.cli import main
+from gradlang.runtime import loader
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A function of its own, so that its kernels are not already loaded.
+CUBIC = "def cubic(x):\n    return x * x * x + 2.0 * x\n"
+
+
+def _cubic_grad(x):
+    return dsl.grad(dsl.loads(CUBIC).cubic)(x)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache directory, and a process that has loaded no kernels."""
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(loader, "_scratch", None, raising=False)
+    return tmp_path / "cache"
+
+
+def _forget_kernels(monkeypatch):
+    """As if a new process started: kernels are imported again."""
+    monkeypatch.setattr(loader, "_modules", {})
+    for name in [n for n in sys.modules if n.startswith("gradk_")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+X = np.array([0.5, -2.0])
+DCUBIC = 3 * X ** 2 + 2
+
+
+def test_garbage_kernel_file_is_rewritten(fresh_cache, monkeypatch):
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    files = sorted((fresh_cache / "kernels").glob("gradk_*.py"))
+    assert files
+    for path in files:
+        path.write_bytes(b"\xff\xfe\x00garbage" * 10)
+    _forget_kernels(monkeypatch)
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    for path in files:  # the content matches its name (the source's hash) again
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:24]
+        assert path.stem == f"gradk_{digest}"
+
+
+@pytest.mark.parametrize("pattern,garbage", [
+    ("*.nbi", b"\x80\x04garbage"),            # the index: UnpicklingError
+    ("*.nbc", b"\x80\x04garbage"),            # the machine code: UnpicklingError
+    ("*.nbc", None),                          # truncated machine code
+])
+def test_corrupt_numba_cache_is_purged_and_recompiled(fresh_cache, monkeypatch, pattern,
+                                                      garbage):
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    files = sorted((fresh_cache / "kernels" / "__pycache__").glob(pattern))
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        path.write_bytes(garbage if garbage is not None else data[:len(data) // 2])
+    _forget_kernels(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="unreadable Numba cache"):
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    # the purged entries were saved again: a third process reads them silently
+    _forget_kernels(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below"])
+def test_unusable_cache_dir_runs_uncached_with_one_warning(fresh_cache, monkeypatch, where):
+    (fresh_cache.parent / "a_file").write_text("not a directory")
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(fresh_cache.parent / where))
+    with pytest.warns(RuntimeWarning, match="cannot use the kernel cache") as record:
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+        f = dsl.loads("def sq(x):\n    return x * x\n").sq
+        np.testing.assert_allclose(dsl.grad(f)(X), 2 * X)
+    assert len([w for w in record if "kernel cache" in str(w.message)]) == 1
+
+
+def test_gradc_run_with_unusable_cache_dir(fresh_cache, monkeypatch, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
+    source = tmp_path / "cubic.grad"
+    source.write_text(CUBIC)
+    with pytest.warns(RuntimeWarning, match="cannot use the kernel cache"):
+        assert main(["run", str(source), "cubic", "2"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["cubic = 12.0", "d/dx = 14.0"]
+    assert "Traceback" not in out.err
+
+
+def test_corrupt_machine_code_never_reaches_llvm(tmp_path):
+    # LLVM aborts the whole process on corrupt object code; so run the
+    # reader in a process of its own.
+    script = ("import warnings, numpy as np, dsl\n"
+              "warnings.simplefilter('always')\n"
+              f"f = dsl.loads({CUBIC!r}).cubic\n"
+              "print(dsl.grad(f)(np.array([0.5, -2.0])).tolist())\n")
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    for path in (tmp_path / "kernels" / "__pycache__").glob("*.nbc"):
+        data = bytearray(path.read_bytes())
+        elf = data.find(b"\x7fELF")
+        assert elf > 0
+        for k in range(elf + 64, len(data) - 200):
+            data[k] ^= 0x5A
+        path.write_bytes(bytes(data))
+    second = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split("\n")[0] == str(DCUBIC.tolist())
+    assert "unreadable Numba cache" in second.stderr
