@@ -76,7 +76,7 @@ def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT
         source = path.read_text()
     except FileNotFoundError:
         raise GradError(f"no such file: {path}", Span(str(path), 1, 1)) from None
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL in the path
         raise GradError(f"cannot read {path}: {err}", Span(str(path), 1, 1)) from None
     return loads(source, str(path), target, host_results)
 

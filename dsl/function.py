@@ -25,7 +25,8 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var
 from gradlang.compiler.lower import Lowerer, Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build, optimize, too_deep
 from gradlang.compiler.shapes import NeedsConcrete, Sym
-from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, static_names
+from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, is_device_array,
+                                   numeric_array, static_names)
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
@@ -270,10 +271,7 @@ class Pullback:
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)
                 continue
-            array = np.asarray(ct)
-            if array.dtype.kind not in "biuf":
-                raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() is not "
-                                    "numeric")
+            array = numeric_array(f"cotangent {k} of the pullback of {self.name}()", ct)
             array = array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
             if array.shape != t.shape:
                 if array.ndim == 0:
@@ -425,8 +423,9 @@ class HvpFunction(Directional):
         bound = self.inner.bind(args[:-1], kwargs)
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
-        x = bound[self.wrt]
-        v = np.asarray(args[-1], dtype=x.dtype)
+        x, v = bound[self.wrt], args[-1]
+        if not is_device_array(v):
+            v = numeric_array(f"v of {self.name}", v, self.span).astype(x.dtype, copy=False)
         if v.shape != x.shape:
             raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
                                 f"has shape {list(x.shape)}", self.span)

@@ -95,21 +95,32 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
             raise ArgumentError(f"{where} has dtype {SUPPORTED[dtype]}, but its annotation "
                                 f"says {spec.dtype}", span)
         return value
-    try:
-        array = np.asarray(value)
-    except (ValueError, TypeError) as err:
-        raise ArgumentError(f"{where} is not an array: {err}", span) from None
-    if array.dtype == object and all(isinstance(v, int) for v in array.flat):
-        raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",
-                            span)
-    if array.dtype == object or array.dtype.kind not in "biuf":
-        raise ArgumentError(f"{where} is not numeric: got {type(value).__name__}", span)
+    array = numeric_array(where, value, span)
     if spec.dtype is not None:
         return cast(where, array, spec.dtype, span)
     if spec.differentiable or array.dtype.kind == "f":
         return array.astype(np.float64)
     if array.dtype.kind in "iu":
         return cast(where, array, "i64", span)
+    return array
+
+
+def numeric_array(where: str, value: Any, span=None) -> np.ndarray:
+    """`np.asarray(value)` for a Python number or a rectangular (nested)
+    sequence of them, or a NumPy array; anything else (text, ragged lists,
+    complex numbers, whose imaginary part a cast would drop) raises
+    `ArgumentError` saying what `where` is."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise ArgumentError(f"{where} is not an array: {err}", span) from None
+    if array.dtype == object and array.size and all(isinstance(v, int) for v in array.flat):
+        raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",
+                            span)
+    if array.dtype.kind == "c":
+        raise ArgumentError(f"{where} is complex; gradlang computes with real numbers", span)
+    if array.dtype == object or array.dtype.kind not in "biuf":
+        raise ArgumentError(f"{where} is not numeric: got {type(value).__name__}", span)
     return array
 
 

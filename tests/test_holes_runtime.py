@@ -155,3 +155,46 @@ def test_integers_at_the_edge_of_their_range_pass_unchanged():
     assert INTS.take(np.array([1.0]), -2.0 ** 31)[0] == -2 ** 31
     np.testing.assert_array_equal(INTS.scale(X, [3, -2 ** 31]), X * [3, -2 ** 31])
     np.testing.assert_array_equal(INTS.pick(X, 1), X)
+
+
+SQUARES = dsl.loads("def f(x, y):\n    return x * x * y\n")
+
+
+@pytest.mark.parametrize("v,pattern", [
+    ("abc", r"v of hvp\(f\) is not numeric"),
+    ([[1.0, 2.0], [3.0]], r"v of hvp\(f\) is not an array"),
+    ([1.0 + 2.0j, 0.0], r"v of hvp\(f\) is complex"),
+    (np.array([1.0 + 2.0j, 0.0]), r"v of hvp\(f\) is complex"),
+])
+def test_bad_hvp_vectors_are_argument_errors(v, pattern):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning instead
+        with pytest.raises(dsl.ArgumentError, match=pattern):
+            dsl.hvp(SQUARES.f)(X, X, v)
+
+
+def test_hvp_still_takes_lists_and_other_dtypes():
+    # d2/dx2 sum(x*x*y) = diag(2y)
+    np.testing.assert_allclose(dsl.hvp(SQUARES.f)(X, X, [1, 3]), 2 * X * [1, 3])
+    np.testing.assert_allclose(dsl.hvp(SQUARES.f)(X, X, np.ones(2, np.float32)), 2 * X)
+
+
+@pytest.mark.parametrize("ct,pattern", [
+    ("abc", r"cotangent 0 of the pullback of f\(\) is not numeric"),
+    ([[1.0, 2.0], [3.0]], r"cotangent 0 of the pullback of f\(\) is not an array"),
+    ([1.0 + 2.0j, 0.0], r"cotangent 0 of the pullback of f\(\) is complex"),
+])
+def test_bad_cotangents_are_argument_errors(ct, pattern):
+    _, pullback = dsl.vjp(SQUARES.f, X, X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(dsl.ArgumentError, match=pattern):
+            pullback(ct)
+    dx, dy = pullback([1.0, 2.0])
+    np.testing.assert_allclose(dx, 2 * X * X * [1, 2])
+    np.testing.assert_allclose(dy, X * X * [1, 2])
+
+
+def test_load_of_a_path_with_a_nul_is_a_grad_error():
+    with pytest.raises(dsl.GradError, match="cannot read a"):
+        dsl.load("a\x00b.grad")
