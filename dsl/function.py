@@ -18,7 +18,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from dsl.recording import recording_tapes
+from dsl.recording import record, recording_tapes
 from gradlang.compiler import ast, autodiff
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var
@@ -151,9 +151,7 @@ class Compiled:
         if not tapes:
             return self.program(bound)(*bound.values())
         outs, pullback = vjp_bound(self, bound)
-        for tape in tapes:
-            tape.record(self, bound, outs, pullback)
-        return outs
+        return record(tapes, self, bound, outs, pullback)
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
@@ -329,12 +327,20 @@ class VjpFunction(Compiled):
         self.n_outputs = n_outputs
         self.name = f"vjp({inner.name})"
         self.specs = inner.specs
+        # The cotangents' names must differ from the inner function's, which
+        # has cotangents of its own when it is a backward pass too (a tape
+        # inside two others): $ct0, then $$ct0, ...
+        taken = {s.name for s in inner.specs + inner.param_specs}
+        prefix = "$ct"
+        while any(n.startswith(prefix) for n in taken):
+            prefix = "$" + prefix
+        self.ct_names = tuple(f"{prefix}{i}" for i in range(n_outputs))
         self.param_specs = inner.param_specs + tuple(
-            ParamSpec(f"$ct{i}", None, None, False, False) for i in range(n_outputs))
+            ParamSpec(n, None, None, False, False) for n in self.ct_names)
         self.target, self.host_results = inner.target, inner.host_results
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        names = [n for n in types if not n.startswith("$ct")]
+        names = [n for n in types if n not in self.ct_names]
         inner_types = {n: types[n] for n in names}
         fn = self.inner.lower(inner_types)
         floats = [n for n in self.inner.differentiable_names(

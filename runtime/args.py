@@ -79,7 +79,9 @@ def is_device_array(value: Any) -> bool:
 def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     where = f"argument {spec.name!r} of {fn_name}()"
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        array = np.asarray(value)
+        # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
+        # identity) is taken as itself; others as plain ndarrays.
+        array = value if getattr(value, "bind_as_is", False) else np.asarray(value)
         if array.dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {array.dtype}; use "
                                 "float32, float64, int32, int64 or bool", span)

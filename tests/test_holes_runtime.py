@@ -198,3 +198,52 @@ def test_bad_cotangents_are_argument_errors(ct, pattern):
 def test_load_of_a_path_with_a_nul_is_a_grad_error():
     with pytest.raises(dsl.GradError, match="cannot read a"):
         dsl.load("a\x00b.grad")
+
+
+LOG1PEXP = dsl.load(ROOT / "examples" / "log1pexp.grad").log1pexp
+BAR = dsl.load(ROOT / "examples" / "bar.grad").bar
+
+
+def test_three_nested_tapes_give_the_third_derivative():
+    x = np.array([0.5, -1.0, 2.0])
+    with dsl.Tape() as t1:
+        t1.watch(x)
+        with dsl.Tape() as t2:
+            t2.watch(x)
+            with dsl.Tape() as t3:
+                t3.watch(x)
+                y = LOG1PEXP(x)
+            g1 = t3.gradient(y, x)
+        g2 = t2.gradient(g1, x)
+    g3 = t1.gradient(g2, x)
+    s = 1 / (1 + np.exp(-x))  # d/dx log(1 + e^x)
+    np.testing.assert_allclose(g1, s, rtol=1e-12)
+    np.testing.assert_allclose(g2, s * (1 - s), rtol=1e-12)
+    np.testing.assert_allclose(g3, s * (1 - s) * (1 - 2 * s), rtol=1e-12)
+
+
+def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
+    x = np.array([0.5, -1.0])
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(x)
+        y = LOG1PEXP(x)
+        for derived in (np.sin(y), y * 2, y[:1], y.sum(), y[0], np.concatenate([y, y])[:2],
+                        y.reshape(2, 1)[:, 0]):
+            with pytest.raises(dsl.GradError, match="computed with NumPy"):
+                BAR(derived, x[:np.size(derived)])
+        with pytest.raises(dsl.GradError, match="modified in place"):
+            y += 1
+        with pytest.raises(dsl.GradError, match="modified in place"):
+            y[0] = 0.0
+        with pytest.raises(dsl.GradError, match="into a plain array"):
+            np.sin(y, out=np.empty(2))
+        z = BAR(np.asarray(np.sin(y)), x)  # a constant on purpose
+        w = BAR(y, x)
+    # d/dx (c * x) = c with c = sin(log1pexp(x)) held constant
+    np.testing.assert_allclose(tape.gradient(z, x), np.sin(np.logaddexp(0, x)), rtol=1e-12)
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(tape.gradient(w, x), s * x + np.logaddexp(0, x), rtol=1e-12)
+    # after the tape: results are arrays like any other
+    np.testing.assert_allclose(BAR(np.sin(y), x), np.sin(np.logaddexp(0, x)) * x)
+    y[0] = 1.0
+    assert float(y.sum()) == pytest.approx(1.0 + np.logaddexp(0, -1.0))
