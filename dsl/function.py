@@ -27,6 +27,7 @@ from gradlang.compiler.pipeline import Program, build, optimize, too_deep
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, is_device_array,
                                    numeric_array, static_names)
+from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
@@ -130,6 +131,7 @@ class Compiled:
 
     host_results: bool = False  # device targets: copy results to NumPy
 
+    @user_facing
     def __call__(self, *args, **kwargs):
         bound = self.bind(args, kwargs)
         outs = self.call_bound(bound)
@@ -257,6 +259,7 @@ class Pullback:
     def residual_bytes(self) -> int:
         return sum(r.nbytes for r in self._residuals)
 
+    @user_facing
     def __call__(self, *cts):
         if len(cts) != len(self._out_types):
             raise ArgumentError(f"pullback of {self.name}() takes {len(self._out_types)} "

@@ -40,6 +40,7 @@ from dsl.function import VjpFunction
 from dsl.recording import TapeError, active_tapes
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import is_device_array
+from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.target import Target
 
@@ -69,6 +70,7 @@ class Tape:
         self._recording = False
         active_tapes().remove(self)
 
+    @user_facing
     def watch(self, *arrays: np.ndarray) -> None:
         for a in arrays:
             if not (isinstance(a, np.ndarray) or is_device_array(a)) or \
@@ -86,6 +88,7 @@ class Tape:
             if np.dtype(o.dtype).kind == "f":
                 self._tracked[id(o)] = o
 
+    @user_facing
     def gradient(self, target: np.ndarray,
                  sources: Union[np.ndarray, Sequence[np.ndarray]]):
         if self._used and not self.persistent:

@@ -5,6 +5,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -247,3 +248,49 @@ def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
     np.testing.assert_allclose(BAR(np.sin(y), x), np.sin(np.logaddexp(0, x)) * x)
     y[0] = 1.0
     assert float(y.sum()) == pytest.approx(1.0 + np.logaddexp(0, -1.0))
+
+
+PACKAGE_DIRS = tuple(str(ROOT / d) for d in ("dsl", "runtime", "compiler", "grammar"))
+
+
+def _internal_frames(err: BaseException) -> list:
+    return [f for f in traceback.extract_tb(err.__traceback__)
+            if f.filename.startswith(PACKAGE_DIRS)]
+
+
+def _numpy_under_a_tape():
+    x = np.array([0.5])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        BAR(np.sin(LOG1PEXP(x)), x)
+
+
+BAD_CALLS = {
+    "tape": _numpy_under_a_tape,
+    "call": lambda: INTS.take(X, 2 ** 33),
+    "shapes": lambda: SQUARES.f(X, np.ones(3)),
+    "grad": lambda: dsl.grad(SQUARES.f)(X, "x"),
+    "hvp": lambda: dsl.hvp(SQUARES.f)(X, X, "abc"),
+    "pullback": lambda: dsl.vjp(SQUARES.f, X, X)[1]([1.0, 2.0, 3.0]),
+    "loads": lambda: dsl.loads("def f(x):\n    return y\n"),
+    "load": lambda: dsl.load("/nonexistent/f.grad"),
+    "lowering": lambda: dsl.loads("def f(x: f64[n], y: f64[n]):\n    return x @ y\n").f(
+        np.ones((2, 2)), np.ones((2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_user_errors_show_the_callers_frame_not_compiler_internals(name, monkeypatch):
+    monkeypatch.delenv("GRADC_FULL_TRACEBACK", raising=False)
+    with pytest.raises(dsl.GradError) as info:
+        BAD_CALLS[name]()
+    assert len(_internal_frames(info.value)) <= 1
+    assert len(traceback.extract_tb(info.value.__traceback__)) <= 3
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_full_tracebacks_on_request(monkeypatch):
+    monkeypatch.setenv("GRADC_FULL_TRACEBACK", "1")
+    with pytest.raises(dsl.GradError) as info:
+        BAD_CALLS["call"]()
+    assert len(_internal_frames(info.value)) > 1
