@@ -19,6 +19,7 @@ from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.pipeline import front_end
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import ParamSpec
+from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import GradError, Span
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
@@ -58,6 +59,7 @@ class Module:
         return f"<.grad module {self.__file__} ({', '.join(self._functions)})>"
 
 
+@user_facing
 def loads(source: str, file: str = "<string>", target: "Target | str" = targets.DEFAULT,
           host_results: bool = False) -> Module:
     """Parse and check source text.  `target` names where kernels run
@@ -69,6 +71,7 @@ def loads(source: str, file: str = "<string>", target: "Target | str" = targets.
     return Module(module, namespace, target, host_results)
 
 
+@user_facing
 def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT,
          host_results: bool = False) -> Module:
     path = Path(path)
@@ -76,7 +79,7 @@ def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT
         source = path.read_text()
     except FileNotFoundError:
         raise GradError(f"no such file: {path}", Span(str(path), 1, 1)) from None
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL in the path
         raise GradError(f"cannot read {path}: {err}", Span(str(path), 1, 1)) from None
     return loads(source, str(path), target, host_results)
 
@@ -99,21 +102,25 @@ def _transform(f: Compiled, wrt: Wrt, with_value: bool) -> GradFunction:
     return cache[key]
 
 
+@user_facing
 def grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
     """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
     return _transform(_check_fn(f, "grad"), wrt, with_value=False)
 
 
+@user_facing
 def value_and_grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
     """(f's value, the gradient of the sum of its outputs)."""
     return _transform(_check_fn(f, "value_and_grad"), wrt, with_value=True)
 
 
+@user_facing
 def hvp(f: Compiled, wrt: Union[int, str] = 0) -> HvpFunction:
     """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v."""
     return HvpFunction(_check_fn(f, "hvp"), wrt)
 
 
+@user_facing
 def vjp(f: Compiled, *args, **kwargs):
     """(outputs, pullback): pullback(*cotangents) gives one cotangent per
     argument passed (None for const and non-float ones)."""

@@ -20,13 +20,15 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from dsl.recording import recording_tapes
+from dsl.recording import record, recording_tapes
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build
 from gradlang.compiler.shapes import NeedsConcrete, Sym
-from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, static_names
+from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, is_device_array,
+                                   numeric_array, static_names)
+from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
@@ -130,6 +132,7 @@ class Compiled:
 
     host_results: bool = False  # device targets: copy results to NumPy
 
+    @user_facing
     def __call__(self, *args, **kwargs):
         bound = self.bind(args, kwargs)
         outs = self.call_bound(bound)
@@ -151,9 +154,7 @@ class Compiled:
         if not tapes:
             return self.program(bound)(*bound.values())
         outs, pullback = vjp_bound(self, bound)
-        for tape in tapes:
-            tape.record(self, bound, outs, pullback)
-        return outs
+        return record(tapes, self, bound, outs, pullback)
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
@@ -258,6 +259,7 @@ class Pullback:
     def residual_bytes(self) -> int:
         return sum(r.nbytes for r in self._residuals)
 
+    @user_facing
     def __call__(self, *cts):
         if len(cts) != len(self._out_types):
             raise ArgumentError(f"pullback of {self.name}() takes {len(self._out_types)} "
@@ -270,10 +272,7 @@ class Pullback:
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)
                 continue
-            array = np.asarray(ct)
-            if array.dtype.kind not in "biuf":
-                raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() is not "
-                                    "numeric")
+            array = numeric_array(f"cotangent {k} of the pullback of {self.name}()", ct)
             array = array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
             if array.shape != t.shape:
                 if array.ndim == 0:
@@ -328,12 +327,20 @@ class VjpFunction(Compiled):
         self.n_outputs = n_outputs
         self.name = f"vjp({inner.name})"
         self.specs = inner.specs
+        # The cotangents' names must differ from the inner function's, which
+        # has cotangents of its own when it is a backward pass too (a tape
+        # inside two others): $ct0, then $$ct0, ...
+        taken = {s.name for s in inner.specs + inner.param_specs}
+        prefix = "$ct"
+        while any(n.startswith(prefix) for n in taken):
+            prefix = "$" + prefix
+        self.ct_names = tuple(f"{prefix}{i}" for i in range(n_outputs))
         self.param_specs = inner.param_specs + tuple(
-            ParamSpec(f"$ct{i}", None, None, False, False) for i in range(n_outputs))
+            ParamSpec(n, None, None, False, False) for n in self.ct_names)
         self.target, self.host_results = inner.target, inner.host_results
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        names = [n for n in types if not n.startswith("$ct")]
+        names = [n for n in types if n not in self.ct_names]
         inner_types = {n: types[n] for n in names}
         fn = self.inner.lower(inner_types)
         floats = [n for n in self.inner.differentiable_names(
@@ -407,8 +414,9 @@ class HvpFunction(Directional):
         bound = self.inner.bind(args[:-1], kwargs)
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
-        x = bound[self.wrt]
-        v = np.asarray(args[-1], dtype=x.dtype)
+        x, v = bound[self.wrt], args[-1]
+        if not is_device_array(v):
+            v = numeric_array(f"v of {self.name}", v, self.span).astype(x.dtype, copy=False)
         if v.shape != x.shape:
             raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
                                 f"has shape {list(x.shape)}", self.span)

@@ -1,17 +1,38 @@
-"""The tapes recording on this thread, innermost last.
+"""The tapes recording on this thread, and the arrays their calls return.
 
 Contract: `active_tapes()` is the (mutable) stack `dsl.Tape` pushes on
 entry and pops on exit; `recording_tapes(arrays)` is the tapes that must
-record a call on these arrays.  It lives apart from `dsl.tape` so that
-compiled functions can ask whether to record without importing the Tape,
-which itself builds on compiled functions.
+record a call on these arrays; `record(...)` records a call on them and
+returns its float NumPy outputs as `TapeArray`s.  It lives apart from
+`dsl.tape` so that compiled functions can ask whether to record without
+importing the Tape, which itself builds on compiled functions.
+
+A tape sees only compiled calls, so NumPy work between them would drop out
+of its gradient without a word.  A `TapeArray` is an ndarray that remembers
+which tapes tracked the arrays it was computed from: every NumPy operation
+on one (ufuncs, reductions, NumPy functions, indexing, views and methods)
+returns a `TapeArray` again (a float scalar as a 0-d one), which no tape
+tracks.  `recording_tapes` raises `TapeError` when such a derived float
+array reaches a call while a tape it came from is still recording, and
+NumPy writing into an array a recording tape tracks (`y += 1`, `y[0] = 0`),
+or writing a derived value into a plain array (`out=`), raises too.
+Leaving NumPy on purpose (`np.asarray(y)`, `float(y)`) makes a constant.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+import weakref
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from gradlang.runtime.errors import GradError
 
 _state = threading.local()
+
+
+class TapeError(GradError, RuntimeError):
+    """A Tape used out of order, or given what it cannot differentiate."""
 
 
 def active_tapes() -> list[Any]:
@@ -25,4 +46,115 @@ def recording_tapes(arrays: Iterable[Any]) -> list[Any]:
     if not tapes:
         return []
     arrays = list(arrays)
+    for a in arrays:
+        if isinstance(a, TapeArray) and a.dtype.kind == "f":
+            for tape in _live(a._tapes):
+                if tape._recording and not tape.tracks(a):
+                    raise TapeError(
+                        "an argument was computed with NumPy from arrays this tape tracks; "
+                        "the tape records only calls of compiled functions, so its gradient "
+                        "would miss that computation: write it in the .grad module, or pass "
+                        "np.asarray(...) of it to make it a constant on purpose")
     return [t for t in tapes if t._recording and any(t.tracks(a) for a in arrays)]
+
+
+def record(tapes: Sequence[Any], function, bound: dict, outs: Sequence[Any],
+           pullback) -> tuple:
+    """Record a call on `tapes`; its outputs, float NumPy ones as
+    `TapeArray`s remembering these tapes."""
+    refs = frozenset(weakref.ref(t) for t in tapes)
+    outs = tuple(_derived(o, refs) if isinstance(o, np.ndarray) and o.dtype.kind == "f"
+                 else o for o in outs)
+    for tape in tapes:
+        tape.record(function, bound, outs, pullback)
+    return outs
+
+
+class TapeArray(np.ndarray):
+    """An ndarray computed under a tape; see the module docstring."""
+
+    _tapes: frozenset = frozenset()  # weak references to the tapes
+    bind_as_is = True  # arguments stay themselves (`runtime.args.convert`)
+
+    def __array_finalize__(self, obj) -> None:
+        self._tapes = getattr(obj, "_tapes", frozenset())
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        tapes = _tapes_in(inputs)
+        if out is not None:
+            _check_write(out, tapes)
+            kwargs["out"] = _plain(out)
+        result = getattr(ufunc, method)(*_plain(inputs), **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return _derived(result, tapes)
+
+    def __array_function__(self, func, types, args, kwargs):
+        tapes = _tapes_in((args, kwargs))
+        if "out" in kwargs:
+            _check_write(kwargs["out"], tapes)
+        result = super().__array_function__(func, types, _plain(args), _plain(kwargs))
+        if result is NotImplemented or "out" in kwargs:
+            return result
+        return _derived(result, tapes)
+
+    def __getitem__(self, index):
+        return _derived(super().__getitem__(index), self._tapes)
+
+    def __setitem__(self, index, value) -> None:
+        _check_write(self, _tapes_in(value))
+        super().__setitem__(index, _plain(value))
+
+
+def _live(refs: frozenset) -> list[Any]:
+    return [t for t in (r() for r in refs) if t is not None]
+
+
+def _tapes_in(obj) -> frozenset:
+    if isinstance(obj, TapeArray):
+        return obj._tapes
+    if isinstance(obj, (tuple, list)):
+        return frozenset().union(*map(_tapes_in, obj))
+    if isinstance(obj, dict):
+        return _tapes_in(list(obj.values()))
+    return frozenset()
+
+
+def _plain(obj):
+    """`obj` with every TapeArray in it as a plain ndarray view."""
+    if isinstance(obj, TapeArray):
+        return obj.view(np.ndarray)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map(_plain, obj))
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _derived(result, tapes: frozenset):
+    """NumPy's result, marked as computed from arrays of `tapes`."""
+    if not tapes:
+        return result
+    if isinstance(result, np.ndarray):
+        marked = result if isinstance(result, TapeArray) else result.view(TapeArray)
+        marked._tapes = tapes
+        return marked
+    if isinstance(result, np.floating):
+        return _derived(np.asarray(result), tapes)
+    if isinstance(result, (tuple, list)):
+        return type(result)(_derived(r, tapes) for r in result)
+    return result
+
+
+def _check_write(target, tapes: frozenset) -> None:
+    """NumPy is about to write into `target` (values computed from arrays
+    of `tapes`): refuse if a recording tape would not see it, else mark."""
+    for o in target if isinstance(target, tuple) else (target,):
+        if isinstance(o, TapeArray):
+            if any(t._recording and t.tracks(o) for t in _live(o._tapes)):
+                raise TapeError("an array a recording tape tracks was modified in place; "
+                                "its recorded calls would give wrong gradients")
+            o._tapes = o._tapes | tapes
+        elif o is not None and any(t._recording for t in _live(tapes)):
+            raise TapeError("NumPy wrote values computed from tracked arrays into a plain "
+                            "array, where the tape cannot follow them")

@@ -14,8 +14,19 @@ and returns None for a source the target does not depend on.  A tape that
 is not `persistent` gives one gradient.  Tapes nest: while an inner tape
 computes a gradient inside an outer one, it runs its backward passes as
 compiled functions of their own, which the outer tape records, so the outer
-tape differentiates the inner gradient (second order).  Arrays are tracked
-by identity: do not modify them in place while a tape holds them.
+tape differentiates the inner gradient (second order, and so on: each
+backward pass names its cotangent parameters apart from those of the pass
+it differentiates).  Arrays are tracked by identity.
+
+The tape sees only compiled calls.  So that NumPy work between them never
+drops silently out of a gradient, float NumPy results of recorded calls
+are `TapeArray`s (`dsl.recording`): NumPy operations on them give arrays
+marked as derived, and passing one to a compiled call while its tape
+records raises `TapeError`, as does modifying a tracked array in place.
+Write such work in the `.grad` module, or pass `np.asarray(a)` to use a
+value as a constant on purpose.  A watched array is the caller's own
+ndarray, which cannot be marked: compute from it only through compiled
+calls.
 """
 from __future__ import annotations
 
@@ -26,15 +37,12 @@ import numpy as np
 
 from dsl.api import loads
 from dsl.function import VjpFunction
-from dsl.recording import active_tapes
+from dsl.recording import TapeError, active_tapes
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import is_device_array
-from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.target import Target
-
-
-class TapeError(GradError, RuntimeError):
-    """A Tape used out of order."""
 
 
 @dataclass
@@ -62,6 +70,7 @@ class Tape:
         self._recording = False
         active_tapes().remove(self)
 
+    @user_facing
     def watch(self, *arrays: np.ndarray) -> None:
         for a in arrays:
             if not (isinstance(a, np.ndarray) or is_device_array(a)) or \
@@ -79,6 +88,7 @@ class Tape:
             if np.dtype(o.dtype).kind == "f":
                 self._tracked[id(o)] = o
 
+    @user_facing
     def gradient(self, target: np.ndarray,
                  sources: Union[np.ndarray, Sequence[np.ndarray]]):
         if self._used and not self.persistent:
@@ -102,7 +112,7 @@ class Tape:
                 # Run the backward pass as a recorded compiled call.
                 vjp_fn = _vjp_function(rec.function, len(rec.outs))
                 bound = dict(rec.bound)
-                bound.update({f"$ct{i}": c for i, c in enumerate(out_cts)})
+                bound.update(zip(vjp_fn.ct_names, out_cts))
                 grads = dict(zip(floats, vjp_fn.call_bound(bound)))
             else:
                 grads = dict(zip(names, rec.pullback(*out_cts)))

@@ -79,7 +79,9 @@ def is_device_array(value: Any) -> bool:
 def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     where = f"argument {spec.name!r} of {fn_name}()"
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        array = np.asarray(value)
+        # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
+        # identity) is taken as itself; others as plain ndarrays.
+        array = value if getattr(value, "bind_as_is", False) else np.asarray(value)
         if array.dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {array.dtype}; use "
                                 "float32, float64, int32, int64 or bool", span)
@@ -95,23 +97,51 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
             raise ArgumentError(f"{where} has dtype {SUPPORTED[dtype]}, but its annotation "
                                 f"says {spec.dtype}", span)
         return value
+    array = numeric_array(where, value, span)
+    if spec.dtype is not None:
+        return cast(where, array, spec.dtype, span)
+    if spec.differentiable or array.dtype.kind == "f":
+        return array.astype(np.float64)
+    if array.dtype.kind in "iu":
+        return cast(where, array, "i64", span)
+    return array
+
+
+def numeric_array(where: str, value: Any, span=None) -> np.ndarray:
+    """`np.asarray(value)` for a Python number or a rectangular (nested)
+    sequence of them, or a NumPy array; anything else (text, ragged lists,
+    complex numbers, whose imaginary part a cast would drop) raises
+    `ArgumentError` saying what `where` is."""
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
         raise ArgumentError(f"{where} is not an array: {err}", span) from None
+    if array.dtype == object and array.size and all(isinstance(v, int) for v in array.flat):
+        raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",
+                            span)
+    if array.dtype.kind == "c":
+        raise ArgumentError(f"{where} is complex; gradlang computes with real numbers", span)
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ArgumentError(f"{where} is not numeric: got {type(value).__name__}", span)
-    if spec.dtype is not None:
-        target = NUMPY[spec.dtype]
-        if spec.dtype in ("i32", "i64", "bool") and array.dtype.kind == "f":
-            if not np.all(np.equal(np.mod(array, 1), 0)):
-                raise ArgumentError(f"{where} must hold {spec.dtype} values", span)
-        return array.astype(target)
-    if spec.differentiable or array.dtype.kind == "f":
-        return array.astype(np.float64)
-    if array.dtype.kind in "iu":
-        return array.astype(np.int64)
     return array
+
+
+def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
+    """`array` (from Python values) as `dtype`, refusing values that dtype
+    cannot hold, which NumPy would silently wrap or truncate."""
+    if dtype in ("i32", "i64", "bool") and array.dtype.kind == "f":
+        if not np.all(np.isfinite(array) & (np.floor(array) == array)):
+            raise ArgumentError(f"{where} must hold {dtype} values", span)
+    if dtype in ("i32", "i64") and array.size:
+        info = np.iinfo(NUMPY[dtype])
+        # `>= max + 1`: a float near 2**63 rounds, so `> max` could miss it
+        if array.min() < info.min or array.max() >= info.max + 1:
+            raise ArgumentError(f"{where} is out of range for {dtype}: its values must lie "
+                                f"in [{info.min}, {info.max}]", span)
+    if dtype == "bool" and array.dtype.kind != "b":
+        if not np.all((array == 0) | (array == 1)):
+            raise ArgumentError(f"{where} must hold bool values (0 or 1)", span)
+    return array.astype(NUMPY[dtype])
 
 
 def check_shape(fn_name: str, spec: ParamSpec, array, dims: dict[str, tuple[int, str]],

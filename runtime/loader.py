@@ -9,23 +9,36 @@ turns a driver's source into a callable bound to that module.
 
 The cache directory is `$GRADC_CACHE_DIR`, else `$XDG_CACHE_HOME/gradc`,
 else `~/.cache/gradc`.
+
+The cache can never make a program fail or run stale code: a kernel file
+whose bytes differ from the source is rewritten; a Numba index or data
+file that cannot be read is purged and the kernel compiled again; and when
+the cache directory cannot be written, kernels are written to a scratch
+directory of this process instead (with one warning), so they run, just
+without reuse across processes.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import os
+import pickle
+import shutil
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
+from numba.core.caching import Cache, IndexDataCacheFile
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
+_scratch: Optional[Path] = None
 
 
 def cache_dir() -> Path:
@@ -37,12 +50,13 @@ def cache_dir() -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    data = text.encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.read_text() == text:
+    if path.is_file() and path.read_bytes() == data:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
     os.replace(tmp, path)
 
 
@@ -50,13 +64,40 @@ def load_kernels(source: str) -> ModuleType:
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     with _lock:
         module = _modules.get(digest)
-        if module is not None:
-            return module
-        name = f"gradk_{digest}"
+        if module is None:
+            module = _modules[digest] = _import_source(f"gradk_{digest}", source)
+        return module
+
+
+def _import_source(name: str, source: str) -> ModuleType:
+    """Import `source` as module `name` from the cache directory or, when
+    that cannot be written or Numba cannot cache there, from the scratch
+    directory."""
+    try:
         path = cache_dir() / "kernels" / f"{name}.py"
         _write_atomic(path, source)
-        module = _modules[digest] = _import_file(name, path)
-        return module
+        return _import_file(name, path)
+    except (OSError, _NoCacheLocation) as err:
+        path = _scratch_dir(err) / f"{name}.py"
+        _write_atomic(path, source)
+        return _import_file(name, path)
+
+
+class _NoCacheLocation(Exception):
+    """Numba found no writable place for a kernel's cache files."""
+
+
+def _scratch_dir(reason: Exception) -> Path:
+    """This process's private kernel directory (removed at exit); the first
+    call warns that the cache is not used."""
+    global _scratch
+    if _scratch is None:
+        warnings.warn(f"gradc: cannot use the kernel cache {cache_dir()} ({reason}); "
+                      "compiling without it (set GRADC_CACHE_DIR to a writable directory)",
+                      RuntimeWarning, stacklevel=4)
+        _scratch = Path(tempfile.mkdtemp(prefix="gradc-kernels-"))
+        atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
+    return _scratch
 
 
 def load_kernel_file(path: str) -> ModuleType:
@@ -67,7 +108,12 @@ def load_kernel_file(path: str) -> ModuleType:
         module = _modules.get(key)
         if module is None:
             name = "gradk_aot_" + hashlib.sha256(key.encode()).hexdigest()[:16]
-            module = _modules[key] = _import_file(name, key)
+            try:
+                module = _import_file(name, key)
+            except _NoCacheLocation:
+                with open(key, encoding="utf-8") as handle:
+                    module = _import_source(name, handle.read())
+            _modules[key] = module
         return module
 
 
@@ -75,8 +121,91 @@ def _import_file(name: str, path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except RuntimeError as err:
+        del sys.modules[name]
+        if "no locator available" in str(err):  # Numba's words; nothing else says it
+            raise _NoCacheLocation(str(err)) from None
+        raise
+    except BaseException:
+        del sys.modules[name]
+        raise
+    for value in vars(module).values():
+        if isinstance(getattr(value, "_cache", None), Cache):
+            _tolerate_broken_cache(value._cache)
     return module
+
+
+def _tolerate_broken_cache(cache: Cache) -> None:
+    """Make one Numba function cache treat unreadable index or data files
+    (torn, truncated, from another machine) as a miss: purge the function's
+    cache files, so the dispatcher compiles again and saves good ones; and
+    a cache that cannot be saved as a warning, since the compiled code is
+    good."""
+    cache._cache_file.__class__ = _CheckedCacheFile
+    # Numba ignores an index of another version: so indexes (and data
+    # files) written before data carried checksums are quietly replaced.
+    cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
+    load, save = cache.load_overload, cache.save_overload
+
+    def load_overload(sig, target_context):
+        try:
+            return load(sig, target_context)
+        except Exception as err:  # any failure to read the cache is a miss
+            warnings.warn(f"gradc: discarding the unreadable Numba cache of {cache._name} "
+                          f"in {cache.cache_path} ({type(err).__name__}: {err}); recompiling",
+                          RuntimeWarning, stacklevel=2)
+            _purge(cache)
+            return None
+
+    def save_overload(sig, data):
+        try:
+            save(sig, data)
+        except Exception as err:  # the code runs; only reuse is lost
+            warnings.warn(f"gradc: cannot save the Numba cache of {cache._name} in "
+                          f"{cache.cache_path} ({type(err).__name__}: {err})",
+                          RuntimeWarning, stacklevel=2)
+
+    cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+class _CorruptCacheFile(Exception):
+    """A Numba data file whose bytes do not match their checksum."""
+
+
+class _CheckedCacheFile(IndexDataCacheFile):
+    """Numba's index and data files, the data (machine code) behind a
+    SHA-256 of itself: LLVM aborts the process on corrupt object code, so
+    it must never see any.  (A corrupt index only fails to unpickle.)"""
+
+    VERSION_TAG = "+gradc-checked-1"
+    _MAGIC = b"gradc-nbc-1\n"
+
+    def _save_data(self, name: str, data) -> None:
+        payload = self._dump(data)
+        with self._open_for_write(self._data_path(name)) as handle:
+            handle.write(self._MAGIC + hashlib.sha256(payload).digest() + payload)
+
+    def _load_data(self, name: str):
+        path = self._data_path(name)
+        with open(path, "rb") as handle:
+            raw = handle.read()
+        start = len(self._MAGIC) + 32
+        digest, payload = raw[len(self._MAGIC):start], raw[start:]
+        if not raw.startswith(self._MAGIC) or hashlib.sha256(payload).digest() != digest:
+            raise _CorruptCacheFile(f"{path} does not match its checksum")
+        return pickle.loads(payload)
+
+
+def _purge(cache: Cache) -> None:
+    index = Path(cache._cache_file._index_path)
+    stem = index.name[:-len(".nbi")]
+    for path in [index, *index.parent.glob(f"{stem}.*.nbc")]:
+        try:
+            path.unlink()
+        except OSError:
+            pass  # gone already, or read-only: the save will warn
 
 
 def make_driver(driver_source: str, kernels: ModuleType, helpers: ModuleType) -> Callable:

@@ -1,0 +1,296 @@
+"""Holes found by adversarial testing of the runtime: a broken or unusable
+kernel cache, out-of-range integer arguments, bad hvp and pullback
+arguments, tapes (nesting, NumPy between recorded calls) and tracebacks."""
+import hashlib
+import os
+import subprocess
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.cli import main
+from gradlang.runtime import loader
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A function of its own, so that its kernels are not already loaded.
+CUBIC = "def cubic(x):\n    return x * x * x + 2.0 * x\n"
+
+
+def _cubic_grad(x):
+    return dsl.grad(dsl.loads(CUBIC).cubic)(x)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache directory, and a process that has loaded no kernels."""
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(loader, "_scratch", None, raising=False)
+    return tmp_path / "cache"
+
+
+def _forget_kernels(monkeypatch):
+    """As if a new process started: kernels are imported again."""
+    monkeypatch.setattr(loader, "_modules", {})
+    for name in [n for n in sys.modules if n.startswith("gradk_")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+X = np.array([0.5, -2.0])
+DCUBIC = 3 * X ** 2 + 2
+
+
+def test_garbage_kernel_file_is_rewritten(fresh_cache, monkeypatch):
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    files = sorted((fresh_cache / "kernels").glob("gradk_*.py"))
+    assert files
+    for path in files:
+        path.write_bytes(b"\xff\xfe\x00garbage" * 10)
+    _forget_kernels(monkeypatch)
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    for path in files:  # the content matches its name (the source's hash) again
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:24]
+        assert path.stem == f"gradk_{digest}"
+
+
+@pytest.mark.parametrize("pattern,garbage", [
+    ("*.nbi", b"\x80\x04garbage"),            # the index: UnpicklingError
+    ("*.nbc", b"\x80\x04garbage"),            # the machine code: UnpicklingError
+    ("*.nbc", None),                          # truncated machine code
+])
+def test_corrupt_numba_cache_is_purged_and_recompiled(fresh_cache, monkeypatch, pattern,
+                                                      garbage):
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    files = sorted((fresh_cache / "kernels" / "__pycache__").glob(pattern))
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        path.write_bytes(garbage if garbage is not None else data[:len(data) // 2])
+    _forget_kernels(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="unreadable Numba cache"):
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+    # the purged entries were saved again: a third process reads them silently
+    _forget_kernels(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below"])
+def test_unusable_cache_dir_runs_uncached_with_one_warning(fresh_cache, monkeypatch, where):
+    (fresh_cache.parent / "a_file").write_text("not a directory")
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(fresh_cache.parent / where))
+    with pytest.warns(RuntimeWarning, match="cannot use the kernel cache") as record:
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+        f = dsl.loads("def sq(x):\n    return x * x\n").sq
+        np.testing.assert_allclose(dsl.grad(f)(X), 2 * X)
+    assert len([w for w in record if "kernel cache" in str(w.message)]) == 1
+
+
+def test_gradc_run_with_unusable_cache_dir(fresh_cache, monkeypatch, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
+    source = tmp_path / "cubic.grad"
+    source.write_text(CUBIC)
+    with pytest.warns(RuntimeWarning, match="cannot use the kernel cache"):
+        assert main(["run", str(source), "cubic", "2"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["cubic = 12.0", "d/dx = 14.0"]
+    assert "Traceback" not in out.err
+
+
+def test_corrupt_machine_code_never_reaches_llvm(tmp_path):
+    # LLVM aborts the whole process on corrupt object code; so run the
+    # reader in a process of its own.
+    script = ("import warnings, numpy as np, dsl\n"
+              "warnings.simplefilter('always')\n"
+              f"f = dsl.loads({CUBIC!r}).cubic\n"
+              "print(dsl.grad(f)(np.array([0.5, -2.0])).tolist())\n")
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    for path in (tmp_path / "kernels" / "__pycache__").glob("*.nbc"):
+        data = bytearray(path.read_bytes())
+        elf = data.find(b"\x7fELF")
+        assert elf > 0
+        for k in range(elf + 64, len(data) - 200):
+            data[k] ^= 0x5A
+        path.write_bytes(bytes(data))
+    second = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split("\n")[0] == str(DCUBIC.tolist())
+    assert "unreadable Numba cache" in second.stderr
+
+
+INTS = dsl.loads("def take(x: f64[n], k: const i32):\n    return x * k\n\n"
+                 "def scale(x: f64[n], k: i32[n]):\n    return x * k\n\n"
+                 "def count(x: f64[n], k: const):\n    return x * k\n\n"
+                 "def pick(x: f64[n], b: const bool):\n    return where(b, x, -x)\n")
+
+
+@pytest.mark.parametrize("call,pattern", [
+    (lambda: INTS.take(X, 2 ** 33), r"argument 'k' of take\(\) is out of range for i32"),
+    (lambda: INTS.take(X, -2 ** 31 - 1), r"argument 'k' of take\(\) is out of range"),
+    (lambda: INTS.take(X, 1e20), r"argument 'k' of take\(\) is out of range for i32"),
+    (lambda: INTS.take(X, float("inf")), r"argument 'k' of take\(\) must hold i32"),
+    (lambda: INTS.take(X, 2 ** 70), r"argument 'k' of take\(\) is out of range"),
+    (lambda: INTS.scale(X, [1, 2 ** 31]), r"argument 'k' of scale\(\) is out of range"),
+    (lambda: INTS.count(X, 2 ** 63), r"argument 'k' of count\(\) is out of range for i64"),
+    (lambda: INTS.pick(X, 2), r"argument 'b' of pick\(\) must hold bool values"),
+])
+def test_out_of_range_integers_are_argument_errors(call, pattern):
+    with pytest.raises(dsl.ArgumentError, match=pattern):
+        call()
+
+
+def test_integers_at_the_edge_of_their_range_pass_unchanged():
+    assert INTS.take(np.array([1.0]), 2 ** 31 - 1)[0] == 2 ** 31 - 1
+    assert INTS.take(np.array([1.0]), -2.0 ** 31)[0] == -2 ** 31
+    np.testing.assert_array_equal(INTS.scale(X, [3, -2 ** 31]), X * [3, -2 ** 31])
+    np.testing.assert_array_equal(INTS.pick(X, 1), X)
+
+
+SQUARES = dsl.loads("def f(x, y):\n    return x * x * y\n")
+
+
+@pytest.mark.parametrize("v,pattern", [
+    ("abc", r"v of hvp\(f\) is not numeric"),
+    ([[1.0, 2.0], [3.0]], r"v of hvp\(f\) is not an array"),
+    ([1.0 + 2.0j, 0.0], r"v of hvp\(f\) is complex"),
+    (np.array([1.0 + 2.0j, 0.0]), r"v of hvp\(f\) is complex"),
+])
+def test_bad_hvp_vectors_are_argument_errors(v, pattern):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning instead
+        with pytest.raises(dsl.ArgumentError, match=pattern):
+            dsl.hvp(SQUARES.f)(X, X, v)
+
+
+def test_hvp_still_takes_lists_and_other_dtypes():
+    # d2/dx2 sum(x*x*y) = diag(2y)
+    np.testing.assert_allclose(dsl.hvp(SQUARES.f)(X, X, [1, 3]), 2 * X * [1, 3])
+    np.testing.assert_allclose(dsl.hvp(SQUARES.f)(X, X, np.ones(2, np.float32)), 2 * X)
+
+
+@pytest.mark.parametrize("ct,pattern", [
+    ("abc", r"cotangent 0 of the pullback of f\(\) is not numeric"),
+    ([[1.0, 2.0], [3.0]], r"cotangent 0 of the pullback of f\(\) is not an array"),
+    ([1.0 + 2.0j, 0.0], r"cotangent 0 of the pullback of f\(\) is complex"),
+])
+def test_bad_cotangents_are_argument_errors(ct, pattern):
+    _, pullback = dsl.vjp(SQUARES.f, X, X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(dsl.ArgumentError, match=pattern):
+            pullback(ct)
+    dx, dy = pullback([1.0, 2.0])
+    np.testing.assert_allclose(dx, 2 * X * X * [1, 2])
+    np.testing.assert_allclose(dy, X * X * [1, 2])
+
+
+def test_load_of_a_path_with_a_nul_is_a_grad_error():
+    with pytest.raises(dsl.GradError, match="cannot read a"):
+        dsl.load("a\x00b.grad")
+
+
+LOG1PEXP = dsl.load(ROOT / "examples" / "log1pexp.grad").log1pexp
+BAR = dsl.load(ROOT / "examples" / "bar.grad").bar
+
+
+def test_three_nested_tapes_give_the_third_derivative():
+    x = np.array([0.5, -1.0, 2.0])
+    with dsl.Tape() as t1:
+        t1.watch(x)
+        with dsl.Tape() as t2:
+            t2.watch(x)
+            with dsl.Tape() as t3:
+                t3.watch(x)
+                y = LOG1PEXP(x)
+            g1 = t3.gradient(y, x)
+        g2 = t2.gradient(g1, x)
+    g3 = t1.gradient(g2, x)
+    s = 1 / (1 + np.exp(-x))  # d/dx log(1 + e^x)
+    np.testing.assert_allclose(g1, s, rtol=1e-12)
+    np.testing.assert_allclose(g2, s * (1 - s), rtol=1e-12)
+    np.testing.assert_allclose(g3, s * (1 - s) * (1 - 2 * s), rtol=1e-12)
+
+
+def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
+    x = np.array([0.5, -1.0])
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(x)
+        y = LOG1PEXP(x)
+        for derived in (np.sin(y), y * 2, y[:1], y.sum(), y[0], np.concatenate([y, y])[:2],
+                        y.reshape(2, 1)[:, 0]):
+            with pytest.raises(dsl.GradError, match="computed with NumPy"):
+                BAR(derived, x[:np.size(derived)])
+        with pytest.raises(dsl.GradError, match="modified in place"):
+            y += 1
+        with pytest.raises(dsl.GradError, match="modified in place"):
+            y[0] = 0.0
+        with pytest.raises(dsl.GradError, match="into a plain array"):
+            np.sin(y, out=np.empty(2))
+        z = BAR(np.asarray(np.sin(y)), x)  # a constant on purpose
+        w = BAR(y, x)
+    # d/dx (c * x) = c with c = sin(log1pexp(x)) held constant
+    np.testing.assert_allclose(tape.gradient(z, x), np.sin(np.logaddexp(0, x)), rtol=1e-12)
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(tape.gradient(w, x), s * x + np.logaddexp(0, x), rtol=1e-12)
+    # after the tape: results are arrays like any other
+    np.testing.assert_allclose(BAR(np.sin(y), x), np.sin(np.logaddexp(0, x)) * x)
+    y[0] = 1.0
+    assert float(y.sum()) == pytest.approx(1.0 + np.logaddexp(0, -1.0))
+
+
+PACKAGE_DIRS = tuple(str(ROOT / d) for d in ("dsl", "runtime", "compiler", "grammar"))
+
+
+def _internal_frames(err: BaseException) -> list:
+    return [f for f in traceback.extract_tb(err.__traceback__)
+            if f.filename.startswith(PACKAGE_DIRS)]
+
+
+def _numpy_under_a_tape():
+    x = np.array([0.5])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        BAR(np.sin(LOG1PEXP(x)), x)
+
+
+BAD_CALLS = {
+    "tape": _numpy_under_a_tape,
+    "call": lambda: INTS.take(X, 2 ** 33),
+    "shapes": lambda: SQUARES.f(X, np.ones(3)),
+    "grad": lambda: dsl.grad(SQUARES.f)(X, "x"),
+    "hvp": lambda: dsl.hvp(SQUARES.f)(X, X, "abc"),
+    "pullback": lambda: dsl.vjp(SQUARES.f, X, X)[1]([1.0, 2.0, 3.0]),
+    "loads": lambda: dsl.loads("def f(x):\n    return y\n"),
+    "load": lambda: dsl.load("/nonexistent/f.grad"),
+    "lowering": lambda: dsl.loads("def f(x: f64[n], y: f64[n]):\n    return x @ y\n").f(
+        np.ones((2, 2)), np.ones((2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_user_errors_show_the_callers_frame_not_compiler_internals(name, monkeypatch):
+    monkeypatch.delenv("GRADC_FULL_TRACEBACK", raising=False)
+    with pytest.raises(dsl.GradError) as info:
+        BAD_CALLS[name]()
+    assert len(_internal_frames(info.value)) <= 1
+    assert len(traceback.extract_tb(info.value.__traceback__)) <= 3
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_full_tracebacks_on_request(monkeypatch):
+    monkeypatch.setenv("GRADC_FULL_TRACEBACK", "1")
+    with pytest.raises(dsl.GradError) as info:
+        BAD_CALLS["call"]()
+    assert len(_internal_frames(info.value)) > 1
