@@ -1,4 +1,4 @@
-"""Checking gradients against finite differences.
+"""Checking gradients against finite differences, and f32 against f64.
 
 Contract: `check_gradients(f, *args, order=2)` evaluates, in f64 at the
 given point, every gradient `f` defines or implies, up to `order`, and
@@ -12,15 +12,33 @@ compares each with central differences of the order below:
   residuals) against differences of order k-1 along the same direction.
 
 Directions along which the function is not smooth at the point (one-sided
-differences disagree: a kink, a jump) are skipped.  It returns one
-`GradCheck` per (order, argument): max absolute and relative error, whether
-a NaN/Inf appeared where the differences are finite, which gradient was
-tested (a block and its line, or "automatic"), how many directions were
-compared, and the verdict.  `gradc check` and the tests use it.
+differences disagree: a kink, a jump) are not compared.  Whatever the
+differences say, a NaN in a gradient where the value of `f` is finite is a
+failure (the automatic gradient of sqrt(x * x) at 0 is 0 * inf).
+
+Then, unless `f32=False`, the same point in f32 (arguments an annotation
+fixes keep their dtype): the order-1 gradients, one program for all of them,
+against the f64 gradients as the reference.  A gradient that is not finite
+where the f64 one is, or NaN where the f32 value is finite, fails (the
+automatic gradient of log(1 + exp(x)) is inf / inf at x = 100 in f32); the
+difference from f64 is reported, not judged (f32 rounding is not a bug).  A
+value that overflows in f32 where f64 is finite is a warning, not a failure.
+
+It returns a `CheckResult`: the list of `GradCheck` rows, one per (order,
+argument, dtype), each with its errors, whether a NaN/Inf failed it, which
+gradient was tested (a block and its line, or "automatic"), how many
+directions were compared, and `ok`; plus `warnings`.  The result is truthy
+when no row failed, so an empty result (nothing differentiable) is truthy;
+`raise_on_failure=True` raises `GradientCheckError` naming the failing rows.
+
+`check_function(f)` runs that at random and stress points and summarizes a
+row per (order, argument, dtype) for `gradc check`.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -31,6 +49,10 @@ from gradlang.compiler.namespace import calls_in
 
 @dataclass(frozen=True)
 class GradCheck:
+    """One gradient at one point: `nonfinite` when a NaN/Inf failed it;
+    `compared` counts the directions compared with differences (f64), or 1
+    for an f32 gradient compared with its f64 reference."""
+
     function: str
     order: int
     wrt: str
@@ -40,13 +62,43 @@ class GradCheck:
     nonfinite: bool
     compared: int
     ok: bool
+    dtype: str = "f64"
 
     def __str__(self) -> str:
-        verdict = "ok" if self.ok else "MISMATCH"
+        verdict = "ok" if self.ok and self.compared else "not compared" if self.ok else "FAIL"
+        against = "the f64 gradient" if self.dtype == "f32" else "finite differences"
         nan = ", NaN/Inf in gradient" if self.nonfinite else ""
-        return (f"{self.function}: order {self.order} w.r.t. {self.wrt} [{self.source}]: "
-                f"max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}{nan}: "
-                f"{verdict}")
+        return (f"{self.function}: order {self.order} w.r.t. {self.wrt} [{self.source}] in "
+                f"{self.dtype} vs {against}: max abs err {self.max_abs:.3g}, max rel err "
+                f"{self.max_rel:.3g}{nan}: {verdict}")
+
+
+class GradientCheckError(AssertionError):
+    """A gradient check failed; the message names every failing row."""
+
+
+class CheckResult(list):
+    """The rows of a check (a list) and its `warnings`.  Truthy when no row
+    failed: an empty result (nothing differentiable) is truthy, as nothing
+    failed; `len()` tells whether anything was checked."""
+
+    def __init__(self, rows=(), warnings=()) -> None:
+        super().__init__(rows)
+        self.warnings: list[str] = list(warnings)
+
+    def __bool__(self) -> bool:
+        return all(row.ok for row in self)
+
+    @property
+    def failures(self) -> list:
+        return [row for row in self if not row.ok]
+
+    def raise_on_failure(self) -> "CheckResult":
+        if self.failures:
+            listed = "\n".join(f"  {row}" for row in self.failures)
+            raise GradientCheckError(f"{len(self.failures)} of {len(self)} gradient checks "
+                                     f"failed:\n{listed}")
+        return self
 
 
 def source_of(f: Compiled, order: int) -> str:
@@ -62,9 +114,29 @@ def source_of(f: Compiled, order: int) -> str:
     return f"automatic through grad block {last} (line {fdef.grads[last - 1].span.line})"
 
 
+# The gradients, directional derivatives and VJPs of each function checked,
+# made once: their programs (one per dtype and rank) then serve every point.
+_DERIVED: "weakref.WeakKeyDictionary[Compiled, dict]" = weakref.WeakKeyDictionary()
+
+
+def _derived(f: Compiled, key: tuple, make: Callable[[], Compiled]) -> Compiled:
+    made = _DERIVED.setdefault(f, {})
+    if key not in made:
+        made[key] = make()
+    return made[key]
+
+
 def _run(f: Compiled, bound: dict[str, np.ndarray]) -> list[np.ndarray]:
     with np.errstate(all="ignore"):
         return list(f.program(bound)(*bound.values()))
+
+
+def _finite(arrays) -> bool:
+    return all(bool(np.all(np.isfinite(a))) for a in arrays)
+
+
+def _has_nan(arrays) -> bool:
+    return any(bool(np.any(np.isnan(a))) for a in arrays)
 
 
 def _compare(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: float):
@@ -83,9 +155,18 @@ def _compare(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: floa
     return max_abs, max_rel, nonfinite, len(pairs), ok
 
 
+def _row(f: Compiled, order: int, wrt: str, compared: tuple, nan: bool) -> GradCheck:
+    """A row from `_compare`'s verdict, failed also by a NaN where the value
+    is finite (`nan`), whether or not differences could be compared."""
+    max_abs, max_rel, nonfinite, count, ok = compared
+    return GradCheck(f.name, order, wrt, source_of(f, order), max_abs, max_rel,
+                     nonfinite or nan, count, ok and not nan)
+
+
 def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     rtol: float = 1e-4, atol: float = 1e-6, seed: int = 0,
-                    upstream: bool = True, **kwargs) -> list[GradCheck]:
+                    upstream: bool = True, f32: bool = True, raise_on_failure: bool = False,
+                    **kwargs) -> CheckResult:
     rng = np.random.default_rng(seed)
     # Differences in f64, unless an annotation insists on f32: then in f32,
     # with a step and tolerances f32 can honour.
@@ -94,7 +175,10 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
              for n, a in f.bind(args, kwargs).items()}
     if any(a.dtype == np.float32 for a in bound.values()):
         eps, rtol, atol = max(eps, 1e-3), max(rtol, 1e-2), max(atol, 1e-3)
-    results: list[GradCheck] = []
+    value = _run(f, bound)
+    value_finite = _finite(value)
+    results = CheckResult()
+    reference: dict[str, np.ndarray] = {}
     for name in f.differentiable_names(bound):
         x = bound[name]
         step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
@@ -105,62 +189,105 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         def total(point: np.ndarray) -> float:
             return float(sum(np.sum(o) for o in _run(f, {**bound, name: point})))
 
-        gradient = GradFunction(f, name, with_value=False)
-        g = _run(gradient, bound)[-1]
+        gradient = _derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        g = reference[name] = _run(gradient, bound)[-1]
         pairs = []
         for v in directions:
             numeric = _central(lambda t: total((x + t * v).astype(x.dtype)), step, rtol, atol)
             if numeric is not None:
                 pairs.append((np.sum(g * v), numeric))
-        results.append(GradCheck(f.name, 1, name, source_of(f, 1), *_compare(pairs, rtol, atol)))
+        nan = value_finite and _has_nan([g])
+        results.append(_row(f, 1, name, _compare(pairs, rtol, atol), nan))
 
         # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1}
         previous = gradient
         for k in range(2, order + 1):
-            current = Directional(previous, name, f"$v{k}")
-            pairs = []
+            current = _derived(f, ("directional", name, k),
+                               lambda: Directional(previous, name, f"$v{k}"))
+            pairs, nan = [], False
             for v in directions[:3]:
                 base = {**bound, **{f"$v{j}": v for j in range(2, k)}}
                 analytic = _run(current, {**base, f"$v{k}": v})[0]
-                numeric = _central(lambda t: _run(previous, {**base, name: (x + t * v).astype(x.dtype)})[-1],
-                                   step * 10, rtol * 10, atol * 10)
+                nan = nan or (value_finite and _has_nan([analytic]))
+                numeric = _central(
+                    lambda t: _run(previous, {**base, name: (x + t * v).astype(x.dtype)})[-1],
+                    step * 10, rtol * 10, atol * 10)
                 if numeric is not None:
                     pairs.append((analytic, numeric))
-            results.append(GradCheck(f.name, k, name, source_of(f, k),
-                                     *_compare(pairs, rtol * 10, atol * 10)))
+            results.append(_row(f, k, name, _compare(pairs, rtol * 10, atol * 10), nan))
             previous = current
         if order >= 2 and upstream:
-            results.append(_check_upstream(f, bound, name, rng, step, rtol * 10, atol * 10))
+            results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
+                                           atol * 10))
+    if f32 and reference:
+        narrowed = _check_f32(f, bound, fixed, value, reference)
+        results.extend(narrowed)
+        results.warnings.extend(narrowed.warnings)
+    if raise_on_failure:
+        results.raise_on_failure()
     return results
 
 
-def _check_upstream(f: Compiled, bound, name: str, rng, step: float, rtol: float,
-                    atol: float) -> GradCheck:
+def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng, step: float,
+                    rtol: float, atol: float) -> GradCheck:
     """Order 2 through the upstream cotangent: the VJP u -> J^T u of f at
     the point, differentiated w.r.t. u (which a second grad block answers
     with its cotangent for the first block's upstream), against finite
     differences in u, by the dot-product test <d/du <J^T u, v>, w> =
     <d/dt J^T (u + t w), v>."""
-    outs = _run(f, bound)
     floats = f.differentiable_names(bound)
-    vjp_x = Select(VjpFunction(f, len(outs)), floats.index(name))
-    us = {f"$ct{i}": rng.normal(size=o.shape).astype(o.dtype) for i, o in enumerate(outs)}
+    vjp = _derived(f, ("vjp", len(value)), lambda: VjpFunction(f, len(value)))
+    vjp_x = _derived(f, ("vjp", len(value), name), lambda: Select(vjp, floats.index(name)))
+    us = {f"$ct{i}": rng.normal(size=o.shape).astype(o.dtype) for i, o in enumerate(value)}
     fdef = getattr(f, "fdef", None)
     upstream = fdef.grads[0].upstream[0] if fdef is not None and fdef.grads else "upstream"
-    pairs = []
+    pairs, nan = [], False
     for _ in range(3):
         v = rng.normal(size=bound[name].shape)
         w = {c: rng.normal(size=u.shape) for c, u in us.items()}
         analytic = 0.0
         for c in us:
-            d = Directional(vjp_x, c, "$w")
+            d = _derived(f, ("vjp", len(value), name, c), lambda: Directional(vjp_x, c, "$w"))
             analytic += float(np.sum(_run(d, {**bound, **us, "$w": v})[0] * w[c]))
+        nan = nan or (_finite(value) and bool(np.isnan(analytic)))
         numeric = _central(lambda t: float(np.sum(_run(vjp_x, {**bound, **{
             c: (u + t * w[c]).astype(u.dtype) for c, u in us.items()}})[0] * v)), step, rtol, atol)
         if numeric is not None:
             pairs.append((analytic, numeric))
-    return GradCheck(f.name, 2, f"{upstream} (of d/d{name})", source_of(f, 2),
-                     *_compare(pairs, rtol, atol))
+    return _row(f, 2, f"{upstream} (of d/d{name})", _compare(pairs, rtol, atol), nan)
+
+
+def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: list[np.ndarray],
+               reference: dict[str, np.ndarray]) -> CheckResult:
+    """The order-1 gradients in f32 (arguments an annotation fixes keep
+    their dtype) against the f64 ones, `reference`: one program for the
+    value and every gradient, so f32 adds one compile per function and rank.
+    Failed by a gradient that is not finite where the reference is, or NaN
+    where the f32 value is finite; f32 rounding errors are reported only."""
+    narrow = {n: a.astype(np.float32) if a.dtype == np.float64 and fixed.get(n) != "f64" else a
+              for n, a in bound.items()}
+    if all(narrow[n] is bound[n] for n in bound):
+        return CheckResult()  # every argument is fixed: f32 is the check already done
+    names = tuple(reference)
+    both = _derived(f, ("value_and_grad", names),
+                    lambda: GradFunction(f, names, with_value=True))
+    outs = _run(both, narrow)
+    value32, grads = outs[:-len(names)], outs[-len(names):]
+    value_finite = _finite(value32)
+    result = CheckResult()
+    if _finite(value) and not value_finite:
+        what = "overflows" if not _has_nan(value32) else "is NaN"
+        result.warnings.append(f"the value {what} in f32 where it is finite in f64")
+    for name, g in zip(names, grads):
+        g, g64 = np.asarray(g, np.float64), reference[name]
+        failed = bool(np.any(~np.isfinite(g) & np.isfinite(g64))) or \
+            (value_finite and _has_nan([g]))
+        with np.errstate(all="ignore"):
+            err = np.where(np.isfinite(g) & np.isfinite(g64), np.abs(g - g64), 0.0)
+        max_rel = float(np.max(err / np.maximum(np.abs(g64), 1.0), initial=0.0))
+        result.append(GradCheck(f.name, 1, name, source_of(f, 1), float(np.max(err, initial=0.0)),
+                                max_rel, failed, 1, not failed, "f32"))
+    return result
 
 
 def _central(along, step: float, rtol: float, atol: float):
@@ -193,8 +320,9 @@ STRESS = (0.0, 1e-8, -1e-8, 10.0, -10.0, 100.0, -100.0, 1000.0, -1000.0)
 
 @dataclass(frozen=True)
 class Summary:
-    """One row of `gradc check`: a (function, order, argument) over every
-    point tried."""
+    """One row of `gradc check`: a (function, order, argument, dtype) over
+    every point tried.  `skipped` says why nothing was compared (then the
+    row passes unless a NaN/Inf failed it)."""
 
     function: str
     order: int
@@ -205,6 +333,14 @@ class Summary:
     max_rel: float
     nonfinite: bool
     ok: bool
+    dtype: str = "f64"
+    skipped: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if not self.ok:
+            return "FAIL"
+        return f"skipped: {self.skipped}" if self.skipped else "ok"
 
 
 def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
@@ -233,10 +369,13 @@ def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
     return args
 
 
-def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> list[Summary]:
+def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> CheckResult:
     """Check `f` at random points (of a few domains: any sign, positive,
-    inside (-1, 1)) and at stress points (every float argument set to 0,
-    +-1e-8, +-10, +-100, +-1000), skipping points where f is not finite."""
+    inside (-1, 1)) and at stress points (every differentiable float argument
+    set to 0, +-1e-8, +-10, +-100, +-1000: where exp overflows, in f32 from
+    89 and in f64 from 710), skipping points where f64 f is not finite.
+    Returns a `Summary` per (order, argument, dtype), and one warning per
+    kind of f32 trouble naming the points."""
     from gradlang.runtime.errors import GradError
     rng = np.random.default_rng(seed)
     if params is not None:
@@ -244,44 +383,55 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> l
             if w not in params:
                 shape = [d if isinstance(d, int) else 3 for d in (spec.dims or ())]
                 params[w] = rng.normal(size=shape)
-    fills = [lambda s: rng.normal(size=s) * 2, lambda s: np.abs(rng.normal(size=s)) * 2 + 0.1,
-             lambda s: rng.uniform(-0.9, 0.9, s)]
-    fills += [lambda s, v=v: np.full(s, v) for v in STRESS]
+    varied = " = ".join(s.name for s in f.specs if s.differentiable and not s.has_default
+                        and s.dtype not in ("i32", "i64", "bool")) or "the float arguments"
+    fills = [("a random point", lambda s: rng.normal(size=s) * 2),
+             ("a random positive point", lambda s: np.abs(rng.normal(size=s)) * 2 + 0.1),
+             ("a random point in (-1, 1)", lambda s: rng.uniform(-0.9, 0.9, s))]
+    fills += [(f"{varied} = {v:g}", lambda s, v=v: np.full(s, v)) for v in STRESS]
     rank = None
     for candidate in (1, 2, 0):  # the first rank the unannotated arguments accept
         try:
-            f(*_sample_args(f, rng, candidate, fills[0]))
+            f(*_sample_args(f, rng, candidate, fills[0][1]))
             rank = candidate
             break
         except GradError:
             continue
     if rank is None:
-        f(*_sample_args(f, rng, 1, fills[0]))  # raises the error for rank 1
+        f(*_sample_args(f, rng, 1, fills[0][1]))  # raises the error for rank 1
     reason = intentional_mismatch(f)
     rows: dict[tuple, list[GradCheck]] = {}
-    for index, fill in enumerate(fills):
+    warned: dict[str, list[str]] = {}
+    for index, (label, fill) in enumerate(fills):
         args = _sample_args(f, rng, rank, fill)
         with np.errstate(all="ignore"):
             outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        if not all(np.all(np.isfinite(o)) for o in outs):
+        if not _finite(outs):
             continue  # outside the function's domain
         # the upstream-cotangent check at the random points only: it is linear
         # in the cotangent, so stress values add nothing but compile time
-        for check in check_gradients(f, *args, order=order, seed=seed,
-                                     upstream=index < 3):
-            rows.setdefault((check.order, check.wrt), []).append(check)
-    out = []
-    for (k, wrt), checks in sorted(rows.items(), key=lambda item: (item[0][1], item[0][0])):
+        checks = check_gradients(f, *args, order=order, seed=seed, upstream=index < 3)
+        for check in checks:
+            rows.setdefault((check.order, check.wrt, check.dtype), []).append(check)
+        for warning in checks.warnings:
+            warned.setdefault(warning, []).append(label)
+    out = CheckResult(warnings=[f"{f.name}(): {w}, at {', '.join(labels)}"
+                                for w, labels in warned.items()])
+    for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: (item[0][1],
+                                                                          item[0][0])):
         compared = [c for c in checks if c.compared]
-        if reason:
-            out.append(Summary(f.name, k, wrt, f"not compared: {reason}", 0, 0.0, 0.0,
-                               any(c.nonfinite for c in checks), True))
+        nonfinite = any(c.nonfinite for c in checks)
+        if reason and dtype == "f64":
+            # differences cannot judge it, but a NaN/Inf is wrong by any design
+            out.append(Summary(f.name, k, wrt, checks[0].source, 0, 0.0, 0.0, nonfinite,
+                               not nonfinite, dtype, reason))
             continue
         out.append(Summary(f.name, k, wrt, checks[0].source, len(compared),
                            max((c.max_abs for c in compared), default=0.0),
                            max((c.max_rel for c in compared), default=0.0),
-                           any(c.nonfinite for c in checks), all(c.ok for c in checks)))
+                           nonfinite, all(c.ok for c in checks), dtype,
+                           "" if compared else "not smooth at any point tried"))
     return out
 
 

@@ -141,34 +141,52 @@ def cmd_check(args) -> int:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         for name in names:
             _lookup(module, name, str(file))
-        print(f"{file}")
-        header = (f"  {'function':<16} {'order':>5}  {'wrt':<10} {'gradient':<44} {'points':>6}"
-                  f"  {'max abs err':>11}  {'max rel err':>11}  {'NaN/Inf':<7}  verdict")
-        print(header)
+        table: list[list[str]] = []
+        messages: list[str] = []  # printed after the table, on stderr
         for name in names:
             f = _lookup(module, name, str(file))
             try:
                 rows = check_function(f, module.params, args.order, args.seed)
             except GradError as err:
                 failed += 1
-                print(f"  {name:<16} could not be checked", file=sys.stdout)
-                print(str(err), file=sys.stderr)
+                table.append([name] + [""] * 8 + ["could not be checked (below)"])
+                messages.append(str(err))
                 continue
-            if not rows:
-                print(f"  {name:<16} (no differentiable arguments)")
+            if len(rows) == 0:  # (a result is falsy when a row failed)
+                table.append([name] + [""] * 8 + ["skipped: no differentiable arguments"])
             for r in rows:
-                verdict = "ok" if r.ok else "FAIL"
-                print(f"  {r.function:<16} {r.order:>5}  {r.wrt:<10} {r.source:<44} "
-                      f"{r.points:>6}  {r.max_abs:>11.2e}  {r.max_rel:>11.2e}  "
-                      f"{'yes' if r.nonfinite else 'no':<7}  {verdict}")
-            for r in rows:
-                if not r.ok:
-                    failed += 1
-                    what = "has NaN/Inf where the function is finite" if r.nonfinite else \
-                        f"disagrees with finite differences (max rel err {r.max_rel:.2g})"
-                    print(f"{file}: error: {r.function}(): the order-{r.order} gradient w.r.t. "
-                          f"{r.wrt} from {r.source} {what}", file=sys.stderr)
+                errors = [f"{r.max_abs:.2e}", f"{r.max_rel:.2e}"] if r.points else ["-", "-"]
+                table.append([r.function, r.dtype, str(r.order), r.wrt, r.source, str(r.points),
+                              *errors, "yes" if r.nonfinite else "no", r.verdict])
+            messages += [f"{file}: warning: {w}" for w in rows.warnings]
+            for r in rows.failures:
+                failed += 1
+                if r.nonfinite and r.dtype == "f32":
+                    what = "is NaN/Inf in f32 where the f64 gradient or the f32 value is finite"
+                elif r.nonfinite:
+                    what = "has NaN/Inf where the function is finite"
+                else:
+                    what = f"disagrees with finite differences (max rel err {r.max_rel:.2g})"
+                messages.append(f"{file}: error: {r.function}(): the order-{r.order} gradient "
+                                f"w.r.t. {r.wrt} from {r.source} {what}")
+        print(f"{file}")
+        header = ["function", "dtype", "order", "wrt", "gradient", "points", "max abs err",
+                  "max rel err", "NaN/Inf", "verdict"]
+        for line in _aligned([header] + table, right={2, 5, 6, 7}):
+            print(f"  {line}")
+        sys.stdout.flush()
+        for message in messages:
+            print(message, file=sys.stderr)
     return 1 if failed else 0
+
+
+def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
+    """Rows of cells as lines whose columns start at the same offsets (each
+    as wide as its widest cell); columns in `right` align right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in rows]
 
 
 def cmd_compile(args) -> int:
@@ -219,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="signatures like 'f(f64[:])' (default: f64 arrays of each "
                       "function's annotated, else rank-1, shape)")
     show.set_defaults(func=cmd_show)
-    check = sub.add_parser("check", help="compare every gradient with finite differences")
+    check = sub.add_parser("check", help="compare every gradient with finite differences "
+                           "(f64) and with the f64 gradient (f32); NaN/Inf gradients fail")
     check.add_argument("path", help="a .grad file or a directory of them")
     check.add_argument("--fn", help="only this function")
     check.add_argument("--order", type=_positive, default=2, help="highest order (default 2)")
