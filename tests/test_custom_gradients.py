@@ -70,7 +70,8 @@ grad(ddx):
 def test_transpose_only_second_block_is_reported_and_autodiff_is_right():
     bad = dsl.loads(TRANSPOSE_ONLY)
     x = np.array([-1.0, 0.5, 2.0])
-    checks = {c.order: c for c in dsl.check_gradients(bad.log1pexp, x) if c.wrt == "x"}
+    checks = {c.order: c for c in dsl.check_gradients(bad.log1pexp, x)
+              if c.wrt == "x" and c.dtype == "f64"}
     assert checks[1].ok
     assert not checks[2].ok and checks[2].source == "grad block 2 (line 7)"
     # Without the override, differentiating the first block is right.

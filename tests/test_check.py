@@ -1,0 +1,153 @@
+"""The gradient checker: NaN/Inf gradients fail, f32 is checked against
+f64, skipped rows say so, the table stays aligned, and `check_gradients`
+returns a result that is falsy on failure."""
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.check import GradientCheckError
+from dsl.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+# The seed example of a bad gradient: exp(x) / (1 + exp(x)) is inf / inf
+# once exp overflows (x >= 89 in f32, x >= 710 in f64).
+NAIVE = "def softplus_naive(x):\n    return log(1 + exp(x))\n"
+# d/dx sqrt(x * x) = 2x / (2 sqrt(x * x)) is 0 / 0 at x = 0.
+SQRT_SQUARE = "def norm1(x):\n    return sqrt(x * x)\n"
+LONG_NAME = "a_function_name_well_over_forty_characters_long"
+LONG = f"""def {LONG_NAME}(x):
+    e = exp(x)
+    return log(1 + e)
+grad(dy):
+    return dy * (1 - 1 / (1 + e))
+
+def g(x):
+    return x * x
+"""
+
+
+def check(tmp_path: Path, name: str, text: str) -> tuple[int, list[str], str]:
+    """`gradc check` on a file holding `text`: exit code, stdout lines, stderr."""
+    path = tmp_path / name
+    path.write_text(text)
+    return run_check(path)
+
+
+def run_check(path: Path) -> tuple[int, list[str], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["check", str(path)])
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+def rows_of(lines: list[str], function: str, dtype: str, wrt: str = "x") -> list[list[str]]:
+    cells = [line.split() for line in lines]
+    return [c for c in cells if c[:2] == [function, dtype] and c[3] == wrt]
+
+
+def test_naive_log1pexp_fails_on_its_nan_gradient(tmp_path):
+    x = np.array([100.0], np.float32)
+    naive = dsl.loads(NAIVE).softplus_naive
+    assert np.isnan(dsl.grad(naive)(x)).all()  # the bug the check must see
+    code, out, err = check(tmp_path, "naive.grad", NAIVE)
+    assert code == 1
+    (f32,) = rows_of(out, "softplus_naive", "f32")
+    assert f32[2] == "1" and f32[-2:] == ["yes", "FAIL"]
+    assert ("error: softplus_naive(): the order-1 gradient w.r.t. x from automatic is NaN/Inf "
+            "in f32") in err
+
+
+def test_sqrt_of_square_fails_on_its_nan_gradient_at_zero(tmp_path):
+    norm1 = dsl.loads(SQRT_SQUARE).norm1
+    assert np.isnan(dsl.grad(norm1)(np.zeros(3))).all()
+    code, out, err = check(tmp_path, "norm1.grad", SQRT_SQUARE)
+    assert code == 1
+    for dtype in ("f64", "f32"):
+        first = [r for r in rows_of(out, "norm1", dtype) if r[2] == "1"]
+        assert first and first[0][-2:] == ["yes", "FAIL"]
+    assert ("norm1(): the order-1 gradient w.r.t. x from automatic has NaN/Inf where the "
+            "function is finite") in err
+
+
+def test_stable_log1pexp_passes_and_warns_of_its_f32_forward_overflow():
+    code, out, err = run_check(EXAMPLES / "log1pexp.grad")
+    assert code == 0, err
+    (f32,) = rows_of(out, "log1pexp", "f32")
+    assert f32[-2:] == ["no", "ok"]
+    # log(1 + e) is inf in f32 at x = 100 (e overflows from 89), 100 in f64
+    assert (f"{EXAMPLES / 'log1pexp.grad'}: warning: log1pexp(): the value overflows in f32 "
+            "where it is finite in f64, at x = 100") in err.splitlines()
+    assert "error" not in err
+
+
+def test_stable_grad_block_is_finite_at_large_magnitudes_in_both_dtypes():
+    m = dsl.load(EXAMPLES / "log1pexp.grad")
+    x = np.array([1000.0, -1000.0, 100.0, 0.0])
+    for dtype in (np.float64, np.float32):
+        np.testing.assert_array_equal(dsl.grad(m.log1pexp)(x.astype(dtype)), [1, 0, 1, 0.5])
+    # order 1, the block; the second derivative through it, e / (1 + e)^2, is
+    # inf / inf at 1000, where `gradc check` does not go (the f64 value is inf)
+    result = dsl.check_gradients(m.log1pexp, x, order=1)
+    assert result, [str(r) for r in result]
+    f32 = [r for r in result if r.dtype == "f32"]
+    assert [(r.order, r.wrt, r.ok, r.compared) for r in f32] == [(1, "x", True, 1)]
+    # the same point fails the naive forward, in f32 only (f64 finds 1000 inf too)
+    naive = dsl.check_gradients(dsl.loads(NAIVE).softplus_naive, x, order=1)
+    assert not naive
+    assert [(r.order, r.dtype) for r in naive.failures] == [(1, "f32")]
+
+
+def test_check_gradients_result_is_falsy_on_failure_and_raises_when_asked():
+    naive = dsl.loads(NAIVE).softplus_naive
+    x = np.array([100.0, 1.0])
+    result = dsl.check_gradients(naive, x)
+    assert isinstance(result, list) and len(result) > 0 and not result
+    assert all(isinstance(r.ok, bool) and r.order in (1, 2) for r in result)
+    assert [r.ok for r in result] == [r not in result.failures for r in result]
+    with pytest.raises(GradientCheckError) as info:
+        dsl.check_gradients(naive, x, raise_on_failure=True)
+    message = str(info.value)
+    assert message.startswith(f"{len(result.failures)} of {len(result)} gradient checks failed")
+    assert "softplus_naive: order 1 w.r.t. x [automatic] in f32 vs the f64 gradient" in message
+    good = dsl.check_gradients(dsl.load(EXAMPLES / "log1pexp.grad").log1pexp, x,
+                               raise_on_failure=True)
+    assert good and len(good) == 4  # orders 1, 2 and upstream in f64, order 1 in f32
+
+
+def test_nothing_to_differentiate_is_an_empty_truthy_result():
+    count = dsl.loads("def twice(n: i64):\n    return n * 2\n").twice
+    result = dsl.check_gradients(count, np.int64(3))
+    assert len(result) == 0 and result
+
+
+def test_skipped_rows_do_not_say_ok():
+    code, out, err = run_check(EXAMPLES / "straight_through.grad")
+    assert code == 0, err
+    skipped = [line for line in out if "pass_through" in line]
+    assert len(skipped) == 6  # orders 1, 2 and upstream, of quantize and quantized_loss
+    assert all(line.endswith("skipped: quantize() is @pass_through") for line in skipped)
+    assert all(" - " in line and " ok" not in line for line in skipped)
+    # f32 is still compared with f64: pass-through is no excuse for a NaN
+    assert rows_of(out, "quantize", "f32")[0][-1] == "ok"
+
+
+def test_table_columns_align_with_long_names_and_block_labels(tmp_path):
+    code, out, err = check(tmp_path, "long.grad", LONG)
+    assert code == 0, err
+    header = next(line for line in out if line.lstrip().startswith("function"))
+    rows = [line for line in out if line.lstrip().startswith((LONG_NAME, "g "))]
+    assert len(rows) == 8 and any("automatic through grad block 1 (line 4)" in r for r in rows)
+    assert any("dy (of d/dx)" in r for r in rows)
+    for column in ("dtype", "wrt", "gradient", "NaN/Inf", "verdict"):
+        start = header.index(column)
+        assert all(r[start - 2:start] == "  " and r[start] != " " for r in rows), column
+    for column in ("order", "points", "max abs err"):  # numbers align right
+        end = header.index(column) + len(column)
+        assert all(r[end - 1] != " " and r[end] == " " for r in rows), column
