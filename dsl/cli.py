@@ -141,6 +141,7 @@ def cmd_check(args) -> int:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         for name in names:
             _lookup(module, name, str(file))
+        print(f"{file}", flush=True)  # the table comes once every column's width is known
         table: list[list[str]] = []
         messages: list[str] = []  # printed after the table, on stderr
         for name in names:
@@ -169,7 +170,6 @@ def cmd_check(args) -> int:
                     what = f"disagrees with finite differences (max rel err {r.max_rel:.2g})"
                 messages.append(f"{file}: error: {r.function}(): the order-{r.order} gradient "
                                 f"w.r.t. {r.wrt} from {r.source} {what}")
-        print(f"{file}")
         header = ["function", "dtype", "order", "wrt", "gradient", "points", "max abs err",
                   "max rel err", "NaN/Inf", "verdict"]
         for line in _aligned([header] + table, right={2, 5, 6, 7}):
