@@ -36,7 +36,6 @@ row per (order, argument, dtype) for `gradc check`.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -114,13 +113,11 @@ def source_of(f: Compiled, order: int) -> str:
     return f"automatic through grad block {last} (line {fdef.grads[last - 1].span.line})"
 
 
-# The gradients, directional derivatives and VJPs of each function checked,
-# made once: their programs (one per dtype and rank) then serve every point.
-_DERIVED: "weakref.WeakKeyDictionary[Compiled, dict]" = weakref.WeakKeyDictionary()
-
-
 def _derived(f: Compiled, key: tuple, make: Callable[[], Compiled]) -> Compiled:
-    made = _DERIVED.setdefault(f, {})
+    """The gradient, directional derivative or VJP of `f` named by `key`,
+    made once and kept on `f` (which it references, so it lives as long):
+    its programs, one per dtype and rank, then serve every point checked."""
+    made = f.__dict__.setdefault("_check_derived", {})
     if key not in made:
         made[key] = make()
     return made[key]
