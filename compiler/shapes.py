@@ -67,19 +67,6 @@ def is_symbolic(shape: Iterable[Dim]) -> bool:
     return any(isinstance(d, Sym) for d in shape)
 
 
-def render(d: Dim) -> str:
-    """Python source for a dimension; symbols are driver variables."""
-    if isinstance(d, Sym):
-        text = " * ".join(d.factors)
-        return text if d.coef == 1 else f"{d.coef} * {text}"
-    return str(d)
-
-
-def render_shape(shape: Iterable[Dim]) -> str:
-    parts = [render(d) for d in shape]
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
 def evaluate(d: Dim, binding: dict[str, int]) -> int:
     if isinstance(d, Sym):
         return d.coef * math.prod(binding[f] for f in d.factors)
