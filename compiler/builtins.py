@@ -10,7 +10,6 @@ derivative rules.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -97,21 +96,27 @@ def _clip(L, b, args, kwargs, span):
     return L.binary(b, "minimum", low, args[2], span)
 
 
-def _static_shape(v, span) -> tuple[int, ...]:
+def _static_shape(v, span, sizes: bool = True) -> tuple:
+    """A compile-time shape: integers and, where `sizes`, the symbolic
+    sizes `x.shape` gives under symbolic lowering (so `reshape(dy, s.shape)`
+    compiles for any size)."""
     shape = tuple(v) if isinstance(v, tuple) else (v,)
-    if any(isinstance(d, bool) or not isinstance(d, int) for d in shape):
-        raise GradError("a shape must be a compile-time tuple or list of integers", span)
+    for d in shape:
+        if isinstance(d, Sym) and not sizes:
+            raise NeedsConcrete(f"the size {d} is used as an axis")
+        if not isinstance(d, Sym) and (isinstance(d, bool) or not isinstance(d, int)):
+            raise GradError("a shape must be a compile-time tuple or list of integers", span)
     return shape
 
 
 def _reshape(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = list(_static_shape(_kw(args, kwargs, 1, "shape"), span))
-    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+    if shape.count(-1) > 1 or any(isinstance(d, int) and d < -1 for d in shape):
         raise GradError(f"invalid shape {shape}", span)
     if -1 in shape:
-        known = math.prod(d for d in shape if d != -1)
-        if known == 0 or x.type.size % known:
+        known = prod(d for d in shape if d != -1)
+        if known == 0 or x.type.size % known:  # symbolic sizes: NeedsConcrete
             raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
         shape[shape.index(-1)] = x.type.size // known
     shape = tuple(shape)
@@ -130,7 +135,7 @@ def _transpose(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     axes = _kw(args, kwargs, 1, "axes")
     if axes is not None:
-        axes = _static_shape(axes, span)
+        axes = _static_shape(axes, span, sizes=False)
     return L.transpose(b, x, axes, span)
 
 
