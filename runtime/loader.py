@@ -24,9 +24,10 @@ import hashlib
 import importlib.util
 import os
 import pickle
+import secrets
 import shutil
-import sys
 import tempfile
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -50,14 +51,23 @@ def cache_dir() -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename, so a
+    reader sees the old file or the new one.  The file gets the mode a
+    plain open() would give (0666 less the umask), not mkstemp's 0600:
+    compiled modules and shared caches must be readable by others."""
     data = text.encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file() and path.read_bytes() == data:
         return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    tmp = path.parent / f".tmp-{os.getpid()}-{secrets.token_hex(8)}.py"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_kernels(source: str) -> ModuleType:
