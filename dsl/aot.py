@@ -31,15 +31,20 @@ from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import GradError
 from gradlang.runtime.target import Target
 
-_SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
+_SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.ASCII)
 _ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
 
 
 class SignatureError(GradError):
-    pass
+    """A `--sig` that cannot be read or does not fit its function."""
+
+
+class OutputError(OSError):
+    """The module cannot be written where asked: the directory cannot be
+    made, or the module file exists and gradc did not write it."""
 
 
 def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
@@ -48,7 +53,7 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
     match = _SIG.match(text)
     if not match:
         raise SignatureError(f"cannot read signature {text!r}; write it like "
-                             "'f(f64[:], f32[n, 3], i64)'", Span("<sig>", 1, 1))
+                             "'f(f64[:], f32[n, 3], i64)'")
     name, body = match.groups()
     args = []
     for part in _split(body):
@@ -59,8 +64,7 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
             continue
         arg = _ARG.match(part)
         if not arg:
-            raise SignatureError(f"cannot read {part.strip()!r} in signature {text!r}",
-                                 Span("<sig>", 1, 1))
+            raise SignatureError(f"cannot read {part.strip()!r} in signature {text!r}")
         dtype, dims_text = arg.groups()
         dims = []
         for d in ([] if dims_text is None else dims_text.split(",")):
@@ -69,11 +73,10 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
                 dims.append(Sym.named(f"a{next(counter)}"))
             elif d.isdigit():
                 dims.append(int(d))
-            elif re.fullmatch(r"[A-Za-z_]\w*", d):
+            elif re.fullmatch(r"[A-Za-z_]\w*", d, re.ASCII):
                 dims.append(Sym.named(d))
             else:
-                raise SignatureError(f"bad dimension {d!r} in signature {text!r}",
-                                     Span("<sig>", 1, 1))
+                raise SignatureError(f"bad dimension {d!r} in signature {text!r}")
         args.append((dtype, tuple(dims)))
     return name, args
 
@@ -144,14 +147,19 @@ def _types(module: Module, f: GradFn, args: list[tuple[str, tuple]],
 
 
 def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
-                   target: "Target | str" = targets.DEFAULT, precompile: bool = False, progress=None) -> Path:
-    module = load(path)
+                   target: "Target | str" = targets.DEFAULT, precompile: bool = False,
+                   progress=None, force: bool = False) -> Path:
     out = Path(out_dir)
+    target_file = out / f"{Path(path).stem}.py"
+    if target_file.exists() and not force and not written_by_gradc(target_file):
+        raise OutputError(f"{target_file} exists and gradc did not write it; choose "
+                          "another output directory with -o, or overwrite it with --force")
+    module = load(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise GradError(f"cannot create the output directory {out}: {err.strerror}",
-                        Span(str(out), 1, 1)) from None
+        raise OutputError(f"cannot create the output directory {out}: {err.strerror}") \
+            from None
     functions = module.functions
     sig_texts = sigs or [default_sig(module, f) for f in functions.values()]
     target = targets.get(target)
@@ -163,7 +171,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         name, args = parse_sig(text)
         if name not in functions:
             raise SignatureError(f"signature {text!r} names no function of {path} "
-                                 f"(it defines: {', '.join(functions)})", Span(path, 1, 1))
+                                 f"(it defines: {', '.join(functions)})")
         f = functions[name]
         types = _types(module, f, args, text)
         entry = spec["functions"].setdefault(
@@ -201,7 +209,6 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                 for n, t in types.items() if n not in f.reads]))
             entry["programs"].append((kind, key, {"kernels": kernels,
                                                   "driver": generated.driver_source}))
-    target_file = out / f"{Path(path).stem}.py"
     _write(target_file, _module_source(path, sig_texts, spec))
     if precompile:
         _precompile(target_file, spec, samples, progress)
@@ -217,17 +224,36 @@ def _write(path: Path, text: str) -> None:
     _write_atomic(path, text)
 
 
+MARKER = "# Generated by gradc compile: rewritten by every compile, do not edit."
+
+
+def written_by_gradc(path: Path) -> bool:
+    """Whether the file at `path` is a module `gradc compile` wrote (so it
+    may be overwritten), recognized by its first line."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.readline().rstrip("\n") == MARKER
+    except OSError:
+        return False
+
+
 def _module_source(path: str, sigs: list[str], spec: dict) -> str:
-    return (f'"""Compiled by gradc from {Path(path).name}.\n\nSignatures:\n'
-            + "".join(f"    {s}\n" for s in sigs)
-            + '\nEach function is callable, with .grad and .value_and_grad; `params` holds\n'
-              'the values of the module\'s params.  Needs numpy, numba and the runtime\n'
-              'package, not the compiler.\n"""\n'
-              "from gradlang.runtime.aot import AotModule\n\n"
-            + f"SPEC = {spec!r}\n\n"
-              "_module = AotModule(__name__, __file__, SPEC)\n"
-              "params = _module.params\n"
-            + "".join(f"{name} = _module.functions[{name!r}]\n" for name in spec["functions"]))
+    # User text (the file name, signatures, function names) appears only
+    # inside repr() literals, never spliced into code or a docstring.
+    return (MARKER + "\n"
+            '"""An ahead-of-time compiled .grad module (gradc compile).\n\n'
+            "SOURCE names the .grad file and SIGNATURES the signatures compiled.\n"
+            "Each function is an attribute (getattr(m, 'lambda') for a keyword) and\n"
+            "in `functions`; one whose name the module uses itself (params,\n"
+            "functions, SOURCE, SIGNATURES, SPEC, AotModule, dunders) is only in\n"
+            "`functions`.  Each is callable, with .grad, .value_and_grad and .vjp;\n"
+            "`params` holds the values of the module's params.  Needs numpy, numba\n"
+            'and the gradlang runtime, not the compiler.\n"""\n'
+            "from gradlang.runtime.aot import AotModule\n\n"
+            f"SOURCE = {Path(path).name!r}\n"
+            f"SIGNATURES = {list(sigs)!r}\n"
+            f"SPEC = {spec!r}\n\n"
+            "AotModule(__name__, __file__, SPEC).export(globals())\n")
 
 
 def _precompile(target_file: Path, spec: dict, samples, progress) -> None:
@@ -238,19 +264,18 @@ def _precompile(target_file: Path, spec: dict, samples, progress) -> None:
     loader_spec = importlib.util.spec_from_file_location(name, target_file)
     compiled = importlib.util.module_from_spec(loader_spec)
     loader_spec.loader.exec_module(compiled)
-    aot = compiled._module
     for decl in spec["params"]:
         pname, dtype, dims = decl[0], decl[1], decl[2]
         shape = [d if isinstance(d, int) else 3 for d in (dims or ())]
-        aot.params[pname] = np.ones(shape, NUMPY[dtype or "f64"])
+        compiled.params[pname] = np.ones(shape, NUMPY[dtype or "f64"])
     programs = [program for fspec in spec["functions"].values()
                 for _, _, program in fspec["programs"]]
     for index, ((fname, kind, arrays), program) in enumerate(zip(samples, programs), 1):
         if progress:
             progress(f"[{index}/{len(programs)}] compiling {kind} of {fname}")
-        fn = aot.functions[fname]
+        fn = compiled.functions[fname]
         getattr(fn, "__call__" if kind == "call" else kind)(*arrays)
-        kernels = aot.driver(program).__globals__["K"]
+        kernels = fn.module.driver(program).__globals__["K"]
         for attr in dir(kernels):
             if attr.endswith("_serial"):
                 serial = getattr(kernels, attr)

@@ -38,6 +38,16 @@ class AotModule:
                           for fname, fspec in spec["functions"].items()}
         self._drivers: dict[tuple, Any] = {}
 
+    def export(self, namespace: dict) -> None:
+        """Make `namespace` (a compiled module's globals) hold `params`,
+        `functions`, and each function under its own name, unless the
+        module already uses that name (SPEC, a dunder, ...), so no
+        function name, a keyword included, can break the module."""
+        namespace["params"] = self.params
+        namespace["functions"] = dict(self.functions)
+        for fname, function in self.functions.items():
+            namespace.setdefault(fname, function)
+
     def driver(self, program: dict):
         key = (program["kernels"], program["driver"])
         if key not in self._drivers:
