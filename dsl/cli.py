@@ -5,16 +5,23 @@ error in the user's program or data (printed once as
 `FILE:LINE:COL: error: MESSAGE` with the source line and a caret), 2 for a
 usage error.  No Python traceback reaches the user.
 
-    gradc run FILE.grad FN ARG... [--wrt K ...]
-        ARG: a number, a list like [1, 2, 3], or a .npy file.
+    gradc run FILE.grad FN ARG... [--wrt K ...] [--param NAME=VALUE ...]
+        ARG, VALUE: a number, a list like [1, 2, 3], or a .npy file.
         Prints the value and the gradient of the sum of the outputs.
     gradc show FILE.grad [--fn NAME] --emit STAGE [--target T] [--sig ...]
         STAGE: one of `compiler.pipeline.EMITS`; prints the program there.
+    gradc check PATH [--fn NAME] [--order N] [--seed S]
+    gradc compile FILE.grad [-o DIR] [--sig SIG ...] [--target T] [--force]
+    gradc --version
+
+Usage errors: a missing input file, an unreadable argument, a bad
+`--sig`, an unknown `--param`, an output file gradc did not write.
 """
 from __future__ import annotations
 
 import argparse
 import ast as pyast
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -22,9 +29,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 import dsl
+from dsl.aot import OutputError, SignatureError
 from gradlang.compiler import pipeline
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError
+from gradlang.runtime.params import ParamError
 
 
 class UsageError(Exception):
@@ -63,6 +72,31 @@ def _format(value) -> str:
         return np.array2string(np.asarray(value), separator=", ")
 
 
+def _load(file: str) -> dsl.Module:
+    return dsl.load(_existing(file))
+
+
+def _existing(file: str) -> str:
+    """`file`, or a usage error if it is not a readable file."""
+    path = Path(file)
+    if not path.exists():
+        raise UsageError(f"no such file: {file}")
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise UsageError(f"cannot read {file}")
+    return file
+
+
+def _set_params(module: dsl.Module, assignments: Sequence[str]) -> None:
+    for assignment in assignments:
+        name, equals, text = assignment.partition("=")
+        if not equals or not name.strip():
+            raise UsageError(f"--param takes NAME=VALUE, got {assignment!r}")
+        try:
+            module.params[name.strip()] = _parse_arg(text.strip())
+        except ParamError as err:
+            raise UsageError(err.message) from None
+
+
 def _lookup(module: dsl.Module, name: str, file: str):
     functions = module.functions
     if name not in functions:
@@ -73,7 +107,8 @@ def _lookup(module: dsl.Module, name: str, file: str):
 
 
 def cmd_run(args) -> int:
-    module = dsl.load(args.file)
+    module = _load(args.file)
+    _set_params(module, args.param or ())
     f = _lookup(module, args.fn, args.file)
     values = [_parse_arg(a) for a in args.args]
     result = f(*values)
@@ -83,9 +118,11 @@ def cmd_run(args) -> int:
         print(f"{label} = {_format(out)}")
     if args.wrt:
         wrt = [int(w) if w.isdigit() else w for w in args.wrt]
-    else:  # every argument that gets a gradient (numbers become f64; .npy keep theirs)
+    else:  # every argument and param that gets a gradient (numbers become f64;
+        # .npy keep theirs)
         wrt = [s.name for s, v in zip(f.specs, values) if s.differentiable
                and not (isinstance(v, np.ndarray) and v.dtype.kind != "f")]
+        wrt += [s.name for s in f.param_specs if s.differentiable]
     if not wrt:
         print("(no differentiable arguments)")
         return 0
@@ -134,7 +171,7 @@ def cmd_check(args) -> int:
         if not files:
             raise UsageError(f"no .grad files in {path}")
     else:
-        files = [path]
+        files = [Path(_existing(args.path))]
     failed = 0
     for file in files:
         module = dsl.load(file)
@@ -192,8 +229,8 @@ def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
 def cmd_compile(args) -> int:
     from dsl.aot import compile_module
     progress = _progress if sys.stderr.isatty() else None
-    target = compile_module(args.file, args.output, args.sig, args.target,
-                            precompile=bool(args.sig), progress=progress)
+    target = compile_module(_existing(args.file), args.output, args.sig, args.target,
+                            precompile=bool(args.sig), progress=progress, force=args.force)
     if progress:
         sys.stderr.write("\n")
     print(f"wrote {target}")
@@ -217,6 +254,7 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradc", description="The .grad compiler.")
+    parser.add_argument("--version", action="version", version=f"gradc {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a function and print its value and gradients")
     run.add_argument("file", help="the .grad file")
@@ -224,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs="*", help="arguments: numbers, [1, 2] lists, .npy files")
     run.add_argument("--wrt", nargs="+", help="differentiate w.r.t. these parameters "
                      "(names or positions); default: every differentiable one")
+    run.add_argument("--param", action="append", metavar="NAME=VALUE",
+                     help="set a param the function reads: a number, a list, or a .npy file")
     run.set_defaults(func=cmd_run)
     show = sub.add_parser("show", help="print a compiler stage")
     show.add_argument("file")
@@ -250,8 +290,18 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--target", default=targets.DEFAULT, choices=tuple(targets.TARGETS))
     comp.add_argument("--sig", nargs="+", action="extend", help="signatures to compile now, like "
                       "'f(f64[:], f32[n, 3])'; the machine code is cached beside the module")
+    comp.add_argument("--force", action="store_true",
+                      help="overwrite NAME.py even if gradc did not write it")
     comp.set_defaults(func=cmd_compile)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gradlang")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -259,8 +309,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except UsageError as err:
+    except (UsageError, OutputError) as err:
         print(f"gradc: error: {err}", file=sys.stderr)
+        return 2
+    except SignatureError as err:  # a bad --sig is a usage error
+        note = f"\nnote: {err.note}" if err.note else ""
+        print(f"gradc: error: {err.message}{note}", file=sys.stderr)
         return 2
     except GradError as err:
         print(str(err), file=sys.stderr)
