@@ -20,7 +20,6 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from dsl.recording import record, recording_tapes
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -31,6 +30,8 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, is_device_
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
+from gradlang.runtime.pullback import Pullback
+from gradlang.runtime.recording import record, recording_tapes
 from gradlang.runtime.target import Target
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -238,55 +239,6 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
                                 f"{spec.name!r}: it is {why}", f.span)
         names.append(spec.name)
     return tuple(names)
-
-
-class Pullback:
-    """The backward half of `vjp`: holds the residuals, maps output
-    cotangents to one cotangent per argument (None for non-float ones)."""
-
-    def __init__(self, name: str, program: Program, residuals: Sequence[np.ndarray],
-                 out_types: Sequence[TensorType], arg_names: Sequence[str],
-                 float_args: Sequence[str], target: Target):
-        self.name = name
-        self.target = target
-        self._program = program
-        self._residuals = tuple(residuals)
-        self._out_types = tuple(out_types)
-        self._arg_names = tuple(arg_names)
-        self._float_args = tuple(float_args)
-
-    @property
-    def residual_bytes(self) -> int:
-        return sum(r.nbytes for r in self._residuals)
-
-    @user_facing
-    def __call__(self, *cts):
-        if len(cts) != len(self._out_types):
-            raise ArgumentError(f"pullback of {self.name}() takes {len(self._out_types)} "
-                                f"cotangent(s), one per output, but {len(cts)} were given")
-        arrays = []
-        for k, (ct, t) in enumerate(zip(cts, self._out_types)):
-            if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
-                if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != NUMPY[t.dtype]:
-                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
-                                        f"must have shape {list(t.shape)} and dtype {t.dtype}")
-                arrays.append(ct)
-                continue
-            array = numeric_array(f"cotangent {k} of the pullback of {self.name}()", ct)
-            array = array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
-            if array.shape != t.shape:
-                if array.ndim == 0:
-                    array = np.full(t.shape, array)
-                else:
-                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() has "
-                                        f"shape {list(array.shape)}; the output has shape "
-                                        f"{list(t.shape)}")
-            arrays.append(array)
-        arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {self.name}()")
-                  for k, a in enumerate(arrays)]
-        grads = iter(self._program(*self._residuals, *arrays))
-        return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
-
 
 
 def vjp(f: Compiled, *args, **kwargs):

@@ -20,7 +20,7 @@ it differentiates).  Arrays are tracked by identity.
 
 The tape sees only compiled calls.  So that NumPy work between them never
 drops silently out of a gradient, float NumPy results of recorded calls
-are `TapeArray`s (`dsl.recording`): NumPy operations on them give arrays
+are `TapeArray`s (`runtime.recording`): NumPy operations on them give arrays
 marked as derived, and passing one to a compiled call while its tape
 records raises `TapeError`, as does modifying a tracked array in place.
 Write such work in the `.grad` module, or pass `np.asarray(a)` to use a
@@ -36,12 +36,12 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from dsl.api import loads
-from dsl.function import VjpFunction
-from dsl.recording import TapeError, active_tapes
+from dsl.function import Compiled, VjpFunction
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import is_device_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.recording import TapeError, active_tapes
 from gradlang.runtime.target import Target
 
 
@@ -127,6 +127,10 @@ class Tape:
 
 
 def _vjp_function(f, n_outputs: int):
+    if not isinstance(f, Compiled):
+        raise TapeError(f"{f.name}() comes from a gradc-compiled module, whose gradients "
+                        "are first order: a tape inside another tape cannot differentiate "
+                        "them again; load the .grad file with dsl.load for that")
     cache = f.__dict__.setdefault("_tape_vjp", {})
     if n_outputs not in cache:
         cache[n_outputs] = VjpFunction(f, n_outputs)

@@ -3,9 +3,11 @@
 Contract: `active_tapes()` is the (mutable) stack `dsl.Tape` pushes on
 entry and pops on exit; `recording_tapes(arrays)` is the tapes that must
 record a call on these arrays; `record(...)` records a call on them and
-returns its float NumPy outputs as `TapeArray`s.  It lives apart from
-`dsl.tape` so that compiled functions can ask whether to record without
-importing the Tape, which itself builds on compiled functions.
+returns its float NumPy outputs as `TapeArray`s.  It lives in the
+runtime, apart from `dsl.tape`, so that every compiled function (a loaded
+one, or one of a `gradc compile` module, which never imports dsl) can ask
+whether to record without importing the Tape, which itself builds on
+compiled functions.
 
 A tape sees only compiled calls, so NumPy work between them would drop out
 of its gradient without a word.  A `TapeArray` is an ndarray that remembers

@@ -1,0 +1,76 @@
+"""The backward half of a vjp, shared by loaded and ahead-of-time
+compiled functions.
+
+Contract: a `Pullback` holds the values its backward program reads (the
+residuals of a split forward pass, or an AOT module's arguments) and maps
+one cotangent per output to one cotangent per argument (None for the
+const and non-float ones); cotangents are validated against the outputs'
+shapes and dtypes (`ArgumentError`) before the program runs.  Output types
+are anything with a `.shape` of ints and a `.dtype` name (`"f64"`): the
+compiler's `TensorType`, or `OutType` here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from gradlang.runtime.args import NUMPY, numeric_array
+from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.target import Target
+
+
+@dataclass(frozen=True)
+class OutType:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class Pullback:
+    """The backward half of `vjp`: holds the residuals, maps output
+    cotangents to one cotangent per argument (None for non-float ones)."""
+
+    def __init__(self, name: str, program: Callable, residuals: Sequence[np.ndarray],
+                 out_types: Sequence, arg_names: Sequence[str],
+                 float_args: Sequence[str], target: Target):
+        self.name = name
+        self.target = target
+        self._program = program
+        self._residuals = tuple(residuals)
+        self._out_types = tuple(out_types)
+        self._arg_names = tuple(arg_names)
+        self._float_args = tuple(float_args)
+
+    @property
+    def residual_bytes(self) -> int:
+        return sum(r.nbytes for r in self._residuals)
+
+    @user_facing
+    def __call__(self, *cts):
+        if len(cts) != len(self._out_types):
+            raise ArgumentError(f"pullback of {self.name}() takes {len(self._out_types)} "
+                                f"cotangent(s), one per output, but {len(cts)} were given")
+        arrays = []
+        for k, (ct, t) in enumerate(zip(cts, self._out_types)):
+            if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
+                if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != NUMPY[t.dtype]:
+                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
+                                        f"must have shape {list(t.shape)} and dtype {t.dtype}")
+                arrays.append(ct)
+                continue
+            array = numeric_array(f"cotangent {k} of the pullback of {self.name}()", ct)
+            array = array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
+            if array.shape != t.shape:
+                if array.ndim == 0:
+                    array = np.full(t.shape, array)
+                else:
+                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() has "
+                                        f"shape {list(array.shape)}; the output has shape "
+                                        f"{list(t.shape)}")
+            arrays.append(array)
+        arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {self.name}()")
+                  for k, a in enumerate(arrays)]
+        grads = iter(self._program(*self._residuals, *arrays))
+        return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
