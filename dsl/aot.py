@@ -3,15 +3,24 @@
 Contract: `compile_module(path, out_dir, sigs)` writes `out_dir/NAME.py`
 (NAME is the `.grad` file's stem) and one kernel file per distinct kernel
 source beside it.  The module imports only NumPy, Numba and the `runtime`
-package (`runtime.aot`), never the parser or compiler, and exposes each
-function with `.grad` and `.value_and_grad`, for the signatures given
-(`f(f64[:], f32[n, 3], i64, 1)`: `:` is any size, a name is a size shared
-by the axes that name it, an integer is fixed; a bare integer or True/False
-is the value of a const parameter, which the program is compiled for).  Without `--sig` each
+package (`runtime.aot`), never the parser or compiler.  It exposes each
+function as an attribute (`getattr(m, "lambda")` for a Python keyword)
+and in `m.functions`; a function named like one of the module's own names
+(`params`, `functions`, `SOURCE`, `SIGNATURES`, `SPEC`, `AotModule`, a
+dunder) is in `m.functions` only.  Each has `.grad`, `.value_and_grad` and
+`.vjp`, and `dsl.grad`, `dsl.value_and_grad`, `dsl.vjp` and `dsl.Tape` take
+it (first order), for the signatures given (`f(f64[:], f32[n, 3], i64,
+1)`: `:` is any size, a name is a size shared by the axes that name it, an
+integer is fixed; a bare integer or True/False is the value of a const
+parameter, which the program is compiled for).  Without `--sig` each
 function gets f64 arrays of its annotated (else rank-1) shape.  With
 `precompile=True` every kernel is compiled now, both its serial and its
 parallel variant, and Numba's cache beside the module keeps the machine
 code, so importing and calling it later compiles nothing.
+
+No user text (file name, signatures, function names) reaches the module
+but inside repr() literals.  The module's first line is `MARKER`; a file
+without it is never overwritten unless `force=True`.
 """
 from __future__ import annotations
 
@@ -24,9 +33,9 @@ from typing import Optional
 import numpy as np
 
 from dsl.api import Module, load
-from dsl.function import GradFn, GradFunction
+from dsl.function import Compiled, GradFn, GradFunction, VjpFunction
 from gradlang.compiler.codegen import generate
-from gradlang.compiler.ir import StaticScalar, TensorType
+from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime import target as targets
@@ -166,7 +175,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],
                   "functions": {}}
-    samples: list[tuple[str, str, list[np.ndarray]]] = []
+    samples: list[tuple[str, str, list[np.ndarray], dict]] = []
     for text in sig_texts:
         name, args = parse_sig(text)
         if name not in functions:
@@ -181,38 +190,53 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                + ((t.value,) if isinstance(t, StaticScalar) else ()) for n, t in types.items()]
         wrt = tuple(n for n, t in types.items() if t.is_float and
                     next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
-        transforms = [("call", f)]
+        transforms: list[tuple[str, Compiled, dict]] = [("call", f, types)]
         if wrt:
-            transforms += [("grad", GradFunction(f, wrt, with_value=False)),
-                           ("value_and_grad", GradFunction(f, wrt, with_value=True))]
+            # pullback(args..., cotangents...): what dsl.vjp and dsl.Tape run
+            outputs = _lower(f, f, types, args).out_types
+            pullback = VjpFunction(f, len(outputs))
+            cts = dict(zip(pullback.ct_names, outputs))
+            transforms += [("grad", GradFunction(f, wrt, with_value=False), types),
+                           ("value_and_grad", GradFunction(f, wrt, with_value=True), types),
+                           ("pullback", pullback, {**types, **cts})]
             entry["wrt"].append((key, list(wrt)))
-        for kind, fn in transforms:
-            try:
-                ir = optimize(fn.lower(types))
-            except NeedsConcrete as err:
-                raise SignatureError(f"{name}() cannot be compiled for any size: {err}; give "
-                                     f"concrete sizes in --sig, e.g. {name}(f64[128])",
-                                     f.span) from None
-            except GradError as err:
-                consts = [s.name for s, (dtype, _) in zip(f.specs, args)
-                          if s.const and dtype in ("i32", "i64", "bool")]
-                if consts and err.note is None:
-                    err.note = (f"a const integer used as an axis or index needs its value "
-                                f"in the signature, e.g. {consts[0]} given as 1")
-                raise
-            generated = generate(ir, target)
+        for kind, fn, fn_types in transforms:
+            generated = generate(optimize(_lower(f, fn, fn_types, args)), target)
             kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
             _write(out / f"{kernels}.py", generated.kernel_source)
-            samples.append((name, kind, [
-                np.asarray(t.value, NUMPY[t.dtype]) if isinstance(t, StaticScalar) else
-                np.ones(tuple(d if isinstance(d, int) else 3 for d in t.shape), NUMPY[t.dtype])
-                for n, t in types.items() if n not in f.reads]))
-            entry["programs"].append((kind, key, {"kernels": kernels,
-                                                  "driver": generated.driver_source}))
+            program = {"kernels": kernels, "driver": generated.driver_source}
+            samples.append((name, kind, [_sample(t) for t in fn_types.values()], program))
+            entry["programs"].append((kind, key, program))
     _write(target_file, _module_source(path, sig_texts, spec))
     if precompile:
-        _precompile(target_file, spec, samples, progress)
+        _precompile(target_file, samples, progress)
     return target_file
+
+
+def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
+    """fn's IR for a signature of f, with errors that say how to fix it."""
+    try:
+        return fn.lower(types)
+    except NeedsConcrete as err:
+        raise SignatureError(f"{f.name}() cannot be compiled for any size: {err}; give "
+                             f"concrete sizes in --sig, e.g. {f.name}(f64[128])",
+                             f.span) from None
+    except GradError as err:
+        consts = [s.name for s, (dtype, _) in zip(f.specs, args)
+                  if s.const and dtype in ("i32", "i64", "bool")]
+        if consts and err.note is None:
+            err.note = (f"a const integer used as an axis or index needs its value "
+                        f"in the signature, e.g. {consts[0]} given as 1")
+        raise
+
+
+def _sample(t) -> np.ndarray:
+    """A small argument of type t (every symbolic size 3), to run a program
+    on once."""
+    if isinstance(t, StaticScalar):
+        return np.asarray(t.value, NUMPY[t.dtype])
+    shape = tuple(d if isinstance(d, int) else d.coef * 3 ** len(d.factors) for d in t.shape)
+    return np.ones(shape, NUMPY[t.dtype])
 
 
 def _declared(module: Module) -> list[str]:
@@ -256,26 +280,22 @@ def _module_source(path: str, sigs: list[str], spec: dict) -> str:
             "AotModule(__name__, __file__, SPEC).export(globals())\n")
 
 
-def _precompile(target_file: Path, spec: dict, samples, progress) -> None:
-    """Run every program once on small arrays, then compile the parallel
-    variant of every kernel with the serial variant's types."""
+def _precompile(target_file: Path, samples, progress) -> None:
+    """Import the module, run every program once on small arrays, then
+    compile the parallel variant of every kernel with the serial variant's
+    types."""
     import importlib.util
-    name = f"_gradc_precompile_{target_file.stem}"
+    name = f"_gradc_precompile_{abs(hash(str(target_file)))}"
     loader_spec = importlib.util.spec_from_file_location(name, target_file)
     compiled = importlib.util.module_from_spec(loader_spec)
     loader_spec.loader.exec_module(compiled)
-    for decl in spec["params"]:
-        pname, dtype, dims = decl[0], decl[1], decl[2]
-        shape = [d if isinstance(d, int) else 3 for d in (dims or ())]
-        compiled.params[pname] = np.ones(shape, NUMPY[dtype or "f64"])
-    programs = [program for fspec in spec["functions"].values()
-                for _, _, program in fspec["programs"]]
-    for index, ((fname, kind, arrays), program) in enumerate(zip(samples, programs), 1):
+    for index, (fname, kind, arrays, program) in enumerate(samples, 1):
         if progress:
-            progress(f"[{index}/{len(programs)}] compiling {kind} of {fname}")
-        fn = compiled.functions[fname]
-        getattr(fn, "__call__" if kind == "call" else kind)(*arrays)
-        kernels = fn.module.driver(program).__globals__["K"]
+            progress(f"[{index}/{len(samples)}] compiling {kind} of {fname}")
+        aot = compiled.functions[fname].module
+        driver = aot.driver(program)
+        driver(*[aot.target.accept(a, f"a sample argument of {fname}()") for a in arrays])
+        kernels = driver.__globals__["K"]
         for attr in dir(kernels):
             if attr.endswith("_serial"):
                 serial = getattr(kernels, attr)

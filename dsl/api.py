@@ -4,7 +4,9 @@ Contract: `load(path)` and `loads(text)` parse and check a `.grad` module
 now (raising `GradError` on any problem) and compile nothing; each function
 becomes a module attribute that compiles on first call per signature.
 `grad`, `value_and_grad` and `vjp` take any compiled function, including
-the results of other transforms.
+the results of other transforms, and the functions of a `gradc compile`
+module (`runtime.aot.AotFunction`), which give the first-order gradients
+and pullbacks they were compiled with.
 """
 from __future__ import annotations
 
@@ -12,15 +14,16 @@ import os
 from pathlib import Path
 from typing import Union
 
-from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt
+from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, resolve_wrt
 from dsl.function import vjp as _vjp
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.pipeline import front_end
 from gradlang.runtime import target as targets
+from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import ParamSpec
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import ArgumentError, GradError, Span
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
 
@@ -84,32 +87,44 @@ def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT
     return loads(source, str(path), target, host_results)
 
 
-def _check_fn(f, what: str) -> Compiled:
-    if not isinstance(f, Compiled):
-        raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
-                        f"{type(f).__name__}")
-    return f
+Function = Union[Compiled, AotFunction]
 
 
-def _transform(f: Compiled, wrt: Wrt, with_value: bool) -> GradFunction:
+def _check_fn(f, what: str, aot: bool = True) -> Function:
+    if isinstance(f, Compiled) or (aot and isinstance(f, AotFunction)):
+        return f
+    if isinstance(f, AotFunction):
+        raise ArgumentError(f"{what}() needs the IR of {f.name}(), and a function of a "
+                            "gradc-compiled module has only its compiled programs (call, "
+                            "grad, value_and_grad, pullback); load the .grad file with "
+                            "dsl.load for this")
+    raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
+                    f"{type(f).__name__}")
+
+
+def _transform(f: Function, wrt: Wrt, with_value: bool) -> "GradFunction | AotGradient":
     # One transform object per (function, wrt, kind), so that calling
     # `dsl.grad(f)(x)` in a loop reuses its compiled programs.
     key = (tuple(wrt) if isinstance(wrt, (list, tuple)) else wrt, type(wrt).__name__,
            with_value)
     cache = f.__dict__.setdefault("_transforms", {})
     if key not in cache:
-        cache[key] = GradFunction(f, wrt, with_value)
+        if isinstance(f, AotFunction):
+            single = not isinstance(wrt, (tuple, list))
+            cache[key] = f.gradient(resolve_wrt(f, wrt), single, with_value)
+        else:
+            cache[key] = GradFunction(f, wrt, with_value)
     return cache[key]
 
 
 @user_facing
-def grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
+def grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
     """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
     return _transform(_check_fn(f, "grad"), wrt, with_value=False)
 
 
 @user_facing
-def value_and_grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
+def value_and_grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs)."""
     return _transform(_check_fn(f, "value_and_grad"), wrt, with_value=True)
 
@@ -117,11 +132,14 @@ def value_and_grad(f: Compiled, wrt: Wrt = 0) -> GradFunction:
 @user_facing
 def hvp(f: Compiled, wrt: Union[int, str] = 0) -> HvpFunction:
     """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v."""
-    return HvpFunction(_check_fn(f, "hvp"), wrt)
+    return HvpFunction(_check_fn(f, "hvp", aot=False), wrt)
 
 
 @user_facing
-def vjp(f: Compiled, *args, **kwargs):
+def vjp(f: Function, *args, **kwargs):
     """(outputs, pullback): pullback(*cotangents) gives one cotangent per
     argument passed (None for const and non-float ones)."""
-    return _vjp(_check_fn(f, "vjp"), *args, **kwargs)
+    f = _check_fn(f, "vjp")
+    if isinstance(f, AotFunction):
+        return f.vjp(*args, **kwargs)
+    return _vjp(f, *args, **kwargs)

@@ -1,11 +1,11 @@
 """The runtime side of an ahead-of-time compiled module (`gradc compile`).
 
 Contract: a compiled module holds a literal `SPEC` (its target, each
-function's
-parameter specs, the params it reads, and for each signature and kind —
-call, grad, value_and_grad — the name of a kernel file beside it and the
-source of a plain-Python driver) and builds its functions with
-`AotModule`.  Nothing here imports the parser or the compiler: a call binds
+function's parameter specs, the params it reads, and for each signature
+and kind — call, grad, value_and_grad, pullback (arguments and
+cotangents in, one cotangent per differentiated argument out) — the name
+of a kernel file beside it and the source of a plain-Python driver) and
+builds its functions with `AotModule`.  Nothing here imports the parser or the compiler: a call binds
 and validates its arguments (`runtime.args`), picks the program by dtype
 and rank, and runs it; kernels load from files beside the module, whose
 machine code Numba caches there, so a process that imports a module
@@ -14,17 +14,20 @@ compiled with `--sig` neither parses nor compiles.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import ParamSpec, bind, call_key, static_names
+from gradlang.runtime.args import SUPPORTED, ParamSpec, bind, call_key, static_names
+from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import load_kernel_file, make_driver
 from gradlang.runtime.params import ParamStore
+from gradlang.runtime.pullback import OutType, Pullback
+from gradlang.runtime.recording import record, recording_tapes
 
-KINDS = ("call", "grad", "value_and_grad")
+KINDS = ("call", "grad", "value_and_grad", "pullback")
 
 
 class AotModule:
@@ -59,38 +62,65 @@ class AotModule:
 
 class AotFunction:
     """A compiled function: call it, or its `.grad` / `.value_and_grad`
-    (the gradient of the sum of its outputs w.r.t. every float argument)."""
+    (the gradient of the sum of its outputs w.r.t. every float argument
+    and param it reads), or `.vjp`.  It offers what `dsl.grad`,
+    `dsl.value_and_grad`, `dsl.vjp` and `dsl.Tape` need of a function
+    (`name`, `specs`, `param_specs`, `span`, `differentiable_names`,
+    `gradient`, `vjp`), first order only: there is no IR to differentiate
+    again."""
+
+    span = None  # no source: the module was compiled from it
 
     def __init__(self, module: AotModule, name: str, spec: dict):
         self.module = module
         self.name = self.__name__ = name
         self.specs = tuple(ParamSpec(*p) for p in spec["params"])
         self.reads = tuple(spec["reads"])
+        self.param_specs = tuple(module.params.spec(w) for w in self.reads)
         self.programs = {(kind, tuple(tuple(a) for a in sig)): program
                          for kind, sig, program in spec["programs"]}
         self.wrt = {tuple(tuple(a) for a in sig): tuple(names)
                     for sig, names in spec["wrt"]}
 
-    def _bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    @property
+    def target(self):
+        return self.module.target
+
+    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
         bound = bind(self.name, self.specs, args, kwargs)
         for w in self.reads:
             bound[w] = self.module.params.require(w, self.name)
         return bound
 
-    def _run(self, kind: str, args, kwargs):
-        bound = self._bind(args, kwargs)
-        sig = call_key(bound, static_names(self.specs, bound))
+    def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
+        """The arguments that get a gradient: those the module was compiled
+        to differentiate for this call's signature."""
+        return list(self.wrt.get(self._signature(bound), ()))
+
+    def _signature(self, bound: dict[str, np.ndarray]) -> tuple:
+        return call_key(bound, static_names(self.specs, bound))
+
+    def _program(self, kind: str, sig: tuple) -> dict:
         program = self.programs.get((kind, sig))
         if program is None and kind != "call" and (("call", sig) in self.programs):
+            if self.wrt.get(sig):
+                raise ArgumentError(f"{self.name}() was compiled without a {kind} program; "
+                                    "compile it again with this version of gradc")
             raise ArgumentError(f"{self.name}() has no float arguments to differentiate")
         if program is None:
             have = sorted({self._describe(s) for (k, s) in self.programs if k == kind})
             raise ArgumentError(f"{self.name}() was compiled for {', '.join(have)}; "
                                 f"this call is {self._describe(sig)}; add it with "
                                 "gradc compile --sig")
+        return program
+
+    def _on_target(self, bound: dict[str, np.ndarray]) -> dict[str, Any]:
         accept = self.module.target.accept
-        arrays = [accept(a, f"argument {n!r} of {self.name}()") for n, a in bound.items()]
-        outs = self.module.driver(program)(*arrays)
+        return {n: accept(a, f"argument {n!r} of {self.name}()") for n, a in bound.items()}
+
+    def _run(self, kind: str, arrays: dict[str, Any]):
+        sig = self._signature(arrays)
+        outs = self.module.driver(self._program(kind, sig))(*arrays.values())
         return outs, sig
 
     def _describe(self, sig: Sequence) -> str:
@@ -100,20 +130,80 @@ class AotFunction:
                  for _, dt, ndim, *rest in sig]
         return f"{self.name}({', '.join(parts)})"
 
+    @user_facing
     def __call__(self, *args, **kwargs):
-        outs, _ = self._run("call", args, kwargs)
+        """Run it; record the call on every active `dsl.Tape` that watches
+        one of its arguments (keeping a pullback)."""
+        arrays = self._on_target(self.bind(args, kwargs))
+        tapes = recording_tapes(arrays.values())
+        if tapes:
+            outs = record(tapes, self, arrays, *self._vjp_bound(arrays))
+        else:
+            outs, _ = self._run("call", arrays)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    @user_facing
     def grad(self, *args, **kwargs):
-        outs, sig = self._run("grad", args, kwargs)
-        return outs[0] if len(self.wrt[sig]) == 1 else tuple(outs)
+        return self.gradient(None, single=False, with_value=False)(*args, **kwargs)
 
+    @user_facing
     def value_and_grad(self, *args, **kwargs):
-        outs, sig = self._run("value_and_grad", args, kwargs)
-        n = len(self.wrt[sig])
-        values, grads = outs[:len(outs) - n], outs[len(outs) - n:]
-        value = values[0] if len(values) == 1 else tuple(values)
-        return value, (grads[0] if n == 1 else tuple(grads))
+        return self.gradient(None, single=False, with_value=True)(*args, **kwargs)
+
+    def gradient(self, wrt: Optional[tuple[str, ...]], single: bool,
+                 with_value: bool) -> "AotGradient":
+        """The compiled gradient w.r.t. `wrt` (names; None: every argument
+        it was compiled to differentiate), as `dsl.grad` gives it."""
+        return AotGradient(self, wrt, single, with_value)
+
+    @user_facing
+    def vjp(self, *args, **kwargs):
+        """(outputs, pullback), as `dsl.vjp` gives them."""
+        outs, pullback = self._vjp_bound(self._on_target(self.bind(args, kwargs)))
+        return (outs[0] if len(outs) == 1 else tuple(outs)), pullback
+
+    def _vjp_bound(self, arrays: dict[str, Any]):
+        # The pullback program takes the arguments and the cotangents: the
+        # pullback keeps the arguments and runs the forward part again.
+        outs, sig = self._run("call", arrays)
+        backward = self.module.driver(self._program("pullback", sig))
+        out_types = [OutType(tuple(o.shape), SUPPORTED[np.dtype(o.dtype)]) for o in outs]
+        return outs, Pullback(self.name, backward, arrays.values(), out_types, list(arrays),
+                              self.wrt[sig], self.target)
 
     def __repr__(self) -> str:
         return f"<compiled .grad function {self.name}>"
+
+
+class AotGradient:
+    """`dsl.grad` / `dsl.value_and_grad` of an `AotFunction`: runs its
+    compiled gradient program and keeps the gradients asked for."""
+
+    def __init__(self, f: AotFunction, wrt: Optional[tuple[str, ...]], single: bool,
+                 with_value: bool):
+        self.f, self.wrt, self.single, self.with_value = f, wrt, single, with_value
+        kind = "value_and_grad" if with_value else "grad"
+        self.name = self.__name__ = f"{kind}({f.name})"
+
+    @user_facing
+    def __call__(self, *args, **kwargs):
+        kind = "value_and_grad" if self.with_value else "grad"
+        outs, sig = self.f._run(kind, self.f._on_target(self.f.bind(args, kwargs)))
+        compiled = self.f.wrt[sig]
+        n = len(compiled)
+        values, grads = outs[:len(outs) - n], dict(zip(compiled, outs[len(outs) - n:]))
+        wanted = compiled if self.wrt is None else self.wrt
+        missing = [w for w in wanted if w not in grads]
+        if missing:
+            raise ArgumentError(f"{self.f.name}() was compiled with gradients w.r.t. "
+                                f"{', '.join(compiled)} for {self.f._describe(sig)}, not "
+                                f"w.r.t. {', '.join(map(repr, missing))}")
+        picked = [grads[w] for w in wanted]
+        result = picked[0] if self.single or (self.wrt is None and len(picked) == 1) \
+            else tuple(picked)
+        if not self.with_value:
+            return result
+        return (values[0] if len(values) == 1 else tuple(values)), result
+
+    def __repr__(self) -> str:
+        return f"<{self.name} of a compiled .grad module>"
