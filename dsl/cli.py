@@ -137,7 +137,7 @@ def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
     (on the value and gradient for `grad-` stages) and print it."""
     from dsl.aot import _types, default_sig, parse_sig
-    module = dsl.load(args.file)
+    module = _load(args.file)
     stage, on_gradient = pipeline.stage_of(args.emit)
     if stage == "check":
         for f in module._ast.funcs:

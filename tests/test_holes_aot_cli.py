@@ -288,6 +288,7 @@ def test_run_sets_params_from_values_and_npy_files(tmp_path, capsys):
     (["run", "missing.grad", "f", "1"], "no such file: missing.grad"),
     (["compile", "missing.grad"], "no such file: missing.grad"),
     (["check", "missing.grad"], "no such file: missing.grad"),
+    (["show", "missing.grad", "--emit", "ir"], "no such file: missing.grad"),
     (["run", str(EXAMPLES / "linear_poly.grad"), "linear_poly", "1", "--param", "w=[1, 2]"],
      "declares no param 'w'"),
     (["run", str(EXAMPLES / "linear_poly.grad"), "linear_poly", "1", "--param", "weights"],
