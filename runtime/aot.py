@@ -5,11 +5,11 @@ function's parameter specs, the params it reads, and for each signature
 and kind — call, grad, value_and_grad, pullback (arguments and
 cotangents in, one cotangent per differentiated argument out) — the name
 of a kernel file beside it and the source of a plain-Python driver) and
-builds its functions with `AotModule`.  Nothing here imports the parser or the compiler: a call binds
-and validates its arguments (`runtime.args`), picks the program by dtype
-and rank, and runs it; kernels load from files beside the module, whose
-machine code Numba caches there, so a process that imports a module
-compiled with `--sig` neither parses nor compiles.
+builds its functions with `AotModule`.  Nothing here imports the parser or
+the compiler: a call binds and validates its arguments (`runtime.args`),
+picks the program by dtype and rank, and runs it; kernels load from files
+beside the module, whose machine code Numba caches there, so a process
+that imports a module compiled with `--sig` neither parses nor compiles.
 """
 from __future__ import annotations
 
