@@ -25,14 +25,13 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build
 from gradlang.compiler.shapes import NeedsConcrete, Sym
-from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, is_device_array,
-                                   numeric_array, static_names)
+from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import Pullback
 from gradlang.runtime.recording import record, recording_tapes
-from gradlang.runtime.target import Target
+from gradlang.runtime.target import Target, is_device_array
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
 

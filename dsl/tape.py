@@ -38,11 +38,10 @@ import numpy as np
 from dsl.api import loads
 from dsl.function import Compiled, VjpFunction
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import is_device_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.recording import TapeError, active_tapes
-from gradlang.runtime.target import Target
+from gradlang.runtime.target import Target, is_device_array
 
 
 @dataclass

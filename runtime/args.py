@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from gradlang.runtime.errors import ArgumentError, Span
+from gradlang.runtime.target import is_device_array
 
 SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
              np.dtype(np.int32): "i32", np.dtype(np.int64): "i64",
@@ -68,12 +69,6 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
         check_shape(fn_name, spec, array, dims, span)
         out[spec.name] = array
     return out
-
-
-def is_device_array(value: Any) -> bool:
-    """A GPU array (Numba's, or anything with __cuda_array_interface__)."""
-    return (hasattr(value, "__cuda_array_interface__")
-            or type(value).__module__.startswith("numba.cuda"))
 
 
 def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:

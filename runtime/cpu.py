@@ -18,14 +18,13 @@ import numba
 import numpy as np
 from numba import prange
 
-from gradlang.runtime.args import is_device_array
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch)
     axis_runs,
     check_nonempty,
     size_mismatch,
 )
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.target import Target
+from gradlang.runtime.target import Target, is_device_array
 
 # Below this many elements a loop or a reduction runs on one thread: waking
 # the thread pool costs more than it saves below a few tens of thousands.

@@ -43,7 +43,6 @@ require()
 
 from numba import config, cuda, float64  # noqa: E402  (after the check)
 
-from gradlang.runtime.args import is_device_array  # noqa: E402,F401 (part of this module's API)
 from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
     c_strides,
@@ -51,6 +50,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     size_mismatch,
     stride_table,
 )
+from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 # The simulator runs each thread as a Python thread: keep blocks small there.

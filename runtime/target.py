@@ -89,6 +89,13 @@ class Target:
         return f"<target {self.name}>"
 
 
+def is_device_array(value: Any) -> bool:
+    """An array in a device's memory: Numba's device arrays and anything
+    exposing the CUDA array interface (CuPy, PyTorch CUDA tensors)."""
+    return (hasattr(value, "__cuda_array_interface__")
+            or type(value).__module__.startswith("numba.cuda"))
+
+
 def get(name: "str | Target") -> Target:
     """The target called `name` (a `Target` is returned as it is)."""
     if isinstance(name, Target):
