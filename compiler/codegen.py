@@ -96,23 +96,16 @@ def _literal(a: Lit) -> str:
     return f"{a.type.dtype}({a.value!r})"
 
 
-def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[str]]:
-    """(name, source, argument kinds) of the kernel for `loop`: the name is
-    a hash of the source, so equal loops render the same kernel."""
-    text, _ = render_loop(loop, "k", target)
-    kname = "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    source, kinds = render_loop(loop, kname, target)
-    return kname, source, kinds
-
-
-def render_loop(loop: Loop, kname: str, target: Target) -> tuple[str, list[str]]:
-    """Kernel source for one fused loop, and the driver-side argument kinds
-    (one per kernel argument after n: 'in', 'out' or 'aux')."""
+def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str, Var]]]:
+    """The kernel for one fused loop: its name, its source, and the
+    driver-side argument kinds (one per kernel argument after n: 'in',
+    'out' or 'aux', with the value it is for).  The name is a hash of the
+    source, so equal loops render the same kernel."""
     names: dict[Var, str] = {}
     args: list[str] = []
     pre: list[str] = []
     body: list[str] = []
-    kinds: list[tuple[str, object]] = []
+    kinds: list[tuple[str, Var]] = []
 
     for k, v in enumerate(loop.inputs):
         arg = f"in{k}"
@@ -168,8 +161,14 @@ def render_loop(loop: Loop, kname: str, target: Target) -> tuple[str, list[str]]
             body.append(f"out{j}[i] = {names[v]}")
     if reduced is not None:
         summand = names[loop.reduction.inputs[0]]
-        return target.render_reducing_loop(kname, args, pre, body, summand, reduced), kinds
-    return target.render_loop(kname, args, pre, body), kinds
+
+        def wrap(kname: str) -> str:
+            return target.render_reducing_loop(kname, args, pre, body, summand, reduced)
+    else:
+        def wrap(kname: str) -> str:
+            return target.render_loop(kname, args, pre, body)
+    kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
+    return kname, wrap(kname), kinds
 
 
 def kernel_signature(loop: Loop) -> str:
