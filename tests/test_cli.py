@@ -85,6 +85,23 @@ def test_check_passes_on_every_example(capsys):
     assert "skipped: quantize() is @pass_through" in out
 
 
+def test_check_compiles_each_transform_once(monkeypatch):
+    # `check` evaluates every transform at many points: each program is
+    # lowered and compiled once, not once per point.
+    import dsl
+    import dsl.function
+    from dsl.check import check_gradients
+    builds = []
+    real = dsl.function.build
+    monkeypatch.setattr(dsl.function, "build", lambda fn, *a: builds.append(fn) or real(fn, *a))
+    f = dsl.load(LOG1PEXP).log1pexp
+    for point in (0.5, -2.0):
+        check_gradients(f, np.array([point, 1.0]))
+        if point == 0.5:
+            first = len(builds)
+    assert first > 0 and len(builds) == first
+
+
 def test_check_names_the_wrong_block(tmp_path, capsys):
     tf_doc = (ROOT / "examples" / "linear_poly.grad").read_text().replace(
         "stack([sum(dpoly), sum(dpoly * x)])", "stack([sum(dpoly * x), sum(dpoly)])")
