@@ -4,6 +4,11 @@ import sys
 # Verify the IR between every compiler stage during tests.
 os.environ.setdefault("GRADC_VERIFY", "1")
 
+# Numba keeps machine code beside each kernel module, in GRADC_CACHE_DIR,
+# where the tests of the cache look for it (a fresh GRADC_CACHE_DIR is then
+# a cold run).
+os.environ.pop("NUMBA_CACHE_DIR", None)
+
 # CUDA tests run on a real GPU when there is one, else on Numba's simulator
 # (decided before anything imports numba).
 if not os.path.exists("/dev/nvidia0"):
