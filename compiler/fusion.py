@@ -24,6 +24,7 @@ and what it writes.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -55,6 +56,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}
     defined_at: dict[Var, int] = {v: -1 for v in fn.params}
     loop_of: dict[Var, Loop] = {}
+    loops_of_shape: dict[tuple, list[Loop]] = {}  # in order of start
     steps: list[tuple[int, Step]] = []
     uses: dict[Var, int] = {}
     for e in fn.eqns:
@@ -82,11 +84,11 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
                       eqn.outputs, eqn.params, eqn.span)
         shape = eqn.outputs[0].type.shape
-        home = _pick_loop(eqn, [s for _, s in steps if isinstance(s, Loop)
-                                and s.shape == shape], defined_at)
+        home = _pick_loop(eqn, loops_of_shape.setdefault(shape, []), loop_of, defined_at)
         if home is None:
             home = Loop(shape, index)
             steps.append((index, home))
+            loops_of_shape[shape].append(home)
         home.eqns.append(eqn)
         home.produced.update(eqn.outputs)
         for o in eqn.outputs:
@@ -109,17 +111,32 @@ def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
             and x not in outputs and rank > 0 and axes == tuple(range(rank - len(axes), rank)))
 
 
-def _pick_loop(eqn: Eqn, loops: list[Loop], defined_at: dict[Var, int]) -> Loop | None:
-    """The loop `eqn` can join: every input it reads from outside the loop
-    must exist before the loop runs.  Prefer the loop that produces most of
-    its inputs (their values then stay in registers), else the earliest."""
-    best, best_score = None, -1
-    for loop in loops:
-        inside = [a for a in eqn.inputs if isinstance(a, Var) and a in loop.produced]
-        external = [a for a in eqn.inputs if isinstance(a, Var) and a not in loop.produced]
-        if all(defined_at[a] < loop.start for a in external) and len(inside) > best_score:
-            best, best_score = loop, len(inside)
-    return best
+def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
+               defined_at: dict[Var, int]) -> Loop | None:
+    """The loop of `loops` (those of eqn's shape, in order of start) that
+    `eqn` can join: every input it reads from outside the loop must exist
+    before the loop runs.  Prefer the loop that produces most of its inputs
+    (their values then stay in registers), else the earliest.
+
+    Only the loops producing an input can hold one, so they are scored
+    alone; any other loop qualifies iff it starts after every input is
+    defined, and the earliest such is found by bisection.  (Scanning every
+    loop made fusing an unrolled chain quadratic.)"""
+    reads = [a for a in eqn.inputs if isinstance(a, Var)]
+    shape = eqn.outputs[0].type.shape
+    producers = {id(loop_of[a]): loop_of[a] for a in reads
+                 if a in loop_of and loop_of[a].shape == shape}
+    best, best_score = None, 0
+    for loop in sorted(producers.values(), key=lambda loop: loop.start):
+        inside = sum(a in loop.produced for a in reads)
+        ready = all(defined_at[a] < loop.start for a in reads if a not in loop.produced)
+        if ready and inside > best_score:
+            best, best_score = loop, inside
+    if best is not None:
+        return best
+    last_input = max((defined_at[a] for a in reads), default=-1)
+    k = bisect.bisect_right(loops, last_input, key=lambda loop: loop.start)
+    return loops[k] if k < len(loops) else None
 
 
 def _as_constant(a: Atom, fulls: dict[Var, Eqn]) -> Atom:

@@ -45,7 +45,7 @@ from gradlang.compiler.parser import parse
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError, Span
-from gradlang.runtime.loader import load_kernels, make_driver
+from gradlang.runtime.loader import load_kernel_modules, make_driver
 from gradlang.runtime.target import Target
 
 
@@ -232,7 +232,7 @@ def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
     generated = generate(fn, target)
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
-    kernels = load_kernels(generated.kernel_source)
+    kernels = load_kernel_modules(generated.kernel_modules)
     return Program(fn, generated, make_driver(generated.driver_source, kernels, target.helpers))
 
 
@@ -255,10 +255,13 @@ def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> 
 def _machine_code(fn: Function, generated: Generated, target: Target) -> str:
     """What the target compiles each kernel to (LLVM IR on the CPU),
     compiled now for the kernel's argument types, never read from a cache."""
-    kernels = load_kernels(generated.kernel_source)
+    kernels = load_kernel_modules(generated.kernel_modules)
     loops = [s for s in fuse(fn, reductions=target.fuses_reductions) if isinstance(s, Loop)]
-    text = []
+    first_loop: dict[str, Loop] = {}  # equal loops share a kernel: each kernel once
     for name, loop in zip(generated.kernel_names, loops):
+        first_loop.setdefault(name, loop)
+    text = []
+    for name, loop in first_loop.items():
         signature = kernel_signature(loop)
         text.append(f"; kernel {name} ({signature})\n"
                     f"{target.compiled_ir(kernels, name, signature)}")

@@ -4,8 +4,10 @@ Contract: `load_kernels(source)` writes a kernel module to the cache
 directory under a name derived from its content hash (atomically, so
 concurrent processes never see a torn file) and imports it once per
 process; Numba's `cache=True` then keeps the machine code beside it, so a
-second process with the same kernels compiles nothing.  `make_driver`
-turns a driver's source into a callable bound to that module.
+second process with the same kernels compiles nothing.
+`load_kernel_modules(sources)` loads several such modules (a program's
+kernels, one module each so that programs share them) as one namespace.
+`make_driver` turns a driver's source into a callable bound to kernels.
 
 The cache directory is `$GRADC_CACHE_DIR`, else `$XDG_CACHE_HOME/gradc`,
 else `~/.cache/gradc`.
@@ -31,8 +33,8 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from types import ModuleType
-from typing import Callable, Optional
+from types import ModuleType, SimpleNamespace
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from numba.core.caching import Cache, IndexDataCacheFile
@@ -108,6 +110,16 @@ def _scratch_dir(reason: Exception) -> Path:
         _scratch = Path(tempfile.mkdtemp(prefix="gradc-kernels-"))
         atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
     return _scratch
+
+
+def load_kernel_modules(sources: Sequence[str]) -> SimpleNamespace:
+    """The names the kernel modules define (their imports included, which
+    agree), as one namespace."""
+    names: dict[str, object] = {}
+    for source in sources:
+        names.update((k, v) for k, v in vars(load_kernels(source)).items()
+                     if not k.startswith("__"))
+    return SimpleNamespace(**names)
 
 
 def load_kernel_file(path: str) -> ModuleType:
@@ -218,7 +230,8 @@ def _purge(cache: Cache) -> None:
             pass  # gone already, or read-only: the save will warn
 
 
-def make_driver(driver_source: str, kernels: ModuleType, helpers: ModuleType) -> Callable:
+def make_driver(driver_source: str, kernels: "ModuleType | SimpleNamespace",
+                helpers: ModuleType) -> Callable:
     namespace = {"np": np, "K": kernels, "R": helpers, "inf": np.inf, "nan": np.nan}
     exec(compile(driver_source, "<gradc driver>", "exec"), namespace)
     return namespace["run"]

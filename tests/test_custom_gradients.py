@@ -166,6 +166,19 @@ def test_recompute_equals_plain_and_keeps_only_inputs(checkpoint):
         np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
+def test_recomputed_layers_share_their_kernels(checkpoint):
+    # 20 equal layers are 20 equal loops forward and about as many again
+    # backward: they must run a handful of kernels (one Numba compile
+    # each), and the checkpointed gradient the same ones as the plain one.
+    x, w = np.ones((2, 3)), np.ones((3, 3))
+    plain, checkpointed = (f.program(f.bind((x, w), {})).generated
+                           for f in (dsl.grad(checkpoint.plain, wrt=(0, 1)),
+                                     dsl.grad(checkpoint.checkpointed, wrt=(0, 1))))
+    assert len(plain.kernel_names) >= 40 and len(plain.kernels) <= 4
+    assert set(checkpointed.kernel_names) == set(plain.kernel_names)
+    assert plain.kernel_modules == checkpointed.kernel_modules
+
+
 def test_pass_through_rounds_forward_and_is_identity_backward():
     m = dsl.load(EXAMPLES / "straight_through.grad")
     x = np.array([0.1234, 0.5, -0.3])

@@ -1,4 +1,8 @@
-"""The shipped examples and the acceptance figures of the spine."""
+"""The shipped examples and the acceptance figures of the spine, on every
+target (CUDA on Numba's simulator unless a GPU is present): known values
+on each, and on a device the same values and first and second order
+gradients as the CPU for every example, with data kept on the device."""
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -6,26 +10,43 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
+from gradlang.runtime import cuda as rcuda
+from gradlang.runtime import target as targets
+from gradlang.runtime.target import TARGETS
 from helpers import central_difference
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# Targets checked against the CPU, which is the reference.
+DEVICES = [t for t in TARGETS if t != "cpu"]
 
 
-@pytest.fixture(scope="module")
-def log1pexp():
-    return dsl.load(EXAMPLES / "log1pexp.grad").log1pexp
+@pytest.fixture(params=list(TARGETS))
+def target(request) -> str:
+    return request.param
 
 
-def test_log1pexp_gradient_is_exactly_one_at_100(log1pexp):
+@functools.lru_cache(maxsize=None)
+def load(name: str, target: str = "cpu") -> dsl.Module:
+    """An example on `target`, its results copied back to NumPy (loaded
+    once, so that its compiled programs serve every test)."""
+    return dsl.load(EXAMPLES / f"{name}.grad", target=target, host_results=True)
+
+
+def host(x):
+    return rcuda.to_host(x) if rcuda.is_device_array(x) else x
+
+
+def test_log1pexp_gradient_is_exactly_one_at_100(target):
+    log1pexp = load("log1pexp", target).log1pexp
     for dtype in (np.float32, np.float64):
         g = dsl.grad(log1pexp)(np.array([100.0], dtype))
         assert g.dtype == dtype
         assert g[0] == 1.0
 
 
-def test_log1pexp_grad_block_has_no_nan_on_wide_range(log1pexp):
+def test_log1pexp_grad_block_has_no_nan_on_wide_range(target):
     x = np.linspace(-100, 1000, 20001)
-    value, g = dsl.value_and_grad(log1pexp)(x)
+    value, g = dsl.value_and_grad(load("log1pexp", target).log1pexp)(x)
     assert not np.isnan(g).any()
     sigmoid = np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
     # 1 - 1/(1+e) loses sigmoid(x) below 1e-16 (it rounds to 0), as written.
@@ -34,8 +55,9 @@ def test_log1pexp_grad_block_has_no_nan_on_wide_range(log1pexp):
     np.testing.assert_allclose(value[finite], np.logaddexp(0, x[finite]), rtol=1e-12, atol=1e-15)
 
 
-def test_automatic_gradient_of_unstable_forward_is_nan_at_1000():
-    m = dsl.loads("def f(x):\n    e = exp(x)\n    return log(1 + e)\n")
+def test_automatic_gradient_of_unstable_forward_is_nan_at_1000(target):
+    m = dsl.loads("def f(x):\n    e = exp(x)\n    return log(1 + e)\n", target=target,
+                  host_results=True)
     g = dsl.grad(m.f)(np.array([0.0, 1000.0]))
     assert g[0] == 0.5
     assert np.isnan(g[1])
@@ -43,27 +65,27 @@ def test_automatic_gradient_of_unstable_forward_is_nan_at_1000():
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.floats(-30, 30), min_size=1, max_size=8))
-def test_log1pexp_gradient_matches_finite_differences(log1pexp, xs):
+def test_log1pexp_gradient_matches_finite_differences(xs):
     x = np.array(xs)
-    g = dsl.grad(log1pexp)(x)
+    g = dsl.grad(load("log1pexp").log1pexp)(x)
     expected = central_difference(lambda v: np.logaddexp(0, v), [x], 0)
     np.testing.assert_allclose(g, expected, rtol=1e-6, atol=1e-8)
 
 
-def test_bar_value_and_grad():
-    bar = dsl.load(EXAMPLES / "bar.grad").bar
+def test_bar_value_and_grad(target):
+    bar = load("bar", target).bar
     value, (gx, gy) = dsl.value_and_grad(bar, wrt=(0, 1))(2.0, 3.0)
     assert value == 6.0 and gx == 3.0 and gy == 2.0
     out, pullback = dsl.vjp(bar, 2.0, 3.0)
-    assert out == 6.0
-    assert pullback(1.0) == (3.0, 2.0)
-    assert pullback(2.0) == (6.0, 4.0)
+    assert host(out) == 6.0
+    assert tuple(map(host, pullback(1.0))) == (3.0, 2.0)
+    assert tuple(map(host, pullback(2.0))) == (6.0, 4.0)
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 6), st.integers(0, 2**31))
 def test_bar_broadcast_gradients_sum_over_broadcast_axes(n, seed):
-    bar = dsl.load(EXAMPLES / "bar.grad").bar
+    bar = load("bar").bar
     rng = np.random.default_rng(seed)
     x, y = rng.normal(size=(n, 3)), rng.normal(size=3)
     gx, gy = dsl.grad(bar, wrt=(0, 1))(x, y)
@@ -71,8 +93,8 @@ def test_bar_broadcast_gradients_sum_over_broadcast_axes(n, seed):
     np.testing.assert_allclose(gy, x.sum(axis=0))
 
 
-def test_leaky_relu_first_order():
-    m = dsl.load(EXAMPLES / "leaky_relu.grad")
+def test_leaky_relu_first_order(target):
+    m = load("leaky_relu", target)
     x = np.array([-2.0, -0.5, 0.5, 3.0])
     np.testing.assert_allclose(m.leaky_relu(x), [-0.4, -0.1, 0.5, 3.0])
     np.testing.assert_allclose(dsl.grad(m.leaky_relu)(x), [0.2, 0.2, 1.0, 1.0])
@@ -82,7 +104,7 @@ def test_leaky_relu_first_order():
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2**31))
 def test_dense_loss_gradients_match_finite_differences(batch, n_in, n_out, seed):
-    m = dsl.load(EXAMPLES / "dense.grad")
+    m = load("dense")
     rng = np.random.default_rng(seed)
     x, w = rng.normal(size=(batch, n_in)), rng.normal(size=(n_in, n_out))
     b, t = rng.normal(size=n_out), rng.normal(size=(batch, n_out))
@@ -97,11 +119,111 @@ def test_dense_loss_gradients_match_finite_differences(batch, n_in, n_out, seed)
                                    rtol=1e-5, atol=1e-7)
 
 
-def test_f32_stays_f32():
-    m = dsl.loads("def f(x):\n    return x * 0.2 + 1\n")
+def test_f32_stays_f32(target):
+    m = dsl.loads("def f(x):\n    return x * 0.2 + 1\n", target=target, host_results=True)
     x = np.arange(4, dtype=np.float32)
     assert m.f(x).dtype == np.float32
     assert dsl.grad(m.f)(x).dtype == np.float32
     y = m.f(x) + 0
-    assert dsl.loads("def g(x, y):\n    return x * y\n").g(x, np.ones(4)).dtype == np.float64
+    g = dsl.loads("def g(x, y):\n    return x * y\n", target=target, host_results=True).g
+    assert g(x, np.ones(4)).dtype == np.float64
     np.testing.assert_allclose(y, x * np.float32(0.2) + 1)
+
+
+def example_args(rng):
+    x, w = np.array([-2.0, -0.5, 0.5, 3.0]), np.array([1.5, -1.0, 2.0, 0.7])
+    return {
+        "log1pexp": [("log1pexp", (np.linspace(-5, 5, 7),))],
+        "bar": [("bar", (rng.normal(size=3), rng.normal(size=3)))],
+        "leaky_relu": [("leaky_relu", (x,))],
+        "stylegan_r1": [("r1_penalty", (x, w)), ("leaky_relu", (x,))],
+        "dense": [("loss", tuple(rng.normal(size=s) for s in [(3, 4), (4, 2), (2,), (3, 2)]))],
+        "linear_poly": [("linear_poly", (np.array([1.0, 2.0, 3.0]),))],
+        "straight_through": [("quantized_loss", (rng.normal(size=4), np.zeros(4)))],
+        "checkpoint": [("checkpointed", (rng.normal(size=(2, 3)), rng.normal(size=(3, 3)) / 3))],
+    }
+
+
+def test_every_example_has_device_arguments():
+    assert set(example_args(np.random.default_rng(0))) == {p.stem for p in
+                                                          EXAMPLES.glob("*.grad")}
+
+
+@pytest.mark.parametrize("example", sorted(example_args(np.random.default_rng(0))))
+@pytest.mark.parametrize("device", DEVICES)
+def test_examples_match_cpu(example, device):
+    rng = np.random.default_rng(1)
+    cpu = load(example)
+    gpu = load(example, device)
+    for m in (cpu, gpu):
+        if "weights" in m.params._specs:
+            m.params["weights"] = np.array([1.0, 1.0])
+    for name, args in example_args(rng)[example]:
+        f_cpu, f_gpu = getattr(cpu, name), getattr(gpu, name)
+        np.testing.assert_allclose(f_gpu(*args), f_cpu(*args), rtol=1e-12, atol=1e-12)
+        g_cpu, g_gpu = dsl.grad(f_cpu), dsl.grad(f_gpu)
+        np.testing.assert_allclose(g_gpu(*args), g_cpu(*args), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(dsl.grad(g_gpu)(*args), dsl.grad(g_cpu)(*args),
+                                   rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_transform_runs_on_the_device(device):
+    rng = np.random.default_rng(4)
+    args = [rng.normal(size=s) for s in [(3, 4), (4, 2), (2,), (3, 2)]]
+    on = targets.get(device)
+    cpu = load("dense")
+    gpu = dsl.load(EXAMPLES / "dense.grad", target=device)
+    v_c, g_c = dsl.value_and_grad(cpu.loss, wrt=(0, 1, 2))(*args)
+    v_g, g_g = dsl.value_and_grad(gpu.loss, wrt=(0, 1, 2))(*args)
+    assert on.is_array(v_g) and not isinstance(v_g, np.ndarray)
+    np.testing.assert_allclose(on.to_host(v_g), v_c, rtol=1e-12)
+    for a, b in zip(g_g, g_c):
+        np.testing.assert_allclose(on.to_host(a), b, rtol=1e-12, atol=1e-14)
+    out_c, pb_c = dsl.vjp(cpu.loss, *args)
+    out_g, pb_g = dsl.vjp(gpu.loss, *args)
+    for a, b in zip(pb_g(on.accept(np.array(2.0), "a cotangent")), pb_c(np.array(2.0))):
+        if b is None:
+            assert a is None
+        else:
+            np.testing.assert_allclose(on.to_host(a), b, rtol=1e-12, atol=1e-14)
+    v = rng.normal(size=(4, 2))
+    np.testing.assert_allclose(on.to_host(dsl.hvp(gpu.loss, wrt=1)(*args, v)),
+                               dsl.hvp(cpu.loss, wrt=1)(*args, v), rtol=1e-10, atol=1e-12)
+
+
+def test_tape_chain_copies_to_host_only_what_is_asked(monkeypatch):
+    copies = []
+    device_type = type(rcuda.to_device(np.zeros(1)))
+    original = device_type.copy_to_host
+    monkeypatch.setattr(device_type, "copy_to_host",
+                        lambda self, *a, **k: copies.append(1) or original(self, *a, **k))
+    m = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
+    b = dsl.load(EXAMPLES / "bar.grad", target="cuda")
+    x = rcuda.to_device(np.array([0.5, -1.0, 2.0]))
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = m.log1pexp(x)
+        z = b.bar(y, x)
+        w = m.log1pexp(z)
+    g = tape.gradient(w, x)
+    assert copies == []
+    host = g.copy_to_host()
+    assert len(copies) == 1
+    xs = np.array([0.5, -1.0, 2.0])
+    cpu_m, cpu_b = load("log1pexp"), load("bar")
+    with dsl.Tape() as tape:
+        tape.watch(xs)
+        expected = tape.gradient(cpu_m.log1pexp(cpu_b.bar(cpu_m.log1pexp(xs), xs)), xs)
+    np.testing.assert_allclose(host, expected, rtol=1e-12)
+
+
+def test_device_arrays_are_taken_without_a_copy(monkeypatch):
+    sent = []
+    monkeypatch.setattr(rcuda, "to_device", lambda a: sent.append(1) or rcuda.cuda.to_device(a))
+    m = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
+    x = rcuda.cuda.to_device(np.array([1.0, 2.0]))
+    m.log1pexp(x)
+    assert sent == []
+    m.log1pexp(np.array([1.0, 2.0]))
+    assert sent == [1]

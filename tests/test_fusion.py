@@ -21,6 +21,16 @@ def test_value_and_grad_of_elementwise_chain_is_one_loop():
     assert len(program.generated.kernel_names) == 1
 
 
+def test_loops_differing_only_in_a_constant_get_their_own_kernels():
+    m = dsl.loads("def f(x):\n    return x * 2\n\ndef g(x):\n    return x * 3\n"
+                  "\ndef h(x):\n    return x * 2\n")
+    x = np.arange(4.0)
+    np.testing.assert_array_equal(m.f(x), 2 * x)
+    np.testing.assert_array_equal(m.g(x), 3 * x)
+    kernels = [f.program(f.bind((x,), {})).generated.kernel_names for f in (m.f, m.g, m.h)]
+    assert kernels[0] != kernels[1] and kernels[0] == kernels[2]
+
+
 def test_custom_grad_block_value_and_grad_is_one_loop():
     m = dsl.load("examples/log1pexp.grad")
     steps = steps_of(dsl.value_and_grad(m.log1pexp), np.ones(10))
