@@ -242,13 +242,16 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
 
 def vjp(f: Compiled, *args, **kwargs):
     bound = f.on_target(f.bind(args, kwargs))
-    outs, pullback = vjp_bound(f, bound)
+    outs, pullback = vjp_bound(f, bound, f.host_results)
+    if f.host_results:
+        outs = tuple(f.target.to_host(o) for o in outs)
     return f.format(outs, bound), pullback
 
 
-def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
+def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
     """(raw outputs, Pullback) on validated arguments; the forward keeps
-    only the residuals its backward reads."""
+    only the residuals its backward reads (the pullback's results come
+    back to NumPy when `host_results`)."""
     statics = f.static_names(bound)
     types = _types(bound, statics)
     names = list(types)
@@ -263,7 +266,7 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray]):
     results = fwd_program(*bound.values())
     outs, residuals = results[:n_out], results[n_out:]
     return outs, Pullback(f.name, bwd_program, residuals, out_types, names, float_args,
-                          f.target)
+                          f.target, host_results)
 
 
 class VjpFunction(Compiled):

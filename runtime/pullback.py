@@ -34,9 +34,10 @@ class Pullback:
 
     def __init__(self, name: str, program: Callable, residuals: Sequence[np.ndarray],
                  out_types: Sequence, arg_names: Sequence[str],
-                 float_args: Sequence[str], target: Target):
+                 float_args: Sequence[str], target: Target, host_results: bool = False):
         self.name = name
         self.target = target
+        self.host_results = host_results  # a device target's cotangents come back to NumPy
         self._program = program
         self._residuals = tuple(residuals)
         self._out_types = tuple(out_types)
@@ -72,5 +73,8 @@ class Pullback:
             arrays.append(array)
         arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {self.name}()")
                   for k, a in enumerate(arrays)]
-        grads = iter(self._program(*self._residuals, *arrays))
+        grads = self._program(*self._residuals, *arrays)
+        if self.host_results:
+            grads = [self.target.to_host(g) for g in grads]
+        grads = iter(grads)
         return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
