@@ -171,6 +171,14 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     return kname, wrap(kname), kinds
 
 
+def loop_cost(loop: Loop) -> int:
+    """A loop's work per element: its ops' `cost` (an add is 1), summed,
+    with the sum it may end in; what a target weighs against the cost of
+    running it in parallel (`Target.launch`)."""
+    eqns = loop.eqns + ([loop.reduction] if loop.reduction is not None else [])
+    return sum(OPS[e.op].cost for e in eqns)
+
+
 def kernel_signature(loop: Loop) -> str:
     """The argument types of a loop's kernel in Numba's notation, in the
     order `render_loop` declares them (n, [rows,] inputs, outputs, aux)."""
@@ -234,10 +242,11 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
             if reduced:
                 rows = prod(reduced[0].type.shape)
                 lines.append(target.launch_reducing(kname, render(size), render(rows),
-                                                    call_args))
+                                                    call_args, loop_cost(step)))
             else:
                 known = size if isinstance(size, int) else None
-                lines.append(target.launch(kname, render(size), known, call_args))
+                lines.append(target.launch(kname, render(size), known, call_args,
+                                           loop_cost(step)))
             for v in step.outputs:
                 if v.type.shape != (prod(v.type.shape),):
                     lines.append(f"{names[v]} = R.reshape({names[v]}, "

@@ -450,6 +450,13 @@ class Op:
     # derivative is inf; "branches" is `where` itself, whose rule already
     # selects, and whose branch k narrows the mask to where it was taken
     masking: str = "select"
+    # the work of one element in a fused loop, in units of an add (about
+    # 0.3 ns, vectorized): a loop's cost per element is the sum over its ops,
+    # and the CPU target runs a costlier loop in parallel from fewer elements
+    # (`CpuTarget.launch`).  Measured in serial kernels on the CPU (Numba's
+    # scalar libm calls), rounded to a power of two: the order matters, not
+    # the digits (`benchmarks/bench_threshold.py`).
+    cost: int = 1
 
     @property
     def differentiable(self) -> bool:
@@ -478,44 +485,47 @@ _TABLE: tuple[Op, ...] = (
     Op("neg", template="-{0}", ref=np.negative,
        vjp=_unary(lambda b, x, o, ct: b.bind("neg", ct))),
     Op("exp", template="math.exp({0})", ref=np.exp, float_only=True, source_name="exp",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o)), cost=16),
     Op("log", template="math.log({0})", ref=np.log, float_only=True, source_name="log",
-       domain="positive", vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, x))),
+       domain="positive", vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, x)), cost=16),
     Op("log1p", template="math.log1p({0})", ref=np.log1p, float_only=True,
        source_name="log1p", domain="positive",
-       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x))))),
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x)))), cost=32),
     Op("expm1", template="math.expm1({0})", ref=np.expm1, float_only=True,
        source_name="expm1",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o))))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o)))), cost=32),
     Op("sqrt", template="math.sqrt({0})", ref=np.sqrt, float_only=True, source_name="sqrt",
        domain="positive",
-       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o))))),
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o)))), cost=2),
     Op("sin", template="math.sin({0})", ref=np.sin, float_only=True, source_name="sin",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cos", x)))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cos", x))), cost=32),
     Op("cos", template="math.cos({0})", ref=np.cos, float_only=True, source_name="cos",
-       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, ct, b.bind("sin", x))))),
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, ct, b.bind("sin", x)))), cost=32),
     Op("tan", template="math.tan({0})", ref=np.tan, float_only=True, source_name="tan",
        domain="unit",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", lit(b, 1, o), _mul(b, o, o))))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", lit(b, 1, o), _mul(b, o, o)))),
+       cost=64),
     Op("tanh", template="math.tanh({0})", ref=np.tanh, float_only=True, source_name="tanh",
-       vjp=_unary(lambda b, x, o, ct: _one_minus_sq(b, o, ct))),
+       vjp=_unary(lambda b, x, o, ct: _one_minus_sq(b, o, ct)), cost=64),
     Op("sinh", template="math.sinh({0})", ref=np.sinh, float_only=True, source_name="sinh",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cosh", x)))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cosh", x))), cost=64),
     Op("cosh", template="math.cosh({0})", ref=np.cosh, float_only=True, source_name="cosh",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sinh", x)))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sinh", x))), cost=32),
     Op("arctan", template="math.atan({0})", ref=np.arctan, float_only=True,
        source_name="arctan",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct,
-                                             b.bind("add", lit(b, 1, x), _mul(b, x, x))))),
+                                             b.bind("add", lit(b, 1, x), _mul(b, x, x)))),
+       cost=32),
     Op("arcsinh", template="math.asinh({0})", ref=np.arcsinh, float_only=True,
        source_name="arcsinh",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind(
-           "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x)))))),
+           "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x))))), cost=64),
     Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o))))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o)))),
+       cost=32),
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
-           b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x))))))),
+           b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),
     Op("abs", template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)))),
     Op("sign", template="{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))",
@@ -546,7 +556,7 @@ _TABLE: tuple[Op, ...] = (
        vjp=_binary(lambda b, x, y, o, ct: b.bind("div", ct, y),
                    lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
     Op("pow", template="{0} ** {1}", ref=np.power, arity=2, domain=("positive", "real"),
-       tol=1e-4, vjp=_binary(_pow_a, _pow_b)),
+       tol=1e-4, vjp=_binary(_pow_a, _pow_b), cost=64),
     Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,
        arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
     Op("minimum", template="{0} if ({0} < {1} or {0} != {0}) else {1}", ref=np.minimum,

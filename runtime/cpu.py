@@ -26,9 +26,12 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.target import Target, is_device_array
 
-# Below this many elements a loop or a reduction runs on one thread: waking
-# the thread pool costs more than it saves below a few tens of thousands.
+# Below this many elements a reduction, or a loop that costs an add per
+# element, runs on one thread: waking the thread pool costs more than it
+# saves below a few tens of thousands.
 PARALLEL_THRESHOLD = 1 << 15
+# ... and however costly each element, a loop this short is not worth it.
+MIN_PARALLEL_THRESHOLD = 1 << 11
 
 
 def flat(x: np.ndarray) -> np.ndarray:
@@ -184,9 +187,21 @@ _PARALLEL = "@numba.njit(parallel=True, cache=True, error_model='numpy', nogil=T
 _SERIAL = "@numba.njit(cache=True, error_model='numpy', nogil=True)"
 
 
+def parallel_threshold(cost: int) -> int:
+    """The size from which a loop costing `cost` per element (the op
+    table's units: an add is 1) runs its `prange` variant.  Fork-join costs
+    a few microseconds, so a costlier loop pays it back from fewer
+    elements; measured (`benchmarks/bench_threshold.py`, 2 threads): an
+    add/mul loop from 2^14, an exp loop from 2^10.  Both constants sit at
+    or above the measured break-even: a parallel loop suffers much more than
+    a serial one when another process holds a core."""
+    return max(MIN_PARALLEL_THRESHOLD, PARALLEL_THRESHOLD // max(cost, 1))
+
+
 class CpuTarget(Target):
     """`@njit` kernels, each in a `prange` variant and a serial one; the
-    driver picks by size (`PARALLEL_THRESHOLD`).  Arrays are NumPy's."""
+    driver picks by size and cost per element (`parallel_threshold`).
+    Arrays are NumPy's."""
 
     name = "cpu"
     header = "import math\nimport numpy as np\nimport numba\nfrom numba import prange\n"
@@ -208,11 +223,13 @@ class CpuTarget(Target):
             out.append("")
         return "\n".join(out)
 
-    def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
+    def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
+               cost: int) -> str:
+        threshold = parallel_threshold(cost)
         if known is None:
-            kernel = f"(K.{kname} if {size} >= {PARALLEL_THRESHOLD} else K.{kname}_serial)"
+            kernel = f"(K.{kname} if {size} >= {threshold} else K.{kname}_serial)"
         else:
-            kernel = f"K.{kname}" + ("" if known >= PARALLEL_THRESHOLD else "_serial")
+            kernel = f"K.{kname}" + ("" if known >= threshold else "_serial")
         return f"{kernel}({', '.join([size] + args)})"
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
@@ -237,8 +254,9 @@ class CpuTarget(Target):
         out += [f"        acc += {summand}", f"    {reduced}[0] = acc", ""]
         return "\n".join(out)
 
-    def launch_reducing(self, kname: str, size: str, rows: str, args: list[str]) -> str:
-        kernel = (f"(K.{kname}_serial if {size} < {PARALLEL_THRESHOLD} else "
+    def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
+                        cost: int) -> str:
+        kernel = (f"(K.{kname}_serial if {size} < {parallel_threshold(cost)} else "
                   f"K.{kname}_all if {rows} == 1 else K.{kname})")
         return f"{kernel}({', '.join([size, rows] + args)})"
 

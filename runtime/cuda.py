@@ -384,7 +384,8 @@ class CudaTarget(Target):
         lines += ["        " + line for line in body]
         return "\n".join(lines) + "\n"
 
-    def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
+    def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
+               cost: int) -> str:
         return f"K.{kname}[R.blocks({size}), R.THREADS]({', '.join([size] + args)})"
 
     def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:

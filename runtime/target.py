@@ -49,16 +49,23 @@ class Target:
                     body: list[str]) -> str:
         raise NotImplementedError
 
-    def launch(self, kname: str, size: str, known: Optional[int], args: list[str]) -> str:
+    def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
+               cost: int) -> str:
         """A driver line running kernel `kname` over `size` elements
-        (`known`: the size when fixed at compile time)."""
+        (`known`: the size when fixed at compile time).  `cost`: the loop's
+        work per element, summed over its ops from the op table's `cost`
+        column (an add is 1), for a target that picks between kernel
+        variants by the total work (the CPU's serial and parallel ones)."""
         raise NotImplementedError
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
                              body: list[str], summand: str, reduced: str) -> str:
         raise NotImplementedError
 
-    def launch_reducing(self, kname: str, size: str, rows: str, args: list[str]) -> str:
+    def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
+                        cost: int) -> str:
+        """As `launch`, for a loop of `render_reducing_loop` summing `size`
+        elements into `rows` rows (`cost` counts the sum)."""
         raise NotImplementedError
 
     def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:

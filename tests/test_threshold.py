@@ -1,0 +1,74 @@
+"""The CPU driver runs a loop's parallel kernel from a size that falls with
+the loop's cost per element (the op table's `cost`, summed by codegen), and
+both variants compute the same values as NumPy on either side of it."""
+import re
+
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.compiler.codegen import generate
+from gradlang.compiler.ir import TensorType
+from gradlang.compiler.pipeline import optimize
+from gradlang.compiler.shapes import Sym
+from gradlang.runtime.cpu import MIN_PARALLEL_THRESHOLD
+
+SOURCE = """
+def cheap(x, y):
+    return x * y + x
+
+def heavy(x, y):
+    return exp(x) * y
+
+def cheap_sum(x, y):
+    return sum(x * y)
+
+def heavy_sum(x, y):
+    return sum(exp(x) * y)
+"""
+NUMPY = {"cheap": lambda x, y: x * y + x, "heavy": lambda x, y: np.exp(x) * y,
+         "cheap_sum": lambda x, y: np.sum(x * y), "heavy_sum": lambda x, y: np.sum(np.exp(x) * y)}
+
+
+@pytest.fixture(scope="module")
+def module():
+    return dsl.loads(SOURCE, "threshold.grad")
+
+
+def driver(module, name: str, size) -> str:
+    types = {p: TensorType("f64", (size,)) for p in ("x", "y")}
+    return generate(optimize(getattr(module, name).lower(types))).driver_source
+
+
+def threshold(module, name: str) -> int:
+    """The size from which the driver of `name` (symbolic size) launches
+    its parallel kernel."""
+    source = driver(module, name, Sym.named("n"))
+    # elementwise: `(K.k if size_n >= T else K.k_serial)`;
+    # with a sum: `(K.k_serial if size_n < T else ...)`
+    (found,) = re.findall(r"if size_n (?:>=|<) (\d+) else", source)
+    return int(found)
+
+
+def test_an_exp_loop_runs_in_parallel_from_fewer_elements_than_a_cheap_one(module):
+    assert MIN_PARALLEL_THRESHOLD <= threshold(module, "heavy") < threshold(module, "cheap")
+    assert (MIN_PARALLEL_THRESHOLD <= threshold(module, "heavy_sum")
+            < threshold(module, "cheap_sum"))
+
+
+def test_a_fixed_size_between_the_thresholds_picks_the_variant_at_compile_time(module):
+    n = 4096
+    assert threshold(module, "heavy") <= n < threshold(module, "cheap")
+    heavy, cheap = driver(module, "heavy", n), driver(module, "cheap", n)
+    assert re.search(r"K\.k_\w+\(", heavy) and "_serial(" not in heavy
+    assert re.search(r"K\.k_\w+_serial\(", cheap)
+
+
+@pytest.mark.parametrize("name", list(NUMPY))
+def test_both_sides_of_the_threshold_agree_with_numpy(module, name):
+    rng = np.random.default_rng(0)
+    t = threshold(module, name)
+    for n in (t - 1, t, t + 1):
+        x, y = rng.uniform(-2, 2, n), rng.uniform(-2, 2, n)
+        np.testing.assert_allclose(getattr(module, name)(x, y), NUMPY[name](x, y),
+                                   rtol=1e-12)
