@@ -14,7 +14,8 @@ machine: fork-join suffers when another process holds a core.
 
 `--ops` first times the serial kernel of every float elementwise op of the
 table (its template, in a loop of its own, in cache) against `add`'s and
-prints the ratio beside the op's `cost`: how that column was measured.
+prints the time it adds, in add loops, beside the op's `cost`: how that
+column was measured.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gradlang.compiler.ops import OPS  # noqa: E402
+from gradlang.compiler.ops import OPS, loop_cost  # noqa: E402
 from gradlang.runtime.cpu import TARGET  # noqa: E402
 from gradlang.runtime.loader import load_kernels  # noqa: E402
 
@@ -73,9 +74,9 @@ def op_costs(repeats: int) -> None:
         calls = max(1, int(SAMPLE_SECONDS / batch_time(kernel, n, (x, y, out), 3)))
         ns[op.name] = statistics.median(batch_time(kernel, n, (x, y, out), calls)
                                         for _ in range(repeats)) / n * 1e9
-    print(f"{'op':<14} {'ns/el':>7} {'x add':>7} {'cost':>5}")
+    print(f"{'op':<14} {'ns/el':>7} {'extra':>7} {'cost':>5}")
     for op in ops:
-        print(f"{op.name:<14} {ns[op.name]:>7.2f} {ns[op.name] / ns['add']:>7.1f} "
+        print(f"{op.name:<14} {ns[op.name]:>7.2f} {ns[op.name] / ns['add'] - 1:>7.1f} "
               f"{op.cost:>5}")
 
 
@@ -101,7 +102,7 @@ def main() -> None:
     print(f"threads {numba.get_num_threads()}, cpus {os.cpu_count()}, "
           f"load average {load1:.2f} {load5:.2f}")
     for name, (_, ops) in KERNELS.items():
-        print(f"{name}: op-table cost {sum(OPS[op].cost for op in ops)} per element")
+        print(f"{name}: loop cost {loop_cost(ops)} per element")
     sizes = [1 << e for e in range(args.min_exp, args.max_exp + 1)]
     faster: dict[str, list[bool]] = {name: [] for name in kernels}
     print(f"{'n':>8} {'kernel':<24} {'serial ns/el':>12} {'parallel ns/el':>14} "

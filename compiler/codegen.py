@@ -27,7 +27,7 @@ from typing import Optional
 
 from gradlang.compiler.fusion import Loop, fuse
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
-from gradlang.compiler.ops import OPS, python_slices
+from gradlang.compiler.ops import OPS, loop_cost, python_slices
 from gradlang.compiler.shapes import Dim, Sym, prod
 from gradlang.runtime import target as targets
 from gradlang.runtime.common import c_strides, stride_table
@@ -171,12 +171,11 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     return kname, wrap(kname), kinds
 
 
-def loop_cost(loop: Loop) -> int:
-    """A loop's work per element: its ops' `cost` (an add is 1), summed,
-    with the sum it may end in; what a target weighs against the cost of
-    running it in parallel (`Target.launch`)."""
+def work_per_element(loop: Loop) -> int:
+    """`ops.loop_cost` of a loop's ops, the sum it may end in included:
+    what a target weighs against the cost of running it in parallel."""
     eqns = loop.eqns + ([loop.reduction] if loop.reduction is not None else [])
-    return sum(OPS[e.op].cost for e in eqns)
+    return loop_cost(e.op for e in eqns)
 
 
 def kernel_signature(loop: Loop) -> str:
@@ -242,11 +241,11 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
             if reduced:
                 rows = prod(reduced[0].type.shape)
                 lines.append(target.launch_reducing(kname, render(size), render(rows),
-                                                    call_args, loop_cost(step)))
+                                                    call_args, work_per_element(step)))
             else:
                 known = size if isinstance(size, int) else None
                 lines.append(target.launch(kname, render(size), known, call_args,
-                                           loop_cost(step)))
+                                           work_per_element(step)))
             for v in step.outputs:
                 if v.type.shape != (prod(v.type.shape),):
                     lines.append(f"{names[v]} = R.reshape({names[v]}, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -450,13 +450,14 @@ class Op:
     # derivative is inf; "branches" is `where` itself, whose rule already
     # selects, and whose branch k narrows the mask to where it was taken
     masking: str = "select"
-    # the work of one element in a fused loop, in units of an add (about
-    # 0.3 ns, vectorized): a loop's cost per element is the sum over its ops,
-    # and the CPU target runs a costlier loop in parallel from fewer elements
-    # (`CpuTarget.launch`).  Measured in serial kernels on the CPU (Numba's
-    # scalar libm calls), rounded to a power of two: the order matters, not
-    # the digits (`benchmarks/bench_threshold.py`).
-    cost: int = 1
+    # the work of one element of the op in a fused loop beyond that of the
+    # loop itself (its loads and stores, and arithmetic, which vectorizes
+    # and hides behind them): in units of a loop element (about 0.3 ns), so
+    # 0 for arithmetic.  `loop_cost` sums it; the CPU target runs a costlier
+    # loop in parallel from fewer elements (`CpuTarget.launch`).  Measured
+    # with Numba's scalar libm calls, rounded to a power of two: the order
+    # matters, not the digits (`benchmarks/bench_threshold.py --ops`).
+    cost: int = 0
 
     @property
     def differentiable(self) -> bool:
@@ -496,7 +497,7 @@ _TABLE: tuple[Op, ...] = (
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o)))), cost=32),
     Op("sqrt", template="math.sqrt({0})", ref=np.sqrt, float_only=True, source_name="sqrt",
        domain="positive",
-       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o)))), cost=2),
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o)))), cost=1),
     Op("sin", template="math.sin({0})", ref=np.sin, float_only=True, source_name="sin",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cos", x))), cost=32),
     Op("cos", template="math.cos({0})", ref=np.cos, float_only=True, source_name="cos",
@@ -612,3 +613,9 @@ OPS: dict[str, Op] = {op.name: op for op in _TABLE}
 # Ops that compute nothing a derivative can flow through.
 NON_DIFFERENTIABLE = {name for name, op in OPS.items() if not op.differentiable}
 FLOAT_ONLY = {name for name, op in OPS.items() if op.float_only}
+
+
+def loop_cost(op_names: Iterable[str]) -> int:
+    """The work of one element of a fused loop evaluating these ops, in the
+    units of `Op.cost`: the loop's own (1) and its ops'."""
+    return 1 + sum(OPS[name].cost for name in op_names)

@@ -26,9 +26,9 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.target import Target, is_device_array
 
-# Below this many elements a reduction, or a loop that costs an add per
-# element, runs on one thread: waking the thread pool costs more than it
-# saves below a few tens of thousands.
+# Below this many elements a reduction, or a loop of arithmetic, runs on one
+# thread: waking the thread pool costs more than it saves below a few tens
+# of thousands.
 PARALLEL_THRESHOLD = 1 << 15
 # ... and however costly each element, a loop this short is not worth it.
 MIN_PARALLEL_THRESHOLD = 1 << 11
@@ -188,13 +188,14 @@ _SERIAL = "@numba.njit(cache=True, error_model='numpy', nogil=True)"
 
 
 def parallel_threshold(cost: int) -> int:
-    """The size from which a loop costing `cost` per element (the op
-    table's units: an add is 1) runs its `prange` variant.  Fork-join costs
-    a few microseconds, so a costlier loop pays it back from fewer
-    elements; measured (`benchmarks/bench_threshold.py`, 2 threads): an
-    add/mul loop from 2^14, an exp loop from 2^10.  Both constants sit at
-    or above the measured break-even: a parallel loop suffers much more than
-    a serial one when another process holds a core."""
+    """The size from which a loop costing `cost` per element (`ops.loop_cost`:
+    a loop of arithmetic is 1) runs its `prange` variant.  Fork-join costs
+    5-15 microseconds, so a costlier loop pays it back from fewer elements;
+    measured (`benchmarks/bench_threshold.py`, 2 threads): a loop of
+    arithmetic from 2^14 on an idle machine and 2^15 on a busy one, an exp
+    loop from 2^10 and 2^11.  The constants take the busy figures: a
+    parallel loop suffers much more than a serial one when another process
+    holds a core."""
     return max(MIN_PARALLEL_THRESHOLD, PARALLEL_THRESHOLD // max(cost, 1))
 
 

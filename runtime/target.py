@@ -53,9 +53,10 @@ class Target:
                cost: int) -> str:
         """A driver line running kernel `kname` over `size` elements
         (`known`: the size when fixed at compile time).  `cost`: the loop's
-        work per element, summed over its ops from the op table's `cost`
-        column (an add is 1), for a target that picks between kernel
-        variants by the total work (the CPU's serial and parallel ones)."""
+        work per element (`compiler.ops.loop_cost` of its ops: a loop of
+        arithmetic is 1, one calling exp 17), for a target that picks
+        between kernel variants by the total work (the CPU's serial and
+        parallel ones)."""
         raise NotImplementedError
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
@@ -65,7 +66,7 @@ class Target:
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
                         cost: int) -> str:
         """As `launch`, for a loop of `render_reducing_loop` summing `size`
-        elements into `rows` rows (`cost` counts the sum)."""
+        elements into `rows` rows (`cost` as for `launch`)."""
         raise NotImplementedError
 
     def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:
