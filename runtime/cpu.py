@@ -191,9 +191,9 @@ def parallel_threshold(cost: int) -> int:
     """The size from which a loop costing `cost` per element (`ops.loop_cost`:
     a loop of arithmetic is 1) runs its `prange` variant.  Fork-join costs
     5-15 microseconds, so a costlier loop pays it back from fewer elements;
-    measured (`benchmarks/bench_threshold.py`, 2 threads): a loop of
-    arithmetic from 2^14 on an idle machine and 2^15 on a busy one, an exp
-    loop from 2^10 and 2^11.  The constants take the busy figures: a
+    measured (`benchmarks/bench_threshold.py`, 2 threads on 2 cores): a
+    loop of arithmetic from 2^14 at load average 0.8 and from 2^15 at 2.5,
+    an exp loop from 2^10 and 2^11.  The constants take the busy figures: a
     parallel loop suffers much more than a serial one when another process
     holds a core."""
     return max(MIN_PARALLEL_THRESHOLD, PARALLEL_THRESHOLD // max(cost, 1))
