@@ -1,0 +1,172 @@
+"""The benchmark suite: the dsl against NumPy by hand, JAX (`jit`,
+`custom_vjp`) and PyTorch (eager, `autograd.Function`) when importable.
+
+    python benchmarks/run.py [--quick] [--only log1pexp r1 ...] [--output FILE]
+
+Workloads (see workloads.py, startup.py): log1pexp value + gradient (f32,
+f64; 1e3, 1e5, 1e7), StyleGAN's R1 penalty and its gradient (second order;
+1e5, 1e7), a 4096x512 @ 512x512 f32 dense layer + bias + softplus + sum
+with gradients for w and b, sum(x * x), value + gradient per call at n = 16
+(and benchmarks/bench_call.py when present), time to first gradient in
+fresh processes (cold and warm caches, beside JAX's jit), and
+benchmarks/bench_cuda.py when a CUDA GPU is present.
+
+Every implementation is checked against NumPy's results before it is
+timed.  Times are medians over interleaved rounds (timing.py); a ratio is
+the dsl's time over the other's: below 1 the dsl is faster.  The report is
+printed and written as Markdown to benchmarks/results/<date>-<host>.md
+with the machine's description and its load average at start and end.
+`--quick` runs fewer rounds (same sizes).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import startup  # noqa: E402
+import timing  # noqa: E402
+import workloads  # noqa: E402
+
+OTHERS = ("numpy", "jax", "torch")
+WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "call", "startup", "cuda")
+
+
+def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
+    if name == "log1pexp":
+        return ("log1pexp: value + gradient (examples/log1pexp.grad, grad block)",
+                workloads.log1pexp_cases([10**3, 10**5, 10**7], [np.float32, np.float64]))
+    if name == "r1":
+        return ("StyleGAN R1 penalty + gradient w.r.t. w (examples/stylegan_r1.grad, "
+                "second order)", workloads.r1_cases([10**5, 10**7]))
+    if name == "dense":
+        return ("dense: sum(softplus(x @ w + b)), gradients for w and b "
+                "(benchmarks/dense_f32.grad)", workloads.dense_cases(4096, 512, 512))
+    if name == "fused_sum":
+        return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
+    if name == "call":
+        return ("per call: log1pexp value + gradient at n = 16",
+                workloads.log1pexp_cases([16], [np.float64]))
+    raise ValueError(name)
+
+
+def timed_section(name: str, rounds: int, sample_s: float) -> str:
+    title, cases = cases_for(name)
+    rows = []
+    for case in cases:
+        workloads.check(case)
+        t = timing.compare(case.impls, rounds, sample_s)
+        others = [o for o in OTHERS if o in t]
+        rows.append([case.label]
+                    + [timing.ms(t[o].median) if o in t else "-" for o in ("dsl",) + OTHERS]
+                    + timing.ratio_cells(t, "dsl", [o for o in OTHERS])
+                    + [f"{timing.ms(t['dsl'].low)}..{timing.ms(t['dsl'].high)}"])
+        print(f"  {case.label}: dsl {timing.ms(t['dsl'].median)} ms; "
+              + ", ".join(f"{o} {timing.ms(t[o].median)}" for o in others), flush=True)
+    header = (["case"] + [f"{n} ms" for n in ("dsl",) + OTHERS]
+              + [f"dsl/{o}" for o in OTHERS] + ["dsl min..max ms"])
+    return f"## {title}\n\n{timing.markdown_table(header, rows)}\n"
+
+
+def startup_section(repeats: int) -> str:
+    with_jax = workloads.jax_modules() is not None
+    results = startup.measure(repeats, with_jax)
+    columns = ["dsl cold", "dsl warm", "dsl aot import"] + (["jax jit"] if with_jax else [])
+    rows = [[name] + [timing.ms(r[c]) if c in r else "-" for c in columns]
+            for name, r in results.items()]
+    header = ["function"] + [f"{c} ms" for c in columns]
+    return (f"## Time to first gradient in a fresh process (median of {repeats})\n\n"
+            "From before the import to after the first gradient.  cold: empty "
+            "GRADC_CACHE_DIR and NUMBA_CACHE_DIR; warm: caches filled by an earlier "
+            "process; aot: `gradc compile --sig` then import (dense only); jax: "
+            "`jax.jit` in a fresh process.\n\n"
+            f"{timing.markdown_table(header, rows)}\n")
+
+
+def script_section(title: str, script: Path, args: list[str]) -> str:
+    result = subprocess.run([sys.executable, str(script), *args], cwd=HERE.parent,
+                            capture_output=True, text=True, timeout=600)
+    output = (result.stdout + result.stderr).strip()
+    return f"## {title}\n\n```\n$ python benchmarks/{script.name}\n{output}\n```\n"
+
+
+def call_script_section() -> str:
+    script = HERE / "bench_call.py"
+    if not script.exists():
+        return ""
+    return script_section("Per call (benchmarks/bench_call.py)", script, [])
+
+
+def cuda_section() -> str:
+    from numba import config, cuda
+    if config.ENABLE_CUDASIM or not cuda.is_available():
+        return "## CUDA (benchmarks/bench_cuda.py)\n\nskipped: no CUDA GPU on this machine.\n"
+    return script_section("CUDA (benchmarks/bench_cuda.py)", HERE / "bench_cuda.py", [])
+
+
+def default_output() -> Path:
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return HERE / "results" / f"{date}-{socket.gethostname()}.md"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer rounds (5 instead of 11) and one startup sample")
+    parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--output", type=Path, default=None,
+                        help="Markdown report (default benchmarks/results/<date>-<host>.md)")
+    args = parser.parse_args(argv)
+    rounds, sample_s, startup_repeats = (5, 0.01, 1) if args.quick else (11, 0.02, 3)
+
+    started = time.perf_counter()
+    load_start = timing.load_average()
+    print(f"load average at start: {load_start}", flush=True)
+    sections = []
+    for name in args.only:
+        print(f"{name} ...", flush=True)
+        if name == "startup":
+            sections.append(startup_section(startup_repeats))
+        elif name == "cuda":
+            sections.append(cuda_section())
+        else:
+            sections.append(timed_section(name, rounds, sample_s))
+            if name == "call":
+                sections.append(call_script_section())
+    load_end = timing.load_average()
+
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report = "\n".join([
+        f"# Benchmarks, {when}, {socket.gethostname()}",
+        "",
+        f"`python benchmarks/run.py{' --quick' if args.quick else ''}`: "
+        f"{rounds} interleaved rounds per case (who goes first rotates), medians; "
+        "ratio = dsl time / other time (below 1: the dsl is faster).  Every "
+        "implementation's results were checked against NumPy's first.",
+        "",
+        *timing.machine_lines(),
+        f"- load average (1 / 5 / 15 min): start {load_start}, end {load_end}",
+        f"- total time: {time.perf_counter() - started:.0f} s",
+        "",
+        *[s for s in sections if s],
+    ])
+    print()
+    print(report)
+    output = args.output or default_output()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report)
+    print(f"written to {output}")
+
+
+if __name__ == "__main__":
+    main()
