@@ -1,5 +1,6 @@
 """CUDA: log1pexp value + gradient at 1e8 f32 elements, as a fraction of
-the device-to-device copy bandwidth measured in the same run.
+the device-to-device copy bandwidth measured in the same run
+(interleaved rounds, medians: timing.compare).
 
     python benchmarks/bench_cuda.py [--n 1e8] [--repeats 20]
 
@@ -11,15 +12,16 @@ per element.  Achieved bandwidth = bytes moved / median time.  Needs a GPU
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import timing  # noqa: E402
 
 
 def main() -> None:
@@ -36,19 +38,18 @@ def main() -> None:
     f = dsl.value_and_grad(m.log1pexp)
     x = cuda.to_device(np.linspace(-20, 20, n, dtype=np.float32))
     copy = cuda.device_array_like(x)
-    f(x)
-    cuda.synchronize()
-    kernel, memcpy = [], []
-    for _ in range(args.repeats):
-        t = time.perf_counter()
+
+    def kernel():
         f(x)
         cuda.synchronize()
-        kernel.append(time.perf_counter() - t)
-        t = time.perf_counter()
+
+    def memcpy():
         copy.copy_to_device(x)
         cuda.synchronize()
-        memcpy.append(time.perf_counter() - t)
-    k, c = statistics.median(kernel), statistics.median(memcpy)
+
+    # One call per sample: at this size a call is far above the timer's grain.
+    t = timing.compare({"kernel": kernel, "memcpy": memcpy}, args.repeats, sample_s=0.0)
+    k, c = t["kernel"].median, t["memcpy"].median
     kernel_bw, copy_bw = 12 * n / k / 1e9, 8 * n / c / 1e9
     print(f"{cuda.get_current_device().name.decode()}: n = {n:,} f32, medians of {args.repeats}")
     print(f"  value+grad  {k * 1e3:8.2f} ms  {kernel_bw:7.1f} GB/s")
