@@ -66,7 +66,7 @@ def ratio_cells(timings: dict[str, Timing], ours: str, others: Iterable[str]) ->
 
 
 def ms(seconds: float) -> str:
-    if seconds >= 1:
+    if seconds >= 0.1:
         return f"{seconds * 1e3:.0f}"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f}"

@@ -179,7 +179,8 @@ def log1pexp_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
                 impls["jax"] = jax_call(jax_log1pexp(), x)
             if torch_module():
                 impls["torch"] = lambda x=x: torch_log1pexp()(x)
-            cases.append(Case(f"{np.dtype(dtype).name} n={size_label(n)}", impls, numpy_log1pexp(x)))
+            label = f"{np.dtype(dtype).name} n={size_label(n)}"
+            cases.append(Case(label, impls, numpy_log1pexp(x)))
     return cases
 
 
