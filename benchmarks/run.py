@@ -69,7 +69,7 @@ def timed_section(name: str, rounds: int, sample_s: float) -> str:
         others = [o for o in OTHERS if o in t]
         rows.append([case.label]
                     + [timing.ms(t[o].median) if o in t else "-" for o in ("dsl",) + OTHERS]
-                    + timing.ratio_cells(t, "dsl", [o for o in OTHERS])
+                    + timing.ratio_cells(t, "dsl", OTHERS)
                     + [f"{timing.ms(t['dsl'].low)}..{timing.ms(t['dsl'].high)}"])
         print(f"  {case.label}: dsl {timing.ms(t['dsl'].median)} ms; "
               + ", ".join(f"{o} {timing.ms(t[o].median)}" for o in others), flush=True)
