@@ -6,10 +6,11 @@ serial one, for a cheap kernel and an exp-heavy one: the measurement behind
 
 Both kernels are rendered by `CpuTarget.render_loop`, as codegen renders a
 fused loop, and loaded like generated kernels.  For each size the four
-(kernel, variant) pairs are timed round-robin, each sample a batch of calls
-long enough to time; medians.  Prints ns per element, the parallel speedup,
-and the break-even size of each kernel: the smallest size from which the
-parallel variant is faster at every measured size.  Run it on an idle
+(kernel, variant) pairs are timed in interleaved rounds, each sample a batch
+of calls long enough to time; medians (`timing.compare`).  Prints ns per
+element, the parallel speedup, and the break-even size of each kernel: the
+smallest size from which the parallel variant is faster at every measured
+size.  Run it on an idle
 machine: fork-join suffers when another process holds a core.
 
 `--ops` first times the serial kernel of every float elementwise op of the
@@ -23,17 +24,18 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gradlang.compiler.ops import OPS, loop_cost  # noqa: E402
 from gradlang.runtime.cpu import TARGET  # noqa: E402
 from gradlang.runtime.loader import load_kernels  # noqa: E402
+from timing import calls_per_sample, compare, per_call  # noqa: E402
 
 # name -> (loop body as codegen writes it, the ops it evaluates per element)
 KERNELS = {
@@ -71,20 +73,16 @@ def op_costs(repeats: int) -> None:
     ns = {}
     for op in ops:
         kernel = getattr(module, f"k_{op.name}_serial")
-        calls = max(1, int(SAMPLE_SECONDS / batch_time(kernel, n, (x, y, out), 3)))
-        ns[op.name] = statistics.median(batch_time(kernel, n, (x, y, out), calls)
+
+        def run(kernel=kernel):
+            kernel(n, x, y, out)
+        calls = calls_per_sample(run, SAMPLE_SECONDS)
+        ns[op.name] = statistics.median(per_call(run, calls)
                                         for _ in range(repeats)) / n * 1e9
     print(f"{'op':<14} {'ns/el':>7} {'extra':>7} {'cost':>5}")
     for op in ops:
         print(f"{op.name:<14} {ns[op.name]:>7.2f} {ns[op.name] / ns['add'] - 1:>7.1f} "
               f"{op.cost:>5}")
-
-
-def batch_time(kernel, n: int, args: tuple, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        kernel(n, *args)
-    return (time.perf_counter() - start) / calls
 
 
 def main() -> None:
@@ -110,20 +108,13 @@ def main() -> None:
     for n in sizes:
         x, y = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
         out = np.empty(n)
-        variants = [(name, which, kernel) for name, pair in kernels.items()
-                    for which, kernel in zip(("parallel", "serial"), pair)]
-        calls = {}
-        for name, which, kernel in variants:  # compile, warm, size the batch
-            once = batch_time(kernel, n, (x, y, out), 3)
-            calls[name, which] = max(1, int(SAMPLE_SECONDS / max(once, 1e-9)))
-        samples: dict[tuple, list[float]] = {key: [] for key in calls}
-        for _ in range(args.repeats):
-            for name, which, kernel in variants:
-                samples[name, which].append(
-                    batch_time(kernel, n, (x, y, out), calls[name, which]))
+        variants = {f"{name}/{which}": (lambda kernel=kernel: kernel(n, x, y, out))
+                    for name, pair in kernels.items()
+                    for which, kernel in zip(("parallel", "serial"), pair)}
+        timings = compare(variants, args.repeats, SAMPLE_SECONDS)
         for name in kernels:
-            serial = statistics.median(samples[name, "serial"])
-            parallel = statistics.median(samples[name, "parallel"])
+            serial = timings[f"{name}/serial"].median
+            parallel = timings[f"{name}/parallel"].median
             faster[name].append(parallel < serial)
             print(f"{n:>8} {name:<24} {serial / n * 1e9:>12.2f} {parallel / n * 1e9:>14.2f} "
                   f"{serial / parallel:>8.2f}")
