@@ -7,8 +7,9 @@ before any kernel runs), looks up the program for the call's dtypes and
 pattern of sizes (or its exact sizes, for functions that need them) and, on
 a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
 returns its IR from the pipeline's first stages (lower, then the
-callable's transform), and `pipeline.build` runs the rest.  Transforms (`GradFunction` for grad and
-value_and_grad) are themselves `Compiled`, built from the IR of the function
+callable's transform), and `pipeline.build` runs the rest.  A repeated
+plain call (positional ndarrays, as before) skips binding and lookup
+(`FastPath`).  Transforms (`GradFunction` for grad and value_and_grad) are themselves `Compiled`, built from the IR of the function
 they wrap, so they compose: `grad(grad(f))` differentiates the gradient's
 IR.  `vjp` returns the primal output and a pullback that keeps only the
 residuals the backward pass reads.
@@ -16,7 +17,7 @@ residuals the backward pass reads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import Pullback
-from gradlang.runtime.recording import record, recording_tapes
+from gradlang.runtime.recording import active_tapes, record, recording_tapes
 from gradlang.runtime.target import Target, is_device_array
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -76,6 +77,53 @@ def _static(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
+class FastPath:
+    """The programs of plain calls, keyed on the exact arguments.
+
+    Binding, validating and keying a call costs several times what running
+    a small program does.  A call whose positional arguments are all plain
+    ndarrays, with no keywords and no `dsl.Tape` recording, is decided by
+    each argument's dtype, shape and layout alone, as long as the slow path
+    took the arguments as they are: binding added nothing (no module
+    params, no defaults left out) and converted nothing, the target runs
+    them where they are (not a device target given host arrays), and the
+    function has no static (const) arguments, whose values pick programs.
+    `remember` keeps such a call's program under that key; `get` returns
+    (driver, bound names) for a call with a remembered key, else None.
+    Anything else takes the slow path, which is what validates arguments:
+    a call that raised there was never remembered, so raises again.
+    """
+
+    SIZE = 64  # keys kept per callable (each distinct shape is one)
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[Any, tuple[str, ...]]] = {}
+
+    @staticmethod
+    def _key(args: Sequence[Any]) -> Optional[tuple]:
+        key = []
+        for a in args:
+            if type(a) is not np.ndarray:  # subclasses (a Tape's arrays) bind as they are
+                return None
+            key.append((a.dtype, a.shape, a.strides))
+        return tuple(key)
+
+    def get(self, args: Sequence[Any]) -> Optional[tuple[Any, tuple[str, ...]]]:
+        if not self._entries or active_tapes():
+            return None
+        return self._entries.get(self._key(args))
+
+    def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program) -> None:
+        key = self._key(args)
+        taken_as_is = len(bound) == len(args) and all(
+            b is a for b, a in zip(bound.values(), args))
+        if key is None or not taken_as_is or active_tapes():
+            return
+        if len(self._entries) >= self.SIZE:
+            self._entries.clear()
+        self._entries[key] = (program.run, tuple(bound))
+
+
 class Compiled:
     """Base of every callable: binding, the per-signature program cache."""
 
@@ -88,6 +136,7 @@ class Compiled:
         self._programs: dict[tuple, Any] = {}
         self._concrete_only: set[tuple] = set()
         self._lock = threading.RLock()
+        self._fast = FastPath()
 
     # subclasses: the IR for a signature, and how to shape the results
     def lower(self, types: dict[str, TensorType]) -> Function:
@@ -109,8 +158,11 @@ class Compiled:
         equal sizes), or with concrete sizes when the function needs them."""
         statics = self.static_names(bound)
         pattern, types = _symbolic(bound, statics)
-        concrete_key = _signature(bound, statics)
-        program = self._programs.get(pattern) or self._programs.get(concrete_key)
+        program = self._programs.get(pattern)
+        if program is not None:
+            return program
+        concrete_key = _signature(bound, statics)  # only needed on a miss
+        program = self._programs.get(concrete_key)
         if program is not None:
             return program
         with self._lock:
@@ -134,8 +186,13 @@ class Compiled:
 
     @user_facing
     def __call__(self, *args, **kwargs):
-        bound = self.bind(args, kwargs)
-        outs = self.call_bound(bound)
+        hit = None if kwargs else self._fast.get(args)
+        if hit is not None:
+            run, names = hit
+            outs, bound = run(*args), dict(zip(names, args))
+        else:
+            bound = self.bind(args, kwargs)
+            outs = self.call_bound(bound, () if kwargs else args)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs, bound)
@@ -146,15 +203,21 @@ class Compiled:
         return {n: self.target.accept(a, f"argument {n!r} of {self.name}()")
                 for n, a in bound.items()}
 
-    def call_bound(self, bound: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    def call_bound(self, bound: dict[str, np.ndarray],
+                   args: Sequence[Any] = ()) -> tuple[np.ndarray, ...]:
         """Run on validated arguments; record the call on every active
-        `dsl.Tape` that watches one of them (keeping a pullback)."""
-        bound = self.on_target(bound)
-        tapes = recording_tapes(bound.values())
-        if not tapes:
-            return self.program(bound)(*bound.values())
-        outs, pullback = vjp_bound(self, bound)
-        return record(tapes, self, bound, outs, pullback)
+        `dsl.Tape` that watches one of them (keeping a pullback).  `args`:
+        the positional arguments `bound` came from, if the call had no
+        keywords (the fast path may then remember the program)."""
+        on_target = self.on_target(bound)
+        tapes = recording_tapes(on_target.values())
+        if tapes:
+            outs, pullback = vjp_bound(self, on_target)
+            return record(tapes, self, on_target, outs, pullback)
+        program = self.program(on_target)
+        if args and not self.static_names(on_target):
+            self._fast.remember(args, on_target, program)
+        return program(*on_target.values())
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
