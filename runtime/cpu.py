@@ -35,7 +35,11 @@ MIN_PARALLEL_THRESHOLD = 1 << 11
 
 
 def flat(x: np.ndarray) -> np.ndarray:
-    """A contiguous 1-d view (or copy) for a kernel argument."""
+    """A contiguous 1-d view (or copy) for a kernel argument.  A contiguous
+    1-d array, the common case, is one already: returned as it is, which
+    costs a third of the general case at small sizes."""
+    if x.ndim == 1 and x.flags.c_contiguous:
+        return x
     return np.ascontiguousarray(x).reshape(-1)
 
 
