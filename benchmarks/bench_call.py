@@ -6,7 +6,9 @@ jitted value_and_grad when it is importable).
 
 At n=16 the arithmetic costs a few nanoseconds, so this measures what a
 call costs around its kernels: binding the arguments, finding the program,
-the driver, and shaping the results.  Every implementation is called once
+the driver, and shaping the results.  "dsl" is a plain call, which takes
+the fast path (`dsl.function.FastPath`); "dsl-kw" passes x by keyword,
+which takes the slow path (binding, then the program cache).  Every implementation is called once
 first (compiling it) and checked against NumPy.  Then each round times a
 batch of `--calls` calls of every implementation in turn (the starting one
 rotates, so that machine noise hits all alike); the table gives each one's
@@ -93,7 +95,9 @@ def main() -> None:
     opts = parser.parse_args()
 
     x = np.linspace(-3.0, 3.0, opts.n)
-    impls = {"dsl": make_dsl(), "njit": make_njit(), "numpy": make_numpy()}
+    dsl_fn = make_dsl()
+    impls = {"dsl": dsl_fn, "dsl-kw": lambda x: dsl_fn(x=x),
+             "njit": make_njit(), "numpy": make_numpy()}
     jax_fn = make_jax()
     if jax_fn is not None:
         impls["jax"] = jax_fn
