@@ -8,9 +8,10 @@ pattern of sizes (or its exact sizes, for functions that need them) and, on
 a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
 returns its IR from the pipeline's first stages (lower, then the
 callable's transform), and `pipeline.build` runs the rest.  A repeated
-plain call (positional ndarrays, as before) skips binding and lookup
-(`FastPath`).  Transforms (`GradFunction` for grad and value_and_grad) are themselves `Compiled`, built from the IR of the function
-they wrap, so they compose: `grad(grad(f))` differentiates the gradient's
+plain call (positional ndarrays only, no tape recording) skips binding and
+lookup (`FastPath`).  Transforms (`GradFunction` for grad and value_and_grad)
+are themselves `Compiled`, built from the IR of the function they wrap,
+so they compose: `grad(grad(f))` differentiates the gradient's
 IR.  `vjp` returns the primal output and a pullback that keeps only the
 residuals the backward pass reads.
 """
