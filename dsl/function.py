@@ -18,7 +18,7 @@ residuals the backward pass reads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class FastPath:
     them where they are (not a device target given host arrays), and the
     function has no static (const) arguments, whose values pick programs.
     `remember` keeps such a call's program under that key; `get` returns
-    (driver, bound names) for a call with a remembered key, else None.
+    the program's driver for a call with a remembered key, else None.
     Anything else takes the slow path, which is what validates arguments:
     a call that raised there was never remembered, so raises again.
     """
@@ -98,7 +98,7 @@ class FastPath:
     SIZE = 64  # keys kept per callable (each distinct shape is one)
 
     def __init__(self) -> None:
-        self._entries: dict[tuple, tuple[Any, tuple[str, ...]]] = {}
+        self._entries: dict[tuple, Callable] = {}
 
     @staticmethod
     def _key(args: Sequence[Any]) -> Optional[tuple]:
@@ -109,7 +109,7 @@ class FastPath:
             key += (a.dtype, a.shape, a.strides)
         return key
 
-    def get(self, args: Sequence[Any]) -> Optional[tuple[Any, tuple[str, ...]]]:
+    def get(self, args: Sequence[Any]) -> Optional[Callable]:
         if not self._entries or active_tapes():
             return None
         return self._entries.get(self._key(args))
@@ -122,7 +122,7 @@ class FastPath:
             return
         if len(self._entries) >= self.SIZE:
             self._entries.clear()
-        self._entries[key] = (program.run, tuple(bound))
+        self._entries[key] = program.run
 
 
 class Compiled:
@@ -143,7 +143,7 @@ class Compiled:
     def lower(self, types: dict[str, TensorType]) -> Function:
         raise NotImplementedError
 
-    def format(self, outs: Sequence[np.ndarray], bound: dict[str, np.ndarray]) -> Any:
+    def format(self, outs: Sequence[np.ndarray]) -> Any:
         raise NotImplementedError
 
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
@@ -187,16 +187,14 @@ class Compiled:
 
     @user_facing
     def __call__(self, *args, **kwargs):
-        hit = None if kwargs else self._fast.get(args)
-        if hit is not None:
-            run, names = hit
-            outs, bound = run(*args), dict(zip(names, args))
+        run = None if kwargs else self._fast.get(args)
+        if run is not None:
+            outs = run(*args)
         else:
-            bound = self.bind(args, kwargs)
-            outs = self.call_bound(bound, () if kwargs else args)
+            outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
-        return self.format(outs, bound)
+        return self.format(outs)
 
     def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The arguments where the kernels run (host arrays copied to a
@@ -267,13 +265,13 @@ class GradFunction(Compiled):
             indices.append(names.index(w))
         return pipeline.grad_of_sum(self.inner.lower(types), indices, self.with_value)
 
-    def format(self, outs, bound):
+    def format(self, outs):
         n_grads = len(self.wrt)
         grads = list(outs[len(outs) - n_grads:])
         grads_out = grads[0] if self.single else tuple(grads)
         if not self.with_value:
             return grads_out
-        value = self.inner.format(outs[:len(outs) - n_grads], bound)
+        value = self.inner.format(outs[:len(outs) - n_grads])
         return value, grads_out
 
 
@@ -309,7 +307,7 @@ def vjp(f: Compiled, *args, **kwargs):
     outs, pullback = vjp_bound(f, bound, f.host_results)
     if f.host_results:
         outs = tuple(f.target.to_host(o) for o in outs)
-    return f.format(outs, bound), pullback
+    return f.format(outs), pullback
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
@@ -365,7 +363,7 @@ class VjpFunction(Compiled):
             {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})]
         return pipeline.pullback(fn, [names.index(n) for n in floats])
 
-    def format(self, outs, bound):
+    def format(self, outs):
         return tuple(outs)
 
 
@@ -382,7 +380,7 @@ class Select(Compiled):
     def lower(self, types: dict[str, TensorType]) -> Function:
         return pipeline.select(self.inner.lower(types), self.index)
 
-    def format(self, outs, bound):
+    def format(self, outs):
         return outs[0]
 
 
@@ -409,7 +407,7 @@ class Directional(Compiled):
         fn = self.inner.lower({n: t for n, t in types.items() if n != self.vname})
         return pipeline.directional(fn, types, self.wrt, self.vname)
 
-    def format(self, outs, bound):
+    def format(self, outs):
         return outs[0]
 
 
@@ -476,7 +474,7 @@ class GradFn(Compiled):
         home = self._namespace.functions[self.name][1]
         return pipeline.lower_entry(home, self.fdef, types)
 
-    def format(self, outs, bound):
+    def format(self, outs):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
