@@ -159,3 +159,4 @@ def test_cuda_target_calls_stay_correct():
         out = m.f(x, y)
         out = out if isinstance(out, np.ndarray) else rcuda.to_host(out)
         np.testing.assert_allclose(out, mul_add(x, y), rtol=1e-12)
+    assert not m.f._fast._entries  # host arrays are copied to the device: no fast path
