@@ -86,7 +86,7 @@ class FastPath:
     ndarrays, with no keywords and no `dsl.Tape` recording, is decided by
     each argument's dtype, shape and layout alone, as long as the slow path
     took the arguments as they are: binding added nothing (no module
-    params, no defaults left out) and converted nothing, the target runs
+    params) and converted nothing, the target runs
     them where they are (not a device target given host arrays), and the
     function has no static (const) arguments, whose values pick programs.
     `remember` keeps such a call's program under that key; `get` returns
@@ -118,7 +118,7 @@ class FastPath:
         key = self._key(args)
         taken_as_is = len(bound) == len(args) and all(
             b is a for b, a in zip(bound.values(), args))
-        if key is None or not taken_as_is or active_tapes():
+        if key is None or not taken_as_is:
             return
         if len(self._entries) >= self.SIZE:
             self._entries.clear()
