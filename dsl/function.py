@@ -266,13 +266,11 @@ class GradFunction(Compiled):
         return pipeline.grad_of_sum(self.inner.lower(types), indices, self.with_value)
 
     def format(self, outs):
-        n_grads = len(self.wrt)
-        grads = list(outs[len(outs) - n_grads:])
-        grads_out = grads[0] if self.single else tuple(grads)
+        split = len(outs) - len(self.wrt)  # the values, then one gradient per wrt
+        grads = outs[split] if self.single else tuple(outs[split:])
         if not self.with_value:
-            return grads_out
-        value = self.inner.format(outs[:len(outs) - n_grads])
-        return value, grads_out
+            return grads
+        return self.inner.format(outs[:split]), grads
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
