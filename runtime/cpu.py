@@ -9,8 +9,11 @@ NumPy's BLAS, which no loop written here would beat.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
@@ -18,6 +21,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from gradlang.runtime import cpu_math
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch)
     axis_runs,
     check_nonempty,
@@ -187,6 +191,10 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
 
 # ------------------------------------------------------------------ target
 
+# Numba's cache would not notice a change to cpu_math inside a cached kernel.
+_CPU_MATH_VERSION = "cpu_math " + hashlib.sha256(
+    Path(cpu_math.__file__).read_bytes()).hexdigest()[:12]
+
 _PARALLEL = "@numba.njit(parallel=True, cache=True, error_model='numpy', nogil=True)"
 _SERIAL = "@numba.njit(cache=True, error_model='numpy', nogil=True)"
 
@@ -209,8 +217,19 @@ class CpuTarget(Target):
     Arrays are NumPy's."""
 
     name = "cpu"
-    header = "import math\nimport numpy as np\nimport numba\nfrom numba import prange\n"
     fuses_reductions = True
+
+    @property
+    def header(self) -> str:
+        """Kernels call `math.exp` and friends: `runtime.cpu_math`'s, which
+        vectorize, or with GRADC_LIBM=1 libm's.  The text names which (and
+        cpu_math's version), so the content-hashed kernel cache never serves
+        a kernel compiled against the other or an older one."""
+        if os.environ.get("GRADC_LIBM") == "1":
+            math_import = "import math  # libm (GRADC_LIBM=1)"
+        else:
+            math_import = f"from gradlang.runtime import cpu_math as math  # {_CPU_MATH_VERSION}"
+        return f"{math_import}\nimport numpy as np\nimport numba\nfrom numba import prange\n"
 
     @property
     def helpers(self) -> ModuleType:

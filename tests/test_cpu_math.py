@@ -1,0 +1,153 @@
+"""`runtime.cpu_math`: the vectorizable exp and log CPU kernels call.
+
+Accuracy is measured in ulps of the result's dtype against NumPy in long
+double, over 10^6 points per function and dtype, each sweep one jitted loop;
+the bounds are those docs/internals.md states.  Special values are exact.
+And a real kernel's LLVM IR must have no scalar libm call left in it."""
+import re
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from dsl.cli import main
+from gradlang.runtime import cpu_math
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG1PEXP = str(ROOT / "examples" / "log1pexp.grad")
+
+# The largest error in ulps, per function and dtype (docs/internals.md).
+MAX_ULP = {("exp", np.float64): 1.0, ("log", np.float64): 1.0,
+           ("exp", np.float32): 1.5, ("log", np.float32): 1.0}
+FUNCTIONS = {"exp": (cpu_math.exp, np.exp), "log": (cpu_math.log, np.log)}
+POINTS = 10**6
+
+
+@numba.njit(error_model="numpy")
+def _exp_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = cpu_math.exp(x[i])
+
+
+@numba.njit(error_model="numpy")
+def _log_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = cpu_math.log(x[i])
+
+
+KERNELS = {"exp": _exp_all, "log": _log_all}
+
+
+def apply(name: str, x: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+    KERNELS[name](x, out)
+    assert out.dtype == x.dtype
+    return out
+
+
+def sweep_points(name: str, dtype) -> np.ndarray:
+    """Uniform over exp's whole finite, nonzero range and around 0; for log,
+    floats with uniformly random bits (every exponent, denormals included)
+    and many points near 1, where log is smallest."""
+    rng = np.random.default_rng(7)
+    quarter = POINTS // 4
+    if name == "exp":
+        low, high = (-746.0, 710.0) if dtype == np.float64 else (-104.0, 89.0)
+        near_zero = np.sign(rng.uniform(-1, 1, quarter)) * 10.0 ** rng.uniform(-20, 0, quarter)
+        x = np.concatenate([rng.uniform(low, high, POINTS - 2 * quarter),
+                            rng.uniform(-1, 1, quarter), near_zero])
+        return x.astype(dtype)
+    bits, finite_top = ((np.int64, 0x7FF0000000000000) if dtype == np.float64
+                        else (np.int32, 0x7F800000))
+    any_positive = rng.integers(1, finite_top, POINTS - quarter, dtype=bits).view(dtype)
+    near_one = rng.uniform(0.5, 2.0, quarter).astype(dtype)
+    return np.concatenate([any_positive, near_one])
+
+
+def ulp_error(got: np.ndarray, x: np.ndarray, reference) -> np.ndarray:
+    """|got - exact| in ulps of the correctly rounded result; a result
+    that rounds to 0 or inf must be exactly that."""
+    exact = reference(x.astype(np.longdouble))
+    with np.errstate(over="ignore"):
+        rounded = exact.astype(x.dtype)
+    edge = (rounded == 0) | np.isinf(rounded)
+    assert np.array_equal(got[edge], rounded[edge]), x[edge][got[edge] != rounded[edge]][:5]
+    inner = ~edge
+    return (np.abs(got[inner].astype(np.longdouble) - exact[inner])
+            / np.spacing(np.abs(rounded[inner])).astype(np.longdouble))
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52,
+                    reason="needs a long double wider than float64 as the reference")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("name", ["exp", "log"])
+def test_sweep_within_documented_ulps(name, dtype):
+    x = sweep_points(name, dtype)
+    errors = ulp_error(apply(name, x), x, FUNCTIONS[name][1])
+    worst = int(np.argmax(errors))
+    assert errors[worst] <= MAX_ULP[name, dtype], (x[~np.isinf(x)][worst], errors[worst])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_exp_special_values(dtype):
+    # exp(tiny) rounds up to the least denormal; exp(underflow) is below half of it.
+    big, overflow, tiny, underflow = ((709.78, 710.0, -745.1, -745.2) if dtype == np.float64
+                                      else (88.72, 88.73, -103.9, -104.0))
+    smallest = np.finfo(dtype).smallest_subnormal
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, overflow, tiny, underflow, 1.0],
+                 dtype)
+    expected = np.array([np.inf, 0.0, np.nan, 1.0, 1.0, np.inf, smallest, 0.0, np.e], dtype)
+    np.testing.assert_array_equal(apply("exp", x)[:-1], expected[:-1])
+    assert abs(apply("exp", x)[-1] - expected[-1]) <= np.spacing(expected[-1])
+    largest = apply("exp", np.array([big], dtype))[0]
+    assert np.isfinite(largest) and largest > np.finfo(dtype).max / 2
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_log_special_values(dtype):
+    info = np.finfo(dtype)
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, -1.0, -info.smallest_subnormal, 1.0],
+                 dtype)
+    expected = np.array([np.inf, np.nan, np.nan, -np.inf, -np.inf, np.nan, np.nan, 0.0],
+                        dtype)
+    np.testing.assert_array_equal(apply("log", x), expected)
+    # Denormals take the scaled-up path; the largest float the top of it.
+    x = np.array([info.smallest_subnormal, info.smallest_normal / 3, info.max], dtype)
+    exact = np.log(x.astype(np.longdouble))
+    assert np.all(np.abs(apply("log", x) - exact) <= np.abs(np.spacing(exact.astype(dtype))))
+
+
+def test_integers_are_taken_as_float64():
+    @numba.njit
+    def both(n):
+        return cpu_math.exp(n), cpu_math.log(n)
+
+    assert both(2) == (np.exp(2.0), np.log(2.0))
+
+
+def test_other_names_are_the_math_modules():
+    import math
+    assert cpu_math.sqrt is math.sqrt and cpu_math.floor is math.floor
+    assert cpu_math.exp(1.0) == math.exp(1.0)  # in Python: libm's
+
+
+def _exp_log_calls(llvm: str) -> list[str]:
+    """Calls of libm's exp or log, scalar or as LLVM's vector intrinsics
+    (which the backend splits into scalar libm calls)."""
+    return re.findall(r"call [^@\n]*@(?:llvm\.)?(?:exp|log)(?:f|\.v?\d*f(?:32|64))?\(", llvm)
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_kernel_loop_vectorizes_with_no_libm_call(capsys, monkeypatch, dtype):
+    monkeypatch.delenv("GRADC_LIBM", raising=False)
+    sig = f"log1pexp({dtype}[:])"
+    assert main(["show", LOG1PEXP, "--emit", "llvm", "--sig", sig]) == 0
+    llvm = capsys.readouterr().out
+    assert _exp_log_calls(llvm) == []
+    lanes = "double" if dtype == "f64" else "float"
+    assert re.search(rf"<\d+ x {lanes}>", llvm), "the kernel loop is not vectorized"
+    # The switch back to libm, which the check above must see.
+    monkeypatch.setenv("GRADC_LIBM", "1")
+    assert main(["show", LOG1PEXP, "--emit", "llvm", "--sig", sig]) == 0
+    assert len(_exp_log_calls(capsys.readouterr().out)) >= 2
