@@ -1,14 +1,13 @@
-"""Vectorizable `exp` and `log` for CPU kernels, which import this module
-as `math` (`runtime.cpu.CpuTarget.header`).
+"""Vectorizable `exp`, `log`, `log1p`, `expm1` and `tanh` for CPU kernels,
+which import this module as `math` (`runtime.cpu.CpuTarget.header`).
 
-Contract: inside a Numba kernel, `exp(x)` and `log(x)` of a float32 (a
-float64) compute in float32 (float64) with a branch-free polynomial, within
+Contract: inside a Numba kernel, each of them of a float32 (a float64)
+computes in float32 (float64) with a branch-free polynomial, within
 the ulp bounds in docs/internals.md, and give every special value as libm
 does: +-inf, NaN, +-0, denormal inputs and results, overflow to inf and
 underflow to 0.  Integers are taken as float64.  Every other name
 (`math.sqrt`, `math.floor`, ...) is the standard `math` module's, so a
-kernel can say `math.<anything>`.  Called from Python, `exp` and `log` are
-libm's.
+kernel can say `math.<anything>`.  Called from Python, they are libm's.
 
 Why: with no vector math library in llvmlite, LLVM splits a vectorized
 `@llvm.exp.v4f64` back into scalar libm calls, which costs most of a
@@ -24,7 +23,9 @@ conversion, which NaN would poison), evaluates fdlibm's rational form
 of two built from bits, so that results near overflow and in the denormal
 range round once.  log splits x = 2^k m, m in [sqrt(2)/2, sqrt(2)), from the
 bits (denormals scaled up first) and evaluates musl's (fdlibm's) series in
-s = (m-1)/(m+1).
+s = (m-1)/(m+1); log1p, expm1 and tanh say how they differ where they are
+defined.  Each dispatches on its argument's width through an `overload`
+inlined into the caller (Numba's IR), so that LLVM sees one loop body.
 """
 from __future__ import annotations
 
@@ -203,6 +204,119 @@ def _log_f32(x):
     return y if x >= _ZERO_F else _NAN_F
 
 
+# ------------------------------------------------------------ log1p, expm1, tanh
+# One algorithm per function for both widths, specialized by its constants
+# (closure values, which Numba compiles in as constants of their own type).
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _horner(r, coefficients):
+    """coefficients[0] + r coefficients[1] + ... (constant length: unrolled)."""
+    acc = coefficients[-1]
+    for c in coefficients[-2::-1]:
+        acc = acc * r + c
+    return acc
+
+
+def _make_log1p(float_type, zero, one, two, half, lg_even, lg_odd, ln2_hi, ln2_lo, as_bits,
+                as_float, int_type, mantissa_bits, sqrt_half_bits, exact_k, tiny):
+    """musl's log1p without branches: log(u) for u = 1 + x rounded, plus
+    the rounding error (x - (u - 1)) / u; when u is within [sqrt(2)/2,
+    sqrt(2)), the series in x itself."""
+    @register_jitable(**_JIT_OPTIONS)
+    def log1p(x):
+        u = one + x
+        bits = as_bits(u)
+        k = (bits - sqrt_half_bits) >> mantissa_bits
+        m = as_float(int_type(bits - (k << mantissa_bits)))
+        reduced = k != 0
+        c = ((one - (u - x)) if k >= 2 else (x - (u - one))) / u
+        c = c if reduced and k < exact_k else zero
+        f = m - one if reduced else x
+        hfsq = half * f * f
+        s = f / (two + f)
+        z = s * s
+        w = z * z
+        r = w * _horner(w, lg_even) + z * _horner(w, lg_odd)
+        dk = float_type(k) if reduced else zero
+        y = s * (hfsq + r) + (dk * ln2_lo + c) - hfsq + f + dk * ln2_hi
+        y = x if abs(x) < tiny or x == np.inf else y  # keeps -0 and tiny x exact
+        y = -np.inf if x == -one else y
+        return y if x >= -one else float_type(np.nan)  # x < -1 or NaN
+    return log1p
+
+
+_log1p_f64 = _make_log1p(
+    np.float64, 0.0, 1.0, 2.0, 0.5, (_LOG_LG2, _LOG_LG4, _LOG_LG6),
+    (_LOG_LG1, _LOG_LG3, _LOG_LG5, _LOG_LG7),
+    _LN2_HI, _LN2_LO, _bits64, _float64, np.int64, 52, _SQRT_HALF_BITS64, 54, 2.0**-54)
+_log1p_f32 = _make_log1p(
+    _f32, _ZERO_F, _ONE_F, _TWO_F, _HALF_F, (_LOGF_LG2, _LOGF_LG4), (_LOGF_LG1, _LOGF_LG3),
+    _LN2_HI_LOGF, _LN2_LO_LOGF, _bits32, _float32, _i32, 23, _SQRT_HALF_BITS32, 25,
+    _f32(2.0**-25))
+
+
+def _make_expm1(zero, one, half, log2e, shift, shift_bits, ln2_hi, ln2_lo, taylor, low, high,
+                as_bits, as_float, int_type, mantissa_bits, exponent_bias, top_k):
+    """expm1(x) = 2^k (1 + p) - 1 with x = k ln2 + r and p = expm1(r) as
+    Taylor's series r + r^2/2 + r^3 (1/6 + ...); k = 0 for |x| < 1/2, where
+    k = 1 would cancel digits.  For k < 3, 2^k p + (2^k - 1), whose second
+    term is exact; beyond, 2^k ((p - 2^-k) + 1), rounded once at the sum.
+    2^k is capped at 2^top_k (times an exact power of two beyond) so that it
+    and 2^-k stay normal floats."""
+    @register_jitable(**_JIT_OPTIONS)
+    def expm1(x):
+        clamped = high if x > high else x  # comparisons keep NaN as it is
+        clamped = low if clamped < low else clamped
+        shifted = clamped * log2e + shift
+        near_zero = abs(x) < half
+        k = 0 if near_zero else as_bits(shifted) - shift_bits
+        kf = zero if near_zero else shifted - shift
+        r = (clamped - kf * ln2_hi) - kf * ln2_lo
+        p = r + r * r * _horner(r, taylor)
+        capped = k if k < top_k else top_k
+        t = as_float(int_type((capped + exponent_bias) << mantissa_bits))
+        inverse_t = as_float(int_type((exponent_bias - capped) << mantissa_bits))
+        beyond = as_float(int_type((k - capped + exponent_bias) << mantissa_bits))
+        y = t * p + (t - one) if k < 3 else t * ((p - inverse_t) + one) * beyond
+        return x if x == zero else y  # -0
+    return expm1
+
+
+def _taylor_expm1(terms: int) -> tuple[float, ...]:
+    """1/2!, 1/3!, ...: the coefficients of (expm1(r) - r) / r^2."""
+    return tuple(1.0 / _libm.factorial(n) for n in range(2, terms + 2))
+
+
+_expm1_f64 = _make_expm1(
+    0.0, 1.0, 0.5, _LOG2E, _SHIFT64, _SHIFT64_BITS, _LN2_HI, _LN2_LO, _taylor_expm1(15),
+    -60.0, _EXP_MAX64, _bits64, _float64, np.int64, 52, 1023, 1000)
+_expm1_f32 = _make_expm1(
+    _ZERO_F, _ONE_F, _HALF_F, _LOG2E_F, _SHIFT32, _SHIFT32_BITS, _LN2_HI_F, _LN2_LO_F,
+    tuple(_f32(c) for c in _taylor_expm1(8)), _f32(-30.0), _EXP_MAX32, _bits32, _float32, _i32,
+    23, 127, 120)
+
+
+def _make_tanh(zero, one, two, threshold, tiny):
+    """fdlibm's tanh without branches, from one expm1 that never overflows
+    to NaN: below |x| = `threshold`, -e / (e + 2) for e = expm1(-2|x|);
+    from it on, 1 - 2 / (e + 2) for e = expm1(2|x|).  Below `tiny`, tanh(x) rounds to x
+    (and -0 stays -0)."""
+    @register_jitable(**_JIT_OPTIONS)
+    def tanh(x):
+        a = abs(x)
+        large = a >= threshold
+        e = expm1(two * a if large else -two * a)
+        t = one - two / (e + two) if large else -e / (e + two)
+        y = t if x > zero else -t
+        return x if a < tiny else y
+    return tanh
+
+
+_tanh_f64 = _make_tanh(0.0, 1.0, 2.0, 0.5, 2.0**-28)
+_tanh_f32 = _make_tanh(_ZERO_F, _ONE_F, _TWO_F, _f32(0.5), _f32(2.0**-13))
+
+
 # ------------------------------------------------------------ dispatch
 
 
@@ -216,6 +330,21 @@ def log(x):
     return _libm.log(x)
 
 
+def log1p(x):
+    """log(1 + x): libm's in Python, the polynomial in a kernel."""
+    return _libm.log1p(x)
+
+
+def expm1(x):
+    """e**x - 1: libm's in Python, the polynomial in a kernel."""
+    return _libm.expm1(x)
+
+
+def tanh(x):
+    """The hyperbolic tangent: libm's in Python, from expm1 in a kernel."""
+    return _libm.tanh(x)
+
+
 def _by_width(f32_impl, f64_impl):
     def select(x):
         if isinstance(x, types.Float):
@@ -226,5 +355,8 @@ def _by_width(f32_impl, f64_impl):
     return select
 
 
-overload(exp, jit_options=_JIT_OPTIONS)(_by_width(_exp_f32, _exp_f64))
-overload(log, jit_options=_JIT_OPTIONS)(_by_width(_log_f32, _log_f64))
+overload(exp, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_exp_f32, _exp_f64))
+overload(log, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_log_f32, _log_f64))
+overload(log1p, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_log1p_f32, _log1p_f64))
+overload(expm1, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_expm1_f32, _expm1_f64))
+overload(tanh, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_tanh_f32, _tanh_f64))

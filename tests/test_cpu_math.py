@@ -1,4 +1,5 @@
-"""`runtime.cpu_math`: the vectorizable exp and log CPU kernels call.
+"""`runtime.cpu_math`: the vectorizable exp, log, log1p, expm1 and tanh
+CPU kernels call.
 
 Accuracy is measured in ulps of the result's dtype against NumPy in long
 double, over 10^6 points per function and dtype, each sweep one jitted loop;
@@ -18,25 +19,25 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG1PEXP = str(ROOT / "examples" / "log1pexp.grad")
 
 # The largest error in ulps, per function and dtype (docs/internals.md).
-MAX_ULP = {("exp", np.float64): 1.0, ("log", np.float64): 1.0,
-           ("exp", np.float32): 1.5, ("log", np.float32): 1.0}
-FUNCTIONS = {"exp": (cpu_math.exp, np.exp), "log": (cpu_math.log, np.log)}
+MAX_ULP = {("exp", np.float64): 1.0, ("exp", np.float32): 1.1,
+           ("log", np.float64): 1.0, ("log", np.float32): 1.0,
+           ("log1p", np.float64): 1.0, ("log1p", np.float32): 1.0,
+           ("expm1", np.float64): 1.3, ("expm1", np.float32): 1.3,
+           ("tanh", np.float64): 2.5, ("tanh", np.float32): 2.5}
+REFERENCES = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
+              "tanh": np.tanh}
 POINTS = 10**6
 
 
-@numba.njit(error_model="numpy")
-def _exp_all(x, out):
-    for i in range(x.shape[0]):
-        out[i] = cpu_math.exp(x[i])
+def _loop(function):
+    @numba.njit(error_model="numpy")
+    def apply_all(x, out):
+        for i in range(x.shape[0]):
+            out[i] = function(x[i])
+    return apply_all
 
 
-@numba.njit(error_model="numpy")
-def _log_all(x, out):
-    for i in range(x.shape[0]):
-        out[i] = cpu_math.log(x[i])
-
-
-KERNELS = {"exp": _exp_all, "log": _log_all}
+KERNELS = {name: _loop(getattr(cpu_math, name)) for name in REFERENCES}
 
 
 def apply(name: str, x: np.ndarray) -> np.ndarray:
@@ -47,22 +48,28 @@ def apply(name: str, x: np.ndarray) -> np.ndarray:
 
 
 def sweep_points(name: str, dtype) -> np.ndarray:
-    """Uniform over exp's whole finite, nonzero range and around 0; for log,
-    floats with uniformly random bits (every exponent, denormals included)
-    and many points near 1, where log is smallest."""
+    """For exp-like functions, uniform over the whole range where the result
+    is neither 0, -1, 1 nor inf, over [-1, 1], and log-uniform down to
+    1e-20; for log, floats with uniformly random bits (every exponent,
+    denormals included) and many points near 1, where log is smallest;
+    log1p is log's sweep less 1, and near 0."""
     rng = np.random.default_rng(7)
     quarter = POINTS // 4
-    if name == "exp":
+    tiny = np.sign(rng.uniform(-1, 1, quarter)) * 10.0 ** rng.uniform(-20, 0, quarter)
+    if name in ("exp", "expm1", "tanh"):
         low, high = (-746.0, 710.0) if dtype == np.float64 else (-104.0, 89.0)
-        near_zero = np.sign(rng.uniform(-1, 1, quarter)) * 10.0 ** rng.uniform(-20, 0, quarter)
+        low, high = {"exp": (low, high), "expm1": (-40.0, high), "tanh": (-20.0, 20.0)}[name]
         x = np.concatenate([rng.uniform(low, high, POINTS - 2 * quarter),
-                            rng.uniform(-1, 1, quarter), near_zero])
+                            rng.uniform(-1, 1, quarter), tiny])
         return x.astype(dtype)
     bits, finite_top = ((np.int64, 0x7FF0000000000000) if dtype == np.float64
                         else (np.int32, 0x7F800000))
     any_positive = rng.integers(1, finite_top, POINTS - quarter, dtype=bits).view(dtype)
-    near_one = rng.uniform(0.5, 2.0, quarter).astype(dtype)
-    return np.concatenate([any_positive, near_one])
+    if name == "log":
+        return np.concatenate([any_positive, rng.uniform(0.5, 2.0, quarter).astype(dtype)])
+    x = np.concatenate([any_positive[:-quarter] - 1, rng.uniform(-1, 1, quarter),
+                        tiny]).astype(dtype)
+    return x[x > -1]
 
 
 def ulp_error(got: np.ndarray, x: np.ndarray, reference) -> np.ndarray:
@@ -81,10 +88,10 @@ def ulp_error(got: np.ndarray, x: np.ndarray, reference) -> np.ndarray:
 @pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52,
                     reason="needs a long double wider than float64 as the reference")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("name", ["exp", "log"])
+@pytest.mark.parametrize("name", list(REFERENCES))
 def test_sweep_within_documented_ulps(name, dtype):
     x = sweep_points(name, dtype)
-    errors = ulp_error(apply(name, x), x, FUNCTIONS[name][1])
+    errors = ulp_error(apply(name, x), x, REFERENCES[name])
     worst = int(np.argmax(errors))
     assert errors[worst] <= MAX_ULP[name, dtype], (x[~np.isinf(x)][worst], errors[worst])
 
@@ -118,6 +125,31 @@ def test_log_special_values(dtype):
     assert np.all(np.abs(apply("log", x) - exact) <= np.abs(np.spacing(exact.astype(dtype))))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_log1p_expm1_tanh_special_values(dtype):
+    smallest = np.finfo(dtype).smallest_subnormal
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, smallest, -smallest, -1.0, -2.0],
+                 dtype)
+    expected = {"log1p": [np.inf, np.nan, np.nan, 0.0, -0.0, smallest, -smallest, -np.inf,
+                          np.nan],
+                "expm1": [np.inf, -1.0, np.nan, 0.0, -0.0, smallest, -smallest,
+                          np.expm1(-1.0), np.expm1(-2.0)],
+                "tanh": [1.0, -1.0, np.nan, 0.0, -0.0, smallest, -smallest, np.tanh(-1.0),
+                         np.tanh(-2.0)]}
+    for name, values in expected.items():
+        got, want = apply(name, x), np.array(values, dtype)
+        exact = len(x) if name == "log1p" else -2  # the others' last two: within 2.5 ulp
+        np.testing.assert_array_equal(got[:exact], want[:exact], err_msg=name)
+        signed = ~np.isnan(want[:exact])
+        assert np.array_equal(np.signbit(got[:exact][signed]), np.signbit(want[:exact][signed]))
+        assert np.all(np.abs(got[exact:] - want[exact:]) <= 2.5 * np.spacing(np.abs(want[exact:])))
+    # Overflow: expm1 follows exp to inf; tanh is 1 long before.
+    big = np.array([709.78, 710.0] if dtype == np.float64 else [88.72, 88.73], dtype)
+    got = apply("expm1", big)
+    assert np.isfinite(got[0]) and got[1] == np.inf
+    assert np.all(apply("tanh", np.array([30.0, -30.0, 1e30], dtype)) == [1.0, -1.0, 1.0])
+
+
 def test_integers_are_taken_as_float64():
     @numba.njit
     def both(n):
@@ -133,9 +165,10 @@ def test_other_names_are_the_math_modules():
 
 
 def _exp_log_calls(llvm: str) -> list[str]:
-    """Calls of libm's exp or log, scalar or as LLVM's vector intrinsics
-    (which the backend splits into scalar libm calls)."""
-    return re.findall(r"call [^@\n]*@(?:llvm\.)?(?:exp|log)(?:f|\.v?\d*f(?:32|64))?\(", llvm)
+    """Calls of libm's exp, log and friends, scalar or as LLVM's vector
+    intrinsics (which the backend splits into scalar libm calls)."""
+    return re.findall(r"call [^@\n]*@(?:llvm\.)?(?:exp|log|log1p|expm1|tanh)"
+                      r"(?:f|\.v?\d*f(?:32|64))?\(", llvm)
 
 
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
