@@ -25,7 +25,7 @@ range round once.  log splits x = 2^k m, m in [sqrt(2)/2, sqrt(2)), from the
 bits (denormals scaled up first) and evaluates musl's (fdlibm's) series in
 s = (m-1)/(m+1); log1p, expm1 and tanh say how they differ where they are
 defined.  Each dispatches on its argument's width through an `overload`
-inlined into the caller (Numba's IR), so that LLVM sees one loop body.
+and inlines into the kernel, so that LLVM sees one loop body to vectorize.
 """
 from __future__ import annotations
 
@@ -355,8 +355,12 @@ def _by_width(f32_impl, f64_impl):
     return select
 
 
-overload(exp, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_exp_f32, _exp_f64))
-overload(log, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_log_f32, _log_f64))
-overload(log1p, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_log1p_f32, _log1p_f64))
+# LLVM inlines exp, log and log1p by itself.  expm1 (and tanh through it)
+# is larger than LLVM's inlining threshold, so it is inlined in Numba's IR;
+# exp is not, because sigmoid calls it in both arms of a conditional, which
+# Numba's inliner handles only with warnings.
+overload(exp, jit_options=_JIT_OPTIONS)(_by_width(_exp_f32, _exp_f64))
+overload(log, jit_options=_JIT_OPTIONS)(_by_width(_log_f32, _log_f64))
+overload(log1p, jit_options=_JIT_OPTIONS)(_by_width(_log1p_f32, _log1p_f64))
 overload(expm1, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_expm1_f32, _expm1_f64))
 overload(tanh, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_tanh_f32, _tanh_f64))
