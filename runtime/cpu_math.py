@@ -3,7 +3,7 @@ which import this module as `math` (`runtime.cpu.CpuTarget.header`).
 
 Contract: inside a Numba kernel, each of them of a float32 (a float64)
 computes in float32 (float64) with a branch-free polynomial, within
-the ulp bounds in docs/internals.md, and give every special value as libm
+the ulp bounds in docs/internals.md, and gives every special value as libm
 does: +-inf, NaN, +-0, denormal inputs and results, overflow to inf and
 underflow to 0.  Integers are taken as float64.  Every other name
 (`math.sqrt`, `math.floor`, ...) is the standard `math` module's, so a
@@ -36,7 +36,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
 
-_JIT_OPTIONS = {"fastmath": {"contract"}, "nogil": True, "cache": False}
+_JIT_OPTIONS = {"fastmath": {"contract"}, "nogil": True}
 
 
 def __getattr__(name: str):
@@ -48,6 +48,8 @@ def __getattr__(name: str):
 
 
 def _bitcast(source: types.Type, target: types.Type, width: int, is_float: bool):
+    """An intrinsic reinterpreting the bits of a `source` scalar as `target`
+    (LLVM's bitcast: free, and vectorizable, unlike a view of an array)."""
     def typer(typingctx, x):
         if x != source:
             return None
