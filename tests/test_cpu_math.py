@@ -187,3 +187,16 @@ def test_kernel_loop_vectorizes_with_no_libm_call(capsys, monkeypatch, tmp_path,
     monkeypatch.setenv("GRADC_LIBM", "1")
     assert main(argv) == 0
     assert _libm_calls(capsys.readouterr().out) == set(REFERENCES)
+
+
+def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
+    """Kernel modules are cached under a hash of their text: a kernel
+    compiled against libm, or an older cpu_math, must never be served."""
+    from gradlang.runtime.cpu import TARGET
+    monkeypatch.delenv("GRADC_LIBM", raising=False)
+    ours = TARGET.header.splitlines()[0]
+    monkeypatch.setenv("GRADC_LIBM", "1")
+    libm = TARGET.header.splitlines()[0]
+    assert re.fullmatch(r"from gradlang\.runtime import cpu_math as math  # cpu_math [0-9a-f]{12}",
+                        ours)
+    assert libm.startswith("import math  #")
