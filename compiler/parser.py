@@ -9,6 +9,8 @@ on anything it does not handle.
 from __future__ import annotations
 
 import functools
+import hashlib
+import sys
 
 import lark
 from lark import Lark, Token, Transformer, v_args
@@ -17,6 +19,7 @@ from lark.indenter import DedentError, Indenter
 from gradlang.compiler import ast
 from gradlang.grammar import grammar_text
 from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.loader import cache_dir
 
 
 class _GradIndenter(Indenter):
@@ -30,7 +33,19 @@ class _GradIndenter(Indenter):
 
 @functools.lru_cache(maxsize=1)
 def _parser() -> Lark:
-    return Lark(grammar_text(), parser="lalr", postlex=_GradIndenter(),
+    """The LALR parser.  Building its tables takes a few hundred ms, so
+    lark keeps them in the cache directory, in a file named by the grammar
+    and lark's and Python's versions (lark checks its own hash of the
+    grammar and options on load, rebuilds on any failure to read, and
+    only logs a failure to write)."""
+    grammar = grammar_text()
+    key = hashlib.sha256(f"{grammar}\0{lark.__version__}\0{sys.version_info[:2]}".encode())
+    table = cache_dir() / "parser" / f"grad-{key.hexdigest()[:24]}.lark"
+    try:
+        table.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # lark fails to write the table, logs it, and parses all the same
+    return Lark(grammar, parser="lalr", postlex=_GradIndenter(), cache=str(table),
                 propagate_positions=True, maybe_placeholders=True)
 
 

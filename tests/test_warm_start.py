@@ -1,0 +1,103 @@
+"""A warm process reuses the parser tables that an earlier one saved in the
+cache directory, and never a table of another grammar or a corrupt one."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lark
+import pytest
+
+from gradlang.compiler import parser
+from gradlang.grammar import grammar_text
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = (ROOT / "examples" / "log1pexp.grad").read_text()
+
+# Parses SOURCE and prints the AST; with "--no-build", building parser
+# tables (what a cache hit skips) fails the process.
+PARSE = """
+import sys, lark
+if "--no-build" in sys.argv:
+    def refuse(self, *args, **kwargs):
+        raise SystemExit("built the parser tables")
+    lark.Lark._build_parser = refuse
+from gradlang.compiler.parser import parse
+print(repr(parse(open(sys.argv[1]).read(), "log1pexp.grad")))
+"""
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    """An empty GRADC_CACHE_DIR, with this process's parser forgotten."""
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "gradc"))
+    parser._parser.cache_clear()
+    yield tmp_path / "gradc"
+    parser._parser.cache_clear()
+
+
+def parse_in_process(cache: Path, *flags: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRADC_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", PARSE, str(ROOT / "examples" / "log1pexp.grad"),
+                           *flags], env=env, capture_output=True, text=True, timeout=120)
+
+
+def tables(cache: Path) -> list[Path]:
+    return sorted((cache / "parser").glob("*.lark"))
+
+
+def test_second_process_parses_from_saved_tables_without_building(fresh_cache):
+    cold = parse_in_process(fresh_cache)
+    assert cold.returncode == 0, cold.stderr
+    assert len(tables(fresh_cache)) == 1
+    warm = parse_in_process(fresh_cache, "--no-build")
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout == cold.stdout and "FuncDef" in cold.stdout
+    # and the AST is what a parser built from scratch makes
+    assert repr(parser.parse(SOURCE, "log1pexp.grad")) == cold.stdout.strip()
+
+
+def refuse_to_build(*args, **kwargs):
+    raise AssertionError("built the parser tables")
+
+
+def test_corrupt_tables_are_rebuilt_and_replaced(fresh_cache, monkeypatch):
+    expected = repr(parser.parse(SOURCE, "log1pexp.grad"))
+    (table,) = tables(fresh_cache)
+    good = table.read_bytes()
+    build = lark.Lark._build_parser
+    for damaged in (b"", good[:len(good) // 2], good[:80] + b"\x00" * (len(good) - 80)):
+        table.write_bytes(damaged)
+        parser._parser.cache_clear()
+        assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
+        # rebuilt, and saved again: the next parser loads without building
+        monkeypatch.setattr(lark.Lark, "_build_parser", refuse_to_build)
+        parser._parser.cache_clear()
+        assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
+        monkeypatch.setattr(lark.Lark, "_build_parser", build)
+
+
+def test_another_grammar_never_reads_these_tables(fresh_cache, monkeypatch):
+    parser.parse(SOURCE)
+    (first,) = tables(fresh_cache)
+    # A grammar whose `return` is spelled `give` must not parse `return`.
+    edited = grammar_text().replace("/return(?!", "/give(?!")
+    assert edited != grammar_text()
+    monkeypatch.setattr(parser, "grammar_text", lambda: edited)
+    parser._parser.cache_clear()
+    assert len(tables(fresh_cache)) == 1  # nothing written before a parse
+    assert "FuncDef" in repr(parser.parse(SOURCE.replace("return", "give")))
+    assert first in tables(fresh_cache) and len(tables(fresh_cache)) == 2
+    with pytest.raises(parser.GradError):
+        parser.parse(SOURCE)
+
+
+def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(blocker))
+    parser._parser.cache_clear()
+    try:
+        assert "FuncDef" in repr(parser.parse(SOURCE))
+    finally:
+        parser._parser.cache_clear()
