@@ -81,14 +81,14 @@ def timed_section(name: str, rounds: int, sample_s: float) -> str:
 def startup_section(repeats: int) -> str:
     with_jax = workloads.jax_modules() is not None
     results = startup.measure(repeats, with_jax)
-    columns = ["dsl cold", "dsl warm", "dsl aot import"] + (["jax jit"] if with_jax else [])
+    columns = ["dsl cold", "dsl warm", "dsl warm after imports", "dsl aot import"] + (["jax jit"] if with_jax else [])
     rows = [[name] + [timing.ms(r[c]) if c in r else "-" for c in columns]
             for name, r in results.items()]
     header = ["function"] + [f"{c} ms" for c in columns]
     return (f"## Time to first gradient in a fresh process (median of {repeats})\n\n"
             "From before the import to after the first gradient.  cold: empty "
             "GRADC_CACHE_DIR and NUMBA_CACHE_DIR; warm: caches filled by an earlier "
-            "process; aot: `gradc compile --sig` then import (dense only); jax: "
+            "process (after imports: less numpy, numba, lark and gradlang's imports); aot: `gradc compile --sig` then import (dense only); jax: "
             "`jax.jit` in a fresh process.\n\n"
             f"{timing.markdown_table(header, rows)}\n")
 
