@@ -160,11 +160,10 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
         else:
             body.append(f"out{j}[i] = {names[v]}")
     if reduced is not None:
-        summed = loop.reduction.inputs[0]
+        summand = names[loop.reduction.inputs[0]]
 
         def wrap(kname: str) -> str:
-            return target.render_reducing_loop(kname, args, pre, body, names[summed],
-                                               summed.type.dtype, reduced)
+            return target.render_reducing_loop(kname, args, pre, body, summand, reduced)
     else:
         def wrap(kname: str) -> str:
             return target.render_loop(kname, args, pre, body)

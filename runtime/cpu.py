@@ -222,13 +222,13 @@ def parallel_threshold(cost: int) -> int:
 
 
 # Elements per tile of a fused reduction (`CpuTarget.render_reducing_loop`):
-# its buffer (at most 4 KiB) stays in L1.
+# its f64 buffer (4 KiB) stays in L1.
 REDUCE_TILE = 512
 
 
 def _summing_tile(body: list[str], summand: str, acc: str) -> list[str]:
     """Lines running `body` for i in [lo, hi), one tile, that add each
-    element's `summand` to `acc`, an f64 (see `render_reducing_loop`)."""
+    element's `summand` to `acc` in f64 (see `render_reducing_loop`)."""
     return (["for i in range(lo, hi):"]
             + ["    " + line for line in body]
             + [f"    tile[i - lo] = {summand}", "for j in range(hi - lo):", f"    {acc} += tile[j]"])
@@ -280,8 +280,7 @@ class CpuTarget(Target):
         return f"{kernel}({', '.join([size] + args)})"
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, summand_dtype: str,
-                             reduced: str) -> str:
+                             body: list[str], summand: str, reduced: str) -> str:
         """A loop over (rows, row length) whose last step sums `summand`
         along each row into `reduced[row]`, in f64: `_rows` runs rows in
         parallel, `_all` one row (a full sum) as a parallel reduction.
@@ -289,19 +288,15 @@ class CpuTarget(Target):
         Each row runs in tiles of `REDUCE_TILE` elements: the body stores its
         summands in a buffer, which a second loop adds up.  An accumulator in
         the body's loop would keep LLVM from vectorizing the whole body (a
-        float sum may not be reordered); split, only the short sum is serial.
-        The buffer holds a float summand in its own dtype (an f64 buffer for
-        f32 values halves the vector width of the body) and any other as the
-        f64 that the sum would convert it to."""
+        float sum may not be reordered); split, only the short sum is serial."""
         arglist = ", ".join(["n", "rows"] + args)
-        tile_dtype = summand_dtype if summand_dtype in ("f32", "f64") else "f64"
         out = []
         for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
             out += ["    " + line for line in pre]
             # One buffer per thread: Numba hoists an allocation in a prange
             # body out of the loop it runs on each thread.
-            allocate = f"tile = np.empty({REDUCE_TILE}, {tile_dtype})"
+            allocate = f"tile = np.empty({REDUCE_TILE}, np.float64)"
             out += ["    length = n // rows if rows else 0"]
             out += [] if rng == "prange" else ["    " + allocate]
             out += [f"    for o in {rng}(rows):", "        acc = 0.0"]
@@ -313,7 +308,7 @@ class CpuTarget(Target):
         out += [_PARALLEL, f"def {kname}_all({arglist}):"]
         out += ["    " + line for line in pre]
         out += ["    acc = 0.0", f"    for t in prange((n + {REDUCE_TILE - 1}) // {REDUCE_TILE}):",
-                f"        tile = np.empty({REDUCE_TILE}, {tile_dtype})",
+                f"        tile = np.empty({REDUCE_TILE}, np.float64)",
                 f"        lo = t * {REDUCE_TILE}", f"        hi = min(n, lo + {REDUCE_TILE})",
                 "        part = 0.0"]
         out += ["        " + line for line in _summing_tile(body, summand, "part")]

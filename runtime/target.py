@@ -60,11 +60,7 @@ class Target:
         raise NotImplementedError
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, summand_dtype: str,
-                             reduced: str) -> str:
-        """As `render_loop`, for a loop whose body ends by summing local
-        `summand` (of dtype `summand_dtype`: "f32", "i64", ...) into
-        `reduced`."""
+                             body: list[str], summand: str, reduced: str) -> str:
         raise NotImplementedError
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
