@@ -221,19 +221,6 @@ def parallel_threshold(cost: int) -> int:
     return max(MIN_PARALLEL_THRESHOLD, PARALLEL_THRESHOLD // max(cost, 1))
 
 
-# Elements per tile of a fused reduction (`CpuTarget.render_reducing_loop`):
-# its f64 buffer (4 KiB) stays in L1.
-REDUCE_TILE = 512
-
-
-def _summing_tile(body: list[str], summand: str, acc: str) -> list[str]:
-    """Lines running `body` for i in [lo, hi), one tile, that add each
-    element's `summand` to `acc` in f64 (see `render_reducing_loop`)."""
-    return (["for i in range(lo, hi):"]
-            + ["    " + line for line in body]
-            + [f"    tile[i - lo] = {summand}", "for j in range(hi - lo):", f"    {acc} += tile[j]"])
-
-
 class CpuTarget(Target):
     """`@njit` kernels, each in a `prange` variant and a serial one; the
     driver picks by size and cost per element (`parallel_threshold`).
@@ -283,36 +270,22 @@ class CpuTarget(Target):
                              body: list[str], summand: str, reduced: str) -> str:
         """A loop over (rows, row length) whose last step sums `summand`
         along each row into `reduced[row]`, in f64: `_rows` runs rows in
-        parallel, `_all` one row (a full sum) as a parallel reduction.
-
-        Each row runs in tiles of `REDUCE_TILE` elements: the body stores its
-        summands in a buffer, which a second loop adds up.  An accumulator in
-        the body's loop would keep LLVM from vectorizing the whole body (a
-        float sum may not be reordered); split, only the short sum is serial."""
+        parallel, `_all` one row (a full sum) as a parallel reduction."""
         arglist = ", ".join(["n", "rows"] + args)
         out = []
         for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
             out += ["    " + line for line in pre]
-            # One buffer per thread: Numba hoists an allocation in a prange
-            # body out of the loop it runs on each thread.
-            allocate = f"tile = np.empty({REDUCE_TILE}, np.float64)"
-            out += ["    length = n // rows if rows else 0"]
-            out += [] if rng == "prange" else ["    " + allocate]
-            out += [f"    for o in {rng}(rows):", "        acc = 0.0"]
-            out += ["        " + allocate] if rng == "prange" else []
-            out += [f"        for lo in range(o * length, o * length + length, {REDUCE_TILE}):",
-                    f"            hi = min(o * length + length, lo + {REDUCE_TILE})"]
-            out += ["            " + line for line in _summing_tile(body, summand, "acc")]
-            out += [f"        {reduced}[o] = acc", ""]
+            out += ["    length = n // rows if rows else 0",
+                    f"    for o in {rng}(rows):", "        acc = 0.0",
+                    "        for r in range(length):", "            i = o * length + r"]
+            out += ["            " + line for line in body]
+            out += [f"            acc += {summand}", f"        {reduced}[o] = acc", ""]
         out += [_PARALLEL, f"def {kname}_all({arglist}):"]
         out += ["    " + line for line in pre]
-        out += ["    acc = 0.0", f"    for t in prange((n + {REDUCE_TILE - 1}) // {REDUCE_TILE}):",
-                f"        tile = np.empty({REDUCE_TILE}, np.float64)",
-                f"        lo = t * {REDUCE_TILE}", f"        hi = min(n, lo + {REDUCE_TILE})",
-                "        part = 0.0"]
-        out += ["        " + line for line in _summing_tile(body, summand, "part")]
-        out += ["        acc += part", f"    {reduced}[0] = acc", ""]
+        out += ["    acc = 0.0", "    for i in prange(n):"]
+        out += ["        " + line for line in body]
+        out += [f"        acc += {summand}", f"    {reduced}[0] = acc", ""]
         return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
