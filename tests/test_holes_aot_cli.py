@@ -299,5 +299,5 @@ def test_run_sets_params_from_values_and_npy_files(tmp_path, capsys):
 def test_usage_errors_name_no_invented_location(argv, text, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"gradc: error: ") and text in err, err
+    assert err.startswith("gradc: error: ") and text in err, err
     assert ":1:1" not in err and "<sig>" not in err and "Traceback" not in err
