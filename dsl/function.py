@@ -28,11 +28,11 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
-from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import Pullback
-from gradlang.runtime.recording import active_tapes, record, recording_tapes
+from gradlang.runtime.recording import THREAD, record, recording_tapes
 from gradlang.runtime.target import Target, is_device_array
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -78,51 +78,73 @@ def _static(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
+_NO_KEY = object()  # equal to no key
+
+
 class FastPath:
     """The programs of plain calls, keyed on the exact arguments.
 
     Binding, validating and keying a call costs several times what running
     a small program does.  A call whose positional arguments are all plain
-    ndarrays, with no keywords and no `dsl.Tape` recording, is decided by
-    each argument's dtype, shape and layout alone, as long as the slow path
-    took the arguments as they are: binding added nothing (no module
-    params) and converted nothing, the target runs
-    them where they are (not a device target given host arrays), and the
+    ndarrays, with no keywords and no `dsl.Tape` recording on this thread,
+    is decided by each argument's dtype, shape and strides alone
+    (`fast_key`), as long as the slow path took the arguments as they are:
+    binding added nothing (no module params) and converted nothing, the
+    target runs them where they are (not a device target given host
+    arrays) and hands its results to the caller as they are, and the
     function has no static (const) arguments, whose values pick programs.
-    `remember` keeps such a call's program under that key; `get` returns
-    the program's driver for a call with a remembered key, else None.
-    Anything else takes the slow path, which is what validates arguments:
-    a call that raised there was never remembered, so raises again.
+    `remember` keeps such a call's program, fused with the callable's
+    arrangement of its results (`arranged`), in `entries` under that key;
+    `Compiled.__call__` looks the key up there, first in `latest`.  Anything else takes the
+    slow path, which is what validates arguments: a call that raised there
+    was never remembered, so raises again.  What the key leaves out cannot
+    change the program's results: an array's alignment, writeability or
+    byte offset (the kernels' dispatchers type each array as they get it).
     """
 
     SIZE = 64  # keys kept per callable (each distinct shape is one)
 
     def __init__(self) -> None:
-        self._entries: dict[tuple, Callable] = {}
+        self.entries: dict[tuple, Callable] = {}
+        self.latest: tuple[Any, Optional[Callable]] = (_NO_KEY, None)  # the last hit
 
-    @staticmethod
-    def _key(args: Sequence[Any]) -> Optional[tuple]:
-        key: tuple = ()  # flat: a tuple of tuples costs a third more to build
-        for a in args:
-            if type(a) is not np.ndarray:  # subclasses (a Tape's arrays) bind as they are
-                return None
-            key += (a.dtype, a.shape, a.strides)
-        return key
-
-    def get(self, args: Sequence[Any]) -> Optional[Callable]:
-        if not self._entries or active_tapes():
-            return None
-        return self._entries.get(self._key(args))
-
-    def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program) -> None:
-        key = self._key(args)
+    def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program,
+                 layout: Any) -> None:
+        key = fast_key(args)
         taken_as_is = len(bound) == len(args) and all(
             b is a for b, a in zip(bound.values(), args))
         if key is None or not taken_as_is:
             return
-        if len(self._entries) >= self.SIZE:
-            self._entries.clear()
-        self._entries[key] = program.run
+        if len(self.entries) >= self.SIZE:
+            self.entries.clear()
+        self.entries[key] = arranged(program.run, layout)
+
+
+def fast_key(args: Sequence[Any]) -> Optional[tuple]:
+    """The fast path's key of positional arguments, None unless all are
+    plain ndarrays (subclasses, a Tape's arrays, bind as they are)."""
+    key: tuple = ()  # flat: a tuple of tuples costs a third more to build
+    for a in args:
+        if type(a) is not np.ndarray:
+            return None
+        key += (a.dtype, a.shape, a.strides)
+    return key
+
+
+def arranged(run: Callable, layout: Any) -> Callable:
+    """One function: `run`'s results (a tuple) arranged as `layout`, a
+    result index or a nested tuple of them (what a callable's `format`
+    makes of `(0, 1, ...)`)."""
+    if isinstance(layout, tuple) and layout == tuple(range(len(layout))):
+        return run  # the results as they come
+
+    def source(item: Any) -> str:
+        if isinstance(item, int):
+            return f"o[{item}]"
+        return "(" + "".join(source(i) + ", " for i in item) + ")"
+    namespace = {"run": run}
+    exec(f"def entry(*a):\n    o = run(*a)\n    return {source(layout)}\n", namespace)
+    return namespace["entry"]
 
 
 class Compiled:
@@ -144,6 +166,8 @@ class Compiled:
         raise NotImplementedError
 
     def format(self, outs: Sequence[np.ndarray]) -> Any:
+        """Arrange the program's results for the caller; only arranges
+        (picks, groups in tuples): the fast path applies it to indices."""
         raise NotImplementedError
 
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
@@ -185,13 +209,26 @@ class Compiled:
 
     host_results: bool = False  # device targets: copy results to NumPy
 
-    @user_facing
     def __call__(self, *args, **kwargs):
-        run = None if kwargs else self._fast.get(args)
-        if run is not None:
-            outs = run(*args)
-        else:
-            outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args)
+        # The fast path first, inline: each step here costs a measurable
+        # part of a small call (so no `@user_facing` wrapper either).
+        try:
+            fast = self._fast
+            if fast.entries and not kwargs and not THREAD.tapes:
+                key = fast_key(args)
+                latest = fast.latest
+                if key == latest[0]:  # comparing costs a third of hashing
+                    return latest[1](*args)
+                run = fast.entries.get(key)
+                if run is not None:
+                    fast.latest = (key, run)  # one tuple: threads never see a mix
+                    return run(*args)
+            return self.call_slow(args, kwargs)
+        except GradError as err:
+            raise leaving(err)
+
+    def call_slow(self, args: tuple, kwargs: dict) -> Any:
+        outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs)
@@ -214,8 +251,9 @@ class Compiled:
             outs, pullback = vjp_bound(self, on_target)
             return record(tapes, self, on_target, outs, pullback)
         program = self.program(on_target)
-        if args and not self.static_names(on_target):
-            self._fast.remember(args, on_target, program)
+        if args and not self.host_results and not self.static_names(on_target):
+            layout = self.format(tuple(range(len(program.ir.outputs))))
+            self._fast.remember(args, on_target, program, layout)
         return program(*on_target.values())
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:

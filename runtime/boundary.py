@@ -25,15 +25,22 @@ def full_tracebacks() -> bool:
     return os.environ.get("GRADC_FULL_TRACEBACK", "") not in ("", "0")
 
 
+def leaving(err: GradError) -> GradError:
+    """`err` made ready to leave a boundary: `raise leaving(err)` in the
+    boundary's `except GradError` shows the frames from there up (for a hot
+    entry point that cannot afford the decorator's extra call)."""
+    if full_tracebacks():
+        return err
+    err.__cause__ = None
+    err.__suppress_context__ = True
+    return err.with_traceback(None)  # from the raise up: the caller's frames
+
+
 def user_facing(fn: F) -> F:
     @functools.wraps(fn)
     def entry(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except GradError as err:
-            if full_tracebacks():
-                raise
-            err.__cause__ = None
-            err.__suppress_context__ = True
-            raise err.with_traceback(None)  # from here up: the caller's frames
+            raise leaving(err)
     return entry  # type: ignore[return-value]

@@ -1,7 +1,8 @@
 """The tapes recording on this thread, and the arrays their calls return.
 
 Contract: `active_tapes()` is the (mutable) stack `dsl.Tape` pushes on
-entry and pops on exit; `recording_tapes(arrays)` is the tapes that must
+entry and pops on exit (also `THREAD.tapes`, for a caller that reads it on
+every call); `recording_tapes(arrays)` is the tapes that must
 record a call on these arrays; `record(...)` records a call on them and
 returns its float NumPy outputs as `TapeArray`s.  It lives in the
 runtime, apart from `dsl.tape`, so that every compiled function (a loaded
@@ -30,7 +31,14 @@ import numpy as np
 
 from gradlang.runtime.errors import GradError
 
-_state = threading.local()
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.tapes: list[Any] = []
+
+
+THREAD = _ThreadState()  # this thread's recording state
 
 
 class TapeError(GradError, RuntimeError):
@@ -38,9 +46,7 @@ class TapeError(GradError, RuntimeError):
 
 
 def active_tapes() -> list[Any]:
-    if not hasattr(_state, "tapes"):
-        _state.tapes = []
-    return _state.tapes
+    return THREAD.tapes
 
 
 def recording_tapes(arrays: Iterable[Any]) -> list[Any]:

@@ -39,7 +39,7 @@ def test_remembers_plain_calls():
         v, g = f(x)
         np.testing.assert_allclose(v, np.log1p(np.exp(x)), rtol=1e-12)
         np.testing.assert_allclose(g, 1 / (1 + np.exp(-x)), rtol=1e-12)
-    assert len(f._fast._entries) == 1  # the calls after the first took the fast path
+    assert len(f._fast.entries) == 1  # the calls after the first took the fast path
 
 
 def test_dtype_changes_between_calls():
@@ -119,7 +119,7 @@ def test_tape_state_changes_between_calls():
 def test_bad_arguments_still_raise_after_good_calls():
     x = np.linspace(0.0, 1.0, 3)
     np.testing.assert_allclose(M.typed(x), 2 * x)
-    entries = M.typed._fast._entries
+    entries = M.typed._fast.entries
     runs = []  # count the remembered driver's runs: a bad call must never reach it
     for key, run in entries.items():
         entries[key] = lambda *a, run=run: runs.append(1) or run(*a)
@@ -159,4 +159,86 @@ def test_cuda_target_calls_stay_correct():
         out = m.f(x, y)
         out = out if isinstance(out, np.ndarray) else rcuda.to_host(out)
         np.testing.assert_allclose(out, mul_add(x, y), rtol=1e-12)
-    assert not m.f._fast._entries  # host arrays are copied to the device: no fast path
+    assert not m.f._fast.entries  # host arrays are copied to the device: no fast path
+
+
+def misaligned(x: np.ndarray) -> np.ndarray:
+    """A copy of x at an odd address: same dtype, shape and strides."""
+    raw = np.zeros(x.nbytes + 1, np.uint8)
+    y = np.frombuffer(raw.data, x.dtype, x.size, offset=1).reshape(x.shape)
+    y[...] = x
+    assert not y.flags.aligned and y.strides == x.strides
+    return y
+
+
+class Marked(np.ndarray):
+    """A user's ndarray subclass: not a plain array, so never fast."""
+
+
+def test_arguments_the_key_leaves_out_give_the_same_results():
+    """Alignment, writeability and byte offset are not in the key: a call
+    differing only there reaches the remembered program and must still
+    compute on its own values (the kernels' dispatchers type each array)."""
+    f = dsl.value_and_grad(M.log1pexp)
+    base = np.linspace(-3.0, 3.0, 17)
+    x = base[:16].copy()
+    readonly = base[1:].copy()
+    readonly.flags.writeable = False
+    offset = base[1:]  # a view 8 bytes into its base
+    for arg in (x, misaligned(base[:16] + 0.5), readonly, offset, x, misaligned(-x)):
+        for _ in range(2):  # the second call is a fast one
+            v, g = f(arg)
+            np.testing.assert_allclose(v, np.log1p(np.exp(arg)), rtol=1e-12)
+            np.testing.assert_allclose(g, 1 / (1 + np.exp(-arg)), rtol=1e-12)
+            assert v.flags.writeable and g.flags.writeable
+    assert (x.dtype, x.shape, x.strides) in f._fast.entries  # all of them share the one key
+
+
+def test_scalars_subclasses_and_zero_d_arrays_between_calls():
+    f = dsl.grad(M.log1pexp)
+    for arg in (np.array(0.5), 0.5, np.float64(0.5), np.array(-1.0), -1.0, np.float32(2.0),
+                np.array(2.0, np.float32), np.array([0.5, 1.0]).view(Marked),
+                np.array([0.5, 1.0]), np.array([[0.5, 1.0]]).view(Marked)):
+        got = f(arg)
+        want = 1 / (1 + np.exp(-np.asarray(arg, np.float64)))
+        assert type(got) is np.ndarray and got.shape == np.shape(arg)
+        assert got.dtype == (np.float32 if np.asarray(arg).dtype == np.float32 else np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert all(k[0] in (np.dtype(np.float64), np.dtype(np.float32)) for k in f._fast.entries)
+
+
+def test_f32_and_f64_arrays_of_one_shape_alternate():
+    f = dsl.value_and_grad(M.mul_add, wrt=(0, 1))
+    x = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    for dtype in (np.float64, np.float32, np.float64, np.float32):
+        a, b = x.astype(dtype), (x + 2).astype(dtype)
+        for _ in range(2):
+            v, (ga, gb) = f(a, b)
+            assert v.dtype == ga.dtype == gb.dtype == dtype
+            np.testing.assert_allclose(v, mul_add(a, b), rtol=1e-6)
+            np.testing.assert_allclose(ga, b + 1, rtol=1e-6)
+            np.testing.assert_allclose(gb, a, rtol=1e-6)
+
+
+def test_fast_calls_return_fresh_arrays():
+    """A remembered program allocates its results on every call: an
+    earlier result never changes under the caller."""
+    f = dsl.value_and_grad(M.log1pexp)
+    x = np.linspace(-1.0, 1.0, 4)
+    v1, g1 = f(x)
+    v2, g2 = f(x)
+    v3, g3 = f(x + 1)
+    assert len({id(a) for a in (v1, g1, v2, g2, v3, g3)}) == 6
+    np.testing.assert_allclose(v2, np.log1p(np.exp(x)), rtol=1e-12)
+    np.testing.assert_allclose(g2, 1 / (1 + np.exp(-x)), rtol=1e-12)
+
+
+def test_errors_from_a_callable_show_the_callers_frame():
+    x = np.linspace(0.0, 1.0, 3)
+    M.typed(x)
+    M.typed(x)
+    with pytest.raises(dsl.ArgumentError) as info:
+        M.typed(x.astype(np.float32))
+    frames = [f.name for f in info.traceback]
+    assert frames[0] == "test_errors_from_a_callable_show_the_callers_frame"
+    assert len(frames) == 2 and info.value.__cause__ is None  # the caller, the boundary
