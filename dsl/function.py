@@ -26,7 +26,7 @@ from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError
@@ -228,7 +228,9 @@ class Compiled:
             raise leaving(err)
 
     def call_slow(self, args: tuple, kwargs: dict) -> Any:
-        outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args)
+        plain = not kwargs
+        out = kwargs.pop("out", None)  # the buffers for the results (`out_buffers`)
+        outs = self.call_bound(self.bind(args, kwargs), args if plain else (), out)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs)
@@ -239,18 +241,24 @@ class Compiled:
         return {n: self.target.accept(a, f"argument {n!r} of {self.name}()")
                 for n, a in bound.items()}
 
-    def call_bound(self, bound: dict[str, np.ndarray],
-                   args: Sequence[Any] = ()) -> tuple[np.ndarray, ...]:
+    def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
+                   out: Any = None) -> tuple[np.ndarray, ...]:
         """Run on validated arguments; record the call on every active
         `dsl.Tape` that watches one of them (keeping a pullback).  `args`:
         the positional arguments `bound` came from, if the call had no
-        keywords (the fast path may then remember the program)."""
+        keywords (the fast path may then remember the program); `out`: the
+        caller's buffers for the results, shaped like them (`out_buffers`)."""
         on_target = self.on_target(bound)
         tapes = recording_tapes(on_target.values())
         if tapes:
+            if out is not None:
+                raise ArgumentError(f"{self.name}() takes no out= while a Tape records the "
+                                    "call: the tape's results are arrays of its own", self.span)
             outs, pullback = vjp_bound(self, on_target)
             return record(tapes, self, on_target, outs, pullback)
         program = self.program(on_target)
+        if out is not None:
+            return program.run(*on_target.values(), out=out_buffers(self, out, program, bound))
         if args and not self.host_results and not self.static_names(on_target):
             layout = self.format(tuple(range(len(program.ir.outputs))))
             self._fast.remember(args, on_target, program, layout)
@@ -309,6 +317,76 @@ class GradFunction(Compiled):
         if not self.with_value:
             return grads
         return self.inner.format(outs[:split]), grads
+
+
+def out_buffers(f: Compiled, out: Any, program: Program,
+                bound: dict[str, np.ndarray]) -> tuple[Optional[np.ndarray], ...]:
+    """The program's result buffers from a caller's `out=`: arrays (or None,
+    for a result to allocate) in the structure of f's results, each of the
+    result's dtype and shape, C-contiguous, writeable, a plain NumPy array
+    on a target whose arrays are NumPy's, and overlapping no argument and
+    no other buffer, since kernels read arguments after writing results.
+    Anything else raises `ArgumentError` naming the buffer, before any
+    kernel runs."""
+    results = program.ir.outputs
+    layout = f.format(tuple(range(len(results))))
+    given: list[Any] = [None] * len(results)
+
+    def describe(item: Any) -> str:
+        if isinstance(item, int):
+            return "array"
+        parts = [describe(i) for i in item]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    def place(item: Any, value: Any, where: str) -> None:
+        if isinstance(item, int):
+            given[item] = None if value is None else (where, value)
+        elif isinstance(value, (tuple, list)) and len(value) == len(item):
+            for k, (i, v) in enumerate(zip(item, value)):
+                place(i, v, f"{where}[{k}]")
+        elif value is not None:
+            got = type(value).__name__
+            if isinstance(value, (tuple, list)):
+                got = f"a {got} of {len(value)}"
+            raise ArgumentError(f"out= of {f.name}() takes arrays in the structure of its "
+                                f"result, {describe(layout)}; {where} is {got}", f.span)
+    place(layout, out, "out")
+
+    sizes: dict[str, int] = {}
+    for param, array in zip(program.ir.params, bound.values()):
+        for d, size in zip(param.type.shape, np.shape(array)):
+            if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1:
+                sizes[d.factors[0]] = size
+    buffers: list[Optional[np.ndarray]] = [None] * len(results)
+    for i, (result, entry) in enumerate(zip(results, given)):
+        if entry is None:
+            continue
+        where, buffer = entry
+        what = f"{where} of {f.name}()"
+        if not isinstance(buffer, np.ndarray) or getattr(buffer, "bind_as_is", False) \
+                or not f.target.is_array(buffer) or f.host_results:
+            raise ArgumentError(f"{what} must be a NumPy array of the {f.target.name} "
+                                f"target, got {type(buffer).__name__}", f.span)
+        dtype = NUMPY[result.type.dtype]
+        shape = tuple(evaluate(d, sizes) for d in result.type.shape)
+        if buffer.dtype != dtype:
+            raise ArgumentError(f"{what} has dtype {buffer.dtype}, but that result is "
+                                f"{dtype}", f.span)
+        if buffer.shape != shape:
+            raise ArgumentError(f"{what} has shape {list(buffer.shape)}, but that result "
+                                f"has shape {list(shape)}", f.span)
+        if not (buffer.flags.c_contiguous and buffer.flags.writeable):
+            raise ArgumentError(f"{what} must be C-contiguous and writeable", f.span)
+        for name, array in bound.items():
+            if np.may_share_memory(buffer, array):
+                raise ArgumentError(f"{what} overlaps argument {name!r}: results are "
+                                    "written while arguments are still read", f.span)
+        for other, array in (e for e in given[:i] if e is not None):
+            if np.may_share_memory(buffer, array):
+                raise ArgumentError(f"{what} overlaps {other}: each result needs memory "
+                                    "of its own", f.span)
+        buffers[i] = buffer
+    return tuple(buffers)
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:

@@ -1,7 +1,20 @@
 """What the targets' helper modules share (drivers call them as `R`)."""
 from __future__ import annotations
 
+import numpy as np
+
 from gradlang.runtime.errors import ArgumentError
+
+
+def into(buffer, value, fresh: bool):
+    """An output for the caller: `value` copied into the caller's `out=`
+    buffer when there is one, else `value` (copied first unless `fresh`,
+    so that no result is a view of an argument or of another result).
+    Buffers are NumPy arrays: the dsl refuses out= on other targets."""
+    if buffer is None:
+        return value if fresh else np.array(value)
+    np.copyto(buffer, value)
+    return buffer
 
 
 def axis_runs(axes: tuple[int, ...]) -> list[tuple[int, int]]:

@@ -22,9 +22,10 @@ import numpy as np
 from numba import prange
 
 from gradlang.runtime import cpu_math
-from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch)
+from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     check_nonempty,
+    into,
     size_mismatch,
 )
 from gradlang.runtime.errors import ArgumentError

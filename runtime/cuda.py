@@ -47,6 +47,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
     c_strides,
     check_nonempty,
+    into,
     size_mismatch,
     stride_table,
 )

@@ -1,0 +1,140 @@
+"""`out=`: a callable writes its results into the caller's buffers and
+returns them (the same objects, in the structure of its result), with
+NumPy's values; every bad buffer raises `ArgumentError` naming it before
+any kernel runs (the other buffers keep their contents)."""
+import numpy as np
+import pytest
+
+import dsl
+from helpers import central_difference
+
+M = dsl.loads("""
+param w: f64[n]
+
+def log1pexp(x):
+    return log(1 + exp(x))
+
+def stats(x, y):
+    z = x * y
+    return sum(z * z), z, x, z
+
+def layer(x, v):
+    return tanh(x @ v)
+
+def scaled(x):
+    return w * x
+""")
+
+
+def log1pexp(x):
+    return np.log(1 + np.exp(x))  # as the module computes it
+
+
+def stats(x, y):
+    z = x * y
+    return np.sum(z * z), z, x, z
+
+
+def test_value_and_grad_into_buffers():
+    f = dsl.value_and_grad(M.log1pexp)
+    v, g = np.empty(7), np.empty(7)
+    for x in (np.linspace(-3.0, 3.0, 7), np.linspace(-5.0, 1.0, 7)):  # the same buffers
+        got = f(x, out=(v, g))
+        assert got[0] is v and got[1] is g
+        np.testing.assert_allclose(v, log1pexp(x), rtol=1e-12)
+        np.testing.assert_allclose(g, 1 / (1 + np.exp(-x)), rtol=1e-12)
+        np.testing.assert_allclose(g, central_difference(log1pexp, [x], 0), rtol=1e-6)
+
+
+def test_a_function_into_its_buffer():
+    x = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    buf = np.empty((2, 3))
+    assert M.log1pexp(x, out=buf) is buf
+    np.testing.assert_allclose(buf, log1pexp(x), rtol=1e-12)
+    plain = M.log1pexp(x)  # and without out=, a fresh array again
+    assert plain is not buf
+    np.testing.assert_allclose(plain, buf, rtol=0)
+
+
+def test_results_no_kernel_writes_are_copied_in():
+    """A sum (0-d), an argument handed back, one value returned twice."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(3, 3)), rng.normal(size=(3, 3))
+    bufs = (np.empty(()), np.empty((3, 3)), np.empty((3, 3)), np.empty((3, 3)))
+    got = M.stats(x, y, out=bufs)
+    assert all(a is b for a, b in zip(got, bufs))
+    for a, b in zip(got, stats(x, y)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    some = M.stats(x, y, out=(None, None, None, bufs[3]))  # None: allocate that one
+    assert some[3] is bufs[3] and some[1] is not bufs[1]
+    np.testing.assert_allclose(some[1], x * y, rtol=1e-12)
+
+
+def test_matmul_result_and_grads_with_respect_to_two_arguments():
+    rng = np.random.default_rng(1)
+    x, v = rng.normal(size=(4, 3)), rng.normal(size=(3, 2))
+    f = dsl.value_and_grad(M.layer, wrt=(0, 1))
+    out = (np.empty((4, 2)), (np.empty((4, 3)), np.empty((3, 2))))
+    value, (gx, gv) = f(x, v, out=out)
+    assert value is out[0] and gx is out[1][0] and gv is out[1][1]
+    layer = lambda x, v: np.tanh(x @ v)  # noqa: E731
+    np.testing.assert_allclose(value, layer(x, v), rtol=1e-12)
+    np.testing.assert_allclose(gx, central_difference(layer, [x, v], 0), rtol=1e-6)
+    np.testing.assert_allclose(gv, central_difference(layer, [x, v], 1), rtol=1e-6)
+    g = dsl.grad(M.layer, wrt=1)
+    buf = np.empty((3, 2))
+    assert g(x, v, out=buf) is buf
+    np.testing.assert_allclose(buf, gv, rtol=1e-12)
+
+
+def test_f32_and_module_params():
+    x = np.linspace(-2.0, 2.0, 5, dtype=np.float32)
+    v, g = np.empty(5, np.float32), np.empty(5, np.float32)
+    dsl.value_and_grad(M.log1pexp)(x, out=[v, g])
+    np.testing.assert_allclose(v, log1pexp(x.astype(np.float64)), rtol=1e-6)
+    M.params["w"] = np.arange(5.0)
+    buf = np.empty(5)
+    assert M.scaled(x.astype(np.float64), out=buf) is buf
+    np.testing.assert_allclose(buf, np.arange(5.0) * x, rtol=1e-6)
+
+
+def readonly(shape):
+    a = np.zeros(shape)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("make_out, message", [
+    (lambda x, v, g: v, r"structure of its result, \(array, array\); out is ndarray"),
+    (lambda x, v, g: (v,), r"out is a tuple of 1"),
+    (lambda x, v, g: (v, (g,)), r"out\[1\] of value_and_grad\(log1pexp\)\(\) must be a NumPy"),
+    (lambda x, v, g: (v, g.tolist()), r"out\[1\] .* must be a NumPy array"),
+    (lambda x, v, g: (v, g.astype(np.float32)), r"out\[1\] .* has dtype float32, but"),
+    (lambda x, v, g: (v, g[:3]), r"out\[1\] .* has shape \[3\], but that result has shape \[6\]"),
+    (lambda x, v, g: (v, g.reshape(2, 3)), r"has shape \[2, 3\]"),
+    (lambda x, v, g: (v, np.zeros(12)[::2]), r"out\[1\] .* must be C-contiguous and writeable"),
+    (lambda x, v, g: (v, readonly(6)), r"must be C-contiguous and writeable"),
+    (lambda x, v, g: (v, x), r"out\[1\] .* overlaps argument 'x'"),
+    (lambda x, v, g: (v, v), r"out\[1\] .* overlaps out\[0\]"),
+])
+def test_bad_buffers_raise_before_any_kernel_runs(make_out, message):
+    f = dsl.value_and_grad(M.log1pexp)
+    x = np.linspace(-1.0, 1.0, 6)
+    v, g = np.full(6, 7.0), np.full(6, 7.0)
+    with pytest.raises(dsl.ArgumentError, match=message):
+        f(x, out=make_out(x, v, g))
+    assert (v == 7.0).all() and (g == 7.0).all()
+    np.testing.assert_array_equal(x, np.linspace(-1.0, 1.0, 6))
+
+
+def test_no_buffers_while_a_tape_records():
+    x = np.linspace(-1.0, 1.0, 3)
+    buf = np.full(3, 7.0)
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        with pytest.raises(dsl.ArgumentError, match="no out= while a Tape records"):
+            M.log1pexp(x, out=buf)
+        y = M.log1pexp(x)
+        with pytest.raises(dsl.ArgumentError, match="must be a NumPy array"):
+            M.log1pexp(np.asarray(x) + 1, out=y)  # a tape's array as a buffer
+    assert (buf == 7.0).all()
