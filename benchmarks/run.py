@@ -7,7 +7,8 @@ Workloads (see workloads.py, startup.py): log1pexp value + gradient (f32,
 f64; 1e3, 1e5, 1e7), StyleGAN's R1 penalty and its gradient (second order;
 1e5, 1e7), a 4096x512 @ 512x512 f32 dense layer + bias + softplus + sum
 with gradients for w and b, sum(x * x), value + gradient per call at n = 16
-(and benchmarks/bench_call.py when present), time to first gradient in
+(and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
+`out=` buffers against fresh results, time to first gradient in
 fresh processes (cold and warm caches, beside JAX's jit), and
 benchmarks/bench_cuda.py when a CUDA GPU is present.
 
@@ -39,7 +40,7 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "call", "startup", "cuda")
+WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "call", "out", "startup", "cuda")
 
 
 def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
@@ -57,24 +58,31 @@ def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
     if name == "call":
         return ("per call: log1pexp value + gradient at n = 16",
                 workloads.log1pexp_cases([16], [np.float64]))
+    if name == "out":
+        return ("log1pexp value + gradient in a loop: into reused buffers (out=) or fresh",
+                workloads.out_cases([10**7], [np.float64, np.float32]))
     raise ValueError(name)
 
 
 def timed_section(name: str, rounds: int, sample_s: float) -> str:
     title, cases = cases_for(name)
+    # NumPy, JAX and PyTorch always have columns; a workload's own
+    # variants (dsl fresh, numpy out=) follow
+    others = OTHERS + tuple(dict.fromkeys(
+        n for case in cases for n in case.impls if n != "dsl" and n not in OTHERS))
     rows = []
     for case in cases:
         workloads.check(case)
         t = timing.compare(case.impls, rounds, sample_s)
-        others = [o for o in OTHERS if o in t]
         rows.append([case.label]
-                    + [timing.ms(t[o].median) if o in t else "-" for o in ("dsl",) + OTHERS]
-                    + timing.ratio_cells(t, "dsl", OTHERS)
+                    + [timing.ms(t[o].median) if o in t else "-" for o in ("dsl",) + others]
+                    + timing.ratio_cells(t, "dsl", others)
                     + [f"{timing.ms(t['dsl'].low)}..{timing.ms(t['dsl'].high)}"])
         print(f"  {case.label}: dsl {timing.ms(t['dsl'].median)} ms; "
-              + ", ".join(f"{o} {timing.ms(t[o].median)}" for o in others), flush=True)
-    header = (["case"] + [f"{n} ms" for n in ("dsl",) + OTHERS]
-              + [f"dsl/{o}" for o in OTHERS] + ["dsl min..max ms"])
+              + ", ".join(f"{o} {timing.ms(t[o].median)}" for o in others if o in t),
+              flush=True)
+    header = (["case"] + [f"{n} ms" for n in ("dsl",) + others]
+              + [f"dsl/{o}" for o in others] + ["dsl min..max ms"])
     return f"## {title}\n\n{timing.markdown_table(header, rows)}\n"
 
 

@@ -14,6 +14,8 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     dense_cases      sum(softplus(x @ w + b)) in f32, gradient w.r.t. w, b
                      (benchmarks/dense_f32.grad)
     fused_sum_cases  sum(x * x): one fused loop against NumPy's temporary
+    out_cases        log1pexp value + gradient into reused buffers (`out=`)
+                     against fresh results, and NumPy by hand with `out=`
 """
 from __future__ import annotations
 
@@ -179,6 +181,39 @@ def log1pexp_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
                 impls["jax"] = jax_call(jax_log1pexp(), x)
             if torch_module():
                 impls["torch"] = lambda x=x: torch_log1pexp()(x)
+            label = f"{np.dtype(dtype).name} n={size_label(n)}"
+            cases.append(Case(label, impls, numpy_log1pexp(x)))
+    return cases
+
+
+def numpy_log1pexp_into(x, value, grad):
+    """numpy_log1pexp writing into the caller's buffers (no temporaries)."""
+    np.exp(x, out=grad)
+    np.log1p(grad, out=value)
+    np.add(grad, 1, out=grad)
+    np.divide(1, grad, out=grad)
+    np.subtract(1, grad, out=grad)
+    return value, grad
+
+
+def out_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
+    """log1pexp value + gradient called in a loop: "dsl" writes into the
+    same two buffers every call (`out=`), "dsl fresh" allocates its
+    results, whose pages the kernel then faults in (at 1e7, glibc maps
+    blocks this big anew for every allocation)."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for dtype in dtypes:
+        for n in sizes:
+            x = rng.uniform(-20.0, 20.0, n).astype(dtype)
+            dsl_buffers = (np.empty_like(x), np.empty_like(x))
+            numpy_buffers = (np.empty_like(x), np.empty_like(x))
+            impls = {"dsl": lambda x=x, b=dsl_buffers: dsl_log1pexp()(x, out=b),
+                     "dsl fresh": lambda x=x: dsl_log1pexp()(x),
+                     "numpy": lambda x=x: numpy_log1pexp(x),
+                     "numpy out=": lambda x=x, b=numpy_buffers: numpy_log1pexp_into(x, *b)}
+            if jax_modules():
+                impls["jax"] = jax_call(jax_log1pexp(), x)
             label = f"{np.dtype(dtype).name} n={size_label(n)}"
             cases.append(Case(label, impls, numpy_log1pexp(x)))
     return cases

@@ -15,7 +15,8 @@ import workloads  # noqa: E402
 CASES = (workloads.log1pexp_cases([7], [np.float32, np.float64])
          + workloads.r1_cases([9])
          + workloads.dense_cases(6, 4, 3)
-         + workloads.fused_sum_cases([11]))
+         + workloads.fused_sum_cases([11])
+         + workloads.out_cases([7], [np.float32, np.float64]))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
