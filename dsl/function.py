@@ -107,6 +107,9 @@ class FastPath:
     def __init__(self) -> None:
         self.entries: dict[tuple, Callable] = {}
         self.latest: tuple[Any, Optional[Callable]] = (_NO_KEY, None)  # the last hit
+        # one arranged function per program, however many shapes it serves
+        # (id -> (program, function): holding the program keeps its id its own)
+        self._arranged: dict[int, tuple[Program, Callable]] = {}
 
     def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program,
                  layout: Any) -> None:
@@ -117,7 +120,9 @@ class FastPath:
             return
         if len(self.entries) >= self.SIZE:
             self.entries.clear()
-        self.entries[key] = arranged(program.run, layout)
+        if id(program) not in self._arranged:
+            self._arranged[id(program)] = (program, arranged(program.run, layout))
+        self.entries[key] = self._arranged[id(program)][1]
 
 
 def fast_key(args: Sequence[Any]) -> Optional[tuple]:
