@@ -23,6 +23,15 @@ def layer(x, v):
 
 def scaled(x):
     return w * x
+
+def constant_and_twice(x):
+    return 2.0, x * 2.0
+
+def times(x: f64[n], k: const i64):
+    return x * k
+
+def cube(x):
+    return sum(x * x * x)
 """)
 
 
@@ -138,3 +147,18 @@ def test_no_buffers_while_a_tape_records():
         with pytest.raises(dsl.ArgumentError, match="must be a NumPy array"):
             M.log1pexp(np.asarray(x) + 1, out=y)  # a tape's array as a buffer
     assert (buf == 7.0).all()
+
+
+def test_a_constant_result_a_const_argument_and_hvp():
+    x = np.linspace(0.0, 1.0, 4)
+    c, y = np.empty(()), np.empty(4)
+    got = M.constant_and_twice(x, out=(c, y))
+    assert got[0] is c and got[1] is y and c == 2.0
+    np.testing.assert_array_equal(y, 2 * x)
+    buf = np.empty(4)
+    assert M.times(x, 3, out=buf) is buf
+    np.testing.assert_array_equal(buf, 3 * x)
+    hvp = dsl.hvp(M.cube, 0)
+    v = np.array([1.0, -1.0, 2.0, 0.5])
+    assert hvp(x, v, out=buf) is buf
+    np.testing.assert_allclose(buf, 6 * x * v, rtol=1e-12)  # the Hessian is diag(6x)
