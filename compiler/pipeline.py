@@ -221,6 +221,7 @@ class Program:
     ir: Function
     generated: Generated
     run: Callable
+    run_contiguous: Callable  # the same, for C-contiguous arguments only
 
     def __call__(self, *arrays):
         return self.run(*arrays)
@@ -233,7 +234,8 @@ def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernel_modules(generated.kernel_modules)
-    return Program(fn, generated, make_driver(generated.driver_source, kernels, target.helpers))
+    return Program(fn, generated, make_driver(generated.driver_source, kernels, target.helpers),
+                   make_driver(generated.contiguous_driver_source, kernels, target.helpers))
 
 
 def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> str:

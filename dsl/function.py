@@ -93,8 +93,9 @@ class FastPath:
     target runs them where they are (not a device target given host
     arrays) and hands its results to the caller as they are, and the
     function has no static (const) arguments, whose values pick programs.
-    `remember` keeps such a call's program, fused with the callable's
-    arrangement of its results (`arranged`), in `entries` under that key;
+    `remember` keeps such a call's program (its driver for C-contiguous
+    arguments when they are), fused with the callable's arrangement of its
+    results (`arranged`), in `entries` under that key;
     `Compiled.__call__` looks the key up there, first in `latest`.  Anything else takes the
     slow path, which is what validates arguments: a call that raised there
     was never remembered, so raises again.  What the key leaves out cannot
@@ -107,9 +108,9 @@ class FastPath:
     def __init__(self) -> None:
         self.entries: dict[tuple, Callable] = {}
         self.latest: tuple[Any, Optional[Callable]] = (_NO_KEY, None)  # the last hit
-        # one arranged function per program, however many shapes it serves
-        # (id -> (program, function): holding the program keeps its id its own)
-        self._arranged: dict[int, tuple[Program, Callable]] = {}
+        # one arranged driver per program and layout, however many shapes it
+        # serves (holding the program keeps its id its own)
+        self._arranged: dict[tuple[int, bool], tuple[Program, Callable]] = {}
 
     def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program,
                  layout: Any) -> None:
@@ -120,9 +121,13 @@ class FastPath:
             return
         if len(self.entries) >= self.SIZE:
             self.entries.clear()
-        if id(program) not in self._arranged:
-            self._arranged[id(program)] = (program, arranged(program.run, layout))
-        self.entries[key] = self._arranged[id(program)][1]
+        # the key fixes strides, so every call it admits has this layout
+        contiguous = all(a.flags.c_contiguous for a in args)
+        which = (id(program), contiguous)
+        if which not in self._arranged:
+            run = program.run_contiguous if contiguous else program.run
+            self._arranged[which] = (program, arranged(run, layout))
+        self.entries[key] = self._arranged[which][1]
 
 
 def fast_key(args: Sequence[Any]) -> Optional[tuple]:
