@@ -107,6 +107,8 @@ class FastPath:
 
     def __init__(self) -> None:
         self.entries: dict[tuple, Callable] = {}
+        # key -> (program, driver, argument names, result shapes), for out=
+        self.programs: dict[tuple, tuple] = {}
         self.latest: tuple[Any, Optional[Callable]] = (_NO_KEY, None)  # the last hit
         # one arranged driver per program and layout, however many shapes it
         # serves (holding the program keeps its id its own)
@@ -121,13 +123,15 @@ class FastPath:
             return
         if len(self.entries) >= self.SIZE:
             self.entries.clear()
+            self.programs.clear()
         # the key fixes strides, so every call it admits has this layout
         contiguous = all(a.flags.c_contiguous for a in args)
+        run = program.run_contiguous if contiguous else program.run
         which = (id(program), contiguous)
         if which not in self._arranged:
-            run = program.run_contiguous if contiguous else program.run
             self._arranged[which] = (program, arranged(run, layout))
         self.entries[key] = self._arranged[which][1]
+        self.programs[key] = (program, run, tuple(bound), result_shapes(program, bound))
 
 
 def fast_key(args: Sequence[Any]) -> Optional[tuple]:
@@ -170,6 +174,7 @@ class Compiled:
         self._concrete_only: set[tuple] = set()
         self._lock = threading.RLock()
         self._fast = FastPath()
+        self._out_specs: dict[int, OutSpec] = {}
 
     # subclasses: the IR for a signature, and how to shape the results
     def lower(self, types: dict[str, TensorType]) -> Function:
@@ -224,23 +229,27 @@ class Compiled:
         # part of a small call (so no `@user_facing` wrapper either).
         try:
             fast = self._fast
-            if fast.entries and not kwargs and not THREAD.tapes:
-                key = fast_key(args)
-                latest = fast.latest
-                if key == latest[0]:  # comparing costs a third of hashing
-                    return latest[1](*args)
-                run = fast.entries.get(key)
-                if run is not None:
-                    fast.latest = (key, run)  # one tuple: threads never see a mix
-                    return run(*args)
+            if fast.entries and not THREAD.tapes:
+                if not kwargs:
+                    key = fast_key(args)
+                    latest = fast.latest
+                    if key == latest[0]:  # comparing costs a third of hashing
+                        return latest[1](*args)
+                    run = fast.entries.get(key)
+                    if run is not None:
+                        fast.latest = (key, run)  # one tuple: threads never see a mix
+                        return run(*args)
+                elif len(kwargs) == 1 and kwargs.get("out") is not None:
+                    result = self.call_into(args, kwargs["out"])
+                    if result is not None:
+                        return result
             return self.call_slow(args, kwargs)
         except GradError as err:
             raise leaving(err)
 
     def call_slow(self, args: tuple, kwargs: dict) -> Any:
-        plain = not kwargs
-        out = kwargs.pop("out", None)  # the buffers for the results (`out_buffers`)
-        outs = self.call_bound(self.bind(args, kwargs), args if plain else (), out)
+        out = kwargs.pop("out", None)  # the buffers for the results (`OutSpec`)
+        outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs)
@@ -257,7 +266,7 @@ class Compiled:
         `dsl.Tape` that watches one of them (keeping a pullback).  `args`:
         the positional arguments `bound` came from, if the call had no
         keywords (the fast path may then remember the program); `out`: the
-        caller's buffers for the results, shaped like them (`out_buffers`)."""
+        caller's buffers for the results, shaped like them (`OutSpec`)."""
         on_target = self.on_target(bound)
         tapes = recording_tapes(on_target.values())
         if tapes:
@@ -267,12 +276,30 @@ class Compiled:
             outs, pullback = vjp_bound(self, on_target)
             return record(tapes, self, on_target, outs, pullback)
         program = self.program(on_target)
-        if out is not None:
-            return program.run(*on_target.values(), out=out_buffers(self, out, program, bound))
         if args and not self.host_results and not self.static_names(on_target):
             layout = self.format(tuple(range(len(program.ir.outputs))))
             self._fast.remember(args, on_target, program, layout)
+        if out is not None:
+            buffers = self.out_spec(program).buffers(out, on_target,
+                                                     result_shapes(program, on_target))
+            return program.run(*on_target.values(), out=buffers)
         return program(*on_target.values())
+
+    def out_spec(self, program: Program) -> "OutSpec":
+        spec = self._out_specs.get(id(program))
+        if spec is None or spec.program is not program:
+            spec = self._out_specs[id(program)] = OutSpec(self, program)
+        return spec
+
+    def call_into(self, args: tuple, out: Any) -> Any:
+        """A plain call with `out=` whose arguments the fast path knows:
+        only the buffers are checked; None if it does not know them."""
+        known = self._fast.programs.get(fast_key(args))
+        if known is None:
+            return None
+        program, run, names, shapes = known
+        bound = dict(zip(names, args))
+        return self.format(run(*args, out=self.out_spec(program).buffers(out, bound, shapes)))
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
@@ -329,74 +356,104 @@ class GradFunction(Compiled):
         return self.inner.format(outs[:split]), grads
 
 
-def out_buffers(f: Compiled, out: Any, program: Program,
-                bound: dict[str, np.ndarray]) -> tuple[Optional[np.ndarray], ...]:
-    """The program's result buffers from a caller's `out=`: arrays (or None,
-    for a result to allocate) in the structure of f's results, each of the
+class OutSpec:
+    """What `out=` must be for one program: arrays (or None, for a result
+    to allocate) in the structure of the callable's results, each of its
     result's dtype and shape, C-contiguous, writeable, a plain NumPy array
     on a target whose arrays are NumPy's, and overlapping no argument and
     no other buffer, since kernels read arguments after writing results.
-    Anything else raises `ArgumentError` naming the buffer, before any
-    kernel runs."""
-    results = program.ir.outputs
-    layout = f.format(tuple(range(len(results))))
-    given: list[Any] = [None] * len(results)
+    `buffers` checks a caller's `out` (raising `ArgumentError` naming the
+    buffer, before any kernel runs) and returns one buffer or None per
+    program output, as the driver takes them."""
 
-    def describe(item: Any) -> str:
-        if isinstance(item, int):
-            return "array"
-        parts = [describe(i) for i in item]
-        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    def __init__(self, f: Compiled, program: Program):
+        results = program.ir.outputs
+        self.f = f
+        self.layout = f.format(tuple(range(len(results))))
+        self.dtypes = tuple(NUMPY[r.type.dtype] for r in results)
+        self.flat = self.layout == tuple(range(len(results)))
+        self.program = program  # held: its id keys the callable's cache
 
-    def place(item: Any, value: Any, where: str) -> None:
+    def buffers(self, out: Any, bound: dict[str, np.ndarray],
+                shapes: tuple[tuple[int, ...], ...]) -> tuple:
+        """`shapes`: the results' (`result_shapes` of these arguments)."""
+        if self.flat and type(out) is tuple and len(out) == len(self.dtypes):
+            given = list(out)
+        else:
+            given = [None] * len(self.dtypes)
+            self._place(self.layout, out, given, ())
+        for i, buffer in enumerate(given):
+            if buffer is None:
+                continue
+            plain = type(buffer) is np.ndarray or (  # a Tape's array is not: it is tracked
+                isinstance(buffer, np.ndarray) and not getattr(buffer, "bind_as_is", False))
+            if not plain or not self.f.target.is_array(buffer) or self.f.host_results:
+                self._fail(i, f"must be a NumPy array of the {self.f.target.name} target, "
+                              f"got {type(buffer).__name__}")
+            if buffer.dtype != self.dtypes[i]:
+                self._fail(i, f"has dtype {buffer.dtype}, but that result is {self.dtypes[i]}")
+            if buffer.shape != shapes[i]:
+                self._fail(i, f"has shape {list(buffer.shape)}, but that result has shape "
+                              f"{list(shapes[i])}")
+            flags = buffer.flags
+            if not (flags.c_contiguous and flags.writeable):
+                self._fail(i, "must be C-contiguous and writeable")
+            for name, array in bound.items():
+                if np.may_share_memory(buffer, array):
+                    self._fail(i, f"overlaps argument {name!r}: results are written while "
+                                  "arguments are still read")
+            for k in range(i):
+                if given[k] is not None and np.may_share_memory(buffer, given[k]):
+                    self._fail(i, f"overlaps {self._where(k)}: each result needs memory of "
+                                  "its own")
+        return tuple(given)
+
+    def _place(self, item: Any, value: Any, given: list, path: tuple) -> None:
         if isinstance(item, int):
-            given[item] = None if value is None else (where, value)
+            given[item] = value
         elif isinstance(value, (tuple, list)) and len(value) == len(item):
             for k, (i, v) in enumerate(zip(item, value)):
-                place(i, v, f"{where}[{k}]")
+                self._place(i, v, given, path + (k,))
         elif value is not None:
             got = type(value).__name__
             if isinstance(value, (tuple, list)):
                 got = f"a {got} of {len(value)}"
-            raise ArgumentError(f"out= of {f.name}() takes arrays in the structure of its "
-                                f"result, {describe(layout)}; {where} is {got}", f.span)
-    place(layout, out, "out")
+            where = "out" + "".join(f"[{k}]" for k in path)
+            raise ArgumentError(f"out= of {self.f.name}() takes arrays in the structure of "
+                                f"its result, {_describe(self.layout)}; {where} is {got}",
+                                self.f.span)
 
+    def _where(self, index: int, item: Any = None, path: str = "out") -> str:
+        """Where result `index` goes in `out`, as the caller wrote it."""
+        item = self.layout if item is None else item
+        if isinstance(item, int):
+            return path if item == index else ""
+        for k, i in enumerate(item):
+            found = self._where(index, i, f"{path}[{k}]")
+            if found:
+                return found
+        return ""
+
+    def _fail(self, index: int, message: str) -> None:
+        raise ArgumentError(f"{self._where(index)} of {self.f.name}() {message}", self.f.span)
+
+
+def result_shapes(program: Program, bound: dict[str, np.ndarray]) -> tuple:
+    """The shapes of the program's results for these arguments."""
     sizes: dict[str, int] = {}
     for param, array in zip(program.ir.params, bound.values()):
         for d, size in zip(param.type.shape, np.shape(array)):
             if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1:
                 sizes[d.factors[0]] = size
-    buffers: list[Optional[np.ndarray]] = [None] * len(results)
-    for i, (result, entry) in enumerate(zip(results, given)):
-        if entry is None:
-            continue
-        where, buffer = entry
-        what = f"{where} of {f.name}()"
-        if not isinstance(buffer, np.ndarray) or getattr(buffer, "bind_as_is", False) \
-                or not f.target.is_array(buffer) or f.host_results:
-            raise ArgumentError(f"{what} must be a NumPy array of the {f.target.name} "
-                                f"target, got {type(buffer).__name__}", f.span)
-        dtype = NUMPY[result.type.dtype]
-        shape = tuple(evaluate(d, sizes) for d in result.type.shape)
-        if buffer.dtype != dtype:
-            raise ArgumentError(f"{what} has dtype {buffer.dtype}, but that result is "
-                                f"{dtype}", f.span)
-        if buffer.shape != shape:
-            raise ArgumentError(f"{what} has shape {list(buffer.shape)}, but that result "
-                                f"has shape {list(shape)}", f.span)
-        if not (buffer.flags.c_contiguous and buffer.flags.writeable):
-            raise ArgumentError(f"{what} must be C-contiguous and writeable", f.span)
-        for name, array in bound.items():
-            if np.may_share_memory(buffer, array):
-                raise ArgumentError(f"{what} overlaps argument {name!r}: results are "
-                                    "written while arguments are still read", f.span)
-        for other, array in (e for e in given[:i] if e is not None):
-            if np.may_share_memory(buffer, array):
-                raise ArgumentError(f"{what} overlaps {other}: each result needs memory "
-                                    "of its own", f.span)
-        buffers[i] = buffer
-    return tuple(buffers)
+    return tuple(tuple(evaluate(d, sizes) for d in r.type.shape) for r in program.ir.outputs)
+
+
+def _describe(layout: Any) -> str:
+    """A result structure as the caller sees it: "(array, (array, array))"."""
+    if isinstance(layout, int):
+        return "array"
+    parts = [_describe(i) for i in layout]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:

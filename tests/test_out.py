@@ -139,6 +139,7 @@ def test_bad_buffers_raise_before_any_kernel_runs(make_out, message):
 def test_no_buffers_while_a_tape_records():
     x = np.linspace(-1.0, 1.0, 3)
     buf = np.full(3, 7.0)
+    M.log1pexp(x, out=np.empty(3))  # known to the fast path: the tape must still stop it
     with dsl.Tape() as tape:
         tape.watch(x)
         with pytest.raises(dsl.ArgumentError, match="no out= while a Tape records"):
@@ -162,3 +163,27 @@ def test_a_constant_result_a_const_argument_and_hvp():
     v = np.array([1.0, -1.0, 2.0, 0.5])
     assert hvp(x, v, out=buf) is buf
     np.testing.assert_allclose(buf, 6 * x * v, rtol=1e-12)  # the Hessian is diag(6x)
+
+
+def test_out_calls_the_fast_path_knows_still_check_every_buffer():
+    f = dsl.value_and_grad(M.log1pexp)
+    x4, x3 = np.linspace(-1.0, 1.0, 4), np.linspace(0.0, 2.0, 3)
+    v4, g4, v3, g3 = np.empty(4), np.empty(4), np.empty(3), np.empty(3)
+    for x, v, g in [(x4, v4, g4), (x3, v3, g3), (x4, v4, g4), (x4, None, g4), (x3, v3, g3)]:
+        got = f(x, out=(v, g))
+        assert got[1] is g and (v is None or got[0] is v)
+        np.testing.assert_allclose(got[0], log1pexp(x), rtol=1e-12)
+        np.testing.assert_allclose(g, 1 / (1 + np.exp(-x)), rtol=1e-12)
+        fresh = f(x)
+        assert fresh[0] is not got[0] and fresh[1] is not g
+    assert (x4.dtype, x4.shape, x4.strides) in f._fast.programs  # later calls were fast
+    g4[:] = 7.0
+    for bad, message in [((v4, g3), r"out\[1\] .* has shape \[3\], but that result has shape \[4\]"),
+                         ((v4, x4), r"out\[1\] .* overlaps argument 'x'"),
+                         ((g4, g4), r"out\[1\] .* overlaps out\[0\]"),
+                         ((v4, g4.astype(np.float32)), r"has dtype float32"),
+                         ((v4, readonly(4)), r"must be C-contiguous and writeable"),
+                         ((v4,), r"out is a tuple of 1")]:
+        with pytest.raises(dsl.ArgumentError, match=message):
+            f(x4, out=bad)
+    assert (g4 == 7.0).all()
