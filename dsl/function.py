@@ -78,7 +78,7 @@ def _static(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
-_NO_KEY = object()  # equal to no key
+_NO_KEY = object()  # a key no call has
 
 
 class FastPath:
@@ -95,10 +95,11 @@ class FastPath:
     function has no static (const) arguments, whose values pick programs.
     `remember` keeps such a call's program (its driver for C-contiguous
     arguments when they are), fused with the callable's arrangement of its
-    results (`arranged`), in `entries` under that key;
-    `Compiled.__call__` looks the key up there, first in `latest`.  Anything else takes the
-    slow path, which is what validates arguments: a call that raised there
-    was never remembered, so raises again.  What the key leaves out cannot
+    results (`arranged`), in `entries` under that key, and in `programs`
+    for calls with `out=`; `Compiled.__call__` looks the key up there
+    (first in `latest`).  Anything else takes the slow path, which is what
+    validates arguments: a call that raised there was never remembered, so
+    raises again.  What the key leaves out cannot
     change the program's results: an array's alignment, writeability or
     byte offset (the kernels' dispatchers type each array as they get it).
     """

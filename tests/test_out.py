@@ -178,7 +178,8 @@ def test_out_calls_the_fast_path_knows_still_check_every_buffer():
         assert fresh[0] is not got[0] and fresh[1] is not g
     assert (x4.dtype, x4.shape, x4.strides) in f._fast.programs  # later calls were fast
     g4[:] = 7.0
-    for bad, message in [((v4, g3), r"out\[1\] .* has shape \[3\], but that result has shape \[4\]"),
+    for bad, message in [((v4, g3), r"out\[1\] .* has shape \[3\], but that result has "
+                                    r"shape \[4\]"),
                          ((v4, x4), r"out\[1\] .* overlaps argument 'x'"),
                          ((g4, g4), r"out\[1\] .* overlaps out\[0\]"),
                          ((v4, g4.astype(np.float32)), r"has dtype float32"),
