@@ -242,3 +242,25 @@ def test_errors_from_a_callable_show_the_callers_frame():
     frames = [f.name for f in info.traceback]
     assert frames[0] == "test_errors_from_a_callable_show_the_callers_frame"
     assert len(frames) == 2 and info.value.__cause__ is None  # the caller, the boundary
+
+
+def test_threads_calling_with_different_shapes_get_their_own_results():
+    """The latest hit is one tuple, read once: a thread never runs the
+    program of another thread's key."""
+    import threading
+    f = dsl.value_and_grad(M.log1pexp)
+    inputs = [np.linspace(-1.0, 1.0, n) for n in (3, 4, 5, 6)]
+    failures = []
+
+    def work(x):
+        want = 1 / (1 + np.exp(-x))
+        for _ in range(200):
+            v, g = f(x)
+            if g.shape != x.shape or not np.allclose(g, want, rtol=1e-12):
+                failures.append(x.shape)
+    threads = [threading.Thread(target=work, args=(x,)) for x in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
