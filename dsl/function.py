@@ -257,8 +257,10 @@ class Compiled:
 
     def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The arguments where the kernels run (host arrays copied to a
-        device target once; its own arrays stay)."""
-        return {n: self.target.accept(a, f"argument {n!r} of {self.name}()")
+        device target once; its own arrays stay).  A static (const)
+        argument stays on the host: its value picks the program."""
+        statics = self.static_names(bound)
+        return {n: a if n in statics else self.target.accept(a, f"argument {n!r} of {self.name}()")
                 for n, a in bound.items()}
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),

@@ -116,7 +116,9 @@ class AotFunction:
 
     def _on_target(self, bound: dict[str, np.ndarray]) -> dict[str, Any]:
         accept = self.module.target.accept
-        return {n: accept(a, f"argument {n!r} of {self.name}()") for n, a in bound.items()}
+        statics = static_names(self.specs, bound)  # their values pick the program: on the host
+        return {n: a if n in statics else accept(a, f"argument {n!r} of {self.name}()")
+                for n, a in bound.items()}
 
     def _run(self, kind: str, arrays: dict[str, Any]):
         sig = self._signature(arrays)

@@ -36,3 +36,14 @@ def test_compiled_module_for_cuda(tmp_path, monkeypatch):
     v_c, g_c = dsl.value_and_grad(cpu.log1pexp)(x)
     np.testing.assert_allclose(rcuda.to_host(v), v_c, rtol=1e-12)
     np.testing.assert_allclose(rcuda.to_host(g), g_c, rtol=1e-12)
+
+
+def test_const_integer_argument_is_static_on_cuda():
+    # A const argument picks the program by its value, so it stays on the
+    # host: copied to the device, it was no longer static, and an axis
+    # given by it was "not a compile-time integer".
+    m = dsl.loads("def f(x, axis: const i64):\n    return sum(x, axis=axis)\n",
+                  target="cuda", host_results=True)
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1))
+    np.testing.assert_array_equal(m.f(x, 0), x.sum(axis=0))
