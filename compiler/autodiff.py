@@ -150,6 +150,8 @@ def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom
     """Input `index`'s cotangent `ct` (at the output's shape for an
     elementwise op, so before un-broadcasting) selected by the output's
     where-mask as `op.masking` says, and the mask that input carries on."""
+    if op.masking == "none":
+        return ct, None
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
         ct = b.bind("where", out_mask, ct, ops.lit(b, 0, ct))

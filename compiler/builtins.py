@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, coerce
-from gradlang.compiler.ir import FLOATS
+from gradlang.compiler.ir import FLOATS, INTS, Atom, Var
 from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
-from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
+from gradlang.compiler.values import Value, as_atom, cast, is_static, sequence_kind, unify
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -186,6 +186,103 @@ def _matmul_builtin(L, b, args, kwargs, span):
     return L.matmul(b, args[0], args[1], span)
 
 
+# ------------------------------------------------ gathers and scatter-adds
+
+
+def index_label(idx: Atom) -> str:
+    """How a run-time error names an index: its source name (a parameter
+    or a local keeps one in the IR), else its role."""
+    return repr(idx.hint) if isinstance(idx, Var) and idx.hint else "an index array"
+
+
+def index_operand(b: Builder, v: Value, span: Span) -> Atom:
+    """An integer index array (or scalar) of the language."""
+    if isinstance(v, tuple):
+        raise GradError(f"an index must be an integer array or scalar, not a "
+                        f"{sequence_kind(v)}; build an array with stack([...])", span)
+    if isinstance(v, Sym):
+        raise NeedsConcrete("a size used as an index")
+    idx = as_atom(b, v, span)
+    if idx.type.dtype not in INTS:
+        raise GradError(f"an index must be an integer array (i32 or i64), not "
+                        f"{idx.type.dtype}", span)
+    return idx
+
+
+def static_axis(axis, rank: int, span: Span) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise GradError("axis must be a compile-time integer", span)
+    if not -rank <= axis < rank:
+        raise GradError(f"axis {axis} is out of range for rank {rank}", span)
+    return axis % rank
+
+
+def take(b: Builder, x: Atom, idx: Atom, axis: int, span: Span) -> Atom:
+    """x gathered along `axis` (normalized) by `idx`, as np.take."""
+    return b.bind("take", x, idx, axis=axis, what=index_label(idx), span=span)
+
+
+def _flattened(b: Builder, x: Atom, span: Span) -> Atom:
+    return x if x.type.rank == 1 else b.bind("reshape", x, shape=(x.type.size,), span=span)
+
+
+def _take(L, b, args, kwargs, span):
+    x = as_atom(b, args[0], span)
+    idx = index_operand(b, args[1], span)
+    axis = _kw(args, kwargs, 2, "axis")
+    if axis is None:  # NumPy's default: the flattened array
+        x, axis = _flattened(b, x, span), 0
+    return take(b, x, idx, static_axis(axis, x.type.rank, span), span)
+
+
+def _take_along_axis(L, b, args, kwargs, span):
+    x = as_atom(b, args[0], span)
+    idx = index_operand(b, args[1], span)
+    axis = _kw(args, kwargs, 2, "axis")
+    if axis is None:
+        x, axis = _flattened(b, x, span), 0
+    axis = static_axis(axis, x.type.rank, span)
+    # An index of rank one less picks one element per lane (labels of a
+    # batch): it gains the axis, and the result loses it.
+    picks = idx.type.rank == x.type.rank - 1
+    if picks:
+        idx = b.bind("reshape", idx, shape=idx.type.shape[:axis] + (1,) + idx.type.shape[axis:],
+                     span=span, hint=idx.hint if isinstance(idx, Var) else "")
+    out = b.bind("take_along_axis", x, idx, axis=axis, what=index_label(idx), span=span)
+    if picks:
+        out = b.bind("reshape", out, shape=idx.type.shape[:axis] + idx.type.shape[axis + 1:],
+                     span=span)
+    return out
+
+
+def _scatter_add(L, b, args, kwargs, span):
+    base = as_atom(b, args[0], span)
+    idx = index_operand(b, args[1], span)
+    (values,) = unify(b, [_kw(args, kwargs, 2, "values")], span)
+    values = cast(b, values, base.type.dtype)
+    axis = static_axis(_kw(args, kwargs, 3, "axis", 0), base.type.rank, span)
+    return b.bind("scatter_add", base, idx, values, axis=axis, what=index_label(idx), span=span)
+
+
+def _segment_sum(L, b, args, kwargs, span):
+    values = as_atom(b, args[0], span)
+    ids = index_operand(b, args[1], span)
+    count = _kw(args, kwargs, 2, "num_segments")
+    if not is_static(count) or isinstance(count, (bool, float, tuple)):
+        raise GradError("num_segments must be known when the function is compiled: a "
+                        "literal, a `const` integer argument or a size (x.shape[k])", span)
+    if isinstance(count, int) and count < 0:
+        raise GradError(f"num_segments cannot be negative, got {count}", span)
+    if ids.type.shape != values.type.shape[:ids.type.rank]:
+        raise GradError(f"segment_ids of shape {list(ids.type.shape)} do not match the "
+                        f"leading axes of values of shape {list(values.type.shape)}", span)
+    if values.type.dtype == "bool":
+        values = cast(b, values, "i64")
+    shape = (count,) + values.type.shape[ids.type.rank:]
+    zeros = ops.full(b, 0, shape, values.type.dtype)
+    return b.bind("scatter_add", zeros, ids, values, axis=0, what=index_label(ids), span=span)
+
+
 # In-language transforms, `grad(f, wrt=k)(args)`: lowered by
 # `Lowerer.transform_call`, since their first argument is a function.
 TRANSFORMS = ("grad", "value_and_grad")
@@ -212,6 +309,10 @@ _SUGAR: dict[str, Builtin] = {
     "zeros_like": Builtin(1, 1, (), _fill_like(None, 0)),
     "ones_like": Builtin(1, 1, (), _fill_like(None, 1)),
     "full_like": Builtin(2, 2, (), _fill_like(1)),
+    "take": Builtin(2, 3, ("axis",), _take),
+    "take_along_axis": Builtin(2, 3, ("axis",), _take_along_axis),
+    "scatter_add": Builtin(3, 4, ("axis",), _scatter_add),
+    "segment_sum": Builtin(2, 3, ("num_segments",), _segment_sum),
 }
 
 BUILTINS: dict[str, Builtin] = {

@@ -29,11 +29,14 @@ from typing import Iterable
 
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
+from gradlang.compiler.ir import INTS
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.staging import named_cotangents, positional_cotangents
 from gradlang.runtime.errors import GradError
 
 DECORATORS = ("recompute", "pass_through")
+# builtins whose second argument is an index array
+INDEXED_BY = ("take", "take_along_axis", "scatter_add", "segment_sum")
 ATTRIBUTES = ("T", "shape", "ndim", "size")
 
 
@@ -59,6 +62,7 @@ class _Function:
     def __init__(self, f: ast.FuncDef, ns: Namespace):
         self.f = f
         self.ns = ns
+        self.assigned = _assigned(f.body)
 
     def check(self) -> None:
         f = self.f
@@ -203,6 +207,7 @@ class _Function:
             self.expr(e.value, defined)
             for item in e.items:
                 self.expr(item, defined)
+                self.index(item)
         elif isinstance(e, ast.Slice):
             for part in (e.start, e.stop, e.step):
                 if part is not None:
@@ -243,6 +248,19 @@ class _Function:
             self.expr(a, defined)
         for k in e.kwargs:
             self.expr(k.value, defined)
+        if isinstance(func, ast.Name) and func.id in INDEXED_BY and len(e.args) > 1:
+            self.index(e.args[1])
+
+    def index(self, e) -> None:
+        """An index naming a parameter annotated with a non-integer dtype
+        is an error now; any other is checked when its dtype is known."""
+        if not isinstance(e, ast.Name) or e.id in self.assigned:
+            return
+        p = self.f.param(e.id)
+        dtype = p.ann.dtype if p is not None and p.ann is not None else None
+        if dtype is not None and dtype not in INTS:
+            raise GradError(f"an index must be an integer array (i32 or i64), but "
+                            f"{e.id!r} is declared {dtype}", e.span)
 
     def transform(self, e: ast.Call, defined: set[str]) -> ast.FuncDef:
         """`grad(f, wrt=...)`: f must name a function; returns it."""

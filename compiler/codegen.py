@@ -276,7 +276,8 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                                  f"{render_shape(v.type.shape)})")
         else:
             lines.append(_render_eqn(step, ref, define))
-            if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate", "dim"):
+            if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate", "dim") \
+                    or OPS[step.op].kind == "index":
                 fresh.update(step.outputs)
     outs, into, handed_out = [], [], set()
     for i, a in enumerate(fn.outputs):
@@ -380,6 +381,10 @@ def _render_eqn(eqn: Eqn, ref, define) -> str:
         return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
     if op == "concatenate":
         return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
+    if OPS[op].kind == "index":
+        # repr: the index's name and the file name are user text
+        where = p["what"] + (f" (at {eqn.span})" if eqn.span is not None else "")
+        return f"{out} = R.{op}({', '.join(x)}, {p['axis']}, {where!r})"
     raise NotImplementedError(f"no driver code for {op}")
 
 

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, ops
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
+from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
@@ -320,13 +320,31 @@ class Lowerer:
         return self.index(b, v, e, env)
 
     def index(self, b, v: Atom, e: ast.Index, env) -> Atom:
+        """Compile-time integers and slices select statically (a `slice`);
+        a run-time integer scalar or an integer array gathers (`take`) along
+        its axis, as NumPy indexes with one of them."""
         shape = v.type.shape
         if len(e.items) > len(shape):
             raise GradError(f"too many indices ({len(e.items)}) for an array of rank "
                             f"{len(shape)}", e.span)
+        values = [item if isinstance(item, ast.Slice) else self.expr(b, item, env)
+                  for item in e.items]
+        gathers = [k for k, value in enumerate(values)
+                   if not isinstance(value, ast.Slice) and not is_static(value)]
+        arrays = [k for k in gathers if values[k].type.rank > 0]
+        if arrays and len(values) - sum(isinstance(x, ast.Slice) for x in values) > 1:
+            # NumPy's rules for several of them (broadcast together, moved
+            # to the front) are better spelled with take()
+            raise GradError("an index array can only be combined with slices (x[:, idx]); "
+                            "use take() or take_along_axis()", e.items[arrays[0]].span)
+        for k in gathers:
+            values[k] = index_operand(b, values[k], e.items[k].span)
         starts, stops, steps, keep = [], [], [], []
         for axis, size in enumerate(shape):
             item = e.items[axis] if axis < len(e.items) else None
+            value = values[axis] if axis < len(values) else None
+            if axis in gathers:  # the whole axis, gathered below
+                item = value = None
             if isinstance(size, Sym):
                 if item is not None and not (isinstance(item, ast.Slice) and item.start is None
                                              and item.stop is None and item.step is None):
@@ -344,7 +362,7 @@ class Lowerer:
                 start, stop, step = slice(*bounds).indices(size) if item else (0, size, 1)
                 keep.append(len(range(start, stop, step)))
             else:
-                k = self.static_int(b, item, env)
+                k = self.as_static_int(value, item.span)
                 if not -size <= k < size:
                     raise GradError(f"index {k} is out of range for axis {axis} of size "
                                     f"{size}", item.span)
@@ -353,19 +371,29 @@ class Lowerer:
             starts.append(start)
             stops.append(stop)
             steps.append(step)
-        out = b.bind("slice", v, starts=tuple(starts), stops=tuple(stops),
-                     steps=tuple(steps), span=e.span)
+        everything = (tuple(starts), tuple(stops), tuple(steps)) == \
+            ((0,) * len(shape), shape, (1,) * len(shape))
+        out = v if everything else b.bind("slice", v, starts=tuple(starts), stops=tuple(stops),
+                                          steps=tuple(steps), span=e.span)
         if out.type.shape != tuple(keep):
             out = b.bind("reshape", out, shape=tuple(keep), span=e.span)
+        # Right to left, so that each gather's axis (counted among the axes
+        # the static part kept) is not moved by the ones after it.
+        for k in reversed(gathers):
+            axis = sum(1 for j in range(k) if j in gathers or isinstance(values[j], ast.Slice))
+            out = take(b, out, values[k], axis, e.span)
         return out
 
     def static_int(self, b, e: ast.Expr, env) -> int:
-        v = self.expr(b, e, env)
+        return self.as_static_int(self.expr(b, e, env), e.span)
+
+    @staticmethod
+    def as_static_int(v: Value, span: Span) -> int:
         if isinstance(v, Sym):
             raise NeedsConcrete(f"the size {v} is used as an index")
         if isinstance(v, bool) or not isinstance(v, int):
             raise GradError("expected a compile-time integer (a literal, x.shape[k], or "
-                            "arithmetic on them)", e.span)
+                            "arithmetic on them)", span)
         return v
 
     def expr_Call(self, b, e: ast.Call, env):

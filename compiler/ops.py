@@ -155,6 +155,78 @@ def _concat_rule(types, params, span):
     return [TensorType(_same_dtype(types, span), tuple(shape))]
 
 
+# Gathers and scatter-adds along one axis (`params["axis"]`, normalized):
+# `take` reads x[..., idx[k...], ...] (the index's shape replaces the axis),
+# `take_along_axis` reads x[o, idx[o, k, i], i] (the index has x's rank),
+# and each `scatter_add*` adds `values` into a copy of `base` where its
+# gather would read, so repeated indices accumulate.  Indices are i32 or
+# i64; a negative one counts from the end, and one out of range is an
+# `ArgumentError` at run time naming `params["what"]` (the index's source
+# name) before any result is returned.
+
+
+def _check_index(idx: TensorType, span) -> None:
+    if idx.dtype not in ("i32", "i64"):
+        raise GradError(f"an index must be an integer array (i32 or i64), not {idx.dtype}",
+                        span)
+
+
+def _check_axis(x: TensorType, axis: int, span) -> None:
+    if not 0 <= axis < x.rank:
+        raise GradError(f"axis {axis} is out of range for rank {x.rank}", span)
+
+
+def _taken_shape(x: TensorType, idx: TensorType, axis: int) -> tuple:
+    return x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+
+
+def _take_rule(types, params, span):
+    x, idx = types
+    _check_index(idx, span)
+    _check_axis(x, params["axis"], span)
+    return [TensorType(x.dtype, _taken_shape(x, idx, params["axis"]))]
+
+
+def _check_along(x: TensorType, idx: TensorType, axis: int, span) -> None:
+    _check_index(idx, span)
+    _check_axis(x, axis, span)
+    if idx.rank != x.rank or any(a != b for k, (a, b) in enumerate(zip(x.shape, idx.shape))
+                                 if k != axis):
+        raise GradError(f"an index of shape {list(idx.shape)} does not fit an array of shape "
+                        f"{list(x.shape)} along axis {axis}: it needs the array's shape "
+                        f"on every other axis", span)
+
+
+def _take_along_rule(types, params, span):
+    x, idx = types
+    _check_along(x, idx, params["axis"], span)
+    return [TensorType(x.dtype, idx.shape)]
+
+
+def _check_scatter(base: TensorType, values: TensorType, want: tuple, span) -> None:
+    if base.dtype == "bool":
+        raise GradError("scatter_add needs a numeric array, not bool", span)
+    if values.shape != want:
+        raise GradError(f"values of shape {list(values.shape)} do not match their indices: "
+                        f"expected shape {list(want)}", span)
+    _same_dtype([base, values], span)
+
+
+def _scatter_add_rule(types, params, span):
+    base, idx, values = types
+    _check_index(idx, span)
+    _check_axis(base, params["axis"], span)
+    _check_scatter(base, values, _taken_shape(base, idx, params["axis"]), span)
+    return [base]
+
+
+def _scatter_along_rule(types, params, span):
+    base, idx, values = types
+    _check_along(base, idx, params["axis"], span)
+    _check_scatter(base, values, idx.shape, span)
+    return [base]
+
+
 # ------------------------------------------------- IR-building helpers
 
 
@@ -339,6 +411,27 @@ def _concat_vjp(b, eqn, cts, needs):
     return out
 
 
+def _gather_vjp(scatter: str) -> VjpRule:
+    """A gather's VJP: its cotangent scatter-added into zeros of x's shape."""
+    def vjp(b, eqn, cts, needs):
+        x, idx = eqn.inputs
+        if not needs[0]:
+            return [None, None]
+        zeros = zeros_like(b, x.type)
+        return [b.bind(scatter, zeros, idx, cts[0], span=eqn.span, **eqn.p), None]
+    return vjp
+
+
+def _scatter_vjp(gather: str) -> VjpRule:
+    """A scatter-add's VJP: the cotangent itself for `base`, and the
+    cotangent gathered where the values went for `values`."""
+    def vjp(b, eqn, cts, needs):
+        _, idx, _ = eqn.inputs
+        ct_values = b.bind(gather, cts[0], idx, span=eqn.span, **eqn.p) if needs[2] else None
+        return [cts[0] if needs[0] else None, None, ct_values]
+    return vjp
+
+
 def _no_op_for_same_type(params: dict) -> bool:
     return True
 
@@ -386,6 +479,25 @@ def _embed_ref(x, shape, starts, stops, steps):
     return out
 
 
+def _along_index(idx: np.ndarray, axis: int) -> tuple:
+    """The NumPy index that reads x[o, idx[o, k, i], i] (as take_along_axis)."""
+    grids: list = list(np.indices(idx.shape, sparse=True))
+    grids[axis] = idx
+    return tuple(grids)
+
+
+def _scatter_add_ref(base, idx, values, axis, what):
+    out = np.array(base, copy=True)
+    np.add.at(out, (slice(None),) * axis + (idx,), values)
+    return out
+
+
+def _scatter_along_ref(base, idx, values, axis, what):
+    out = np.array(base, copy=True)
+    np.add.at(out, _along_index(idx, axis), values)
+    return out
+
+
 def _np_dtype(dtype: str):
     return NUMPY_DTYPES[dtype]
 
@@ -412,8 +524,10 @@ class Op:
 
     name: str
     # "elementwise" (fusable into a loop), "reduction", "layout" (shape
-    # only: reshape, transpose, slicing, ...), "matmul", "shape" (a size
-    # known at call time) or "call" (a user function carrying its gradient)
+    # only: reshape, transpose, slicing, ...), "matmul", "index" (a gather
+    # or scatter-add by an integer index array, checked at run time),
+    # "shape" (a size known at call time) or "call" (a user function
+    # carrying its gradient)
     kind: str = "elementwise"
     # (in_types, params, span) -> out_types; elementwise inputs already
     # share one dtype (`compiler.lower` inserts the casts)
@@ -430,7 +544,8 @@ class Op:
     template: Optional[str] = None
     arity: int = 1  # -1: any number of inputs
     # where the op-table tests sample each input: real | positive | unit |
-    # nonzero | bool; one string for every input, or one per input
+    # nonzero | bool | index (in range for the axis, repeats and negatives
+    # included); one string for every input, or one per input
     domain: Union[str, tuple[str, ...]] = "real"
     float_only: bool = False  # integer inputs are cast to f64 first
     tol: float = 1e-5  # how close f32 must come to the reference
@@ -448,7 +563,9 @@ class Op:
     # it may be nonzero): "select" re-selects every input cotangent by it,
     # so a branch not taken contributes exactly 0 even where the local
     # derivative is inf; "branches" is `where` itself, whose rule already
-    # selects, and whose branch k narrows the mask to where it was taken
+    # selects, and whose branch k narrows the mask to where it was taken;
+    # "none" drops the mask: a gather's or scatter's input cotangent sits
+    # at other positions than its output's, so the mask says nothing there
     masking: str = "select"
     # the work of one element of the op in a fused loop beyond that of the
     # loop itself (its loads and stores, and arithmetic, which vectorizes
@@ -592,6 +709,19 @@ _TABLE: tuple[Op, ...] = (
        ref=lambda *xs, axis: np.concatenate(xs, axis=axis)),
     Op("matmul", kind="matmul", type_rule=_matmul_rule, vjp=_matmul_vjp, ref=np.matmul,
        arity=2, tol=1e-4),
+    # ---- gathers and scatter-adds (see "Gathers and scatter-adds" above)
+    Op("take", kind="index", type_rule=_take_rule, vjp=_gather_vjp("scatter_add"),
+       ref=lambda x, idx, axis, what: np.take(x, idx, axis=axis), arity=2,
+       domain=("real", "index"), masking="none"),
+    Op("take_along_axis", kind="index", type_rule=_take_along_rule,
+       vjp=_gather_vjp("scatter_add_along_axis"),
+       ref=lambda x, idx, axis, what: np.take_along_axis(x, idx, axis=axis), arity=2,
+       domain=("real", "index"), masking="none"),
+    Op("scatter_add", kind="index", type_rule=_scatter_add_rule, vjp=_scatter_vjp("take"),
+       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real"), masking="none"),
+    Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
+       vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
+       domain=("real", "index", "real"), masking="none"),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.

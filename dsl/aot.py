@@ -106,14 +106,18 @@ def _split(body: str) -> list[str]:
 
 
 def default_sig(module: Module, f: GradFn) -> str:
-    """A signature f can be lowered for: annotated parameters as annotated,
-    the others f64 arrays sharing one size, of rank 1, else 2, else 0."""
+    """A signature f can be lowered for: annotated parameters as annotated
+    (a const integer given the value 1: a count, an axis or an index), the
+    others f64 arrays sharing one size, of rank 1, else 2, else 0."""
     candidates = []
     for unannotated in ("[n]", "[n, n]", ""):
         args = []
         for spec in f.specs:
             if spec.has_default:
                 break
+            if spec.const and spec.dtype in ("i32", "i64") and not spec.dims:
+                args.append("1")
+                continue
             dtype = spec.dtype or "f64"
             dims = (f"[{', '.join(map(str, spec.dims))}]" if spec.dims else "") \
                 if spec.dims is not None else unannotated

@@ -340,21 +340,30 @@ class Summary:
         return f"skipped: {self.skipped}" if self.skipped else "ok"
 
 
+# The least size of a sampled axis (an axis of unknown size has it).
+MIN_SIZE = 3
+
+
 def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
     sizes: dict[str, int] = {}
     args = []
     for spec in f.specs:
         if spec.has_default:
             break
-        if spec.dims is None:
-            shape = (3,) * rank
-        else:
-            shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, 3 + len(sizes))
-                          for d in spec.dims)
         dtype = spec.dtype or "f64"
+        if spec.const and dtype in ("i32", "i64") and not spec.dims:
+            args.append(np.asarray(MIN_SIZE, dtype=np.int64 if dtype == "i64" else np.int32))
+            continue  # a size or a count: every sampled size is at least it
+        if spec.dims is None:
+            shape = (MIN_SIZE,) * rank
+        else:
+            shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, MIN_SIZE + len(sizes))
+                          for d in spec.dims)
         if dtype in ("i32", "i64"):
-            args.append(rng.integers(0, 4, size=shape).astype(np.int64 if dtype == "i64"
-                                                              else np.int32))
+            # valid indices into any sampled axis, negatives, both ends and
+            # repeats included
+            args.append(rng.integers(-MIN_SIZE, MIN_SIZE, size=shape).astype(
+                np.int64 if dtype == "i64" else np.int32))
         elif dtype == "bool":
             args.append(rng.random(shape) < 0.5)
         elif spec.differentiable:

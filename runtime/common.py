@@ -1,6 +1,8 @@
 """What the targets' helper modules share (drivers call them as `R`)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from gradlang.runtime.errors import ArgumentError
@@ -59,3 +61,16 @@ def stride_table(out_shape, src_strides) -> tuple:
     for s, d, t in zip(c_strides(out_shape), out_shape, src_strides):
         table += [s, d, t]
     return tuple(table)
+
+
+def index_out_of_range(where: str, index: int, size: int) -> None:
+    """Raised by a gather or scatter-add whose index array holds `index`
+    where an axis has `size` elements (before any result is returned)."""
+    raise ArgumentError(f"index {index} in {where} is out of range for an axis of size "
+                        f"{size} (valid: {-size} to {size - 1})")
+
+
+def index_views(shape: tuple, axis: int) -> tuple[int, int, int]:
+    """(outer, size of `axis`, inner): the 3-d view a gather or scatter-add
+    along `axis` works on."""
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])

@@ -25,6 +25,8 @@ from gradlang.runtime import cpu_math
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     check_nonempty,
+    index_out_of_range,
+    index_views,
     into,
     size_mismatch,
 )
@@ -198,6 +200,152 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
     out = np.zeros(shape, x.dtype)
     out[where] = x
     return out
+
+
+# ------------------------------------------------- gathers and scatter-adds
+# The `index` ops of `compiler.ops`, over (outer, axis, inner) views.  Every
+# index is checked in one serial pass before anything is read or written
+# (`_checked`), so the kernels see only valid ones and normalize negatives.
+# Gathers run in parallel over output rows.  A scatter-add runs in parallel
+# over disjoint lanes of its output (an outer index and a chunk of the inner
+# axis), each lane looping over every index in order: repeated indices
+# accumulate with no race, deterministically, at the price of running
+# serially when the output is one column (a 1-d segment sum).
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_out_of_range(idx, n):
+    for k in range(idx.shape[0]):
+        if idx[k] < -n or idx[k] >= n:
+            return k
+    return -1
+
+
+def _checked(idx: np.ndarray, n: int, where: str) -> np.ndarray:
+    flat_idx = np.ascontiguousarray(idx).reshape(-1)
+    bad = _first_out_of_range(flat_idx, n)
+    if bad >= 0:
+        index_out_of_range(where, int(flat_idx[bad]), n)
+    return flat_idx
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_rows(x, idx, out, first, last):
+    n, m = x.shape[1], idx.shape[0]
+    for r in range(first, last):
+        o, k = r // m, r % m
+        j = idx[k] + n if idx[k] < 0 else idx[k]
+        out[o, k, :] = x[o, j, :]
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_along_rows(x, idx, out, first, last):
+    n, m = x.shape[1], idx.shape[1]
+    for r in range(first, last):
+        o, k = r // m, r % m
+        for i in range(x.shape[2]):
+            j = idx[o, k, i] + n if idx[o, k, i] < 0 else idx[o, k, i]
+            out[o, k, i] = x[o, j, i]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _take_parallel(x, idx, out, chunk):
+    rows = out.shape[0] * out.shape[1]
+    for c in prange(-(-rows // chunk)):
+        _take_rows(x, idx, out, c * chunk, min(rows, (c + 1) * chunk))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _take_along_parallel(x, idx, out, chunk):
+    rows = out.shape[0] * out.shape[1]
+    for c in prange(-(-rows // chunk)):
+        _take_along_rows(x, idx, out, c * chunk, min(rows, (c + 1) * chunk))
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_lanes(out, idx, values, first, last, width):
+    # idx: values' shape (a broadcast view for scatter_add's 1-d index)
+    n, inner = out.shape[1], out.shape[2]
+    chunks = -(-inner // width)
+    for lane in range(first, last):
+        o = lane // chunks
+        lo = (lane % chunks) * width
+        for k in range(values.shape[1]):
+            for i in range(lo, min(inner, lo + width)):
+                j = idx[o, k, i]
+                out[o, j + n if j < 0 else j, i] += values[o, k, i]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _scatter_parallel(out, idx, values, width):
+    lanes = out.shape[0] * -(-out.shape[2] // width)
+    for lane in prange(lanes):
+        _scatter_lanes(out, idx, values, lane, lane + 1, width)
+
+
+def _gather(kernel, parallel_kernel, x, idx3, out3) -> None:
+    rows = out3.shape[0] * out3.shape[1]
+    if out3.size < PARALLEL_THRESHOLD:
+        kernel(x, idx3, out3, 0, rows)
+    else:
+        parallel_kernel(x, idx3, out3, max(1, -(-rows // (4 * numba.get_num_threads()))))
+
+
+def take(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
+    """np.take(x, idx, axis), with every index checked first."""
+    outer, n, inner = index_views(x.shape, axis)
+    flat_idx = _checked(idx, n, where)
+    out = np.empty(x.shape[:axis] + np.shape(idx) + x.shape[axis + 1:], x.dtype)
+    if out.size:
+        view = np.ascontiguousarray(x).reshape(outer, n, inner)
+        _gather(_take_rows, _take_parallel, view, flat_idx,
+                out.reshape(outer, flat_idx.size, inner))
+    return out
+
+
+def take_along_axis(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
+    """np.take_along_axis(x, idx, axis), with every index checked first."""
+    outer, n, inner = index_views(x.shape, axis)
+    flat_idx = _checked(idx, n, where)
+    out = np.empty(idx.shape, x.dtype)
+    if out.size:
+        view = np.ascontiguousarray(x).reshape(outer, n, inner)
+        _gather(_take_along_rows, _take_along_parallel, view,
+                flat_idx.reshape(outer, -1, inner), out.reshape(outer, -1, inner))
+    return out
+
+
+def _scatter(base, flat_idx, values, axis, along: bool) -> np.ndarray:
+    out = np.array(base)  # C-contiguous, never the input
+    outer, n, inner = index_views(out.shape, axis)
+    if values.size == 0:
+        return out
+    out3 = out.reshape(outer, n, inner)
+    values3 = np.ascontiguousarray(values).reshape(outer, -1, inner)
+    idx = (flat_idx.reshape(values3.shape) if along
+           else np.broadcast_to(flat_idx.reshape(1, -1, 1), values3.shape))
+    if values.size < PARALLEL_THRESHOLD:
+        _scatter_lanes(out3, idx, values3, 0, outer, inner)
+    else:
+        splits = min(inner, -(-4 * numba.get_num_threads() // outer))
+        _scatter_parallel(out3, idx, values3, -(-inner // splits))
+    return out
+
+
+def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int,
+                where: str) -> np.ndarray:
+    """base with values added where np.take(base, idx, axis) reads (repeated
+    indices accumulate: np.add.at), every index checked first."""
+    flat_idx = _checked(idx, base.shape[axis], where)
+    return _scatter(base, flat_idx, values, axis, along=False)
+
+
+def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int,
+                           where: str) -> np.ndarray:
+    """base with values added where np.take_along_axis(base, idx, axis)
+    reads, every index checked first."""
+    flat_idx = _checked(idx, base.shape[axis], where)
+    return _scatter(base, flat_idx, values, axis, along=True)
 
 
 # ------------------------------------------------------------------ target

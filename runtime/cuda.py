@@ -47,6 +47,8 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
     c_strides,
     check_nonempty,
+    index_out_of_range,
+    index_views,
     into,
     size_mismatch,
     stride_table,
@@ -223,6 +225,33 @@ def _matmul(a, b, out):
         out[row, col] = acc
 
 
+@cuda.jit
+def _first_out_of_range(idx, n, first):
+    # first[0]: the least position of an index outside [-n, n)
+    for k in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
+        if idx[k] < -n or idx[k] >= n:
+            cuda.atomic.min(first, 0, k)
+
+
+@cuda.jit
+def _take(x, idx, out, n, m, inner, along):
+    # out viewed as (outer, m, inner); idx as out (along an axis) or (m,)
+    for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        r = t // inner
+        j = idx[t] if along else idx[r % m]
+        out[t] = x[((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner]
+
+
+@cuda.jit
+def _scatter_add(out, idx, values, n, m, inner, along):
+    # atomics: repeated indices meet in one element
+    for t in range(cuda.grid(1), values.size, cuda.gridsize(1)):
+        r = t // inner
+        j = idx[t] if along else idx[r % m]
+        cuda.atomic.add(out, ((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner,
+                        values[t])
+
+
 def _launch(kernel, n: int, *args) -> None:
     kernel[blocks(n), THREADS](*args)
 
@@ -360,6 +389,62 @@ def reduce_sum(x, axes):
 def reduce_max(x, axes):
     check_nonempty(x.shape, axes)
     return _reduce(x, axes, True)
+
+
+# ------------------------------------------------- gathers and scatter-adds
+# Every index is checked by a kernel before anything is read or written;
+# the driver reads its verdict (one integer) back, so a bad index raises
+# before any result exists.  Scatter-adds use atomics.
+
+
+def _checked(idx, n: int, where: str):
+    flat_idx = flat(idx)
+    first = full((1,), flat_idx.size, np.int64)
+    if flat_idx.size:
+        _launch(_first_out_of_range, flat_idx.size, flat_idx, n, first)
+    bad = int(to_host(first)[0])
+    if bad < flat_idx.size:
+        index_out_of_range(where, int(to_host(flat_idx[bad:bad + 1])[0]), n)
+    return flat_idx
+
+
+def _gather_by(x, flat_idx, axis: int, out_shape, along: bool):
+    _, n, inner = index_views(tuple(x.shape), axis)
+    size = math.prod(out_shape)
+    out = cuda.device_array(max(size, 1), x.dtype)
+    if size:
+        m = out_shape[axis] if along else flat_idx.size
+        _launch(_take, size, flat(x), flat_idx, out, n, m, inner, along)
+    return out[:size].reshape(out_shape) if out_shape else out.reshape(())
+
+
+def take(x, idx, axis: int, where: str):
+    flat_idx = _checked(idx, x.shape[axis], where)
+    shape = tuple(x.shape)
+    return _gather_by(x, flat_idx, axis, shape[:axis] + tuple(idx.shape) + shape[axis + 1:], False)
+
+
+def take_along_axis(x, idx, axis: int, where: str):
+    flat_idx = _checked(idx, x.shape[axis], where)
+    return _gather_by(x, flat_idx, axis, tuple(idx.shape), True)
+
+
+def _scatter_by(base, flat_idx, values, axis: int, along: bool):
+    out = copy(base)
+    _, n, inner = index_views(tuple(base.shape), axis)
+    if values.size:
+        m = values.size // max(1, math.prod(base.shape[:axis]) * inner)
+        _launch(_scatter_add, values.size, flat(out), flat_idx, flat(values), n, m, inner,
+                along)
+    return out
+
+
+def scatter_add(base, idx, values, axis: int, where: str):
+    return _scatter_by(base, _checked(idx, base.shape[axis], where), values, axis, False)
+
+
+def scatter_add_along_axis(base, idx, values, axis: int, where: str):
+    return _scatter_by(base, _checked(idx, base.shape[axis], where), values, axis, True)
 
 
 # ------------------------------------------------------------------ target

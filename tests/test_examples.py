@@ -138,6 +138,11 @@ def example_args(rng):
         "linear_poly": [("linear_poly", (np.array([1.0, 2.0, 3.0]),))],
         "straight_through": [("quantized_loss", (rng.normal(size=4), np.zeros(4)))],
         "checkpoint": [("checkpointed", (rng.normal(size=(2, 3)), rng.normal(size=(3, 3)) / 3))],
+        "cross_entropy": [("pick", (rng.normal(size=(3, 4)), np.array([3, 0, -1])))],
+        "embedding": [("embed", (rng.normal(size=(4, 2)), np.array([1, -1, 1, 0]))),
+                      ("embedding_bag", (rng.normal(size=(4, 2)), np.array([1, 3, 1]),
+                                         np.array([1, 0, 1]), rng.normal(size=2), 2))],
+        "segment_pool": [("pool", (rng.normal(size=(4, 2)), np.array([2, 0, 2, -3]), 3))],
     }
 
 

@@ -130,18 +130,18 @@ def test_corrupt_machine_code_never_reaches_llvm(tmp_path):
     assert "unreadable Numba cache" in second.stderr
 
 
-INTS = dsl.loads("def take(x: f64[n], k: const i32):\n    return x * k\n\n"
+INTS = dsl.loads("def times(x: f64[n], k: const i32):\n    return x * k\n\n"
                  "def scale(x: f64[n], k: i32[n]):\n    return x * k\n\n"
                  "def count(x: f64[n], k: const):\n    return x * k\n\n"
                  "def pick(x: f64[n], b: const bool):\n    return where(b, x, -x)\n")
 
 
 @pytest.mark.parametrize("call,pattern", [
-    (lambda: INTS.take(X, 2 ** 33), r"argument 'k' of take\(\) is out of range for i32"),
-    (lambda: INTS.take(X, -2 ** 31 - 1), r"argument 'k' of take\(\) is out of range"),
-    (lambda: INTS.take(X, 1e20), r"argument 'k' of take\(\) is out of range for i32"),
-    (lambda: INTS.take(X, float("inf")), r"argument 'k' of take\(\) must hold i32"),
-    (lambda: INTS.take(X, 2 ** 70), r"argument 'k' of take\(\) is out of range"),
+    (lambda: INTS.times(X, 2 ** 33), r"argument 'k' of times\(\) is out of range for i32"),
+    (lambda: INTS.times(X, -2 ** 31 - 1), r"argument 'k' of times\(\) is out of range"),
+    (lambda: INTS.times(X, 1e20), r"argument 'k' of times\(\) is out of range for i32"),
+    (lambda: INTS.times(X, float("inf")), r"argument 'k' of times\(\) must hold i32"),
+    (lambda: INTS.times(X, 2 ** 70), r"argument 'k' of times\(\) is out of range"),
     (lambda: INTS.scale(X, [1, 2 ** 31]), r"argument 'k' of scale\(\) is out of range"),
     (lambda: INTS.count(X, 2 ** 63), r"argument 'k' of count\(\) is out of range for i64"),
     (lambda: INTS.pick(X, 2), r"argument 'b' of pick\(\) must hold bool values"),
@@ -152,8 +152,8 @@ def test_out_of_range_integers_are_argument_errors(call, pattern):
 
 
 def test_integers_at_the_edge_of_their_range_pass_unchanged():
-    assert INTS.take(np.array([1.0]), 2 ** 31 - 1)[0] == 2 ** 31 - 1
-    assert INTS.take(np.array([1.0]), -2.0 ** 31)[0] == -2 ** 31
+    assert INTS.times(np.array([1.0]), 2 ** 31 - 1)[0] == 2 ** 31 - 1
+    assert INTS.times(np.array([1.0]), -2.0 ** 31)[0] == -2 ** 31
     np.testing.assert_array_equal(INTS.scale(X, [3, -2 ** 31]), X * [3, -2 ** 31])
     np.testing.assert_array_equal(INTS.pick(X, 1), X)
 
@@ -267,7 +267,7 @@ def _numpy_under_a_tape():
 
 BAD_CALLS = {
     "tape": _numpy_under_a_tape,
-    "call": lambda: INTS.take(X, 2 ** 33),
+    "call": lambda: INTS.times(X, 2 ** 33),
     "shapes": lambda: SQUARES.f(X, np.ones(3)),
     "grad": lambda: dsl.grad(SQUARES.f)(X, "x"),
     "hvp": lambda: dsl.hvp(SQUARES.f)(X, X, "abc"),

@@ -54,7 +54,7 @@ def single_op(name: str, in_types, **params):
 
 def types_of(arrays) -> list[TensorType]:
     names = {np.dtype(np.bool_): "bool", np.dtype(np.float32): "f32",
-             np.dtype(np.float64): "f64"}
+             np.dtype(np.float64): "f64", np.dtype(np.int32): "i32", np.dtype(np.int64): "i64"}
     return [TensorType(names[a.dtype], a.shape) for a in arrays]
 
 
@@ -269,8 +269,52 @@ def test_layout_and_matmul(name, in_shapes, params, target, seed, dtype):
         _second_order_check(fn, target, arrays, 0)
 
 
+# Gathers and scatter-adds: (op, shapes of the inputs, axis); each index
+# array is drawn by Hypothesis over the whole valid range, negatives and
+# repeats included.
+INDEX_CASES = [
+    ("take", [(5, 3), (6,)], 0),
+    ("take", [(2, 4), (2, 3)], 1),
+    ("take", [(4,), ()], 0),
+    ("take_along_axis", [(3, 4), (3, 5)], 1),
+    ("take_along_axis", [(3, 2, 2), (4, 2, 2)], 0),
+    ("scatter_add", [(4, 3), (6,), (6, 3)], 0),
+    ("scatter_add", [(2, 3, 2), (4,), (2, 4, 2)], 1),
+    ("scatter_add_along_axis", [(3, 4), (3, 6), (3, 6)], 1),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name,in_shapes,axis", INDEX_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(INDEX_CASES)])
+@settings(max_examples=3, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**31), dtype=st.sampled_from(["f64", "f32"]),
+       index_dtype=st.sampled_from(["i64", "i32"]))
+def test_gathers_and_scatters(name, in_shapes, axis, target, data, seed, dtype, index_dtype):
+    rng = np.random.default_rng(seed)
+    n = in_shapes[0][axis]
+    index_size = int(np.prod(in_shapes[1]))
+    idx = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=index_size,
+                                      max_size=index_size)),
+                   {"i64": np.int64, "i32": np.int32}[index_dtype]).reshape(in_shapes[1])
+    arrays = [idx if d == "index" else sample(rng, d, s, dtype)
+              for d, s in zip(OPS[name].domains, in_shapes)]
+    params = {"axis": axis, "what": "'idx'"}
+    fn = single_op(name, types_of(arrays), **params)
+    (got,) = run(fn, target, *arrays)
+    expected = OPS[name].ref(*arrays, **params)
+    rtol = 1e-12 if dtype == "f64" else 1e-5
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol)
+    assert got.dtype == NP[dtype]
+    if dtype == "f64":
+        floats = [k for k, d in enumerate(OPS[name].domains) if d != "index"]
+        _vjp_check(fn, target, arrays, floats, rng)
+        _second_order_check(fn, target, arrays, floats[-1])
+
+
 def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
+    covered |= {c[0] for c in INDEX_CASES}
     helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim"}
     assert set(OPS) - covered - helpers == set()
 

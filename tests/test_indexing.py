@@ -1,0 +1,324 @@
+"""Indexing with run-time integers, from source, on every target (CUDA on
+Numba's simulator unless a GPU is present): `x[i]` for an integer scalar,
+`x[idx]`, `take`, `take_along_axis`, `scatter_add` and `segment_sum`
+against NumPy (`np.take`, `np.take_along_axis`, `np.add.at`) on
+Hypothesis index arrays with repeats and negatives; gradients (orders 1
+and 2) against central differences in f64; the examples of issue 10; and
+the errors: an out-of-range index is an `ArgumentError` naming the index
+and its value, a non-integer or mis-shaped index a `GradError` at its
+source position."""
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from gradlang.runtime.target import TARGETS
+from helpers import central_difference
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+SOURCE = """\
+def row(x, i: i64):
+    return x[i] * 2.0
+
+def col(x, i: i64):
+    return x[:, i - 1]
+
+def cell(x, i: i64, j: i64):
+    return x[i, j]
+
+def weighted_row(x, w, i: i64):
+    return sum(x[i] * w)
+
+def gather(x, idx):
+    return x[idx]
+
+def gather_cols(x, idx):
+    return x[1:, idx]
+
+def take0(x, idx):
+    return take(x, idx)
+
+def take1(x, idx):
+    return take(x, idx, axis=1)
+
+def along(x, idx):
+    return take_along_axis(x, idx, axis=1)
+
+def scatter(base, idx, values):
+    return scatter_add(base, idx, values)
+
+def scatter1(base, idx, values):
+    return scatter_add(base, idx, values, axis=1)
+
+def segments(values, seg, m: const i64):
+    return segment_sum(values, seg, m)
+
+def segments_of_size(values, seg, like):
+    return segment_sum(values, seg, like.shape[0])
+
+def smooth(x, idx, values):
+    return sum(sin(scatter_add(x * x, idx, values * x[idx])))
+"""
+
+
+each_target = pytest.mark.parametrize("target", list(TARGETS))
+
+
+@functools.lru_cache(maxsize=None)
+def module(target: str) -> dsl.Module:
+    return dsl.loads(SOURCE, "indexing.grad", target=target, host_results=True)
+
+
+@functools.lru_cache(maxsize=None)
+def example(name: str, target: str) -> dsl.Module:
+    return dsl.load(EXAMPLES / f"{name}.grad", target=target, host_results=True)
+
+
+def indices(n: int, size: int):
+    """Index arrays over [-n, n): negatives and repeats included."""
+    return st.lists(st.integers(-n, n - 1), min_size=size, max_size=size).map(
+        lambda xs: np.array(xs, np.int64))
+
+
+# ------------------------------------------------------ scalar indices
+
+
+@each_target
+def test_runtime_scalar_index_reads_like_numpy(target):
+    m = module(target)
+    x = np.arange(12.0).reshape(4, 3)
+    for i in (0, 3, -1, -4):
+        np.testing.assert_array_equal(m.row(x, np.int64(i)), x[i] * 2)
+        np.testing.assert_array_equal(m.cell(x, np.int64(i), np.int64(-2)), x[i, -2])
+    np.testing.assert_array_equal(m.col(x, np.int64(3)), x[:, 2])
+    np.testing.assert_array_equal(m.col(x, np.int64(0)), x[:, -1])
+
+
+@each_target
+def test_gradient_of_a_scalar_index_scatters_into_zeros(target):
+    m = module(target)
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=3)
+    for i in (2, -1):
+        g = dsl.grad(m.weighted_row)(x, w, np.int64(i))
+        expected = np.zeros_like(x)
+        expected[i] = w
+        np.testing.assert_array_equal(g, expected)
+
+
+# ------------------------------------------------------- index arrays
+
+
+@each_target
+@settings(max_examples=4, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_gathers_match_numpy(target, data, seed):
+    m = module(target)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(5, 4))
+    idx = data.draw(indices(5, 6))
+    np.testing.assert_array_equal(m.gather(x, idx), x[idx])
+    np.testing.assert_array_equal(m.take0(x, idx), np.take(x, idx))
+    cols = data.draw(indices(4, 3))
+    np.testing.assert_array_equal(m.gather_cols(x, cols), x[1:, cols])
+    np.testing.assert_array_equal(m.take1(x, cols.reshape(3, 1)),
+                                  np.take(x, cols.reshape(3, 1), axis=1))
+    picks = data.draw(indices(4, 10)).reshape(5, 2)
+    np.testing.assert_array_equal(m.along(x, picks), np.take_along_axis(x, picks, axis=1))
+
+
+@each_target
+@settings(max_examples=4, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_scatter_adds_match_numpy_add_at(target, data, seed):
+    m = module(target)
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(4, 3))
+    idx = data.draw(indices(4, 7))
+    values = rng.normal(size=(7, 3))
+    expected = base.copy()
+    np.add.at(expected, idx, values)
+    np.testing.assert_allclose(m.scatter(base, idx, values), expected, rtol=1e-12)
+    idx1 = data.draw(indices(3, 5))
+    values1 = rng.normal(size=(4, 5))
+    expected = base.copy()
+    np.add.at(expected, (slice(None), idx1), values1)
+    np.testing.assert_allclose(m.scatter1(base, idx1, values1), expected, rtol=1e-12)
+    seg = np.abs(idx) % 3
+    expected = np.zeros((3, 3))
+    np.add.at(expected, seg, values)
+    np.testing.assert_allclose(m.segments(values, seg, 3), expected, rtol=1e-12)
+    np.testing.assert_allclose(m.segments_of_size(values, seg, np.zeros(3)), expected,
+                               rtol=1e-12)
+
+
+@each_target
+@settings(max_examples=3, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_gather_and_scatter_gradients_match_finite_differences(target, data, seed):
+    # smooth() has a gather inside a scatter-add, so its gradient is a
+    # scatter-add of a gather and its Hessian runs both again.
+    m = module(target)
+    rng = np.random.default_rng(seed)
+    x, values = rng.normal(size=(4, 2)), rng.normal(size=(6, 2))
+    idx = data.draw(indices(4, 6))
+
+    def f(x, values):
+        out = x * x
+        np.add.at(out, idx, values * x[idx])
+        return np.sum(np.sin(out))
+
+    gx, gv = dsl.grad(m.smooth, wrt=(0, 2))(x, idx, values)
+    np.testing.assert_allclose(gx, central_difference(f, [x, values], 0), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(gv, central_difference(f, [x, values], 1), rtol=1e-6, atol=1e-8)
+    v = rng.normal(size=x.shape)
+    hv = dsl.hvp(m.smooth, wrt=0)(x, idx, values, v)
+    eps = 1e-5
+    fd = (dsl.grad(m.smooth)(x + eps * v, idx, values)
+          - dsl.grad(m.smooth)(x - eps * v, idx, values)) / (2 * eps)
+    np.testing.assert_allclose(hv, fd, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------- examples
+
+
+@each_target
+def test_cross_entropy_with_integer_labels(target):
+    pick = example("cross_entropy", target).pick
+    rng = np.random.default_rng(1)
+    logits, labels = rng.normal(size=(5, 4)), np.array([0, 3, -1, 3, 2])
+
+    def reference(logits):
+        lp = logits - np.log(np.sum(np.exp(logits), axis=1, keepdims=True))
+        return -np.mean(lp[np.arange(5), labels])
+
+    np.testing.assert_allclose(pick(logits, labels), reference(logits), rtol=1e-12)
+    g = dsl.grad(pick)(logits, labels)
+    np.testing.assert_allclose(g, central_difference(reference, [logits], 0), rtol=1e-6,
+                               atol=1e-9)
+    softmax = np.exp(logits) / np.sum(np.exp(logits), axis=1, keepdims=True)
+    onehot = np.eye(4)[labels]
+    np.testing.assert_allclose(g, (softmax - onehot) / 5, rtol=1e-10, atol=1e-14)
+    v = rng.normal(size=logits.shape)
+    eps = 1e-5
+    fd = (dsl.grad(pick)(logits + eps * v, labels)
+          - dsl.grad(pick)(logits - eps * v, labels)) / (2 * eps)
+    np.testing.assert_allclose(dsl.hvp(pick)(logits, labels, v), fd, rtol=1e-5, atol=1e-8)
+
+
+@each_target
+def test_embedding_gradient_accumulates_repeated_ids(target):
+    m = example("embedding", target)
+    rng = np.random.default_rng(2)
+    table, ids = rng.normal(size=(5, 3)), np.array([1, 4, 1, -1, 0, 1])
+    np.testing.assert_allclose(m.embed(table, ids), np.sum(table[ids] ** 2), rtol=1e-12)
+    g = dsl.grad(m.embed)(table, ids)
+    counts = np.bincount(ids % 5, minlength=5)[:, None]  # row 1 three times, row 4 twice
+    np.testing.assert_allclose(g, 2 * counts * table, rtol=1e-12)
+    np.testing.assert_allclose(g, central_difference(lambda t: np.sum(t[ids] ** 2), [table], 0),
+                               rtol=1e-6, atol=1e-8)
+    v = rng.normal(size=table.shape)
+    np.testing.assert_allclose(dsl.hvp(m.embed)(table, ids, v), 2 * counts * v, rtol=1e-12)
+
+
+@each_target
+def test_embedding_bag(target):
+    m = example("embedding", target)
+    rng = np.random.default_rng(3)
+    table, w = rng.normal(size=(6, 3)), rng.normal(size=3)
+    ids, bag = np.array([5, 0, 5, 2, -6]), np.array([0, 0, 2, 1, 2])
+
+    def reference(table, w):
+        pooled = np.zeros((3, 3))
+        np.add.at(pooled, bag, table[ids])
+        return np.sum(np.tanh(pooled @ w))
+
+    np.testing.assert_allclose(m.embedding_bag(table, ids, bag, w, 3), reference(table, w),
+                               rtol=1e-12)
+    g_table, g_w = dsl.grad(m.embedding_bag, wrt=(0, 3))(table, ids, bag, w, 3)
+    np.testing.assert_allclose(g_table, central_difference(reference, [table, w], 0),
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(g_w, central_difference(reference, [table, w], 1),
+                               rtol=1e-6, atol=1e-8)
+
+
+@each_target
+def test_segment_pool_and_its_gather_gradient(target):
+    pool = example("segment_pool", target).pool
+    rng = np.random.default_rng(4)
+    x, seg = rng.normal(size=(6, 2)), np.array([0, 2, 2, 1, 0, 2])
+    expected = np.zeros((4, 2))
+    np.add.at(expected, seg, x)
+    np.testing.assert_allclose(pool(x, seg, 4), expected, rtol=1e-12)
+    ct = rng.normal(size=(4, 2))
+    out, pullback = dsl.vjp(pool, x, seg, 4)
+    np.testing.assert_allclose(out, expected, rtol=1e-12)
+    np.testing.assert_allclose(pullback(ct)[0], ct[seg], rtol=1e-12)
+
+
+# ------------------------------------------------------------ errors
+
+
+@each_target
+def test_out_of_range_index_is_an_argument_error_naming_it(target):
+    m = example("embedding", target)
+    table = np.ones((5, 3))
+    for bad in (5, -6, 1 << 40):
+        with pytest.raises(dsl.ArgumentError) as info:
+            m.embed(table, np.array([0, bad, 1]))
+        text = str(info.value)
+        assert f"index {bad} in 'ids'" in text and "axis of size 5" in text, text
+        with pytest.raises(dsl.ArgumentError, match=f"index {bad} in 'ids'"):
+            dsl.grad(m.embed)(table, np.array([bad]))
+    with pytest.raises(dsl.ArgumentError, match="index 3 in 'labels'"):
+        example("cross_entropy", target).pick(np.zeros((2, 3)), np.array([0, 3]))
+    with pytest.raises(dsl.ArgumentError, match="index 4 in 'seg'"):
+        example("segment_pool", target).pool(np.zeros((2, 1)), np.array([0, 4]), 4)
+    with pytest.raises(dsl.ArgumentError, match="index -5 in 'i'"):
+        module(target).row(np.zeros((4, 2)), np.int64(-5))
+
+
+@pytest.mark.parametrize("source,line,col,text", [
+    ("def f(x, idx: f64[n]):\n    return x[idx]\n", 2, 14,
+     "an index must be an integer array (i32 or i64), but 'idx' is declared f64"),
+    ("def f(x, idx: bool[n]):\n    return take(x, idx)\n", 2, 20, "is declared bool"),
+])
+def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text):
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, "bad.grad")
+    err = info.value
+    assert (err.line, err.col) == (line, col) and text in err.message, str(err)
+    assert str(err).splitlines()[-1].strip() == "^" * len("idx")
+
+
+@pytest.mark.parametrize("source,args,line,col,text", [
+    ("def f(x, idx):\n    return x[idx]\n", (np.zeros(3), np.zeros(2)), 2, 14,
+     "an index must be an integer array (i32 or i64), not f64"),
+    ("def f(x, i):\n    return x[0.5 * i]\n", (np.zeros(3), np.int64(1)), 2, 14,
+     "not f64"),
+    ("def f(x, idx):\n    return take_along_axis(x, idx, axis=0)\n",
+     (np.zeros((3, 2)), np.zeros((2, 3), np.int64)), 2, 12, "does not fit an array"),
+    ("def f(x, idx):\n    return take_along_axis(x, idx, axis=1)\n",
+     (np.zeros((3, 2)), np.zeros(2, np.int64)), 2, 12, "does not fit an array"),
+    ("def f(x, idx):\n    return x[idx, 0]\n", (np.zeros((3, 2)), np.zeros(2, np.int64)),
+     2, 14, "only be combined with slices"),
+    ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
+     (np.zeros((3, 2)), np.zeros(2, np.int64), np.zeros((3, 2))), 2, 12,
+     "expected shape [2, 2]"),
+    ("def f(v, seg, m: i64):\n    return segment_sum(v, seg, m)\n",
+     (np.zeros(3), np.zeros(3, np.int64), np.int64(2)), 2, 12, "num_segments must be known"),
+    ("def f(x, idx):\n    return take(x, idx, axis=2)\n",
+     (np.zeros((3, 2)), np.zeros(2, np.int64)), 2, 12, "axis 2 is out of range"),
+])
+def test_bad_indices_are_errors_at_their_source(source, args, line, col, text):
+    m = dsl.loads(source, "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(*args)
+    err = info.value
+    assert not isinstance(err, dsl.ArgumentError)
+    assert (err.line, err.col) == (line, col) and text in err.message, str(err)
+    assert "^" in str(err).splitlines()[-1]
