@@ -203,149 +203,120 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
 
 
 # ------------------------------------------------- gathers and scatter-adds
-# The `index` ops of `compiler.ops`, over (outer, axis, inner) views.  Every
-# index is checked in one serial pass before anything is read or written
-# (`_checked`), so the kernels see only valid ones and normalize negatives.
-# Gathers run in parallel over output rows.  A scatter-add runs in parallel
-# over disjoint lanes of its output (an outer index and a chunk of the inner
-# axis), each lane looping over every index in order: repeated indices
-# accumulate with no race, deterministically, at the price of running
-# serially when the output is one column (a 1-d segment sum).
+# The `index` ops of `compiler.ops`, over (outer, axis, inner) views.  Each
+# kernel checks every index as it goes and returns the position of the
+# first out of range (or -1) where it stops: it writes only into the array
+# it was given to fill, which the driver then never sees, so a bad index
+# raises (`index_out_of_range`) before any result exists, and the check
+# costs no pass of its own.  They run serially: on this 2-core machine the
+# row-parallel gather took 3.5x as long as the serial one and a scatter-add
+# parallel over disjoint column lanes 15x as long (`benchmarks/
+# bench_indexing.py`); serial, repeated indices accumulate with no race, in
+# index order.
 
 
 @numba.njit(cache=True, nogil=True)
-def _first_out_of_range(idx, n):
+def _take_rows(x, idx, out):
+    n = x.shape[1]
     for k in range(idx.shape[0]):
-        if idx[k] < -n or idx[k] >= n:
+        j = idx[k]
+        if j < -n or j >= n:
             return k
+        j = j + n if j < 0 else j
+        for o in range(x.shape[0]):
+            for i in range(x.shape[2]):
+                out[o, k, i] = x[o, j, i]
     return -1
 
 
-def _checked(idx: np.ndarray, n: int, where: str) -> np.ndarray:
-    flat_idx = np.ascontiguousarray(idx).reshape(-1)
-    bad = _first_out_of_range(flat_idx, n)
-    if bad >= 0:
-        index_out_of_range(where, int(flat_idx[bad]), n)
-    return flat_idx
-
-
 @numba.njit(cache=True, nogil=True)
-def _take_rows(x, idx, out, first, last):
-    n, m = x.shape[1], idx.shape[0]
-    for r in range(first, last):
-        o, k = r // m, r % m
-        j = idx[k] + n if idx[k] < 0 else idx[k]
-        out[o, k, :] = x[o, j, :]
-
-
-@numba.njit(cache=True, nogil=True)
-def _take_along_rows(x, idx, out, first, last):
-    n, m = x.shape[1], idx.shape[1]
-    for r in range(first, last):
-        o, k = r // m, r % m
-        for i in range(x.shape[2]):
-            j = idx[o, k, i] + n if idx[o, k, i] < 0 else idx[o, k, i]
-            out[o, k, i] = x[o, j, i]
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _take_parallel(x, idx, out, chunk):
-    rows = out.shape[0] * out.shape[1]
-    for c in prange(-(-rows // chunk)):
-        _take_rows(x, idx, out, c * chunk, min(rows, (c + 1) * chunk))
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _take_along_parallel(x, idx, out, chunk):
-    rows = out.shape[0] * out.shape[1]
-    for c in prange(-(-rows // chunk)):
-        _take_along_rows(x, idx, out, c * chunk, min(rows, (c + 1) * chunk))
-
-
-@numba.njit(cache=True, nogil=True)
-def _scatter_lanes(out, idx, values, first, last, width):
-    # idx: values' shape (a broadcast view for scatter_add's 1-d index)
-    n, inner = out.shape[1], out.shape[2]
-    chunks = -(-inner // width)
-    for lane in range(first, last):
-        o = lane // chunks
-        lo = (lane % chunks) * width
-        for k in range(values.shape[1]):
-            for i in range(lo, min(inner, lo + width)):
+def _take_along(x, idx, out):
+    n, m, inner = x.shape[1], idx.shape[1], x.shape[2]
+    for o in range(x.shape[0]):
+        for k in range(m):
+            for i in range(inner):
                 j = idx[o, k, i]
+                if j < -n or j >= n:
+                    return (o * m + k) * inner + i
+                out[o, k, i] = x[o, j + n if j < 0 else j, i]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_rows(out, idx, values):
+    n = out.shape[1]
+    for k in range(idx.shape[0]):
+        j = idx[k]
+        if j < -n or j >= n:
+            return k
+        j = j + n if j < 0 else j
+        for o in range(out.shape[0]):
+            for i in range(out.shape[2]):
+                out[o, j, i] += values[o, k, i]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_along(out, idx, values):
+    n, m, inner = out.shape[1], idx.shape[1], out.shape[2]
+    for o in range(out.shape[0]):
+        for k in range(m):
+            for i in range(inner):
+                j = idx[o, k, i]
+                if j < -n or j >= n:
+                    return (o * m + k) * inner + i
                 out[o, j + n if j < 0 else j, i] += values[o, k, i]
+    return -1
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _scatter_parallel(out, idx, values, width):
-    lanes = out.shape[0] * -(-out.shape[2] // width)
-    for lane in prange(lanes):
-        _scatter_lanes(out, idx, values, lane, lane + 1, width)
+def _checked(bad: int, idx: np.ndarray, n: int, where: str) -> None:
+    """Raise for the index at flat position `bad` (a kernel's verdict)."""
+    if bad >= 0:
+        index_out_of_range(where, int(np.ravel(idx)[bad]), n)
 
 
-def _gather(kernel, parallel_kernel, x, idx3, out3) -> None:
-    rows = out3.shape[0] * out3.shape[1]
-    if out3.size < PARALLEL_THRESHOLD:
-        kernel(x, idx3, out3, 0, rows)
-    else:
-        parallel_kernel(x, idx3, out3, max(1, -(-rows // (4 * numba.get_num_threads()))))
+def _view(x: np.ndarray, axis: int) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(index_views(x.shape, axis))
 
 
 def take(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
-    """np.take(x, idx, axis), with every index checked first."""
+    """np.take(x, idx, axis), every index checked."""
     outer, n, inner = index_views(x.shape, axis)
-    flat_idx = _checked(idx, n, where)
     out = np.empty(x.shape[:axis] + np.shape(idx) + x.shape[axis + 1:], x.dtype)
-    if out.size:
-        view = np.ascontiguousarray(x).reshape(outer, n, inner)
-        _gather(_take_rows, _take_parallel, view, flat_idx,
-                out.reshape(outer, flat_idx.size, inner))
+    flat_idx = np.ascontiguousarray(idx).reshape(-1)
+    _checked(_take_rows(_view(x, axis), flat_idx, out.reshape(outer, flat_idx.size, inner)),
+             idx, n, where)
     return out
 
 
 def take_along_axis(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
-    """np.take_along_axis(x, idx, axis), with every index checked first."""
-    outer, n, inner = index_views(x.shape, axis)
-    flat_idx = _checked(idx, n, where)
+    """np.take_along_axis(x, idx, axis), every index checked."""
     out = np.empty(idx.shape, x.dtype)
-    if out.size:
-        view = np.ascontiguousarray(x).reshape(outer, n, inner)
-        _gather(_take_along_rows, _take_along_parallel, view,
-                flat_idx.reshape(outer, -1, inner), out.reshape(outer, -1, inner))
-    return out
-
-
-def _scatter(base, flat_idx, values, axis, along: bool) -> np.ndarray:
-    out = np.array(base)  # C-contiguous, never the input
-    outer, n, inner = index_views(out.shape, axis)
-    if values.size == 0:
-        return out
-    out3 = out.reshape(outer, n, inner)
-    values3 = np.ascontiguousarray(values).reshape(outer, -1, inner)
-    idx = (flat_idx.reshape(values3.shape) if along
-           else np.broadcast_to(flat_idx.reshape(1, -1, 1), values3.shape))
-    if values.size < PARALLEL_THRESHOLD:
-        _scatter_lanes(out3, idx, values3, 0, outer, inner)
-    else:
-        splits = min(inner, -(-4 * numba.get_num_threads() // outer))
-        _scatter_parallel(out3, idx, values3, -(-inner // splits))
+    _checked(_take_along(_view(x, axis), _view(idx, axis), out.reshape(_view(idx, axis).shape)),
+             idx, x.shape[axis], where)
     return out
 
 
 def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int,
                 where: str) -> np.ndarray:
     """base with values added where np.take(base, idx, axis) reads (repeated
-    indices accumulate: np.add.at), every index checked first."""
-    flat_idx = _checked(idx, base.shape[axis], where)
-    return _scatter(base, flat_idx, values, axis, along=False)
+    indices accumulate: np.add.at), every index checked."""
+    out = np.array(base)  # C-contiguous, never the input
+    outer, n, inner = index_views(out.shape, axis)
+    flat_idx = np.ascontiguousarray(idx).reshape(-1)
+    values3 = np.ascontiguousarray(values).reshape(outer, flat_idx.size, inner)
+    _checked(_scatter_rows(_view(out, axis), flat_idx, values3), idx, n, where)
+    return out
 
 
 def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int,
                            where: str) -> np.ndarray:
     """base with values added where np.take_along_axis(base, idx, axis)
-    reads, every index checked first."""
-    flat_idx = _checked(idx, base.shape[axis], where)
-    return _scatter(base, flat_idx, values, axis, along=True)
+    reads, every index checked."""
+    out = np.array(base)
+    _checked(_scatter_along(_view(out, axis), _view(idx, axis), _view(values, axis)), idx,
+             out.shape[axis], where)
+    return out
 
 
 # ------------------------------------------------------------------ target

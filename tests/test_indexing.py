@@ -322,3 +322,28 @@ def test_bad_indices_are_errors_at_their_source(source, args, line, col, text):
     assert not isinstance(err, dsl.ArgumentError)
     assert (err.line, err.col) == (line, col) and text in err.message, str(err)
     assert "^" in str(err).splitlines()[-1]
+
+
+def test_cpu_kernels_on_larger_arrays_with_repeated_indices():
+    # Past the sizes the source-level tests use, indices heavily repeated,
+    # every kernel of the CPU target against NumPy.
+    from gradlang.runtime import cpu as R
+    rng = np.random.default_rng(5)
+    table, ids = rng.normal(size=(50, 40)), rng.integers(-50, 50, size=2000)
+    np.testing.assert_array_equal(R.take(table, ids, 0, "ids"), table[ids])
+    rows = rng.normal(size=(2000, 40))
+    expected = np.zeros_like(table)
+    np.add.at(expected, ids, rows)
+    np.testing.assert_allclose(R.scatter_add(np.zeros_like(table), ids, rows, 0, "ids"),
+                               expected, rtol=1e-12)
+    picks = rng.integers(-40, 40, size=(50, 800))
+    np.testing.assert_array_equal(R.take_along_axis(table, picks, 1, "picks"),
+                                  np.take_along_axis(table, picks, 1))
+    values = rng.normal(size=picks.shape)
+    expected = np.zeros_like(table)
+    np.add.at(expected, (np.arange(50)[:, None], picks), values)
+    np.testing.assert_allclose(R.scatter_add_along_axis(np.zeros_like(table), picks, values, 1,
+                                                        "picks"), expected, rtol=1e-12)
+    seg, flat_values = rng.integers(0, 7, size=40000), rng.normal(size=40000)
+    np.testing.assert_allclose(R.scatter_add(np.zeros(7), seg, flat_values, 0, "seg"),
+                               np.bincount(seg, flat_values, minlength=7), rtol=1e-12)
