@@ -4,7 +4,8 @@ boundary.
 
 Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
 reshape, transpose, slice, embed, concatenate, matmul,
-reduce_sum, reduce_max, size_mismatch), taking and returning C-contiguous
+reduce_sum, reduce_max, size_mismatch, take, take_along_axis, scatter_add,
+scatter_add_along_axis), taking and returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
@@ -226,30 +227,31 @@ def _matmul(a, b, out):
 
 
 @cuda.jit
-def _first_out_of_range(idx, n, first):
-    # first[0]: the least position of an index outside [-n, n)
-    for k in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
-        if idx[k] < -n or idx[k] >= n:
-            cuda.atomic.min(first, 0, k)
-
-
-@cuda.jit
-def _take(x, idx, out, n, m, inner, along):
-    # out viewed as (outer, m, inner); idx as out (along an axis) or (m,)
+def _take(x, idx, out, n, m, inner, along, first_bad):
+    # out viewed as (outer, m, inner); idx as out (along an axis) or (m,).
+    # An index out of range is skipped, its position kept in first_bad.
     for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         r = t // inner
-        j = idx[t] if along else idx[r % m]
-        out[t] = x[((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner]
+        k = t if along else r % m
+        j = idx[k]
+        if j < -n or j >= n:
+            cuda.atomic.min(first_bad, 0, k)
+        else:
+            out[t] = x[((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner]
 
 
 @cuda.jit
-def _scatter_add(out, idx, values, n, m, inner, along):
+def _scatter_add(out, idx, values, n, m, inner, along, first_bad):
     # atomics: repeated indices meet in one element
     for t in range(cuda.grid(1), values.size, cuda.gridsize(1)):
         r = t // inner
-        j = idx[t] if along else idx[r % m]
-        cuda.atomic.add(out, ((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner,
-                        values[t])
+        k = t if along else r % m
+        j = idx[k]
+        if j < -n or j >= n:
+            cuda.atomic.min(first_bad, 0, k)
+        else:
+            cuda.atomic.add(out, ((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner,
+                            values[t])
 
 
 def _launch(kernel, n: int, *args) -> None:
@@ -392,59 +394,58 @@ def reduce_max(x, axes):
 
 
 # ------------------------------------------------- gathers and scatter-adds
-# Every index is checked by a kernel before anything is read or written;
-# the driver reads its verdict (one integer) back, so a bad index raises
-# before any result exists.  Scatter-adds use atomics.
+# The kernels check every index as they go, skip one out of range and keep
+# the least position of one (an atomic min); the driver reads that back (8
+# bytes) and raises before the array filled is ever seen.  Scatter-adds use
+# atomics.
 
 
-def _checked(idx, n: int, where: str):
-    flat_idx = flat(idx)
-    first = full((1,), flat_idx.size, np.int64)
-    if flat_idx.size:
-        _launch(_first_out_of_range, flat_idx.size, flat_idx, n, first)
-    bad = int(to_host(first)[0])
-    if bad < flat_idx.size:
-        index_out_of_range(where, int(to_host(flat_idx[bad:bad + 1])[0]), n)
-    return flat_idx
+def _checked(first_bad, idx, n: int, where: str) -> None:
+    bad = int(to_host(first_bad)[0])
+    if bad < idx.size:
+        index_out_of_range(where, int(to_host(flat(idx)[bad:bad + 1])[0]), n)
 
 
-def _gather_by(x, flat_idx, axis: int, out_shape, along: bool):
+def _gather_by(x, idx, axis: int, out_shape, along: bool, where: str):
     _, n, inner = index_views(tuple(x.shape), axis)
     size = math.prod(out_shape)
     out = cuda.device_array(max(size, 1), x.dtype)
+    first_bad = full((1,), idx.size, np.int64)
     if size:
-        m = out_shape[axis] if along else flat_idx.size
-        _launch(_take, size, flat(x), flat_idx, out, n, m, inner, along)
+        m = out_shape[axis] if along else idx.size
+        _launch(_take, size, flat(x), flat(idx), out, n, m, inner, along, first_bad)
+    _checked(first_bad, idx, n, where)
     return out[:size].reshape(out_shape) if out_shape else out.reshape(())
 
 
 def take(x, idx, axis: int, where: str):
-    flat_idx = _checked(idx, x.shape[axis], where)
     shape = tuple(x.shape)
-    return _gather_by(x, flat_idx, axis, shape[:axis] + tuple(idx.shape) + shape[axis + 1:], False)
+    return _gather_by(x, idx, axis, shape[:axis] + tuple(idx.shape) + shape[axis + 1:], False,
+                      where)
 
 
 def take_along_axis(x, idx, axis: int, where: str):
-    flat_idx = _checked(idx, x.shape[axis], where)
-    return _gather_by(x, flat_idx, axis, tuple(idx.shape), True)
+    return _gather_by(x, idx, axis, tuple(idx.shape), True, where)
 
 
-def _scatter_by(base, flat_idx, values, axis: int, along: bool):
+def _scatter_by(base, idx, values, axis: int, along: bool, where: str):
     out = copy(base)
-    _, n, inner = index_views(tuple(base.shape), axis)
+    outer, n, inner = index_views(tuple(base.shape), axis)
+    first_bad = full((1,), idx.size, np.int64)
     if values.size:
-        m = values.size // max(1, math.prod(base.shape[:axis]) * inner)
-        _launch(_scatter_add, values.size, flat(out), flat_idx, flat(values), n, m, inner,
-                along)
+        m = values.size // (outer * inner)
+        _launch(_scatter_add, values.size, flat(out), flat(idx), flat(values), n, m, inner,
+                along, first_bad)
+    _checked(first_bad, idx, n, where)
     return out
 
 
 def scatter_add(base, idx, values, axis: int, where: str):
-    return _scatter_by(base, _checked(idx, base.shape[axis], where), values, axis, False)
+    return _scatter_by(base, idx, values, axis, False, where)
 
 
 def scatter_add_along_axis(base, idx, values, axis: int, where: str):
-    return _scatter_by(base, _checked(idx, base.shape[axis], where), values, axis, True)
+    return _scatter_by(base, idx, values, axis, True, where)
 
 
 # ------------------------------------------------------------------ target
