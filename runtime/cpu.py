@@ -3,10 +3,10 @@ generated drivers call (imported there as `R`).
 
 Contract: every function takes and returns NumPy arrays; none modifies its
 inputs.  Gathers and scatter-adds (`take`, ...) raise `ArgumentError` for an
-index out of range before returning anything.  Reductions run in Numba kernels over an (outer, reduced, inner)
-view of a contiguous array, accumulating floats in f64 and integers in
-i64; matmul calls
-NumPy's BLAS, which no loop written here would beat.
+index out of range before returning anything.  Reductions run in Numba
+kernels over an (outer, reduced, inner) view of a contiguous array,
+accumulating floats in f64 and integers in i64; matmul calls NumPy's BLAS,
+which no loop written here would beat.
 """
 from __future__ import annotations
 
