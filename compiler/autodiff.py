@@ -150,7 +150,11 @@ def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom
     """Input `index`'s cotangent `ct` (at the output's shape for an
     elementwise op, so before un-broadcasting) selected by the output's
     where-mask as `op.masking` says, and the mask that input carries on."""
-    if op.masking == "none":
+    if op.kind not in ("elementwise", "call"):
+        # a reduction's, layout op's, gather's... input cotangent sits at
+        # other positions than its output's: the mask says nothing there
+        # (re-selecting by it when the shapes happened to fit zeroed the
+        # gradient of transpose(x) inside a where wherever c.T != c)
         return ct, None
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):

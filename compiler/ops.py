@@ -563,9 +563,8 @@ class Op:
     # it may be nonzero): "select" re-selects every input cotangent by it,
     # so a branch not taken contributes exactly 0 even where the local
     # derivative is inf; "branches" is `where` itself, whose rule already
-    # selects, and whose branch k narrows the mask to where it was taken;
-    # "none" drops the mask: a gather's or scatter's input cotangent sits
-    # at other positions than its output's, so the mask says nothing there
+    # selects, and whose branch k narrows the mask to where it was taken.
+    # (Only through elementwise ops and calls: see `autodiff._select`.)
     masking: str = "select"
     # the work of one element of the op in a fused loop beyond that of the
     # loop itself (its loads and stores, and arithmetic, which vectorizes
@@ -712,16 +711,16 @@ _TABLE: tuple[Op, ...] = (
     # ---- gathers and scatter-adds (see "Gathers and scatter-adds" above)
     Op("take", kind="index", type_rule=_take_rule, vjp=_gather_vjp("scatter_add"),
        ref=lambda x, idx, axis, what: np.take(x, idx, axis=axis), arity=2,
-       domain=("real", "index"), masking="none"),
+       domain=("real", "index")),
     Op("take_along_axis", kind="index", type_rule=_take_along_rule,
        vjp=_gather_vjp("scatter_add_along_axis"),
        ref=lambda x, idx, axis, what: np.take_along_axis(x, idx, axis=axis), arity=2,
-       domain=("real", "index"), masking="none"),
+       domain=("real", "index")),
     Op("scatter_add", kind="index", type_rule=_scatter_add_rule, vjp=_scatter_vjp("take"),
-       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real"), masking="none"),
+       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real")),
     Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
        vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
-       domain=("real", "index", "real"), masking="none"),
+       domain=("real", "index", "real")),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.

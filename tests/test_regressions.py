@@ -197,3 +197,19 @@ def test_run_reports_unreadable_npy_files(tmp_path, capsys):
     assert main(["run", str(EXAMPLES / "log1pexp.grad"), "log1pexp",
                  str(tmp_path / "bad.npy")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_where_mask_does_not_select_through_layout_or_reductions():
+    # The mask of a where branch (where its cotangent may be nonzero) was
+    # applied to the input cotangent of a transpose or a sum inside it when
+    # the shapes happened to fit, at the wrong positions: the gradient of
+    # transpose(x) came out zero wherever c.T != c.
+    m = dsl.loads("def t(x, c: bool[n, n]):\n    return sum(where(c, transpose(x) * 2.0, 0.0))\n"
+                  "def s(x, c: bool[n]):\n    return sum(where(c, sum(x * x, axis=1), 0.0))\n")
+    x = np.arange(1.0, 5.0).reshape(2, 2)
+    c = np.array([[True, True], [False, False]])
+    np.testing.assert_array_equal(dsl.grad(m.t)(x, c), 2.0 * c.T)
+    rows = np.array([True, False])
+    np.testing.assert_allclose(dsl.grad(m.s)(x, rows),
+                               central_difference(lambda x: np.sum(np.where(
+                                   rows, np.sum(x * x, axis=1), 0.0)), [x], 0), rtol=1e-6)
