@@ -192,7 +192,7 @@ def _matmul_builtin(L, b, args, kwargs, span):
 def index_label(idx: Atom) -> str:
     """How a run-time error names an index: its source name (a parameter
     or a local keeps one in the IR), else its role."""
-    return repr(idx.hint) if isinstance(idx, Var) and idx.hint else "an index array"
+    return repr(idx.hint) if isinstance(idx, Var) and idx.hint else "an index"
 
 
 def index_operand(b: Builder, v: Value, span: Span) -> Atom:
@@ -259,6 +259,9 @@ def _scatter_add(L, b, args, kwargs, span):
     base = as_atom(b, args[0], span)
     idx = index_operand(b, args[1], span)
     (values,) = unify(b, [_kw(args, kwargs, 2, "values")], span)
+    if values.type.is_float and not base.type.is_float:
+        raise GradError(f"scatter_add of {values.type.dtype} values into a "
+                        f"{base.type.dtype} array would drop their fractions", span)
     values = cast(b, values, base.type.dtype)
     axis = static_axis(_kw(args, kwargs, 3, "axis", 0), base.type.rank, span)
     return b.bind("scatter_add", base, idx, values, axis=axis, what=index_label(idx), span=span)

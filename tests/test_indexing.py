@@ -280,6 +280,9 @@ def test_out_of_range_index_is_an_argument_error_naming_it(target):
         example("segment_pool", target).pool(np.zeros((2, 1)), np.array([0, 4]), 4)
     with pytest.raises(dsl.ArgumentError, match="index -5 in 'i'"):
         module(target).row(np.zeros((4, 2)), np.int64(-5))
+    with pytest.raises(dsl.ArgumentError,
+                       match=r"index -3 in an index \(at indexing.grad:5:12\)"):
+        module(target).col(np.zeros((4, 2)), np.int64(-2))
 
 
 @pytest.mark.parametrize("source,line,col,text", [
@@ -311,6 +314,9 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
      "expected shape [2, 2]"),
     ("def f(v, seg, m: i64):\n    return segment_sum(v, seg, m)\n",
      (np.zeros(3), np.zeros(3, np.int64), np.int64(2)), 2, 12, "num_segments must be known"),
+    ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
+     (np.zeros(3, np.int64), np.zeros(2, np.int64), np.ones(2)), 2, 12,
+     "f64 values into a i64 array"),
     ("def f(x, idx):\n    return take(x, idx, axis=2)\n",
      (np.zeros((3, 2)), np.zeros(2, np.int64)), 2, 12, "axis 2 is out of range"),
 ])
