@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Var
-from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
 from gradlang.compiler.values import Value, as_atom, cast, is_static, sequence_kind, unify
 from gradlang.runtime.errors import GradError, Span
 
@@ -271,9 +271,12 @@ def _segment_sum(L, b, args, kwargs, span):
     values = as_atom(b, args[0], span)
     ids = index_operand(b, args[1], span)
     count = _kw(args, kwargs, 2, "num_segments")
+    if isinstance(count, Var) and count in L.arguments and count.type.rank == 0 \
+            and count.type.dtype in INTS:
+        raise NeedsValue(L.arguments[count])  # compiled again for its value
     if not is_static(count) or isinstance(count, (bool, float, tuple)):
         raise GradError("num_segments must be known when the function is compiled: a "
-                        "literal, a `const` integer argument or a size (x.shape[k])", span)
+                        "literal, an integer argument or a size (x.shape[k])", span)
     if isinstance(count, int) and count < 0:
         raise GradError(f"num_segments cannot be negative, got {count}", span)
     if ids.type.shape != values.type.shape[:ids.type.rank]:

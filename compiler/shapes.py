@@ -21,6 +21,16 @@ class NeedsConcrete(Exception):
     """A program used a symbolic size in a way that needs its value."""
 
 
+class NeedsValue(Exception):
+    """A program used a run-time integer argument as a size (`segment_sum`'s
+    count): it must be compiled for the argument's value, as for a `const`
+    one (`dsl.function.Compiled` does so and calls again)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"argument {name!r} is used as a size")
+        self.name = name
+
+
 @dataclass(frozen=True)
 class Sym:
     factors: tuple[str, ...]

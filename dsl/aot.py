@@ -37,7 +37,7 @@ from dsl.function import Compiled, GradFn, GradFunction, VjpFunction
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.errors import GradError
@@ -128,7 +128,7 @@ def default_sig(module: Module, f: GradFn) -> str:
         try:
             f.lower(_types(module, f, args, sig))
             return sig
-        except (GradError, NeedsConcrete):
+        except (GradError, NeedsConcrete, NeedsValue):
             continue
     return candidates[0]  # lowering it again reports the error
 
@@ -217,10 +217,20 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     return target_file
 
 
+def value_needed(f: GradFn, err: NeedsValue) -> SignatureError:
+    """A program compiled ahead of time cannot be compiled again for a
+    value at call time: the size must be a const parameter."""
+    return SignatureError(f"{f.name}() uses its argument {err.name!r} as a size; to compile "
+                          f"it ahead of time, declare it `{err.name}: const i64` and give "
+                          "its value in the signature", f.span)
+
+
 def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
     """fn's IR for a signature of f, with errors that say how to fix it."""
     try:
         return fn.lower(types)
+    except NeedsValue as err:
+        raise value_needed(f, err) from None
     except NeedsConcrete as err:
         raise SignatureError(f"{f.name}() cannot be compiled for any size: {err}; give "
                              f"concrete sizes in --sig, e.g. {f.name}(f64[128])",

@@ -31,6 +31,7 @@ import numpy as np
 import dsl
 from dsl.aot import OutputError, SignatureError
 from gradlang.compiler import pipeline
+from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError
 from gradlang.runtime.params import ParamError
@@ -136,7 +137,7 @@ def cmd_run(args) -> int:
 def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
     (on the value and gradient for `grad-` stages) and print it."""
-    from dsl.aot import _types, default_sig, parse_sig
+    from dsl.aot import _types, default_sig, parse_sig, value_needed
     module = _load(args.file)
     stage, on_gradient = pipeline.stage_of(args.emit)
     if stage == "check":
@@ -159,7 +160,11 @@ def cmd_show(args) -> int:
             wrt = tuple(n for n, t in types.items() if t.is_float and
                         next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
             f = dsl.value_and_grad(f, wrt=wrt or 0)
-        print(pipeline.emit(f.lower(types), stage, args.target))
+        try:
+            fn = f.lower(types)
+        except NeedsValue as err:
+            raise value_needed(_lookup(module, name, args.file), err) from None
+        print(pipeline.emit(fn, stage, args.target))
     return 0
 
 

@@ -26,7 +26,7 @@ from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build
-from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError
@@ -176,6 +176,7 @@ class Compiled:
         self._lock = threading.RLock()
         self._fast = FastPath()
         self._out_specs: dict[int, OutSpec] = {}
+        self._by_value: set[str] = set()  # see `by_value`
 
     # subclasses: the IR for a signature, and how to shape the results
     def lower(self, types: dict[str, TensorType]) -> Function:
@@ -221,7 +222,15 @@ class Compiled:
             return program
 
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
-        return static_names(self.specs, bound)
+        return static_names(self.specs, bound, frozenset(self._by_value))
+
+    def by_value(self, need: NeedsValue, bound: dict[str, np.ndarray]) -> None:
+        """From now on, compile for the value of the integer argument a
+        program uses as a size (as for a `const` one)."""
+        self._by_value.add(need.name)
+        if need.name not in self.static_names(bound):
+            raise ArgumentError(f"argument {need.name!r} of {self.name}() gives a size, so "
+                                "it must be an integer on the host", self.span)
 
     host_results: bool = False  # device targets: copy results to NumPy
 
@@ -270,6 +279,14 @@ class Compiled:
         the positional arguments `bound` came from, if the call had no
         keywords (the fast path may then remember the program); `out`: the
         caller's buffers for the results, shaped like them (`OutSpec`)."""
+        try:
+            return self._call_bound(bound, args, out)
+        except NeedsValue as need:
+            self.by_value(need, bound)
+            return self._call_bound(bound, args, out)
+
+    def _call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any],
+                    out: Any) -> tuple[np.ndarray, ...]:
         on_target = self.on_target(bound)
         tapes = recording_tapes(on_target.values())
         if tapes:
@@ -311,7 +328,12 @@ class Compiled:
 
     def ir(self, *args, **kwargs) -> Function:
         """The optimized IR this call would run (for inspection)."""
-        return self.program(self.bind(args, kwargs)).ir
+        bound = self.bind(args, kwargs)
+        try:
+            return self.program(bound).ir
+        except NeedsValue as need:
+            self.by_value(need, bound)
+            return self.program(bound).ir
 
 
 class GradFunction(Compiled):
@@ -487,8 +509,12 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
 
 
 def vjp(f: Compiled, *args, **kwargs):
-    bound = f.on_target(f.bind(args, kwargs))
-    outs, pullback = vjp_bound(f, bound, f.host_results)
+    bound = f.bind(args, kwargs)
+    try:
+        outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)
+    except NeedsValue as need:
+        f.by_value(need, bound)
+        outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)
     if f.host_results:
         outs = tuple(f.target.to_host(o) for o in outs)
     return f.format(outs), pullback

@@ -167,10 +167,14 @@ def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
             bound.setdefault(dim, (size, name))
 
 
-def static_names(specs: Sequence[ParamSpec], bound: dict) -> frozenset:
-    """The `const` integer and bool scalars of a call: compile-time values
-    (an axis, an index), so programs are specialized on their values."""
+def static_names(specs: Sequence[ParamSpec], bound: dict,
+                 by_value: frozenset = frozenset()) -> frozenset:
+    """The `const` integer and bool scalars of a call, and those named in
+    `by_value` (integer arguments a program uses as sizes): compile-time
+    values (an axis, an index, a count), so programs are specialized on
+    their values."""
     consts = {s.name for s in specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
+    consts |= by_value
     return frozenset(n for n in consts if n in bound and not is_device_array(bound[n])
                      and np.ndim(bound[n]) == 0 and np.dtype(bound[n].dtype).kind in "biu")
 

@@ -60,6 +60,9 @@ def segments(values, seg, m: const i64):
 def segments_of_size(values, seg, like):
     return segment_sum(values, seg, like.shape[0])
 
+def segments_counted(values, seg, m: i64):
+    return sum(segment_sum(values, seg, m) ** 2)
+
 def smooth(x, idx, values):
     return sum(sin(scatter_add(x * x, idx, values * x[idx])))
 """
@@ -260,6 +263,36 @@ def test_segment_pool_and_its_gather_gradient(target):
     np.testing.assert_allclose(pullback(ct)[0], ct[seg], rtol=1e-12)
 
 
+@each_target
+def test_segment_count_given_at_run_time(target):
+    # A run-time integer used as a size: each value gets its program, as
+    # for a const argument, through calls, gradients and vjp.
+    f = module(target).segments_counted
+    rng = np.random.default_rng(6)
+    values, seg = rng.normal(size=(5, 2)), np.array([0, 3, 3, 1, -1])
+
+    def reference(values, m):
+        out = np.zeros((m, 2))
+        np.add.at(out, seg, values)
+        return np.sum(out ** 2)
+
+    for m in (4, 6):
+        np.testing.assert_allclose(f(values, seg, np.int64(m)), reference(values, m),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(dsl.grad(f)(values, seg, m),
+                                   central_difference(reference, [values, m], 0), rtol=1e-6)
+    out, pullback = dsl.vjp(f, values, seg, 5)
+    np.testing.assert_allclose(out, reference(values, 5), rtol=1e-12)
+
+
+def test_segment_count_at_run_time_cannot_be_compiled_ahead(tmp_path):
+    from dsl.aot import compile_module
+    source = tmp_path / "pool.grad"
+    source.write_text("def pool(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n")
+    with pytest.raises(dsl.GradError, match="declare it `m: const i64`"):
+        compile_module(str(source), str(tmp_path / "out"), ["pool(f64[:], i64[:], i64)"])
+
+
 # ------------------------------------------------------------ errors
 
 
@@ -312,7 +345,7 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
     ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
      (np.zeros((3, 2)), np.zeros(2, np.int64), np.zeros((3, 2))), 2, 12,
      "expected shape [2, 2]"),
-    ("def f(v, seg, m: i64):\n    return segment_sum(v, seg, m)\n",
+    ("def f(v, seg, m: i64):\n    return segment_sum(v, seg, m + 1)\n",
      (np.zeros(3), np.zeros(3, np.int64), np.int64(2)), 2, 12, "num_segments must be known"),
     ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
      (np.zeros(3, np.int64), np.zeros(2, np.int64), np.ones(2)), 2, 12,
