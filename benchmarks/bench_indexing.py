@@ -7,7 +7,8 @@ Three workloads: an embedding lookup (gather rows of a 10,000 x 64 table
 by 20,000 ids), its gradient (scatter-add the rows back, ids repeated),
 and a 1-d segment sum (10^6 values into 100 segments).  For each: ours
 (`R.take`, `R.scatter_add`: the kernel checks each index as it reads it),
-the same kernel with the check taken out (copied here), a separate check
+the same kernel with the check taken out (copied here, into a new array
+as ours), a separate check
 pass (the other design: one serial pass over the ids before the kernel),
 and NumPy (`np.take`, `np.add.at`), in interleaved rounds, medians
 (`timing.compare`).  Also the serial kernels against Numba `prange`
@@ -34,22 +35,28 @@ from gradlang.runtime import cpu as R  # noqa: E402
 
 @numba.njit(nogil=True)
 def take_unchecked(x, idx, out):
-    n = x.shape[1]
+    n, inner = x.shape[1], x.shape[2]
     for k in range(idx.shape[0]):
         j = idx[k] + n if idx[k] < 0 else idx[k]
         for o in range(x.shape[0]):
-            for i in range(x.shape[2]):
-                out[o, k, i] = x[o, j, i]
+            if inner == 1:
+                out[o, k, 0] = x[o, j, 0]
+            else:
+                for i in range(inner):
+                    out[o, k, i] = x[o, j, i]
 
 
 @numba.njit(nogil=True)
 def scatter_unchecked(out, idx, values):
-    n = out.shape[1]
+    n, inner = out.shape[1], out.shape[2]
     for k in range(idx.shape[0]):
         j = idx[k] + n if idx[k] < 0 else idx[k]
         for o in range(out.shape[0]):
-            for i in range(out.shape[2]):
-                out[o, j, i] += values[o, k, i]
+            if inner == 1:
+                out[o, j, 0] += values[o, k, 0]
+            else:
+                for i in range(inner):
+                    out[o, j, i] += values[o, k, i]
 
 
 @numba.njit(nogil=True)
@@ -87,14 +94,16 @@ def workloads(rng) -> dict[str, dict]:
     rows = rng.normal(size=(20_000, 64))
     values = rng.normal(size=1_000_000)
     seg = rng.integers(0, 100, size=1_000_000)
-    gathered = np.empty((1, 20_000, 64))
     lanes = max(1, 64 // (4 * numba.get_num_threads()))
     return {
         "gather 20k rows of 64 (embedding)": {
             "ours": lambda: R.take(table, ids, 0, "ids"),
-            "unchecked": lambda: take_unchecked(table.reshape(1, -1, 64), ids, gathered),
+            # as ours: into a new array
+            "unchecked": lambda: take_unchecked(table.reshape(1, -1, 64), ids,
+                                                np.empty((1, 20_000, 64))),
             "check pass": lambda: first_out_of_range(ids, 10_000),
-            "prange": lambda: take_parallel(table.reshape(1, -1, 64), ids, gathered),
+            "prange": lambda: take_parallel(table.reshape(1, -1, 64), ids,
+                                            np.empty((1, 20_000, 64))),
             "numpy": lambda: np.take(table, ids, axis=0),
         },
         "scatter-add 20k rows of 64 (its gradient)": {

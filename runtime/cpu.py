@@ -218,55 +218,59 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
 
 @numba.njit(cache=True, nogil=True)
 def _take_rows(x, idx, out):
-    n = x.shape[1]
+    n, inner = x.shape[1], x.shape[2]
     for k in range(idx.shape[0]):
         j = idx[k]
         if j < -n or j >= n:
             return k
         j = j + n if j < 0 else j
         for o in range(x.shape[0]):
-            for i in range(x.shape[2]):
-                out[o, k, i] = x[o, j, i]
+            if inner == 1:  # one element: a loop of one costs 5x here
+                out[o, k, 0] = x[o, j, 0]
+            else:
+                for i in range(inner):
+                    out[o, k, i] = x[o, j, i]
     return -1
 
 
 @numba.njit(cache=True, nogil=True)
 def _take_along(x, idx, out):
     n, m, inner = x.shape[1], idx.shape[1], x.shape[2]
-    for o in range(x.shape[0]):
-        for k in range(m):
-            for i in range(inner):
-                j = idx[o, k, i]
-                if j < -n or j >= n:
-                    return (o * m + k) * inner + i
-                out[o, k, i] = x[o, j + n if j < 0 else j, i]
+    for t in range(idx.size):
+        o, k, i = t // (m * inner), (t // inner) % m, t % inner
+        j = idx[o, k, i]
+        if j < -n or j >= n:
+            return t
+        out[o, k, i] = x[o, j + n if j < 0 else j, i]
     return -1
 
 
 @numba.njit(cache=True, nogil=True)
 def _scatter_rows(out, idx, values):
-    n = out.shape[1]
+    n, inner = out.shape[1], out.shape[2]
     for k in range(idx.shape[0]):
         j = idx[k]
         if j < -n or j >= n:
             return k
         j = j + n if j < 0 else j
         for o in range(out.shape[0]):
-            for i in range(out.shape[2]):
-                out[o, j, i] += values[o, k, i]
+            if inner == 1:
+                out[o, j, 0] += values[o, k, 0]
+            else:
+                for i in range(inner):
+                    out[o, j, i] += values[o, k, i]
     return -1
 
 
 @numba.njit(cache=True, nogil=True)
 def _scatter_along(out, idx, values):
     n, m, inner = out.shape[1], idx.shape[1], out.shape[2]
-    for o in range(out.shape[0]):
-        for k in range(m):
-            for i in range(inner):
-                j = idx[o, k, i]
-                if j < -n or j >= n:
-                    return (o * m + k) * inner + i
-                out[o, j + n if j < 0 else j, i] += values[o, k, i]
+    for t in range(idx.size):
+        o, k, i = t // (m * inner), (t // inner) % m, t % inner
+        j = idx[o, k, i]
+        if j < -n or j >= n:
+            return t
+        out[o, j + n if j < 0 else j, i] += values[o, k, i]
     return -1
 
 
