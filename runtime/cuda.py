@@ -400,7 +400,14 @@ def reduce_max(x, axes):
 # atomics.
 
 
-def _checked(first_bad, idx, n: int, where: str) -> None:
+def _checked(first_bad, idx, n: int, where: str, launched: bool) -> None:
+    if not launched and idx.size:
+        # nothing was read or written (an empty axis): the indices alone
+        host = to_host(flat(idx))
+        bad = np.flatnonzero((host < -n) | (host >= n))
+        if bad.size:
+            index_out_of_range(where, int(host[bad[0]]), n)
+        return
     bad = int(to_host(first_bad)[0])
     if bad < idx.size:
         index_out_of_range(where, int(to_host(flat(idx)[bad:bad + 1])[0]), n)
@@ -414,7 +421,7 @@ def _gather_by(x, idx, axis: int, out_shape, along: bool, where: str):
     if size:
         m = out_shape[axis] if along else idx.size
         _launch(_take, size, flat(x), flat(idx), out, n, m, inner, along, first_bad)
-    _checked(first_bad, idx, n, where)
+    _checked(first_bad, idx, n, where, size > 0)
     return out[:size].reshape(out_shape) if out_shape else out.reshape(())
 
 
@@ -436,7 +443,7 @@ def _scatter_by(base, idx, values, axis: int, along: bool, where: str):
         m = values.size // (outer * inner)
         _launch(_scatter_add, values.size, flat(out), flat(idx), flat(values), n, m, inner,
                 along, first_bad)
-    _checked(first_bad, idx, n, where)
+    _checked(first_bad, idx, n, where, values.size > 0)
     return out
 
 

@@ -313,6 +313,10 @@ def test_out_of_range_index_is_an_argument_error_naming_it(target):
         example("segment_pool", target).pool(np.zeros((2, 1)), np.array([0, 4]), 4)
     with pytest.raises(dsl.ArgumentError, match="index -5 in 'i'"):
         module(target).row(np.zeros((4, 2)), np.int64(-5))
+    with pytest.raises(dsl.ArgumentError, match="index 7 in 'idx'"):
+        module(target).gather(np.zeros((3, 0)), np.array([0, 7]))  # nothing to read
+    with pytest.raises(dsl.ArgumentError, match="index 4 in 'idx'"):
+        module(target).scatter(np.zeros((3, 0)), np.array([4]), np.zeros((1, 0)))
     with pytest.raises(dsl.ArgumentError,
                        match=r"index -3 in an index \(at indexing.grad:5:12\)"):
         module(target).col(np.zeros((4, 2)), np.int64(-2))
