@@ -10,7 +10,9 @@ and a 1-d segment sum (10^6 values into 100 segments).  For each: ours
 the same kernel with the check taken out (copied here, into a new array
 as ours), a separate check
 pass (the other design: one serial pass over the ids before the kernel),
-and NumPy (`np.take`, `np.add.at`), in interleaved rounds, medians
+and NumPy (`np.take`, `np.add.at`); for a scatter-add also ours adding
+into its base in place (`owned=True`: what a driver does with the zeros
+of a gradient, which nothing else reads), in interleaved rounds, medians
 (`timing.compare`).  Also the serial kernels against Numba `prange`
 variants of them (rows of the gather; disjoint column lanes of the
 scatter-add), the measurement behind running them serially.  Prints
@@ -108,6 +110,8 @@ def workloads(rng) -> dict[str, dict]:
         },
         "scatter-add 20k rows of 64 (its gradient)": {
             "ours": lambda: R.scatter_add(np.zeros_like(table), ids, rows, 0, "ids"),
+            "in place": lambda: R.scatter_add(np.zeros_like(table), ids, rows, 0, "ids",
+                                              owned=True),
             # as ours: zeros, then the copy of the base the result starts from
             "unchecked": lambda: scatter_unchecked(np.array(np.zeros((1, 10_000, 64))), ids,
                                                    rows.reshape(1, -1, 64)),
@@ -118,6 +122,7 @@ def workloads(rng) -> dict[str, dict]:
         },
         "segment sum of 1e6 values into 100": {
             "ours": lambda: R.scatter_add(np.zeros(100), seg, values, 0, "seg"),
+            "in place": lambda: R.scatter_add(np.zeros(100), seg, values, 0, "seg", owned=True),
             "unchecked": lambda: scatter_unchecked(np.array(np.zeros((1, 100, 1))), seg,
                                                    values.reshape(1, -1, 1)),
             "check pass": lambda: first_out_of_range(seg, 100),
@@ -130,7 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     rounds = parser.parse_args().rounds
-    columns = ["ours", "unchecked", "check pass", "prange", "numpy"]
+    columns = ["ours", "in place", "unchecked", "check pass", "prange", "numpy"]
     rows = []
     for name, impls in workloads(np.random.default_rng(0)).items():
         t = compare(impls, rounds)

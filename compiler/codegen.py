@@ -233,6 +233,11 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
     # (its first place among the outputs, if the caller gave one there)
     slot = {a: i for i, a in reversed(list(enumerate(fn.outputs))) if isinstance(a, Var)}
     in_place: set[Var] = set()
+    readers: dict[Var, int] = {}  # how many steps (or the return) read each value
+    for a in [a for s in steps for a in (s.inputs if isinstance(s, Loop) else s.inputs)
+              ] + list(fn.outputs):
+        if isinstance(a, Var):
+            readers[a] = readers.get(a, 0) + 1
     for step in steps:
         if isinstance(step, Loop):
             kname, kernels[kname], kinds = render_kernel(step, target)
@@ -275,7 +280,12 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                     lines.append(f"{names[v]} = R.reshape({names[v]}, "
                                  f"{render_shape(v.type.shape)})")
         else:
-            lines.append(_render_eqn(step, ref, define))
+            # A scatter-add may add into its base in place when the driver
+            # made it and nothing else reads it (a view of it would: a
+            # reshape or slice is a reader): the zeros of a gradient.
+            owned = step.op.startswith("scatter_add") and step.inputs[0] in fresh \
+                and readers[step.inputs[0]] == 1
+            lines.append(_render_eqn(step, ref, define, owned))
             if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate", "dim") \
                     or OPS[step.op].kind == "index":
                 fresh.update(step.outputs)
@@ -359,7 +369,7 @@ def render_shape(shape) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _render_eqn(eqn: Eqn, ref, define) -> str:
+def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
     """A non-loop step: a call into the target's helper module `R`."""
     x = [ref(a) for a in eqn.inputs]
     p = eqn.p
@@ -384,7 +394,8 @@ def _render_eqn(eqn: Eqn, ref, define) -> str:
     if OPS[op].kind == "index":
         # repr: the index's name and the file name are user text
         where = p["what"] + (f" (at {eqn.span})" if eqn.span is not None else "")
-        return f"{out} = R.{op}({', '.join(x)}, {p['axis']}, {where!r})"
+        in_place = ", owned=True" if owned else ""
+        return f"{out} = R.{op}({', '.join(x)}, {p['axis']}, {where!r}{in_place})"
     raise NotImplementedError(f"no driver code for {op}")
 
 

@@ -303,10 +303,11 @@ def take_along_axis(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np
 
 
 def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int,
-                where: str) -> np.ndarray:
+                where: str, owned: bool = False) -> np.ndarray:
     """base with values added where np.take(base, idx, axis) reads (repeated
-    indices accumulate: np.add.at), every index checked."""
-    out = np.array(base)  # C-contiguous, never the input
+    indices accumulate: np.add.at), every index checked.  `owned`: the
+    driver made base (C-contiguous) and reads it no more: added in place."""
+    out = base if owned else np.array(base)  # C-contiguous
     outer, n, inner = index_views(out.shape, axis)
     flat_idx = np.ascontiguousarray(idx).reshape(-1)
     values3 = np.ascontiguousarray(values).reshape(outer, flat_idx.size, inner)
@@ -315,10 +316,10 @@ def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int
 
 
 def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int,
-                           where: str) -> np.ndarray:
+                           where: str, owned: bool = False) -> np.ndarray:
     """base with values added where np.take_along_axis(base, idx, axis)
-    reads, every index checked."""
-    out = np.array(base)
+    reads, every index checked (`owned` as for `scatter_add`)."""
+    out = base if owned else np.array(base)
     _checked(_scatter_along(_view(out, axis), _view(idx, axis), _view(values, axis)), idx,
              out.shape[axis], where)
     return out

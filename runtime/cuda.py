@@ -435,8 +435,8 @@ def take_along_axis(x, idx, axis: int, where: str):
     return _gather_by(x, idx, axis, tuple(idx.shape), True, where)
 
 
-def _scatter_by(base, idx, values, axis: int, along: bool, where: str):
-    out = copy(base)
+def _scatter_by(base, idx, values, axis: int, along: bool, where: str, owned: bool):
+    out = base if owned else copy(base)
     outer, n, inner = index_views(tuple(base.shape), axis)
     first_bad = full((1,), idx.size, np.int64)
     if values.size:
@@ -447,12 +447,13 @@ def _scatter_by(base, idx, values, axis: int, along: bool, where: str):
     return out
 
 
-def scatter_add(base, idx, values, axis: int, where: str):
-    return _scatter_by(base, idx, values, axis, False, where)
+def scatter_add(base, idx, values, axis: int, where: str, owned: bool = False):
+    """`owned`: the driver made base and reads it no more (added in place)."""
+    return _scatter_by(base, idx, values, axis, False, where, owned)
 
 
-def scatter_add_along_axis(base, idx, values, axis: int, where: str):
-    return _scatter_by(base, idx, values, axis, True, where)
+def scatter_add_along_axis(base, idx, values, axis: int, where: str, owned: bool = False):
+    return _scatter_by(base, idx, values, axis, True, where, owned)
 
 
 # ------------------------------------------------------------------ target

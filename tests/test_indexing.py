@@ -54,6 +54,10 @@ def scatter(base, idx, values):
 def scatter1(base, idx, values):
     return scatter_add(base, idx, values, axis=1)
 
+def scatter_then_reread(x, idx, values):
+    base = x * 2.0
+    return scatter_add(base, idx, values) - base
+
 def segments(values, seg, m: const i64):
     return segment_sum(values, seg, m)
 
@@ -146,6 +150,9 @@ def test_scatter_adds_match_numpy_add_at(target, data, seed):
     expected = base.copy()
     np.add.at(expected, idx, values)
     np.testing.assert_allclose(m.scatter(base, idx, values), expected, rtol=1e-12)
+    # a base the driver made is added into in place only if nothing reads it after
+    np.testing.assert_allclose(m.scatter_then_reread(base, idx, values),
+                               expected - base, rtol=1e-12, atol=1e-12)
     idx1 = data.draw(indices(3, 5))
     values1 = rng.normal(size=(4, 5))
     expected = base.copy()
