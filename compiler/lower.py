@@ -43,14 +43,14 @@ class Lowerer:
     def __init__(self, namespace: Namespace):
         self.namespace = namespace
         self.call_stack: list[str] = []
-        self.arguments: dict[Var, str] = {}
+        self.arguments: dict[Var, str] = {}  # the entry parameters, by name
 
     def lower_entry(self, fdef: ast.FuncDef, types: dict[str, TensorType],
                     name: Optional[str] = None) -> Function:
         """`types` names the parameters passed and the params read."""
         b = Builder()
         params = [Var(t, n) for n, t in types.items()]
-        self.arguments: dict[Var, str] = dict(zip(params, types))  # for NeedsValue
+        self.arguments = dict(zip(params, types))  # which Var is which argument: NeedsValue
         env: dict[str, Value] = dict(zip(types, params))
         env.update({n: t.value for n, t in types.items() if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
