@@ -32,6 +32,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     size_mismatch,
 )
 from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.loader import manage_cache
 from gradlang.runtime.target import Target, is_device_array
 
 # Numba's OpenMP workers spin for a while after each parallel kernel (GNU
@@ -146,6 +147,11 @@ def _max_middle(x, out):
                 v = x[o, r, i]
                 if v > out[o, i] or v != v:
                     out[o, i] = v
+
+
+for _helper in (_sum_rows, _sum_rows_parallel, _sum_row_chunked, _sum_middle, _max_rows,
+                _max_middle):
+    manage_cache(_helper)
 
 
 def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) -> np.ndarray:

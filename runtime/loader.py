@@ -12,6 +12,14 @@ kernels, one module each so that programs share them) as one namespace.
 The cache directory is `$GRADC_CACHE_DIR`, else `$XDG_CACHE_HOME/gradc`,
 else `~/.cache/gradc`.
 
+Loading cached machine code is light: Numba prepares its whole CPU target
+(every typing and lowering registry, importing SciPy where it is
+installed: 0.2-0.4 s) before it reads a cached function, which needs only
+Numba's runtime to link against; a dispatcher whose cache this module
+manages (`manage_cache`: every kernel's, and the CPU helpers') loads
+without that, and a miss compiles as usual (the compiler prepares the
+target itself).
+
 The cache can never make a program fail or run stale code: a kernel file
 whose bytes differ from the source is rewritten; a Numba index or data
 file that cannot be read is purged and the kernel compiled again; and when
@@ -38,6 +46,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 from numba.core.caching import Cache, IndexDataCacheFile
+from numba.core.runtime import rtsys
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
@@ -154,26 +163,32 @@ def _import_file(name: str, path) -> ModuleType:
         del sys.modules[name]
         raise
     for value in vars(module).values():
-        if isinstance(getattr(value, "_cache", None), Cache):
-            _tolerate_broken_cache(value._cache)
+        manage_cache(value)
     return module
 
 
-def _tolerate_broken_cache(cache: Cache) -> None:
-    """Make one Numba function cache treat unreadable index or data files
-    (torn, truncated, from another machine) as a miss: purge the function's
-    cache files, so the dispatcher compiles again and saves good ones; and
-    a cache that cannot be saved as a warning, since the compiled code is
-    good."""
+def manage_cache(dispatcher: object) -> None:
+    """Give a Numba dispatcher with a disk cache (`cache=True`) this
+    module's cache policy (anything else is left as it is): a light load
+    of cached machine code, an unreadable index or data file (torn,
+    truncated, from another machine) taken as a miss and purged, so that
+    the dispatcher compiles again and saves good ones, and a cache that
+    cannot be saved a warning, since the compiled code is good."""
+    cache = getattr(dispatcher, "_cache", None)
+    if not isinstance(cache, Cache) or isinstance(cache._cache_file, _CheckedCacheFile):
+        return
     cache._cache_file.__class__ = _CheckedCacheFile
     # Numba ignores an index of another version: so indexes (and data
     # files) written before data carried checksums are quietly replaced.
     cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
-    load, save = cache.load_overload, cache.save_overload
+    save = cache.save_overload
 
     def load_overload(sig, target_context):
         try:
-            return load(sig, target_context)
+            # What Numba's own load_overload does, less refreshing the
+            # target: cached code needs only the runtime it calls (NRT).
+            rtsys.initialize(target_context)
+            return cache._load_overload(sig, target_context)
         except Exception as err:  # any failure to read the cache is a miss
             warnings.warn(f"gradc: discarding the unreadable Numba cache of {cache._name} "
                           f"in {cache.cache_path} ({type(err).__name__}: {err}); recompiling",
