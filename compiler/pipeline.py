@@ -23,17 +23,34 @@ that can run on a gradient.  Contracts:
 - `optimize(fn)`: the IR passes (verifying between them when
   GRADC_VERIFY=1); `build(fn, target)`: passes, fuse, codegen and load,
   returning a callable `Program`.
+- `build_stored(key, lower, target)`: `build(lower(), target)`, where what
+  the stages after `lower` make (the generated source, the driver's code)
+  is kept across processes under `key` (what `lower` depends on besides
+  the compiler's code, which the stored key includes, with the target's
+  kernel header, which names GRADC_LIBM's choice, and the versions of
+  Python, Numba and llvmlite): a warm process goes from the key straight
+  to loading the kernels.  Stored entries are checked (`runtime.loader`):
+  a torn or corrupt one is built again and replaced.
 - `emit(fn, stage, target)`: `fn`, as lower or autodiff made it, run on
   through `stage` (lower or autodiff: as it is) and printed: IR, the fused
   loops, kernel and driver source, or the kernels' LLVM IR.
 """
 from __future__ import annotations
 
+import marshal
 import os
+import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Callable, Optional, Sequence
 
+import llvmlite
+import numba
+
+import gradlang.compiler
+import gradlang.grammar
+import gradlang.runtime
 from gradlang.compiler import ast, autodiff, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, generate, kernel_signature
@@ -45,7 +62,14 @@ from gradlang.compiler.parser import parse
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError, Span
-from gradlang.runtime.loader import load_kernel_modules, make_driver
+from gradlang.runtime.loader import (
+    compile_driver,
+    load_kernel_modules,
+    make_driver,
+    source_stamp,
+    store,
+    stored,
+)
 from gradlang.runtime.target import Target
 
 
@@ -216,12 +240,18 @@ def optimize(fn: Function, keep_barriers: bool = False, stop: str = "dce") -> Fu
 
 @dataclass
 class Program:
-    """Loaded code for one function at one signature."""
+    """Loaded code for one function at one signature; `ir` is the optimized
+    IR it was generated from (worked out again when asked, for a program
+    loaded from the store)."""
 
-    ir: Function
     generated: Generated
     run: Callable
     run_contiguous: Callable  # the same, for C-contiguous arguments only
+    optimized: Callable[[], Function]
+
+    @cached_property
+    def ir(self) -> Function:
+        return self.optimized()
 
     def __call__(self, *arrays):
         return self.run(*arrays)
@@ -231,11 +261,57 @@ def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
     target = targets.get(target)
     fn = optimize(fn)
     generated = generate(fn, target)
+    return _load(generated, _compile_drivers(generated), lambda: fn, target)
+
+
+def _compile_drivers(generated: Generated) -> tuple:
+    return (compile_driver(generated.driver_source),
+            compile_driver(generated.contiguous_driver_source))
+
+
+def _load(generated: Generated, drivers: tuple, optimized: Callable[[], Function],
+          target: Target) -> Program:
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernel_modules(generated.kernel_modules)
-    return Program(fn, generated, make_driver(generated.driver_source, kernels, target.helpers),
-                   make_driver(generated.contiguous_driver_source, kernels, target.helpers))
+    run, run_contiguous = (make_driver(d, kernels, target.helpers) for d in drivers)
+    return Program(generated, run, run_contiguous, optimized)
+
+
+def build_stored(key: tuple, lower: Callable[[], Function],
+                 target: "Target | str" = targets.DEFAULT) -> Program:
+    """`build(lower(), target)`, through the program store (module
+    docstring).  `key`: a tuple of plain values (its repr is what is
+    compared), naming everything `lower`'s result depends on besides the
+    compiler's code.  Under GRADC_VERIFY the pipeline always runs, since
+    verifying it is the point."""
+    target = targets.get(target)
+    if verifying():
+        return build(lower(), target)
+    text = repr((_stamp(), target.name, target.header, key))
+    data = stored("programs", text)
+    if data is not None:
+        try:
+            values, drivers = marshal.loads(data)
+            return _load(Generated(*values), drivers, lambda: optimize(lower()), target)
+        except (ValueError, TypeError, EOFError):
+            pass  # an entry of another layout: built again below, and replaced
+    fn = optimize(lower())
+    generated = generate(fn, target)
+    drivers = _compile_drivers(generated)
+    values = tuple(getattr(generated, f.name) for f in fields(Generated))
+    store("programs", text, marshal.dumps((values, drivers)))
+    return _load(generated, drivers, lambda: fn, target)
+
+
+def _stamp() -> tuple:
+    """What a stored program depends on besides its key: the compiler's
+    code (and the runtime's and the grammar's, which decide what it
+    generates), and the versions of what reads the stored code (marshal's
+    format is Python's; the kernels compile with Numba and llvmlite)."""
+    return (tuple(source_stamp(p) for p in (gradlang.compiler, gradlang.runtime,
+                                            gradlang.grammar)),
+            sys.version, platform.machine(), numba.__version__, llvmlite.__version__)
 
 
 def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> str:

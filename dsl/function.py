@@ -7,7 +7,10 @@ before any kernel runs), looks up the program for the call's dtypes and
 pattern of sizes (or its exact sizes, for functions that need them) and, on
 a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
 returns its IR from the pipeline's first stages (lower, then the
-callable's transform), and `pipeline.build` runs the rest.  A repeated
+callable's transform), and `pipeline.build_stored` runs the rest, keyed by
+`identity()` (what `lower` depends on besides the types: the sources of
+the function's modules, its name, the transforms on top) and the types, so
+that a later process with the same key loads the stored result.  A repeated
 plain call (positional ndarrays only, no tape recording) skips binding and
 lookup (`FastPath`).  Transforms (`GradFunction` for grad and value_and_grad)
 are themselves `Compiled`, built from the IR of the function they wrap,
@@ -17,6 +20,7 @@ residuals the backward pass reads.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -25,11 +29,12 @@ import numpy as np
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
-from gradlang.compiler.pipeline import Program, build
+from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
@@ -187,6 +192,16 @@ class Compiled:
         (picks, groups in tuples): the fast path applies it to indices."""
         raise NotImplementedError
 
+    def identity(self) -> tuple:
+        """Plain values naming everything `lower` depends on besides the
+        types (this callable's own fields, its inner callable's identity),
+        so that equal identities and types lower to equal IR."""
+        raise NotImplementedError
+
+    def build(self, types: dict[str, TensorType]) -> Program:
+        key = (source_stamp(sys.modules["dsl"]), self.identity(), tuple(types.items()))
+        return build_stored(key, lambda: self.lower(types), self.target)
+
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
         return bind(self.name, self.specs, args, kwargs, self.span)
 
@@ -210,14 +225,14 @@ class Compiled:
         with self._lock:
             if pattern not in self._concrete_only:
                 try:
-                    program = build(self.lower(types), self.target)
+                    program = self.build(types)
                     self._programs[pattern] = program
                     return program
                 except (NeedsConcrete, GradError):
                     # Lower again with the sizes: it may need them, and an
                     # error should name real sizes, not symbols.
                     self._concrete_only.add(pattern)
-            program = build(self.lower(_types(bound, statics)), self.target)
+            program = self.build(_types(bound, statics))
             self._programs[concrete_key] = program
             return program
 
@@ -372,6 +387,9 @@ class GradFunction(Compiled):
                                     "floats carry gradients", self.span)
             indices.append(names.index(w))
         return pipeline.grad_of_sum(self.inner.lower(types), indices, self.with_value)
+
+    def identity(self) -> tuple:
+        return ("grad", self.inner.identity(), self.wrt, self.with_value)
 
     def format(self, outs):
         split = len(outs) - len(self.wrt)  # the values, then one gradient per wrt
@@ -573,6 +591,9 @@ class VjpFunction(Compiled):
             {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})]
         return pipeline.pullback(fn, [names.index(n) for n in floats])
 
+    def identity(self) -> tuple:
+        return ("vjp", self.inner.identity(), self.ct_names)
+
     def format(self, outs):
         return tuple(outs)
 
@@ -589,6 +610,9 @@ class Select(Compiled):
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         return pipeline.select(self.inner.lower(types), self.index)
+
+    def identity(self) -> tuple:
+        return ("select", self.inner.identity(), self.index)
 
     def format(self, outs):
         return outs[0]
@@ -616,6 +640,9 @@ class Directional(Compiled):
                                 self.span)
         fn = self.inner.lower({n: t for n, t in types.items() if n != self.vname})
         return pipeline.directional(fn, types, self.wrt, self.vname)
+
+    def identity(self) -> tuple:
+        return ("directional", self.inner.identity(), self.wrt, self.vname)
 
     def format(self, outs):
         return outs[0]
@@ -652,6 +679,19 @@ class HvpFunction(Directional):
 
 
 
+def module_sources(namespace: Namespace) -> tuple[tuple[str, str], ...]:
+    """(file, source) of a namespace's module and of every module it
+    reaches through imports, sorted."""
+    seen: dict[int, Namespace] = {}
+    todo = [namespace]
+    while todo:
+        ns = todo.pop()
+        if id(ns) not in seen:
+            seen[id(ns)] = ns
+            todo += list(ns.modules.values()) + [home for _, home in ns.functions.values()]
+    return tuple(sorted((ns.module.file, ns.module.source) for ns in seen.values()))
+
+
 class GradFn(Compiled):
     """A function of a loaded `.grad` module."""
 
@@ -683,6 +723,9 @@ class GradFn(Compiled):
         # the namespace of the module that defines it (it may be imported)
         home = self._namespace.functions[self.name][1]
         return pipeline.lower_entry(home, self.fdef, types)
+
+    def identity(self) -> tuple:
+        return ("function", self.name, module_sources(self._namespace))
 
     def format(self, outs):
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -7,7 +7,12 @@ process; Numba's `cache=True` then keeps the machine code beside it, so a
 second process with the same kernels compiles nothing.
 `load_kernel_modules(sources)` loads several such modules (a program's
 kernels, one module each so that programs share them) as one namespace.
-`make_driver` turns a driver's source into a callable bound to kernels.
+`make_driver` turns a driver (its source or code) into a callable bound to
+kernels.  `store(kind, key, data)` and `stored(kind, key)` keep bytes under
+a key across processes (`compiler.pipeline` keeps built programs there):
+behind a checksum, so that `stored` returns what was stored under that
+key or None, never torn or corrupt bytes; and `source_stamp(package)`
+names the version of a package's source files, for such keys.
 
 The cache directory is `$GRADC_CACHE_DIR`, else `$XDG_CACHE_HOME/gradc`,
 else `~/.cache/gradc`.
@@ -30,6 +35,7 @@ without reuse across processes.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import importlib.util
 import os
@@ -41,7 +47,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import CodeType, ModuleType, SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -61,12 +67,12 @@ def cache_dir() -> Path:
     return Path(base) / "gradc"
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: "str | bytes") -> None:
     """Write `text` to `path` through a temporary file and a rename, so a
     reader sees the old file or the new one.  The file gets the mode a
     plain open() would give (0666 less the umask), not mkstemp's 0600:
     compiled modules and shared caches must be readable by others."""
-    data = text.encode()
+    data = text.encode() if isinstance(text, str) else text
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file() and path.read_bytes() == data:
         return
@@ -245,8 +251,60 @@ def _purge(cache: Cache) -> None:
             pass  # gone already, or read-only: the save will warn
 
 
-def make_driver(driver_source: str, kernels: "ModuleType | SimpleNamespace",
+def compile_driver(driver_source: str) -> CodeType:
+    return compile(driver_source, "<gradc driver>", "exec")
+
+
+def make_driver(driver: "str | CodeType", kernels: "ModuleType | SimpleNamespace",
                 helpers: ModuleType) -> Callable:
+    """The driver's `run`, given its source or `compile_driver`'s code."""
     namespace = {"np": np, "K": kernels, "R": helpers, "inf": np.inf, "nan": np.nan}
-    exec(compile(driver_source, "<gradc driver>", "exec"), namespace)
+    exec(compile_driver(driver) if isinstance(driver, str) else driver, namespace)
     return namespace["run"]
+
+
+# ------------------------------------------------------------ stored bytes
+
+_STORE_MAGIC = b"gradc-store-1\n"
+
+
+def _stored_path(kind: str, key: str) -> Path:
+    return cache_dir() / kind / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".bin")
+
+
+def store(kind: str, key: str, data: bytes) -> None:
+    """Keep `data` under `key` (a text naming everything it depends on)
+    for later processes; a cache directory that cannot be written keeps
+    nothing (the kernel loader says so once)."""
+    blob = _STORE_MAGIC + hashlib.sha256(key.encode() + data).digest() + data
+    try:
+        _write_atomic(_stored_path(kind, key), blob)
+    except OSError:
+        pass
+
+
+def stored(kind: str, key: str) -> Optional[bytes]:
+    """What `store` kept under `key`, or None: never stored, unreadable,
+    or not matching its checksum (which covers the key, so that bytes are
+    only ever returned for the key they were stored under)."""
+    try:
+        blob = _stored_path(kind, key).read_bytes()
+    except OSError:
+        return None
+    start = len(_STORE_MAGIC) + 32
+    digest, data = blob[len(_STORE_MAGIC):start], blob[start:]
+    if not blob.startswith(_STORE_MAGIC) or hashlib.sha256(key.encode() + data).digest() != digest:
+        return None
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def source_stamp(package: ModuleType) -> str:
+    """A hash of the source files (.py, .lark, .grad) of a package and its
+    subfolders: it changes whenever the package's code does."""
+    root = Path(package.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".lark", ".grad") and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:24]
