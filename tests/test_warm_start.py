@@ -101,3 +101,41 @@ def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
         assert "FuncDef" in repr(parser.parse(SOURCE))
     finally:
         parser._parser.cache_clear()
+
+
+# Runs log1pexp's value and gradient (its serial kernel, and at 2^16 its
+# parallel one) and prints how often Numba refreshed its CPU target before
+# and after a function the cache cannot have is compiled, and the errors.
+KERNELS = """
+import sys, numpy as np
+from numba.core import base
+refreshes = []
+refresh = base.BaseContext.refresh
+base.BaseContext.refresh = lambda self: refreshes.append(1) or refresh(self)
+import dsl
+f = dsl.value_and_grad(dsl.load(sys.argv[1]).log1pexp)
+errors = []
+for x in (np.linspace(-5.0, 5.0, 1000), np.linspace(-5.0, 5.0, 1 << 16)):
+    value, grad = f(x)
+    errors += [np.abs(value - np.log1p(np.exp(x))).max(), np.abs(grad - 1 / (1 + np.exp(-x))).max()]
+before = len(refreshes)
+c = float(sys.argv[2])  # a constant of this run: a kernel no cache has
+fresh = dsl.grad(dsl.loads(f"def new(x):\\n    return x * x * {c}\\n").new)(np.arange(4.0))
+errors.append(np.abs(fresh - 2 * c * np.arange(4.0)).max())
+print(before, len(refreshes) > before, max(errors))
+"""
+
+
+def test_cached_kernels_load_without_refreshing_numbas_target(tmp_path):
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    runs = []
+    for c in ("3.5", "4.5"):  # cold, then warm
+        run = subprocess.run([sys.executable, "-c", KERNELS,
+                              str(ROOT / "examples" / "log1pexp.grad"), c],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        before, refreshed_for_new, error = run.stdout.split()
+        assert float(error) < 1e-12 and refreshed_for_new == "True"
+        runs.append(int(before))
+    cold, warm = runs
+    assert cold > 0 and warm == 0
