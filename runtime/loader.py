@@ -20,10 +20,12 @@ else `~/.cache/gradc`.
 Loading cached machine code is light: Numba prepares its whole CPU target
 (every typing and lowering registry, importing SciPy where it is
 installed: 0.2-0.4 s) before it reads a cached function, which needs only
-Numba's runtime to link against; a dispatcher whose cache this module
-manages (`manage_cache`: every kernel's, and the CPU helpers') loads
-without that, and a miss compiles as usual (the compiler prepares the
-target itself).
+Numba's runtime (NRT) to link against; a dispatcher whose cache this
+module manages (`manage_cache`: every kernel's, and the CPU helpers')
+loads without that, and a miss compiles as usual (the compiler prepares
+the target itself).  The runtime's own machine code, which Numba compiles
+in every process (20-60 ms), is stored too (`store`), keyed by the
+versions of Numba and llvmlite and the CPU it was compiled for.
 
 The cache can never make a program fail or run stale code: a kernel file
 whose bytes differ from the source is rewritten; a Numba index or data
@@ -50,9 +52,12 @@ from pathlib import Path
 from types import CodeType, ModuleType, SimpleNamespace
 from typing import Callable, Optional, Sequence
 
+import llvmlite
+import numba
 import numpy as np
 from numba.core.caching import Cache, IndexDataCacheFile
-from numba.core.runtime import rtsys
+from numba.core.compiler_lock import global_compiler_lock
+from numba.core.runtime import nrtdynmod, rtsys
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
@@ -193,7 +198,7 @@ def manage_cache(dispatcher: object) -> None:
         try:
             # What Numba's own load_overload does, less refreshing the
             # target: cached code needs only the runtime it calls (NRT).
-            rtsys.initialize(target_context)
+            _initialize_runtime(target_context)
             return cache._load_overload(sig, target_context)
         except Exception as err:  # any failure to read the cache is a miss
             warnings.warn(f"gradc: discarding the unreadable Numba cache of {cache._name} "
@@ -211,6 +216,44 @@ def manage_cache(dispatcher: object) -> None:
                           RuntimeWarning, stacklevel=2)
 
     cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+def _initialize_runtime(target_context) -> None:
+    """Numba's `rtsys.initialize`, with the runtime library's machine code
+    from the store: `rtsys.initialize` compiles it with
+    `nrtdynmod.compile_nrt_functions`, which stands in for it meanwhile
+    (under the compiler lock, which every caller of it holds)."""
+    if rtsys._init:
+        return
+    with global_compiler_lock:
+        compile_nrt = nrtdynmod.compile_nrt_functions
+        nrtdynmod.compile_nrt_functions = _stored_nrt_functions
+        try:
+            rtsys.initialize(target_context)
+        finally:
+            nrtdynmod.compile_nrt_functions = compile_nrt
+
+
+def _stored_nrt_functions(target_context):
+    """What `nrtdynmod.compile_nrt_functions` returns (the runtime's library),
+    from the store when an earlier process kept it, else compiled and
+    kept: as Numba keeps a cached function's library, as object code with
+    the bitcode that later compiles link in."""
+    codegen = target_context.codegen()
+    key = repr(("numba runtime", numba.__version__, llvmlite.__version__,
+                codegen.magic_tuple()))
+    data = stored("numba-runtime", key)
+    if data is not None:
+        try:
+            return codegen.unserialize_library(pickle.loads(data))
+        except Exception:  # noqa: BLE001 (any failure: compile it instead)
+            pass
+    module, library = nrtdynmod.create_nrt_module(target_context)
+    library.enable_object_caching()
+    library.add_ir_module(module)
+    library.finalize()
+    store("numba-runtime", key, pickle.dumps(library.serialize_using_object_code()))
+    return library
 
 
 class _CorruptCacheFile(Exception):

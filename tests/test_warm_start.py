@@ -105,7 +105,8 @@ def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
 
 # Runs log1pexp's value and gradient (its serial kernel, and at 2^16 its
 # parallel one) and prints how often Numba refreshed its CPU target before
-# and after a function the cache cannot have is compiled, and the errors.
+# a function the cache cannot have is compiled, whether it did for that
+# one, and the largest error.
 KERNELS = """
 import sys, numpy as np
 from numba.core import base
@@ -129,7 +130,16 @@ print(before, len(refreshes) > before, max(errors))
 def test_cached_kernels_load_without_refreshing_numbas_target(tmp_path):
     env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     runs = []
-    for c in ("3.5", "4.5"):  # cold, then warm
+    # cold, warm, then warm with the stored runtime library damaged (which
+    # must be compiled again: LLVM aborts the process on bad object code)
+    for c in ("3.5", "4.5", "5.5"):
+        if c == "5.5":
+            (runtime,) = (tmp_path / "numba-runtime").glob("*.bin")
+            data = bytearray(runtime.read_bytes())
+            for k in range(100, len(data), 3):
+                data[k] ^= 0x5A
+            runtime.write_bytes(bytes(data))
+            damaged_bytes = bytes(data)
         run = subprocess.run([sys.executable, "-c", KERNELS,
                               str(ROOT / "examples" / "log1pexp.grad"), c],
                              env=env, capture_output=True, text=True, timeout=300)
@@ -137,5 +147,6 @@ def test_cached_kernels_load_without_refreshing_numbas_target(tmp_path):
         before, refreshed_for_new, error = run.stdout.split()
         assert float(error) < 1e-12 and refreshed_for_new == "True"
         runs.append(int(before))
-    cold, warm = runs
-    assert cold > 0 and warm == 0
+    cold, warm, damaged = runs
+    assert cold > 0 and warm == 0 and damaged == 0
+    assert runtime.read_bytes() != damaged_bytes  # compiled again and replaced
