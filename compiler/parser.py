@@ -4,22 +4,30 @@ Contract: `parse(source, file)` returns a Module or raises `GradError` with
 the span of the first problem; no other exception escapes for any input
 text.  The grammar is `grammar/grad.lark` (LALR with a Python-style
 indenter); the transformer below maps each rule to one AST node and raises
-on anything it does not handle.
+on anything it does not handle.  A module parsed once is kept in the cache
+directory (`runtime.loader.store`), keyed by its text, its file name and
+the versions of the parser (the compiler's and the runtime's code, the
+grammar, lark, Python), so that a later process skips lark altogether
+(loading its tables and building its lexer cost more than parsing).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import pickle
 import sys
 
 import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.indenter import DedentError, Indenter
 
+import gradlang.compiler
+import gradlang.grammar
+import gradlang.runtime
 from gradlang.compiler import ast
 from gradlang.grammar import grammar_text
 from gradlang.runtime.errors import GradError, Span
-from gradlang.runtime.loader import cache_dir
+from gradlang.runtime.loader import cache_dir, source_stamp, store, stored
 
 
 class _GradIndenter(Indenter):
@@ -67,6 +75,24 @@ _TERMINAL_NAMES = {
 
 def parse(source: str, file: str = "<string>") -> ast.Module:
     """Parse `.grad` source text; raise GradError on any malformed input."""
+    key = repr(("ast", *(source_stamp(p) for p in (gradlang.compiler, gradlang.runtime,
+                                                   gradlang.grammar)),
+                lark.__version__, sys.version, file, source))
+    data = stored("ast", key)
+    if data is not None:
+        try:
+            module = pickle.loads(data)
+            if isinstance(module, ast.Module):
+                return module
+        except Exception:  # noqa: BLE001 (an entry of another layout: parse again)
+            pass
+    module = parse_with_lark(source, file)
+    store("ast", key, pickle.dumps(module))
+    return module
+
+
+def parse_with_lark(source: str, file: str = "<string>") -> ast.Module:
+    """`parse`, never from the store."""
     try:
         _check_indentation(source, file)
         tree = _parser().parse(source + "\n")

@@ -1,5 +1,8 @@
-"""A warm process reuses the parser tables that an earlier one saved in the
-cache directory, and never a table of another grammar or a corrupt one."""
+"""A warm process reuses what an earlier one saved in the cache directory:
+the parser tables (never a table of another grammar or a corrupt one), the
+parsed modules (never for another text, file, grammar or parser), and the
+machine code of the kernels and of Numba's runtime, loaded without
+preparing Numba's whole CPU target."""
 import os
 import subprocess
 import sys
@@ -22,8 +25,8 @@ if "--no-build" in sys.argv:
     def refuse(self, *args, **kwargs):
         raise SystemExit("built the parser tables")
     lark.Lark._build_parser = refuse
-from gradlang.compiler.parser import parse
-print(repr(parse(open(sys.argv[1]).read(), "log1pexp.grad")))
+from gradlang.compiler.parser import parse_with_lark
+print(repr(parse_with_lark(open(sys.argv[1]).read(), "log1pexp.grad")))
 """
 
 
@@ -54,7 +57,7 @@ def test_second_process_parses_from_saved_tables_without_building(fresh_cache):
     assert warm.returncode == 0, warm.stderr
     assert warm.stdout == cold.stdout and "FuncDef" in cold.stdout
     # and the AST is what a parser built from scratch makes
-    assert repr(parser.parse(SOURCE, "log1pexp.grad")) == cold.stdout.strip()
+    assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == cold.stdout.strip()
 
 
 def refuse_to_build(*args, **kwargs):
@@ -62,23 +65,23 @@ def refuse_to_build(*args, **kwargs):
 
 
 def test_corrupt_tables_are_rebuilt_and_replaced(fresh_cache, monkeypatch):
-    expected = repr(parser.parse(SOURCE, "log1pexp.grad"))
+    expected = repr(parser.parse_with_lark(SOURCE, "log1pexp.grad"))
     (table,) = tables(fresh_cache)
     good = table.read_bytes()
     build = lark.Lark._build_parser
     for damaged in (b"", good[:len(good) // 2], good[:80] + b"\x00" * (len(good) - 80)):
         table.write_bytes(damaged)
         parser._parser.cache_clear()
-        assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
+        assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == expected
         # rebuilt, and saved again: the next parser loads without building
         monkeypatch.setattr(lark.Lark, "_build_parser", refuse_to_build)
         parser._parser.cache_clear()
-        assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
+        assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == expected
         monkeypatch.setattr(lark.Lark, "_build_parser", build)
 
 
 def test_another_grammar_never_reads_these_tables(fresh_cache, monkeypatch):
-    parser.parse(SOURCE)
+    parser.parse_with_lark(SOURCE)
     (first,) = tables(fresh_cache)
     # A grammar whose `return` is spelled `give` must not parse `return`.
     edited = grammar_text().replace("/return(?!", "/give(?!")
@@ -86,10 +89,10 @@ def test_another_grammar_never_reads_these_tables(fresh_cache, monkeypatch):
     monkeypatch.setattr(parser, "grammar_text", lambda: edited)
     parser._parser.cache_clear()
     assert len(tables(fresh_cache)) == 1  # nothing written before a parse
-    assert "FuncDef" in repr(parser.parse(SOURCE.replace("return", "give")))
+    assert "FuncDef" in repr(parser.parse_with_lark(SOURCE.replace("return", "give")))
     assert first in tables(fresh_cache) and len(tables(fresh_cache)) == 2
     with pytest.raises(parser.GradError):
-        parser.parse(SOURCE)
+        parser.parse_with_lark(SOURCE)
 
 
 def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
@@ -98,9 +101,48 @@ def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADC_CACHE_DIR", str(blocker))
     parser._parser.cache_clear()
     try:
-        assert "FuncDef" in repr(parser.parse(SOURCE))
+        assert "FuncDef" in repr(parser.parse_with_lark(SOURCE))
     finally:
         parser._parser.cache_clear()
+
+
+def test_a_parsed_module_is_stored_and_loaded_without_lark(fresh_cache, monkeypatch):
+    parsed = parser.parse(SOURCE, "log1pexp.grad")
+    monkeypatch.setattr(parser, "parse_with_lark", refuse_to_build)
+    loaded = parser.parse(SOURCE, "log1pexp.grad")
+    assert loaded is not parsed and repr(loaded) == repr(parsed)
+    assert loaded.source == SOURCE and loaded.funcs[0].span.file == "log1pexp.grad"
+
+
+def test_stored_modules_are_kept_apart_by_text_file_and_parser(fresh_cache, monkeypatch):
+    parser.parse(SOURCE, "log1pexp.grad")
+    # another text, another file name (spans name it): parsed afresh
+    edited = parser.parse(SOURCE.replace("e = exp(x)", "e = exp(x + 1.0)"), "log1pexp.grad")
+    assert "1.0" in repr(edited)
+    assert parser.parse(SOURCE, "other.grad").funcs[0].span.file == "other.grad"
+    # another grammar or parser (their files' stamp): parsed afresh
+    calls = []
+    parse_with_lark = parser.parse_with_lark
+    monkeypatch.setattr(parser, "parse_with_lark",
+                        lambda *a: calls.append(a) or parse_with_lark(*a))
+    real_stamp = parser.source_stamp
+    monkeypatch.setattr(parser, "source_stamp", lambda package: "edited" + real_stamp(package))
+    assert repr(parser.parse(SOURCE, "log1pexp.grad")) == repr(parse_with_lark(SOURCE,
+                                                                               "log1pexp.grad"))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("damage", [b"", b"gradc-store-1\n" + b"\x00" * 40, None])
+def test_a_damaged_stored_module_is_parsed_again_and_replaced(fresh_cache, monkeypatch,
+                                                               damage):
+    expected = repr(parser.parse(SOURCE, "log1pexp.grad"))
+    (entry,) = (fresh_cache / "ast").glob("*.bin")
+    good = entry.read_bytes()
+    entry.write_bytes(damage if damage is not None else good[:-10] + b"\xff" * 10)
+    assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
+    assert entry.read_bytes() == good
+    monkeypatch.setattr(parser, "parse_with_lark", refuse_to_build)
+    assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
 
 
 # Runs log1pexp's value and gradient (its serial kernel, and at 2^16 its
