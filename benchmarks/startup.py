@@ -113,6 +113,11 @@ def measure(repeats: int, with_jax: bool) -> dict[str, dict[str, float]]:
             with tempfile.TemporaryDirectory() as tmp:
                 env = {**os.environ, "GRADC_CACHE_DIR": f"{tmp}/gradc",
                        "NUMBA_CACHE_DIR": f"{tmp}/numba", "PYTHONPATH": str(ROOT)}
+                # Python's bytecode cache, as an installed package has it:
+                # with PYTHONDONTWRITEBYTECODE every process would compile
+                # the modules gradlang imports on first use, and the kernel
+                # modules, from source (10-20 ms, which no user pays).
+                env.pop("PYTHONDONTWRITEBYTECODE", None)
                 row = samples[name]
                 row.setdefault("dsl cold", []).append(time_process(dsl_body, env)[1])
                 import_s, warm_s = time_process(dsl_body, env)
