@@ -57,6 +57,7 @@ import numba
 import numpy as np
 from numba.core.caching import Cache, IndexDataCacheFile
 from numba.core.compiler_lock import global_compiler_lock
+from numba.core.cpu import CPUContext
 from numba.core.runtime import nrtdynmod, rtsys
 
 _lock = threading.Lock()
@@ -181,7 +182,7 @@ def _import_file(name: str, path) -> ModuleType:
 def manage_cache(dispatcher: object) -> None:
     """Give a Numba dispatcher with a disk cache (`cache=True`) this
     module's cache policy (anything else is left as it is): a light load
-    of cached machine code, an unreadable index or data file (torn,
+    of cached CPU machine code, an unreadable index or data file (torn,
     truncated, from another machine) taken as a miss and purged, so that
     the dispatcher compiles again and saves good ones, and a cache that
     cannot be saved a warning, since the compiled code is good."""
@@ -192,10 +193,12 @@ def manage_cache(dispatcher: object) -> None:
     # Numba ignores an index of another version: so indexes (and data
     # files) written before data carried checksums are quietly replaced.
     cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
-    save = cache.save_overload
+    load, save = cache.load_overload, cache.save_overload
 
     def load_overload(sig, target_context):
         try:
+            if not isinstance(target_context, CPUContext):
+                return load(sig, target_context)  # CUDA's: its own target set up
             # What Numba's own load_overload does, less refreshing the
             # target: cached code needs only the runtime it calls (NRT).
             _initialize_runtime(target_context)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import lark
+import numba
 import pytest
 
 from gradlang.compiler import parser
@@ -192,3 +193,25 @@ def test_cached_kernels_load_without_refreshing_numbas_target(tmp_path):
     cold, warm, damaged = runs
     assert cold > 0 and warm == 0 and damaged == 0
     assert runtime.read_bytes() != damaged_bytes  # compiled again and replaced
+
+
+def test_a_cache_of_another_target_loads_through_numbas_own_path(tmp_path, monkeypatch):
+    # CUDA's cache sets its own target up in Numba's load_overload (which
+    # starts by refreshing the target); only the CPU's takes the light load.
+    from gradlang.runtime import loader
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path))
+    path = tmp_path / "gradk_other_target.py"
+    path.write_text("import numba\n\n@numba.njit(cache=True)\ndef f(x):\n    return x + 1\n")
+    module = loader._import_file("gradk_other_target", path)
+    refreshed = []
+
+    class OtherTarget:
+        def refresh(self):
+            refreshed.append(True)
+            raise LookupError("not a CPU target")
+
+    with pytest.warns(RuntimeWarning, match="not a CPU target"):
+        assert module.f._cache.load_overload((numba.float64,), OtherTarget()) is None
+    assert refreshed == [True]
+    assert module.f(1.0) == 2.0  # and the CPU's compiles and runs
+    del sys.modules["gradk_other_target"]
