@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import pickle
 import platform
 import sys
 from dataclasses import dataclass, fields
@@ -242,11 +243,14 @@ def optimize(fn: Function, keep_barriers: bool = False, stop: str = "dce") -> Fu
 class Program:
     """Loaded code for one function at one signature; `ir` is the optimized
     IR it was generated from (worked out again when asked, for a program
-    loaded from the store)."""
+    loaded from the store, which keeps only its parameters' and results'
+    types)."""
 
     generated: Generated
     run: Callable
     run_contiguous: Callable  # the same, for C-contiguous arguments only
+    in_types: tuple[TensorType, ...]
+    out_types: tuple[TensorType, ...]
     optimized: Callable[[], Function]
 
     @cached_property
@@ -261,7 +265,8 @@ def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
     target = targets.get(target)
     fn = optimize(fn)
     generated = generate(fn, target)
-    return _load(generated, _compile_drivers(generated), lambda: fn, target)
+    return _load(generated, _compile_drivers(generated), (fn.in_types, fn.out_types),
+                 lambda: fn, target)
 
 
 def _compile_drivers(generated: Generated) -> tuple:
@@ -269,13 +274,13 @@ def _compile_drivers(generated: Generated) -> tuple:
             compile_driver(generated.contiguous_driver_source))
 
 
-def _load(generated: Generated, drivers: tuple, optimized: Callable[[], Function],
-          target: Target) -> Program:
+def _load(generated: Generated, drivers: tuple, types: tuple,
+          optimized: Callable[[], Function], target: Target) -> Program:
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernel_modules(generated.kernel_modules)
     run, run_contiguous = (make_driver(d, kernels, target.helpers) for d in drivers)
-    return Program(generated, run, run_contiguous, optimized)
+    return Program(generated, run, run_contiguous, *types, optimized)
 
 
 def build_stored(key: tuple, lower: Callable[[], Function],
@@ -292,16 +297,18 @@ def build_stored(key: tuple, lower: Callable[[], Function],
     data = stored("programs", text)
     if data is not None:
         try:
-            values, drivers = marshal.loads(data)
-            return _load(Generated(*values), drivers, lambda: optimize(lower()), target)
-        except (ValueError, TypeError, EOFError):
-            pass  # an entry of another layout: built again below, and replaced
+            values, drivers, types = marshal.loads(data)
+            return _load(Generated(*values), drivers, pickle.loads(types),
+                         lambda: optimize(lower()), target)
+        except Exception:  # noqa: BLE001 (an entry of another layout: built again
+            pass           # below, and replaced)
     fn = optimize(lower())
     generated = generate(fn, target)
     drivers = _compile_drivers(generated)
+    types = (fn.in_types, fn.out_types)
     values = tuple(getattr(generated, f.name) for f in fields(Generated))
-    store("programs", text, marshal.dumps((values, drivers)))
-    return _load(generated, drivers, lambda: fn, target)
+    store("programs", text, marshal.dumps((values, drivers, pickle.dumps(types))))
+    return _load(generated, drivers, types, lambda: fn, target)
 
 
 def _stamp() -> tuple:

@@ -312,7 +312,7 @@ class Compiled:
             return record(tapes, self, on_target, outs, pullback)
         program = self.program(on_target)
         if args and not self.host_results and not self.static_names(on_target):
-            layout = self.format(tuple(range(len(program.ir.outputs))))
+            layout = self.format(tuple(range(len(program.out_types))))
             self._fast.remember(args, on_target, program, layout)
         if out is not None:
             buffers = self.out_spec(program).buffers(out, on_target,
@@ -410,10 +410,10 @@ class OutSpec:
     program output, as the driver takes them."""
 
     def __init__(self, f: Compiled, program: Program):
-        results = program.ir.outputs
+        results = program.out_types
         self.f = f
         self.layout = f.format(tuple(range(len(results))))
-        self.dtypes = tuple(NUMPY[r.type.dtype] for r in results)
+        self.dtypes = tuple(NUMPY[r.dtype] for r in results)
         self.flat = self.layout == tuple(range(len(results)))
         self.program = program  # held: its id keys the callable's cache
 
@@ -484,11 +484,11 @@ class OutSpec:
 def result_shapes(program: Program, bound: dict[str, np.ndarray]) -> tuple:
     """The shapes of the program's results for these arguments."""
     sizes: dict[str, int] = {}
-    for param, array in zip(program.ir.params, bound.values()):
-        for d, size in zip(param.type.shape, np.shape(array)):
+    for param, array in zip(program.in_types, bound.values()):
+        for d, size in zip(param.shape, np.shape(array)):
             if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1:
                 sizes[d.factors[0]] = size
-    return tuple(tuple(evaluate(d, sizes) for d in r.type.shape) for r in program.ir.outputs)
+    return tuple(tuple(evaluate(d, sizes) for d in r.shape) for r in program.out_types)
 
 
 def _describe(layout: Any) -> str:

@@ -31,7 +31,7 @@ def shared_kernels(tmp_path_factory):
 def runs(tmp_path, monkeypatch, shared_kernels) -> list:
     """An empty program store (kernels shared), the stages not verified
     (which would bypass the store), and the names of the functions the
-    stages ran on, in order."""
+    IR passes ran on, in order."""
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "kernels").symlink_to(shared_kernels)
@@ -39,9 +39,9 @@ def runs(tmp_path, monkeypatch, shared_kernels) -> list:
     monkeypatch.delenv("GRADC_VERIFY", raising=False)
     monkeypatch.delenv("GRADC_LIBM", raising=False)
     names: list = []
-    generate = pipeline.generate
-    monkeypatch.setattr(pipeline, "generate",
-                        lambda fn, target: names.append(fn.name) or generate(fn, target))
+    optimize = pipeline.optimize
+    monkeypatch.setattr(pipeline, "optimize",
+                        lambda fn, *a, **k: names.append(fn.name) or optimize(fn, *a, **k))
     return names
 
 
@@ -64,6 +64,11 @@ def test_a_later_process_runs_no_stage_and_gets_the_same_program(runs, monkeypat
     new_process(monkeypatch)
     loaded = dsl.grad(dsl.loads(SOURCE).f)
     np.testing.assert_allclose(loaded(X, Y), Y + 2.0)
+    assert len(runs) == 1
+    # out= takes its result types from the stored program (no stage runs)
+    buffer = np.empty(3)
+    assert loaded(2.0 * X, Y, out=buffer) is buffer
+    np.testing.assert_allclose(buffer, Y + 2.0)
     assert len(runs) == 1
     # the IR it shows is what the stages make
     assert pipeline.print_function(loaded.ir(X, Y)) == pipeline.print_function(built.ir(X, Y))
