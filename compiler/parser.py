@@ -87,7 +87,10 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
         except Exception:  # noqa: BLE001 (an entry of another layout: parse again)
             pass
     module = parse_with_lark(source, file)
-    store("ast", key, pickle.dumps(module))
+    try:
+        store("ast", key, pickle.dumps(module))
+    except RecursionError:
+        pass  # nested deeper than pickle goes: parsed again next time
     return module
 
 

@@ -12,7 +12,7 @@ import lark
 import numba
 import pytest
 
-from gradlang.compiler import parser
+from gradlang.compiler import ast, parser
 from gradlang.grammar import grammar_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +146,18 @@ def test_a_damaged_stored_module_is_parsed_again_and_replaced(fresh_cache, monke
     assert repr(parser.parse(SOURCE, "log1pexp.grad")) == expected
 
 
+def test_a_module_nested_deeper_than_pickle_goes_still_parses(fresh_cache):
+    # 400 chained additions parse, but pickling their AST recurses too deep
+    source = "def f(x):\n    return " + "x + " * 400 + "x\n"
+    for _ in range(2):  # not stored, so parsed again
+        (ret,) = parser.parse(source).funcs[0].body
+        node, additions = ret.items[0].value, 0
+        while isinstance(node, ast.BinOp):  # (x + x) + x ...: down the left
+            node, additions = node.left, additions + 1
+        assert additions == 400 and node.id == "x"
+    assert not list((fresh_cache / "ast").glob("*.bin"))
+
+
 # Runs log1pexp's value and gradient (its serial kernel, and at 2^16 its
 # parallel one) and prints how often Numba refreshed its CPU target before
 # a function the cache cannot have is compiled, whether it did for that
@@ -161,7 +173,8 @@ f = dsl.value_and_grad(dsl.load(sys.argv[1]).log1pexp)
 errors = []
 for x in (np.linspace(-5.0, 5.0, 1000), np.linspace(-5.0, 5.0, 1 << 16)):
     value, grad = f(x)
-    errors += [np.abs(value - np.log1p(np.exp(x))).max(), np.abs(grad - 1 / (1 + np.exp(-x))).max()]
+    errors += [np.abs(value - np.log1p(np.exp(x))).max(),
+               np.abs(grad - 1 / (1 + np.exp(-x))).max()]
 before = len(refreshes)
 c = float(sys.argv[2])  # a constant of this run: a kernel no cache has
 fresh = dsl.grad(dsl.loads(f"def new(x):\\n    return x * x * {c}\\n").new)(np.arange(4.0))
