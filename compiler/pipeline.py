@@ -16,7 +16,8 @@
 derived from it: each stage's printed form, and `grad-` before every stage
 that can run on a gradient.  Contracts:
 
-- `front_end(source, file)`: parse and check; the module and its namespace.
+- `front_end(source, file)`: parse and check (grad blocks' linearity
+  included: `check_linearity`); the module and its namespace.
 - `lower_entry(namespace, fdef, types)`: lower; errors carry the source.
 - `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `select`:
   the transforms, IR -> IR (`vjp_programs` builds both halves).
@@ -38,10 +39,12 @@ from gradlang.compiler import ast, autodiff, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, generate, kernel_signature
 from gradlang.compiler.fusion import Loop, fuse, print_steps
-from gradlang.compiler.ir import Function, TensorType, Var, print_function
+from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var, print_function
+from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
-from gradlang.compiler.namespace import Namespace
+from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import parse
+from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError, Span
@@ -112,11 +115,70 @@ def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
     from gradlang.compiler.modules import namespace_for
     try:
         module = parse(source, file)
-        return module, namespace_for(module)
+        namespace = namespace_for(module)
+        check_linearity(namespace)
+        return module, namespace
     except GradError as err:
         raise err.with_source(source)
     except RecursionError:
         raise too_deep(source, file) from None
+
+
+def check_linearity(namespace: Namespace) -> None:
+    """Every grad block of the module's functions checked for linearity in
+    its upstream cotangents now, at load: each function with grad blocks
+    is lowered at a representative signature (`_representative_types`),
+    which runs the check (`compiler.linearity`).  A function no
+    representative signature lowers is checked when first called."""
+    for fdef, home in namespace.functions.values():
+        if home is not namespace or not fdef.grads:
+            continue
+        for types in _representative_types(fdef, namespace):
+            try:
+                Lowerer(namespace).lower_entry(fdef, types)
+                break
+            except NotLinear as err:
+                raise err.with_source(_source_of(namespace, err.span.file)) from None
+            except (GradError, NeedsConcrete, RecursionError):
+                continue  # an error of this signature, not of the blocks
+
+
+def _representative_types(fdef: ast.FuncDef, namespace: Namespace
+                          ) -> list[dict[str, TensorType]]:
+    """Argument types to lower `fdef` with, most likely first: annotated
+    parameters and params as annotated (named sizes 2, 3, ...), the others
+    f64 scalars, then vectors, then matrices; parameters with a default
+    take it."""
+    sizes: dict[str, int] = {}
+
+    def annotated(ann: ast.TypeAnn, rank: int) -> TensorType:
+        dims = ann.dims if ann.dims is not None else (3,) * rank
+        shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, len(sizes) + 2)
+                      for d in dims)
+        return TensorType(ann.dtype or "f64", shape)
+
+    candidates = []
+    for rank in (0, 1, 2):
+        types: dict[str, TensorType] = {}
+        for p in fdef.params:
+            if p.default is not None:
+                continue
+            ann = p.ann
+            if ann is not None and ann.const and ann.dtype in (None, "i32", "i64", "bool"):
+                if ann.dtype is not None:
+                    types[p.name] = StaticScalar(ann.dtype, (), 0)
+                    continue
+            types[p.name] = (annotated(ann, rank) if ann is not None
+                             else TensorType("f64", (3,) * rank))
+        for w in param_reads(fdef, namespace):
+            types[w] = annotated(namespace.params[w].type, rank)
+        candidates.append(types)
+    return candidates
+
+
+def _source_of(namespace: Namespace, file: str) -> Optional[str]:
+    modules = [namespace.module] + [ns.module for _, ns in namespace.functions.values()]
+    return next((m.source for m in modules if m.file == file), None)
 
 
 def too_deep(source: str, file: str) -> GradError:
