@@ -4,6 +4,7 @@
     check     names, arity, grad-block contracts, params     compiler/checker.py
     lower     AST -> typed SSA IR for one call signature     compiler/lower.py
     autodiff  IR -> IR: gradient, vjp, directional           compiler/autodiff.py
+              forward mode (jvp)                             compiler/forward.py
     inline    calls of sub-functions inlined                 compiler/passes.py
     simplify  algebraic simplification                       compiler/passes.py
     cse       common subexpressions merged                   compiler/passes.py
@@ -19,7 +20,7 @@ that can run on a gradient.  Contracts:
 - `front_end(source, file)`: parse and check (grad blocks' linearity
   included: `check_linearity`); the module and its namespace.
 - `lower_entry(namespace, fdef, types)`: lower; errors carry the source.
-- `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `select`:
+- `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `jvp`, `select`:
   the transforms, IR -> IR (`vjp_programs` builds both halves).
 - `optimize(fn)`: the IR passes (verifying between them when
   GRADC_VERIFY=1); `build(fn, target)`: passes, fuse, codegen and load,
@@ -35,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from gradlang.compiler import ast, autodiff, passes
+from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, generate, kernel_signature
 from gradlang.compiler.fusion import Loop, fuse, print_steps
@@ -247,6 +248,12 @@ def directional(fn: Function, types: dict[str, TensorType], wrt: str, v: str) ->
     total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
     contracted = b.function(f"{fn.name}_dir", params, [total])
     return autodiff.grad_of_sum(contracted, [list(types).index(wrt)], False)
+
+
+def jvp(fn: Function, wrt: Sequence[int]) -> Function:
+    """(params..., tangents of params[wrt]...) -> (outputs..., output
+    tangents...): forward mode, through grad blocks by transposing them."""
+    return forward.jvp(fn, wrt)
 
 
 def select(fn: Function, index: int) -> Function:
