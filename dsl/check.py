@@ -16,6 +16,13 @@ differences disagree: a kink, a jump) are not compared.  Whatever the
 differences say, a NaN in a gradient where the value of `f` is finite is a
 failure (the automatic gradient of sqrt(x * x) at 0 is 0 * inf).
 
+Forward mode, along each argument: the jvp (through grad blocks, their
+transposition) against differences of f (rows `jvp:x`, f64), and the
+dot-product test <J t, u> = <t, J^T u> between forward and reverse mode,
+and from order 2 the same one order up (forward over reverse against
+reverse over reverse, so through a second grad block in both), in f64 and
+f32 (rows `jvp/vjp:x`; `GradCheck.against` is "reverse").
+
 Then, unless `f32=False`, the same point in f32 (arguments an annotation
 fixes keep their dtype): the order-1 gradients, one program for all of them,
 against the f64 gradients as the reference.  A gradient that is not finite
@@ -41,7 +48,7 @@ from typing import Callable
 
 import numpy as np
 
-from dsl.function import Compiled, Directional, GradFunction, Select, VjpFunction
+from dsl.function import Compiled, Directional, GradFunction, JvpFunction, Select, VjpFunction
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
 
@@ -62,10 +69,14 @@ class GradCheck:
     compared: int
     ok: bool
     dtype: str = "f64"
+    # what it was compared with: "differences" (f64), or "reverse" (forward
+    # mode's dot-product test, in either dtype), or else the f64 gradient
+    against: str = "differences"
 
     def __str__(self) -> str:
         verdict = "ok" if self.ok and self.compared else "not compared" if self.ok else "FAIL"
-        against = "the f64 gradient" if self.dtype == "f32" else "finite differences"
+        against = {"reverse": "reverse mode"}.get(self.against, (
+            "the f64 gradient" if self.dtype == "f32" else "finite differences"))
         nan = ", NaN/Inf in gradient" if self.nonfinite else ""
         return (f"{self.function}: order {self.order} w.r.t. {self.wrt} [{self.source}] in "
                 f"{self.dtype} vs {against}: max abs err {self.max_abs:.3g}, max rel err "
@@ -216,10 +227,20 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         if order >= 2 and upstream:
             results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
                                            atol * 10))
+        results.extend(_check_forward(f, bound, value, name, directions[:3], step, rtol,
+                                      atol, rng, dot=upstream, order=order))
     if f32 and reference:
         narrowed = _check_f32(f, bound, fixed, value, reference)
         results.extend(narrowed)
         results.warnings.extend(narrowed.warnings)
+        narrow = _narrow(bound, fixed)
+        if upstream and any(narrow[n] is not bound[n] for n in bound):
+            value32 = _run(f, narrow)
+            for name in reference:
+                directions = [rng.normal(size=narrow[name].shape) for _ in range(3)]
+                results.extend(_check_forward(f, narrow, value32, name, directions, 0.0,
+                                              rtol, atol, rng, dot=True, order=order,
+                                              differences=False))
     if raise_on_failure:
         results.raise_on_failure()
     return results
@@ -254,6 +275,91 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     return _row(f, 2, f"{upstream} (of d/d{name})", _compare(pairs, rtol, atol), nan)
 
 
+def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.ndarray],
+                   name: str, directions: list[np.ndarray], step: float, rtol: float,
+                   atol: float, rng, dot: bool, order: int, differences: bool = True
+                   ) -> list[GradCheck]:
+    """Forward mode along `name`: the jvp (through grad blocks, their
+    transposition) against central differences of f along each direction
+    t (with `differences`), and, with `dot`, the dot-product test
+    <J t, u> = <t, J^T u> against reverse mode at a random cotangent u;
+    from order 2, the same test one order up: <d/dx (grad f) t, u> from
+    forward over reverse, <t, d/dx <grad f, u>> from reverse over reverse
+    (both through the second grad block when there is one).  A NaN or Inf
+    tangent where the value is finite fails a row."""
+    dtype = "f32" if bound[name].dtype == np.float32 else "f64"
+    x = bound[name]
+    tangents = [_jvp(f, bound, name, v.astype(x.dtype))[len(value):] for v in directions]
+    nan = _finite(value) and _has_nan([t for ts in tangents for t in ts])
+    rows = []
+    if differences:
+        pairs = []
+        for v, tangent in zip(directions, tangents):
+            numeric = _central(lambda t: _flat(_run(f, {**bound, name: (x + t * v).astype(
+                x.dtype)})), step, rtol, atol)
+            if numeric is not None:
+                pairs.append((_flat(tangent), numeric))
+        rows.append(_forward_row(f, 1, f"jvp:{name}", "forward", _compare(pairs, rtol, atol),
+                                 nan, dtype, "differences"))
+    if not dot:
+        return rows
+    # rounding only: both sides are exact algebra
+    tol = 1e-4 if dtype == "f32" else 1e-9
+    floats = f.differentiable_names(bound)
+    vjp = _derived(f, ("vjp", len(value)), lambda: VjpFunction(f, len(value)))
+    us = [rng.normal(size=o.shape).astype(o.dtype) for o in value]
+    jtu = _run(vjp, {**bound, **dict(zip(vjp.ct_names, us))})[floats.index(name)]
+    pairs = [_dot_pair(tangent, us, v, jtu) for v, tangent in zip(directions, tangents)]
+    rows.append(_forward_row(f, 1, f"jvp/vjp:{name}", "forward vs reverse",
+                             _compare(pairs, tol, tol), nan, dtype, "reverse"))
+    if order >= 2:
+        gradient = _derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        u = rng.normal(size=x.shape).astype(x.dtype)
+        hessian = _derived(f, ("directional", name, 2),
+                           lambda: Directional(gradient, name, "$v2"))
+        hu = _run(hessian, {**bound, "$v2": u})[0]
+        pairs, nan2 = [], False
+        for v in directions:
+            hv = _jvp(gradient, bound, name, v.astype(x.dtype))[1:]
+            nan2 = nan2 or (_finite(value) and _has_nan(hv))
+            pairs.append(_dot_pair(hv, [u], v, hu))
+        rows.append(_forward_row(f, 2, f"jvp/vjp:{name}", "forward over reverse vs reverse",
+                                 _compare(pairs, tol * 10, tol * 10), nan2, dtype, "reverse"))
+    return rows
+
+
+def _jvp(f: Compiled, bound: dict[str, np.ndarray], name: str, v: np.ndarray) -> list:
+    """f's outputs, then their tangents along `v` for argument `name`."""
+    jf = _derived(f, ("jvp", name), lambda: JvpFunction(f, [name]))
+    return _run(jf, {**bound, jf.tangent_names[0]: v})
+
+
+def _dot_pair(tangents, us, v, jtu) -> tuple[float, float]:
+    """(<J v, u>, <v, J^T u>), scaled by the size of their terms."""
+    left = [np.asarray(t, np.float64) * np.asarray(u, np.float64) for t, u in zip(tangents, us)]
+    right = np.asarray(v, np.float64) * np.asarray(jtu, np.float64)
+    scale = max(1.0, sum(float(np.sum(np.abs(a))) for a in left),
+                float(np.sum(np.abs(right))))
+    return sum(float(np.sum(a)) for a in left) / scale, float(np.sum(right)) / scale
+
+
+def _flat(arrays) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in arrays])
+
+
+def _forward_row(f: Compiled, order: int, wrt: str, what: str, compared: tuple, nan: bool,
+                 dtype: str, against: str) -> GradCheck:
+    max_abs, max_rel, nonfinite, count, ok = compared
+    return GradCheck(f.name, order, wrt, f"{what} ({source_of(f, order)})", max_abs, max_rel,
+                     nonfinite or nan, count, ok and not nan, dtype, against)
+
+
+def _narrow(bound: dict[str, np.ndarray], fixed: dict) -> dict[str, np.ndarray]:
+    """The arguments in f32, but for those an annotation fixes as f64."""
+    return {n: a.astype(np.float32) if a.dtype == np.float64 and fixed.get(n) != "f64" else a
+            for n, a in bound.items()}
+
+
 def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: list[np.ndarray],
                reference: dict[str, np.ndarray]) -> CheckResult:
     """The order-1 gradients in f32 (arguments an annotation fixes keep
@@ -261,8 +367,7 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
     value and every gradient, so f32 adds one compile per function and rank.
     Failed by a gradient that is not finite where the reference is, or NaN
     where the f32 value is finite; f32 rounding errors are reported only."""
-    narrow = {n: a.astype(np.float32) if a.dtype == np.float64 and fixed.get(n) != "f64" else a
-              for n, a in bound.items()}
+    narrow = _narrow(bound, fixed)
     if all(narrow[n] is bound[n] for n in bound):
         return CheckResult()  # every argument is fixed: f32 is the check already done
     names = tuple(reference)
@@ -332,6 +437,7 @@ class Summary:
     ok: bool
     dtype: str = "f64"
     skipped: str = ""
+    against: str = "differences"  # as `GradCheck.against`
 
     @property
     def verdict(self) -> str:
@@ -428,7 +534,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                                                                           item[0][0])):
         compared = [c for c in checks if c.compared]
         nonfinite = any(c.nonfinite for c in checks)
-        if reason and dtype == "f64":
+        if reason and dtype == "f64" and checks[0].against == "differences":
             # differences cannot judge it, but a NaN/Inf is wrong by any design
             out.append(Summary(f.name, k, wrt, checks[0].source, 0, 0.0, 0.0, nonfinite,
                                not nonfinite, dtype, reason))
@@ -437,7 +543,8 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                            max((c.max_abs for c in compared), default=0.0),
                            max((c.max_rel for c in compared), default=0.0),
                            nonfinite, all(c.ok for c in checks), dtype,
-                           "" if compared else "not smooth at any point tried"))
+                           "" if compared else "not smooth at any point tried",
+                           checks[0].against))
     return out
 
 

@@ -209,7 +209,8 @@ def cmd_check(args) -> int:
                 elif r.nonfinite:
                     what = "has NaN/Inf where the function is finite"
                 else:
-                    what = f"disagrees with finite differences (max rel err {r.max_rel:.2g})"
+                    against = "reverse mode" if r.against == "reverse" else "finite differences"
+                    what = f"disagrees with {against} (max rel err {r.max_rel:.2g})"
                 messages.append(f"{file}: error: {r.function}(): the order-{r.order} gradient "
                                 f"w.r.t. {r.wrt} from {r.source} {what}")
         header = ["function", "dtype", "order", "wrt", "gradient", "points", "max abs err",
