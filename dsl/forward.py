@@ -68,9 +68,10 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     return jf.format(outs)
 
 
-def _run(f: Compiled, bound: dict[str, Any]) -> tuple:
+def _run(f: Compiled, bound: dict[str, Any], host: bool = False) -> tuple:
+    """f's raw outputs; on the host when `host` or f's results go there."""
     outs = f.call_bound(bound)
-    return tuple(f.target.to_host(o) for o in outs) if f.host_results else tuple(outs)
+    return tuple(f.target.to_host(o) for o in outs) if host or f.host_results else tuple(outs)
 
 
 def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
@@ -158,14 +159,16 @@ class Jacobian:
         for name in self.wrt:
             jf = jvp_function(self.f, [name])
             x = bound[name]
+            if not isinstance(x, np.ndarray):  # a device array passed in
+                x = self.f.target.to_host(x)
             columns = []
             for i in range(int(np.prod(x.shape))):
                 basis = np.zeros(x.shape, np.dtype(x.dtype))
                 basis.flat[i] = 1
-                outs = _run(jf, {**bound, jf.tangent_names[0]: basis})
+                outs = _run(jf, {**bound, jf.tangent_names[0]: basis}, host=True)
                 columns.append(outs[len(outs) // 2:])
             if not columns:  # an empty argument: the outputs give the shapes
-                outs = _run(self.f, dict(bound))
+                outs = _run(self.f, dict(bound), host=True)
                 per_wrt.append([np.zeros(o.shape + x.shape, o.dtype) for o in outs])
                 continue
             per_wrt.append([np.stack([c[k] for c in columns], axis=-1).reshape(
