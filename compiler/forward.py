@@ -19,8 +19,8 @@ linear in its upstream cotangents), is transposed.  So forward mode runs
 through hand-written blocks with nothing more written, and follows them
 exactly: where a block differs from the derivative of its function's body,
 the tangent is the block's.  `where(c, a, b)`'s tangent is
-`where(c, t_a, t_b)`: the branch not taken contributes nothing, NaN or inf
-included.  Only float values carry tangents.
+`where(c, t_a, 0) + where(c, 0, t_b)`: the branch not taken contributes
+nothing, NaN or inf included.  Only float values carry tangents.
 """
 from __future__ import annotations
 

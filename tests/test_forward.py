@@ -226,3 +226,11 @@ def test_a_const_or_integer_tangent_must_be_none_or_zero():
     for tangents in ((1.0, 1.0, None), (1.0, None, 2)):
         with pytest.raises(dsl.ArgumentError, match="must be None or zero"):
             dsl.jvp(m.f, (2.0, 3.0, 4), tangents)
+
+
+def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
+    # sqrt's tangent t / (2 sqrt(x)) is t / 0 = inf at x = 0, in the branch not taken
+    m = dsl.loads("def f(x):\n    return where(x > 0, sqrt(x), 2 * x)\n")
+    x = np.array([0.0, -1.0, 4.0])
+    _, ty = dsl.jvp(m.f, (x,), (np.ones(3),))
+    np.testing.assert_array_equal(ty, [2.0, 2.0, 0.25])
