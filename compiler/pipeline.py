@@ -165,12 +165,11 @@ def _representative_types(fdef: ast.FuncDef, namespace: Namespace
             if p.default is not None:
                 continue
             ann = p.ann
-            if ann is not None and ann.const and ann.dtype in (None, "i32", "i64", "bool"):
-                if ann.dtype is not None:
-                    types[p.name] = StaticScalar(ann.dtype, (), 0)
-                    continue
-            types[p.name] = (annotated(ann, rank) if ann is not None
-                             else TensorType("f64", (3,) * rank))
+            if ann is not None and ann.const and ann.dtype in ("i32", "i64", "bool"):
+                types[p.name] = StaticScalar(ann.dtype, (), 0)  # an axis or index: 0
+            else:
+                types[p.name] = (annotated(ann, rank) if ann is not None
+                                 else TensorType("f64", (3,) * rank))
         for w in param_reads(fdef, namespace):
             types[w] = annotated(namespace.params[w].type, rank)
         candidates.append(types)

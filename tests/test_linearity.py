@@ -2,6 +2,7 @@
 `dsl.load`, with the offending operation's line and column (issue 11)."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import dsl
@@ -103,3 +104,18 @@ def test_linearity_lives_in_the_op_table():
     assert not linear & {"exp", "abs", "maximum", "pow", "reduce_max", "gt", "sign"}
     # a linear op is transposed by its VJP rule, so it must have one
     assert all(ops.OPS[name].vjp is not None for name in linear)
+
+
+def test_annotated_and_const_integer_parameters_are_checked_at_load():
+    src = ("def f(x: f64[n, m], k: const i64):\n    return sum(x, axis=k)\n"
+           "grad(dy):\n    return abs(reshape(dy, (1, x.shape[1]))) * x\n")
+    err = load_error(src)
+    assert "abs() of a value" in err.message and (err.line, err.col) == (4, 12)
+
+
+def test_a_block_no_representative_signature_lowers_is_checked_at_first_call():
+    # x.shape[0] == 4 holds for none of the representative shapes
+    src = ("def f(x):\n    return x[3] * x\ngrad(dy):\n    return dy * dy * x\n")
+    m = dsl.loads(src)
+    with pytest.raises(dsl.GradError, match="a product of two values"):
+        m.f(np.arange(4.0))
