@@ -85,7 +85,8 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
     if not linear:
         if eqn.op == "full" and eqn.p["value"] == 0:
             return ZERO
-        zero = any(all(in_kinds[i] == ZERO for i in s) for s in slots if s)
+        zero = any(all(in_kinds[i] == ZERO for i in s if eqn.inputs[i].type.is_float)
+                   for s in slots if s)
         return ZERO if zero else None
     at = eqn.span or span
     fits = [s for s in slots if linear <= s]
@@ -95,7 +96,9 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
     if not fits or not all(o.type.is_float for o in eqn.outputs):
         raise NotLinear(f"{where} is not linear in its upstream cotangents: {_describe(eqn)} "
                         "of a value that depends on them", at)
-    if not any(all(in_kinds[i] in (LINEAR, ZERO) for i in s) for s in fits):
+    # the float inputs of the slot (indices are held fixed)
+    if not any(all(in_kinds[i] in (LINEAR, ZERO) for i in s if eqn.inputs[i].type.is_float)
+               for s in fits):
         raise NotLinear(f"{where} is not linear in its upstream cotangents: {_describe(eqn)} "
                         "of a value that depends on them and one that does not (an affine "
                         "map, not a linear one)", at)

@@ -578,8 +578,9 @@ class Op:
     # upstream cotangents, `compiler.linearity`) and their transposition:
     # None: in no input; "jointly": in all its inputs together (add, layout
     # ops); "each": in any one input, the others held fixed (mul, matmul);
-    # "first": in its first input, the others held fixed (div); "branches":
-    # in inputs 1.. together, input 0 held fixed (where).  A linear op's
+    # "first": in its first input, the others held fixed (div, gathers);
+    # "branches": in inputs 1.. together, input 0 held fixed (where).
+    # Integer inputs (indices) are always held fixed.  A linear op's
     # transpose with respect to those inputs is its VJP rule.
     linear: Optional[str] = None
     # inputs read only as a data dependency, never for their value (the
@@ -741,16 +742,16 @@ _TABLE: tuple[Op, ...] = (
     # ---- gathers and scatter-adds (see "Gathers and scatter-adds" above)
     Op("take", kind="index", type_rule=_take_rule, vjp=_gather_vjp("scatter_add"),
        ref=lambda x, idx, axis, what: np.take(x, idx, axis=axis), arity=2,
-       domain=("real", "index")),
+       domain=("real", "index"), linear="first"),
     Op("take_along_axis", kind="index", type_rule=_take_along_rule,
        vjp=_gather_vjp("scatter_add_along_axis"),
        ref=lambda x, idx, axis, what: np.take_along_axis(x, idx, axis=axis), arity=2,
-       domain=("real", "index")),
+       domain=("real", "index"), linear="first"),
     Op("scatter_add", kind="index", type_rule=_scatter_add_rule, vjp=_scatter_vjp("take"),
-       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real")),
+       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real"), linear="jointly"),
     Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
        vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
-       domain=("real", "index", "real")),
+       domain=("real", "index", "real"), linear="jointly"),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.

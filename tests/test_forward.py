@@ -275,3 +275,13 @@ def test_jvp_in_the_language_needs_a_tangent_per_wrt():
                   "    return jvp(f, wrt=(0, 1))(x)\n")
     with pytest.raises(dsl.GradError, match="missing argument"):
         dsl.loads("def f(x, y):\n    return x * y\ndef g(x):\n    return jvp(f)(x, x)[1]\n")
+
+
+def test_jvp_through_gathers_and_scatters():
+    m = dsl.loads("def g(x, i):\n"
+                  "    return sum(take(x, i) * x[0]) + scatter_add(x, i, x * 0 + 1)\n")
+    x, i = np.array([1.0, 2.0, 3.0]), np.array([2, 0, 2])
+    jf, jr = dsl.jacfwd(m.g, wrt=0)(x, i), dsl.jacrev(m.g, wrt=0)(x, i)
+    np.testing.assert_allclose(jf, jr, rtol=1e-12)
+    np.testing.assert_allclose(dsl.jvp(m.g, (x, i), (np.ones(3), None))[1], jf @ np.ones(3),
+                               rtol=1e-12)

@@ -119,3 +119,14 @@ def test_a_block_no_representative_signature_lowers_is_checked_at_first_call():
     m = dsl.loads(src)
     with pytest.raises(dsl.GradError, match="a product of two values"):
         m.f(np.arange(4.0))
+
+
+def test_gathers_and_scatters_of_the_upstream_are_linear():
+    # (indices are held fixed; the data they move is the linear part)
+    dsl.loads("def g(x, i: i64[k]):\n    return take(x, i)\ngrad(dy):\n"
+              "    return scatter_add(zeros_like(x), i, dy)\n")
+    dsl.loads("def g(x, i: i64[k]):\n    return x * 2\ngrad(dy):\n"
+              "    return take(dy, i) * 0 + dy * 2\n")
+    err = load_error("def g(x, i: i64[k]):\n    return take(x, i)\ngrad(dy):\n"
+                     "    return scatter_add(ones_like(x), i, dy)\n")
+    assert "affine" in err.message
