@@ -14,7 +14,7 @@
     load      kernel module imported, driver bound           runtime/loader.py
 
 `STAGES` is that list; `EMITS` (what `gradc show --emit` accepts) is
-derived from it: each stage's printed form, and `grad-` before every stage
+derived from it: each stage's printed form, and `grad-` or `jvp-` before every stage
 that can run on a gradient.  Contracts:
 
 - `front_end(source, file)`: parse and check (grad blocks' linearity
@@ -77,6 +77,11 @@ STAGES: tuple[Stage, ...] = (
 ALIASES = {"ir": "dce"}
 
 
+# What a prefix of an `--emit` name runs the stages on: the value and
+# gradient of the sum of the outputs, or the outputs and their tangents.
+TRANSFORMS = ("grad", "jvp")
+
+
 def _emit_names() -> tuple[str, ...]:
     names: list[str] = []
     for stage in STAGES:
@@ -85,9 +90,9 @@ def _emit_names() -> tuple[str, ...]:
         if stage.name != "autodiff":  # autodiff's output is always a gradient
             names.append(stage.emit)
         if stage.on_gradient:
-            names.append("grad-" + stage.emit)
+            names += [f"{t}-{stage.emit}" for t in TRANSFORMS]
     for alias in ALIASES:
-        names += [alias, "grad-" + alias]
+        names += [alias] + [f"{t}-{alias}" for t in TRANSFORMS]
     return tuple(names)
 
 
@@ -100,12 +105,12 @@ IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
 )
 
 
-def stage_of(emit_name: str) -> tuple[str, bool]:
-    """`--emit` name -> (stage name, whether on the gradient)."""
-    on_gradient = emit_name.startswith("grad-")
-    name = emit_name[len("grad-"):] if on_gradient else emit_name
+def stage_of(emit_name: str) -> tuple[str, Optional[str]]:
+    """`--emit` name -> (stage name, the transform it runs on or None)."""
+    transform = next((t for t in TRANSFORMS if emit_name.startswith(t + "-")), None)
+    name = emit_name[len(transform) + 1:] if transform else emit_name
     name = ALIASES.get(name, name)
-    return next(s.name for s in STAGES if s.emit == name), on_gradient
+    return next(s.name for s in STAGES if s.emit == name), transform
 
 
 # ------------------------------------------------------------ front end
