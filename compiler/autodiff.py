@@ -65,7 +65,7 @@ def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
         op = ops.OPS[eqn.op]
         if op.kind == "call":
             results = inline(b, eqn.p["fwd"], inputs)
-            outs = _own(b, results[:eqn.p["n_out"]], inputs)
+            outs = own_outputs(b, results[:eqn.p["n_out"]], inputs)
             record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs,
                       results[eqn.p["n_out"]:])
         else:
@@ -169,7 +169,7 @@ def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom
     return ct, mask
 
 
-def _own(b: Builder, outs: list[Atom], inputs) -> list[Atom]:
+def own_outputs(b: Builder, outs: list[Atom], inputs) -> list[Atom]:
     """A custom call's outputs as values of their own: an output that is
     one of its inputs (or a literal, or repeated) gets an identity equation,
     so the cotangent it receives is not confused with its input's."""

@@ -291,7 +291,7 @@ def _segment_sum(L, b, args, kwargs, span):
 
 # In-language transforms, `grad(f, wrt=k)(args)`: lowered by
 # `Lowerer.transform_call`, since their first argument is a function.
-TRANSFORMS = ("grad", "value_and_grad")
+TRANSFORMS = ("grad", "value_and_grad", "jvp")
 
 # Primitives whose lowering is not `_primitive`'s.
 _LOWERINGS: dict[str, Builtin] = {

@@ -224,7 +224,13 @@ class _Function:
         if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) \
                 and func.func.id in TRANSFORMS and func.func.id not in defined:
             target = self.transform(func, defined)
-            _check_call_arity(target, len(e.args), kw_names, e)
+            n_args = len(e.args)
+            if func.func.id == "jvp":  # the arguments, then one tangent per wrt
+                n_args -= _wrt_count(func)
+                if n_args < 0:
+                    raise GradError(f"jvp({target.name}) takes {target.name}()'s arguments, "
+                                    "then one tangent per wrt", e.span)
+            _check_call_arity(target, n_args, kw_names, e)
         elif isinstance(func, ast.Name) and func.id in TRANSFORMS and func.id not in defined:
             raise GradError(f"{func.id}(f, wrt=...) builds a function; call it on "
                             f"arguments: {func.id}(f)(x)", e.span)
@@ -285,6 +291,13 @@ def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
         elif isinstance(s, ast.AugAssign):
             out.add(s.target)
     return out
+
+
+def _wrt_count(transform: ast.Call) -> int:
+    """How many parameters `grad(f, wrt=...)` names: a tuple's length, else 1."""
+    wrt = (transform.args[1] if len(transform.args) > 1 else
+           next((k.value for k in transform.kwargs if k.name == "wrt"), None))
+    return len(wrt.items) if isinstance(wrt, ast.TupleExpr) else 1
 
 
 def _check_call_arity(f: ast.FuncDef, n_args: int, kw_names: list[str], call: ast.Call) -> None:

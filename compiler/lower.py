@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from gradlang.compiler import ast, autodiff, ops
+from gradlang.compiler import ast, autodiff, forward, ops
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, cast, is_static,
                                       sequence_kind, unify)
@@ -123,8 +123,9 @@ class Lowerer:
 
     def transform_call(self, b: Builder, inner: ast.Call, outer: ast.Call,
                        env: dict[str, Value]) -> Value:
-        """`grad(f, wrt=k)(args)` / `value_and_grad(f, wrt=k)(args)` in the
-        language: f's gradient IR, inlined, so it can be differentiated again."""
+        """`grad(f, wrt=k)(args)` / `value_and_grad(f, wrt=k)(args)` /
+        `jvp(f, wrt=k)(args, tangents)` in the language: f's gradient (or
+        jvp) IR, inlined, so it can be differentiated again."""
         kind = inner.func.id
         target = self.namespace.resolve(inner.args[0]) if inner.args else None
         if target is None:
@@ -137,12 +138,17 @@ class Lowerer:
         single = not isinstance(wrt_value, tuple)
         args = [self.expr(b, a, env) for a in outer.args]
         kwargs = {k.name: self.expr(b, k.value, env) for k in outer.kwargs}
+        n_tangents = (1 if single else len(wrt_value)) if kind == "jvp" else 0
+        tangents, args = args[len(args) - n_tangents:], args[:len(args) - n_tangents]
         bound = self.bind_args(fdef, args, kwargs, outer.span)
         wrt_names = self.transform_wrt(fdef, bound, (wrt_value,) if single else wrt_value,
                                        inner.span)
         arrays = [n for n, v in bound.items() if not is_static(v)]
         reads = list(param_reads(fdef, ns))
         sub = self.sub_function(fdef, ns, bound, {w: env[w] for w in reads}, outer.span)
+        if kind == "jvp":
+            return self.jvp_call(b, sub, [bound[n] for n in arrays] + [env[w] for w in reads],
+                                 [arrays.index(n) for n in wrt_names], tangents, outer)
         with_value = kind == "value_and_grad"
         g = autodiff.grad_of_sum(sub, [arrays.index(n) for n in wrt_names], with_value)
         results = inline(b, g, [bound[n] for n in arrays] + [env[w] for w in reads])
@@ -152,6 +158,28 @@ class Lowerer:
             return grads_value
         values = results[:len(sub.outputs)]
         return (values[0] if len(values) == 1 else tuple(values)), grads_value
+
+    def jvp_call(self, b: Builder, sub: Function, inputs: list[Value], wrt: list[int],
+                 tangents: list[Value], call: ast.Call) -> Value:
+        """`jvp(f, wrt=k)(args..., t)`: (f's value, its tangent along t), by
+        forward mode (through f's grad blocks, transposed)."""
+        ts = []
+        for index, t in zip(wrt, tangents):
+            target = sub.params[index].type
+            t = cast(b, as_atom(b, t, call.span), target.dtype)
+            if t.type.shape != target.shape:
+                if not broadcasts_to(t.type.shape, target.shape):
+                    raise GradError(f"a tangent of shape {list(t.type.shape)} for "
+                                    f"{sub.params[index].hint!r}, which has shape "
+                                    f"{list(target.shape)}", call.span)
+                t = b.bind("broadcast_to", t, shape=target.shape, span=call.span)
+            ts.append(t)
+        results = inline(b, forward.jvp(sub, wrt), list(inputs) + ts)
+        n = len(sub.outputs)
+        values, out_tangents = results[:n], results[n:]
+        if n == 1:
+            return values[0], out_tangents[0]
+        return tuple(values), tuple(out_tangents)
 
     @staticmethod
     def transform_wrt(fdef: ast.FuncDef, bound: dict[str, Value], wrt_items: tuple,

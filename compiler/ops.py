@@ -574,6 +574,28 @@ class Op:
     # with Numba's scalar libm calls, rounded to a power of two: the order
     # matters, not the digits (`benchmarks/bench_threshold.py --ops`).
     cost: int = 0
+    # How the op is linear, for grad blocks (which must be linear in their
+    # upstream cotangents, `compiler.linearity`) and their transposition:
+    # None: in no input; "jointly": in all its inputs together (add, layout
+    # ops); "each": in any one input, the others held fixed (mul, matmul);
+    # "first": in its first input, the others held fixed (div, gathers);
+    # "branches": in inputs 1.. together, input 0 held fixed (where).
+    # Integer inputs (indices) are always held fixed.  A linear op's
+    # transpose with respect to those inputs is its VJP rule.
+    linear: Optional[str] = None
+    # inputs read only as a data dependency, never for their value (the
+    # op is the identity on its first input)
+    token_inputs: tuple[int, ...] = ()
+
+    def linear_slots(self, n_inputs: int) -> list[frozenset[int]]:
+        """The sets of inputs the op is linear in together: the output is a
+        linear map of one set's inputs while the other inputs are held fixed."""
+        everything = range(n_inputs)
+        return {None: [],
+                "jointly": [frozenset(everything)],
+                "each": [frozenset([i]) for i in everything],
+                "first": [frozenset([0])],
+                "branches": [frozenset(range(1, n_inputs))]}[self.linear]
 
     @property
     def differentiable(self) -> bool:
@@ -599,7 +621,7 @@ _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
 
 _TABLE: tuple[Op, ...] = (
     # ---- elementwise, one input
-    Op("neg", template="-{0}", ref=np.negative,
+    Op("neg", linear="jointly", template="-{0}", ref=np.negative,
        vjp=_unary(lambda b, x, o, ct: b.bind("neg", ct))),
     Op("exp", template="math.exp({0})", ref=np.exp, float_only=True, source_name="exp",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o)), cost=16),
@@ -657,18 +679,21 @@ _TABLE: tuple[Op, ...] = (
     Op("logical_not", template="not {0}", ref=np.logical_not, domain="bool"),
     Op("stop_gradient", template="{0}", ref=lambda x: x.copy(), source_name="stop_gradient",
        no_op_if=_no_op_for_same_type),
-    Op("cast", type_rule=_cast_rule, vjp=_cast_vjp, template="{0}",
+    Op("cast", linear="jointly", type_rule=_cast_rule, vjp=_cast_vjp, template="{0}",
        ref=lambda x, dtype: x.astype(_np_dtype(dtype)), no_op_if=_no_op_for_same_type),
     Op("full", type_rule=_full_rule, template="{value}", arity=0,
        ref=lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype))),
     # ---- elementwise, two inputs
     Op("add", template="{0} + {1}", ref=np.add, arity=2, identity=0, commutative=True,
+       linear="jointly",
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: ct)),
-    Op("sub", template="{0} - {1}", ref=np.subtract, arity=2, identity=0,
+    Op("sub", linear="jointly", template="{0} - {1}", ref=np.subtract, arity=2, identity=0,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind("neg", ct))),
     Op("mul", template="{0} * {1}", ref=np.multiply, arity=2, identity=1, commutative=True,
+       linear="each",
        vjp=_binary(lambda b, x, y, o, ct: _mul(b, ct, y), lambda b, x, y, o, ct: _mul(b, ct, x))),
     Op("div", template="{0} / {1}", ref=np.divide, arity=2, identity=1, float_only=True,
+       linear="first",
        domain=("real", "nonzero"),
        vjp=_binary(lambda b, x, y, o, ct: b.bind("div", ct, y),
                    lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
@@ -688,39 +713,45 @@ _TABLE: tuple[Op, ...] = (
     Op("logical_or", template="{0} or {1}", ref=np.logical_or, arity=2, domain="bool"),
     # ---- elementwise, three inputs
     Op("where", type_rule=_where_rule, vjp=_where_vjp, template="{1} if {0} else {2}",
+       linear="branches",
        ref=np.where, arity=3, domain=("bool", "real", "real"), source_name="where",
        masking="branches"),
     # ---- reductions, layout, matmul
-    Op("reduce_sum", kind="reduction", type_rule=_reduce_rule, vjp=_sum_vjp,
+    Op("reduce_sum", linear="jointly", kind="reduction", type_rule=_reduce_rule, vjp=_sum_vjp,
        ref=lambda x, axes: np.sum(x, axis=tuple(axes)).astype(x.dtype)),
     Op("reduce_max", kind="reduction", type_rule=_reduce_rule, vjp=_max_reduce_vjp,
        ref=lambda x, axes: np.max(x, axis=tuple(axes))),
-    Op("reshape", kind="layout", type_rule=_reshape_rule, vjp=_reshape_vjp,
+    Op("reshape", linear="jointly", kind="layout", type_rule=_reshape_rule, vjp=_reshape_vjp,
        ref=lambda x, shape: np.reshape(x, shape), no_op_if=_no_op_for_same_type),
-    Op("transpose", kind="layout", type_rule=_transpose_rule, vjp=_transpose_vjp,
+    Op("transpose", linear="jointly", kind="layout", type_rule=_transpose_rule,
+       vjp=_transpose_vjp,
        ref=lambda x, perm: np.transpose(x, perm), no_op_if=_is_identity_perm),
     Op("broadcast_to", kind="layout", type_rule=_broadcast_to_rule, vjp=_broadcast_to_vjp,
+       linear="jointly",
        ref=lambda x, shape: np.broadcast_to(x, shape), no_op_if=_no_op_for_same_type),
-    Op("slice", kind="layout", type_rule=_slice_rule, vjp=_slice_vjp,
+    Op("slice", linear="jointly", kind="layout", type_rule=_slice_rule, vjp=_slice_vjp,
        ref=lambda x, starts, stops, steps: x[python_slices(starts, stops, steps)]),
-    Op("embed", kind="layout", type_rule=_embed_rule, vjp=_embed_vjp, ref=_embed_ref),
+    Op("embed", kind="layout", type_rule=_embed_rule, vjp=_embed_vjp, ref=_embed_ref,
+       linear="jointly"),
     Op("concatenate", kind="layout", type_rule=_concat_rule, vjp=_concat_vjp, arity=-1,
+       linear="jointly",
        ref=lambda *xs, axis: np.concatenate(xs, axis=axis)),
     Op("matmul", kind="matmul", type_rule=_matmul_rule, vjp=_matmul_vjp, ref=np.matmul,
+       linear="each",
        arity=2, tol=1e-4),
     # ---- gathers and scatter-adds (see "Gathers and scatter-adds" above)
     Op("take", kind="index", type_rule=_take_rule, vjp=_gather_vjp("scatter_add"),
        ref=lambda x, idx, axis, what: np.take(x, idx, axis=axis), arity=2,
-       domain=("real", "index")),
+       domain=("real", "index"), linear="first"),
     Op("take_along_axis", kind="index", type_rule=_take_along_rule,
        vjp=_gather_vjp("scatter_add_along_axis"),
        ref=lambda x, idx, axis, what: np.take_along_axis(x, idx, axis=axis), arity=2,
-       domain=("real", "index")),
+       domain=("real", "index"), linear="first"),
     Op("scatter_add", kind="index", type_rule=_scatter_add_rule, vjp=_scatter_vjp("take"),
-       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real")),
+       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real"), linear="jointly"),
     Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
        vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
-       domain=("real", "index", "real")),
+       domain=("real", "index", "real"), linear="jointly"),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.
@@ -729,6 +760,7 @@ _TABLE: tuple[Op, ...] = (
     # cotangent): what a `@recompute` backward reruns stays in the backward
     # pass.
     Op("recompute_barrier", kind="layout", type_rule=_first_type_rule, arity=2,
+       linear="first", token_inputs=(1,),
        vjp=lambda b, eqn, cts, needs: [cts[0], None], ref=lambda x, token: x,
        no_op_if=_no_op_for_same_type),
     # A call to a user function with grad blocks; `compiler.autodiff` gives

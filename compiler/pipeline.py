@@ -4,6 +4,7 @@
     check     names, arity, grad-block contracts, params     compiler/checker.py
     lower     AST -> typed SSA IR for one call signature     compiler/lower.py
     autodiff  IR -> IR: gradient, vjp, directional           compiler/autodiff.py
+              forward mode (jvp)                             compiler/forward.py
     inline    calls of sub-functions inlined                 compiler/passes.py
     simplify  algebraic simplification                       compiler/passes.py
     cse       common subexpressions merged                   compiler/passes.py
@@ -13,12 +14,13 @@
     load      kernel module imported, driver bound           runtime/loader.py
 
 `STAGES` is that list; `EMITS` (what `gradc show --emit` accepts) is
-derived from it: each stage's printed form, and `grad-` before every stage
+derived from it: each stage's printed form, and `grad-` or `jvp-` before every stage
 that can run on a gradient.  Contracts:
 
-- `front_end(source, file)`: parse and check; the module and its namespace.
+- `front_end(source, file)`: parse and check (grad blocks' linearity
+  included: `check_linearity`); the module and its namespace.
 - `lower_entry(namespace, fdef, types)`: lower; errors carry the source.
-- `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `select`:
+- `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `jvp`, `select`:
   the transforms, IR -> IR (`vjp_programs` builds both halves).
 - `optimize(fn)`: the IR passes (verifying between them when
   GRADC_VERIFY=1); `build(fn, target)`: passes, fuse, codegen and load,
@@ -52,14 +54,16 @@ import numba
 import gradlang.compiler
 import gradlang.grammar
 import gradlang.runtime
-from gradlang.compiler import ast, autodiff, passes
+from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, generate, kernel_signature
 from gradlang.compiler.fusion import Loop, fuse, print_steps
-from gradlang.compiler.ir import Function, TensorType, Var, print_function
+from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var, print_function
+from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
-from gradlang.compiler.namespace import Namespace
+from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import parse
+from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError, Span
@@ -98,6 +102,11 @@ STAGES: tuple[Stage, ...] = (
 ALIASES = {"ir": "dce"}
 
 
+# What a prefix of an `--emit` name runs the stages on: the value and
+# gradient of the sum of the outputs, or the outputs and their tangents.
+TRANSFORMS = ("grad", "jvp")
+
+
 def _emit_names() -> tuple[str, ...]:
     names: list[str] = []
     for stage in STAGES:
@@ -106,9 +115,9 @@ def _emit_names() -> tuple[str, ...]:
         if stage.name != "autodiff":  # autodiff's output is always a gradient
             names.append(stage.emit)
         if stage.on_gradient:
-            names.append("grad-" + stage.emit)
+            names += [f"{t}-{stage.emit}" for t in TRANSFORMS]
     for alias in ALIASES:
-        names += [alias, "grad-" + alias]
+        names += [alias] + [f"{t}-{alias}" for t in TRANSFORMS]
     return tuple(names)
 
 
@@ -121,12 +130,12 @@ IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
 )
 
 
-def stage_of(emit_name: str) -> tuple[str, bool]:
-    """`--emit` name -> (stage name, whether on the gradient)."""
-    on_gradient = emit_name.startswith("grad-")
-    name = emit_name[len("grad-"):] if on_gradient else emit_name
+def stage_of(emit_name: str) -> tuple[str, Optional[str]]:
+    """`--emit` name -> (stage name, the transform it runs on or None)."""
+    transform = next((t for t in TRANSFORMS if emit_name.startswith(t + "-")), None)
+    name = emit_name[len(transform) + 1:] if transform else emit_name
     name = ALIASES.get(name, name)
-    return next(s.name for s in STAGES if s.emit == name), on_gradient
+    return next(s.name for s in STAGES if s.emit == name), transform
 
 
 # ------------------------------------------------------------ front end
@@ -137,11 +146,69 @@ def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
     from gradlang.compiler.modules import namespace_for
     try:
         module = parse(source, file)
-        return module, namespace_for(module)
+        namespace = namespace_for(module)
+        check_linearity(namespace)
+        return module, namespace
     except GradError as err:
         raise err.with_source(source)
     except RecursionError:
         raise too_deep(source, file) from None
+
+
+def check_linearity(namespace: Namespace) -> None:
+    """Every grad block of the module's functions checked for linearity in
+    its upstream cotangents now, at load: each function with grad blocks
+    is lowered at a representative signature (`_representative_types`),
+    which runs the check (`compiler.linearity`).  A function no
+    representative signature lowers is checked when first called."""
+    for fdef, home in namespace.functions.values():
+        if home is not namespace or not fdef.grads:
+            continue
+        for types in _representative_types(fdef, namespace):
+            try:
+                Lowerer(namespace).lower_entry(fdef, types)
+                break
+            except NotLinear as err:
+                raise err.with_source(_source_of(namespace, err.span.file)) from None
+            except (GradError, NeedsConcrete, RecursionError):
+                continue  # an error of this signature, not of the blocks
+
+
+def _representative_types(fdef: ast.FuncDef, namespace: Namespace
+                          ) -> list[dict[str, TensorType]]:
+    """Argument types to lower `fdef` with, most likely first: annotated
+    parameters and params as annotated (named sizes 2, 3, ...), the others
+    f64 scalars, then vectors, then matrices; parameters with a default
+    take it."""
+    sizes: dict[str, int] = {}
+
+    def annotated(ann: ast.TypeAnn, rank: int) -> TensorType:
+        dims = ann.dims if ann.dims is not None else (3,) * rank
+        shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, len(sizes) + 2)
+                      for d in dims)
+        return TensorType(ann.dtype or "f64", shape)
+
+    candidates = []
+    for rank in (0, 1, 2):
+        types: dict[str, TensorType] = {}
+        for p in fdef.params:
+            if p.default is not None:
+                continue
+            ann = p.ann
+            if ann is not None and ann.const and ann.dtype in ("i32", "i64", "bool"):
+                types[p.name] = StaticScalar(ann.dtype, (), 0)  # an axis or index: 0
+            else:
+                types[p.name] = (annotated(ann, rank) if ann is not None
+                                 else TensorType("f64", (3,) * rank))
+        for w in param_reads(fdef, namespace):
+            types[w] = annotated(namespace.params[w].type, rank)
+        candidates.append(types)
+    return candidates
+
+
+def _source_of(namespace: Namespace, file: str) -> Optional[str]:
+    modules = [namespace.module] + [ns.module for _, ns in namespace.functions.values()]
+    return next((m.source for m in modules if m.file == file), None)
 
 
 def too_deep(source: str, file: str) -> GradError:
@@ -210,6 +277,12 @@ def directional(fn: Function, types: dict[str, TensorType], wrt: str, v: str) ->
     total = b.bind("reduce_sum", gv, axes=axes) if axes else gv
     contracted = b.function(f"{fn.name}_dir", params, [total])
     return autodiff.grad_of_sum(contracted, [list(types).index(wrt)], False)
+
+
+def jvp(fn: Function, wrt: Sequence[int]) -> Function:
+    """(params..., tangents of params[wrt]...) -> (outputs..., output
+    tangents...): forward mode, through grad blocks by transposing them."""
+    return forward.jvp(fn, wrt)
 
 
 def select(fn: Function, index: int) -> Function:

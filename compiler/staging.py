@@ -26,6 +26,9 @@ by position, and for `named_cotangents(fdef, ns, k)` by name; the rest are
 zero.  A returned cotangent must have its input's shape, or one that
 input broadcasts to (it is summed back), or size 1 (it spreads).
 
+Every block must be linear in its upstream cotangents
+(`compiler.linearity.check_linear`, run on its `bwd`).
+
 `@recompute` stages keep no residuals: their `bwd` reruns the stage behind
 a `recompute_barrier` so the split into forward and backward passes cannot
 hoist it back.  `@pass_through` stages have the identity as their `bwd`.
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Optional
 from gradlang.compiler import ast, autodiff, ops
 from gradlang.compiler.builder import Builder, coerce, inline
 from gradlang.compiler.ir import Atom, Function, Var
+from gradlang.compiler.linearity import check_linear
 from gradlang.compiler.namespace import Namespace, free_names, param_reads
 from gradlang.compiler.shapes import broadcasts_to
 from gradlang.compiler.values import Value, as_atom, cast, is_static
@@ -118,6 +122,12 @@ class Chain:
             return self.eval_stage(b, k, inputs)[0]
         stage = self.forward(k, inputs, keep_residuals=not recompute)
         bwd = self.backward(stage, inputs, recompute)
+        if k < len(self.fdef.grads):
+            block = self.fdef.grads[k]
+            n = len(bwd.params)
+            check_linear(bwd, range(n - stage.n_out, n),
+                         f"grad block {k + 1} of {self.fdef.name}() (line {block.span.line})",
+                         block.span, stage.arrays)
         return list(b.bind_multi("custom_vjp", *[inputs[n] for n in stage.arrays],
                                  span=self.span, fwd=stage.fwd, bwd=bwd,
                                  n_out=stage.n_out, name=self.fdef.name))

@@ -12,8 +12,8 @@ compiled module needs); neither imports this package.
 """
 from gradlang.runtime.errors import ArgumentError, GradError, Span
 
-_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "check_gradients",
-        "install_import_hook")
+_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "jvp", "jacfwd",
+        "jacrev", "hessian", "check_gradients", "install_import_hook")
 
 __all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API]
 

@@ -6,7 +6,9 @@ becomes a module attribute that compiles on first call per signature.
 `grad`, `value_and_grad` and `vjp` take any compiled function, including
 the results of other transforms, and the functions of a `gradc compile`
 module (`runtime.aot.AotFunction`), which give the first-order gradients
-and pullbacks they were compiled with.
+and pullbacks they were compiled with.  Forward mode (`jvp`, `jacfwd`,
+`jacrev`, `hessian`: `dsl/forward.py`) takes loaded functions and the
+results of transforms.
 """
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from pathlib import Path
 from typing import Union
 
 from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, resolve_wrt
+from dsl.forward import Jacobian
+from dsl.forward import hessian as _hessian
+from dsl.forward import jacfwd as _jacfwd
+from dsl.forward import jacrev as _jacrev
+from dsl.forward import jvp as _jvp
 from dsl.function import vjp as _vjp
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import Namespace
@@ -143,3 +150,30 @@ def vjp(f: Function, *args, **kwargs):
     if isinstance(f, AotFunction):
         return f.vjp(*args, **kwargs)
     return _vjp(f, *args, **kwargs)
+
+
+@user_facing
+def jvp(f: Compiled, primals, tangents):
+    """(outputs, output tangents), as `jax.jvp`: tangents one per primal
+    (None: none) or a dict by argument or param name (`dsl/forward.py`)."""
+    return _jvp(_check_fn(f, "jvp", aot=False), primals, tangents)
+
+
+@user_facing
+def jacfwd(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+    """The Jacobian of f's outputs w.r.t. `wrt` (out.shape + arg.shape),
+    in forward mode: one jvp per element of the argument."""
+    return _jacfwd(_check_fn(f, "jacfwd", aot=False), wrt)
+
+
+@user_facing
+def jacrev(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+    """jacfwd's Jacobian in reverse mode: one pullback per output element."""
+    return _jacrev(_check_fn(f, "jacrev", aot=False), wrt)
+
+
+@user_facing
+def hessian(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+    """The Hessian of the sum of f's outputs w.r.t. `wrt` (arg.shape +
+    arg.shape), forward over reverse."""
+    return _hessian(_transform(_check_fn(f, "hessian", aot=False), wrt, False), wrt)

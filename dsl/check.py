@@ -16,6 +16,15 @@ differences disagree: a kink, a jump) are not compared.  Whatever the
 differences say, a NaN in a gradient where the value of `f` is finite is a
 failure (the automatic gradient of sqrt(x * x) at 0 is 0 * inf).
 
+Forward mode, along each argument: the jvp (through grad blocks, their
+transposition), summed over the outputs, against the differences of
+sum(f) along the same random directions (rows `jvp:x`, f64), and the
+dot-product test <J t, u> = <t, J^T u> between forward and reverse mode,
+in f64 and f32, and for a function with a second grad block the same one
+order up in f64 (forward over reverse against reverse over reverse, both
+through the second block) (rows `jvp/vjp:x`; `GradCheck.against` is
+"reverse").
+
 Then, unless `f32=False`, the same point in f32 (arguments an annotation
 fixes keep their dtype): the order-1 gradients, one program for all of them,
 against the f64 gradients as the reference.  A gradient that is not finite
@@ -37,11 +46,11 @@ row per (order, argument, dtype) for `gradc check`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
-from dsl.function import Compiled, Directional, GradFunction, Select, VjpFunction
+from dsl.function import Compiled, Directional, GradFunction, JvpFunction, Select, VjpFunction
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
 
@@ -62,10 +71,14 @@ class GradCheck:
     compared: int
     ok: bool
     dtype: str = "f64"
+    # what it was compared with: "differences" (f64), or "reverse" (forward
+    # mode's dot-product test, in either dtype), or else the f64 gradient
+    against: str = "differences"
 
     def __str__(self) -> str:
         verdict = "ok" if self.ok and self.compared else "not compared" if self.ok else "FAIL"
-        against = "the f64 gradient" if self.dtype == "f32" else "finite differences"
+        against = {"reverse": "reverse mode"}.get(self.against, (
+            "the f64 gradient" if self.dtype == "f32" else "finite differences"))
         nan = ", NaN/Inf in gradient" if self.nonfinite else ""
         return (f"{self.function}: order {self.order} w.r.t. {self.wrt} [{self.source}] in "
                 f"{self.dtype} vs {against}: max abs err {self.max_abs:.3g}, max rel err "
@@ -188,9 +201,10 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
 
         gradient = _derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
         g = reference[name] = _run(gradient, bound)[-1]
-        pairs = []
+        pairs, numerics = [], []
         for v in directions:
             numeric = _central(lambda t: total((x + t * v).astype(x.dtype)), step, rtol, atol)
+            numerics.append(numeric)
             if numeric is not None:
                 pairs.append((np.sum(g * v), numeric))
         nan = value_finite and _has_nan([g])
@@ -216,10 +230,19 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         if order >= 2 and upstream:
             results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
                                            atol * 10))
+        results.extend(_check_forward(f, bound, value, name, directions[:3], numerics[:3],
+                                      rtol, atol, rng, dot=upstream, order=order))
     if f32 and reference:
         narrowed = _check_f32(f, bound, fixed, value, reference)
         results.extend(narrowed)
         results.warnings.extend(narrowed.warnings)
+        narrow = _narrow(bound, fixed)
+        if upstream and any(narrow[n] is not bound[n] for n in bound):
+            value32 = _run(f, narrow)
+            for name in reference:
+                directions = [rng.normal(size=narrow[name].shape) for _ in range(3)]
+                results.extend(_check_forward(f, narrow, value32, name, directions, None,
+                                              rtol, atol, rng, dot=True, order=order))
     if raise_on_failure:
         results.raise_on_failure()
     return results
@@ -254,6 +277,104 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     return _row(f, 2, f"{upstream} (of d/d{name})", _compare(pairs, rtol, atol), nan)
 
 
+def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.ndarray],
+                   name: str, directions: list[np.ndarray], numerics: Optional[list],
+                   rtol: float, atol: float, rng, dot: bool, order: int) -> list[GradCheck]:
+    """Forward mode along `name`: the jvp (through grad blocks, their
+    transposition) along each direction t, summed over the outputs, against
+    `numerics`, the central differences of sum(f) along t that the reverse
+    rows took (None where f is not smooth; no row when `numerics` is None,
+    in f32), and, with `dot`, the dot-product test
+    <J t, u> = <t, J^T u> against reverse mode at a random cotangent u;
+    from order 2 in f64, for a function with a second grad block, the same
+    test one order up: <d/dx (grad f) t, u> from forward over reverse,
+    <t, d/dx <grad f, u>> from reverse over reverse (both through the
+    second block).  A NaN or Inf
+    tangent where the value is finite fails a row."""
+    dtype = "f32" if bound[name].dtype == np.float32 else "f64"
+    x = bound[name]
+    floats = f.differentiable_names(bound)
+    tangents = [_jvp(f, bound, floats, name, v.astype(x.dtype))[len(value):]
+                for v in directions]
+    nan = _finite(value) and _has_nan([t for ts in tangents for t in ts])
+    rows = []
+    if numerics is not None:
+        pairs = [(sum(float(np.sum(t)) for t in tangent), numeric)
+                 for tangent, numeric in zip(tangents, numerics) if numeric is not None]
+        rows.append(_forward_row(f, 1, f"jvp:{name}", "forward", _compare(pairs, rtol, atol),
+                                 nan, dtype, "differences"))
+    if not dot:
+        return rows
+    # rounding only: both sides are exact algebra
+    tol = 1e-4 if dtype == "f32" else 1e-9
+    if dtype == "f64":
+        vjp = _derived(f, ("vjp", len(value)), lambda: VjpFunction(f, len(value)))
+        us = [rng.normal(size=o.shape).astype(o.dtype) for o in value]
+        jtu = _run(vjp, {**bound, **dict(zip(vjp.ct_names, us))})[floats.index(name)]
+    else:  # u = 1: J^T u from the program the f32 gradients ran, no compile of its own
+        us = [np.ones_like(o) for o in value]
+        both = _derived(f, ("value_and_grad", tuple(floats)),
+                        lambda: GradFunction(f, tuple(floats), with_value=True))
+        jtu = _run(both, bound)[len(value) + floats.index(name)]
+    pairs = [_dot_pair(tangent, us, v, jtu) for v, tangent in zip(directions, tangents)]
+    rows.append(_forward_row(f, 1, f"jvp/vjp:{name}", "forward vs reverse",
+                             _compare(pairs, tol, tol), nan, dtype, "reverse"))
+    fdef = getattr(f, "fdef", None)
+    if order >= 2 and dtype == "f64" and fdef is not None and len(fdef.grads) >= 2:
+        # A second block is transposed only here; elsewhere this compares
+        # compiler-derived programs only, worth less than their compile time.
+        # One forward-over-reverse program serves every argument.
+        gradients = _derived(f, ("grad", tuple(floats)),
+                             lambda: GradFunction(f, tuple(floats), with_value=False))
+        gradient = _derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        hessian = _derived(f, ("directional", name, 2),
+                           lambda: Directional(gradient, name, "$v2"))
+        u = rng.normal(size=x.shape).astype(x.dtype)
+        hu = _run(hessian, {**bound, "$v2": u})[0]
+        pairs, nan2 = [], False
+        for v in directions:
+            hv = _jvp(gradients, bound, floats, name, v.astype(x.dtype))[
+                len(floats) + floats.index(name)]
+            nan2 = nan2 or (_finite(value) and _has_nan([hv]))
+            pairs.append(_dot_pair([hv], [u], v, hu))
+        rows.append(_forward_row(f, 2, f"jvp/vjp:{name}", "forward over reverse vs reverse",
+                                 _compare(pairs, tol * 10, tol * 10), nan2, dtype, "reverse"))
+    return rows
+
+
+def _jvp(f: Compiled, bound: dict[str, np.ndarray], active: list[str], name: str,
+         v: np.ndarray) -> list:
+    """f's outputs, then their tangents along `v` for argument `name`: one
+    program, with tangents for every argument in `active` (zero but for
+    `name`'s), serves every argument."""
+    jf = _derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
+    tangents = {t: v if n == name else np.zeros_like(bound[n])
+                for n, t in zip(active, jf.tangent_names)}
+    return _run(jf, {**bound, **tangents})
+
+
+def _dot_pair(tangents, us, v, jtu) -> tuple[float, float]:
+    """(<J v, u>, <v, J^T u>), scaled by the size of their terms."""
+    left = [np.asarray(t, np.float64) * np.asarray(u, np.float64) for t, u in zip(tangents, us)]
+    right = np.asarray(v, np.float64) * np.asarray(jtu, np.float64)
+    scale = max(1.0, sum(float(np.sum(np.abs(a))) for a in left),
+                float(np.sum(np.abs(right))))
+    return sum(float(np.sum(a)) for a in left) / scale, float(np.sum(right)) / scale
+
+
+def _forward_row(f: Compiled, order: int, wrt: str, what: str, compared: tuple, nan: bool,
+                 dtype: str, against: str) -> GradCheck:
+    max_abs, max_rel, nonfinite, count, ok = compared
+    return GradCheck(f.name, order, wrt, f"{what} ({source_of(f, order)})", max_abs, max_rel,
+                     nonfinite or nan, count, ok and not nan, dtype, against)
+
+
+def _narrow(bound: dict[str, np.ndarray], fixed: dict) -> dict[str, np.ndarray]:
+    """The arguments in f32, but for those an annotation fixes as f64."""
+    return {n: a.astype(np.float32) if a.dtype == np.float64 and fixed.get(n) != "f64" else a
+            for n, a in bound.items()}
+
+
 def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: list[np.ndarray],
                reference: dict[str, np.ndarray]) -> CheckResult:
     """The order-1 gradients in f32 (arguments an annotation fixes keep
@@ -261,8 +382,7 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
     value and every gradient, so f32 adds one compile per function and rank.
     Failed by a gradient that is not finite where the reference is, or NaN
     where the f32 value is finite; f32 rounding errors are reported only."""
-    narrow = {n: a.astype(np.float32) if a.dtype == np.float64 and fixed.get(n) != "f64" else a
-              for n, a in bound.items()}
+    narrow = _narrow(bound, fixed)
     if all(narrow[n] is bound[n] for n in bound):
         return CheckResult()  # every argument is fixed: f32 is the check already done
     names = tuple(reference)
@@ -332,6 +452,7 @@ class Summary:
     ok: bool
     dtype: str = "f64"
     skipped: str = ""
+    against: str = "differences"  # as `GradCheck.against`
 
     @property
     def verdict(self) -> str:
@@ -428,7 +549,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                                                                           item[0][0])):
         compared = [c for c in checks if c.compared]
         nonfinite = any(c.nonfinite for c in checks)
-        if reason and dtype == "f64":
+        if reason and dtype == "f64" and checks[0].against == "differences":
             # differences cannot judge it, but a NaN/Inf is wrong by any design
             out.append(Summary(f.name, k, wrt, checks[0].source, 0, 0.0, 0.0, nonfinite,
                                not nonfinite, dtype, reason))
@@ -437,7 +558,8 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                            max((c.max_abs for c in compared), default=0.0),
                            max((c.max_rel for c in compared), default=0.0),
                            nonfinite, all(c.ok for c in checks), dtype,
-                           "" if compared else "not smooth at any point tried"))
+                           "" if compared else "not smooth at any point tried",
+                           checks[0].against))
     return out
 
 

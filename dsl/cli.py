@@ -136,10 +136,12 @@ def cmd_run(args) -> int:
 
 def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
-    (on the value and gradient for `grad-` stages) and print it."""
+    (on the value and gradient for `grad-` stages, on the outputs and their
+    tangents along every float argument for `jvp-` stages) and print it."""
     from dsl.aot import _types, default_sig, parse_sig, value_needed
+    from dsl.forward import jvp_function
     module = _load(args.file)
-    stage, on_gradient = pipeline.stage_of(args.emit)
+    stage, transform = pipeline.stage_of(args.emit)
     if stage == "check":
         for f in module._ast.funcs:
             if args.fn in (None, f.name):
@@ -156,10 +158,14 @@ def cmd_show(args) -> int:
         if args.fn and name != args.fn:
             continue
         types = _types(module, f, sig_args, sig)
-        if on_gradient:
+        if transform:
             wrt = tuple(n for n, t in types.items() if t.is_float and
                         next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
-            f = dsl.value_and_grad(f, wrt=wrt or 0)
+            if transform == "jvp":
+                f = jvp_function(f, wrt)
+                types = {**types, **{t: types[n] for n, t in zip(wrt, f.tangent_names)}}
+            else:
+                f = dsl.value_and_grad(f, wrt=wrt or 0)
         try:
             fn = f.lower(types)
         except NeedsValue as err:
@@ -209,7 +215,8 @@ def cmd_check(args) -> int:
                 elif r.nonfinite:
                     what = "has NaN/Inf where the function is finite"
                 else:
-                    what = f"disagrees with finite differences (max rel err {r.max_rel:.2g})"
+                    against = "reverse mode" if r.against == "reverse" else "finite differences"
+                    what = f"disagrees with {against} (max rel err {r.max_rel:.2g})"
                 messages.append(f"{file}: error: {r.function}(): the order-{r.order} gradient "
                                 f"w.r.t. {r.wrt} from {r.source} {what}")
         header = ["function", "dtype", "order", "wrt", "gradient", "points", "max abs err",
@@ -275,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--fn", help="only this function")
     show.add_argument("--emit", required=True, choices=pipeline.EMITS, metavar="STAGE",
                       help="the stage to stop after: " + ", ".join(pipeline.EMITS) +
-                      " (grad-: on the value and gradient; ir: the optimized IR)")
+                      " (grad-: on the value and gradient; jvp-: on the outputs and "
+                      "their tangents; ir: the optimized IR)")
     show.add_argument("--target", default=targets.DEFAULT, choices=tuple(targets.TARGETS),
                       help="the target of loops, kernels and llvm (default: cpu)")
     show.add_argument("--sig", nargs="+", action="extend",

@@ -598,6 +598,43 @@ class VjpFunction(Compiled):
         return tuple(outs)
 
 
+class JvpFunction(Compiled):
+    """(args..., tangents of `active`...) -> (outputs..., output tangents...):
+    forward mode (`pipeline.jvp`) along the arguments named `active`."""
+
+    def __init__(self, inner: Compiled, active: Sequence[str]):
+        super().__init__()
+        self.inner, self.active = inner, tuple(active)
+        self.name = f"jvp({inner.name})"
+        self.specs = inner.specs
+        # Tangent names differ from the inner function's (which has tangents
+        # of its own when it is a jvp too): $t0, then $$t0, ...
+        taken = {s.name for s in inner.specs + inner.param_specs}
+        prefix = "$t"
+        while any(n.startswith(prefix) for n in taken):
+            prefix = "$" + prefix
+        self.tangent_names = tuple(f"{prefix}{i}" for i in range(len(self.active)))
+        self.param_specs = inner.param_specs + tuple(
+            ParamSpec(n, None, None, False, False) for n in self.tangent_names)
+        self.target, self.host_results = inner.target, inner.host_results
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        inner_types = {n: t for n, t in types.items() if n not in self.tangent_names}
+        names = list(inner_types)
+        return pipeline.jvp(self.inner.lower(inner_types), [names.index(n) for n in self.active])
+
+    def identity(self) -> tuple:
+        return ("jvp", self.inner.identity(), self.active, self.tangent_names)
+
+    def format(self, outs):
+        n = len(outs) // 2
+        return self.inner.format(outs[:n]), self.inner.format(outs[n:])
+
+
 class Select(Compiled):
     """One output of another function."""
 

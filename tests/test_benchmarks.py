@@ -25,6 +25,12 @@ def test_every_implementation_agrees_with_numpy(case):
     workloads.check(case)
 
 
+def test_forward_benchmark_checks_its_results_and_kernel_count(capsys):
+    import bench_forward
+    bench_forward.main(["--n", "20", "--rounds", "1", "--sample-ms", "1"])
+    assert "kernels: value_and_grad 1, jvp 1" in capsys.readouterr().out
+
+
 def test_numpy_references_match_independent_values():
     # log1pexp at 0: log 2 and 1/2.  R1 at x = w = [1, -1] (slopes 1, 1):
     # sum(w^2) = 2, 2 w.  At x = [1], w = [-2] (slope 0.2): 0.04 * 4, 2 * 0.04 * w.

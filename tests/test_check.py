@@ -97,7 +97,8 @@ def test_stable_grad_block_is_finite_at_large_magnitudes_in_both_dtypes():
     result = dsl.check_gradients(m.log1pexp, x, order=1)
     assert result, [str(r) for r in result]
     f32 = [r for r in result if r.dtype == "f32"]
-    assert [(r.order, r.wrt, r.ok, r.compared) for r in f32] == [(1, "x", True, 1)]
+    assert [(r.order, r.wrt, r.ok, r.compared) for r in f32] == [
+        (1, "x", True, 1), (1, "jvp/vjp:x", True, 3)]
     # the same point fails the naive forward, in f32 only (f64 finds 1000 inf too)
     naive = dsl.check_gradients(dsl.loads(NAIVE).softplus_naive, x, order=1)
     assert not naive
@@ -118,7 +119,9 @@ def test_check_gradients_result_is_falsy_on_failure_and_raises_when_asked():
     assert "softplus_naive: order 1 w.r.t. x [automatic] in f32 vs the f64 gradient" in message
     good = dsl.check_gradients(dsl.load(EXAMPLES / "log1pexp.grad").log1pexp, x,
                                raise_on_failure=True)
-    assert good and len(good) == 4  # orders 1, 2 and upstream in f64, order 1 in f32
+    # orders 1, 2 and upstream in f64, order 1 in f32; forward: jvp in f64, and the
+    # dot-product test in both dtypes
+    assert good and len(good) == 7
 
 
 def test_nothing_to_differentiate_is_an_empty_truthy_result():
@@ -131,11 +134,14 @@ def test_skipped_rows_do_not_say_ok():
     code, out, err = run_check(EXAMPLES / "straight_through.grad")
     assert code == 0, err
     skipped = [line for line in out if "pass_through" in line]
-    assert len(skipped) == 6  # orders 1, 2 and upstream, of quantize and quantized_loss
+    # orders 1, 2, upstream and jvp, of quantize and quantized_loss
+    assert len(skipped) == 8
     assert all(line.endswith("skipped: quantize() is @pass_through") for line in skipped)
     assert all(" - " in line and " ok" not in line for line in skipped)
-    # f32 is still compared with f64: pass-through is no excuse for a NaN
+    # f32 is still compared with f64: pass-through is no excuse for a NaN; and
+    # forward and reverse mode must still agree
     assert rows_of(out, "quantize", "f32")[0][-1] == "ok"
+    assert rows_of(out, "quantize", "f64", "jvp/vjp:x")[0][-1] == "ok"
 
 
 def test_table_columns_align_with_long_names_and_block_labels(tmp_path):
@@ -143,7 +149,7 @@ def test_table_columns_align_with_long_names_and_block_labels(tmp_path):
     assert code == 0, err
     header = next(line for line in out if line.lstrip().startswith("function"))
     rows = [line for line in out if line.lstrip().startswith((LONG_NAME, "g "))]
-    assert len(rows) == 8 and any("automatic through grad block 1 (line 4)" in r for r in rows)
+    assert len(rows) == 14 and any("automatic through grad block 1 (line 4)" in r for r in rows)
     assert any("dy (of d/dx)" in r for r in rows)
     for column in ("dtype", "wrt", "gradient", "NaN/Inf", "verdict"):
         start = header.index(column)
@@ -151,3 +157,25 @@ def test_table_columns_align_with_long_names_and_block_labels(tmp_path):
     for column in ("order", "points", "max abs err"):  # numbers align right
         end = header.index(column) + len(column)
         assert all(r[end - 1] != " " and r[end] == " " for r in rows), column
+
+
+WRONG_BLOCK = "def cube(x):\n    return x * x * x\ngrad(dy):\n    return dy * 2 * x * x\n"
+
+
+def test_forward_rows_fail_a_wrong_block_and_pass_the_dot_product_test(tmp_path):
+    code, out, err = check(tmp_path, "wrong.grad", WRONG_BLOCK)
+    assert code == 1
+    (jvp,) = rows_of(out, "cube", "f64", "jvp:x")
+    assert jvp[-1] == "FAIL"  # the jvp follows the block, which is not the derivative
+    assert "the order-1 gradient w.r.t. jvp:x from forward (grad block 1 (line 3))" in err
+    # forward and reverse mode agree with each other: both are the block
+    dots = rows_of(out, "cube", "f64", "jvp/vjp:x") + rows_of(out, "cube", "f32", "jvp/vjp:x")
+    assert len(dots) == 2 and all(r[-1] == "ok" for r in dots)
+
+
+def test_a_second_block_gets_the_order_2_dot_product_test():
+    m = dsl.load(EXAMPLES / "stylegan_r1.grad")
+    result = dsl.check_gradients(m.leaky_relu, np.array([-1.5, 0.5, 2.0]))
+    (row,) = [r for r in result if (r.order, r.wrt) == (2, "jvp/vjp:x")]
+    assert row.ok and row.compared == 3 and row.against == "reverse"
+    assert row.source == "forward over reverse vs reverse (grad block 2 (line 14))"

@@ -30,9 +30,10 @@ def test_emit_choices_are_the_pipeline_stages():
                      "dce", "fuse", "codegen", "load"]
     reached = {pipeline.stage_of(e) for e in pipeline.EMITS}
     assert {stage for stage, _ in reached} == set(names) - {"parse"}
-    assert ("autodiff", True) in reached and ("autodiff", False) not in reached
+    assert ("autodiff", "grad") in reached and ("autodiff", None) not in reached
     assert {"ast", "ir", "grad-ir", "kernels", "grad-kernels", "llvm"} <= set(pipeline.EMITS)
-    assert pipeline.stage_of("grad-ir") == ("dce", True)
+    assert pipeline.stage_of("grad-ir") == ("dce", "grad")
+    assert pipeline.stage_of("jvp-loops") == ("fuse", "jvp")
     parser_choices = next(a.choices for a in _show_parser()._actions if a.dest == "emit")
     assert tuple(parser_choices) == pipeline.EMITS
 
@@ -50,6 +51,13 @@ def test_lower_keeps_the_grad_block_as_custom_vjp_until_inline(capsys):
     inlined = show(capsys, LOG1PEXP, "--emit", "inline")
     assert "custom_vjp" not in inlined and "bwd" not in inlined
     assert "%e1 = exp %x0" in inlined
+
+
+def test_jvp_stages_show_the_transposed_block_as_one_loop(capsys):
+    loops = show(capsys, LOG1PEXP, "--emit", "jvp-loops")
+    assert loops.count("loop ") == 1
+    assert "reads %x0, %t_x1 writes %4, %7" in loops
+    assert "%7 = mul %t_x1, %6" in loops  # the block, dy * (1 - 1 / (1 + e)), transposed
 
 
 def test_each_ir_pass_on_the_gradient_shows_its_own_work(capsys):

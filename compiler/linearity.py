@@ -1,0 +1,189 @@
+"""Linear IR: the check that a grad block is linear in its upstream
+cotangents, and the transposition of a linear function.
+
+Contract:
+- `check_linear(fn, upstream, where, span, names)` raises a `GradError` unless
+  every output of `fn` is a linear map of its parameters at the indices
+  `upstream` (the rest held fixed): each path from an upstream parameter
+  to an output goes only through ops that the op table declares linear in
+  the inputs on that path (`Op.linear`: additions, negation, products and
+  quotients with an upstream-free factor, sums, layout ops, matmul with
+  one upstream-free side, `where` with an upstream-free condition), and
+  an output (the cotangent for `names[i]`) that does not depend on
+  the upstream is zero.  The error
+  names the op at its own span (inside a called function's body too: a
+  call carrying its own grad blocks is checked through its body), as a
+  `NotLinear` error.
+- `transpose(b, fn, args, seeds)` emits into `b` the transpose of `fn`
+  (linear in the parameters whose `args` entry is None, as checked
+  above): given one seed per output (None for zero), it returns one
+  cotangent per linear parameter (None where nothing flows).  The values
+  `fn` computes from its other parameters are emitted as they are; a
+  linear op is transposed by its VJP rule, which for an op linear in an
+  input is exactly its transpose with respect to that input.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from gradlang.compiler import ops
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
+from gradlang.compiler.passes import inline_calls
+from gradlang.runtime.errors import GradError, Span
+
+# How a value relates to the upstream: it depends on it (linearly), it is
+# zero, or (absent from the map) it is free of it.
+LINEAR, ZERO = "linear", "zero"
+
+
+class NotLinear(GradError):
+    """A grad block that is not linear in its upstream cotangents."""
+
+
+def check_linear(fn: Function, upstream: Sequence[int], where: str, span: Span,
+                 names: Sequence[str]) -> None:
+    kinds: dict[Var, str] = {fn.params[i]: LINEAR for i in upstream}
+    out_kinds = _walk(fn, kinds, where, span)
+    for name, out, kind in zip(names, fn.outputs, out_kinds):
+        if kind is None and out.type.is_float:
+            raise NotLinear(
+                f"{where} is not linear in its upstream cotangents: the cotangent for "
+                f"{name!r} does not depend on them and is not zero (a vector-Jacobian "
+                "product maps zero upstream to zero cotangents)", _defined_at(fn, out) or span)
+
+
+def _kind(kinds: dict[Var, str], a: Atom) -> Optional[str]:
+    if isinstance(a, Lit):
+        return ZERO if a.value == 0 else None
+    return kinds.get(a)
+
+
+def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span) -> list[Optional[str]]:
+    """Classifies every value of `fn` (kinds holds its parameters'); returns
+    the outputs' kinds."""
+    for eqn in fn.eqns:
+        op = ops.OPS[eqn.op]
+        in_kinds = [_kind(kinds, a) for a in eqn.inputs]
+        if op.kind == "call":
+            sub = dict(zip(eqn.p["fwd"].params, in_kinds))
+            sub = {v: k for v, k in sub.items() if k is not None}
+            outs = _walk(eqn.p["fwd"], sub, where, span)[:eqn.p["n_out"]]
+            kinds.update((v, k) for v, k in zip(eqn.outputs, outs) if k is not None)
+            continue
+        kind = _eqn_kind(eqn, op, in_kinds, where, span)
+        if kind is not None:
+            kinds.update((v, kind) for v in eqn.outputs)
+    return [_kind(kinds, a) for a in fn.outputs]
+
+
+def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
+              span: Span) -> Optional[str]:
+    values = [i for i in range(len(in_kinds)) if i not in op.token_inputs]
+    linear = {i for i in values if in_kinds[i] == LINEAR}
+    slots = op.linear_slots(len(in_kinds))
+    if not linear:
+        if eqn.op == "full" and eqn.p["value"] == 0:
+            return ZERO
+        zero = any(all(in_kinds[i] == ZERO for i in s if eqn.inputs[i].type.is_float)
+                   for s in slots if s)
+        return ZERO if zero else None
+    at = eqn.span or span
+    fits = [s for s in slots if linear <= s]
+    if op.linear == "each" and len(linear) > 1:
+        raise NotLinear(f"{where} is not linear in its upstream cotangents: "
+                        f"{_describe(eqn)} of two values that depend on them", at)
+    if not fits or not all(o.type.is_float for o in eqn.outputs):
+        raise NotLinear(f"{where} is not linear in its upstream cotangents: {_describe(eqn)} "
+                        "of a value that depends on them", at)
+    # the float inputs of the slot (indices are held fixed)
+    if not any(all(in_kinds[i] in (LINEAR, ZERO) for i in s if eqn.inputs[i].type.is_float)
+               for s in fits):
+        raise NotLinear(f"{where} is not linear in its upstream cotangents: {_describe(eqn)} "
+                        "of a value that depends on them and one that does not (an affine "
+                        "map, not a linear one)", at)
+    return LINEAR
+
+
+_DESCRIPTIONS = {"mul": "a product", "div": "a quotient", "matmul": "a matrix product",
+                 "add": "a sum", "sub": "a difference", "pow": "a power", "cast": "a cast",
+                 **{c: "a comparison" for c in ("lt", "le", "gt", "ge", "eq", "ne")}}
+
+
+def _describe(eqn: Eqn) -> str:
+    if eqn.op in _DESCRIPTIONS:
+        return _DESCRIPTIONS[eqn.op]
+    name = ops.OPS[eqn.op].source_name or eqn.op
+    return f"{name}()"
+
+
+def _defined_at(fn: Function, out: Atom) -> Optional[Span]:
+    return next((e.span for e in fn.eqns if out in e.outputs and e.span), None)
+
+
+# ------------------------------------------------------------ transposition
+
+
+def transpose(b: Builder, fn: Function, args: Sequence[Optional[Atom]],
+              seeds: Sequence[Optional[Atom]]) -> list[Optional[Atom]]:
+    fn = inline_calls(fn)  # a call's value is its fwd body's
+    scratch = Builder()
+    placeholders = [Var(p.type, p.hint) if a is None else a for p, a in zip(fn.params, args)]
+    outputs = inline(scratch, fn, placeholders)
+    linear_params = [v for v, a in zip(placeholders, args) if a is None]
+    cts = transpose_eqns(b, scratch.eqns, set(linear_params), outputs, seeds)
+    return [cts.get(v) for v in linear_params]
+
+
+def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
+                   outputs: Sequence[Atom], seeds: Sequence[Optional[Atom]]
+                   ) -> dict[Var, Atom]:
+    """The transpose of straight-line `eqns` (no calls), linear in the
+    values `linear`: the cotangent of each linear value reached from the
+    seeded outputs.  Equations free of `linear` are emitted into `b` first."""
+    linear = set(linear)
+    alias: dict[Var, Atom] = {}
+    taped: list[Eqn] = []
+
+    def sub(a: Atom) -> Atom:
+        return alias.get(a, a) if isinstance(a, Var) else a
+
+    for eqn in eqns:
+        eqn = Eqn(eqn.op, tuple(sub(a) for a in eqn.inputs), eqn.outputs, eqn.params,
+                  eqn.span)
+        op = ops.OPS[eqn.op]
+        reads = [i for i, a in enumerate(eqn.inputs) if a in linear]
+        if not reads:
+            b.eqns.append(eqn)
+        elif all(i in op.token_inputs for i in reads):
+            alias[eqn.out] = eqn.inputs[0]  # a data dependency on the upstream only
+        else:
+            taped.append(eqn)
+            linear.update(eqn.outputs)
+    cts: dict[Var, Atom] = {}
+    for out, seed in zip(outputs, seeds):
+        _accumulate(b, cts, linear, sub(out), seed)
+    for eqn in reversed(taped):
+        ct = cts.get(eqn.out)
+        if ct is None:
+            continue
+        op = ops.OPS[eqn.op]
+        needs = [a in linear and i not in op.token_inputs for i, a in enumerate(eqn.inputs)]
+        for a, need, c in zip(eqn.inputs, needs, op.vjp(b, eqn, [ct], needs)):
+            if need and c is not None:
+                if op.kind == "elementwise":
+                    c = ops.unbroadcast(b, c, a.type.shape)
+                _accumulate(b, cts, linear, a, c)
+    return cts
+
+
+def _accumulate(b: Builder, cts: dict[Var, Atom], linear: set[Var], v: Atom,
+                ct: Optional[Atom]) -> None:
+    if ct is None or not isinstance(v, Var) or v not in linear:
+        return
+    if ct.type.dtype != v.type.dtype:
+        ct = b.bind("cast", ct, dtype=v.type.dtype)
+    if ct.type.shape != v.type.shape:
+        ct = b.bind("broadcast_to", ct, shape=v.type.shape)
+    cts[v] = b.bind("add", cts[v], ct) if v in cts else ct
+

@@ -1,0 +1,209 @@
+"""Forward mode and Jacobians: `jvp`, `jacfwd`, `jacrev`, `hessian`.
+
+Contract:
+- `jvp(f, primals, tangents)` returns `(outputs, output_tangents)`, each
+  shaped as f's outputs (as `jax.jvp` does).  `primals` are f's positional
+  arguments; `tangents` holds one tangent per primal (None: no tangent),
+  or is a dict from argument names or module `param` names to tangents
+  (the way to give a param a tangent; the others get none).  A tangent has
+  its primal's shape and dtype (a Python number or sequence takes the
+  primal's dtype); the tangent of a `const` or non-float argument must be
+  None or zero.  Anything else raises `ArgumentError` before a kernel runs.
+  The program is `compiler.forward.jvp`'s: through grad blocks, it runs
+  their transposition.
+- `jacfwd(f, wrt)(*args)` and `jacrev(f, wrt)(*args)`: the Jacobian of
+  each output with respect to each argument `wrt` names (positions or
+  names, params included), of shape `out.shape + arg.shape`; a tuple
+  `wrt` gives a tuple per output, and several outputs give one entry per
+  output, structured as f structures its outputs.  `jacfwd` runs one jvp
+  per element of the argument, `jacrev` one pullback per element of the
+  output (pick the one with fewer runs).
+- `hessian(f, wrt)(*args)`: the Hessian of the sum of f's outputs,
+  `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
+  `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
+  wrt[j].
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_bound
+from gradlang.runtime.args import SUPPORTED, numeric_array
+from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.errors import ArgumentError
+
+Tangents = Union[Sequence[Any], Mapping[str, Any]]
+
+
+def jvp_function(f: Compiled, active: Sequence[str]) -> JvpFunction:
+    """One `JvpFunction` per (function, arguments with tangents), so that
+    repeated calls reuse its programs."""
+    cache = f.__dict__.setdefault("_transforms", {})
+    key = ("jvp", tuple(active))
+    if key not in cache:
+        cache[key] = JvpFunction(f, active)
+    return cache[key]
+
+
+def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
+    if not isinstance(primals, (tuple, list)):
+        raise ArgumentError(f"jvp() takes the primals of {f.name}() as a tuple, got "
+                            f"{type(primals).__name__}", f.span)
+    bound = f.bind(tuple(primals), {})
+    given = _tangents_by_name(f, primals, tangents)
+    chosen: dict[str, Any] = {}
+    for name, t in given.items():
+        if name not in bound:
+            raise ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() "
+                                "neither takes as an argument here nor reads as a param",
+                                f.span)
+        tangent = _tangent(f, name, bound[name], t)
+        if tangent is not None:
+            chosen[name] = tangent
+    active = [n for n in bound if n in chosen]
+    jf = jvp_function(f, active)
+    outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))})
+    return jf.format(outs)
+
+
+def _run(f: Compiled, bound: dict[str, Any], host: bool = False) -> tuple:
+    """f's raw outputs; on the host when `host` or f's results go there."""
+    outs = f.call_bound(bound)
+    return tuple(f.target.to_host(o) for o in outs) if host or f.host_results else tuple(outs)
+
+
+def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
+                      ) -> dict[str, Any]:
+    if isinstance(tangents, Mapping):
+        for name in tangents:
+            if not isinstance(name, str):
+                raise ArgumentError(f"jvp() tangents given as a dict are keyed by argument "
+                                    f"or param names, got {name!r}", f.span)
+        return dict(tangents)
+    if not isinstance(tangents, (tuple, list)):
+        raise ArgumentError("jvp() takes the tangents as a tuple (one per primal) or a dict "
+                            f"of names, got {type(tangents).__name__}", f.span)
+    if len(tangents) != len(primals):
+        raise ArgumentError(f"jvp() got {len(tangents)} tangent(s) for {len(primals)} "
+                            f"primal(s) of {f.name}(); give one per primal (None: none)",
+                            f.span)
+    return {spec.name: t for spec, t in zip(f.specs, tangents)}
+
+
+def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
+    """`t` checked against its primal: an array of the primal's shape and
+    dtype, or None for no tangent."""
+    where = f"the tangent for {name!r} of {f.name}()"
+    if t is None:
+        return None
+    if name not in f.differentiable_names({name: _host_like(primal)}):
+        if f.target.is_array(t) and not isinstance(t, np.ndarray):
+            t = f.target.to_host(t)
+        if np.any(numeric_array(where, t, f.span) != 0):
+            raise ArgumentError(f"{where} must be None or zero: {name!r} is const or not a "
+                                "float, so it carries no tangent", f.span)
+        return None
+    dtype, shape = np.dtype(primal.dtype), tuple(primal.shape)
+    if f.target.is_array(t) and not isinstance(t, np.ndarray):
+        array = t  # a device array, taken as it is
+    else:
+        array = numeric_array(where, t, f.span)
+        if not isinstance(t, (np.ndarray, np.generic)):
+            array = array.astype(dtype)  # a Python number or sequence
+    if np.dtype(array.dtype) != dtype:
+        got = SUPPORTED.get(np.dtype(array.dtype), str(array.dtype))
+        raise ArgumentError(f"{where} has dtype {got}; its primal has dtype "
+                            f"{SUPPORTED[dtype]}", f.span)
+    if tuple(array.shape) != shape:
+        raise ArgumentError(f"{where} has shape {list(array.shape)}; its primal has shape "
+                            f"{list(shape)}", f.span)
+    return array
+
+
+def _host_like(a: Any) -> np.ndarray:
+    """An empty host array of a's dtype (what `differentiable_names` reads)."""
+    return np.empty(0, np.dtype(a.dtype))
+
+
+# ---------------------------------------------------------------- Jacobians
+
+
+class Jacobian:
+    """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev")."""
+
+    def __init__(self, f: Compiled, wrt: Wrt, mode: str):
+        self.f, self.mode = f, mode
+        self.single = not isinstance(wrt, (tuple, list))
+        self.wrt = resolve_wrt(f, wrt)
+        self.name = f"jac{mode}({f.name})"
+
+    @user_facing
+    def __call__(self, *args, **kwargs):
+        bound = self.f.bind(args, kwargs)
+        for name in self.wrt:
+            if name not in bound:
+                raise ArgumentError(f"{self.name}: no value was passed for {name!r}",
+                                    self.f.span)
+            if np.dtype(bound[name].dtype).kind != "f":
+                raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
+                                    f"{name!r}: it has dtype "
+                                    f"{SUPPORTED[np.dtype(bound[name].dtype)]}", self.f.span)
+        per_output = (self._forward(bound) if self.mode == "fwd" else self._reverse(bound))
+        return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
+
+    def _forward(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
+        """[output][wrt] Jacobians, one jvp per element of each argument."""
+        per_wrt = []
+        for name in self.wrt:
+            jf = jvp_function(self.f, [name])
+            x = bound[name]
+            if not isinstance(x, np.ndarray):  # a device array passed in
+                x = self.f.target.to_host(x)
+            columns = []
+            for i in range(int(np.prod(x.shape))):
+                basis = np.zeros(x.shape, np.dtype(x.dtype))
+                basis.flat[i] = 1
+                outs = _run(jf, {**bound, jf.tangent_names[0]: basis}, host=True)
+                columns.append(outs[len(outs) // 2:])
+            if not columns:  # an empty argument: the outputs give the shapes
+                outs = _run(self.f, dict(bound), host=True)
+                per_wrt.append([np.zeros(o.shape + x.shape, o.dtype) for o in outs])
+                continue
+            per_wrt.append([np.stack([c[k] for c in columns], axis=-1).reshape(
+                columns[0][k].shape + tuple(x.shape)) for k in range(len(columns[0]))])
+        return [list(js) for js in zip(*per_wrt)]
+
+    def _reverse(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
+        """[output][wrt] Jacobians, one pullback per element of each output."""
+        on_target = self.f.on_target(bound)
+        outs, pullback = vjp_bound(self.f, on_target, host_results=True)
+        outs = [self.f.target.to_host(o) for o in outs]
+        names = list(bound)
+        result = []
+        for k, out in enumerate(outs):
+            rows = []
+            for j in range(out.size):
+                cts = [np.zeros(o.shape, o.dtype) for o in outs]
+                cts[k].flat[j] = 1
+                grads = pullback(*cts)
+                rows.append([grads[names.index(n)] for n in self.wrt])
+            result.append([
+                np.stack([r[w] for r in rows]).reshape(out.shape + tuple(bound[n].shape))
+                if rows else np.zeros(out.shape + tuple(bound[n].shape), out.dtype)
+                for w, n in enumerate(self.wrt)])
+        return result
+
+
+def jacfwd(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+    return Jacobian(f, wrt, "fwd")
+
+
+def jacrev(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+    return Jacobian(f, wrt, "rev")
+
+
+def hessian(gradient: GradFunction, wrt: Wrt = 0) -> Jacobian:
+    """`gradient`: grad(f, wrt), shared with `dsl.grad`'s programs."""
+    return Jacobian(gradient, wrt, "fwd")

@@ -1,0 +1,287 @@
+"""Forward mode (issue 11): `jvp` through grad blocks by transposition,
+`jacfwd`, `jacrev`, `hessian`, against closed forms, central differences
+and each other."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from dsl.forward import jvp_function
+from gradlang.compiler.modules import STDLIB
+from helpers import central_difference
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RNG = np.random.default_rng(11)
+
+
+def load(name):
+    return dsl.load(EXAMPLES / f"{name}.grad")
+
+
+def test_bar_tangent_is_the_closed_form():
+    y, ty = dsl.jvp(load("bar").bar, (2.0, 3.0), (1.0, 0.0))
+    assert (y, ty) == (6.0, 3.0)
+    assert dsl.jvp(load("bar").bar, (2.0, 3.0), [None, 1.0]) == (6.0, 2.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_log1pexp_tangent_at_100_is_exact_through_the_block(dtype):
+    m = load("log1pexp")
+    t = np.array([0.5, -3.0], dtype)
+    _, ty = dsl.jvp(m.log1pexp, (np.array([100.0, 100.0], dtype),), (t,))
+    assert ty.dtype == dtype
+    np.testing.assert_array_equal(ty, t)  # t * 1.0, where exp(100) overflows f32
+
+
+def test_log1pexp_tangent_is_finite_from_minus_100_to_1000():
+    x = np.linspace(-100.0, 1000.0, 221)
+    _, ty = dsl.jvp(load("log1pexp").log1pexp, (x,), (np.ones_like(x),))
+    assert np.all(np.isfinite(ty))
+    with np.errstate(over="ignore"):
+        block = 1 - 1 / (1 + np.exp(x))  # the block's formula, which the jvp follows
+    np.testing.assert_allclose(ty, block, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ty, 0.5 * (1 + np.tanh(x / 2)), atol=1e-15)
+
+
+def test_jvp_follows_the_block_not_the_body():
+    # the block is deliberately not the derivative of x * x
+    m = dsl.loads("def f(x, y):\n    return x * x + y\ngrad(dz):\n    return dz * 3, dz * 5\n")
+    x = np.array([1.0, 2.0])
+    _, ty = dsl.jvp(m.f, (x, x), (np.array([1.0, 10.0]), np.array([2.0, 0.0])))
+    np.testing.assert_array_equal(ty, [3 + 10, 30])
+
+
+def test_jvp_of_an_elementwise_chain_is_one_kernel_writing_value_and_tangent():
+    m = load("log1pexp")
+    x = np.array([0.5, 1.0])
+    dsl.jvp(m.log1pexp, (x,), (x,))
+    jf = jvp_function(m.log1pexp, ["x"])
+    program = jf.program(jf.on_target({"x": x, jf.tangent_names[0]: x}))
+    assert len(program.generated.kernel_names) == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(-700, 700), min_size=1, max_size=5))
+def test_softplus_tangent_is_sigmoid_times_t(xs):
+    m = dsl.load(STDLIB / "std.grad")
+    x = np.array(xs)
+    t = np.linspace(-1, 1, x.size)
+    y, ty = dsl.jvp(m.softplus, (x,), (t,))
+    e = np.exp(-np.abs(x))
+    sigmoid = np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    np.testing.assert_allclose(ty, t * sigmoid, rtol=1e-12, atol=1e-300)
+
+
+# ------------------------------------------------ every example and stdlib function
+# (function, arguments, positions of the differentiable float arguments)
+
+def _cases():
+    v = np.array([-1.27, 0.41, 2.13])  # (x * 255 is not near a rounding edge)
+    w = np.array([0.7, -1.1, 1.6])
+    mat = RNG.normal(size=(2, 2)) * 0.5
+    cases = {
+        "bar.bar": (load("bar").bar, (1.5, -2.0)),
+        "log1pexp": (load("log1pexp").log1pexp, (v,)),
+        "dense.softplus": (load("dense").softplus, (v,)),
+        "dense.dense": (load("dense").dense, (mat, mat.T, w[:2])),
+        "dense.loss": (load("dense").loss, (mat, mat.T, w[:2], mat * 2)),
+        "leaky_relu": (load("leaky_relu").leaky_relu, (v,)),
+        "stylegan.leaky_relu": (load("stylegan_r1").leaky_relu, (v,)),
+        "stylegan.discriminator": (load("stylegan_r1").discriminator, (v, w)),
+        "stylegan.r1_penalty": (load("stylegan_r1").r1_penalty, (v, w)),
+        "checkpoint.checkpointed": (load("checkpoint").checkpointed, (mat, mat.T)),
+        "checkpoint.plain": (load("checkpoint").plain, (mat, mat.T)),
+        "straight_through.quantized_loss": (load("straight_through").quantized_loss,
+                                            (v, w)),
+    }
+    lp = load("linear_poly")
+    lp.params["weights"] = np.array([0.5, -1.5])
+    cases["linear_poly"] = (lp.linear_poly, (v,))
+    std = dsl.load(STDLIB / "std.grad")
+    for name in ("softplus", "log_sigmoid", "logsumexp", "relu", "leaky_relu", "gelu"):
+        cases[f"std.{name}"] = (getattr(std, name), (v,))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_jacfwd_equals_jacrev_and_jvp_equals_the_jacobian_times_t(name):
+    f, args = CASES[name]
+    jf, jr = dsl.jacfwd(f, wrt=0)(*args), dsl.jacrev(f, wrt=0)(*args)
+    np.testing.assert_allclose(jf, jr, rtol=1e-12, atol=1e-12)
+    x = np.asarray(args[0], np.float64)
+    t = np.linspace(0.5, -1.0, x.size).reshape(x.shape)
+    _, ty = dsl.jvp(f, args, (t,) + (None,) * (len(args) - 1))
+    jt = np.tensordot(jf, t, axes=x.ndim) if x.ndim else jf * t
+    np.testing.assert_allclose(ty, jt, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["log1pexp", "dense.loss", "stylegan.discriminator",
+                                  "checkpoint.checkpointed", "std.logsumexp", "std.gelu",
+                                  "linear_poly", "bar.bar"])
+def test_jvp_matches_central_differences(name):
+    f, args = CASES[name]
+    x = np.asarray(args[0], np.float64)
+    t = np.linspace(0.5, -1.0, x.size).reshape(x.shape)
+    _, ty = dsl.jvp(f, args, (t,) + (None,) * (len(args) - 1))
+    eps = 1e-6
+    plus = f(*((x + eps * t,) + tuple(args[1:])))
+    minus = f(*((x - eps * t,) + tuple(args[1:])))
+    np.testing.assert_allclose(ty, (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hessian_matches_central_differences_of_the_gradient(name):
+    f, args = CASES[name]
+    h = dsl.hessian(f, wrt=0)(*args)
+    x = np.asarray(args[0], np.float64)
+    assert h.shape == x.shape + x.shape
+    g = dsl.grad(f, wrt=0)
+    for i in np.ndindex(x.shape):
+        column = central_difference(lambda *a: np.asarray(g(*a))[i], list(args), 0)
+        np.testing.assert_allclose(h[i], column, rtol=1e-6, atol=1e-6)
+
+
+def test_tuple_wrt_gives_tuples_shaped_as_jax():
+    d = load("dense")
+    x, w, b = RNG.normal(size=(3, 2)), RNG.normal(size=(2, 4)), RNG.normal(size=4)
+    jx, jw = dsl.jacfwd(d.dense, wrt=(0, 1))(x, w, b)
+    assert jx.shape == (3, 4, 3, 2) and jw.shape == (3, 4, 2, 4)
+    rx, rw = dsl.jacrev(d.dense, wrt=(0, 1))(x, w, b)
+    np.testing.assert_allclose(jw, rw, rtol=1e-12, atol=1e-12)
+    (hxx, hxy), (hyx, hyy) = dsl.hessian(load("bar").bar, wrt=(0, 1))(2.0, 3.0)
+    assert (hxx, hxy, hyx, hyy) == (0.0, 1.0, 1.0, 0.0)
+
+
+# ---------------------------------------------------- semantics and composition
+
+
+def test_params_take_tangents_by_name():
+    lp = load("linear_poly")
+    lp.params["weights"] = np.array([0.5, 2.0])
+    x = np.array([1.0, 2.0, 3.0])
+    tw = np.array([0.25, -1.0])
+    y, ty = dsl.jvp(lp.linear_poly, (x,), {"weights": tw, "x": np.ones(3)})
+    np.testing.assert_array_equal(ty, tw[1] * x + tw[0] + 2.0)
+    jw = dsl.jacrev(lp.linear_poly, wrt="weights")(x)
+    np.testing.assert_allclose(dsl.jvp(lp.linear_poly, (x,), {"weights": tw})[1], jw @ tw,
+                               rtol=1e-12)
+
+
+def test_pass_through_tangent_is_the_identity_and_stop_gradient_zero():
+    q = load("straight_through").quantize
+    assert dsl.jvp(q, (np.array([0.3]),), (np.array([2.0]),))[1] == 2.0
+    m = dsl.loads("def f(x):\n    return stop_gradient(x) * x + stop_gradient(x)\n")
+    assert dsl.jvp(m.f, (np.array([3.0]),), (np.array([1.0]),))[1] == 3.0
+
+
+def test_forward_over_reverse_equals_hvp():
+    m = load("log1pexp")
+    x, v = np.array([0.5, -1.0, 3.0]), np.array([1.0, -2.0, 0.5])
+    _, hv = dsl.jvp(dsl.grad(m.log1pexp), (x,), (v,))
+    np.testing.assert_allclose(hv, dsl.hvp(m.log1pexp)(x, v), rtol=1e-12)
+
+
+def test_jvp_on_cuda_matches_the_cpu():
+    x = np.array([-3.0, 0.0, 100.0])
+    t = np.array([1.0, 2.0, 3.0])
+    cpu = dsl.jvp(load("log1pexp").log1pexp, (x,), (t,))
+    cu = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda", host_results=True)
+    y, ty = dsl.jvp(cu.log1pexp, (x,), (t,))
+    np.testing.assert_allclose(y, cpu[0], rtol=1e-12)
+    np.testing.assert_allclose(ty, cpu[1], rtol=1e-12)
+    # Jacobians come back to the host, whatever the target keeps its results on
+    bar = dsl.load(EXAMPLES / "bar.grad", target="cuda").bar
+    assert dsl.jacfwd(bar, wrt=(0, 1))(2.0, 3.0) == (3.0, 2.0)
+    assert dsl.jacrev(bar, wrt=(0, 1))(2.0, 3.0) == (3.0, 2.0)
+    assert dsl.hessian(bar, wrt=(0, 1))(2.0, 3.0) == ((0.0, 1.0), (1.0, 0.0))
+
+
+# ---------------------------------------------------------------- bad tangents
+
+
+@pytest.mark.parametrize("tangents,text", [
+    ((1.0,), "1 tangent(s) for 2 primal(s)"),
+    ((np.ones(2), None), "has shape [2]; its primal has shape []"),
+    ((np.float32(1.0), None), "has dtype f32; its primal has dtype f64"),
+    ({"z": 1.0}, "tangent for 'z'"),
+    ("ab", "as a tuple"),
+])
+def test_bad_tangents_are_argument_errors_before_any_kernel(tangents, text):
+    m = dsl.loads("def f(x, y):\n    return x * y\n")
+    with pytest.raises(dsl.ArgumentError) as info:
+        dsl.jvp(m.f, (2.0, 3.0), tangents)
+    assert text in info.value.message
+    assert not any(j._programs for j in m.f.__dict__.get("_transforms", {}).values())
+
+
+def test_a_const_or_integer_tangent_must_be_none_or_zero():
+    m = dsl.loads("def f(x, k: const, n: i64):\n    return x * k + n\n")
+    y, ty = dsl.jvp(m.f, (2.0, 3.0, 4), (1.0, 0.0, 0))
+    assert (y, ty) == (10.0, 3.0)
+    for tangents in ((1.0, 1.0, None), (1.0, None, 2)):
+        with pytest.raises(dsl.ArgumentError, match="must be None or zero"):
+            dsl.jvp(m.f, (2.0, 3.0, 4), tangents)
+
+
+def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
+    # sqrt's tangent t / (2 sqrt(x)) is t / 0 = inf at x = 0, in the branch not taken
+    m = dsl.loads("def f(x):\n    return where(x > 0, sqrt(x), 2 * x)\n")
+    x = np.array([0.0, -1.0, 4.0])
+    _, ty = dsl.jvp(m.f, (x,), (np.ones(3),))
+    np.testing.assert_array_equal(ty, [2.0, 2.0, 0.25])
+
+
+IN_LANGUAGE = """
+def log1pexp(x):
+    e = exp(x)
+    return log(1 + e)
+grad(dy):
+    return dy * (1 - 1 / (1 + e))
+
+def f(x, w):
+    return sin(x * w) * x
+
+def squared_tangent(x, w, v):
+    y, t = jvp(f, wrt=0)(x, w, v)
+    return sum(t * t)
+
+def block_tangent(x):
+    y, t = jvp(log1pexp)(x, 1.0)
+    return t
+"""
+
+
+def test_jvp_in_the_language_runs_through_blocks_and_differentiates_again():
+    m = dsl.loads(IN_LANGUAGE)
+    x, w, v = np.array([0.3, -1.2]), np.array([0.7, 2.0]), np.array([1.0, 0.5])
+    t = v * (w * np.cos(x * w) * x + np.sin(x * w))  # d/dx (sin(x w) x) along v
+    np.testing.assert_allclose(m.squared_tangent(x, w, v), np.sum(t * t), rtol=1e-12)
+    gx, gw = dsl.grad(m.squared_tangent, wrt=(0, 1))(x, w, v)  # reverse over forward
+    args = [x, w, v]
+    np.testing.assert_allclose(gx, central_difference(m.squared_tangent, args, 0), rtol=1e-6)
+    np.testing.assert_allclose(gw, central_difference(m.squared_tangent, args, 1), rtol=1e-6)
+    # the tangent (1.0, spread to x's shape) through log1pexp's block: finite at 100
+    np.testing.assert_array_equal(m.block_tangent(np.array([100.0, 0.0])), [1.0, 0.5])
+
+
+def test_jvp_in_the_language_needs_a_tangent_per_wrt():
+    with pytest.raises(dsl.GradError, match="then one tangent per wrt"):
+        dsl.loads("def f(x, y):\n    return x * y\ndef g(x):\n"
+                  "    return jvp(f, wrt=(0, 1))(x)\n")
+    with pytest.raises(dsl.GradError, match="missing argument"):
+        dsl.loads("def f(x, y):\n    return x * y\ndef g(x):\n    return jvp(f)(x, x)[1]\n")
+
+
+def test_jvp_through_gathers_and_scatters():
+    m = dsl.loads("def g(x, i):\n"
+                  "    return sum(take(x, i) * x[0]) + scatter_add(x, i, x * 0 + 1)\n")
+    x, i = np.array([1.0, 2.0, 3.0]), np.array([2, 0, 2])
+    jf, jr = dsl.jacfwd(m.g, wrt=0)(x, i), dsl.jacrev(m.g, wrt=0)(x, i)
+    np.testing.assert_allclose(jf, jr, rtol=1e-12)
+    np.testing.assert_allclose(dsl.jvp(m.g, (x, i), (np.ones(3), None))[1], jf @ np.ones(3),
+                               rtol=1e-12)

@@ -1,0 +1,132 @@
+"""Grad blocks must be linear in their upstream cotangents: checked at
+`dsl.load`, with the offending operation's line and column (issue 11)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.compiler import ops
+from gradlang.compiler.modules import STDLIB
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def block(ret: str, extra: str = "") -> str:
+    return f"{extra}def f(x, y):\n    return x * y\ngrad(dy):\n    return {ret}\n"
+
+
+def load_error(source: str) -> dsl.GradError:
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, "lin.grad")  # at load: nothing is called
+    return info.value
+
+
+@pytest.mark.parametrize("ret,col,what", [
+    ("dy * dy * y, dy * x", 12, "a product of two values that depend on them"),
+    ("abs(dy), dy * x", 12, "abs() of a value"),
+    ("where(dy > 0, dy, 0), dy * x", 18, "a comparison of a value"),
+    ("exp(dy) * y, dy * x", 12, "exp() of a value"),
+    ("dy + 1, dy * x", 12, "affine"),
+    ("dy * y, y * 2", 20, "the cotangent for 'y' does not depend on them"),
+    ("maximum(dy, 0) * y, dy * x", 12, "maximum() of a value"),
+    ("dy * y, x / dy", 20, "a quotient"),
+])
+def test_a_block_not_linear_in_its_upstream_is_an_error_at_load(ret, col, what):
+    err = load_error(block(ret))
+    assert "grad block 1 of f() (line 3) is not linear" in err.message
+    assert what in err.message
+    assert (err.file, err.line, err.col) == ("lin.grad", 4, col), str(err)
+    assert str(err).splitlines()[-1].strip().startswith("^")
+
+
+def test_the_issues_forms_are_rejected():
+    body = "def g(x):\n    return x * x\ngrad(dy):\n    return {}\n"
+    for ret in ("dy * dy * x", "abs(dy)", "where(dy > 0, dy, 0)"):
+        assert "is not linear" in load_error(body.format(ret)).message
+
+
+def test_a_nonlinear_use_through_a_called_function_points_into_it():
+    helper = "def square(v):\n    return v * v\n\n"
+    err = load_error(block("square(dy) * y, dy * x", helper))
+    assert (err.line, err.col) == (2, 12), str(err)
+    assert "grad block 1 of f() (line 6)" in err.message
+
+
+def test_a_nonlinear_use_through_a_function_with_a_block_is_found_in_its_body():
+    err = load_error(block("softplus(dy) * y, dy * x", "from std import softplus\n"))
+    assert err.file.endswith("std.grad") and "maximum() of a value" in err.message
+    assert "grad block 1 of f()" in err.message
+    assert "maximum(x, 0)" in str(err)  # the caret line comes from std.grad
+
+
+def test_a_second_block_must_be_linear_in_its_own_upstream():
+    src = ("def f(x):\n    return x * x\ngrad(dy):\n    return dy * 2 * x\n"
+           "grad(ddx):\n    return dy=ddx * 2 * x, x=ddx * ddx\n")
+    err = load_error(src)
+    assert "grad block 2 of f() (line 5)" in err.message and (err.line, err.col) == (6, 30)
+
+
+@pytest.mark.parametrize("ret", [
+    "dy * y, dy * x",
+    "where(x > 0, dy, 0) * y + 0, -(dy * x) / 2",
+    "sum(dy) * y - dy * y * 0, x * dy",         # sums, broadcasts, products by free values
+    "y=0, x=reshape(dy, x.shape) * y",          # layout ops, named, zero
+    "where(x > y, dy, dy * 3), transpose(dy * x)",
+])
+def test_linear_blocks_load(ret):
+    dsl.loads(block(ret))
+
+
+def test_a_second_blocks_upstream_may_meet_the_first_blocks_upstream():
+    # block 2 is linear in ddx; dy is one of its inputs, held fixed
+    dsl.loads("def c(x):\n    return x * x * x\ngrad(dy):\n    return dy * 3 * x * x\n"
+              "grad(ddx):\n    return dy=ddx * 3 * x * x, x=ddx * dy * 6 * x\n")
+
+
+def test_recompute_and_param_blocks_load():
+    dsl.loads("@recompute\ndef f(x):\n    return tanh(x)\ngrad(dy):\n"
+              "    return dy * (1 - tanh(x) * tanh(x))\n")
+    dsl.loads("param w: f64[2]\ndef f(x):\n    return w[0] * x\ngrad(d):\n"
+              "    return d * w[0], w=stack([sum(d * x), 0 * sum(d)])\n")
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.grad")) + [STDLIB / "std.grad"],
+                         ids=lambda p: p.name)
+def test_every_example_and_stdlib_block_loads(path):
+    dsl.load(path)
+
+
+def test_linearity_lives_in_the_op_table():
+    linear = {name for name, op in ops.OPS.items() if op.linear}
+    assert {"add", "sub", "neg", "mul", "div", "where", "reduce_sum", "reshape",
+            "broadcast_to", "matmul", "concatenate"} <= linear
+    assert not linear & {"exp", "abs", "maximum", "pow", "reduce_max", "gt", "sign"}
+    # a linear op is transposed by its VJP rule, so it must have one
+    assert all(ops.OPS[name].vjp is not None for name in linear)
+
+
+def test_annotated_and_const_integer_parameters_are_checked_at_load():
+    src = ("def f(x: f64[n, m], k: const i64):\n    return sum(x, axis=k)\n"
+           "grad(dy):\n    return abs(reshape(dy, (1, x.shape[1]))) * x\n")
+    err = load_error(src)
+    assert "abs() of a value" in err.message and (err.line, err.col) == (4, 12)
+
+
+def test_a_block_no_representative_signature_lowers_is_checked_at_first_call():
+    # x.shape[0] == 4 holds for none of the representative shapes
+    src = ("def f(x):\n    return x[3] * x\ngrad(dy):\n    return dy * dy * x\n")
+    m = dsl.loads(src)
+    with pytest.raises(dsl.GradError, match="a product of two values"):
+        m.f(np.arange(4.0))
+
+
+def test_gathers_and_scatters_of_the_upstream_are_linear():
+    # (indices are held fixed; the data they move is the linear part)
+    dsl.loads("def g(x, i: i64[k]):\n    return take(x, i)\ngrad(dy):\n"
+              "    return scatter_add(zeros_like(x), i, dy)\n")
+    dsl.loads("def g(x, i: i64[k]):\n    return x * 2\ngrad(dy):\n"
+              "    return take(dy, i) * 0 + dy * 2\n")
+    err = load_error("def g(x, i: i64[k]):\n    return take(x, i)\ngrad(dy):\n"
+                     "    return scatter_add(ones_like(x), i, dy)\n")
+    assert "affine" in err.message
