@@ -187,7 +187,11 @@ class Compiled:
         (picks, groups in tuples): the fast path applies it to indices."""
         raise NotImplementedError
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
+             ) -> dict[str, np.ndarray]:
+        """The validated arguments, then the module params the function
+        reads: each from `params` when given there (validated against its
+        declaration), else the module's value."""
         return bind(self.name, self.specs, args, kwargs, self.span)
 
     @property
@@ -356,8 +360,8 @@ class GradFunction(Compiled):
     def span(self):
         return self.inner.span
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
-        return self.inner.bind(args, kwargs)
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
+        return self.inner.bind(args, kwargs, params)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
@@ -541,6 +545,19 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
                           f.target, host_results)
 
 
+def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:
+    """The (shape, dtype) of each of f's results for arguments like
+    `bound` (any arrays of their shapes and dtypes), from its IR, without
+    running it: what a library tracing f (JAX) must know in advance."""
+    statics = f.static_names(bound)
+    cache = f.__dict__.setdefault("_result_types", {})
+    key = _signature(bound, statics)
+    if key not in cache:
+        cache[key] = tuple((tuple(t.shape), np.dtype(NUMPY[t.dtype]))
+                           for t in f.lower(_types(bound, statics)).out_types)
+    return cache[key]
+
+
 class VjpFunction(Compiled):
     """(args..., cotangents...) -> one cotangent per float argument: the
     backward pass as a function of its own, so that a `Tape` computing a
@@ -575,6 +592,15 @@ class VjpFunction(Compiled):
 
     def format(self, outs):
         return tuple(outs)
+
+
+def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
+    """f's backward pass as a function of its own (`VjpFunction`), one per
+    function and number of outputs, so that its programs compile once."""
+    cache = f.__dict__.setdefault("_backward_functions", {})
+    if n_outputs not in cache:
+        cache[n_outputs] = VjpFunction(f, n_outputs)
+    return cache[n_outputs]
 
 
 class Select(Compiled):
@@ -633,11 +659,11 @@ class HvpFunction(Directional):
         super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
         self.name = f"hvp({inner.name})"
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:
             raise ArgumentError(f"{self.name} takes the arguments of {self.inner.name} "
                                 "followed by the vector v", self.span)
-        bound = self.inner.bind(args[:-1], kwargs)
+        bound = self.inner.bind(args[:-1], kwargs, params)
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]
@@ -673,10 +699,11 @@ class GradFn(Compiled):
     def span(self):
         return self.fdef.span
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         bound = super().bind(args, kwargs)
         for w in self.reads:
-            bound[w] = self._params.require(w, self.name)
+            bound[w] = self._params.validate(w, params[w]) if params and w in params \
+                else self._params.require(w, self.name)
         return bound
 
     def lower(self, types: dict[str, TensorType]) -> Function:
