@@ -11,6 +11,7 @@ import pytest
 
 import dsl
 from dsl import function as dsl_function
+from helpers import EXAMPLE_CALLS
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
@@ -28,25 +29,6 @@ def tensor(values, requires_grad=True, dtype=torch.float64):
 
 def sigmoid(x):
     return 1 / (1 + np.exp(-x))
-
-
-# (example, function, differentiable inputs, constant keyword arguments):
-# inputs away from the kinks of maximum/abs, where finite differences fail.
-RNG = np.random.default_rng(0)
-EXAMPLE_CALLS = [
-    ("log1pexp", "log1pexp", [np.array([-3.0, -0.4, 0.3, 2.5])], {}),
-    ("bar", "bar", [np.array([1.5, -2.0]), np.array([0.5, 3.0])], {}),
-    ("leaky_relu", "leaky_relu", [np.array([-2.0, -0.3, 0.4, 1.7])], {"alpha": 0.1}),
-    ("dense", "dense", [RNG.normal(size=(3, 2)), RNG.normal(size=(2, 2)), RNG.normal(size=2)],
-     {}),
-    ("dense", "loss", [RNG.normal(size=(3, 2)), RNG.normal(size=(2, 2)), RNG.normal(size=2)],
-     {"target": RNG.normal(size=(3, 2))}),
-    ("stylegan_r1", "discriminator", [np.array([-2.0, -0.5, 0.5, 3.0]),
-                                      np.array([1.5, -1.0, 2.0, 0.7])], {}),
-    ("stylegan_r1", "r1_penalty", [np.array([-2.0, -0.5, 0.5, 3.0]),
-                                   np.array([1.5, -1.0, 2.0, 0.7])], {}),
-    ("checkpoint", "checkpointed", [RNG.normal(size=(2, 3)), RNG.normal(size=(3, 3)) / 2], {}),
-]
 
 
 @pytest.mark.parametrize("example,name,inputs,consts", EXAMPLE_CALLS,
