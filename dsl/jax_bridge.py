@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bridged, split_params
+from dsl.bridge import bridged, require, split_params
 from dsl.function import Compiled, backward_function, result_types
 from gradlang.runtime.boundary import user_facing
 
@@ -39,7 +39,7 @@ def to_jax(f: Compiled) -> "JaxFunction":
 
 class JaxFunction:
     def __init__(self, f: Compiled):
-        import jax  # noqa: F401  (now: a missing jax fails here, not mid-call)
+        require("jax")  # a missing jax fails here, not mid-call
         self.f = f
         self.__name__ = f"to_jax({f.name})"
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bridged, split_params
+from dsl.bridge import bridged, require, split_params
 from dsl.function import Compiled, backward_function, vjp_bound
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -42,7 +42,7 @@ def to_torch(f: Compiled) -> "TorchFunction":
 
 class TorchFunction:
     def __init__(self, f: Compiled):
-        import torch  # noqa: F401  (now: a missing torch fails here, not mid-call)
+        require("torch")  # a missing torch fails here, not mid-call
         self.f = f
         self.__name__ = f"to_torch({f.name})"
 

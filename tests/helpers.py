@@ -2,7 +2,14 @@
 the examples for the bridges to other libraries."""
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import numpy as np
+
+import dsl
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def central_difference(f, args, index, eps=1e-6):
@@ -23,6 +30,13 @@ def central_difference(f, args, index, eps=1e-6):
 def weighted(f, u):
     """x -> <u, f(x)>, for VJP checks with a cotangent u."""
     return lambda *args: np.sum(np.asarray(f(*args), dtype=np.float64) * u)
+
+
+@functools.lru_cache(maxsize=None)
+def load_example(name: str) -> "dsl.Module":
+    """examples/NAME.grad on the CPU, loaded once per test session, so that
+    the tests of every bridge share its compiled programs."""
+    return dsl.load(EXAMPLES / f"{name}.grad")
 
 
 # (example, function, differentiable inputs, constant keyword arguments):

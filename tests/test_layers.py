@@ -128,3 +128,13 @@ def test_dsl_never_imports_the_libraries_it_bridges_to():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd="/")
     assert out.stdout.strip() == "[]"
+
+
+def test_a_bridge_without_its_library_names_the_extra():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import dsl\nm = dsl.loads('def f(x):\\n    return x\\n')\n"
+            "try:\n    dsl.to_torch(m.f)\nexcept ImportError as err:\n    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd="/")
+    assert out.stdout.strip() == ("this needs torch, which is not installed: "
+                                  "pip install 'gradlang[torch]'")

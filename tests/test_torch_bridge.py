@@ -3,25 +3,16 @@
 Values equal the NumPy call; first and second order gradients agree with
 finite differences (gradcheck, gradgradcheck) on every example, and with
 known derivatives; tensors reach the kernels without copies."""
-import functools
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dsl
 from dsl import function as dsl_function
-from helpers import EXAMPLE_CALLS
+from helpers import EXAMPLE_CALLS, EXAMPLES
+from helpers import load_example as load
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-@functools.lru_cache(maxsize=None)
-def load(name: str) -> dsl.Module:
-    return dsl.load(EXAMPLES / f"{name}.grad")
-
 
 def tensor(values, requires_grad=True, dtype=torch.float64):
     return torch.tensor(values, dtype=dtype, requires_grad=requires_grad)
