@@ -7,8 +7,9 @@ can run and differentiate to any order (a `Compiled`: a loaded `.grad`
 function or a transform of one), else raises `ArgumentError` (a
 gradc-compiled function, which has no IR to differentiate again) or
 `TypeError`.  `require(library)` imports an optional library, or raises
-`ImportError` naming the extra that installs it.  `split_params(f, kwargs)` separates the keywords naming
-module params that f reads from those naming its arguments.
+`ImportError` naming the extra that installs it.  `split_params(f, kwargs)`
+separates the keywords naming module params that f reads from those
+naming its arguments.
 """
 from __future__ import annotations
 

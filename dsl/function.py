@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from dsl.dask_bridge import call_on_dask, is_dask_array
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -59,7 +60,7 @@ def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
     types, key = {}, []
     for name, a in bound.items():
         if name in statics:
-            types[name] = _static(a)
+            types[name] = static_type(a)
             key.append((name, a.dtype.str, repr(a.item())))
             continue
         shape = tuple(1 if d == 1 else symbols.setdefault(d, Sym.named(f"s{len(symbols)}"))
@@ -69,12 +70,15 @@ def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
     return ("symbolic", tuple(key)), types
 
 
-def _types(bound: dict[str, np.ndarray], statics=frozenset()) -> dict[str, TensorType]:
-    return {name: _static(a) if name in statics else TensorType(SUPPORTED[a.dtype], tuple(a.shape))
+def _types(bound: dict[str, np.ndarray], statics=frozenset(),
+           shapes: Optional[dict[str, tuple]] = None) -> dict[str, TensorType]:
+    shapes = shapes or {}
+    return {name: static_type(a) if name in statics
+            else TensorType(SUPPORTED[a.dtype], shapes.get(name, tuple(a.shape)))
             for name, a in bound.items()}
 
 
-def _static(a) -> StaticScalar:
+def static_type(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
@@ -263,6 +267,8 @@ class Compiled:
 
     def call_slow(self, args: tuple, kwargs: dict) -> Any:
         out = kwargs.pop("out", None)  # the buffers for the results (`OutSpec`)
+        if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
+            return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
@@ -329,6 +335,11 @@ class Compiled:
         specs = {s.name: s for s in self.specs + self.param_specs}
         return [n for n, a in bound.items()
                 if a.dtype.kind == "f" and (n not in specs or specs[n].differentiable)]
+
+    def lower_as(self, bound: dict[str, np.ndarray], shapes: dict[str, tuple]) -> Function:
+        """The IR for arguments like `bound`, but with these (symbolic)
+        shapes for some of them, by name."""
+        return self.lower(_types(bound, self.static_names(bound), shapes))
 
     def ir(self, *args, **kwargs) -> Function:
         """The optimized IR this call would run (for inspection)."""

@@ -121,7 +121,7 @@ def test_dsl_never_imports_the_libraries_it_bridges_to():
     """torch, jax and dask are optional extras, seconds to import: loading
     and running a module, and importing the bridges, import none of them
     (only calling `dsl.to_torch`/`to_jax` or passing Dask arrays does)."""
-    code = ("import sys, numpy as np, dsl, dsl.torch_bridge, dsl.jax_bridge\n"
+    code = ("import sys, numpy as np, dsl, dsl.torch_bridge, dsl.jax_bridge, dsl.dask_bridge\n"
             "m = dsl.loads('def f(x):\\n    return x * x\\n')\n"
             "assert dsl.grad(m.f)(np.ones(2)).tolist() == [2.0, 2.0]\n"
             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'dask')])\n")

@@ -1,0 +1,124 @@
+"""Compiled functions called with Dask arrays: lazy, block by block.
+
+Contract: `call_on_dask(f, args, kwargs)` (what a compiled function's call does
+when a Dask array is among its arguments) returns f's results as Dask
+arrays, computing nothing.  Every Dask argument is a *batch* argument: its
+axis 0 is the batch (the same size n in all of them; their row blocks are
+made the same as the first's, and other axes one chunk each); every other
+argument goes to every block.  The compiler splits f over the rows
+(`compiler.batching.split_rows`, which raises `GradError` naming the op
+that mixes rows): each block runs the compiled row-wise part, a program of
+its own; its partials (sums and maxima over the batch, parameter
+gradients among them) are combined pairwise in a tree and then finished
+once (`combine`, small: run by the IR's NumPy interpreter).  Row-wise
+results are Dask arrays with the batch's row blocks; the others have one
+block.  What a block's task carries is the block's rows, the arguments
+sent to every block and the compiled block program; dask is imported only
+when Dask arrays are passed.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gradlang.compiler.batching import BATCH, split_rows
+from gradlang.compiler.interpret import interpret
+from gradlang.compiler.pipeline import build
+from gradlang.runtime.args import NUMPY
+from gradlang.runtime.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from dsl.function import Compiled
+
+
+def is_dask_array(value: Any) -> bool:
+    return type(value).__module__.startswith("dask.array")
+
+
+def call_on_dask(f: Compiled, args, kwargs):
+    import dask
+    import dask.array as da
+    stand_ins: dict[int, Any] = {}  # id of a placeholder -> the Dask array
+
+    def placeholder(value):
+        if not is_dask_array(value):
+            return value
+        stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape,
+                                                   (0,) * value.ndim)
+        stand_ins[id(stand_in)] = value
+        return stand_in
+
+    bound = f.bind([placeholder(a) for a in args],
+                   {k: placeholder(v) for k, v in kwargs.items()})
+    batch = {n: stand_ins[id(a)] for n, a in bound.items() if id(a) in stand_ins}
+    first = next(iter(batch.values()))
+    if any(x.ndim == 0 or x.shape[0] != first.shape[0] for x in batch.values()):
+        raise ArgumentError(f"{f.name}(): the Dask arguments are batches of rows along axis "
+                            "0 and must have the same number of rows; got shapes "
+                            f"{', '.join(str(list(x.shape)) for x in batch.values())}", f.span)
+    rows = first.chunks[0]
+    batch = {n: x.rechunk((rows,) + tuple(-1 for _ in x.shape[1:])) for n, x in batch.items()}
+    plan = _plan(f, bound, frozenset(batch), first.shape[0])
+    fixed = {n: a for n, a in bound.items() if n not in batch}
+
+    def run_block(*block_arrays):
+        values = dict(zip(batch, block_arrays))
+        return tuple(plan.block_program(*(values.get(n, a) for n, a in bound.items())))
+
+    n_rows = sum(plan.split.row_outputs)
+    blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
+        *(x.blocks[i] for x in batch.values())) for i in range(len(rows))]
+    row_results = [da.concatenate([da.from_delayed(b[k], (r,) + shape[1:], dtype)
+                                   for b, r in zip(blocks, rows)])
+                   for k, (shape, dtype) in enumerate(plan.row_types)]
+    other_results = []
+    if plan.other_types:
+        partials = _tree([[b[n_rows + j] for j in range(len(plan.split.partial_kinds))]
+                          for b in blocks], plan.split.partial_kinds)
+        finish = dask.delayed(lambda parts: tuple(interpret(
+            plan.split.combine, *fixed.values(), *parts)), nout=len(plan.other_types))
+        done = finish(partials)
+        other_results = [da.from_delayed(done[k], shape, dtype)
+                         for k, (shape, dtype) in enumerate(plan.other_types)]
+    row_iter, other_iter = iter(row_results), iter(other_results)
+    return f.format([next(row_iter) if r else next(other_iter)
+                     for r in plan.split.row_outputs])
+
+
+class _Plan:
+    """A function's split over the rows for one signature and batch size,
+    with its block program built."""
+
+    def __init__(self, f: Compiled, bound: dict, batch: frozenset, n: int):
+        shapes = {name: (BATCH,) + bound[name].shape[1:] for name in batch}
+        self.split = split_rows(f.lower_as(bound, shapes), n, f.span)
+        self.block_program = build(self.split.block, f.target)
+        n_rows = sum(self.split.row_outputs)
+        self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]
+        self.other_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.combine.out_types]
+
+
+def _plan(f: Compiled, bound: dict, batch: frozenset, n: int) -> _Plan:
+    key = (tuple((name, a.dtype.str, a.shape, name in batch) for name, a in bound.items()),
+           tuple((s, bound[s].item()) for s in sorted(f.static_names(bound))))
+    cache = f.__dict__.setdefault("_row_plans", {})
+    if key not in cache:
+        cache[key] = _Plan(f, bound, batch, n)
+    return cache[key]
+
+
+_MERGE = {"sum": np.add, "max": np.maximum}
+
+
+def _tree(parts: list, kinds: tuple[str, ...]):
+    """The blocks' partials combined pairwise (depth log2 of the blocks)."""
+    import dask
+
+    def merge(a, b):
+        return [_MERGE[k](x, y) for k, x, y in zip(kinds, a, b)]
+
+    while len(parts) > 1:
+        parts = [dask.delayed(merge)(parts[i], parts[i + 1]) if i + 1 < len(parts)
+                 else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
