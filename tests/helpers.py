@@ -54,5 +54,7 @@ EXAMPLE_CALLS = [
                                       np.array([1.5, -1.0, 2.0, 0.7])], {}),
     ("stylegan_r1", "r1_penalty", [np.array([-2.0, -0.5, 0.5, 3.0]),
                                    np.array([1.5, -1.0, 2.0, 0.7])], {}),
+    ("logistic", "loss", [_RNG.normal(size=(4, 2)), np.array([1.0, -1.0, -1.0, 1.0]),
+                          _RNG.normal(size=2)], {}),
     ("checkpoint", "checkpointed", [_RNG.normal(size=(2, 3)), _RNG.normal(size=(3, 3)) / 2], {}),
 ]
