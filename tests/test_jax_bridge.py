@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dsl
-from helpers import EXAMPLE_CALLS, EXAMPLES
+from helpers import EXAMPLE_CALLS
 from helpers import load_example as load
 
 jax = pytest.importorskip("jax", reason="the jax extra is not installed")
