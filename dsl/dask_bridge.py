@@ -1,11 +1,13 @@
 """Compiled functions called with Dask arrays: lazy, block by block.
 
-Contract: `call_on_dask(f, args, kwargs)` (what a compiled function's call does
-when a Dask array is among its arguments) returns f's results as Dask
-arrays, computing nothing.  Every Dask argument is a *batch* argument: its
-axis 0 is the batch (the same size n in all of them; their row blocks are
-made the same as the first's, and other axes one chunk each); every other
-argument goes to every block.  The compiler splits f over the rows
+Contract: `call_on_dask(f, args, kwargs)` (what a compiled function's call
+does when a Dask array is among its arguments) returns f's results as Dask
+arrays, computing nothing.  The *batch* arguments are the Dask arrays
+chunked along axis 0 (or, if none is, the first Dask array) and every
+other Dask array with as many rows, n: their axis 0 is the batch, their
+row blocks are made the same as the first's, their other axes one chunk
+each.  Every other argument (NumPy, or a Dask array of another length, a
+parameter vector) goes to every block.  The compiler splits f over the rows
 (`compiler.batching.split_rows`, which raises `GradError` naming the op
 that mixes rows): each block runs the compiled row-wise part, a program of
 its own; its partials (sums and maxima over the batch, parameter
@@ -25,8 +27,9 @@ import numpy as np
 from gradlang.compiler.batching import BATCH, split_rows
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.pipeline import build
+from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.runtime.args import NUMPY
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, GradError
 
 if TYPE_CHECKING:
     from dsl.function import Compiled
@@ -51,24 +54,31 @@ def call_on_dask(f: Compiled, args, kwargs):
 
     bound = f.bind([placeholder(a) for a in args],
                    {k: placeholder(v) for k, v in kwargs.items()})
-    batch = {n: stand_ins[id(a)] for n, a in bound.items() if id(a) in stand_ins}
-    first = next(iter(batch.values()))
-    if any(x.ndim == 0 or x.shape[0] != first.shape[0] for x in batch.values()):
-        raise ArgumentError(f"{f.name}(): the Dask arguments are batches of rows along axis "
-                            "0 and must have the same number of rows; got shapes "
-                            f"{', '.join(str(list(x.shape)) for x in batch.values())}", f.span)
+    arrays = {n: stand_ins[id(a)] for n, a in bound.items() if id(a) in stand_ins}
+    chunked = [x for x in arrays.values() if x.ndim and x.numblocks[0] > 1]
+    first = chunked[0] if chunked else next(iter(arrays.values()))
+    if first.ndim == 0 or any(x.shape[0] != first.shape[0] for x in chunked):
+        raise ArgumentError(f"{f.name}(): the Dask arguments chunked along axis 0 are "
+                            "batches of rows and must have the same number of rows; got "
+                            f"shapes {', '.join(str(list(x.shape)) for x in arrays.values())}",
+                            f.span)
     rows = first.chunks[0]
-    batch = {n: x.rechunk((rows,) + tuple(-1 for _ in x.shape[1:])) for n, x in batch.items()}
+    batch = {n: x.rechunk((rows,) + tuple(-1 for _ in x.shape[1:]))
+             for n, x in arrays.items() if x.ndim and x.shape[0] == first.shape[0]}
+    every = {n: x for n, x in arrays.items() if n not in batch}  # Dask, to every block
     plan = _plan(f, bound, frozenset(batch), first.shape[0])
-    fixed = {n: a for n, a in bound.items() if n not in batch}
 
-    def run_block(*block_arrays):
-        values = dict(zip(batch, block_arrays))
+    def run_block(shared: dict, *block_arrays):
+        values = {**shared, **dict(zip(batch, block_arrays))}
         return tuple(plan.block_program(*(values.get(n, a) for n, a in bound.items())))
+
+    def finish(shared: dict, parts):
+        fixed = [shared.get(n, a) for n, a in bound.items() if n not in batch]
+        return tuple(interpret(plan.split.combine, *fixed, *parts))
 
     n_rows = sum(plan.split.row_outputs)
     blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
-        *(x.blocks[i] for x in batch.values())) for i in range(len(rows))]
+        every, *(x.blocks[i] for x in batch.values())) for i in range(len(rows))]
     row_results = [da.concatenate([da.from_delayed(b[k], (r,) + shape[1:], dtype)
                                    for b, r in zip(blocks, rows)])
                    for k, (shape, dtype) in enumerate(plan.row_types)]
@@ -76,9 +86,7 @@ def call_on_dask(f: Compiled, args, kwargs):
     if plan.other_types:
         partials = _tree([[b[n_rows + j] for j in range(len(plan.split.partial_kinds))]
                           for b in blocks], plan.split.partial_kinds)
-        finish = dask.delayed(lambda parts: tuple(interpret(
-            plan.split.combine, *fixed.values(), *parts)), nout=len(plan.other_types))
-        done = finish(partials)
+        done = dask.delayed(finish, nout=len(plan.other_types))(every, partials)
         other_results = [da.from_delayed(done[k], shape, dtype)
                          for k, (shape, dtype) in enumerate(plan.other_types)]
     row_iter, other_iter = iter(row_results), iter(other_results)
@@ -92,7 +100,18 @@ class _Plan:
 
     def __init__(self, f: Compiled, bound: dict, batch: frozenset, n: int):
         shapes = {name: (BATCH,) + bound[name].shape[1:] for name in batch}
-        self.split = split_rows(f.lower_as(bound, shapes), n, f.span)
+        try:
+            fn = f.lower_as(bound, shapes)
+        except NeedsConcrete as err:
+            raise ArgumentError(f"{f.name}() on Dask arrays: {err}, and the number of rows "
+                                "of a batch is not fixed; call it on in-memory arrays",
+                                f.span) from None
+        except GradError as err:
+            raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
+                            f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "
+                            "Dask arrays chunked the same go whole to every block)",
+                            err.span, err.source) from None
+        self.split = split_rows(fn, n, f.span)
         self.block_program = build(self.split.block, f.target)
         n_rows = sum(self.split.row_outputs)
         self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]

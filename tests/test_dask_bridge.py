@@ -90,11 +90,27 @@ def test_a_function_that_mixes_rows_is_a_grad_error_at_the_op(body, op, column):
         m.f(da.from_array(X, chunks=(400, 3)))
 
 
+def test_a_dask_array_of_another_length_goes_to_every_block():
+    loss = load_example("logistic").loss
+    ws = da.from_array(W, chunks=3)  # a parameter vector, itself a Dask array
+    value, gw = dask.compute(*dsl.value_and_grad(loss, wrt=2)(
+        da.from_array(X, chunks=(200, 3)), da.from_array(Y, chunks=200), ws))
+    expected_value, expected_gw = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-12)
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-15)
+
+
 def test_batch_arguments_must_have_the_same_rows():
     m = dsl.loads("def f(x, y):\n    return sum(x) + sum(y)\n")
     with pytest.raises(dsl.ArgumentError, match="same number of rows; got shapes "
                                                 "\\[800, 3\\], \\[10\\]"):
         m.f(da.from_array(X, chunks=(400, 3)), da.from_array(Y[:10], chunks=5))
+    # a NumPy array of the batch's length is not a batch: it goes to every block
+    with pytest.raises(dsl.GradError, match="rows.grad:2:12: error: shapes \\[batch\\] and "
+                                            "\\[800\\] do not broadcast \\(on Dask arrays, "
+                                            "`batch` is the rows of 'x'"):
+        m_rows = dsl.loads("def f(x, y):\n    return x - y\n", "rows.grad")
+        m_rows.f(da.from_array(Y, chunks=400), Y)
 
 
 def test_on_a_local_cluster_of_processes():
