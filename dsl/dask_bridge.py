@@ -20,7 +20,7 @@ when Dask arrays are passed.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -39,12 +39,19 @@ def is_dask_array(value: Any) -> bool:
     return type(value).__module__.startswith("dask.array")
 
 
-def call_on_dask(f: Compiled, args, kwargs):
-    import dask
-    import dask.array as da
-    stand_ins: dict[int, Any] = {}  # id of a placeholder -> the Dask array
+class _Bound:
+    """A call's arguments bound with placeholders (of the shapes and
+    dtypes, owning no memory) for its Dask arrays."""
 
-    def placeholder(value):
+    def __init__(self, f: Compiled, args, kwargs):
+        self.dask: dict[str, Any] = {}
+        stand_ins: dict[int, Any] = {}
+        self.values = f.bind([self._placeholder(a, stand_ins) for a in args],
+                             {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
+        self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
+
+    @staticmethod
+    def _placeholder(value, stand_ins: dict):
         if not is_dask_array(value):
             return value
         stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape,
@@ -52,9 +59,53 @@ def call_on_dask(f: Compiled, args, kwargs):
         stand_ins[id(stand_in)] = value
         return stand_in
 
-    bound = f.bind([placeholder(a) for a in args],
-                   {k: placeholder(v) for k, v in kwargs.items()})
-    arrays = {n: stand_ins[id(a)] for n, a in bound.items() if id(a) in stand_ins}
+    def copy(self) -> "_Bound":
+        twin = object.__new__(_Bound)
+        twin.values, twin.dask = dict(self.values), dict(self.dask)
+        return twin
+
+    def add(self, name: str, value) -> None:
+        stand_ins: dict[int, Any] = {}
+        self.values[name] = self._placeholder(value, stand_ins)
+        if stand_ins:
+            self.dask[name] = value
+
+
+def call_on_dask(f: Compiled, args, kwargs):
+    return f.format(run_on_dask(f, _Bound(f, args, kwargs)))
+
+
+def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
+    """(outputs, pullback) as `dsl.vjp` gives them, on Dask arrays: the
+    pullback runs f's backward pass as a function of its own
+    (`backward_function(f, n_outputs)`), block by block, on the arguments
+    and the cotangents (Dask arrays chunked like the batch for row-wise
+    outputs)."""
+    bound = _Bound(f, args, kwargs)
+    outs = run_on_dask(f, bound)
+
+    def pullback(*cts):
+        backward = backward_function(f, len(outs))
+        if len(cts) != len(outs):
+            raise ArgumentError(f"pullback of {f.name}() takes {len(outs)} cotangent(s), "
+                                f"one per output, but {len(cts)} were given")
+        with_cts = bound.copy()
+        for name, ct, out in zip(backward.ct_names, cts, outs):
+            with_cts.add(name, ct if is_dask_array(ct) else
+                         np.broadcast_to(np.asarray(ct, out.dtype), out.shape))
+        grads = iter(run_on_dask(backward, with_cts))
+        floats = set(f.differentiable_names(bound.values))
+        return tuple(next(grads) if n in floats else None for n in bound.values)
+
+    return f.format(outs), pullback
+
+
+def run_on_dask(f: Compiled, bound: _Bound) -> list:
+    """f's raw outputs, as Dask arrays."""
+    import dask
+    import dask.array as da
+    arrays = bound.dask
+    bound = bound.values
     chunked = [x for x in arrays.values() if x.ndim and x.numblocks[0] > 1]
     first = chunked[0] if chunked else next(iter(arrays.values()))
     if first.ndim == 0 or any(x.shape[0] != first.shape[0] for x in chunked):
@@ -90,8 +141,7 @@ def call_on_dask(f: Compiled, args, kwargs):
         other_results = [da.from_delayed(done[k], shape, dtype)
                          for k, (shape, dtype) in enumerate(plan.other_types)]
     row_iter, other_iter = iter(row_results), iter(other_results)
-    return f.format([next(row_iter) if r else next(other_iter)
-                     for r in plan.split.row_outputs])
+    return [next(row_iter) if r else next(other_iter) for r in plan.split.row_outputs]
 
 
 class _Plan:

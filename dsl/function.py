@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.dask_bridge import call_on_dask, is_dask_array
+from dsl.dask_bridge import call_on_dask, is_dask_array, vjp_on_dask
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -524,6 +524,8 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
 
 
 def vjp(f: Compiled, *args, **kwargs):
+    if any(map(is_dask_array, (*args, *kwargs.values()))):
+        return vjp_on_dask(f, args, kwargs, backward_function)
     bound = f.bind(args, kwargs)
     try:
         outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)

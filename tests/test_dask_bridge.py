@@ -57,6 +57,23 @@ def test_gradient_of_a_batch_argument_stays_in_its_row_blocks():
     assert gx.chunks == ((300, 300, 200), (3,))
 
 
+def test_vjp_on_dask_arrays_gives_a_pullback_of_dask_arrays():
+    loss = load_example("logistic").loss
+    xs, ys = da.from_array(X, chunks=(200, 3)), da.from_array(Y, chunks=200)
+    value, pullback = dsl.vjp(loss, xs, ys, W)
+    gx, gy, gw = pullback(2.0)
+    assert isinstance(gx, da.Array) and gx.chunks[0] == (200,) * 4
+    _, expected_pullback = dsl.vjp(loss, X, Y, W)
+    for got, expected in zip(dask.compute(value, gx, gy, gw),
+                             (loss(X, Y, W), *expected_pullback(2.0))):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-18)
+    m = dsl.loads("def f(x):\n    return x * x\n")  # a row-wise output's cotangent
+    x = da.from_array(X, chunks=(200, 3))
+    y, pullback = dsl.vjp(m.f, x)
+    (g,) = pullback(da.ones_like(x))
+    np.testing.assert_allclose(g.compute(), 2 * X, rtol=1e-15)
+
+
 def test_an_elementwise_function_on_a_2d_array_chunked_along_both_axes():
     m = dsl.loads("def f(x):\n    return x * sin(x)\n")
     x = RNG.normal(size=(40, 6))
