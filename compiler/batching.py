@@ -15,7 +15,11 @@ of `n` rows, and returns a `RowSplit`:
 - `combine`: a function of fn's non-batch parameters and then the combined
   partials that computes fn's other outputs (a mean is a sum divided by n);
 - `row_outputs`: for each of fn's outputs, whether it is row-wise (taken
-  from `block`, concatenated over blocks) or not (from `combine`).
+  from `block`, concatenated over blocks) or not (from `combine`);
+- `elementwise`: whether fn is elementwise over its batch arguments (all of
+  one shape, and every value of that shape, or a scalar, computed by
+  elementwise ops), so that any block of any chunking, not only of rows,
+  runs on its own.
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
 block's).  A value reduced over the batch that is then used row by row
@@ -29,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from gradlang.compiler.ir import Eqn, Function, Lit, Var, vars_in
+from gradlang.compiler.ops import OPS
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import GradError, Span
@@ -51,6 +56,7 @@ class RowSplit:
     partial_kinds: tuple[str, ...]
     combine: Function
     row_outputs: tuple[bool, ...]
+    elementwise: bool
 
 
 def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
@@ -82,7 +88,18 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
     combine = optimize(Function(f"{fn.name}_combine", fixed + tuple(partials),
                                 tuple(after_eqns),
                                 tuple(a for a, r in zip(fn.outputs, row_outputs) if not r)))
-    return RowSplit(block, tuple(kinds[v] for v in partials), combine, row_outputs)
+    return RowSplit(block, tuple(kinds[v] for v in partials), combine, row_outputs,
+                    _elementwise(fn, state))
+
+
+def _elementwise(fn: Function, state: dict[Var, str]) -> bool:
+    shapes = {p.type.shape for p in fn.params if state[p] == ROWS}
+    if len(shapes) != 1:
+        return False
+    (shape,) = shapes
+    return all(v.type.shape in (shape, ()) for e in fn.eqns for v in e.outputs) \
+        and all(OPS[e.op].kind == "elementwise" for e in fn.eqns) \
+        and all(isinstance(a, Var) and a.type.shape == shape for a in fn.outputs)
 
 
 def _batch_axes(v: Var) -> list[int]:

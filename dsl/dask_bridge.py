@@ -7,7 +7,8 @@ chunked along axis 0 (or, if none is, the first Dask array) and every
 other Dask array with as many rows, n: their axis 0 is the batch, their
 row blocks are made the same as the first's, their other axes one chunk
 each.  Every other argument (NumPy, or a Dask array of another length, a
-parameter vector) goes to every block.  The compiler splits f over the rows
+parameter vector) goes to every block.  An elementwise function (all its
+batch arguments of one shape) keeps the first's chunks, along every axis.  The compiler splits f over the rows
 (`compiler.batching.split_rows`, which raises `GradError` naming the op
 that mixes rows): each block runs the compiled row-wise part, a program of
 its own; its partials (sums and maxima over the batch, parameter
@@ -118,6 +119,8 @@ def run_on_dask(f: Compiled, bound: _Bound) -> list:
              for n, x in arrays.items() if x.ndim and x.shape[0] == first.shape[0]}
     every = {n: x for n, x in arrays.items() if n not in batch}  # Dask, to every block
     plan = _plan(f, bound, frozenset(batch), first.shape[0])
+    if plan.split.elementwise and not every:
+        return _elementwise(f, bound, arrays, plan)
 
     def run_block(shared: dict, *block_arrays):
         values = {**shared, **dict(zip(batch, block_arrays))}
@@ -142,6 +145,30 @@ def run_on_dask(f: Compiled, bound: _Bound) -> list:
                          for k, (shape, dtype) in enumerate(plan.other_types)]
     row_iter, other_iter = iter(row_results), iter(other_results)
     return [next(row_iter) if r else next(other_iter) for r in plan.split.row_outputs]
+
+
+def _elementwise(f: Compiled, bound: dict, arrays: dict, plan: "_Plan") -> list:
+    """An elementwise f on blocks of any chunking, kept as they are (those
+    of the first Dask argument): one task per block."""
+    import dask
+    import dask.array as da
+    first = next(iter(arrays.values()))
+    aligned = {n: x.rechunk(first.chunks) for n, x in arrays.items()}
+
+    def run(*blocks):
+        values = dict(zip(aligned, blocks))
+        return tuple(f.call_bound({n: values.get(n, a) for n, a in bound.items()}))
+
+    tasks = {index: dask.delayed(run, nout=len(plan.row_types))(
+        *(x.blocks[index] for x in aligned.values())) for index in np.ndindex(first.numblocks)}
+
+    def grid(k: int, dtype, index: tuple = ()):  # nested lists of blocks, for da.block
+        if len(index) == first.ndim:
+            shape = tuple(first.chunks[d][i] for d, i in enumerate(index))
+            return da.from_delayed(tasks[index][k], shape, dtype)
+        return [grid(k, dtype, index + (i,)) for i in range(first.numblocks[len(index)])]
+
+    return [da.block(grid(k, dtype)) for k, (_, dtype) in enumerate(plan.row_types)]
 
 
 class _Plan:

@@ -79,8 +79,16 @@ def test_an_elementwise_function_on_a_2d_array_chunked_along_both_axes():
     x = RNG.normal(size=(40, 6))
     xs = da.from_array(x, chunks=(10, 3))
     g = dsl.grad(m.f)(xs)
-    assert g.chunks[0] == (10, 10, 10, 10)
+    assert g.chunks == ((10, 10, 10, 10), (3, 3))  # kept: each block runs on its own
     np.testing.assert_allclose(g.compute(), np.sin(x) + x * np.cos(x), rtol=1e-12)
+    two = dsl.loads("def f(x, y, a):\n    return x * y * a\n")  # chunks made the first's
+    y = RNG.normal(size=(40, 6))
+    value, (gx, gy) = dsl.value_and_grad(two.f, wrt=(0, 1))(xs, da.from_array(y, chunks=(20, 2)),
+                                                            2.0)
+    assert value.chunks == gx.chunks == gy.chunks == xs.chunks
+    np.testing.assert_allclose(value.compute(), 2 * x * y, rtol=1e-15)
+    np.testing.assert_allclose(gx.compute(), 2 * y, rtol=1e-15)
+    np.testing.assert_allclose(gy.compute(), 2 * x, rtol=1e-15)
 
 
 def test_max_and_a_matmul_contracting_the_batch_combine_over_blocks():
