@@ -8,12 +8,13 @@ other Dask array with as many rows, n: their axis 0 is the batch, their
 row blocks are made the same as the first's, their other axes one chunk
 each.  Every other argument (NumPy, or a Dask array of another length, a
 parameter vector) goes to every block.  An elementwise function (all its
-batch arguments of one shape) keeps the first's chunks, along every axis.  The compiler splits f over the rows
-(`compiler.batching.split_rows`, which raises `GradError` naming the op
-that mixes rows): each block runs the compiled row-wise part, a program of
-its own; its partials (sums and maxima over the batch, parameter
-gradients among them) are combined pairwise in a tree and then finished
-once (`combine`, small: run by the IR's NumPy interpreter).  Row-wise
+batch arguments of one shape) keeps the first's chunks, along every axis.
+The compiler splits f over the rows (`compiler.batching.split_rows`, which
+raises `GradError` naming the op that mixes rows): each block runs the
+compiled row-wise part, a program of its own; its partials (sums and
+maxima over the batch, parameter gradients among them) are combined
+pairwise in a tree and then finished once (`combine`, small: run by the
+IR's NumPy interpreter).  Row-wise
 results are Dask arrays with the batch's row blocks; the others have one
 block.  What a block's task carries is the block's rows, the arguments
 sent to every block and the compiled block program; dask is imported only
