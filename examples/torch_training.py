@@ -19,6 +19,7 @@ def loss(z, y):
 """, "torch_training.grad")
 loss = dsl.to_torch(m.loss)
 
+torch.manual_seed(0)  # the model's initial weights
 gen = torch.Generator().manual_seed(0)
 x = torch.randn(512, 4, generator=gen, dtype=torch.float64)
 y = torch.sign(x @ torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64))
@@ -26,11 +27,11 @@ model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Lin
 model = model.to(torch.float64)
 opt = torch.optim.Adam(model.parameters(), lr=0.05)
 losses = []
-for step in range(101):
+for step in range(41):
     opt.zero_grad()
     value = loss(model(x)[:, 0], y)
     value.backward()
     opt.step()
     losses.append(value.item())
-    if step % 20 == 0:
+    if step % 10 == 0:
         print(f"step {step:3d}: loss {value.item():.4f}")

@@ -145,7 +145,7 @@ def test_several_outputs_and_a_transform():
 def test_the_torch_training_example_lowers_its_loss(capsys):
     run = runpy.run_path(str(EXAMPLES / "torch_training.py"))
     losses = run["losses"]
-    assert losses[-1] < 0.05 * losses[0]
+    assert losses[-1] < 0.1 * losses[0]
     z = run["model"](run["x"])[:, 0].detach().numpy()
     expected = np.mean(np.logaddexp(0, -run["y"].numpy() * z))
     assert run["loss"](torch.from_numpy(z), run["y"]).item() == pytest.approx(expected, rel=1e-12)
