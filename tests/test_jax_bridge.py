@@ -6,6 +6,7 @@ on every example; derivatives of three orders equal known ones; vmap of a
 reduction gives one value per example; f32 (JAX's default) and f64."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dsl
 from helpers import EXAMPLE_CALLS
@@ -59,6 +60,20 @@ def test_three_orders_under_jit_from_the_grad_block(x64):
     assert jax.jit(d1)(x)[4] == 1.0  # the grad block stays finite where exp overflows
     np.testing.assert_allclose(d2(x), s * (1 - s), rtol=1e-12, atol=1e-30)  # e^-100 at 100
     np.testing.assert_allclose(d3(x), s * (1 - s) * (1 - 2 * s), rtol=1e-12, atol=1e-30)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(-30, 30), min_size=1, max_size=6))
+def test_gradients_on_random_inputs(xs):
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        x = np.array(xs)
+        g = jax.grad(lambda x: dsl.to_jax(load("log1pexp").log1pexp)(x).sum())(jnp.asarray(x))
+        np.testing.assert_allclose(g, sigmoid(x), rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(g, dsl.grad(load("log1pexp").log1pexp)(x))
+    finally:
+        jax.config.update("jax_enable_x64", before)
 
 
 def test_vmap_runs_the_function_per_example(x64):

@@ -8,10 +8,11 @@ import runpy
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dsl
 from dsl import function as dsl_function
-from helpers import EXAMPLE_CALLS, EXAMPLES
+from helpers import EXAMPLE_CALLS, EXAMPLES, central_difference
 from helpers import load_example as load
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
@@ -40,6 +41,26 @@ def test_every_example_through_torch(example, name, inputs, consts):
         return tf(*ts, **consts)
     assert torch.autograd.gradcheck(call, tuple(xs))
     assert torch.autograd.gradgradcheck(call, tuple(xs))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(-30, 30), min_size=1, max_size=6),
+       st.lists(st.floats(-3, 3), min_size=2, max_size=2))
+def test_values_and_gradients_on_random_inputs(xs, ws):
+    # the bar example: x * y; linear_poly with weights as a keyword tensor
+    x, w = np.array(xs), np.array(ws)
+    xt, wt = tensor(x), tensor(w)
+    lp = dsl.to_torch(load("linear_poly").linear_poly)
+    y = lp(xt, weights=wt)
+    np.testing.assert_allclose(y.detach().numpy(), w[1] * x + w[0], rtol=1e-15, atol=1e-15)
+    y.sum().backward()
+
+    def f(w):
+        return w[1] * x + w[0]
+
+    np.testing.assert_allclose(wt.grad.numpy(), central_difference(f, [w], 0), rtol=1e-6,
+                               atol=1e-6)
+    np.testing.assert_allclose(xt.grad.numpy(), np.full_like(x, w[1]), rtol=1e-15)
 
 
 def test_straight_through_gradient_is_the_grad_block_not_finite_differences():
