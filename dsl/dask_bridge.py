@@ -29,7 +29,7 @@ import numpy as np
 from gradlang.compiler.batching import BATCH, split_rows
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.pipeline import build
-from gradlang.compiler.shapes import NeedsConcrete
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.errors import ArgumentError, GradError
 
@@ -179,7 +179,14 @@ class _Plan:
     def __init__(self, f: Compiled, bound: dict, batch: frozenset, n: int):
         shapes = {name: (BATCH,) + bound[name].shape[1:] for name in batch}
         try:
-            fn = f.lower_as(bound, shapes)
+            try:
+                fn = f.lower_as(bound, shapes)
+            except NeedsValue as need:
+                if need.name in batch:
+                    raise ArgumentError(f"argument {need.name!r} of {f.name}() gives a size, "
+                                        "so it cannot be a Dask array", f.span) from None
+                f.by_value(need, bound)
+                fn = f.lower_as(bound, shapes)
         except NeedsConcrete as err:
             raise ArgumentError(f"{f.name}() on Dask arrays: {err}, and the number of rows "
                                 "of a batch is not fixed; call it on in-memory arrays",

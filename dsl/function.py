@@ -526,15 +526,20 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
 def vjp(f: Compiled, *args, **kwargs):
     if any(map(is_dask_array, (*args, *kwargs.values()))):
         return vjp_on_dask(f, args, kwargs, backward_function)
-    bound = f.bind(args, kwargs)
-    try:
-        outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)
-    except NeedsValue as need:
-        f.by_value(need, bound)
-        outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)
+    outs, pullback = vjp_of_bound(f, f.bind(args, kwargs), f.host_results)
     if f.host_results:
         outs = tuple(f.target.to_host(o) for o in outs)
     return f.format(outs), pullback
+
+
+def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
+    """`vjp_bound` on bound host arguments, compiled for the value of an
+    integer argument that a program uses as a size."""
+    try:
+        return vjp_bound(f, f.on_target(bound), host_results)
+    except NeedsValue as need:
+        f.by_value(need, bound)
+        return vjp_bound(f, f.on_target(bound), host_results)
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
@@ -561,7 +566,9 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
 def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:
     """The (shape, dtype) of each of f's results for arguments like
     `bound` (any arrays of their shapes and dtypes), from its IR, without
-    running it: what a library tracing f (JAX) must know in advance."""
+    running it: what a library tracing f (JAX) must know in advance.
+    Raises `NeedsValue` for an integer argument used as a size that is
+    not yet compiled by value (`Compiled.by_value`)."""
     statics = f.static_names(bound)
     cache = f.__dict__.setdefault("_result_types", {})
     key = _signature(bound, statics)

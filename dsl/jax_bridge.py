@@ -29,7 +29,9 @@ import numpy as np
 
 from dsl.bridge import bridged, require, split_params
 from dsl.function import Compiled, backward_function, result_types
+from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.errors import ArgumentError
 
 
 def to_jax(f: Compiled) -> "JaxFunction":
@@ -84,7 +86,16 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
     ones) where `traced` (name -> JAX value) are the inputs JAX sees."""
     import jax
     names = tuple(traced)
-    outs = result_types(f, bound)
+    traced_statics = f.static_names(bound) & set(names)
+    if traced_statics:
+        _by_value_error(f, min(traced_statics))
+    try:
+        outs = result_types(f, bound)
+    except NeedsValue as need:
+        if need.name in traced:
+            _by_value_error(f, need.name)
+        f.by_value(need, bound)
+        outs = result_types(f, bound)
 
     def run(*arrays):  # on the host, with the values of `names` (JAX arrays there)
         values = {n: np.asarray(a) for n, a in zip(names, arrays)}
@@ -114,3 +125,10 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
 
     call.defvjp(forward, backward)
     return call(*(traced[n] for n in names))
+
+
+def _by_value_error(f: Compiled, name: str):
+    raise ArgumentError(f"argument {name!r} of {f.name}() picks the program by its value (a "
+                        "const integer, or one used as a size): pass a Python int, not a "
+                        "JAX array, whose value is not known while JAX traces", f.span)
+

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dsl.bridge import bridged, require, split_params
-from dsl.function import Compiled, backward_function, vjp_bound
+from dsl.function import Compiled, backward_function, vjp_of_bound
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 
@@ -102,7 +102,7 @@ def _operation():
         @staticmethod
         def forward(ctx, f: Compiled, bound: dict, names: tuple, *tensors):
             if any(ctx.needs_input_grad[3:]):
-                outs, ctx.pullback = vjp_bound(f, f.on_target(bound))
+                outs, ctx.pullback = vjp_of_bound(f, bound)
             else:
                 outs = f.call_bound(bound)
             ctx.f, ctx.bound, ctx.names = f, bound, names

@@ -56,5 +56,12 @@ EXAMPLE_CALLS = [
                                    np.array([1.5, -1.0, 2.0, 0.7])], {}),
     ("logistic", "loss", [_RNG.normal(size=(4, 2)), np.array([1.0, -1.0, -1.0, 1.0]),
                           _RNG.normal(size=2)], {}),
+    ("cross_entropy", "pick", [_RNG.normal(size=(3, 4))], {"labels": np.array([3, 0, -1])}),
+    ("embedding", "embed", [_RNG.normal(size=(4, 2))], {"ids": np.array([1, -1, 1, 0])}),
+    ("embedding", "embedding_bag", [_RNG.normal(size=(4, 2))],
+     {"ids": np.array([1, 3, 1]), "bag": np.array([1, 0, 1]), "w": _RNG.normal(size=2),
+      "bags": 2}),
+    ("segment_pool", "pool", [_RNG.normal(size=(4, 2))], {"seg": np.array([2, 0, 2, -3]),
+                                                          "m": 3}),
     ("checkpoint", "checkpointed", [_RNG.normal(size=(2, 3)), _RNG.normal(size=(3, 3)) / 2], {}),
 ]

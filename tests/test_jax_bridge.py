@@ -126,3 +126,20 @@ def test_bad_arguments_are_argument_errors_at_trace_time(x64):
         jax.jit(f)(jnp.ones(3), jnp.ones((3, 2)), jnp.ones(2))
     with pytest.raises(dsl.ArgumentError, match="unsupported dtype bfloat16"):
         dsl.to_jax(load("log1pexp").log1pexp)(jnp.ones(3, jnp.bfloat16))
+
+
+def test_an_integer_used_as_a_size_must_be_a_python_int(x64):
+    # m is a run-time integer the program uses as a size (NeedsValue)
+    m = dsl.loads("def f(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n")
+    f = dsl.to_jax(m.f)
+    x, seg = jnp.array([1.0, 2.0, 4.0]), jnp.array([1, 0, 1])
+    np.testing.assert_array_equal(f(x, seg, 2), [2.0, 5.0])
+    np.testing.assert_array_equal(jax.grad(lambda x: (f(x, seg, 2) ** 2).sum())(x),
+                                  [10.0, 4.0, 10.0])
+    fresh = dsl.to_jax(dsl.loads("def f(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n").f)
+    for g in (f, fresh):  # m already compiled by value, or not yet
+        with pytest.raises(dsl.ArgumentError, match="argument 'm' of f\\(\\) picks the program "
+                                                    "by its value .* pass a Python int"):
+            g(x, seg, jnp.array(3))
+    lr = dsl.to_jax(load("leaky_relu").leaky_relu)
+    np.testing.assert_allclose(lr(jnp.array([-1.0, 2.0]), alpha=0.5), [-0.5, 2.0])

@@ -211,3 +211,13 @@ def test_a_gradc_compiled_function_is_refused(tmp_path, monkeypatch):
     compiled = importlib.import_module("bar")
     with pytest.raises(dsl.ArgumentError, match="gradc-compiled module"):
         dsl.to_torch(compiled.bar)
+
+
+def test_an_integer_used_as_a_size_compiles_for_its_value():
+    m = dsl.loads("def f(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n")
+    f = dsl.to_torch(m.f)
+    x = tensor([1.0, 2.0, 4.0])
+    y = f(x, torch.tensor([1, 0, 1]), torch.tensor(2))
+    np.testing.assert_array_equal(y.detach().numpy(), [2.0, 5.0])
+    (y ** 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [10.0, 4.0, 10.0])
