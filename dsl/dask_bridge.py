@@ -17,8 +17,9 @@ pairwise in a tree and then finished once (`combine`, small: run by the
 IR's NumPy interpreter).  Row-wise
 results are Dask arrays with the batch's row blocks; the others have one
 block.  What a block's task carries is the block's rows, the arguments
-sent to every block and the compiled block program; dask is imported only
-when Dask arrays are passed.
+sent to every block and the block function's IR, compiled once per
+process (a worker's own, served from its kernel cache), never a pickled
+program; dask is imported only when Dask arrays are passed.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ import numpy as np
 
 from gradlang.compiler.batching import BATCH, split_rows
 from gradlang.compiler.interpret import interpret
-from gradlang.compiler.pipeline import build
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue
+from gradlang.compiler.ir import print_function
+from gradlang.compiler.pipeline import build, optimize
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.errors import ArgumentError, GradError
 
@@ -120,16 +122,21 @@ def run_on_dask(f: Compiled, bound: _Bound) -> list:
              for n, x in arrays.items() if x.ndim and x.shape[0] == first.shape[0]}
     every = {n: x for n, x in arrays.items() if n not in batch}  # Dask, to every block
     plan = _plan(f, bound, frozenset(batch), first.shape[0])
+    # What the tasks carry (a process scheduler pickles them): the block's
+    # IR, the names, and the arguments that go to every block; not the
+    # placeholders, which would pickle as whole arrays.
+    names = tuple(bound)
+    fixed = {n: a for n, a in bound.items() if n not in batch}
+    runner, combine = plan.block, plan.split.combine
     if plan.split.elementwise and not every:
-        return _elementwise(f, bound, arrays, plan)
+        return _elementwise(runner, names, fixed, arrays, plan)
 
     def run_block(shared: dict, *block_arrays):
-        values = {**shared, **dict(zip(batch, block_arrays))}
-        return tuple(plan.block_program(*(values.get(n, a) for n, a in bound.items())))
+        values = {**fixed, **shared, **dict(zip(batch, block_arrays))}
+        return runner(*(values[n] for n in names))
 
     def finish(shared: dict, parts):
-        fixed = [shared.get(n, a) for n, a in bound.items() if n not in batch]
-        return tuple(interpret(plan.split.combine, *fixed, *parts))
+        return tuple(interpret(combine, *(shared.get(n, a) for n, a in fixed.items()), *parts))
 
     n_rows = sum(plan.split.row_outputs)
     blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
@@ -148,17 +155,18 @@ def run_on_dask(f: Compiled, bound: _Bound) -> list:
     return [next(row_iter) if r else next(other_iter) for r in plan.split.row_outputs]
 
 
-def _elementwise(f: Compiled, bound: dict, arrays: dict, plan: "_Plan") -> list:
-    """An elementwise f on blocks of any chunking, kept as they are (those
-    of the first Dask argument): one task per block."""
+def _elementwise(runner: _Runner, names: tuple, fixed: dict, arrays: dict,
+                 plan: "_Plan") -> list:
+    """An elementwise function on blocks of any chunking, kept as they are
+    (those of the first Dask argument): one task per block."""
     import dask
     import dask.array as da
     first = next(iter(arrays.values()))
     aligned = {n: x.rechunk(first.chunks) for n, x in arrays.items()}
 
     def run(*blocks):
-        values = dict(zip(aligned, blocks))
-        return tuple(f.call_bound({n: values.get(n, a) for n, a in bound.items()}))
+        values = {**fixed, **dict(zip(aligned, blocks))}
+        return runner(*(values[n] for n in names))
 
     tasks = {index: dask.delayed(run, nout=len(plan.row_types))(
         *(x.blocks[index] for x in aligned.values())) for index in np.ndindex(first.numblocks)}
@@ -197,10 +205,39 @@ class _Plan:
                             "Dask arrays chunked the same go whole to every block)",
                             err.span, err.source) from None
         self.split = split_rows(fn, n, f.span)
-        self.block_program = build(self.split.block, f.target)
+        if self.split.elementwise:  # sizes symbolic along every axis: blocks of any shape
+            rank = len(bound[next(iter(batch))].shape)
+            every_axis = (BATCH,) + tuple(Sym.named(f"axis{i}") for i in range(1, rank))
+            self.block = _Runner(optimize(f.lower_as(bound, dict.fromkeys(batch, every_axis))),
+                                 f.target)
+        else:
+            self.block = _Runner(self.split.block, f.target)
+        self.block.program()  # compiled now, in this process
         n_rows = sum(self.split.row_outputs)
         self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]
         self.other_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.combine.out_types]
+
+
+_PROGRAMS: dict[str, Any] = {}  # per process: a block function's text -> its program
+
+
+class _Runner:
+    """A block function, as the tasks of a Dask graph carry it: its IR (and
+    target), compiled once per process (the worker's own, with its kernel
+    cache) on first use; never a compiled program or Numba dispatcher."""
+
+    def __init__(self, fn, target):
+        self.fn, self.target_name = fn, target.name
+        self.key = f"{target.name}\n{print_function(fn)}"
+
+    def program(self):
+        program = _PROGRAMS.get(self.key)
+        if program is None:
+            program = _PROGRAMS[self.key] = build(self.fn, self.target_name)
+        return program
+
+    def __call__(self, *arrays) -> tuple:
+        return tuple(self.program()(*arrays))
 
 
 def _plan(f: Compiled, bound: dict, batch: frozenset, n: int) -> _Plan:

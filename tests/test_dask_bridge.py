@@ -138,6 +138,30 @@ def test_batch_arguments_must_have_the_same_rows():
         m_rows.f(da.from_array(Y, chunks=400), Y)
 
 
+def test_worker_processes_get_the_block_ir_and_compile_it_themselves():
+    # the multiprocessing scheduler pickles every task, as a cluster does
+    import pickle
+    loss = load_example("logistic").loss
+    value = dsl.value_and_grad(loss, wrt=2)(da.from_array(X, chunks=(200, 3)),
+                                            da.from_array(Y, chunks=200), W)
+    with dask.config.set(scheduler="processes", num_workers=2):
+        got = dask.compute(*value)
+    expected = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-12, atol=1e-15)
+    from dsl.dask_bridge import _PROGRAMS
+    runner = next(r for r in _row_runners(loss))
+    state = pickle.loads(pickle.dumps(runner)).__dict__
+    assert set(state) == {"fn", "target_name", "key"} and runner.key in _PROGRAMS
+
+
+def _row_runners(f):
+    from dsl.function import GradFunction
+    for transform in f.__dict__.get("_transforms", {}).values():
+        if isinstance(transform, GradFunction):
+            yield from (plan.block for plan in transform.__dict__.get("_row_plans", {}).values())
+
+
 def test_on_a_local_cluster_of_processes():
     distributed = pytest.importorskip("dask.distributed",
                                       reason="dask.distributed is not installed")
