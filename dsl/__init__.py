@@ -14,8 +14,9 @@ from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 _API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "jvp", "jacfwd",
         "jacrev", "hessian", "check_gradients", "install_import_hook")
+_BRIDGES = {"to_torch": "dsl.torch_bridge", "to_jax": "dsl.jax_bridge"}
 
-__all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API]
+__all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API, *_BRIDGES]
 
 
 def __getattr__(name: str):
@@ -25,6 +26,9 @@ def __getattr__(name: str):
     if name == "check_gradients":
         from dsl.check import check_gradients
         return check_gradients
+    if name in _BRIDGES:  # each imports its library only when called
+        import importlib
+        return getattr(importlib.import_module(_BRIDGES[name]), name)
     if name == "Tape":
         from dsl.tape import Tape
         return Tape

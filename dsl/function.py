@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from dsl.dask_bridge import call_on_dask, is_dask_array, vjp_on_dask
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -64,7 +65,7 @@ def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
     types, key = {}, []
     for name, a in bound.items():
         if name in statics:
-            types[name] = _static(a)
+            types[name] = static_type(a)
             key.append((name, a.dtype.str, repr(a.item())))
             continue
         shape = tuple(1 if d == 1 else symbols.setdefault(d, Sym.named(f"s{len(symbols)}"))
@@ -74,12 +75,15 @@ def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
     return ("symbolic", tuple(key)), types
 
 
-def _types(bound: dict[str, np.ndarray], statics=frozenset()) -> dict[str, TensorType]:
-    return {name: _static(a) if name in statics else TensorType(SUPPORTED[a.dtype], tuple(a.shape))
+def _types(bound: dict[str, np.ndarray], statics=frozenset(),
+           shapes: Optional[dict[str, tuple]] = None) -> dict[str, TensorType]:
+    shapes = shapes or {}
+    return {name: static_type(a) if name in statics
+            else TensorType(SUPPORTED[a.dtype], shapes.get(name, tuple(a.shape)))
             for name, a in bound.items()}
 
 
-def _static(a) -> StaticScalar:
+def static_type(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
@@ -202,7 +206,11 @@ class Compiled:
         key = (source_stamp(sys.modules["dsl"]), self.identity(), tuple(types.items()))
         return build_stored(key, lambda: self.lower(types), self.target)
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
+             ) -> dict[str, np.ndarray]:
+        """The validated arguments, then the module params the function
+        reads: each from `params` when given there (validated against its
+        declaration), else the module's value."""
         return bind(self.name, self.specs, args, kwargs, self.span)
 
     @property
@@ -274,6 +282,8 @@ class Compiled:
 
     def call_slow(self, args: tuple, kwargs: dict) -> Any:
         out = kwargs.pop("out", None)  # the buffers for the results (`OutSpec`)
+        if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
+            return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
         if self.host_results:
             outs = tuple(self.target.to_host(o) for o in outs)
@@ -341,6 +351,11 @@ class Compiled:
         return [n for n, a in bound.items()
                 if a.dtype.kind == "f" and (n not in specs or specs[n].differentiable)]
 
+    def lower_as(self, bound: dict[str, np.ndarray], shapes: dict[str, tuple]) -> Function:
+        """The IR for arguments like `bound`, but with these (symbolic)
+        shapes for some of them, by name."""
+        return self.lower(_types(bound, self.static_names(bound), shapes))
+
     def ir(self, *args, **kwargs) -> Function:
         """The optimized IR this call would run (for inspection)."""
         bound = self.bind(args, kwargs)
@@ -371,8 +386,8 @@ class GradFunction(Compiled):
     def span(self):
         return self.inner.span
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
-        return self.inner.bind(args, kwargs)
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
+        return self.inner.bind(args, kwargs, params)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
@@ -527,15 +542,22 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
 
 
 def vjp(f: Compiled, *args, **kwargs):
-    bound = f.bind(args, kwargs)
-    try:
-        outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)
-    except NeedsValue as need:
-        f.by_value(need, bound)
-        outs, pullback = vjp_bound(f, f.on_target(bound), f.host_results)
+    if any(map(is_dask_array, (*args, *kwargs.values()))):
+        return vjp_on_dask(f, args, kwargs, backward_function)
+    outs, pullback = vjp_of_bound(f, f.bind(args, kwargs), f.host_results)
     if f.host_results:
         outs = tuple(f.target.to_host(o) for o in outs)
     return f.format(outs), pullback
+
+
+def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
+    """`vjp_bound` on bound host arguments, compiled for the value of an
+    integer argument that a program uses as a size."""
+    try:
+        return vjp_bound(f, f.on_target(bound), host_results)
+    except NeedsValue as need:
+        f.by_value(need, bound)
+        return vjp_bound(f, f.on_target(bound), host_results)
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
@@ -557,6 +579,21 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
     outs, residuals = results[:n_out], results[n_out:]
     return outs, Pullback(f.name, bwd_program, residuals, out_types, names, float_args,
                           f.target, host_results)
+
+
+def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:
+    """The (shape, dtype) of each of f's results for arguments like
+    `bound` (any arrays of their shapes and dtypes), from its IR, without
+    running it: what a library tracing f (JAX) must know in advance.
+    Raises `NeedsValue` for an integer argument used as a size that is
+    not yet compiled by value (`Compiled.by_value`)."""
+    statics = f.static_names(bound)
+    cache = f.__dict__.setdefault("_result_types", {})
+    key = _signature(bound, statics)
+    if key not in cache:
+        cache[key] = tuple((tuple(t.shape), np.dtype(NUMPY[t.dtype]))
+                           for t in f.lower(_types(bound, statics)).out_types)
+    return cache[key]
 
 
 class VjpFunction(Compiled):
@@ -596,6 +633,15 @@ class VjpFunction(Compiled):
 
     def format(self, outs):
         return tuple(outs)
+
+
+def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
+    """f's backward pass as a function of its own (`VjpFunction`), one per
+    function and number of outputs, so that its programs compile once."""
+    cache = f.__dict__.setdefault("_backward_functions", {})
+    if n_outputs not in cache:
+        cache[n_outputs] = VjpFunction(f, n_outputs)
+    return cache[n_outputs]
 
 
 class JvpFunction(Compiled):
@@ -697,11 +743,11 @@ class HvpFunction(Directional):
         super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
         self.name = f"hvp({inner.name})"
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:
             raise ArgumentError(f"{self.name} takes the arguments of {self.inner.name} "
                                 "followed by the vector v", self.span)
-        bound = self.inner.bind(args[:-1], kwargs)
+        bound = self.inner.bind(args[:-1], kwargs, params)
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]
@@ -750,10 +796,11 @@ class GradFn(Compiled):
     def span(self):
         return self.fdef.span
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         bound = super().bind(args, kwargs)
         for w in self.reads:
-            bound[w] = self._params.require(w, self.name)
+            bound[w] = self._params.validate(w, params[w]) if params and w in params \
+                else self._params.require(w, self.name)
         return bound
 
     def lower(self, types: dict[str, TensorType]) -> Function:

@@ -36,7 +36,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from dsl.api import loads
-from dsl.function import Compiled, VjpFunction
+from dsl.function import Compiled, backward_function
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -130,10 +130,7 @@ def _vjp_function(f, n_outputs: int):
         raise TapeError(f"{f.name}() comes from a gradc-compiled module, whose gradients "
                         "are first order: a tape inside another tape cannot differentiate "
                         "them again; load the .grad file with dsl.load for that")
-    cache = f.__dict__.setdefault("_tape_vjp", {})
-    if n_outputs not in cache:
-        cache[n_outputs] = VjpFunction(f, n_outputs)
-    return cache[n_outputs]
+    return backward_function(f, n_outputs)
 
 
 def _filled(like, value):

@@ -40,6 +40,11 @@ class ParamStore(MutableMapping):
         return self._specs[name]
 
     def __setitem__(self, name: str, value) -> None:
+        self._values[name] = self.validate(name, value)
+
+    def validate(self, name: str, value) -> np.ndarray:
+        """`value` as a value of param `name` (converted to its declared
+        dtype, a copy), or `ArgumentError`; stores nothing."""
         spec = self._spec(name)
         array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else value
         if isinstance(array, np.ndarray) and spec.dtype is not None and \
@@ -50,7 +55,7 @@ class ParamStore(MutableMapping):
         array = convert(f"param {name}", ParamSpec(name, spec.dtype, spec.dims, False, False),
                         array, None)
         check_shape(f"param {name}", spec, array, {}, None)
-        self._values[name] = array
+        return array
 
     def __getitem__(self, name: str) -> np.ndarray:
         self._spec(name)

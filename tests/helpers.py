@@ -1,7 +1,15 @@
-"""Shared test helpers: central finite differences in f64."""
+"""Shared test helpers: central finite differences in f64, and calls of
+the examples for the bridges to other libraries."""
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import numpy as np
+
+import dsl
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def central_difference(f, args, index, eps=1e-6):
@@ -22,3 +30,38 @@ def central_difference(f, args, index, eps=1e-6):
 def weighted(f, u):
     """x -> <u, f(x)>, for VJP checks with a cotangent u."""
     return lambda *args: np.sum(np.asarray(f(*args), dtype=np.float64) * u)
+
+
+@functools.lru_cache(maxsize=None)
+def load_example(name: str) -> "dsl.Module":
+    """examples/NAME.grad on the CPU, loaded once per test session, so that
+    the tests of every bridge share its compiled programs."""
+    return dsl.load(EXAMPLES / f"{name}.grad")
+
+
+# (example, function, differentiable inputs, constant keyword arguments):
+# inputs away from the kinks of maximum/abs, where finite differences fail.
+_RNG = np.random.default_rng(0)
+EXAMPLE_CALLS = [
+    ("log1pexp", "log1pexp", [np.array([-3.0, -0.4, 0.3, 2.5])], {}),
+    ("bar", "bar", [np.array([1.5, -2.0]), np.array([0.5, 3.0])], {}),
+    ("leaky_relu", "leaky_relu", [np.array([-2.0, -0.3, 0.4, 1.7])], {"alpha": 0.1}),
+    ("dense", "dense", [_RNG.normal(size=(3, 2)), _RNG.normal(size=(2, 2)), _RNG.normal(size=2)],
+     {}),
+    ("dense", "loss", [_RNG.normal(size=(3, 2)), _RNG.normal(size=(2, 2)), _RNG.normal(size=2)],
+     {"target": _RNG.normal(size=(3, 2))}),
+    ("stylegan_r1", "discriminator", [np.array([-2.0, -0.5, 0.5, 3.0]),
+                                      np.array([1.5, -1.0, 2.0, 0.7])], {}),
+    ("stylegan_r1", "r1_penalty", [np.array([-2.0, -0.5, 0.5, 3.0]),
+                                   np.array([1.5, -1.0, 2.0, 0.7])], {}),
+    ("logistic", "loss", [_RNG.normal(size=(4, 2)), np.array([1.0, -1.0, -1.0, 1.0]),
+                          _RNG.normal(size=2)], {}),
+    ("cross_entropy", "pick", [_RNG.normal(size=(3, 4))], {"labels": np.array([3, 0, -1])}),
+    ("embedding", "embed", [_RNG.normal(size=(4, 2))], {"ids": np.array([1, -1, 1, 0])}),
+    ("embedding", "embedding_bag", [_RNG.normal(size=(4, 2))],
+     {"ids": np.array([1, 3, 1]), "bag": np.array([1, 0, 1]), "w": _RNG.normal(size=2),
+      "bags": 2}),
+    ("segment_pool", "pool", [_RNG.normal(size=(4, 2))], {"seg": np.array([2, 0, 2, -3]),
+                                                          "m": 3}),
+    ("checkpoint", "checkpointed", [_RNG.normal(size=(2, 3)), _RNG.normal(size=(3, 3)) / 2], {}),
+]

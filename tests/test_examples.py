@@ -143,6 +143,8 @@ def example_args(rng):
                       ("embedding_bag", (rng.normal(size=(4, 2)), np.array([1, 3, 1]),
                                          np.array([1, 0, 1]), rng.normal(size=2), 2))],
         "segment_pool": [("pool", (rng.normal(size=(4, 2)), np.array([2, 0, 2, -3]), 3))],
+        "logistic": [("loss", (rng.normal(size=(3, 2)), np.array([1.0, -1.0, 1.0]),
+                               rng.normal(size=2)))],
     }
 
 

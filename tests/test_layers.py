@@ -115,3 +115,26 @@ def test_nothing_generic_is_installed_at_top_level():
     packages_line = next(line for line in text.splitlines() if line.startswith("packages"))
     listed = ast.literal_eval(packages_line.split("=", 1)[1].strip())
     assert all(p == "dsl" or p.startswith("gradlang.") for p in listed)
+
+
+def test_dsl_never_imports_the_libraries_it_bridges_to():
+    """torch, jax and dask are optional extras, seconds to import: loading
+    and running a module, and importing the bridges, import none of them
+    (only calling `dsl.to_torch`/`to_jax` or passing Dask arrays does)."""
+    code = ("import sys, numpy as np, dsl, dsl.torch_bridge, dsl.jax_bridge, dsl.dask_bridge\n"
+            "m = dsl.loads('def f(x):\\n    return x * x\\n')\n"
+            "assert dsl.grad(m.f)(np.ones(2)).tolist() == [2.0, 2.0]\n"
+            "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'dask')])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd="/")
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_bridge_without_its_library_names_the_extra():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import dsl\nm = dsl.loads('def f(x):\\n    return x\\n')\n"
+            "try:\n    dsl.to_torch(m.f)\nexcept ImportError as err:\n    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd="/")
+    assert out.stdout.strip() == ("this needs torch, which is not installed: "
+                                  "pip install 'gradlang[torch]'")

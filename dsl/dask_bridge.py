@@ -1,0 +1,265 @@
+"""Compiled functions called with Dask arrays: lazy, block by block.
+
+Contract: `call_on_dask(f, args, kwargs)` (what a compiled function's call
+does when a Dask array is among its arguments) returns f's results as Dask
+arrays, computing nothing.  The *batch* arguments are the Dask arrays
+chunked along axis 0 (or, if none is, the first Dask array) and every
+other Dask array with as many rows, n: their axis 0 is the batch, their
+row blocks are made the same as the first's, their other axes one chunk
+each.  Every other argument (NumPy, or a Dask array of another length, a
+parameter vector) goes to every block.  An elementwise function (all its
+batch arguments of one shape) keeps the first's chunks, along every axis.
+The compiler splits f over the rows (`compiler.batching.split_rows`, which
+raises `GradError` naming the op that mixes rows): each block runs the
+compiled row-wise part, a program of its own; its partials (sums and
+maxima over the batch, parameter gradients among them) are combined
+pairwise in a tree and then finished once (`combine`, small: run by the
+IR's NumPy interpreter).  Row-wise
+results are Dask arrays with the batch's row blocks; the others have one
+block.  What a block's task carries is the block's rows, the arguments
+sent to every block and the block function's IR, compiled once per
+process (a worker's own, served from its kernel cache), never a pickled
+program; dask is imported only when Dask arrays are passed.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from gradlang.compiler.batching import BATCH, split_rows
+from gradlang.compiler.interpret import interpret
+from gradlang.compiler.ir import print_function
+from gradlang.compiler.pipeline import build, optimize
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
+from gradlang.runtime.args import NUMPY
+from gradlang.runtime.errors import ArgumentError, GradError
+
+if TYPE_CHECKING:
+    from dsl.function import Compiled
+
+
+def is_dask_array(value: Any) -> bool:
+    return type(value).__module__.startswith("dask.array")
+
+
+class _Bound:
+    """A call's arguments bound with placeholders (of the shapes and
+    dtypes, owning no memory) for its Dask arrays."""
+
+    def __init__(self, f: Compiled, args, kwargs):
+        self.dask: dict[str, Any] = {}
+        stand_ins: dict[int, Any] = {}
+        self.values = f.bind([self._placeholder(a, stand_ins) for a in args],
+                             {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
+        self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
+
+    @staticmethod
+    def _placeholder(value, stand_ins: dict):
+        if not is_dask_array(value):
+            return value
+        stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape,
+                                                   (0,) * value.ndim)
+        stand_ins[id(stand_in)] = value
+        return stand_in
+
+    def copy(self) -> "_Bound":
+        twin = object.__new__(_Bound)
+        twin.values, twin.dask = dict(self.values), dict(self.dask)
+        return twin
+
+    def add(self, name: str, value) -> None:
+        stand_ins: dict[int, Any] = {}
+        self.values[name] = self._placeholder(value, stand_ins)
+        if stand_ins:
+            self.dask[name] = value
+
+
+def call_on_dask(f: Compiled, args, kwargs):
+    return f.format(run_on_dask(f, _Bound(f, args, kwargs)))
+
+
+def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
+    """(outputs, pullback) as `dsl.vjp` gives them, on Dask arrays: the
+    pullback runs f's backward pass as a function of its own
+    (`backward_function(f, n_outputs)`), block by block, on the arguments
+    and the cotangents (Dask arrays chunked like the batch for row-wise
+    outputs)."""
+    bound = _Bound(f, args, kwargs)
+    outs = run_on_dask(f, bound)
+
+    def pullback(*cts):
+        backward = backward_function(f, len(outs))
+        if len(cts) != len(outs):
+            raise ArgumentError(f"pullback of {f.name}() takes {len(outs)} cotangent(s), "
+                                f"one per output, but {len(cts)} were given")
+        with_cts = bound.copy()
+        for name, ct, out in zip(backward.ct_names, cts, outs):
+            with_cts.add(name, ct if is_dask_array(ct) else
+                         np.broadcast_to(np.asarray(ct, out.dtype), out.shape))
+        grads = iter(run_on_dask(backward, with_cts))
+        floats = set(f.differentiable_names(bound.values))
+        return tuple(next(grads) if n in floats else None for n in bound.values)
+
+    return f.format(outs), pullback
+
+
+def run_on_dask(f: Compiled, bound: _Bound) -> list:
+    """f's raw outputs, as Dask arrays."""
+    import dask
+    import dask.array as da
+    arrays = bound.dask
+    bound = bound.values
+    chunked = [x for x in arrays.values() if x.ndim and x.numblocks[0] > 1]
+    first = chunked[0] if chunked else next(iter(arrays.values()))
+    if first.ndim == 0 or any(x.shape[0] != first.shape[0] for x in chunked):
+        raise ArgumentError(f"{f.name}(): the Dask arguments chunked along axis 0 are "
+                            "batches of rows and must have the same number of rows; got "
+                            f"shapes {', '.join(str(list(x.shape)) for x in arrays.values())}",
+                            f.span)
+    rows = first.chunks[0]
+    batch = {n: x.rechunk((rows,) + tuple(-1 for _ in x.shape[1:]))
+             for n, x in arrays.items() if x.ndim and x.shape[0] == first.shape[0]}
+    every = {n: x for n, x in arrays.items() if n not in batch}  # Dask, to every block
+    plan = _plan(f, bound, frozenset(batch), first.shape[0])
+    # What the tasks carry (a process scheduler pickles them): the block's
+    # IR, the names, and the arguments that go to every block; not the
+    # placeholders, which would pickle as whole arrays.
+    names = tuple(bound)
+    fixed = {n: a for n, a in bound.items() if n not in batch}
+    runner, combine = plan.block, plan.split.combine
+    if plan.split.elementwise and not every:
+        return _elementwise(runner, names, fixed, arrays, plan)
+
+    def run_block(shared: dict, *block_arrays):
+        values = {**fixed, **shared, **dict(zip(batch, block_arrays))}
+        return runner(*(values[n] for n in names))
+
+    def finish(shared: dict, parts):
+        return tuple(interpret(combine, *(shared.get(n, a) for n, a in fixed.items()), *parts))
+
+    n_rows = sum(plan.split.row_outputs)
+    blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
+        every, *(x.blocks[i] for x in batch.values())) for i in range(len(rows))]
+    row_results = [da.concatenate([da.from_delayed(b[k], (r,) + shape[1:], dtype)
+                                   for b, r in zip(blocks, rows)])
+                   for k, (shape, dtype) in enumerate(plan.row_types)]
+    other_results = []
+    if plan.other_types:
+        partials = _tree([[b[n_rows + j] for j in range(len(plan.split.partial_kinds))]
+                          for b in blocks], plan.split.partial_kinds)
+        done = dask.delayed(finish, nout=len(plan.other_types))(every, partials)
+        other_results = [da.from_delayed(done[k], shape, dtype)
+                         for k, (shape, dtype) in enumerate(plan.other_types)]
+    row_iter, other_iter = iter(row_results), iter(other_results)
+    return [next(row_iter) if r else next(other_iter) for r in plan.split.row_outputs]
+
+
+def _elementwise(runner: _Runner, names: tuple, fixed: dict, arrays: dict,
+                 plan: "_Plan") -> list:
+    """An elementwise function on blocks of any chunking, kept as they are
+    (those of the first Dask argument): one task per block."""
+    import dask
+    import dask.array as da
+    first = next(iter(arrays.values()))
+    aligned = {n: x.rechunk(first.chunks) for n, x in arrays.items()}
+
+    def run(*blocks):
+        values = {**fixed, **dict(zip(aligned, blocks))}
+        return runner(*(values[n] for n in names))
+
+    tasks = {index: dask.delayed(run, nout=len(plan.row_types))(
+        *(x.blocks[index] for x in aligned.values())) for index in np.ndindex(first.numblocks)}
+
+    def grid(k: int, dtype, index: tuple = ()):  # nested lists of blocks, for da.block
+        if len(index) == first.ndim:
+            shape = tuple(first.chunks[d][i] for d, i in enumerate(index))
+            return da.from_delayed(tasks[index][k], shape, dtype)
+        return [grid(k, dtype, index + (i,)) for i in range(first.numblocks[len(index)])]
+
+    return [da.block(grid(k, dtype)) for k, (_, dtype) in enumerate(plan.row_types)]
+
+
+class _Plan:
+    """A function's split over the rows for one signature and batch size,
+    with its block program built."""
+
+    def __init__(self, f: Compiled, bound: dict, batch: frozenset, n: int):
+        shapes = {name: (BATCH,) + bound[name].shape[1:] for name in batch}
+        try:
+            try:
+                fn = f.lower_as(bound, shapes)
+            except NeedsValue as need:
+                if need.name in batch:
+                    raise ArgumentError(f"argument {need.name!r} of {f.name}() gives a size, "
+                                        "so it cannot be a Dask array", f.span) from None
+                f.by_value(need, bound)
+                fn = f.lower_as(bound, shapes)
+        except NeedsConcrete as err:
+            raise ArgumentError(f"{f.name}() on Dask arrays: {err}, and the number of rows "
+                                "of a batch is not fixed; call it on in-memory arrays",
+                                f.span) from None
+        except GradError as err:
+            raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
+                            f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "
+                            "Dask arrays chunked the same go whole to every block)",
+                            err.span, err.source) from None
+        self.split = split_rows(fn, n, f.span)
+        if self.split.elementwise:  # sizes symbolic along every axis: blocks of any shape
+            rank = len(bound[next(iter(batch))].shape)
+            every_axis = (BATCH,) + tuple(Sym.named(f"axis{i}") for i in range(1, rank))
+            self.block = _Runner(optimize(f.lower_as(bound, dict.fromkeys(batch, every_axis))),
+                                 f.target)
+        else:
+            self.block = _Runner(self.split.block, f.target)
+        self.block.program()  # compiled now, in this process
+        n_rows = sum(self.split.row_outputs)
+        self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]
+        self.other_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.combine.out_types]
+
+
+_PROGRAMS: dict[str, Any] = {}  # per process: a block function's text -> its program
+
+
+class _Runner:
+    """A block function, as the tasks of a Dask graph carry it: its IR (and
+    target), compiled once per process (the worker's own, with its kernel
+    cache) on first use; never a compiled program or Numba dispatcher."""
+
+    def __init__(self, fn, target):
+        self.fn, self.target_name = fn, target.name
+        self.key = f"{target.name}\n{print_function(fn)}"
+
+    def program(self):
+        program = _PROGRAMS.get(self.key)
+        if program is None:
+            program = _PROGRAMS[self.key] = build(self.fn, self.target_name)
+        return program
+
+    def __call__(self, *arrays) -> tuple:
+        return tuple(self.program()(*arrays))
+
+
+def _plan(f: Compiled, bound: dict, batch: frozenset, n: int) -> _Plan:
+    key = (tuple((name, a.dtype.str, a.shape, name in batch) for name, a in bound.items()),
+           tuple((s, bound[s].item()) for s in sorted(f.static_names(bound))))
+    cache = f.__dict__.setdefault("_row_plans", {})
+    if key not in cache:
+        cache[key] = _Plan(f, bound, batch, n)
+    return cache[key]
+
+
+_MERGE = {"sum": np.add, "max": np.maximum}
+
+
+def _tree(parts: list, kinds: tuple[str, ...]):
+    """The blocks' partials combined pairwise (depth log2 of the blocks)."""
+    import dask
+
+    def merge(a, b):
+        return [_MERGE[k](x, y) for k, x, y in zip(kinds, a, b)]
+
+    while len(parts) > 1:
+        parts = [dask.delayed(merge)(parts[i], parts[i + 1]) if i + 1 < len(parts)
+                 else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]

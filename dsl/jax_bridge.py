@@ -1,0 +1,134 @@
+"""`dsl.to_jax(f)`: a compiled function as a JAX function with a custom VJP.
+
+Contract: `to_jax(f)(*args, **kwargs)` takes f's arguments as JAX arrays
+(NumPy arrays are made JAX arrays, as `jnp` functions do; Python numbers
+are constants, so const arguments such as an axis stay static) and the
+module params f reads as keyword arrays (a param left out takes the
+module's value and gets no gradient), and returns JAX arrays shaped as
+f's results.  It is a `jax.custom_vjp` function whose forward runs f's
+compiled kernels on the host through `jax.pure_callback`, and whose
+backward is again such a function, made from f's backward pass as a
+compiled function (`dsl.function.VjpFunction`), so `jax.grad` of it to
+any order differentiates our compiled gradients (grad blocks included).
+
+It works under `jit` (the shapes of the results come from f's IR at trace
+time), `grad` and `vmap`.  Under `vmap` the callback runs once per batch
+element (`vmap_method="sequential"`): a `.grad` function is written for
+one example, and its reductions would sum over a batch axis it was handed
+(`"expand_dims"`, which passes the batch at once, would make `sum(x)` of
+a batch one number).  Arguments are checked (dtype, rank, dimensions,
+against f's signature) at trace time: `ArgumentError`.  Floats are f32 or
+f64; without `jax_enable_x64` JAX makes every float f32.  jax is imported
+when `to_jax` is first called, never by `import dsl`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dsl.bridge import bridged, require, split_params
+from dsl.function import Compiled, backward_function, result_types
+from gradlang.compiler.shapes import NeedsValue
+from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.errors import ArgumentError
+
+
+def to_jax(f: Compiled) -> "JaxFunction":
+    """f as a JAX function differentiable to any order by `jax.grad`."""
+    return JaxFunction(bridged(f, "to_jax"))
+
+
+class JaxFunction:
+    def __init__(self, f: Compiled):
+        require("jax")  # a missing jax fails here, not mid-call
+        self.f = f
+        self.__name__ = f"to_jax({f.name})"
+
+    @user_facing
+    def __call__(self, *args, **kwargs):
+        import jax
+        import jax.numpy as jnp
+        f = self.f
+        arguments, params = split_params(f, kwargs)
+        traced: dict[int, Any] = {}  # id of a value's placeholder -> the JAX value
+
+        def placeholder(value):
+            if isinstance(value, np.ndarray):
+                value = jnp.asarray(value)
+            if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
+                return value
+            stand_in = _placeholder(value.shape, value.dtype)
+            traced[id(stand_in)] = value
+            return stand_in
+
+        bound = f.bind([placeholder(a) for a in args],
+                       {k: placeholder(v) for k, v in arguments.items()},
+                       {k: placeholder(v) for k, v in params.items()})
+        by_name = {n: traced[id(a)] for n, a in bound.items() if id(a) in traced}
+        # a param is validated into an array of its own: its JAX value by name
+        by_name.update({n: jnp.asarray(params[n]) for n in bound if n in params
+                        and isinstance(params[n], (jax.Array, np.ndarray))})
+        return f.format(apply(f, bound, by_name))
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}>"
+
+
+def _placeholder(shape: tuple, dtype) -> np.ndarray:
+    """An array of this shape and dtype that owns no memory of its size
+    (every element is one zero), for checking and keying a traced call."""
+    return np.lib.stride_tricks.as_strided(np.zeros((), dtype), shape, (0,) * len(shape))
+
+
+def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
+    """f on arguments `bound` (validated; placeholders for the traced
+    ones) where `traced` (name -> JAX value) are the inputs JAX sees."""
+    import jax
+    names = tuple(traced)
+    traced_statics = f.static_names(bound) & set(names)
+    if traced_statics:
+        _by_value_error(f, min(traced_statics))
+    try:
+        outs = result_types(f, bound)
+    except NeedsValue as need:
+        if need.name in traced:
+            _by_value_error(f, need.name)
+        f.by_value(need, bound)
+        outs = result_types(f, bound)
+
+    def run(*arrays):  # on the host, with the values of `names` (JAX arrays there)
+        values = {n: np.asarray(a) for n, a in zip(names, arrays)}
+        results = f.call_bound({n: values.get(n, a) for n, a in bound.items()})
+        return tuple(np.asarray(f.target.to_host(r), dtype) for r, (_, dtype) in
+                     zip(results, outs))
+
+    @jax.custom_vjp
+    def call(*values):
+        shapes = tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in outs)
+        return jax.pure_callback(run, shapes, *values, vmap_method="sequential")
+
+    def forward(*values):
+        return call(*values), values
+
+    def backward(values, cts):
+        vjp = backward_function(f, len(outs))
+        vjp_bound, vjp_traced = dict(bound), dict(zip(names, values))
+        for name, ct, (shape, dtype) in zip(vjp.ct_names, cts, outs):
+            if dtype.kind == "f":
+                vjp_bound[name] = _placeholder(shape, dtype)
+                vjp_traced[name] = ct
+            else:  # an integer result's cotangent (JAX's float0) is zero
+                vjp_bound[name] = np.zeros(shape, dtype)
+        grads = dict(zip(f.differentiable_names(bound), apply(vjp, vjp_bound, vjp_traced)))
+        return tuple(grads.get(n) for n in names)  # None: no gradient (a const, an integer)
+
+    call.defvjp(forward, backward)
+    return call(*(traced[n] for n in names))
+
+
+def _by_value_error(f: Compiled, name: str):
+    raise ArgumentError(f"argument {name!r} of {f.name}() picks the program by its value (a "
+                        "const integer, or one used as a size): pass a Python int, not a "
+                        "JAX array, whose value is not known while JAX traces", f.span)
+

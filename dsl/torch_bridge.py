@@ -1,0 +1,174 @@
+"""`dsl.to_torch(f)`: a compiled function as an operation PyTorch's
+autograd records.
+
+Contract: `to_torch(f)(*args, **kwargs)` takes f's arguments as torch
+tensors (Python numbers and NumPy arrays are constants) and the module
+params f reads as keyword tensors (a param left out takes the module's
+value and gets no gradient), and returns torch tensors shaped as f's
+results.  The forward runs f's compiled kernels (its split forward pass,
+keeping the residuals, when an input requires grad); the backward runs the
+compiled pullback.  Under `create_graph=True` the backward is itself such
+an operation, made from f's backward pass as a compiled function
+(`dsl.function.VjpFunction`), so double backward differentiates our
+compiled gradient again (grad blocks included), to any order.
+
+Tensors are shared, never copied: a CPU tensor is passed to the kernels as
+the NumPy view of its memory and results come back as tensors over the
+kernels' output arrays; for a module loaded with target="cuda", CUDA
+tensors go to the kernels through `__cuda_array_interface__` and results
+come back the same way.  Float tensors must be f32 or f64 (integer and
+bool tensors are constants); a tensor of another dtype, one on a device
+the module's target does not run on, or one requiring grad for a
+parameter without a gradient (const or integer) is an `ArgumentError`
+before anything runs.  torch is imported when `to_torch` is first called,
+never by `import dsl`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dsl.bridge import bridged, require, split_params
+from dsl.function import Compiled, backward_function, vjp_of_bound
+from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.errors import ArgumentError
+
+
+def to_torch(f: Compiled) -> "TorchFunction":
+    """f as a function of torch tensors that torch.autograd differentiates."""
+    return TorchFunction(bridged(f, "to_torch"))
+
+
+class TorchFunction:
+    def __init__(self, f: Compiled):
+        require("torch")  # a missing torch fails here, not mid-call
+        self.f = f
+        self.__name__ = f"to_torch({f.name})"
+
+    @user_facing
+    def __call__(self, *args, **kwargs):
+        f = self.f
+        arguments, params = split_params(f, kwargs)
+        tensors: dict[int, Any] = {}  # id of the array a tensor was bound as -> the tensor
+
+        def array(value, where: str):
+            if not _is_tensor(value):
+                return value
+            view = _array_of(value, f, where)
+            tensors[id(view)] = value
+            return view
+
+        bound = f.bind([array(a, f"argument {i} of {self.__name__}") for i, a in enumerate(args)],
+                       {k: array(v, f"argument {k!r} of {self.__name__}")
+                        for k, v in arguments.items()},
+                       {k: array(v, f"param {k!r} of {self.__name__}")
+                        for k, v in params.items()})
+        by_name = {n: tensors[id(a)] for n, a in bound.items() if id(a) in tensors}
+        # a param's value is validated into an array of its own: its tensor by name
+        by_name.update({n: params[n] for n in bound if n in params and _is_tensor(params[n])})
+        differentiable = set(f.differentiable_names(bound))
+        for name, t in by_name.items():
+            if t.requires_grad and name not in differentiable:
+                raise ArgumentError(f"{self.__name__}: {name!r} has no gradient (it is const "
+                                    "or not a float), but its tensor requires grad; pass "
+                                    "it detached", f.span)
+        return f.format(apply(f, bound, by_name))
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}>"
+
+
+def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
+    """Run f on validated arguments `bound` as one recorded torch
+    operation whose inputs are `tensors` (name -> the tensor whose memory
+    `bound[name]` is)."""
+    names = tuple(tensors)
+    return _operation().apply(f, bound, names, *(tensors[n] for n in names))
+
+
+_OPERATION = None
+
+
+def _operation():
+    """The `torch.autograd.Function` (defined on first use: torch is
+    imported lazily)."""
+    global _OPERATION
+    if _OPERATION is not None:
+        return _OPERATION
+    import torch
+
+    class CompiledOperation(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, f: Compiled, bound: dict, names: tuple, *tensors):
+            if any(ctx.needs_input_grad[3:]):
+                outs, ctx.pullback = vjp_of_bound(f, bound)
+            else:
+                outs = f.call_bound(bound)
+            ctx.f, ctx.bound, ctx.names = f, bound, names
+            ctx.save_for_backward(*tensors)  # torch checks they are not modified in place
+            results = tuple(_tensor(o) for o in outs)
+            ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point()))
+            ctx.outs = [(tuple(o.shape), np.dtype(o.dtype)) for o in outs]
+            return results
+
+        @staticmethod
+        def backward(ctx, *cts):
+            f, needs = ctx.f, ctx.needs_input_grad[3:]
+            cts = [torch.zeros(shape, dtype=_TORCH[dtype]) if ct is None else ct
+                   for ct, (shape, dtype) in zip(cts, ctx.outs)]
+            if torch.is_grad_enabled():  # create_graph: a recorded, compiled backward
+                vjp = backward_function(f, len(cts))
+                bound = dict(ctx.bound)
+                inputs = dict(zip(ctx.names, ctx.saved_tensors))
+                for name, ct in zip(vjp.ct_names, cts):
+                    bound[name] = _array_of(ct, f, "a cotangent")
+                    inputs[name] = ct
+                grads = dict(zip(f.differentiable_names(ctx.bound), apply(vjp, bound, inputs)))
+            else:
+                raw = ctx.pullback(*(_array_of(ct, f, "a cotangent") for ct in cts))
+                grads = {n: _tensor(g) for n, g in zip(ctx.bound, raw) if g is not None}
+            return (None, None, None,
+                    *(grads.get(n) if need else None for n, need in zip(ctx.names, needs)))
+
+    _OPERATION = CompiledOperation
+    return _OPERATION
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "requires_grad")
+
+
+_NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
+_TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
+
+
+def _array_of(t, f: Compiled, where: str):
+    """The array the kernels of f's target take for tensor t, sharing its
+    memory: the NumPy view of a CPU tensor, the tensor itself (through its
+    `__cuda_array_interface__`) for a CUDA one."""
+    import torch
+    if not _TORCH:
+        _TORCH.update({np.dtype(n): getattr(torch, n) for n in _NUMPY_DTYPES})
+    dtypes = {v: k for k, v in _TORCH.items()}
+    if t.dtype not in dtypes:
+        raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
+                            "and float64 (and int32, int64, bool constants)", f.span)
+    view = t.detach()
+    view = view.numpy() if view.device.type == "cpu" else view
+    if not f.target.is_array(view):
+        raise ArgumentError(f"{where} is a tensor on device {t.device}, but {f.name}() runs "
+                            f"on target {f.target.name!r}; move the tensor there, or load "
+                            "the module for its device", f.span)
+    return view
+
+
+def _tensor(array):
+    """A tensor over a result array's memory (CPU or CUDA)."""
+    import torch
+    if isinstance(array, np.ndarray):
+        if not array.flags.writeable or any(s < 0 for s in array.strides):
+            array = np.array(array)  # torch shares only writable, forward-strided memory
+        return torch.from_numpy(array)
+    return torch.as_tensor(array, device="cuda")
+

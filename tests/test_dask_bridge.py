@@ -1,0 +1,176 @@
+"""Compiled functions on Dask arrays: lazy results equal to the in-memory
+call, for row-wise values, sums and maxima over the batch (a mean over
+unequal blocks too), parameter gradients summed over blocks, matmuls
+contracting the batch; functions that mix rows are a `GradError` at the
+op that does."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from helpers import load_example
+
+dask = pytest.importorskip("dask", reason="the dask extra is not installed")
+import dask.array as da  # noqa: E402
+
+RNG = np.random.default_rng(1)
+X = RNG.normal(size=(800, 3))
+Y = np.sign(RNG.normal(size=800))
+W = RNG.normal(size=3)
+
+
+@pytest.fixture(autouse=True)
+def threads():
+    with dask.config.set(scheduler="threads", num_workers=2):
+        yield
+
+
+def test_logistic_value_and_grad_over_8_blocks_equals_the_in_memory_call():
+    loss = load_example("logistic").loss
+    xs, ys = da.from_array(X, chunks=(100, 3)), da.from_array(Y, chunks=100)
+    value, gw = dsl.value_and_grad(loss, wrt=2)(xs, ys, W)
+    assert isinstance(value, da.Array) and isinstance(gw, da.Array)  # lazy
+    value, gw = dask.compute(value, gw)
+    expected_value, expected_gw = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-12)
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-15)
+    z = -Y * (X @ W)  # and the known value: mean(softplus(z))
+    np.testing.assert_allclose(value, np.mean(np.logaddexp(0, z)), rtol=1e-12)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=6))
+def test_a_mean_over_unequal_blocks_divides_by_all_rows(sizes):
+    rows = sizes + [800 - sum(sizes)] if sum(sizes) < 800 else [800]
+    loss = load_example("logistic").loss
+    xs, ys = da.from_array(X, chunks=(tuple(rows), 3)), da.from_array(Y, chunks=(tuple(rows),))
+    gx, gw = dask.compute(*dsl.grad(loss, wrt=(0, 2))(xs, ys, W))
+    expected_gx, expected_gw = dsl.grad(loss, wrt=(0, 2))(X, Y, W)
+    np.testing.assert_allclose(gx, expected_gx, rtol=1e-12, atol=1e-18)  # row-wise
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-15)  # summed
+
+
+def test_gradient_of_a_batch_argument_stays_in_its_row_blocks():
+    loss = load_example("logistic").loss
+    xs = da.from_array(X, chunks=(300, 3))
+    gx = dsl.grad(loss, wrt=0)(xs, da.from_array(Y, chunks=300), W)
+    assert gx.chunks == ((300, 300, 200), (3,))
+
+
+def test_vjp_on_dask_arrays_gives_a_pullback_of_dask_arrays():
+    loss = load_example("logistic").loss
+    xs, ys = da.from_array(X, chunks=(200, 3)), da.from_array(Y, chunks=200)
+    value, pullback = dsl.vjp(loss, xs, ys, W)
+    gx, gy, gw = pullback(2.0)
+    assert isinstance(gx, da.Array) and gx.chunks[0] == (200,) * 4
+    _, expected_pullback = dsl.vjp(loss, X, Y, W)
+    for got, expected in zip(dask.compute(value, gx, gy, gw),
+                             (loss(X, Y, W), *expected_pullback(2.0))):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-18)
+    m = dsl.loads("def f(x):\n    return x * x\n")  # a row-wise output's cotangent
+    x = da.from_array(X, chunks=(200, 3))
+    y, pullback = dsl.vjp(m.f, x)
+    (g,) = pullback(da.ones_like(x))
+    np.testing.assert_allclose(g.compute(), 2 * X, rtol=1e-15)
+
+
+def test_an_elementwise_function_on_a_2d_array_chunked_along_both_axes():
+    m = dsl.loads("def f(x):\n    return x * sin(x)\n")
+    x = RNG.normal(size=(40, 6))
+    xs = da.from_array(x, chunks=(10, 3))
+    g = dsl.grad(m.f)(xs)
+    assert g.chunks == ((10, 10, 10, 10), (3, 3))  # kept: each block runs on its own
+    np.testing.assert_allclose(g.compute(), np.sin(x) + x * np.cos(x), rtol=1e-12)
+    two = dsl.loads("def f(x, y, a):\n    return x * y * a\n")  # chunks made the first's
+    y = RNG.normal(size=(40, 6))
+    value, (gx, gy) = dsl.value_and_grad(two.f, wrt=(0, 1))(xs, da.from_array(y, chunks=(20, 2)),
+                                                            2.0)
+    assert value.chunks == gx.chunks == gy.chunks == xs.chunks
+    np.testing.assert_allclose(value.compute(), 2 * x * y, rtol=1e-15)
+    np.testing.assert_allclose(gx.compute(), 2 * y, rtol=1e-15)
+    np.testing.assert_allclose(gy.compute(), 2 * x, rtol=1e-15)
+
+
+def test_max_and_a_matmul_contracting_the_batch_combine_over_blocks():
+    m = dsl.loads("def f(x):\n    return max(x, axis=0) + mean(x)\n\n"
+                  "def gram(x, w):\n    return sum((x.T @ x) * w)\n")
+    xs = da.from_array(X, chunks=(250, 3))
+    np.testing.assert_allclose(m.f(xs).compute(), X.max(axis=0) + X.mean(), rtol=1e-12)
+    w = RNG.normal(size=(3, 3))
+    value, (gx, gw) = dask.compute(*dsl.value_and_grad(m.gram, wrt=(0, 1))(xs, w))
+    np.testing.assert_allclose(value, np.sum((X.T @ X) * w), rtol=1e-12)
+    np.testing.assert_allclose(gw, X.T @ X, rtol=1e-12)
+    np.testing.assert_allclose(gx, X @ (w + w.T), rtol=1e-12)
+
+
+@pytest.mark.parametrize("body,op,column", [
+    ("x - mean(x, axis=0)", "sub", 12),
+    ("x / sum(x * x)", "div", 12),
+    ("x @ x.T", "matmul", 12),
+])
+def test_a_function_that_mixes_rows_is_a_grad_error_at_the_op(body, op, column):
+    m = dsl.loads(f"def f(x):\n    return {body}\n", "mix.grad")
+    with pytest.raises(dsl.GradError, match=f"mix.grad:2:{column}: error: `{op}` .* does not "
+                                            "decompose over the rows .* in-memory arrays"):
+        m.f(da.from_array(X, chunks=(400, 3)))
+
+
+def test_a_dask_array_of_another_length_goes_to_every_block():
+    loss = load_example("logistic").loss
+    ws = da.from_array(W, chunks=3)  # a parameter vector, itself a Dask array
+    value, gw = dask.compute(*dsl.value_and_grad(loss, wrt=2)(
+        da.from_array(X, chunks=(200, 3)), da.from_array(Y, chunks=200), ws))
+    expected_value, expected_gw = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-12)
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-15)
+
+
+def test_batch_arguments_must_have_the_same_rows():
+    m = dsl.loads("def f(x, y):\n    return sum(x) + sum(y)\n")
+    with pytest.raises(dsl.ArgumentError, match="same number of rows; got shapes "
+                                                "\\[800, 3\\], \\[10\\]"):
+        m.f(da.from_array(X, chunks=(400, 3)), da.from_array(Y[:10], chunks=5))
+    # a NumPy array of the batch's length is not a batch: it goes to every block
+    with pytest.raises(dsl.GradError, match="rows.grad:2:12: error: shapes \\[batch\\] and "
+                                            "\\[800\\] do not broadcast \\(on Dask arrays, "
+                                            "`batch` is the rows of 'x'"):
+        m_rows = dsl.loads("def f(x, y):\n    return x - y\n", "rows.grad")
+        m_rows.f(da.from_array(Y, chunks=400), Y)
+
+
+def test_worker_processes_get_the_block_ir_and_compile_it_themselves():
+    # the multiprocessing scheduler pickles every task, as a cluster does
+    import pickle
+    loss = load_example("logistic").loss
+    value = dsl.value_and_grad(loss, wrt=2)(da.from_array(X, chunks=(200, 3)),
+                                            da.from_array(Y, chunks=200), W)
+    with dask.config.set(scheduler="processes", num_workers=2):
+        got = dask.compute(*value)
+    expected = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-12, atol=1e-15)
+    from dsl.dask_bridge import _PROGRAMS
+    runner = next(r for r in _row_runners(loss))
+    state = pickle.loads(pickle.dumps(runner)).__dict__
+    assert set(state) == {"fn", "target_name", "key"} and runner.key in _PROGRAMS
+
+
+def _row_runners(f):
+    from dsl.function import GradFunction
+    for transform in f.__dict__.get("_transforms", {}).values():
+        if isinstance(transform, GradFunction):
+            yield from (plan.block for plan in transform.__dict__.get("_row_plans", {}).values())
+
+
+def test_on_a_local_cluster_of_processes():
+    distributed = pytest.importorskip("dask.distributed",
+                                      reason="dask.distributed is not installed")
+    with distributed.Client(distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                                     processes=True)) as client:
+        loss = load_example("logistic").loss
+        value = dsl.value_and_grad(loss, wrt=2)(da.from_array(X, chunks=(100, 3)),
+                                                da.from_array(Y, chunks=100), W)
+        got = client.compute(value, sync=True)
+        expected = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
+        np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-12, atol=1e-15)
