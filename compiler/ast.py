@@ -155,7 +155,44 @@ class Return:
     span: Span
 
 
-Stmt = Union[Assign, AugAssign, Return]
+@dataclass(frozen=True)
+class For:
+    """`for var in range(args):` -- the names the body rebinds that exist
+    before the loop are its carried values; the rest are local to it."""
+
+    var: str
+    args: tuple[Expr, ...]  # range()'s start, stop, step as written (1 to 3)
+    body: tuple["Stmt", ...]
+    span: Span  # the header, `for ... :`
+
+
+@dataclass(frozen=True)
+class If:
+    """`if cond: ... else: ...`; `elif` is an `If` alone in `orelse`."""
+
+    cond: Expr
+    body: tuple["Stmt", ...]
+    orelse: tuple["Stmt", ...]
+    span: Span  # the header, `if ... :`
+
+
+Stmt = Union[Assign, AugAssign, Return, For, If]
+
+
+def assigned_names(body: "tuple[Stmt, ...] | list[Stmt]") -> list[str]:
+    """Every name a statement list binds, nested statements included, in
+    order of first binding (loop variables excluded: they are local)."""
+    out: dict[str, None] = {}
+    for s in body:
+        if isinstance(s, Assign):
+            out.update(dict.fromkeys(s.targets))
+        elif isinstance(s, AugAssign):
+            out[s.target] = None
+        elif isinstance(s, For):
+            out.update(dict.fromkeys(n for n in assigned_names(s.body) if n != s.var))
+        elif isinstance(s, If):
+            out.update(dict.fromkeys(assigned_names(s.body) + assigned_names(s.orelse)))
+    return list(out)
 
 # ------------------------------------------------------------------ top level
 

@@ -21,12 +21,13 @@ one value sum.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.ir import Atom, Eqn, Function, Var, vars_in
-from gradlang.compiler.shapes import broadcasts_to
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
+from gradlang.compiler.shapes import Sym, broadcasts_to
 
 
 # One step of the forward sweep: the equation as copied (its inputs renamed),
@@ -63,7 +64,10 @@ def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
     for eqn in fn.eqns:
         inputs = tuple(env.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs)
         op = ops.OPS[eqn.op]
-        if op.kind == "call":
+        if op.kind == "loop" and any(a in active for a in vars_in(inputs)):
+            record = _loop_forward(b, eqn, inputs)
+            outs = record[1]
+        elif op.kind == "call":
             results = inline(b, eqn.p["fwd"], inputs)
             outs = own_outputs(b, results[:eqn.p["n_out"]], inputs)
             record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs,
@@ -127,6 +131,9 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     out_cts = [cots.of(o) for o in outs]
     if all(c is None for c in out_cts):
         return
+    if eqn.op == "loop":
+        _loop_pull_back(b, eqn, out_cts, residuals, cots)
+        return
     out_cts = [c if c is not None else ops.zeros_like(b, o.type)
                for c, o in zip(out_cts, outs)]
     needs = [cots.needs(a) for a in eqn.inputs]
@@ -143,6 +150,86 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
             if op.kind == "elementwise":
                 ct = ops.unbroadcast(b, ct, a.type.shape)
             cots.accumulate(a, ct, mask)
+
+
+_trip_symbols = itertools.count()
+
+
+def _loop_forward(b: Builder, eqn: Eqn, inputs: tuple[Atom, ...]) -> _Record:
+    """The forward half of a loop: the loop itself, also stacking the
+    carried values each trip starts from (one slot per trip, sized by the
+    trip count when the loop runs): the residuals of its backward loop."""
+    p = eqn.p
+    body, n_carry = p["body"], p["n_carry"]
+    trip = p["trip"] if p["trip"] is not None else _trip_dim(inputs[:3])
+    stacking = Function(f"{body.name}_fwd", body.params, body.eqns,
+                        body.outputs + body.params[1:1 + n_carry])
+    params = {**p, "trip": trip}
+    results = b.bind_multi("loop", *inputs, span=eqn.span, **{**params, "body": stacking})
+    n_out = len(eqn.outputs)
+    record = Eqn(eqn.op, inputs, eqn.outputs, tuple(sorted(params.items())), eqn.span)
+    return record, list(results[:n_out]), list(results[n_out:])
+
+
+def _trip_dim(bounds: Sequence[Atom]):
+    """A loop's trip count as a dimension: an int when its bounds are
+    constants, else a fresh symbol, bound when the loop runs."""
+    if all(isinstance(a, Lit) for a in bounds):
+        return len(range(*(a.value for a in bounds)))
+    return Sym.named(f"trip{next(_trip_symbols)}")
+
+
+def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
+                    stacked: list[Atom],
+                    cots: "_Cotangents") -> None:
+    """A loop's VJP: a loop over the same trips in the other direction,
+    carrying the carried values' cotangents and the sums of the
+    invariants' ones, reading each trip's starting state from `stacked`;
+    its body is the VJP of the loop's body (so it differentiates again)."""
+    p = eqn.p
+    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    bounds = eqn.inputs[:3]
+    carry = eqn.inputs[3:3 + n_carry]
+    inv = eqn.inputs[3 + n_carry:3 + n_carry + n_inv]
+    xs = eqn.inputs[3 + n_carry + n_inv:]
+    ys_types = [o.type for o in eqn.outputs[n_carry:]]
+    # what carries a cotangent: the float carried values, invariants and xs
+    floats = [[k for k, a in enumerate(group) if a.type.is_float] for group in (carry, inv, xs)]
+    offsets = (1, 1 + n_carry, 1 + n_carry + n_inv)
+    wrt = [off + k for off, group in zip(offsets, floats) for k in group]
+    joint = vjp(body, wrt)
+    with_ct = [k for k, ct in enumerate(out_cts[n_carry:]) if ct is not None]
+    bb = Builder()
+    index = Var(body.params[0].type, "i")
+    ct_carry = [Var(carry[k].type, "dc") for k in floats[0]]
+    sums = [Var(inv[k].type, "dsum") for k in floats[1]]
+    inv_params = [Var(a.type, a.hint) for a in inv]
+    starts = [Var(body.params[1 + k].type, "c") for k in range(n_carry)]
+    x_slices = [Var(body.params[offsets[2] + k].type, "x") for k in range(len(xs))]
+    y_cts = [Var(TensorType(ys_types[k].dtype, ys_types[k].shape[1:]), "dy") for k in with_ct]
+    given = dict(zip(floats[0], ct_carry))
+    body_cts = [given[k] if k in given else ops.zeros_like(bb, body.out_types[k])
+                for k in range(n_carry)]
+    given_y = dict(zip(with_ct, y_cts))
+    body_cts += [given_y[k] if k in given_y else ops.zeros_like(bb, body.out_types[n_carry + k])
+                 for k in range(len(ys_types))]
+    results = inline(bb, joint, [index] + starts + inv_params + x_slices + body_cts)
+    grads = results[len(body.outputs):]
+    n_c, n_i = len(floats[0]), len(floats[1])
+    new_sums = [bb.bind("add", s, g) for s, g in zip(sums, grads[n_c:n_c + n_i])]
+    backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + sums + inv_params
+                           + starts + x_slices + y_cts,
+                           grads[:n_c] + new_sums + grads[n_c + n_i:])
+    init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
+            for k in floats[0]] + [ops.zeros_like(b, inv[k].type) for k in floats[1]]
+    xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct]
+    outs = b.bind_multi("loop", *bounds, *init, *inv, *xs_b, span=eqn.span, body=backward,
+                        n_carry=n_c + n_i, n_inv=n_inv, trip=p["trip"],
+                        reverse=not p["reverse"])
+    targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
+        [xs[k] for k in floats[2]]
+    for a, ct in zip(targets, outs):
+        cots.accumulate(a, ct, None)
 
 
 def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom,

@@ -25,7 +25,7 @@ Shapes and dtypes are checked when a call binds them (`compiler.lower`).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
@@ -63,6 +63,9 @@ class _Function:
         self.f = f
         self.ns = ns
         self.assigned = _assigned(f.body)
+        # why a name bound only inside a loop or some branches is not
+        # visible after it, for the error where it is read
+        self.local_to: dict[str, str] = {}
 
     def check(self) -> None:
         f = self.f
@@ -152,7 +155,18 @@ class _Function:
 
     def block(self, body, defined: set[str], where: str, allow_named: bool) -> int:
         """Check one statement list; return how many values its return gives."""
-        defined = set(defined)
+        n_returns = self.statements(body, set(defined), allow_named, nested=None)
+        if n_returns < 0:
+            span = body[-1].span if body else None
+            raise GradError(f"{where} has no return statement", span)
+        return n_returns
+
+    def statements(self, body, defined: set[str], allow_named: bool,
+                   nested: Optional[str]) -> int:
+        """Check statements, binding names in `defined`; return the number
+        of values the return gives, or -1 without one.  `nested` names the
+        compound statement the list is the body of (a return there is an
+        error)."""
         n_returns = -1
         for stmt in body:
             if n_returns >= 0:
@@ -166,27 +180,67 @@ class _Function:
                 defined.update(stmt.targets)
             elif isinstance(stmt, ast.AugAssign):
                 if stmt.target not in defined:
-                    raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
+                    self.undefined(stmt.target, stmt.span)
                 self.not_a_param(stmt.target, stmt.span, "a local")
                 self.expr(stmt.value, defined)
+            elif isinstance(stmt, ast.For):
+                self.for_loop(stmt, defined, allow_named)
+            elif isinstance(stmt, ast.If):
+                self.if_branches(stmt, defined, allow_named)
             elif isinstance(stmt, ast.Return):
+                if nested is not None:
+                    raise GradError(f"return inside {nested} is not supported; assign the "
+                                    "result and return it after", stmt.span)
                 for item in stmt.items:
                     if item.name is not None and not allow_named:
                         raise GradError("named return values are only allowed in grad "
                                         "blocks", item.span)
                     self.expr(item.value, defined)
                 n_returns = len(stmt.items)
-        if n_returns < 0:
-            span = body[-1].span if body else None
-            raise GradError(f"{where} has no return statement", span)
         return n_returns
+
+    def for_loop(self, stmt: ast.For, defined: set[str], allow_named: bool) -> None:
+        """The loop variable and the names first bound in the body are local
+        to it; names bound before it and rebound in it are carried."""
+        for a in stmt.args:
+            self.expr(a, defined)
+        if stmt.var in defined:
+            raise GradError(f"the loop variable {stmt.var!r} is already defined; use a "
+                            "new name", stmt.span)
+        self.not_a_param(stmt.var, stmt.span, "a loop variable")
+        inner = defined | {stmt.var}
+        self.statements(stmt.body, inner, allow_named, "a for loop")
+        for name in inner - defined - {stmt.var}:
+            self.local_to[name] = (f"is bound only inside the for loop at line "
+                                   f"{stmt.span.line}; bind it before the loop to carry it "
+                                   "through and out of the loop")
+
+    def if_branches(self, stmt: ast.If, defined: set[str], allow_named: bool) -> None:
+        """A name is defined after the if when it was before, or when every
+        branch binds it."""
+        self.expr(stmt.cond, defined)
+        after = []
+        for branch in (stmt.body, stmt.orelse):
+            inner = set(defined)
+            self.statements(branch, inner, allow_named, "an if")
+            after.append(inner)
+        both = after[0] & after[1]
+        for name in (after[0] | after[1]) - both:
+            self.local_to[name] = (f"is bound in only some branches of the if at line "
+                                   f"{stmt.span.line}; bind it in every branch (or before "
+                                   "the if)")
+        defined.update(both)
+
+    def undefined(self, name: str, span) -> None:
+        why = self.local_to.get(name, "is not defined")
+        raise GradError(f"name {name!r} {why}", span)
 
     def expr(self, e, defined: set[str]) -> None:
         if isinstance(e, ast.Name):
             if e.id not in defined:
                 if self.ns.resolve(e) is not None or e.id in BUILTINS:
                     raise GradError(f"function {e.id!r} used as a value; call it", e.span)
-                raise GradError(f"name {e.id!r} is not defined", e.span)
+                self.undefined(e.id, e.span)
         elif isinstance(e, ast.Call):
             self.call(e, defined)
         elif isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp)):
@@ -284,13 +338,7 @@ class _Function:
 
 
 def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
-    out: set[str] = set()
-    for s in body:
-        if isinstance(s, ast.Assign):
-            out.update(s.targets)
-        elif isinstance(s, ast.AugAssign):
-            out.add(s.target)
-    return out
+    return set(ast.assigned_names(tuple(body)))
 
 
 def _wrt_count(transform: ast.Call) -> int:

@@ -209,116 +209,193 @@ def kernel_signature(loop: Loop) -> str:
 
 def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generated:
     target = targets.get(target)
-    steps = fuse(fn, reductions=target.fuses_reductions)
-    kernels: dict[str, str] = {}
-    kernel_names: list[str] = []
-    names: dict[Var, str] = {}
-    fresh: set[Var] = set()  # driver values that own their memory
-    lines: list[str] = []
-
-    def ref(a: Atom) -> str:
-        if isinstance(a, Lit):
-            return f"R.scalar({a.value!r}, np.{_np_name(a.type.dtype)})"
-        return names[a]
-
-    def define(v: Var) -> str:
-        names[v] = f"t{len(names)}"
-        return names[v]
-
-    params = [define(v) for v in fn.params]
-    lines += bind_symbols(fn.params, names)
-    prologue_at = len(lines)
-    flat_params: dict[Var, str] = {}  # argument -> its flat view, made once
-    # out=: a kernel writes an output straight into the caller's buffer
-    # (its first place among the outputs, if the caller gave one there)
-    slot = {a: i for i, a in reversed(list(enumerate(fn.outputs))) if isinstance(a, Var)}
-    in_place: set[Var] = set()
-    readers: dict[Var, int] = {}  # how many steps (or the return) read each value
-    for a in [a for s in steps for a in (s.inputs if isinstance(s, Loop) else s.inputs)
-              ] + list(fn.outputs):
-        if isinstance(a, Var):
-            readers[a] = readers.get(a, 0) + 1
-    for step in steps:
-        if isinstance(step, Loop):
-            kname, kernels[kname], kinds = render_kernel(step, target)
-            kernel_names.append(kname)
-            size = prod(step.shape)
-            reduced = step.reduction.outputs if step.reduction is not None else ()
-            call_args = []
-            for kind, v in kinds:
-                if kind == "in" and v in fn.params:
-                    flat_params.setdefault(v, f"{names[v]}_flat")
-                    call_args.append(flat_params[v])
-                elif kind == "in":
-                    call_args.append(f"R.flat({ref(v)})")
-                elif kind == "out":
-                    name = define(v)
-                    fresh.add(v)
-                    length = prod(v.type.shape) if v in reduced else size
-                    alloc = f"R.empty({render(length)}, np.{_np_name(v.type.dtype)})"
-                    if v in slot:
-                        buffer = f"out[{slot[v]}]"
-                        # C order, checked by the caller: a view, never a copy
-                        alloc += f" if out is None or {buffer} is None else {buffer}.reshape(-1)"
-                        in_place.add(v)
-                    lines.append(f"{name} = {alloc}")
-                    call_args.append(name)
-                else:
-                    aux = access_aux(v.type.shape, step.shape)
-                    call_args.append(render(aux) if not isinstance(aux, tuple) else
-                                     render_shape(aux))
-            if reduced:
-                rows = prod(reduced[0].type.shape)
-                lines.append(target.launch_reducing(kname, render(size), render(rows),
-                                                    call_args, work_per_element(step)))
-            else:
-                known = size if isinstance(size, int) else None
-                lines.append(target.launch(kname, render(size), known, call_args,
-                                           work_per_element(step)))
-            for v in step.outputs:
-                if v.type.shape != (prod(v.type.shape),):
-                    lines.append(f"{names[v]} = R.reshape({names[v]}, "
-                                 f"{render_shape(v.type.shape)})")
-        else:
-            # A scatter-add may add into its base in place when the driver
-            # made it and nothing else reads it (a view of it would: a
-            # reshape or slice is a reader): the zeros of a gradient.
-            owned = step.op.startswith("scatter_add") and step.inputs[0] in fresh \
-                and readers[step.inputs[0]] == 1
-            lines.append(_render_eqn(step, ref, define, owned))
-            if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate", "dim") \
-                    or OPS[step.op].kind == "index":
-                fresh.update(step.outputs)
-    outs, into, handed_out = [], [], set()
-    for i, a in enumerate(fn.outputs):
-        if isinstance(a, Lit) or (a in fresh and a not in handed_out):
-            outs.append(ref(a))
-            into.append(f"({ref(a)} if out[{i}] is None else out[{i}])" if a in in_place
-                        else f"R.into(out[{i}], {ref(a)}, True)")
-        else:
-            # never hand out a view of an input, nor one array twice
-            outs.append(f"R.copy({names[a]})")
-            into.append(f"R.into(out[{i}], {names[a]}, False)")
-        handed_out.add(a)
-    lines.append(f"if out is None: return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    lines.append(f"return ({', '.join(into)}{',' if len(into) == 1 else ''})")
-
+    driver = _Driver(target)
+    run = driver.function(fn, top=True)
     # No program's name in it: every program's kernel modules share it.
     header = "\n".join([f"# {target.name} kernels generated by gradc", target.header,
                         "f32, f64, i32, i64 = np.float32, np.float64, np.int32, np.int64",
                         "nan, inf = np.nan, np.inf"])
 
-    def driver(flatten) -> str:
-        prologue = [f"{flat} = {flatten(v)}" for v, flat in flat_params.items()]
-        body = lines[:prologue_at] + prologue + lines[prologue_at:]
-        return "\n".join([f"def run({', '.join(params + ['out=None'])}):"]
+    def source(flatten) -> str:
+        prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
+        body = run.lines[:run.prologue_at] + prologue + run.lines[run.prologue_at:]
+        return "\n".join([f"def run({', '.join(run.params + ['out=None'])}):"]
                          + ["    " + l for l in body]) + "\n"
 
     def view(v: Var) -> str:
-        return names[v] if len(v.type.shape) == 1 else f"{names[v]}.reshape(-1)"
-    return Generated(fn.name, header, tuple(kernels.items()),
-                     driver(lambda v: f"R.flat({names[v]})"), tuple(kernel_names),
-                     driver(view))
+        name = run.names[v]
+        return name if len(v.type.shape) == 1 else f"{name}.reshape(-1)"
+    return Generated(fn.name, header, tuple(driver.kernels.items()),
+                     source(lambda v: f"R.flat({run.names[v]})"), tuple(driver.kernel_names),
+                     source(view))
+
+
+@dataclass
+class _Rendered:
+    """A driver function's parameters and lines; for the top one also the
+    arguments flattened once, first (inserted at `prologue_at`)."""
+
+    params: list[str]
+    lines: list[str]
+    names: dict[Var, str]
+    prologue_at: int
+    flat_params: dict[Var, str]
+
+
+class _Driver:
+    """Renders driver functions, collecting the kernels they launch.  A
+    loop's body becomes a nested function of its own, called once per trip;
+    only the top function (`run`) takes `out=` buffers."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.kernels: dict[str, str] = {}
+        self.kernel_names: list[str] = []  # the top-level function's loops, in order
+        self.n_bodies = 0
+
+    def function(self, fn: Function, top: bool = False) -> _Rendered:
+        target = self.target
+        steps = fuse(fn, reductions=target.fuses_reductions)
+        names: dict[Var, str] = {}
+        fresh: set[Var] = set()  # driver values that own their memory
+        lines: list[str] = []
+
+        def ref(a: Atom) -> str:
+            if isinstance(a, Lit):
+                return f"R.scalar({a.value!r}, np.{_np_name(a.type.dtype)})"
+            return names[a]
+
+        def define(v: Var) -> str:
+            names[v] = f"t{len(names)}"
+            return names[v]
+
+        params = [define(v) for v in fn.params]
+        lines += bind_symbols(fn.params, names)
+        prologue_at = len(lines)
+        flat_params: dict[Var, str] = {}  # argument -> its flat view, made once
+        # out=: a kernel writes an output straight into the caller's buffer
+        # (its first place among the outputs, if the caller gave one there)
+        slot = ({a: i for i, a in reversed(list(enumerate(fn.outputs))) if isinstance(a, Var)}
+                if top else {})
+        in_place: set[Var] = set()
+        readers: dict[Var, int] = {}  # how many steps (or the return) read each value
+        for a in [a for s in steps for a in s.inputs] + list(fn.outputs):
+            if isinstance(a, Var):
+                readers[a] = readers.get(a, 0) + 1
+        for step in steps:
+            if isinstance(step, Loop):
+                kname, self.kernels[kname], kinds = render_kernel(step, target)
+                if top:
+                    self.kernel_names.append(kname)
+                size = prod(step.shape)
+                reduced = step.reduction.outputs if step.reduction is not None else ()
+                call_args = []
+                for kind, v in kinds:
+                    if kind == "in" and v in fn.params and top:
+                        flat_params.setdefault(v, f"{names[v]}_flat")
+                        call_args.append(flat_params[v])
+                    elif kind == "in":
+                        call_args.append(f"R.flat({ref(v)})")
+                    elif kind == "out":
+                        name = define(v)
+                        fresh.add(v)
+                        length = prod(v.type.shape) if v in reduced else size
+                        alloc = f"R.empty({render(length)}, np.{_np_name(v.type.dtype)})"
+                        if v in slot:
+                            buffer = f"out[{slot[v]}]"
+                            # C order, checked by the caller: a view, never a copy
+                            alloc += (f" if out is None or {buffer} is None else "
+                                      f"{buffer}.reshape(-1)")
+                            in_place.add(v)
+                        lines.append(f"{name} = {alloc}")
+                        call_args.append(name)
+                    else:
+                        aux = access_aux(v.type.shape, step.shape)
+                        call_args.append(render(aux) if not isinstance(aux, tuple) else
+                                         render_shape(aux))
+                if reduced:
+                    rows = prod(reduced[0].type.shape)
+                    lines.append(target.launch_reducing(kname, render(size), render(rows),
+                                                        call_args, work_per_element(step)))
+                else:
+                    known = size if isinstance(size, int) else None
+                    lines.append(target.launch(kname, render(size), known, call_args,
+                                               work_per_element(step)))
+                for v in step.outputs:
+                    if v.type.shape != (prod(v.type.shape),):
+                        lines.append(f"{names[v]} = R.reshape({names[v]}, "
+                                     f"{render_shape(v.type.shape)})")
+            elif step.op == "loop":
+                lines += self.loop(step, ref, define)
+            else:
+                # A scatter-add may add into its base in place when the driver
+                # made it and nothing else reads it (a view of it would: a
+                # reshape or slice is a reader): the zeros of a gradient.
+                owned = step.op.startswith("scatter_add") and step.inputs[0] in fresh \
+                    and readers[step.inputs[0]] == 1
+                lines.append(_render_eqn(step, ref, define, owned))
+                if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",
+                               "dim") or OPS[step.op].kind == "index":
+                    fresh.update(step.outputs)
+        outs, into, handed_out = [], [], set()
+        for i, a in enumerate(fn.outputs):
+            if isinstance(a, Lit) or (a in fresh and a not in handed_out):
+                outs.append(ref(a))
+                into.append(f"({ref(a)} if out[{i}] is None else out[{i}])" if a in in_place
+                            else f"R.into(out[{i}], {ref(a)}, True)")
+            else:
+                # never hand out a view of an input, nor one array twice
+                outs.append(f"R.copy({names[a]})")
+                into.append(f"R.into(out[{i}], {names[a]}, False)")
+            handed_out.add(a)
+        comma = "," if len(outs) == 1 else ""
+        if top:
+            lines.append(f"if out is None: return ({', '.join(outs)}{comma})")
+            lines.append(f"return ({', '.join(into)}{comma})")
+        else:
+            lines.append(f"return ({', '.join(outs)}{comma})")
+        return _Rendered(params, lines, names, prologue_at, flat_params)
+
+    def loop(self, eqn: Eqn, ref, define) -> list[str]:
+        """A `loop` equation: its body as a nested function, called in a
+        Python loop over the trips (the ys stacked into fresh arrays).  Its
+        carried results may be its inputs (zero trips), so they are not
+        fresh."""
+        p = eqn.p
+        body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+        k = self.n_bodies
+        self.n_bodies += 1
+        bname, pre = f"body{k}", f"loop{k}_"
+        inner = self.function(body)
+        lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
+        bounds = [str(a.value) if isinstance(a, Lit) else f"R.as_int({ref(a)})"
+                  for a in eqn.inputs[:3]]
+        lines.append(f"{pre}start, {pre}stop, {pre}step = {', '.join(bounds)}")
+        trips = (size_variable(p["trip"].factors[0]) if isinstance(p["trip"], Sym)
+                 else f"{pre}trips")
+        lines.append(f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step)")
+        carried = [f"{pre}c{j}" for j in range(n_carry)]
+        for name, a in zip(carried, eqn.inputs[3:3 + n_carry]):
+            lines.append(f"{name} = {ref(a)}")
+        ys = [define(v) for v in eqn.outputs[n_carry:]]
+        for name, v in zip(ys, eqn.outputs[n_carry:]):
+            shape = render_shape(v.type.shape[1:])
+            lines.append(f"{name} = R.empty(({trips},) + {shape}, "
+                         f"np.{_np_name(v.type.dtype)})")
+        order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
+        lines.append(f"for {pre}t in {order}:")
+        args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
+        args += [ref(a) for a in eqn.inputs[3 + n_carry:3 + n_carry + n_inv]]
+        args += [f"R.stack_read({ref(a)}, {pre}t)" for a in eqn.inputs[3 + n_carry + n_inv:]]
+        y_now = [f"{pre}y{j}" for j in range(len(ys))]
+        targets_ = carried + y_now
+        lines.append(f"    {', '.join(targets_)}{',' if len(targets_) == 1 else ''} = "
+                     f"{bname}({', '.join(args)})")
+        for stack, y in zip(ys, y_now):
+            lines.append(f"    R.stack_write({stack}, {pre}t, {y})")
+        for name, v in zip(carried, eqn.outputs[:n_carry]):
+            lines.append(f"{define(v)} = {name}")
+        return lines
 
 
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:

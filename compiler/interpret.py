@@ -2,17 +2,19 @@
 
 Contract: `interpret(fn, *arrays)` evaluates `fn` equation by equation with
 each op's NumPy reference (`Op.ref`), `custom_vjp` calls by their `fwd`
-body, and returns the outputs as arrays of the IR's dtypes and shapes.  It
-shares nothing with codegen beyond the op table, so agreement between the
-two is evidence that fusion and codegen are right.
+body, `loop`s by running their body once per trip (a step of 0 is an
+`ArgumentError`), and returns the outputs as arrays of the IR's dtypes and
+shapes.  It shares nothing with codegen beyond the op table, so agreement
+between the two is evidence that fusion and codegen are right.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from gradlang.compiler.ir import NUMPY_DTYPES, Function, Lit, Var
+from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, Function, Lit, Var
 from gradlang.compiler.ops import OPS
 from gradlang.compiler.shapes import Sym, evaluate
+from gradlang.runtime.errors import ArgumentError
 
 
 def _concrete(value, binding: dict[str, int]):
@@ -24,9 +26,15 @@ def _concrete(value, binding: dict[str, int]):
 
 
 def interpret(fn: Function, *arrays) -> tuple[np.ndarray, ...]:
+    return _run(fn, arrays, {})
+
+
+def _run(fn: Function, arrays, outer: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """`fn` on `arrays`; `outer` binds the sizes of enclosing functions."""
     env: dict[Var, np.ndarray] = {v: np.asarray(a) for v, a in zip(fn.params, arrays, strict=True)}
-    binding = {d.factors[0]: size for v in fn.params
-               for d, size in zip(v.type.shape, env[v].shape) if isinstance(d, Sym)}
+    binding = dict(outer)
+    binding.update({d.factors[0]: size for v in fn.params
+                    for d, size in zip(v.type.shape, env[v].shape) if isinstance(d, Sym)})
 
     def read(a):
         if isinstance(a, Lit):
@@ -36,20 +44,48 @@ def interpret(fn: Function, *arrays) -> tuple[np.ndarray, ...]:
     with np.errstate(all="ignore"):
         for eqn in fn.eqns:
             inputs = [read(a) for a in eqn.inputs]
-            params = {k: v if isinstance(v, Function) else _concrete(v, binding)
-                      for k, v in eqn.params}
-            if eqn.op == "dim":
-                outs = (params["value"],)
-            elif eqn.op == "custom_vjp":
-                outs = interpret(params["fwd"], *inputs)[:params["n_out"]]
+            if eqn.op == "loop":
+                outs = _loop(eqn, inputs, binding)
             else:
-                ref = OPS[eqn.op].ref
-                if eqn.op == "full":
-                    outs = (ref(**params),)
+                params = {k: v if isinstance(v, Function) else _concrete(v, binding)
+                          for k, v in eqn.params}
+                if eqn.op == "dim":
+                    outs = (params["value"],)
+                elif eqn.op == "custom_vjp":
+                    outs = _run(params["fwd"], inputs, binding)[:params["n_out"]]
+                elif eqn.op == "full":
+                    outs = (OPS["full"].ref(**params),)
                 else:
-                    outs = (ref(*inputs, **params),)
+                    outs = (OPS[eqn.op].ref(*inputs, **params),)
             for var, value in zip(eqn.outputs, outs):
                 dtype = NUMPY_DTYPES[var.type.dtype]
                 env[var] = np.broadcast_to(np.asarray(value).astype(dtype, copy=False),
                                            _concrete(var.type.shape, binding))
     return tuple(np.array(read(a)) for a in fn.outputs)
+
+
+def _loop(eqn: Eqn, inputs: list[np.ndarray], binding: dict[str, int]) -> list[np.ndarray]:
+    """Runs a `loop`, binding its trip-count symbol in `binding`."""
+    p = eqn.p
+    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    start, stop, step = (int(x) for x in inputs[:3])
+    if step == 0:
+        raise ArgumentError("range() step must not be zero")
+    trips = len(range(start, stop, step))
+    if isinstance(p["trip"], Sym):
+        binding[p["trip"].factors[0]] = trips
+    carry = inputs[3:3 + n_carry]
+    invariants = inputs[3 + n_carry:3 + n_carry + n_inv]
+    xs = inputs[3 + n_carry + n_inv:]
+    ys: list[list] = [[None] * trips for _ in body.outputs[n_carry:]]
+    order = range(trips - 1, -1, -1) if p["reverse"] else range(trips)
+    for t in order:
+        index = np.asarray(start + t * step, np.int64)
+        results = _run(body, [index, *carry, *invariants, *(x[t] for x in xs)], binding)
+        carry = list(results[:n_carry])
+        for stack, y in zip(ys, results[n_carry:]):
+            stack[t] = y
+    stacked = [np.stack(stack) if trips else
+               np.empty((0,) + _concrete(y.type.shape, binding), NUMPY_DTYPES[y.type.dtype])
+               for stack, y in zip(ys, body.outputs[n_carry:])]
+    return carry + stacked

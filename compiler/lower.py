@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from gradlang.compiler import ast, autodiff, forward, ops
+from gradlang.compiler import ast, autodiff, control, forward, ops
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
@@ -224,27 +224,45 @@ class Lowerer:
     def block_items(self, b: Builder, body: Sequence[ast.Stmt],
                     env: dict[str, Value]) -> list[tuple[Optional[str], Value, Span]]:
         for stmt in body:
-            if isinstance(stmt, ast.Assign):
-                value = self.expr(b, stmt.value, env)
-                if len(stmt.targets) == 1:
-                    env[stmt.targets[0]] = self.named(b, value, stmt.targets[0])
-                    continue
-                if not isinstance(value, tuple) or len(value) != len(stmt.targets):
-                    got = len(value) if isinstance(value, tuple) else 1
-                    raise GradError(f"cannot unpack {got} value(s) into "
-                                    f"{len(stmt.targets)} names", stmt.span)
-                for target, v in zip(stmt.targets, value):
-                    env[target] = self.named(b, v, target)
-            elif isinstance(stmt, ast.AugAssign):
-                if stmt.target not in env:
-                    raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
-                rhs = self.expr(b, stmt.value, env)
-                env[stmt.target] = self.binary(b, _BINOPS[stmt.op], env[stmt.target], rhs,
-                                               stmt.span, (stmt.span, stmt.value.span))
-            elif isinstance(stmt, ast.Return):
+            if isinstance(stmt, ast.Return):
                 return [(it.name, self.expr(b, it.value, env), it.span) for it in stmt.items]
+            self.statement(b, stmt, env)
         raise GradError("function body has no return statement",
                         body[-1].span if body else None)
+
+    def statements(self, b: Builder, body: Sequence[ast.Stmt], env: dict[str, Value]) -> None:
+        """A loop's or branch's statements (the checker rules out a return)."""
+        for stmt in body:
+            self.statement(b, stmt, env)
+
+    def statement(self, b: Builder, stmt: ast.Stmt, env: dict[str, Value]) -> None:
+        """One statement other than a return, binding names in `env`."""
+        if isinstance(stmt, ast.For):
+            control.lower_for(self, b, stmt, env)
+        elif isinstance(stmt, ast.If):
+            control.lower_if(self, b, stmt, env)
+        elif isinstance(stmt, ast.Assign):
+            self.assign(b, stmt, env)
+        elif isinstance(stmt, ast.AugAssign):
+            if stmt.target not in env:
+                raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
+            rhs = self.expr(b, stmt.value, env)
+            env[stmt.target] = self.binary(b, _BINOPS[stmt.op], env[stmt.target], rhs,
+                                           stmt.span, (stmt.span, stmt.value.span))
+        else:
+            raise GradError("return inside a loop or branch is not supported", stmt.span)
+
+    def assign(self, b: Builder, stmt: ast.Assign, env: dict[str, Value]) -> None:
+        value = self.expr(b, stmt.value, env)
+        if len(stmt.targets) == 1:
+            env[stmt.targets[0]] = self.named(b, value, stmt.targets[0])
+            return
+        if not isinstance(value, tuple) or len(value) != len(stmt.targets):
+            got = len(value) if isinstance(value, tuple) else 1
+            raise GradError(f"cannot unpack {got} value(s) into "
+                            f"{len(stmt.targets)} names", stmt.span)
+        for target, v in zip(stmt.targets, value):
+            env[target] = self.named(b, v, target)
 
     @staticmethod
     def named(b: Builder, value: Value, name: str) -> Value:

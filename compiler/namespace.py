@@ -176,6 +176,15 @@ def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:
                 free.add(stmt.target)
             visit(stmt.value)
             bound.add(stmt.target)
+        elif isinstance(stmt, ast.For):
+            for a in stmt.args:
+                visit(a)
+            free |= free_names(stmt.body, bound | {stmt.var})
+        elif isinstance(stmt, ast.If):
+            visit(stmt.cond)
+            free |= free_names(stmt.body, bound) | free_names(stmt.orelse, bound)
+            bound.update(set(ast.assigned_names(stmt.body))
+                         & set(ast.assigned_names(stmt.orelse)))
         elif isinstance(stmt, ast.Return):
             for item in stmt.items:
                 visit(item.value)

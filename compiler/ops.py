@@ -447,6 +447,30 @@ def _custom_vjp_rule(types, params, span):
     return list(fwd.out_types[:params["n_out"]])
 
 
+def _loop_rule(types, params, span):
+    """`loop`: inputs (start, stop, step, carried..., invariants..., xs...);
+    outputs (carried..., ys...).  The body maps (i, carried, invariants,
+    one slice of each xs) to (carried, one slice of each ys); the ys are
+    stacked along a new leading axis of length `trip`, the trip count."""
+    body, n_carry, n_inv, trip = params["body"], params["n_carry"], params["n_inv"], \
+        params["trip"]
+    bounds, carry = types[:3], list(types[3:3 + n_carry])
+    inv, xs = types[3 + n_carry:3 + n_carry + n_inv], types[3 + n_carry + n_inv:]
+    if any(t != TensorType("i64", ()) for t in bounds):
+        raise GradError("internal: loop bounds must be i64 scalars", span)
+    if any(x.rank == 0 or x.shape[0] != trip for x in xs):
+        raise GradError("internal: loop inputs are not stacked by its trip count", span)
+    slices = [TensorType(x.dtype, x.shape[1:]) for x in xs]
+    if list(body.in_types) != [TensorType("i64", ())] + carry + list(inv) + slices:
+        raise GradError("internal: loop body parameters do not match its inputs", span)
+    if list(body.out_types[:n_carry]) != carry:
+        raise GradError("internal: loop body results do not match its carried values", span)
+    ys = body.out_types[n_carry:]
+    if ys and trip is None:
+        raise GradError("internal: a loop stacking results needs a trip count", span)
+    return carry + [TensorType(y.dtype, (trip,) + y.shape) for y in ys]
+
+
 def _dim_rule(types, params, span):
     return [TensorType(params["dtype"], ())]
 
@@ -526,8 +550,9 @@ class Op:
     # "elementwise" (fusable into a loop), "reduction", "layout" (shape
     # only: reshape, transpose, slicing, ...), "matmul", "index" (a gather
     # or scatter-add by an integer index array, checked at run time),
-    # "shape" (a size known at call time) or "call" (a user function
-    # carrying its gradient)
+    # "shape" (a size known at call time), "call" (a user function
+    # carrying its gradient) or "loop" (a structured loop whose body is a
+    # sub-function)
     kind: str = "elementwise"
     # (in_types, params, span) -> out_types; elementwise inputs already
     # share one dtype (`compiler.lower` inserts the casts)
@@ -600,7 +625,7 @@ class Op:
     @property
     def differentiable(self) -> bool:
         # a call's derivative is its grad block (see `compiler.autodiff`)
-        return self.vjp is not None or self.kind == "call"
+        return self.vjp is not None or self.kind in ("call", "loop")
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -763,6 +788,9 @@ _TABLE: tuple[Op, ...] = (
        linear="first", token_inputs=(1,),
        vjp=lambda b, eqn, cts, needs: [cts[0], None], ref=lambda x, token: x,
        no_op_if=_no_op_for_same_type),
+    # A `for` loop (see `_loop_rule`); `compiler.autodiff` differentiates
+    # it as a reverse loop over the states the forward one stacks.
+    Op("loop", kind="loop", type_rule=_loop_rule, arity=-1),
     # A call to a user function with grad blocks; `compiler.autodiff` gives
     # it its gradient (the `bwd` sub-function) and
     # `compiler.passes.inline_calls` replaces it by its `fwd` body once no

@@ -68,7 +68,8 @@ _TERMINAL_NAMES = {
     "MORETHAN": "'>'", "LESSTHAN": "'<'", "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'",
     "STAR": "'*'", "SLASH": "'/'", "_DEF": "'def'", "_RETURN": "'return'",
     "_IMPORT": "'import'", "_FROM": "'from'", "_PARAM": "'param'", "_NOT": "'not'",
-    "_AND": "'and'", "_OR": "'or'", "CONST": "'const'", "ELLIPSIS": "'...'",
+    "_AND": "'and'", "_OR": "'or'", "_FOR": "'for'", "_IN": "'in'", "_IF": "'if'",
+    "_ELIF": "'elif'", "_ELSE": "'else'", "CONST": "'const'", "ELLIPSIS": "'...'",
     "RARROW": "'->'", "TRUE": "'True'", "FALSE": "'False'", "__ANON_0": "'**'",
 }
 
@@ -304,6 +305,31 @@ class _ToAst(Transformer):
 
     def named_ret(self, meta, children):
         return ast.ReturnItem(str(children[0]), children[1], self.s(meta))
+
+    def for_stmt(self, meta, children):
+        name, iterable, body = children
+        if not (isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name)
+                and iterable.func.id == "range"):
+            raise GradError("a for loop iterates over range(stop) or range(start, stop"
+                            "[, step])", iterable.span)
+        if iterable.kwargs or not 1 <= len(iterable.args) <= 3:
+            raise GradError("range() takes 1 to 3 positional arguments", iterable.span)
+        return ast.For(str(name), iterable.args, body, self.header(meta, iterable.span))
+
+    def if_stmt(self, meta, children):
+        cond, body, *rest = children
+        orelse = rest.pop() if rest else None
+        for clause in reversed(rest):  # elif chains nest: if a: .. else: (if b: ..)
+            orelse = (ast.If(clause.cond, clause.body, orelse or (), clause.span),)
+        return ast.If(cond, body, orelse or (), self.header(meta, cond.span))
+
+    def elif_clause(self, meta, children):
+        cond, body = children
+        return ast.If(cond, body, (), self.header(meta, cond.span))
+
+    def header(self, meta, last: Span) -> Span:
+        """A compound statement's first line, from its keyword to `last`."""
+        return Span(self.file, meta.line, meta.column, last.end_line, last.end_col)
 
     # -------------------------------------------------------- expressions
     def _bin(op):  # noqa: N805 - a rule-method factory, used at class level

@@ -9,6 +9,8 @@ Contract:
   constants into constants;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads.
+
+Each pass also runs on the body of every `loop` (`_in_bodies`).
 """
 from __future__ import annotations
 
@@ -27,10 +29,19 @@ def _substituting(fn: Function):
     return env, sub
 
 
+def _in_bodies(eqn: Eqn, run) -> Eqn:
+    """`eqn` with `run` applied to its loop body, if it has one."""
+    if eqn.op != "loop":
+        return eqn
+    params = tuple((k, run(v) if k == "body" else v) for k, v in eqn.params)
+    return Eqn(eqn.op, eqn.inputs, eqn.outputs, params, eqn.span)
+
+
 def inline_calls(fn: Function) -> Function:
     b = Builder()
     env, sub = _substituting(fn)
     for eqn in fn.eqns:
+        eqn = _in_bodies(eqn, inline_calls)
         inputs = tuple(sub(a) for a in eqn.inputs)
         if eqn.op == "custom_vjp":
             body = inline_calls(eqn.p["fwd"])
@@ -48,6 +59,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     env, sub = _substituting(fn)
     fills: dict[Var, object] = {}  # outputs of `full`: their value
     for eqn in fn.eqns:
+        eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
         out = eqn.outputs[0]
         if eqn.op in ("reshape", "broadcast_to") and inputs[0] in fills:
@@ -88,7 +100,7 @@ def _identity_input(op: str, inputs, params, fills) -> Atom | None:
 
 
 def _key(eqn: Eqn, inputs) -> tuple | None:
-    if eqn.op == "custom_vjp":
+    if eqn.op in ("custom_vjp", "loop"):
         return None
     ins = tuple(("v", id(a)) if isinstance(a, Var) else ("l", a.value, a.type) for a in inputs)
     return (eqn.op, ins, eqn.params)
@@ -99,6 +111,7 @@ def cse(fn: Function) -> Function:
     env, sub = _substituting(fn)
     seen: dict[tuple, tuple[Var, ...]] = {}
     for eqn in fn.eqns:
+        eqn = _in_bodies(eqn, cse)
         inputs = tuple(sub(a) for a in eqn.inputs)
         key = _key(eqn, inputs)
         if key is not None and key in seen:
@@ -115,7 +128,7 @@ def dce(fn: Function) -> Function:
     kept: list[Eqn] = []
     for eqn in reversed(fn.eqns):
         if any(o in live for o in eqn.outputs):
-            kept.append(eqn)
+            kept.append(_in_bodies(eqn, dce))
             live.update(a for a in eqn.inputs if isinstance(a, Var))
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
 

@@ -3,7 +3,8 @@
 Contract: `verify(fn, stage)` raises `IRVerificationError` (naming the
 stage and printing the IR around the bad equation) unless every variable
 is defined once before use and every equation's output types are what the
-op table's type rule gives for its inputs.
+op table's type rule gives for its inputs; a `loop`'s body is verified
+too.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def verify(fn: Function, stage: str) -> None:
         if eqn.op not in OPS:
             _fail(fn, stage, f"equation {index}: unknown op {eqn.op!r}")
         expected = OPS[eqn.op].type_rule([a.type for a in eqn.inputs], eqn.p, eqn.span)
+        if eqn.op == "loop":
+            verify(eqn.p["body"], f"{stage}, body of equation {index}")
         if list(expected) != [o.type for o in eqn.outputs]:
             _fail(fn, stage, f"equation {index} ({eqn.op}) has output types "
                   f"{[str(o.type) for o in eqn.outputs]}, rule gives "

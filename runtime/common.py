@@ -37,6 +37,13 @@ def size_mismatch(symbol: str, expected: int, got: int) -> None:
                         f"axis and {got} on another")
 
 
+def trip_count(start: int, stop: int, step: int) -> int:
+    """How many times `for i in range(start, stop, step)` runs."""
+    if step == 0:
+        raise ArgumentError("range() step must not be zero")
+    return len(range(start, stop, step))
+
+
 def check_nonempty(shape, axes) -> None:
     """max/min over an empty axis has no value (NumPy raises too)."""
     if any(shape[a] == 0 for a in axes):

@@ -30,6 +30,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     index_views,
     into,
     size_mismatch,
+    trip_count,
 )
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import manage_cache
@@ -70,6 +71,19 @@ transpose = np.transpose
 
 def scalar(value, dtype) -> np.ndarray:
     return np.asarray(value, dtype)
+
+
+def as_int(x: np.ndarray) -> int:
+    return int(x)
+
+
+def stack_read(xs: np.ndarray, t: int) -> np.ndarray:
+    """Slot t of a loop's stacked values."""
+    return xs[t]
+
+
+def stack_write(ys: np.ndarray, t: int, y: np.ndarray) -> None:
+    ys[t] = y
 
 
 def copy(x: np.ndarray) -> np.ndarray:

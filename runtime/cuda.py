@@ -53,6 +53,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     into,
     size_mismatch,
     stride_table,
+    trip_count,
 )
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
@@ -275,6 +276,20 @@ def full(shape, value, dtype):
     out = cuda.device_array(max(1, math.prod(shape)), dtype)
     _launch(_fill, out.size, out, np.dtype(dtype).type(value))
     return out[:math.prod(shape)].reshape(shape) if shape else out.reshape(())
+
+
+def as_int(x) -> int:
+    return int(to_host(x))
+
+
+def stack_read(xs, t: int):
+    """Slot t of a loop's stacked values, as a device array (a 0-d one
+    for a stack of scalars, which indexing would copy to the host)."""
+    return xs[t:t + 1].reshape(xs.shape[1:])
+
+
+def stack_write(ys, t: int, y) -> None:
+    ys[t:t + 1].reshape(ys.shape[1:]).copy_to_device(y)
 
 
 def copy(x):

@@ -315,7 +315,8 @@ def test_gathers_and_scatters(name, in_shapes, axis, target, data, seed, dtype, 
 def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
     covered |= {c[0] for c in INDEX_CASES}
-    helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim"}
+    helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim",
+               "loop"}  # loop: tests/test_loops.py
     assert set(OPS) - covered - helpers == set()
 
 

@@ -1,0 +1,158 @@
+"""Lowering of `for` loops and `if` statements (AST -> IR).
+
+Contract:
+- `lower_for(lowerer, b, stmt, env)` emits one `loop` equation (see
+  `compiler.ops._loop_rule`) for `for v in range(...)`.  The bounds are
+  compile-time integers or integer scalars known at run time (cast to
+  i64); a constant step of 0 is a `GradError`.  The carried values are the
+  names the body rebinds that are bound before the loop (a zero-trip loop
+  leaves them as they were); each must keep its type (dtype and shape)
+  through an iteration, else a `GradError` names both types at the
+  statement that rebinds it.  The body becomes a closed IR function: the
+  outer values it reads are passed in as the loop's invariants.  Names
+  first bound in the body stay local to it; `env` gets the carried values'
+  final values.
+- `lower_if(lowerer, b, stmt, env)`: a condition known at compile time (a
+  `const` argument, a size, `x.ndim`, arithmetic on them) lowers only the
+  branch taken; a runtime scalar bool lowers both and selects each name
+  either binds with `where` (so both run; the gradient flows only through
+  the branch taken, as for `where`).  Such a name must have the same type
+  in both branches (a `GradError` otherwise); a name only some branches
+  bind is dropped (the checker rejects reading it).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from gradlang.compiler import ast
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
+from gradlang.runtime.errors import GradError, Span
+
+if TYPE_CHECKING:
+    from gradlang.compiler.lower import Lowerer
+
+INDEX = TensorType("i64", ())
+
+
+def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -> None:
+    start, stop, step = _bounds(lw, b, stmt, env)
+    carried = [n for n in ast.assigned_names(stmt.body) if n in env and n != stmt.var]
+    inits = [as_atom(b, env[n], stmt.span) for n in carried]
+    sb = Builder()
+    index = Var(INDEX, stmt.var)
+    params = [Var(a.type, n) for n, a in zip(carried, inits)]
+    inner = {**env, stmt.var: index, **dict(zip(carried, params))}
+    lw.statements(sb, stmt.body, inner)
+    outs = []
+    for name, param in zip(carried, params):
+        value = inner[name]
+        out = as_atom(sb, value, stmt.span, param.type.dtype if is_static(value) else None)
+        if out.type != param.type:
+            raise GradError(f"{name!r} changes type in the loop: {param.type} before an "
+                            f"iteration, {out.type} after it; a carried value must keep "
+                            "its dtype and shape", _last_binding(stmt.body, name) or stmt.span)
+        outs.append(out)
+    if not carried:
+        return  # the loop computes nothing that outlives it
+    body, invariants = close(sb, f"for_{stmt.var}", [index] + params, outs)
+    results = b.bind_multi("loop", start, stop, step, *inits, *invariants, span=stmt.span,
+                           body=body, n_carry=len(carried), n_inv=len(invariants),
+                           trip=None, reverse=False)
+    env.update(zip(carried, results))
+
+
+def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> list[Atom]:
+    """range()'s start, stop and step as i64 scalars."""
+    atoms = []
+    for arg in stmt.args:
+        v = lw.expr(b, arg, env)
+        if is_static(v):
+            if isinstance(v, bool) or not isinstance(v, (int, Sym)):
+                what = "a float" if isinstance(v, float) else \
+                    "a bool" if isinstance(v, bool) else "a tuple"
+                raise GradError(f"range() takes integers, got {what}", arg.span)
+            atoms.append(as_atom(b, v, arg.span, "i64"))
+            continue
+        if v.type.dtype not in INTS or v.type.rank != 0:
+            raise GradError(f"range() takes integer scalars, got {v.type}", arg.span)
+        atoms.append(cast(b, v, "i64"))
+    if len(atoms) == 1:
+        atoms = [Lit(0, INDEX)] + atoms
+    if len(atoms) == 2:
+        atoms.append(Lit(1, INDEX))
+    step = atoms[2]
+    if isinstance(step, Lit) and step.value == 0:
+        raise GradError("range() step must not be zero", stmt.args[2].span)
+    return atoms
+
+
+def _last_binding(body: Sequence[ast.Stmt], name: str) -> Span | None:
+    """The span of the last statement of `body` that binds `name`."""
+    for s in reversed(body):
+        if name in ast.assigned_names((s,)):
+            return s.span
+    return None
+
+
+def close(sb: Builder, name: str, params: list[Var],
+          outputs: list[Atom]) -> tuple[Function, list[Var]]:
+    """What `sb` built, as a closed function: the outer values it reads
+    become parameters after `params`.  Returns it and those outer values."""
+    defined: set[Var] = set(params)
+    free: dict[Var, Var] = {}
+
+    def sub(a: Atom) -> Atom:
+        if isinstance(a, Var) and a not in defined:
+            return free.setdefault(a, Var(a.type, a.hint))
+        return a
+
+    eqns = []
+    for eqn in sb.eqns:
+        eqns.append(Eqn(eqn.op, tuple(sub(a) for a in eqn.inputs), eqn.outputs,
+                        eqn.params, eqn.span))
+        defined.update(eqn.outputs)
+    outs = [sub(a) for a in outputs]
+    fn = Function(name, tuple(params) + tuple(free.values()), tuple(eqns), tuple(outs))
+    return fn, list(free)
+
+
+def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> None:
+    cond = lw.expr(b, stmt.cond, env)
+    if is_static(cond):
+        if isinstance(cond, Sym):
+            raise NeedsConcrete("a size is an if condition")
+        if isinstance(cond, tuple):
+            raise GradError("an if condition cannot be a tuple", stmt.cond.span)
+        lw.statements(b, stmt.body if cond else stmt.orelse, env)
+        return
+    if cond.type.dtype != "bool" or cond.type.rank != 0:
+        raise GradError(f"an if condition must be known at compile time or be a scalar "
+                        f"bool, got {cond.type}; select elementwise with where()",
+                        stmt.cond.span)
+    branches = [dict(env), dict(env)]
+    lw.statements(b, stmt.body, branches[0])
+    lw.statements(b, stmt.orelse, branches[1])
+    for name in dict.fromkeys(ast.assigned_names(stmt.body) + ast.assigned_names(stmt.orelse)):
+        if name not in branches[0] or name not in branches[1]:
+            env.pop(name, None)
+            continue
+        env[name] = _select(b, cond, branches[0][name], branches[1][name], name, stmt)
+
+
+def _select(b: Builder, cond: Atom, x: Value, y: Value, name: str, stmt: ast.If) -> Value:
+    if x is y or (is_static(x) and is_static(y) and type(x) is type(y) and x == y):
+        return x
+    if is_static(x) and is_static(y):
+        x, y = unify(b, [x, y], stmt.span, arithmetic=False)
+    elif is_static(x):
+        x = as_atom(b, x, stmt.span, y.type.dtype)
+    elif is_static(y):
+        y = as_atom(b, y, stmt.span, x.type.dtype)
+    if x.type != y.type:
+        raise GradError(f"{name!r} is {x.type} after the if branch but {y.type} after the "
+                        "else branch; both branches must bind it with the same type",
+                        stmt.span)
+    return b.bind("where", cond, x, y, span=stmt.span, hint=name)
