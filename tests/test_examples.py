@@ -145,6 +145,9 @@ def example_args(rng):
         "segment_pool": [("pool", (rng.normal(size=(4, 2)), np.array([2, 0, 2, -3]), 3))],
         "logistic": [("loss", (rng.normal(size=(3, 2)), np.array([1.0, -1.0, 1.0]),
                                rng.normal(size=2)))],
+        "grow": [("grow", (rng.uniform(0.1, 0.9, size=4), 0.5, 3))],
+        "rnn": [("rnn", (rng.normal(size=3), rng.normal(size=(3, 3)) / 2, rng.normal(size=3),
+                         3))],
     }
 
 

@@ -1,0 +1,336 @@
+"""`for` loops and `if` statements: values against NumPy loops, gradients
+against central differences in f64 (orders 1 and 2), the reference
+interpreter against the compiled code, and the errors they raise."""
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from gradlang.compiler.interpret import interpret
+from gradlang.compiler.ir import TensorType, print_function
+from gradlang.compiler.pipeline import front_end, lower_entry
+from gradlang.compiler.verify import verify
+from helpers import central_difference
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+SOURCE = """
+def steps(u, kappa, start: i64, stop: i64, step: i64):
+    for i in range(start, stop, step):
+        u = u + kappa * u * (1 - u) + 0.01 * i
+    return u
+
+def nested(x, n: i64, m: i64):
+    acc = x * 0
+    for i in range(n):
+        y = x
+        for j in range(m):
+            y = sin(y) + 0.5 * x
+        acc = acc + y * i
+    return sum(acc)
+
+def two_carried(x, y, n: i64):
+    for i in range(n):
+        x, y = y * 0.9, x * y + 0.1
+    return sum(x * y)
+
+def branchy(x, flag: const):
+    if flag > 1:
+        z = x * 3
+    elif flag > 0:
+        z = x * 2
+    else:
+        z = exp(x)
+    if x.ndim == 1:
+        z = z + 1
+    return sum(z * x)
+
+def runtime_if(x, t):
+    if t > 0.0:
+        y = sin(x) * t
+    else:
+        y = x * x
+    return sum(y)
+
+def unrolled(x):
+    for i in range(3):
+        x = x * x + 1
+    return x
+
+def smooth(x) -> f64:
+    return sin(x)
+grad(g):
+    return g * cos(x) * 2
+
+def uses_block(x, n: i64):
+    for i in range(n):
+        x = smooth(x)
+    return sum(x)
+
+def block_with_loop(x, n: i64):
+    y = x
+    for i in range(n):
+        y = y * x
+    return y
+grad(g):
+    d = g * 0
+    p = g
+    for i in range(n):
+        d = d + p
+        p = p * x
+    return d
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def module(target: str = "cpu") -> dsl.Module:
+    return dsl.loads(SOURCE, target=target, host_results=True)
+
+
+def grow_numpy(u, kappa, n):
+    for _ in range(n):
+        u = u + kappa * u * (1 - u)
+    return np.sum(u * u)
+
+
+@functools.lru_cache(maxsize=None)
+def grow():
+    return dsl.load(EXAMPLES / "grow.grad").grow
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(0, 7), seed=st.integers(0, 2 ** 16))
+def test_grow_value_and_gradient(n, seed):
+    rng = np.random.default_rng(seed)
+    u, kappa = rng.uniform(0.1, 0.9, size=3), rng.uniform(0.1, 1.0)
+    f = grow()
+    np.testing.assert_allclose(f(u, kappa, n), grow_numpy(u, kappa, n), rtol=1e-12)
+    du, dk = dsl.grad(f, wrt=(0, 1))(u, kappa, n)
+    np.testing.assert_allclose(du, central_difference(lambda u: grow_numpy(u, kappa, n), [u], 0),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        dk, central_difference(lambda k: grow_numpy(u, k, n), [np.float64(kappa)], 0),
+        rtol=1e-6, atol=1e-9)
+
+
+def test_grow_second_order_and_hvp():
+    f = grow()
+    u, kappa, n = np.array([0.2, 0.5, 0.7]), 0.8, 6
+    first = dsl.grad(f)
+    second = dsl.grad(lambda_sum := dsl.grad(f, wrt=1), wrt=1)(u, kappa, n)
+    fd = central_difference(lambda k: lambda_sum(u, k, n), [np.float64(kappa)], 0)
+    np.testing.assert_allclose(second, fd, rtol=1e-6)
+    v = np.array([0.3, -1.0, 2.0])
+    hv = dsl.hvp(f, wrt=0)(u, kappa, n, v)
+    eps = 1e-6
+    fd = (first(u + eps * v, kappa, n) - first(u - eps * v, kappa, n)) / (2 * eps)
+    np.testing.assert_allclose(hv, fd, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("bounds", [(0, 5, 1), (5, 0, -1), (7, -3, -3), (2, 9, 4), (3, 3, 1),
+                                    (4, 1, 1)])
+def test_range_bounds_as_python(bounds):
+    u, kappa = np.array([0.3, 0.6]), 0.4
+    expected = u.copy()
+    for i in range(*bounds):
+        expected = expected + kappa * expected * (1 - expected) + 0.01 * i
+    f = module().steps
+    np.testing.assert_allclose(f(u, kappa, *bounds), expected, rtol=1e-12)
+    g = dsl.grad(f, wrt=(0, 1))(u, kappa, *bounds)
+
+    def numpy_steps(u, k):
+        for i in range(*bounds):
+            u = u + k * u * (1 - u) + 0.01 * i
+        return u
+    np.testing.assert_allclose(g[0], central_difference(lambda u: numpy_steps(u, kappa), [u], 0),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(g[1], central_difference(lambda k: numpy_steps(u, k),
+                                                        [np.float64(kappa)], 0),
+                               rtol=1e-6, atol=1e-9)
+
+
+def test_runtime_step_zero_is_an_argument_error():
+    with pytest.raises(dsl.ArgumentError, match="step must not be zero"):
+        module().steps(np.array([0.5]), 0.1, 0, 3, 0)
+
+
+def test_nested_loops_values_and_gradients():
+    x = np.array([0.3, -0.8])
+
+    def ref(x, n=3, m=2):
+        acc = x * 0
+        for i in range(n):
+            y = x
+            for _ in range(m):
+                y = np.sin(y) + 0.5 * x
+            acc = acc + y * i
+        return np.sum(acc)
+    f = module().nested
+    np.testing.assert_allclose(f(x, 3, 2), ref(x), rtol=1e-12)
+    np.testing.assert_allclose(dsl.grad(f)(x, 3, 2), central_difference(ref, [x], 0), rtol=1e-6)
+    h = dsl.hvp(f, wrt=0)(x, 3, 2, np.array([1.0, 0.0]))
+    eps = 1e-6
+    g = dsl.grad(f)
+    fd = (g(x + [eps, 0], 3, 2) - g(x - [eps, 0], 3, 2)) / (2 * eps)
+    np.testing.assert_allclose(h, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_several_carried_values_swap_each_trip():
+    x, y = np.array([0.5, 1.5]), np.array([-0.3, 0.2])
+
+    def ref(x, y, n=4):
+        for _ in range(n):
+            x, y = y * 0.9, x * y + 0.1
+        return np.sum(x * y)
+    f = module().two_carried
+    np.testing.assert_allclose(f(x, y, 4), ref(x, y), rtol=1e-12)
+    gx, gy = dsl.grad(f, wrt=(0, 1))(x, y, 4)
+    np.testing.assert_allclose(gx, central_difference(ref, [x, y], 0), rtol=1e-6)
+    np.testing.assert_allclose(gy, central_difference(ref, [x, y], 1), rtol=1e-6)
+
+
+def test_rnn_example_gradients_match_finite_differences():
+    f = dsl.load(EXAMPLES / "rnn.grad").rnn
+    rng = np.random.default_rng(3)
+    h, w, b = rng.normal(size=3), rng.normal(size=(3, 3)) / 2, rng.normal(size=3)
+
+    def ref(h, w, b, n=5):
+        for _ in range(n):
+            h = np.tanh(h @ w + b)
+        return np.sum(h * h)
+    np.testing.assert_allclose(f(h, w, b, 5), ref(h, w, b), rtol=1e-12)
+    grads = dsl.grad(f, wrt=(0, 1, 2))(h, w, b, 5)
+    for k, g in enumerate(grads):
+        np.testing.assert_allclose(g, central_difference(ref, [h, w, b], k), rtol=1e-6,
+                                   atol=1e-9)
+
+
+def test_static_branches_pick_one_body():
+    x = np.array([0.5, -1.0])
+    f = module().branchy
+    for flag, z in [(2, x * 3), (1, x * 2), (0, np.exp(x))]:
+        np.testing.assert_allclose(f(x, flag), np.sum((z + 1) * x), rtol=1e-12)
+    np.testing.assert_allclose(dsl.grad(f)(x, 0), central_difference(
+        lambda x: np.sum((np.exp(x) + 1) * x), [x], 0), rtol=1e-6)
+
+
+def test_runtime_bool_branch_values_and_gradients():
+    x = np.array([0.5, -1.0, 2.0])
+    f = module().runtime_if
+    for t in (0.7, -0.2):
+        def ref(x, t):
+            return np.sum(np.sin(x) * t) if t > 0 else np.sum(x * x)
+        np.testing.assert_allclose(f(x, t), ref(x, t), rtol=1e-12)
+        gx, gt = dsl.grad(f, wrt=(0, 1))(x, t)
+        np.testing.assert_allclose(gx, central_difference(ref, [x, np.float64(t)], 0),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(gt, central_difference(ref, [x, np.float64(t)], 1),
+                                   rtol=1e-6, atol=1e-9)
+
+
+def test_constant_bounds_second_order():
+    f = module().unrolled
+    x = np.array([0.3, -0.4])
+    ref = lambda x: ((x * x + 1) ** 2 + 1) ** 2 + 1  # noqa: E731
+    np.testing.assert_allclose(f(x), ref(x), rtol=1e-12)
+    g = dsl.grad(f)
+    np.testing.assert_allclose(dsl.grad(g)(x), central_difference(
+        lambda x: g(x), [x], 0), rtol=1e-6)
+
+
+def test_loop_body_uses_a_grad_block():
+    # smooth's block says the derivative is 2 cos(x), twice the true one
+    x = np.array([0.4, 1.1])
+    n = 3
+    expected, y = np.ones_like(x), x.copy()
+    for _ in range(n):
+        expected = expected * 2 * np.cos(y)
+        y = np.sin(y)
+    np.testing.assert_allclose(module().uses_block(x, n), np.sum(y), rtol=1e-12)
+    np.testing.assert_allclose(dsl.grad(module().uses_block)(x, n), expected, rtol=1e-12)
+
+
+def test_grad_block_with_a_loop_at_second_order():
+    # the value is x**(n+1); the block returns sum_{k<n} x**k, not the true
+    # derivative, so the results show it is the block that is differentiated
+    x, n = np.array([0.7, 1.3]), 3
+    f = module().block_with_loop
+    np.testing.assert_allclose(f(x, n), x ** (n + 1), rtol=1e-12)
+    block = lambda x: sum(x ** k for k in range(n))  # noqa: E731
+    np.testing.assert_allclose(dsl.grad(f)(x, n), block(x), rtol=1e-12)
+    np.testing.assert_allclose(dsl.grad(dsl.grad(f))(x, n),
+                               central_difference(block, [x], 0), rtol=1e-6)
+
+
+def test_interpreter_agrees_with_compiled_code_and_ir_verifies():
+    m, ns = front_end(SOURCE, "loops.grad")
+    types = {"x": TensorType("f64", (2,)), "n": TensorType("i64", ()),
+             "m": TensorType("i64", ())}
+    fn = lower_entry(ns, m.func("nested"), types)
+    verify(fn, "lower")
+    text = print_function(fn)
+    assert "= loop " in text and "func @for_j" in text
+    x = np.array([0.3, -0.8])
+    (value,) = interpret(fn, x, np.int64(3), np.int64(2))
+    np.testing.assert_allclose(value, module().nested(x, 3, 2), rtol=1e-12)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def error_of(source: str) -> dsl.GradError:
+    with pytest.raises(dsl.GradError) as info:
+        m = dsl.loads(source, file="bad.grad")
+        m.f(np.array([1.0, 2.0]), 3)
+    return info.value
+
+
+def test_carried_value_changing_type_is_an_error_with_both_types():
+    err = error_of("def f(x, n: i64):\n    s = 0.0\n    for i in range(n):\n"
+                   "        s = s + x\n    return s\n")
+    text = str(err)
+    assert "'s' changes type in the loop: f64 before an iteration, f64[2] after it" in text
+    assert err.line == 4 and "bad.grad:4:9" in text
+    assert text.splitlines()[-1].strip() == "^" * len("s = s + x")
+
+
+def test_branches_with_different_types_are_an_error():
+    err = error_of("def f(x, n: i64):\n    if n > 0:\n        y = x\n    else:\n"
+                   "        y = sum(x)\n    return y\n")
+    assert "'y' is f64[2] after the if branch but f64 after the else branch" in str(err)
+    assert err.line == 2 and "^^^^^^^^" in str(err)
+
+
+def test_name_bound_in_one_branch_is_an_error_where_read():
+    err = error_of("def f(x, n: i64):\n    if n > 0:\n        y = x\n    return y\n")
+    assert "name 'y' is bound in only some branches of the if at line 2" in str(err)
+    assert (err.line, err.col) == (4, 12)
+
+
+def test_name_bound_only_in_a_loop_is_an_error_where_read():
+    err = error_of("def f(x, n: i64):\n    for i in range(n):\n        y = x\n    return y\n")
+    assert "name 'y' is bound only inside the for loop at line 2" in str(err)
+
+
+@pytest.mark.parametrize("header, message, col", [
+    ("for i in range(1.5):", "range() takes integers, got a float", 20),
+    ("for i in range(0, 4, 0):", "range() step must not be zero", 26),
+    ("for i in range(x):", "range() takes integer scalars, got f64[2]", 20),
+    ("for i in [1, 2]:", "a for loop iterates over range(", 14),
+])
+def test_bad_ranges_are_errors_at_the_argument(header, message, col):
+    err = error_of(f"def f(x, n: i64):\n    {header}\n        x = x + 1\n    return x\n")
+    assert message in str(err) and (err.line, err.col) == (2, col)
+
+
+def test_return_inside_a_loop_is_an_error():
+    err = error_of("def f(x, n: i64):\n    for i in range(n):\n        return x\n    return x\n")
+    assert "return inside a for loop is not supported" in str(err) and err.line == 3
+
+
+def test_elementwise_condition_points_to_where():
+    err = error_of("def f(x, n: i64):\n    if x > 0.0:\n        x = x * 2\n    return x\n")
+    assert "select elementwise with where()" in str(err) and err.line == 2
