@@ -247,6 +247,14 @@ class GradBlock:
 class Decorator:
     name: str
     span: Span
+    args: tuple[Keyword, ...] = ()  # `@recompute(every=4)`
+
+
+def has_loop(body: tuple[Stmt, ...]) -> bool:
+    """Whether a statement list holds a for loop, at any depth."""
+    return any(isinstance(s, For) or isinstance(s, If) and (has_loop(s.body)
+                                                            or has_loop(s.orelse))
+               for s in body)
 
 
 @dataclass(frozen=True)

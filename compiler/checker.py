@@ -79,6 +79,8 @@ class _Function:
             if d.name not in DECORATORS:
                 raise GradError(f"unknown decorator @{d.name} (known: "
                                 f"{', '.join('@' + n for n in DECORATORS)})", d.span)
+        for d in f.decorators:
+            self.decorator_args(d)
         decorators = [d.name for d in f.decorators]
         if len(set(decorators)) != len(decorators) or len(decorators) > 1:
             raise GradError(f"{f.name}() takes at most one of @recompute and @pass_through",
@@ -96,6 +98,19 @@ class _Function:
         for k, block in enumerate(f.grads, start=1):
             n_outputs = self.grad_block(block, k, n_outputs, visible)
             visible |= set(block.upstream) | _assigned(block.body)
+
+    @staticmethod
+    def decorator_args(d: ast.Decorator) -> None:
+        """Only `@recompute(every=K)` takes an argument: a positive integer
+        literal, the checkpoint interval of the function's loops."""
+        for k in d.args:
+            if d.name != "recompute" or k.name != "every":
+                raise GradError(f"@{d.name} takes no argument {k.name!r}"
+                                + (" (only every=)" if d.name == "recompute" else ""), k.span)
+            if not (isinstance(k.value, ast.Num) and isinstance(k.value.value, int)
+                    and k.value.value >= 1):
+                raise GradError("every= takes a positive integer literal (the checkpoint "
+                                "interval in loop trips)", k.value.span)
 
     def not_a_param(self, name: str, span, what: str) -> None:
         if name in self.ns.params:

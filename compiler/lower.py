@@ -44,6 +44,9 @@ class Lowerer:
         self.namespace = namespace
         self.call_stack: list[str] = []
         self.arguments: dict[Var, str] = {}  # the entry parameters, by name
+        # inside a @recompute function with loops: their checkpoint interval
+        # (trips per segment), or "sqrt" for about the trip count's root
+        self.checkpoint: "int | str | None" = None
 
     def lower_entry(self, fdef: ast.FuncDef, types: dict[str, TensorType],
                     name: Optional[str] = None) -> Function:
@@ -92,6 +95,13 @@ class Lowerer:
             inputs[w] = caller_env[w]
         self.call_stack.append(fdef.name)
         try:
+            every = control.checkpoint_interval(fdef)
+            if every is not None:
+                outer, self.checkpoint = self.checkpoint, every
+                try:
+                    return self.block(b, fdef.body, inputs)
+                finally:
+                    self.checkpoint = outer
             if fdef.grads or fdef.decorators:
                 return lower_staged(self, b, fdef, ns, inputs, span)
             return self.block(b, fdef.body, inputs)

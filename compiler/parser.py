@@ -243,7 +243,11 @@ class _ToAst(Transformer):
                            tuple(grads), decorators, _tok_span(self.file, name))
 
     def decorator(self, meta, children):
-        return ast.Decorator(str(children[0]), self.s(meta))
+        name, args = children
+        args = args or ()
+        if any(not isinstance(a, ast.Keyword) for a in args):
+            raise GradError(f"@{name} takes keyword arguments only", self.s(meta))
+        return ast.Decorator(str(name), self.s(meta), tuple(args))
 
     def params(self, meta, children):
         return tuple(c for c in children if c is not None)
