@@ -28,6 +28,7 @@ from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.shapes import Sym, broadcasts_to
+from gradlang.runtime.errors import GradError
 
 
 # One step of the forward sweep: the equation as copied (its inputs renamed),
@@ -197,12 +198,13 @@ def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
     floats = [[k for k, a in enumerate(group) if a.type.is_float] for group in (carry, inv, xs)]
     offsets = (1, 1 + n_carry, 1 + n_carry + n_inv)
     wrt = [off + k for off, group in zip(offsets, floats) for k in group]
+    body, wide = _widened(body, n_carry, floats[1])
     joint = vjp(body, wrt)
     with_ct = [k for k, ct in enumerate(out_cts[n_carry:]) if ct is not None]
     bb = Builder()
     index = Var(body.params[0].type, "i")
     ct_carry = [Var(carry[k].type, "dc") for k in floats[0]]
-    sums = [Var(inv[k].type, "dsum") for k in floats[1]]
+    sums = [Var(wide.get(k, inv[k].type), "dsum") for k in floats[1]]
     inv_params = [Var(a.type, a.hint) for a in inv]
     starts = [Var(body.params[1 + k].type, "c") for k in range(n_carry)]
     x_slices = [Var(body.params[offsets[2] + k].type, "x") for k in range(len(xs))]
@@ -213,7 +215,9 @@ def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
     given_y = dict(zip(with_ct, y_cts))
     body_cts += [given_y[k] if k in given_y else ops.zeros_like(bb, body.out_types[n_carry + k])
                  for k in range(len(ys_types))]
-    results = inline(bb, joint, [index] + starts + inv_params + x_slices + body_cts)
+    inv_args = [bb.bind("broadcast_to", a, shape=wide[k].shape) if k in wide else a
+                for k, a in enumerate(inv_params)]
+    results = inline(bb, joint, [index] + starts + inv_args + x_slices + body_cts)
     grads = results[len(body.outputs):]
     n_c, n_i = len(floats[0]), len(floats[1])
     new_sums = [bb.bind("add", s, g) for s, g in zip(sums, grads[n_c:n_c + n_i])]
@@ -221,7 +225,7 @@ def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
                            + starts + x_slices + y_cts,
                            grads[:n_c] + new_sums + grads[n_c + n_i:])
     init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
-            for k in floats[0]] + [ops.zeros_like(b, inv[k].type) for k in floats[1]]
+            for k in floats[0]] + [ops.zeros_like(b, s.type) for s in sums]
     xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct]
     outs = b.bind_multi("loop", *bounds, *init, *inv, *xs_b, span=eqn.span, body=backward,
                         n_carry=n_c + n_i, n_inv=n_inv, trip=p["trip"],
@@ -229,7 +233,42 @@ def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
     targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
         [xs[k] for k in floats[2]]
     for a, ct in zip(targets, outs):
-        cots.accumulate(a, ct, None)
+        cots.accumulate(a, ops.unbroadcast(b, ct, a.type.shape), None)
+
+
+def _widened(body: Function, n_carry: int, float_invariants: list[int]
+             ) -> tuple[Function, dict[int, TensorType]]:
+    """An elementwise loop body whose float invariants are retyped to the
+    shape S of its carried values (where they broadcast to it), and the new
+    types by invariant.  Its VJP then sums their cotangents at S, with no
+    reduction in the backward loop's body, which can run in one kernel; the
+    sums are reduced once, after the loop.  The body unchanged (and no
+    new types) when it is not elementwise, its results differ in shape, or
+    the retyped body does not type-check."""
+    shape = body.out_types[0].shape if body.outputs else ()
+    elementwise = all(ops.OPS[e.op].kind == "elementwise" or e.op == "broadcast_to"
+                      for e in body.eqns)
+    wide = {k: TensorType(body.params[1 + n_carry + k].type.dtype, shape)
+            for k in float_invariants
+            if body.params[1 + n_carry + k].type.shape != shape
+            and broadcasts_to(body.params[1 + n_carry + k].type.shape, shape)}
+    if not wide or not elementwise or any(t.shape != shape for t in body.out_types):
+        return body, {}
+    b = Builder()
+    params = [Var(wide[k - 1 - n_carry], v.hint) if k - 1 - n_carry in wide else v
+              for k, v in enumerate(body.params)]
+    env: dict[Var, Atom] = dict(zip(body.params, params))
+    try:
+        for eqn in body.eqns:
+            outs = b.bind_multi(eqn.op, *[env.get(a, a) if isinstance(a, Var) else a
+                                          for a in eqn.inputs], span=eqn.span, **eqn.p)
+            env.update(zip(eqn.outputs, outs))
+    except GradError:
+        return body, {}
+    outputs = [env.get(a, a) if isinstance(a, Var) else a for a in body.outputs]
+    if [a.type for a in outputs] != list(body.out_types):
+        return body, {}
+    return b.function(body.name, params, outputs), wide
 
 
 def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom,

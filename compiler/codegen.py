@@ -34,10 +34,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
-from gradlang.compiler.fusion import Loop, fuse
+from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import OPS, loop_cost, python_slices
-from gradlang.compiler.shapes import Dim, Sym, prod
+from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.runtime import target as targets
 from gradlang.runtime.common import c_strides, stride_table
 from gradlang.runtime.target import Target
@@ -112,57 +112,15 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     'out' or 'aux', with the value it is for).  The name is a hash of the
     source, so equal loops render the same kernel."""
     names: dict[Var, str] = {}
-    args: list[str] = []
-    pre: list[str] = []
-    body: list[str] = []
-    kinds: list[tuple[str, Var]] = []
-
-    for k, v in enumerate(loop.inputs):
-        arg = f"in{k}"
-        args.append(arg)
-        kinds.append(("in", v))
-        kind = access_kind(v.type.shape, loop.shape)
-        if kind == "full":
-            body.append(f"a{k} = {arg}[i]")
-        elif kind == "scalar":
-            pre.append(f"a{k} = {arg}[0]")
-        elif kind == "suffix":
-            pre.append(f"m{k} = {arg}.shape[0]")
-            body.append(f"a{k} = {arg}[i % m{k}]")
-        elif kind == "outer":
-            body.append(f"a{k} = {arg}[i // q{k}]")
-        else:
-            # g: (out stride, out size, in stride) per axis, flattened
-            body.append(f"j{k} = 0")
-            body.append(f"for r in range(0, len(g{k}), 3):")
-            body.append(f"    j{k} += ((i // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
-            body.append(f"a{k} = {arg}[j{k}]")
-        names[v] = f"a{k}"
+    args, pre, body = _read_inputs(loop.inputs, loop.shape, names)
+    kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
     for j, v in enumerate(loop.outputs):
         args.append(f"out{j}")
         kinds.append(("out", v))
-    for k, v in enumerate(loop.inputs):
-        kind = access_kind(v.type.shape, loop.shape)
-        if kind in ("outer", "general"):
-            args.append(f"q{k}" if kind == "outer" else f"g{k}")
-            kinds.append(("aux", v))
-
-    def ref(a: Atom) -> str:
-        return _literal(a) if isinstance(a, Lit) else names[a]
-
-    for n, eqn in enumerate(loop.eqns):
-        out = eqn.outputs[0]
-        local = f"v{n}"
-        names[out] = local
-        op = OPS[eqn.op]
-        if eqn.op == "full":
-            expr = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())))
-        elif eqn.op == "broadcast_to":
-            expr = ref(eqn.inputs[0])
-        else:
-            expr = op.template.format(
-                *[ref(a) for a in eqn.inputs], T=out.type.dtype)
-        body.append(f"{local} = {out.type.dtype}({expr})")
+    aux = _aux_args(loop.inputs, loop.shape)
+    args += [arg for arg, _ in aux]
+    kinds += [("aux", v) for _, v in aux]
+    body += _eqn_lines(loop.eqns, names)
     reduced = None
     for j, v in enumerate(loop.outputs):
         if loop.reduction is not None and v in loop.reduction.outputs:
@@ -181,11 +139,155 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     return kname, wrap(kname), kinds
 
 
+def _read_inputs(inputs: list[Var], shape, names: dict[Var, str]
+                 ) -> tuple[list[str], list[str], list[str]]:
+    """Kernel arguments `in<k>` for `inputs`, each read at flat index i of
+    a loop over `shape` as its access kind says, into `a<k>` (recorded in
+    `names`): (arguments, lines before the loop, lines in it)."""
+    args, pre, body = [], [], []
+    for k, v in enumerate(inputs):
+        arg = f"in{k}"
+        args.append(arg)
+        kind = access_kind(v.type.shape, shape)
+        if kind == "full":
+            body.append(f"a{k} = {arg}[i]")
+        elif kind == "scalar":
+            pre.append(f"a{k} = {arg}[0]")
+        elif kind == "suffix":
+            pre.append(f"m{k} = {arg}.shape[0]")
+            body.append(f"a{k} = {arg}[i % m{k}]")
+        elif kind == "outer":
+            body.append(f"a{k} = {arg}[i // q{k}]")
+        else:
+            # g: (out stride, out size, in stride) per axis, flattened
+            body.append(f"j{k} = 0")
+            body.append(f"for r in range(0, len(g{k}), 3):")
+            body.append(f"    j{k} += ((i // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
+            body.append(f"a{k} = {arg}[j{k}]")
+        names[v] = f"a{k}"
+    return args, pre, body
+
+
+def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
+    """The extra arguments (`access_aux`) the inputs' access kinds need."""
+    out = []
+    for k, v in enumerate(inputs):
+        kind = access_kind(v.type.shape, shape)
+        if kind in ("outer", "general"):
+            out.append((f"q{k}" if kind == "outer" else f"g{k}", v))
+    return out
+
+
+def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v") -> list[str]:
+    """One line per elementwise equation, from the op table's templates:
+    its value in a local `<prefix><k>` (recorded in `names`)."""
+    def ref(a: Atom) -> str:
+        return _literal(a) if isinstance(a, Lit) else names[a]
+
+    lines = []
+    for n, eqn in enumerate(eqns):
+        out = eqn.outputs[0]
+        local = f"{prefix}{n}"
+        names[out] = local
+        if eqn.op == "full":
+            expr = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())))
+        elif eqn.op == "broadcast_to":
+            expr = ref(eqn.inputs[0])
+        else:
+            expr = OPS[eqn.op].template.format(*[ref(a) for a in eqn.inputs],
+                                               T=out.type.dtype)
+        lines.append(f"{local} = {out.type.dtype}({expr})")
+    return lines
+
+
+# ------------------------------------------------------- loops in a kernel
+
+
+def kernel_loop_shape(eqn: Eqn) -> Optional[tuple]:
+    """The element shape of a `loop` that can run inside one kernel (its
+    trips in sequence within each element, the elements in parallel), or
+    None: its body must be elementwise, every carried value and stacked
+    slice of one shape S, every invariant broadcasting to S."""
+    p = eqn.p
+    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    if n_carry == 0 or any(e.op not in FUSIBLE for e in body.eqns):
+        return None
+    shape = body.out_types[0].shape
+    slices = body.params[1 + n_carry + n_inv:]
+    if any(t.shape != shape for t in body.out_types) or \
+            any(v.type.shape != shape for v in slices):
+        return None
+    invariants = eqn.inputs[3 + n_carry:3 + n_carry + n_inv]
+    if not all(broadcasts_to(a.type.shape, shape) for a in invariants) or \
+            not all(broadcasts_to(o.type.shape, shape) for e in body.eqns for o in e.outputs):
+        return None
+    return shape
+
+
+def render_loop_kernel(eqn: Eqn, shape, target: Target
+                       ) -> tuple[str, str, list[Var], list[Var]]:
+    """The kernel running a `loop` whose element shape is `shape`
+    (`kernel_loop_shape`): its name, its source, the values it reads as
+    inputs, and those it takes aux arguments for.  Its arguments: n,
+    trips, start, step, those inputs (the carried values' initial values
+    and the invariants), the stacked inputs, the carried results, the
+    stacked results, then the aux ones."""
+    p = eqn.p
+    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    names: dict[Var, str] = {}
+    reads = [a for a in eqn.inputs[3:3 + n_carry + n_inv] if isinstance(a, Var)]
+    args, pre, lines = _read_inputs(reads, shape, names)
+    index, carry = body.params[0], body.params[1:1 + n_carry]
+    invariants = body.params[1 + n_carry:1 + n_carry + n_inv]
+    slices = body.params[1 + n_carry + n_inv:]
+    for j, (param, init) in enumerate(zip(carry, eqn.inputs[3:3 + n_carry])):
+        lines.append(f"c{j} = {_literal(init) if isinstance(init, Lit) else names[init]}")
+        names[param] = f"c{j}"
+    for param, outer in zip(invariants, eqn.inputs[3 + n_carry:3 + n_carry + n_inv]):
+        names[param] = names[outer]
+    args += [f"xs{j}" for j in range(len(slices))]
+    args += [f"out{j}" for j in range(n_carry)]
+    n_ys = len(body.outputs) - n_carry
+    args += [f"ys{j}" for j in range(n_ys)]
+    aux = _aux_args(reads, shape)
+    args += [arg for arg, _ in aux]
+    names[index] = "ix"
+    trip = ["t = trips - 1 - tt" if p["reverse"] else "t = tt", "ix = i64(start + t * step)"]
+    for j, param in enumerate(slices):
+        trip.append(f"x{j} = xs{j}[t * n + i]")
+        names[param] = f"x{j}"
+    trip += _eqn_lines(body.eqns, names, "w")
+
+    def ref(a: Atom) -> str:
+        return _literal(a) if isinstance(a, Lit) else names[a]
+
+    trip += [f"ys{j}[t * n + i] = {ref(y)}" for j, y in enumerate(body.outputs[n_carry:])]
+    new = [ref(c) for c in body.outputs[:n_carry]]
+    trip.append(f"{', '.join(f'c{j}' for j in range(n_carry))} = {', '.join(new)}")
+    lines += ["for tt in range(trips):"] + ["    " + l for l in trip]
+    lines += [f"out{j}[i] = c{j}" for j in range(n_carry)]
+
+    def wrap(kname: str) -> str:
+        return target.render_loop(kname, ["trips", "start", "step"] + args, pre, lines)
+    kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
+    return kname, wrap(kname), reads, [v for _, v in aux]
+
+
 def work_per_element(loop: Loop) -> int:
     """`ops.loop_cost` of a loop's ops, the sum it may end in included:
     what a target weighs against the cost of running it in parallel."""
     eqns = loop.eqns + ([loop.reduction] if loop.reduction is not None else [])
+    return work_per_element_of(eqns)
+
+
+def work_per_element_of(eqns) -> int:
     return loop_cost(e.op for e in eqns)
+
+
+# A kernel running a loop does this many trips' work per element, as far
+# as choosing to run it in parallel goes (the count is known only at run
+# time; a loop is there to run many).
+_TRIPS_GUESS = 64
 
 
 def kernel_signature(loop: Loop) -> str:
@@ -325,6 +427,9 @@ class _Driver:
                     if v.type.shape != (prod(v.type.shape),):
                         lines.append(f"{names[v]} = R.reshape({names[v]}, "
                                      f"{render_shape(v.type.shape)})")
+            elif step.op == "loop" and kernel_loop_shape(step) is not None:
+                lines += self.loop_in_kernel(step, ref, define)
+                fresh.update(step.outputs)
             elif step.op == "loop":
                 lines += self.loop(step, ref, define)
             else:
@@ -356,6 +461,49 @@ class _Driver:
             lines.append(f"return ({', '.join(outs)}{comma})")
         return _Rendered(params, lines, names, prologue_at, flat_params)
 
+    def loop_bounds(self, eqn: Eqn, ref, pre: str) -> tuple[list[str], str]:
+        """Driver lines binding a loop's start, stop and step (as `pre` +
+        name) and its trip count; returns them and the trip count's name."""
+        p = eqn.p
+        bounds = [str(a.value) if isinstance(a, Lit) else f"R.as_int({ref(a)})"
+                  for a in eqn.inputs[:3]]
+        trips = (size_variable(p["trip"].factors[0]) if isinstance(p["trip"], Sym)
+                 else f"{pre}trips")
+        return [f"{pre}start, {pre}stop, {pre}step = {', '.join(bounds)}",
+                f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step)"], trips
+
+    def loop_in_kernel(self, eqn: Eqn, ref, define) -> list[str]:
+        """A `loop` run by one kernel (`render_loop_kernel`)."""
+        shape = kernel_loop_shape(eqn)
+        kname, self.kernels[kname], reads, aux_values = render_loop_kernel(eqn, shape,
+                                                                           self.target)
+        pre = f"loop{self.n_bodies}_"
+        self.n_bodies += 1
+        lines, trips = self.loop_bounds(eqn, ref, pre)
+        size = prod(shape)
+        n_carry, n_inv = eqn.p["n_carry"], eqn.p["n_inv"]
+        stacked = eqn.inputs[3 + n_carry + n_inv:]
+        args = [f"R.flat({ref(v)})" for v in reads + list(stacked)]
+        for j, v in enumerate(eqn.outputs):
+            name = define(v)
+            length = render(size) if j < n_carry else f"{trips} * {render(size)}"
+            lines.append(f"{name} = R.empty({length}, np.{_np_name(v.type.dtype)})")
+            args.append(name)
+        for v in aux_values:
+            aux = access_aux(v.type.shape, shape)
+            args.append(render(aux) if not isinstance(aux, tuple) else render_shape(aux))
+        known = size if isinstance(size, int) else None
+        cost = work_per_element_of(eqn.p["body"].eqns) * _TRIPS_GUESS
+        lines.append(self.target.launch(kname, render(size), known,
+                                        [trips, f"{pre}start", f"{pre}step"] + args, cost))
+        for j, v in enumerate(eqn.outputs):
+            if j >= n_carry:  # a stack: (trips,) + the element shape
+                dims = ", ".join([trips] + [render(d) for d in v.type.shape[1:]])
+                lines.append(f"{ref(v)} = R.reshape({ref(v)}, ({dims},))")
+            elif v.type.shape != (prod(v.type.shape),):
+                lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
+        return lines
+
     def loop(self, eqn: Eqn, ref, define) -> list[str]:
         """A `loop` equation: its body as a nested function, called in a
         Python loop over the trips (the ys stacked into fresh arrays).  Its
@@ -368,12 +516,8 @@ class _Driver:
         bname, pre = f"body{k}", f"loop{k}_"
         inner = self.function(body)
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
-        bounds = [str(a.value) if isinstance(a, Lit) else f"R.as_int({ref(a)})"
-                  for a in eqn.inputs[:3]]
-        lines.append(f"{pre}start, {pre}stop, {pre}step = {', '.join(bounds)}")
-        trips = (size_variable(p["trip"].factors[0]) if isinstance(p["trip"], Sym)
-                 else f"{pre}trips")
-        lines.append(f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step)")
+        bound_lines, trips = self.loop_bounds(eqn, ref, pre)
+        lines += bound_lines
         carried = [f"{pre}c{j}" for j in range(n_carry)]
         for name, a in zip(carried, eqn.inputs[3:3 + n_carry]):
             lines.append(f"{name} = {ref(a)}")
