@@ -139,30 +139,30 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     return kname, wrap(kname), kinds
 
 
-def _read_inputs(inputs: list[Var], shape, names: dict[Var, str]
+def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i"
                  ) -> tuple[list[str], list[str], list[str]]:
-    """Kernel arguments `in<k>` for `inputs`, each read at flat index i of
-    a loop over `shape` as its access kind says, into `a<k>` (recorded in
-    `names`): (arguments, lines before the loop, lines in it)."""
+    """Kernel arguments `in<k>` for `inputs`, each read at flat index `i`
+    of a loop over `shape` as its access kind says, into `a<k>` (recorded
+    in `names`): (arguments, lines before the loop, lines in it)."""
     args, pre, body = [], [], []
     for k, v in enumerate(inputs):
         arg = f"in{k}"
         args.append(arg)
         kind = access_kind(v.type.shape, shape)
         if kind == "full":
-            body.append(f"a{k} = {arg}[i]")
+            body.append(f"a{k} = {arg}[{i}]")
         elif kind == "scalar":
             pre.append(f"a{k} = {arg}[0]")
         elif kind == "suffix":
             pre.append(f"m{k} = {arg}.shape[0]")
-            body.append(f"a{k} = {arg}[i % m{k}]")
+            body.append(f"a{k} = {arg}[{i} % m{k}]")
         elif kind == "outer":
-            body.append(f"a{k} = {arg}[i // q{k}]")
+            body.append(f"a{k} = {arg}[{i} // q{k}]")
         else:
             # g: (out stride, out size, in stride) per axis, flattened
             body.append(f"j{k} = 0")
             body.append(f"for r in range(0, len(g{k}), 3):")
-            body.append(f"    j{k} += ((i // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
+            body.append(f"    j{k} += (({i} // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
             body.append(f"a{k} = {arg}[j{k}]")
         names[v] = f"a{k}"
     return args, pre, body
@@ -228,21 +228,27 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
                        ) -> tuple[str, str, list[Var], list[Var]]:
     """The kernel running a `loop` whose element shape is `shape`
     (`kernel_loop_shape`): its name, its source, the values it reads as
-    inputs, and those it takes aux arguments for.  Its arguments: n,
-    trips, start, step, those inputs (the carried values' initial values
-    and the invariants), the stacked inputs, the carried results, the
-    stacked results, then the aux ones."""
+    inputs, and those it takes aux arguments for.  Its arguments: n (the
+    elements, or with `target.loop_block` > 1 the blocks of them), size
+    (the elements), trips, start, step, those inputs (the carried values'
+    initial values and the invariants), the stacked inputs, the carried
+    results, the stacked results, then the aux ones.  Each block holds its
+    carried values in the carried results as the trips run."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    block = target.loop_block
+    e = "i" if block == 1 else "e"  # the flat index of an element
     names: dict[Var, str] = {}
     reads = [a for a in eqn.inputs[3:3 + n_carry + n_inv] if isinstance(a, Var)]
-    args, pre, lines = _read_inputs(reads, shape, names)
+    args, pre, read_lines = _read_inputs(reads, shape, names, e)
     index, carry = body.params[0], body.params[1:1 + n_carry]
     invariants = body.params[1 + n_carry:1 + n_carry + n_inv]
     slices = body.params[1 + n_carry + n_inv:]
-    for j, (param, init) in enumerate(zip(carry, eqn.inputs[3:3 + n_carry])):
-        lines.append(f"c{j} = {_literal(init) if isinstance(init, Lit) else names[init]}")
-        names[param] = f"c{j}"
+
+    def ref(a: Atom) -> str:
+        return _literal(a) if isinstance(a, Lit) else names[a]
+
+    init = [f"out{j}[{e}] = {ref(a)}" for j, a in enumerate(eqn.inputs[3:3 + n_carry])]
     for param, outer in zip(invariants, eqn.inputs[3 + n_carry:3 + n_carry + n_inv]):
         names[param] = names[outer]
     args += [f"xs{j}" for j in range(len(slices))]
@@ -252,23 +258,26 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     aux = _aux_args(reads, shape)
     args += [arg for arg, _ in aux]
     names[index] = "ix"
-    trip = ["t = trips - 1 - tt" if p["reverse"] else "t = tt", "ix = i64(start + t * step)"]
+    step = [f"c{j} = out{j}[{e}]" for j in range(n_carry)]
+    names.update((param, f"c{j}") for j, param in enumerate(carry))
     for j, param in enumerate(slices):
-        trip.append(f"x{j} = xs{j}[t * n + i]")
+        step.append(f"x{j} = xs{j}[t * size + {e}]")
         names[param] = f"x{j}"
-    trip += _eqn_lines(body.eqns, names, "w")
-
-    def ref(a: Atom) -> str:
-        return _literal(a) if isinstance(a, Lit) else names[a]
-
-    trip += [f"ys{j}[t * n + i] = {ref(y)}" for j, y in enumerate(body.outputs[n_carry:])]
-    new = [ref(c) for c in body.outputs[:n_carry]]
-    trip.append(f"{', '.join(f'c{j}' for j in range(n_carry))} = {', '.join(new)}")
-    lines += ["for tt in range(trips):"] + ["    " + l for l in trip]
-    lines += [f"out{j}[i] = c{j}" for j in range(n_carry)]
+    step += _eqn_lines(body.eqns, names, "w")
+    step += [f"ys{j}[t * size + {e}] = {ref(y)}" for j, y in enumerate(body.outputs[n_carry:])]
+    step += [f"out{j}[{e}] = {ref(c)}" for j, c in enumerate(body.outputs[:n_carry])]
+    trip = ["t = trips - 1 - tt" if p["reverse"] else "t = tt", "ix = i64(start + t * step)"]
+    if block == 1:
+        lines = read_lines + init + ["for tt in range(trips):"]
+        lines += ["    " + l for l in trip + step]
+    else:
+        lines = [f"lo = i * {block}", f"hi = min(lo + {block}, size)",
+                 "for e in range(lo, hi):"] + ["    " + l for l in read_lines + init]
+        lines += ["for tt in range(trips):"] + ["    " + l for l in trip]
+        lines += ["    for e in range(lo, hi):"] + ["        " + l for l in read_lines + step]
 
     def wrap(kname: str) -> str:
-        return target.render_loop(kname, ["trips", "start", "step"] + args, pre, lines)
+        return target.render_loop(kname, ["size", "trips", "start", "step"] + args, pre, lines)
     kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
     return kname, wrap(kname), reads, [v for _, v in aux]
 
@@ -492,10 +501,15 @@ class _Driver:
         for v in aux_values:
             aux = access_aux(v.type.shape, shape)
             args.append(render(aux) if not isinstance(aux, tuple) else render_shape(aux))
-        known = size if isinstance(size, int) else None
         cost = work_per_element_of(eqn.p["body"].eqns) * _TRIPS_GUESS
-        lines.append(self.target.launch(kname, render(size), known,
-                                        [trips, f"{pre}start", f"{pre}step"] + args, cost))
+        args = [render(size), trips, f"{pre}start", f"{pre}step"] + args
+        block = self.target.loop_block
+        if block == 1:
+            known = size if isinstance(size, int) else None
+            lines.append(self.target.launch(kname, render(size), known, args, cost))
+        else:
+            blocks = f"({render(size)} + {block - 1}) // {block}"
+            lines.append(self.target.launch_blocks(kname, render(size), blocks, args, cost))
         for j, v in enumerate(eqn.outputs):
             if j >= n_carry:  # a stack: (trips,) + the element shape
                 dims = ", ".join([trips] + [render(d) for d in v.type.shape[1:]])

@@ -151,9 +151,10 @@ def signature_line(fn: Function, name: Callable[[Atom], str]) -> str:
     return f"func @{fn.name}({params}) -> ({outs}) {{"
 
 
-def print_function(fn: Function) -> str:
-    """MLIR-flavoured text; names are numbered in order of definition."""
-    name = namer()
+def print_function(fn: Function, name: Callable[[Atom], str] | None = None) -> str:
+    """MLIR-flavoured text; names are numbered in order of definition (a
+    sub-function's, such as a loop body's, continue its parent's)."""
+    name = name or namer()
     lines = [signature_line(fn, name)]
     lines += print_eqns(fn.eqns, name, "  ")
     lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")
@@ -174,7 +175,7 @@ def print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
         lines.append(f"{indent}{outs} = {eqn.op} {ins}{attr_text} : {types}")
         for key, sub in subs.items():
             lines.append(f"{indent}  {key}:")
-            lines += ["  " + indent + l for l in print_function(sub).splitlines()]
+            lines += ["  " + indent + l for l in print_function(sub, name).splitlines()]
     return lines
 
 

@@ -374,6 +374,7 @@ class CpuTarget(Target):
 
     name = "cpu"
     fuses_reductions = True
+    loop_block = 256  # 2 KiB per f64 value: a block's carried values stay in L1
 
     @property
     def header(self) -> str:
@@ -411,6 +412,11 @@ class CpuTarget(Target):
         else:
             kernel = f"K.{kname}" + ("" if known >= threshold else "_serial")
         return f"{kernel}({', '.join([size] + args)})"
+
+    def launch_blocks(self, kname: str, size: str, blocks: str, args: list[str],
+                      cost: int) -> str:
+        kernel = f"(K.{kname} if {size} >= {parallel_threshold(cost)} else K.{kname}_serial)"
+        return f"{kernel}({', '.join([blocks] + args)})"
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
                              body: list[str], summand: str, reduced: str) -> str:

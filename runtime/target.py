@@ -43,6 +43,10 @@ class Target:
     helpers: ModuleType
     header: str  # imports at the top of a kernel module
     fuses_reductions = False  # whether a loop may end in a sum (render_reducing_loop)
+    # Elements per iteration of a kernel that runs a whole loop (trips in
+    # sequence): more than 1 runs each trip over a block of elements, an
+    # inner loop the compiler vectorizes (launched by `launch_blocks`).
+    loop_block = 1
 
     # -- codegen: kernels and how a driver launches them
     def render_loop(self, kname: str, args: list[str], pre: list[str],
@@ -57,6 +61,12 @@ class Target:
         arithmetic is 1, one calling exp 17), for a target that picks
         between kernel variants by the total work (the CPU's serial and
         parallel ones)."""
+        raise NotImplementedError
+
+    def launch_blocks(self, kname: str, size: str, blocks: str, args: list[str],
+                      cost: int) -> str:
+        """As `launch`, for a kernel whose iterations are `blocks` blocks of
+        `loop_block` of the `size` elements."""
         raise NotImplementedError
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],

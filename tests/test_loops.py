@@ -318,6 +318,25 @@ def test_recompute_keeps_only_checkpoints():
         np.testing.assert_allclose(pullback(1.0)[0], plain(1.0)[0], rtol=1e-12)
 
 
+def test_elementwise_loop_is_one_kernel_forward_and_one_backward():
+    value_and_grad = dsl.value_and_grad(grow(), wrt=(0, 1))
+    u = np.linspace(0.1, 0.9, 5)
+    generated = value_and_grad.program(value_and_grad.bind((u, 0.5, 1000), {})).generated
+    loop_kernels = [name for name, source in generated.kernels
+                    if "for tt in range(trips):" in source]
+    assert len(loop_kernels) == 2
+    for name in loop_kernels:
+        assert generated.driver_source.count(f"K.{name} ") == 1
+    assert "def body" not in generated.driver_source  # no loop in the driver
+
+
+def test_matmul_body_loops_in_the_driver_around_kernels():
+    f = dsl.load(EXAMPLES / "rnn.grad").rnn
+    args = (np.ones(2), np.eye(2), np.zeros(2), 3)
+    driver = f.program(f.bind(args, {})).generated.driver_source
+    assert "def body0(" in driver and "for loop0_t in range(" in driver
+
+
 # ------------------------------------------------------------------ errors
 
 
