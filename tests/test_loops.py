@@ -220,6 +220,23 @@ def test_rnn_example_gradients_match_finite_differences():
                                    atol=1e-9)
 
 
+def test_heat_equation_gradient_with_respect_to_diffusivity():
+    f = dsl.load(EXAMPLES / "heat.grad").heat
+    u, alpha, n = np.sin(np.linspace(0, 3, 7)) + 1, 0.2, 5
+
+    def ref(u, alpha):
+        for _ in range(n):
+            lap = u[:-2] - 2 * u[1:-1] + u[2:]
+            u = np.concatenate([u[:1], u[1:-1] + alpha * lap, u[-1:]])
+        return np.sum(u * u)
+    np.testing.assert_allclose(f(u, alpha, n), ref(u, alpha), rtol=1e-12)
+    d_alpha = dsl.grad(f, wrt=1)
+    np.testing.assert_allclose(d_alpha(u, alpha, n), central_difference(
+        lambda a: ref(u, a), [np.float64(alpha)], 0), rtol=1e-7)
+    np.testing.assert_allclose(dsl.grad(d_alpha, wrt=1)(u, alpha, n), central_difference(
+        lambda a: d_alpha(u, a, n), [np.float64(alpha)], 0), rtol=1e-7)
+
+
 def test_static_branches_pick_one_body():
     x = np.array([0.5, -1.0])
     f = module().branchy
