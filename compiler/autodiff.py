@@ -16,8 +16,10 @@ even where that branch's derivative is inf or NaN.  A
 `custom_vjp` call (a user function with a grad block) is differentiated by
 its grad block: its `fwd` is inlined, keeping the residuals, and its `bwd`
 is inlined in the backward sweep, so a second differentiation flows through
-the residuals the block reads.  Only float values carry cotangents; uses of
-one value sum.
+the residuals the block reads.  A `loop` is differentiated by a loop over
+the same trips in reverse, whose body is the VJP of its body, reading
+the states the forward loop stacks (`_loop_pull_back`).  Only float values
+carry cotangents; uses of one value sum.
 """
 from __future__ import annotations
 

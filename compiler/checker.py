@@ -4,8 +4,11 @@ Contract: `check(module, namespace)` raises the first `GradError` it finds
 among: duplicate definitions or parameters; names that shadow a module
 `param`; unknown decorators; names read before they are defined; calls to
 unknown functions or with the wrong number of arguments or unknown
-keywords; statements after `return`; bodies without one; and the
-grad-block contract:
+keywords; statements after `return`; bodies without one; a `return`
+inside a loop or an `if`; a loop variable that rebinds a name; names read
+after a loop or an `if` that only its body or some of its branches bind
+(the error says so); decorator arguments other than `@recompute(every=K)`
+with K a positive integer; and the grad-block contract:
 
 - block 1 takes one upstream cotangent per value the function returns; a
   later block takes one per cotangent the block before it returns;
