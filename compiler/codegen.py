@@ -25,6 +25,10 @@ Contract: `generate(fn, target)` returns a `Generated` holding
   1-d argument as it is and reshapes others, a view, without R.flat's
   checks.
 
+A `loop` whose body is elementwise runs inside one kernel
+(`render_loop_kernel`: the trips in sequence per element); any other runs
+in the driver, its body a nested driver function called once per trip.
+
 Only the `Target` (`runtime.target`) differs between targets: the loop
 wrapper, how the driver launches a loop, and the helper module `R`.
 """

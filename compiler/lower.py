@@ -11,6 +11,8 @@ a `custom_vjp` equation whose backward pass is the grad block
 (`compiler.staging`); `grad(f)(...)` in the language is f's gradient IR,
 inlined, so it can be differentiated again.
 
+`for` and `if` statements lower through `compiler.control`.
+
 Values known at compile time (literals, `x.shape[k]`, arithmetic on them,
 tuples) stay Python values until they meet an array (`compiler.values`).
 Every problem is raised as a `GradError` at the span that caused it.
