@@ -409,10 +409,14 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
 
 def _central(along, step: float, rtol: float, atol: float):
     """The derivative of t -> along(t) at 0 by central differences, or None
-    where the function is not smooth there.  Two tests: estimates at step
-    and step/2 must agree (a kink inside the step moves them apart), and
-    one-sided differences must agree up to O(step) curvature (a kink at 0
-    itself makes them differ by the jump in slope, whatever the step)."""
+    where the function is not smooth there, or where rounding swamps the
+    differences.  Three tests: estimates at step and step/2 must agree (a
+    kink inside the step moves them apart); one-sided differences must
+    agree up to O(step) curvature (a kink at 0 itself makes them differ by
+    the jump in slope, whatever the step); and the f64 rounding of the
+    values, over the step, must be within the tolerance of the estimate (a
+    value of 1e8 with a slope of 0.01 along this direction cannot be
+    differenced: an iterated map far from its fixed points)."""
     at = {t: np.asarray(along(t), float) for t in (-step, -step / 2, 0.0, step / 2, step)}
     with np.errstate(all="ignore"):  # inf - inf where f overflows: rejected below
         coarse = (at[step] - at[-step]) / (2 * step)
@@ -426,6 +430,9 @@ def _central(along, step: float, rtol: float, atol: float):
         if np.any(gap > atol + rtol * np.abs(fine)):
             return None
         if np.any(one_sided > 1e-2 * scale + 10 * step * (1 + scale)):
+            return None
+        rounding = 4 * np.finfo(np.float64).eps * max(np.max(np.abs(a)) for a in at.values())
+        if rounding / step > atol + rtol * np.max(np.abs(fine)):
             return None
     return fine
 
