@@ -164,7 +164,7 @@ def _loop_forward(b: Builder, eqn: Eqn, inputs: tuple[Atom, ...]) -> _Record:
     trip count when the loop runs): the residuals of its backward loop."""
     p = eqn.p
     body, n_carry = p["body"], p["n_carry"]
-    trip = p["trip"] if p["trip"] is not None else _trip_dim(inputs[:3])
+    trip = p["trip"] if p["trip"] is not None else _trip_dim(inputs)
     stacking = Function(f"{body.name}_fwd", body.params, body.eqns,
                         body.outputs + body.params[1:1 + n_carry])
     params = {**p, "trip": trip}
@@ -174,12 +174,17 @@ def _loop_forward(b: Builder, eqn: Eqn, inputs: tuple[Atom, ...]) -> _Record:
     return record, list(results[:n_out]), list(results[n_out:])
 
 
-def _trip_dim(bounds: Sequence[Atom]):
-    """A loop's trip count as a dimension: an int when its bounds are
-    constants, else a fresh symbol, bound when the loop runs."""
-    if all(isinstance(a, Lit) for a in bounds):
-        return len(range(*(a.value for a in bounds)))
-    return Sym.named(f"trip{next(_trip_symbols)}")
+def _trip_dim(inputs: Sequence[Atom]):
+    """The trip count of a loop on `inputs` as a dimension: an int when its
+    bounds are constants, else a fresh symbol, bound when the loop runs
+    (named apart from the sizes its inputs have, which may be a user's)."""
+    if all(isinstance(a, Lit) for a in inputs[:3]):
+        return len(range(*(a.value for a in inputs[:3])))
+    taken = {f for a in inputs for d in a.type.shape if isinstance(d, Sym) for f in d.factors}
+    name = f"trip{next(_trip_symbols)}"
+    while name in taken:
+        name = f"trip{next(_trip_symbols)}"
+    return Sym.named(name)
 
 
 def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],

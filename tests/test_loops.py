@@ -2,6 +2,7 @@
 against central differences in f64 (orders 1 and 2), the reference
 interpreter against the compiled code, and the errors they raise."""
 import functools
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,23 @@ def test_range_bounds_as_python(bounds):
     np.testing.assert_allclose(g[1], central_difference(lambda k: numpy_steps(u, k),
                                                         [np.float64(kappa)], 0),
                                rtol=1e-6, atol=1e-9)
+
+
+def test_a_size_named_like_a_trip_count_is_kept_apart(monkeypatch):
+    # sizes may take a user's names (`--sig`, annotations); the trip count
+    # of the stacked states is a size symbol too, and must not be one of them
+    from gradlang.compiler import autodiff
+    from gradlang.compiler.shapes import Sym
+    monkeypatch.setattr(autodiff, "_trip_symbols", itertools.count())
+    m, ns = front_end("def f(u, n: i64):\n    for i in range(n):\n"
+                      "        u = u * u + 0.5\n    return sum(u)\n", "t.grad")
+    types = {"u": TensorType("f64", (Sym.named("trip0"),)), "n": TensorType("i64", ())}
+    g = autodiff.grad_of_sum(lower_entry(ns, m.func("f"), types), [0], False)
+    verify(g, "autodiff")
+    assert "trip1" in print_function(g)
+    u = np.array([0.3, -0.2, 0.9])
+    (got,) = interpret(g, u, np.int64(2))
+    np.testing.assert_allclose(got, 2 * (u * u + 0.5) * 2 * u, rtol=1e-12)
 
 
 def test_runtime_step_zero_is_an_argument_error():
