@@ -188,8 +188,7 @@ def _trip_dim(inputs: Sequence[Atom]):
 
 
 def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
-                    stacked: list[Atom],
-                    cots: "_Cotangents") -> None:
+                    stacked: list[Atom], cots: "_Cotangents") -> None:
     """A loop's VJP: a loop over the same trips in the other direction,
     carrying the carried values' cotangents and the sums of the
     invariants' ones, reading each trip's starting state from `stacked`;

@@ -445,6 +445,7 @@ class _Driver:
                 fresh.update(step.outputs)
             elif step.op == "loop":
                 lines += self.loop(step, ref, define)
+                fresh.update(step.outputs[step.p["n_carry"]:])  # the stacks
             else:
                 # A scatter-add may add into its base in place when the driver
                 # made it and nothing else reads it (a view of it would: a
