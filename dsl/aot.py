@@ -108,21 +108,26 @@ def _split(body: str) -> list[str]:
 def default_sig(module: Module, f: GradFn) -> str:
     """A signature f can be lowered for: annotated parameters as annotated
     (a const integer given the value 1: a count, an axis or an index), the
-    others f64 arrays sharing one size, of rank 1, else 2, else 0."""
+    others f64 arrays sharing one size, of rank 1, else 2, else 0; and if f
+    needs concrete sizes for all of those (it slices an axis), the same
+    with every named size 4."""
     candidates = []
-    for unannotated in ("[n]", "[n, n]", ""):
-        args = []
-        for spec in f.specs:
-            if spec.has_default:
-                break
-            if spec.const and spec.dtype in ("i32", "i64") and not spec.dims:
-                args.append("1")
-                continue
-            dtype = spec.dtype or "f64"
-            dims = (f"[{', '.join(map(str, spec.dims))}]" if spec.dims else "") \
-                if spec.dims is not None else unannotated
-            args.append(dtype + dims)
-        candidates.append(f"{f.name}({', '.join(args)})")
+    for size in (None, 4):
+        for unannotated in ("[n]", "[n, n]", ""):
+            args = []
+            for spec in f.specs:
+                if spec.has_default:
+                    break
+                if spec.const and spec.dtype in ("i32", "i64") and not spec.dims:
+                    args.append("1")
+                    continue
+                dtype = spec.dtype or "f64"
+                dims = (f"[{', '.join(map(str, spec.dims))}]" if spec.dims else "") \
+                    if spec.dims is not None else unannotated
+                if size is not None:
+                    dims = re.sub(r"[A-Za-z_]\w*", str(size), dims)
+                args.append(dtype + dims)
+            candidates.append(f"{f.name}({', '.join(args)})")
     for sig in candidates:
         name, args = parse_sig(sig)
         try:

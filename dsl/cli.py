@@ -31,7 +31,6 @@ import numpy as np
 import dsl
 from dsl.aot import OutputError, SignatureError
 from gradlang.compiler import pipeline
-from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError
 from gradlang.runtime.params import ParamError
@@ -138,7 +137,7 @@ def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
     (on the value and gradient for `grad-` stages, on the outputs and their
     tangents along every float argument for `jvp-` stages) and print it."""
-    from dsl.aot import _types, default_sig, parse_sig, value_needed
+    from dsl.aot import _lower, _types, default_sig, parse_sig
     from dsl.forward import jvp_function
     module = _load(args.file)
     stage, transform = pipeline.stage_of(args.emit)
@@ -158,19 +157,16 @@ def cmd_show(args) -> int:
         if args.fn and name != args.fn:
             continue
         types = _types(module, f, sig_args, sig)
+        shown = f
         if transform:
             wrt = tuple(n for n, t in types.items() if t.is_float and
                         next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
             if transform == "jvp":
-                f = jvp_function(f, wrt)
-                types = {**types, **{t: types[n] for n, t in zip(wrt, f.tangent_names)}}
+                shown = jvp_function(f, wrt)
+                types = {**types, **{t: types[n] for n, t in zip(wrt, shown.tangent_names)}}
             else:
-                f = dsl.value_and_grad(f, wrt=wrt or 0)
-        try:
-            fn = f.lower(types)
-        except NeedsValue as err:
-            raise value_needed(_lookup(module, name, args.file), err) from None
-        print(pipeline.emit(fn, stage, args.target))
+                shown = dsl.value_and_grad(f, wrt=wrt or 0)
+        print(pipeline.emit(_lower(f, shown, types, sig_args), stage, args.target))
     return 0
 
 

@@ -264,6 +264,17 @@ def test_heat_equation_gradient_with_respect_to_diffusivity():
         lambda a: d_alpha(u, a, n), [np.float64(alpha)], 0), rtol=1e-7)
 
 
+def test_show_needs_concrete_sizes_for_the_heat_equation(capsys):
+    # it slices its axis: the default signature falls back to concrete
+    # sizes, and a symbolic --sig is an error saying so (not a traceback)
+    from dsl.cli import main
+    heat = str(EXAMPLES / "heat.grad")
+    assert main(["show", heat, "--emit", "ir"]) == 0
+    assert "func @heat(%u0: f64[4]" in capsys.readouterr().out
+    assert main(["show", heat, "--emit", "ir", "--sig", "heat(f64[:], f64, i64)"]) != 0
+    assert "cannot be compiled for any size" in capsys.readouterr().err
+
+
 def test_static_branches_pick_one_body():
     x = np.array([0.5, -1.0])
     f = module().branchy
