@@ -147,8 +147,8 @@ def example_args(rng):
                                rng.normal(size=2)))],
         "grow": [("grow", (rng.uniform(0.1, 0.9, size=4), 0.5, 3))],
         "heat": [("heat", (rng.uniform(0.0, 1.0, size=5), 0.2, 3))],
-        "rnn": [("rnn", (rng.normal(size=3), rng.normal(size=(3, 3)) / 2, rng.normal(size=3),
-                         3))],
+        "rnn": [("rnn", (rng.normal(size=(3, 2)), rng.normal(size=2),
+                         rng.normal(size=(2, 2)) / 2))],
     }
 
 
