@@ -20,7 +20,9 @@ through hand-written blocks with nothing more written, and follows them
 exactly: where a block differs from the derivative of its function's body,
 the tangent is the block's.  `where(c, a, b)`'s tangent is
 `where(c, t_a, 0) + where(c, 0, t_b)`: the branch not taken contributes
-nothing, NaN or inf included.  Only float values carry tangents.
+nothing, NaN or inf included.  A `loop`'s JVP is a loop that also carries
+its carried values' tangents, with the JVP of its body as its body
+(`_loop_jvp`).  Only float values carry tangents.
 """
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
         in_tangents = [tangents.get(a) if isinstance(a, Var) else None for a in inputs]
         op = ops.OPS[eqn.op]
         active = op.differentiable and any(t is not None for t in in_tangents)
-        if op.kind == "call":
+        if op.kind == "loop" and active:
+            outs, out_tangents = _loop_jvp(b, eqn, inputs, in_tangents)
+        elif op.kind == "call":
             results = inline(b, eqn.p["fwd"], inputs)
             outs = own_outputs(b, results[:eqn.p["n_out"]], inputs)
             out_tangents = (_call_jvp(b, eqn, inputs, results[eqn.p["n_out"]:], in_tangents)
@@ -69,6 +73,50 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
     out_tangents = [t if t is not None else ops.zeros_like(b, o.type)
                     for t, o in zip(out_tangents, outputs)]
     return b.function(f"{fn.name}_jvp", params + tangents_in, outputs + out_tangents)
+
+
+def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
+              in_tangents: Sequence[Optional[Atom]]) -> tuple[list[Atom], list[Atom]]:
+    """A loop that also carries the tangents of its float carried values
+    (and reads those of its float invariants and stacked inputs, stacking
+    those of its stacked outputs); its body is the JVP of the loop's body.
+    Returns the loop's results and their tangents."""
+    p = eqn.p
+    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    groups = (range(3, 3 + n_carry), range(3 + n_carry, 3 + n_carry + n_inv),
+              range(3 + n_carry + n_inv, len(inputs)))
+    floats = [[k for k in group if inputs[k].type.is_float] for group in groups]
+    # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
+    wrt = [k - 2 for group in floats for k in group]
+    inner = jvp(body, wrt)
+    tangent = {k: in_tangents[k] if in_tangents[k] is not None
+               else ops.zeros_like(b, inputs[k].type) for group in floats for k in group}
+    bb = Builder()
+    index = Var(body.params[0].type, body.params[0].hint)
+    params = {k: Var(inputs[k].type if k < 3 + n_carry + n_inv else body.params[k - 2].type,
+                     body.params[k - 2].hint) for k in range(3, len(inputs))}
+    t_params = {k: Var(params[k].type, "t") for group in floats for k in group}
+    results = inline(bb, inner, [index] + [params[k] for k in range(3, len(inputs))]
+                     + [t_params[k] for group in floats for k in group])
+    n_out = len(body.outputs)
+    values, tangents = results[:n_out], results[n_out:]
+    carried_t = [tangents[k - 3] for k in floats[0]]
+    ys_t = tangents[n_carry:]
+    order = [index] + [params[k] for k in groups[0]] + [t_params[k] for k in floats[0]] \
+        + [params[k] for k in groups[1]] + [t_params[k] for k in floats[1]] \
+        + [params[k] for k in groups[2]] + [t_params[k] for k in floats[2]]
+    stepped = bb.function(f"{body.name}_jvp", order,
+                          values[:n_carry] + carried_t + values[n_carry:] + ys_t)
+    outs = b.bind_multi("loop", *inputs[:3], *[inputs[k] for k in groups[0]],
+                        *[tangent[k] for k in floats[0]], *[inputs[k] for k in groups[1]],
+                        *[tangent[k] for k in floats[1]], *[inputs[k] for k in groups[2]],
+                        *[tangent[k] for k in floats[2]], span=eqn.span,
+                        **{**p, "body": stepped, "n_carry": n_carry + len(floats[0]),
+                           "n_inv": n_inv + len(floats[1])})
+    n_c = n_carry + len(floats[0])
+    t_of = dict(zip(floats[0], outs[n_carry:n_c]))
+    out_tangents = [t_of.get(3 + j) for j in range(n_carry)] + list(outs[n_c + len(ys_t):])
+    return list(outs[:n_carry]) + list(outs[n_c:n_c + len(ys_t)]), out_tangents
 
 
 def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[Atom],

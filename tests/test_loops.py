@@ -154,6 +154,25 @@ def test_grow_second_order_and_hvp():
     np.testing.assert_allclose(hv, fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_forward_mode_through_loops(n):
+    f = grow()
+    u, kappa = np.array([0.2, 0.5, 0.7]), 0.8
+    eps = 1e-6
+    for tu, tk in ((np.array([1.0, -2.0, 0.5]), 0.0), (np.zeros(3), 1.0)):
+        value, tangent = dsl.jvp(f, (u, kappa, n), (tu, tk, None))
+        fd = (grow_numpy(u + eps * tu, kappa + eps * tk, n)
+              - grow_numpy(u - eps * tu, kappa - eps * tk, n)) / (2 * eps)
+        np.testing.assert_allclose(value, grow_numpy(u, kappa, n), rtol=1e-12)
+        np.testing.assert_allclose(tangent, fd, rtol=1e-7, atol=1e-9)
+    # forward over reverse: through the forward loop's stacks and the
+    # backward loop that reads them
+    d_kappa = dsl.grad(f, wrt=1)
+    _, second = dsl.jvp(d_kappa, (u, kappa, n), (None, 1.0, None))
+    np.testing.assert_allclose(second, dsl.grad(d_kappa, wrt=1)(u, kappa, n), rtol=1e-12,
+                               atol=1e-12)
+
+
 @pytest.mark.parametrize("bounds", [(0, 5, 1), (5, 0, -1), (7, -3, -3), (2, 9, 4), (3, 3, 1),
                                     (4, 1, 1)])
 def test_range_bounds_as_python(bounds):
@@ -248,9 +267,14 @@ def test_rnn_example_gradients_match_finite_differences():
     for k, g in enumerate(grads):
         np.testing.assert_allclose(g, central_difference(ref, [xs, h, w], k), rtol=1e-6,
                                    atol=1e-9)
+    t_xs, t_w = rng.normal(size=xs.shape), rng.normal(size=w.shape)
+    _, tangent = dsl.jvp(f, (xs, h, w), (t_xs, None, t_w))
+    eps = 1e-6
+    fd = (ref(xs + eps * t_xs, h, w + eps * t_w) - ref(xs - eps * t_xs, h, w - eps * t_w)) \
+        / (2 * eps)
+    np.testing.assert_allclose(tangent, fd, rtol=1e-6, atol=1e-9)
     v = rng.normal(size=(3, 3))
     d_w = dsl.grad(f, wrt=2)
-    eps = 1e-6
     fd = (d_w(xs, h, w + eps * v) - d_w(xs, h, w - eps * v)) / (2 * eps)
     np.testing.assert_allclose(dsl.hvp(f, wrt=2)(xs, h, w, v), fd, rtol=1e-6, atol=1e-8)
 
