@@ -8,7 +8,10 @@ Contract:
   to an output goes only through ops that the op table declares linear in
   the inputs on that path (`Op.linear`: additions, negation, products and
   quotients with an upstream-free factor, sums, layout ops, matmul with
-  one upstream-free side, `where` with an upstream-free condition), and
+  one upstream-free side, `where` with an upstream-free condition; a loop
+  whose body is linear in its carried values and inputs that depend on
+  the upstream, each carried value depending on it on entry exactly when
+  a trip makes it so), and
   an output (the cotangent for `names[i]`) that does not depend on
   the upstream is zero.  The error
   names the op at its own span (inside a called function's body too: a
@@ -71,10 +74,44 @@ def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span) -> list[O
             outs = _walk(eqn.p["fwd"], sub, where, span)[:eqn.p["n_out"]]
             kinds.update((v, k) for v, k in zip(eqn.outputs, outs) if k is not None)
             continue
+        if op.kind == "loop":
+            outs = _loop_kinds(eqn, in_kinds, where, span)
+            kinds.update((v, k) for v, k in zip(eqn.outputs, outs) if k is not None)
+            continue
         kind = _eqn_kind(eqn, op, in_kinds, where, span)
         if kind is not None:
             kinds.update((v, kind) for v in eqn.outputs)
     return [_kind(kinds, a) for a in fn.outputs]
+
+
+def _loop_kinds(eqn: Eqn, in_kinds: list[Optional[str]], where: str,
+                span: Span) -> list[Optional[str]]:
+    """The kinds of a loop's results: its body walked with its carried
+    values' kinds joined with what a trip makes of them, until they settle
+    (a carried value free of the upstream on entry that a trip makes
+    depend on it is affine, not linear)."""
+    p = eqn.p
+    body, n_carry = p["body"], p["n_carry"]
+    carried = list(in_kinds[3:3 + n_carry])
+    while True:
+        param_kinds = [None] + carried + list(in_kinds[3 + n_carry:])
+        sub = {v: k for v, k in zip(body.params, param_kinds) if k is not None}
+        outs = _walk(body, sub, where, span)
+        joined = [_join(a, b, where, eqn.span or span) for a, b in zip(carried, outs)]
+        if joined == carried:
+            return carried + outs[n_carry:]
+        carried = joined
+
+
+def _join(a: Optional[str], b: Optional[str], where: str, at: Span) -> Optional[str]:
+    """The kind of a value that is one of two values of kinds a and b."""
+    if a == b:
+        return a
+    if LINEAR in (a, b) and None in (a, b):
+        raise NotLinear(f"{where} is not linear in its upstream cotangents: a loop carries "
+                        "a value that depends on them in one trip and one that does not in "
+                        "another (an affine map, not a linear one)", at)
+    return LINEAR if LINEAR in (a, b) else None
 
 
 def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,

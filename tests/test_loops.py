@@ -493,6 +493,21 @@ def test_bad_decorator_arguments(decorator, message):
     assert message in str(err) and err.line == 1
 
 
+@pytest.mark.parametrize("start, update, message", [
+    ("g * 0", "d = d + p * p", "a product of two values that depend on them"),
+    ("g * 0", "d = d + x", "a sum of a value that depends on them and one that does not"),
+    ("x", "d = p", "a loop carries a value that depends on them in one trip and one that "
+                   "does not"),
+])
+def test_grad_block_with_a_loop_must_be_linear(start, update, message):
+    # the block_with_loop block, made quadratic or affine in g
+    err = error_of(f"def f(x, n: i64):\n    return x * x\ngrad(g):\n    d = {start}\n"
+                   f"    p = g\n    for i in range(n):\n        {update}\n"
+                   "        p = p * x\n    return d\n")
+    assert "grad block 1 of f() (line 3) is not linear in its upstream cotangents" in str(err)
+    assert message in str(err)
+
+
 def test_elementwise_condition_points_to_where():
     err = error_of("def f(x, n: i64):\n    if x > 0.0:\n        x = x * 2\n    return x\n")
     assert "select elementwise with where()" in str(err) and err.line == 2
