@@ -18,7 +18,7 @@ its grad block: its `fwd` is inlined, keeping the residuals, and its `bwd`
 is inlined in the backward sweep, so a second differentiation flows through
 the residuals the block reads.  A `loop` is differentiated by a loop over
 the same trips in reverse, whose body is the VJP of its body, reading
-the states the forward loop stacks (`_loop_pull_back`).  Only float values
+the states the forward loop stacks (`loop_pull_back`).  Only float values
 carry cotangents; uses of one value sum.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
         inputs = tuple(env.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs)
         op = ops.OPS[eqn.op]
         if op.kind == "loop" and any(a in active for a in vars_in(inputs)):
-            record = _loop_forward(b, eqn, inputs)
+            record = loop_forward(b, eqn, inputs)
             outs = record[1]
         elif op.kind == "call":
             results = inline(b, eqn.p["fwd"], inputs)
@@ -135,7 +135,8 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     if all(c is None for c in out_cts):
         return
     if eqn.op == "loop":
-        _loop_pull_back(b, eqn, out_cts, residuals, cots)
+        for a, ct in loop_pull_back(b, eqn, out_cts, residuals):
+            cots.accumulate(a, ct, None)
         return
     out_cts = [c if c is not None else ops.zeros_like(b, o.type)
                for c, o in zip(out_cts, outs)]
@@ -158,7 +159,7 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
 _trip_symbols = itertools.count()
 
 
-def _loop_forward(b: Builder, eqn: Eqn, inputs: tuple[Atom, ...]) -> _Record:
+def loop_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]) -> _Record:
     """The forward half of a loop: the loop itself, also stacking the
     carried values each trip starts from (one slot per trip, sized by the
     trip count when the loop runs): the residuals of its backward loop."""
@@ -187,12 +188,14 @@ def _trip_dim(inputs: Sequence[Atom]):
     return Sym.named(name)
 
 
-def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
-                    stacked: list[Atom], cots: "_Cotangents") -> None:
+def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
+                   stacked: Sequence[Atom]) -> list[tuple[Atom, Atom]]:
     """A loop's VJP: a loop over the same trips in the other direction,
     carrying the carried values' cotangents and the sums of the
-    invariants' ones, reading each trip's starting state from `stacked`;
-    its body is the VJP of the loop's body (so it differentiates again)."""
+    invariants' ones, reading each trip's starting state from `stacked`
+    (`loop_forward`'s residuals); its body is the VJP of the loop's body
+    (so it differentiates again).  Returns (input, cotangent) for each
+    float input."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     bounds = eqn.inputs[:3]
@@ -238,8 +241,7 @@ def _loop_pull_back(b: Builder, eqn: Eqn, out_cts: list[Optional[Atom]],
                         reverse=not p["reverse"])
     targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
         [xs[k] for k in floats[2]]
-    for a, ct in zip(targets, outs):
-        cots.accumulate(a, ops.unbroadcast(b, ct, a.type.shape), None)
+    return [(a, ops.unbroadcast(b, ct, a.type.shape)) for a, ct in zip(targets, outs)]
 
 
 def _widened(body: Function, n_carry: int, float_invariants: list[int]

@@ -23,13 +23,16 @@ Contract:
   cotangent per linear parameter (None where nothing flows).  The values
   `fn` computes from its other parameters are emitted as they are; a
   linear op is transposed by its VJP rule, which for an op linear in an
-  input is exactly its transpose with respect to that input.
+  input is exactly its transpose with respect to that input; a loop by
+  its VJP (`autodiff.loop_pull_back`) on the states of a forward run with
+  its linear inputs zero.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
+from gradlang.compiler.autodiff import loop_forward, loop_pull_back
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
 from gradlang.compiler.passes import inline_calls
@@ -192,6 +195,9 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
         reads = [i for i, a in enumerate(eqn.inputs) if a in linear]
         if not reads:
             b.eqns.append(eqn)
+        elif eqn.op == "loop":
+            taped.append(eqn)
+            linear.update(eqn.outputs)
         elif all(i in op.token_inputs for i in reads):
             alias[eqn.out] = eqn.inputs[0]  # a data dependency on the upstream only
         else:
@@ -201,6 +207,9 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
     for out, seed in zip(outputs, seeds):
         _accumulate(b, cts, linear, sub(out), seed)
     for eqn in reversed(taped):
+        if eqn.op == "loop":
+            _transpose_loop(b, eqn, cts, linear)
+            continue
         ct = cts.get(eqn.out)
         if ct is None:
             continue
@@ -212,6 +221,22 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                     c = ops.unbroadcast(b, c, a.type.shape)
                 _accumulate(b, cts, linear, a, c)
     return cts
+
+
+def _transpose_loop(b: Builder, eqn: Eqn, cts: dict[Var, Atom], linear: set[Var]) -> None:
+    """A loop linear in its inputs in `linear`, transposed: its VJP, run on
+    the states a forward loop stacks with those inputs zero (the rest of
+    its state does not depend on them, and a linear body's derivative with
+    respect to them does not depend on their values)."""
+    out_cts = [cts.get(o) for o in eqn.outputs]
+    if all(c is None for c in out_cts):
+        return
+    zeroed = [ops.zeros_like(b, a.type) if a in linear else a for a in eqn.inputs]
+    back = {z: a for z, a in zip(zeroed, eqn.inputs) if a in linear}
+    record, _, stacked = loop_forward(b, eqn, zeroed)
+    for z, ct in loop_pull_back(b, record, out_cts, stacked):
+        if z in back:
+            _accumulate(b, cts, linear, back[z], ct)
 
 
 def _accumulate(b: Builder, cts: dict[Var, Atom], linear: set[Var], v: Atom,

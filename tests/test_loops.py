@@ -364,6 +364,15 @@ def test_grad_block_with_a_loop_at_second_order():
                                central_difference(block, [x], 0), rtol=1e-6)
 
 
+def test_forward_mode_follows_a_grad_block_with_a_loop():
+    # jvp transposes the block (a loop): the tangent is the block's, not
+    # the derivative of the body
+    x, n, t = np.array([0.7, 1.3]), 3, np.array([1.0, -2.0])
+    value, tangent = dsl.jvp(module().block_with_loop, (x, n), (t, None))
+    np.testing.assert_allclose(value, x ** (n + 1), rtol=1e-12)
+    np.testing.assert_allclose(tangent, sum(x ** k for k in range(n)) * t, rtol=1e-12)
+
+
 def test_interpreter_agrees_with_compiled_code_and_ir_verifies():
     m, ns = front_end(SOURCE, "loops.grad")
     types = {"x": TensorType("f64", (2,)), "n": TensorType("i64", ()),
