@@ -8,6 +8,8 @@ does: +-inf, NaN, +-0, denormal inputs and results, overflow to inf and
 underflow to 0.  Integers are taken as float64.  Every other name
 (`math.sqrt`, `math.floor`, ...) is the standard `math` module's, so a
 kernel can say `math.<anything>`.  Called from Python, they are libm's.
+`accumulate` is the add of a kernel's sum, the one float operation that
+LLVM may reorder (see there).
 
 Why: with no vector math library in llvmlite, LLVM splits a vectorized
 `@llvm.exp.v4f64` back into scalar libm calls, which costs most of a
@@ -371,3 +373,30 @@ overload(log, jit_options=_JIT_OPTIONS)(_by_width(_log_f32, _log_f64))
 overload(log1p, jit_options=_JIT_OPTIONS)(_by_width(_log1p_f32, _log1p_f64))
 overload(expm1, jit_options=_FORCE_INLINE)(_by_width(_expm1_f32, _expm1_f64))
 overload(tanh, jit_options=_FORCE_INLINE)(_by_width(_tanh_f32, _tanh_f64))
+
+
+
+# ------------------------------------------------------------ sums
+
+
+@intrinsic
+def accumulate(typingctx, acc, x):
+    """`acc + x` in `acc`'s type (x converted first), for a loop that sums
+    into `acc`.  A float add carries LLVM's `reassoc` flag, on this one
+    instruction only: it lets the loop vectorizer keep partial sums in
+    vector lanes (a float sum may not be reordered otherwise, so a loop
+    that sums with `+=` runs one element at a time), while the loop's other
+    float arithmetic (the bit-level math above included) stays exact.
+    The order of the partial sums is fixed by the compiled code, so a
+    result is the same run to run."""
+    summable = (types.Integer, types.Boolean) + ((types.Float,) if isinstance(acc, types.Float)
+                                                 else ())
+    if not isinstance(acc, (types.Float, types.Integer)) or not isinstance(x, summable):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[1], signature.args[1], signature.return_type)
+        if isinstance(signature.return_type, types.Float):
+            return builder.fadd(args[0], value, flags=("reassoc",))
+        return builder.add(args[0], value)  # integer sums reorder freely
+    return acc(acc, x), codegen

@@ -194,9 +194,12 @@ def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
     compiled against libm, or an older cpu_math, must never be served."""
     from gradlang.runtime.cpu import TARGET
     monkeypatch.delenv("GRADC_LIBM", raising=False)
-    ours = TARGET.header.splitlines()[0]
+    ours = TARGET.header.splitlines()[:2]
     monkeypatch.setenv("GRADC_LIBM", "1")
-    libm = TARGET.header.splitlines()[0]
-    assert re.fullmatch(r"from gradlang\.runtime import cpu_math as math  # cpu_math [0-9a-f]{12}",
-                        ours)
-    assert libm.startswith("import math  #")
+    libm = TARGET.header.splitlines()[:2]
+    assert ours[0] == "from gradlang.runtime import cpu_math as math"
+    assert libm[0].startswith("import math  #")
+    # Sums add with cpu_math's `accumulate` in both.
+    for header in (ours, libm):
+        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate  "
+                            r"# cpu_math [0-9a-f]{12}", header[1])

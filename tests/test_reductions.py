@@ -1,0 +1,122 @@
+"""Reductions on the CPU: a sum fused with its producer vectorizes (its
+adds, and only they, may be reordered: `cpu_math.accumulate`), and every
+reduction (sum, mean, max, min; fused or not; with axis and keepdims; f32
+and f64; sizes that are not a multiple of a vector's width) agrees with
+NumPy, max and min propagating NaN.  A sum's result is the same on every
+run."""
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from dsl.cli import main
+
+SOURCE = """
+def total(x):
+    return sum(x * 2.0)
+def rows(x):
+    return sum(x * x, axis=1)
+def row_means(x):
+    return mean(exp(x), axis=-1, keepdims=True)
+def columns(x):
+    return sum(x, axis=0)
+def column_means(x):
+    return mean(x, axis=0, keepdims=True)
+def row_max(x):
+    return max(x, axis=1)
+def column_min(x):
+    return min(x, axis=0, keepdims=True)
+def largest(x):
+    return max(x)
+def smallest(x):
+    return min(x * 1.0)
+"""
+
+NUMPY = {
+    "total": lambda x: np.sum(x * 2.0),
+    "rows": lambda x: np.sum(x * x, axis=1),
+    "row_means": lambda x: np.mean(np.exp(x), axis=-1, keepdims=True),
+    "columns": lambda x: np.sum(x, axis=0),
+    "column_means": lambda x: np.mean(x, axis=0, keepdims=True),
+    "row_max": lambda x: np.max(x, axis=1),
+    "column_min": lambda x: np.min(x, axis=0, keepdims=True),
+    "largest": np.max,
+    "smallest": np.min,
+}
+SUMS = ("total", "rows", "row_means", "columns", "column_means")
+
+
+@pytest.fixture(scope="module")
+def module():
+    return dsl.loads(SOURCE)
+
+
+def _llvm(capsys, tmp_path, source: str, sig: str) -> str:
+    path = tmp_path / "reduce.grad"
+    path.write_text(source)
+    assert main(["show", str(path), "--emit", "llvm", "--sig", sig]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype,body,lanes", [
+    ("f64", "x * x", "double"),
+    # The dense benchmark's softplus: vector math and a sum in one loop.
+    ("f32", "maximum(x, 0) + log1p(exp(-abs(x)))", "float"),
+])
+def test_a_fused_sum_loop_is_vectorized(capsys, tmp_path, dtype, body, lanes):
+    """Before `accumulate`, `acc += summand` was an ordered float sum, which
+    LLVM may not vectorize: the whole loop, body included, ran one element
+    at a time.  Now the sum's add is a vector of partial sums, and nothing
+    but that add may be reordered."""
+    llvm = _llvm(capsys, tmp_path, f"def f(x):\n    return sum({body}, axis=1)\n",
+                 f"f({dtype}[:, :])")
+    assert re.search(r"fadd reassoc <\d+ x double>", llvm), "the sum is not vectorized"
+    assert re.search(rf"<\d+ x {lanes}>", llvm), "the summed body is not vectorized"
+    other_flags = re.findall(r"= (?:fadd|fsub|fmul|fdiv) (?:fast|nnan|ninf|nsz|arcp|afn)", llvm)
+    assert other_flags == [], "only the sum's adds may carry fast-math flags"
+
+
+def _expected(name: str, x: np.ndarray) -> np.ndarray:
+    want = NUMPY[name](x.astype(np.float64))
+    return np.asarray(want, dtype=x.dtype)
+
+
+def _check(name: str, got, x: np.ndarray) -> None:
+    want = _expected(name, x)
+    got = np.asarray(got)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if name in SUMS:
+        # Sums are reordered (and f32's rounded once, from f64): bound the
+        # error by the same reduction of the terms' magnitudes.
+        scale = np.asarray(NUMPY[name](np.abs(x.astype(np.float64))))
+        eps = 1e-6 if x.dtype == np.float32 else 2e-14
+        assert np.all(np.abs(got.astype(np.float64) - want) <= eps * scale), (got, want)
+    else:
+        np.testing.assert_array_equal(got, want)  # max and min are exact, NaN where NumPy's
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(sorted(NUMPY)), dtype=st.sampled_from([np.float32, np.float64]),
+       rows=st.integers(1, 5), cols=st.integers(1, 70), seed=st.integers(0, 2**31),
+       nans=st.integers(0, 2))
+def test_reductions_match_numpy(module, name, dtype, rows, cols, seed, nans):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, cols)).astype(dtype)
+    if name not in SUMS:
+        x[rng.integers(0, rows, nans), rng.integers(0, cols, nans)] = np.nan
+        x[0, -1] = rng.choice([np.inf, -np.inf, x[0, -1]])
+    _check(name, getattr(module, name)(x), x)
+
+
+@pytest.mark.parametrize("shape", [(3 * (1 << 14) + 5,), (3, 40_001)])
+def test_large_fused_sums_count_every_element_once_and_repeat_exactly(module, shape):
+    """Past the parallel threshold: the full sum in chunks of 2^14 (the last
+    one short), and rows in parallel; run twice, bit for bit the same."""
+    x = np.random.default_rng(7).uniform(0.5, 1.5, size=shape)
+    name = "total" if len(shape) == 1 else "rows"
+    fn = getattr(module, name)
+    got = fn(x)
+    _check(name, got, x)
+    np.testing.assert_array_equal(fn(x), got)
