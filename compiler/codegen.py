@@ -116,8 +116,26 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     'out' or 'aux', with the value it is for).  The name is a hash of the
     source, so equal loops render the same kernel."""
     names: dict[Var, str] = {}
-    args, pre, body = _read_inputs(loop.inputs, loop.shape, names)
+    # A loop reading a broadcast input that repeats (suffix) or holds still
+    # (outer) runs in rows, the least of their periods long: the periods
+    # are products of trailing sizes of the loop, so that one divides the
+    # others, and a row reads a suffix input contiguously and an outer one
+    # not at all, where a flat loop would divide per element (which keeps
+    # LLVM from vectorizing).  A row reads and writes through views of it
+    # indexed by j from 0, which LLVM knows is not negative: indexed by
+    # i = i0 + j, each access could wrap around, and it gathered them.
+    access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
+    periods = [f"m{k}" if kind == "suffix" else f"q{k}"
+               for k, kind in enumerate(access) if kind in ("suffix", "outer")]
+    inner = "inner" if periods else None
+    # A sum runs in rows even with no broadcast input: rows of any length.
+    rowwise = bool(periods) or loop.reduction is not None
+    args, pre, row, body = _read_inputs(loop.inputs, loop.shape, names, rows=rowwise)
     kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
+    if periods:
+        # max(.., 1): an empty loop has periods of 0, and no rows.
+        least = periods[0] if len(periods) == 1 else f"min({', '.join(periods)})"
+        pre.append(f"inner = max({least}, 1)")
     for j, v in enumerate(loop.outputs):
         args.append(f"out{j}")
         kinds.append(("out", v))
@@ -129,39 +147,52 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     for j, v in enumerate(loop.outputs):
         if loop.reduction is not None and v in loop.reduction.outputs:
             reduced = f"out{j}"
+        elif rowwise:
+            row.append(f"y{j} = out{j}[i0:]")
+            body.append(f"y{j}[j] = {names[v]}")
         else:
             body.append(f"out{j}[i] = {names[v]}")
     if reduced is not None:
         summand = names[loop.reduction.inputs[0]]
 
         def wrap(kname: str) -> str:
-            return target.render_reducing_loop(kname, args, pre, body, summand, reduced)
+            return target.render_reducing_loop(kname, args, pre, body, summand, reduced,
+                                               row, inner)
     else:
         def wrap(kname: str) -> str:
-            return target.render_loop(kname, args, pre, body)
+            return target.render_loop(kname, args, pre, body, row, inner)
     kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
     return kname, wrap(kname), kinds
 
 
-def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i"
-                 ) -> tuple[list[str], list[str], list[str]]:
+def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
+                 rows: bool = False) -> tuple[list[str], list[str], list[str], list[str]]:
     """Kernel arguments `in<k>` for `inputs`, each read at flat index `i`
     of a loop over `shape` as its access kind says, into `a<k>` (recorded
-    in `names`): (arguments, lines before the loop, lines in it)."""
-    args, pre, body = [], [], []
+    in `names`): (arguments, lines before the loop, lines per row, lines
+    per element).  With `rows`, the loop runs in rows (see render_kernel):
+    a row from i0 reads through views `x<k>` at j, and an outer input once."""
+    args, pre, row, body = [], [], [], []
     for k, v in enumerate(inputs):
         arg = f"in{k}"
         args.append(arg)
         kind = access_kind(v.type.shape, shape)
-        if kind == "full":
+        if kind == "full" and rows:
+            row.append(f"x{k} = {arg}[i0:]")
+            body.append(f"a{k} = x{k}[j]")
+        elif kind == "full":
             body.append(f"a{k} = {arg}[{i}]")
         elif kind == "scalar":
             pre.append(f"a{k} = {arg}[0]")
         elif kind == "suffix":
             pre.append(f"m{k} = {arg}.shape[0]")
-            body.append(f"a{k} = {arg}[{i} % m{k}]")
+            if rows:
+                row.append(f"x{k} = {arg}[i0 % m{k}:]")
+                body.append(f"a{k} = x{k}[j]")
+            else:
+                body.append(f"a{k} = {arg}[{i} % m{k}]")
         elif kind == "outer":
-            body.append(f"a{k} = {arg}[{i} // q{k}]")
+            (row if rows else body).append(f"a{k} = {arg}[{'i0' if rows else i} // q{k}]")
         else:
             # g: (out stride, out size, in stride) per axis, flattened
             body.append(f"j{k} = 0")
@@ -169,7 +200,7 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i"
             body.append(f"    j{k} += (({i} // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
             body.append(f"a{k} = {arg}[j{k}]")
         names[v] = f"a{k}"
-    return args, pre, body
+    return args, pre, row, body
 
 
 def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
@@ -244,7 +275,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     e = "i" if block == 1 else "e"  # the flat index of an element
     names: dict[Var, str] = {}
     reads = [a for a in eqn.inputs[3:3 + n_carry + n_inv] if isinstance(a, Var)]
-    args, pre, read_lines = _read_inputs(reads, shape, names, e)
+    args, pre, _, read_lines = _read_inputs(reads, shape, names, e)
     index, carry = body.params[0], body.params[1:1 + n_carry]
     invariants = body.params[1 + n_carry:1 + n_carry + n_inv]
     slices = body.params[1 + n_carry + n_inv:]

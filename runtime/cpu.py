@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numba
 import numpy as np
@@ -374,6 +374,22 @@ def parallel_threshold(cost: int) -> int:
 REDUCE_CHUNK = 1 << 14
 
 
+def _row(first: str, row: Sequence[str], body: list[str], inner: str) -> list[str]:
+    """Lines running `body` over the row of `inner` elements from `first`."""
+    return ([f"i0 = {first}"] + list(row) + [f"for j in range({inner}):", "    i = i0 + j"]
+            + ["    " + line for line in body])
+
+
+def _elements(first: str, count: str, row: Sequence[str], body: list[str],
+              inner: Optional[str]) -> list[str]:
+    """Lines running `body` over `count` elements from `first`: in rows of
+    `inner`, when given, else as one row."""
+    if inner is None:
+        return _row(first, row, body, count)
+    return ([f"for s in range({count} // {inner}):"]
+            + ["    " + line for line in _row(f"{first} + s * {inner}", row, body, inner)])
+
+
 class CpuTarget(Target):
     """`@njit` kernels, each in a `prange` variant and a serial one; the
     driver picks by size and cost per element (`parallel_threshold`).
@@ -402,15 +418,20 @@ class CpuTarget(Target):
     def helpers(self) -> ModuleType:
         return sys.modules[__name__]
 
-    def render_loop(self, kname: str, args: list[str], pre: list[str],
-                    body: list[str]) -> str:
+    def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],
+                    row: Sequence[str] = (), inner: Optional[str] = None) -> str:
+        """Rows (with `inner`) or elements in parallel, and a serial variant."""
         arglist = ", ".join(["n"] + args)
         out = []
         for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
             out += ["    " + line for line in pre]
-            out.append(f"    for i in {rng}(n):")
-            out += ["        " + line for line in body]
+            if inner is None:
+                out.append(f"    for i in {rng}(n):")
+                out += ["        " + line for line in body]
+            else:
+                out.append(f"    for s in {rng}(n // {inner}):")
+                out += ["        " + line for line in _row(f"s * {inner}", row, body, inner)]
             out.append("")
         return "\n".join(out)
 
@@ -429,36 +450,39 @@ class CpuTarget(Target):
         return f"{kernel}({', '.join([blocks] + args)})"
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, reduced: str) -> str:
+                             body: list[str], summand: str, reduced: str,
+                             row: Sequence[str] = (), inner: Optional[str] = None) -> str:
         """A loop over (rows, row length) whose last step sums `summand`
         along each row into `reduced[row]`, in f64: `_rows` runs rows in
-        parallel, `_all` one row (a full sum) in parallel chunks of
+        parallel, `_all` one row (a full sum) in parallel chunks of about
         `REDUCE_CHUNK` elements whose partial sums are then added in order,
         so its result does not depend on the number of threads.  Every add
-        is `accumulate`'s, which lets LLVM vectorize the loop with its sum.
-        Loops count from 0 (`i = start + r`): over `range(start, stop)`,
-        LLVM vectorized the loop with a gather per element, 5x slower."""
+        is `accumulate`'s, which lets LLVM vectorize the loop with its sum."""
         arglist = ", ".join(["n", "rows"] + args)
+        add = [f"acc = accumulate(acc, {summand})"]
         out = []
         for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
             out += ["    " + line for line in pre]
-            out += ["    length = n // rows if rows else 0",
-                    f"    for o in {rng}(rows):", "        acc = 0.0",
-                    "        for r in range(length):", "            i = o * length + r"]
-            out += ["            " + line for line in body]
-            out += [f"            acc = accumulate(acc, {summand})", f"        {reduced}[o] = acc", ""]
+            out.append("    length = n // rows if rows else 0")
+            if inner is not None:  # both products of trailing sizes: the less divides
+                out.append(f"    {inner} = min({inner}, max(length, 1))")
+            out += [f"    for o in {rng}(rows):", "        acc = 0.0"]
+            out += ["        " + line
+                    for line in _elements("o * length", "length", row, body + add, inner)]
+            out += [f"        {reduced}[o] = acc", ""]
         out += [_PARALLEL, f"def {kname}_all({arglist}):"]
         out += ["    " + line for line in pre]
-        out += [f"    chunks = (n + {REDUCE_CHUNK - 1}) // {REDUCE_CHUNK}",
+        step = (f"{REDUCE_CHUNK}" if inner is None
+                else f"max({REDUCE_CHUNK} // {inner}, 1) * {inner}")
+        out += [f"    step = {step}", "    chunks = (n + step - 1) // step",
                 "    partial = np.empty(chunks, np.float64)",
-                "    for c in prange(chunks):", "        part = 0.0",
-                f"        for r in range(min({REDUCE_CHUNK}, n - c * {REDUCE_CHUNK})):",
-                f"            i = c * {REDUCE_CHUNK} + r"]
-        out += ["            " + line for line in body]
-        out += [f"            part = accumulate(part, {summand})", "        partial[c] = part",
-                "    acc = 0.0", "    for c in range(chunks):",
-                "        acc = accumulate(acc, partial[c])", f"    {reduced}[0] = acc", ""]
+                "    for c in prange(chunks):", "        acc = 0.0",
+                "        count = min(step, n - c * step)"]
+        out += ["        " + line for line in _elements("c * step", "count",
+                                                        row, body + add, inner)]
+        out += ["        partial[c] = acc", "    total = 0.0", "    for c in range(chunks):",
+                "        total = accumulate(total, partial[c])", f"    {reduced}[0] = total", ""]
         return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

@@ -22,7 +22,7 @@ import importlib.util
 import math
 import sys
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -486,11 +486,14 @@ class CudaTarget(Target):
     def helpers(self) -> ModuleType:
         return sys.modules[__name__]
 
-    def render_loop(self, kname: str, args: list[str], pre: list[str],
-                    body: list[str]) -> str:
+    def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],
+                    row: Sequence[str] = (), inner: Optional[str] = None) -> str:
         lines = ["@cuda.jit", f"def {kname}({', '.join(['n'] + args)}):"]
         lines += ["    " + line for line in pre]
         lines.append("    for i in range(cuda.grid(1), n, cuda.gridsize(1)):")
+        if inner is not None:  # one thread per element: its row, then it
+            lines += [f"        j = i % {inner}", "        i0 = i - j"]
+            lines += ["        " + line for line in row]
         lines += ["        " + line for line in body]
         return "\n".join(lines) + "\n"
 

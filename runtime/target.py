@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -49,8 +49,13 @@ class Target:
     loop_block = 1
 
     # -- codegen: kernels and how a driver launches them
-    def render_loop(self, kname: str, args: list[str], pre: list[str],
-                    body: list[str]) -> str:
+    def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],
+                    row: Sequence[str] = (), inner: Optional[str] = None) -> str:
+        """Kernel `kname(n, *args)`: `pre` once, then `body` for each
+        element i < n.  With `inner` (a name `pre` defines, dividing n),
+        the elements run in rows of `inner`: `row` once per row, whose
+        first element is i0, then `body` for each i = i0 + j, j < inner
+        (how it reads broadcast inputs without dividing per element)."""
         raise NotImplementedError
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
@@ -70,7 +75,11 @@ class Target:
         raise NotImplementedError
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, reduced: str) -> str:
+                             body: list[str], summand: str, reduced: str,
+                             row: Sequence[str] = (), inner: Optional[str] = None) -> str:
+        """As `render_loop`, for `kname(n, rows, *args)`, summing `summand`
+        over each of `rows` runs of n // rows elements into `reduced[run]`
+        (`inner` then also divides n // rows)."""
         raise NotImplementedError
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

@@ -53,27 +53,31 @@ def module():
     return dsl.loads(SOURCE)
 
 
-def _llvm(capsys, tmp_path, source: str, sig: str) -> str:
+def _llvm(capsys, tmp_path, source: str) -> str:
     path = tmp_path / "reduce.grad"
     path.write_text(source)
-    assert main(["show", str(path), "--emit", "llvm", "--sig", sig]) == 0
+    assert main(["show", str(path), "--emit", "llvm"]) == 0
     return capsys.readouterr().out
 
 
 @pytest.mark.parametrize("dtype,body,lanes", [
     ("f64", "x * x", "double"),
-    # The dense benchmark's softplus: vector math and a sum in one loop.
-    ("f32", "maximum(x, 0) + log1p(exp(-abs(x)))", "float"),
+    # The dense benchmark's: a bias broadcast along rows, softplus (vector
+    # math) and a sum in one loop.
+    ("f32", "maximum(x + b, 0) + log1p(exp(-abs(x + b)))", "float"),
 ])
 def test_a_fused_sum_loop_is_vectorized(capsys, tmp_path, dtype, body, lanes):
     """Before `accumulate`, `acc += summand` was an ordered float sum, which
     LLVM may not vectorize: the whole loop, body included, ran one element
     at a time.  Now the sum's add is a vector of partial sums, and nothing
-    but that add may be reordered."""
-    llvm = _llvm(capsys, tmp_path, f"def f(x):\n    return sum({body}, axis=1)\n",
-                 f"f({dtype}[:, :])")
+    but that add may be reordered.  Neither may the loop read an element at
+    a time: the bias (`i % m` per element) kept the loop scalar, and a
+    loop counting from a start it could not prove non-negative gathered."""
+    llvm = _llvm(capsys, tmp_path, f"def f(x: {dtype}[r, c], b: {dtype}[c]):\n"
+                 f"    return sum({body}, axis=1)\n")
     assert re.search(r"fadd reassoc <\d+ x double>", llvm), "the sum is not vectorized"
     assert re.search(rf"<\d+ x {lanes}>", llvm), "the summed body is not vectorized"
+    assert "gather" not in llvm, "the loop gathers its elements one at a time"
     other_flags = re.findall(r"= (?:fadd|fsub|fmul|fdiv) (?:fast|nnan|ninf|nsz|arcp|afn)", llvm)
     assert other_flags == [], "only the sum's adds may carry fast-math flags"
 
@@ -120,3 +124,48 @@ def test_large_fused_sums_count_every_element_once_and_repeat_exactly(module, sh
     got = fn(x)
     _check(name, got, x)
     np.testing.assert_array_equal(fn(x), got)
+
+
+BROADCAST = """
+def rows_of(x, b, c):
+    return sum(exp(x * b) + c, axis=-1)
+def scaled(x, b, c):
+    return x * b + c
+"""
+
+
+@settings(max_examples=12, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), rows=st.integers(1, 6),
+       cols=st.integers(1, 40), seed=st.integers(0, 2**31))
+def test_loops_over_broadcast_inputs_run_in_rows_and_match_numpy(dtype, rows, cols, seed):
+    """b (cols,) repeats along each row, c (rows, 1) holds still along it:
+    a loop over them runs in rows of `cols` elements (the serial, parallel
+    and full-sum kernels), periods of 1 and sizes of every remainder."""
+    module = _broadcast_module()
+    rng = np.random.default_rng(seed)
+    x, b = rng.normal(size=(rows, cols)).astype(dtype), rng.normal(size=cols).astype(dtype)
+    c = rng.normal(size=(rows, 1)).astype(dtype)
+    rtol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(module.scaled(x, b, c), x * b + c, rtol=rtol)
+    want = (np.exp(x.astype(np.float64) * b) + c).sum(axis=-1)
+    np.testing.assert_allclose(module.rows_of(x, b, c), want, rtol=rtol * 10)
+
+
+def test_large_loops_over_broadcast_inputs_match_numpy():
+    module = _broadcast_module()
+    rng = np.random.default_rng(3)
+    x, b, c = rng.normal(size=(70, 999)), rng.normal(size=999), rng.normal(size=(70, 1))
+    np.testing.assert_allclose(module.scaled(x, b, c), x * b + c, rtol=1e-15)
+    np.testing.assert_allclose(module.rows_of(x, b, c), (np.exp(x * b) + c).sum(axis=-1),
+                               rtol=1e-13)
+    whole = dsl.loads("def f(x, b):\n    return sum(x * b)\n").f
+    np.testing.assert_allclose(whole(x, b), (x * b).sum(), rtol=1e-12)
+
+
+_BROADCAST = []
+
+
+def _broadcast_module():
+    if not _BROADCAST:
+        _BROADCAST.append(dsl.loads(BROADCAST))
+    return _BROADCAST[0]
