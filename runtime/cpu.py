@@ -7,7 +7,7 @@ index out of range before returning anything.  Reductions run in Numba
 kernels over an (outer, reduced, inner) view of a contiguous array,
 accumulating floats in f64 and integers in i64 (sums with
 `cpu_math.accumulate`, so that they vectorize); matmul calls NumPy's BLAS,
-which no loop written here would beat.
+which no loop written here would beat (`cpu_matmul`).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     size_mismatch,
     trip_count,
 )
+from gradlang.runtime.cpu_matmul import matmul  # noqa: F401 (drivers call R.matmul)
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import manage_cache
 from gradlang.runtime.target import Target, is_device_array
@@ -211,10 +212,6 @@ def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 def reduce_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     check_nonempty(x.shape, axes)
     return _reduce(x, axes, _max_rows, _max_middle, False)
-
-
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.matmul(a, b)
 
 
 def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:

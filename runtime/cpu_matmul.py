@@ -1,0 +1,99 @@
+"""Matrix products on the CPU: NumPy's BLAS, large ones shared out in row
+blocks that a pool of threads takes in turn, each block on one BLAS thread.
+
+Contract: `matmul(a, b)` is `np.matmul(a, b)`, the same bits on every run
+(a block's rows come out of the same BLAS call whoever runs it).
+
+Why: OpenBLAS splits a product among its threads in equal parts fixed in
+advance and waits for the last; when another process holds a core, the
+part waiting for it holds up the whole product.  Measured on 2 cores at
+load average 7 (the dense benchmark's products, f32): (4096x512)^T @
+(4096x512) took 260 ms on two BLAS threads and 107 ms on one; in 8 row
+blocks on two threads of one BLAS thread each, 97 ms (4096x512 @ 512x512:
+87, 116 and 76 ms).  Blocks taken in turn let a thread that has its core do
+more of them.  Where NumPy's BLAS is not a bundled OpenBLAS whose thread
+count can be set, or it has one thread, products go to NumPy whole.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
+
+import numpy as np
+
+# Below this many multiply-adds a product goes to NumPy whole: handing out
+# blocks costs tens of microseconds.
+SHARED_MIN_WORK = 1 << 24
+BLOCKS_PER_THREAD = 4
+
+
+def _openblas_thread_count() -> Optional[tuple[Callable[[], int], Callable[[int], None]]]:
+    """The get and set functions of the thread count of the OpenBLAS that
+    NumPy bundles, or None."""
+    names = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+             ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+             ("openblas_get_num_threads", "openblas_set_num_threads"))
+    for path in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for get, put in names:
+            if hasattr(lib, get) and hasattr(lib, put):
+                getter, setter = getattr(lib, get), getattr(lib, put)
+                getter.restype, setter.restype = ctypes.c_int, None
+                setter.argtypes = [ctypes.c_int]
+                return getter, setter
+    return None
+
+
+class _SharedProducts:
+    """The pool and the BLAS switch, made at the first large product."""
+
+    def __init__(self) -> None:
+        self.blas = _openblas_thread_count()
+        self.threads = self.blas[0]() if self.blas else 1
+        self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        # One shared product at a time: each sets BLAS's (process-wide)
+        # thread count to 1 while it runs and back after.
+        self.lock = threading.Lock()
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        rows = a.shape[0]
+        blocks = min(rows, self.threads * BLOCKS_PER_THREAD)
+        out = np.empty((rows, b.shape[1]), np.result_type(a, b))
+        bounds = [rows * k // blocks for k in range(blocks + 1)]
+
+        def block(k: int) -> None:
+            lo, hi = bounds[k], bounds[k + 1]
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+
+        get, put = self.blas
+        with self.lock:
+            threads = get()
+            put(1)
+            try:
+                list(self.pool.map(block, range(blocks)))
+            finally:
+                put(threads)
+        return out
+
+
+_shared: Optional[_SharedProducts] = None
+_shared_lock = threading.Lock()
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    global _shared
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] * a.shape[1] * b.shape[1] < SHARED_MIN_WORK:
+        return np.matmul(a, b)
+    with _shared_lock:
+        if _shared is None:
+            _shared = _SharedProducts()
+    if _shared.pool is None:
+        return np.matmul(a, b)
+    return _shared.matmul(a, b)
