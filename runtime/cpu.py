@@ -6,8 +6,9 @@ inputs.  Gathers and scatter-adds (`take`, ...) raise `ArgumentError` for an
 index out of range before returning anything.  Reductions run in Numba
 kernels over an (outer, reduced, inner) view of a contiguous array,
 accumulating floats in f64 and integers in i64 (sums with
-`cpu_math.accumulate`, so that they vectorize); matmul calls NumPy's BLAS,
-which no loop written here would beat (`cpu_matmul`).
+`cpu_math.accumulate`, maxima with `cpu_math.greatest`, so that they
+vectorize); matmul calls NumPy's BLAS, which no loop written here would
+beat (`cpu_matmul`).
 """
 from __future__ import annotations
 
@@ -145,11 +146,7 @@ def _max_rows(x, out):
     for o in range(x.shape[0]):
         acc = x[o, 0]
         for r in range(1, x.shape[1]):
-            v = x[o, r]
-            if v > acc or v != v:
-                acc = v
-                if v != v:
-                    break
+            acc = cpu_math.greatest(acc, x[o, r])
         out[o] = acc
 
 

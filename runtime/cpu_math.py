@@ -9,7 +9,8 @@ underflow to 0.  Integers are taken as float64.  Every other name
 (`math.sqrt`, `math.floor`, ...) is the standard `math` module's, so a
 kernel can say `math.<anything>`.  Called from Python, they are libm's.
 `accumulate` is the add of a kernel's sum, the one float operation that
-LLVM may reorder (see there).
+LLVM may reorder (see there); `greatest`, a running maximum that
+vectorizes and propagates NaN.
 
 Why: with no vector math library in llvmlite, LLVM splits a vectorized
 `@llvm.exp.v4f64` back into scalar libm calls, which costs most of a
@@ -36,6 +37,7 @@ import math as _libm
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload, register_jitable
 
 # Only kernels call these, and inline them: no Python or C entry points
@@ -400,3 +402,32 @@ def accumulate(typingctx, acc, x):
             return builder.fadd(args[0], value, flags=("reassoc",))
         return builder.add(args[0], value)  # integer sums reorder freely
     return acc(acc, x), codegen
+
+
+@intrinsic
+def _float_maximum(typingctx, a, b):
+    # LLVM's maximum: NaN if either is NaN, and -0 < +0; exact, so a loop
+    # taking it over elements vectorizes with no flag.
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, signature, args):
+        kind = args[0].type
+        name = f"llvm.maximum.f{signature.args[0].bitwidth}"
+        maximum = cgutils.get_or_insert_function(builder.module,
+                                                 ir.FunctionType(kind, [kind, kind]), name)
+        return builder.call(maximum, args)
+    return a(a, b), codegen
+
+
+def greatest(a, b):
+    """The greater of a and b, NaN if either is NaN (as NumPy's max): for
+    a kernel's running maximum, which then vectorizes."""
+    return max(a, b) if a == a and b == b else _libm.nan
+
+
+@overload(greatest, jit_options=_JIT_OPTIONS)
+def _greatest(a, b):
+    if isinstance(a, types.Float) and a == b:
+        return lambda a, b: _float_maximum(a, b)
+    return lambda a, b: a if a >= b else b

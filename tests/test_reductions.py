@@ -169,3 +169,21 @@ def _broadcast_module():
     if not _BROADCAST:
         _BROADCAST.append(dsl.loads(BROADCAST))
     return _BROADCAST[0]
+
+
+@pytest.mark.parametrize("kernel,vector_op", [
+    ("_sum_rows", r"fadd reassoc <\d+ x double>"),
+    ("_max_rows", r"@llvm\.maximum\.v\d+f64"),
+])
+def test_the_runtime_row_reductions_are_vectorized(kernel, vector_op):
+    """`R.reduce_sum` and `R.reduce_max` over a row: an ordered float sum,
+    and a maximum that stopped at the first NaN, each ran an element at a
+    time."""
+    import numba
+
+    from gradlang.runtime import cpu
+    cached = getattr(cpu, kernel)
+    fresh = numba.jit(**cached.targetoptions)(cached.py_func)  # the cache keeps no IR
+    fresh.compile("(float64[:, ::1], float64[::1])")
+    (llvm,) = fresh.inspect_llvm().values()
+    assert re.search(vector_op, llvm), f"{kernel}'s loop is not vectorized"
