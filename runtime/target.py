@@ -78,8 +78,9 @@ class Target:
                              body: list[str], summand: str, reduced: str,
                              row: Sequence[str] = (), inner: Optional[str] = None) -> str:
         """As `render_loop`, for `kname(n, rows, *args)`, summing `summand`
-        over each of `rows` runs of n // rows elements into `reduced[run]`
-        (`inner` then also divides n // rows)."""
+        over each of `rows` runs of n // rows elements into `reduced[run]`.
+        `inner`, when given, also divides n // rows; with `row` and no
+        `inner`, a row may be any run of elements."""
         raise NotImplementedError
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

@@ -187,3 +187,15 @@ def test_the_runtime_row_reductions_are_vectorized(kernel, vector_op):
     fresh.compile("(float64[:, ::1], float64[::1])")
     (llvm,) = fresh.inspect_llvm().values()
     assert re.search(vector_op, llvm), f"{kernel}'s loop is not vectorized"
+
+
+def test_rows_are_the_least_period_and_divide_every_other():
+    """A bias longer than the summed axis (rows of 4 within periods of 12),
+    an outer input over two axes, and a general broadcast read at i."""
+    m = dsl.loads("def f(x, b, c, g):\n    return sum(x * b + c + g, axis=-1)\n"
+                  "def h(x, b, c, g):\n    return x * b + c + g\n")
+    rng = np.random.default_rng(5)
+    x, b = rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 4))
+    c, g = rng.normal(size=(2, 1, 1)), rng.normal(size=(2, 1, 4))
+    np.testing.assert_allclose(m.h(x, b, c, g), x * b + c + g, rtol=1e-15)
+    np.testing.assert_allclose(m.f(x, b, c, g), (x * b + c + g).sum(axis=-1), rtol=1e-14)
