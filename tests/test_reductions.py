@@ -114,9 +114,9 @@ def test_reductions_match_numpy(module, name, dtype, rows, cols, seed, nans):
     _check(name, getattr(module, name)(x), x)
 
 
-@pytest.mark.parametrize("shape", [(3 * (1 << 14) + 5,), (3, 40_001)])
+@pytest.mark.parametrize("shape", [(9 * (1 << 12) + 5,), (3, 40_001)])
 def test_large_fused_sums_count_every_element_once_and_repeat_exactly(module, shape):
-    """Past the parallel threshold: the full sum in chunks of 2^14 (the last
+    """Past the parallel threshold: the full sum in chunks of 2^12 (the last
     one short), and rows in parallel; run twice, bit for bit the same."""
     x = np.random.default_rng(7).uniform(0.5, 1.5, size=shape)
     name = "total" if len(shape) == 1 else "rows"
