@@ -1,5 +1,7 @@
-"""Matrix products on the CPU: NumPy's BLAS, large ones shared out in row
-blocks that a pool of threads takes in turn, each block on one BLAS thread.
+"""Matrix products on the CPU: NumPy's BLAS, large ones shared out in
+blocks (of the product's rows, or of the contraction when it is longer,
+whose partial products are then added in order) that a pool of threads
+takes in turn, each block on one BLAS thread.
 
 Contract: `matmul(a, b)` is `np.matmul(a, b)`, the same bits on every run
 (a block's rows come out of the same BLAS call whoever runs it).
@@ -9,8 +11,8 @@ advance and waits for the last; when another process holds a core, the
 part waiting for it holds up the whole product.  Measured on 2 cores at
 load average 7 (the dense benchmark's products, f32): (4096x512)^T @
 (4096x512) took 260 ms on two BLAS threads and 107 ms on one; in 8 row
-blocks on two threads of one BLAS thread each, 97 ms (4096x512 @ 512x512:
-87, 116 and 76 ms).  Blocks taken in turn let a thread that has its core do
+blocks on two threads of one BLAS thread each, 97 ms, in 8 blocks of the
+contraction 69 ms (4096x512 @ 512x512: 87, 116 and 76 ms in row blocks).  Blocks taken in turn let a thread that has its core do
 more of them.  Where NumPy's BLAS is not a bundled OpenBLAS whose thread
 count can be set, or it has one thread, products go to NumPy whole.
 """
@@ -63,14 +65,22 @@ class _SharedProducts:
         self.lock = threading.Lock()
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        rows = a.shape[0]
-        blocks = min(rows, self.threads * BLOCKS_PER_THREAD)
-        out = np.empty((rows, b.shape[1]), np.result_type(a, b))
-        bounds = [rows * k // blocks for k in range(blocks + 1)]
+        rows, depth = a.shape
+        along = rows if rows >= depth else depth
+        blocks = min(along, self.threads * BLOCKS_PER_THREAD)
+        bounds = [along * k // blocks for k in range(blocks + 1)]
+        if rows >= depth:  # blocks of rows of the product
+            out = np.empty((rows, b.shape[1]), np.result_type(a, b))
 
-        def block(k: int) -> None:
-            lo, hi = bounds[k], bounds[k + 1]
-            np.matmul(a[lo:hi], b, out=out[lo:hi])
+            def block(k: int) -> None:
+                lo, hi = bounds[k], bounds[k + 1]
+                np.matmul(a[lo:hi], b, out=out[lo:hi])
+        else:  # blocks of the contraction (x.T @ dz), then added in order
+            parts: list = [None] * blocks
+
+            def block(k: int) -> None:
+                lo, hi = bounds[k], bounds[k + 1]
+                parts[k] = np.matmul(a[:, lo:hi], b[lo:hi])
 
         get, put = self.blas
         with self.lock:
@@ -80,6 +90,10 @@ class _SharedProducts:
                 list(self.pool.map(block, range(blocks)))
             finally:
                 put(threads)
+        if rows < depth:
+            out = parts[0]
+            for part in parts[1:]:
+                out += part
         return out
 
 

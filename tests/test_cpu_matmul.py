@@ -16,8 +16,9 @@ def test_shared_products_match_numpy_and_repeat_exactly(dtype):
     blas = cpu_matmul._openblas_thread_count()
     before = blas[0]() if blas else None
     rtol = 1e-4 if dtype == np.float32 else 1e-12
-    # a product as the gradient takes it: a transposed view, rows of 3 blocks
-    for x, y in ((a, b), (a.T.copy().T, b), (b.T, a.T)):
+    # blocks of the contraction (700 > 301 rows), of rows (700 > 301), an
+    # F-ordered operand, and transposed views as the gradient takes them
+    for x, y in ((a, b), (a.T, a[:, :83]), (a.T.copy().T, b), (b.T, a.T)):
         got = cpu_matmul.matmul(x, y)
         assert got.dtype == dtype and got.shape == (x.shape[0], y.shape[1])
         np.testing.assert_allclose(got, np.matmul(x, y), rtol=rtol, atol=rtol * 10)
