@@ -377,7 +377,6 @@ overload(expm1, jit_options=_FORCE_INLINE)(_by_width(_expm1_f32, _expm1_f64))
 overload(tanh, jit_options=_FORCE_INLINE)(_by_width(_tanh_f32, _tanh_f64))
 
 
-
 # ------------------------------------------------------------ sums
 
 
