@@ -3,18 +3,20 @@ blocks (of the product's rows, or of the contraction when it is longer,
 whose partial products are then added in order) that a pool of threads
 takes in turn, each block on one BLAS thread.
 
-Contract: `matmul(a, b)` is `np.matmul(a, b)`, the same bits on every run
-(a block's rows come out of the same BLAS call whoever runs it).
+Contract: `matmul(a, b)` is `np.matmul(a, b)` up to the order of the
+additions of a contraction in blocks, and the same bits on every run (the
+blocks are fixed by the shapes, whichever thread runs each).
 
 Why: OpenBLAS splits a product among its threads in equal parts fixed in
 advance and waits for the last; when another process holds a core, the
 part waiting for it holds up the whole product.  Measured on 2 cores at
 load average 7 (the dense benchmark's products, f32): (4096x512)^T @
 (4096x512) took 260 ms on two BLAS threads and 107 ms on one; in 8 row
-blocks on two threads of one BLAS thread each, 97 ms, in 8 blocks of the
-contraction 69 ms (4096x512 @ 512x512: 87, 116 and 76 ms in row blocks).  Blocks taken in turn let a thread that has its core do
-more of them.  Where NumPy's BLAS is not a bundled OpenBLAS whose thread
-count can be set, or it has one thread, products go to NumPy whole.
+blocks on two threads of one BLAS thread each 97 ms, in 8 blocks of the
+contraction 69 ms (4096x512 @ 512x512: 87, 116 and 76 ms in row blocks).
+Blocks taken in turn let a thread that has its core do more of them.
+Where NumPy's BLAS is not a bundled OpenBLAS whose thread count can be
+set, or it has one thread, products go to NumPy whole.
 """
 from __future__ import annotations
 
