@@ -6,7 +6,8 @@
 Workloads (see workloads.py, startup.py): log1pexp value + gradient (f32,
 f64; 1e3, 1e5, 1e7), StyleGAN's R1 penalty and its gradient (second order;
 1e5, 1e7), a 4096x512 @ 512x512 f32 dense layer + bias + softplus + sum
-with gradients for w and b, sum(x * x), value + gradient per call at n = 16
+with gradients for w and b, sum(x * x), sin(x) cos(x) and x ** y value +
+gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
 `out=` buffers against fresh results, time to first gradient in
 fresh processes (cold and warm caches, beside JAX's jit), and
@@ -40,7 +41,8 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "call", "out", "startup", "cuda")
+WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "sincos_pow", "call", "out", "startup",
+             "cuda")
 
 
 def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
@@ -55,6 +57,9 @@ def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
                 "(benchmarks/dense_f32.grad)", workloads.dense_cases(4096, 512, 512))
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
+    if name == "sincos_pow":
+        return ("sin(x) cos(x) and x ** y: value + gradient",
+                workloads.sincos_pow_cases([10**6], [np.float32, np.float64]))
     if name == "call":
         return ("per call: log1pexp value + gradient at n = 16",
                 workloads.log1pexp_cases([16], [np.float64]))

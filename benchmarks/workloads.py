@@ -16,6 +16,7 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     fused_sum_cases  sum(x * x): one fused loop against NumPy's temporary
     out_cases        log1pexp value + gradient into reused buffers (`out=`)
                      against fresh results, and NumPy by hand with `out=`
+    sincos_pow_cases sin(x) cos(x) and x ** y, value and gradient
 """
 from __future__ import annotations
 
@@ -401,4 +402,70 @@ def fused_sum_cases(sizes, seed: int = 0) -> list[Case]:
             torch = torch_module()
             impls["torch"] = lambda x=x: torch.sum(torch.from_numpy(x) ** 2).numpy()
         cases.append(Case(f"float64 n={size_label(n)}", impls, (np.asarray(np.sum(x * x)),)))
+    return cases
+
+
+# ------------------------------------------------------------ sin, cos, pow
+
+SINCOS_POW = """def sincos(x):
+    return sin(x) * cos(x)
+
+def power(x, y):
+    return x ** y
+"""
+
+
+@lru_cache(maxsize=None)
+def dsl_sincos_pow():
+    module = dsl.loads(SINCOS_POW)
+    return (dsl.value_and_grad(module.sincos), dsl.value_and_grad(module.power, wrt=(0, 1)))
+
+
+def numpy_sincos(x):
+    s, c = np.sin(x), np.cos(x)
+    return s * c, c * c - s * s
+
+
+def numpy_power(x, y):
+    v = x**y
+    return v, (y * x ** (y - 1), np.log(x) * v)
+
+
+@lru_cache(maxsize=None)
+def jax_sincos_pow():
+    jax, jnp = jax_modules()
+
+    def value_and_grad(f, argnums):
+        @jax.jit
+        def run(*args):
+            v, pullback = jax.vjp(f, *args)
+            grads = pullback(jnp.ones_like(v))
+            return v, grads if len(argnums) > 1 else grads[0]
+        return run
+    return (value_and_grad(lambda x: jnp.sin(x) * jnp.cos(x), (0,)),
+            value_and_grad(lambda x, y: x**y, (0, 1)))
+
+
+def sincos_pow_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
+    """sin(x) cos(x) and x ** y (x in [0.5, 2], y in [-8, 8]): value and
+    gradient, elementwise."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for dtype in dtypes:
+        for n in sizes:
+            x = rng.uniform(-100, 100, n).astype(dtype)
+            base, exponent = (rng.uniform(0.5, 2.0, n).astype(dtype),
+                              rng.uniform(-8, 8, n).astype(dtype))
+            sincos, power = dsl_sincos_pow()
+            label = f"{np.dtype(dtype).name} n={size_label(n)}"
+            impls = {"numpy": lambda x=x: numpy_sincos(x), "dsl": lambda x=x: sincos(x)}
+            pow_impls = {"numpy": lambda a=base, b=exponent: numpy_power(a, b),
+                         "dsl": lambda a=base, b=exponent: power(a, b)}
+            if jax_modules():
+                jax_sincos, jax_power = jax_sincos_pow()
+                impls["jax"] = jax_call(jax_sincos, x)
+                pow_impls["jax"] = jax_call(jax_power, base, exponent)
+            cases.append(Case(f"sin(x) cos(x) {label}", impls, numpy_sincos(x)))
+            cases.append(Case(f"x ** y {label}", pow_impls, tuple(flatten(
+                numpy_power(base, exponent)))))
     return cases

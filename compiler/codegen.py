@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
-from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import OPS, loop_cost, python_slices
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.runtime import target as targets
@@ -229,8 +229,10 @@ def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v") -> list[str]:
         elif eqn.op == "broadcast_to":
             expr = ref(eqn.inputs[0])
         else:
-            expr = OPS[eqn.op].template.format(*[ref(a) for a in eqn.inputs],
-                                               T=out.type.dtype)
+            op = OPS[eqn.op]
+            template = (op.int_template if op.int_template and out.type.dtype in INTS
+                        else op.template)
+            expr = template.format(*[ref(a) for a in eqn.inputs], T=out.type.dtype)
         lines.append(f"{local} = {out.type.dtype}({expr})")
     return lines
 

@@ -318,7 +318,10 @@ def _max_vjp(pick_greater: bool):
 
 
 def _pow_a(b, x, y, out, ct):
-    y_minus_1 = b.bind("sub", y, lit(b, 1, y))
+    # a literal exponent stays literal, so that the derivative of x ** 3
+    # is 3 x ** 2, which `compiler.passes.simplify` makes a product
+    y_minus_1 = (lit(b, y.value - 1, y) if isinstance(y, Lit)
+                 else b.bind("sub", y, lit(b, 1, y)))
     return b.bind("mul", ct, b.bind("mul", y, b.bind("pow", x, y_minus_1)))
 
 
@@ -567,6 +570,9 @@ class Op:
     # {T}: the output dtype's constructor), the same on every target (`math`
     # in a kernel is the target's math module)
     template: Optional[str] = None
+    # the template for integer outputs where it differs (pow: Python's
+    # exact integer power, not the float function)
+    int_template: Optional[str] = None
     arity: int = 1  # -1: any number of inputs
     # where the op-table tests sample each input: real | positive | unit |
     # nonzero | bool | index (in range for the axis, repeats and negatives
@@ -722,8 +728,10 @@ _TABLE: tuple[Op, ...] = (
        domain=("real", "nonzero"),
        vjp=_binary(lambda b, x, y, o, ct: b.bind("div", ct, y),
                    lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
-    Op("pow", template="{0} ** {1}", ref=np.power, arity=2, domain=("positive", "real"),
-       tol=1e-4, vjp=_binary(_pow_a, _pow_b), cost=64),
+    # (`compiler.passes.simplify` turns small integer powers into products)
+    Op("pow", template="math.pow({0}, {1})", int_template="{0} ** {1}", ref=np.power,
+       arity=2, domain=("positive", "real"), identity=1, tol=1e-4,
+       vjp=_binary(_pow_a, _pow_b), cost=64),
     Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,
        arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
     Op("minimum", template="{0} if ({0} < {1} or {0} != {0}) else {1}", ref=np.minimum,

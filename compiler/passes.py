@@ -4,9 +4,10 @@ Contract:
 - `inline_calls`: replaces every `custom_vjp` call by its `fwd` body (run
   once no more differentiation is to come);
 - `simplify`: drops identities, as the op table declares them (x + 0,
-  x * 1, stop_gradient, casts and reshapes to the same type; results
-  unchanged up to the sign of a zero sum) and folds reshaped or broadcast
-  constants into constants;
+  x * 1, x ** 1, stop_gradient, casts and reshapes to the same type;
+  results unchanged up to the sign of a zero sum), folds reshaped or
+  broadcast constants into constants, and computes x ** 0, 2, 3, 4 and
+  (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads.
 
@@ -68,6 +69,9 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
                                                 ("shape", out.type.shape),
                                                 ("value", fills[inputs[0]])), eqn.span)
             inputs = ()
+        if eqn.op == "pow" and _small_power(inputs, out) is not None:
+            eqn = _power_as_products(b, eqn, inputs[0], _small_power(inputs, out))
+            inputs = eqn.inputs
         if eqn.op == "full":
             fills[out] = eqn.p["value"]
         alias = (None if keep_barriers and eqn.op == "recompute_barrier"
@@ -77,6 +81,35 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             continue
         b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
+
+
+def _small_power(inputs, out: Var) -> int | None:
+    """n for x ** n with n a literal 0, 2, 3 or 4 (or -1 for floats), which
+    are cheaper and as exact as a constant or products (x * x is correctly
+    rounded, like pow; x ** 3 and x ** 4 within about 1.5 ulp) than a call
+    to pow."""
+    x, y = inputs
+    if not isinstance(y, Lit) or y.type.shape != () or x.type != out.type:
+        return None
+    if y.value in (0, 2, 3, 4) or (y.value == -1 and out.type.dtype in ("f32", "f64")):
+        return int(y.value)
+    return None
+
+
+def _power_as_products(b: Builder, eqn: Eqn, x: Atom, n: int) -> Eqn:
+    """The equation computing eqn's output, x ** n, as a constant or
+    products (after the ones it needs, which it binds in `b`)."""
+    out_type = eqn.outputs[0].type
+    if n == 0:  # 1, even for NaN
+        one = b.lit(1, out_type.dtype).value
+        params = (("dtype", out_type.dtype), ("shape", out_type.shape), ("value", one))
+        return Eqn("full", (), eqn.outputs, params, eqn.span)
+    if n == -1:
+        return Eqn("div", (b.lit(1, x.type.dtype), x), eqn.outputs, (), eqn.span)
+    if n == 2:
+        return Eqn("mul", (x, x), eqn.outputs, (), eqn.span)
+    square = b.bind("mul", x, x, span=eqn.span)
+    return Eqn("mul", (square, x if n == 3 else square), eqn.outputs, (), eqn.span)
 
 
 def _identity_input(op: str, inputs, params, fills) -> Atom | None:

@@ -1,13 +1,16 @@
-"""Vectorizable `exp`, `log`, `log1p`, `expm1` and `tanh` for CPU kernels,
-which import this module as `math` (`runtime.cpu.CpuTarget.header`).
+"""Vectorizable `exp`, `log`, `log1p`, `expm1`, `tanh`, `sin`, `cos`,
+`tan` and `pow` for CPU kernels, which import this module as `math`
+(`runtime.cpu.CpuTarget.header`).
 
 Contract: inside a Numba kernel, each of them of a float32 (a float64)
-computes in float32 (float64) with a branch-free polynomial, within
-the ulp bounds in docs/internals.md, and gives every special value as libm
-does: +-inf, NaN, +-0, denormal inputs and results, overflow to inf and
-underflow to 0.  Integers are taken as float64.  Every other name
-(`math.sqrt`, `math.floor`, ...) is the standard `math` module's, so a
-kernel can say `math.<anything>`.  Called from Python, they are libm's.
+computes in float32 (float64) with a branch-free polynomial (sin, cos,
+tan and pow of float32 in float64, rounded once), within the ulp bounds in
+docs/internals.md, and gives every special value as libm does: +-inf, NaN,
++-0, denormal inputs and results, overflow to inf and underflow to 0; pow
+has C99's special cases.  Integers are taken as float64 (pow of two
+integers is Python's integer power).  Every other name (`math.sqrt`,
+`math.floor`, ...) is the standard `math` module's, so a kernel can say
+`math.<anything>`.  Called from Python, they are libm's.
 `accumulate` is the add of a kernel's sum, the one float operation that
 LLVM may reorder (see there); `greatest`, a running maximum that
 vectorizes and propagates NaN.
@@ -18,6 +21,9 @@ kernel's time.  These functions inline into the kernel loop, which then
 vectorizes.  They compile with `fastmath={'contract'}` only (fused
 multiply-adds): the other fastmath flags would let LLVM assume no inf or
 NaN and fold away the special-value selects and the bit-level scaling.
+Python's `and` and `or` short-circuit: a branch, which LLVM turns back
+into a select only where both sides are cheap, so pow's and sin's
+conditions combine with `&` and `|`.
 
 Methods: exp reduces x = k ln2 + r, |r| <= ln2/2 (Cody-Waite, ln2 in two
 parts), takes k from the bits of x log2(e) + 1.5 2^52 (no float-to-int
@@ -26,15 +32,19 @@ conversion, which NaN would poison), evaluates fdlibm's rational form
 of two built from bits, so that results near overflow and in the denormal
 range round once.  log splits x = 2^k m, m in [sqrt(2)/2, sqrt(2)), from the
 bits (denormals scaled up first) and evaluates musl's (fdlibm's) series in
-s = (m-1)/(m+1); log1p, expm1 and tanh say how they differ where they are
-defined.  Each dispatches on its argument's width through an `overload`
-and inlines into the kernel, so that LLVM sees one loop body to vectorize.
+s = (m-1)/(m+1); log1p, expm1, tanh, sin, cos, tan and pow say how they differ
+where they are defined.  Each dispatches on its argument's width through
+an `overload` and inlines into the kernel, so that LLVM sees one loop body
+to vectorize.  sin, cos and tan hand lanes beyond 2^20 pi/2 to libm through
+functions of our own with vector variants (see "Lanes beyond").
 """
 from __future__ import annotations
 
+import decimal
 import math as _libm
 
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -42,8 +52,9 @@ from numba.extending import intrinsic, overload, register_jitable
 
 # Only kernels call these, and inline them: no Python or C entry points
 # (which cost a third of each one's compile, ~20-40 ms, in a cold process).
-_JIT_OPTIONS = {"fastmath": {"contract"}, "nogil": True, "no_cpython_wrapper": True,
-                "no_cfunc_wrapper": True}
+# error_model numpy: no division-by-zero checks (nor their raising paths).
+_JIT_OPTIONS = {"fastmath": {"contract"}, "nogil": True, "error_model": "numpy",
+                "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
 
 def __getattr__(name: str):
@@ -96,13 +107,20 @@ _EXP_MIN64 = -746.0
 
 @register_jitable(**_JIT_OPTIONS)
 def _exp_f64(x):
+    return _exp_dd_f64(x, 0.0)  # (LLVM folds the zero tail away)
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _exp_dd_f64(x, tail):
+    """e^(x + tail) for a finite tail below half an ulp of x, which pow's
+    y log|x| carries (0 where x is clamped, inf or NaN)."""
     x = _EXP_MAX64 if x > _EXP_MAX64 else x  # comparisons keep NaN as it is
     x = _EXP_MIN64 if x < _EXP_MIN64 else x
     shifted = x * _LOG2E + _SHIFT64
     k = _bits64(shifted) - _SHIFT64_BITS
     kd = shifted - _SHIFT64
     hi = x - kd * _LN2_HI
-    lo = kd * _LN2_LO
+    lo = kd * _LN2_LO - tail
     r = hi - lo
     rr = r * r
     c = r - rr * (_EXP_P1 + rr * (_EXP_P2 + rr * (_EXP_P3 + rr * (_EXP_P4 + rr * _EXP_P5))))
@@ -326,6 +344,449 @@ _tanh_f64 = _make_tanh(0.0, 1.0, 2.0, 0.5, 2.0**-28)
 _tanh_f32 = _make_tanh(_ZERO_F, _ONE_F, _TWO_F, _f32(0.5), _f32(2.0**-13))
 
 
+# ------------------------------------------------------------ sin, cos
+# x = n pi/2 + r, |r| <= pi/4 (about), r kept as r0 + r1: pi/2 in three
+# 33-bit parts, each product with n exact for |n| < 2^20, and a tail, the
+# sums carried in two parts (Cody-Waite); then sin or cos of r by fdlibm's
+# kernels, picked by n mod 4.  Lanes with |x| >= 2^20 pi/2, inf or NaN get
+# libm's value instead (see "Lanes beyond" below).
+
+_TWO_OVER_PI = 6.36619772367581382433e-01
+_PIO2_1 = 1.57079632673412561417e+00
+_PIO2_2 = 6.07710050630396597660e-11
+_PIO2_3 = 2.02226624871116645580e-21
+_PIO2_3T = 8.47842766036889956997e-32
+_REDUCIBLE = 1647099.3291652855  # 2^20 pi/2: n fits in 20 bits
+_SIN_S = (-1.66666666666666324348e-01, 8.33333333332248946124e-03,
+          -1.98412698298579493134e-04, 2.75573137070700676789e-06,
+          -2.50507602534068634195e-08, 1.58969099521155010221e-10)
+_COS_C = (4.16666666666666019037e-02, -1.38888888888741095749e-03,
+          2.48015872894767294178e-05, -2.75573143513906633035e-07,
+          2.08757232129817482790e-09, -1.13596475577881948265e-11)
+_SIN_TINY = 2.0**-27  # below it sin(x) rounds to x and cos(x) to 1
+
+
+# Lanes beyond _REDUCIBLE call libm, through functions of our own that LLVM
+# knows nothing about (it would turn a call to libm's `sin` into
+# `llvm.sin`, which it splits into a libm call per lane): for each lane
+# count, `gradc_huge_<name>_v<lanes>` checks its lanes with one vector
+# compare and calls libm only where some lane is huge, inf or NaN, which
+# is rare; the loop vectorizer finds it through the scalar function's
+# `vector-function-abi-variant` attribute.  Each returns libm's value in
+# the lanes not below _REDUCIBLE, and 0 in the others (which are never
+# read).
+_HUGE_LANES = (2, 4, 8, 16)
+
+
+def _below_limit(b: ir.IRBuilder, x, limit, minus_limit):
+    """|x| < _REDUCIBLE (false for NaN), lane by lane."""
+    return b.and_(b.fcmp_ordered("<", x, limit), b.fcmp_ordered(">", x, minus_limit))
+
+
+def _huge_lane_module(names: tuple[str, ...]) -> ir.Module:
+    """`gradc_huge_<name>` and its vector variants, for each libm name."""
+    module = ir.Module("gradc_huge_lanes")
+    double = ir.DoubleType()
+    limit = ir.Constant(double, _REDUCIBLE)
+    for name in names:
+        libm = ir.Function(module, ir.FunctionType(double, [double]), name)
+        scalar = ir.Function(module, ir.FunctionType(double, [double]), f"gradc_huge_{name}")
+        b = ir.IRBuilder(scalar.append_basic_block())
+        x = scalar.args[0]
+        small = _below_limit(b, x, limit, ir.Constant(double, -_REDUCIBLE))
+        with b.if_else(small) as (then, otherwise):
+            with then:
+                block_small = b.block
+            with otherwise:
+                value = b.call(libm, [x])
+                block_huge = b.block
+        phi = b.phi(double)
+        phi.add_incoming(ir.Constant(double, 0.0), block_small)
+        phi.add_incoming(value, block_huge)
+        b.ret(phi)
+        # every lane of a vector in place, in a loop of its own: one for all
+        # the variants (unrolled into each, they took 4x the compile time)
+        lanes_fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(),
+                                                                      ir.IntType(64)]),
+                               f"gradc_huge_{name}_lanes")
+        lanes_fn.attributes.add("noinline")
+        b = ir.IRBuilder(lanes_fn.append_basic_block())
+        pointer, count = lanes_fn.args
+        with cgutils.for_range(b, count) as loop:
+            slot = b.gep(pointer, [loop.index], source_etype=double)
+            b.store(b.call(scalar, [b.load(slot, typ=double)]), slot)
+        b.ret_void()
+        for lanes in _HUGE_LANES:
+            vector = ir.VectorType(double, lanes)
+            fn = ir.Function(module, ir.FunctionType(vector, [vector]),
+                             f"gradc_huge_{name}_v{lanes}")
+            b = ir.IRBuilder(fn.append_basic_block())
+            x = fn.args[0]
+            small = _below_limit(b, x, ir.Constant(vector, [_REDUCIBLE] * lanes),
+                                 ir.Constant(vector, [-_REDUCIBLE] * lanes))
+            all_small = b.icmp_unsigned("==", b.bitcast(small, ir.IntType(lanes)),
+                                        ir.Constant(ir.IntType(lanes), (1 << lanes) - 1))
+            with b.if_then(all_small, likely=True):
+                b.ret(ir.Constant(vector, [0.0] * lanes))
+            buffer = b.alloca(vector)
+            b.store(x, buffer)
+            b.call(lanes_fn, [buffer, ir.Constant(ir.IntType(64), lanes)])
+            b.ret(b.load(buffer, typ=vector))
+    return module
+
+
+def _compile_huge_lanes(names: tuple[str, ...]):
+    """Compiles the functions once per process and names them to the JIT
+    linker, before any kernel (compiled now or loaded from the cache) that
+    calls them."""
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+    with global_compiler_lock:
+        library = cpu_target.target_context.codegen().create_library("gradc_huge_lanes")
+        library.add_ir_module(_huge_lane_module(names))
+        library.finalize()
+    for name in names:
+        for symbol in [f"gradc_huge_{name}"] + [f"gradc_huge_{name}_v{n}" for n in _HUGE_LANES]:
+            llvm_binding.add_symbol(symbol, library.get_pointer_to_function(symbol))
+    return library
+
+
+_HUGE_LANE_LIBRARY = _compile_huge_lanes(("sin", "cos", "tan"))
+
+
+def _huge_lane_call(name: str):
+    """An intrinsic calling `gradc_huge_<name>` (libm's `name` for x not
+    below _REDUCIBLE, else 0), with its vector variants declared."""
+    def typer(typingctx, x):
+        if x != types.float64:
+            return None
+
+        def codegen(context, builder, signature, args):
+            module = builder.module
+            double = ir.DoubleType()
+            callee = cgutils.get_or_insert_function(
+                module, ir.FunctionType(double, [double]), f"gradc_huge_{name}")
+            for attribute in ("memory(none)", "nounwind", "willreturn"):
+                set.add(callee.attributes, attribute)  # llvmlite knows none of them
+            variants = []
+            for lanes in _HUGE_LANES:
+                vector = ir.VectorType(double, lanes)
+                vname = f"gradc_huge_{name}_v{lanes}"
+                variant = cgutils.get_or_insert_function(
+                    module, ir.FunctionType(vector, [vector]), vname)
+                _keep_alive(module, variant)
+                variants.append(f"_ZGV_LLVM_N{lanes}v_gradc_huge_{name}({vname})")
+            call = builder.call(callee, args)
+            set.add(call.attributes, f'"vector-function-abi-variant"="{",".join(variants)}"')
+            return call
+        return types.float64(types.float64), codegen
+    return intrinsic(typer)
+
+
+def _keep_alive(module: ir.Module, function: ir.Function) -> None:
+    """Lists `function` in the module's `llvm.compiler.used`, so that LLVM
+    keeps its declaration until the vectorizer has looked for it."""
+    used = module.globals.get("llvm.compiler.used")
+    members = list(used.initializer.constant) if used is not None else []
+    if function in members:
+        return
+    members.append(function)
+    array = ir.ArrayType(ir.PointerType(), len(members))
+    if used is None:
+        used = ir.GlobalVariable(module, array, "llvm.compiler.used")
+        used.linkage = "appending"
+        used.section = "llvm.metadata"
+    used.value_type = array  # (a global's type, rewritten as it grows)
+    used.initializer = ir.Constant(array, members)
+
+
+_huge_sin = _huge_lane_call("sin")
+_huge_cos = _huge_lane_call("cos")
+_huge_tan = _huge_lane_call("tan")
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _two_sum(a, b):
+    """(s, e) with s = a + b rounded and s + e = a + b exactly (Knuth: no
+    products, so contracting into fused multiply-adds cannot change it)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _reduce_pio2(x):
+    """(n, r0, r1) with x = n pi/2 + r0 + r1, for |x| < _REDUCIBLE."""
+    shifted = x * _TWO_OVER_PI + _SHIFT64
+    n = _bits64(shifted) - _SHIFT64_BITS
+    fn = shifted - _SHIFT64
+    # fn times each part is exact, and so is x - fn _PIO2_1; the sums of
+    # the rest are kept in two parts, for x near a multiple of pi/2, where
+    # they cancel.
+    a, a_err = _two_sum(x - fn * _PIO2_1, -fn * _PIO2_2)
+    b, b_err = _two_sum(a, -fn * _PIO2_3)
+    tail = (a_err + b_err) - fn * _PIO2_3T
+    r0 = b + tail
+    return n, r0, tail - (r0 - b)
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _sin_kernel(x, y):
+    """sin(x + y) for |x| <= pi/4 and y tiny beside x."""
+    s1, s2, s3, s4, s5, s6 = _SIN_S
+    z = x * x
+    w = z * z
+    r = s2 + z * (s3 + z * s4) + z * w * (s5 + z * s6)
+    v = z * x
+    return x - ((z * (0.5 * y - v * r) - y) - v * s1)
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _cos_kernel(x, y):
+    """cos(x + y) for |x| <= pi/4 and y tiny beside x."""
+    c1, c2, c3, c4, c5, c6 = _COS_C
+    z = x * x
+    w = z * z
+    r = z * (c1 + z * (c2 + z * c3)) + w * w * (c4 + z * (c5 + z * c6))
+    hz = 0.5 * z
+    w = 1.0 - hz
+    return w + (((1.0 - w) - hz) + (z * r - x * y))
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _by_quadrant(q, s, c):
+    """sin(x) from s = sin(r), c = cos(r) for x = r + q pi/2: swapped on
+    odd q, negated for q mod 4 in (2, 3), by a select and a sign-bit flip
+    (branches on q become a switch, which blocks vectorizing)."""
+    y = c if q & 1 else s
+    return _float64(_bits64(y) ^ ((q & 2) << 62))
+
+
+@register_jitable(inline="always", **_JIT_OPTIONS)
+def _sin_f64(x):
+    reducible = abs(x) < _REDUCIBLE  # False for inf and NaN
+    q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
+    s = _sin_kernel(r0, r1)
+    c = _cos_kernel(r0, r1)
+    y = _by_quadrant(q, s, c)
+    y = x if abs(x) < _SIN_TINY else y  # keeps -0 and denormals exact
+    if not reducible:
+        y = _huge_sin(x)
+    return y
+
+
+@register_jitable(inline="always", **_JIT_OPTIONS)
+def _cos_f64(x):
+    reducible = abs(x) < _REDUCIBLE
+    q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
+    s = _sin_kernel(r0, r1)
+    c = _cos_kernel(r0, r1)
+    y = _by_quadrant(q + 1, s, c)
+    if not reducible:
+        y = _huge_cos(x)
+    return y
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _sin_f32(x):
+    return _f32(_sin_f64(np.float64(x)))  # float64's error vanishes in the rounding
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _cos_f32(x):
+    return _f32(_cos_f64(np.float64(x)))
+
+
+@register_jitable(inline="always", **_JIT_OPTIONS)
+def _tan_f64(x):
+    """sin r / cos r, or -cos r / sin r on odd n (x = n pi/2 + r)."""
+    reducible = abs(x) < _REDUCIBLE
+    q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
+    s = _sin_kernel(r0, r1)
+    c = _cos_kernel(r0, r1)
+    odd = (q & 1) != 0
+    y = (-c if odd else s) / (s if odd else c)
+    y = x if abs(x) < _SIN_TINY else y
+    if not reducible:
+        y = _huge_tan(x)
+    return y
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _tan_f32(x):
+    return _f32(_tan_f64(np.float64(x)))
+
+
+def sin(x):
+    """The sine: libm's in Python, the polynomial in a kernel."""
+    return _libm.sin(x)
+
+
+def cos(x):
+    """The cosine: libm's in Python, the polynomial in a kernel."""
+    return _libm.cos(x)
+
+
+# ------------------------------------------------------------ pow
+# float64: log|x| in two parts, good to about 2^-64 relative (x = 2^k m,
+# m in [sqrt(2)/2, sqrt(2)), log m = 2 atanh(s) = 2s + 2s^3/3 + ..., s =
+# (m-1)/(m+1), whose first two terms carry their rounding errors along),
+# times y in two parts, then e^(z + z_tail) (exp's reduction takes the
+# tail).  float32: exp(y log|x|) in float64, then rounded once.  Then
+# C99's special cases as selects; (-x)^y for integer y is +-|x|^y.
+
+def _fma_typer(typingctx, a, b, c):
+    if not (a == b == c == types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return types.float64(a, b, c), codegen
+
+
+# a b + c rounded once (LLVM's llvm.fma: one instruction where the CPU has
+# it), for the exact error of a product, whatever `contract` does.
+_fma = intrinsic(_fma_typer)
+
+_TWO_THIRDS = 2.0 / 3.0
+_TWO_THIRDS_LO = 3.700743415417188e-17  # 2/3 - _TWO_THIRDS
+
+
+def _two_parts(value: decimal.Decimal) -> tuple[float, float]:
+    hi = float(value)
+    return hi, float(value - decimal.Decimal(hi))
+
+
+with decimal.localcontext(prec=40):
+    _LOG_3_4 = _two_parts(decimal.Decimal("0.75").ln())
+    _LOG_3_2 = _two_parts(decimal.Decimal("1.5").ln())
+_SQRT_3_4 = 0.8660254037844386
+_SQRT_3_2 = 1.224744871391589
+# 2 / (2j + 1), j = 2..10: the rest of 2 atanh(s) / s^5 in s^2; |s| < 0.102
+# leaves out less than 2^-75.
+_ATANH_REST = tuple(2.0 / (2 * j + 1) for j in range(2, 11))
+_TWO52 = 4503599627370496.0
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _log_dd_split(x):
+    """(m, c, log c in two parts, k) with x = 2^k m, m in [sqrt(2)/2,
+    sqrt(2)), c = 3/4, 1 or 3/2, whichever is nearest m, for finite x > 0.
+    (A function of its own: its selects, inlined by Numba into a kernel's
+    conditional, would make Numba warn; LLVM inlines it.)"""
+    denormal = x < _TINY64
+    bits = _bits64(x * _TWO54 if denormal else x)
+    k = (bits - _SQRT_HALF_BITS64) >> 52
+    m = _float64(bits - (k << 52))
+    c = 0.75 if m < _SQRT_3_4 else (1.5 if m >= _SQRT_3_2 else 1.0)
+    log_c, log_c_lo = (_LOG_3_4 if m < _SQRT_3_4 else
+                       (_LOG_3_2 if m >= _SQRT_3_2 else (0.0, 0.0)))
+    return m, c, log_c, log_c_lo, float(k - 54) if denormal else float(k)
+
+
+@register_jitable(inline="always", **_JIT_OPTIONS)
+def _log_dd_f64(x):
+    """log(x) as hi + lo, for finite x > 0, within about 2^-65 of it:
+    x = 2^k m, m in [sqrt(2)/2, sqrt(2)), m = c (1+s)/(1-s) for c = 3/4, 1
+    or 3/2, whichever is nearest (|s| < 0.102, and m - c is exact), and
+    log m = log c + 2s + 2s^3/3 + ..., whose first terms are kept in two
+    parts."""
+    m, c, log_c, log_c_lo, dk = _log_dd_split(x)
+    f = m - c  # exact
+    d, d_err = _two_sum(m, c)
+    s = f / d
+    s_lo = (_fma(-s, d, f) - s * d_err) / d
+    s2 = s * s
+    s2_lo = _fma(s, s, -s2) + 2.0 * s * s_lo
+    s3 = s2 * s
+    s3_lo = _fma(s2, s, -s3) + (s2_lo * s + s2 * s_lo)
+    t = s3 * _TWO_THIRDS
+    t_lo = _fma(s3, _TWO_THIRDS, -t) + (s3_lo * _TWO_THIRDS + s3 * _TWO_THIRDS_LO)
+    rest = s3 * s2 * _horner(s2, _ATANH_REST)
+    a, a_err = _two_sum(dk * _LN2_HI, log_c)
+    b, b_err = _two_sum(a, 2.0 * s)
+    e, e_err = _two_sum(b, t)
+    lo = (a_err + b_err + e_err) + (t_lo + 2.0 * s_lo) + (dk * _LN2_LO + log_c_lo + rest)
+    hi = e + lo
+    return hi, lo - (hi - e)
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _pow_base(x):
+    """|x|, or 1 where it is 0, inf or NaN (`_pow_finish` answers there)."""
+    ax = abs(x)
+    # (`&`, not `and`: Python's short circuit is a branch, which stops the
+    # loop vectorizer here)
+    return ax if (ax > 0.0) & (ax < np.inf) else 1.0
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _pow_finish(x, y, core):
+    """x^y in float64 from core = |x|^y (for finite nonzero x): signs and
+    C99's special values."""
+    ax = abs(x)
+    ay = abs(y)
+    y_int = (ay >= _TWO52) | ((ay + _TWO52) - _TWO52 == ay)  # False for NaN
+    half = ay * 0.5
+    y_odd = y_int & (ay < 2.0 * _TWO52) & ((half + _TWO52) - _TWO52 != half)
+    # |x| = 0 or inf: 0 or inf, inf where exactly one of them is "small"
+    edge = np.inf if (ax == 0.0) == (y < 0.0) else 0.0
+    r = core if (ax > 0.0) & (ax < np.inf) else edge
+    flip = (_bits64(x) < 0) & y_odd  # (-0 and -inf too)
+    r = -r if flip else r
+    r = np.nan if (x < 0.0) & (ax < np.inf) & (not y_int) else r
+    r = 1.0 if (ax == 1.0) & (ay == np.inf) else r  # (-1)^+-inf
+    r = np.nan if (x != x) | (y != y) else r
+    return 1.0 if (y == 0.0) | (x == 1.0) else r  # even for NaN
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _pow_f64(x, y):
+    hi, lo = _log_dd_f64(_pow_base(x))
+    return _pow_finish(x, y, _exp_dd_f64(*_times_dd(y, hi, lo)))
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _times_dd(y, hi, lo):
+    """y (hi + lo) in two parts, the second 0 beyond 2000, where e^ of it is
+    0 or inf anyway and the tail may be NaN.  (Not inlined by Numba: see
+    `_log_dd_split`.)"""
+    z = y * hi
+    z_lo = _fma(y, hi, -z) + y * lo
+    in_range = abs(z) < 2000.0
+    zz = z + z_lo if in_range else z
+    return zz, z_lo - (zz - z) if in_range else 0.0
+
+
+@register_jitable(**_JIT_OPTIONS)
+def _pow_f32(x, y):
+    xd = np.float64(x)
+    yd = np.float64(y)
+    return _f32(_pow_finish(xd, yd, _exp_f64(yd * _log_f64(_pow_base(xd)))))
+
+
+def tan(x):
+    """The tangent: libm's in Python, sin / cos in a kernel."""
+    return _libm.tan(x)
+
+
+def pow(x, y):
+    """x**y: libm's in Python, from exp and log in a kernel."""
+    return _libm.pow(x, y)
+
+
+def _pow_by_types(x, y):
+    if isinstance(x, types.Integer) and isinstance(y, types.Integer):
+        return lambda x, y: x ** y  # Numba's integer power
+    if not all(isinstance(a, (types.Float, types.Integer, types.Boolean)) for a in (x, y)):
+        return None
+    if x == y == types.float32:
+        return _pow_f32
+    if x == y == types.float64:
+        return _pow_f64  # (inlined: through a lambda it would stay a call)
+    return lambda x, y: _pow_f64(float(x), float(y))
+
+
 # ------------------------------------------------------------ dispatch
 
 
@@ -375,6 +836,10 @@ overload(log, jit_options=_JIT_OPTIONS)(_by_width(_log_f32, _log_f64))
 overload(log1p, jit_options=_JIT_OPTIONS)(_by_width(_log1p_f32, _log1p_f64))
 overload(expm1, jit_options=_FORCE_INLINE)(_by_width(_expm1_f32, _expm1_f64))
 overload(tanh, jit_options=_FORCE_INLINE)(_by_width(_tanh_f32, _tanh_f64))
+overload(sin, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_sin_f32, _sin_f64))
+overload(cos, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_cos_f32, _cos_f64))
+overload(tan, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_tan_f32, _tan_f64))
+overload(pow, jit_options=_JIT_OPTIONS, inline="always")(_pow_by_types)
 
 
 # ------------------------------------------------------------ sums

@@ -1,5 +1,5 @@
-"""`runtime.cpu_math`: the vectorizable exp, log, log1p, expm1 and tanh
-CPU kernels call.
+"""`runtime.cpu_math`: the vectorizable exp, log, log1p, expm1, tanh, sin,
+cos and pow CPU kernels call.
 
 Accuracy is measured in ulps of the result's dtype against NumPy in long
 double, over 10^6 points per function and dtype, each sweep one jitted loop;
@@ -19,21 +19,56 @@ MAX_ULP = {("exp", np.float64): 1.0, ("exp", np.float32): 1.1,
            ("log", np.float64): 1.0, ("log", np.float32): 1.0,
            ("log1p", np.float64): 1.0, ("log1p", np.float32): 1.0,
            ("expm1", np.float64): 1.3, ("expm1", np.float32): 1.3,
-           ("tanh", np.float64): 2.5, ("tanh", np.float32): 2.5}
+           ("tanh", np.float64): 2.5, ("tanh", np.float32): 2.5,
+           ("sin", np.float64): 1.0, ("sin", np.float32): 0.51,
+           ("cos", np.float64): 1.0, ("cos", np.float32): 0.51,
+           ("pow", np.float64): 1.0, ("pow", np.float32): 0.51,
+           ("tan", np.float64): 2.5, ("tan", np.float32): 0.51}
 REFERENCES = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
-              "tanh": np.tanh}
+              "tanh": np.tanh, "sin": np.sin, "cos": np.cos}
 POINTS = 10**6
 
 
 @numba.njit(error_model="numpy")
 def _all_functions(x, out):
-    # One kernel for all five: one compile per dtype keeps the file fast.
+    # One kernel for all of them: one compile per dtype keeps the file fast.
     for i in range(x.shape[0]):
         out[0, i] = cpu_math.exp(x[i])
         out[1, i] = cpu_math.log(x[i])
         out[2, i] = cpu_math.log1p(x[i])
         out[3, i] = cpu_math.expm1(x[i])
         out[4, i] = cpu_math.tanh(x[i])
+        out[5, i] = cpu_math.sin(x[i])
+        out[6, i] = cpu_math.cos(x[i])
+
+
+MORE = {"tan": np.tan}
+
+
+@numba.njit(error_model="numpy")
+def _more_functions(x, out):
+    # (its own kernel: the sweeps above stay one compile per dtype)
+    for i in range(x.shape[0]):
+        out[0, i] = cpu_math.tan(x[i])
+
+
+def apply_more(name: str, x: np.ndarray) -> np.ndarray:
+    out = np.empty((len(MORE), x.size), x.dtype)
+    with np.errstate(all="ignore"):
+        _more_functions(x, out)
+    return out[list(MORE).index(name)]
+
+
+@numba.njit(error_model="numpy")
+def _pow(x, y, out):
+    for i in range(x.shape[0]):
+        out[i] = cpu_math.pow(x[i], y[i])
+
+
+def power(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+    _pow(x, y, out)
+    return out
 
 
 def apply(name: str, x: np.ndarray) -> np.ndarray:
@@ -51,6 +86,8 @@ def sweep_points(name: str, dtype) -> np.ndarray:
     rng = np.random.default_rng(7)
     quarter = POINTS // 4
     tiny = np.sign(rng.uniform(-1, 1, quarter)) * 10.0 ** rng.uniform(-20, 0, quarter)
+    if name in ("sin", "cos"):
+        return trig_points(rng, dtype)
     if name in ("exp", "expm1", "tanh"):
         low, high = (-746.0, 710.0) if dtype == np.float64 else (-104.0, 89.0)
         low, high = {"exp": (low, high), "expm1": (-40.0, high), "tanh": (-20.0, 20.0)}[name]
@@ -65,6 +102,22 @@ def sweep_points(name: str, dtype) -> np.ndarray:
     x = np.concatenate([any_positive[:-quarter] - 1, rng.uniform(-1, 1, quarter),
                         tiny]).astype(dtype)
     return x[x > -1]
+
+
+def trig_points(rng, dtype) -> np.ndarray:
+    """Uniform over [-10, 10] and over the range of the fast reduction
+    (|x| < 2^20 pi/2), any magnitude up to the largest float (libm's lanes
+    beyond), and the floats nearest to multiples of pi/2, where sin or cos
+    is smallest and the reduction cancels most."""
+    eighth = POINTS // 8
+    top = np.log10(np.finfo(dtype).max) - 0.01
+    signs = np.sign(rng.uniform(-1, 1, 2 * eighth))
+    multiples = (rng.integers(-2**20, 2**20, 2 * eighth) * (np.pi / 2)).astype(dtype)
+    neighbours = np.nextafter(multiples, rng.choice([-np.inf, np.inf], multiples.size))
+    x = np.concatenate([rng.uniform(-10, 10, 2 * eighth), rng.uniform(-1.6e6, 1.6e6, eighth),
+                        signs * 10.0 ** rng.uniform(-20, top, 2 * eighth),
+                        multiples, neighbours])
+    return x.astype(dtype)
 
 
 def ulp_error(got: np.ndarray, x: np.ndarray, reference) -> np.ndarray:
@@ -89,6 +142,69 @@ def test_sweep_within_documented_ulps(name, dtype):
     errors = ulp_error(apply(name, x), x, REFERENCES[name])
     worst = int(np.argmax(errors))
     assert errors[worst] <= MAX_ULP[name, dtype], (x[~np.isinf(x)][worst], errors[worst])
+
+
+def pow_points(dtype) -> tuple[np.ndarray, np.ndarray]:
+    """x with uniformly random bits (every exponent, denormals included) to
+    powers in [-1, 1] and small integers; x in [1/2, 2] to powers up to
+    where the result overflows (where y log x needs log x to 2^-64);
+    negative x to integer powers; x next to 1 to huge powers."""
+    rng = np.random.default_rng(11)
+    quarter = POINTS // 4
+    bits, finite_top = ((np.int64, 0x7FF0000000000000) if dtype == np.float64
+                        else (np.int32, 0x7F800000))
+    big = 1100.0 if dtype == np.float64 else 150.0
+    x = np.concatenate([rng.integers(1, finite_top, quarter, dtype=bits).view(dtype),
+                        rng.uniform(0.5, 2.0, quarter), -rng.uniform(0, 10, quarter),
+                        1.0 + rng.uniform(-1e-6, 1e-6, quarter)]).astype(dtype)
+    y = np.concatenate([np.where(rng.uniform(size=quarter) < 0.5, rng.uniform(-1, 1, quarter),
+                                 rng.integers(-4, 5, quarter)),
+                        rng.uniform(-big, big, quarter) / np.log2(np.abs(x[quarter:2 * quarter])),
+                        rng.integers(-40, 41, quarter),
+                        rng.uniform(-1e8, 1e8, quarter)]).astype(dtype)
+    return x, y
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52,
+                    reason="needs a long double wider than float64 as the reference")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_pow_sweep_within_documented_ulps(dtype):
+    x, y = pow_points(dtype)
+    with np.errstate(all="ignore"):
+        errors = ulp_error(power(x, y), x, lambda wide: np.power(wide, y.astype(np.longdouble)))
+    worst = int(np.argmax(errors))
+    assert errors[worst] <= MAX_ULP["pow", dtype], errors[worst]
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52,
+                    reason="needs a long double wider than float64 as the reference")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_tan_sweep_within_documented_ulps(dtype):
+    """tan over sin's points (near multiples of pi/2 too, where it is
+    largest or smallest)."""
+    x = trig_points(np.random.default_rng(13), dtype)
+    with np.errstate(all="ignore"):
+        errors = ulp_error(apply_more("tan", x), x, np.tan)
+    worst = int(np.argmax(errors))
+    assert errors[worst] <= MAX_ULP["tan", dtype], errors[worst]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_tan_special_values(dtype):
+    info = np.finfo(dtype)
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, info.smallest_subnormal,
+                  -info.smallest_subnormal, 1e22, -1e30, 1.0, -0.3,
+                  *(np.arange(-8, 9) * (np.pi / 2))], dtype)
+    # inf and NaN: NaN, +-0 and denormals: themselves, beyond 2^20 pi/2:
+    # libm's, bit for bit; near multiples of pi/2: within 2 ulps of libm's
+    with np.errstate(all="ignore"):
+        want = np.tan(x.astype(np.float64)).astype(dtype)
+    got = apply_more("tan", x)
+    inner = np.isfinite(want) & (np.abs(want) > 0) & (np.abs(x) < 1e6)
+    assert np.all(np.abs(got[inner] - want[inner]) <= 2 * np.spacing(np.abs(want[inner])))
+    np.testing.assert_array_equal(got[~inner], want[~inner])
+    signed = ~np.isnan(want)
+    assert np.array_equal(np.signbit(got[signed]), np.signbit(want[signed]))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
@@ -145,6 +261,66 @@ def test_log1p_expm1_tanh_special_values(dtype):
     assert np.all(apply("tanh", np.array([30.0, -30.0, 1e30], dtype)) == [1.0, -1.0, 1.0])
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_sin_cos_special_values_and_huge_arguments(dtype):
+    # Beyond the fast reduction (2^20 pi/2) lanes take libm's call; inf
+    # and NaN too; multiples of pi/2 must come out as libm's, bit for bit.
+    info = np.finfo(dtype)
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, info.smallest_subnormal, -info.tiny,
+                  1e22, -1e22, 1e30, info.max, -info.max, 1647099.0, 1647100.0,
+                  *(np.arange(-64, 65) * (np.pi / 2))], dtype)
+    with np.errstate(invalid="ignore"):
+        want = {"sin": np.sin(x.astype(np.float64)), "cos": np.cos(x.astype(np.float64))}
+    for name in ("sin", "cos"):
+        got = apply(name, x)
+        np.testing.assert_array_equal(got, want[name].astype(dtype), err_msg=name)
+        assert np.array_equal(np.signbit(got[3:7]), np.signbit(want[name][3:7].astype(dtype)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_pow_special_values(dtype):
+    """C99 Annex F's pow: x^0 = 1 and 1^y = 1 even for NaN; (-x)^y for
+    integer y; +-0 and +-inf; NaN for a negative finite x to a non-integer."""
+    inf, nan = np.inf, np.nan
+    big = 2.0**60  # an even integer
+    cases = [  # (x, y, x**y)
+        (nan, 0.0, 1.0), (nan, -0.0, 1.0), (inf, 0.0, 1.0), (1.0, nan, 1.0), (1.0, inf, 1.0),
+        (1.0, -inf, 1.0), (-1.0, inf, 1.0), (-1.0, -inf, 1.0), (nan, 1.0, nan),
+        (2.0, nan, nan), (-2.0, 0.5, nan), (-2.0, -1.5, nan),
+        (-2.0, 3.0, -8.0), (-2.0, 2.0, 4.0), (-2.0, -3.0, -0.125), (-0.5, big, 0.0),
+        (-2.0, big, inf), (-1.0, 3.0, -1.0), (-1.0, 0.5, nan),
+        (0.0, 3.0, 0.0), (-0.0, 3.0, -0.0), (-0.0, 2.0, 0.0), (-0.0, 0.5, 0.0),
+        (0.0, -3.0, inf), (-0.0, -3.0, -inf), (-0.0, -2.0, inf), (-0.0, -0.5, inf),
+        (0.0, inf, 0.0), (0.0, -inf, inf),
+        (inf, 2.0, inf), (inf, -2.0, 0.0), (-inf, 3.0, -inf), (-inf, 2.0, inf),
+        (-inf, 0.5, inf), (-inf, -3.0, -0.0), (-inf, -2.0, 0.0), (-inf, -0.5, 0.0),
+        (0.5, inf, 0.0), (0.5, -inf, inf), (2.0, inf, inf), (2.0, -inf, 0.0),
+        (-0.5, inf, 0.0), (-2.0, -inf, 0.0),
+        (10.0, 400.0, inf), (10.0, -400.0, 0.0), (-10.0, 401.0, -inf), (-10.0, -401.0, -0.0),
+        (2.0, 10.0, 1024.0), (3.0, 20.0, 3486784401.0), (4.0, 0.5, 2.0), (2.0, -1074.0,
+                                                                           5e-324)]
+    if dtype == np.float32:  # the same edges, for float32's range
+        cases[-5:] = [(10.0, 40.0, inf), (10.0, -50.0, 0.0), (-10.0, 41.0, -inf),
+                      (-10.0, -51.0, -0.0), (2.0, 10.0, 1024.0)]
+        cases += [(2.0, -149.0, float(np.finfo(np.float32).smallest_subnormal))]
+    x, y, want = (np.array(column, dtype) for column in zip(*cases))
+    with np.errstate(all="ignore"):
+        got = power(x, y)
+    np.testing.assert_array_equal(got, want, err_msg=str(list(zip(x, y, got))))
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    with np.errstate(all="ignore"):  # NumPy agrees, NaN signs aside
+        assert np.array_equal(got, np.power(x, y), equal_nan=True)
+
+
+def test_pow_of_integers_is_the_integer_power():
+    @numba.njit
+    def both(n, k):
+        return cpu_math.pow(n, k), cpu_math.pow(2.0, 3)
+
+    assert both(3, 13) == (3**13, 8.0)
+    assert isinstance(both(3, 13)[0], int)
+
+
 def test_integers_are_taken_as_float64():
     @numba.njit
     def both(n):
@@ -159,14 +335,18 @@ def test_other_names_are_the_math_modules():
     assert cpu_math.exp(1.0) == math.exp(1.0)  # in Python: libm's
 
 
-ALL = "def f(x):\n    return exp(x) + log(x) + log1p(x) + expm1(x) + tanh(x) + sigmoid(x)\n"
+ALL = ("def f(x):\n    return exp(x) + log(x) + log1p(x) + expm1(x) + tanh(x) + sigmoid(x)"
+       " + sin(x) + cos(x) + tan(x) + x ** x\n")
 
 
 def _libm_calls(llvm: str) -> set[str]:
-    """The functions of REFERENCES that the IR calls, as libm's scalar
-    functions or as LLVM's vector intrinsics (which the backend splits into
-    scalar libm calls)."""
-    return set(re.findall(r"call [^@\n]*@(?:llvm\.)?(exp|log|log1p|expm1|tanh)"
+    """The functions of REFERENCES, MORE and pow that the IR calls, as libm's
+    scalar functions or as LLVM's vector intrinsics (which the backend
+    splits into scalar libm calls).  sin and cos call libm only through
+    `gradc_huge_sin` and its vector variants, in lanes beyond 2^20 pi/2
+    (tan likewise)."""
+    return set(re.findall(r"call [^@\n]*@(?:llvm\.)?(exp|log|log1p|expm1|tanh|sin|cos|pow"
+                          r"|tan)"
                           r"(?:f|\.v?\d*f(?:32|64))?\(", llvm))
 
 
@@ -181,12 +361,18 @@ def test_kernel_loop_vectorizes_with_no_libm_call(capsys, monkeypatch, tmp_path,
     assert _libm_calls(llvm) == set()
     lanes = "double" if dtype == "f64" else "float"
     assert re.search(rf"<\d+ x {lanes}>", llvm), "the kernel loop is not vectorized"
+    # Every cpu_math function is inlined (a call left is a scalar call in
+    # the loop), and sin's and cos's rare huge lanes are called a vector at
+    # a time.
+    assert not re.search(r"call [^\n]*@_ZN\d+gradlang7runtime8cpu_math", llvm)
+    assert re.search(r"call [^\n]*<\d+ x double> @gradc_huge_sin_v\d+\(", llvm)
+    assert re.search(r"call [^\n]*<\d+ x double> @gradc_huge_cos_v\d+\(", llvm)
     if dtype == "f32":
         return  # the contrast below costs a compile; one dtype shows it
     # The switch back to libm, which the check above must see.
     monkeypatch.setenv("GRADC_LIBM", "1")
     assert main(argv) == 0
-    assert _libm_calls(capsys.readouterr().out) == set(REFERENCES)
+    assert _libm_calls(capsys.readouterr().out) == set(REFERENCES) | set(MORE) | {"pow"}
 
 
 def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
@@ -203,3 +389,35 @@ def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
     for header in (ours, libm):
         assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate  "
                             r"# cpu_math [0-9a-f]{12}", header[1])
+
+
+POWERS = "def f(x, y):\n    return sum(x ** 2 + x ** 3 + x ** 4 + x ** -1 + x ** 1 + x ** y)\n"
+
+
+def test_small_integer_powers_are_products(capsys, tmp_path):
+    """x ** 2, 3, 4, -1 and 1, and their derivatives (a literal exponent
+    stays literal through the VJP: x ** 1 gives x ** 0 = 1), are products,
+    a quotient and constants, not pow calls: only x ** y, its derivative's
+    x ** (y - 1), and x ** -2 (from x ** -1: 1 / (x * x) would overflow
+    early) are left."""
+    source = tmp_path / "powers.grad"
+    source.write_text(POWERS)
+    assert main(["show", str(source), "--emit", "grad-ir"]) == 0
+    pows = re.findall(r"= pow %x0, ([^ ]+) ", capsys.readouterr().out)
+    assert len(pows) == 3 and "-2.0:f64" in pows
+
+
+def test_small_integer_powers_values_and_gradients():
+    import dsl
+    from helpers import central_difference
+    f = dsl.loads(POWERS).f
+    rng = np.random.default_rng(5)
+    x, y = rng.uniform(0.5, 2.0, 7), rng.uniform(-2.0, 2.0, 7)
+
+    def reference(x, y):
+        return np.sum(x**2 + x**3 + x**4 + 1 / x + x + x**y)
+
+    value, (dx, dy) = dsl.value_and_grad(f, wrt=(0, 1))(x, y)
+    np.testing.assert_allclose(value, reference(x, y), rtol=1e-14)
+    np.testing.assert_allclose(dx, central_difference(reference, (x, y), 0), rtol=1e-7)
+    np.testing.assert_allclose(dy, central_difference(reference, (x, y), 1), rtol=1e-7)
