@@ -55,6 +55,8 @@ from numba.extending import intrinsic, overload, register_jitable
 # error_model numpy: no division-by-zero checks (nor their raising paths).
 _JIT_OPTIONS = {"fastmath": {"contract"}, "nogil": True, "error_model": "numpy",
                 "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+# for functions above LLVM's inlining threshold (see the overloads below)
+_FORCE_INLINE = {**_JIT_OPTIONS, "forceinline": True}
 
 
 def __getattr__(name: str):
@@ -562,7 +564,7 @@ def _by_quadrant(q, s, c):
     return _float64(_bits64(y) ^ ((q & 2) << 62))
 
 
-@register_jitable(inline="always", **_JIT_OPTIONS)
+@register_jitable(**_FORCE_INLINE)
 def _sin_f64(x):
     reducible = abs(x) < _REDUCIBLE  # False for inf and NaN
     q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
@@ -575,7 +577,7 @@ def _sin_f64(x):
     return y
 
 
-@register_jitable(inline="always", **_JIT_OPTIONS)
+@register_jitable(**_FORCE_INLINE)
 def _cos_f64(x):
     reducible = abs(x) < _REDUCIBLE
     q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
@@ -597,7 +599,7 @@ def _cos_f32(x):
     return _f32(_cos_f64(np.float64(x)))
 
 
-@register_jitable(inline="always", **_JIT_OPTIONS)
+@register_jitable(**_FORCE_INLINE)
 def _tan_f64(x):
     """sin r / cos r, or -cos r / sin r on odd n (x = n pi/2 + r)."""
     reducible = abs(x) < _REDUCIBLE
@@ -671,9 +673,7 @@ _TWO52 = 4503599627370496.0
 @register_jitable(**_JIT_OPTIONS)
 def _log_dd_split(x):
     """(m, c, log c in two parts, k) with x = 2^k m, m in [sqrt(2)/2,
-    sqrt(2)), c = 3/4, 1 or 3/2, whichever is nearest m, for finite x > 0.
-    (A function of its own: its selects, inlined by Numba into a kernel's
-    conditional, would make Numba warn; LLVM inlines it.)"""
+    sqrt(2)), c = 3/4, 1 or 3/2, whichever is nearest m, for finite x > 0."""
     denormal = x < _TINY64
     bits = _bits64(x * _TWO54 if denormal else x)
     k = (bits - _SQRT_HALF_BITS64) >> 52
@@ -684,7 +684,7 @@ def _log_dd_split(x):
     return m, c, log_c, log_c_lo, float(k - 54) if denormal else float(k)
 
 
-@register_jitable(inline="always", **_JIT_OPTIONS)
+@register_jitable(**_FORCE_INLINE)
 def _log_dd_f64(x):
     """log(x) as hi + lo, for finite x > 0, within about 2^-65 of it:
     x = 2^k m, m in [sqrt(2)/2, sqrt(2)), m = c (1+s)/(1-s) for c = 3/4, 1
@@ -749,8 +749,7 @@ def _pow_f64(x, y):
 @register_jitable(**_JIT_OPTIONS)
 def _times_dd(y, hi, lo):
     """y (hi + lo) in two parts, the second 0 beyond 2000, where e^ of it is
-    0 or inf anyway and the tail may be NaN.  (Not inlined by Numba: see
-    `_log_dd_split`.)"""
+    0 or inf anyway and the tail may be NaN."""
     z = y * hi
     z_lo = _fma(y, hi, -z) + y * lo
     in_range = abs(z) < 2000.0
@@ -825,21 +824,21 @@ def _by_width(f32_impl, f64_impl):
     return select
 
 
-# LLVM inlines exp, log and log1p by itself.  expm1 (and tanh through it)
-# is larger than LLVM's inlining threshold, so it is marked `alwaysinline`
-# for LLVM (`forceinline`), not inlined in Numba's IR (`inline="always"`),
-# which retypes the body at every call site: that made a kernel calling
-# tanh 3-4x slower to compile (0.6 s of inlining and 1 s of typing).
-_FORCE_INLINE = {**_JIT_OPTIONS, "forceinline": True}
+# LLVM inlines exp, log and log1p by itself.  expm1 (and tanh through it),
+# sin, cos, tan and pow are larger than LLVM's inlining threshold, so they
+# are marked `alwaysinline` for LLVM (`forceinline`), not inlined in Numba's
+# IR (`inline="always"`), which retypes the body at every call site: that
+# made a kernel calling tanh 3-4x slower to compile (0.6 s of inlining and
+# 1 s of typing), and x ** y's value and gradient 1.8x.
 overload(exp, jit_options=_JIT_OPTIONS)(_by_width(_exp_f32, _exp_f64))
 overload(log, jit_options=_JIT_OPTIONS)(_by_width(_log_f32, _log_f64))
 overload(log1p, jit_options=_JIT_OPTIONS)(_by_width(_log1p_f32, _log1p_f64))
 overload(expm1, jit_options=_FORCE_INLINE)(_by_width(_expm1_f32, _expm1_f64))
 overload(tanh, jit_options=_FORCE_INLINE)(_by_width(_tanh_f32, _tanh_f64))
-overload(sin, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_sin_f32, _sin_f64))
-overload(cos, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_cos_f32, _cos_f64))
-overload(tan, jit_options=_JIT_OPTIONS, inline="always")(_by_width(_tan_f32, _tan_f64))
-overload(pow, jit_options=_JIT_OPTIONS, inline="always")(_pow_by_types)
+overload(sin, jit_options=_FORCE_INLINE)(_by_width(_sin_f32, _sin_f64))
+overload(cos, jit_options=_FORCE_INLINE)(_by_width(_cos_f32, _cos_f64))
+overload(tan, jit_options=_FORCE_INLINE)(_by_width(_tan_f32, _tan_f64))
+overload(pow, jit_options=_FORCE_INLINE)(_pow_by_types)
 
 
 # ------------------------------------------------------------ sums
