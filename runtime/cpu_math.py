@@ -438,15 +438,23 @@ def _huge_lane_module(names: tuple[str, ...]) -> ir.Module:
 
 
 def _compile_huge_lanes(names: tuple[str, ...]):
-    """Compiles the functions once per process and names them to the JIT
+    """Compiles the functions once per process, or loads the machine code an
+    earlier process kept (keyed by the IR's text), and names them to the JIT
     linker, before any kernel (compiled now or loaded from the cache) that
     calls them."""
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
+
+    from gradlang.runtime.loader import stored_library
+    module = _huge_lane_module(names)
+    codegen = cpu_target.target_context.codegen()
+
+    def build():
+        library = codegen.create_library("gradc_huge_lanes")
+        library.add_ir_module(module)
+        return library
     with global_compiler_lock:
-        library = cpu_target.target_context.codegen().create_library("gradc_huge_lanes")
-        library.add_ir_module(_huge_lane_module(names))
-        library.finalize()
+        library = stored_library(codegen, "gradc_huge_lanes", str(module), build)
     for name in names:
         for symbol in [f"gradc_huge_{name}"] + [f"gradc_huge_{name}_v{n}" for n in _HUGE_LANES]:
             llvm_binding.add_symbol(symbol, library.get_pointer_to_function(symbol))

@@ -239,23 +239,32 @@ def _initialize_runtime(target_context) -> None:
 
 def _stored_nrt_functions(target_context):
     """What `nrtdynmod.compile_nrt_functions` returns (the runtime's library),
-    from the store when an earlier process kept it, else compiled and
-    kept: as Numba keeps a cached function's library, as object code with
-    the bitcode that later compiles link in."""
-    codegen = target_context.codegen()
-    key = repr(("numba runtime", numba.__version__, llvmlite.__version__,
-                codegen.magic_tuple()))
-    data = stored("numba-runtime", key)
+    from the store when an earlier process kept it."""
+    def build():
+        module, library = nrtdynmod.create_nrt_module(target_context)
+        library.add_ir_module(module)
+        return library
+    return stored_library(target_context.codegen(), "numba runtime", "", build)
+
+
+def stored_library(codegen, name: str, key: str, build: Callable[[], object]):
+    """A finalized code library: from the store when an earlier process
+    kept one under `name` and `key` (with Numba's and llvmlite's versions
+    and the CPU), else `build()` (a library with its IR added), finalized
+    and kept, as Numba keeps a cached function's library: as object code,
+    with the bitcode that later compiles link in."""
+    full_key = repr((name, key, numba.__version__, llvmlite.__version__,
+                     codegen.magic_tuple()))
+    data = stored("code-library", full_key)
     if data is not None:
         try:
             return codegen.unserialize_library(pickle.loads(data))
         except Exception:  # noqa: BLE001 (any failure: compile it instead)
             pass
-    module, library = nrtdynmod.create_nrt_module(target_context)
+    library = build()
     library.enable_object_caching()
-    library.add_ir_module(module)
     library.finalize()
-    store("numba-runtime", key, pickle.dumps(library.serialize_using_object_code()))
+    store("code-library", full_key, pickle.dumps(library.serialize_using_object_code()))
     return library
 
 

@@ -186,16 +186,19 @@ print(before, len(refreshes) > before, max(errors))
 def test_cached_kernels_load_without_refreshing_numbas_target(tmp_path):
     env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     runs = []
-    # cold, warm, then warm with the stored runtime library damaged (which
+    # cold, warm, then warm with the stored code libraries damaged (which
     # must be compiled again: LLVM aborts the process on bad object code)
     for c in ("3.5", "4.5", "5.5"):
-        if c == "5.5":
-            (runtime,) = (tmp_path / "numba-runtime").glob("*.bin")
-            data = bytearray(runtime.read_bytes())
-            for k in range(100, len(data), 3):
-                data[k] ^= 0x5A
-            runtime.write_bytes(bytes(data))
-            damaged_bytes = bytes(data)
+        if c == "5.5":  # the runtime's library and cpu_math's huge-argument one
+            libraries = sorted((tmp_path / "code-library").glob("*.bin"))
+            assert len(libraries) == 2
+            damaged_bytes = {}
+            for library in libraries:
+                data = bytearray(library.read_bytes())
+                for k in range(100, len(data), 3):
+                    data[k] ^= 0x5A
+                library.write_bytes(bytes(data))
+                damaged_bytes[library] = bytes(data)
         run = subprocess.run([sys.executable, "-c", KERNELS,
                               str(ROOT / "examples" / "log1pexp.grad"), c],
                              env=env, capture_output=True, text=True, timeout=300)
@@ -205,7 +208,7 @@ def test_cached_kernels_load_without_refreshing_numbas_target(tmp_path):
         runs.append(int(before))
     cold, warm, damaged = runs
     assert cold > 0 and warm == 0 and damaged == 0
-    assert runtime.read_bytes() != damaged_bytes  # compiled again and replaced
+    assert all(path.read_bytes() != data for path, data in damaged_bytes.items())
 
 
 def test_a_cache_of_another_target_loads_through_numbas_own_path(tmp_path, monkeypatch):
