@@ -18,7 +18,8 @@ one example, and its reductions would sum over a batch axis it was handed
 (`"expand_dims"`, which passes the batch at once, would make `sum(x)` of
 a batch one number).  Arguments are checked (dtype, rank, dimensions,
 against f's signature) at trace time: `ArgumentError`.  Floats are f32 or
-f64; without `jax_enable_x64` JAX makes every float f32.  jax is imported
+f64; without `jax_enable_x64` JAX makes every float f32, and so a result
+the program makes f64 (from a Python float, an f64 param) comes back f32.  jax is imported
 when `to_jax` is first called, never by `import dsl`.
 """
 from __future__ import annotations
@@ -97,15 +98,21 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
         f.by_value(need, bound)
         outs = result_types(f, bound)
 
+    # Without jax_enable_x64 JAX holds no 64-bit array: a result the program
+    # makes f64 (from a Python float, an f64 param) reaches JAX as f32, and a
+    # cotangent for it comes back f32, cast to what the program was bound with.
+    jax_dtypes = [jax.dtypes.canonicalize_dtype(dtype) for _, dtype in outs]
+
     def run(*arrays):  # on the host, with the values of `names` (JAX arrays there)
-        values = {n: np.asarray(a) for n, a in zip(names, arrays)}
+        values = {n: np.asarray(a, bound[n].dtype) for n, a in zip(names, arrays)}
         results = f.call_bound({n: values.get(n, a) for n, a in bound.items()})
-        return tuple(np.asarray(f.target.to_host(r), dtype) for r, (_, dtype) in
-                     zip(results, outs))
+        return tuple(np.asarray(f.target.to_host(r), dtype) for r, dtype in
+                     zip(results, jax_dtypes))
 
     @jax.custom_vjp
     def call(*values):
-        shapes = tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in outs)
+        shapes = tuple(jax.ShapeDtypeStruct(shape, dtype)
+                       for (shape, _), dtype in zip(outs, jax_dtypes))
         return jax.pure_callback(run, shapes, *values, vmap_method="sequential")
 
     def forward(*values):

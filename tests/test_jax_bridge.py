@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
-from helpers import EXAMPLE_CALLS
+from helpers import EXAMPLE_CALLS, EXAMPLES
 from helpers import load_example as load
 
 jax = pytest.importorskip("jax", reason="the jax extra is not installed")
@@ -99,6 +99,24 @@ def test_f32_is_jax_default_and_matches_the_numpy_call():
     assert y.dtype == g.dtype == jnp.float32
     np.testing.assert_array_equal(y, f(np.asarray(x)))
     np.testing.assert_array_equal(g, dsl.grad(f)(np.asarray(x)))
+
+
+def test_an_f64_result_reaches_jax_as_f32_without_x64():
+    # a Python float (f64 to gradlang) or an f64 param makes the program's
+    # result f64, which JAX refused to take back without jax_enable_x64
+    assert not jax.config.jax_enable_x64
+    bar = dsl.to_jax(load("bar").bar)
+    x = jnp.array([0.5, 2.0], jnp.float32)
+    np.testing.assert_array_equal(bar(x, 3.0), np.float32([1.5, 6.0]))
+    np.testing.assert_array_equal(jax.grad(lambda x: bar(x, 3.0).sum())(x), [3.0, 3.0])
+    assert float(jax.grad(lambda y: bar(x, y).sum())(3.0)) == 2.5
+    m = dsl.load(EXAMPLES / "linear_poly.grad")  # weights: f64[2], the module's value
+    m.params["weights"] = np.array([1.0, 2.0])
+    lp = dsl.to_jax(m.linear_poly)
+    g = jax.jit(jax.grad(lambda x: lp(x).sum()))(x)
+    assert g.dtype == jnp.float32
+    np.testing.assert_array_equal(g, [2.0, 2.0])
+    np.testing.assert_array_equal(lp(x), np.float32([2.0, 5.0]))
 
 
 def test_params_as_keyword_arrays_get_gradients(x64):
