@@ -139,10 +139,13 @@ def run_on_dask(f: Compiled, bound: _Bound) -> list:
         return tuple(interpret(combine, *(shared.get(n, a) for n, a in fixed.items()), *parts))
 
     n_rows = sum(plan.split.row_outputs)
+    # A block of no rows adds nothing, and has no maximum to give: left out
+    # (unless the batch is empty, whose results are those in memory).
+    nonempty = [i for i, r in enumerate(rows) if r] or [0]
     blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
-        every, *(x.blocks[i] for x in batch.values())) for i in range(len(rows))]
-    row_results = [da.concatenate([da.from_delayed(b[k], (r,) + shape[1:], dtype)
-                                   for b, r in zip(blocks, rows)])
+        every, *(x.blocks[i] for x in batch.values())) for i in nonempty]
+    row_results = [da.concatenate([da.from_delayed(b[k], (rows[i],) + shape[1:], dtype)
+                                   for b, i in zip(blocks, nonempty)])
                    for k, (shape, dtype) in enumerate(plan.row_types)]
     other_results = []
     if plan.other_types:
