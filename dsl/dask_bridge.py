@@ -58,6 +58,10 @@ class _Bound:
     def _placeholder(value, stand_ins: dict):
         if not is_dask_array(value):
             return value
+        if any(np.isnan(d) for d in value.shape):
+            raise ArgumentError(f"a Dask array of unknown chunk sizes (shape {value.shape}, "
+                                "from a boolean mask or the like) cannot be bound to a "
+                                "signature; call its compute_chunk_sizes() first")
         stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape,
                                                    (0,) * value.ndim)
         stand_ins[id(stand_in)] = value

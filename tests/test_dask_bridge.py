@@ -186,3 +186,16 @@ def test_an_empty_row_block_is_left_out_of_a_max():
     np.testing.assert_allclose(rows, X[:6].sum(axis=1), rtol=1e-15)
     with pytest.raises(dsl.ArgumentError, match="max/min over an empty axis"):
         dask.compute(*m.f(da.from_array(X[:0], chunks=((0,), (3,)))))  # as in memory
+
+
+def test_unknown_chunk_sizes_are_an_argument_error():
+    xs = da.from_array(X, chunks=(400, 3))
+    masked = xs[xs[:, 0] > 0]
+    with pytest.raises(dsl.ArgumentError, match="unknown chunk sizes .* compute_chunk_sizes"):
+        dsl.grad(load_example("logistic").loss, wrt=2)(masked, Y[:1], W)
+    kept = X[X[:, 0] > 0]
+    ys = da.from_array(Y[:len(kept)])
+    np.testing.assert_allclose(
+        dsl.grad(load_example("logistic").loss, wrt=2)(
+            masked.compute_chunk_sizes(), ys, W).compute(),
+        dsl.grad(load_example("logistic").loss, wrt=2)(kept, Y[:len(kept)], W), rtol=1e-12)
