@@ -129,6 +129,20 @@ def test_params_as_keyword_arrays_get_gradients(x64):
     check_grads(lambda x, w: lp(x, weights=w), (x, w), order=2, modes=["rev"])
 
 
+def test_an_index_out_of_range_outside_jit_is_the_argument_error(x64):
+    # the callback's ArgumentError reached the caller as JAX's
+    # JaxRuntimeError("INTERNAL: CpuCallback error ...")
+    embed = dsl.to_jax(load("embedding").embed)
+    table = jnp.array([[1.0, 2.0], [3.0, 4.0]])
+    for call in (lambda: embed(table, ids=jnp.array([0, 2])),
+                 lambda: jax.grad(lambda t: embed(t, ids=jnp.array([-3])))(table)):
+        with pytest.raises(dsl.ArgumentError, match="index .* in 'ids' .* out of range for an "
+                                                    "axis of size 2"):
+            call()
+    g = jax.grad(lambda t: embed(t, ids=jnp.array([1, -1, 0])))(table)
+    np.testing.assert_array_equal(g, [[2.0, 4.0], [12.0, 16.0]])
+
+
 def test_several_outputs(x64):
     m = dsl.loads("def two(x, y):\n    return x * y, sin(x)\n")
     f = dsl.to_jax(m.two)
