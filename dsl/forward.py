@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_bound
+from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_of_bound
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -179,8 +179,7 @@ class Jacobian:
 
     def _reverse(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
         """[output][wrt] Jacobians, one pullback per element of each output."""
-        on_target = self.f.on_target(bound)
-        outs, pullback = vjp_bound(self.f, on_target, host_results=True)
+        outs, pullback = vjp_of_bound(self.f, bound, host_results=True)
         outs = [self.f.target.to_host(o) for o in outs]
         names = list(bound)
         result = []
