@@ -21,8 +21,8 @@ bool tensors are constants); a tensor of another dtype, one on a device
 the module's target does not run on, one of a `torch.func` transform
 (whose wrappers have no memory the kernels could read: use torch.autograd),
 or one requiring grad for a parameter without a gradient (const or
-integer) is an `ArgumentError` before anything runs.  torch is imported when `to_torch` is first called,
-never by `import dsl`.
+integer) is an `ArgumentError` before anything runs.  torch is imported
+when `to_torch` is first called, never by `import dsl`.
 """
 from __future__ import annotations
 
