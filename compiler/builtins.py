@@ -205,8 +205,17 @@ def index_operand(b: Builder, v: Value, span: Span) -> Atom:
     idx = as_atom(b, v, span)
     if idx.type.dtype not in INTS:
         raise GradError(f"an index must be an integer array (i32 or i64), not "
-                        f"{idx.type.dtype}", span)
+                        f"{idx.type.dtype}{_python_number_hint(idx)}", span)
     return idx
+
+
+def _python_number_hint(v: Value) -> str:
+    """Why a named float scalar may be one: a Python int passed for an
+    unannotated parameter is f64, as for any differentiable parameter."""
+    if isinstance(v, Var) and v.hint and v.type.rank == 0 and v.type.is_float:
+        return (f" ({v.hint!r} is {v.type.dtype} here: a Python number passed for an "
+                f"unannotated parameter is f64; annotate it `{v.hint}: i64`)")
+    return ""
 
 
 def static_axis(axis, rank: int, span: Span) -> int:
@@ -276,7 +285,8 @@ def _segment_sum(L, b, args, kwargs, span):
         raise NeedsValue(L.arguments[count])  # compiled again for its value
     if not is_static(count) or isinstance(count, (bool, float, tuple)):
         raise GradError("num_segments must be known when the function is compiled: a "
-                        "literal, an integer argument or a size (x.shape[k])", span)
+                        "literal, an integer argument or a size (x.shape[k])"
+                        f"{_python_number_hint(count)}", span)
     if isinstance(count, int) and count < 0:
         raise GradError(f"num_segments cannot be negative, got {count}", span)
     if ids.type.shape != values.type.shape[:ids.type.rank]:

@@ -58,6 +58,10 @@ class _Bound:
     def _placeholder(value, stand_ins: dict):
         if not is_dask_array(value):
             return value
+        if any(np.isnan(d) for d in value.shape):
+            raise ArgumentError(f"a Dask array of unknown chunk sizes (shape {value.shape}, "
+                                "from a boolean mask or the like) cannot be bound to a "
+                                "signature; call its compute_chunk_sizes() first")
         stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape,
                                                    (0,) * value.ndim)
         stand_ins[id(stand_in)] = value
@@ -139,10 +143,13 @@ def run_on_dask(f: Compiled, bound: _Bound) -> list:
         return tuple(interpret(combine, *(shared.get(n, a) for n, a in fixed.items()), *parts))
 
     n_rows = sum(plan.split.row_outputs)
+    # A block of no rows adds nothing, and has no maximum to give: left out
+    # (unless the batch is empty, whose results are those in memory).
+    nonempty = [i for i, r in enumerate(rows) if r] or [0]
     blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
-        every, *(x.blocks[i] for x in batch.values())) for i in range(len(rows))]
-    row_results = [da.concatenate([da.from_delayed(b[k], (r,) + shape[1:], dtype)
-                                   for b, r in zip(blocks, rows)])
+        every, *(x.blocks[i] for x in batch.values())) for i in nonempty]
+    row_results = [da.concatenate([da.from_delayed(b[k], (rows[i],) + shape[1:], dtype)
+                                   for b, i in zip(blocks, nonempty)])
                    for k, (shape, dtype) in enumerate(plan.row_types)]
     other_results = []
     if plan.other_types:

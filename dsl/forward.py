@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_bound
+from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_of_bound
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -169,16 +169,17 @@ class Jacobian:
                 columns.append(outs[len(outs) // 2:])
             if not columns:  # an empty argument: the outputs give the shapes
                 outs = _run(self.f, dict(bound), host=True)
-                per_wrt.append([np.zeros(o.shape + x.shape, o.dtype) for o in outs])
+                per_wrt.append([np.zeros(o.shape + x.shape, _jacobian_dtype(o, x))
+                                for o in outs])
                 continue
             per_wrt.append([np.stack([c[k] for c in columns], axis=-1).reshape(
-                columns[0][k].shape + tuple(x.shape)) for k in range(len(columns[0]))])
+                columns[0][k].shape + tuple(x.shape)).astype(_jacobian_dtype(columns[0][k], x))
+                for k in range(len(columns[0]))])
         return [list(js) for js in zip(*per_wrt)]
 
     def _reverse(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
         """[output][wrt] Jacobians, one pullback per element of each output."""
-        on_target = self.f.on_target(bound)
-        outs, pullback = vjp_bound(self.f, on_target, host_results=True)
+        outs, pullback = vjp_of_bound(self.f, bound, host_results=True)
         outs = [self.f.target.to_host(o) for o in outs]
         names = list(bound)
         result = []
@@ -191,9 +192,16 @@ class Jacobian:
                 rows.append([grads[names.index(n)] for n in self.wrt])
             result.append([
                 np.stack([r[w] for r in rows]).reshape(out.shape + tuple(bound[n].shape))
-                if rows else np.zeros(out.shape + tuple(bound[n].shape), out.dtype)
+                if rows else np.zeros(out.shape + tuple(bound[n].shape),
+                                      _jacobian_dtype(out, bound[n]))
                 for w, n in enumerate(self.wrt)])
         return result
+
+
+def _jacobian_dtype(out: Any, x: Any) -> np.dtype:
+    """A float output's Jacobian has its dtype; an integer or bool output's
+    (zero: a pullback gives it x's dtype) has x's, in both modes."""
+    return np.dtype(out.dtype) if np.dtype(out.dtype).kind == "f" else np.dtype(x.dtype)
 
 
 def jacfwd(f: Compiled, wrt: Wrt = 0) -> Jacobian:

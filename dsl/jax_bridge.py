@@ -17,9 +17,13 @@ element (`vmap_method="sequential"`): a `.grad` function is written for
 one example, and its reductions would sum over a batch axis it was handed
 (`"expand_dims"`, which passes the batch at once, would make `sum(x)` of
 a batch one number).  Arguments are checked (dtype, rank, dimensions,
-against f's signature) at trace time: `ArgumentError`.  Floats are f32 or
-f64; without `jax_enable_x64` JAX makes every float f32.  jax is imported
-when `to_jax` is first called, never by `import dsl`.
+against f's signature) at trace time: `ArgumentError`; one found only from
+the values (an index out of range) is raised as itself by a call outside
+`jit`, and inside it as JAX wraps a callback's errors (`JaxRuntimeError`).
+Floats are f32 or f64; without `jax_enable_x64` JAX makes every float f32,
+and so a result the program makes f64 (from a Python float, an f64 param)
+comes back f32.  jax is imported when `to_jax` is first called, never by
+`import dsl`.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from dsl.bridge import bridged, require, split_params
 from dsl.function import Compiled, backward_function, result_types
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, GradError
 
 
 def to_jax(f: Compiled) -> "JaxFunction":
@@ -97,15 +101,27 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
         f.by_value(need, bound)
         outs = result_types(f, bound)
 
+    # Without jax_enable_x64 JAX holds no 64-bit array: a result the program
+    # makes f64 (from a Python float, an f64 param) reaches JAX as f32, and a
+    # cotangent for it comes back f32, cast to what the program was bound with.
+    jax_dtypes = [jax.dtypes.canonicalize_dtype(dtype) for _, dtype in outs]
+
+    failed: list[GradError] = []  # what the callback raised, which JAX wraps
+
     def run(*arrays):  # on the host, with the values of `names` (JAX arrays there)
-        values = {n: np.asarray(a) for n, a in zip(names, arrays)}
-        results = f.call_bound({n: values.get(n, a) for n, a in bound.items()})
-        return tuple(np.asarray(f.target.to_host(r), dtype) for r, (_, dtype) in
-                     zip(results, outs))
+        values = {n: np.asarray(a, bound[n].dtype) for n, a in zip(names, arrays)}
+        try:
+            results = f.call_bound({n: values.get(n, a) for n, a in bound.items()})
+        except GradError as err:  # an index out of range, known only from the values
+            failed.append(err)
+            raise
+        return tuple(np.asarray(f.target.to_host(r), dtype) for r, dtype in
+                     zip(results, jax_dtypes))
 
     @jax.custom_vjp
     def call(*values):
-        shapes = tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in outs)
+        shapes = tuple(jax.ShapeDtypeStruct(shape, dtype)
+                       for (shape, _), dtype in zip(outs, jax_dtypes))
         return jax.pure_callback(run, shapes, *values, vmap_method="sequential")
 
     def forward(*values):
@@ -124,7 +140,12 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
         return tuple(grads.get(n) for n in names)  # None: no gradient (a const, an integer)
 
     call.defvjp(forward, backward)
-    return call(*(traced[n] for n in names))
+    try:
+        return call(*(traced[n] for n in names))
+    except Exception:
+        if failed:  # a call outside jit ran the callback now: its own error, not JAX's
+            raise failed[0] from None
+        raise
 
 
 def _by_value_error(f: Compiled, name: str):

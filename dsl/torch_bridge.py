@@ -18,10 +18,11 @@ kernels' output arrays; for a module loaded with target="cuda", CUDA
 tensors go to the kernels through `__cuda_array_interface__` and results
 come back the same way.  Float tensors must be f32 or f64 (integer and
 bool tensors are constants); a tensor of another dtype, one on a device
-the module's target does not run on, or one requiring grad for a
-parameter without a gradient (const or integer) is an `ArgumentError`
-before anything runs.  torch is imported when `to_torch` is first called,
-never by `import dsl`.
+the module's target does not run on, one of a `torch.func` transform
+(whose wrappers have no memory the kernels could read: use torch.autograd),
+or one requiring grad for a parameter without a gradient (const or
+integer) is an `ArgumentError` before anything runs.  torch is imported
+when `to_torch` is first called, never by `import dsl`.
 """
 from __future__ import annotations
 
@@ -154,6 +155,11 @@ def _array_of(t, f: Compiled, where: str):
     if t.dtype not in dtypes:
         raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
                             "and float64 (and int32, int64, bool constants)", f.span)
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        # torch.func's wrappers have no memory of their own for the kernels to read
+        raise ArgumentError(f"{where} is a tensor of a torch.func transform (grad, vmap, "
+                            "jvp, ...), which compiled functions do not support; use "
+                            "torch.autograd (backward, torch.autograd.grad)", f.span)
     view = t.detach()
     view = view.numpy() if view.device.type == "cpu" else view
     if not f.target.is_array(view):

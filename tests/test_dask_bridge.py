@@ -174,3 +174,28 @@ def test_on_a_local_cluster_of_processes():
         expected = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
         np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
         np.testing.assert_allclose(got[1], expected[1], rtol=1e-12, atol=1e-15)
+
+
+def test_an_empty_row_block_is_left_out_of_a_max():
+    # a block of no rows ran the block program's max over an empty axis
+    # (an ArgumentError for an array that is not empty)
+    m = dsl.loads("def f(x):\n    return max(x), sum(x, axis=1)\n")
+    xs = da.from_array(X[:6], chunks=((0, 2, 0, 4), (3,)))
+    top, rows = dask.compute(*m.f(xs))
+    assert top == X[:6].max()
+    np.testing.assert_allclose(rows, X[:6].sum(axis=1), rtol=1e-15)
+    with pytest.raises(dsl.ArgumentError, match="max/min over an empty axis"):
+        dask.compute(*m.f(da.from_array(X[:0], chunks=((0,), (3,)))))  # as in memory
+
+
+def test_unknown_chunk_sizes_are_an_argument_error():
+    xs = da.from_array(X, chunks=(400, 3))
+    masked = xs[xs[:, 0] > 0]
+    with pytest.raises(dsl.ArgumentError, match="unknown chunk sizes .* compute_chunk_sizes"):
+        dsl.grad(load_example("logistic").loss, wrt=2)(masked, Y[:1], W)
+    kept = X[X[:, 0] > 0]
+    ys = da.from_array(Y[:len(kept)])
+    np.testing.assert_allclose(
+        dsl.grad(load_example("logistic").loss, wrt=2)(
+            masked.compute_chunk_sizes(), ys, W).compute(),
+        dsl.grad(load_example("logistic").loss, wrt=2)(kept, Y[:len(kept)], W), rtol=1e-12)

@@ -160,6 +160,28 @@ def test_tuple_wrt_gives_tuples_shaped_as_jax():
 # ---------------------------------------------------- semantics and composition
 
 
+def test_an_integer_or_bool_output_has_a_zero_jacobian_of_the_argument_dtype_in_both_modes():
+    # jacfwd gave the output's own dtype (i64 zeros, bool False), jacrev x's
+    m = dsl.loads("def f(x, k: i64):\n    return x * k, k * 2, x > 0\n")
+    for x in (np.array([0.5, -1.0]), np.array([0.5, -1.0], np.float32), np.zeros(0)):
+        fwd, rev = dsl.jacfwd(m.f)(x, 3), dsl.jacrev(m.f)(x, 3)
+        np.testing.assert_array_equal(fwd[0], 3 * np.eye(x.size))
+        for j in (fwd, rev):
+            assert [a.dtype for a in j] == [x.dtype] * 3
+            assert j[1].shape == x.shape and j[2].shape == 2 * x.shape
+            assert not j[1].any() and not j[2].any()
+
+
+def test_jacrev_compiles_for_the_value_of_an_integer_used_as_a_size():
+    # jacrev first (nothing had compiled segv for n's value): NeedsValue escaped
+    m = dsl.loads("def segv(v, ids, n: i64):\n    return segment_sum(v * v, ids, n)\n")
+    v, ids = np.array([0.5, -1.0, 2.0]), np.array([1, 1, 0])
+    expected = np.array([[0.0, 0.0, 4.0], [1.0, -2.0, 0.0], [0.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(dsl.jacrev(m.segv)(v, ids, 3), expected)
+    np.testing.assert_array_equal(dsl.jacfwd(m.segv)(v, ids, 3), expected)
+    np.testing.assert_array_equal(dsl.jacrev(m.segv)(v, ids, 2), expected[:2])
+
+
 def test_params_take_tangents_by_name():
     lp = load("linear_poly")
     lp.params["weights"] = np.array([0.5, 2.0])

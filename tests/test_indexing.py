@@ -347,6 +347,12 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
      "an index must be an integer array (i32 or i64), not f64"),
     ("def f(x, i):\n    return x[0.5 * i]\n", (np.zeros(3), np.int64(1)), 2, 14,
      "not f64"),
+    # a Python int for an unannotated parameter is f64: the message says so
+    ("def f(x, i):\n    return x[i]\n", (np.zeros(3), 1), 2, 14,
+     "not f64 ('i' is f64 here: a Python number passed for an unannotated parameter is "
+     "f64; annotate it `i: i64`)"),
+    ("def f(v, seg, m):\n    return segment_sum(v, seg, m)\n",
+     (np.zeros(3), np.zeros(3, np.int64), 2), 2, 12, "('m' is f64 here"),
     ("def f(x, idx):\n    return take_along_axis(x, idx, axis=0)\n",
      (np.zeros((3, 2)), np.zeros((2, 3), np.int64)), 2, 12, "does not fit an array"),
     ("def f(x, idx):\n    return take_along_axis(x, idx, axis=1)\n",

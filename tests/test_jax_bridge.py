@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
-from helpers import EXAMPLE_CALLS
+from helpers import EXAMPLE_CALLS, EXAMPLES
 from helpers import load_example as load
 
 jax = pytest.importorskip("jax", reason="the jax extra is not installed")
@@ -101,6 +101,24 @@ def test_f32_is_jax_default_and_matches_the_numpy_call():
     np.testing.assert_array_equal(g, dsl.grad(f)(np.asarray(x)))
 
 
+def test_an_f64_result_reaches_jax_as_f32_without_x64():
+    # a Python float (f64 to gradlang) or an f64 param makes the program's
+    # result f64, which JAX refused to take back without jax_enable_x64
+    assert not jax.config.jax_enable_x64
+    bar = dsl.to_jax(load("bar").bar)
+    x = jnp.array([0.5, 2.0], jnp.float32)
+    np.testing.assert_array_equal(bar(x, 3.0), np.float32([1.5, 6.0]))
+    np.testing.assert_array_equal(jax.grad(lambda x: bar(x, 3.0).sum())(x), [3.0, 3.0])
+    assert float(jax.grad(lambda y: bar(x, y).sum())(3.0)) == 2.5
+    m = dsl.load(EXAMPLES / "linear_poly.grad")  # weights: f64[2], the module's value
+    m.params["weights"] = np.array([1.0, 2.0])
+    lp = dsl.to_jax(m.linear_poly)
+    g = jax.jit(jax.grad(lambda x: lp(x).sum()))(x)
+    assert g.dtype == jnp.float32
+    np.testing.assert_array_equal(g, [2.0, 2.0])
+    np.testing.assert_array_equal(lp(x), np.float32([2.0, 5.0]))
+
+
 def test_params_as_keyword_arrays_get_gradients(x64):
     lp = dsl.to_jax(load("linear_poly").linear_poly)
     x, w = jnp.array([1.0, 2.0, 4.0]), jnp.array([0.5, -3.0])
@@ -109,6 +127,20 @@ def test_params_as_keyword_arrays_get_gradients(x64):
     np.testing.assert_allclose(gw, [3.0, 7.0], rtol=1e-15)
     np.testing.assert_allclose(gx, [-3.0] * 3, rtol=1e-15)
     check_grads(lambda x, w: lp(x, weights=w), (x, w), order=2, modes=["rev"])
+
+
+def test_an_index_out_of_range_outside_jit_is_the_argument_error(x64):
+    # the callback's ArgumentError reached the caller as JAX's
+    # JaxRuntimeError("INTERNAL: CpuCallback error ...")
+    embed = dsl.to_jax(load("embedding").embed)
+    table = jnp.array([[1.0, 2.0], [3.0, 4.0]])
+    for call in (lambda: embed(table, ids=jnp.array([0, 2])),
+                 lambda: jax.grad(lambda t: embed(t, ids=jnp.array([-3])))(table)):
+        with pytest.raises(dsl.ArgumentError, match="index .* in 'ids' .* out of range for an "
+                                                    "axis of size 2"):
+            call()
+    g = jax.grad(lambda t: embed(t, ids=jnp.array([1, -1, 0])))(table)
+    np.testing.assert_array_equal(g, [[2.0, 4.0], [12.0, 16.0]])
 
 
 def test_several_outputs(x64):

@@ -121,6 +121,18 @@ def test_a_block_no_representative_signature_lowers_is_checked_at_first_call():
         m.f(np.arange(4.0))
 
 
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_a_max_or_min_of_the_upstream_is_named_as_the_source_does(reduction):
+    # (a scalar dy, the representative signature, has nothing to reduce: the
+    # vector's is checked at the call) the message named the IR's reduce_max
+    m = dsl.loads(block(f"{reduction}(dy) * ones_like(x), dy * x"), "lin.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones(2), np.ones(2))
+    assert "is not linear in its upstream cotangents: a max() or min() reduction of a " \
+           "value that depends on them" in info.value.message
+    assert (info.value.line, info.value.col) == (4, 12)
+
+
 def test_gathers_and_scatters_of_the_upstream_are_linear():
     # (indices are held fixed; the data they move is the linear part)
     dsl.loads("def g(x, i: i64[k]):\n    return take(x, i)\ngrad(dy):\n"

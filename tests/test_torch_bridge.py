@@ -195,6 +195,18 @@ def test_a_tensor_on_another_device_is_an_argument_error():
         f(torch.zeros(3, dtype=torch.float64, device="meta"))
 
 
+@pytest.mark.parametrize("transform", [torch.func.grad, torch.func.vmap])
+def test_a_torch_func_transform_is_an_argument_error(transform):
+    # its wrapper tensors have no storage: reading them raised torch's own
+    # RuntimeError from inside the bridge
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    with pytest.raises(dsl.ArgumentError, match="torch.func transform"):
+        transform(lambda x: f(x).sum())(torch.zeros(2, 3, dtype=torch.float64))
+    x = tensor([[0.0, 100.0]])  # plain autograd still differentiates
+    f(x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [[0.5, 1.0]])
+
+
 def test_a_cpu_tensor_for_a_cuda_module_is_an_argument_error():
     # (CUDA tensors to the CUDA target need a GPU: not verified here)
     m = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
