@@ -10,6 +10,8 @@ compiled kernels on the host through `jax.pure_callback`, and whose
 backward is again such a function, made from f's backward pass as a
 compiled function (`dsl.function.VjpFunction`), so `jax.grad` of it to
 any order differentiates our compiled gradients (grad blocks included).
+One such function is kept per signature and constants' values, so that
+JAX's caches hold: an eager call compiles its callback once.
 
 It works under `jit` (the shapes of the results come from f's IR at trace
 time), `grad` and `vmap`.  Under `vmap` the callback runs once per batch
@@ -88,15 +90,43 @@ def _placeholder(shape: tuple, dtype) -> np.ndarray:
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
     """f on arguments `bound` (validated; placeholders for the traced
     ones) where `traced` (name -> JAX value) are the inputs JAX sees."""
-    import jax
     names = tuple(traced)
     traced_statics = f.static_names(bound) & set(names)
     if traced_statics:
         _by_value_error(f, min(traced_statics))
+    # one JAX function per signature and constants' values: JAX caches what
+    # it compiles for a call (the callback's XLA program) on the function
+    key = (names, tuple((n, a.dtype.str, a.shape,
+                         None if n in traced else np.ascontiguousarray(a).tobytes())
+                        for n, a in bound.items()))
+    calls = f.__dict__.setdefault("_jax_calls", {})
+    entry = calls.get(key)
+    if entry is None:
+        if len(calls) >= _CALLS_KEPT:
+            calls.clear()
+        entry = calls[key] = _jax_function(f, bound, names)
+    call, failed = entry
+    failed.clear()
+    try:
+        return call(*(traced[n] for n in names))
+    except Exception:
+        if failed:  # a call outside jit ran the callback now: its own error, not JAX's
+            raise failed[0] from None
+        raise
+
+
+_CALLS_KEPT = 64  # per function
+
+
+def _jax_function(f: Compiled, bound: dict[str, Any], names: tuple[str, ...]):
+    """f as a `jax.custom_vjp` function of the arguments `names` (the
+    others are `bound`'s values), and the list where its callback puts
+    the error it raised (which JAX wraps in one of its own)."""
+    import jax
     try:
         outs = result_types(f, bound)
     except NeedsValue as need:
-        if need.name in traced:
+        if need.name in names:
             _by_value_error(f, need.name)
         f.by_value(need, bound)
         outs = result_types(f, bound)
@@ -140,12 +170,7 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
         return tuple(grads.get(n) for n in names)  # None: no gradient (a const, an integer)
 
     call.defvjp(forward, backward)
-    try:
-        return call(*(traced[n] for n in names))
-    except Exception:
-        if failed:  # a call outside jit ran the callback now: its own error, not JAX's
-            raise failed[0] from None
-        raise
+    return call, failed
 
 
 def _by_value_error(f: Compiled, name: str):

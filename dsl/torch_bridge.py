@@ -7,7 +7,9 @@ params f reads as keyword tensors (a param left out takes the module's
 value and gets no gradient), and returns torch tensors shaped as f's
 results.  The forward runs f's compiled kernels (its split forward pass,
 keeping the residuals, when an input requires grad); the backward runs the
-compiled pullback.  Under `create_graph=True` the backward is itself such
+compiled pullback.  A call with nothing to record (positional CPU tensors,
+none requiring grad) is f's own call on their NumPy views, with its fast
+path for repeated signatures.  Under `create_graph=True` the backward is itself such
 an operation, made from f's backward pass as a compiled function
 (`dsl.function.VjpFunction`), so double backward differentiates our
 compiled gradient again (grad blocks included), to any order.
@@ -43,12 +45,19 @@ def to_torch(f: Compiled) -> "TorchFunction":
 
 class TorchFunction:
     def __init__(self, f: Compiled):
-        require("torch")  # a missing torch fails here, not mid-call
+        torch = require("torch")  # a missing torch fails here, not mid-call
         self.f = f
         self.__name__ = f"to_torch({f.name})"
+        _fill_dtypes(torch)
+        # whether CPU tensors' NumPy views are arrays f's kernels take as they are
+        self._takes_numpy = f.target.is_array(np.empty(0)) and not f.host_results
 
     @user_facing
     def __call__(self, *args, **kwargs):
+        if not kwargs and self._takes_numpy:
+            views = _constant_views(args)
+            if views is not None:  # nothing to record: f's own call, its fast path
+                return _tensors(self.f(*views))
         f = self.f
         arguments, params = split_params(f, kwargs)
         tensors: dict[int, Any] = {}  # id of the array a tensor was bound as -> the tensor
@@ -136,12 +145,44 @@ def _operation():
     return _OPERATION
 
 
+def _constant_views(args: tuple) -> "list[np.ndarray] | None":
+    """The NumPy views of positional arguments when every one is a CPU
+    tensor of a dtype gradlang takes that does not require grad (so no
+    operation is recorded, and the function checks the views as it checks
+    any array), else None (a torch.func wrapper too: it has no memory of
+    its own, and the slow path says so)."""
+    import torch
+    views = []
+    for t in args:
+        if type(t) is not _TENSOR[0] or t.requires_grad or not t.is_cpu \
+                or t.dtype not in _NUMPY or torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return None
+        views.append(t.numpy())
+    return views
+
+
+def _tensors(result: Any) -> Any:
+    """A function's (formatted) results, each array a tensor over it."""
+    if isinstance(result, tuple):
+        return tuple(_tensors(r) for r in result)
+    return _tensor(result)
+
+
 def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "requires_grad")
 
 
 _NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
 _TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
+_NUMPY: dict = {}  # torch dtype -> NumPy dtype
+_TENSOR: list = []  # torch.Tensor
+
+
+def _fill_dtypes(torch) -> None:
+    if not _TORCH:
+        _TORCH.update({np.dtype(n): getattr(torch, n) for n in _NUMPY_DTYPES})
+        _NUMPY.update({v: k for k, v in _TORCH.items()})
+        _TENSOR.append(torch.Tensor)
 
 
 def _array_of(t, f: Compiled, where: str):
@@ -149,10 +190,7 @@ def _array_of(t, f: Compiled, where: str):
     memory: the NumPy view of a CPU tensor, the tensor itself (through its
     `__cuda_array_interface__`) for a CUDA one."""
     import torch
-    if not _TORCH:
-        _TORCH.update({np.dtype(n): getattr(torch, n) for n in _NUMPY_DTYPES})
-    dtypes = {v: k for k, v in _TORCH.items()}
-    if t.dtype not in dtypes:
+    if t.dtype not in _NUMPY:
         raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
                             "and float64 (and int32, int64, bool constants)", f.span)
     if torch._C._functorch.is_functorch_wrapped_tensor(t):

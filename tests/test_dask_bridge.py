@@ -3,6 +3,9 @@ call, for row-wise values, sums and maxima over the batch (a mean over
 unequal blocks too), parameter gradients summed over blocks, matmuls
 contracting the batch; functions that mix rows are a `GradError` at the
 op that does."""
+import os
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -138,42 +141,37 @@ def test_batch_arguments_must_have_the_same_rows():
         m_rows.f(da.from_array(Y, chunks=400), Y)
 
 
-def test_worker_processes_get_the_block_ir_and_compile_it_themselves():
-    # the multiprocessing scheduler pickles every task, as a cluster does
-    import pickle
-    loss = load_example("logistic").loss
-    value = dsl.value_and_grad(loss, wrt=2)(da.from_array(X, chunks=(200, 3)),
-                                            da.from_array(Y, chunks=200), W)
-    with dask.config.set(scheduler="processes", num_workers=2):
-        got = dask.compute(*value)
-    expected = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
-    np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
-    np.testing.assert_allclose(got[1], expected[1], rtol=1e-12, atol=1e-15)
-    from dsl.dask_bridge import _PROGRAMS
-    runner = next(r for r in _row_runners(loss))
-    state = pickle.loads(pickle.dumps(runner)).__dict__
-    assert set(state) == {"fn", "target_name", "key"} and runner.key in _PROGRAMS
-
-
-def _row_runners(f):
-    from dsl.function import GradFunction
-    for transform in f.__dict__.get("_transforms", {}).values():
-        if isinstance(transform, GradFunction):
-            yield from (plan.block for plan in transform.__dict__.get("_row_plans", {}).values())
-
-
-def test_on_a_local_cluster_of_processes():
+def test_on_a_local_cluster_of_worker_processes():
+    # the issue's example: tasks pickled to fresh processes, each compiling
+    # the block IR it is sent (one cluster for both functions: startup costs)
     distributed = pytest.importorskip("dask.distributed",
-                                      reason="dask.distributed is not installed")
-    with distributed.Client(distributed.LocalCluster(n_workers=2, threads_per_worker=1,
-                                                     processes=True)) as client:
-        loss = load_example("logistic").loss
-        value = dsl.value_and_grad(loss, wrt=2)(da.from_array(X, chunks=(100, 3)),
-                                                da.from_array(Y, chunks=100), W)
-        got = client.compute(value, sync=True)
-        expected = dsl.value_and_grad(loss, wrt=2)(X, Y, W)
-        np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
-        np.testing.assert_allclose(got[1], expected[1], rtol=1e-12, atol=1e-15)
+                                      reason="dask.distributed (the dask extra) is not installed")
+    vg = dsl.value_and_grad(load_example("logistic").loss, wrt=2)
+    x2 = RNG.normal(size=(40, 6))
+    elementwise = dsl.grad(dsl.loads("def f(x):\n    return x * sin(x)\n").f)
+
+    def compiled_here() -> tuple:  # run on each worker
+        from dsl.dask_bridge import _PROGRAMS
+        return os.getpid(), set(_PROGRAMS)
+
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    with distributed.Client(cluster) as client:
+        lazy = vg(da.from_array(X, chunks=(100, 3)), da.from_array(Y, chunks=100), W)
+        value, gw = dask.compute(*lazy)  # on the cluster: the Client is the default
+        (g,) = dask.compute(elementwise(da.from_array(x2, chunks=(10, 3))))
+        workers = client.run(compiled_here)
+    expected_value, expected_gw = vg(X, Y, W)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-12)
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(g, np.sin(x2) + x2 * np.cos(x2), rtol=1e-12)
+    assert len(workers) == 2 and all(pid != os.getpid() for pid, _ in workers.values())
+    compiled_there = set().union(*(keys for _, keys in workers.values()))
+    for transform in (vg, elementwise):  # compiled there, from the IR the tasks carry
+        blocks = [plan.block for plan in transform.__dict__["_row_plans"].values()]
+        assert {block.key for block in blocks} & compiled_there
+        state = pickle.loads(pickle.dumps(blocks[0])).__dict__
+        assert set(state) == {"fn", "target_name", "key"}  # never a compiled program
 
 
 def test_an_empty_row_block_is_left_out_of_a_max():

@@ -175,3 +175,17 @@ def test_an_integer_used_as_a_size_must_be_a_python_int(x64):
             g(x, seg, jnp.array(3))
     lr = dsl.to_jax(load("leaky_relu").leaky_relu)
     np.testing.assert_allclose(lr(jnp.array([-1.0, 2.0]), alpha=0.5), [-0.5, 2.0])
+
+
+def test_eager_calls_of_one_signature_compile_once_and_keep_constants_apart(x64, caplog):
+    f = dsl.to_jax(load("leaky_relu").leaky_relu)
+    x = jnp.asarray([1.0, -1.0, -2.0])
+    np.testing.assert_allclose(f(x, alpha=0.1), [1.0, -0.1, -0.2], rtol=1e-15)
+    y = x * 2
+    with jax.log_compiles(), caplog.at_level("DEBUG"):
+        caplog.clear()
+        np.testing.assert_array_equal(f(y, alpha=0.1), [2.0, -0.2, -0.4])
+        assert not [r for r in caplog.records if "ompil" in r.getMessage()]
+    # another constant is another program, never the first one's value
+    np.testing.assert_allclose(f(x, alpha=0.3), [1.0, -0.3, -0.6], rtol=1e-15)
+    np.testing.assert_allclose(f(x, alpha=0.1), [1.0, -0.1, -0.2], rtol=1e-15)

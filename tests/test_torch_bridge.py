@@ -124,9 +124,9 @@ def test_cpu_tensors_reach_the_kernels_and_come_back_without_copies(monkeypatch)
     seen = {}
     real = dsl_function.Compiled.call_bound
 
-    def spy(self, bound, args=()):
+    def spy(self, bound, args=(), out=None):
         seen.update({n: a.ctypes.data for n, a in bound.items()})
-        outs = real(self, bound, args)
+        outs = real(self, bound, args, out)
         seen["out"] = outs[0].ctypes.data
         return outs
 
@@ -136,6 +136,19 @@ def test_cpu_tensors_reach_the_kernels_and_come_back_without_copies(monkeypatch)
     assert seen["x"] == x.data_ptr() and seen["y"] == y.data_ptr()
     assert out.data_ptr() == seen["out"]
     np.testing.assert_array_equal(out.numpy(), [0.0, 1.0, 2.0, 3.0])
+
+
+def test_calls_with_nothing_to_record_are_the_functions_own_call():
+    m = dsl.loads("def two(x, y):\n    return x * y, sin(x)\n")
+    f = dsl.to_torch(m.two)
+    for n in (3, 3, 5):  # the second call of a signature takes the dsl's fast path
+        x, y = torch.rand(n, dtype=torch.float64), torch.rand(n, dtype=torch.float64)
+        p, s = f(x, y)
+        assert p.grad_fn is None and s.grad_fn is None and p.shape == (n,)
+        np.testing.assert_array_equal(p.numpy(), x.numpy() * y.numpy())
+        np.testing.assert_array_equal(s.numpy(), m.two(x.numpy(), y.numpy())[1])
+    with pytest.raises(dsl.GradError, match="shapes \\[5\\] and \\[4\\] do not broadcast"):
+        f(x, torch.rand(4, dtype=torch.float64))  # checked as any call is
 
 
 def test_f32_stays_f32_and_matches_the_numpy_call():
