@@ -22,6 +22,8 @@ Contract:
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
   wrt[j].
+- None of them takes Dask arrays yet (an `ArgumentError`: they would run
+  in memory); `grad`, `value_and_grad` and `vjp` do.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from dsl.dask_bridge import is_dask_array
 from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_of_bound
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
@@ -51,6 +54,8 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     if not isinstance(primals, (tuple, list)):
         raise ArgumentError(f"jvp() takes the primals of {f.name}() as a tuple, got "
                             f"{type(primals).__name__}", f.span)
+    _refuse_dask("jvp", f, (*primals, *(tangents.values() if isinstance(tangents, Mapping)
+                                        else tangents or ())))
     bound = f.bind(tuple(primals), {})
     given = _tangents_by_name(f, primals, tangents)
     chosen: dict[str, Any] = {}
@@ -66,6 +71,13 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     jf = jvp_function(f, active)
     outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))})
     return jf.format(outs)
+
+
+def _refuse_dask(transform: str, f: Compiled, values: Sequence[Any]) -> None:
+    if any(map(is_dask_array, values)):
+        raise ArgumentError(f"{transform} does not take Dask arrays (it would compute them in "
+                            "memory): pass NumPy arrays (.compute()), or use grad, "
+                            "value_and_grad or vjp, which keep them lazy", f.span)
 
 
 def _run(f: Compiled, bound: dict[str, Any], host: bool = False) -> tuple:
@@ -141,6 +153,7 @@ class Jacobian:
 
     @user_facing
     def __call__(self, *args, **kwargs):
+        _refuse_dask(self.name, self.f, (*args, *kwargs.values()))
         bound = self.f.bind(args, kwargs)
         for name in self.wrt:
             if name not in bound:

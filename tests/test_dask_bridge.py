@@ -197,3 +197,17 @@ def test_unknown_chunk_sizes_are_an_argument_error():
         dsl.grad(load_example("logistic").loss, wrt=2)(
             masked.compute_chunk_sizes(), ys, W).compute(),
         dsl.grad(load_example("logistic").loss, wrt=2)(kept, Y[:len(kept)], W), rtol=1e-12)
+
+
+@pytest.mark.parametrize("transform", [
+    lambda f, x: dsl.jvp(f, (x,), (x,)),
+    lambda f, x: dsl.jacfwd(f)(x),
+    lambda f, x: dsl.jacrev(f)(x),
+    lambda f, x: dsl.hessian(f)(x),
+])
+def test_forward_mode_and_jacobians_refuse_dask_arrays(transform):
+    # they would run in memory and return NumPy arrays: a clear error instead
+    f = load_example("log1pexp").log1pexp
+    x = da.from_array(X[:4, 0], chunks=2)
+    with pytest.raises(dsl.ArgumentError, match="does not take Dask arrays"):
+        transform(f, x)
