@@ -596,6 +596,18 @@ def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dt
     return cache[key]
 
 
+def _extra_names(inner: Compiled, stem: str, count: int) -> tuple[str, ...]:
+    """`count` names for the arguments a transform adds to `inner` (its
+    cotangents, its tangents), apart from inner's own, which has such names
+    too when it is a transform itself (a tape inside two others, a jvp of a
+    jvp): stem0, stem1, ..., then $stem0, ..."""
+    taken = {s.name for s in inner.specs + inner.param_specs}
+    prefix = stem
+    while any(n.startswith(prefix) for n in taken):
+        prefix = "$" + prefix
+    return tuple(f"{prefix}{i}" for i in range(count))
+
+
 class VjpFunction(Compiled):
     """(args..., cotangents...) -> one cotangent per float argument: the
     backward pass as a function of its own, so that a `Tape` computing a
@@ -608,14 +620,7 @@ class VjpFunction(Compiled):
         self.n_outputs = n_outputs
         self.name = f"vjp({inner.name})"
         self.specs = inner.specs
-        # The cotangents' names must differ from the inner function's, which
-        # has cotangents of its own when it is a backward pass too (a tape
-        # inside two others): $ct0, then $$ct0, ...
-        taken = {s.name for s in inner.specs + inner.param_specs}
-        prefix = "$ct"
-        while any(n.startswith(prefix) for n in taken):
-            prefix = "$" + prefix
-        self.ct_names = tuple(f"{prefix}{i}" for i in range(n_outputs))
+        self.ct_names = _extra_names(inner, "$ct", n_outputs)
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.ct_names)
         self.target, self.host_results = inner.target, inner.host_results
@@ -653,13 +658,7 @@ class JvpFunction(Compiled):
         self.inner, self.active = inner, tuple(active)
         self.name = f"jvp({inner.name})"
         self.specs = inner.specs
-        # Tangent names differ from the inner function's (which has tangents
-        # of its own when it is a jvp too): $t0, then $$t0, ...
-        taken = {s.name for s in inner.specs + inner.param_specs}
-        prefix = "$t"
-        while any(n.startswith(prefix) for n in taken):
-            prefix = "$" + prefix
-        self.tangent_names = tuple(f"{prefix}{i}" for i in range(len(self.active)))
+        self.tangent_names = _extra_names(inner, "$t", len(self.active))
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.tangent_names)
         self.target, self.host_results = inner.target, inner.host_results
