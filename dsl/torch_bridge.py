@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bridged, require, split_params
+from dsl.bridge import bind_foreign, bridged, require
 from dsl.function import Compiled, backward_function, vjp_of_bound
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -50,24 +50,13 @@ class TorchFunction:
     @user_facing
     def __call__(self, *args, **kwargs):
         f = self.f
-        arguments, params = split_params(f, kwargs)
-        tensors: dict[int, Any] = {}  # id of the array a tensor was bound as -> the tensor
 
         def array(value, where: str):
             if not _is_tensor(value):
-                return value
-            view = _array_of(value, f, where)
-            tensors[id(view)] = value
-            return view
+                return value, None
+            return _array_of(value, f, where), value
 
-        bound = f.bind([array(a, f"argument {i} of {self.__name__}") for i, a in enumerate(args)],
-                       {k: array(v, f"argument {k!r} of {self.__name__}")
-                        for k, v in arguments.items()},
-                       {k: array(v, f"param {k!r} of {self.__name__}")
-                        for k, v in params.items()})
-        by_name = {n: tensors[id(a)] for n, a in bound.items() if id(a) in tensors}
-        # a param's value is validated into an array of its own: its tensor by name
-        by_name.update({n: params[n] for n in bound if n in params and _is_tensor(params[n])})
+        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, array)
         differentiable = set(f.differentiable_names(bound))
         for name, t in by_name.items():
             if t.requires_grad and name not in differentiable:
