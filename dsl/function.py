@@ -12,11 +12,16 @@ callable's transform), and `pipeline.build_stored` runs the rest, keyed by
 the function's modules, its name, the transforms on top) and the types, so
 that a later process with the same key loads the stored result.  A repeated
 plain call (positional ndarrays only, no tape recording) skips binding and
-lookup (`FastPath`).  Transforms (`GradFunction` for grad and value_and_grad)
-are themselves `Compiled`, built from the IR of the function they wrap,
-so they compose: `grad(grad(f))` differentiates the gradient's
-IR.  `vjp` returns the primal output and a pullback that keeps only the
-residuals the backward pass reads.
+lookup (`FastPath`).  An integer argument a program uses as a size is
+from then on compiled for by value, as a `const` one (`NeedsValue`, then
+`by_value`).  `out=` takes buffers in the structure of the result, checked
+by `OutSpec` before anything runs, that the kernels write into; Dask array
+arguments run block by block (`dsl.dask_bridge`).  Transforms
+(`GradFunction` for grad and value_and_grad, `VjpFunction` for a backward
+pass, `JvpFunction` for forward mode) are themselves `Compiled`, built
+from the IR of the function they wrap, so they compose: `grad(grad(f))`
+differentiates the gradient's IR.  `vjp` returns the primal output and a
+pullback that keeps only the residuals the backward pass reads.
 """
 from __future__ import annotations
 
