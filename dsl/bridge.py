@@ -1,13 +1,14 @@
 """What the bridges to other array libraries (`dsl.torch_bridge`,
-`dsl.jax_bridge`) share: which functions they take, and how a call's
-keywords split into arguments and module params.
+`dsl.jax_bridge`) share: which functions they take, their callables'
+base class, and how a call of another library's arrays is bound.
 
 Contract: `bridged(f, what)` returns f when it is a function the bridges
 can run and differentiate to any order (a `Compiled`: a loaded `.grad`
 function or a transform of one), else raises `ArgumentError` (a
 gradc-compiled function, which has no IR to differentiate again) or
 `TypeError`.  `require(library)` imports an optional library, or raises
-`ImportError` naming the extra that installs it.  `bind_foreign(f, name,
+`ImportError` naming the extra that installs it; `Bridged` (subclassed
+once per library) requires it when made.  `bind_foreign(f, name,
 args, kwargs, convert)` binds a call whose values may be the library's
 arrays (keywords naming module params f reads are params, the others
 arguments), each value bound as `convert` makes it an array, and says
@@ -35,6 +36,20 @@ def bridged(f: Any, what: str) -> Compiled:
                             "first-order programs; load the .grad file with dsl.load for this")
     raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
                     f"{type(f).__name__}")
+
+
+class Bridged:
+    """A compiled function `f` as a function of `library`'s arrays; named
+    `to_<library>(<f's name>)`.  Made only when `library` is installed."""
+    library: str
+
+    def __init__(self, f: Compiled):
+        require(self.library)  # a missing library fails here, not mid-call
+        self.f = f
+        self.__name__ = f"to_{self.library}({f.name})"
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}>"
 
 
 def require(library: str) -> ModuleType:

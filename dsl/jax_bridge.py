@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bind_foreign, bridged, require
+from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.function import Compiled, backward_function, result_types
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
@@ -43,11 +43,8 @@ def to_jax(f: Compiled) -> "JaxFunction":
     return JaxFunction(bridged(f, "to_jax"))
 
 
-class JaxFunction:
-    def __init__(self, f: Compiled):
-        require("jax")  # a missing jax fails here, not mid-call
-        self.f = f
-        self.__name__ = f"to_jax({f.name})"
+class JaxFunction(Bridged):
+    library = "jax"
 
     @user_facing
     def __call__(self, *args, **kwargs):
@@ -64,9 +61,6 @@ class JaxFunction:
 
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, placeholder)
         return f.format(apply(f, bound, by_name))
-
-    def __repr__(self) -> str:
-        return f"<{self.__name__}>"
 
 
 def _placeholder(shape: tuple, dtype) -> np.ndarray:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bind_foreign, bridged, require
+from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.function import Compiled, backward_function, vjp_of_bound
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -41,11 +41,8 @@ def to_torch(f: Compiled) -> "TorchFunction":
     return TorchFunction(bridged(f, "to_torch"))
 
 
-class TorchFunction:
-    def __init__(self, f: Compiled):
-        require("torch")  # a missing torch fails here, not mid-call
-        self.f = f
-        self.__name__ = f"to_torch({f.name})"
+class TorchFunction(Bridged):
+    library = "torch"
 
     @user_facing
     def __call__(self, *args, **kwargs):
@@ -64,9 +61,6 @@ class TorchFunction:
                                     "or not a float), but its tensor requires grad; pass "
                                     "it detached", f.span)
         return f.format(apply(f, bound, by_name))
-
-    def __repr__(self) -> str:
-        return f"<{self.__name__}>"
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
