@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.fusion import FUSIBLE
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.shapes import Sym, broadcasts_to
 from gradlang.runtime.errors import GradError
@@ -254,8 +255,7 @@ def _widened(body: Function, n_carry: int, float_invariants: list[int]
     new types) when it is not elementwise, its results differ in shape, or
     the retyped body does not type-check."""
     shape = body.out_types[0].shape if body.outputs else ()
-    elementwise = all(ops.OPS[e.op].kind == "elementwise" or e.op == "broadcast_to"
-                      for e in body.eqns)
+    elementwise = all(e.op in FUSIBLE for e in body.eqns)
     wide = {k: TensorType(body.params[1 + n_carry + k].type.dtype, shape)
             for k in float_invariants
             if body.params[1 + n_carry + k].type.shape != shape

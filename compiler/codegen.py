@@ -483,7 +483,7 @@ class _Driver:
                 # A scatter-add may add into its base in place when the driver
                 # made it and nothing else reads it (a view of it would: a
                 # reshape or slice is a reader): the zeros of a gradient.
-                owned = step.op.startswith("scatter_add") and step.inputs[0] in fresh \
+                owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",

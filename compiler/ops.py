@@ -617,6 +617,9 @@ class Op:
     # inputs read only as a data dependency, never for their value (the
     # op is the identity on its first input)
     token_inputs: tuple[int, ...] = ()
+    # the output is the first input with values added into it (a
+    # scatter-add): the driver may add in place when it owns that input
+    adds_into_first: bool = False
 
     def linear_slots(self, n_inputs: int) -> list[frozenset[int]]:
         """The sets of inputs the op is linear in together: the output is a
@@ -781,10 +784,11 @@ _TABLE: tuple[Op, ...] = (
        ref=lambda x, idx, axis, what: np.take_along_axis(x, idx, axis=axis), arity=2,
        domain=("real", "index"), linear="first"),
     Op("scatter_add", kind="index", type_rule=_scatter_add_rule, vjp=_scatter_vjp("take"),
-       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real"), linear="jointly"),
+       ref=_scatter_add_ref, arity=3, domain=("real", "index", "real"), linear="jointly",
+       adds_into_first=True),
     Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
        vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
-       domain=("real", "index", "real"), linear="jointly"),
+       domain=("real", "index", "real"), linear="jointly", adds_into_first=True),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.

@@ -20,7 +20,8 @@ from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
 from gradlang.compiler.ops import OPS
 
 
-def _substituting(fn: Function):
+def _substituting():
+    """(env, sub): `sub` follows `env`'s renamings (Var -> what replaces it)."""
     env: dict[Var, Atom] = {}
 
     def sub(a: Atom) -> Atom:
@@ -40,7 +41,7 @@ def _in_bodies(eqn: Eqn, run) -> Eqn:
 
 def inline_calls(fn: Function) -> Function:
     b = Builder()
-    env, sub = _substituting(fn)
+    env, sub = _substituting()
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, inline_calls)
         inputs = tuple(sub(a) for a in eqn.inputs)
@@ -57,7 +58,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     """`keep_barriers` leaves `recompute_barrier`s in place, for a joint
     function that is still to be split into forward and backward passes."""
     b = Builder()
-    env, sub = _substituting(fn)
+    env, sub = _substituting()
     fills: dict[Var, object] = {}  # outputs of `full`: their value
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
@@ -141,7 +142,7 @@ def _key(eqn: Eqn, inputs) -> tuple | None:
 
 def cse(fn: Function) -> Function:
     b = Builder()
-    env, sub = _substituting(fn)
+    env, sub = _substituting()
     seen: dict[tuple, tuple[Var, ...]] = {}
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, cse)

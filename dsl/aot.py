@@ -131,15 +131,14 @@ def default_sig(module: Module, f: GradFn) -> str:
     for sig in candidates:
         name, args = parse_sig(sig)
         try:
-            f.lower(_types(module, f, args, sig))
+            f.lower(_types(f, args, sig))
             return sig
         except (GradError, NeedsConcrete, NeedsValue):
             continue
     return candidates[0]  # lowering it again reports the error
 
 
-def _types(module: Module, f: GradFn, args: list[tuple[str, tuple]],
-           sig: str) -> dict[str, TensorType]:
+def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, TensorType]:
     if len(args) > len(f.specs):
         raise SignatureError(f"signature {sig!r} has {len(args)} arguments; {f.name}() takes "
                              f"{len(f.specs)}", f.span)
@@ -191,7 +190,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             raise SignatureError(f"signature {text!r} names no function of {path} "
                                  f"(it defines: {', '.join(functions)})")
         f = functions[name]
-        types = _types(module, f, args, text)
+        types = _types(f, args, text)
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
                    "programs": [], "wrt": []})

@@ -1,21 +1,26 @@
 """What the bridges to other array libraries (`dsl.torch_bridge`,
-`dsl.jax_bridge`) share: which functions they take, and how a call's
-keywords split into arguments and module params.
+`dsl.jax_bridge`) share: which functions they take, their callables'
+base class, and how a call of another library's arrays is bound.
 
 Contract: `bridged(f, what)` returns f when it is a function the bridges
 can run and differentiate to any order (a `Compiled`: a loaded `.grad`
 function or a transform of one), else raises `ArgumentError` (a
 gradc-compiled function, which has no IR to differentiate again) or
 `TypeError`.  `require(library)` imports an optional library, or raises
-`ImportError` naming the extra that installs it.  `split_params(f, kwargs)`
-separates the keywords naming module params that f reads from those
-naming its arguments.
+`ImportError` naming the extra that installs it; `Bridged` (subclassed
+once per library) requires it when made.  `bind_foreign(f, name,
+args, kwargs, convert)` binds a call whose values may be the library's
+arrays (keywords naming module params f reads are params, the others
+arguments), each value bound as `convert` makes it an array, and says
+which bound names came from the library's arrays.
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, Optional
+
+import numpy as np
 
 from dsl.function import Compiled
 from gradlang.runtime.aot import AotFunction
@@ -33,6 +38,20 @@ def bridged(f: Any, what: str) -> Compiled:
                     f"{type(f).__name__}")
 
 
+class Bridged:
+    """A compiled function `f` as a function of `library`'s arrays; named
+    `to_<library>(<f's name>)`.  Made only when `library` is installed."""
+    library: str
+
+    def __init__(self, f: Compiled):
+        require(self.library)  # a missing library fails here, not mid-call
+        self.f = f
+        self.__name__ = f"to_{self.library}({f.name})"
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}>"
+
+
 def require(library: str) -> ModuleType:
     try:
         return importlib.import_module(library)
@@ -41,9 +60,33 @@ def require(library: str) -> ModuleType:
                           f"'gradlang[{library}]'") from err
 
 
-def split_params(f: Compiled, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(keyword arguments, module param values) of a call's keywords."""
+def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
+                 convert: Callable[[Any, str], tuple[Any, Optional[Any]]]
+                 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(f.bind of the call, bound name -> the library's value) for a call
+    of the bridge `name`.  `convert(value, where)` gives what to bind for a
+    value and the library's array it stands for (None for a constant)."""
     param_names = {s.name for s in f.param_specs}
-    arguments = {k: v for k, v in kwargs.items() if k not in param_names}
-    params = {k: v for k, v in kwargs.items() if k in param_names}
-    return arguments, params
+    # id of the array bound for a library value -> (that array, kept alive so
+    # that no other array takes its id, the value)
+    foreign: dict[int, tuple[Any, Any]] = {}
+    foreign_params: dict[str, Any] = {}
+
+    def bind_value(value, where: str, param: Optional[str] = None):
+        array, library_value = convert(value, where)
+        if library_value is not None:
+            foreign[id(array)] = (array, library_value)
+            if param is not None:
+                foreign_params[param] = library_value
+        return array
+
+    bound = f.bind([bind_value(a, f"argument {i} of {name}") for i, a in enumerate(args)],
+                   {k: bind_value(v, f"argument {k!r} of {name}")
+                    for k, v in kwargs.items() if k not in param_names},
+                   {k: bind_value(v, f"param {k!r} of {name}", k)
+                    for k, v in kwargs.items() if k in param_names})
+    by_name = {n: foreign[id(a)][1] for n, a in bound.items()
+               if id(a) in foreign and foreign[id(a)][0] is a}
+    # a param is validated into an array of its own: its library value by name
+    by_name.update({n: foreign_params[n] for n in bound if n in foreign_params})
+    return bound, by_name

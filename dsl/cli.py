@@ -156,7 +156,7 @@ def cmd_show(args) -> int:
         f = _lookup(module, name, args.file)
         if args.fn and name != args.fn:
             continue
-        types = _types(module, f, sig_args, sig)
+        types = _types(f, sig_args, sig)
         shown = f
         if transform:
             wrt = tuple(n for n, t in types.items() if t.is_float and

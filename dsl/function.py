@@ -12,11 +12,16 @@ callable's transform), and `pipeline.build_stored` runs the rest, keyed by
 the function's modules, its name, the transforms on top) and the types, so
 that a later process with the same key loads the stored result.  A repeated
 plain call (positional ndarrays only, no tape recording) skips binding and
-lookup (`FastPath`).  Transforms (`GradFunction` for grad and value_and_grad)
-are themselves `Compiled`, built from the IR of the function they wrap,
-so they compose: `grad(grad(f))` differentiates the gradient's
-IR.  `vjp` returns the primal output and a pullback that keeps only the
-residuals the backward pass reads.
+lookup (`FastPath`).  An integer argument a program uses as a size is
+from then on compiled for by value, as a `const` one (`NeedsValue`, then
+`by_value`).  `out=` takes buffers in the structure of the result, checked
+by `OutSpec` before anything runs, that the kernels write into; Dask array
+arguments run block by block (`dsl.dask_bridge`).  Transforms
+(`GradFunction` for grad and value_and_grad, `VjpFunction` for a backward
+pass, `JvpFunction` for forward mode) are themselves `Compiled`, built
+from the IR of the function they wrap, so they compose: `grad(grad(f))`
+differentiates the gradient's IR.  `vjp` returns the primal output and a
+pullback that keeps only the residuals the backward pass reads.
 """
 from __future__ import annotations
 
@@ -596,6 +601,18 @@ def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dt
     return cache[key]
 
 
+def _extra_names(inner: Compiled, stem: str, count: int) -> tuple[str, ...]:
+    """`count` names for the arguments a transform adds to `inner` (its
+    cotangents, its tangents), apart from inner's own, which has such names
+    too when it is a transform itself (a tape inside two others, a jvp of a
+    jvp): stem0, stem1, ..., then $stem0, ..."""
+    taken = {s.name for s in inner.specs + inner.param_specs}
+    prefix = stem
+    while any(n.startswith(prefix) for n in taken):
+        prefix = "$" + prefix
+    return tuple(f"{prefix}{i}" for i in range(count))
+
+
 class VjpFunction(Compiled):
     """(args..., cotangents...) -> one cotangent per float argument: the
     backward pass as a function of its own, so that a `Tape` computing a
@@ -608,14 +625,7 @@ class VjpFunction(Compiled):
         self.n_outputs = n_outputs
         self.name = f"vjp({inner.name})"
         self.specs = inner.specs
-        # The cotangents' names must differ from the inner function's, which
-        # has cotangents of its own when it is a backward pass too (a tape
-        # inside two others): $ct0, then $$ct0, ...
-        taken = {s.name for s in inner.specs + inner.param_specs}
-        prefix = "$ct"
-        while any(n.startswith(prefix) for n in taken):
-            prefix = "$" + prefix
-        self.ct_names = tuple(f"{prefix}{i}" for i in range(n_outputs))
+        self.ct_names = _extra_names(inner, "$ct", n_outputs)
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.ct_names)
         self.target, self.host_results = inner.target, inner.host_results
@@ -653,13 +663,7 @@ class JvpFunction(Compiled):
         self.inner, self.active = inner, tuple(active)
         self.name = f"jvp({inner.name})"
         self.specs = inner.specs
-        # Tangent names differ from the inner function's (which has tangents
-        # of its own when it is a jvp too): $t0, then $$t0, ...
-        taken = {s.name for s in inner.specs + inner.param_specs}
-        prefix = "$t"
-        while any(n.startswith(prefix) for n in taken):
-            prefix = "$" + prefix
-        self.tangent_names = tuple(f"{prefix}{i}" for i in range(len(self.active)))
+        self.tangent_names = _extra_names(inner, "$t", len(self.active))
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.tangent_names)
         self.target, self.host_results = inner.target, inner.host_results

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bridged, require, split_params
+from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.function import Compiled, backward_function, result_types
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
@@ -45,40 +45,24 @@ def to_jax(f: Compiled) -> "JaxFunction":
     return JaxFunction(bridged(f, "to_jax"))
 
 
-class JaxFunction:
-    def __init__(self, f: Compiled):
-        require("jax")  # a missing jax fails here, not mid-call
-        self.f = f
-        self.__name__ = f"to_jax({f.name})"
+class JaxFunction(Bridged):
+    library = "jax"
 
     @user_facing
     def __call__(self, *args, **kwargs):
         import jax
         import jax.numpy as jnp
         f = self.f
-        arguments, params = split_params(f, kwargs)
-        traced: dict[int, Any] = {}  # id of a value's placeholder -> the JAX value
 
-        def placeholder(value):
+        def placeholder(value, where: str):
             if isinstance(value, np.ndarray):
                 value = jnp.asarray(value)
             if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
-                return value
-            stand_in = _placeholder(value.shape, value.dtype)
-            traced[id(stand_in)] = value
-            return stand_in
+                return value, None
+            return _placeholder(value.shape, value.dtype), value
 
-        bound = f.bind([placeholder(a) for a in args],
-                       {k: placeholder(v) for k, v in arguments.items()},
-                       {k: placeholder(v) for k, v in params.items()})
-        by_name = {n: traced[id(a)] for n, a in bound.items() if id(a) in traced}
-        # a param is validated into an array of its own: its JAX value by name
-        by_name.update({n: jnp.asarray(params[n]) for n in bound if n in params
-                        and isinstance(params[n], (jax.Array, np.ndarray))})
+        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, placeholder)
         return f.format(apply(f, bound, by_name))
-
-    def __repr__(self) -> str:
-        return f"<{self.__name__}>"
 
 
 def _placeholder(shape: tuple, dtype) -> np.ndarray:

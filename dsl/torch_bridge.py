@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import bridged, require, split_params
+from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.function import Compiled, backward_function, vjp_of_bound
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -43,11 +43,12 @@ def to_torch(f: Compiled) -> "TorchFunction":
     return TorchFunction(bridged(f, "to_torch"))
 
 
-class TorchFunction:
+class TorchFunction(Bridged):
+    library = "torch"
+
     def __init__(self, f: Compiled):
-        torch = require("torch")  # a missing torch fails here, not mid-call
-        self.f = f
-        self.__name__ = f"to_torch({f.name})"
+        super().__init__(f)
+        import torch
         _fill_dtypes(torch)
         # whether CPU tensors' NumPy views are arrays f's kernels take as they are
         self._takes_numpy = f.target.is_array(np.empty(0)) and not f.host_results
@@ -59,24 +60,13 @@ class TorchFunction:
             if views is not None:  # nothing to record: f's own call, its fast path
                 return _tensors(self.f(*views))
         f = self.f
-        arguments, params = split_params(f, kwargs)
-        tensors: dict[int, Any] = {}  # id of the array a tensor was bound as -> the tensor
 
         def array(value, where: str):
             if not _is_tensor(value):
-                return value
-            view = _array_of(value, f, where)
-            tensors[id(view)] = value
-            return view
+                return value, None
+            return _array_of(value, f, where), value
 
-        bound = f.bind([array(a, f"argument {i} of {self.__name__}") for i, a in enumerate(args)],
-                       {k: array(v, f"argument {k!r} of {self.__name__}")
-                        for k, v in arguments.items()},
-                       {k: array(v, f"param {k!r} of {self.__name__}")
-                        for k, v in params.items()})
-        by_name = {n: tensors[id(a)] for n, a in bound.items() if id(a) in tensors}
-        # a param's value is validated into an array of its own: its tensor by name
-        by_name.update({n: params[n] for n in bound if n in params and _is_tensor(params[n])})
+        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, array)
         differentiable = set(f.differentiable_names(bound))
         for name, t in by_name.items():
             if t.requires_grad and name not in differentiable:
@@ -84,9 +74,6 @@ class TorchFunction:
                                     "or not a float), but its tensor requires grad; pass "
                                     "it detached", f.span)
         return f.format(apply(f, bound, by_name))
-
-    def __repr__(self) -> str:
-        return f"<{self.__name__}>"
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:

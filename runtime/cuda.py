@@ -227,32 +227,36 @@ def _matmul(a, b, out):
         out[row, col] = acc
 
 
+@cuda.jit(device=True)
+def _indexed(t, idx, n, m, inner, along, first_bad):
+    # Element t of an (outer, m, inner) array of picks -> its flat position
+    # in the indexed (outer, n, inner) array; idx is shaped as the picks
+    # (along an axis) or (m,).  An index out of range gives -1, its
+    # position kept in first_bad.
+    r = t // inner
+    k = t if along else r % m
+    j = idx[k]
+    if j < -n or j >= n:
+        cuda.atomic.min(first_bad, 0, k)
+        return -1
+    return ((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner
+
+
 @cuda.jit
 def _take(x, idx, out, n, m, inner, along, first_bad):
-    # out viewed as (outer, m, inner); idx as out (along an axis) or (m,).
-    # An index out of range is skipped, its position kept in first_bad.
     for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        r = t // inner
-        k = t if along else r % m
-        j = idx[k]
-        if j < -n or j >= n:
-            cuda.atomic.min(first_bad, 0, k)
-        else:
-            out[t] = x[((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner]
+        at = _indexed(t, idx, n, m, inner, along, first_bad)
+        if at >= 0:
+            out[t] = x[at]
 
 
 @cuda.jit
 def _scatter_add(out, idx, values, n, m, inner, along, first_bad):
     # atomics: repeated indices meet in one element
     for t in range(cuda.grid(1), values.size, cuda.gridsize(1)):
-        r = t // inner
-        k = t if along else r % m
-        j = idx[k]
-        if j < -n or j >= n:
-            cuda.atomic.min(first_bad, 0, k)
-        else:
-            cuda.atomic.add(out, ((r // m) * n + (j + n if j < 0 else j)) * inner + t % inner,
-                            values[t])
+        at = _indexed(t, idx, n, m, inner, along, first_bad)
+        if at >= 0:
+            cuda.atomic.add(out, at, values[t])
 
 
 def _launch(kernel, n: int, *args) -> None:

@@ -51,7 +51,7 @@ def test_file_names_never_reach_generated_code(stem, tmp_path, monkeypatch):
 
 def test_kernel_docstring_escapes_the_function_name():
     m = dsl.loads("def f(x):\n    return x * 2.0\n")
-    fn = optimize(m.f.lower(_types(m, m.f, parse_sig("f(f64[:])")[1], "f(f64[:])")))
+    fn = optimize(m.f.lower(_types(m.f, parse_sig("f(f64[:])")[1], "f(f64[:])")))
     hostile = dataclasses.replace(fn, name='f"""\nraise SystemExit("owned")\n"""')
     tree = ast.parse(generate(hostile).kernel_source)
     assert not any(isinstance(node, ast.Raise) for node in ast.walk(tree))
@@ -98,7 +98,7 @@ def test_a_size_named_like_a_driver_argument_does_not_overwrite_it(tmp_path):
 def test_any_size_name_gives_a_working_driver(size):
     m = dsl.loads("def f(x, y):\n    return sum(x * y) + x\n")
     sig = f"f(f64[{size}], f64[{size}])"
-    fn = optimize(m.f.lower(_types(m, m.f, parse_sig(sig)[1], sig)))
+    fn = optimize(m.f.lower(_types(m.f, parse_sig(sig)[1], sig)))
     generated = generate(fn)
     run = make_driver(generated.driver_source, load_kernels(generated.kernel_source),
                       m.target.helpers)
@@ -258,7 +258,7 @@ def test_logsumexp_compiles_for_any_size(tmp_path):
 def test_reshape_to_a_symbolic_shape_lowers_without_sizes():
     m = dsl.loads("def f(x, y):\n    return reshape(x, y.shape) * y\n")
     sig = "f(f64[m, n], f64[n, m])"
-    fn = m.f.lower(_types(m, m.f, parse_sig(sig)[1], sig))  # no NeedsConcrete
+    fn = m.f.lower(_types(m.f, parse_sig(sig)[1], sig))  # no NeedsConcrete
     assert [str(d) for d in fn.out_types[0].shape] == ["n", "m"]
 
 

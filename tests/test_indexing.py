@@ -166,6 +166,19 @@ def test_scatter_adds_match_numpy_add_at(target, data, seed):
                                rtol=1e-12)
 
 
+def test_scatter_add_adds_in_place_only_into_a_base_nothing_else_reads():
+    # x * 2.0 is made by the driver: added into in place unless it is read again
+    m = module("cpu")
+    args = (np.ones((4, 3)), np.array([0, 2]), np.ones((2, 3)))
+
+    def driver(f):
+        return f.program(f.bind(args, {})).generated.driver_source
+
+    assert "owned=True" in driver(m.smooth)
+    assert "owned=True" not in driver(m.scatter_then_reread)
+    assert "owned=True" not in driver(m.scatter)  # base is the caller's
+
+
 @each_target
 @settings(max_examples=3, deadline=None)
 @given(data=st.data(), seed=st.integers(0, 2**31))

@@ -99,15 +99,19 @@ def test_no_import_cycle():
             walk(node, [node])
 
 
+def printed_by(code: str) -> str:
+    """What `code` prints in a fresh interpreter (which has imported nothing)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd="/").stdout.strip()
+
+
 def test_a_compiled_module_needs_only_the_runtime():
     """What `gradc compile` output imports must not pull in the compiler
     or the parser (it runs where neither is installed)."""
     code = ("import sys, gradlang.runtime.aot, gradlang.runtime.cpu\n"
             "bad = [m for m in sys.modules if m.startswith(('gradlang.compiler', 'dsl', "
             "'lark'))]\nprint(bad)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd="/")
-    assert out.stdout.strip() == "[]"
+    assert printed_by(code) == "[]"
 
 
 def test_nothing_generic_is_installed_at_top_level():
@@ -125,16 +129,12 @@ def test_dsl_never_imports_the_libraries_it_bridges_to():
             "m = dsl.loads('def f(x):\\n    return x * x\\n')\n"
             "assert dsl.grad(m.f)(np.ones(2)).tolist() == [2.0, 2.0]\n"
             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'dask')])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd="/")
-    assert out.stdout.strip() == "[]"
+    assert printed_by(code) == "[]"
 
 
 def test_a_bridge_without_its_library_names_the_extra():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import dsl\nm = dsl.loads('def f(x):\\n    return x\\n')\n"
             "try:\n    dsl.to_torch(m.f)\nexcept ImportError as err:\n    print(err)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd="/")
-    assert out.stdout.strip() == ("this needs torch, which is not installed: "
+    assert printed_by(code) == ("this needs torch, which is not installed: "
                                   "pip install 'gradlang[torch]'")

@@ -67,15 +67,23 @@ def test_a_second_block_must_be_linear_in_its_own_upstream():
     assert "grad block 2 of f() (line 5)" in err.message and (err.line, err.col) == (6, 30)
 
 
-@pytest.mark.parametrize("ret", [
-    "dy * y, dy * x",
-    "where(x > 0, dy, 0) * y + 0, -(dy * x) / 2",
-    "sum(dy) * y - dy * y * 0, x * dy",         # sums, broadcasts, products by free values
-    "y=0, x=reshape(dy, x.shape) * y",          # layout ops, named, zero
-    "where(x > y, dy, dy * 3), transpose(dy * x)",
+X, Y = np.array([-1.0, 2.0, 0.5]), np.array([0.5, 1.0, 3.0])
+
+
+@pytest.mark.parametrize("ret,dx,dy", [
+    ("dy * y, dy * x", Y, X),
+    ("where(x > 0, dy, 0) * y + 0, -(dy * x) / 2", [0.0, 1.0, 3.0], -X / 2),
+    # sums, broadcasts, products by free values
+    ("sum(dy) * y - dy * y * 0, x * dy", 3 * Y, X),
+    ("y=0, x=reshape(dy, x.shape) * y", Y, [0.0, 0.0, 0.0]),  # layout ops, named, zero
+    ("where(x > y, dy, dy * 3), transpose(dy * x)", [3.0, 1.0, 3.0], X),
 ])
-def test_linear_blocks_load(ret):
-    dsl.loads(block(ret))
+def test_linear_blocks_load_and_give_their_gradient(ret, dx, dy):
+    m = dsl.loads(block(ret))
+    _, pullback = dsl.vjp(m.f, X, Y)
+    got = pullback(np.ones(3))
+    np.testing.assert_allclose(got[0], dx, rtol=1e-12)
+    np.testing.assert_allclose(got[1], dy, rtol=1e-12)
 
 
 def test_a_second_blocks_upstream_may_meet_the_first_blocks_upstream():
