@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import pickle
 import sys
+from importlib import resources
 
 import lark
 from lark import Lark, Token, Transformer, v_args
@@ -39,22 +41,43 @@ class _GradIndenter(Indenter):
     tab_len = 8
 
 
+# The parser, its tables built once and shipped in the package behind the
+# key they were built for (tests/test_import_and_cache.py keeps them current).
+SHIPPED_TABLES = resources.files(gradlang.grammar).joinpath("grad.lark-tables")
+_OPTIONS = dict(parser="lalr", postlex=_GradIndenter(), propagate_positions=True,
+                maybe_placeholders=True)
+
+
+def _tables_key() -> str:
+    """What lark's tables depend on: the grammar, lark's and Python's versions."""
+    text = f"{grammar_text()}\0{lark.__version__}\0{sys.version_info[:2]}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 @functools.lru_cache(maxsize=1)
 def _parser() -> Lark:
-    """The LALR parser.  Building its tables takes a few hundred ms, so
-    lark keeps them in the cache directory, in a file named by the grammar
-    and lark's and Python's versions (lark checks its own hash of the
-    grammar and options on load, rebuilds on any failure to read, and
-    only logs a failure to write)."""
-    grammar = grammar_text()
-    key = hashlib.sha256(f"{grammar}\0{lark.__version__}\0{sys.version_info[:2]}".encode())
-    table = cache_dir() / "parser" / f"grad-{key.hexdigest()[:24]}.lark"
+    """The LALR parser.  Building its tables takes ~0.1 s: the package
+    ships them, and for another lark or Python lark keeps the ones it
+    builds in the cache directory, in a file named by their key (lark
+    checks its own hash of the grammar and options on load, rebuilds on
+    any failure to read, and only logs a failure to write)."""
+    key = _tables_key()
+    shipped_key, _, tables = SHIPPED_TABLES.read_bytes().partition(b"\n")
+    if shipped_key.decode() == key:
+        return Lark.load(io.BytesIO(tables))
+    table = cache_dir() / "parser" / f"grad-{key}.lark"
     try:
         table.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass  # lark fails to write the table, logs it, and parses all the same
-    return Lark(grammar, parser="lalr", postlex=_GradIndenter(), cache=str(table),
-                propagate_positions=True, maybe_placeholders=True)
+    return Lark(grammar_text(), cache=str(table), **_OPTIONS)
+
+
+def shipped_tables() -> bytes:
+    """The text of `SHIPPED_TABLES` for this grammar, lark and Python."""
+    tables = io.BytesIO()
+    Lark(grammar_text(), **_OPTIONS).save(tables)
+    return _tables_key().encode() + b"\n" + tables.getvalue()
 
 
 # Friendly names for the terminals lark reports in "expected ..." messages.

@@ -3,11 +3,12 @@ generated drivers call (imported there as `R`).
 
 Contract: every function takes and returns NumPy arrays; none modifies its
 inputs.  Gathers and scatter-adds (`take`, ...) raise `ArgumentError` for an
-index out of range before returning anything.  Reductions run in Numba
-kernels over an (outer, reduced, inner) view of a contiguous array,
-accumulating floats in f64 and integers in i64 (sums with
+index out of range before returning anything.  Reductions run over an
+(outer, reduced, inner) view of a contiguous array, accumulating floats in
+f64 and integers in i64: over rows (inner 1) in Numba kernels (sums with
 `cpu_math.accumulate`, maxima with `cpu_math.greatest`, so that they
-vectorize); matmul calls NumPy's BLAS, which no loop written here would
+vectorize), over a middle axis in NumPy's ufunc reductions, which add whole
+inner rows in order and vectorize as well, with no kernel to compile; matmul calls NumPy's BLAS, which no loop written here would
 beat (`cpu_matmul`).
 """
 from __future__ import annotations
@@ -131,17 +132,6 @@ def _sum_row_chunked(x, chunk, partial):
 
 
 @numba.njit(cache=True, nogil=True)
-def _sum_middle(x, out):
-    # x: (outer, reduced, inner) -> out: (outer, inner)
-    for o in range(x.shape[0]):
-        for i in range(x.shape[2]):
-            out[o, i] = 0
-        for r in range(x.shape[1]):
-            for i in range(x.shape[2]):
-                out[o, i] += x[o, r, i]
-
-
-@numba.njit(cache=True, nogil=True)
 def _max_rows(x, out):
     for o in range(x.shape[0]):
         acc = x[o, 0]
@@ -150,20 +140,17 @@ def _max_rows(x, out):
         out[o] = acc
 
 
-@numba.njit(cache=True, nogil=True)
-def _max_middle(x, out):
-    for o in range(x.shape[0]):
-        for i in range(x.shape[2]):
-            out[o, i] = x[o, 0, i]
-        for r in range(1, x.shape[1]):
-            for i in range(x.shape[2]):
-                v = x[o, r, i]
-                if v > out[o, i] or v != v:
-                    out[o, i] = v
+def _sum_middle(x: np.ndarray, out: np.ndarray) -> None:
+    # NumPy adds the rows of a middle axis in order, a whole inner row at a
+    # time (vectorized), as a loop here would: no kernel to compile.
+    np.add.reduce(x, axis=1, dtype=out.dtype, out=out)
 
 
-for _helper in (_sum_rows, _sum_rows_parallel, _sum_row_chunked, _sum_middle, _max_rows,
-                _max_middle):
+def _max_middle(x: np.ndarray, out: np.ndarray) -> None:
+    np.maximum.reduce(x, axis=1, out=out)  # propagates NaN, as `greatest` does
+
+
+for _helper in (_sum_rows, _sum_rows_parallel, _sum_row_chunked, _max_rows):
     manage_cache(_helper)
 
 

@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import lark
+
 import dsl
+from gradlang.grammar import grammar_text
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -67,3 +70,19 @@ def test_second_process_compiles_nothing_and_concurrent_processes_agree(tmp_path
     n_compiles, value = warm.stdout.split()
     assert n_compiles == "0" and value == cold[0][1]
     assert not list((tmp_path / "cache" / "kernels").glob(".tmp-*"))
+
+
+def test_the_shipped_parser_tables_are_the_grammars_and_are_used():
+    """The tables in the package were built from this grammar (a grammar
+    edit without rebuilding them would cost every cold start ~0.1 s), and
+    the parser is the one they hold."""
+    from gradlang.compiler import parser
+
+    shipped = parser.SHIPPED_TABLES.read_bytes()
+    key = shipped.partition(b"\n")[0].decode()
+    assert key == parser._tables_key(), (
+        "grammar/grad.lark-tables is stale: write gradlang.compiler.parser.shipped_tables() "
+        "over it")
+    source = (EXAMPLES / "dense.grad").read_text()
+    fresh = lark.Lark(grammar_text(), **parser._OPTIONS)
+    assert parser._parser().parse(source) == fresh.parse(source)

@@ -33,8 +33,13 @@ print(repr(parse_with_lark(open(sys.argv[1]).read(), "log1pexp.grad")))
 
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch) -> Path:
-    """An empty GRADC_CACHE_DIR, with this process's parser forgotten."""
+    """An empty GRADC_CACHE_DIR, with this process's parser forgotten, and
+    the tables shipped in the package built for another lark or Python,
+    so that the parser builds its tables and keeps them in the cache."""
     monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "gradc"))
+    stale = tmp_path / "shipped.lark-tables"
+    stale.write_bytes(b"0" * 24 + b"\n")
+    monkeypatch.setattr(parser, "SHIPPED_TABLES", stale)
     parser._parser.cache_clear()
     yield tmp_path / "gradc"
     parser._parser.cache_clear()
@@ -50,15 +55,24 @@ def tables(cache: Path) -> list[Path]:
     return sorted((cache / "parser").glob("*.lark"))
 
 
-def test_second_process_parses_from_saved_tables_without_building(fresh_cache):
-    cold = parse_in_process(fresh_cache)
+def test_a_fresh_process_parses_from_the_shipped_tables_without_building(tmp_path):
+    cold = parse_in_process(tmp_path / "gradc", "--no-build")
     assert cold.returncode == 0, cold.stderr
-    assert len(tables(fresh_cache)) == 1
-    warm = parse_in_process(fresh_cache, "--no-build")
-    assert warm.returncode == 0, warm.stderr
-    assert warm.stdout == cold.stdout and "FuncDef" in cold.stdout
+    assert "FuncDef" in cold.stdout and tables(tmp_path / "gradc") == []
     # and the AST is what a parser built from scratch makes
-    assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == cold.stdout.strip()
+    fresh = lark.Lark(grammar_text(), **parser._OPTIONS)
+    module = parser.parse_with_lark(SOURCE, "log1pexp.grad")
+    tree = fresh.parse(SOURCE + "\n")
+    assert repr(parser._ToAst("log1pexp.grad", SOURCE).transform(tree)) == repr(module)
+    assert repr(module) == cold.stdout.strip()
+
+
+def test_another_lark_or_python_keeps_the_tables_it_builds(fresh_cache, monkeypatch):
+    expected = repr(parser.parse_with_lark(SOURCE, "log1pexp.grad"))
+    assert len(tables(fresh_cache)) == 1
+    monkeypatch.setattr(lark.Lark, "_build_parser", refuse_to_build)
+    parser._parser.cache_clear()
+    assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == expected
 
 
 def refuse_to_build(*args, **kwargs):
