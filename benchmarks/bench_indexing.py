@@ -1,5 +1,7 @@
-"""What the CPU gathers and scatter-adds cost (`runtime.cpu.take`,
-`scatter_add`), against NumPy, and what their bounds check costs.
+"""What the CPU gathers' and scatter-adds' bounds checks cost, and why they
+run serially: the design measurement behind `runtime.cpu.take` and
+`scatter_add` (the suite, `benchmarks/run.py --only indexing`, times them
+against NumPy, JAX and PyTorch on the same inputs).
 
     python benchmarks/bench_indexing.py [--rounds 9]
 
@@ -30,6 +32,7 @@ import numpy as np
 from numba import prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import workloads  # noqa: E402
 from timing import compare, load_average, markdown_table, ms  # noqa: E402
 
 from gradlang.runtime import cpu as R  # noqa: E402
@@ -90,12 +93,9 @@ def scatter_parallel_lanes(out, idx, values, width):
                 out[0, j, i] += values[0, k, i]
 
 
-def workloads(rng) -> dict[str, dict]:
-    table = rng.normal(size=(10_000, 64))
-    ids = rng.integers(-10_000, 10_000, size=20_000)
-    rows = rng.normal(size=(20_000, 64))
-    values = rng.normal(size=1_000_000)
-    seg = rng.integers(0, 100, size=1_000_000)
+def variants() -> dict[str, dict]:
+    d = workloads.indexing_inputs(10_000, 64, 20_000, 10**6, 100)
+    table, ids, rows, values, seg = d["table"], d["ids"], d["rows"], d["values"], d["segment_ids"]
     lanes = max(1, 64 // (4 * numba.get_num_threads()))
     return {
         "gather 20k rows of 64 (embedding)": {
@@ -137,7 +137,7 @@ def main() -> None:
     rounds = parser.parse_args().rounds
     columns = ["ours", "in place", "unchecked", "check pass", "prange", "numpy"]
     rows = []
-    for name, impls in workloads(np.random.default_rng(0)).items():
+    for name, impls in variants().items():
         t = compare(impls, rounds)
         rows.append([name] + [ms(t[c].median) if c in t else "-" for c in columns])
     print(markdown_table(["workload (ms per call)"] + columns, rows))

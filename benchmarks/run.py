@@ -9,7 +9,10 @@ f64; 1e3, 1e5, 1e7), StyleGAN's R1 penalty and its gradient (second order;
 with gradients for w and b, sum(x * x), sin(x) cos(x) and x ** y value +
 gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
-`out=` buffers against fresh results, time to first gradient in
+`out=` buffers against fresh results, a 1,000-step loop's value and
+gradient and @recompute's residual bytes (issue 10), forward mode: jvp
+against value_and_grad (issue 11), gathers and scatter-adds, `to_torch`
+and Dask (issue 12), time to first gradient in
 fresh processes (cold and warm caches, beside JAX's jit), and
 benchmarks/bench_cuda.py when a CUDA GPU is present.
 
@@ -18,7 +21,8 @@ timed.  Times are medians over interleaved rounds (timing.py); a ratio is
 the dsl's time over the other's: below 1 the dsl is faster.  The report is
 printed and written as Markdown to benchmarks/results/<date>-<host>.md
 with the machine's description and its load average at start and end.
-`--quick` runs fewer rounds (same sizes).
+`--quick` runs fewer rounds (same sizes, but a tenth of the loop's elements
+and of the Dask rows).
 """
 from __future__ import annotations
 
@@ -41,11 +45,11 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "sincos_pow", "call", "out", "startup",
-             "cuda")
+WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "sincos_pow", "call", "out", "loop",
+             "forward", "indexing", "interop", "startup", "cuda")
 
 
-def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
+def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "log1pexp":
         return ("log1pexp: value + gradient (examples/log1pexp.grad, grad block)",
                 workloads.log1pexp_cases([10**3, 10**5, 10**7], [np.float32, np.float64]))
@@ -66,16 +70,35 @@ def cases_for(name: str) -> tuple[str, list[workloads.Case]]:
     if name == "out":
         return ("log1pexp value + gradient in a loop: into reused buffers (out=) or fresh",
                 workloads.out_cases([10**7], [np.float64, np.float32]))
+    if name == "loop":
+        return ("loop: 1,000 steps of u = u + kappa * (u * (1 - u)), then sum(u * u); value + "
+                "gradient w.r.t. u and kappa (jax: jit(value_and_grad) of lax.fori_loop; "
+                "numpy: by hand, checkpoints every 31 steps)",
+                # at 1e5 (the issue's size) the dsl's residuals take 800 MB
+                workloads.loop_cases(10**4 if quick else 10**5, 1000))
+    if name == "forward":
+        return ("forward mode: dsl.jvp of log1pexp (tangent of ones) against value_and_grad; "
+                "jvp(grad) against hvp (rev-over-rev)", workloads.forward_cases([10**5, 10**7]))
+    if name == "indexing":
+        return ("indexing: runtime.cpu.take / scatter_add (bounds-checked) against np.take, "
+                "np.add.at", workloads.indexing_cases(10_000, 64, 20_000, 10**6, 100))
+    if name == "interop":
+        # the issue asks for 2e7 rows (1.3 GB of x); --quick takes a tenth
+        return ("interop: dsl.to_torch, dsl.to_jax against the dsl called directly; logistic "
+                "loss on Dask arrays (threaded scheduler)",
+                workloads.torch_bridge_cases([16, 10**6])
+                + workloads.jax_bridge_cases([16, 10**6])
+                + workloads.dask_cases(2 * 10**6 if quick else 2 * 10**7, 8))
     raise ValueError(name)
 
 
-def timed_section(name: str, rounds: int, sample_s: float) -> str:
-    title, cases = cases_for(name)
+def timed_section(name: str, rounds: int, sample_s: float, quick: bool) -> str:
+    title, cases = cases_for(name, quick)
     # NumPy, JAX and PyTorch always have columns; a workload's own
     # variants (dsl fresh, numpy out=) follow
     others = OTHERS + tuple(dict.fromkeys(
         n for case in cases for n in case.impls if n != "dsl" and n not in OTHERS))
-    rows = []
+    rows, notes = [], []
     for case in cases:
         workloads.check(case)
         t = timing.compare(case.impls, rounds, sample_s)
@@ -86,22 +109,27 @@ def timed_section(name: str, rounds: int, sample_s: float) -> str:
         print(f"  {case.label}: dsl {timing.ms(t['dsl'].median)} ms; "
               + ", ".join(f"{o} {timing.ms(t[o].median)}" for o in others if o in t),
               flush=True)
+        notes += [f"- {case.label}: {note}" for note in case.notes]
+    if not cases:
+        return f"## {title}\n\nskipped: its libraries are not installed.\n"
     header = (["case"] + [f"{n} ms" for n in ("dsl",) + others]
               + [f"dsl/{o}" for o in others] + ["dsl min..max ms"])
-    return f"## {title}\n\n{timing.markdown_table(header, rows)}\n"
+    return "\n".join([f"## {title}", "", timing.markdown_table(header, rows), "", *notes, ""])
 
 
 def startup_section(repeats: int) -> str:
     with_jax = workloads.jax_modules() is not None
     results = startup.measure(repeats, with_jax)
-    columns = ["dsl cold", "dsl warm", "dsl warm after imports", "dsl aot import"] + (["jax jit"] if with_jax else [])
+    columns = (["dsl cold", "dsl warm", "dsl warm after imports", "dsl aot import"]
+               + (["jax jit"] if with_jax else []))
     rows = [[name] + [timing.ms(r[c]) if c in r else "-" for c in columns]
             for name, r in results.items()]
     header = ["function"] + [f"{c} ms" for c in columns]
     return (f"## Time to first gradient in a fresh process (median of {repeats})\n\n"
             "From before the import to after the first gradient.  cold: empty "
             "GRADC_CACHE_DIR and NUMBA_CACHE_DIR; warm: caches filled by an earlier "
-            "process (after imports: less numpy, numba, lark and gradlang's imports); aot: `gradc compile --sig` then import (dense only); jax: "
+            "process (after imports: less numpy, numba, lark and gradlang's imports); "
+            "aot: `gradc compile --sig` then import (dense only); jax: "
             "`jax.jit` in a fresh process.\n\n"
             f"{timing.markdown_table(header, rows)}\n")
 
@@ -153,7 +181,7 @@ def main(argv=None) -> None:
         elif name == "cuda":
             sections.append(cuda_section())
         else:
-            sections.append(timed_section(name, rounds, sample_s))
+            sections.append(timed_section(name, rounds, sample_s, args.quick))
             if name == "call":
                 sections.append(call_script_section())
     load_end = timing.load_average()

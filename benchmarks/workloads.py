@@ -17,9 +17,24 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     out_cases        log1pexp value + gradient into reused buffers (`out=`)
                      against fresh results, and NumPy by hand with `out=`
     sincos_pow_cases sin(x) cos(x) and x ** y, value and gradient
+    loop_cases       `steps` trips of u = u + kappa * u * (1 - u), then
+                     sum(u * u): value + gradient w.r.t. u and kappa, one
+                     forward and one backward kernel (issue 10)
+    forward_cases    `dsl.jvp` of log1pexp against value_and_grad, and
+                     jvp(grad) against hvp (issue 11)
+    indexing_cases   gathers and scatter-adds (`runtime.cpu.take`,
+                     `scatter_add`) against np.take, np.add.at
+    torch_bridge_cases, jax_bridge_cases
+                     `dsl.to_torch`, `dsl.to_jax` against the dsl called
+                     directly (issue 12)
+    dask_cases       the logistic loss and its gradient on Dask arrays
+
+A case's `notes` are lines the report prints under its table (kernel
+counts, residual bytes): figures that are not times.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -43,6 +58,7 @@ class Case:
     impls: dict[str, Callable[[], object]]
     want: tuple[np.ndarray, ...]
     tolerance: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def check(case: Case) -> None:
@@ -469,3 +485,307 @@ def sincos_pow_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
             cases.append(Case(f"x ** y {label}", pow_impls, tuple(flatten(
                 numpy_power(base, exponent)))))
     return cases
+
+
+# ------------------------------------------------------------ loop (issue 10)
+
+LOOP_SOURCE = """
+def grow(u, kappa, n: i64):
+    for step in range(n):
+        u = u + kappa * (u * (1 - u))
+    return sum(u * u)
+
+@recompute
+def grow_checkpointed(u, kappa, n: i64):
+    for step in range(n):
+        u = u + kappa * (u * (1 - u))
+    return sum(u * u)
+"""
+
+
+@lru_cache(maxsize=None)
+def dsl_loop_module():
+    return dsl.loads(LOOP_SOURCE)
+
+
+def numpy_loop(u, kappa, steps):
+    """grow's value and gradient w.r.t. u and kappa by hand, keeping every
+    `segment`-th state and recomputing a segment's states backwards (all
+    1,000 states of 1e5 would take 800 MB)."""
+    segment = max(1, int(np.sqrt(steps)))
+    checkpoints = []
+    for step in range(steps):
+        if step % segment == 0:
+            checkpoints.append(u)
+        u = u + kappa * (u * (1 - u))
+    value, du, dkappa = np.sum(u * u), 2 * u, 0.0
+    for start in reversed(range(0, steps, segment)):
+        states = [checkpoints[start // segment]]
+        for _ in range(start + 1, min(start + segment, steps)):
+            v = states[-1]
+            states.append(v + kappa * (v * (1 - v)))
+        for v in reversed(states):
+            dkappa += np.dot(du, v * (1 - v))
+            du = du * (1 + kappa * (1 - 2 * v))
+    return value, du, np.asarray(dkappa)
+
+
+def kernel_launches(driver_source: str) -> int:
+    """How many kernel launches a driver's text holds (a loop in the
+    driver would launch its body's once per trip, and shows as `for`)."""
+    return len(re.findall(r"\(K\.k_\w+ if|K\.k_\w+\(", driver_source))
+
+
+def loop_cases(size: int, steps: int, seed: int = 0) -> list[Case]:
+    m = dsl_loop_module()
+    u = np.random.default_rng(seed).uniform(0.1, 0.9, size)
+    kappa = 0.001
+    value_and_grad = dsl.value_and_grad(m.grow, wrt=(0, 1))
+    driver = value_and_grad.program(
+        value_and_grad.bind((u, kappa, steps), {})).generated.driver_source
+    impls = {"numpy": lambda: numpy_loop(u, kappa, steps),
+             "dsl": lambda: value_and_grad(u, kappa, steps)}
+    if jax_modules():
+        jax, jnp = jax_modules()
+
+        def grow(u, kappa):
+            u = jax.lax.fori_loop(0, steps, lambda i, u: u + kappa * (u * (1 - u)), u)
+            return jnp.sum(u * u)
+        impls["jax"] = jax_call(jax.jit(jax.value_and_grad(grow, argnums=(0, 1))), u, kappa)
+    _, plain = dsl.vjp(m.grow, u, kappa, steps)
+    _, saved = dsl.vjp(m.grow_checkpointed, u, kappa, steps)
+    np.testing.assert_allclose(saved(1.0)[0], plain(1.0)[0], rtol=1e-12)
+    notes = [f"kernel launches in the value-and-gradient driver: {kernel_launches(driver)} "
+             f"(loops in the driver: {driver.count(' in range(')})",
+             f"residual_bytes: plain {plain.residual_bytes:,}, @recompute "
+             f"{saved.residual_bytes:,} ({plain.residual_bytes / saved.residual_bytes:.1f}x "
+             "less), same gradient"]
+    return [Case(f"float64 n={size_label(size)}, {steps} steps", impls,
+                 numpy_loop(u, kappa, steps), dict(rtol=1e-9, atol=1e-12), notes)]
+
+
+# ------------------------------------------------------------ forward mode (issue 11)
+
+
+def numpy_log1pexp_hvp(x, v):
+    """H v of sum(log1pexp(x)): the second derivative sigmoid' = s (1 - s)."""
+    s = 1 / (1 + np.exp(-x))
+    return s * (1 - s) * v
+
+
+def forward_cases(sizes, seed: int = 0) -> list[Case]:
+    """dsl.jvp of log1pexp ("dsl") against value_and_grad, with the tangent
+    all ones so that both give (value, gradient); then jvp(grad) (forward
+    over reverse, "dsl") against hvp (reverse over reverse) at a tenth of
+    the size."""
+    from dsl.forward import jvp_function
+    m = dsl.load(EXAMPLES / "log1pexp.grad")
+    value_and_grad, grad, hvp = (dsl.value_and_grad(m.log1pexp), dsl.grad(m.log1pexp),
+                                 dsl.hvp(m.log1pexp))
+    jf = jvp_function(m.log1pexp, ["x"])
+    rng = np.random.default_rng(seed)
+    cases = []
+    for n in sizes:
+        x, ones = rng.uniform(-20.0, 20.0, n), np.ones(n)
+        kernels = len(jf.program(jf.on_target({"x": x, jf.tangent_names[0]: ones}))
+                      .generated.kernel_names)
+        assert kernels == 1, "the jvp of an elementwise chain is one fused loop"
+        impls = {"numpy": lambda x=x: numpy_log1pexp(x),
+                 "dsl": lambda x=x, t=ones: dsl.jvp(m.log1pexp, (x,), (t,)),
+                 "dsl value_and_grad": lambda x=x: value_and_grad(x)}
+        if jax_modules():
+            jax, jnp = jax_modules()
+            jvp = jax.jit(lambda x, t: jax.jvp(lambda x: jnp.log1p(jnp.exp(x)), (x,), (t,)))
+            impls["jax"] = jax_call(jvp, x, ones)
+        if torch_module():
+            torch = torch_module()
+            impls["torch"] = lambda x=x, t=ones: [r.numpy() for r in torch.func.jvp(
+                lambda x: torch.log1p(torch.exp(x)), (torch.from_numpy(x),),
+                (torch.from_numpy(t),))]
+        cases.append(Case(f"jvp, float64 n={size_label(n)}", impls, numpy_log1pexp(x),
+                          notes=[f"kernels in the jvp: {kernels}"] if not cases else []))
+        y, v = x[:max(n // 10, 1)], rng.normal(size=max(n // 10, 1))
+        impls = {"numpy": lambda y=y, v=v: numpy_log1pexp_hvp(y, v),
+                 "dsl": lambda y=y, v=v: dsl.jvp(grad, (y,), (v,))[1],
+                 "dsl hvp": lambda y=y, v=v: hvp(y, v)}
+        if jax_modules():
+            jax, jnp = jax_modules()
+            g = jax.grad(lambda x: jnp.sum(jnp.log1p(jnp.exp(x))))
+            impls["jax"] = jax_call(jax.jit(lambda y, v: jax.jvp(g, (y,), (v,))[1]), y, v)
+        cases.append(Case(f"jvp(grad), float64 n={size_label(len(y))}", impls,
+                          (numpy_log1pexp_hvp(y, v),), dict(rtol=1e-9, atol=1e-14)))
+    return cases
+
+
+# ------------------------------------------------------------ indexing
+
+
+def indexing_inputs(rows: int, width: int, lookups: int, values: int, segments: int,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """An embedding table, ids into it (negative ones too) and rows to add
+    back; values and their segment ids for a 1-d segment sum."""
+    rng = np.random.default_rng(seed)
+    return {"table": rng.normal(size=(rows, width)),
+            "ids": rng.integers(-rows, rows, size=lookups),
+            "rows": rng.normal(size=(lookups, width)),
+            "values": rng.normal(size=values),
+            "segment_ids": rng.integers(0, segments, size=values),
+            "segments": np.zeros(segments)}
+
+
+def indexing_cases(rows: int, width: int, lookups: int, values: int, segments: int,
+                   seed: int = 0) -> list[Case]:
+    from gradlang.runtime import cpu as R
+    d = indexing_inputs(rows, width, lookups, values, segments, seed)
+    table, ids, lookup_rows = d["table"], d["ids"], d["rows"]
+    seg_values, seg_ids = d["values"], d["segment_ids"]
+
+    def numpy_scatter(base, idx, v):
+        out = np.zeros_like(base)
+        np.add.at(out, idx, v)
+        return out
+
+    gather = {"numpy": lambda: np.take(table, ids, axis=0),
+              "dsl": lambda: R.take(table, ids, 0, "ids")}
+    scatter = {"numpy": lambda: numpy_scatter(table, ids, lookup_rows),
+               "dsl": lambda: R.scatter_add(np.zeros_like(table), ids, lookup_rows, 0, "ids")}
+    segment = {"numpy": lambda: numpy_scatter(d["segments"], seg_ids, seg_values),
+               "dsl": lambda: R.scatter_add(np.zeros(segments), seg_ids, seg_values, 0,
+                                            "segment_ids")}
+    if jax_modules():
+        jax, jnp = jax_modules()
+        gather["jax"] = jax_call(jax.jit(lambda t, i: jnp.take(t, i, axis=0)), table, ids)
+        add_at = jax.jit(lambda base, i, v: jnp.zeros_like(base).at[i].add(v))
+        scatter["jax"] = jax_call(add_at, table, ids, lookup_rows)
+        segment["jax"] = jax_call(add_at, d["segments"], seg_ids, seg_values)
+    if torch_module():
+        torch = torch_module()
+        tt, ti = torch.from_numpy(table), torch.from_numpy(ids % rows)
+        tr, tv, ts = (torch.from_numpy(lookup_rows), torch.from_numpy(seg_values),
+                      torch.from_numpy(seg_ids))
+        gather["torch"] = lambda: torch.index_select(tt, 0, ti).numpy()
+        scatter["torch"] = lambda: torch.zeros_like(tt).index_add_(0, ti, tr).numpy()
+        segment["torch"] = lambda: torch.zeros(segments, dtype=torch.float64).index_add_(
+            0, ts, tv).numpy()
+    return [Case(f"gather {lookups} rows of {width} from {rows}", gather, (gather["numpy"](),)),
+            Case(f"scatter-add {lookups} rows of {width} into {rows}", scatter,
+                 (scatter["numpy"](),)),
+            Case(f"segment sum of {size_label(values)} into {segments}", segment,
+                 (segment["numpy"](),))]
+
+
+# ------------------------------------------------------------ interop (issue 12)
+
+
+def torch_bridge_cases(sizes, seed: int = 0) -> list[Case]:
+    """log1pexp value + gradient through `dsl.to_torch` ("dsl") against the
+    dsl called on NumPy arrays (`dsl.vjp` and its pullback)."""
+    if torch_module() is None:
+        return []
+    torch = torch_module()
+    f = dsl.load(EXAMPLES / "log1pexp.grad").log1pexp
+    tf = dsl.to_torch(f)
+    rng = np.random.default_rng(seed)
+    cases = []
+    for n in sizes:
+        x, ones = rng.uniform(-20.0, 20.0, n), np.ones(n)
+        xt, ones_t = torch.from_numpy(x.copy()).requires_grad_(), torch.from_numpy(ones)
+
+        def through_torch(xt=xt, ones_t=ones_t):
+            xt.grad = None
+            y = tf(xt)
+            y.backward(ones_t)
+            return y.detach().numpy(), xt.grad.numpy()
+
+        def direct(x=x, ones=ones):
+            y, pullback = dsl.vjp(f, x)
+            return y, pullback(ones)[0]
+        forward = {"numpy": lambda x=x: np.log1p(np.exp(x)),
+                   "dsl": lambda xt=xt: tf(xt.detach()).numpy(), "dsl direct": lambda x=x: f(x),
+                   "torch": lambda x=x: torch.log1p(torch.exp(torch.from_numpy(x))).numpy()}
+        cases.append(Case(f"to_torch log1pexp forward, float64 n={size_label(n)}", forward,
+                          (np.log1p(np.exp(x)),)))
+        impls = {"numpy": lambda x=x: numpy_log1pexp(x), "dsl": through_torch,
+                 "dsl direct": direct, "torch": lambda x=x: torch_log1pexp()(x)}
+        cases.append(Case(f"to_torch log1pexp fwd+bwd, float64 n={size_label(n)}", impls,
+                          numpy_log1pexp(x)))
+    return cases
+
+
+def jax_bridge_cases(sizes, seed: int = 0) -> list[Case]:
+    """log1pexp value + gradient through `dsl.to_jax` under `jax.jit`
+    ("dsl": `pure_callback`s into the compiled kernels) against the dsl
+    called directly and JAX's own `custom_vjp` version."""
+    if jax_modules() is None:
+        return []
+    jax, jnp = jax_modules()
+    f = dsl.load(EXAMPLES / "log1pexp.grad").log1pexp
+    g = dsl.to_jax(f)
+
+    @jax.jit
+    def through_jax(x):
+        v, pullback = jax.vjp(g, x)
+        return v, pullback(jnp.ones_like(v))[0]
+    rng = np.random.default_rng(seed)
+    cases = []
+    for n in sizes:
+        x = rng.uniform(-20.0, 20.0, n)
+        impls = {"numpy": lambda x=x: numpy_log1pexp(x), "dsl": jax_call(through_jax, x),
+                 "dsl direct": lambda x=x: dsl_log1pexp()(x),
+                 "jax": jax_call(jax_log1pexp(), x)}
+        cases.append(Case(f"to_jax log1pexp fwd+bwd under jit, float64 n={size_label(n)}",
+                          impls, numpy_log1pexp(x)))
+    return cases
+
+
+def numpy_logistic(x, y, w):
+    z = -y * (x @ w)
+    return np.mean(np.logaddexp(0, z)), x.T @ (-y / (1 + np.exp(-z))) / len(y)
+
+
+@lru_cache(maxsize=None)
+def dask_client(workers: int):
+    """A dask.distributed client of a LocalCluster of `workers` processes
+    (one thread each), made once per process; None without distributed."""
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        return None
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None)
+    return Client(cluster, set_as_default=False)
+
+
+def dask_cases(rows: int, blocks: int, workers: int = 2, seed: int = 0) -> list[Case]:
+    """value_and_grad(loss, wrt=2) of examples/logistic.grad on Dask arrays
+    ("dsl", threaded scheduler), on a LocalCluster of `workers` processes
+    (none: 0), in memory, and written with dask.array by hand."""
+    try:
+        import dask
+        import dask.array as da
+    except ImportError:
+        return []
+    m = dsl.load(EXAMPLES / "logistic.grad")
+    rng = np.random.default_rng(seed)
+    x, y, w = rng.normal(size=(rows, 8)), np.sign(rng.normal(size=rows)), rng.normal(size=8) / 3
+    chunk = -(-rows // blocks)
+    xs, ys = da.from_array(x, chunks=(chunk, 8)), da.from_array(y, chunks=chunk)
+    vg = dsl.value_and_grad(m.loss, wrt=2)
+
+    def by_hand():
+        z = -ys * (xs @ w)
+        return dask.compute(da.mean(da.logaddexp(0, z)),
+                            xs.T @ (-ys / (1 + da.exp(-z))) / rows, scheduler="threads")
+
+    impls = {"numpy": lambda: numpy_logistic(x, y, w),
+             "dsl": lambda: dask.compute(*vg(xs, ys, w), scheduler="threads"),
+             "dsl in memory": lambda: vg(x, y, w), "dask.array by hand": by_hand}
+    client = dask_client(workers) if workers else None
+    if client is not None:
+        # the rows live on the workers, as data loaded there would: only the
+        # block tasks, w and the partials move per call
+        on_cluster = client.persist([xs, ys])
+        impls[f"dsl, {workers} worker processes"] = lambda: client.compute(
+            vg(*on_cluster, w), sync=True)
+    value, grad = numpy_logistic(x, y, w)
+    return [Case(f"logistic value_and_grad on Dask, {rows} x 8 f64 in {blocks} blocks", impls,
+                 (np.asarray(value), grad), dict(rtol=1e-10, atol=1e-12))]

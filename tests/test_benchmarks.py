@@ -1,6 +1,7 @@
 """The benchmark suite computes the same thing in every implementation: each
 workload at a tiny size, every implementation (the dsl; JAX and PyTorch
 when importable) checked against NumPy by hand.  No timing is asserted."""
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,14 @@ CASES = (workloads.log1pexp_cases([7], [np.float32, np.float64])
          + workloads.r1_cases([9])
          + workloads.dense_cases(6, 4, 3)
          + workloads.fused_sum_cases([11])
-         + workloads.out_cases([7], [np.float32, np.float64]))
+         + workloads.sincos_pow_cases([9], [np.float32, np.float64])
+         + workloads.out_cases([7], [np.float32, np.float64])
+         + workloads.loop_cases(7, 5)
+         + workloads.forward_cases([20])
+         + workloads.indexing_cases(10, 3, 12, 30, 4)
+         + workloads.torch_bridge_cases([5])
+         + workloads.jax_bridge_cases([5])
+         + workloads.dask_cases(40, 4, workers=0))  # a LocalCluster takes seconds
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
@@ -25,10 +33,34 @@ def test_every_implementation_agrees_with_numpy(case):
     workloads.check(case)
 
 
-def test_forward_benchmark_checks_its_results_and_kernel_count(capsys):
-    import bench_forward
-    bench_forward.main(["--n", "20", "--rounds", "1", "--sample-ms", "1"])
-    assert "kernels: value_and_grad 1, jvp 1" in capsys.readouterr().out
+def test_notes_give_kernel_counts_and_recompute_savings():
+    loop = workloads.loop_cases(7, 16)[0].notes
+    # the loop runs inside its forward and backward kernels (and the sum's),
+    # not as a loop in the driver launching a kernel per trip
+    launches, driver_loops = map(int, re.findall(r"driver: (\d+) \(loops in the driver: (\d+)",
+                                                 loop[0])[0])
+    assert launches <= 3 and driver_loops == 0
+    plain, saved = (int(s.replace(",", "")) for s in
+                    re.findall(r"plain ([\d,]+), @recompute ([\d,]+)", loop[1])[0])
+    assert saved < plain
+    assert workloads.forward_cases([20])[0].notes == ["kernels in the jvp: 1"]
+
+
+def test_loop_and_hvp_references_match_finite_differences():
+    rng = np.random.default_rng(1)
+    u, kappa, h = rng.uniform(0.1, 0.9, 4), 0.3, 1e-6
+    value, du, dkappa = workloads.numpy_loop(u, kappa, 10)
+    e = np.eye(4)[2] * h
+    fd_u = (workloads.numpy_loop(u + e, kappa, 10)[0]
+            - workloads.numpy_loop(u - e, kappa, 10)[0]) / (2 * h)
+    fd_kappa = (workloads.numpy_loop(u, kappa + h, 10)[0]
+                - workloads.numpy_loop(u, kappa - h, 10)[0]) / (2 * h)
+    assert du[2] == pytest.approx(fd_u, rel=1e-6)
+    assert dkappa == pytest.approx(fd_kappa, rel=1e-6)
+    x, v = rng.normal(size=3), rng.normal(size=3)
+    fd_hvp = (workloads.numpy_log1pexp(x + h * v)[1]
+              - workloads.numpy_log1pexp(x - h * v)[1]) / (2 * h)
+    np.testing.assert_allclose(workloads.numpy_log1pexp_hvp(x, v), fd_hvp, rtol=1e-6)
 
 
 def test_numpy_references_match_independent_values():
