@@ -602,8 +602,11 @@ class Op:
     # and hides behind them): in units of a loop element (about 0.3 ns), so
     # 0 for arithmetic.  `loop_cost` sums it; the CPU target runs a costlier
     # loop in parallel from fewer elements (`CpuTarget.launch`).  Measured
-    # with Numba's scalar libm calls, rounded to a power of two: the order
-    # matters, not the digits (`benchmarks/bench_threshold.py --ops`).
+    # (`benchmarks/bench_threshold.py --ops`) and rounded to a power of two:
+    # the order matters, not the digits.  exp, log, log1p, expm1, tanh and
+    # sigmoid were remeasured once the CPU kernels vectorized them (2.3, 2.8,
+    # 3.6, 4.4-5.5, 7.2 and 5.7 loop elements, twice at load 5-6, against
+    # 16-64 with scalar libm calls).
     cost: int = 0
     # How the op is linear, for grad blocks (which must be linear in their
     # upstream cotangents, `compiler.linearity`) and their transposition:
@@ -658,15 +661,15 @@ _TABLE: tuple[Op, ...] = (
     Op("neg", linear="jointly", template="-{0}", ref=np.negative,
        vjp=_unary(lambda b, x, o, ct: b.bind("neg", ct))),
     Op("exp", template="math.exp({0})", ref=np.exp, float_only=True, source_name="exp",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o)), cost=16),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o)), cost=2),
     Op("log", template="math.log({0})", ref=np.log, float_only=True, source_name="log",
-       domain="positive", vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, x)), cost=16),
+       domain="positive", vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, x)), cost=2),
     Op("log1p", template="math.log1p({0})", ref=np.log1p, float_only=True,
        source_name="log1p", domain="positive",
-       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x)))), cost=32),
+       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x)))), cost=4),
     Op("expm1", template="math.expm1({0})", ref=np.expm1, float_only=True,
        source_name="expm1",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o)))), cost=32),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o)))), cost=4),
     Op("sqrt", template="math.sqrt({0})", ref=np.sqrt, float_only=True, source_name="sqrt",
        domain="positive",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o)))), cost=1),
@@ -679,7 +682,7 @@ _TABLE: tuple[Op, ...] = (
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", lit(b, 1, o), _mul(b, o, o)))),
        cost=64),
     Op("tanh", template="math.tanh({0})", ref=np.tanh, float_only=True, source_name="tanh",
-       vjp=_unary(lambda b, x, o, ct: _one_minus_sq(b, o, ct)), cost=64),
+       vjp=_unary(lambda b, x, o, ct: _one_minus_sq(b, o, ct)), cost=8),
     Op("sinh", template="math.sinh({0})", ref=np.sinh, float_only=True, source_name="sinh",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cosh", x))), cost=64),
     Op("cosh", template="math.cosh({0})", ref=np.cosh, float_only=True, source_name="cosh",
@@ -695,7 +698,7 @@ _TABLE: tuple[Op, ...] = (
            "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x))))), cost=64),
     Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o)))),
-       cost=32),
+       cost=4),
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
            b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),

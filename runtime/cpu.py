@@ -343,9 +343,10 @@ def parallel_threshold(cost: int) -> int:
     5-15 microseconds, so a costlier loop pays it back from fewer elements;
     measured (`benchmarks/bench_threshold.py`, 2 threads on 2 cores): a
     loop of arithmetic from 2^14 at load average 0.8 and from 2^15 at 2.5,
-    an exp loop from 2^10 and 2^11.  The constants take the busy figures: a
-    parallel loop suffers much more than a serial one when another process
-    holds a core."""
+    an exp loop (with scalar libm calls) from 2^10 and 2^11.  The constants
+    take the busy figures: a parallel loop suffers much more than a serial
+    one when another process holds a core (at load 5-7 neither loop's
+    parallel variant won at any size up to 2^20)."""
     return max(MIN_PARALLEL_THRESHOLD, PARALLEL_THRESHOLD // max(cost, 1))
 
 

@@ -60,7 +60,7 @@ def test_an_exp_loop_runs_in_parallel_from_fewer_elements_than_a_cheap_one(modul
 
 
 def test_a_fixed_size_between_the_thresholds_picks_the_variant_at_compile_time(module):
-    n = 4096
+    n = 16384
     assert threshold(module, "heavy") <= n < threshold(module, "cheap")
     heavy, cheap = driver(module, "heavy", n), driver(module, "cheap", n)
     assert re.search(r"K\.k_\w+\(", heavy) and "_serial(" not in heavy
