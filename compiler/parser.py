@@ -16,6 +16,7 @@ import functools
 import hashlib
 import io
 import pickle
+import re
 import sys
 from importlib import resources
 
@@ -184,6 +185,26 @@ def _dedent_line(message: str, source: str) -> int:
     return max(1, len(lines_of(source)))
 
 
+# Python statements the language lacks: a syntax error on a line that starts
+# with one names the statement, not the token lark tripped over after it.
+_UNSUPPORTED_STATEMENTS = {
+    "while": "loops are `for NAME in range(...)` with a trip count known when "
+             "the loop starts",
+    "break": "a loop runs all its trips; select values with `where` or `if`",
+    "continue": "a loop runs all its trips; select values with `where` or `if`",
+}
+
+
+def _unsupported_statement(line_text: str, file: str, line: int,
+                           source: str) -> GradError | None:
+    match = re.match(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)", line_text)
+    if match is None or match.group(2) not in _UNSUPPORTED_STATEMENTS:
+        return None
+    keyword, col = match.group(2), len(match.group(1)) + 1
+    return GradError(f"`{keyword}` is not supported: {_UNSUPPORTED_STATEMENTS[keyword]}",
+                     Span(file, line, col, line, col + len(keyword)), source)
+
+
 def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                   source: str) -> GradError:
     line = max(1, getattr(err, "line", 1) or 1)
@@ -191,6 +212,9 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
     lines = lines_of(source)
     if line > len(lines):
         line, col = len(lines), len(lines[-1]) + 1
+    unsupported = _unsupported_statement(lines[line - 1], file, line, source)
+    if unsupported is not None:
+        return unsupported
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         char = lines[line - 1][col - 1:col]
         message = f"unexpected character {char!r}"

@@ -127,7 +127,8 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     if dtype in ("i32", "i64", "bool") and array.dtype.kind == "f":
         if not np.all(np.isfinite(array) & (np.floor(array) == array)):
             raise ArgumentError(f"{where} must hold {dtype} values", span)
-    if dtype in ("i32", "i64") and array.size:
+    # bools (0 or 1) fit every integer type; NumPy cannot compare one with 2**63
+    if dtype in ("i32", "i64") and array.size and array.dtype.kind != "b":
         info = np.iinfo(NUMPY[dtype])
         # `>= max + 1`: a float near 2**63 rounds, so `> max` could miss it
         if array.min() < info.min or array.max() >= info.max + 1:
