@@ -450,7 +450,7 @@ class OutSpec:
                 continue
             plain = type(buffer) is np.ndarray or (  # a Tape's array is not: it is tracked
                 isinstance(buffer, np.ndarray) and not getattr(buffer, "bind_as_is", False))
-            if not plain or not self.f.target.is_array(buffer) or self.f.host_results:
+            if not plain or not self.f.target.is_array(buffer):
                 self._fail(i, f"must be a NumPy array of the {self.f.target.name} target, "
                               f"got {type(buffer).__name__}")
             if buffer.dtype != self.dtypes[i]:

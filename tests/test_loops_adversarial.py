@@ -1,6 +1,7 @@
 """Holes found by adversarial tests of `for` and `if`: Python statements the
-language lacks are named in their errors, and a bool given for an integer
-loop bound binds like Python's `range(True)`."""
+language lacks are named in their errors, a bool given for an integer
+loop bound binds like Python's `range(True)`, and `out=` takes NumPy
+buffers under `host_results=True` on the CPU."""
 import numpy as np
 import pytest
 
@@ -11,7 +12,18 @@ def grow(u, kappa, n: i64):
     for s in range(n):
         u = u + kappa * (u * (1 - u))
     return sum(u * u)
+
+def grown(u, kappa, n: i64):
+    for s in range(n):
+        u = u + kappa * (u * (1 - u))
+    return u
 """
+
+
+def grow_numpy(u, kappa, trips):
+    for _ in range(trips):
+        u = u + kappa * (u * (1 - u))
+    return u
 
 
 @pytest.mark.parametrize("body, line, col, keyword", [
@@ -38,7 +50,16 @@ def test_a_name_spelled_like_a_keyword_still_parses_its_own_errors():
 def test_a_bool_trip_count_binds_as_an_integer(flag, trips):
     f = dsl.loads(GROW, host_results=True).grow
     u, kappa = np.array([0.2, 0.5]), 0.7
-    expected = u.copy()
-    for _ in range(trips):
-        expected = expected + kappa * (expected * (1 - expected))
+    expected = grow_numpy(u, kappa, trips)
     np.testing.assert_allclose(f(u, kappa, flag), np.sum(expected * expected), rtol=1e-12)
+
+
+def test_out_takes_numpy_buffers_when_results_are_numpy_anyway():
+    # host_results=True on the CPU: results are NumPy arrays either way, so
+    # the caller's NumPy buffer is the right kind (it was refused as "not a
+    # NumPy array of the cpu target, got ndarray")
+    f = dsl.loads(GROW, host_results=True).grown
+    u, out = np.array([0.2, 0.5, 0.9]), np.full(3, np.nan)
+    result = f(u, 0.7, 4, out=out)
+    assert result is out
+    np.testing.assert_allclose(out, grow_numpy(u, 0.7, 4), rtol=1e-12)
