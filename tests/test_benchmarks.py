@@ -13,6 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import timing  # noqa: E402
 import workloads  # noqa: E402
 
+try:
+    import jax
+except ImportError:
+    jax = None
+# Building the cases turns JAX's x64 flag on (`workloads.jax_modules`);
+# collection puts it back, the fixture below turns it on for these tests.
+JAX_X64 = jax is not None and jax.config.jax_enable_x64
 CASES = (workloads.log1pexp_cases([7], [np.float32, np.float64])
          + workloads.r1_cases([9])
          + workloads.dense_cases(6, 4, 3)
@@ -25,6 +32,21 @@ CASES = (workloads.log1pexp_cases([7], [np.float32, np.float64])
          + workloads.torch_bridge_cases([5])
          + workloads.jax_bridge_cases([5])
          + workloads.dask_cases(40, 4, workers=0))  # a LocalCluster takes seconds
+if jax is not None:
+    jax.config.update("jax_enable_x64", JAX_X64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def jax_x64_for_the_workloads():
+    """The workloads run JAX with its process-wide x64 flag on; the tests
+    that run before or after these on the same process expect JAX's own
+    setting."""
+    if jax is None:
+        yield
+        return
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", JAX_X64)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)

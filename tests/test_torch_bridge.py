@@ -5,6 +5,7 @@ finite differences (gradcheck, gradgradcheck) on every example, and with
 known derivatives; tensors reach the kernels without copies."""
 
 import runpy
+import sys
 
 import numpy as np
 import pytest
@@ -232,6 +233,8 @@ def test_a_gradc_compiled_function_is_refused(tmp_path, monkeypatch):
     from dsl.aot import compile_module
     compile_module(str(EXAMPLES / "bar.grad"), str(tmp_path), ["bar(f64[n], f64[n])"])
     monkeypatch.syspath_prepend(str(tmp_path))
+    # not a `bar` an earlier test on this worker imported (the .grad import hook)
+    monkeypatch.delitem(sys.modules, "bar", raising=False)
     import importlib
     compiled = importlib.import_module("bar")
     with pytest.raises(dsl.ArgumentError, match="gradc-compiled module"):
