@@ -8,8 +8,8 @@ index out of range before returning anything.  Reductions run over an
 f64 and integers in i64: over rows (inner 1) in Numba kernels (sums with
 `cpu_math.accumulate`, maxima with `cpu_math.greatest`, so that they
 vectorize), over a middle axis in NumPy's ufunc reductions, which add whole
-inner rows in order and vectorize as well, with no kernel to compile; matmul calls NumPy's BLAS, which no loop written here would
-beat (`cpu_matmul`).
+inner rows in order and vectorize as well, with no kernel to compile.
+matmul calls NumPy's BLAS, which no loop written here would beat.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     size_mismatch,
     trip_count,
 )
-from gradlang.runtime.cpu_matmul import matmul  # noqa: F401 (drivers call R.matmul)
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import manage_cache
 from gradlang.runtime.target import Target, is_device_array
@@ -196,6 +195,10 @@ def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 def reduce_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     check_nonempty(x.shape, axes)
     return _reduce(x, axes, _max_rows, _max_middle, False)
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a, b)
 
 
 def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
