@@ -43,7 +43,7 @@ def is_dask_array(value: Any) -> bool:
     return type(value).__module__.startswith("dask.array")
 
 
-class _Bound:
+class DaskBound:
     """A call's arguments bound with placeholders (of the shapes and
     dtypes, owning no memory) for its Dask arrays."""
 
@@ -53,6 +53,11 @@ class _Bound:
         self.values = f.bind([self._placeholder(a, stand_ins) for a in args],
                              {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
         self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
+
+    @staticmethod
+    def placeholder(value) -> Any:
+        """A Dask array's stand-in (its shape and dtype, no memory)."""
+        return DaskBound._placeholder(value, {})
 
     @staticmethod
     def _placeholder(value, stand_ins: dict):
@@ -67,8 +72,8 @@ class _Bound:
         stand_ins[id(stand_in)] = value
         return stand_in
 
-    def copy(self) -> "_Bound":
-        twin = object.__new__(_Bound)
+    def copy(self) -> "DaskBound":
+        twin = object.__new__(DaskBound)
         twin.values, twin.dask = dict(self.values), dict(self.dask)
         return twin
 
@@ -80,7 +85,7 @@ class _Bound:
 
 
 def call_on_dask(f: Compiled, args, kwargs):
-    return f.format(run_on_dask(f, _Bound(f, args, kwargs)))
+    return f.format(run_on_dask(f, DaskBound(f, args, kwargs)))
 
 
 def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
@@ -89,7 +94,7 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     (`backward_function(f, n_outputs)`), block by block, on the arguments
     and the cotangents (Dask arrays chunked like the batch for row-wise
     outputs)."""
-    bound = _Bound(f, args, kwargs)
+    bound = DaskBound(f, args, kwargs)
     outs = run_on_dask(f, bound)
 
     def pullback(*cts):
@@ -108,7 +113,7 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     return f.format(outs), pullback
 
 
-def run_on_dask(f: Compiled, bound: _Bound) -> list:
+def run_on_dask(f: Compiled, bound: DaskBound) -> list:
     """f's raw outputs, as Dask arrays."""
     import dask
     import dask.array as da

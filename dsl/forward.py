@@ -22,8 +22,9 @@ Contract:
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
   wrt[j].
-- None of them takes Dask arrays yet (an `ArgumentError`: they would run
-  in memory); `grad`, `value_and_grad` and `vjp` do.
+- `jvp` with Dask arrays is lazy, block by block, as a compiled call is
+  (`dask_bridge`); the Jacobians refuse them (an `ArgumentError`: they
+  would materialize whole Jacobians in memory).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.dask_bridge import is_dask_array
+from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
 from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_of_bound
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
@@ -54,10 +55,10 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     if not isinstance(primals, (tuple, list)):
         raise ArgumentError(f"jvp() takes the primals of {f.name}() as a tuple, got "
                             f"{type(primals).__name__}", f.span)
-    _refuse_dask("jvp", f, (*primals, *(tangents.values() if isinstance(tangents, Mapping)
-                                        else tangents or ())))
-    bound = f.bind(tuple(primals), {})
     given = _tangents_by_name(f, primals, tangents)
+    if any(map(is_dask_array, (*primals, *given.values()))):
+        return _jvp_on_dask(f, tuple(primals), given)
+    bound = f.bind(tuple(primals), {})
     chosen: dict[str, Any] = {}
     for name, t in given.items():
         if name not in bound:
@@ -71,6 +72,44 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     jf = jvp_function(f, active)
     outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))})
     return jf.format(outs)
+
+
+def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]):
+    """`jvp` with Dask arrays among the primals or tangents: lazy, block by
+    block (`dask_bridge.run_on_dask` of the jvp function).  A primal and its
+    tangent are split alike: where one is a Dask array, the other becomes one
+    with its chunks."""
+    import dask.array as da
+    names = [spec.name for spec in f.specs]
+    primals = list(primals)
+    for k, p in enumerate(primals):
+        t = given.get(names[k]) if k < len(names) else None
+        if is_dask_array(t) and not is_dask_array(p):
+            primals[k] = da.from_array(np.asarray(p, t.dtype), chunks=t.chunks)
+    bound = DaskBound(f, tuple(primals), {})
+    chosen: dict[str, Any] = {}
+    for name, t in given.items():
+        if name not in bound.values:
+            raise ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() "
+                                "neither takes as an argument here nor reads as a param",
+                                f.span)
+        primal = bound.dask.get(name)
+        if t is not None and not is_dask_array(t) and primal is not None:
+            t = da.from_array(_tangent(f, name, bound.values[name], t), chunks=primal.chunks)
+        if is_dask_array(t):
+            if name not in f.differentiable_names({name: _host_like(bound.values[name])}):
+                raise ArgumentError(f"the tangent for {name!r} of {f.name}() must be None: "
+                                    f"{name!r} is const or not a float", f.span)
+            _tangent(f, name, bound.values[name], DaskBound.placeholder(t))  # shape, dtype
+            chosen[name] = t
+        else:
+            tangent = _tangent(f, name, bound.values[name], t)
+            if tangent is not None:
+                chosen[name] = tangent
+    jf = jvp_function(f, [n for n in bound.values if n in chosen])
+    for tangent_name, name in zip(jf.tangent_names, jf.active):
+        bound.add(tangent_name, chosen[name])
+    return jf.format(run_on_dask(jf, bound))
 
 
 def _refuse_dask(transform: str, f: Compiled, values: Sequence[Any]) -> None:
