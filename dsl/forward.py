@@ -22,9 +22,10 @@ Contract:
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
   wrt[j].
-- `jvp` with Dask arrays is lazy, block by block, as a compiled call is
-  (`dask_bridge`); the Jacobians refuse them (an `ArgumentError`: they
-  would materialize whole Jacobians in memory).
+- With Dask arrays, `jvp` is lazy, block by block, as a compiled call is
+  (`dask_bridge`), and the Jacobians are lazy too: Dask arrays stacked
+  from one such `jvp` per element of each `wrt` argument (given by
+  position).
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
                             f"{type(primals).__name__}", f.span)
     given = _tangents_by_name(f, primals, tangents)
     if any(map(is_dask_array, (*primals, *given.values()))):
-        return _jvp_on_dask(f, tuple(primals), given)
+        jf, outs = _jvp_on_dask(f, tuple(primals), given)
+        return jf.format(outs)
     bound = f.bind(tuple(primals), {})
     chosen: dict[str, Any] = {}
     for name, t in given.items():
@@ -74,11 +76,12 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     return jf.format(outs)
 
 
-def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]):
-    """`jvp` with Dask arrays among the primals or tangents: lazy, block by
-    block (`dask_bridge.run_on_dask` of the jvp function).  A primal and its
-    tangent are split alike: where one is a Dask array, the other becomes one
-    with its chunks."""
+def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
+                 ) -> tuple[JvpFunction, list]:
+    """`jvp` with Dask arrays among the primals or tangents: the jvp function
+    and its raw outputs, lazy, block by block (`dask_bridge.run_on_dask`).
+    A primal and its tangent are split alike: where one is a Dask array, the
+    other becomes one with its chunks."""
     import dask.array as da
     names = [spec.name for spec in f.specs]
     primals = list(primals)
@@ -109,14 +112,7 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]):
     jf = jvp_function(f, [n for n in bound.values if n in chosen])
     for tangent_name, name in zip(jf.tangent_names, jf.active):
         bound.add(tangent_name, chosen[name])
-    return jf.format(run_on_dask(jf, bound))
-
-
-def _refuse_dask(transform: str, f: Compiled, values: Sequence[Any]) -> None:
-    if any(map(is_dask_array, values)):
-        raise ArgumentError(f"{transform} does not take Dask arrays (it would compute them in "
-                            "memory): pass NumPy arrays (.compute()), or use grad, "
-                            "value_and_grad or vjp, which keep them lazy", f.span)
+    return jf, run_on_dask(jf, bound)
 
 
 def _run(f: Compiled, bound: dict[str, Any], host: bool = False) -> tuple:
@@ -192,7 +188,8 @@ class Jacobian:
 
     @user_facing
     def __call__(self, *args, **kwargs):
-        _refuse_dask(self.name, self.f, (*args, *kwargs.values()))
+        if any(map(is_dask_array, (*args, *kwargs.values()))):
+            return self._on_dask(args, kwargs)
         bound = self.f.bind(args, kwargs)
         for name in self.wrt:
             if name not in bound:
@@ -228,6 +225,37 @@ class Jacobian:
                 columns[0][k].shape + tuple(x.shape)).astype(_jacobian_dtype(columns[0][k], x))
                 for k in range(len(columns[0]))])
         return [list(js) for js in zip(*per_wrt)]
+
+    def _on_dask(self, args: tuple, kwargs: dict):
+        """Jacobians with Dask arguments, lazy: one `jvp` on Dask per element
+        of each `wrt` argument, stacked (in both modes: the values are the
+        same, and a Dask jvp needs no pullback's cotangents split by rows)."""
+        import dask.array as da
+        names = [spec.name for spec in self.f.specs]
+        if kwargs or any(n not in names[:len(args)] for n in self.wrt):
+            raise ArgumentError(f"{self.name} on Dask arrays takes its arguments by "
+                                "position, and differentiates with respect to them only "
+                                "(not params)", self.f.span)
+        per_wrt = []
+        for name in self.wrt:
+            k = names.index(name)
+            x = args[k]
+            if np.dtype(x.dtype).kind != "f":
+                raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
+                                    f"{name!r}: it has dtype {np.dtype(x.dtype)}", self.f.span)
+            columns = []
+            for i in range(int(np.prod(x.shape))):
+                basis = np.zeros(x.shape, np.dtype(x.dtype))
+                basis.flat[i] = 1
+                outs = _jvp_on_dask(self.f, args, {name: basis})[1]
+                columns.append(outs[len(outs) // 2:])
+            if not columns:
+                raise ArgumentError(f"{self.name}: {name!r} is empty", self.f.span)
+            per_wrt.append([da.stack([c[j] for c in columns], axis=-1).reshape(
+                tuple(columns[0][j].shape) + tuple(x.shape))
+                for j in range(len(columns[0]))])
+        per_output = [list(js) for js in zip(*per_wrt)]
+        return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 
     def _reverse(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
         """[output][wrt] Jacobians, one pullback per element of each output."""
