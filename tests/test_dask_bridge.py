@@ -238,3 +238,12 @@ def test_jacobians_on_dask_arrays_are_lazy_and_equal_the_in_memory_ones(jacobian
     lazy = jacobian(loss, wrt=2)(da.from_array(X, chunks=(100, 3)),
                                  da.from_array(Y, chunks=100), W)
     np.testing.assert_allclose(lazy.compute(), jacobian(loss, wrt=2)(X, Y, W), rtol=1e-12)
+
+
+def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
+    loss = load_example("logistic").loss
+    v = RNG.normal(size=W.shape)
+    lazy = dsl.hvp(loss, wrt=2)(da.from_array(X, chunks=(100, 3)),
+                               da.from_array(Y, chunks=100), W, v)
+    assert is_lazy(lazy)
+    np.testing.assert_allclose(lazy.compute(), dsl.hvp(loss, wrt=2)(X, Y, W, v), rtol=1e-12)
