@@ -138,11 +138,10 @@ def _constant_views(args: tuple) -> "list[np.ndarray] | None":
     operation is recorded, and the function checks the views as it checks
     any array), else None (a torch.func wrapper too: it has no memory of
     its own, and the slow path says so)."""
-    import torch
     views = []
     for t in args:
         if type(t) is not _TENSOR[0] or t.requires_grad or not t.is_cpu \
-                or t.dtype not in _NUMPY or torch._C._functorch.is_functorch_wrapped_tensor(t):
+                or t.dtype not in _NUMPY or _WRAPPED[0](t):
             return None
         views.append(t.numpy())
     return views
@@ -163,6 +162,7 @@ _NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
 _TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
 _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
+_WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
 
 
 def _fill_dtypes(torch) -> None:
@@ -170,17 +170,17 @@ def _fill_dtypes(torch) -> None:
         _TORCH.update({np.dtype(n): getattr(torch, n) for n in _NUMPY_DTYPES})
         _NUMPY.update({v: k for k, v in _TORCH.items()})
         _TENSOR.append(torch.Tensor)
+        _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
 
 
 def _array_of(t, f: Compiled, where: str):
     """The array the kernels of f's target take for tensor t, sharing its
     memory: the NumPy view of a CPU tensor, the tensor itself (through its
     `__cuda_array_interface__`) for a CUDA one."""
-    import torch
     if t.dtype not in _NUMPY:
         raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
                             "and float64 (and int32, int64, bool constants)", f.span)
-    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+    if _WRAPPED[0](t):
         # torch.func's wrappers have no memory of their own for the kernels to read
         raise ArgumentError(f"{where} is a tensor of a torch.func transform (grad, vmap, "
                             "jvp, ...), which compiled functions do not support; use "
