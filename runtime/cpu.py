@@ -36,7 +36,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     trip_count,
 )
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.loader import manage_cache
+from gradlang.runtime.loader import manage_dispatcher
 from gradlang.runtime.target import Target, is_device_array
 
 # Numba's OpenMP workers spin for a while after each parallel kernel (GNU
@@ -101,7 +101,17 @@ def concatenate(xs: tuple, axis: int) -> np.ndarray:
     return np.concatenate(xs, axis=axis)
 
 
-@numba.njit(cache=True, nogil=True)
+def _jit(**options):
+    """numba.njit with a disk cache, under the loader's policy for
+    dispatchers (lean compiles, checked cache files)."""
+    def wrap(fn):
+        dispatcher = numba.njit(cache=True, nogil=True, **options)(fn)
+        manage_dispatcher(dispatcher)
+        return dispatcher
+    return wrap
+
+
+@_jit()
 def _sum_rows(x, out):
     for o in range(x.shape[0]):
         acc = out.dtype.type(0)
@@ -110,7 +120,7 @@ def _sum_rows(x, out):
         out[o] = acc
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@_jit(parallel=True)
 def _sum_rows_parallel(x, out):
     for o in prange(x.shape[0]):
         acc = out.dtype.type(0)
@@ -119,7 +129,7 @@ def _sum_rows_parallel(x, out):
         out[o] = acc
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@_jit(parallel=True)
 def _sum_row_chunked(x, chunk, partial):
     # One long row: each thread sums a chunk, f64 partial sums.
     n = x.shape[0]
@@ -130,7 +140,7 @@ def _sum_row_chunked(x, chunk, partial):
         partial[c] = acc
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit()
 def _max_rows(x, out):
     for o in range(x.shape[0]):
         acc = x[o, 0]
@@ -147,10 +157,6 @@ def _sum_middle(x: np.ndarray, out: np.ndarray) -> None:
 
 def _max_middle(x: np.ndarray, out: np.ndarray) -> None:
     np.maximum.reduce(x, axis=1, out=out)  # propagates NaN, as `greatest` does
-
-
-for _helper in (_sum_rows, _sum_rows_parallel, _sum_row_chunked, _max_rows):
-    manage_cache(_helper)
 
 
 def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) -> np.ndarray:
@@ -221,7 +227,7 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
 # index order.
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit()
 def _take_rows(x, idx, out):
     n, inner = x.shape[1], x.shape[2]
     for k in range(idx.shape[0]):
@@ -238,7 +244,7 @@ def _take_rows(x, idx, out):
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit()
 def _take_along(x, idx, out):
     n, m, inner = x.shape[1], idx.shape[1], x.shape[2]
     for t in range(idx.size):
@@ -250,7 +256,7 @@ def _take_along(x, idx, out):
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit()
 def _scatter_rows(out, idx, values):
     n, inner = out.shape[1], out.shape[2]
     for k in range(idx.shape[0]):
@@ -267,7 +273,7 @@ def _scatter_rows(out, idx, values):
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@_jit()
 def _scatter_along(out, idx, values):
     n, m, inner = out.shape[1], idx.shape[1], out.shape[2]
     for t in range(idx.size):

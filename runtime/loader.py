@@ -21,9 +21,9 @@ Loading cached machine code is light: Numba prepares its whole CPU target
 (every typing and lowering registry, importing SciPy where it is
 installed: 0.2-0.4 s) before it reads a cached function, which needs only
 Numba's runtime (NRT) to link against; a dispatcher whose cache this
-module manages (`manage_cache`: every kernel's, and the CPU helpers')
-loads without that, and a miss compiles as usual (the compiler prepares
-the target itself).  The runtime's own machine code, which Numba compiles
+module manages (`manage_dispatcher`: every kernel's, and the CPU helpers')
+loads without that, and a miss compiles against a lean target
+(`numba_target`), which skips the SciPy import.  The runtime's own machine code, which Numba compiles
 in every process (20-60 ms), is stored too (`store`), keyed by the
 versions of Numba and llvmlite and the CPU it was compiled for.
 
@@ -58,7 +58,10 @@ import numpy as np
 from numba.core.caching import Cache, IndexDataCacheFile
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.cpu import CPUContext
+from numba.core.registry import CPUDispatcher, cpu_target
 from numba.core.runtime import nrtdynmod, rtsys
+
+from gradlang.runtime.numba_target import lean_target
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
@@ -175,17 +178,21 @@ def _import_file(name: str, path) -> ModuleType:
         del sys.modules[name]
         raise
     for value in vars(module).values():
-        manage_cache(value)
+        manage_dispatcher(value)
     return module
 
 
-def manage_cache(dispatcher: object) -> None:
-    """Give a Numba dispatcher with a disk cache (`cache=True`) this
-    module's cache policy (anything else is left as it is): a light load
-    of cached CPU machine code, an unreadable index or data file (torn,
-    truncated, from another machine) taken as a miss and purged, so that
-    the dispatcher compiles again and saves good ones, and a cache that
-    cannot be saved a warning, since the compiled code is good."""
+def manage_dispatcher(dispatcher: object) -> None:
+    """Give a Numba dispatcher of generated code or of the runtime this
+    module's policy (anything else is left as it is): a CPU dispatcher
+    compiles against the lean target (`numba_target`); and one with a disk
+    cache (`cache=True`) gets a light load of cached CPU machine code, an
+    unreadable index or data file (torn, truncated, from another machine)
+    taken as a miss and purged, so that the dispatcher compiles again and
+    saves good ones, and a cache that cannot be saved a warning, since the
+    compiled code is good."""
+    if isinstance(dispatcher, CPUDispatcher) and "compile" not in vars(dispatcher):
+        _compile_lean(dispatcher)
     cache = getattr(dispatcher, "_cache", None)
     if not isinstance(cache, Cache) or isinstance(cache._cache_file, _CheckedCacheFile):
         return
@@ -219,6 +226,19 @@ def manage_cache(dispatcher: object) -> None:
                           RuntimeWarning, stacklevel=2)
 
     cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+def _compile_lean(dispatcher: CPUDispatcher) -> None:
+    """Compiles of `dispatcher` (a miss when called, or its typing from
+    another function) run inside `numba_target.lean_target`, with Numba's
+    runtime from the store."""
+    compile_whole = dispatcher.compile
+
+    def compile(sig):
+        with lean_target():
+            _initialize_runtime(cpu_target.target_context)
+            return compile_whole(sig)
+    dispatcher.compile = compile
 
 
 def _initialize_runtime(target_context) -> None:
