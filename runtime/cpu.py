@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from gradlang.runtime import cpu_math
+from gradlang.runtime import branch_free, cpu_math
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     check_nonempty,
@@ -338,9 +338,10 @@ def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray
 
 # ------------------------------------------------------------------ target
 
-# Numba's cache would not notice a change to cpu_math inside a cached kernel.
-_CPU_MATH_VERSION = "cpu_math " + hashlib.sha256(
-    Path(cpu_math.__file__).read_bytes()).hexdigest()[:12]
+# Numba's cache would not notice a change to cpu_math inside a cached kernel,
+# nor to branch_free, which translates cpu_math's helpers into it.
+_CPU_MATH_VERSION = "cpu_math " + hashlib.sha256(b"".join(
+    Path(module.__file__).read_bytes() for module in (cpu_math, branch_free))).hexdigest()[:12]
 
 # Kernels are called from Python or from other kernels, never through a C
 # function pointer: no C wrapper (which costs 5-15 ms of each compile).

@@ -42,21 +42,16 @@ from __future__ import annotations
 
 import decimal
 import math as _libm
+import operator
 
 import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload, register_jitable
+from numba.extending import intrinsic
 
-# Only kernels call these, and inline them: no Python or C entry points
-# (which cost a third of each one's compile, ~20-40 ms, in a cold process).
-# error_model numpy: no division-by-zero checks (nor their raising paths).
-_JIT_OPTIONS = {"fastmath": {"contract"}, "nogil": True, "error_model": "numpy",
-                "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
-# for functions above LLVM's inlining threshold (see the overloads below)
-_FORCE_INLINE = {**_JIT_OPTIONS, "forceinline": True}
+from gradlang.runtime.branch_free import branch_free, kernel_function
 
 
 def __getattr__(name: str):
@@ -107,12 +102,12 @@ _EXP_MAX64 = 710.0
 _EXP_MIN64 = -746.0
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _exp_f64(x):
     return _exp_dd_f64(x, 0.0)  # (LLVM folds the zero tail away)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _exp_dd_f64(x, tail):
     """e^(x + tail) for a finite tail below half an ulp of x, which pow's
     y log|x| carries (0 where x is clamped, inf or NaN)."""
@@ -143,7 +138,7 @@ _TINY64 = 2.2250738585072014e-308  # the smallest normal float64
 _TWO54 = 18014398509481984.0
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _log_f64(x):
     denormal = x < _TINY64
     scaled = x * _TWO54 if denormal else x
@@ -185,7 +180,7 @@ _INF_F = _f32(np.inf)
 _NAN_F = _f32(np.nan)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _exp_f32(x):
     x = _EXP_MAX32 if x > _EXP_MAX32 else x
     x = _EXP_MIN32 if x < _EXP_MIN32 else x
@@ -212,7 +207,7 @@ _TINY32 = _f32(1.17549435e-38)
 _TWO25_F = _f32(33554432.0)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _log_f32(x):
     denormal = x < _TINY32
     scaled = x * _TWO25_F if denormal else x
@@ -238,7 +233,7 @@ def _log_f32(x):
 # (closure values, which Numba compiles in as constants of their own type).
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _horner(r, coefficients):
     """coefficients[0] + r coefficients[1] + ... (constant length: unrolled)."""
     acc = coefficients[-1]
@@ -252,7 +247,7 @@ def _make_log1p(float_type, zero, one, two, half, lg_even, lg_odd, ln2_hi, ln2_l
     """musl's log1p without branches: log(u) for u = 1 + x rounded, plus
     the rounding error (x - (u - 1)) / u; when u is within [sqrt(2)/2,
     sqrt(2)), the series in x itself."""
-    @register_jitable(**_JIT_OPTIONS)
+    @branch_free
     def log1p(x):
         u = one + x
         bits = as_bits(u)
@@ -293,7 +288,7 @@ def _make_expm1(zero, one, half, log2e, shift, shift_bits, ln2_hi, ln2_lo, taylo
     term is exact; beyond, 2^k ((p - 2^-k) + 1), rounded once at the sum.
     2^k is capped at 2^top_k (times an exact power of two beyond) so that it
     and 2^-k stay normal floats."""
-    @register_jitable(**_JIT_OPTIONS)
+    @branch_free
     def expm1(x):
         clamped = high if x > high else x  # comparisons keep NaN as it is
         clamped = low if clamped < low else clamped
@@ -331,7 +326,7 @@ def _make_tanh(zero, one, two, threshold, tiny):
     to NaN: below |x| = `threshold`, -e / (e + 2) for e = expm1(-2|x|);
     from it on, 1 - 2 / (e + 2) for e = expm1(2|x|).  Below `tiny`, tanh(x) rounds to x
     (and -0 stays -0)."""
-    @register_jitable(**_JIT_OPTIONS)
+    @branch_free
     def tanh(x):
         a = abs(x)
         large = a >= threshold
@@ -515,7 +510,7 @@ _huge_cos = _huge_lane_call("cos")
 _huge_tan = _huge_lane_call("tan")
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _two_sum(a, b):
     """(s, e) with s = a + b rounded and s + e = a + b exactly (Knuth: no
     products, so contracting into fused multiply-adds cannot change it)."""
@@ -524,7 +519,7 @@ def _two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _reduce_pio2(x):
     """(n, r0, r1) with x = n pi/2 + r0 + r1, for |x| < _REDUCIBLE."""
     shifted = x * _TWO_OVER_PI + _SHIFT64
@@ -540,7 +535,7 @@ def _reduce_pio2(x):
     return n, r0, tail - (r0 - b)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _sin_kernel(x, y):
     """sin(x + y) for |x| <= pi/4 and y tiny beside x."""
     s1, s2, s3, s4, s5, s6 = _SIN_S
@@ -551,7 +546,7 @@ def _sin_kernel(x, y):
     return x - ((z * (0.5 * y - v * r) - y) - v * s1)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _cos_kernel(x, y):
     """cos(x + y) for |x| <= pi/4 and y tiny beside x."""
     c1, c2, c3, c4, c5, c6 = _COS_C
@@ -563,7 +558,7 @@ def _cos_kernel(x, y):
     return w + (((1.0 - w) - hz) + (z * r - x * y))
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _by_quadrant(q, s, c):
     """sin(x) from s = sin(r), c = cos(r) for x = r + q pi/2: swapped on
     odd q, negated for q mod 4 in (2, 3), by a select and a sign-bit flip
@@ -572,7 +567,7 @@ def _by_quadrant(q, s, c):
     return _float64(_bits64(y) ^ ((q & 2) << 62))
 
 
-@register_jitable(**_FORCE_INLINE)
+@branch_free
 def _sin_f64(x):
     reducible = abs(x) < _REDUCIBLE  # False for inf and NaN
     q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
@@ -585,7 +580,7 @@ def _sin_f64(x):
     return y
 
 
-@register_jitable(**_FORCE_INLINE)
+@branch_free
 def _cos_f64(x):
     reducible = abs(x) < _REDUCIBLE
     q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
@@ -597,17 +592,17 @@ def _cos_f64(x):
     return y
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _sin_f32(x):
     return _f32(_sin_f64(np.float64(x)))  # float64's error vanishes in the rounding
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _cos_f32(x):
     return _f32(_cos_f64(np.float64(x)))
 
 
-@register_jitable(**_FORCE_INLINE)
+@branch_free
 def _tan_f64(x):
     """sin r / cos r, or -cos r / sin r on odd n (x = n pi/2 + r)."""
     reducible = abs(x) < _REDUCIBLE
@@ -622,7 +617,7 @@ def _tan_f64(x):
     return y
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _tan_f32(x):
     return _f32(_tan_f64(np.float64(x)))
 
@@ -678,7 +673,7 @@ _ATANH_REST = tuple(2.0 / (2 * j + 1) for j in range(2, 11))
 _TWO52 = 4503599627370496.0
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _log_dd_split(x):
     """(m, c, log c in two parts, k) with x = 2^k m, m in [sqrt(2)/2,
     sqrt(2)), c = 3/4, 1 or 3/2, whichever is nearest m, for finite x > 0."""
@@ -692,7 +687,7 @@ def _log_dd_split(x):
     return m, c, log_c, log_c_lo, float(k - 54) if denormal else float(k)
 
 
-@register_jitable(**_FORCE_INLINE)
+@branch_free
 def _log_dd_f64(x):
     """log(x) as hi + lo, for finite x > 0, within about 2^-65 of it:
     x = 2^k m, m in [sqrt(2)/2, sqrt(2)), m = c (1+s)/(1-s) for c = 3/4, 1
@@ -719,7 +714,7 @@ def _log_dd_f64(x):
     return hi, lo - (hi - e)
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _pow_base(x):
     """|x|, or 1 where it is 0, inf or NaN (`_pow_finish` answers there)."""
     ax = abs(x)
@@ -728,7 +723,7 @@ def _pow_base(x):
     return ax if (ax > 0.0) & (ax < np.inf) else 1.0
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _pow_finish(x, y, core):
     """x^y in float64 from core = |x|^y (for finite nonzero x): signs and
     C99's special values."""
@@ -748,13 +743,13 @@ def _pow_finish(x, y, core):
     return 1.0 if (y == 0.0) | (x == 1.0) else r  # even for NaN
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _pow_f64(x, y):
     hi, lo = _log_dd_f64(_pow_base(x))
     return _pow_finish(x, y, _exp_dd_f64(*_times_dd(y, hi, lo)))
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _times_dd(y, hi, lo):
     """y (hi + lo) in two parts, the second 0 beyond 2000, where e^ of it is
     0 or inf anyway and the tail may be NaN."""
@@ -765,7 +760,7 @@ def _times_dd(y, hi, lo):
     return zz, z_lo - (zz - z) if in_range else 0.0
 
 
-@register_jitable(**_JIT_OPTIONS)
+@branch_free
 def _pow_f32(x, y):
     xd = np.float64(x)
     yd = np.float64(y)
@@ -784,14 +779,14 @@ def pow(x, y):
 
 def _pow_by_types(x, y):
     if isinstance(x, types.Integer) and isinstance(y, types.Integer):
-        return lambda x, y: x ** y  # Numba's integer power
+        return operator.pow, (x, y)  # Numba's integer power
     if not all(isinstance(a, (types.Float, types.Integer, types.Boolean)) for a in (x, y)):
         return None
     if x == y == types.float32:
-        return _pow_f32
+        return _pow_f32, (x, y)
     if x == y == types.float64:
-        return _pow_f64  # (inlined: through a lambda it would stay a call)
-    return lambda x, y: _pow_f64(float(x), float(y))
+        return _pow_f64, (x, y)
+    return _pow_f64, (types.float64, types.float64)
 
 
 # ------------------------------------------------------------ dispatch
@@ -823,30 +818,26 @@ def tanh(x):
 
 
 def _by_width(f32_impl, f64_impl):
+    """Floats to the helper of their width; integers and booleans as
+    float64."""
     def select(x):
         if isinstance(x, types.Float):
-            return f32_impl if x.bitwidth == 32 else f64_impl
+            return (f32_impl if x.bitwidth == 32 else f64_impl), (x,)
         if isinstance(x, (types.Integer, types.Boolean)):
-            return lambda x: f64_impl(float(x))
+            return f64_impl, (types.float64,)
         return None
     return select
 
 
-# LLVM inlines exp, log and log1p by itself.  expm1 (and tanh through it),
-# sin, cos, tan and pow are larger than LLVM's inlining threshold, so they
-# are marked `alwaysinline` for LLVM (`forceinline`), not inlined in Numba's
-# IR (`inline="always"`), which retypes the body at every call site: that
-# made a kernel calling tanh 3-4x slower to compile (0.6 s of inlining and
-# 1 s of typing), and x ** y's value and gradient 1.8x.
-overload(exp, jit_options=_JIT_OPTIONS)(_by_width(_exp_f32, _exp_f64))
-overload(log, jit_options=_JIT_OPTIONS)(_by_width(_log_f32, _log_f64))
-overload(log1p, jit_options=_JIT_OPTIONS)(_by_width(_log1p_f32, _log1p_f64))
-overload(expm1, jit_options=_FORCE_INLINE)(_by_width(_expm1_f32, _expm1_f64))
-overload(tanh, jit_options=_FORCE_INLINE)(_by_width(_tanh_f32, _tanh_f64))
-overload(sin, jit_options=_FORCE_INLINE)(_by_width(_sin_f32, _sin_f64))
-overload(cos, jit_options=_FORCE_INLINE)(_by_width(_cos_f32, _cos_f64))
-overload(tan, jit_options=_FORCE_INLINE)(_by_width(_tan_f32, _tan_f64))
-overload(pow, jit_options=_FORCE_INLINE)(_pow_by_types)
+kernel_function(exp, _by_width(_exp_f32, _exp_f64))
+kernel_function(log, _by_width(_log_f32, _log_f64))
+kernel_function(log1p, _by_width(_log1p_f32, _log1p_f64))
+kernel_function(expm1, _by_width(_expm1_f32, _expm1_f64))
+kernel_function(tanh, _by_width(_tanh_f32, _tanh_f64))
+kernel_function(sin, _by_width(_sin_f32, _sin_f64))
+kernel_function(cos, _by_width(_cos_f32, _cos_f64))
+kernel_function(tan, _by_width(_tan_f32, _tan_f64))
+kernel_function(pow, _pow_by_types)
 
 
 # ------------------------------------------------------------ sums
@@ -897,8 +888,15 @@ def greatest(a, b):
     return max(a, b) if a == a and b == b else _libm.nan
 
 
-@overload(greatest, jit_options=_JIT_OPTIONS)
-def _greatest(a, b):
-    if isinstance(a, types.Float) and a == b:
-        return lambda a, b: _float_maximum(a, b)
-    return lambda a, b: a if a >= b else b
+@branch_free
+def _float_greatest(a, b):
+    return _float_maximum(a, b)
+
+
+@branch_free
+def _greater(a, b):
+    return a if a >= b else b
+
+
+kernel_function(greatest, lambda a, b: ((_float_greatest if isinstance(a, types.Float)
+                                         and a == b else _greater), (a, b)))

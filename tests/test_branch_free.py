@@ -1,0 +1,145 @@
+"""`runtime.branch_free`: helpers translated into a kernel's LLVM IR give
+what Numba gives compiling the same Python (`njit(fastmath={'contract'},
+error_model='numpy')`), types and bits, and anything outside the subset is
+refused with the helper's name and line when a kernel first needs it."""
+import numba
+import numpy as np
+import pytest
+
+from gradlang.runtime.branch_free import BranchFreeError, branch_free, kernel_function
+
+_I32 = np.int32(-7)
+_F32 = np.float32(1.25)
+_STEPS = (0.5, 0.25, 0.125, 2.0)
+_F32_STEPS = tuple(np.float32(c) for c in _STEPS)
+
+
+def _numba_rules(x):
+    """Each line leans on one of Numba's typing rules: int32 arithmetic is
+    int64 and `>>` of a negative one arithmetic; a select of int32 and
+    int64 is int64; float32 with a Python float or an int64 is float64;
+    an int divided by an int is a float."""
+    n = _I32 >> 1
+    m = n + _I32
+    k = m if x > 0.0 else _I32
+    f = _F32 * x if x > 1 else _F32 + x
+    a, b = (f * 0.1, f - 1)
+    acc = a
+    for c in _STEPS[-2::-1]:
+        acc = acc * x + c
+    if not (x < 0.0) == (b > 0.0):
+        acc = acc + k
+    return acc + b * (k << 2) - float(m ^ 3) + abs(x) / 3
+
+
+def _float32_polynomial(x):
+    """Stays in float32: float32 constants, a loop over a tuple of them,
+    a tuple select and a bit cast of an int32 result."""
+    lo, hi = (_F32, -_F32) if x < _F32 else (-_F32, _F32)
+    acc = _F32_STEPS[-1]
+    for c in _F32_STEPS[-2::-1]:
+        acc = acc * x + c
+    return acc * hi + lo * x + np.float32(np.int32(x) << 3)
+
+
+def rules(x):
+    """Stands for `_numba_rules` in a kernel."""
+    return x
+
+
+def polynomial(x):
+    """Stands for `_float32_polynomial` in a kernel."""
+    return x
+
+
+kernel_function(rules, lambda x: (branch_free(_numba_rules), (x,)))
+kernel_function(polynomial, lambda x: (branch_free(_float32_polynomial), (x,)))
+
+
+@numba.njit(error_model="numpy")
+def _translated(x, out):
+    for i in range(x.shape[0]):
+        out[0, i] = rules(x[i])
+        out[1, i] = polynomial(x[i])
+
+
+_rules_by_numba = numba.njit(fastmath={"contract"}, error_model="numpy")(_numba_rules)
+_polynomial_by_numba = numba.njit(fastmath={"contract"},
+                                  error_model="numpy")(_float32_polynomial)
+
+
+@numba.njit(error_model="numpy")
+def _compiled(x, out):
+    for i in range(x.shape[0]):
+        out[0, i] = _rules_by_numba(x[i])
+        out[1, i] = _polynomial_by_numba(x[i])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64])
+def test_translation_is_numbas_compile_bit_for_bit(dtype):
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.uniform(-3, 3, 2000), [0, 1, -1, 2]]).astype(dtype)
+    if dtype != np.int64:
+        x = np.concatenate([x, np.array([np.inf, -np.inf, np.nan, -0.0], dtype)])
+    ours, numbas = np.empty((2, x.size)), np.empty((2, x.size))
+    with np.errstate(all="ignore"):
+        _translated(x, ours)
+        _compiled(x, numbas)
+    assert np.array_equal(ours.view(np.int64), numbas.view(np.int64))
+    # and the same result types (float32 for the polynomial of a float32)
+    for translated, compiled in ((rules, _rules_by_numba), (polynomial, _polynomial_by_numba)):
+        call = numba.njit(lambda v: translated(v))  # noqa: B023
+        call(x[0])
+        compiled(x[0])
+        key = (numba.typeof(x[0]),)
+        want = compiled.overloads[key].signature.return_type
+        assert call.overloads[key].signature.return_type == want
+        assert (want == numba.float32) == (translated is polynomial and dtype == np.float32)
+
+
+@branch_free
+def _looping(x):
+    while x > 1.0:
+        x = x / 2.0
+    return x
+
+
+@branch_free
+def _indexing(x):
+    return _STEPS[int(x)]
+
+
+def looping(x):
+    return x
+
+
+def indexing(x):
+    return x
+
+
+kernel_function(looping, lambda x: (_looping, (x,)))
+kernel_function(indexing, lambda x: (_indexing, (x,)))
+
+
+def test_statements_outside_the_subset_are_refused():
+    with pytest.raises(Exception, match=r"_looping \(.*test_branch_free.py:\d+\): "
+                                        r"unsupported statement While"):
+        numba.njit(lambda v: looping(v))(1.0)
+    with pytest.raises(Exception, match="subscripts are integer constants"):
+        numba.njit(lambda v: indexing(v))(1.0)
+
+
+def _floats_or(x):
+    return (x > 0.0) or x
+
+
+def floats_or(x):
+    return x
+
+
+kernel_function(floats_or, lambda x: (branch_free(_floats_or), (x,)))
+
+
+def test_typing_outside_the_subset_is_refused():
+    with pytest.raises(Exception, match=r"_floats_or .*: `and` and `or` of booleans only"):
+        numba.njit(lambda v: floats_or(v))(1.0)
