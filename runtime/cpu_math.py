@@ -18,12 +18,17 @@ vectorizes and propagates NaN.
 Why: with no vector math library in llvmlite, LLVM splits a vectorized
 `@llvm.exp.v4f64` back into scalar libm calls, which costs most of a
 kernel's time.  These functions inline into the kernel loop, which then
-vectorizes.  They compile with `fastmath={'contract'}` only (fused
-multiply-adds): the other fastmath flags would let LLVM assume no inf or
-NaN and fold away the special-value selects and the bit-level scaling.
-Python's `and` and `or` short-circuit: a branch, which LLVM turns back
-into a select only where both sides are cheap, so pow's and sin's
-conditions combine with `&` and `|`.
+vectorizes.  Their helpers are `@branch_free` Python, which
+`runtime.branch_free` translates into each kernel's own LLVM module (typed
+and lowered by Numba's rules, as `njit` would), with no Numba compile of
+their own: that cost 0.05-0.13 s per helper in a cold process, a third of
+a small gradient's first call.  Their float instructions carry
+`contract` only (fused multiply-adds, as `fastmath={'contract'}`): the
+other fastmath flags would let LLVM assume no inf or NaN and fold away
+the special-value selects and the bit-level scaling.  pow's and sin's
+conditions combine with `&` and `|`: compiled by Numba, `and` and `or`
+short-circuit, a branch, which LLVM turns back into a select only where
+both sides are cheap (translated, they are one instruction either way).
 
 Methods: exp reduces x = k ln2 + r, |r| <= ln2/2 (Cody-Waite, ln2 in two
 parts), takes k from the bits of x log2(e) + 1.5 2^52 (no float-to-int
@@ -33,10 +38,11 @@ of two built from bits, so that results near overflow and in the denormal
 range round once.  log splits x = 2^k m, m in [sqrt(2)/2, sqrt(2)), from the
 bits (denormals scaled up first) and evaluates musl's (fdlibm's) series in
 s = (m-1)/(m+1); log1p, expm1, tanh, sin, cos, tan and pow say how they differ
-where they are defined.  Each dispatches on its argument's width through
-an `overload` and inlines into the kernel, so that LLVM sees one loop body
-to vectorize.  sin, cos and tan hand lanes beyond 2^20 pi/2 to libm through
-functions of our own with vector variants (see "Lanes beyond").
+where they are defined.  Each dispatches on its argument's width
+(`kernel_function`) to an `alwaysinline` function of the kernel's module,
+so that LLVM sees one loop body to vectorize.  sin, cos and tan hand lanes
+beyond 2^20 pi/2 to libm through functions of our own with vector variants
+(see "Lanes beyond").
 """
 from __future__ import annotations
 
@@ -718,8 +724,8 @@ def _log_dd_f64(x):
 def _pow_base(x):
     """|x|, or 1 where it is 0, inf or NaN (`_pow_finish` answers there)."""
     ax = abs(x)
-    # (`&`, not `and`: Python's short circuit is a branch, which stops the
-    # loop vectorizer here)
+    # (`&`, not `and`: under Numba, Python's short circuit is a branch,
+    # which stopped the loop vectorizer here)
     return ax if (ax > 0.0) & (ax < np.inf) else 1.0
 
 
@@ -829,6 +835,11 @@ def _by_width(f32_impl, f64_impl):
     return select
 
 
+# Each is an `alwaysinline` function of the kernel's module (expm1, tanh,
+# sin, cos, tan and pow are larger than LLVM's inlining threshold).  Numba's
+# IR inliner (`inline="always"`), which retyped the body at every call
+# site, made a kernel calling tanh 3-4x slower to compile (0.6 s of
+# inlining and 1 s of typing), and x ** y's value and gradient 1.8x.
 kernel_function(exp, _by_width(_exp_f32, _exp_f64))
 kernel_function(log, _by_width(_log_f32, _log_f64))
 kernel_function(log1p, _by_width(_log1p_f32, _log1p_f64))
@@ -895,7 +906,7 @@ def _float_greatest(a, b):
 
 @branch_free
 def _greater(a, b):
-    return a if a >= b else b
+    return a if a >= b else b  # (integers: no NaN)
 
 
 kernel_function(greatest, lambda a, b: ((_float_greatest if isinstance(a, types.Float)
