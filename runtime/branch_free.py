@@ -315,9 +315,12 @@ class _Translator:
         return self.numba_call(self.typingctx.resolve_value_type(bool), [value], None, None)
 
     def select(self, condition: _Value, a, b, fn, node):
+        """`a if condition else b`, in the type they unify to (of tuples,
+        element by element, as Numba unifies tuple types)."""
         if isinstance(a, tuple) or isinstance(b, tuple):
             if not (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)):
                 raise _fail(fn, node, "both sides must be tuples of one length")
+            condition = self.truth(condition)
             return tuple(self.select(condition, x, y, fn, node) for x, y in zip(a, b))
         a, b = self.value(a, fn, node), self.value(b, fn, node)
         unified = self.typingctx.unify_types(a.type, b.type)
