@@ -270,6 +270,7 @@ class _Translator:
         self.typingctx = typingctx
         self.context = context
         self.builder = builder
+        self.inlining: list[pytypes.FunctionType] = []  # (to refuse recursion)
 
     # -- values
 
@@ -337,14 +338,19 @@ class _Translator:
         """The value (or tuple) fn(*arguments) returns, translated in place."""
         if fn not in _HELPERS:
             raise _fail(fn, call_node, "not a @branch_free helper")
+        if fn in self.inlining:
+            raise _fail(fn, call_node, "calls itself")
         node = _syntax(fn)
         names = [a.arg for a in node.args.args]
         if len(names) != len(arguments):
             raise _fail(fn, node, f"takes {len(names)} arguments, given {len(arguments)}")
         scope = _Scope(fn, dict(zip(names, arguments)))
+        self.inlining.append(fn)
         for statement in node.body[:-1]:
             self.statement(scope, statement)
-        return self.expression(scope, node.body[-1].value)
+        result = self.expression(scope, node.body[-1].value)
+        self.inlining.pop()
+        return result
 
     def statement(self, scope: "_Scope", node: ast.stmt) -> None:
         if isinstance(node, ast.Expr):
@@ -377,6 +383,7 @@ class _Translator:
         # the types after the `if` (each name's old and new types unified),
         # from a typing pass over a copy
         typing = _Translator(self.typingctx)
+        typing.inlining = self.inlining
         shadow = _Scope(scope.fn, {k: _type_only(v) for k, v in scope.names.items()})
         for statement in node.body:
             typing.statement(shadow, statement)

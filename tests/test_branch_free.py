@@ -109,7 +109,16 @@ def _indexing(x):
     return _STEPS[int(x)]
 
 
+@branch_free
+def _recursive(x):
+    return _recursive(x - 1.0) if x > 0.0 else x
+
+
 def looping(x):
+    return x
+
+
+def recursive(x):
     return x
 
 
@@ -119,6 +128,7 @@ def indexing(x):
 
 kernel_function(looping, lambda x: (_looping, (x,)))
 kernel_function(indexing, lambda x: (_indexing, (x,)))
+kernel_function(recursive, lambda x: (_recursive, (x,)))
 
 
 def test_statements_outside_the_subset_are_refused():
@@ -127,6 +137,8 @@ def test_statements_outside_the_subset_are_refused():
         numba.njit(lambda v: looping(v))(1.0)
     with pytest.raises(Exception, match="subscripts are integer constants"):
         numba.njit(lambda v: indexing(v))(1.0)
+    with pytest.raises(Exception, match=r"_recursive .*: calls itself"):
+        numba.njit(lambda v: recursive(v))(1.0)
 
 
 def _floats_or(x):
