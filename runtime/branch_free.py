@@ -15,9 +15,12 @@ typing rules (int32 arithmetic in int64, float32 op Python float in
 float64, ...) and its instructions hold bit for bit.  Called from Python,
 `public` stays what it is.
 
+Why: compiled by Numba, each helper was a function of its own, typed and
+optimized in its own LLVM module (0.05-0.13 s each in a cold process) only
+to be inlined into the kernel anyway.
+
 Helpers are marked `@branch_free`; their syntax is checked when a kernel
-first needs them.
-The subset: positional arguments; assignments (tuple unpacking too);
+first needs them.  The subset: positional arguments; assignments (tuple unpacking too);
 one `return` (of a tuple too), last; `a if c else b` (a select);
 `if c: <assignments>` (a branch and a phi, as Numba makes); `for v in
 <constant tuple or slice of one>` (unrolled; a variable it assigns must
@@ -29,8 +32,11 @@ anything Numba can type (`abs`, `float`, `np.float32`, intrinsics);
 constants from module globals and closure cells (numbers, NumPy scalars,
 tuples of them) and attributes of modules (`np.inf`).  Anything else
 raises `BranchFreeError` when a kernel first translates it, never a
-miscompile.  `select` may also name a non-helper (`operator.pow` for two
-integers): Numba's own typing and lowering of it, at the call site.
+miscompile (a helper calling itself is refused too).  `select` may also
+name a non-helper (`operator.pow` for two integers): Numba's own typing
+and lowering of it, at the call site.  Intrinsics called from a helper
+are lowered as Numba lowers them: their typing registers their lowering,
+which the target context finds by refreshing itself once.
 """
 from __future__ import annotations
 
@@ -596,8 +602,10 @@ def kernel_function(public: Callable, select: Selector) -> None:
     """Calls of `public` in a kernel run `select(*argument types)`'s
     choice: (helper, the types its arguments are converted to), or None
     where the types are not for it."""
-    _PUBLIC[public] = select
     arity = len(inspect.signature(public).parameters)
+    if arity not in (1, 2):
+        raise BranchFreeError(f"{public.__qualname__}: one or two arguments only")
+    _PUBLIC[public] = select
 
     def result_type(typingctx, argtypes):
         chosen = select(*argtypes)
