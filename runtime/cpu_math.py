@@ -271,7 +271,7 @@ def _make_log1p(float_type, zero, one, two, half, lg_even, lg_odd, ln2_hi, ln2_l
         dk = float_type(k) if reduced else zero
         y = s * (hfsq + r) + (dk * ln2_lo + c) - hfsq + f + dk * ln2_hi
         y = x if abs(x) < tiny or x == np.inf else y  # keeps -0 and tiny x exact
-        y = -np.inf if x == -one else y
+        y = -float_type(np.inf) if x == -one else y  # (np.inf alone: float64)
         return y if x >= -one else float_type(np.nan)  # x < -1 or NaN
     return log1p
 

@@ -20,12 +20,12 @@ import numpy as np
 import numba
 
 @numba.njit
-def user(a, b):
-    return np.sum(a @ b) + np.median(a) + len(str(3))
+def user(a):
+    return np.sum(a) + np.median(a) + np.cumsum(a)[-1] + len(str(3))
 
 def check_user():
-    a, b = np.arange(6.0).reshape(2, 3), np.ones((3, 2))
-    assert user(a, b) == np.sum(a @ b) + np.median(a) + 1
+    a = np.arange(6.0)
+    assert user(a) == 15.0 + 2.5 + 15.0 + 1
 
 if "user-first" in sys.argv:
     check_user()
