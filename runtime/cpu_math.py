@@ -47,6 +47,7 @@ beyond 2^20 pi/2 to libm through functions of our own with vector variants
 from __future__ import annotations
 
 import decimal
+import functools
 import math as _libm
 import operator
 
@@ -58,6 +59,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from gradlang.runtime.branch_free import branch_free, kernel_function
+from gradlang.runtime.loader import before_cached_loads
 
 
 def __getattr__(name: str):
@@ -438,15 +440,21 @@ def _huge_lane_module(names: tuple[str, ...]) -> ir.Module:
     return module
 
 
-def _compile_huge_lanes(names: tuple[str, ...]):
+_HUGE_LANE_NAMES = ("sin", "cos", "tan")
+
+
+@functools.cache
+def _huge_lane_library():
     """Compiles the functions once per process, or loads the machine code an
     earlier process kept (keyed by the IR's text), and names them to the JIT
-    linker, before any kernel (compiled now or loaded from the cache) that
-    calls them."""
+    linker: before a kernel that calls them is compiled (the intrinsic
+    asks) or one that names sin, cos or tan is loaded from the cache (the
+    loader asks), and not at import: it costs 0.1 s in a cold process."""
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
 
     from gradlang.runtime.loader import stored_library
+    names = _HUGE_LANE_NAMES
     module = _huge_lane_module(names)
     codegen = cpu_target.target_context.codegen()
 
@@ -462,7 +470,7 @@ def _compile_huge_lanes(names: tuple[str, ...]):
     return library
 
 
-_HUGE_LANE_LIBRARY = _compile_huge_lanes(("sin", "cos", "tan"))
+before_cached_loads(_HUGE_LANE_NAMES, _huge_lane_library)
 
 
 def _huge_lane_call(name: str):
@@ -473,6 +481,7 @@ def _huge_lane_call(name: str):
             return None
 
         def codegen(context, builder, signature, args):
+            _huge_lane_library()
             module = builder.module
             double = ir.DoubleType()
             callee = cgutils.get_or_insert_function(

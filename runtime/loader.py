@@ -201,14 +201,19 @@ def manage_dispatcher(dispatcher: object) -> None:
     # files) written before data carried checksums are quietly replaced.
     cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
     load, save = cache.load_overload, cache.save_overload
+    called = frozenset(dispatcher.py_func.__code__.co_names)
 
     def load_overload(sig, target_context):
         try:
             if not isinstance(target_context, CPUContext):
                 return load(sig, target_context)  # CUDA's: its own target set up
             # What Numba's own load_overload does, less refreshing the
-            # target: cached code needs only the runtime it calls (NRT).
+            # target: cached code needs only what it calls (NRT, and the
+            # libraries it links against by name).
             _initialize_runtime(target_context)
+            for names, prepare in _LINKED_BY_NAME:
+                if names & called:
+                    prepare()
             return cache._load_overload(sig, target_context)
         except Exception as err:  # any failure to read the cache is a miss
             warnings.warn(f"gradc: discarding the unreadable Numba cache of {cache._name} "
@@ -226,6 +231,18 @@ def manage_dispatcher(dispatcher: object) -> None:
                           RuntimeWarning, stacklevel=2)
 
     cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+_LINKED_BY_NAME: list[tuple[frozenset, Callable[[], object]]] = []
+
+
+def before_cached_loads(names: Sequence[str], prepare: Callable[[], object]) -> None:
+    """Run `prepare` (which must be cheap once done) before loading the
+    cached CPU machine code of a function whose code names any of `names`
+    (as a global or an attribute: `math.sin`): it makes a library that
+    such code calls by symbol name known to the JIT linker, which would
+    otherwise abort the process on the unresolved name."""
+    _LINKED_BY_NAME.append((frozenset(names), prepare))
 
 
 def _compile_lean(dispatcher: CPUDispatcher) -> None:
