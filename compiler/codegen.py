@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
-from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
-from gradlang.compiler.ops import OPS, loop_cost, python_slices
+from gradlang.compiler.ir import NUMPY_NAMES, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ops import (OPS, loop_cost, numpy_spelling, python_slices,
+                                   scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.runtime import target as targets
 from gradlang.runtime.common import c_strides, stride_table
@@ -105,9 +106,9 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
 # ------------------------------------------------------------------ kernels
 
 
-def _literal(a: Lit) -> str:
+def _literal(a: Lit, spell: Callable[[str], str] = str) -> str:
     # Inline, not a module constant: a kernel's text is then all it needs.
-    return f"{a.type.dtype}({a.value!r})"
+    return f"{spell(a.type.dtype)}({a.value!r})"
 
 
 def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str, Var]]]:
@@ -213,27 +214,29 @@ def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
     return out
 
 
-def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v") -> list[str]:
+def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
+               spell: Callable[[str], str] = str) -> list[str]:
     """One line per elementwise equation, from the op table's templates:
-    its value in a local `<prefix><k>` (recorded in `names`)."""
+    its value in a local `<prefix><k>` (recorded in `names`).  `spell`
+    names the scalar types (a kernel's `f64`; `ops.numpy_spelling` in a
+    driver)."""
     def ref(a: Atom) -> str:
-        return _literal(a) if isinstance(a, Lit) else names[a]
+        return _literal(a, spell) if isinstance(a, Lit) else names[a]
 
     lines = []
     for n, eqn in enumerate(eqns):
         out = eqn.outputs[0]
         local = f"{prefix}{n}"
         names[out] = local
+        dtype = out.type.dtype
         if eqn.op == "full":
-            expr = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())))
+            value = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())), spell)
+            expr = f"{spell(dtype)}({value})"
         elif eqn.op == "broadcast_to":
-            expr = ref(eqn.inputs[0])
+            expr = f"{spell(dtype)}({ref(eqn.inputs[0])})"
         else:
-            op = OPS[eqn.op]
-            template = (op.int_template if op.int_template and out.type.dtype in INTS
-                        else op.template)
-            expr = template.format(*[ref(a) for a in eqn.inputs], T=out.type.dtype)
-        lines.append(f"{local} = {out.type.dtype}({expr})")
+            expr = scalar_expression(eqn.op, [ref(a) for a in eqn.inputs], dtype, spell)
+        lines.append(f"{local} = {expr}")
     return lines
 
 
@@ -431,7 +434,10 @@ class _Driver:
             if isinstance(a, Var):
                 readers[a] = readers.get(a, 0) + 1
         for step in steps:
-            if isinstance(step, Loop):
+            if isinstance(step, Loop) and target.scalars_in_driver and _scalar_arithmetic(step):
+                lines += _scalar_lines(step, ref, define)
+                fresh.update(step.outputs)
+            elif isinstance(step, Loop):
                 kname, self.kernels[kname], kinds = render_kernel(step, target)
                 if top:
                     self.kernel_names.append(kname)
@@ -487,7 +493,7 @@ class _Driver:
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",
-                               "dim") or OPS[step.op].kind == "index":
+                               "dim", "full") or OPS[step.op].kind == "index":
                     fresh.update(step.outputs)
         outs, into, handed_out = [], [], set()
         for i, a in enumerate(fn.outputs):
@@ -594,6 +600,30 @@ class _Driver:
         return lines
 
 
+def _scalar_arithmetic(loop: Loop) -> bool:
+    """Whether `loop` is one element of `exact` ops (a mean's division)."""
+    return (loop.reduction is None and all(d == 1 for d in loop.shape)
+            and all(e.op == "broadcast_to" or OPS[e.op].exact for e in loop.eqns))
+
+
+def _scalar_lines(loop: Loop, ref, define) -> list[str]:
+    """Driver lines computing a `_scalar_arithmetic` loop on NumPy scalars,
+    with NumPy's warnings silenced as a kernel has none: the same bits as
+    its kernel (`ops.Op.exact`), and no kernel to compile."""
+    names: dict[Var, str] = {}
+    body = []
+    for k, v in enumerate(loop.inputs):
+        names[v] = f"s{k}"
+        body.append(f"s{k} = {ref(v)}[{', '.join(['0'] * v.type.rank) or '()'}]")
+    body += _eqn_lines(loop.eqns, names, spell=numpy_spelling)
+    lines = ["with np.errstate(all='ignore'):"] + ["    " + line for line in body]
+    for v in loop.outputs:
+        lines.append(f"{define(v)} = R.scalar({names[v]}, np.{_np_name(v.type.dtype)})")
+        if v.type.shape != ():
+            lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
+    return lines
+
+
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:
     """Driver lines binding each size symbol to the first argument axis
     that carries it, and checking every other axis that carries it, and
@@ -648,6 +678,9 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
     p = eqn.p
     out = define(eqn.outputs[0])
     op = eqn.op
+    if op == "full":
+        return (f"{out} = R.full({render_shape(p['shape'])}, {p['value']!r}, "
+                f"np.{_np_name(p['dtype'])})")
     if op == "dim":
         return f"{out} = R.scalar({render(p['value'])}, np.{_np_name(p['dtype'])})"
     if op in ("reduce_sum", "reduce_max"):
@@ -677,8 +710,7 @@ def _slices(p) -> str:
 
 
 def _np_name(dtype: str) -> str:
-    return {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
-            "bool": "bool_"}[dtype]
+    return NUMPY_NAMES[dtype]
 
 
 def _ident(name: str) -> str:

@@ -5,9 +5,11 @@ steps: `Loop`s (a fused chain of elementwise equations over one iteration
 shape) and single non-elementwise equations (reductions, matmul, layout).
 A value that only the members of one loop read never leaves the loop: it
 lives in a register, so a value-and-gradient of an elementwise chain is one
-pass that stores no residual.  `broadcast_to` and `full` join loops as
-elementwise ops (their inputs are read with broadcast indexing, their
-values are constants), so broadcasting never materializes an array.
+pass that stores no residual.  `broadcast_to` joins loops as an elementwise
+op (its input read with broadcast indexing), so broadcasting never
+materializes an array.  A `full` is never a loop's work: loops read it as a
+literal, and it is a step of its own (the driver fills an array) only where
+a step that is not a loop reads it, or the function returns it.
 
 On the CPU a loop may also end in a float sum over trailing axes of a
 value only that sum reads (`sum(x * x)`, `sum(err * err, axis=1)`): the
@@ -16,7 +18,9 @@ loop accumulates it, and the summed array is never stored.
 Greedy rule: an elementwise equation joins a loop of its shape when every
 input it reads from outside that loop was defined before the loop starts
 (preferring the loop that produces its inputs); the loop then runs where
-its first member stood, which keeps the step order topological.
+its first member stood, which keeps the step order topological.  The
+scalars that read no parameter come first (a mean's 1 / n), so that any
+loop can read them.
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside
@@ -65,7 +69,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
                 uses[a] = uses.get(a, 0) + 1
     outputs = {a for a in fn.outputs if isinstance(a, Var)}
 
-    for index, eqn in enumerate(fn.eqns):
+    for index, eqn in enumerate(_constants_first(fn)):
         home = loop_of.get(eqn.inputs[0]) if eqn.inputs and isinstance(eqn.inputs[0], Var) \
             else None
         if reductions and home is not None and _absorbable(eqn, home, uses, outputs):
@@ -74,15 +78,13 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             home.reduction = eqn
             defined_at.update((o, index) for o in eqn.outputs)
             continue
-        if eqn.op not in FUSIBLE:
+        if eqn.op not in FUSIBLE or eqn.op == "full":
             steps.append((index, eqn))
             defined_at.update((o, index) for o in eqn.outputs)
             continue
-        if eqn.op not in ("full", "broadcast_to"):
-            # Loops read constants as literals, whatever their declared
-            # shape; a `full` is materialized only for a non-loop reader.
-            eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
-                      eqn.outputs, eqn.params, eqn.span)
+        # Loops read constants as literals, whatever their declared shape.
+        eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
+                  eqn.outputs, eqn.params, eqn.span)
         shape = eqn.outputs[0].type.shape
         home = _pick_loop(eqn, loops_of_shape.setdefault(shape, []), loop_of, defined_at)
         if home is None:
@@ -96,8 +98,30 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             defined_at[o] = home.start  # the whole loop runs where it starts
 
     ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
-    _wire(ordered, fn)
-    return [s for s in ordered if not isinstance(s, Loop) or s.outputs]
+    needed = _wire(ordered, fn)
+
+    def kept(step: Step) -> bool:
+        if isinstance(step, Loop):
+            return bool(step.outputs)
+        return step.op != "full" or step.out in needed
+    return [s for s in ordered if kept(s)]
+
+
+def _constants_first(fn: Function) -> list[Eqn]:
+    """fn's equations, the scalars that read no parameter (sizes and what
+    they compute: a mean's 1 / n) first, so that they are defined before
+    any loop starts and every loop can read them."""
+    constant: set[Var] = set()
+    first, rest = [], []
+    for eqn in fn.eqns:
+        if eqn.op not in ("loop", "custom_vjp") and all(
+                d == 1 for o in eqn.outputs for d in o.type.shape) and all(
+                a in constant for a in eqn.inputs if isinstance(a, Var)):
+            constant.update(eqn.outputs)
+            first.append(eqn)
+        else:
+            rest.append(eqn)
+    return first + rest
 
 
 def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
@@ -146,8 +170,9 @@ def _as_constant(a: Atom, fulls: dict[Var, Eqn]) -> Atom:
     return a
 
 
-def _wire(steps: list[Step], fn: Function) -> None:
-    """Fill each loop's external inputs and the outputs others need."""
+def _wire(steps: list[Step], fn: Function) -> set[Var]:
+    """Fill each loop's external inputs and the outputs others need;
+    return the values needed outside the loop that makes them."""
     needed: set[Var] = {a for a in fn.outputs if isinstance(a, Var)}
     for step in steps:
         eqns = step.eqns if isinstance(step, Loop) else [step]
@@ -167,6 +192,7 @@ def _wire(steps: list[Step], fn: Function) -> None:
             step.outputs.extend(o for o in eqn.outputs if o in needed)
         if step.reduction is not None:
             step.outputs.extend(o for o in step.reduction.outputs if o in needed)
+    return needed
 
 
 def print_steps(fn: Function, steps: list[Step]) -> str:

@@ -76,6 +76,10 @@ def scalar(value, dtype) -> np.ndarray:
     return np.asarray(value, dtype)
 
 
+def full(shape: tuple, value, dtype) -> np.ndarray:
+    return np.full(shape, value, dtype)
+
+
 def as_int(x: np.ndarray) -> int:
     return int(x)
 
@@ -393,6 +397,7 @@ class CpuTarget(Target):
 
     name = "cpu"
     fuses_reductions = True
+    scalars_in_driver = True
     loop_block = 256  # 2 KiB per f64 value: a block's carried values stay in L1
 
     @property
@@ -509,7 +514,7 @@ class CpuTarget(Target):
         return array
 
     def full(self, shape: tuple, value, dtype) -> np.ndarray:
-        return np.full(shape, value, dtype)
+        return full(shape, value, dtype)
 
 
 TARGET = CpuTarget()
