@@ -43,6 +43,7 @@ from gradlang.compiler.ir import NUMPY_NAMES, Atom, Eqn, Function, Lit, TensorTy
 from gradlang.compiler.ops import (OPS, loop_cost, numpy_spelling, python_slices,
                                    scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
+from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.common import c_strides, stride_table
 from gradlang.runtime.target import Target
@@ -406,7 +407,9 @@ class _Driver:
 
     def function(self, fn: Function, top: bool = False) -> _Rendered:
         target = self.target
-        steps = fuse(fn, reductions=target.fuses_reductions)
+        steps = share_kernels(fuse(fn, reductions=target.fuses_reductions),
+                              lambda loop: None if self.in_driver(loop)
+                              else render_kernel(loop, target)[0])
         names: dict[Var, str] = {}
         fresh: set[Var] = set()  # driver values that own their memory
         lines: list[str] = []
@@ -430,11 +433,11 @@ class _Driver:
                 if top else {})
         in_place: set[Var] = set()
         readers: dict[Var, int] = {}  # how many steps (or the return) read each value
-        for a in [a for s in steps for a in s.inputs] + list(fn.outputs):
+        for a in [_value(s, a) for s in steps for a in s.inputs] + list(fn.outputs):
             if isinstance(a, Var):
                 readers[a] = readers.get(a, 0) + 1
         for step in steps:
-            if isinstance(step, Loop) and target.scalars_in_driver and _scalar_arithmetic(step):
+            if isinstance(step, Loop) and self.in_driver(step):
                 lines += _scalar_lines(step, ref, define)
                 fresh.update(step.outputs)
             elif isinstance(step, Loop):
@@ -445,6 +448,7 @@ class _Driver:
                 reduced = step.reduction.outputs if step.reduction is not None else ()
                 call_args = []
                 for kind, v in kinds:
+                    v = _value(step, v)
                     if kind == "in" and v in fn.params and top:
                         flat_params.setdefault(v, f"{names[v]}_flat")
                         call_args.append(flat_params[v])
@@ -513,6 +517,10 @@ class _Driver:
         else:
             lines.append(f"return ({', '.join(outs)}{comma})")
         return _Rendered(params, lines, names, prologue_at, flat_params)
+
+    def in_driver(self, loop: Loop) -> bool:
+        """Whether the driver computes `loop` itself (`_scalar_lines`)."""
+        return self.target.scalars_in_driver and _scalar_arithmetic(loop)
 
     def loop_bounds(self, eqn: Eqn, ref, pre: str) -> tuple[list[str], str]:
         """Driver lines binding a loop's start, stop and step (as `pre` +
@@ -598,6 +606,11 @@ class _Driver:
         for name, v in zip(carried, eqn.outputs[:n_carry]):
             lines.append(f"{define(v)} = {name}")
         return lines
+
+
+def _value(step, v: Atom) -> Atom:
+    """What a step reads for its input `v` (a stand-in's value)."""
+    return step.stand_ins.get(v, v) if isinstance(step, Loop) else v
 
 
 def _scalar_arithmetic(loop: Loop) -> bool:

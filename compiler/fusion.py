@@ -50,6 +50,9 @@ class Loop:
     # A float sum over trailing axes of a value only it reads, accumulated
     # in the loop itself (so that value is never stored).
     reduction: Eqn | None = None
+    # Inputs standing in for an argument of a kernel the loop shares with
+    # a larger loop (`compiler.sharing`): the value passed for each.
+    stand_ins: dict[Var, Var] = field(default_factory=dict)
 
 
 Step = Union[Loop, Eqn]
