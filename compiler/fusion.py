@@ -13,7 +13,9 @@ a step that is not a loop reads it, or the function returns it.
 
 On the CPU a loop may also end in a float sum over trailing axes of a
 value only that sum reads (`sum(x * x)`, `sum(err * err, axis=1)`): the
-loop accumulates it, and the summed array is never stored.
+loop accumulates it, and the summed array is never stored.  A sum of that
+sum, which nothing else reads, over trailing axes in all is the loop's sum
+instead (`mean(sum(err * err, axis=1))`: one sum over both axes).
 
 Greedy rule: an elementwise equation joins a loop of its shape when every
 input it reads from outside that loop was defined before the loop starts
@@ -71,6 +73,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             if isinstance(a, Var):
                 uses[a] = uses.get(a, 0) + 1
     outputs = {a for a in fn.outputs if isinstance(a, Var)}
+    summed_in: dict[Var, Loop] = {}  # the sum a loop ends in -> that loop
 
     for index, eqn in enumerate(_constants_first(fn)):
         home = loop_of.get(eqn.inputs[0]) if eqn.inputs and isinstance(eqn.inputs[0], Var) \
@@ -79,6 +82,17 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             # The sum exists only once the loop has finished: to every other
             # equation it is an outside value defined here.
             home.reduction = eqn
+            summed_in.update((o, home) for o in eqn.outputs)
+            defined_at.update((o, index) for o in eqn.outputs)
+            continue
+        summer = summed_in.get(eqn.inputs[0]) if eqn.inputs else None
+        widened = (_sum_of_sum(summer.reduction, eqn, uses, outputs) if summer is not None
+                   else None)
+        if widened is not None:
+            # a loop's sum, summed again over the axes left: the loop sums
+            # over both (a mean of row sums: no second reduction to run)
+            summer.reduction = widened
+            summed_in.update((o, summer) for o in eqn.outputs)
             defined_at.update((o, index) for o in eqn.outputs)
             continue
         if eqn.op not in FUSIBLE or eqn.op == "full":
@@ -136,6 +150,21 @@ def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
     rank = x.type.rank
     return (x.type.shape == loop.shape and x.type.is_float and uses.get(x) == 1
             and x not in outputs and rank > 0 and axes == tuple(range(rank - len(axes), rank)))
+
+
+def _sum_of_sum(first: Eqn, second: Eqn, uses: dict, outputs: set) -> Eqn | None:
+    """One sum for `second` summing `first`'s result, which nothing else
+    reads, over trailing axes of first's input; else None."""
+    (y,) = first.outputs
+    if second.op != "reduce_sum" or uses.get(y) != 1 or y in outputs:
+        return None
+    (x,) = first.inputs
+    done = set(first.p["axes"])
+    left = [axis for axis in range(x.type.rank) if axis not in done]
+    axes = tuple(sorted(done | {left[axis] for axis in second.p["axes"]}))
+    if axes != tuple(range(x.type.rank - len(axes), x.type.rank)):
+        return None
+    return Eqn("reduce_sum", (x,), second.outputs, (("axes", axes),), second.span)
 
 
 def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],

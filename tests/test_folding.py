@@ -1,6 +1,8 @@
 """Fewer, larger kernels: exact ops on constants fold at compile time to the
-bits a kernel computes, a constant is never a kernel's work, and a
-one-element tail of exact ops (a mean's division) runs in the driver."""
+bits a kernel computes, a constant is never a kernel's work, a one-element
+tail of exact ops (a mean's division) runs in the driver, a loop contained
+in a larger one runs as its kernel, and a sum of a loop's sum is the
+loop's."""
 import re
 import warnings
 
@@ -10,7 +12,8 @@ import pytest
 import dsl
 from dsl.cli import main
 from gradlang.compiler.builder import Builder
-from gradlang.compiler.ir import NUMPY_DTYPES, TensorType, Var
+from gradlang.compiler.fusion import Loop, fuse
+from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, TensorType, Var
 from gradlang.compiler.ops import OPS, fold
 from gradlang.compiler.passes import simplify
 from gradlang.compiler.pipeline import build, optimize
@@ -249,3 +252,33 @@ def test_scalar_tail_runs_in_the_driver_with_the_kernels_bits(dtype):
     out = tuple(np.empty((), t) for _ in range(3))
     program.run(data, out=out)
     assert all(same_bits(a, b) for a, b in zip(out, (total, third, over_zero)))
+
+
+# ------------------------------------------------------- sums of sums
+
+
+def test_a_mean_of_row_sums_is_one_sum_in_the_loop():
+    m = load_example("dense")
+    x, w, b, t = np.ones((8, 4)), np.ones((4, 3)), np.ones(3), np.zeros((8, 3))
+    steps = fuse(dsl.value_and_grad(m.loss).ir(x, w, b, t), reductions=True)
+    sums = [s.reduction.p["axes"] for s in steps if isinstance(s, Loop) and s.reduction]
+    assert sums == [(0, 1)]
+    assert not any(isinstance(s, Eqn) and s.op == "reduce_sum" for s in steps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sums_of_sums_match_numpy(dtype):
+    m = dsl.loads("def f(x):\n    return mean(sum(x * x, axis=1))\n"
+                  "\ndef g(x):\n    s = sum(x * x, axis=1)\n    return sum(s), s\n"
+                  "\ndef h(x):\n    return sum(sum(x * x, axis=2), axis=0)\n")
+    rng = np.random.default_rng(3)
+    x, cube = rng.normal(size=(5, 7)).astype(dtype), rng.normal(size=(2, 3, 4)).astype(dtype)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    sq = x.astype(np.float64) ** 2
+    np.testing.assert_allclose(m.f(x), sq.sum(axis=1).mean(), rtol=rtol)
+    total, rows = m.g(x)  # the row sums are an output too: summed apart
+    np.testing.assert_allclose(rows, sq.sum(axis=1), rtol=rtol)
+    np.testing.assert_allclose(total, sq.sum(), rtol=rtol)
+    # axes 2 then 0 are not trailing together: two sums
+    np.testing.assert_allclose(m.h(cube), (cube.astype(np.float64) ** 2).sum(axis=(0, 2)),
+                               rtol=rtol)
