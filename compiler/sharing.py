@@ -11,9 +11,9 @@ accepted only when `kernel_name` renders it to M's kernel, so a match can
 only ever save a kernel, never change one.  The price is bounded: at most
 as many extra equations as L has, and they do arithmetic only.
 
-(A gradient's first and last steps differ from the steps between by an
-accumulation they have not started or no longer need: checkpoint's
-plain gradient runs 5 kernels, 2 shared.)
+(A gradient's first and last backward steps differ from the steps between
+by an accumulation they have not started or no longer need: checkpoint's
+plain gradient ran 5 kernels; sharing leaves 2.)
 """
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ def share_kernels(steps: list[Step],
                   kernel_name: Callable[[Loop], Optional[str]]) -> list[Step]:
     """`kernel_name(loop)`: the kernel a loop renders to (None: it runs
     none, and is left alone)."""
-    loops = [s for s in steps if isinstance(s, Loop) and s.reduction is None
-             and kernel_name(s) is not None]
+    names = {id(s): kernel_name(s) for s in steps
+             if isinstance(s, Loop) and s.reduction is None}
+    loops = [s for s in steps if names.get(id(s)) is not None]
     representative: dict[str, Loop] = {}
     for loop in loops:
-        representative.setdefault(kernel_name(loop), loop)
+        representative.setdefault(names[id(loop)], loop)
     # the largest kernels first: a kernel is dropped if a kept one covers it
     kept: list[Loop] = []
     host: dict[str, Loop] = {}
@@ -43,11 +44,10 @@ def share_kernels(steps: list[Step],
             kept.append(loop)
         else:
             host[name] = big
-    sharing = {id(loop) for loop in loops}
     out = []
     for step in steps:
-        if id(step) in sharing and kernel_name(step) in host:
-            step = _cover(step, host[kernel_name(step)], kernel_name) or step
+        if names.get(id(step)) in host:
+            step = _cover(step, host[names[id(step)]], kernel_name) or step
         out.append(step)
     return out
 
@@ -73,8 +73,7 @@ def _cover(small: Loop, big: Loop, kernel_name: Callable[[Loop], str]) -> Option
                     images.add(c)
                     env[a] = c
             outputs = f.outputs
-        elif OPS[eqn.op].cost == 0 and all(a in env or isinstance(a, Lit) or
-                                           a not in big.produced for a in eqn.inputs):
+        elif OPS[eqn.op].cost == 0:  # arithmetic, on scratch
             outputs = tuple(Var(v.type, "scratch") for v in eqn.outputs)
         else:
             return None
