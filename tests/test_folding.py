@@ -93,6 +93,10 @@ def test_checkpoint_plain_gradient_is_two_kernels(transform):
     for k, g in enumerate(grads):
         np.testing.assert_allclose(g, central_difference(reference, [x, w], k),
                                    rtol=1e-6, atol=1e-9)
+    if transform is dsl.grad:  # w's gradient comes from a shared kernel, into out=
+        bufs = (np.empty((4, 4)), np.empty((4, 4)))
+        f(x, w, out=bufs)
+        assert all(same_bits(a, b) for a, b in zip(bufs, grads))
 
 
 def test_a_loop_shares_the_kernel_of_a_larger_one_that_contains_it():
@@ -106,6 +110,10 @@ def test_a_loop_shares_the_kernel_of_a_larger_one_that_contains_it():
     b = (x * w) @ w
     np.testing.assert_array_equal(first, b + x)
     np.testing.assert_array_equal(second, b * w)
+    bufs = (np.empty((3, 3)), np.empty((3, 3)))
+    assert all(a is b for a, b in zip(m.f(x, w, out=bufs), bufs))
+    np.testing.assert_array_equal(bufs[0], b + x)
+    np.testing.assert_array_equal(bufs[1], b * w)
     # ... but not as one that would also compute exp on scratch
     assert len(set(kernels_of(m.g, x, w))) == 2
     np.testing.assert_allclose(m.g(x, w), np.exp(b) * w, rtol=1e-13)
