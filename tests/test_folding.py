@@ -290,3 +290,19 @@ def test_sums_of_sums_match_numpy(dtype):
     # axes 2 then 0 are not trailing together: two sums
     np.testing.assert_allclose(m.h(cube), (cube.astype(np.float64) ** 2).sum(axis=(0, 2)),
                                rtol=rtol)
+
+
+def test_one_sum_of_both_axes_is_the_same_bits_whatever_the_threads():
+    import numba
+    m = dsl.loads("def f(x):\n    return mean(sum(x * x, axis=1))\n")
+    x = np.random.default_rng(4).normal(size=(300, 200))  # the parallel kernel's size
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            results += [m.f(x), m.f(x)]
+    finally:
+        numba.set_num_threads(before)
+    assert all(same_bits(r, results[0]) for r in results)
+    np.testing.assert_allclose(results[0], (x * x).sum(axis=1).mean(), rtol=1e-13)
