@@ -180,7 +180,9 @@ def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) ->
         if inner == 1:
             view = x.reshape(outer, reduced)
             if is_sum and outer == 1 and reduced >= PARALLEL_THRESHOLD:
-                chunk = max(4096, -(-reduced // (4 * numba.get_num_threads())))
+                # chunks of a fixed size, whatever the number of threads:
+                # the partial sums, and so the bits of the sum, are the same
+                chunk = REDUCE_CHUNK
                 partial = np.empty(-(-reduced // chunk), acc_dtype)
                 _sum_row_chunked(view.reshape(-1), chunk, partial)
                 result = np.array([partial.sum()], dtype=acc_dtype)
