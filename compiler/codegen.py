@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
-from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
-from gradlang.compiler.ops import OPS, loop_cost, python_slices
+from gradlang.compiler.ir import NUMPY_NAMES, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ops import (OPS, loop_cost, numpy_spelling, python_slices,
+                                   scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
+from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.common import c_strides, stride_table
 from gradlang.runtime.target import Target
@@ -105,9 +107,9 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
 # ------------------------------------------------------------------ kernels
 
 
-def _literal(a: Lit) -> str:
+def _literal(a: Lit, spell: Callable[[str], str] = str) -> str:
     # Inline, not a module constant: a kernel's text is then all it needs.
-    return f"{a.type.dtype}({a.value!r})"
+    return f"{spell(a.type.dtype)}({a.value!r})"
 
 
 def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str, Var]]]:
@@ -213,27 +215,29 @@ def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
     return out
 
 
-def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v") -> list[str]:
+def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
+               spell: Callable[[str], str] = str) -> list[str]:
     """One line per elementwise equation, from the op table's templates:
-    its value in a local `<prefix><k>` (recorded in `names`)."""
+    its value in a local `<prefix><k>` (recorded in `names`).  `spell`
+    names the scalar types (a kernel's `f64`; `ops.numpy_spelling` in a
+    driver)."""
     def ref(a: Atom) -> str:
-        return _literal(a) if isinstance(a, Lit) else names[a]
+        return _literal(a, spell) if isinstance(a, Lit) else names[a]
 
     lines = []
     for n, eqn in enumerate(eqns):
         out = eqn.outputs[0]
         local = f"{prefix}{n}"
         names[out] = local
+        dtype = out.type.dtype
         if eqn.op == "full":
-            expr = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())))
+            value = _literal(Lit(eqn.p["value"], TensorType(eqn.p["dtype"], ())), spell)
+            expr = f"{spell(dtype)}({value})"
         elif eqn.op == "broadcast_to":
-            expr = ref(eqn.inputs[0])
+            expr = f"{spell(dtype)}({ref(eqn.inputs[0])})"
         else:
-            op = OPS[eqn.op]
-            template = (op.int_template if op.int_template and out.type.dtype in INTS
-                        else op.template)
-            expr = template.format(*[ref(a) for a in eqn.inputs], T=out.type.dtype)
-        lines.append(f"{local} = {out.type.dtype}({expr})")
+            expr = scalar_expression(eqn.op, [ref(a) for a in eqn.inputs], dtype, spell)
+        lines.append(f"{local} = {expr}")
     return lines
 
 
@@ -403,7 +407,9 @@ class _Driver:
 
     def function(self, fn: Function, top: bool = False) -> _Rendered:
         target = self.target
-        steps = fuse(fn, reductions=target.fuses_reductions)
+        steps = share_kernels(fuse(fn, reductions=target.fuses_reductions),
+                              lambda loop: None if self.in_driver(loop)
+                              else render_kernel(loop, target)[0])
         names: dict[Var, str] = {}
         fresh: set[Var] = set()  # driver values that own their memory
         lines: list[str] = []
@@ -427,11 +433,14 @@ class _Driver:
                 if top else {})
         in_place: set[Var] = set()
         readers: dict[Var, int] = {}  # how many steps (or the return) read each value
-        for a in [a for s in steps for a in s.inputs] + list(fn.outputs):
+        for a in [_value(s, a) for s in steps for a in s.inputs] + list(fn.outputs):
             if isinstance(a, Var):
                 readers[a] = readers.get(a, 0) + 1
         for step in steps:
-            if isinstance(step, Loop):
+            if isinstance(step, Loop) and self.in_driver(step):
+                lines += _scalar_lines(step, ref, define)
+                fresh.update(step.outputs)
+            elif isinstance(step, Loop):
                 kname, self.kernels[kname], kinds = render_kernel(step, target)
                 if top:
                     self.kernel_names.append(kname)
@@ -439,6 +448,7 @@ class _Driver:
                 reduced = step.reduction.outputs if step.reduction is not None else ()
                 call_args = []
                 for kind, v in kinds:
+                    v = _value(step, v)
                     if kind == "in" and v in fn.params and top:
                         flat_params.setdefault(v, f"{names[v]}_flat")
                         call_args.append(flat_params[v])
@@ -487,7 +497,7 @@ class _Driver:
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",
-                               "dim") or OPS[step.op].kind == "index":
+                               "dim", "full") or OPS[step.op].kind == "index":
                     fresh.update(step.outputs)
         outs, into, handed_out = [], [], set()
         for i, a in enumerate(fn.outputs):
@@ -507,6 +517,10 @@ class _Driver:
         else:
             lines.append(f"return ({', '.join(outs)}{comma})")
         return _Rendered(params, lines, names, prologue_at, flat_params)
+
+    def in_driver(self, loop: Loop) -> bool:
+        """Whether the driver computes `loop` itself (`_scalar_lines`)."""
+        return self.target.scalars_in_driver and _scalar_arithmetic(loop)
 
     def loop_bounds(self, eqn: Eqn, ref, pre: str) -> tuple[list[str], str]:
         """Driver lines binding a loop's start, stop and step (as `pre` +
@@ -594,6 +608,35 @@ class _Driver:
         return lines
 
 
+def _value(step, v: Atom) -> Atom:
+    """What a step reads for its input `v` (a stand-in's value)."""
+    return step.stand_ins.get(v, v) if isinstance(step, Loop) else v
+
+
+def _scalar_arithmetic(loop: Loop) -> bool:
+    """Whether `loop` is one element of `exact` ops (a mean's division)."""
+    return (loop.reduction is None and all(d == 1 for d in loop.shape)
+            and all(e.op == "broadcast_to" or OPS[e.op].exact for e in loop.eqns))
+
+
+def _scalar_lines(loop: Loop, ref, define) -> list[str]:
+    """Driver lines computing a `_scalar_arithmetic` loop on NumPy scalars,
+    with NumPy's warnings silenced as a kernel has none: the same bits as
+    its kernel (`ops.Op.exact`), and no kernel to compile."""
+    names: dict[Var, str] = {}
+    body = []
+    for k, v in enumerate(loop.inputs):
+        names[v] = f"s{k}"
+        body.append(f"s{k} = {ref(v)}[{', '.join(['0'] * v.type.rank) or '()'}]")
+    body += _eqn_lines(loop.eqns, names, spell=numpy_spelling)
+    lines = ["with np.errstate(all='ignore'):"] + ["    " + line for line in body]
+    for v in loop.outputs:
+        lines.append(f"{define(v)} = R.scalar({names[v]}, np.{_np_name(v.type.dtype)})")
+        if v.type.shape != ():
+            lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
+    return lines
+
+
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:
     """Driver lines binding each size symbol to the first argument axis
     that carries it, and checking every other axis that carries it, and
@@ -648,6 +691,9 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
     p = eqn.p
     out = define(eqn.outputs[0])
     op = eqn.op
+    if op == "full":
+        return (f"{out} = R.full({render_shape(p['shape'])}, {p['value']!r}, "
+                f"np.{_np_name(p['dtype'])})")
     if op == "dim":
         return f"{out} = R.scalar({render(p['value'])}, np.{_np_name(p['dtype'])})"
     if op in ("reduce_sum", "reduce_max"):
@@ -677,8 +723,7 @@ def _slices(p) -> str:
 
 
 def _np_name(dtype: str) -> str:
-    return {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
-            "bool": "bool_"}[dtype]
+    return NUMPY_NAMES[dtype]
 
 
 def _ident(name: str) -> str:

@@ -5,18 +5,24 @@ steps: `Loop`s (a fused chain of elementwise equations over one iteration
 shape) and single non-elementwise equations (reductions, matmul, layout).
 A value that only the members of one loop read never leaves the loop: it
 lives in a register, so a value-and-gradient of an elementwise chain is one
-pass that stores no residual.  `broadcast_to` and `full` join loops as
-elementwise ops (their inputs are read with broadcast indexing, their
-values are constants), so broadcasting never materializes an array.
+pass that stores no residual.  `broadcast_to` joins loops as an elementwise
+op (its input read with broadcast indexing), so broadcasting never
+materializes an array.  A `full` is never a loop's work: loops read it as a
+literal, and it is a step of its own (the driver fills an array) only where
+a step that is not a loop reads it, or the function returns it.
 
 On the CPU a loop may also end in a float sum over trailing axes of a
 value only that sum reads (`sum(x * x)`, `sum(err * err, axis=1)`): the
-loop accumulates it, and the summed array is never stored.
+loop accumulates it, and the summed array is never stored.  A sum of that
+sum, which nothing else reads, over trailing axes in all is the loop's sum
+instead (`mean(sum(err * err, axis=1))`: one sum over both axes).
 
 Greedy rule: an elementwise equation joins a loop of its shape when every
 input it reads from outside that loop was defined before the loop starts
 (preferring the loop that produces its inputs); the loop then runs where
-its first member stood, which keeps the step order topological.
+its first member stood, which keeps the step order topological.  The
+scalars that read no parameter come first (a mean's 1 / n), so that any
+loop can read them.
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside
@@ -46,6 +52,9 @@ class Loop:
     # A float sum over trailing axes of a value only it reads, accumulated
     # in the loop itself (so that value is never stored).
     reduction: Eqn | None = None
+    # Inputs standing in for an argument of a kernel the loop shares with
+    # a larger loop (`compiler.sharing`): the value passed for each.
+    stand_ins: dict[Var, Var] = field(default_factory=dict)
 
 
 Step = Union[Loop, Eqn]
@@ -64,25 +73,35 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             if isinstance(a, Var):
                 uses[a] = uses.get(a, 0) + 1
     outputs = {a for a in fn.outputs if isinstance(a, Var)}
+    summed_in: dict[Var, Loop] = {}  # the sum a loop ends in -> that loop
 
-    for index, eqn in enumerate(fn.eqns):
+    for index, eqn in enumerate(_constants_first(fn)):
         home = loop_of.get(eqn.inputs[0]) if eqn.inputs and isinstance(eqn.inputs[0], Var) \
             else None
         if reductions and home is not None and _absorbable(eqn, home, uses, outputs):
             # The sum exists only once the loop has finished: to every other
             # equation it is an outside value defined here.
             home.reduction = eqn
+            summed_in.update((o, home) for o in eqn.outputs)
             defined_at.update((o, index) for o in eqn.outputs)
             continue
-        if eqn.op not in FUSIBLE:
+        summer = summed_in.get(eqn.inputs[0]) if eqn.inputs else None
+        widened = (_sum_of_sum(summer.reduction, eqn, uses, outputs) if summer is not None
+                   else None)
+        if widened is not None:
+            # a loop's sum, summed again over the axes left: the loop sums
+            # over both (a mean of row sums: no second reduction to run)
+            summer.reduction = widened
+            summed_in.update((o, summer) for o in eqn.outputs)
+            defined_at.update((o, index) for o in eqn.outputs)
+            continue
+        if eqn.op not in FUSIBLE or eqn.op == "full":
             steps.append((index, eqn))
             defined_at.update((o, index) for o in eqn.outputs)
             continue
-        if eqn.op not in ("full", "broadcast_to"):
-            # Loops read constants as literals, whatever their declared
-            # shape; a `full` is materialized only for a non-loop reader.
-            eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
-                      eqn.outputs, eqn.params, eqn.span)
+        # Loops read constants as literals, whatever their declared shape.
+        eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
+                  eqn.outputs, eqn.params, eqn.span)
         shape = eqn.outputs[0].type.shape
         home = _pick_loop(eqn, loops_of_shape.setdefault(shape, []), loop_of, defined_at)
         if home is None:
@@ -96,8 +115,30 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             defined_at[o] = home.start  # the whole loop runs where it starts
 
     ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
-    _wire(ordered, fn)
-    return [s for s in ordered if not isinstance(s, Loop) or s.outputs]
+    needed = _wire(ordered, fn)
+
+    def kept(step: Step) -> bool:
+        if isinstance(step, Loop):
+            return bool(step.outputs)
+        return step.op != "full" or step.out in needed
+    return [s for s in ordered if kept(s)]
+
+
+def _constants_first(fn: Function) -> list[Eqn]:
+    """fn's equations, the scalars that read no parameter (sizes and what
+    they compute: a mean's 1 / n) first, so that they are defined before
+    any loop starts and every loop can read them."""
+    constant: set[Var] = set()
+    first, rest = [], []
+    for eqn in fn.eqns:
+        if eqn.op not in ("loop", "custom_vjp") and all(
+                d == 1 for o in eqn.outputs for d in o.type.shape) and all(
+                a in constant for a in eqn.inputs if isinstance(a, Var)):
+            constant.update(eqn.outputs)
+            first.append(eqn)
+        else:
+            rest.append(eqn)
+    return first + rest
 
 
 def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
@@ -109,6 +150,21 @@ def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
     rank = x.type.rank
     return (x.type.shape == loop.shape and x.type.is_float and uses.get(x) == 1
             and x not in outputs and rank > 0 and axes == tuple(range(rank - len(axes), rank)))
+
+
+def _sum_of_sum(first: Eqn, second: Eqn, uses: dict, outputs: set) -> Eqn | None:
+    """One sum for `second` summing `first`'s result, which nothing else
+    reads, over trailing axes of first's input; else None."""
+    (y,) = first.outputs
+    if second.op != "reduce_sum" or uses.get(y) != 1 or y in outputs:
+        return None
+    (x,) = first.inputs
+    done = set(first.p["axes"])
+    left = [axis for axis in range(x.type.rank) if axis not in done]
+    axes = tuple(sorted(done | {left[axis] for axis in second.p["axes"]}))
+    if axes != tuple(range(x.type.rank - len(axes), x.type.rank)):
+        return None
+    return Eqn("reduce_sum", (x,), second.outputs, (("axes", axes),), second.span)
 
 
 def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
@@ -146,8 +202,9 @@ def _as_constant(a: Atom, fulls: dict[Var, Eqn]) -> Atom:
     return a
 
 
-def _wire(steps: list[Step], fn: Function) -> None:
-    """Fill each loop's external inputs and the outputs others need."""
+def _wire(steps: list[Step], fn: Function) -> set[Var]:
+    """Fill each loop's external inputs and the outputs others need;
+    return the values needed outside the loop that makes them."""
     needed: set[Var] = {a for a in fn.outputs if isinstance(a, Var)}
     for step in steps:
         eqns = step.eqns if isinstance(step, Loop) else [step]
@@ -167,6 +224,7 @@ def _wire(steps: list[Step], fn: Function) -> None:
             step.outputs.extend(o for o in eqn.outputs if o in needed)
         if step.reduction is not None:
             step.outputs.extend(o for o in step.reduction.outputs if o in needed)
+    return needed
 
 
 def print_steps(fn: Function, steps: list[Step]) -> str:

@@ -26,6 +26,9 @@ FLOATS = ("f32", "f64")
 INTS = ("i32", "i64")
 NUMPY_DTYPES = {"bool": np.bool_, "i32": np.int32, "i64": np.int64,
                 "f32": np.float32, "f64": np.float64}
+# their names in NumPy's namespace, for generated Python source
+NUMPY_NAMES = {"bool": "bool_", "i32": "int32", "i64": "int64", "f32": "float32",
+               "f64": "float64"}
 
 
 @dataclass(frozen=True)

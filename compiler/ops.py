@@ -9,13 +9,15 @@ builtins from the rows), and the op-table tests pick it up.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from gradlang.compiler.ir import NUMPY_DTYPES, Atom, Eqn, Lit, TensorType, Var
+from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
+                                  TensorType, Var)
 from gradlang.compiler.shapes import Sym
 from gradlang.runtime.errors import GradError, Span
 
@@ -623,6 +625,14 @@ class Op:
     # the output is the first input with values added into it (a
     # scatter-add): the driver may add in place when it owns that input
     adds_into_first: bool = False
+    # The template is IEEE arithmetic that NumPy scalars of the op's dtype
+    # compute bit for bit as a kernel does (the basic operations, negation,
+    # comparisons, selections, casts): never a math function, whose kernel
+    # value comes from the target's math module and may differ from
+    # NumPy's by an ulp.  `fold` evaluates such an op on constants at
+    # compile time (`compiler.passes.simplify`), and a driver may evaluate
+    # a one-element loop of them itself, with no kernel (`compiler.codegen`).
+    exact: bool = False
 
     def linear_slots(self, n_inputs: int) -> list[frozenset[int]]:
         """The sets of inputs the op is linear in together: the output is a
@@ -658,7 +668,7 @@ _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
 
 _TABLE: tuple[Op, ...] = (
     # ---- elementwise, one input
-    Op("neg", linear="jointly", template="-{0}", ref=np.negative,
+    Op("neg", exact=True, linear="jointly", template="-{0}", ref=np.negative,
        vjp=_unary(lambda b, x, o, ct: b.bind("neg", ct))),
     Op("exp", template="math.exp({0})", ref=np.exp, float_only=True, source_name="exp",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o)), cost=2),
@@ -702,10 +712,10 @@ _TABLE: tuple[Op, ...] = (
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
            b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),
-    Op("abs", template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
+    Op("abs", exact=True, template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)))),
     Op("sign", template="{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))",
-       ref=np.sign, source_name="sign"),
+       ref=np.sign, source_name="sign", exact=True),
     Op("floor", template=_INTEGRAL % "math.floor", ref=np.floor, float_only=True,
        source_name="floor"),
     Op("ceil", template=_INTEGRAL % "math.ceil", ref=np.ceil, float_only=True,
@@ -713,24 +723,25 @@ _TABLE: tuple[Op, ...] = (
     # Python's round() rounds half to even, like np.rint, in Numba on every target.
     Op("round", template=_INTEGRAL % "round", ref=np.rint, float_only=True,
        source_name="round"),
-    Op("logical_not", template="not {0}", ref=np.logical_not, domain="bool"),
+    Op("logical_not", exact=True, template="not {0}", ref=np.logical_not, domain="bool"),
     Op("stop_gradient", template="{0}", ref=lambda x: x.copy(), source_name="stop_gradient",
-       no_op_if=_no_op_for_same_type),
-    Op("cast", linear="jointly", type_rule=_cast_rule, vjp=_cast_vjp, template="{0}",
+       no_op_if=_no_op_for_same_type, exact=True),
+    Op("cast", exact=True, linear="jointly", type_rule=_cast_rule, vjp=_cast_vjp, template="{0}",
        ref=lambda x, dtype: x.astype(_np_dtype(dtype)), no_op_if=_no_op_for_same_type),
     Op("full", type_rule=_full_rule, template="{value}", arity=0,
        ref=lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype))),
     # ---- elementwise, two inputs
     Op("add", template="{0} + {1}", ref=np.add, arity=2, identity=0, commutative=True,
-       linear="jointly",
+       linear="jointly", exact=True,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: ct)),
     Op("sub", linear="jointly", template="{0} - {1}", ref=np.subtract, arity=2, identity=0,
+       exact=True,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind("neg", ct))),
     Op("mul", template="{0} * {1}", ref=np.multiply, arity=2, identity=1, commutative=True,
-       linear="each",
+       linear="each", exact=True,
        vjp=_binary(lambda b, x, y, o, ct: _mul(b, ct, y), lambda b, x, y, o, ct: _mul(b, ct, x))),
     Op("div", template="{0} / {1}", ref=np.divide, arity=2, identity=1, float_only=True,
-       linear="first",
+       linear="first", exact=True,
        domain=("real", "nonzero"),
        vjp=_binary(lambda b, x, y, o, ct: b.bind("div", ct, y),
                    lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
@@ -739,19 +750,23 @@ _TABLE: tuple[Op, ...] = (
        arity=2, domain=("positive", "real"), identity=1, tol=1e-4,
        vjp=_binary(_pow_a, _pow_b), cost=64),
     Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,
-       arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
+       exact=True, arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
     Op("minimum", template="{0} if ({0} < {1} or {0} != {0}) else {1}", ref=np.minimum,
-       arity=2, commutative=True, source_name="minimum", vjp=_max_vjp(False)),
-    Op("lt", type_rule=_BOOL_RESULT, template="{0} < {1}", ref=np.less, arity=2),
-    Op("le", type_rule=_BOOL_RESULT, template="{0} <= {1}", ref=np.less_equal, arity=2),
-    Op("gt", type_rule=_BOOL_RESULT, template="{0} > {1}", ref=np.greater, arity=2),
-    Op("ge", type_rule=_BOOL_RESULT, template="{0} >= {1}", ref=np.greater_equal, arity=2),
-    Op("eq", type_rule=_BOOL_RESULT, template="{0} == {1}", ref=np.equal, arity=2),
-    Op("ne", type_rule=_BOOL_RESULT, template="{0} != {1}", ref=np.not_equal, arity=2),
-    Op("logical_and", template="{0} and {1}", ref=np.logical_and, arity=2, domain="bool"),
-    Op("logical_or", template="{0} or {1}", ref=np.logical_or, arity=2, domain="bool"),
+       exact=True, arity=2, commutative=True, source_name="minimum", vjp=_max_vjp(False)),
+    Op("lt", exact=True, type_rule=_BOOL_RESULT, template="{0} < {1}", ref=np.less, arity=2),
+    Op("le", exact=True, type_rule=_BOOL_RESULT, template="{0} <= {1}", ref=np.less_equal,
+       arity=2),
+    Op("gt", exact=True, type_rule=_BOOL_RESULT, template="{0} > {1}", ref=np.greater, arity=2),
+    Op("ge", exact=True, type_rule=_BOOL_RESULT, template="{0} >= {1}", ref=np.greater_equal,
+       arity=2),
+    Op("eq", exact=True, type_rule=_BOOL_RESULT, template="{0} == {1}", ref=np.equal, arity=2),
+    Op("ne", exact=True, type_rule=_BOOL_RESULT, template="{0} != {1}", ref=np.not_equal, arity=2),
+    Op("logical_and", exact=True, template="{0} and {1}", ref=np.logical_and, arity=2,
+       domain="bool"),
+    Op("logical_or", exact=True, template="{0} or {1}", ref=np.logical_or, arity=2,
+       domain="bool"),
     # ---- elementwise, three inputs
-    Op("where", type_rule=_where_rule, vjp=_where_vjp, template="{1} if {0} else {2}",
+    Op("where", exact=True, type_rule=_where_rule, vjp=_where_vjp, template="{1} if {0} else {2}",
        linear="branches",
        ref=np.where, arity=3, domain=("bool", "real", "real"), source_name="where",
        masking="branches"),
@@ -823,3 +838,45 @@ def loop_cost(op_names: Iterable[str]) -> int:
     """The work of one element of a fused loop evaluating these ops, in the
     units of `Op.cost`: the loop's own (1) and its ops'."""
     return 1 + sum(OPS[name].cost for name in op_names)
+
+
+def scalar_expression(op: str, args: Sequence[str], dtype: str,
+                      spell: Callable[[str], str] = str) -> str:
+    """Source text for `op` applied to scalars (the expressions `args`), as
+    its template says, converted to its output's `dtype`: what a fused
+    loop computes per element.  `spell(dtype)` names a dtype's scalar type
+    (a kernel's `f64`, NumPy's `np.float64` in a driver)."""
+    row = OPS[op]
+    template = row.int_template if row.int_template and dtype in INTS else row.template
+    return f"{spell(dtype)}({template.format(*args, T=spell(dtype))})"
+
+
+def numpy_spelling(dtype: str) -> str:
+    """A dtype's NumPy scalar type, as generated Python source names it."""
+    return f"np.{NUMPY_NAMES[dtype]}"
+
+
+@functools.lru_cache(maxsize=None)
+def _folding_code(op: str, arity: int, dtype: str):
+    return compile(scalar_expression(op, [f"x{k}" for k in range(arity)], dtype,
+                                     numpy_spelling), f"<{op} folded>", "eval")
+
+
+def fold(op: str, values: Sequence, in_dtypes: Sequence[str], dtype: str):
+    """The value of `op` on constants (`values`, of `in_dtypes`) exactly as
+    a kernel computes it, as a Python scalar of the output's `dtype`: its
+    template run on NumPy scalars of those dtypes, with NumPy's warnings
+    silenced as a kernel has none (1 / 0 is inf, NaN propagates).  None
+    where that could differ from a kernel: an op that is not `exact`, or
+    a cast of a float that the integer type does not hold (NaN, inf, out
+    of range: a kernel's conversion is undefined there)."""
+    if not OPS[op].exact:
+        return None
+    with np.errstate(all="ignore"):
+        args = [NUMPY_DTYPES[d](v) for v, d in zip(values, in_dtypes)]
+        if op == "cast" and dtype in INTS and in_dtypes[0] in FLOATS:
+            limits, x = np.iinfo(NUMPY_DTYPES[dtype]), float(args[0])
+            if not (math.isfinite(x) and limits.min <= math.trunc(x) <= limits.max):
+                return None
+        return eval(_folding_code(op, len(args), dtype), {"np": np},
+                    {f"x{k}": a for k, a in enumerate(args)}).item()

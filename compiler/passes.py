@@ -5,8 +5,10 @@ Contract:
   once no more differentiation is to come);
 - `simplify`: drops identities, as the op table declares them (x + 0,
   x * 1, x ** 1, stop_gradient, casts and reshapes to the same type;
-  results unchanged up to the sign of a zero sum), folds reshaped or
-  broadcast constants into constants, and computes x ** 0, 2, 3, 4 and
+  results unchanged up to the sign of a zero sum), folds constants: an
+  `exact` op (`ops.fold`) of constants, or a reshaped or broadcast
+  constant, is a constant; reshapes and broadcasts of a one-element value
+  in turn become one broadcast of it; and computes x ** 0, 2, 3, 4 and
   (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
-from gradlang.compiler.ops import OPS
+from gradlang.compiler.ops import OPS, fold
 
 
 def _substituting():
@@ -60,16 +62,30 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     b = Builder()
     env, sub = _substituting()
     fills: dict[Var, object] = {}  # outputs of `full`: their value
+    # reshapes and broadcasts of a one-element value: that value
+    spread: dict[Var, Var] = {}
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
         out = eqn.outputs[0]
         if eqn.op in ("reshape", "broadcast_to") and inputs[0] in fills:
             # a reshaped or broadcast constant is a constant of the new shape
-            eqn = Eqn("full", (), eqn.outputs, (("dtype", out.type.dtype),
-                                                ("shape", out.type.shape),
-                                                ("value", fills[inputs[0]])), eqn.span)
+            eqn = _full(eqn, fills[inputs[0]])
             inputs = ()
+        elif eqn.op in ("reshape", "broadcast_to") and isinstance(inputs[0], Var) and (
+                inputs[0] in spread or _one_element(inputs[0].type.shape)):
+            # one value reshaped and broadcast in turns is that value
+            # broadcast once, which a loop reads as a scalar
+            spread[out] = spread.get(inputs[0], inputs[0])
+            op = "reshape" if _one_element(out.type.shape) else "broadcast_to"
+            inputs = (spread[out],)
+            eqn = Eqn(op, inputs, eqn.outputs, (("shape", out.type.shape),), eqn.span)
+        elif OPS[eqn.op].exact and all(isinstance(a, Lit) or a in fills for a in inputs):
+            value = fold(eqn.op, [a.value if isinstance(a, Lit) else fills[a] for a in inputs],
+                         [a.type.dtype for a in inputs], out.type.dtype)
+            if value is not None:
+                eqn = _full(eqn, value)
+                inputs = ()
         if eqn.op == "pow" and _small_power(inputs, out) is not None:
             eqn = _power_as_products(b, eqn, inputs[0], _small_power(inputs, out))
             inputs = eqn.inputs
@@ -82,6 +98,17 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             continue
         b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
+
+
+def _full(eqn: Eqn, value) -> Eqn:
+    """eqn's output as a constant: a `full` of its type."""
+    t = eqn.outputs[0].type
+    params = (("dtype", t.dtype), ("shape", t.shape), ("value", value))
+    return Eqn("full", (), eqn.outputs, params, eqn.span)
+
+
+def _one_element(shape: tuple) -> bool:
+    return all(d == 1 for d in shape)
 
 
 def _small_power(inputs, out: Var) -> int | None:
@@ -102,9 +129,7 @@ def _power_as_products(b: Builder, eqn: Eqn, x: Atom, n: int) -> Eqn:
     products (after the ones it needs, which it binds in `b`)."""
     out_type = eqn.outputs[0].type
     if n == 0:  # 1, even for NaN
-        one = b.lit(1, out_type.dtype).value
-        params = (("dtype", out_type.dtype), ("shape", out_type.shape), ("value", one))
-        return Eqn("full", (), eqn.outputs, params, eqn.span)
+        return _full(eqn, b.lit(1, out_type.dtype).value)
     if n == -1:
         return Eqn("div", (b.lit(1, x.type.dtype), x), eqn.outputs, (), eqn.span)
     if n == 2:

@@ -76,6 +76,10 @@ def scalar(value, dtype) -> np.ndarray:
     return np.asarray(value, dtype)
 
 
+def full(shape: tuple, value, dtype) -> np.ndarray:
+    return np.full(shape, value, dtype)
+
+
 def as_int(x: np.ndarray) -> int:
     return int(x)
 
@@ -176,7 +180,9 @@ def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) ->
         if inner == 1:
             view = x.reshape(outer, reduced)
             if is_sum and outer == 1 and reduced >= PARALLEL_THRESHOLD:
-                chunk = max(4096, -(-reduced // (4 * numba.get_num_threads())))
+                # chunks of a fixed size, whatever the number of threads:
+                # the partial sums, and so the bits of the sum, are the same
+                chunk = REDUCE_CHUNK
                 partial = np.empty(-(-reduced // chunk), acc_dtype)
                 _sum_row_chunked(view.reshape(-1), chunk, partial)
                 result = np.array([partial.sum()], dtype=acc_dtype)
@@ -393,6 +399,7 @@ class CpuTarget(Target):
 
     name = "cpu"
     fuses_reductions = True
+    scalars_in_driver = True
     loop_block = 256  # 2 KiB per f64 value: a block's carried values stay in L1
 
     @property
@@ -509,7 +516,7 @@ class CpuTarget(Target):
         return array
 
     def full(self, shape: tuple, value, dtype) -> np.ndarray:
-        return np.full(shape, value, dtype)
+        return full(shape, value, dtype)
 
 
 TARGET = CpuTarget()

@@ -47,6 +47,11 @@ class Target:
     # sequence): more than 1 runs each trip over a block of elements, an
     # inner loop the compiler vectorizes (launched by `launch_blocks`).
     loop_block = 1
+    # Whether a driver may compute a loop of one element of exact arithmetic
+    # (`compiler.ops.Op.exact`: a mean's division) itself, on NumPy scalars
+    # read from its arrays, rather than launch a kernel (which would cost a
+    # compile): only where the arrays are in host memory.
+    scalars_in_driver = False
 
     # -- codegen: kernels and how a driver launches them
     def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],

@@ -199,3 +199,22 @@ def test_rows_are_the_least_period_and_divide_every_other():
     c, g = rng.normal(size=(2, 1, 1)), rng.normal(size=(2, 1, 4))
     np.testing.assert_allclose(m.h(x, b, c, g), x * b + c + g, rtol=1e-15)
     np.testing.assert_allclose(m.f(x, b, c, g), (x * b + c + g).sum(axis=-1), rtol=1e-14)
+
+
+def test_full_sum_of_an_argument_is_the_same_bits_whatever_the_threads():
+    # the runtime's chunked sum (an argument summed whole, from 2^15
+    # elements) split its row by the thread count, so the bits changed
+    import numba
+    m = dsl.loads("def f(x):\n    return sum(x)\n")
+    x = np.random.default_rng(5).normal(size=1 << 17)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, 2, numba.config.NUMBA_NUM_THREADS}):
+            if threads <= numba.config.NUMBA_NUM_THREADS:
+                numba.set_num_threads(threads)
+                results.append(m.f(x))
+    finally:
+        numba.set_num_threads(before)
+    assert len(results) >= 2 and all(r.tobytes() == results[0].tobytes() for r in results)
+    np.testing.assert_allclose(results[0], np.sum(x), rtol=1e-12)
