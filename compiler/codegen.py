@@ -46,7 +46,7 @@ from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.common import c_strides, stride_table
-from gradlang.runtime.target import Target
+from gradlang.runtime.target import Target, largest, smallest
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,9 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     args, pre, row, body = _read_inputs(loop.inputs, loop.shape, names, rows=rowwise)
     kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
     if periods:
-        # max(.., 1): an empty loop has periods of 0, and no rows.
-        least = periods[0] if len(periods) == 1 else f"min({', '.join(periods)})"
-        pre.append(f"inner = max({least}, 1)")
+        # at least 1: an empty loop has periods of 0, and no rows.
+        pre.append(f"least = {smallest(*periods)}")
+        pre.append(f"inner = {largest('least', '1')}")
     for j, v in enumerate(loop.outputs):
         args.append(f"out{j}")
         kinds.append(("out", v))
@@ -312,7 +312,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
         lines = read_lines + init + ["for tt in range(trips):"]
         lines += ["    " + l for l in trip + step]
     else:
-        lines = [f"lo = i * {block}", f"hi = min(lo + {block}, size)",
+        lines = [f"lo = i * {block}", f"hi = {smallest(f'lo + {block}', 'size')}",
                  "for e in range(lo, hi):"] + ["    " + l for l in read_lines + init]
         lines += ["for tt in range(trips):"] + ["    " + l for l in trip]
         lines += ["    for e in range(lo, hi):"] + ["        " + l for l in read_lines + step]

@@ -37,7 +37,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
 )
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import manage_dispatcher
-from gradlang.runtime.target import Target, is_device_array
+from gradlang.runtime.target import Target, is_device_array, largest, smallest
 
 # Numba's OpenMP workers spin for a while after each parallel kernel (GNU
 # libgomp: 300,000 rounds), and with few cores they then hold the cores that
@@ -139,7 +139,8 @@ def _sum_row_chunked(x, chunk, partial):
     n = x.shape[0]
     for c in prange(partial.shape[0]):
         acc = partial.dtype.type(0)
-        for r in range(min(chunk, n - c * chunk)):  # from 0: see render_reducing_loop
+        left = n - c * chunk  # (Numba's min() would compile an overload)
+        for r in range(chunk if chunk < left else left):  # from 0: see render_reducing_loop
             acc = cpu_math.accumulate(acc, x[c * chunk + r])
         partial[c] = acc
 
@@ -469,7 +470,7 @@ class CpuTarget(Target):
             out += ["    " + line for line in pre]
             out.append("    length = n // rows if rows else 0")
             if inner is not None:  # both products of trailing sizes: the less divides
-                out.append(f"    {inner} = min({inner}, max(length, 1))")
+                out.append(f"    {inner} = {smallest(inner, largest('length', '1'))}")
             out += [f"    for o in {rng}(rows):", "        acc = 0.0"]
             out += ["        " + line
                     for line in _elements("o * length", "length", row, body + add, inner)]
@@ -477,11 +478,11 @@ class CpuTarget(Target):
         out += [_PARALLEL, f"def {kname}_all({arglist}):"]
         out += ["    " + line for line in pre]
         step = (f"{REDUCE_CHUNK}" if inner is None
-                else f"max({REDUCE_CHUNK} // {inner}, 1) * {inner}")
+                else f"{largest(f'({REDUCE_CHUNK} // {inner})', '1')} * {inner}")
         out += [f"    step = {step}", "    chunks = (n + step - 1) // step",
                 "    partial = np.empty(chunks, np.float64)",
                 "    for c in prange(chunks):", "        acc = 0.0",
-                "        count = min(step, n - c * step)"]
+                f"        count = {smallest('step', '(n - c * step)')}"]
         out += ["        " + line for line in _elements("c * step", "count",
                                                         row, body + add, inner)]
         out += ["        partial[c] = acc", "    total = 0.0", "    for c in range(chunks):",

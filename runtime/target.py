@@ -27,6 +27,24 @@ import numpy as np
 
 from gradlang.runtime.errors import GradError
 
+def smallest(*exprs: str) -> str:
+    """Generated code for the least of integer expressions (each evaluated
+    more than once: names or constants): selects, where Numba's `min` is
+    an overload that compiles once per process and signature (20-40 ms)."""
+    least = exprs[0]
+    for e in exprs[1:]:
+        least = f"({least} if {least} < {e} else {e})"
+    return least
+
+
+def largest(*exprs: str) -> str:
+    """As `smallest`, the greatest."""
+    most = exprs[0]
+    for e in exprs[1:]:
+        most = f"({most} if {most} > {e} else {e})"
+    return most
+
+
 # name -> the module that defines `TARGET` for it
 TARGETS = {"cpu": "gradlang.runtime.cpu", "cuda": "gradlang.runtime.cuda"}
 DEFAULT = "cpu"
