@@ -34,10 +34,12 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
-from dsl.function import Compiled, GradFunction, JvpFunction, Wrt, resolve_wrt, vjp_of_bound
+from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, fast_key, resolve_wrt,
+                          vjp_of_bound)
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.recording import THREAD
 
 Tangents = Union[Sequence[Any], Mapping[str, Any]]
 
@@ -53,6 +55,11 @@ def jvp_function(f: Compiled, active: Sequence[str]) -> JvpFunction:
 
 
 def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
+    plain = _plain_call(primals, tangents)
+    if plain is not None:  # the fast path of a call like one made before
+        run = _known_jvp(f, len(primals)).get(fast_key(plain))
+        if run is not None:
+            return run(*plain)
     if not isinstance(primals, (tuple, list)):
         raise ArgumentError(f"jvp() takes the primals of {f.name}() as a tuple, got "
                             f"{type(primals).__name__}", f.span)
@@ -72,8 +79,27 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
             chosen[name] = tangent
     active = [n for n in bound if n in chosen]
     jf = jvp_function(f, active)
-    outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))})
+    outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))},
+                args=plain or ())
     return jf.format(outs)
+
+
+def _plain_call(primals: Any, tangents: Any) -> Optional[tuple]:
+    """The primals then the tangents, for the fast path, when both are
+    given as sequences and no `dsl.Tape` records on this thread."""
+    if type(primals) in (tuple, list) and type(tangents) in (tuple, list) and not THREAD.tapes:
+        return (*primals, *tangents)
+    return None
+
+
+def _known_jvp(f: Compiled, count: int) -> dict:
+    """The fast path's entries of f's jvp along its first `count`
+    arguments: where each primal has an array tangent of its own dtype and
+    shape, the slow path took the call as `jf(*primals, *tangents)`, and
+    `FastPath.remember` kept its program under those arrays' key (which
+    fixes everything the slow path checked)."""
+    jf = f.__dict__.get("_transforms", {}).get(("jvp", tuple(s.name for s in f.specs[:count])))
+    return jf._fast.entries if jf is not None else {}
 
 
 def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
@@ -115,9 +141,11 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
     return jf, run_on_dask(jf, bound)
 
 
-def _run(f: Compiled, bound: dict[str, Any], host: bool = False) -> tuple:
-    """f's raw outputs; on the host when `host` or f's results go there."""
-    outs = f.call_bound(bound)
+def _run(f: Compiled, bound: dict[str, Any], host: bool = False, args: tuple = ()) -> tuple:
+    """f's raw outputs; on the host when `host` or f's results go there.
+    `args`: the positional arguments `bound` holds, for the fast path to
+    remember the call (`Compiled.call_bound`)."""
+    outs = f.call_bound(bound, args)
     return tuple(f.target.to_host(o) for o in outs) if host or f.host_results else tuple(outs)
 
 

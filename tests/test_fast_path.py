@@ -264,3 +264,58 @@ def test_threads_calling_with_different_shapes_get_their_own_results():
     for t in threads:
         t.join()
     assert not failures
+
+
+def jvp_of_mul_add(x, y, tx, ty):
+    """(x y + x, tx y + x ty + tx): the value and tangent of mul_add."""
+    return x * y + x, tx * y + x * ty + tx
+
+
+def test_jvp_remembers_plain_calls_and_still_checks_every_other():
+    from dsl.forward import _known_jvp
+    x, y = np.linspace(-1.0, 1.0, 4), np.linspace(0.5, 2.0, 4)
+    tx, ty = np.linspace(0.1, 0.4, 4), np.full(4, -0.5)
+    for _ in range(3):
+        value, tangent = dsl.jvp(M.mul_add, (x, y), (tx, ty))
+        want = jvp_of_mul_add(x, y, tx, ty)
+        np.testing.assert_allclose(value, want[0], rtol=1e-15)
+        np.testing.assert_allclose(tangent, want[1], rtol=1e-15)
+    entries = _known_jvp(M.mul_add, 2)
+    assert len(entries) == 1  # the calls after the first took the fast path
+    runs = []
+    for key, run in entries.items():
+        entries[key] = lambda *a, run=run: runs.append(1) or run(*a)
+    # tangents the slow path converts, drops or refuses, and other layouts:
+    # never the remembered program
+    value, tangent = dsl.jvp(M.mul_add, (x, y), (tx.tolist(), ty))
+    np.testing.assert_allclose(tangent, jvp_of_mul_add(x, y, tx, ty)[1], rtol=1e-15)
+    value, tangent = dsl.jvp(M.mul_add, (x, y), (tx, None))
+    np.testing.assert_allclose(tangent, jvp_of_mul_add(x, y, tx, 0 * ty)[1], rtol=1e-15)
+    value, tangent = dsl.jvp(M.mul_add, (x, y), {"y": ty})
+    np.testing.assert_allclose(tangent, jvp_of_mul_add(x, y, 0 * tx, ty)[1], rtol=1e-15)
+    value, tangent = dsl.jvp(M.mul_add, (x, y[::-1].copy()[::-1]), (tx, ty))
+    np.testing.assert_allclose(tangent, jvp_of_mul_add(x, y, tx, ty)[1], rtol=1e-15)
+    with pytest.raises(dsl.ArgumentError, match="has dtype f32; its primal has dtype f64"):
+        dsl.jvp(M.mul_add, (x, y), (tx.astype(np.float32), ty))
+    with pytest.raises(dsl.ArgumentError, match="has shape"):
+        dsl.jvp(M.mul_add, (x, y), (tx[:3], ty))
+    assert runs == []
+    with dsl.Tape() as tape:  # a recording tape takes the slow path too
+        tape.watch(x)
+        dsl.jvp(M.mul_add, (x, y), (tx, ty))
+    assert runs == []
+    value, tangent = dsl.jvp(M.mul_add, (x, y), (tx, ty))
+    np.testing.assert_allclose(tangent, jvp_of_mul_add(x, y, tx, ty)[1], rtol=1e-15)
+    assert runs == [1]
+
+
+def test_jvp_of_a_function_with_a_const_or_param_is_never_remembered():
+    from dsl.forward import _known_jvp
+    x, t = np.linspace(0.5, 1.5, 3), np.ones(3)
+    for k in (2, 3, 2):
+        np.testing.assert_allclose(dsl.jvp(M.times, (x, k), (t, None))[1], k * t)
+    assert not _known_jvp(M.times, 2)
+    for w in (np.ones(3), np.arange(3.0)):
+        M.params["w"] = w
+        np.testing.assert_allclose(dsl.jvp(M.weighted, (x,), (t,))[1], w.sum() * t)
+    assert not _known_jvp(M.weighted, 1)
