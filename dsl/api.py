@@ -58,6 +58,18 @@ class Module:
         raise AttributeError(f"module {self.__dict__.get('__file__')!r} has no function "
                              f"{name!r}; it defines: {', '.join(functions) or 'nothing'}")
 
+    def __setattr__(self, name: str, value) -> None:
+        # `m.w = ...` for a param `w` would leave the param as it was and
+        # shadow nothing the functions read: say how to set it instead.
+        params, functions = self.__dict__.get("params"), self.__dict__.get("_functions", {})
+        if params is not None and params.declares(name):
+            raise AttributeError(f"{name!r} is a param of module {self.__file__!r}: set it "
+                                 f"with .params[{name!r}] = value")
+        if name in functions:
+            raise AttributeError(f"{name!r} is a function of module {self.__file__!r}, "
+                                 "which cannot be replaced")
+        object.__setattr__(self, name, value)
+
     def __dir__(self):
         return list(self._functions) + ["functions", "params"]
 

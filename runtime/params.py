@@ -33,6 +33,9 @@ class ParamStore(MutableMapping):
     def spec(self, name: str) -> ParamSpec:
         return self._specs[name]
 
+    def declares(self, name: str) -> bool:
+        return name in self._specs
+
     def _spec(self, name: str) -> ParamSpec:
         if name not in self._specs:
             known = ", ".join(self._specs) or "none"

@@ -213,3 +213,17 @@ def test_where_mask_does_not_select_through_layout_or_reductions():
     np.testing.assert_allclose(dsl.grad(m.s)(x, rows),
                                central_difference(lambda x: np.sum(np.where(
                                    rows, np.sum(x * x, axis=1), 0.0)), [x], 0), rtol=1e-6)
+
+
+def test_assigning_a_param_or_function_as_an_attribute_says_how_to_set_it():
+    # `m.w = value` used to be accepted and ignored: the functions kept
+    # reading the param's value from `m.params`.
+    m = dsl.loads("param w: f64[n]\n\ndef f(x):\n    return sum(w) * x\n")
+    m.params["w"] = np.ones(2)
+    with pytest.raises(AttributeError, match=r"set it with \.params\['w'\] = value"):
+        m.w = np.zeros(2)
+    with pytest.raises(AttributeError, match="'f' is a function"):
+        m.f = None
+    np.testing.assert_allclose(m.f(np.arange(3.0)), 2.0 * np.arange(3.0))
+    m.note = "mine"  # other attributes are the user's
+    assert m.note == "mine"
