@@ -55,10 +55,14 @@ def lean_target() -> Iterator[None]:
     """Compiles inside prepare the CPU target lean (nothing changes once
     the whole target has been prepared)."""
     with global_compiler_lock:
-        if sys.modules.get(_WHOLE_TARGET_MARK) is not None:  # prepared whole already
+        context = cpu_target.target_context
+        # prepared whole already, or lean already: a compile inside another
+        # (a kernel typing a call to a dispatcher not yet compiled), which
+        # must leave the outer compile's preparation in place
+        if sys.modules.get(_WHOLE_TARGET_MARK) is not None or \
+                "load_additional_registries" in vars(context):
             yield
             return
-        context = cpu_target.target_context
         context.load_additional_registries = lambda: _prepare_lean(context)
         try:
             yield

@@ -72,3 +72,33 @@ def run(tmp_path: Path, *flags: str) -> str:
 @pytest.mark.parametrize("flag, prepared", [("user-after", "lean"), ("user-first", "whole")])
 def test_kernels_compile_lean_and_user_code_sees_all_of_numba(tmp_path, flag, prepared):
     assert run(tmp_path, flag) == prepared
+
+
+# A managed dispatcher calling another, neither compiled yet: the inner
+# compile runs inside the outer's lean preparation.
+NESTED = r'''
+import numba
+from gradlang.runtime.loader import manage_dispatcher
+
+@numba.njit(no_cfunc_wrapper=True)
+def inner(x):
+    return x + 1.0
+
+@numba.njit(no_cfunc_wrapper=True)
+def outer(x):
+    return inner(x) * 2.0
+
+manage_dispatcher(inner)
+manage_dispatcher(outer)
+print(outer(1.5))
+'''
+
+
+def test_a_lean_compile_inside_another_keeps_the_outer_ones_preparation(tmp_path):
+    # the inner compile removed the lean preparation on leaving, and the
+    # outer one then failed to remove it (AttributeError)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", NESTED], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["5.0"]
