@@ -23,9 +23,10 @@ installed: 0.2-0.4 s) before it reads a cached function, which needs only
 Numba's runtime (NRT) to link against; a dispatcher whose cache this
 module manages (`manage_dispatcher`: every kernel's, and the CPU helpers')
 loads without that, and a miss compiles against a lean target
-(`numba_target`), which skips the SciPy import.  The runtime's own machine code, which Numba compiles
-in every process (20-60 ms), is stored too (`store`), keyed by the
-versions of Numba and llvmlite and the CPU it was compiled for.
+(`numba_target`), which skips the SciPy import.  The runtime's own
+machine code, which Numba compiles in every process (20-60 ms), is stored
+too (`store`), keyed by the versions of Numba and llvmlite and the CPU it
+was compiled for.
 
 The cache can never make a program fail or run stale code: a kernel file
 whose bytes differ from the source is rewritten; a Numba index or data
