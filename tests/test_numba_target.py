@@ -102,3 +102,60 @@ def test_a_lean_compile_inside_another_keeps_the_outer_ones_preparation(tmp_path
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["5.0"]
+
+
+# gradc kernels compiling in two threads while a third compiles a user's
+# function that needs the whole target (np.median, a typed list).
+THREADS = r'''
+import threading
+import numpy as np
+import numba
+from numba.typed import List
+import dsl
+
+@numba.njit
+def user(a):
+    medians = List()
+    medians.append(np.median(a))
+    return np.cumsum(a)[-1] + medians[0]
+
+m = dsl.loads("""
+def f(x):
+    return sum(exp(x) * x)
+def g(x, w):
+    return sum(tanh(x @ w))
+""")
+x, w = np.linspace(-1.0, 1.0, 6), np.linspace(0.5, 1.5, 6).reshape(3, 2)
+start = threading.Barrier(3)
+results, errors = {}, []
+
+def run(name, work):
+    start.wait()
+    try:
+        results[name] = work()
+    except BaseException as err:
+        errors.append(repr(err))
+
+threads = [threading.Thread(target=run, args=args) for args in (
+    ("f", lambda: dsl.grad(m.f)(x)), ("g", lambda: dsl.grad(m.g, wrt=1)(x.reshape(2, 3), w)),
+    ("user", lambda: user(np.arange(5.0))))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert np.allclose(results["f"], np.exp(x) * (1 + x), rtol=1e-13)
+h = x.reshape(2, 3)
+assert np.allclose(results["g"], h.T @ (1 - np.tanh(h @ w) ** 2), rtol=1e-13)
+assert results["user"] == 10.0 + 2.0
+print("ok")
+'''
+
+
+def test_kernels_and_user_code_compile_in_threads_at_once(tmp_path):
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path / "gradc"),
+           "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", THREADS], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
