@@ -3,6 +3,7 @@ bits a kernel computes, a constant is never a kernel's work, a one-element
 tail of exact ops (a mean's division) runs in the driver, a loop contained
 in a larger one runs as its kernel, and a sum of a loop's sum is the
 loop's."""
+import itertools
 import re
 import warnings
 
@@ -260,6 +261,53 @@ def test_scalar_tail_runs_in_the_driver_with_the_kernels_bits(dtype):
     out = tuple(np.empty((), t) for _ in range(3))
     program.run(data, out=out)
     assert all(same_bits(a, b) for a, b in zip(out, (total, third, over_zero)))
+
+
+
+def _one_element_program(dtype: str, seed: int, count: int = 25):
+    """`count` random chains of exact ops (selects, round-trip casts too)
+    of three one-element arguments, one output each."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    params = [Var(TensorType(dtype, (1,)), name) for name in "xyz"]
+    arithmetic = ["add", "sub", "mul", "maximum", "minimum"] + (["div"] if dtype[0] == "f"
+                                                                else [])
+    other = {"f32": "f64", "f64": "f32", "i32": "i64", "i64": "i32"}[dtype]
+    outs = []
+    for _ in range(count):
+        pool = list(params)
+        for _ in range(rng.integers(1, 5)):
+            a, c = pool[rng.integers(len(pool))], pool[rng.integers(len(pool))]
+            kind = rng.random()
+            if kind < 0.5:
+                pool.append(b.bind(arithmetic[rng.integers(len(arithmetic))], a, c))
+            elif kind < 0.7:
+                pool.append(b.bind(UNARY[rng.integers(len(UNARY))], a))
+            elif kind < 0.85:
+                test = BINARY[6 + rng.integers(6)]  # a comparison
+                pool.append(b.bind("where", b.bind(test, a, c), a, c))
+            else:
+                pool.append(b.bind("cast", b.bind("cast", a, dtype=other), dtype=dtype))
+        outs.append(pool[-1])
+    return b.function("p", params, outs)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32"])
+def test_one_element_tails_in_the_driver_match_their_kernel_bit_for_bit(dtype, monkeypatch):
+    from gradlang.runtime.cpu import CpuTarget
+    fn = _one_element_program(dtype, seed=7)
+    in_driver = build(fn)
+    monkeypatch.setattr(CpuTarget, "scalars_in_driver", False)
+    in_kernel = build(fn)
+    assert in_driver.generated.kernel_names == () and in_kernel.generated.kernel_names
+    t = NUMPY_DTYPES[dtype]
+    values = SPECIAL if dtype[0] == "f" else [0, 1, -1, 7, 2 ** 31 - 1, -2 ** 31]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for x, y, z in itertools.product(values, repeat=3):
+            args = [np.array([v], t) for v in (x, y, z)]
+            for k, (a, b) in enumerate(zip(in_driver(*args), in_kernel(*args))):
+                assert a.dtype == b.dtype and same_bits(a, b), (k, x, y, z, a, b)
 
 
 # ------------------------------------------------------- sums of sums
