@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
-from gradlang.compiler.ir import NUMPY_NAMES, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import (OPS, loop_cost, numpy_spelling, python_slices,
                                    scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
@@ -416,7 +416,7 @@ class _Driver:
 
         def ref(a: Atom) -> str:
             if isinstance(a, Lit):
-                return f"R.scalar({a.value!r}, np.{_np_name(a.type.dtype)})"
+                return f"R.scalar({a.value!r}, {numpy_spelling(a.type.dtype)})"
             return names[a]
 
         def define(v: Var) -> str:
@@ -458,7 +458,7 @@ class _Driver:
                         name = define(v)
                         fresh.add(v)
                         length = prod(v.type.shape) if v in reduced else size
-                        alloc = f"R.empty({render(length)}, np.{_np_name(v.type.dtype)})"
+                        alloc = f"R.empty({render(length)}, {numpy_spelling(v.type.dtype)})"
                         if v in slot:
                             buffer = f"out[{slot[v]}]"
                             # C order, checked by the caller: a view, never a copy
@@ -548,7 +548,7 @@ class _Driver:
         for j, v in enumerate(eqn.outputs):
             name = define(v)
             length = render(size) if j < n_carry else f"{trips} * {render(size)}"
-            lines.append(f"{name} = R.empty({length}, np.{_np_name(v.type.dtype)})")
+            lines.append(f"{name} = R.empty({length}, {numpy_spelling(v.type.dtype)})")
             args.append(name)
         for v in aux_values:
             aux = access_aux(v.type.shape, shape)
@@ -591,7 +591,7 @@ class _Driver:
         for name, v in zip(ys, eqn.outputs[n_carry:]):
             shape = render_shape(v.type.shape[1:])
             lines.append(f"{name} = R.empty(({trips},) + {shape}, "
-                         f"np.{_np_name(v.type.dtype)})")
+                         f"{numpy_spelling(v.type.dtype)})")
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         lines.append(f"for {pre}t in {order}:")
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
@@ -631,7 +631,7 @@ def _scalar_lines(loop: Loop, ref, define) -> list[str]:
     body += _eqn_lines(loop.eqns, names, spell=numpy_spelling)
     lines = ["with np.errstate(all='ignore'):"] + ["    " + line for line in body]
     for v in loop.outputs:
-        lines.append(f"{define(v)} = R.scalar({names[v]}, np.{_np_name(v.type.dtype)})")
+        lines.append(f"{define(v)} = R.scalar({names[v]}, {numpy_spelling(v.type.dtype)})")
         if v.type.shape != ():
             lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
     return lines
@@ -693,9 +693,9 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
     op = eqn.op
     if op == "full":
         return (f"{out} = R.full({render_shape(p['shape'])}, {p['value']!r}, "
-                f"np.{_np_name(p['dtype'])})")
+                f"{numpy_spelling(p['dtype'])})")
     if op == "dim":
-        return f"{out} = R.scalar({render(p['value'])}, np.{_np_name(p['dtype'])})"
+        return f"{out} = R.scalar({render(p['value'])}, {numpy_spelling(p['dtype'])})"
     if op in ("reduce_sum", "reduce_max"):
         return f"{out} = R.{op}({x[0]}, {tuple(p['axes'])!r})"
     if op == "matmul":
@@ -720,10 +720,6 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
 
 def _slices(p) -> str:
     return ", ".join(map(repr, python_slices(p["starts"], p["stops"], p["steps"])))
-
-
-def _np_name(dtype: str) -> str:
-    return NUMPY_NAMES[dtype]
 
 
 def _ident(name: str) -> str:
