@@ -660,8 +660,11 @@ class Op:
 
 _SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
 # math.floor and friends return integers: beyond 2**52 (and for inf and NaN)
-# a float is already integral, so it is returned as it is.
-_INTEGRAL = "{0} if not (abs({0}) < 4503599627370496.0) else {T}(%s({0}))"
+# a float is already integral, so it is returned as it is; below, the
+# integer back as a float takes x's sign, which a zero result lost (floor
+# of -0.0, ceil and round of x in (-1, 0) are -0.0, as NumPy's are).
+_INTEGRAL = ("{0} if not (abs({0}) < 4503599627370496.0) "
+             "else {T}(math.copysign({T}(%s({0})), {0}))")
 _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
             "else math.exp({0}) / ({T}(1) + math.exp({0}))")
 
@@ -714,7 +717,9 @@ _TABLE: tuple[Op, ...] = (
            b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),
     Op("abs", exact=True, template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)))),
-    Op("sign", template="{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else {0} * {T}(0))",
+    # 0 for -0.0 as for 0.0 (NumPy's), NaN for NaN
+    Op("sign", template=("{T}(1) if {0} > 0 else ({T}(-1) if {0} < 0 else "
+                         "({T}(0) if {0} == 0 else {0}))"),
        ref=np.sign, source_name="sign", exact=True),
     Op("floor", template=_INTEGRAL % "math.floor", ref=np.floor, float_only=True,
        source_name="floor"),

@@ -87,6 +87,21 @@ def broadcast_variants(draw, shape, arity):
     return out
 
 
+SPECIALS = [-0.0, 0.0, -0.4, 0.4, -0.5, 0.5, -2.5, 2.5, -1e30, 1e30, -np.inf, np.inf, np.nan]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", ["floor", "ceil", "round", "sign", "abs", "neg"])
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_integral_and_sign_ops_keep_numpys_signed_zeros(name, target, dtype):
+    # floor of -0.0, ceil and round of x in (-1, 0) are -0.0; sign of -0.0 is 0.0
+    x = np.array(SPECIALS, NP[dtype])
+    (got,) = run(single_op(name, types_of([x])), target, x)
+    expected = OPS[name].ref(x)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", ELEMENTWISE)
 @settings(max_examples=6, deadline=None)
