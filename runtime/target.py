@@ -28,9 +28,10 @@ import numpy as np
 from gradlang.runtime.errors import GradError
 
 def smallest(*exprs: str) -> str:
-    """Generated code for the least of integer expressions (each evaluated
-    more than once: names or constants): selects, where Numba's `min` is
-    an overload that compiles once per process and signature (20-40 ms)."""
+    """Generated code for the least of integer expressions (each may be
+    evaluated more than once: pure and cheap ones, such as names,
+    constants and their sums): selects, where Numba's `min` is an overload
+    that compiles once per process and signature (20-40 ms)."""
     least = exprs[0]
     for e in exprs[1:]:
         least = f"({least} if {least} < {e} else {e})"
