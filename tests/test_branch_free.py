@@ -155,3 +155,66 @@ kernel_function(floats_or, lambda x: (branch_free(_floats_or), (x,)))
 def test_typing_outside_the_subset_is_refused():
     with pytest.raises(Exception, match=r"_floats_or .*: `and` and `or` of booleans only"):
         numba.njit(lambda v: floats_or(v))(1.0)
+
+
+# cpu_math's own helpers, compiled by Numba (each registered as a jitable
+# function, called from a kernel) against their translation (the public
+# function in a kernel), bit for bit, on random bit patterns and special
+# values: in a process of its own, since registering them is for good.
+CPU_MATH_BY_NUMBA = r"""
+import sys
+import numba
+import numpy as np
+from numba.extending import register_jitable
+from gradlang.runtime import branch_free, cpu_math as cm
+
+OPTIONS = {"fastmath": {"contract"}, "error_model": "numpy"}
+for helper in list(branch_free._HELPERS):
+    register_jitable(**OPTIONS)(helper)
+dtype = np.dtype(sys.argv[1])
+w = "32" if dtype == np.float32 else "64"
+unary = ["exp", "log", "log1p", "expm1", "tanh", "sin", "cos", "tan"]
+helpers = tuple(getattr(cm, f"_{name}_f{w}") for name in unary) + (getattr(cm, f"_pow_f{w}"),)
+publics = tuple(getattr(cm, name) for name in unary) + (cm.pow,)
+
+def kernel(fs):
+    e, l, l1, em, th, s, c, t, p = fs
+    @numba.njit(**OPTIONS)
+    def run(x, y, out):
+        for i in range(x.size):
+            a = x[i]
+            out[0, i], out[1, i], out[2, i], out[3, i] = e(a), l(a), l1(a), em(a)
+            out[4, i], out[5, i], out[6, i], out[7, i] = th(a), s(a), c(a), t(a)
+            out[8, i] = p(a, y[i])
+    return run
+
+rng = np.random.default_rng(7)
+ints = np.int32 if dtype == np.float32 else np.int64
+bits = rng.integers(np.iinfo(ints).min, np.iinfo(ints).max, 200_000, dtype=ints)
+scale = np.array([1e-8, 0.1, 1.0, 3.0, 30.0, 100.0, 800.0, 1e6, 1e22], dtype)
+spread = (rng.standard_normal((scale.size, 20_000)) * scale[:, None]).astype(dtype).ravel()
+finfo = np.finfo(dtype)
+specials = np.array([0.0, -0.0, 1.0, -1.0, 0.5, 2.0, np.inf, -np.inf, np.nan, finfo.tiny,
+                     finfo.smallest_subnormal, finfo.max, -finfo.max, 88.7, 709.8, -745.2,
+                     1.5707963267948966, 3.141592653589793], dtype)
+x = np.concatenate([bits.view(dtype), spread, specials, np.repeat(specials, specials.size)])
+y = np.concatenate([rng.permutation(x[:-specials.size ** 2]), np.tile(specials, specials.size)])
+want, got = np.empty((9, x.size), dtype), np.empty((9, x.size), dtype)
+kernel(helpers)(x, y, want)
+kernel(publics)(x, y, got)
+differ = (want.view(ints) != got.view(ints)).sum(axis=1)
+print(" ".join(f"{name}:{n}" for name, n in zip(unary + ["pow"], differ)))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cpu_math_translates_to_numbas_own_bits(dtype, tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "GRADC_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", CPU_MATH_BY_NUMBA, dtype], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = dict(item.split(":") for item in run.stdout.split())
+    assert len(counts) == 9 and all(n == "0" for n in counts.values()), counts
