@@ -281,6 +281,19 @@ def _scatter_rows(out, idx, values):
 
 
 @_jit()
+def _scatter_flat(out, idx, values):
+    # _scatter_rows of one row of single elements (a segment sum), which
+    # its 3-d indexing and inner loop made 2.5x slower.
+    n = out.shape[0]
+    for k in range(idx.shape[0]):
+        j = idx[k]
+        if j < -n or j >= n:
+            return k
+        out[j + n if j < 0 else j] += values[k]
+    return -1
+
+
+@_jit()
 def _scatter_along(out, idx, values):
     n, m, inner = out.shape[1], idx.shape[1], out.shape[2]
     for t in range(idx.size):
@@ -329,7 +342,11 @@ def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int
     outer, n, inner = index_views(out.shape, axis)
     flat_idx = np.ascontiguousarray(idx).reshape(-1)
     values3 = np.ascontiguousarray(values).reshape(outer, flat_idx.size, inner)
-    _checked(_scatter_rows(_view(out, axis), flat_idx, values3), idx, n, where)
+    if outer == inner == 1:
+        bad = _scatter_flat(out.reshape(-1), flat_idx, values3.reshape(-1))
+    else:
+        bad = _scatter_rows(_view(out, axis), flat_idx, values3)
+    _checked(bad, idx, n, where)
     return out
 
 

@@ -317,6 +317,28 @@ def test_segment_count_at_run_time_cannot_be_compiled_ahead(tmp_path):
 
 
 @each_target
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_one_dimensional_scatters_and_segment_sums_match_numpy(target, data, seed):
+    # one row of single elements (the runtime's flat scatter on the CPU)
+    m = module(target)
+    rng = np.random.default_rng(seed)
+    idx = data.draw(indices(6, 40))  # negative ones too
+    values, base = rng.normal(size=40), rng.normal(size=6)
+    expected = base.copy()
+    np.add.at(expected, idx, values)
+    np.testing.assert_allclose(m.scatter(base, idx, values), expected, rtol=1e-12, atol=1e-15)
+    seg = np.abs(idx) % 4
+    np.testing.assert_allclose(m.segments(values, seg, 4), np.bincount(seg, values, 4),
+                               rtol=1e-12, atol=1e-15)
+    g = dsl.grad(m.segments_counted)(values, seg, 4)  # sum(segment_sum(...) ** 2)
+    np.testing.assert_allclose(g, 2 * np.bincount(seg, values, 4)[seg], rtol=1e-12)
+    for bad in (6, -7):
+        with pytest.raises(dsl.ArgumentError, match=f"index {bad} in 'idx'"):
+            m.scatter(base, np.array([0, bad, 1]), values[:3])
+
+
+@each_target
 def test_out_of_range_index_is_an_argument_error_naming_it(target):
     m = example("embedding", target)
     table = np.ones((5, 3))
