@@ -530,8 +530,9 @@ class _Driver:
                   for a in eqn.inputs[:3]]
         trips = (size_variable(p["trip"].factors[0]) if isinstance(p["trip"], Sym)
                  else f"{pre}trips")
+        where = f" (at {eqn.span})" if eqn.span is not None else ""  # user text: repr
         return [f"{pre}start, {pre}stop, {pre}step = {', '.join(bounds)}",
-                f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step)"], trips
+                f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step, {where!r})"], trips
 
     def loop_in_kernel(self, eqn: Eqn, ref, define) -> list[str]:
         """A `loop` run by one kernel (`render_loop_kernel`)."""

@@ -37,10 +37,11 @@ def size_mismatch(symbol: str, expected: int, got: int) -> None:
                         f"axis and {got} on another")
 
 
-def trip_count(start: int, stop: int, step: int) -> int:
-    """How many times `for i in range(start, stop, step)` runs."""
+def trip_count(start: int, stop: int, step: int, where: str = "") -> int:
+    """How many times `for i in range(start, stop, step)` runs; `where`: the
+    loop's place in the source, for the error."""
     if step == 0:
-        raise ArgumentError("range() step must not be zero")
+        raise ArgumentError(f"range() step must not be zero{where}")
     return len(range(start, stop, step))
 
 

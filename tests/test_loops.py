@@ -212,9 +212,13 @@ def test_a_size_named_like_a_trip_count_is_kept_apart(monkeypatch):
     np.testing.assert_allclose(got, 2 * (u * u + 0.5) * 2 * u, rtol=1e-12)
 
 
-def test_runtime_step_zero_is_an_argument_error():
-    with pytest.raises(dsl.ArgumentError, match="step must not be zero"):
-        module().steps(np.array([0.5]), 0.1, 0, 3, 0)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_runtime_step_zero_is_an_argument_error_at_its_loop(target):
+    # the loop's place: SOURCE's line 3 (its first line is empty), column 5
+    for run in (module(target).steps, dsl.grad(module(target).steps)):
+        with pytest.raises(dsl.ArgumentError,
+                           match=r"step must not be zero \(at <string>:3:5\)"):
+            run(np.array([0.5]), 0.1, 0, 3, 0)
 
 
 def test_nested_loops_values_and_gradients():
