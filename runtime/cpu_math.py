@@ -56,7 +56,8 @@ from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.core.imputils import lower_builtin
+from numba.extending import intrinsic, type_callable
 
 from gradlang.runtime.branch_free import branch_free, kernel_function
 from gradlang.runtime.loader import before_cached_loads
@@ -863,27 +864,39 @@ kernel_function(pow, _pow_by_types)
 # ------------------------------------------------------------ sums
 
 
-@intrinsic
-def accumulate(typingctx, acc, x):
+def accumulate(acc, x):
     """`acc + x` in `acc`'s type (x converted first), for a loop that sums
-    into `acc`.  A float add carries LLVM's `reassoc` flag, on this one
-    instruction only: it lets the loop vectorizer keep partial sums in
-    vector lanes (a float sum may not be reordered otherwise, so a loop
-    that sums with `+=` runs one element at a time), while the loop's other
-    float arithmetic (the bit-level math above included) stays exact.
+    into `acc`.  In a kernel, a float add carries LLVM's `reassoc` flag, on
+    this one instruction only: it lets the loop vectorizer keep partial
+    sums in vector lanes (a float sum may not be reordered otherwise, so a
+    loop that sums with `+=` runs one element at a time), while the loop's
+    other float arithmetic (the bit-level math above included) stays exact.
     The order of the partial sums is fixed by the compiled code, so a
-    result is the same run to run."""
+    result is the same run to run.  (A plain function, typed and lowered
+    for Numba below, so that kernels also run as Python under
+    NUMBA_DISABLE_JIT.)"""
+    return acc + type(acc)(x)
+
+
+def _accumulate_type(acc, x):
     summable = (types.Integer, types.Boolean) + ((types.Float,) if isinstance(acc, types.Float)
                                                  else ())
-    if not isinstance(acc, (types.Float, types.Integer)) or not isinstance(x, summable):
-        return None
+    if isinstance(acc, (types.Float, types.Integer)) and isinstance(x, summable):
+        return acc
+    return None
 
-    def codegen(context, builder, signature, args):
-        value = context.cast(builder, args[1], signature.args[1], signature.return_type)
-        if isinstance(signature.return_type, types.Float):
-            return builder.fadd(args[0], value, flags=("reassoc",))
-        return builder.add(args[0], value)  # integer sums reorder freely
-    return acc(acc, x), codegen
+
+@type_callable(accumulate)
+def _type_accumulate(typingctx):
+    return _accumulate_type
+
+
+@lower_builtin(accumulate, types.Any, types.Any)
+def _lower_accumulate(context, builder, signature, args):
+    value = context.cast(builder, args[1], signature.args[1], signature.return_type)
+    if isinstance(signature.return_type, types.Float):
+        return builder.fadd(args[0], value, flags=("reassoc",))
+    return builder.add(args[0], value)  # integer sums reorder freely
 
 
 @intrinsic

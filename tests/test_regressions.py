@@ -227,3 +227,43 @@ def test_assigning_a_param_or_function_as_an_attribute_says_how_to_set_it():
     np.testing.assert_allclose(m.f(np.arange(3.0)), 2.0 * np.arange(3.0))
     m.note = "mine"  # other attributes are the user's
     assert m.note == "mine"
+
+
+def test_kernels_run_as_python_under_numba_disable_jit(tmp_path):
+    # NUMBA_DISABLE_JIT=1 (Numba's debugging switch) runs kernels as Python:
+    # a kernel's sum called `accumulate`, which then failed with Numba's
+    # "intrinsic is not usable in pure-python"
+    import os
+    import subprocess
+    import sys
+    program = """
+import numpy as np, dsl
+m = dsl.loads('''def sumsq(x):
+    return sum(x * x)
+def grow(u, n: i64):
+    for i in range(n):
+        u = u * 0.5 + sin(u)
+    return sum(u)
+def pick(x, idx):
+    return sum(x[idx] * 2.0)
+''')
+x = np.linspace(-2.0, 2.0, 5000)
+assert np.isclose(m.sumsq(x), np.sum(x * x), rtol=1e-12)
+assert np.isclose(m.sumsq(x.astype(np.float32)), np.sum(x * x), rtol=1e-5)
+np.testing.assert_allclose(dsl.grad(m.sumsq)(x), 2 * x, rtol=1e-12)
+u = x[:4]
+v = u
+for _ in range(3):
+    v = v * 0.5 + np.sin(v)
+assert np.isclose(m.grow(u, 3), v.sum(), rtol=1e-12)
+idx = np.array([0, 3, 3, -1])
+assert np.isclose(m.pick(x, idx), 2.0 * x[idx].sum(), rtol=1e-12)
+g = np.zeros_like(x)
+np.add.at(g, idx, 2.0)
+np.testing.assert_allclose(dsl.grad(m.pick)(x, idx), g)
+print("ok")
+"""
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1", "GRADC_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
