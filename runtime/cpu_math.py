@@ -50,6 +50,7 @@ import decimal
 import functools
 import math as _libm
 import operator
+import sys
 
 import numpy as np
 from llvmlite import binding as llvm_binding
@@ -471,7 +472,16 @@ def _huge_lane_library():
     return library
 
 
-before_cached_loads(_HUGE_LANE_NAMES, _huge_lane_library)
+def _may_call_huge_lanes(function) -> bool:
+    """Whether a kernel names sin, cos or tan of this module (its module
+    holds this one: not libm's, as under GRADC_LIBM=1)."""
+    return (not _HUGE_LANE_NAMES_SET.isdisjoint(function.__code__.co_names)
+            and any(value is _THIS_MODULE for value in function.__globals__.values()))
+
+
+_HUGE_LANE_NAMES_SET = frozenset(_HUGE_LANE_NAMES)
+_THIS_MODULE = sys.modules[__name__]
+before_cached_loads(_may_call_huge_lanes, _huge_lane_library)
 
 
 def _huge_lane_call(name: str):

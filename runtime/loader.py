@@ -202,7 +202,7 @@ def manage_dispatcher(dispatcher: object) -> None:
     # files) written before data carried checksums are quietly replaced.
     cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
     load, save = cache.load_overload, cache.save_overload
-    called = frozenset(dispatcher.py_func.__code__.co_names)
+    function = dispatcher.py_func
 
     def load_overload(sig, target_context):
         try:
@@ -212,8 +212,8 @@ def manage_dispatcher(dispatcher: object) -> None:
             # target: cached code needs only what it calls (NRT, and the
             # libraries it links against by name).
             _initialize_runtime(target_context)
-            for names, prepare in _LINKED_BY_NAME:
-                if names & called:
+            for needs, prepare in _LINKED_BY_NAME:
+                if needs(function):
                     prepare()
             return cache._load_overload(sig, target_context)
         except Exception as err:  # any failure to read the cache is a miss
@@ -234,16 +234,17 @@ def manage_dispatcher(dispatcher: object) -> None:
     cache.load_overload, cache.save_overload = load_overload, save_overload
 
 
-_LINKED_BY_NAME: list[tuple[frozenset, Callable[[], object]]] = []
+_LINKED_BY_NAME: list[tuple[Callable[[Callable], bool], Callable[[], object]]] = []
 
 
-def before_cached_loads(names: Sequence[str], prepare: Callable[[], object]) -> None:
+def before_cached_loads(needs: Callable[[Callable], bool], prepare: Callable[[], object]
+                        ) -> None:
     """Run `prepare` (which must be cheap once done) before loading the
-    cached CPU machine code of a function whose code names any of `names`
-    (as a global or an attribute: `math.sin`): it makes a library that
-    such code calls by symbol name known to the JIT linker, which would
-    otherwise abort the process on the unresolved name."""
-    _LINKED_BY_NAME.append((frozenset(names), prepare))
+    cached CPU machine code of a Python function for which `needs` holds
+    (a cheap test of its code): it makes a library that such code calls
+    by symbol name known to the JIT linker, which would otherwise abort
+    the process on the unresolved name."""
+    _LINKED_BY_NAME.append((needs, prepare))
 
 
 def _compile_lean(dispatcher: CPUDispatcher) -> None:

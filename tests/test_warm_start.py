@@ -265,6 +265,13 @@ def test_the_huge_argument_library_is_linked_for_sin_kernels_only(tmp_path):
         runs.append(int(compiles))
     assert runs[0] > 0 and runs[1] == 0
     assert len(list((tmp_path / "code-library").glob("*.bin"))) == 2
+    libm = {**env, "GRADC_CACHE_DIR": str(tmp_path / "libm"), "GRADC_LIBM": "1"}
+    for _ in range(2):  # libm's sin: no library, compiled or loaded from the cache
+        run = subprocess.run([sys.executable, "-c", SIN, log1pexp], env=libm,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        compiles, built, error = run.stdout.split()
+        assert int(built) == 0 and float(error) < 1e-15
 
 
 def test_a_cache_of_another_target_loads_through_numbas_own_path(tmp_path, monkeypatch):
