@@ -594,11 +594,17 @@ def _by_quadrant(q, s, c):
 
 
 @branch_free
-def _sin_f64(x):
+def _sin_cos_of_reduced(x):
+    """(reducible, n, sin r, cos r) for x = n pi/2 + r; n and r of 0 where
+    x is not reducible (|x| >= _REDUCIBLE, inf, NaN)."""
     reducible = abs(x) < _REDUCIBLE  # False for inf and NaN
     q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
-    s = _sin_kernel(r0, r1)
-    c = _cos_kernel(r0, r1)
+    return reducible, q, _sin_kernel(r0, r1), _cos_kernel(r0, r1)
+
+
+@branch_free
+def _sin_f64(x):
+    reducible, q, s, c = _sin_cos_of_reduced(x)
     y = _by_quadrant(q, s, c)
     y = x if abs(x) < _SIN_TINY else y  # keeps -0 and denormals exact
     if not reducible:
@@ -608,10 +614,7 @@ def _sin_f64(x):
 
 @branch_free
 def _cos_f64(x):
-    reducible = abs(x) < _REDUCIBLE
-    q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
-    s = _sin_kernel(r0, r1)
-    c = _cos_kernel(r0, r1)
+    reducible, q, s, c = _sin_cos_of_reduced(x)
     y = _by_quadrant(q + 1, s, c)
     if not reducible:
         y = _huge_cos(x)
@@ -631,10 +634,7 @@ def _cos_f32(x):
 @branch_free
 def _tan_f64(x):
     """sin r / cos r, or -cos r / sin r on odd n (x = n pi/2 + r)."""
-    reducible = abs(x) < _REDUCIBLE
-    q, r0, r1 = _reduce_pio2(x if reducible else 0.0)
-    s = _sin_kernel(r0, r1)
-    c = _cos_kernel(r0, r1)
+    reducible, q, s, c = _sin_cos_of_reduced(x)
     odd = (q & 1) != 0
     y = (-c if odd else s) / (s if odd else c)
     y = x if abs(x) < _SIN_TINY else y
