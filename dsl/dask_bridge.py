@@ -43,12 +43,18 @@ def is_dask_array(value: Any) -> bool:
     return type(value).__module__.startswith("dask.array")
 
 
+def placeholder(shape: tuple, dtype) -> np.ndarray:
+    """An array of this shape and dtype that owns no memory of its size
+    (every element is one zero), for checking and keying a call on values
+    that are not NumPy arrays (Dask's, JAX's tracers)."""
+    return np.lib.stride_tricks.as_strided(np.zeros((), dtype), shape, (0,) * len(shape))
+
+
 class DaskBound:
     """A call's arguments bound with placeholders (of the shapes and
     dtypes, owning no memory) for its Dask arrays."""
 
     def __init__(self, f: Compiled, args, kwargs):
-        self.dask: dict[str, Any] = {}
         stand_ins: dict[int, Any] = {}
         self.values = f.bind([self._placeholder(a, stand_ins) for a in args],
                              {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
@@ -67,8 +73,7 @@ class DaskBound:
             raise ArgumentError(f"a Dask array of unknown chunk sizes (shape {value.shape}, "
                                 "from a boolean mask or the like) cannot be bound to a "
                                 "signature; call its compute_chunk_sizes() first")
-        stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape,
-                                                   (0,) * value.ndim)
+        stand_in = placeholder(value.shape, value.dtype)
         stand_ins[id(stand_in)] = value
         return stand_in
 

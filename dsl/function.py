@@ -337,7 +337,7 @@ class Compiled:
 
     def out_spec(self, program: Program) -> "OutSpec":
         spec = self._out_specs.get(id(program))
-        if spec is None or spec.program is not program:
+        if spec is None:  # (a spec holds its program: its id is never reused meanwhile)
             spec = self._out_specs[id(program)] = OutSpec(self, program)
         return spec
 

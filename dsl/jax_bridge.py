@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from dsl.bridge import Bridged, bind_foreign, bridged
+from dsl.dask_bridge import placeholder
 from dsl.function import Compiled, backward_function, result_types
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
@@ -54,21 +55,15 @@ class JaxFunction(Bridged):
         import jax.numpy as jnp
         f = self.f
 
-        def placeholder(value, where: str):
+        def stand_in(value, where: str):
             if isinstance(value, np.ndarray):
                 value = jnp.asarray(value)
             if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
                 return value, None
-            return _placeholder(value.shape, value.dtype), value
+            return placeholder(value.shape, value.dtype), value
 
-        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, placeholder)
+        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
-
-
-def _placeholder(shape: tuple, dtype) -> np.ndarray:
-    """An array of this shape and dtype that owns no memory of its size
-    (every element is one zero), for checking and keying a traced call."""
-    return np.lib.stride_tricks.as_strided(np.zeros((), dtype), shape, (0,) * len(shape))
 
 
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
@@ -146,7 +141,7 @@ def _jax_function(f: Compiled, bound: dict[str, Any], names: tuple[str, ...]):
         vjp_bound, vjp_traced = dict(bound), dict(zip(names, values))
         for name, ct, (shape, dtype) in zip(vjp.ct_names, cts, outs):
             if dtype.kind == "f":
-                vjp_bound[name] = _placeholder(shape, dtype)
+                vjp_bound[name] = placeholder(shape, dtype)
                 vjp_traced[name] = ct
             else:  # an integer result's cotangent (JAX's float0) is zero
                 vjp_bound[name] = np.zeros(shape, dtype)
