@@ -98,11 +98,16 @@ _TERMINAL_NAMES = {
 }
 
 
+def code_stamp() -> tuple[str, ...]:
+    """The source stamps of the compiler, the runtime and the grammar: what
+    decides a stored parse or program besides its own key."""
+    return tuple(source_stamp(p) for p in (gradlang.compiler, gradlang.runtime,
+                                           gradlang.grammar))
+
+
 def parse(source: str, file: str = "<string>") -> ast.Module:
     """Parse `.grad` source text; raise GradError on any malformed input."""
-    key = repr(("ast", *(source_stamp(p) for p in (gradlang.compiler, gradlang.runtime,
-                                                   gradlang.grammar)),
-                lark.__version__, sys.version, file, source))
+    key = repr(("ast", *code_stamp(), lark.__version__, sys.version, file, source))
     data = stored("ast", key)
     if data is not None:
         try:

@@ -51,9 +51,6 @@ from typing import Callable, Optional, Sequence
 import llvmlite
 import numba
 
-import gradlang.compiler
-import gradlang.grammar
-import gradlang.runtime
 from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, generate, kernel_signature
@@ -62,6 +59,7 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var, print_
 from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
 from gradlang.compiler.namespace import Namespace, param_reads
+from gradlang.compiler import parser
 from gradlang.compiler.parser import parse
 from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
@@ -71,7 +69,6 @@ from gradlang.runtime.loader import (
     compile_driver,
     load_kernel_modules,
     make_driver,
-    source_stamp,
     store,
     stored,
 )
@@ -389,9 +386,7 @@ def _stamp() -> tuple:
     code (and the runtime's and the grammar's, which decide what it
     generates), and the versions of what reads the stored code (marshal's
     format is Python's; the kernels compile with Numba and llvmlite)."""
-    return (tuple(source_stamp(p) for p in (gradlang.compiler, gradlang.runtime,
-                                            gradlang.grammar)),
-            sys.version, platform.machine(), numba.__version__, llvmlite.__version__)
+    return (parser.code_stamp(), sys.version, platform.machine(), numba.__version__, llvmlite.__version__)
 
 
 def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> str:
