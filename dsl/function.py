@@ -252,6 +252,16 @@ class Compiled:
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
+    def retrying_by_value(self, bound: dict[str, np.ndarray], run: Callable[[], Any]) -> Any:
+        """run(), and once more after `by_value` if a program needed the
+        value of an integer argument (run must place the arguments anew:
+        that one then stays on the host)."""
+        try:
+            return run()
+        except NeedsValue as need:
+            self.by_value(need, bound)
+            return run()
+
     def by_value(self, need: NeedsValue, bound: dict[str, np.ndarray]) -> None:
         """From now on, compile for the value of the integer argument a
         program uses as a size (as for a `const` one)."""
@@ -309,11 +319,7 @@ class Compiled:
         the positional arguments `bound` came from, if the call had no
         keywords (the fast path may then remember the program); `out`: the
         caller's buffers for the results, shaped like them (`OutSpec`)."""
-        try:
-            return self._call_bound(bound, args, out)
-        except NeedsValue as need:
-            self.by_value(need, bound)
-            return self._call_bound(bound, args, out)
+        return self.retrying_by_value(bound, lambda: self._call_bound(bound, args, out))
 
     def _call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any],
                     out: Any) -> tuple[np.ndarray, ...]:
@@ -364,11 +370,7 @@ class Compiled:
     def ir(self, *args, **kwargs) -> Function:
         """The optimized IR this call would run (for inspection)."""
         bound = self.bind(args, kwargs)
-        try:
-            return self.program(bound).ir
-        except NeedsValue as need:
-            self.by_value(need, bound)
-            return self.program(bound).ir
+        return self.retrying_by_value(bound, lambda: self.program(bound).ir)
 
 
 class GradFunction(Compiled):
@@ -558,11 +560,7 @@ def vjp(f: Compiled, *args, **kwargs):
 def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
     """`vjp_bound` on bound host arguments, compiled for the value of an
     integer argument that a program uses as a size."""
-    try:
-        return vjp_bound(f, f.on_target(bound), host_results)
-    except NeedsValue as need:
-        f.by_value(need, bound)
-        return vjp_bound(f, f.on_target(bound), host_results)
+    return f.retrying_by_value(bound, lambda: vjp_bound(f, f.on_target(bound), host_results))
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
