@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Union
 
-from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, resolve_wrt
+from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, derived, resolve_wrt
 from dsl.forward import Jacobian
 from dsl.forward import hessian as _hessian
 from dsl.forward import jacfwd as _jacfwd
@@ -126,14 +126,11 @@ def _transform(f: Function, wrt: Wrt, with_value: bool) -> "GradFunction | AotGr
     # `dsl.grad(f)(x)` in a loop reuses its compiled programs.
     key = (tuple(wrt) if isinstance(wrt, (list, tuple)) else wrt, type(wrt).__name__,
            with_value)
-    cache = f.__dict__.setdefault("_transforms", {})
-    if key not in cache:
-        if isinstance(f, AotFunction):
-            single = not isinstance(wrt, (tuple, list))
-            cache[key] = f.gradient(resolve_wrt(f, wrt), single, with_value)
-        else:
-            cache[key] = GradFunction(f, wrt, with_value)
-    return cache[key]
+    if isinstance(f, AotFunction):
+        single = not isinstance(wrt, (tuple, list))
+        return derived(f, ("api grad", *key),
+                       lambda: f.gradient(resolve_wrt(f, wrt), single, with_value))
+    return derived(f, ("api grad", *key), lambda: GradFunction(f, wrt, with_value))
 
 
 @user_facing

@@ -46,11 +46,12 @@ row per (order, argument, dtype) for `gradc check`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
-from dsl.function import Compiled, Directional, GradFunction, JvpFunction, Select, VjpFunction
+from dsl.function import (Compiled, Directional, GradFunction, JvpFunction, Select,
+                          backward_function, derived)
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
 
@@ -126,16 +127,6 @@ def source_of(f: Compiled, order: int) -> str:
     return f"automatic through grad block {last} (line {fdef.grads[last - 1].span.line})"
 
 
-def _derived(f: Compiled, key: tuple, make: Callable[[], Compiled]) -> Compiled:
-    """The gradient, directional derivative or VJP of `f` named by `key`,
-    made once and kept on `f` (which it references, so it lives as long):
-    its programs, one per dtype and rank, then serve every point checked."""
-    made = f.__dict__.setdefault("_check_derived", {})
-    if key not in made:
-        made[key] = make()
-    return made[key]
-
-
 def _run(f: Compiled, bound: dict[str, np.ndarray]) -> list[np.ndarray]:
     with np.errstate(all="ignore"):
         return list(f.program(bound)(*bound.values()))
@@ -199,7 +190,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         def total(point: np.ndarray) -> float:
             return float(sum(np.sum(o) for o in _run(f, {**bound, name: point})))
 
-        gradient = _derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        gradient = derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
         g = reference[name] = _run(gradient, bound)[-1]
         pairs, numerics = [], []
         for v in directions:
@@ -213,7 +204,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1}
         previous = gradient
         for k in range(2, order + 1):
-            current = _derived(f, ("directional", name, k),
+            current = derived(f, ("directional", name, k),
                                lambda: Directional(previous, name, f"$v{k}"))
             pairs, nan = [], False
             for v in directions[:3]:
@@ -256,8 +247,8 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     differences in u, by the dot-product test <d/du <J^T u, v>, w> =
     <d/dt J^T (u + t w), v>."""
     floats = f.differentiable_names(bound)
-    vjp = _derived(f, ("vjp", len(value)), lambda: VjpFunction(f, len(value)))
-    vjp_x = _derived(f, ("vjp", len(value), name), lambda: Select(vjp, floats.index(name)))
+    vjp = backward_function(f, len(value))
+    vjp_x = derived(f, ("vjp", len(value), name), lambda: Select(vjp, floats.index(name)))
     us = {f"$ct{i}": rng.normal(size=o.shape).astype(o.dtype) for i, o in enumerate(value)}
     fdef = getattr(f, "fdef", None)
     upstream = fdef.grads[0].upstream[0] if fdef is not None and fdef.grads else "upstream"
@@ -267,7 +258,7 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
         w = {c: rng.normal(size=u.shape) for c, u in us.items()}
         analytic = 0.0
         for c in us:
-            d = _derived(f, ("vjp", len(value), name, c), lambda: Directional(vjp_x, c, "$w"))
+            d = derived(f, ("vjp", len(value), name, c), lambda: Directional(vjp_x, c, "$w"))
             analytic += float(np.sum(_run(d, {**bound, **us, "$w": v})[0] * w[c]))
         nan = nan or (_finite(value) and bool(np.isnan(analytic)))
         numeric = _central(lambda t: float(np.sum(_run(vjp_x, {**bound, **{
@@ -308,12 +299,12 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
     # rounding only: both sides are exact algebra
     tol = 1e-4 if dtype == "f32" else 1e-9
     if dtype == "f64":
-        vjp = _derived(f, ("vjp", len(value)), lambda: VjpFunction(f, len(value)))
+        vjp = backward_function(f, len(value))
         us = [rng.normal(size=o.shape).astype(o.dtype) for o in value]
         jtu = _run(vjp, {**bound, **dict(zip(vjp.ct_names, us))})[floats.index(name)]
     else:  # u = 1: J^T u from the program the f32 gradients ran, no compile of its own
         us = [np.ones_like(o) for o in value]
-        both = _derived(f, ("value_and_grad", tuple(floats)),
+        both = derived(f, ("value_and_grad", tuple(floats)),
                         lambda: GradFunction(f, tuple(floats), with_value=True))
         jtu = _run(both, bound)[len(value) + floats.index(name)]
     pairs = [_dot_pair(tangent, us, v, jtu) for v, tangent in zip(directions, tangents)]
@@ -324,10 +315,10 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
         # A second block is transposed only here; elsewhere this compares
         # compiler-derived programs only, worth less than their compile time.
         # One forward-over-reverse program serves every argument.
-        gradients = _derived(f, ("grad", tuple(floats)),
+        gradients = derived(f, ("grad", tuple(floats)),
                              lambda: GradFunction(f, tuple(floats), with_value=False))
-        gradient = _derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
-        hessian = _derived(f, ("directional", name, 2),
+        gradient = derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        hessian = derived(f, ("directional", name, 2),
                            lambda: Directional(gradient, name, "$v2"))
         u = rng.normal(size=x.shape).astype(x.dtype)
         hu = _run(hessian, {**bound, "$v2": u})[0]
@@ -347,7 +338,7 @@ def _jvp(f: Compiled, bound: dict[str, np.ndarray], active: list[str], name: str
     """f's outputs, then their tangents along `v` for argument `name`: one
     program, with tangents for every argument in `active` (zero but for
     `name`'s), serves every argument."""
-    jf = _derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
+    jf = derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
     tangents = {t: v if n == name else np.zeros_like(bound[n])
                 for n, t in zip(active, jf.tangent_names)}
     return _run(jf, {**bound, **tangents})
@@ -386,7 +377,7 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
     if all(narrow[n] is bound[n] for n in bound):
         return CheckResult()  # every argument is fixed: f32 is the check already done
     names = tuple(reference)
-    both = _derived(f, ("value_and_grad", names),
+    both = derived(f, ("value_and_grad", names),
                     lambda: GradFunction(f, names, with_value=True))
     outs = _run(both, narrow)
     value32, grads = outs[:-len(names)], outs[-len(names):]

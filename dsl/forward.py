@@ -34,8 +34,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
-from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, fast_key, resolve_wrt,
-                          vjp_of_bound)
+from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived, derived_if_made,
+                          fast_key, resolve_wrt, vjp_of_bound)
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -47,11 +47,7 @@ Tangents = Union[Sequence[Any], Mapping[str, Any]]
 def jvp_function(f: Compiled, active: Sequence[str]) -> JvpFunction:
     """One `JvpFunction` per (function, arguments with tangents), so that
     repeated calls reuse its programs."""
-    cache = f.__dict__.setdefault("_transforms", {})
-    key = ("jvp", tuple(active))
-    if key not in cache:
-        cache[key] = JvpFunction(f, active)
-    return cache[key]
+    return derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
 
 
 def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
@@ -98,7 +94,7 @@ def _known_jvp(f: Compiled, count: int) -> dict:
     shape, the slow path took the call as `jf(*primals, *tangents)`, and
     `FastPath.remember` kept its program under those arrays' key (which
     fixes everything the slow path checked)."""
-    jf = f.__dict__.get("_transforms", {}).get(("jvp", tuple(s.name for s in f.specs[:count])))
+    jf = derived_if_made(f, ("jvp", tuple(s.name for s in f.specs[:count])))
     return jf._fast.entries if jf is not None else {}
 
 

@@ -643,13 +643,26 @@ class VjpFunction(Compiled):
         return tuple(outs)
 
 
+def derived(f: Any, key: tuple, make: Callable[[], Any]) -> Any:
+    """The transform of `f` named by `key` (a gradient, a VJP, a jvp, ...),
+    made once and kept on `f` (which it references, so it lives as long):
+    its programs then compile once, for every call, bridge and check that
+    asks for it."""
+    made = f.__dict__.setdefault("_derived", {})
+    if key not in made:
+        made[key] = make()
+    return made[key]
+
+
+def derived_if_made(f: Any, key: tuple) -> Any:
+    """What `derived` keeps under `key`, or None."""
+    return f.__dict__.get("_derived", {}).get(key)
+
+
 def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
     """f's backward pass as a function of its own (`VjpFunction`), one per
     function and number of outputs, so that its programs compile once."""
-    cache = f.__dict__.setdefault("_backward_functions", {})
-    if n_outputs not in cache:
-        cache[n_outputs] = VjpFunction(f, n_outputs)
-    return cache[n_outputs]
+    return derived(f, ("vjp", n_outputs), lambda: VjpFunction(f, n_outputs))
 
 
 class JvpFunction(Compiled):

@@ -238,7 +238,7 @@ def test_bad_tangents_are_argument_errors_before_any_kernel(tangents, text):
     with pytest.raises(dsl.ArgumentError) as info:
         dsl.jvp(m.f, (2.0, 3.0), tangents)
     assert text in info.value.message
-    assert not any(j._programs for j in m.f.__dict__.get("_transforms", {}).values())
+    assert not any(j._programs for j in m.f.__dict__.get("_derived", {}).values())
 
 
 def test_a_const_or_integer_tangent_must_be_none_or_zero():
