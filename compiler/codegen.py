@@ -407,9 +407,16 @@ class _Driver:
 
     def function(self, fn: Function, top: bool = False) -> _Rendered:
         target = self.target
+        # id -> (the loop, its kernel): sharing renders a loop to compare,
+        # and the steps then use it (holding the loop keeps its id its own)
+        rendered: dict[int, tuple[Loop, tuple]] = {}
+
+        def kernel_of(loop: Loop) -> tuple:
+            if id(loop) not in rendered:
+                rendered[id(loop)] = (loop, render_kernel(loop, target))
+            return rendered[id(loop)][1]
         steps = share_kernels(fuse(fn, reductions=target.fuses_reductions),
-                              lambda loop: None if self.in_driver(loop)
-                              else render_kernel(loop, target)[0])
+                              lambda loop: None if self.in_driver(loop) else kernel_of(loop)[0])
         names: dict[Var, str] = {}
         fresh: set[Var] = set()  # driver values that own their memory
         lines: list[str] = []
@@ -441,7 +448,7 @@ class _Driver:
                 lines += _scalar_lines(step, ref, define)
                 fresh.update(step.outputs)
             elif isinstance(step, Loop):
-                kname, self.kernels[kname], kinds = render_kernel(step, target)
+                kname, self.kernels[kname], kinds = kernel_of(step)
                 if top:
                     self.kernel_names.append(kname)
                 size = prod(step.shape)
