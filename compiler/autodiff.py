@@ -199,10 +199,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     float input."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
-    bounds = eqn.inputs[:3]
-    carry = eqn.inputs[3:3 + n_carry]
-    inv = eqn.inputs[3 + n_carry:3 + n_carry + n_inv]
-    xs = eqn.inputs[3 + n_carry + n_inv:]
+    bounds, carry, inv, xs = ops.loop_groups(eqn.inputs, p)
     ys_types = [o.type for o in eqn.outputs[n_carry:]]
     # what carries a cotangent: the float carried values, invariants and xs
     floats = [[k for k, a in enumerate(group) if a.type.is_float] for group in (carry, inv, xs)]

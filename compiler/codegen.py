@@ -40,7 +40,7 @@ from typing import Callable, Optional
 
 from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
-from gradlang.compiler.ops import (OPS, loop_cost, numpy_spelling, python_slices,
+from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.compiler.sharing import share_kernels
@@ -250,15 +250,15 @@ def kernel_loop_shape(eqn: Eqn) -> Optional[tuple]:
     None: its body must be elementwise, every carried value and stacked
     slice of one shape S, every invariant broadcasting to S."""
     p = eqn.p
-    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    body, n_carry = p["body"], p["n_carry"]
     if n_carry == 0 or any(e.op not in FUSIBLE for e in body.eqns):
         return None
     shape = body.out_types[0].shape
-    slices = body.params[1 + n_carry + n_inv:]
+    slices = loop_groups(body.params, p, lead=1)[3]
     if any(t.shape != shape for t in body.out_types) or \
             any(v.type.shape != shape for v in slices):
         return None
-    invariants = eqn.inputs[3 + n_carry:3 + n_carry + n_inv]
+    invariants = loop_groups(eqn.inputs, p)[2]
     if not all(broadcasts_to(a.type.shape, shape) for a in invariants) or \
             not all(broadcasts_to(o.type.shape, shape) for e in body.eqns for o in e.outputs):
         return None
@@ -276,21 +276,20 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     results, the stacked results, then the aux ones.  Each block holds its
     carried values in the carried results as the trips run."""
     p = eqn.p
-    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    body, n_carry = p["body"], p["n_carry"]
     block = target.loop_block
     e = "i" if block == 1 else "e"  # the flat index of an element
     names: dict[Var, str] = {}
-    reads = [a for a in eqn.inputs[3:3 + n_carry + n_inv] if isinstance(a, Var)]
+    _, carried_in, invariants_in, _ = loop_groups(eqn.inputs, p)
+    reads = [a for a in carried_in + invariants_in if isinstance(a, Var)]
     args, pre, _, read_lines = _read_inputs(reads, shape, names, e)
-    index, carry = body.params[0], body.params[1:1 + n_carry]
-    invariants = body.params[1 + n_carry:1 + n_carry + n_inv]
-    slices = body.params[1 + n_carry + n_inv:]
+    (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
 
     def ref(a: Atom) -> str:
         return _literal(a) if isinstance(a, Lit) else names[a]
 
-    init = [f"out{j}[{e}] = {ref(a)}" for j, a in enumerate(eqn.inputs[3:3 + n_carry])]
-    for param, outer in zip(invariants, eqn.inputs[3 + n_carry:3 + n_carry + n_inv]):
+    init = [f"out{j}[{e}] = {ref(a)}" for j, a in enumerate(carried_in)]
+    for param, outer in zip(invariants, invariants_in):
         names[param] = names[outer]
     args += [f"xs{j}" for j in range(len(slices))]
     args += [f"out{j}" for j in range(n_carry)]
@@ -550,8 +549,7 @@ class _Driver:
         self.n_bodies += 1
         lines, trips = self.loop_bounds(eqn, ref, pre)
         size = prod(shape)
-        n_carry, n_inv = eqn.p["n_carry"], eqn.p["n_inv"]
-        stacked = eqn.inputs[3 + n_carry + n_inv:]
+        n_carry, stacked = eqn.p["n_carry"], loop_groups(eqn.inputs, eqn.p)[3]
         args = [f"R.flat({ref(v)})" for v in reads + list(stacked)]
         for j, v in enumerate(eqn.outputs):
             name = define(v)
@@ -584,7 +582,7 @@ class _Driver:
         carried results may be its inputs (zero trips), so they are not
         fresh."""
         p = eqn.p
-        body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+        body, n_carry = p["body"], p["n_carry"]
         k = self.n_bodies
         self.n_bodies += 1
         bname, pre = f"body{k}", f"loop{k}_"
@@ -593,7 +591,8 @@ class _Driver:
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
         carried = [f"{pre}c{j}" for j in range(n_carry)]
-        for name, a in zip(carried, eqn.inputs[3:3 + n_carry]):
+        _, carried_in, invariants_in, stacked = loop_groups(eqn.inputs, p)
+        for name, a in zip(carried, carried_in):
             lines.append(f"{name} = {ref(a)}")
         ys = [define(v) for v in eqn.outputs[n_carry:]]
         for name, v in zip(ys, eqn.outputs[n_carry:]):
@@ -603,8 +602,8 @@ class _Driver:
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         lines.append(f"for {pre}t in {order}:")
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
-        args += [ref(a) for a in eqn.inputs[3 + n_carry:3 + n_carry + n_inv]]
-        args += [f"R.stack_read({ref(a)}, {pre}t)" for a in eqn.inputs[3 + n_carry + n_inv:]]
+        args += [ref(a) for a in invariants_in]
+        args += [f"R.stack_read({ref(a)}, {pre}t)" for a in stacked]
         y_now = [f"{pre}y{j}" for j in range(len(ys))]
         targets_ = carried + y_now
         lines.append(f"    {', '.join(targets_)}{',' if len(targets_) == 1 else ''} = "

@@ -83,8 +83,7 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     Returns the loop's results and their tangents."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
-    groups = (range(3, 3 + n_carry), range(3 + n_carry, 3 + n_carry + n_inv),
-              range(3 + n_carry + n_inv, len(inputs)))
+    groups = ops.loop_groups(range(len(inputs)), p)[1:]
     floats = [[k for k in group if inputs[k].type.is_float] for group in groups]
     # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
     wrt = [k - 2 for group in floats for k in group]

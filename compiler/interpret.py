@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, Function, Lit, Var
-from gradlang.compiler.ops import OPS
+from gradlang.compiler.ops import OPS, loop_groups
 from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import ArgumentError
 
@@ -67,16 +67,14 @@ def _run(fn: Function, arrays, outer: dict[str, int]) -> tuple[np.ndarray, ...]:
 def _loop(eqn: Eqn, inputs: list[np.ndarray], binding: dict[str, int]) -> list[np.ndarray]:
     """Runs a `loop`, binding its trip-count symbol in `binding`."""
     p = eqn.p
-    body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
+    body, n_carry = p["body"], p["n_carry"]
     start, stop, step = (int(x) for x in inputs[:3])
     if step == 0:
         raise ArgumentError("range() step must not be zero")
     trips = len(range(start, stop, step))
     if isinstance(p["trip"], Sym):
         binding[p["trip"].factors[0]] = trips
-    carry = inputs[3:3 + n_carry]
-    invariants = inputs[3 + n_carry:3 + n_carry + n_inv]
-    xs = inputs[3 + n_carry + n_inv:]
+    _, carry, invariants, xs = loop_groups(inputs, p)
     ys: list[list] = [[None] * trips for _ in body.outputs[n_carry:]]
     order = range(trips - 1, -1, -1) if p["reverse"] else range(trips)
     for t in order:

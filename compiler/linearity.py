@@ -95,9 +95,9 @@ def _loop_kinds(eqn: Eqn, in_kinds: list[Optional[str]], where: str,
     depend on it is affine, not linear)."""
     p = eqn.p
     body, n_carry = p["body"], p["n_carry"]
-    carried = list(in_kinds[3:3 + n_carry])
+    _, carried, invariants, xs = ops.loop_groups(list(in_kinds), p)
     while True:
-        param_kinds = [None] + carried + list(in_kinds[3 + n_carry:])
+        param_kinds = [None] + carried + invariants + xs
         sub = {v: k for v, k in zip(body.params, param_kinds) if k is not None}
         outs = _walk(body, sub, where, span)
         joined = [_join(a, b, where, eqn.span or span) for a, b in zip(carried, outs)]

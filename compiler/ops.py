@@ -452,15 +452,23 @@ def _custom_vjp_rule(types, params, span):
     return list(fwd.out_types[:params["n_out"]])
 
 
+def loop_groups(seq, params, lead: int = 3) -> tuple:
+    """A `loop`'s inputs (lead 3) or its body's parameters (lead 1), or
+    anything laid out alike, in their groups: (the `lead` first: bounds or
+    the index; carried values; invariants; stacked inputs or slices)."""
+    carried_end = lead + params["n_carry"]
+    invariants_end = carried_end + params["n_inv"]
+    return (seq[:lead], seq[lead:carried_end], seq[carried_end:invariants_end],
+            seq[invariants_end:])
+
+
 def _loop_rule(types, params, span):
     """`loop`: inputs (start, stop, step, carried..., invariants..., xs...);
     outputs (carried..., ys...).  The body maps (i, carried, invariants,
     one slice of each xs) to (carried, one slice of each ys); the ys are
     stacked along a new leading axis of length `trip`, the trip count."""
-    body, n_carry, n_inv, trip = params["body"], params["n_carry"], params["n_inv"], \
-        params["trip"]
-    bounds, carry = types[:3], list(types[3:3 + n_carry])
-    inv, xs = types[3 + n_carry:3 + n_carry + n_inv], types[3 + n_carry + n_inv:]
+    body, trip, n_carry = params["body"], params["trip"], params["n_carry"]
+    bounds, carry, inv, xs = loop_groups(list(types), params)
     if any(t != TensorType("i64", ()) for t in bounds):
         raise GradError("internal: loop bounds must be i64 scalars", span)
     if any(x.rank == 0 or x.shape[0] != trip for x in xs):
