@@ -201,6 +201,26 @@ def _host_like(a: Any) -> np.ndarray:
 # ---------------------------------------------------------------- Jacobians
 
 
+def _tangent_columns(x: Any, run) -> list:
+    """For each element of x in flat order, the output tangents of
+    `run(basis)` (a jvp's outputs, then their tangents) for the one-hot
+    tangent of x's shape and dtype there."""
+    columns = []
+    for i in range(int(np.prod(x.shape))):
+        basis = np.zeros(x.shape, np.dtype(x.dtype))
+        basis.flat[i] = 1
+        outs = run(basis)
+        columns.append(outs[len(outs) // 2:])
+    return columns
+
+
+def _stacked(columns: list, x: Any, stack) -> list:
+    """Each output's Jacobian from its tangent columns (`stack`: NumPy's or
+    Dask's), of shape output shape + x's shape."""
+    return [stack([c[k] for c in columns], axis=-1).reshape(
+        tuple(columns[0][k].shape) + tuple(x.shape)) for k in range(len(columns[0]))]
+
+
 class Jacobian:
     """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev")."""
 
@@ -234,20 +254,15 @@ class Jacobian:
             x = bound[name]
             if not isinstance(x, np.ndarray):  # a device array passed in
                 x = self.f.target.to_host(x)
-            columns = []
-            for i in range(int(np.prod(x.shape))):
-                basis = np.zeros(x.shape, np.dtype(x.dtype))
-                basis.flat[i] = 1
-                outs = _run(jf, {**bound, jf.tangent_names[0]: basis}, host=True)
-                columns.append(outs[len(outs) // 2:])
+            columns = _tangent_columns(x, lambda basis: _run(
+                jf, {**bound, jf.tangent_names[0]: basis}, host=True))
             if not columns:  # an empty argument: the outputs give the shapes
                 outs = _run(self.f, dict(bound), host=True)
                 per_wrt.append([np.zeros(o.shape + x.shape, _jacobian_dtype(o, x))
                                 for o in outs])
                 continue
-            per_wrt.append([np.stack([c[k] for c in columns], axis=-1).reshape(
-                columns[0][k].shape + tuple(x.shape)).astype(_jacobian_dtype(columns[0][k], x))
-                for k in range(len(columns[0]))])
+            per_wrt.append([j.astype(_jacobian_dtype(c, x))
+                            for j, c in zip(_stacked(columns, x, np.stack), columns[0])])
         return [list(js) for js in zip(*per_wrt)]
 
     def _on_dask(self, args: tuple, kwargs: dict):
@@ -267,17 +282,11 @@ class Jacobian:
             if np.dtype(x.dtype).kind != "f":
                 raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
                                     f"{name!r}: it has dtype {np.dtype(x.dtype)}", self.f.span)
-            columns = []
-            for i in range(int(np.prod(x.shape))):
-                basis = np.zeros(x.shape, np.dtype(x.dtype))
-                basis.flat[i] = 1
-                outs = _jvp_on_dask(self.f, args, {name: basis})[1]
-                columns.append(outs[len(outs) // 2:])
+            columns = _tangent_columns(
+                x, lambda basis: _jvp_on_dask(self.f, args, {name: basis})[1])
             if not columns:
                 raise ArgumentError(f"{self.name}: {name!r} is empty", self.f.span)
-            per_wrt.append([da.stack([c[j] for c in columns], axis=-1).reshape(
-                tuple(columns[0][j].shape) + tuple(x.shape))
-                for j in range(len(columns[0]))])
+            per_wrt.append(_stacked(columns, x, da.stack))
         per_output = [list(js) for js in zip(*per_wrt)]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 
