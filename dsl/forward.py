@@ -67,9 +67,7 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     chosen: dict[str, Any] = {}
     for name, t in given.items():
         if name not in bound:
-            raise ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() "
-                                "neither takes as an argument here nor reads as a param",
-                                f.span)
+            raise _no_such_primal(f, name)
         tangent = _tangent(f, name, bound[name], t)
         if tangent is not None:
             chosen[name] = tangent
@@ -78,6 +76,11 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
     outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))},
                 args=plain or ())
     return jf.format(outs)
+
+
+def _no_such_primal(f: Compiled, name: str) -> ArgumentError:
+    return ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() neither takes "
+                         "as an argument here nor reads as a param", f.span)
 
 
 def _plain_call(primals: Any, tangents: Any) -> Optional[tuple]:
@@ -115,9 +118,7 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
     chosen: dict[str, Any] = {}
     for name, t in given.items():
         if name not in bound.values:
-            raise ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() "
-                                "neither takes as an argument here nor reads as a param",
-                                f.span)
+            raise _no_such_primal(f, name)
         primal = bound.dask.get(name)
         if t is not None and not is_dask_array(t) and primal is not None:
             t = da.from_array(_tangent(f, name, bound.values[name], t), chunks=primal.chunks)
