@@ -333,10 +333,15 @@ class Program:
 
 def build(fn: Function, target: "Target | str" = targets.DEFAULT) -> Program:
     target = targets.get(target)
+    return _load(*_generated(fn, target), target)
+
+
+def _generated(fn: Function, target: Target) -> tuple:
+    """(generated code, its drivers compiled, the types, the optimized IR's
+    getter): what `_load` loads, from fn fresh from lowering."""
     fn = optimize(fn)
     generated = generate(fn, target)
-    return _load(generated, _compile_drivers(generated), (fn.in_types, fn.out_types),
-                 lambda: fn, target)
+    return generated, _compile_drivers(generated), (fn.in_types, fn.out_types), lambda: fn
 
 
 def _compile_drivers(generated: Generated) -> tuple:
@@ -372,13 +377,10 @@ def build_stored(key: tuple, lower: Callable[[], Function],
                          lambda: optimize(lower()), target)
         except Exception:  # noqa: BLE001 (an entry of another layout: built again
             pass           # below, and replaced)
-    fn = optimize(lower())
-    generated = generate(fn, target)
-    drivers = _compile_drivers(generated)
-    types = (fn.in_types, fn.out_types)
+    generated, drivers, types, optimized = _generated(lower(), target)
     values = tuple(getattr(generated, f.name) for f in fields(Generated))
     store("programs", text, marshal.dumps((values, drivers, pickle.dumps(types))))
-    return _load(generated, drivers, types, lambda: fn, target)
+    return _load(generated, drivers, types, optimized, target)
 
 
 def _stamp() -> tuple:
