@@ -18,7 +18,9 @@ benchmarks/bench_cuda.py when a CUDA GPU is present.
 
 Every implementation is checked against NumPy's results before it is
 timed.  Times are medians over interleaved rounds (timing.py); a ratio is
-the dsl's time over the other's: below 1 the dsl is faster.  The report is
+the dsl's time over the other's: below 1 the dsl is faster.  A ratio that
+is an acceptance figure between two of the dsl's own calls (jvp against
+value_and_grad) is measured again as a median of paired rounds' ratios.  The report is
 printed and written as Markdown to benchmarks/results/<date>-<host>.md
 with the machine's description and its load average at start and end.
 `--quick` runs fewer rounds (same sizes, but a tenth of the loop's elements
@@ -92,6 +94,12 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     raise ValueError(name)
 
 
+# rounds of a paired ratio (timing.paired_ratio) in a full run: the
+# acceptance ratios it measures are within a few percent of 1, where 11
+# rounds' medians of two noisy times swing by 10% and more
+PAIRED_ROUNDS = 51
+
+
 def timed_section(name: str, rounds: int, sample_s: float, quick: bool) -> str:
     title, cases = cases_for(name, quick)
     # NumPy, JAX and PyTorch always have columns; a workload's own
@@ -110,6 +118,12 @@ def timed_section(name: str, rounds: int, sample_s: float, quick: bool) -> str:
               + ", ".join(f"{o} {timing.ms(t[o].median)}" for o in others if o in t),
               flush=True)
         notes += [f"- {case.label}: {note}" for note in case.notes]
+        if case.paired:
+            ours, other = case.paired
+            paired = timing.paired_ratio(case.impls[ours], case.impls[other],
+                                         PAIRED_ROUNDS * rounds // 11, sample_s)
+            notes.append(f"- {case.label}: {ours} / {other}, paired: {paired}")
+            print(f"  {ours} / {other}, paired: {paired}", flush=True)
     if not cases:
         return f"## {title}\n\nskipped: its libraries are not installed.\n"
     header = (["case"] + [f"{n} ms" for n in ("dsl",) + others]

@@ -8,6 +8,11 @@ about `sample_s`; the rounds run every implementation once each, the one
 that goes first rotating from round to round, so that a burst of load from
 other processes falls on all of them alike.  The result per implementation
 is the median, min and max time per call over the rounds.
+
+`paired_ratio(ours, other, rounds)` measures one ratio more finely than
+two medians can: each round times both back to back (the order
+alternating) and the result is the median and quartiles of the rounds'
+own ratios, so that load that comes and goes between rounds cancels out.
 """
 from __future__ import annotations
 
@@ -57,6 +62,33 @@ def compare(impls: dict[str, Callable[[], object]], rounds: int,
             samples[name].append(per_call(impls[name], numbers[name]))
     return {name: Timing(statistics.median(s), min(s), max(s), numbers[name])
             for name, s in samples.items()}
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    median: float
+    lower_quartile: float
+    upper_quartile: float
+    rounds: int
+
+    def __str__(self) -> str:
+        return (f"{self.median:.3f}x (quartiles {self.lower_quartile:.3f}x.."
+                f"{self.upper_quartile:.3f}x over {self.rounds} paired rounds)")
+
+
+def paired_ratio(ours: Callable[[], object], other: Callable[[], object],
+                 rounds: int, sample_s: float = 0.02) -> PairedRatio:
+    """Median and quartiles of ours' time / other's, each round timing a
+    batch of each back to back, who goes first alternating."""
+    ours(), other()
+    numbers = {fn: calls_per_sample(fn, sample_s) for fn in (ours, other)}
+    ratios = []
+    for r in range(rounds):
+        order = (ours, other) if r % 2 == 0 else (other, ours)
+        took = {fn: per_call(fn, numbers[fn]) for fn in order}
+        ratios.append(took[ours] / took[other])
+    lower, median, upper = statistics.quantiles(ratios, n=4)
+    return PairedRatio(median, lower, upper, rounds)
 
 
 def ratio_cells(timings: dict[str, Timing], ours: str, others: Iterable[str]) -> list[str]:

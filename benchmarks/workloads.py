@@ -30,7 +30,9 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     dask_cases       the logistic loss and its gradient on Dask arrays
 
 A case's `notes` are lines the report prints under its table (kernel
-counts, residual bytes): figures that are not times.
+counts, residual bytes): figures that are not times.  A case's `paired`
+names two of its implementations whose ratio is an acceptance figure: the
+report measures it again with `timing.paired_ratio`.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class Case:
     want: tuple[np.ndarray, ...]
     tolerance: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    paired: tuple[str, str] | None = None
 
 
 def check(case: Case) -> None:
@@ -603,7 +606,8 @@ def forward_cases(sizes, seed: int = 0) -> list[Case]:
                 lambda x: torch.log1p(torch.exp(x)), (torch.from_numpy(x),),
                 (torch.from_numpy(t),))]
         cases.append(Case(f"jvp, float64 n={size_label(n)}", impls, numpy_log1pexp(x),
-                          notes=[f"kernels in the jvp: {kernels}"] if not cases else []))
+                          notes=[f"kernels in the jvp: {kernels}"] if not cases else [],
+                          paired=("dsl", "dsl value_and_grad")))
         y, v = x[:max(n // 10, 1)], rng.normal(size=max(n // 10, 1))
         impls = {"numpy": lambda y=y, v=v: numpy_log1pexp_hvp(y, v),
                  "dsl": lambda y=y, v=v: dsl.jvp(grad, (y,), (v,))[1],

@@ -128,3 +128,26 @@ def test_rounds_interleave_and_rotate_who_goes_first():
     # After the warm-up call and calibration (two calls each): one call per
     # round, the first one rotating.
     assert calls[-9:] == list("abcbcacab")
+
+
+def test_paired_ratio_is_the_median_of_rounds_timed_back_to_back(monkeypatch):
+    def ours():
+        pass
+
+    def other():
+        pass
+
+    timed = []
+    # ours takes 3 s a call and other 1 s, except in one round where load
+    # doubles both: the paired ratio stays 3
+    seconds = iter([3.0, 1.0] + [3.0, 1.0, 1.0, 3.0, 6.0, 2.0, 1.0, 3.0, 3.0, 1.0])
+
+    def fake_per_call(fn, number):
+        timed.append(fn)
+        return next(seconds)
+
+    monkeypatch.setattr(timing, "per_call", fake_per_call)
+    result = timing.paired_ratio(ours, other, rounds=5, sample_s=0.0)
+    assert (result.median, result.lower_quartile, result.upper_quartile) == (3.0, 3.0, 3.0)
+    # after calibration, each round times both, who goes first alternating
+    assert timed == [ours, other] + [ours, other, other, ours] * 2 + [ours, other]
