@@ -39,7 +39,7 @@ from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived, der
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.recording import THREAD
+from gradlang.runtime.recording import THREAD, recording_tapes
 
 Tangents = Union[Sequence[Any], Mapping[str, Any]]
 
@@ -222,6 +222,41 @@ def _stacked(columns: list, x: Any, stack) -> list:
         tuple(columns[0][k].shape) + tuple(x.shape)) for k in range(len(columns[0]))]
 
 
+def _column_runner(jf: JvpFunction, bound: dict[str, Any]):
+    """run(basis): jf's outputs on the host, with `basis` as the tangent of
+    its one active argument.  Every column has the same shapes and dtypes,
+    so the first goes the whole way (it may learn an integer's value as a
+    size, or be recorded on a tape) and, unless a tape records the call,
+    the others run the program it found directly."""
+    tangent = jf.tangent_names[0]
+    direct = None
+
+    def run(basis: np.ndarray) -> tuple:
+        nonlocal direct
+        if direct is not None:
+            return direct(basis)
+        outs = _run(jf, {**bound, tangent: basis}, host=True)
+        on_target = jf.on_target({**bound, tangent: basis})
+        if not recording_tapes(on_target.values()):
+            direct = _direct_runner(jf, on_target, tangent)
+        return outs
+
+    return run
+
+
+def _direct_runner(jf: JvpFunction, on_target: dict[str, Any], tangent: str):
+    """run(basis): the outputs, on the host, of the program for `on_target`
+    with `basis` in place of the tangent's value."""
+    program, values = jf.program(on_target), list(on_target.values())
+    slot, where = list(on_target).index(tangent), f"the tangent of {tangent!r}"
+
+    def run(basis: np.ndarray) -> tuple:
+        values[slot] = jf.target.accept(basis, where)
+        return tuple(jf.target.to_host(o) for o in program(*values))
+
+    return run
+
+
 class Jacobian:
     """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev")."""
 
@@ -255,8 +290,7 @@ class Jacobian:
             x = bound[name]
             if not isinstance(x, np.ndarray):  # a device array passed in
                 x = self.f.target.to_host(x)
-            columns = _tangent_columns(x, lambda basis: _run(
-                jf, {**bound, jf.tangent_names[0]: basis}, host=True))
+            columns = _tangent_columns(x, _column_runner(jf, bound))
             if not columns:  # an empty argument: the outputs give the shapes
                 outs = _run(self.f, dict(bound), host=True)
                 per_wrt.append([np.zeros(o.shape + x.shape, _jacobian_dtype(o, x))

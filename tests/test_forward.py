@@ -221,6 +221,10 @@ def test_jvp_on_cuda_matches_the_cpu():
     assert dsl.jacfwd(bar, wrt=(0, 1))(2.0, 3.0) == (3.0, 2.0)
     assert dsl.jacrev(bar, wrt=(0, 1))(2.0, 3.0) == (3.0, 2.0)
     assert dsl.hessian(bar, wrt=(0, 1))(2.0, 3.0) == ((0.0, 1.0), (1.0, 0.0))
+    # a column per element, each run on the device: the diagonal sigmoid(x)
+    on_device = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda").log1pexp
+    np.testing.assert_allclose(dsl.jacfwd(on_device)(x), np.diag(1 / (1 + np.exp(-x))),
+                               rtol=1e-12, atol=0)
 
 
 # ---------------------------------------------------------------- bad tangents
