@@ -11,7 +11,7 @@ gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
 `out=` buffers against fresh results, a 1,000-step loop's value and
 gradient and @recompute's residual bytes (issue 10), forward mode: jvp
-against value_and_grad (issue 11), gathers and scatter-adds, `to_torch`
+against value_and_grad and jacfwd (issue 11), gathers and scatter-adds, `to_torch`
 and Dask (issue 12), time to first gradient in
 fresh processes (cold and warm caches, beside JAX's jit), and
 benchmarks/bench_cuda.py when a CUDA GPU is present.
@@ -80,7 +80,8 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
                 workloads.loop_cases(10**4 if quick else 10**5, 1000))
     if name == "forward":
         return ("forward mode: dsl.jvp of log1pexp (tangent of ones) against value_and_grad; "
-                "jvp(grad) against hvp (rev-over-rev)", workloads.forward_cases([10**5, 10**7]))
+                "jvp(grad) against hvp (rev-over-rev); jacfwd",
+                workloads.forward_cases([10**5, 10**7], jacobian_size=100))
     if name == "indexing":
         return ("indexing: runtime.cpu.take / scatter_add (bounds-checked) against np.take, "
                 "np.add.at", workloads.indexing_cases(10_000, 64, 20_000, 10**6, 100))

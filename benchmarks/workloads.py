@@ -20,8 +20,8 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     loop_cases       `steps` trips of u = u + kappa * u * (1 - u), then
                      sum(u * u): value + gradient w.r.t. u and kappa, one
                      forward and one backward kernel (issue 10)
-    forward_cases    `dsl.jvp` of log1pexp against value_and_grad, and
-                     jvp(grad) against hvp (issue 11)
+    forward_cases    `dsl.jvp` of log1pexp against value_and_grad,
+                     jvp(grad) against hvp, and jacfwd (issue 11)
     indexing_cases   gathers and scatter-adds (`runtime.cpu.take`,
                      `scatter_add`) against np.take, np.add.at
     torch_bridge_cases, jax_bridge_cases
@@ -576,11 +576,11 @@ def numpy_log1pexp_hvp(x, v):
     return s * (1 - s) * v
 
 
-def forward_cases(sizes, seed: int = 0) -> list[Case]:
+def forward_cases(sizes, jacobian_size: int, seed: int = 0) -> list[Case]:
     """dsl.jvp of log1pexp ("dsl") against value_and_grad, with the tangent
     all ones so that both give (value, gradient); then jvp(grad) (forward
     over reverse, "dsl") against hvp (reverse over reverse) at a tenth of
-    the size."""
+    the size; then jacfwd at `jacobian_size`."""
     from dsl.forward import jvp_function
     m = dsl.load(EXAMPLES / "log1pexp.grad")
     value_and_grad, grad, hvp = (dsl.value_and_grad(m.log1pexp), dsl.grad(m.log1pexp),
@@ -618,7 +618,25 @@ def forward_cases(sizes, seed: int = 0) -> list[Case]:
             impls["jax"] = jax_call(jax.jit(lambda y, v: jax.jvp(g, (y,), (v,))[1]), y, v)
         cases.append(Case(f"jvp(grad), float64 n={size_label(len(y))}", impls,
                           (numpy_log1pexp_hvp(y, v),), dict(rtol=1e-9, atol=1e-14)))
-    return cases
+    return cases + [jacobian_case(m, jacobian_size)]
+
+
+def jacobian_case(m, n: int, seed: int = 0) -> Case:
+    """jacfwd of log1pexp (n columns, one jvp each) against jacrev (n
+    pullbacks), JAX's and PyTorch's jacfwd (batched: one pass) and the
+    diagonal by hand."""
+    x = np.random.default_rng(seed).uniform(-20.0, 20.0, n)
+    impls = {"numpy": lambda: np.diag(numpy_log1pexp(x)[1]),
+             "dsl": lambda: dsl.jacfwd(m.log1pexp)(x),
+             "dsl jacrev": lambda: dsl.jacrev(m.log1pexp)(x)}
+    if jax_modules():
+        jax, jnp = jax_modules()
+        impls["jax"] = jax_call(jax.jit(jax.jacfwd(lambda x: jnp.log1p(jnp.exp(x)))), x)
+    if torch_module():
+        torch = torch_module()
+        impls["torch"] = lambda: torch.func.jacfwd(
+            lambda x: torch.log1p(torch.exp(x)))(torch.from_numpy(x)).numpy()
+    return Case(f"jacfwd, float64 n={size_label(n)}", impls, (np.diag(numpy_log1pexp(x)[1]),))
 
 
 # ------------------------------------------------------------ indexing

@@ -27,7 +27,7 @@ CASES = (workloads.log1pexp_cases([7], [np.float32, np.float64])
          + workloads.sincos_pow_cases([9], [np.float32, np.float64])
          + workloads.out_cases([7], [np.float32, np.float64])
          + workloads.loop_cases(7, 5)
-         + workloads.forward_cases([20])
+         + workloads.forward_cases([20], jacobian_size=5)
          + workloads.indexing_cases(10, 3, 12, 30, 4)
          + workloads.torch_bridge_cases([5])
          + workloads.jax_bridge_cases([5])
@@ -65,7 +65,7 @@ def test_notes_give_kernel_counts_and_recompute_savings():
     plain, saved = (int(s.replace(",", "")) for s in
                     re.findall(r"plain ([\d,]+), @recompute ([\d,]+)", loop[1])[0])
     assert saved < plain
-    assert workloads.forward_cases([20])[0].notes == ["kernels in the jvp: 1"]
+    assert workloads.forward_cases([20], jacobian_size=5)[0].notes == ["kernels in the jvp: 1"]
 
 
 def test_loop_and_hvp_references_match_finite_differences():
