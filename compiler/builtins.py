@@ -26,25 +26,47 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Builtin:
     """A function of the surface language: its signature (checked at load
-    time) and how it lowers to primitives."""
+    time) and how it lowers to primitives.  Its first `operands` parameters
+    are taken by position only; `options` follow, by position or by name
+    (as `sum(x, 1)` or `sum(x, axis=1)`); the first `required` parameters
+    of all must be given.  `lower` gets the positional arguments and the
+    keywords as written (`_kw` reads an option from either)."""
 
-    min_args: int
-    max_args: int
-    kwargs: tuple[str, ...]
+    operands: int
+    options: tuple[str, ...]
+    required: int
     lower: Callable[[Lowerer, Builder, list, dict, Span], Value]
 
     def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
-        names = list(kwargs)
-        n_total = n_args + sum(1 for k in names if k not in self.kwargs)
-        if not self.min_args <= n_args <= self.max_args and not (
-                n_args < self.min_args and n_total >= self.min_args):
-            want = (str(self.min_args) if self.min_args == self.max_args
-                    else f"{self.min_args} to {self.max_args}")
-            raise GradError(f"{name}() takes {want} positional arguments but {n_args} "
-                            f"were given", span)
-        for k in names:
-            if k not in self.kwargs:
+        """Python's rules for a call of this signature: a GradError for too
+        many positional arguments, an unknown keyword, an option given twice
+        or a required parameter missing."""
+        most = self.operands + len(self.options)
+        if n_args > most:
+            raise GradError(f"{name}() takes {_count(self.required, most)} positional "
+                            f"arguments but {n_args} were given", span)
+        for k in kwargs:
+            if k not in self.options:
                 raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
+            if self.operands + self.options.index(k) < n_args:
+                raise GradError(f"{name}() got multiple values for argument {k!r}", span)
+        if n_args < self.operands:
+            raise GradError(f"{name}() takes {_count(self.required, most)} positional "
+                            f"arguments but {n_args} were given", span)
+        missing = [k for k in self.options[n_args - self.operands:self.required - self.operands]
+                   if k not in kwargs]
+        if missing:
+            raise GradError(f"{name}() is missing its argument {missing[0]!r}", span)
+
+
+def _count(least: int, most: int) -> str:
+    return str(least) if least == most else f"{least} to {most}"
+
+
+def _builtin(operands: int, lower, options: tuple[str, ...] = (),
+             required: Optional[int] = None) -> Builtin:
+    """A Builtin whose options are all optional unless `required` says."""
+    return Builtin(operands, options, operands if required is None else required, lower)
 
 
 def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
@@ -60,7 +82,7 @@ def _primitive(op: ops.Op) -> Builtin:
             return L.binary(b, op.name, args[0], args[1], span)
         inputs = unify(b, args, span, float_result=op.float_only)
         return b.bind(op.name, *inputs, span=span)
-    return Builtin(op.arity, op.arity, (), lower)
+    return _builtin(op.arity, lower)
 
 
 def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
@@ -82,7 +104,7 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         return out
-    return Builtin(1, 3, ("axis", "keepdims"), lower)
+    return _builtin(1, lower, ("axis", "keepdims"))
 
 
 def _where(L, b, args, kwargs, span):
@@ -267,7 +289,7 @@ def _take_along_axis(L, b, args, kwargs, span):
 def _scatter_add(L, b, args, kwargs, span):
     base = as_atom(b, args[0], span)
     idx = index_operand(b, args[1], span)
-    (values,) = unify(b, [_kw(args, kwargs, 2, "values")], span)
+    (values,) = unify(b, [args[2]], span)
     if values.type.is_float and not base.type.is_float:
         raise GradError(f"scatter_add of {values.type.dtype} values into a "
                         f"{base.type.dtype} array would drop their fractions", span)
@@ -305,30 +327,30 @@ TRANSFORMS = ("grad", "value_and_grad", "jvp")
 
 # Primitives whose lowering is not `_primitive`'s.
 _LOWERINGS: dict[str, Builtin] = {
-    "where": Builtin(3, 3, (), _where),
-    "stop_gradient": Builtin(1, 1, (), _stop_gradient),
+    "where": _builtin(3, _where),
+    "stop_gradient": _builtin(1, _stop_gradient),
 }
 
 # Sugar, and primitives called with compile-time arguments (shapes, axes).
 _SUGAR: dict[str, Builtin] = {
-    "clip": Builtin(3, 3, (), _clip),
+    "clip": _builtin(3, _clip),
     "sum": _reduction("reduce_sum"),
     "mean": _reduction("reduce_sum", mean=True),
     "max": _reduction("reduce_max"),
     "min": _reduction("reduce_max", negate=True),
-    "matmul": Builtin(2, 2, (), _matmul_builtin),
-    "transpose": Builtin(1, 2, ("axes",), _transpose),
-    "reshape": Builtin(2, 2, ("shape",), _reshape),
-    "broadcast_to": Builtin(2, 2, ("shape",), _broadcast_to),
-    "stack": Builtin(1, 2, ("axis",), lambda L, b, a, k, s: _concatenate(L, b, a, k, s, True)),
-    "concatenate": Builtin(1, 2, ("axis",), _concatenate),
-    "zeros_like": Builtin(1, 1, (), _fill_like(None, 0)),
-    "ones_like": Builtin(1, 1, (), _fill_like(None, 1)),
-    "full_like": Builtin(2, 2, (), _fill_like(1)),
-    "take": Builtin(2, 3, ("axis",), _take),
-    "take_along_axis": Builtin(2, 3, ("axis",), _take_along_axis),
-    "scatter_add": Builtin(3, 4, ("axis",), _scatter_add),
-    "segment_sum": Builtin(2, 3, ("num_segments",), _segment_sum),
+    "matmul": _builtin(2, _matmul_builtin),
+    "transpose": _builtin(1, _transpose, ("axes",)),
+    "reshape": _builtin(1, _reshape, ("shape",), required=2),
+    "broadcast_to": _builtin(1, _broadcast_to, ("shape",), required=2),
+    "stack": _builtin(1, lambda L, b, a, k, s: _concatenate(L, b, a, k, s, True), ("axis",)),
+    "concatenate": _builtin(1, _concatenate, ("axis",)),
+    "zeros_like": _builtin(1, _fill_like(None, 0)),
+    "ones_like": _builtin(1, _fill_like(None, 1)),
+    "full_like": _builtin(2, _fill_like(1)),
+    "take": _builtin(2, _take, ("axis",)),
+    "take_along_axis": _builtin(2, _take_along_axis, ("axis",)),
+    "scatter_add": _builtin(3, _scatter_add, ("axis",)),
+    "segment_sum": _builtin(2, _segment_sum, ("num_segments",), required=3),
 }
 
 BUILTINS: dict[str, Builtin] = {

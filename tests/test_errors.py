@@ -48,6 +48,15 @@ def test_syntax_errors(source, line, col, text):
     ("def g(a):\n    return a\ndef f(x):\n    return g(x, x)\n", 4, 12, "takes 1 argument"),
     ("def g(a):\n    return a\ndef f(x):\n    return g(x, b=x)\n", 4, 12, "no parameter 'b'"),
     ("def f(x):\n    return sum(x, axes=0)\n", 2, 12, "unexpected keyword argument 'axes'"),
+    # an option given by position and by name: Python's error, not one dropped
+    ("def f(x):\n    return sum(x, 0, axis=1)\n", 2, 12, "multiple values for argument 'axis'"),
+    ("def f(x):\n    return transpose(x, [1, 0], axes=[0, 1])\n", 2, 12,
+     "multiple values for argument 'axes'"),
+    ("def f(x):\n    return sum(x, 0, False, 1)\n", 2, 12, "takes 1 to 3 positional"),
+    ("def f(x, i: i64[n]):\n    return segment_sum(x, i)\n", 2, 12,
+     "missing its argument 'num_segments'"),
+    ("def f(x):\n    return reshape(x)\n", 2, 12, "missing its argument 'shape'"),
+    ("def f(x):\n    return where(x > 0, x)\n", 2, 12, "where() takes 3 positional"),
     ("def f(x):\n    return x\ndef f(y):\n    return y\n", 3, 5, "already defined"),
     ("def f(x, x):\n    return x\n", 1, None, "duplicate parameter"),
     ("def f(x):\n    return x\n    y = x\n", 3, 5, "unreachable"),
@@ -82,6 +91,20 @@ def test_name_and_arity_errors(source, line, col, text):
 ])
 def test_grad_block_contract_is_checked_at_load(source, line, text):
     assert_at(load_error(source), line, None, text)
+
+
+def test_options_of_builtins_by_name_mean_what_they_do_by_position():
+    m = dsl.loads("def a(x):\n    return reshape(x, shape=[3, 2])\n"
+                  "def b(x):\n    return reshape(x, [3, 2])\n"
+                  "def c(x):\n    return sum(x, keepdims=True, axis=1)\n"
+                  "def d(x):\n    return transpose(x, axes=[1, 0])\n"
+                  "def e(x, i: i64[n]):\n    return segment_sum(x, i, num_segments=4)\n")
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(m.a(x), x.reshape(3, 2))
+    np.testing.assert_array_equal(m.a(x), m.b(x))
+    np.testing.assert_array_equal(m.c(x), x.sum(axis=1, keepdims=True))
+    np.testing.assert_array_equal(m.d(x), x.T)
+    np.testing.assert_array_equal(m.e(np.arange(3.0), np.array([3, 0, 3])), [1.0, 0, 0, 2.0])
 
 
 def test_named_cotangents_in_any_order_are_accepted():
