@@ -55,8 +55,10 @@ class Generated:
     kernel_header: str  # the imports and names every kernel module starts with
     kernels: tuple[tuple[str, str], ...]  # (name, source), one per distinct loop
     driver_source: str
-    kernel_names: tuple[str, ...]  # the kernel each loop runs, in step order
+    kernel_names: tuple[str, ...]  # the kernel each top-level loop launches, in step order
     contiguous_driver_source: str  # the driver for C-contiguous arguments only
+    # (name, argument types in Numba's notation) of every kernel, as `kernels`
+    kernel_signatures: tuple[tuple[str, str], ...]
 
     @property
     def kernel_source(self) -> str:
@@ -378,7 +380,7 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
         return name if len(v.type.shape) == 1 else f"{name}.reshape(-1)"
     return Generated(fn.name, header, tuple(driver.kernels.items()),
                      source(lambda v: f"R.flat({run.names[v]})"), tuple(driver.kernel_names),
-                     source(view))
+                     source(view), tuple((k, driver.signatures[k]) for k in driver.kernels))
 
 
 @dataclass
@@ -402,6 +404,7 @@ class _Driver:
         self.target = target
         self.kernels: dict[str, str] = {}
         self.kernel_names: list[str] = []  # the top-level function's loops, in order
+        self.signatures: dict[str, str] = {}  # each kernel's, from the loop it renders
         self.n_bodies = 0
 
     def function(self, fn: Function, top: bool = False) -> _Rendered:
@@ -413,6 +416,7 @@ class _Driver:
         def kernel_of(loop: Loop) -> tuple:
             if id(loop) not in rendered:
                 rendered[id(loop)] = (loop, render_kernel(loop, target))
+                self.signatures.setdefault(rendered[id(loop)][1][0], kernel_signature(loop))
             return rendered[id(loop)][1]
         steps = share_kernels(fuse(fn, reductions=target.fuses_reductions),
                               lambda loop: None if self.in_driver(loop) else kernel_of(loop)[0])

@@ -53,8 +53,8 @@ import numba
 
 from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.codegen import Generated, generate, kernel_signature
-from gradlang.compiler.fusion import Loop, fuse, print_steps
+from gradlang.compiler.codegen import Generated, generate
+from gradlang.compiler.fusion import fuse, print_steps
 from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var, print_function
 from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
@@ -404,20 +404,13 @@ def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> 
     generated = generate(fn, target)
     if stage == "codegen":
         return generated.kernel_source + "\n" + generated.driver_source
-    return _machine_code(fn, generated, target)
+    return _machine_code(generated, target)
 
 
-def _machine_code(fn: Function, generated: Generated, target: Target) -> str:
+def _machine_code(generated: Generated, target: Target) -> str:
     """What the target compiles each kernel to (LLVM IR on the CPU),
     compiled now for the kernel's argument types, never read from a cache."""
     kernels = load_kernel_modules(generated.kernel_modules)
-    loops = [s for s in fuse(fn, reductions=target.fuses_reductions) if isinstance(s, Loop)]
-    first_loop: dict[str, Loop] = {}  # equal loops share a kernel: each kernel once
-    for name, loop in zip(generated.kernel_names, loops):
-        first_loop.setdefault(name, loop)
-    text = []
-    for name, loop in first_loop.items():
-        signature = kernel_signature(loop)
-        text.append(f"; kernel {name} ({signature})\n"
-                    f"{target.compiled_ir(kernels, name, signature)}")
-    return "\n".join(text)
+    return "\n".join(f"; kernel {name} ({signature})\n"
+                     f"{target.compiled_ir(kernels, name, signature)}"
+                     for name, signature in generated.kernel_signatures)

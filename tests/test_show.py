@@ -138,3 +138,17 @@ def test_llvm_is_printed_when_numba_cache_is_warm(tmp_path):
                        result.stdout, re.M)
     assert kernel and "define " in result.stdout and f"{kernel[1]}_serial" in result.stdout
     assert "Inspection disabled" not in result.stderr
+
+
+def test_llvm_shows_each_kernel_for_the_loop_it_runs(tmp_path, capsys):
+    """A sum feeding an elementwise loop: the scalar step between them runs
+    in the driver, so pairing kernels with every fused loop in order gave a
+    kernel another loop's argument types (and Numba a traceback)."""
+    source = tmp_path / "s.grad"
+    source.write_text("def f(x):\n    s = sum(x)\n    return exp(x) * (s / 2.0)\n")
+    assert main(["show", str(source), "--emit", "llvm"]) == 0
+    out = capsys.readouterr().out
+    headers = re.findall(r"^; kernel (k_[0-9a-f]{16}) \((.*)\)$", out, re.M)
+    # the sum reads x; the product reads x and the scalar, and writes one array
+    assert sorted(sig.count("[::1]") for _, sig in headers) == [2, 3]
+    assert all(f"{name}_serial" in out for name, _ in headers)
