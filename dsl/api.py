@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Union
 
-from dsl.function import Compiled, GradFn, GradFunction, HvpFunction, Wrt, derived, resolve_wrt
+from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, derived,
+                          require_function, resolve_wrt)
 from dsl.forward import Jacobian
 from dsl.forward import hessian as _hessian
 from dsl.forward import jacfwd as _jacfwd
@@ -30,7 +31,7 @@ from gradlang.runtime import target as targets
 from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import ParamSpec
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError, GradError, Span
+from gradlang.runtime.errors import GradError, Span
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
 
@@ -109,18 +110,6 @@ def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT
 Function = Union[Compiled, AotFunction]
 
 
-def _check_fn(f, what: str, aot: bool = True) -> Function:
-    if isinstance(f, Compiled) or (aot and isinstance(f, AotFunction)):
-        return f
-    if isinstance(f, AotFunction):
-        raise ArgumentError(f"{what}() needs the IR of {f.name}(), and a function of a "
-                            "gradc-compiled module has only its compiled programs (call, "
-                            "grad, value_and_grad, pullback); load the .grad file with "
-                            "dsl.load for this")
-    raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
-                    f"{type(f).__name__}")
-
-
 def _transform(f: Function, wrt: Wrt, with_value: bool) -> "GradFunction | AotGradient":
     # One transform object per (function, wrt, kind), so that calling
     # `dsl.grad(f)(x)` in a loop reuses its compiled programs.
@@ -136,26 +125,26 @@ def _transform(f: Function, wrt: Wrt, with_value: bool) -> "GradFunction | AotGr
 @user_facing
 def grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
     """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
-    return _transform(_check_fn(f, "grad"), wrt, with_value=False)
+    return _transform(require_function(f, "grad"), wrt, with_value=False)
 
 
 @user_facing
 def value_and_grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs)."""
-    return _transform(_check_fn(f, "value_and_grad"), wrt, with_value=True)
+    return _transform(require_function(f, "value_and_grad"), wrt, with_value=True)
 
 
 @user_facing
 def hvp(f: Compiled, wrt: Union[int, str] = 0) -> HvpFunction:
     """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v."""
-    return HvpFunction(_check_fn(f, "hvp", aot=False), wrt)
+    return HvpFunction(require_function(f, "hvp", aot_ok=False), wrt)
 
 
 @user_facing
 def vjp(f: Function, *args, **kwargs):
     """(outputs, pullback): pullback(*cotangents) gives one cotangent per
     argument passed (None for const and non-float ones)."""
-    f = _check_fn(f, "vjp")
+    f = require_function(f, "vjp")
     if isinstance(f, AotFunction):
         return f.vjp(*args, **kwargs)
     return _vjp(f, *args, **kwargs)
@@ -165,24 +154,24 @@ def vjp(f: Function, *args, **kwargs):
 def jvp(f: Compiled, primals, tangents):
     """(outputs, output tangents), as `jax.jvp`: tangents one per primal
     (None: none) or a dict by argument or param name (`dsl/forward.py`)."""
-    return _jvp(_check_fn(f, "jvp", aot=False), primals, tangents)
+    return _jvp(require_function(f, "jvp", aot_ok=False), primals, tangents)
 
 
 @user_facing
 def jacfwd(f: Compiled, wrt: Wrt = 0) -> Jacobian:
     """The Jacobian of f's outputs w.r.t. `wrt` (out.shape + arg.shape),
     in forward mode: one jvp per element of the argument."""
-    return _jacfwd(_check_fn(f, "jacfwd", aot=False), wrt)
+    return _jacfwd(require_function(f, "jacfwd", aot_ok=False), wrt)
 
 
 @user_facing
 def jacrev(f: Compiled, wrt: Wrt = 0) -> Jacobian:
     """jacfwd's Jacobian in reverse mode: one pullback per output element."""
-    return _jacrev(_check_fn(f, "jacrev", aot=False), wrt)
+    return _jacrev(require_function(f, "jacrev", aot_ok=False), wrt)
 
 
 @user_facing
 def hessian(f: Compiled, wrt: Wrt = 0) -> Jacobian:
     """The Hessian of the sum of f's outputs w.r.t. `wrt` (arg.shape +
     arg.shape), forward over reverse."""
-    return _hessian(_transform(_check_fn(f, "hessian", aot=False), wrt, False), wrt)
+    return _hessian(_transform(require_function(f, "hessian", aot_ok=False), wrt, False), wrt)

@@ -22,20 +22,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from dsl.function import Compiled
-from gradlang.runtime.aot import AotFunction
-from gradlang.runtime.errors import ArgumentError
+from dsl.function import Compiled, require_function
 
 
 def bridged(f: Any, what: str) -> Compiled:
-    if isinstance(f, Compiled):
-        return f
-    if isinstance(f, AotFunction):
-        raise ArgumentError(f"{what}() differentiates {f.name}() to any order, which needs "
-                            "its IR, and a function of a gradc-compiled module has only its "
-                            "first-order programs; load the .grad file with dsl.load for this")
-    raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
-                    f"{type(f).__name__}")
+    return require_function(f, what, aot_ok=False, why=" to differentiate it to any order")
 
 
 class Bridged:

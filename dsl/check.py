@@ -51,9 +51,10 @@ from typing import Optional
 import numpy as np
 
 from dsl.function import (Compiled, Directional, GradFunction, JvpFunction, Select,
-                          backward_function, derived)
+                          backward_function, derived, require_function)
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
+from gradlang.runtime.boundary import user_facing
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,12 @@ def _row(f: Compiled, order: int, wrt: str, compared: tuple, nan: bool) -> GradC
                      nonfinite or nan, count, ok and not nan)
 
 
+@user_facing
 def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     rtol: float = 1e-4, atol: float = 1e-6, seed: int = 0,
                     upstream: bool = True, f32: bool = True, raise_on_failure: bool = False,
                     **kwargs) -> CheckResult:
+    f = require_function(f, "check_gradients", aot_ok=False)
     rng = np.random.default_rng(seed)
     # Differences in f64, unless an annotation insists on f32: then in f32,
     # with a step and tolerances f32 can honour.

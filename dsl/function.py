@@ -521,6 +521,24 @@ def _describe(layout: Any) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
+def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> Any:
+    """f, if `what` (an API's name) can take it: a function of a loaded
+    .grad module, or of a gradc-compiled one where `aot_ok` (else `what`
+    needs the function's IR: `why` says for what).  Anything else is a
+    TypeError, and a compiled module's function that cannot do an
+    ArgumentError."""
+    from gradlang.runtime.aot import AotFunction
+    if isinstance(f, Compiled) or (aot_ok and isinstance(f, AotFunction)):
+        return f
+    if isinstance(f, AotFunction):
+        raise ArgumentError(f"{what}() needs the IR of {f.name}(){why}, and a function of a "
+                            "gradc-compiled module has only its compiled programs (call, "
+                            "grad, value_and_grad, pullback); load the .grad file with "
+                            "dsl.load for this")
+    raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
+                    f"{type(f).__name__}")
+
+
 def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
     items = wrt if isinstance(wrt, (tuple, list)) else (wrt,)
     if not items:

@@ -200,6 +200,10 @@ def test_dsl_grad_and_value_and_grad_take_aot_functions(ab):
         dsl.grad(ab.f, wrt="z")
     with pytest.raises(dsl.ArgumentError, match="needs the IR"):
         dsl.hvp(ab.f)
+    with pytest.raises(dsl.ArgumentError, match=r"check_gradients\(\) needs the IR of f\(\)"):
+        dsl.check_gradients(ab.f, X, Y)
+    with pytest.raises(TypeError, match=r"check_gradients\(\) takes a function of a loaded"):
+        dsl.check_gradients(lambda x: x, 1.0)
 
 
 def test_dsl_vjp_of_an_aot_function_matches_the_loaded_one(ab):
