@@ -57,7 +57,8 @@ class Generated:
     driver_source: str
     kernel_names: tuple[str, ...]  # the kernel each top-level loop launches, in step order
     contiguous_driver_source: str  # the driver for C-contiguous arguments only
-    # (name, argument types in Numba's notation) of every kernel, as `kernels`
+    # (name, argument types in Numba's notation) of each fused loop's kernel
+    # (not of a kernel that runs a whole `loop`), in the order of `kernels`
     kernel_signatures: tuple[tuple[str, str], ...]
 
     @property
@@ -380,7 +381,8 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
         return name if len(v.type.shape) == 1 else f"{name}.reshape(-1)"
     return Generated(fn.name, header, tuple(driver.kernels.items()),
                      source(lambda v: f"R.flat({run.names[v]})"), tuple(driver.kernel_names),
-                     source(view), tuple((k, driver.signatures[k]) for k in driver.kernels))
+                     source(view), tuple((k, driver.signatures[k]) for k in driver.kernels
+                                        if k in driver.signatures))
 
 
 @dataclass
@@ -404,7 +406,7 @@ class _Driver:
         self.target = target
         self.kernels: dict[str, str] = {}
         self.kernel_names: list[str] = []  # the top-level function's loops, in order
-        self.signatures: dict[str, str] = {}  # each kernel's, from the loop it renders
+        self.signatures: dict[str, str] = {}  # each fused loop's kernel's (kernel_signature)
         self.n_bodies = 0
 
     def function(self, fn: Function, top: bool = False) -> _Rendered:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast as pyast
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -117,7 +118,7 @@ def cmd_run(args) -> int:
         label = f"{args.fn}" if len(outs) == 1 else f"{args.fn}[{k}]"
         print(f"{label} = {_format(out)}")
     if args.wrt:
-        wrt = [int(w) if w.isdigit() else w for w in args.wrt]
+        wrt = [int(w) if re.fullmatch(r"\d+", w, re.ASCII) else w for w in args.wrt]
     else:  # every argument and param that gets a gradient (numbers become f64;
         # .npy keep theirs)
         wrt = [s.name for s, v in zip(f.specs, values) if s.differentiable

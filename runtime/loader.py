@@ -77,7 +77,7 @@ def cache_dir() -> Path:
     return Path(base) / "gradc"
 
 
-def _write_atomic(path: Path, text: "str | bytes") -> None:
+def write_atomic(path: Path, text: "str | bytes") -> None:
     """Write `text` to `path` through a temporary file and a rename, so a
     reader sees the old file or the new one.  The file gets the mode a
     plain open() would give (0666 less the umask), not mkstemp's 0600:
@@ -112,11 +112,11 @@ def _import_source(name: str, source: str) -> ModuleType:
     directory."""
     try:
         path = cache_dir() / "kernels" / f"{name}.py"
-        _write_atomic(path, source)
+        write_atomic(path, source)
         return _import_file(name, path)
     except (OSError, _NoCacheLocation) as err:
         path = _scratch_dir(err) / f"{name}.py"
-        _write_atomic(path, source)
+        write_atomic(path, source)
         return _import_file(name, path)
 
 
@@ -372,7 +372,7 @@ def store(kind: str, key: str, data: bytes) -> None:
     nothing (the kernel loader says so once)."""
     blob = _STORE_MAGIC + hashlib.sha256(key.encode() + data).digest() + data
     try:
-        _write_atomic(_stored_path(kind, key), blob)
+        write_atomic(_stored_path(kind, key), blob)
     except OSError:
         pass
 

@@ -33,6 +33,8 @@ def test_run_with_lists_npy_and_wrt(tmp_path, capsys):
     (["run", LOG1PEXP, "nope", "1"], "no function 'nope'"),
     (["run", str(ROOT / "examples" / "bar.grad"), "bar", "[1, 2]", "[1, 2, 3]"],
      "do not broadcast"),
+    # not a position: '\u00b2' passes str.isdigit() but is no number int() reads
+    (["run", LOG1PEXP, "log1pexp", "1.0", "--wrt", "\u00b2"], "no parameter '\u00b2'"),
 ])
 def test_user_errors_exit_1(argv, text, capsys):
     assert main(argv) == 1

@@ -115,6 +115,10 @@ def test_a_size_name_that_is_not_an_identifier_is_a_usage_error(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith("gradc: error: bad dimension 'a\u00b2'")
     assert "<sig>" not in err and "Traceback" not in err
+    # '\u00b2' alone passes str.isdigit() but is no number int() reads
+    assert main(["compile", str(source), "-o", str(tmp_path),
+                 "--sig", "f(f64[\u00b2], f64[:])"]) == 2
+    assert capsys.readouterr().err.startswith("gradc: error: bad dimension '\u00b2'")
 
 
 # ------------------------------------------- 4. never clobber user files
@@ -142,6 +146,16 @@ def test_compile_rewrites_its_own_module_and_force_overwrites_any(tmp_path):
     source.write_text("def sq(x):\n    return x * x * 3.0\n")
     assert main(["compile", str(source), "-o", str(out)]) == 0  # its own: no --force
     np.testing.assert_array_equal(_import(out / "sq.py").sq(np.array([2.0])), [12.0])
+
+
+def test_a_file_compile_cannot_write_is_a_usage_error(tmp_path, capsys):
+    source = tmp_path / "sq.grad"
+    source.write_text("def sq(x):\n    return x * x\n")
+    (tmp_path / "out" / "sq.py").mkdir(parents=True)  # where the module goes
+    assert main(["compile", str(source), "-o", str(tmp_path / "out"), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gradc: error: cannot write ") and "sq.py" in err, err
+    assert "Traceback" not in err
 
 
 def test_compiled_files_follow_the_umask(tmp_path):
