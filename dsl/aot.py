@@ -154,6 +154,13 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
             value = dims
             kind = "bool" if isinstance(value, bool) else (s.dtype or "i64")
             types[s.name] = StaticScalar(kind, (), value)
+        elif s.const and not dims and dtype in ("i32", "i64", "bool") \
+                and s.dtype in (None, "i32", "i64", "bool"):
+            # a call's const integer picks its program by value (args.static_names)
+            example = "True" if dtype == "bool" else "1"
+            raise SignatureError(f"signature {sig!r} gives {s.name!r} as {dtype}, but it is "
+                                 f"const: its value picks the program, so give the value, "
+                                 f"e.g. {example}", f.span)
         else:
             types[s.name] = TensorType(dtype, dims)
     for w, spec in zip(f.reads, f.param_specs):

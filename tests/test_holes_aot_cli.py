@@ -313,6 +313,9 @@ def test_run_sets_params_from_values_and_npy_files(tmp_path, capsys):
      "--param takes NAME=VALUE"),
     (["compile", str(EXAMPLES / "bar.grad"), "--sig", "bar(f64[:]"], "cannot read signature"),
     (["compile", str(EXAMPLES / "bar.grad"), "--sig", "nope(f64[:])"], "names no function"),
+    # a const integer's value picks the program: a type alone made one no call could use
+    (["compile", str(EXAMPLES / "segment_pool.grad"), "--sig", "pool(f64[:, :], i64[:], i64)"],
+     "gives 'm' as i64, but it is const"),
 ])
 def test_usage_errors_name_no_invented_location(argv, text, capsys):
     assert main(argv) == 2
