@@ -659,8 +659,9 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
     for v in params:
         for axis, d in enumerate(v.type.shape):
             if isinstance(d, int):
-                lines.append(f"if {names[v]}.shape[{axis}] != {d}: "
-                             f"R.size_mismatch('a fixed size', {d}, {names[v]}.shape[{axis}])")
+                what = f"argument {v.hint!r}" if v.hint else "an argument"  # user text: repr
+                lines.append(f"if {names[v]}.shape[{axis}] != {d}: R.fixed_size_mismatch("
+                             f"{what!r}, {axis}, {d}, {names[v]}.shape[{axis}])")
                 continue
             if d.coef != 1 or len(d.factors) != 1:
                 continue

@@ -37,6 +37,13 @@ def size_mismatch(symbol: str, expected: int, got: int) -> None:
                         f"axis and {got} on another")
 
 
+def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> None:
+    """Raised by a driver compiled for a fixed size (`gradc compile --sig
+    'f(f64[4])'`) given another."""
+    raise ArgumentError(f"{argument} has size {got} on axis {axis}; this program was "
+                        f"compiled for size {expected} there")
+
+
 def trip_count(start: int, stop: int, step: int, where: str = "") -> int:
     """How many times `for i in range(start, stop, step)` runs; `where`: the
     loop's place in the source, for the error."""

@@ -29,6 +29,7 @@ from gradlang.runtime import branch_free, cpu_math
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     check_nonempty,
+    fixed_size_mismatch,
     index_out_of_range,
     index_views,
     into,

@@ -4,7 +4,7 @@ boundary.
 
 Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
 reshape, transpose, slice, embed, concatenate, matmul,
-reduce_sum, reduce_max, size_mismatch, take, take_along_axis, scatter_add,
+reduce_sum, reduce_max, size_mismatch, fixed_size_mismatch, take, take_along_axis, scatter_add,
 scatter_add_along_axis), taking and returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
@@ -48,6 +48,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
     c_strides,
     check_nonempty,
+    fixed_size_mismatch,
     index_out_of_range,
     index_views,
     into,
