@@ -134,7 +134,7 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span]) ->
     batched = {s for s in states if s in (ROWS, COLS)}
     if AFTER in states or PARTIAL in states:
         if batched or layout:
-            _mixes(eqn, "uses a value reduced over the batch row by row", origin)
+            raise _mixes(eqn, "uses a value reduced over the batch row by row", origin)
         return AFTER
     if layout is None:
         if not batched:
@@ -147,8 +147,8 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span]) ->
             return PARTIAL
         if eqn.op == "matmul" and states == [COLS, ROWS]:
             return PARTIAL
-        _mixes(eqn, "combines the rows of the batch other than by a sum or a max over "
-                    "them", origin)
+        raise _mixes(eqn, "combines the rows of the batch other than by a sum or a max "
+                     "over them", origin)
     if layout != "moved":
         other = COLS if layout == ROWS else ROWS
         if eqn.op == "transpose":
@@ -161,12 +161,11 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span]) ->
             fine = batched <= {layout}
         if fine:
             return layout
-    _mixes(eqn, "moves data between the rows of the batch", origin)
-    raise AssertionError  # _mixes raises
+    raise _mixes(eqn, "moves data between the rows of the batch", origin)
 
 
-def _mixes(eqn: Eqn, why: str, origin: Optional[Span]):
-    raise GradError(f"`{eqn.op}` {why}, so this function does not decompose over the "
+def _mixes(eqn: Eqn, why: str, origin: Optional[Span]) -> GradError:
+    return GradError(f"`{eqn.op}` {why}, so this function does not decompose over the "
                     "rows of its Dask arguments; call it on in-memory arrays "
                     "(compute them first)", eqn.span or origin)
 

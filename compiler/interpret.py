@@ -53,8 +53,6 @@ def _run(fn: Function, arrays, outer: dict[str, int]) -> tuple[np.ndarray, ...]:
                     outs = (params["value"],)
                 elif eqn.op == "custom_vjp":
                     outs = _run(params["fwd"], inputs, binding)[:params["n_out"]]
-                elif eqn.op == "full":
-                    outs = (OPS["full"].ref(**params),)
                 else:
                     outs = (OPS[eqn.op].ref(*inputs, **params),)
             for var, value in zip(eqn.outputs, outs):

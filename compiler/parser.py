@@ -141,8 +141,8 @@ def parse_with_lark(source: str, file: str = "<string>") -> ast.Module:
                         Span(file, 1, 1), source) from None
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(err, file, source) from None
-    except DedentError as err:
-        line = _dedent_line(str(err), source)
+    except DedentError:
+        line = _dedent_line(source)
         raise GradError("unindent does not match any outer indentation level",
                         Span(file, line, 1), source) from None
     except lark.exceptions.LarkError as err:
@@ -171,7 +171,7 @@ def _check_indentation(source: str, file: str) -> None:
                             Span(file, number, indent.index("\t") + 1))
 
 
-def _dedent_line(message: str, source: str) -> int:
+def _dedent_line(source: str) -> int:
     # lark's DedentError carries no position; find the first line whose
     # indentation matches no open level.
     levels = [0]

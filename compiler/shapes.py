@@ -73,10 +73,6 @@ def prod(dims: Iterable[Dim]) -> Dim:
     return math.prod(dims, start=1)
 
 
-def is_symbolic(shape: Iterable[Dim]) -> bool:
-    return any(isinstance(d, Sym) for d in shape)
-
-
 def evaluate(d: Dim, binding: dict[str, int]) -> int:
     if isinstance(d, Sym):
         return d.coef * math.prod(binding[f] for f in d.factors)

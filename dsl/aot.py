@@ -105,7 +105,7 @@ def _split(body: str) -> list[str]:
     return parts
 
 
-def default_sig(module: Module, f: GradFn) -> str:
+def default_sig(f: GradFn) -> str:
     """A signature f can be lowered for: annotated parameters as annotated
     (a const integer given the value 1: a count, an axis or an index), the
     others f64 arrays sharing one size, of rank 1, else 2, else 0; and if f
@@ -185,7 +185,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         raise OutputError(f"cannot create the output directory {out}: {err.strerror}") \
             from None
     functions = module.functions
-    sig_texts = sigs or [default_sig(module, f) for f in functions.values()]
+    sig_texts = sigs or [default_sig(f) for f in functions.values()]
     target = targets.get(target)
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],

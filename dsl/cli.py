@@ -151,7 +151,7 @@ def cmd_show(args) -> int:
         sigs = args.sig
     else:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
-        sigs = [default_sig(module, _lookup(module, n, args.file)) for n in names]
+        sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
     for sig in sigs:
         name, sig_args = parse_sig(sig)
         f = _lookup(module, name, args.file)
