@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Union
 
 from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, derived,
-                          require_function, resolve_wrt)
+                          grad_function, require_function, resolve_wrt)
 from dsl.forward import Jacobian
 from dsl.forward import hessian as _hessian
 from dsl.forward import jacfwd as _jacfwd
@@ -113,13 +113,11 @@ Function = Union[Compiled, AotFunction]
 def _transform(f: Function, wrt: Wrt, with_value: bool) -> "GradFunction | AotGradient":
     # One transform object per (function, wrt, kind), so that calling
     # `dsl.grad(f)(x)` in a loop reuses its compiled programs.
-    key = (tuple(wrt) if isinstance(wrt, (list, tuple)) else wrt, type(wrt).__name__,
-           with_value)
     if isinstance(f, AotFunction):
-        single = not isinstance(wrt, (tuple, list))
-        return derived(f, ("api grad", *key),
-                       lambda: f.gradient(resolve_wrt(f, wrt), single, with_value))
-    return derived(f, ("api grad", *key), lambda: GradFunction(f, wrt, with_value))
+        names, single = resolve_wrt(f, wrt), not isinstance(wrt, (tuple, list))
+        return derived(f, ("grad", names, not single, with_value),
+                       lambda: f.gradient(names, single, with_value))
+    return grad_function(f, wrt, with_value)
 
 
 @user_facing

@@ -50,8 +50,8 @@ from typing import Optional
 
 import numpy as np
 
-from dsl.function import (Compiled, Directional, GradFunction, JvpFunction, Select,
-                          backward_function, derived, require_function)
+from dsl.function import (Compiled, Directional, Select, backward_function, derived,
+                          grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
 from gradlang.runtime.boundary import user_facing
@@ -193,7 +193,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         def total(point: np.ndarray) -> float:
             return float(sum(np.sum(o) for o in _run(f, {**bound, name: point})))
 
-        gradient = derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        gradient = grad_function(f, name, with_value=False)
         g = reference[name] = _run(gradient, bound)[-1]
         pairs, numerics = [], []
         for v in directions:
@@ -307,8 +307,7 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
         jtu = _run(vjp, {**bound, **dict(zip(vjp.ct_names, us))})[floats.index(name)]
     else:  # u = 1: J^T u from the program the f32 gradients ran, no compile of its own
         us = [np.ones_like(o) for o in value]
-        both = derived(f, ("value_and_grad", tuple(floats)),
-                        lambda: GradFunction(f, tuple(floats), with_value=True))
+        both = grad_function(f, tuple(floats), with_value=True)
         jtu = _run(both, bound)[len(value) + floats.index(name)]
     pairs = [_dot_pair(tangent, us, v, jtu) for v, tangent in zip(directions, tangents)]
     rows.append(_forward_row(f, 1, f"jvp/vjp:{name}", "forward vs reverse",
@@ -318,9 +317,8 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
         # A second block is transposed only here; elsewhere this compares
         # compiler-derived programs only, worth less than their compile time.
         # One forward-over-reverse program serves every argument.
-        gradients = derived(f, ("grad", tuple(floats)),
-                             lambda: GradFunction(f, tuple(floats), with_value=False))
-        gradient = derived(f, ("grad", name), lambda: GradFunction(f, name, with_value=False))
+        gradients = grad_function(f, tuple(floats), with_value=False)
+        gradient = grad_function(f, name, with_value=False)
         hessian = derived(f, ("directional", name, 2),
                            lambda: Directional(gradient, name, "$v2"))
         u = rng.normal(size=x.shape).astype(x.dtype)
@@ -341,7 +339,7 @@ def _jvp(f: Compiled, bound: dict[str, np.ndarray], active: list[str], name: str
     """f's outputs, then their tangents along `v` for argument `name`: one
     program, with tangents for every argument in `active` (zero but for
     `name`'s), serves every argument."""
-    jf = derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
+    jf = jvp_function(f, active)
     tangents = {t: v if n == name else np.zeros_like(bound[n])
                 for n, t in zip(active, jf.tangent_names)}
     return _run(jf, {**bound, **tangents})
@@ -380,8 +378,7 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
     if all(narrow[n] is bound[n] for n in bound):
         return CheckResult()  # every argument is fixed: f32 is the check already done
     names = tuple(reference)
-    both = derived(f, ("value_and_grad", names),
-                    lambda: GradFunction(f, names, with_value=True))
+    both = grad_function(f, names, with_value=True)
     outs = _run(both, narrow)
     value32, grads = outs[:-len(names)], outs[-len(names):]
     value_finite = _finite(value32)

@@ -34,20 +34,14 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
-from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived, derived_if_made,
-                          fast_key, resolve_wrt, vjp_of_bound)
+from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived_if_made, fast_key,
+                          jvp_function, resolve_wrt, vjp_of_bound)
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.recording import THREAD, recording_tapes
 
 Tangents = Union[Sequence[Any], Mapping[str, Any]]
-
-
-def jvp_function(f: Compiled, active: Sequence[str]) -> JvpFunction:
-    """One `JvpFunction` per (function, arguments with tangents), so that
-    repeated calls reuse its programs."""
-    return derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
 
 
 def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):

@@ -677,6 +677,18 @@ def derived_if_made(f: Any, key: tuple) -> Any:
     return f.__dict__.get("_derived", {}).get(key)
 
 
+def grad_function(f: Compiled, wrt: Wrt, with_value: bool) -> GradFunction:
+    """`grad(f, wrt)` (or `value_and_grad`), one per function, arguments and
+    kind: `wrt` is resolved first, so 0 and "x" share one."""
+    key = ("grad", resolve_wrt(f, wrt), isinstance(wrt, (tuple, list)), with_value)
+    return derived(f, key, lambda: GradFunction(f, wrt, with_value))
+
+
+def jvp_function(f: Compiled, active: Sequence[str]) -> "JvpFunction":
+    """One `JvpFunction` per (function, arguments with tangents)."""
+    return derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
+
+
 def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
     """f's backward pass as a function of its own (`VjpFunction`), one per
     function and number of outputs, so that its programs compile once."""

@@ -179,3 +179,20 @@ def test_a_second_block_gets_the_order_2_dot_product_test():
     (row,) = [r for r in result if (r.order, r.wrt) == (2, "jvp/vjp:x")]
     assert row.ok and row.compared == 3 and row.against == "reverse"
     assert row.source == "forward over reverse vs reverse (grad block 2 (line 14))"
+
+
+def test_the_check_and_the_api_share_one_gradient_per_function_and_wrt():
+    m = dsl.loads("def f(x, y):\n    return x * y\n")
+    # by position or by name, from the API or from the checker: one
+    # transform, so its programs compile once
+    assert dsl.grad(m.f, wrt=0) is dsl.grad(m.f, wrt="x")
+    assert dsl.grad(m.f, wrt=(0, 1)) is dsl.grad(m.f, wrt=["x", "y"])
+    assert dsl.grad(m.f, wrt=(0,)) is not dsl.grad(m.f, wrt=0)  # a tuple of one gradient
+    assert dsl.value_and_grad(m.f) is not dsl.grad(m.f)
+    x, y = np.array([1.0, 2.0]), np.array([3.0, -1.0])
+    assert dsl.check_gradients(m.f, x, y, order=1)
+    gradient = dsl.grad(m.f, wrt="x")
+    compiled = len(gradient._programs)
+    assert compiled >= 1  # by the check
+    np.testing.assert_array_equal(gradient(x, y), y)
+    assert len(gradient._programs) == compiled  # reused here
