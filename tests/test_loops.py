@@ -221,6 +221,14 @@ def test_runtime_step_zero_is_an_argument_error_at_its_loop(target):
             run(np.array([0.5]), 0.1, 0, 3, 0)
 
 
+def test_the_interpreter_names_a_zero_steps_loop_as_the_kernels_do():
+    from dsl.function import _types
+    f = module().steps
+    bound = f.bind((np.array([0.5]), 0.1, 0, 3, 0), {})
+    with pytest.raises(dsl.ArgumentError, match=r"step must not be zero \(at <string>:3:5\)"):
+        interpret(f.lower(_types(bound)), *bound.values())
+
+
 def test_nested_loops_values_and_gradients():
     x = np.array([0.3, -0.8])
 
