@@ -213,9 +213,10 @@ class Compiled:
 
     def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
              ) -> dict[str, np.ndarray]:
-        """The validated arguments, then the module params the function
-        reads: each from `params` when given there (validated against its
-        declaration), else the module's value."""
+        """The validated arguments.  A module's function (`GradFn`) adds
+        the module params it reads, each from `params` when given there
+        (validated against its declaration), else the module's value; a
+        transform passes `params` on to the function it transforms."""
         return bind(self.name, self.specs, args, kwargs, self.span)
 
     @property
