@@ -17,15 +17,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Union
 
-import numpy as np
 
+from gradlang.runtime.args import NUMPY
 from gradlang.runtime.errors import Span
 
 DTYPES = ("bool", "i32", "i64", "f32", "f64")
 FLOATS = ("f32", "f64")
 INTS = ("i32", "i64")
-NUMPY_DTYPES = {"bool": np.bool_, "i32": np.int32, "i64": np.int64,
-                "f32": np.float32, "f64": np.float64}
+NUMPY_DTYPES = {name: dtype.type for name, dtype in NUMPY.items()}  # NumPy's scalar types
 # their names in NumPy's namespace, for generated Python source
 NUMPY_NAMES = {"bool": "bool_", "i32": "int32", "i64": "int64", "f32": "float32",
                "f64": "float64"}

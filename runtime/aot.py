@@ -126,9 +126,8 @@ class AotFunction:
         return outs, sig
 
     def _describe(self, sig: Sequence) -> str:
-        names = {"<f8": "f64", "<f4": "f32", "<i8": "i64", "<i4": "i32", "|b1": "bool"}
         parts = [repr(rest[0]) if rest else
-                 names.get(dt, dt) + ("[" + ", ".join(":" * ndim) + "]" if ndim else "")
+                 SUPPORTED.get(np.dtype(dt), dt) + ("[" + ", ".join(":" * ndim) + "]" if ndim else "")
                  for _, dt, ndim, *rest in sig]
         return f"{self.name}({', '.join(parts)})"
 
