@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Union
 
-
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.errors import Span
 
