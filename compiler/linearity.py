@@ -147,6 +147,7 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
 
 _DESCRIPTIONS = {"mul": "a product", "div": "a quotient", "matmul": "a matrix product",
                  "add": "a sum", "sub": "a difference", "pow": "a power", "cast": "a cast",
+                 "floor_divide": "a floor division (//)", "remainder": "a remainder (%)",
                  "reduce_max": "a max() or min() reduction",  # min is max of the negation
                  **{c: "a comparison" for c in ("lt", "le", "gt", "ge", "eq", "ne")}}
 

@@ -552,7 +552,8 @@ class Lowerer:
         return out
 
 
-_BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
+_BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow", "//": "floor_divide",
+           "%": "remainder"}
 _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 
 
@@ -571,6 +572,10 @@ def _fold(op: str, x, y):
         result = x * y
     elif op == "div":
         result = x / y
+    elif op == "floor_divide":  # Python's, as NumPy's: rounded toward -inf
+        result = x // y
+    elif op == "remainder":  # with the divisor's sign
+        result = x % y
     elif op == "pow":
         if (type(x) is int and type(y) is int and y > 0 and abs(x) > 1
                 and (abs(x).bit_length() - 1) * y >= _MAX_STATIC_BITS):

@@ -758,6 +758,16 @@ _TABLE: tuple[Op, ...] = (
        domain=("real", "nonzero"),
        vjp=_binary(lambda b, x, y, o, ct: b.bind("div", ct, y),
                    lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
+    # Python's and NumPy's: the quotient rounded toward -inf, and the
+    # remainder with the divisor's sign (x == (x // y) * y + x % y).  Numba
+    # computes both as NumPy does, bit for bit, but an integer x // -1,
+    # which it makes 0 where x is the least integer (NumPy wraps to x).
+    Op("floor_divide", template="{0} // {1}", int_template="-{0} if {1} == -1 else {0} // {1}",
+       ref=np.floor_divide, arity=2, exact=True, domain=("real", "nonzero"), cost=16),
+    Op("remainder", template="{0} % {1}", ref=np.remainder, arity=2, exact=True,
+       domain=("real", "nonzero"), cost=16,
+       vjp=_binary(lambda b, x, y, o, ct: ct,
+                   lambda b, x, y, o, ct: b.bind("neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
     # (`compiler.passes.simplify` turns small integer powers into products)
     Op("pow", template="math.pow({0}, {1})", int_template="{0} ** {1}", ref=np.power,
        arity=2, domain=("positive", "real"), identity=1, tol=1e-4,

@@ -351,7 +351,7 @@ class _ToAst(Transformer):
 
     def aug_assign(self, meta, children):
         name, op, value = children
-        return ast.AugAssign(str(name), str(op)[0], value, self.s(meta))
+        return ast.AugAssign(str(name), str(op)[:-1], value, self.s(meta))
 
     def return_stmt(self, meta, children):
         return ast.Return(tuple(c for c in children if c is not None), self.s(meta))
@@ -394,7 +394,7 @@ class _ToAst(Transformer):
         return rule
 
     add, sub, mul, div = _bin("+"), _bin("-"), _bin("*"), _bin("/")
-    matmul, pow = _bin("@"), _bin("**")
+    matmul, pow, floordiv, mod = _bin("@"), _bin("**"), _bin("//"), _bin("%")
 
     def compare(self, meta, children):
         left, op, right = children

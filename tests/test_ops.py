@@ -14,6 +14,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 import dsl
+from helpers import central_difference
 from gradlang.compiler import autodiff, passes
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.interpret import interpret
@@ -163,11 +164,15 @@ def _second_order_check(fn, target, arrays, k, eps=1e-5):
 
 
 def away_from_kinks(name, arrays) -> bool:
-    """maximum and minimum are not differentiable where their inputs tie."""
-    if name not in ("maximum", "minimum"):
-        return True
-    a, b = np.broadcast_arrays(*arrays)
-    return bool(np.all(np.abs(a - b) > 1e-3))
+    """maximum and minimum are not differentiable where their inputs tie,
+    remainder where x / y is an integer (it jumps there)."""
+    if name in ("maximum", "minimum"):
+        a, b = np.broadcast_arrays(*arrays)
+        return bool(np.all(np.abs(a - b) > 1e-3))
+    if name == "remainder":
+        q = np.divide(*arrays)
+        return bool(np.all(np.abs(q - np.round(q)) > 1e-3))
+    return True
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -365,3 +370,82 @@ def test_every_callable_primitive_is_callable_from_source(name, seed, shape):
     rng = np.random.default_rng(seed)
     arrays = [sample(rng, d, shape) for d in op.domains]
     np.testing.assert_allclose(module.f(*arrays), op.ref(*arrays), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------- // and %
+
+FLOOR_SOURCE = """
+def fd(x, y):
+    return x // y
+def rem(x, y):
+    return x % y
+def both(i: i64[n], k: i64):
+    j = i
+    j //= k
+    r = i
+    r %= k
+    return j, r
+def folded(x):
+    return x * (7 // 2) + (-7.5 % 2) + (7 // -2)
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_floor_division_and_remainder_are_numpys_bit_for_bit(target):
+    m = dsl.loads(FLOOR_SOURCE, target=target, host_results=True)
+    specials = [0.0, -0.0, 1.0, -1.0, 2.5, -7.0, 1e308, 5e-324, np.inf, -np.inf, np.nan, 0.1]
+    x = np.repeat(specials, len(specials))
+    y = np.tile(specials, len(specials))
+    with np.errstate(all="ignore"):
+        for dtype in (np.float64, np.float32):
+            a, b = x.astype(dtype), y.astype(dtype)
+            for f, ref in ((m.fd, np.floor_divide), (m.rem, np.remainder)):
+                got = f(a, b)
+                assert got.dtype == dtype
+                np.testing.assert_array_equal(got.view(f"u{a.itemsize}"),
+                                              ref(a, b).view(f"u{a.itemsize}"), err_msg=f.__name__)
+        least = np.iinfo(np.int64).min
+        i = np.array([7, -7, 7, -7, 0, 5, least, least, 3, -3])
+        for k in (2, -2, 3, -1, 1, 0):
+            j, r = m.both(i, k)
+            np.testing.assert_array_equal(j, np.floor_divide(i, k))  # least // -1 wraps
+            np.testing.assert_array_equal(r, np.remainder(i, k))
+            np.testing.assert_array_equal(j * k + r, i if k else np.zeros_like(i))
+    # constants fold with Python's (and NumPy's) rules
+    np.testing.assert_array_equal(m.folded(np.ones(2)), 3 + 0.5 - 4)
+
+
+def test_remainder_gradients_and_a_runtime_index_modulo_a_size():
+    m = dsl.loads("""
+def rem(x, y):
+    return sum(x % y)
+def cycle(x, w: f64[3], steps: i64):
+    s = zeros_like(x)
+    for i in range(steps):
+        s = s + sin(x * w[i % 3])
+    return sum(s)
+""")
+    x, y = np.array([7.3, -7.3, 2.9, -0.4]), np.array([2.0, 2.0, -1.5, 3.0])
+    gx, gy = dsl.grad(m.rem, wrt=(0, 1))(x, y)
+    np.testing.assert_array_equal(gx, np.ones(4))
+    np.testing.assert_array_equal(gy, -np.floor_divide(x, y))
+    for k in (0, 1):
+        np.testing.assert_allclose((gx, gy)[k], central_difference(m.rem, (x, y), k),
+                                   rtol=1e-6, atol=1e-6)
+    w = np.array([0.5, -1.0, 2.0])
+    value, (gx, gw) = dsl.value_and_grad(m.cycle, wrt=(0, 1))(x, w, 5)
+    scales = w[np.arange(5) % 3]
+    assert value == pytest.approx(np.sum(np.sin(np.outer(scales, x))), rel=1e-12)
+    np.testing.assert_allclose(gx, np.cos(np.outer(scales, x)).T @ scales, rtol=1e-12)
+    for k, g in ((0, gx), (1, gw)):
+        np.testing.assert_allclose(g, central_difference(m.cycle, (x, w, 5), k),
+                                   rtol=1e-6, atol=1e-6)
+    # forward mode through the remainder's transposed rule
+    _, tangent = dsl.jvp(m.rem, (x, y), (np.ones(4), np.ones(4)))
+    assert tangent == pytest.approx(np.sum(1 - np.floor_divide(x, y)), rel=1e-12)
+
+
+def test_a_grad_block_taking_a_remainder_of_its_cotangent_is_not_linear():
+    with pytest.raises(dsl.GradError, match=r"a remainder \(%\)") as info:
+        dsl.loads("def f(x):\n    return x * 2.0\ngrad(dy):\n    return (dy % 2.0) * 2.0\n")
+    assert (info.value.span.line, info.value.span.col) == (4, 13)
