@@ -15,9 +15,12 @@ Contract:
   each output with respect to each argument `wrt` names (positions or
   names, params included), of shape `out.shape + arg.shape`; a tuple
   `wrt` gives a tuple per output, and several outputs give one entry per
-  output, structured as f structures its outputs.  `jacfwd` runs one jvp
-  per element of the argument, `jacrev` one pullback per element of the
-  output (pick the one with fewer runs).
+  output, structured as f structures its outputs.  `jacfwd` runs the jvp
+  of every element of the argument at once (`StackedJvp`, in blocks of
+  columns), or one per element where the jvp cannot stack its tangents
+  (a runtime loop); `jacrev` runs one pullback per element of the output
+  (pick the one with fewer runs).  jacfwd's Jacobian may be a transposed
+  view.
 - `hessian(f, wrt)(*args)`: the Hessian of the sum of f's outputs,
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
@@ -35,7 +38,8 @@ import numpy as np
 
 from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
 from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived_if_made, fast_key,
-                          jvp_function, resolve_wrt, vjp_of_bound)
+                          jvp_function, resolve_wrt, stacked_jvp_function, vjp_of_bound)
+from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -216,6 +220,42 @@ def _stacked(columns: list, x: Any, stack) -> list:
         tuple(columns[0][k].shape) + tuple(x.shape)) for k in range(len(columns[0]))]
 
 
+# How many of a Jacobian's columns one stacked jvp computes at most, in
+# elements of the arguments and results per column: the stacked program's
+# values are about that many times larger than one jvp's.
+_STACKED_ELEMENTS = 2 ** 22
+
+
+def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray
+                 ) -> list[np.ndarray]:
+    """Each output's Jacobian with respect to `name` (x's value), from one
+    jvp of stacked one-hot tangents (`StackedJvp`) per block of columns:
+    the whole Jacobian in one program, where the per-column path runs x.size
+    of them."""
+    sj = stacked_jvp_function(f, name)
+    per_column = sum(int(np.size(a)) for a in bound.values()) + 1
+    block = max(1, min(x.size, _STACKED_ELEMENTS // per_column))
+    blocks = [_run(sj, {**bound, sj.tangent: _one_hots(x, i, min(i + block, x.size))},
+                   host=True) for i in range(0, x.size, block)]
+    n_out = len(blocks[0]) // 2
+    jacobians = []
+    for k in range(n_out):
+        stacked = np.concatenate([b[n_out + k] for b in blocks])  # (x.size, *out.shape)
+        out_shape = stacked.shape[1:]
+        # the columns' axis last: a transposed view, not a copy
+        jacobian = np.moveaxis(stacked.reshape((x.size, -1)), 0, 1).reshape(out_shape + x.shape)
+        jacobians.append(jacobian.astype(_jacobian_dtype(blocks[0][k], x), copy=False))
+    return jacobians
+
+
+def _one_hots(x: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The tangents of x's shape and dtype that are 1 at one element (in
+    flat order, from `start` to `stop`) and 0 elsewhere, stacked."""
+    basis = np.zeros((stop - start, x.size), x.dtype)
+    basis[np.arange(stop - start), np.arange(start, stop)] = 1
+    return basis.reshape((stop - start,) + x.shape)
+
+
 def _column_runner(jf: JvpFunction, bound: dict[str, Any]):
     """run(basis): jf's outputs on the host, with `basis` as the tangent of
     its one active argument.  Every column has the same shapes and dtypes,
@@ -259,6 +299,7 @@ class Jacobian:
         self.single = not isinstance(wrt, (tuple, list))
         self.wrt = resolve_wrt(f, wrt)
         self.name = f"jac{mode}({f.name})"
+        self._one_at_a_time: set[str] = set()  # wrt names whose jvp cannot stack tangents
 
     @user_facing
     def __call__(self, *args, **kwargs):
@@ -277,13 +318,20 @@ class Jacobian:
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 
     def _forward(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
-        """[output][wrt] Jacobians, one jvp per element of each argument."""
+        """[output][wrt] Jacobians: all columns by stacked jvps, else one jvp
+        per element of each argument."""
         per_wrt = []
         for name in self.wrt:
             jf = jvp_function(self.f, [name])
             x = bound[name]
             if not isinstance(x, np.ndarray):  # a device array passed in
                 x = self.f.target.to_host(x)
+            if x.size and name not in self._one_at_a_time:
+                try:
+                    per_wrt.append(_all_columns(self.f, name, bound, x))
+                    continue
+                except NotVectorizable:  # an op with no rule for stacked tangents
+                    self._one_at_a_time.add(name)
             columns = _tangent_columns(x, _column_runner(jf, bound))
             if not columns:  # an empty argument: the outputs give the shapes
                 outs = _run(self.f, dict(bound), host=True)

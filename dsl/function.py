@@ -37,6 +37,7 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
+from gradlang.compiler.vectorize import vectorize
 from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError
@@ -690,6 +691,11 @@ def jvp_function(f: Compiled, active: Sequence[str]) -> "JvpFunction":
     return derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
 
 
+def stacked_jvp_function(f: Compiled, name: str) -> StackedJvp:
+    """One `StackedJvp` per (function, argument)."""
+    return derived(f, ("stacked jvp", name), lambda: StackedJvp(jvp_function(f, [name])))
+
+
 def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
     """f's backward pass as a function of its own (`VjpFunction`), one per
     function and number of outputs, so that its programs compile once."""
@@ -725,6 +731,38 @@ class JvpFunction(Compiled):
     def format(self, outs):
         n = len(outs) // 2
         return self.inner.format(outs[:n]), self.inner.format(outs[n:])
+
+
+class StackedJvp(Compiled):
+    """A one-argument jvp for k tangents at once (`compiler.vectorize`):
+    (args..., tangents of shape (k, *x.shape)) -> (outputs..., output
+    tangents of shape (k, *out.shape)...).  Lowering raises
+    `NotVectorizable` if the jvp has an op that cannot take stacked
+    tangents."""
+
+    def __init__(self, jf: JvpFunction):
+        super().__init__()
+        (self.tangent,) = jf.tangent_names
+        self.inner, self.name = jf, f"stacked {jf.name}"
+        self.specs, self.param_specs = jf.specs, jf.param_specs
+        self.target, self.host_results = jf.target, jf.host_results
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        stack = types[self.tangent]
+        fn = self.inner.lower({**types, self.tangent: TensorType(stack.dtype, stack.shape[1:])})
+        n_out = len(fn.outputs) // 2
+        return vectorize(fn, [list(types).index(self.tangent)], range(n_out, 2 * n_out),
+                         stack.shape[0])
+
+    def identity(self) -> tuple:
+        return ("stacked", self.inner.identity())
+
+    def format(self, outs):
+        return tuple(outs)
 
 
 class Select(Compiled):

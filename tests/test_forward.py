@@ -311,3 +311,68 @@ def test_jvp_through_gathers_and_scatters():
     np.testing.assert_allclose(jf, jr, rtol=1e-12)
     np.testing.assert_allclose(dsl.jvp(m.g, (x, i), (np.ones(3), None))[1], jf @ np.ones(3),
                                rtol=1e-12)
+
+
+# ------------------------------------------- jacfwd's columns in one program
+
+STACKED_SOURCE = """
+param w: f64[3, 2]
+def layers(x: f64[4, 3], i: i64[2], labels: i64[4]):
+    h = tanh(x @ w)                                 # matmul, stacked on the left
+    g = transpose(w) @ transpose(x)                 # and on the right
+    s = sum(h, axis=1, keepdims=True) * max(x, axis=0)[0:1]
+    r = reshape(concatenate([h, transpose(g)], axis=1), [4, 2, 2])
+    picked = take_along_axis(x, labels % 3, axis=1) + take(x, i, axis=0)[0, 1]
+    back = scatter_add(zeros_like(x), i, x[0:2, :] * 2.0) + segment_sum(x, labels % 2, 4)
+    both = where(x > 0.0, broadcast_to(s, [4, 3]), x * x)
+    return sum(r, axis=2) @ ones_like(h[0]) + picked + sum(back + both, axis=1)
+@recompute
+def again(x: f64[4, 3], i: i64[2], labels: i64[4]):
+    return layers(x, i, labels) * 2.0
+def looped(x: f64[4, 3], i: i64[2], labels: i64[4]):
+    u = x
+    for k in range(2):
+        u = sin(u) + 0.5 * u
+    return u @ w
+"""
+
+
+def _stacked_module():
+    m = dsl.loads(STACKED_SOURCE)
+    m.params["w"] = np.array([[0.3, -0.7], [1.1, 0.2], [-0.4, 0.9]])
+    x = np.array([[0.5, -1.2, 2.0], [0.1, 0.7, -0.3], [-1.5, 0.4, 0.9], [1.3, -0.6, 0.2]])
+    return m, (x, np.array([2, -1]), np.array([1, 0, 2, 5]))
+
+
+@pytest.mark.parametrize("fn,per_element", [("layers", set()), ("again", set()),
+                                             ("looped", {"x"})])
+def test_jacfwd_runs_every_column_in_one_program_where_it_can(fn, per_element):
+    m, args = _stacked_module()
+    f = getattr(m, fn)
+    jacobian = dsl.jacfwd(f, wrt=(0, "w"))
+    jf = jacobian(*args)
+    jr = dsl.jacrev(f, wrt=(0, "w"))(*args)
+    for a, b in zip(jf, jr):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # a loop has no rule for stacked tangents: one jvp per element of x
+    # instead (w's tangent meets no loop)
+    assert jacobian._one_at_a_time == per_element
+    if not per_element:  # central differences, for one column
+        t = np.zeros_like(args[0])
+        t[1, 2] = 1.0
+        eps = 1e-6
+        plus, minus = f(args[0] + eps * t, *args[1:]), f(args[0] - eps * t, *args[1:])
+        np.testing.assert_allclose(jf[0][:, 1, 2], (plus - minus) / (2 * eps), rtol=1e-6,
+                                   atol=1e-7)
+
+
+def test_jacfwd_in_blocks_of_columns_equals_it_in_one(monkeypatch):
+    from dsl import forward
+    m, args = _stacked_module()
+    whole = dsl.jacfwd(m.layers)(*args)
+    monkeypatch.setattr(forward, "_STACKED_ELEMENTS", 5 * sum(np.size(a) for a in args))
+    np.testing.assert_array_equal(dsl.jacfwd(m.layers)(*args), whole)
+    hessian = dsl.hessian(load("log1pexp").log1pexp)(np.linspace(-3.0, 3.0, 7))
+    s = 1 / (1 + np.exp(-np.linspace(-3.0, 3.0, 7)))
+    np.testing.assert_allclose(hessian, np.diag(s * (1 - s)), rtol=1e-12, atol=1e-15)

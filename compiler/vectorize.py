@@ -1,0 +1,152 @@
+"""Many evaluations of a function at once, along a new leading axis.
+
+Contract: `vectorize(fn, stacked, outputs)` returns a function with fn's
+parameters, except that each parameter in `stacked` (positions) takes a
+leading axis of size k: k values of it, stacked.  Output j (for j in
+`outputs`) of the result is fn's output j for each of the k values,
+stacked the same way (computed once for all k where it does not depend on
+them, then broadcast); the other outputs are fn's own.  Values that do not
+depend on a stacked parameter are computed once.  Every op of the table
+has a rule here except `loop` and `custom_vjp`, and an op whose stacked
+inputs cannot be stacked (a matrix product of two stacked values, an
+index array that is stacked): for those it raises `NotVectorizable`, and
+the caller evaluates one value at a time instead.
+
+`dsl.jacfwd` uses it to run every column of a Jacobian in one program: the
+jvp program (fn, made by `compiler.forward`) with its tangent stacked over
+the basis vectors.  Its rules mirror JAX's batching rules (`vmap`) for the
+ops this language has: elementwise inputs line up by adding axes of size
+1 after the leading one; axes in params (reductions, transposes, slices,
+gathers) shift by one; a 2-d matrix product folds the leading axis into a
+row axis of the stacked side.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from gradlang.compiler import ops
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
+from gradlang.compiler.shapes import Dim
+
+
+class NotVectorizable(Exception):
+    """fn has an op with no rule for stacked inputs here."""
+
+
+def vectorize(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: Dim
+              ) -> Function:
+    b = Builder()
+    params = [Var(TensorType(p.type.dtype, (k,) + p.type.shape), p.hint) if i in stacked else p
+              for i, p in enumerate(fn.params)]
+    env: dict[Var, Atom] = dict(zip(fn.params, params))
+    lead: set[Var] = {params[i] for i in stacked}  # the values with the leading axis
+    for eqn in fn.eqns:
+        inputs = [env.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs]
+        tokens = ops.OPS[eqn.op].token_inputs  # read for no value: never stack the output
+        if not any(isinstance(a, Var) and a in lead
+                   for i, a in enumerate(inputs) if i not in tokens):
+            outs = tuple(Var(v.type, v.hint) for v in eqn.outputs)
+            b.eqns.append(Eqn(eqn.op, tuple(inputs), outs, eqn.params, eqn.span))
+        else:
+            outs = (_stacked_eqn(b, eqn, inputs, lead, k),)
+            lead.add(outs[0])
+        env.update(zip(eqn.outputs, outs))
+    results = []
+    for j, a in enumerate(fn.outputs):
+        a = env.get(a, a) if isinstance(a, Var) else a
+        if j in outputs and a not in lead:
+            a = _spread(b, a, k)
+        results.append(a)
+    return b.function(f"{fn.name}_stacked", params, results)
+
+
+def _stacked_eqn(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Dim) -> Var:
+    """eqn on inputs of which some carry the leading axis (those in
+    `lead`): its output, with the leading axis."""
+    op, p = ops.OPS[eqn.op], eqn.p
+    has = [isinstance(a, Var) and a in lead for a in inputs]
+    span = eqn.span
+    if op.kind == "elementwise":
+        rank = eqn.outputs[0].type.rank
+        lined = [_padded(b, a, rank) if h else a for a, h in zip(inputs, has)]
+        return b.bind(eqn.op, *lined, span=span, **p)
+    if eqn.op in ("reduce_sum", "reduce_max"):
+        return b.bind(eqn.op, inputs[0], axes=tuple(a + 1 for a in p["axes"]), span=span)
+    if eqn.op == "reshape":
+        return b.bind("reshape", inputs[0], shape=(k,) + tuple(p["shape"]), span=span)
+    if eqn.op == "transpose":
+        return b.bind("transpose", inputs[0], perm=(0,) + tuple(a + 1 for a in p["perm"]),
+                      span=span)
+    if eqn.op == "broadcast_to":
+        shape = tuple(p["shape"])
+        return b.bind("broadcast_to", _padded(b, inputs[0], len(shape)), shape=(k,) + shape,
+                      span=span)
+    if eqn.op in ("slice", "embed"):
+        whole = {"starts": (0,), "stops": (k,), "steps": (1,)}
+        params = {name: whole[name] + tuple(p[name]) for name in whole}
+        if eqn.op == "embed":
+            params["shape"] = (k,) + tuple(p["shape"])
+        return b.bind(eqn.op, inputs[0], span=span, **params)
+    if eqn.op == "concatenate":
+        parts = [a if h else _spread(b, a, k) for a, h in zip(inputs, has)]
+        return b.bind("concatenate", *parts, axis=p["axis"] + 1, span=span)
+    if eqn.op == "matmul":
+        return _matmul(b, inputs, has, k, span)
+    if eqn.op == "recompute_barrier":  # (its first input is the stacked one)
+        return b.bind(eqn.op, *inputs, span=span)
+    if op.kind == "index" and not has[1]:
+        return _index(b, eqn, inputs, has, k)
+    raise NotVectorizable(eqn.op)
+
+
+def _padded(b: Builder, a: Var, rank: int) -> Atom:
+    """A stacked value of fewer than `rank` axes (besides the leading one)
+    with axes of size 1 after the leading one, so that it broadcasts
+    against unstacked values of rank `rank` as each of its k values does."""
+    shape = a.type.shape
+    missing = rank - (len(shape) - 1)
+    if missing <= 0:
+        return a
+    return b.bind("reshape", a, shape=shape[:1] + (1,) * missing + shape[1:])
+
+
+def _spread(b: Builder, a: Atom, k: Dim) -> Var:
+    """An unstacked value, the same for each of the k: stacked."""
+    shape = a.type.shape
+    if not isinstance(a, Var):  # a literal
+        return ops.full(b, a.value, (k,) + shape, a.type.dtype)
+    return b.bind("broadcast_to", b.bind("reshape", a, shape=(1,) + shape), shape=(k,) + shape)
+
+
+def _matmul(b: Builder, inputs, has, k: Dim, span) -> Var:
+    x, y = inputs
+    if has[0] and has[1]:
+        raise NotVectorizable("matmul of two stacked values")
+    if has[0]:  # (k, m, n) @ (n, p): k * m rows
+        _, m, n = x.type.shape
+        rows = b.bind("reshape", x, shape=(k * m, n))
+        out = b.bind("matmul", rows, y, span=span)
+        return b.bind("reshape", out, shape=(k, m, y.type.shape[1]))
+    # (m, n) @ (k, n, p): the k right-hand sides side by side, (n, k * p)
+    _, n, p = y.type.shape
+    sides = b.bind("reshape", b.bind("transpose", y, perm=(1, 0, 2)), shape=(n, k * p))
+    out = b.bind("matmul", x, sides, span=span)
+    m = x.type.shape[0]
+    return b.bind("transpose", b.bind("reshape", out, shape=(m, k, p)), perm=(1, 0, 2))
+
+
+def _index(b: Builder, eqn: Eqn, inputs, has, k: Dim) -> Var:
+    """A gather or scatter-add with stacked data and an unstacked index."""
+    p = eqn.p
+    axis = p["axis"] + 1
+    if eqn.op == "take":
+        return b.bind("take", *inputs, axis=axis, what=p["what"], span=eqn.span)
+    if eqn.op == "take_along_axis":  # the index needs the data's every other axis
+        return b.bind("take_along_axis", inputs[0], _spread(b, inputs[1], k), axis=axis,
+                      what=p["what"], span=eqn.span)
+    base, idx, values = (a if h or i == 1 else _spread(b, a, k)
+                         for i, (a, h) in enumerate(zip(inputs, has)))
+    if eqn.op == "scatter_add_along_axis":
+        idx = _spread(b, idx, k)
+    return b.bind(eqn.op, base, idx, values, axis=axis, what=p["what"], span=eqn.span)
