@@ -1,6 +1,7 @@
 """Forward mode (issue 11): `jvp` through grad blocks by transposition,
 `jacfwd`, `jacrev`, `hessian`, against closed forms, central differences
 and each other."""
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import dsl
 from dsl.forward import jvp_function
 from gradlang.compiler.modules import STDLIB
 from helpers import central_difference
+from test_interpreter_oracle import PROGRAMS as ORACLE_PROGRAMS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RNG = np.random.default_rng(11)
@@ -376,3 +378,24 @@ def test_jacfwd_in_blocks_of_columns_equals_it_in_one(monkeypatch):
     hessian = dsl.hessian(load("log1pexp").log1pexp)(np.linspace(-3.0, 3.0, 7))
     s = 1 / (1 + np.exp(-np.linspace(-3.0, 3.0, 7)))
     np.testing.assert_allclose(hessian, np.diag(s * (1 - s)), rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(1, 3), st.integers(2, 4), st.integers(0, 2**31))
+def test_stacked_columns_equal_the_pullbacks_on_random_shapes(b, k, seed):
+    m = _oracle_module(ORACLE_PROGRAMS)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(b, k))
+    cases = ((m.softmax_xent, (x, rng.dirichlet(np.ones(k), size=b))),
+             (m.layer_norm, (x, rng.normal(size=k))),
+             (m.slices, (rng.normal(size=(b + 1, k)),)), (m.mixed, (x[0],)))
+    for f, args in cases:
+        jacobian = dsl.jacfwd(f)
+        np.testing.assert_allclose(jacobian(*args), dsl.jacrev(f)(*args), rtol=1e-12,
+                                   atol=1e-12, err_msg=f.name)
+        assert not jacobian._one_at_a_time
+
+
+@functools.lru_cache(maxsize=None)
+def _oracle_module(source: str):
+    return dsl.loads(source, "programs.grad")
