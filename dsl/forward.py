@@ -16,11 +16,11 @@ Contract:
   names, params included), of shape `out.shape + arg.shape`; a tuple
   `wrt` gives a tuple per output, and several outputs give one entry per
   output, structured as f structures its outputs.  `jacfwd` runs the jvp
-  of every element of the argument at once (`StackedJvp`, in blocks of
-  columns), or one per element where the jvp cannot stack its tangents
-  (a runtime loop); `jacrev` runs one pullback per element of the output
-  (pick the one with fewer runs).  jacfwd's Jacobian may be a transposed
-  view.
+  of every element of the argument at once, and `jacrev` the backward
+  pass of every element of an output (`Stacked`, in blocks), or one at a
+  time where the stacked values would meet a runtime loop (pick jacfwd
+  for few inputs, jacrev for few outputs).  jacfwd's Jacobian may be a
+  transposed view.
 - `hessian(f, wrt)(*args)`: the Hessian of the sum of f's outputs,
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
@@ -38,7 +38,8 @@ import numpy as np
 
 from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
 from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived_if_made, fast_key,
-                          jvp_function, resolve_wrt, stacked_jvp_function, vjp_of_bound)
+                          jvp_function, resolve_wrt, stacked_jvp_function, stacked_vjp_function,
+                          vjp_of_bound)
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import SUPPORTED, numeric_array
 from gradlang.runtime.boundary import user_facing
@@ -229,13 +230,13 @@ _STACKED_ELEMENTS = 2 ** 22
 def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray
                  ) -> list[np.ndarray]:
     """Each output's Jacobian with respect to `name` (x's value), from one
-    jvp of stacked one-hot tangents (`StackedJvp`) per block of columns:
+    jvp of stacked one-hot tangents (`Stacked`) per block of columns:
     the whole Jacobian in one program, where the per-column path runs x.size
     of them."""
     sj = stacked_jvp_function(f, name)
     per_column = sum(int(np.size(a)) for a in bound.values()) + 1
     block = max(1, min(x.size, _STACKED_ELEMENTS // per_column))
-    blocks = [_run(sj, {**bound, sj.tangent: _one_hots(x, i, min(i + block, x.size))},
+    blocks = [_run(sj, {**bound, sj.stacked: _one_hots(x, i, min(i + block, x.size))},
                    host=True) for i in range(0, x.size, block)]
     n_out = len(blocks[0]) // 2
     jacobians = []
@@ -300,6 +301,7 @@ class Jacobian:
         self.wrt = resolve_wrt(f, wrt)
         self.name = f"jac{mode}({f.name})"
         self._one_at_a_time: set[str] = set()  # wrt names whose jvp cannot stack tangents
+        self._rows_one_at_a_time = False  # f's backward pass cannot stack cotangents
 
     @user_facing
     def __call__(self, *args, **kwargs):
@@ -368,7 +370,13 @@ class Jacobian:
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 
     def _reverse(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
-        """[output][wrt] Jacobians, one pullback per element of each output."""
+        """[output][wrt] Jacobians: all rows by stacked pullbacks, else one
+        pullback per element of each output."""
+        if not self._rows_one_at_a_time:
+            try:
+                return self._all_rows(bound)
+            except NotVectorizable:  # an op with no rule for stacked cotangents
+                self._rows_one_at_a_time = True
         outs, pullback = vjp_of_bound(self.f, bound, host_results=True)
         outs = [self.f.target.to_host(o) for o in outs]
         names = list(bound)
@@ -385,6 +393,30 @@ class Jacobian:
                 if rows else np.zeros(out.shape + tuple(bound[n].shape),
                                       _jacobian_dtype(out, bound[n]))
                 for w, n in enumerate(self.wrt)])
+        return result
+
+    def _all_rows(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
+        """[output][wrt] Jacobians, each output's from one backward pass of
+        its stacked one-hot cotangents (`Stacked`) per block of rows."""
+        outs = _run(self.f, bound, host=True)
+        floats = self.f.differentiable_names(bound)
+        per_row = sum(int(np.size(a)) for a in bound.values()) + 1
+        block = max(1, _STACKED_ELEMENTS // per_row)
+        result = []
+        for k, out in enumerate(outs):
+            sv = stacked_vjp_function(self.f, len(outs), k)
+            vf = sv.inner
+            zeros = {c: np.zeros(o.shape, o.dtype) for c, o in zip(vf.ct_names, outs)}
+            blocks = [_run(sv, {**bound, **zeros, sv.stacked: _one_hots(out, i, min(
+                i + block, out.size))}, host=True) for i in range(0, out.size, block)]
+            jacobians = []
+            for n in self.wrt:
+                x = bound[n]
+                rows = [b[floats.index(n)] for b in blocks]
+                jacobians.append(
+                    np.concatenate(rows).reshape(out.shape + tuple(x.shape)) if rows else
+                    np.zeros(out.shape + tuple(x.shape), _jacobian_dtype(out, x)))
+            result.append(jacobians)
         return result
 
 

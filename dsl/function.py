@@ -691,9 +691,22 @@ def jvp_function(f: Compiled, active: Sequence[str]) -> "JvpFunction":
     return derived(f, ("jvp", tuple(active)), lambda: JvpFunction(f, active))
 
 
-def stacked_jvp_function(f: Compiled, name: str) -> StackedJvp:
-    """One `StackedJvp` per (function, argument)."""
-    return derived(f, ("stacked jvp", name), lambda: StackedJvp(jvp_function(f, [name])))
+def stacked_jvp_function(f: Compiled, name: str) -> Stacked:
+    """f's jvp along argument `name` for stacked tangents (`Stacked`): one
+    per (function, argument)."""
+    def make() -> Stacked:
+        jf = jvp_function(f, [name])
+        return Stacked(jf, jf.tangent_names[0], "tangents")
+    return derived(f, ("stacked jvp", name), make)
+
+
+def stacked_vjp_function(f: Compiled, n_outputs: int, output: int) -> Stacked:
+    """f's backward pass (`backward_function`) for stacked cotangents of
+    its output `output`: one per (function, outputs, output)."""
+    def make() -> Stacked:
+        vf = backward_function(f, n_outputs)
+        return Stacked(vf, vf.ct_names[output], "all")
+    return derived(f, ("stacked vjp", n_outputs, output), make)
 
 
 def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
@@ -733,33 +746,33 @@ class JvpFunction(Compiled):
         return self.inner.format(outs[:n]), self.inner.format(outs[n:])
 
 
-class StackedJvp(Compiled):
-    """A one-argument jvp for k tangents at once (`compiler.vectorize`):
-    (args..., tangents of shape (k, *x.shape)) -> (outputs..., output
-    tangents of shape (k, *out.shape)...).  Lowering raises
-    `NotVectorizable` if the jvp has an op that cannot take stacked
-    tangents."""
+class Stacked(Compiled):
+    """`inner` for k values of its argument `name` at once
+    (`compiler.vectorize`): that argument takes a leading axis of size k,
+    and so do the outputs `which` names ("tangents": a jvp's second half,
+    "all"); the others are inner's own.  Lowering raises `NotVectorizable`
+    where an op on the way has no rule for stacked values."""
 
-    def __init__(self, jf: JvpFunction):
+    def __init__(self, inner: Compiled, name: str, which: str):
         super().__init__()
-        (self.tangent,) = jf.tangent_names
-        self.inner, self.name = jf, f"stacked {jf.name}"
-        self.specs, self.param_specs = jf.specs, jf.param_specs
-        self.target, self.host_results = jf.target, jf.host_results
+        self.inner, self.stacked, self.which = inner, name, which
+        self.name = f"stacked {inner.name}"
+        self.specs, self.param_specs = inner.specs, inner.param_specs
+        self.target, self.host_results = inner.target, inner.host_results
 
     @property
     def span(self):
         return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        stack = types[self.tangent]
-        fn = self.inner.lower({**types, self.tangent: TensorType(stack.dtype, stack.shape[1:])})
-        n_out = len(fn.outputs) // 2
-        return vectorize(fn, [list(types).index(self.tangent)], range(n_out, 2 * n_out),
-                         stack.shape[0])
+        stack = types[self.stacked]
+        fn = self.inner.lower({**types, self.stacked: TensorType(stack.dtype, stack.shape[1:])})
+        n = len(fn.outputs)
+        outputs = range(n // 2, n) if self.which == "tangents" else range(n)
+        return vectorize(fn, [list(types).index(self.stacked)], outputs, stack.shape[0])
 
     def identity(self) -> tuple:
-        return ("stacked", self.inner.identity())
+        return ("stacked", self.inner.identity(), self.stacked, self.which)
 
     def format(self, outs):
         return tuple(outs)

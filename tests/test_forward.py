@@ -351,15 +351,16 @@ def _stacked_module():
 def test_jacfwd_runs_every_column_in_one_program_where_it_can(fn, per_element):
     m, args = _stacked_module()
     f = getattr(m, fn)
-    jacobian = dsl.jacfwd(f, wrt=(0, "w"))
-    jf = jacobian(*args)
-    jr = dsl.jacrev(f, wrt=(0, "w"))(*args)
+    jacobian, reverse = dsl.jacfwd(f, wrt=(0, "w")), dsl.jacrev(f, wrt=(0, "w"))
+    jf, jr = jacobian(*args), reverse(*args)
     for a, b in zip(jf, jr):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     # a loop has no rule for stacked tangents: one jvp per element of x
-    # instead (w's tangent meets no loop)
+    # instead (w's tangent meets no loop), and one pullback per element of
+    # the output (the backward pass runs the loop)
     assert jacobian._one_at_a_time == per_element
+    assert reverse._rows_one_at_a_time == bool(per_element)
     if not per_element:  # central differences, for one column
         t = np.zeros_like(args[0])
         t[1, 2] = 1.0
@@ -369,12 +370,13 @@ def test_jacfwd_runs_every_column_in_one_program_where_it_can(fn, per_element):
                                    atol=1e-7)
 
 
-def test_jacfwd_in_blocks_of_columns_equals_it_in_one(monkeypatch):
+def test_jacobians_in_blocks_of_columns_or_rows_equal_them_in_one(monkeypatch):
     from dsl import forward
     m, args = _stacked_module()
-    whole = dsl.jacfwd(m.layers)(*args)
+    whole, rows = dsl.jacfwd(m.layers)(*args), dsl.jacrev(m.layers)(*args)
     monkeypatch.setattr(forward, "_STACKED_ELEMENTS", 5 * sum(np.size(a) for a in args))
     np.testing.assert_array_equal(dsl.jacfwd(m.layers)(*args), whole)
+    np.testing.assert_array_equal(dsl.jacrev(m.layers)(*args), rows)
     hessian = dsl.hessian(load("log1pexp").log1pexp)(np.linspace(-3.0, 3.0, 7))
     s = 1 / (1 + np.exp(-np.linspace(-3.0, 3.0, 7)))
     np.testing.assert_allclose(hessian, np.diag(s * (1 - s)), rtol=1e-12, atol=1e-15)
@@ -390,10 +392,10 @@ def test_stacked_columns_equal_the_pullbacks_on_random_shapes(b, k, seed):
              (m.layer_norm, (x, rng.normal(size=k))),
              (m.slices, (rng.normal(size=(b + 1, k)),)), (m.mixed, (x[0],)))
     for f, args in cases:
-        jacobian = dsl.jacfwd(f)
-        np.testing.assert_allclose(jacobian(*args), dsl.jacrev(f)(*args), rtol=1e-12,
-                                   atol=1e-12, err_msg=f.name)
-        assert not jacobian._one_at_a_time
+        jacobian, reverse = dsl.jacfwd(f), dsl.jacrev(f)
+        np.testing.assert_allclose(jacobian(*args), reverse(*args), rtol=1e-12, atol=1e-12,
+                                   err_msg=f.name)
+        assert not jacobian._one_at_a_time and not reverse._rows_one_at_a_time
 
 
 @functools.lru_cache(maxsize=None)
