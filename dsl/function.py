@@ -338,9 +338,8 @@ class Compiled:
             layout = self.format(tuple(range(len(program.out_types))))
             self._fast.remember(args, on_target, program, layout)
         if out is not None:
-            buffers = self.out_spec(program).buffers(out, on_target,
-                                                     result_shapes(program, on_target))
-            return program.run(*on_target.values(), out=buffers)
+            return self.out_spec(program).run_into(program.run, on_target, out,
+                                                   result_shapes(program, on_target))
         return program(*on_target.values())
 
     def out_spec(self, program: Program) -> "OutSpec":
@@ -356,8 +355,8 @@ class Compiled:
         if known is None:
             return None
         program, run, names, shapes = known
-        bound = dict(zip(names, args))
-        return self.format(run(*args, out=self.out_spec(program).buffers(out, bound, shapes)))
+        return self.format(self.out_spec(program).run_into(run, dict(zip(names, args)), out,
+                                                           shapes))
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
@@ -431,7 +430,11 @@ class OutSpec:
     no other buffer, since kernels read arguments after writing results.
     `buffers` checks a caller's `out` (raising `ArgumentError` naming the
     buffer, before any kernel runs) and returns one buffer or None per
-    program output, as the driver takes them."""
+    program output, as the driver takes them; `run_into` runs a driver
+    into them.  A buffer of an ndarray subclass (a memmap) is written as a
+    plain view of its memory: drivers reshape buffers, and a subclass may
+    reshape otherwise (an `np.matrix` stays 2-D, and a kernel then wrote
+    past its end)."""
 
     def __init__(self, f: Compiled, program: Program):
         results = program.out_types
@@ -440,6 +443,17 @@ class OutSpec:
         self.dtypes = tuple(NUMPY[r.dtype] for r in results)
         self.flat = self.layout == tuple(range(len(results)))
         self.program = program  # held: its id keys the callable's cache
+
+    def run_into(self, run: Callable, bound: dict[str, np.ndarray], out: Any,
+                 shapes: tuple[tuple[int, ...], ...]) -> tuple:
+        """`run(*bound.values(), out=...)` into the caller's buffers `out`
+        (checked by `buffers`); its results, the caller's buffers among
+        them as the objects the caller gave."""
+        given = self.buffers(out, bound, shapes)
+        views = tuple(b if b is None or type(b) is np.ndarray else b.view(np.ndarray)
+                      for b in given)
+        results = run(*bound.values(), out=views)
+        return tuple(r if b is None else b for r, b in zip(results, given))
 
     def buffers(self, out: Any, bound: dict[str, np.ndarray],
                 shapes: tuple[tuple[int, ...], ...]) -> tuple:

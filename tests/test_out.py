@@ -65,6 +65,24 @@ def test_a_function_into_its_buffer():
     np.testing.assert_allclose(plain, buf, rtol=0)
 
 
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
+def test_buffers_of_ndarray_subclasses_are_written_whole(tmp_path):
+    """An `np.matrix` reshapes to 2-D, so a kernel writing it as the flat
+    view a driver makes wrote past its end (a crash, or every element
+    equal to the first); a memmap is a subclass as well."""
+    x = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    mapped = np.memmap(tmp_path / "out.f64", dtype=np.float64, mode="w+", shape=(2, 3))
+    for buf in (np.matrix(np.zeros((2, 3))), mapped):
+        for _ in range(2):  # the second call is a fast one
+            buf[...] = 0.0
+            assert M.log1pexp(x, out=buf) is buf
+            np.testing.assert_allclose(np.asarray(buf), log1pexp(x), rtol=1e-12)
+    v, g = np.matrix(np.zeros((2, 3))), np.matrix(np.zeros((2, 3)))
+    got = dsl.value_and_grad(M.log1pexp)(x, out=(v, g))
+    assert got[0] is v and got[1] is g
+    np.testing.assert_allclose(np.asarray(g), 1 / (1 + np.exp(-x)), rtol=1e-12)
+
 def test_results_no_kernel_writes_are_copied_in():
     """A sum (0-d), an argument handed back, one value returned twice."""
     rng = np.random.default_rng(0)
