@@ -41,7 +41,7 @@ from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived_if_m
                           jvp_function, resolve_wrt, stacked_jvp_function, stacked_vjp_function,
                           vjp_of_bound)
 from gradlang.compiler.vectorize import NotVectorizable
-from gradlang.runtime.args import SUPPORTED, numeric_array
+from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.recording import THREAD, recording_tapes
@@ -182,7 +182,7 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
     else:
         array = numeric_array(where, t, f.span)
         if not isinstance(t, (np.ndarray, np.generic)):
-            array = array.astype(dtype)  # a Python number or sequence
+            array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
     if np.dtype(array.dtype) != dtype:
         got = SUPPORTED.get(np.dtype(array.dtype), str(array.dtype))
         raise ArgumentError(f"{where} has dtype {got}; its primal has dtype "

@@ -38,7 +38,8 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.compiler.vectorize import vectorize
-from gradlang.runtime.args import NUMPY, SUPPORTED, ParamSpec, bind, numeric_array, static_names
+from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, numeric_array,
+                                   static_names)
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import source_stamp
@@ -466,8 +467,9 @@ class OutSpec:
         for i, buffer in enumerate(given):
             if buffer is None:
                 continue
-            plain = type(buffer) is np.ndarray or (  # a Tape's array is not: it is tracked
-                isinstance(buffer, np.ndarray) and not getattr(buffer, "bind_as_is", False))
+            plain = type(buffer) is np.ndarray or (  # a Tape's array is not: it is tracked,
+                isinstance(buffer, np.ndarray) and not getattr(buffer, "bind_as_is", False)
+                and not isinstance(buffer, np.ma.MaskedArray))  # nor a masked one's mask
             if not plain or not self.f.target.is_array(buffer):
                 self._fail(i, f"must be a NumPy array of the {self.f.target.name} target, "
                               f"got {type(buffer).__name__}")
@@ -863,7 +865,9 @@ class HvpFunction(Directional):
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]
         if not is_device_array(v):
-            v = numeric_array(f"v of {self.name}", v, self.span).astype(x.dtype, copy=False)
+            where = f"v of {self.name}"
+            v = cast(where, numeric_array(where, v, self.span), SUPPORTED[np.dtype(x.dtype)],
+                     self.span)
         if v.shape != x.shape:
             raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
                                 f"has shape {list(x.shape)}", self.span)

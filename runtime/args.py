@@ -9,7 +9,10 @@ rank or fixed/named dimensions contradict the parameter's annotation.
 
 Python scalars and sequences take the annotated dtype; unannotated ones
 become f64 when the parameter is differentiable (so `grad(f)(3)` works) and
-keep NumPy's type otherwise.  NumPy arrays keep their dtype.
+keep NumPy's type otherwise; a value the dtype cannot hold (2**40 as i32,
+1e300 as f32) is refused.  NumPy arrays keep their dtype; one of
+non-native byte order ('>f8') is taken as its value in native order, and a
+masked array is refused (computing would silently drop its mask).
 """
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
         # identity) is taken as itself; others as plain ndarrays.
-        array = value if getattr(value, "bind_as_is", False) else np.asarray(value)
+        array = value if getattr(value, "bind_as_is", False) else plain(where, value, span)
         if array.dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {array.dtype}; use "
                                 "float32, float64, int32, int64 or bool", span)
@@ -106,7 +109,10 @@ def numeric_array(where: str, value: Any, span=None) -> np.ndarray:
     """`np.asarray(value)` for a Python number or a rectangular (nested)
     sequence of them, or a NumPy array; anything else (text, ragged lists,
     complex numbers, whose imaginary part a cast would drop) raises
-    `ArgumentError` saying what `where` is."""
+    `ArgumentError` saying what `where` is.  NumPy arrays as `plain`
+    takes them."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = plain(where, value, span)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
@@ -118,6 +124,20 @@ def numeric_array(where: str, value: Any, span=None) -> np.ndarray:
         raise ArgumentError(f"{where} is complex; gradlang computes with real numbers", span)
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ArgumentError(f"{where} is not numeric: got {type(value).__name__}", span)
+    return array
+
+
+def plain(where: str, value: Any, span=None) -> np.ndarray:
+    """A NumPy array or scalar as a plain ndarray in native byte order (a
+    copy if it was not), which the kernels compute with; a masked array
+    raises `ArgumentError` (as JAX does): its mask would be dropped, and
+    the values under it computed with."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise ArgumentError(f"{where} is a masked array, and gradlang would ignore its mask; "
+                            "pass a.filled(value) or a.data", span)
+    array = np.asarray(value)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     return array
 
 
@@ -137,7 +157,14 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     if dtype == "bool" and array.dtype.kind != "b":
         if not np.all((array == 0) | (array == 1)):
             raise ArgumentError(f"{where} must hold bool values (0 or 1)", span)
-    return array.astype(NUMPY[dtype])
+    with np.errstate(over="ignore"):
+        result = array.astype(NUMPY[dtype])
+    if result.dtype.kind == "f" and array.dtype.kind == "f" and \
+            np.any(np.isinf(result) & np.isfinite(array)):
+        info = np.finfo(result.dtype)
+        raise ArgumentError(f"{where} is out of range for {dtype}: its finite values must lie "
+                            f"in [{info.min:.7g}, {info.max:.7g}]", span)
+    return result
 
 
 def check_shape(fn_name: str, spec: ParamSpec, array, dims: dict[str, tuple[int, str]],

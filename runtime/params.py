@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from gradlang.runtime.args import NUMPY, ParamSpec, check_shape, convert
+from gradlang.runtime.args import ParamSpec, cast, check_shape, convert, plain
 from gradlang.runtime.errors import ArgumentError
 
 
@@ -49,12 +49,13 @@ class ParamStore(MutableMapping):
         """`value` as a value of param `name` (converted to its declared
         dtype, a copy), or `ArgumentError`; stores nothing."""
         spec = self._spec(name)
-        array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else value
+        where = f"param {name!r}"
+        array = plain(where, value) if isinstance(value, (np.ndarray, np.generic)) else value
         if isinstance(array, np.ndarray) and spec.dtype is not None and \
                 array.dtype.kind in "biuf":
-            # a param takes its declared dtype, as Python numbers do
-            array = array.tolist() if array.dtype.kind == "f" and spec.dtype[0] != "f" \
-                else array.astype(NUMPY[spec.dtype])
+            # a param takes its declared dtype (values it cannot hold refused), as
+            # Python numbers do
+            array = cast(where, array, spec.dtype, None)
         array = convert(f"param {name}", ParamSpec(name, spec.dtype, spec.dims, False, False),
                         array, None)
         check_shape(f"param {name}", spec, array, {}, None)

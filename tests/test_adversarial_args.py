@@ -1,0 +1,114 @@
+"""Unusual runtime arguments: each is either computed with exactly as its
+values say (checked against NumPy and finite differences) or refused with
+an `ArgumentError` before any kernel runs, on every entry point (a call,
+the transforms, params, `out=`, pullbacks)."""
+import numpy as np
+import pytest
+
+import dsl
+from helpers import central_difference
+
+M = dsl.loads("""
+param w: f32[2]
+param n: i64
+
+def mul_sin(x, y):
+    return x * y + sin(x)
+
+def cube(x):
+    return sum(x * x * x)
+
+def halve(x: f32[k]):
+    return x * 0.5
+
+def scaled(x: f32[k]):
+    return x * w
+
+def times(x):
+    return x * n
+""")
+
+
+def mul_sin(x, y):
+    return x * y + np.sin(x)
+
+
+def masked():
+    return np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, False])
+
+
+@pytest.mark.parametrize("call", [
+    lambda: M.mul_sin(masked(), np.ones(3)),
+    lambda: M.mul_sin(np.ones(3), y=masked()),
+    lambda: dsl.grad(M.mul_sin, wrt=1)(np.ones(3), masked()),
+    lambda: dsl.hvp(M.cube)(np.ones(3), masked()),
+    lambda: dsl.jvp(M.mul_sin, (np.ones(3), np.ones(3)), (masked(), None)),
+    lambda: dsl.vjp(M.mul_sin, np.ones(3), np.ones(3))[1](masked()),
+    lambda: M.params.__setitem__("w", np.ma.masked_array([1.0, 2.0], mask=[True, False])),
+], ids=["call", "keyword", "grad", "hvp", "jvp", "pullback", "param"])
+def test_masked_arrays_are_refused_not_computed_with_the_masked_values(call):
+    """NumPy's asarray drops the mask: the values under it (2.0) were used."""
+    with pytest.raises(dsl.ArgumentError, match="masked array.*filled"):
+        call()
+
+
+def test_a_masked_out_buffer_is_refused():
+    buf = np.ma.masked_array(np.zeros(3), mask=[False, True, False])
+    with pytest.raises(dsl.ArgumentError, match="out of mul_sin.*MaskedArray"):
+        M.mul_sin(np.ones(3), np.ones(3), out=buf)
+    assert buf.mask[1] and not buf.data.any()  # nothing ran
+
+
+def test_big_endian_arrays_compute_with_their_values(tmp_path):
+    """A '>f8' array (a file of big-endian data) is an f64 array: refused
+    before as an "unsupported dtype >f8", and as a tangent of dtype >f8
+    for an f64 primal."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2, 3)), rng.normal(size=(2, 3))
+    mapped = np.memmap(tmp_path / "x.be", dtype=">f8", mode="w+", shape=(2, 3))
+    mapped[...] = x
+    for big in (x.astype(">f8"), mapped):
+        np.testing.assert_allclose(M.mul_sin(big, y.astype(">f8")), mul_sin(x, y), rtol=1e-14)
+        gx, gy = dsl.grad(M.mul_sin, wrt=(0, 1))(big, y)
+        np.testing.assert_allclose(gx, central_difference(mul_sin, [x, y], 0), rtol=1e-6)
+        np.testing.assert_allclose(gy, central_difference(mul_sin, [x, y], 1), rtol=1e-6)
+        _, tangent = dsl.jvp(M.mul_sin, (x, y), (big, None))
+        np.testing.assert_allclose(tangent, x * (y + np.cos(x)), rtol=1e-14)
+        np.testing.assert_allclose(dsl.hvp(M.cube)(x, big), 6 * x * x, rtol=1e-14)
+    np.testing.assert_allclose(M.halve(np.arange(3, dtype=">f4")), [0.0, 0.5, 1.0])
+    M.params["n"] = np.array(3, ">i8")
+    np.testing.assert_allclose(M.times(np.arange(3.0)), [0.0, 3.0, 6.0])
+
+
+@pytest.mark.parametrize("call", [
+    lambda: M.halve([1.0, 1e39]),
+    lambda: M.halve(x=-1e300),
+    lambda: M.params.__setitem__("w", [1e39, 0.0]),
+    lambda: M.params.__setitem__("w", np.array([0.0, -1e300])),
+    lambda: dsl.jvp(M.halve, (np.ones(2, np.float32),), ([1e39, 0.0],)),
+    lambda: dsl.hvp(M.cube)(np.ones(2, np.float32), np.array([1e300, 0.0])),
+], ids=["list", "keyword", "param-list", "param-array", "jvp-tangent", "hvp-v"])
+def test_finite_floats_beyond_f32_are_refused_not_made_infinite(call):
+    with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
+        call()
+
+
+def test_infinities_and_nan_stay_what_they_are_in_f32():
+    got = M.halve([np.inf, -np.inf, np.nan, 3e38, -0.0])
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.array([np.inf, -np.inf, np.nan, 1.5e38, -0.0],
+                                                np.float32))
+    assert np.signbit(got[4])
+
+
+@pytest.mark.parametrize("value, pattern", [
+    (np.array(2**64 - 1, np.uint64), "out of range for i64"),
+    (np.array(2**63, np.uint64), "out of range for i64"),
+    (np.array(2.5), "must hold i64 values"),
+])
+def test_param_arrays_that_an_integer_param_cannot_hold_are_refused(value, pattern):
+    """A uint64 array wrapped to -1 as the i64 param."""
+    with pytest.raises(dsl.ArgumentError, match=pattern):
+        M.params["n"] = value
+    M.params["n"] = np.array(2**63 - 1, np.uint64)
+    assert M.params["n"] == 2**63 - 1 and M.params["n"].dtype == np.int64
