@@ -45,6 +45,7 @@ from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, 
 from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
+from gradlang.runtime.args import NUMPY
 from gradlang.runtime.common import c_strides, stride_table
 from gradlang.runtime.target import Target, largest, smallest
 
@@ -543,8 +544,11 @@ class _Driver:
         trips = (size_variable(p["trip"].factors[0]) if isinstance(p["trip"], Sym)
                  else f"{pre}trips")
         where = f" (at {eqn.span})" if eqn.span is not None else ""  # user text: repr
+        stacked = " + ".join(f"{render(prod(v.type.shape[1:]))} * {NUMPY[v.type.dtype].itemsize}"
+                             for v in eqn.outputs[p["n_carry"]:]) or "0"
         return [f"{pre}start, {pre}stop, {pre}step = {', '.join(bounds)}",
-                f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step, {where!r})"], trips
+                f"{trips} = R.trip_count({pre}start, {pre}stop, {pre}step, {where!r}, "
+                f"{stacked})"], trips
 
     def loop_in_kernel(self, eqn: Eqn, ref, define) -> list[str]:
         """A `loop` run by one kernel (`render_loop_kernel`)."""

@@ -44,12 +44,29 @@ def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> No
                         f"compiled for size {expected} there")
 
 
-def trip_count(start: int, stop: int, step: int, where: str = "") -> int:
+# The largest byte count (or size) an array can have: sizes are signed.
+MAX_SIZE = int(np.iinfo(np.intp).max)
+
+
+def trip_count(start: int, stop: int, step: int, where: str = "",
+               stacked_bytes: int = 0) -> int:
     """How many times `for i in range(start, stop, step)` runs; `where`: the
-    loop's place in the source, for the error."""
+    loop's place in the source, for the error; `stacked_bytes`: what the
+    loop keeps of each trip (for a backward pass), refused before it is
+    allocated if the trips' total cannot be addressed (it overflowed
+    NumPy's size computations).  A count beyond i64 is refused too, as no
+    kernel can count it."""
     if step == 0:
         raise ArgumentError(f"range() step must not be zero{where}")
-    return len(range(start, stop, step))
+    trips = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)
+    if trips > MAX_SIZE:
+        raise ArgumentError(f"range({start}, {stop}, {step}){where} runs {trips} trips, "
+                            f"more than a loop counts (at most {MAX_SIZE})")
+    if trips * stacked_bytes > MAX_SIZE:
+        raise ArgumentError(f"the loop{where} runs {trips} trips and keeps {stacked_bytes} "
+                            "bytes of each for its gradient: more memory than can be "
+                            "addressed")
+    return trips
 
 
 def check_nonempty(shape, axes) -> None:

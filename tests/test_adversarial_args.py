@@ -26,6 +26,12 @@ def scaled(x: f32[k]):
 
 def times(x):
     return x * n
+
+def repeat(x, a: i64, b: i64, c: i64):
+    s = x
+    for i in range(a, b, c):
+        s = s * 0.5 + x
+    return s
 """)
 
 
@@ -112,3 +118,36 @@ def test_param_arrays_that_an_integer_param_cannot_hold_are_refused(value, patte
         M.params["n"] = value
     M.params["n"] = np.array(2**63 - 1, np.uint64)
     assert M.params["n"] == 2**63 - 1 and M.params["n"].dtype == np.int64
+
+
+def repeat(x, a, b, c):
+    s = x
+    for _ in range(a, b, c):
+        s = s * 0.5 + x
+    return s
+
+
+@pytest.mark.parametrize("bounds", [(-2**63, 2**63 - 1, 1), (2**63 - 1, -2**63, -1)])
+def test_a_trip_count_beyond_i64_is_an_argument_error(bounds):
+    """len(range(...)) raised OverflowError for these."""
+    with pytest.raises(dsl.ArgumentError, match="18446744073709551615 trips, more than"):
+        M.repeat(np.ones(2), *bounds)
+
+
+def test_trip_counts_near_the_limits_count_as_python_does():
+    x = np.array([0.5, -1.0])
+    for bounds in [(-2**63, 2**63 - 1, 2**62), (2**63 - 1, -2**63, -2**62), (5, 5, 1),
+                   (7, -3, -4), (-3, 7, 4), (3, 0, 1)]:
+        np.testing.assert_allclose(M.repeat(x, *bounds), repeat(x, *bounds), rtol=1e-15)
+        np.testing.assert_allclose(
+            dsl.grad(M.repeat)(x, *bounds),
+            central_difference(lambda x: repeat(x, *bounds), [x], 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("f", [dsl.grad(M.repeat), dsl.hvp(M.repeat)], ids=["grad", "hvp"])
+def test_a_gradients_trips_beyond_addressable_memory_are_an_argument_error(f):
+    """Keeping 2**62 trips of 16 bytes for the backward pass overflowed
+    NumPy's size computation ("Maximum allowed dimension exceeded")."""
+    args = (np.ones(2), 0, 2**62, 1) + ((np.ones(2),) if "hvp" in f.name else ())
+    with pytest.raises(dsl.ArgumentError, match="runs 4611686018427387904 trips and keeps"):
+        f(*args)
