@@ -25,6 +25,7 @@ pullback that keeps only the residuals the backward pass reads.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any, Callable, Optional, Sequence, Union
@@ -290,7 +291,8 @@ class Compiled:
                     if run is not None:
                         fast.latest = (key, run)  # one tuple: threads never see a mix
                         return run(*args)
-                elif len(kwargs) == 1 and kwargs.get("out") is not None:
+                elif len(kwargs) == 1 and kwargs.get("out") is not None \
+                        and not self.out_is_a_parameter:
                     result = self.call_into(args, kwargs["out"])
                     if result is not None:
                         return result
@@ -298,8 +300,18 @@ class Compiled:
         except GradError as err:
             raise leaving(err)
 
+    @functools.cached_property
+    def out_is_a_parameter(self) -> bool:
+        """Whether the function has a parameter named `out`, which then
+        takes only a positional argument (`out=` gives result buffers)."""
+        return any(s.name == "out" for s in self.specs)
+
     def call_slow(self, args: tuple, kwargs: dict) -> Any:
         out = kwargs.pop("out", None)  # the buffers for the results (`OutSpec`)
+        if out is not None and self.out_is_a_parameter and \
+                "out" not in [s.name for s in self.specs[:len(args)]]:
+            raise ArgumentError(f"{self.name}() has a parameter named 'out', but out= gives "
+                                "buffers for its results: pass 'out' by position", self.span)
         if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
             return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)

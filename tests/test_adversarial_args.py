@@ -27,6 +27,12 @@ def scaled(x: f32[k]):
 def times(x):
     return x * n
 
+def twice(out):
+    return out * 2.0
+
+def shift(x, out=1.0):
+    return x + out
+
 def repeat(x, a: i64, b: i64, c: i64):
     s = x
     for i in range(a, b, c):
@@ -151,3 +157,22 @@ def test_a_gradients_trips_beyond_addressable_memory_are_an_argument_error(f):
     args = (np.ones(2), 0, 2**62, 1) + ((np.ones(2),) if "hvp" in f.name else ())
     with pytest.raises(dsl.ArgumentError, match="runs 4611686018427387904 trips and keeps"):
         f(*args)
+
+
+
+def test_out_keyword_for_a_function_with_a_parameter_named_out_is_refused():
+    """`out=` gives result buffers (README): a parameter named `out` is
+    passed by position.  `twice(out=x)` said "missing argument 'out'", and
+    `shift(x, out=y)` after plain calls wrote x + 1 into y."""
+    x, y = np.array([1.0, -2.0]), np.array([0.5, 4.0])
+    for _ in range(2):  # the second call is a fast one
+        np.testing.assert_array_equal(M.shift(x), x + 1.0)
+    for call in (lambda: M.twice(out=x), lambda: M.shift(x, out=y),
+                 lambda: dsl.grad(M.twice)(out=x)):
+        with pytest.raises(dsl.ArgumentError, match="parameter named 'out'.*by position"):
+            call()
+    assert list(y) == [0.5, 4.0]
+    np.testing.assert_array_equal(M.shift(x, y), x + y)
+    buf = np.empty(2)
+    assert M.shift(x, y, out=buf) is buf  # by position, then out= is the buffer
+    np.testing.assert_array_equal(buf, x + y)
