@@ -26,7 +26,9 @@ records raises `TapeError`, as does modifying a tracked array in place.
 Write such work in the `.grad` module, or pass `np.asarray(a)` to use a
 value as a constant on purpose.  A watched array is the caller's own
 ndarray, which cannot be marked: compute from it only through compiled
-calls.
+calls.  It must be one a call takes as itself (a plain ndarray in native
+byte order, or a tape's result): `watch` refuses any other, of which a
+call would take a converted copy that the tape could not see.
 """
 from __future__ import annotations
 
@@ -76,6 +78,11 @@ class Tape:
                     np.dtype(a.dtype).kind != "f":
                 raise ArgumentError("Tape.watch() takes float NumPy (or GPU) arrays; convert "
                                     "Python numbers with np.asarray(x, dtype=float) first")
+            if isinstance(a, np.ndarray) and not _bound_as_itself(a):
+                raise ArgumentError("Tape.watch() takes plain NumPy arrays in native byte "
+                                    f"order, got {type(a).__name__} of dtype {a.dtype}: a "
+                                    "call would take a converted copy, which the tape does "
+                                    "not track; watch and pass y = np.asarray(x, float)")
             self._tracked[id(a)] = a
 
     def tracks(self, a: Any) -> bool:
@@ -123,6 +130,13 @@ class Tape:
                 cts[id(arg)] = g if previous is None else _add(previous, g, bool(outer))
         result = [cts.get(id(s)) for s in source_list]
         return result[0] if single else result
+
+
+def _bound_as_itself(a: np.ndarray) -> bool:
+    """Whether a call binds `a` as the object it is (`runtime.args`), so
+    that the tape, tracking arrays by identity, sees it: an ndarray of
+    native byte order, or a subclass that asks for it (a `TapeArray`)."""
+    return a.dtype.isnative and (type(a) is np.ndarray or getattr(a, "bind_as_is", False))
 
 
 def _vjp_function(f, n_outputs: int):

@@ -176,3 +176,26 @@ def test_out_keyword_for_a_function_with_a_parameter_named_out_is_refused():
     buf = np.empty(2)
     assert M.shift(x, y, out=buf) is buf  # by position, then out= is the buffer
     np.testing.assert_array_equal(buf, x + y)
+
+
+class Marked(np.ndarray):
+    """A user's ndarray subclass."""
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
+@pytest.mark.parametrize("make", [
+    lambda a: a.view(Marked), lambda a: a.astype(">f8"), lambda a: np.matrix(a),
+], ids=["subclass", "big-endian", "matrix"])
+def test_a_watched_array_that_a_call_would_copy_is_refused(make):
+    """A call binds such an array as a converted copy, which the tape did
+    not track: the gradient for it was None, as if z did not depend on it."""
+    x, w = np.array([[1.0, 2.0]]), make(np.array([[3.0, 4.0]]))
+    with dsl.Tape() as tape:
+        with pytest.raises(dsl.ArgumentError, match="plain NumPy arrays in native byte order"):
+            tape.watch(x, w)
+        plain = np.asarray(w, float)
+        tape.watch(x, plain)
+        z = M.mul_sin(x, plain)
+    gx, gw = tape.gradient(z, [x, plain])
+    np.testing.assert_allclose(gx, plain + np.cos(x), rtol=1e-14)
+    np.testing.assert_allclose(gw, x, rtol=1e-14)
