@@ -4,6 +4,7 @@ an `ArgumentError` before any kernel runs, on every entry point (a call,
 the transforms, params, `out=`, pullbacks)."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dsl
 from helpers import central_difference
@@ -199,3 +200,72 @@ def test_a_watched_array_that_a_call_would_copy_is_refused(make):
     gx, gw = tape.gradient(z, [x, plain])
     np.testing.assert_allclose(gx, plain + np.cos(x), rtol=1e-14)
     np.testing.assert_allclose(gw, x, rtol=1e-14)
+
+
+# --------------------------------------------- any argument, by Hypothesis
+
+_DTYPES = ["f8", "f4", "i8", "i4", "?", ">f8", ">f4", "<i4", "i1", "u8", "f2", "c16"]
+_SUPPORTED = {np.dtype(d) for d in ("f8", "f4", "i8", "i4", "?")}
+
+
+def _layouts(a: np.ndarray):
+    """a, and views of the same values laid out otherwise."""
+    yield a
+    if a.ndim:
+        yield np.asfortranarray(a)
+        doubled = np.repeat(a, 2, axis=-1)[..., ::2]  # strided
+        yield doubled
+        yield a[..., ::-1][..., ::-1]  # negative strides twice: the same values
+    if a.ndim == 2 and a.shape[0] == 1:
+        yield np.broadcast_to(a, (1,) + a.shape[1:])  # a read-only view
+
+
+@st.composite
+def arguments(draw):
+    """A value, and what a call must make of it: (dtype, ndarray) or None
+    when it must be refused."""
+    kind = draw(st.sampled_from(["python", "list", "array"]))
+    shape = draw(st.sampled_from([(), (3,), (1, 3), (2, 3), (0,), (2, 0)]))
+    halves = draw(st.lists(st.integers(-3, 3), min_size=6, max_size=6))
+    values = np.array(halves, float)[:int(np.prod(shape))].reshape(shape) / np.array(2.0)
+    if kind == "python":
+        value = float(values.flat[0]) if values.size else 0.5
+        return value, np.array(value)
+    if kind == "list":
+        return values.tolist(), values
+    dtype = np.dtype(draw(st.sampled_from(_DTYPES)))
+    array = (values * 2 if dtype.kind in "iu" else values).astype(dtype)
+    layout = draw(st.sampled_from(list(_layouts(array))))
+    native = np.dtype(dtype.newbyteorder("="))
+    return layout, (array.astype(native) if native in _SUPPORTED else None)
+
+
+def _float_result(x, y):
+    """mul_sin's value by NumPy, in f64."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    return x * y + np.sin(x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arguments(), arguments(), st.booleans())
+def test_any_pair_of_arguments_is_computed_with_or_refused(x, y, keyword):
+    (xv, xa), (yv, ya) = x, y
+    call = (lambda: M.mul_sin(xv, y=yv)) if keyword else (lambda: M.mul_sin(xv, yv))
+    if xa is None or ya is None:
+        with pytest.raises(dsl.ArgumentError, match="unsupported dtype"):
+            call()
+        return
+    try:
+        want = _float_result(xa, ya)
+    except ValueError:  # shapes that do not broadcast: an error at the multiply
+        with pytest.raises(dsl.GradError, match="do not broadcast"):
+            call()
+        return
+    got = call()
+    assert got.shape == want.shape and got.dtype.kind == "f"
+    tight = got.dtype == np.float64 and xa.dtype.itemsize == 8 != 4
+    np.testing.assert_allclose(got, want, rtol=1e-14 if tight else 1e-6, atol=1e-7)
+    if xa.dtype.kind == "f" and xa.size and want.shape == xa.shape:
+        gx = dsl.grad(M.mul_sin)(xv, yv)
+        np.testing.assert_allclose(gx, ya + np.cos(xa.astype(np.float64)) + 0 * want,
+                                   rtol=1e-6, atol=1e-7)
