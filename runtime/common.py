@@ -48,6 +48,18 @@ def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> No
 MAX_SIZE = int(np.iinfo(np.intp).max)
 
 
+def fillable(shape: tuple, dtype) -> tuple:
+    """`shape`, for a driver's `full`: ArgumentError if an array of that
+    shape and dtype could not be addressed (a size a program was compiled
+    for by value, `segment_sum`'s count, too large), where NumPy would
+    raise its own ValueError."""
+    if math.prod(shape) * np.dtype(dtype).itemsize > MAX_SIZE:
+        raise ArgumentError(f"a value of shape {list(shape)} and dtype {np.dtype(dtype)} "
+                            "needs more memory than can be addressed: a size an argument "
+                            "gives is too large")
+    return shape
+
+
 def trip_count(start: int, stop: int, step: int, where: str = "",
                stacked_bytes: int = 0) -> int:
     """How many times `for i in range(start, stop, step)` runs; `where`: the

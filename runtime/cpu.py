@@ -29,6 +29,7 @@ from gradlang.runtime import branch_free, cpu_math
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     check_nonempty,
+    fillable,
     fixed_size_mismatch,
     index_out_of_range,
     index_views,
@@ -78,7 +79,7 @@ def scalar(value, dtype) -> np.ndarray:
 
 
 def full(shape: tuple, value, dtype) -> np.ndarray:
-    return np.full(shape, value, dtype)
+    return np.full(fillable(shape, dtype), value, dtype)
 
 
 def as_int(x: np.ndarray) -> int:

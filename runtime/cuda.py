@@ -48,6 +48,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
     c_strides,
     check_nonempty,
+    fillable,
     fixed_size_mismatch,
     index_out_of_range,
     index_views,
@@ -278,7 +279,7 @@ def scalar(value, dtype):
 
 
 def full(shape, value, dtype):
-    out = cuda.device_array(max(1, math.prod(shape)), dtype)
+    out = cuda.device_array(max(1, math.prod(fillable(shape, dtype))), dtype)
     _launch(_fill, out.size, out, np.dtype(dtype).type(value))
     return out[:math.prod(shape)].reshape(shape) if shape else out.reshape(())
 

@@ -34,6 +34,9 @@ def twice(out):
 def shift(x, out=1.0):
     return x + out
 
+def pool(v, ids, count: i64):
+    return segment_sum(v, ids, count)
+
 def repeat(x, a: i64, b: i64, c: i64):
     s = x
     for i in range(a, b, c):
@@ -200,6 +203,18 @@ def test_a_watched_array_that_a_call_would_copy_is_refused(make):
     gx, gw = tape.gradient(z, [x, plain])
     np.testing.assert_allclose(gx, plain + np.cos(x), rtol=1e-14)
     np.testing.assert_allclose(gw, x, rtol=1e-14)
+
+
+
+@pytest.mark.parametrize("f", [M.pool, dsl.grad(M.pool)], ids=["call", "grad"])
+def test_a_segment_count_beyond_addressable_memory_is_an_argument_error(f):
+    """NumPy's "array is too big" ValueError came out of the driver."""
+    ids = np.array([0, 1, 1])
+    with pytest.raises(dsl.ArgumentError, match="shape \\[1125899906842624, 4096\\] .* too large"):
+        f(np.ones((3, 4096)), ids, 2**50)
+    got = f(np.arange(6.0).reshape(3, 2), ids, 3)
+    want = [[0.0, 1.0], [6.0, 8.0], [0.0, 0.0]] if f is M.pool else np.ones((3, 2))
+    np.testing.assert_array_equal(got, want)
 
 
 # --------------------------------------------- any argument, by Hypothesis
