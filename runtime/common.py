@@ -111,7 +111,8 @@ def index_out_of_range(where: str, index: int, size: int) -> None:
     """Raised by a gather or scatter-add whose index array holds `index`
     where an axis has `size` elements (before any result is returned)."""
     raise ArgumentError(f"index {index} in {where} is out of range for an axis of size "
-                        f"{size} (valid: {-size} to {size - 1})")
+                        f"{size} " + (f"(valid: {-size} to {size - 1})" if size else
+                                      "(an empty axis has none)"))
 
 
 def index_views(shape: tuple, axis: int) -> tuple[int, int, int]:

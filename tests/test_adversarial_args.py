@@ -37,6 +37,9 @@ def shift(x, out=1.0):
 def pool(v, ids, count: i64):
     return segment_sum(v, ids, count)
 
+def rows(x, ids):
+    return x[ids] * 2.0
+
 def repeat(x, a: i64, b: i64, c: i64):
     s = x
     for i in range(a, b, c):
@@ -215,6 +218,18 @@ def test_a_segment_count_beyond_addressable_memory_is_an_argument_error(f):
     got = f(np.arange(6.0).reshape(3, 2), ids, 3)
     want = [[0.0, 1.0], [6.0, 8.0], [0.0, 0.0]] if f is M.pool else np.ones((3, 2))
     np.testing.assert_array_equal(got, want)
+
+
+
+def test_an_index_into_an_empty_axis_names_no_valid_range():
+    """It said "(valid: 0 to -1)"."""
+    with pytest.raises(dsl.ArgumentError, match=r"index 0 in 'ids' .* for an axis of size 0 "
+                                                r"\(an empty axis has none\)$"):
+        M.rows(np.ones((0, 2)), np.array([0]))
+    np.testing.assert_array_equal(M.rows(np.ones((0, 2)), np.zeros(0, np.int64)),
+                                  np.ones((0, 2)))
+    with pytest.raises(dsl.ArgumentError, match=r"index -4 .* \(valid: -3 to 2\)$"):
+        M.rows(np.ones((3, 2)), np.array([-4]))
 
 
 # --------------------------------------------- any argument, by Hypothesis
