@@ -575,6 +575,8 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
         raise ArgumentError("wrt must name at least one parameter", f.span)
     names = []
     for w in items:
+        if isinstance(w, np.integer):  # a position from NumPy (np.arange, argmax)
+            w = int(w)
         if isinstance(w, bool) or not isinstance(w, (int, str)):
             raise ArgumentError(f"wrt entries are parameter positions or names, got {w!r}",
                                 f.span)

@@ -95,7 +95,8 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
             raise ArgumentError(f"{where} has dtype {SUPPORTED[dtype]}, but its annotation "
                                 f"says {spec.dtype}", span)
         return value
-    array = numeric_array(where, value, span)
+    floating = spec.dtype in ("f32", "f64") or (spec.dtype is None and spec.differentiable)
+    array = numeric_array(where, value, span, as_float=floating)
     if spec.dtype is not None:
         return cast(where, array, spec.dtype, span)
     if spec.differentiable or array.dtype.kind == "f":
@@ -105,12 +106,14 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
     return array
 
 
-def numeric_array(where: str, value: Any, span=None) -> np.ndarray:
+def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> np.ndarray:
     """`np.asarray(value)` for a Python number or a rectangular (nested)
     sequence of them, or a NumPy array; anything else (text, ragged lists,
     complex numbers, whose imaginary part a cast would drop) raises
     `ArgumentError` saying what `where` is.  NumPy arrays as `plain`
-    takes them."""
+    takes them.  Python integers beyond 64 bits (which NumPy holds as
+    objects) are refused, unless `as_float` (a value for a float): then
+    they are f64s, as `float()` makes them."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = plain(where, value, span)
     try:
@@ -118,8 +121,14 @@ def numeric_array(where: str, value: Any, span=None) -> np.ndarray:
     except (ValueError, TypeError) as err:
         raise ArgumentError(f"{where} is not an array: {err}", span) from None
     if array.dtype == object and array.size and all(isinstance(v, int) for v in array.flat):
-        raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",
-                            span)
+        if not as_float:
+            raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",
+                                span)
+        try:
+            return array.astype(np.float64)
+        except OverflowError:
+            raise ArgumentError(f"{where} is out of range for f64: it holds an integer beyond "
+                                f"{np.finfo(np.float64).max:.7g}", span) from None
     if array.dtype.kind == "c":
         raise ArgumentError(f"{where} is complex; gradlang computes with real numbers", span)
     if array.dtype == object or array.dtype.kind not in "biuf":

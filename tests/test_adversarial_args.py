@@ -232,6 +232,31 @@ def test_an_index_into_an_empty_axis_names_no_valid_range():
         M.rows(np.ones((3, 2)), np.array([-4]))
 
 
+
+def test_python_integers_beyond_64_bits_are_floats_for_a_float():
+    """2**70 for a float parameter was "an integer beyond 64 bits"."""
+    assert M.mul_sin(2**70, 0.5) == 2.0**69 + np.sin(2.0**70)
+    np.testing.assert_array_equal(M.halve([2**100, 3]), np.float32([2.0**99, 1.5]))
+    assert dsl.grad(M.mul_sin, wrt=1)(2**70, 0.5) == 2.0**70
+    with pytest.raises(dsl.ArgumentError, match="out of range for f64"):
+        M.mul_sin(10**400, 1.0)
+    with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
+        M.halve([2**200])
+    with pytest.raises(dsl.ArgumentError, match="integer beyond 64 bits"):
+        M.pool(np.ones(2), np.array([0, 0]), 2**70)  # an integer parameter
+
+
+def test_wrt_takes_numpy_integers():
+    x, y = np.array([0.5, 2.0]), np.array([-1.0, 3.0])
+    for k in np.arange(2):
+        np.testing.assert_allclose(dsl.grad(M.mul_sin, wrt=k)(x, y),
+                                   central_difference(mul_sin, [x, y], int(k)), rtol=1e-6)
+    gx, gy = dsl.jacrev(M.mul_sin, wrt=(np.int32(0), np.int64(1)))(x, y)
+    np.testing.assert_allclose(np.diag(gy), x, rtol=1e-14)
+    with pytest.raises(dsl.ArgumentError, match="positions or names"):
+        dsl.grad(M.mul_sin, wrt=np.bool_(True))
+
+
 # --------------------------------------------- any argument, by Hypothesis
 
 _DTYPES = ["f8", "f4", "i8", "i4", "?", ">f8", ">f4", "<i4", "i1", "u8", "f2", "c16"]
