@@ -257,6 +257,54 @@ def test_wrt_takes_numpy_integers():
         dsl.grad(M.mul_sin, wrt=np.bool_(True))
 
 
+
+def test_threads_calling_one_function_with_other_shapes_dtypes_and_sizes():
+    """Six threads start at once on functions none has called: out=
+    buffers, jvp, a segment count compiled for by value, a loop's
+    gradient, in f32 and f64 and six shapes."""
+    import threading
+    m = dsl.loads("def mul_sin(x, y):\n    return x * y + sin(x)\n\n"
+                  "def pool(v, ids, count: i64):\n    return segment_sum(v, ids, count)\n")
+    shapes = [(3,), (2, 4), (), (1, 3), (0,), (5,)]
+    failures, start = [], threading.Barrier(6)
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        start.wait()
+        for k in range(12):
+            dtype = (np.float64, np.float32)[(seed + k) % 2]
+            x, y = (rng.normal(size=shapes[(seed + k) % 6]).astype(dtype) for _ in range(2))
+            tol = dict(rtol=1e-5, atol=1e-6)
+            try:
+                if k % 4 == 0:
+                    buf = np.empty(x.shape, dtype)
+                    ok = m.mul_sin(x, y, out=buf) is buf and np.allclose(buf, mul_sin(x, y),
+                                                                         **tol)
+                elif k % 4 == 1:
+                    value, tangent = dsl.jvp(m.mul_sin, (x, y), (y, x))
+                    ok = np.allclose(tangent, y * (y + np.cos(x)) + x * x, **tol)
+                elif k % 4 == 2:
+                    count = int(rng.integers(1, 4))
+                    ids = rng.integers(0, count, size=5)
+                    values = rng.normal(size=5)
+                    want = np.zeros(count)
+                    np.add.at(want, ids, values)
+                    ok = np.allclose(m.pool(values, ids, count), want)
+                else:
+                    ok = np.allclose(dsl.grad(m.mul_sin)(x, y), y + np.cos(x), **tol)
+            except Exception as err:  # noqa: BLE001 (reported below)
+                ok = repr(err)
+            if ok is not True:
+                failures.append((seed, k, ok))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
 # --------------------------------------------- any argument, by Hypothesis
 
 _DTYPES = ["f8", "f4", "i8", "i4", "?", ">f8", ">f4", "<i4", "i1", "u8", "f2", "c16"]
