@@ -349,7 +349,7 @@ def _float_result(x, y):
     return x * y + np.sin(x)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(arguments(), arguments(), st.booleans())
 def test_any_pair_of_arguments_is_computed_with_or_refused(x, y, keyword):
     (xv, xa), (yv, ya) = x, y
