@@ -249,9 +249,11 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     with its cotangent for the first block's upstream), against finite
     differences in u, by the dot-product test <d/du <J^T u, v>, w> =
     <d/dt J^T (u + t w), v>."""
-    floats = f.differentiable_names(bound)
+    # name's place among the cotangents depends on which arguments are floats
+    # in this call: it, not the name, keys the transforms made from it
+    index = f.differentiable_names(bound).index(name)
     vjp = backward_function(f, len(value))
-    vjp_x = derived(f, ("vjp", len(value), name), lambda: Select(vjp, floats.index(name)))
+    vjp_x = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
     us = {f"$ct{i}": rng.normal(size=o.shape).astype(o.dtype) for i, o in enumerate(value)}
     fdef = getattr(f, "fdef", None)
     upstream = fdef.grads[0].upstream[0] if fdef is not None and fdef.grads else "upstream"
@@ -261,7 +263,7 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
         w = {c: rng.normal(size=u.shape) for c, u in us.items()}
         analytic = 0.0
         for c in us:
-            d = derived(f, ("vjp", len(value), name, c), lambda: Directional(vjp_x, c, "$w"))
+            d = derived(f, ("vjp", len(value), index, c), lambda: Directional(vjp_x, c, "$w"))
             analytic += float(np.sum(_run(d, {**bound, **us, "$w": v})[0] * w[c]))
         nan = nan or (_finite(value) and bool(np.isnan(analytic)))
         numeric = _central(lambda t: float(np.sum(_run(vjp_x, {**bound, **{
@@ -422,8 +424,9 @@ def _central(along, step: float, rtol: float, atol: float):
             return None
         if np.any(one_sided > 1e-2 * scale + 10 * step * (1 + scale)):
             return None
-        rounding = 4 * np.finfo(np.float64).eps * max(np.max(np.abs(a)) for a in at.values())
-        if rounding / step > atol + rtol * np.max(np.abs(fine)):
+        rounding = 4 * np.finfo(np.float64).eps * max(np.max(np.abs(a), initial=0.0)
+                                                      for a in at.values())
+        if rounding / step > atol + rtol * np.max(np.abs(fine), initial=0.0):
             return None
     return fine
 

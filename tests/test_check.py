@@ -196,3 +196,23 @@ def test_the_check_and_the_api_share_one_gradient_per_function_and_wrt():
     assert compiled >= 1  # by the check
     np.testing.assert_array_equal(gradient(x, y), y)
     assert len(gradient._programs) == compiled  # reused here
+
+
+def test_a_check_after_one_with_other_float_arguments_checks_the_right_gradient():
+    """The upstream row's cotangent was picked by its position among the
+    float arguments of the first check: with `a` an integer the second
+    time, c's position 2 was out of range (IndexError), b's the wrong one."""
+    m = dsl.loads("def g(a, b, c):\n    return sum(a * b * sin(c) + b * b * c)\n")
+    x = np.array([0.5, 1.0, 2.0])
+    assert dsl.check_gradients(m.g, x, x + 1, x - 1)
+    result = dsl.check_gradients(m.g, np.arange(3), x + 1, x - 1)
+    rows = {(row.order, row.wrt, row.dtype): row for row in result}
+    assert result and rows[(2, "upstream (of d/dc)", "f64")].compared == 3
+    assert not any(row.wrt.endswith("a") for row in result)
+
+
+def test_empty_arguments_check_without_reducing_nothing():
+    """max() of an empty difference raised NumPy's ValueError."""
+    m = dsl.loads("def f(x, y):\n    return sum(x * y + sin(x))\n")
+    result = dsl.check_gradients(m.f, np.zeros(0), np.zeros((0,)))
+    assert result and {row.wrt for row in result} >= {"x", "y"}
