@@ -22,9 +22,6 @@ def cube(x):
 def halve(x: f32[k]):
     return x * 0.5
 
-def scaled(x: f32[k]):
-    return x * w
-
 def times(x):
     return x * n
 
