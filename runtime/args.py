@@ -74,8 +74,11 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
     return out
 
 
-def convert(fn_name: str, spec: ParamSpec, value: Any, span) -> np.ndarray:
-    where = f"argument {spec.name!r} of {fn_name}()"
+def convert(fn_name: str, spec: ParamSpec, value: Any, span,
+            where: Optional[str] = None) -> np.ndarray:
+    """`value` as the array `spec` takes; `where` names it in errors
+    (default: argument NAME of FN())."""
+    where = where or f"argument {spec.name!r} of {fn_name}()"
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
         # identity) is taken as itself; others as plain ndarrays.
@@ -177,17 +180,19 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
 
 
 def check_shape(fn_name: str, spec: ParamSpec, array, dims: dict[str, tuple[int, str]],
-                span) -> None:
+                span, where: Optional[str] = None) -> None:
     if spec.dims is not None:
         check_dims(fn_name, spec.name, spec.dtype, spec.dims, tuple(array.shape), dims,
-                   ArgumentError, span)
+                   ArgumentError, span, where)
 
 
 def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
-               bound: dict[str, tuple[int, str]], error=ArgumentError, span=None) -> None:
+               bound: dict[str, tuple[int, str]], error=ArgumentError, span=None,
+               where: Optional[str] = None) -> None:
     """One argument's shape against its annotation's dimensions; named
-    dimensions are bound in `bound` (name -> (size, first argument))."""
-    where = f"argument {name!r} of {fn_name}()"
+    dimensions are bound in `bound` (name -> (size, first argument));
+    `where` names it in errors (default: argument NAME of FN())."""
+    where = where or f"argument {name!r} of {fn_name}()"
     if len(shape) != len(dims_ann):
         ann = f"{dtype or ''}[{', '.join(map(str, dims_ann))}]" if dims_ann else dtype
         raise error(f"{where} has rank {len(shape)} (shape {list(shape)}), but its "

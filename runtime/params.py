@@ -56,9 +56,9 @@ class ParamStore(MutableMapping):
             # a param takes its declared dtype (values it cannot hold refused), as
             # Python numbers do
             array = cast(where, array, spec.dtype, None)
-        array = convert(f"param {name}", ParamSpec(name, spec.dtype, spec.dims, False, False),
-                        array, None)
-        check_shape(f"param {name}", spec, array, {}, None)
+        array = convert(self._module, ParamSpec(name, spec.dtype, spec.dims, False, False),
+                        array, None, where)
+        check_shape(self._module, spec, array, {}, None, where)
         return array
 
     def __getitem__(self, name: str) -> np.ndarray:

@@ -369,3 +369,14 @@ def test_any_pair_of_arguments_is_computed_with_or_refused(x, y, keyword):
         gx = dsl.grad(M.mul_sin)(xv, yv)
         np.testing.assert_allclose(gx, ya + np.cos(xa.astype(np.float64)) + 0 * want,
                                    rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("w", np.ones(3), "param 'w' has size 3 on axis 0, but its annotation says 2"),
+    ("w", "abc", "param 'w' is not numeric"),
+    ("n", [1, 2], r"param 'n' has rank 1 \(shape \[2\]\)"),
+])
+def test_a_bad_param_value_is_named_as_the_param(name, value, message):
+    """It was named "argument 'w' of param w()"."""
+    with pytest.raises(dsl.ArgumentError, match=f"^error: {message}"):
+        M.params[name] = value
