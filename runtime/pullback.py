@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from gradlang.runtime.args import NUMPY, numeric_array
+from gradlang.runtime.args import NUMPY, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.target import Target
@@ -61,8 +61,11 @@ class Pullback:
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)
                 continue
-            array = numeric_array(f"cotangent {k} of the pullback of {self.name}()", ct)
-            array = array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
+            where = f"cotangent {k} of the pullback of {self.name}()"
+            array = numeric_array(where, ct)
+            # a float output's cotangent takes its dtype, values beyond it refused
+            array = cast(where, array, t.dtype, None) if t.dtype in ("f32", "f64") \
+                else array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
             if array.shape != t.shape:
                 if array.ndim == 0:
                     array = np.full(t.shape, array)

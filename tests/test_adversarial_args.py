@@ -103,7 +103,8 @@ def test_big_endian_arrays_compute_with_their_values(tmp_path):
     lambda: M.params.__setitem__("w", np.array([0.0, -1e300])),
     lambda: dsl.jvp(M.halve, (np.ones(2, np.float32),), ([1e39, 0.0],)),
     lambda: dsl.hvp(M.cube)(np.ones(2, np.float32), np.array([1e300, 0.0])),
-], ids=["list", "keyword", "param-list", "param-array", "jvp-tangent", "hvp-v"])
+    lambda: dsl.vjp(M.halve, np.ones(2, np.float32))[1](np.array([0.0, 1e300])),
+], ids=["list", "keyword", "param-list", "param-array", "jvp-tangent", "hvp-v", "cotangent"])
 def test_finite_floats_beyond_f32_are_refused_not_made_infinite(call):
     with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
         call()
