@@ -20,12 +20,13 @@ Every problem is raised as a `GradError` at the span that caused it.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
-from gradlang.compiler.ir import Atom, Function, StaticScalar, TensorType, Var
+from gradlang.compiler.ir import Atom, Function, Lit, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
@@ -330,9 +331,7 @@ class Lowerer:
         left, right = self.expr(b, e.left, env), self.expr(b, e.right, env)
         op = _COMPARE[e.op]
         if is_static(left) and is_static(right):
-            if isinstance(left, Sym) or isinstance(right, Sym):
-                raise NeedsConcrete("a size is compared")
-            return bool(ops.OPS[op].ref(left, right))
+            return _static_compare(e.op, left, right, e.span)
         x, y = unify(b, [left, right], e.span, arithmetic=False,
                      spans=(e.left.span, e.right.span))
         return b.bind(op, x, y, span=e.span)
@@ -539,6 +538,8 @@ class Lowerer:
 
     def reduce(self, b, op: str, v: Value, axis, keepdims, span) -> Atom:
         x = as_atom(b, v, span)
+        if not isinstance(keepdims, (bool, int)):  # an int as NumPy takes one, not an array
+            raise GradError("keepdims must be True or False, known at compile time", span)
         axes = self.reduced_axes(x, axis, span)
         if op == "reduce_max" and any(x.type.shape[a] == 0 for a in axes):
             raise GradError("max/min of an empty array", span)
@@ -552,6 +553,36 @@ class Lowerer:
         return out
 
 
+def _static_compare(op: str, left, right, span: Span) -> bool:
+    """A comparison of compile-time values.  Sequences compare as Python
+    compares tuples (`x.shape == (3, 4)`, item by item), which needs every
+    item known: a size still symbolic asks for concrete sizes, and a
+    run-time value inside is an error (Python would compare identities)."""
+    for v in (left, right):
+        if _holds(v, Sym):
+            raise NeedsConcrete("a size is compared")
+        if _holds(v, (Var, Lit)):
+            raise GradError(f"cannot compare a {sequence_kind(v)} holding run-time values; "
+                            "compare its items", span)
+    if not (isinstance(left, tuple) or isinstance(right, tuple)):
+        return bool(ops.OPS[_COMPARE[op]].ref(left, right))
+    try:
+        return bool(_PYTHON_COMPARE[op](left, right))
+    except TypeError:
+        kinds = [sequence_kind(v) if isinstance(v, tuple) else "number" for v in (left, right)]
+        raise GradError(f"cannot compare a {kinds[0]} with a {kinds[1]} using {op}",
+                        span) from None
+
+
+def _holds(v, kind) -> bool:
+    """Whether `v`, or an item of it at any depth, is of type `kind`."""
+    if isinstance(v, tuple):
+        return any(_holds(item, kind) for item in v)
+    return isinstance(v, kind)
+
+
+_PYTHON_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+                   "==": operator.eq, "!=": operator.ne}
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow", "//": "floor_divide",
            "%": "remainder"}
 _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
@@ -580,7 +611,10 @@ def _fold(op: str, x, y):
         if (type(x) is int and type(y) is int and y > 0 and abs(x) > 1
                 and (abs(x).bit_length() - 1) * y >= _MAX_STATIC_BITS):
             raise OverflowError("the integer power is beyond the range of every dtype")
-        result = x ** y
+        try:
+            result = x ** y
+        except OverflowError:  # a float power raises where a product gives inf
+            raise OverflowError("the result is beyond the range of f64") from None
         if isinstance(result, complex):
             raise ValueError("negative base with fractional exponent")
     else:

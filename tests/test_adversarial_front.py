@@ -66,3 +66,74 @@ def test_a_keyword_cannot_be_bound_as_a_name(source, line, col, word):
 def test_names_that_only_start_with_a_keyword_are_names():
     m = dsl.loads("def f(Truex, index, iff, order):\n    return Truex * index + iff * order\n")
     np.testing.assert_allclose(m.f(2.0, 3.0, 4.0, 5.0), 26.0)
+
+
+# ------------------------------------------- comparing compile-time values
+
+SHAPE_BRANCH = """
+def by_shape(x{ann}):
+    if x.shape == (3,):
+        y = x * 2.0
+    else:
+        y = -x
+    return y
+"""
+
+
+@pytest.mark.parametrize("ann", ["", ": f64[n]", ": f64[...]"])
+def test_a_shape_compares_with_a_tuple_item_by_item(ann):
+    # x.shape held a symbolic size that NumPy's == compared as unequal, so
+    # the else branch ran for every shape.
+    m = dsl.loads(SHAPE_BRANCH.format(ann=ann))
+    np.testing.assert_array_equal(m.by_shape(X), 2 * X)
+    np.testing.assert_array_equal(m.by_shape(np.ones(2)), -np.ones(2))
+
+
+def test_sequences_of_constants_compare_as_in_python():
+    m = dsl.loads("def f(x):\n    if (1, 2) < (1, 3) and [2, 2] == (2, 2) and (3,) != 3:\n"
+                  "        y = x\n    else:\n        y = -x\n    return y\n")
+    np.testing.assert_array_equal(m.f(X), X)
+
+
+@pytest.mark.parametrize("expr,col,text", [
+    # a ValueError (NumPy's truth value of an array) escaped
+    ("x.shape < 3", 8, "cannot compare a tuple with a number using <"),
+    # Var identity decided these at compile time, whatever the values
+    ("(x,) == (x,)", 8, "cannot compare a tuple holding run-time values"),
+    ("[x * 2.0] != [x]", 8, "cannot compare a list holding run-time values"),
+])
+def test_comparing_sequences_that_python_could_not_is_an_error_at_it(expr, col, text):
+    source = f"def f(x):\n    if {expr}:\n        y = x\n    else:\n        y = -x\n    return y\n"
+    m = dsl.loads(source, "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(X)
+    assert (info.value.line, info.value.col) == (2, col), str(info.value)
+    assert text in info.value.message
+    assert_well_formed(info.value, source)
+
+
+# ------------------------------------ flags and constants at compile time
+
+@pytest.mark.parametrize("call", ["sum(x, keepdims=x)", "mean(x, keepdims=sum(x) > 0.0)",
+                                  "max(x, axis=0, keepdims=(1,))"])
+def test_keepdims_must_be_known_at_compile_time(call):
+    # A run-time array was truthy as a Python object: keepdims=True, silently.
+    m = dsl.loads(f"def f(x):\n    return {call}\n", "bad.grad")
+    with pytest.raises(dsl.GradError, match="keepdims must be True or False") as info:
+        m.f(X)
+    assert (info.value.line, info.value.col) == (2, 12)
+
+
+def test_keepdims_from_a_const_argument_still_works():
+    m = dsl.loads("def f(x, k: const bool = True):\n    return sum(x, keepdims=k)\n")
+    assert m.f(X).shape == (1,) and m.f(X, False).shape == ()
+
+
+def test_a_float_power_that_overflows_says_so():
+    # The message was OverflowError's tuple: (34, 'Numerical result out of range').
+    m = dsl.loads("def f(x):\n    return x * (10.0 ** 400)\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(X)
+    assert info.value.message == ("compile-time arithmetic failed: the result is beyond "
+                                  "the range of f64")
+    assert (info.value.line, info.value.col) == (2, 17)
