@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from gradlang.compiler import ast
+from gradlang.compiler.builder import coerce
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
 from gradlang.compiler.ir import INTS
 from gradlang.compiler.namespace import Namespace
@@ -114,6 +115,7 @@ class _Function:
                     and k.value.value >= 1):
                 raise GradError("every= takes a positive integer literal (the checkpoint "
                                 "interval in loop trips)", k.value.span)
+            coerce(k.value.value, "i64", k.value.span)  # counts trips, as i64s do
 
     def not_a_param(self, name: str, span, what: str) -> None:
         if name in self.ns.params:

@@ -114,18 +114,21 @@ def _segments(b: Builder, bounds: Sequence[Atom], inits: list[Atom], invariants:
 
 
 def _interval(b: Builder, bounds: Sequence[Atom], every: "int | str") -> Atom:
-    """Trips per segment: `every`, or the integer square root of the trip
-    count (at least 1), computed at run time when the bounds are."""
-    if isinstance(every, int):
-        return Lit(every, INDEX)
+    """Trips per segment: `every` (at most the trip count, so that a
+    segment's end, its start plus `every` steps, stays within i64), or the
+    integer square root of the trip count; at least 1, and computed at run
+    time when the bounds are."""
     if all(isinstance(a, Lit) for a in bounds):
         trips = len(range(*(a.value for a in bounds)))
-        return Lit(max(1, math.isqrt(trips)), INDEX)
+        return Lit(max(1, math.isqrt(trips) if every == "sqrt" else min(every, trips)), INDEX)
     start, stop, step = (cast(b, a, "f64") for a in bounds)
     trips = b.bind("maximum", b.bind("ceil", b.bind("div", b.bind("sub", stop, start), step)),
                    Lit(0.0, TensorType("f64", ())))
-    root = b.bind("cast", b.bind("sqrt", trips), dtype="i64")
-    return b.bind("maximum", root, Lit(1, INDEX))
+    if every == "sqrt":
+        k = b.bind("cast", b.bind("sqrt", trips), dtype="i64")
+    else:
+        k = b.bind("minimum", b.bind("cast", trips, dtype="i64"), Lit(every, INDEX))
+    return b.bind("maximum", k, Lit(1, INDEX))
 
 
 def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> list[Atom]:

@@ -137,3 +137,37 @@ def test_a_float_power_that_overflows_says_so():
     assert info.value.message == ("compile-time arithmetic failed: the result is beyond "
                                   "the range of f64")
     assert (info.value.line, info.value.col) == (2, 17)
+
+
+# ------------------------------------------------------- checkpoint interval
+
+EVERY = """
+@recompute(every={every})
+def saved(x, n: i64):
+    for i in range(0, n, 4):
+        x = sin(x) * 1.5
+    return x
+
+def plain(x, n: i64):
+    for i in range(0, n, 4):
+        x = sin(x) * 1.5
+    return x
+"""
+
+
+def test_an_interval_beyond_i64_is_an_error_at_load():
+    # The literal reached the driver's code: OverflowError at the first call.
+    source = EVERY.format(every=10 ** 22)
+    err = load_error(source)
+    assert (err.line, err.col) == (2, 18) and "does not fit in i64" in err.message
+    assert_well_formed(err, source)
+
+
+def test_an_interval_longer_than_the_loop_runs_it_as_one_segment():
+    # every * step overflowed i64 (2**62 * 4): OverflowError at the call.
+    m = dsl.loads(EVERY.format(every=2 ** 62))
+    x = np.array([0.5, -1.0])
+    value, grad = dsl.value_and_grad(m.saved)(x, 9)
+    expected_value, expected_grad = dsl.value_and_grad(m.plain)(x, 9)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-15)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-15)
