@@ -19,7 +19,7 @@ from gradlang.compiler.builtins import BUILTINS
 from gradlang.compiler.checker import check
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.parser import parse
-from gradlang.runtime.errors import GradError
+from gradlang.runtime.errors import GradError, Span
 
 STDLIB = Path(__file__).resolve().parent / "stdlib"
 
@@ -47,6 +47,28 @@ def find_module(name: str, importer: str) -> Optional[Path]:
     return None
 
 
+def read_source(path: Path, span: Span) -> str:
+    """The text of the `.grad` file at `path`: UTF-8, without the byte-order
+    mark an editor may put first.  Unreadable is a `GradError` at `span`
+    (where the file was named); bytes that are not UTF-8 one at those bytes."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise GradError(f"no such file: {path}", span) from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise GradError(f"cannot read {path}: {err}", span) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        before = data[:err.start]
+        line_start = before.rfind(b"\n") + 1
+        col = len(before[line_start:].decode("utf-8", "replace")) + 1
+        where = Span(str(path), before.count(b"\n") + 1, col)
+        raise GradError(f"the file is not UTF-8 text: byte 0x{data[err.start]:02x} cannot "
+                        "start a character here", where,
+                        data.decode("utf-8", "replace")) from None
+
+
 def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namespace:
     loading: dict[str, Optional[Namespace]] = {} if _loading is None else _loading
     ns = Namespace(module)
@@ -61,10 +83,7 @@ def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namesp
             raise GradError(f"import cycle through {imp.module!r}", imp.span)
         if key not in loading:
             loading[key] = None
-            try:
-                source = path.read_text()
-            except (OSError, UnicodeDecodeError) as err:
-                raise GradError(f"cannot read {path}: {err}", imp.span) from None
+            source = read_source(path, imp.span)
             loading[key] = namespace_for(parse(source, str(path)), loading)
         sub = loading[key]
         if imp.names is None:

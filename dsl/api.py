@@ -25,6 +25,7 @@ from dsl.forward import jacrev as _jacrev
 from dsl.forward import jvp as _jvp
 from dsl.function import vjp as _vjp
 from gradlang.compiler import ast
+from gradlang.compiler.modules import read_source
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.pipeline import front_end
 from gradlang.runtime import target as targets
@@ -98,12 +99,7 @@ def loads(source: str, file: str = "<string>", target: "Target | str" = targets.
 def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT,
          host_results: bool = False) -> Module:
     path = Path(path)
-    try:
-        source = path.read_text()
-    except FileNotFoundError:
-        raise GradError(f"no such file: {path}", Span(str(path), 1, 1)) from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL in the path
-        raise GradError(f"cannot read {path}: {err}", Span(str(path), 1, 1)) from None
+    source = read_source(path, Span(str(path), 1, 1))
     return loads(source, str(path), target, host_results)
 
 

@@ -171,3 +171,31 @@ def test_an_interval_longer_than_the_loop_runs_it_as_one_segment():
     expected_value, expected_grad = dsl.value_and_grad(m.plain)(x, 9)
     np.testing.assert_allclose(value, expected_value, rtol=1e-15)
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-15)
+
+
+# ------------------------------------------------------------- source files
+
+def test_a_file_with_a_byte_order_mark_loads_and_imports(tmp_path):
+    # Python reads such files; the BOM was a syntax error at 1:1.
+    (tmp_path / "marked.grad").write_bytes(b"\xef\xbb\xbfdef h(x):\n    return x * 3.0\n")
+    (tmp_path / "user.grad").write_text("import marked\ndef g(x):\n    return marked.h(x)\n")
+    assert dsl.load(tmp_path / "marked.grad").h(2.0) == 6.0
+    assert dsl.grad(dsl.load(tmp_path / "user.grad").g)(2.0) == 3.0
+
+
+@pytest.mark.parametrize("importer", [False, True])
+def test_a_file_not_in_utf8_is_an_error_at_the_bad_byte(tmp_path, importer):
+    # Was `cannot read ...: 'utf-8' codec can't decode ...` at 1:1 with no
+    # source line, or, in another locale, text silently decoded otherwise.
+    bad = tmp_path / "latin.grad"
+    bad.write_bytes("def f(x):\n    # café\n    return x\n".encode("latin-1"))
+    path = bad
+    if importer:
+        path = tmp_path / "user.grad"
+        path.write_text("import latin\ndef g(x):\n    return x\n")
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(path)
+    err = info.value
+    assert (err.file, err.line, err.col) == (str(bad), 2, 10), str(err)
+    assert "not UTF-8 text: byte 0xe9" in err.message
+    assert str(err).splitlines()[-1] == " " * 13 + "^"
