@@ -199,3 +199,133 @@ def test_a_file_not_in_utf8_is_an_error_at_the_bad_byte(tmp_path, importer):
     assert (err.file, err.line, err.col) == (str(bad), 2, 10), str(err)
     assert "not UTF-8 text: byte 0xe9" in err.message
     assert str(err).splitlines()[-1] == " " * 13 + "^"
+
+
+# ---------------------------------- mutated programs: right or a clean error
+
+# Differentiable programs without grad blocks (a mutated hand-written block
+# may be a wrong VJP on purpose; an automatic gradient never may).
+SEEDS = [
+    """def f(x, y):
+    a = x * y + sin(x)
+    b = exp(-a * a) / (1.0 + y * y)
+    return sum(a * b) + mean(tanh(x - y))
+""",
+    """def g(u, v):
+    return u * v + log1p(u * u)
+
+def f(x, y):
+    s = g(x, y)
+    t, r = x + y, x - y
+    t += 2.0
+    r *= 0.5
+    return sum(s * t) - sum(r ** 2)
+""",
+    """def f(x, y):
+    h = x
+    for i in range(3):
+        h = tanh(h * y + x[i])
+    return sum(h)
+""",
+    """def f(x, y):
+    if sum(x) > 100.0:
+        z = x * y
+    else:
+        z = sin(x) * y
+    return sum(z) + x[0] * y[2] + sum(x[1:] * y[:2])
+""",
+    """def f(x, y):
+    m = stack([x, y])
+    c = concatenate([x, y], axis=0)
+    return sum((m @ x) ** 2) + sum(c * c) + sum(x @ m.T) + sum(sqrt(x * x + 1.0))
+""",
+    """def f(x, y):
+    z = reshape(stack([x, y], axis=1), [2, 3])
+    p = sum(z, axis=0, keepdims=True)
+    return sum(broadcast_to(p, [2, 3]) * z) / x.shape[0] + sum(sigmoid(z) * erf(z))
+""",
+    """def sq(x):
+    return x * x
+def f(x, y):
+    v, d = value_and_grad(sq)(y)
+    return sum(grad(sq)(x * y) * cosh(x)) + sum(v) + sum(d * x)
+""",
+]
+
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+\.?\d*(?:e-?\d+)?|\*\*|[-+*/@]|\s+|.", re.S)
+# A token is swapped for one of its kind, so that most mutants still parse
+# and the property reaches the checker, the lowering and the gradients.
+_KINDS = [
+    ["sin", "cos", "tanh", "exp", "sigmoid", "erf", "cosh", "arctan", "log1p", "abs",
+     "sqrt", "log", "floor", "sum", "mean", "max", "stack", "reshape", "range", "g", "sq",
+     "grad", "f"],
+    ["x", "y", "a", "b", "h", "z", "m", "i", "x[1:]", "y.T", "(x * y)", "sum(x)", "x.shape[0]",
+     "(x, y)", "[x]", "True", "2.0", "0"],
+    ["+", "-", "*", "/", "**", "@", "<", "==", ","],
+    ["0", "1", "2", "0.5", "3", "1e-3", "2.0", "100.0", "-1.0", "x.shape[0]", "x"],
+]
+
+
+def _kind(token: str) -> list[str] | None:
+    """The tokens `token` may be swapped for (None: punctuation, kept)."""
+    if token[0].isdigit():
+        return _KINDS[3]
+    return next((kind for kind in _KINDS if token in kind),
+                _KINDS[1] if token.isidentifier() else None)
+
+
+@st.composite
+def mutated(draw) -> str:
+    tokens = _TOKEN.findall(draw(st.sampled_from(SEEDS)))
+    for _ in range(draw(st.integers(1, 3))):
+        # Layout and brackets stay (test_fuzz.py mutates those; its mutants
+        # are mostly syntax errors); one mutation in ten deletes or repeats.
+        what = draw(st.sampled_from(["swap"] * 8 + ["delete", "duplicate"]))
+        if what == "swap":
+            i = draw(st.sampled_from([i for i, t in enumerate(tokens) if _kind(t)]))
+            tokens[i] = draw(st.sampled_from(_kind(tokens[i])))
+            continue
+        i = draw(st.sampled_from([i for i, t in enumerate(tokens) if not t.isspace()]))
+        if what == "delete":
+            del tokens[i]
+        else:
+            tokens.insert(i, tokens[i])
+    return "".join(tokens)
+
+
+def _interpreted(f, args) -> tuple[np.ndarray, ...]:
+    """f on args by the IR's NumPy interpreter: no kernels compiled."""
+    bound = f.bind(args, {})
+    with np.errstate(all="ignore"):
+        return interpret(f.lower(_types(bound)), *bound.values())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(source=mutated())
+def test_a_mutated_program_is_right_or_a_clean_error(source):
+    try:
+        m = dsl.loads(source, "mutated.grad")
+        f = m.f
+        value = _interpreted(f, (X, Y))
+        grads = _interpreted(dsl.grad(f, wrt=(0, 1)), (X, Y))
+    except dsl.ArgumentError:
+        return  # f's signature changed: the arguments do not fit it
+    except IndexError:
+        return  # an index out of range (the interpreter is NumPy's; kernels check)
+    except AttributeError:
+        assert "f" not in dsl.loads(source, "mutated.grad").functions
+        return
+    except dsl.GradError as err:
+        assert err.file == "mutated.grad"
+        assert_well_formed(err, source)
+        return
+    if len(value) != 1 or np.ndim(value[0]) != 0 or not abs(value[0]) < 1e8:
+        return  # not a finite scalar of a size differences in f64 resolve
+
+    def scalar(x, y):
+        return float(_interpreted(f, (x, y))[0])
+    for k, g in enumerate(grads):
+        coarse, fine = (central_difference(scalar, (X, Y), k, eps) for eps in (1e-4, 1e-5))
+        if not np.allclose(coarse, fine, rtol=1e-4, atol=1e-6):
+            continue  # a kink or a jump near the point: differences say nothing
+        np.testing.assert_allclose(g, fine, rtol=1e-4, atol=1e-5, err_msg=source)
