@@ -78,6 +78,7 @@ class _Function:
             if p.name in names:
                 raise GradError(f"duplicate parameter {p.name!r} in {f.name}()", p.span)
             self.not_a_param(p.name, p.span, "a parameter")
+            self.default_fits(p)
             names.add(p.name)
         for d in f.decorators:
             if d.name not in DECORATORS:
@@ -116,6 +117,19 @@ class _Function:
                 raise GradError("every= takes a positive integer literal (the checkpoint "
                                 "interval in loop trips)", k.value.span)
             coerce(k.value.value, "i64", k.value.span)  # counts trips, as i64s do
+
+    def default_fits(self, p: ast.Param) -> None:
+        """A default is a value of the parameter's annotated dtype: `n: i64 = 1.5`
+        and `flag: bool = 1` are errors, and so is a constant the dtype cannot
+        hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0."""
+        if p.default is None or p.ann is None or p.ann.dtype is None:
+            return
+        value, dtype = p.default.value, p.ann.dtype
+        wanted = bool if dtype == "bool" else int if dtype in INTS else (int, float)
+        if isinstance(value, bool) != (dtype == "bool") or not isinstance(value, wanted):
+            raise GradError(f"the default {value!r} of {p.name!r} is not a value of its "
+                            f"dtype {dtype}", p.default.span)
+        coerce(value, dtype, p.default.span)
 
     def not_a_param(self, name: str, span, what: str) -> None:
         if name in self.ns.params:

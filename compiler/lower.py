@@ -24,7 +24,7 @@ import operator
 from typing import Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops
-from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.builder import Builder, coerce, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import Atom, Function, Lit, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -81,7 +81,10 @@ class Lowerer:
             if p.name not in bound:
                 if p.default is None:
                     raise GradError(f"{fdef.name}() is missing argument {p.name!r}", span)
-                bound[p.name] = p.default.value
+                dtype = p.ann.dtype if p.ann is not None else None
+                # the checker made sure it fits: `a: f64 = 1` is 1.0, a float
+                value = p.default.value
+                bound[p.name] = value if dtype is None else coerce(value, dtype, p.default.span)
         return {p.name: bound[p.name] for p in fdef.params}
 
     def call(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, positional: Sequence[Value],

@@ -139,6 +139,35 @@ def test_a_float_power_that_overflows_says_so():
     assert (info.value.line, info.value.col) == (2, 17)
 
 
+# --------------------------------------------------------------- defaults
+
+@pytest.mark.parametrize("param,col,text", [
+    # each of these loaded, and the default was used as written: x * 1.5
+    # for an i64, 1e20 as a float for an i64
+    ("a: i64 = 1.5", 19, "the default 1.5 of 'a' is not a value of its dtype i64"),
+    ("a: bool = 1", 20, "the default 1 of 'a' is not a value of its dtype bool"),
+    ("a: f64 = True", 19, "the default True of 'a' is not a value of its dtype f64"),
+    ("a: i64 = 99999999999999999999", 19, "the constant 99999999999999999999 does not fit "
+                                          "in i64"),
+    ("a: const i32 = 3000000000", 25, "does not fit in i32"),
+    ("a: f32 = 1e39", 19, "is beyond the range of f32"),
+])
+def test_a_default_must_be_a_value_of_its_dtype(param, col, text):
+    source = f"def f(x, {param}):\n    return x * a\n"
+    err = load_error(source)
+    assert (err.line, err.col) == (1, col), str(err)
+    assert text in err.message
+    assert_well_formed(err, source)
+
+
+def test_an_integer_default_of_a_float_parameter_is_a_float():
+    # `a: f64 = 2` was the integer 2: i64 * a gave an i64 array.
+    m = dsl.loads("def f(n: i64[3], a: f64 = 2, k: const i64 = -3):\n    return n * a + k\n")
+    out = m.f(np.array([1, 2, 3]))
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [-1.0, 1.0, 3.0])
+
+
 # ------------------------------------------------------- checkpoint interval
 
 EVERY = """
