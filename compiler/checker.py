@@ -108,7 +108,9 @@ class _Function:
     def decorator_args(d: ast.Decorator) -> None:
         """Only `@recompute(every=K)` takes an argument: a positive integer
         literal, the checkpoint interval of the function's loops."""
-        for k in d.args:
+        for i, k in enumerate(d.args):
+            if any(k.name == earlier.name for earlier in d.args[:i]):
+                raise GradError(f"keyword argument {k.name!r} repeated", k.span)
             if d.name != "recompute" or k.name != "every":
                 raise GradError(f"@{d.name} takes no argument {k.name!r}"
                                 + (" (only every=)" if d.name == "recompute" else ""), k.span)

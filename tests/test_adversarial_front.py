@@ -192,6 +192,14 @@ def test_an_interval_beyond_i64_is_an_error_at_load():
     assert_well_formed(err, source)
 
 
+def test_a_repeated_interval_is_an_error_at_the_second():
+    # The first was used and the second ignored.
+    source = EVERY.format(every="2, every=3")
+    err = load_error(source)
+    assert (err.line, err.col) == (2, 21) and "keyword argument 'every' repeated" in err.message
+    assert_well_formed(err, source)
+
+
 def test_an_interval_longer_than_the_loop_runs_it_as_one_segment():
     # every * step overflowed i64 (2**62 * 4): OverflowError at the call.
     m = dsl.loads(EVERY.format(every=2 ** 62))
