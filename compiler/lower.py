@@ -203,8 +203,10 @@ class Lowerer:
         """The parameters `wrt` names: positions of float array parameters."""
         names = []
         for w in wrt_items:
+            if isinstance(w, Sym):
+                raise NeedsConcrete("a size is a wrt position")
             if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
-                got = repr(w) if isinstance(w, int) else "a value computed at run time"
+                got = repr(w) if is_static(w) else "a value computed at run time"
                 raise GradError(f"wrt must be parameter positions of {fdef.name}() "
                                 f"(0 to {len(fdef.params) - 1}), got {got}", span)
             name = fdef.params[w].name

@@ -139,6 +139,20 @@ def test_a_float_power_that_overflows_says_so():
     assert (info.value.line, info.value.col) == (2, 17)
 
 
+@pytest.mark.parametrize("wrt,got", [
+    # a compile-time float or tuple was called "a value computed at run time"
+    ("1.5", "got 1.5"), ("((0,),)", "got (0,)"), ("x.shape[0]", "got 3"),
+    ("sum(x) > 0.0", "got a value computed at run time"), ("2", "got 2"),
+])
+def test_a_bad_wrt_is_named_as_it_is(wrt, got):
+    m = dsl.loads(f"def h(x, y):\n    return sum(x * y)\ndef f(x):\n"
+                  f"    return grad(h, wrt={wrt})(x, x)\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(X)
+    assert info.value.message == f"wrt must be parameter positions of h() (0 to 1), {got}"
+    assert (info.value.line, info.value.col) == (4, 12)
+
+
 # --------------------------------------------------------------- defaults
 
 @pytest.mark.parametrize("param,col,text", [
