@@ -69,6 +69,22 @@ def read_source(path: Path, span: Span) -> str:
                         data.decode("utf-8", "replace")) from None
 
 
+def _no_param_named_like_a_function(module: ast.Module, ns: Namespace) -> None:
+    """A param and a function of one name (one of them imported) would make
+    the name a value in one place and a function in another; the error is
+    at the module's own declaration of either, else at the import."""
+    for name in sorted(ns.params.keys() & ns.functions.keys()):
+        fdef, home = ns.functions[name]
+        if ns.params[name] in module.params:
+            span, what = ns.params[name].span, "an imported function"
+        elif home is ns:
+            span, what = fdef.span, "a param of an imported module"
+        else:
+            span = next(i.span for i in module.imports if name in (i.names or ()))
+            what = "a param of another imported module"
+        raise GradError(f"{name!r} is already defined, as {what}", span)
+
+
 def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namespace:
     loading: dict[str, Optional[Namespace]] = {} if _loading is None else _loading
     ns = Namespace(module)
@@ -112,6 +128,7 @@ def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namesp
             raise GradError(f"param {p.name!r} is already declared"
                             + ("" if own else " by an import"), p.span)
         ns.params[p.name] = p
+    _no_param_named_like_a_function(module, ns)
     try:
         check(module, ns)
     except GradError as err:

@@ -252,6 +252,36 @@ def test_a_file_not_in_utf8_is_an_error_at_the_bad_byte(tmp_path, importer):
     assert str(err).splitlines()[-1] == " " * 13 + "^"
 
 
+@pytest.mark.parametrize("main,line,col,text", [
+    # loaded; `relu(x)` then failed at the call: "'relu' is a value, not a function"
+    ("param relu: f64\nfrom std import relu\ndef f(x):\n    return relu(x) * relu\n", 1, 1,
+     "'relu' is already defined, as an imported function"),
+    ("from a import g\ndef w(x):\n    return g(x)\n", 2, 5,
+     "'w' is already defined, as a param of an imported module"),
+    ("import a\nfrom b import w\ndef f(x):\n    return w(x)\n", 2, 1,
+     "'w' is already defined, as a param of another imported module"),
+])
+def test_a_param_and_a_function_may_not_share_a_name_across_imports(tmp_path, main, line,
+                                                                     col, text):
+    (tmp_path / "a.grad").write_text("param w: f64\ndef g(x):\n    return x * w\n")
+    (tmp_path / "b.grad").write_text("def w(x):\n    return x\n")
+    (tmp_path / "main.grad").write_text(main)
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(tmp_path / "main.grad")
+    err = info.value
+    assert (err.file, err.line, err.col) == (str(tmp_path / "main.grad"), line, col), str(err)
+    assert err.message == text
+    assert_well_formed(err, main)
+
+
+def test_an_imported_param_without_a_namesake_is_still_set_from_the_importer(tmp_path):
+    (tmp_path / "a.grad").write_text("param w: f64\ndef g(x):\n    return x * w\n")
+    (tmp_path / "main.grad").write_text("from a import g\ndef f(x):\n    return g(x)\n")
+    m = dsl.load(tmp_path / "main.grad")
+    m.params["w"] = 3.0
+    assert m.f(2.0) == 6.0 and dsl.grad(m.f, wrt=(0, "w"))(2.0) == (3.0, 2.0)
+
+
 # ---------------------------------- mutated programs: right or a clean error
 
 # Differentiable programs without grad blocks (a mutated hand-written block
