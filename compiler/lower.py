@@ -499,7 +499,10 @@ class Lowerer:
                                     span)
             try:
                 return _fold(op, left, right)
-            except (ZeroDivisionError, OverflowError, ValueError) as err:
+            except ZeroDivisionError:  # Python says "float modulo" for 3.0 % 0.0
+                raise GradError("compile-time arithmetic failed: division by zero",
+                                span) from None
+            except (OverflowError, ValueError) as err:
                 raise GradError(f"compile-time arithmetic failed: {err}", span) from None
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)

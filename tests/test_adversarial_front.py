@@ -129,6 +129,16 @@ def test_keepdims_from_a_const_argument_still_works():
     assert m.f(X).shape == (1,) and m.f(X, False).shape == ()
 
 
+@pytest.mark.parametrize("expr", ["3.0 % 0.0", "3 % 0", "3 // 0", "2.5 // 0.0", "1 / 0"])
+def test_a_compile_time_division_by_zero_says_so(expr):
+    # 3.0 % 0.0 said "compile-time arithmetic failed: float modulo"
+    m = dsl.loads(f"def f(x):\n    return x * ({expr})\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(X)
+    assert info.value.message == "compile-time arithmetic failed: division by zero"
+    assert (info.value.line, info.value.col) == (2, 17)
+
+
 def test_a_float_power_that_overflows_says_so():
     # The message was OverflowError's tuple: (34, 'Numerical result out of range').
     m = dsl.loads("def f(x):\n    return x * (10.0 ** 400)\n", "bad.grad")
