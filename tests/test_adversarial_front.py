@@ -343,7 +343,8 @@ def f(x, y):
 """,
 ]
 
-_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+\.?\d*(?:e-?\d+)?|\*\*|[-+*/@]|\s+|.", re.S)
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+\.?\d*(?:e-?\d+)?|\*\*|//|[-+*/@%]|\s+|.",
+                    re.S)
 # A token is swapped for one of its kind, so that most mutants still parse
 # and the property reaches the checker, the lowering and the gradients.
 _KINDS = [
@@ -352,7 +353,7 @@ _KINDS = [
      "grad", "f"],
     ["x", "y", "a", "b", "h", "z", "m", "i", "x[1:]", "y.T", "(x * y)", "sum(x)", "x.shape[0]",
      "(x, y)", "[x]", "True", "2.0", "0"],
-    ["+", "-", "*", "/", "**", "@", "<", "==", ","],
+    ["+", "-", "*", "/", "**", "@", "//", "%", "<", "==", ","],
     ["0", "1", "2", "0.5", "3", "1e-3", "2.0", "100.0", "-1.0", "x.shape[0]", "x"],
 ]
 
