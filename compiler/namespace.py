@@ -39,6 +39,22 @@ class Namespace:
             return self.modules[func.value.id].functions.get(func.name)
         return None
 
+    def source_of(self, file: str) -> Optional[str]:
+        """The text of `file` when it is this module or one its imports
+        reach (an error's span may name any of them), else None."""
+        seen: set[int] = set()
+        todo = [self]
+        while todo:
+            ns = todo.pop()
+            if id(ns) in seen:
+                continue
+            seen.add(id(ns))
+            if ns.module.file == file:
+                return ns.module.source
+            todo += ns.modules.values()
+            todo += (home for _, home in ns.functions.values())
+        return None
+
 
 def param_reads(fdef: ast.FuncDef, ns: Namespace) -> tuple[str, ...]:
     """The module params a function reads, directly or through calls.

@@ -166,7 +166,7 @@ def check_linearity(namespace: Namespace) -> None:
                 Lowerer(namespace).lower_entry(fdef, types)
                 break
             except NotLinear as err:
-                raise err.with_source(_source_of(namespace, err.span.file)) from None
+                raise err.with_source(namespace.source_of(err.span.file)) from None
             except (GradError, NeedsConcrete, RecursionError):
                 continue  # an error of this signature, not of the blocks
 
@@ -203,11 +203,6 @@ def _representative_types(fdef: ast.FuncDef, namespace: Namespace
     return candidates
 
 
-def _source_of(namespace: Namespace, file: str) -> Optional[str]:
-    modules = [namespace.module] + [ns.module for _, ns in namespace.functions.values()]
-    return next((m.source for m in modules if m.file == file), None)
-
-
 def too_deep(source: str, file: str) -> GradError:
     """Nesting beyond Python's recursion limit, reported at the line with
     the most brackets and operators (where the nesting must be)."""
@@ -221,14 +216,13 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
                 types: dict[str, TensorType]) -> Function:
     """`fdef` (defined in `namespace`'s module) lowered for `types`: its
     parameters passed, then the params it reads.  A `GradError` carries
-    the module's source, for the caret line."""
-    source = namespace.module.source
+    the source of the module it points into, for the caret line."""
     try:
         return Lowerer(namespace).lower_entry(fdef, types)
     except GradError as err:
-        raise err.with_source(source)
+        raise err.with_source(namespace.source_of(err.span.file))
     except RecursionError:
-        raise too_deep(source, fdef.span.file) from None
+        raise too_deep(namespace.module.source, fdef.span.file) from None
 
 
 # ----------------------------------------------------------- transforms

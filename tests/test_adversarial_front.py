@@ -292,6 +292,22 @@ def test_an_imported_param_without_a_namesake_is_still_set_from_the_importer(tmp
     assert m.f(2.0) == 6.0 and dsl.grad(m.f, wrt=(0, "w"))(2.0) == (3.0, 2.0)
 
 
+@pytest.mark.parametrize("main", [
+    "import shp\n\ndef f(x):\n    return shp.g(x, stack([x, x, x], axis=1))\n",
+    "from shp import g\n\ndef f(x):\n    return g(x, stack([x, x, x], axis=1))\n",
+])
+def test_an_error_in_an_imported_function_shows_that_files_line(tmp_path, main):
+    # The caret line was the importer's line 2 (blank here) under shp.grad:2:12.
+    (tmp_path / "shp.grad").write_text("def g(x, y):\n    return x + y\n")
+    (tmp_path / "main.grad").write_text(main)
+    m = dsl.load(tmp_path / "main.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones(2))
+    err = info.value
+    assert (err.file, err.line, err.col) == (str(tmp_path / "shp.grad"), 2, 12)
+    assert str(err).splitlines()[1:] == ["        return x + y", " " * 15 + "^^^^^"]
+
+
 # ---------------------------------- mutated programs: right or a clean error
 
 # Differentiable programs without grad blocks (a mutated hand-written block
