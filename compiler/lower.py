@@ -28,6 +28,7 @@ from gradlang.compiler.builder import Builder, coerce, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import Atom, Function, Lit, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
+from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, cast, is_static,
@@ -111,6 +112,8 @@ class Lowerer:
             if fdef.grads or fdef.decorators:
                 return lower_staged(self, b, fdef, ns, inputs, span)
             return self.block(b, fdef.body, inputs)
+        except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
+            raise too_deep(ns.module.source, ns.module.file) from None
         finally:
             self.call_stack.pop()
 

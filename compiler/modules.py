@@ -18,7 +18,7 @@ from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS
 from gradlang.compiler.checker import check
 from gradlang.compiler.namespace import Namespace
-from gradlang.compiler.parser import parse
+from gradlang.compiler.parser import parse, too_deep
 from gradlang.runtime.errors import GradError, Span
 
 STDLIB = Path(__file__).resolve().parent / "stdlib"
@@ -133,4 +133,6 @@ def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namesp
         check(module, ns)
     except GradError as err:
         raise err.with_source(module.source)
+    except RecursionError:
+        raise too_deep(module.source, module.file) from None
     return ns

@@ -140,7 +140,7 @@ def parse_with_lark(source: str, file: str = "<string>") -> ast.Module:
         if isinstance(err.orig_exc, GradError):
             raise err.orig_exc.with_source(source) from None
         if isinstance(err.orig_exc, RecursionError):
-            raise err.orig_exc from None  # reported by the caller as nesting
+            raise too_deep(source, file) from None
         raise GradError(f"cannot parse: {err.orig_exc}",
                         Span(file, 1, 1), source) from None
     except lark.exceptions.UnexpectedInput as err:
@@ -152,6 +152,19 @@ def parse_with_lark(source: str, file: str = "<string>") -> ast.Module:
     except lark.exceptions.LarkError as err:
         raise GradError(f"cannot parse: {err}", Span(file, 1, 1),
                         source) from None
+    except RecursionError:
+        raise too_deep(source, file) from None
+
+
+def too_deep(source: str, file: str) -> GradError:
+    """Nesting beyond Python's recursion limit in `file`, reported at the line
+    with the most brackets and operators (where the nesting must be): by
+    the parser, and by the checker and the lowering for the module whose
+    code they were in."""
+    lines = lines_of(source)
+    score = [sum(line.count(c) for c in "([-+*/not") for line in lines]
+    line = score.index(max(score)) + 1
+    return GradError("expression is nested too deeply", Span(file, line, 1), source)
 
 
 def lines_of(source: str) -> list[str]:

@@ -148,8 +148,6 @@ def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
         return module, namespace
     except GradError as err:
         raise err.with_source(source)
-    except RecursionError:
-        raise too_deep(source, file) from None
 
 
 def check_linearity(namespace: Namespace) -> None:
@@ -203,15 +201,6 @@ def _representative_types(fdef: ast.FuncDef, namespace: Namespace
     return candidates
 
 
-def too_deep(source: str, file: str) -> GradError:
-    """Nesting beyond Python's recursion limit, reported at the line with
-    the most brackets and operators (where the nesting must be)."""
-    lines = source.split("\n")
-    score = [sum(line.count(c) for c in "([-+*/not") for line in lines]
-    line = score.index(max(score)) + 1
-    return GradError("expression is nested too deeply", Span(file, line, 1), source)
-
-
 def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
                 types: dict[str, TensorType]) -> Function:
     """`fdef` (defined in `namespace`'s module) lowered for `types`: its
@@ -221,8 +210,6 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
         return Lowerer(namespace).lower_entry(fdef, types)
     except GradError as err:
         raise err.with_source(namespace.source_of(err.span.file))
-    except RecursionError:
-        raise too_deep(namespace.module.source, fdef.span.file) from None
 
 
 # ----------------------------------------------------------- transforms

@@ -7,6 +7,7 @@ central differences, or it raises a well-formed `GradError`."""
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -306,6 +307,39 @@ def test_an_error_in_an_imported_function_shows_that_files_line(tmp_path, main):
     err = info.value
     assert (err.file, err.line, err.col) == (str(tmp_path / "shp.grad"), 2, 12)
     assert str(err).splitlines()[1:] == ["        return x + y", " " * 15 + "^^^^^"]
+
+
+def test_nesting_too_deep_in_an_imported_file_is_reported_in_that_file(tmp_path):
+    # Reported at the importer's line with the most brackets (here 5).
+    (tmp_path / "deep.grad").write_text("def g(x):\n    return " + "x + " * 2000 + "x\n")
+    for main in ("import deep\n\n\ndef f(x):\n    return deep.g(x) * (((x)))\n",
+                 "from deep import g\ndef f(x):\n    return g(x) * (((x)))\n"):
+        (tmp_path / "main.grad").write_text(main)
+        with pytest.raises(dsl.GradError, match="nested too deeply") as info:
+            dsl.load(tmp_path / "main.grad")
+        assert (info.value.file, info.value.line) == (str(tmp_path / "deep.grad"), 2)
+        assert_well_formed(info.value, (tmp_path / "deep.grad").read_text())
+
+
+def test_nesting_too_deep_to_lower_is_reported_in_the_file_of_the_code(tmp_path):
+    # Lowering recursion in an imported function was put on the entry module.
+    (tmp_path / "flat.grad").write_text("def g(x):\n    return " + "x + " * 150 + "x\n")
+    (tmp_path / "main.grad").write_text("import flat\n\n\ndef f(x):\n"
+                                        "    return flat.g(x) * (((x)))\n")
+    m = dsl.load(tmp_path / "main.grad")
+    depth = 0
+    frame = sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 250)  # room to reach g, not to lower its sum
+    try:
+        with pytest.raises(dsl.GradError, match="nested too deeply") as info:
+            m.f(X)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert (info.value.file, info.value.line) == (str(tmp_path / "flat.grad"), 2)
+    np.testing.assert_allclose(m.f(X), 151 * X * X)  # with the usual limit, it lowers
 
 
 # ---------------------------------- mutated programs: right or a clean error
