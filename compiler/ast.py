@@ -8,7 +8,7 @@ dtypes of call arguments; those are bound at call time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Union
 
 from gradlang.runtime.errors import Span
@@ -299,3 +299,37 @@ class Module:
 
     def func(self, name: str) -> FuncDef | None:
         return next((f for f in self.funcs if f.name == name), None)
+
+
+class _Text(str):
+    """Text `dump` writes as it is (a delimiter), not as a repr."""
+
+
+def dump(node) -> str:
+    """`repr(node)`, written with a stack of its own instead of Python's: a
+    tree is as deep as its deepest expression, and the parser accepts
+    expressions deeper than recursion into repr can print (`gradc show
+    --emit ast` of `return - - ... - x`, 400 deep, raised RecursionError)."""
+    out: list[str] = []
+    todo: list = [node]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, _Text):
+            out.append(item)
+            continue
+        if is_dataclass(item) and not isinstance(item, type):
+            shown = [f for f in fields(item) if f.repr]
+            parts: list = [_Text(f"{type(item).__name__}(")]
+            for i, f in enumerate(shown):
+                parts += [_Text(f"{', ' if i else ''}{f.name}="), getattr(item, f.name)]
+            parts.append(_Text(")"))
+        elif type(item) is tuple:
+            parts = [_Text("(")]
+            for i, element in enumerate(item):
+                parts += [_Text(", ")] * bool(i) + [element]
+            parts.append(_Text(",)" if len(item) == 1 else ")"))
+        else:
+            out.append(repr(item))
+            continue
+        todo += reversed(parts)
+    return "".join(out)

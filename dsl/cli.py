@@ -31,7 +31,7 @@ import numpy as np
 
 import dsl
 from dsl.aot import OutputError, SignatureError
-from gradlang.compiler import pipeline
+from gradlang.compiler import ast, pipeline
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import GradError
 from gradlang.runtime.params import ParamError
@@ -145,7 +145,7 @@ def cmd_show(args) -> int:
     if stage == "check":
         for f in module._ast.funcs:
             if args.fn in (None, f.name):
-                print(f)
+                print(ast.dump(f))
         return 0
     if args.sig:
         sigs = args.sig

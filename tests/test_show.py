@@ -152,3 +152,21 @@ def test_llvm_shows_each_kernel_for_the_loop_it_runs(tmp_path, capsys):
     # the sum reads x; the product reads x and the scalar, and writes one array
     assert sorted(sig.count("[::1]") for _, sig in headers) == [2, 3]
     assert all(f"{name}_serial" in out for name, _ in headers)
+
+
+@pytest.mark.parametrize("expr", ["-" * 400 + "x", "x" + " + x" * 400])
+def test_the_ast_of_a_deep_expression_that_loads_is_shown(tmp_path, capsys, expr):
+    # print(fdef) recursed once per level of the tree: RecursionError.
+    path = tmp_path / "deep.grad"
+    path.write_text(f"def f(x):\n    return {expr}\n")
+    text = show(capsys, str(path), "--emit", "ast")
+    assert text.startswith("FuncDef(name='f', params=(Param(name='x', ann=None")
+    assert text.count("UnaryOp(op='-'" if expr[0] == "-" else "BinOp(op='+'") == 400
+
+
+def test_the_ast_printer_writes_what_repr_writes():
+    from gradlang.compiler import ast
+    from gradlang.compiler.parser import parse
+    module = parse((ROOT / "examples" / "leaky_relu.grad").read_text()
+                   + "def g(x, k: const i64 = 2):\n    return (x,)[0] * k\n", "t.grad")
+    assert ast.dump(module) == repr(module)
