@@ -22,7 +22,7 @@ of `n` rows, and returns a `RowSplit`:
   runs on its own.
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
-block's).  A value reduced over the batch that is then used row by row
+block's; `with_sizes` makes a function's sizes the whole array's).  A value reduced over the batch that is then used row by row
 (`x - mean(x, axis=0)`), an op that moves data between rows (a slice of
 the batch axis, a reshape merging it, `x @ x.T`), raises `GradError` at the
 op's source line, naming it.
@@ -60,7 +60,7 @@ class RowSplit:
 
 
 def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
-    fn = optimize(_with_batch_size(fn, n))
+    fn = optimize(with_sizes(fn, {BATCH.factors[0]: n}))
     state: dict[Var, str] = {p: ROWS if _batch_axes(p) == [0] else CONST for p in fn.params}
     kinds: dict[Var, str] = {}
     origin: dict[Var, Optional[Span]] = {}  # the reduction a reduced value comes from
@@ -170,15 +170,15 @@ def _mixes(eqn: Eqn, why: str, origin: Optional[Span]) -> GradError:
                     "(compute them first)", eqn.span or origin)
 
 
-def _with_batch_size(fn: Function, n: int) -> Function:
-    """fn with every size computed from the batch symbol (`dim`: a mean's
-    count) a literal of the whole batch's, not a block's."""
+def with_sizes(fn: Function, sizes: dict[str, int]) -> Function:
+    """fn with every size computed from the symbols `sizes` binds (`dim`:
+    a mean's count) a literal of the whole array's, not a block's."""
     subst: dict[Var, Lit] = {}
     eqns = []
     for eqn in fn.eqns:
         value = eqn.p.get("value") if eqn.op == "dim" else None
-        if isinstance(value, Sym) and BATCH.factors[0] in value.factors:
-            subst[eqn.out] = Lit(evaluate(value, {BATCH.factors[0]: n}), eqn.out.type)
+        if isinstance(value, Sym) and any(f in sizes for f in value.factors):
+            subst[eqn.out] = Lit(evaluate(value, sizes), eqn.out.type)
             continue
         eqns.append(replace(eqn, inputs=tuple(subst.get(a, a) if isinstance(a, Var) else a
                                               for a in eqn.inputs)))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from gradlang.compiler.batching import BATCH, split_rows
+from gradlang.compiler.batching import BATCH, split_rows, with_sizes
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
@@ -223,10 +223,12 @@ class _Plan:
                             err.span, err.source) from None
         self.split = split_rows(fn, n, f.span)
         if self.split.elementwise:  # sizes symbolic along every axis: blocks of any shape
-            rank = len(bound[next(iter(batch))].shape)
-            every_axis = (BATCH,) + tuple(Sym.named(f"axis{i}") for i in range(1, rank))
-            self.block = _Runner(optimize(f.lower_as(bound, dict.fromkeys(batch, every_axis))),
-                                 f.target)
+            shape = bound[next(iter(batch))].shape
+            every_axis = (BATCH,) + tuple(Sym.named(f"axis{i}") for i in range(1, len(shape)))
+            # a count (a mean's) is still the whole array's, not a block's
+            whole = {d.factors[0]: size for d, size in zip(every_axis, shape)}
+            fn = with_sizes(f.lower_as(bound, dict.fromkeys(batch, every_axis)), whole)
+            self.block = _Runner(optimize(fn), f.target)
         else:
             self.block = _Runner(self.split.block, f.target)
         self.block.program()  # compiled now, in this process

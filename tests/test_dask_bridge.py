@@ -94,6 +94,21 @@ def test_an_elementwise_function_on_a_2d_array_chunked_along_both_axes():
     np.testing.assert_allclose(gy.compute(), 2 * x, rtol=1e-15)
 
 
+def test_the_gradient_of_a_mean_divides_by_the_whole_array_not_a_block():
+    """Its gradient w.r.t. the batch alone is elementwise (a constant over
+    the count): each block runs on its own, still dividing by every
+    element of the array, along both axes of a 2-d chunking too."""
+    m = dsl.loads("def f(x):\n    return mean(x)\n\n"
+                  "def g(x: f64[n, k]):\n    return sum(mean(x * x, axis=0))\n")
+    x = RNG.normal(size=(10, 3))
+    for chunks in (((2, 5, 3), (3,)), ((2, 5, 3), (1, 2))):
+        xs = da.from_array(x, chunks=chunks)
+        np.testing.assert_allclose(dsl.grad(m.f)(xs).compute(), np.full(x.shape, 1 / 30),
+                                   rtol=1e-15)
+        np.testing.assert_allclose(dsl.grad(m.g)(xs).compute(), 2 * x / 10, rtol=1e-15)
+        np.testing.assert_allclose(m.f(xs).compute(), x.mean(), rtol=1e-15)
+
+
 def test_max_and_a_matmul_contracting_the_batch_combine_over_blocks():
     m = dsl.loads("def f(x):\n    return max(x, axis=0) + mean(x)\n\n"
                   "def gram(x, w):\n    return sum((x.T @ x) * w)\n")
