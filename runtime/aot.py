@@ -45,11 +45,14 @@ class AotModule:
         """Make `namespace` (a compiled module's globals) hold `params`,
         `functions`, and each function under its own name, unless the
         module already uses that name (SPEC, a dunder, ...), so no
-        function name, a keyword included, can break the module."""
+        function name, a keyword included, can break the module.  A
+        function an earlier run of the module exported (before
+        `importlib.reload`) is replaced."""
         namespace["params"] = self.params
         namespace["functions"] = dict(self.functions)
         for fname, function in self.functions.items():
-            namespace.setdefault(fname, function)
+            if isinstance(namespace.get(fname, function), AotFunction):  # not the module's
+                namespace[fname] = function
 
     def driver(self, program: dict):
         key = (program["kernels"], program["driver"])
