@@ -2,7 +2,8 @@
 
 Contract: `compile_module(path, out_dir, sigs)` writes `out_dir/NAME.py`
 (NAME is the `.grad` file's stem) and one kernel file per distinct kernel
-source beside it.  The module imports only NumPy, Numba and the `runtime`
+source beside it, once every signature has lowered (a bad one writes
+nothing).  The module imports only NumPy, Numba and the `runtime`
 package (`runtime.aot`), never the parser or compiler.  It exposes each
 function as an attribute (`getattr(m, "lambda")` for a Python keyword)
 and in `m.functions`; a function named like one of the module's own names
@@ -191,12 +192,10 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],
                   "functions": {}}
     samples: list[tuple[str, str, list[np.ndarray], dict]] = []
+    kernel_files: dict[Path, str] = {}
     for text in sig_texts:
         name, args = parse_sig(text)
-        if name not in functions:
-            raise SignatureError(f"signature {text!r} names no function of {path} "
-                                 f"(it defines: {', '.join(functions)})")
-        f = functions[name]
+        f = signed(functions, name, text, path)
         types = _types(f, args, text)
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
@@ -218,14 +217,25 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         for kind, fn, fn_types in transforms:
             generated = generate(optimize(_lower(f, fn, fn_types, args)), target)
             kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
-            _write(out / f"{kernels}.py", generated.kernel_source)
+            kernel_files[out / f"{kernels}.py"] = generated.kernel_source
             program = {"kernels": kernels, "driver": generated.driver_source}
-            samples.append((name, kind, [_sample(t) for t in fn_types.values()], program))
+            if precompile:
+                samples.append((name, kind, _samples(fn_types, text), program))
             entry["programs"].append((kind, key, program))
+    for kernel_file, kernel_source in kernel_files.items():  # every signature worked
+        _write(kernel_file, kernel_source)
     _write(target_file, _module_source(path, sig_texts, spec))
     if precompile:
         _precompile(target_file, samples, progress)
     return target_file
+
+
+def signed(functions: dict[str, GradFn], name: str, sig: str, path: str) -> GradFn:
+    """The function a signature names, or `SignatureError`."""
+    if name not in functions:
+        raise SignatureError(f"signature {sig!r} names no function of {path} "
+                             f"(it defines: {', '.join(functions) or 'none'})")
+    return functions[name]
 
 
 def value_needed(f: GradFn, err: NeedsValue) -> SignatureError:
@@ -255,13 +265,24 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
         raise
 
 
-def _sample(t) -> np.ndarray:
-    """A small argument of type t (every symbolic size 3), to run a program
-    on once."""
-    if isinstance(t, StaticScalar):
-        return np.asarray(t.value, NUMPY[t.dtype])
-    shape = tuple(d if isinstance(d, int) else d.coef * 3 ** len(d.factors) for d in t.shape)
-    return np.ones(shape, NUMPY[t.dtype])
+def _samples(types: dict, sig: str) -> list[np.ndarray]:
+    """Small arguments of these types (every symbolic size 3), to run a
+    program on once; `SignatureError` for those NumPy cannot make."""
+    samples = []
+    for t in types.values():
+        if isinstance(t, StaticScalar):
+            samples.append(np.asarray(t.value, NUMPY[t.dtype]))
+            continue
+        shape = tuple(d if isinstance(d, int) else d.coef * 3 ** len(d.factors)
+                      for d in t.shape)
+        try:
+            samples.append(np.ones(shape, NUMPY[t.dtype]))
+        except (ValueError, MemoryError) as err:
+            raise SignatureError(f"cannot compile {sig!r} now: it is compiled by running it "
+                                 f"once, on arrays of these sizes (a symbolic size as 3), and "
+                                 f"NumPy cannot make one of shape {list(shape)} ({err})") \
+                from None
+    return samples
 
 
 def _declared(module: Module) -> list[str]:

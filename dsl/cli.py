@@ -138,7 +138,7 @@ def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
     (on the value and gradient for `grad-` stages, on the outputs and their
     tangents along every float argument for `jvp-` stages) and print it."""
-    from dsl.aot import _lower, _types, default_sig, parse_sig
+    from dsl.aot import _lower, _types, default_sig, parse_sig, signed
     from dsl.forward import jvp_function
     module = _load(args.file)
     stage, transform = pipeline.stage_of(args.emit)
@@ -154,7 +154,7 @@ def cmd_show(args) -> int:
         sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
     for sig in sigs:
         name, sig_args = parse_sig(sig)
-        f = _lookup(module, name, args.file)
+        f = signed(module.functions, name, sig, args.file)
         if args.fn and name != args.fn:
             continue
         types = _types(f, sig_args, sig)
@@ -251,14 +251,17 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _at_least(minimum: int, what: str):
+    """An argparse type: an integer of at least `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,8 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "(f64) and with the f64 gradient (f32); NaN/Inf gradients fail")
     check.add_argument("path", help="a .grad file or a directory of them")
     check.add_argument("--fn", help="only this function")
-    check.add_argument("--order", type=_positive, default=2, help="highest order (default 2)")
-    check.add_argument("--seed", type=int, default=0, help="seed of the random points")
+    check.add_argument("--order", type=_at_least(1, "a positive integer"), default=2,
+                       help="highest order (default 2)")
+    check.add_argument("--seed", type=_at_least(0, "a non-negative integer"), default=0,
+                       help="seed of the random points")
     check.set_defaults(func=cmd_check)
     comp = sub.add_parser("compile", help="write an importable module of compiled kernels")
     comp.add_argument("file")

@@ -4,10 +4,15 @@ bridges to PyTorch, JAX and Dask."""
 
 import importlib
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dsl.aot import compile_module
+from dsl.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def test_reloading_a_recompiled_module_runs_the_new_source(tmp_path, monkeypatch):
@@ -24,3 +29,27 @@ def test_reloading_a_recompiled_module_runs_the_new_source(tmp_path, monkeypatch
     np.testing.assert_array_equal(scaled.f(np.ones(2)), [7.0, 7.0])
     np.testing.assert_array_equal(scaled.functions["f"](np.ones(2)), [7.0, 7.0])
     np.testing.assert_array_equal(scaled.f.grad(np.ones(2)), [7.0, 7.0])
+
+
+LOG1PEXP = str(EXAMPLES / "log1pexp.grad")
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["check", LOG1PEXP, "--seed", "-1"], "--seed"),
+    (["show", LOG1PEXP, "--emit", "ir", "--sig", "nope(f64[:])"], "names no function"),
+    # sample arguments that NumPy cannot make (run once to compile now)
+    (["compile", LOG1PEXP, "--sig", "log1pexp(f64[99999999999999999999999])"],
+     "cannot compile 'log1pexp(f64[99999999999999999999999])' now"),
+    (["compile", LOG1PEXP, "--sig", f"log1pexp(f64[{', '.join(['1'] * 65)}])"],
+     "cannot compile 'log1pexp(f64["),
+])
+def test_bad_flags_are_usage_errors_without_a_traceback(argv, text, tmp_path, capsys):
+    try:
+        status = main(argv + (["-o", str(tmp_path)] if argv[0] == "compile" else []))
+    except SystemExit as exit:  # argparse's own usage errors
+        status = exit.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and text in err, err
+    assert "Traceback" not in err
+    assert not list(tmp_path.glob("*.py"))  # no module written
