@@ -19,8 +19,8 @@ the NumPy view of its memory and results come back as tensors over the
 kernels' output arrays; for a module loaded with target="cuda", CUDA
 tensors go to the kernels through `__cuda_array_interface__` and results
 come back the same way.  Float tensors must be f32 or f64 (integer and
-bool tensors are constants); a tensor of another dtype, one on a device
-the module's target does not run on, one of a `torch.func` transform
+bool tensors are constants); a tensor of another dtype, a sparse one, one
+on a device the module's target does not run on, one of a `torch.func` transform
 (whose wrappers have no memory the kernels could read: use torch.autograd),
 or one requiring grad for a parameter without a gradient (const or
 integer) is an `ArgumentError` before anything runs.  torch is imported
@@ -141,7 +141,7 @@ def _constant_views(args: tuple) -> "list[np.ndarray] | None":
     views = []
     for t in args:
         if type(t) is not _TENSOR[0] or t.requires_grad or not t.is_cpu \
-                or t.dtype not in _NUMPY or _WRAPPED[0](t):
+                or t.dtype not in _NUMPY or _WRAPPED[0](t) or t.layout is not _STRIDED[0]:
             return None
         views.append(t.numpy())
     return views
@@ -163,6 +163,7 @@ _TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
 _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
+_STRIDED: list = []  # torch.strided, the layout of dense tensors
 
 
 def _fill_dtypes(torch) -> None:
@@ -171,6 +172,7 @@ def _fill_dtypes(torch) -> None:
         _NUMPY.update({v: k for k, v in _TORCH.items()})
         _TENSOR.append(torch.Tensor)
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
+        _STRIDED.append(torch.strided)
 
 
 def _array_of(t, f: Compiled, where: str):
@@ -185,6 +187,9 @@ def _array_of(t, f: Compiled, where: str):
         raise ArgumentError(f"{where} is a tensor of a torch.func transform (grad, vmap, "
                             "jvp, ...), which compiled functions do not support; use "
                             "torch.autograd (backward, torch.autograd.grad)", f.span)
+    if t.layout is not _STRIDED[0]:  # no memory of the array's shape to share
+        raise ArgumentError(f"{where} is a tensor of layout {t.layout}; compiled functions "
+                            "take dense tensors (t.to_dense())", f.span)
     view = t.detach()
     view = view.numpy() if view.device.type == "cpu" else view
     if not f.target.is_array(view):

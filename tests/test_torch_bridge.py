@@ -209,6 +209,16 @@ def test_a_tensor_on_another_device_is_an_argument_error():
         f(torch.zeros(3, dtype=torch.float64, device="meta"))
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_sparse_tensor_is_an_argument_error(requires_grad):
+    # torch's TypeError from reading its NumPy view escaped the bridge
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    sparse = torch.zeros(3, dtype=torch.float64).to_sparse().requires_grad_(requires_grad)
+    with pytest.raises(dsl.ArgumentError, match="layout torch.sparse_coo.*to_dense"):
+        f(sparse)
+    np.testing.assert_allclose(f(sparse.to_dense()).detach(), np.full(3, np.log(2.0)))
+
+
 @pytest.mark.parametrize("transform", [torch.func.grad, torch.func.vmap])
 def test_a_torch_func_transform_is_an_argument_error(transform):
     # its wrapper tensors have no storage: reading them raised torch's own
