@@ -3,6 +3,7 @@ command line, imports of `.grad` files and of compiled modules, and the
 bridges to PyTorch, JAX and Dask."""
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -53,3 +54,14 @@ def test_bad_flags_are_usage_errors_without_a_traceback(argv, text, tmp_path, ca
     assert "error: " in err and text in err, err
     assert "Traceback" not in err
     assert not list(tmp_path.glob("*.py"))  # no module written
+
+
+def test_show_llvm_of_a_gradient_compiles_the_kernels_of_loop_bodies_too(capsys):
+    """Each kernel of the program (of a `for` loop's body, forward and
+    backward, too) with the argument types of a loop it runs."""
+    path = str(EXAMPLES / "rnn.grad")
+    assert main(["show", path, "--emit", "grad-kernels"]) == 0
+    kernels = set(re.findall(r"^def (k_[0-9a-f]+)\(", capsys.readouterr().out, re.M))
+    assert main(["show", path, "--emit", "grad-llvm"]) == 0
+    shown = re.findall(r"^; kernel (k_[0-9a-f]+) \(", capsys.readouterr().out, re.M)
+    assert sorted(shown) == sorted(kernels) and kernels
