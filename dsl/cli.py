@@ -15,7 +15,8 @@ usage error.  No Python traceback reaches the user.
     gradc --version
 
 Usage errors: a missing input file, an unreadable argument, a bad
-`--sig`, an unknown `--param`, an output file gradc did not write.
+`--sig`, an unknown, unset or ill-shaped `--param`, a `--target` that
+cannot do what is asked here, an output file gradc did not write.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ import dsl
 from dsl.aot import OutputError, SignatureError
 from gradlang.compiler import ast, pipeline
 from gradlang.runtime import target as targets
-from gradlang.runtime.errors import GradError
+from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamError
+from gradlang.runtime.target import TargetError
 
 
 class UsageError(Exception):
@@ -94,8 +96,10 @@ def _set_params(module: dsl.Module, assignments: Sequence[str]) -> None:
             raise UsageError(f"--param takes NAME=VALUE, got {assignment!r}")
         try:
             module.params[name.strip()] = _parse_arg(text.strip())
-        except ParamError as err:
+        except ParamError as err:  # no such param
             raise UsageError(err.message) from None
+        except ArgumentError as err:  # a value the param cannot take
+            raise UsageError(f"--param {name.strip()}: {err.message}") from None
 
 
 def _lookup(module: dsl.Module, name: str, file: str):
@@ -111,6 +115,10 @@ def cmd_run(args) -> int:
     module = _load(args.file)
     _set_params(module, args.param or ())
     f = _lookup(module, args.fn, args.file)
+    for spec in f.param_specs:
+        if spec.name not in module.params:
+            raise UsageError(f"{args.fn}() reads param {spec.name!r}, which is not set; set "
+                             f"it with --param {spec.name}=VALUE")
     values = [_parse_arg(a) for a in args.args]
     result = f(*values)
     outs = result if isinstance(result, tuple) else (result,)
@@ -326,6 +334,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except (UsageError, OutputError) as err:
         print(f"gradc: error: {err}", file=sys.stderr)
+        return 2
+    except TargetError as err:  # --target names one that cannot do this here
+        print(f"gradc: error: {err.message}", file=sys.stderr)
         return 2
     except SignatureError as err:  # a bad --sig is a usage error
         note = f"\nnote: {err.note}" if err.note else ""

@@ -65,3 +65,30 @@ def test_show_llvm_of_a_gradient_compiles_the_kernels_of_loop_bodies_too(capsys)
     assert main(["show", path, "--emit", "grad-llvm"]) == 0
     shown = re.findall(r"^; kernel (k_[0-9a-f]+) \(", capsys.readouterr().out, re.M)
     assert sorted(shown) == sorted(kernels) and kernels
+
+
+POLY = str(EXAMPLES / "linear_poly.grad")
+
+
+@pytest.mark.parametrize("params,text", [
+    ([], "linear_poly() reads param 'weights', which is not set; set it with "
+         "--param weights=VALUE"),
+    (["--param", "weights=[1, 2, 3]"], "--param weights: param 'weights' has size 3 on axis 0, "
+                                       "but its annotation says 2"),
+    (["--param", "weights=[[1, 2]]"], "--param weights: param 'weights' has rank 2"),
+])
+def test_a_param_run_cannot_use_is_a_usage_error_about_the_flag(params, text, capsys):
+    # these were `error: ...` with exit status 1, and the unset param's
+    # advice was Python's (module.params[...] = ...)
+    assert main(["run", POLY, "linear_poly", "1", *params]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gradc: error: ") and text in err and "weights()" not in err, err
+
+
+def test_a_target_that_cannot_do_what_is_asked_is_a_usage_error(capsys):
+    from gradlang.runtime import cuda
+    if not cuda.SIMULATOR:
+        pytest.skip("a real GPU compiles CUDA kernels to LLVM IR")
+    assert main(["show", str(EXAMPLES / "bar.grad"), "--emit", "llvm", "--target", "cuda"]) == 2
+    assert capsys.readouterr().err == ("gradc: error: the CUDA simulator compiles nothing: the "
+                                       "LLVM IR of CUDA kernels needs a GPU\n")
