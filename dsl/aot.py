@@ -19,14 +19,16 @@ function gets f64 arrays of its annotated (else rank-1) shape.  With
 parallel variant, and Numba's cache beside the module keeps the machine
 code, so importing and calling it later compiles nothing.
 
-No user text (file name, signatures, function names) reaches the module
-but inside repr() literals.  The module's first line is `MARKER`; a file
+The module records its source (path and hash): importing it warns when
+that file is there and has changed since.  No user text (file name,
+signatures, function names) reaches the module but inside repr() literals.  The module's first line is `MARKER`; a file
 without it is never overwritten unless `force=True`.
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import re
 from pathlib import Path
 from typing import Optional
@@ -190,7 +192,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     target = targets.get(target)
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],
-                  "functions": {}}
+                  "functions": {}, "source": _source_stamp(Path(path), out)}
     samples: list[tuple[str, str, list[np.ndarray], dict]] = []
     kernel_files: dict[Path, str] = {}
     for text in sig_texts:
@@ -283,6 +285,16 @@ def _samples(types: dict, sig: str) -> list[np.ndarray]:
                                  f"NumPy cannot make one of shape {list(shape)} ({err})") \
                 from None
     return samples
+
+
+def _source_stamp(source: Path, out: Path) -> tuple[str, str]:
+    """(the source's path from the module's directory, the SHA-256 of its
+    bytes): how a compiled module tells that its source changed since."""
+    try:
+        where = os.path.relpath(source.resolve(), out.resolve())
+    except ValueError:  # another drive (Windows)
+        where = str(source.resolve())
+    return where, hashlib.sha256(source.read_bytes()).hexdigest()
 
 
 def _declared(module: Module) -> list[str]:

@@ -5,7 +5,8 @@ function's parameter specs, the params it reads, and for each signature
 and kind — call, grad, value_and_grad, pullback (arguments and
 cotangents in, one cotangent per differentiated argument out) — the name
 of a kernel file beside it and the source of a plain-Python driver) and
-builds its functions with `AotModule`.  Nothing here imports the parser or
+builds its functions with `AotModule`, which warns when the `.grad` file
+it was compiled from is there and has changed since.  Nothing here imports the parser or
 the compiler: a call binds and validates its arguments (`runtime.args`),
 picks the program by dtype and rank, and runs it; kernels load from files
 beside the module, whose machine code Numba caches there, so a process
@@ -13,7 +14,9 @@ that imports a module compiled with `--sig` neither parses nor compiles.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -34,6 +37,8 @@ class AotModule:
     def __init__(self, name: str, file: str, spec: dict):
         self.name = name
         self.directory = os.path.dirname(os.path.abspath(file))
+        if "source" in spec:
+            _warn_if_changed(name, self.directory, *spec["source"])
         self.target = targets.get(spec.get("target", targets.DEFAULT))
         self.helpers = self.target.helpers
         self.params = ParamStore([ParamSpec(*p) for p in spec["params"]], name)
@@ -61,6 +66,22 @@ class AotModule:
             kernels = load_kernel_file(path)
             self._drivers[key] = make_driver(program["driver"], kernels, self.helpers)
         return self._drivers[key]
+
+
+def _warn_if_changed(name: str, directory: str, source: str, digest: str) -> None:
+    """Warn when the .grad file module `name` was compiled from (`source`,
+    from `directory`) is there and its bytes' SHA-256 is no longer
+    `digest`: the module runs what was compiled, not the file."""
+    path = os.path.join(directory, source)
+    try:
+        with open(path, "rb") as handle:
+            changed = hashlib.sha256(handle.read()).hexdigest() != digest
+    except OSError:  # shipped without its source: nothing to compare
+        return
+    if changed:
+        warnings.warn(f"{os.path.normpath(path)} has changed since gradc compiled this module "
+                      f"({name}), which runs what was compiled then; compile it again with "
+                      f"gradc compile", RuntimeWarning, stacklevel=3)
 
 
 class AotFunction:

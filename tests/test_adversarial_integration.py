@@ -5,6 +5,7 @@ bridges to PyTorch, JAX and Dask."""
 import importlib
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,30 @@ def test_a_target_that_cannot_do_what_is_asked_is_a_usage_error(capsys):
     assert main(["show", str(EXAMPLES / "bar.grad"), "--emit", "llvm", "--target", "cuda"]) == 2
     assert capsys.readouterr().err == ("gradc: error: the CUDA simulator compiles nothing: the "
                                        "LLVM IR of CUDA kernels needs a GPU\n")
+
+
+def test_a_compiled_module_warns_when_its_source_changed_since(tmp_path, monkeypatch):
+    """It keeps running what was compiled (it needs no source), but says
+    so when the .grad file it was compiled from is there and differs; an
+    unchanged or absent source says nothing."""
+    source = tmp_path / "src" / "drifted.grad"
+    source.parent.mkdir()
+    source.write_text("def f(x):\n    return x * 2.0\n")
+    compile_module(str(source), str(tmp_path / "out"), ["f(f64[:])"])
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+
+    def fresh_import():
+        monkeypatch.delitem(sys.modules, "drifted", raising=False)
+        return importlib.import_module("drifted")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh_import()
+    source.write_text("def f(x):\n    return x * 3.0\n")
+    with pytest.warns(RuntimeWarning, match=r"drifted\.grad has changed since gradc compiled "
+                                            r"this module.*gradc compile"):
+        stale = fresh_import()
+    np.testing.assert_array_equal(stale.f(np.ones(1)), [2.0])
+    source.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh_import()
