@@ -186,11 +186,15 @@ def cmd_check(args) -> int:
         files = sorted(path.glob("*.grad"))
         if not files:
             raise UsageError(f"no .grad files in {path}")
+        modules = [(file, dsl.load(file)) for file in files]
+        if args.fn:  # checked in the files that define it
+            modules = [(file, m) for file, m in modules if args.fn in m.functions]
+            if not modules:
+                raise UsageError(f"no function {args.fn!r} in any .grad file of {path}")
     else:
-        files = [Path(_existing(args.path))]
+        modules = [(path, dsl.load(_existing(args.path)))]
     failed = 0
-    for file in files:
-        module = dsl.load(file)
+    for file, module in modules:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         for name in names:
             _lookup(module, name, str(file))

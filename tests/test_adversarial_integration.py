@@ -120,3 +120,16 @@ def test_a_compiled_module_warns_when_its_source_changed_since(tmp_path, monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fresh_import()
+
+
+def test_check_of_a_directory_and_a_function_checks_it_where_it_is_defined(tmp_path, capsys):
+    # the first file without it was an error, so no file after it was checked
+    (tmp_path / "a.grad").write_text("def f(x):\n    return sin(x)\n")
+    (tmp_path / "b.grad").write_text("def g(x):\n    return x * x\n")
+    assert main(["check", str(tmp_path), "--fn", "g", "--order", "1"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path / "b.grad") in out and str(tmp_path / "a.grad") not in out
+    assert re.search(r"^\s+g\s+f64\s+1\s+x\s.*\sok", out, re.M), out
+    assert main(["check", str(tmp_path), "--fn", "h"]) == 2
+    assert capsys.readouterr().err == f"gradc: error: no function 'h' in any .grad file of " \
+                                      f"{tmp_path}\n"
