@@ -24,7 +24,8 @@ the values (an index out of range) is raised as itself by a call outside
 `jit`, and inside it as JAX wraps a callback's errors (`JaxRuntimeError`).
 Floats are f32 or f64; without `jax_enable_x64` JAX makes every float f32,
 and so a result the program makes f64 (from a Python float, an f64 param)
-comes back f32.  jax is imported when `to_jax` is first called, never by
+comes back f32, and an array for a parameter annotated f64 is an
+`ArgumentError` saying to enable it.  jax is imported when `to_jax` is first called, never by
 `import dsl`.
 """
 from __future__ import annotations
@@ -62,8 +63,26 @@ class JaxFunction(Bridged):
                 return value, None
             return placeholder(value.shape, value.dtype), value
 
+        if not jax.config.jax_enable_x64:
+            _refuse_f64_annotations(f, args, kwargs)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
+
+
+def _refuse_f64_annotations(f: Compiled, args, kwargs) -> None:
+    """Without jax_enable_x64 JAX holds no f64 array, so an array for a
+    parameter annotated f64 (a NumPy f64 one too, which JAX makes f32)
+    cannot be taken: an `ArgumentError` saying so."""
+    import jax
+    given = {**dict(zip((s.name for s in f.specs), args)), **kwargs}
+    for spec in f.specs:
+        value = given.get(spec.name)
+        if spec.dtype == "f64" and isinstance(value, (np.ndarray, jax.Array)) \
+                and np.dtype(value.dtype).kind == "f":
+            raise ArgumentError(f"argument {spec.name!r} of {f.name}() is annotated f64, and "
+                                "without jax_enable_x64 JAX makes every float array f32; "
+                                "enable it (jax.config.update('jax_enable_x64', True)) or "
+                                "annotate f32", f.span)
 
 
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:

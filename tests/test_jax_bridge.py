@@ -119,6 +119,17 @@ def test_an_f64_result_reaches_jax_as_f32_without_x64():
     np.testing.assert_array_equal(lp(x), np.float32([2.0, 5.0]))
 
 
+def test_an_f64_annotation_without_x64_says_to_enable_it():
+    # a NumPy f64 array (made f32 by JAX) was refused as "dtype f32, but
+    # its annotation says f64", which the caller had not passed
+    assert not jax.config.jax_enable_x64
+    f = dsl.to_jax(load("dense").dense)
+    for x in (np.ones((2, 3)), jnp.ones((2, 3))):
+        with pytest.raises(dsl.ArgumentError, match="'x' of dense\\(\\) is annotated f64.* "
+                                                    "jax_enable_x64"):
+            f(x, np.ones((3, 2)), np.ones(2))
+
+
 def test_params_as_keyword_arrays_get_gradients(x64):
     lp = dsl.to_jax(load("linear_poly").linear_poly)
     x, w = jnp.array([1.0, 2.0, 4.0]), jnp.array([0.5, -3.0])
