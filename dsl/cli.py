@@ -288,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(names or positions); default: every differentiable one")
     run.add_argument("--param", action="append", metavar="NAME=VALUE",
                      help="set a param the function reads: a number, a list, or a .npy file")
+    # argparse takes a negative number for an option unless it matches this
+    # (its own pattern has no exponent: "-1e3"); run has no option like one
+    run._negative_number_matcher = re.compile(r"^-\.?\d")
     run.set_defaults(func=cmd_run)
     show = sub.add_parser("show", help="print a compiler stage")
     show.add_argument("file")

@@ -133,3 +133,11 @@ def test_check_of_a_directory_and_a_function_checks_it_where_it_is_defined(tmp_p
     assert main(["check", str(tmp_path), "--fn", "h"]) == 2
     assert capsys.readouterr().err == f"gradc: error: no function 'h' in any .grad file of " \
                                       f"{tmp_path}\n"
+
+
+def test_run_takes_negative_numbers_in_exponent_notation(capsys):
+    # argparse took "-1e3" for an unknown option (its pattern of negative
+    # numbers has no exponent): "unrecognized arguments"
+    bar = str(EXAMPLES / "bar.grad")
+    assert main(["run", bar, "bar", "-1e3", "-2.5E-1", "--wrt", "0"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["bar = 250.0", "d/dx = -0.25"]
