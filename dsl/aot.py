@@ -48,6 +48,7 @@ from gradlang.runtime.target import Target
 
 _SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.ASCII)
 _ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
+_ANY_SIZE = re.compile(r"a\d+")  # the name of the size a ':' stands for
 
 
 class SignatureError(GradError):
@@ -82,7 +83,7 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
         for d in ([] if dims_text is None else dims_text.split(",")):
             d = d.strip()
             if d == ":":
-                dims.append(Sym.named(f"a{next(counter)}"))
+                dims.append(Sym.named(f"a{next(counter)}"))  # (matches _ANY_SIZE)
             elif re.fullmatch(r"\d+", d, re.ASCII):  # not str.isdigit: '²' is a digit
                 dims.append(int(d))
             elif re.fullmatch(r"[A-Za-z_]\w*", d, re.ASCII):
@@ -264,6 +265,11 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
         if consts and err.note is None:
             err.note = (f"a const integer used as an axis or index needs its value "
                         f"in the signature, e.g. {consts[0]} given as 1")
+        any_sizes = [d for dtype, dims in args if dtype != "static" for d in dims
+                     if isinstance(d, Sym) and _ANY_SIZE.fullmatch(d.factors[0])]
+        if len(any_sizes) > 1 and err.note is None:
+            err.note = ("each ':' in a signature is a size of its own, which need not equal "
+                        "any other; name the sizes that must agree, as in f(f64[n], f64[n])")
         raise
 
 
