@@ -205,6 +205,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                    "programs": [], "wrt": []})
         key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank)
                + ((t.value,) if isinstance(t, StaticScalar) else ()) for n, t in types.items()]
+        # programs of one key (dtype and rank) differ in their fixed sizes
+        sizes = [[d if isinstance(d, int) else None for d in t.shape] for t in types.values()]
         wrt = tuple(n for n, t in types.items() if t.is_float and
                     next(s for s in f.specs + f.param_specs if s.name == n).differentiable)
         transforms: list[tuple[str, Compiled, dict]] = [("call", f, types)]
@@ -221,7 +223,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             generated = generate(optimize(_lower(f, fn, fn_types, args)), target)
             kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
             kernel_files[out / f"{kernels}.py"] = generated.kernel_source
-            program = {"kernels": kernels, "driver": generated.driver_source}
+            program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes}
             if precompile:
                 samples.append((name, kind, _samples(fn_types, text), program))
             entry["programs"].append((kind, key, program))

@@ -8,7 +8,8 @@ of a kernel file beside it and the source of a plain-Python driver) and
 builds its functions with `AotModule`, which warns when the `.grad` file
 it was compiled from is there and has changed since.  Nothing here imports the parser or
 the compiler: a call binds and validates its arguments (`runtime.args`),
-picks the program by dtype and rank, and runs it; kernels load from files
+picks the program by dtype and rank, then by the fixed sizes its signature
+gave (`f(f64[3])` and `f(f64[4])` are two programs), and runs it; kernels load from files
 beside the module, whose machine code Numba caches there, so a process
 that imports a module compiled with `--sig` neither parses nor compiles.
 """
@@ -101,8 +102,11 @@ class AotFunction:
         self.specs = tuple(ParamSpec(*p) for p in spec["params"])
         self.reads = tuple(spec["reads"])
         self.param_specs = tuple(module.params.spec(w) for w in self.reads)
-        self.programs = {(kind, tuple(tuple(a) for a in sig)): program
-                         for kind, sig, program in spec["programs"]}
+        # (kind, dtype and rank of each argument) -> the programs compiled for
+        # it, which differ in their fixed sizes
+        self.programs: dict[tuple, list[dict]] = {}
+        for kind, sig, program in spec["programs"]:
+            self.programs.setdefault((kind, tuple(tuple(a) for a in sig)), []).append(program)
         self.wrt = {tuple(tuple(a) for a in sig): tuple(names)
                     for sig, names in spec["wrt"]}
 
@@ -124,19 +128,27 @@ class AotFunction:
     def _signature(self, bound: dict[str, np.ndarray]) -> tuple:
         return call_key(bound, static_names(self.specs, bound))
 
-    def _program(self, kind: str, sig: tuple) -> dict:
-        program = self.programs.get((kind, sig))
-        if program is None and kind != "call" and (("call", sig) in self.programs):
+    def _program(self, kind: str, sig: tuple, arrays: dict[str, Any]) -> dict:
+        """The program of this kind for arguments `arrays`, of signature
+        `sig`: the first compiled for their dtypes and ranks whose fixed
+        sizes they have."""
+        programs = self.programs.get((kind, sig))
+        if programs is None and kind != "call" and (("call", sig) in self.programs):
             if self.wrt.get(sig):
                 raise ArgumentError(f"{self.name}() was compiled without a {kind} program; "
                                     "compile it again with this version of gradc")
             raise ArgumentError(f"{self.name}() has no float arguments to differentiate")
-        if program is None:
-            have = sorted({self._describe(s) for (k, s) in self.programs if k == kind})
-            raise ArgumentError(f"{self.name}() was compiled for {', '.join(have)}; "
-                                f"this call is {self._describe(sig)}; add it with "
-                                "gradc compile --sig")
-        return program
+        shapes = [tuple(a.shape) for a in arrays.values()]
+        for program in programs or ():
+            sizes = program.get("sizes")  # (none in modules of earlier versions)
+            if sizes is None or all(d is None or d == size for dims, shape in zip(sizes, shapes)
+                                    for d, size in zip(dims, shape)):
+                return program
+        have = [self._describe(s, p.get("sizes")) for (k, s), ps in self.programs.items()
+                if k == kind for p in ps]
+        raise ArgumentError(f"{self.name}() was compiled for {', '.join(sorted(set(have)))}; "
+                            f"this call is {self._describe(sig, shapes)}; add it with "
+                            "gradc compile --sig")
 
     def _on_target(self, bound: dict[str, np.ndarray]) -> dict[str, Any]:
         accept = self.module.target.accept
@@ -146,13 +158,18 @@ class AotFunction:
 
     def _run(self, kind: str, arrays: dict[str, Any]):
         sig = self._signature(arrays)
-        outs = self.module.driver(self._program(kind, sig))(*arrays.values())
+        outs = self.module.driver(self._program(kind, sig, arrays))(*arrays.values())
         return outs, sig
 
-    def _describe(self, sig: Sequence) -> str:
+    def _describe(self, sig: Sequence, sizes: Optional[Sequence] = None) -> str:
+        """A signature as text: each argument's dtype and sizes (from
+        `sizes`, one per axis: an int, or None for any) or value."""
+        sizes = sizes or [[None] * ndim for _, _, ndim, *_ in sig]
         parts = [repr(rest[0]) if rest else
-                 SUPPORTED.get(np.dtype(dt), dt) + ("[" + ", ".join(":" * ndim) + "]" if ndim else "")
-                 for _, dt, ndim, *rest in sig]
+                 SUPPORTED.get(np.dtype(dt), dt)
+                 + ("[" + ", ".join(":" if d is None else str(d) for d in dims) + "]"
+                    if ndim else "")
+                 for (_, dt, ndim, *rest), dims in zip(sig, sizes)]
         return f"{self.name}({', '.join(parts)})"
 
     @user_facing
@@ -191,7 +208,7 @@ class AotFunction:
         # The pullback program takes the arguments and the cotangents: the
         # pullback keeps the arguments and runs the forward part again.
         outs, sig = self._run("call", arrays)
-        backward = self.module.driver(self._program("pullback", sig))
+        backward = self.module.driver(self._program("pullback", sig, arrays))
         out_types = [OutType(tuple(o.shape), SUPPORTED[np.dtype(o.dtype)]) for o in outs]
         return outs, Pullback(self.name, backward, arrays.values(), out_types, list(arrays),
                               self.wrt[sig], self.target)

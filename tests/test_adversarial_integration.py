@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dsl
 from dsl.aot import compile_module
 from dsl.cli import main
 
@@ -150,3 +151,25 @@ def test_a_signature_of_unrelated_sizes_that_must_agree_says_to_name_them(capsys
     assert "do not broadcast" in err and "note: each ':' in a signature is a size of its " \
         "own" in err and "f(f64[n], f64[n])" in err, err
     assert main(argv + ["bar(f64[n], f64[n])"]) == 0
+
+
+def test_signatures_differing_only_in_fixed_sizes_each_keep_their_program(tmp_path,
+                                                                            monkeypatch):
+    # programs were picked by dtype and rank: the last of f(f64[3]) and
+    # f(f64[4]) replaced the other, and a call of 3 elements failed
+    source = tmp_path / "sized.grad"
+    source.write_text("def f(x):\n    return x * 2.0\n")
+    compile_module(str(source), str(tmp_path), ["f(f64[3])", "f(f64[4])", "f(f32[:])"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sized", raising=False)
+    import sized
+    for n in (3, 4):
+        np.testing.assert_array_equal(sized.f(np.arange(n, dtype=float)), 2 * np.arange(n))
+        np.testing.assert_array_equal(sized.f.grad(np.arange(n, dtype=float)), np.full(n, 2.0))
+        _, pullback = sized.f.vjp(np.arange(n, dtype=float))
+        np.testing.assert_array_equal(pullback(np.ones(n))[0], np.full(n, 2.0))
+    np.testing.assert_array_equal(sized.f(np.ones(7, np.float32)), np.full(7, 2.0))
+    with pytest.raises(dsl.ArgumentError, match=r"f\(\) was compiled for f\(f32\[:\]\), "
+                                                r"f\(f64\[3\]\), f\(f64\[4\]\); this call is "
+                                                r"f\(f64\[5\]\)"):
+        sized.f(np.ones(5))
