@@ -87,15 +87,6 @@ def test_a_param_run_cannot_use_is_a_usage_error_about_the_flag(params, text, ca
     assert err.startswith("gradc: error: ") and text in err and "weights()" not in err, err
 
 
-def test_a_target_that_cannot_do_what_is_asked_is_a_usage_error(capsys):
-    from gradlang.runtime import cuda
-    if not cuda.SIMULATOR:
-        pytest.skip("a real GPU compiles CUDA kernels to LLVM IR")
-    assert main(["show", str(EXAMPLES / "bar.grad"), "--emit", "llvm", "--target", "cuda"]) == 2
-    assert capsys.readouterr().err == ("gradc: error: the CUDA simulator compiles nothing: the "
-                                       "LLVM IR of CUDA kernels needs a GPU\n")
-
-
 def test_a_compiled_module_warns_when_its_source_changed_since(tmp_path, monkeypatch):
     """It keeps running what was compiled (it needs no source), but says
     so when the .grad file it was compiled from is there and differs; an
