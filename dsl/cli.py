@@ -182,18 +182,24 @@ def cmd_show(args) -> int:
 def cmd_check(args) -> int:
     from dsl.check import check_function
     path = Path(args.path)
+    failed = 0
     if path.is_dir():
         files = sorted(path.glob("*.grad"))
         if not files:
             raise UsageError(f"no .grad files in {path}")
-        modules = [(file, dsl.load(file)) for file in files]
+        modules = []
+        for file in files:  # one that does not load fails; the others are checked
+            try:
+                modules.append((file, dsl.load(file)))
+            except GradError as err:
+                print(str(err), file=sys.stderr)
+                failed += 1
         if args.fn:  # checked in the files that define it
             modules = [(file, m) for file, m in modules if args.fn in m.functions]
-            if not modules:
+            if not modules and not failed:
                 raise UsageError(f"no function {args.fn!r} in any .grad file of {path}")
     else:
         modules = [(path, dsl.load(_existing(args.path)))]
-    failed = 0
     for file, module in modules:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         for name in names:

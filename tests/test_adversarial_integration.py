@@ -164,3 +164,13 @@ def test_signatures_differing_only_in_fixed_sizes_each_keep_their_program(tmp_pa
                                                 r"f\(f64\[3\]\), f\(f64\[4\]\); this call is "
                                                 r"f\(f64\[5\]\)"):
         sized.f(np.ones(5))
+
+
+def test_check_of_a_directory_reports_a_broken_file_and_checks_the_others(tmp_path, capsys):
+    # the first file that did not load ended the run: nothing else was checked
+    (tmp_path / "a_broken.grad").write_text("def f(x):\n    return y\n")
+    (tmp_path / "b.grad").write_text("def g(x):\n    return x * x\n")
+    assert main(["check", str(tmp_path), "--order", "1"]) == 1
+    captured = capsys.readouterr()
+    assert re.search(r"^\s+g\s+f64\s+1\s+x\s.*\sok", captured.out, re.M), captured.out
+    assert f"{tmp_path / 'a_broken.grad'}:2:12: error: name 'y'" in captured.err
