@@ -22,10 +22,11 @@ of `n` rows, and returns a `RowSplit`:
   runs on its own.
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
-block's; `with_sizes` makes a function's sizes the whole array's).  A value reduced over the batch that is then used row by row
-(`x - mean(x, axis=0)`), an op that moves data between rows (a slice of
-the batch axis, a reshape merging it, `x @ x.T`), raises `GradError` at the
-op's source line, naming it.
+block's; `with_sizes` makes a function's sizes the whole array's).  A
+value reduced over the batch that is then used row by row (`x - mean(x,
+axis=0)`), an op that moves data between rows (a slice of the batch axis,
+a reshape merging it, `x @ x.T`), raises `GradError` at the op's source
+line, naming it.
 """
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ code, so importing and calling it later compiles nothing.
 
 The module records its source (path and hash): importing it warns when
 that file is there and has changed since.  No user text (file name,
-signatures, function names) reaches the module but inside repr() literals.  The module's first line is `MARKER`; a file
-without it is never overwritten unless `force=True`.
+signatures, function names) reaches the module but inside repr()
+literals.  The module's first line is `MARKER`; a file without it is
+never overwritten unless `force=True`.
 """
 from __future__ import annotations
 
