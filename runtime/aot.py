@@ -6,12 +6,13 @@ and kind — call, grad, value_and_grad, pullback (arguments and
 cotangents in, one cotangent per differentiated argument out) — the name
 of a kernel file beside it and the source of a plain-Python driver) and
 builds its functions with `AotModule`, which warns when the `.grad` file
-it was compiled from is there and has changed since.  Nothing here imports the parser or
-the compiler: a call binds and validates its arguments (`runtime.args`),
-picks the program by dtype and rank, then by the fixed sizes its signature
-gave (`f(f64[3])` and `f(f64[4])` are two programs), and runs it; kernels load from files
-beside the module, whose machine code Numba caches there, so a process
-that imports a module compiled with `--sig` neither parses nor compiles.
+it was compiled from is there and has changed since.  Nothing here
+imports the parser or the compiler: a call binds and validates its
+arguments (`runtime.args`), picks the program by dtype and rank, then by
+the fixed sizes its signature gave (`f(f64[3])` and `f(f64[4])` are two
+programs), and runs it; kernels load from files beside the module, whose
+machine code Numba caches there, so a process that imports a module
+compiled with `--sig` neither parses nor compiles.
 """
 from __future__ import annotations
 
