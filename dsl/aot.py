@@ -195,7 +195,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],
                   "functions": {}, "source": _source_stamp(Path(path), out)}
-    samples: list[tuple[str, str, list[np.ndarray], dict]] = []
+    # (function, kind, argument types, signature, program) to run once
+    samples: list[tuple[str, str, dict, str, dict]] = []
     kernel_files: dict[Path, str] = {}
     for text in sig_texts:
         name, args = parse_sig(text)
@@ -226,7 +227,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             kernel_files[out / f"{kernels}.py"] = generated.kernel_source
             program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes}
             if precompile:
-                samples.append((name, kind, _samples(fn_types, text), program))
+                _samples(fn_types, text, np.empty)  # can they be made? (no memory touched)
+                samples.append((name, kind, fn_types, text, program))
             entry["programs"].append((kind, key, program))
     for kernel_file, kernel_source in kernel_files.items():  # every signature worked
         _write(kernel_file, kernel_source)
@@ -276,9 +278,10 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
         raise
 
 
-def _samples(types: dict, sig: str) -> list[np.ndarray]:
+def _samples(types: dict, sig: str, make=np.ones) -> list[np.ndarray]:
     """Small arguments of these types (every symbolic size 3), to run a
-    program on once; `SignatureError` for those NumPy cannot make."""
+    program on once, made by `make`; `SignatureError` for those NumPy
+    cannot make."""
     samples = []
     for t in types.values():
         if isinstance(t, StaticScalar):
@@ -287,7 +290,7 @@ def _samples(types: dict, sig: str) -> list[np.ndarray]:
         shape = tuple(d if isinstance(d, int) else d.coef * 3 ** len(d.factors)
                       for d in t.shape)
         try:
-            samples.append(np.ones(shape, NUMPY[t.dtype]))
+            samples.append(make(shape, NUMPY[t.dtype]))
         except (ValueError, MemoryError) as err:
             raise SignatureError(f"cannot compile {sig!r} now: it is compiled by running it "
                                  f"once, on arrays of these sizes (a symbolic size as 3), and "
@@ -359,7 +362,8 @@ def _precompile(target_file: Path, samples, progress) -> None:
     loader_spec = importlib.util.spec_from_file_location(name, target_file)
     compiled = importlib.util.module_from_spec(loader_spec)
     loader_spec.loader.exec_module(compiled)
-    for index, (fname, kind, arrays, program) in enumerate(samples, 1):
+    for index, (fname, kind, types, sig, program) in enumerate(samples, 1):
+        arrays = _samples(types, sig)  # one program's at a time
         if progress:
             progress(f"[{index}/{len(samples)}] compiling {kind} of {fname}")
         aot = compiled.functions[fname].module
