@@ -150,6 +150,8 @@ def cmd_show(args) -> int:
     from dsl.forward import jvp_function
     module = _load(args.file)
     stage, transform = pipeline.stage_of(args.emit)
+    if args.fn:
+        _lookup(module, args.fn, args.file)
     if stage == "check":
         for f in module._ast.funcs:
             if args.fn in (None, f.name):
@@ -157,6 +159,8 @@ def cmd_show(args) -> int:
         return 0
     if args.sig:
         sigs = args.sig
+        if args.fn and all(parse_sig(sig)[0] != args.fn for sig in sigs):
+            raise UsageError(f"no --sig is of --fn {args.fn} (each is shown only for it)")
     else:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         sigs = [default_sig(_lookup(module, n, args.file)) for n in names]

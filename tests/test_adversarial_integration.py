@@ -174,3 +174,18 @@ def test_check_of_a_directory_reports_a_broken_file_and_checks_the_others(tmp_pa
     captured = capsys.readouterr()
     assert re.search(r"^\s+g\s+f64\s+1\s+x\s.*\sok", captured.out, re.M), captured.out
     assert f"{tmp_path / 'a_broken.grad'}:2:12: error: name 'y'" in captured.err
+
+
+@pytest.mark.parametrize("argv,status,text", [
+    # both printed nothing and exited 0
+    (["--emit", "ast", "--fn", "nope"], 1, "no function 'nope'"),
+    (["--emit", "ir", "--fn", "log1pexp", "--sig", "other(f64[:])"], 2,
+     "no --sig is of --fn log1pexp"),
+])
+def test_show_of_nothing_is_an_error(argv, status, text, tmp_path, capsys):
+    source = tmp_path / "two.grad"
+    source.write_text((EXAMPLES / "log1pexp.grad").read_text()
+                      + "\ndef other(x):\n    return x\n")
+    assert main(["show", str(source), *argv]) == status
+    captured = capsys.readouterr()
+    assert text in captured.err and not captured.out
