@@ -68,6 +68,16 @@ def _parse_arg(text: str):
     return value  # converted to the parameter's dtype when bound
 
 
+def _is_argument(text: str) -> bool:
+    """Whether `text` reads as an argument of `run` (a number, a list, a
+    .npy file)."""
+    try:
+        _parse_arg(text)
+    except UsageError:
+        return text.endswith(".npy")
+    return True
+
+
 def _format(value) -> str:
     with np.printoptions(precision=17 if np.ndim(value) == 0 else 8, suppress=False):
         if isinstance(value, np.ndarray) and value.ndim == 0:
@@ -119,6 +129,10 @@ def cmd_run(args) -> int:
         if spec.name not in module.params:
             raise UsageError(f"{args.fn}() reads param {spec.name!r}, which is not set; set "
                              f"it with --param {spec.name}=VALUE")
+    for w in args.wrt or ():  # it takes every word after it: arguments too
+        if not re.fullmatch(r"\d+", w, re.ASCII) and _is_argument(w):
+            raise UsageError(f"--wrt takes names and positions of parameters, got {w!r}; "
+                             "give the arguments before --wrt")
     values = [_parse_arg(a) for a in args.args]
     result = f(*values)
     outs = result if isinstance(result, tuple) else (result,)

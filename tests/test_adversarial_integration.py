@@ -189,3 +189,12 @@ def test_show_of_nothing_is_an_error(argv, status, text, tmp_path, capsys):
     assert main(["show", str(source), *argv]) == status
     captured = capsys.readouterr()
     assert text in captured.err and not captured.out
+
+
+def test_arguments_after_wrt_are_a_usage_error_saying_where_they_go(capsys):
+    # --wrt takes every word after it: the arguments went to it, and the
+    # error was "bar() is missing argument 'x'"
+    assert main(["run", str(EXAMPLES / "bar.grad"), "bar", "--wrt", "0", "2.0", "3.0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("gradc: error: --wrt takes names and positions of parameters, got "
+                            "'2.0'; give the arguments before --wrt\n") and not captured.out
