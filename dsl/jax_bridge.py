@@ -24,8 +24,8 @@ the values (an index out of range) is raised as itself by a call outside
 `jit`, and inside it as JAX wraps a callback's errors (`JaxRuntimeError`).
 Floats are f32 or f64; without `jax_enable_x64` JAX makes every float f32,
 and so a result the program makes f64 (from a Python float, an f64 param)
-comes back f32, and an array for a parameter annotated f64 is an
-`ArgumentError` saying to enable it.  jax is imported when `to_jax` is first called, never by
+comes back f32, and an array for a parameter annotated f64 (or i64) is
+an `ArgumentError` saying to enable it.  jax is imported when `to_jax` is first called, never by
 `import dsl`.
 """
 from __future__ import annotations
@@ -64,25 +64,29 @@ class JaxFunction(Bridged):
             return placeholder(value.shape, value.dtype), value
 
         if not jax.config.jax_enable_x64:
-            _refuse_f64_annotations(f, args, kwargs)
+            _refuse_64_bit_annotations(f, args, kwargs)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
 
 
-def _refuse_f64_annotations(f: Compiled, args, kwargs) -> None:
-    """Without jax_enable_x64 JAX holds no f64 array, so an array for a
-    parameter annotated f64 (a NumPy f64 one too, which JAX makes f32)
+def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
+    """Without jax_enable_x64 JAX holds no 64-bit array, so an array for a
+    parameter annotated f64 or i64 (a NumPy one too, which JAX makes 32-bit)
     cannot be taken: an `ArgumentError` saying so."""
     import jax
     given = {**dict(zip((s.name for s in f.specs), args)), **kwargs}
     for spec in f.specs:
         value = given.get(spec.name)
-        if spec.dtype == "f64" and isinstance(value, (np.ndarray, jax.Array)) \
-                and np.dtype(value.dtype).kind == "f":
-            raise ArgumentError(f"argument {spec.name!r} of {f.name}() is annotated f64, and "
-                                "without jax_enable_x64 JAX makes every float array f32; "
-                                "enable it (jax.config.update('jax_enable_x64', True)) or "
-                                "annotate f32", f.span)
+        kinds, what, narrow = _64_BIT.get(spec.dtype, ("", "", ""))
+        if isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in kinds:
+            raise ArgumentError(f"argument {spec.name!r} of {f.name}() is annotated "
+                                f"{spec.dtype}, and without jax_enable_x64 JAX makes every "
+                                f"{what} array {narrow}; enable it (jax.config.update("
+                                f"'jax_enable_x64', True)) or annotate {narrow}", f.span)
+
+
+# a 64-bit annotation -> the dtype kinds JAX narrows, what they are, to what
+_64_BIT = {"f64": ("f", "float", "f32"), "i64": ("iu", "integer", "i32")}
 
 
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:

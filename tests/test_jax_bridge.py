@@ -119,7 +119,7 @@ def test_an_f64_result_reaches_jax_as_f32_without_x64():
     np.testing.assert_array_equal(lp(x), np.float32([2.0, 5.0]))
 
 
-def test_an_f64_annotation_without_x64_says_to_enable_it():
+def test_a_64_bit_annotation_without_x64_says_to_enable_it():
     # a NumPy f64 array (made f32 by JAX) was refused as "dtype f32, but
     # its annotation says f64", which the caller had not passed
     assert not jax.config.jax_enable_x64
@@ -128,6 +128,11 @@ def test_an_f64_annotation_without_x64_says_to_enable_it():
         with pytest.raises(dsl.ArgumentError, match="'x' of dense\\(\\) is annotated f64.* "
                                                     "jax_enable_x64"):
             f(x, np.ones((3, 2)), np.ones(2))
+    pick = dsl.to_jax(dsl.loads("def pick(x, ids: i64[b]):\n    return x[ids]\n").pick)
+    with pytest.raises(dsl.ArgumentError, match="'ids' of pick\\(\\) is annotated i64, and "
+                                                "without jax_enable_x64 JAX makes every "
+                                                "integer array i32"):
+        pick(jnp.ones(3), np.array([0, 1]))
 
 
 def test_params_as_keyword_arrays_get_gradients(x64):
