@@ -120,11 +120,20 @@ class _Cotangents:
             ct = self.b.bind("cast", ct, dtype=v.type.dtype)
         if v in self.cts:
             self.cts[v] = self.b.bind("add", self.cts[v], ct)
-            if self.masks.get(v) is not mask:
-                self.masks[v] = None
+            self.masks[v] = self._union(self.masks[v], mask)
         else:
             self.cts[v] = ct
             self.masks[v] = mask
+
+
+    def _union(self, first: Optional[Var], second: Optional[Var]) -> Optional[Var]:
+        """Where a sum of two contributions may be nonzero: each is zero
+        outside its own mask (two wheres not taken give a sum of zeros)."""
+        if first is None or second is None:
+            return None
+        if first is second:
+            return first
+        return self.b.bind("logical_or", first, second)
 
 
 def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
@@ -151,7 +160,7 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     out_mask = _common_mask([cots.mask(o) for o in outs])
     for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
         if need and ct is not None:
-            ct, mask = _select(b, op, eqn.inputs, index, ct, out_mask)
+            ct, mask = _select(b, eqn, index, ct, out_mask)
             if op.kind == "elementwise":
                 ct = ops.unbroadcast(b, ct, a.type.shape)
             cots.accumulate(a, ct, mask)
@@ -276,17 +285,29 @@ def _widened(body: Function, n_carry: int, float_invariants: list[int]
     return b.function(body.name, params, outputs), wide
 
 
-def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom,
+def _keeps_positions(eqn: Eqn) -> bool:
+    """Whether each input cotangent of `eqn` at a position comes only from
+    output cotangents at that position (or broadcast to it): an
+    elementwise op, or a call whose grad block is elementwise.  A
+    reduction's, layout op's, gather's... or a block's that sums (`dy *
+    sum(x) + sum(dy * x)`) sits at other positions than its output's."""
+    op = ops.OPS[eqn.op]
+    if op.kind == "call":
+        return all(e.op in FUSIBLE for e in eqn.p["bwd"].eqns)
+    return op.kind == "elementwise"
+
+
+def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
             out_mask: Optional[Var]) -> tuple[Atom, Optional[Var]]:
     """Input `index`'s cotangent `ct` (at the output's shape for an
     elementwise op, so before un-broadcasting) selected by the output's
     where-mask as `op.masking` says, and the mask that input carries on."""
-    if op.kind not in ("elementwise", "call"):
-        # a reduction's, layout op's, gather's... input cotangent sits at
-        # other positions than its output's: the mask says nothing there
-        # (re-selecting by it when the shapes happened to fit zeroed the
-        # gradient of transpose(x) inside a where wherever c.T != c)
+    if not _keeps_positions(eqn):
+        # the mask says nothing about other positions (re-selecting by it
+        # when the shapes happened to fit zeroed the gradient of
+        # transpose(x) inside a where wherever c.T != c)
         return ct, None
+    op, inputs = ops.OPS[eqn.op], eqn.inputs
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
         ct = b.bind("where", out_mask, ct, ops.lit(b, 0, ct))
@@ -296,7 +317,7 @@ def _select(b: Builder, op: ops.Op, inputs: Sequence[Atom], index: int, ct: Atom
         # a branch's cotangent is nonzero only where it was taken (and, in
         # a nested where, where the outer branch was too)
         taken = cond if index == 1 else b.bind("logical_not", cond)
-        mask = taken if mask is None else b.bind("logical_and", mask, taken)
+        mask = taken if mask is None or mask is taken else b.bind("logical_and", mask, taken)
     return ct, mask
 
 

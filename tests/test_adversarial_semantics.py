@@ -1,0 +1,70 @@
+"""Adversarial programs whose values or derivatives were wrong: each test
+pins a bug found by comparing against NumPy, central differences in f64 and
+the other modes of differentiation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dsl
+from helpers import central_difference
+
+# ------------------------------------------------- where: the branch not taken
+
+
+WHERE_MASKS = """
+def two_wheres(x):
+    s = sqrt(x)
+    return where(x > 0, s, 0.0) + where(x > 1, s * 2.0, 1.0)
+
+def outside(x):
+    s = sqrt(x)
+    t = s * s
+    return where(x > 0, t, 0.0)
+
+def mixing(x):
+    y = x * sum(x)
+    return y
+grad(dy):
+    return dy * sum(x) + sum(dy * x)
+
+def mixing_in_where(x):
+    return where(x > 0, mixing(x), 0.0)
+"""
+
+
+@pytest.fixture(scope="module")
+def where_masks():
+    return dsl.loads(WHERE_MASKS, "where_masks.grad")
+
+
+def test_uses_in_two_wheres_not_taken_get_no_gradient(where_masks):
+    # Each use of s sits in a where branch not taken at x <= 0, so nothing
+    # flows into sqrt's infinite (x = 0) or NaN (x < 0) derivative there.
+    # The two branches' masks differed, and their sum was treated as
+    # unmasked: 0 / NaN reached the gradient.
+    x = np.array([-1.0, 0.0, 0.5, 4.0])
+    g = dsl.grad(where_masks.two_wheres)(x)
+    np.testing.assert_allclose(g, [0.0, 0.0, 0.5 / np.sqrt(0.5), 0.25 + 0.5], rtol=1e-12)
+
+
+def test_second_derivative_of_a_branch_not_taken_is_zero(where_masks):
+    # d/dx where(x > 0, sqrt(x) ** 2, 0) is 1 or 0 and its derivative 0
+    # everywhere; the gradient's own wheres masked its several uses of
+    # sqrt(x) differently, so the hvp was NaN at x <= 0.
+    x = np.array([-1.0, 0.0, 2.0])
+    v = np.array([1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(dsl.grad(where_masks.outside)(x), [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(dsl.hvp(where_masks.outside)(x, v), [0.0, 0.0, 0.0], atol=1e-12)
+
+
+def test_a_grad_block_that_mixes_positions_is_not_masked_by_the_where(where_masks):
+    # mixing's block sends every dy[i] into every x[j]: the cotangent of x
+    # under a where is nonzero where the branch was not taken, and was
+    # re-selected by the where's condition as if the call were elementwise.
+    x = np.array([-1.0, 0.5, 2.0])
+    f = where_masks.mixing_in_where
+    np.testing.assert_allclose(f(x), np.where(x > 0, x * x.sum(), 0.0))
+    reference = lambda x: np.where(x > 0, x * x.sum(), 0.0)  # noqa: E731
+    np.testing.assert_allclose(dsl.grad(f)(x), central_difference(reference, [x], 0),
+                               rtol=1e-6)
