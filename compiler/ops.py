@@ -320,15 +320,25 @@ def _max_vjp(pick_greater: bool):
 
 
 def _pow_a(b, x, y, out, ct):
-    # a literal exponent stays literal, so that the derivative of x ** 3
-    # is 3 x ** 2, which `compiler.passes.simplify` makes a product
-    y_minus_1 = (lit(b, y.value - 1, y) if isinstance(y, Lit)
-                 else b.bind("sub", y, lit(b, 1, y)))
-    return b.bind("mul", ct, b.bind("mul", y, b.bind("pow", x, y_minus_1)))
+    # y x ** (y - 1), but 0 where y is 0: x ** 0 is 1 even at x = 0, where
+    # the product is 0 * inf (and so the second derivative of x ** 1).  A
+    # literal exponent stays literal, so that the derivative of x ** 3 is
+    # 3 x ** 2, which `compiler.passes.simplify` makes a product.
+    if isinstance(y, Lit):
+        if y.value == 0:
+            return zeros_like(b, out.type)
+        return b.bind("mul", ct, b.bind("mul", y, b.bind("pow", x, lit(b, y.value - 1, y))))
+    slope = b.bind("mul", y, b.bind("pow", x, b.bind("sub", y, lit(b, 1, y))))
+    zero = lit(b, 0, out)
+    return b.bind("mul", ct, b.bind("where", b.bind("eq", y, zero), zero, slope))
 
 
 def _pow_b(b, x, y, out, ct):
-    return b.bind("mul", ct, b.bind("mul", b.bind("log", x), out))
+    # log(x) x ** y, with log(1) for log(0): 0 ** y is 0 for y > 0, so
+    # its derivative there is 0, not log(0) * 0 = NaN
+    zero = lit(b, 0, x)
+    base = b.bind("where", b.bind("eq", x, zero), lit(b, 1, x), x)
+    return b.bind("mul", ct, b.bind("mul", b.bind("log", base), out))
 
 
 def _where_vjp(b, eqn, cts, needs):

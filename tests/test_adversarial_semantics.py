@@ -68,3 +68,44 @@ def test_a_grad_block_that_mixes_positions_is_not_masked_by_the_where(where_mask
     reference = lambda x: np.where(x > 0, x * x.sum(), 0.0)  # noqa: E731
     np.testing.assert_allclose(dsl.grad(f)(x), central_difference(reference, [x], 0),
                                rtol=1e-6)
+
+
+# ----------------------------------------------------- pow at a zero base
+
+POWERS = """
+def constant_power(x):
+    return x ** 0
+
+def identity_power(x):
+    return x ** 1
+
+def power(x, y):
+    return x ** y
+"""
+
+
+@pytest.fixture(scope="module")
+def powers():
+    return dsl.loads(POWERS, "powers.grad")
+
+
+def test_derivatives_of_x_to_the_zero_and_first_power_at_zero(powers):
+    # x ** 0 is 1 and x ** 1 is x, so their derivatives are 0 and 1 and
+    # their second derivatives 0, at x = 0 too: the rule y * x ** (y - 1)
+    # made 0 * 0 ** -1 = 0 * inf = NaN there.
+    x = np.array([0.0, -0.0, 2.0])
+    ones = np.ones(3)
+    np.testing.assert_array_equal(dsl.grad(powers.constant_power)(x), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(dsl.hvp(powers.identity_power)(x, ones), [0.0, 0.0, 0.0])
+    y = np.array([0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(dsl.grad(powers.power)(np.zeros(3), y), [0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(dsl.hvp(powers.power)(np.zeros(3), y, ones), [0.0, 0.0, 2.0])
+
+
+def test_derivative_of_a_power_by_its_exponent_at_a_zero_base(powers):
+    # d/dy 0 ** y = 0 for y > 0 (0 ** y is 0 there): log(0) * 0 was NaN.
+    y = np.array([0.5, 1.0, 3.0])
+    np.testing.assert_array_equal(dsl.grad(powers.power, wrt=1)(np.zeros(3), y), [0.0, 0.0, 0.0])
+    x = np.array([0.5, 2.0, 3.0])
+    np.testing.assert_allclose(dsl.grad(powers.power, wrt=1)(x, y), np.log(x) * x ** y,
+                               rtol=1e-12)
