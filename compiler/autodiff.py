@@ -285,16 +285,26 @@ def _widened(body: Function, n_carry: int, float_invariants: list[int]
     return b.function(body.name, params, outputs), wide
 
 
-def _keeps_positions(eqn: Eqn) -> bool:
-    """Whether each input cotangent of `eqn` at a position comes only from
-    output cotangents at that position (or broadcast to it): an
-    elementwise op, or a call whose grad block is elementwise.  A
-    reduction's, layout op's, gather's... or a block's that sums (`dy *
-    sum(x) + sum(dy * x)`) sits at other positions than its output's."""
+def _keeps_positions(eqn: Eqn, index: int) -> bool:
+    """Whether input `index`'s cotangent at a position comes only from the
+    output cotangents at that position (or broadcast to it): so for an
+    elementwise op, and for a call whose grad block computes it from them
+    by elementwise ops only.  A reduction's, layout op's, gather's... or a
+    block's that sums them (`sum(dy * x)`) sits at other positions."""
     op = ops.OPS[eqn.op]
-    if op.kind == "call":
-        return all(e.op in FUSIBLE for e in eqn.p["bwd"].eqns)
-    return op.kind == "elementwise"
+    if op.kind != "call":
+        return op.kind == "elementwise"
+    bwd = eqn.p["bwd"]
+    # bwd's parameters: the call's inputs, its residuals, then the cotangents
+    from_cts = set(bwd.params[len(bwd.params) - len(eqn.outputs):])
+    moved: set[Var] = set()  # values from the cotangents at other positions
+    for e in bwd.eqns:
+        read = set(vars_in(e.inputs))
+        if read & moved or (read & from_cts and e.op not in FUSIBLE):
+            moved.update(e.outputs)
+        elif read & from_cts:
+            from_cts.update(e.outputs)
+    return bwd.outputs[index] not in moved
 
 
 def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
@@ -302,7 +312,7 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
     """Input `index`'s cotangent `ct` (at the output's shape for an
     elementwise op, so before un-broadcasting) selected by the output's
     where-mask as `op.masking` says, and the mask that input carries on."""
-    if not _keeps_positions(eqn):
+    if not _keeps_positions(eqn, index):
         # the mask says nothing about other positions (re-selecting by it
         # when the shapes happened to fit zeroed the gradient of
         # transpose(x) inside a where wherever c.T != c)

@@ -30,6 +30,15 @@ grad(dy):
 
 def mixing_in_where(x):
     return where(x > 0, mixing(x), 0.0)
+
+def scaled_root(x, w):
+    s = sqrt(x) * w
+    return s
+grad(ds):
+    return ds * w / (2.0 * sqrt(x)), ds * sqrt(x)
+
+def scaled_root_in_where(x, w):
+    return where(x > 0, scaled_root(x, w), 0.0)
 """
 
 
@@ -109,3 +118,13 @@ def test_derivative_of_a_power_by_its_exponent_at_a_zero_base(powers):
     x = np.array([0.5, 2.0, 3.0])
     np.testing.assert_allclose(dsl.grad(powers.power, wrt=1)(x, y), np.log(x) * x ** y,
                                rtol=1e-12)
+
+
+def test_a_grad_block_stays_masked_for_the_inputs_it_treats_elementwise(where_masks):
+    # x's cotangent is elementwise in ds (selected by the where, so 0, not
+    # 0 / (2 sqrt(x)) = NaN, where x <= 0), even though w's is summed over
+    # the rows w was broadcast along.
+    x = np.array([[-1.0, 4.0], [1.0, 0.0]])
+    w = np.array([2.0, 3.0])
+    gx = dsl.grad(where_masks.scaled_root_in_where)(x, w)
+    np.testing.assert_allclose(gx, [[0.0, 0.75], [1.0, 0.0]], rtol=1e-12)
