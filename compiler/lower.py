@@ -628,6 +628,14 @@ def _fold(op: str, x, y):
             raise OverflowError("the result is beyond the range of f64") from None
         if isinstance(result, complex):
             raise ValueError("negative base with fractional exponent")
+    elif op in ("maximum", "minimum"):
+        if isinstance(x, Sym) or isinstance(y, Sym):
+            raise NeedsConcrete("a size is compared")
+        if isinstance(x, float) or isinstance(y, float):  # NumPy's: maximum(3, 2.5) is 3.0
+            x, y = float(x), float(y)
+        # as the op's template: NaN propagates from either side
+        wins = x > y if op == "maximum" else x < y
+        result = x if wins or x != x else y
     else:
         raise ValueError(op)
     if isinstance(result, float) and not math.isfinite(result) and _finite(x) and _finite(y):

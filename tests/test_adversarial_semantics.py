@@ -128,3 +128,25 @@ def test_a_grad_block_stays_masked_for_the_inputs_it_treats_elementwise(where_ma
     w = np.array([2.0, 3.0])
     gx = dsl.grad(where_masks.scaled_root_in_where)(x, w)
     np.testing.assert_allclose(gx, [[0.0, 0.75], [1.0, 0.0]], rtol=1e-12)
+
+
+# ------------------------------------------------- compile-time values
+
+
+@pytest.mark.parametrize("expr, value", [
+    ("maximum(2, 3.5)", 3.5), ("maximum(3, 2.5)", 3.0), ("minimum(1e400, 2)", 2.0),
+    ("minimum(-0.5, 1)", -0.5), ("clip(5, 0, 3)", 3.0), ("maximum(x.shape[0], 3)", 4.0),
+    ("minimum(x.shape[0] - 1, 2) * 1.5", 3.0), ("maximum(1e400 - 1e400, 1.0)", np.nan),
+])
+def test_maximum_and_minimum_of_compile_time_values(expr, value):
+    # Both operands known at compile time: folded like arithmetic, with
+    # NumPy's result (a float if either is, NaN propagated).  They failed to
+    # compile, "compile-time arithmetic failed: maximum".
+    m = dsl.loads(f"def f(x):\n    return x * 0.0 + {expr}\n")
+    np.testing.assert_array_equal(m.f(np.arange(4.0)), np.full(4, value))
+
+
+def test_a_size_in_maximum_is_a_compile_time_index():
+    m = dsl.loads("def f(x):\n    return x[minimum(x.shape[0], 3) - 1]\n")
+    assert m.f(np.arange(5.0)) == 2.0
+    assert m.f(np.arange(2.0)) == 1.0
