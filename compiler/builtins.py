@@ -85,6 +85,16 @@ def _primitive(op: ops.Op) -> Builtin:
     return _builtin(op.arity, lower)
 
 
+def _reverse_order(b: Builder, x: Atom, span) -> Atom:
+    """A bijection that reverses the order of x's dtype, and is its own
+    inverse: -x for floats; -x - 1 (~x) for integers, where -x wraps for
+    the least value."""
+    negated = b.bind("neg", x, span=span)
+    if x.type.dtype in FLOATS:
+        return negated
+    return b.bind("sub", negated, b.lit(1, x.type.dtype), span=span)
+
+
 def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
     def lower(L: Lowerer, b: Builder, args, kwargs, span):
         axis = _kw(args, kwargs, 1, "axis")
@@ -95,10 +105,10 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
         if negate:
             if x.type.dtype == "bool":
                 x = cast(b, x, "i64")
-            x = b.bind("neg", x, span=span)
+            x = _reverse_order(b, x, span)
         out = L.reduce(b, op, x, axis, keepdims, span)
         if negate:
-            out = b.bind("neg", out, span=span)
+            out = _reverse_order(b, out, span)
         if mean:
             reduced = L.reduced_axes(x, axis, span)
             count = prod(x.type.shape[a] for a in reduced)

@@ -150,3 +150,21 @@ def test_a_size_in_maximum_is_a_compile_time_index():
     m = dsl.loads("def f(x):\n    return x[minimum(x.shape[0], 3) - 1]\n")
     assert m.f(np.arange(5.0)) == 2.0
     assert m.f(np.arange(2.0)) == 1.0
+
+
+# --------------------------------------------------------------- reductions
+
+
+def test_min_of_integers_holds_the_dtypes_least_value():
+    # min was -max(-x): -x wraps for the least integer, so min([-2**63, 5])
+    # was 5.
+    m = dsl.loads("def f(a):\n    return min(a)\n"
+                  "def g(a: i32[n, m]):\n    return min(a, axis=0)\n"
+                  "def h(a: i32[n, m]):\n    return min(a, axis=1, keepdims=True)\n")
+    assert m.f(np.array([-2**63, 5])) == -2**63
+    assert m.f(np.array([2**63 - 1, 7])) == 7
+    a = np.array([[-2**31, 5], [3, -2**31], [2**31 - 1, 0]], np.int32)
+    got = m.g(a)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, a.min(axis=0))
+    np.testing.assert_array_equal(m.h(a), a.min(axis=1, keepdims=True))
