@@ -182,7 +182,9 @@ def _tree_rows(src, n_reduced, out, is_max):
     # into out[row] (pre-set to 0 for a sum, -inf for a max); floats only
     shared = cuda.shared.array(THREADS, float64)
     row, tid = cuda.blockIdx.y, cuda.threadIdx.x
-    acc = -np.inf if is_max else 0.0
+    # f64 from the start: 0.0 + an f32 value is f32 under NumPy 2's
+    # promotion, and so on the simulator
+    acc = float64(-np.inf) if is_max else float64(0.0)
     start = cuda.blockIdx.x * cuda.blockDim.x + tid
     for r in range(start, n_reduced, cuda.gridDim.x * cuda.blockDim.x):
         v = src[row * n_reduced + r]

@@ -50,3 +50,16 @@ def test_const_integer_argument_is_static_on_cuda():
     x = np.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1))
     np.testing.assert_array_equal(m.f(x, 0), x.sum(axis=0))
+
+
+def test_long_f32_sums_accumulate_in_f64_on_cuda():
+    # A row of 4 * THREADS or more sums by a tree whose accumulator started
+    # as the Python float 0.0: under NumPy 2's promotion (and so on the
+    # simulator) 0.0 + f32 stays f32, and 2e4 values of 0.1 summed to
+    # 1999.9786 instead of the f64 accumulation's 2000.0.
+    m = dsl.loads("def f(x):\n    return sum(x)\ndef g(x):\n    return max(x, axis=1)\n",
+                  target="cuda", host_results=True)
+    x = np.full(20_000, 0.1, np.float32)
+    assert m.f(x) == np.float32(x.astype(np.float64).sum())
+    rows = np.random.default_rng(0).normal(size=(2, 5000)).astype(np.float32)
+    np.testing.assert_array_equal(m.g(rows), rows.max(axis=1))
