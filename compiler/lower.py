@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops
 from gradlang.compiler.builder import Builder, coerce, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
-from gradlang.compiler.ir import Atom, Function, Lit, StaticScalar, TensorType, Var
+from gradlang.compiler.ir import INTS, Atom, Function, Lit, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
@@ -509,6 +509,11 @@ class Lowerer:
                 raise GradError(f"compile-time arithmetic failed: {err}", span) from None
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
+        if op == "pow" and x.type.dtype in INTS and isinstance(y, Lit) and y.value < 0:
+            # (as NumPy: an integer result cannot hold it)
+            raise GradError(f"an integer to a negative power ({y.value}) is not an integer: "
+                            f"write a float exponent ({float(y.value)})",
+                            operand_spans[1] if operand_spans else span)
         return b.bind(op, x, y, span=span)
 
     def unary(self, b, op: str, v: Value, span) -> Atom:

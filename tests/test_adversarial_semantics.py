@@ -168,3 +168,16 @@ def test_min_of_integers_holds_the_dtypes_least_value():
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, a.min(axis=0))
     np.testing.assert_array_equal(m.h(a), a.min(axis=1, keepdims=True))
+
+
+def test_an_integer_array_to_a_negative_literal_power_is_an_error_at_it():
+    # An integer result cannot hold 2 ** -1; the kernel truncated it to 0
+    # and gave the least i64 for 0 ** -1.  NumPy refuses it too.
+    m = dsl.loads("def f(a):\n    return a ** -1\n"
+                  "def g(a, k: const i64):\n    return a ** k\n"
+                  "def h(a):\n    return a ** -1.0 + 2 ** -1\n", "pow.grad")
+    for call in (lambda: m.f(np.array([2, 0])), lambda: m.g(np.array([2, 0]), -2)):
+        with pytest.raises(dsl.GradError, match="an integer to a negative power") as info:
+            call()
+        assert info.value.file == "pow.grad" and info.value.line in (2, 4)
+    np.testing.assert_array_equal(m.h(np.array([2, 4])), [1.0, 0.75])
