@@ -3,10 +3,15 @@ pins a bug found by comparing against NumPy, central differences in f64 and
 the other modes of differentiation."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dsl
+from dsl.function import _types
+from gradlang.compiler.interpret import interpret
 from helpers import central_difference
 
 # ------------------------------------------------- where: the branch not taken
@@ -181,3 +186,105 @@ def test_an_integer_array_to_a_negative_literal_power_is_an_error_at_it():
             call()
         assert info.value.file == "pow.grad" and info.value.line in (2, 4)
     np.testing.assert_array_equal(m.h(np.array([2, 4])), [1.0, 0.75])
+
+
+
+# ------------------------------------------- random expression programs
+# Random trees of elementwise ops, where, broadcasting and reductions over
+# axes (with keepdims), each with its NumPy transcription: the value and
+# the gradient of the compiler's IR, run by the reference interpreter (no
+# kernel to compile), against NumPy and central differences.
+
+_SHAPES = [(2, 3), (3,), (2, 1), (1, 3), (), (2, 1, 3)]
+_erf = np.vectorize(math.erf, otypes=[float])
+_UNARY = [("tanh({})", np.tanh), ("sin({})", np.sin), ("abs({})", np.abs),
+          ("sqrt({0} * {0} + 1.0)", lambda x: np.sqrt(x * x + 1)),
+          ("log({0} * {0} + 0.5)", lambda x: np.log(x * x + 0.5)),
+          ("exp(-({0} * {0}))", lambda x: np.exp(-x * x)), ("erf({})", _erf),
+          ("sigmoid({})", lambda x: 1 / (1 + np.exp(-x))), ("({} ** 3)", lambda x: x ** 3),
+          # NaN below -0.25, for where to mask (and finite at x - x = 0)
+          ("sqrt({} + 0.25)", lambda x: np.sqrt(x + 0.25)),
+          ("log({} + 0.25)", lambda x: np.log(x + 0.25))]
+_BINARY = [("({} + {})", np.add), ("({} - {})", np.subtract), ("({} * {})", np.multiply),
+           ("({0} / (1.0 + {1} * {1}))", lambda a, b: a / (1 + b * b)),
+           ("maximum({}, {})", np.maximum), ("minimum({}, {})", np.minimum),
+           ("where({0} > {1}, sqrt({0} - {1}), {1} * {1})",
+            lambda a, b: np.where(a > b, np.sqrt(np.abs(a - b)), b * b)),
+           ("where({1} > 0.0, sqrt({1}), {0})", lambda a, b: np.where(b > 0, np.sqrt(np.abs(b)), a))]
+_REDUCTIONS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
+
+
+@st.composite
+def _expression(draw, shapes: dict, depth: int):
+    """(source, NumPy function of the inputs, shape)."""
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        name = draw(st.sampled_from(sorted(shapes)))
+        return name, (lambda env: env[name]), shapes[name]
+    kind = draw(st.sampled_from(["unary", "binary", "binary", "reduce"]))
+    src, fn, shape = draw(_expression(shapes, depth - 1))
+    if kind == "unary":
+        template, op = draw(st.sampled_from(_UNARY))
+        return template.format(src), (lambda env: op(fn(env))), shape
+    if kind == "binary":
+        src2, fn2, shape2 = draw(_expression(shapes, depth - 1))
+        template, op = draw(st.sampled_from(_BINARY))
+        out = np.broadcast_shapes(shape, shape2) if _broadcast(shape, shape2) else None
+        if out is None:
+            return src, fn, shape
+        return template.format(src, src2), (lambda env: op(fn(env), fn2(env))), out
+    name = draw(st.sampled_from(sorted(_REDUCTIONS)))
+    if not shape:
+        return f"{name}({src})", (lambda env: _REDUCTIONS[name](fn(env))), ()
+    axes = tuple(draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1,
+                               unique_by=lambda a: a % len(shape))))
+    keep = draw(st.booleans())
+    out = np.sum(np.zeros(shape), axis=axes, keepdims=keep).shape
+    return (f"{name}({src}, axis={axes}, keepdims={keep})",
+            (lambda env: _REDUCTIONS[name](fn(env), axis=axes, keepdims=keep)), out)
+
+
+def _broadcast(a: tuple, b: tuple) -> bool:
+    try:
+        np.broadcast_shapes(a, b)
+    except ValueError:
+        return False
+    return True
+
+
+@st.composite
+def _programs(draw):
+    shapes = {f"x{k}": draw(st.sampled_from(_SHAPES)) for k in range(draw(st.integers(1, 2)))}
+    # a local t that the result may read several times (in several wheres)
+    t_src, t_fn, t_shape = draw(_expression(shapes, 3))
+    src, fn, _ = draw(_expression({**shapes, "t": t_shape}, 4))
+    source = f"def f({', '.join(shapes)}):\n    t = {t_src}\n    return {src}\n"
+
+    def reference(*args):
+        env = dict(zip(shapes, args))
+        return fn({**env, "t": t_fn(env)})
+    return source, reference, list(shapes.values())
+
+
+def _interpreted(f, args):
+    bound = f.bind(args, {})
+    return interpret(f.lower(_types(bound)), *bound.values())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_programs(), st.integers(0, 2**31))
+def test_random_programs_value_and_gradient_on_the_interpreter(program, seed):
+    source, reference, shapes = program
+    rng = np.random.default_rng(seed)
+    args = [rng.normal(size=s) for s in shapes]
+    f = dsl.loads(source, "random.grad").f
+    (value,) = _interpreted(f, args)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(value, reference(*args), rtol=1e-12, atol=1e-12)
+    wrt = tuple(range(len(args)))
+    grads = _interpreted(dsl.grad(f, wrt=wrt), args)
+    for k, g in enumerate(grads):
+        with np.errstate(all="ignore"):
+            fine = central_difference(reference, args, k, eps=1e-6)
+            coarse = central_difference(reference, args, k, eps=1e-4)
+        smooth = np.isclose(fine, coarse, rtol=1e-3, atol=1e-4)  # no kink or tie near
+        np.testing.assert_allclose(g[smooth], fine[smooth], rtol=1e-4, atol=1e-5)
