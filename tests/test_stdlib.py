@@ -27,3 +27,14 @@ def test_stdlib_passes_the_gradient_check_at_orders_1_and_2(name, seed, scale):
         (2, "f64", "differences")]
     assert all(c.compared > 0 for c in checks), [str(c) for c in checks]
     assert all(c.ok for c in checks), [str(c) for c in checks if not c.ok]
+
+
+def test_logsumexp_of_infinite_rows_is_numpys():
+    # The shift by the row's max was inf - inf = NaN for a row holding +inf
+    # or only -inf (a fully masked row of logits): NumPy's unshifted
+    # log(sum(exp(x))) is inf and -inf there, and finite rows are unchanged.
+    x = np.array([[np.inf, 1.0, 0.0], [-np.inf, -np.inf, -np.inf], [-np.inf, 0.0, 2.0],
+                  [1000.0, 999.0, -5.0]])
+    expected = [np.inf, -np.inf, np.log(1 + np.exp(2.0)), 1000 + np.log(1 + np.exp(-1.0))]
+    np.testing.assert_allclose(STD.logsumexp(x, 1), expected, rtol=1e-15)
+    np.testing.assert_allclose(STD.logsumexp(x.astype(np.float32), 1), expected, rtol=1e-6)
