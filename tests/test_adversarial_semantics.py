@@ -36,6 +36,15 @@ grad(dy):
 def mixing_in_where(x):
     return where(x > 0, mixing(x), 0.0)
 
+def transposed(x):
+    y = x.T
+    return y
+grad(dy):
+    return dy.T
+
+def transposed_in_where(x):
+    return where(x > 0, transposed(x), 0.0)
+
 def scaled_root(x, w):
     s = sqrt(x) * w
     return s
@@ -123,6 +132,14 @@ def test_derivative_of_a_power_by_its_exponent_at_a_zero_base(powers):
     x = np.array([0.5, 2.0, 3.0])
     np.testing.assert_allclose(dsl.grad(powers.power, wrt=1)(x, y), np.log(x) * x ** y,
                                rtol=1e-12)
+
+
+def test_a_grad_block_that_transposes_is_not_masked_by_the_where(where_masks):
+    # x[0, 1] reaches the output at [1, 0], where the branch is taken: its
+    # gradient is 1 although x[0, 1] > 0 is false (it was re-selected to 0).
+    x = np.array([[1.0, -2.0], [3.0, 0.5]])
+    np.testing.assert_array_equal(dsl.grad(where_masks.transposed_in_where)(x),
+                                  [[1.0, 1.0], [0.0, 1.0]])
 
 
 def test_a_grad_block_stays_masked_for_the_inputs_it_treats_elementwise(where_masks):
