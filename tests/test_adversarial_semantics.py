@@ -227,7 +227,8 @@ _BINARY = [("({} + {})", np.add), ("({} - {})", np.subtract), ("({} * {})", np.m
            ("maximum({}, {})", np.maximum), ("minimum({}, {})", np.minimum),
            ("where({0} > {1}, sqrt({0} - {1}), {1} * {1})",
             lambda a, b: np.where(a > b, np.sqrt(np.abs(a - b)), b * b)),
-           ("where({1} > 0.0, sqrt({1}), {0})", lambda a, b: np.where(b > 0, np.sqrt(np.abs(b)), a))]
+           ("where({1} > 0.0, sqrt({1}), {0})",
+            lambda a, b: np.where(b > 0, np.sqrt(np.abs(b)), a))]
 _REDUCTIONS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
 
 
