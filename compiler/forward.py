@@ -20,7 +20,10 @@ through hand-written blocks with nothing more written, and follows them
 exactly: where a block differs from the derivative of its function's body,
 the tangent is the block's.  `where(c, a, b)`'s tangent is
 `where(c, t_a, 0) + where(c, 0, t_b)`: the branch not taken contributes
-nothing, NaN or inf included.  A `loop`'s JVP is a loop that also carries
+nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
+where-mask (where it may be nonzero) through the elementwise ops after
+it, which re-select by it, so `sqrt(where(x > 0, x, 0))` has tangent 0 at
+x <= 0 instead of 0 * inf = NaN.  A `loop`'s JVP is a loop that also carries
 its carried values' tangents, with the JVP of its body as its body
 (`_loop_jvp`).  Only float values carry tangents.
 """
@@ -42,6 +45,7 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
     env: dict[Var, Atom] = dict(zip(fn.params, params))
     tangents: dict[Var, Atom] = {params[i]: t for i, t in zip(wrt, tangents_in)
                                  if t.type.is_float}
+    masks: dict[Var, Var] = {}  # a tangent's where-mask, where it has one
 
     def sub(a: Atom) -> Atom:
         return env.get(a, a) if isinstance(a, Var) else a
@@ -64,6 +68,11 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
             b.eqns.append(copy)
             outs = list(copy.outputs)
             out_tangents = _primitive_jvp(b, copy, in_tangents) if active else []
+            if active and op.kind == "elementwise":
+                mask = _mask_of(b, copy, in_tangents, [masks.get(a) for a in inputs])
+                if mask is not None:
+                    out_tangents = [_select(b, op, mask, t) for t in out_tangents]
+                    masks[copy.out] = mask
         env.update(zip(eqn.outputs, outs))
         for out, t in zip(outs, out_tangents):
             if t is not None and isinstance(out, Var) and out.type.is_float:
@@ -73,6 +82,40 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
     out_tangents = [t if t is not None else ops.zeros_like(b, o.type)
                     for t, o in zip(out_tangents, outputs)]
     return b.function(f"{fn.name}_jvp", params + tangents_in, outputs + out_tangents)
+
+
+def _mask_of(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
+             in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
+    """Where the tangent of an elementwise equation's output may be
+    nonzero: where one of its inputs' tangents may be (each term of the
+    tangent is zero outside its input's), and for `where` only where that
+    branch was taken.  None: anywhere."""
+    parts: list[Var] = []
+    for k, (t, mask) in enumerate(zip(in_tangents, in_masks)):
+        if t is None:
+            continue
+        if ops.OPS[eqn.op].masking == "branches" and k > 0:
+            cond = eqn.inputs[0]
+            taken = cond if k == 1 else b.bind("logical_not", cond)
+            mask = taken if mask is None or mask is taken else \
+                b.bind("logical_and", mask, taken)
+        if mask is None:
+            return None
+        parts.append(mask)
+    if not parts:
+        return None
+    union = parts[0]
+    for mask in parts[1:]:
+        if mask is not union:
+            union = b.bind("logical_or", union, mask)
+    return union if isinstance(union, Var) else None
+
+
+def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[Atom]:
+    """A tangent re-selected by its mask (`where`'s rule already selects)."""
+    if t is None or op.masking != "select":
+        return t
+    return b.bind("where", mask, t, ops.lit(b, 0, t))
 
 
 def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],

@@ -306,3 +306,17 @@ def test_random_programs_value_and_gradient_on_the_interpreter(program, seed):
             coarse = central_difference(reference, args, k, eps=1e-4)
         smooth = np.isclose(fine, coarse, rtol=1e-3, atol=1e-4)  # no kink or tie near
         np.testing.assert_allclose(g[smooth], fine[smooth], rtol=1e-4, atol=1e-5)
+
+
+def test_forward_mode_takes_nothing_from_a_branch_not_taken_either():
+    # The tangent of where(x > 0, x, 0) is 0 at x <= 0, so nothing flows
+    # into sqrt's infinite derivative at 0 there: 0 / (2 sqrt(0)) was NaN
+    # in jvp while grad (the where applied last) gave 0.
+    m = dsl.loads("def f(x):\n    return sqrt(where(x > 0, x, 0.0)) * 2.0\n"
+                  "def g(x, y):\n    return log(where(x > 0, x, 0.0) * y + where(x > 1, y, 0.0))\n")
+    x, y = np.array([-1.0, 0.0, 4.0]), np.array([2.0, 3.0, 0.5])
+    _, t = dsl.jvp(m.f, (x,), (np.ones(3),))
+    np.testing.assert_array_equal(t, [0.0, 0.0, 0.5])
+    np.testing.assert_array_equal(t, dsl.jacrev(m.f)(x) @ np.ones(3))
+    _, t = dsl.jvp(m.g, (x, y), (np.ones(3), None))
+    np.testing.assert_allclose(t, dsl.jacrev(m.g)(x, y) @ np.ones(3), rtol=1e-15)
