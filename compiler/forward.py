@@ -22,8 +22,8 @@ the tangent is the block's.  `where(c, a, b)`'s tangent is
 `where(c, t_a, 0) + where(c, 0, t_b)`: the branch not taken contributes
 nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
 where-mask (where it may be nonzero) through the elementwise ops after
-it, which re-select by it, so `sqrt(where(x > 0, x, 0))` has tangent 0 at
-x <= 0 instead of 0 * inf = NaN.  A `loop`'s JVP is a loop that also carries
+it, which re-select by it, so `sqrt(where(x > 0, x, 0))` (or of
+`maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN.  A `loop`'s JVP is a loop that also carries
 its carried values' tangents, with the JVP of its body as its body
 (`_loop_jvp`).  Only float values carry tangents.
 """
@@ -88,15 +88,20 @@ def _mask_of(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
              in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
     """Where the tangent of an elementwise equation's output may be
     nonzero: where one of its inputs' tangents may be (each term of the
-    tangent is zero outside its input's), and for `where` only where that
-    branch was taken.  None: anywhere."""
+    tangent is zero outside its input's), and for `where` (or maximum...)
+    only where that input was taken.  None: anywhere."""
+    row = ops.OPS[eqn.op]
     parts: list[Var] = []
     for k, (t, mask) in enumerate(zip(in_tangents, in_masks)):
         if t is None:
             continue
-        if ops.OPS[eqn.op].masking == "branches" and k > 0:
+        taken = None
+        if row.masking == "branches" and k > 0:
             cond = eqn.inputs[0]
             taken = cond if k == 1 else b.bind("logical_not", cond)
+        elif row.picked_when is not None:
+            taken = b.bind(row.picked_when, eqn.inputs[k], eqn.inputs[1 - k])
+        if taken is not None:
             mask = taken if mask is None or mask is taken else \
                 b.bind("logical_and", mask, taken)
         if mask is None:

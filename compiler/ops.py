@@ -617,6 +617,11 @@ class Op:
     # selects, and whose branch k narrows the mask to where it was taken.
     # (Only through elementwise ops and calls: see `autodiff._select`.)
     masking: str = "select"
+    # for an op that picks one of its two inputs (maximum, minimum): the
+    # comparison of an input with the other under which it is picked (ties
+    # included), outside which its tangent contributes nothing: forward
+    # mode narrows a tangent's where-mask by it (`forward._mask_of`)
+    picked_when: Optional[str] = None
     # the work of one element of the op in a fused loop beyond that of the
     # loop itself (its loads and stores, and arithmetic, which vectorizes
     # and hides behind them): in units of a loop element (about 0.3 ns), so
@@ -783,9 +788,11 @@ _TABLE: tuple[Op, ...] = (
        arity=2, domain=("positive", "real"), identity=1, tol=1e-4,
        vjp=_binary(_pow_a, _pow_b), cost=64),
     Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,
-       exact=True, arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True)),
+       exact=True, arity=2, commutative=True, source_name="maximum", vjp=_max_vjp(True),
+       picked_when="ge"),
     Op("minimum", template="{0} if ({0} < {1} or {0} != {0}) else {1}", ref=np.minimum,
-       exact=True, arity=2, commutative=True, source_name="minimum", vjp=_max_vjp(False)),
+       exact=True, arity=2, commutative=True, source_name="minimum", vjp=_max_vjp(False),
+       picked_when="le"),
     Op("lt", exact=True, type_rule=_BOOL_RESULT, template="{0} < {1}", ref=np.less, arity=2),
     Op("le", exact=True, type_rule=_BOOL_RESULT, template="{0} <= {1}", ref=np.less_equal,
        arity=2),

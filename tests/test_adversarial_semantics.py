@@ -320,3 +320,13 @@ def test_forward_mode_takes_nothing_from_a_branch_not_taken_either():
     np.testing.assert_array_equal(t, dsl.jacrev(m.f)(x) @ np.ones(3))
     _, t = dsl.jvp(m.g, (x, y), (np.ones(3), None))
     np.testing.assert_allclose(t, dsl.jacrev(m.g)(x, y) @ np.ones(3), rtol=1e-15)
+
+
+def test_forward_mode_through_maximum_takes_nothing_from_the_smaller_side():
+    # maximum(x, 0)'s tangent is 0 where x < 0, so sqrt's infinite
+    # derivative at 0 meets no tangent there (jvp was NaN, jacrev 0).
+    m = dsl.loads("def f(x):\n    return sqrt(maximum(x, 0.0)) + sqrt(-minimum(x, 0.0))\n")
+    x = np.array([-4.0, 4.0])
+    _, t = dsl.jvp(m.f, (x,), (np.ones(2),))
+    np.testing.assert_array_equal(t, [-0.25, 0.25])
+    np.testing.assert_array_equal(t, dsl.jacrev(m.f)(x) @ np.ones(2))
