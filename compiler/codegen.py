@@ -140,7 +140,8 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
     if periods:
         # at least 1: an empty loop has periods of 0, and no rows.
-        pre.append(f"least = {smallest(*periods)}")
+        pre.append(f"least = {periods[0]}")
+        pre += [f"least = {smallest('least', p)}" for p in periods[1:]]
         pre.append(f"inner = {largest('least', '1')}")
     for j, v in enumerate(loop.outputs):
         args.append(f"out{j}")

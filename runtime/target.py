@@ -27,23 +27,19 @@ import numpy as np
 
 from gradlang.runtime.errors import GradError
 
-def smallest(*exprs: str) -> str:
-    """Generated code for the least of integer expressions (each may be
-    evaluated more than once: pure and cheap ones, such as names,
-    constants and their sums): selects, where Numba's `min` is an overload
-    that compiles once per process and signature (20-40 ms)."""
-    least = exprs[0]
-    for e in exprs[1:]:
-        least = f"({least} if {least} < {e} else {e})"
-    return least
+def smallest(a: str, b: str) -> str:
+    """Generated code for the lesser of two integer expressions (each may
+    be evaluated twice: pure and cheap ones, such as names, constants and
+    their sums): a select, where Numba's `min` is an overload that compiles
+    once per process and signature (20-40 ms).  Two only: nesting it would
+    repeat its operands, doubling the code with each level (the least of
+    many is a statement per operand, `least = smallest("least", e)`)."""
+    return f"({a} if {a} < {b} else {b})"
 
 
-def largest(*exprs: str) -> str:
-    """As `smallest`, the greatest."""
-    most = exprs[0]
-    for e in exprs[1:]:
-        most = f"({most} if {most} > {e} else {e})"
-    return most
+def largest(a: str, b: str) -> str:
+    """As `smallest`, the greater."""
+    return f"({a} if {a} > {b} else {b})"
 
 
 # name -> the module that defines `TARGET` for it

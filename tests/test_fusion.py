@@ -91,3 +91,20 @@ def test_a_sum_of_an_elementwise_chain_never_stores_the_chain():
         np.testing.assert_allclose(f(x), expected, rtol=1e-12)
     big = np.random.default_rng(1).normal(size=1 << 16)  # the parallel full-sum kernel
     np.testing.assert_allclose(m.sq(big), (big * big).sum(), rtol=1e-12)
+
+
+def test_a_loop_over_many_broadcast_inputs_has_code_linear_in_them():
+    """The rows' length is the least of the inputs' periods: one statement
+    per input (a nested select repeated its operands, doubling the kernel's
+    source with each input: 12 inputs took Numba seconds to compile)."""
+    names = [f"b{k}" for k in range(12)]
+    m = dsl.loads(f"def f(x, {', '.join(names)}):\n    return x * ({' + '.join(names)})\n")
+    x = np.arange(12.0).reshape(4, 3)
+    # rows of x's width and columns of its height: suffix and outer inputs
+    rows = [np.full((4, 1) if k % 2 else (3,), float(k)) for k in range(12)]
+    program = m.f.program(m.f.bind((x, *rows), {}))
+    (kernel,) = [source for _, source in program.generated.kernels if "prange" in source]
+    # (the kernel's source holds its parallel and its serial version)
+    assert kernel.count("least = ") == 2 * len(names)
+    assert len(kernel) < 12000
+    np.testing.assert_array_equal(m.f(x, *rows), x * sum(rows))
