@@ -382,11 +382,13 @@ def test_jacobians_in_blocks_of_columns_or_rows_equal_them_in_one(monkeypatch):
     np.testing.assert_allclose(hessian, np.diag(s * (1 - s)), rtol=1e-12, atol=1e-15)
 
 
-@settings(max_examples=8, deadline=None)
-@given(st.integers(1, 3), st.integers(2, 4), st.integers(0, 2**31))
-def test_stacked_columns_equal_the_pullbacks_on_random_shapes(b, k, seed):
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 2**31))
+def test_stacked_columns_equal_the_pullbacks_at_random_points(seed):
+    # one shape: each compiles its programs (slices need concrete sizes)
     m = _oracle_module(ORACLE_PROGRAMS)
     rng = np.random.default_rng(seed)
+    b, k = 3, 2
     x = rng.normal(size=(b, k))
     cases = ((m.softmax_xent, (x, rng.dirichlet(np.ones(k), size=b))),
              (m.layer_norm, (x, rng.normal(size=k))),
