@@ -75,8 +75,12 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
         elif eqn.op in ("reshape", "broadcast_to") and isinstance(inputs[0], Var) and (
                 inputs[0] in spread or _one_element(inputs[0].type.shape)):
             # one value reshaped and broadcast in turns is that value
-            # broadcast once, which a loop reads as a scalar
-            spread[out] = spread.get(inputs[0], inputs[0])
+            # broadcast once, which a loop reads as a scalar (from its 0-d
+            # view where the result has fewer axes: a broadcast adds axes only)
+            source = spread.get(inputs[0], inputs[0])
+            if out.type.rank < source.type.rank:
+                source = b.bind("reshape", source, shape=())
+            spread[out] = source
             op = "reshape" if _one_element(out.type.shape) else "broadcast_to"
             inputs = (spread[out],)
             eqn = Eqn(op, inputs, eqn.outputs, (("shape", out.type.shape),), eqn.span)

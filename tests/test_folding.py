@@ -354,3 +354,12 @@ def test_one_sum_of_both_axes_is_the_same_bits_whatever_the_threads():
         numba.set_num_threads(before)
     assert all(same_bits(r, results[0]) for r in results)
     np.testing.assert_allclose(results[0], (x * x).sum(axis=1).mean(), rtol=1e-13)
+
+
+def test_a_one_element_value_spread_to_fewer_axes_keeps_the_ir_well_typed():
+    # (1, 1) -> (1,) -> (4,): merged into one broadcast, that broadcast
+    # dropped an axis, which the verifier (on in tests) refused
+    m = dsl.loads("def f(x, s):\n    return x * broadcast_to(reshape(s, [1]), [4])\n")
+    x, s = np.arange(4.0), np.array([[2.5]])
+    np.testing.assert_array_equal(m.f(x, s), x * 2.5)
+    np.testing.assert_array_equal(dsl.grad(m.f, wrt=1)(x, s), [[np.sum(x)]])
