@@ -7,14 +7,18 @@ leading axis of size k: k values of it, stacked.  Output j (for j in
 stacked the same way (computed once for all k where it does not depend on
 them, then broadcast); the other outputs are fn's own.  Values that do not
 depend on a stacked parameter are computed once.  Every op of the table
-has a rule here except `loop` and `custom_vjp`, and an op whose stacked
+has a rule here except `loop`, `custom_vjp` and `dim`, and an op whose stacked
 inputs cannot be stacked (a matrix product of two stacked values, an
 index array that is stacked): for those it raises `NotVectorizable`, and
 the caller evaluates one value at a time instead.
 
+`stacked_elements(fn, stacked)` is how many elements the stacked values
+hold for each of the k (what memory one more of the k costs).
+
 `dsl.jacfwd` uses it to run every column of a Jacobian in one program: the
 jvp program (fn, made by `compiler.forward`) with its tangent stacked over
-the basis vectors.  Its rules mirror JAX's batching rules (`vmap`) for the
+the basis vectors; `dsl.jacrev` likewise stacks a backward pass's
+cotangents.  Its rules mirror JAX's batching rules (`vmap`) for the
 ops this language has: elementwise inputs line up by adding axes of size
 1 after the leading one; axes in params (reductions, transposes, slices,
 gathers) shift by one; a 2-d matrix product folds the leading axis into a
@@ -22,12 +26,13 @@ row axis of the stacked side.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
 from gradlang.compiler.shapes import Dim
+from gradlang.runtime.errors import Span
 
 
 class NotVectorizable(Exception):
@@ -59,6 +64,18 @@ def vectorize(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: D
             a = _spread(b, a, k)
         results.append(a)
     return b.function(f"{fn.name}_stacked", params, results)
+
+
+def stacked_elements(fn: Function, stacked: Sequence[int]) -> Dim:
+    """The elements of fn's values that depend on the parameters `stacked`
+    (those `vectorize` stacks), summed: for each of the k."""
+    depends = {fn.params[i] for i in stacked}
+    total = sum(fn.params[i].type.size for i in stacked)
+    for eqn in fn.eqns:
+        if any(isinstance(a, Var) and a in depends for a in eqn.inputs):
+            depends.update(eqn.outputs)
+            total += sum(v.type.size for v in eqn.outputs)
+    return total
 
 
 def _stacked_eqn(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Dim) -> Var:
@@ -119,7 +136,8 @@ def _spread(b: Builder, a: Atom, k: Dim) -> Var:
     return b.bind("broadcast_to", b.bind("reshape", a, shape=(1,) + shape), shape=(k,) + shape)
 
 
-def _matmul(b: Builder, inputs, has, k: Dim, span) -> Var:
+def _matmul(b: Builder, inputs: list[Atom], has: list[bool], k: Dim,
+            span: Optional[Span]) -> Var:
     x, y = inputs
     if has[0] and has[1]:
         raise NotVectorizable("matmul of two stacked values")
@@ -136,7 +154,7 @@ def _matmul(b: Builder, inputs, has, k: Dim, span) -> Var:
     return b.bind("transpose", b.bind("reshape", out, shape=(m, k, p)), perm=(1, 0, 2))
 
 
-def _index(b: Builder, eqn: Eqn, inputs, has, k: Dim) -> Var:
+def _index(b: Builder, eqn: Eqn, inputs: list[Atom], has: list[bool], k: Dim) -> Var:
     """A gather or scatter-add with stacked data and an unstacked index."""
     p = eqn.p
     axis = p["axis"] + 1

@@ -37,10 +37,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
-from dsl.function import (Compiled, GradFunction, JvpFunction, Wrt, derived_if_made, fast_key,
-                          jvp_function, resolve_wrt, stacked_jvp_function, stacked_vjp_function,
-                          vjp_of_bound)
-from gradlang.compiler.vectorize import NotVectorizable
+from dsl.function import (Compiled, GradFunction, JvpFunction, Stacked, Wrt, derived_if_made,
+                          fast_key, jvp_function, resolve_wrt, stacked_jvp_function,
+                          stacked_vjp_function, vjp_of_bound)
 from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
@@ -214,30 +213,39 @@ def _tangent_columns(x: Any, run) -> list:
     return columns
 
 
-def _stacked(columns: list, x: Any, stack) -> list:
+def _assembled(columns: list, x: Any, stack) -> list:
     """Each output's Jacobian from its tangent columns (`stack`: NumPy's or
     Dask's), of shape output shape + x's shape."""
     return [stack([c[k] for c in columns], axis=-1).reshape(
         tuple(columns[0][k].shape) + tuple(x.shape)) for k in range(len(columns[0]))]
 
 
-# How many of a Jacobian's columns one stacked jvp computes at most, in
-# elements of the arguments and results per column: the stacked program's
-# values are about that many times larger than one jvp's.
+# At most how many elements the values of one stacked program hold (32 MB
+# of f64): a Jacobian's columns (or rows) beyond that many run in blocks.
 _STACKED_ELEMENTS = 2 ** 22
 
 
+def _in_blocks(stacked: Stacked, bound: dict[str, Any], one: np.ndarray) -> Optional[list]:
+    """stacked's outputs for each one-hot value shaped like `one` (the
+    stacked argument's one value), in order, in blocks whose stacked values
+    hold at most _STACKED_ELEMENTS; None if stacked's function has an op
+    that cannot take stacked values."""
+    per_slice = stacked.per_slice({**bound, stacked.stacked: one})
+    if per_slice is None:
+        return None
+    block = max(1, min(one.size, _STACKED_ELEMENTS // max(per_slice, 1)))
+    return [_run(stacked, {**bound, stacked.stacked: _one_hots(one, i, min(i + block, one.size))},
+                 host=True) for i in range(0, one.size, block)]
+
+
 def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray
-                 ) -> list[np.ndarray]:
-    """Each output's Jacobian with respect to `name` (x's value), from one
-    jvp of stacked one-hot tangents (`Stacked`) per block of columns:
-    the whole Jacobian in one program, where the per-column path runs x.size
-    of them."""
-    sj = stacked_jvp_function(f, name)
-    per_column = sum(int(np.size(a)) for a in bound.values()) + 1
-    block = max(1, min(x.size, _STACKED_ELEMENTS // per_column))
-    blocks = [_run(sj, {**bound, sj.stacked: _one_hots(x, i, min(i + block, x.size))},
-                   host=True) for i in range(0, x.size, block)]
+                 ) -> Optional[list[np.ndarray]]:
+    """Each output's Jacobian with respect to `name` (x's value), from jvps
+    of stacked one-hot tangents (`_in_blocks`); None where the jvp cannot
+    stack them."""
+    blocks = _in_blocks(stacked_jvp_function(f, name), bound, x)
+    if blocks is None:
+        return None
     n_out = len(blocks[0]) // 2
     jacobians = []
     for k in range(n_out):
@@ -300,8 +308,6 @@ class Jacobian:
         self.single = not isinstance(wrt, (tuple, list))
         self.wrt = resolve_wrt(f, wrt)
         self.name = f"jac{mode}({f.name})"
-        self._one_at_a_time: set[str] = set()  # wrt names whose jvp cannot stack tangents
-        self._rows_one_at_a_time = False  # f's backward pass cannot stack cotangents
 
     @user_facing
     def __call__(self, *args, **kwargs):
@@ -324,24 +330,21 @@ class Jacobian:
         per element of each argument."""
         per_wrt = []
         for name in self.wrt:
-            jf = jvp_function(self.f, [name])
             x = bound[name]
             if not isinstance(x, np.ndarray):  # a device array passed in
                 x = self.f.target.to_host(x)
-            if x.size and name not in self._one_at_a_time:
-                try:
-                    per_wrt.append(_all_columns(self.f, name, bound, x))
-                    continue
-                except NotVectorizable:  # an op with no rule for stacked tangents
-                    self._one_at_a_time.add(name)
-            columns = _tangent_columns(x, _column_runner(jf, bound))
+            jacobians = _all_columns(self.f, name, bound, x) if x.size else None
+            if jacobians is not None:
+                per_wrt.append(jacobians)
+                continue
+            columns = _tangent_columns(x, _column_runner(jvp_function(self.f, [name]), bound))
             if not columns:  # an empty argument: the outputs give the shapes
                 outs = _run(self.f, dict(bound), host=True)
                 per_wrt.append([np.zeros(o.shape + x.shape, _jacobian_dtype(o, x))
                                 for o in outs])
                 continue
             per_wrt.append([j.astype(_jacobian_dtype(c, x))
-                            for j, c in zip(_stacked(columns, x, np.stack), columns[0])])
+                            for j, c in zip(_assembled(columns, x, np.stack), columns[0])])
         return [list(js) for js in zip(*per_wrt)]
 
     def _on_dask(self, args: tuple, kwargs: dict):
@@ -365,18 +368,16 @@ class Jacobian:
                 x, lambda basis: _jvp_on_dask(self.f, args, {name: basis})[1])
             if not columns:
                 raise ArgumentError(f"{self.name}: {name!r} is empty", self.f.span)
-            per_wrt.append(_stacked(columns, x, da.stack))
+            per_wrt.append(_assembled(columns, x, da.stack))
         per_output = [list(js) for js in zip(*per_wrt)]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 
     def _reverse(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
         """[output][wrt] Jacobians: all rows by stacked pullbacks, else one
         pullback per element of each output."""
-        if not self._rows_one_at_a_time:
-            try:
-                return self._all_rows(bound)
-            except NotVectorizable:  # an op with no rule for stacked cotangents
-                self._rows_one_at_a_time = True
+        stacked = self._all_rows(bound)
+        if stacked is not None:
+            return stacked
         outs, pullback = vjp_of_bound(self.f, bound, host_results=True)
         outs = [self.f.target.to_host(o) for o in outs]
         names = list(bound)
@@ -390,32 +391,33 @@ class Jacobian:
                 rows.append([grads[names.index(n)] for n in self.wrt])
             result.append([
                 np.stack([r[w] for r in rows]).reshape(out.shape + tuple(bound[n].shape))
+                .astype(_jacobian_dtype(out, bound[n]), copy=False)
                 if rows else np.zeros(out.shape + tuple(bound[n].shape),
                                       _jacobian_dtype(out, bound[n]))
                 for w, n in enumerate(self.wrt)])
         return result
 
-    def _all_rows(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
-        """[output][wrt] Jacobians, each output's from one backward pass of
-        its stacked one-hot cotangents (`Stacked`) per block of rows."""
+    def _all_rows(self, bound: dict[str, Any]) -> Optional[list[list[np.ndarray]]]:
+        """[output][wrt] Jacobians, each output's from backward passes of
+        its stacked one-hot cotangents (`_in_blocks`); None where the
+        backward pass cannot stack them."""
         outs = _run(self.f, bound, host=True)
         floats = self.f.differentiable_names(bound)
-        per_row = sum(int(np.size(a)) for a in bound.values()) + 1
-        block = max(1, _STACKED_ELEMENTS // per_row)
         result = []
         for k, out in enumerate(outs):
             sv = stacked_vjp_function(self.f, len(outs), k)
-            vf = sv.inner
-            zeros = {c: np.zeros(o.shape, o.dtype) for c, o in zip(vf.ct_names, outs)}
-            blocks = [_run(sv, {**bound, **zeros, sv.stacked: _one_hots(out, i, min(
-                i + block, out.size))}, host=True) for i in range(0, out.size, block)]
+            zeros = {c: np.zeros(o.shape, o.dtype) for c, o in zip(sv.inner.ct_names, outs)}
+            blocks = _in_blocks(sv, {**bound, **zeros}, np.asarray(out)) if out.size else []
+            if blocks is None:
+                return None
             jacobians = []
             for n in self.wrt:
-                x = bound[n]
+                x, dtype = bound[n], _jacobian_dtype(out, bound[n])
                 rows = [b[floats.index(n)] for b in blocks]
                 jacobians.append(
-                    np.concatenate(rows).reshape(out.shape + tuple(x.shape)) if rows else
-                    np.zeros(out.shape + tuple(x.shape), _jacobian_dtype(out, x)))
+                    np.concatenate(rows).reshape(out.shape + tuple(x.shape)).astype(dtype,
+                                                                                copy=False)
+                    if rows else np.zeros(out.shape + tuple(x.shape), dtype))
             result.append(jacobians)
         return result
 

@@ -38,7 +38,7 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
-from gradlang.compiler.vectorize import vectorize
+from gradlang.compiler.vectorize import NotVectorizable, stacked_elements, vectorize
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, numeric_array,
                                    static_names)
 from gradlang.runtime.boundary import leaving
@@ -789,6 +789,26 @@ class Stacked(Compiled):
         self.name = f"stacked {inner.name}"
         self.specs, self.param_specs = inner.specs, inner.param_specs
         self.target, self.host_results = inner.target, inner.host_results
+        self._per_slice: dict[tuple, Optional[int]] = {}
+
+    def per_slice(self, bound: dict[str, np.ndarray]) -> Optional[int]:
+        """For arguments `bound` holding one value of the stacked argument
+        (no leading axis): the elements the stacked program's values hold
+        for each stacked value, or None if inner cannot be stacked.
+        Worked out from inner's IR once per signature."""
+        return self.retrying_by_value(bound, lambda: self._planned(bound))
+
+    def _planned(self, bound: dict[str, np.ndarray]) -> Optional[int]:
+        statics = self.static_names(bound)
+        key = _signature(bound, statics)
+        if key not in self._per_slice:
+            fn, slot = self.inner.lower(_types(bound, statics)), list(bound).index(self.stacked)
+            try:
+                vectorize(fn, [slot], (), 1)  # raises where a rule is missing
+                self._per_slice[key] = int(stacked_elements(fn, [slot]))
+            except NotVectorizable:
+                self._per_slice[key] = None
+        return self._per_slice[key]
 
     @property
     def span(self):

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import dsl
 from dsl.forward import jvp_function
+from dsl.function import Stacked, derived_if_made
 from gradlang.compiler.modules import STDLIB
 from helpers import central_difference
 from test_interpreter_oracle import PROGRAMS as ORACLE_PROGRAMS
@@ -346,22 +347,37 @@ def _stacked_module():
     return m, (x, np.array([2, -1]), np.array([1, 0, 2, 5]))
 
 
-@pytest.mark.parametrize("fn,per_element", [("layers", set()), ("again", set()),
-                                             ("looped", {"x"})])
-def test_jacfwd_runs_every_column_in_one_program_where_it_can(fn, per_element):
+def _stacks(f, key) -> bool:
+    """Whether the stacked transform of f under `key` (made by a Jacobian)
+    took stacked values for every signature it was asked about."""
+    plans = derived_if_made(f, key)._per_slice.values()
+    assert plans
+    return all(p is not None for p in plans)
+
+
+def _one_at_a_time(monkeypatch):
+    """Jacobians from here on take the path of one jvp or pullback per
+    element, as for a function whose ops cannot take stacked values."""
+    monkeypatch.setattr(Stacked, "per_slice", lambda self, bound: None)
+
+
+@pytest.mark.parametrize("fn,stacks", [("layers", True), ("again", True), ("looped", False)])
+def test_jacobians_run_every_column_or_row_in_one_program_where_they_can(fn, stacks,
+                                                                          monkeypatch):
     m, args = _stacked_module()
     f = getattr(m, fn)
-    jacobian, reverse = dsl.jacfwd(f, wrt=(0, "w")), dsl.jacrev(f, wrt=(0, "w"))
-    jf, jr = jacobian(*args), reverse(*args)
-    for a, b in zip(jf, jr):
-        assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    jf, jr = dsl.jacfwd(f, wrt=(0, "w"))(*args), dsl.jacrev(f, wrt=(0, "w"))(*args)
     # a loop has no rule for stacked tangents: one jvp per element of x
     # instead (w's tangent meets no loop), and one pullback per element of
     # the output (the backward pass runs the loop)
-    assert jacobian._one_at_a_time == per_element
-    assert reverse._rows_one_at_a_time == bool(per_element)
-    if not per_element:  # central differences, for one column
+    assert _stacks(f, ("stacked jvp", "x")) == stacks and _stacks(f, ("stacked jvp", "w"))
+    assert _stacks(f, ("stacked vjp", 1, 0)) == stacks
+    _one_at_a_time(monkeypatch)
+    for stacked, one_by_one in zip(jf + jr, dsl.jacfwd(f, wrt=(0, "w"))(*args)
+                                   + dsl.jacrev(f, wrt=(0, "w"))(*args)):
+        assert stacked.shape == one_by_one.shape
+        np.testing.assert_allclose(stacked, one_by_one, rtol=1e-12, atol=1e-12)
+    if stacks:  # central differences, for one column
         t = np.zeros_like(args[0])
         t[1, 2] = 1.0
         eps = 1e-6
@@ -384,7 +400,7 @@ def test_jacobians_in_blocks_of_columns_or_rows_equal_them_in_one(monkeypatch):
 
 @settings(max_examples=6, deadline=None)
 @given(st.integers(0, 2**31))
-def test_stacked_columns_equal_the_pullbacks_at_random_points(seed):
+def test_stacked_jacobians_agree_at_random_points(seed):
     # one shape: each compiles its programs (slices need concrete sizes)
     m = _oracle_module(ORACLE_PROGRAMS)
     rng = np.random.default_rng(seed)
@@ -394,12 +410,30 @@ def test_stacked_columns_equal_the_pullbacks_at_random_points(seed):
              (m.layer_norm, (x, rng.normal(size=k))),
              (m.slices, (rng.normal(size=(b + 1, k)),)), (m.mixed, (x[0],)))
     for f, args in cases:
-        jacobian, reverse = dsl.jacfwd(f), dsl.jacrev(f)
-        np.testing.assert_allclose(jacobian(*args), reverse(*args), rtol=1e-12, atol=1e-12,
-                                   err_msg=f.name)
-        assert not jacobian._one_at_a_time and not reverse._rows_one_at_a_time
+        np.testing.assert_allclose(dsl.jacfwd(f)(*args), dsl.jacrev(f)(*args), rtol=1e-12,
+                                   atol=1e-12, err_msg=f.name)
+        assert _stacks(f, ("stacked jvp", f.specs[0].name)) and _stacks(f, ("stacked vjp", 1, 0))
 
 
 @functools.lru_cache(maxsize=None)
 def _oracle_module(source: str):
     return dsl.loads(source, "programs.grad")
+
+
+def test_stacked_blocks_are_sized_by_the_values_the_program_stacks(monkeypatch):
+    # an output of n*n elements from an argument of 2: each row's stacked
+    # values hold the output's n*n (the one-hot cotangent, the broadcast),
+    # so rows run in blocks; counting the arguments alone ran all n**2 rows
+    # at once, n**4 elements (766 MB at n = 100)
+    from dsl import forward
+    m = dsl.loads("def f(x, n: const i64):\n    return broadcast_to(x[0] * x[1], [n, n])\n")
+    x, n = np.array([1.5, -2.0]), 6
+    run = forward._run
+    stacked_rows = []
+    monkeypatch.setattr(forward, "_run", lambda f, bound, **kw: (
+        stacked_rows.append(bound[f.stacked].shape[0]) if isinstance(f, Stacked) else None)
+        or run(f, bound, **kw))
+    monkeypatch.setattr(forward, "_STACKED_ELEMENTS", 4 * n * n)
+    jr = dsl.jacrev(m.f)(x, n)
+    assert max(stacked_rows) * n * n <= 4 * n * n and sum(stacked_rows) == n * n
+    np.testing.assert_array_equal(jr, np.broadcast_to([x[1], x[0]], (n, n, 2)))
