@@ -39,20 +39,17 @@ class Builtin:
 
     def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
         """Python's rules for a call of this signature: a GradError for too
-        many positional arguments, an unknown keyword, an option given twice
-        or a required parameter missing."""
+        many or too few positional arguments, an unknown keyword, an option
+        given twice or a required parameter missing."""
         most = self.operands + len(self.options)
-        if n_args > most:
-            raise GradError(f"{name}() takes {_count(self.required, most)} positional "
-                            f"arguments but {n_args} were given", span)
+        if not self.operands <= n_args <= most:
+            raise GradError(f"{name}() takes {_count(self.required, most)} but {n_args} "
+                            f"{'was' if n_args == 1 else 'were'} given", span)
         for k in kwargs:
             if k not in self.options:
                 raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
             if self.operands + self.options.index(k) < n_args:
                 raise GradError(f"{name}() got multiple values for argument {k!r}", span)
-        if n_args < self.operands:
-            raise GradError(f"{name}() takes {_count(self.required, most)} positional "
-                            f"arguments but {n_args} were given", span)
         missing = [k for k in self.options[n_args - self.operands:self.required - self.operands]
                    if k not in kwargs]
         if missing:
@@ -60,7 +57,10 @@ class Builtin:
 
 
 def _count(least: int, most: int) -> str:
-    return str(least) if least == most else f"{least} to {most}"
+    """'1 positional argument', '2 to 3 positional arguments', as Python says."""
+    if least == most:
+        return f"{least} positional argument{'' if least == 1 else 's'}"
+    return f"{least} to {most} positional arguments"
 
 
 def _builtin(operands: int, lower, options: tuple[str, ...] = (),

@@ -23,9 +23,10 @@ the tangent is the block's.  `where(c, a, b)`'s tangent is
 nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
 where-mask (where it may be nonzero) through the elementwise ops after
 it, which re-select by it, so `sqrt(where(x > 0, x, 0))` (or of
-`maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN.  A `loop`'s JVP is a loop that also carries
-its carried values' tangents, with the JVP of its body as its body
-(`_loop_jvp`).  Only float values carry tangents.
+`maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN.  A
+`loop`'s JVP is a loop that also carries its carried values' tangents,
+with the JVP of its body as its body (`_loop_jvp`).  Only float values
+carry tangents.
 """
 from __future__ import annotations
 

@@ -781,8 +781,8 @@ _TABLE: tuple[Op, ...] = (
        ref=np.floor_divide, arity=2, exact=True, domain=("real", "nonzero"), cost=16),
     Op("remainder", template="{0} % {1}", ref=np.remainder, arity=2, exact=True,
        domain=("real", "nonzero"), cost=16,
-       vjp=_binary(lambda b, x, y, o, ct: ct,
-                   lambda b, x, y, o, ct: b.bind("neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
+       vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind(
+           "neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
     # (`compiler.passes.simplify` turns small integer powers into products)
     Op("pow", template="math.pow({0}, {1})", int_template="{0} ** {1}", ref=np.power,
        arity=2, domain=("positive", "real"), identity=1, tol=1e-4,

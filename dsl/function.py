@@ -39,6 +39,7 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.compiler.vectorize import NotVectorizable, stacked_elements, vectorize
+from gradlang.runtime.aot import AotFunction
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, numeric_array,
                                    static_names)
 from gradlang.runtime.boundary import leaving
@@ -557,7 +558,6 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
     needs the function's IR: `why` says for what).  Anything else is a
     TypeError, and a compiled module's function that cannot do an
     ArgumentError."""
-    from gradlang.runtime.aot import AotFunction
     if isinstance(f, Compiled) or (aot_ok and isinstance(f, AotFunction)):
         return f
     if isinstance(f, AotFunction):

@@ -437,3 +437,12 @@ def test_stacked_blocks_are_sized_by_the_values_the_program_stacks(monkeypatch):
     jr = dsl.jacrev(m.f)(x, n)
     assert max(stacked_rows) * n * n <= 4 * n * n and sum(stacked_rows) == n * n
     np.testing.assert_array_equal(jr, np.broadcast_to([x[1], x[0]], (n, n, 2)))
+
+
+def test_a_float_outputs_jacobian_has_its_dtype_in_both_modes():
+    m = dsl.loads("def f(x: f32[3], y: f64[3]):\n    return x * y, (x * y)[0:0]\n")
+    x, y = np.arange(3, dtype=np.float32), np.array([0.5, 2.0, -1.0])
+    for mode in (dsl.jacfwd, dsl.jacrev):
+        full, empty = mode(m.f, wrt=0)(x, y)
+        assert (full.dtype, empty.dtype) == (np.float64, np.float64), mode
+        np.testing.assert_array_equal(full, np.diag(y))
