@@ -406,9 +406,9 @@ def test_stacked_jacobians_agree_at_random_points(seed):
     rng = np.random.default_rng(seed)
     b, k = 3, 2
     x = rng.normal(size=(b, k))
-    cases = ((m.softmax_xent, (x, rng.dirichlet(np.ones(k), size=b))),
-             (m.layer_norm, (x, rng.normal(size=k))),
-             (m.slices, (rng.normal(size=(b + 1, k)),)), (m.mixed, (x[0],)))
+    # slices with steps, a transposed view, stack, clip, where and powers
+    # (the other ops are in the test above)
+    cases = ((m.slices, (rng.normal(size=(b + 1, k)),)), (m.mixed, (x[0],)))
     for f, args in cases:
         np.testing.assert_allclose(dsl.jacfwd(f)(*args), dsl.jacrev(f)(*args), rtol=1e-12,
                                    atol=1e-12, err_msg=f.name)
