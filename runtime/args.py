@@ -155,7 +155,10 @@ def plain(where: str, value: Any, span=None) -> np.ndarray:
 
 def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     """`array` (from Python values) as `dtype`, refusing values that dtype
-    cannot hold, which NumPy would silently wrap or truncate."""
+    cannot hold, which NumPy would silently wrap or truncate.  An array
+    of that dtype already is returned as it is (nothing to check or copy)."""
+    if array.dtype == NUMPY[dtype]:
+        return array
     if dtype in ("i32", "i64", "bool") and array.dtype.kind == "f":
         if not np.all(np.isfinite(array) & (np.floor(array) == array)):
             raise ArgumentError(f"{where} must hold {dtype} values", span)
@@ -172,6 +175,7 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     with np.errstate(over="ignore"):
         result = array.astype(NUMPY[dtype])
     if result.dtype.kind == "f" and array.dtype.kind == "f" and \
+            result.dtype.itemsize < array.dtype.itemsize and \
             np.any(np.isinf(result) & np.isfinite(array)):
         info = np.finfo(result.dtype)
         raise ArgumentError(f"{where} is out of range for {dtype}: its finite values must lie "

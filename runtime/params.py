@@ -54,8 +54,10 @@ class ParamStore(MutableMapping):
         if isinstance(array, np.ndarray) and spec.dtype is not None and \
                 array.dtype.kind in "biuf":
             # a param takes its declared dtype (values it cannot hold refused), as
-            # Python numbers do
-            array = cast(where, array, spec.dtype, None)
+            # Python numbers do; the store keeps a copy of its own (cast returns
+            # an array of that dtype as it is), so the caller may change theirs
+            converted = cast(where, array, spec.dtype, None)
+            array = converted.copy() if converted is array else converted
         array = convert(self._module, ParamSpec(name, spec.dtype, spec.dims, False, False),
                         array, None, where)
         check_shape(self._module, spec, array, {}, None, where)

@@ -381,3 +381,18 @@ def test_a_bad_param_value_is_named_as_the_param(name, value, message):
     """It was named "argument 'w' of param w()"."""
     with pytest.raises(dsl.ArgumentError, match=f"^error: {message}"):
         M.params[name] = value
+
+
+def test_a_declared_params_value_is_a_copy_and_arguments_of_their_dtype_are_not_copied():
+    from gradlang.runtime.args import cast
+    m = dsl.loads("param w: f64[2]\ndef f(x):\n    return x * w\n")
+    w = np.array([1.0, 2.0])
+    m.params["w"] = w
+    w[0] = 100.0  # the caller's array, not the module's
+    np.testing.assert_array_equal(m.f(np.ones(2)), [1.0, 2.0])
+    # an array already of the dtype passes through unchecked and uncopied
+    # (an hvp's v was copied and scanned on every call)
+    v = np.arange(3.0)
+    assert cast("v", v, "f64", None) is v
+    with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
+        cast("v", np.array([1e39]), "f32", None)
