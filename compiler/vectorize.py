@@ -1,8 +1,8 @@
 """Many evaluations of a function at once, along a new leading axis.
 
-Contract: `vectorize(fn, stacked, outputs)` returns a function with fn's
-parameters, except that each parameter in `stacked` (positions) takes a
-leading axis of size k: k values of it, stacked.  Output j (for j in
+Contract: `vectorize(fn, stacked, outputs, k)` returns a function with
+fn's parameters, except that each parameter in `stacked` (positions)
+takes a leading axis of size k: k values of it, stacked.  Output j (for j in
 `outputs`) of the result is fn's output j for each of the k values,
 stacked the same way (computed once for all k where it does not depend on
 them, then broadcast); the other outputs are fn's own.  Values that do not
