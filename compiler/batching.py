@@ -8,8 +8,10 @@ of `n` rows, and returns a `RowSplit`:
 - `block`: a function of fn's parameters, run on each block of rows, whose
   outputs are fn's row-wise outputs (row i depends only on row i of the
   batch arguments) and then the block's *partials*: reductions over the
-  batch axis of row-wise values (`reduce_sum`, `reduce_max`, and a matmul
-  contracting the batch axis, `x.T @ y`, a sum over rows);
+  batch axis of row-wise values (`reduce_sum`, `reduce_max`, a matmul
+  contracting the batch axis, `x.T @ y`, a sum over rows, and a
+  scatter-add of rows into zeros, as `segment_sum` and an embedding's
+  gradient make: a sum over rows of each row placed by its index);
 - `partial_kinds`: how blocks' partials combine ("sum" or "max"), in any
   order (a tree);
 - `combine`: a function of fn's non-batch parameters and then the combined
@@ -48,7 +50,7 @@ COLS = "cols"        # a transposed rank-2 ROWS value: the batch axis is axis 1
 PARTIAL = "partial"  # a reduction over the batch axis, per block
 AFTER = "after"      # computed from combined partials (and CONSTs)
 
-_KIND = {"reduce_sum": "sum", "reduce_max": "max", "matmul": "sum"}
+_KIND = {"reduce_sum": "sum", "reduce_max": "max", "matmul": "sum", "scatter_add": "sum"}
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,14 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
     state: dict[Var, str] = {p: ROWS if _batch_axes(p) == [0] else CONST for p in fn.params}
     kinds: dict[Var, str] = {}
     origin: dict[Var, Optional[Span]] = {}  # the reduction a reduced value comes from
+    zeros: set[Var] = set()  # values that are all 0 (a scatter-add into one sums rows)
     for eqn in fn.eqns:
         inputs = list(vars_in(eqn.inputs))
         reduced = next((origin[a] for a in inputs if a in origin), None)
-        out_state = _state(eqn, inputs, [state[a] for a in inputs], reduced or span)
+        if eqn.op == "full" and eqn.p["value"] == 0:
+            zeros.add(eqn.outputs[0])
+        out_state = _state(eqn, inputs, [state[a] for a in inputs], reduced or span,
+                           into_zeros=bool(eqn.inputs) and eqn.inputs[0] in zeros)
         for v in eqn.outputs:
             state[v] = out_state
             if out_state == PARTIAL:
@@ -129,7 +135,8 @@ def _leading(v: Var) -> bool:
     return all(d == 1 for d in v.type.shape[:axis])
 
 
-def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span]) -> str:
+def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
+           into_zeros: bool = False) -> str:
     out = eqn.outputs[0]
     layout = _layout(out)
     batched = {s for s in states if s in (ROWS, COLS)}
@@ -148,6 +155,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span]) ->
             return PARTIAL
         if eqn.op == "matmul" and states == [COLS, ROWS]:
             return PARTIAL
+        if eqn.op == "scatter_add" and into_zeros and eqn.p["axis"] == 0 \
+                and states == [CONST, ROWS, ROWS]:
+            return PARTIAL  # each block's rows placed into zeros: blocks sum
         raise _mixes(eqn, "combines the rows of the batch other than by a sum or a max "
                      "over them", origin)
     if layout != "moved":

@@ -133,6 +133,32 @@ def test_a_function_that_mixes_rows_is_a_grad_error_at_the_op(body, op, column):
         m.f(da.from_array(X, chunks=(400, 3)))
 
 
+@pytest.mark.parametrize("chunks", [(3, 4, 3), (10,), (1, 9)])
+def test_segment_sums_and_embedding_gradients_sum_their_blocks(chunks):
+    # a scatter-add of rows into zeros (segment_sum, a gather's gradient) is
+    # a sum over rows: each block's, summed
+    rng = np.random.default_rng(3)
+    x, seg = rng.normal(size=(10, 3)), rng.integers(0, 4, 10)
+    pool = load_example("segment_pool").pool
+    got = pool(da.from_array(x, chunks=(chunks, 3)), da.from_array(seg, chunks=chunks), 4)
+    expected = np.zeros((4, 3))
+    np.add.at(expected, seg, x)
+    np.testing.assert_allclose(got.compute(), expected, rtol=1e-12, atol=1e-15)
+    embed = load_example("embedding").embed
+    table, ids = rng.normal(size=(6, 3)), rng.integers(-6, 6, 10)
+    value, gt = dsl.value_and_grad(embed, wrt=0)(table, da.from_array(ids, chunks=chunks))
+    value, gt = dask.compute(value, gt)
+    counts = np.bincount(ids % 6, minlength=6)
+    assert value == pytest.approx(np.sum(table[ids] ** 2), rel=1e-12)
+    np.testing.assert_allclose(gt, 2 * table * counts[:, None], rtol=1e-12)
+    # rows added into a base that is not zero: each block would add the base
+    m = dsl.loads("def f(table, ids: i64[n]):\n"
+                  "    return scatter_add(table, ids, table[ids] * 2.0)\n", "base.grad")
+    with pytest.raises(dsl.GradError, match="base.grad:2:12: error: `scatter_add` .* does "
+                                            "not decompose over the rows"):
+        m.f(table, da.from_array(ids, chunks=chunks))
+
+
 def test_a_dask_array_of_another_length_goes_to_every_block():
     loss = load_example("logistic").loss
     ws = da.from_array(W, chunks=3)  # a parameter vector, itself a Dask array
