@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Union
 
-from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, derived,
-                          grad_function, require_function, resolve_wrt)
+from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, grad_function,
+                          require_function)
 from dsl.forward import Jacobian
 from dsl.forward import hessian as _hessian
 from dsl.forward import jacfwd as _jacfwd
@@ -32,7 +32,7 @@ from gradlang.runtime import target as targets
 from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import ParamSpec
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import Span
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.target import Target
 
@@ -106,26 +106,16 @@ def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT
 Function = Union[Compiled, AotFunction]
 
 
-def _transform(f: Function, wrt: Wrt, with_value: bool) -> "GradFunction | AotGradient":
-    # One transform object per (function, wrt, kind), so that calling
-    # `dsl.grad(f)(x)` in a loop reuses its compiled programs.
-    if isinstance(f, AotFunction):
-        names, single = resolve_wrt(f, wrt), not isinstance(wrt, (tuple, list))
-        return derived(f, ("grad", names, not single, with_value),
-                       lambda: f.gradient(names, single, with_value))
-    return grad_function(f, wrt, with_value)
-
-
 @user_facing
 def grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
     """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
-    return _transform(require_function(f, "grad"), wrt, with_value=False)
+    return grad_function(require_function(f, "grad"), wrt, with_value=False)
 
 
 @user_facing
 def value_and_grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs)."""
-    return _transform(require_function(f, "value_and_grad"), wrt, with_value=True)
+    return grad_function(require_function(f, "value_and_grad"), wrt, with_value=True)
 
 
 @user_facing
@@ -168,4 +158,4 @@ def jacrev(f: Compiled, wrt: Wrt = 0) -> Jacobian:
 def hessian(f: Compiled, wrt: Wrt = 0) -> Jacobian:
     """The Hessian of the sum of f's outputs w.r.t. `wrt` (arg.shape +
     arg.shape), forward over reverse."""
-    return _hessian(_transform(require_function(f, "hessian", aot_ok=False), wrt, False), wrt)
+    return _hessian(grad_function(require_function(f, "hessian", aot_ok=False), wrt, False), wrt)

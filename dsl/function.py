@@ -709,11 +709,16 @@ def derived_if_made(f: Any, key: tuple) -> Any:
     return f.__dict__.get("_derived", {}).get(key)
 
 
-def grad_function(f: Compiled, wrt: Wrt, with_value: bool) -> GradFunction:
+def grad_function(f: "Compiled | AotFunction", wrt: Wrt, with_value: bool) -> Any:
     """`grad(f, wrt)` (or `value_and_grad`), one per function, arguments and
-    kind: `wrt` is resolved first, so 0 and "x" share one."""
-    key = ("grad", resolve_wrt(f, wrt), isinstance(wrt, (tuple, list)), with_value)
-    return derived(f, key, lambda: GradFunction(f, wrt, with_value))
+    kind: `wrt` is resolved first, so 0 and "x" share one.  A gradc-compiled
+    function's is its compiled gradient (`AotGradient`)."""
+    names, single = resolve_wrt(f, wrt), not isinstance(wrt, (tuple, list))
+    if isinstance(f, AotFunction):
+        return derived(f, ("grad", names, single, with_value),
+                       lambda: f.gradient(names, single, with_value))
+    return derived(f, ("grad", names, single, with_value),
+                   lambda: GradFunction(f, wrt, with_value))
 
 
 def jvp_function(f: Compiled, active: Sequence[str]) -> "JvpFunction":
