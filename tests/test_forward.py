@@ -410,9 +410,13 @@ def test_stacked_jacobians_agree_at_random_points(seed):
     # (the other ops are in the test above)
     cases = ((m.slices, (rng.normal(size=(b + 1, k)),)), (m.mixed, (x[0],)))
     for f, args in cases:
-        np.testing.assert_allclose(dsl.jacfwd(f)(*args), dsl.jacrev(f)(*args), rtol=1e-12,
-                                   atol=1e-12, err_msg=f.name)
+        forward, reverse = dsl.jacfwd(f)(*args), dsl.jacrev(f)(*args)
+        np.testing.assert_allclose(forward, reverse, rtol=1e-12, atol=1e-12, err_msg=f.name)
         assert _stacks(f, ("stacked jvp", f.specs[0].name)) and _stacks(f, ("stacked vjp", 1, 0))
+        # both stacked: central differences of the summed outputs check them
+        out_axes = tuple(range(forward.ndim - np.ndim(args[0])))
+        np.testing.assert_allclose(forward.sum(axis=out_axes), central_difference(f, args, 0),
+                                   rtol=1e-6, atol=1e-6, err_msg=f.name)
 
 
 @functools.lru_cache(maxsize=None)
