@@ -32,6 +32,7 @@ import numpy as np
 
 import dsl
 from dsl.aot import OutputError, SignatureError
+from dsl.check import MAX_ORDER, check_function
 from gradlang.compiler import ast, pipeline
 from gradlang.runtime import target as targets
 from gradlang.runtime.errors import ArgumentError, GradError
@@ -198,7 +199,6 @@ def cmd_show(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from dsl.check import check_function
     path = Path(args.path)
     failed = 0
     if path.is_dir():
@@ -287,14 +287,14 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-def _at_least(minimum: int, what: str):
-    """An argparse type: an integer of at least `minimum`."""
+def _at_least(minimum: int, what: str, maximum: float = float("inf")):
+    """An argparse type: an integer from `minimum` to `maximum`."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
     return parse
@@ -333,8 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "(f64) and with the f64 gradient (f32); NaN/Inf gradients fail")
     check.add_argument("path", help="a .grad file or a directory of them")
     check.add_argument("--fn", help="only this function")
-    check.add_argument("--order", type=_at_least(1, "a positive integer"), default=2,
-                       help="highest order (default 2)")
+    check.add_argument("--order", default=2,
+                       type=_at_least(1, f"an order from 1 to {MAX_ORDER}", MAX_ORDER),
+                       help=f"highest order, at most {MAX_ORDER}: each order's program "
+                       "is about three times the size of the one below (default 2)")
     check.add_argument("--seed", type=_at_least(0, "a non-negative integer"), default=0,
                        help="seed of the random points")
     check.set_defaults(func=cmd_check)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dsl
-from dsl.check import GradientCheckError
+from dsl.check import MAX_ORDER, GradientCheckError
 from dsl.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,3 +216,21 @@ def test_empty_arguments_check_without_reducing_nothing():
     m = dsl.loads("def f(x, y):\n    return sum(x * y + sin(x))\n")
     result = dsl.check_gradients(m.f, np.zeros(0), np.zeros((0,)))
     assert result and {row.wrt for row in result} >= {"x", "y"}
+
+
+@pytest.mark.parametrize("order", [0, -1, MAX_ORDER + 1, True, 2.0, "2", None])
+def test_an_order_outside_one_to_max_is_refused_before_anything_compiles(order):
+    # each order triples the program, so order 99 would compile for days
+    f = dsl.loads(NAIVE).softplus_naive
+    with pytest.raises(dsl.ArgumentError, match=f"order from 1 to {MAX_ORDER}, got {order!r}"):
+        dsl.check_gradients(f, np.ones(2), order=order)
+    assert not f._programs  # refused before the value's program was built
+
+
+@pytest.mark.parametrize("order", ["0", "9", "99", "two"])
+def test_gradc_check_refuses_an_order_beyond_max(order, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", str(EXAMPLES / "log1pexp.grad"), "--order", order])
+    assert exit_.value.code == 2
+    assert f"--order: expected an order from 1 to {MAX_ORDER}, got '{order}'" in \
+        capsys.readouterr().err
