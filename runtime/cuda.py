@@ -11,7 +11,8 @@ a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
 count them).  Reductions: one thread per output over an (outer, reduced,
 inner) view, or, for long rows, a block-level tree in shared memory whose
-block results meet by atomics; sums accumulate in f64 (floats) or i64.  Matmul is a
+block results are reduced again (no atomics: the bits do not depend on the
+blocks' order, and a max keeps NaN); sums accumulate in f64 (floats) or i64.  Matmul is a
 tiled shared-memory kernel.  `require()` raises a clear error when
 numba-cuda or a GPU (or the simulator) is missing.
 """
@@ -64,6 +65,10 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 THREADS = 8 if SIMULATOR else 256
 MAX_BLOCKS = 2 if SIMULATOR else 2048
 TILE = 4 if SIMULATOR else 16
+# A grid's y dimension holds at most 65535 blocks on every GPU, so kernels
+# gridded by rows stride over them; the simulator's small cap makes every
+# test run that stride.
+MAX_GRID_Y = 2 if SIMULATOR else 65535
 
 
 class _SimulatorMath:
@@ -177,58 +182,63 @@ def _max_middle(src, n_outer, n_reduced, n_inner, out):
 
 
 @cuda.jit
-def _tree_rows(src, n_reduced, out, is_max):
-    # grid (chunks, rows): a tree in shared memory per block, then atomics
-    # into out[row] (pre-set to 0 for a sum, -inf for a max); floats only
+def _tree_rows(src, n_rows, n_reduced, partials, is_max):
+    # grid (chunks, rows, striding): a tree in shared memory per block and
+    # row, whose result is partials[row, chunk]; floats only.  No atomics:
+    # a float atomic add makes the sum's bits depend on the blocks' order,
+    # and an atomic max skips a NaN, which NumPy's max keeps.
     shared = cuda.shared.array(THREADS, float64)
-    row, tid = cuda.blockIdx.y, cuda.threadIdx.x
-    # f64 from the start: 0.0 + an f32 value is f32 under NumPy 2's
-    # promotion, and so on the simulator
-    acc = float64(-np.inf) if is_max else float64(0.0)
+    tid = cuda.threadIdx.x
     start = cuda.blockIdx.x * cuda.blockDim.x + tid
-    for r in range(start, n_reduced, cuda.gridDim.x * cuda.blockDim.x):
-        v = src[row * n_reduced + r]
-        if not is_max:
-            acc += v
-        elif v > acc or v != v:
-            acc = v
-    shared[tid] = acc
-    cuda.syncthreads()
-    step = cuda.blockDim.x // 2
-    while step > 0:
-        if tid < step:
-            other = shared[tid + step]
+    for row in range(cuda.blockIdx.y, n_rows, cuda.gridDim.y):
+        # f64 from the start: 0.0 + an f32 value is f32 under NumPy 2's
+        # promotion, and so on the simulator
+        acc = float64(-np.inf) if is_max else float64(0.0)
+        for r in range(start, n_reduced, cuda.gridDim.x * cuda.blockDim.x):
+            v = src[row * n_reduced + r]
             if not is_max:
-                shared[tid] += other
-            elif other > shared[tid] or other != other:
-                shared[tid] = other
+                acc += v
+            elif v > acc or v != v:
+                acc = v
+        shared[tid] = acc
         cuda.syncthreads()
-        step //= 2
-    if tid == 0:
-        if is_max:
-            cuda.atomic.max(out, row, shared[0])
-        else:
-            cuda.atomic.add(out, row, shared[0])
+        step = cuda.blockDim.x // 2
+        while step > 0:
+            if tid < step:
+                other = shared[tid + step]
+                if not is_max:
+                    shared[tid] += other
+                elif other > shared[tid] or other != other:
+                    shared[tid] = other
+            cuda.syncthreads()
+            step //= 2
+        if tid == 0:
+            partials[row * cuda.gridDim.x + cuda.blockIdx.x] = shared[0]
+        # thread 0 reads shared[0] before any thread writes the next row's
+        cuda.syncthreads()
 
 
 @cuda.jit
 def _matmul(a, b, out):
+    # grid (column tiles, row tiles, striding): each block computes TILE x
+    # TILE outputs at a time from tiles staged in shared memory
     sa = cuda.shared.array((TILE, TILE), float64)
     sb = cuda.shared.array((TILE, TILE), float64)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    row = cuda.blockIdx.y * TILE + ty
     col = cuda.blockIdx.x * TILE + tx
     n, k, m = a.shape[0], a.shape[1], b.shape[1]
-    acc = 0.0
-    for t in range((k + TILE - 1) // TILE):
-        sa[ty, tx] = a[row, t * TILE + tx] if row < n and t * TILE + tx < k else 0.0
-        sb[ty, tx] = b[t * TILE + ty, col] if col < m and t * TILE + ty < k else 0.0
-        cuda.syncthreads()
-        for j in range(TILE):
-            acc += sa[ty, j] * sb[j, tx]
-        cuda.syncthreads()
-    if row < n and col < m:
-        out[row, col] = acc
+    for row_tile in range(cuda.blockIdx.y, (n + TILE - 1) // TILE, cuda.gridDim.y):
+        row = row_tile * TILE + ty
+        acc = 0.0
+        for t in range((k + TILE - 1) // TILE):
+            sa[ty, tx] = a[row, t * TILE + tx] if row < n and t * TILE + tx < k else 0.0
+            sb[ty, tx] = b[t * TILE + ty, col] if col < m and t * TILE + ty < k else 0.0
+            cuda.syncthreads()
+            for j in range(TILE):
+                acc += sa[ty, j] * sb[j, tx]
+            cuda.syncthreads()
+        if row < n and col < m:
+            out[row, col] = acc
 
 
 @cuda.jit(device=True)
@@ -369,7 +379,7 @@ def matmul(a, b):
         a64, b64 = _astype(a, np.float64), _astype(b, np.float64)
         return _astype(matmul(a64, b64), a.dtype)
     out = cuda.device_array((n, m), np.float64)
-    grid = (max(1, -(-m // TILE)), max(1, -(-n // TILE)))
+    grid = (max(1, -(-m // TILE)), max(1, min(MAX_GRID_Y, -(-n // TILE))))
     _matmul[grid, (TILE, TILE)](a, b, out)
     return out
 
@@ -393,9 +403,11 @@ def _reduce(x, axes, is_max: bool):
             continue
         acc_dtype = np.float64 if np.dtype(out_dtype).kind == "f" else np.int64
         if inner == 1 and reduced >= 4 * THREADS and np.dtype(out_dtype).kind == "f":
-            result = full((outer,), -np.inf if is_max else 0, np.float64)
             chunks = max(1, min(MAX_BLOCKS, -(-reduced // (THREADS * 8))))
-            _tree_rows[(chunks, outer), THREADS](flat(x), reduced, result, is_max)
+            partials = cuda.device_array((outer, chunks), np.float64)
+            grid = (chunks, min(MAX_GRID_Y, outer))
+            _tree_rows[grid, THREADS](flat(x), outer, reduced, flat(partials), is_max)
+            result = _reduce(partials, (1,), is_max)
         elif is_max:
             result = cuda.device_array(outer * inner, out_dtype)
             _launch(_max_middle, outer * inner, flat(x), outer, reduced, inner, result)

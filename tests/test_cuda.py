@@ -63,3 +63,27 @@ def test_long_f32_sums_accumulate_in_f64_on_cuda():
     assert m.f(x) == np.float32(x.astype(np.float64).sum())
     rows = np.random.default_rng(0).normal(size=(2, 5000)).astype(np.float32)
     np.testing.assert_array_equal(m.g(rows), rows.max(axis=1))
+
+
+def test_kernels_gridded_by_rows_stride_past_the_grid_limit():
+    # A grid holds at most 65535 blocks along y on every GPU, and the long-row
+    # reductions and the matmul put rows there: (10**5, 1024) row sums could
+    # not launch.  The kernels stride over rows; the simulator's cap of
+    # MAX_GRID_Y blocks makes these few rows take the stride.
+    assert rcuda.MAX_GRID_Y == (2 if rcuda.SIMULATOR else 65535)
+    m = dsl.loads("def rows(x):\n    return sum(x, axis=1), max(x, axis=1)\n"
+                  "def mm(a, b):\n    return a @ b\n", target="cuda", host_results=True)
+    rng = np.random.default_rng(3)
+    rows = 2 * rcuda.MAX_GRID_Y + 1
+    x = rng.normal(size=(rows, 4 * rcuda.THREADS))
+    x[1, 7] = np.nan  # a max keeps NaN, in the strided rows too
+    total, most = m.rows(x)
+    np.testing.assert_allclose(total, x.sum(axis=1), rtol=1e-12)
+    np.testing.assert_array_equal(most, x.max(axis=1))
+    a = rng.normal(size=(rcuda.TILE * (2 * rcuda.MAX_GRID_Y + 1) - 1, 5))
+    b = rng.normal(size=(5, rcuda.TILE + 3))
+    np.testing.assert_allclose(m.mm(a, b), a @ b, rtol=1e-12, atol=1e-12)
+    # and their gradients, which run the same kernels transposed
+    ga, gb = dsl.grad(m.mm, wrt=(0, 1))(a, b)
+    np.testing.assert_allclose(ga, np.ones((a.shape[0], b.shape[1])) @ b.T, rtol=1e-12)
+    np.testing.assert_allclose(gb, a.T @ np.ones((a.shape[0], b.shape[1])), rtol=1e-12)
