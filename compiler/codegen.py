@@ -472,7 +472,7 @@ class _Driver:
                         name = define(v)
                         fresh.add(v)
                         length = prod(v.type.shape) if v in reduced else size
-                        alloc = f"R.empty({render(length)}, {numpy_spelling(v.type.dtype)})"
+                        alloc = self.allocate(length, v.type.dtype)
                         if v in slot:
                             buffer = f"out[{slot[v]}]"
                             # C order, checked by the caller: a view, never a copy
@@ -536,6 +536,13 @@ class _Driver:
         """Whether the driver computes `loop` itself (`_scalar_lines`)."""
         return self.target.scalars_in_driver and _scalar_arithmetic(loop)
 
+    def allocate(self, length: "Dim | str", dtype: str) -> str:
+        """A fresh 1-d array of `length` elements (a dimension, or driver
+        source) of `dtype`, for a kernel to fill."""
+        known = length if isinstance(length, int) else None
+        text = length if isinstance(length, str) else render(length)
+        return self.target.allocate(text, known, numpy_spelling(dtype), NUMPY[dtype].itemsize)
+
     def loop_bounds(self, eqn: Eqn, ref, pre: str) -> tuple[list[str], str]:
         """Driver lines binding a loop's start, stop and step (as `pre` +
         name) and its trip count; returns them and the trip count's name."""
@@ -564,8 +571,8 @@ class _Driver:
         args = [f"R.flat({ref(v)})" for v in reads + list(stacked)]
         for j, v in enumerate(eqn.outputs):
             name = define(v)
-            length = render(size) if j < n_carry else f"{trips} * {render(size)}"
-            lines.append(f"{name} = R.empty({length}, {numpy_spelling(v.type.dtype)})")
+            length = size if j < n_carry else f"{trips} * {render(size)}"
+            lines.append(f"{name} = {self.allocate(length, v.type.dtype)}")
             args.append(name)
         for v in aux_values:
             aux = access_aux(v.type.shape, shape)

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from gradlang.runtime import branch_free, cpu_math
+from gradlang.runtime import branch_free, cpu_math, memory
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     check_nonempty,
@@ -70,6 +70,7 @@ def flat(x: np.ndarray) -> np.ndarray:
 
 # Memory and layout, as the drivers of both targets name them.
 empty = np.empty
+pooled = memory.pooled
 reshape = np.reshape
 transpose = np.transpose
 
@@ -457,6 +458,16 @@ class CpuTarget(Target):
                 out += ["        " + line for line in _row(f"s * {inner}", row, body, inner)]
             out.append("")
         return "\n".join(out)
+
+    def allocate(self, length: str, known: Optional[int], dtype: str, itemsize: int) -> str:
+        """Large arrays from `runtime.memory`'s pool: the branch costs a
+        small call one comparison, where the pool's bookkeeping would cost
+        it a tenth of its time."""
+        smallest_pooled = -(-memory.POOL_MIN // itemsize)
+        if known is not None:
+            helper = "pooled" if known >= smallest_pooled else "empty"
+            return f"R.{helper}({length}, {dtype})"
+        return f"(R.pooled if {length} >= {smallest_pooled} else R.empty)({length}, {dtype})"
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
                cost: int) -> str:

@@ -78,6 +78,12 @@ class Target:
         (how it reads broadcast inputs without dividing per element)."""
         raise NotImplementedError
 
+    def allocate(self, length: str, known: Optional[int], dtype: str, itemsize: int) -> str:
+        """A driver expression for a fresh 1-d array of `length` elements
+        of `dtype` (its NumPy spelling; `known`: the length when fixed at
+        compile time) that a kernel will fill."""
+        return f"R.empty({length}, {dtype})"
+
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
                cost: int) -> str:
         """A driver line running kernel `kname` over `size` elements
