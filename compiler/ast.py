@@ -214,6 +214,12 @@ class TypeAnn:
     def rank(self) -> int | None:
         return None if self.dims is None else len(self.dims)
 
+    @property
+    def text(self) -> str:
+        """The dtype and dims as written: `f64`, `f64[n, 3]`, `f64[...]`."""
+        dims = "..." if self.dims is None else ", ".join(map(str, self.dims))
+        return f"{self.dtype or ''}[{dims}]" if dims else self.dtype or ""
+
 
 @dataclass(frozen=True)
 class Param:
@@ -273,6 +279,11 @@ class FuncDef:
     @property
     def differentiable_params(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.differentiable)
+
+    @property
+    def result_dtype(self) -> str | None:
+        """The dtype the return annotation names; None without one."""
+        return None if self.ret is None else self.ret.dtype
 
 
 @dataclass(frozen=True)

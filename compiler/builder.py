@@ -50,6 +50,20 @@ _INT_BITS = {"i32": 32, "i64": 64}
 _FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": 1.7976931348623157e308}
 
 
+def fit_constant(value: Union[int, float, bool], dtype: str, what: str,
+                 span: Span | None = None) -> Union[int, float, bool]:
+    """A compile-time number as a value of `dtype`, as a parameter's default
+    and an annotated function's compile-time result take it: an int is a
+    value of every numeric dtype (`1` is 1.0 for f64), a float only of the
+    floats, a bool only of bool.  Anything else is a `GradError` at `span`
+    saying that `what` is not a value of the dtype; so is a value the
+    dtype cannot hold (`coerce`)."""
+    wanted = bool if dtype == "bool" else int if dtype in INTS else (int, float)
+    if isinstance(value, bool) != (dtype == "bool") or not isinstance(value, wanted):
+        raise GradError(f"{what} is not a value of its dtype {dtype}", span)
+    return coerce(value, dtype, span)
+
+
 def coerce(value: Union[int, float, bool], dtype: str,
            span: Span | None = None) -> Union[int, float, bool]:
     """A compile-time number as a Python scalar of `dtype`; a `GradError` at

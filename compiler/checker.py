@@ -8,7 +8,8 @@ keywords; statements after `return`; bodies without one; a `return`
 inside a loop or an `if`; a loop variable that rebinds a name; names read
 after a loop or an `if` that only its body or some of its branches bind
 (the error says so); decorator arguments other than `@recompute(every=K)`
-with K a positive integer; and the grad-block contract:
+with K a positive integer; a return annotation on a function that returns
+several values; and the grad-block contract:
 
 - block 1 takes one upstream cotangent per value the function returns; a
   later block takes one per cotangent the block before it returns;
@@ -24,14 +25,15 @@ with K a positive integer; and the grad-block contract:
 - `@pass_through` functions take no grad block and have exactly one
   differentiable parameter and one result.
 
-Shapes and dtypes are checked when a call binds them (`compiler.lower`).
+Shapes and dtypes, of arguments and results, are checked when a call
+binds them (`compiler.lower`).
 """
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 from gradlang.compiler import ast
-from gradlang.compiler.builder import coerce
+from gradlang.compiler.builder import coerce, fit_constant
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
 from gradlang.compiler.ir import INTS
 from gradlang.compiler.namespace import Namespace
@@ -92,6 +94,10 @@ class _Function:
                             f.decorators[-1].span)
         visible = names | set(self.ns.params)
         n_outputs = self.block(f.body, visible, f"{f.name}()", allow_named=False)
+        if f.ret is not None and n_outputs != 1:
+            raise GradError(f"{f.name}() returns {n_outputs} values, but a return annotation "
+                            "describes one result (several results cannot be annotated)",
+                            f.ret.span)
         if "pass_through" in decorators:
             if f.grads:
                 raise GradError(f"@pass_through function {f.name}() cannot have a grad "
@@ -126,12 +132,9 @@ class _Function:
         hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0."""
         if p.default is None or p.ann is None or p.ann.dtype is None:
             return
-        value, dtype = p.default.value, p.ann.dtype
-        wanted = bool if dtype == "bool" else int if dtype in INTS else (int, float)
-        if isinstance(value, bool) != (dtype == "bool") or not isinstance(value, wanted):
-            raise GradError(f"the default {value!r} of {p.name!r} is not a value of its "
-                            f"dtype {dtype}", p.default.span)
-        coerce(value, dtype, p.default.span)
+        value = p.default.value
+        fit_constant(value, p.ann.dtype, f"the default {value!r} of {p.name!r}",
+                     p.default.span)
 
     def not_a_param(self, name: str, span, what: str) -> None:
         if name in self.ns.params:

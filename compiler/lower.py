@@ -24,14 +24,14 @@ import operator
 from typing import Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops
-from gradlang.compiler.builder import Builder, coerce, inline
+from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import INTS, Atom, Function, Lit, StaticScalar, TensorType, Var
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import too_deep
-from gradlang.compiler.shapes import NeedsConcrete, Sym, broadcasts_to
+from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
-from gradlang.compiler.values import (StaticList, Value, as_atom, cast, is_static,
+from gradlang.compiler.values import (StaticList, Value, as_atom, as_result, cast, is_static,
                                       sequence_kind, unify)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
@@ -62,7 +62,8 @@ class Lowerer:
         env.update({n: t.value for n, t in types.items() if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
-        return b.function(name or fdef.name, params, [as_atom(b, o, fdef.span) for o in outs])
+        return b.function(name or fdef.name, params,
+                          [as_result(b, o, fdef.result_dtype, fdef.span) for o in outs])
 
     # ------------------------------------------------------------ calls
 
@@ -96,29 +97,54 @@ class Lowerer:
             raise GradError(f"calls are nested more than {MAX_CALL_DEPTH} deep here (from "
                             f"{self.call_stack[0]}()); calls are inlined", span)
         args = self.bind_args(fdef, positional, keywords, span)
-        self.check_annotations(fdef, args, span)
+        dims = self.check_annotations(fdef, args, span)
         inputs = dict(args)
         for w in param_reads(fdef, ns):
             inputs[w] = caller_env[w]
         self.call_stack.append(fdef.name)
         try:
-            every = control.checkpoint_interval(fdef)
-            if every is not None:
-                outer, self.checkpoint = self.checkpoint, every
-                try:
-                    return self.block(b, fdef.body, inputs)
-                finally:
-                    self.checkpoint = outer
-            if fdef.grads or fdef.decorators:
-                return lower_staged(self, b, fdef, ns, inputs, span)
-            return self.block(b, fdef.body, inputs)
+            outs = self.call_body(b, fdef, ns, inputs, span)
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
             raise too_deep(ns.module.source, ns.module.file) from None
         finally:
             self.call_stack.pop()
+        check_results(fdef, outs, dims)
+        return outs
 
-    def check_annotations(self, fdef: ast.FuncDef, args: dict[str, Value], span: Span) -> None:
-        dims: dict[str, tuple[int, str]] = {}
+    def call_body(self, b: Builder, fdef: ast.FuncDef, ns: Namespace,
+                  inputs: dict[str, Value], span: Span) -> list[Value]:
+        every = control.checkpoint_interval(fdef)
+        if every is not None:
+            outer, self.checkpoint = self.checkpoint, every
+            try:
+                return self.body(b, fdef, inputs)
+            finally:
+                self.checkpoint = outer
+        if fdef.grads or fdef.decorators:
+            return lower_staged(self, b, fdef, ns, inputs, span)
+        return self.body(b, fdef, inputs)
+
+    def body(self, b: Builder, fdef: ast.FuncDef, env: dict[str, Value]) -> list[Value]:
+        """fdef's body on `env`: its results, a compile-time number taken as
+        a value of the dtype its return annotation names (`-> f64` makes
+        `return 1` the float 1.0, as a default's annotation does)."""
+        outs = self.block(b, fdef.body, env)
+        ann = fdef.ret
+        if ann is None or not is_static(outs[0]) or isinstance(outs[0], tuple):
+            return outs  # (a tuple is refused by check_results)
+        (value,) = outs  # the checker allows an annotation on one result only
+        if isinstance(value, Sym):
+            if ann.dtype not in INTS:
+                raise NeedsConcrete(f"a size is returned as {ann.dtype}")
+            return outs
+        return [fit_constant(value, ann.dtype, f"the result {value!r} of {fdef.name}()",
+                             ann.span)]
+
+    def check_annotations(self, fdef: ast.FuncDef, args: dict[str, Value],
+                          span: Span) -> dict[str, tuple[Dim, str]]:
+        """The arguments against their parameters' annotations; returns the
+        sizes the annotations' names are bound to (name -> (size, parameter))."""
+        dims: dict[str, tuple[Dim, str]] = {}
         for p in fdef.params:
             ann, value = p.ann, args[p.name]
             if ann is None or (ann.dtype is None and ann.dims is None):
@@ -139,6 +165,7 @@ class Lowerer:
                    for d, size in zip(ann.dims, shape)):
                 raise NeedsConcrete(f"a size of {p.name!r} meets a fixed size")
             check_dims(fdef.name, p.name, ann.dtype, ann.dims, shape, dims, GradError, span)
+        return dims
 
     def transform_call(self, b: Builder, inner: ast.Call, outer: ast.Call,
                        env: dict[str, Value]) -> Value:
@@ -231,7 +258,8 @@ class Lowerer:
         senv = dict(zip(reads, pparams))
         sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
         outs = self.call(sb, fdef, ns, [], sargs, span, senv)
-        return sb.function(fdef.name, sparams + pparams, [as_atom(sb, o, span) for o in outs])
+        return sb.function(fdef.name, sparams + pparams,
+                           [as_result(sb, o, fdef.result_dtype, span) for o in outs])
 
     # ------------------------------------------------------- statements
 
@@ -567,6 +595,54 @@ class Lowerer:
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
+
+
+def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Dim, str]]
+                  ) -> None:
+    """fdef's result against its return annotation, a `GradError` at the
+    annotation where they disagree: the dtype exactly (an array is never
+    cast, as an argument is not), the rank, fixed sizes, and named sizes:
+    a name the parameters' annotations bound (`dims`) must have their
+    size, and one they did not is bound by the result's first axis it
+    names.  A symbolic size is checked only where the symbols decide it:
+    a fixed size needs the concrete one (`NeedsConcrete`, as for an
+    argument); two different symbols disagree, as they do when shapes
+    broadcast.  A compile-time result was made a value of the dtype by
+    `Lowerer.body`."""
+    ann = fdef.ret
+    if ann is None:
+        return
+    (value,) = outs
+    where = f"the result of {fdef.name}()"
+    if isinstance(value, tuple):
+        raise GradError(f"{where} is a {sequence_kind(value)} of {len(value)} values, but its "
+                        f"annotation {ann.text} describes one array", ann.span)
+    if is_static(value):
+        shape: tuple[Dim, ...] = ()
+    else:
+        shape = value.type.shape
+        if value.type.dtype != ann.dtype:
+            raise GradError(f"{where} has dtype {value.type.dtype}, but its annotation says "
+                            f"{ann.dtype}", ann.span)
+    if ann.dims is None:
+        return
+    if len(shape) != len(ann.dims):
+        raise GradError(f"{where} has rank {len(shape)} (shape {list(shape)}), but its "
+                        f"annotation {ann.text} has rank {len(ann.dims)}", ann.span)
+    bound = {name: (size, f"for {param!r}") for name, (size, param) in dims.items()}
+    for axis, (dim, size) in enumerate(zip(ann.dims, shape)):
+        if isinstance(dim, int):
+            if isinstance(size, Sym):
+                raise NeedsConcrete(f"a size of {where} meets a fixed size")
+            if size != dim:
+                raise GradError(f"{where} has size {size} on axis {axis}, but its annotation "
+                                f"says {dim}", ann.span)
+        elif dim not in bound:
+            bound[dim] = (size, f"on its axis {axis}")
+        elif bound[dim][0] != size:
+            known, by = bound[dim]
+            raise GradError(f"{where} has size {size} on axis {axis}, but its annotation "
+                            f"says {dim}, which is {known} {by}", ann.span)
 
 
 def _static_compare(op: str, left, right, span: Span) -> bool:

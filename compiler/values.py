@@ -69,6 +69,14 @@ def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = N
     return b.lit(v, dtype or _weak_dtype(v), span)
 
 
+def as_result(b: Builder, v: Value, dtype: Optional[str], span: Optional[Span]) -> Atom:
+    """A function's result as an atom: a compile-time one as a literal of
+    `dtype`, the one its return annotation names, if any (`Lowerer.body`
+    made it a value of that dtype); an array as it is (its dtype was
+    checked against the annotation: a result is never cast)."""
+    return as_atom(b, v, span, dtype if is_static(v) else None)
+
+
 def cast(b: Builder, a: Atom, dtype: str) -> Atom:
     if a.type.dtype == dtype:
         return a

@@ -74,7 +74,7 @@ def grow_every3(u, kappa, n: i64):
         u = u + kappa * (u * (1 - u))
     return sum(u * u)
 
-def smooth(x) -> f64:
+def smooth(x) -> f64[...]:
     return sin(x)
 grad(g):
     return g * cos(x) * 2
