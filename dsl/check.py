@@ -26,7 +26,9 @@ through the second block) (rows `jvp/vjp:x`; `GradCheck.against` is
 "reverse").
 
 Then, unless `f32=False`, the same point in f32 (arguments an annotation
-fixes keep their dtype): the order-1 gradients, one program for all of them,
+fixes keep their dtype; a float return annotation fixes the dtype of the
+arguments no parameter annotation fixes, as the only one it can be made
+from): the order-1 gradients, one program for all of them,
 against the f64 gradients as the reference.  A gradient that is not finite
 where the f64 one is, or NaN where the f32 value is finite, fails (the
 automatic gradient of log(1 + exp(x)) is inf / inf at x = 100 in f32); the
@@ -184,7 +186,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     rng = np.random.default_rng(seed)
     # Differences in f64, unless an annotation insists on f32: then in f32,
     # with a step and tolerances f32 can honour.
-    fixed = {s.name: s.dtype for s in f.specs + f.param_specs}
+    fixed = _fixed_dtypes(f)
     bound = {n: a.astype(np.float64) if a.dtype.kind == "f" and fixed.get(n) != "f32" else a
              for n, a in f.bind(args, kwargs).items()}
     if any(a.dtype == np.float32 for a in bound.values()):
@@ -373,6 +375,17 @@ def _forward_row(f: Compiled, order: int, wrt: str, what: str, compared: tuple, 
                      nonfinite or nan, count, ok and not nan, dtype, against)
 
 
+def _fixed_dtypes(f: Compiled) -> dict[str, Optional[str]]:
+    """The dtype each argument must have (None: any): its annotation's, or,
+    for a function whose return annotation names a float dtype, that one
+    (`def f(x) -> f32:` is checked at f32 arguments; `-> f64` has no f32
+    run, which its annotation would refuse)."""
+    fdef = getattr(f, "fdef", None)
+    result = fdef.result_dtype if fdef is not None else None
+    declared = result if result in ("f32", "f64") else None
+    return {s.name: s.dtype or declared for s in f.specs + f.param_specs}
+
+
 def _narrow(bound: dict[str, np.ndarray], fixed: dict) -> dict[str, np.ndarray]:
     """The arguments in f32, but for those an annotation fixes as f64."""
     return {n: a.astype(np.float32) if a.dtype == np.float64 and fixed.get(n) != "f64" else a
@@ -479,10 +492,11 @@ MIN_SIZE = 3
 def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
     sizes: dict[str, int] = {}
     args = []
+    fixed = _fixed_dtypes(f)
     for spec in f.specs:
         if spec.has_default:
             break
-        dtype = spec.dtype or "f64"
+        dtype = fixed[spec.name] or "f64"
         if spec.const and dtype in ("i32", "i64") and not spec.dims:
             args.append(np.asarray(MIN_SIZE, dtype=np.int64 if dtype == "i64" else np.int32))
             continue  # a size or a count: every sampled size is at least it

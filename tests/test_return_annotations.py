@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dsl
+from dsl.check import check_function
 from dsl.cli import main
 from gradlang.compiler.ir import TensorType
 from gradlang.compiler.shapes import NeedsConcrete, Sym
@@ -318,3 +319,17 @@ def test_gradc_compile_needs_concrete_sizes_for_a_fixed_one(tmp_path, capsys):
         in capsys.readouterr().err
     assert main(["compile", str(path), "-o", str(tmp_path / "out"),
                  "--sig", "f(f64[3])"]) == 0
+
+
+CHECKED = "def narrow(x) -> f32[...]:\n    return x * x\n\ndef wide(x) -> f64[...]:\n" \
+          "    return x * x\n"
+
+
+def test_the_gradient_checker_runs_at_the_dtype_a_return_annotation_fixes():
+    module = dsl.loads(CHECKED, FILE)
+    # -> f64: no f32 run, which the annotation would refuse
+    wide = dsl.check_gradients(module.wide, np.array([0.5, -1.0]), order=1)
+    assert wide and {c.dtype for c in wide} == {"f64"}
+    # -> f32: sampled in f32 (as for an argument annotated f32), and passes
+    narrow = check_function(module.narrow, order=1)
+    assert narrow and "f32" in {c.dtype for c in narrow}
