@@ -23,6 +23,7 @@ program; dask is imported only when Dask arrays are passed.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -222,15 +223,20 @@ class _Plan:
                             "Dask arrays chunked the same go whole to every block)",
                             err.span, err.source) from None
         self.split = split_rows(fn, n, f.span)
+        block = self.split.block
         if self.split.elementwise:  # sizes symbolic along every axis: blocks of any shape
             shape = bound[next(iter(batch))].shape
             every_axis = (BATCH,) + tuple(Sym.named(f"axis{i}") for i in range(1, len(shape)))
             # a count (a mean's) is still the whole array's, not a block's
             whole = {d.factors[0]: size for d, size in zip(every_axis, shape)}
-            fn = with_sizes(f.lower_as(bound, dict.fromkeys(batch, every_axis)), whole)
-            self.block = _Runner(optimize(fn), f.target)
-        else:
-            self.block = _Runner(self.split.block, f.target)
+            try:
+                block = optimize(with_sizes(f.lower_as(bound, dict.fromkeys(batch, every_axis)),
+                                            whole))
+            except NeedsConcrete:
+                # a fixed size off the rows (an annotation's, `f64[n, 3]`): a block
+                # must hold whole rows, so blocks of rows, as for any function
+                self.split = replace(self.split, elementwise=False)
+        self.block = _Runner(block, f.target)
         self.block.program()  # compiled now, in this process
         n_rows = sum(self.split.row_outputs)
         self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]

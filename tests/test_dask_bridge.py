@@ -94,6 +94,18 @@ def test_an_elementwise_function_on_a_2d_array_chunked_along_both_axes():
     np.testing.assert_allclose(gy.compute(), 2 * x, rtol=1e-15)
 
 
+@pytest.mark.parametrize("header", ["def f(x: f64[n, 3]):", "def f(x) -> f64[n, 3]:"])
+def test_an_elementwise_function_with_a_fixed_size_runs_on_blocks_of_rows(header):
+    # a fixed size off the rows (a parameter's or the result's annotation)
+    # cannot be a block's: the blocks hold whole rows (it raised the
+    # compiler's NeedsConcrete at the user)
+    m = dsl.loads(f"{header}\n    return x * sin(x)\n")
+    x = RNG.normal(size=(40, 3))
+    value = m.f(da.from_array(x, chunks=(10, 2)))
+    assert value.chunks == ((10, 10, 10, 10), (3,))
+    np.testing.assert_allclose(value.compute(), x * np.sin(x), rtol=1e-15)
+
+
 def test_the_gradient_of_a_mean_divides_by_the_whole_array_not_a_block():
     """Its gradient w.r.t. the batch alone is elementwise (a constant over
     the count): each block runs on its own, still dividing by every
