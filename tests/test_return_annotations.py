@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 import dsl
 from dsl.check import check_function
 from dsl.cli import main
+from dsl.function import _symbolic as size_pattern
 from gradlang.compiler.ir import TensorType
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete
 from helpers import central_difference
 
 FILE = "ret.grad"
@@ -232,14 +233,6 @@ def cases(draw):
     return tuple(param_dims), x_shape, tuple(ret_dims), y_shape
 
 
-def symbolic(shapes) -> list[tuple]:
-    """The shapes as `dsl` lowers a call for every size: equal sizes share a
-    symbol, and 1 stays 1."""
-    symbols: dict[int, Sym] = {}
-    return [tuple(1 if d == 1 else symbols.setdefault(d, Sym.named(f"s{len(symbols)}"))
-                  for d in shape) for shape in shapes]
-
-
 def annotation(dims_) -> str:
     return f"f64[{', '.join(map(str, dims_))}]" if dims_ else "f64"
 
@@ -248,26 +241,23 @@ def annotation(dims_) -> str:
 @given(cases())
 def test_the_check_is_the_rule_of_language_md(case):
     param_dims, x_shape, ret_dims, y_shape = case
-    f = dsl.loads(f"def f(x: {annotation(param_dims)}, y) -> {annotation(ret_dims)}:\n"
-                  "    return y\n", FILE).functions["f"]
+    header = f"def f(x: {annotation(param_dims)}, y) -> "
+    f = dsl.loads(f"{header}{annotation(ret_dims)}:\n    return y\n", FILE).functions["f"]
     expected = expected_error(param_dims, x_shape, ret_dims, y_shape)
-
-    def lowered(x, y):
-        f.lower({"x": TensorType("f64", x), "y": TensorType("f64", y)})
-
+    concrete = {"x": TensorType("f64", x_shape), "y": TensorType("f64", y_shape)}
     if expected is None:
-        lowered(x_shape, y_shape)
+        f.lower(concrete)
     else:
         with pytest.raises(dsl.GradError) as info:
-            lowered(x_shape, y_shape)
+            f.lower(concrete)
         assert info.value.message == expected
-        assert (info.value.line, info.value.col) == (1, len(f"def f(x: "
-                                                             f"{annotation(param_dims)}, y) -> ") + 1)
-    # symbolically (a program for every size of the pattern): the same
-    # verdict, or concrete sizes needed where a fixed size meets a symbol
-    x_sym, y_sym = symbolic([x_shape, y_shape])
+        assert (info.value.line, info.value.col) == (1, len(header) + 1)
+    # as dsl lowers a call for every size of its pattern (equal sizes share a
+    # symbol, 1 stays 1): the same verdict, or concrete sizes needed where a
+    # fixed size meets a symbol
+    _, symbolic = size_pattern({"x": np.empty(x_shape), "y": np.empty(y_shape)})
     try:
-        lowered(x_sym, y_sym)
+        f.lower(symbolic)
         assert expected is None
     except NeedsConcrete:
         assert any(isinstance(d, int) for d in param_dims + ret_dims)
