@@ -1,49 +1,59 @@
-"""`dsl.to_jax(f)`: a compiled function as a JAX function with a custom VJP.
+"""`dsl.to_jax(f)`: a compiled function as a JAX function that JAX
+differentiates with gradlang's own derivatives, in both modes.
 
 Contract: `to_jax(f)(*args, **kwargs)` takes f's arguments as JAX arrays
 (NumPy arrays are made JAX arrays, as `jnp` functions do; Python numbers
 are constants, so const arguments such as an axis stay static) and the
 module params f reads as keyword arrays (a param left out takes the
 module's value and gets no gradient), and returns JAX arrays shaped as
-f's results.  It is a `jax.custom_vjp` function whose forward runs f's
-compiled kernels on the host through `jax.pure_callback`, and whose
-backward is again such a function, made from f's backward pass as a
-compiled function (`dsl.function.VjpFunction`), so `jax.grad` of it to
-any order differentiates our compiled gradients (grad blocks included).
-One such function is kept per signature and constants' values, so that
-JAX's caches hold: an eager call compiles its callback once.
+f's results.  A call is one operation of the JAX primitive
+`gradlang_call` (`_primitive`), which runs f's compiled kernels on the
+host (through `jax.pure_callback` under `jit`).  Its jvp rule is
+gradlang's forward mode (`dsl.function.JvpFunction`: through grad blocks,
+their transposition), as such an operation linear in the tangents, whose
+transpose rule is f's backward pass (`dsl.function.VjpFunction`) as
+another one.  So `jax.jvp`, `jax.grad`, `jacfwd`, `jacrev`, `hessian`
+and their compositions, to any order, differentiate our compiled
+derivatives (grad blocks included), and reverse mode runs exactly f and
+its backward pass, as a `jax.custom_vjp` would.  One operation is kept
+per signature and constants' values (`Call`), so that JAX's caches hold;
+an eager call runs the kernels directly, with nothing for XLA to compile.
 
 It works under `jit` (the shapes of the results come from f's IR at trace
-time), `grad` and `vmap`.  Under `vmap` the callback runs once per batch
-element (`vmap_method="sequential"`): a `.grad` function is written for
-one example, and its reductions would sum over a batch axis it was handed
-(`"expand_dims"`, which passes the batch at once, would make `sum(x)` of
-a batch one number).  Arguments are checked (dtype, rank, dimensions,
-against f's signature) at trace time: `ArgumentError`; one found only from
-the values (an index out of range) is raised as itself by a call outside
-`jit`, and inside it as JAX wraps a callback's errors (`JaxRuntimeError`).
+time), the autodiff transforms and `vmap`.  Under `vmap` the kernels run
+once per batch element (`jax.lax.map`): a `.grad` function is written for
+one example, and its reductions would sum over a batch axis it was handed.
+Forward mode runs f's jvp program, which computes f's value too, beside f
+itself (JAX asks for the value and the tangents separately).  Arguments
+are checked (dtype, rank, dimensions, against f's signature) at trace
+time: `ArgumentError`; one found only from the values (an index out of
+range) is raised as itself by a call outside `jit`, and inside it as JAX
+wraps a callback's errors (`JaxRuntimeError`).
 Floats are f32 or f64; without `jax_enable_x64` JAX makes every float f32,
 and so a result the program makes f64 (from a Python float, an f64 param)
 comes back f32, and an array for a parameter annotated f64 (or i64) is
-an `ArgumentError` saying to enable it.  jax is imported when `to_jax` is first called, never by
-`import dsl`.
+an `ArgumentError` saying to enable it.  jax is imported when `to_jax` is
+first called, never by `import dsl`.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
-from dsl.function import Compiled, backward_function, result_types
+from dsl.function import (Compiled, JvpFunction, backward_function, jvp_function,
+                          result_types)
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
 
 
 def to_jax(f: Compiled) -> "JaxFunction":
-    """f as a JAX function differentiable to any order by `jax.grad`."""
+    """f as a JAX function that JAX differentiates, in both modes and to any
+    order, with gradlang's derivatives."""
     return JaxFunction(bridged(f, "to_jax"))
 
 
@@ -93,90 +103,196 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
     """f on arguments `bound` (validated; placeholders for the traced
     ones) where `traced` (name -> JAX value) are the inputs JAX sees."""
     names = tuple(traced)
+    call = _call(f, bound, names)
+    call.failed.clear()
+    try:
+        return tuple(_primitive().bind(*(traced[n] for n in names), call=call))
+    except Exception:
+        if call.failed:  # a call outside jit ran the callback now: its own error, not JAX's
+            raise call.failed[0] from None
+        raise
+
+
+def _call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
+          keep: Optional[tuple[int, ...]] = None) -> "Call":
+    """The `Call` of f on `bound` with `names` traced, giving its results
+    `keep` (None: all), made once per signature and constants' values:
+    JAX caches what it traces and compiles under the operation's `call`."""
     traced_statics = f.static_names(bound) & set(names)
     if traced_statics:
         _by_value_error(f, min(traced_statics))
-    # one JAX function per signature and constants' values: JAX caches what
-    # it compiles for a call (the callback's XLA program) on the function
-    key = (names, tuple((n, a.dtype.str, a.shape,
-                         None if n in traced else np.ascontiguousarray(a).tobytes())
-                        for n, a in bound.items()))
+    key = (names, keep, tuple((n, a.dtype.str, a.shape,
+                               None if n in names else np.ascontiguousarray(a).tobytes())
+                              for n, a in bound.items()))
     calls = f.__dict__.setdefault("_jax_calls", {})
-    entry = calls.get(key)
-    if entry is None:
+    call = calls.get(key)
+    if call is None:
         if len(calls) >= _CALLS_KEPT:
             calls.clear()
-        entry = calls[key] = _jax_function(f, bound, names)
-    call, failed = entry
-    failed.clear()
-    try:
-        return call(*(traced[n] for n in names))
-    except Exception:
-        if failed:  # a call outside jit ran the callback now: its own error, not JAX's
-            raise failed[0] from None
-        raise
+        call = calls[key] = Call(f, bound, names, keep)
+    return call
 
 
 _CALLS_KEPT = 64  # per function
 
 
-def _jax_function(f: Compiled, bound: dict[str, Any], names: tuple[str, ...]):
-    """f as a `jax.custom_vjp` function of the arguments `names` (the
-    others are `bound`'s values), and the list where its callback puts
-    the error it raised (which JAX wraps in one of its own)."""
-    import jax
-    try:
-        outs = result_types(f, bound)
-    except NeedsValue as need:
-        if need.name in names:
-            _by_value_error(f, need.name)
-        f.by_value(need, bound)
-        outs = result_types(f, bound)
+class Call:
+    """One operation JAX sees (`_primitive()`'s parameter): f on `bound`,
+    whose values for `names` (placeholders there) are the operation's
+    inputs, giving f's results `keep`.  `run` computes them on the host.
 
-    # Without jax_enable_x64 JAX holds no 64-bit array: a result the program
-    # makes f64 (from a Python float, an f64 param) reaches JAX as f32, and a
-    # cotangent for it comes back f32, cast to what the program was bound with.
-    jax_dtypes = [jax.dtypes.canonicalize_dtype(dtype) for _, dtype in outs]
+    Where f is a `JvpFunction` and `keep` are output tangents, the
+    operation is linear in f's tangents (`linear`): JAX transposes it
+    (reverse mode) to the backward pass of the function f differentiates."""
 
-    failed: list[GradError] = []  # what the callback raised, which JAX wraps
-
-    def run(*arrays):  # on the host, with the values of `names` (JAX arrays there)
-        values = {n: np.asarray(a, bound[n].dtype) for n, a in zip(names, arrays)}
+    def __init__(self, f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
+                 keep: Optional[tuple[int, ...]]):
+        import jax
+        self.f, self.bound, self.names = f, bound, names
         try:
-            results = f.call_bound({n: values.get(n, a) for n, a in bound.items()})
+            outs = result_types(f, bound)
+        except NeedsValue as need:
+            if need.name in names:
+                _by_value_error(f, need.name)
+            f.by_value(need, bound)
+            outs = result_types(f, bound)
+        self.all_outs = outs
+        self.keep = tuple(range(len(outs))) if keep is None else keep
+        # Without jax_enable_x64 JAX holds no 64-bit array: a result the program
+        # makes f64 (from a Python float, an f64 param) reaches JAX as f32, and a
+        # tangent or cotangent for it comes back f32, cast to what f was bound with.
+        self.outs = [(outs[k][0], jax.dtypes.canonicalize_dtype(outs[k][1]))
+                     for k in self.keep]
+        self.failed: list[GradError] = []  # what `run` raised, which JAX wraps
+        self.linear = (isinstance(f, JvpFunction)
+                       and all(k >= len(outs) // 2 for k in self.keep))
+
+    def run(self, *arrays) -> tuple[np.ndarray, ...]:
+        """The results on the host, from the values of `names`."""
+        values = {n: np.asarray(a, self.bound[n].dtype) for n, a in zip(self.names, arrays)}
+        try:
+            results = self.f.call_bound({n: values.get(n, a) for n, a in self.bound.items()})
         except GradError as err:  # an index out of range, known only from the values
-            failed.append(err)
+            self.failed.append(err)
             raise
-        return tuple(np.asarray(f.target.to_host(r), dtype) for r, dtype in
-                     zip(results, jax_dtypes))
+        return tuple(np.asarray(self.f.target.to_host(results[k]), dtype)
+                     for k, (_, dtype) in zip(self.keep, self.outs))
 
-    @jax.custom_vjp
-    def call(*values):
-        shapes = tuple(jax.ShapeDtypeStruct(shape, dtype)
-                       for (shape, _), dtype in zip(outs, jax_dtypes))
-        return jax.pure_callback(run, shapes, *values, vmap_method="sequential")
+    def tangents(self, primals: Sequence[Any], tangents: Sequence[Any]) -> list:
+        """The output tangents (JAX's jvp rule): a linear `Call` of f's
+        `JvpFunction` along the float inputs whose tangents are not zero."""
+        from jax.interpreters import ad
+        floats = set(self.f.differentiable_names(self.bound))
+        active = [(n, t) for n, t in zip(self.names, tangents)
+                  if n in floats and type(t) is not ad.Zero]
+        float_outs = [k for k, (_, dtype) in zip(self.keep, self.outs) if dtype.kind == "f"]
+        found = []
+        if active and float_outs:
+            jf = jvp_function(self.f, [n for n, _ in active])
+            jf_bound = dict(self.bound)
+            for tangent_name, (name, _) in zip(jf.tangent_names, active):
+                jf_bound[tangent_name] = placeholder(self.bound[name].shape,
+                                                     self.bound[name].dtype)
+            n_out = len(self.all_outs)
+            lin = _call(jf, jf_bound, self.names + jf.tangent_names,
+                        tuple(n_out + k for k in float_outs))
+            found = _primitive().bind(*primals, *(t for _, t in active), call=lin)
+        by_output = dict(zip(float_outs, found))
+        return [by_output[k] if k in by_output else _zero_tangent(shape, dtype)
+                for k, (shape, dtype) in zip(self.keep, self.outs)]
 
-    def forward(*values):
-        return call(*values), values
+    def transpose(self, cts: Sequence[Any], args: Sequence[Any]) -> list:
+        """The cotangents of a linear call's tangents (JAX's transpose
+        rule): a `Call` of the backward pass (`VjpFunction`) of the
+        function whose jvp this is, at its primals, on the cotangents."""
+        from jax.interpreters import ad
+        jf = self.f
+        n_primal = len(self.names) - len(jf.tangent_names)
+        if not self.linear or any(map(ad.is_undefined_primal, args[:n_primal])):
+            raise NotImplementedError(f"{jf.name} is not linear in these inputs")
+        f, n_out = jf.inner, len(self.all_outs) // 2
+        bound = {n: a for n, a in self.bound.items() if n not in jf.tangent_names}
+        vf = backward_function(f, n_out)
+        vf_bound, ct_values = dict(bound), []
+        given = {k - n_out: ct for k, ct in zip(self.keep, cts) if type(ct) is not ad.Zero}
+        for j, (name, (shape, dtype)) in enumerate(zip(vf.ct_names, self.all_outs)):
+            if j in given:
+                vf_bound[name] = placeholder(shape, dtype)
+                ct_values.append(given[j])
+            else:
+                vf_bound[name] = np.zeros(shape, dtype)
+        if not ct_values:
+            return [None] * len(args)
+        floats = f.differentiable_names(bound)
+        backward = _call(vf, vf_bound, self.names[:n_primal] + tuple(
+            vf.ct_names[j] for j in sorted(given)), tuple(floats.index(n) for n in jf.active))
+        grads = _primitive().bind(*args[:n_primal], *ct_values, call=backward)
+        return [None] * n_primal + list(grads)
 
-    def backward(values, cts):
-        vjp = backward_function(f, len(outs))
-        vjp_bound, vjp_traced = dict(bound), dict(zip(names, values))
-        for name, ct, (shape, dtype) in zip(vjp.ct_names, cts, outs):
-            if dtype.kind == "f":
-                vjp_bound[name] = placeholder(shape, dtype)
-                vjp_traced[name] = ct
-            else:  # an integer result's cotangent (JAX's float0) is zero
-                vjp_bound[name] = np.zeros(shape, dtype)
-        grads = dict(zip(f.differentiable_names(bound), apply(vjp, vjp_bound, vjp_traced)))
-        return tuple(grads.get(n) for n in names)  # None: no gradient (a const, an integer)
 
-    call.defvjp(forward, backward)
-    return call, failed
+def _zero_tangent(shape: tuple, dtype: np.dtype):
+    """The tangent of a result that its inputs' tangents leave zero
+    (JAX's float0 for an integer one)."""
+    import jax
+    import jax.numpy as jnp
+    if dtype.kind == "f":
+        return jnp.zeros(shape, dtype)
+    return np.zeros(shape, jax.dtypes.float0)
+
+
+@functools.cache
+def _primitive():
+    """The JAX primitive `gradlang_call`, whose `call` parameter (a `Call`)
+    says what it computes: its value on the host (eagerly, and under jit
+    through `jax.pure_callback`), shapes from f's IR, a jvp rule (gradlang's
+    forward mode), a transpose rule for linear calls (gradlang's reverse
+    mode), and under vmap one call per example (`jax.lax.map`): a `.grad`
+    function is written for one example, and its reductions would sum over
+    a batch axis it was handed."""
+    import jax
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
+
+    p = Primitive("gradlang_call")
+    p.multiple_results = True
+
+    def impl(*arrays, call: Call):
+        return [jax.device_put(r) for r in call.run(*arrays)]
+
+    def abstract(*avals, call: Call):
+        return [jax.core.ShapedArray(shape, dtype) for shape, dtype in call.outs]
+
+    def lowered(*values, call: Call):
+        shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
+        return jax.pure_callback(call.run, shapes, *values)
+
+    def jvp(primals, tangents, *, call: Call):
+        return p.bind(*primals, call=call), call.tangents(primals, tangents)
+
+    def transpose(cts, *args, call: Call):
+        return call.transpose(cts, args)
+
+    def batched(args, dims, *, call: Call):
+        mapped = [d is not None for d in dims]  # None: not mapped
+        moved = [jax.numpy.moveaxis(a, d, 0) if m else a for a, d, m in zip(args, dims, mapped)]
+
+        def one(slices):
+            each = iter(slices)
+            return p.bind(*(next(each) if m else a for a, m in zip(moved, mapped)), call=call)
+
+        outs = jax.lax.map(one, [a for a, m in zip(moved, mapped) if m])
+        return outs, [0] * len(outs)
+
+    p.def_impl(impl)
+    p.def_abstract_eval(abstract)
+    mlir.register_lowering(p, mlir.lower_fun(lowered, multiple_results=True))
+    ad.primitive_jvps[p] = jvp
+    ad.primitive_transposes[p] = transpose
+    batching.primitive_batchers[p] = batched
+    return p
 
 
 def _by_value_error(f: Compiled, name: str):
     raise ArgumentError(f"argument {name!r} of {f.name}() picks the program by its value (a "
                         "const integer, or one used as a size): pass a Python int, not a "
                         "JAX array, whose value is not known while JAX traces", f.span)
-
