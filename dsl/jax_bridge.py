@@ -207,9 +207,11 @@ class Call:
         function whose jvp this is, at its primals, on the cotangents."""
         from jax.interpreters import ad
         jf = self.f
-        n_primal = len(self.names) - len(jf.tangent_names)
+        n_primal = len(self.names) - len(jf.tangent_names) if self.linear else 0
         if not self.linear or any(map(ad.is_undefined_primal, args[:n_primal])):
-            raise NotImplementedError(f"{jf.name} is not linear in these inputs")
+            raise NotImplementedError(f"JAX transposed {jf.name}(), which is not linear in "
+                                      "those inputs (jax.linear_transpose of a function that "
+                                      "is not linear?)")
         f, n_out = jf.inner, len(self.all_outs) // 2
         bound = {n: a for n, a in self.bound.items() if n not in jf.tangent_names}
         vf = backward_function(f, n_out)

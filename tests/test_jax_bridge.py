@@ -331,3 +331,16 @@ def test_forward_mode_of_params_as_keyword_arrays(x64):
     np.testing.assert_array_equal(hxx, np.zeros((3, 3)))
     np.testing.assert_array_equal(hww, np.zeros((2, 2)))
     check_grads(call, (x, w), order=1, modes=["fwd"])
+
+
+def test_linearize_transposes_to_the_backward_pass_and_f_itself_does_not(x64):
+    g = dsl.to_jax(load("log1pexp").log1pexp)
+    x = jnp.array([-2.0, 0.5, 3.0])
+    y, lin = jax.linearize(g, x)
+    s = sigmoid(np.asarray(x))
+    np.testing.assert_allclose(lin(jnp.ones(3)), s, rtol=1e-14)
+    ct, = jax.linear_transpose(lin, x)(jnp.array([1.0, 2.0, -1.0]))
+    np.testing.assert_allclose(ct, s * [1.0, 2.0, -1.0], rtol=1e-14)
+    with pytest.raises(NotImplementedError, match="transposed log1pexp\\(\\), which is not "
+                                                  "linear"):
+        jax.linear_transpose(g, x)(x)
