@@ -306,6 +306,9 @@ def test_both_modes_and_second_order_follow_a_grad_block(x64, transform):
     rev_fwd = transform(jax.grad(lambda x: jax.jvp(lambda x: f(x, jy), (x,), (jnp.asarray(tx),)
                                                    )[1].sum()))(jx)
     np.testing.assert_allclose(rev_fwd, -2 * np.sin(x) * y * tx, rtol=1e-14)
+    # reverse over jacfwd's lax.map of forward-mode calls, which JAX transposes
+    rev_jac = transform(jax.jacrev(lambda x: jnp.diag(jax.jacfwd(f)(x, jy))))(jx)
+    np.testing.assert_allclose(rev_jac, np.diag(-2 * np.sin(x) * y), rtol=1e-14, atol=0)
 
 
 def test_forward_mode_of_params_as_keyword_arrays(x64):
