@@ -21,8 +21,9 @@ an eager call runs the kernels directly, with nothing for XLA to compile.
 
 It works under `jit` (the shapes of the results come from f's IR at trace
 time), the autodiff transforms and `vmap`.  Under `vmap` the kernels run
-once per batch element (`jax.lax.map`): a `.grad` function is written for
-one example, and its reductions would sum over a batch axis it was handed.
+once per batch element (`jax.lax.map`; eagerly a Python loop, which
+compiles nothing): a `.grad` function is written for one example, and its
+reductions would sum over a batch axis it was handed.
 Forward mode runs f's jvp program, which computes f's value too, beside f
 itself (JAX asks for the value and the tangents separately).  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
@@ -248,9 +249,9 @@ def _primitive():
     says what it computes: its value on the host (eagerly, and under jit
     through `jax.pure_callback`), shapes from f's IR, a jvp rule (gradlang's
     forward mode), a transpose rule for linear calls (gradlang's reverse
-    mode), and under vmap one call per example (`jax.lax.map`): a `.grad`
-    function is written for one example, and its reductions would sum over
-    a batch axis it was handed."""
+    mode), and under vmap one call per example (`jax.lax.map`, or eagerly a
+    Python loop): a `.grad` function is written for one example, and its
+    reductions would sum over a batch axis it was handed."""
     import jax
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir
@@ -282,7 +283,13 @@ def _primitive():
             each = iter(slices)
             return p.bind(*(next(each) if m else a for a, m in zip(moved, mapped)), call=call)
 
-        outs = jax.lax.map(one, [a for a, m in zip(moved, mapped) if m])
+        size = next(a.shape[0] for a, m in zip(moved, mapped) if m)
+        if size and not any(isinstance(a, jax.core.Tracer) for a in moved):
+            # eager: the loop in Python (lax.map would compile a new loop each time)
+            per_example = [one([a[i] for a, m in zip(moved, mapped) if m]) for i in range(size)]
+            outs = [jax.numpy.stack(o) for o in zip(*per_example)]
+        else:
+            outs = jax.lax.map(one, [a for a, m in zip(moved, mapped) if m])
         return outs, [0] * len(outs)
 
     p.def_impl(impl)

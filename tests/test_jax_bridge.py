@@ -347,3 +347,16 @@ def test_linearize_transposes_to_the_backward_pass_and_f_itself_does_not(x64):
     with pytest.raises(NotImplementedError, match="transposed log1pexp\\(\\), which is not "
                                                   "linear"):
         jax.linear_transpose(g, x)(x)
+
+
+def test_eager_vmap_compiles_nothing_again(x64, caplog):
+    # under vmap outside jit, each call compiled a new jax.lax.map loop
+    # (half a second for a vmap of grad of 10 rows)
+    g = dsl.to_jax(load("log1pexp").log1pexp)
+    per_row = jax.vmap(jax.grad(lambda x: g(x).sum()))
+    xs = jnp.linspace(-3.0, 3.0, 6).reshape(3, 2)
+    per_row(xs)
+    with jax.log_compiles(), caplog.at_level("DEBUG"):
+        caplog.clear()
+        np.testing.assert_allclose(per_row(xs), sigmoid(np.asarray(xs)), rtol=1e-14)
+        assert not [r for r in caplog.records if "ompil" in r.getMessage()]
