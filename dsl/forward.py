@@ -222,18 +222,18 @@ def _assembled(columns: list, x: Any, stack) -> list:
 
 # At most how many elements the values of one stacked program hold (32 MB
 # of f64): a Jacobian's columns (or rows) beyond that many run in blocks.
-_STACKED_ELEMENTS = 2 ** 22
+STACKED_ELEMENTS = 2 ** 22
 
 
 def _in_blocks(stacked: Stacked, bound: dict[str, Any], one: np.ndarray) -> Optional[list]:
     """stacked's outputs for each one-hot value shaped like `one` (the
     stacked argument's one value), in order, in blocks whose stacked values
-    hold at most _STACKED_ELEMENTS; None if stacked's function has an op
+    hold at most STACKED_ELEMENTS; None if stacked's function has an op
     that cannot take stacked values."""
     per_slice = stacked.per_slice({**bound, stacked.stacked: one})
     if per_slice is None:
         return None
-    block = max(1, min(one.size, _STACKED_ELEMENTS // max(per_slice, 1)))
+    block = max(1, min(one.size, STACKED_ELEMENTS // max(per_slice, 1)))
     return [_run(stacked, {**bound, stacked.stacked: _one_hots(one, i, min(i + block, one.size))},
                  host=True) for i in range(0, one.size, block)]
 

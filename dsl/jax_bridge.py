@@ -23,7 +23,9 @@ It works under `jit` (the shapes of the results come from f's IR at trace
 time), the autodiff transforms and `vmap`.  Under `vmap` the kernels run
 once per batch element (`jax.lax.map`; eagerly a Python loop, which
 compiles nothing): a `.grad` function is written for one example, and its
-reductions would sum over a batch axis it was handed.
+reductions would sum over a batch axis it was handed.  Where the batch is
+of tangents or cotangents alone (`jacfwd`, `jacrev`, `hessian`), one
+stacked program computes them all, as `dsl.jacfwd` does (`Call.stacked`).
 Forward mode runs f's jvp program, which computes f's value too, beside f
 itself (JAX asks for the value and the tangents separately).  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
@@ -39,14 +41,15 @@ first called, never by `import dsl`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
-from dsl.function import (Compiled, JvpFunction, backward_function, jvp_function,
-                          result_types)
+from dsl.forward import STACKED_ELEMENTS
+from dsl.function import (Compiled, JvpFunction, VjpFunction, backward_function, jvp_function,
+                          result_types, stacked_jvp_function, stacked_vjp_function)
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError
@@ -144,7 +147,10 @@ class Call:
 
     Where f is a `JvpFunction` and `keep` are output tangents, the
     operation is linear in f's tangents (`linear`): JAX transposes it
-    (reverse mode) to the backward pass of the function f differentiates."""
+    (reverse mode) to the backward pass of the function f differentiates.
+    A call made by `stacked` computes its `base` call for each of several
+    values of one input at once; its derivatives are JAX's vmap of the
+    base call's."""
 
     def __init__(self, f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
                  keep: Optional[tuple[int, ...]]):
@@ -167,6 +173,7 @@ class Call:
         self.failed: list[GradError] = []  # what `run` raised, which JAX wraps
         self.linear = (isinstance(f, JvpFunction)
                        and all(k >= len(outs) // 2 for k in self.keep))
+        self.base: Optional[tuple[Call, int]] = None  # (the call, its stacked input)
 
     def run(self, *arrays) -> tuple[np.ndarray, ...]:
         """The results on the host, from the values of `names`."""
@@ -181,11 +188,17 @@ class Call:
 
     def tangents(self, primals: Sequence[Any], tangents: Sequence[Any]) -> list:
         """The output tangents (JAX's jvp rule): a linear `Call` of f's
-        `JvpFunction` along the float inputs whose tangents are not zero."""
+        `JvpFunction` along the float inputs whose tangents are not zero
+        (None or JAX's symbolic zero)."""
         from jax.interpreters import ad
+        if self.base is not None:
+            index = self.base[1]
+            return self._per_value(lambda base, values: base.tangents(
+                values[:len(primals)], values[len(primals):]), [*primals, *tangents],
+                [i == index for i in range(len(primals))] * 2)
         floats = set(self.f.differentiable_names(self.bound))
         active = [(n, t) for n, t in zip(self.names, tangents)
-                  if n in floats and type(t) is not ad.Zero]
+                  if n in floats and t is not None and type(t) is not ad.Zero]
         float_outs = [k for k, (_, dtype) in zip(self.keep, self.outs) if dtype.kind == "f"]
         found = []
         if active and float_outs:
@@ -207,6 +220,13 @@ class Call:
         rule): a `Call` of the backward pass (`VjpFunction`) of the
         function whose jvp this is, at its primals, on the cotangents."""
         from jax.interpreters import ad
+        if all(type(ct) is ad.Zero for ct in cts):
+            return [None] * len(args)
+        if self.base is not None and self.base[0].linear:
+            n_primal = self.base[1]  # the stacked input is its only tangent
+            return [None] * n_primal + self._per_value(
+                lambda base, values: base.transpose(values, args)[n_primal:],
+                list(cts), [True] * len(cts))
         jf = self.f
         n_primal = len(self.names) - len(jf.tangent_names) if self.linear else 0
         if not self.linear or any(map(ad.is_undefined_primal, args[:n_primal])):
@@ -224,13 +244,54 @@ class Call:
                 ct_values.append(given[j])
             else:
                 vf_bound[name] = np.zeros(shape, dtype)
-        if not ct_values:
-            return [None] * len(args)
         floats = f.differentiable_names(bound)
         backward = _call(vf, vf_bound, self.names[:n_primal] + tuple(
             vf.ct_names[j] for j in sorted(given)), tuple(floats.index(n) for n in jf.active))
         grads = _primitive().bind(*args[:n_primal], *ct_values, call=backward)
         return [None] * n_primal + list(grads)
+
+    def stacked(self, mapped: Sequence[bool], size: int) -> Optional["Call"]:
+        """This call for `size` values of its one `mapped` input at once
+        (`dsl.function.Stacked`: one program, one run), where that input is
+        the tangent of a jvp along one argument (`jacfwd`) or a cotangent
+        of a backward pass (`jacrev`), the program can stack it, and the
+        stacked values fit in `STACKED_ELEMENTS`; else None."""
+        if sum(mapped) != 1 or self.base is not None or not size:
+            return None
+        index = list(mapped).index(True)
+        name, f = self.names[index], self.f
+        if self.linear and f.tangent_names == (name,):
+            stacked = stacked_jvp_function(f.inner, f.active[0])
+        elif isinstance(f, VjpFunction) and name in f.ct_names:
+            stacked = stacked_vjp_function(f.inner, f.n_outputs, f.ct_names.index(name))
+        else:
+            return None
+        per_slice = stacked.per_slice(self.bound)
+        if per_slice is None or per_slice * size > STACKED_ELEMENTS:
+            return None
+        one = self.bound[name]
+        call = _call(stacked, {**self.bound, name: placeholder((size, *one.shape), one.dtype)},
+                     self.names, self.keep)
+        call.base = (self, index)
+        return call
+
+    def _per_value(self, rule: Callable, values: list, stacked: list[bool]) -> list:
+        """A stacked call's rule: JAX's vmap of `rule(base call, values)`
+        over the `stacked` values (the stacked input, its tangent, the
+        cotangents), zeros (None or symbolic) passing through unbatched."""
+        import jax
+        from jax.interpreters import ad
+        base = self.base[0]
+        values = list(values)
+        batched = [i for i, v in enumerate(values)
+                   if stacked[i] and v is not None and type(v) is not ad.Zero]
+
+        def one(*slices):
+            for i, v in zip(batched, slices):
+                values[i] = v
+            return rule(base, values)
+
+        return jax.vmap(one)(*(values[i] for i in batched))
 
 
 def _zero_tangent(shape: tuple, dtype: np.dtype):
@@ -284,7 +345,10 @@ def _primitive():
             return p.bind(*(next(each) if m else a for a, m in zip(moved, mapped)), call=call)
 
         size = next(a.shape[0] for a, m in zip(moved, mapped) if m)
-        if size and not any(isinstance(a, jax.core.Tracer) for a in moved):
+        stacked = call.stacked(mapped, size)
+        if stacked is not None:
+            outs = p.bind(*moved, call=stacked)
+        elif size and not any(isinstance(a, jax.core.Tracer) for a in moved):
             # eager: the loop in Python (lax.map would compile a new loop each time)
             per_example = [one([a[i] for a, m in zip(moved, mapped) if m]) for i in range(size)]
             outs = [jax.numpy.stack(o) for o in zip(*per_example)]

@@ -390,7 +390,7 @@ def test_jacobians_in_blocks_of_columns_or_rows_equal_them_in_one(monkeypatch):
     from dsl import forward
     m, args = _stacked_module()
     whole, rows = dsl.jacfwd(m.layers)(*args), dsl.jacrev(m.layers)(*args)
-    monkeypatch.setattr(forward, "_STACKED_ELEMENTS", 5 * sum(np.size(a) for a in args))
+    monkeypatch.setattr(forward, "STACKED_ELEMENTS", 5 * sum(np.size(a) for a in args))
     np.testing.assert_array_equal(dsl.jacfwd(m.layers)(*args), whole)
     np.testing.assert_array_equal(dsl.jacrev(m.layers)(*args), rows)
     hessian = dsl.hessian(load("log1pexp").log1pexp)(np.linspace(-3.0, 3.0, 7))
@@ -437,7 +437,7 @@ def test_stacked_blocks_are_sized_by_the_values_the_program_stacks(monkeypatch):
     monkeypatch.setattr(forward, "_run", lambda f, bound, **kw: (
         stacked_rows.append(bound[f.stacked].shape[0]) if isinstance(f, Stacked) else None)
         or run(f, bound, **kw))
-    monkeypatch.setattr(forward, "_STACKED_ELEMENTS", 4 * n * n)
+    monkeypatch.setattr(forward, "STACKED_ELEMENTS", 4 * n * n)
     jr = dsl.jacrev(m.f)(x, n)
     assert max(stacked_rows) * n * n <= 4 * n * n and sum(stacked_rows) == n * n
     np.testing.assert_array_equal(jr, np.broadcast_to([x[1], x[0]], (n, n, 2)))
