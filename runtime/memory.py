@@ -15,11 +15,12 @@ through `__array_interface__`); when the last array or view over it is
 freed, the lease's `__del__` returns the block to the free list.  At most
 `pool_limit()` bytes of free blocks are kept (`GRADC_POOL_BYTES`, default
 512 MiB; 0 turns the pool off); a block freed beyond that is released to
-the system, and `release()` releases them all.  Thread-safe: a block is
-taken from its free list by one atomic `list.pop`, so two threads never
-get the same block; the byte count is kept under a re-entrant lock, since a
-lease can be freed (by the garbage collector) in the middle of an
-allocation.
+the system, and `release()` releases them all.  Thread-safe: the free
+lists and their byte count change only under one lock, so two threads never
+get the same block and the count is the free lists' bytes; re-entrant,
+since the garbage collector may free a lease in the middle of the pool's
+own work.  A fork waits for the lock, so the child's pool is whole and its
+lock free.
 """
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ class Lease:
 
 def _give_back(block: np.ndarray) -> None:
     global _free_bytes
+    limit = pool_limit()  # before the count: a collection it sets off may give back too
     with _lock:
-        if _free_bytes + block.nbytes > pool_limit():
+        if _free_bytes + block.nbytes > limit:
             return  # dropped: the block's memory goes back to the system
         _free_bytes += block.nbytes
         _free.setdefault(block.nbytes, []).append(block)
@@ -78,13 +80,13 @@ def pooled(shape, dtype) -> np.ndarray:
         nbytes *= d
     if nbytes < POOL_MIN:
         return np.empty(shape, dtype)
-    try:
-        block = _free[nbytes].pop()
-    except (KeyError, IndexError):
-        block = np.empty(nbytes, np.uint8)
-    else:
-        with _lock:
+    with _lock:
+        blocks = _free.get(nbytes)
+        block = blocks.pop() if blocks else None
+        if block is not None:
             _free_bytes -= nbytes
+    if block is None:
+        block = np.empty(nbytes, np.uint8)
     return np.asarray(Lease(block, shape, dtype))
 
 
@@ -95,3 +97,16 @@ def release() -> int:
         released, _free_bytes = _free_bytes, 0
         _free.clear()
     return released
+
+
+def _new_lock() -> None:
+    global _lock
+    _lock = threading.RLock()
+
+
+# The lock is held across a fork (by the forking thread), so no other thread
+# is inside the pool's bookkeeping then; the child, where that thread's hold
+# would never end, gets a fresh lock.
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(before=lambda: _lock.acquire(),
+                        after_in_parent=lambda: _lock.release(), after_in_child=_new_lock)

@@ -2,7 +2,9 @@
 once no array or view over it is alive, never twice at once (also across
 threads), the free blocks kept stay under the limit, and compiled
 functions' large results come from it with their values intact."""
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -122,3 +124,85 @@ def test_a_torch_tensor_over_a_result_keeps_its_block():
     assert y.data_ptr() != z.data_ptr()
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(z, (x + 1) * 3)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_forked_child_frees_a_lease_while_a_thread_held_the_lock():
+    """os.fork while another thread is inside the pool's bookkeeping (the
+    lock held) must not leave the child a lock nobody can release: the
+    child's next freed lease would hang it (multiprocessing and PyTorch's
+    DataLoader fork by default on Linux)."""
+    kept = memory.pooled(LARGE, np.float64)
+    held, done = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with memory._lock:
+            held.set()
+            time.sleep(0.3)  # the fork comes while this thread holds it
+        done.set()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: free the lease, then leave at once
+        del kept
+        os._exit(0)
+    holder.join()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung freeing a lease (the pool's lock held at the fork)")
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def kept_bytes() -> int:
+    """The bytes of the blocks on the free lists, counted from the lists."""
+    return sum(block.nbytes for blocks in memory._free.values() for block in blocks)
+
+
+def test_a_release_while_a_block_is_taken_keeps_the_limit(monkeypatch):
+    """release() between another thread's taking a block and its counting
+    it must not leave the count below the blocks kept (the pool would then
+    keep more than its limit for ever)."""
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(2 * memory.POOL_MIN))
+    memory.pooled(LARGE, np.float64)  # dropped: one free block
+    taken = []
+
+    def take() -> None:
+        taken.append(memory.pooled(LARGE, np.float64))
+
+    with memory._lock:  # this thread releases the pool while the other takes
+        taker = threading.Thread(target=take)
+        taker.start()
+        time.sleep(0.2)
+        memory.release()
+    taker.join()
+    del taken
+    arrays = [memory.pooled(LARGE, np.float64) for _ in range(3)]
+    del arrays
+    kept = kept_bytes()
+    assert kept <= 2 * memory.POOL_MIN and memory.release() == kept
+
+
+def test_a_lease_freed_within_a_give_back_keeps_the_limit(monkeypatch):
+    """The garbage collector may free a lease while another is being given
+    back (the lock is re-entrant): the two together keep to the limit."""
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(memory.POOL_MIN))
+    inner = [memory.pooled(LARGE, np.float64)]
+    limit = memory.pool_limit
+
+    def limit_with_a_collection() -> int:  # a collection frees `inner` here
+        inner.clear()
+        return limit()
+
+    monkeypatch.setattr(memory, "pool_limit", limit_with_a_collection)
+    memory.pooled(LARGE, np.float64)  # dropped: given back
+    assert kept_bytes() <= memory.POOL_MIN
+
