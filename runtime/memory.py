@@ -20,10 +20,13 @@ lists and their byte count change only under one lock, so two threads never
 get the same block and the count is the free lists' bytes; re-entrant,
 since the garbage collector may free a lease in the middle of the pool's
 own work.  A fork waits for the lock, so the child's pool is whole and its
-lock free.
+lock free.  A lease cannot be copied or pickled (a copy would give its
+block back twice), and leases freed while the interpreter exits give
+nothing back.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 
@@ -35,6 +38,7 @@ _DEFAULT_LIMIT = 512 << 20
 _free: dict[int, list[np.ndarray]] = {}  # nbytes -> free blocks of that size
 _free_bytes = 0
 _lock = threading.RLock()
+_open = True  # False from the interpreter's exit on (and None once this module is torn down)
 
 
 def pool_limit() -> int:
@@ -56,8 +60,12 @@ class Lease:
                                     "data": (block.ctypes.data, False)}
 
     def __del__(self):
-        if _lock is not None:  # None while the interpreter shuts down
+        if _open:  # at exit, what _give_back uses may be gone already
             _give_back(self.block)
+
+    def __reduce__(self):
+        raise TypeError("a pool lease cannot be copied or pickled (a copy would give "
+                        "its block back twice); copy the array over it instead")
 
 
 def _give_back(block: np.ndarray) -> None:
@@ -99,11 +107,17 @@ def release() -> int:
     return released
 
 
+def _close() -> None:
+    global _open
+    _open = False
+
+
 def _new_lock() -> None:
     global _lock
     _lock = threading.RLock()
 
 
+atexit.register(_close)
 # The lock is held across a fork (by the forking thread), so no other thread
 # is inside the pool's bookkeeping then; the child, where that thread's hold
 # would never end, gets a fresh lock.

@@ -2,7 +2,9 @@
 once no array or view over it is alive, never twice at once (also across
 threads), the free blocks kept stay under the limit, and compiled
 functions' large results come from it with their values intact."""
+import copy
 import os
+import pickle
 import threading
 import time
 
@@ -162,6 +164,27 @@ def test_a_forked_child_frees_a_lease_while_a_thread_held_the_lock():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.parametrize("duplicate", ["copy", "deepcopy", "pickle"])
+def test_a_lease_cannot_be_duplicated(duplicate):
+    """A copy of a lease would give its block back a second time (two live
+    arrays over one block) or expose the block's address without keeping
+    it; arrays over a lease copy and pickle as any array does."""
+    import copy
+    import pickle
+    a = memory.pooled(LARGE, np.float64)
+    a[:] = 1.5
+    copies = {"copy": copy.copy, "deepcopy": copy.deepcopy,
+              "pickle": lambda lease: pickle.loads(pickle.dumps(lease))}
+    with pytest.raises(TypeError, match="lease"):
+        copies[duplicate](a.base)
+    twin = copies[duplicate](a[::2])
+    assert not np.shares_memory(twin, a)
+    np.testing.assert_array_equal(twin, 1.5)
+    del a
+    b, c = memory.pooled(LARGE, np.float64), memory.pooled(LARGE, np.float64)
+    assert not np.shares_memory(b, c)
+
+
 def kept_bytes() -> int:
     """The bytes of the blocks on the free lists, counted from the lists."""
     return sum(block.nbytes for blocks in memory._free.values() for block in blocks)
@@ -206,3 +229,14 @@ def test_a_lease_freed_within_a_give_back_keeps_the_limit(monkeypatch):
     memory.pooled(LARGE, np.float64)  # dropped: given back
     assert kept_bytes() <= memory.POOL_MIN
 
+
+def test_leases_freed_while_the_interpreter_exits_say_nothing():
+    """A result kept by a module that is torn down after the pool's helpers
+    (here `os`) is freed at exit without a traceback on stderr."""
+    import subprocess
+    import sys
+    script = ("import os\nimport numpy as np\nfrom gradlang.runtime import memory\n"
+              f"os.kept = memory.pooled({LARGE}, np.float64)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stderr == ""
