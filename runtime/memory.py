@@ -14,8 +14,10 @@ The array's `.base` chain ends at a `Lease` (an object exposing the block
 through `__array_interface__`); when the last array or view over it is
 freed, the lease's `__del__` returns the block to the free list.  At most
 `pool_limit()` bytes of free blocks are kept (`GRADC_POOL_BYTES`, default
-512 MiB; 0 turns the pool off); a block freed beyond that is released to
-the system, and `release()` releases them all.  Thread-safe: the free
+512 MiB; 0 turns the pool off): a block freed beyond that takes the place
+of blocks of the size given back longest ago, which are released to the
+system (so sizes no longer asked for cannot fill the pool for good), and
+`release()` releases them all.  Thread-safe: the free
 lists and their byte count change only under one lock, so two threads never
 get the same block and the count is the free lists' bytes; re-entrant,
 since the garbage collector may free a lease in the middle of the pool's
@@ -35,7 +37,8 @@ import numpy as np
 POOL_MIN = 4 << 20  # bytes: below, the C library's own reuse is as good
 _DEFAULT_LIMIT = 512 << 20
 
-_free: dict[int, list[np.ndarray]] = {}  # nbytes -> free blocks of that size
+# nbytes -> free blocks of that size, sizes in the order they were last given back
+_free: dict[int, list[np.ndarray]] = {}
 _free_bytes = 0
 _lock = threading.RLock()
 _open = True  # False from the interpreter's exit on (and None once this module is torn down)
@@ -71,11 +74,20 @@ class Lease:
 def _give_back(block: np.ndarray) -> None:
     global _free_bytes
     limit = pool_limit()  # before the count: a collection it sets off may give back too
+    nbytes = block.nbytes
+    if nbytes > limit:
+        return  # dropped: the block's memory goes back to the system
     with _lock:
-        if _free_bytes + block.nbytes > limit:
-            return  # dropped: the block's memory goes back to the system
-        _free_bytes += block.nbytes
-        _free.setdefault(block.nbytes, []).append(block)
+        while _free_bytes + nbytes > limit:  # the size given back longest ago makes room
+            oldest = next(iter(_free))
+            _free[oldest].pop()
+            _free_bytes -= oldest
+            if not _free[oldest]:
+                del _free[oldest]
+        blocks = _free.pop(nbytes, [])  # and this size is now the newest
+        blocks.append(block)
+        _free[nbytes] = blocks
+        _free_bytes += nbytes
 
 
 def pooled(shape, dtype) -> np.ndarray:
@@ -93,6 +105,8 @@ def pooled(shape, dtype) -> np.ndarray:
         block = blocks.pop() if blocks else None
         if block is not None:
             _free_bytes -= nbytes
+            if not blocks:  # every list in `_free` holds a block (for the eviction)
+                del _free[nbytes]
     if block is None:
         block = np.empty(nbytes, np.uint8)
     return np.asarray(Lease(block, shape, dtype))

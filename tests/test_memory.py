@@ -240,3 +240,19 @@ def test_leases_freed_while_the_interpreter_exits_say_nothing():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_a_size_no_longer_asked_for_makes_room(monkeypatch):
+    """Blocks of sizes freed long ago give way to the size a loop frees now
+    (an epoch's short last batch, then the next epoch's full ones): a full
+    pool of stale sizes would otherwise refuse every block from then on."""
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(2 * memory.POOL_MIN + 64))
+    older, newer = (memory.pooled(memory.POOL_MIN + k, np.uint8) for k in (0, 8))
+    del older, newer  # in this order: the pool is full of these two sizes
+    size = memory.POOL_MIN + 16
+    memory.pooled(size, np.uint8)  # dropped: kept, the oldest size evicted
+    assert memory.POOL_MIN not in memory._free and len(memory._free[size]) == 1
+    assert kept_bytes() == 2 * memory.POOL_MIN + 24 == memory.release()
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(memory.POOL_MIN - 1))
+    memory.pooled(memory.POOL_MIN, np.uint8)  # larger than the whole pool: dropped
+    assert kept_bytes() == 0
