@@ -14,23 +14,25 @@ The array's `.base` chain ends at a `Lease` (an object exposing the block
 through `__array_interface__`); when the last array or view over it is
 freed, the lease's `__del__` returns the block to the free list.  At most
 `pool_limit()` bytes of free blocks are kept (`GRADC_POOL_BYTES`, default
-512 MiB; 0 turns the pool off): a block freed beyond that takes the place
-of blocks of the size given back longest ago, which are released to the
-system (so sizes no longer asked for cannot fill the pool for good), and
-`release()` releases them all.  Thread-safe: the free
-lists and their byte count change only under one lock, so two threads never
-get the same block and the count is the free lists' bytes; re-entrant,
-since the garbage collector may free a lease in the middle of the pool's
-own work.  A fork waits for the lock, so the child's pool is whole and its
-lock free.  A lease cannot be copied or pickled (a copy would give its
-block back twice), and leases freed while the interpreter exits give
-nothing back.
+512 MiB; 0 turns the pool off; a text that is not a byte count warns and
+keeps the default): a block freed beyond that takes the place of blocks of
+the size given back longest ago, which are released to the system (so
+sizes no longer asked for cannot fill the pool for good), and `release()`
+releases them all.  Thread-safe: the free lists and their byte count change
+only under one lock, so two threads never get the same block and the count
+is the free lists' bytes; re-entrant, since the garbage collector may free
+a lease in the middle of the pool's own work.  A fork waits for the lock,
+so the child's pool is whole and its lock free.  A lease cannot be copied
+or pickled (a copy would give its block back twice), and leases freed while
+the interpreter exits give nothing back.
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -46,11 +48,23 @@ _open = True  # False from the interpreter's exit on (and None once this module 
 
 def pool_limit() -> int:
     """The most bytes of free blocks the pool keeps."""
-    text = os.environ.get("GRADC_POOL_BYTES", "")
-    try:
-        return max(0, int(text)) if text else _DEFAULT_LIMIT
-    except ValueError:
+    return _limit_of(os.environ.get("GRADC_POOL_BYTES", ""))
+
+
+@functools.lru_cache(maxsize=None)  # read at every give-back; said once
+def _limit_of(text: str) -> int:
+    if not text:
         return _DEFAULT_LIMIT
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        warnings.warn(f"GRADC_POOL_BYTES={text!r} is not a number of bytes (0 turns the "
+                      f"pool off); the pool keeps its default {_DEFAULT_LIMIT >> 20} MiB",
+                      RuntimeWarning, stacklevel=2)
+        return _DEFAULT_LIMIT
+    return limit
 
 
 class Lease:

@@ -7,6 +7,7 @@ import os
 import pickle
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -256,3 +257,24 @@ def test_a_size_no_longer_asked_for_makes_room(monkeypatch):
     monkeypatch.setenv("GRADC_POOL_BYTES", str(memory.POOL_MIN - 1))
     memory.pooled(memory.POOL_MIN, np.uint8)  # larger than the whole pool: dropped
     assert kept_bytes() == 0
+
+
+@pytest.mark.parametrize("text", ["1e9", "512MiB", "-1", "0x100000", "lots"])
+def test_a_limit_that_is_not_a_byte_count_is_said_once(monkeypatch, text):
+    """A GRADC_POOL_BYTES the pool cannot read keeps the default limit and
+    says so, once, rather than silently (1e9 is not a billion here)."""
+    monkeypatch.setenv("GRADC_POOL_BYTES", text)
+    with pytest.warns(RuntimeWarning, match=f"GRADC_POOL_BYTES={text!r}.*512 MiB"):
+        assert memory.pool_limit() == 512 << 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert memory.pool_limit() == 512 << 20
+
+
+@pytest.mark.parametrize("text, limit", [("0", 0), ("8388608", 8 << 20), (" 4096 ", 4096),
+                                         ("", 512 << 20)])
+def test_a_byte_count_is_the_limit(monkeypatch, text, limit):
+    monkeypatch.setenv("GRADC_POOL_BYTES", text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert memory.pool_limit() == limit
