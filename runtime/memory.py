@@ -105,14 +105,17 @@ def _give_back(block: np.ndarray) -> None:
 
 
 def pooled(shape, dtype) -> np.ndarray:
-    """An uninitialized array of `shape` and `dtype`, from the pool when large."""
+    """An uninitialized array of `shape` and `dtype`, from the pool when large
+(and of a dtype without fields or a subarray)."""
     global _free_bytes
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = dtype.itemsize
     for d in shape:
         nbytes *= d
-    if nbytes < POOL_MIN:
+    # (a lease's typestr names no fields nor subarray: those dtypes, which
+    # no driver asks for, are NumPy's own)
+    if nbytes < POOL_MIN or dtype.fields is not None or dtype.subdtype is not None:
         return np.empty(shape, dtype)
     with _lock:
         blocks = _free.get(nbytes)

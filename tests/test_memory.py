@@ -278,3 +278,13 @@ def test_a_byte_count_is_the_limit(monkeypatch, text, limit):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert memory.pool_limit() == limit
+
+
+@pytest.mark.parametrize("dtype", [np.dtype([("a", "f8"), ("b", "i4")]), np.dtype(("f8", (2,))),
+                                   np.dtype(">f8"), np.dtype("M8[s]")])
+def test_any_dtype_is_the_dtype_asked_for(dtype):
+    """As np.empty gives it: a structured or subarray dtype too, which an
+    `__array_interface__` typestr alone would make raw bytes."""
+    n = memory.POOL_MIN // dtype.itemsize + 1
+    a, expected = memory.pooled(n, dtype), np.empty(n, dtype)
+    assert a.dtype == expected.dtype and a.shape == expected.shape
