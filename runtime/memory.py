@@ -92,12 +92,15 @@ def _give_back(block: np.ndarray) -> None:
     if nbytes > limit:
         return  # dropped: the block's memory goes back to the system
     with _lock:
-        while _free_bytes + nbytes > limit:  # the size given back longest ago makes room
+        # the size given back longest ago makes room
+        while _free and _free_bytes + nbytes > limit:
             oldest = next(iter(_free))
             _free[oldest].pop()
             _free_bytes -= oldest
             if not _free[oldest]:
                 del _free[oldest]
+        if not _free:
+            _free_bytes = 0  # exact again, should an interrupted step have left it off
         blocks = _free.pop(nbytes, [])  # and this size is now the newest
         blocks.append(block)
         _free[nbytes] = blocks

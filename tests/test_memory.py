@@ -288,3 +288,17 @@ def test_any_dtype_is_the_dtype_asked_for(dtype):
     n = memory.POOL_MIN // dtype.itemsize + 1
     a, expected = memory.pooled(n, dtype), np.empty(n, dtype)
     assert a.dtype == expected.dtype and a.shape == expected.shape
+
+
+def test_a_count_left_high_heals_at_the_next_give_back(monkeypatch):
+    """Should an interrupted step (a KeyboardInterrupt between a pop and its
+    count) leave the count above the blocks kept, the next give-back finds
+    nothing left to evict, and starts counting afresh (no error from a
+    lease's __del__)."""
+    import sys
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(memory.POOL_MIN))
+    monkeypatch.setattr(memory, "_free_bytes", memory.POOL_MIN)  # no block kept
+    memory.pooled(LARGE, np.float64)  # dropped: given back
+    assert unraisable == [] and kept_bytes() == memory.POOL_MIN == memory.release()
