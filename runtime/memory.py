@@ -109,7 +109,7 @@ def _give_back(block: np.ndarray) -> None:
 
 def pooled(shape, dtype) -> np.ndarray:
     """An uninitialized array of `shape` and `dtype`, from the pool when large
-(and of a dtype without fields or a subarray)."""
+    (and of a dtype without fields or a subarray)."""
     global _free_bytes
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
