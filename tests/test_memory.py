@@ -3,6 +3,7 @@ once no array or view over it is alive, never twice at once (also across
 threads), the free blocks kept stay under the limit, and compiled
 functions' large results come from it with their values intact."""
 import copy
+import ctypes
 import os
 import pickle
 import threading
@@ -302,3 +303,65 @@ def test_a_count_left_high_heals_at_the_next_give_back(monkeypatch):
     monkeypatch.setattr(memory, "_free_bytes", memory.POOL_MIN)  # no block kept
     memory.pooled(LARGE, np.float64)  # dropped: given back
     assert unraisable == [] and kept_bytes() == memory.POOL_MIN == memory.release()
+
+
+HOLDERS = {  # what NumPy, the buffer protocol and ctypes make over an array
+    "a view of a view": lambda a: a[1:][::2][3:],
+    "a reshape's .T": lambda a: a.reshape(2, -1).T,
+    "view(dtype)": lambda a: a.view(np.int32),
+    "memoryview": memoryview,
+    "np.frombuffer": lambda a: np.frombuffer(memoryview(a).cast("B"), np.float64),
+    "as_strided": lambda a: np.lib.stride_tricks.as_strided(a, (8, 8), (8, 8)),
+    "sliding_window_view": lambda a: np.lib.stride_tricks.sliding_window_view(a, 3),
+    "np.ctypeslib.as_ctypes": lambda a: np.ctypeslib.as_ctypes(a),
+    "a ctypes array from_buffer": lambda a: (ctypes.c_double * 8).from_buffer(a),
+    "np.from_dlpack": np.from_dlpack,
+    "a masked array": lambda a: np.ma.masked_array(a, copy=False),
+    "a pickle-5 buffer": lambda a: pickle.PickleBuffer(a),
+    "the lease itself": lambda a: a.base,
+}
+
+
+@pytest.mark.parametrize("hold", list(HOLDERS.values()), ids=list(HOLDERS))
+def test_whatever_refers_to_the_memory_keeps_the_block(hold):
+    a = memory.pooled(LARGE, np.float64)
+    first, a[:] = address(a), 7.0
+    holder = hold(a)
+    del a
+    others = [memory.pooled(LARGE, np.float64) for _ in range(3)]
+    assert first not in {address(o) for o in others}
+    del others, holder
+    assert address(memory.pooled(LARGE, np.float64)) == first  # and its end gives it back
+
+
+LOOP = """
+def energy(x, n: i64):
+    s = x
+    for i in range(n):
+        s = s * 0.5 + x
+    return sum(s * s)
+"""
+
+
+def test_a_loop_writes_all_it_takes_from_the_pool(monkeypatch):
+    """A loop kernel's carried values and its stacked trips (kept for the
+    gradient) come from the pool, which hands back old values: taken full
+    of NaN here, every element must be written (zero trips too)."""
+    from gradlang.runtime import cpu
+    taken = []
+
+    def poisoned(shape, dtype):
+        a = memory.pooled(shape, dtype)
+        a.fill(np.nan)
+        taken.append(a.size)
+        return a
+
+    monkeypatch.setattr(cpu, "pooled", poisoned)
+    energy = dsl.value_and_grad(dsl.loads(LOOP).energy)
+    x = np.random.default_rng(1).normal(size=LARGE)
+    for n in (0, 1, 3):
+        scale = sum(0.5 ** k for k in range(n + 1))  # s = scale * x
+        value, gradient = energy(x, n)
+        np.testing.assert_allclose(value, scale ** 2 * np.sum(x * x), rtol=1e-12)
+        np.testing.assert_allclose(gradient, 2 * scale ** 2 * x, rtol=1e-14)
+    assert 3 * LARGE in taken  # the three trips' stack
