@@ -894,12 +894,16 @@ class HvpFunction(Directional):
         (name,) = resolve_wrt(inner, wrt)
         super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
         self.name = f"hvp({inner.name})"
+        self._layout = f"{self.name} takes the arguments of {inner.name}(), then v"
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:
-            raise ArgumentError(f"{self.name} takes the arguments of {self.inner.name} "
-                                "followed by the vector v", self.span)
-        bound = self.inner.bind(args[:-1], kwargs, params)
+            raise ArgumentError(self._layout, self.span)
+        try:
+            bound = self.inner.bind(args[:-1], kwargs, params)
+        except ArgumentError as err:  # v was taken from the end: say so
+            err.note = err.note or self._layout
+            raise
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]

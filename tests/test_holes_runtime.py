@@ -3,6 +3,7 @@ kernel cache, out-of-range integer arguments, bad hvp and pullback
 arguments, tapes (nesting, NumPy between recorded calls) and tracebacks."""
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -174,6 +175,19 @@ def test_bad_hvp_vectors_are_argument_errors(v, pattern):
         warnings.simplefilter("error")  # no ComplexWarning instead
         with pytest.raises(dsl.ArgumentError, match=pattern):
             dsl.hvp(SQUARES.f)(X, X, v)
+
+
+@pytest.mark.parametrize("args,pattern", [
+    ((X, X), r"f\(\) is missing argument 'y'\nnote: hvp\(f\) takes the arguments of "
+             r"f\(\), then v"),
+    ((X, X, X, X), r"f\(\) takes 2 argument\(s\) but 3 were given\nnote: hvp\(f\) takes "),
+])
+def test_hvp_arity_errors_say_that_v_comes_last(args, pattern):
+    # the last argument is v: a call without it reports the last of f's
+    # arguments missing, which reads wrong unless it says so
+    with pytest.raises(dsl.ArgumentError) as info:
+        dsl.hvp(SQUARES.f)(*args)
+    assert re.search(pattern, str(info.value)), str(info.value)
 
 
 def test_hvp_still_takes_lists_and_other_dtypes():
