@@ -164,31 +164,31 @@ def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
 
 def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
     """`t` checked against its primal: an array of the primal's shape and
-    dtype, or None for no tangent."""
+    dtype, or None for no tangent (also for the zero tangent of a primal
+    that carries none)."""
     where = f"the tangent for {name!r} of {f.name}()"
     if t is None:
         return None
-    if name not in f.differentiable_names({name: _host_like(primal)}):
-        if f.target.is_array(t) and not isinstance(t, np.ndarray):
-            t = f.target.to_host(t)
-        if np.any(numeric_array(where, t, f.span) != 0):
+    carries = name in f.differentiable_names({name: _host_like(primal)})
+    dtype, shape = np.dtype(primal.dtype), tuple(primal.shape)
+    if f.target.is_array(t) and not isinstance(t, np.ndarray):
+        array = t if carries else f.target.to_host(t)  # a device array, taken as it is
+    else:
+        array = numeric_array(where, t, f.span)
+        if carries and not isinstance(t, (np.ndarray, np.generic)):
+            array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
+    if tuple(array.shape) != shape:
+        raise ArgumentError(f"{where} has shape {list(array.shape)}; its primal has shape "
+                            f"{list(shape)}", f.span)
+    if not carries:
+        if np.any(array != 0):
             raise ArgumentError(f"{where} must be None or zero: {name!r} is const or not a "
                                 "float, so it carries no tangent", f.span)
         return None
-    dtype, shape = np.dtype(primal.dtype), tuple(primal.shape)
-    if f.target.is_array(t) and not isinstance(t, np.ndarray):
-        array = t  # a device array, taken as it is
-    else:
-        array = numeric_array(where, t, f.span)
-        if not isinstance(t, (np.ndarray, np.generic)):
-            array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
     if np.dtype(array.dtype) != dtype:
         got = SUPPORTED.get(np.dtype(array.dtype), str(array.dtype))
         raise ArgumentError(f"{where} has dtype {got}; its primal has dtype "
                             f"{SUPPORTED[dtype]}", f.span)
-    if tuple(array.shape) != shape:
-        raise ArgumentError(f"{where} has shape {list(array.shape)}; its primal has shape "
-                            f"{list(shape)}", f.span)
     return array
 
 

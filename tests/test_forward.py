@@ -255,6 +255,11 @@ def test_a_const_or_integer_tangent_must_be_none_or_zero():
     for tangents in ((1.0, 1.0, None), (1.0, None, 2)):
         with pytest.raises(dsl.ArgumentError, match="must be None or zero"):
             dsl.jvp(m.f, (2.0, 3.0, 4), tangents)
+    # zero, but not of the primal's shape: as wrong as for a float argument
+    for tangents in ((1.0, np.zeros(5), None), (1.0, None, np.zeros((2, 1), np.int64))):
+        with pytest.raises(dsl.ArgumentError, match=r"has shape \[\d+(, 1)?\]; its primal "
+                                                    r"has shape \[\]"):
+            dsl.jvp(m.f, (2.0, 3.0, 4), tangents)
 
 
 def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
