@@ -318,12 +318,16 @@ class Jacobian:
             if name not in bound:
                 raise ArgumentError(f"{self.name}: no value was passed for {name!r}",
                                     self.f.span)
-            if np.dtype(bound[name].dtype).kind != "f":
-                raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
-                                    f"{name!r}: it has dtype "
-                                    f"{SUPPORTED[np.dtype(bound[name].dtype)]}", self.f.span)
+            self._require_float(name, bound[name])
         per_output = (self._forward(bound) if self.mode == "fwd" else self._reverse(bound))
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
+
+    def _require_float(self, name: str, x: Any) -> None:
+        dtype = np.dtype(x.dtype)
+        if dtype.kind != "f":
+            raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
+                                f"{name!r}: it has dtype {SUPPORTED.get(dtype, str(dtype))}",
+                                self.f.span)
 
     def _forward(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
         """[output][wrt] Jacobians: all columns by stacked jvps, else one jvp
@@ -361,13 +365,14 @@ class Jacobian:
         for name in self.wrt:
             k = names.index(name)
             x = args[k]
-            if np.dtype(x.dtype).kind != "f":
-                raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
-                                    f"{name!r}: it has dtype {np.dtype(x.dtype)}", self.f.span)
+            self._require_float(name, x)
             columns = _tangent_columns(
                 x, lambda basis: _jvp_on_dask(self.f, args, {name: basis})[1])
-            if not columns:
-                raise ArgumentError(f"{self.name}: {name!r} is empty", self.f.span)
+            if not columns:  # an empty argument: the outputs give the shapes
+                outs = _jvp_on_dask(self.f, args, {})[1]
+                per_wrt.append([da.zeros(tuple(o.shape) + tuple(x.shape),
+                                         _jacobian_dtype(o, x)) for o in outs])
+                continue
             per_wrt.append(_assembled(columns, x, da.stack))
         per_output = [list(js) for js in zip(*per_wrt)]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])

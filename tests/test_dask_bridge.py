@@ -293,6 +293,23 @@ def test_jacobians_on_dask_arrays_are_lazy_and_equal_the_in_memory_ones(jacobian
     np.testing.assert_allclose(lazy.compute(), jacobian(loss, wrt=2)(X, Y, W), rtol=1e-12)
 
 
+@pytest.mark.parametrize("jacobian", [dsl.jacfwd, dsl.jacrev])
+def test_jacobians_on_dask_arrays_take_an_empty_argument_and_name_dtypes_as_in_memory(jacobian):
+    # as in memory: an empty argument has an empty Jacobian (it was an
+    # error), and an integer one is refused naming its dtype `i64`
+    m = dsl.loads("def f(x, y):\n    return sum(x) * y, x * 2.0\n")
+    x, y = np.zeros((0, 2)), np.array([1.5, -2.0, 0.5])
+    lazy = jacobian(m.f, wrt=(0, 1))(da.from_array(x, chunks=1), y)
+    in_memory = jacobian(m.f, wrt=(0, 1))(x, y)
+    for got, expected in zip(dask.compute(lazy)[0], in_memory):
+        for g, e in zip(got, expected):
+            assert (g.shape, g.dtype) == (e.shape, e.dtype)
+            np.testing.assert_array_equal(g, e)
+    for ints in (np.arange(3), da.arange(3, chunks=2)):
+        with pytest.raises(dsl.ArgumentError, match="with respect to 'x': it has dtype i64$"):
+            jacobian(m.f)(ints, y)
+
+
 def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
     loss = load_example("logistic").loss
     v = RNG.normal(size=W.shape)
