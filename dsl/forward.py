@@ -77,8 +77,11 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
 
 
 def _no_such_primal(f: Compiled, name: str) -> ArgumentError:
+    if any(spec.name == name for spec in f.specs):  # one with a default
+        return ArgumentError(f"jvp() got a tangent for {name!r}, an argument of {f.name}() "
+                             "that was not passed: pass its value among the primals", f.span)
     return ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() neither takes "
-                         "as an argument here nor reads as a param", f.span)
+                         "as an argument nor reads as a param", f.span)
 
 
 def _plain_call(primals: Any, tangents: Any) -> Optional[tuple]:

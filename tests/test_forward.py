@@ -248,6 +248,16 @@ def test_bad_tangents_are_argument_errors_before_any_kernel(tangents, text):
     assert not any(j._programs for j in m.f.__dict__.get("_derived", {}).values())
 
 
+def test_a_tangent_for_a_defaulted_argument_not_passed_says_to_pass_it():
+    # 'a' is f's argument: "f() neither takes it as an argument" misled
+    m = dsl.loads("def f(x, a: f64 = 1.5):\n    return x * a\n")
+    with pytest.raises(dsl.ArgumentError, match="tangent for 'a', an argument of f\\(\\) that "
+                                                "was not passed: pass its value among the "
+                                                "primals"):
+        dsl.jvp(m.f, (np.ones(2),), {"a": 1.0})
+    assert dsl.jvp(m.f, (np.ones(2), 1.5), {"a": 2.0})[1].tolist() == [2.0, 2.0]
+
+
 def test_a_const_or_integer_tangent_must_be_none_or_zero():
     m = dsl.loads("def f(x, k: const, n: i64):\n    return x * k + n\n")
     y, ty = dsl.jvp(m.f, (2.0, 3.0, 4), (1.0, 0.0, 0))
