@@ -236,6 +236,15 @@ def full(b: Builder, value, shape: tuple[int, ...], dtype: str) -> Var:
     return b.bind("full", value=value, shape=tuple(shape), dtype=dtype)
 
 
+def same_value(value, identity: float, dtype: str) -> bool:
+    """Whether a constant of `dtype` is `identity` (an op's row's): for a
+    float, with the same sign of zero."""
+    if value != identity:
+        return False
+    return dtype not in ("f32", "f64") or math.copysign(1.0, value) == math.copysign(
+        1.0, identity)
+
+
 def zeros_like(b: Builder, t: TensorType) -> Var:
     return full(b, 0, t.shape, t.dtype)
 
@@ -602,9 +611,10 @@ class Op:
     tol: float = 1e-5  # how close f32 must come to the reference
     # the name that calls the op from `.grad` source (None: not callable)
     source_name: Optional[str] = None
-    # e with `x op e == x` for every x, in IEEE arithmetic too (up to the
-    # sign of a zero sum); with `commutative`, `e op x == x` too.  There
-    # are no absorbing elements: x * 0 is NaN, not 0, for x = inf.
+    # e with `x op e == x` for every x, in IEEE arithmetic too, the sign of
+    # a zero included (`same_value`): a sum's is -0.0, since -0.0 + 0.0 is
+    # 0.0; with `commutative`, `e op x == x` too.  There are no absorbing
+    # elements: x * 0 is NaN, not 0, for x = inf.
     identity: Optional[float] = None
     commutative: bool = False
     # params -> whether the op returns its first input unchanged when the
@@ -759,7 +769,7 @@ _TABLE: tuple[Op, ...] = (
     Op("full", type_rule=_full_rule, template="{value}", arity=0,
        ref=lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype))),
     # ---- elementwise, two inputs
-    Op("add", template="{0} + {1}", ref=np.add, arity=2, identity=0, commutative=True,
+    Op("add", template="{0} + {1}", ref=np.add, arity=2, identity=-0.0, commutative=True,
        linear="jointly", exact=True,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: ct)),
     Op("sub", linear="jointly", template="{0} - {1}", ref=np.subtract, arity=2, identity=0,

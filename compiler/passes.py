@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
-from gradlang.compiler.ops import OPS, fold
+from gradlang.compiler.ops import OPS, fold, same_value
 
 
 def _substituting():
@@ -149,8 +149,8 @@ def _identity_input(op: str, inputs, params, fills) -> Atom | None:
 
     def is_identity(a: Atom) -> bool:
         if isinstance(a, Lit):
-            return a.value == row.identity
-        return a in fills and fills[a] == row.identity
+            return same_value(a.value, row.identity, a.type.dtype)
+        return a in fills and same_value(fills[a], row.identity, a.type.dtype)
 
     if row.no_op_if is not None and row.no_op_if(params):
         return inputs[0]

@@ -363,3 +363,19 @@ def test_a_one_element_value_spread_to_fewer_axes_keeps_the_ir_well_typed():
     x, s = np.arange(4.0), np.array([[2.5]])
     np.testing.assert_array_equal(m.f(x, s), x * 2.5)
     np.testing.assert_array_equal(dsl.grad(m.f, wrt=1)(x, s), [[np.sum(x)]])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_adding_a_zero_keeps_numpys_sign_of_zero(dtype):
+    # x + 0.0 is 0.0 at x = -0.0 (IEEE's identity of a sum is -0.0), so
+    # simplify may drop only `+ -0.0` and `- 0.0`: dropping `x + 0.0` made
+    # 1 / (x + 0.0) -inf at -0.0, and (x + 0.0) // 1.0 -0.0
+    m = dsl.loads(f"def f(x: {dtype}[n]):\n"
+                  "    a, b, c = 1.0 / (x + 0.0), 1.0 / (0.0 + x), 1.0 / (x - -0.0)\n"
+                  "    d, e, f = 1.0 / (x + zeros_like(x)), 1.0 / (x + -0.0), 1.0 / (x - 0.0)\n"
+                  "    return a, b, c, d, e, f\n")
+    x = np.array([-0.0, 0.0, -2.5], NUMPY_DTYPES[dtype])
+    with np.errstate(divide="ignore"):
+        expected = [1 / (x + 0.0), 1 / (0.0 + x), 1 / (x + 0.0), 1 / (x + 0.0), 1 / x, 1 / x]
+    for got, want in zip(m.f(x), expected):
+        assert got.tobytes() == want.astype(x.dtype).tobytes(), (got, want)
