@@ -27,7 +27,8 @@ The batch size is `n` everywhere (a mean divides by all the rows, not a
 block's; `with_sizes` makes a function's sizes the whole array's).  A
 value reduced over the batch that is then used row by row (`x - mean(x,
 axis=0)`), an op that moves data between rows (a slice of the batch axis,
-a reshape merging it, `x @ x.T`), raises `GradError` at the op's source
+a reshape merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]`
+for row indices p), raises `GradError` at the op's source
 line, naming it.
 """
 from __future__ import annotations
@@ -168,6 +169,8 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
             fine = states == ([ROWS, CONST] if layout == ROWS else [CONST, COLS])
         elif eqn.op == "reshape":
             fine = _leading(out) and all(_leading(a) for a in inputs)
+        elif OPS[eqn.op].kind == "index":  # not along the batch axis: a block has its rows
+            fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(eqn.inputs[0])
         else:  # elementwise, broadcasting, reductions over other axes, ...
             fine = batched <= {layout}
         if fine:

@@ -145,6 +145,26 @@ def test_a_function_that_mixes_rows_is_a_grad_error_at_the_op(body, op, column):
         m.f(da.from_array(X, chunks=(400, 3)))
 
 
+@pytest.mark.parametrize("body,op", [
+    ("x[p]", "take"),
+    ("take(x.T, p, axis=1)", "take"),
+    ("take_along_axis(x, q, axis=0)", "take_along_axis"),
+    ("scatter_add(zeros_like(x), p, x)", "scatter_add"),
+    ("scatter_add(x, p, x * 2.0)", "scatter_add"),
+])
+def test_indexing_the_batch_axis_by_row_indices_is_a_grad_error_at_the_op(body, op):
+    # a block holds only its own rows, so row indices into the batch axis
+    # (gathering row p[i], adding row i into row p[i]) read or write another
+    # block's rows: indices within a block's size gave another row, silently
+    m = dsl.loads(f"def f(x, p: i64[n], q: i64[n, 2]):\n    return {body}\n", "rows.grad")
+    x, p = RNG.normal(size=(6, 2)), np.array([2, 1, 0, 2, 1, 0])
+    args = (da.from_array(x, chunks=(3, 2)), da.from_array(p, chunks=3),
+            da.from_array(np.stack([p, p], axis=1) % 2, chunks=(3, 2)))
+    with pytest.raises(dsl.GradError, match=f"rows.grad:2:12: error: `{op}` moves data "
+                                            "between the rows of the batch"):
+        m.f(*args)
+
+
 @pytest.mark.parametrize("chunks", [(3, 4, 3), (10,), (1, 9)])
 def test_segment_sums_and_embedding_gradients_sum_their_blocks(chunks):
     # a scatter-add of rows into zeros (segment_sum, a gather's gradient) is
