@@ -28,7 +28,8 @@ block's; `with_sizes` makes a function's sizes the whole array's).  A
 value reduced over the batch that is then used row by row (`x - mean(x,
 axis=0)`), an op that moves data between rows (a slice of the batch axis,
 a reshape merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]`
-for row indices p), raises `GradError` at the op's source
+for row indices p, also in a loop's body), or a result a loop sums over
+the rows inside it, raises `GradError` at the op's source
 line, naming it.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from gradlang.compiler.ir import Eqn, Function, Lit, Var, vars_in
-from gradlang.compiler.ops import OPS
+from gradlang.compiler.ops import OPS, loop_groups
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import GradError, Span
@@ -50,6 +51,12 @@ ROWS = "rows"        # axis 0 is the batch axis, row i from row i of the batch
 COLS = "cols"        # a transposed rank-2 ROWS value: the batch axis is axis 1
 PARTIAL = "partial"  # a reduction over the batch axis, per block
 AFTER = "after"      # computed from combined partials (and CONSTs)
+# what a loop on rows makes, in each block: its ROWS values of each trip stacked
+# (the batch axis is axis 1), values the same in every block, and values that
+# are not (a sum over a block's rows); only a loop may read them
+STACKED = "stacked"
+BLOCK = "block"
+PER_BLOCK = "per block"
 
 _KIND = {"reduce_sum": "sum", "reduce_max": "max", "matmul": "sum", "scatter_add": "sum"}
 
@@ -74,9 +81,9 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
         reduced = next((origin[a] for a in inputs if a in origin), None)
         if eqn.op == "full" and eqn.p["value"] == 0:
             zeros.add(eqn.outputs[0])
-        out_state = _state(eqn, inputs, [state[a] for a in inputs], reduced or span,
-                           into_zeros=bool(eqn.inputs) and eqn.inputs[0] in zeros)
-        for v in eqn.outputs:
+        out_states = _states(eqn, inputs, [state[a] for a in inputs], reduced or span,
+                             into_zeros=bool(eqn.inputs) and eqn.inputs[0] in zeros)
+        for v, out_state in zip(eqn.outputs, out_states):
             state[v] = out_state
             if out_state == PARTIAL:
                 kinds[v] = _KIND[eqn.op]
@@ -84,6 +91,12 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
             elif out_state == AFTER:
                 origin[v] = reduced
     of = [state.get(a, CONST) if isinstance(a, Var) else CONST for a in fn.outputs]
+    for a, s in zip(fn.outputs, of):
+        if s in (STACKED, BLOCK, PER_BLOCK):
+            loop = next(e for e in fn.eqns if a in e.outputs)
+            raise _mixes(loop, "gives a result for each block, not row by row (a sum over "
+                         "the rows inside a loop: a parameter's gradient through it)",
+                         loop.span or span)
     after_eqns = [e for e in fn.eqns if state[e.outputs[0]] in (AFTER, CONST)]
     needed = {v for e in after_eqns for v in vars_in(e.inputs) if state[v] == PARTIAL}
     needed |= {a for a, s in zip(fn.outputs, of) if s == PARTIAL}
@@ -141,6 +154,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     out = eqn.outputs[0]
     layout = _layout(out)
     batched = {s for s in states if s in (ROWS, COLS)}
+    if {STACKED, BLOCK, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
+        raise _mixes(eqn, "uses a value that a loop on the rows of the batch computes in "
+                     "each block", origin)
     if AFTER in states or PARTIAL in states:
         if batched or layout:
             raise _mixes(eqn, "uses a value reduced over the batch row by row", origin)
@@ -176,6 +192,58 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
         if fine:
             return layout
     raise _mixes(eqn, "moves data between the rows of the batch", origin)
+
+
+def _states(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
+            into_zeros: bool = False) -> list[str]:
+    """The state of each of eqn's outputs (`_state`; a loop's each its own)."""
+    if eqn.op == "loop" and {ROWS, COLS, STACKED, BLOCK, PER_BLOCK} & set(states):
+        return _loop_states(eqn, states, origin)
+    return [_state(eqn, inputs, states, origin, into_zeros)] * len(eqn.outputs)
+
+
+def _in_body(state: str) -> str:
+    """How a loop's body sees an input of this state: a value that is not
+    the same in every block as if reduced over the batch (AFTER)."""
+    return {ROWS: ROWS, COLS: COLS, CONST: CONST, BLOCK: CONST}.get(state, AFTER)
+
+
+def _made(state: str) -> str:
+    """What a loop on rows makes of a result of its body of this state."""
+    return {ROWS: ROWS, COLS: COLS, CONST: BLOCK, BLOCK: BLOCK}.get(state, PER_BLOCK)
+
+
+def _loop_states(loop: Eqn, states: list[str], origin: Optional[Span]) -> list[str]:
+    """The states of the outputs of `loop`, whose Var inputs have `states`
+    (some of the batch): each block runs the loop on its rows, so the body
+    must keep the rows apart (a gather of rows, a value reduced over the
+    rows then used row by row: `GradError` at that op), and what the loop
+    reduces over the rows is each block's own (PER_BLOCK: an error where it
+    is used; a gradient's loop accumulates such sums for the parameters)."""
+    in_states = iter(states)
+    body, n_carry = loop.p["body"], loop.p["n_carry"]
+    _, carry, inv, xs = loop_groups([next(in_states) if isinstance(a, Var) else CONST
+                                     for a in loop.inputs], loop.p)
+    if {ROWS, COLS} & set(xs) or STACKED in carry + inv:  # a trip per row of the batch
+        raise _mixes(loop, "loops over the rows of the batch", origin)
+    slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
+    carried = [_in_body(s) for s in carry]
+    while True:  # until the carried values' states are those they come back with
+        state = dict(zip(body.params, [CONST] + carried + [_in_body(s) for s in inv] + slices))
+        for eqn in body.eqns:
+            inputs = list(vars_in(eqn.inputs))
+            state.update(zip(eqn.outputs, _states(eqn, inputs, [state[a] for a in inputs],
+                                                  eqn.span or origin)))
+        results = [state.get(a, CONST) if isinstance(a, Var) else CONST for a in body.outputs]
+        back = [AFTER if AFTER in (_in_body(_made(s)), c) else c
+                for s, c in zip(results[:n_carry], carried)]
+        if back == carried:
+            break
+        carried = back
+    made = [_made(s) for s in results[:n_carry]]
+    for s in results[n_carry:]:  # stacked by trip
+        made.append({ROWS: STACKED, CONST: BLOCK}.get(s, PER_BLOCK))
+    return made
 
 
 def _mixes(eqn: Eqn, why: str, origin: Optional[Span]) -> GradError:

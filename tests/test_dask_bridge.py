@@ -165,6 +165,30 @@ def test_indexing_the_batch_axis_by_row_indices_is_a_grad_error_at_the_op(body, 
         m.f(*args)
 
 
+@pytest.mark.parametrize("body,column", [("h + x[i]", 17), ("take(h, p, axis=0) + x", 13)])
+def test_a_loop_body_that_moves_data_between_rows_is_a_grad_error_at_the_op(body, column):
+    # the split looked at the loop as one op, not inside it: x[i] read row
+    # i of each block, silently
+    m = dsl.loads("def f(x, p: i64[n]):\n    h = x\n    for i in range(2):\n"
+                  f"        h = {body}\n    return h\n", "loop.grad")
+    x, p = RNG.normal(size=(6, 2)), np.array([2, 1, 0, 2, 1, 0])
+    with pytest.raises(dsl.GradError, match=f"loop.grad:4:{column}: error: `take` .* does not "
+                                            "decompose over the rows"):
+        m.f(da.from_array(x, chunks=(3, 2)), da.from_array(p, chunks=3))
+    # a row-wise body still runs block by block
+    m = dsl.loads("def f(x, w):\n    h = x\n    for i in range(3):\n"
+                  "        h = tanh(h @ w) + x\n    return h, sum(h * h)\n")
+    w, xs = RNG.normal(size=(2, 2)) / 2, da.from_array(x, chunks=(3, 2))
+    for got, expected in zip(dask.compute(*m.f(xs, w)), m.f(x, w)):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    np.testing.assert_allclose(dsl.grad(m.f)(xs, w).compute(), dsl.grad(m.f)(x, w), rtol=1e-12)
+    # w's gradient sums over the rows inside the backward loop, each block
+    # its own: it was taken as row-wise, a wrong answer of the wrong shape
+    with pytest.raises(dsl.GradError, match=r"`loop` gives a result for each block, not row "
+                                            r"by row \(a sum over the rows inside a loop"):
+        dsl.grad(m.f, wrt=1)(xs, w)
+
+
 @pytest.mark.parametrize("chunks", [(3, 4, 3), (10,), (1, 9)])
 def test_segment_sums_and_embedding_gradients_sum_their_blocks(chunks):
     # a scatter-add of rows into zeros (segment_sum, a gather's gradient) is
