@@ -958,7 +958,7 @@ class GradFn(Compiled):
         bound = super().bind(args, kwargs)
         for w in self.reads:
             bound[w] = self._params.validate(w, params[w]) if params and w in params \
-                else self._params.require(w, self.name)
+                else self._params.require(w, self.name, self.span)
         return bound
 
     def lower(self, types: dict[str, TensorType]) -> Function:

@@ -9,12 +9,12 @@ naming it and saying how to set it.
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
 from gradlang.runtime.args import ParamSpec, cast, check_shape, convert, plain
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, Span
 
 
 class ParamError(ArgumentError, KeyError):
@@ -79,10 +79,11 @@ class ParamStore(MutableMapping):
     def __len__(self) -> int:
         return len(self._values)
 
-    def require(self, name: str, reader: str) -> np.ndarray:
+    def require(self, name: str, reader: str, span: Optional[Span] = None) -> np.ndarray:
+        """The value of `name`, which `reader` (defined at `span`) reads."""
         if name not in self._values:
             raise ParamError(f"{reader}() reads param {name!r}, which is not set; set it "
-                                f"with module.params[{name!r}] = ...")
+                             f"with module.params[{name!r}] = ...", span)
         return self._values[name]
 
     def __repr__(self) -> str:

@@ -104,8 +104,13 @@ def test_linear_poly_values_gradients_and_the_tf_block():
 
 def test_unset_param_is_a_clear_error():
     m = dsl.load(EXAMPLES / "linear_poly.grad")
-    with pytest.raises(dsl.ArgumentError, match="reads param 'weights', which is not set"):
-        m.linear_poly(np.ones(3))
+    # at the function's definition, as every other bad argument (it had no
+    # position), for a call and for a transform alike
+    for call in (m.linear_poly, dsl.jacfwd(m.linear_poly), dsl.grad(m.linear_poly)):
+        with pytest.raises(dsl.ArgumentError, match=r"linear_poly.grad:\d+:\d+: error: "
+                                                    "linear_poly\\(\\) reads param 'weights', "
+                                                    "which is not set"):
+            call(np.ones(3))
     with pytest.raises(dsl.ArgumentError, match="size 3 on axis 0, but its annotation says 2"):
         m.params["weights"] = np.ones(3)
     with pytest.raises(dsl.ArgumentError, match="no param 'bias'"):
