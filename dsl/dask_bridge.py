@@ -44,6 +44,14 @@ def is_dask_array(value: Any) -> bool:
     return type(value).__module__.startswith("dask.array")
 
 
+def chunked_like(value: Any, like: Any) -> Any:
+    """value (an in-memory array, number or sequence, of like's shape) as a
+    Dask array of like's dtype and chunks: a tangent or vector split as the
+    argument it goes with."""
+    import dask.array as da
+    return da.from_array(np.asarray(value, like.dtype), chunks=like.chunks)
+
+
 def placeholder(shape: tuple, dtype) -> np.ndarray:
     """An array of this shape and dtype that owns no memory of its size
     (every element is one zero), for checking and keying a call on values

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.dask_bridge import DaskBound, is_dask_array, run_on_dask
+from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
 from dsl.function import (Compiled, GradFunction, JvpFunction, Stacked, Wrt, derived_if_made,
                           fast_key, jvp_function, resolve_wrt, stacked_jvp_function,
                           stacked_vjp_function, vjp_of_bound)
@@ -108,13 +108,12 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
     and its raw outputs, lazy, block by block (`dask_bridge.run_on_dask`).
     A primal and its tangent are split alike: where one is a Dask array, the
     other becomes one with its chunks."""
-    import dask.array as da
     names = [spec.name for spec in f.specs]
     primals = list(primals)
     for k, p in enumerate(primals):
         t = given.get(names[k]) if k < len(names) else None
         if is_dask_array(t) and not is_dask_array(p):
-            primals[k] = da.from_array(np.asarray(p, t.dtype), chunks=t.chunks)
+            primals[k] = chunked_like(p, t)
     bound = DaskBound(f, tuple(primals), {})
     chosen: dict[str, Any] = {}
     for name, t in given.items():
@@ -122,7 +121,7 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
             raise _no_such_primal(f, name)
         primal = bound.dask.get(name)
         if t is not None and not is_dask_array(t) and primal is not None:
-            t = da.from_array(_tangent(f, name, bound.values[name], t), chunks=primal.chunks)
+            t = chunked_like(_tangent(f, name, bound.values[name], t), primal)
         if is_dask_array(t):
             if name not in f.differentiable_names({name: _host_like(bound.values[name])}):
                 raise ArgumentError(f"the tangent for {name!r} of {f.name}() must be None: "

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.dask_bridge import call_on_dask, is_dask_array, vjp_on_dask
+from dsl.dask_bridge import call_on_dask, chunked_like, is_dask_array, vjp_on_dask
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -916,6 +916,27 @@ class HvpFunction(Directional):
                                 f"has shape {list(x.shape)}", self.span)
         bound["$v"] = v
         return bound
+
+    def call_slow(self, args: tuple, kwargs: dict) -> Any:
+        # on Dask arrays, v is split as its argument is, whichever of them
+        # is the Dask array (as jvp splits a primal and its tangent)
+        k = next((i for i, s in enumerate(self.specs) if s.name == self.wrt), None)
+        if args and self.wrt in kwargs:
+            x = kwargs[self.wrt]
+        elif k is not None and k < len(args) - 1:
+            x = args[k]
+        else:  # a param, or not given (bind says so)
+            return super().call_slow(args, kwargs)
+        v = args[-1]
+        if is_dask_array(x) and not is_dask_array(v):
+            v = chunked_like(v, x)
+        elif is_dask_array(v) and not is_dask_array(x):
+            x = chunked_like(x, v)
+        if self.wrt in kwargs:
+            kwargs = {**kwargs, self.wrt: x}
+        else:
+            args = args[:k] + (x,) + args[k + 1:]
+        return super().call_slow(args[:-1] + (v,), kwargs)
 
 
 

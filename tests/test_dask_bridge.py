@@ -361,3 +361,14 @@ def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
                                da.from_array(Y, chunks=100), W, v)
     assert is_lazy(lazy)
     np.testing.assert_allclose(lazy.compute(), dsl.hvp(loss, wrt=2)(X, Y, W, v), rtol=1e-12)
+    # along the batch: v is split as x is, whichever of them is the Dask
+    # array, as jvp splits a primal and its tangent (an in-memory v went
+    # whole to every block: shapes [batch, 3] and [800, 3] did not broadcast)
+    vx = RNG.normal(size=X.shape)
+    expected = dsl.hvp(loss, wrt=0)(X, Y, W, vx)
+    for x, vs in ((da.from_array(X, chunks=(100, 3)), vx),
+                  (X, da.from_array(vx, chunks=(100, 3))),
+                  (da.from_array(X, chunks=(100, 3)), vx.tolist())):
+        lazy = dsl.hvp(loss, wrt=0)(x, da.from_array(Y, chunks=100), W, vs)
+        assert is_lazy(lazy)
+        np.testing.assert_allclose(lazy.compute(), expected, rtol=1e-12, atol=1e-15)
