@@ -17,6 +17,10 @@ Each pass also runs on the body of every `loop` (`_in_bodies`).
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
 from gradlang.compiler.ops import OPS, fold, same_value
@@ -165,8 +169,16 @@ def _identity_input(op: str, inputs, params, fills) -> Atom | None:
 def _key(eqn: Eqn, inputs) -> tuple | None:
     if eqn.op in ("custom_vjp", "loop"):
         return None
-    ins = tuple(("v", id(a)) if isinstance(a, Var) else ("l", a.value, a.type) for a in inputs)
-    return (eqn.op, ins, eqn.params)
+    ins = tuple(("v", id(a)) if isinstance(a, Var) else ("l", _exactly(a.value), a.type)
+                for a in inputs)
+    return (eqn.op, ins, tuple((name, _exactly(value)) for name, value in eqn.params))
+
+
+def _exactly(value):
+    """A constant as a key: a float with its sign, since -0.0 == 0.0."""
+    if isinstance(value, (float, np.floating)):
+        return (value, math.copysign(1.0, value))
+    return value
 
 
 def cse(fn: Function) -> Function:

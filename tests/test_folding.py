@@ -379,3 +379,15 @@ def test_adding_a_zero_keeps_numpys_sign_of_zero(dtype):
         expected = [1 / (x + 0.0), 1 / (0.0 + x), 1 / (x + 0.0), 1 / (x + 0.0), 1 / x, 1 / x]
     for got, want in zip(m.f(x), expected):
         assert got.tobytes() == want.astype(x.dtype).tobytes(), (got, want)
+
+
+def test_common_subexpressions_tell_a_negative_zero_from_a_zero():
+    # 0.0 == -0.0, so a key of values merged x * -0.0 into x * 0.0 (and a
+    # fill of -0.0 into one of 0.0): 1 / (x * -0.0) was inf, NumPy's -inf
+    m = dsl.loads("def f(x):\n    return 1.0 / (x * 0.0), 1.0 / (x * -0.0), "
+                  "zeros_like(x) * 1.0, zeros_like(x) * -1.0\n")
+    x = np.array([1.0, 2.0])
+    with np.errstate(divide="ignore"):
+        expected = (1.0 / (x * 0.0), 1.0 / (x * -0.0), np.zeros(2), np.zeros(2) * -1.0)
+    for got, want in zip(m.f(x), expected):
+        assert got.tobytes() == want.tobytes(), (got, want)
