@@ -232,11 +232,12 @@ def _in_blocks(stacked: Stacked, bound: dict[str, Any], one: np.ndarray) -> Opti
     stacked argument's one value), in order, in blocks whose stacked values
     hold at most STACKED_ELEMENTS; None if stacked's function has an op
     that cannot take stacked values."""
-    per_slice = stacked.per_slice({**bound, stacked.stacked: one})
+    (name,) = stacked.stacked
+    per_slice = stacked.per_slice({**bound, name: one})
     if per_slice is None:
         return None
     block = max(1, min(one.size, STACKED_ELEMENTS // max(per_slice, 1)))
-    return [_run(stacked, {**bound, stacked.stacked: _one_hots(one, i, min(i + block, one.size))},
+    return [_run(stacked, {**bound, name: _one_hots(one, i, min(i + block, one.size))},
                  host=True) for i in range(0, one.size, block)]
 
 

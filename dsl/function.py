@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -731,7 +731,7 @@ def stacked_jvp_function(f: Compiled, name: str) -> Stacked:
     per (function, argument)."""
     def make() -> Stacked:
         jf = jvp_function(f, [name])
-        return Stacked(jf, jf.tangent_names[0], "tangents")
+        return Stacked(jf, [jf.tangent_names[0]], "tangents")
     return derived(f, ("stacked jvp", name), make)
 
 
@@ -740,8 +740,14 @@ def stacked_vjp_function(f: Compiled, n_outputs: int, output: int) -> Stacked:
     its output `output`: one per (function, outputs, output)."""
     def make() -> Stacked:
         vf = backward_function(f, n_outputs)
-        return Stacked(vf, vf.ct_names[output], "all")
+        return Stacked(vf, [vf.ct_names[output]], "all")
     return derived(f, ("stacked vjp", n_outputs, output), make)
+
+
+def batched_function(f: Compiled, names: Sequence[str]) -> Stacked:
+    """f for stacked values of its arguments `names` at once, every output
+    stacked (`Stacked`): a vmap of f, one per (function, arguments)."""
+    return derived(f, ("batched", tuple(names)), lambda: Stacked(f, names, "all"))
 
 
 def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
@@ -782,22 +788,22 @@ class JvpFunction(Compiled):
 
 
 class Stacked(Compiled):
-    """`inner` for k values of its argument `name` at once
-    (`compiler.vectorize`): that argument takes a leading axis of size k,
+    """`inner` for k values of its arguments `names` at once
+    (`compiler.vectorize`): each of them takes a leading axis of size k,
     and so do the outputs `which` names ("tangents": a jvp's second half,
     "all"); the others are inner's own.  Lowering raises `NotVectorizable`
     where an op on the way has no rule for stacked values."""
 
-    def __init__(self, inner: Compiled, name: str, which: str):
+    def __init__(self, inner: Compiled, names: Sequence[str], which: str):
         super().__init__()
-        self.inner, self.stacked, self.which = inner, name, which
+        self.inner, self.stacked, self.which = inner, tuple(names), which
         self.name = f"stacked {inner.name}"
         self.specs, self.param_specs = inner.specs, inner.param_specs
         self.target, self.host_results = inner.target, inner.host_results
         self._per_slice: dict[tuple, Optional[int]] = {}
 
     def per_slice(self, bound: dict[str, np.ndarray]) -> Optional[int]:
-        """For arguments `bound` holding one value of the stacked argument
+        """For arguments `bound` holding one value of each stacked argument
         (no leading axis): the elements the stacked program's values hold
         for each stacked value, or None if inner cannot be stacked.
         Worked out from inner's IR once per signature."""
@@ -807,24 +813,29 @@ class Stacked(Compiled):
         statics = self.static_names(bound)
         key = _signature(bound, statics)
         if key not in self._per_slice:
-            fn, slot = self.inner.lower(_types(bound, statics)), list(bound).index(self.stacked)
+            fn, slots = self.inner.lower(_types(bound, statics)), self._slots(bound)
             try:
-                vectorize(fn, [slot], (), 1)  # raises where a rule is missing
-                self._per_slice[key] = int(stacked_elements(fn, [slot]))
+                vectorize(fn, slots, (), 1)  # raises where a rule is missing
+                self._per_slice[key] = int(stacked_elements(fn, slots))
             except NotVectorizable:
                 self._per_slice[key] = None
         return self._per_slice[key]
+
+    def _slots(self, names: Iterable[str]) -> list[int]:
+        order = list(names)
+        return [order.index(n) for n in self.stacked]
 
     @property
     def span(self):
         return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        stack = types[self.stacked]
-        fn = self.inner.lower({**types, self.stacked: TensorType(stack.dtype, stack.shape[1:])})
+        k = types[self.stacked[0]].shape[0]
+        fn = self.inner.lower({n: TensorType(t.dtype, t.shape[1:]) if n in self.stacked else t
+                               for n, t in types.items()})
         n = len(fn.outputs)
         outputs = range(n // 2, n) if self.which == "tangents" else range(n)
-        return vectorize(fn, [list(types).index(self.stacked)], outputs, stack.shape[0])
+        return vectorize(fn, self._slots(types), outputs, k)
 
     def identity(self) -> tuple:
         return ("stacked", self.inner.identity(), self.stacked, self.which)

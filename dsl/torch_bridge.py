@@ -1,5 +1,5 @@
 """`dsl.to_torch(f)`: a compiled function as an operation PyTorch's
-autograd records.
+autograd and `torch.func` transforms record.
 
 Contract: `to_torch(f)(*args, **kwargs)` takes f's arguments as torch
 tensors (Python numbers and NumPy arrays are constants) and the module
@@ -9,10 +9,31 @@ results.  The forward runs f's compiled kernels (its split forward pass,
 keeping the residuals, when an input requires grad); the backward runs the
 compiled pullback.  A call with nothing to record (positional CPU tensors,
 none requiring grad) is f's own call on their NumPy views, with its fast
-path for repeated signatures.  Under `create_graph=True` the backward is itself such
-an operation, made from f's backward pass as a compiled function
-(`dsl.function.VjpFunction`), so double backward differentiates our
-compiled gradient again (grad blocks included), to any order.
+path for repeated signatures.  Under `create_graph=True` the backward is
+itself such an operation, made from f's backward pass as a compiled
+function (`dsl.function.VjpFunction`), so double backward differentiates
+our compiled gradient again (grad blocks included), to any order.
+
+`torch.func` (grad, vjp, jvp, vmap, jacrev, jacfwd, hessian, and
+functional_call over them) works through it: the operation is an
+`autograd.Function` in the `setup_context` style whose every rule is
+again such an operation of a function derived from f, so transforms nest
+to any depth and every derivative follows f's grad blocks.  Reverse mode:
+the backward above (the `VjpFunction` whenever a transform or
+create_graph records it).  Forward mode (`jvp` rule): f's compiled jvp
+(`dsl.function.JvpFunction`, `dsl.jvp`'s program: through a grad block it
+runs the block's transposition).  `vmap` rule: f with the batched
+arguments stacked along a leading axis (`dsl.function.Stacked`,
+`compiler.vectorize`) in one program, or one call per example where that
+has no rule (a grad block, a product of two batched matrices, a batched
+const or size argument).  A transform's tensor is bound as a stand-in of
+its shape (it has no memory) and checked there; the kernels read the plain
+tensor under it when the operation's forward gets that.
+
+Under `torch.compile` the call runs eagerly (a graph break: the
+operation's methods are `torch.compiler.disable`d too, since the autograd
+engine runs a backward inside a compiled step), between the graphs dynamo
+compiles on either side; `fullgraph=True` refuses it.
 
 Tensors are shared, never copied: a CPU tensor is passed to the kernels as
 the NumPy view of its memory and results come back as tensors over the
@@ -20,20 +41,23 @@ kernels' output arrays; for a module loaded with target="cuda", CUDA
 tensors go to the kernels through `__cuda_array_interface__` and results
 come back the same way.  Float tensors must be f32 or f64 (integer and
 bool tensors are constants); a tensor of another dtype, a sparse one, one
-on a device the module's target does not run on, one of a `torch.func` transform
-(whose wrappers have no memory the kernels could read: use torch.autograd),
-or one requiring grad for a parameter without a gradient (const or
-integer) is an `ArgumentError` before anything runs.  torch is imported
-when `to_torch` is first called, never by `import dsl`.
+on a device the module's target does not run on (a torch.func transform's
+CUDA tensor: checked when its forward runs), or one requiring grad for a
+parameter without a gradient (const or integer) is an `ArgumentError`
+before anything runs.  torch is imported when `to_torch` is first
+called, never by `import dsl`.
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from dsl.bridge import Bridged, bind_foreign, bridged
-from dsl.function import Compiled, backward_function, vjp_of_bound
+from dsl.dask_bridge import placeholder
+from dsl.function import (Compiled, Stacked, backward_function, batched_function,
+                          jvp_function, vjp_of_bound)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 
@@ -55,10 +79,18 @@ class TorchFunction(Bridged):
 
     @user_facing
     def __call__(self, *args, **kwargs):
-        if not kwargs and self._takes_numpy:
+        if _COMPILING[0]():
+            # dynamo traces with FakeTensors, which have no memory for the
+            # kernels: the call runs eagerly, between two compiled graphs
+            return _EAGER[0](self, args, kwargs)
+        if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
+            # (under a forward-mode dual level a tensor may carry a tangent)
             views = _constant_views(args)
             if views is not None:  # nothing to record: f's own call, its fast path
                 return _tensors(self.f(*views))
+        return self._recorded(args, kwargs)
+
+    def _recorded(self, args: tuple, kwargs: dict):
         f = self.f
 
         def array(value, where: str):
@@ -79,57 +111,156 @@ class TorchFunction(Bridged):
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
     """Run f on validated arguments `bound` as one recorded torch
     operation whose inputs are `tensors` (name -> the tensor whose memory
-    `bound[name]` is)."""
-    names = tuple(tensors)
-    return _operation().apply(f, bound, names, *(tensors[n] for n in names))
+    `bound[name]` is, or that a stand-in there stands for: `_array_of`)."""
+    plain, transformable = _operations()
+    operation = transformable if _TRANSFORMS_ACTIVE[0]() else plain
+    return operation.apply(Call(f, bound, tensors), *tensors.values())
 
 
-_OPERATION = None
+class Call:
+    """One call of f as a torch operation: its bound arguments, where the
+    tensors named `names` are the operation's inputs (a torch.func
+    transform's tensor is bound as a stand-in of its shape until the
+    operation's forward gets the plain tensor under it)."""
+
+    def __init__(self, f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]):
+        self.f, self.bound, self.names = f, bound, tuple(tensors)
+        # the tensors bound, while the forward that reads them has not run
+        self.given: Optional[tuple] = tuple(map(id, tensors.values()))
+        self.pullback = None  # kept by a forward whose inputs require grad
+
+    def forward_bound(self, tensors: Sequence[Any]) -> dict[str, Any]:
+        """The arguments for the operation's forward: as bound, unless a
+        torch.func transform hands it other tensors than those bound (the
+        plain tensors under its wrappers)."""
+        given, self.given = self.given, None
+        if given == tuple(map(id, tensors)):
+            return self.bound
+        return self.rebound(tensors)[0]
+
+    def rebound(self, tensors: Sequence[Any], extra: Optional[dict] = None
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(bound, name -> tensor) for running a function derived from f
+        on these tensors (the operation's inputs, at the level of a
+        transform the derived function runs at), with `extra` tensors by
+        name added (cotangents, tangents)."""
+        inputs = {**dict(zip(self.names, tensors)), **(extra or {})}
+        bound = dict(self.bound)
+        bound.update({n: _as(self.bound.get(n), _array_of(t, self.f, f"argument {n!r}"))
+                      for n, t in inputs.items()})
+        return bound, inputs
 
 
-def _operation():
-    """The `torch.autograd.Function` (defined on first use: torch is
-    imported lazily)."""
-    global _OPERATION
-    if _OPERATION is not None:
-        return _OPERATION
+def _as(bound_before: Any, array: Any) -> Any:
+    """`array` in the dtype the binding gave its argument (a param's
+    declared dtype), if it had one."""
+    if bound_before is None or bound_before.dtype == array.dtype:
+        return array
+    return array.astype(bound_before.dtype)
+
+
+_OPERATIONS: tuple = ()
+
+
+def _operations() -> tuple:
+    """The `torch.autograd.Function`s (defined on first use: torch is
+    imported lazily): one for plain autograd, in the ctx style, and one
+    for torch.func transforms, in the setup_context style they need (whose
+    apply binds the forward's signature: some 20 us a call more).  Their
+    forward runs kernels only on plain tensors; their backward, jvp and
+    vmap rules are again such operations (of f's backward pass, its jvp,
+    f stacked), so that transforms compose through them to any depth."""
+    global _OPERATIONS
+    if _OPERATIONS:
+        return _OPERATIONS
     import torch
 
-    class CompiledOperation(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, f: Compiled, bound: dict, names: tuple, *tensors):
-            if any(ctx.needs_input_grad[3:]):
-                outs, ctx.pullback = vjp_of_bound(f, bound)
-            else:
-                outs = f.call_bound(bound)
-            ctx.f, ctx.bound, ctx.names = f, bound, names
-            ctx.save_for_backward(*tensors)  # torch checks they are not modified in place
-            results = tuple(_tensor(o) for o in outs)
-            ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point()))
-            ctx.outs = [(tuple(o.shape), np.dtype(o.dtype)) for o in outs]
-            return results
+    def forward(call: Call, *tensors) -> tuple:
+        f = call.f
+        bound = call.forward_bound(tensors)
+        if any(t.requires_grad for t in tensors):  # keep the residuals
+            outs, call.pullback = vjp_of_bound(f, bound)
+        else:
+            outs = f.call_bound(bound)
+        return tuple(_tensor(o) for o in outs)
 
-        @staticmethod
-        def backward(ctx, *cts):
-            f, needs = ctx.f, ctx.needs_input_grad[3:]
-            cts = [torch.zeros(shape, dtype=_TORCH[dtype]) if ct is None else ct
-                   for ct, (shape, dtype) in zip(cts, ctx.outs)]
-            if torch.is_grad_enabled():  # create_graph: a recorded, compiled backward
-                vjp = backward_function(f, len(cts))
-                bound = dict(ctx.bound)
-                inputs = dict(zip(ctx.names, ctx.saved_tensors))
-                for name, ct in zip(vjp.ct_names, cts):
-                    bound[name] = _array_of(ct, f, "a cotangent")
-                    inputs[name] = ct
-                grads = dict(zip(f.differentiable_names(ctx.bound), apply(vjp, bound, inputs)))
-            else:
-                raw = ctx.pullback(*(_array_of(ct, f, "a cotangent") for ct in cts))
-                grads = {n: _tensor(g) for n, g in zip(ctx.bound, raw) if g is not None}
-            return (None, None, None,
-                    *(grads.get(n) if need else None for n, need in zip(ctx.names, needs)))
+    def setup_context(ctx, inputs: tuple, output: tuple) -> None:
+        ctx.call = inputs[0]
+        ctx.save_for_backward(*inputs[1:])  # torch checks they are not modified in place
+        ctx.save_for_forward(*inputs[1:])
+        ctx.mark_non_differentiable(*(r for r in output if not r.is_floating_point()))
 
-    _OPERATION = CompiledOperation
-    return _OPERATION
+    # The autograd engine may run a backward inside a compiled step's
+    # frame, where dynamo would trace it with FakeTensors.  (The other
+    # rules run inside a call, which is never traced.)
+    @torch.compiler.disable
+    def backward(ctx, *cts) -> tuple:
+        # (torch gives zeros for the cotangent of an output it did not use)
+        call, needs = ctx.call, ctx.needs_input_grad[1:]
+        f = call.f
+        if call.pullback is not None and not torch.is_grad_enabled() \
+                and not any(map(_WRAPPED[0], cts)):
+            raw = call.pullback(*(_array_of(ct, f, "a cotangent") for ct in cts))
+            grads = {n: _tensor(g) for n, g in zip(call.bound, raw) if g is not None}
+        else:  # create_graph, or a torch.func transform: a recorded, compiled backward
+            vjp = backward_function(f, len(cts))
+            bound, inputs = call.rebound(ctx.saved_tensors, dict(zip(vjp.ct_names, cts)))
+            grads = dict(zip(f.differentiable_names(call.bound), apply(vjp, bound, inputs)))
+        return (None, *(grads.get(n) if need else None for n, need in zip(call.names, needs)))
+
+    def jvp(ctx, _, *tangents) -> tuple:
+        call = ctx.call
+        f = call.f
+        differentiable = set(f.differentiable_names(call.bound))
+        given = {n: t for n, t in zip(call.names, tangents)
+                 if t is not None and n in differentiable}
+        jf = jvp_function(f, [n for n in call.bound if n in given])
+        bound, inputs = call.rebound(
+            ctx.saved_tensors, dict(zip(jf.tangent_names, (given[n] for n in jf.active))))
+        outs = apply(jf, bound, inputs)
+        n = len(outs) // 2
+        return tuple(t if o.is_floating_point() else None for o, t in zip(outs, outs[n:]))
+
+    def vmap(info, in_dims: tuple, call: Call, *tensors) -> tuple:
+        dims = dict(zip(call.names, in_dims[1:]))
+        batched = [n for n in call.names if dims[n] is not None]
+        tensors = [t if dims[n] is None else t.movedim(dims[n], 0)
+                   for n, t in zip(call.names, tensors)]
+        stacked = _batched(call, batched)
+        if stacked is not None:
+            outs = apply(stacked, *call.rebound(tensors))
+        else:  # one example at a time
+            each = [apply(call.f, *call.rebound(
+                [t if dims[n] is None else t[i] for n, t in zip(call.names, tensors)]))
+                for i in range(info.batch_size)]
+            outs = tuple(torch.stack(o) for o in zip(*each))
+        return outs, (0,) * len(outs)
+
+    def forward_with_ctx(ctx, call: Call, *tensors) -> tuple:
+        output = forward(call, *tensors)
+        setup_context(ctx, (call, *tensors), output)
+        return output
+
+    methods = {"backward": staticmethod(backward), "jvp": staticmethod(jvp)}
+    plain = type("CompiledOperation", (torch.autograd.Function,),
+                 {"forward": staticmethod(forward_with_ctx), **methods})
+    transformable = type("TransformableCompiledOperation", (torch.autograd.Function,),
+                         {"forward": staticmethod(forward),
+                          "setup_context": staticmethod(setup_context),
+                          "vmap": staticmethod(vmap), **methods})
+    _OPERATIONS = (plain, transformable)
+    return _OPERATIONS
+
+
+def _batched(call: Call, names: list[str]) -> Optional[Stacked]:
+    """f of `call` stacked along the arguments `names`, or None where that
+    cannot be done (an op with no rule for stacked values, a const or
+    size argument, which picks the program by its value)."""
+    f = call.f
+    if f.static_names(call.bound) & set(names):
+        return None
+    stacked = batched_function(f, names)
+    return stacked if stacked.per_slice(call.bound) is not None else None
 
 
 def _constant_views(args: tuple) -> "list[np.ndarray] | None":
@@ -137,7 +268,7 @@ def _constant_views(args: tuple) -> "list[np.ndarray] | None":
     tensor of a dtype gradlang takes that does not require grad (so no
     operation is recorded, and the function checks the views as it checks
     any array), else None (a torch.func wrapper too: it has no memory of
-    its own, and the slow path says so)."""
+    its own, and the slow path binds a stand-in for it)."""
     views = []
     for t in args:
         if type(t) is not _TENSOR[0] or t.requires_grad or not t.is_cpu \
@@ -164,6 +295,12 @@ _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
 _STRIDED: list = []  # torch.strided, the layout of dense tensors
+_IN_TRANSFORM: list = []  # the innermost torch.func transform running, or None
+_NO_TRANSFORM: list = []  # a context in which torch.func transforms are off
+_TRANSFORMS_ACTIVE: list = []  # whether a torch.func transform is running
+_FORWARD_AD: list = []  # torch.autograd.forward_ad, whose level says if one is open
+_COMPILING: list = []  # torch.compiler.is_compiling: whether dynamo is tracing
+_EAGER: list = []  # a call of a TorchFunction that dynamo does not trace
 
 
 def _fill_dtypes(torch) -> None:
@@ -173,6 +310,13 @@ def _fill_dtypes(torch) -> None:
         _TENSOR.append(torch.Tensor)
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
         _STRIDED.append(torch.strided)
+        _IN_TRANSFORM.append(torch._C._functorch.peek_interpreter_stack)
+        _NO_TRANSFORM.append(torch._C._DisableFuncTorch)
+        _TRANSFORMS_ACTIVE.append(torch._C._are_functorch_transforms_active)
+        _FORWARD_AD.append(importlib.import_module("torch.autograd.forward_ad"))
+        _COMPILING.append(torch.compiler.is_compiling)
+        _EAGER.append(torch.compiler.disable(
+            lambda function, args, kwargs: function(*args, **kwargs)))
 
 
 def _array_of(t, f: Compiled, where: str):
@@ -182,21 +326,36 @@ def _array_of(t, f: Compiled, where: str):
     if t.dtype not in _NUMPY:
         raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
                             "and float64 (and int32, int64, bool constants)", f.span)
-    if _WRAPPED[0](t):
-        # torch.func's wrappers have no memory of their own for the kernels to read
-        raise ArgumentError(f"{where} is a tensor of a torch.func transform (grad, vmap, "
-                            "jvp, ...), which compiled functions do not support; use "
-                            "torch.autograd (backward, torch.autograd.grad)", f.span)
     if t.layout is not _STRIDED[0]:  # no memory of the array's shape to share
         raise ArgumentError(f"{where} is a tensor of layout {t.layout}; compiled functions "
                             "take dense tensors (t.to_dense())", f.span)
-    view = t.detach()
-    view = view.numpy() if view.device.type == "cpu" else view
+    if _WRAPPED[0](t):
+        # torch.func's wrappers have no memory of their own for the kernels
+        # to read (and torch ops on them make wrappers again): a stand-in of
+        # the shape, until the operation's forward gets the plain tensor
+        # under the wrapper (where a device tensor is checked)
+        view = placeholder(tuple(t.shape), _NUMPY[t.dtype])
+        if t.device.type != "cpu":
+            return view
+    elif _IN_TRANSFORM[0]() is not None:
+        # a plain tensor a function under a torch.func transform closes
+        # over: reading its memory is refused there unless functorch is off
+        with _NO_TRANSFORM[0]():
+            view = _memory(t)
+    else:
+        view = _memory(t)
     if not f.target.is_array(view):
         raise ArgumentError(f"{where} is a tensor on device {t.device}, but {f.name}() runs "
                             f"on target {f.target.name!r}; move the tensor there, or load "
                             "the module for its device", f.span)
     return view
+
+
+def _memory(t):
+    """A plain tensor's memory as f's kernels take it: the NumPy view of a
+    CPU tensor, a CUDA tensor itself."""
+    view = t.detach()
+    return view.numpy() if view.device.type == "cpu" else view
 
 
 def _tensor(array):

@@ -450,7 +450,7 @@ def test_stacked_blocks_are_sized_by_the_values_the_program_stacks(monkeypatch):
     run = forward._run
     stacked_rows = []
     monkeypatch.setattr(forward, "_run", lambda f, bound, **kw: (
-        stacked_rows.append(bound[f.stacked].shape[0]) if isinstance(f, Stacked) else None)
+        stacked_rows.append(bound[f.stacked[0]].shape[0]) if isinstance(f, Stacked) else None)
         or run(f, bound, **kw))
     monkeypatch.setattr(forward, "STACKED_ELEMENTS", 4 * n * n)
     jr = dsl.jacrev(m.f)(x, n)
