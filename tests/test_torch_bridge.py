@@ -356,7 +356,10 @@ MATMUL = dsl.loads("def mm(a, b):\n    return a @ b\n", "mm.grad").mm
     # one example at a time: a product of two stacked matrices, a grad block
     (MATMUL, lambda: (torch.rand(5, 2, 3), torch.rand(5, 3, 2)), (0, 0), False),
     (BENT, lambda: (torch.rand(4, 3), torch.rand(4, 3)), (0, 0), False),
-], ids=["both", "axis1", "matmul", "grad-block"])
+    # a const argument picks the program by its value
+    (load("leaky_relu").leaky_relu, lambda: (torch.randn(3), torch.tensor([0.1, 0.3])),
+     (None, 0), False),
+], ids=["both", "axis1", "matmul", "grad-block", "const"])
 def test_vmap_equals_a_loop(f, make, in_dims, stacked, monkeypatch):
     from dsl import torch_bridge
     args = [a.double() for a in make()]
@@ -367,7 +370,7 @@ def test_vmap_equals_a_loop(f, make, in_dims, stacked, monkeypatch):
                         lambda g, *a: applied.append(g) or real_apply(g, *a))
     out = torch.func.vmap(tf, in_dims=in_dims)(*args)
     monkeypatch.undo()
-    size = args[0].shape[in_dims[0]]
+    size = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
     loop = [f(*(a.numpy() if d is None else a.movedim(d, 0)[i].numpy()
                 for a, d in zip(args, in_dims))) for i in range(size)]
     np.testing.assert_allclose(out.numpy(), np.stack(loop), rtol=1e-14)
@@ -392,6 +395,35 @@ def test_a_param_by_keyword_under_torch_func():
     ys = torch.func.vmap(lambda w: lp(x, weights=w))(ws)
     np.testing.assert_allclose(ys.numpy(), ws[:, 1:].numpy() * x.numpy() + ws[:, :1].numpy(),
                                rtol=1e-15)
+
+
+def test_functional_call_of_a_module_using_the_bridge():
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 1).double()
+
+        def forward(self, x):
+            return f(self.linear(x)[:, 0])
+
+    torch.manual_seed(0)
+    model, x = Model(), torch.randn(5, 3, dtype=torch.float64)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (x,)).sum())(params)
+    model(x).sum().backward()  # plain autograd: d/dz log1pexp(z) = sigmoid(z)
+    z = (x @ params["linear.weight"].T + params["linear.bias"])[:, 0].numpy()
+    np.testing.assert_allclose(grads["linear.bias"].numpy(), [sigmoid(z).sum()], rtol=1e-14)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(grads[name].numpy(), p.grad.numpy(), rtol=1e-15)
+
+
+def test_a_const_argument_under_torch_func_grad_is_an_argument_error():
+    f = dsl.to_torch(load("leaky_relu").leaky_relu)
+    x = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    with pytest.raises(dsl.ArgumentError, match="'alpha' has no gradient"):
+        torch.func.grad(lambda a: f(x, alpha=a).sum())(torch.tensor(0.1, dtype=torch.float64))
 
 
 def test_a_compiled_call_runs_the_bridge_eagerly():
