@@ -32,8 +32,9 @@ tensor under it when the operation's forward gets that.
 
 Under `torch.compile` the call runs eagerly (a graph break: the
 operation's methods are `torch.compiler.disable`d too, since the autograd
-engine runs a backward inside a compiled step), between the graphs dynamo
-compiles on either side; `fullgraph=True` refuses it.
+engine runs a backward inside a compiled step, and torch.func a forward
+inside a compiled transform), between the graphs dynamo compiles on
+either side; `fullgraph=True` refuses it.
 
 Tensors are shared, never copied: a CPU tensor is passed to the kernels as
 the NumPy view of its memory and results come back as tensors over the
@@ -190,10 +191,6 @@ def _operations() -> tuple:
         ctx.save_for_forward(*inputs[1:])
         ctx.mark_non_differentiable(*(r for r in output if not r.is_floating_point()))
 
-    # The autograd engine may run a backward inside a compiled step's
-    # frame, where dynamo would trace it with FakeTensors.  (The other
-    # rules run inside a call, which is never traced.)
-    @torch.compiler.disable
     def backward(ctx, *cts) -> tuple:
         # (torch gives zeros for the cotangent of an output it did not use)
         call, needs = ctx.call, ctx.needs_input_grad[1:]
@@ -241,13 +238,18 @@ def _operations() -> tuple:
         setup_context(ctx, (call, *tensors), output)
         return output
 
-    methods = {"backward": staticmethod(backward), "jvp": staticmethod(jvp)}
+    def rule(method):
+        # Each runs eagerly: the autograd engine runs a backward inside a
+        # compiled step's frame, and torch.func a forward inside a compiled
+        # transform's, where dynamo would trace them with FakeTensors.
+        return staticmethod(torch.compiler.disable(method))
+
+    methods = {"backward": rule(backward), "jvp": rule(jvp)}
     plain = type("CompiledOperation", (torch.autograd.Function,),
-                 {"forward": staticmethod(forward_with_ctx), **methods})
+                 {"forward": rule(forward_with_ctx), **methods})
     transformable = type("TransformableCompiledOperation", (torch.autograd.Function,),
-                         {"forward": staticmethod(forward),
-                          "setup_context": staticmethod(setup_context),
-                          "vmap": staticmethod(vmap), **methods})
+                         {"forward": rule(forward), "setup_context": rule(setup_context),
+                          "vmap": rule(vmap), **methods})
     _OPERATIONS = (plain, transformable)
     return _OPERATIONS
 
