@@ -64,7 +64,8 @@ from gradlang.runtime.errors import ArgumentError
 
 
 def to_torch(f: Compiled) -> "TorchFunction":
-    """f as a function of torch tensors that torch.autograd differentiates."""
+    """f as a function of torch tensors that torch.autograd and torch.func
+    differentiate (and torch.compile runs eagerly)."""
     return TorchFunction(bridged(f, "to_torch"))
 
 
@@ -297,7 +298,6 @@ _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
 _STRIDED: list = []  # torch.strided, the layout of dense tensors
-_IN_TRANSFORM: list = []  # the innermost torch.func transform running, or None
 _NO_TRANSFORM: list = []  # a context in which torch.func transforms are off
 _TRANSFORMS_ACTIVE: list = []  # whether a torch.func transform is running
 _FORWARD_AD: list = []  # torch.autograd.forward_ad, whose level says if one is open
@@ -312,7 +312,6 @@ def _fill_dtypes(torch) -> None:
         _TENSOR.append(torch.Tensor)
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
         _STRIDED.append(torch.strided)
-        _IN_TRANSFORM.append(torch._C._functorch.peek_interpreter_stack)
         _NO_TRANSFORM.append(torch._C._DisableFuncTorch)
         _TRANSFORMS_ACTIVE.append(torch._C._are_functorch_transforms_active)
         _FORWARD_AD.append(importlib.import_module("torch.autograd.forward_ad"))
@@ -339,7 +338,7 @@ def _array_of(t, f: Compiled, where: str):
         view = placeholder(tuple(t.shape), _NUMPY[t.dtype])
         if t.device.type != "cpu":
             return view
-    elif _IN_TRANSFORM[0]() is not None:
+    elif _TRANSFORMS_ACTIVE[0]():
         # a plain tensor a function under a torch.func transform closes
         # over: reading its memory is refused there unless functorch is off
         with _NO_TRANSFORM[0]():
