@@ -155,8 +155,9 @@ class Call:
 
 def _as(bound_before: Any, array: Any) -> Any:
     """`array` in the dtype the binding gave its argument (a param's
-    declared dtype), if it had one."""
-    if bound_before is None or bound_before.dtype == array.dtype:
+    declared dtype), if it had one (a CUDA tensor: as it is)."""
+    if bound_before is None or not isinstance(array, np.ndarray) \
+            or bound_before.dtype == array.dtype:
         return array
     return array.astype(bound_before.dtype)
 
