@@ -124,6 +124,24 @@ class ListExpr:
 Expr = Union[Name, Num, Bool, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
              Index, TupleExpr, ListExpr]
 
+# The operators with a left and a right operand.
+BINARY = (BinOp, Compare, BoolOp)
+
+
+def left_chain(e: Expr) -> tuple[Expr, list[Union[BinOp, Compare, BoolOp]]]:
+    """`e` as the operand at the bottom of its left side and the binary
+    operations above it, innermost first: `a + b - c` is `a` and
+    [`a + b`, `a + b - c`].  A chain of n left-associative operators nests
+    n deep on the left, and generated sources hold thousands; the passes
+    walk the chain with a loop, so that only nesting on the right
+    (parentheses, `**`, unary operators) costs them stack."""
+    chain = []
+    while isinstance(e, BINARY):
+        chain.append(e)
+        e = e.left
+    chain.reverse()
+    return e, chain
+
 # ------------------------------------------------------------------ statements
 
 

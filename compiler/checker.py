@@ -282,9 +282,11 @@ class _Function:
                 self.undefined(e.id, e.span)
         elif isinstance(e, ast.Call):
             self.call(e, defined)
-        elif isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp)):
-            self.expr(e.left, defined)
-            self.expr(e.right, defined)
+        elif isinstance(e, ast.BINARY):
+            first, chain = ast.left_chain(e)
+            self.expr(first, defined)
+            for operation in chain:
+                self.expr(operation.right, defined)
         elif isinstance(e, ast.UnaryOp):
             self.expr(e.operand, defined)
         elif isinstance(e, ast.Attr):

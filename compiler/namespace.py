@@ -129,22 +129,20 @@ def _direct_reads(fdef: ast.FuncDef, ns: Namespace
 
 
 def calls_in(bodies) -> list[ast.Call]:
-    """Every call expression in the given statement lists."""
+    """Every call expression in the given statement lists, in source order
+    (walked with a stack of its own: a tree is as deep as its longest chain
+    of operators)."""
     found: list[ast.Call] = []
-
-    def visit(node) -> None:
+    todo = list(bodies)[::-1]
+    while todo:
+        node = todo.pop()
         if isinstance(node, ast.Call):
             found.append(node)
         if isinstance(node, tuple):
-            for item in node:
-                visit(item)
+            todo += node[::-1]
         elif hasattr(node, "__dataclass_fields__"):
-            for name in node.__dataclass_fields__:
-                if name != "span":
-                    visit(getattr(node, name))
-
-    for body in bodies:
-        visit(body)
+            todo += [getattr(node, name) for name in reversed(node.__dataclass_fields__)
+                     if name != "span"]
     return found
 
 
@@ -164,9 +162,11 @@ def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:
                 visit(a)
             for k in e.kwargs:
                 visit(k.value)
-        elif isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp)):
-            visit(e.left)
-            visit(e.right)
+        elif isinstance(e, ast.BINARY):
+            first, chain = ast.left_chain(e)
+            visit(first)
+            for operation in chain:
+                visit(operation.right)
         elif isinstance(e, ast.UnaryOp):
             visit(e.operand)
         elif isinstance(e, ast.Attr):

@@ -21,7 +21,7 @@ import sys
 from importlib import resources
 
 import lark
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.indenter import DedentError, Indenter
 
 import gradlang.compiler
@@ -271,8 +271,10 @@ def _tok_span(file: str, tok: Token) -> Span:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):
-    """One method per grammar rule, each returning one AST node."""
+class _ToAst(Transformer_NonRecursive):
+    """One method per grammar rule, each returning one AST node.  (lark's
+    plain Transformer recurses once per level of the tree, and a generated
+    sum of thousands of terms is thousands of levels deep on the left.)"""
 
     def __init__(self, file: str, source: str):
         super().__init__()

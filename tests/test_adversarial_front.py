@@ -311,7 +311,9 @@ def test_an_error_in_an_imported_function_shows_that_files_line(tmp_path, main):
 
 def test_nesting_too_deep_in_an_imported_file_is_reported_in_that_file(tmp_path):
     # Reported at the importer's line with the most brackets (here 5).
-    (tmp_path / "deep.grad").write_text("def g(x):\n    return " + "x + " * 2000 + "x\n")
+    # (A chain `x + x + ...` nests on the left and compiles at any length.)
+    (tmp_path / "deep.grad").write_text("def g(x):\n    return " + "(x + " * 2000 + "x"
+                                        + ")" * 2000 + "\n")
     for main in ("import deep\n\n\ndef f(x):\n    return deep.g(x) * (((x)))\n",
                  "from deep import g\ndef f(x):\n    return g(x) * (((x)))\n"):
         (tmp_path / "main.grad").write_text(main)
@@ -323,7 +325,8 @@ def test_nesting_too_deep_in_an_imported_file_is_reported_in_that_file(tmp_path)
 
 def test_nesting_too_deep_to_lower_is_reported_in_the_file_of_the_code(tmp_path):
     # Lowering recursion in an imported function was put on the entry module.
-    (tmp_path / "flat.grad").write_text("def g(x):\n    return " + "x + " * 150 + "x\n")
+    (tmp_path / "flat.grad").write_text("def g(x):\n    return " + "x + (" * 150 + "x"
+                                        + ")" * 150 + "\n")
     (tmp_path / "main.grad").write_text("import flat\n\n\ndef f(x):\n"
                                         "    return flat.g(x) * (((x)))\n")
     m = dsl.load(tmp_path / "main.grad")
@@ -332,7 +335,7 @@ def test_nesting_too_deep_to_lower_is_reported_in_the_file_of_the_code(tmp_path)
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(depth + 250)  # room to reach g, not to lower its sum
+    sys.setrecursionlimit(depth + 250)  # room to reach g, not to lower its nested sum
     try:
         with pytest.raises(dsl.GradError, match="nested too deeply") as info:
             m.f(X)

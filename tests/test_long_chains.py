@@ -1,0 +1,140 @@
+"""Long chains of binary operators, as machine-generated sources hold them.
+
+`x + x + ... + x` nests once per operator down its left side.  Every pass
+that walks expressions (the parser's transformer, the checker, the
+namespace scan, the lowering) loops down such a chain instead of recursing
+into it, so a chain of any length compiles, differentiates (reverse and
+forward mode) and reaches codegen.  Nesting on the right (parentheses
+around a sum, unary operators, calls) still recurses: past Python's stack it
+is a `GradError` at the line, never a RecursionError or a crash.
+
+The chains are 1,200 operators long: past Python's default recursion limit
+(1,000 frames) even for a pass that spends a single frame per operator, the
+old lowering failed at about 490; the sizes keep each test to seconds (the
+figures for 10,000 terms are in the report of the change).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.function import _types
+from gradlang.compiler import pipeline
+from gradlang.compiler.interpret import interpret
+
+N = 1200
+X = np.array([1.0, 0.9995, 1.0004])
+
+
+def lowered(source: str, x: np.ndarray):
+    f = dsl.loads(source, "chain.grad").f
+    return f.lower(_types(f.bind((x,), {})))
+
+
+def value_gradient_tangent(source: str, x: np.ndarray):
+    """f(x), d sum(f) / dx and the tangent of f along ones, from the IR
+    (interpreted: no kernel is compiled), and f's gradient as kernel text."""
+    fn = lowered(source, x)
+    (value,) = interpret(pipeline.optimize(fn), x)
+    (gradient,) = interpret(pipeline.optimize(pipeline.grad_of_sum(fn, [0], False)), x)
+    _, tangent = interpret(pipeline.optimize(pipeline.jvp(fn, [0])), x, np.ones_like(x))
+    kernels = pipeline.emit(pipeline.grad_of_sum(fn, [0], True), "codegen")
+    compile(kernels, "<kernels>", "exec")  # Python takes the generated text
+    return value, gradient, tangent
+
+
+@pytest.mark.parametrize("op,value,gradient", [
+    ("+", lambda x: N * x, lambda x: N + 0 * x),
+    ("-", lambda x: (2 - N) * x, lambda x: (2 - N) + 0 * x),
+    ("*", lambda x: x ** N, lambda x: N * x ** (N - 1)),
+    ("/", lambda x: x ** (2 - N), lambda x: (2 - N) * x ** (1 - N)),
+])
+def test_a_chain_of_an_operator_has_its_value_and_gradient(op, value, gradient):
+    # N terms, N - 1 operators: 490 of them raised "nested too deeply".
+    source = "def f(x):\n    return " + f" {op} ".join(["x"] * N) + "\n"
+    got_value, got_gradient, got_tangent = value_gradient_tangent(source, X)
+    np.testing.assert_allclose(got_value, value(X), rtol=1e-11)
+    np.testing.assert_allclose(got_gradient, gradient(X), rtol=1e-11)
+    np.testing.assert_allclose(got_tangent, gradient(X), rtol=1e-11)
+
+
+def test_a_sum_of_scaled_terms_has_the_sum_of_the_scales_as_gradient():
+    # mixed + and -, over products (a chain of chains): d/dx sum_k s_k c_k x
+    scales = [(k % 7 + 1) * (-1 if k % 3 == 1 else 1) for k in range(N)]
+    terms = [f"{abs(c)}.0 * x" for c in scales]
+    source = "def f(x):\n    return " + terms[0] + "".join(
+        f" {'+' if c > 0 else '-'} {t}" for c, t in zip(scales[1:], terms[1:])) + "\n"
+    x = np.array([0.5, -2.0, 3.0])
+    value, gradient, tangent = value_gradient_tangent(source, x)
+    np.testing.assert_allclose(value, sum(scales) * x, rtol=1e-12)
+    np.testing.assert_allclose(gradient, np.full(3, sum(scales)), rtol=1e-12)
+    np.testing.assert_allclose(tangent, np.full(3, sum(scales)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("op,reduce", [("and", np.logical_and), ("or", np.logical_or)])
+def test_a_chain_of_and_or_of_comparisons_selects_as_numpy(op, reduce):
+    thresholds = np.linspace(-1.0, 1.0, N).tolist()
+    test = f" {op} ".join(f"x > {t!r}" for t in thresholds)
+    source = f"def f(x):\n    return where({test}, 3.0 * x, x)\n"
+    x = np.array([-1.5, -0.2, 0.4, 1.5])
+    chosen = reduce.reduce(x[None, :] > np.array(thresholds)[:, None], axis=0)
+    value, gradient, tangent = value_gradient_tangent(source, x)
+    np.testing.assert_array_equal(chosen, [False, op == "or", op == "or", True])
+    np.testing.assert_allclose(value, np.where(chosen, 3.0 * x, x))
+    np.testing.assert_allclose(gradient, np.where(chosen, 3.0, 1.0))
+    np.testing.assert_allclose(tangent, np.where(chosen, 3.0, 1.0))
+
+
+def test_a_long_chain_runs_through_the_public_api():
+    # the chain is compile-time arithmetic (folded): a small kernel to compile
+    m = dsl.loads("def f(x):\n    return x * (" + " + ".join(["1"] * N) + ")\n")
+    x = np.array([0.5, -2.0])
+    np.testing.assert_allclose(m.f(x), N * x)
+    np.testing.assert_allclose(dsl.grad(m.f)(x), np.full(2, float(N)))
+
+
+def test_nesting_on_the_right_past_the_stack_is_an_error_at_its_line():
+    source = ("def f(x):\n    y = x * 2.0\n    return " + "(x + " * 3000 + "y"
+              + ")" * 3000 + "\n")
+    with pytest.raises(dsl.GradError, match="nested too deeply") as info:
+        dsl.loads(source, "deep.grad")
+    err = info.value
+    assert (err.file, err.line, err.col) == ("deep.grad", 3, 1)
+    rendered = str(err).splitlines()
+    assert rendered[0] == "deep.grad:3:1: error: expression is nested too deeply"
+    assert rendered[1].strip().startswith("return (x + (x +") and rendered[2].strip() == "^"
+
+
+# Each form nests on the right (or deeper than any stack for a recursive
+# pass) far past Python's stack; a C-stack overflow would kill the process,
+# so the child prints what each gives and the parent reads it.
+PATHOLOGICAL = textwrap.dedent("""
+    import numpy as np
+    import dsl
+    forms = {"parentheses": "(" * 100_000 + "x" + ")" * 100_000,
+             "sum": "(x + " * 5_000 + "x" + ")" * 5_000,
+             "negation": "-" * 20_000 + "x",
+             "not": "not " * 20_000 + "x",
+             "power": "x ** " * 5_000 + "x",
+             "calls": "sin(" * 5_000 + "x" + ")" * 5_000}
+    for name, text in forms.items():
+        try:
+            print(name, dsl.loads("def f(x):\\n    return " + text + "\\n").f(np.ones(2)))
+        except dsl.GradError as err:
+            print(name, err.line, err.col, str(err).splitlines()[0])
+""")
+
+
+def test_pathological_nesting_is_an_error_and_never_a_crash():
+    result = subprocess.run([sys.executable, "-c", PATHOLOGICAL], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    error = "2 1 <string>:2:1: error: expression is nested too deeply"
+    assert result.stdout.splitlines() == [
+        "parentheses [1. 1.]",  # brackets around one name are no nesting at all
+        *(f"{name} {error}" for name in ("sum", "negation", "not", "power", "calls"))]
