@@ -22,7 +22,8 @@ input it reads from outside that loop was defined before the loop starts
 (preferring the loop that produces its inputs); the loop then runs where
 its first member stood, which keeps the step order topological.  The
 scalars that read no parameter come first (a mean's 1 / n), so that any
-loop can read them.
+loop can read them.  A loop holds at most `MAX_LOOP_EQNS` equations: past
+that the next one starts a loop of its own (see there why).
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside
@@ -39,6 +40,15 @@ from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, nam
 from gradlang.compiler.ops import OPS
 
 FUSIBLE = {name for name, op in OPS.items() if op.kind == "elementwise"} | {"broadcast_to"}
+
+# Numba compiles a loop body in time superlinear in its length, the
+# parallel kernel most (its parfor lowering): a chain of n additions took
+# 6 s at n = 1,000, 27 s at 2,000 and 78 s at 3,000 (about n ** 2.5; a
+# generated sum of 10,000 terms would take half an hour), the serial one
+# 6.6 s at 1,000 and 78 s at 8,000.  Cut at this length, a loop is linear
+# again in the number of kernels, for one array stored and read back per
+# cut: nothing beside a thousand operations per element.
+MAX_LOOP_EQNS = 1000
 
 
 @dataclass
@@ -170,8 +180,8 @@ def _sum_of_sum(first: Eqn, second: Eqn, uses: dict, outputs: set) -> Eqn | None
 def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
                defined_at: dict[Var, int]) -> Loop | None:
     """The loop of `loops` (those of eqn's shape, in order of start) that
-    `eqn` can join: every input it reads from outside the loop must exist
-    before the loop runs.  Prefer the loop that produces most of its inputs
+    `eqn` can join: one not full, every input it reads from outside the
+    loop must exist before the loop runs.  Prefer the loop that produces most of its inputs
     (their values then stay in registers), else the earliest.
 
     Only the loops producing an input can hold one, so they are scored
@@ -181,7 +191,8 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
     reads = [a for a in eqn.inputs if isinstance(a, Var)]
     shape = eqn.outputs[0].type.shape
     producers = {id(loop_of[a]): loop_of[a] for a in reads
-                 if a in loop_of and loop_of[a].shape == shape}
+                 if a in loop_of and loop_of[a].shape == shape
+                 and len(loop_of[a].eqns) < MAX_LOOP_EQNS}
     best, best_score = None, 0
     for loop in sorted(producers.values(), key=lambda loop: loop.start):
         inside = sum(a in loop.produced for a in reads)
@@ -192,6 +203,8 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
         return best
     last_input = max((defined_at[a] for a in reads), default=-1)
     k = bisect.bisect_right(loops, last_input, key=lambda loop: loop.start)
+    while k < len(loops) and len(loops[k].eqns) >= MAX_LOOP_EQNS:
+        k += 1  # (full loops are at most one in MAX_LOOP_EQNS equations: few to pass)
     return loops[k] if k < len(loops) else None
 
 

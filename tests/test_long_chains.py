@@ -24,7 +24,7 @@ import pytest
 
 import dsl
 from dsl.function import _types
-from gradlang.compiler import pipeline
+from gradlang.compiler import fusion, pipeline
 from gradlang.compiler.interpret import interpret
 
 N = 1200
@@ -96,6 +96,29 @@ def test_a_long_chain_runs_through_the_public_api():
     x = np.array([0.5, -2.0])
     np.testing.assert_allclose(m.f(x), N * x)
     np.testing.assert_allclose(dsl.grad(m.f)(x), np.full(2, float(N)))
+
+
+def test_a_loop_is_cut_where_numba_would_compile_it_in_superlinear_time():
+    fn = pipeline.optimize(lowered("def f(x):\n    return " + " + ".join(["x"] * 2501) + "\n",
+                                   X))
+    loops = [s for s in fusion.fuse(fn) if isinstance(s, fusion.Loop)]
+    assert [len(loop.eqns) for loop in loops] == [1000, 1000, 500]
+    assert [len(loop.outputs) for loop in loops] == [1, 1, 1]
+
+
+def test_the_loops_of_a_cut_chain_pass_on_its_value_and_gradient(monkeypatch, tmp_path):
+    # cut every 12 equations: small kernels to compile, 2 cuts in the value
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fusion, "MAX_LOOP_EQNS", 12)
+    scales = np.arange(1.0, 11.0)
+    terms = (f"sin({c} * x)" for c in scales.tolist())
+    source = "def f(x):\n    return " + " + ".join(terms) + "\n"
+    f = dsl.loads(source).f
+    x = np.array([0.3, -1.2, 2.0])
+    assert len(f.program(f.bind((x,), {})).generated.kernel_names) > 1
+    np.testing.assert_allclose(f(x), np.sin(np.outer(x, scales)).sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(dsl.grad(f)(x), np.cos(np.outer(x, scales)) @ scales,
+                               rtol=1e-12)
 
 
 def test_nesting_on_the_right_past_the_stack_is_an_error_at_its_line():
