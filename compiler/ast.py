@@ -330,6 +330,47 @@ class Module:
         return next((f for f in self.funcs if f.name == name), None)
 
 
+def flatten(node) -> list:
+    """`node` as a flat list, whose pickle never recurses deeper than one
+    node (pickling the tree itself recursed once per level: a generated sum
+    of a thousand terms was never stored).  Each dataclass or tuple is an
+    entry after those of its items: `(2, type, n)` or `(1, n)`; any other
+    value is `(0, value)`.  `unflatten` builds the tree back."""
+    out: list = []
+    todo: list = [(node, False)]
+    while todo:
+        item, built = todo.pop()
+        if is_dataclass(item) and not isinstance(item, type):
+            items = [getattr(item, f.name) for f in fields(item)]
+            header = (2, type(item), len(items))
+        elif type(item) is tuple:
+            items, header = list(item), (1, len(item))
+        else:
+            out.append((0, item))
+            continue
+        if built:
+            out.append(header)
+        else:
+            todo.append((item, True))
+            todo += [(child, False) for child in reversed(items)]
+    return out
+
+
+def unflatten(entries: list):
+    """The tree `flatten` wrote as `entries`."""
+    stack: list = []
+    for entry in entries:
+        if entry[0] == 0:
+            stack.append(entry[1])
+            continue
+        n = entry[-1]
+        items = stack[len(stack) - n:]
+        del stack[len(stack) - n:]
+        stack.append(tuple(items) if entry[0] == 1 else entry[1](*items))
+    (tree,) = stack
+    return tree
+
+
 class _Text(str):
     """Text `dump` writes as it is (a delimiter), not as a repr."""
 

@@ -115,16 +115,13 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
     data = stored("ast", key)
     if data is not None:
         try:
-            module = pickle.loads(data)
+            module = ast.unflatten(pickle.loads(data))
             if isinstance(module, ast.Module):
                 return module
         except Exception:  # noqa: BLE001 (an entry of another layout: parse again)
             pass
     module = parse_with_lark(source, file)
-    try:
-        store("ast", key, pickle.dumps(module))
-    except RecursionError:
-        pass  # nested deeper than pickle goes: parsed again next time
+    store("ast", key, pickle.dumps(ast.flatten(module)))
     return module
 
 
