@@ -333,7 +333,7 @@ class Module:
 def flatten(node) -> list:
     """`node` as a flat list, whose pickle never recurses deeper than one
     node (pickling the tree itself recursed once per level: a generated sum
-    of a thousand terms was never stored).  Each dataclass or tuple is an
+    of 400 terms was never stored).  Each dataclass or tuple is an
     entry after those of its items: `(2, type, n)` or `(1, n)`; any other
     value is `(0, value)`.  `unflatten` builds the tree back."""
     out: list = []

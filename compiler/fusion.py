@@ -180,9 +180,10 @@ def _sum_of_sum(first: Eqn, second: Eqn, uses: dict, outputs: set) -> Eqn | None
 def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
                defined_at: dict[Var, int]) -> Loop | None:
     """The loop of `loops` (those of eqn's shape, in order of start) that
-    `eqn` can join: one not full, every input it reads from outside the
-    loop must exist before the loop runs.  Prefer the loop that produces most of its inputs
-    (their values then stay in registers), else the earliest.
+    `eqn` can join: one not full, and every input it reads from outside
+    the loop must exist before the loop runs.  Prefer the loop that
+    produces most of its inputs (their values then stay in registers),
+    else the earliest.
 
     Only the loops producing an input can hold one, so they are scored
     alone; any other loop qualifies iff it starts after every input is
