@@ -698,6 +698,13 @@ _SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
 # of -0.0, ceil and round of x in (-1, 0) are -0.0, as NumPy's are).
 _INTEGRAL = ("{0} if not (abs({0}) < 4503599627370496.0) "
              "else {T}(math.copysign({T}(%s({0})), {0}))")
+# x // y and x % y of a float x = +-inf by a y neither 0 nor NaN: NumPy's
+# NaN is fmod's invalid one, inf - inf, as `x - x` is.  Numba's is too but
+# where y is a constant power of two >= 1, which LLVM's x86 backend lowers
+# as copysign(x - trunc(x / y) * y, x): at x = +inf a NaN with the sign bit
+# clear, NumPy's has it set.  (No `math.`: these ops are `exact`, run on
+# NumPy scalars in drivers and folding too.)
+_INFINITE_DIVIDEND = "{0} - {0} if abs({0}) == np.inf and {1} != 0 and {1} == {1} else "
 _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
             "else math.exp({0}) / ({T}(1) + math.exp({0}))")
 
@@ -785,12 +792,16 @@ _TABLE: tuple[Op, ...] = (
                    lambda b, x, y, o, ct: b.bind("neg", b.bind("div", _mul(b, ct, o), y)))),
     # Python's and NumPy's: the quotient rounded toward -inf, and the
     # remainder with the divisor's sign (x == (x // y) * y + x % y).  Numba
-    # computes both as NumPy does, bit for bit, but an integer x // -1,
-    # which it makes 0 where x is the least integer (NumPy wraps to x).
-    Op("floor_divide", template="{0} // {1}", int_template="-{0} if {1} == -1 else {0} // {1}",
+    # computes both as NumPy does, bit for bit, but two cases.  An integer
+    # x // -1, which it makes 0 where x is the least integer (NumPy wraps to
+    # x).  And a float x = +-inf by a nonzero y that is not NaN (see
+    # _INFINITE_DIVIDEND).
+    Op("floor_divide", template=_INFINITE_DIVIDEND + "{0} // {1}",
+       int_template="-{0} if {1} == -1 else {0} // {1}",
        ref=np.floor_divide, arity=2, exact=True, domain=("real", "nonzero"), cost=16),
-    Op("remainder", template="{0} % {1}", ref=np.remainder, arity=2, exact=True,
-       domain=("real", "nonzero"), cost=16,
+    Op("remainder", template=_INFINITE_DIVIDEND + "{0} % {1}",
+       int_template="{0} % {1}",
+       ref=np.remainder, arity=2, exact=True, domain=("real", "nonzero"), cost=16,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind(
            "neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
     # (`compiler.passes.simplify` turns small integer powers into products)
