@@ -25,6 +25,9 @@ Contract:
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with
   wrt[j].
+- The Jacobians are assembled on the host and returned where f's results
+  are: as the target's arrays (device arrays on "cuda"), or NumPy arrays
+  where f's module was loaded with `host_results=True`.
 - With Dask arrays, `jvp` is lazy, block by block, as a compiled call is
   (`dask_bridge`), and the Jacobians are lazy too: Dask arrays stacked
   from one such `jvp` per element of each `wrt` argument (given by
@@ -323,7 +326,15 @@ class Jacobian:
                                     self.f.span)
             self._require_float(name, bound[name])
         per_output = (self._forward(bound) if self.mode == "fwd" else self._reverse(bound))
+        per_output = [[self._placed(j) for j in js] for js in per_output]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
+
+    def _placed(self, jacobian: np.ndarray) -> Any:
+        """`jacobian`, assembled on the host, where f's own results go: the
+        target's arrays (a device's), or NumPy's with `host_results`."""
+        if self.f.host_results or self.f.target.is_array(jacobian):
+            return jacobian
+        return self.f.target.accept(jacobian, f"{self.name}'s result")
 
     def _require_float(self, name: str, x: Any) -> None:
         dtype = np.dtype(x.dtype)

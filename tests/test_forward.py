@@ -12,6 +12,7 @@ import dsl
 from dsl.forward import jvp_function
 from dsl.function import Stacked, derived_if_made
 from gradlang.compiler.modules import STDLIB
+from gradlang.runtime.target import is_device_array
 from helpers import central_difference
 from test_interpreter_oracle import PROGRAMS as ORACLE_PROGRAMS
 
@@ -219,15 +220,32 @@ def test_jvp_on_cuda_matches_the_cpu():
     y, ty = dsl.jvp(cu.log1pexp, (x,), (t,))
     np.testing.assert_allclose(y, cpu[0], rtol=1e-12)
     np.testing.assert_allclose(ty, cpu[1], rtol=1e-12)
-    # Jacobians come back to the host, whatever the target keeps its results on
+    # Jacobians come back where the module's other results do: NumPy's here
+    bar = dsl.load(EXAMPLES / "bar.grad", target="cuda", host_results=True).bar
+    for jacobian in (dsl.jacfwd(bar, wrt=(0, 1)), dsl.jacrev(bar, wrt=(0, 1))):
+        assert all(type(j) is np.ndarray for j in jacobian(2.0, 3.0))
+        assert jacobian(2.0, 3.0) == (3.0, 2.0)
+    hessian = dsl.hessian(bar, wrt=(0, 1))(2.0, 3.0)
+    assert all(type(h) is np.ndarray for row in hessian for h in row)
+    assert hessian == ((0.0, 1.0), (1.0, 0.0))
+
+
+def test_jacobians_on_cuda_are_device_arrays_as_its_other_results_are():
+    # they were NumPy's even without host_results, where grad, jvp and the
+    # call itself give device arrays
+    m = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
+    x = np.array([-3.0, 0.0, 100.0])
+    assert is_device_array(m.log1pexp(x)) and is_device_array(dsl.grad(m.log1pexp)(x))
+    sigmoid = 1 / (1 + np.exp(-x))
+    for transform, expected in ((dsl.jacfwd, np.diag(sigmoid)), (dsl.jacrev, np.diag(sigmoid)),
+                                (dsl.hessian, np.diag(sigmoid * (1 - sigmoid)))):
+        jacobian = transform(m.log1pexp)(x)  # a column per element, each run on the device
+        assert is_device_array(jacobian), transform.__name__
+        np.testing.assert_allclose(jacobian.copy_to_host(), expected, rtol=1e-12, atol=1e-15)
     bar = dsl.load(EXAMPLES / "bar.grad", target="cuda").bar
-    assert dsl.jacfwd(bar, wrt=(0, 1))(2.0, 3.0) == (3.0, 2.0)
-    assert dsl.jacrev(bar, wrt=(0, 1))(2.0, 3.0) == (3.0, 2.0)
-    assert dsl.hessian(bar, wrt=(0, 1))(2.0, 3.0) == ((0.0, 1.0), (1.0, 0.0))
-    # a column per element, each run on the device: the diagonal sigmoid(x)
-    on_device = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda").log1pexp
-    np.testing.assert_allclose(dsl.jacfwd(on_device)(x), np.diag(1 / (1 + np.exp(-x))),
-                               rtol=1e-12, atol=0)
+    jacobians = dsl.jacrev(bar, wrt=(0, 1))(2.0, 3.0)
+    assert all(map(is_device_array, jacobians))
+    assert [j.copy_to_host() for j in jacobians] == [3.0, 2.0]
 
 
 # ---------------------------------------------------------------- bad tangents
