@@ -61,7 +61,7 @@ from dsl.function import (Compiled, Directional, Select, backward_function, deri
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, called
 
 MAX_ORDER = 8
 
@@ -568,7 +568,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
             rows.setdefault((check.order, check.wrt, check.dtype), []).append(check)
         for warning in checks.warnings:
             warned.setdefault(warning, []).append(label)
-    out = CheckResult(warnings=[f"{f.name}(): {w}, at {', '.join(labels)}"
+    out = CheckResult(warnings=[f"{called(f.name)}: {w}, at {', '.join(labels)}"
                                 for w, labels in warned.items()])
     for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: (item[0][1],
                                                                           item[0][0])):

@@ -34,7 +34,7 @@ from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime.args import NUMPY
-from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.errors import ArgumentError, GradError, called
 
 if TYPE_CHECKING:
     from dsl.function import Compiled
@@ -114,7 +114,7 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     def pullback(*cts):
         backward = backward_function(f, len(outs))
         if len(cts) != len(outs):
-            raise ArgumentError(f"pullback of {f.name}() takes {len(outs)} cotangent(s), "
+            raise ArgumentError(f"pullback of {called(f.name)} takes {len(outs)} cotangent(s), "
                                 f"one per output, but {len(cts)} were given")
         with_cts = bound.copy()
         for name, ct, out in zip(backward.ct_names, cts, outs):
@@ -136,7 +136,7 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
     chunked = [x for x in arrays.values() if x.ndim and x.numblocks[0] > 1]
     first = chunked[0] if chunked else next(iter(arrays.values()))
     if first.ndim == 0 or any(x.shape[0] != first.shape[0] for x in chunked):
-        raise ArgumentError(f"{f.name}(): the Dask arguments chunked along axis 0 are "
+        raise ArgumentError(f"{called(f.name)}: the Dask arguments chunked along axis 0 are "
                             "batches of rows and must have the same number of rows; got "
                             f"shapes {', '.join(str(list(x.shape)) for x in arrays.values())}",
                             f.span)
@@ -217,12 +217,12 @@ class _Plan:
                 fn = f.lower_as(bound, shapes)
             except NeedsValue as need:
                 if need.name in batch:
-                    raise ArgumentError(f"argument {need.name!r} of {f.name}() gives a size, "
-                                        "so it cannot be a Dask array", f.span) from None
+                    raise ArgumentError(f"argument {need.name!r} of {called(f.name)} gives a "
+                                        "size, so it cannot be a Dask array", f.span) from None
                 f.by_value(need, bound)
                 fn = f.lower_as(bound, shapes)
         except NeedsConcrete as err:
-            raise ArgumentError(f"{f.name}() on Dask arrays: {err}, and the number of rows "
+            raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, and the number of rows "
                                 "of a batch is not fixed; call it on in-memory arrays",
                                 f.span) from None
         except GradError as err:

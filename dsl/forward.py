@@ -45,7 +45,7 @@ from dsl.function import (Compiled, GradFunction, JvpFunction, Stacked, Wrt, der
                           stacked_vjp_function, vjp_of_bound)
 from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import THREAD, recording_tapes
 
 Tangents = Union[Sequence[Any], Mapping[str, Any]]
@@ -58,7 +58,7 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
         if run is not None:
             return run(*plain)
     if not isinstance(primals, (tuple, list)):
-        raise ArgumentError(f"jvp() takes the primals of {f.name}() as a tuple, got "
+        raise ArgumentError(f"jvp() takes the primals of {called(f.name)} as a tuple, got "
                             f"{type(primals).__name__}", f.span)
     given = _tangents_by_name(f, primals, tangents)
     if any(map(is_dask_array, (*primals, *given.values()))):
@@ -81,9 +81,9 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
 
 def _no_such_primal(f: Compiled, name: str) -> ArgumentError:
     if any(spec.name == name for spec in f.specs):  # one with a default
-        return ArgumentError(f"jvp() got a tangent for {name!r}, an argument of {f.name}() "
+        return ArgumentError(f"jvp() got a tangent for {name!r}, an argument of {called(f.name)} "
                              "that was not passed: pass its value among the primals", f.span)
-    return ArgumentError(f"jvp() got a tangent for {name!r}, which {f.name}() neither takes "
+    return ArgumentError(f"jvp() got a tangent for {name!r}, which {called(f.name)} neither takes "
                          "as an argument nor reads as a param", f.span)
 
 
@@ -127,7 +127,7 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
             t = chunked_like(_tangent(f, name, bound.values[name], t), primal)
         if is_dask_array(t):
             if name not in f.differentiable_names({name: _host_like(bound.values[name])}):
-                raise ArgumentError(f"the tangent for {name!r} of {f.name}() must be None: "
+                raise ArgumentError(f"the tangent for {name!r} of {called(f.name)} must be None: "
                                     f"{name!r} is const or not a float", f.span)
             _tangent(f, name, bound.values[name], DaskBound.placeholder(t))  # shape, dtype
             chosen[name] = t
@@ -162,7 +162,7 @@ def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
                             f"of names, got {type(tangents).__name__}", f.span)
     if len(tangents) != len(primals):
         raise ArgumentError(f"jvp() got {len(tangents)} tangent(s) for {len(primals)} "
-                            f"primal(s) of {f.name}(); give one per primal (None: none)",
+                            f"primal(s) of {called(f.name)}; give one per primal (None: none)",
                             f.span)
     return {spec.name: t for spec, t in zip(f.specs, tangents)}
 
@@ -171,7 +171,7 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
     """`t` checked against its primal: an array of the primal's shape and
     dtype, or None for no tangent (also for the zero tangent of a primal
     that carries none)."""
-    where = f"the tangent for {name!r} of {f.name}()"
+    where = f"the tangent for {name!r} of {called(f.name)}"
     if t is None:
         return None
     carries = name in f.differentiable_names({name: _host_like(primal)})

@@ -43,7 +43,7 @@ from gradlang.runtime.aot import AotFunction
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, numeric_array,
                                    static_names)
 from gradlang.runtime.boundary import leaving
-from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import Pullback
@@ -272,7 +272,7 @@ class Compiled:
         program uses as a size (as for a `const` one)."""
         self._by_value.add(need.name)
         if need.name not in self.static_names(bound):
-            raise ArgumentError(f"argument {need.name!r} of {self.name}() gives a size, so "
+            raise ArgumentError(f"argument {need.name!r} of {called(self.name)} gives a size, so "
                                 "it must be an integer on the host", self.span)
 
     host_results: bool = False  # device targets: copy results to NumPy
@@ -311,7 +311,7 @@ class Compiled:
         out = kwargs.pop("out", None)  # the buffers for the results (`OutSpec`)
         if out is not None and self.out_is_a_parameter and \
                 "out" not in [s.name for s in self.specs[:len(args)]]:
-            raise ArgumentError(f"{self.name}() has a parameter named 'out', but out= gives "
+            raise ArgumentError(f"{called(self.name)} has a parameter named 'out', but out= gives "
                                 "buffers for its results: pass 'out' by position", self.span)
         if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
             return call_on_dask(self, args, kwargs)
@@ -325,7 +325,8 @@ class Compiled:
         device target once; its own arrays stay).  A static (const)
         argument stays on the host: its value picks the program."""
         statics = self.static_names(bound)
-        return {n: a if n in statics else self.target.accept(a, f"argument {n!r} of {self.name}()")
+        return {n: a if n in statics
+                else self.target.accept(a, f"argument {n!r} of {called(self.name)}")
                 for n, a in bound.items()}
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
@@ -343,7 +344,7 @@ class Compiled:
         tapes = recording_tapes(on_target.values())
         if tapes:
             if out is not None:
-                raise ArgumentError(f"{self.name}() takes no out= while a Tape records the "
+                raise ArgumentError(f"{called(self.name)} takes no out= while a Tape records the "
                                     "call: the tape's results are arrays of its own", self.span)
             outs, pullback = vjp_bound(self, on_target)
             return record(tapes, self, on_target, outs, pullback)
@@ -416,10 +417,10 @@ class GradFunction(Compiled):
         indices = []
         for w in self.wrt:
             if w not in types:
-                raise ArgumentError(f"cannot differentiate {self.inner.name}() with respect "
+                raise ArgumentError(f"cannot differentiate {called(self.inner.name)} with respect "
                                     f"to {w!r}: no value was passed for it", self.span)
             if not types[w].is_float:
-                raise ArgumentError(f"cannot differentiate {self.inner.name}() with respect "
+                raise ArgumentError(f"cannot differentiate {called(self.inner.name)} with respect "
                                     f"to {w!r}: it has dtype {types[w].dtype}, and only "
                                     "floats carry gradients", self.span)
             indices.append(names.index(w))
@@ -515,7 +516,7 @@ class OutSpec:
             if isinstance(value, (tuple, list)):
                 got = f"a {got} of {len(value)}"
             where = "out" + "".join(f"[{k}]" for k in path)
-            raise ArgumentError(f"out= of {self.f.name}() takes arrays in the structure of "
+            raise ArgumentError(f"out= of {called(self.f.name)} takes arrays in the structure of "
                                 f"its result, {_describe(self.layout)}; {where} is {got}",
                                 self.f.span)
 
@@ -531,7 +532,8 @@ class OutSpec:
         return ""
 
     def _fail(self, index: int, message: str) -> None:
-        raise ArgumentError(f"{self._where(index)} of {self.f.name}() {message}", self.f.span)
+        raise ArgumentError(f"{self._where(index)} of {called(self.f.name)} {message}",
+                            self.f.span)
 
 
 def result_shapes(program: Program, bound: dict[str, np.ndarray]) -> tuple:
@@ -561,7 +563,7 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
     if isinstance(f, Compiled) or (aot_ok and isinstance(f, AotFunction)):
         return f
     if isinstance(f, AotFunction):
-        raise ArgumentError(f"{what}() needs the IR of {f.name}(){why}, and a function of a "
+        raise ArgumentError(f"{what}() needs the IR of {called(f.name)}{why}, and a function of a "
                             "gradc-compiled module has only its compiled programs (call, "
                             "grad, value_and_grad, pullback); load the .grad file with "
                             "dsl.load for this")
@@ -582,17 +584,17 @@ def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
                                 f.span)
         if isinstance(w, int):
             if not 0 <= w < len(f.specs):
-                raise ArgumentError(f"wrt={w} is out of range: {f.name}() has "
+                raise ArgumentError(f"wrt={w} is out of range: {called(f.name)} has "
                                     f"{len(f.specs)} parameter(s)", f.span)
             spec = f.specs[w]
         else:
             spec = next((s for s in f.specs + f.param_specs if s.name == w), None)
             if spec is None:
-                raise ArgumentError(f"{f.name}() has no parameter {w!r} and reads no param "
+                raise ArgumentError(f"{called(f.name)} has no parameter {w!r} and reads no param "
                                     f"{w!r}", f.span)
         if not spec.differentiable:
             why = "const" if spec.const else f"of dtype {spec.dtype}"
-            raise ArgumentError(f"cannot differentiate {f.name}() with respect to "
+            raise ArgumentError(f"cannot differentiate {called(f.name)} with respect to "
                                 f"{spec.name!r}: it is {why}", f.span)
         names.append(spec.name)
     return tuple(names)
@@ -905,7 +907,7 @@ class HvpFunction(Directional):
         (name,) = resolve_wrt(inner, wrt)
         super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
         self.name = f"hvp({inner.name})"
-        self._layout = f"{self.name} takes the arguments of {inner.name}(), then v"
+        self._layout = f"{self.name} takes the arguments of {called(inner.name)}, then v"
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:

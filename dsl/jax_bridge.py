@@ -52,7 +52,7 @@ from dsl.function import (Compiled, JvpFunction, VjpFunction, backward_function,
                           result_types, stacked_jvp_function, stacked_vjp_function)
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.errors import ArgumentError, GradError, called
 
 
 def to_jax(f: Compiled) -> "JaxFunction":
@@ -93,7 +93,7 @@ def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
         value = given.get(spec.name)
         kinds, what, narrow = _64_BIT.get(spec.dtype, ("", "", ""))
         if isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in kinds:
-            raise ArgumentError(f"argument {spec.name!r} of {f.name}() is annotated "
+            raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is annotated "
                                 f"{spec.dtype}, and without jax_enable_x64 JAX makes every "
                                 f"{what} array {narrow}; enable it (jax.config.update("
                                 f"'jax_enable_x64', True)) or annotate {narrow}", f.span)
@@ -230,7 +230,7 @@ class Call:
         jf = self.f
         n_primal = len(self.names) - len(jf.tangent_names) if self.linear else 0
         if not self.linear or any(map(ad.is_undefined_primal, args[:n_primal])):
-            raise NotImplementedError(f"JAX transposed {jf.name}(), which is not linear in "
+            raise NotImplementedError(f"JAX transposed {called(jf.name)}, which is not linear in "
                                       "those inputs (jax.linear_transpose of a function that "
                                       "is not linear?)")
         f, n_out = jf.inner, len(self.all_outs) // 2
@@ -366,6 +366,6 @@ def _primitive():
 
 
 def _by_value_error(f: Compiled, name: str):
-    raise ArgumentError(f"argument {name!r} of {f.name}() picks the program by its value (a "
+    raise ArgumentError(f"argument {name!r} of {called(f.name)} picks the program by its value (a "
                         "const integer, or one used as a size): pass a Python int, not a "
                         "JAX array, whose value is not known while JAX traces", f.span)

@@ -60,7 +60,7 @@ from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, Stacked, backward_function, batched_function,
                           jvp_function, vjp_of_bound)
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, called
 
 
 def to_torch(f: Compiled) -> "TorchFunction":
@@ -347,7 +347,7 @@ def _array_of(t, f: Compiled, where: str):
     else:
         view = _memory(t)
     if not f.target.is_array(view):
-        raise ArgumentError(f"{where} is a tensor on device {t.device}, but {f.name}() runs "
+        raise ArgumentError(f"{where} is a tensor on device {t.device}, but {called(f.name)} runs "
                             f"on target {f.target.name!r}; move the tensor there, or load "
                             "the module for its device", f.span)
     return view

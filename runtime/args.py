@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from gradlang.runtime.errors import ArgumentError, Span
+from gradlang.runtime.errors import ArgumentError, Span, called
 from gradlang.runtime.target import is_device_array
 
 SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
@@ -52,21 +52,21 @@ class ParamSpec:
 def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
          kwargs: dict[str, Any], span: Optional[Span] = None) -> dict[str, np.ndarray]:
     if len(args) > len(specs):
-        raise ArgumentError(f"{fn_name}() takes {len(specs)} argument(s) but {len(args)} "
+        raise ArgumentError(f"{called(fn_name)} takes {len(specs)} argument(s) but {len(args)} "
                             "were given", span)
     given: dict[str, Any] = {s.name: a for s, a in zip(specs, args)}
     for key, value in kwargs.items():
         if not any(s.name == key for s in specs):
-            raise ArgumentError(f"{fn_name}() has no parameter {key!r}", span)
+            raise ArgumentError(f"{called(fn_name)} has no parameter {key!r}", span)
         if key in given:
-            raise ArgumentError(f"{fn_name}() got two values for {key!r}", span)
+            raise ArgumentError(f"{called(fn_name)} got two values for {key!r}", span)
         given[key] = value
     out: dict[str, np.ndarray] = {}
     dims: dict[str, tuple[int, str]] = {}
     for spec in specs:
         if spec.name not in given:
             if not spec.has_default:
-                raise ArgumentError(f"{fn_name}() is missing argument {spec.name!r}", span)
+                raise ArgumentError(f"{called(fn_name)} is missing argument {spec.name!r}", span)
             continue
         array = convert(fn_name, spec, given[spec.name], span)
         check_shape(fn_name, spec, array, dims, span)
@@ -78,7 +78,7 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
             where: Optional[str] = None) -> np.ndarray:
     """`value` as the array `spec` takes; `where` names it in errors
     (default: argument NAME of FN())."""
-    where = where or f"argument {spec.name!r} of {fn_name}()"
+    where = where or f"argument {spec.name!r} of {called(fn_name)}"
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
         # identity) is taken as itself; others as plain ndarrays.
@@ -196,7 +196,7 @@ def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
     """One argument's shape against its annotation's dimensions; named
     dimensions are bound in `bound` (name -> (size, first argument));
     `where` names it in errors (default: argument NAME of FN())."""
-    where = where or f"argument {name!r} of {fn_name}()"
+    where = where or f"argument {name!r} of {called(fn_name)}"
     if len(shape) != len(dims_ann):
         ann = f"{dtype or ''}[{', '.join(map(str, dims_ann))}]" if dims_ann else dtype
         raise error(f"{where} has rank {len(shape)} (shape {list(shape)}), but its "
@@ -208,7 +208,7 @@ def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
                             f"says {dim}", span)
         elif dim in bound and bound[dim][0] != size:
             raise error(f"dimension {dim!r} is {bound[dim][0]} for {bound[dim][1]!r} but "
-                        f"{size} for {name!r} in {fn_name}()", span)
+                        f"{size} for {name!r} in {called(fn_name)}", span)
         else:
             bound.setdefault(dim, (size, name))
 

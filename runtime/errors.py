@@ -8,10 +8,19 @@ offending line with a caret.  `str(err)` is the full diagnostic:
     FILE:LINE:COL: error: MESSAGE
         the source line
         ^^^^
+
+`called(name)` is how a message names a callable: `f()` for a function,
+and a derived one's name, already a call (`grad(f)`), as it is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def called(name: str) -> str:
+    """`name` as a message says it is called: `f()`, but `grad(f)` (not
+    `grad(f)()`)."""
+    return name if name.endswith(")") else f"{name}()"
 
 
 @dataclass(frozen=True)

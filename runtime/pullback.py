@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.runtime.args import NUMPY, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.target import Target
 
 
@@ -51,17 +51,17 @@ class Pullback:
     @user_facing
     def __call__(self, *cts):
         if len(cts) != len(self._out_types):
-            raise ArgumentError(f"pullback of {self.name}() takes {len(self._out_types)} "
+            raise ArgumentError(f"pullback of {called(self.name)} takes {len(self._out_types)} "
                                 f"cotangent(s), one per output, but {len(cts)} were given")
         arrays = []
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
             if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
                 if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != NUMPY[t.dtype]:
-                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() "
+                    raise ArgumentError(f"cotangent {k} of the pullback of {called(self.name)} "
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)
                 continue
-            where = f"cotangent {k} of the pullback of {self.name}()"
+            where = f"cotangent {k} of the pullback of {called(self.name)}"
             array = numeric_array(where, ct)
             # a float output's cotangent takes its dtype, values beyond it refused
             array = cast(where, array, t.dtype, None) if t.dtype in ("f32", "f64") \
@@ -70,11 +70,11 @@ class Pullback:
                 if array.ndim == 0:
                     array = np.full(t.shape, array)
                 else:
-                    raise ArgumentError(f"cotangent {k} of the pullback of {self.name}() has "
-                                        f"shape {list(array.shape)}; the output has shape "
+                    raise ArgumentError(f"cotangent {k} of the pullback of {called(self.name)} "
+                                        f"has shape {list(array.shape)}; the output has shape "
                                         f"{list(t.shape)}")
             arrays.append(array)
-        arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {self.name}()")
+        arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {called(self.name)}")
                   for k, a in enumerate(arrays)]
         grads = self._program(*self._residuals, *arrays)
         if self.host_results:

@@ -246,6 +246,17 @@ def test_batch_arguments_must_have_the_same_rows():
         m_rows.f(da.from_array(Y, chunks=400), Y)
 
 
+def test_a_derived_function_is_named_once_in_a_dask_message():
+    # "hvp(f)(): the Dask arguments ...": `f()` of a name already a call
+    m = dsl.loads("def f(x, y):\n    return sum(x * y)\n")
+    x, y = da.from_array(X, chunks=(400, 3)), da.from_array(X[:10], chunks=(5, 3))
+    for derived, args in ((dsl.hvp(m.f), (x, y, x)), (dsl.grad(m.f), (x, y))):
+        with pytest.raises(dsl.ArgumentError) as info:
+            derived(*args)
+        assert info.value.message.startswith(f"{derived.name}: the Dask arguments chunked "
+                                             "along axis 0 are batches of rows")
+
+
 def test_on_a_local_cluster_of_worker_processes():
     # the example: tasks pickled to fresh processes, each compiling
     # the block IR it is sent (one cluster for both functions: startup costs)

@@ -266,6 +266,18 @@ def test_bad_tangents_are_argument_errors_before_any_kernel(tangents, text):
     assert not any(j._programs for j in m.f.__dict__.get("_derived", {}).values())
 
 
+def test_a_derived_function_is_named_once_in_a_message():
+    # "of grad(f)() has shape": `f()` of a name already a call
+    m = dsl.loads("def f(x, y):\n    return sum(x * y)\n")
+    with pytest.raises(dsl.ArgumentError) as info:
+        dsl.jvp(dsl.grad(m.f), (np.ones(3), np.ones(3)), (np.ones(2), None))
+    assert info.value.message == ("the tangent for 'x' of grad(f) has shape [2]; its primal "
+                                  "has shape [3]")
+    _, pullback = dsl.vjp(dsl.grad(m.f), np.ones(3), np.ones(3))
+    with pytest.raises(dsl.ArgumentError, match=r"pullback of grad\(f\) takes 1 "):
+        pullback(np.ones(3), np.ones(3))
+
+
 def test_a_tangent_for_a_defaulted_argument_not_passed_says_to_pass_it():
     # 'a' is f's argument: "f() neither takes it as an argument" misled
     m = dsl.loads("def f(x, a: f64 = 1.5):\n    return x * a\n")
