@@ -120,7 +120,8 @@ def value_and_grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
 
 @user_facing
 def hvp(f: Compiled, wrt: Union[int, str] = 0) -> HvpFunction:
-    """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v."""
+    """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v (v
+    converted to wrt's dtype, where jvp refuses a tangent of another one)."""
     return HvpFunction(require_function(f, "hvp", aot_ok=False), wrt)
 
 

@@ -898,7 +898,9 @@ class Directional(Compiled):
 
 class HvpFunction(Directional):
     """`hvp(f, wrt)(args..., v)`: the Hessian of sum(f) w.r.t. argument
-    `wrt`, times v (reverse over reverse)."""
+    `wrt`, times v (reverse over reverse).  A host v of another dtype is
+    converted to wrt's, as a pullback's cotangent is (values beyond it
+    refused), where jvp refuses a tangent of another dtype."""
 
     def __init__(self, inner: Compiled, wrt: Union[int, str]):
         if isinstance(wrt, (tuple, list)):

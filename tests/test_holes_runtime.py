@@ -191,9 +191,14 @@ def test_hvp_arity_errors_say_that_v_comes_last(args, pattern):
 
 
 def test_hvp_still_takes_lists_and_other_dtypes():
-    # d2/dx2 sum(x*x*y) = diag(2y)
+    # d2/dx2 sum(x*x*y) = diag(2y).  v is converted to x's dtype (as a
+    # pullback's cotangent is), where jvp refuses a tangent of another dtype
     np.testing.assert_allclose(dsl.hvp(SQUARES.f)(X, X, [1, 3]), 2 * X * [1, 3])
     np.testing.assert_allclose(dsl.hvp(SQUARES.f)(X, X, np.ones(2, np.float32)), 2 * X)
+    x32 = X.astype(np.float32)
+    hv = dsl.hvp(SQUARES.f)(x32, x32, np.array([1.0, 3.0]))
+    assert hv.dtype == np.float32
+    np.testing.assert_allclose(hv, 2 * x32 * [1, 3], rtol=1e-6)
 
 
 @pytest.mark.parametrize("ct,pattern", [
