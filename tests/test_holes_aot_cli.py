@@ -36,14 +36,21 @@ def _import(path: Path):
 # ------------------------------------------------- 1. no code injection
 
 
+@pytest.fixture(scope="module")
+def shared_out(tmp_path_factory) -> Path:
+    """One output folder for the modules of the hostile file names: they
+    are of one function, so they share its kernel modules (compiled once)."""
+    return tmp_path_factory.mktemp("out")
+
+
 @pytest.mark.parametrize("stem", ['x"""; open("PWNED","w").write("owned"); """',
                                   "back\\slash", "new\nline"])
-def test_file_names_never_reach_generated_code(stem, tmp_path, monkeypatch):
+def test_file_names_never_reach_generated_code(stem, tmp_path, monkeypatch, shared_out):
     monkeypatch.chdir(tmp_path)
     source = tmp_path / f"{stem}.grad"
     source.write_text("def f(x):\n    return x * 2.0\n")
-    assert main(["compile", str(source), "-o", "out", "--sig", "f(f64[:])"]) == 0
-    module = _import(tmp_path / "out" / f"{stem}.py")  # imports again
+    assert main(["compile", str(source), "-o", str(shared_out), "--sig", "f(f64[:])"]) == 0
+    module = _import(shared_out / f"{stem}.py")  # imports again
     assert not (tmp_path / "PWNED").exists()
     assert module.SOURCE == f"{stem}.grad"
     np.testing.assert_array_equal(module.f(np.array([1.0, 2.5])), [2.0, 5.0])
