@@ -48,8 +48,9 @@ def threshold(module, name: str) -> int:
     its parallel kernel."""
     source = driver(module, name, Sym.named("n"))
     # elementwise: `(K.k if size_n >= T else K.k_serial)`;
-    # with a sum: `(K.k_serial if size_n < T else ...)`
-    (found,) = re.findall(r"if size_n (?:>=|<) (\d+) else", source)
+    # with a sum: `(K.k_serial if size_n < T else ...)`; not the choice of
+    # a result's allocation (`R.pooled if size_n >= ... else R.empty`)
+    (found,) = re.findall(r"K\.\w+ if size_n (?:>=|<) (\d+) else", source)
     return int(found)
 
 
