@@ -321,14 +321,31 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
         ct = b.bind("where", out_mask, ct, ops.lit(b, 0, ct))
-    mask = out_mask if out_mask is not None and _fits(out_mask, a) else None
+    mask = out_mask if out_mask is not None and _fits(out_mask, ct) else None
     cond = inputs[0]
-    if op.masking == "branches" and index > 0 and _fits(cond, a):
+    if op.masking == "branches" and index > 0 and _fits(cond, ct):
         # a branch's cotangent is nonzero only where it was taken (and, in
         # a nested where, where the outer branch was too)
         taken = cond if index == 1 else b.bind("logical_not", cond)
         mask = taken if mask is None or mask is taken else b.bind("logical_and", mask, taken)
-    return ct, mask
+    return ct, _narrowed(b, mask, a, ct)
+
+
+def _narrowed(b: Builder, mask: Optional[Var], a: Atom, ct: Atom) -> Optional[Var]:
+    """The mask an input carries on, at its own shape: `mask` (which fits
+    the output's cotangent `ct`) where it fits the input, else, for an input
+    broadcast to `ct`'s shape, whether any position it was broadcast to is
+    in the mask.  Dropping that mask left where(x > y, sqrt(x), y) with a
+    NaN gradient for a column x that no branch taken reads: the sum of
+    zeros times sqrt's inf derivative."""
+    if mask is None or _fits(mask, a):
+        return mask
+    if not (isinstance(a, Var) and broadcasts_to(a.type.shape, ct.type.shape)):
+        return None
+    if mask.type.shape != ct.type.shape:
+        mask = b.bind("broadcast_to", mask, shape=ct.type.shape)
+    count = ops.unbroadcast(b, b.bind("cast", mask, dtype="i64"), a.type.shape)
+    return b.bind("gt", count, b.lit(0, "i64"))
 
 
 def own_outputs(b: Builder, outs: list[Atom], inputs) -> list[Atom]:
