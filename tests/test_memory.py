@@ -171,8 +171,6 @@ def test_a_lease_cannot_be_duplicated(duplicate):
     """A copy of a lease would give its block back a second time (two live
     arrays over one block) or expose the block's address without keeping
     it; arrays over a lease copy and pickle as any array does."""
-    import copy
-    import pickle
     a = memory.pooled(LARGE, np.float64)
     a[:] = 1.5
     copies = {"copy": copy.copy, "deepcopy": copy.deepcopy,
