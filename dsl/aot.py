@@ -1,22 +1,25 @@
 """`gradc compile`: ahead-of-time compiled Python modules.
 
 Contract: `compile_module(path, out_dir, sigs)` writes `out_dir/NAME.py`
-(NAME is the `.grad` file's stem) and one kernel file per distinct kernel
-source beside it, once every signature has lowered (a bad one writes
-nothing).  The module imports only NumPy, Numba and the `runtime`
-package (`runtime.aot`), never the parser or compiler.  It exposes each
-function as an attribute (`getattr(m, "lambda")` for a Python keyword)
-and in `m.functions`; a function named like one of the module's own names
-(`params`, `functions`, `SOURCE`, `SIGNATURES`, `SPEC`, `AotModule`, a
-dunder) is in `m.functions` only.  Each has `.grad`, `.value_and_grad` and
+(NAME is the `.grad` file's stem) and beside it one file per distinct
+kernel, named by a hash of its text as the JIT's kernel modules are
+(`runtime.loader.kernel_module_name`), so that the programs running a
+kernel (a function's call and its gradients, other functions, other
+modules compiled into the same directory) share it, once every signature
+has lowered (a bad one writes nothing).  The module imports only NumPy,
+Numba and the `runtime` package (`runtime.aot`), never the parser or
+compiler.  It exposes each function as an attribute (`getattr(m,
+"lambda")` for a Python keyword) and in `m.functions`; a function named
+like one of the module's own names (`params`, `functions`, `SOURCE`,
+`SIGNATURES`, `SPEC`, `AotModule`, a dunder) is in `m.functions` only.  Each has `.grad`, `.value_and_grad` and
 `.vjp`, and `dsl.grad`, `dsl.value_and_grad`, `dsl.vjp` and `dsl.Tape` take
 it (first order), for the signatures given (`f(f64[:], f32[n, 3], i64,
 1)`: `:` is any size, a name is a size shared by the axes that name it, an
 integer is fixed; a bare integer or True/False is the value of a const
 parameter, which the program is compiled for).  Without `--sig` each
 function gets f64 arrays of its annotated (else rank-1) shape.  With
-`precompile=True` every kernel is compiled now, both its serial and its
-parallel variant, and Numba's cache beside the module keeps the machine
+`precompile=True` every kernel is compiled now, once, both its serial and
+its parallel variant, and Numba's cache beside the module keeps the machine
 code, so importing and calling it later compiles nothing.
 
 The module records its source (path and hash): importing it warns when
@@ -45,6 +48,7 @@ from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.errors import GradError
+from gradlang.runtime.loader import kernel_module_name, write_atomic
 from gradlang.runtime.target import Target
 
 _SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.ASCII)
@@ -223,8 +227,10 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             entry["wrt"].append((key, list(wrt)))
         for kind, fn, fn_types in transforms:
             generated = generate(optimize(_lower(f, fn, fn_types, args)), target)
-            kernels = "_gradk_" + hashlib.sha256(generated.kernel_source.encode()).hexdigest()[:20]
-            kernel_files[out / f"{kernels}.py"] = generated.kernel_source
+            kernels = []
+            for kernel_source in generated.kernel_modules:  # one file per kernel, shared
+                kernels.append("_" + kernel_module_name(kernel_source))
+                kernel_files[out / f"{kernels[-1]}.py"] = kernel_source
             program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes}
             if precompile:
                 _samples(fn_types, text, np.empty)  # can they be made? (no memory touched)
@@ -314,7 +320,6 @@ def _declared(module: Module) -> list[str]:
 
 
 def _write(path: Path, text: str) -> None:
-    from gradlang.runtime.loader import write_atomic
     try:
         write_atomic(path, text)
     except OSError as err:

@@ -3,8 +3,10 @@
 Contract: a compiled module holds a literal `SPEC` (its target, each
 function's parameter specs, the params it reads, and for each signature
 and kind — call, grad, value_and_grad, pullback (arguments and
-cotangents in, one cotangent per differentiated argument out) — the name
-of a kernel file beside it and the source of a plain-Python driver) and
+cotangents in, one cotangent per differentiated argument out) — the names
+of its kernel files beside it (a file per kernel, named by a hash of its
+text, so that programs running one kernel share its file and its machine
+code) and the source of a plain-Python driver) and
 builds its functions with `AotModule`, which warns when the `.grad` file
 it was compiled from is there and has changed since.  Nothing here
 imports the parser or the compiler: a call binds and validates its
@@ -27,7 +29,7 @@ from gradlang.runtime import target as targets
 from gradlang.runtime.args import SUPPORTED, ParamSpec, bind, call_key, static_names
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.loader import load_kernel_file, make_driver
+from gradlang.runtime.loader import load_kernel_files, make_driver
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import record, recording_tapes
@@ -62,10 +64,11 @@ class AotModule:
                 namespace[fname] = function
 
     def driver(self, program: dict):
-        key = (program["kernels"], program["driver"])
+        files = program["kernels"]
+        files = (files,) if isinstance(files, str) else tuple(files)  # (earlier: one file)
+        key = (files, program["driver"])
         if key not in self._drivers:
-            path = os.path.join(self.directory, program["kernels"] + ".py")
-            kernels = load_kernel_file(path)
+            kernels = load_kernel_files([os.path.join(self.directory, f + ".py") for f in files])
             self._drivers[key] = make_driver(program["driver"], kernels, self.helpers)
         return self._drivers[key]
 

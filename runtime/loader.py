@@ -6,7 +6,9 @@ concurrent processes never see a torn file) and imports it once per
 process; Numba's `cache=True` then keeps the machine code beside it, so a
 second process with the same kernels compiles nothing.
 `load_kernel_modules(sources)` loads several such modules (a program's
-kernels, one module each so that programs share them) as one namespace.
+kernels, one module each, named by `kernel_module_name`, so that programs
+share them) as one namespace; `load_kernel_files(paths)` does the same
+for kernel modules written beside a compiled module (`gradc compile`).
 `make_driver` turns a driver (its source or code) into a callable bound to
 kernels.  `store(kind, key, data)` and `stored(kind, key)` keep bytes under
 a key across processes (`compiler.pipeline` keeps built programs there):
@@ -51,7 +53,7 @@ import threading
 import warnings
 from pathlib import Path
 from types import CodeType, ModuleType, SimpleNamespace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import llvmlite
 import numba
@@ -97,12 +99,18 @@ def write_atomic(path: Path, text: "str | bytes") -> None:
         raise
 
 
+def kernel_module_name(source: str) -> str:
+    """The name of the kernel module `source`: a hash of its text, so that
+    equal kernels are one module, compiled once."""
+    return "gradk_" + hashlib.sha256(source.encode()).hexdigest()[:24]
+
+
 def load_kernels(source: str) -> ModuleType:
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    name = kernel_module_name(source)
     with _lock:
-        module = _modules.get(digest)
+        module = _modules.get(name)
         if module is None:
-            module = _modules[digest] = _import_source(f"gradk_{digest}", source)
+            module = _modules[name] = _import_source(name, source)
         return module
 
 
@@ -138,12 +146,20 @@ def _scratch_dir(reason: Exception) -> Path:
 
 
 def load_kernel_modules(sources: Sequence[str]) -> SimpleNamespace:
-    """The names the kernel modules define (their imports included, which
-    agree), as one namespace."""
+    """The names the kernel modules `sources` define, as one namespace."""
+    return _namespace(load_kernels(source) for source in sources)
+
+
+def load_kernel_files(paths: Sequence[str]) -> SimpleNamespace:
+    """The names the kernel modules at `paths` define, as one namespace."""
+    return _namespace(load_kernel_file(path) for path in paths)
+
+
+def _namespace(modules: Iterable[ModuleType]) -> SimpleNamespace:
+    """The names the modules define (their imports included, which agree)."""
     names: dict[str, object] = {}
-    for source in sources:
-        names.update((k, v) for k, v in vars(load_kernels(source)).items()
-                     if not k.startswith("__"))
+    for module in modules:
+        names.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
     return SimpleNamespace(**names)
 
 

@@ -7,7 +7,9 @@ import ast
 import dataclasses
 import importlib.util
 import os
+import re
 import shutil
+from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
@@ -176,6 +178,30 @@ def test_compiled_files_follow_the_umask(tmp_path):
     files = [module, *module.parent.glob("_gradk_*.py")]
     assert len(files) > 1
     assert {f.stat().st_mode & 0o777 for f in files} == {0o640}
+
+
+def test_programs_running_one_kernel_share_its_file_and_compile(tmp_path):
+    # f's and g's programs (call, grad, value_and_grad, pullback) run some
+    # kernels in common: each is one file, its serial and parallel variants
+    # compiled once each (x * 2.0's were in 3 files, compiled 3 times each)
+    source = tmp_path / "twice.grad"
+    source.write_text("def f(x):\n    return x * 2.0\n\n"
+                      "def g(x):\n    return f(x) * 3.0\n")
+    module = compile_module(str(source), str(tmp_path), ["f(f64[:])", "g(f64[:])"],
+                            precompile=True)
+    defined = Counter(name for path in tmp_path.glob("_gradk_*.py")
+                      for name in re.findall(r"^def (k_\w+)\(", path.read_text(), re.M))
+    assert defined and set(defined.values()) == {1}, defined
+    # Numba's cache index, one per compiled function (module.qualname-line.nbi)
+    compiled = Counter(index.name.split(".")[1].rsplit("-", 1)[0]
+                       for index in (tmp_path / "__pycache__").glob("_gradk_*.nbi"))
+    assert compiled and set(compiled.values()) == {1}, compiled
+    assert set(compiled) == set(defined)  # every kernel compiled
+    twice = _import(module)
+    x = np.array([1.5, -2.0])
+    np.testing.assert_array_equal(twice.f(x), [3.0, -4.0])
+    np.testing.assert_array_equal(twice.f.grad(x), [2.0, 2.0])
+    np.testing.assert_array_equal(twice.g.grad(x), [6.0, 6.0])
 
 
 # ----------------------------- 5. AOT functions under the dsl transforms
