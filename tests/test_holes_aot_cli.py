@@ -204,6 +204,27 @@ def test_programs_running_one_kernel_share_its_file_and_compile(tmp_path):
     np.testing.assert_array_equal(twice.g.grad(x), [6.0, 6.0])
 
 
+def test_a_module_of_an_earlier_gradc_loads_its_file_per_program(tmp_path):
+    # before kernels had a file each, a program named one file of all its kernels
+    source = tmp_path / "sq.grad"
+    source.write_text("def sq(x):\n    return x * x\n")
+    module = compile_module(str(source), str(tmp_path), ["sq(f64[:])"])
+    spec_line = re.search(r"^SPEC = .*$", module.read_text(), re.M).group(0)
+    spec = ast.literal_eval(spec_line[len("SPEC = "):])
+    kernel_files = set(tmp_path.glob("_gradk_*.py"))
+    for index, (_, _, program) in enumerate(spec["functions"]["sq"]["programs"]):
+        program["kernels"], files = f"_gradk_program{index}", program["kernels"]
+        (tmp_path / f"{program['kernels']}.py").write_text(
+            "\n".join((tmp_path / f"{name}.py").read_text() for name in files))
+    for path in kernel_files:
+        path.unlink()
+    module.write_text(module.read_text().replace(spec_line, f"SPEC = {spec!r}"))
+    sq = _import(module)
+    x = np.array([1.5, -2.0])
+    np.testing.assert_array_equal(sq.sq(x), [2.25, 4.0])
+    np.testing.assert_array_equal(sq.sq.grad(x), [3.0, -4.0])
+
+
 # ----------------------------- 5. AOT functions under the dsl transforms
 
 
