@@ -69,16 +69,16 @@ def _limit_of(text: str) -> int:
 
 class Lease:
     """One array's claim on a block; its death frees the block."""
-    __slots__ = ("block", "__array_interface__")
+    __slots__ = ("_block", "__array_interface__")
 
     def __init__(self, block: np.ndarray, shape: tuple, dtype: np.dtype):
-        self.block = block
+        self._block = block
         self.__array_interface__ = {"shape": shape, "typestr": dtype.str, "version": 3,
                                     "data": (block.ctypes.data, False)}
 
     def __del__(self):
         if _open:  # at exit, what _give_back uses may be gone already
-            _give_back(self.block)
+            _give_back(self._block)
 
     def __reduce__(self):
         raise TypeError("a pool lease cannot be copied or pickled (a copy would give "
