@@ -143,7 +143,7 @@ class Lowerer:
     def check_annotations(self, fdef: ast.FuncDef, args: dict[str, Value],
                           span: Span) -> dict[str, tuple[Dim, str]]:
         """The arguments against their parameters' annotations; returns the
-        sizes the annotations' names are bound to (name -> (size, parameter))."""
+        sizes the annotations' names are bound to (name -> (size, "for 'x'"))."""
         dims: dict[str, tuple[Dim, str]] = {}
         for p in fdef.params:
             ann, value = p.ann, args[p.name]
@@ -161,10 +161,10 @@ class Lowerer:
                                 f"its annotation says {ann.dtype}", span)
             if ann.dims is None:
                 continue
-            if any(isinstance(d, int) and isinstance(size, Sym)
-                   for d, size in zip(ann.dims, shape)):
+            if _fixed_meets_symbol(ann.dims, shape):
                 raise NeedsConcrete(f"a size of {p.name!r} meets a fixed size")
-            check_dims(fdef.name, p.name, ann.dtype, ann.dims, shape, dims, GradError, span)
+            check_dims(f"argument {p.name!r} of {fdef.name}()", ann.text, ann.dims, shape, dims,
+                       GradError, span, bound_by=f"for {p.name!r}")
         return dims
 
     def transform_call(self, b: Builder, inner: ast.Call, outer: ast.Call,
@@ -636,23 +636,15 @@ def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Di
                             f"{ann.dtype}", ann.span)
     if ann.dims is None:
         return
-    if len(shape) != len(ann.dims):
-        raise GradError(f"{where} has rank {len(shape)} (shape {list(shape)}), but its "
-                        f"annotation {ann.text} has rank {len(ann.dims)}", ann.span)
-    bound = {name: (size, f"for {param!r}") for name, (size, param) in dims.items()}
-    for axis, (dim, size) in enumerate(zip(ann.dims, shape)):
-        if isinstance(dim, int):
-            if isinstance(size, Sym):
-                raise NeedsConcrete(f"a size of {where} meets a fixed size")
-            if size != dim:
-                raise GradError(f"{where} has size {size} on axis {axis}, but its annotation "
-                                f"says {dim}", ann.span)
-        elif dim not in bound:
-            bound[dim] = (size, f"on its axis {axis}")
-        elif bound[dim][0] != size:
-            known, by = bound[dim]
-            raise GradError(f"{where} has size {size} on axis {axis}, but its annotation "
-                            f"says {dim}, which is {known} {by}", ann.span)
+    if _fixed_meets_symbol(ann.dims, shape):
+        raise NeedsConcrete(f"a size of {where} meets a fixed size")
+    check_dims(where, ann.text, ann.dims, shape, dict(dims), GradError, ann.span)
+
+
+def _fixed_meets_symbol(dims_ann, shape) -> bool:
+    """Whether a fixed size of an annotation meets a symbolic size, which
+    only the concrete sizes decide."""
+    return any(isinstance(d, int) and isinstance(size, Sym) for d, size in zip(dims_ann, shape))
 
 
 def _static_compare(op: str, left, right, span: Span) -> bool:

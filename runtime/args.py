@@ -186,31 +186,37 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
 def check_shape(fn_name: str, spec: ParamSpec, array, dims: dict[str, tuple[int, str]],
                 span, where: Optional[str] = None) -> None:
     if spec.dims is not None:
-        check_dims(fn_name, spec.name, spec.dtype, spec.dims, tuple(array.shape), dims,
-                   ArgumentError, span, where)
+        check_dims(where or f"argument {spec.name!r} of {called(fn_name)}",
+                   annotation_text(spec.dtype, spec.dims), spec.dims, tuple(array.shape), dims,
+                   ArgumentError, span, bound_by=f"for {spec.name!r}")
 
 
-def check_dims(fn_name: str, name: str, dtype: Optional[str], dims_ann, shape,
-               bound: dict[str, tuple[int, str]], error=ArgumentError, span=None,
-               where: Optional[str] = None) -> None:
-    """One argument's shape against its annotation's dimensions; named
-    dimensions are bound in `bound` (name -> (size, first argument));
-    `where` names it in errors (default: argument NAME of FN())."""
-    where = where or f"argument {name!r} of {called(fn_name)}"
+def annotation_text(dtype: Optional[str], dims) -> str:
+    """An annotation as its source writes it: `f64[n, 3]`, `[n]`, `f32`."""
+    return f"{dtype or ''}[{', '.join(map(str, dims))}]" if dims else str(dtype)
+
+
+def check_dims(where: str, annotation: str, dims_ann, shape, bound: dict[str, tuple[Any, str]],
+               error=ArgumentError, span=None, bound_by: Optional[str] = None) -> None:
+    """A value's shape (`where` names the value in errors) against its
+    annotation's dimensions: the rank, fixed sizes, and named sizes.  A
+    name in `bound` (name -> (size, who bound it: "for 'x'")) must have
+    its size; one not in it is bound here, `bound_by` saying by whom
+    (default: "on its axis K", for a function's result)."""
     if len(shape) != len(dims_ann):
-        ann = f"{dtype or ''}[{', '.join(map(str, dims_ann))}]" if dims_ann else dtype
         raise error(f"{where} has rank {len(shape)} (shape {list(shape)}), but its "
-                    f"annotation {ann} has rank {len(dims_ann)}", span)
+                    f"annotation {annotation} has rank {len(dims_ann)}", span)
     for axis, (dim, size) in enumerate(zip(dims_ann, shape)):
         if isinstance(dim, int):
             if size != dim:
                 raise error(f"{where} has size {size} on axis {axis}, but its annotation "
                             f"says {dim}", span)
-        elif dim in bound and bound[dim][0] != size:
-            raise error(f"dimension {dim!r} is {bound[dim][0]} for {bound[dim][1]!r} but "
-                        f"{size} for {name!r} in {called(fn_name)}", span)
-        else:
-            bound.setdefault(dim, (size, name))
+        elif dim not in bound:
+            bound[dim] = (size, bound_by or f"on its axis {axis}")
+        elif bound[dim][0] != size:
+            known, by = bound[dim]
+            raise error(f"{where} has size {size} on axis {axis}, but its annotation says "
+                        f"{dim}, which is {known} {by}", span)
 
 
 def static_names(specs: Sequence[ParamSpec], bound: dict,
