@@ -736,7 +736,7 @@ def torch_bridge_cases(sizes, seed: int = 0) -> list[Case]:
 
 def jax_bridge_cases(sizes, seed: int = 0) -> list[Case]:
     """log1pexp value + gradient through `dsl.to_jax` under `jax.jit`
-    ("dsl": `pure_callback`s into the compiled kernels) against the dsl
+    ("dsl": callbacks into the compiled kernels) against the dsl
     called directly and JAX's own `custom_vjp` version."""
     if jax_modules() is None:
         return []

@@ -8,7 +8,9 @@ module params f reads as keyword arrays (a param left out takes the
 module's value and gets no gradient), and returns JAX arrays shaped as
 f's results.  A call is one operation of the JAX primitive
 `gradlang_call` (`_primitive`), which runs f's compiled kernels on the
-host (through `jax.pure_callback` under `jit`).  Its jvp rule is
+host (under `jit`, through `jax.experimental.buffer_callback` on the CPU,
+the kernels writing into XLA's result buffers, or `jax.pure_callback`
+where that is missing or on another platform).  Its jvp rule is
 gradlang's forward mode (`dsl.function.JvpFunction`: through grad blocks,
 their transposition), as such an operation linear in the tangents, whose
 transpose rule is f's backward pass (`dsl.function.VjpFunction`) as
@@ -186,6 +188,27 @@ class Call:
         return tuple(np.asarray(self.f.target.to_host(results[k]), dtype)
                      for k, (_, dtype) in zip(self.keep, self.outs))
 
+    def run_into(self, buffers: Sequence[np.ndarray], *arrays) -> None:
+        """`run` into XLA's result `buffers` (under `jit` on the CPU): the
+        kernels write a result straight into its buffer where they make
+        one of its dtype on the host; any other result is copied in."""
+        made: list[Optional[np.ndarray]] = [None] * len(self.all_outs)
+        if self.f.target.is_array(buffers[0] if buffers else np.empty(0)):
+            for k, buffer, (_, dtype) in zip(self.keep, buffers, self.outs):
+                if dtype == self.all_outs[k][1]:
+                    made[k] = buffer
+        values = {n: np.asarray(np.asarray(a), self.bound[n].dtype)  # (a Buffer takes no dtype)
+                  for n, a in zip(self.names, arrays)}
+        try:
+            results = self.f.call_bound({n: values.get(n, a) for n, a in self.bound.items()},
+                                        out=self.f.format(tuple(made)))
+        except GradError as err:
+            self.failed.append(err)
+            raise
+        for k, buffer in zip(self.keep, buffers):
+            if made[k] is None:
+                np.copyto(buffer, self.f.target.to_host(results[k]), casting="unsafe")
+
     def tangents(self, primals: Sequence[Any], tangents: Sequence[Any]) -> list:
         """The output tangents (JAX's jvp rule): a linear `Call` of f's
         `JvpFunction` along the float inputs whose tangents are not zero
@@ -308,7 +331,7 @@ def _zero_tangent(shape: tuple, dtype: np.dtype):
 def _primitive():
     """The JAX primitive `gradlang_call`, whose `call` parameter (a `Call`)
     says what it computes: its value on the host (eagerly, and under jit
-    through `jax.pure_callback`), shapes from f's IR, a jvp rule (gradlang's
+    through a callback), shapes from f's IR, a jvp rule (gradlang's
     forward mode), a transpose rule for linear calls (gradlang's reverse
     mode), and under vmap one call per example (`jax.lax.map`, or eagerly a
     Python loop): a `.grad` function is written for one example, and its
@@ -329,6 +352,15 @@ def _primitive():
     def lowered(*values, call: Call):
         shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
         return jax.pure_callback(call.run, shapes, *values)
+
+    def lowered_on_cpu(*values, call: Call):
+        # XLA's own result buffers, which the kernels fill: a fifth of a
+        # pure_callback's cost for a small call, a quarter at 1e6 elements
+        # (no copy of the results; `benchmarks/run.py --only interop`)
+        shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
+        return buffer_callback(
+            lambda _, outs, *args: call.run_into([np.asarray(o) for o in outs], *args),
+            shapes)(*values)
 
     def jvp(primals, tangents, *, call: Call):
         return p.bind(*primals, call=call), call.tangents(primals, tangents)
@@ -359,6 +391,13 @@ def _primitive():
     p.def_impl(impl)
     p.def_abstract_eval(abstract)
     mlir.register_lowering(p, mlir.lower_fun(lowered, multiple_results=True))
+    try:  # experimental in JAX 0.7 to 0.10 at least; other versions take pure_callback
+        from jax.experimental.buffer_callback import buffer_callback
+    except ImportError:
+        pass
+    else:
+        mlir.register_lowering(p, mlir.lower_fun(lowered_on_cpu, multiple_results=True),
+                               platform="cpu")
     ad.primitive_jvps[p] = jvp
     ad.primitive_transposes[p] = transpose
     batching.primitive_batchers[p] = batched

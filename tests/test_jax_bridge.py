@@ -133,6 +133,28 @@ def test_an_f64_result_reaches_jax_as_f32_without_x64():
     np.testing.assert_array_equal(lp(x), np.float32([2.0, 5.0]))
 
 
+@pytest.mark.parametrize("n", [3, 1, 0])
+def test_under_jit_kernels_write_into_xlas_result_buffers(n, monkeypatch):
+    # under jit every result was made by the kernels in an array of their
+    # own, then copied into XLA's by jax.pure_callback; now they fill XLA's
+    # buffers, and only a result JAX narrows (f64 without x64) is cast in
+    from dsl import function
+    assert not jax.config.jax_enable_x64
+    given = []
+    run_into = function.OutSpec.run_into
+    monkeypatch.setattr(function.OutSpec, "run_into", lambda spec, run, bound, out, shapes: (
+        given.append(out), run_into(spec, run, bound, out, shapes))[1])
+    m = dsl.loads("def mixed(x, y):\n    return x * 2.0, x * y, sum(x)\n")
+    x = jnp.arange(n, dtype=jnp.float32) - 0.5
+    results = jax.jit(lambda x: dsl.to_jax(m.mixed)(x, 3.0))(x)
+    direct, narrowed, total = given[0]
+    assert isinstance(direct, np.ndarray) and narrowed is None and isinstance(total, np.ndarray)
+    expected = m.mixed(np.asarray(x), 3.0)  # x * y is f64: y is a Python float
+    assert [r.dtype for r in results] == [jnp.float32] * 3
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, np.asarray(want, np.float32))
+
+
 def test_a_64_bit_annotation_without_x64_says_to_enable_it():
     # a NumPy f64 array (made f32 by JAX) was refused as "dtype f32, but
     # its annotation says f64", which the caller had not passed
@@ -369,9 +391,10 @@ def test_jacobians_run_one_stacked_program_or_one_per_column(x64, monkeypatch):
     # column or row (jax.lax.map): 45 ms for a hessian of 100 elements
     from dsl import jax_bridge
     runs = []
-    run = jax_bridge.Call.run
-    monkeypatch.setattr(jax_bridge.Call, "run", lambda call, *a: (runs.append(call.f.name),
-                                                                   run(call, *a))[1])
+    for method in ("run", "run_into"):  # eagerly, under jit
+        run = getattr(jax_bridge.Call, method)
+        monkeypatch.setattr(jax_bridge.Call, method,
+                            lambda call, *a, run=run: (runs.append(call.f.name), run(call, *a))[1])
     g = dsl.to_jax(load("log1pexp").log1pexp)
     x = jnp.array([-2.0, -0.5, 0.0, 1.0, 4.0])
     s = sigmoid(np.asarray(x))
