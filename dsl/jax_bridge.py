@@ -50,8 +50,10 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
-from dsl.function import (Compiled, JvpFunction, VjpFunction, backward_function, jvp_function,
-                          result_types, stacked_jvp_function, stacked_vjp_function)
+from dsl.function import (Compiled, JvpFunction, OutSpec, VjpFunction, backward_function,
+                          jvp_function, result_shapes, result_types, stacked_jvp_function,
+                          stacked_vjp_function)
+from gradlang.compiler.pipeline import Program
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -192,22 +194,40 @@ class Call:
         """`run` into XLA's result `buffers` (under `jit` on the CPU): the
         kernels write a result straight into its buffer where they make
         one of its dtype on the host; any other result is copied in."""
-        made: list[Optional[np.ndarray]] = [None] * len(self.all_outs)
-        if self.f.target.is_array(buffers[0] if buffers else np.empty(0)):
-            for k, buffer, (_, dtype) in zip(self.keep, buffers, self.outs):
-                if dtype == self.all_outs[k][1]:
-                    made[k] = buffer
         values = {n: np.asarray(np.asarray(a), self.bound[n].dtype)  # (a Buffer takes no dtype)
                   for n, a in zip(self.names, arrays)}
+        bound = {n: values.get(n, a) for n, a in self.bound.items()}
+        made: list[Optional[np.ndarray]] = [None] * len(self.all_outs)
         try:
-            results = self.f.call_bound({n: values.get(n, a) for n, a in self.bound.items()},
-                                        out=self.f.format(tuple(made)))
+            if self._in_place is None:
+                results = self.f.call_bound(bound)
+            else:
+                program, spec, shapes = self._in_place
+                for k, buffer, (_, dtype) in zip(self.keep, buffers, self.outs):
+                    if dtype == self.all_outs[k][1]:
+                        made[k] = buffer
+                results = spec.run_into(program.run, bound, self.f.format(tuple(made)), shapes)
         except GradError as err:
             self.failed.append(err)
             raise
         for k, buffer in zip(self.keep, buffers):
             if made[k] is None:
                 np.copyto(buffer, self.f.target.to_host(results[k]), casting="unsafe")
+
+    @functools.cached_property
+    def _in_place(self) -> Optional[tuple[Program, OutSpec, tuple]]:
+        """The program of this call's signature, its `OutSpec` and result
+        shapes, found once (a `Call` is one signature; what varies is the
+        traced values): `run_into` runs it into XLA's buffers, recording
+        on no `dsl.Tape` (JAX differentiates it).  None on a target whose
+        arrays are not the host's."""
+        if not self.f.target.is_array(np.empty(0)):
+            return None
+
+        def find() -> Program:
+            return self.f.program(self.f.on_target(self.bound))
+        program = self.f.retrying_by_value(self.bound, find)
+        return program, self.f.out_spec(program), result_shapes(program, self.bound)
 
     def tangents(self, primals: Sequence[Any], tangents: Sequence[Any]) -> list:
         """The output tangents (JAX's jvp rule): a linear `Call` of f's
