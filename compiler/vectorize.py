@@ -7,9 +7,8 @@ takes a leading axis of size k: k values of it, stacked.  Output j (for j in
 stacked the same way (computed once for all k where it does not depend on
 them, then broadcast); the other outputs are fn's own.  Values that do not
 depend on a stacked parameter are computed once.  Every op of the table
-has a rule here except `loop`, `custom_vjp` and `dim`, and an op whose stacked
-inputs cannot be stacked (a matrix product of two stacked values, an
-index array that is stacked): for those it raises `NotVectorizable`, and
+has a rule here except `loop`, `custom_vjp` and `dim`, and an index op
+whose index array is stacked: for those it raises `NotVectorizable`, and
 the caller evaluates one value at a time instead.
 
 `stacked_elements(fn, stacked)` is how many elements the stacked values
@@ -22,7 +21,8 @@ cotangents.  Its rules mirror JAX's batching rules (`vmap`) for the
 ops this language has: elementwise inputs line up by adding axes of size
 1 after the leading one; axes in params (reductions, transposes, slices,
 gathers) shift by one; a 2-d matrix product folds the leading axis into a
-row axis of the stacked side.
+row axis of the stacked side, and one of two stacked sides multiplies
+them elementwise and sums (a batched product).
 """
 from __future__ import annotations
 
@@ -139,8 +139,13 @@ def _spread(b: Builder, a: Atom, k: Dim) -> Var:
 def _matmul(b: Builder, inputs: list[Atom], has: list[bool], k: Dim,
             span: Optional[Span]) -> Var:
     x, y = inputs
-    if has[0] and has[1]:
-        raise NotVectorizable("matmul of two stacked values")
+    if has[0] and has[1]:  # (k, m, n) @ (k, n, p): each pair's products summed over n,
+        # which fusion computes in one loop (a per-example gradient's X_i^T r_i)
+        _, m, n = x.type.shape
+        p = y.type.shape[2]
+        left = b.bind("reshape", x, shape=(k, m, n, 1))
+        right = b.bind("reshape", y, shape=(k, 1, n, p))
+        return b.bind("reduce_sum", b.bind("mul", left, right, span=span), axes=(2,), span=span)
     if has[0]:  # (k, m, n) @ (n, p): k * m rows
         _, m, n = x.type.shape
         rows = b.bind("reshape", x, shape=(k * m, n))

@@ -12,7 +12,7 @@ compiled module needs); neither imports this package.
 """
 from gradlang.runtime.errors import ArgumentError, GradError, Span
 
-_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "jvp", "jacfwd",
+_API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "jvp", "vmap", "jacfwd",
         "jacrev", "hessian", "check_gradients", "install_import_hook")
 _BRIDGES = {"to_torch": "dsl.torch_bridge", "to_jax": "dsl.jax_bridge"}
 

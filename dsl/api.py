@@ -24,6 +24,8 @@ from dsl.forward import jacfwd as _jacfwd
 from dsl.forward import jacrev as _jacrev
 from dsl.forward import jvp as _jvp
 from dsl.function import vjp as _vjp
+from dsl.mapped import InAxes, VmapFunction
+from dsl.mapped import vmap as _vmap
 from gradlang.compiler import ast
 from gradlang.compiler.modules import read_source
 from gradlang.compiler.namespace import Namespace
@@ -140,6 +142,14 @@ def jvp(f: Compiled, primals, tangents):
     """(outputs, output tangents), as `jax.jvp`: tangents one per primal
     (None: none) or a dict by argument or param name (`dsl/forward.py`)."""
     return _jvp(require_function(f, "jvp", aot_ok=False), primals, tangents)
+
+
+@user_facing
+def vmap(f: Compiled, in_axes: InAxes = 0) -> VmapFunction:
+    """f over axis 0 of the positional arguments `in_axes` marks (0 or
+    None, one per argument or one for all), as `jax.vmap`: one program
+    for every example where f stacks (`dsl/mapped.py`)."""
+    return _vmap(require_function(f, "vmap", aot_ok=False), in_axes)
 
 
 @user_facing

@@ -350,11 +350,12 @@ MATMUL = dsl.loads("def mm(a, b):\n    return a @ b\n", "mm.grad").mm
 
 
 @pytest.mark.parametrize("f,make,in_dims,stacked", [
-    # stacked in one program: both arguments, and one (batched along its axis 1)
+    # stacked in one program: both arguments, one (batched along its axis 1),
+    # a product of two stacked matrices
     (TANH_DOT, lambda: (torch.rand(4, 3), torch.rand(4, 3)), (0, 0), True),
     (TANH_DOT, lambda: (torch.rand(3, 4), torch.rand(3)), (1, None), True),
-    # one example at a time: a product of two stacked matrices, a grad block
-    (MATMUL, lambda: (torch.rand(5, 2, 3), torch.rand(5, 3, 2)), (0, 0), False),
+    (MATMUL, lambda: (torch.rand(5, 2, 3), torch.rand(5, 3, 2)), (0, 0), True),
+    # one example at a time: a grad block
     (BENT, lambda: (torch.rand(4, 3), torch.rand(4, 3)), (0, 0), False),
     # a const argument picks the program by its value
     (load("leaky_relu").leaky_relu, lambda: (torch.randn(3), torch.tensor([0.1, 0.3])),

@@ -1,0 +1,151 @@
+"""`dsl.vmap(f, in_axes)`: f over a batch of examples, as `jax.vmap`.
+
+Contract: `vmap(f, in_axes)(*args, **kwargs)` maps f over axis 0 of the
+positional arguments `in_axes` marks (0: mapped, None: the same value for
+every example): one entry per parameter, or one for those that are
+neither `const` nor defaulted.  Keyword arguments and module params are
+not mapped.  Every mapped argument must
+have the same length k on axis 0, and each example (`arg[i]`) must be what
+f takes (its annotations are checked on the examples).  The results are
+f's, each with a leading axis of size k: result[i] is f on example i.
+f's reductions stay per example (`sum(x)` of a mapped x is k sums).
+
+One program runs every example at once (`compiler.vectorize`, the rules
+`dsl.jacfwd` stacks columns with), so `vmap(grad(f, wrt=w), in_axes=(0,
+None))` gives per-example gradients in one pass.  Where f has an op with no
+rule for stacked values (a `for` loop, a mapped index array), the
+examples run one at a time, with the same
+results.  A `VmapFunction` is a compiled function like the others:
+`grad`, `jvp`, `jacfwd`, `to_torch` and `vmap` itself take it, as long as
+its program stacks (otherwise they raise `ArgumentError`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from dsl.function import Compiled, Stacked, derived
+from gradlang.compiler.ir import Function, TensorType
+from gradlang.compiler.vectorize import NotVectorizable
+from gradlang.runtime.args import convert
+from gradlang.runtime.errors import ArgumentError, called
+
+InAxes = Union[int, None, Sequence[Optional[int]]]
+
+
+def vmap(f: Compiled, in_axes: InAxes = 0) -> "VmapFunction":
+    """f mapped over axis 0 of the positional arguments `in_axes` marks,
+    one per (function, mapped positions)."""
+    mapped = _mapped_positions(f, in_axes)
+    return derived(f, ("vmap", mapped), lambda: VmapFunction(f, mapped))
+
+
+def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
+    """The positions of the parameters in_axes maps (checked)."""
+    if isinstance(in_axes, (list, tuple)):
+        if len(in_axes) != len(f.specs):
+            raise ArgumentError(f"in_axes has {len(in_axes)} entries, but {called(f.name)} takes "
+                                f"{len(f.specs)} positional argument(s): give one per argument "
+                                "(0 or None), or one for all", f.span)
+        axes = list(in_axes)
+    else:  # one for all: those that can be mapped and must be passed
+        axes = [None if s.const or s.has_default else in_axes for s in f.specs]
+    for spec, axis in zip(f.specs, axes):
+        if axis is not None and (isinstance(axis, bool) or axis != 0):
+            raise ArgumentError(f"in_axes entries are 0 (map axis 0) or None (not mapped), got "
+                                f"{axis!r} for argument {spec.name!r}; move the axis to the "
+                                "front first (np.moveaxis)", f.span)
+        if axis is not None and spec.const:
+            raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is const: its value "
+                                "picks the program, so it cannot be mapped (in_axes None)",
+                                f.span)
+    mapped = tuple(i for i, axis in enumerate(axes) if axis is not None)
+    if not mapped:
+        raise ArgumentError(f"in_axes maps none of the arguments of {called(f.name)}", f.span)
+    return mapped
+
+
+class VmapFunction(Stacked):
+    """`inner` over axis 0 of its arguments `stacked` (`vmap`): a `Stacked`
+    program of every output, shaped for the caller as inner's results,
+    or one example at a time where inner does not stack."""
+
+    def __init__(self, inner: Compiled, mapped: tuple[int, ...]):
+        super().__init__(inner, [inner.specs[i].name for i in mapped], "all")
+        self.mapped = mapped
+        self.name = f"vmap({inner.name})"
+
+    def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
+        """The mapped arguments whole, each converted as f converts one,
+        the examples' (their first, or an empty one) validated by f's own
+        binding, with the rest of the arguments and the params."""
+        examples, stacks, k = list(args), {}, None
+        for i in self.mapped:
+            spec = self.specs[i]
+            where = f"argument {spec.name!r} of {called(self.name)}"
+            if i >= len(args):
+                raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
+                                    "position", self.span)
+            whole = convert(self.name, replace(spec, dims=None), args[i], self.span)
+            if len(whole.shape) == 0:
+                raise ArgumentError(f"{where} is a scalar, but in_axes maps its axis 0", self.span)
+            if k is None:
+                k, first = whole.shape[0], spec.name
+            elif whole.shape[0] != k:
+                raise ArgumentError(f"{where} has {whole.shape[0]} examples on axis 0, but "
+                                    f"{first!r} has {k}: mapped arguments must have as many",
+                                    self.span)
+            stacks[spec.name] = whole
+            examples[i] = whole[0] if k else np.zeros(whole.shape[1:], whole.dtype)
+        try:
+            bound = self.inner.bind(tuple(examples), kwargs, params)
+        except ArgumentError as err:  # said of an example: say so
+            raise ArgumentError(f"{called(self.name)} maps axis 0, and for each example: "
+                                f"{err.message}", err.span) from None
+        return {n: stacks.get(n, a) for n, a in bound.items()}
+
+    def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
+                   out: Any = None) -> tuple[np.ndarray, ...]:
+        example = {n: self._example(n, a) for n, a in bound.items()}
+        if self.per_slice(example) is not None:
+            return super().call_bound(bound, args, out)
+        if out is not None:
+            raise ArgumentError(f"{called(self.name)} takes no out= where it runs one example at "
+                                "a time (an op of its function does not stack)", self.span)
+        k = next(iter(bound[n] for n in self.stacked)).shape[0]
+        each = [self.inner.call_bound({n: a[i] if n in self.stacked else a
+                                       for n, a in bound.items()}) for i in range(k)]
+        if not each:  # no example: empty results of the shapes one would have
+            each_shape = self.inner.call_bound(example)
+            return tuple(self._stack([], r) for r in each_shape)
+        return tuple(self._stack([e[j] for e in each], each[0][j]) for j in range(len(each[0])))
+
+    def _example(self, name: str, array: Any) -> Any:
+        """One example of a mapped argument (its first, or an empty one)."""
+        if name not in self.stacked:
+            return array
+        return array[0] if array.shape[0] else np.zeros(array.shape[1:], array.dtype)
+
+    def _stack(self, results: list, like: Any) -> Any:
+        """The examples' results as one array of the target's."""
+        host = [np.asarray(self.target.to_host(r)) for r in results]
+        like = np.asarray(self.target.to_host(like))
+        stacked = np.stack(host) if host else np.zeros((0, *like.shape), like.dtype)
+        return stacked if self.target.is_array(stacked) else \
+            self.target.accept(stacked, f"a result of {called(self.name)}")
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        try:
+            return super().lower(types)
+        except NotVectorizable as err:
+            raise ArgumentError(f"{called(self.name)} runs one example at a time here (its "
+                                f"op {err} has no rule for stacked values), so it has no "
+                                "program of its own for a transform to take", self.span) from None
+
+    def identity(self) -> tuple:
+        return ("vmap", self.inner.identity(), self.stacked)
+
+    def format(self, outs):
+        return self.inner.format(outs)

@@ -1,0 +1,155 @@
+"""dsl.vmap: f over axis 0 of its mapped arguments equals f on each example,
+in one program where f stacks, one example at a time where it does not;
+per-example gradients; composition with grad, jvp and vmap; errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from dsl.function import Compiled
+from helpers import central_difference, load_example
+
+SOURCE = """
+def norm(x: f64[n]):
+    return sqrt(sum(x * x))
+
+def two(x, y):
+    return x * y, sum(x)
+
+def looped(x, n: const = 3):
+    y = x
+    for i in range(n):
+        y = sin(y) + y * 0.5
+    return sum(y)
+"""
+
+
+@pytest.fixture(scope="module")
+def m():
+    return dsl.loads(SOURCE)
+
+
+def per_example(f, mapped, *args):
+    """f on each example (mapped: which args are), results stacked."""
+    k = args[mapped[0]].shape[0]
+    each = [f(*(a[i] if j in mapped else a for j, a in enumerate(args))) for i in range(k)]
+    if isinstance(each[0], tuple):
+        return tuple(np.stack(r) for r in zip(*each))
+    return np.stack(each)
+
+
+def runs_one_program(monkeypatch, vf) -> list:
+    """The calls of f itself that vf makes (none when its program stacks)."""
+    calls = []
+    inner_call = type(vf.inner).call_bound
+    monkeypatch.setattr(type(vf.inner), "call_bound",
+                        lambda self, *a, **k: (calls.append(1), inner_call(self, *a, **k))[1])
+    return calls
+
+
+floats = st.floats(-3.0, 3.0, allow_nan=False, width=64)
+
+
+@settings(max_examples=15, deadline=None)
+@given(k=st.integers(1, 4), n=st.integers(1, 4), data=st.data())
+def test_vmap_equals_f_on_each_example(m, k, n, data):
+    x = np.array(data.draw(st.lists(floats, min_size=k * n, max_size=k * n))).reshape(k, n)
+    y = np.array(data.draw(st.lists(floats, min_size=n, max_size=n)))
+    np.testing.assert_allclose(dsl.vmap(m.norm)(x), np.linalg.norm(x, axis=1), rtol=1e-14)
+    got = dsl.vmap(m.two, in_axes=(0, None))(x, y)
+    for g, want in zip(got, per_example(m.two, (0,), x, y)):
+        np.testing.assert_allclose(g, want, rtol=1e-14)
+    log1pexp = load_example("log1pexp").log1pexp  # through its grad block too
+    np.testing.assert_allclose(dsl.vmap(dsl.grad(log1pexp))(x), dsl.grad(log1pexp)(x),
+                               rtol=1e-14)
+
+
+def test_per_example_gradients_of_a_loss_in_one_program(monkeypatch):
+    # logistic loss of a minibatch (x: f64[n, k], y: f64[n], w: f64[k]), the
+    # gradient of w for each of 5 minibatches: in one stacked program
+    loss = load_example("logistic").loss
+    rng = np.random.default_rng(0)
+    xs, ys, w = rng.normal(size=(5, 3, 2)), rng.integers(0, 2, (5, 3)) * 1.0, rng.normal(size=2)
+    per = dsl.vmap(dsl.grad(loss, wrt=2), in_axes=(0, 0, None))
+    calls = runs_one_program(monkeypatch, per)
+    got = per(xs, ys, w)
+    assert calls == [] and got.shape == (5, 2)
+    monkeypatch.undo()
+    np.testing.assert_allclose(got, per_example(dsl.grad(loss, wrt=2), (0, 1), xs, ys, w),
+                               rtol=1e-13)
+    np.testing.assert_allclose(got[3], central_difference(loss, (xs[3], ys[3], w), 2),
+                               rtol=1e-7)
+
+
+def test_a_gradient_inside_the_language_maps_too():
+    r1 = load_example("stylegan_r1").r1_penalty
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=3)
+    np.testing.assert_allclose(dsl.vmap(r1, in_axes=(0, None))(x, w),
+                               per_example(r1, (0,), x, w), rtol=1e-13)
+
+
+def test_an_op_that_does_not_stack_runs_one_example_at_a_time(m, monkeypatch):
+    x = np.linspace(-2.0, 2.0, 12).reshape(4, 3)
+    vf = dsl.vmap(m.looped)  # n is const, so in_axes=0 leaves it alone
+    expected = per_example(m.looped, (0,), x)
+    calls = runs_one_program(monkeypatch, vf)
+    np.testing.assert_allclose(vf(x), expected, rtol=1e-15)
+    assert len(calls) == 4
+    with pytest.raises(dsl.ArgumentError, match=r"vmap\(looped\) runs one example at a time "
+                                                r"here \(its op loop has no rule"):
+        dsl.grad(vf)(x)
+
+
+def test_transforms_of_vmap(m):
+    rng = np.random.default_rng(2)
+    x, t = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    vnorm = dsl.vmap(m.norm)
+    np.testing.assert_allclose(dsl.grad(vnorm)(x), unit, rtol=1e-14)
+    y, ty = dsl.jvp(vnorm, (x,), (t,))
+    np.testing.assert_allclose(ty, np.sum(unit * t, axis=1), rtol=1e-13)
+    nested = dsl.vmap(dsl.vmap(m.norm))(x.reshape(3, 2, 2))
+    np.testing.assert_allclose(nested, np.linalg.norm(x.reshape(3, 2, 2), axis=2), rtol=1e-14)
+    assert isinstance(vnorm, Compiled) and dsl.vmap(m.norm) is vnorm  # made once
+
+
+@pytest.mark.parametrize("fn", ["norm", "looped"])
+def test_no_examples_give_empty_results_of_the_right_shape(m, fn):
+    got = dsl.vmap(getattr(m, fn))(np.zeros((0, 3)))
+    assert got.shape == (0,) and got.dtype == np.float64
+
+
+@pytest.mark.parametrize("make,args,message", [
+    (lambda m: dsl.vmap(m.two, in_axes=(0,)), (), r"in_axes has 1 entries, but two\(\) takes 2"),
+    (lambda m: dsl.vmap(m.two, in_axes=1), (), r"in_axes entries are 0 .* got 1 for argument "
+                                                r"'x'; move the axis"),
+    (lambda m: dsl.vmap(m.two, in_axes=(True, None)), (), "got True"),
+    (lambda m: dsl.vmap(m.two, in_axes=(None, None)), (), "maps none of the arguments"),
+    (lambda m: dsl.vmap(m.looped, in_axes=(0, 0)), (), "'n' of looped.* is const"),
+    (lambda m: dsl.vmap(m.two), (np.ones((3, 2)), np.ones((4, 2))),
+     r"argument 'y' of vmap\(two\) has 4 examples on axis 0, but 'x' has 3"),
+    (lambda m: dsl.vmap(m.two), (np.ones(3), 2.0), r"'y' of vmap\(two\) is a scalar"),
+    (lambda m: dsl.vmap(m.two), (np.ones(3),), r"maps argument 'y' .* passed by position"),
+    (lambda m: dsl.vmap(m.norm), (np.ones((2, 3, 4)),),
+     r"vmap\(norm\) maps axis 0, and for each example: argument 'x' of norm\(\) has rank 2"),
+])
+def test_bad_use_is_an_argument_error(m, make, args, message):
+    with pytest.raises(dsl.ArgumentError, match=message):
+        make(m)(*args)
+
+
+def test_vmap_takes_only_loaded_functions(tmp_path):
+    with pytest.raises(TypeError, match="vmap.. takes a function of a loaded .grad module"):
+        dsl.vmap(np.sin)
+
+
+def test_vmap_on_cuda_matches_the_cpu(m):
+    cu = dsl.loads(SOURCE, target="cuda")
+    x = np.linspace(-1.0, 2.0, 12).reshape(4, 3)
+    for fn in ("norm", "looped"):  # stacked, and one example at a time
+        got = dsl.vmap(getattr(cu, fn))(x)
+        assert not isinstance(got, np.ndarray)  # a device array, as its other results
+        np.testing.assert_allclose(got.copy_to_host(), dsl.vmap(getattr(m, fn))(x), rtol=1e-14)
