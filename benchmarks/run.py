@@ -47,8 +47,8 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "dense", "fused_sum", "sincos_pow", "call", "out", "loop",
-             "forward", "indexing", "interop", "startup", "cuda")
+WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "fused_sum", "sincos_pow", "call", "out",
+             "loop", "forward", "indexing", "interop", "startup", "cuda")
 
 
 def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
@@ -58,6 +58,10 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "r1":
         return ("StyleGAN R1 penalty + gradient w.r.t. w (examples/stylegan_r1.grad, "
                 "second order)", workloads.r1_cases([10**5, 10**7]))
+    if name == "per_example":
+        return ("per-example gradients: dsl.vmap(dsl.grad(loss, wrt=2), in_axes=(0, 0, None)) of "
+                "a logistic loss, one program (jax: jit(vmap(grad)); torch: torch.func)",
+                workloads.per_example_cases(10**5, 64))
     if name == "dense":
         return ("dense: sum(softplus(x @ w + b)), gradients for w and b "
                 "(benchmarks/dense_f32.grad)", workloads.dense_cases(4096, 512, 512))

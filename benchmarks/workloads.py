@@ -11,6 +11,8 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     log1pexp_cases   value + gradient of examples/log1pexp.grad (grad block)
     r1_cases         StyleGAN's R1 penalty and its gradient w.r.t. the
                      weights (examples/stylegan_r1.grad; second order)
+    per_example_cases the gradient of a logistic loss w.r.t. its weights for
+                     each example (`dsl.vmap` of `dsl.grad`)
     dense_cases      sum(softplus(x @ w + b)) in f32, gradient w.r.t. w, b
                      (benchmarks/dense_f32.grad)
     fused_sum_cases  sum(x * x): one fused loop against NumPy's temporary
@@ -321,6 +323,61 @@ def r1_cases(sizes, seed: int = 0) -> list[Case]:
         v, gw = numpy_r1(x, w)
         cases.append(Case(f"float64 n={size_label(n)}", impls, (np.asarray(v), gw)))
     return cases
+
+
+# ------------------------------------------------------------ per-example gradients
+
+PER_EXAMPLE = """
+def loss(x, y, w):
+    return log(1 + exp(-y * sum(x * w)))
+"""  # one example: features x, label y in {-1, 1}
+
+
+def numpy_per_example(x, y, w):
+    """d loss_i / dw for each row i: -y_i sigmoid(-y_i z_i) x_i."""
+    slope = -y / (1 + np.exp(y * (x @ w)))
+    return (slope[:, None] * x,)
+
+
+@lru_cache(maxsize=None)
+def jax_per_example():
+    jax, jnp = jax_modules()
+
+    def loss(x, y, w):
+        return jnp.log1p(jnp.exp(-y * jnp.sum(x * w)))
+    return jax.jit(jax.vmap(jax.grad(loss, argnums=2), in_axes=(0, 0, None)))
+
+
+@lru_cache(maxsize=None)
+def torch_per_example():
+    torch = torch_module()
+
+    def loss(x, y, w):
+        return torch.log1p(torch.exp(-y * torch.sum(x * w)))
+    per_example = torch.func.vmap(torch.func.grad(loss, argnums=2), in_dims=(0, 0, None))
+    return lambda x, y, w: per_example(torch.from_numpy(x), torch.from_numpy(y),
+                                       torch.from_numpy(w)).numpy()
+
+
+@lru_cache(maxsize=None)
+def dsl_per_example():
+    return dsl.vmap(dsl.grad(dsl.loads(PER_EXAMPLE).loss, wrt=2), in_axes=(0, 0, None))
+
+
+def per_example_cases(rows: int, features: int, seed: int = 0) -> list[Case]:
+    """The gradient of a logistic loss w.r.t. the weights for each example:
+    `dsl.vmap(dsl.grad(...))` against JAX's and torch.func's vmap of grad."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features))
+    y = rng.choice([-1.0, 1.0], rows)
+    w = rng.normal(size=features) / np.sqrt(features)
+    impls = {"numpy": lambda: numpy_per_example(x, y, w), "dsl": lambda: dsl_per_example()(x, y, w)}
+    if jax_modules():
+        impls["jax"] = jax_call(jax_per_example(), x, y, w)
+    if torch_module():
+        impls["torch"] = lambda: torch_per_example()(x, y, w)
+    return [Case(f"float64 {rows} examples x {features} features", impls,
+                 numpy_per_example(x, y, w))]
 
 
 # ------------------------------------------------------------ dense layer
