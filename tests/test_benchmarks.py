@@ -22,6 +22,7 @@ except ImportError:
 JAX_X64 = jax is not None and jax.config.jax_enable_x64
 CASES = (workloads.log1pexp_cases([7], [np.float32, np.float64])
          + workloads.r1_cases([9])
+         + workloads.per_example_cases(7, 3)
          + workloads.dense_cases(6, 4, 3)
          + workloads.fused_sum_cases([11])
          + workloads.sincos_pow_cases([9], [np.float32, np.float64])
@@ -100,6 +101,10 @@ def test_numpy_references_match_independent_values():
     assert value == pytest.approx(8 * np.log(2), rel=1e-6)
     np.testing.assert_allclose(gw, np.full((3, 4), 1.0))
     np.testing.assert_allclose(gb, np.full(4, 1.0))
+    # per-example logistic gradients at w = 0: -y_i sigmoid(0) x_i = -y_i x_i / 2
+    x, y = np.array([[1.0, 2.0], [3.0, -4.0]]), np.array([1.0, -1.0])
+    (g,) = workloads.numpy_per_example(x, y, np.zeros(2))
+    np.testing.assert_array_equal(g, [[-0.5, -1.0], [1.5, -2.0]])
 
 
 def test_check_rejects_a_wrong_implementation():
