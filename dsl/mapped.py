@@ -31,6 +31,7 @@ from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import convert
 from gradlang.runtime.errors import ArgumentError, called
+from gradlang.runtime.recording import recording_tapes
 
 InAxes = Union[int, None, Sequence[Optional[int]]]
 
@@ -111,9 +112,10 @@ class VmapFunction(Stacked):
         example = {n: self._example(n, a) for n, a in bound.items()}
         if self.per_slice(example) is not None:
             return super().call_bound(bound, args, out)
-        if out is not None:
-            raise ArgumentError(f"{called(self.name)} takes no out= where it runs one example at "
-                                "a time (an op of its function does not stack)", self.span)
+        if out is not None or recording_tapes(bound.values()):
+            what = "takes no out=" if out is not None else "cannot be recorded by a dsl.Tape"
+            raise ArgumentError(f"{called(self.name)} {what} where it runs one example at a "
+                                "time (an op of its function does not stack)", self.span)
         k = next(iter(bound[n] for n in self.stacked)).shape[0]
         each = [self.inner.call_bound({n: a[i] if n in self.stacked else a
                                        for n, a in bound.items()}) for i in range(k)]

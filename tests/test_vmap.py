@@ -101,6 +101,10 @@ def test_an_op_that_does_not_stack_runs_one_example_at_a_time(m, monkeypatch):
     with pytest.raises(dsl.ArgumentError, match=r"vmap\(looped\) runs one example at a time "
                                                 r"here \(its op loop has no rule"):
         dsl.grad(vf)(x)
+    with dsl.Tape() as tape:  # it would record the examples, not x
+        tape.watch(x)
+        with pytest.raises(dsl.ArgumentError, match="cannot be recorded by a dsl.Tape where"):
+            vf(x)
 
 
 def test_transforms_of_vmap(m):
@@ -114,6 +118,10 @@ def test_transforms_of_vmap(m):
     nested = dsl.vmap(dsl.vmap(m.norm))(x.reshape(3, 2, 2))
     np.testing.assert_allclose(nested, np.linalg.norm(x.reshape(3, 2, 2), axis=2), rtol=1e-14)
     assert isinstance(vnorm, Compiled) and dsl.vmap(m.norm) is vnorm  # made once
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        z = vnorm(x)
+    np.testing.assert_allclose(tape.gradient(z, x), unit, rtol=1e-14)
 
 
 @pytest.mark.parametrize("fn", ["norm", "looped"])
