@@ -1,0 +1,117 @@
+"""Whether a CPU loop past its size threshold runs its parallel (`prange`)
+kernel now, or its serial one because other work holds the cores.
+
+A parallel kernel ends by joining its threads, so when another process
+(or another thread) holds a core, the call waits until the scheduler
+gives its worker a turn there: on 2 cores with 2 busy processes, R1 at
+n = 1e5 took ms instead of tens of microseconds
+(`benchmarks/bench_busy.py`).  So a driver asks `parallel_allowed(size,
+threshold)` once a loop's size reaches its threshold (`cpu.parallel_threshold`;
+smaller loops never call it, so small calls pay nothing): yes when the
+cores are free for Numba's threads, else only for a loop so long
+(`BUSY_FACTOR` times its threshold) that its serial run would take
+longer than such a wait.
+
+"Free" is read from the number of tasks the kernel reports runnable now
+(`/proc/loadavg`'s fourth field, less the one reading it; where that file
+is missing, the 1-minute load average), at most every `RECHECK_SECONDS`
+and compared with the cores this process may run on: the load average
+alone trails a job that starts or stops by a minute.
+
+`GRADC_PARALLEL` overrides it (read at each recheck): `auto` (or unset)
+as above, `always` the size threshold alone, `never` serial kernels only.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from functools import lru_cache
+
+import numba
+
+RECHECK_SECONDS = 0.5
+# Under load a loop runs in parallel only from this many times its threshold.
+BUSY_FACTOR = 64
+SETTINGS = ("auto", "always", "never")
+
+_next_check = 0.0
+_scale = 1.0  # parallel_from's last answer
+
+
+def parallel_from(setting: str, others: float, cores: int, threads: int) -> float:
+    """The multiple of a loop's threshold from which it runs in parallel when
+    `others` other tasks are runnable on a machine of which this process
+    may use `cores`, for a parallel kernel of `threads` threads, under
+    GRADC_PARALLEL=`setting`: 1 when a core is free for every thread (or
+    under `always`); infinity when fewer than two are (a second thread
+    could only share a core, and its join then waits for its turn: no
+    size won, `benchmarks/bench_busy.py`) or under `never`; else
+    `BUSY_FACTOR`."""
+    free = cores - others
+    if setting == "never":
+        return math.inf
+    if setting == "always" or free >= threads:
+        return 1.0
+    if free < 2:
+        return math.inf
+    return float(BUSY_FACTOR)
+
+
+def parallel_allowed(size: int, threshold: int) -> bool:
+    """Whether a loop of `size` elements, whose parallel kernel pays from
+    `threshold` on a quiet machine (`size` >= `threshold`), runs it now."""
+    global _next_check, _scale
+    now = time.monotonic()
+    if now >= _next_check:
+        _next_check = now + RECHECK_SECONDS
+        _scale = parallel_from(_setting(os.environ.get("GRADC_PARALLEL", "")),
+                               _runnable_others(), _cores(), numba.get_num_threads())
+    return size >= threshold * _scale
+
+
+@lru_cache(maxsize=None)  # read at each recheck; said once
+def _setting(text: str) -> str:
+    if text == "":
+        return "auto"
+    if text not in SETTINGS:
+        warnings.warn(f"GRADC_PARALLEL={text!r} is not one of {', '.join(SETTINGS)}; "
+                      "using auto", RuntimeWarning, stacklevel=2)
+        return "auto"
+    return text
+
+
+def _runnable_others() -> float:
+    """Tasks runnable now besides this process's own threads (the last
+    kernel's workers may still be spinning); 0 where nothing tells."""
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        return max(0, running - _own_running())
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return max(0.0, os.getloadavg()[0] - 1)
+    except (AttributeError, OSError):
+        return 0
+
+
+def _own_running() -> int:
+    """This process's threads running or runnable now (at least the caller)."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                # the state follows the command, which is in parentheses
+                count += f.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            pass  # a thread that has just ended
+    return max(1, count)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
