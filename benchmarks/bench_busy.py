@@ -10,10 +10,13 @@ This script reproduces that: each round runs every `--busy` setting in
 turn (who goes first rotating), starting that many spinning processes
 (`while True: pass`), each pinned to one core, round robin, killed before
 the next setting and on any exit; within a setting every (case, mode) is
-timed once, a batch of calls at least `SAMPLE_SECONDS` long.  The figures
-are medians over the rounds, in ms per call, with the 1-minute load
-average read at the end of each setting's samples (the median over the
-rounds).
+timed once, a batch of calls at least `SAMPLE_SECONDS` long (as long on
+a quiet machine), the modes of a case back to back in an order that
+rotates.  The figures are medians over the rounds, in ms per call, with
+the 1-minute load average read at the end of each setting's samples (the
+median over the rounds); then, for each mode, the median over the rounds
+of its time over `always`'s in the same round, which cancels load that
+comes and goes between rounds.
 
 Modes:
   auto      GRADC_PARALLEL=auto: the runtime's own choice
@@ -47,7 +50,7 @@ import workloads  # noqa: E402
 from gradlang.runtime import parallelism  # noqa: E402
 from timing import calls_per_sample, per_call  # noqa: E402
 
-SAMPLE_SECONDS = 0.02
+SAMPLE_SECONDS = 0.05
 SETTLE_SECONDS = 0.3  # after starting spinners, before timing: they are running
 MODES = ("auto", "never", "always")
 
@@ -81,7 +84,7 @@ def cases() -> dict[str, Callable[[], object]]:
     rng = np.random.default_rng(0)
     log1pexp, r1 = workloads.dsl_log1pexp(), workloads.dsl_r1()
     found = {}
-    for n in (16, 10**4, 10**5, 10**6):
+    for n in (16, 10**4, 10**5, 3 * 10**5, 10**6):
         x = rng.uniform(-20, 20, n)
         found[f"log1pexp n={n:.0e}" if n > 16 else "log1pexp n=16"] = lambda x=x: log1pexp(x)
     x, w = rng.normal(size=10**5), rng.normal(size=10**5)
@@ -111,7 +114,8 @@ def main() -> None:
         for busy in args.busy[first:] + args.busy[:first]:
             with spinners(busy):
                 for label, fn in calls.items():
-                    for name in args.modes:
+                    start = r % len(args.modes)
+                    for name in args.modes[start:] + args.modes[:start]:
                         use(name)
                         samples.setdefault((label, busy, name), []).append(
                             per_call(fn, batch[label]))
@@ -123,7 +127,19 @@ def main() -> None:
             cells = " ".join(f"{statistics.median(samples[label, busy, m]) * 1e3:>10.4f}"
                              for m in args.modes)
             print(f"{label:<18} {busy:>4} {statistics.median(loads[busy]):>5.2f} {cells}")
+    if "always" in args.modes:
+        others = [m for m in args.modes if m != "always"]
+        print(f"\n{'case':<18} {'busy':>4} " + " ".join(f"{m + '/always':>14}" for m in others)
+              + "   (median of each round's ratio: samples taken back to back)")
+        for label in calls:
+            for busy in args.busy:
+                cells = " ".join(f"{paired(samples, label, busy, m):>14.2f}" for m in others)
+                print(f"{label:<18} {busy:>4} {cells}")
 
+
+def paired(samples: dict, label: str, busy: int, mode: str) -> float:
+    return statistics.median(a / b for a, b in zip(samples[label, busy, mode],
+                                                   samples[label, busy, "always"]))
 
 if __name__ == "__main__":
     main()

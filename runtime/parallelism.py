@@ -4,17 +4,17 @@ kernel now, or its serial one because other work holds the cores.
 A parallel kernel ends by joining its threads, so when another process
 (or another thread) holds a core, the call waits until the scheduler
 gives its worker a turn there: on 2 cores with 2 busy processes, R1 at
-n = 1e5 took ms instead of tens of microseconds
-(`benchmarks/bench_busy.py`).  So a driver asks `parallel_allowed(size,
+n = 1e5 took 4x as long in parallel as serially (`benchmarks/bench_busy.py`;
+Numba's OpenMP layer).  So a driver asks `parallel_allowed(size,
 threshold)` once a loop's size reaches its threshold (`cpu.parallel_threshold`;
-smaller loops never call it, so small calls pay nothing): yes when the
-cores are free for Numba's threads, else only for a loop so long
-(`BUSY_FACTOR` times its threshold) that its serial run would take
-longer than such a wait.
+smaller loops never call it, so small calls pay nothing): yes when a
+core is free for each of Numba's threads, else only for a loop so long
+(`BUSY_FACTOR` times its threshold) that the wait costs less than its
+threads gain.
 
 "Free" is read from the number of tasks the kernel reports runnable now
-(`/proc/loadavg`'s fourth field, less the one reading it; where that file
-is missing, the 1-minute load average), at most every `RECHECK_SECONDS`
+(`/proc/loadavg`'s fourth field, less this process's own running
+threads; where that file is missing, the 1-minute load average less one), at most every `RECHECK_SECONDS`
 and compared with the cores this process may run on: the load average
 alone trails a job that starts or stops by a minute.
 
@@ -32,8 +32,13 @@ from functools import lru_cache
 import numba
 
 RECHECK_SECONDS = 0.5
-# Under load a loop runs in parallel only from this many times its threshold.
-BUSY_FACTOR = 64
+# Under load a loop runs in parallel only from this many times its threshold
+# (about a millisecond of serial work): there its threads' wait for a turn
+# on a shared core costs less than they gain, each thread taking its share
+# of a core (`benchmarks/bench_busy.py`, 2 cores, 2 busy processes: the
+# parallel variant 3-6x slower at 1.5-3x the threshold, level at 15x,
+# 1.2x faster at 150x).
+BUSY_FACTOR = 32
 SETTINGS = ("auto", "always", "never")
 
 _next_check = 0.0
@@ -45,17 +50,11 @@ def parallel_from(setting: str, others: float, cores: int, threads: int) -> floa
     `others` other tasks are runnable on a machine of which this process
     may use `cores`, for a parallel kernel of `threads` threads, under
     GRADC_PARALLEL=`setting`: 1 when a core is free for every thread (or
-    under `always`); infinity when fewer than two are (a second thread
-    could only share a core, and its join then waits for its turn: no
-    size won, `benchmarks/bench_busy.py`) or under `never`; else
-    `BUSY_FACTOR`."""
-    free = cores - others
+    under `always`), `BUSY_FACTOR` when not, infinity under `never`."""
     if setting == "never":
         return math.inf
-    if setting == "always" or free >= threads:
+    if setting == "always" or others + threads <= cores:
         return 1.0
-    if free < 2:
-        return math.inf
     return float(BUSY_FACTOR)
 
 
