@@ -76,7 +76,9 @@ def parallel_allowed(size: int, threshold: int) -> bool:
     if now >= _next_check:
         _next_check = now + RECHECK_SECONDS
         _scale = parallel_from(_setting(os.environ.get("GRADC_PARALLEL", "")),
-                               _runnable_others(), _cores(), numba.get_num_threads())
+                               _runnable_others(), _cores(),
+                               # (not get_num_threads(), which starts the pool)
+                               numba.config.NUMBA_NUM_THREADS)
     return size >= threshold * _scale
 
 

@@ -73,7 +73,7 @@ def test_a_bad_setting_warns_and_means_auto(setting, monkeypatch):
     setting("sometimes")
     monkeypatch.setattr(parallelism, "_runnable_others", lambda: 0)
     monkeypatch.setattr(parallelism, "_cores", lambda: 2)
-    monkeypatch.setattr(parallelism.numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(parallelism.numba.config, "NUMBA_NUM_THREADS", 2)
     with pytest.warns(RuntimeWarning, match="GRADC_PARALLEL='sometimes'.*auto"):
         assert parallelism.parallel_allowed(4096, 4096)
     monkeypatch.setattr(parallelism, "_next_check", 0.0)
