@@ -14,9 +14,10 @@ threads gain.
 
 "Free" is read from the number of tasks the kernel reports runnable now
 (`/proc/loadavg`'s fourth field, less this process's own running
-threads; where that file is missing, the 1-minute load average less one), at most every `RECHECK_SECONDS`
-and compared with the cores this process may run on: the load average
-alone trails a job that starts or stops by a minute.
+threads; where that file is missing, the 1-minute load average less
+one), at most every `RECHECK_SECONDS`, and compared with the cores this
+process may run on: the load average alone trails a job that starts or
+stops by a minute.
 
 `GRADC_PARALLEL` overrides it (read at each recheck): `auto` (or unset)
 as above, `always` the size threshold alone, `never` serial kernels only.
