@@ -592,8 +592,9 @@ def numpy_loop(u, kappa, steps):
 
 def kernel_launches(driver_source: str) -> int:
     """How many kernel launches a driver's text holds (a loop in the
-    driver would launch its body's once per trip, and shows as `for`)."""
-    return len(re.findall(r"\(K\.k_\w+ if|K\.k_\w+\(", driver_source))
+    driver would launch its body's once per trip, and shows as `for`): a
+    choice of kernels, which opens its line, or a kernel called by name."""
+    return len(re.findall(r"^\s*\(K\.k_\w+ if|K\.k_\w+\(", driver_source, re.M))
 
 
 def loop_cases(size: int, steps: int, seed: int = 0) -> list[Case]:

@@ -39,6 +39,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
 )
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import manage_dispatcher
+from gradlang.runtime.parallelism import parallel_allowed  # drivers call R.parallel_allowed
 from gradlang.runtime.target import Target, is_device_array, largest, smallest
 
 # Numba's OpenMP workers spin for a while after each parallel kernel (GNU
@@ -136,16 +137,28 @@ def _sum_rows_parallel(x, out):
         out[o] = acc
 
 
+@_jit()
+def _sum_chunk(x, chunk, c, acc):
+    """acc plus chunk c of one long row."""
+    left = x.shape[0] - c * chunk  # (Numba's min() would compile an overload)
+    for r in range(chunk if chunk < left else left):  # from 0: see render_reducing_loop
+        acc = cpu_math.accumulate(acc, x[c * chunk + r])
+    return acc
+
+
 @_jit(parallel=True)
 def _sum_row_chunked(x, chunk, partial):
     # One long row: each thread sums a chunk, f64 partial sums.
-    n = x.shape[0]
     for c in prange(partial.shape[0]):
-        acc = partial.dtype.type(0)
-        left = n - c * chunk  # (Numba's min() would compile an overload)
-        for r in range(chunk if chunk < left else left):  # from 0: see render_reducing_loop
-            acc = cpu_math.accumulate(acc, x[c * chunk + r])
-        partial[c] = acc
+        partial[c] = _sum_chunk(x, chunk, c, partial.dtype.type(0))
+
+
+@_jit()
+def _sum_row_chunked_serial(x, chunk, partial):
+    # _sum_row_chunked's chunks one after the other (the same bits), while
+    # other work holds the cores
+    for c in range(partial.shape[0]):
+        partial[c] = _sum_chunk(x, chunk, c, partial.dtype.type(0))
 
 
 @_jit()
@@ -188,11 +201,14 @@ def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) ->
                 # the partial sums, and so the bits of the sum, are the same
                 chunk = REDUCE_CHUNK
                 partial = np.empty(-(-reduced // chunk), acc_dtype)
-                _sum_row_chunked(view.reshape(-1), chunk, partial)
+                sum_chunks = (_sum_row_chunked if parallel_allowed(reduced, PARALLEL_THRESHOLD)
+                              else _sum_row_chunked_serial)
+                sum_chunks(view.reshape(-1), chunk, partial)
                 result = np.array([partial.sum()], dtype=acc_dtype)
             else:
                 result = np.empty(outer, acc_dtype if is_sum else out_dtype)
-                if is_sum and outer * reduced >= PARALLEL_THRESHOLD and outer > 1:
+                if (is_sum and outer > 1 and outer * reduced >= PARALLEL_THRESHOLD
+                        and parallel_allowed(outer * reduced, PARALLEL_THRESHOLD)):
                     _sum_rows_parallel(view, result)
                 else:
                     rows(view, result)
@@ -413,6 +429,19 @@ def _elements(first: str, count: str, row: Sequence[str], body: list[str],
             + ["    " + line for line in _row(f"{first} + s * {inner}", row, body, inner)])
 
 
+def _pick(kname: str, size: str, cost: int, known: Optional[int] = None) -> str:
+    """The driver's choice of a loop's kernel: parallel from its threshold
+    (`known`: the size, when codegen knows it), if the cores are free
+    (`parallel_allowed`, which a smaller loop never calls, so that small
+    calls pay nothing for it)."""
+    threshold = parallel_threshold(cost)
+    if known is not None and known < threshold:
+        return f"K.{kname}_serial"
+    reached = "" if known is not None else f"{size} >= {threshold} and "
+    return (f"(K.{kname} if {reached}R.parallel_allowed({size}, {threshold})"
+            f" else K.{kname}_serial)")
+
+
 class CpuTarget(Target):
     """`@njit` kernels, each in a `prange` variant and a serial one; the
     driver picks by size and cost per element (`parallel_threshold`).
@@ -471,17 +500,11 @@ class CpuTarget(Target):
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
                cost: int) -> str:
-        threshold = parallel_threshold(cost)
-        if known is None:
-            kernel = f"(K.{kname} if {size} >= {threshold} else K.{kname}_serial)"
-        else:
-            kernel = f"K.{kname}" + ("" if known >= threshold else "_serial")
-        return f"{kernel}({', '.join([size] + args)})"
+        return f"{_pick(kname, size, cost, known)}({', '.join([size] + args)})"
 
     def launch_blocks(self, kname: str, size: str, blocks: str, args: list[str],
                       cost: int) -> str:
-        kernel = f"(K.{kname} if {size} >= {parallel_threshold(cost)} else K.{kname}_serial)"
-        return f"{kernel}({', '.join([blocks] + args)})"
+        return f"{_pick(kname, size, cost)}({', '.join([blocks] + args)})"
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
                              body: list[str], summand: str, reduced: str,
@@ -505,24 +528,36 @@ class CpuTarget(Target):
             out += ["        " + line
                     for line in _elements("o * length", "length", row, body + add, inner)]
             out += [f"        {reduced}[o] = acc", ""]
-        out += [_PARALLEL, f"def {kname}_all({arglist}):"]
-        out += ["    " + line for line in pre]
         step = (f"{REDUCE_CHUNK}" if inner is None
                 else f"{largest(f'({REDUCE_CHUNK} // {inner})', '1')} * {inner}")
-        out += [f"    step = {step}", "    chunks = (n + step - 1) // step",
-                "    partial = np.empty(chunks, np.float64)",
-                "    for c in prange(chunks):", "        acc = 0.0",
-                f"        count = {smallest('step', '(n - c * step)')}"]
-        out += ["        " + line for line in _elements("c * step", "count",
-                                                        row, body + add, inner)]
-        out += ["        partial[c] = acc", "    total = 0.0", "    for c in range(chunks):",
-                "        total = accumulate(total, partial[c])", f"    {reduced}[0] = total", ""]
+        # `_all_serial`: `_all`'s chunks one after the other (the same bits),
+        # for a long row while other work holds the cores
+        for suffix, deco, rng in (("_all", _PARALLEL, "prange"),
+                                  ("_all_serial", _SERIAL, "range")):
+            out += [deco, f"def {kname}{suffix}({arglist}):"]
+            out += ["    " + line for line in pre]
+            out += [f"    step = {step}", "    chunks = (n + step - 1) // step",
+                    "    partial = np.empty(chunks, np.float64)",
+                    f"    for c in {rng}(chunks):", "        acc = 0.0",
+                    f"        count = {smallest('step', '(n - c * step)')}"]
+            out += ["        " + line for line in _elements("c * step", "count",
+                                                            row, body + add, inner)]
+            out += ["        partial[c] = acc", "    total = 0.0",
+                    "    for c in range(chunks):",
+                    "        total = accumulate(total, partial[c])", f"    {reduced}[0] = total",
+                    ""]
         return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
                         cost: int) -> str:
-        kernel = (f"(K.{kname}_serial if {size} < {parallel_threshold(cost)} else "
-                  f"K.{kname}_all if {rows} == 1 else K.{kname})")
+        """Below the threshold `_serial`; from it, rows in parallel (`_rows`)
+        or one row in chunks (`_all`), or, while other work holds the cores
+        (`parallel_allowed`), their serial variants, whose bits are the same."""
+        threshold = parallel_threshold(cost)
+        kernel = (f"(K.{kname}_serial if {size} < {threshold} else "
+                  f"(K.{kname}_all if {rows} == 1 else K.{kname}) "
+                  f"if R.parallel_allowed({size}, {threshold}) else "
+                  f"K.{kname}_all_serial if {rows} == 1 else K.{kname}_serial)")
         return f"{kernel}({', '.join([size, rows] + args)})"
 
     def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:

@@ -47,10 +47,10 @@ def threshold(module, name: str) -> int:
     """The size from which the driver of `name` (symbolic size) launches
     its parallel kernel."""
     source = driver(module, name, Sym.named("n"))
-    # elementwise: `(K.k if size_n >= T else K.k_serial)`;
-    # with a sum: `(K.k_serial if size_n < T else ...)`; not the choice of
-    # a result's allocation (`R.pooled if size_n >= ... else R.empty`)
-    (found,) = re.findall(r"K\.\w+ if size_n (?:>=|<) (\d+) else", source)
+    # elementwise: `(K.k if size_n >= T and R.parallel_allowed(size_n, T) else
+    # K.k_serial)`; with a sum: `(K.k_serial if size_n < T else ...)`; not
+    # the choice of a result's allocation (`R.pooled if size_n >= ... else R.empty`)
+    (found,) = re.findall(r"K\.\w+ if size_n (?:>=|<) (\d+) (?:and|else)", source)
     return int(found)
 
 
@@ -60,12 +60,32 @@ def test_an_exp_loop_runs_in_parallel_from_fewer_elements_than_a_cheap_one(modul
             < threshold(module, "cheap_sum"))
 
 
-def test_a_fixed_size_between_the_thresholds_picks_the_variant_at_compile_time(module):
+def test_a_fixed_size_below_the_threshold_runs_serially_with_no_question_asked(module):
+    """A fixed size past the threshold asks only whether the cores are free;
+    one below it runs the serial kernel, paying nothing for the question."""
     n = 16384
     assert threshold(module, "heavy") <= n < threshold(module, "cheap")
     heavy, cheap = driver(module, "heavy", n), driver(module, "cheap", n)
-    assert re.search(r"K\.k_\w+\(", heavy) and "_serial(" not in heavy
-    assert re.search(r"K\.k_\w+_serial\(", cheap)
+    assert re.search(rf"\(K\.(k_\w+) if R\.parallel_allowed\({n}, \d+\) else K\.\1_serial\)",
+                     heavy)
+    assert re.search(r"K\.k_\w+_serial\(", cheap) and "parallel_allowed" not in cheap
+
+
+@pytest.mark.parametrize("name", ["cheap", "heavy", "cheap_sum", "heavy_sum"])
+def test_past_its_threshold_a_loop_runs_in_parallel_on_an_idle_machine(module, name,
+                                                                    monkeypatch):
+    """The driver's own expression, evaluated with the load policy saying
+    the cores are free, picks the parallel kernel (`_all` for a full sum),
+    and with it saying they are busy, the serial one (`_all_serial`)."""
+    source = driver(module, name, Sym.named("n"))
+    (choice,) = re.findall(r"^    (\(K\..*\))\(size_n", source, re.MULTILINE)
+    kernels = type("K", (), {k: k for k in re.findall(r"K\.(\w+)", choice)})
+    t = threshold(module, name)
+    for idle, wanted in ((True, r"k_[0-9a-f]+(_all)?"), (False, r"k_[0-9a-f]+_(all_)?serial")):
+        runtime = type("R", (), {"parallel_allowed": staticmethod(lambda size, at: idle)})
+        picked = eval(choice, {"K": kernels, "R": runtime, "size_n": t})  # noqa: S307
+        assert re.fullmatch(wanted, picked), (idle, picked)
+        assert eval(choice, {"K": kernels, "R": runtime, "size_n": t - 1}).endswith("_serial")
 
 
 @pytest.mark.parametrize("name", list(NUMPY))

@@ -1,0 +1,147 @@
+"""Whether a CPU loop past its size threshold runs its parallel (`prange`)
+kernel now, or its serial one because other work holds the cores.
+
+A parallel kernel ends by joining its threads, so when another process
+(or another thread) holds a core, the call waits until the scheduler
+gives its worker a turn there: on 2 cores with 2 busy processes, R1 at
+n = 1e5 took 4x as long in parallel as serially (`benchmarks/bench_busy.py`;
+Numba's OpenMP layer).  So a driver asks `parallel_allowed(size,
+threshold)` once a loop's size reaches its threshold (`cpu.parallel_threshold`;
+smaller loops never call it, so small calls pay nothing): yes when a
+core is free for each of Numba's threads, else only for a loop so long
+(`BUSY_FACTOR` times its threshold) that the wait costs less than its
+threads gain.
+
+"Free" is read from the number of tasks the kernel reports runnable now
+(`/proc/loadavg`'s fourth field, less this process's own running
+threads; where that file is missing, the 1-minute load average less
+one), at most every `RECHECK_SECONDS`, and compared with the cores this
+process may run on: the load average alone trails a job that starts or
+stops by a minute.
+
+`GRADC_PARALLEL` overrides it (read at each recheck): `auto` (or unset)
+as above, `always` the size threshold alone, `never` serial kernels only.
+
+Numba's TBB threading layer waits far less (a worker that has not
+started when the others finish does no share of the loop: R1 at 1e5 in
+parallel took 1.3x its serial time where OpenMP's took 4x), and Numba
+prefers it where it can load it; but the `tbb` wheel puts its library in
+`<prefix>/lib`, which the loader does not search in a virtual environment
+(numba/numba#6108).  Importing this module loads it from there first
+(`load_pip_tbb`), so that `pip install tbb` is all it takes.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+import time
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import numba
+
+RECHECK_SECONDS = 0.5
+# Under load a loop runs in parallel only from this many times its threshold
+# (about a millisecond of serial work): there its threads' wait for a turn
+# on a shared core costs less than they gain, each thread taking its share
+# of a core (`benchmarks/bench_busy.py`, 2 cores, 2 busy processes: the
+# parallel variant 3-6x slower at 1.5-3x the threshold, level at 15x,
+# 1.2x faster at 150x).
+BUSY_FACTOR = 32
+SETTINGS = ("auto", "always", "never")
+
+_next_check = 0.0
+_scale = 1.0  # parallel_from's last answer
+
+
+def parallel_from(setting: str, others: float, cores: int, threads: int) -> float:
+    """The multiple of a loop's threshold from which it runs in parallel when
+    `others` other tasks are runnable on a machine of which this process
+    may use `cores`, for a parallel kernel of `threads` threads, under
+    GRADC_PARALLEL=`setting`: 1 when a core is free for every thread (or
+    under `always`), `BUSY_FACTOR` when not, infinity under `never`."""
+    if setting == "never":
+        return math.inf
+    if setting == "always" or others + threads <= cores:
+        return 1.0
+    return float(BUSY_FACTOR)
+
+
+def parallel_allowed(size: int, threshold: int) -> bool:
+    """Whether a loop of `size` elements, whose parallel kernel pays from
+    `threshold` on a quiet machine (`size` >= `threshold`), runs it now."""
+    global _next_check, _scale
+    now = time.monotonic()
+    if now >= _next_check:
+        _next_check = now + RECHECK_SECONDS
+        _scale = parallel_from(_setting(os.environ.get("GRADC_PARALLEL", "")),
+                               _runnable_others(), _cores(),
+                               # (not get_num_threads(), which starts the pool)
+                               numba.config.NUMBA_NUM_THREADS)
+    return size >= threshold * _scale
+
+
+@lru_cache(maxsize=None)  # read at each recheck; said once
+def _setting(text: str) -> str:
+    if text == "":
+        return "auto"
+    if text not in SETTINGS:
+        warnings.warn(f"GRADC_PARALLEL={text!r} is not one of {', '.join(SETTINGS)}; "
+                      "using auto", RuntimeWarning, stacklevel=2)
+        return "auto"
+    return text
+
+
+def _runnable_others() -> float:
+    """Tasks runnable now besides this process's own threads (the last
+    kernel's workers may still be spinning); 0 where nothing tells."""
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        return max(0, running - _own_running())
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return max(0.0, os.getloadavg()[0] - 1)
+    except (AttributeError, OSError):
+        return 0
+
+
+def _own_running() -> int:
+    """This process's threads running or runnable now (at least the caller)."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                # the state follows the command, which is in parentheses
+                count += f.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            pass  # a thread that has just ended
+    return max(1, count)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def load_pip_tbb(prefix: Path) -> bool:
+    """Load the TBB library that the `tbb` wheel installed under `prefix`,
+    if any, so that Numba's TBB layer finds it loaded (Linux only: the
+    name is the soname Numba's `tbbpool` asks for); whether it did."""
+    library = prefix / "lib" / "libtbb.so.12"
+    if not sys.platform.startswith("linux") or not library.is_file():
+        return False
+    try:
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    except OSError:  # another machine's, or a broken install: Numba goes without
+        return False
+    return True
+
+
+load_pip_tbb(Path(sys.prefix))

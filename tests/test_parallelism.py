@@ -1,0 +1,153 @@
+"""The busy-machine policy (`runtime.parallelism`): its decision from
+injected load figures, GRADC_PARALLEL's override, and that a loop gives
+the same bits whichever way the policy goes (a full sum's serial variant
+adds `_all`'s chunks in the same order).  No timing is asserted and no
+result depends on the machine's load."""
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.runtime import cpu, parallelism
+from gradlang.runtime.parallelism import BUSY_FACTOR, parallel_from
+
+
+@pytest.mark.parametrize("others, cores, threads, scale", [
+    (0, 2, 2, 1.0),              # idle: from the threshold
+    (0.0, 16, 16, 1.0),
+    (1, 2, 2, BUSY_FACTOR),      # a core is taken: only long loops
+    (3.5, 2, 2, BUSY_FACTOR),    # (the load average, where /proc/loadavg is missing)
+    (1, 16, 16, BUSY_FACTOR),
+    (2, 8, 4, 1.0),              # fewer threads than cores: free enough
+    (5, 8, 4, BUSY_FACTOR),
+])
+def test_auto_runs_short_loops_in_parallel_only_where_each_thread_finds_a_free_core(
+        others, cores, threads, scale):
+    assert parallel_from("auto", others, cores, threads) == scale
+
+
+@pytest.mark.parametrize("others", [0, 1, 7])
+def test_always_and_never_ignore_the_load(others):
+    assert parallel_from("always", others, 2, 2) == 1.0
+    assert parallel_from("never", others, 2, 2) == math.inf
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """GRADC_PARALLEL=value from the next driver call on (the policy would
+    otherwise read it at its next recheck)."""
+    def use(value: str) -> None:
+        monkeypatch.setenv("GRADC_PARALLEL", value)
+        monkeypatch.setattr(parallelism, "_next_check", 0.0)
+    return use
+
+
+@pytest.mark.parametrize("size, wanted", [(4096, True), (4095, False)])
+def test_always_keeps_the_size_threshold(setting, size, wanted):
+    setting("always")
+    assert parallelism.parallel_allowed(size, 4096) is wanted
+
+
+def test_never_runs_no_loop_in_parallel_however_long(setting):
+    setting("never")
+    assert not parallelism.parallel_allowed(1 << 40, 4096)
+
+
+def test_the_load_is_read_again_only_after_the_recheck_interval(setting, monkeypatch):
+    setting("never")
+    assert not parallelism.parallel_allowed(4096, 4096)
+    monkeypatch.setenv("GRADC_PARALLEL", "always")  # not yet read
+    assert not parallelism.parallel_allowed(4096, 4096)
+    monkeypatch.setattr(parallelism, "_next_check", 0.0)  # the interval has passed
+    assert parallelism.parallel_allowed(4096, 4096)
+
+
+def test_a_bad_setting_warns_and_means_auto(setting, monkeypatch):
+    parallelism._setting.cache_clear()
+    setting("sometimes")
+    monkeypatch.setattr(parallelism, "_runnable_others", lambda: 0)
+    monkeypatch.setattr(parallelism, "_cores", lambda: 2)
+    monkeypatch.setattr(parallelism.numba.config, "NUMBA_NUM_THREADS", 2)
+    with pytest.warns(RuntimeWarning, match="GRADC_PARALLEL='sometimes'.*auto"):
+        assert parallelism.parallel_allowed(4096, 4096)
+    monkeypatch.setattr(parallelism, "_next_check", 0.0)
+    monkeypatch.setattr(parallelism, "_runnable_others", lambda: 1)  # now busy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert not parallelism.parallel_allowed(4096 * BUSY_FACTOR - 1, 4096)
+
+
+def test_the_own_threads_are_not_counted_as_others():
+    # the caller is running: at least itself
+    assert parallelism._own_running() >= 1
+    assert parallelism._runnable_others() >= 0
+
+
+SUMS = """
+def total(x):
+    return sum(x * x)
+
+def rows(x):
+    return sum(x * x, axis=1)
+"""
+
+
+@pytest.fixture(scope="module")
+def sums():
+    return dsl.loads(SUMS, "sums.grad")
+
+
+def test_a_long_sum_has_the_same_bits_serial_as_parallel(sums, setting):
+    """`_all_serial` (busy) adds the chunks `_all` (idle) adds, in order."""
+    x = np.random.default_rng(0).uniform(-1, 1, 3 * cpu.REDUCE_CHUNK + 17) * 1e3
+    results = {}
+    for value in ("always", "never"):
+        setting(value)
+        results[value] = (sums.total(x), sums.rows(x.reshape(1, -1)),
+                          cpu.reduce_sum(x, (0,)))
+    for parallel, serial in zip(results["always"], results["never"]):
+        assert parallel.tobytes() == serial.tobytes()
+    np.testing.assert_allclose(results["always"][0], np.sum(x * x), rtol=1e-13)
+    np.testing.assert_allclose(results["always"][2], np.sum(x), rtol=1e-12, atol=1e-9)
+
+
+def test_rows_have_the_same_values_serial_as_parallel(sums, setting):
+    x = np.random.default_rng(1).uniform(-1, 1, (64, cpu.PARALLEL_THRESHOLD // 32))
+    results = {}
+    for value in ("always", "never"):
+        setting(value)
+        results[value] = (sums.rows(x), cpu.reduce_sum(x, (1,)))
+    for parallel, serial in zip(results["always"], results["never"]):
+        assert parallel.tobytes() == serial.tobytes()
+    np.testing.assert_allclose(results["always"][0], np.sum(x * x, axis=1), rtol=1e-13)
+
+
+PIP_TBB = Path(sys.prefix) / "lib" / "libtbb.so.12"
+
+
+@pytest.mark.skipif(not PIP_TBB.is_file(), reason="the tbb wheel is not installed here")
+def test_with_the_tbb_wheel_installed_numba_runs_parallel_kernels_on_tbb():
+    """In a virtual environment Numba alone does not find the wheel's
+    library (numba/numba#6108): importing the runtime loads it."""
+    probe = ("import numpy as np, numba, gradlang.runtime.cpu as R\n"
+             "out = np.empty(2)\n"
+             "R._sum_rows_parallel(np.ones((2, 3)), out)\n"
+             "print(numba.threading_layer(), out)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_THREADING_LAYER", "LD_LIBRARY_PATH")}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, check=True)
+    assert run.stdout.split() == ["tbb", "[3.", "3.]"]
+
+
+def test_a_missing_or_broken_tbb_library_is_passed_over(tmp_path):
+    assert not parallelism.load_pip_tbb(tmp_path)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libtbb.so.12").write_bytes(b"not a library")
+    assert not parallelism.load_pip_tbb(tmp_path)
