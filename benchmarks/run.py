@@ -75,7 +75,7 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
                 workloads.log1pexp_cases([16], [np.float64]))
     if name == "out":
         return ("log1pexp value + gradient in a loop: into reused buffers (out=) or fresh",
-                workloads.out_cases([10**7], [np.float64, np.float32]))
+                workloads.out_cases([2 * 10**5, 10**7], [np.float64, np.float32]))
     if name == "loop":
         return ("loop: 1,000 steps of u = u + kappa * (u * (1 - u)), then sum(u * u); value + "
                 "gradient w.r.t. u and kappa (jax: jit(value_and_grad) of lax.fori_loop; "
