@@ -360,8 +360,9 @@ def _module_source(path: str, sigs: list[str], spec: dict) -> str:
 
 def _precompile(target_file: Path, samples, progress) -> None:
     """Import the module, run every program once on small arrays, then
-    compile the parallel variant of every kernel with the serial variant's
-    types."""
+    compile the other variants of every kernel (parallel; a full sum's
+    `_all` and `_all_serial`, which a driver runs for one row, the latter
+    on a busy machine) with the serial variant's types."""
     import importlib.util
     name = f"_gradc_precompile_{abs(hash(str(target_file)))}"
     loader_spec = importlib.util.spec_from_file_location(name, target_file)
@@ -376,8 +377,11 @@ def _precompile(target_file: Path, samples, progress) -> None:
         driver(*[aot.target.accept(a, f"a sample argument of {fname}()") for a in arrays])
         kernels = driver.__globals__["K"]
         for attr in dir(kernels):
-            if attr.endswith("_serial"):
-                serial = getattr(kernels, attr)
-                parallel = getattr(kernels, attr[:-len("_serial")])
+            if attr.endswith("_serial") and not attr.endswith("_all_serial"):
+                serial, base = getattr(kernels, attr), attr[:-len("_serial")]
+                variants = [getattr(kernels, name) for name in (base, f"{base}_all",
+                                                                 f"{base}_all_serial")
+                            if hasattr(kernels, name)]
                 for signature in serial.signatures:
-                    parallel.compile(signature)
+                    for variant in variants:
+                        variant.compile(signature)

@@ -183,11 +183,14 @@ def test_compiled_files_follow_the_umask(tmp_path):
 def test_programs_running_one_kernel_share_its_file_and_compile(tmp_path):
     # f's and g's programs (call, grad, value_and_grad, pullback) run some
     # kernels in common: each is one file, its serial and parallel variants
-    # compiled once each (x * 2.0's were in 3 files, compiled 3 times each)
+    # compiled once each (x * 2.0's were in 3 files, compiled 3 times each);
+    # a full sum's variants for one row (`_all`, `_all_serial`) too: a later
+    # process compiled them when it first summed a long vector
     source = tmp_path / "twice.grad"
     source.write_text("def f(x):\n    return x * 2.0\n\n"
-                      "def g(x):\n    return f(x) * 3.0\n")
-    module = compile_module(str(source), str(tmp_path), ["f(f64[:])", "g(f64[:])"],
+                      "def g(x):\n    return f(x) * 3.0\n\n"
+                      "def h(x):\n    return sum(x * x)\n")
+    module = compile_module(str(source), str(tmp_path), ["f(f64[:])", "g(f64[:])", "h(f64[:])"],
                             precompile=True)
     defined = Counter(name for path in tmp_path.glob("_gradk_*.py")
                       for name in re.findall(r"^def (k_\w+)\(", path.read_text(), re.M))
