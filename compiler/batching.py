@@ -24,21 +24,30 @@ of `n` rows, and returns a `RowSplit`:
   runs on its own.
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
-block's; `with_sizes` makes a function's sizes the whole array's).  A
-value reduced over the batch that is then used row by row (`x - mean(x,
-axis=0)`), an op that moves data between rows (a slice of the batch axis,
-a reshape merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]`
-for row indices p, also in a loop's body), or a result a loop sums over
-the rows inside it, raises `GradError` at the op's source
-line, naming it.
+block's; `with_sizes` makes a function's sizes the whole array's).  A loop
+on rows runs in each block.  A value it carries that each trip only adds
+sums over the rows to (`dw = dw + x.T @ g`: a parameter's gradient through
+the loop, a loss summed over steps) is a partial, each block's loop
+starting from zero and the value it starts from added once, after the
+blocks' sums are combined; a value it carries that is the same in every
+block is computed by a loop of its own, usable anywhere.  A value reduced
+over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
+that moves data between rows (a slice of the batch axis, a reshape
+merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
+indices p, also in a loop's body), a loop that reads a value known only
+once the blocks are combined, or a result a loop computes otherwise from
+sums over the rows inside it (a carried sum multiplied, or read by the
+rows' computation), raises `GradError` at the op's source line, naming it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import Eqn, Function, Lit, Var, vars_in
-from gradlang.compiler.ops import OPS, loop_groups
+from gradlang.compiler.ops import OPS, loop_groups, zeros_like
+from gradlang.compiler.passes import dce
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import GradError, Span
@@ -52,11 +61,14 @@ COLS = "cols"        # a transposed rank-2 ROWS value: the batch axis is axis 1
 PARTIAL = "partial"  # a reduction over the batch axis, per block
 AFTER = "after"      # computed from combined partials (and CONSTs)
 # what a loop on rows makes, in each block: its ROWS values of each trip stacked
-# (the batch axis is axis 1), values the same in every block, and values that
-# are not (a sum over a block's rows); only a loop may read them
+# (the batch axis is axis 1), and values not the same in every block (a sum
+# over a block's rows); only a loop may read them.  (Its values the same in
+# every block are CONST: a loop of their own computes them, `_projected`.)
 STACKED = "stacked"
-BLOCK = "block"
 PER_BLOCK = "per block"
+# what a loop makes, at top level, of a value that it only adds sums over the
+# rows to, starting from a value the same in every block (`_Walk._summed_once`)
+SUMMED = "summed"
 
 _KIND = {"reduce_sum": "sum", "reduce_max": "max", "matmul": "sum", "scatter_add": "sum"}
 
@@ -72,44 +84,30 @@ class RowSplit:
 
 def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
     fn = optimize(with_sizes(fn, {BATCH.factors[0]: n}))
-    state: dict[Var, str] = {p: ROWS if _batch_axes(p) == [0] else CONST for p in fn.params}
-    kinds: dict[Var, str] = {}
-    origin: dict[Var, Optional[Span]] = {}  # the reduction a reduced value comes from
-    zeros: set[Var] = set()  # values that are all 0 (a scatter-add into one sums rows)
-    for eqn in fn.eqns:
-        inputs = list(vars_in(eqn.inputs))
-        reduced = next((origin[a] for a in inputs if a in origin), None)
-        if eqn.op == "full" and eqn.p["value"] == 0:
-            zeros.add(eqn.outputs[0])
-        out_states = _states(eqn, inputs, [state[a] for a in inputs], reduced or span,
-                             into_zeros=bool(eqn.inputs) and eqn.inputs[0] in zeros)
-        for v, out_state in zip(eqn.outputs, out_states):
-            state[v] = out_state
-            if out_state == PARTIAL:
-                kinds[v] = _KIND[eqn.op]
-                origin[v] = eqn.span or reduced
-            elif out_state == AFTER:
-                origin[v] = reduced
-    of = [state.get(a, CONST) if isinstance(a, Var) else CONST for a in fn.outputs]
+    walk = _Walk({p: ROWS if _batch_axes(p) == [0] else CONST for p in fn.params}, span,
+                 top=True)
+    walk.run(fn.eqns)
+    fn, state = replace(fn, eqns=tuple(walk.eqns)), walk.state
+    of = [walk.state_of(a) for a in fn.outputs]
     for a, s in zip(fn.outputs, of):
-        if s in (STACKED, BLOCK, PER_BLOCK):
+        if s in (STACKED, PER_BLOCK):
             loop = next(e for e in fn.eqns if a in e.outputs)
             raise _mixes(loop, "gives a result for each block, not row by row (a sum over "
-                         "the rows inside a loop: a parameter's gradient through it)",
-                         loop.span or span)
-    after_eqns = [e for e in fn.eqns if state[e.outputs[0]] in (AFTER, CONST)]
+                         "the rows inside the loop, used other than by adding it to a "
+                         "carried value)", loop.span or span)
+    after_eqns = [e for e in fn.eqns if all(state[v] in (AFTER, CONST) for v in e.outputs)]
     needed = {v for e in after_eqns for v in vars_in(e.inputs) if state[v] == PARTIAL}
     needed |= {a for a, s in zip(fn.outputs, of) if s == PARTIAL}
     partials = [v for e in fn.eqns for v in e.outputs if v in needed]
     row_outputs = tuple(s == ROWS for s in of)
     block = Function(f"{fn.name}_rows", fn.params,
-                     tuple(e for e in fn.eqns if state[e.outputs[0]] != AFTER),
+                     tuple(e for e in fn.eqns if any(state[v] != AFTER for v in e.outputs)),
                      tuple(a for a, r in zip(fn.outputs, row_outputs) if r) + tuple(partials))
     fixed = tuple(p for p in fn.params if state[p] == CONST)
     combine = optimize(Function(f"{fn.name}_combine", fixed + tuple(partials),
                                 tuple(after_eqns),
                                 tuple(a for a, r in zip(fn.outputs, row_outputs) if not r)))
-    return RowSplit(block, tuple(kinds[v] for v in partials), combine, row_outputs,
+    return RowSplit(block, tuple(walk.kinds[v] for v in partials), combine, row_outputs,
                     _elementwise(fn, state))
 
 
@@ -154,7 +152,7 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     out = eqn.outputs[0]
     layout = _layout(out)
     batched = {s for s in states if s in (ROWS, COLS)}
-    if {STACKED, BLOCK, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
+    if {STACKED, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
         raise _mixes(eqn, "uses a value that a loop on the rows of the batch computes in "
                      "each block", origin)
     if AFTER in states or PARTIAL in states:
@@ -194,56 +192,272 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     raise _mixes(eqn, "moves data between the rows of the batch", origin)
 
 
-def _states(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
-            into_zeros: bool = False) -> list[str]:
-    """The state of each of eqn's outputs (`_state`; a loop's each its own)."""
-    if eqn.op == "loop" and {ROWS, COLS, STACKED, BLOCK, PER_BLOCK} & set(states):
-        return _loop_states(eqn, states, origin)
-    return [_state(eqn, inputs, states, origin, into_zeros)] * len(eqn.outputs)
+@dataclass(frozen=True)
+class Accumulating:
+    """The state, in a loop's body, of a carried value that each trip only
+    adds sums over the rows to (`dw = dw + x.T @ g`, a parameter's gradient
+    through the loop): each block's loop sums its own rows, so the blocks'
+    results add up to the loop's on all rows when the value it starts from
+    is counted once.  Any other use of it (a product, a read by the rows'
+    computation) is `_Spoiled`."""
+    carry: Var  # the body's parameter for it
+
+
+class _Spoiled(Exception):
+    """An `Accumulating` value used other than by adding sums to it."""
+
+    def __init__(self, state: Accumulating):
+        super().__init__(state)
+        self.state = state
+
+
+class _Walk:
+    """The states of a function's or a loop body's values, equation by
+    equation (`run`).  `sums` are the values that are sums over a block's
+    rows: partials of kind "sum" and, in a body, linear maps of them
+    (`Op.linear`) with factors the same in every block.  `eqns` are the
+    equations walked, a loop whose sum starts from a value of every block
+    (top level only) made to start from zero and the value added once,
+    after the blocks' sums are combined."""
+
+    def __init__(self, state: dict, span: Optional[Span], top: bool):
+        self.state: dict = state
+        self.span, self.top = span, top
+        self.kinds: dict[Var, str] = {}
+        self.origin: dict[Var, Optional[Span]] = {}  # the reduction a reduced value comes from
+        self.zeros: set[Var] = set()  # all 0 (a scatter-add into them sums rows)
+        self.sums: set[Var] = set()
+        self.eqns: list[Eqn] = []
+
+    def state_of(self, a) -> object:
+        return self.state.get(a, CONST) if isinstance(a, Var) else CONST
+
+    def run(self, eqns) -> None:
+        for eqn in eqns:
+            self.walk(eqn)
+
+    def walk(self, eqn: Eqn) -> None:
+        inputs = list(vars_in(eqn.inputs))
+        states = [self.state[a] for a in inputs]
+        reduced = next((self.origin[a] for a in inputs if a in self.origin), None)
+        origin = reduced or self.span
+        accumulating = [s for s in states if isinstance(s, Accumulating)]
+        added: list[Eqn] = []  # what runs after eqn
+        if eqn.op == "loop" and ({ROWS, COLS, STACKED, PER_BLOCK} & set(states)
+                                 or accumulating):
+            eqn = _projected(eqn, list(range(len(eqn.outputs))))  # the inputs it reads
+            out_states, sources = self._loop_states(eqn, origin)
+            fixed = [k for k, s in enumerate(out_states) if s == CONST]
+            if len(fixed) == len(out_states):
+                return self.walk(_projected(eqn, fixed))
+            if fixed:  # computed from values of every block alone: by a loop of its own
+                added.append(_projected(eqn, fixed))
+                eqn = replace(eqn, outputs=tuple(Var(v.type, v.hint) if k in fixed else v
+                                                 for k, v in enumerate(eqn.outputs)))
+            if SUMMED in out_states:
+                eqn, out_states, summed = self._summed_once(eqn, out_states, sources)
+                added += summed
+        elif accumulating:
+            out_states = [self._accumulated(eqn, accumulating[0])]
+        else:
+            into_zeros = bool(eqn.inputs) and eqn.inputs[0] in self.zeros
+            out_states = [_state(eqn, inputs, states, origin, into_zeros)] * len(eqn.outputs)
+        if eqn.op == "full" and eqn.p["value"] == 0:
+            self.zeros.add(eqn.out)
+        for v, out_state in zip(eqn.outputs, out_states):
+            self.state[v] = out_state
+            if out_state == PARTIAL:
+                self.kinds[v] = "sum" if eqn.op == "loop" else _KIND[eqn.op]
+                self.origin[v] = eqn.span or reduced
+                if self.kinds[v] == "sum":
+                    self.sums.add(v)
+            elif out_state == AFTER:
+                self.origin[v] = reduced
+        if not self.top and eqn.op != "loop" and self._linear_in_sums(eqn):
+            self.sums.update(eqn.outputs)
+        self.eqns.append(eqn)
+        self.run(added)
+
+    def _linear_in_sums(self, eqn: Eqn) -> bool:
+        """Whether eqn's output is a linear map of sums over the rows, its
+        other inputs the same in every block."""
+        def fixed(a) -> bool:
+            return self.state_of(a) == CONST
+
+        if eqn.op == "cast" and not eqn.out.type.is_float:
+            return False  # a float's truncation is not linear
+        for slot in OPS[eqn.op].linear_slots(len(eqn.inputs)):
+            floats = [i for i in slot if eqn.inputs[i].type.is_float]
+            if floats and all(isinstance(eqn.inputs[i], Var) and eqn.inputs[i] in self.sums
+                              for i in floats) \
+                    and all(fixed(a) for i, a in enumerate(eqn.inputs) if i not in floats):
+                return True
+        return False
+
+    def _accumulated(self, eqn: Eqn, acc: Accumulating) -> Accumulating:
+        """The state of `acc + sum` or `acc - sum` (sum in `sums`); any
+        other use of an accumulating value spoils it."""
+        a, b = (tuple(eqn.inputs) + (None, None))[:2]
+        for value, other in [(a, b)] + ([(b, a)] if eqn.op == "add" else []):
+            if eqn.op in ("add", "sub") and len(eqn.inputs) == 2 \
+                    and self.state_of(value) == acc and isinstance(other, Var) \
+                    and other in self.sums and eqn.out.type == value.type:
+                return acc
+        raise _Spoiled(acc)
+
+    def _loop_states(self, loop: Eqn, origin: Optional[Span]) -> tuple[list, dict]:
+        """The states of the outputs of `loop`, some of whose inputs are of
+        the batch: each block runs the loop on its rows, so the body must
+        keep the rows apart (a gather of rows, a value reduced over the rows
+        then used row by row: `GradError` at that op).  What a trip sums
+        over the rows is each block's own: added to a carried value and
+        nothing else, the loop's result is a sum over the rows from the
+        value it starts from (PARTIAL from zero or from a sum, SUMMED from a
+        value of every block, at top level, `Accumulating` from an outer
+        loop's accumulating value), and so are the values it stacks of it
+        each trip; otherwise PER_BLOCK (an error where it is used).  Returns
+        the states, and for each such result the carried value's index."""
+        body, n_carry = loop.p["body"], loop.p["n_carry"]
+        _, starts, inv, xs = loop_groups(list(loop.inputs), loop.p)
+        carry = [self.state_of(a) for a in starts]
+        inv, xs = [self.state_of(a) for a in inv], [self.state_of(a) for a in xs]
+        if {ROWS, COLS} & set(xs) or STACKED in carry + inv:  # a trip per row of the batch
+            raise _mixes(loop, "loops over the rows of the batch", origin)
+        if self.top and AFTER in carry + inv + xs:  # (in a body: a value of the block's)
+            raise _mixes(loop, "reads a value computed from sums or maxima over all the "
+                         "rows, in each block", origin)
+        for s in inv + xs:
+            if isinstance(s, Accumulating):
+                raise _Spoiled(s)
+        starts_as = {k: how for k, a in enumerate(starts)
+                     if (how := self._sum_start(a, carry[k])) is not None}
+        while True:
+            try:
+                results = _body_states(loop, carry, inv, xs, set(starts_as),
+                                       loop.span or origin)
+            except _Spoiled as spoiled:
+                bad = [k for k in starts_as if body.params[1 + k] is spoiled.state.carry]
+                if not bad:  # an outer loop's
+                    raise
+            else:
+                bad = [k for k in starts_as
+                       if results[k] != Accumulating(body.params[1 + k])]
+                if not bad:
+                    break
+            for k in bad:  # taken as any other carried value
+                if isinstance(carry[k], Accumulating):
+                    raise _Spoiled(carry[k])
+                del starts_as[k]
+        made = [starts_as.get(k) or _made(s) for k, s in enumerate(results[:n_carry])]
+        sources = {k: k for k in starts_as}
+        for s in results[n_carry:]:  # stacked by trip
+            if isinstance(s, Accumulating):
+                k = body.params.index(s.carry) - 1
+                if isinstance(starts_as[k], Accumulating):  # the outer sum's trips: no
+                    raise _Spoiled(starts_as[k])
+                sources[len(made)] = k
+                made.append(starts_as[k])
+            else:
+                made.append({ROWS: STACKED, CONST: CONST}.get(s, PER_BLOCK))
+        return made, sources
+
+    def _sum_start(self, start, state) -> Optional[object]:
+        """The state of a loop's result that adds sums over the rows to a
+        value starting from `start` (of `state`), if it can: None if not."""
+        if isinstance(state, Accumulating):
+            return state
+        if isinstance(start, Var) and start in self.sums \
+                or state == CONST and (start in self.zeros if isinstance(start, Var)
+                                       else start.value == 0):
+            return PARTIAL
+        return SUMMED if state == CONST and self.top else None
+
+    def _summed_once(self, loop: Eqn, out_states: list, sources: dict[int, int]
+                     ) -> tuple[Eqn, list, list[Eqn]]:
+        """`loop` made to start its SUMMED carried values from zero (each
+        block's loop then gives its rows' sums: PARTIALs), and the additions
+        of each start, once, to the combined sums (to run after it, AFTER):
+        counted once, not once a block.  `sources`: the carried value each
+        SUMMED output (a carried value or the stack of its trips) adds to."""
+        b = Builder()
+        inputs, outputs = list(loop.inputs), list(loop.outputs)
+        added = []
+        for k in {sources[j] for j, s in enumerate(out_states) if s == SUMMED}:
+            inputs[3 + k] = zeros_like(b, loop.inputs[3 + k].type)
+        for j, s in enumerate(out_states):
+            if s == SUMMED:  # (a stack: the start broadcast along its trips)
+                outputs[j] = Var(outputs[j].type, outputs[j].hint)
+                added.append(Eqn("add", (loop.inputs[3 + sources[j]], outputs[j]),
+                                 (loop.outputs[j],), (), loop.span))
+                out_states[j] = PARTIAL
+        self.run(b.eqns)
+        return replace(loop, inputs=tuple(inputs), outputs=tuple(outputs)), out_states, added
+
+
+def _projected(loop: Eqn, keep: list[int]) -> Eqn:
+    """The loop computing `loop`'s outputs at `keep` (and the carried values
+    they depend on) and nothing else, from the inputs they read (of all its
+    outputs: `loop` less the invariants and stacked inputs it never reads)."""
+    body, n_carry, n_inv = loop.p["body"], loop.p["n_carry"], loop.p["n_inv"]
+    carried = {k for k in keep if k < n_carry}
+    while True:  # until the kept carried values depend on no others
+        kept = sorted(carried) + [k for k in keep if k >= n_carry]
+        sliced = dce(replace(body, outputs=tuple(body.outputs[k] for k in kept)))
+        read = {a for e in sliced.eqns for a in vars_in(e.inputs)} | set(
+            vars_in(sliced.outputs))
+        more = {k for k in range(n_carry) if body.params[1 + k] in read} - carried
+        if not more:
+            break
+        carried |= more
+    used = [0] + [i for i in range(1, len(body.params))
+                  if body.params[i] in read or i - 1 in carried]
+    bounds, _, _, _ = loop_groups(loop.inputs, loop.p)
+    inputs = bounds + tuple(loop.inputs[2 + i] for i in used[1:])
+    outputs = tuple(loop.outputs[k] if k in keep else Var(loop.outputs[k].type)
+                    for k in kept)
+    params = {**loop.p, "n_carry": len(carried),
+              "n_inv": sum(1 + n_carry <= i < 1 + n_carry + n_inv for i in used),
+              "body": replace(sliced, params=tuple(body.params[i] for i in used))}
+    return Eqn("loop", inputs, outputs, tuple(sorted(params.items())), loop.span)
+
+
+def _body_states(loop: Eqn, carry: list, inv: list, xs: list, accumulating: set[int],
+                 origin: Optional[Span]) -> list:
+    """The states of the results of `loop`'s body, its carried values
+    starting from states `carry` (those at `accumulating` each its own
+    `Accumulating`), and its invariants and stacked inputs of states `inv`
+    and `xs`: iterated until the carried values come back in the states
+    they entered with."""
+    body, n_carry = loop.p["body"], loop.p["n_carry"]
+    params = body.params[1:1 + n_carry]
+    slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
+    carried = [Accumulating(params[k]) if k in accumulating else _in_body(s)
+               for k, s in enumerate(carry)]
+    while True:
+        walk = _Walk(dict(zip(body.params, [CONST] + carried + [_in_body(s) for s in inv]
+                              + slices)), origin, top=False)
+        walk.run(body.eqns)
+        results = [walk.state_of(a) for a in body.outputs]
+        for k, s in enumerate(results):  # an accumulating value kept as another
+            if isinstance(s, Accumulating) and not (s == carried[k] if k < n_carry
+                                                    else s in carried):
+                raise _Spoiled(s)
+        back = [c if isinstance(c, Accumulating) or AFTER not in (_in_body(_made(s)), c)
+                else AFTER for s, c in zip(results[:n_carry], carried)]
+        if back == carried:
+            return results
+        carried = back
 
 
 def _in_body(state: str) -> str:
     """How a loop's body sees an input of this state: a value that is not
     the same in every block as if reduced over the batch (AFTER)."""
-    return {ROWS: ROWS, COLS: COLS, CONST: CONST, BLOCK: CONST}.get(state, AFTER)
+    return {ROWS: ROWS, COLS: COLS, CONST: CONST}.get(state, AFTER)
 
 
 def _made(state: str) -> str:
     """What a loop on rows makes of a result of its body of this state."""
-    return {ROWS: ROWS, COLS: COLS, CONST: BLOCK, BLOCK: BLOCK}.get(state, PER_BLOCK)
-
-
-def _loop_states(loop: Eqn, states: list[str], origin: Optional[Span]) -> list[str]:
-    """The states of the outputs of `loop`, whose Var inputs have `states`
-    (some of the batch): each block runs the loop on its rows, so the body
-    must keep the rows apart (a gather of rows, a value reduced over the
-    rows then used row by row: `GradError` at that op), and what the loop
-    reduces over the rows is each block's own (PER_BLOCK: an error where it
-    is used; a gradient's loop accumulates such sums for the parameters)."""
-    in_states = iter(states)
-    body, n_carry = loop.p["body"], loop.p["n_carry"]
-    _, carry, inv, xs = loop_groups([next(in_states) if isinstance(a, Var) else CONST
-                                     for a in loop.inputs], loop.p)
-    if {ROWS, COLS} & set(xs) or STACKED in carry + inv:  # a trip per row of the batch
-        raise _mixes(loop, "loops over the rows of the batch", origin)
-    slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
-    carried = [_in_body(s) for s in carry]
-    while True:  # until the carried values' states are those they come back with
-        state = dict(zip(body.params, [CONST] + carried + [_in_body(s) for s in inv] + slices))
-        for eqn in body.eqns:
-            inputs = list(vars_in(eqn.inputs))
-            state.update(zip(eqn.outputs, _states(eqn, inputs, [state[a] for a in inputs],
-                                                  eqn.span or origin)))
-        results = [state.get(a, CONST) if isinstance(a, Var) else CONST for a in body.outputs]
-        back = [AFTER if AFTER in (_in_body(_made(s)), c) else c
-                for s, c in zip(results[:n_carry], carried)]
-        if back == carried:
-            break
-        carried = back
-    made = [_made(s) for s in results[:n_carry]]
-    for s in results[n_carry:]:  # stacked by trip
-        made.append({ROWS: STACKED, CONST: BLOCK}.get(s, PER_BLOCK))
-    return made
+    return {ROWS: ROWS, COLS: COLS, CONST: CONST}.get(state, PER_BLOCK)
 
 
 def _mixes(eqn: Eqn, why: str, origin: Optional[Span]) -> GradError:

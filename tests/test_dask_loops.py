@@ -1,0 +1,165 @@
+"""Loops on Dask arrays: a value a loop only adds sums over the rows to
+(a parameter's gradient through a loop: an RNN's weights) is each block's
+sum, added over the blocks with the value it starts from counted once; a
+carried value used otherwise is still a `GradError`."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from helpers import central_difference
+
+dask = pytest.importorskip("dask", reason="the dask extra is not installed")
+import dask.array as da  # noqa: E402
+
+N, T, D, K = 7, 3, 2, 3
+RNG = np.random.default_rng(5)
+XS = RNG.normal(size=(N, T, D))  # the batch is axis 0: rows, then steps
+H0 = RNG.normal(size=(N, K))
+W = RNG.normal(size=(K, K)) / 2
+U = RNG.normal(size=(D, K))
+
+SOURCE = """
+def rnn_loss(xs, h0, W, U):
+    h = h0
+    for i in range(3):
+        h = tanh(h @ W + xs[:, i] @ U)
+    return sum(h * h)
+
+def seq_loss(xs, h0, W, U):
+    h = h0
+    loss = 0.0
+    for i in range(3):
+        h = tanh(h @ W + xs[:, i] @ U)
+        loss = loss + sum(h * h)
+    return loss
+
+def running(xs, w):
+    s = w * w
+    for i in range(3):
+        s = s + (sum(xs[:, i] * w, axis=0) - sum(xs[:, i], axis=0)) * 0.5
+    return s
+
+def scaled(xs, w):
+    s = w
+    for i in range(3):
+        s = s * sum(xs[:, i], axis=0)
+    return s
+
+def fed_back(xs, w):
+    s = w
+    for i in range(3):
+        s = s + sum(tanh(xs[:, i] * s), axis=0)
+    return s
+
+def decayed(xs, w):
+    h = xs[:, 0] * 0.0
+    c = w
+    for i in range(3):
+        h = h * c + xs[:, i]
+        c = c * 0.5
+    return h * c, c, sum(h, axis=0) * c
+"""
+M = dsl.loads(SOURCE, "loops.grad")
+
+
+def line_of(text: str, function: str) -> int:
+    """The line of `text` in the function named so, in SOURCE."""
+    lines = SOURCE.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(f"def {function}(")))
+    return next(i for i in range(start, len(lines)) if text in lines[i]) + 1
+
+
+@pytest.fixture(autouse=True)
+def threads():
+    with dask.config.set(scheduler="threads", num_workers=2):
+        yield
+
+
+def rows(x, blocks):
+    """x as a Dask array of these row blocks (one chunk along other axes)."""
+    return da.from_array(x, chunks=(tuple(blocks),) + x.shape[1:])
+
+
+GRAD = dsl.grad(M.rnn_loss, wrt=(1, 2, 3))
+SEQ = dsl.value_and_grad(M.seq_loss, wrt=(1, 2, 3))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.integers(1, N), min_size=1, max_size=N))
+def test_rnn_gradients_on_row_blocks_equal_the_in_memory_ones(sizes):
+    blocks = sizes + [N - sum(sizes)] if sum(sizes) < N else [N]
+    xs, h0 = rows(XS, blocks), rows(H0, blocks)
+    # W's and U's gradients are sums over the rows inside the backward loop:
+    # each block's, summed (they were refused as giving a result per block)
+    got = dask.compute(*GRAD(xs, h0, W, U))
+    for g, expected in zip(got, GRAD(XS, H0, W, U)):
+        np.testing.assert_allclose(g, expected, rtol=1e-12, atol=1e-14)
+    assert got[0].shape == (N, K) and got[1].shape == (K, K) and got[2].shape == (D, K)
+    # a loss summed over the steps: a sum from zero (and the stack of its
+    # trips, for the backward pass); its cotangent is the same in every block
+    value, grads = SEQ(xs, h0, W, U)
+    expected_value, expected_grads = SEQ(XS, H0, W, U)
+    assert value.compute() == pytest.approx(expected_value, rel=1e-12)
+    for g, expected in zip(dask.compute(*grads), expected_grads):
+        np.testing.assert_allclose(g, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_rnn_gradients_on_row_blocks_equal_central_differences():
+    args = (XS, H0, W, U)
+    for fn, grad in ((M.rnn_loss, GRAD), (M.seq_loss, dsl.grad(M.seq_loss, wrt=(1, 2, 3)))):
+        got = dask.compute(*grad(rows(XS, (3, 2, 2)), rows(H0, (3, 2, 2)), W, U))
+        for index, g in zip((1, 2, 3), got):
+            np.testing.assert_allclose(g, central_difference(fn, args, index),
+                                       rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("blocks", [(7,), (2, 3, 2), (1, 1, 1, 1, 1, 1, 1)])
+def test_a_sum_started_from_a_weight_counts_it_once_over_the_blocks(blocks):
+    # s starts at w * w, the same in every block: each block sums its rows
+    # from zero and w * w is added once (once a block gave 3 w * w in 3);
+    # what a trip adds is a linear map of sums over the rows
+    w = np.array([0.5, -2.0])
+    xs = rows(XS, blocks)
+    expected = w * w + (np.sum(XS * w, axis=(0, 1)) - np.sum(XS, axis=(0, 1))) * 0.5
+    np.testing.assert_allclose(M.running(xs, w).compute(), expected, rtol=1e-12)
+    # its stack of trips too (the backward pass's), from zero, w * w added
+    value, g = dask.compute(*dsl.value_and_grad(M.running, wrt=1)(xs, w))
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+    np.testing.assert_allclose(g, 2 * w + np.sum(XS, axis=(0, 1)) / 2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fn,text,column,op,why", [
+    # multiplied by a sum over the rows each trip: the blocks' products do
+    # not add up to the rows' product
+    ("scaled", "for i", 5, "loop", "gives a result for each block, not row by row"),
+    # read by the rows' computation: each block would see its own sum
+    ("fed_back", "tanh", 26, "mul", "uses a value reduced over the batch row by row"),
+])
+def test_a_carried_sum_used_otherwise_than_added_to_is_still_a_grad_error(
+        fn, text, column, op, why):
+    w = np.array([0.5, -2.0])
+    line = line_of(text, fn)
+    with pytest.raises(dsl.GradError, match=f"loops.grad:{line}:{column}: error: `{op}` {why}"):
+        getattr(M, fn)(rows(XS, (4, 3)), w)
+
+
+def test_a_value_of_every_block_carried_beside_the_rows_is_computed_once():
+    # c is the same in every block (a loop of its own computes it); it was
+    # refused as a value each block's loop computes, wherever it was used
+    w = np.array([0.5, -2.0])
+    h = np.zeros((N, D))
+    for i in range(3):
+        h = h * (w * 0.5 ** i) + XS[:, i]
+    c = w / 8
+    got = dask.compute(*M.decayed(rows(XS, (3, 4)), w))
+    for g, expected in zip(got, (h * c, c, np.sum(h, axis=0) * c)):
+        np.testing.assert_allclose(g, expected, rtol=1e-12)
+    # w's gradient is carried back scaled by 0.5 each trip, a sum over the
+    # rows added (linear, but not only added to) from a sum over all the
+    # rows: no block can start from it (the block's loop read an undefined
+    # value: an internal IRVerificationError)
+    line = line_of("for i", "decayed")
+    with pytest.raises(dsl.GradError, match=f"loops.grad:{line}:5: error: `loop` reads a value "
+                                            "computed from sums or maxima over all the rows"):
+        dsl.grad(M.decayed, wrt=1)(rows(XS, (1, 6)), w)
