@@ -468,7 +468,8 @@ def _mixes(eqn: Eqn, why: str, origin: Optional[Span]) -> GradError:
 
 def with_sizes(fn: Function, sizes: dict[str, int]) -> Function:
     """fn with every size computed from the symbols `sizes` binds (`dim`:
-    a mean's count) a literal of the whole array's, not a block's."""
+    a mean's count) a literal of the whole array's, not a block's; in the
+    functions its equations carry too (a loop's body, a grad block's)."""
     subst: dict[Var, Lit] = {}
     eqns = []
     for eqn in fn.eqns:
@@ -476,7 +477,10 @@ def with_sizes(fn: Function, sizes: dict[str, int]) -> Function:
         if isinstance(value, Sym) and any(f in sizes for f in value.factors):
             subst[eqn.out] = Lit(evaluate(value, sizes), eqn.out.type)
             continue
-        eqns.append(replace(eqn, inputs=tuple(subst.get(a, a) if isinstance(a, Var) else a
-                                              for a in eqn.inputs)))
+        params = tuple((k, with_sizes(v, sizes) if isinstance(v, Function) else v)
+                       for k, v in eqn.params)
+        eqns.append(replace(eqn, params=params,
+                            inputs=tuple(subst.get(a, a) if isinstance(a, Var) else a
+                                         for a in eqn.inputs)))
     outputs = tuple(subst.get(a, a) if isinstance(a, Var) else a for a in fn.outputs)
     return replace(fn, eqns=tuple(eqns), outputs=outputs)

@@ -121,6 +121,21 @@ def test_the_gradient_of_a_mean_divides_by_the_whole_array_not_a_block():
         np.testing.assert_allclose(m.f(xs).compute(), x.mean(), rtol=1e-15)
 
 
+def test_the_number_of_rows_in_a_loop_body_or_a_grad_block_is_the_whole_arrays():
+    # x.shape[0] in a loop's body, and in a function with a grad block (its
+    # forward inlined), was a block's row count: wrong values, silently
+    m = dsl.loads("def looped(x):\n    h = x\n    for i in range(2):\n"
+                  "        h = h / x.shape[0]\n    return h\n\n"
+                  "def scaled(x):\n    return x / x.shape[0]\ngrad(g):\n"
+                  "    return g / x.shape[0]\n\n"
+                  "def squared(x):\n    h = scaled(x)\n    return h * h\n", "rows.grad")
+    x = RNG.normal(size=(10, 3))
+    xs = da.from_array(x, chunks=((2, 5, 3), (3,)))
+    np.testing.assert_allclose(m.looped(xs).compute(), x / 100, rtol=1e-15)
+    np.testing.assert_allclose(m.squared(xs).compute(), (x / 10) ** 2, rtol=1e-15)
+    np.testing.assert_allclose(dsl.grad(m.squared)(xs).compute(), 2 * x / 100, rtol=1e-15)
+
+
 def test_max_and_a_matmul_contracting_the_batch_combine_over_blocks():
     m = dsl.loads("def f(x):\n    return max(x, axis=0) + mean(x)\n\n"
                   "def gram(x, w):\n    return sum((x.T @ x) * w)\n")

@@ -31,7 +31,7 @@ def seq_loss(xs, h0, W, U):
     loss = 0.0
     for i in range(3):
         h = tanh(h @ W + xs[:, i] @ U)
-        loss = loss + sum(h * h)
+        loss = loss + mean(h * h)
     return loss
 
 def running(xs, w):
@@ -97,7 +97,9 @@ def test_rnn_gradients_on_row_blocks_equal_the_in_memory_ones(sizes):
         np.testing.assert_allclose(g, expected, rtol=1e-12, atol=1e-14)
     assert got[0].shape == (N, K) and got[1].shape == (K, K) and got[2].shape == (D, K)
     # a loss summed over the steps: a sum from zero (and the stack of its
-    # trips, for the backward pass); its cotangent is the same in every block
+    # trips, for the backward pass) of means over all the rows (the count
+    # in the loop's body was a block's); its cotangent is the same in
+    # every block
     value, grads = SEQ(xs, h0, W, U)
     expected_value, expected_grads = SEQ(XS, H0, W, U)
     assert value.compute() == pytest.approx(expected_value, rel=1e-12)
