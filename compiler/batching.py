@@ -47,7 +47,6 @@ from typing import Optional
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import Eqn, Function, Lit, Var, vars_in
 from gradlang.compiler.ops import OPS, loop_groups, zeros_like
-from gradlang.compiler.passes import dce
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import GradError, Span
@@ -333,8 +332,8 @@ class _Walk:
                      if (how := self._sum_start(a, carry[k])) is not None}
         while True:
             try:
-                results = _body_states(loop, carry, inv, xs, set(starts_as),
-                                       loop.span or origin)
+                results, entered = _body_states(loop, carry, inv, xs, set(starts_as),
+                                                loop.span or origin)
             except _Spoiled as spoiled:
                 bad = [k for k in starts_as if body.params[1 + k] is spoiled.state.carry]
                 if not bad:  # an outer loop's
@@ -348,7 +347,9 @@ class _Walk:
                 if isinstance(carry[k], Accumulating):
                     raise _Spoiled(carry[k])
                 del starts_as[k]
-        made = [starts_as.get(k) or _made(s) for k, s in enumerate(results[:n_carry])]
+        # (a value the body makes the same in every block is its start after no trip)
+        made = [starts_as.get(k) or _made(AFTER if entered[k] == AFTER else s)
+                for k, s in enumerate(results[:n_carry])]
         sources = {k: k for k in starts_as}
         for s in results[n_carry:]:  # stacked by trip
             if isinstance(s, Accumulating):
@@ -402,7 +403,7 @@ def _projected(loop: Eqn, keep: list[int]) -> Eqn:
     carried = {k for k in keep if k < n_carry}
     while True:  # until the kept carried values depend on no others
         kept = sorted(carried) + [k for k in keep if k >= n_carry]
-        sliced = dce(replace(body, outputs=tuple(body.outputs[k] for k in kept)))
+        sliced = _sliced(body, [body.outputs[k] for k in kept])
         read = {a for e in sliced.eqns for a in vars_in(e.inputs)} | set(
             vars_in(sliced.outputs))
         more = {k for k in range(n_carry) if body.params[1 + k] in read} - carried
@@ -421,13 +422,26 @@ def _projected(loop: Eqn, keep: list[int]) -> Eqn:
     return Eqn("loop", inputs, outputs, tuple(sorted(params.items())), loop.span)
 
 
+def _sliced(fn: Function, outputs: list) -> Function:
+    """fn computing `outputs` and nothing else: its equations they need,
+    each loop among them `_projected` on the outputs they read."""
+    live = set(vars_in(outputs))
+    kept = []
+    for eqn in reversed(fn.eqns):
+        read = [k for k, v in enumerate(eqn.outputs) if v in live]
+        if read:
+            kept.append(_projected(eqn, read) if eqn.op == "loop" else eqn)
+            live.update(vars_in(kept[-1].inputs))
+    return replace(fn, eqns=tuple(reversed(kept)), outputs=tuple(outputs))
+
+
 def _body_states(loop: Eqn, carry: list, inv: list, xs: list, accumulating: set[int],
-                 origin: Optional[Span]) -> list:
+                 origin: Optional[Span]) -> tuple[list, list]:
     """The states of the results of `loop`'s body, its carried values
     starting from states `carry` (those at `accumulating` each its own
     `Accumulating`), and its invariants and stacked inputs of states `inv`
     and `xs`: iterated until the carried values come back in the states
-    they entered with."""
+    they entered with; and those states."""
     body, n_carry = loop.p["body"], loop.p["n_carry"]
     params = body.params[1:1 + n_carry]
     slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
@@ -445,7 +459,7 @@ def _body_states(loop: Eqn, carry: list, inv: list, xs: list, accumulating: set[
         back = [c if isinstance(c, Accumulating) or AFTER not in (_in_body(_made(s)), c)
                 else AFTER for s, c in zip(results[:n_carry], carried)]
         if back == carried:
-            return results
+            return results, carried
         carried = back
 
 

@@ -40,6 +40,15 @@ def running(xs, w):
         s = s + (sum(xs[:, i] * w, axis=0) - sum(xs[:, i], axis=0)) * 0.5
     return s
 
+def steps(xs, w, k: i64):
+    s = w
+    for i in range(k):
+        t = s
+        for j in range(2):
+            t = t + sum(xs[:, i] * xs[:, j] * w, axis=0)
+        s = t
+    return s
+
 def scaled(xs, w):
     s = w
     for i in range(3):
@@ -129,6 +138,17 @@ def test_a_sum_started_from_a_weight_counts_it_once_over_the_blocks(blocks):
     value, g = dask.compute(*dsl.value_and_grad(M.running, wrt=1)(xs, w))
     np.testing.assert_allclose(value, expected, rtol=1e-12)
     np.testing.assert_allclose(g, 2 * w + np.sum(XS, axis=(0, 1)) / 2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_sum_through_nested_loops_of_run_time_trips_counts_its_start_once(k):
+    # the inner loop starts from the outer one's sum; no trip leaves w,
+    # once (the blocks' loops sum from zero)
+    w = np.array([0.5, -2.0])
+    expected = w * (1 + np.sum(XS[:, :k, None] * XS[:, None, :2], axis=(0, 1, 2)))
+    value, g = dask.compute(*dsl.value_and_grad(M.steps, wrt=1)(rows(XS, (4, 3)), w, k))
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+    np.testing.assert_allclose(g, expected / w, rtol=1e-12)
 
 
 @pytest.mark.parametrize("fn,text,column,op,why", [
