@@ -185,3 +185,16 @@ def test_a_value_of_every_block_carried_beside_the_rows_is_computed_once():
     with pytest.raises(dsl.GradError, match=f"loops.grad:{line}:5: error: `loop` reads a value "
                                             "computed from sums or maxima over all the rows"):
         dsl.grad(M.decayed, wrt=1)(rows(XS, (1, 6)), w)
+
+
+def test_rnn_hessian_vector_product_on_row_blocks():
+    # forward over reverse: the tangent of W's gradient is carried through
+    # the backward loop, a sum over the rows too
+    v = np.random.default_rng(6).normal(size=W.shape)
+    hvp = dsl.hvp(M.rnn_loss, wrt=2)
+    got = hvp(rows(XS, (2, 5)), rows(H0, (2, 5)), W, U, v).compute()
+    np.testing.assert_allclose(got, hvp(XS, H0, W, U, v), rtol=1e-12, atol=1e-14)
+    eps = 1e-6
+    by_difference = (GRAD(XS, H0, W + eps * v, U)[1] - GRAD(XS, H0, W - eps * v, U)[1]) / (
+        2 * eps)
+    np.testing.assert_allclose(got, by_difference, rtol=1e-6, atol=1e-8)
