@@ -95,7 +95,7 @@ def _segments(b: Builder, bounds: Sequence[Atom], inits: list[Atom], invariants:
         stride = b.bind("mul", k, step, span=span)
     ob = Builder()
     segment = Var(INDEX, "segment")
-    params = [Var(a.type, a.hint) for a in inits]
+    params = [Var(a.type, a.hint if isinstance(a, Var) else "") for a in inits]
     end = ob.bind("add", segment, stride)
     if isinstance(step, Lit):
         seg_stop = ob.bind("minimum" if step.value > 0 else "maximum", end, stop)

@@ -412,6 +412,16 @@ def test_checkpointed_loops_give_the_same_gradients(n):
     np.testing.assert_allclose(second, expected, rtol=1e-10, atol=1e-12)
 
 
+def test_a_checkpointed_loop_may_carry_a_literal_start():
+    # `s = 0.0` carried: an AttributeError (a Lit has no hint) escaped
+    m = dsl.loads("@recompute(every=2)\ndef f(x, n: i64):\n    s = 0.0\n"
+                  "    for i in range(n):\n        s = s + sum(x * x) * i\n    return s\n")
+    x = np.array([0.5, -1.5, 2.0])
+    value, g = dsl.value_and_grad(m.f)(x, 5)
+    assert value == pytest.approx(10 * np.sum(x * x), rel=1e-12)
+    np.testing.assert_allclose(g, 20 * x, rtol=1e-12)
+
+
 def test_recompute_keeps_only_checkpoints():
     # 400 trips: one stacked state per trip, against one per 20 (sqrt) or 3
     u, kappa, n = np.linspace(0.1, 0.9, 50), 0.01, 400
