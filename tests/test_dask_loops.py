@@ -34,6 +34,15 @@ def seq_loss(xs, h0, W, U):
         loss = loss + mean(h * h)
     return loss
 
+@recompute(every=2)
+def checkpointed(xs, h0, W, U, b):
+    h = h0
+    loss = 0.0
+    for i in range(3):
+        h = tanh(h @ W + xs[:, i] @ U + b)
+        loss = loss + mean(h * h)
+    return loss
+
 def running(xs, w):
     s = w * w
     for i in range(3):
@@ -198,3 +207,17 @@ def test_rnn_hessian_vector_product_on_row_blocks():
     by_difference = (GRAD(XS, H0, W + eps * v, U)[1] - GRAD(XS, H0, W - eps * v, U)[1]) / (
         2 * eps)
     np.testing.assert_allclose(got, by_difference, rtol=1e-6, atol=1e-8)
+
+
+def test_a_checkpointed_rnn_with_a_bias_on_row_blocks():
+    # segments of a loop (nested loops): the weights' gradients are summed
+    # in the inner backward loop, started from the outer one's sums
+    b = np.array([0.1, -0.2, 0.3])
+    grad = dsl.value_and_grad(M.checkpointed, wrt=(2, 3, 4))
+    value, grads = grad(rows(XS, (3, 4)), rows(H0, (3, 4)), W, U, b)
+    expected_value, expected_grads = grad(XS, H0, W, U, b)
+    assert value.compute() == pytest.approx(expected_value, rel=1e-12)
+    for g, expected in zip(dask.compute(*grads), expected_grads):
+        np.testing.assert_allclose(g, expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(expected_grads[2], central_difference(
+        M.checkpointed, (XS, H0, W, U, b), 4), rtol=1e-6, atol=1e-8)
