@@ -215,9 +215,11 @@ class _Walk:
     equation (`run`).  `sums` are the values that are sums over a block's
     rows: partials of kind "sum" and, in a body, linear maps of them
     (`Op.linear`) with factors the same in every block.  `eqns` are the
-    equations walked, a loop whose sum starts from a value of every block
-    (top level only) made to start from zero and the value added once,
-    after the blocks' sums are combined."""
+    equations walked, rewritten: a loop on rows less the inputs it never
+    reads, its values of every block computed by a loop of their own
+    (`_projected`), and (top level only) its sums that start from a value
+    of every block started from zero, that value added once after the
+    blocks' sums are combined (`_summed_once`)."""
 
     def __init__(self, state: dict, span: Optional[Span], top: bool):
         self.state: dict = state
