@@ -35,9 +35,10 @@ over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
 that moves data between rows (a slice of the batch axis, a reshape
 merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
 indices p, also in a loop's body), a loop that reads a value known only
-once the blocks are combined, or a result a loop computes otherwise from
-sums over the rows inside it (a carried sum multiplied, or read by the
-rows' computation), raises `GradError` at the op's source line, naming it.
+once the blocks are combined or runs a number of trips computed from the
+rows, or a result a loop computes otherwise from sums over the rows
+inside it (a carried sum multiplied, or read by the rows' computation),
+raises `GradError` at the op's source line, naming it.
 """
 from __future__ import annotations
 
@@ -319,9 +320,15 @@ class _Walk:
         each trip; otherwise PER_BLOCK (an error where it is used).  Returns
         the states, and for each such result the carried value's index."""
         body, n_carry = loop.p["body"], loop.p["n_carry"]
-        _, starts, inv, xs = loop_groups(list(loop.inputs), loop.p)
+        bounds, starts, inv, xs = loop_groups(list(loop.inputs), loop.p)
         carry = [self.state_of(a) for a in starts]
         inv, xs = [self.state_of(a) for a in inv], [self.state_of(a) for a in xs]
+        for s in map(self.state_of, bounds):
+            if isinstance(s, Accumulating):
+                raise _Spoiled(s)
+            if s != CONST:  # each block would run its own number of trips
+                raise _mixes(loop, "runs a number of trips computed from the rows of the "
+                             "batch", origin)
         if {ROWS, COLS} & set(xs) or STACKED in carry + inv:  # a trip per row of the batch
             raise _mixes(loop, "loops over the rows of the batch", origin)
         if self.top and AFTER in carry + inv + xs:  # (in a body: a value of the block's)

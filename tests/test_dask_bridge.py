@@ -211,6 +211,18 @@ def test_a_loop_body_that_moves_data_between_rows_is_a_grad_error_at_the_op(body
                                    dsl.grad(m.f, wrt=wrt)(x, w[0]), rtol=1e-12)
 
 
+@pytest.mark.parametrize("start,body", [("x * 0.0 + 1.0", "s = s * 0.5"),
+                                        ("0.0", "s = s + sum(x)")])
+def test_a_loop_on_rows_of_trips_counted_over_the_rows_is_a_grad_error(start, body):
+    # each block ran as many trips as its own rows counted: wrong values
+    m = dsl.loads(f"def f(x, ids: i64[n]):\n    k = sum(ids)\n    s = {start}\n"
+                  f"    for i in range(k):\n        {body}\n    return s\n", "trips.grad")
+    x, ids = RNG.normal(size=6), np.array([1, 0, 1, 1, 0, 1])
+    with pytest.raises(dsl.GradError, match="trips.grad:4:5: error: `loop` runs a number of "
+                                            "trips computed from the rows of the batch"):
+        m.f(da.from_array(x, chunks=3), da.from_array(ids, chunks=3))
+
+
 @pytest.mark.parametrize("chunks", [(3, 4, 3), (10,), (1, 9)])
 def test_segment_sums_and_embedding_gradients_sum_their_blocks(chunks):
     # a scatter-add of rows into zeros (segment_sum, a gather's gradient) is
