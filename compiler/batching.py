@@ -297,8 +297,13 @@ class _Walk:
         return False
 
     def _accumulated(self, eqn: Eqn, acc: Accumulating) -> Accumulating:
-        """The state of `acc + sum` or `acc - sum` (sum in `sums`); any
-        other use of an accumulating value spoils it."""
+        """The state of `acc + sum` or `acc - sum` (sum in `sums`), or of a
+        choice between two such by a condition the same in every block (an
+        `if` in the body); any other use of an accumulating value spoils it."""
+        if eqn.op == "where" and self.state_of(eqn.inputs[0]) == CONST \
+                and all(self.state_of(a) == acc and a.type == eqn.out.type
+                        for a in eqn.inputs[1:]):
+            return acc
         a, b = (tuple(eqn.inputs) + (None, None))[:2]
         for value, other in [(a, b)] + ([(b, a)] if eqn.op == "add" else []):
             if eqn.op in ("add", "sub") and len(eqn.inputs) == 2 \

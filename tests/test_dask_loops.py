@@ -58,6 +58,22 @@ def steps(xs, w, k: i64):
         s = t
     return s
 
+def skipping(xs, w):
+    s = w * w
+    for i in range(3):
+        if i != 1:
+            s = s + sum(xs[:, i] * w, axis=0)
+    return s
+
+def reset(xs, w):
+    s = w
+    for i in range(3):
+        if i == 1:
+            s = sum(xs[:, i], axis=0)
+        else:
+            s = s + sum(xs[:, i], axis=0)
+    return s
+
 def scaled(xs, w):
     s = w
     for i in range(3):
@@ -149,6 +165,15 @@ def test_a_sum_started_from_a_weight_counts_it_once_over_the_blocks(blocks):
     np.testing.assert_allclose(g, 2 * w + np.sum(XS, axis=(0, 1)) / 2, rtol=1e-12)
 
 
+def test_a_sum_added_to_on_some_trips_counts_its_start_once():
+    # an `if` on the trip: a choice between the sum and the sum added to
+    w = np.array([0.5, -2.0])
+    picked = np.sum(XS[:, [0, 2]], axis=(0, 1))
+    value, g = dask.compute(*dsl.value_and_grad(M.skipping, wrt=1)(rows(XS, (2, 2, 3)), w))
+    np.testing.assert_allclose(value, w * w + picked * w, rtol=1e-12)
+    np.testing.assert_allclose(g, 2 * w + picked, rtol=1e-12)
+
+
 @pytest.mark.parametrize("k", [0, 2])
 def test_a_sum_through_nested_loops_of_run_time_trips_counts_its_start_once(k):
     # the inner loop starts from the outer one's sum; no trip leaves w,
@@ -166,6 +191,8 @@ def test_a_sum_through_nested_loops_of_run_time_trips_counts_its_start_once(k):
     ("scaled", "for i", 5, "loop", "gives a result for each block, not row by row"),
     # read by the rows' computation: each block would see its own sum
     ("fed_back", "tanh", 26, "mul", "uses a value reduced over the batch row by row"),
+    # replaced by a sum on one trip: its start is not in the result at all
+    ("reset", "for i", 5, "loop", "gives a result for each block, not row by row"),
 ])
 def test_a_carried_sum_used_otherwise_than_added_to_is_still_a_grad_error(
         fn, text, column, op, why):
