@@ -25,20 +25,22 @@ of `n` rows, and returns a `RowSplit`:
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
 block's; `with_sizes` makes a function's sizes the whole array's).  A loop
-on rows runs in each block.  A value it carries that each trip only adds
-sums over the rows to (`dw = dw + x.T @ g`: a parameter's gradient through
-the loop, a loss summed over steps) is a partial, each block's loop
-starting from zero and the value it starts from added once, after the
-blocks' sums are combined; a value it carries that is the same in every
-block is computed by a loop of its own, usable anywhere.  A value reduced
+on rows runs in each block.  Values it carries that each trip maps only
+linearly, adding sums over the rows (`dw = dw + x.T @ g`: a parameter's
+gradient through the loop, a loss summed over steps, a moving average of
+means over the rows), are partials: each block's loop starts them from
+zero, and what the values they start from make alone is added once,
+after the blocks' sums are combined; a value it carries that is the same
+in every block is computed by a loop of its own, usable anywhere.  A value reduced
 over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
 that moves data between rows (a slice of the batch axis, a reshape
 merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
 indices p, also in a loop's body), a loop that reads a value known only
 once the blocks are combined or runs a number of trips computed from the
 rows, or a result a loop computes otherwise from sums over the rows
-inside it (a carried sum multiplied, or read by the rows' computation),
-raises `GradError` at the op's source line, naming it.
+inside it (a carried sum multiplied by a value of the rows, offset by a
+constant, or read by the rows' computation), raises `GradError` at the
+op's source line, naming it.
 """
 from __future__ import annotations
 
@@ -66,8 +68,8 @@ AFTER = "after"      # computed from combined partials (and CONSTs)
 # every block are CONST: a loop of their own computes them, `_projected`.)
 STACKED = "stacked"
 PER_BLOCK = "per block"
-# what a loop makes, at top level, of a value that it only adds sums over the
-# rows to, starting from a value the same in every block (`_Walk._summed_once`)
+# what a loop makes, at top level, of a value linear in sums over the rows and
+# in starts some of which are the same in every block (`_Walk._summed_once`)
 SUMMED = "summed"
 
 _KIND = {"reduce_sum": "sum", "reduce_max": "max", "matmul": "sum", "scatter_add": "sum"}
@@ -93,8 +95,8 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
         if s in (STACKED, PER_BLOCK):
             loop = next(e for e in fn.eqns if a in e.outputs)
             raise _mixes(loop, "gives a result for each block, not row by row (a sum over "
-                         "the rows inside the loop, used other than by adding it to a "
-                         "carried value)", loop.span or span)
+                         "the rows inside the loop, used other than in carried values that "
+                         "it only maps linearly)", loop.span or span)
     after_eqns = [e for e in fn.eqns if all(state[v] in (AFTER, CONST) for v in e.outputs)]
     needed = {v for e in after_eqns for v in vars_in(e.inputs) if state[v] == PARTIAL}
     needed |= {a for a, s in zip(fn.outputs, of) if s == PARTIAL}
@@ -194,33 +196,37 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
 
 @dataclass(frozen=True)
 class Accumulating:
-    """The state, in a loop's body, of a carried value that each trip only
-    adds sums over the rows to (`dw = dw + x.T @ g`, a parameter's gradient
-    through the loop): each block's loop sums its own rows, so the blocks'
-    results add up to the loop's on all rows when the value it starts from
-    is counted once.  Any other use of it (a product, a read by the rows'
-    computation) is `_Spoiled`."""
-    carry: Var  # the body's parameter for it
+    """The state, in a loop's body, of a value that is a linear map of the
+    body's parameters `carries` (carried values that each trip only maps
+    linearly, adding sums over the rows: `dw = dw + x.T @ g`, a parameter's
+    gradient through the loop, `m = 0.9 * m + 0.1 * mean(x, axis=0)`) and
+    of sums over the rows, by factors the same in every block.  Each
+    block's loop then sums its own rows, and the blocks' results add up to
+    the loop's on all the rows when the values they start from are
+    counted once.  Any other use of it (a product with a value not the same
+    in every block, a read by the rows' computation) is `_Spoiled`."""
+    carries: frozenset  # the body's parameters
 
 
 class _Spoiled(Exception):
-    """An `Accumulating` value used other than by adding sums to it."""
+    """An `Accumulating` value used other than linearly."""
 
-    def __init__(self, state: Accumulating):
-        super().__init__(state)
-        self.state = state
+    def __init__(self, carries: frozenset):
+        super().__init__(carries)
+        self.carries = carries
 
 
 class _Walk:
     """The states of a function's or a loop body's values, equation by
     equation (`run`).  `sums` are the values that are sums over a block's
     rows: partials of kind "sum" and, in a body, linear maps of them
-    (`Op.linear`) with factors the same in every block.  `eqns` are the
-    equations walked, rewritten: a loop on rows less the inputs it never
-    reads, its values of every block computed by a loop of their own
-    (`_projected`), and (top level only) its sums that start from a value
-    of every block started from zero, that value added once after the
-    blocks' sums are combined (`_summed_once`)."""
+    (`Op.linear`) with factors the same in every block; `summed` those of
+    the loops in the body too.  `eqns` are the equations walked,
+    rewritten: a loop on rows less the inputs it never reads, its values of
+    every block computed by a loop of their own (`_projected`), and (top
+    level only) its sums that start from values of every block started
+    from zero, what those starts make added once after the blocks' sums
+    are combined (`_summed_once`)."""
 
     def __init__(self, state: dict, span: Optional[Span], top: bool):
         self.state: dict = state
@@ -229,6 +235,7 @@ class _Walk:
         self.origin: dict[Var, Optional[Span]] = {}  # the reduction a reduced value comes from
         self.zeros: set[Var] = set()  # all 0 (a scatter-add into them sums rows)
         self.sums: set[Var] = set()
+        self.summed: set[Var] = set()
         self.eqns: list[Eqn] = []
 
     def state_of(self, a) -> object:
@@ -248,7 +255,7 @@ class _Walk:
         if eqn.op == "loop" and ({ROWS, COLS, STACKED, PER_BLOCK} & set(states)
                                  or accumulating):
             eqn = _projected(eqn, list(range(len(eqn.outputs))))  # the inputs it reads
-            out_states, sources = self._loop_states(eqn, origin)
+            out_states, summed_starts = self._loop_states(eqn, origin)
             fixed = [k for k, s in enumerate(out_states) if s == CONST]
             if len(fixed) == len(out_states):
                 return self.walk(_projected(eqn, fixed))
@@ -257,10 +264,13 @@ class _Walk:
                 eqn = replace(eqn, outputs=tuple(Var(v.type, v.hint) if k in fixed else v
                                                  for k, v in enumerate(eqn.outputs)))
             if SUMMED in out_states:
-                eqn, out_states, summed = self._summed_once(eqn, out_states, sources)
+                eqn, out_states, summed = self._summed_once(eqn, out_states, summed_starts)
                 added += summed
         elif accumulating:
-            out_states = [self._accumulated(eqn, accumulating[0])]
+            carries = frozenset().union(*(s.carries for s in accumulating))
+            if _layout(eqn.out) is not None or not self._linear(eqn, self._linear_value):
+                raise _Spoiled(carries)
+            out_states = [Accumulating(carries)]
         else:
             into_zeros = bool(eqn.inputs) and eqn.inputs[0] in self.zeros
             out_states = [_state(eqn, inputs, states, origin, into_zeros)] * len(eqn.outputs)
@@ -275,62 +285,56 @@ class _Walk:
                     self.sums.add(v)
             elif out_state == AFTER:
                 self.origin[v] = reduced
-        if not self.top and eqn.op != "loop" and self._linear_in_sums(eqn):
+        if not self.top and eqn.op != "loop" and not accumulating \
+                and self._linear(eqn, lambda a: a in self.sums or self._zero(a)):
             self.sums.update(eqn.outputs)
         self.eqns.append(eqn)
         self.run(added)
 
-    def _linear_in_sums(self, eqn: Eqn) -> bool:
-        """Whether eqn's output is a linear map of sums over the rows, its
-        other inputs the same in every block."""
-        def fixed(a) -> bool:
-            return self.state_of(a) == CONST
+    def _zero(self, a) -> bool:
+        return a in self.zeros if isinstance(a, Var) else a.value == 0
 
+    def _linear_value(self, a) -> bool:
+        """Whether a is linear in accumulating values and sums over the rows."""
+        return isinstance(self.state_of(a), Accumulating) or a in self.sums or self._zero(a)
+
+    def _linear(self, eqn: Eqn, linear) -> bool:
+        """Whether eqn's output is a linear map (`Op.linear`) of inputs for
+        which `linear` holds, not all zero, its other inputs (and indices)
+        the same in every block."""
+        op = OPS[eqn.op]
         if eqn.op == "cast" and not eqn.out.type.is_float:
             return False  # a float's truncation is not linear
-        for slot in OPS[eqn.op].linear_slots(len(eqn.inputs)):
-            floats = [i for i in slot if eqn.inputs[i].type.is_float]
-            if floats and all(isinstance(eqn.inputs[i], Var) and eqn.inputs[i] in self.sums
-                              for i in floats) \
-                    and all(fixed(a) for i, a in enumerate(eqn.inputs) if i not in floats):
+        domains = op.domain if isinstance(op.domain, tuple) else (op.domain,) * len(eqn.inputs)
+        for slot in op.linear_slots(len(eqn.inputs)):
+            mapped = [a for i, a in enumerate(eqn.inputs) if i in slot and domains[i] != "index"]
+            held = [a for i, a in enumerate(eqn.inputs) if i not in slot or domains[i] == "index"]
+            if mapped and all(map(linear, mapped)) and not all(map(self._zero, mapped)) \
+                    and all(self.state_of(a) == CONST for a in held):
                 return True
         return False
 
-    def _accumulated(self, eqn: Eqn, acc: Accumulating) -> Accumulating:
-        """The state of `acc + sum` or `acc - sum` (sum in `sums`), or of a
-        choice between two such by a condition the same in every block (an
-        `if` in the body); any other use of an accumulating value spoils it."""
-        if eqn.op == "where" and self.state_of(eqn.inputs[0]) == CONST \
-                and all(self.state_of(a) == acc and a.type == eqn.out.type
-                        for a in eqn.inputs[1:]):
-            return acc
-        a, b = (tuple(eqn.inputs) + (None, None))[:2]
-        for value, other in [(a, b)] + ([(b, a)] if eqn.op == "add" else []):
-            if eqn.op in ("add", "sub") and len(eqn.inputs) == 2 \
-                    and self.state_of(value) == acc and isinstance(other, Var) \
-                    and other in self.sums and eqn.out.type == value.type:
-                return acc
-        raise _Spoiled(acc)
-
-    def _loop_states(self, loop: Eqn, origin: Optional[Span]) -> tuple[list, dict]:
+    def _loop_states(self, loop: Eqn, origin: Optional[Span]) -> tuple[list, set[int]]:
         """The states of the outputs of `loop`, some of whose inputs are of
         the batch: each block runs the loop on its rows, so the body must
         keep the rows apart (a gather of rows, a value reduced over the rows
         then used row by row: `GradError` at that op).  What a trip sums
-        over the rows is each block's own: added to a carried value and
-        nothing else, the loop's result is a sum over the rows from the
-        value it starts from (PARTIAL from zero or from a sum, SUMMED from a
-        value of every block, at top level, `Accumulating` from an outer
-        loop's accumulating value), and so are the values it stacks of it
-        each trip; otherwise PER_BLOCK (an error where it is used).  Returns
-        the states, and for each such result the carried value's index."""
+        over the rows is each block's own: mapped linearly into carried
+        values that are themselves only mapped linearly, the loop's results
+        (carried or stacked) are linear in the sums and the values those
+        start from: PARTIAL when they start from zero or from sums,
+        SUMMED when some start from a value of every block (at top level),
+        `Accumulating` when from an outer loop's accumulating values;
+        otherwise PER_BLOCK (an error where it is used).  Returns the
+        states, and the indices of the carried values starting from values
+        of every block."""
         body, n_carry = loop.p["body"], loop.p["n_carry"]
         bounds, starts, inv, xs = loop_groups(list(loop.inputs), loop.p)
         carry = [self.state_of(a) for a in starts]
         inv, xs = [self.state_of(a) for a in inv], [self.state_of(a) for a in xs]
         for s in map(self.state_of, bounds):
             if isinstance(s, Accumulating):
-                raise _Spoiled(s)
+                raise _Spoiled(s.carries)
             if s != CONST:  # each block would run its own number of trips
                 raise _mixes(loop, "runs a number of trips computed from the rows of the "
                              "batch", origin)
@@ -341,72 +345,107 @@ class _Walk:
                          "rows, in each block", origin)
         for s in inv + xs:
             if isinstance(s, Accumulating):
-                raise _Spoiled(s)
+                raise _Spoiled(s.carries)
         starts_as = {k: how for k, a in enumerate(starts)
                      if (how := self._sum_start(a, carry[k])) is not None}
+        params = body.params[1:1 + n_carry]
         while True:
             try:
-                results, entered = _body_states(loop, carry, inv, xs, set(starts_as),
-                                                loop.span or origin)
+                walk, results, entered = _body_states(loop, carry, inv, xs, set(starts_as),
+                                                      loop.span or origin)
             except _Spoiled as spoiled:
-                bad = [k for k in starts_as if body.params[1 + k] is spoiled.state.carry]
+                bad = [k for k in starts_as if params[k] in spoiled.carries]
                 if not bad:  # an outer loop's
                     raise
             else:
-                bad = [k for k in starts_as
-                       if results[k] != Accumulating(body.params[1 + k])]
+                bad = [k for k in starts_as if not walk._linear_value(body.outputs[k])]
                 if not bad:
                     break
             for k in bad:  # taken as any other carried value
                 if isinstance(carry[k], Accumulating):
-                    raise _Spoiled(carry[k])
+                    raise _Spoiled(carry[k].carries)
                 del starts_as[k]
-        # (a value the body makes the same in every block is its start after no trip)
-        made = [starts_as.get(k) or _made(AFTER if entered[k] == AFTER else s)
-                for k, s in enumerate(results[:n_carry])]
-        sources = {k: k for k in starts_as}
-        for s in results[n_carry:]:  # stacked by trip
-            if isinstance(s, Accumulating):
-                k = body.params.index(s.carry) - 1
-                if isinstance(starts_as[k], Accumulating):  # the outer sum's trips: no
-                    raise _Spoiled(starts_as[k])
-                sources[len(made)] = k
-                made.append(starts_as[k])
-            else:
+        self.summed |= walk.sums | walk.summed
+
+        def read(state) -> set[int]:
+            return {params.index(p) for p in state.carries} \
+                if isinstance(state, Accumulating) else set()
+
+        reads = {k: read(results[k]) for k in starts_as}
+        made = []
+        for j, (a, s) in enumerate(zip(body.outputs, results)):
+            if j in starts_as or j >= n_carry and (isinstance(s, Accumulating)
+                                                    or walk._linear_value(a)):
+                # the starts it depends on, over any number of trips (none: its own)
+                ks = ({j} if j < n_carry else set()) | read(s)
+                while more := set().union(*(reads[k] for k in ks)) - ks:
+                    ks |= more
+                sources = [starts_as[k] for k in ks]
+                outer = [c for c in sources if isinstance(c, Accumulating)]
+                made.append(Accumulating(frozenset().union(*(c.carries for c in outer)))
+                            if outer else SUMMED if SUMMED in sources else PARTIAL)
+            elif j < n_carry:  # (a value the body makes the same in every block is its
+                made.append(_made(AFTER if entered[j] == AFTER else s))  # start, no trip)
+            else:  # stacked by trip
                 made.append({ROWS: STACKED, CONST: CONST}.get(s, PER_BLOCK))
-        return made, sources
+        return made, {k for k, how in starts_as.items() if how == SUMMED}
 
     def _sum_start(self, start, state) -> Optional[object]:
-        """The state of a loop's result that adds sums over the rows to a
-        value starting from `start` (of `state`), if it can: None if not."""
+        """How a carried value starting from `start` (of `state`) can start
+        a sum over the rows, if it can (else None): from an outer loop's
+        accumulating value (that state), zero or sums (PARTIAL), a value of
+        every block (SUMMED, at top level)."""
         if isinstance(state, Accumulating):
             return state
-        if isinstance(start, Var) and start in self.sums \
-                or state == CONST and (start in self.zeros if isinstance(start, Var)
-                                       else start.value == 0):
+        if isinstance(start, Var) and start in self.sums or state == CONST and self._zero(start):
             return PARTIAL
         return SUMMED if state == CONST and self.top else None
 
-    def _summed_once(self, loop: Eqn, out_states: list, sources: dict[int, int]
+    def _summed_once(self, loop: Eqn, out_states: list, starts: set[int]
                      ) -> tuple[Eqn, list, list[Eqn]]:
-        """`loop` made to start its SUMMED carried values from zero (each
-        block's loop then gives its rows' sums: PARTIALs), and the additions
-        of each start, once, to the combined sums (to run after it, AFTER):
-        counted once, not once a block.  `sources`: the carried value each
-        SUMMED output (a carried value or the stack of its trips) adds to."""
+        """`loop` made to start the carried values at `starts` from zero:
+        each block's loop then gives its rows' part of its SUMMED results
+        (PARTIALs).  What those starts make alone, with every sum over the
+        rows zero (a loop of its own, of values of every block), is added
+        once to the combined parts: counted once, not once a block."""
         b = Builder()
         inputs, outputs = list(loop.inputs), list(loop.outputs)
-        added = []
-        for k in {sources[j] for j, s in enumerate(out_states) if s == SUMMED}:
+        for k in starts:
             inputs[3 + k] = zeros_like(b, loop.inputs[3 + k].type)
-        for j, s in enumerate(out_states):
-            if s == SUMMED:  # (a stack: the start broadcast along its trips)
-                outputs[j] = Var(outputs[j].type, outputs[j].hint)
-                added.append(Eqn("add", (loop.inputs[3 + sources[j]], outputs[j]),
-                                 (loop.outputs[j],), (), loop.span))
-                out_states[j] = PARTIAL
+        alone = list(loop.inputs)
+        for k, start in enumerate(loop_groups(loop.inputs, loop.p)[1]):
+            if isinstance(start, Var) and start in self.sums:  # in the blocks' parts
+                alone[3 + k] = zeros_like(b, start.type)
+        summed = [j for j, s in enumerate(out_states) if s == SUMMED]
+        alone_outputs = tuple(Var(v.type, v.hint) for v in loop.outputs)
+        added = [_projected(_with_body(replace(loop, inputs=tuple(alone), outputs=alone_outputs),
+                                       _without(loop.p["body"], self.summed)), summed)]
+        for j in summed:
+            outputs[j] = Var(outputs[j].type, outputs[j].hint)
+            added.append(Eqn("add", (alone_outputs[j], outputs[j]), (loop.outputs[j],), (),
+                             loop.span))
+            out_states[j] = PARTIAL
         self.run(b.eqns)
         return replace(loop, inputs=tuple(inputs), outputs=tuple(outputs)), out_states, added
+
+
+def _without(fn: Function, sums: set) -> Function:
+    """fn with each of its values in `sums` (and in its loops' bodies) zero."""
+    eqns = []
+    for eqn in fn.eqns:
+        if eqn.op == "loop":
+            eqn = _with_body(eqn, _without(eqn.p["body"], sums))
+        zeroed = [v for v in eqn.outputs if v in sums]
+        if len(zeroed) < len(eqn.outputs):  # (a loop's other outputs)
+            eqns.append(replace(eqn, outputs=tuple(Var(v.type, v.hint) if v in sums else v
+                                                   for v in eqn.outputs)))
+        eqns += [Eqn("full", (), (v,), (("dtype", v.type.dtype), ("shape", v.type.shape),
+                                         ("value", 0)), eqn.span) for v in zeroed]
+    return replace(fn, eqns=tuple(eqns))
+
+
+def _with_body(loop: Eqn, body: Function) -> Eqn:
+    return replace(loop, params=tuple(sorted({**loop.p, "body": body}.items())))
 
 
 def _projected(loop: Eqn, keep: list[int]) -> Eqn:
@@ -431,9 +470,10 @@ def _projected(loop: Eqn, keep: list[int]) -> Eqn:
     outputs = tuple(loop.outputs[k] if k in keep else Var(loop.outputs[k].type)
                     for k in kept)
     params = {**loop.p, "n_carry": len(carried),
-              "n_inv": sum(1 + n_carry <= i < 1 + n_carry + n_inv for i in used),
-              "body": replace(sliced, params=tuple(body.params[i] for i in used))}
-    return Eqn("loop", inputs, outputs, tuple(sorted(params.items())), loop.span)
+              "n_inv": sum(1 + n_carry <= i < 1 + n_carry + n_inv for i in used)}
+    return _with_body(replace(loop, inputs=inputs, outputs=outputs,
+                              params=tuple(sorted(params.items()))),
+                      replace(sliced, params=tuple(body.params[i] for i in used)))
 
 
 def _sliced(fn: Function, outputs: list) -> Function:
@@ -450,30 +490,29 @@ def _sliced(fn: Function, outputs: list) -> Function:
 
 
 def _body_states(loop: Eqn, carry: list, inv: list, xs: list, accumulating: set[int],
-                 origin: Optional[Span]) -> tuple[list, list]:
-    """The states of the results of `loop`'s body, its carried values
-    starting from states `carry` (those at `accumulating` each its own
-    `Accumulating`), and its invariants and stacked inputs of states `inv`
-    and `xs`: iterated until the carried values come back in the states
-    they entered with; and those states."""
+                 origin: Optional[Span]) -> tuple["_Walk", list, list]:
+    """The walk of `loop`'s body and the states of its results, its carried
+    values starting from states `carry` (those at `accumulating` each
+    `Accumulating` in itself), and its invariants and stacked inputs of
+    states `inv` and `xs`: iterated until the carried values come back in
+    the states they entered with; and those states."""
     body, n_carry = loop.p["body"], loop.p["n_carry"]
     params = body.params[1:1 + n_carry]
     slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
-    carried = [Accumulating(params[k]) if k in accumulating else _in_body(s)
+    carried = [Accumulating(frozenset([params[k]])) if k in accumulating else _in_body(s)
                for k, s in enumerate(carry)]
     while True:
         walk = _Walk(dict(zip(body.params, [CONST] + carried + [_in_body(s) for s in inv]
                               + slices)), origin, top=False)
         walk.run(body.eqns)
         results = [walk.state_of(a) for a in body.outputs]
-        for k, s in enumerate(results):  # an accumulating value kept as another
-            if isinstance(s, Accumulating) and not (s == carried[k] if k < n_carry
-                                                    else s in carried):
-                raise _Spoiled(s)
+        for k, s in enumerate(results[:n_carry]):  # kept in a value that is not a sum
+            if isinstance(s, Accumulating) and k not in accumulating:
+                raise _Spoiled(s.carries)
         back = [c if isinstance(c, Accumulating) or AFTER not in (_in_body(_made(s)), c)
                 else AFTER for s, c in zip(results[:n_carry], carried)]
         if back == carried:
-            return results, carried
+            return walk, results, carried
         carried = back
 
 

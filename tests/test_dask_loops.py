@@ -1,10 +1,11 @@
-"""Loops on Dask arrays: a value a loop only adds sums over the rows to
-(a parameter's gradient through a loop: an RNN's weights, a loss summed
-over steps; in nested and checkpointed loops too) is each block's sum,
-added over the blocks with the value it starts from counted once; a
-carried value the same in every block is computed once; a carried sum
-used otherwise is still a `GradError`.  Values against the in-memory
-call, central differences and values by hand."""
+"""Loops on Dask arrays: values a loop maps only linearly, adding sums
+over the rows (a parameter's gradient through a loop: an RNN's weights, a
+loss summed over steps, a moving average; in nested and checkpointed
+loops too) are each block's sums, added over the blocks with what their
+starts make counted once; a carried value the same in every block is
+computed once; a carried sum used otherwise is still a `GradError`.
+Values against the in-memory call, central differences and values by
+hand."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -75,6 +76,32 @@ def reset(xs, w):
             s = sum(xs[:, i], axis=0)
         else:
             s = s + sum(xs[:, i], axis=0)
+    return s
+
+def ema(xs, w):
+    m = w
+    for i in range(3):
+        m = 0.9 * m + 0.1 * mean(xs[:, i] * w, axis=0)
+    return m
+
+def coupled(xs, w):
+    a = w
+    b = sum(xs[:, 0], axis=0)
+    for i in range(2):
+        a = a + b * 0.5
+        b = b + sum(xs[:, i + 1], axis=0)
+    return a
+
+def replaced(xs, w, k: i64):
+    s = w
+    for i in range(k):
+        s = sum(xs[:, i], axis=0)
+    return s
+
+def offset(xs, w):
+    s = w
+    for i in range(3):
+        s = s + sum(xs[:, i], axis=0) + 1.0
     return s
 
 def scaled(xs, w):
@@ -177,6 +204,37 @@ def test_a_sum_added_to_on_some_trips_counts_its_start_once():
     np.testing.assert_allclose(g, 2 * w + picked, rtol=1e-12)
 
 
+def test_a_sum_scaled_or_replaced_on_a_trip_counts_its_start_once():
+    # linear in its start and the sums: each block's loop from zero gives
+    # its rows' part, and what the start makes alone (by a loop of its own,
+    # the sums zero) is added once: 0.9 ** 3 w for a moving average of
+    # means over all the rows, nothing for a sum replaced on a trip
+    w = np.array([0.5, -2.0])
+    xs = rows(XS, (3, 1, 3))
+    means = np.mean(XS, axis=0)
+    decay = 0.1 * 0.9 ** np.arange(2, -1, -1)[:, None]
+    value, g = dask.compute(*dsl.value_and_grad(M.ema, wrt=1)(xs, w))
+    np.testing.assert_allclose(value, 0.729 * w + np.sum(decay * means, axis=0) * w,
+                               rtol=1e-12)
+    np.testing.assert_allclose(g, 0.729 + np.sum(decay * means, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(M.reset(xs, w).compute(), np.sum(XS[:, 1:], axis=(0, 1)),
+                               rtol=1e-12)
+    # one sum added into another: b starts from a sum (each block's), a
+    # from w (once): what w makes alone leaves b's start out
+    sums = np.sum(XS, axis=0)
+    np.testing.assert_allclose(M.coupled(xs, w).compute(), w + sums[0] + sums[1] / 2,
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_value_replaced_by_a_sum_each_trip_is_its_start_after_no_trip(k):
+    # its last trip's sum, or w: each block gave w after no trip (3 w in 3)
+    w = np.array([0.5, -2.0])
+    expected = np.sum(XS[:, k - 1], axis=0) if k else w
+    np.testing.assert_allclose(M.replaced(rows(XS, (2, 2, 3)), w, k).compute(), expected,
+                               rtol=1e-12)
+
+
 @pytest.mark.parametrize("k", [0, 2])
 def test_a_sum_through_nested_loops_of_run_time_trips_counts_its_start_once(k):
     # the inner loop starts from the outer one's sum; no trip leaves w,
@@ -194,10 +252,10 @@ def test_a_sum_through_nested_loops_of_run_time_trips_counts_its_start_once(k):
     ("scaled", "for i", 5, "loop", "gives a result for each block, not row by row"),
     # read by the rows' computation: each block would see its own sum
     ("fed_back", "tanh", 26, "mul", "uses a value reduced over the batch row by row"),
-    # replaced by a sum on one trip: its start is not in the result at all
-    ("reset", "for i", 5, "loop", "gives a result for each block, not row by row"),
+    # a constant added each trip: each block would add it
+    ("offset", "for i", 5, "loop", "gives a result for each block, not row by row"),
 ])
-def test_a_carried_sum_used_otherwise_than_added_to_is_still_a_grad_error(
+def test_a_carried_sum_used_non_linearly_is_still_a_grad_error(
         fn, text, column, op, why):
     w = np.array([0.5, -2.0])
     line = line_of(text, fn)
@@ -217,9 +275,9 @@ def test_a_value_of_every_block_carried_beside_the_rows_is_computed_once():
     for g, expected in zip(got, (h * c, c, np.sum(h, axis=0) * c)):
         np.testing.assert_allclose(g, expected, rtol=1e-12)
     # w's gradient is carried back scaled by 0.5 each trip, a sum over the
-    # rows added (linear, but not only added to) from a sum over all the
-    # rows: no block can start from it (the block's loop read an undefined
-    # value: an internal IRVerificationError)
+    # rows added, from a sum over all the rows (known once the blocks are
+    # combined): no block can start from it (the block's loop read an
+    # undefined value: an internal IRVerificationError)
     line = line_of("for i", "decayed")
     with pytest.raises(dsl.GradError, match=f"loops.grad:{line}:5: error: `loop` reads a value "
                                             "computed from sums or maxima over all the rows"):
