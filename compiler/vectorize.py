@@ -7,9 +7,10 @@ takes a leading axis of size k: k values of it, stacked.  Output j (for j in
 stacked the same way (computed once for all k where it does not depend on
 them, then broadcast); the other outputs are fn's own.  Values that do not
 depend on a stacked parameter are computed once.  Every op of the table
-has a rule here except `loop`, `custom_vjp` and `dim`, and an index op
-whose index array is stacked: for those it raises `NotVectorizable`, and
-the caller evaluates one value at a time instead.
+has a rule here except `custom_vjp` and `dim`, and an index op whose
+index array is stacked, or a loop whose trip count is: for those it
+raises `NotVectorizable`, and the caller evaluates one value at a time
+instead.  A loop's body is vectorized in turn (`_stacked_loop`).
 
 `stacked_elements(fn, stacked)` is how many elements the stacked values
 hold for each of the k (what memory one more of the k costs).
@@ -53,6 +54,9 @@ def vectorize(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: D
                    for i, a in enumerate(inputs) if i not in tokens):
             outs = tuple(Var(v.type, v.hint) for v in eqn.outputs)
             b.eqns.append(Eqn(eqn.op, tuple(inputs), outs, eqn.params, eqn.span))
+        elif eqn.op == "loop":
+            outs, stacked_outs = _stacked_loop(b, eqn, inputs, lead, k)
+            lead.update(o for o, s in zip(outs, stacked_outs) if s)
         else:
             outs = (_stacked_eqn(b, eqn, inputs, lead, k),)
             lead.add(outs[0])
@@ -115,6 +119,56 @@ def _stacked_eqn(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Di
     if op.kind == "index" and not has[1]:
         return _index(b, eqn, inputs, has, k)
     raise NotVectorizable(eqn.op)
+
+
+def _stacked_loop(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Dim
+                  ) -> tuple[tuple[Atom, ...], list[bool]]:
+    """A `loop` with stacked inputs: one loop whose body is vectorized over
+    the carried values, invariants and slices that are stacked (a stacked
+    input's trips move to its first axis, so each trip's slice is stacked).
+    A carried value is stacked from the start where its next value depends
+    on a stacked one (until nothing more does).  Its outputs, and whether
+    each is stacked (the ys of a trip move back behind the leading axis)."""
+    p = eqn.p
+    body, n_carry = p["body"], p["n_carry"]
+    has = [isinstance(a, Var) and a in lead for a in inputs]
+    bounds, carry, inv, xs = ops.loop_groups(inputs, p)
+    stacked_bounds, stacked_carry, stacked_inv, stacked_xs = ops.loop_groups(has, p)
+    if any(stacked_bounds):
+        raise NotVectorizable("loop with a trip count of each example")
+    stacked_carry = list(stacked_carry)
+    while True:
+        flags = [False] + stacked_carry + list(stacked_inv) + list(stacked_xs)
+        depends = _depends(body, flags)
+        grown = [s or d for s, d in zip(stacked_carry, depends[:n_carry])]
+        if grown == stacked_carry:
+            break
+        stacked_carry = grown
+    stacked_ys = depends[n_carry:]
+    body = vectorize(body, [i for i, f in enumerate(flags) if f],
+                     [j for j, s in enumerate(stacked_carry + stacked_ys) if s], k)
+    init = [_spread(b, c, k) if s and not h else c
+            for c, s, h in zip(carry, stacked_carry, has[3:3 + n_carry])]
+    xs = [_trips_first(b, x) if s else x for x, s in zip(xs, stacked_xs)]
+    outs = b.bind_multi("loop", *bounds, *init, *inv, *xs, span=eqn.span, **{**p, "body": body})
+    ys = [_trips_first(b, y) if s else y for y, s in zip(outs[n_carry:], stacked_ys)]
+    return tuple(outs[:n_carry]) + tuple(ys), stacked_carry + stacked_ys
+
+
+def _depends(fn: Function, flags: Sequence[bool]) -> list[bool]:
+    """Which of fn's outputs depend on its parameters flagged."""
+    depends = {p for p, f in zip(fn.params, flags) if f}
+    for eqn in fn.eqns:
+        tokens = ops.OPS[eqn.op].token_inputs
+        if any(isinstance(a, Var) and a in depends
+               for i, a in enumerate(eqn.inputs) if i not in tokens):
+            depends.update(eqn.outputs)
+    return [isinstance(o, Var) and o in depends for o in fn.outputs]
+
+
+def _trips_first(b: Builder, a: Var) -> Var:
+    """Its first two axes swapped: (k, trips, ...) <-> (trips, k, ...)."""
+    return b.bind("transpose", a, perm=(1, 0) + tuple(range(2, a.type.rank)))
 
 
 def _padded(b: Builder, a: Var, rank: int) -> Atom:

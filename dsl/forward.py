@@ -18,7 +18,8 @@ Contract:
   output, structured as f structures its outputs.  `jacfwd` runs the jvp
   of every element of the argument at once, and `jacrev` the backward
   pass of every element of an output (`Stacked`, in blocks), or one at a
-  time where the stacked values would meet a runtime loop (pick jacfwd
+  time where the stacked values would meet an op with no rule for them
+  (`compiler.vectorize`: a gather by a stacked index array) (pick jacfwd
   for few inputs, jacrev for few outputs).  jacfwd's Jacobian may be a
   transposed view.
 - `hessian(f, wrt)(*args)`: the Hessian of the sum of f's outputs,

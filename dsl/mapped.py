@@ -13,8 +13,8 @@ f's reductions stay per example (`sum(x)` of a mapped x is k sums).
 One program runs every example at once (`compiler.vectorize`, the rules
 `dsl.jacfwd` stacks columns with), so `vmap(grad(f, wrt=w), in_axes=(0,
 None))` gives per-example gradients in one pass.  Where f has an op with no
-rule for stacked values (a `for` loop, a mapped index array), the
-examples run one at a time, with the same
+rule for stacked values (a mapped index array, a loop whose trip count
+is mapped), the examples run one at a time, with the same
 results.  A `VmapFunction` is a compiled function like the others:
 `grad`, `jvp`, `jacfwd`, `to_torch` and `vmap` itself take it, as long as
 its program stacks (otherwise they raise `ArgumentError`).

@@ -23,6 +23,9 @@ def looped(x, n: const = 3):
     for i in range(n):
         y = sin(y) + y * 0.5
     return sum(y)
+
+def pick(x, idx):
+    return sum(x[idx] * 2.0)
 """
 
 
@@ -91,20 +94,41 @@ def test_a_gradient_inside_the_language_maps_too():
                                per_example(r1, (0,), x, w), rtol=1e-13)
 
 
+def test_a_loop_stacks_its_body(monkeypatch):
+    # an RNN over a batch of sequences: the loop's body is vectorized, its
+    # carried state stacked; the gradient runs the stacked loop backward
+    rnn = load_example("rnn").rnn
+    rng = np.random.default_rng(3)
+    xs, h, w = rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3)), rng.normal(size=(3, 3)) / 2
+    expected = per_example(rnn, (0, 1), xs, h, w)
+    expected_w = per_example(dsl.grad(rnn, wrt=2), (0, 1), xs, h, w)
+    vf, vg = dsl.vmap(rnn, in_axes=(0, 0, None)), dsl.vmap(dsl.grad(rnn, wrt=2), (0, 0, None))
+    calls = runs_one_program(monkeypatch, vf) + runs_one_program(monkeypatch, vg)
+    np.testing.assert_allclose(vf(xs, h, w), expected, rtol=1e-14)
+    np.testing.assert_allclose(vg(xs, h, w), expected_w, rtol=1e-12)
+    assert calls == []
+    monkeypatch.undo()
+    np.testing.assert_allclose(dsl.grad(vf, wrt=2)(xs, h, w), expected_w.sum(axis=0),
+                               rtol=1e-12)
+    np.testing.assert_allclose(expected_w[2], central_difference(rnn, (xs[2], h[2], w), 2),
+                               rtol=1e-7)
+
+
 def test_an_op_that_does_not_stack_runs_one_example_at_a_time(m, monkeypatch):
-    x = np.linspace(-2.0, 2.0, 12).reshape(4, 3)
-    vf = dsl.vmap(m.looped)  # n is const, so in_axes=0 leaves it alone
-    expected = per_example(m.looped, (0,), x)
+    # a gather whose index array is mapped: each example reads its own rows
+    x, idx = np.linspace(-2.0, 2.0, 12).reshape(4, 3), np.array([[0, 2], [1, 1], [2, 0], [0, 0]])
+    vf = dsl.vmap(m.pick)
+    expected = per_example(m.pick, (0, 1), x, idx)
     calls = runs_one_program(monkeypatch, vf)
-    np.testing.assert_allclose(vf(x), expected, rtol=1e-15)
+    np.testing.assert_allclose(vf(x, idx), expected, rtol=1e-15)
     assert len(calls) == 4
-    with pytest.raises(dsl.ArgumentError, match=r"vmap\(looped\) runs one example at a time "
-                                                r"here \(its op loop has no rule"):
-        dsl.grad(vf)(x)
+    with pytest.raises(dsl.ArgumentError, match=r"vmap\(pick\) runs one example at a time "
+                                                r"here \(its op \w+ has no rule"):
+        dsl.grad(vf)(x, idx)
     with dsl.Tape() as tape:  # it would record the examples, not x
         tape.watch(x)
         with pytest.raises(dsl.ArgumentError, match="cannot be recorded by a dsl.Tape where"):
-            vf(x)
+            vf(x, idx)
 
 
 def test_transforms_of_vmap(m):
@@ -124,9 +148,10 @@ def test_transforms_of_vmap(m):
     np.testing.assert_allclose(tape.gradient(z, x), unit, rtol=1e-14)
 
 
-@pytest.mark.parametrize("fn", ["norm", "looped"])
+@pytest.mark.parametrize("fn", ["norm", "looped", "pick"])
 def test_no_examples_give_empty_results_of_the_right_shape(m, fn):
-    got = dsl.vmap(getattr(m, fn))(np.zeros((0, 3)))
+    args = (np.zeros((0, 3)),) + ((np.zeros((0, 2), np.int64),) if fn == "pick" else ())
+    got = dsl.vmap(getattr(m, fn))(*args)
     assert got.shape == (0,) and got.dtype == np.float64
 
 
@@ -157,7 +182,9 @@ def test_vmap_takes_only_loaded_functions(tmp_path):
 def test_vmap_on_cuda_matches_the_cpu(m):
     cu = dsl.loads(SOURCE, target="cuda")
     x = np.linspace(-1.0, 2.0, 12).reshape(4, 3)
-    for fn in ("norm", "looped"):  # stacked, and one example at a time
-        got = dsl.vmap(getattr(cu, fn))(x)
+    idx = np.array([[0, 2], [1, 1], [2, 0], [0, 0]])
+    for fn, args in (("norm", (x,)), ("looped", (x,)), ("pick", (x, idx))):
+        got = dsl.vmap(getattr(cu, fn))(*args)  # stacked, a loop stacked, one at a time
         assert not isinstance(got, np.ndarray)  # a device array, as its other results
-        np.testing.assert_allclose(got.copy_to_host(), dsl.vmap(getattr(m, fn))(x), rtol=1e-14)
+        np.testing.assert_allclose(got.copy_to_host(), dsl.vmap(getattr(m, fn))(*args),
+                                   rtol=1e-14)
