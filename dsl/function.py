@@ -802,26 +802,41 @@ class Stacked(Compiled):
         self.name = f"stacked {inner.name}"
         self.specs, self.param_specs = inner.specs, inner.param_specs
         self.target, self.host_results = inner.target, inner.host_results
-        self._per_slice: dict[tuple, Optional[int]] = {}
+        self._plans: dict[tuple, tuple[bool, Optional[int]]] = {}
+
+    def stacks(self, bound: dict[str, np.ndarray]) -> bool:
+        """For arguments `bound` holding one value of each stacked argument
+        (no leading axis): whether inner can be stacked (every op on the
+        way has a rule for stacked values)."""
+        return self._plan(bound)[0]
 
     def per_slice(self, bound: dict[str, np.ndarray]) -> Optional[int]:
-        """For arguments `bound` holding one value of each stacked argument
-        (no leading axis): the elements the stacked program's values hold
-        for each stacked value, or None if inner cannot be stacked.
-        Worked out from inner's IR once per signature."""
+        """Like `stacks`: the elements the stacked program's values hold for
+        each stacked value, or None if inner cannot be stacked or a size
+        is known only when it runs (a loop's trip count), so that what a
+        stacked value costs is not known."""
+        return self._plan(bound)[1]
+
+    def _plan(self, bound: dict[str, np.ndarray]) -> tuple[bool, Optional[int]]:
+        """(`stacks`, `per_slice`), worked out from inner's IR once per
+        signature."""
         return self.retrying_by_value(bound, lambda: self._planned(bound))
 
-    def _planned(self, bound: dict[str, np.ndarray]) -> Optional[int]:
+    def _planned(self, bound: dict[str, np.ndarray]) -> tuple[bool, Optional[int]]:
         statics = self.static_names(bound)
         key = _signature(bound, statics)
-        if key not in self._per_slice:
+        if key not in self._plans:
             fn, slots = self.inner.lower(_types(bound, statics)), self._slots(bound)
             try:
                 vectorize(fn, slots, (), 1)  # raises where a rule is missing
-                self._per_slice[key] = int(stacked_elements(fn, slots))
             except NotVectorizable:
-                self._per_slice[key] = None
-        return self._per_slice[key]
+                self._plans[key] = (False, None)
+            else:
+                try:
+                    self._plans[key] = (True, int(stacked_elements(fn, slots)))
+                except NeedsConcrete:
+                    self._plans[key] = (True, None)
+        return self._plans[key]
 
     def _slots(self, names: Iterable[str]) -> list[int]:
         order = list(names)

@@ -110,7 +110,7 @@ class VmapFunction(Stacked):
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None) -> tuple[np.ndarray, ...]:
         example = {n: self._example(n, a) for n, a in bound.items()}
-        if self.per_slice(example) is not None:
+        if self.stacks(example):
             return super().call_bound(bound, args, out)
         if out is not None or recording_tapes(bound.values()):
             what = "takes no out=" if out is not None else "cannot be recorded by a dsl.Tape"

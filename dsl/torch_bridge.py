@@ -263,7 +263,7 @@ def _batched(call: Call, names: list[str]) -> Optional[Stacked]:
     if f.static_names(call.bound) & set(names):
         return None
     stacked = batched_function(f, names)
-    return stacked if stacked.per_slice(call.bound) is not None else None
+    return stacked if stacked.stacks(call.bound) else None
 
 
 def _constant_views(args: tuple) -> "list[np.ndarray] | None":

@@ -395,7 +395,7 @@ def _stacked_module():
 def _stacks(f, key) -> bool:
     """Whether the stacked transform of f under `key` (made by a Jacobian)
     took stacked values for every signature it was asked about."""
-    plans = derived_if_made(f, key)._per_slice.values()
+    plans = [elements for _, elements in derived_if_made(f, key)._plans.values()]
     assert plans
     return all(p is not None for p in plans)
 

@@ -114,6 +114,21 @@ def test_a_loop_stacks_its_body(monkeypatch):
                                rtol=1e-7)
 
 
+def test_a_loop_of_a_run_time_trip_count_stacks_with_its_gradient(monkeypatch):
+    # grow's gradient keeps each trip's state: values whose size is known
+    # only when it runs (NeedsConcrete escaped from the stacked plan)
+    grow = load_example("grow").grow
+    u = np.random.default_rng(4).uniform(0.1, 0.9, size=(3, 6))
+    vg = dsl.vmap(dsl.value_and_grad(grow, wrt=(0, 1)), in_axes=(0, None, None))
+    expected = [dsl.value_and_grad(grow, wrt=(0, 1))(row, 0.3, 7) for row in u]
+    calls = runs_one_program(monkeypatch, vg)
+    value, (gu, gk) = vg(u, 0.3, 7)
+    assert calls == []
+    np.testing.assert_allclose(value, [e[0] for e in expected], rtol=1e-14)
+    np.testing.assert_allclose(gu, [e[1][0] for e in expected], rtol=1e-13)
+    np.testing.assert_allclose(gk, [e[1][1] for e in expected], rtol=1e-13)
+
+
 def test_an_op_that_does_not_stack_runs_one_example_at_a_time(m, monkeypatch):
     # a gather whose index array is mapped: each example reads its own rows
     x, idx = np.linspace(-2.0, 2.0, 12).reshape(4, 3), np.array([[0, 2], [1, 1], [2, 0], [0, 0]])
