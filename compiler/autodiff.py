@@ -152,15 +152,16 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
                for c, o in zip(out_cts, outs)]
     needs = [cots.needs(a) for a in eqn.inputs]
     op = ops.OPS[eqn.op]
+    # the equation on the values standing for its outputs here
+    shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
     if op.kind == "call":
         in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
     else:
-        shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
         in_cts = op.vjp(b, shadow, out_cts, needs)
     out_mask = _common_mask([cots.mask(o) for o in outs])
     for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
         if need and ct is not None:
-            ct, mask = _select(b, eqn, index, ct, out_mask)
+            ct, mask = _select(b, shadow, index, ct, out_mask)
             if op.kind == "elementwise":
                 ct = ops.unbroadcast(b, ct, a.type.shape)
             cots.accumulate(a, ct, mask)
@@ -315,8 +316,8 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
     if not _keeps_positions(eqn, index):
         # the mask says nothing about other positions (re-selecting by it
         # when the shapes happened to fit zeroed the gradient of
-        # transpose(x) inside a where wherever c.T != c)
-        return ct, None
+        # transpose(x) inside a where wherever c.T != c): it moves with them
+        return ct, _moved_mask(b, eqn, index, out_mask)
     op, inputs = ops.OPS[eqn.op], eqn.inputs
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
@@ -329,6 +330,28 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
         taken = cond if index == 1 else b.bind("logical_not", cond)
         mask = taken if mask is None or mask is taken else b.bind("logical_and", mask, taken)
     return ct, _narrowed(b, mask, a, ct)
+
+
+# Ops whose VJP only moves, sums and spreads the output's cotangent, with
+# positive weights: layout ops, reductions, gathers and scatter-adds.
+_MOVES_POSITIONS = ("layout", "reduction", "index")
+
+
+def _moved_mask(b: Builder, eqn: Eqn, index: int, out_mask: Optional[Var]) -> Optional[Var]:
+    """The where-mask of input `index` of an op that moves positions: the
+    op's VJP applied to the output's mask as 0 and 1 is positive exactly
+    where the input's cotangent gathers something from inside the mask.
+    Without it, where(x[i] > 0, s[i], 0) for s = sqrt(x) (or s[1:], s.T,
+    sum(s, axis=1) ...) had 0 * sqrt's inf derivative, NaN, at x = 0."""
+    op = ops.OPS[eqn.op]
+    (out,) = eqn.outputs
+    if out_mask is None or op.kind not in _MOVES_POSITIONS or not _fits(out_mask, out):
+        return None
+    if out_mask.type.shape != out.type.shape:
+        out_mask = b.bind("broadcast_to", out_mask, shape=out.type.shape)
+    weights = b.bind("cast", out_mask, dtype=out.type.dtype)
+    moved = op.vjp(b, eqn, [weights], [i == index for i in range(len(eqn.inputs))])[index]
+    return None if moved is None else b.bind("gt", moved, ops.lit(b, 0, moved))
 
 
 def _narrowed(b: Builder, mask: Optional[Var], a: Atom, ct: Atom) -> Optional[Var]:

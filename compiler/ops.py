@@ -625,7 +625,8 @@ class Op:
     # so a branch not taken contributes exactly 0 even where the local
     # derivative is inf; "branches" is `where` itself, whose rule already
     # selects, and whose branch k narrows the mask to where it was taken.
-    # (Only through elementwise ops and calls: see `autodiff._select`.)
+    # (Through elementwise ops and calls; layout ops, reductions and
+    # gathers move the mask to their inputs: see `autodiff._select`.)
     masking: str = "select"
     # for an op that picks one of its two inputs (maximum, minimum): the
     # comparison of an input with the other under which it is picked (ties

@@ -381,3 +381,61 @@ def _summed_to(a: np.ndarray, shape: tuple) -> np.ndarray:
     a = a.sum(axis=tuple(range(lead))) if lead else a
     axes = tuple(i for i, d in enumerate(shape) if d == 1 and a.shape[i] != 1)
     return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+MOVED_WHERE = """\
+def at_index(x, i: i64):
+    s = sqrt(x)
+    return where(x[i] > 0.0, s[i], 0.0)
+
+def gathered(x, idx: i64[m]):
+    s = sqrt(x)
+    return sum(where(x[idx] > 0.0, s[idx], 0.0))
+
+def sliced(x):
+    s = sqrt(x)
+    return sum(where(x[1:] > 0.0, s[1:], 0.0))
+
+def row_sums(x: f64[n, k]):
+    return sum(where(min(x, axis=1) > 0.0, sum(sqrt(x), axis=1), 0.0))
+
+def transposed(x: f64[n, k]):
+    s = sqrt(x)
+    return sum(where(x.T > 0.0, s.T, 0.0))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _moved_where():
+    return dsl.loads(MOVED_WHERE, "moved_where.grad")
+
+
+@given(x=st.lists(st.sampled_from([-1.0, 0.0, 0.25, 4.0]), min_size=2, max_size=4),
+       data=st.data())
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_branch_read_through_an_index_slice_or_reduction_gets_no_nan(x, data):
+    # The where-mask stopped at any op that moves positions (x[i], a
+    # gather, a slice, a transpose, a sum over an axis): the cotangent
+    # reached sqrt(x) as zeros, unmasked, and 0 * sqrt's inf derivative at
+    # x = 0 made the gradient NaN where no branch taken reads x.
+    m = _moved_where()
+    x = np.array(x)
+    n = len(x)
+    with np.errstate(divide="ignore"):
+        local = np.where(x > 0, 0.5 / np.sqrt(np.abs(x)), 0.0)
+    i = data.draw(st.integers(-n, n - 1))
+    np.testing.assert_array_equal(dsl.grad(m.at_index)(x, i), np.eye(n)[i] * local)
+    idx = np.array(data.draw(st.lists(st.integers(-n, n - 1), max_size=5)), dtype=np.int64)
+    counts = np.bincount(idx % n, minlength=n)
+    np.testing.assert_array_equal(dsl.grad(m.gathered)(x, idx), counts * local)
+    with np.errstate(divide="ignore"):
+        curvature = np.where(x > 0, -0.25 / np.abs(x) ** 1.5, 0.0)
+    np.testing.assert_allclose(dsl.hessian(m.gathered)(x, idx), np.diag(counts * curvature),
+                               rtol=1e-15)
+    np.testing.assert_array_equal(dsl.grad(m.sliced)(x), np.r_[0.0, local[1:]])
+    grid = np.stack([x, x[::-1]])
+    with np.errstate(divide="ignore"):
+        grid_local = np.where(grid > 0, 0.5 / np.sqrt(np.abs(grid)), 0.0)
+    rows = np.all(grid > 0, axis=1, keepdims=True)
+    np.testing.assert_array_equal(dsl.grad(m.row_sums)(grid), np.where(rows, grid_local, 0.0))
+    np.testing.assert_array_equal(dsl.grad(m.transposed)(grid), grid_local)
