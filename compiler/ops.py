@@ -721,9 +721,11 @@ _TABLE: tuple[Op, ...] = (
     Op("log1p", template="math.log1p({0})", ref=np.log1p, float_only=True,
        source_name="log1p", domain="positive",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x)))), cost=4),
+    # exp(x), not expm1(x) + 1: that cancels to 0 below x = -37 (-17 in
+    # float32), where exp(x) is still a normal number
     Op("expm1", template="math.expm1({0})", ref=np.expm1, float_only=True,
        source_name="expm1",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o)))), cost=4),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("exp", x))), cost=4),
     Op("sqrt", template="math.sqrt({0})", ref=np.sqrt, float_only=True, source_name="sqrt",
        domain="positive",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o)))), cost=1),
@@ -750,8 +752,12 @@ _TABLE: tuple[Op, ...] = (
        source_name="arcsinh",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind(
            "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x))))), cost=64),
+    # sigmoid(x) sigmoid(-x), not s (1 - s): 1 - s cancels to 0 above x =
+    # 37 (17 in float32) and loses digits well before; each factor is
+    # accurate everywhere, and so are the derivatives of every order
     Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o)))),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sigmoid",
+                                                                   b.bind("neg", x))))),
        cost=4),
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
