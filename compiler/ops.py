@@ -563,6 +563,11 @@ def _sigmoid_ref(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
+def _sigmoid_slope_ref(x):
+    e = np.exp(-np.abs(x))
+    return (e / ((1 + e) * (1 + e))).astype(x.dtype)
+
+
 def _erf_ref(x):
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
 
@@ -708,6 +713,8 @@ _INTEGRAL = ("{0} if not (abs({0}) < 4503599627370496.0) "
 _INFINITE_DIVIDEND = "{0} - {0} if abs({0}) == np.inf and {1} != 0 and {1} == {1} else "
 _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
             "else math.exp({0}) / ({T}(1) + math.exp({0}))")
+_SIGMOID_SLOPE = ("math.exp(-abs({0})) / "
+                  "(({T}(1) + math.exp(-abs({0}))) * ({T}(1) + math.exp(-abs({0}))))")
 
 
 _TABLE: tuple[Op, ...] = (
@@ -752,13 +759,16 @@ _TABLE: tuple[Op, ...] = (
        source_name="arcsinh",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind(
            "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x))))), cost=64),
-    # sigmoid(x) sigmoid(-x), not s (1 - s): 1 - s cancels to 0 above x =
-    # 37 (17 in float32) and loses digits well before; each factor is
-    # accurate everywhere, and so are the derivatives of every order
+    # sigmoid' is its own op, not s (1 - s): 1 - s cancels to 0 above x = 37
+    # (17 in float32) and loses digits well before
     Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sigmoid",
-                                                                   b.bind("neg", x))))),
-       cost=4),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sigmoid_slope", x))), cost=4),
+    # sigmoid(x) sigmoid(-x) = e / (1 + e)^2 with e = exp(-|x|): accurate
+    # everywhere, for one exp (its copies are one value to LLVM).  Its own
+    # derivative is itself times -tanh(x / 2), smooth at 0, where |x| is not.
+    Op("sigmoid_slope", template=_SIGMOID_SLOPE, ref=_sigmoid_slope_ref, float_only=True,
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, _mul(b, ct, o), b.bind(
+           "tanh", _mul(b, x, lit(b, 0.5, x)))))), cost=4),
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
            b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),

@@ -473,8 +473,8 @@ def _sigmoid_slope(x: np.ndarray) -> np.ndarray:
 def test_sigmoid_and_expm1_slopes_keep_their_digits_in_the_tails(dtype, tol, x):
     # sigmoid' was s (1 - s), where 1 - s cancels: 0 from x = 37 on (17 in
     # float32; 0.9% off at x = 12 in float32) where the slope is a normal
-    # number; expm1' was expm1(x) + 1, 0 below x = -37.  softplus'' is
-    # sigmoid', and went with it.
+    # number (now the op sigmoid_slope); expm1' was expm1(x) + 1, 0 below
+    # x = -37.  softplus'' is sigmoid', and went with it.
     m = _tails()
     x = np.array(x + [40.0, -40.0, 20.0], dtype=dtype)
     wide = x.astype(np.float64)
