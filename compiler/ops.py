@@ -572,6 +572,10 @@ def _erf_ref(x):
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
 
 
+def _erfc_ref(x):
+    return np.vectorize(math.erfc, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
 # ------------------------------------------------------------------ the row
 
 _SAME = _elementwise_rule()
@@ -772,6 +776,11 @@ _TABLE: tuple[Op, ...] = (
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
            b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),
+    # 1 - erf(x), with its digits where erf is near 1 (the normal's upper tail)
+    Op("erfc", template="math.erfc({0})", ref=_erfc_ref, float_only=True, source_name="erfc",
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, ct, _mul(
+           b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x))))))),
+       cost=32),
     Op("abs", exact=True, template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)))),
     # 0 for -0.0 as for 0.0 (NumPy's), NaN for NaN
