@@ -402,6 +402,12 @@ def row_sums(x: f64[n, k]):
 def transposed(x: f64[n, k]):
     s = sqrt(x)
     return sum(where(x.T > 0.0, s.T, 0.0))
+
+def looped(x, n: i64):
+    h = x
+    for i in range(n):
+        h = sqrt(h)
+    return sum(where(x > 0.0, h, 0.0))
 """
 
 
@@ -415,9 +421,9 @@ def _moved_where():
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_branch_read_through_an_index_slice_or_reduction_gets_no_nan(x, data):
     # The where-mask stopped at any op that moves positions (x[i], a
-    # gather, a slice, a transpose, a sum over an axis): the cotangent
-    # reached sqrt(x) as zeros, unmasked, and 0 * sqrt's inf derivative at
-    # x = 0 made the gradient NaN where no branch taken reads x.
+    # gather, a slice, a transpose, a sum over an axis) and at a loop: the
+    # cotangent reached sqrt(x) as zeros, unmasked, and 0 * sqrt's inf
+    # derivative at x = 0 made the gradient NaN where no branch taken reads x.
     m = _moved_where()
     x = np.array(x)
     n = len(x)
@@ -439,6 +445,14 @@ def test_a_branch_read_through_an_index_slice_or_reduction_gets_no_nan(x, data):
     rows = np.all(grid > 0, axis=1, keepdims=True)
     np.testing.assert_array_equal(dsl.grad(m.row_sums)(grid), np.where(rows, grid_local, 0.0))
     np.testing.assert_array_equal(dsl.grad(m.transposed)(grid), grid_local)
+    # ... nor a loop: its backward loop carries the mask from trip to trip
+    trips = data.draw(st.integers(0, 3))
+    power = 0.5 ** trips
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(x > 0, power * np.abs(x) ** (power - 1), 0.0)
+        bend = np.where(x > 0, power * (power - 1) * np.abs(x) ** (power - 2), 0.0)
+    np.testing.assert_allclose(dsl.grad(m.looped)(x, trips), slope, rtol=1e-14)
+    np.testing.assert_allclose(dsl.hessian(m.looped)(x, trips), np.diag(bend), rtol=1e-13)
 
 
 # ------------------------------------------------ derivatives in the tails
