@@ -39,7 +39,13 @@ from gradlang.runtime.errors import GradError
 _Record = tuple[Eqn, list[Atom], Optional[list[Atom]]]
 
 
-def vjp(fn: Function, wrt: Sequence[int]) -> Function:
+def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = ()) -> Function:
+    """The joint function (see above).  With `masked` (output positions),
+    it also takes a where-mask for those outputs' cotangents (bool, at the
+    output's shape: where the cotangent may be nonzero), after the
+    cotangents, and also returns the masks of the `wrt` parameters'
+    cotangents, each at its parameter's shape: a loop's backward body
+    carries them from trip to trip (`loop_pull_back`)."""
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
     env: dict[Var, Atom] = dict(zip(fn.params, params))
@@ -47,15 +53,29 @@ def vjp(fn: Function, wrt: Sequence[int]) -> Function:
     tape = _forward_sweep(b, fn, env, active)
     outputs = [env.get(a, a) if isinstance(a, Var) else a for a in fn.outputs]
     cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs)]
+    masks_in = {i: Var(TensorType("bool", outputs[i].type.shape), f"m{i}") for i in masked}
     cots = _Cotangents(b, active)
-    for out, ct in zip(outputs, cts_in):
-        cots.accumulate(out, ct, None)
+    for i, (out, ct) in enumerate(zip(outputs, cts_in)):
+        cots.accumulate(out, ct, masks_in.get(i))
     for record in reversed(tape):
         _pull_back(b, record, cots)
     grads = [cots.of(params[i]) for i in wrt]
     grads = [g if g is not None else ops.zeros_like(b, params[i].type)
              for i, g in zip(wrt, grads)]
-    return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+    if not masked:
+        return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
+    masks_out = [_mask_at(b, cots.mask(params[i]), params[i].type) for i in wrt]
+    return b.function(f"{fn.name}_vjp", params + cts_in + list(masks_in.values()),
+                      outputs + grads + masks_out)
+
+
+def _mask_at(b: Builder, mask: Optional[Var], t: TensorType) -> Var:
+    """A where-mask as a bool value of type t's shape (None: everywhere)."""
+    if mask is None:
+        return ops.full(b, True, t.shape, "bool")
+    if mask.type.shape != t.shape:
+        return b.bind("broadcast_to", mask, shape=t.shape)
+    return mask
 
 
 def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
@@ -145,22 +165,24 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     if all(c is None for c in out_cts):
         return
     if eqn.op == "loop":
-        for a, ct in loop_pull_back(b, eqn, out_cts, residuals):
-            cots.accumulate(a, ct, None)
+        out_masks = [cots.mask(o) for o in outs]
+        for a, ct, mask in loop_pull_back(b, eqn, out_cts, residuals, out_masks):
+            cots.accumulate(a, ct, mask)
         return
     out_cts = [c if c is not None else ops.zeros_like(b, o.type)
                for c, o in zip(out_cts, outs)]
     needs = [cots.needs(a) for a in eqn.inputs]
     op = ops.OPS[eqn.op]
+    # the equation on the values standing for its outputs here
+    shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
     if op.kind == "call":
         in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
     else:
-        shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
         in_cts = op.vjp(b, shadow, out_cts, needs)
     out_mask = _common_mask([cots.mask(o) for o in outs])
     for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
         if need and ct is not None:
-            ct, mask = _select(b, eqn, index, ct, out_mask)
+            ct, mask = _select(b, shadow, index, ct, out_mask)
             if op.kind == "elementwise":
                 ct = ops.unbroadcast(b, ct, a.type.shape)
             cots.accumulate(a, ct, mask)
@@ -199,13 +221,18 @@ def _trip_dim(inputs: Sequence[Atom]):
 
 
 def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
-                   stacked: Sequence[Atom]) -> list[tuple[Atom, Atom]]:
+                   stacked: Sequence[Atom], out_masks: Sequence[Optional[Var]] = ()
+                   ) -> list[tuple[Atom, Atom, Optional[Var]]]:
     """A loop's VJP: a loop over the same trips in the other direction,
     carrying the carried values' cotangents and the sums of the
     invariants' ones, reading each trip's starting state from `stacked`
     (`loop_forward`'s residuals); its body is the VJP of the loop's body
-    (so it differentiates again).  Returns (input, cotangent) for each
-    float input."""
+    (so it differentiates again).  Where every float carried value's
+    cotangent has a where-mask (`out_masks`, by output), the backward loop
+    carries the masks too, so that a derivative inside the body that is
+    inf where nothing flows (sqrt at 0 in a loop whose result a where does
+    not take) meets a selection, not a product with 0.  Returns (input,
+    cotangent, mask) for each float input."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     bounds, carry, inv, xs = ops.loop_groups(eqn.inputs, p)
@@ -215,7 +242,9 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     offsets = (1, 1 + n_carry, 1 + n_carry + n_inv)
     wrt = [off + k for off, group in zip(offsets, floats) for k in group]
     body, wide = _widened(body, n_carry, floats[1])
-    joint = vjp(body, wrt)
+    start_masks = [out_masks[k] if k < len(out_masks) else None for k in floats[0]]
+    masked = floats[0] if floats[0] and all(m is not None for m in start_masks) else []
+    joint = vjp(body, wrt, masked)
     with_ct = [k for k, ct in enumerate(out_cts[n_carry:]) if ct is not None]
     bb = Builder()
     index = Var(body.params[0].type, "i")
@@ -233,22 +262,29 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
                  for k in range(len(ys_types))]
     inv_args = [bb.bind("broadcast_to", a, shape=wide[k].shape) if k in wide else a
                 for k, a in enumerate(inv_params)]
-    results = inline(bb, joint, [index] + starts + inv_args + x_slices + body_cts)
-    grads = results[len(body.outputs):]
+    mask_carry = [Var(TensorType("bool", carry[k].type.shape), "mc") for k in masked]
+    results = inline(bb, joint, [index] + starts + inv_args + x_slices + body_cts + mask_carry)
     n_c, n_i = len(floats[0]), len(floats[1])
+    grads = results[len(body.outputs):len(body.outputs) + len(wrt)]
+    new_masks = results[len(body.outputs) + len(wrt):][:len(masked)]
     new_sums = [bb.bind("add", s, g) for s, g in zip(sums, grads[n_c:n_c + n_i])]
-    backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + sums + inv_params
-                           + starts + x_slices + y_cts,
-                           grads[:n_c] + new_sums + grads[n_c + n_i:])
+    backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + sums + mask_carry
+                           + inv_params + starts + x_slices + y_cts,
+                           grads[:n_c] + new_sums + new_masks + grads[n_c + n_i:])
     init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
             for k in floats[0]] + [ops.zeros_like(b, s.type) for s in sums]
+    init += [_mask_at(b, m, carry[k].type) for k, m in zip(floats[0], start_masks) if masked]
     xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct]
     outs = b.bind_multi("loop", *bounds, *init, *inv, *xs_b, span=eqn.span, body=backward,
-                        n_carry=n_c + n_i, n_inv=n_inv, trip=p["trip"],
+                        n_carry=n_c + n_i + len(masked), n_inv=n_inv, trip=p["trip"],
                         reverse=not p["reverse"])
+    end_masks = list(outs[n_c + n_i:n_c + n_i + len(masked)]) or [None] * n_c
+    outs = list(outs[:n_c + n_i]) + list(outs[n_c + n_i + len(masked):])
     targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
         [xs[k] for k in floats[2]]
-    return [(a, ops.unbroadcast(b, ct, a.type.shape)) for a, ct in zip(targets, outs)]
+    masks = end_masks + [None] * (len(targets) - n_c)
+    return [(a, ops.unbroadcast(b, ct, a.type.shape), mask)
+            for a, ct, mask in zip(targets, outs, masks)]
 
 
 def _widened(body: Function, n_carry: int, float_invariants: list[int]
@@ -315,8 +351,8 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
     if not _keeps_positions(eqn, index):
         # the mask says nothing about other positions (re-selecting by it
         # when the shapes happened to fit zeroed the gradient of
-        # transpose(x) inside a where wherever c.T != c)
-        return ct, None
+        # transpose(x) inside a where wherever c.T != c): it moves with them
+        return ct, _moved_mask(b, eqn, index, out_mask)
     op, inputs = ops.OPS[eqn.op], eqn.inputs
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
@@ -329,6 +365,28 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
         taken = cond if index == 1 else b.bind("logical_not", cond)
         mask = taken if mask is None or mask is taken else b.bind("logical_and", mask, taken)
     return ct, _narrowed(b, mask, a, ct)
+
+
+# Ops whose VJP only moves, sums and spreads the output's cotangent, with
+# positive weights: layout ops, reductions, gathers and scatter-adds.
+_MOVES_POSITIONS = ("layout", "reduction", "index")
+
+
+def _moved_mask(b: Builder, eqn: Eqn, index: int, out_mask: Optional[Var]) -> Optional[Var]:
+    """The where-mask of input `index` of an op that moves positions: the
+    op's VJP applied to the output's mask as 0 and 1 is positive exactly
+    where the input's cotangent gathers something from inside the mask.
+    Without it, where(x[i] > 0, s[i], 0) for s = sqrt(x) (or s[1:], s.T,
+    sum(s, axis=1) ...) had 0 * sqrt's inf derivative, NaN, at x = 0."""
+    op = ops.OPS[eqn.op]
+    (out,) = eqn.outputs
+    if out_mask is None or op.kind not in _MOVES_POSITIONS or not _fits(out_mask, out):
+        return None
+    if out_mask.type.shape != out.type.shape:
+        out_mask = b.bind("broadcast_to", out_mask, shape=out.type.shape)
+    weights = b.bind("cast", out_mask, dtype=out.type.dtype)
+    moved = op.vjp(b, eqn, [weights], [i == index for i in range(len(eqn.inputs))])[index]
+    return None if moved is None else b.bind("gt", moved, ops.lit(b, 0, moved))
 
 
 def _narrowed(b: Builder, mask: Optional[Var], a: Atom, ct: Atom) -> Optional[Var]:

@@ -236,7 +236,7 @@ def _transpose_loop(b: Builder, eqn: Eqn, cts: dict[Var, Atom], linear: set[Var]
     zeroed = [ops.zeros_like(b, a.type) if a in linear else a for a in eqn.inputs]
     back = {z: a for z, a in zip(zeroed, eqn.inputs) if a in linear}
     record, _, stacked = loop_forward(b, eqn, zeroed)
-    for z, ct in loop_pull_back(b, record, out_cts, stacked):
+    for z, ct, _ in loop_pull_back(b, record, out_cts, stacked):
         if z in back:
             _accumulate(b, cts, linear, back[z], ct)
 

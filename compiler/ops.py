@@ -563,8 +563,17 @@ def _sigmoid_ref(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
+def _sigmoid_slope_ref(x):
+    e = np.exp(-np.abs(x))
+    return (e / ((1 + e) * (1 + e))).astype(x.dtype)
+
+
 def _erf_ref(x):
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+def _erfc_ref(x):
+    return np.vectorize(math.erfc, otypes=[x.dtype])(x) if x.size else x.copy()
 
 
 # ------------------------------------------------------------------ the row
@@ -625,7 +634,8 @@ class Op:
     # so a branch not taken contributes exactly 0 even where the local
     # derivative is inf; "branches" is `where` itself, whose rule already
     # selects, and whose branch k narrows the mask to where it was taken.
-    # (Only through elementwise ops and calls: see `autodiff._select`.)
+    # (Through elementwise ops and calls; layout ops, reductions and
+    # gathers move the mask to their inputs: see `autodiff._select`.)
     masking: str = "select"
     # for an op that picks one of its two inputs (maximum, minimum): the
     # comparison of an input with the other under which it is picked (ties
@@ -707,6 +717,8 @@ _INTEGRAL = ("{0} if not (abs({0}) < 4503599627370496.0) "
 _INFINITE_DIVIDEND = "{0} - {0} if abs({0}) == np.inf and {1} != 0 and {1} == {1} else "
 _SIGMOID = ("{T}(1) / ({T}(1) + math.exp(-{0})) if {0} >= 0 "
             "else math.exp({0}) / ({T}(1) + math.exp({0}))")
+_SIGMOID_SLOPE = ("math.exp(-abs({0})) / "
+                  "(({T}(1) + math.exp(-abs({0}))) * ({T}(1) + math.exp(-abs({0}))))")
 
 
 _TABLE: tuple[Op, ...] = (
@@ -720,9 +732,11 @@ _TABLE: tuple[Op, ...] = (
     Op("log1p", template="math.log1p({0})", ref=np.log1p, float_only=True,
        source_name="log1p", domain="positive",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("add", x, lit(b, 1, x)))), cost=4),
+    # exp(x), not expm1(x) + 1: that cancels to 0 below x = -37 (-17 in
+    # float32), where exp(x) is still a normal number
     Op("expm1", template="math.expm1({0})", ref=np.expm1, float_only=True,
        source_name="expm1",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", o, lit(b, 1, o)))), cost=4),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("exp", x))), cost=4),
     Op("sqrt", template="math.sqrt({0})", ref=np.sqrt, float_only=True, source_name="sqrt",
        domain="positive",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind("mul", o, lit(b, 2, o)))), cost=1),
@@ -749,12 +763,24 @@ _TABLE: tuple[Op, ...] = (
        source_name="arcsinh",
        vjp=_unary(lambda b, x, o, ct: b.bind("div", ct, b.bind(
            "sqrt", b.bind("add", lit(b, 1, x), _mul(b, x, x))))), cost=64),
+    # sigmoid' is its own op, not s (1 - s): 1 - s cancels to 0 above x = 37
+    # (17 in float32) and loses digits well before
     Op("sigmoid", template=_SIGMOID, ref=_sigmoid_ref, float_only=True, source_name="sigmoid",
-       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(b, o, b.bind("sub", lit(b, 1, o), o)))),
-       cost=4),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sigmoid_slope", x))), cost=4),
+    # sigmoid(x) sigmoid(-x) = e / (1 + e)^2 with e = exp(-|x|): accurate
+    # everywhere, for one exp (its copies are one value to LLVM).  Its own
+    # derivative is itself times -tanh(x / 2), smooth at 0, where |x| is not.
+    Op("sigmoid_slope", template=_SIGMOID_SLOPE, ref=_sigmoid_slope_ref, float_only=True,
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, _mul(b, ct, o), b.bind(
+           "tanh", _mul(b, x, lit(b, 0.5, x)))))), cost=4),
     Op("erf", template="math.erf({0})", ref=_erf_ref, float_only=True, source_name="erf",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _mul(
            b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x)))))), cost=32),
+    # 1 - erf(x), with its digits where erf is near 1 (the normal's upper tail)
+    Op("erfc", template="math.erfc({0})", ref=_erfc_ref, float_only=True, source_name="erfc",
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, ct, _mul(
+           b, lit(b, _SQRT_2_OVER_PI, x), b.bind("exp", b.bind("neg", _mul(b, x, x))))))),
+       cost=32),
     Op("abs", exact=True, template="abs({0})", ref=np.abs, source_name="abs", domain="nonzero",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sign", x)))),
     # 0 for -0.0 as for 0.0 (NumPy's), NaN for NaN

@@ -316,8 +316,9 @@ class Compiled:
         if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
             return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
-        if self.host_results:
-            outs = tuple(self.target.to_host(o) for o in outs)
+        if self.host_results:  # (a recorded call's are on the host already)
+            outs = tuple(o if isinstance(o, np.ndarray) else self.target.to_host(o)
+                         for o in outs)
         return self.format(outs)
 
     def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -341,13 +342,18 @@ class Compiled:
     def _call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any],
                     out: Any) -> tuple[np.ndarray, ...]:
         on_target = self.on_target(bound)
-        tapes = recording_tapes(on_target.values())
+        # A tape tracks the arrays the caller holds: a host array it watches
+        # is copied to a device target here, and with `host_results` the
+        # caller gets host copies of the results, which the tape must track.
+        tapes = recording_tapes(bound.values())
         if tapes:
             if out is not None:
                 raise ArgumentError(f"{called(self.name)} takes no out= while a Tape records the "
                                     "call: the tape's results are arrays of its own", self.span)
-            outs, pullback = vjp_bound(self, on_target)
-            return record(tapes, self, on_target, outs, pullback)
+            outs, pullback = vjp_bound(self, on_target, self.host_results)
+            if self.host_results:
+                outs = tuple(self.target.to_host(o) for o in outs)
+            return record(tapes, self, bound, outs, pullback)
         program = self.program(on_target)
         if args and not self.host_results and not self.static_names(on_target):
             layout = self.format(tuple(range(len(program.out_types))))

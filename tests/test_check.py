@@ -105,6 +105,20 @@ def test_stable_grad_block_is_finite_at_large_magnitudes_in_both_dtypes():
     assert [(r.order, r.dtype) for r in naive.failures] == [(1, "f32")]
 
 
+
+def test_a_function_that_compiles_only_in_f64_is_checked_in_f64_with_a_warning():
+    # x narrowed to f32 meets the f64 w in the loop, so h changes dtype: a
+    # GradError from the f32 run made the whole check "could not be
+    # checked", for a program that is right in f64, the dtype it is called in.
+    m = dsl.loads("def g(x, w: f64, n: const i64 = 2):\n    h = x\n"
+                  "    for i in range(n):\n        h = tanh(h) * w\n    return sum(h)\n")
+    result = dsl.check_gradients(m.g, np.array([0.3, -0.8]), 1.5, order=1)
+    assert result and len(result) and {r.dtype for r in result} == {"f64"}
+    assert result.warnings == ["not checked in f32: it does not compile there (line 4: 'h' "
+                               "changes type in the loop: f32[2] before an iteration, f64[2] "
+                               "after it; a carried value must keep its dtype and shape)"]
+
+
 def test_check_gradients_result_is_falsy_on_failure_and_raises_when_asked():
     naive = dsl.loads(NAIVE).softplus_naive
     x = np.array([100.0, 1.0])

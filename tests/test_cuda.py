@@ -87,3 +87,25 @@ def test_kernels_gridded_by_rows_stride_past_the_grid_limit():
     ga, gb = dsl.grad(m.mm, wrt=(0, 1))(a, b)
     np.testing.assert_allclose(ga, np.ones((a.shape[0], b.shape[1])) @ b.T, rtol=1e-12)
     np.testing.assert_allclose(gb, a.T @ np.ones((a.shape[0], b.shape[1])), rtol=1e-12)
+
+
+@pytest.mark.parametrize("host_results", [False, True])
+def test_a_tape_records_calls_on_host_arrays(host_results):
+    # A call copied the watched host array to the device and asked the tape
+    # about the copy: nothing was recorded, and gradient() said "the target
+    # was not computed by a call recorded on this tape".  With host_results
+    # the tape tracked the device results, not the host copies returned.
+    m = dsl.loads("def f(x):\n    return x * x\ndef g(y):\n    return sum(sin(y))\n",
+                  target="cuda", host_results=host_results)
+    x = np.array([0.5, 1.0])
+    with dsl.Tape() as outer:
+        outer.watch(x)
+        with dsl.Tape() as inner:
+            inner.watch(x)
+            z = m.g(m.f(x))
+        g = inner.gradient(z, x)
+    h = outer.gradient(g, x)
+    if not host_results:
+        g, h = rcuda.to_host(g), rcuda.to_host(h)
+    np.testing.assert_allclose(g, 2 * x * np.cos(x * x), rtol=1e-12)
+    np.testing.assert_allclose(h, 2 * np.cos(x * x) - 4 * x * x * np.sin(x * x), rtol=1e-12)
