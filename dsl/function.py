@@ -686,6 +686,10 @@ class VjpFunction(Compiled):
             ParamSpec(n, None, None, False, False) for n in self.ct_names)
         self.target, self.host_results = inner.target, inner.host_results
 
+    @property
+    def span(self):
+        return self.inner.span
+
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = [n for n in types if n not in self.ct_names]
         inner_types = {n: types[n] for n in names}

@@ -80,6 +80,12 @@ class TorchFunction(Bridged):
 
     @user_facing
     def __call__(self, *args, **kwargs):
+        if _TRACING[0]():
+            # the kernels read memory torch cannot see: the trace would keep
+            # this call's results as constants, silently, for any input
+            raise ArgumentError(f"torch.jit.trace cannot record {self.__name__}, which runs "
+                                "outside torch: its results would be constants of the trace; "
+                                "use torch.compile, or call the function eagerly", self.f.span)
         if _COMPILING[0]():
             # dynamo traces with FakeTensors, which have no memory for the
             # kernels: the call runs eagerly, between two compiled graphs
@@ -139,16 +145,17 @@ class Call:
             return self.bound
         return self.rebound(tensors)[0]
 
-    def rebound(self, tensors: Sequence[Any], extra: Optional[dict] = None
-                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def rebound(self, tensors: Sequence[Any], extra: Optional[dict] = None,
+                extra_what: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
         """(bound, name -> tensor) for running a function derived from f
         on these tensors (the operation's inputs, at the level of a
         transform the derived function runs at), with `extra` tensors by
-        name added (cotangents, tangents)."""
+        name added (`extra_what`: cotangents, tangents)."""
         inputs = {**dict(zip(self.names, tensors)), **(extra or {})}
         bound = dict(self.bound)
-        bound.update({n: _as(self.bound.get(n), _array_of(t, self.f, f"argument {n!r}"))
-                      for n, t in inputs.items()})
+        bound.update({n: _as(self.bound.get(n), _array_of(
+            t, self.f, extra_what if n in (extra or ()) else f"argument {n!r}"))
+            for n, t in inputs.items()})
         return bound, inputs
 
 
@@ -202,7 +209,8 @@ def _operations() -> tuple:
             grads = {n: _tensor(g) for n, g in zip(call.bound, raw) if g is not None}
         else:  # create_graph, or a torch.func transform: a recorded, compiled backward
             vjp = backward_function(f, len(cts))
-            bound, inputs = call.rebound(ctx.saved_tensors, dict(zip(vjp.ct_names, cts)))
+            bound, inputs = call.rebound(ctx.saved_tensors, dict(zip(vjp.ct_names, cts)),
+                                         "a cotangent")
             grads = dict(zip(f.differentiable_names(call.bound), apply(vjp, bound, inputs)))
         return (None, *(grads.get(n) if need else None for n, need in zip(call.names, needs)))
 
@@ -214,7 +222,8 @@ def _operations() -> tuple:
                  if t is not None and n in differentiable}
         jf = jvp_function(f, [n for n in call.bound if n in given])
         bound, inputs = call.rebound(
-            ctx.saved_tensors, dict(zip(jf.tangent_names, (given[n] for n in jf.active))))
+            ctx.saved_tensors, dict(zip(jf.tangent_names, (given[n] for n in jf.active))),
+            "a tangent")
         outs = apply(jf, bound, inputs)
         n = len(outs) // 2
         return tuple(t if o.is_floating_point() else None for o, t in zip(outs, outs[n:]))
@@ -277,7 +286,10 @@ def _constant_views(args: tuple) -> "list[np.ndarray] | None":
         if type(t) is not _TENSOR[0] or t.requires_grad or not t.is_cpu \
                 or t.dtype not in _NUMPY or _WRAPPED[0](t) or t.layout is not _STRIDED[0]:
             return None
-        views.append(t.numpy())
+        try:
+            views.append(t.numpy())
+        except RuntimeError:  # no memory of its own (nested, legacy vmap): `_array_of` says so
+            return None
     return views
 
 
@@ -297,11 +309,13 @@ _TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
 _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
+_LEGACY_BATCHED: list = []  # whether a tensor is batched by torch's legacy vmap
 _STRIDED: list = []  # torch.strided, the layout of dense tensors
 _NO_TRANSFORM: list = []  # a context in which torch.func transforms are off
 _TRANSFORMS_ACTIVE: list = []  # whether a torch.func transform is running
 _FORWARD_AD: list = []  # torch.autograd.forward_ad, whose level says if one is open
 _COMPILING: list = []  # torch.compiler.is_compiling: whether dynamo is tracing
+_TRACING: list = []  # whether torch.jit.trace is recording
 _EAGER: list = []  # a call of a TorchFunction that dynamo does not trace
 
 
@@ -311,11 +325,13 @@ def _fill_dtypes(torch) -> None:
         _NUMPY.update({v: k for k, v in _TORCH.items()})
         _TENSOR.append(torch.Tensor)
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
+        _LEGACY_BATCHED.append(torch._C._functorch.is_legacy_batchedtensor)
         _STRIDED.append(torch.strided)
         _NO_TRANSFORM.append(torch._C._DisableFuncTorch)
         _TRANSFORMS_ACTIVE.append(torch._C._are_functorch_transforms_active)
         _FORWARD_AD.append(importlib.import_module("torch.autograd.forward_ad"))
         _COMPILING.append(torch.compiler.is_compiling)
+        _TRACING.append(torch._C._is_tracing)
         _EAGER.append(torch.compiler.disable(
             lambda function, args, kwargs: function(*args, **kwargs)))
 
@@ -327,9 +343,18 @@ def _array_of(t, f: Compiled, where: str):
     if t.dtype not in _NUMPY:
         raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
                             "and float64 (and int32, int64, bool constants)", f.span)
-    if t.layout is not _STRIDED[0]:  # no memory of the array's shape to share
-        raise ArgumentError(f"{where} is a tensor of layout {t.layout}; compiled functions "
-                            "take dense tensors (t.to_dense())", f.span)
+    if t.layout is not _STRIDED[0] or t.is_nested:  # no memory of the array's shape
+        what, dense = (("a nested tensor", "t.to_padded_tensor(0.0)") if t.is_nested
+                       else (f"a tensor of layout {t.layout}", "t.to_dense()"))
+        raise ArgumentError(f"{where} is {what}; compiled functions take dense tensors "
+                            f"({dense})", f.span)
+    if _LEGACY_BATCHED[0](t):
+        # its batch lives in a wrapper torch gives no access to from Python
+        raise ArgumentError(f"{where} is batched by torch's legacy vmap (autograd.grad's "
+                            "is_grads_batched, autograd.functional's vectorize=True, "
+                            "gradcheck's check_batched_grad), whose tensors have no memory "
+                            "for compiled kernels; use torch.func (vmap, jacrev, jacfwd, "
+                            "hessian), or turn that option off", f.span)
     if _WRAPPED[0](t):
         # torch.func's wrappers have no memory of their own for the kernels
         # to read (and torch ops on them make wrappers again): a stand-in of

@@ -209,14 +209,68 @@ def test_a_tensor_on_another_device_is_an_argument_error():
         f(torch.zeros(3, dtype=torch.float64, device="meta"))
 
 
+def _nested(requires_grad: bool):
+    return torch.nested.nested_tensor([torch.zeros(3), torch.zeros(2)], dtype=torch.float64,
+                                      requires_grad=requires_grad)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_a_sparse_tensor_is_an_argument_error(requires_grad):
-    # torch's TypeError from reading its NumPy view escaped the bridge
+@pytest.mark.parametrize("make,message,dense", [
+    (lambda rg: torch.zeros(3, dtype=torch.float64).to_sparse().requires_grad_(rg),
+     "a tensor of layout torch.sparse_coo.*to_dense", lambda t: t.to_dense()),
+    # a nested tensor's layout is strided: torch's "Internal error:
+    # NestedTensorImpl doesn't support sizes" escaped from reading its view
+    (_nested, "a nested tensor.*to_padded_tensor", lambda t: t.to_padded_tensor(0.0)),
+], ids=["sparse", "nested"])
+def test_a_tensor_without_dense_memory_is_an_argument_error(requires_grad, make, message,
+                                                            dense):
+    # torch's TypeError from reading a sparse tensor's NumPy view escaped the bridge
     f = dsl.to_torch(load("log1pexp").log1pexp)
-    sparse = torch.zeros(3, dtype=torch.float64).to_sparse().requires_grad_(requires_grad)
-    with pytest.raises(dsl.ArgumentError, match="layout torch.sparse_coo.*to_dense"):
-        f(sparse)
-    np.testing.assert_allclose(f(sparse.to_dense()).detach(), np.full(3, np.log(2.0)))
+    t = make(requires_grad)
+    with pytest.raises(dsl.ArgumentError, match="log1pexp.grad:.*argument 0 of "
+                                                f"to_torch\\(log1pexp\\) is {message}"):
+        f(t)
+    np.testing.assert_allclose(f(dense(t)).detach(), np.full((2, 3)[-t.dim():], np.log(2.0)))
+
+
+def test_tensors_of_torchs_legacy_vmap_are_argument_errors():
+    # the backward (a batched cotangent), the jvp rule (a batched tangent)
+    # and a call (a batched argument) read the NumPy view of a tensor that
+    # has no memory: "Batching rule not implemented for aten::detach"
+    from torch._vmap_internals import _vmap
+    from torch.autograd import functional
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    s = torch.sigmoid(x)
+    np.testing.assert_allclose(functional.jacobian(f, x), torch.diag(s), rtol=1e-15)
+    legacy = "log1pexp.grad:.*error: {} is batched by torch's legacy vmap.*use torch.func"
+    for what, call in [
+            ("a cotangent", lambda: functional.jacobian(f, x, vectorize=True)),
+            ("a tangent", lambda: functional.jacobian(f, x, vectorize=True,
+                                                      strategy="forward-mode")),
+            # (its backward is vjp(log1pexp)'s, which had no source location)
+            ("a cotangent", lambda: functional.hessian(lambda x: f(x).sum(), x,
+                                                       vectorize=True)),
+            ("argument 0 of to_torch\\(log1pexp\\)", lambda: _vmap(f)(x[:, None]))]:
+        with pytest.raises(dsl.ArgumentError, match=legacy.format(what)):
+            call()
+    np.testing.assert_allclose(torch.func.jacrev(f)(x), torch.diag(s), rtol=1e-15)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit")
+def test_torch_jit_trace_is_refused():
+    # the trace kept the kernels' results as constants (a TracerWarning, then
+    # the first input's values for every input), or failed its sanity check
+    f = dsl.to_torch(load("bar").bar)
+    y = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    for requires_grad in (False, True):
+        x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=requires_grad)
+        with pytest.raises(dsl.ArgumentError, match="torch.jit.trace cannot record "
+                                                    "to_torch\\(bar\\).*torch.compile"):
+            torch.jit.trace(lambda x: f(x, y), (x,))
+    np.testing.assert_array_equal(f(torch.tensor([10.0, 20.0], dtype=torch.float64), y),
+                                  [30.0, 80.0])
 
 
 def test_a_cpu_tensor_for_a_cuda_module_is_an_argument_error():
