@@ -40,12 +40,15 @@ the NumPy view of its memory and results come back as tensors over the
 kernels' output arrays; for a module loaded with target="cuda", CUDA
 tensors go to the kernels through `__cuda_array_interface__` and results
 come back the same way.  Float tensors must be f32 or f64 (integer and
-bool tensors are constants); a tensor of another dtype, a sparse one, one
+bool tensors are constants); a tensor of another dtype, a sparse or nested
+one, one batched by torch's legacy vmap (`torch.autograd.functional`'s
+vectorize=True: it has no memory to read; torch.func's vmap works), one
 on a device the module's target does not run on (a torch.func transform's
 CUDA tensor: checked when its forward runs), or one requiring grad for a
 parameter without a gradient (const or integer) is an `ArgumentError`
-before anything runs.  torch is imported when `to_torch` is first
-called, never by `import dsl`.
+before anything runs, and so is a call under `torch.jit.trace` (which
+would keep its results as constants).  torch is imported when `to_torch`
+is first called, never by `import dsl`.
 """
 from __future__ import annotations
 
