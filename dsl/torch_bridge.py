@@ -7,7 +7,10 @@ params f reads as keyword tensors (a param left out takes the module's
 value and gets no gradient), and returns torch tensors shaped as f's
 results.  The forward runs f's compiled kernels (its split forward pass,
 keeping the residuals, when an input requires grad); the backward runs the
-compiled pullback.  A call with nothing to record (positional CPU tensors,
+compiled pullback.  torch holds the residuals (saved for backward, as
+tensors over their memory): it frees them after the backward unless
+retain_graph, and its saved-tensor hooks (non-reentrant checkpoint,
+save_on_cpu) apply to them as to its own.  A call with nothing to record (positional CPU tensors,
 none requiring grad) is f's own call on their NumPy views, with its fast
 path for repeated signatures.  Under `create_graph=True` the backward is
 itself such an operation, made from f's backward pass as a compiled
@@ -83,16 +86,16 @@ class TorchFunction(Bridged):
 
     @user_facing
     def __call__(self, *args, **kwargs):
+        if _COMPILING[0]():
+            # dynamo traces with FakeTensors, which have no memory for the
+            # kernels: the call runs eagerly, between two compiled graphs
+            return _EAGER[0](self, args, kwargs)
         if _TRACING[0]():
             # the kernels read memory torch cannot see: the trace would keep
             # this call's results as constants, silently, for any input
             raise ArgumentError(f"torch.jit.trace cannot record {self.__name__}, which runs "
                                 "outside torch: its results would be constants of the trace; "
                                 "use torch.compile, or call the function eagerly", self.f.span)
-        if _COMPILING[0]():
-            # dynamo traces with FakeTensors, which have no memory for the
-            # kernels: the call runs eagerly, between two compiled graphs
-            return _EAGER[0](self, args, kwargs)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
             views = _constant_views(args)
@@ -197,8 +200,16 @@ def _operations() -> tuple:
         return tuple(_tensor(o) for o in outs)
 
     def setup_context(ctx, inputs: tuple, output: tuple) -> None:
-        ctx.call = inputs[0]
-        ctx.save_for_backward(*inputs[1:])  # torch checks they are not modified in place
+        call = ctx.call = inputs[0]
+        residuals = ()
+        if call.pullback is not None:
+            # torch holds the residuals, as tensors over their memory: it frees
+            # them after the backward (unless retain_graph), and its saved-tensor
+            # hooks (checkpoint, save_on_cpu) apply to them as to its own
+            residuals = tuple(map(_tensor, call.pullback.residuals))
+            call.pullback = call.pullback.reading(())
+        # torch checks the inputs are not modified in place
+        ctx.save_for_backward(*inputs[1:], *residuals)
         ctx.save_for_forward(*inputs[1:])
         ctx.mark_non_differentiable(*(r for r in output if not r.is_floating_point()))
 
@@ -206,14 +217,16 @@ def _operations() -> tuple:
         # (torch gives zeros for the cotangent of an output it did not use)
         call, needs = ctx.call, ctx.needs_input_grad[1:]
         f = call.f
+        saved = ctx.saved_tensors  # (torch raises here if it freed them, or one was modified)
+        tensors, residuals = saved[:len(call.names)], saved[len(call.names):]
         if call.pullback is not None and not torch.is_grad_enabled() \
                 and not any(map(_WRAPPED[0], cts)):
-            raw = call.pullback(*(_array_of(ct, f, "a cotangent") for ct in cts))
+            pullback = call.pullback.reading([_memory(r) for r in residuals])
+            raw = pullback(*(_array_of(ct, f, "a cotangent") for ct in cts))
             grads = {n: _tensor(g) for n, g in zip(call.bound, raw) if g is not None}
         else:  # create_graph, or a torch.func transform: a recorded, compiled backward
             vjp = backward_function(f, len(cts))
-            bound, inputs = call.rebound(ctx.saved_tensors, dict(zip(vjp.ct_names, cts)),
-                                         "a cotangent")
+            bound, inputs = call.rebound(tensors, dict(zip(vjp.ct_names, cts)), "a cotangent")
             grads = dict(zip(f.differentiable_names(call.bound), apply(vjp, bound, inputs)))
         return (None, *(grads.get(n) if need else None for n, need in zip(call.names, needs)))
 
@@ -225,8 +238,8 @@ def _operations() -> tuple:
                  if t is not None and n in differentiable}
         jf = jvp_function(f, [n for n in call.bound if n in given])
         bound, inputs = call.rebound(
-            ctx.saved_tensors, dict(zip(jf.tangent_names, (given[n] for n in jf.active))),
-            "a tangent")
+            ctx.saved_tensors[:len(call.names)],
+            dict(zip(jf.tangent_names, (given[n] for n in jf.active))), "a tangent")
         outs = apply(jf, bound, inputs)
         n = len(outs) // 2
         return tuple(t if o.is_floating_point() else None for o, t in zip(outs, outs[n:]))

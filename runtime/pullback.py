@@ -48,6 +48,22 @@ class Pullback:
     def residual_bytes(self) -> int:
         return sum(r.nbytes for r in self._residuals)
 
+    @property
+    def residuals(self) -> tuple:
+        """The arrays the backward program reads besides the cotangents."""
+        return self._residuals
+
+    def reading(self, residuals: Sequence) -> "Pullback":
+        """This pullback reading `residuals` (arrays equal to its own, this
+        target's or any it accepts) in place of its own: a library whose
+        autograd keeps the residuals (and frees them when its graph no
+        longer needs them) holds them, not the pullback."""
+        copy = object.__new__(Pullback)
+        copy.__dict__.update(self.__dict__)
+        copy._residuals = tuple(self.target.accept(r, f"a residual of {called(self.name)}")
+                                for r in residuals)
+        return copy
+
     @user_facing
     def __call__(self, *cts):
         if len(cts) != len(self._out_types):

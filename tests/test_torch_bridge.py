@@ -98,6 +98,34 @@ def test_double_and_triple_backward_through_the_grad_block():
     np.testing.assert_allclose(d3.numpy(), s * (1 - s) * (1 - 2 * s), rtol=1e-12, atol=1e-16)
 
 
+def test_torch_holds_the_residuals_and_frees_them_after_backward():
+    # the pullback held them on the graph's node, unseen by torch: kept
+    # after the backward for as long as the output lived (a loss kept for
+    # logging held every step's), and outside checkpoint's and
+    # save_on_cpu's saved-tensor hooks, which never saw them
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    x = tensor([-1.0, 0.5, 2.0])
+    s = sigmoid(x.detach().numpy())
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t.clone(),
+                                                  lambda t: t):
+        y = f(x)
+    # x, and the residual the block reads: 1 - 1 / (1 + e), simplified to sigmoid(x)
+    assert len(packed) == 2
+    np.testing.assert_allclose(packed[1].numpy(), s, rtol=1e-15)
+    (g,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
+    np.testing.assert_allclose(g.numpy(), s, rtol=1e-15)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), s, rtol=1e-15)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+    from torch.utils.checkpoint import checkpoint
+    w = tensor(1.5)
+    (gx, gw) = torch.autograd.grad(checkpoint(lambda x: f(x * w), x, use_reentrant=False).sum(),
+                                   (x, w))
+    np.testing.assert_allclose(gx.numpy(), 1.5 * sigmoid(1.5 * x.detach().numpy()), rtol=1e-15)
+
+
 def test_params_as_keyword_tensors_get_grad():
     lp = dsl.to_torch(load("linear_poly").linear_poly)
     x = tensor([1.0, 2.0, 4.0])
