@@ -49,8 +49,9 @@ vectorize=True: it has no memory to read; torch.func's vmap works), one
 on a device the module's target does not run on (a torch.func transform's
 CUDA tensor: checked when its forward runs), or one requiring grad for a
 parameter without a gradient (const or integer) is an `ArgumentError`
-before anything runs, and so is a call under `torch.jit.trace` (which
-would keep its results as constants).  torch is imported when `to_torch`
+before anything runs, and so is a call under a tracer that would keep its
+results as constants (`torch.jit.trace`, `torch.export`, `make_fx` and so
+`torch.func.linearize`, FakeTensorMode, functionalization).  torch is imported when `to_torch`
 is first called, never by `import dsl`.
 """
 from __future__ import annotations
@@ -90,12 +91,16 @@ class TorchFunction(Bridged):
             # dynamo traces with FakeTensors, which have no memory for the
             # kernels: the call runs eagerly, between two compiled graphs
             return _EAGER[0](self, args, kwargs)
-        if _TRACING[0]():
-            # the kernels read memory torch cannot see: the trace would keep
-            # this call's results as constants, silently, for any input
-            raise ArgumentError(f"torch.jit.trace cannot record {self.__name__}, which runs "
-                                "outside torch: its results would be constants of the trace; "
-                                "use torch.compile, or call the function eagerly", self.f.span)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict):
+        tracer = _tracer()
+        if tracer is not None:
+            # the kernels read memory that torch's tracers cannot see: a trace
+            # would keep this call's results as constants, silently, for any input
+            raise ArgumentError(f"{tracer} cannot record {self.__name__}, which runs outside "
+                                "torch: its results would be constants of the trace; use "
+                                "torch.compile, or call the function eagerly", self.f.span)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
             views = _constant_views(args)
@@ -317,7 +322,19 @@ def _tensors(result: Any) -> Any:
 
 
 def _is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "requires_grad")
+    return isinstance(value, _TENSOR[0])  # a subclass too (nn.Parameter, a user's own)
+
+
+def _tracer() -> Optional[str]:
+    """The torch tracer recording this call, if any (one that keeps what it
+    cannot trace as constants): jit.trace, export, make_fx's proxy mode
+    (functorch's linearize too), FakeTensorMode, functionalization."""
+    if _TRACING[0]():
+        return "torch.jit.trace"
+    if _EXPORTING[0]():  # (its non-strict mode ignores torch.compiler.disable)
+        return "torch.export"
+    return next((what for key, what in _DISPATCH_MODES if _DISPATCH_MODE[0](key) is not None),
+                None)
 
 
 _NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
@@ -332,6 +349,9 @@ _TRANSFORMS_ACTIVE: list = []  # whether a torch.func transform is running
 _FORWARD_AD: list = []  # torch.autograd.forward_ad, whose level says if one is open
 _COMPILING: list = []  # torch.compiler.is_compiling: whether dynamo is tracing
 _TRACING: list = []  # whether torch.jit.trace is recording
+_EXPORTING: list = []  # whether torch.export is tracing
+_DISPATCH_MODE: list = []  # the active torch dispatch mode of a key, or None
+_DISPATCH_MODES: list = []  # (key, what sets it) of the modes that trace
 _EAGER: list = []  # a call of a TorchFunction that dynamo does not trace
 
 
@@ -348,8 +368,14 @@ def _fill_dtypes(torch) -> None:
         _FORWARD_AD.append(importlib.import_module("torch.autograd.forward_ad"))
         _COMPILING.append(torch.compiler.is_compiling)
         _TRACING.append(torch._C._is_tracing)
+        _EXPORTING.append(torch.compiler.is_exporting)
+        _DISPATCH_MODE.append(torch._C._get_dispatch_mode)
+        keys = torch._C._TorchDispatchModeKey
+        _DISPATCH_MODES.extend([(keys.PROXY, "make_fx (or torch.func.linearize)"),
+                                (keys.FAKE, "FakeTensorMode"),
+                                (keys.FUNCTIONAL, "functionalization")])
         _EAGER.append(torch.compiler.disable(
-            lambda function, args, kwargs: function(*args, **kwargs)))
+            lambda function, args, kwargs: function._call(args, kwargs)))
 
 
 def _array_of(t, f: Compiled, where: str):
@@ -385,7 +411,11 @@ def _array_of(t, f: Compiled, where: str):
         with _NO_TRANSFORM[0]():
             view = _memory(t)
     else:
-        view = _memory(t)
+        try:
+            view = _memory(t)
+        except RuntimeError as err:  # a subclass with no memory (a FakeTensor)
+            raise ArgumentError(f"{where} is a {type(t).__name__}, which has no memory for "
+                                f"compiled kernels to read ({err})", f.span) from None
     if not f.target.is_array(view):
         raise ArgumentError(f"{where} is a tensor on device {t.device}, but {called(f.name)} runs "
                             f"on target {f.target.name!r}; move the tensor there, or load "

@@ -17,6 +17,9 @@ from helpers import EXAMPLE_CALLS, EXAMPLES, central_difference
 from helpers import load_example as load
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch._subclasses.functional_tensor import FunctionalTensorMode  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 def tensor(values, requires_grad=True, dtype=torch.float64):
     return torch.tensor(values, dtype=dtype, requires_grad=requires_grad)
@@ -286,19 +289,64 @@ def test_tensors_of_torchs_legacy_vmap_are_argument_errors():
     np.testing.assert_allclose(torch.func.jacrev(f)(x), torch.diag(s), rtol=1e-15)
 
 
+def _export(g, x):
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            return g(x)
+    return torch.export.export(Module(), (x,), strict=False)
+
+
+def _in_mode(mode):
+    def call(g, x):
+        with mode():
+            return g(x)
+    return call
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit")
-def test_torch_jit_trace_is_refused():
-    # the trace kept the kernels' results as constants (a TracerWarning, then
-    # the first input's values for every input), or failed its sanity check
+@pytest.mark.parametrize("trace,tracer", [
+    # jit.trace kept the results as constants (a TracerWarning, then the first
+    # input's values for any input), or failed its sanity check
+    (lambda g, x: torch.jit.trace(g, (x,)), "torch.jit.trace"),
+    # make_fx kept them as constants silently; so linearize's jvp was 0
+    (lambda g, x: make_fx(g)(x), "make_fx"),
+    (lambda g, x: torch.func.linearize(g, x)[1](torch.ones_like(x)), "make_fx"),
+    # export recursed until RecursionError (its non-strict mode is
+    # compiling, and ignores torch.compiler.disable)
+    (_export, "torch.export"),
+    # torch's RuntimeError from a FakeTensor's NumPy view escaped
+    (_in_mode(FakeTensorMode), "FakeTensorMode"),
+    (_in_mode(FunctionalTensorMode), "functionalization"),
+], ids=["jit.trace", "make_fx", "linearize", "export", "fake", "functional"])
+def test_torch_tracers_are_refused(trace, tracer):
     f = dsl.to_torch(load("bar").bar)
     y = torch.tensor([3.0, 4.0], dtype=torch.float64)
     for requires_grad in (False, True):
         x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=requires_grad)
-        with pytest.raises(dsl.ArgumentError, match="torch.jit.trace cannot record "
+        with pytest.raises(dsl.ArgumentError, match=f"bar.grad:.*{tracer}.* cannot record "
                                                     "to_torch\\(bar\\).*torch.compile"):
-            torch.jit.trace(lambda x: f(x, y), (x,))
+            trace(lambda x: f(x, y), x)
     np.testing.assert_array_equal(f(torch.tensor([10.0, 20.0], dtype=torch.float64), y),
                                   [30.0, 80.0])
+
+
+def test_tensor_subclasses_are_tensors():
+    # a subclass from outside torch was a constant (its NumPy view): one
+    # requiring grad raised torch's "Can't call numpy() on Tensor that
+    # requires grad"; a FakeTensor, torch's "not supported for tensor subclasses"
+    class Scaled(torch.Tensor):
+        pass
+
+    f = dsl.to_torch(load("bar").bar)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64).as_subclass(Scaled).requires_grad_()
+    y = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    (g,) = torch.autograd.grad(f(x, y).sum(), x)
+    np.testing.assert_array_equal(g.detach().numpy(), [3.0, 4.0])
+    with FakeTensorMode():
+        fake = torch.empty(2, dtype=torch.float64)
+    with pytest.raises(dsl.ArgumentError, match="argument 0 of to_torch\\(bar\\) is a "
+                                                "FakeTensor, which has no memory"):
+        f(fake, y)
 
 
 def test_a_cpu_tensor_for_a_cuda_module_is_an_argument_error():
