@@ -333,8 +333,11 @@ def _tracer() -> Optional[str]:
         return "torch.jit.trace"
     if _EXPORTING[0]():  # (its non-strict mode ignores torch.compiler.disable)
         return "torch.export"
-    return next((what for key, what in _DISPATCH_MODES if _DISPATCH_MODE[0](key) is not None),
-                None)
+    if _DISPATCH_STACK[0]():  # any dispatch mode at all (a cheap test: most calls have none)
+        for key, what in _DISPATCH_MODES:
+            if _DISPATCH_MODE[0](key) is not None:
+                return what
+    return None
 
 
 _NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
@@ -350,6 +353,7 @@ _FORWARD_AD: list = []  # torch.autograd.forward_ad, whose level says if one is 
 _COMPILING: list = []  # torch.compiler.is_compiling: whether dynamo is tracing
 _TRACING: list = []  # whether torch.jit.trace is recording
 _EXPORTING: list = []  # whether torch.export is tracing
+_DISPATCH_STACK: list = []  # how many torch dispatch modes are active
 _DISPATCH_MODE: list = []  # the active torch dispatch mode of a key, or None
 _DISPATCH_MODES: list = []  # (key, what sets it) of the modes that trace
 _EAGER: list = []  # a call of a TorchFunction that dynamo does not trace
@@ -369,6 +373,7 @@ def _fill_dtypes(torch) -> None:
         _COMPILING.append(torch.compiler.is_compiling)
         _TRACING.append(torch._C._is_tracing)
         _EXPORTING.append(torch.compiler.is_exporting)
+        _DISPATCH_STACK.append(torch._C._len_torch_dispatch_stack)
         _DISPATCH_MODE.append(torch._C._get_dispatch_mode)
         keys = torch._C._TorchDispatchModeKey
         _DISPATCH_MODES.extend([(keys.PROXY, "make_fx (or torch.func.linearize)"),
