@@ -5,8 +5,9 @@ Contract: `to_jax(f)(*args, **kwargs)` takes f's arguments as JAX arrays
 (NumPy arrays are made JAX arrays, as `jnp` functions do; Python numbers
 are constants, so const arguments such as an axis stay static) and the
 module params f reads as keyword arrays (a param left out takes the
-module's value and gets no gradient), and returns JAX arrays shaped as
-f's results.  A call is one operation of the JAX primitive
+module's value when JAX traces the call, and gets no gradient: a jitted
+function keeps the value it was traced with, as it keeps any NumPy array
+it closes over), and returns JAX arrays shaped as f's results.  A call is one operation of the JAX primitive
 `gradlang_call` (`_primitive`), which runs f's compiled kernels on the
 host (under `jit`, through `jax.experimental.buffer_callback` on the CPU,
 the kernels writing into XLA's result buffers, or `jax.pure_callback`

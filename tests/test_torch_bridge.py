@@ -607,3 +607,54 @@ def test_a_compiled_training_step_equals_eager():
     assert compiled_losses == eager_losses and eager_losses[2] < eager_losses[0]
     for p, q in zip(compiled_params, eager_params):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+LAYER_LOSS = dsl.loads("param w: f64[3, 2]\nparam b: f64[2]\n\n"
+                       "def loss(x: f64[n, 3], t: const f64[n, 2]):\n"
+                       "    d = tanh(x @ w + b) - t\n    return mean(d * d)\n", "layer.grad").loss
+
+
+def test_params_as_module_parameters_train_as_torch_does():
+    # nn.Parameters passed as the module params, through torch.optim (whose
+    # steps read .grad) and torch.func over functional_call, against the same
+    # model written in torch, step by step
+    loss = dsl.to_torch(LAYER_LOSS)
+
+    class Model(torch.nn.Module):
+        def __init__(self, ours: bool):
+            super().__init__()
+            gen = torch.Generator().manual_seed(0)
+            self.w = torch.nn.Parameter(torch.randn(3, 2, generator=gen, dtype=torch.float64))
+            self.b = torch.nn.Parameter(torch.randn(2, generator=gen, dtype=torch.float64))
+            self.ours = ours
+
+        def forward(self, x, t):
+            if self.ours:
+                return loss(x, t, w=self.w, b=self.b)
+            return ((torch.tanh(x @ self.w + self.b) - t) ** 2).mean()
+
+    gen = torch.Generator().manual_seed(1)
+    x, t = torch.randn(6, 3, generator=gen).double(), torch.randn(6, 2, generator=gen).double()
+    models = [Model(True), Model(False)]
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.1) for m in models]
+    for _ in range(4):
+        values = []
+        for model, opt in zip(models, optimizers):
+            opt.zero_grad()
+            value = model(x, t)
+            value.backward()
+            opt.step()
+            values.append(value.item())
+        assert values[0] == pytest.approx(values[1], rel=1e-13)
+        for p, q in zip(*(m.parameters() for m in models)):
+            np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12)
+    params = {k: v.detach() for k, v in models[0].named_parameters()}
+
+    def per_example(model):
+        return torch.func.vmap(torch.func.grad(
+            lambda p, x, t: torch.func.functional_call(model, p, (x[None], t[None]))),
+            in_dims=(None, 0, 0))(params, x, t)
+
+    ours, theirs = per_example(models[0]), per_example(models[1])
+    for k in params:
+        np.testing.assert_allclose(ours[k].numpy(), theirs[k].numpy(), rtol=1e-12, atol=1e-15)
