@@ -263,6 +263,7 @@ class Call:
         """The cotangents of a linear call's tangents (JAX's transpose
         rule): a `Call` of the backward pass (`VjpFunction`) of the
         function whose jvp this is, at its primals, on the cotangents."""
+        import jax
         from jax.interpreters import ad
         if all(type(ct) is ad.Zero for ct in cts):
             return [None] * len(args)
@@ -292,7 +293,10 @@ class Call:
         backward = _call(vf, vf_bound, self.names[:n_primal] + tuple(
             vf.ct_names[j] for j in sorted(given)), tuple(floats.index(n) for n in jf.active))
         grads = _primitive().bind(*args[:n_primal], *ct_values, call=backward)
-        return [None] * n_primal + list(grads)
+        # a tangent's cotangent in its dtype: a param is bound in its declared
+        # one (an f64 array for an f32 param computes in f32), JAX's is the array's
+        return [None] * n_primal + [jax.lax.convert_element_type(g, t.aval.dtype)
+                                    for g, t in zip(grads, args[n_primal:])]
 
     def stacked(self, mapped: Sequence[bool], size: int) -> Optional["Call"]:
         """This call for `size` values of its one `mapped` input at once

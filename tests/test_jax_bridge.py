@@ -453,3 +453,21 @@ def test_a_jitted_training_loop_with_params_by_keyword_equals_jax(x64):
     m.params["b"] = np.ones(2)
     np.testing.assert_allclose(traced(x), reference(p, x, t), rtol=1e-13)
     np.testing.assert_allclose(loss(x, t), reference({**p, "b": jnp.ones(2)}, x, t), rtol=1e-13)
+
+
+def test_a_params_gradient_has_the_dtype_of_the_array_passed(x64):
+    # an f64 array for an f32 param is computed in f32; its gradient came
+    # back f32, where JAX's is in the primal's dtype (as jnp's astype gives)
+    m = dsl.loads("param v: f32[2]\n\ndef scaled(x):\n    return v[1] * x + v[0]\n", "v.grad")
+    scaled = dsl.to_jax(m.scaled)
+    x, v = jnp.array([1.0, 2.0], jnp.float32), jnp.array([0.5, 3.0])
+    for transform in (jax.grad, lambda g: jax.jit(jax.grad(g))):
+        g = transform(lambda v: scaled(x, v=v).sum())(v)
+        assert g.dtype == jnp.float64
+        np.testing.assert_array_equal(g, [2.0, 3.0])
+    _, pullback = jax.vjp(lambda v: scaled(x, v=v), v)
+    assert pullback(jnp.ones(2, jnp.float32))[0].dtype == jnp.float64
+    reference = jax.jacrev(lambda v: v.astype(jnp.float32)[1] * x + v.astype(jnp.float32)[0])
+    jac = jax.jacrev(lambda v: scaled(x, v=v))(v)
+    assert jac.dtype == reference(v).dtype
+    np.testing.assert_array_equal(jac, reference(v))
