@@ -7,18 +7,19 @@ are constants, so const arguments such as an axis stay static) and the
 module params f reads as keyword arrays (a param left out takes the
 module's value when JAX traces the call, and gets no gradient: a jitted
 function keeps the value it was traced with, as it keeps any NumPy array
-it closes over), and returns JAX arrays shaped as f's results.  A call is one operation of the JAX primitive
-`gradlang_call` (`_primitive`), which runs f's compiled kernels on the
-host (under `jit`, through `jax.experimental.buffer_callback` on the CPU,
-the kernels writing into XLA's result buffers, or `jax.pure_callback`
-where that is missing or on another platform).  Its jvp rule is
-gradlang's forward mode (`dsl.function.JvpFunction`: through grad blocks,
-their transposition), as such an operation linear in the tangents, whose
-transpose rule is f's backward pass (`dsl.function.VjpFunction`) as
-another one.  So `jax.jvp`, `jax.grad`, `jacfwd`, `jacrev`, `hessian`
-and their compositions, to any order, differentiate our compiled
-derivatives (grad blocks included), and reverse mode runs exactly f and
-its backward pass, as a `jax.custom_vjp` would.  One operation is kept
+it closes over), and returns JAX arrays shaped as f's results.  A call
+is one operation of the JAX primitive `gradlang_call` (`_primitive`),
+which runs f's compiled kernels on the host (under `jit`, through
+`jax.experimental.buffer_callback` on the CPU, the kernels writing into
+XLA's result buffers, or `jax.pure_callback` where that is missing or on
+another platform).  Its jvp rule is gradlang's forward mode
+(`dsl.function.JvpFunction`: through grad blocks, their transposition),
+as such an operation linear in the tangents, whose transpose rule is f's
+backward pass (`dsl.function.VjpFunction`) as another one.  So
+`jax.jvp`, `jax.grad`, `jacfwd`, `jacrev`, `hessian` and their
+compositions, to any order, differentiate our compiled derivatives (grad
+blocks included), and reverse mode runs exactly f and its backward pass,
+as a `jax.custom_vjp` would.  One operation is kept
 per signature and constants' values (`Call`), so that JAX's caches hold;
 an eager call runs the kernels directly, with nothing for XLA to compile.
 
