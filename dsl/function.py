@@ -1018,7 +1018,7 @@ class GradFn(Compiled):
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         bound = super().bind(args, kwargs)
         for w in self.reads:
-            bound[w] = self._params.validate(w, params[w]) if params and w in params \
+            bound[w] = self._params.validate(w, params[w], self.span) if params and w in params \
                 else self._params.require(w, self.name, self.span)
         return bound
 

@@ -45,22 +45,24 @@ class ParamStore(MutableMapping):
     def __setitem__(self, name: str, value) -> None:
         self._values[name] = self.validate(name, value)
 
-    def validate(self, name: str, value) -> np.ndarray:
+    def validate(self, name: str, value, span: Optional[Span] = None) -> np.ndarray:
         """`value` as a value of param `name` (converted to its declared
-        dtype, a copy), or `ArgumentError`; stores nothing."""
+        dtype, a copy), or `ArgumentError` (at `span`: a function given it
+        for a call); stores nothing."""
         spec = self._spec(name)
         where = f"param {name!r}"
-        array = plain(where, value) if isinstance(value, (np.ndarray, np.generic)) else value
+        array = plain(where, value, span) if isinstance(value, (np.ndarray, np.generic)) \
+            else value
         if isinstance(array, np.ndarray) and spec.dtype is not None and \
                 array.dtype.kind in "biuf":
             # a param takes its declared dtype (values it cannot hold refused), as
             # Python numbers do; the store keeps a copy of its own (cast returns
             # an array of that dtype as it is), so the caller may change theirs
-            converted = cast(where, array, spec.dtype, None)
+            converted = cast(where, array, spec.dtype, span)
             array = converted.copy() if converted is array else converted
         array = convert(self._module, ParamSpec(name, spec.dtype, spec.dims, False, False),
-                        array, None, where)
-        check_shape(self._module, spec, array, {}, None, where)
+                        array, span, where)
+        check_shape(self._module, spec, array, {}, span, where)
         return array
 
     def __getitem__(self, name: str) -> np.ndarray:

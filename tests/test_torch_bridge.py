@@ -658,3 +658,16 @@ def test_params_as_module_parameters_train_as_torch_does():
     ours, theirs = per_example(models[0]), per_example(models[1])
     for k in params:
         np.testing.assert_allclose(ours[k].numpy(), theirs[k].numpy(), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("weights,message", [
+    (torch.ones(3, dtype=torch.float64), "has size 3 on axis 0, but its annotation says 2"),
+    (torch.ones(1, 2, dtype=torch.float64), "has rank 2"),
+    ("abc", "is not numeric"),
+], ids=["size", "rank", "text"])
+def test_a_bad_param_by_keyword_is_an_argument_error_at_the_function(weights, message):
+    # the error had no location: "error: param 'weights' has size 3 ..."
+    lp = dsl.to_torch(load("linear_poly").linear_poly)
+    with pytest.raises(dsl.ArgumentError, match="linear_poly.grad:\\d+:\\d+: error: param "
+                                                f"'weights' {message}"):
+        lp(tensor([1.0, 2.0]), weights=weights)
