@@ -19,9 +19,9 @@ backward pass (`dsl.function.VjpFunction`) as another one.  So
 `jax.jvp`, `jax.grad`, `jacfwd`, `jacrev`, `hessian` and their
 compositions, to any order, differentiate our compiled derivatives (grad
 blocks included), and reverse mode runs exactly f and its backward pass,
-as a `jax.custom_vjp` would.  One operation is kept
-per signature and constants' values (`Call`), so that JAX's caches hold;
-an eager call runs the kernels directly, with nothing for XLA to compile.
+as a `jax.custom_vjp` would.  One operation is kept per signature and
+constants' values (`Call`), so that JAX's caches hold; an eager call
+runs the kernels directly, with nothing for XLA to compile.
 
 It works under `jit` (the shapes of the results come from f's IR at trace
 time), the autodiff transforms and `vmap`.  Under `vmap` the kernels run
