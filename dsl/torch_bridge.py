@@ -103,7 +103,7 @@ class TorchFunction(Bridged):
                                 "torch.compile, or call the function eagerly", self.f.span)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
-            views = _constant_views(args)
+            views = _constant_views(args, _GRAD_ENABLED[0]())
             if views is not None:  # nothing to record: f's own call, its fast path
                 return _tensors(self.f(*views))
         return self._recorded(args, kwargs)
@@ -146,6 +146,9 @@ class Call:
         # the tensors bound, while the forward that reads them has not run
         self.given: Optional[tuple] = tuple(map(id, tensors.values()))
         self.pullback = None  # kept by a forward whose inputs require grad
+        # whether autograd records the operation (no_grad: an evaluation loop
+        # over parameters that require grad needs no residuals)
+        self.recording = _GRAD_ENABLED[0]()
 
     def forward_bound(self, tensors: Sequence[Any]) -> dict[str, Any]:
         """The arguments for the operation's forward: as bound, unless a
@@ -198,7 +201,7 @@ def _operations() -> tuple:
     def forward(call: Call, *tensors) -> tuple:
         f = call.f
         bound = call.forward_bound(tensors)
-        if any(t.requires_grad for t in tensors):  # keep the residuals
+        if call.recording and any(t.requires_grad for t in tensors):  # keep the residuals
             outs, call.pullback = vjp_of_bound(f, bound)
         else:
             outs = f.call_bound(bound)
@@ -296,19 +299,20 @@ def _batched(call: Call, names: list[str]) -> Optional[Stacked]:
     return stacked if stacked.stacks(call.bound) else None
 
 
-def _constant_views(args: tuple) -> "list[np.ndarray] | None":
+def _constant_views(args: tuple, recording: bool) -> "list[np.ndarray] | None":
     """The NumPy views of positional arguments when every one is a CPU
-    tensor of a dtype gradlang takes that does not require grad (so no
-    operation is recorded, and the function checks the views as it checks
-    any array), else None (a torch.func wrapper too: it has no memory of
-    its own, and the slow path binds a stand-in for it)."""
+    tensor of a dtype gradlang takes that does not require grad while
+    autograd is `recording` (so no operation is recorded, and the function
+    checks the views as it checks any array), else None (a torch.func
+    wrapper too: it has no memory of its own, and the slow path binds a
+    stand-in for it)."""
     views = []
     for t in args:
-        if type(t) is not _TENSOR[0] or t.requires_grad or not t.is_cpu \
+        if type(t) not in _PLAIN or (t.requires_grad and recording) or not t.is_cpu \
                 or t.dtype not in _NUMPY or _WRAPPED[0](t) or t.layout is not _STRIDED[0]:
             return None
         try:
-            views.append(t.numpy())
+            views.append(t.detach().numpy() if t.requires_grad else t.numpy())
         except RuntimeError:  # no memory of its own (nested, legacy vmap): `_array_of` says so
             return None
     return views
@@ -344,11 +348,13 @@ _NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
 _TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
 _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
+_PLAIN: list = []  # the types of tensors with nothing to dispatch: Tensor, nn.Parameter
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
 _LEGACY_BATCHED: list = []  # whether a tensor is batched by torch's legacy vmap
 _STRIDED: list = []  # torch.strided, the layout of dense tensors
 _NO_TRANSFORM: list = []  # a context in which torch.func transforms are off
 _TRANSFORMS_ACTIVE: list = []  # whether a torch.func transform is running
+_GRAD_ENABLED: list = []  # torch.is_grad_enabled: whether autograd records
 _FORWARD_AD: list = []  # torch.autograd.forward_ad, whose level says if one is open
 _COMPILING: list = []  # torch.compiler.is_compiling: whether dynamo is tracing
 _TRACING: list = []  # whether torch.jit.trace is recording
@@ -364,11 +370,13 @@ def _fill_dtypes(torch) -> None:
         _TORCH.update({np.dtype(n): getattr(torch, n) for n in _NUMPY_DTYPES})
         _NUMPY.update({v: k for k, v in _TORCH.items()})
         _TENSOR.append(torch.Tensor)
+        _PLAIN.extend([torch.Tensor, torch.nn.Parameter])
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
         _LEGACY_BATCHED.append(torch._C._functorch.is_legacy_batchedtensor)
         _STRIDED.append(torch.strided)
         _NO_TRANSFORM.append(torch._C._DisableFuncTorch)
         _TRANSFORMS_ACTIVE.append(torch._C._are_functorch_transforms_active)
+        _GRAD_ENABLED.append(torch.is_grad_enabled)
         _FORWARD_AD.append(importlib.import_module("torch.autograd.forward_ad"))
         _COMPILING.append(torch.compiler.is_compiling)
         _TRACING.append(torch._C._is_tracing)
