@@ -6,13 +6,14 @@ tensors (Python numbers and NumPy arrays are constants) and the module
 params f reads as keyword tensors (a param left out takes the module's
 value and gets no gradient), and returns torch tensors shaped as f's
 results.  The forward runs f's compiled kernels (its split forward pass,
-keeping the residuals, when an input requires grad); the backward runs the
-compiled pullback.  torch holds the residuals (saved for backward, as
-tensors over their memory): it frees them after the backward unless
-retain_graph, and its saved-tensor hooks (non-reentrant checkpoint,
-save_on_cpu) apply to them as to its own.  A call with nothing to record (positional CPU tensors,
-none requiring grad) is f's own call on their NumPy views, with its fast
-path for repeated signatures.  Under `create_graph=True` the backward is
+keeping the residuals, when autograd records and an input requires grad);
+the backward runs the compiled pullback.  torch holds the residuals (saved
+for backward, as tensors over their memory): it frees them after the
+backward unless retain_graph, and its saved-tensor hooks (non-reentrant
+checkpoint, save_on_cpu) apply to them as to its own.  A call with nothing
+to record (positional CPU tensors or nn.Parameters, none requiring grad,
+or under no_grad) is f's own call on their NumPy views, with its fast path
+for repeated signatures.  Under `create_graph=True` the backward is
 itself such an operation, made from f's backward pass as a compiled
 function (`dsl.function.VjpFunction`), so double backward differentiates
 our compiled gradient again (grad blocks included), to any order.
