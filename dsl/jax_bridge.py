@@ -126,14 +126,17 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
 def _call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
           keep: Optional[tuple[int, ...]] = None) -> "Call":
     """The `Call` of f on `bound` with `names` traced, giving its results
-    `keep` (None: all), made once per signature and constants' values:
-    JAX caches what it traces and compiles under the operation's `call`."""
+    `keep` (None: all), made once per signature, constants' values and
+    `jax_enable_x64` (which sets the results' dtypes): JAX caches what it
+    traces and compiles under the operation's `call`."""
+    import jax
     traced_statics = f.static_names(bound) & set(names)
     if traced_statics:
         _by_value_error(f, min(traced_statics))
-    key = (names, keep, tuple((n, a.dtype.str, a.shape,
-                               None if n in names else np.ascontiguousarray(a).tobytes())
-                              for n, a in bound.items()))
+    key = (jax.config.jax_enable_x64, names, keep,
+           tuple((n, a.dtype.str, a.shape,
+                  None if n in names else np.ascontiguousarray(a).tobytes())
+                 for n, a in bound.items()))
     calls = f.__dict__.setdefault("_jax_calls", {})
     call = calls.get(key)
     if call is None:

@@ -471,3 +471,20 @@ def test_a_params_gradient_has_the_dtype_of_the_array_passed(x64):
     jac = jax.jacrev(lambda v: scaled(x, v=v))(v)
     assert jac.dtype == reference(v).dtype
     np.testing.assert_array_equal(jac, reference(v))
+
+
+def test_a_call_made_without_x64_is_not_reused_with_it():
+    # the operation kept per signature was kept across jax_enable_x64: made
+    # without it (its f64 result made f32), it gave f32 with it too
+    assert not jax.config.jax_enable_x64
+    bar = dsl.to_jax(load("bar").bar)
+    x = jnp.array([0.5, 2.0], jnp.float32)
+    assert bar(x, 3.0).dtype == jnp.float32
+    jax.config.update("jax_enable_x64", True)
+    try:
+        for y in (bar(x, 3.0), jax.jit(bar)(x, 3.0)):
+            assert y.dtype == jnp.float64  # x * a Python float (f64 to gradlang)
+            np.testing.assert_array_equal(y, [1.5, 6.0])
+        assert jax.grad(lambda y: bar(x, y).sum())(3.0).dtype == jnp.float64
+    finally:
+        jax.config.update("jax_enable_x64", False)
