@@ -447,6 +447,41 @@ def test_torch_func_second_order_follows_the_grad_block():
     np.testing.assert_allclose(d2.numpy(), yn, rtol=1e-15)
 
 
+def _per_example_hessian(g):
+    # vmap over a batch of one x, y shared
+    hessian = torch.func.vmap(torch.func.hessian(g, argnums=(0, 1)), in_dims=(0, None))
+    return lambda x, y: torch.utils._pytree.tree_map(lambda h: h[0], hessian(x[None], y))
+
+
+@pytest.mark.parametrize("second", [
+    lambda g: torch.func.hessian(g, argnums=(0, 1)),
+    lambda g: torch.func.jacrev(torch.func.jacrev(g, argnums=(0, 1)), argnums=(0, 1)),
+    lambda g: torch.func.jacfwd(torch.func.jacfwd(g, argnums=(0, 1)), argnums=(0, 1)),
+    lambda g: torch.func.jacrev(torch.func.jacfwd(g, argnums=(0, 1)), argnums=(0, 1)),
+    _per_example_hessian,
+], ids=["hessian", "rev-rev", "fwd-fwd", "rev-fwd", "vmap-hessian"])
+def test_every_second_order_composition_follows_the_grad_block(second):
+    # the block's partials are not a gradient's: d/dy of its x part is x,
+    # d/dx of its y part cos x (a true Hessian would be symmetric); every
+    # order and mode of composition must give the block's, as dsl.hessian does
+    x, y = bent_inputs()
+    xn, yn = x.numpy(), y.numpy()
+    f = dsl.to_torch(BENT)
+    (hxx, hxy), (hyx, hyy) = second(lambda x, y: f(x, y).sum())(x, y)
+    expected = [[np.diag(yn), np.diag(xn)], [np.diag(np.cos(xn)), np.zeros((3, 3))]]
+    for got, want in zip((hxx, hxy, hyx, hyy), (w for row in expected for w in row)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(hxy.numpy(), dsl.hessian(BENT, wrt=(0, 1))(xn, yn)[0][1],
+                               rtol=1e-15)
+    # and reverse over reverse through plain autograd
+    xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+    gx, gy = torch.autograd.grad(f(xr, yr).sum(), (xr, yr), create_graph=True)
+    np.testing.assert_allclose(torch.autograd.grad(gx.sum(), yr, retain_graph=True)[0].numpy(),
+                               xn, rtol=1e-15)
+    np.testing.assert_allclose(torch.autograd.grad(gy.sum(), xr)[0].numpy(), np.cos(xn),
+                               rtol=1e-15)
+
+
 TANH_DOT = dsl.loads("def tanh_dot(x, w):\n    return tanh(x * w) * x + sum(w * w)\n",
                      "tanh_dot.grad").tanh_dot
 
