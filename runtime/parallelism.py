@@ -25,21 +25,16 @@ as above, `always` the size threshold alone, `never` serial kernels only.
 Numba's TBB threading layer waits far less (a worker that has not
 started when the others finish does no share of the loop: R1 at 1e5 in
 parallel took 1.3x its serial time where OpenMP's took 4x), and Numba
-prefers it where it can load it; but the `tbb` wheel puts its library in
-`<prefix>/lib`, which the loader does not search in a virtual environment
-(numba/numba#6108).  Importing this module loads it from there first
-(`load_pip_tbb`), so that `pip install tbb` is all it takes.
+prefers it where it can load it; a user may install it (`docs/language.md`
+says how), but gradlang neither needs nor loads it.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import os
-import sys
 import time
 import warnings
 from functools import lru_cache
-from pathlib import Path
 
 import numba
 
@@ -128,20 +123,3 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def load_pip_tbb(prefix: Path) -> bool:
-    """Load the TBB library that the `tbb` wheel installed under `prefix`,
-    if any, so that Numba's TBB layer finds it loaded (Linux only: the
-    name is the soname Numba's `tbbpool` asks for); whether it did."""
-    library = prefix / "lib" / "libtbb.so.12"
-    if not sys.platform.startswith("linux") or not library.is_file():
-        return False
-    try:
-        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-    except OSError:  # another machine's, or a broken install: Numba goes without
-        return False
-    return True
-
-
-load_pip_tbb(Path(sys.prefix))

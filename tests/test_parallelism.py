@@ -4,11 +4,7 @@ the same bits whichever way the policy goes (a full sum's serial variant
 adds `_all`'s chunks in the same order).  No timing is asserted and no
 result depends on the machine's load."""
 import math
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,28 +122,3 @@ def test_rows_have_the_same_values_serial_as_parallel(sums, setting):
     for parallel, serial in zip(results["always"], results["never"]):
         assert parallel.tobytes() == serial.tobytes()
     np.testing.assert_allclose(results["always"][0], np.sum(x * x, axis=1), rtol=1e-13)
-
-
-PIP_TBB = Path(sys.prefix) / "lib" / "libtbb.so.12"
-
-
-@pytest.mark.skipif(not PIP_TBB.is_file(), reason="the tbb wheel is not installed here")
-def test_with_the_tbb_wheel_installed_numba_runs_parallel_kernels_on_tbb():
-    """In a virtual environment Numba alone does not find the wheel's
-    library (numba/numba#6108): importing the runtime loads it."""
-    probe = ("import numpy as np, numba, gradlang.runtime.cpu as R\n"
-             "out = np.empty(2)\n"
-             "R._sum_rows_parallel(np.ones((2, 3)), out)\n"
-             "print(numba.threading_layer(), out)")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_THREADING_LAYER", "LD_LIBRARY_PATH")}
-    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                         text=True, check=True)
-    assert run.stdout.split() == ["tbb", "[3.", "3.]"]
-
-
-def test_a_missing_or_broken_tbb_library_is_passed_over(tmp_path):
-    assert not parallelism.load_pip_tbb(tmp_path)
-    (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "libtbb.so.12").write_bytes(b"not a library")
-    assert not parallelism.load_pip_tbb(tmp_path)
