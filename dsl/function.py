@@ -830,7 +830,17 @@ class Stacked(Compiled):
     def _plan(self, bound: dict[str, np.ndarray]) -> tuple[bool, Optional[int]]:
         """(`stacks`, `per_slice`), worked out from inner's IR once per
         signature."""
-        return self.retrying_by_value(bound, lambda: self._planned(bound))
+        try:
+            return self.retrying_by_value(bound, lambda: self._planned(bound))
+        except NotVectorizable:  # a stacked argument gives a size (`by_value`)
+            return False, None
+
+    def by_value(self, need: NeedsValue, bound: dict[str, np.ndarray]) -> None:
+        """A stacked argument used as a size picks a program for each of its
+        values, so no one program stacks them: `NotVectorizable`."""
+        if need.name in self.stacked:
+            raise NotVectorizable(f"a size given by {need.name!r}")
+        super().by_value(need, bound)
 
     def _planned(self, bound: dict[str, np.ndarray]) -> tuple[bool, Optional[int]]:
         statics = self.static_names(bound)

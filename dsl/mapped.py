@@ -14,8 +14,9 @@ One program runs every example at once (`compiler.vectorize`, the rules
 `dsl.jacfwd` stacks columns with), so `vmap(grad(f, wrt=w), in_axes=(0,
 None))` gives per-example gradients in one pass.  Where f has an op with no
 rule for stacked values (a mapped index array, a loop whose trip count
-is mapped), the examples run one at a time, with the same
-results.  A `VmapFunction` is a compiled function like the others:
+is mapped, a mapped integer used as a size), the examples run one at a
+time, with the same results (an `ArgumentError` where their shapes
+differ).  A `VmapFunction` is a compiled function like the others:
 `grad`, `jvp`, `jacfwd`, `to_torch` and `vmap` itself take it, as long as
 its program stacks (otherwise they raise `ArgumentError`).
 """
@@ -124,19 +125,26 @@ class VmapFunction(Stacked):
             return tuple(self._stack([], r) for r in each_shape)
         return tuple(self._stack([e[j] for e in each], each[0][j]) for j in range(len(each[0])))
 
+    def _stack(self, results: list, like: Any) -> Any:
+        """The examples' results as one array of the target's (refused
+        where a mapped size gave them shapes of their own)."""
+        host = [np.asarray(self.target.to_host(r)) for r in results]
+        like = np.asarray(self.target.to_host(like))
+        for i, r in enumerate(host):
+            if r.shape != like.shape:
+                raise ArgumentError(f"{called(self.name)} gives results of different shapes: "
+                                    f"{list(like.shape)} for example 0, {list(r.shape)} for "
+                                    f"example {i} (a mapped argument gives a size); results "
+                                    "must stack", self.span)
+        stacked = np.stack(host) if host else np.zeros((0, *like.shape), like.dtype)
+        return stacked if self.target.is_array(stacked) else \
+            self.target.accept(stacked, f"a result of {called(self.name)}")
+
     def _example(self, name: str, array: Any) -> Any:
         """One example of a mapped argument (its first, or an empty one)."""
         if name not in self.stacked:
             return array
         return array[0] if array.shape[0] else np.zeros(array.shape[1:], array.dtype)
-
-    def _stack(self, results: list, like: Any) -> Any:
-        """The examples' results as one array of the target's."""
-        host = [np.asarray(self.target.to_host(r)) for r in results]
-        like = np.asarray(self.target.to_host(like))
-        stacked = np.stack(host) if host else np.zeros((0, *like.shape), like.dtype)
-        return stacked if self.target.is_array(stacked) else \
-            self.target.accept(stacked, f"a result of {called(self.name)}")
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         try:
