@@ -846,9 +846,10 @@ class Stacked(Compiled):
         statics = self.static_names(bound)
         key = _signature(bound, statics)
         if key not in self._plans:
-            fn, slots = self.inner.lower(_types(bound, statics)), self._slots(bound)
-            try:
-                vectorize(fn, slots, (), 1)  # raises where a rule is missing
+            slots = self._slots(bound)
+            try:  # either raises where a rule is missing (a vmap's inside inner too)
+                fn = self.inner.lower(_types(bound, statics))
+                vectorize(fn, slots, (), 1)
             except NotVectorizable:
                 self._plans[key] = (False, None)
             else:

@@ -17,8 +17,9 @@ rule for stacked values (a mapped index array, a loop whose trip count
 is mapped, a mapped integer used as a size), the examples run one at a
 time, with the same results (an `ArgumentError` where their shapes
 differ).  A `VmapFunction` is a compiled function like the others:
-`grad`, `jvp`, `jacfwd`, `to_torch` and `vmap` itself take it, as long as
-its program stacks (otherwise they raise `ArgumentError`).
+`grad`, `jvp`, `jacfwd` and `to_torch` take it, as long as its program
+stacks (otherwise they raise `ArgumentError`); `vmap` takes it always
+(running it once per example where it does not stack).
 """
 from __future__ import annotations
 
@@ -67,6 +68,12 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     if not mapped:
         raise ArgumentError(f"in_axes maps none of the arguments of {called(f.name)}", f.span)
     return mapped
+
+
+class NoProgram(ArgumentError, NotVectorizable):
+    """A `VmapFunction` that runs one example at a time was asked for its
+    program: an error for a transform, but a vmap of it (a `Stacked` whose
+    inner it is) runs it once per example instead."""
 
 
 class VmapFunction(Stacked):
@@ -149,10 +156,12 @@ class VmapFunction(Stacked):
     def lower(self, types: dict[str, TensorType]) -> Function:
         try:
             return super().lower(types)
+        except NoProgram:  # of a vmap inside: said of that one
+            raise
         except NotVectorizable as err:
-            raise ArgumentError(f"{called(self.name)} runs one example at a time here (its "
-                                f"op {err} has no rule for stacked values), so it has no "
-                                "program of its own for a transform to take", self.span) from None
+            raise NoProgram(f"{called(self.name)} runs one example at a time here (its "
+                            f"op {err} has no rule for stacked values), so it has no "
+                            "program of its own for a transform to take", self.span) from None
 
     def identity(self) -> tuple:
         return ("vmap", self.inner.identity(), self.stacked)
