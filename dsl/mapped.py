@@ -23,6 +23,7 @@ stacks (otherwise they raise `ArgumentError`); `vmap` takes it always
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
@@ -56,10 +57,11 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     else:  # one for all: those that can be mapped and must be passed
         axes = [None if s.const or s.has_default else in_axes for s in f.specs]
     for spec, axis in zip(f.specs, axes):
-        if axis is not None and (isinstance(axis, bool) or axis != 0):
+        integer = isinstance(axis, numbers.Integral) and not isinstance(axis, (bool, np.bool_))
+        if axis is not None and not (integer and axis == 0):
+            hint = "; move the axis to the front first (np.moveaxis)" if integer else ""
             raise ArgumentError(f"in_axes entries are 0 (map axis 0) or None (not mapped), got "
-                                f"{axis!r} for argument {spec.name!r}; move the axis to the "
-                                "front first (np.moveaxis)", f.span)
+                                f"{axis!r} for argument {spec.name!r}{hint}", f.span)
         if axis is not None and spec.const:
             raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is const: its value "
                                 "picks the program, so it cannot be mapped (in_axes None)",
