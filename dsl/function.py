@@ -799,6 +799,12 @@ class JvpFunction(Compiled):
         return self.inner.format(outs[:n]), self.inner.format(outs[n:])
 
 
+class NotStacked(ArgumentError, NotVectorizable):
+    """A `Stacked` function that cannot be one program (an op with no rule
+    for stacked values, a stacked argument used as a size): an error where
+    a program is needed, but a `vmap` of it runs it once per example."""
+
+
 class Stacked(Compiled):
     """`inner` for k values of its arguments `names` at once
     (`compiler.vectorize`): each of them takes a leading axis of size k,
@@ -832,15 +838,21 @@ class Stacked(Compiled):
         signature."""
         try:
             return self.retrying_by_value(bound, lambda: self._planned(bound))
-        except NotVectorizable:  # a stacked argument gives a size (`by_value`)
+        except NotStacked:  # a stacked argument gives a size (`by_value`)
             return False, None
 
     def by_value(self, need: NeedsValue, bound: dict[str, np.ndarray]) -> None:
         """A stacked argument used as a size picks a program for each of its
-        values, so no one program stacks them: `NotVectorizable`."""
+        values, so no one program stacks them: `NotStacked`."""
         if need.name in self.stacked:
-            raise NotVectorizable(f"a size given by {need.name!r}")
+            raise self._sized(need.name)
         super().by_value(need, bound)
+
+    def _sized(self, name: str) -> "NotStacked":
+        return NotStacked(f"argument {name!r} of {called(self.name)} has a value for each "
+                          "example and gives a size, so no one program takes them all: it "
+                          "runs one example at a time, where it can (not for a transform, a "
+                          "tape or Dask arrays)", self.span)
 
     def _planned(self, bound: dict[str, np.ndarray]) -> tuple[bool, Optional[int]]:
         statics = self.static_names(bound)
@@ -869,8 +881,13 @@ class Stacked(Compiled):
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         k = types[self.stacked[0]].shape[0]
-        fn = self.inner.lower({n: TensorType(t.dtype, t.shape[1:]) if n in self.stacked else t
-                               for n, t in types.items()})
+        try:
+            fn = self.inner.lower({n: TensorType(t.dtype, t.shape[1:]) if n in self.stacked
+                                   else t for n, t in types.items()})
+        except NeedsValue as need:
+            if need.name in self.stacked:
+                raise self._sized(need.name) from None
+            raise
         n = len(fn.outputs)
         outputs = range(n // 2, n) if self.which == "tangents" else range(n)
         return vectorize(fn, self._slots(types), outputs, k)

@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.function import Compiled, Stacked, derived
+from dsl.function import Compiled, NotStacked, Stacked, derived
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import convert
@@ -70,12 +70,6 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     if not mapped:
         raise ArgumentError(f"in_axes maps none of the arguments of {called(f.name)}", f.span)
     return mapped
-
-
-class NoProgram(ArgumentError, NotVectorizable):
-    """A `VmapFunction` that runs one example at a time was asked for its
-    program: an error for a transform, but a vmap of it (a `Stacked` whose
-    inner it is) runs it once per example instead."""
 
 
 class VmapFunction(Stacked):
@@ -158,10 +152,10 @@ class VmapFunction(Stacked):
     def lower(self, types: dict[str, TensorType]) -> Function:
         try:
             return super().lower(types)
-        except NoProgram:  # of a vmap inside: said of that one
+        except NotStacked:  # said already (a vmap inside, a mapped size)
             raise
         except NotVectorizable as err:
-            raise NoProgram(f"{called(self.name)} runs one example at a time here (its "
+            raise NotStacked(f"{called(self.name)} runs one example at a time here (its "
                             f"op {err} has no rule for stacked values), so it has no "
                             "program of its own for a transform to take", self.span) from None
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dsl
+from gradlang.compiler.shapes import NeedsValue
 from helpers import central_difference
 
 SOURCE = """
@@ -38,6 +39,13 @@ def test_a_mapped_size_runs_one_example_at_a_time(m):
                                                  r"shapes: \[2\] for example 0, \[3\] for "
                                                  "example 1"):
         dsl.vmap(m.segments, in_axes=(0, None, 0))(v, ids, ns)
+    # what needs one program says why there is none (NotVectorizable escaped
+    # from a pullback's or Dask's own retry by value)
+    sized = r"argument 'n' of vmap\(pooled\) has a value for each example and gives a size"
+    with pytest.raises(dsl.ArgumentError, match=sized):
+        dsl.grad(dsl.vmap(m.pooled, in_axes=(0, None, 0)))(v, ids, ns)
+    with pytest.raises(dsl.ArgumentError, match=sized):
+        dsl.vmap(m.pooled, in_axes=(0, None, 0)).by_value(NeedsValue("n"), {})
 
 
 def test_vmap_of_a_vmap_that_runs_one_example_at_a_time(m):
