@@ -7,10 +7,11 @@ takes a leading axis of size k: k values of it, stacked.  Output j (for j in
 stacked the same way (computed once for all k where it does not depend on
 them, then broadcast); the other outputs are fn's own.  Values that do not
 depend on a stacked parameter are computed once.  Every op of the table
-has a rule here except `custom_vjp` and `dim`, and an index op whose
-index array is stacked, or a loop whose trip count is: for those it
-raises `NotVectorizable`, and the caller evaluates one value at a time
-instead.  A loop's body is vectorized in turn (`_stacked_loop`).
+has a rule here except `dim`, and an index op whose index array is
+stacked, or a loop whose trip count is: for those it raises
+`NotVectorizable`, and the caller evaluates one value at a time instead.
+A loop's body is vectorized in turn (`_stacked_loop`), and so are a grad
+block's passes (`_stacked_call`).
 
 `stacked_elements(fn, stacked)` is how many elements the stacked values
 hold for each of the k (what memory one more of the k costs).
@@ -30,7 +31,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.builder import Builder
+from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
 from gradlang.compiler.shapes import Dim
 from gradlang.runtime.errors import Span
@@ -54,8 +55,9 @@ def vectorize(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: D
                    for i, a in enumerate(inputs) if i not in tokens):
             outs = tuple(Var(v.type, v.hint) for v in eqn.outputs)
             b.eqns.append(Eqn(eqn.op, tuple(inputs), outs, eqn.params, eqn.span))
-        elif eqn.op == "loop":
-            outs, stacked_outs = _stacked_loop(b, eqn, inputs, lead, k)
+        elif eqn.op in ("loop", "custom_vjp"):
+            rule = _stacked_loop if eqn.op == "loop" else _stacked_call
+            outs, stacked_outs = rule(b, eqn, inputs, lead, k)
             lead.update(o for o, s in zip(outs, stacked_outs) if s)
         else:
             outs = (_stacked_eqn(b, eqn, inputs, lead, k),)
@@ -153,6 +155,42 @@ def _stacked_loop(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: D
     outs = b.bind_multi("loop", *bounds, *init, *inv, *xs, span=eqn.span, **{**p, "body": body})
     ys = [_trips_first(b, y) if s else y for y, s in zip(outs[n_carry:], stacked_ys)]
     return tuple(outs[:n_carry]) + tuple(ys), stacked_carry + stacked_ys
+
+
+def _stacked_call(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Dim
+                  ) -> tuple[tuple[Atom, ...], list[bool]]:
+    """A call with a grad block (`custom_vjp`) on stacked inputs: the same
+    call, its `fwd` vectorized (each output and residual stacked where it
+    depends on a stacked input), its `bwd` over those and the stacked
+    outputs' cotangents.  An unstacked input is shared by the k values, so
+    its cotangent is the sum of theirs.  Its outputs, and whether each is
+    stacked."""
+    p = eqn.p
+    fwd, bwd, n_out = p["fwd"], p["bwd"], p["n_out"]
+    has = [isinstance(a, Var) and a in lead for a in inputs]
+    out_flags = _depends(fwd, has)
+    stacked_fwd = vectorize(fwd, _flagged(has), _flagged(out_flags), k)
+    # bwd's parameters: the inputs, the residuals, the outputs' cotangents
+    bwd_flags = has + out_flags[n_out:] + out_flags[:n_out]
+    stacked_bwd = _summed(vectorize(bwd, _flagged(bwd_flags), _flagged(has), k),
+                          [None if h else t for h, t in zip(has, bwd.out_types)])
+    outs = b.bind_multi("custom_vjp", *inputs, span=eqn.span,
+                        **{**p, "fwd": stacked_fwd, "bwd": stacked_bwd})
+    return tuple(outs), out_flags[:n_out]
+
+
+def _flagged(flags: Sequence[bool]) -> list[int]:
+    return [i for i, f in enumerate(flags) if f]
+
+
+def _summed(fn: Function, types: Sequence[Optional[TensorType]]) -> Function:
+    """fn with each output that is stacked where `types` gives its type
+    unstacked summed over the leading axis (None: the output stays)."""
+    b = Builder()
+    params = [Var(p.type, p.hint) for p in fn.params]
+    outs = [b.bind("reduce_sum", o, axes=(0,)) if t is not None and o.type != t else o
+            for o, t in zip(inline(b, fn, params), types)]
+    return b.function(fn.name, params, outs)
 
 
 def _depends(fn: Function, flags: Sequence[bool]) -> list[bool]:

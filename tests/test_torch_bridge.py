@@ -516,16 +516,15 @@ MATMUL = dsl.loads("def mm(a, b):\n    return a @ b\n", "mm.grad").mm
 
 @pytest.mark.parametrize("f,make,in_dims,stacked", [
     # stacked in one program: both arguments, one (batched along its axis 1),
-    # a product of two stacked matrices
+    # a product of two stacked matrices, a grad block (its passes stacked)
     (TANH_DOT, lambda: (torch.rand(4, 3), torch.rand(4, 3)), (0, 0), True),
     (TANH_DOT, lambda: (torch.rand(3, 4), torch.rand(3)), (1, None), True),
     (MATMUL, lambda: (torch.rand(5, 2, 3), torch.rand(5, 3, 2)), (0, 0), True),
-    # one example at a time: a grad block
-    (BENT, lambda: (torch.rand(4, 3), torch.rand(4, 3)), (0, 0), False),
-    # a const argument picks the program by its value
+    (BENT, lambda: (torch.rand(4, 3), torch.rand(4, 3)), (0, 0), True),
+    # a float const is a run-time value (with no gradient): it stacks
     (load("leaky_relu").leaky_relu, lambda: (torch.randn(3), torch.tensor([0.1, 0.3])),
-     (None, 0), False),
-], ids=["both", "axis1", "matmul", "grad-block", "const"])
+     (None, 0), True),
+], ids=["both", "axis1", "matmul", "grad-block", "float-const"])
 def test_vmap_equals_a_loop(f, make, in_dims, stacked, monkeypatch):
     from dsl import torch_bridge
     args = [a.double() for a in make()]

@@ -133,3 +133,45 @@ def test_in_axes_entries_that_are_not_integers_are_refused(loops, in_axes, shown
     with pytest.raises(dsl.ArgumentError, match=rf"in_axes entries are 0 .* got {shown} for "
                                                  "argument 'a'"):
         dsl.vmap(loops.products, in_axes)
+
+
+BLOCKS = """
+from std import logsumexp
+
+def soft(x, w):
+    e = exp(x * w)
+    return log(1.0 + e)
+grad(dy):
+    return x=dy * w * (1.0 - 1.0 / (1.0 + e)), w=dy * x * (1.0 - 1.0 / (1.0 + e))
+
+def loss(x, w):
+    y = x
+    for i in range(2):
+        y = soft(y, w) - 0.3
+    return sum(y * y) + logsumexp(x * w)
+"""
+
+
+def test_a_grad_block_stacks_its_passes(monkeypatch):
+    # vmap of a function calling ones with grad blocks (in a loop, and std's
+    # logsumexp) is one program; its gradient runs the blocks stacked, the
+    # unmapped w's cotangent the sum of the examples' (they ran one example
+    # at a time, and grad of the vmap was refused)
+    loss = dsl.loads(BLOCKS).loss
+    rng = np.random.default_rng(6)
+    x, w = rng.normal(size=(3, 4)), rng.normal(size=4) * 0.5
+    vf = dsl.vmap(loss, in_axes=(0, None))
+    calls = []
+    inner_call = type(loss).call_bound
+    monkeypatch.setattr(type(loss), "call_bound",
+                        lambda self, *a, **k: (calls.append(1), inner_call(self, *a, **k))[1])
+    got = vf(x, w)
+    monkeypatch.undo()
+    assert calls == []
+    np.testing.assert_allclose(got, [loss(x[i], w) for i in range(3)], rtol=1e-14)
+    gx, gw = dsl.grad(vf, wrt=(0, 1))(x, w)
+    each = [dsl.grad(loss, wrt=(0, 1))(x[i], w) for i in range(3)]
+    np.testing.assert_allclose(gx, [e[0] for e in each], rtol=1e-13)
+    np.testing.assert_allclose(gw, sum(e[1] for e in each), rtol=1e-13)
+    np.testing.assert_allclose(gw, central_difference(lambda a, b: vf(a, b).sum(), (x, w), 1),
+                               rtol=1e-7)
