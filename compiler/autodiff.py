@@ -379,8 +379,10 @@ def _moved_mask(b: Builder, eqn: Eqn, index: int, out_mask: Optional[Var]) -> Op
     Without it, where(x[i] > 0, s[i], 0) for s = sqrt(x) (or s[1:], s.T,
     sum(s, axis=1) ...) had 0 * sqrt's inf derivative, NaN, at x = 0."""
     op = ops.OPS[eqn.op]
+    if out_mask is None or op.kind not in _MOVES_POSITIONS:  # (a call: maybe several outputs)
+        return None
     (out,) = eqn.outputs
-    if out_mask is None or op.kind not in _MOVES_POSITIONS or not _fits(out_mask, out):
+    if not _fits(out_mask, out):
         return None
     if out_mask.type.shape != out.type.shape:
         out_mask = b.bind("broadcast_to", out_mask, shape=out.type.shape)

@@ -102,6 +102,24 @@ def test_linear_poly_values_gradients_and_the_tf_block():
     assert failed[0].source == "grad block 1 (line 7)"
 
 
+def test_a_block_of_several_results_that_sums_its_upstream():
+    # w's cotangent sums dy over the rows: autodiff unpacked the call's
+    # outputs as one when looking for a where-mask (a ValueError escaped)
+    m = dsl.loads("""
+def two(x, w):
+    return x * w, sum(w * w)
+grad(dy, dz):
+    return x=dy * w, w=sum(dy * x, axis=0) + 2.0 * dz * w
+
+def loss(x, w):
+    a, b = two(x, w)
+    return sum(a * a) + b
+""")
+    x, w = np.arange(6.0).reshape(3, 2) / 4, np.array([0.5, -1.5])
+    np.testing.assert_allclose(dsl.grad(m.loss, wrt=1)(x, w), 2 * (x * x).sum(0) * w + 2 * w,
+                               rtol=1e-15)
+
+
 def test_unset_param_is_a_clear_error():
     m = dsl.load(EXAMPLES / "linear_poly.grad")
     # at the function's definition, as every other bad argument (it had no
