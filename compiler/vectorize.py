@@ -160,15 +160,18 @@ def _stacked_loop(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: D
 def _stacked_call(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Dim
                   ) -> tuple[tuple[Atom, ...], list[bool]]:
     """A call with a grad block (`custom_vjp`) on stacked inputs: the same
-    call, its `fwd` vectorized (each output and residual stacked where it
-    depends on a stacked input), its `bwd` over those and the stacked
-    outputs' cotangents.  An unstacked input is shared by the k values, so
-    its cotangent is the sum of theirs.  Its outputs, and whether each is
+    call, its `fwd` vectorized (every output stacked, and each residual
+    that depends on a stacked input), its `bwd` over those and the outputs'
+    cotangents.  So each of the k values has its own outputs and their own
+    cotangents, as when called alone (an unstacked output, computed once,
+    would take the sum of the k cotangents, which a block's sum over the k
+    counted k times); an unstacked input is shared by the k values, so its
+    cotangent is the sum of theirs.  Its outputs, and whether each is
     stacked."""
     p = eqn.p
     fwd, bwd, n_out = p["fwd"], p["bwd"], p["n_out"]
     has = [isinstance(a, Var) and a in lead for a in inputs]
-    out_flags = _depends(fwd, has)
+    out_flags = [True] * n_out + _depends(fwd, has)[n_out:]
     stacked_fwd = vectorize(fwd, _flagged(has), _flagged(out_flags), k)
     # bwd's parameters: the inputs, the residuals, the outputs' cotangents
     bwd_flags = has + out_flags[n_out:] + out_flags[:n_out]

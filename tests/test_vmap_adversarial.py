@@ -144,11 +144,18 @@ def soft(x, w):
 grad(dy):
     return x=dy * w * (1.0 - 1.0 / (1.0 + e)), w=dy * x * (1.0 - 1.0 / (1.0 + e))
 
+def both(x, w):
+    y = x * w
+    return y * w, sum(w * w)
+grad(dy, dz):
+    return x=dy * w * w, w=dy * (y + x * w) + 2.0 * dz * w
+
 def loss(x, w):
     y = x
     for i in range(2):
         y = soft(y, w) - 0.3
-    return sum(y * y) + logsumexp(x * w)
+    a, b = both(y, w)
+    return sum(a * a) + b + logsumexp(x * w)
 """
 
 
@@ -156,7 +163,9 @@ def test_a_grad_block_stacks_its_passes(monkeypatch):
     # vmap of a function calling ones with grad blocks (in a loop, and std's
     # logsumexp) is one program; its gradient runs the blocks stacked, the
     # unmapped w's cotangent the sum of the examples' (they ran one example
-    # at a time, and grad of the vmap was refused)
+    # at a time, and grad of the vmap was refused); both's second result,
+    # of w alone, is each example's, with its own cotangent (computed once,
+    # its summed cotangent was counted once per example)
     loss = dsl.loads(BLOCKS).loss
     rng = np.random.default_rng(6)
     x, w = rng.normal(size=(3, 4)), rng.normal(size=4) * 0.5
