@@ -423,19 +423,20 @@ def test_floor_division_and_remainder_by_a_literal_are_numpys_bit_for_bit(target
     # LLVM lowers a float remainder by a constant power of two >= 1 as
     # copysign(x - trunc(x / c) * c, x): at x = +inf a NaN with the sign
     # bit clear, where NumPy's (fmod's invalid NaN, inf - inf) has it set.
-    source = "".join(f"def fd{k}(x):\n    return x // {c!r}\n"
-                     f"def rem{k}(x):\n    return x % {c!r}\n"
-                     for k, c in enumerate(LITERAL_DIVISORS))
+    # (every literal in one function: one kernel per dtype, not one each)
+    source = ("def by_literals(x):\n    return "
+              + ", ".join(f"x // {c!r}, x % {c!r}" for c in LITERAL_DIVISORS) + "\n")
     m = dsl.loads(source + FLOOR_SOURCE, target=target, host_results=True)
     specials = [0.0, -0.0, 1.0, -1.0, 2.5, -7.0, 1e308, 5e-324, np.inf, -np.inf, np.nan, 0.1]
     with np.errstate(all="ignore"):
         for dtype in (np.float32, np.float64):
             x, bits = np.array(specials, dtype), f"u{np.dtype(dtype).itemsize}"
+            by_literals = m.by_literals(x)
             for k, c in enumerate(LITERAL_DIVISORS):
                 divisor = np.full_like(x, c)
-                for name, ref in (("fd", np.floor_divide), ("rem", np.remainder)):
+                for j, (name, ref) in enumerate((("fd", np.floor_divide), ("rem", np.remainder))):
                     expected = ref(x, divisor).view(bits)
-                    for got in (getattr(m, f"{name}{k}")(x), getattr(m, name)(x, divisor)):
+                    for got in (by_literals[2 * k + j], getattr(m, name)(x, divisor)):
                         assert got.dtype == dtype
                         np.testing.assert_array_equal(got.view(bits), expected,
                                                       err_msg=f"x {name} {c!r}")
