@@ -24,12 +24,14 @@ constants' values (`Call`), so that JAX's caches hold; an eager call
 runs the kernels directly, with nothing for XLA to compile.
 
 It works under `jit` (the shapes of the results come from f's IR at trace
-time), the autodiff transforms and `vmap`.  Under `vmap` the kernels run
-once per batch element (`jax.lax.map`; eagerly a Python loop, which
-compiles nothing): a `.grad` function is written for one example, and its
-reductions would sum over a batch axis it was handed.  Where the batch is
-of tangents or cotangents alone (`jacfwd`, `jacrev`, `hessian`), one
-stacked program computes them all, as `dsl.jacfwd` does (`Call.stacked`).
+time), the autodiff transforms and `vmap`.  Under `vmap` a `.grad`
+function, written for one example, runs for every example at once in the
+program `dsl.vmap` runs (`Call.stacked`: its reductions stay per example;
+f's backward pass too, so `vmap` of `grad` is one program), or, where
+that program does not stack, once per example (`jax.lax.map`; eagerly a
+Python loop, which compiles nothing).  Where the batch is of tangents or
+cotangents alone (`jacfwd`, `jacrev`, `hessian`), one stacked program
+computes them all within `STACKED_ELEMENTS`, as `dsl.jacfwd` does.
 Forward mode runs f's jvp program, which computes f's value too, beside f
 itself (JAX asks for the value and the tangents separately).  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
@@ -52,9 +54,9 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
-from dsl.function import (Compiled, JvpFunction, OutSpec, VjpFunction, backward_function,
-                          jvp_function, result_shapes, result_types, stacked_jvp_function,
-                          stacked_vjp_function)
+from dsl.function import (Compiled, JvpFunction, OutSpec, Stacked, VjpFunction,
+                          backward_function, batched_function, jvp_function, result_shapes,
+                          result_types, stacked_jvp_function, stacked_vjp_function)
 from gradlang.compiler.pipeline import Program
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.boundary import user_facing
@@ -182,7 +184,7 @@ class Call:
         self.failed: list[GradError] = []  # what `run` raised, which JAX wraps
         self.linear = (isinstance(f, JvpFunction)
                        and all(k >= len(outs) // 2 for k in self.keep))
-        self.base: Optional[tuple[Call, int]] = None  # (the call, its stacked input)
+        self.base: Optional[tuple[Call, tuple[int, ...]]] = None  # (the call, its stacked inputs)
 
     def run(self, *arrays) -> tuple[np.ndarray, ...]:
         """The results on the host, from the values of `names`."""
@@ -240,10 +242,10 @@ class Call:
         (None or JAX's symbolic zero)."""
         from jax.interpreters import ad
         if self.base is not None:
-            index = self.base[1]
+            indices = self.base[1]
             return self._per_value(lambda base, values: base.tangents(
                 values[:len(primals)], values[len(primals):]), [*primals, *tangents],
-                [i == index for i in range(len(primals))] * 2)
+                [i in indices for i in range(len(primals))] * 2)
         floats = set(self.f.differentiable_names(self.bound))
         active = [(n, t) for n, t in zip(self.names, tangents)
                   if n in floats and t is not None and type(t) is not ad.Zero]
@@ -272,7 +274,7 @@ class Call:
         if all(type(ct) is ad.Zero for ct in cts):
             return [None] * len(args)
         if self.base is not None and self.base[0].linear:
-            n_primal = self.base[1]  # the stacked input is its only tangent
+            (n_primal,) = self.base[1]  # the stacked input is its only tangent
             return [None] * n_primal + self._per_value(
                 lambda base, values: base.transpose(values, args)[n_primal:],
                 list(cts), [True] * len(cts))
@@ -303,28 +305,37 @@ class Call:
                                     for g, t in zip(grads, args[n_primal:])]
 
     def stacked(self, mapped: Sequence[bool], size: int) -> Optional["Call"]:
-        """This call for `size` values of its one `mapped` input at once
-        (`dsl.function.Stacked`: one program, one run), where that input is
-        the tangent of a jvp along one argument (`jacfwd`) or a cotangent
-        of a backward pass (`jacrev`), the program can stack it, and the
-        stacked values fit in `STACKED_ELEMENTS`; else None."""
-        if sum(mapped) != 1 or self.base is not None or not size:
+        """This call for `size` values of its `mapped` inputs at once
+        (`dsl.function.Stacked`: one program, one run), where the one mapped
+        input is the tangent of a jvp along one argument (`jacfwd`) or a
+        cotangent of a backward pass (`jacrev`) and the stacked values fit
+        in `STACKED_ELEMENTS`, or where this call is not linear (f itself,
+        or its backward pass: `vmap`, `vmap` of `grad`), its mapped inputs
+        are not constants and the program stacks (as `dsl.vmap`'s, with no
+        bound on its size: the batch is the caller's); else None."""
+        if self.base is not None or not size:
             return None
-        index = list(mapped).index(True)
-        name, f = self.names[index], self.f
-        if self.linear and f.tangent_names == (name,):
+        indices = tuple(i for i, m in enumerate(mapped) if m)
+        names, f = [self.names[i] for i in indices], self.f
+        stacked: Optional[Stacked] = None
+        if len(names) == 1 and self.linear and f.tangent_names == (names[0],):
             stacked = stacked_jvp_function(f.inner, f.active[0])
-        elif isinstance(f, VjpFunction) and name in f.ct_names:
-            stacked = stacked_vjp_function(f.inner, f.n_outputs, f.ct_names.index(name))
+        elif len(names) == 1 and isinstance(f, VjpFunction) and names[0] in f.ct_names:
+            stacked = stacked_vjp_function(f.inner, f.n_outputs, f.ct_names.index(names[0]))
+        if stacked is not None:  # a Jacobian's one-hot vectors, within the bound
+            per_slice = stacked.per_slice(self.bound)
+            if per_slice is None or per_slice * size > STACKED_ELEMENTS:
+                return None
+        elif not self.linear and not f.static_names(self.bound) & set(names):
+            stacked = batched_function(f, names)
+            if not stacked.stacks(self.bound):
+                return None
         else:
             return None
-        per_slice = stacked.per_slice(self.bound)
-        if per_slice is None or per_slice * size > STACKED_ELEMENTS:
-            return None
-        one = self.bound[name]
-        call = _call(stacked, {**self.bound, name: placeholder((size, *one.shape), one.dtype)},
-                     self.names, self.keep)
-        call.base = (self, index)
+        call = _call(stacked, {**self.bound, **{
+            n: placeholder((size, *self.bound[n].shape), self.bound[n].dtype) for n in names}},
+            self.names, self.keep)
+        call.base = (self, indices)
         return call
 
     def _per_value(self, rule: Callable, values: list, stacked: list[bool]) -> list:
@@ -362,9 +373,10 @@ def _primitive():
     says what it computes: its value on the host (eagerly, and under jit
     through a callback), shapes from f's IR, a jvp rule (gradlang's
     forward mode), a transpose rule for linear calls (gradlang's reverse
-    mode), and under vmap one call per example (`jax.lax.map`, or eagerly a
-    Python loop): a `.grad` function is written for one example, and its
-    reductions would sum over a batch axis it was handed."""
+    mode), and under vmap a stacked call (`Call.stacked`), or one call per
+    example (`jax.lax.map`, or eagerly a Python loop): a `.grad` function
+    is written for one example, and its reductions would sum over a batch
+    axis it was handed."""
     import jax
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir

@@ -100,6 +100,38 @@ def test_vmap_runs_the_function_per_example(x64):
                                                  np.eye(2)))
 
 
+def test_vmap_and_vmap_of_grad_run_one_stacked_program(x64, monkeypatch):
+    # jax.vmap over f's own arguments ran f once per example (lax.map); it
+    # is now the program dsl.vmap runs, per-example gradients included
+    from dsl import jax_bridge
+    runs = []
+    for method in ("run", "run_into"):  # eagerly, under jit
+        run = getattr(jax_bridge.Call, method)
+        monkeypatch.setattr(jax_bridge.Call, method,
+                            lambda call, *a, run=run: (runs.append(call.f.name), run(call, *a))[1])
+    rnn = load("rnn").rnn  # a loop, a runtime index, a matmul
+    f = dsl.to_jax(rnn)
+    rng = np.random.default_rng(5)
+    xs, h, w = rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3)), rng.normal(size=(3, 3)) / 2
+    per_example = np.stack([rnn(xs[i], h[i], w) for i in range(4)])
+    grads = np.stack([dsl.grad(rnn, wrt=2)(xs[i], h[i], w) for i in range(4)])
+    for transform, want in ((jax.vmap(f, (0, 0, None)), per_example),
+                            (jax.jit(jax.vmap(jax.grad(lambda *a: f(*a).sum(), argnums=2),
+                                              (0, 0, None))), grads)):
+        runs.clear()
+        np.testing.assert_allclose(transform(jnp.asarray(xs), jnp.asarray(h), jnp.asarray(w)),
+                                   want, rtol=1e-12)
+        assert len(runs) <= 2 and all(name.startswith("stacked") for name in runs), runs
+    monkeypatch.undo()
+    # the stacked call's own derivatives: JAX's vmap of the unstacked call's
+    total = jax.grad(lambda w: jax.vmap(f, (0, 0, None))(xs, h, w).sum())(jnp.asarray(w))
+    np.testing.assert_allclose(total, grads.sum(axis=0), rtol=1e-12)
+    _, t = jax.jvp(lambda w: jax.vmap(f, (0, 0, None))(xs, h, w), (jnp.asarray(w),),
+                   (jnp.ones((3, 3)),))
+    np.testing.assert_allclose(t, [dsl.jvp(rnn, (xs[i], h[i], w), (None, None, np.ones((3, 3))))[1]
+                                   for i in range(4)], rtol=1e-12)
+
+
 def test_f32_is_jax_default_and_matches_the_numpy_call():
     assert not jax.config.jax_enable_x64
     f = load("log1pexp").log1pexp
