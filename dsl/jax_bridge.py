@@ -188,22 +188,26 @@ class Call:
 
     def run(self, *arrays) -> tuple[np.ndarray, ...]:
         """The results on the host, from the values of `names`."""
-        values = {n: np.asarray(a, self.bound[n].dtype) for n, a in zip(self.names, arrays)}
         try:
-            results = self.f.call_bound({n: values.get(n, a) for n, a in self.bound.items()})
+            results = self.f.call_bound(self._bound_to(arrays))
         except GradError as err:  # an index out of range, known only from the values
             self.failed.append(err)
             raise
         return tuple(np.asarray(self.f.target.to_host(results[k]), dtype)
                      for k, (_, dtype) in zip(self.keep, self.outs))
 
+    def _bound_to(self, arrays: Sequence[Any]) -> dict[str, np.ndarray]:
+        """f's arguments with the values `arrays` for `names` (NumPy arrays,
+        or XLA's buffers, which take no dtype in `np.asarray`)."""
+        values = {n: np.asarray(np.asarray(a), self.bound[n].dtype)
+                  for n, a in zip(self.names, arrays)}
+        return {n: values.get(n, a) for n, a in self.bound.items()}
+
     def run_into(self, buffers: Sequence[np.ndarray], *arrays) -> None:
         """`run` into XLA's result `buffers` (under `jit` on the CPU): the
         kernels write a result straight into its buffer where they make
         one of its dtype on the host; any other result is copied in."""
-        values = {n: np.asarray(np.asarray(a), self.bound[n].dtype)  # (a Buffer takes no dtype)
-                  for n, a in zip(self.names, arrays)}
-        bound = {n: values.get(n, a) for n, a in self.bound.items()}
+        bound = self._bound_to(arrays)
         made: list[Optional[np.ndarray]] = [None] * len(self.all_outs)
         try:
             if self._in_place is None:

@@ -100,15 +100,22 @@ def test_vmap_runs_the_function_per_example(x64):
                                                  np.eye(2)))
 
 
-def test_vmap_and_vmap_of_grad_run_one_stacked_program(x64, monkeypatch):
-    # jax.vmap over f's own arguments ran f once per example (lax.map); it
-    # is now the program dsl.vmap runs, per-example gradients included
+def program_runs(monkeypatch) -> list:
+    """The names of the programs the bridge runs from now on (eagerly and
+    under jit), in order."""
     from dsl import jax_bridge
     runs = []
-    for method in ("run", "run_into"):  # eagerly, under jit
+    for method in ("run", "run_into"):
         run = getattr(jax_bridge.Call, method)
         monkeypatch.setattr(jax_bridge.Call, method,
                             lambda call, *a, run=run: (runs.append(call.f.name), run(call, *a))[1])
+    return runs
+
+
+def test_vmap_and_vmap_of_grad_run_one_stacked_program(x64, monkeypatch):
+    # jax.vmap over f's own arguments ran f once per example (lax.map); it
+    # is now the program dsl.vmap runs, per-example gradients included
+    runs = program_runs(monkeypatch)
     rnn = load("rnn").rnn  # a loop, a runtime index, a matmul
     f = dsl.to_jax(rnn)
     rng = np.random.default_rng(5)
@@ -421,12 +428,7 @@ def test_eager_vmap_compiles_nothing_again(x64, caplog):
 def test_jacobians_run_one_stacked_program_or_one_per_column(x64, monkeypatch):
     # jacfwd, jacrev and hessian ran the jvp or backward pass once per
     # column or row (jax.lax.map): 45 ms for a hessian of 100 elements
-    from dsl import jax_bridge
-    runs = []
-    for method in ("run", "run_into"):  # eagerly, under jit
-        run = getattr(jax_bridge.Call, method)
-        monkeypatch.setattr(jax_bridge.Call, method,
-                            lambda call, *a, run=run: (runs.append(call.f.name), run(call, *a))[1])
+    runs = program_runs(monkeypatch)
     g = dsl.to_jax(load("log1pexp").log1pexp)
     x = jnp.array([-2.0, -0.5, 0.0, 1.0, 4.0])
     s = sigmoid(np.asarray(x))
@@ -439,11 +441,11 @@ def test_jacobians_run_one_stacked_program_or_one_per_column(x64, monkeypatch):
         np.testing.assert_allclose(jacobian(x), value, rtol=1e-14, atol=1e-300)
         assert runs == ran
     # stacked values beyond the bound on their size: one jvp per column
-    monkeypatch.setattr(jax_bridge, "STACKED_ELEMENTS", 4 * x.size)
+    monkeypatch.setattr("dsl.jax_bridge.STACKED_ELEMENTS", 4 * x.size)
     runs.clear()
     np.testing.assert_allclose(jax.jit(jax.jacfwd(g))(x), np.diag(s), rtol=1e-14)
     assert runs == ["jvp(log1pexp)"] * 5
-    # a runtime loop cannot be stacked: one jvp per column
+    # and an RNN's (a loop, which stacks, but not within this bound)
     r = load("rnn").rnn
     xs, h, w = RNG.normal(size=(3, 2)), RNG.normal(size=2), RNG.normal(size=(2, 2)) / 2
     runs.clear()
