@@ -360,13 +360,27 @@ def torch_per_example():
 
 
 @lru_cache(maxsize=None)
+def dsl_per_example_module():
+    return dsl.loads(PER_EXAMPLE)
+
+
+@lru_cache(maxsize=None)
 def dsl_per_example():
-    return dsl.vmap(dsl.grad(dsl.loads(PER_EXAMPLE).loss, wrt=2), in_axes=(0, 0, None))
+    return dsl.vmap(dsl.grad(dsl_per_example_module().loss, wrt=2), in_axes=(0, 0, None))
+
+
+@lru_cache(maxsize=None)
+def to_jax_per_example():
+    """The same through `dsl.to_jax`: JAX's vmap of grad of the bridge."""
+    jax, _ = jax_modules()
+    loss = dsl.to_jax(dsl_per_example_module().loss)
+    return jax.jit(jax.vmap(jax.grad(loss, argnums=2), in_axes=(0, 0, None)))
 
 
 def per_example_cases(rows: int, features: int, seed: int = 0) -> list[Case]:
     """The gradient of a logistic loss w.r.t. the weights for each example:
-    `dsl.vmap(dsl.grad(...))` against JAX's and torch.func's vmap of grad."""
+    `dsl.vmap(dsl.grad(...))` against JAX's and torch.func's vmap of grad,
+    and JAX's vmap of grad of the loss through `dsl.to_jax`."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, features))
     y = rng.choice([-1.0, 1.0], rows)
@@ -374,6 +388,7 @@ def per_example_cases(rows: int, features: int, seed: int = 0) -> list[Case]:
     impls = {"numpy": lambda: numpy_per_example(x, y, w), "dsl": lambda: dsl_per_example()(x, y, w)}
     if jax_modules():
         impls["jax"] = jax_call(jax_per_example(), x, y, w)
+        impls["dsl through to_jax"] = jax_call(to_jax_per_example(), x, y, w)
     if torch_module():
         impls["torch"] = lambda: torch_per_example()(x, y, w)
     return [Case(f"float64 {rows} examples x {features} features", impls,
