@@ -385,7 +385,8 @@ def per_example_cases(rows: int, features: int, seed: int = 0) -> list[Case]:
     x = rng.normal(size=(rows, features))
     y = rng.choice([-1.0, 1.0], rows)
     w = rng.normal(size=features) / np.sqrt(features)
-    impls = {"numpy": lambda: numpy_per_example(x, y, w), "dsl": lambda: dsl_per_example()(x, y, w)}
+    impls = {"numpy": lambda: numpy_per_example(x, y, w),
+             "dsl": lambda: dsl_per_example()(x, y, w)}
     if jax_modules():
         impls["jax"] = jax_call(jax_per_example(), x, y, w)
         impls["dsl through to_jax"] = jax_call(to_jax_per_example(), x, y, w)
