@@ -29,9 +29,10 @@ create_graph records it).  Forward mode (`jvp` rule): f's compiled jvp
 runs the block's transposition).  `vmap` rule: f with the batched
 arguments stacked along a leading axis (`dsl.function.Stacked`,
 `compiler.vectorize`) in one program, or one call per example where that
-has no rule (a grad block, a batched const or size argument).  A transform's tensor is bound as a stand-in of
-its shape (it has no memory) and checked there; the kernels read the plain
-tensor under it when the operation's forward gets that.
+has no rule (a batched index array, a batched const or size argument).  A
+transform's tensor is bound as a stand-in of its shape (it has no memory)
+and checked there; the kernels read the plain tensor under it when the
+operation's forward gets that.
 
 Under `torch.compile` the call runs eagerly (a graph break: the
 operation's methods are `torch.compiler.disable`d too, since the autograd
