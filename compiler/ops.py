@@ -311,10 +311,6 @@ def _mul(b, x, y):
     return b.bind("mul", x, y)
 
 
-def _one_minus_sq(b, out, ct):
-    return b.bind("mul", ct, b.bind("sub", lit(b, 1, out), b.bind("mul", out, out)))
-
-
 def _max_vjp(pick_greater: bool):
     def rule_for(first: bool):
         def rule(b, x, y, out, ct):
@@ -568,6 +564,11 @@ def _sigmoid_slope_ref(x):
     return (e / ((1 + e) * (1 + e))).astype(x.dtype)
 
 
+def _tanh_slope_ref(x):
+    e = np.exp(-2 * np.abs(x.astype(np.longdouble)))
+    return (4 * e / ((1 + e) * (1 + e))).astype(x.dtype)
+
+
 def _erf_ref(x):
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
 
@@ -724,6 +725,17 @@ _SIGMOID_SLOPE = ("math.exp(-abs({0})) / "
                   "(({T}(1) + math.exp(-abs({0}))) * ({T}(1) + math.exp(-abs({0}))))")
 
 
+# tanh'(x) = 4 E / (1 + E)^2 with E = exp(-2|x|), as 4 q (1 - q) for
+# q = 1 / (2 + expm1(-+2|x|)) (1 / (1 + E), or E / (1 + E)): the expm1 the
+# CPU kernels' `math.tanh` computes (the same argument, so LLVM computes it
+# once where a kernel has both), 0 where it overflows, and no cancellation:
+# 1 - q is at least 1/4.  (1 - tanh^2, which JAX and PyTorch take, cancels:
+# half the slope at x = 9 in float32, 0 from 9.01 on.)
+_TANH_Q = ("{T}(1) / ({T}(2) + math.expm1({T}(2) * abs({0}) if abs({0}) >= {T}(0.5) "
+           "else {T}(-2) * abs({0})))")
+_TANH_SLOPE = f"{{T}}(4) * ({_TANH_Q}) * ({{T}}(1) - {_TANH_Q})"
+
+
 _TABLE: tuple[Op, ...] = (
     # ---- elementwise, one input
     Op("neg", exact=True, linear="jointly", template="-{0}", ref=np.negative,
@@ -752,7 +764,11 @@ _TABLE: tuple[Op, ...] = (
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("add", lit(b, 1, o), _mul(b, o, o)))),
        cost=64),
     Op("tanh", template="math.tanh({0})", ref=np.tanh, float_only=True, source_name="tanh",
-       vjp=_unary(lambda b, x, o, ct: _one_minus_sq(b, o, ct)), cost=8),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("tanh_slope", x))), cost=8),
+    # tanh'' = -2 tanh' tanh
+    Op("tanh_slope", template=_TANH_SLOPE, ref=_tanh_slope_ref, float_only=True,
+       vjp=_unary(lambda b, x, o, ct: b.bind("neg", _mul(b, _mul(b, ct, o), _mul(
+           b, lit(b, 2, x), b.bind("tanh", x))))), cost=8),
     Op("sinh", template="math.sinh({0})", ref=np.sinh, float_only=True, source_name="sinh",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("cosh", x))), cost=64),
     Op("cosh", template="math.cosh({0})", ref=np.cosh, float_only=True, source_name="cosh",

@@ -471,6 +471,9 @@ def em1(x):
 
 def sp(x):
     return softplus(x)
+
+def th(x):
+    return tanh(x)
 """
 
 
@@ -504,6 +507,29 @@ def test_sigmoid_and_expm1_slopes_keep_their_digits_in_the_tails(dtype, tol, x):
         far = np.abs(x) > 1e-3
         np.testing.assert_allclose(np.diagonal(dsl.hessian(m.sig)(x))[far],
                                    (_sigmoid_slope(x) * np.tanh(-x / 2))[far], rtol=1e-10)
+
+
+def _tanh_slope(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-2.0 * np.abs(x))  # 1 / cosh^2, with no cancellation anywhere
+    return 4.0 * e / (1.0 + e) ** 2
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 4e-15), (np.float32, 1e-6)])
+@given(x=st.lists(st.floats(-400.0, 400.0), min_size=1, max_size=4))
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_tanh_slope_keeps_its_digits_in_the_tails(dtype, tol, x):
+    # tanh' was 1 - tanh^2, which cancels: 2x too large at x = 9 in float32
+    # and 0 from 9.01 on (0 from 19.1 in float64), where it is a normal number.
+    # Its own slope -2 tanh' tanh went with it.  Past |x| = 354.9 (44.4 in
+    # float32) the slope is below the smallest normal number: 0 is within it.
+    m = _tails()
+    x = np.array(x + [9.0, -9.0, 15.0, 20.0, 0.25, -0.5, 1e-30, 0.0], dtype=dtype)
+    wide = x.astype(np.float64)
+    tiny = np.finfo(dtype).tiny
+    np.testing.assert_allclose(dsl.grad(m.th)(x), _tanh_slope(wide), rtol=tol, atol=tiny)
+    if dtype == np.float64:
+        np.testing.assert_allclose(np.diagonal(dsl.hessian(m.th)(x)),
+                                   -2.0 * _tanh_slope(x) * np.tanh(x), rtol=1e-14, atol=tiny)
 
 
 def test_gelu_keeps_its_digits_below_zero():
