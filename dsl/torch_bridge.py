@@ -59,6 +59,7 @@ is first called, never by `import dsl`.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -67,6 +68,7 @@ from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, Stacked, backward_function, batched_function,
                           jvp_function, vjp_of_bound)
+from dsl.torch_op import _memory, _tensor, apply as apply_operation
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 
@@ -86,23 +88,23 @@ class TorchFunction(Bridged):
         _fill_dtypes(torch)
         # whether CPU tensors' NumPy views are arrays f's kernels take as they are
         self._takes_numpy = f.target.is_array(np.empty(0)) and not f.host_results
+        # the call as dynamo puts it in its graph, untraced (it cannot trace the
+        # binding: NumPy, the compiler); AOTAutograd then traces it with
+        # FakeTensors, where it is one `gradlang::call` operation
+        self._traced = _NONSTRICT[0](lambda *args, **kwargs: self._call(args, kwargs))
 
     @user_facing
     def __call__(self, *args, **kwargs):
         if _COMPILING[0]():
-            # dynamo traces with FakeTensors, which have no memory for the
-            # kernels: the call runs eagerly, between two compiled graphs
-            return _EAGER[0](self, args, kwargs)
+            return self._traced(*args, **kwargs)
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict):
         tracer = _tracer()
         if tracer is not None:
-            # the kernels read memory that torch's tracers cannot see: a trace
-            # would keep this call's results as constants, silently, for any input
-            raise ArgumentError(f"{tracer} cannot record {self.__name__}, which runs outside "
-                                "torch: its results would be constants of the trace; use "
-                                "torch.compile, or call the function eagerly", self.f.span)
+            # the kernels read memory that torch's tracers cannot see: the call
+            # is one operation they record (its results are not constants)
+            return self._operation(args, kwargs, tracer)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
             views = _constant_views(args, _GRAD_ENABLED[0]())
@@ -119,13 +121,45 @@ class TorchFunction(Bridged):
             return _array_of(value, f, where), value
 
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, array)
-        differentiable = set(f.differentiable_names(bound))
+        self._refuse_grad_without_gradient(bound, by_name)
+        return f.format(apply(f, bound, by_name))
+
+    def _operation(self, args: tuple, kwargs: dict, tracer: str):
+        """The call as one `gradlang::call` operation for `tracer` to
+        record, its tensors bound as stand-ins of their shapes."""
+        f = self.f
+        if _FORWARD_AD[0]._current_level >= 0 or _TRANSFORMS_ACTIVE[0]():
+            # the operation has reverse mode only: a jvp through it was zero
+            raise ArgumentError(f"{tracer} cannot record {self.__name__} under a torch.func "
+                                "transform or forward-mode AD (torch.func.linearize): the "
+                                "operation it records has no forward-mode rule; call the "
+                                "transform eagerly, or use reverse mode", f.span)
+
+        def stand_in(value, where: str):
+            if not _is_tensor(value):
+                return value, None
+            _check_tensor(value, f, where)
+            if (value.device.type == "cpu") != f.target.is_array(np.empty(0)):
+                _wrong_device(value, f, where)
+            with warnings.catch_warnings():
+                # (jit.trace's sizes are tensors: the operation runs for any size)
+                warnings.simplefilter("ignore", _TRACER_WARNING[0])
+                shape = tuple(int(d) for d in value.shape)  # (a symbolic size: specialized)
+            return placeholder(shape, _NUMPY[value.dtype]), value
+
+        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
+        self._refuse_grad_without_gradient(bound, by_name)
+        if not by_name:  # constants only: so are the results
+            return _tensors(f.format(f.call_bound(bound)))
+        return f.format(apply_operation(f, bound, by_name))
+
+    def _refuse_grad_without_gradient(self, bound: dict, by_name: dict) -> None:
+        differentiable = set(self.f.differentiable_names(bound))
         for name, t in by_name.items():
             if t.requires_grad and name not in differentiable:
                 raise ArgumentError(f"{self.__name__}: {name!r} has no gradient (it is const "
                                     "or not a float), but its tensor requires grad; pass "
-                                    "it detached", f.span)
-        return f.format(apply(f, bound, by_name))
+                                    "it detached", self.f.span)
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
@@ -364,7 +398,8 @@ _EXPORTING: list = []  # whether torch.export is tracing
 _DISPATCH_STACK: list = []  # how many torch dispatch modes are active
 _DISPATCH_MODE: list = []  # the active torch dispatch mode of a key, or None
 _DISPATCH_MODES: list = []  # (key, what sets it) of the modes that trace
-_EAGER: list = []  # a call of a TorchFunction that dynamo does not trace
+_TRACER_WARNING: list = []  # torch.jit's TracerWarning
+_NONSTRICT: list = []  # torch._dynamo's nonstrict_trace: a call dynamo graphs, untraced
 
 
 def _fill_dtypes(torch) -> None:
@@ -389,29 +424,15 @@ def _fill_dtypes(torch) -> None:
         _DISPATCH_MODES.extend([(keys.PROXY, "make_fx (or torch.func.linearize)"),
                                 (keys.FAKE, "FakeTensorMode"),
                                 (keys.FUNCTIONAL, "functionalization")])
-        _EAGER.append(torch.compiler.disable(
-            lambda function, args, kwargs: function._call(args, kwargs)))
+        _TRACER_WARNING.append(torch.jit.TracerWarning)
+        _NONSTRICT.append(importlib.import_module("torch._dynamo").nonstrict_trace)
 
 
 def _array_of(t, f: Compiled, where: str):
     """The array the kernels of f's target take for tensor t, sharing its
     memory: the NumPy view of a CPU tensor, the tensor itself (through its
     `__cuda_array_interface__`) for a CUDA one."""
-    if t.dtype not in _NUMPY:
-        raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
-                            "and float64 (and int32, int64, bool constants)", f.span)
-    if t.layout is not _STRIDED[0] or t.is_nested:  # no memory of the array's shape
-        what, dense = (("a nested tensor", "t.to_padded_tensor(0.0)") if t.is_nested
-                       else (f"a tensor of layout {t.layout}", "t.to_dense()"))
-        raise ArgumentError(f"{where} is {what}; compiled functions take dense tensors "
-                            f"({dense})", f.span)
-    if _LEGACY_BATCHED[0](t):
-        # its batch lives in a wrapper torch gives no access to from Python
-        raise ArgumentError(f"{where} is batched by torch's legacy vmap (autograd.grad's "
-                            "is_grads_batched, autograd.functional's vectorize=True, "
-                            "gradcheck's check_batched_grad), whose tensors have no memory "
-                            "for compiled kernels; use torch.func (vmap, jacrev, jacfwd, "
-                            "hessian), or turn that option off", f.span)
+    _check_tensor(t, f, where)
     if _WRAPPED[0](t):
         # torch.func's wrappers have no memory of their own for the kernels
         # to read (and torch ops on them make wrappers again): a stand-in of
@@ -432,25 +453,32 @@ def _array_of(t, f: Compiled, where: str):
             raise ArgumentError(f"{where} is a {type(t).__name__}, which has no memory for "
                                 f"compiled kernels to read ({err})", f.span) from None
     if not f.target.is_array(view):
-        raise ArgumentError(f"{where} is a tensor on device {t.device}, but {called(f.name)} runs "
-                            f"on target {f.target.name!r}; move the tensor there, or load "
-                            "the module for its device", f.span)
+        _wrong_device(t, f, where)
     return view
 
 
-def _memory(t):
-    """A plain tensor's memory as f's kernels take it: the NumPy view of a
-    CPU tensor, a CUDA tensor itself."""
-    view = t.detach()
-    return view.numpy() if view.device.type == "cpu" else view
+def _wrong_device(t, f: Compiled, where: str):
+    raise ArgumentError(f"{where} is a tensor on device {t.device}, but {called(f.name)} runs "
+                        f"on target {f.target.name!r}; move the tensor there, or load "
+                        "the module for its device", f.span)
 
 
-def _tensor(array):
-    """A tensor over a result array's memory (CPU or CUDA)."""
-    import torch
-    if isinstance(array, np.ndarray):
-        if not array.flags.writeable or any(s < 0 for s in array.strides):
-            array = np.array(array)  # torch shares only writable, forward-strided memory
-        return torch.from_numpy(array)
-    return torch.as_tensor(array, device="cuda")
+def _check_tensor(t, f: Compiled, where: str) -> None:
+    """ArgumentError unless t is a dense tensor of a dtype gradlang takes
+    that the kernels can read (not one batched by the legacy vmap)."""
+    if t.dtype not in _NUMPY:
+        raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
+                            "and float64 (and int32, int64, bool constants)", f.span)
+    if t.layout is not _STRIDED[0] or t.is_nested:  # no memory of the array's shape
+        what, dense = (("a nested tensor", "t.to_padded_tensor(0.0)") if t.is_nested
+                       else (f"a tensor of layout {t.layout}", "t.to_dense()"))
+        raise ArgumentError(f"{where} is {what}; compiled functions take dense tensors "
+                            f"({dense})", f.span)
+    if _LEGACY_BATCHED[0](t):
+        # its batch lives in a wrapper torch gives no access to from Python
+        raise ArgumentError(f"{where} is batched by torch's legacy vmap (autograd.grad's "
+                            "is_grads_batched, autograd.functional's vectorize=True, "
+                            "gradcheck's check_batched_grad), whose tensors have no memory "
+                            "for compiled kernels; use torch.func (vmap, jacrev, jacfwd, "
+                            "hessian), or turn that option off", f.span)
 

@@ -296,38 +296,64 @@ def _export(g, x):
     return torch.export.export(Module(), (x,), strict=False)
 
 
-def _in_mode(mode):
-    def call(g, x):
-        with mode():
-            return g(x)
-    return call
-
-
 @pytest.mark.filterwarnings("ignore:`torch.jit")
-@pytest.mark.parametrize("trace,tracer", [
+@pytest.mark.parametrize("trace", [
     # jit.trace kept the results as constants (a TracerWarning, then the first
     # input's values for any input), or failed its sanity check
-    (lambda g, x: torch.jit.trace(g, (x,)), "torch.jit.trace"),
-    # make_fx kept them as constants silently; so linearize's jvp was 0
-    (lambda g, x: make_fx(g)(x), "make_fx"),
-    (lambda g, x: torch.func.linearize(g, x)[1](torch.ones_like(x)), "make_fx"),
+    lambda g, x: torch.jit.trace(g, (x,)),
+    # make_fx kept them as constants silently
+    lambda g, x: make_fx(g)(x),
     # export recursed until RecursionError (its non-strict mode is
     # compiling, and ignores torch.compiler.disable)
-    (_export, "torch.export"),
-    # torch's RuntimeError from a FakeTensor's NumPy view escaped
-    (_in_mode(FakeTensorMode), "FakeTensorMode"),
-    (_in_mode(FunctionalTensorMode), "functionalization"),
-], ids=["jit.trace", "make_fx", "linearize", "export", "fake", "functional"])
-def test_torch_tracers_are_refused(trace, tracer):
-    f = dsl.to_torch(load("bar").bar)
+    lambda g, x: _export(g, x).module(),
+], ids=["jit.trace", "make_fx", "export"])
+def test_torch_tracers_record_the_call_as_one_operation(trace, recwarn):
+    # then refused (an ArgumentError); now one `gradlang::call` operation
+    # whose results follow the traced function's inputs, gradients included
+    f = dsl.to_torch(load("log1pexp").log1pexp)
     y = torch.tensor([3.0, 4.0], dtype=torch.float64)
     for requires_grad in (False, True):
         x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=requires_grad)
-        with pytest.raises(dsl.ArgumentError, match=f"bar.grad:.*{tracer}.* cannot record "
-                                                    "to_torch\\(bar\\).*torch.compile"):
-            trace(lambda x: f(x, y), x)
-    np.testing.assert_array_equal(f(torch.tensor([10.0, 20.0], dtype=torch.float64), y),
-                                  [30.0, 80.0])
+        traced = trace(lambda x: f(x * y), x)
+        other = tensor([-1.0, 0.5])
+        value = traced(other)
+        np.testing.assert_allclose(value.detach().numpy(), np.log1p(np.exp([-3.0, 2.0])),
+                                   rtol=1e-13)
+        (g,) = torch.autograd.grad(value.sum(), other)
+        np.testing.assert_allclose(g.numpy(), [3.0, 4.0] * sigmoid(np.array([-3.0, 2.0])),
+                                   rtol=1e-13)
+    assert not [w for w in recwarn if issubclass(w.category, torch.jit.TracerWarning)]
+
+
+def test_fake_tensors_and_functionalization_run_the_operation():
+    # FakeTensorMode: torch's RuntimeError from a FakeTensor's NumPy view
+    # escaped; now shapes and dtypes from the function's IR, running nothing
+    f = dsl.to_torch(load("dense").loss)
+    with FakeTensorMode():
+        x, w = torch.empty(5, 3, dtype=torch.float64), torch.empty(3, 2, dtype=torch.float64)
+        b, t = torch.empty(2, dtype=torch.float64), torch.empty(5, 2, dtype=torch.float64)
+        value = f(x, w, b, t)
+    assert value.shape == () and value.dtype == torch.float64
+    g = dsl.to_torch(load("bar").bar)
+    x, y = tensor([1.0, 2.0]), tensor([3.0, 4.0], requires_grad=False)
+    with FunctionalTensorMode():
+        product = g(x, y)
+    np.testing.assert_array_equal(product.detach().numpy(), [3.0, 8.0])
+    (gx,) = torch.autograd.grad(product.sum(), x)
+    np.testing.assert_array_equal(gx.numpy(), [3.0, 4.0])
+
+
+def test_a_tracer_under_forward_mode_is_refused():
+    # linearize (make_fx over a jvp) recorded the operation, which has no
+    # forward-mode rule: the jvp was zero, silently
+    f = dsl.to_torch(load("bar").bar)
+    y = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    with pytest.raises(dsl.ArgumentError, match="bar.grad:.*make_fx.* cannot record "
+                                                "to_torch\\(bar\\) under a torch.func"):
+        torch.func.linearize(lambda x: f(x, y), x)[1](torch.ones_like(x))
+    np.testing.assert_array_equal(torch.func.jvp(lambda x: f(x, y), (x,),
+                                                 (torch.ones_like(x),))[1], [3.0, 4.0])
 
 
 def test_tensor_subclasses_are_tensors():

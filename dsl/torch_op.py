@@ -1,0 +1,202 @@
+"""`gradlang::call`, the torch custom operation a call of a `dsl.to_torch`
+function is where torch traces it rather than runs it: `torch.compile`
+(dynamo hands the call to AOTAutograd, which traces it with FakeTensors),
+`torch.export`, `make_fx`, `torch.jit.trace`, FakeTensorMode and
+functionalization.
+
+Contract: `apply(f, bound, tensors)` returns f's raw results for the
+validated arguments `bound`, where the names in `tensors` (name -> tensor:
+a plain one, a FakeTensor, a tracer's) are bound as stand-ins of their
+shapes and dtypes (`dsl.dask_bridge.placeholder`), as the results of one
+call of the operation on those tensors.  The operation's other argument is
+a key naming a registered `OpCall`: f, which of its arguments are the
+tensors, and the values of the others (constants).  The key is a hash of
+those (f's identity, which holds its module's sources, its target, the
+constants' bytes), so no user text reaches torch's registry or the code of
+a traced graph, and two functions of one name from different files never
+share one.  The operation's fake rule gives the results' shapes and dtypes
+from f's IR (`result_types`) without running anything; its real rule runs
+f's kernels on the tensors' memory (results that would share an input's
+memory, or one another's, are copied: torch's custom operations may not
+alias); its autograd rule's backward is the same operation of f's backward
+pass (`backward_function`: f's grad blocks), which has that autograd rule
+too, so each order of derivative torch asks for is our compiled gradient
+differentiated again.  Unlike the eager bridge, the backward recomputes
+f's forward (a traced graph holds no residuals of ours).  The operation
+has no forward-mode or vmap rule (torch.func's jvp and vmap over it are
+torch's errors).  torch is imported only when the operation is first
+needed.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from dsl.dask_bridge import placeholder
+from dsl.function import Compiled, backward_function, result_types
+from gradlang.compiler.shapes import NeedsValue
+from gradlang.runtime.errors import ArgumentError, called
+
+_CALLS: dict[str, "OpCall"] = {}  # key -> the call it names (kept: traced graphs hold keys)
+_OPERATION: list = []  # the custom operation, defined on first use
+
+
+def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
+    """f's raw results on `bound` as one call of `gradlang::call` on
+    `tensors` (see the module's contract)."""
+    call = op_call(f, bound, tuple(tensors))
+    return tuple(operation()(call.key, list(tensors.values())))
+
+
+def op_call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...]) -> "OpCall":
+    """The registered `OpCall` of f on `bound` whose arguments `names` are
+    the operation's tensors (the others constants)."""
+    identity = (f.identity(), f.target.name, names,
+                tuple((n, a.dtype.str, a.shape,
+                       None if n in names else np.ascontiguousarray(a).tobytes())
+                       for n, a in bound.items()))
+    key = hashlib.sha256(repr(identity).encode()).hexdigest()[:32]
+    call = _CALLS.get(key)
+    if call is None:
+        call = _CALLS[key] = OpCall(key, f, bound, names)
+    return call
+
+
+class OpCall:
+    """One registered call: f on the constants of `bound`, whose arguments
+    `names` are the operation's tensors (bound in these dtypes: a param
+    declared f64 takes an f32 tensor as f64)."""
+
+    def __init__(self, key: str, f: Compiled, bound: dict[str, Any], names: tuple[str, ...]):
+        self.key, self.f, self.names = key, f, names
+        self.dtypes = [bound[n].dtype for n in names]
+        # the constants, in f's order, with stand-ins for the tensors
+        self.bound = {n: placeholder(a.shape, a.dtype) if n in names else a
+                      for n, a in bound.items()}
+        statics = f.static_names(self.bound) & set(names)
+        if statics:
+            _by_value_error(f, min(statics))
+        self._backward: dict[int, OpCall] = {}
+
+    def bound_with(self, arrays: Sequence[Any]) -> dict[str, Any]:
+        bound = dict(self.bound)
+        bound.update(zip(self.names, arrays))
+        return bound
+
+    def result_types(self, shapes: Sequence[tuple]) -> tuple:
+        """(shape, NumPy dtype) of each result for tensors of these shapes."""
+        bound = self.bound_with([placeholder(s, d) for s, d in zip(shapes, self.dtypes)])
+        try:
+            return result_types(self.f, bound)
+        except NeedsValue as need:  # an integer argument used as a size
+            if need.name in self.names:
+                _by_value_error(self.f, need.name)
+            self.f.by_value(need, bound)
+            return result_types(self.f, bound)
+
+    def run(self, tensors: Sequence[Any]) -> list:
+        """The results of f's kernels on the tensors' memory."""
+        arrays = [_memory(t) for t in tensors]
+        arrays = [a if not isinstance(a, np.ndarray) or a.dtype == d else a.astype(d)
+                  for a, d in zip(arrays, self.dtypes)]
+        results = [_tensor(o) for o in self.f.call_bound(self.bound_with(arrays))]
+        # torch's custom operations may not return memory an input (a function
+        # returning its argument) or another result holds
+        taken = {t.untyped_storage().data_ptr() for t in tensors}
+        unshared = []
+        for r in results:
+            memory = r.untyped_storage().data_ptr()
+            unshared.append(r.clone() if memory in taken else r)
+            taken.add(memory)
+        return unshared
+
+    def backward(self, n_outputs: int) -> "OpCall":
+        """The call of f's backward pass on these tensors and `n_outputs`
+        cotangents, whose results are the cotangents of f's float
+        arguments (`differentiable`)."""
+        back = self._backward.get(n_outputs)
+        if back is None:
+            vf = backward_function(self.f, n_outputs)
+            types = self.result_types([self.bound[n].shape for n in self.names])
+            bound = dict(self.bound)
+            bound.update({c: placeholder(s, d) for c, (s, d) in zip(vf.ct_names, types)})
+            back = op_call(vf, bound, self.names + vf.ct_names)
+            self._backward[n_outputs] = back
+        return back
+
+    @property
+    def differentiable(self) -> list[str]:
+        return self.f.differentiable_names(self.bound)
+
+
+def _by_value_error(f: Compiled, name: str):
+    raise ArgumentError(f"argument {name!r} of {called(f.name)} picks the compiled program "
+                        "by its value (it is const, or gives a size), so a traced call "
+                        "(torch.compile, export, make_fx) must pass it as a Python number "
+                        "or NumPy array, not a tensor", f.span)
+
+
+def operation():
+    """The custom operation `gradlang::call(str call, Tensor[] inputs) ->
+    Tensor[]` with its fake and autograd rules, defined on first use."""
+    if _OPERATION:
+        return _OPERATION[0]
+    import torch
+
+    # (the schema is spelled out: this module's annotations are strings)
+    @torch.library.custom_op("gradlang::call", mutates_args=(),
+                             schema="(str call, Tensor[] inputs) -> Tensor[]")
+    def call(call: str, inputs: list) -> list:
+        return _CALLS[call].run(inputs)
+
+    @call.register_fake
+    def _(call: str, inputs: list) -> list:
+        registered = _CALLS[call]
+        device = inputs[0].device if inputs else torch.device("cpu")
+        # (a symbolic size is made concrete: the graph is specialized to it)
+        return [torch.empty(shape, dtype=_TORCH[dtype], device=device)
+                for shape, dtype in registered.result_types(
+                    [tuple(int(d) for d in t.shape) for t in inputs])]
+
+    def setup_context(ctx, inputs: tuple, output: list) -> None:
+        ctx.call = _CALLS[inputs[0]]
+        ctx.outputs = [(o.shape, o.dtype) for o in output]
+        ctx.save_for_backward(*inputs[1])
+
+    def backward(ctx, cts: list) -> tuple:
+        registered: OpCall = ctx.call
+        tensors = ctx.saved_tensors
+        # (torch gives None for the cotangent of an output it did not use)
+        cts = [torch.zeros(shape, dtype=dtype, device=tensors[0].device) if ct is None else ct
+               for ct, (shape, dtype) in zip(cts, ctx.outputs)]
+        back = registered.backward(len(cts))
+        grads = dict(zip(registered.differentiable, call(back.key, [*tensors, *cts])))
+        return None, [grads.get(n) for n in registered.names]
+
+    call.register_autograd(backward, setup_context=setup_context)
+    _TORCH.update({np.dtype(n): getattr(torch, n)
+                   for n in ("float32", "float64", "int32", "int64", "bool")})
+    _OPERATION.append(call)
+    return call
+
+
+_TORCH: dict = {}  # NumPy dtype -> torch dtype
+
+
+def _memory(t):
+    """A plain tensor's memory as f's kernels take it: the NumPy view of a
+    CPU tensor, a CUDA tensor itself."""
+    view = t.detach()
+    return view.numpy() if view.device.type == "cpu" else view
+
+
+def _tensor(array):
+    """A tensor over a result array's memory (CPU or CUDA)."""
+    import torch
+    if isinstance(array, np.ndarray):
+        if not array.flags.writeable or any(s < 0 for s in array.strides):
+            array = np.array(array)  # torch shares only writable, forward-strided memory
+        return torch.from_numpy(array)
+    return torch.as_tensor(array, device="cuda")
