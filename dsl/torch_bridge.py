@@ -129,11 +129,13 @@ class TorchFunction(Bridged):
         record, its tensors bound as stand-ins of their shapes."""
         f = self.f
         if _FORWARD_AD[0]._current_level >= 0 or _TRANSFORMS_ACTIVE[0]():
-            # the operation has reverse mode only: a jvp through it was zero
+            # the operation has no forward-mode rule (a jvp through it was zero),
+            # and torch's custom operations take no torch.func transform
+            # (pytorch issue 168393): under torch.compile, a graph break
             raise ArgumentError(f"{tracer} cannot record {self.__name__} under a torch.func "
-                                "transform or forward-mode AD (torch.func.linearize): the "
-                                "operation it records has no forward-mode rule; call the "
-                                "transform eagerly, or use reverse mode", f.span)
+                                "transform or forward-mode AD (linearize): torch's custom "
+                                "operations do not support them; call the transform "
+                                "eagerly, or use torch.autograd", f.span)
 
         def stand_in(value, where: str):
             if not _is_tensor(value):

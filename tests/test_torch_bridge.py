@@ -343,15 +343,19 @@ def test_fake_tensors_and_functionalization_run_the_operation():
     np.testing.assert_array_equal(gx.numpy(), [3.0, 4.0])
 
 
-def test_a_tracer_under_forward_mode_is_refused():
+def test_a_tracer_under_a_torch_func_transform_is_refused():
     # linearize (make_fx over a jvp) recorded the operation, which has no
-    # forward-mode rule: the jvp was zero, silently
+    # forward-mode rule: the jvp was zero, silently; make_fx over
+    # torch.func.grad raised torch's RuntimeError (custom operations take no
+    # torch.func transform: pytorch issue 168393)
     f = dsl.to_torch(load("bar").bar)
     y = torch.tensor([3.0, 4.0], dtype=torch.float64)
     x = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    with pytest.raises(dsl.ArgumentError, match="bar.grad:.*make_fx.* cannot record "
-                                                "to_torch\\(bar\\) under a torch.func"):
-        torch.func.linearize(lambda x: f(x, y), x)[1](torch.ones_like(x))
+    for traced in (lambda: torch.func.linearize(lambda x: f(x, y), x)[1](torch.ones_like(x)),
+                   lambda: make_fx(torch.func.grad(lambda x: f(x, y).sum()))(x)):
+        with pytest.raises(dsl.ArgumentError, match="bar.grad:.*make_fx.* cannot record "
+                                                    "to_torch\\(bar\\) under a torch.func"):
+            traced()
     np.testing.assert_array_equal(torch.func.jvp(lambda x: f(x, y), (x,),
                                                  (torch.ones_like(x),))[1], [3.0, 4.0])
 
