@@ -1,0 +1,183 @@
+"""`dsl.to_torch` functions under `torch.compile`: one `gradlang::call`
+operation in the graph (no graph break, so `fullgraph=True` compiles),
+with the values and gradients of the eager call, grad blocks followed.
+
+Most tests compile with the aot_eager backend (AOTAutograd traces the
+forward and backward graphs, which is where the operation must hold up);
+one with inductor, which also generates code around it."""
+
+import re
+
+import numpy as np
+import pytest
+
+import dsl
+from helpers import central_difference
+from helpers import load_example as load
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+from functorch.compile import make_boxed_func  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+class Graphs:
+    """A torch.compile backend (aot_eager, recording): the forward and
+    backward graphs AOTAutograd traced."""
+
+    def __init__(self):
+        self.forward, self.backward = [], []
+        self.backend = aot_autograd(fw_compiler=self._keep(self.forward),
+                                    bw_compiler=self._keep(self.backward))
+
+    @staticmethod
+    def _keep(graphs):
+        def compiler(gm, example_inputs):
+            graphs.append(gm)
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    def calls(self, graphs) -> list:
+        """The keys of the `gradlang::call` operations in these graphs."""
+        return [node.args[0] for gm in graphs for node in gm.graph.nodes
+                if node.target is torch.ops.gradlang.call.default]
+
+
+def compiled(fn, backend="aot_eager"):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend, fullgraph=True)
+
+
+def test_log1pexp_is_one_operation_with_the_grad_block_as_its_backward():
+    # the call was a graph break (fullgraph=True refused it): dynamo ran it
+    # eagerly between two graphs
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    graphs = Graphs()
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, w: f(x * w).sum(), backend=graphs.backend, fullgraph=True)
+    x = torch.tensor([-3.0, 0.0, 2.0, 40.0], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    value = step(x, w)
+    gx, gw = torch.autograd.grad(value, (x, w))
+    xn = x.detach().numpy()
+    np.testing.assert_allclose(value.item(), np.log1p(np.exp(0.5 * xn)).sum(), rtol=1e-14)
+    eager_x, eager_w = torch.autograd.grad(f(x * w).sum(), (x, w))
+    np.testing.assert_array_equal(gx.numpy(), eager_x.numpy())
+    np.testing.assert_array_equal(gw.numpy(), eager_w.numpy())
+    np.testing.assert_allclose(gx.numpy(), 0.5 * sigmoid(0.5 * xn), rtol=1e-14)
+    np.testing.assert_allclose(gw.numpy(), central_difference(
+        lambda w: np.log1p(np.exp(w * xn)), [0.5], 0), rtol=1e-8)
+    # the forward graph runs f, the backward graph f's backward pass: both ours
+    [forward], [backward] = graphs.calls(graphs.forward), graphs.calls(graphs.backward)
+    assert forward != backward
+    # keys are hashes: no user text reaches the graph's code
+    assert all(re.fullmatch("[0-9a-f]{32}", k) for k in (forward, backward))
+
+
+def test_a_multi_input_loss_with_a_const_target_equals_eager_and_finite_differences():
+    loss = load("dense").loss
+    tl = dsl.to_torch(loss)
+    gen = np.random.default_rng(0)
+    x, w, b, t = (gen.standard_normal(s) for s in [(4, 3), (3, 2), (2,), (4, 2)])
+    ts = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    step = compiled(lambda x, w, b, t: tl(x, w, b, t))
+    value = step(*ts, torch.tensor(t))
+    grads = torch.autograd.grad(value, ts)
+    eager = tl(*ts, torch.tensor(t))
+    assert value.item() == eager.item() == pytest.approx(loss(x, w, b, t), rel=1e-15)
+    for i, (g, e) in enumerate(zip(grads, torch.autograd.grad(eager, ts))):
+        np.testing.assert_array_equal(g.numpy(), e.numpy())
+        np.testing.assert_allclose(g.numpy(), central_difference(
+            lambda *a: loss(*a, t), [x, w, b], i), rtol=1e-6, atol=1e-9)
+
+
+DELIBERATE = dsl.loads("def cube(x):\n    return x * x * x\n"
+                       "grad(dy):\n    return dy * 2 * x\n", "deliberate.grad").cube
+
+
+def test_a_grad_block_that_is_not_the_derivative_is_followed_under_compile():
+    # cube's grad block says 2x, not 3x^2: the product's point is that the
+    # compiled step follows it, as the eager call does
+    f = dsl.to_torch(DELIBERATE)
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    value = compiled(lambda x: f(x).sum())(x)
+    (g,) = torch.autograd.grad(value, x)
+    assert value.item() == pytest.approx(-1.0 + 0.125 + 8.0, rel=1e-15)
+    np.testing.assert_array_equal(g.numpy(), [-2.0, 1.0, 4.0])
+
+
+@torch._dynamo.config.patch(trace_autograd_ops=True)
+def test_second_order_inside_a_compiled_function():
+    # torch.autograd.grad(create_graph=True) traced into the graph (torch's
+    # opt-in trace_autograd_ops): each order is our backward differentiated
+    # again, grad blocks included
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    g = dsl.to_torch(DELIBERATE)
+
+    def orders(x):
+        (d1,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+        (d2,) = torch.autograd.grad(d1.sum(), x, create_graph=True)
+        (e1,) = torch.autograd.grad(g(x).sum(), x, create_graph=True)
+        (e2,) = torch.autograd.grad(e1.sum(), x)
+        return d1.detach(), d2.detach(), e2
+
+    x = torch.tensor([-1.5, 0.0, 0.7, 3.0], dtype=torch.float64, requires_grad=True)
+    d1, d2, e2 = compiled(orders)(x)
+    s = sigmoid(x.detach().numpy())
+    np.testing.assert_allclose(d1.numpy(), s, rtol=1e-14)
+    np.testing.assert_allclose(d2.numpy(), s * (1 - s), rtol=1e-14)
+    np.testing.assert_array_equal(e2.numpy(), [2.0] * 4)  # (2x)', not (3x^2)'' = 6x
+
+
+def test_f32_params_and_new_sizes_in_a_compiled_module():
+    # an nn.Module whose forward passes its Parameter as the module param;
+    # f32 stays f32; other batch sizes recompile (dynamo then marks the size
+    # dynamic, and the operation specializes to each)
+    lp = dsl.to_torch(dsl.loads("param w: f32[2]\n\ndef poly(x: f32[n]):\n"
+                                "    return sum(w[1] * x * x + w[0])\n", "poly.grad").poly)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([0.5, -2.0]))
+
+        def forward(self, x):
+            return lp(torch.tanh(x), w=self.w)
+
+    model = Model()
+    step = compiled(model)
+    for n in (3, 5, 7):
+        x = torch.linspace(-1, 1, n, requires_grad=True)
+        value = step(x)
+        assert value.dtype == torch.float32
+        gx, gw = torch.autograd.grad(value, (x, model.w))
+        ex, ew = torch.autograd.grad(model(x), (x, model.w))
+        assert value.item() == model(x).item()
+        np.testing.assert_array_equal(gx.numpy(), ex.numpy())
+        np.testing.assert_array_equal(gw.numpy(), ew.numpy())
+        u = np.tanh(x.detach().numpy().astype(np.float64))
+        np.testing.assert_allclose(gw.numpy(), [n, (u * u).sum()], rtol=1e-6)
+
+
+def test_two_functions_of_one_name_from_two_files_stay_apart():
+    a = dsl.to_torch(dsl.loads("def f(x):\n    return x * 2\n", "a.grad").f)
+    b = dsl.to_torch(dsl.loads("def f(x):\n    return x * 3\n", "b.grad").f)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    value = compiled(lambda x: a(x) + b(x) * b(x))(x)
+    np.testing.assert_array_equal(value.detach().numpy(), [11.0, 40.0])
+    (g,) = torch.autograd.grad(value.sum(), x)
+    np.testing.assert_array_equal(g.numpy(), [2.0 + 18.0, 2.0 + 36.0])
+
+
+def test_inductor_compiles_around_the_operation():
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    x = torch.tensor([-3.0, 0.0, 2.0, 100.0], dtype=torch.float64, requires_grad=True)
+    value = compiled(lambda x: (f(x * 2) * x).sum(), backend="inductor")(x)
+    (g,) = torch.autograd.grad(value, x)
+    xn = x.detach().numpy()
+    np.testing.assert_allclose(value.item(), (np.logaddexp(0, 2 * xn) * xn).sum(), rtol=1e-14)
+    np.testing.assert_allclose(g.numpy(), np.logaddexp(0, 2 * xn) + 2 * xn * sigmoid(2 * xn),
+                               rtol=1e-13)
