@@ -34,11 +34,18 @@ transform's tensor is bound as a stand-in of its shape (it has no memory)
 and checked there; the kernels read the plain tensor under it when the
 operation's forward gets that.
 
-Under `torch.compile` the call runs eagerly (a graph break: the
-operation's methods are `torch.compiler.disable`d too, since the autograd
+Where torch traces instead of running (`torch.compile`, `torch.export`
+with strict=False, `make_fx`, `torch.jit.trace`, FakeTensorMode,
+functionalization), a call is one `gradlang::call` custom operation
+(`dsl.torch_op`: its result shapes from f's IR, its backward f's backward
+pass as another), so a compiled graph has no break around it (dynamo
+hands the call untraced to AOTAutograd: `nonstrict_trace`).  Under a
+tracer, a torch.func transform or forward-mode AD (linearize) is an
+`ArgumentError` (custom operations take none), which under
+`torch.compile` is a graph break that runs the call eagerly (the
+operation's methods are `torch.compiler.disable`d, since the autograd
 engine runs a backward inside a compiled step, and torch.func a forward
-inside a compiled transform), between the graphs dynamo compiles on
-either side; `fullgraph=True` refuses it.
+inside a compiled transform).
 
 Tensors are shared, never copied: a CPU tensor is passed to the kernels as
 the NumPy view of its memory and results come back as tensors over the
@@ -51,10 +58,8 @@ vectorize=True: it has no memory to read; torch.func's vmap works), one
 on a device the module's target does not run on (a torch.func transform's
 CUDA tensor: checked when its forward runs), or one requiring grad for a
 parameter without a gradient (const or integer) is an `ArgumentError`
-before anything runs, and so is a call under a tracer that would keep its
-results as constants (`torch.jit.trace`, `torch.export`, `make_fx` and so
-`torch.func.linearize`, FakeTensorMode, functionalization).  torch is imported when `to_torch`
-is first called, never by `import dsl`.
+before anything runs.  torch is imported when `to_torch` is first called,
+never by `import dsl`.
 """
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ from gradlang.runtime.errors import ArgumentError, called
 
 def to_torch(f: Compiled) -> "TorchFunction":
     """f as a function of torch tensors that torch.autograd and torch.func
-    differentiate (and torch.compile runs eagerly)."""
+    differentiate, and torch.compile compiles as one operation."""
     return TorchFunction(bridged(f, "to_torch"))
 
 
@@ -368,9 +373,10 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _tracer() -> Optional[str]:
-    """The torch tracer recording this call, if any (one that keeps what it
-    cannot trace as constants): jit.trace, export, make_fx's proxy mode
-    (functorch's linearize too), FakeTensorMode, functionalization."""
+    """The torch tracer recording this call, if any (one that would keep
+    the kernels' results as constants, or has no memory for them to read):
+    jit.trace, export, make_fx's proxy mode (functorch's linearize too),
+    FakeTensorMode, functionalization."""
     if _TRACING[0]():
         return "torch.jit.trace"
     if _EXPORTING[0]():  # (its non-strict mode ignores torch.compiler.disable)
