@@ -621,9 +621,10 @@ def test_a_const_argument_under_torch_func_grad_is_an_argument_error():
         torch.func.grad(lambda a: f(x, alpha=a).sum())(torch.tensor(0.1, dtype=torch.float64))
 
 
-def test_a_compiled_call_runs_the_bridge_eagerly():
+def test_a_compiled_call_and_a_compiled_torch_func_transform():
     # dynamo traced into the bridge with FakeTensors: "argument 'z' of
-    # loss() is a GPU array"
+    # loss() is a GPU array"; now the call is one operation in the graph
+    # (tests/test_torch_compile.py)
     m = dsl.loads("def loss(z, y):\n    return mean(log1p(exp(-y * z)))\n", "loss.grad")
     loss = dsl.to_torch(m.loss)
     y = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
@@ -635,7 +636,8 @@ def test_a_compiled_call_runs_the_bridge_eagerly():
     expected_grad = dsl.grad(m.loss)(z.detach().numpy(), y.numpy())
     np.testing.assert_allclose(z.grad.numpy(), expected_grad, rtol=1e-15)
     # a compiled torch.func transform: torch.func ran the forward in a frame
-    # dynamo traced
+    # dynamo traced; now a graph break runs the eager bridge (torch's custom
+    # operations take no torch.func transform)
     g = torch.compile(torch.func.grad(lambda z: loss(z, y)), backend="aot_eager")
     np.testing.assert_allclose(g(z.detach()).numpy(), expected_grad, rtol=1e-15)
 
