@@ -657,6 +657,27 @@ def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dt
     return cache[key]
 
 
+def symbolic_result_types(f: Compiled, bound: dict[str, Any],
+                          shapes: dict[str, tuple]) -> Optional[tuple]:
+    """(f's argument types, the (shape, dtype) of each result) for
+    arguments like `bound` but with the `shapes` given by name, whose
+    sizes may be symbols (`Sym`: a tracer's, torch's dynamic shapes); the
+    results' sizes are expressions in them.  None where f does not lower
+    so (it needs concrete sizes, or a shape rule fails on symbols it cannot
+    tell equal).  Raises `NeedsValue` as `result_types`."""
+    types = _types(bound, f.static_names(bound), shapes)
+    key = tuple((n, str(t)) for n, t in types.items())
+    cache = f.__dict__.setdefault("_symbolic_result_types", {})
+    if key not in cache:
+        try:
+            outs = tuple((tuple(t.shape), np.dtype(NUMPY[t.dtype]))
+                         for t in f.lower(types).out_types)
+            cache[key] = (types, outs)
+        except (NeedsConcrete, GradError):
+            cache[key] = None
+    return cache[key]
+
+
 def _extra_names(inner: Compiled, stem: str, count: int) -> tuple[str, ...]:
     """`count` names for the arguments a transform adds to `inner` (its
     cotangents, its tangents), apart from inner's own, which has such names

@@ -73,7 +73,7 @@ from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, Stacked, backward_function, batched_function,
                           jvp_function, vjp_of_bound)
-from dsl.torch_op import _memory, _tensor, apply as apply_operation
+from dsl.torch_op import _memory, _tensor, apply as apply_operation, hint
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 
@@ -151,7 +151,7 @@ class TorchFunction(Bridged):
             with warnings.catch_warnings():
                 # (jit.trace's sizes are tensors: the operation runs for any size)
                 warnings.simplefilter("ignore", _TRACER_WARNING[0])
-                shape = tuple(int(d) for d in value.shape)  # (a symbolic size: specialized)
+                shape = tuple(map(hint, value.shape))  # (the fake rule takes symbolic ones)
             return placeholder(shape, _NUMPY[value.dtype]), value
 
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)

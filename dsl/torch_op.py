@@ -35,8 +35,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from dsl.dask_bridge import placeholder
-from dsl.function import Compiled, backward_function, result_types
-from gradlang.compiler.shapes import NeedsValue
+from dsl.function import Compiled, backward_function, result_types, symbolic_result_types
+from gradlang.compiler.shapes import NeedsValue, Sym, evaluate
 from gradlang.runtime.errors import ArgumentError, called
 
 _CALLS: dict[str, "OpCall"] = {}  # key -> the call it names (kept: traced graphs hold keys)
@@ -88,13 +88,50 @@ class OpCall:
     def result_types(self, shapes: Sequence[tuple]) -> tuple:
         """(shape, NumPy dtype) of each result for tensors of these shapes."""
         bound = self.bound_with([placeholder(s, d) for s, d in zip(shapes, self.dtypes)])
+        return self._retrying(lambda: result_types(self.f, bound), bound)
+
+    def traced_result_types(self, shapes: Sequence[tuple]) -> list:
+        """`result_types` for tensors whose sizes may be symbols of torch's
+        dynamic shapes (SymInts): the results' sizes are then expressions
+        in them.  f is lowered with a symbol for each of torch's, or else
+        (a shape rule that needs to know two sizes equal) for the pattern
+        of equal sizes in the traced example, on which the graph is then
+        guarded; where f needs concrete sizes, the graph is specialized."""
+        hints = [tuple(map(hint, s)) for s in shapes]
+        if all(type(d) is int for s in shapes for d in s):
+            return self.result_types(hints)
+        bound = self.bound_with([placeholder(h, d) for h, d in zip(hints, self.dtypes)])
+        given = dict(zip(self.names, shapes))
+        symbolic = None
+        # a symbol of ours for each of torch's, or else for each size of
+        # torch's symbols in the example (those equal in it sharing one)
+        for same in (lambda d: d.node.expr, hint):
+            if symbolic is None:
+                symbolic = self._retrying(lambda: symbolic_result_types(
+                    self.f, bound, _symbols(given, same)), bound)
+        if symbolic is None:
+            return self.result_types([tuple(int(d) for d in s) for s in shapes])
+        types, outs = symbolic
+        sizes: dict[str, Any] = {}
+        for name, t in types.items():
+            for d, size in zip(getattr(t, "shape", ()), given.get(name, self.bound[name].shape)):
+                known = sizes.setdefault(d.factors[0], size) if isinstance(d, Sym) else d
+                # (for the pattern of the example, the comparison guards the graph:
+                # it holds while the sizes keep it, as they do here)
+                if known is not size and not known == size:
+                    raise AssertionError(f"{size} != {known}: not the pattern of the hints")
+        return [(tuple(evaluate(d, sizes) for d in shape), dtype) for shape, dtype in outs]
+
+    def _retrying(self, run, bound: dict[str, Any]):
+        """run(), and again once f compiles for the value of an integer
+        argument used as a size (an error if that is a tensor)."""
         try:
-            return result_types(self.f, bound)
+            return run()
         except NeedsValue as need:  # an integer argument used as a size
             if need.name in self.names:
                 _by_value_error(self.f, need.name)
             self.f.by_value(need, bound)
-            return result_types(self.f, bound)
+            return run()
 
     def run(self, tensors: Sequence[Any]) -> list:
         """The results of f's kernels on the tensors' memory."""
@@ -155,10 +192,9 @@ def operation():
     def _(call: str, inputs: list) -> list:
         registered = _CALLS[call]
         device = inputs[0].device if inputs else torch.device("cpu")
-        # (a symbolic size is made concrete: the graph is specialized to it)
         return [torch.empty(shape, dtype=_TORCH[dtype], device=device)
-                for shape, dtype in registered.result_types(
-                    [tuple(int(d) for d in t.shape) for t in inputs])]
+                for shape, dtype in registered.traced_result_types(
+                    [tuple(t.shape) for t in inputs])]
 
     def setup_context(ctx, inputs: tuple, output: list) -> None:
         ctx.call = _CALLS[inputs[0]]
@@ -183,6 +219,26 @@ def operation():
 
 
 _TORCH: dict = {}  # NumPy dtype -> torch dtype
+
+
+def _symbols(shapes: dict[str, tuple], same: Any) -> dict[str, tuple]:
+    """`shapes` with a `Sym` for each symbolic size, the sizes for which
+    `same` gives one value sharing one."""
+    symbols: dict[Any, Sym] = {}
+    return {n: tuple(d if type(d) is int else symbols.setdefault(
+        same(d), Sym.named(f"s{len(symbols)}")) for d in s) for n, s in shapes.items()}
+
+
+def hint(size: Any) -> int:
+    """A tensor's size as an int: a symbolic one's (torch's dynamic shapes)
+    value in the example being traced, with no guard on it; jit.trace's
+    (a tensor) as it is."""
+    if type(size) is int:
+        return size
+    node = getattr(size, "node", None)
+    if node is not None and node.hint is not None:
+        return node.hint
+    return int(size)
 
 
 def _memory(t):

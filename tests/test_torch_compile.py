@@ -181,3 +181,33 @@ def test_inductor_compiles_around_the_operation():
     np.testing.assert_allclose(value.item(), (np.logaddexp(0, 2 * xn) * xn).sum(), rtol=1e-14)
     np.testing.assert_allclose(g.numpy(), np.logaddexp(0, 2 * xn) + 2 * xn * sigmoid(2 * xn),
                                rtol=1e-13)
+
+
+def test_sizes_marked_dynamic_compile_once():
+    # the fake rule made each size concrete: a size marked dynamic was a
+    # ConstraintViolationError ("your code specialized it to be a constant")
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    loss = dsl.to_torch(load("dense").loss)
+    graphs = Graphs()
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, z, w, b, t: (f(x) * 2, loss(z, w, b, t)),
+                         backend=graphs.backend, fullgraph=True)
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, generator=gen, dtype=torch.float64, requires_grad=True)
+    for n in (3, 5, 7):
+        x = torch.linspace(-2, 2, n, dtype=torch.float64, requires_grad=True)
+        z = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+        t = torch.randn(n, 2, generator=gen, dtype=torch.float64)
+        for a in (x, z, t):
+            torch._dynamo.mark_dynamic(a, 0)
+        y, value = step(x, z, w, b, t)
+        assert y.shape == (n,)
+        np.testing.assert_allclose(y.detach().numpy(), 2 * np.logaddexp(0, x.detach().numpy()),
+                                   rtol=1e-14)
+        grads = torch.autograd.grad(y.sum() + value, (x, w, b))
+        eager = torch.autograd.grad((f(x) * 2).sum() + loss(z, w, b, t), (x, w, b))
+        assert value.item() == loss(z, w, b, t).item()
+        for g, e in zip(grads, eager):
+            np.testing.assert_array_equal(g.numpy(), e.numpy())
+    assert len(graphs.forward) == len(graphs.backward) == 1
