@@ -168,6 +168,16 @@ class OpCall:
         return self.f.differentiable_names(self.bound)
 
 
+def registered(key: str) -> OpCall:
+    """The call a key names, registered when this process traced it."""
+    call = _CALLS.get(key)
+    if call is None:  # (a key is a hash: no user text)
+        raise ArgumentError(f"gradlang::call {key!r} names no call this process has traced: "
+                            "a graph traced by another (an ExportedProgram loaded from a "
+                            "file) runs here once this process has traced the same call")
+    return call
+
+
 def _by_value_error(f: Compiled, name: str):
     raise ArgumentError(f"argument {name!r} of {called(f.name)} picks the compiled program "
                         "by its value (it is const, or gives a size), so a traced call "
@@ -186,30 +196,30 @@ def operation():
     @torch.library.custom_op("gradlang::call", mutates_args=(),
                              schema="(str call, Tensor[] inputs) -> Tensor[]")
     def call(call: str, inputs: list) -> list:
-        return _CALLS[call].run(inputs)
+        return registered(call).run(inputs)
 
     @call.register_fake
     def _(call: str, inputs: list) -> list:
-        registered = _CALLS[call]
+        known = registered(call)
         device = inputs[0].device if inputs else torch.device("cpu")
         return [torch.empty(shape, dtype=_TORCH[dtype], device=device)
-                for shape, dtype in registered.traced_result_types(
+                for shape, dtype in known.traced_result_types(
                     [tuple(t.shape) for t in inputs])]
 
     def setup_context(ctx, inputs: tuple, output: list) -> None:
-        ctx.call = _CALLS[inputs[0]]
+        ctx.call = registered(inputs[0])
         ctx.outputs = [(o.shape, o.dtype) for o in output]
         ctx.save_for_backward(*inputs[1])
 
     def backward(ctx, cts: list) -> tuple:
-        registered: OpCall = ctx.call
+        known: OpCall = ctx.call
         tensors = ctx.saved_tensors
         # (torch gives None for the cotangent of an output it did not use)
         cts = [torch.zeros(shape, dtype=dtype, device=tensors[0].device) if ct is None else ct
                for ct, (shape, dtype) in zip(cts, ctx.outputs)]
-        back = registered.backward(len(cts))
-        grads = dict(zip(registered.differentiable, call(back.key, [*tensors, *cts])))
-        return None, [grads.get(n) for n in registered.names]
+        back = known.backward(len(cts))
+        grads = dict(zip(known.differentiable, call(back.key, [*tensors, *cts])))
+        return None, [grads.get(n) for n in known.names]
 
     call.register_autograd(backward, setup_context=setup_context)
     _TORCH.update({np.dtype(n): getattr(torch, n)

@@ -211,3 +211,20 @@ def test_sizes_marked_dynamic_compile_once():
         for g, e in zip(grads, eager):
             np.testing.assert_array_equal(g.numpy(), e.numpy())
     assert len(graphs.forward) == len(graphs.backward) == 1
+
+
+def test_an_exported_program_saved_and_loaded_runs_the_call(tmp_path):
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return f(x) * 2
+
+    x = torch.tensor([-1.0, 0.5, 3.0], dtype=torch.float64)
+    torch.export.save(torch.export.export(Model(), (x,)), tmp_path / "model.pt2")
+    loaded = torch.export.load(tmp_path / "model.pt2").module()
+    np.testing.assert_allclose(loaded(x).numpy(), 2 * np.logaddexp(0, x.numpy()), rtol=1e-14)
+    # a graph naming a call this process never traced: was a KeyError from
+    # inside the operation
+    with pytest.raises(dsl.ArgumentError, match="names no call this process has traced"):
+        torch.ops.gradlang.call("0" * 32, [x])
