@@ -4,7 +4,7 @@ with the values and gradients of the eager call, grad blocks followed.
 
 Most tests compile with the aot_eager backend (AOTAutograd traces the
 forward and backward graphs, which is where the operation must hold up);
-one with inductor, which also generates code around it."""
+one with inductor."""
 
 import re
 
@@ -172,15 +172,16 @@ def test_two_functions_of_one_name_from_two_files_stay_apart():
     np.testing.assert_array_equal(g.numpy(), [2.0 + 18.0, 2.0 + 36.0])
 
 
-def test_inductor_compiles_around_the_operation():
+def test_inductor_runs_the_operation():
+    # (the operation alone: a kernel inductor generates around it costs some
+    # 12 s of C++ compilation on a cold cache)
     f = dsl.to_torch(load("log1pexp").log1pexp)
     x = torch.tensor([-3.0, 0.0, 2.0, 100.0], dtype=torch.float64, requires_grad=True)
-    value = compiled(lambda x: (f(x * 2) * x).sum(), backend="inductor")(x)
-    (g,) = torch.autograd.grad(value, x)
+    value = compiled(lambda x: f(x), backend="inductor")(x)
+    (g,) = torch.autograd.grad(value, x, torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64))
     xn = x.detach().numpy()
-    np.testing.assert_allclose(value.item(), (np.logaddexp(0, 2 * xn) * xn).sum(), rtol=1e-14)
-    np.testing.assert_allclose(g.numpy(), np.logaddexp(0, 2 * xn) + 2 * xn * sigmoid(2 * xn),
-                               rtol=1e-13)
+    np.testing.assert_allclose(value.detach().numpy(), np.logaddexp(0, xn), rtol=1e-14)
+    np.testing.assert_allclose(g.numpy(), [1.0, 2.0, 3.0, 4.0] * sigmoid(xn), rtol=1e-14)
 
 
 def test_sizes_marked_dynamic_compile_once():
