@@ -15,7 +15,9 @@ those (f's identity, which holds its module's sources, its target, the
 constants' bytes), so no user text reaches torch's registry or the code of
 a traced graph, and two functions of one name from different files never
 share one.  The operation's fake rule gives the results' shapes and dtypes
-from f's IR (`result_types`) without running anything; its real rule runs
+from f's IR (`result_types`) without running anything, in torch's symbols
+where its sizes are (dynamic shapes: `OpCall.traced_result_types`); its
+real rule runs
 f's kernels on the tensors' memory (results that would share an input's
 memory, or one another's, are copied: torch's custom operations may not
 alias); its autograd rule's backward is the same operation of f's backward
@@ -23,9 +25,9 @@ pass (`backward_function`: f's grad blocks), which has that autograd rule
 too, so each order of derivative torch asks for is our compiled gradient
 differentiated again.  Unlike the eager bridge, the backward recomputes
 f's forward (a traced graph holds no residuals of ours).  The operation
-has no forward-mode or vmap rule (torch.func's jvp and vmap over it are
-torch's errors).  torch is imported only when the operation is first
-needed.
+takes no torch.func transform and has no forward-mode rule (torch's
+custom operations take none: `dsl.torch_bridge` refuses them under a
+tracer).  torch is imported only when the operation is first needed.
 """
 from __future__ import annotations
 
