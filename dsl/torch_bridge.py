@@ -101,7 +101,9 @@ class TorchFunction(Bridged):
     @user_facing
     def __call__(self, *args, **kwargs):
         if _COMPILING[0]():
-            return self._traced(*args, **kwargs)
+            # (dynamo holds a NumPy array as a tensor, which nonstrict_trace takes)
+            return self._traced(*map(_numpy_as_tensor, args),
+                                **{k: _numpy_as_tensor(v) for k, v in kwargs.items()})
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict):
@@ -368,6 +370,10 @@ def _tensors(result: Any) -> Any:
     return _tensor(result)
 
 
+def _numpy_as_tensor(value: Any) -> Any:
+    return _AS_TENSOR[0](value) if isinstance(value, np.ndarray) else value
+
+
 def _is_tensor(value: Any) -> bool:
     return isinstance(value, _TENSOR[0])  # a subclass too (nn.Parameter, a user's own)
 
@@ -392,6 +398,7 @@ _NUMPY_DTYPES = ("float32", "float64", "int32", "int64", "bool")
 _TORCH: dict = {}  # NumPy dtype -> torch dtype, filled on first use
 _NUMPY: dict = {}  # torch dtype -> NumPy dtype
 _TENSOR: list = []  # torch.Tensor
+_AS_TENSOR: list = []  # torch.as_tensor
 _PLAIN: list = []  # the types of tensors with nothing to dispatch: Tensor, nn.Parameter
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
 _LEGACY_BATCHED: list = []  # whether a tensor is batched by torch's legacy vmap
@@ -415,6 +422,7 @@ def _fill_dtypes(torch) -> None:
         _TORCH.update({np.dtype(n): getattr(torch, n) for n in _NUMPY_DTYPES})
         _NUMPY.update({v: k for k, v in _TORCH.items()})
         _TENSOR.append(torch.Tensor)
+        _AS_TENSOR.append(torch.as_tensor)
         _PLAIN.extend([torch.Tensor, torch.nn.Parameter])
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
         _LEGACY_BATCHED.append(torch._C._functorch.is_legacy_batchedtensor)

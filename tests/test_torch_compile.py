@@ -92,6 +92,11 @@ def test_a_multi_input_loss_with_a_const_target_equals_eager_and_finite_differen
         np.testing.assert_array_equal(g.numpy(), e.numpy())
         np.testing.assert_allclose(g.numpy(), central_difference(
             lambda *a: loss(*a, t), [x, w, b], i), rtol=1e-6, atol=1e-9)
+    # the target as a NumPy array the compiled function closes over:
+    # nonstrict_trace refused it ("Invalid input type")
+    value = compiled(lambda x, w, b: tl(x, w, b, t))(*ts)
+    assert value.item() == eager.item()
+    np.testing.assert_array_equal(torch.autograd.grad(value, ts[1])[0].numpy(), grads[1].numpy())
 
 
 DELIBERATE = dsl.loads("def cube(x):\n    return x * x * x\n"
