@@ -46,6 +46,16 @@ def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = ()) -> Functio
     cotangents, and also returns the masks of the `wrt` parameters'
     cotangents, each at its parameter's shape: a loop's backward body
     carries them from trip to trip (`loop_pull_back`)."""
+    if not masked:
+        return _joint(fn, wrt, (), with_masks=False)[0]
+    return _joint(fn, wrt, masked, with_masks=True)[0]
+
+
+def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: bool
+           ) -> tuple[Function, list[bool]]:
+    """`vjp`'s joint function, returning the `wrt` parameters' masks where
+    `with_masks` (also with no mask given: a where inside fn makes some),
+    and for each of them whether it is one (False: everywhere)."""
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
     env: dict[Var, Atom] = dict(zip(fn.params, params))
@@ -62,11 +72,15 @@ def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = ()) -> Functio
     grads = [cots.of(params[i]) for i in wrt]
     grads = [g if g is not None else ops.zeros_like(b, params[i].type)
              for i, g in zip(wrt, grads)]
-    if not masked:
-        return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads)
-    masks_out = [_mask_at(b, cots.mask(params[i]), params[i].type) for i in wrt]
-    return b.function(f"{fn.name}_vjp", params + cts_in + list(masks_in.values()),
-                      outputs + grads + masks_out)
+    if not with_masks:
+        return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads), []
+    # a parameter nothing flows to has its zero cotangent nowhere
+    found = [cots.mask(params[i]) if cots.of(params[i]) is not None
+             else ops.full(b, False, params[i].type.shape, "bool") for i in wrt]
+    masks_out = [_mask_at(b, m, params[i].type) for i, m in zip(wrt, found)]
+    joint = b.function(f"{fn.name}_vjp", params + cts_in + list(masks_in.values()),
+                       outputs + grads + masks_out)
+    return joint, [m is not None for m in found]
 
 
 def _mask_at(b: Builder, mask: Optional[Var], t: TensorType) -> Var:
@@ -227,25 +241,38 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     carrying the carried values' cotangents and the sums of the
     invariants' ones, reading each trip's starting state from `stacked`
     (`loop_forward`'s residuals); its body is the VJP of the loop's body
-    (so it differentiates again).  Where every float carried value's
-    cotangent has a where-mask (`out_masks`, by output), the backward loop
-    carries the masks too, so that a derivative inside the body that is
+    (so it differentiates again).  Where a cotangent of the loop's
+    outputs has a where-mask (`out_masks`, by output), the backward loop
+    carries the float carried values' masks too (a carried value with no
+    cotangent: nowhere) and reads each trip's slice of the masks of the
+    stacked outputs (ys), so that a derivative inside the body that is
     inf where nothing flows (sqrt at 0 in a loop whose result a where does
-    not take) meets a selection, not a product with 0.  Returns (input,
-    cotangent, mask) for each float input."""
+    not take) meets a selection, not a product with 0.  It stacks the
+    masks its body finds for the slices it reads (xs) as well: a second
+    reverse pass, through the backward loop of a first, finds the mask of
+    each trip's starting state there, which the forward loop's VJP then
+    reads as its stacked outputs' masks.  Returns (input, cotangent, mask)
+    for each float input."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     bounds, carry, inv, xs = ops.loop_groups(eqn.inputs, p)
     ys_types = [o.type for o in eqn.outputs[n_carry:]]
+    out_masks = list(out_masks) + [None] * (len(eqn.outputs) - len(out_masks))
     # what carries a cotangent: the float carried values, invariants and xs
     floats = [[k for k, a in enumerate(group) if a.type.is_float] for group in (carry, inv, xs)]
     offsets = (1, 1 + n_carry, 1 + n_carry + n_inv)
     wrt = [off + k for off, group in zip(offsets, floats) for k in group]
     body, wide = _widened(body, n_carry, floats[1])
-    start_masks = [out_masks[k] if k < len(out_masks) else None for k in floats[0]]
-    masked = floats[0] if floats[0] and all(m is not None for m in start_masks) else []
-    joint = vjp(body, wrt, masked)
     with_ct = [k for k, ct in enumerate(out_cts[n_carry:]) if ct is not None]
+    ys_masked = [k for k in with_ct if out_masks[n_carry + k] is not None]
+    nowhere = [k for k in floats[0] if out_cts[k] is None]
+    masks_carried = bool(floats[0]) and (
+        bool(ys_masked) or any(out_masks[k] is not None for k in floats[0] if k not in nowhere))
+    masked = (floats[0] if masks_carried else []) + [n_carry + k for k in ys_masked]
+    joint, found = _joint(body, wrt, masked, with_masks=True)
+    n_c, n_i = len(floats[0]), len(floats[1])
+    inv_masked = [j for j, real in enumerate(found[n_c:n_c + n_i]) if real]
+    xs_masked = [j for j, real in enumerate(found[n_c + n_i:]) if real]
     bb = Builder()
     index = Var(body.params[0].type, "i")
     ct_carry = [Var(carry[k].type, "dc") for k in floats[0]]
@@ -254,6 +281,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     starts = [Var(body.params[1 + k].type, "c") for k in range(n_carry)]
     x_slices = [Var(body.params[offsets[2] + k].type, "x") for k in range(len(xs))]
     y_cts = [Var(TensorType(ys_types[k].dtype, ys_types[k].shape[1:]), "dy") for k in with_ct]
+    y_masks = [Var(TensorType("bool", ys_types[k].shape[1:]), "my") for k in ys_masked]
     given = dict(zip(floats[0], ct_carry))
     body_cts = [given[k] if k in given else ops.zeros_like(bb, body.out_types[k])
                 for k in range(n_carry)]
@@ -262,28 +290,46 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
                  for k in range(len(ys_types))]
     inv_args = [bb.bind("broadcast_to", a, shape=wide[k].shape) if k in wide else a
                 for k, a in enumerate(inv_params)]
-    mask_carry = [Var(TensorType("bool", carry[k].type.shape), "mc") for k in masked]
-    results = inline(bb, joint, [index] + starts + inv_args + x_slices + body_cts + mask_carry)
-    n_c, n_i = len(floats[0]), len(floats[1])
+    mask_carry = [Var(TensorType("bool", carry[k].type.shape), "mc")
+                  for k in floats[0] if masks_carried]
+    inv_mask_carry = [Var(TensorType("bool", sums[j].type.shape), "mi") for j in inv_masked]
+    results = inline(bb, joint, [index] + starts + inv_args + x_slices + body_cts + mask_carry
+                     + y_masks)
     grads = results[len(body.outputs):len(body.outputs) + len(wrt)]
-    new_masks = results[len(body.outputs) + len(wrt):][:len(masked)]
+    masks = results[len(body.outputs) + len(wrt):]
+    new_masks = masks[:n_c] if masks_carried else []
+    # an invariant's cotangent, summed over the trips, may be nonzero where any trip's may
+    new_masks += [bb.bind("logical_or", mi, masks[n_c + j])
+                  for mi, j in zip(inv_mask_carry, inv_masked)]
+    xs_masks = [masks[n_c + n_i + j] for j in xs_masked]
     new_sums = [bb.bind("add", s, g) for s, g in zip(sums, grads[n_c:n_c + n_i])]
     backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + sums + mask_carry
-                           + inv_params + starts + x_slices + y_cts,
-                           grads[:n_c] + new_sums + new_masks + grads[n_c + n_i:])
+                           + inv_mask_carry + inv_params + starts + x_slices + y_cts + y_masks,
+                           grads[:n_c] + new_sums + new_masks + grads[n_c + n_i:] + xs_masks)
     init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
             for k in floats[0]] + [ops.zeros_like(b, s.type) for s in sums]
-    init += [_mask_at(b, m, carry[k].type) for k, m in zip(floats[0], start_masks) if masked]
-    xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct]
+    init += [ops.full(b, False, carry[k].type.shape, "bool") if k in nowhere
+             else _mask_at(b, out_masks[k], carry[k].type) for k in floats[0] if masks_carried]
+    init += [ops.full(b, False, m.type.shape, "bool") for m in inv_mask_carry]
+    xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct] + \
+        [_mask_at(b, out_masks[n_carry + k], ys_types[k]) for k in ys_masked]
+    n_masks = len(mask_carry) + len(inv_mask_carry)
     outs = b.bind_multi("loop", *bounds, *init, *inv, *xs_b, span=eqn.span, body=backward,
-                        n_carry=n_c + n_i + len(masked), n_inv=n_inv, trip=p["trip"],
+                        n_carry=n_c + n_i + n_masks, n_inv=n_inv, trip=p["trip"],
                         reverse=not p["reverse"])
-    end_masks = list(outs[n_c + n_i:n_c + n_i + len(masked)]) or [None] * n_c
-    outs = list(outs[:n_c + n_i]) + list(outs[n_c + n_i + len(masked):])
+    end_masks = list(outs[n_c + n_i:n_c + n_i + len(mask_carry)]) or [None] * n_c
+    inv_masks: list[Optional[Var]] = [None] * n_i
+    for j, m in zip(inv_masked, outs[n_c + n_i + len(mask_carry):n_c + n_i + n_masks]):
+        inv_masks[j] = m
+    xs_cts = outs[n_c + n_i + n_masks:][:len(floats[2])]
+    stacked_masks: list[Optional[Var]] = [None] * len(floats[2])
+    for j, m in zip(xs_masked, outs[n_c + n_i + n_masks + len(floats[2]):]):
+        stacked_masks[j] = m
+    outs = list(outs[:n_c + n_i]) + list(xs_cts)
     targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
         [xs[k] for k in floats[2]]
-    masks = end_masks + [None] * (len(targets) - n_c)
-    return [(a, ops.unbroadcast(b, ct, a.type.shape), mask)
+    masks = end_masks + inv_masks + stacked_masks
+    return [(a, ops.unbroadcast(b, ct, a.type.shape), _narrowed(b, mask, a, ct))
             for a, ct, mask in zip(targets, outs, masks)]
 
 

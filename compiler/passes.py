@@ -11,7 +11,8 @@ Contract:
   in turn become one broadcast of it; and computes x ** 0, 2, 3, 4 and
   (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
-- `dce`: removes equations whose outputs nobody reads.
+- `dce`: removes equations whose outputs nobody reads, and the outputs of
+  a loop that nobody reads (with the carried values only they need);
 
 Each pass also runs on the body of every `loop` (`_in_bodies`).
 """
@@ -23,7 +24,7 @@ import numpy as np
 
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
-from gradlang.compiler.ops import OPS, fold, same_value
+from gradlang.compiler.ops import OPS, fold, loop_groups, same_value
 
 
 def _substituting():
@@ -203,9 +204,48 @@ def dce(fn: Function) -> Function:
     kept: list[Eqn] = []
     for eqn in reversed(fn.eqns):
         if any(o in live for o in eqn.outputs):
-            kept.append(_in_bodies(eqn, dce))
+            eqn = _in_bodies(_without_dead_outputs(eqn, live), dce)
+            kept.append(eqn)
             live.update(a for a in eqn.inputs if isinstance(a, Var))
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
 
 
+def _without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
+    """A `loop` without the outputs nothing reads: its stacked outputs
+    (ys), and its carried values that no live output depends on, trip by
+    trip (the where-masks a backward loop carries and stacks, which only a
+    second reverse pass reads); other equations as they are.  What only
+    they read leaves the body with the body's own `dce`."""
+    if eqn.op != "loop":
+        return eqn
+    p = eqn.p
+    body, n_carry = p["body"], p["n_carry"]
+    ys = [j for j in range(n_carry, len(eqn.outputs)) if eqn.outputs[j] in live]
+    carried = {j for j in range(n_carry) if eqn.outputs[j] in live}
+    while True:  # a carried value the next trip of a live one reads is live
+        read = _read_by(body, [body.outputs[j] for j in sorted(carried) + ys])
+        grown = carried | {j for j in range(n_carry) if body.params[1 + j] in read}
+        if grown == carried:
+            break
+        carried = grown
+    keep = sorted(carried) + ys
+    if len(keep) == len(eqn.outputs):
+        return eqn
+    kept = sorted(carried)
+    bounds, carry, inv, xs = loop_groups(eqn.inputs, p)
+    index, carry_params, inv_params, slices = loop_groups(body.params, p, lead=1)
+    body = Function(body.name, (*index, *(carry_params[j] for j in kept), *inv_params, *slices),
+                    body.eqns, tuple(body.outputs[j] for j in keep))
+    params = tuple((k, body if k == "body" else len(kept) if k == "n_carry" else v)
+                   for k, v in eqn.params)
+    return Eqn(eqn.op, (*bounds, *(carry[j] for j in kept), *inv, *xs),
+               tuple(eqn.outputs[j] for j in keep), params, eqn.span)
 
+
+def _read_by(fn: Function, outputs) -> set[Var]:
+    """The values of fn that computing `outputs` reads."""
+    read = {a for a in outputs if isinstance(a, Var)}
+    for eqn in reversed(fn.eqns):
+        if any(o in read for o in eqn.outputs):
+            read.update(a for a in eqn.inputs if isinstance(a, Var))
+    return read
