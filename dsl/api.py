@@ -24,7 +24,7 @@ from dsl.forward import jacfwd as _jacfwd
 from dsl.forward import jacrev as _jacrev
 from dsl.forward import jvp as _jvp
 from dsl.function import vjp as _vjp
-from dsl.mapped import InAxes, VmapFunction
+from dsl.mapped import InAxes, MappedJacobian, VmapFunction
 from dsl.mapped import vmap as _vmap
 from gradlang.compiler import ast
 from gradlang.compiler.modules import read_source
@@ -145,11 +145,13 @@ def jvp(f: Compiled, primals, tangents):
 
 
 @user_facing
-def vmap(f: Compiled, in_axes: InAxes = 0) -> VmapFunction:
+def vmap(f: "Compiled | Jacobian", in_axes: InAxes = 0) -> "VmapFunction | MappedJacobian":
     """f over axis 0 of the positional arguments `in_axes` marks (0 or
     None, one per argument or one for all), as `jax.vmap`: one program
-    for every example where f stacks (`dsl/mapped.py`)."""
-    return _vmap(require_function(f, "vmap", aot_ok=False), in_axes)
+    for every example where f stacks (`dsl/mapped.py`).  f may also be a
+    Jacobian (`jacfwd`, `jacrev`, `hessian`): each example's."""
+    return _vmap(f if isinstance(f, Jacobian) else require_function(f, "vmap", aot_ok=False),
+                 in_axes)
 
 
 @user_facing

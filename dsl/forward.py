@@ -206,24 +206,25 @@ def _host_like(a: Any) -> np.ndarray:
 # ---------------------------------------------------------------- Jacobians
 
 
-def _tangent_columns(x: Any, run) -> list:
-    """For each element of x in flat order, the output tangents of
-    `run(basis)` (a jvp's outputs, then their tangents) for the one-hot
-    tangent of x's shape and dtype there."""
+def _tangent_columns(x: Any, run, batched: bool = False) -> list:
+    """For each element of x in flat order (of each example's x where
+    `batched`: `_one_hots`), the output tangents of `run(basis)` (a jvp's
+    outputs, then their tangents) for the one-hot tangent of x's shape and
+    dtype there."""
     columns = []
-    for i in range(int(np.prod(x.shape))):
-        basis = np.zeros(x.shape, np.dtype(x.dtype))
-        basis.flat[i] = 1
+    for i in range(_basis_size(x, batched)):
+        (basis,) = _one_hots(x, i, i + 1, batched)
         outs = run(basis)
         columns.append(outs[len(outs) // 2:])
     return columns
 
 
-def _assembled(columns: list, x: Any, stack) -> list:
+def _assembled(columns: list, x: Any, stack, batched: bool = False) -> list:
     """Each output's Jacobian from its tangent columns (`stack`: NumPy's or
-    Dask's), of shape output shape + x's shape."""
+    Dask's), of shape output shape + x's shape (x's example shape where
+    `batched`)."""
     return [stack([c[k] for c in columns], axis=-1).reshape(
-        tuple(columns[0][k].shape) + tuple(x.shape)) for k in range(len(columns[0]))]
+        tuple(columns[0][k].shape) + _basis_shape(x, batched)) for k in range(len(columns[0]))]
 
 
 # At most how many elements the values of one stacked program hold (32 MB
@@ -231,45 +232,59 @@ def _assembled(columns: list, x: Any, stack) -> list:
 STACKED_ELEMENTS = 2 ** 22
 
 
-def _in_blocks(stacked: Stacked, bound: dict[str, Any], one: np.ndarray) -> Optional[list]:
+def _in_blocks(stacked: Stacked, bound: dict[str, Any], one: np.ndarray,
+               batched: bool = False) -> Optional[list]:
     """stacked's outputs for each one-hot value shaped like `one` (the
-    stacked argument's one value), in order, in blocks whose stacked values
-    hold at most STACKED_ELEMENTS; None if stacked's function has an op
-    that cannot take stacked values."""
+    stacked argument's one value; `_one_hots`), in order, in blocks whose
+    stacked values hold at most STACKED_ELEMENTS; None if stacked's
+    function has an op that cannot take stacked values."""
     (name,) = stacked.stacked
     per_slice = stacked.per_slice({**bound, name: one})
     if per_slice is None:
         return None
-    block = max(1, min(one.size, STACKED_ELEMENTS // max(per_slice, 1)))
-    return [_run(stacked, {**bound, name: _one_hots(one, i, min(i + block, one.size))},
-                 host=True) for i in range(0, one.size, block)]
+    size = _basis_size(one, batched)
+    block = max(1, min(size, STACKED_ELEMENTS // max(per_slice, 1)))
+    return [_run(stacked, {**bound, name: _one_hots(one, i, min(i + block, size), batched)},
+                 host=True) for i in range(0, size, block)]
 
 
-def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray
-                 ) -> Optional[list[np.ndarray]]:
+def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray,
+                 batched: bool) -> Optional[list[np.ndarray]]:
     """Each output's Jacobian with respect to `name` (x's value), from jvps
     of stacked one-hot tangents (`_in_blocks`); None where the jvp cannot
     stack them."""
-    blocks = _in_blocks(stacked_jvp_function(f, name), bound, x)
+    blocks = _in_blocks(stacked_jvp_function(f, name), bound, x, batched)
     if blocks is None:
         return None
     n_out = len(blocks[0]) // 2
     jacobians = []
     for k in range(n_out):
-        stacked = np.concatenate([b[n_out + k] for b in blocks])  # (x.size, *out.shape)
-        out_shape = stacked.shape[1:]
+        stacked = np.concatenate([b[n_out + k] for b in blocks])  # (basis size, *out.shape)
         # the columns' axis last: a transposed view, not a copy
-        jacobian = np.moveaxis(stacked.reshape((x.size, -1)), 0, 1).reshape(out_shape + x.shape)
+        jacobian = np.moveaxis(stacked, 0, -1).reshape(stacked.shape[1:] + _basis_shape(x, batched))
         jacobians.append(jacobian.astype(_jacobian_dtype(blocks[0][k], x), copy=False))
     return jacobians
 
 
-def _one_hots(x: np.ndarray, start: int, stop: int) -> np.ndarray:
+def _basis_shape(x: Any, batched: bool) -> tuple:
+    """The shape a Jacobian's basis spans: x's, or where `batched` that of
+    each of the examples x stacks on its axis 0."""
+    return tuple(x.shape[1:] if batched else x.shape)
+
+
+def _basis_size(x: Any, batched: bool) -> int:
+    return int(np.prod(_basis_shape(x, batched)))
+
+
+def _one_hots(x: np.ndarray, start: int, stop: int, batched: bool = False) -> np.ndarray:
     """The tangents of x's shape and dtype that are 1 at one element (in
-    flat order, from `start` to `stop`) and 0 elsewhere, stacked."""
-    basis = np.zeros((stop - start, x.size), x.dtype)
+    flat order, from `start` to `stop`) and 0 elsewhere, stacked; where
+    `batched`, 1 at that element of every example x stacks on axis 0."""
+    shape = _basis_shape(x, batched)
+    basis = np.zeros((stop - start, int(np.prod(shape))), x.dtype)
     basis[np.arange(stop - start), np.arange(start, stop)] = 1
-    return basis.reshape((stop - start,) + x.shape)
+    basis = basis.reshape((stop - start,) + shape)
+    return np.repeat(basis[:, None], x.shape[0], axis=1) if batched else basis
 
 
 def _column_runner(jf: JvpFunction, bound: dict[str, Any]):
@@ -308,10 +323,14 @@ def _direct_runner(jf: JvpFunction, on_target: dict[str, Any], tangent: str):
 
 
 class Jacobian:
-    """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev")."""
+    """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev").
+    `batched`: f is a `vmap` mapping every argument `wrt` names, and the
+    Jacobians are those of each example (`dsl.mapped.MappedJacobian`):
+    each output's example with respect to each argument's, of shape (k,) +
+    out example shape + arg example shape."""
 
-    def __init__(self, f: Compiled, wrt: Wrt, mode: str):
-        self.f, self.mode = f, mode
+    def __init__(self, f: Compiled, wrt: Wrt, mode: str, batched: bool = False):
+        self.f, self.mode, self.batched = f, mode, batched
         self.single = not isinstance(wrt, (tuple, list))
         self.wrt = resolve_wrt(f, wrt)
         self.name = f"jac{mode}({f.name})"
@@ -320,7 +339,11 @@ class Jacobian:
     def __call__(self, *args, **kwargs):
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
-        bound = self.f.bind(args, kwargs)
+        return self.call_bound(self.f.bind(args, kwargs))
+
+    def call_bound(self, bound: dict[str, Any]) -> Any:
+        """The Jacobians for f's validated arguments, structured as f's
+        outputs."""
         for name in self.wrt:
             if name not in bound:
                 raise ArgumentError(f"{self.name}: no value was passed for {name!r}",
@@ -352,18 +375,20 @@ class Jacobian:
             x = bound[name]
             if not isinstance(x, np.ndarray):  # a device array passed in
                 x = self.f.target.to_host(x)
-            jacobians = _all_columns(self.f, name, bound, x) if x.size else None
+            batched = self.batched
+            jacobians = _all_columns(self.f, name, bound, x, batched) if x.size else None
             if jacobians is not None:
                 per_wrt.append(jacobians)
                 continue
-            columns = _tangent_columns(x, _column_runner(jvp_function(self.f, [name]), bound))
+            columns = _tangent_columns(x, _column_runner(jvp_function(self.f, [name]), bound),
+                                       batched)
             if not columns:  # an empty argument: the outputs give the shapes
                 outs = _run(self.f, dict(bound), host=True)
-                per_wrt.append([np.zeros(o.shape + x.shape, _jacobian_dtype(o, x))
-                                for o in outs])
+                per_wrt.append([np.zeros(o.shape + _basis_shape(x, batched),
+                                         _jacobian_dtype(o, x)) for o in outs])
                 continue
-            per_wrt.append([j.astype(_jacobian_dtype(c, x))
-                            for j, c in zip(_assembled(columns, x, np.stack), columns[0])])
+            per_wrt.append([j.astype(_jacobian_dtype(c, x)) for j, c in
+                            zip(_assembled(columns, x, np.stack, batched), columns[0])])
         return [list(js) for js in zip(*per_wrt)]
 
     def _on_dask(self, args: tuple, kwargs: dict):
@@ -404,18 +429,26 @@ class Jacobian:
         result = []
         for k, out in enumerate(outs):
             rows = []
-            for j in range(out.size):
+            for j in range(_basis_size(out, self.batched)):
                 cts = [np.zeros(o.shape, o.dtype) for o in outs]
-                cts[k].flat[j] = 1
+                (cts[k],) = _one_hots(out, j, j + 1, self.batched)
                 grads = pullback(*cts)
-                rows.append([grads[names.index(n)] for n in self.wrt])
-            result.append([
-                np.stack([r[w] for r in rows]).reshape(out.shape + tuple(bound[n].shape))
-                .astype(_jacobian_dtype(out, bound[n]), copy=False)
-                if rows else np.zeros(out.shape + tuple(bound[n].shape),
-                                      _jacobian_dtype(out, bound[n]))
-                for w, n in enumerate(self.wrt)])
+                rows.append([grads[names.index(n)][None] for n in self.wrt])
+            result.append([self._rows([r[w] for r in rows], out, bound[n])
+                           for w, n in enumerate(self.wrt)])
         return result
+
+    def _rows(self, rows: list, out: Any, x: Any) -> np.ndarray:
+        """The Jacobian of `out` with respect to `x` from its rows in blocks
+        (each of shape (rows, *x.shape)), one row per element of out in
+        flat order (of each example of out where `batched`)."""
+        shape, dtype = tuple(out.shape) + _basis_shape(x, self.batched), _jacobian_dtype(out, x)
+        if not rows:
+            return np.zeros(shape, dtype)
+        jacobian = np.concatenate(rows)
+        if self.batched:  # the examples' axis first
+            jacobian = np.moveaxis(jacobian, 0, 1)
+        return jacobian.reshape(shape).astype(dtype, copy=False)
 
     def _all_rows(self, bound: dict[str, Any]) -> Optional[list[list[np.ndarray]]]:
         """[output][wrt] Jacobians, each output's from backward passes of
@@ -427,18 +460,12 @@ class Jacobian:
         for k, out in enumerate(outs):
             sv = stacked_vjp_function(self.f, len(outs), k)
             zeros = {c: np.zeros(o.shape, o.dtype) for c, o in zip(sv.inner.ct_names, outs)}
-            blocks = _in_blocks(sv, {**bound, **zeros}, np.asarray(out)) if out.size else []
+            blocks = (_in_blocks(sv, {**bound, **zeros}, np.asarray(out), self.batched)
+                      if out.size else [])
             if blocks is None:
                 return None
-            jacobians = []
-            for n in self.wrt:
-                x, dtype = bound[n], _jacobian_dtype(out, bound[n])
-                rows = [b[floats.index(n)] for b in blocks]
-                jacobians.append(
-                    np.concatenate(rows).reshape(out.shape + tuple(x.shape)).astype(dtype,
-                                                                                copy=False)
-                    if rows else np.zeros(out.shape + tuple(x.shape), dtype))
-            result.append(jacobians)
+            result.append([self._rows([b[floats.index(n)] for b in blocks], out, bound[n])
+                           for n in self.wrt])
         return result
 
 

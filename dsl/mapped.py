@@ -29,21 +29,30 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from dsl.forward import Jacobian
 from dsl.function import Compiled, NotStacked, Stacked, derived
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import convert
+from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import recording_tapes
 
 InAxes = Union[int, None, Sequence[Optional[int]]]
 
 
-def vmap(f: Compiled, in_axes: InAxes = 0) -> "VmapFunction":
+def vmap(f: "Compiled | Jacobian", in_axes: InAxes = 0) -> "VmapFunction | MappedJacobian":
     """f mapped over axis 0 of the positional arguments `in_axes` marks,
-    one per (function, mapped positions)."""
-    mapped = _mapped_positions(f, in_axes)
-    return derived(f, ("vmap", mapped), lambda: VmapFunction(f, mapped))
+    one per (function, mapped positions); a Jacobian's per example."""
+    if isinstance(f, Jacobian):
+        mapped = _mapped_positions(f.f, in_axes)
+        return derived(f, ("vmap", mapped), lambda: MappedJacobian(f, mapped))
+    return _mapped(f, _mapped_positions(f, in_axes))
+
+
+def _mapped(f: Compiled, positions: tuple[int, ...]) -> "VmapFunction":
+    """f mapped over axis 0 of its arguments at `positions`."""
+    return derived(f, ("vmap", positions), lambda: VmapFunction(f, positions))
 
 
 def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
@@ -164,3 +173,54 @@ class VmapFunction(Stacked):
 
     def format(self, outs):
         return self.inner.format(outs)
+
+
+class MappedJacobian:
+    """`vmap(jacobian, in_axes)` of a `jacfwd`, `jacrev` or `hessian`: each
+    example's Jacobians, stacked, of shape (k,) + out example shape + arg
+    example shape, as `jax.vmap(jax.jacrev(f))` gives.  Where every
+    argument the Jacobian is taken with respect to is positional, one
+    `Jacobian` of f's vmap does every example at once (a `batched` one:
+    its one-hot tangents or cotangents the same for every example), with
+    those arguments mapped too (an unmapped one repeated for each
+    example, so that each has its own cotangent); otherwise (a module
+    param, or where f does not stack) the Jacobian runs once per example."""
+
+    def __init__(self, jacobian: Jacobian, mapped: tuple[int, ...]):
+        f = jacobian.f
+        self.jacobian, self.examples = jacobian, _mapped(f, mapped)
+        self.name = f"vmap({jacobian.name})"
+        positions = {spec.name: i for i, spec in enumerate(f.specs)}
+        self.batched: Optional[Jacobian] = None
+        if all(n in positions for n in jacobian.wrt):
+            every = tuple(sorted({*mapped, *(positions[n] for n in jacobian.wrt)}))
+            wrt = jacobian.wrt[0] if jacobian.single else jacobian.wrt
+            self.batched = Jacobian(_mapped(f, every), wrt, jacobian.mode, batched=True)
+
+    @user_facing
+    def __call__(self, *args, **kwargs):
+        bound = self.examples.bind(args, kwargs)
+        stacked = self.examples.stacked
+        k = bound[stacked[0]].shape[0]
+        if self.batched is not None:
+            vf = self.batched.f
+            target = vf.target
+            whole = {n: np.repeat(target.to_host(a)[None], k, axis=0)
+                     if n in vf.stacked and n not in stacked else a for n, a in bound.items()}
+            if vf.stacks({n: vf._example(n, a) for n, a in whole.items()}):
+                return self.batched.call_bound(whole)
+        each = [self.jacobian.call_bound({n: a[i] if n in stacked else a
+                                          for n, a in bound.items()}) for i in range(k)]
+        if not each:  # no example: empty Jacobians of the shapes one would have
+            like = self.jacobian.call_bound({n: self.examples._example(n, a)
+                                             for n, a in bound.items()})
+            return _stacked_like([], like, self.examples)
+        return _stacked_like(each, each[0], self.examples)
+
+
+def _stacked_like(each: list, like: Any, vf: VmapFunction) -> Any:
+    """The examples' results, structured as one of them (`like`: an array
+    or nested tuples of them), stacked leaf by leaf (`VmapFunction._stack`)."""
+    if isinstance(like, tuple):
+        return tuple(_stacked_like([e[j] for e in each], part, vf) for j, part in enumerate(like))
+    return vf._stack(each, like)
