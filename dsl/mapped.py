@@ -19,7 +19,9 @@ time, with the same results (an `ArgumentError` where their shapes
 differ).  A `VmapFunction` is a compiled function like the others:
 `grad`, `jvp`, `jacfwd` and `to_torch` take it, as long as its program
 stacks (otherwise they raise `ArgumentError`); `vmap` takes it always
-(running it once per example where it does not stack).
+(running it once per example where it does not stack).  `vmap` also
+takes a Jacobian (`jacfwd`, `jacrev`, `hessian`: `MappedJacobian`), giving
+each example's.
 """
 from __future__ import annotations
 
