@@ -254,6 +254,11 @@ class Compiled:
             self._programs[concrete_key] = program
             return program
 
+    def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
+        """A call's positional arguments by the position in `specs` of the
+        parameter each is for."""
+        return dict(enumerate(args))
+
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
@@ -984,6 +989,15 @@ class HvpFunction(Directional):
         super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
         self.name = f"hvp({inner.name})"
         self._layout = f"{self.name} takes the arguments of {called(inner.name)}, then v"
+        # v is a parameter too, the last (`vmap` maps it by this position)
+        self.specs = inner.specs + (ParamSpec("$v", None, None, False, False),)
+
+    def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
+        """v is the last argument given, after those of inner's (some
+        defaulted ones of its may be left out)."""
+        if not args:
+            return {}
+        return {**dict(enumerate(args[:-1])), len(self.specs) - 1: args[-1]}
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:

@@ -35,7 +35,7 @@ from dsl.forward import Jacobian
 from dsl.function import Compiled, NotStacked, Stacked, derived
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.vectorize import NotVectorizable
-from gradlang.runtime.args import convert
+from gradlang.runtime.args import SUPPORTED, cast, convert
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import recording_tapes
@@ -97,14 +97,14 @@ class VmapFunction(Stacked):
         """The mapped arguments whole, each converted as f converts one,
         the examples' (their first, or an empty one) validated by f's own
         binding, with the rest of the arguments and the params."""
-        examples, stacks, k = list(args), {}, None
+        examples, stacks, k = self.inner.by_position(args), {}, None
         for i in self.mapped:
             spec = self.specs[i]
             where = f"argument {spec.name!r} of {called(self.name)}"
-            if i >= len(args):
+            if i not in examples:
                 raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
                                     "position", self.span)
-            whole = convert(self.name, replace(spec, dims=None), args[i], self.span)
+            whole = convert(self.name, replace(spec, dims=None), examples[i], self.span)
             if len(whole.shape) == 0:
                 raise ArgumentError(f"{where} is a scalar, but in_axes maps its axis 0", self.span)
             if k is None:
@@ -116,11 +116,14 @@ class VmapFunction(Stacked):
             stacks[spec.name] = whole
             examples[i] = whole[0] if k else np.zeros(whole.shape[1:], whole.dtype)
         try:
-            bound = self.inner.bind(tuple(examples), kwargs, params)
+            bound = self.inner.bind(tuple(examples[i] for i in sorted(examples)), kwargs, params)
         except ArgumentError as err:  # said of an example: say so
             raise ArgumentError(f"{called(self.name)} maps axis 0, and for each example: "
                                 f"{err.message}", err.span) from None
-        return {n: stacks.get(n, a) for n, a in bound.items()}
+        # an example f converted to another dtype (an hvp's v, as its x's): all of them
+        return {n: cast(f"argument {n!r} of {called(self.name)}", stacks[n],
+                        SUPPORTED[np.dtype(a.dtype)], self.span) if n in stacks else a
+                for n, a in bound.items()}
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None) -> tuple[np.ndarray, ...]:

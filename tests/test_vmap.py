@@ -27,6 +27,9 @@ def looped(x, n: const = 3):
 
 def pick(x, idx):
     return sum(x[idx] * 2.0)
+
+def weighted(x, w):
+    return sum(sin(x * w) * x)
 """
 
 
@@ -233,6 +236,38 @@ def test_vmap_of_a_jacobian_that_does_not_stack_runs_each_example(m):
                                    rtol=1e-8)
         empty = dsl.vmap(transform(m.pick))(np.zeros((0, 3)), np.zeros((0, 2), np.int64))
         assert empty.shape == (0, 3) and empty.dtype == np.float64
+
+
+@settings(max_examples=4, deadline=None)
+@given(k=st.integers(1, 3), n=st.integers(1, 3), data=st.data())
+def test_vmap_of_hvp_maps_v_too(m, k, n, data):
+    # hvp(f)(args..., v): v, its last argument, was not one of its
+    # parameters, so vmap could not map it (a direction per example):
+    # in_axes for it was refused, and a mapped v had the wrong shape.
+    def draw(*shape):
+        size = int(np.prod(shape))
+        return np.array(data.draw(st.lists(floats, min_size=size, max_size=size))).reshape(shape)
+    xs, ws, vs = draw(k, n), draw(k, n), draw(k, n)
+    hvp, slope, eps = dsl.hvp(m.weighted), dsl.grad(m.weighted), 1e-6
+    vf = dsl.vmap(hvp, in_axes=(0, None, 0))
+    calls = []
+    each_call = type(vf.inner).call_bound
+    for axes, args in (((0, None, 0), (xs, ws[0], vs)), ((None, 0, 0), (xs[0], ws, vs)),
+                       ((0, 0, None), (xs, ws, vs[0])), (0, (xs, ws, vs))):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(type(vf.inner), "call_bound",
+                          lambda self, *a, **kw: (calls.append(1), each_call(self, *a, **kw))[1])
+            got = dsl.vmap(hvp, in_axes=axes)(*args)
+        assert calls == []  # one stacked program
+        mapped = [j for j in range(3) if axes == 0 or axes[j] == 0]
+        np.testing.assert_allclose(got, per_example(hvp, mapped, *args), rtol=1e-13, atol=1e-15)
+        i = data.draw(st.integers(0, k - 1))
+        x, w, v = (a[i] if j in mapped else a for j, a in enumerate(args))
+        np.testing.assert_allclose(got[i], (slope(x + eps * v, w) - slope(x - eps * v, w))
+                                   / (2 * eps), rtol=1e-6, atol=1e-7)
+    with pytest.raises(dsl.ArgumentError, match=r"in_axes has 2 entries, but hvp\(weighted\) "
+                                                "takes 3"):
+        dsl.vmap(hvp, in_axes=(0, None))
 
 
 @pytest.mark.parametrize("fn", ["norm", "looped", "pick"])
