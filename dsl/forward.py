@@ -261,7 +261,8 @@ def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray,
     for k in range(n_out):
         stacked = np.concatenate([b[n_out + k] for b in blocks])  # (basis size, *out.shape)
         # the columns' axis last: a transposed view, not a copy
-        jacobian = np.moveaxis(stacked, 0, -1).reshape(stacked.shape[1:] + _basis_shape(x, batched))
+        shape = stacked.shape[1:] + _basis_shape(x, batched)
+        jacobian = np.moveaxis(stacked, 0, -1).reshape(shape)
         jacobians.append(jacobian.astype(_jacobian_dtype(blocks[0][k], x), copy=False))
     return jacobians
 
