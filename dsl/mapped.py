@@ -143,19 +143,27 @@ class VmapFunction(Stacked):
         return tuple(self._stack([e[j] for e in each], each[0][j]) for j in range(len(each[0])))
 
     def _stack(self, results: list, like: Any) -> Any:
-        """The examples' results as one array of the target's (refused
-        where a mapped size gave them shapes of their own)."""
-        host = [np.asarray(self.target.to_host(r)) for r in results]
-        like = np.asarray(self.target.to_host(like))
+        """The examples' results as one array of the target's."""
+        stacked = self.host_stack(results, like)
+        return stacked if self.target.is_array(stacked) else \
+            self.target.accept(stacked, f"a result of {called(self.name)}")
+
+    def host_stack(self, results: list, like: Any) -> np.ndarray:
+        """The examples' results (the target's arrays or NumPy's) as one
+        NumPy array (refused where a mapped size gave them shapes of their
+        own)."""
+        host = [self._on_host(r) for r in results]
+        like = self._on_host(like)
         for i, r in enumerate(host):
             if r.shape != like.shape:
                 raise ArgumentError(f"{called(self.name)} gives results of different shapes: "
                                     f"{list(like.shape)} for example 0, {list(r.shape)} for "
                                     f"example {i} (a mapped argument gives a size); results "
                                     "must stack", self.span)
-        stacked = np.stack(host) if host else np.zeros((0, *like.shape), like.dtype)
-        return stacked if self.target.is_array(stacked) else \
-            self.target.accept(stacked, f"a result of {called(self.name)}")
+        return np.stack(host) if host else np.zeros((0, *like.shape), like.dtype)
+
+    def _on_host(self, array: Any) -> np.ndarray:
+        return array if isinstance(array, np.ndarray) else np.asarray(self.target.to_host(array))
 
     def _example(self, name: str, array: Any) -> Any:
         """One example of a mapped argument (its first, or an empty one)."""
@@ -209,8 +217,7 @@ class MappedJacobian:
         k = bound[stacked[0]].shape[0]
         if self.batched is not None:
             vf = self.batched.f
-            target = vf.target
-            whole = {n: np.repeat(target.to_host(a)[None], k, axis=0)
+            whole = {n: np.repeat(vf._on_host(a)[None], k, axis=0)
                      if n in vf.stacked and n not in stacked else a for n, a in bound.items()}
             if vf.stacks({n: vf._example(n, a) for n, a in whole.items()}):
                 return self.batched.call_bound(whole)
@@ -219,13 +226,14 @@ class MappedJacobian:
         if not each:  # no example: empty Jacobians of the shapes one would have
             like = self.jacobian.call_bound({n: self.examples._example(n, a)
                                              for n, a in bound.items()})
-            return _stacked_like([], like, self.examples)
-        return _stacked_like(each, each[0], self.examples)
+            return self._stacked_like([], like)
+        return self._stacked_like(each, each[0])
 
-
-def _stacked_like(each: list, like: Any, vf: VmapFunction) -> Any:
-    """The examples' results, structured as one of them (`like`: an array
-    or nested tuples of them), stacked leaf by leaf (`VmapFunction._stack`)."""
-    if isinstance(like, tuple):
-        return tuple(_stacked_like([e[j] for e in each], part, vf) for j, part in enumerate(like))
-    return vf._stack(each, like)
+    def _stacked_like(self, each: list, like: Any) -> Any:
+        """The examples' Jacobians, structured as one of them (`like`: an
+        array or nested tuples of them), stacked leaf by leaf, placed as
+        the Jacobian places its own."""
+        if isinstance(like, tuple):
+            return tuple(self._stacked_like([e[j] for e in each], part)
+                         for j, part in enumerate(like))
+        return self.jacobian._placed(self.examples.host_stack(each, like))

@@ -312,3 +312,23 @@ def test_vmap_on_cuda_matches_the_cpu(m):
         assert not isinstance(got, np.ndarray)  # a device array, as its other results
         np.testing.assert_allclose(got.copy_to_host(), dsl.vmap(getattr(m, fn))(*args),
                                    rtol=1e-14)
+
+
+def test_vmap_of_a_jacobian_on_cuda_matches_the_cpu(m):
+    # the batched Jacobian repeated an unmapped argument by copying it to
+    # the host as a device array (it was a host one: AttributeError), and
+    # one example at a time with host_results, it copied NumPy's Jacobians
+    cu = dsl.loads(SOURCE, target="cuda")
+    x, y = np.linspace(-1.0, 2.0, 6).reshape(3, 2), np.array([0.5, -1.5])
+    idx = np.array([[0, 1], [1, 1], [1, 0]])
+    got = dsl.vmap(dsl.jacrev(cu.two, wrt=(0, 1)), in_axes=(0, None))(x, y)
+    want = dsl.vmap(dsl.jacrev(m.two, wrt=(0, 1)), in_axes=(0, None))(x, y)
+    pairs = [(got[out][wrt], want[out][wrt]) for out in (0, 1) for wrt in (0, 1)]
+    pairs.append((dsl.vmap(dsl.jacfwd(cu.pick))(x, idx),  # one example at a time
+                  dsl.vmap(dsl.jacfwd(m.pick))(x, idx)))
+    for g, w in pairs:
+        assert not isinstance(g, np.ndarray)  # a device array, as its other results
+        np.testing.assert_allclose(g.copy_to_host(), w, rtol=1e-14)
+    on_host = dsl.loads(SOURCE, target="cuda", host_results=True)
+    np.testing.assert_allclose(dsl.vmap(dsl.jacfwd(on_host.pick))(x, idx), pairs[-1][1],
+                               rtol=1e-14)
