@@ -46,9 +46,7 @@ def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = ()) -> Functio
     cotangents, and also returns the masks of the `wrt` parameters'
     cotangents, each at its parameter's shape: a loop's backward body
     carries them from trip to trip (`loop_pull_back`)."""
-    if not masked:
-        return _joint(fn, wrt, (), with_masks=False)[0]
-    return _joint(fn, wrt, masked, with_masks=True)[0]
+    return _joint(fn, wrt, masked, with_masks=bool(masked))[0]
 
 
 def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: bool

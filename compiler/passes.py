@@ -228,6 +228,8 @@ def _without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
         if grown == carried:
             break
         carried = grown
+    if not carried:  # keep them all: no stage makes or runs a loop that carries nothing
+        carried = set(range(n_carry))
     keep = sorted(carried) + ys
     if len(keep) == len(eqn.outputs):
         return eqn
