@@ -145,13 +145,14 @@ def jvp(f: Compiled, primals, tangents):
 
 
 @user_facing
-def vmap(f: "Compiled | Jacobian", in_axes: InAxes = 0) -> "VmapFunction | MappedJacobian":
+def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
+         ) -> "VmapFunction | MappedJacobian":
     """f over axis 0 of the positional arguments `in_axes` marks (0 or
     None, one per argument or one for all), as `jax.vmap`: one program
     for every example where f stacks (`dsl/mapped.py`).  f may also be a
     Jacobian (`jacfwd`, `jacrev`, `hessian`): each example's."""
-    return _vmap(f if isinstance(f, Jacobian) else require_function(f, "vmap", aot_ok=False),
-                 in_axes)
+    jacobian = isinstance(f, (Jacobian, MappedJacobian))
+    return _vmap(f if jacobian else require_function(f, "vmap", aot_ok=False), in_axes)
 
 
 @user_facing

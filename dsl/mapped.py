@@ -43,10 +43,11 @@ from gradlang.runtime.recording import recording_tapes
 InAxes = Union[int, None, Sequence[Optional[int]]]
 
 
-def vmap(f: "Compiled | Jacobian", in_axes: InAxes = 0) -> "VmapFunction | MappedJacobian":
+def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
+         ) -> "VmapFunction | MappedJacobian":
     """f mapped over axis 0 of the positional arguments `in_axes` marks,
     one per (function, mapped positions); a Jacobian's per example."""
-    if isinstance(f, Jacobian):
+    if isinstance(f, (Jacobian, MappedJacobian)):
         mapped = _mapped_positions(f.f, in_axes)
         return derived(f, ("vmap", mapped), lambda: MappedJacobian(f, mapped))
     return _mapped(f, _mapped_positions(f, in_axes))
@@ -197,23 +198,29 @@ class MappedJacobian:
     its one-hot tangents or cotangents the same for every example), with
     those arguments mapped too (an unmapped one repeated for each
     example, so that each has its own cotangent); otherwise (a module
-    param, or where f does not stack) the Jacobian runs once per example."""
+    param, or where f does not stack) the Jacobian runs once per example,
+    as a `MappedJacobian` mapped again (`vmap(vmap(jacrev(f)))`) runs the
+    inner one per outer example."""
 
-    def __init__(self, jacobian: Jacobian, mapped: tuple[int, ...]):
-        f = jacobian.f
-        self.jacobian, self.examples = jacobian, _mapped(f, mapped)
+    def __init__(self, jacobian: "Jacobian | MappedJacobian", mapped: tuple[int, ...]):
+        self.jacobian, self.f = jacobian, _mapped(jacobian.f, mapped)
+        self.wrt, self.single, self.mode = jacobian.wrt, jacobian.single, jacobian.mode
         self.name = f"vmap({jacobian.name})"
-        positions = {spec.name: i for i, spec in enumerate(f.specs)}
+        positions = {spec.name: i for i, spec in enumerate(jacobian.f.specs)}
         self.batched: Optional[Jacobian] = None
-        if all(n in positions for n in jacobian.wrt):
+        if isinstance(jacobian, Jacobian) and all(n in positions for n in jacobian.wrt):
             every = tuple(sorted({*mapped, *(positions[n] for n in jacobian.wrt)}))
             wrt = jacobian.wrt[0] if jacobian.single else jacobian.wrt
-            self.batched = Jacobian(_mapped(f, every), wrt, jacobian.mode, batched=True)
+            self.batched = Jacobian(_mapped(jacobian.f, every), wrt, jacobian.mode, batched=True)
 
     @user_facing
     def __call__(self, *args, **kwargs):
-        bound = self.examples.bind(args, kwargs)
-        stacked = self.examples.stacked
+        return self.call_bound(self.f.bind(args, kwargs))
+
+    def call_bound(self, bound: dict[str, Any]) -> Any:
+        """The Jacobians for arguments bound by `f` (the vmap of the
+        Jacobian's function)."""
+        stacked = self.f.stacked
         k = bound[stacked[0]].shape[0]
         if self.batched is not None:
             vf = self.batched.f
@@ -224,10 +231,12 @@ class MappedJacobian:
         each = [self.jacobian.call_bound({n: a[i] if n in stacked else a
                                           for n, a in bound.items()}) for i in range(k)]
         if not each:  # no example: empty Jacobians of the shapes one would have
-            like = self.jacobian.call_bound({n: self.examples._example(n, a)
-                                             for n, a in bound.items()})
+            like = self.jacobian.call_bound({n: self.f._example(n, a) for n, a in bound.items()})
             return self._stacked_like([], like)
         return self._stacked_like(each, each[0])
+
+    def _placed(self, jacobian: np.ndarray) -> Any:
+        return self.jacobian._placed(jacobian)
 
     def _stacked_like(self, each: list, like: Any) -> Any:
         """The examples' Jacobians, structured as one of them (`like`: an
@@ -236,4 +245,4 @@ class MappedJacobian:
         if isinstance(like, tuple):
             return tuple(self._stacked_like([e[j] for e in each], part)
                          for j, part in enumerate(like))
-        return self.jacobian._placed(self.examples.host_stack(each, like))
+        return self._placed(self.f.host_stack(each, like))

@@ -225,6 +225,21 @@ def test_vmap_of_a_jacobian_is_each_examples_jacobian(m, data):
         dsl.grad(m.norm), [xs[-1] + 4.0], 0), rtol=1e-6, atol=1e-8)
 
 
+def test_vmap_of_a_vmap_of_a_jacobian_maps_both_axes(m):
+    # a vmap of a Jacobian was not a function vmap takes (TypeError): the
+    # outer examples run one at a time, each inner batch at once
+    rng = np.random.default_rng(5)
+    xs, ys = rng.normal(size=(2, 3, 2)), rng.normal(size=(2, 2))
+    jacobian = dsl.jacrev(m.two, wrt=(0, 1))
+    got = dsl.vmap(dsl.vmap(jacobian, in_axes=(0, None)))(xs, ys)
+    for out in (0, 1):
+        for wrt in (0, 1):
+            want = [[jacobian(x, y)[out][wrt] for x in row] for row, y in zip(xs, ys)]
+            np.testing.assert_allclose(got[out][wrt], want, rtol=1e-14)
+            np.testing.assert_allclose(got[out][wrt][1, 2], jacobian_by_differences(
+                m.two, [xs[1, 2], ys[1]], wrt, out), rtol=1e-7, atol=1e-8)
+
+
 def test_vmap_of_a_jacobian_that_does_not_stack_runs_each_example(m):
     # pick gathers by a mapped index array: no stacked program, each
     # example's Jacobian; no example gives an empty one of the right shape
