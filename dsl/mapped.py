@@ -222,7 +222,7 @@ class MappedJacobian:
         Jacobian's function)."""
         stacked = self.f.stacked
         k = bound[stacked[0]].shape[0]
-        if self.batched is not None:
+        if self.batched is not None and all(n in bound for n in self.wrt):
             vf = self.batched.f
             whole = {n: np.repeat(vf._on_host(a)[None], k, axis=0)
                      if n in vf.stacked and n not in stacked else a for n, a in bound.items()}

@@ -30,6 +30,9 @@ def pick(x, idx):
 
 def weighted(x, w):
     return sum(sin(x * w) * x)
+
+def scaled(x, s: f64 = 2.0):
+    return x * s
 """
 
 
@@ -307,6 +310,9 @@ def test_no_examples_give_empty_results_of_the_right_shape(m, fn):
     (lambda m: dsl.vmap(m.two), (np.ones(3),), r"maps argument 'y' .* passed by position"),
     (lambda m: dsl.vmap(m.norm), (np.ones((2, 3, 4)),),
      r"vmap\(norm\) maps axis 0, and for each example: argument 'x' of norm\(\) has rank 2"),
+    # (the batched Jacobian looked for the defaulted argument: a ValueError)
+    (lambda m: dsl.vmap(dsl.jacrev(m.scaled, wrt=1)), (np.ones((3, 2)),),
+     r"jacrev\(scaled\): no value was passed for 's'"),
 ])
 def test_bad_use_is_an_argument_error(m, make, args, message):
     with pytest.raises(dsl.ArgumentError, match=message):
