@@ -64,7 +64,7 @@ from gradlang.compiler.parser import parse
 from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import GradError
 from gradlang.runtime.loader import (
     compile_driver,
     load_kernel_modules,
