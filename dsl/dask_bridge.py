@@ -33,8 +33,9 @@ from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
-from gradlang.runtime.args import NUMPY
+from gradlang.runtime.args import NUMPY, SUPPORTED, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
+from gradlang.runtime.pullback import OutType, host_cotangent
 
 if TYPE_CHECKING:
     from dsl.function import Compiled
@@ -61,13 +62,16 @@ def placeholder(shape: tuple, dtype) -> np.ndarray:
 
 class DaskBound:
     """A call's arguments bound with placeholders (of the shapes and
-    dtypes, owning no memory) for its Dask arrays."""
+    dtypes, owning no memory) for its Dask arrays; `whole`: the names of
+    those that go whole to every block whatever their rows (a cotangent
+    of a result that is not row by row)."""
 
     def __init__(self, f: Compiled, args, kwargs):
         stand_ins: dict[int, Any] = {}
         self.values = f.bind([self._placeholder(a, stand_ins) for a in args],
                              {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
         self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
+        self.whole: set[str] = set()
 
     @staticmethod
     def placeholder(value) -> Any:
@@ -88,14 +92,16 @@ class DaskBound:
 
     def copy(self) -> "DaskBound":
         twin = object.__new__(DaskBound)
-        twin.values, twin.dask = dict(self.values), dict(self.dask)
+        twin.values, twin.dask, twin.whole = dict(self.values), dict(self.dask), set(self.whole)
         return twin
 
-    def add(self, name: str, value) -> None:
+    def add(self, name: str, value, whole: bool = False) -> None:
         stand_ins: dict[int, Any] = {}
         self.values[name] = self._placeholder(value, stand_ins)
         if stand_ins:
             self.dask[name] = value
+            if whole:
+                self.whole.add(name)
 
 
 def call_on_dask(f: Compiled, args, kwargs):
@@ -106,10 +112,12 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     """(outputs, pullback) as `dsl.vjp` gives them, on Dask arrays: the
     pullback runs f's backward pass as a function of its own
     (`backward_function(f, n_outputs)`), block by block, on the arguments
-    and the cotangents (Dask arrays chunked like the batch for row-wise
-    outputs)."""
+    and the cotangents, which it takes as the in-memory one does or as
+    Dask arrays (`_cotangent`): a row-wise output's split as its rows, any
+    other's whole to every block."""
     bound = DaskBound(f, args, kwargs)
     outs = run_on_dask(f, bound)
+    by_rows = _layout(f, bound)[3].split.row_outputs
 
     def pullback(*cts):
         backward = backward_function(f, len(outs))
@@ -117,9 +125,9 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
             raise ArgumentError(f"pullback of {called(f.name)} takes {len(outs)} cotangent(s), "
                                 f"one per output, but {len(cts)} were given")
         with_cts = bound.copy()
-        for name, ct, out in zip(backward.ct_names, cts, outs):
-            with_cts.add(name, ct if is_dask_array(ct) else
-                         np.broadcast_to(np.asarray(ct, out.dtype), out.shape))
+        for k, (name, ct, out, rows) in enumerate(zip(backward.ct_names, cts, outs, by_rows)):
+            where = f"cotangent {k} of the pullback of {called(f.name)}"
+            with_cts.add(name, _cotangent(where, ct, out, rows), whole=not rows)
         grads = iter(run_on_dask(backward, with_cts))
         floats = set(f.differentiable_names(bound.values))
         return tuple(next(grads) if n in floats else None for n in bound.values)
@@ -127,14 +135,36 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     return f.format(outs), pullback
 
 
-def run_on_dask(f: Compiled, bound: DaskBound) -> list:
-    """f's raw outputs, as Dask arrays."""
-    import dask
+def _cotangent(where: str, ct: Any, out: Any, rows: bool) -> Any:
+    """The cotangent `ct` of the Dask result `out`, as the in-memory
+    pullback takes one (`host_cotangent`: of out's shape and dtype, or a
+    scalar for every element), or a Dask array of out's shape (or 0-d):
+    of out's dtype, and a Dask array chunked as out where out's rows are
+    the batch's (`rows`; else one that goes whole to every block)."""
     import dask.array as da
+    if is_dask_array(ct):
+        numeric_array(where, np.zeros((), ct.dtype))  # complex, text: refused as in memory
+        if ct.shape != out.shape and ct.ndim:
+            raise ArgumentError(f"{where} has shape {list(ct.shape)}; the output has shape "
+                                f"{list(out.shape)}")
+        ct = ct.astype(out.dtype)
+        return ct if ct.shape == out.shape else da.broadcast_to(ct, out.shape, out.chunks)
+    array = host_cotangent(where, ct, OutType(out.shape, SUPPORTED[out.dtype]))
+    if not rows:
+        return np.broadcast_to(array, out.shape)
+    if array.ndim < out.ndim:  # a scalar: made block by block, never whole in memory
+        return da.full(out.shape, array, dtype=out.dtype, chunks=out.chunks)
+    return chunked_like(array, out)
+
+
+def _layout(f: Compiled, bound: DaskBound) -> tuple:
+    """How f runs on these arguments: the batch's row blocks, its Dask
+    arguments as row blocks (name -> array), the Dask arguments that go
+    whole to every block, and the `_Plan`."""
     arrays = bound.dask
-    bound = bound.values
-    chunked = [x for x in arrays.values() if x.ndim and x.numblocks[0] > 1]
-    first = chunked[0] if chunked else next(iter(arrays.values()))
+    chunked = [x for n, x in arrays.items()
+               if x.ndim and x.numblocks[0] > 1 and n not in bound.whole]
+    first = chunked[0] if chunked else next(x for n, x in arrays.items() if n not in bound.whole)
     if first.ndim == 0 or any(x.shape[0] != first.shape[0] for x in chunked):
         raise ArgumentError(f"{called(f.name)}: the Dask arguments chunked along axis 0 are "
                             "batches of rows and must have the same number of rows; got "
@@ -142,9 +172,19 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
                             f.span)
     rows = first.chunks[0]
     batch = {n: x.rechunk((rows,) + tuple(-1 for _ in x.shape[1:]))
-             for n, x in arrays.items() if x.ndim and x.shape[0] == first.shape[0]}
+             for n, x in arrays.items()
+             if x.ndim and x.shape[0] == first.shape[0] and n not in bound.whole}
     every = {n: x for n, x in arrays.items() if n not in batch}  # Dask, to every block
-    plan = _plan(f, bound, frozenset(batch), first.shape[0])
+    return rows, batch, every, _plan(f, bound.values, frozenset(batch), first.shape[0])
+
+
+def run_on_dask(f: Compiled, bound: DaskBound) -> list:
+    """f's raw outputs, as Dask arrays."""
+    import dask
+    import dask.array as da
+    arrays = bound.dask
+    rows, batch, every, plan = _layout(f, bound)
+    bound = bound.values
     # What the tasks carry (a process scheduler pickles them): the block's
     # IR, the names, and the arguments that go to every block; not the
     # placeholders, which would pickle as whole arrays.

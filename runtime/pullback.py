@@ -5,14 +5,15 @@ Contract: a `Pullback` holds the values its backward program reads (the
 residuals of a split forward pass, or an AOT module's arguments) and maps
 one cotangent per output to one cotangent per argument (None for the
 const and non-float ones); cotangents are validated against the outputs'
-shapes and dtypes (`ArgumentError`) before the program runs.  Output types
-are anything with a `.shape` of ints and a `.dtype` name (`"f64"`): the
-compiler's `TensorType`, or `OutType` here.
+shapes and dtypes (`ArgumentError`) before the program runs, one given on
+the host by `host_cotangent` (which the Dask pullback shares).  Output
+types are anything with a `.shape` of ints and a `.dtype` name (`"f64"`):
+the compiler's `TensorType`, or `OutType` here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -77,19 +78,9 @@ class Pullback:
                                         f"must have shape {list(t.shape)} and dtype {t.dtype}")
                 arrays.append(ct)
                 continue
-            where = f"cotangent {k} of the pullback of {called(self.name)}"
-            array = numeric_array(where, ct)
-            # a float output's cotangent takes its dtype, values beyond it refused
-            array = cast(where, array, t.dtype, None) if t.dtype in ("f32", "f64") \
-                else array.astype(np.dtype(NUMPY[t.dtype]), copy=False)
-            if array.shape != t.shape:
-                if array.ndim == 0:
-                    array = np.full(t.shape, array)
-                else:
-                    raise ArgumentError(f"cotangent {k} of the pullback of {called(self.name)} "
-                                        f"has shape {list(array.shape)}; the output has shape "
-                                        f"{list(t.shape)}")
-            arrays.append(array)
+            array = host_cotangent(f"cotangent {k} of the pullback of {called(self.name)}", ct,
+                                   t)
+            arrays.append(array if array.shape == t.shape else np.full(t.shape, array))
         arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {called(self.name)}")
                   for k, a in enumerate(arrays)]
         grads = self._program(*self._residuals, *arrays)
@@ -97,3 +88,18 @@ class Pullback:
             grads = [self.target.to_host(g) for g in grads]
         grads = iter(grads)
         return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
+
+
+def host_cotangent(where: str, ct: Any, out: Any) -> np.ndarray:
+    """The cotangent `ct` (a number, a sequence, a NumPy array) of an
+    output of type `out` (a `.shape`, a `.dtype` name) as an array of its
+    dtype (a float output's refusing values beyond it) and shape, or a
+    0-d one, which stands for every element (each caller fills it in its
+    own arrays); another shape is an `ArgumentError` saying `where`."""
+    array = numeric_array(where, ct)
+    array = cast(where, array, out.dtype, None) if out.dtype in ("f32", "f64") \
+        else array.astype(np.dtype(NUMPY[out.dtype]), copy=False)
+    if array.shape != tuple(out.shape) and array.ndim:
+        raise ArgumentError(f"{where} has shape {list(array.shape)}; the output has shape "
+                            f"{list(out.shape)}")
+    return array

@@ -77,6 +77,41 @@ def test_vjp_on_dask_arrays_gives_a_pullback_of_dask_arrays():
     np.testing.assert_allclose(g.compute(), 2 * X, rtol=1e-15)
 
 
+PULLED = """
+def rows_and_columns(x, w):
+    return tanh(x @ w), sum(x, axis=0) * w[:, 0]
+"""
+
+
+@pytest.mark.parametrize("blocks", [(4,), (1, 3), (0, 4, 0)])
+def test_a_pullback_on_dask_takes_cotangents_as_the_in_memory_one(blocks):
+    # a NumPy array or a number for a row-wise result is split as its rows
+    # (it went whole to every block: an error without a location, or with
+    # one block NumPy's ValueError); a Dask array of 4 rows for the column
+    # sums, whose result is not row by row, goes whole to every block (it
+    # was taken as rows: an error naming the cotangent 'd1'); a cotangent
+    # of another shape says which (NumPy's broadcasting error, or 'd0')
+    f = dsl.loads(PULLED).rows_and_columns
+    x, w = RNG.normal(size=(4, 4)), RNG.normal(size=(4, 2))
+    c_rows, c_columns = RNG.normal(size=(4, 2)), RNG.normal(size=4)
+    _, in_memory = dsl.vjp(f, x, w)
+    _, pullback = dsl.vjp(f, da.from_array(x, chunks=(blocks, 4)), w)
+    for cts in [(c_rows, c_columns), (1.0, da.from_array(c_columns, chunks=2))]:
+        got = dask.compute(*pullback(*cts))
+        c = np.broadcast_to(cts[0], (4, 2)) * (1 - np.tanh(x @ w) ** 2)
+        gw = x.T @ c  # by hand
+        gw[:, 0] += x.sum(axis=0) * c_columns
+        for g, e in zip(got, (c @ w.T + c_columns * w[:, 0], gw)):
+            np.testing.assert_allclose(g, e, rtol=1e-12)
+        for g, e in zip(got, in_memory(*(np.asarray(ct) for ct in cts))):
+            np.testing.assert_allclose(g, e, rtol=1e-13)
+    for ct, shape in [(np.ones(2), r"\[2\]"), (da.ones((4, 3)), r"\[4, 3\]")]:
+        with pytest.raises(dsl.ArgumentError, match=rf"cotangent 0 of the pullback of "
+                                                     rf"rows_and_columns\(\) has shape {shape}; "
+                                                     r"the output has shape \[4, 2\]"):
+            pullback(ct, 1.0)
+
+
 def test_an_elementwise_function_on_a_2d_array_chunked_along_both_axes():
     m = dsl.loads("def f(x):\n    return x * sin(x)\n")
     x = RNG.normal(size=(40, 6))
