@@ -59,6 +59,7 @@ from dsl.function import (Compiled, JvpFunction, OutSpec, Stacked, VjpFunction,
                           result_types, stacked_jvp_function, stacked_vjp_function)
 from gradlang.compiler.pipeline import Program
 from gradlang.compiler.shapes import NeedsValue
+from gradlang.runtime.args import SUPPORTED
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
 
@@ -93,22 +94,26 @@ class JaxFunction(Bridged):
 
 def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
     """Without jax_enable_x64 JAX holds no 64-bit array, so an array for a
-    parameter annotated f64 or i64 (a NumPy one too, which JAX makes 32-bit)
-    cannot be taken: an `ArgumentError` saying so."""
+    parameter annotated f64 or i64 that JAX holds as f32 or i32 (a NumPy
+    f64 or i64 one too, which JAX narrows) cannot be taken: an
+    `ArgumentError` saying so.  (Another dtype, f16 or i16, is no 64-bit
+    one narrowed: the binding refuses it as itself.)"""
     import jax
     given = {**dict(zip((s.name for s in f.specs), args)), **kwargs}
     for spec in f.specs:
         value = given.get(spec.name)
-        kinds, what, narrow = _64_BIT.get(spec.dtype, ("", "", ""))
-        if isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in kinds:
+        what, narrow = _64_BIT.get(spec.dtype, ("", None))
+        if isinstance(value, (np.ndarray, jax.Array)) and \
+                jax.dtypes.canonicalize_dtype(value.dtype) == narrow:
             raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is annotated "
                                 f"{spec.dtype}, and without jax_enable_x64 JAX makes every "
-                                f"{what} array {narrow}; enable it (jax.config.update("
-                                f"'jax_enable_x64', True)) or annotate {narrow}", f.span)
+                                f"{what} array {SUPPORTED[narrow]}; enable it (jax.config.update("
+                                f"'jax_enable_x64', True)) or annotate {SUPPORTED[narrow]}",
+                                f.span)
 
 
-# a 64-bit annotation -> the dtype kinds JAX narrows, what they are, to what
-_64_BIT = {"f64": ("f", "float", "f32"), "i64": ("iu", "integer", "i32")}
+# a 64-bit annotation -> what its arrays are, the dtype JAX narrows them to
+_64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(np.int32))}
 
 
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:

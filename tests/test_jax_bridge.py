@@ -208,6 +208,16 @@ def test_a_64_bit_annotation_without_x64_says_to_enable_it():
                                                 "without jax_enable_x64 JAX makes every "
                                                 "integer array i32"):
         pick(jnp.ones(3), np.array([0, 1]))
+    # an i16 or f16 array is no 64-bit one JAX narrowed: refused as itself
+    # (it was told to enable jax_enable_x64, which changes nothing for it)
+    for ids, dtype in ((np.array([0, 1], np.int16), "int16"), (jnp.array([0, 1], jnp.uint8),
+                                                                "uint8")):
+        with pytest.raises(dsl.ArgumentError, match=f"'ids' of pick\\(\\) has unsupported "
+                                                    f"dtype {dtype}"):
+            pick(jnp.ones(3), ids)
+    with pytest.raises(dsl.ArgumentError, match="'x' of dense\\(\\) has unsupported dtype "
+                                                "float16"):
+        f(*(jnp.ones(shape, jnp.float16) for shape in ((2, 3), (3, 2), (2,))))
 
 
 def test_params_as_keyword_arrays_get_gradients(x64):
