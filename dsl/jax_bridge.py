@@ -27,7 +27,8 @@ It works under `jit` (the shapes of the results come from f's IR at trace
 time), the autodiff transforms and `vmap`.  Under `vmap` a `.grad`
 function, written for one example, runs for every example at once in the
 program `dsl.vmap` runs (`Call.stacked`: its reductions stay per example;
-f's backward pass too, so `vmap` of `grad` is one program), or, where
+f's backward pass too, so `vmap` of `grad` is one program, and so are
+`grad` and `jvp` of the `vmap`, that program's own), or, where
 that program does not stack, once per example (`jax.lax.map`; eagerly a
 Python loop, which compiles nothing).  Where the batch is of tangents or
 cotangents alone (`jacfwd`, `jacrev`, `hessian`), one stacked program
@@ -164,9 +165,11 @@ class Call:
     Where f is a `JvpFunction` and `keep` are output tangents, the
     operation is linear in f's tangents (`linear`): JAX transposes it
     (reverse mode) to the backward pass of the function f differentiates.
-    A call made by `stacked` computes its `base` call for each of several
-    values of one input at once; its derivatives are JAX's vmap of the
-    base call's."""
+    A call made by `stacked` for a Jacobian computes its `base` call for
+    each of several one-hot values of one input at once; its derivatives
+    are JAX's vmap of the base call's.  One made for a `vmap` is a call of
+    f's `Stacked` function like any other: differentiated as one (so `grad`
+    of a `vmap` runs one backward pass, not one per example)."""
 
     def __init__(self, f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
                  keep: Optional[tuple[int, ...]]):
@@ -331,7 +334,8 @@ class Call:
             stacked = stacked_jvp_function(f.inner, f.active[0])
         elif len(names) == 1 and isinstance(f, VjpFunction) and names[0] in f.ct_names:
             stacked = stacked_vjp_function(f.inner, f.n_outputs, f.ct_names.index(names[0]))
-        if stacked is not None:  # a Jacobian's one-hot vectors, within the bound
+        one_hot = stacked is not None
+        if one_hot:  # a Jacobian's one-hot vectors, within the bound
             per_slice = stacked.per_slice(self.bound)
             if per_slice is None or per_slice * size > STACKED_ELEMENTS:
                 return None
@@ -344,7 +348,8 @@ class Call:
         call = _call(stacked, {**self.bound, **{
             n: placeholder((size, *self.bound[n].shape), self.bound[n].dtype) for n in names}},
             self.names, self.keep)
-        call.base = (self, indices)
+        if one_hot:
+            call.base = (self, indices)
         return call
 
     def _per_value(self, rule: Callable, values: list, stacked: list[bool]) -> list:
