@@ -3,7 +3,8 @@
 Contract: `call_on_dask(f, args, kwargs)` (what a compiled function's call
 does when a Dask array is among its arguments) returns f's results as Dask
 arrays, computing nothing.  The *batch* arguments are the Dask arrays
-chunked along axis 0 (or, if none is, the first Dask array) and every
+chunked along axis 0 (or, if none is, the first Dask array with an axis;
+a call whose Dask arrays are all 0-d is an `ArgumentError`) and every
 other Dask array with as many rows, n: their axis 0 is the batch, their
 row blocks are made the same as the first's, their other axes one chunk
 each.  Every other argument (NumPy, or a Dask array of another length, a
@@ -162,10 +163,15 @@ def _layout(f: Compiled, bound: DaskBound) -> tuple:
     arguments as row blocks (name -> array), the Dask arguments that go
     whole to every block, and the `_Plan`."""
     arrays = bound.dask
-    chunked = [x for n, x in arrays.items()
-               if x.ndim and x.numblocks[0] > 1 and n not in bound.whole]
-    first = chunked[0] if chunked else next(x for n, x in arrays.items() if n not in bound.whole)
-    if first.ndim == 0 or any(x.shape[0] != first.shape[0] for x in chunked):
+    rowed = [n for n in arrays if n not in bound.whole]
+    chunked = [n for n in rowed if arrays[n].ndim and arrays[n].numblocks[0] > 1]
+    first = arrays[chunked[0] if chunked else next((n for n in rowed if arrays[n].ndim),
+                                                    rowed[0])]
+    if first.ndim == 0:  # (and so is every other)
+        raise ArgumentError(f"{called(f.name)} on Dask arrays splits them by their rows (axis 0), "
+                            f"and {rowed[0]!r} has none: pass a 0-d one computed (.compute())",
+                            f.span)
+    if any(arrays[n].shape[0] != first.shape[0] for n in chunked):
         raise ArgumentError(f"{called(f.name)}: the Dask arguments chunked along axis 0 are "
                             "batches of rows and must have the same number of rows; got "
                             f"shapes {', '.join(str(list(x.shape)) for x in arrays.values())}",

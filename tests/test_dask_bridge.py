@@ -452,3 +452,17 @@ def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
         lazy = dsl.hvp(loss, wrt=0)(x, da.from_array(Y, chunks=100), W, vs)
         assert is_lazy(lazy)
         np.testing.assert_allclose(lazy.compute(), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_a_0d_dask_argument_goes_to_every_block():
+    # the batch is the first Dask argument with rows: a 0-d one before it
+    # was taken as the batch ("must have the same number of rows; got
+    # shapes [], [6]"), and alone it says it has no rows to split over
+    f = dsl.loads("def f(s, x):\n    return sum(x * s)\n").f
+    s, x = da.from_array(np.array(2.0)), np.arange(6.0)
+    value, (gs, gx) = dask.compute(*dsl.value_and_grad(f, wrt=(0, 1))(s, da.from_array(x)))
+    assert value == 30.0 and gs == 15.0
+    np.testing.assert_array_equal(gx, np.full(6, 2.0))
+    with pytest.raises(dsl.ArgumentError, match=r"f\(\) on Dask arrays splits them by their rows "
+                                                 r"\(axis 0\), and 's' has none"):
+        f(s, x)
