@@ -466,3 +466,16 @@ def test_a_0d_dask_argument_goes_to_every_block():
     with pytest.raises(dsl.ArgumentError, match=r"f\(\) on Dask arrays splits them by their rows "
                                                  r"\(axis 0\), and 's' has none"):
         f(s, x)
+
+
+@pytest.mark.parametrize("v,x_is_dask", [(np.ones((6, 3)), True), (1.0, True),
+                                         (da.ones((4, 3)), False)])
+def test_an_hvp_vector_of_another_shape_than_its_dask_argument_says_so(v, x_is_dask):
+    # v (or its argument) was split as the other, whatever its shape:
+    # Dask's "Chunks do not add up to shape" reached the caller
+    f = dsl.loads("def f(x, w):\n    return tanh(x @ w)\n").f
+    x, w = da.from_array(RNG.normal(size=(6, 4)), chunks=(3, 4)), RNG.normal(size=(4, 2))
+    wrt, shapes = (0, r"\[[\d, ]*\], but 'x' has shape \[6, 4\]") if x_is_dask else (
+        1, r"\[4, 3\], but 'w' has shape \[4, 2\]")
+    with pytest.raises(dsl.ArgumentError, match=rf"hvp\(f\): v has shape {shapes}"):
+        dsl.hvp(f, wrt=wrt)(x, w, v)
