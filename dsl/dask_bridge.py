@@ -46,12 +46,22 @@ def is_dask_array(value: Any) -> bool:
     return type(value).__module__.startswith("dask.array")
 
 
-def chunked_like(value: Any, like: Any) -> Any:
-    """value (an in-memory array, number or sequence, of like's shape) as a
-    Dask array of like's dtype and chunks: a tangent or vector split as the
-    argument it goes with."""
+def chunked_like(value: Any, like: Any, own_dtype: bool = False) -> Any:
+    """value (an in-memory array, number or sequence) as a Dask array of
+    like's chunks and like's dtype (a tangent or vector split as the
+    argument it goes with), or its own (`own_dtype`: an argument split as
+    its tangent or vector, which binding converts as any argument; in
+    like's, an f64 argument with an f32 tangent computed in f32); value
+    itself where it is not an array of like's shape, for binding to say
+    what is wrong."""
     import dask.array as da
-    return da.from_array(np.asarray(value, like.dtype), chunks=like.chunks)
+    try:
+        array = np.asarray(value) if own_dtype else np.asarray(value, like.dtype)
+    except (ValueError, TypeError):  # ragged, or not numbers
+        return value
+    if array.shape != like.shape:
+        return value
+    return da.from_array(array, chunks=like.chunks)
 
 
 def placeholder(shape: tuple, dtype) -> np.ndarray:

@@ -111,13 +111,13 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
     """`jvp` with Dask arrays among the primals or tangents: the jvp function
     and its raw outputs, lazy, block by block (`dask_bridge.run_on_dask`).
     A primal and its tangent are split alike: where one is a Dask array, the
-    other becomes one with its chunks."""
+    other becomes one with its chunks (a primal in its own dtype)."""
     names = [spec.name for spec in f.specs]
     primals = list(primals)
     for k, p in enumerate(primals):
         t = given.get(names[k]) if k < len(names) else None
         if is_dask_array(t) and not is_dask_array(p):
-            primals[k] = chunked_like(p, t)
+            primals[k] = chunked_like(p, t, own_dtype=True)
     bound = DaskBound(f, tuple(primals), {})
     chosen: dict[str, Any] = {}
     for name, t in given.items():

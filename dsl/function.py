@@ -975,14 +975,6 @@ class Directional(Compiled):
         return outs[0]
 
 
-def _shape_of(value: Any) -> Optional[tuple]:
-    """An array's or a sequence's shape; None for a ragged sequence."""
-    try:
-        return np.shape(value)
-    except ValueError:
-        return None
-
-
 class HvpFunction(Directional):
     """`hvp(f, wrt)(args..., v)`: the Hessian of sum(f) w.r.t. argument
     `wrt`, times v (reverse over reverse).  A host v of another dtype is
@@ -1039,11 +1031,15 @@ class HvpFunction(Directional):
         else:  # a param, or not given (bind says so)
             return super().call_slow(args, kwargs)
         v = args[-1]
-        if _shape_of(v) == _shape_of(x):  # (else binding says what is wrong)
-            if is_dask_array(x) and not is_dask_array(v):
-                v = chunked_like(v, x)
-            elif is_dask_array(v) and not is_dask_array(x):
-                x = chunked_like(x, v)
+        if is_dask_array(x) and not is_dask_array(v):
+            v = chunked_like(v, x)
+        elif is_dask_array(v) and not is_dask_array(x):
+            x = chunked_like(x, v, own_dtype=True)
+        dtype = np.dtype(getattr(x, "dtype", np.bool_))
+        if is_dask_array(v) and dtype.kind == "f" and v.dtype != dtype:
+            # converted to wrt's dtype as a host v is (binding could convert
+            # only its stand-in, which would then stand for no Dask array)
+            v = v.astype(dtype)
         if self.wrt in kwargs:
             kwargs = {**kwargs, self.wrt: x}
         else:

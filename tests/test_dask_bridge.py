@@ -479,3 +479,25 @@ def test_an_hvp_vector_of_another_shape_than_its_dask_argument_says_so(v, x_is_d
         1, r"\[4, 3\], but 'w' has shape \[4, 2\]")
     with pytest.raises(dsl.ArgumentError, match=rf"hvp\(f\): v has shape {shapes}"):
         dsl.hvp(f, wrt=wrt)(x, w, v)
+
+
+def test_an_argument_split_as_its_dask_tangent_or_vector_keeps_its_dtype():
+    # a NumPy f64 primal beside a Dask f32 tangent was made f32 (values and
+    # tangents 1.7e-7 off, where the in-memory jvp refuses the tangent); a
+    # Dask tangent of another shape raised Dask's "Chunks do not add up";
+    # an f32 Dask v is made wrt's f64 as a host v is (with a NumPy x, x was
+    # made f32: an f32 hvp; with a Dask x, a GradError without a location)
+    f = dsl.loads("def f(x, w):\n    return sum(tanh(x @ w) ** 2)\n").f
+    x, w = RNG.normal(size=(6, 4)), RNG.normal(size=(4, 2))
+    v = RNG.normal(size=(6, 4)).astype(np.float32)
+    with pytest.raises(dsl.ArgumentError, match="the tangent for 'x' of f\\(\\) has dtype f32; "
+                                                "its primal has dtype f64"):
+        dsl.jvp(f, (x, w), (da.from_array(v, chunks=2), None))
+    with pytest.raises(dsl.ArgumentError, match="the tangent for 'x' of f\\(\\) has shape "
+                                                "\\[5, 4\\]; its primal has shape \\[6, 4\\]"):
+        dsl.jvp(f, (x, w), (da.ones((5, 4), chunks=2), None))
+    expected = dsl.hvp(f, wrt=0)(x, w, v)
+    for x_given in (x, da.from_array(x, chunks=3)):
+        got = dsl.hvp(f, wrt=0)(x_given, w, da.from_array(v, chunks=2)).compute()
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, expected, rtol=1e-13)
