@@ -97,6 +97,14 @@ class DaskBound:
             raise ArgumentError(f"a Dask array of unknown chunk sizes (shape {value.shape}, "
                                 "from a boolean mask or the like) cannot be bound to a "
                                 "signature; call its compute_chunk_sizes() first")
+        if isinstance(getattr(value, "_meta", None), np.ma.MaskedArray):
+            raise ArgumentError(f"a masked Dask array (shape {list(value.shape)}) cannot be "
+                                "bound: its mask would be ignored; pass da.ma.filled(a, value) "
+                                "or da.ma.getdata(a)")
+        # native byte order, as binding makes an in-memory array (binding would
+        # convert the stand-in, which would then stand for no Dask array)
+        if not value.dtype.isnative:
+            value = value.astype(value.dtype.newbyteorder("="))
         stand_in = placeholder(value.shape, value.dtype)
         stand_ins[id(stand_in)] = value
         return stand_in

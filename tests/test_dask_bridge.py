@@ -501,3 +501,18 @@ def test_an_argument_split_as_its_dask_tangent_or_vector_keeps_its_dtype():
         got = dsl.hvp(f, wrt=0)(x_given, w, da.from_array(v, chunks=2)).compute()
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, expected, rtol=1e-13)
+
+
+def test_a_big_endian_or_masked_dask_argument():
+    # binding made the stand-in of a big-endian array native, a new array
+    # standing for no Dask array: w was taken as zeros (a wrong value), x
+    # left no batch (an IndexError); a masked one reached the blocks (NumPy's
+    # broadcasting error at compute time)
+    f = dsl.loads("def f(x, w):\n    return tanh(x @ w)\n").f
+    x, w = RNG.normal(size=(6, 4)), RNG.normal(size=(4, 2))
+    for x_order in ("<f8", ">f8"):
+        got = f(da.from_array(x.astype(x_order), chunks=2), da.from_array(w.astype(">f8")))
+        np.testing.assert_allclose(got.compute(), np.tanh(x @ w), rtol=1e-14)
+    with pytest.raises(dsl.ArgumentError, match=r"a masked Dask array \(shape \[6, 4\]\) cannot "
+                                                 "be bound: its mask would be ignored"):
+        f(da.ma.masked_array(da.from_array(x, chunks=2), mask=x > 1), w)
