@@ -71,13 +71,17 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
                 foreign_params[param] = library_value
         return array
 
-    bound = f.bind([bind_value(a, f"argument {i} of {name}") for i, a in enumerate(args)],
-                   {k: bind_value(v, f"argument {k!r} of {name}")
-                    for k, v in kwargs.items() if k not in param_names},
-                   {k: bind_value(v, f"param {k!r} of {name}", k)
-                    for k, v in kwargs.items() if k in param_names})
-    by_name = {n: foreign[id(a)][1] for n, a in bound.items()
-               if id(a) in foreign and foreign[id(a)][0] is a}
-    # a param is validated into an array of its own: its library value by name
+    positional = [bind_value(a, f"argument {i} of {name}") for i, a in enumerate(args)]
+    keywords = {k: bind_value(v, f"argument {k!r} of {name}")
+                for k, v in kwargs.items() if k not in param_names}
+    bound = f.bind(positional, keywords, {k: bind_value(v, f"param {k!r} of {name}", k)
+                                          for k, v in kwargs.items() if k in param_names})
+    # each library value by the name it was given for: binding may make an
+    # array of its own of what it was given (a param validated, hvp's v in
+    # wrt's dtype), which the library's value still stands for (a run reads
+    # it in the bound dtype)
+    given = {**dict(zip((s.name for s in f.specs), positional)), **keywords}
+    by_name = {n: foreign[id(given[n])][1] for n in bound
+               if n in given and id(given[n]) in foreign and foreign[id(given[n])][0] is given[n]}
     by_name.update({n: foreign_params[n] for n in bound if n in foreign_params})
     return bound, by_name

@@ -538,3 +538,20 @@ def test_a_call_made_without_x64_is_not_reused_with_it():
         assert jax.grad(lambda y: bar(x, y).sum())(3.0).dtype == jnp.float64
     finally:
         jax.config.update("jax_enable_x64", False)
+
+
+def test_an_hvp_vector_of_another_dtype_is_converted_not_dropped(x64):
+    # hvp makes v wrt's dtype, an array of its own: the JAX value no longer
+    # stood for it, and v was taken as a constant of zeros (an hvp of 0,
+    # and a gradient of 0 along v); the Hessian of sum(sin(x * w)) in w is
+    # diag(-x^2 sin(x w))
+    f = dsl.loads("def f(x, w):\n    return sum(sin(x * w))\n").f
+    hvp = dsl.to_jax(dsl.hvp(f, wrt=1))
+    x, w = jnp.array([0.5, -1.0, 2.0]), jnp.array([1.5, 0.3, -0.7])
+    v = jnp.array([1.0, -2.0, 0.5], jnp.float32)
+    hessian = -np.asarray(x) ** 2 * np.sin(np.asarray(x * w))
+    for run in (hvp, jax.jit(hvp)):
+        np.testing.assert_allclose(run(x, w, v), hessian * np.asarray(v), rtol=1e-13)
+    along_v = jax.grad(lambda v: hvp(x, w, v).sum())(v)
+    assert along_v.dtype == jnp.float32
+    np.testing.assert_allclose(along_v, hessian, rtol=1e-6)

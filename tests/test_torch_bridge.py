@@ -762,3 +762,17 @@ def test_no_grad_calls_keep_no_residuals(monkeypatch):
     np.testing.assert_array_equal(poly.numpy(), [3.0, 3.0, 3.0])
     f(x, w, b, t).backward()  # recording: the split forward, and gradients
     assert len(split) == 1 and w.grad is not None
+
+
+def test_an_hvp_vector_of_another_dtype_is_converted_and_gets_its_gradient():
+    # hvp makes v wrt's dtype, an array of its own: the tensor no longer
+    # stood for it, so v got no gradient (None beside w's; "does not
+    # require grad" alone); the Hessian of sum(sin(x * w)) in w is
+    # diag(-x^2 sin(x w)), so d/dv sum(H v) is its diagonal
+    f = dsl.loads("def f(x, w):\n    return sum(sin(x * w))\n").f
+    x, w = np.array([0.5, -1.0, 2.0]), tensor([1.5, 0.3, -0.7])
+    v = tensor([1.0, -2.0, 0.5], dtype=torch.float32)
+    dsl.to_torch(dsl.hvp(f, wrt=1))(torch.tensor(x), w, v).sum().backward()
+    np.testing.assert_allclose(v.grad.numpy(), -x ** 2 * np.sin(x * w.detach().numpy()),
+                               rtol=1e-6)
+    assert w.grad is not None
