@@ -22,6 +22,12 @@ stops by a minute.
 `GRADC_PARALLEL` overrides it (read at each recheck): `auto` (or unset)
 as above, `always` the size threshold alone, `never` serial kernels only.
 
+A process forked after this one ran a parallel kernel on Numba's OpenMP
+layer runs serial kernels only: GNU OpenMP cannot run in such a child,
+and Numba terminates it at its first parallel kernel (a `multiprocessing`
+worker forked after one large call died, and a `Pool` waited for it for
+ever).
+
 Numba's TBB threading layer waits far less (a worker that has not
 started when the others finish does no share of the loop: R1 at 1e5 in
 parallel took 1.3x its serial time where OpenMP's took 4x), and Numba
@@ -50,6 +56,7 @@ SETTINGS = ("auto", "always", "never")
 
 _next_check = 0.0
 _scale = 1.0  # parallel_from's last answer
+_forked_from_openmp = False  # forked from a process whose OpenMP threads ran
 
 
 def parallel_from(setting: str, others: float, cores: int, threads: int) -> float:
@@ -72,7 +79,8 @@ def parallel_allowed(size: int, threshold: int) -> bool:
     now = time.monotonic()
     if now >= _next_check:
         _next_check = now + RECHECK_SECONDS
-        _scale = parallel_from(_setting(os.environ.get("GRADC_PARALLEL", "")),
+        _scale = parallel_from("never" if _forked_from_openmp else
+                               _setting(os.environ.get("GRADC_PARALLEL", "")),
                                _runnable_others(), _cores(),
                                # (not get_num_threads(), which starts the pool)
                                numba.config.NUMBA_NUM_THREADS)
@@ -123,3 +131,16 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from_openmp, _next_check
+    try:
+        _forked_from_openmp = _forked_from_openmp or numba.threading_layer() == "omp"
+    except ValueError:  # no parallel kernel has run: the child starts a pool of its own
+        pass
+    _next_check = 0.0  # decided again at the child's next long loop
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
