@@ -80,7 +80,8 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
     # array of its own of what it was given (a param validated, hvp's v in
     # wrt's dtype), which the library's value still stands for (a run reads
     # it in the bound dtype)
-    given = {**dict(zip((s.name for s in f.specs), positional)), **keywords}
+    given = {**{f.specs[i].name: a for i, a in f.by_position(positional).items()
+                if i < len(f.specs)}, **keywords}
     by_name = {n: foreign[id(given[n])][1] for n in bound
                if n in given and id(given[n]) in foreign and foreign[id(given[n])][0] is given[n]}
     by_name.update({n: foreign_params[n] for n in bound if n in foreign_params})

@@ -545,7 +545,8 @@ def test_an_hvp_vector_of_another_dtype_is_converted_not_dropped(x64):
     # stood for it, and v was taken as a constant of zeros (an hvp of 0,
     # and a gradient of 0 along v); the Hessian of sum(sin(x * w)) in w is
     # diag(-x^2 sin(x w))
-    f = dsl.loads("def f(x, w):\n    return sum(sin(x * w))\n").f
+    # (c, defaulted, left out: v is the third value given, for the fourth)
+    f = dsl.loads("def f(x, w, c: f64 = 1.0):\n    return sum(sin(x * w) * c)\n").f
     hvp = dsl.to_jax(dsl.hvp(f, wrt=1))
     x, w = jnp.array([0.5, -1.0, 2.0]), jnp.array([1.5, 0.3, -0.7])
     v = jnp.array([1.0, -2.0, 0.5], jnp.float32)

@@ -769,7 +769,8 @@ def test_an_hvp_vector_of_another_dtype_is_converted_and_gets_its_gradient():
     # stood for it, so v got no gradient (None beside w's; "does not
     # require grad" alone); the Hessian of sum(sin(x * w)) in w is
     # diag(-x^2 sin(x w)), so d/dv sum(H v) is its diagonal
-    f = dsl.loads("def f(x, w):\n    return sum(sin(x * w))\n").f
+    # (c, defaulted, left out: v is the third value given, for the fourth)
+    f = dsl.loads("def f(x, w, c: f64 = 1.0):\n    return sum(sin(x * w) * c)\n").f
     x, w = np.array([0.5, -1.0, 2.0]), tensor([1.5, 0.3, -0.7])
     v = tensor([1.0, -2.0, 0.5], dtype=torch.float32)
     dsl.to_torch(dsl.hvp(f, wrt=1))(torch.tensor(x), w, v).sum().backward()
