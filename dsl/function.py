@@ -423,6 +423,9 @@ class GradFunction(Compiled):
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         return self.inner.bind(args, kwargs, params)
 
+    def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
+        return self.inner.by_position(args)  # (it binds as inner binds)
+
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
         indices = []

@@ -126,6 +126,9 @@ class VmapFunction(Stacked):
                         SUPPORTED[np.dtype(a.dtype)], self.span) if n in stacks else a
                 for n, a in bound.items()}
 
+    def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
+        return self.inner.by_position(args)  # (`bind` places them so)
+
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None) -> tuple[np.ndarray, ...]:
         example = {n: self._example(n, a) for n, a in bound.items()}

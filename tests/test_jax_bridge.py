@@ -556,3 +556,9 @@ def test_an_hvp_vector_of_another_dtype_is_converted_not_dropped(x64):
     along_v = jax.grad(lambda v: hvp(x, w, v).sum())(v)
     assert along_v.dtype == jnp.float32
     np.testing.assert_allclose(along_v, hessian, rtol=1e-6)
+    # transforms of it place v as it does (they placed it by position, for c)
+    value, _ = dsl.to_jax(dsl.value_and_grad(dsl.hvp(f, wrt=1), wrt=1))(x, w, v)
+    np.testing.assert_allclose(value, hessian * np.asarray(v), rtol=1e-13)
+    vs = jnp.stack([v, 2 * v])
+    mapped = dsl.to_jax(dsl.vmap(dsl.hvp(f, wrt=1), in_axes=(None, None, None, 0)))
+    np.testing.assert_allclose(mapped(x, w, vs), hessian * np.asarray(vs), rtol=1e-13)
