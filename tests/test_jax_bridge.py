@@ -224,6 +224,12 @@ def test_a_64_bit_annotation_without_x64_says_to_enable_it():
     with pytest.raises(dsl.ArgumentError, match="'x' of dense\\(\\) has unsupported dtype "
                                                 "float16"):
         f(*(jnp.ones(shape, jnp.float16) for shape in ((2, 3), (3, 2), (2,))))
+    # an argument left out is no array given for it: hvp's v, after it, was
+    # checked as if for the defaulted f64 c (refused, as narrowed)
+    g = dsl.loads("def g(x: f32[n], w: f32[n], c: f64 = 1.0):\n    return sum(sin(x * w) * c)\n")
+    x, w, v = jnp.array([0.5, -1.0]), jnp.array([1.5, 0.3]), jnp.array([1.0, -2.0])
+    np.testing.assert_allclose(dsl.to_jax(dsl.hvp(g.g, wrt=1))(x, w, v),
+                               -(x ** 2) * jnp.sin(x * w) * v, rtol=1e-6)
 
 
 def test_params_as_keyword_arrays_get_gradients(x64):
