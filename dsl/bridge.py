@@ -12,8 +12,7 @@ once per library) requires it when made.  `bind_foreign(f, name,
 args, kwargs, convert)` binds a call whose values may be the library's
 arrays (keywords naming module params f reads are params, the others
 arguments), each value bound as `convert` makes it an array, and says
-which bound names came from the library's arrays; `values_by_name(f,
-args, kwargs)` names a call's values as f places them.
+which bound names came from the library's arrays.
 """
 from __future__ import annotations
 
@@ -81,16 +80,8 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
     # array of its own of what it was given (a param validated, hvp's v in
     # wrt's dtype), which the library's value still stands for (a run reads
     # it in the bound dtype)
-    given = values_by_name(f, positional, keywords)
+    given = {**f.by_name(positional), **keywords}
     by_name = {n: foreign[id(given[n])][1] for n in bound
                if n in given and id(given[n]) in foreign and foreign[id(given[n])][0] is given[n]}
     by_name.update({n: foreign_params[n] for n in bound if n in foreign_params})
     return bound, by_name
-
-
-def values_by_name(f: Compiled, args, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A call's values by the name of the parameter each is for (the
-    positional ones placed as f places them: hvp's v after its function's
-    arguments, a defaulted one left out)."""
-    return {**{f.specs[i].name: a for i, a in f.by_position(args).items()
-               if i < len(f.specs)}, **kwargs}

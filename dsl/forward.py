@@ -112,10 +112,11 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
     and its raw outputs, lazy, block by block (`dask_bridge.run_on_dask`).
     A primal and its tangent are split alike: where one is a Dask array, the
     other becomes one with its chunks (a primal in its own dtype)."""
-    names = [spec.name for spec in f.specs]
     primals = list(primals)
+    names = {k: f.specs[i].name for k, i in enumerate(f.by_position(primals))
+             if i < len(f.specs)}  # (as binding places them: hvp's v after f's own)
     for k, p in enumerate(primals):
-        t = given.get(names[k]) if k < len(names) else None
+        t = given.get(names.get(k))
         if is_dask_array(t) and not is_dask_array(p):
             primals[k] = chunked_like(p, t, own_dtype=True)
     bound = DaskBound(f, tuple(primals), {})
@@ -165,7 +166,7 @@ def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
         raise ArgumentError(f"jvp() got {len(tangents)} tangent(s) for {len(primals)} "
                             f"primal(s) of {called(f.name)}; give one per primal (None: none)",
                             f.span)
-    return {spec.name: t for spec, t in zip(f.specs, tangents)}
+    return f.by_name(tangents)  # (placed as the primals are: hvp's v after f's own)
 
 
 def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:

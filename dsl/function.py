@@ -259,6 +259,12 @@ class Compiled:
         parameter each is for."""
         return dict(enumerate(args))
 
+    def by_name(self, args: Sequence[Any]) -> dict[str, Any]:
+        """A call's positional values (arguments, or a value for each, such
+        as jvp's tangents) by the name of the parameter each is for."""
+        return {self.specs[i].name: a for i, a in self.by_position(args).items()
+                if i < len(self.specs)}
+
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 

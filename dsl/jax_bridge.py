@@ -52,7 +52,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from dsl.bridge import Bridged, bind_foreign, bridged, values_by_name
+from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, OutSpec, Stacked, VjpFunction,
@@ -100,7 +100,7 @@ def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
     `ArgumentError` saying so.  (Another dtype, f16 or i16, is no 64-bit
     one narrowed: the binding refuses it as itself.)"""
     import jax
-    given = values_by_name(f, args, kwargs)
+    given = {**f.by_name(args), **kwargs}
     for spec in f.specs:
         value = given.get(spec.name)
         what, narrow = _64_BIT.get(spec.dtype, ("", None))

@@ -495,3 +495,15 @@ def test_a_float_outputs_jacobian_has_its_dtype_in_both_modes():
         full, empty = mode(m.f, wrt=0)(x, y)
         assert (full.dtype, empty.dtype) == (np.float64, np.float64), mode
         np.testing.assert_array_equal(full, np.diag(y))
+
+
+def test_jvp_tangents_are_placed_as_the_primals_are():
+    # hvp's v comes after f's arguments, a defaulted one left out: the
+    # tangents, one per primal, were zipped with the parameters ("got a
+    # tangent for 'c', an argument of hvp(f) that was not passed"); hvp is
+    # linear in v, so its tangent along v is the Hessian's diagonal times it
+    f = dsl.loads("def f(x, w, c: f64 = 1.0):\n    return sum(sin(x * w) * c)\n").f
+    x, w, v = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.3, -0.7]), np.ones(3)
+    t = np.array([2.0, -1.0, 0.5])
+    _, along_v = dsl.jvp(dsl.hvp(f, wrt=1), (x, w, v), (None, None, t))
+    np.testing.assert_allclose(along_v, -x ** 2 * np.sin(x * w) * t, rtol=1e-13)
