@@ -4,8 +4,9 @@ the same bits whichever way the policy goes (a full sum's serial variant
 adds `_all`'s chunks in the same order).  No timing is asserted and no
 result depends on the machine's load."""
 import math
-import multiprocessing
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -126,25 +127,44 @@ def test_rows_have_the_same_values_serial_as_parallel(sums, setting):
     np.testing.assert_allclose(results["always"][0], np.sum(x * x, axis=1), rtol=1e-13)
 
 
-def _rows_in_child(sums, x, results) -> None:
-    results.put(sums.rows(x).tobytes())
+FORKED = """
+import multiprocessing, os, sys
+import numpy as np
+import dsl
+from gradlang.runtime import cpu
+
+os.environ["GRADC_PARALLEL"] = "always"
+rows = dsl.loads(sys.argv[1], "sums.grad").rows
+x = np.random.default_rng(2).uniform(-1, 1, (64, cpu.PARALLEL_THRESHOLD // 32))
+expected = rows(x).tobytes()  # in parallel, here
+
+
+def child(results):
+    results.put(rows(x).tobytes())
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    process = context.Process(target=child, args=(results,))
+    process.start()
+    process.join(60)
+    if process.is_alive():
+        process.kill()
+    assert process.exitcode == 0, process.exitcode
+    assert results.get(timeout=5) == expected  # (the serial kernel's bits are the same)
+"""
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-def test_a_child_forked_after_a_parallel_kernel_runs_its_loops_serially(sums, setting):
+def test_a_child_forked_after_a_parallel_kernel_runs_its_loops_serially(tmp_path):
     # GNU OpenMP cannot run in a child forked after its threads ran: Numba
     # terminated the child at its first parallel kernel ("fork() called from
     # a process already using GNU OpenMP"), so a multiprocessing worker died
-    # and a Pool waited for it for ever
-    setting("always")
-    x = np.random.default_rng(2).uniform(-1, 1, (64, cpu.PARALLEL_THRESHOLD // 32))
-    expected = sums.rows(x).tobytes()  # in parallel, here
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    child = context.Process(target=_rows_in_child, args=(sums, x, results))
-    child.start()
-    child.join(60)
-    if child.is_alive():
-        child.kill()
-    assert child.exitcode == 0
-    assert results.get(timeout=5) == expected  # (the serial kernel's bits are the same)
+    # and a Pool waited for it for ever.  (In a process of its own: a fork
+    # here could copy other tests' threads, JAX's, mid-lock.)
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    done = subprocess.run([sys.executable, str(script), SUMS], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
