@@ -62,11 +62,16 @@ def runs_one_program(monkeypatch, vf) -> list:
 floats = st.floats(-3.0, 3.0, allow_nan=False, width=64)
 
 
+def _draw(data, *shape) -> np.ndarray:
+    """An array of this shape of drawn floats."""
+    size = int(np.prod(shape))
+    return np.array(data.draw(st.lists(floats, min_size=size, max_size=size))).reshape(shape)
+
+
 @settings(max_examples=15, deadline=None)
 @given(k=st.integers(1, 4), n=st.integers(1, 4), data=st.data())
 def test_vmap_equals_f_on_each_example(m, k, n, data):
-    x = np.array(data.draw(st.lists(floats, min_size=k * n, max_size=k * n))).reshape(k, n)
-    y = np.array(data.draw(st.lists(floats, min_size=n, max_size=n)))
+    x, y = _draw(data, k, n), _draw(data, n)
     np.testing.assert_allclose(dsl.vmap(m.norm)(x), np.linalg.norm(x, axis=1), rtol=1e-14)
     got = dsl.vmap(m.two, in_axes=(0, None))(x, y)
     for g, want in zip(got, per_example(m.two, (0,), x, y)):
@@ -193,10 +198,7 @@ def test_vmap_of_a_jacobian_is_each_examples_jacobian(m, data):
     # ("takes a function of a loaded .grad module, got Jacobian"); as in
     # JAX, each example's Jacobian, (k,) + out.shape + arg.shape, also with
     # respect to an argument that is not mapped; in one stacked program.
-    def draw(*shape):
-        size = int(np.prod(shape))
-        return np.array(data.draw(st.lists(floats, min_size=size, max_size=size))).reshape(shape)
-    xs, ys, y = draw(k, n), draw(k, n), draw(n)
+    xs, ys, y = _draw(data, k, n), _draw(data, k, n), _draw(data, n)
     calls = []
     each_call = Jacobian.call_bound
     for transform in (dsl.jacfwd, dsl.jacrev):
@@ -264,10 +266,7 @@ def test_vmap_of_hvp_maps_v_too(m, data):
     # hvp(f)(args..., v): v, its last argument, was not one of its
     # parameters, so vmap could not map it (a direction per example):
     # in_axes for it was refused, and a mapped v had the wrong shape.
-    def draw(*shape):
-        size = int(np.prod(shape))
-        return np.array(data.draw(st.lists(floats, min_size=size, max_size=size))).reshape(shape)
-    xs, ws, vs = draw(k, n), draw(k, n), draw(k, n)
+    xs, ws, vs = (_draw(data, k, n) for _ in range(3))
     hvp, slope, eps = dsl.hvp(m.weighted), dsl.grad(m.weighted), 1e-6
     vf = dsl.vmap(hvp, in_axes=(0, None, 0))
     calls = []
