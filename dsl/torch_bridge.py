@@ -96,22 +96,33 @@ class TorchFunction(Bridged):
         # the call as dynamo puts it in its graph, untraced (it cannot trace the
         # binding: NumPy, the compiler); AOTAutograd then traces it with
         # FakeTensors, where it is one `gradlang::call` operation
-        self._traced = _NONSTRICT[0](lambda *args, **kwargs: self._call(args, kwargs))
+        self._traced = _NONSTRICT[0](
+            lambda floats, *args, **kwargs: self._call(args, kwargs, floats))
+        # the positions and names of integer parameters, which a Python float
+        # given for under torch.compile is bound by value (checked as eagerly)
+        integral = [(i, s.name) for i, s in enumerate(f.specs) if s.dtype in _INTEGRAL]
+        self._integral = frozenset(x for pair in integral for x in pair)
 
     @user_facing
     def __call__(self, *args, **kwargs):
         if _COMPILING[0]():
-            # (dynamo holds a NumPy array as a tensor, which nonstrict_trace takes)
-            return self._traced(*map(_numpy_as_tensor, args),
-                                **{k: _numpy_as_tensor(v) for k, v in kwargs.items()})
+            # (dynamo holds a NumPy array as a tensor, which nonstrict_trace takes;
+            # a Python float that changed between calls, it makes a symbol that
+            # nonstrict_trace takes only by specializing on its value, a compile
+            # per value: it goes as a 0-d tensor, the positions of such named)
+            floats = tuple(k for k, v in (*enumerate(args), *kwargs.items())
+                           if isinstance(v, float) and k not in self._integral)
+            args = [_traceable(v, i in floats) for i, v in enumerate(args)]
+            return self._traced(floats, *args,
+                                **{k: _traceable(v, k in floats) for k, v in kwargs.items()})
         return self._call(args, kwargs)
 
-    def _call(self, args: tuple, kwargs: dict):
+    def _call(self, args: tuple, kwargs: dict, floats: tuple = ()):
         tracer = _tracer()
         if tracer is not None:
             # the kernels read memory that torch's tracers cannot see: the call
             # is one operation they record (its results are not constants)
-            return self._operation(args, kwargs, tracer)
+            return self._operation(args, kwargs, tracer, floats)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
             views = _constant_views(args, _GRAD_ENABLED[0]())
@@ -131,9 +142,15 @@ class TorchFunction(Bridged):
         self._refuse_grad_without_gradient(bound, by_name)
         return f.format(apply(f, bound, by_name))
 
-    def _operation(self, args: tuple, kwargs: dict, tracer: str):
+    def _operation(self, args: tuple, kwargs: dict, tracer: str, floats: tuple = ()):
         """The call as one `gradlang::call` operation for `tracer` to
-        record, its tensors bound as stand-ins of their shapes."""
+        record, its tensors bound as stand-ins of their shapes.  A number
+        that is a symbol of the tracer's (a SymInt, a SymFloat; dynamo's
+        Python floats, passed as 0-d tensors at `floats`, the positions or
+        keywords) is an input of the operation, a 0-d tensor bound as a
+        Python number, unless it picks the program (a const or size
+        integer) or is a float for an integer: then its value is bound,
+        which guards the graph on it."""
         f = self.f
         if _FORWARD_AD[0]._current_level >= 0 or _TRANSFORMS_ACTIVE[0]():
             # the operation has no forward-mode rule (a jvp through it was zero),
@@ -144,7 +161,13 @@ class TorchFunction(Bridged):
                                 "operations do not support them; call the transform "
                                 "eagerly, or use torch.autograd", f.span)
 
+        # id of a number's 0-d tensor -> the number (None: dynamo's float,
+        # whose value only the tensor holds)
+        numbers: dict[int, Any] = {}
+
         def stand_in(value, where: str):
+            if id(value) in numbers:  # a number's tensor: bound as a number
+                return _fresh_number(value, numbers[id(value)]), value
             if not _is_tensor(value):
                 return value, None
             _check_tensor(value, f, where)
@@ -156,11 +179,37 @@ class TorchFunction(Bridged):
                 shape = tuple(map(hint, value.shape))  # (the fake rule takes symbolic ones)
             return placeholder(shape, _NUMPY[value.dtype]), value
 
+        args, kwargs = list(args), dict(kwargs)
+        for where, value in (*enumerate(args), *kwargs.items()):
+            if where in floats or isinstance(value, _SYMBOLIC_NUMBERS[0]):
+                tensor = value if where in floats else _SCALAR_TENSOR[0](
+                    value, dtype=_TORCH[np.dtype(_SYMBOLIC_DTYPE[type(value).__name__])])
+                numbers[id(tensor)] = None if where in floats else value
+                if isinstance(where, int):
+                    args[where] = tensor
+                else:
+                    kwargs[where] = tensor
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
+        statics = f.static_names(bound) if numbers else ()
+        by_value = {id(t): self._value_of(numbers[id(t)], n) for n, t in by_name.items()
+                    if id(t) in numbers and (n in statics or (
+                        t.is_floating_point() and bound[n].dtype.kind != "f"))}
+        if by_value:
+            args = [by_value.get(id(a), a) for a in args]
+            kwargs = {k: by_value.get(id(v), v) for k, v in kwargs.items()}
+            bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         self._refuse_grad_without_gradient(bound, by_name)
         if not by_name:  # constants only: so are the results
             return _tensors(f.format(f.call_bound(bound)))
         return f.format(apply_operation(f, bound, by_name))
+
+    def _value_of(self, number: Any, name: str) -> Any:
+        """A symbolic number's value as a Python number, which guards the
+        graph traced on it."""
+        if number is None:
+            raise ArgumentError(f"{self.__name__}: {name!r} is an integer, but a torch.compile'd "
+                                "call gave it a Python float; pass an int", self.f.span)
+        return int(number) if isinstance(number, _SYMBOLIC_NUMBERS[0][0]) else float(number)
 
     def _refuse_grad_without_gradient(self, bound: dict, by_name: dict) -> None:
         differentiable = set(self.f.differentiable_names(bound))
@@ -370,8 +419,34 @@ def _tensors(result: Any) -> Any:
     return _tensor(result)
 
 
-def _numpy_as_tensor(value: Any) -> Any:
-    return _AS_TENSOR[0](value) if isinstance(value, np.ndarray) else value
+class _Float(float):
+    """A Python float that is its own object (`bind_foreign` tells the
+    values it binds apart by identity)."""
+
+
+class _Int(int):
+    """A Python int that is its own object."""
+
+
+def _fresh_number(tensor: Any, number: Any) -> Any:
+    """A number to bind for the 0-d tensor standing for `number` (a
+    symbolic one: its value in the example, with no guard on it; dynamo's
+    float, None: any, for only its dtype is bound)."""
+    if not tensor.is_floating_point():
+        return _Int(hint(number))
+    return _Float(0.0 if number is None or number.node.hint is None else number.node.hint)
+
+
+def _traceable(value: Any, number: bool) -> Any:
+    """A call's argument as dynamo passes it to nonstrict_trace: a NumPy
+    array as a tensor, and a Python float if `number` as a 0-d tensor."""
+    if isinstance(value, np.ndarray):
+        return _AS_TENSOR[0](value)
+    if number:
+        # (a product: dynamo keeps the float an input of the graph, where it
+        # specialized the graph on the value of a scalar_tensor of it)
+        return _SCALAR_TENSOR[0](1.0, dtype=_TORCH[np.dtype(np.float64)]) * value
+    return value
 
 
 def _is_tensor(value: Any) -> bool:
@@ -415,6 +490,10 @@ _DISPATCH_MODE: list = []  # the active torch dispatch mode of a key, or None
 _DISPATCH_MODES: list = []  # (key, what sets it) of the modes that trace
 _TRACER_WARNING: list = []  # torch.jit's TracerWarning
 _NONSTRICT: list = []  # torch._dynamo's nonstrict_trace: a call dynamo graphs, untraced
+_SYMBOLIC_NUMBERS: list = []  # (torch.SymInt, SymFloat): a tracer's numbers
+_SYMBOLIC_DTYPE = {"SymInt": "int64", "SymFloat": "float64"}
+_INTEGRAL = ("i32", "i64", "bool")  # the dtypes of integer parameters
+_SCALAR_TENSOR: list = []  # torch.scalar_tensor
 
 
 def _fill_dtypes(torch) -> None:
@@ -442,6 +521,8 @@ def _fill_dtypes(torch) -> None:
                                 (keys.FUNCTIONAL, "functionalization")])
         _TRACER_WARNING.append(torch.jit.TracerWarning)
         _NONSTRICT.append(importlib.import_module("torch._dynamo").nonstrict_trace)
+        _SYMBOLIC_NUMBERS.append((torch.SymInt, torch.SymFloat))
+        _SCALAR_TENSOR.append(torch.scalar_tensor)
 
 
 def _array_of(t, f: Compiled, where: str):

@@ -234,3 +234,34 @@ def test_an_exported_program_saved_and_loaded_runs_the_call(tmp_path):
     # inside the operation
     with pytest.raises(dsl.ArgumentError, match="names no call this process has traced"):
         torch.ops.gradlang.call("0" * 32, [x])
+
+
+NUMBERS = dsl.loads("def scaled(x: f32[n], a: f32):\n    return x * a\n\n"
+                    "def power(x, k: const i64):\n    return x ** k\n\n"
+                    "def repeated(x, n: i64):\n    return sum(x) * n\n", "numbers.grad")
+
+
+def test_python_numbers_that_change_between_calls_compile_once_or_per_const_value():
+    # dynamo makes a number that changed since the last call a symbol: the
+    # bridge refused a SymFloat or SymInt ('not numeric'), a torch
+    # 'Unsupported output type' error under fullgraph.  A float or integer
+    # argument is now an input of the operation (one graph for every value);
+    # a const integer picks the program, so the graph is guarded on it
+    from torch._dynamo.testing import CompileCounterWithBackend
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    xd = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    cases = [(NUMBERS.scaled, x, (0.5, 0.25, 3.0, 0.5), lambda x, a: x * a, 2),
+             (NUMBERS.power, xd, (1, 2, 3, 2, 4), lambda x, k: x ** k, 4),
+             (NUMBERS.repeated, xd, (1, 2, 3, 2, 4), lambda x, n: x.sum() * n, 2)]
+    for f, x, values, reference, compiles in cases:
+        tf = dsl.to_torch(f)
+        counter = CompileCounterWithBackend("aot_eager")
+        torch._dynamo.reset()
+        step = torch.compile(lambda x, a: tf(x, a).sum(), backend=counter, fullgraph=True)
+        for a in values:
+            value = step(x, a)
+            (g,) = torch.autograd.grad(value, x)
+            expected = reference(x, a).sum()
+            assert value.dtype == x.dtype and value.item() == expected.item()
+            np.testing.assert_array_equal(g.numpy(), torch.autograd.grad(expected, x)[0].numpy())
+        assert counter.frame_count == compiles  # (the first change marks it dynamic)
