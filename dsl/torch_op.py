@@ -74,8 +74,12 @@ class OpCall:
     def __init__(self, key: str, f: Compiled, bound: dict[str, Any], names: tuple[str, ...]):
         self.key, self.f, self.names = key, f, names
         self.dtypes = [bound[n].dtype for n in names]
-        # the constants, in f's order, with stand-ins for the tensors
-        self.bound = {n: placeholder(a.shape, a.dtype) if n in names else a
+        # the constants, in f's order, with stand-ins for the tensors; copies,
+        # as the key has their values (a caller's array changed in place would
+        # change them for every graph naming this call, and one traced anew
+        # with the old values would find this call by them)
+        self.bound = {n: placeholder(a.shape, a.dtype) if n in names
+                      else np.array(a) if isinstance(a, np.ndarray) else a
                       for n, a in bound.items()}
         statics = f.static_names(self.bound) & set(names)
         if statics:

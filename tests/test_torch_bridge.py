@@ -325,6 +325,24 @@ def test_torch_tracers_record_the_call_as_one_operation(trace, recwarn):
     assert not [w for w in recwarn if issubclass(w.category, torch.jit.TracerWarning)]
 
 
+SHIFT = dsl.loads("def shift(x, t: const f64[n]):\n    return x + t\n", "shift.grad").shift
+
+
+def test_a_traced_call_keeps_the_constants_it_was_traced_with():
+    # the registered call held the caller's array: changed in place after a
+    # trace, it changed that graph's constant, and a graph traced anew with
+    # the old values (the same key) ran with the new ones: [5, 6], not [1, 2]
+    f = dsl.to_torch(SHIFT)
+    x = tensor([0.0, 10.0], requires_grad=False)
+    t = np.array([1.0, 2.0])
+    first = make_fx(lambda x: f(x, t))(x)
+    t[:] = [5.0, 6.0]
+    again = make_fx(lambda x: f(x, np.array([1.0, 2.0])))(x)
+    np.testing.assert_array_equal(again(x).numpy(), [1.0, 12.0])
+    np.testing.assert_array_equal(first(x).numpy(), [1.0, 12.0])
+    np.testing.assert_array_equal(make_fx(lambda x: f(x, t))(x)(x).numpy(), [5.0, 16.0])
+
+
 def test_fake_tensors_and_functionalization_run_the_operation():
     # FakeTensorMode: torch's RuntimeError from a FakeTensor's NumPy view
     # escaped; now shapes and dtypes from the function's IR, running nothing
