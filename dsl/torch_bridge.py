@@ -189,7 +189,10 @@ class TorchFunction(Bridged):
                     args[where] = tensor
                 else:
                     kwargs[where] = tensor
-        bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
+        try:
+            bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
+        except ArgumentError as err:  # (as an eager call would raise it)
+            raise _shown(err) from None
         statics = f.static_names(bound) if numbers else ()
         by_value = {id(t): self._value_of(numbers[id(t)], n) for n, t in by_name.items()
                     if id(t) in numbers and (n in statics or (
@@ -198,7 +201,10 @@ class TorchFunction(Bridged):
             args = [by_value.get(id(a), a) for a in args]
             kwargs = {k: by_value.get(id(v), v) for k, v in kwargs.items()}
             bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
-        self._refuse_grad_without_gradient(bound, by_name)
+        try:
+            self._refuse_grad_without_gradient(bound, by_name)
+        except ArgumentError as err:
+            raise _shown(err) from None
         if not by_name:  # constants only: so are the results
             return _tensors(f.format(f.call_bound(bound)))
         return f.format(apply_operation(f, bound, by_name))
@@ -417,6 +423,28 @@ def _tensors(result: Any) -> Any:
     if isinstance(result, tuple):
         return tuple(_tensors(r) for r in result)
     return _tensor(result)
+
+
+class _ShownArgumentError(ArgumentError, IndexError):
+    """An ArgumentError that dynamo shows the user as it is.  It makes any
+    other error of a `nonstrict_trace` call a graph break, which under
+    fullgraph=True it reports as 'Unsupported output type for
+    nonstrict_trace-ed function', our message lost; an IndexError (of a
+    tensor's dimension) it passes on."""
+
+    __qualname__ = __name__ = "ArgumentError"  # (for the user, it is one)
+
+
+_ShownArgumentError.__module__ = ArgumentError.__module__
+
+
+def _shown(err: ArgumentError) -> ArgumentError:
+    """err, raised where torch traces a call, as the error of the call
+    (not a graph break) while dynamo traces it: a bad argument, which the
+    eager call would refuse too."""
+    if not _COMPILING[0]():
+        return err
+    return _ShownArgumentError(err.message, err.span, err.source, err.note)
 
 
 class _Float(float):

@@ -265,3 +265,18 @@ def test_python_numbers_that_change_between_calls_compile_once_or_per_const_valu
             assert value.dtype == x.dtype and value.item() == expected.item()
             np.testing.assert_array_equal(g.numpy(), torch.autograd.grad(expected, x)[0].numpy())
         assert counter.frame_count == compiles  # (the first change marks it dynamic)
+
+
+def test_a_bad_argument_under_fullgraph_is_the_argument_error():
+    # dynamo made the ArgumentError raised where it traces the call a graph
+    # break, which fullgraph=True reported as torch's 'Unsupported output
+    # type for nonstrict_trace-ed function', the message lost
+    loss = dsl.to_torch(load("dense").loss)
+    x, w, t = torch.zeros(4, 3, dtype=torch.float64), torch.zeros(3, 2), torch.zeros(4, 2)
+    step = compiled(lambda x, w, b, t: loss(x, w, b, t))
+    with pytest.raises(dsl.ArgumentError, match=r"dense.grad:\d+:\d+: .*'b' of loss\(\) has size "
+                       r"3 on axis 0, but its annotation says n_out, which is 2 for 'w'"):
+        step(x, w.double(), torch.zeros(3, dtype=torch.float64), t.double())
+    with pytest.raises(dsl.ArgumentError, match=r"argument 1 of to_torch\(loss\) is a tensor of "
+                       "dtype torch.float16"):
+        step(x, w.half(), torch.zeros(2, dtype=torch.float64), t.double())
