@@ -32,6 +32,7 @@ tracer).  torch is imported only when the operation is first needed.
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -43,6 +44,7 @@ from gradlang.runtime.errors import ArgumentError, called
 
 _CALLS: dict[str, "OpCall"] = {}  # key -> the call it names (kept: traced graphs hold keys)
 _OPERATION: list = []  # the custom operation, defined on first use
+_DEFINING = threading.Lock()  # (threads tracing at once define it once)
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
@@ -194,8 +196,15 @@ def _by_value_error(f: Compiled, name: str):
 def operation():
     """The custom operation `gradlang::call(str call, Tensor[] inputs) ->
     Tensor[]` with its fake and autograd rules, defined on first use."""
-    if _OPERATION:
-        return _OPERATION[0]
+    if not _OPERATION:
+        with _DEFINING:
+            if not _OPERATION:
+                _OPERATION.append(_defined())
+    return _OPERATION[0]
+
+
+def _defined():
+    """The operation, defined (once: torch's registry takes one definition)."""
     import torch
 
     # (the schema is spelled out: this module's annotations are strings)
@@ -230,7 +239,6 @@ def operation():
     call.register_autograd(backward, setup_context=setup_context)
     _TORCH.update({np.dtype(n): getattr(torch, n)
                    for n in ("float32", "float64", "int32", "int64", "bool")})
-    _OPERATION.append(call)
     return call
 
 

@@ -795,3 +795,34 @@ def test_an_hvp_vector_of_another_dtype_is_converted_and_gets_its_gradient():
     np.testing.assert_allclose(v.grad.numpy(), -x ** 2 * np.sin(x * w.detach().numpy()),
                                rtol=1e-6)
     assert w.grad is not None
+
+
+_THREADS_TRACING = """
+import threading
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+import dsl
+f = dsl.to_torch(dsl.loads("def sq(x):\\n    return x * x\\n", "sq.grad").sq)
+barrier, shapes = threading.Barrier(4), []
+def trace():
+    barrier.wait()
+    with FakeTensorMode():
+        shapes.append(tuple(f(torch.empty(3, dtype=torch.float64)).shape))
+threads = [threading.Thread(target=trace) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(shapes)
+"""
+
+
+def test_threads_tracing_their_first_calls_at_once_each_get_the_operation():
+    # each defined gradlang::call, and all but one got torch's
+    # AssertionError('Library object has been destroyed').  (A process of its
+    # own: this one's first trace is long past.)
+    import subprocess
+    run = subprocess.run([sys.executable, "-c", _THREADS_TRACING], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and "Error" not in run.stderr, run.stderr
+    assert run.stdout.strip() == str([(3,)] * 4)
