@@ -680,7 +680,8 @@ def symbolic_result_types(f: Compiled, bound: dict[str, Any],
     so (it needs concrete sizes, or a shape rule fails on symbols it cannot
     tell equal).  Raises `NeedsValue` as `result_types`."""
     types = _types(bound, f.static_names(bound), shapes)
-    key = tuple((n, str(t)) for n, t in types.items())
+    # (a static argument's str is its dtype alone: its value is part of the key)
+    key = tuple((n, str(t), repr(getattr(t, "value", None))) for n, t in types.items())
     cache = f.__dict__.setdefault("_symbolic_result_types", {})
     if key not in cache:
         try:

@@ -280,3 +280,22 @@ def test_a_bad_argument_under_fullgraph_is_the_argument_error():
     with pytest.raises(dsl.ArgumentError, match=r"argument 1 of to_torch\(loss\) is a tensor of "
                        "dtype torch.float16"):
         step(x, w.half(), torch.zeros(2, dtype=torch.float64), t.double())
+
+
+def test_a_const_size_argument_under_dynamic_shapes_gives_each_value_its_shape():
+    # the shapes lowered with torch's symbols were cached by the arguments'
+    # types as text, where a const integer is its dtype alone: n=4 got the
+    # result shape of n=3, and the backward failed on it ('The size of tensor
+    # a (3) must match the size of tensor b (4)')
+    pooled = dsl.to_torch(dsl.loads("def pooled(x, ids: i64[k], n: const i64):\n"
+                                    "    return segment_sum(x * x, ids, n)\n", "pooled.grad").pooled)
+    ids = torch.tensor([0, 1, 0])
+    step = torch.compile(lambda x, n: pooled(x, ids, n), backend="aot_eager", fullgraph=True,
+                         dynamic=True)
+    torch._dynamo.reset()
+    x = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64, requires_grad=True)
+    for n in (3, 4):
+        value = step(x, n)
+        np.testing.assert_array_equal(value.detach().numpy(), [17.0, 4.0] + [0.0] * (n - 2))
+        (g,) = torch.autograd.grad(value, x, torch.arange(1.0, n + 1, dtype=torch.float64))
+        np.testing.assert_array_equal(g.numpy(), [2.0, 8.0, 8.0])
