@@ -72,7 +72,7 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, Stacked, backward_function, batched_function,
-                          jvp_function, vjp_of_bound)
+                          jvp_function, result_types, vjp_of_bound)
 from dsl.torch_op import _memory, _tensor, apply as apply_operation, hint
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
@@ -193,6 +193,10 @@ class TorchFunction(Bridged):
             bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         except ArgumentError as err:  # (as an eager call would raise it)
             raise _shown(err) from None
+        if any(id(t) in numbers and not t.is_floating_point() for t in by_name.values()):
+            # (an integer a program uses as a size picks it by value: lowering
+            # for the example's values finds it, as an eager call's does)
+            f.retrying_by_value(bound, lambda: result_types(f, bound))
         statics = f.static_names(bound) if numbers else ()
         by_value = {id(t): self._value_of(numbers[id(t)], n) for n, t in by_name.items()
                     if id(t) in numbers and (n in statics or (

@@ -282,12 +282,15 @@ def test_a_bad_argument_under_fullgraph_is_the_argument_error():
         step(x, w.half(), torch.zeros(2, dtype=torch.float64), t.double())
 
 
-def test_a_const_size_argument_under_dynamic_shapes_gives_each_value_its_shape():
-    # the shapes lowered with torch's symbols were cached by the arguments'
-    # types as text, where a const integer is its dtype alone: n=4 got the
-    # result shape of n=3, and the backward failed on it ('The size of tensor
-    # a (3) must match the size of tensor b (4)')
-    pooled = dsl.to_torch(dsl.loads("def pooled(x, ids: i64[k], n: const i64):\n"
+@pytest.mark.parametrize("count", ["const i64", "i64"])
+def test_a_size_argument_under_dynamic_shapes_gives_each_value_its_shape(count):
+    # const: the shapes lowered with torch's symbols were cached by the
+    # arguments' types as text, where a const integer is its dtype alone: n=4
+    # got the result shape of n=3, and the backward failed on it ('The size of
+    # tensor a (3) must match the size of tensor b (4)').  An integer found to
+    # give a size only where torch traced it (a symbol, dynamic=True) was
+    # refused as a tensor that 'picks the compiled program by its value'
+    pooled = dsl.to_torch(dsl.loads(f"def pooled(x, ids: i64[k], n: {count}):\n"
                                     "    return segment_sum(x * x, ids, n)\n", "pooled.grad").pooled)
     ids = torch.tensor([0, 1, 0])
     step = torch.compile(lambda x, n: pooled(x, ids, n), backend="aot_eager", fullgraph=True,
