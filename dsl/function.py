@@ -196,6 +196,12 @@ class Compiled:
         self._out_specs: dict[int, OutSpec] = {}
         self._by_value: set[str] = set()  # see `by_value`
 
+    def module_params(self) -> dict[str, np.ndarray]:
+        """The values of the module params it reads that are set, which a
+        call that leaves them out takes (as they are now)."""
+        inner = getattr(self, "inner", None)  # (a callable derived from another: its)
+        return inner.module_params() if inner is not None else {}
+
     # subclasses: the IR for a signature, and how to shape the results
     def lower(self, types: dict[str, TensorType]) -> Function:
         raise NotImplementedError
@@ -1099,6 +1105,9 @@ class GradFn(Compiled):
             bound[w] = self._params.validate(w, params[w], self.span) if params and w in params \
                 else self._params.require(w, self.name, self.span)
         return bound
+
+    def module_params(self) -> dict[str, np.ndarray]:
+        return {w: self._params[w] for w in self.reads if w in self._params}
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         # the namespace of the module that defines it (it may be imported)

@@ -211,7 +211,9 @@ class TorchFunction(Bridged):
             raise _shown(err) from None
         if not by_name:  # constants only: so are the results
             return _tensors(f.format(f.call_bound(bound)))
-        return f.format(apply_operation(f, bound, by_name))
+        # (the module params left out: read when the operation runs)
+        live = tuple(n for n in f.module_params() if n not in kwargs and n in bound)
+        return f.format(apply_operation(f, bound, by_name, live))
 
     def _value_of(self, number: Any, name: str) -> Any:
         """A symbolic number's value as a Python number, which guards the

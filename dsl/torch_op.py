@@ -47,34 +47,43 @@ _OPERATION: list = []  # the custom operation, defined on first use
 _DEFINING = threading.Lock()  # (threads tracing at once define it once)
 
 
-def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
+def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any],
+          live: tuple[str, ...] = ()) -> tuple:
     """f's raw results on `bound` as one call of `gradlang::call` on
-    `tensors` (see the module's contract)."""
-    call = op_call(f, bound, tuple(tensors))
+    `tensors` (see the module's contract), where the module params `live`
+    (those the call left out) take their values when it runs."""
+    call = op_call(f, bound, tuple(tensors), live)
     return tuple(operation()(call.key, list(tensors.values())))
 
 
-def op_call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...]) -> "OpCall":
+def op_call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
+            live: tuple[str, ...] = ()) -> "OpCall":
     """The registered `OpCall` of f on `bound` whose arguments `names` are
-    the operation's tensors (the others constants)."""
-    identity = (f.identity(), f.target.name, names,
-                tuple((n, a.dtype.str, a.shape,
-                       None if n in names else np.ascontiguousarray(a).tobytes())
-                       for n, a in bound.items()))
+    the operation's tensors, `live` module params read when it runs, the
+    others constants."""
+    # (with live params, f itself: two loads of one source hold params of their own)
+    identity = (f.identity(), f.target.name, names, live, id(f) if live else None,
+                tuple((n, a.dtype.str, a.shape, None if n in names or n in live
+                       else np.ascontiguousarray(a).tobytes())
+                      for n, a in bound.items()))
     key = hashlib.sha256(repr(identity).encode()).hexdigest()[:32]
     call = _CALLS.get(key)
     if call is None:
-        call = _CALLS[key] = OpCall(key, f, bound, names)
+        call = _CALLS[key] = OpCall(key, f, bound, names, live)
     return call
 
 
 class OpCall:
     """One registered call: f on the constants of `bound`, whose arguments
     `names` are the operation's tensors (bound in these dtypes: a param
-    declared f64 takes an f32 tensor as f64)."""
+    declared f64 takes an f32 tensor as f64), and whose module params
+    `live` take the module's values when it runs, as an eager call's do
+    (a graph traced before `module.params[...] = ...` runs with the new
+    value)."""
 
-    def __init__(self, key: str, f: Compiled, bound: dict[str, Any], names: tuple[str, ...]):
-        self.key, self.f, self.names = key, f, names
+    def __init__(self, key: str, f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
+                 live: tuple[str, ...] = ()):
+        self.key, self.f, self.names, self.live = key, f, names, live
         self.dtypes = [bound[n].dtype for n in names]
         # the constants, in f's order, with stand-ins for the tensors; copies,
         # as the key has their values (a caller's array changed in place would
@@ -146,7 +155,10 @@ class OpCall:
         arrays = [_memory(t) for t in tensors]
         arrays = [a if not isinstance(a, np.ndarray) or a.dtype == d else a.astype(d)
                   for a, d in zip(arrays, self.dtypes)]
-        results = [_tensor(o) for o in self.f.call_bound(self.bound_with(arrays))]
+        bound = self.bound_with(arrays)
+        if self.live:
+            bound.update(self._live_params())
+        results = [_tensor(o) for o in self.f.call_bound(bound)]
         # torch's custom operations may not return memory an input (a function
         # returning its argument) or another result holds
         taken = {t.untyped_storage().data_ptr() for t in tensors}
@@ -156,6 +168,21 @@ class OpCall:
             unshared.append(r.clone() if memory in taken else r)
             taken.add(memory)
         return unshared
+
+    def _live_params(self) -> dict[str, Any]:
+        """The values of the module params `live` now: ArgumentError if one
+        no longer has the shape the call was traced with."""
+        values = self.f.module_params()
+        for n in self.live:
+            traced = self.bound[n]
+            if n not in values:
+                raise ArgumentError(f"{called(self.f.name)} reads param {n!r}, which is no "
+                                    "longer set", self.f.span)
+            if values[n].shape != traced.shape or values[n].dtype != traced.dtype:
+                raise ArgumentError(f"param {n!r} read by {called(self.f.name)} has shape "
+                                    f"{list(values[n].shape)} now, but {list(traced.shape)} "
+                                    "where torch traced the call: trace it again", self.f.span)
+        return {n: values[n] for n in self.live}
 
     def backward(self, n_outputs: int) -> "OpCall":
         """The call of f's backward pass on these tensors and `n_outputs`
@@ -167,7 +194,7 @@ class OpCall:
             types = self.result_types([self.bound[n].shape for n in self.names])
             bound = dict(self.bound)
             bound.update({c: placeholder(s, d) for c, (s, d) in zip(vf.ct_names, types)})
-            back = op_call(vf, bound, self.names + vf.ct_names)
+            back = op_call(vf, bound, self.names + vf.ct_names, self.live)
             self._backward[n_outputs] = back
         return back
 

@@ -302,3 +302,22 @@ def test_a_size_argument_under_dynamic_shapes_gives_each_value_its_shape(count):
         np.testing.assert_array_equal(value.detach().numpy(), [17.0, 4.0] + [0.0] * (n - 2))
         (g,) = torch.autograd.grad(value, x, torch.arange(1.0, n + 1, dtype=torch.float64))
         np.testing.assert_array_equal(g.numpy(), [2.0, 8.0, 8.0])
+
+
+def test_a_module_param_set_after_compiling_is_the_one_the_step_reads():
+    # the param's value was a constant of the traced call: the compiled step
+    # kept the value of its first call ([1, 2] after w = [10, 5]), and of two
+    # loads of one source, the graph of the second read the first's params
+    source = "param w: f64[2]\n\ndef line(x):\n    return x * w[0] + w[1]\n"
+    first, second = dsl.loads(source, "line.grad"), dsl.loads(source, "line.grad")
+    first.params["w"], second.params["w"] = np.array([1.0, 0.0]), np.array([10.0, 5.0])
+    f, g = dsl.to_torch(first.line), dsl.to_torch(second.line)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    step = compiled(lambda x: f(x) + 100 * g(x))
+    np.testing.assert_array_equal(step(x).detach().numpy(), [1501.0, 2502.0])
+    first.params["w"] = np.array([3.0, 1.0])
+    second.params["w"][1] = 7.0  # (in place)
+    value = step(x)
+    np.testing.assert_array_equal(value.detach().numpy(), [1704.0, 2707.0])
+    (gx,) = torch.autograd.grad(value.sum(), x)
+    np.testing.assert_array_equal(gx.numpy(), [1003.0, 1003.0])
