@@ -97,7 +97,7 @@ class TorchFunction(Bridged):
         # binding: NumPy, the compiler); AOTAutograd then traces it with
         # FakeTensors, where it is one `gradlang::call` operation
         self._traced = _NONSTRICT[0](
-            lambda floats, *args, **kwargs: self._call(args, kwargs, floats))
+            lambda floats, *args, **kwargs: self._traced_call(args, kwargs, floats))
         # the positions and names of integer parameters, which a Python float
         # given for under torch.compile is bound by value (checked as eagerly)
         integral = [(i, s.name) for i, s in enumerate(f.specs) if s.dtype in _INTEGRAL]
@@ -117,12 +117,21 @@ class TorchFunction(Bridged):
                                 **{k: _traceable(v, k in floats) for k, v in kwargs.items()})
         return self._call(args, kwargs)
 
-    def _call(self, args: tuple, kwargs: dict, floats: tuple = ()):
+    def _traced_call(self, args: tuple, kwargs: dict, floats: tuple):
+        """The call as dynamo's nonstrict_trace makes it: the Python floats
+        at `floats` are 0-d tensors (see `__call__`)."""
+        tracer = _tracer()
+        if tracer is None:  # a graph run untraced (backend="eager"): the call, floats as given
+            return self._call([a.item() if i in floats else a for i, a in enumerate(args)],
+                              {k: v.item() if k in floats else v for k, v in kwargs.items()})
+        return self._operation(args, kwargs, tracer, floats)
+
+    def _call(self, args: tuple, kwargs: dict):
         tracer = _tracer()
         if tracer is not None:
             # the kernels read memory that torch's tracers cannot see: the call
             # is one operation they record (its results are not constants)
-            return self._operation(args, kwargs, tracer, floats)
+            return self._operation(args, kwargs, tracer)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
             views = _constant_views(args, _GRAD_ENABLED[0]())

@@ -241,12 +241,14 @@ NUMBERS = dsl.loads("def scaled(x: f32[n], a: f32):\n    return x * a\n\n"
                     "def repeated(x, n: i64):\n    return sum(x) * n\n", "numbers.grad")
 
 
-def test_python_numbers_that_change_between_calls_compile_once_or_per_const_value():
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_python_numbers_that_change_between_calls_compile_once_or_per_const_value(backend):
     # dynamo makes a number that changed since the last call a symbol: the
     # bridge refused a SymFloat or SymInt ('not numeric'), a torch
     # 'Unsupported output type' error under fullgraph.  A float or integer
     # argument is now an input of the operation (one graph for every value);
-    # a const integer picks the program, so the graph is guarded on it
+    # a const integer picks the program, so the graph is guarded on it.
+    # (backend="eager" runs dynamo's graph untraced: the call gets its floats)
     from torch._dynamo.testing import CompileCounterWithBackend
     x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     xd = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
@@ -255,7 +257,7 @@ def test_python_numbers_that_change_between_calls_compile_once_or_per_const_valu
              (NUMBERS.repeated, xd, (1, 2, 3, 2, 4), lambda x, n: x.sum() * n, 2)]
     for f, x, values, reference, compiles in cases:
         tf = dsl.to_torch(f)
-        counter = CompileCounterWithBackend("aot_eager")
+        counter = CompileCounterWithBackend(backend)
         torch._dynamo.reset()
         step = torch.compile(lambda x, a: tf(x, a).sum(), backend=counter, fullgraph=True)
         for a in values:
