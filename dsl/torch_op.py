@@ -10,7 +10,8 @@ a plain one, a FakeTensor, a tracer's) are bound as stand-ins of their
 shapes and dtypes (`dsl.dask_bridge.placeholder`), as the results of one
 call of the operation on those tensors.  The operation's other argument is
 a key naming a registered `OpCall`: f, which of its arguments are the
-tensors, and the values of the others (constants).  The key is a hash of
+tensors, and the values of the others (constants, copied), but for the
+module params the call left out, which it reads when it runs.  The key is a hash of
 those (f's identity, which holds its module's sources, its target, the
 constants' bytes), so no user text reaches torch's registry or the code of
 a traced graph, and two functions of one name from different files never
