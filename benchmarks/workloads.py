@@ -504,13 +504,17 @@ SINCOS_POW = """def sincos(x):
 
 def power(x, y):
     return x ** y
+
+def th(x):
+    return tanh(x)
 """
 
 
 @lru_cache(maxsize=None)
 def dsl_sincos_pow():
     module = dsl.loads(SINCOS_POW)
-    return (dsl.value_and_grad(module.sincos), dsl.value_and_grad(module.power, wrt=(0, 1)))
+    return (dsl.value_and_grad(module.sincos), dsl.value_and_grad(module.power, wrt=(0, 1)),
+            dsl.value_and_grad(module.th))
 
 
 def numpy_sincos(x):
@@ -521,6 +525,11 @@ def numpy_sincos(x):
 def numpy_power(x, y):
     v = x**y
     return v, (y * x ** (y - 1), np.log(x) * v)
+
+
+def numpy_tanh(x):
+    e = np.exp(-2 * np.abs(x))  # tanh' as 4 e / (1 + e)^2: 1 - tanh^2 cancels in the tails
+    return np.tanh(x), 4 * e / ((1 + e) * (1 + e))
 
 
 @lru_cache(maxsize=None)
@@ -535,12 +544,12 @@ def jax_sincos_pow():
             return v, grads if len(argnums) > 1 else grads[0]
         return run
     return (value_and_grad(lambda x: jnp.sin(x) * jnp.cos(x), (0,)),
-            value_and_grad(lambda x, y: x**y, (0, 1)))
+            value_and_grad(lambda x, y: x**y, (0, 1)), value_and_grad(jnp.tanh, (0,)))
 
 
 def sincos_pow_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
-    """sin(x) cos(x) and x ** y (x in [0.5, 2], y in [-8, 8]): value and
-    gradient, elementwise."""
+    """sin(x) cos(x), x ** y (x in [0.5, 2], y in [-8, 8]) and tanh(x) (x in
+    [-8, 8]): value and gradient, elementwise."""
     rng = np.random.default_rng(seed)
     cases = []
     for dtype in dtypes:
@@ -548,18 +557,22 @@ def sincos_pow_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
             x = rng.uniform(-100, 100, n).astype(dtype)
             base, exponent = (rng.uniform(0.5, 2.0, n).astype(dtype),
                               rng.uniform(-8, 8, n).astype(dtype))
-            sincos, power = dsl_sincos_pow()
+            t = rng.uniform(-8, 8, n).astype(dtype)
+            sincos, power, th = dsl_sincos_pow()
             label = f"{np.dtype(dtype).name} n={size_label(n)}"
             impls = {"numpy": lambda x=x: numpy_sincos(x), "dsl": lambda x=x: sincos(x)}
             pow_impls = {"numpy": lambda a=base, b=exponent: numpy_power(a, b),
                          "dsl": lambda a=base, b=exponent: power(a, b)}
+            tanh_impls = {"numpy": lambda t=t: numpy_tanh(t), "dsl": lambda t=t: th(t)}
             if jax_modules():
-                jax_sincos, jax_power = jax_sincos_pow()
+                jax_sincos, jax_power, jax_tanh = jax_sincos_pow()
                 impls["jax"] = jax_call(jax_sincos, x)
                 pow_impls["jax"] = jax_call(jax_power, base, exponent)
+                tanh_impls["jax"] = jax_call(jax_tanh, t)
             cases.append(Case(f"sin(x) cos(x) {label}", impls, numpy_sincos(x)))
             cases.append(Case(f"x ** y {label}", pow_impls, tuple(flatten(
                 numpy_power(base, exponent)))))
+            cases.append(Case(f"tanh(x) {label}", tanh_impls, numpy_tanh(t)))
     return cases
 
 
