@@ -204,13 +204,19 @@ def dce(fn: Function) -> Function:
     kept: list[Eqn] = []
     for eqn in reversed(fn.eqns):
         if any(o in live for o in eqn.outputs):
-            eqn = _in_bodies(_without_dead_outputs(eqn, live), dce)
+            eqn = without_dead_outputs(eqn, live)
             kept.append(eqn)
             live.update(a for a in eqn.inputs if isinstance(a, Var))
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
 
 
-def _without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
+def without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
+    """`eqn` without the outputs not in `live` it can go without, its body
+    (a loop's) without what only they read."""
+    return _in_bodies(_without_dead_loop_outputs(eqn, live), dce)
+
+
+def _without_dead_loop_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
     """A `loop` without the outputs nothing reads: its stacked outputs
     (ys), and its carried values that no live output depends on, trip by
     trip (the where-masks a backward loop carries and stacks, which only a
