@@ -251,9 +251,11 @@ def _without_dead_loop_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
 
 
 def _read_by(fn: Function, outputs) -> set[Var]:
-    """The values of fn that computing `outputs` reads."""
+    """The values of fn that computing `outputs` reads (through a nested
+    loop, only what its outputs among them need, as `dce` leaves it)."""
     read = {a for a in outputs if isinstance(a, Var)}
     for eqn in reversed(fn.eqns):
         if any(o in read for o in eqn.outputs):
+            eqn = _without_dead_loop_outputs(eqn, read)
             read.update(a for a in eqn.inputs if isinstance(a, Var))
     return read

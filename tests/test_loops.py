@@ -264,17 +264,38 @@ def test_several_carried_values_swap_each_trip():
     np.testing.assert_allclose(gy, central_difference(ref, [x, y], 1), rtol=1e-6)
 
 
+DEAD_CARRY = """\
+def f(x, n: i64):
+    a = x
+    b = x
+    for i in range(n):
+        b = sqrt(b) * a
+        a = a * 2.0
+    return sum(a)
+
+@recompute(every=2)
+def checkpointed(x, n: i64):
+    a = x
+    b = x
+    for i in range(n):
+        b = sqrt(b) * a
+        a = a * 2.0
+    return sum(a)
+"""
+
+
 def test_a_carried_value_no_result_depends_on_gets_no_cotangent():
     # b never reaches the result, but the backward loop pulled its zero
     # cotangent back through b's update: 0 * sqrt's inf derivative at
-    # b = 0 was NaN, which b's update took to a's cotangent (JAX: 2 ** n)
-    m = dsl.loads("def f(x, n: i64):\n    a = x\n    b = x\n    for i in range(n):\n"
-                  "        b = sqrt(b) * a\n        a = a * 2.0\n    return sum(a)\n")
+    # b = 0 was NaN, which b's update took to a's cotangent (JAX: 2 ** n);
+    # checkpointed, the loop of segments holds a loop of trips, whose
+    # reading b kept b in the outer one
+    m = dsl.loads(DEAD_CARRY)
     x = np.array([0.0, 0.5])
-    for n in (1, 2):
-        np.testing.assert_array_equal(dsl.grad(m.f)(x, n), [2.0 ** n] * 2)
-        np.testing.assert_array_equal(dsl.hessian(m.f)(x, n), np.zeros((2, 2)))
-        np.testing.assert_array_equal(dsl.hvp(m.f)(x, n, np.ones(2)), [0.0, 0.0])
+    for f, n in itertools.product((m.f, m.checkpointed), (1, 3)):
+        np.testing.assert_array_equal(dsl.grad(f)(x, n), [2.0 ** n] * 2)
+        np.testing.assert_array_equal(dsl.hessian(f)(x, n), np.zeros((2, 2)))
+        np.testing.assert_array_equal(dsl.hvp(f)(x, n, np.ones(2)), [0.0, 0.0])
 
 
 def test_rnn_example_gradients_match_finite_differences():
