@@ -220,8 +220,12 @@ def _without_dead_loop_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
     """A `loop` without the outputs nothing reads: its stacked outputs
     (ys), and its carried values that no live output depends on, trip by
     trip (the where-masks a backward loop carries and stacks, which only a
-    second reverse pass reads); other equations as they are.  What only
-    they read leaves the body with the body's own `dce`."""
+    second reverse pass reads); and without the invariants and stacked
+    inputs (xs) its body no longer reads (a backward loop's starting
+    states of an accumulator, whose update's derivative does not read it:
+    the forward loop then stacks them for nothing).  Other equations as
+    they are.  What only they read leaves the body with the body's own
+    `dce`."""
     if eqn.op != "loop":
         return eqn
     p = eqn.p
@@ -236,18 +240,24 @@ def _without_dead_loop_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
         carried = grown
     if not carried:  # keep them all: no stage makes or runs a loop that carries nothing
         carried = set(range(n_carry))
-    keep = sorted(carried) + ys
-    if len(keep) == len(eqn.outputs):
-        return eqn
     kept = sorted(carried)
+    read = _read_by(body, [body.outputs[j] for j in kept + ys])
     bounds, carry, inv, xs = loop_groups(eqn.inputs, p)
     index, carry_params, inv_params, slices = loop_groups(body.params, p, lead=1)
-    body = Function(body.name, (*index, *(carry_params[j] for j in kept), *inv_params, *slices),
-                    body.eqns, tuple(body.outputs[j] for j in keep))
-    params = tuple((k, body if k == "body" else len(kept) if k == "n_carry" else v)
-                   for k, v in eqn.params)
-    return Eqn(eqn.op, (*bounds, *(carry[j] for j in kept), *inv, *xs),
-               tuple(eqn.outputs[j] for j in keep), params, eqn.span)
+    inv_kept = [j for j, v in enumerate(inv_params) if v in read]
+    xs_kept = [j for j, v in enumerate(slices) if v in read]
+    if len(kept) + len(ys) == len(eqn.outputs) and len(inv_kept) == len(inv) \
+            and len(xs_kept) == len(xs):
+        return eqn
+    body = Function(body.name, (*index, *(carry_params[j] for j in kept),
+                                *(inv_params[j] for j in inv_kept),
+                                *(slices[j] for j in xs_kept)),
+                    body.eqns, tuple(body.outputs[j] for j in kept + ys))
+    counts = {"body": body, "n_carry": len(kept), "n_inv": len(inv_kept)}
+    params = tuple((k, counts.get(k, v)) for k, v in eqn.params)
+    return Eqn(eqn.op, (*bounds, *(carry[j] for j in kept), *(inv[j] for j in inv_kept),
+                        *(xs[j] for j in xs_kept)),
+               tuple(eqn.outputs[j] for j in kept + ys), params, eqn.span)
 
 
 def _read_by(fn: Function, outputs) -> set[Var]:
