@@ -12,7 +12,9 @@ Contract:
   (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
-  a loop that nobody reads (with the carried values only they need);
+  a loop that nobody reads (with the carried values only they need), and
+  the invariants and stacked inputs its body then does not read
+  (`without_dead_outputs`, which a loop's VJP also takes);
 
 Each pass also runs on the body of every `loop` (`_in_bodies`).
 """
