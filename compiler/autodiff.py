@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional, Sequence
 
-from gradlang.compiler import ops
+from gradlang.compiler import ops, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.fusion import FUSIBLE
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
@@ -250,12 +250,12 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     reverse pass, through the backward loop of a first, finds the mask of
     each trip's starting state there, which the forward loop's VJP then
     reads as its stacked outputs' masks.  Returns (input, cotangent, mask)
-    for each float input."""
+    for each float input that an output with a cotangent depends on."""
+    eqn, out_cts, out_masks, stacked = _with_cotangents_only(eqn, out_cts, out_masks, stacked)
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     bounds, carry, inv, xs = ops.loop_groups(eqn.inputs, p)
     ys_types = [o.type for o in eqn.outputs[n_carry:]]
-    out_masks = list(out_masks) + [None] * (len(eqn.outputs) - len(out_masks))
     # what carries a cotangent: the float carried values, invariants and xs
     floats = [[k for k, a in enumerate(group) if a.type.is_float] for group in (carry, inv, xs)]
     offsets = (1, 1 + n_carry, 1 + n_carry + n_inv)
@@ -329,6 +329,24 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     masks = end_masks + inv_masks + stacked_masks
     return [(a, ops.unbroadcast(b, ct, a.type.shape), _narrowed(b, mask, a, ct))
             for a, ct, mask in zip(targets, outs, masks)]
+
+
+def _with_cotangents_only(eqn: Eqn, out_cts: Sequence[Optional[Atom]],
+                          out_masks: Sequence[Optional[Var]], stacked: Sequence[Atom]) -> tuple:
+    """The loop `eqn` without its outputs that take no cotangent and the
+    carried values only they depend on (`passes.without_dead_outputs`),
+    with the cotangents, masks and stacked starting states of the rest.
+    What is dropped has a zero cotangent on every trip: pulled back through
+    its own updates it could only meet an inf derivative there (sqrt at 0:
+    0 * inf = NaN) and bring the NaN to what its updates read."""
+    live = {o for o, ct in zip(eqn.outputs, out_cts) if ct is not None}
+    pruned = passes.without_dead_outputs(eqn, live)
+    kept = set(pruned.outputs)
+    keep = [j for j, o in enumerate(eqn.outputs) if o in kept]
+    out_masks = list(out_masks) + [None] * (len(eqn.outputs) - len(out_masks))
+    n_carry = eqn.p["n_carry"]
+    return (pruned, [out_cts[j] for j in keep], [out_masks[j] for j in keep],
+            [stacked[j] for j in keep if j < n_carry])
 
 
 def _widened(body: Function, n_carry: int, float_invariants: list[int]

@@ -12,7 +12,9 @@ Contract:
   (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
-  a loop that nobody reads (with the carried values only they need);
+  a loop that nobody reads (with the carried values only they need), and
+  the invariants and stacked inputs its body then does not read
+  (`without_dead_outputs`, which a loop's VJP also takes);
 
 Each pass also runs on the body of every `loop` (`_in_bodies`).
 """
@@ -204,18 +206,28 @@ def dce(fn: Function) -> Function:
     kept: list[Eqn] = []
     for eqn in reversed(fn.eqns):
         if any(o in live for o in eqn.outputs):
-            eqn = _in_bodies(_without_dead_outputs(eqn, live), dce)
+            eqn = without_dead_outputs(eqn, live)
             kept.append(eqn)
             live.update(a for a in eqn.inputs if isinstance(a, Var))
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
 
 
-def _without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
+def without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
+    """`eqn` without the outputs not in `live` it can go without, its body
+    (a loop's) without what only they read."""
+    return _in_bodies(_without_dead_loop_outputs(eqn, live), dce)
+
+
+def _without_dead_loop_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
     """A `loop` without the outputs nothing reads: its stacked outputs
     (ys), and its carried values that no live output depends on, trip by
     trip (the where-masks a backward loop carries and stacks, which only a
-    second reverse pass reads); other equations as they are.  What only
-    they read leaves the body with the body's own `dce`."""
+    second reverse pass reads); and without the invariants and stacked
+    inputs (xs) its body no longer reads (a backward loop's starting
+    states of an accumulator, whose update's derivative does not read it:
+    the forward loop then stacks them for nothing).  Other equations as
+    they are.  What only they read leaves the body with the body's own
+    `dce`."""
     if eqn.op != "loop":
         return eqn
     p = eqn.p
@@ -230,24 +242,32 @@ def _without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
         carried = grown
     if not carried:  # keep them all: no stage makes or runs a loop that carries nothing
         carried = set(range(n_carry))
-    keep = sorted(carried) + ys
-    if len(keep) == len(eqn.outputs):
-        return eqn
     kept = sorted(carried)
+    read = _read_by(body, [body.outputs[j] for j in kept + ys])
     bounds, carry, inv, xs = loop_groups(eqn.inputs, p)
     index, carry_params, inv_params, slices = loop_groups(body.params, p, lead=1)
-    body = Function(body.name, (*index, *(carry_params[j] for j in kept), *inv_params, *slices),
-                    body.eqns, tuple(body.outputs[j] for j in keep))
-    params = tuple((k, body if k == "body" else len(kept) if k == "n_carry" else v)
-                   for k, v in eqn.params)
-    return Eqn(eqn.op, (*bounds, *(carry[j] for j in kept), *inv, *xs),
-               tuple(eqn.outputs[j] for j in keep), params, eqn.span)
+    inv_kept = [j for j, v in enumerate(inv_params) if v in read]
+    xs_kept = [j for j, v in enumerate(slices) if v in read]
+    if len(kept) + len(ys) == len(eqn.outputs) and len(inv_kept) == len(inv) \
+            and len(xs_kept) == len(xs):
+        return eqn
+    body = Function(body.name, (*index, *(carry_params[j] for j in kept),
+                                *(inv_params[j] for j in inv_kept),
+                                *(slices[j] for j in xs_kept)),
+                    body.eqns, tuple(body.outputs[j] for j in kept + ys))
+    counts = {"body": body, "n_carry": len(kept), "n_inv": len(inv_kept)}
+    params = tuple((k, counts.get(k, v)) for k, v in eqn.params)
+    return Eqn(eqn.op, (*bounds, *(carry[j] for j in kept), *(inv[j] for j in inv_kept),
+                        *(xs[j] for j in xs_kept)),
+               tuple(eqn.outputs[j] for j in kept + ys), params, eqn.span)
 
 
 def _read_by(fn: Function, outputs) -> set[Var]:
-    """The values of fn that computing `outputs` reads."""
+    """The values of fn that computing `outputs` reads (through a nested
+    loop, only what its outputs among them need, as `dce` leaves it)."""
     read = {a for a in outputs if isinstance(a, Var)}
     for eqn in reversed(fn.eqns):
         if any(o in read for o in eqn.outputs):
+            eqn = _without_dead_loop_outputs(eqn, read)
             read.update(a for a in eqn.inputs if isinstance(a, Var))
     return read

@@ -173,7 +173,7 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
     """`t` checked against its primal: an array of the primal's shape and
     dtype, or None for no tangent (also for the zero tangent of a primal
     that carries none)."""
-    where = f"the tangent for {name!r} of {called(f.name)}"
+    where = f"the tangent for {f.label(name)} of {called(f.name)}"
     if t is None:
         return None
     carries = name in f.differentiable_names({name: _host_like(primal)})
@@ -189,7 +189,7 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
                             f"{list(shape)}", f.span)
     if not carries:
         if np.any(array != 0):
-            raise ArgumentError(f"{where} must be None or zero: {name!r} is const or not a "
+            raise ArgumentError(f"{where} must be None or zero: {f.label(name)} is const or not a "
                                 "float, so it carries no tangent", f.span)
         return None
     if np.dtype(array.dtype) != dtype:

@@ -271,6 +271,12 @@ class Compiled:
         return {self.specs[i].name: a for i, a in self.by_position(args).items()
                 if i < len(self.specs)}
 
+    def label(self, name: str) -> str:
+        """How an error names the parameter `name`: as the caller knows it
+        (a transform's own parameter, such as hvp's v, has a name of its
+        own that no function's parameter can take)."""
+        return repr(name)
+
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
@@ -437,6 +443,9 @@ class GradFunction(Compiled):
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         return self.inner.by_position(args)  # (it binds as inner binds)
+
+    def label(self, name: str) -> str:
+        return self.inner.label(name)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
@@ -1014,6 +1023,9 @@ class HvpFunction(Directional):
         if not args:
             return {}
         return {**dict(enumerate(args[:-1])), len(self.specs) - 1: args[-1]}
+
+    def label(self, name: str) -> str:
+        return "v" if name == "$v" else self.inner.label(name)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:

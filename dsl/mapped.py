@@ -73,10 +73,10 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
         if axis is not None and not (integer and axis == 0):
             hint = "; move the axis to the front first (np.moveaxis)" if integer else ""
             raise ArgumentError(f"in_axes entries are 0 (map axis 0) or None (not mapped), got "
-                                f"{axis!r} for argument {spec.name!r}{hint}", f.span)
+                                f"{axis!r} for argument {f.label(spec.name)}{hint}", f.span)
         if axis is not None and spec.const:
-            raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is const: its value "
-                                "picks the program, so it cannot be mapped (in_axes None)",
+            raise ArgumentError(f"argument {f.label(spec.name)} of {called(f.name)} is const: its "
+                                "value picks the program, so it cannot be mapped (in_axes None)",
                                 f.span)
     mapped = tuple(i for i, axis in enumerate(axes) if axis is not None)
     if not mapped:
@@ -101,7 +101,7 @@ class VmapFunction(Stacked):
         examples, stacks, k = self.inner.by_position(args), {}, None
         for i in self.mapped:
             spec = self.specs[i]
-            where = f"argument {spec.name!r} of {called(self.name)}"
+            where = f"argument {self.label(spec.name)} of {called(self.name)}"
             if i not in examples:
                 raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
                                     "position", self.span)
@@ -109,10 +109,10 @@ class VmapFunction(Stacked):
             if len(whole.shape) == 0:
                 raise ArgumentError(f"{where} is a scalar, but in_axes maps its axis 0", self.span)
             if k is None:
-                k, first = whole.shape[0], spec.name
+                k, first = whole.shape[0], self.label(spec.name)
             elif whole.shape[0] != k:
                 raise ArgumentError(f"{where} has {whole.shape[0]} examples on axis 0, but "
-                                    f"{first!r} has {k}: mapped arguments must have as many",
+                                    f"{first} has {k}: mapped arguments must have as many",
                                     self.span)
             stacks[spec.name] = whole
             examples[i] = whole[0] if k else np.zeros(whole.shape[1:], whole.dtype)
@@ -122,12 +122,15 @@ class VmapFunction(Stacked):
             raise ArgumentError(f"{called(self.name)} maps axis 0, and for each example: "
                                 f"{err.message}", err.span) from None
         # an example f converted to another dtype (an hvp's v, as its x's): all of them
-        return {n: cast(f"argument {n!r} of {called(self.name)}", stacks[n],
+        return {n: cast(f"argument {self.label(n)} of {called(self.name)}", stacks[n],
                         SUPPORTED[np.dtype(a.dtype)], self.span) if n in stacks else a
                 for n, a in bound.items()}
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         return self.inner.by_position(args)  # (`bind` places them so)
+
+    def label(self, name: str) -> str:
+        return self.inner.label(name)
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None) -> tuple[np.ndarray, ...]:

@@ -264,6 +264,61 @@ def test_several_carried_values_swap_each_trip():
     np.testing.assert_allclose(gy, central_difference(ref, [x, y], 1), rtol=1e-6)
 
 
+DEAD_CARRY = """\
+def f(x, n: i64):
+    a = x
+    b = x
+    for i in range(n):
+        b = sqrt(b) * a
+        a = a * 2.0
+    return sum(a)
+
+@recompute(every=2)
+def checkpointed(x, n: i64):
+    a = x
+    b = x
+    for i in range(n):
+        b = sqrt(b) * a
+        a = a * 2.0
+    return sum(a)
+
+def accumulated(x, n: i64):
+    t = x * 0.0
+    for i in range(n):
+        t = t + log(x)
+        x = sqrt(x)
+    return sum(t * x)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def dead_carry():
+    return dsl.loads(DEAD_CARRY)
+
+
+def test_a_carried_value_no_result_depends_on_gets_no_cotangent():
+    # b never reaches the result, but the backward loop pulled its zero
+    # cotangent back through b's update: 0 * sqrt's inf derivative at
+    # b = 0 was NaN, which b's update took to a's cotangent (JAX: 2 ** n);
+    # checkpointed, the loop of segments holds a loop of trips, whose
+    # reading b kept b in the outer one
+    m = dead_carry()
+    x = np.array([0.0, 0.5])
+    for f, n in itertools.product((m.f, m.checkpointed), (1, 3)):
+        np.testing.assert_array_equal(dsl.grad(f)(x, n), [2.0 ** n] * 2)
+        np.testing.assert_array_equal(dsl.hessian(f)(x, n), np.zeros((2, 2)))
+        np.testing.assert_array_equal(dsl.hvp(f)(x, n, np.ones(2)), [0.0, 0.0])
+
+
+def test_a_gradient_stacks_only_the_states_its_backward_pass_reads():
+    # the derivative of t + log(x) with respect to t reads no t: the
+    # forward loop stacked t's starting states (trips x n) for nothing
+    f, x = dead_carry().accumulated, np.array([0.5, 1.5])
+    (forward,) = [e for e in dsl.grad(f).ir(x, 3).eqns if e.op == "loop" and not e.p["reverse"]]
+    assert len(forward.outputs) == forward.p["n_carry"] + 1  # x's starting states alone
+    np.testing.assert_allclose(dsl.grad(f)(x, 3), central_difference(f, [x, 3], 0), rtol=1e-7)
+
+
 def test_rnn_example_gradients_match_finite_differences():
     # the issue's RNN: the loop index is a runtime index into the inputs
     f = dsl.load(EXAMPLES / "rnn.grad").rnn

@@ -289,6 +289,23 @@ def test_vmap_of_hvp_maps_v_too(m, data):
         dsl.vmap(hvp, in_axes=(0, None))
 
 
+def test_errors_about_hvps_v_name_it_v(m):
+    # hvp's v is a parameter named "$v" inside (no function's parameter
+    # can take that name): vmap's and jvp's messages printed that name
+    hvp, x = dsl.hvp(m.weighted), np.ones((2, 3))
+    for call, message in (
+            (lambda: dsl.vmap(hvp)(x, x, np.ones((3, 3))),
+             r"argument v of vmap\(hvp\(weighted\)\) has 3 examples on axis 0, but 'x' has 2"),
+            (lambda: dsl.vmap(hvp, (0, None, 1))(x, x[0], x), r"got 1 for argument v;"),
+            (lambda: dsl.vmap(hvp, (None, None, 0))(x[0], x[0], 2.0),
+             r"argument v of vmap\(hvp\(weighted\)\) is a scalar"),
+            (lambda: dsl.jvp(hvp, (x[0], x[0], x[0]), (None, None, np.ones(4))),
+             r"the tangent for v of hvp\(weighted\) has shape \[4\]")):
+        with pytest.raises(dsl.ArgumentError, match=message) as caught:
+            call()
+        assert "$v" not in str(caught.value)
+
+
 @pytest.mark.parametrize("fn", ["norm", "looped", "pick"])
 def test_no_examples_give_empty_results_of_the_right_shape(m, fn):
     args = (np.zeros((0, 3)),) + ((np.zeros((0, 2), np.int64),) if fn == "pick" else ())
