@@ -42,6 +42,12 @@ def repeat(x, a: i64, b: i64, c: i64):
     for i in range(a, b, c):
         s = s * 0.5 + x
     return s
+
+def squares(x, a: i64, b: i64, c: i64):
+    s = x
+    for i in range(a, b, c):
+        s = s * s * 0.5 + x
+    return s
 """)
 
 
@@ -155,10 +161,12 @@ def test_trip_counts_near_the_limits_count_as_python_does():
             central_difference(lambda x: repeat(x, *bounds), [x], 0), rtol=1e-6)
 
 
-@pytest.mark.parametrize("f", [dsl.grad(M.repeat), dsl.hvp(M.repeat)], ids=["grad", "hvp"])
+@pytest.mark.parametrize("f", [dsl.grad(M.squares), dsl.hvp(M.squares)], ids=["grad", "hvp"])
 def test_a_gradients_trips_beyond_addressable_memory_are_an_argument_error(f):
     """Keeping 2**62 trips of 16 bytes for the backward pass overflowed
-    NumPy's size computation ("Maximum allowed dimension exceeded")."""
+    NumPy's size computation ("Maximum allowed dimension exceeded").  (Its
+    loop squares s, so its backward pass reads each trip's s: `repeat`'s,
+    linear in s, keeps none, and its gradient would run the 2**62 trips.)"""
     args = (np.ones(2), 0, 2**62, 1) + ((np.ones(2),) if "hvp" in f.name else ())
     with pytest.raises(dsl.ArgumentError, match="runs 4611686018427387904 trips and keeps"):
         f(*args)
