@@ -574,8 +574,9 @@ def test_tanh_slope_keeps_its_digits_in_the_tails(dtype, tol, x):
     tiny = np.finfo(dtype).tiny
     np.testing.assert_allclose(dsl.grad(m.th)(x), _tanh_slope(wide), rtol=tol, atol=tiny)
     if dtype == np.float64:
+        # (up to twice the slope: a slope that came out 0 leaves under 2 tiny)
         np.testing.assert_allclose(np.diagonal(dsl.hessian(m.th)(x)),
-                                   -2.0 * _tanh_slope(x) * np.tanh(x), rtol=1e-14, atol=tiny)
+                                   -2.0 * _tanh_slope(x) * np.tanh(x), rtol=1e-14, atol=2 * tiny)
 
 
 def test_gelu_keeps_its_digits_below_zero():
