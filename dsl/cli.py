@@ -378,6 +378,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GradError as err:
         print(str(err), file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`gradc show ... | head`): stop quietly, with
+        # stdout on devnull, since Python's flush of it at exit would fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

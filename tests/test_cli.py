@@ -72,6 +72,17 @@ def test_show_ir_and_kernels_are_deterministic(capsys):
     assert kernel and f"K.{kernel[1]}_serial)(" in outputs[0]  # the driver runs it
 
 
+def test_a_reader_that_goes_away_gets_no_traceback():
+    # `gradc show ... | head` printed a BrokenPipeError's traceback
+    process = subprocess.Popen([sys.executable, "-m", "dsl.cli", "show", LOG1PEXP, "--emit",
+                                "kernels"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=ROOT)
+    process.stdout.close()  # before gradc writes: its first write finds no reader
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert err == ""
+
+
 def test_console_script_runs_without_traceback():
     result = subprocess.run([sys.executable, "-m", "dsl.cli", "run", LOG1PEXP, "log1pexp",
                              "0"], capture_output=True, text=True, cwd=ROOT)
