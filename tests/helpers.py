@@ -65,3 +65,12 @@ EXAMPLE_CALLS = [
                                                           "m": 3}),
     ("checkpoint", "checkpointed", [_RNG.normal(size=(2, 3)), _RNG.normal(size=(3, 3)) / 2], {}),
 ]
+# The calls whose second order the bridges' tests check (every call's first
+# order, and the compiled second order of every example by `gradc check`,
+# test_cli): a bridge's second-order rule is one rule for every function,
+# run here through a grad block, several arguments and a constant, an
+# integer argument and @recompute.  (On every call it took a sixth of the
+# bridges' tests' cold time.)
+SECOND_ORDER_CALLS = {"log1pexp.log1pexp", "dense.loss", "cross_entropy.pick",
+                      "checkpoint.checkpointed"}
+assert SECOND_ORDER_CALLS <= {f"{example}.{name}" for example, name, _, _ in EXAMPLE_CALLS}

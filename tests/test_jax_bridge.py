@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
-from helpers import EXAMPLE_CALLS, EXAMPLES
+from helpers import EXAMPLE_CALLS, EXAMPLES, SECOND_ORDER_CALLS
 from helpers import load_example as load
 
 jax = pytest.importorskip("jax", reason="the jax extra is not installed")
@@ -50,7 +50,8 @@ def test_every_example_through_jax(x64, example, name, inputs, consts):
     expected = dsl.grad(f, wrt=list(range(len(inputs))))(*inputs, **consts)
     for g, e in zip(grads, expected):
         np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
-    check_grads(call, tuple(xs), order=2, modes=["rev"])
+    check_grads(call, tuple(xs), order=2 if f"{example}.{name}" in SECOND_ORDER_CALLS else 1,
+                modes=["rev"])
 
 
 def test_three_orders_under_jit_from_the_grad_block(x64):
@@ -335,6 +336,8 @@ def test_every_example_in_forward_mode_through_jax(x64, example, name, inputs, c
     np.testing.assert_allclose(y, expected_y, rtol=1e-12, atol=0)
     np.testing.assert_allclose(ty, expected_ty, rtol=1e-12, atol=1e-15)
     check_grads(call, tuple(xs), order=1, modes=["fwd"])  # against central differences
+    if f"{example}.{name}" not in SECOND_ORDER_CALLS:
+        return
     # forward over reverse: H[i][j] = d grad_i / d arg_j, each along a
     # direction v against central differences of dsl's own gradient
     wrt = tuple(range(len(inputs)))
