@@ -61,7 +61,9 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "per_example":
         return ("per-example gradients: dsl.vmap(dsl.grad(loss, wrt=2), in_axes=(0, 0, None)) of "
                 "a logistic loss, one program (jax: jit(vmap(grad)); torch: torch.func; "
-                "dsl through to_jax: jit(vmap(grad)) of dsl.to_jax(loss))",
+                "dsl through to_jax: jit(vmap(grad)) of dsl.to_jax(loss)); then each example's "
+                "jvp: dsl.jvp(dsl.vmap(loss)), jit(vmap(jvp)) of JAX's loss and of to_jax(loss), "
+                "torch.func.vmap(jvp)",
                 workloads.per_example_cases(10**5, 64))
     if name == "dense":
         return ("dense: sum(softplus(x @ w + b)), gradients for w and b "

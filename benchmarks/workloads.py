@@ -393,7 +393,51 @@ def per_example_cases(rows: int, features: int, seed: int = 0) -> list[Case]:
     if torch_module():
         impls["torch"] = lambda: torch_per_example()(x, y, w)
     return [Case(f"float64 {rows} examples x {features} features", impls,
-                 numpy_per_example(x, y, w))]
+                 numpy_per_example(x, y, w)),
+            per_example_jvp_case(x, y, w, rng.normal(size=x.shape))]
+
+
+def numpy_per_example_jvp(x, y, w, tx):
+    """(loss_i, d loss_i / dx_i . tx_i) for each row i."""
+    z = x @ w
+    return np.log1p(np.exp(-y * z)), -y / (1 + np.exp(y * z)) * (tx @ w)
+
+
+def jax_per_example_jvp(loss):
+    """jit(vmap(jvp)) of loss along x, each example with its own tangent."""
+    jax, _ = jax_modules()
+
+    def jvp_along_x(x, y, w, tx):
+        return jax.jvp(lambda x: loss(x, y, w), (x,), (tx,))
+    return jax.jit(jax.vmap(jvp_along_x, in_axes=(0, 0, None, 0)))
+
+
+def per_example_jvp_case(x, y, w, tx) -> Case:
+    """Each example's loss and its derivative along its own tangent of the
+    features: `dsl.jvp` of `dsl.vmap(loss)` against JAX's and torch.func's
+    vmap of jvp, and JAX's vmap of jvp through `dsl.to_jax` (the primals
+    and the tangents both batched: one stacked program)."""
+    loss = dsl_per_example_module().loss
+    batched = dsl.vmap(loss, in_axes=(0, 0, None))
+    impls = {"numpy": lambda: numpy_per_example_jvp(x, y, w, tx),
+             "dsl": lambda: dsl.jvp(batched, (x, y, w), (tx, None, None))}
+    if jax_modules():
+        jax, jnp = jax_modules()
+        impls["jax"] = jax_call(jax_per_example_jvp(
+            lambda x, y, w: jnp.log1p(jnp.exp(-y * jnp.sum(x * w)))), x, y, w, tx)
+        impls["dsl through to_jax"] = jax_call(jax_per_example_jvp(dsl.to_jax(loss)),
+                                               x, y, w, tx)
+    if torch_module():
+        torch = torch_module()
+
+        def torch_jvp(x, y, w, tx):
+            return torch.func.jvp(lambda x: torch.log1p(torch.exp(-y * torch.sum(x * w))),
+                                  (x,), (tx,))
+        per_example = torch.func.vmap(torch_jvp, in_dims=(0, 0, None, 0))
+        args = [torch.from_numpy(a) for a in (x, y, w, tx)]
+        impls["torch"] = lambda: [r.numpy() for r in per_example(*args)]
+    return Case(f"jvp along each example's x, float64 {len(x)} x {x.shape[1]}", impls,
+                numpy_per_example_jvp(x, y, w, tx))
 
 
 # ------------------------------------------------------------ dense layer

@@ -32,7 +32,9 @@ f's backward pass too, so `vmap` of `grad` is one program, and so are
 that program does not stack, once per example (`jax.lax.map`; eagerly a
 Python loop, which compiles nothing).  Where the batch is of tangents or
 cotangents alone (`jacfwd`, `jacrev`, `hessian`), one stacked program
-computes them all within `STACKED_ELEMENTS`, as `dsl.jacfwd` does.
+computes them all within `STACKED_ELEMENTS`, as `dsl.jacfwd` does; a
+batch of tangents with their primals (`vmap` of `jvp`) is the stacked jvp
+program.
 Forward mode runs f's jvp program, which computes f's value too, beside f
 itself (JAX asks for the value and the tangents separately).  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
@@ -286,10 +288,7 @@ class Call:
         if all(type(ct) is ad.Zero for ct in cts):
             return [None] * len(args)
         if self.base is not None and self.base[0].linear:
-            (n_primal,) = self.base[1]  # the stacked input is its only tangent
-            return [None] * n_primal + self._per_value(
-                lambda base, values: base.transpose(values, args)[n_primal:],
-                list(cts), [True] * len(cts))
+            return self._transposed_per_value(cts, args)
         jf = self.f
         n_primal = len(self.names) - len(jf.tangent_names) if self.linear else 0
         if not self.linear or any(map(ad.is_undefined_primal, args[:n_primal])):
@@ -316,13 +315,31 @@ class Call:
         return [None] * n_primal + [jax.lax.convert_element_type(g, t.aval.dtype)
                                     for g, t in zip(grads, args[n_primal:])]
 
+    def _transposed_per_value(self, cts: Sequence[Any], args: Sequence[Any]) -> list:
+        """A stacked linear call's transpose rule: JAX's vmap of its base's
+        over the cotangents and the stacked primals (the tangents being
+        transposed are not values: they reach the base by closure).  A
+        tangent given once for the whole batch gets the sum of the
+        examples' cotangents."""
+        base, indices = self.base
+        n_primal = len(base.names) - len(base.f.tangent_names)
+        primals = list(args[:n_primal])
+        per_example = self._per_value(
+            lambda base, values: base.transpose(
+                values[:len(cts)], [*values[len(cts):], *args[n_primal:]])[n_primal:],
+            [*cts, *primals], [True] * len(cts) + [i in indices for i in range(n_primal)])
+        return [None] * n_primal + [
+            ct if ct is None or n_primal + j in indices else ct.sum(axis=0)
+            for j, ct in enumerate(per_example)]
+
     def stacked(self, mapped: Sequence[bool], size: int) -> Optional["Call"]:
         """This call for `size` values of its `mapped` inputs at once
         (`dsl.function.Stacked`: one program, one run), where the one mapped
         input is the tangent of a jvp along one argument (`jacfwd`) or a
         cotangent of a backward pass (`jacrev`) and the stacked values fit
         in `STACKED_ELEMENTS`, or where this call is not linear (f itself,
-        or its backward pass: `vmap`, `vmap` of `grad`), its mapped inputs
+        or its backward pass: `vmap`, `vmap` of `grad`) or is linear with a
+        tangent among its mapped inputs (`vmap` of `jvp`), its mapped inputs
         are not constants and the program stacks (as `dsl.vmap`'s, with no
         bound on its size: the batch is the caller's); else None."""
         if self.base is not None or not size:
@@ -339,7 +356,11 @@ class Call:
             per_slice = stacked.per_slice(self.bound)
             if per_slice is None or per_slice * size > STACKED_ELEMENTS:
                 return None
-        elif not self.linear and not f.static_names(self.bound) & set(names):
+        elif (not f.static_names(self.bound) & set(names)
+              and (not self.linear or set(names) & set(f.tangent_names))):
+            # a linear call mapped along its primals alone is left to run per
+            # example: in a Hessian, JAX's next vmap maps its tangent, which
+            # then stacks as a Jacobian's one-hot vectors
             stacked = batched_function(f, names)
             if not stacked.stacks(self.bound):
                 return None
@@ -348,7 +369,7 @@ class Call:
         call = _call(stacked, {**self.bound, **{
             n: placeholder((size, *self.bound[n].shape), self.bound[n].dtype) for n in names}},
             self.names, self.keep)
-        if one_hot:
+        if one_hot or self.linear:  # derivatives: JAX's vmap of this call's
             call.base = (self, indices)
         return call
 

@@ -146,6 +146,46 @@ def test_vmap_and_vmap_of_grad_run_one_stacked_program(x64, monkeypatch):
     assert runs == ["stacked rnn", "jvp(stacked rnn)"]
 
 
+def test_vmap_of_jvp_runs_one_stacked_jvp_program_and_its_derivatives_hold(x64, monkeypatch):
+    # jax.vmap of jax.jvp with the primals and the tangents both batched ran
+    # the jvp program once per example (64 runs, 1.4 ms for 64 examples of
+    # dense; now one run, 0.15 ms)
+    runs = program_runs(monkeypatch)
+    dense = load("dense").dense  # a matmul, a broadcast, a grad block
+    f = dsl.to_jax(dense)
+    rng = np.random.default_rng(7)
+    xs, txs = rng.normal(size=(2, 5, 4, 3))
+    w, tw, b = rng.normal(size=(3, 2)), rng.normal(size=(3, 2)), rng.normal(size=2)
+
+    def jvp_of(x, tx, tw):  # tangents along x and w, b held
+        return jax.jvp(lambda x, w: f(x, w, b), (x, w), (tx, tw))[1]
+
+    want = np.stack([dsl.jvp(dense, (xs[i], w, b), (txs[i], tw, None))[1] for i in range(5)])
+    for in_axes in ((0, 0, None), (0, 0, 0)):  # tw shared, or one per example
+        tws = np.broadcast_to(tw, (5, *tw.shape)) if in_axes[2] == 0 else tw
+        runs.clear()
+        batched = jax.jit(jax.vmap(jvp_of, in_axes))
+        np.testing.assert_allclose(batched(xs, txs, tws), want, rtol=1e-12)
+        assert runs == ["stacked jvp(dense)"], runs
+        # its transpose (JAX's vmap of the unstacked call's), and the sum a
+        # shared tangent's cotangent takes over the batch
+        u = rng.normal(size=want.shape)
+        _, pullback = jax.vjp(lambda txs, tws: batched(xs, txs, tws), txs, tws)
+        ct_x, ct_w = pullback(u)
+        # (the transpose of a jvp is the pullback at the same point)
+        ct_xs, ct_ws = zip(*(dsl.vjp(dense, xs[i], w, b)[1](u[i])[:2] for i in range(5)))
+        np.testing.assert_allclose(ct_x, np.stack(ct_xs), rtol=1e-12)
+        np.testing.assert_allclose(ct_w, sum(ct_ws) if in_axes[2] is None else np.stack(ct_ws),
+                                   rtol=1e-12)
+    # forward over it: the tangent of the tangent along x, against differences
+    sx = rng.normal(size=xs.shape)
+    _, second = jax.jvp(lambda xs: jax.vmap(jvp_of, (0, 0, None))(xs, txs, tw), (xs,), (sx,))
+    eps = 1e-6
+    central = (np.asarray(jax.vmap(jvp_of, (0, 0, None))(xs + eps * sx, txs, tw))
+               - np.asarray(jax.vmap(jvp_of, (0, 0, None))(xs - eps * sx, txs, tw))) / (2 * eps)
+    np.testing.assert_allclose(second, central, rtol=1e-6, atol=1e-8)
+
+
 def test_f32_is_jax_default_and_matches_the_numpy_call():
     assert not jax.config.jax_enable_x64
     f = load("log1pexp").log1pexp
