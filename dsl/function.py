@@ -721,15 +721,16 @@ def _extra_names(inner: Compiled, stem: str, count: int) -> tuple[str, ...]:
 
 
 class VjpFunction(Compiled):
-    """(args..., cotangents...) -> one cotangent per float argument: the
-    backward pass as a function of its own, so that a `Tape` computing a
-    gradient inside an outer tape records it, and the outer tape can
-    differentiate it (second order)."""
+    """(args..., cotangents...) -> one cotangent per float argument (or per
+    float argument named in `wrt`, in the signature's order): the backward
+    pass as a function of its own, so that a `Tape` computing a gradient
+    inside an outer tape records it, and the outer tape can differentiate
+    it (second order)."""
 
-    def __init__(self, inner: Compiled, n_outputs: int):
+    def __init__(self, inner: Compiled, n_outputs: int, wrt: Optional[tuple[str, ...]] = None):
         super().__init__()
         self.inner = inner
-        self.n_outputs = n_outputs
+        self.n_outputs, self.wrt = n_outputs, wrt
         self.name = f"vjp({inner.name})"
         self.specs = inner.specs
         self.ct_names = _extra_names(inner, "$ct", n_outputs)
@@ -746,11 +747,12 @@ class VjpFunction(Compiled):
         inner_types = {n: types[n] for n in names}
         fn = self.inner.lower(inner_types)
         floats = [n for n in self.inner.differentiable_names(
-            {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})]
+            {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})
+            if self.wrt is None or n in self.wrt]
         return pipeline.pullback(fn, [names.index(n) for n in floats])
 
     def identity(self) -> tuple:
-        return ("vjp", self.inner.identity(), self.ct_names)
+        return ("vjp", self.inner.identity(), self.ct_names, self.wrt)
 
     def format(self, outs):
         return tuple(outs)
@@ -798,13 +800,14 @@ def stacked_jvp_function(f: Compiled, name: str) -> Stacked:
     return derived(f, ("stacked jvp", name), make)
 
 
-def stacked_vjp_function(f: Compiled, n_outputs: int, output: int) -> Stacked:
+def stacked_vjp_function(f: Compiled, n_outputs: int, output: int,
+                         wrt: Optional[tuple[str, ...]] = None) -> Stacked:
     """f's backward pass (`backward_function`) for stacked cotangents of
-    its output `output`: one per (function, outputs, output)."""
+    its output `output`: one per (function, outputs, output, wrt)."""
     def make() -> Stacked:
-        vf = backward_function(f, n_outputs)
+        vf = backward_function(f, n_outputs, wrt)
         return Stacked(vf, [vf.ct_names[output]], "all")
-    return derived(f, ("stacked vjp", n_outputs, output), make)
+    return derived(f, ("stacked vjp", n_outputs, output) + ((wrt,) if wrt else ()), make)
 
 
 def batched_function(f: Compiled, names: Sequence[str]) -> Stacked:
@@ -813,10 +816,14 @@ def batched_function(f: Compiled, names: Sequence[str]) -> Stacked:
     return derived(f, ("batched", tuple(names)), lambda: Stacked(f, names, "all"))
 
 
-def backward_function(f: Compiled, n_outputs: int) -> VjpFunction:
-    """f's backward pass as a function of its own (`VjpFunction`), one per
-    function and number of outputs, so that its programs compile once."""
-    return derived(f, ("vjp", n_outputs), lambda: VjpFunction(f, n_outputs))
+def backward_function(f: Compiled, n_outputs: int,
+                      wrt: Optional[tuple[str, ...]] = None) -> VjpFunction:
+    """f's backward pass as a function of its own (`VjpFunction`), giving
+    the cotangents of the float arguments `wrt` (None: all of them), one
+    per function, number of outputs and `wrt`, so that its programs
+    compile once."""
+    key = ("vjp", n_outputs) if wrt is None else ("vjp wrt", n_outputs, wrt)
+    return derived(f, key, lambda: VjpFunction(f, n_outputs, wrt))
 
 
 class JvpFunction(Compiled):

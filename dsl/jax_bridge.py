@@ -34,7 +34,10 @@ Python loop, which compiles nothing).  Where the batch is of tangents or
 cotangents alone (`jacfwd`, `jacrev`, `hessian`), one stacked program
 computes them all within `STACKED_ELEMENTS`, as `dsl.jacfwd` does; a
 batch of tangents with their primals (`vmap` of `jvp`) is the stacked jvp
-program.
+program, and a batch of Jacobians (`vmap` of `jacfwd`, `jacrev`, `hessian`)
+that program stacked again.  A backward pass computes the cotangents JAX
+asks for alone (`jax.grad` with respect to the weights computes none for
+the data).
 Forward mode runs f's jvp program, which computes f's value too, beside f
 itself (JAX asks for the value and the tangents separately).  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
@@ -297,7 +300,10 @@ class Call:
                                       "is not linear?)")
         f, n_out = jf.inner, len(self.all_outs) // 2
         bound = {n: a for n, a in self.bound.items() if n not in jf.tangent_names}
-        vf = backward_function(f, n_out)
+        # the backward pass of the arguments with tangents alone (jax.grad
+        # with respect to the weights computes no gradient of the data)
+        wanted = tuple(n for n in f.differentiable_names(bound) if n in jf.active)
+        vf = backward_function(f, n_out, wanted)
         vf_bound, ct_values = dict(bound), []
         given = {k - n_out: ct for k, ct in zip(self.keep, cts) if type(ct) is not ad.Zero}
         for j, (name, (shape, dtype)) in enumerate(zip(vf.ct_names, self.all_outs)):
@@ -306,9 +312,8 @@ class Call:
                 ct_values.append(given[j])
             else:
                 vf_bound[name] = np.zeros(shape, dtype)
-        floats = f.differentiable_names(bound)
         backward = _call(vf, vf_bound, self.names[:n_primal] + tuple(
-            vf.ct_names[j] for j in sorted(given)), tuple(floats.index(n) for n in jf.active))
+            vf.ct_names[j] for j in sorted(given)), tuple(wanted.index(n) for n in jf.active))
         grads = _primitive().bind(*args[:n_primal], *ct_values, call=backward)
         # a tangent's cotangent in its dtype: a param is bound in its declared
         # one (an f64 array for an f32 param computes in f32), JAX's is the array's
@@ -338,19 +343,24 @@ class Call:
         input is the tangent of a jvp along one argument (`jacfwd`) or a
         cotangent of a backward pass (`jacrev`) and the stacked values fit
         in `STACKED_ELEMENTS`, or where this call is not linear (f itself,
-        or its backward pass: `vmap`, `vmap` of `grad`) or is linear with a
+        or its backward pass: `vmap`, `vmap` of `grad`), is linear with a
         tangent among its mapped inputs (`vmap` of `jvp`), its mapped inputs
         are not constants and the program stacks (as `dsl.vmap`'s, with no
-        bound on its size: the batch is the caller's); else None."""
-        if self.base is not None or not size:
+        bound on its size: the batch is the caller's), or is itself a
+        stacked call (`vmap` of a Jacobian) whose stacked program stacks
+        again within `STACKED_ELEMENTS` (every example's one-hot values);
+        else None."""
+        if not size:
             return None
         indices = tuple(i for i, m in enumerate(mapped) if m)
         names, f = [self.names[i] for i in indices], self.f
         stacked: Optional[Stacked] = None
         if len(names) == 1 and self.linear and f.tangent_names == (names[0],):
             stacked = stacked_jvp_function(f.inner, f.active[0])
-        elif len(names) == 1 and isinstance(f, VjpFunction) and names[0] in f.ct_names:
-            stacked = stacked_vjp_function(f.inner, f.n_outputs, f.ct_names.index(names[0]))
+        elif (len(names) == 1 and isinstance(f, VjpFunction) and names[0] in f.ct_names
+              and self.base is None):
+            stacked = stacked_vjp_function(f.inner, f.n_outputs, f.ct_names.index(names[0]),
+                                           f.wrt)
         one_hot = stacked is not None
         if one_hot:  # a Jacobian's one-hot vectors, within the bound
             per_slice = stacked.per_slice(self.bound)
@@ -364,13 +374,17 @@ class Call:
             stacked = batched_function(f, names)
             if not stacked.stacks(self.bound):
                 return None
+            if self.base is not None:  # each example's one-hot values: within the bound too
+                per_slice = stacked.per_slice(self.bound)
+                if per_slice is None or per_slice * size > STACKED_ELEMENTS:
+                    return None
         else:
             return None
         call = _call(stacked, {**self.bound, **{
             n: placeholder((size, *self.bound[n].shape), self.bound[n].dtype) for n in names}},
             self.names, self.keep)
-        if one_hot or self.linear:  # derivatives: JAX's vmap of this call's
-            call.base = (self, indices)
+        if one_hot or self.linear or self.base is not None:
+            call.base = (self, indices)  # its derivatives: JAX's vmap of this call's
         return call
 
     def _per_value(self, rule: Callable, values: list, stacked: list[bool]) -> list:

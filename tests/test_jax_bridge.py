@@ -186,6 +186,59 @@ def test_vmap_of_jvp_runs_one_stacked_jvp_program_and_its_derivatives_hold(x64, 
     np.testing.assert_allclose(second, central, rtol=1e-6, atol=1e-8)
 
 
+def test_vmap_of_a_jacobian_runs_one_program(x64, monkeypatch):
+    # each example's Jacobian or Hessian ran the one-hot stacked program once
+    # per example (64 runs); the backward pass computed every argument's
+    # cotangent, w's and b's too, where JAX asked for x's alone
+    runs = program_runs(monkeypatch)
+    dense = load("dense").dense
+    f = dsl.to_jax(dense)
+    rng = np.random.default_rng(11)
+    xs, w, b = rng.normal(size=(3, 5, 4)), rng.normal(size=(4, 2)), rng.normal(size=2)
+    for transform, single, expect in (
+            (jax.jacfwd, lambda x: f(x, w, b), "stacked stacked jvp(dense)"),
+            (jax.jacrev, lambda x: f(x, w, b), "stacked stacked vjp(dense)"),
+            (jax.hessian, lambda x: f(x, w, b).sum(), "stacked stacked jvp(vjp(dense))")):
+        runs.clear()
+        got = jax.jit(jax.vmap(transform(single)))(xs)
+        assert runs == [expect], runs
+        mine = {jax.jacfwd: dsl.jacfwd(dense), jax.jacrev: dsl.jacrev(dense),
+                jax.hessian: dsl.hessian(dense)}[transform]
+        np.testing.assert_allclose(got, [mine(x, w, b) for x in xs], rtol=1e-12, atol=1e-15)
+    # every example's one-hot values beyond the bound: one stacked run each
+    from dsl.function import stacked_jvp_function
+    columns = stacked_jvp_function(dense, "x")
+    one_example = 20 * columns.per_slice({"x": xs[0], "w": w, "b": b,
+                                          columns.stacked[0]: xs[0]})
+    monkeypatch.setattr("dsl.jax_bridge.STACKED_ELEMENTS", one_example)
+    runs.clear()
+    got = jax.jit(jax.vmap(jax.jacfwd(lambda x: f(x, w, b))))(xs)
+    assert runs == ["stacked jvp(dense)"] * 3, runs
+    np.testing.assert_allclose(got, [dsl.jacfwd(dense)(x, w, b) for x in xs], rtol=1e-12)
+
+
+def test_a_gradient_through_jax_computes_only_the_cotangents_asked_for(x64, monkeypatch):
+    from dsl import jax_bridge
+    backward = []
+    run_into = jax_bridge.Call.run_into
+    monkeypatch.setattr(jax_bridge.Call, "run_into",
+                        lambda call, *a: (backward.append(call), run_into(call, *a))[1])
+    dense = load("dense").dense
+    f = dsl.to_jax(dense)
+    rng = np.random.default_rng(12)
+    x, w, b = rng.normal(size=(5, 4)), rng.normal(size=(4, 2)), rng.normal(size=2)
+    gw, gx = jax.jit(jax.grad(lambda x, w: f(x, w, b).sum(), argnums=(1, 0)))(x, w)
+    want_x, want_w, _ = dsl.vjp(dense, x, w, b)[1](np.ones((5, 2)))
+    np.testing.assert_allclose(gx, want_x, rtol=1e-13)
+    np.testing.assert_allclose(gw, want_w, rtol=1e-13)
+    (vjp_call,) = [c for c in backward if c.f.name == "vjp(dense)"]
+    assert len(vjp_call.all_outs) == 2  # x's and w's, not b's
+    backward.clear()
+    jax.jit(jax.grad(lambda w: f(x, w, b).sum()))(w)
+    (vjp_call,) = [c for c in backward if c.f.name == "vjp(dense)"]
+    assert len(vjp_call.all_outs) == 1
+
+
 def test_f32_is_jax_default_and_matches_the_numpy_call():
     assert not jax.config.jax_enable_x64
     f = load("log1pexp").log1pexp
