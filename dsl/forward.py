@@ -44,6 +44,7 @@ from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
 from dsl.function import (Compiled, GradFunction, JvpFunction, Stacked, Wrt, derived_if_made,
                           fast_key, jvp_function, resolve_wrt, stacked_jvp_function,
                           stacked_vjp_function, vjp_of_bound)
+from dsl.jacobian_function import jacobian_function
 from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
@@ -342,6 +343,11 @@ class Jacobian:
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
         return self.call_bound(self.f.bind(args, kwargs))
+
+    def as_function(self) -> Compiled:
+        """This Jacobian as a function of its own, for a transform to take
+        (`grad`, `jvp`, a Jacobian of it, a bridge): `jacobian_function`."""
+        return jacobian_function(self)
 
     def call_bound(self, bound: dict[str, Any]) -> Any:
         """The Jacobians for f's validated arguments, structured as f's

@@ -594,7 +594,11 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
     .grad module, or of a gradc-compiled one where `aot_ok` (else `what`
     needs the function's IR: `why` says for what).  Anything else is a
     TypeError, and a compiled module's function that cannot do an
-    ArgumentError."""
+    ArgumentError.  A Jacobian is taken as its compiled form
+    (`as_function`)."""
+    as_function = getattr(f, "as_function", None)
+    if as_function is not None:
+        f = as_function()
     if isinstance(f, Compiled) or (aot_ok and isinstance(f, AotFunction)):
         return f
     if isinstance(f, AotFunction):

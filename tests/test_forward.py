@@ -161,6 +161,71 @@ def test_tuple_wrt_gives_tuples_shaped_as_jax():
     assert (hxx, hxy, hyx, hyy) == (0.0, 1.0, 1.0, 0.0)
 
 
+# ---------------------------------------------------- transforms of a Jacobian
+# (each was a TypeError: "grad() takes a function of a loaded .grad module,
+# got Jacobian"; JAX composes jacfwd(jacrev(f)) and grad of a Jacobian)
+
+
+def _jacobian_difference(jacobian, args, index, t, eps=1e-6):
+    """d J(args) / d args[index] along t, by central differences of the
+    Jacobian called directly (assembled on the host, column by column)."""
+    plus, minus = list(args), list(args)
+    plus[index], minus[index] = args[index] + eps * t, args[index] - eps * t
+    return [(np.asarray(p) - np.asarray(m)) / (2 * eps)
+            for p, m in zip(_leaves(jacobian(*plus)), _leaves(jacobian(*minus)))]
+
+
+def _leaves(result) -> list:
+    if not isinstance(result, tuple):
+        return [result]
+    return [leaf for r in result for leaf in _leaves(r)]
+
+
+@pytest.mark.parametrize("kind,name", [("jacfwd", "checkpoint.checkpointed"),
+                                       ("jacrev", "dense.loss"), ("hessian", "dense.loss"),
+                                       ("hessian", "bar.bar"), ("jacfwd", "linear_poly")])
+def test_jvp_and_grad_of_a_jacobian_match_central_differences(kind, name):
+    f, args = CASES[name]
+    jacobian = getattr(dsl, kind)(f, wrt=0)
+    x = np.asarray(args[0], np.float64)
+    t = np.linspace(0.5, -1.0, x.size).reshape(x.shape)
+    value, tangent = dsl.jvp(jacobian, args, (t,) + (None,) * (len(args) - 1))
+    np.testing.assert_allclose(value, jacobian(*args), rtol=1e-13, atol=1e-15)
+    (want,) = _jacobian_difference(jacobian, list(args), 0, t)
+    np.testing.assert_allclose(tangent, want, rtol=1e-6, atol=1e-7)
+    # reverse mode: the gradient of the Jacobian's sum, along t
+    along = np.sum(np.asarray(dsl.grad(jacobian, wrt=0)(*args)) * t)
+    np.testing.assert_allclose(along, np.sum(want), rtol=1e-6, atol=1e-7)
+
+
+def test_jacobians_of_jacobians_are_shaped_and_valued_as_jax():
+    # jax.jacfwd(jax.jacrev(f)) is out.shape + x.shape + x.shape; a tuple
+    # wrt gives tuples of tuples
+    d = load("dense")
+    x, w, b = RNG.normal(size=(3, 2)), RNG.normal(size=(2, 2)), RNG.normal(size=2)
+    second = dsl.jacfwd(dsl.jacrev(d.dense))(x, w, b)
+    assert second.shape == (3, 2, 3, 2, 3, 2)
+    for i in np.ndindex(x.shape):
+        t = np.zeros_like(x)
+        t[i] = 1.0
+        (column,) = _jacobian_difference(dsl.jacrev(d.dense), [x, w, b], 0, t)
+        np.testing.assert_allclose(second[(...,) + i], column, rtol=1e-6, atol=1e-7)
+    (jxx, jxw), (jwx, jww) = dsl.jacrev(dsl.jacfwd(d.dense, wrt=(0, 1)), wrt=(0, 1))(x, w, b)
+    assert jxw.shape == (3, 2, 3, 2, 2, 2) and jwx.shape == (3, 2, 2, 2, 3, 2)
+    np.testing.assert_allclose(jxw, dsl.jacfwd(dsl.jacfwd(d.dense, wrt=0), wrt=1)(x, w, b),
+                               rtol=1e-12, atol=1e-15)
+    # an integer output's Jacobian is zero, so is its derivative; a param's
+    m = dsl.loads("param v: f64[2]\n\ndef f(x):\n    return sin(x * v), x > 0\n")
+    m.params["v"] = np.array([1.0, 2.0])
+    x = np.array([0.5, 0.3])
+    dv, dmask = dsl.jacfwd(dsl.jacfwd(m.f, wrt="v"), wrt=0)(x)
+    assert dmask.shape == (2, 2, 2) and not dmask.any() and dmask.dtype == x.dtype
+    # d/dx_k of diag(x cos(x v)): cos(x v) - x v sin(x v) at i = j = k
+    np.testing.assert_allclose(dv, np.einsum("i,ij,ik->ijk", np.cos(x * [1, 2]) - x * [1, 2] *
+                                             np.sin(x * [1, 2]), np.eye(2), np.eye(2)),
+                               rtol=1e-14, atol=1e-300)
+
+
 # ---------------------------------------------------- semantics and composition
 
 

@@ -1,0 +1,115 @@
+"""A Jacobian as a function of its own, for the transforms to take:
+`grad(jacfwd(f))`, `jvp(jacrev(f), ...)`, `jacfwd(jacrev(f))`,
+`hessian(...)` of a Jacobian's sum, and so on to any order.
+
+Contract: `jacobian_function(jacobian)` (for a `dsl.forward.Jacobian`
+`jacfwd(f, wrt)`, `jacrev(f, wrt)` or `hessian(f, wrt)`) is a `Compiled`
+whose call gives what the Jacobian's own call gives (the same shapes and
+structure; its values to rounding), as one program that the transforms
+differentiate: f's jvp along every `wrt` argument at once, on one-hot
+tangents stacked (`Stacked`, the rows of the identity, one per element of
+the `wrt` arguments), its stacked tangents laid out as `out.shape +
+arg.shape` (an integer output's Jacobian is zero, in the argument's
+dtype).  The one-hot tangents are hidden arguments that `bind` adds
+(f's jvp's tangent names): they carry no gradient and take no tangent.
+The program is lowered for concrete sizes (the identity has a row per
+element), and holds every column at once: a Jacobian called directly runs
+them in blocks (`dsl.forward`), which this form cannot.  A Jacobian taken
+by a transform (`require_function`) becomes this (`Jacobian.as_function`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from dsl.function import Compiled, Stacked, derived, jvp_function
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.ir import Function, TensorType
+from gradlang.compiler.shapes import NeedsConcrete
+from gradlang.runtime.errors import ArgumentError
+
+
+def jacobian_function(jacobian: Any) -> "JacobianFunction":
+    """The `JacobianFunction` of a Jacobian, one per (function, wrt, kind
+    of result), so that its programs compile once."""
+    f, wrt, single = jacobian.f, jacobian.wrt, jacobian.single
+    return derived(f, ("jacobian", wrt, single),
+                   lambda: JacobianFunction(f, wrt, single, jacobian.name))
+
+
+class JacobianFunction(Compiled):
+    """f's Jacobians with respect to the arguments `wrt` (names), one per
+    output and argument (`single`: wrt was one argument, not a tuple)."""
+
+    def __init__(self, inner: Compiled, wrt: tuple[str, ...], single: bool, name: str):
+        super().__init__()
+        self.inner, self.wrt, self.single, self.name = inner, wrt, single, name
+        self.jvp = jvp_function(inner, wrt)
+        self.columns = Stacked(self.jvp, self.jvp.tangent_names, "tangents")
+        self.specs = inner.specs
+        self.param_specs = self.jvp.param_specs  # inner's, then the one-hot tangents
+        self.target, self.host_results = inner.target, inner.host_results
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
+             ) -> dict[str, np.ndarray]:
+        bound = self.inner.bind(args, kwargs, params)
+        sizes = []
+        for name in self.wrt:
+            if name not in bound:
+                raise ArgumentError(f"{self.name}: no value was passed for {name!r}", self.span)
+            if np.dtype(bound[name].dtype).kind != "f":
+                raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
+                                    f"{name!r}: it has dtype {bound[name].dtype}", self.span)
+            sizes.append(math.prod(bound[name].shape))
+        rows, start = sum(sizes), 0
+        for name, tangent, size in zip(self.wrt, self.jvp.tangent_names, sizes):
+            x = bound[name]
+            basis = np.zeros((rows, size), x.dtype)
+            basis[start + np.arange(size), np.arange(size)] = 1
+            bound[tangent] = basis.reshape((rows, *x.shape))
+            start += size
+        return bound
+
+    def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
+        hidden = set(self.jvp.tangent_names)
+        return [n for n in super().differentiable_names(bound) if n not in hidden]
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        if any(not isinstance(d, int) for t in types.values() for d in t.shape):
+            raise NeedsConcrete("a Jacobian's one-hot tangents have a row per element")
+        stacked = self.columns.lower(types)
+        b = Builder()
+        outs = inline(b, stacked, stacked.params)
+        n = len(outs) // 2
+        jacobians = []
+        for value, columns in zip(outs[:n], outs[n:]):
+            start, out_shape = 0, columns.type.shape[1:]
+            for name in self.wrt:
+                shape = types[name].shape
+                size, rank = math.prod(shape), len(shape)
+                if not value.type.is_float:  # zero, in the argument's dtype
+                    jacobians.append(b.bind("broadcast_to", b.lit(0, types[name].dtype),
+                                            shape=out_shape + shape))
+                    continue
+                block = b.bind("slice", columns, starts=(start,) + (0,) * len(out_shape),
+                               stops=(start + size,) + out_shape,
+                               steps=(1,) * (1 + len(out_shape)))
+                block = b.bind("reshape", block, shape=shape + out_shape)
+                jacobians.append(b.bind("transpose", block, perm=tuple(
+                    range(rank, rank + len(out_shape))) + tuple(range(rank))))
+                start += size
+        return b.function(self.name, stacked.params, jacobians)
+
+    def identity(self) -> tuple:
+        return ("jacobian", self.inner.identity(), self.wrt)
+
+    def format(self, outs):
+        k = len(self.wrt)
+        per_output = [outs[i:i + k] for i in range(0, len(outs), k)]
+        return self.inner.format([js[0] if self.single else tuple(js) for js in per_output])
