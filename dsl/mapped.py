@@ -209,7 +209,7 @@ class MappedJacobian:
     inner one per outer example."""
 
     def __init__(self, jacobian: "Jacobian | MappedJacobian", mapped: tuple[int, ...]):
-        self.jacobian, self.f = jacobian, _mapped(jacobian.f, mapped)
+        self.jacobian, self.mapped, self.f = jacobian, mapped, _mapped(jacobian.f, mapped)
         self.wrt, self.single, self.mode = jacobian.wrt, jacobian.single, jacobian.mode
         self.name = f"vmap({jacobian.name})"
         positions = {spec.name: i for i, spec in enumerate(jacobian.f.specs)}
@@ -222,6 +222,11 @@ class MappedJacobian:
     @user_facing
     def __call__(self, *args, **kwargs):
         return self.call_bound(self.f.bind(args, kwargs))
+
+    def as_function(self) -> "VmapFunction":
+        """These Jacobians as a function of their own, for a transform to
+        take: the vmap of the Jacobian's (`Jacobian.as_function`)."""
+        return _mapped(self.jacobian.as_function(), self.mapped)
 
     def call_bound(self, bound: dict[str, Any]) -> Any:
         """The Jacobians for arguments bound by `f` (the vmap of the

@@ -214,6 +214,15 @@ def test_jacobians_of_jacobians_are_shaped_and_valued_as_jax():
     assert jxw.shape == (3, 2, 3, 2, 2, 2) and jwx.shape == (3, 2, 2, 2, 3, 2)
     np.testing.assert_allclose(jxw, dsl.jacfwd(dsl.jacfwd(d.dense, wrt=0), wrt=1)(x, w, b),
                                rtol=1e-12, atol=1e-15)
+    # each example's Jacobians (vmap), differentiated again
+    xs = RNG.normal(size=(4, 3, 2))
+    per_example = dsl.vmap(dsl.jacrev(d.dense), in_axes=(0, None, None))
+    t = RNG.normal(size=w.shape)
+    (difference,) = _jacobian_difference(per_example, [xs, w, b], 1, t)
+    np.testing.assert_allclose(dsl.jvp(per_example, (xs, w, b), (None, t, None))[1], difference,
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.sum(dsl.grad(per_example, wrt=1)(xs, w, b) * t),
+                               np.sum(difference), rtol=1e-6)
     # an integer output's Jacobian is zero, so is its derivative; a param's
     m = dsl.loads("param v: f64[2]\n\ndef f(x):\n    return sin(x * v), x > 0\n")
     m.params["v"] = np.array([1.0, 2.0])
