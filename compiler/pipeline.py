@@ -20,8 +20,9 @@ that can run on a gradient.  Contracts:
 - `front_end(source, file)`: parse and check (grad blocks' linearity
   included: `check_linearity`); the module and its namespace.
 - `lower_entry(namespace, fdef, types)`: lower; errors carry the source.
-- `grad_of_sum`, `pullback`, `vjp_programs`, `directional`, `jvp`, `select`:
-  the transforms, IR -> IR (`vjp_programs` builds both halves).
+- `grad_of_sum`, `pullback`, `vjp_programs`, `vjp_passes`, `directional`,
+  `jvp`, `select`: the transforms, IR -> IR (`vjp_programs` builds both
+  halves; `vjp_passes` gives them as IR, reading the arguments apart).
 - `optimize(fn)`: the IR passes (verifying between them when
   GRADC_VERIFY=1); `build(fn, target)`: passes, fuse, codegen and load,
   returning a callable `Program`.
@@ -234,9 +235,30 @@ def vjp_programs(fn: Function, wrt: Sequence[int],
     backward one (residuals..., cotangents...) -> one cotangent per
     params[wrt]: the joint vjp, optimized whole, then split so that the
     forward keeps only the residuals the backward reads."""
-    joint = optimize(autodiff.vjp(fn, wrt), keep_barriers=True)
-    fwd, bwd = autodiff.split(joint, len(fn.params), len(fn.outputs))
+    fwd, bwd = _split_vjp(fn, wrt)
     return build(fwd, target), build(bwd, target)
+
+
+def vjp_passes(fn: Function, wrt: Sequence[int]) -> tuple[Function, Function]:
+    """`vjp_programs`' cut as IR, for a caller that keeps fn's arguments
+    itself: the forward pass (params) -> (outputs..., residuals...) and the
+    backward pass (params..., residuals..., cotangents...) -> one cotangent
+    per params[wrt], where the residuals are only the values the forward
+    computes (an argument the backward reads it takes as its parameter,
+    not as a copy the forward returns)."""
+    fwd, bwd = _split_vjp(fn, wrt)
+    n_out = len(fn.outputs)
+    computed = tuple(r for r in fwd.outputs[n_out:] if r not in fwd.params)
+    n_cts = len(bwd.params) - len(fwd.outputs) + n_out
+    return (Function(fwd.name, fwd.params, fwd.eqns, fwd.outputs[:n_out] + computed),
+            Function(bwd.name, fwd.params + computed + bwd.params[len(bwd.params) - n_cts:],
+                     bwd.eqns, bwd.outputs))
+
+
+def _split_vjp(fn: Function, wrt: Sequence[int]) -> tuple[Function, Function]:
+    """The joint vjp, optimized whole, cut (`autodiff.split`)."""
+    joint = optimize(autodiff.vjp(fn, wrt), keep_barriers=True)
+    return autodiff.split(joint, len(fn.params), len(fn.outputs))
 
 
 def directional(fn: Function, types: dict[str, TensorType], wrt: str, v: str) -> Function:

@@ -18,7 +18,8 @@ from then on compiled for by value, as a `const` one (`NeedsValue`, then
 by `OutSpec` before anything runs, that the kernels write into; Dask array
 arguments run block by block (`dsl.dask_bridge`).  Transforms
 (`GradFunction` for grad and value_and_grad, `VjpFunction` for a backward
-pass, `JvpFunction` for forward mode) are themselves `Compiled`, built
+pass, `ForwardPass` and `BackwardPass` for the two halves of a vjp, apart,
+`JvpFunction` for forward mode) are themselves `Compiled`, built
 from the IR of the function they wrap, so they compose: `grad(grad(f))`
 differentiates the gradient's IR.  `vjp` returns the primal output and a
 pullback that keeps only the residuals the backward pass reads.
@@ -690,6 +691,25 @@ def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dt
     return cache[key]
 
 
+def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
+    """`result_types` as the program a call on `bound` runs
+    (`Compiled.program`) gives them: lowered for the call's pattern of
+    sizes (its results' sizes then evaluated at the call's), or for its
+    sizes where f needs those.  f's results have the same types either way;
+    the residuals a `ForwardPass` keeps may not (a size the backward reads
+    is a constant of the concrete lowering, a residual of the pattern's)."""
+    statics = f.static_names(bound)
+    types = _symbolic(bound, statics)[1]
+    symbolic = symbolic_result_types(
+        f, bound, {n: t.shape for n, t in types.items() if n not in statics})
+    if symbolic is None:
+        return result_types(f, bound)
+    sizes = {d.factors[0]: size for n, t in types.items() if n not in statics
+             for d, size in zip(t.shape, bound[n].shape) if isinstance(d, Sym)}
+    return tuple((tuple(evaluate(d, sizes) for d in shape), dtype)
+                 for shape, dtype in symbolic[1])
+
+
 def symbolic_result_types(f: Compiled, bound: dict[str, Any],
                           shapes: dict[str, tuple]) -> Optional[tuple]:
     """(f's argument types, the (shape, dtype) of each result) for
@@ -747,16 +767,86 @@ class VjpFunction(Compiled):
         return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
-        names = [n for n in types if n not in self.ct_names]
-        inner_types = {n: types[n] for n in names}
-        fn = self.inner.lower(inner_types)
-        floats = [n for n in self.inner.differentiable_names(
-            {n: np.empty(0, NUMPY[t.dtype]) for n, t in inner_types.items()})
-            if self.wrt is None or n in self.wrt]
-        return pipeline.pullback(fn, [names.index(n) for n in floats])
+        inner_types = {n: t for n, t in types.items() if n not in self.ct_names}
+        return pipeline.pullback(self.inner.lower(inner_types),
+                                 _float_positions(self.inner, inner_types, self.wrt))
 
     def identity(self) -> tuple:
         return ("vjp", self.inner.identity(), self.ct_names, self.wrt)
+
+    def format(self, outs):
+        return tuple(outs)
+
+
+def _float_positions(f: Compiled, types: dict[str, TensorType],
+                     wrt: Optional[tuple[str, ...]] = None) -> list[int]:
+    """The positions in `types` of f's arguments with a gradient (those
+    named in `wrt`, if given)."""
+    floats = f.differentiable_names({n: np.empty(0, NUMPY[t.dtype]) for n, t in types.items()})
+    return [list(types).index(n) for n in floats if wrt is None or n in wrt]
+
+
+class ForwardPass(Compiled):
+    """args... -> (f's results..., residuals...): f's forward pass keeping
+    the values its backward pass (`BackwardPass`) reads, but for f's
+    arguments, which that reads itself (`pipeline.vjp_passes`).  A library
+    that holds the residuals (a torch graph) then differentiates a call
+    without computing its forward again, as a `VjpFunction` does."""
+
+    def __init__(self, inner: Compiled):
+        super().__init__()
+        self.inner = inner
+        self.name = inner.name  # (its errors are f's)
+        self.specs, self.param_specs = inner.specs, inner.param_specs
+        self.target, self.host_results = inner.target, inner.host_results
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        fn = self.inner.lower(types)
+        return pipeline.vjp_passes(fn, _float_positions(self.inner, types))[0]
+
+    def identity(self) -> tuple:
+        return ("forward pass", self.inner.identity())
+
+    def format(self, outs):
+        return tuple(outs)
+
+
+class BackwardPass(Compiled):
+    """(args..., residuals..., cotangents...) -> one cotangent per float
+    argument: f's backward pass reading `n_residuals` residuals of its
+    `ForwardPass` (named `residual_names`) and `n_outputs` cotangents."""
+
+    def __init__(self, inner: Compiled, n_outputs: int, n_residuals: int):
+        super().__init__()
+        self.inner = inner
+        self.name = f"vjp({inner.name})"
+        self.specs = inner.specs
+        self.residual_names = _extra_names(inner, "$r", n_residuals)
+        self.ct_names = _extra_names(inner, "$ct", n_outputs)
+        self.param_specs = inner.param_specs + tuple(
+            ParamSpec(n, None, None, False, False) for n in self.residual_names + self.ct_names)
+        self.target, self.host_results = inner.target, inner.host_results
+
+    @property
+    def span(self):
+        return self.inner.span
+
+    def lower(self, types: dict[str, TensorType]) -> Function:
+        extra = self.residual_names + self.ct_names
+        inner_types = {n: t for n, t in types.items() if n not in extra}
+        fn = self.inner.lower(inner_types)
+        backward = pipeline.vjp_passes(fn, _float_positions(self.inner, inner_types))[1]
+        if len(backward.params) != len(types):  # (the forward pass lowered otherwise)
+            raise ArgumentError(f"{called(self.inner.name)}'s forward pass kept other "
+                                "residuals than its backward pass reads", self.span)
+        return backward
+
+    def identity(self) -> tuple:
+        return ("backward pass", self.inner.identity(), self.residual_names, self.ct_names)
 
     def format(self, outs):
         return tuple(outs)
@@ -828,6 +918,18 @@ def backward_function(f: Compiled, n_outputs: int,
     compile once."""
     key = ("vjp", n_outputs) if wrt is None else ("vjp wrt", n_outputs, wrt)
     return derived(f, key, lambda: VjpFunction(f, n_outputs, wrt))
+
+
+def forward_pass_function(f: Compiled) -> ForwardPass:
+    """f's forward pass keeping its residuals (`ForwardPass`), one per function."""
+    return derived(f, ("forward pass",), lambda: ForwardPass(f))
+
+
+def backward_pass_function(f: Compiled, n_outputs: int, n_residuals: int) -> BackwardPass:
+    """f's backward pass reading its forward pass's residuals
+    (`BackwardPass`), one per function and numbers of outputs and residuals."""
+    return derived(f, ("backward pass", n_outputs, n_residuals),
+                   lambda: BackwardPass(f, n_outputs, n_residuals))
 
 
 class JvpFunction(Compiled):

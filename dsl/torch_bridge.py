@@ -124,7 +124,7 @@ class TorchFunction(Bridged):
         if tracer is None:  # a graph run untraced (backend="eager"): the call, floats as given
             return self._call([a.item() if i in floats else a for i, a in enumerate(args)],
                               {k: v.item() if k in floats else v for k, v in kwargs.items()})
-        return self._operation(args, kwargs, tracer, floats)
+        return self._operation(args, kwargs, tracer, floats, compiled=True)
 
     def _call(self, args: tuple, kwargs: dict):
         tracer = _tracer()
@@ -151,9 +151,13 @@ class TorchFunction(Bridged):
         self._refuse_grad_without_gradient(bound, by_name)
         return f.format(apply(f, bound, by_name))
 
-    def _operation(self, args: tuple, kwargs: dict, tracer: str, floats: tuple = ()):
+    def _operation(self, args: tuple, kwargs: dict, tracer: str, floats: tuple = (),
+                   compiled: bool = False):
         """The call as one `gradlang::call` operation for `tracer` to
-        record, its tensors bound as stand-ins of their shapes.  A number
+        record, its tensors bound as stand-ins of their shapes; in a
+        `compiled` step (torch.compile) that autograd records, the call of
+        f's forward pass, whose residuals the backward reads (other
+        tracers' graphs, traced once for any use, recompute them).  A number
         that is a symbol of the tracer's (a SymInt, a SymFloat; dynamo's
         Python floats, passed as 0-d tensors at `floats`, the positions or
         keywords) is an input of the operation, a 0-d tensor bound as a
@@ -222,7 +226,9 @@ class TorchFunction(Bridged):
             return _tensors(f.format(f.call_bound(bound)))
         # (the module params left out: read when the operation runs)
         live = tuple(n for n in f.module_params() if n not in kwargs and n in bound)
-        return f.format(apply_operation(f, bound, by_name, live))
+        differentiated = compiled and _GRAD_ENABLED[0]() and any(
+            t.requires_grad for t in by_name.values())
+        return f.format(apply_operation(f, bound, by_name, live, differentiated))
 
     def _value_of(self, number: Any, name: str) -> Any:
         """A symbolic number's value as a Python number, which guards the

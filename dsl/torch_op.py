@@ -16,7 +16,8 @@ those (f's identity, which holds its module's sources, its target, the
 constants' bytes), so no user text reaches torch's registry or the code of
 a traced graph, and two functions of one name from different files never
 share one.  The operation's fake rule gives the results' shapes and dtypes
-from f's IR (`result_types`) without running anything, in torch's symbols
+from the IR of the program it runs (`program_result_types`) without
+running anything, in torch's symbols
 where its sizes are (dynamic shapes: `OpCall.traced_result_types`); its
 real rule runs
 f's kernels on the tensors' memory (results that would share an input's
@@ -24,8 +25,16 @@ memory, or one another's, are copied: torch's custom operations may not
 alias); its autograd rule's backward is the same operation of f's backward
 pass (`backward_function`: f's grad blocks), which has that autograd rule
 too, so each order of derivative torch asks for is our compiled gradient
-differentiated again.  Unlike the eager bridge, the backward recomputes
-f's forward (a traced graph holds no residuals of ours).  The operation
+differentiated again.  A call autograd records in a compiled step
+(`apply`'s `differentiated`) is the operation of f's forward pass
+(`ForwardPass`): its results past f's are the residuals f's backward pass
+reads (the fake rule gives their types too), which autograd saves, unseen,
+and its backward is the operation of that backward pass reading them
+(`BackwardPass`), so the step computes f's forward once, as the eager
+bridge does.  That backward operation is differentiated (second order) as
+the backward pass that recomputes the forward, whose operation every
+other call's backward is too (other tracers' graphs, traced once for any
+use, keep no residuals).  The operation
 takes no torch.func transform and has no forward-mode rule (torch's
 custom operations take none: `dsl.torch_bridge` refuses them under a
 tracer).  torch is imported only when the operation is first needed.
@@ -34,12 +43,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from dsl.dask_bridge import placeholder
-from dsl.function import Compiled, backward_function, result_types, symbolic_result_types
+from dsl.function import (Compiled, backward_function, backward_pass_function,
+                          forward_pass_function, program_result_types,
+                          symbolic_result_types)
 from gradlang.compiler.shapes import NeedsValue, Sym, evaluate
 from gradlang.runtime.errors import ArgumentError, called
 
@@ -49,12 +60,16 @@ _DEFINING = threading.Lock()  # (threads tracing at once define it once)
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any],
-          live: tuple[str, ...] = ()) -> tuple:
+          live: tuple[str, ...] = (), differentiated: bool = False) -> tuple:
     """f's raw results on `bound` as one call of `gradlang::call` on
     `tensors` (see the module's contract), where the module params `live`
-    (those the call left out) take their values when it runs."""
+    (those the call left out) take their values when it runs; a call
+    `differentiated` (autograd records it) runs f's forward pass, whose
+    residuals its backward reads."""
     call = op_call(f, bound, tuple(tensors), live)
-    return tuple(operation()(call.key, list(tensors.values())))
+    if differentiated:
+        call = call.keeping_residuals()
+    return tuple(operation()(call.key, list(tensors.values()))[:call.n_results])
 
 
 def op_call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
@@ -96,7 +111,15 @@ class OpCall:
         statics = f.static_names(self.bound) & set(names)
         if statics:
             _by_value_error(f, min(statics))
-        self._backward: dict[int, OpCall] = {}
+        self._backward: dict[int, tuple[OpCall, list[str]]] = {}
+        self._forward: Optional[OpCall] = None  # (`keeping_residuals`)
+        # a call of f's forward pass: how many of its results are f's (the
+        # others are residuals, which autograd saves, named `saved_names`)
+        self.n_results: Optional[int] = None
+        self.saved_names = names
+        # a call of f's backward pass reading residuals: the call of the
+        # VjpFunction that recomputes them, which its own backward differentiates
+        self.recomputing: Optional[OpCall] = None
 
     def bound_with(self, arrays: Sequence[Any]) -> dict[str, Any]:
         bound = dict(self.bound)
@@ -104,9 +127,11 @@ class OpCall:
         return bound
 
     def result_types(self, shapes: Sequence[tuple]) -> tuple:
-        """(shape, NumPy dtype) of each result for tensors of these shapes."""
+        """(shape, NumPy dtype) of each result for tensors of these shapes,
+        as the program `run` runs for them gives them (a forward pass's
+        residuals: `program_result_types`)."""
         bound = self.bound_with([placeholder(s, d) for s, d in zip(shapes, self.dtypes)])
-        return self._retrying(lambda: result_types(self.f, bound), bound)
+        return self._retrying(lambda: program_result_types(self.f, bound), bound)
 
     def traced_result_types(self, shapes: Sequence[tuple]) -> list:
         """`result_types` for tensors whose sizes may be symbols of torch's
@@ -114,12 +139,16 @@ class OpCall:
         in them.  f is lowered with a symbol for each of torch's, or else
         (a shape rule that needs to know two sizes equal) for the pattern
         of equal sizes in the traced example, on which the graph is then
-        guarded; where f needs concrete sizes, the graph is specialized."""
+        guarded; where f needs concrete sizes, the graph is specialized.  A
+        lowering with other residuals (a forward pass's: f's results are the
+        same in every one) than the program run for the example, lowered
+        for its pattern (`result_types`), is passed over as one that fails."""
         hints = [tuple(map(hint, s)) for s in shapes]
         if all(type(d) is int for s in shapes for d in s):
             return self.result_types(hints)
         bound = self.bound_with([placeholder(h, d) for h, d in zip(hints, self.dtypes)])
         given = dict(zip(self.names, shapes))
+        expected = len(self.result_types(hints))
         symbolic = None
         # a symbol of ours for each of torch's, or else for each size of
         # torch's symbols in the example (those equal in it sharing one)
@@ -127,6 +156,8 @@ class OpCall:
             if symbolic is None:
                 symbolic = self._retrying(lambda: symbolic_result_types(
                     self.f, bound, _symbols(given, same)), bound)
+                if symbolic is not None and len(symbolic[1]) != expected:
+                    symbolic = None
         if symbolic is None:
             return self.result_types([tuple(int(d) for d in s) for s in shapes])
         types, outs = symbolic
@@ -160,6 +191,11 @@ class OpCall:
         if self.live:
             bound.update(self._live_params())
         results = [_tensor(o) for o in self.f.call_bound(bound)]
+        if self.n_results is not None and \
+                len(results) != self.n_results + len(self.saved_names) - len(self.names):
+            raise ArgumentError(f"{called(self.f.name)} keeps other residuals for these sizes "
+                                "than where torch traced it: compile it without dynamic "
+                                "shapes", self.f.span)
         # torch's custom operations may not return memory an input (a function
         # returning its argument) or another result holds
         taken = {t.untyped_storage().data_ptr() for t in tensors}
@@ -185,19 +221,55 @@ class OpCall:
                                     "where torch traced the call: trace it again", self.f.span)
         return {n: values[n] for n in self.live}
 
-    def backward(self, n_outputs: int) -> "OpCall":
-        """The call of f's backward pass on these tensors and `n_outputs`
-        cotangents, whose results are the cotangents of f's float
-        arguments (`differentiable`)."""
+    def keeping_residuals(self) -> "OpCall":
+        """The call of f's forward pass (`ForwardPass`) on these tensors:
+        f's results, then the residuals its backward reads."""
+        if self._forward is None:
+            kept = op_call(forward_pass_function(self.f), self.bound, self.names, self.live)
+            kept.n_results = len(self._result_types())
+            kept.saved_names = self.names + backward_pass_function(
+                self.f, kept.n_results, len(kept._result_types()) - kept.n_results
+            ).residual_names
+            self._forward = kept
+        return self._forward
+
+    def backward(self, n_outputs: int) -> tuple["OpCall", list[str]]:
+        """(the call of f's backward pass on these tensors, the residuals a
+        call of f's forward pass saved, and `n_outputs` cotangents, the
+        names of the tensors its results are the cotangents of).  A call of
+        a backward pass reading residuals is differentiated as the
+        `VjpFunction` call it stands for, which computes them again: the
+        cotangents of its residuals are None."""
         back = self._backward.get(n_outputs)
         if back is None:
-            vf = backward_function(self.f, n_outputs)
-            types = self.result_types([self.bound[n].shape for n in self.names])
-            bound = dict(self.bound)
-            bound.update({c: placeholder(s, d) for c, (s, d) in zip(vf.ct_names, types)})
-            back = op_call(vf, bound, self.names + vf.ct_names, self.live)
+            if self.recomputing is not None:
+                back = self.recomputing.backward(n_outputs)
+            elif self.n_results is not None:
+                f = self.f.inner
+                bf = backward_pass_function(f, n_outputs,
+                                            len(self.saved_names) - len(self.names))
+                types = self._result_types()
+                bound = dict(self.bound)
+                bound.update({n: placeholder(s, d) for n, (s, d) in zip(
+                    bf.residual_names + bf.ct_names,
+                    types[self.n_results:] + types[:self.n_results])})
+                call = op_call(bf, bound, self.saved_names + bf.ct_names, self.live)
+                call.recomputing = op_call(f, self.bound, self.names, self.live).backward(
+                    n_outputs)[0]
+                back = (call, self.differentiable)
+            else:
+                vf = backward_function(self.f, n_outputs)
+                bound = dict(self.bound)
+                bound.update({c: placeholder(s, d)
+                              for c, (s, d) in zip(vf.ct_names, self._result_types())})
+                back = (op_call(vf, bound, self.names + vf.ct_names, self.live),
+                        self.differentiable)
             self._backward[n_outputs] = back
         return back
+
+    def _result_types(self) -> tuple:
+        """`result_types` for the tensors' shapes where this call was traced."""
+        return self.result_types([self.bound[n].shape for n in self.names])
 
     @property
     def differentiable(self) -> list[str]:
@@ -250,18 +322,23 @@ def _defined():
                     [tuple(t.shape) for t in inputs])]
 
     def setup_context(ctx, inputs: tuple, output: list) -> None:
-        ctx.call = registered(inputs[0])
-        ctx.outputs = [(o.shape, o.dtype) for o in output]
-        ctx.save_for_backward(*inputs[1])
+        known = ctx.call = registered(inputs[0])
+        # (a forward pass's results past f's are its residuals: saved, not seen)
+        ctx.outputs = [(o.shape, o.dtype) for o in output[:known.n_results]]
+        ctx.save_for_backward(*inputs[1], *output[len(ctx.outputs):])
 
     def backward(ctx, cts: list) -> tuple:
         known: OpCall = ctx.call
-        tensors = ctx.saved_tensors
-        # (torch gives None for the cotangent of an output it did not use)
-        cts = [torch.zeros(shape, dtype=dtype, device=tensors[0].device) if ct is None else ct
+        saved = ctx.saved_tensors
+        # (torch gives None for the cotangent of an output it did not use; a
+        # residual's is zero, as only a backward pass, whose backward gives
+        # its residuals none, reads it)
+        cts = [torch.zeros(shape, dtype=dtype, device=saved[0].device) if ct is None else ct
                for ct, (shape, dtype) in zip(cts, ctx.outputs)]
-        back = known.backward(len(cts))
-        grads = dict(zip(known.differentiable, call(back.key, [*tensors, *cts])))
+        back, wrt = known.backward(len(cts))
+        given = dict(zip(known.saved_names, saved))
+        given.update(zip(back.names[len(back.names) - len(cts):], cts))
+        grads = dict(zip(wrt, call(back.key, [given[n] for n in back.names])))
         return None, [grads.get(n) for n in known.names]
 
     call.register_autograd(backward, setup_context=setup_context)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import dsl
+from gradlang.compiler import pipeline
 from helpers import central_difference
 from helpers import load_example as load
 
@@ -187,6 +188,39 @@ def test_inductor_runs_the_operation():
     xn = x.detach().numpy()
     np.testing.assert_allclose(value.detach().numpy(), np.logaddexp(0, xn), rtol=1e-14)
     np.testing.assert_allclose(g.numpy(), [1.0, 2.0, 3.0, 4.0] * sigmoid(xn), rtol=1e-14)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_training_step_computes_the_forward_once(backend, dynamic, monkeypatch):
+    # the backward was the operation of f's backward pass, which computed
+    # the forward again: exp ran twice a step.  Now the forward operation
+    # also returns the residuals the backward pass reads, which takes them.
+    # (The operation alone, as in the inductor test above.)
+    from torch._dynamo.testing import CompileCounterWithBackend
+    ran = []
+    run = pipeline.Program.__call__
+
+    def counted(program, *arrays):
+        ran.extend(e.op for e in program.ir.eqns)
+        return run(program, *arrays)
+
+    monkeypatch.setattr(pipeline.Program, "__call__", counted)
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    counter = CompileCounterWithBackend(backend)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: f(x), backend=counter, fullgraph=True, dynamic=dynamic)
+    for n in (3, 5):
+        x = torch.linspace(-3.0, 40.0, n, dtype=torch.float64, requires_grad=True)
+        ct = torch.arange(1.0, n + 1, dtype=torch.float64)
+        ran.clear()
+        value = step(x)
+        (g,) = torch.autograd.grad(value, x, ct)
+        assert ran.count("exp") == ran.count("log") == 1
+        xn = x.detach().numpy()
+        np.testing.assert_allclose(value.detach().numpy(), np.logaddexp(0, xn), rtol=1e-14)
+        np.testing.assert_allclose(g.numpy(), ct.numpy() * sigmoid(xn), rtol=1e-14)
+    assert counter.frame_count == (1 if dynamic else 2)
 
 
 def test_sizes_marked_dynamic_compile_once():
