@@ -28,7 +28,7 @@ waited for; PyTorch wraps the NumPy inputs without copying.
                      `scatter_add`) against np.take, np.add.at
     torch_bridge_cases, jax_bridge_cases
                      `dsl.to_torch`, `dsl.to_jax` against the dsl called
-                     directly (issue 12)
+                     directly (issue 12); to_torch under torch.compile
     dask_cases       the logistic loss and its gradient on Dask arrays
 
 A case's `notes` are lines the report prints under its table (kernel
@@ -832,7 +832,8 @@ def indexing_cases(rows: int, width: int, lookups: int, values: int, segments: i
 
 def torch_bridge_cases(sizes, seed: int = 0) -> list[Case]:
     """log1pexp value + gradient through `dsl.to_torch` ("dsl") against the
-    dsl called on NumPy arrays (`dsl.vjp` and its pullback)."""
+    dsl called on NumPy arrays (`dsl.vjp` and its pullback); then as a
+    torch.compile'd step (aot_eager), torch's softplus compiled so."""
     if torch_module() is None:
         return []
     torch = torch_module()
@@ -862,7 +863,26 @@ def torch_bridge_cases(sizes, seed: int = 0) -> list[Case]:
                  "dsl direct": direct, "torch": lambda x=x: torch_log1pexp()(x)}
         cases.append(Case(f"to_torch log1pexp fwd+bwd, float64 n={size_label(n)}", impls,
                           numpy_log1pexp(x)))
+        # (aot_eager: AOTAutograd's forward and backward graphs run as traced,
+        # with none of inductor's C++ compilation)
+        ours = torch.compile(lambda x: tf(x), backend="aot_eager", fullgraph=True)
+        theirs = torch.compile(torch.nn.functional.softplus, backend="aot_eager",
+                               fullgraph=True)
+        impls = {"numpy": lambda x=x: numpy_log1pexp(x),
+                 "dsl": lambda xt=xt, ones_t=ones_t: compiled_step(ours, xt, ones_t),
+                 "dsl direct": direct,
+                 "torch": lambda xt=xt, ones_t=ones_t: compiled_step(theirs, xt, ones_t)}
+        cases.append(Case(f"to_torch log1pexp fwd+bwd under torch.compile, float64 "
+                          f"n={size_label(n)}", impls, numpy_log1pexp(x)))
     return cases
+
+
+def compiled_step(step, x, ct) -> tuple:
+    """A torch.compile'd function's value and gradient at x for the
+    cotangent ct, as NumPy arrays."""
+    y = step(x)
+    (g,) = torch_module().autograd.grad(y, x, ct)
+    return y.detach().numpy(), g.numpy()
 
 
 def jax_bridge_cases(sizes, seed: int = 0) -> list[Case]:
