@@ -66,23 +66,35 @@ def _signature(bound: dict[str, np.ndarray], statics=frozenset()) -> tuple:
         tuple((n, bound[n].item()) for n in sorted(statics))
 
 
-def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()
-              ) -> tuple[tuple, dict[str, TensorType]]:
-    """The size pattern of a call and its symbolic types: equal sizes share
-    a symbol; size 1 stays 1, since it broadcasts.  Static arguments are
-    part of the pattern by value."""
+def _pattern(bound: dict[str, np.ndarray], statics=frozenset()) -> tuple:
+    """The size pattern of a call, the key of its symbolic program: dtypes,
+    ranks, which sizes are equal (size 1 stays 1, since it broadcasts), and
+    static arguments by value.  (Made on every call that misses the fast
+    path: plain ints, no symbols.)"""
+    sizes: dict[int, int] = {}
+    key = []
+    for name, a in bound.items():
+        if name in statics:
+            key.append((name, a.dtype.str, repr(a.item())))
+        else:
+            key.append((name, a.dtype.str, tuple(
+                -1 if d == 1 else sizes.setdefault(d, len(sizes)) for d in a.shape)))
+    return ("symbolic", tuple(key))
+
+
+def _symbolic(bound: dict[str, np.ndarray], statics=frozenset()) -> dict[str, TensorType]:
+    """The symbolic types of a call's `_pattern`: equal sizes share a
+    symbol; size 1 stays 1."""
     symbols: dict[int, Sym] = {}
-    types, key = {}, []
+    types = {}
     for name, a in bound.items():
         if name in statics:
             types[name] = static_type(a)
-            key.append((name, a.dtype.str, repr(a.item())))
             continue
         shape = tuple(1 if d == 1 else symbols.setdefault(d, Sym.named(f"s{len(symbols)}"))
                       for d in a.shape)
         types[name] = TensorType(SUPPORTED[a.dtype], shape)
-        key.append((name, a.dtype.str, tuple(str(d) for d in shape)))
-    return ("symbolic", tuple(key)), types
+    return types
 
 
 def _types(bound: dict[str, np.ndarray], statics=frozenset(),
@@ -239,7 +251,7 @@ class Compiled:
         program for every call with the same dtypes, ranks and pattern of
         equal sizes), or with concrete sizes when the function needs them."""
         statics = self.static_names(bound)
-        pattern, types = _symbolic(bound, statics)
+        pattern = _pattern(bound, statics)
         program = self._programs.get(pattern)
         if program is not None:
             return program
@@ -250,7 +262,7 @@ class Compiled:
         with self._lock:
             if pattern not in self._concrete_only:
                 try:
-                    program = self.build(types)
+                    program = self.build(_symbolic(bound, statics))
                     self._programs[pattern] = program
                     return program
                 except (NeedsConcrete, GradError):
@@ -699,7 +711,7 @@ def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
     the residuals a `ForwardPass` keeps may not (a size the backward reads
     is a constant of the concrete lowering, a residual of the pattern's)."""
     statics = f.static_names(bound)
-    types = _symbolic(bound, statics)[1]
+    types = _symbolic(bound, statics)
     symbolic = symbolic_result_types(
         f, bound, {n: t.shape for n, t in types.items() if n not in statics})
     if symbolic is None:
