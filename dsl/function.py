@@ -803,7 +803,7 @@ class ForwardPass(Compiled):
     the values its backward pass (`BackwardPass`) reads, but for f's
     arguments, which that reads itself (`pipeline.vjp_passes`).  A library
     that holds the residuals (a torch graph) then differentiates a call
-    without computing its forward again, as a `VjpFunction` does."""
+    without computing its forward again (a `VjpFunction` computes it)."""
 
     def __init__(self, inner: Compiled):
         super().__init__()
