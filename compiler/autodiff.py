@@ -525,15 +525,21 @@ def split(joint: Function, n_params: int, n_out: int) -> tuple[Function, Functio
             tainted.update(eqn.outputs)
         else:
             fwd_eqns.append(eqn)
-    # Constants (zeros, sizes) only the backward pass reads are made there,
-    # not kept as residuals.
-    fwd_reads = {a for e in fwd_eqns for a in vars_in(e.inputs)} | \
-        set(vars_in(joint.outputs[:n_out]))
-    moved = [e for e in fwd_eqns if not list(vars_in(e.inputs))
-             and not any(o in fwd_reads for o in e.outputs)]
-    fwd_eqns = [e for e in fwd_eqns if e not in moved]
-    bwd_eqns = moved + bwd_eqns
-    tainted.update(o for e in moved for o in e.outputs)
+    # Values that read no parameter, made by equations without inputs
+    # (constants, zeros, a size: `dim`) and from those as scalars (a mean's
+    # 1 / n), the backward pass makes itself (the forward's copies, if it
+    # does not read them, DCE removes): they are not residuals, as they are
+    # none (literals) where the sizes are known.
+    free: set[Var] = set()
+    made: list[Eqn] = []
+    for eqn in fwd_eqns:
+        inputs = list(vars_in(eqn.inputs))
+        if eqn.op != "loop" and all(a in free for a in inputs) and (
+                not inputs or all(o.type.rank == 0 for o in eqn.outputs)):
+            free.update(eqn.outputs)
+            made.append(eqn)
+    bwd_eqns = made + bwd_eqns
+    tainted.update(free)
     residuals: list[Var] = []
     seen: set[Var] = set()
     grads = joint.outputs[n_out:]

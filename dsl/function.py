@@ -708,8 +708,8 @@ def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
     (`Compiled.program`) gives them: lowered for the call's pattern of
     sizes (its results' sizes then evaluated at the call's), or for its
     sizes where f needs those.  f's results have the same types either way;
-    the residuals a `ForwardPass` keeps may not (a size the backward reads
-    is a constant of the concrete lowering, a residual of the pattern's)."""
+    the residuals a `ForwardPass` keeps may not (known sizes may simplify
+    differently)."""
     statics = f.static_names(bound)
     types = _symbolic(bound, statics)
     symbolic = symbolic_result_types(

@@ -223,6 +223,29 @@ def test_a_compiled_training_step_computes_the_forward_once(backend, dynamic, mo
     assert counter.frame_count == (1 if dynamic else 2)
 
 
+def test_a_size_the_backward_reads_is_no_residual_of_a_dynamic_graph():
+    # a mean over the static axis: where the program's sizes are symbols,
+    # the forward pass kept the size (1 / 3) as a residual; where the fake
+    # rule had 3 from torch, a literal, no residual.  Its lowerings disagreed
+    # and it fell back to the concrete sizes: the marked size specialized
+    # (ConstraintViolationError).  The backward pass now makes such values
+    # itself.
+    from torch._dynamo.testing import CompileCounterWithBackend
+    f = dsl.to_torch(dsl.loads("def g(x):\n    return mean(x * x, axis=1)\n", "g.grad").g)
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: f(x), backend=counter, fullgraph=True)
+    for n in (4, 6):
+        x = torch.linspace(-1.0, 2.0, 3 * n, dtype=torch.float64).reshape(n, 3).requires_grad_()
+        torch._dynamo.mark_dynamic(x, 0)
+        value = step(x)
+        (g,) = torch.autograd.grad(value, x, torch.ones(n, dtype=torch.float64))
+        xn = x.detach().numpy()
+        np.testing.assert_allclose(value.detach().numpy(), (xn * xn).mean(axis=1), rtol=1e-14)
+        np.testing.assert_allclose(g.numpy(), 2 * xn / 3, rtol=1e-14)
+    assert counter.frame_count == 1
+
+
 def test_sizes_marked_dynamic_compile_once():
     # the fake rule made each size concrete: a size marked dynamic was a
     # ConstraintViolationError ("your code specialized it to be a constant")
