@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import dsl
 from dsl.check import check_function
 from dsl.cli import main
-from dsl.function import _symbolic as size_pattern
+from dsl.function import _symbolic as symbolic_types
 from gradlang.compiler.ir import TensorType
 from gradlang.compiler.shapes import NeedsConcrete
 from helpers import central_difference
@@ -255,7 +255,7 @@ def test_the_check_is_the_rule_of_language_md(case):
     # as dsl lowers a call for every size of its pattern (equal sizes share a
     # symbol, 1 stays 1): the same verdict, or concrete sizes needed where a
     # fixed size meets a symbol
-    _, symbolic = size_pattern({"x": np.empty(x_shape), "y": np.empty(y_shape)})
+    symbolic = symbolic_types({"x": np.empty(x_shape), "y": np.empty(y_shape)})
     try:
         f.lower(symbolic)
         assert expected is None
