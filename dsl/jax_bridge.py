@@ -33,11 +33,11 @@ that program does not stack, once per example (`jax.lax.map`; eagerly a
 Python loop, which compiles nothing).  Where the batch is of tangents or
 cotangents alone (`jacfwd`, `jacrev`, `hessian`), one stacked program
 computes them all within `STACKED_ELEMENTS`, as `dsl.jacfwd` does; a
-batch of tangents with their primals (`vmap` of `jvp`) is the stacked jvp
-program, and a batch of Jacobians (`vmap` of `jacfwd`, `jacrev`, `hessian`)
-that program stacked again.  A backward pass computes the cotangents JAX
-asks for alone (`jax.grad` with respect to the weights computes none for
-the data).
+batch of primals with their tangents or with a tangent shared (`vmap` of
+`jvp`) is the stacked jvp program, and a batch of Jacobians (`vmap` of
+`jacfwd`, `jacrev`, `hessian`) that program stacked again.  A backward
+pass computes the cotangents JAX asks for alone (`jax.grad` with respect
+to the weights computes none for the data).
 Forward mode runs f's jvp program, which computes f's value too, beside f
 itself (JAX asks for the value and the tangents separately).  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
@@ -344,7 +344,8 @@ class Call:
         cotangent of a backward pass (`jacrev`) and the stacked values fit
         in `STACKED_ELEMENTS`, or where this call is not linear (f itself,
         or its backward pass: `vmap`, `vmap` of `grad`), is linear with a
-        tangent among its mapped inputs (`vmap` of `jvp`), its mapped inputs
+        tangent or one of f's own arguments among its mapped inputs (`vmap`
+        of `jvp`, the tangent per example or shared), its mapped inputs
         are not constants and the program stacks (as `dsl.vmap`'s, with no
         bound on its size: the batch is the caller's), or is itself a
         stacked call (`vmap` of a Jacobian) whose stacked program stacks
@@ -367,10 +368,14 @@ class Call:
             if per_slice is None or per_slice * size > STACKED_ELEMENTS:
                 return None
         elif (not f.static_names(self.bound) & set(names)
-              and (not self.linear or set(names) & set(f.tangent_names))):
-            # a linear call mapped along its primals alone is left to run per
-            # example: in a Hessian, JAX's next vmap maps its tangent, which
-            # then stacks as a Jacobian's one-hot vectors
+              and not (self.linear and set(names) <= _derivative_inputs(f.inner))):
+            # a linear call mapped along its primals alone, where those are the
+            # tangents or cotangents of the derivative it differentiates (a
+            # Jacobian's one-hot values, in a Hessian or a jacfwd of a jacrev),
+            # is left to run per example: JAX's next vmap maps its tangent,
+            # which then stacks as a Jacobian's one-hot vectors (stacking both
+            # ran a jacfwd of a jacrev of 60 outputs 10 times slower).  Mapped
+            # along f's own arguments (vmap of jvp, the tangent shared) it stacks.
             stacked = batched_function(f, names)
             if not stacked.stacks(self.bound):
                 return None
@@ -404,6 +409,16 @@ class Call:
             return rule(base, values)
 
         return jax.vmap(one)(*(values[i] for i in batched))
+
+
+def _derivative_inputs(f: Compiled) -> set[str]:
+    """The tangents (of a `JvpFunction`) or cotangents (of a `VjpFunction`)
+    that f takes besides its function's arguments; none for another f."""
+    if isinstance(f, JvpFunction):
+        return set(f.tangent_names)
+    if isinstance(f, VjpFunction):
+        return set(f.ct_names)
+    return set()
 
 
 def _zero_tangent(shape: tuple, dtype: np.dtype):

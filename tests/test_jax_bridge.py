@@ -186,6 +186,40 @@ def test_vmap_of_jvp_runs_one_stacked_jvp_program_and_its_derivatives_hold(x64, 
     np.testing.assert_allclose(second, central, rtol=1e-6, atol=1e-8)
 
 
+def test_vmap_of_jvp_along_a_shared_direction_runs_one_stacked_program(x64, monkeypatch):
+    # jax.vmap of jax.jvp with the primals batched and the tangent shared
+    # (each example's derivative along one direction, and an hvp's) ran the
+    # jvp program once per example (64 runs, 1.3 ms for 64 examples of
+    # dense; now one run, 0.07 ms)
+    runs = program_runs(monkeypatch)
+    dense = load("dense").dense
+    f = dsl.to_jax(dense)
+    rng = np.random.default_rng(13)
+    xs, w, b, v = rng.normal(size=(4, 3, 2)), rng.normal(size=(2, 2)), rng.normal(size=2), \
+        rng.normal(size=(3, 2))
+
+    def along_v(x):
+        return jax.jvp(lambda x: f(x, w, b), (x,), (v,))[1]
+
+    runs.clear()
+    got = jax.jit(jax.vmap(along_v))(xs)
+    assert runs == ["stacked jvp(dense)"], runs
+    np.testing.assert_allclose(got, [dsl.jvp(dense, (x, w, b), (v, None, None))[1] for x in xs],
+                               rtol=1e-12)
+    # its transpose sums the examples' cotangents of the shared tangent
+    u = rng.normal(size=got.shape)
+    (ct_v,) = jax.linear_transpose(lambda v: jax.vmap(
+        lambda x: jax.jvp(lambda x: f(x, w, b), (x,), (v,))[1])(xs), v)(u)
+    np.testing.assert_allclose(ct_v, sum(dsl.vjp(dense, x, w, b)[1](ui)[0]
+                                         for x, ui in zip(xs, u)), rtol=1e-12)
+    # an hvp along one direction: the Hessian of each example's sum times v
+    runs.clear()
+    hvps = jax.jit(jax.vmap(lambda x: jax.jvp(jax.grad(lambda x: f(x, w, b).sum()), (x,),
+                                              (v,))[1]))(xs)
+    assert runs == ["stacked jvp(vjp(dense))"], runs
+    np.testing.assert_allclose(hvps, [dsl.hvp(dense)(x, w, b, v) for x in xs], rtol=1e-12)
+
+
 def test_vmap_of_a_jacobian_runs_one_program(x64, monkeypatch):
     # each example's Jacobian or Hessian ran the one-hot stacked program once
     # per example (64 runs); the backward pass computed every argument's
