@@ -352,11 +352,7 @@ class Jacobian:
     def call_bound(self, bound: dict[str, Any]) -> Any:
         """The Jacobians for f's validated arguments, structured as f's
         outputs."""
-        for name in self.wrt:
-            if name not in bound:
-                raise ArgumentError(f"{self.name}: no value was passed for {name!r}",
-                                    self.f.span)
-            self._require_float(name, bound[name])
+        self.require_wrt(bound)
         per_output = (self._forward(bound) if self.mode == "fwd" else self._reverse(bound))
         per_output = [[self._placed(j) for j in js] for js in per_output]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
@@ -367,6 +363,16 @@ class Jacobian:
         if self.f.host_results or self.f.target.is_array(jacobian):
             return jacobian
         return self.f.target.accept(jacobian, f"{self.name}'s result")
+
+    def require_wrt(self, bound: dict[str, Any]) -> None:
+        """An `ArgumentError` unless f's arguments `bound` give every argument
+        `wrt` names, a float (said of this Jacobian, also where a transform
+        takes it as a function: `jacobian_function`)."""
+        for name in self.wrt:
+            if name not in bound:
+                raise ArgumentError(f"{self.name}: no value was passed for {name!r}",
+                                    self.f.span)
+            self._require_float(name, bound[name])
 
     def _require_float(self, name: str, x: Any) -> None:
         dtype = np.dtype(x.dtype)

@@ -28,29 +28,30 @@ from dsl.function import Compiled, Stacked, derived, jvp_function
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.shapes import NeedsConcrete
-from gradlang.runtime.errors import ArgumentError
 
 
 def jacobian_function(jacobian: Any) -> "JacobianFunction":
     """The `JacobianFunction` of a Jacobian, one per (function, wrt, kind
-    of result), so that its programs compile once."""
-    f, wrt, single = jacobian.f, jacobian.wrt, jacobian.single
-    return derived(f, ("jacobian", wrt, single),
-                   lambda: JacobianFunction(f, wrt, single, jacobian.name))
+    of result, mode: the name its errors give), so that its programs
+    compile once (jacfwd's and jacrev's are one program)."""
+    return derived(jacobian.f, ("jacobian", jacobian.wrt, jacobian.single, jacobian.mode),
+                   lambda: JacobianFunction(jacobian))
 
 
 class JacobianFunction(Compiled):
-    """f's Jacobians with respect to the arguments `wrt` (names), one per
-    output and argument (`single`: wrt was one argument, not a tuple)."""
+    """The Jacobians of `jacobian` (of its f with respect to the arguments
+    `wrt`, names), one per output and argument (`single`: wrt was one
+    argument, not a tuple)."""
 
-    def __init__(self, inner: Compiled, wrt: tuple[str, ...], single: bool, name: str):
+    def __init__(self, jacobian: Any):
         super().__init__()
-        self.inner, self.wrt, self.single, self.name = inner, wrt, single, name
-        self.jvp = jvp_function(inner, wrt)
+        self.jacobian, self.inner = jacobian, jacobian.f
+        self.wrt, self.single, self.name = jacobian.wrt, jacobian.single, jacobian.name
+        self.jvp = jvp_function(self.inner, self.wrt)
         self.columns = Stacked(self.jvp, self.jvp.tangent_names, "tangents")
-        self.specs = inner.specs
+        self.specs = self.inner.specs
         self.param_specs = self.jvp.param_specs  # inner's, then the one-hot tangents
-        self.target, self.host_results = inner.target, inner.host_results
+        self.target, self.host_results = self.inner.target, self.inner.host_results
 
     @property
     def span(self):
@@ -59,14 +60,8 @@ class JacobianFunction(Compiled):
     def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
              ) -> dict[str, np.ndarray]:
         bound = self.inner.bind(args, kwargs, params)
-        sizes = []
-        for name in self.wrt:
-            if name not in bound:
-                raise ArgumentError(f"{self.name}: no value was passed for {name!r}", self.span)
-            if np.dtype(bound[name].dtype).kind != "f":
-                raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
-                                    f"{name!r}: it has dtype {bound[name].dtype}", self.span)
-            sizes.append(math.prod(bound[name].shape))
+        self.jacobian.require_wrt(bound)  # (refused as the Jacobian's own call refuses them)
+        sizes = [math.prod(bound[name].shape) for name in self.wrt]
         rows, start = sum(sizes), 0
         for name, tangent, size in zip(self.wrt, self.jvp.tangent_names, sizes):
             x = bound[name]

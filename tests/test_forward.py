@@ -198,6 +198,22 @@ def test_jvp_and_grad_of_a_jacobian_match_central_differences(kind, name):
     np.testing.assert_allclose(along, np.sum(want), rtol=1e-6, atol=1e-7)
 
 
+def test_a_transform_of_a_jacobian_refuses_arguments_as_the_jacobian_does():
+    # a transform of jacrev(f) named it jacfwd(f) (made first, for the same
+    # f and wrt), and gave dtypes as NumPy's (int64) where the call says i64
+    m = dsl.loads("def f(x):\n    return sin(x)\n")
+    ints = np.array([1, 2])
+    for jacobian in (dsl.jacfwd(m.f), dsl.jacrev(m.f)):
+        with pytest.raises(dsl.ArgumentError) as direct:
+            jacobian(ints)
+        assert direct.value.message.startswith(f"{jacobian.name}: ")
+        for transform in (dsl.grad(jacobian), dsl.jacfwd(jacobian),
+                          lambda x: dsl.jvp(jacobian, (x,), (np.ones(2),))):
+            with pytest.raises(dsl.ArgumentError) as err:
+                transform(ints)
+            assert err.value.message == direct.value.message
+
+
 def test_jacobians_of_jacobians_are_shaped_and_valued_as_jax():
     # jax.jacfwd(jax.jacrev(f)) is out.shape + x.shape + x.shape; a tuple
     # wrt gives tuples of tuples
