@@ -290,7 +290,7 @@ class Call:
         from jax.interpreters import ad
         if all(type(ct) is ad.Zero for ct in cts):
             return [None] * len(args)
-        if self.base is not None and self.base[0].linear:
+        if self.base is not None and self.base[0].linear_call is not None:
             return self._transposed_per_value(cts, args)
         jf = self.f
         n_primal = len(self.names) - len(jf.tangent_names) if self.linear else 0
@@ -320,6 +320,15 @@ class Call:
         return [None] * n_primal + [jax.lax.convert_element_type(g, t.aval.dtype)
                                     for g, t in zip(grads, args[n_primal:])]
 
+    @property
+    def linear_call(self) -> Optional["Call"]:
+        """The linear call this one is, or stacks (a linear call stacked,
+        then stacked again: `vmap` of `vmap` of `jvp`), whose inputs it
+        takes; else None."""
+        if self.linear:
+            return self
+        return None if self.base is None else self.base[0].linear_call
+
     def _transposed_per_value(self, cts: Sequence[Any], args: Sequence[Any]) -> list:
         """A stacked linear call's transpose rule: JAX's vmap of its base's
         over the cotangents and the stacked primals (the tangents being
@@ -327,7 +336,7 @@ class Call:
         tangent given once for the whole batch gets the sum of the
         examples' cotangents."""
         base, indices = self.base
-        n_primal = len(base.names) - len(base.f.tangent_names)
+        n_primal = len(base.names) - len(base.linear_call.f.tangent_names)
         primals = list(args[:n_primal])
         per_example = self._per_value(
             lambda base, values: base.transpose(

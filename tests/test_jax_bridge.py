@@ -220,6 +220,42 @@ def test_vmap_of_jvp_along_a_shared_direction_runs_one_stacked_program(x64, monk
     np.testing.assert_allclose(hvps, [dsl.hvp(dense)(x, w, b, v) for x in xs], rtol=1e-12)
 
 
+def test_a_twice_stacked_jvp_transposes(x64, monkeypatch):
+    # jax.grad of jax.vmap of jax.vmap of jax.jvp was a NotImplementedError
+    # ("JAX transposed stacked stacked jvp(jvp(dense)), which is not linear"):
+    # a stacked call stacked again is linear where the call it stacks is
+    runs = program_runs(monkeypatch)
+    dense = load("dense").dense
+    f = dsl.to_jax(dense)
+    rng = np.random.default_rng(17)
+    xs, ts = rng.normal(size=(2, 2, 3, 4, 2))
+    w, b, v = rng.normal(size=(2, 2)), rng.normal(size=2), rng.normal(size=(4, 2))
+    u = rng.normal(size=xs.shape[:2] + (4, 2))
+
+    def jvp_of(x, t):
+        return jax.jvp(lambda x: f(x, w, b), (x,), (t,))[1]
+
+    for t, axes in ((ts, 0), (v, (0, None))):  # a tangent per example, or one shared
+        batched = jax.vmap(jax.vmap(jvp_of, axes), axes)
+        runs.clear()
+        got = jax.jit(batched)(xs, t)
+        assert runs == ["stacked stacked jvp(dense)"], runs
+        ct_t = jax.linear_transpose(lambda t: batched(xs, t), t)(u)[0]
+        # (the transpose of a jvp is the pullback at the same point)
+        per_example = np.array([[dsl.vjp(dense, x, w, b)[1](ui)[0] for x, ui in zip(xr, ur)]
+                                for xr, ur in zip(xs, u)])
+        np.testing.assert_allclose(got, [[dsl.jvp(dense, (x, w, b), (tt, None, None))[1]
+                                          for x, tt in zip(xr, tr)]
+                                         for xr, tr in zip(xs, np.broadcast_to(t, xs.shape))],
+                                   rtol=1e-12)
+        np.testing.assert_allclose(ct_t, per_example if t is ts else per_example.sum((0, 1)),
+                                   rtol=1e-12)
+        grad_x = jax.jit(jax.grad(lambda xs: jnp.vdot(batched(xs, t), u)))(xs)
+        eps, s = 1e-6, rng.normal(size=xs.shape)
+        along = (jnp.vdot(batched(xs + eps * s, t), u) - jnp.vdot(batched(xs - eps * s, t), u))
+        np.testing.assert_allclose(np.vdot(grad_x, s), along / (2 * eps), rtol=1e-6)
+
+
 def test_vmap_of_a_jacobian_runs_one_program(x64, monkeypatch):
     # each example's Jacobian or Hessian ran the one-hot stacked program once
     # per example (64 runs); the backward pass computed every argument's
