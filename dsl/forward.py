@@ -41,9 +41,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
-from dsl.function import (Compiled, GradFunction, JvpFunction, Stacked, Wrt, derived_if_made,
-                          fast_key, jvp_function, resolve_wrt, stacked_jvp_function,
-                          stacked_vjp_function, vjp_of_bound)
+from dsl.function import (AsFunction, Compiled, GradFunction, JvpFunction, Stacked, Wrt,
+                          derived_if_made, fast_key, jvp_function, resolve_wrt,
+                          stacked_jvp_function, stacked_vjp_function, vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
 from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
@@ -325,7 +325,7 @@ def _direct_runner(jf: JvpFunction, on_target: dict[str, Any], tangent: str):
     return run
 
 
-class Jacobian:
+class Jacobian(AsFunction):
     """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev").
     `batched`: f is a `vmap` mapping every argument `wrt` names, and the
     Jacobians are those of each example (`dsl.mapped.MappedJacobian`):

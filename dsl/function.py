@@ -602,6 +602,14 @@ def _describe(layout: Any) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
+class AsFunction:
+    """What a transform takes as the function `as_function` gives (a
+    Jacobian: `dsl.forward.Jacobian`, `dsl.mapped.MappedJacobian`)."""
+
+    def as_function(self) -> "Compiled":
+        raise NotImplementedError
+
+
 def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> Any:
     """f, if `what` (an API's name) can take it: a function of a loaded
     .grad module, or of a gradc-compiled one where `aot_ok` (else `what`
@@ -609,9 +617,8 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
     TypeError, and a compiled module's function that cannot do an
     ArgumentError.  A Jacobian is taken as its compiled form
     (`as_function`)."""
-    as_function = getattr(f, "as_function", None)
-    if as_function is not None:
-        f = as_function()
+    if isinstance(f, AsFunction):
+        f = f.as_function()
     if isinstance(f, Compiled) or (aot_ok and isinstance(f, AotFunction)):
         return f
     if isinstance(f, AotFunction):

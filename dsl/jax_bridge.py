@@ -302,8 +302,10 @@ class Call:
         bound = {n: a for n, a in self.bound.items() if n not in jf.tangent_names}
         # the backward pass of the arguments with tangents alone (jax.grad
         # with respect to the weights computes no gradient of the data)
-        wanted = tuple(n for n in f.differentiable_names(bound) if n in jf.active)
-        vf = backward_function(f, n_out, wanted)
+        floats = f.differentiable_names(bound)
+        wanted = tuple(n for n in floats if n in jf.active)
+        # (every float: the backward pass the other transforms run, compiled once)
+        vf = backward_function(f, n_out, None if len(wanted) == len(floats) else wanted)
         vf_bound, ct_values = dict(bound), []
         given = {k - n_out: ct for k, ct in zip(self.keep, cts) if type(ct) is not ad.Zero}
         for j, (name, (shape, dtype)) in enumerate(zip(vf.ct_names, self.all_outs)):

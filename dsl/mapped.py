@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from dsl.forward import Jacobian
-from dsl.function import Compiled, NotStacked, Stacked, derived
+from dsl.function import AsFunction, Compiled, NotStacked, Stacked, derived
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import SUPPORTED, cast, convert
@@ -195,7 +195,7 @@ class VmapFunction(Stacked):
         return self.inner.format(outs)
 
 
-class MappedJacobian:
+class MappedJacobian(AsFunction):
     """`vmap(jacobian, in_axes)` of a `jacfwd`, `jacrev` or `hessian`: each
     example's Jacobians, stacked, of shape (k,) + out example shape + arg
     example shape, as `jax.vmap(jax.jacrev(f))` gives.  Where every

@@ -214,6 +214,12 @@ def test_a_transform_of_a_jacobian_refuses_arguments_as_the_jacobian_does():
             assert err.value.message == direct.value.message
 
 
+def test_a_module_is_no_jacobian_even_with_a_function_named_as_function():
+    m = dsl.loads("def as_function(x):\n    return x\n")
+    with pytest.raises(TypeError, match="grad\\(\\) takes a function of a loaded .grad module"):
+        dsl.grad(m)
+
+
 def test_jacobians_of_jacobians_are_shaped_and_valued_as_jax():
     # jax.jacfwd(jax.jacrev(f)) is out.shape + x.shape + x.shape; a tuple
     # wrt gives tuples of tuples
