@@ -104,10 +104,8 @@ def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
             record = loop_forward(b, eqn, inputs)
             outs = record[1]
         elif op.kind == "call":
-            results = inline(b, eqn.p["fwd"], inputs)
-            outs = own_outputs(b, results[:eqn.p["n_out"]], inputs)
-            record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs,
-                      results[eqn.p["n_out"]:])
+            outs, residuals = call_forward(b, eqn, inputs)
+            record = (Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span), outs, residuals)
         else:
             copy = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
                        eqn.params, eqn.span)
@@ -468,6 +466,24 @@ def _narrowed(b: Builder, mask: Optional[Var], a: Atom, ct: Atom) -> Optional[Va
         mask = b.bind("broadcast_to", mask, shape=ct.type.shape)
     count = ops.unbroadcast(b, b.bind("cast", mask, dtype="i64"), a.type.shape)
     return b.bind("gt", count, b.lit(0, "i64"))
+
+
+def call_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]
+                 ) -> tuple[list[Atom], list[Atom]]:
+    """A custom call's forward half in a derived program: its outputs and
+    the residuals its bwd reads.  A call that keeps no residuals (a
+    `@pass_through` or `@recompute` stage) stays a call, so that
+    differentiating the derived program again differentiates its outputs
+    by its bwd too (`x + ste(x)`, the gradient of `ste(x) * x`, has
+    derivative 2, not the 1 that the body `round` would give); one with
+    residuals has its fwd inlined, computing both at once."""
+    if len(eqn.p["fwd"].outputs) == eqn.p["n_out"]:
+        copy = Eqn(eqn.op, tuple(inputs), tuple(Var(v.type, v.hint) for v in eqn.outputs),
+                   eqn.params, eqn.span)
+        b.eqns.append(copy)
+        return list(copy.outputs), []
+    results = inline(b, eqn.p["fwd"], inputs)
+    return own_outputs(b, results[:eqn.p["n_out"]], inputs), results[eqn.p["n_out"]:]
 
 
 def own_outputs(b: Builder, outs: list[Atom], inputs) -> list[Atom]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import own_outputs
+from gradlang.compiler.autodiff import call_forward
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Var
 from gradlang.compiler.linearity import transpose, transpose_eqns
@@ -59,10 +59,8 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
         if op.kind == "loop" and active:
             outs, out_tangents = _loop_jvp(b, eqn, inputs, in_tangents)
         elif op.kind == "call":
-            results = inline(b, eqn.p["fwd"], inputs)
-            outs = own_outputs(b, results[:eqn.p["n_out"]], inputs)
-            out_tangents = (_call_jvp(b, eqn, inputs, results[eqn.p["n_out"]:], in_tangents)
-                            if active else [])
+            outs, residuals = call_forward(b, eqn, inputs)
+            out_tangents = _call_jvp(b, eqn, inputs, residuals, in_tangents) if active else []
         else:
             copy = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
                        eqn.params, eqn.span)
