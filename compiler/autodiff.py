@@ -14,9 +14,10 @@ VJP rule, and how the where-mask applies to it (`Op.masking`).  The
 gradient of `where(c, a, b)` takes nothing from the branch not selected,
 even where that branch's derivative is inf or NaN.  A
 `custom_vjp` call (a user function with a grad block) is differentiated by
-its grad block: its `fwd` is inlined, keeping the residuals, and its `bwd`
-is inlined in the backward sweep, so a second differentiation flows through
-the residuals the block reads.  A `loop` is differentiated by a loop over
+its grad block: its `bwd` is inlined in the backward sweep, and the call
+stays, returning the residuals too (`call_forward`), so that a second
+differentiation takes its results through the block again and flows
+through the residuals the block reads.  A `loop` is differentiated by a loop over
 the same trips in reverse, whose body is the VJP of its body, reading
 the states the forward loop stacks (`loop_pull_back`).  Only float values
 carry cotangents; uses of one value sum.
@@ -471,19 +472,37 @@ def _narrowed(b: Builder, mask: Optional[Var], a: Atom, ct: Atom) -> Optional[Va
 def call_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]
                  ) -> tuple[list[Atom], list[Atom]]:
     """A custom call's forward half in a derived program: its outputs and
-    the residuals its bwd reads.  A call that keeps no residuals (a
-    `@pass_through` or `@recompute` stage) stays a call, so that
-    differentiating the derived program again differentiates its outputs
-    by its bwd too (`x + ste(x)`, the gradient of `ste(x) * x`, has
-    derivative 2, not the 1 that the body `round` would give); one with
-    residuals has its fwd inlined, computing both at once."""
-    if len(eqn.p["fwd"].outputs) == eqn.p["n_out"]:
-        copy = Eqn(eqn.op, tuple(inputs), tuple(Var(v.type, v.hint) for v in eqn.outputs),
-                   eqn.params, eqn.span)
-        b.eqns.append(copy)
-        return list(copy.outputs), []
-    results = inline(b, eqn.p["fwd"], inputs)
-    return own_outputs(b, results[:eqn.p["n_out"]], inputs), results[eqn.p["n_out"]:]
+    the residuals its bwd reads, computed by one call whose outputs are
+    both, so that differentiating the derived program again differentiates
+    the outputs by the call's bwd again, as the first time (the gradient of
+    `ste(x) * y` along y is `ste(x)`, whose derivative is 1, not the 0 of
+    the body `round`; a block written to be finite where the body's
+    derivative is not stays so in a Hessian), and the residuals, which
+    only the block reads, by the body (`_exposed_bwd`)."""
+    fwd, n_out = eqn.p["fwd"], eqn.p["n_out"]
+    params = eqn.p
+    if len(fwd.outputs) > n_out:
+        params = {**params, "bwd": _exposed_bwd(eqn), "n_out": len(fwd.outputs)}
+    outs = b.bind_multi("custom_vjp", *inputs, span=eqn.span, **params)
+    return list(outs[:n_out]), list(outs[n_out:])
+
+
+def _exposed_bwd(eqn: Eqn) -> Function:
+    """The bwd of `eqn`'s call with its residuals among its outputs: the
+    outputs' cotangents go through the call's bwd, the residuals' through
+    the reverse mode of the body that computes them."""
+    fwd, bwd, n_out = eqn.p["fwd"], eqn.p["bwd"], eqn.p["n_out"]
+    b = Builder()
+    args = [Var(p.type, p.hint) for p in fwd.params]
+    cts = [Var(t, f"d{i}") for i, t in enumerate(fwd.out_types)]
+    residuals = inline(b, fwd, args)[n_out:]
+    through_block = inline(b, bwd, args + residuals + cts[:n_out])
+    wrt = [i for i, p in enumerate(fwd.params) if p.type.is_float]
+    body = Function(f"{fwd.name}_residuals", fwd.params, fwd.eqns, fwd.outputs[n_out:])
+    through_body = dict(zip(wrt, inline(b, vjp(body, wrt), args + cts[n_out:])[len(residuals):]))
+    in_cts = [b.bind("add", ct, through_body[i]) if i in through_body else ct
+              for i, ct in enumerate(through_block)]
+    return b.function(f"{eqn.p['name']}_bwd_exposed", args + cts, in_cts)
 
 
 def own_outputs(b: Builder, outs: list[Atom], inputs) -> list[Atom]:

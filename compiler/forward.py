@@ -13,9 +13,9 @@ differentiated again in either mode.
 No op carries a JVP rule: the JVP of an equation is the transpose of its
 VJP, which is linear in the cotangents (`compiler.linearity.transpose`).
 For a primitive, that is the transpose of the IR its op-table VJP rule
-builds; for a call with grad blocks (`custom_vjp`), its `fwd` is inlined
-and its `bwd`, the first grad block (which the compiler checked to be
-linear in its upstream cotangents), is transposed.  So forward mode runs
+builds; for a call with grad blocks (`custom_vjp`), the call stays
+(`autodiff.call_forward`) and its `bwd`, the first grad block (which the
+compiler checked to be linear in its upstream cotangents), is transposed.  So forward mode runs
 through hand-written blocks with nothing more written, and follows them
 exactly: where a block differs from the derivative of its function's body,
 the tangent is the block's.  `where(c, a, b)`'s tangent is

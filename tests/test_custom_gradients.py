@@ -67,6 +67,46 @@ grad(ddx):
 """
 
 
+SAFE_NORM = """
+def norm(x):
+    n = sqrt(sum(x * x))
+    return n
+grad(dy):
+    return dy * x / where(n > 0.0, n, 1.0)
+
+def scaled(x, y):
+    return norm(x) * y
+
+def cube(x):
+    return x * x * x
+grad(dy):
+    return dy * 3.0
+"""
+
+
+def test_a_blocks_value_is_differentiated_by_the_block_at_second_order_too():
+    # the gradient of norm(x) * y along y is norm(x): its derivative along
+    # x is the block's, 0 at x = 0, as along the other path (the body's
+    # x / sqrt(0) made H[y][x] NaN, an asymmetric Hessian); JAX's
+    # custom_vjp takes the body there, this follows the block
+    m = dsl.loads(SAFE_NORM)
+    x, y = np.zeros(2), np.array(2.0)
+    h = dsl.hessian(m.scaled, wrt=(0, 1))(x, y)
+    np.testing.assert_array_equal(h[0][1], [0.0, 0.0])
+    np.testing.assert_array_equal(h[1][0], [0.0, 0.0])
+    np.testing.assert_array_equal(h[0][0], 2 * np.eye(2))  # d/dx of y * x / 1
+    x = np.array([3.0, 4.0])
+    h = dsl.hessian(m.scaled, wrt=(0, 1))(x, y)
+    np.testing.assert_allclose(h[1][0], x / 5, rtol=1e-15)
+    np.testing.assert_allclose(h[0][1], x / 5, rtol=1e-15)
+    # a block that is not the body's derivative: cube' is 3 by decree, so
+    # d2/dx2 cube(x) * x = d/dx (3 x + cube(x)) = 6 (not 3 + 3 x^2)
+    c = dsl.loads(SAFE_NORM + "def g(x):\n    return cube(x) * x\n")
+    np.testing.assert_array_equal(dsl.hessian(c.g)(np.array([2.0])), [[6.0]])
+    np.testing.assert_array_equal(dsl.grad(dsl.grad(c.g))(np.array([2.0])), [6.0])
+    np.testing.assert_array_equal(dsl.hvp(c.g)(np.array([2.0]), np.array([0.5])), [3.0])
+
+
 def test_transpose_only_second_block_is_reported_and_autodiff_is_right():
     bad = dsl.loads(TRANSPOSE_ONLY)
     x = np.array([-1.0, 0.5, 2.0])
