@@ -268,7 +268,7 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
         raise value_needed(f, err) from None
     except NeedsConcrete as err:
         raise SignatureError(f"{f.name}() cannot be compiled for any size: {err}; give "
-                             f"concrete sizes in --sig, e.g. {f.name}(f64[128])",
+                             f"concrete sizes in --sig, e.g. {_with_sizes(f.name, args)}",
                              f.span) from None
     except GradError as err:
         consts = [s.name for s, (dtype, _) in zip(f.specs, args)
@@ -282,6 +282,19 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
             err.note = ("each ':' in a signature is a size of its own, which need not equal "
                         "any other; name the sizes that must agree, as in f(f64[n], f64[n])")
         raise
+
+
+def _with_sizes(name: str, args: list, size: int = 128) -> str:
+    """The signature `args` (as `parse_sig` reads it) with every symbolic
+    size `size`: an example of the concrete signature an error asks for."""
+    parts = []
+    for dtype, dims in args:
+        if dtype == "static":
+            parts.append(str(dims))
+            continue
+        shown = ", ".join(str(d if isinstance(d, int) else size) for d in dims)
+        parts.append(f"{dtype}[{shown}]" if dims else dtype)
+    return f"{name}({', '.join(parts)})"
 
 
 def _samples(types: dict, sig: str, make=np.ones) -> list[np.ndarray]:
