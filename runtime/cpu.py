@@ -357,7 +357,7 @@ def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int
     """base with values added where np.take(base, idx, axis) reads (repeated
     indices accumulate: np.add.at), every index checked.  `owned`: the
     driver made base (C-contiguous) and reads it no more: added in place."""
-    out = base if owned else np.array(base)  # C-contiguous
+    out = base if owned else np.array(base, order="C")  # _view(out) must not copy
     outer, n, inner = index_views(out.shape, axis)
     flat_idx = np.ascontiguousarray(idx).reshape(-1)
     values3 = np.ascontiguousarray(values).reshape(outer, flat_idx.size, inner)
@@ -373,7 +373,7 @@ def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray
                            where: str, owned: bool = False) -> np.ndarray:
     """base with values added where np.take_along_axis(base, idx, axis)
     reads, every index checked (`owned` as for `scatter_add`)."""
-    out = base if owned else np.array(base)
+    out = base if owned else np.array(base, order="C")
     _checked(_scatter_along(_view(out, axis), _view(idx, axis), _view(values, axis)), idx,
              out.shape[axis], where)
     return out

@@ -166,6 +166,24 @@ def test_scatter_adds_match_numpy_add_at(target, data, seed):
                                rtol=1e-12)
 
 
+@each_target
+def test_scatter_add_into_a_base_of_any_memory_layout(target):
+    # a Fortran-ordered base was copied as Fortran-ordered, and the adds
+    # went into a C-ordered copy of that copy: the base came back unchanged
+    m = module(target)
+    base = np.arange(12.0).reshape(4, 3)
+    idx, values = np.array([0, 2, -2]), np.full((3, 3), 100.0)
+    expected = base.copy()
+    np.add.at(expected, idx, values)
+    expected1 = base.copy()
+    np.add.at(expected1, (slice(None), idx), values[:1].repeat(4, axis=0))
+    for layout in (np.asfortranarray(base), np.ascontiguousarray(base.T).T, base[::-1][::-1],
+                   np.ascontiguousarray(base[::-1])[::-1], np.repeat(base, 2, axis=1)[:, ::2]):
+        np.testing.assert_array_equal(m.scatter(layout, idx, values), expected)
+        np.testing.assert_array_equal(m.scatter1(layout, idx, values[:1].repeat(4, axis=0)),
+                                      expected1)
+
+
 def test_scatter_add_adds_in_place_only_into_a_base_nothing_else_reads():
     # x * 2.0 is made by the driver: added into in place unless it is read again
     m = module("cpu")
