@@ -172,6 +172,7 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     cotangents: the op's VJP rule (a custom call's bwd), selected by the
     where-mask and, for elementwise ops, un-broadcast."""
     eqn, outs, residuals = record
+    eqn = materialized(eqn)
     out_cts = [cots.of(o) for o in outs]
     if all(c is None for c in out_cts):
         return
@@ -478,31 +479,39 @@ def call_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]
     `ste(x) * y` along y is `ste(x)`, whose derivative is 1, not the 0 of
     the body `round`; a block written to be finite where the body's
     derivative is not stays so in a Hessian), and the residuals, which
-    only the block reads, by the body (`_exposed_bwd`)."""
+    only the block reads, by the body.  The call marks with `n_block` how
+    many of its outputs are the block's (`materialized` builds the bwd
+    that a further differentiation needs, only then: built here, each
+    call's would differentiate its body, and so on down every call it
+    makes)."""
     fwd, n_out = eqn.p["fwd"], eqn.p["n_out"]
     params = eqn.p
     if len(fwd.outputs) > n_out:
-        params = {**params, "bwd": _exposed_bwd(eqn), "n_out": len(fwd.outputs)}
+        params = {**params, "n_out": len(fwd.outputs), "n_block": n_out}
     outs = b.bind_multi("custom_vjp", *inputs, span=eqn.span, **params)
     return list(outs[:n_out]), list(outs[n_out:])
 
 
-def _exposed_bwd(eqn: Eqn) -> Function:
-    """The bwd of `eqn`'s call with its residuals among its outputs: the
-    outputs' cotangents go through the call's bwd, the residuals' through
-    the reverse mode of the body that computes them."""
-    fwd, bwd, n_out = eqn.p["fwd"], eqn.p["bwd"], eqn.p["n_out"]
+def materialized(eqn: Eqn) -> Eqn:
+    """A custom call with the bwd its outputs' cotangents go through: for
+    one `call_forward` marked, the block's outputs' through its bwd, the
+    residuals' through the reverse mode of the body that computes them."""
+    if "n_block" not in eqn.p:
+        return eqn
+    fwd, bwd, n_block = eqn.p["fwd"], eqn.p["bwd"], eqn.p["n_block"]
     b = Builder()
     args = [Var(p.type, p.hint) for p in fwd.params]
     cts = [Var(t, f"d{i}") for i, t in enumerate(fwd.out_types)]
-    residuals = inline(b, fwd, args)[n_out:]
-    through_block = inline(b, bwd, args + residuals + cts[:n_out])
+    residuals = inline(b, fwd, args)[n_block:]
+    through_block = inline(b, bwd, args + residuals + cts[:n_block])
     wrt = [i for i, p in enumerate(fwd.params) if p.type.is_float]
-    body = Function(f"{fwd.name}_residuals", fwd.params, fwd.eqns, fwd.outputs[n_out:])
-    through_body = dict(zip(wrt, inline(b, vjp(body, wrt), args + cts[n_out:])[len(residuals):]))
+    body = Function(f"{fwd.name}_residuals", fwd.params, fwd.eqns, fwd.outputs[n_block:])
+    through_body = dict(zip(wrt, inline(b, vjp(body, wrt), args + cts[n_block:])[len(residuals):]))
     in_cts = [b.bind("add", ct, through_body[i]) if i in through_body else ct
               for i, ct in enumerate(through_block)]
-    return b.function(f"{eqn.p['name']}_bwd_exposed", args + cts, in_cts)
+    params = {**{k: v for k, v in eqn.params if k != "n_block"},
+              "bwd": b.function(f"{eqn.p['name']}_bwd_exposed", args + cts, in_cts)}
+    return Eqn(eqn.op, eqn.inputs, eqn.outputs, tuple(sorted(params.items())), eqn.span)
 
 
 def own_outputs(b: Builder, outs: list[Atom], inputs) -> list[Atom]:

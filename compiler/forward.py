@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import call_forward
+from gradlang.compiler.autodiff import call_forward, materialized
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Var
 from gradlang.compiler.linearity import transpose, transpose_eqns
@@ -172,7 +172,7 @@ def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[
     to output tangents."""
     n_out = eqn.p["n_out"]
     args = list(inputs) + list(residuals) + [None] * n_out
-    return transpose(b, eqn.p["bwd"], args, in_tangents)
+    return transpose(b, materialized(eqn).p["bwd"], args, in_tangents)
 
 
 def _primitive_jvp(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]

@@ -75,12 +75,22 @@ def vectorize(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: D
 def stacked_elements(fn: Function, stacked: Sequence[int]) -> Dim:
     """The elements of fn's values that depend on the parameters `stacked`
     (those `vectorize` stacks), summed: for each of the k."""
+    return sum(fn.params[i].type.size for i in stacked) + _computed_elements(fn, stacked)
+
+
+def _computed_elements(fn: Function, stacked: Sequence[int]) -> Dim:
+    """The elements of the values fn's equations compute from its
+    parameters `stacked`: a call's are those of its `fwd`, which runs
+    inlined (a derived program keeps the calls to functions with grad
+    blocks: `autodiff.call_forward`)."""
     depends = {fn.params[i] for i in stacked}
-    total = sum(fn.params[i].type.size for i in stacked)
+    total: Dim = 0
     for eqn in fn.eqns:
-        if any(isinstance(a, Var) and a in depends for a in eqn.inputs):
+        read = [i for i, a in enumerate(eqn.inputs) if isinstance(a, Var) and a in depends]
+        if read:
             depends.update(eqn.outputs)
-            total += sum(v.type.size for v in eqn.outputs)
+            total += (_computed_elements(eqn.p["fwd"], read) if eqn.op == "custom_vjp"
+                      else sum(v.type.size for v in eqn.outputs))
     return total
 
 
@@ -167,14 +177,16 @@ def _stacked_call(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: D
     would take the sum of the k cotangents, which a block's sum over the k
     counted k times); an unstacked input is shared by the k values, so its
     cotangent is the sum of theirs.  Its outputs, and whether each is
-    stacked."""
+    stacked.  (A call `autodiff.call_forward` marked returns its residuals
+    too: its bwd takes the cotangents of its first `n_block` outputs.)"""
     p = eqn.p
     fwd, bwd, n_out = p["fwd"], p["bwd"], p["n_out"]
+    n_block = p.get("n_block", n_out)
     has = [isinstance(a, Var) and a in lead for a in inputs]
     out_flags = [True] * n_out + _depends(fwd, has)[n_out:]
     stacked_fwd = vectorize(fwd, _flagged(has), _flagged(out_flags), k)
-    # bwd's parameters: the inputs, the residuals, the outputs' cotangents
-    bwd_flags = has + out_flags[n_out:] + out_flags[:n_out]
+    # bwd's parameters: the inputs, the residuals, the block's outputs' cotangents
+    bwd_flags = has + out_flags[n_block:] + out_flags[:n_block]
     stacked_bwd = _summed(vectorize(bwd, _flagged(bwd_flags), _flagged(has), k),
                           [None if h else t for h, t in zip(has, bwd.out_types)])
     outs = b.bind_multi("custom_vjp", *inputs, span=eqn.span,
