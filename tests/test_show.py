@@ -69,6 +69,9 @@ def test_each_ir_pass_on_the_gradient_shows_its_own_work(capsys):
     assert "= full" in out["autodiff"] and "= mul" in out["autodiff"]
     # one call gives the value and the residual e (inlined by simplify)
     assert "%2, %3 = custom_vjp %x0 {n_block = 1, n_out = 2" in out["autodiff"]
+    # its bwd for a further differentiation is built only by that (built
+    # for every call, it differentiated every body below, first order too)
+    assert "bwd_exposed" not in out["autodiff"] and "log1pexp_bwd1" in out["autodiff"]
     assert "%15 = add 1.0:f64, %3" in out["autodiff"]  # the block recomputes 1 + e
     assert "= mul" not in out["simplify"]
     assert out["simplify"].count("add 1.0:f64, %e2") == 2
