@@ -58,6 +58,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     stride_table,
     trip_count,
 )
+from gradlang.runtime.errors import ArgumentError  # noqa: E402
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -534,7 +535,15 @@ class CudaTarget(Target):
         return is_device_array(value)
 
     def accept(self, value: Any, what: str) -> Any:
-        return as_device(value)
+        array = as_device(value)
+        if not array.is_c_contiguous():
+            # taken without a copy, and the drivers hold C-contiguous arrays
+            # only: a scatter-add into a Fortran-ordered one failed inside
+            # Numba, and a reshape of one cannot be a view on a GPU
+            raise ArgumentError(f"{what} is a device array that is not C-contiguous; device "
+                                "arrays are taken as they are, without a copy: pass a "
+                                "contiguous one (cupy.ascontiguousarray(a), t.contiguous())")
+        return array
 
     def to_host(self, array: Any) -> np.ndarray:
         return to_host(array)

@@ -52,6 +52,26 @@ def test_const_integer_argument_is_static_on_cuda():
     np.testing.assert_array_equal(m.f(x, 0), x.sum(axis=0))
 
 
+def test_a_device_array_that_is_not_c_contiguous_is_an_argument_error():
+    # device arrays are taken without a copy, and the drivers hold
+    # C-contiguous arrays only: a scatter-add into a Fortran-ordered one
+    # raised Numba's ValueError (on a GPU, any reshape of one would)
+    from numba import cuda
+    m = dsl.loads("def f(x, idx):\n    return scatter_add(x, idx, x[idx])\n", target="cuda",
+                  host_results=True)
+    x, idx = np.arange(6.0).reshape(3, 2), np.array([0, 2])
+    expected = x.copy()
+    np.add.at(expected, idx, x[idx])
+    np.testing.assert_array_equal(m.f(cuda.to_device(x), idx), expected)
+    np.testing.assert_array_equal(m.f(np.asfortranarray(x), idx), expected)  # host: copied
+    for device in (cuda.to_device(np.asfortranarray(x)), cuda.to_device(np.ones((3, 4)))[:, ::2]):
+        with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of f\(\) is a device array "
+                                                    r"that is not C-contiguous"):
+            m.f(device, idx)
+        with pytest.raises(dsl.ArgumentError, match="not C-contiguous"):
+            dsl.grad(m.f)(device, idx)
+
+
 def test_long_f32_sums_accumulate_in_f64_on_cuda():
     # A row of 4 * THREADS or more sums by a tree whose accumulator started
     # as the Python float 0.0: under NumPy 2's promotion (and so on the
