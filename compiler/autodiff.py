@@ -172,10 +172,10 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     cotangents: the op's VJP rule (a custom call's bwd), selected by the
     where-mask and, for elementwise ops, un-broadcast."""
     eqn, outs, residuals = record
-    eqn = materialized(eqn)
     out_cts = [cots.of(o) for o in outs]
     if all(c is None for c in out_cts):
         return
+    eqn = materialized(eqn, [c is not None for c in out_cts])
     if eqn.op == "loop":
         out_masks = [cots.mask(o) for o in outs]
         for a, ct, mask in loop_pull_back(b, eqn, out_cts, residuals, out_masks):
@@ -492,10 +492,18 @@ def call_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]
     return list(outs[:n_out]), list(outs[n_out:])
 
 
-def materialized(eqn: Eqn) -> Eqn:
+def materialized(eqn: Eqn, flowing: Optional[Sequence[bool]] = None) -> Eqn:
     """A custom call with the bwd its outputs' cotangents go through: for
     one `call_forward` marked, the block's outputs' through its bwd, the
-    residuals' through the reverse mode of the body that computes them."""
+    residuals' through the reverse mode of the body that computes them;
+    only the residuals `flowing` marks (one flag per output; default all)
+    receive a cotangent: the others' would be zeros, which reverse mode
+    through the body turns into 0 * inf = NaN where a block's residual has
+    an infinite derivative (the norm's sqrt at 0).  Given `flowing` (for
+    reverse mode; forward mode transposes this bwd, which must then be
+    linear in the cotangents), a residual's cotangent goes through the
+    body where-masked where it is nonzero, for the same reason: a block
+    reading it inside `where(n > 0, n, 1)` sends it 0 where n = 0."""
     if "n_block" not in eqn.p:
         return eqn
     fwd, bwd, n_block = eqn.p["fwd"], eqn.p["bwd"], eqn.p["n_block"]
@@ -503,12 +511,18 @@ def materialized(eqn: Eqn) -> Eqn:
     args = [Var(p.type, p.hint) for p in fwd.params]
     cts = [Var(t, f"d{i}") for i, t in enumerate(fwd.out_types)]
     residuals = inline(b, fwd, args)[n_block:]
-    through_block = inline(b, bwd, args + residuals + cts[:n_block])
-    wrt = [i for i, p in enumerate(fwd.params) if p.type.is_float]
-    body = Function(f"{fwd.name}_residuals", fwd.params, fwd.eqns, fwd.outputs[n_block:])
-    through_body = dict(zip(wrt, inline(b, vjp(body, wrt), args + cts[n_block:])[len(residuals):]))
-    in_cts = [b.bind("add", ct, through_body[i]) if i in through_body else ct
-              for i, ct in enumerate(through_block)]
+    in_cts = inline(b, bwd, args + residuals + cts[:n_block])
+    live = [j for j in range(n_block, len(cts)) if flowing is None or flowing[j]]
+    if live:
+        wrt = [i for i, p in enumerate(fwd.params) if p.type.is_float]
+        body = Function(f"{fwd.name}_residuals", fwd.params, fwd.eqns,
+                        tuple(fwd.outputs[j] for j in live))
+        masks = [] if flowing is None else \
+            [b.bind("ne", cts[j], ops.lit(b, 0, cts[j])) for j in live]
+        joint = vjp(body, wrt, range(len(masks)))
+        grads = inline(b, joint, args + [cts[j] for j in live] + masks)[len(live):]
+        for i, g in zip(wrt, grads):
+            in_cts[i] = b.bind("add", in_cts[i], g)
     params = {**{k: v for k, v in eqn.params if k != "n_block"},
               "bwd": b.function(f"{eqn.p['name']}_bwd_exposed", args + cts, in_cts)}
     return Eqn(eqn.op, eqn.inputs, eqn.outputs, tuple(sorted(params.items())), eqn.span)

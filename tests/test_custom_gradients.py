@@ -95,6 +95,18 @@ def test_a_blocks_value_is_differentiated_by_the_block_at_second_order_too():
     np.testing.assert_array_equal(h[0][1], [0.0, 0.0])
     np.testing.assert_array_equal(h[1][0], [0.0, 0.0])
     np.testing.assert_array_equal(h[0][0], 2 * np.eye(2))  # d/dx of y * x / 1
+    # reverse over reverse: the residual n, which no cotangent reaches,
+    # is not differentiated (a zero cotangent through sqrt at 0 was NaN)
+    np.testing.assert_array_equal(dsl.grad(dsl.grad(m.scaled, wrt=1), wrt=0)(x, y), [0.0, 0.0])
+    # and nested tapes, whose backward pass also computes x's cotangent:
+    # the residual's zero cotangent goes through the body where-masked
+    with dsl.Tape() as outer:
+        outer.watch(x)
+        with dsl.Tape() as inner:
+            inner.watch(y)
+            z = m.scaled(x, y)
+        norm_x = inner.gradient(z, y)
+    np.testing.assert_array_equal(outer.gradient(norm_x, x), [0.0, 0.0])
     x = np.array([3.0, 4.0])
     h = dsl.hessian(m.scaled, wrt=(0, 1))(x, y)
     np.testing.assert_allclose(h[1][0], x / 5, rtol=1e-15)
