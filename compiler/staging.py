@@ -98,6 +98,12 @@ class Forward:
     residuals: list[str]            # array locals the next block reads
     static_residuals: dict[str, Value]
 
+    def carries_gradients(self) -> bool:
+        """Whether a gradient can flow back through the stage: a float
+        input and a float output."""
+        return (any(p.type.is_float for p in self.fwd.params)
+                and any(o.type.is_float for o in self.fwd.outputs[:self.n_out]))
+
 
 @dataclass
 class Chain:
@@ -121,6 +127,11 @@ class Chain:
         if k == len(self.fdef.grads) and not recompute:
             return self.eval_stage(b, k, inputs)[0]
         stage = self.forward(k, inputs, keep_residuals=not recompute)
+        if not stage.carries_gradients():
+            # Integers and bools carry no gradient, so nothing flows back
+            # through this call: the blocks, written for float cotangents,
+            # do not apply (an integer upstream is no cotangent to be linear in).
+            return inline(b, stage.fwd, [inputs[n] for n in stage.arrays])[:stage.n_out]
         bwd = self.backward(stage, inputs, recompute)
         if k < len(self.fdef.grads):
             block = self.fdef.grads[k]

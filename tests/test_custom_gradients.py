@@ -347,3 +347,43 @@ def test_hvp_matches_finite_differences_of_the_gradient():
     eps = 1e-5
     fd = (grad_w(x, w + eps * v, b, t) - grad_w(x, w - eps * v, b, t)) / (2 * eps)
     np.testing.assert_allclose(h, fd, rtol=1e-6, atol=1e-8)
+
+
+INTEGER_CALLS = dsl.loads("""
+from std import relu
+def bar(x, y):
+    return x * y
+grad(u):
+    return u * y, u * x
+def square(x):
+    return x * x
+grad(dy):
+    return 2 * x * dy
+grad(ddx):
+    return dy=2 * x * ddx, x=2 * dy * ddx
+@recompute
+def cube(x):
+    return x * x * x
+grad(dy):
+    return 3 * x * x * dy
+def uses(x, y):
+    return sum(bar(x, y)) + sum(relu(x - 2))
+""")
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_a_function_with_grad_blocks_computes_on_integers_and_bools(dtype):
+    # Its blocks are written for floats; on integers nothing flows back (an
+    # integer carries no gradient), so they do not apply: no upstream
+    # cotangent to be linear in, and no error saying it is not.
+    x, y = np.array([1, 3, 0], dtype), np.array([2, 1, 1], dtype)
+    m = INTEGER_CALLS
+    want = x * y  # NumPy's bool; the language's i64, as Python's True * True
+    assert np.array_equal(m.bar(x, y), want)
+    assert m.bar(x, y).dtype == (want.dtype if dtype is not np.bool_ else np.int64)
+    assert np.array_equal(m.square(x), x * x) and np.array_equal(m.cube(x), x * x * x)
+    assert m.uses(x, y) == np.sum(x * y) + np.sum(np.maximum(x - 2, 0))
+    value, tangent = dsl.jvp(m.bar, (x, y), (None, None))
+    assert np.array_equal(value, want) and not np.any(tangent)
+    # an integer with a float still goes through the block
+    assert np.array_equal(dsl.grad(m.uses, wrt=1)(x, y * 1.0), x)
