@@ -303,6 +303,13 @@ class FuncDef:
         """The dtype the return annotation names; None without one."""
         return None if self.ret is None else self.ret.dtype
 
+    @property
+    def result_spans(self) -> tuple[Span, ...]:
+        """Where each result is returned: the items of the body's return
+        (the checker made sure there is one, outside loops and branches)."""
+        ret = next((s for s in self.body if isinstance(s, Return)), None)
+        return () if ret is None else tuple(item.span for item in ret.items)
+
 
 @dataclass(frozen=True)
 class ParamDecl:

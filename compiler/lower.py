@@ -31,7 +31,7 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
-from gradlang.compiler.values import (StaticList, Value, as_atom, as_result, cast, is_static,
+from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast, is_static,
                                       sequence_kind, unify)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
@@ -62,8 +62,8 @@ class Lowerer:
         env.update({n: t.value for n, t in types.items() if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
-        return b.function(name or fdef.name, params,
-                          [as_result(b, o, fdef.result_dtype, fdef.span) for o in outs])
+        results = as_results(b, outs, fdef.result_dtype, fdef.result_spans)
+        return b.function(name or fdef.name, params, results)
 
     # ------------------------------------------------------------ calls
 
@@ -258,8 +258,8 @@ class Lowerer:
         senv = dict(zip(reads, pparams))
         sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
         outs = self.call(sb, fdef, ns, [], sargs, span, senv)
-        return sb.function(fdef.name, sparams + pparams,
-                           [as_result(sb, o, fdef.result_dtype, span) for o in outs])
+        results = as_results(sb, outs, fdef.result_dtype, fdef.result_spans)
+        return sb.function(fdef.name, sparams + pparams, results)
 
     # ------------------------------------------------------- statements
 

@@ -44,7 +44,7 @@ from gradlang.compiler.ir import Atom, Function, Var
 from gradlang.compiler.linearity import check_linear
 from gradlang.compiler.namespace import Namespace, free_names, param_reads
 from gradlang.compiler.shapes import broadcasts_to
-from gradlang.compiler.values import Value, as_atom, as_result, cast, is_static
+from gradlang.compiler.values import Value, as_atom, as_result, as_results, cast, is_static
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -165,8 +165,10 @@ class Chain:
         fparams = [Var(inputs[n].type, n) for n in arrays]
         initial = {**statics, **dict(zip(arrays, fparams))}
         outs, env = self.eval_stage(fb, k, dict(initial))
-        dtype = fdef.result_dtype if k == 0 else None  # block k's cotangents: as they are
-        outs = [as_result(fb, o, dtype, self.span) for o in outs]
+        if k == 0:
+            outs = as_results(fb, outs, fdef.result_dtype, fdef.result_spans)
+        else:  # block k's cotangents: as they are
+            outs = [as_result(fb, o, None, self.span) for o in outs]
         res_names: list[str] = []
         if keep_residuals and k < len(fdef.grads):
             # the block sees the body's final bindings, parameters rebound
@@ -247,7 +249,7 @@ class Chain:
         fparams = [Var(inputs[n].type, n) for n in arrays]
         statics = {n: v for n, v in inputs.items() if is_static(v)}
         outs, _ = self.eval_stage(fb, 0, {**statics, **dict(zip(arrays, fparams))})
-        (out,) = [as_result(fb, o, fdef.result_dtype, span) for o in outs]
+        (out,) = as_results(fb, outs, fdef.result_dtype, fdef.result_spans)
         x_type = inputs[target].type
         if not broadcasts_to(x_type.shape, out.type.shape):
             raise GradError(f"@pass_through function {fdef.name}() returns shape "

@@ -77,6 +77,13 @@ def as_result(b: Builder, v: Value, dtype: Optional[str], span: Optional[Span]) 
     return as_atom(b, v, span, dtype if is_static(v) else None)
 
 
+def as_results(b: Builder, outs: Sequence[Value], dtype: Optional[str],
+               spans: Sequence[Span]) -> list[Atom]:
+    """A function's results by `as_result`, each at the span of the return
+    item that gave it (one per result), where an error points."""
+    return [as_result(b, v, dtype, span) for v, span in zip(outs, spans, strict=True)]
+
+
 def cast(b: Builder, a: Atom, dtype: str) -> Atom:
     if a.type.dtype == dtype:
         return a

@@ -183,3 +183,40 @@ def test_mis_shaped_cotangent_is_an_error_at_first_call():
     with pytest.raises(dsl.GradError, match=r"cotangent of shape \[4\] for 'x', which has "
                                             r"shape \[3\]"):
         dsl.grad(m.f)(np.ones(3))
+
+
+RETURNS_A_SEQUENCE = """def pair(x):
+    return x, x * 2.0
+def shape_of(x):
+    return x.shape
+def forwards(x):
+    return pair(x)
+def shape(x):
+    return sum(x), x.shape
+def listed(x):
+    return [x, x]
+grad(dy):
+    return dy
+@pass_through
+def passed(x):
+    return x.shape
+def fine(x):
+    return x * shape_of(x)[0]
+"""
+
+
+@pytest.mark.parametrize("fn, line, col, text", [
+    ("forwards", 6, 12, "a tuple cannot be used as an array here"),
+    ("shape", 8, 20, "a tuple cannot be used as an array here"),
+    ("listed", 10, 12, "a list cannot be used as an array here"),
+    ("passed", 15, 12, "a tuple cannot be used as an array here"),
+])
+def test_a_sequence_returned_as_a_result_is_an_error_at_the_return(fn, line, col, text):
+    # A called function may return a tuple (its caller unpacks or indexes
+    # it); a function called from Python returns arrays, and the error
+    # points at the returned item, not at the def.
+    m = dsl.loads(RETURNS_A_SEQUENCE, "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.functions[fn](np.ones(2))
+    assert_at(info.value, line, col, text)
+    assert np.array_equal(m.fine(np.ones(2)), [2.0, 2.0])
