@@ -45,6 +45,8 @@ class Sym:
             return Sym(tuple(sorted(self.factors + other.factors)), self.coef * other.coef)
         if isinstance(other, int) and not isinstance(other, bool):
             return 0 if other == 0 else Sym(self.factors, self.coef * other)
+        if isinstance(other, (bool, float)):  # `x.shape[0] * 0.5`: a number, not a size
+            return self._concrete()
         return NotImplemented
 
     __rmul__ = __mul__
@@ -53,7 +55,8 @@ class Sym:
         raise NeedsConcrete(f"the size {self} is used as a number")
 
     __add__ = __radd__ = __sub__ = __rsub__ = __floordiv__ = __rfloordiv__ = _concrete
-    __mod__ = __rmod__ = __truediv__ = __rtruediv__ = __pow__ = __neg__ = _concrete
+    __mod__ = __rmod__ = __truediv__ = __rtruediv__ = __pow__ = __rpow__ = _concrete
+    __neg__ = _concrete
     __lt__ = __le__ = __gt__ = __ge__ = __index__ = __int__ = __float__ = _concrete
 
     def __bool__(self) -> bool:

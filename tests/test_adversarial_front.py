@@ -90,6 +90,20 @@ def test_a_shape_compares_with_a_tuple_item_by_item(ann):
     np.testing.assert_array_equal(m.by_shape(np.ones(2)), -np.ones(2))
 
 
+@pytest.mark.parametrize("expr, value", [
+    ("x.shape[0] * 0.5", 1.5), ("0.5 * x.size", 1.5), ("x.shape[0] * True", 3),
+    ("x.shape[0] * (1 > 0)", 3), ("2 ** x.shape[0]", 8), ("0.5 ** x.shape[0]", 0.125),
+    ("x.shape[0] * x.shape[0] * 0.25", 2.25),
+])
+def test_a_size_times_a_float_or_a_bool_is_that_number(expr, value):
+    # A symbolic size refused a product with a float or a bool (and any
+    # power of it) with Python's TypeError instead of asking for the
+    # concrete size, as every other arithmetic on it does.
+    m = dsl.loads(f"def f(x):\n    return x * ({expr})\n")
+    np.testing.assert_allclose(m.f(X), X * value, rtol=1e-15)
+    np.testing.assert_allclose(dsl.grad(m.f)(X), np.full(3, float(value)), rtol=1e-15)
+
+
 def test_sequences_of_constants_compare_as_in_python():
     m = dsl.loads("def f(x):\n    if (1, 2) < (1, 3) and [2, 2] == (2, 2) and (3,) != 3:\n"
                   "        y = x\n    else:\n        y = -x\n    return y\n")
