@@ -648,18 +648,18 @@ def _fixed_meets_symbol(dims_ann, shape) -> bool:
 
 
 def _static_compare(op: str, left, right, span: Span) -> bool:
-    """A comparison of compile-time values.  Sequences compare as Python
-    compares tuples (`x.shape == (3, 4)`, item by item), which needs every
-    item known: a size still symbolic asks for concrete sizes, and a
-    run-time value inside is an error (Python would compare identities)."""
+    """A comparison of compile-time values, as Python compares them (and
+    as compile-time arithmetic is done): numbers exactly, whatever their
+    size (NumPy's comparison overflows on `2**70 > True`), and sequences as
+    tuples (`x.shape == (3, 4)`, item by item), which needs every item
+    known: a size still symbolic asks for concrete sizes, and a run-time
+    value inside is an error (Python would compare identities)."""
     for v in (left, right):
         if _holds(v, Sym):
             raise NeedsConcrete("a size is compared")
         if _holds(v, (Var, Lit)):
             raise GradError(f"cannot compare a {sequence_kind(v)} holding run-time values; "
                             "compare its items", span)
-    if not (isinstance(left, tuple) or isinstance(right, tuple)):
-        return bool(ops.OPS[_COMPARE[op]].ref(left, right))
     try:
         return bool(_PYTHON_COMPARE[op](left, right))
     except TypeError:

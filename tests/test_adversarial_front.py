@@ -110,6 +110,18 @@ def test_sequences_of_constants_compare_as_in_python():
     np.testing.assert_array_equal(m.f(X), X)
 
 
+@pytest.mark.parametrize("expr, value", [
+    ("10**20 != True", True), ("True < 2**70", True), ("2**70 >= False", True),
+    ("-(10**20) == 1", False), ("10**20 > 10**20 - 1", True), ("2**64 == 2.0**64", True),
+])
+def test_constants_beyond_i64_compare_exactly(expr, value):
+    # NumPy's comparison, which folded these, raised OverflowError for a
+    # constant no integer dtype holds compared with a bool.
+    m = dsl.loads(f"def f(x):\n    if {expr}:\n        y = x\n    else:\n        y = -x\n"
+                  "    return y\n")
+    np.testing.assert_array_equal(m.f(X), X if value else -X)
+
+
 @pytest.mark.parametrize("expr,col,text", [
     # a ValueError (NumPy's truth value of an array) escaped
     ("x.shape < 3", 8, "cannot compare a tuple with a number using <"),
