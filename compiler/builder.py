@@ -15,6 +15,8 @@ from typing import Any, Iterable, Union
 
 from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import OPS
+from gradlang.runtime.args import NUMPY
+from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import GradError, Span
 
 
@@ -32,6 +34,8 @@ class Builder:
     def bind_multi(self, op: str, *inputs: Atom, span: Span | None = None,
                    hint: str = "", **params: Any) -> tuple[Var, ...]:
         out_types = OPS[op].type_rule([a.type for a in inputs], params, span)
+        for t in out_types:
+            _check_addressable(t, span)
         outs = tuple(Var(t, hint) for t in out_types)
         self.eqns.append(Eqn(op, tuple(inputs), outs,
                              tuple(sorted(params.items())), span))
@@ -44,6 +48,15 @@ class Builder:
     def function(self, name: str, params: Iterable[Var],
                  outputs: Iterable[Atom]) -> Function:
         return Function(name, tuple(params), tuple(self.eqns), tuple(outputs))
+
+
+def _check_addressable(t: TensorType, span: Span | None) -> None:
+    """A value no memory could hold (`broadcast_to(x, [2**62, 3])`) is an
+    error where the program makes it: NumPy's allocation of it, or a
+    loop's index over it, would overflow."""
+    size = t.size
+    if isinstance(size, int) and size * NUMPY[t.dtype].itemsize > MAX_SIZE:
+        raise GradError(f"a value of type {t} needs more memory than can be addressed", span)
 
 
 _INT_BITS = {"i32": 32, "i64": 64}

@@ -166,6 +166,23 @@ def test_a_compile_time_division_by_zero_says_so(expr):
     assert (info.value.line, info.value.col) == (2, 17)
 
 
+@pytest.mark.parametrize("body, col", [
+    ("broadcast_to(x, [2**63 - 1, 3])", 12), ("sum(broadcast_to(x, [2**62, 3]))", 16),
+    ("x * broadcast_to(x, [x.shape[0] * 2**61, 3])", 16),
+])
+def test_a_value_no_memory_could_hold_is_an_error_where_it_is_made(body, col):
+    # NumPy's "Maximum allowed dimension exceeded" (or "negative dimensions
+    # not allowed", the element count having wrapped) came out of the driver.
+    source = f"def f(x):\n    return {body}\n"
+    m = dsl.loads(source, "bad.grad")
+    for call in (m.f, dsl.grad(m.f)):
+        with pytest.raises(dsl.GradError) as info:
+            call(X)
+        assert "needs more memory than can be addressed" in info.value.message
+        assert (info.value.line, info.value.col) == (2, col)
+        assert_well_formed(info.value, source)
+
+
 def test_a_float_power_that_overflows_says_so():
     # The message was OverflowError's tuple: (34, 'Numerical result out of range').
     m = dsl.loads("def f(x):\n    return x * (10.0 ** 400)\n", "bad.grad")
