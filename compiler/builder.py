@@ -51,9 +51,12 @@ class Builder:
 
 
 def _check_addressable(t: TensorType, span: Span | None) -> None:
-    """A value no memory could hold (`broadcast_to(x, [2**62, 3])`) is an
-    error where the program makes it: NumPy's allocation of it, or a
-    loop's index over it, would overflow."""
+    """A value no memory could hold (`broadcast_to(x, [2**62, 3])`, a
+    product broadcasting two long axes) is an error where the program makes
+    it: NumPy's allocation of it, or a loop's index over it, would overflow.
+    (A size given by an integer argument's value, as `segment_sum`'s count
+    may be, is checked here too: the program is compiled for that value as
+    for a `const` argument's.)"""
     size = t.size
     if isinstance(size, int) and size * NUMPY[t.dtype].itemsize > MAX_SIZE:
         raise GradError(f"a value of type {t} needs more memory than can be addressed", span)

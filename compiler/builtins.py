@@ -327,7 +327,7 @@ def _segment_sum(L, b, args, kwargs, span):
     if values.type.dtype == "bool":
         values = cast(b, values, "i64")
     shape = (count,) + values.type.shape[ids.type.rank:]
-    zeros = ops.full(b, 0, shape, values.type.dtype)
+    zeros = ops.full(b, 0, shape, values.type.dtype, span)
     return b.bind("scatter_add", zeros, ids, values, axis=0, what=index_label(ids), span=span)
 
 

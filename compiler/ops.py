@@ -232,8 +232,8 @@ def _scatter_along_rule(types, params, span):
 # ------------------------------------------------- IR-building helpers
 
 
-def full(b: Builder, value, shape: tuple[int, ...], dtype: str) -> Var:
-    return b.bind("full", value=value, shape=tuple(shape), dtype=dtype)
+def full(b: Builder, value, shape: tuple[int, ...], dtype: str, span: Span | None = None) -> Var:
+    return b.bind("full", value=value, shape=tuple(shape), dtype=dtype, span=span)
 
 
 def same_value(value, identity: float, dtype: str) -> bool:

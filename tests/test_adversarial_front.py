@@ -169,6 +169,8 @@ def test_a_compile_time_division_by_zero_says_so(expr):
 @pytest.mark.parametrize("body, col", [
     ("broadcast_to(x, [2**63 - 1, 3])", 12), ("sum(broadcast_to(x, [2**62, 3]))", 16),
     ("x * broadcast_to(x, [x.shape[0] * 2**61, 3])", 16),
+    ("sum(segment_sum(x, stack([0, 1, 0]), 2**62))", 16),
+    ("sum(broadcast_to(x, [2**31, 1, 3]) * broadcast_to(x, [2**31, 3]))", 16),
 ])
 def test_a_value_no_memory_could_hold_is_an_error_where_it_is_made(body, col):
     # NumPy's "Maximum allowed dimension exceeded" (or "negative dimensions
