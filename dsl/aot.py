@@ -46,8 +46,8 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import NUMPY
-from gradlang.runtime.errors import GradError
+from gradlang.runtime.args import NUMPY, SUPPORTED, convert
+from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
 from gradlang.runtime.target import Target
 
@@ -160,9 +160,11 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
             if not s.const:
                 raise SignatureError(f"signature {sig!r} gives a value for {s.name!r}, which "
                                      "is not const", f.span)
-            value = dims
-            kind = "bool" if isinstance(value, bool) else (s.dtype or "i64")
-            types[s.name] = StaticScalar(kind, (), value)
+            try:  # the value a call would bind, refused as a call's would be
+                value = convert(f.name, s, dims, f.span)
+            except ArgumentError as err:
+                raise SignatureError(f"signature {sig!r}: {err.message}", f.span) from None
+            types[s.name] = StaticScalar(SUPPORTED[value.dtype], (), value.item())
         elif s.const and not dims and dtype in ("i32", "i64", "bool") \
                 and s.dtype in (None, "i32", "i64", "bool"):
             # a call's const integer picks its program by value (args.static_names)

@@ -373,6 +373,11 @@ def test_run_sets_params_from_values_and_npy_files(tmp_path, capsys):
     # a const integer's value picks the program: a type alone made one no call could use
     (["compile", str(EXAMPLES / "segment_pool.grad"), "--sig", "pool(f64[:, :], i64[:], i64)"],
      "gives 'm' as i64, but it is const"),
+    # a const's value is refused as a call's would be (it was compiled as 1e+20)
+    (["show", str(EXAMPLES / "segment_pool.grad"), "--emit", "ir", "--sig",
+      "pool(f64[:, :], i64[:], 99999999999999999999)"], "integer beyond 64 bits"),
+    (["compile", str(EXAMPLES / "segment_pool.grad"), "--sig",
+      "pool(f64[:, :], i64[:], -99999999999999999999)"], "integer beyond 64 bits"),
 ])
 def test_usage_errors_name_no_invented_location(argv, text, capsys):
     assert main(argv) == 2
