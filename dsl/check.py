@@ -233,7 +233,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     pairs.append((analytic, numeric))
             results.append(_row(f, k, name, _compare(pairs, rtol * 10, atol * 10), nan))
             previous = current
-        if order >= 2 and upstream:
+        if order >= 2 and upstream and any(o.dtype.kind == "f" for o in value):
             results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
                                            atol * 10))
         results.extend(_check_forward(f, bound, value, name, directions[:3], numerics[:3],
@@ -276,20 +276,24 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     index = f.differentiable_names(bound).index(name)
     vjp = backward_function(f, len(value))
     vjp_x = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
-    us = {f"$ct{i}": rng.normal(size=o.shape).astype(o.dtype) for i, o in enumerate(value)}
+    # an integer or bool output has no cotangent to vary: it is held at zero
+    us = {f"$ct{i}": (rng.normal(size=o.shape) if o.dtype.kind == "f" else np.zeros(o.shape)
+                      ).astype(o.dtype) for i, o in enumerate(value)}
+    floats = [c for c, u in us.items() if u.dtype.kind == "f"]
     fdef = getattr(f, "fdef", None)
     upstream = fdef.grads[0].upstream[0] if fdef is not None and fdef.grads else "upstream"
     pairs, nan = [], False
     for _ in range(3):
         v = rng.normal(size=bound[name].shape)
-        w = {c: rng.normal(size=u.shape) for c, u in us.items()}
+        w = {c: rng.normal(size=us[c].shape) for c in floats}
         analytic = 0.0
-        for c in us:
+        for c in floats:
             d = derived(f, ("vjp", len(value), index, c), lambda: Directional(vjp_x, c, "$w"))
             analytic += float(np.sum(_run(d, {**bound, **us, "$w": v})[0] * w[c]))
         nan = nan or (_finite(value) and bool(np.isnan(analytic)))
-        numeric = _central(lambda t: float(np.sum(_run(vjp_x, {**bound, **{
-            c: (u + t * w[c]).astype(u.dtype) for c, u in us.items()}})[0] * v)), step, rtol, atol)
+        numeric = _central(lambda t: float(np.sum(_run(vjp_x, {**bound, **us, **{
+            c: (us[c] + t * w[c]).astype(us[c].dtype) for c in floats}})[0] * v)),
+            step, rtol, atol)
         if numeric is not None:
             pairs.append((analytic, numeric))
     return _row(f, 2, f"{upstream} (of d/d{name})", _compare(pairs, rtol, atol), nan)

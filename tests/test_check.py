@@ -250,3 +250,18 @@ def test_gradc_check_refuses_an_order_beyond_max(order, capsys):
     assert exit_.value.code == 2
     assert f"--order: expected an order from 1 to {MAX_ORDER}, got '{order}'" in \
         capsys.readouterr().err
+
+
+def test_a_bool_result_has_no_upstream_to_vary_at_order_2():
+    # The order-2 row through the upstream cotangent drew a random bool
+    # cotangent and tried to differentiate w.r.t. it: "cannot differentiate
+    # w.r.t. '$ct0': not a float", naming an internal argument.
+    m = dsl.loads("def positive(x):\n    return x > 0.0\n"
+                  "def both(x):\n    return x * x * x, x > 0.0\n")
+    x = np.array([0.5, -1.5])
+    only_bool = dsl.check_gradients(m.positive, x, f32=False)
+    assert only_bool and not [r for r in only_bool if "of d/d" in r.wrt]
+    mixed = dsl.check_gradients(m.both, x, f32=False)
+    assert mixed
+    (through_upstream,) = [r for r in mixed if r.wrt == "upstream (of d/dx)"]
+    assert through_upstream.ok and through_upstream.compared == 3
