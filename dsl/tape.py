@@ -63,6 +63,10 @@ class Tape:
         self._used = False
 
     def __enter__(self) -> "Tape":
+        if self in active_tapes():
+            # its calls would be recorded twice, doubling every gradient
+            raise TapeError("this Tape is already recording: a `with` block of it is open; "
+                            "nest another Tape for a higher order")
         active_tapes().append(self)
         self._recording = True
         return self

@@ -244,6 +244,19 @@ def test_three_nested_tapes_give_the_third_derivative():
     np.testing.assert_allclose(g3, s * (1 - s) * (1 - 2 * s), rtol=1e-12)
 
 
+def test_a_tape_entered_while_it_records_is_a_tape_error_not_a_double_gradient():
+    # Its calls were recorded once per open `with`: the gradient came out twice as large.
+    x = np.array([0.5, -1.0])
+    tape = dsl.Tape()
+    with tape:
+        tape.watch(x)
+        with pytest.raises(dsl.GradError, match="already recording"):
+            with tape:
+                pass
+        y = LOG1PEXP(x)
+    np.testing.assert_allclose(tape.gradient(y, x), 1 / (1 + np.exp(-x)), rtol=1e-12)
+
+
 def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
     x = np.array([0.5, -1.0])
     with dsl.Tape(persistent=True) as tape:
