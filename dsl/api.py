@@ -98,9 +98,11 @@ def loads(source: str, file: str = "<string>", target: "Target | str" = targets.
 
 
 @user_facing
-def load(path: Union[str, os.PathLike], target: "Target | str" = targets.DEFAULT,
+def load(path: Union[str, bytes, os.PathLike], target: "Target | str" = targets.DEFAULT,
          host_results: bool = False) -> Module:
-    path = Path(path)
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"load() takes a path to a .grad file, got {type(path).__name__}")
+    path = Path(os.fsdecode(path))
     source = read_source(path, Span(str(path), 1, 1))
     return loads(source, str(path), target, host_results)
 

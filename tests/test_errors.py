@@ -119,6 +119,20 @@ def test_load_missing_file():
         dsl.load("/nonexistent/x.grad")
 
 
+@pytest.mark.parametrize("path", [None, 3, ["bar.grad"]])
+def test_load_takes_a_path_and_says_so(path):
+    # pathlib's "expected str, bytes or os.PathLike object" came from inside Path()
+    with pytest.raises(TypeError, match="^load\\(\\) takes a path to a .grad file, got "):
+        dsl.load(path)
+
+
+def test_load_takes_a_bytes_path_as_open_does():
+    from pathlib import Path
+    bar = Path(__file__).resolve().parent.parent / "examples" / "bar.grad"
+    m = dsl.load(bytes(bar))
+    assert m.bar(2.0, 3.0) == 6.0 and m.__file__ == str(bar)
+
+
 # ------------------------------------------------------------- call-time
 
 ANNOTATED = """
