@@ -239,6 +239,12 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
         message = f"unexpected character {char!r}"
     elif isinstance(err, lark.exceptions.UnexpectedToken):
         token = err.token
+        if token.type == "_INDENT" and token.end_line:
+            # lark places an indent at the line break before it; the
+            # indented line is where it is wrong (Python's "unexpected indent")
+            line, col = token.end_line, token.end_column
+            return GradError("syntax error: unexpected indent",
+                             Span(file, line, col, line, col + 1), source)
         if token.type == "$END":
             found = "end of file"
         elif token.type in ("_NL", "_INDENT", "_DEDENT"):

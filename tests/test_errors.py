@@ -35,6 +35,9 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
     ("def f(x):\n    return x $ 2\n", 2, 14, "unexpected character"),
     ("def f(x):\n\treturn x\n", 2, 1, "tabs"),
     ("def f(x):\n        y = x\n    return y\n", 3, None, "unindent"),
+    # at the indented line, not the end of the one before ("unexpected an indented block")
+    ("def f(x):\n    y = x\n      return y\n", 3, 7, "syntax error: unexpected indent"),
+    ("def f(x):\n    y = x\n\n    # why\n        return y\n", 5, 9, "unexpected indent"),
 ])
 def test_syntax_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
