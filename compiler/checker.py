@@ -312,9 +312,7 @@ class _Function:
                 self.expr(item, defined)
 
     def call(self, e: ast.Call, defined: set[str]) -> None:
-        kw_names = [k.name for k in e.kwargs]
-        if len(set(kw_names)) != len(kw_names):
-            raise GradError("keyword argument repeated", e.span)
+        kw_names = _keyword_names(e)
         func = e.func
         if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) \
                 and func.func.id in TRANSFORMS and func.func.id not in defined:
@@ -366,6 +364,7 @@ class _Function:
     def transform(self, e: ast.Call, defined: set[str]) -> ast.FuncDef:
         """`grad(f, wrt=...)`: f must name a function; returns it."""
         name = e.func.id
+        _keyword_names(e)
         target = self.ns.resolve(e.args[0]) if e.args else None
         if target is None:
             raise GradError(f"{name}() takes the name of a function as its first argument",
@@ -376,6 +375,14 @@ class _Function:
         for arg in list(e.args[1:]) + [k.value for k in e.kwargs]:
             self.expr(arg, defined)
         return target[0]
+
+
+def _keyword_names(e: ast.Call) -> list[str]:
+    """The keywords of a call, each once (`grad(f, wrt=0, wrt=1)` too)."""
+    names = [k.name for k in e.kwargs]
+    if len(set(names)) != len(names):
+        raise GradError("keyword argument repeated", e.span)
+    return names
 
 
 def _assigned(body: Iterable[ast.Stmt]) -> set[str]:

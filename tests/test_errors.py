@@ -66,6 +66,10 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    y = x\n", 2, None, "no return"),
     ("@fast\ndef f(x):\n    return x\n", 1, 1, "unknown decorator"),
     ("def f(x):\n    return x.sum\n", 2, 12, "no attribute 'sum'"),
+    ("def f(x):\n    return sum(x, axis=0, axis=0)\n", 2, 12, "keyword argument repeated"),
+    # the transform's own keywords too (the first wrt was taken, silently)
+    ("def g(x, y):\n    return x * y\ndef f(x):\n    return grad(g, wrt=0, wrt=1)(x, x)\n",
+     4, 12, "keyword argument repeated"),
 ])
 def test_name_and_arity_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
