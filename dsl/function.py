@@ -1143,11 +1143,14 @@ class HvpFunction(Directional):
             raise ArgumentError("hvp() differentiates w.r.t. one parameter; give wrt as a "
                                 "position or a name", inner.span)
         (name,) = resolve_wrt(inner, wrt)
-        super().__init__(GradFunction(inner, name, with_value=False), name, "$v")
+        vname = "$v"
+        while any(s.name == vname for s in inner.specs):  # an hvp of an hvp: a v of its own
+            vname += "'"
+        super().__init__(GradFunction(inner, name, with_value=False), name, vname)
         self.name = f"hvp({inner.name})"
         self._layout = f"{self.name} takes the arguments of {called(inner.name)}, then v"
         # v is a parameter too, the last (`vmap` maps it by this position)
-        self.specs = inner.specs + (ParamSpec("$v", None, None, False, False),)
+        self.specs = inner.specs + (ParamSpec(vname, None, None, False, False),)
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         """v is the last argument given, after those of inner's (some
@@ -1157,7 +1160,7 @@ class HvpFunction(Directional):
         return {**dict(enumerate(args[:-1])), len(self.specs) - 1: args[-1]}
 
     def label(self, name: str) -> str:
-        return "v" if name == "$v" else self.inner.label(name)
+        return "v" if name == self.vname else self.inner.label(name)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:
@@ -1177,7 +1180,7 @@ class HvpFunction(Directional):
         if v.shape != x.shape:
             raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
                                 f"has shape {list(x.shape)}", self.span)
-        bound["$v"] = v
+        bound[self.vname] = v
         return bound
 
     def call_slow(self, args: tuple, kwargs: dict) -> Any:

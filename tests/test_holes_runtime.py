@@ -201,6 +201,20 @@ def test_hvp_still_takes_lists_and_other_dtypes():
     np.testing.assert_allclose(hv, 2 * x32 * [1, 3], rtol=1e-6)
 
 
+def test_an_hvp_of_an_hvp_has_a_v_of_its_own():
+    # Both were named "$v": the outer one's binding overwrote the inner's,
+    # and lowering raised KeyError: '$v'.
+    quartic = dsl.loads("def f(x):\n    return sum(x * x * x * x)\n").f
+    x, v, u = np.array([0.5, -1.0]), np.array([2.0, 3.0]), np.array([1.0, -1.0])
+    inner = dsl.hvp(quartic)  # H v = 12 x^2 v
+    np.testing.assert_allclose(inner(x, v), 12 * x**2 * v, rtol=1e-14)
+    # the Hessian of sum(12 x^2 v) w.r.t. x is diag(24 v); w.r.t. v it is 0
+    np.testing.assert_allclose(dsl.hvp(inner)(x, v, u), 24 * v * u, rtol=1e-14)
+    np.testing.assert_array_equal(dsl.hvp(inner, wrt=1)(x, v, u), [0.0, 0.0])
+    with pytest.raises(dsl.ArgumentError, match=r"hvp\(hvp\(f\)\): v has shape \[3\]"):
+        dsl.hvp(inner)(x, v, np.ones(3))
+
+
 @pytest.mark.parametrize("ct,pattern", [
     ("abc", r"cotangent 0 of the pullback of f\(\) is not numeric"),
     ([[1.0, 2.0], [3.0]], r"cotangent 0 of the pullback of f\(\) is not an array"),
