@@ -47,6 +47,7 @@ from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY, SUPPORTED, convert
+from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
 from gradlang.runtime.target import Target
@@ -173,7 +174,11 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
                                  f"const: its value picks the program, so give the value, "
                                  f"e.g. {example}", f.span)
         else:
-            types[s.name] = TensorType(dtype, dims)
+            t = TensorType(dtype, dims)
+            if isinstance(t.size, int) and t.size * NUMPY[dtype].itemsize > MAX_SIZE:
+                raise SignatureError(f"cannot compile {sig!r}: argument {s.name!r} of type {t} "
+                                     "needs more memory than can be addressed", f.span)
+            types[s.name] = t
     for w, spec in zip(f.reads, f.param_specs):
         dims = tuple(d if isinstance(d, int) else Sym.named(f"p_{d}")
                      for d in (spec.dims or ()))
