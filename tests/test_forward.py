@@ -183,9 +183,9 @@ def _leaves(result) -> list:
     return [leaf for r in result for leaf in _leaves(r)]
 
 
+# (dense's Jacobians are taken apart in the next test)
 @pytest.mark.parametrize("kind,name", [("jacfwd", "checkpoint.checkpointed"),
-                                       ("jacrev", "dense.loss"), ("hessian", "dense.loss"),
-                                       ("hessian", "bar.bar"), ("jacfwd", "linear_poly")])
+                                       ("hessian", "bar.bar"), ("jacrev", "linear_poly")])
 def test_jvp_and_grad_of_a_jacobian_match_central_differences(kind, name):
     f, args = CASES[name]
     jacobian = getattr(dsl, kind)(f, wrt=0)
