@@ -386,7 +386,7 @@ class Compiled:
             if out is not None:
                 raise ArgumentError(f"{called(self.name)} takes no out= while a Tape records the "
                                     "call: the tape's results are arrays of its own", self.span)
-            outs, pullback = vjp_bound(self, on_target, self.host_results)
+            outs, pullback, _ = vjp_bound(self, on_target, self.host_results)
             if self.host_results:
                 outs = tuple(self.target.to_host(o) for o in outs)
             return record(tapes, self, bound, outs, pullback)
@@ -670,12 +670,51 @@ def vjp(f: Compiled, *args, **kwargs):
 
 def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
     """`vjp_bound` on bound host arguments, compiled for the value of an
-    integer argument that a program uses as a size."""
-    return f.retrying_by_value(bound, lambda: vjp_bound(f, f.on_target(bound), host_results))
+    integer argument that a program uses as a size.  Like `FastPath`, a
+    call whose arguments are plain ndarrays, bound as they are where the
+    kernels run (no device copy, no static argument), is decided by their
+    names, dtypes, shapes and strides alone (`_VjpEntry`)."""
+    fast = f.__dict__.setdefault("_vjp_fast", {})
+    values = bound.values()
+    arrays = None if host_results else fast_key(values)
+    key = None if arrays is None else (tuple(bound), arrays)
+    entry = fast.get(key)
+    if entry is not None:
+        return entry.run(f, values)
+    outs, pullback, entry = f.retrying_by_value(
+        bound, lambda: vjp_bound(f, f.on_target(bound), host_results))
+    if key is not None and entry is not None \
+            and all(a is b for a, b in zip(values, entry.arguments)):
+        if len(fast) >= FastPath.SIZE:
+            fast.clear()
+        fast[key] = entry.without_arguments()
+    return outs, pullback
+
+
+class _VjpEntry:
+    """The split programs of one signature of f and what a `Pullback` of
+    them needs (`arguments`: those of the call that made it, while it is
+    being remembered)."""
+
+    def __init__(self, fwd: Callable, bwd: Callable, n_out: int, out_types: Sequence,
+                 names: Sequence[str], float_args: Sequence[str], arguments: Sequence = ()):
+        self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, out_types
+        self.names, self.float_args, self.arguments = names, float_args, tuple(arguments)
+
+    def without_arguments(self) -> "_VjpEntry":
+        return _VjpEntry(self.fwd, self.bwd, self.n_out, self.out_types, self.names,
+                         self.float_args)
+
+    def run(self, f: Compiled, arguments, host_results: bool = False):
+        results = self.fwd(*arguments)
+        return results[:self.n_out], Pullback(
+            f.name, self.bwd, results[self.n_out:], self.out_types, self.names,
+            self.float_args, f.target, host_results)
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
-    """(raw outputs, Pullback) on validated arguments; the forward keeps
+    """(raw outputs, Pullback, its `_VjpEntry` or None where a static
+    argument picked the program) on validated arguments; the forward keeps
     only the residuals its backward reads (the pullback's results come
     back to NumPy when `host_results`)."""
     statics = f.static_names(bound)
@@ -688,11 +727,9 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
         fn = f.lower(types)
         fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
         cache[key] = (fwd, bwd, len(fn.outputs), fn.out_types)
-    fwd_program, bwd_program, n_out, out_types = cache[key]
-    results = fwd_program(*bound.values())
-    outs, residuals = results[:n_out], results[n_out:]
-    return outs, Pullback(f.name, bwd_program, residuals, out_types, names, float_args,
-                          f.target, host_results)
+    entry = _VjpEntry(*cache[key], names, float_args, bound.values())
+    outs, pullback = entry.run(f, bound.values(), host_results)
+    return outs, pullback, None if statics else entry
 
 
 def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:

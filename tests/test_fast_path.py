@@ -326,3 +326,29 @@ def test_jvp_of_a_function_with_a_const_or_param_is_never_remembered():
         M.params["w"] = w
         np.testing.assert_allclose(dsl.jvp(M.weighted, (x,), (t,))[1], w.sum() * t)
     assert not _known_jvp(M.weighted, 1)
+
+
+def test_vjp_remembers_plain_calls_and_still_follows_const_param_and_layout():
+    # `vjp_of_bound` keeps a signature's split programs by the arrays' names,
+    # dtypes, shapes and strides; a const's value must still pick the program
+    # (never remembered), a param's value and shape be read anew each call
+    x, y = np.linspace(-1.0, 1.0, 4), np.linspace(0.5, 2.0, 4)
+    for a, b in [(x, y), (x, y), (x[::-1], y), (x.astype(np.float32), y.astype(np.float32)),
+                 (x, y)]:
+        value, pullback = dsl.vjp(M.mul_add, a, b)
+        np.testing.assert_allclose(value, mul_add(a, b), rtol=1e-6)
+        gx, gy = pullback(np.full(4, 2.0, a.dtype))
+        np.testing.assert_allclose(gx, 2 * (b + 1), rtol=1e-6)
+        np.testing.assert_allclose(gy, 2 * a, rtol=1e-6)
+        assert gx.dtype == a.dtype
+    assert len(M.mul_add.__dict__["_vjp_fast"]) == 3  # f64 forward and reversed, f32
+    for k in (2, 3, 2, -1):
+        value, pullback = dsl.vjp(M.times, x, k)
+        np.testing.assert_array_equal(value, x * k)
+        np.testing.assert_array_equal(pullback(np.ones(4))[0], np.full(4, float(k)))
+    assert not M.times.__dict__["_vjp_fast"]
+    for w in (np.ones(2), np.array([1.0, 4.0]), np.ones(3), np.array([0.5])):
+        M.params["w"] = w
+        value, pullback = dsl.vjp(M.weighted, x)
+        np.testing.assert_allclose(value, w.sum() * x)
+        np.testing.assert_allclose(pullback(np.ones(4))[0], np.full(4, w.sum()))
