@@ -71,8 +71,8 @@ import numpy as np
 
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
-from dsl.function import (Compiled, Stacked, backward_function, batched_function,
-                          jvp_function, result_types, vjp_of_bound)
+from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
+                          fast_key, jvp_function, result_types, vjp_of_bound)
 from dsl.torch_op import _memory, _tensor, apply as apply_operation, hint
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
@@ -102,6 +102,8 @@ class TorchFunction(Bridged):
         # given for under torch.compile is bound by value (checked as eagerly)
         integral = [(i, s.name) for i, s in enumerate(f.specs) if s.dtype in _INTEGRAL]
         self._integral = frozenset(x for pair in integral for x in pair)
+        # fast_key of a call's views -> (names bound, those with a gradient)
+        self._bindings: dict[tuple, tuple] = {}
 
     @user_facing
     def __call__(self, *args, **kwargs):
@@ -134,22 +136,61 @@ class TorchFunction(Bridged):
             return self._operation(args, kwargs, tracer)
         if not kwargs and self._takes_numpy and _FORWARD_AD[0]._current_level < 0:
             # (under a forward-mode dual level a tensor may carry a tangent)
-            views = _constant_views(args, _GRAD_ENABLED[0]())
-            if views is not None:  # nothing to record: f's own call, its fast path
-                return _tensors(self.f(*views))
+            views = _plain_views(args)
+            if views is not None:
+                if not (_GRAD_ENABLED[0]() and any(t.requires_grad for t in args)):
+                    return _tensors(self.f(*views))  # nothing to record: f's own call
+                if not _TRANSFORMS_ACTIVE[0]():
+                    result = self._recorded_fast(args, views)
+                    if result is not None:
+                        return result
         return self._recorded(args, kwargs)
+
+    def _recorded_fast(self, args: tuple, views: list) -> Any:
+        """The recorded call of plain CPU tensors `args` (their NumPy
+        `views`) bound as a call of the same dtypes and shapes was before
+        (`_remember`), without binding them again; None if none was, or a
+        tensor requiring grad has no gradient (the slow path says so)."""
+        known = self._bindings.get(fast_key(views))
+        if known is None:
+            return None
+        names, differentiable = known
+        if not all(n in differentiable for n, t in zip(names, args) if t.requires_grad):
+            return None
+        f = self.f
+        return f.format(apply(f, dict(zip(names, views)), dict(zip(names, args))))
 
     def _recorded(self, args: tuple, kwargs: dict):
         f = self.f
 
+        views = []  # the arrays bound for tensors, in order
+
         def array(value, where: str):
             if not _is_tensor(value):
                 return value, None
-            return _array_of(value, f, where), value
+            views.append(_array_of(value, f, where))
+            return views[-1], value
 
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, array)
         self._refuse_grad_without_gradient(bound, by_name)
+        if not kwargs and not _TRANSFORMS_ACTIVE[0]() and _plain_views(args) is not None:
+            self._remember(args, views, bound, by_name)
         return f.format(apply(f, bound, by_name))
+
+    def _remember(self, args: tuple, views: list, bound: dict, by_name: dict) -> None:
+        """Keep the names that a call of plain CPU tensors `args` bound,
+        by the dtypes, shapes and strides of their `views` (`fast_key`), if
+        binding took each view as it is and added nothing (no module
+        param): binding then depends on nothing else, and a call like it
+        binds as it did (`_recorded_fast`)."""
+        taken_as_is = len(bound) == len(args) == len(views) and all(
+            b is v and by_name.get(n) is t
+            for n, b, t, v in zip(bound, bound.values(), args, views))
+        key = fast_key(views) if taken_as_is else None
+        if key is not None:
+            if len(self._bindings) >= FastPath.SIZE:
+                self._bindings.clear()
+            self._bindings[key] = (tuple(bound), frozenset(self.f.differentiable_names(bound)))
 
     def _operation(self, args: tuple, kwargs: dict, tracer: str, floats: tuple = (),
                    compiled: bool = False):
@@ -420,16 +461,14 @@ def _batched(call: Call, names: list[str]) -> Optional[Stacked]:
     return stacked if stacked.stacks(call.bound) else None
 
 
-def _constant_views(args: tuple, recording: bool) -> "list[np.ndarray] | None":
-    """The NumPy views of positional arguments when every one is a CPU
-    tensor of a dtype gradlang takes that does not require grad while
-    autograd is `recording` (so no operation is recorded, and the function
-    checks the views as it checks any array), else None (a torch.func
-    wrapper too: it has no memory of its own, and the slow path binds a
-    stand-in for it)."""
+def _plain_views(args: tuple) -> "list[np.ndarray] | None":
+    """The NumPy views of positional arguments when every one is a plain
+    CPU tensor of a dtype gradlang takes (the function checks the views as
+    it checks any array), else None (a torch.func wrapper too: it has no
+    memory of its own, and the slow path binds a stand-in for it)."""
     views = []
     for t in args:
-        if type(t) not in _PLAIN or (t.requires_grad and recording) or not t.is_cpu \
+        if type(t) not in _PLAIN or not t.is_cpu \
                 or t.dtype not in _NUMPY or _WRAPPED[0](t) or t.layout is not _STRIDED[0]:
             return None
         try:

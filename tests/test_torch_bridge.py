@@ -827,3 +827,28 @@ def test_threads_tracing_their_first_calls_at_once_each_get_the_operation():
                          text=True, timeout=120)
     assert run.returncode == 0 and "Error" not in run.stderr, run.stderr
     assert run.stdout.strip() == str([(3,)] * 4)
+
+
+def test_repeated_calls_bind_by_layout_and_still_refuse_grad_without_gradient():
+    # a recorded call of plain tensors binds as the last call of the same
+    # dtypes, shapes and strides did (`TorchFunction._recorded_fast`): each
+    # layout binds anew, a dtype against the annotation and a const's tensor
+    # requiring grad are still refused after good calls
+    f = dsl.to_torch(load("dense").loss)
+    x, b, t = (torch.zeros(*shape, dtype=torch.float64) for shape in [(4, 3), (2,), (4, 2)])
+    x += 1.0
+    w0 = np.linspace(-1.0, 1.0, 6).reshape(3, 2)
+    for w in [w0, w0, w0.T.copy().T, w0]:
+        wt = torch.tensor(w, requires_grad=True) if w.flags.c_contiguous \
+            else torch.tensor(w.T, requires_grad=True).T
+        (grad,) = torch.autograd.grad(f(x, wt, b, t), wt)
+        h = 1e-6
+        want = [(load("dense").loss(x.numpy(), w0 + h * e, np.zeros(2), t.numpy())
+                 - load("dense").loss(x.numpy(), w0 - h * e, np.zeros(2), t.numpy())) / (2 * h)
+                for e in np.eye(6).reshape(6, 3, 2)]
+        np.testing.assert_allclose(grad.numpy().ravel(), want, rtol=1e-7)
+    assert len(f._bindings) == 2  # C- and F-ordered w
+    with pytest.raises(dsl.ArgumentError, match="'x' of loss\\(\\) has dtype f32"):
+        f(x.float(), *(a.float() for a in (wt, b, t)))
+    with pytest.raises(dsl.ArgumentError, match="'target' has no gradient"):
+        f(x, wt, b, t.requires_grad_())
