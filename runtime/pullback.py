@@ -61,8 +61,8 @@ class Pullback:
         longer needs them) holds them, not the pullback."""
         copy = object.__new__(Pullback)
         copy.__dict__.update(self.__dict__)
-        copy._residuals = tuple(self.target.accept(r, f"a residual of {called(self.name)}")
-                                for r in residuals)
+        what = f"a residual of {called(self.name)}"
+        copy._residuals = tuple(self.target.accept(r, what) for r in residuals)
         return copy
 
     @user_facing
@@ -72,17 +72,22 @@ class Pullback:
                                 f"cotangent(s), one per output, but {len(cts)} were given")
         arrays = []
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
-            if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
-                if tuple(ct.shape) != t.shape or np.dtype(ct.dtype) != NUMPY[t.dtype]:
-                    raise ArgumentError(f"cotangent {k} of the pullback of {called(self.name)} "
-                                        f"must have shape {list(t.shape)} and dtype {t.dtype}")
-                arrays.append(ct)
-                continue
-            array = host_cotangent(f"cotangent {k} of the pullback of {called(self.name)}", ct,
-                                   t)
-            arrays.append(array if array.shape == t.shape else np.full(t.shape, array))
-        arrays = [self.target.accept(a, f"cotangent {k} of the pullback of {called(self.name)}")
-                  for k, a in enumerate(arrays)]
+            if self.target.is_array(ct):
+                exact = tuple(ct.shape) == t.shape and np.dtype(ct.dtype) == NUMPY[t.dtype]
+                if not isinstance(ct, np.ndarray):
+                    if not exact:
+                        raise ArgumentError(f"cotangent {k} of the pullback of "
+                                            f"{called(self.name)} must have shape "
+                                            f"{list(t.shape)} and dtype {t.dtype}")
+                    arrays.append(ct)
+                    continue
+                if exact and type(ct) is np.ndarray:  # (host_cotangent would keep it as it is)
+                    arrays.append(ct)
+                    continue
+            where = f"cotangent {k} of the pullback of {called(self.name)}"
+            array = host_cotangent(where, ct, t)
+            array = array if array.shape == t.shape else np.full(t.shape, array)
+            arrays.append(self.target.accept(array, where))
         grads = self._program(*self._residuals, *arrays)
         if self.host_results:
             grads = [self.target.to_host(g) for g in grads]

@@ -231,6 +231,23 @@ def test_bad_cotangents_are_argument_errors(ct, pattern):
     np.testing.assert_allclose(dy, X * X * [1, 2])
 
 
+def test_cotangents_taken_as_they_are_only_when_exact():
+    # a plain ndarray of the output's shape and dtype goes to the program as
+    # it is; any other (big-endian, f32, 0-d, masked, of another shape)
+    # still goes through host_cotangent, converted or refused
+    _, pullback = dsl.vjp(SQUARES.f, X, X)
+    ct = np.array([1.0, 2.0])
+    for given in (ct, ct.astype(">f8"), ct.astype(np.float32), ct[::-1][::-1], ct):
+        dx, dy = pullback(given)
+        np.testing.assert_allclose(dx, 2 * X * X * [1, 2])
+        np.testing.assert_allclose(dy, X * X * [1, 2])
+    np.testing.assert_allclose(pullback(np.array(3.0))[1], X * X * 3)
+    with pytest.raises(dsl.ArgumentError, match="is a masked array"):
+        pullback(np.ma.masked_array(ct, [True, False]))
+    with pytest.raises(dsl.ArgumentError, match=r"has shape \[3\]; the output has shape \[2\]"):
+        pullback(np.ones(3))
+
+
 def test_load_of_a_path_with_a_nul_is_a_grad_error():
     with pytest.raises(dsl.GradError, match="cannot read a"):
         dsl.load("a\x00b.grad")
