@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -73,7 +74,7 @@ from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
                           fast_key, jvp_function, result_types, vjp_of_bound)
-from dsl.torch_op import _memory, _tensor, apply as apply_operation, hint
+from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 
@@ -308,6 +309,8 @@ class Call:
         # the tensors bound, while the forward that reads them has not run
         self.given: Optional[tuple] = tuple(map(id, tensors.values()))
         self.pullback = None  # kept by a forward whose inputs require grad
+        # (a weak reference to each residual tensor, and to the array under it)
+        self.residual_refs: tuple = ()
         # whether autograd records the operation (no_grad: an evaluation loop
         # over parameters that require grad needs no residuals)
         self.recording = _GRAD_ENABLED[0]()
@@ -320,6 +323,13 @@ class Call:
         if given == tuple(map(id, tensors)):
             return self.bound
         return self.rebound(tensors)[0]
+
+    def residual_arrays(self, tensors: Sequence[Any]) -> list:
+        """The arrays under the residual tensors torch gives back: the
+        array a tensor was made over where torch gives back the tensor it
+        was given (no saved-tensor hook made another), else its memory."""
+        return [array() if made is not None and made() is t else _memory(t)
+                for t, (made, array) in zip(tensors, self.residual_refs)]
 
     def rebound(self, tensors: Sequence[Any], extra: Optional[dict] = None,
                 extra_what: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -376,8 +386,13 @@ def _operations() -> tuple:
             # torch holds the residuals, as tensors over their memory: it frees
             # them after the backward (unless retain_graph), and its saved-tensor
             # hooks (checkpoint, save_on_cpu) apply to them as to its own
-            residuals = tuple(map(_tensor, call.pullback.residuals))
+            arrays = tuple(map(_shareable, call.pullback.residuals))
+            residuals = tuple(map(_tensor, arrays))
             call.pullback = call.pullback.reading(())
+            # (weakly: torch alone holds them) each tensor and the array under it
+            call.residual_refs = tuple((weakref.ref(t), weakref.ref(a))
+                                   if isinstance(a, np.ndarray) else (None, None)
+                                   for t, a in zip(residuals, arrays))
         # torch checks the inputs are not modified in place
         ctx.save_for_backward(*inputs[1:], *residuals)
         ctx.save_for_forward(*inputs[1:])
@@ -391,8 +406,8 @@ def _operations() -> tuple:
         tensors, residuals = saved[:len(call.names)], saved[len(call.names):]
         if call.pullback is not None and not torch.is_grad_enabled() \
                 and not any(map(_WRAPPED[0], cts)):
-            pullback = call.pullback.reading([_memory(r) for r in residuals])
-            raw = pullback(*(_array_of(ct, f, "a cotangent") for ct in cts))
+            raw = call.pullback.call_reading(
+                call.residual_arrays(residuals), *(_array_of(ct, f, "a cotangent") for ct in cts))
             grads = {n: _tensor(g) for n, g in zip(call.bound, raw) if g is not None}
         else:  # create_graph, or a torch.func transform: a recorded, compiled backward
             vjp = backward_function(f, len(cts))

@@ -373,15 +373,24 @@ def hint(size: Any) -> int:
 def _memory(t):
     """A plain tensor's memory as f's kernels take it: the NumPy view of a
     CPU tensor, a CUDA tensor itself."""
-    view = t.detach()
-    return view.numpy() if view.device.type == "cpu" else view
+    if not t.is_cpu:
+        return t.detach()
+    return (t.detach() if t.requires_grad else t).numpy()  # (numpy() refuses one that does)
 
 
 def _tensor(array):
-    """A tensor over a result array's memory (CPU or CUDA)."""
+    """A tensor over a result array's memory (CPU or CUDA): over
+    `_shareable(array)`'s."""
     import torch
     if isinstance(array, np.ndarray):
-        if not array.flags.writeable or any(s < 0 for s in array.strides):
-            array = np.array(array)  # torch shares only writable, forward-strided memory
-        return torch.from_numpy(array)
+        return torch.from_numpy(_shareable(array))
     return torch.as_tensor(array, device="cuda")
+
+
+def _shareable(array):
+    """The array, or a copy of a NumPy array whose memory torch cannot
+    share (it shares only writable, forward-strided memory)."""
+    if isinstance(array, np.ndarray) and (
+            not array.flags.writeable or min(array.strides, default=0) < 0):
+        return np.array(array)
+    return array

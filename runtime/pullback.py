@@ -66,7 +66,16 @@ class Pullback:
         return copy
 
     @user_facing
+    def call_reading(self, residuals: Sequence, *cts):
+        """`self.reading(residuals)(*cts)`, without a pullback made for it."""
+        what = f"a residual of {called(self.name)}"
+        return self._run(tuple(self.target.accept(r, what) for r in residuals), cts)
+
+    @user_facing
     def __call__(self, *cts):
+        return self._run(self._residuals, cts)
+
+    def _run(self, residuals: tuple, cts: tuple) -> tuple:
         if len(cts) != len(self._out_types):
             raise ArgumentError(f"pullback of {called(self.name)} takes {len(self._out_types)} "
                                 f"cotangent(s), one per output, but {len(cts)} were given")
@@ -88,7 +97,7 @@ class Pullback:
             array = host_cotangent(where, ct, t)
             array = array if array.shape == t.shape else np.full(t.shape, array)
             arrays.append(self.target.accept(array, where))
-        grads = self._program(*self._residuals, *arrays)
+        grads = self._program(*residuals, *arrays)
         if self.host_results:
             grads = [self.target.to_host(g) for g in grads]
         grads = iter(grads)

@@ -130,6 +130,20 @@ def test_torch_holds_the_residuals_and_frees_them_after_backward():
     np.testing.assert_allclose(gx.numpy(), 1.5 * sigmoid(1.5 * x.detach().numpy()), rtol=1e-15)
 
 
+def test_backward_reads_the_residual_tensor_torch_gives_back():
+    # the backward reads the array a residual tensor was made over only
+    # when torch gives back that very tensor; a saved-tensor hook's other
+    # tensor (here: twice the residual, sigmoid(x)) is what it reads
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    x = tensor([-1.0, 0.5, 2.0])
+    s = sigmoid(x.detach().numpy())
+    for unpack, scale in [(lambda t: t, 1.0), (lambda t: 2 * t, 2.0), (lambda t: t, 1.0)]:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+            y = f(x)
+        (g,) = torch.autograd.grad(y.sum(), x)
+        np.testing.assert_allclose(g.numpy(), scale * s, rtol=1e-15)
+
+
 def test_params_as_keyword_tensors_get_grad():
     lp = dsl.to_torch(load("linear_poly").linear_poly)
     x = tensor([1.0, 2.0, 4.0])
