@@ -396,7 +396,9 @@ def _operations() -> tuple:
         # torch checks the inputs are not modified in place
         ctx.save_for_backward(*inputs[1:], *residuals)
         ctx.save_for_forward(*inputs[1:])
-        ctx.mark_non_differentiable(*(r for r in output if not r.is_floating_point()))
+        constants = [r for r in output if not r.is_floating_point()]
+        if constants:
+            ctx.mark_non_differentiable(*constants)
 
     def backward(ctx, *cts) -> tuple:
         # (torch gives zeros for the cotangent of an output it did not use)

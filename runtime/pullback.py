@@ -61,15 +61,19 @@ class Pullback:
         longer needs them) holds them, not the pullback."""
         copy = object.__new__(Pullback)
         copy.__dict__.update(self.__dict__)
-        what = f"a residual of {called(self.name)}"
-        copy._residuals = tuple(self.target.accept(r, what) for r in residuals)
+        copy._residuals = self._accepted(residuals)
         return copy
+
+    def _accepted(self, residuals: Sequence) -> tuple:
+        if not residuals:  # (a library holding them drops them from the pullback)
+            return ()
+        what = f"a residual of {called(self.name)}"
+        return tuple(self.target.accept(r, what) for r in residuals)
 
     @user_facing
     def call_reading(self, residuals: Sequence, *cts):
         """`self.reading(residuals)(*cts)`, without a pullback made for it."""
-        what = f"a residual of {called(self.name)}"
-        return self._run(tuple(self.target.accept(r, what) for r in residuals), cts)
+        return self._run(self._accepted(residuals), cts)
 
     @user_facing
     def __call__(self, *cts):
