@@ -386,7 +386,7 @@ class Compiled:
             if out is not None:
                 raise ArgumentError(f"{called(self.name)} takes no out= while a Tape records the "
                                     "call: the tape's results are arrays of its own", self.span)
-            outs, pullback, _ = vjp_bound(self, on_target, self.host_results)
+            outs, pullback = vjp_bound(self, on_target, self.host_results)
             if self.host_results:
                 outs = tuple(self.target.to_host(o) for o in outs)
             return record(tapes, self, bound, outs, pullback)
@@ -669,54 +669,71 @@ def vjp(f: Compiled, *args, **kwargs):
 
 
 def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
-    """`vjp_bound` on bound host arguments, compiled for the value of an
-    integer argument that a program uses as a size.  Like `FastPath`, a
-    call whose arguments are plain ndarrays, bound as they are where the
-    kernels run (no device copy, no static argument), is decided by their
-    names, dtypes, shapes and strides alone (`_VjpEntry`)."""
+    """(raw outputs, Pullback) on bound host arguments (`split_of_bound`)."""
+    entry, results = _split_run(f, bound, host_results)
+    return results[:entry.n_out], entry.pullback(f, results[entry.n_out:], host_results)
+
+
+def split_of_bound(f: Compiled, bound: dict[str, np.ndarray]):
+    """(raw outputs, residuals, a Pullback reading none: `reading` or
+    `call_reading` them) on bound host arguments: for a library that holds
+    the residuals itself.  The pullback is made once per signature."""
+    entry, results = _split_run(f, bound, False)
+    return results[:entry.n_out], results[entry.n_out:], entry.pullback(f)
+
+
+def _split_run(f: Compiled, bound: dict[str, np.ndarray], host_results: bool):
+    """(the `_VjpEntry` of the call, its forward pass's results), compiled
+    for the value of an integer argument that a program uses as a size.
+    Like `FastPath`, a call whose arguments are plain ndarrays, bound as
+    they are where the kernels run (no device copy, no static argument),
+    is decided by their names, dtypes, shapes and strides alone."""
     fast = f.__dict__.setdefault("_vjp_fast", {})
     values = bound.values()
     arrays = None if host_results else fast_key(values)
     key = None if arrays is None else (tuple(bound), arrays)
     entry = fast.get(key)
     if entry is not None:
-        return entry.run(f, values)
-    outs, pullback, entry = f.retrying_by_value(
-        bound, lambda: vjp_bound(f, f.on_target(bound), host_results))
-    if key is not None and entry is not None \
-            and all(a is b for a, b in zip(values, entry.arguments)):
+        return entry, entry.fwd(*values)
+
+    def run():
+        on_target = f.on_target(bound)
+        entry = vjp_entry(f, on_target)
+        return entry, on_target, entry.fwd(*on_target.values())
+    entry, on_target, results = f.retrying_by_value(bound, run)
+    if key is not None and not entry.static \
+            and all(a is b for a, b in zip(values, on_target.values())):
         if len(fast) >= FastPath.SIZE:
             fast.clear()
-        fast[key] = entry.without_arguments()
-    return outs, pullback
+        fast[key] = entry
+    return entry, results
 
 
 class _VjpEntry:
-    """The split programs of one signature of f and what a `Pullback` of
-    them needs (`arguments`: those of the call that made it, while it is
-    being remembered)."""
+    """The split programs of one signature of f (`static`: picked by the
+    value of a static argument) and what a `Pullback` of them needs."""
 
     def __init__(self, fwd: Callable, bwd: Callable, n_out: int, out_types: Sequence,
-                 names: Sequence[str], float_args: Sequence[str], arguments: Sequence = ()):
+                 names: Sequence[str], float_args: Sequence[str], static: bool):
         self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, out_types
-        self.names, self.float_args, self.arguments = names, float_args, tuple(arguments)
+        self.names, self.float_args, self.static = names, float_args, static
+        self._reading_none: Optional[Pullback] = None
 
-    def without_arguments(self) -> "_VjpEntry":
-        return _VjpEntry(self.fwd, self.bwd, self.n_out, self.out_types, self.names,
-                         self.float_args)
+    def pullback(self, f: Compiled, residuals: Optional[Sequence] = None,
+                 host_results: bool = False) -> Pullback:
+        """The Pullback reading `residuals` (None: reading none, which
+        holds nothing of a call, so one serves every call)."""
+        if residuals is not None or host_results:
+            return Pullback(f.name, self.bwd, residuals or (), self.out_types, self.names,
+                            self.float_args, f.target, host_results)
+        if self._reading_none is None:
+            self._reading_none = self.pullback(f, ())
+        return self._reading_none
 
-    def run(self, f: Compiled, arguments, host_results: bool = False):
-        results = self.fwd(*arguments)
-        return results[:self.n_out], Pullback(
-            f.name, self.bwd, results[self.n_out:], self.out_types, self.names,
-            self.float_args, f.target, host_results)
 
-
-def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
-    """(raw outputs, Pullback, its `_VjpEntry` or None where a static
-    argument picked the program) on validated arguments; the forward keeps
-    only the residuals its backward reads (the pullback's results come
-    back to NumPy when `host_results`)."""
+def vjp_entry(f: Compiled, bound: dict[str, np.ndarray]) -> _VjpEntry:
+    """The split programs for validated arguments like `bound`: the
+    forward keeps only the residuals its backward reads."""
     statics = f.static_names(bound)
     types = _types(bound, statics)
     names = list(types)
@@ -726,10 +743,17 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
     if key not in cache:
         fn = f.lower(types)
         fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
-        cache[key] = (fwd, bwd, len(fn.outputs), fn.out_types)
-    entry = _VjpEntry(*cache[key], names, float_args, bound.values())
-    outs, pullback = entry.run(f, bound.values(), host_results)
-    return outs, pullback, None if statics else entry
+        cache[key] = _VjpEntry(fwd, bwd, len(fn.outputs), fn.out_types, names, float_args,
+                               bool(statics))
+    return cache[key]
+
+
+def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
+    """(raw outputs, Pullback) on validated arguments where the kernels
+    run (the pullback's results come back to NumPy when `host_results`)."""
+    entry = vjp_entry(f, bound)
+    results = entry.fwd(*bound.values())
+    return results[:entry.n_out], entry.pullback(f, results[entry.n_out:], host_results)
 
 
 def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:

@@ -73,7 +73,7 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
-                          fast_key, jvp_function, result_types, vjp_of_bound)
+                          fast_key, jvp_function, result_types, split_of_bound)
 from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
@@ -308,7 +308,8 @@ class Call:
         self.f, self.bound, self.names = f, bound, tuple(tensors)
         # the tensors bound, while the forward that reads them has not run
         self.given: Optional[tuple] = tuple(map(id, tensors.values()))
-        self.pullback = None  # kept by a forward whose inputs require grad
+        self.pullback = None  # kept by a forward whose inputs require grad, reading none
+        self.residuals: tuple = ()  # its residuals, until torch holds them
         # (a weak reference to each residual tensor, and to the array under it)
         self.residual_refs: tuple = ()
         # whether autograd records the operation (no_grad: an evaluation loop
@@ -374,7 +375,7 @@ def _operations() -> tuple:
         f = call.f
         bound = call.forward_bound(tensors)
         if call.recording and any(t.requires_grad for t in tensors):  # keep the residuals
-            outs, call.pullback = vjp_of_bound(f, bound)
+            outs, call.residuals, call.pullback = split_of_bound(f, bound)
         else:
             outs = f.call_bound(bound)
         return tuple(_tensor(o) for o in outs)
@@ -386,9 +387,9 @@ def _operations() -> tuple:
             # torch holds the residuals, as tensors over their memory: it frees
             # them after the backward (unless retain_graph), and its saved-tensor
             # hooks (checkpoint, save_on_cpu) apply to them as to its own
-            arrays = tuple(map(_shareable, call.pullback.residuals))
+            arrays = tuple(map(_shareable, call.residuals))
             residuals = tuple(map(_tensor, arrays))
-            call.pullback = call.pullback.reading(())
+            call.residuals = ()
             # (weakly: torch alone holds them) each tensor and the array under it
             call.residual_refs = tuple((weakref.ref(t), weakref.ref(a))
                                    if isinstance(a, np.ndarray) else (None, None)

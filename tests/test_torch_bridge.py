@@ -778,8 +778,8 @@ def test_no_grad_calls_keep_no_residuals(monkeypatch):
     # path for nn.Parameters: 4 times the call's time for a small dense layer)
     from dsl import torch_bridge
     split = []
-    real = torch_bridge.vjp_of_bound
-    monkeypatch.setattr(torch_bridge, "vjp_of_bound", lambda *a: split.append(a) or real(*a))
+    real = torch_bridge.split_of_bound
+    monkeypatch.setattr(torch_bridge, "split_of_bound", lambda *a: split.append(a) or real(*a))
     f = dsl.to_torch(load("dense").loss)
     x, t = torch.ones(4, 3, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.float64)
     w = torch.nn.Parameter(torch.full((3, 2), 0.5, dtype=torch.float64))
