@@ -148,10 +148,11 @@ class TorchFunction(Bridged):
         return self._recorded(args, kwargs)
 
     def _recorded_fast(self, args: tuple, views: list) -> Any:
-        """The recorded call of plain CPU tensors `args` (their NumPy
-        `views`) bound as a call of the same dtypes and shapes was before
-        (`_remember`), without binding them again; None if none was, or a
-        tensor requiring grad has no gradient (the slow path says so)."""
+        """The recorded call, outside torch.func transforms, of plain CPU
+        tensors `args` (their NumPy `views`) bound as a call of the same
+        dtypes, shapes and strides was before (`_remember`), without binding
+        them again; None if none was, or a tensor requiring grad has no
+        gradient (the slow path says so)."""
         known = self._bindings.get(fast_key(views))
         if known is None:
             return None
@@ -159,7 +160,8 @@ class TorchFunction(Bridged):
         if not all(n in differentiable for n, t in zip(names, args) if t.requires_grad):
             return None
         f = self.f
-        return f.format(apply(f, dict(zip(names, views)), dict(zip(names, args))))
+        call = Call(f, dict(zip(names, views)), dict(zip(names, args)))
+        return f.format(_operations()[2](call, *args))
 
     def _recorded(self, args: tuple, kwargs: dict):
         f = self.f
@@ -293,7 +295,7 @@ def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
     """Run f on validated arguments `bound` as one recorded torch
     operation whose inputs are `tensors` (name -> the tensor whose memory
     `bound[name]` is, or that a stand-in there stands for: `_array_of`)."""
-    plain, transformable = _operations()
+    plain, transformable, _ = _operations()
     operation = transformable if _TRANSFORMS_ACTIVE[0]() else plain
     return operation.apply(Call(f, bound, tensors), *tensors.values())
 
@@ -362,7 +364,8 @@ def _operations() -> tuple:
     """The `torch.autograd.Function`s (defined on first use: torch is
     imported lazily): one for plain autograd, in the ctx style, and one
     for torch.func transforms, in the setup_context style they need (whose
-    apply binds the forward's signature: some 20 us a call more).  Their
+    apply binds the forward's signature: some 20 us a call more); and the
+    plain one's apply for plain tensors outside transforms.  Their
     forward runs kernels only on plain tensors; their backward, jvp and
     vmap rules are again such operations (of f's backward pass, its jvp,
     f stacked), so that transforms compose through them to any depth."""
@@ -464,7 +467,11 @@ def _operations() -> tuple:
     transformable = type("TransformableCompiledOperation", (torch.autograd.Function,),
                          {"forward": rule(forward), "setup_context": rule(setup_context),
                           "vmap": rule(vmap), **methods})
-    _OPERATIONS = (plain, transformable)
+    # plain's apply as torch's Python `Function.apply` calls it where no
+    # torch.func transform runs and no argument is a transform's (dead)
+    # wrapper: for plain tensors, it adds nothing but some 2 us
+    plain_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, plain)
+    _OPERATIONS = (plain, transformable, plain_apply)
     return _OPERATIONS
 
 
