@@ -83,29 +83,33 @@ class Pullback:
         if len(cts) != len(self._out_types):
             raise ArgumentError(f"pullback of {called(self.name)} takes {len(self._out_types)} "
                                 f"cotangent(s), one per output, but {len(cts)} were given")
-        arrays = []
+        arrays = list(cts)
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
-            if self.target.is_array(ct):
-                exact = tuple(ct.shape) == t.shape and np.dtype(ct.dtype) == NUMPY[t.dtype]
-                if not isinstance(ct, np.ndarray):
-                    if not exact:
-                        raise ArgumentError(f"cotangent {k} of the pullback of "
-                                            f"{called(self.name)} must have shape "
-                                            f"{list(t.shape)} and dtype {t.dtype}")
-                    arrays.append(ct)
-                    continue
-                if exact and type(ct) is np.ndarray:  # (host_cotangent would keep it as it is)
-                    arrays.append(ct)
-                    continue
-            where = f"cotangent {k} of the pullback of {called(self.name)}"
-            array = host_cotangent(where, ct, t)
-            array = array if array.shape == t.shape else np.full(t.shape, array)
-            arrays.append(self.target.accept(array, where))
+            if type(ct) is np.ndarray and ct.shape == t.shape and ct.dtype == NUMPY[t.dtype] \
+                    and self.target.is_array(ct):
+                continue  # (what host_cotangent and accept would make of it)
+            arrays[k] = self._cotangent(k, ct, t)
         grads = self._program(*residuals, *arrays)
         if self.host_results:
             grads = [self.target.to_host(g) for g in grads]
+        if len(self._float_args) == len(self._arg_names):
+            return tuple(grads)
         grads = iter(grads)
         return tuple(next(grads) if n in self._float_args else None for n in self._arg_names)
+
+    def _cotangent(self, k: int, ct: Any, out: Any) -> Any:
+        """Cotangent `k` as the program takes it, for an output of type
+        `out`: a target's array of its shape and dtype as it is, anything
+        else as `host_cotangent` makes it, on the target."""
+        where = f"cotangent {k} of the pullback of {called(self.name)}"
+        if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
+            if tuple(ct.shape) != out.shape or np.dtype(ct.dtype) != NUMPY[out.dtype]:
+                raise ArgumentError(f"{where} must have shape {list(out.shape)} and dtype "
+                                    f"{out.dtype}")
+            return ct
+        array = host_cotangent(where, ct, out)
+        array = array if array.shape == out.shape else np.full(out.shape, array)
+        return self.target.accept(array, where)
 
 
 def host_cotangent(where: str, ct: Any, out: Any) -> np.ndarray:
