@@ -129,3 +129,20 @@ def test_a_tape_records_calls_on_host_arrays(host_results):
         g, h = rcuda.to_host(g), rcuda.to_host(h)
     np.testing.assert_allclose(g, 2 * x * np.cos(x * x), rtol=1e-12)
     np.testing.assert_allclose(h, 2 * np.cos(x * x) - 4 * x * x * np.sin(x * x), rtol=1e-12)
+
+
+def test_pullback_takes_device_cotangents_and_refuses_a_wrong_one():
+    # a device array of the output's shape and dtype goes to the backward as
+    # it is; one of another shape or dtype is an ArgumentError saying so,
+    # and a host one is copied over (d/dx log(1 + e^x) = sigmoid(x))
+    m = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
+    x = np.linspace(-2.0, 2.0, 4)
+    _, pullback = dsl.vjp(m.log1pexp, x)
+    want = 2 / (1 + np.exp(-x))
+    for ct in (rcuda.as_device(np.full(4, 2.0)), np.full(4, 2.0), 2.0):
+        (g,) = pullback(ct)
+        np.testing.assert_allclose(rcuda.to_host(g), want, rtol=1e-12)
+    for bad in (np.ones(3), np.ones(4, np.float32)):
+        with pytest.raises(dsl.ArgumentError, match="cotangent 0 of the pullback of log1pexp"
+                                                    r"\(\) must have shape \[4\] and dtype f64"):
+            pullback(rcuda.as_device(bad))
