@@ -414,7 +414,9 @@ def _operations() -> tuple:
                 and not any(map(_WRAPPED[0], cts)):
             raw = call.pullback.call_reading(
                 call.residual_arrays(residuals), *(_array_of(ct, f, "a cotangent") for ct in cts))
-            grads = {n: _tensor(g) for n, g in zip(call.bound, raw) if g is not None}
+            wanted = {n for n, need in zip(call.names, needs) if need}
+            grads = {n: _tensor(g) for n, g in zip(call.bound, raw)
+                     if n in wanted and g is not None}
         else:  # create_graph, or a torch.func transform: a recorded, compiled backward
             vjp = backward_function(f, len(cts))
             bound, inputs = call.rebound(tensors, dict(zip(vjp.ct_names, cts)), "a cotangent")
