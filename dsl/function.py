@@ -431,25 +431,33 @@ class Compiled:
         return self.retrying_by_value(bound, lambda: self.program(bound).ir)
 
 
-class GradFunction(Compiled):
-    """`grad(f, wrt)` and `value_and_grad(f, wrt)`: the gradient of the sum
-    of f's outputs with respect to the parameters named by `wrt`."""
+class Derived(Compiled):
+    """A callable derived from another, `inner` (a transform of it): its
+    parameters, the target it runs on and where its results go are
+    inner's, and its errors point at inner's definition."""
 
-    def __init__(self, inner: Compiled, wrt: Wrt, with_value: bool):
+    def __init__(self, inner: Compiled):
         super().__init__()
         self.inner = inner
-        self.with_value = with_value
-        self.single = not isinstance(wrt, (tuple, list))
-        self.wrt = resolve_wrt(inner, wrt)
-        self.specs = inner.specs
-        self.param_specs = inner.param_specs
+        self.specs, self.param_specs = inner.specs, inner.param_specs
         self.target, self.host_results = inner.target, inner.host_results
-        kind = "value_and_grad" if with_value else "grad"
-        self.name = f"{kind}({inner.name})"
 
     @property
     def span(self):
         return self.inner.span
+
+
+class GradFunction(Derived):
+    """`grad(f, wrt)` and `value_and_grad(f, wrt)`: the gradient of the sum
+    of f's outputs with respect to the parameters named by `wrt`."""
+
+    def __init__(self, inner: Compiled, wrt: Wrt, with_value: bool):
+        super().__init__(inner)
+        self.with_value = with_value
+        self.single = not isinstance(wrt, (tuple, list))
+        self.wrt = resolve_wrt(inner, wrt)
+        kind = "value_and_grad" if with_value else "grad"
+        self.name = f"{kind}({inner.name})"
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         return self.inner.bind(args, kwargs, params)
@@ -824,7 +832,7 @@ def _extra_names(inner: Compiled, stem: str, count: int) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(count))
 
 
-class VjpFunction(Compiled):
+class VjpFunction(Derived):
     """(args..., cotangents...) -> one cotangent per float argument (or per
     float argument named in `wrt`, in the signature's order): the backward
     pass as a function of its own, so that a `Tape` computing a gradient
@@ -832,19 +840,12 @@ class VjpFunction(Compiled):
     it (second order)."""
 
     def __init__(self, inner: Compiled, n_outputs: int, wrt: Optional[tuple[str, ...]] = None):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.n_outputs, self.wrt = n_outputs, wrt
         self.name = f"vjp({inner.name})"
-        self.specs = inner.specs
         self.ct_names = _extra_names(inner, "$ct", n_outputs)
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.ct_names)
-        self.target, self.host_results = inner.target, inner.host_results
-
-    @property
-    def span(self):
-        return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         inner_types = {n: t for n, t in types.items() if n not in self.ct_names}
@@ -866,7 +867,7 @@ def _float_positions(f: Compiled, types: dict[str, TensorType],
     return [list(types).index(n) for n in floats if wrt is None or n in wrt]
 
 
-class ForwardPass(Compiled):
+class ForwardPass(Derived):
     """args... -> (f's results..., residuals...): f's forward pass keeping
     the values its backward pass (`BackwardPass`) reads, but for f's
     arguments, which that reads itself (`pipeline.vjp_passes`).  A library
@@ -874,15 +875,8 @@ class ForwardPass(Compiled):
     without computing its forward again (a `VjpFunction` computes it)."""
 
     def __init__(self, inner: Compiled):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.name = inner.name  # (its errors are f's)
-        self.specs, self.param_specs = inner.specs, inner.param_specs
-        self.target, self.host_results = inner.target, inner.host_results
-
-    @property
-    def span(self):
-        return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         fn = self.inner.lower(types)
@@ -895,25 +889,18 @@ class ForwardPass(Compiled):
         return tuple(outs)
 
 
-class BackwardPass(Compiled):
+class BackwardPass(Derived):
     """(args..., residuals..., cotangents...) -> one cotangent per float
     argument: f's backward pass reading `n_residuals` residuals of its
     `ForwardPass` (named `residual_names`) and `n_outputs` cotangents."""
 
     def __init__(self, inner: Compiled, n_outputs: int, n_residuals: int):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.name = f"vjp({inner.name})"
-        self.specs = inner.specs
         self.residual_names = _extra_names(inner, "$r", n_residuals)
         self.ct_names = _extra_names(inner, "$ct", n_outputs)
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.residual_names + self.ct_names)
-        self.target, self.host_results = inner.target, inner.host_results
-
-    @property
-    def span(self):
-        return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         extra = self.residual_names + self.ct_names
@@ -1012,23 +999,17 @@ def backward_pass_function(f: Compiled, n_outputs: int, n_residuals: int) -> Bac
                    lambda: BackwardPass(f, n_outputs, n_residuals))
 
 
-class JvpFunction(Compiled):
+class JvpFunction(Derived):
     """(args..., tangents of `active`...) -> (outputs..., output tangents...):
     forward mode (`pipeline.jvp`) along the arguments named `active`."""
 
     def __init__(self, inner: Compiled, active: Sequence[str]):
-        super().__init__()
-        self.inner, self.active = inner, tuple(active)
+        super().__init__(inner)
+        self.active = tuple(active)
         self.name = f"jvp({inner.name})"
-        self.specs = inner.specs
         self.tangent_names = _extra_names(inner, "$t", len(self.active))
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.tangent_names)
-        self.target, self.host_results = inner.target, inner.host_results
-
-    @property
-    def span(self):
-        return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         inner_types = {n: t for n, t in types.items() if n not in self.tangent_names}
@@ -1049,7 +1030,7 @@ class NotStacked(ArgumentError, NotVectorizable):
     a program is needed, but a `vmap` of it runs it once per example."""
 
 
-class Stacked(Compiled):
+class Stacked(Derived):
     """`inner` for k values of its arguments `names` at once
     (`compiler.vectorize`): each of them takes a leading axis of size k,
     and so do the outputs `which` names ("tangents": a jvp's second half,
@@ -1057,11 +1038,9 @@ class Stacked(Compiled):
     where an op on the way has no rule for stacked values."""
 
     def __init__(self, inner: Compiled, names: Sequence[str], which: str):
-        super().__init__()
-        self.inner, self.stacked, self.which = inner, tuple(names), which
+        super().__init__(inner)
+        self.stacked, self.which = tuple(names), which
         self.name = f"stacked {inner.name}"
-        self.specs, self.param_specs = inner.specs, inner.param_specs
-        self.target, self.host_results = inner.target, inner.host_results
         self._plans: dict[tuple, tuple[bool, Optional[int]]] = {}
 
     def stacks(self, bound: dict[str, np.ndarray]) -> bool:
@@ -1119,10 +1098,6 @@ class Stacked(Compiled):
         order = list(names)
         return [order.index(n) for n in self.stacked]
 
-    @property
-    def span(self):
-        return self.inner.span
-
     def lower(self, types: dict[str, TensorType]) -> Function:
         k = types[self.stacked[0]].shape[0]
         try:
@@ -1143,15 +1118,13 @@ class Stacked(Compiled):
         return tuple(outs)
 
 
-class Select(Compiled):
+class Select(Derived):
     """One output of another function."""
 
     def __init__(self, inner: Compiled, index: int):
-        super().__init__()
-        self.inner, self.index = inner, index
+        super().__init__(inner)
+        self.index = index
         self.name = f"{inner.name}[{index}]"
-        self.specs, self.param_specs = inner.specs, inner.param_specs
-        self.target, self.host_results = inner.target, inner.host_results
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         return pipeline.select(self.inner.lower(types), self.index)
@@ -1163,21 +1136,15 @@ class Select(Compiled):
         return outs[0]
 
 
-class Directional(Compiled):
+class Directional(Derived):
     """x, v -> grad_x <inner(x), v>: one more order of directional
     derivative of `inner` (whose single output has x's shape) along the
     argument named `vname`."""
 
     def __init__(self, inner: Compiled, wrt: str, vname: str):
-        super().__init__()
-        self.inner, self.wrt, self.vname = inner, wrt, vname
+        super().__init__(inner)
+        self.wrt, self.vname = wrt, vname
         self.name = f"d({inner.name})"
-        self.specs, self.param_specs = inner.specs, inner.param_specs
-        self.target, self.host_results = inner.target, inner.host_results
-
-    @property
-    def span(self):
-        return self.inner.span
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         if not types[self.wrt].is_float:

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dsl.function import Compiled, Stacked, derived, jvp_function
+from dsl.function import Derived, Stacked, derived, jvp_function
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.shapes import NeedsConcrete
@@ -38,24 +38,18 @@ def jacobian_function(jacobian: Any) -> "JacobianFunction":
                    lambda: JacobianFunction(jacobian))
 
 
-class JacobianFunction(Compiled):
+class JacobianFunction(Derived):
     """The Jacobians of `jacobian` (of its f with respect to the arguments
     `wrt`, names), one per output and argument (`single`: wrt was one
     argument, not a tuple)."""
 
     def __init__(self, jacobian: Any):
-        super().__init__()
-        self.jacobian, self.inner = jacobian, jacobian.f
+        super().__init__(jacobian.f)
+        self.jacobian = jacobian
         self.wrt, self.single, self.name = jacobian.wrt, jacobian.single, jacobian.name
         self.jvp = jvp_function(self.inner, self.wrt)
         self.columns = Stacked(self.jvp, self.jvp.tangent_names, "tangents")
-        self.specs = self.inner.specs
         self.param_specs = self.jvp.param_specs  # inner's, then the one-hot tangents
-        self.target, self.host_results = self.inner.target, self.inner.host_results
-
-    @property
-    def span(self):
-        return self.inner.span
 
     def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
              ) -> dict[str, np.ndarray]:
