@@ -64,6 +64,7 @@ from numba.core.cpu import CPUContext
 from numba.core.registry import CPUDispatcher, cpu_target
 from numba.core.runtime import nrtdynmod, rtsys
 
+from gradlang.runtime.collection import collection_paused
 from gradlang.runtime.numba_target import lean_target
 
 _lock = threading.Lock()
@@ -266,11 +267,11 @@ def before_cached_loads(needs: Callable[[Callable], bool], prepare: Callable[[],
 def _compile_lean(dispatcher: CPUDispatcher) -> None:
     """Compiles of `dispatcher` (a miss when called, or its typing from
     another function) run inside `numba_target.lean_target`, with Numba's
-    runtime from the store."""
+    runtime from the store and the garbage collector paused (`collection`)."""
     compile_whole = dispatcher.compile
 
     def compile(sig):
-        with lean_target():
+        with lean_target(), collection_paused():
             _initialize_runtime(cpu_target.target_context)
             return compile_whole(sig)
     dispatcher.compile = compile

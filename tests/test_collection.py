@@ -1,0 +1,86 @@
+"""`runtime.collection`: the garbage collector is paused while a kernel
+compiles and enabled again after, across nesting and threads, and a
+collector the user disabled stays disabled."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+from numba.core import compiler
+
+import dsl
+from gradlang.runtime.collection import collection_paused
+
+
+@pytest.fixture
+def collector_states_while_compiling(monkeypatch):
+    """gc.isenabled() at each Numba compile of a function."""
+    states = []
+    compile_extra = compiler.compile_extra
+
+    def recording(*args, **kwargs):
+        states.append(gc.isenabled())
+        return compile_extra(*args, **kwargs)
+    monkeypatch.setattr(compiler, "compile_extra", recording)
+    return states
+
+
+def fresh_function(c: float):
+    # a constant of this test's: a kernel no cache holds
+    return dsl.grad(dsl.loads(f"def f(x):\n    return x * x * {c!r}\n").f)
+
+
+def test_a_kernel_compiles_with_the_collector_paused(collector_states_while_compiling):
+    assert gc.isenabled()
+    c = 1.0 + np.random.default_rng().uniform()
+    np.testing.assert_allclose(fresh_function(c)(np.arange(3.0)), 2 * c * np.arange(3.0))
+    assert collector_states_while_compiling and not any(collector_states_while_compiling)
+    assert gc.isenabled()
+
+
+def test_a_collector_the_user_disabled_stays_disabled(collector_states_while_compiling):
+    gc.disable()
+    try:
+        c = 3.0 + np.random.default_rng().uniform()
+        np.testing.assert_allclose(fresh_function(c)(np.ones(2)), [2 * c, 2 * c])
+        assert collector_states_while_compiling and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_collector_resumes_when_the_last_pause_ends():
+    # two threads' pauses that overlap, one of them nested
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with collection_paused():
+            with collection_paused():
+                first_in.set()
+                second_in.wait(10)
+        seen["after first"] = gc.isenabled()
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with collection_paused():
+            second_in.set()
+            first_out.wait(10)
+            seen["inside second"] = gc.isenabled()
+        seen["after both"] = gc.isenabled()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert seen == {"after first": False, "inside second": False, "after both": True}
+    assert gc.isenabled()
+
+
+def test_an_exception_inside_still_resumes_it():
+    with pytest.raises(ZeroDivisionError):
+        with collection_paused():
+            assert not gc.isenabled()
+            1 / 0
+    assert gc.isenabled()
