@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
+from dsl import forward
 from dsl.forward import jvp_function
 from dsl.function import Stacked, derived_if_made
 from gradlang.compiler.modules import STDLIB
@@ -624,3 +625,67 @@ def test_jvp_tangents_are_placed_as_the_primals_are():
     t = np.array([2.0, -1.0, 0.5])
     _, along_v = dsl.jvp(dsl.hvp(f, wrt=1), (x, w, v), (None, None, t))
     np.testing.assert_allclose(along_v, -x ** 2 * np.sin(x * w) * t, rtol=1e-13)
+
+
+JACOBIAN_CALLS = """
+param scale: f64
+def two(x, y):
+    return x * y, sin(x) + y * y
+def ident(x):
+    return x
+def scaled(x):
+    return x * scale
+"""
+
+
+def jacobian_by_differences(f, args, index):
+    """Each output's Jacobian with respect to args[index] (out.shape +
+    arg.shape), by central differences of its elements."""
+    outs = f(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    jacobians = []
+    for k, out in enumerate(outs):
+        rows = [central_difference(lambda *a, k=k, i=i: np.ravel(
+            (f(*a) if isinstance(f(*a), tuple) else (f(*a),))[k])[i], args, index)
+            for i in range(out.size)]
+        jacobians.append(np.array(rows).reshape(out.shape + np.shape(args[index])))
+    return jacobians
+
+
+@pytest.mark.parametrize("transform", [dsl.jacfwd, dsl.jacrev])
+def test_a_repeated_jacobian_call_runs_what_the_first_remembered(transform, monkeypatch):
+    m = dsl.loads(JACOBIAN_CALLS)
+    x, y = RNG.uniform(-1, 1, 3), RNG.uniform(-1, 1, (2, 3))
+    first = transform(m.two, (0, 1))(x, y)  # (two outputs) x (two arguments)
+    for k, expected in enumerate(jacobian_by_differences(m.two, (x, y), 0)):
+        np.testing.assert_allclose(first[k][0], expected, atol=1e-8)
+    for k, expected in enumerate(jacobian_by_differences(m.two, (x, y), 1)):
+        np.testing.assert_allclose(first[k][1], expected, atol=1e-8)
+    # a later call (a new Jacobian object, as `dsl.jacfwd(f)(x)` in a loop
+    # makes) neither binds nor runs in blocks: the same bits
+    monkeypatch.setattr(forward.Jacobian, "call_bound", None)
+    monkeypatch.setattr(type(m.two), "bind", None)
+    again = transform(m.two, (0, 1))(x, y)
+    for k, w in np.ndindex(2, 2):
+        assert np.array_equal(again[k][w], first[k][w])
+    again[0][0][...] = 7.0  # results of their own: the next call's are untouched
+    assert np.array_equal(transform(m.two, (0, 1))(x, y)[0][0], first[0][0])
+
+
+def test_remembered_jacobians_never_view_what_they_keep():
+    m = dsl.loads(JACOBIAN_CALLS)
+    x = RNG.uniform(-1, 1, 4)
+    for transform in (dsl.jacfwd, dsl.jacrev):
+        results = [transform(m.ident)(x) for _ in range(3)]
+        results[1][...] = -1.0
+        np.testing.assert_array_equal(results[2], np.eye(4))
+        np.testing.assert_array_equal(transform(m.ident)(x), np.eye(4))
+
+
+def test_a_jacobian_reading_a_param_reads_its_value_at_each_call():
+    m = dsl.loads(JACOBIAN_CALLS)
+    x = RNG.uniform(-1, 1, 3)
+    for scale in (2.0, 5.0, -1.0):
+        m.params["scale"] = np.float64(scale)
+        for transform in (dsl.jacfwd, dsl.jacrev):
+            np.testing.assert_array_equal(transform(m.scaled)(x), scale * np.eye(3))
