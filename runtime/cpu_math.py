@@ -331,47 +331,35 @@ _expm1_f32 = _make_expm1(
     23, 127, 120)
 
 
-def _make_tanh(zero, one, two, threshold, tiny):
-    """(float64's) fdlibm's tanh without branches, from one expm1 that never overflows
-    to NaN: below |x| = `threshold`, -e / (e + 2) for e = expm1(-2|x|);
-    from it on, 1 - 2 / (e + 2) for e = expm1(2|x|).  Below `tiny`, tanh(x) rounds to x
-    (and -0 stays -0)."""
+def _make_tanh(zero, one, two, split, tiny, coefficients):
+    """tanh(a) = a + a^3 P(a^2) for a = |x| below `split` = 3/4, P
+    (`coefficients`) a weighted least-squares fit, iterated towards
+    minimax, of (tanh(a) - a) / a^3 on [0, 9/16]; from it on,
+    1 - 2 / (exp(2a) + 1), whose error (about 2 ulp of a quotient below
+    0.19) is under 1.5 ulp of a result above 0.63, and which is 1 where exp
+    overflows.  Below `tiny`, tanh(x) rounds to x (and -0 stays -0).
+    fdlibm's form, from one expm1, costs twice as much, and its slope
+    (`ops._TANH_SLOPE`) shares this exp where a kernel has both."""
     @branch_free
     def tanh(x):
         a = abs(x)
-        large = a >= threshold
-        e = expm1(two * a if large else -two * a)
-        t = one - two / (e + two) if large else -e / (e + two)
+        s = a * a
+        small = a + a * s * _horner(s, coefficients)
+        large = one - two / (exp(two * a) + one)
+        t = small if a < split else large
         y = t if x > zero else -t
         return x if a < tiny else y
     return tanh
 
 
-_tanh_f64 = _make_tanh(0.0, 1.0, 2.0, 0.5, 2.0**-28)
-
-# tanh(a) = a + a^3 P(a^2) for a = |x| < 3/4: P a weighted least-squares
-# fit, iterated towards minimax, of (tanh(a) - a) / a^3 on [0, 9/16]
-# (exhaustively 0.74 ulp at most); from 3/4 on, 1 - 2 / (exp(2a) + 1),
-# whose error (about 2 ulp of a quotient below 0.19) is under 1.1 ulp of
-# a result above 0.63.  Half the time of fdlibm's expm1 form (exp is half
-# expm1's cost): tanh is the common float32 activation.
-_TANHF_P = tuple(_f32(c) for c in (-0.33333316, 0.1333272, -0.05389481, 0.02145946,
-                                   -0.0076692603, 0.0017441594))
-_TANHF_SPLIT = _f32(0.75)
-_TANHF_ONE_FROM = _f32(10.0)  # 1 - 2 / (e^20 + 1) rounds to 1: clamps exp's argument
-_TANHF_TINY = _f32(2.0**-13)  # below, a^3 / 3 is under half an ulp of a
-
-
-@branch_free
-def _tanh_f32(x):
-    a = abs(x)
-    a = _TANHF_ONE_FROM if a > _TANHF_ONE_FROM else a  # keeps NaN
-    s = a * a
-    small = a + a * s * _horner(s, _TANHF_P)
-    large = _ONE_F - _TWO_F / (_exp_f32(_TWO_F * a) + _ONE_F)
-    t = small if a < _TANHF_SPLIT else large
-    y = t if x > _ZERO_F else -t
-    return x if a < _TANHF_TINY else y  # keeps -0 and denormals exact
+_tanh_f64 = _make_tanh(0.0, 1.0, 2.0, 0.75, 2.0**-28, (
+    -0.33333333333333276, 0.13333333333324748, -0.053968253963961106, 0.02186948842791748,
+    -0.00886323391725639, 0.0035921125521422214, -0.0014557335070399875,
+    0.0005895677203575534, -0.00023764043548643707, 9.34767684463343e-05,
+    -3.365324345269563e-05, 9.514948696446575e-06, -1.4918720744943142e-06))
+_tanh_f32 = _make_tanh(_ZERO_F, _ONE_F, _TWO_F, _f32(0.75), _f32(2.0**-13), tuple(
+    _f32(c) for c in (-0.33333316, 0.1333272, -0.05389481, 0.02145946, -0.0076692603,
+                      0.0017441594)))
 
 
 # ------------------------------------------------------------ sin, cos
