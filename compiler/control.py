@@ -8,10 +8,11 @@ Contract:
   names the body rebinds that are bound before the loop (a zero-trip loop
   leaves them as they were); each must keep its type (dtype and shape)
   through an iteration, else a `GradError` names both types at the
-  statement that rebinds it.  The body becomes a closed IR function: the
-  outer values it reads are passed in as the loop's invariants.  Names
-  first bound in the body stay local to it; `env` gets the carried values'
-  final values.
+  statement that rebinds it.  One that starts as a compile-time number
+  takes its dtype from the arrays it meets (`_start_dtypes`).  The body
+  becomes a closed IR function: the outer values it reads are passed in
+  as the loop's invariants.  Names first bound in the body stay local to
+  it; `env` gets the carried values' final values.
 - `lower_if(lowerer, b, stmt, env)`: a condition known at compile time (a
   `const` argument, a size, `x.ndim`, arithmetic on them) lowers only the
   branch taken; a runtime scalar bool lowers both and selects each name
@@ -22,14 +23,16 @@ Contract:
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Sequence
 
 from gradlang.compiler import ast
 from gradlang.compiler.builder import Builder
-from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.shapes import NeedsConcrete, Sym
-from gradlang.compiler.values import Value, as_atom, cast, is_static, unify
+from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
+                                      promote, unify)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -41,23 +44,23 @@ INDEX = TensorType("i64", ())
 def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -> None:
     start, stop, step = _bounds(lw, b, stmt, env)
     carried = [n for n in ast.assigned_names(stmt.body) if n in env and n != stmt.var]
-    inits = [as_atom(b, env[n], stmt.span) for n in carried]
-    sb = Builder()
-    index = Var(INDEX, stmt.var)
-    params = [Var(a.type, n) for n, a in zip(carried, inits)]
-    inner = {**env, stmt.var: index, **dict(zip(carried, params))}
-    lw.statements(sb, stmt.body, inner)
-    outs = []
-    for name, param in zip(carried, params):
-        value = inner[name]
-        out = as_atom(sb, value, stmt.span, param.type.dtype if is_static(value) else None)
+    dtypes: list["str | None"] = [None] * len(carried)
+    for _ in range(len(carried) + 2):
+        inits = [as_atom(Builder(), env[n], stmt.span, d) for n, d in zip(carried, dtypes)]
+        sb, index, params, outs = _lower_body(lw, stmt, env, carried, inits)
+        starts = _start_dtypes(sb, [env[n] for n in carried], inits, params, outs,
+                               first=all(d is None for d in dtypes))
+        if starts == [None if d is None else a.type.dtype for d, a in zip(starts, inits)]:
+            break
+        dtypes = starts
+    for name, param, out in zip(carried, params, outs):
         if out.type != param.type:
             raise GradError(f"{name!r} changes type in the loop: {param.type} before an "
                             f"iteration, {out.type} after it; a carried value must keep "
                             "its dtype and shape", _last_binding(stmt.body, name) or stmt.span)
-        outs.append(out)
     if not carried:
         return  # the loop computes nothing that outlives it
+    inits = [as_atom(b, env[n], stmt.span, d) for n, d in zip(carried, dtypes)]
     body, invariants = close(sb, f"for_{stmt.var}", [index] + params, outs)
     if lw.checkpoint is not None:
         results = _segments(b, (start, stop, step), inits, invariants, body, lw.checkpoint,
@@ -67,6 +70,47 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
                                body=body, n_carry=len(carried), n_inv=len(invariants),
                                trip=None, reverse=False)
     env.update(zip(carried, results))
+
+
+def _lower_body(lw: "Lowerer", stmt: ast.For, env: dict[str, Value], carried: list[str],
+                inits: Sequence[Atom]) -> tuple[Builder, Var, list[Var], list[Atom]]:
+    """The loop's body lowered into a fresh builder, its carried values
+    starting as parameters of the inits' types: the builder, the index and
+    carried parameters, and each carried value as the body leaves it."""
+    sb = Builder()
+    index = Var(INDEX, stmt.var)
+    params = [Var(a.type, n) for n, a in zip(carried, inits)]
+    inner = {**env, stmt.var: index, **dict(zip(carried, params))}
+    lw.statements(sb, stmt.body, inner)
+    outs = [as_atom(sb, inner[name], stmt.span, param.type.dtype if is_static(inner[name])
+                    else None) for name, param in zip(carried, params)]
+    return sb, index, params, outs
+
+
+def _start_dtypes(sb: Builder, starts: Sequence[Value], inits: Sequence[Atom],
+                  params: Sequence[Var], outs: Sequence[Atom],
+                  first: bool) -> list["str | None"]:
+    """The dtypes the carried values start with, given a lowering of the
+    body (`sb`) from `inits` (the `first`, from their own dtypes): an array
+    start keeps its own
+    (None); a compile-time number (`s = 0.0`) takes the dtype of the arrays
+    it meets, as a literal does without a loop (`s = s + sum(x)` keeps s f32
+    for f32 x).  Those are the float arrays the loop reads (its invariants
+    and array starts), then whatever dtype the body leaves it with."""
+    float_reads = [v.type.dtype for v in close(sb, "", list(params), [])[1]]
+    float_reads += [a.type.dtype for v, a in zip(starts, inits) if not is_static(v)]
+    float_reads = [d for d in float_reads if d in FLOATS]
+    result = []
+    for v, init, out in zip(starts, inits, outs):
+        if not is_static(v):
+            result.append(None)
+        elif out.type.shape != init.type.shape:
+            result.append(init.type.dtype)  # an error, named by the caller
+        elif first and isinstance(v, float) and float_reads:
+            result.append(functools.reduce(promote, float_reads))
+        else:
+            result.append(literal_dtype(v, out.type.dtype))
+    return result
 
 
 def checkpoint_interval(fdef: ast.FuncDef) -> "int | str | None":

@@ -57,6 +57,12 @@ def _weak_dtype(value: Static) -> str:
     return "f64"
 
 
+def literal_dtype(value: Static, dtype: str) -> str:
+    """The dtype a compile-time number takes where it meets an array of
+    `dtype`: that dtype, except that a float turns an integer one into f64."""
+    return "f64" if isinstance(value, float) and dtype not in FLOATS else dtype
+
+
 def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = None) -> Atom:
     """A compile-time value becomes a literal (of `dtype` when given)."""
     if isinstance(v, (Var, Lit)):
@@ -104,8 +110,9 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
         dtype = arrays[0].type.dtype
         for a in arrays[1:]:
             dtype = promote(dtype, a.type.dtype)
-        if any(isinstance(v, float) for v in values if is_static(v)) and dtype not in FLOATS:
-            dtype = "f64"
+        for v in values:
+            if is_static(v):
+                dtype = literal_dtype(v, dtype)
     else:
         dtype = "f64" if any(isinstance(v, float) for v in values) else "i64"
     if arithmetic and dtype == "bool":

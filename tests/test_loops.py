@@ -477,6 +477,54 @@ def test_a_checkpointed_loop_may_carry_a_literal_start():
     np.testing.assert_allclose(g, 20 * x, rtol=1e-12)
 
 
+LITERAL_STARTS = """
+def total(x, n: i64):
+    s = 0.0
+    for i in range(n):
+        s = s + sum(x * x)
+    return s
+
+def damped(x, w, n: i64):
+    s = 0.0
+    c = 0
+    for i in range(n):
+        x = tanh(x * w + s)
+        s = s + sum(x) * 0.5
+        c = c + w
+    return x * s + c
+"""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_literal_start_takes_the_dtype_of_the_arrays_it_meets(dtype):
+    # `s = 0.0` carried was an f64 whatever the body did with it: an f32
+    # accumulator came back f64, and one feeding another carried f32 value
+    # was an error ("'x' changes type in the loop: f32[3] ... f64[3]"), where
+    # the same code without the loop stays f32 (and jax's loops do too)
+    m = dsl.loads(LITERAL_STARTS)
+    x, w, n = np.array([0.5, -1.0, 0.25], dtype), dtype(0.75), 3
+
+    def damped(x, w):
+        s, c = 0.0, 0.0
+        for _ in range(n):
+            x = np.tanh(x * w + s)
+            s, c = s + np.sum(x) * 0.5, c + w
+        return x * s + c
+
+    total = m.total(x, n)
+    assert total.dtype == dtype and total == pytest.approx(n * np.sum(x.astype(float) ** 2))
+    value = m.damped(x, w, n)
+    assert value.dtype == dtype
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(value, damped(x.astype(float), float(w)), rtol=tol)
+    gx, gw = dsl.grad(m.damped, wrt=(0, 1))(x, w, n)
+    assert gx.dtype == gw.dtype == dtype
+    x64 = x.astype(float)
+    tol = 1e-4 if dtype == np.float32 else 1e-7
+    np.testing.assert_allclose(gx, central_difference(damped, [x64, float(w)], 0), rtol=tol)
+    np.testing.assert_allclose(gw, central_difference(damped, [x64, float(w)], 1), rtol=tol)
+
+
 def test_recompute_keeps_only_checkpoints():
     # 400 trips: one stacked state per trip, against one per 20 (sqrt) or 3
     u, kappa, n = np.linspace(0.1, 0.9, 50), 0.01, 400
