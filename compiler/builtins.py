@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, coerce
-from gradlang.compiler.ir import FLOATS, INTS, Atom, Var
+from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
 from gradlang.compiler.values import Value, as_atom, cast, is_static, sequence_kind, unify
 from gradlang.runtime.errors import GradError, Span
@@ -227,8 +227,9 @@ def index_label(idx: Atom) -> str:
     return repr(idx.hint) if isinstance(idx, Var) and idx.hint else "an index"
 
 
-def index_operand(b: Builder, v: Value, span: Span) -> Atom:
-    """An integer index array (or scalar) of the language."""
+def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> Atom:
+    """An integer index array (or scalar) of the language; where `guard`
+    (a scalar bool: the branch the index is in is taken) is false, 0."""
     if isinstance(v, tuple):
         raise GradError(f"an index must be an integer array or scalar, not a "
                         f"{sequence_kind(v)}; build an array with stack([...])", span)
@@ -238,7 +239,10 @@ def index_operand(b: Builder, v: Value, span: Span) -> Atom:
     if idx.type.dtype not in INTS:
         raise GradError(f"an index must be an integer array (i32 or i64), not "
                         f"{idx.type.dtype}{_python_number_hint(idx)}", span)
-    return idx
+    if guard is None or isinstance(idx, Lit):
+        return idx
+    return b.bind("where", guard, idx, b.lit(0, idx.type.dtype), span=span,
+                  hint=idx.hint if isinstance(idx, Var) else "")
 
 
 def _python_number_hint(v: Value) -> str:
@@ -269,7 +273,7 @@ def _flattened(b: Builder, x: Atom, span: Span) -> Atom:
 
 def _take(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
-    idx = index_operand(b, args[1], span)
+    idx = index_operand(b, args[1], span, L.index_guard(b))
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:  # NumPy's default: the flattened array
         x, axis = _flattened(b, x, span), 0
@@ -278,7 +282,7 @@ def _take(L, b, args, kwargs, span):
 
 def _take_along_axis(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
-    idx = index_operand(b, args[1], span)
+    idx = index_operand(b, args[1], span, L.index_guard(b))
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:
         x, axis = _flattened(b, x, span), 0
@@ -298,7 +302,7 @@ def _take_along_axis(L, b, args, kwargs, span):
 
 def _scatter_add(L, b, args, kwargs, span):
     base = as_atom(b, args[0], span)
-    idx = index_operand(b, args[1], span)
+    idx = index_operand(b, args[1], span, L.index_guard(b))
     (values,) = unify(b, [args[2]], span)
     if values.type.is_float and not base.type.is_float:
         raise GradError(f"scatter_add of {values.type.dtype} values into a "
@@ -310,7 +314,7 @@ def _scatter_add(L, b, args, kwargs, span):
 
 def _segment_sum(L, b, args, kwargs, span):
     values = as_atom(b, args[0], span)
-    ids = index_operand(b, args[1], span)
+    ids = index_operand(b, args[1], span, L.index_guard(b))
     count = _kw(args, kwargs, 2, "num_segments")
     if isinstance(count, Var) and count in L.arguments and count.type.rank == 0 \
             and count.type.dtype in INTS:

@@ -17,7 +17,8 @@ Contract:
   `const` argument, a size, `x.ndim`, arithmetic on them) lowers only the
   branch taken; a runtime scalar bool lowers both and selects each name
   either binds with `where` (so both run; the gradient flows only through
-  the branch taken, as for `where`).  Such a name must have the same type
+  the branch taken, as for `where`, and a run-time index in the branch not
+  taken reads 0, `Lowerer.index_guard`, rather than raise).  Such a name must have the same type
   in both branches (a `GradError` otherwise); a name only some branches
   bind is dropped (the checker rejects reading it).
 """
@@ -244,8 +245,14 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
                         f"bool, got {cond.type}; select elementwise with where()",
                         stmt.cond.span)
     branches = [dict(env), dict(env)]
-    lw.statements(b, stmt.body, branches[0])
-    lw.statements(b, stmt.orelse, branches[1])
+    outer = lw.branches
+    for body, branch, taken in ((stmt.body, branches[0], True),
+                                (stmt.orelse, branches[1], False)):
+        lw.branches = outer + ((cond, taken),)
+        try:
+            lw.statements(b, body, branch)
+        finally:
+            lw.branches = outer
     for name in dict.fromkeys(ast.assigned_names(stmt.body) + ast.assigned_names(stmt.orelse)):
         if name not in branches[0] or name not in branches[1]:
             env.pop(name, None)

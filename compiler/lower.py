@@ -51,6 +51,9 @@ class Lowerer:
         # inside a @recompute function with loops: their checkpoint interval
         # (trips per segment), or "sqrt" for about the trip count's root
         self.checkpoint: "int | str | None" = None
+        # inside the branches of runtime ifs: each condition, and whether
+        # its branch is the one where it holds (`index_guard`)
+        self.branches: tuple[tuple[Atom, bool], ...] = ()
 
     def lower_entry(self, fdef: ast.FuncDef, types: dict[str, TensorType],
                     name: Optional[str] = None) -> Function:
@@ -121,8 +124,26 @@ class Lowerer:
             finally:
                 self.checkpoint = outer
         if fdef.grads or fdef.decorators:
-            return lower_staged(self, b, fdef, ns, inputs, span)
+            # its stages are functions of their own, which cannot read a
+            # branch's condition
+            outer_branches, self.branches = self.branches, ()
+            try:
+                return lower_staged(self, b, fdef, ns, inputs, span)
+            finally:
+                self.branches = outer_branches
         return self.body(b, fdef, inputs)
+
+    def index_guard(self, b: Builder) -> Optional[Atom]:
+        """Inside a runtime if's branch, the scalar bool that holds where
+        the branch is taken (else None): a run-time index there reads 0
+        where it is not (`index_operand`), since both branches run and the
+        values of the one not taken are selected away, so an index only
+        the taken branch keeps in range is no error."""
+        guard = None
+        for cond, taken in self.branches:
+            term = cond if taken else b.bind("logical_not", cond)
+            guard = term if guard is None else b.bind("logical_and", guard, term)
+        return guard
 
     def body(self, b: Builder, fdef: ast.FuncDef, env: dict[str, Value]) -> list[Value]:
         """fdef's body on `env`: its results, a compile-time number taken as
@@ -257,7 +278,11 @@ class Lowerer:
         pparams = [Var(v.type, w) for w, v in reads.items()]
         senv = dict(zip(reads, pparams))
         sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
-        outs = self.call(sb, fdef, ns, [], sargs, span, senv)
+        outer_branches, self.branches = self.branches, ()  # sb cannot read their conditions
+        try:
+            outs = self.call(sb, fdef, ns, [], sargs, span, senv)
+        finally:
+            self.branches = outer_branches
         results = as_results(sb, outs, fdef.result_dtype, fdef.result_spans)
         return sb.function(fdef.name, sparams + pparams, results)
 
@@ -443,7 +468,7 @@ class Lowerer:
             raise GradError("an index array can only be combined with slices (x[:, idx]); "
                             "use take() or take_along_axis()", e.items[arrays[0]].span)
         for k in gathers:
-            values[k] = index_operand(b, values[k], e.items[k].span)
+            values[k] = index_operand(b, values[k], e.items[k].span, self.index_guard(b))
         starts, stops, steps, keep = [], [], [], []
         for axis, size in enumerate(shape):
             item = e.items[axis] if axis < len(e.items) else None

@@ -69,6 +69,15 @@ def segments_counted(values, seg, m: i64):
 
 def smooth(x, idx, values):
     return sum(sin(scatter_add(x * x, idx, values * x[idx])))
+
+def neighbours(x, n: i64):
+    s = x[0] * 0
+    for i in range(n):
+        if i + 1 < n:
+            s = s + x[i + 1] * x[i]
+        else:
+            s = s + take(x, 3 * i - 2 * n + 2) * 2.0
+    return s
 """
 
 
@@ -380,6 +389,28 @@ def test_out_of_range_index_is_an_argument_error_naming_it(target):
     with pytest.raises(dsl.ArgumentError,
                        match=r"index -3 in an index \(at indexing.grad:5:12\)"):
         module(target).col(np.zeros((4, 2)), np.int64(-2))
+
+
+@each_target
+def test_an_index_in_the_branch_not_taken_is_no_error(target):
+    # Both branches of a runtime if run: x[i + 1] at the last trip, and the
+    # else branch's index (-6 at the first), were ArgumentErrors, though
+    # the branch that reads them is not taken (Python, NumPy and jax run it)
+    m = module(target)
+    x = np.array([0.3, 0.7, -0.2, 1.1])
+
+    def neighbours(x):
+        return np.sum(x[1:] * x[:-1]) + 2.0 * x[-1]
+
+    assert m.neighbours(x, 4) == pytest.approx(neighbours(x), rel=1e-12)
+    np.testing.assert_allclose(dsl.grad(m.neighbours)(x, 4),
+                               central_difference(neighbours, [x], 0), rtol=1e-8)
+    t = np.array([1.0, -2.0, 0.5, 3.0])
+    _, tangent = dsl.jvp(m.neighbours, (x, 4), (t, None))
+    assert tangent == pytest.approx(central_difference(neighbours, [x], 0) @ t, rel=1e-8)
+    # the branch taken still checks its index
+    with pytest.raises(dsl.ArgumentError, match="index 4 in an index"):
+        m.neighbours(x, 5)
 
 
 @pytest.mark.parametrize("source,line,col,text", [
