@@ -18,9 +18,9 @@ Contract:
   branch taken; a runtime scalar bool lowers both and selects each name
   either binds with `where` (so both run; the gradient flows only through
   the branch taken, as for `where`, and a run-time index in the branch not
-  taken reads 0, `Lowerer.index_guard`, rather than raise).  Such a name must have the same type
-  in both branches (a `GradError` otherwise); a name only some branches
-  bind is dropped (the checker rejects reading it).
+  taken reads 0 rather than raise: `Lowerer.index_guard`).  Such a name
+  must have the same type in both branches (a `GradError` otherwise); a
+  name only some branches bind is dropped (the checker rejects reading it).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
                             "its dtype and shape", _last_binding(stmt.body, name) or stmt.span)
     if not carried:
         return  # the loop computes nothing that outlives it
-    inits = [as_atom(b, env[n], stmt.span, d) for n, d in zip(carried, dtypes)]
+    inits = [as_atom(b, env[n], stmt.span, p.type.dtype) for n, p in zip(carried, params)]
     body, invariants = close(sb, f"for_{stmt.var}", [index] + params, outs)
     if lw.checkpoint is not None:
         results = _segments(b, (start, stop, step), inits, invariants, body, lw.checkpoint,
@@ -93,11 +93,11 @@ def _start_dtypes(sb: Builder, starts: Sequence[Value], inits: Sequence[Atom],
                   first: bool) -> list["str | None"]:
     """The dtypes the carried values start with, given a lowering of the
     body (`sb`) from `inits` (the `first`, from their own dtypes): an array
-    start keeps its own
-    (None); a compile-time number (`s = 0.0`) takes the dtype of the arrays
-    it meets, as a literal does without a loop (`s = s + sum(x)` keeps s f32
-    for f32 x).  Those are the float arrays the loop reads (its invariants
-    and array starts), then whatever dtype the body leaves it with."""
+    start keeps its own (None); a compile-time number (`s = 0.0`) takes the
+    dtype of the arrays it meets, as a literal does without a loop (`s = s +
+    sum(x)` keeps s f32 for f32 x).  Those are the float arrays the loop
+    reads (its invariants and array starts), then whatever dtype the body
+    leaves it with."""
     float_reads = [v.type.dtype for v in close(sb, "", list(params), [])[1]]
     float_reads += [a.type.dtype for v, a in zip(starts, inits) if not is_static(v)]
     float_reads = [d for d in float_reads if d in FLOATS]
