@@ -7,9 +7,10 @@ takes a leading axis of size k: k values of it, stacked.  Output j (for j in
 stacked the same way (computed once for all k where it does not depend on
 them, then broadcast); the other outputs are fn's own.  Values that do not
 depend on a stacked parameter are computed once.  Every op of the table
-has a rule here except `dim`, and an index op whose index array is
-stacked, or a loop whose trip count is: for those it raises
-`NotVectorizable`, and the caller evaluates one value at a time instead.
+has a rule here except `dim`, and a loop whose trip count is stacked: for
+those it raises `NotVectorizable`, and the caller evaluates one value at
+a time instead.  (A stacked index array gathers or scatter-adds along
+the axis with the index spread over the data's other axes.)
 A loop's body is vectorized in turn (`_stacked_loop`), and so are a grad
 block's passes (`_stacked_call`).
 
@@ -33,7 +34,7 @@ from typing import Optional, Sequence
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
-from gradlang.compiler.shapes import Dim
+from gradlang.compiler.shapes import Dim, prod
 from gradlang.runtime.errors import Span
 
 
@@ -128,8 +129,8 @@ def _stacked_eqn(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Di
         return _matmul(b, inputs, has, k, span)
     if eqn.op == "recompute_barrier":  # (its first input is the stacked one)
         return b.bind(eqn.op, *inputs, span=span)
-    if op.kind == "index" and not has[1]:
-        return _index(b, eqn, inputs, has, k)
+    if op.kind == "index":
+        return (_stacked_index if has[1] else _index)(b, eqn, inputs, has, k)
     raise NotVectorizable(eqn.op)
 
 
@@ -264,6 +265,41 @@ def _matmul(b: Builder, inputs: list[Atom], has: list[bool], k: Dim,
     out = b.bind("matmul", x, sides, span=span)
     m = x.type.shape[0]
     return b.bind("transpose", b.bind("reshape", out, shape=(m, k, p)), perm=(1, 0, 2))
+
+
+def _stacked_index(b: Builder, eqn: Eqn, inputs: list[Atom], has: list[bool], k: Dim
+                   ) -> Var:
+    """A gather or scatter-add with a stacked index (a mapped index array,
+    or a run-time index in the branch of an `if` on a mapped condition):
+    each of the k reads (or adds) along the axis with its own index, which
+    is a gather (scatter-add) along that axis of the stacked data with the
+    index spread over the data's other axes; the indices keep their values,
+    so the same out-of-range ones are refused."""
+    p = eqn.p
+    axis, span = p["axis"], eqn.span
+    if eqn.op == "take" and not has[0]:  # one array: the k indices are one index array
+        out = b.bind("take", *inputs, axis=axis, what=p["what"], span=span)
+        rank = out.type.rank
+        return b.bind("transpose", out, perm=(axis,) + tuple(a for a in range(rank)
+                                                            if a != axis), span=span)
+    # data, index (and values) each of the k: the stacked ones as they are
+    data, idx, *values = (a if h else _spread(b, a, k) for a, h in zip(inputs, has))
+    if eqn.op in ("take_along_axis", "scatter_add_along_axis"):
+        return b.bind(eqn.op, data, idx, *values, axis=axis + 1, what=p["what"], span=span)
+    # take / scatter_add: the index's axes become one axis of its m
+    # elements, spread over the data's other axes: the same op along it
+    lanes, shape = idx.type.shape[1:], data.type.shape
+    before, after = shape[1:axis + 1], shape[axis + 2:]
+    m = prod(lanes)
+    along = (k,) + before + (m,) + after
+    idx = b.bind("reshape", idx, shape=(k,) + (1,) * len(before) + (m,) + (1,) * len(after))
+    idx = b.bind("broadcast_to", idx, shape=along)
+    if eqn.op == "take":
+        out = b.bind("take_along_axis", data, idx, axis=axis + 1, what=p["what"], span=span)
+        return b.bind("reshape", out, shape=(k,) + before + lanes + after, span=span)
+    v = b.bind("reshape", values[0], shape=along, span=span)
+    return b.bind("scatter_add_along_axis", data, idx, v, axis=axis + 1, what=p["what"],
+                  span=span)
 
 
 def _index(b: Builder, eqn: Eqn, inputs: list[Atom], has: list[bool], k: Dim) -> Var:

@@ -28,6 +28,12 @@ def looped(x, n: const = 3):
 def pick(x, idx):
     return sum(x[idx] * 2.0)
 
+def trips(x, n: i64):
+    y = x
+    for i in range(n):
+        y = sin(y) + y * 0.5
+    return sum(y)
+
 def weighted(x, w):
     return sum(sin(x * w) * x)
 
@@ -142,20 +148,84 @@ def test_a_loop_of_a_run_time_trip_count_stacks_with_its_gradient(monkeypatch):
 
 
 def test_an_op_that_does_not_stack_runs_one_example_at_a_time(m, monkeypatch):
-    # a gather whose index array is mapped: each example reads its own rows
-    x, idx = np.linspace(-2.0, 2.0, 12).reshape(4, 3), np.array([[0, 2], [1, 1], [2, 0], [0, 0]])
-    vf = dsl.vmap(m.pick)
-    expected = per_example(m.pick, (0, 1), x, idx)
+    # a loop whose trip count is mapped: each example runs its own trips
+    x, ns = np.linspace(-2.0, 2.0, 12).reshape(4, 3), np.array([0, 2, 1, 3])
+    vf = dsl.vmap(m.trips)
+    expected = per_example(m.trips, (0, 1), x, ns)
     calls = runs_one_program(monkeypatch, vf)
-    np.testing.assert_allclose(vf(x, idx), expected, rtol=1e-15)
+    np.testing.assert_allclose(vf(x, ns), expected, rtol=1e-15)
     assert len(calls) == 4
-    with pytest.raises(dsl.ArgumentError, match=r"vmap\(pick\) runs one example at a time "
-                                                r"here \(its op \w+ has no rule"):
-        dsl.grad(vf)(x, idx)
+    with pytest.raises(dsl.ArgumentError, match=r"vmap\(trips\) runs one example at a time "
+                                                r"here \(its op .+ has no rule"):
+        dsl.grad(vf)(x, ns)
     with dsl.Tape() as tape:  # it would record the examples, not x
         tape.watch(x)
         with pytest.raises(dsl.ArgumentError, match="cannot be recorded by a dsl.Tape where"):
-            vf(x, idx)
+            vf(x, ns)
+
+
+MAPPED_INDICES = """
+def rows(x, idx):
+    return x[idx] * sin(x[idx])
+
+def cols(x, idx):
+    return exp(take(x, idx, axis=1))
+
+def along(x, idx):
+    return take_along_axis(x, idx, axis=1) ** 2
+
+def added(x, idx, v):
+    return sin(scatter_add(x, idx, v * x[idx]))
+
+def pooled(v, ids):
+    return segment_sum(v * v, ids, 3)
+
+def guarded(x, i: i64):
+    if x[0] > 0.0:
+        y = x[i] * 2.0
+    else:
+        y = x[0] * x[1]
+    return y
+"""
+
+
+TABLES = np.array([[[0.3, 1.0], [0.7, -1.0], [-0.2, 2.0]]] * 2) * [[[1.0]], [[-2.0]]]
+
+
+@pytest.mark.parametrize("fn,mapped,args", [
+    ("rows", (0, 1), (TABLES, np.array([[2, -1, 2], [0, 0, 1]]))),
+    ("cols", (1,), (np.array([[0.3, 0.7, -0.2], [1.1, -0.5, 0.4]]), np.array([[2, 2], [-3, 1]]))),
+    ("along", (0, 1), (np.array([[[0.3, 0.7, -0.2], [1.1, -0.5, 0.4]]] * 2) * [[[1.0]], [[3.0]]],
+                       np.array([[[2, 2], [-3, 1]], [[0, 1], [1, 0]]]))),
+    ("added", (1, 2), (np.array([0.3, 0.7, -0.2, 1.1]), np.array([[1, 1, -1], [0, 3, 3]]),
+                       np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]))),
+    ("pooled", (0, 1), (TABLES, np.array([[2, 0, 2], [-1, -3, 1]]))),
+    ("guarded", (0,), (np.array([[0.3, 0.7, -0.2], [-0.3, 0.7, 0.2]]), 2)),
+])
+def test_a_mapped_index_stacks(fn, mapped, args, monkeypatch):
+    # a gather or scatter-add by a mapped index array, or by an index in the
+    # branch of an if on a mapped condition (which reads 0 where the branch
+    # is not taken, so is mapped too), ran one example at a time, and
+    # grad(vmap(f)) was an ArgumentError
+    f = getattr(dsl.loads(MAPPED_INDICES), fn)
+    in_axes = tuple(0 if j in mapped else None for j in range(len(args)))
+    vf = dsl.vmap(f, in_axes=in_axes)
+    calls = runs_one_program(monkeypatch, vf)
+    got = vf(*args)
+    assert calls == []
+    monkeypatch.undo()
+    np.testing.assert_allclose(got, per_example(f, mapped, *args), rtol=1e-14)
+    wrt = mapped[-1] if fn == "added" else 0
+    grads = dsl.grad(vf, wrt=wrt)(*args)
+    one = [dsl.grad(f, wrt=wrt)(*(a[i] if j in mapped else a for j, a in enumerate(args)))
+           for i in range(2)]
+    np.testing.assert_allclose(grads, np.sum(one, axis=0) if wrt not in mapped else one,
+                               rtol=1e-14)
+    if fn != "guarded":  # an index out of range in one example is named by its value
+        bad = [np.array(a) for a in args]
+        bad[1][1].flat[0] = 7
+        with pytest.raises(dsl.ArgumentError, match="index 7 in 'i"):
+            vf(*bad)
 
 
 def test_transforms_of_vmap(m):
