@@ -3,6 +3,8 @@ in one program where f stacks, one example at a time where it does not;
 per-example gradients; composition with grad, jvp and vmap; errors."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -189,6 +191,11 @@ def guarded(x, i: i64):
 """
 
 
+@functools.lru_cache(maxsize=None)
+def mapped_indices() -> dsl.Module:
+    return dsl.loads(MAPPED_INDICES)
+
+
 TABLES = np.array([[[0.3, 1.0], [0.7, -1.0], [-0.2, 2.0]]] * 2) * [[[1.0]], [[-2.0]]]
 
 
@@ -207,7 +214,7 @@ def test_a_mapped_index_stacks(fn, mapped, args, monkeypatch):
     # branch of an if on a mapped condition (which reads 0 where the branch
     # is not taken, so is mapped too), ran one example at a time, and
     # grad(vmap(f)) was an ArgumentError
-    f = getattr(dsl.loads(MAPPED_INDICES), fn)
+    f = getattr(mapped_indices(), fn)
     in_axes = tuple(0 if j in mapped else None for j in range(len(args)))
     vf = dsl.vmap(f, in_axes=in_axes)
     calls = runs_one_program(monkeypatch, vf)
