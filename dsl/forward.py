@@ -439,12 +439,9 @@ class Jacobian(AsFunction):
         """`_remember`'s run in reverse mode: per output, the stacked
         backward pass on every one-hot cotangent of it (zero for the
         others)."""
-        outs = _run(self.f, bound, host=True)
-        floats = self.f.differentiable_names(bound)
+        floats, passes = self._backward_passes(bound)
         runs = []
-        for k, out in enumerate(outs):
-            sv = stacked_vjp_function(self.f, len(outs), k)
-            zeros = {c: np.zeros(o.shape, o.dtype) for c, o in zip(sv.inner.ct_names, outs)}
+        for out, sv, zeros in passes:
             planned = _one_block_program(sv, bound, zeros, out)
             if planned is None:
                 return None
@@ -581,16 +578,25 @@ class Jacobian(AsFunction):
             jacobian = np.moveaxis(jacobian, 0, 1)
         return jacobian.reshape(shape).astype(dtype, copy=False)
 
+    def _backward_passes(self, bound: dict[str, Any]) -> tuple[list[str], list[tuple]]:
+        """The names of f's float arguments in `bound`, and for each of f's
+        outputs there (f run once, on the host): the output, the stacked
+        backward pass of its cotangent, and zero cotangents of every output."""
+        outs = _run(self.f, bound, host=True)
+        passes = []
+        for k, out in enumerate(outs):
+            sv = stacked_vjp_function(self.f, len(outs), k)
+            passes.append((out, sv, {c: np.zeros(o.shape, o.dtype)
+                                     for c, o in zip(sv.inner.ct_names, outs)}))
+        return self.f.differentiable_names(bound), passes
+
     def _all_rows(self, bound: dict[str, Any]) -> Optional[list[list[np.ndarray]]]:
         """[output][wrt] Jacobians, each output's from backward passes of
         its stacked one-hot cotangents (`_in_blocks`); None where the
         backward pass cannot stack them."""
-        outs = _run(self.f, bound, host=True)
-        floats = self.f.differentiable_names(bound)
+        floats, passes = self._backward_passes(bound)
         result = []
-        for k, out in enumerate(outs):
-            sv = stacked_vjp_function(self.f, len(outs), k)
-            zeros = {c: np.zeros(o.shape, o.dtype) for c, o in zip(sv.inner.ct_names, outs)}
+        for out, sv, zeros in passes:
             blocks = (_in_blocks(sv, {**bound, **zeros}, np.asarray(out), self.batched)
                       if out.size else [])
             if blocks is None:
