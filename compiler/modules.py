@@ -10,6 +10,7 @@ importer's (a name declared twice is an error).
 """
 from __future__ import annotations
 
+import codecs
 import os
 from pathlib import Path
 from typing import Optional
@@ -18,7 +19,7 @@ from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS
 from gradlang.compiler.checker import check
 from gradlang.compiler.namespace import Namespace
-from gradlang.compiler.parser import parse, too_deep
+from gradlang.compiler.parser import parse, too_deep, universal_newlines
 from gradlang.runtime.errors import GradError, Span
 
 STDLIB = Path(__file__).resolve().parent / "stdlib"
@@ -50,23 +51,23 @@ def find_module(name: str, importer: str) -> Optional[Path]:
 def read_source(path: Path, span: Span) -> str:
     """The text of the `.grad` file at `path`: UTF-8, without the byte-order
     mark an editor may put first.  Unreadable is a `GradError` at `span`
-    (where the file was named); bytes that are not UTF-8 one at those bytes."""
+    (where the file was named); bytes that are not UTF-8 one at those bytes
+    (at the line and column the parser would count: `universal_newlines`)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise GradError(f"no such file: {path}", span) from None
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
         raise GradError(f"cannot read {path}: {err}", span) from None
+    data = data.removeprefix(codecs.BOM_UTF8)
     try:
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        before = data[:err.start]
-        line_start = before.rfind(b"\n") + 1
-        col = len(before[line_start:].decode("utf-8", "replace")) + 1
-        where = Span(str(path), before.count(b"\n") + 1, col)
+        before = universal_newlines(data[:err.start].decode("utf-8"))
+        where = Span(str(path), before.count("\n") + 1, len(before) - before.rfind("\n"))
         raise GradError(f"the file is not UTF-8 text: byte 0x{data[err.start]:02x} cannot "
                         "start a character here", where,
-                        data.decode("utf-8", "replace")) from None
+                        universal_newlines(data.decode("utf-8", "replace"))) from None
 
 
 def _no_param_named_like_a_function(module: ast.Module, ns: Namespace) -> None:

@@ -109,8 +109,17 @@ def code_stamp() -> tuple[str, ...]:
                                            gradlang.grammar))
 
 
+def universal_newlines(source: str) -> str:
+    """`source` with each line ending ('\\r\\n', or a lone '\\r' as old Mac
+    editors write) as '\\n', as Python reads source: lines and columns, and
+    the lines a caret is shown under, count the same whatever the editor."""
+    return source.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def parse(source: str, file: str = "<string>") -> ast.Module:
-    """Parse `.grad` source text; raise GradError on any malformed input."""
+    """Parse `.grad` source text; raise GradError on any malformed input.
+    Its line endings are read as Python reads them (`universal_newlines`)."""
+    source = universal_newlines(source)
     key = repr(("ast", *code_stamp(), lark.__version__, sys.version, file, source))
     data = stored("ast", key)
     if data is not None:

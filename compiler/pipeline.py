@@ -61,7 +61,7 @@ from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler import parser
-from gradlang.compiler.parser import parse
+from gradlang.compiler.parser import parse, universal_newlines
 from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
@@ -142,6 +142,7 @@ def stage_of(emit_name: str) -> tuple[str, Optional[str]]:
 def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
     """Parse and check a module and everything it imports."""
     from gradlang.compiler.modules import namespace_for
+    source = universal_newlines(source)  # (as `parse` reads it: errors show its lines)
     try:
         module = parse(source, file)
         namespace = namespace_for(module)

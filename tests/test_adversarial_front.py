@@ -308,6 +308,42 @@ def test_a_file_not_in_utf8_is_an_error_at_the_bad_byte(tmp_path, importer):
     assert str(err).splitlines()[-1] == " " * 13 + "^"
 
 
+@pytest.mark.parametrize("newline", ["\r\n", "\r"])
+def test_lines_end_as_python_reads_them(tmp_path, newline):
+    # A lone '\r' (old Mac line ends) was no line end: a file starting with
+    # a comment loaded as one comment line, with no functions; a '\r\n'
+    # file's error printed its source line with the '\r'.
+    good = "# twice x\ndef f(x):\n    return x * 2.0\n".replace("\n", newline)
+    assert dsl.loads(good).f(1.5) == 3.0
+    path = tmp_path / "bad.grad"
+    path.write_bytes(good.replace("2.0", "zz").encode())
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(path)
+    assert (info.value.line, info.value.col) == (3, 16)
+    assert str(info.value).split("\n")[1:] == ["        return x * zz", " " * 19 + "^^"]
+    path.write_bytes(f"# caf\xe9{newline}def f(x):".encode("latin-1"))
+    with pytest.raises(dsl.GradError) as info:  # counted as the parser counts lines
+        dsl.load(path)
+    assert (info.value.line, info.value.col) == (1, 6)
+    path.write_bytes(f"# x{newline}#{newline}  y = caf\xe9".encode("latin-1"))
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(path)
+    assert (info.value.line, info.value.col) == (3, 10)
+    assert str(info.value).splitlines()[-1] == " " * 13 + "^"
+
+
+def test_a_byte_order_mark_counts_no_column(tmp_path):
+    # A byte that is not UTF-8 in a file with the mark was reported at the
+    # wrong place, as the wrong byte ('e' at 1:3 here).
+    path = tmp_path / "marked.grad"
+    path.write_bytes(b"\xef\xbb\xbfdef f\xe9(x):\n")
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(path)
+    assert (info.value.line, info.value.col) == (1, 6)
+    assert "byte 0xe9" in info.value.message
+    assert str(info.value).splitlines()[1:] == ["    def f\ufffd(x):", " " * 9 + "^"]
+
+
 @pytest.mark.parametrize("main,line,col,text", [
     # loaded; `relu(x)` then failed at the call: "'relu' is a value, not a function"
     ("param relu: f64\nfrom std import relu\ndef f(x):\n    return relu(x) * relu\n", 1, 1,
