@@ -35,6 +35,7 @@ from dsl.aot import OutputError, SignatureError
 from dsl.check import MAX_ORDER, check_function
 from gradlang.compiler import ast, pipeline
 from gradlang.runtime import target as targets
+from gradlang.runtime.args import numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.params import ParamError
 from gradlang.runtime.target import TargetError
@@ -55,18 +56,21 @@ def _parse_arg(text: str):
             raise UsageError(f"cannot read {text}: {err}") from None
     try:
         value = pyast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise UsageError(f"cannot read argument {text!r}: expected a number, a list "
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise UsageError(f"cannot read argument {_quoted(text)}: expected a number, a list "
                          "like [1, 2, 3], or a .npy file") from None
-    if not isinstance(value, (int, float, list, tuple)):
-        raise UsageError(f"cannot read argument {text!r}: expected a number or a list")
-    try:
-        array = np.asarray(value)
-    except ValueError:
-        raise UsageError(f"argument {text!r} is a ragged list") from None
-    if array.dtype.kind not in "biuf":
-        raise UsageError(f"argument {text!r} is not a numeric array")
+    if not isinstance(value, (int, float, complex, list, tuple)):
+        raise UsageError(f"cannot read argument {_quoted(text)}: expected a number or a list")
+    try:  # as the function will take it (an integer beyond 64 bits may be a float's value)
+        numeric_array(f"argument {_quoted(text)}", value, as_float=True)
+    except ArgumentError as err:
+        raise UsageError(err.message) from None
     return value  # converted to the parameter's dtype when bound
+
+
+def _quoted(text: str, limit: int = 40) -> str:
+    """`text` quoted for a message, its middle elided if it is long."""
+    return repr(text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]}")
 
 
 def _is_argument(text: str) -> bool:
