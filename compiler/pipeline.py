@@ -408,12 +408,15 @@ def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> 
     generated = generate(fn, target)
     if stage == "codegen":
         return generated.kernel_source + "\n" + generated.driver_source
-    return _machine_code(generated, target)
+    return _machine_code(fn.name, generated, target)
 
 
-def _machine_code(generated: Generated, target: Target) -> str:
+def _machine_code(name: str, generated: Generated, target: Target) -> str:
     """What the target compiles each kernel to (LLVM IR on the CPU),
-    compiled now for the kernel's argument types, never read from a cache."""
+    compiled now for the kernel's argument types, never read from a cache;
+    a program with no kernel says so (an empty output looked like a failure)."""
+    if not generated.kernel_signatures:
+        return f"; {name} has no kernels: its driver does every step (--emit kernels shows it)"
     kernels = load_kernel_modules(generated.kernel_modules)
     return "\n".join(f"; kernel {name} ({signature})\n"
                      f"{target.compiled_ir(kernels, name, signature)}"

@@ -33,3 +33,13 @@ def test_an_integer_beyond_64_bits_is_a_float_argument_or_a_clear_error(tmp_path
     code, _, err = run(["run", str(tmp_path / "scale.grad"), "f", "1.0", str(2**64)], capsys)
     assert code == 1 and "argument 'n' of f() is out of range: it holds an integer beyond " \
         "64 bits" in err
+
+
+@pytest.mark.parametrize("emit,name", [("llvm", "pool"), ("grad-llvm", "pool_value_and_grad")])
+def test_llvm_of_a_program_with_no_kernels_says_so(emit, name, capsys):
+    # printed nothing: every step of segment_pool's programs is a runtime call
+    code, out, _ = run(["show", str(ROOT / "examples" / "segment_pool.grad"), "--emit", emit],
+                       capsys)
+    assert code == 0
+    assert out == f"; {name} has no kernels: its driver does every step (--emit kernels " \
+        "shows it)\n"
