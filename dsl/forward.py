@@ -363,6 +363,19 @@ def _direct_runner(jf: JvpFunction, on_target: dict[str, Any], tangent: str):
     return run
 
 
+def refuse_out(name: str, kwargs: dict[str, Any], span) -> None:
+    """Take `out=` from the keywords of a call of a Jacobian (`name`): the
+    keyword gives result buffers on every callable (a parameter named `out`
+    is passed by position), and a Jacobian, assembled on the host from
+    blocks of columns, has no program to write into them, so buffers are
+    an `ArgumentError` (None, no buffers, is taken as the other callables
+    take it)."""
+    if kwargs.pop("out", None) is not None:
+        raise ArgumentError(f"{name} takes no out= buffers: its Jacobians are assembled on the "
+                            "host from blocks of columns; copy them into yours (a parameter "
+                            "named 'out' is passed by position)", span)
+
+
 class Jacobian(AsFunction):
     """`jacfwd(f, wrt)` or `jacrev(f, wrt)` (`mode`: "fwd" or "rev").
     `batched`: f is a `vmap` mapping every argument `wrt` names, and the
@@ -385,6 +398,7 @@ class Jacobian(AsFunction):
             run = self._known.get(fast_key(args))
             if run is not None:
                 return run(*args)
+        refuse_out(self.name, kwargs, self.f.span)
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
         bound = self.f.bind(args, kwargs)

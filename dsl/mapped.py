@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.forward import Jacobian
+from dsl.forward import Jacobian, refuse_out
 from dsl.function import AsFunction, Compiled, NotStacked, Stacked, derived
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.vectorize import NotVectorizable
@@ -221,6 +221,7 @@ class MappedJacobian(AsFunction):
 
     @user_facing
     def __call__(self, *args, **kwargs):
+        refuse_out(self.name, kwargs, self.f.span)
         return self.call_bound(self.f.bind(args, kwargs))
 
     def as_function(self) -> "VmapFunction":

@@ -2,6 +2,8 @@
 returns them (the same objects, in the structure of its result), with
 NumPy's values; every bad buffer raises `ArgumentError` naming it before
 any kernel runs (the other buffers keep their contents)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -206,3 +208,17 @@ def test_out_calls_the_fast_path_knows_still_check_every_buffer():
         with pytest.raises(dsl.ArgumentError, match=message):
             f(x4, out=bad)
     assert (g4 == 7.0).all()
+
+
+@pytest.mark.parametrize("make", [dsl.jacfwd, dsl.jacrev, dsl.hessian,
+                                  lambda f: dsl.vmap(dsl.jacrev(f))])
+def test_jacobians_refuse_buffers_and_take_none(make):
+    # Said "cube() has no parameter 'out'" (out= was bound as f's argument).
+    jacobian = make(M.cube)
+    x = np.array([1.0, -2.0])
+    if jacobian.name.startswith("vmap"):
+        x = x[None]
+    with pytest.raises(dsl.ArgumentError, match=rf"error: {re.escape(jacobian.name)} takes no out= "
+                       "buffers: its Jacobians are assembled on the host"):
+        jacobian(x, out=np.empty((2, 2)))
+    np.testing.assert_array_equal(jacobian(x, out=None), jacobian(x))
