@@ -23,13 +23,15 @@ dot-product test <J t, u> = <t, J^T u> between forward and reverse mode,
 in f64 and f32, and for a function with a second grad block the same one
 order up in f64 (forward over reverse against reverse over reverse, both
 through the second block) (rows `jvp/vjp:x`; `GradCheck.against` is
-"reverse").
+"reverse").  An argument an annotation fixes to f32 is checked so, in f32
+(with a step and tolerances f32 can honour), and its rows say f32.
 
 Then, unless `f32=False`, the same point in f32 (arguments an annotation
 fixes keep their dtype; a float return annotation fixes the dtype of the
 arguments no parameter annotation fixes, as the only one it can be made
 from): the order-1 gradients, one program for all of them,
-against the f64 gradients as the reference.  A gradient that is not finite
+against the f64 gradients as the reference (`GradCheck.against` is
+"f64").  A gradient that is not finite
 where the f64 one is, or NaN where the f32 value is finite, fails (the
 automatic gradient of log(1 + exp(x)) is inf / inf at x = 100 in f32); the
 difference from f64 is reported, not judged (f32 rounding is not a bug).  A
@@ -60,6 +62,7 @@ from dsl.function import (Compiled, Directional, Select, backward_function, deri
                           grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
+from gradlang.runtime.args import NUMPY
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
 
@@ -82,14 +85,14 @@ class GradCheck:
     compared: int
     ok: bool
     dtype: str = "f64"
-    # what it was compared with: "differences" (f64), or "reverse" (forward
-    # mode's dot-product test, in either dtype), or else the f64 gradient
+    # what it was compared with: "differences" (finite), "reverse" (forward
+    # mode's dot-product test, in either dtype), or "f64" (the f64 gradient)
     against: str = "differences"
 
     def __str__(self) -> str:
         verdict = "ok" if self.ok and self.compared else "not compared" if self.ok else "FAIL"
-        against = {"reverse": "reverse mode"}.get(self.against, (
-            "the f64 gradient" if self.dtype == "f32" else "finite differences"))
+        against = {"reverse": "reverse mode", "f64": "the f64 gradient"}.get(
+            self.against, "finite differences")
         nan = ", NaN/Inf in gradient" if self.nonfinite else ""
         return (f"{self.function}: order {self.order} w.r.t. {self.wrt} [{self.source}] in "
                 f"{self.dtype} vs {against}: max abs err {self.max_abs:.3g}, max rel err "
@@ -166,12 +169,18 @@ def _compare(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: floa
     return max_abs, max_rel, nonfinite, len(pairs), ok
 
 
-def _row(f: Compiled, order: int, wrt: str, compared: tuple, nan: bool) -> GradCheck:
-    """A row from `_compare`'s verdict, failed also by a NaN where the value
-    is finite (`nan`), whether or not differences could be compared."""
+def _row(f: Compiled, order: int, wrt: str, compared: tuple, nan: bool,
+         x: np.ndarray) -> GradCheck:
+    """A row from `_compare`'s verdict on a gradient w.r.t. `x`, failed also
+    by a NaN where the value is finite (`nan`), whether or not differences
+    could be compared."""
     max_abs, max_rel, nonfinite, count, ok = compared
     return GradCheck(f.name, order, wrt, source_of(f, order), max_abs, max_rel,
-                     nonfinite or nan, count, ok and not nan)
+                     nonfinite or nan, count, ok and not nan, _dtype_name(x))
+
+
+def _dtype_name(x: np.ndarray) -> str:
+    return "f32" if x.dtype == np.float32 else "f64"
 
 
 @user_facing
@@ -214,7 +223,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
             if numeric is not None:
                 pairs.append((np.sum(g * v), numeric))
         nan = value_finite and _has_nan([g])
-        results.append(_row(f, 1, name, _compare(pairs, rtol, atol), nan))
+        results.append(_row(f, 1, name, _compare(pairs, rtol, atol), nan, x))
 
         # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1}
         previous = gradient
@@ -231,7 +240,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     step * 10, rtol * 10, atol * 10)
                 if numeric is not None:
                     pairs.append((analytic, numeric))
-            results.append(_row(f, k, name, _compare(pairs, rtol * 10, atol * 10), nan))
+            results.append(_row(f, k, name, _compare(pairs, rtol * 10, atol * 10), nan, x))
             previous = current
         if order >= 2 and upstream and any(o.dtype.kind == "f" for o in value):
             results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
@@ -296,7 +305,8 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
             step, rtol, atol)
         if numeric is not None:
             pairs.append((analytic, numeric))
-    return _row(f, 2, f"{upstream} (of d/d{name})", _compare(pairs, rtol, atol), nan)
+    return _row(f, 2, f"{upstream} (of d/d{name})", _compare(pairs, rtol, atol), nan,
+                bound[name])
 
 
 def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.ndarray],
@@ -313,8 +323,8 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
     <t, d/dx <grad f, u>> from reverse over reverse (both through the
     second block).  A NaN or Inf
     tangent where the value is finite fails a row."""
-    dtype = "f32" if bound[name].dtype == np.float32 else "f64"
     x = bound[name]
+    dtype = _dtype_name(x)
     floats = f.differentiable_names(bound)
     tangents = [_jvp(f, bound, floats, name, v.astype(x.dtype))[len(value):]
                 for v in directions]
@@ -426,6 +436,8 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
         what = "overflows" if not _has_nan(value32) else "is NaN"
         result.warnings.append(f"the value {what} in f32 where it is finite in f64")
     for name, g in zip(names, grads):
+        if narrow[name] is bound[name]:  # fixed to f32: its rows are in f32 already
+            continue
         g, g64 = np.asarray(g, np.float64), reference[name]
         failed = bool(np.any(~np.isfinite(g) & np.isfinite(g64))) or \
             (value_finite and _has_nan([g]))
@@ -433,7 +445,7 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
             err = np.where(np.isfinite(g) & np.isfinite(g64), np.abs(g - g64), 0.0)
         max_rel = float(np.max(err / np.maximum(np.abs(g64), 1.0), initial=0.0))
         result.append(GradCheck(f.name, 1, name, source_of(f, 1), float(np.max(err, initial=0.0)),
-                                max_rel, failed, 1, not failed, "f32"))
+                                max_rel, failed, 1, not failed, "f32", "f64"))
     return result
 
 
@@ -519,20 +531,19 @@ def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
         else:
             shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, MIN_SIZE + len(sizes))
                           for d in spec.dims)
-        if dtype in ("i32", "i64"):
-            # valid indices into any sampled axis, negatives, both ends and
-            # repeats included
-            args.append(rng.integers(-MIN_SIZE, MIN_SIZE, size=shape).astype(
-                np.int64 if dtype == "i64" else np.int32))
-        elif dtype == "bool":
-            args.append(rng.random(shape) < 0.5)
-        elif spec.differentiable:
-            args.append(np.asarray(fill(shape), np.float64).astype(
-                np.float32 if dtype == "f32" else np.float64))
-        else:
-            args.append(rng.normal(size=shape).astype(np.float32 if dtype == "f32"
-                                                      else np.float64))
+        args.append(_sample(dtype, shape, rng, fill if spec.differentiable else None))
     return args
+
+
+def _sample(dtype: str, shape, rng, fill=None) -> np.ndarray:
+    """Values of `dtype` (a .grad dtype name) and `shape`: integers that are
+    valid indices into any sampled axis (negatives, both ends and repeats
+    included), random bools, floats from `fill(shape)` or else normal."""
+    if dtype in ("i32", "i64"):
+        return rng.integers(-MIN_SIZE, MIN_SIZE, size=shape).astype(NUMPY[dtype])
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    return np.asarray(fill(shape) if fill else rng.normal(size=shape)).astype(NUMPY[dtype])
 
 
 def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> CheckResult:
@@ -548,7 +559,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
         for w, spec in zip(getattr(f, "reads", ()), f.param_specs):
             if w not in params:
                 shape = [d if isinstance(d, int) else 3 for d in (spec.dims or ())]
-                params[w] = rng.normal(size=shape)
+                params[w] = _sample(spec.dtype or "f64", shape, rng)
     varied = " = ".join(s.name for s in f.specs if s.differentiable and not s.has_default
                         and s.dtype not in ("i32", "i64", "bool")) or "the float arguments"
     fills = [("a random point", lambda s: rng.normal(size=s) * 2),
@@ -588,7 +599,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                                                                           item[0][0])):
         compared = [c for c in checks if c.compared]
         nonfinite = any(c.nonfinite for c in checks)
-        if reason and dtype == "f64" and checks[0].against == "differences":
+        if reason and checks[0].against == "differences":
             # differences cannot judge it, but a NaN/Inf is wrong by any design
             out.append(Summary(f.name, k, wrt, checks[0].source, 0, 0.0, 0.0, nonfinite,
                                not nonfinite, dtype, reason))

@@ -247,7 +247,7 @@ def cmd_check(args) -> int:
             messages += [f"{file}: warning: {w}" for w in rows.warnings]
             for r in rows.failures:
                 failed += 1
-                if r.nonfinite and r.dtype == "f32":
+                if r.nonfinite and r.against == "f64":
                     what = "is NaN/Inf in f32 where the f64 gradient or the f32 value is finite"
                 elif r.nonfinite:
                     what = "has NaN/Inf where the function is finite"

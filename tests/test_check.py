@@ -265,3 +265,26 @@ def test_a_bool_result_has_no_upstream_to_vary_at_order_2():
     assert mixed
     (through_upstream,) = [r for r in mixed if r.wrt == "upstream (of d/dx)"]
     assert through_upstream.ok and through_upstream.compared == 3
+
+
+def test_integer_and_bool_params_get_values_of_their_dtype():
+    # check_function set every unset param to normal floats: "param 'k'
+    # must hold i64 values", and the function went unchecked
+    from dsl.check import check_function
+    m = dsl.loads("param k: i64\nparam on: bool\ndef f(x):\n"
+                  "    return where(on, x * k, x)\n")
+    params = m.params
+    rows = check_function(m.f, params, order=1)
+    assert rows and {(r.wrt, r.dtype) for r in rows} >= {("x", "f64"), ("x", "f32")}
+    assert params["k"].dtype == np.int64 and params["on"].dtype == np.bool_
+
+
+def test_an_argument_annotated_f32_is_checked_and_said_in_f32():
+    # its rows said f64 (differences taken in f32), and with an f64 argument
+    # beside it an "f32" row compared its f32 gradient with itself
+    from dsl.check import check_function
+    f = dsl.loads("def f(x: f32[3], y):\n    return x * y\n").f
+    rows = check_function(f, order=1)
+    assert sorted((r.wrt, r.dtype, r.against) for r in rows if r.wrt in "xy") == [
+        ("x", "f32", "differences"),
+        ("y", "f32", "f64"), ("y", "f64", "differences")]
