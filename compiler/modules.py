@@ -49,10 +49,10 @@ def find_module(name: str, importer: str) -> Optional[Path]:
 
 
 def read_source(path: Path, span: Span) -> str:
-    """The text of the `.grad` file at `path`: UTF-8, without the byte-order
-    mark an editor may put first.  Unreadable is a `GradError` at `span`
-    (where the file was named); bytes that are not UTF-8 one at those bytes
-    (at the line and column the parser would count: `universal_newlines`)."""
+    """The text of the `.grad` file at `path` as the parser reads it: UTF-8,
+    without the byte-order mark an editor may put first, its lines ending
+    in '\\n' (`universal_newlines`).  Unreadable is a `GradError` at `span`
+    (where the file was named); bytes that are not UTF-8 one at those bytes."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -61,7 +61,7 @@ def read_source(path: Path, span: Span) -> str:
         raise GradError(f"cannot read {path}: {err}", span) from None
     data = data.removeprefix(codecs.BOM_UTF8)
     try:
-        return data.decode("utf-8")
+        return universal_newlines(data.decode("utf-8"))
     except UnicodeDecodeError as err:
         before = universal_newlines(data[:err.start].decode("utf-8"))
         where = Span(str(path), before.count("\n") + 1, len(before) - before.rfind("\n"))

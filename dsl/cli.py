@@ -14,8 +14,8 @@ usage error.  No Python traceback reaches the user.
     gradc compile FILE.grad [-o DIR] [--sig SIG ...] [--target T] [--force]
     gradc --version
 
-Usage errors: a missing input file, an unreadable argument, a bad
-`--sig`, an unknown, unset or ill-shaped `--param`, a `--target` that
+Usage errors: a missing input file, an unreadable argument, a function
+name the file does not define, a bad `--sig`, an unknown, unset or ill-shaped `--param`, a `--target` that
 cannot do what is asked here, an output file gradc did not write.
 """
 from __future__ import annotations
@@ -34,9 +34,10 @@ import dsl
 from dsl.aot import OutputError, SignatureError
 from dsl.check import MAX_ORDER, check_function
 from gradlang.compiler import ast, pipeline
+from gradlang.compiler.modules import read_source
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import numeric_array
-from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError
 from gradlang.runtime.params import ParamError
 from gradlang.runtime.target import TargetError
 
@@ -45,12 +46,18 @@ class UsageError(Exception):
     pass
 
 
+NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts
+
+
 def _parse_arg(text: str):
     if text.endswith(".npy"):
         path = Path(text)
         if not path.exists():
             raise UsageError(f"no such .npy file: {text}")
         try:
+            with open(path, "rb") as file:
+                if file.read(len(NPY_MAGIC)) != NPY_MAGIC:  # (NumPy says "pickled data")
+                    raise UsageError(f"cannot read {text}: it is not a .npy file")
             return np.load(path, allow_pickle=False)
         except (ValueError, OSError) as err:
             raise UsageError(f"cannot read {text}: {err}") from None
@@ -118,11 +125,14 @@ def _set_params(module: dsl.Module, assignments: Sequence[str]) -> None:
 
 
 def _lookup(module: dsl.Module, name: str, file: str):
+    """Function `name` of `module`; naming none is a usage error (the
+    program is fine: there is no line of it to show)."""
     functions = module.functions
     if name not in functions:
         known = ", ".join(functions) or "none"
-        raise GradError(f"no function {name!r} in {file} (it defines: {known})",
-                        dsl.Span(file, 1, 1))
+        what = (f"{name!r} is a param of {file}, not a function" if module.params.declares(name)
+                else f"no function {name!r} in {file}")
+        raise UsageError(f"{what} (it defines: {known})")
     return functions[name]
 
 
@@ -214,7 +224,7 @@ def cmd_check(args) -> int:
             try:
                 modules.append((file, dsl.load(file)))
             except GradError as err:
-                print(str(err), file=sys.stderr)
+                print(_shown(err), file=sys.stderr)
                 failed += 1
         if args.fn:  # checked in the files that define it
             modules = [(file, m) for file, m in modules if args.fn in m.functions]
@@ -227,6 +237,9 @@ def cmd_check(args) -> int:
         for name in names:
             _lookup(module, name, str(file))
         print(f"{file}", flush=True)  # the table comes once every column's width is known
+        if not names:
+            print("  (it defines no functions)")
+            continue
         table: list[list[str]] = []
         messages: list[str] = []  # printed after the table, on stderr
         for name in names:
@@ -236,7 +249,7 @@ def cmd_check(args) -> int:
             except GradError as err:
                 failed += 1
                 table.append([name] + [""] * 8 + ["could not be checked (below)"])
-                messages.append(str(err))
+                messages.append(_shown(err))
                 continue
             if len(rows) == 0:  # (a result is falsy when a row failed)
                 table.append([name] + [""] * 8 + ["skipped: no differentiable arguments"])
@@ -264,6 +277,17 @@ def cmd_check(args) -> int:
         for message in messages:
             print(message, file=sys.stderr)
     return 1 if failed else 0
+
+
+def _shown(err: GradError) -> str:
+    """`err` as printed, with the source line under its position also where
+    it came without the text (an argument's error, at the function's `def`)."""
+    if err.source is None and err.span is not UNKNOWN_SPAN:
+        try:
+            err.with_source(read_source(Path(err.span.file), err.span))
+        except (GradError, OSError):  # (not a file: the position alone)
+            pass
+    return str(err)
 
 
 def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
@@ -380,7 +404,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"gradc: error: {err.message}{note}", file=sys.stderr)
         return 2
     except GradError as err:
-        print(str(err), file=sys.stderr)
+        print(_shown(err), file=sys.stderr)
         return 1
     except BrokenPipeError:
         # the reader went away (`gradc show ... | head`): stop quietly, with

@@ -179,7 +179,7 @@ def test_check_of_a_directory_reports_a_broken_file_and_checks_the_others(tmp_pa
 
 @pytest.mark.parametrize("argv,status,text", [
     # both printed nothing and exited 0
-    (["--emit", "ast", "--fn", "nope"], 1, "no function 'nope'"),
+    (["--emit", "ast", "--fn", "nope"], 2, "no function 'nope'"),
     (["--emit", "ir", "--fn", "log1pexp", "--sig", "other(f64[:])"], 2,
      "no --sig is of --fn log1pexp"),
 ])

@@ -30,7 +30,6 @@ def test_run_with_lists_npy_and_wrt(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,text", [
-    (["run", LOG1PEXP, "nope", "1"], "no function 'nope'"),
     (["run", str(ROOT / "examples" / "bar.grad"), "bar", "[1, 2]", "[1, 2, 3]"],
      "do not broadcast"),
     # not a position: '\u00b2' passes str.isdigit() but is no number int() reads

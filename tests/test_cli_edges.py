@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dsl.cli import main
@@ -43,3 +44,44 @@ def test_llvm_of_a_program_with_no_kernels_says_so(emit, name, capsys):
     assert code == 0
     assert out == f"; {name} has no kernels: its driver does every step (--emit kernels " \
         "shows it)\n"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", LOG1PEXP, "nope", "1"], f"no function 'nope' in {LOG1PEXP} (it defines: log1pexp)"),
+    (["show", str(ROOT / "examples" / "linear_poly.grad"), "--fn", "weights", "--emit", "ir"],
+     f"'weights' is a param of {ROOT / 'examples' / 'linear_poly.grad'}, not a function "
+     "(it defines: linear_poly)"),
+    (["check", LOG1PEXP, "--fn", "nope"], "no function 'nope'"),
+])
+def test_naming_no_function_is_a_usage_error(argv, message, capsys):
+    # was a user error at FILE:1:1 with no line to show (exit 1), while a
+    # directory's `check --fn nope` was a usage error (exit 2)
+    code, _, err = run(argv, capsys)
+    assert code == 2 and err.startswith(f"gradc: error: {message}")
+
+
+def test_an_argument_error_shows_the_line_of_the_def(tmp_path, capsys):
+    # printed only FILE:LINE:COL: error: ..., without the line and caret
+    path = tmp_path / "scale.grad"
+    path.write_bytes(b"# scale\r\ndef scale(x, k):\r\n    return x * k\r\n")
+    np.save(tmp_path / "x.npy", np.array([1, 2], np.int8))
+    code, _, err = run(["run", str(path), "scale", str(tmp_path / "x.npy"), "2"], capsys)
+    assert code == 1
+    assert err.split("\n") == [
+        f"{path}:2:5: error: argument 'x' of scale() has unsupported dtype int8; use "
+        "float32, float64, int32, int64 or bool", "    def scale(x, k):", "        ^^^^^", ""]
+
+
+def test_a_file_that_is_not_npy_says_so(tmp_path, capsys):
+    # NumPy's message: "This file contains pickled (object) data ..."
+    (tmp_path / "x.npy").write_text("1.0\n")
+    code, _, err = run(["run", LOG1PEXP, "log1pexp", str(tmp_path / "x.npy")], capsys)
+    assert code == 2 and err == f"gradc: error: cannot read {tmp_path / 'x.npy'}: it is not " \
+        "a .npy file\n"
+
+
+def test_check_of_a_file_with_no_functions_says_so(tmp_path, capsys):
+    # printed a table header with no rows
+    (tmp_path / "empty.grad").write_text("param w: f64\n")
+    code, out, _ = run(["check", str(tmp_path / "empty.grad")], capsys)
+    assert code == 0 and out == f"{tmp_path / 'empty.grad'}\n  (it defines no functions)\n"
