@@ -149,11 +149,6 @@ def cmd_run(args) -> int:
             raise UsageError(f"--wrt takes names and positions of parameters, got {w!r}; "
                              "give the arguments before --wrt")
     values = [_parse_arg(a) for a in args.args]
-    result = f(*values)
-    outs = result if isinstance(result, tuple) else (result,)
-    for k, out in enumerate(outs):
-        label = f"{args.fn}" if len(outs) == 1 else f"{args.fn}[{k}]"
-        print(f"{label} = {_format(out)}")
     if args.wrt:
         wrt = [int(w) if re.fullmatch(r"\d+", w, re.ASCII) else w for w in args.wrt]
     else:  # every argument and param that gets a gradient (numbers become f64;
@@ -161,10 +156,17 @@ def cmd_run(args) -> int:
         wrt = [s.name for s, v in zip(f.specs, values) if s.differentiable
                and not (isinstance(v, np.ndarray) and v.dtype.kind != "f")]
         wrt += [s.name for s in f.param_specs if s.differentiable]
+    # everything is computed before anything is printed: an error (a bad
+    # --wrt, an argument that cannot be differentiated) prints alone
+    gradient = dsl.grad(f, wrt=tuple(wrt)) if wrt else None
+    result = f(*values)
+    grads = gradient(*values) if gradient else ()
+    outs = result if isinstance(result, tuple) else (result,)
+    for k, out in enumerate(outs):
+        label = f"{args.fn}" if len(outs) == 1 else f"{args.fn}[{k}]"
+        print(f"{label} = {_format(out)}")
     if not wrt:
         print("(no differentiable arguments)")
-        return 0
-    grads = dsl.grad(f, wrt=tuple(wrt))(*values)
     for w, g in zip(wrt, grads):
         name = f.specs[w].name if isinstance(w, int) else w
         print(f"d/d{name} = {_format(g)}")

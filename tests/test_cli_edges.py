@@ -85,3 +85,16 @@ def test_check_of_a_file_with_no_functions_says_so(tmp_path, capsys):
     (tmp_path / "empty.grad").write_text("param w: f64\n")
     code, out, _ = run(["check", str(tmp_path / "empty.grad")], capsys)
     assert code == 0 and out == f"{tmp_path / 'empty.grad'}\n  (it defines no functions)\n"
+
+
+@pytest.mark.parametrize("source,argv,message", [
+    ("def f(x, y):\n    return x * y\n", ["1", "2", "--wrt", "5"],
+     "wrt=5 is out of range: f() has 2 parameter(s)"),
+    ("def f(x, n: i64):\n    return x * n\n", ["1.5", "2", "--wrt", "n"],
+     "cannot differentiate f() with respect to 'n': it is of dtype i64"),
+])
+def test_a_gradient_that_fails_prints_no_value_first(source, argv, message, tmp_path, capsys):
+    # the value was printed, then the error: output that looked like a result
+    (tmp_path / "f.grad").write_text(source)
+    code, out, err = run(["run", str(tmp_path / "f.grad"), "f", *argv], capsys)
+    assert code == 1 and out == "" and message in err
