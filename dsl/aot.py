@@ -74,6 +74,7 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
         raise SignatureError(f"cannot read signature {text!r}; write it like "
                              "'f(f64[:], f32[n, 3], i64)'")
     name, body = match.groups()
+    named = set(re.findall(r"[A-Za-z_]\w*", body, re.ASCII))  # a ':' names none of them
     args = []
     for part in _split(body):
         literal = part.strip()
@@ -89,7 +90,8 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
         for d in ([] if dims_text is None else dims_text.split(",")):
             d = d.strip()
             if d == ":":
-                dims.append(Sym.named(f"a{next(counter)}"))  # (matches _ANY_SIZE)
+                size = next(f"a{k}" for k in counter if f"a{k}" not in named)
+                dims.append(Sym.named(size))  # (matches _ANY_SIZE)
             elif re.fullmatch(r"\d+", d, re.ASCII):  # not str.isdigit: '²' is a digit
                 dims.append(int(d))
             elif re.fullmatch(r"[A-Za-z_]\w*", d, re.ASCII):

@@ -98,3 +98,13 @@ def test_a_gradient_that_fails_prints_no_value_first(source, argv, message, tmp_
     (tmp_path / "f.grad").write_text(source)
     code, out, err = run(["run", str(tmp_path / "f.grad"), "f", *argv], capsys)
     assert code == 1 and out == "" and message in err
+
+
+@pytest.mark.parametrize("sig", ["bar(f64[a0], f64[:])", "bar(f64[:], f64[a0])"])
+def test_a_size_named_like_an_any_size_is_not_it(sig, capsys):
+    # ':' is named a0, a1, ... inside: a size the user named a0 was the same
+    # size, and bar compiled for x and y of one size, which the signature
+    # does not say (each call with other sizes then failed)
+    code, out, err = run(["show", str(ROOT / "examples" / "bar.grad"), "--emit", "ir",
+                          "--sig", sig], capsys)
+    assert code == 1 and out == "" and "do not broadcast" in err
