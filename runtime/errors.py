@@ -93,7 +93,9 @@ def _caret_lines(span: Span, source: str | None) -> str:
     else:
         width = 1
     width = max(1, min(width, len(line) - start + 1))
-    return f"    {line}\n    {' ' * (start - 1)}{'^' * width}"
+    # a tab before the caret stays a tab, so it lands where the line's does
+    pad = "".join(c if c == "\t" else " " for c in line[:start - 1])
+    return f"    {line}\n    {pad}{'^' * width}"
 
 
 class ArgumentError(GradError, TypeError):

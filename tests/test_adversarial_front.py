@@ -332,6 +332,14 @@ def test_lines_end_as_python_reads_them(tmp_path, newline):
     assert str(info.value).splitlines()[-1] == " " * 13 + "^"
 
 
+def test_the_caret_under_a_line_with_tabs_lands_under_the_column():
+    # the caret was padded with one space per tab: a terminal showed it
+    # columns to the left of the '*'
+    err = load_error("def f(x):\n    return x\t+\t* 2\n")
+    assert (err.line, err.col) == (2, 16)
+    assert str(err).split("\n")[1:] == ["        return x\t+\t* 2", " " * 16 + "\t \t^"]
+
+
 def test_a_byte_order_mark_counts_no_column(tmp_path):
     # A byte that is not UTF-8 in a file with the mark was reported at the
     # wrong place, as the wrong byte ('e' at 1:3 here).
