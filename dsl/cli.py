@@ -408,6 +408,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GradError as err:
         print(_shown(err), file=sys.stderr)
         return 1
+    except MemoryError as err:  # sizes the data asked for (NumPy says how much)
+        print(f"gradc: error: out of memory: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # the reader went away (`gradc show ... | head`): stop quietly, with
         # stdout on devnull, since Python's flush of it at exit would fail again

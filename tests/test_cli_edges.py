@@ -108,3 +108,11 @@ def test_a_size_named_like_an_any_size_is_not_it(sig, capsys):
     code, out, err = run(["show", str(ROOT / "examples" / "bar.grad"), "--emit", "ir",
                           "--sig", sig], capsys)
     assert code == 1 and out == "" and "do not broadcast" in err
+
+
+def test_a_result_too_big_for_memory_is_an_error_not_a_traceback(capsys):
+    # pool's result has m rows: NumPy's MemoryError left as a traceback
+    code, out, err = run(["run", str(ROOT / "examples" / "segment_pool.grad"), "pool",
+                          "[[1, 2], [3, 4]]", "[0, 1]", str(10**12)], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("gradc: error: out of memory: Unable to allocate 14.6 TiB")
