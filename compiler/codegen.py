@@ -46,7 +46,7 @@ from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
-from gradlang.runtime.common import c_strides, stride_table
+from gradlang.runtime.common import c_strides, stride_table, where_of
 from gradlang.runtime.target import Target, largest, smallest
 
 
@@ -551,7 +551,7 @@ class _Driver:
                   for a in eqn.inputs[:3]]
         trips = (size_variable(p["trip"].factors[0]) if isinstance(p["trip"], Sym)
                  else f"{pre}trips")
-        where = f" (at {eqn.span})" if eqn.span is not None else ""  # user text: repr
+        where = where_of("", eqn.span)  # user text (a file name): repr
         stacked = " + ".join(f"{render(prod(v.type.shape[1:]))} * {NUMPY[v.type.dtype].itemsize}"
                              for v in eqn.outputs[p["n_carry"]:]) or "0"
         return [f"{pre}start, {pre}stop, {pre}step = {', '.join(bounds)}",
@@ -738,7 +738,7 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
         return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
     if OPS[op].kind == "index":
         # repr: the index's name and the file name are user text
-        where = p["what"] + (f" (at {eqn.span})" if eqn.span is not None else "")
+        where = where_of(p["what"], eqn.span)
         in_place = ", owned=True" if owned else ""
         return f"{out} = R.{op}({', '.join(x)}, {p['axis']}, {where!r}{in_place})"
     raise NotImplementedError(f"no driver code for {op}")

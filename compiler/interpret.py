@@ -14,7 +14,7 @@ import numpy as np
 from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, Function, Lit, Var
 from gradlang.compiler.ops import OPS, loop_groups
 from gradlang.compiler.shapes import Sym, evaluate
-from gradlang.runtime.common import trip_count
+from gradlang.runtime.common import trip_count, where_of
 
 
 def _concrete(value, binding: dict[str, int]):
@@ -67,7 +67,7 @@ def _loop(eqn: Eqn, inputs: list[np.ndarray], binding: dict[str, int]) -> list[n
     p = eqn.p
     body, n_carry = p["body"], p["n_carry"]
     start, stop, step = (int(x) for x in inputs[:3])
-    trips = trip_count(start, stop, step, f" (at {eqn.span})" if eqn.span is not None else "")
+    trips = trip_count(start, stop, step, where_of("", eqn.span))
     if isinstance(p["trip"], Sym):
         binding[p["trip"].factors[0]] = trips
     _, carry, invariants, xs = loop_groups(inputs, p)

@@ -1,11 +1,31 @@
 """What the targets' helper modules share (drivers call them as `R`)."""
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Optional, Union
 
 import numpy as np
 
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, Span
+
+# What a driver tells a runtime check about the source of what it checks:
+# (text naming it, (file, line, col, end_line, end_col) of its place) as
+# codegen writes it (repr'd), or the text alone (modules compiled before).
+Where = Union[str, tuple]
+
+
+def where_of(what: str, span: Optional[Span]) -> Where:
+    """The `Where` of `what` at `span` (a plain literal: codegen repr()s it)."""
+    return what if span is None else (what, dataclasses.astuple(span))
+
+
+def placed(where: Where) -> tuple[str, Optional[Span]]:
+    """`where`'s text and its place in the source (None if it has none)."""
+    if isinstance(where, tuple):
+        what, at = where
+        return what, Span(*at)
+    return where, None
 
 
 def into(buffer, value, fresh: bool):
@@ -60,24 +80,26 @@ def fillable(shape: tuple, dtype) -> tuple:
     return shape
 
 
-def trip_count(start: int, stop: int, step: int, where: str = "",
+def trip_count(start: int, stop: int, step: int, where: Where = "",
                stacked_bytes: int = 0) -> int:
     """How many times `for i in range(start, stop, step)` runs; `where`: the
-    loop's place in the source, for the error; `stacked_bytes`: what the
+    loop's place in the source, for the error (`Where`, its text a suffix
+    of the messages); `stacked_bytes`: what the
     loop keeps of each trip (for a backward pass), refused before it is
     allocated if the trips' total cannot be addressed (it overflowed
     NumPy's size computations).  A count beyond i64 is refused too, as no
     kernel can count it."""
+    where, span = placed(where)
     if step == 0:
-        raise ArgumentError(f"range() step must not be zero{where}")
+        raise ArgumentError(f"range() step must not be zero{where}", span)
     trips = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)
     if trips > MAX_SIZE:
         raise ArgumentError(f"range({start}, {stop}, {step}){where} runs {trips} trips, "
-                            f"more than a loop counts (at most {MAX_SIZE})")
+                            f"more than a loop counts (at most {MAX_SIZE})", span)
     if trips * stacked_bytes > MAX_SIZE:
         raise ArgumentError(f"the loop{where} runs {trips} trips and keeps {stacked_bytes} "
                             "bytes of each for its gradient: more memory than can be "
-                            "addressed")
+                            "addressed", span)
     return trips
 
 
@@ -107,12 +129,14 @@ def stride_table(out_shape, src_strides) -> tuple:
     return tuple(table)
 
 
-def index_out_of_range(where: str, index: int, size: int) -> None:
+def index_out_of_range(where: Where, index: int, size: int) -> None:
     """Raised by a gather or scatter-add whose index array holds `index`
-    where an axis has `size` elements (before any result is returned)."""
-    raise ArgumentError(f"index {index} in {where} is out of range for an axis of size "
+    where an axis has `size` elements (before any result is returned);
+    `where` names the index array (`Where`)."""
+    what, span = placed(where)
+    raise ArgumentError(f"index {index} in {what} is out of range for an axis of size "
                         f"{size} " + (f"(valid: {-size} to {size - 1})" if size else
-                                      "(an empty axis has none)"))
+                                      "(an empty axis has none)"), span)
 
 
 def index_views(shape: tuple, axis: int) -> tuple[int, int, int]:

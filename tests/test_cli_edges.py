@@ -116,3 +116,14 @@ def test_a_result_too_big_for_memory_is_an_error_not_a_traceback(capsys):
                           "[[1, 2], [3, 4]]", "[0, 1]", str(10**12)], capsys)
     assert code == 1 and out == ""
     assert err.startswith("gradc: error: out of memory: Unable to allocate 14.6 TiB")
+
+
+def test_an_index_out_of_range_is_an_error_at_its_line(capsys):
+    # was "error: index 5 in 'seg' (at FILE:5:12) is out of range ...": no
+    # position of its own, so no line and caret either
+    pool = ROOT / "examples" / "segment_pool.grad"
+    code, out, err = run(["run", str(pool), "pool", "[[1, 2], [3, 4]]", "[0, 5]", "2"], capsys)
+    assert code == 1 and out == ""
+    assert err.split("\n") == [
+        f"{pool}:5:12: error: index 5 in 'seg' is out of range for an axis of size 2 "
+        "(valid: -2 to 1)", "        return segment_sum(x, seg, m)", " " * 15 + "^" * 22, ""]

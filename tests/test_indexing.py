@@ -387,7 +387,7 @@ def test_out_of_range_index_is_an_argument_error_naming_it(target):
     with pytest.raises(dsl.ArgumentError, match="index 4 in 'idx'"):
         module(target).scatter(np.zeros((3, 0)), np.array([4]), np.zeros((1, 0)))
     with pytest.raises(dsl.ArgumentError,
-                       match=r"index -3 in an index \(at indexing.grad:5:12\)"):
+                       match=r"^indexing\.grad:5:12: error: index -3 in an index is out"):
         module(target).col(np.zeros((4, 2)), np.int64(-2))
 
 
