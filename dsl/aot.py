@@ -1,7 +1,8 @@
 """`gradc compile`: ahead-of-time compiled Python modules.
 
 Contract: `compile_module(path, out_dir, sigs)` writes `out_dir/NAME.py`
-(NAME is the `.grad` file's stem) and beside it one file per distinct
+(NAME is the `.grad` file's stem, refused if it would shadow a module
+Python or the runtime imports: `SHADOWED`) and beside it one file per distinct
 kernel, named by a hash of its text as the JIT's kernel modules are
 (`runtime.loader.kernel_module_name`), so that the programs running a
 kernel (a function's call and its gradients, other functions, other
@@ -34,6 +35,7 @@ import hashlib
 import itertools
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -55,6 +57,10 @@ from gradlang.runtime.target import Target
 _SIG = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.ASCII)
 _ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
 _ANY_SIZE = re.compile(r"a\d+")  # the name of the size a ':' stands for
+# Module names a compiled module may not take: with its directory on the
+# path it would shadow the module that Python, NumPy, Numba or the runtime
+# import (`numpy.py` broke every module compiled into the same directory).
+SHADOWED = frozenset(sys.stdlib_module_names) | {"gradlang", "numpy", "numba", "llvmlite"}
 
 
 class SignatureError(GradError):
@@ -192,7 +198,12 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                    target: "Target | str" = targets.DEFAULT, precompile: bool = False,
                    progress=None, force: bool = False) -> Path:
     out = Path(out_dir)
-    target_file = out / f"{Path(path).stem}.py"
+    name = Path(path).stem
+    if name in SHADOWED:
+        raise OutputError(f"cannot write a module named {name}: in {out} it would stand in "
+                          f"for the {name} that Python or gradc's modules import, and they "
+                          "would fail to import; rename the .grad file")
+    target_file = out / f"{name}.py"
     if target_file.exists() and not force and not written_by_gradc(target_file):
         raise OutputError(f"{target_file} exists and gradc did not write it; choose "
                           "another output directory with -o, or overwrite it with --force")

@@ -127,3 +127,14 @@ def test_an_index_out_of_range_is_an_error_at_its_line(capsys):
     assert err.split("\n") == [
         f"{pool}:5:12: error: index 5 in 'seg' is out of range for an axis of size 2 "
         "(valid: -2 to 1)", "        return segment_sum(x, seg, m)", " " * 15 + "^" * 22, ""]
+
+
+@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang"])
+def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, capsys):
+    # numpy.py beside the kernels: every module compiled there then failed to
+    # import (the kernels' `import numpy` found it)
+    (tmp_path / f"{stem}.grad").write_text("def f(x):\n    return x\n")
+    code, out, err = run(["compile", str(tmp_path / f"{stem}.grad"), "-o",
+                          str(tmp_path / "out")], capsys)
+    assert code == 2 and out == "" and not (tmp_path / "out").exists()
+    assert err.startswith(f"gradc: error: cannot write a module named {stem}: ")
