@@ -3,7 +3,8 @@
 Contract: `main(argv)` returns the exit status: 0 on success, 1 for an
 error in the user's program or data (printed once as
 `FILE:LINE:COL: error: MESSAGE` with the source line and a caret), 2 for a
-usage error.  No Python traceback reaches the user.
+usage error, 130 when interrupted (Ctrl-C).  No Python traceback reaches
+the user.
 
     gradc run FILE.grad FN ARG... [--wrt K ...] [--param NAME=VALUE ...]
         ARG, VALUE: a number, a list like [1, 2, 3], or a .npy file.
@@ -411,6 +412,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except MemoryError as err:  # sizes the data asked for (NumPy says how much)
         print(f"gradc: error: out of memory: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: the user knows; a traceback would bury it
+        print("gradc: interrupted", file=sys.stderr)
+        return 130  # (as a shell reports a command SIGINT ended)
     except BrokenPipeError:
         # the reader went away (`gradc show ... | head`): stop quietly, with
         # stdout on devnull, since Python's flush of it at exit would fail again

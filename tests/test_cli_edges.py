@@ -138,3 +138,13 @@ def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, ca
                           str(tmp_path / "out")], capsys)
     assert code == 2 and out == "" and not (tmp_path / "out").exists()
     assert err.startswith(f"gradc: error: cannot write a module named {stem}: ")
+
+
+def test_an_interrupt_ends_quietly(monkeypatch, capsys):
+    # Ctrl-C in a long `gradc check` printed a KeyboardInterrupt traceback
+    import dsl.cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(dsl.cli, "cmd_check", interrupted)
+    assert run(["check", LOG1PEXP], capsys) == (130, "", "gradc: interrupted\n")
