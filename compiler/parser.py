@@ -178,9 +178,27 @@ def lines_of(source: str) -> list[str]:
     return source.split("\n")
 
 
+def _continued(lines: list[str]) -> list[bool]:
+    """Per line, whether it continues the line above (inside brackets, or
+    after a backslash): its leading whitespace is no indentation, as in
+    Python, which takes tabs there too."""
+    continued, depth, joined = [], 0, False
+    for line in lines:
+        continued.append(depth > 0 or joined)
+        code = line.split("#", 1)[0]
+        for ch in code:
+            depth += ch in "(["
+            depth -= ch in ")]" and depth > 0
+        joined = code == line and code.rstrip(" \t").endswith("\\")  # (as LINE_CONT)
+    return continued
+
+
 def _check_indentation(source: str, file: str) -> None:
     first = True
-    for number, line in enumerate(lines_of(source), 1):
+    lines = lines_of(source)
+    for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
+        if continued:
+            continue
         stripped = line.lstrip(" \t")
         if first and stripped and not stripped.startswith("#") and stripped.strip():
             first = False
@@ -198,9 +216,10 @@ def _dedent_line(source: str) -> int:
     # lark's DedentError carries no position; find the first line whose
     # indentation matches no open level.
     levels = [0]
-    for number, line in enumerate(lines_of(source), 1):
+    lines = lines_of(source)
+    for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
         stripped = line.lstrip(" ")
-        if not stripped or stripped.startswith("#"):
+        if not stripped or stripped.startswith("#") or continued:
             continue
         indent = len(line) - len(stripped)
         if indent > levels[-1]:

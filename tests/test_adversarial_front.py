@@ -332,6 +332,22 @@ def test_lines_end_as_python_reads_them(tmp_path, newline):
     assert str(info.value).splitlines()[-1] == " " * 13 + "^"
 
 
+@pytest.mark.parametrize("source", [
+    "def f(x):\n    return maximum(x,\n\t\tx * 2.0)\n",
+    "def f(x):\n    y = [x * 2.0, # a comment (\n\t x]\n    return y[0]\n",
+    "def f(x):\n    return x \\ \n\t* 2.0\n",
+])
+def test_a_tab_that_continues_a_line_is_no_indentation(source):
+    # "tabs are not allowed in indentation" at the continuation line, which
+    # Python (and the lexer) take: it is inside brackets or after a backslash
+    assert dsl.loads(source).f(1.5) == 3.0
+
+
+def test_a_tab_that_indents_is_still_an_error_after_a_comment_ending_in_a_backslash():
+    err = load_error("def f(x):\n    y = x  # \\\n\treturn y\n")
+    assert (err.line, err.col) == (3, 1) and "tabs are not allowed" in err.message
+
+
 def test_the_caret_under_a_line_with_tabs_lands_under_the_column():
     # the caret was padded with one space per tab: a terminal showed it
     # columns to the left of the '*'
