@@ -92,9 +92,12 @@ def _is_argument(text: str) -> bool:
 
 
 def _format(value) -> str:
-    with np.printoptions(precision=17 if np.ndim(value) == 0 else 8, suppress=False):
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            return repr(value.item())
+    """A result as printed: a scalar as the shortest text that reads back
+    as it in its own dtype (an f32's 1.3132616, not its f64 digits), an
+    array with 8 digits."""
+    if np.ndim(value) == 0:
+        return str(np.asarray(value)[()])
+    with np.printoptions(precision=8, suppress=False):
         return np.array2string(np.asarray(value), separator=", ")
 
 

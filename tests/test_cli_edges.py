@@ -148,3 +148,12 @@ def test_an_interrupt_ends_quietly(monkeypatch, capsys):
         raise KeyboardInterrupt
     monkeypatch.setattr(dsl.cli, "cmd_check", interrupted)
     assert run(["check", LOG1PEXP], capsys) == (130, "", "gradc: interrupted\n")
+
+
+def test_an_f32_scalar_prints_in_its_own_precision(tmp_path, capsys):
+    # printed its f64 digits: 1.31326162815094 for the f32 1.3132616
+    np.save(tmp_path / "one.npy", np.float32(1.0))
+    code, out, _ = run(["run", LOG1PEXP, "log1pexp", str(tmp_path / "one.npy")], capsys)
+    assert code == 0 and out.splitlines() == ["log1pexp = 1.3132616", "d/dx = 0.7310586"]
+    import dsl  # the text reads back as the very value
+    assert np.float32(out.split()[2]) == dsl.load(LOG1PEXP).log1pexp(np.float32(1.0))
