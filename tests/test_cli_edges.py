@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dsl
+import dsl.cli
 from dsl.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +144,6 @@ def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, ca
 
 def test_an_interrupt_ends_quietly(monkeypatch, capsys):
     # Ctrl-C in a long `gradc check` printed a KeyboardInterrupt traceback
-    import dsl.cli
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -155,5 +156,5 @@ def test_an_f32_scalar_prints_in_its_own_precision(tmp_path, capsys):
     np.save(tmp_path / "one.npy", np.float32(1.0))
     code, out, _ = run(["run", LOG1PEXP, "log1pexp", str(tmp_path / "one.npy")], capsys)
     assert code == 0 and out.splitlines() == ["log1pexp = 1.3132616", "d/dx = 0.7310586"]
-    import dsl  # the text reads back as the very value
+    # the text reads back as the very value
     assert np.float32(out.split()[2]) == dsl.load(LOG1PEXP).log1pexp(np.float32(1.0))
