@@ -208,6 +208,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         raise OutputError(f"{target_file} exists and gradc did not write it; choose "
                           "another output directory with -o, or overwrite it with --force")
     module = load(path)
+    if out.exists() and not out.is_dir():  # (mkdir would say "File exists")
+        raise OutputError(f"the output directory {out} is a file")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:

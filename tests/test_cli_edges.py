@@ -158,3 +158,11 @@ def test_an_f32_scalar_prints_in_its_own_precision(tmp_path, capsys):
     assert code == 0 and out.splitlines() == ["log1pexp = 1.3132616", "d/dx = 0.7310586"]
     # the text reads back as the very value
     assert np.float32(out.split()[2]) == dsl.load(LOG1PEXP).log1pexp(np.float32(1.0))
+
+
+def test_compile_onto_a_file_says_it_is_one(tmp_path, capsys):
+    # "cannot create the output directory FILE: File exists"
+    (tmp_path / "out").write_text("")
+    code, _, err = run(["compile", LOG1PEXP, "-o", str(tmp_path / "out")], capsys)
+    assert code == 2 and err == f"gradc: error: the output directory {tmp_path / 'out'} is " \
+        "a file\n"
