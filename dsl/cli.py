@@ -222,7 +222,7 @@ def cmd_check(args) -> int:
     path = Path(args.path)
     failed = 0
     if path.is_dir():
-        files = sorted(path.glob("*.grad"))
+        files = sorted(p for p in path.glob("*.grad") if not p.is_dir())  # (a dir: no module)
         if not files:
             raise UsageError(f"no .grad files in {path}")
         modules = []

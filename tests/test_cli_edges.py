@@ -166,3 +166,11 @@ def test_compile_onto_a_file_says_it_is_one(tmp_path, capsys):
     code, _, err = run(["compile", LOG1PEXP, "-o", str(tmp_path / "out")], capsys)
     assert code == 2 and err == f"gradc: error: the output directory {tmp_path / 'out'} is " \
         "a file\n"
+
+
+def test_check_of_a_directory_skips_a_subdirectory_named_like_a_module(tmp_path, capsys):
+    # "cannot read DIR/sub.grad: [Errno 21] Is a directory", and exit 1
+    (tmp_path / "sub.grad").mkdir()
+    (tmp_path / "f.grad").write_text("def f(n: i64):\n    return n\n")
+    code, out, err = run(["check", str(tmp_path)], capsys)
+    assert (code, err) == (0, "") and "skipped: no differentiable arguments" in out
