@@ -16,8 +16,9 @@ the user.
     gradc --version
 
 Usage errors: a missing input file, an unreadable argument, a function
-name the file does not define, a bad `--sig`, an unknown, unset or ill-shaped `--param`, a `--target` that
-cannot do what is asked here, an output file gradc did not write.
+name the file does not define, a bad `--sig`, an unknown, unset or
+ill-shaped `--param`, a `--target` that cannot do what is asked here, an
+output file gradc did not write.
 """
 from __future__ import annotations
 

@@ -225,7 +225,8 @@ def test_the_interpreter_names_a_zero_steps_loop_as_the_kernels_do():
     from dsl.function import _types
     f = module().steps
     bound = f.bind((np.array([0.5]), 0.1, 0, 3, 0), {})
-    with pytest.raises(dsl.ArgumentError, match=r"^<string>:3:5: error: range\(\) step must not be zero$"):
+    with pytest.raises(dsl.ArgumentError,
+                       match=r"^<string>:3:5: error: range\(\) step must not be zero$"):
         interpret(f.lower(_types(bound)), *bound.values())
 
 
