@@ -51,7 +51,9 @@ class UsageError(Exception):
 NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts
 
 
-def _parse_arg(text: str):
+def _parse_arg(text: str, what: str = "argument"):
+    """The value `text` gives (`what` it is, in errors): a Python number or
+    list, or a .npy file's array."""
     if text.endswith(".npy"):
         path = Path(text)
         if not path.exists():
@@ -66,12 +68,12 @@ def _parse_arg(text: str):
     try:
         value = pyast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
-        raise UsageError(f"cannot read argument {_quoted(text)}: expected a number, a list "
+        raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number, a list "
                          "like [1, 2, 3], or a .npy file") from None
     if not isinstance(value, (int, float, complex, list, tuple)):
-        raise UsageError(f"cannot read argument {_quoted(text)}: expected a number or a list")
+        raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number or a list")
     try:  # as the function will take it (an integer beyond 64 bits may be a float's value)
-        numeric_array(f"argument {_quoted(text)}", value, as_float=True)
+        numeric_array(f"{what} {_quoted(text)}", value, as_float=True)
     except ArgumentError as err:
         raise UsageError(err.message) from None
     return value  # converted to the parameter's dtype when bound
@@ -122,7 +124,7 @@ def _set_params(module: dsl.Module, assignments: Sequence[str]) -> None:
         if not equals or not name.strip():
             raise UsageError(f"--param takes NAME=VALUE, got {assignment!r}")
         try:
-            module.params[name.strip()] = _parse_arg(text.strip())
+            module.params[name.strip()] = _parse_arg(text.strip(), f"--param {name.strip()}")
         except ParamError as err:  # no such param
             raise UsageError(err.message) from None
         except ArgumentError as err:  # a value the param cannot take

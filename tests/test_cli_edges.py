@@ -174,3 +174,11 @@ def test_check_of_a_directory_skips_a_subdirectory_named_like_a_module(tmp_path,
     (tmp_path / "f.grad").write_text("def f(n: i64):\n    return n\n")
     code, out, err = run(["check", str(tmp_path)], capsys)
     assert (code, err) == (0, "") and "skipped: no differentiable arguments" in out
+
+
+def test_a_bad_param_value_names_the_param(capsys):
+    # was "argument '[1, 2j]' is complex": the run's arguments were fine
+    code, _, err = run(["run", str(ROOT / "examples" / "linear_poly.grad"), "linear_poly", "1",
+                        "--param", "weights=[1, 2j]"], capsys)
+    assert code == 2 and err == "gradc: error: --param weights '[1, 2j]' is complex; " \
+        "gradlang computes with real numbers\n"
