@@ -515,7 +515,9 @@ class Summary:
 MIN_SIZE = 3
 
 
-def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
+def _sample_args(f: Compiled, rng, rank: int, fill, const: int = MIN_SIZE) -> list:
+    """Arguments for f: unannotated ones of rank `rank`, differentiable
+    floats from `fill`, a const integer scalar `const`."""
     sizes: dict[str, int] = {}
     args = []
     fixed = _fixed_dtypes(f)
@@ -524,8 +526,8 @@ def _sample_args(f: Compiled, rng, rank: int, fill) -> list:
             break
         dtype = fixed[spec.name] or "f64"
         if spec.const and dtype in ("i32", "i64") and not spec.dims:
-            args.append(np.asarray(MIN_SIZE, dtype=np.int64 if dtype == "i64" else np.int32))
-            continue  # a size or a count: every sampled size is at least it
+            args.append(np.asarray(const, dtype=NUMPY[dtype]))
+            continue  # a size or a count (every sampled size is at least 3), or an axis
         if spec.dims is None:
             shape = (MIN_SIZE,) * rank
         else:
@@ -566,21 +568,22 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
              ("a random positive point", lambda s: np.abs(rng.normal(size=s)) * 2 + 0.1),
              ("a random point in (-1, 1)", lambda s: rng.uniform(-0.9, 0.9, s))]
     fills += [(f"{varied} = {v:g}", lambda s, v=v: np.full(s, v)) for v in STRESS]
-    rank = None
-    for candidate in (1, 2, 0):  # the first rank the unannotated arguments accept
+    # the first rank the unannotated arguments accept, and const integer a
+    # function accepts: a size or count (MIN_SIZE), else an axis or index
+    layouts = [(rank, const) for rank in (1, 2, 0) for const in (MIN_SIZE, 1, 0)]
+    for rank, const in layouts:
         try:
-            f(*_sample_args(f, rng, candidate, fills[0][1]))
-            rank = candidate
+            f(*_sample_args(f, rng, rank, fills[0][1], const))
             break
         except GradError:
             continue
-    if rank is None:
+    else:
         f(*_sample_args(f, rng, 1, fills[0][1]))  # raises the error for rank 1
     reason = intentional_mismatch(f)
     rows: dict[tuple, list[GradCheck]] = {}
     warned: dict[str, list[str]] = {}
     for index, (label, fill) in enumerate(fills):
-        args = _sample_args(f, rng, rank, fill)
+        args = _sample_args(f, rng, rank, fill, const)
         with np.errstate(all="ignore"):
             outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)

@@ -288,3 +288,14 @@ def test_an_argument_annotated_f32_is_checked_and_said_in_f32():
     assert sorted((r.wrt, r.dtype, r.against) for r in rows if r.wrt in "xy") == [
         ("x", "f32", "differences"),
         ("y", "f32", "f64"), ("y", "f64", "differences")]
+
+
+def test_a_const_integer_that_is_an_axis_or_an_index_is_checked():
+    # sampled as 3 (a size or a count) only: "axis 3 is out of range for
+    # rank 1", and the function could not be checked at all
+    from dsl.check import check_function
+    m = dsl.loads("def s(x, axis: const i64):\n    return sum(x * x, axis)\n"
+                  "def pick(x, i: const i64):\n    return x[i] * x[i]\n")
+    for f in (m.s, m.pick):
+        rows = check_function(f, order=1)
+        assert rows and {(r.wrt, r.dtype) for r in rows} >= {("x", "f64"), ("x", "f32")}
