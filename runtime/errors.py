@@ -80,13 +80,18 @@ class GradError(Exception):
         return text
 
 
+_SHOWN_CONTROLS = {c: "\ufffd" for c in [*range(0x20), *range(0x7f, 0xa0)] if c != ord("\t")}
+
+
 def _caret_lines(span: Span, source: str | None) -> str:
     if source is None:
         return ""
     lines = source.split("\n")  # as the lexer counts lines
     if not 1 <= span.line <= len(lines):
         return ""
-    line = lines[span.line - 1].rstrip("\n")
+    # a control character (an escape sequence, a NUL) is shown, not sent to
+    # the terminal, which would act on it: one character each, as counted
+    line = lines[span.line - 1].translate(_SHOWN_CONTROLS)
     start = max(span.col, 1)
     if span.end_line == span.line and span.end_col > start:
         width = span.end_col - start

@@ -356,6 +356,13 @@ def test_the_caret_under_a_line_with_tabs_lands_under_the_column():
     assert str(err).split("\n")[1:] == ["        return x\t+\t* 2", " " * 16 + "\t \t^"]
 
 
+def test_control_characters_in_a_shown_line_do_not_reach_the_terminal():
+    # the line was printed as it is: an escape sequence in a file (here,
+    # red text) acted on the terminal of whoever ran gradc on it
+    err = load_error("def f(x):\n    return x * \x1b[31m2\x00\n")
+    assert str(err).split("\n")[1:] == ["        return x * \ufffd[31m2\ufffd", " " * 19 + "^"]
+
+
 def test_a_byte_order_mark_counts_no_column(tmp_path):
     # A byte that is not UTF-8 in a file with the mark was reported at the
     # wrong place, as the wrong byte ('e' at 1:3 here).
