@@ -3,6 +3,7 @@ over the command line: arguments NumPy cannot hold, programs with no
 kernels, odd file names, bad options.  In-process (`dsl.cli.main`)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,28 @@ def test_a_bad_param_value_names_the_param(capsys):
                         "--param", "weights=[1, 2j]"], capsys)
     assert code == 2 and err == "gradc: error: --param weights '[1, 2j]' is complex; " \
         "gradlang computes with real numbers\n"
+
+
+def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
+    # quotes, braces, a newline and non-ASCII in the name, which drivers hold
+    # (an index error's place) and compiled modules record: each repr()'d
+    import importlib.util
+    path = tmp_path / "q'x\"{n}\n\u00fc.grad"
+    path.write_text("def pick(x, i: i64[k]):\n    return x[i] * 2.0\n")
+    code, out, _ = run(["run", str(path), "pick", "[1.5, 2.5]", "[1, 1]"], capsys)
+    assert code == 0 and out.splitlines() == ["pick = [5., 5.]", "d/dx = [0., 4.]"]
+    code, _, err = run(["run", str(path), "pick", "[1.5, 2.5]", "[2]"], capsys)
+    assert code == 1 and err.startswith(f"{path}:2:12: error: index 2 in 'i' is out of range")
+    assert run(["show", str(path), "--emit", "kernels"], capsys)[0] == 0
+    assert run(["check", str(path), "--order", "1"], capsys)[0] == 0
+    out_dir = tmp_path / "out {x}"
+    code, out, _ = run(["compile", str(path), "-o", str(out_dir), "--sig", "pick(f64[:], i64[:])"],
+                       capsys)
+    assert code == 0 and out == f"wrote {out_dir / path.stem}.py\n"
+    spec = importlib.util.spec_from_file_location("odd", out_dir / f"{path.stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SOURCE == path.name
+    np.testing.assert_array_equal(module.pick(np.array([1.5, 2.5]), np.array([0])), [3.0])
+    with pytest.raises(dsl.ArgumentError, match=re.escape(f"{path}:2:12: error: index 2")):
+        module.pick(np.array([1.5]), np.array([2]))
