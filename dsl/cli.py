@@ -190,10 +190,10 @@ def cmd_show(args) -> int:
     stage, transform = pipeline.stage_of(args.emit)
     if args.fn:
         _lookup(module, args.fn, args.file)
-    if stage == "check":
-        for f in module._ast.funcs:
-            if args.fn in (None, f.name):
-                print(ast.dump(f))
+    if stage == "check":  # (--fn may name an imported function: its own definition)
+        names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
+        for name in names:
+            print(ast.dump(_lookup(module, name, args.file).fdef))
         return 0
     if args.sig:
         sigs = args.sig

@@ -208,3 +208,13 @@ def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
     np.testing.assert_array_equal(module.pick(np.array([1.5, 2.5]), np.array([0])), [3.0])
     with pytest.raises(dsl.ArgumentError, match=re.escape(f"{path}:2:12: error: index 2")):
         module.pick(np.array([1.5]), np.array([2]))
+
+
+def test_show_ast_of_an_imported_function(tmp_path, capsys):
+    # printed nothing (exit 0): only the file's own definitions were looked at
+    (tmp_path / "lib.grad").write_text("def g(x):\n    return x * 2.0\n")
+    (tmp_path / "main.grad").write_text("from lib import g\ndef h(x):\n    return g(x)\n")
+    code, out, _ = run(["show", str(tmp_path / "main.grad"), "--fn", "g", "--emit", "ast"],
+                       capsys)
+    assert code == 0 and out.startswith("FuncDef(name='g', params=(Param(name='x'")
+    assert f"file='{tmp_path / 'lib.grad'}', line=2" in out
