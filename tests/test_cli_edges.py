@@ -218,3 +218,12 @@ def test_show_ast_of_an_imported_function(tmp_path, capsys):
                        capsys)
     assert code == 0 and out.startswith("FuncDef(name='g', params=(Param(name='x'")
     assert f"file='{tmp_path / 'lib.grad'}', line=2" in out
+
+
+@pytest.mark.parametrize("sig", ["pool(f32[:, :], i64[:], 2)", "pool(f64[:], i64[:], 2)"])
+def test_the_any_size_note_comes_only_with_an_error_of_sizes(sig, capsys):
+    # "note: each ':' in a signature is a size of its own" followed a dtype
+    # or a rank error, which no naming of sizes fixes
+    code, _, err = run(["show", str(ROOT / "examples" / "segment_pool.grad"), "--emit", "ir",
+                        "--sig", sig], capsys)
+    assert code == 1 and "its annotation" in err and "note:" not in err
