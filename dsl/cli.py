@@ -401,7 +401,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # (a failure to write the output is caught here, not at exit)
+        return status
     except (UsageError, OutputError) as err:
         print(f"gradc: error: {err}", file=sys.stderr)
         return 2
@@ -421,11 +423,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the user knows; a traceback would bury it
         print("gradc: interrupted", file=sys.stderr)
         return 130  # (as a shell reports a command SIGINT ended)
-    except BrokenPipeError:
-        # the reader went away (`gradc show ... | head`): stop quietly, with
-        # stdout on devnull, since Python's flush of it at exit would fail again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # the reader went away (`gradc show ... | head`): quietly
+        _drop_stdout()
         return 1
+    except OSError as err:  # (inputs are checked as read: the output, to a full disk)
+        _drop_stdout()
+        print(f"gradc: error: {err.strerror or err}", file=sys.stderr)
+        return 1
+
+
+def _drop_stdout() -> None:
+    """Send what is left of stdout to devnull: Python's flush of it at exit
+    would fail again, with a message of its own."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

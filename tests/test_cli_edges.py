@@ -227,3 +227,14 @@ def test_the_any_size_note_comes_only_with_an_error_of_sizes(sig, capsys):
     code, _, err = run(["show", str(ROOT / "examples" / "segment_pool.grad"), "--emit", "ir",
                         "--sig", sig], capsys)
     assert code == 1 and "its annotation" in err and "note:" not in err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_an_error_not_a_traceback():
+    # an OSError traceback from print (or Python's own complaint at exit)
+    import subprocess
+    import sys
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "dsl.cli", "run", LOG1PEXP, "log1pexp",
+                                 "1"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert (result.returncode, result.stderr) == (1, "gradc: error: No space left on device\n")
