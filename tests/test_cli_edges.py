@@ -3,7 +3,10 @@ over the command line: arguments NumPy cannot hold, programs with no
 kernels, odd file names, bad options.  In-process (`dsl.cli.main`)."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +191,6 @@ def test_a_bad_param_value_names_the_param(capsys):
 def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
     # quotes, braces, a newline and non-ASCII in the name, which drivers hold
     # (an index error's place) and compiled modules record: each repr()'d
-    import importlib.util
     path = tmp_path / "q'x\"{n}\n\u00fc.grad"
     path.write_text("def pick(x, i: i64[k]):\n    return x[i] * 2.0\n")
     code, out, _ = run(["run", str(path), "pick", "[1.5, 2.5]", "[1, 1]"], capsys)
@@ -232,8 +234,6 @@ def test_the_any_size_note_comes_only_with_an_error_of_sizes(sig, capsys):
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_output_to_a_full_disk_is_an_error_not_a_traceback():
     # an OSError traceback from print (or Python's own complaint at exit)
-    import subprocess
-    import sys
     with open("/dev/full", "w") as full:
         result = subprocess.run([sys.executable, "-m", "dsl.cli", "run", LOG1PEXP, "log1pexp",
                                  "1"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT)
