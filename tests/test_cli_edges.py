@@ -1,6 +1,7 @@
 """`gradc` on unusual input, each case a hole found by an adversarial pass
 over the command line: arguments NumPy cannot hold, programs with no
-kernels, odd file names, bad options.  In-process (`dsl.cli.main`)."""
+kernels, odd file names, bad options.  In-process (`dsl.cli.main`), but for
+the one that needs a real stdout."""
 from __future__ import annotations
 
 import importlib.util
