@@ -7,7 +7,8 @@ usage error, 130 when interrupted (Ctrl-C).  No Python traceback reaches
 the user.
 
     gradc run FILE.grad FN ARG... [--wrt K ...] [--param NAME=VALUE ...]
-        ARG, VALUE: a number, a list like [1, 2, 3], or a .npy file.
+        ARG, VALUE: a number (nan and inf too), a list like [1, 2, 3], or a
+        .npy file.
         Prints the value and the gradient of the sum of the outputs.
     gradc show FILE.grad [--fn NAME] --emit STAGE [--target T] [--sig ...]
         STAGE: one of `compiler.pipeline.EMITS`; prints the program there.
@@ -66,7 +67,7 @@ def _parse_arg(text: str, what: str = "argument"):
         except (ValueError, OSError) as err:
             raise UsageError(f"cannot read {text}: {err}") from None
     try:
-        value = pyast.literal_eval(text)
+        value = pyast.literal_eval(_NamedFloats().visit(pyast.parse(text, mode="eval")))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number, a list "
                          "like [1, 2, 3], or a .npy file") from None
@@ -77,6 +78,15 @@ def _parse_arg(text: str, what: str = "argument"):
     except ArgumentError as err:
         raise UsageError(err.message) from None
     return value  # converted to the parameter's dtype when bound
+
+
+class _NamedFloats(pyast.NodeTransformer):
+    """`nan` and `inf` as the floats (which Python literals cannot write)."""
+
+    def visit_Name(self, node: pyast.Name) -> pyast.AST:
+        if node.id in ("nan", "inf"):
+            return pyast.copy_location(pyast.Constant(float(node.id)), node)
+        return node
 
 
 def _quoted(text: str, limit: int = 40) -> str:
@@ -151,8 +161,9 @@ def cmd_run(args) -> int:
         if spec.name not in module.params:
             raise UsageError(f"{args.fn}() reads param {spec.name!r}, which is not set; set "
                              f"it with --param {spec.name}=VALUE")
+    names = {s.name for s in f.specs + f.param_specs}  # (a parameter may be named nan)
     for w in args.wrt or ():  # it takes every word after it: arguments too
-        if not re.fullmatch(r"\d+", w, re.ASCII) and _is_argument(w):
+        if not re.fullmatch(r"\d+", w, re.ASCII) and w not in names and _is_argument(w):
             raise UsageError(f"--wrt takes names and positions of parameters, got {w!r}; "
                              "give the arguments before --wrt")
     values = [_parse_arg(a) for a in args.args]
@@ -351,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set a param the function reads: a number, a list, or a .npy file")
     # argparse takes a negative number for an option unless it matches this
     # (its own pattern has no exponent: "-1e3"); run has no option like one
-    run._negative_number_matcher = re.compile(r"^-\.?\d")
+    run._negative_number_matcher = re.compile(r"^-(\.?\d|inf$|nan$)")
     run.set_defaults(func=cmd_run)
     show = sub.add_parser("show", help="print a compiler stage")
     show.add_argument("file")

@@ -239,3 +239,16 @@ def test_output_to_a_full_disk_is_an_error_not_a_traceback():
         result = subprocess.run([sys.executable, "-m", "dsl.cli", "run", LOG1PEXP, "log1pexp",
                                  "1"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     assert (result.returncode, result.stderr) == (1, "gradc: error: No space left on device\n")
+
+
+def test_nan_and_inf_are_arguments(tmp_path, capsys):
+    # Python literals cannot write them: "cannot read argument 'nan'", and
+    # argparse took -inf for an option
+    code, out, _ = run(["run", LOG1PEXP, "log1pexp", "[nan, inf, 0]"], capsys)
+    assert code == 0 and out.splitlines() == ["log1pexp = [       nan,        inf, 0.69314718]",
+                                              "d/dx = [nan, 1. , 0.5]"]
+    assert run(["run", LOG1PEXP, "log1pexp", "-inf"], capsys)[:2] == (0, "log1pexp = 0.0\n"
+                                                                         "d/dx = 0.0\n")
+    (tmp_path / "f.grad").write_text("def f(x, nan):\n    return x * nan\n")  # a name still
+    code, out, _ = run(["run", str(tmp_path / "f.grad"), "f", "2", "3", "--wrt", "nan"], capsys)
+    assert code == 0 and out.splitlines() == ["f = 6.0", "d/dnan = 2.0"]
