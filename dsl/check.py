@@ -436,8 +436,6 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
         what = "overflows" if not _has_nan(value32) else "is NaN"
         result.warnings.append(f"the value {what} in f32 where it is finite in f64")
     for name, g in zip(names, grads):
-        if narrow[name] is bound[name]:  # fixed to f32: its rows are in f32 already
-            continue
         g, g64 = np.asarray(g, np.float64), reference[name]
         failed = bool(np.any(~np.isfinite(g) & np.isfinite(g64))) or \
             (value_finite and _has_nan([g]))

@@ -280,8 +280,8 @@ def test_integer_and_bool_params_get_values_of_their_dtype():
 
 
 def test_an_argument_annotated_f32_is_checked_and_said_in_f32():
-    # its rows said f64 (differences taken in f32), and with an f64 argument
-    # beside it an "f32" row compared its f32 gradient with itself
+    # its rows said f64 (differences taken in f32); the row of its f32
+    # gradient against the f64 program's (y in f64) is in f32 as well
     from dsl.check import check_function
     f = dsl.loads("def f(x: f32[3], y):\n    return x * y\n").f
     rows = check_function(f, order=1)
