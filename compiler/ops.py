@@ -164,7 +164,7 @@ def _concat_rule(types, params, span):
 # gather would read, so repeated indices accumulate.  Indices are i32 or
 # i64; a negative one counts from the end, and one out of range is an
 # `ArgumentError` at run time naming `params["what"]` (the index's source
-# name) before any result is returned.
+# name), at the equation's span, before any result is returned.
 
 
 def _check_index(idx: TensorType, span) -> None:
