@@ -125,10 +125,10 @@ def _split(body: str) -> list[str]:
 
 def default_sig(f: GradFn) -> str:
     """A signature f can be lowered for: annotated parameters as annotated
-    (a const integer given the value 1: a count, an axis or an index), the
-    others f64 arrays sharing one size, of rank 1, else 2, else 0; and if f
-    needs concrete sizes for all of those (it slices an axis), the same
-    with every named size 4."""
+    (a const integer given the value 1: a count, an axis or an index; a
+    const bool True), the others f64 arrays sharing one size, of rank 1,
+    else 2, else 0; and if f needs concrete sizes for all of those (it
+    slices an axis), the same with every named size 4."""
     candidates = []
     for size in (None, 4):
         for unannotated in ("[n]", "[n, n]", ""):
@@ -136,8 +136,8 @@ def default_sig(f: GradFn) -> str:
             for spec in f.specs:
                 if spec.has_default:
                     break
-                if spec.const and spec.dtype in ("i32", "i64") and not spec.dims:
-                    args.append("1")
+                if spec.const and spec.dtype in ("i32", "i64", "bool") and not spec.dims:
+                    args.append("True" if spec.dtype == "bool" else "1")
                     continue
                 dtype = spec.dtype or "f64"
                 dims = (f"[{', '.join(map(str, spec.dims))}]" if spec.dims else "") \

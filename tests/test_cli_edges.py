@@ -252,3 +252,12 @@ def test_nan_and_inf_are_arguments(tmp_path, capsys):
     (tmp_path / "f.grad").write_text("def f(x, nan):\n    return x * nan\n")  # a name still
     code, out, _ = run(["run", str(tmp_path / "f.grad"), "f", "2", "3", "--wrt", "nan"], capsys)
     assert code == 0 and out.splitlines() == ["f = 6.0", "d/dnan = 2.0"]
+
+
+def test_show_without_sig_gives_a_const_bool_a_value(tmp_path, capsys):
+    # the default signature gave it as the type bool: "signature 'f(f64[n],
+    # bool)' gives 'flag' as bool, but it is const", so no --sig, no program
+    (tmp_path / "f.grad").write_text("def f(x, flag: const bool):\n    y = x\n    if flag:\n"
+                                     "        y = x * 2.0\n    return y\n")
+    code, out, _ = run(["show", str(tmp_path / "f.grad"), "--emit", "ir"], capsys)
+    assert code == 0 and "mul %x0, 2.0:f64" in out
