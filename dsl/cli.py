@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast as pyast
+import keyword
 import os
 import re
 import sys
@@ -327,6 +328,10 @@ def cmd_compile(args) -> int:
     if progress:
         sys.stderr.write("\n")
     print(f"wrote {target}")
+    if not target.stem.isidentifier() or keyword.iskeyword(target.stem):
+        print(f"note: {target.stem!r} is no name an import statement takes; load the module "
+              "with importlib.util.spec_from_file_location, or rename the .grad file",
+              file=sys.stderr)
     return 0
 
 

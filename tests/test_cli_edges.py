@@ -201,9 +201,11 @@ def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
     assert run(["show", str(path), "--emit", "kernels"], capsys)[0] == 0
     assert run(["check", str(path), "--order", "1"], capsys)[0] == 0
     out_dir = tmp_path / "out {x}"
-    code, out, _ = run(["compile", str(path), "-o", str(out_dir), "--sig", "pick(f64[:], i64[:])"],
-                       capsys)
+    code, out, err = run(["compile", str(path), "-o", str(out_dir), "--sig",
+                          "pick(f64[:], i64[:])"], capsys)
     assert code == 0 and out == f"wrote {out_dir / path.stem}.py\n"
+    # (it said nothing of the name, which no import statement takes)
+    assert err.startswith(f"note: {path.stem!r} is no name an import statement takes")
     spec = importlib.util.spec_from_file_location("odd", out_dir / f"{path.stem}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
