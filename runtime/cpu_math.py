@@ -1,10 +1,11 @@
 """Vectorizable `exp`, `log`, `log1p`, `expm1`, `tanh`, `sin`, `cos`,
-`tan` and `pow` for CPU kernels, which import this module as `math`
-(`runtime.cpu.CpuTarget.header`).
+`tan` and `pow`, and float32 `erf` and `erfc`, for CPU kernels, which
+import this module as `math` (`runtime.cpu.CpuTarget.header`).
 
 Contract: inside a Numba kernel, each of them of a float32 (a float64)
 computes in float32 (float64) with a branch-free polynomial (sin, cos,
-tan and pow of float32 in float64, rounded once), within the ulp bounds in
+tan, pow, erf and erfc of float32 in float64, rounded once; erf and erfc
+of float64 are libm's), within the ulp bounds in
 docs/internals.md, and gives every special value as libm does: +-inf, NaN,
 +-0, denormal inputs and results, overflow to inf and underflow to 0; pow
 has C99's special cases.  Integers are taken as float64 (pow of two
@@ -669,6 +670,58 @@ def cos(x):
     return _libm.cos(x)
 
 
+# ------------------------------------------------------------ erf, erfc
+# float32 only, computed in float64 and rounded once (float64's are libm's):
+# erfc(a) = t exp(Q(t) - a^2) for a = |x| and t = 1 / (1 + a/2), the form
+# of Numerical Recipes' erfcc, with Q a polynomial of degree 12 fitted here
+# (weighted least squares on Chebyshev nodes, iterated towards minimax) to
+# log(erfc(a) / t) + a^2 over a in [0, 10.1], past which float32's erfc
+# is 0: relative error 1.6e-10.  a^2 of a float32 is exact in float64.
+# erf below |x| = 1/2 is x P(x^2), P Taylor's series to x^16 (a relative
+# 2e-11 there); from 1/2 on, 1 - erfc(|x|), which keeps its digits above
+# erf(1/2) = 0.52.
+_ERFC_Q = (-1.2655060343155666, 0.9997786636579067, 0.37856863827599047,
+           0.04957019143290783, 0.1228837594001391, -1.0327996200728773, 2.574051565968041,
+           -5.610198870854372, 8.376026752035479, -7.7536770089439075, 4.332013670938129,
+           -1.353960493432414, 0.18324878606614323)
+_ERF_P = tuple(2 / _libm.sqrt(_libm.pi) * (-1) ** n / (_libm.factorial(n) * (2 * n + 1))
+               for n in range(9))
+
+
+@branch_free
+def _erfc_of_magnitude(a):
+    """erfc(a) for a >= 0 (or NaN), in float64."""
+    t = 1.0 / (1.0 + 0.5 * a)
+    return t * _exp_f64(_horner(t, _ERFC_Q) - a * a)
+
+
+@branch_free
+def _erfc_f32(x):
+    y = _erfc_of_magnitude(abs(np.float64(x)))
+    return _f32(2.0 - y if x < _ZERO_F else y)
+
+
+@branch_free
+def _erf_f32(x):
+    wide = np.float64(x)
+    a = abs(wide)
+    large = 1.0 - _erfc_of_magnitude(a)
+    large = -large if wide < 0.0 else large
+    return _f32(wide * _horner(wide * wide, _ERF_P) if a < 0.5 else large)
+
+
+def erf(x):
+    """The error function: libm's in Python and for float64, the float32
+    approximation above in a kernel."""
+    return _libm.erf(x)
+
+
+def erfc(x):
+    """1 - erf(x): libm's in Python and for float64, the float32
+    approximation above in a kernel."""
+    return _libm.erfc(x)
+
+
 # ------------------------------------------------------------ pow
 # float64: log|x| in two parts, good to about 2^-64 relative (x = 2^k m,
 # m in [sqrt(2)/2, sqrt(2)), log m = 2 atanh(s) = 2s + 2s^3/3 + ..., s =
@@ -880,6 +933,8 @@ kernel_function(sin, _by_width(_sin_f32, _sin_f64))
 kernel_function(cos, _by_width(_cos_f32, _cos_f64))
 kernel_function(tan, _by_width(_tan_f32, _tan_f64))
 kernel_function(pow, _pow_by_types)
+kernel_function(erf, _by_width(_erf_f32, _libm.erf))
+kernel_function(erfc, _by_width(_erfc_f32, _libm.erfc))
 
 
 # ------------------------------------------------------------ sums

@@ -160,6 +160,38 @@ def test_float32_tanh_on_every_float_around_its_split():
     assert errors.max() <= MAX_ULP["tanh", np.float32], x[np.argmax(errors)]
 
 
+@numba.njit(error_model="numpy")
+def _erf_erfc(x, out):
+    for i in range(x.shape[0]):
+        out[0, i] = cpu_math.erf(x[i])
+        out[1, i] = cpu_math.erfc(x[i])
+
+
+def test_float32_erf_and_erfc_within_half_an_ulp():
+    # computed in float64 and rounded once (float64's are libm's); the
+    # reference is libm's float64, within 1e-16 of the truth
+    import math
+    rng = np.random.default_rng(13)
+    n = 50_000
+    x = np.concatenate([rng.uniform(-12, 12, n), rng.uniform(-1, 1, n),
+                        np.sign(rng.uniform(-1, 1, n)) * 10.0 ** rng.uniform(-40, 0, n),
+                        rng.uniform(9.0, 10.1, n)]).astype(np.float32)  # erfc denormal
+    out = np.empty((2, x.size), np.float32)
+    _erf_erfc(x, out)
+    for got, reference in zip(out, (math.erf, math.erfc)):
+        exact = np.array([reference(float(v)) for v in x])
+        rounded = exact.astype(np.float32)
+        ulp = np.spacing(np.abs(rounded)).astype(np.float64)
+        errors = np.abs(got.astype(np.float64) - exact) / ulp
+        assert errors.max() <= 0.51, (reference.__name__, x[np.argmax(errors)], errors.max())
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 27.0, -27.0], np.float32)
+    out = np.empty((2, special.size), np.float32)
+    _erf_erfc(special, out)
+    np.testing.assert_array_equal(out[0], [0.0, -0.0, 1.0, -1.0, np.nan, 1.0, -1.0])
+    np.testing.assert_array_equal(np.signbit(out[0][:2]), [False, True])
+    np.testing.assert_array_equal(out[1], [1.0, 1.0, 0.0, 2.0, np.nan, 0.0, 2.0])
+
+
 def pow_points(dtype) -> tuple[np.ndarray, np.ndarray]:
     """x with uniformly random bits (every exponent, denormals included) to
     powers in [-1, 1] and small integers; x in [1/2, 2] to powers up to
@@ -389,6 +421,16 @@ def test_kernel_loop_vectorizes_with_no_libm_call(capsys, monkeypatch, tmp_path,
     monkeypatch.setenv("GRADC_LIBM", "1")
     assert main(argv) == 0
     assert _libm_calls(capsys.readouterr().out) == set(REFERENCES) | set(MORE) | {"pow"}
+
+
+def test_a_float32_erf_kernel_vectorizes_with_no_libm_call(capsys, monkeypatch, tmp_path):
+    source = tmp_path / "erf.grad"
+    source.write_text("def f(x):\n    return erf(x) * erfc(x)\n")
+    monkeypatch.delenv("GRADC_LIBM", raising=False)
+    assert main(["show", str(source), "--emit", "llvm", "--sig", "f(f32[:])"]) == 0
+    llvm = capsys.readouterr().out
+    assert not re.search(r"call [^@\n]*@(?:llvm\.)?erfc?f?\(", llvm)
+    assert re.search(r"<\d+ x double>", llvm), "the kernel loop is not vectorized"
 
 
 def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
