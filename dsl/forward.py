@@ -280,15 +280,19 @@ def _one_block_program(stacked: Stacked, bound: dict[str, Any], extra: dict[str,
     argument (one of them) takes every one-hot value shaped like `one` in
     one block (`_in_blocks`), with those values and the extra ones as its
     fixed last arguments (the program, and those values); None where it
-    takes them in blocks or not at all,
-    would copy them (a device target), or gives a result that is a view
-    of one (which a caller could write into)."""
+    takes them in blocks or not at all, where an argument's value picks
+    the program (a static one, or an integer giving a size, which `stacked`
+    may find where f does not), where it would copy them (a device target),
+    or gives a result that is a view of one (which a caller could write
+    into)."""
     (name,) = stacked.stacked
     per_slice = stacked.per_slice({**bound, **extra, name: one})
     size = _basis_size(one, False)
     if not size or per_slice is None or _block_size(size, per_slice) < size:
         return None
     fixed = {**extra, name: _one_hots(np.asarray(one), 0, size)}
+    if stacked.static_names({**bound, **fixed}):
+        return None  # an argument's value picks the program (`by_value`: a size)
     on_target = stacked.on_target({**bound, **fixed})
     if any(v is not a for v, a in zip(on_target.values(), (*bound.values(), *fixed.values()))):
         return None

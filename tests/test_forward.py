@@ -689,3 +689,16 @@ def test_a_jacobian_reading_a_param_reads_its_value_at_each_call():
         m.params["scale"] = np.float64(scale)
         for transform in (dsl.jacfwd, dsl.jacrev):
             np.testing.assert_array_equal(transform(m.scaled)(x), scale * np.eye(3))
+
+
+def test_a_jacobian_whose_integer_argument_gives_a_size_runs_for_its_value():
+    # num_segments picks the jvp's program by its value (`by_value`, found
+    # by the stacked jvp, not by f): a remembered jacfwd gave n = 3 the
+    # (2, 3) Jacobian compiled for n = 2
+    m = dsl.loads("def pooled(v, ids, n):\n    return segment_sum(v * v, ids, n)\n")
+    v, ids = np.array([1.0, 2.0, 3.0]), np.array([0, 1, 1])
+    for transform in (dsl.jacfwd, dsl.jacrev):
+        for n in (2, 3, 2):
+            expected = np.zeros((n, 3))
+            expected[ids, np.arange(3)] = 2 * v
+            np.testing.assert_array_equal(transform(m.pooled)(v, ids, np.array(n)), expected)
