@@ -2,7 +2,9 @@
 
 Contract: inside `collection_paused()` (which nests, and may be entered
 from several threads at once) the collector does not run; when the last
-one exits, it is enabled again if it was enabled when the first entered.
+one exits, it is enabled again if it was enabled when the first entered
+(so a `gc.disable()` made meanwhile, from another thread, is undone
+then).  A child forked meanwhile keeps only its forking thread's pauses.
 Reference counting frees what it always frees meanwhile; the cycles a
 compile leaves (Numba's IR and typing objects point at each other) wait
 for the next collection, which then runs over them once.
@@ -26,26 +28,49 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from typing import Iterator
 
 _lock = threading.Lock()
-_depth = 0  # compiles inside collection_paused, across threads
+_depths: dict[int, int] = {}  # per thread (its ident), its pauses open now
 _enable_after = False  # whether the collector ran before the first of them
 
 
 @contextlib.contextmanager
 def collection_paused() -> Iterator[None]:
-    global _depth, _enable_after
+    global _enable_after
+    me = threading.get_ident()
     with _lock:
-        if _depth == 0:
+        if not _depths:
             _enable_after = gc.isenabled()
             gc.disable()
-        _depth += 1
+        _depths[me] = _depths.get(me, 0) + 1
     try:
         yield
     finally:
         with _lock:
-            _depth -= 1
-            if _depth == 0 and _enable_after:
-                gc.enable()
+            _depths[me] -= 1
+            if not _depths[me]:
+                del _depths[me]
+            _resume_if_last()
+
+
+def _resume_if_last() -> None:
+    if not _depths and _enable_after:
+        gc.enable()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child runs only the thread that forked: the other threads'
+    pauses would never end there (nor would a lock one of them held be
+    released)."""
+    global _lock, _depths
+    _lock = threading.Lock()
+    me = threading.get_ident()
+    _depths = {me: _depths[me]} if me in _depths else {}
+    _resume_if_last()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

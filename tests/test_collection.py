@@ -2,6 +2,7 @@
 compiles and enabled again after, across nesting and threads, and a
 collector the user disabled stays disabled."""
 import gc
+import os
 import threading
 
 import numpy as np
@@ -83,4 +84,34 @@ def test_an_exception_inside_still_resumes_it():
         with collection_paused():
             assert not gc.isenabled()
             1 / 0
+    assert gc.isenabled()
+
+
+def test_a_process_forked_while_another_thread_compiles_collects():
+    # the child has only the forking thread: the compiling thread's pause,
+    # copied into it, never ends there (its collector stayed off for good)
+    paused, forked = threading.Event(), threading.Event()
+
+    def compiling():
+        with collection_paused():
+            paused.set()
+            forked.wait(10)
+    thread = threading.Thread(target=compiling)
+    thread.start()
+    paused.wait(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave at once
+        with collection_paused():
+            pass
+        os.write(write, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    forked.set()
+    thread.join(10)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
     assert gc.isenabled()
