@@ -71,7 +71,7 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
     if name == "sincos_pow":
-        return ("sin(x) cos(x), x ** y and tanh(x): value + gradient",
+        return ("sin(x) cos(x), x ** y, tanh(x) and the exact gelu(x): value + gradient",
                 workloads.sincos_pow_cases([10**6], [np.float32, np.float64]))
     if name == "call":
         return ("per call: log1pexp value + gradient at n = 16",

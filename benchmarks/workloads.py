@@ -18,7 +18,7 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     fused_sum_cases  sum(x * x): one fused loop against NumPy's temporary
     out_cases        log1pexp value + gradient into reused buffers (`out=`)
                      against fresh results, and NumPy by hand with `out=`
-    sincos_pow_cases sin(x) cos(x) and x ** y, value and gradient
+    sincos_pow_cases sin(x) cos(x), x ** y, tanh(x) and gelu(x), value and gradient
     loop_cases       `steps` trips of u = u + kappa * u * (1 - u), then
                      sum(u * u): value + gradient w.r.t. u and kappa, one
                      forward and one backward kernel (issue 10)
@@ -38,6 +38,7 @@ report measures it again with `timing.paired_ratio`.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -543,7 +544,9 @@ def fused_sum_cases(sizes, seed: int = 0) -> list[Case]:
 
 # ------------------------------------------------------------ sin, cos, pow
 
-SINCOS_POW = """def sincos(x):
+SINCOS_POW = """from std import gelu
+
+def sincos(x):
     return sin(x) * cos(x)
 
 def power(x, y):
@@ -551,6 +554,9 @@ def power(x, y):
 
 def th(x):
     return tanh(x)
+
+def exact_gelu(x):
+    return gelu(x)
 """
 
 
@@ -558,7 +564,7 @@ def th(x):
 def dsl_sincos_pow():
     module = dsl.loads(SINCOS_POW)
     return (dsl.value_and_grad(module.sincos), dsl.value_and_grad(module.power, wrt=(0, 1)),
-            dsl.value_and_grad(module.th))
+            dsl.value_and_grad(module.th), dsl.value_and_grad(module.exact_gelu))
 
 
 def numpy_sincos(x):
@@ -576,6 +582,15 @@ def numpy_tanh(x):
     return np.tanh(x), 4 * e / ((1 + e) * (1 + e))
 
 
+_ERFC = np.vectorize(math.erfc)  # NumPy has no erf: libm's, an element at a time
+
+
+def numpy_gelu(x):
+    """The exact GELU x Phi(x) and its slope Phi(x) + x phi(x), by erfc."""
+    phi = (0.5 * _ERFC(x * -0.7071067811865476)).astype(x.dtype)
+    return x * phi, phi + x * (0.3989422804014327 * np.exp(-0.5 * x * x))
+
+
 @lru_cache(maxsize=None)
 def jax_sincos_pow():
     jax, jnp = jax_modules()
@@ -588,12 +603,13 @@ def jax_sincos_pow():
             return v, grads if len(argnums) > 1 else grads[0]
         return run
     return (value_and_grad(lambda x: jnp.sin(x) * jnp.cos(x), (0,)),
-            value_and_grad(lambda x, y: x**y, (0, 1)), value_and_grad(jnp.tanh, (0,)))
+            value_and_grad(lambda x, y: x**y, (0, 1)), value_and_grad(jnp.tanh, (0,)),
+            value_and_grad(lambda x: jax.nn.gelu(x, approximate=False), (0,)))
 
 
 def sincos_pow_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
-    """sin(x) cos(x), x ** y (x in [0.5, 2], y in [-8, 8]) and tanh(x) (x in
-    [-8, 8]): value and gradient, elementwise."""
+    """sin(x) cos(x), x ** y (x in [0.5, 2], y in [-8, 8]), tanh(x) and the
+    exact gelu(x) (x in [-8, 8]): value and gradient, elementwise."""
     rng = np.random.default_rng(seed)
     cases = []
     for dtype in dtypes:
@@ -602,21 +618,24 @@ def sincos_pow_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
             base, exponent = (rng.uniform(0.5, 2.0, n).astype(dtype),
                               rng.uniform(-8, 8, n).astype(dtype))
             t = rng.uniform(-8, 8, n).astype(dtype)
-            sincos, power, th = dsl_sincos_pow()
+            sincos, power, th, gl = dsl_sincos_pow()
             label = f"{np.dtype(dtype).name} n={size_label(n)}"
             impls = {"numpy": lambda x=x: numpy_sincos(x), "dsl": lambda x=x: sincos(x)}
             pow_impls = {"numpy": lambda a=base, b=exponent: numpy_power(a, b),
                          "dsl": lambda a=base, b=exponent: power(a, b)}
             tanh_impls = {"numpy": lambda t=t: numpy_tanh(t), "dsl": lambda t=t: th(t)}
+            gelu_impls = {"numpy": lambda t=t: numpy_gelu(t), "dsl": lambda t=t: gl(t)}
             if jax_modules():
-                jax_sincos, jax_power, jax_tanh = jax_sincos_pow()
+                jax_sincos, jax_power, jax_tanh, jax_gelu = jax_sincos_pow()
                 impls["jax"] = jax_call(jax_sincos, x)
                 pow_impls["jax"] = jax_call(jax_power, base, exponent)
                 tanh_impls["jax"] = jax_call(jax_tanh, t)
+                gelu_impls["jax"] = jax_call(jax_gelu, t)
             cases.append(Case(f"sin(x) cos(x) {label}", impls, numpy_sincos(x)))
             cases.append(Case(f"x ** y {label}", pow_impls, tuple(flatten(
                 numpy_power(base, exponent)))))
             cases.append(Case(f"tanh(x) {label}", tanh_impls, numpy_tanh(t)))
+            cases.append(Case(f"gelu(x) {label}", gelu_impls, numpy_gelu(t)))
     return cases
 
 
