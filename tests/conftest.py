@@ -1,6 +1,16 @@
 import os
 import sys
 
+# Every interpreter the tests start (a worker per core, and dozens of
+# subprocesses that import numba, some torch or jax) reads bytecode where
+# there is some and else compiles the sources it imports again: under
+# PYTHONDONTWRITEBYTECODE (set on the CI machine), with the venv installed
+# `--no-compile`, there never was any, and each paid again (a second per
+# process for numba's modules, 2 s for torch's).
+# The first process to import a module now writes it for the others.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Verify the IR between every compiler stage during tests.
 os.environ.setdefault("GRADC_VERIFY", "1")
 
