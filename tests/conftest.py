@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 # Every interpreter the tests start (a worker per core, and dozens of
 # subprocesses that import numba, some torch or jax) reads bytecode where
 # there is some and else compiles the sources it imports again: under
@@ -30,3 +32,20 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     # 0.5 ms instead of every 5 ms lets the block threads run instead of the
     # poll (a third off the time of a simulated launch).
     sys.setswitchinterval(5e-4)
+
+
+@pytest.fixture
+def gradc_parallel(monkeypatch):
+    """`use(value)`: GRADC_PARALLEL=value from the next driver call on, for
+    this test only.  Under the default (`auto`) a loop past its threshold
+    takes its serial kernel whenever the machine is busy (as it is under
+    two test workers), so a test of a parallel kernel pins `always`; the
+    policy's last answer is restored with its recheck time, else a test's
+    `never` kept the next test's loops serial for up to half a second."""
+    from gradlang.runtime import parallelism
+
+    def use(value: str) -> None:
+        monkeypatch.setenv("GRADC_PARALLEL", value)
+        monkeypatch.setattr(parallelism, "_scale", parallelism._scale)
+        monkeypatch.setattr(parallelism, "_next_check", 0.0)
+    return use

@@ -37,29 +37,19 @@ def test_always_and_never_ignore_the_load(others):
     assert parallel_from("never", others, 2, 2) == math.inf
 
 
-@pytest.fixture
-def setting(monkeypatch):
-    """GRADC_PARALLEL=value from the next driver call on (the policy would
-    otherwise read it at its next recheck)."""
-    def use(value: str) -> None:
-        monkeypatch.setenv("GRADC_PARALLEL", value)
-        monkeypatch.setattr(parallelism, "_next_check", 0.0)
-    return use
-
-
 @pytest.mark.parametrize("size, wanted", [(4096, True), (4095, False)])
-def test_always_keeps_the_size_threshold(setting, size, wanted):
-    setting("always")
+def test_always_keeps_the_size_threshold(gradc_parallel, size, wanted):
+    gradc_parallel("always")
     assert parallelism.parallel_allowed(size, 4096) is wanted
 
 
-def test_never_runs_no_loop_in_parallel_however_long(setting):
-    setting("never")
+def test_never_runs_no_loop_in_parallel_however_long(gradc_parallel):
+    gradc_parallel("never")
     assert not parallelism.parallel_allowed(1 << 40, 4096)
 
 
-def test_the_load_is_read_again_only_after_the_recheck_interval(setting, monkeypatch):
-    setting("never")
+def test_the_load_is_read_again_only_after_the_recheck_interval(gradc_parallel, monkeypatch):
+    gradc_parallel("never")
     assert not parallelism.parallel_allowed(4096, 4096)
     monkeypatch.setenv("GRADC_PARALLEL", "always")  # not yet read
     assert not parallelism.parallel_allowed(4096, 4096)
@@ -67,9 +57,9 @@ def test_the_load_is_read_again_only_after_the_recheck_interval(setting, monkeyp
     assert parallelism.parallel_allowed(4096, 4096)
 
 
-def test_a_bad_setting_warns_and_means_auto(setting, monkeypatch):
+def test_a_bad_setting_warns_and_means_auto(gradc_parallel, monkeypatch):
     parallelism._setting.cache_clear()
-    setting("sometimes")
+    gradc_parallel("sometimes")
     monkeypatch.setattr(parallelism, "_runnable_others", lambda: 0)
     monkeypatch.setattr(parallelism, "_cores", lambda: 2)
     monkeypatch.setattr(parallelism.numba.config, "NUMBA_NUM_THREADS", 2)
@@ -102,12 +92,12 @@ def sums():
     return dsl.loads(SUMS, "sums.grad")
 
 
-def test_a_long_sum_has_the_same_bits_serial_as_parallel(sums, setting):
+def test_a_long_sum_has_the_same_bits_serial_as_parallel(sums, gradc_parallel):
     """`_all_serial` (busy) adds the chunks `_all` (idle) adds, in order."""
     x = np.random.default_rng(0).uniform(-1, 1, 3 * cpu.REDUCE_CHUNK + 17) * 1e3
     results = {}
     for value in ("always", "never"):
-        setting(value)
+        gradc_parallel(value)
         results[value] = (sums.total(x), sums.rows(x.reshape(1, -1)),
                           cpu.reduce_sum(x, (0,)))
     for parallel, serial in zip(results["always"], results["never"]):
@@ -116,11 +106,11 @@ def test_a_long_sum_has_the_same_bits_serial_as_parallel(sums, setting):
     np.testing.assert_allclose(results["always"][2], np.sum(x), rtol=1e-12, atol=1e-9)
 
 
-def test_rows_have_the_same_values_serial_as_parallel(sums, setting):
+def test_rows_have_the_same_values_serial_as_parallel(sums, gradc_parallel):
     x = np.random.default_rng(1).uniform(-1, 1, (64, cpu.PARALLEL_THRESHOLD // 32))
     results = {}
     for value in ("always", "never"):
-        setting(value)
+        gradc_parallel(value)
         results[value] = (sums.rows(x), cpu.reduce_sum(x, (1,)))
     for parallel, serial in zip(results["always"], results["never"]):
         assert parallel.tobytes() == serial.tobytes()
