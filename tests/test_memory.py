@@ -137,13 +137,14 @@ def test_a_forked_child_frees_a_lease_while_a_thread_held_the_lock():
     child's next freed lease would hang it (multiprocessing and PyTorch's
     DataLoader fork by default on Linux)."""
     kept = memory.pooled(LARGE, np.float64)
-    held, done = threading.Event(), threading.Event()
+    held, forked = threading.Event(), threading.Event()
 
     def hold_the_lock() -> None:
         with memory._lock:
             held.set()
-            time.sleep(0.3)  # the fork comes while this thread holds it
-        done.set()
+            # until the fork: a sleep of 0.3 s here let a busy machine fork
+            # after the release, and the test passed testing nothing
+            forked.wait(60)
 
     holder = threading.Thread(target=hold_the_lock)
     holder.start()
@@ -152,6 +153,7 @@ def test_a_forked_child_frees_a_lease_while_a_thread_held_the_lock():
     if pid == 0:  # the child: free the lease, then leave at once
         del kept
         os._exit(0)
+    forked.set()
     holder.join()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
