@@ -130,6 +130,15 @@ def test_a_torch_tensor_over_a_result_keeps_its_block():
     torch.testing.assert_close(z, (x + 1) * 3)
 
 
+# A fork's `before` hooks run in the reverse order of their registration:
+# this one (registered after the pool's) runs first, while the test's
+# holder thread still holds the pool's lock, which the pool's hook then
+# waits for.
+_FORK_HOOK_ON, _FORK_BEGUN = threading.Event(), threading.Event()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=lambda: _FORK_HOOK_ON.is_set() and _FORK_BEGUN.set())
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
 def test_a_forked_child_frees_a_lease_while_a_thread_held_the_lock():
     """os.fork while another thread is inside the pool's bookkeeping (the
@@ -137,23 +146,28 @@ def test_a_forked_child_frees_a_lease_while_a_thread_held_the_lock():
     child's next freed lease would hang it (multiprocessing and PyTorch's
     DataLoader fork by default on Linux)."""
     kept = memory.pooled(LARGE, np.float64)
-    held, forked = threading.Event(), threading.Event()
+    held = threading.Event()
 
     def hold_the_lock() -> None:
         with memory._lock:
             held.set()
-            # until the fork: a sleep of 0.3 s here let a busy machine fork
-            # after the release, and the test passed testing nothing
-            forked.wait(60)
+            # until the fork has begun (the hooks run before the pool's,
+            # which waits for this lock): a sleep of 0.3 s let a busy
+            # machine fork after the release, testing nothing, and waiting
+            # for the fork's return waited for ever (the fork waits for us)
+            _FORK_BEGUN.wait(60)
 
     holder = threading.Thread(target=hold_the_lock)
     holder.start()
     held.wait()
+    _FORK_BEGUN.clear()
+    _FORK_HOOK_ON.set()
     pid = os.fork()
     if pid == 0:  # the child: free the lease, then leave at once
         del kept
         os._exit(0)
-    forked.set()
+    _FORK_HOOK_ON.clear()
+    assert _FORK_BEGUN.is_set()  # (the holder held the lock until the fork began)
     holder.join()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
