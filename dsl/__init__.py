@@ -20,6 +20,13 @@ __all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API, *_BRIDGES]
 
 
 def __getattr__(name: str):
+    # (kept as a global once found: `dsl.grad` in a loop then costs what
+    # any module attribute does, not this function's 1.6 us)
+    value = globals()[name] = _imported(name)
+    return value
+
+
+def _imported(name: str):
     if name == "install_import_hook":
         from dsl.importer import install_import_hook
         return install_import_hook
