@@ -202,8 +202,11 @@ def cmd_show(args) -> int:
     stage, transform = pipeline.stage_of(args.emit)
     if args.fn:
         _lookup(module, args.fn, args.file)
+    names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
+    if not names and not args.sig:  # (as check says it; a --sig names a function)
+        print(f"{args.file}\n  (it defines no functions)")
+        return 0
     if stage == "check":  # (--fn may name an imported function: its own definition)
-        names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         for name in names:
             print(ast.dump(_lookup(module, name, args.file).fdef))
         return 0
@@ -212,7 +215,6 @@ def cmd_show(args) -> int:
         if args.fn and all(parse_sig(sig)[0] != args.fn for sig in sigs):
             raise UsageError(f"no --sig is of --fn {args.fn} (each is shown only for it)")
     else:
-        names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
     for sig in sigs:
         name, sig_args = parse_sig(sig)

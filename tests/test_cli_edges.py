@@ -94,6 +94,19 @@ def test_check_of_a_file_with_no_functions_says_so(tmp_path, capsys):
     assert code == 0 and out == f"{tmp_path / 'empty.grad'}\n  (it defines no functions)\n"
 
 
+@pytest.mark.parametrize("emit", ["ast", "ir", "kernels"])
+def test_show_of_a_file_with_no_functions_says_so(tmp_path, capsys, emit):
+    # printed nothing at all
+    (tmp_path / "empty.grad").write_text("param w: f64\n")
+    code, out, _ = run(["show", str(tmp_path / "empty.grad"), "--emit", emit], capsys)
+    assert code == 0 and out == f"{tmp_path / 'empty.grad'}\n  (it defines no functions)\n"
+    if emit != "ast":  # (the AST takes no signature)
+        # a --sig names a function, which the file lacks: a usage error, as before
+        code, _, err = run(["show", str(tmp_path / "empty.grad"), "--emit", emit,
+                            "--sig", "f(f64)"], capsys)
+        assert code == 2 and "names no function" in err, err
+
+
 @pytest.mark.parametrize("source,argv,message", [
     ("def f(x, y):\n    return x * y\n", ["1", "2", "--wrt", "5"],
      "wrt=5 is out of range: f() has 2 parameter(s)"),
