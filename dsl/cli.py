@@ -203,8 +203,9 @@ def cmd_show(args) -> int:
     if args.fn:
         _lookup(module, args.fn, args.file)
     names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
-    if not names and not args.sig:  # (as check says it; a --sig names a function)
-        print(f"{args.file}\n  (it defines no functions)")
+    if not names and not args.sig:  # (a --sig names a function)
+        print(args.file)
+        _say_no_functions()
         return 0
     if stage == "check":  # (--fn may name an imported function: its own definition)
         for name in names:
@@ -235,6 +236,11 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _say_no_functions() -> None:
+    """What show and check print under a file that defines no function."""
+    print("  (it defines no functions)")
+
+
 def cmd_check(args) -> int:
     path = Path(args.path)
     failed = 0
@@ -261,7 +267,7 @@ def cmd_check(args) -> int:
             _lookup(module, name, str(file))
         print(f"{file}", flush=True)  # the table comes once every column's width is known
         if not names:
-            print("  (it defines no functions)")
+            _say_no_functions()
             continue
         table: list[list[str]] = []
         messages: list[str] = []  # printed after the table, on stderr

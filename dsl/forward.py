@@ -274,12 +274,13 @@ def _all_columns(f: Compiled, name: str, bound: dict[str, Any], x: np.ndarray,
 
 
 def _one_block_program(stacked: Stacked, bound: dict[str, Any], extra: dict[str, Any],
-                       one: Any) -> Optional[tuple[Any, tuple]]:
+                       one: Any) -> Optional[tuple[Any, tuple, tuple]]:
     """The program of `stacked` (of a jvp or a backward pass) for the
     arguments `bound` (given as they are), then `extra`, where its stacked
     argument (one of them) takes every one-hot value shaped like `one` in
     one block (`_in_blocks`), with those values and the extra ones as its
-    fixed last arguments (the program, and those values); None where it
+    fixed last arguments (the program, those values, and its outputs for
+    `bound`, from the run that checks them); None where it
     takes them in blocks or not at all, where an argument's value picks
     the program (a static one, or an integer giving a size, which `stacked`
     may find where f does not), where it would copy them (a device target),
@@ -297,10 +298,10 @@ def _one_block_program(stacked: Stacked, bound: dict[str, Any], extra: dict[str,
     if any(v is not a for v, a in zip(on_target.values(), (*bound.values(), *fixed.values()))):
         return None
     program = stacked.program(on_target)
-    if any(np.may_share_memory(o, a) for o in program(*on_target.values())
-           for a in fixed.values()):
+    outs = tuple(program(*on_target.values()))
+    if any(np.may_share_memory(o, a) for o in outs for a in fixed.values()):
         return None
-    return program, tuple(fixed.values())
+    return program, tuple(fixed.values()), outs
 
 
 def _from_columns(columns: np.ndarray, basis_shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -439,9 +440,9 @@ class Jacobian(AsFunction):
             planned = _one_block_program(stacked, bound, {stacked.stacked[0]: x}, x)
             if planned is None:
                 return None
-            outs = planned[0](*args, *planned[1])
-            runs.append((*planned, x.shape, [_jacobian_dtype(o, x)
-                                             for o in outs[:len(outs) // 2]]))
+            program, fixed, outs = planned
+            runs.append((program, fixed, x.shape, [_jacobian_dtype(o, x)
+                                                   for o in outs[:len(outs) // 2]]))
         single, arrange = self.single, self.f.format
 
         def run(*args):
@@ -463,8 +464,8 @@ class Jacobian(AsFunction):
             planned = _one_block_program(sv, bound, zeros, out)
             if planned is None:
                 return None
-            runs.append((*planned, [(floats.index(n), out.shape + bound[n].shape,
-                                    _jacobian_dtype(out, bound[n])) for n in self.wrt]))
+            runs.append((*planned[:2], [(floats.index(n), out.shape + bound[n].shape,
+                                         _jacobian_dtype(out, bound[n])) for n in self.wrt]))
         single, arrange = self.single, self.f.format
 
         def run(*args):

@@ -87,23 +87,17 @@ def test_a_file_that_is_not_npy_says_so(tmp_path, capsys):
         "a .npy file\n"
 
 
-def test_check_of_a_file_with_no_functions_says_so(tmp_path, capsys):
-    # printed a table header with no rows
-    (tmp_path / "empty.grad").write_text("param w: f64\n")
-    code, out, _ = run(["check", str(tmp_path / "empty.grad")], capsys)
-    assert code == 0 and out == f"{tmp_path / 'empty.grad'}\n  (it defines no functions)\n"
-
-
-@pytest.mark.parametrize("emit", ["ast", "ir", "kernels"])
-def test_show_of_a_file_with_no_functions_says_so(tmp_path, capsys, emit):
-    # printed nothing at all
-    (tmp_path / "empty.grad").write_text("param w: f64\n")
-    code, out, _ = run(["show", str(tmp_path / "empty.grad"), "--emit", emit], capsys)
-    assert code == 0 and out == f"{tmp_path / 'empty.grad'}\n  (it defines no functions)\n"
-    if emit != "ast":  # (the AST takes no signature)
+@pytest.mark.parametrize("command", [["check"], ["show", "--emit", "ast"],
+                                     ["show", "--emit", "ir"], ["show", "--emit", "kernels"]])
+def test_a_file_with_no_functions_says_so(tmp_path, capsys, command):
+    # check printed a table header with no rows, show nothing at all
+    empty = tmp_path / "empty.grad"
+    empty.write_text("param w: f64\n")
+    code, out, _ = run([command[0], str(empty), *command[1:]], capsys)
+    assert code == 0 and out == f"{empty}\n  (it defines no functions)\n"
+    if command[-1] in ("ir", "kernels"):  # (the AST takes no signature)
         # a --sig names a function, which the file lacks: a usage error, as before
-        code, _, err = run(["show", str(tmp_path / "empty.grad"), "--emit", emit,
-                            "--sig", "f(f64)"], capsys)
+        code, _, err = run(["show", str(empty), *command[1:], "--sig", "f(f64)"], capsys)
         assert code == 2 and "names no function" in err, err
 
 
