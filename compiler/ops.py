@@ -728,8 +728,8 @@ _SIGMOID_SLOPE = ("math.exp(-abs({0})) / "
 # tanh'(x) = 4 E / (1 + E)^2 with E = exp(-2|x|), as 4 q (1 - q) for
 # q = 1 / (1 + exp(2|x|)) (E / (1 + E)): the exp the CPU kernels'
 # `math.tanh` computes (the same argument, so LLVM computes it once where a
-# kernel has both: a value and slope at 1e6 float32, one thread, 0.72 ms,
-# against 1.13 with fdlibm's tanh and an expm1), 0 where it overflows, and no
+# kernel has both: the suite's value and slope at 1e6 float32 took 0.375 ms,
+# 0.583 with fdlibm's tanh and an expm1), 0 where it overflows, and no
 # cancellation: 1 - q is at least 1/2.  (1 - tanh^2, which JAX and PyTorch
 # take, cancels: half the slope at x = 9 in float32, 0 from 9.01 on.)
 _TANH_Q = "{T}(1) / ({T}(1) + math.exp({T}(2) * abs({0})))"

@@ -21,7 +21,7 @@ __all__ = ["ArgumentError", "GradError", "Span", "Tape", *_API, *_BRIDGES]
 
 def __getattr__(name: str):
     # (kept as a global once found: `dsl.grad` in a loop then costs what
-    # any module attribute does, not this function's 1.6 us)
+    # any module attribute does, not a call of this function)
     value = globals()[name] = _imported(name)
     return value
 

@@ -24,7 +24,8 @@ Contract:
   transposed view.  A plain call (positional NumPy arrays, no tape) that
   ran in one block is remembered by its arguments' dtypes, shapes and
   strides: a later one runs the same programs on the same one-hot values
-  with nothing bound or checked again (n = 100: 8 us, where a call took 44).
+  with nothing bound or checked again (the suite's jacfwd at n = 100:
+  0.0125 ms, where a call took 0.0527).
 - `hessian(f, wrt)(*args)`: the Hessian of the sum of f's outputs,
   `jacfwd(grad(f, wrt), wrt)` (forward over reverse): shape
   `arg.shape + arg.shape`; for a tuple `wrt`, `H[i][j]` pairs wrt[i] with

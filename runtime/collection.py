@@ -13,13 +13,13 @@ Why: a compile allocates a few hundred thousand objects, enough to start
 several collections of the oldest generation, each of which walks every
 object the process holds (NumPy's, Numba's, lark's and the user's), only
 to find the compile's own objects still alive.  In a cold process, the
-first gradient of examples/log1pexp.grad spent 52 ms of its 0.29 s of CPU
+first gradient of examples/log1pexp.grad spent 50 ms of its 0.28 s of CPU
 in collections, and 14 ms of 0.25 s with them paused; dense.grad's loss
-53 of 0.42 s against 16 of 0.36, checkpoint.grad's plain 56 of 0.53
-against 18 of 0.48 (medians of four interleaved processes, timed by
-`gc.callbacks`).  The pause defers no cost: counting the collections of
-a next step that allocates 200,000 lists, log1pexp's process spent 135 ms
-in them where it spent 166 unpaused.  Only Numba's compiles of kernels
+50 of 0.39 s against 17 of 0.36, checkpoint.grad's plain 52 of 0.46
+against 15 of 0.44 (`benchmarks/bench_collection.py --rounds 3`, medians).
+The pause defers no cost: counting the collections of a next step that
+allocates 200,000 lists too, log1pexp's process spent 127 ms in them
+where it spent 165 unpaused.  Only Numba's compiles of kernels
 pause it (`loader`); pausing gradlang's own pipeline as well saved
 nothing more that could be measured.  A collector the user disabled
 stays disabled.
