@@ -17,7 +17,8 @@ key or None, never torn or corrupt bytes; and `source_stamp(package)`
 names the version of a package's source files, for such keys.
 
 The cache directory is `$GRADC_CACHE_DIR`, else `$XDG_CACHE_HOME/gradc`,
-else `~/.cache/gradc`.
+else `~/.cache/gradc`.  The runtime's own Numba helpers keep their
+machine code there too (`cache_in_kernel_cache`), not beside the package.
 
 Loading cached machine code is light: Numba prepares its whole CPU target
 (every typing and lowering registry, importing SciPy where it is
@@ -58,7 +59,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import llvmlite
 import numba
 import numpy as np
-from numba.core.caching import Cache, IndexDataCacheFile
+from numba.core.caching import (Cache, CompileResultCacheImpl, FunctionCache,
+                                IndexDataCacheFile, UserProvidedCacheLocator)
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.cpu import CPUContext
 from numba.core.registry import CPUDispatcher, cpu_target
@@ -350,6 +352,40 @@ class _CheckedCacheFile(IndexDataCacheFile):
         if not raw.startswith(self._MAGIC) or hashlib.sha256(payload).digest() != digest:
             raise _CorruptCacheFile(f"{path} does not match its checksum")
         return pickle.loads(payload)
+
+
+class _KernelCacheLocator(UserProvidedCacheLocator):
+    """Numba's files for a runtime helper, in the kernel cache
+    (`cache_dir()/numba/...`, by the helper's source path) rather than
+    beside the installed package: so a fresh `GRADC_CACHE_DIR` is cold for
+    the helpers too, and processes of separate cache directories (test
+    workers, users) never update one index at once."""
+
+    def __init__(self, py_func, py_file):
+        super().__init__(py_func, py_file)
+        self._cache_path = str(cache_dir() / "numba" / self.get_suitable_cache_subpath(py_file))
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        # Numba's user-provided locator answers only under NUMBA_CACHE_DIR;
+        # its source-file mixin checks that the directory can be made
+        return super(UserProvidedCacheLocator, cls).from_function(py_func, py_file)
+
+
+class _KernelCacheImpl(CompileResultCacheImpl):
+    # the kernel cache first, else where Numba would put the files
+    _locator_classes = [_KernelCacheLocator, *CompileResultCacheImpl._locator_classes]
+
+
+class _KernelCache(FunctionCache):
+    _impl_class = _KernelCacheImpl
+
+
+def cache_in_kernel_cache(dispatcher: CPUDispatcher) -> None:
+    """Give `dispatcher` (a runtime helper's, made with `cache=False`) a
+    disk cache in the kernel cache, which `manage_dispatcher` then checks
+    as any kernel's."""
+    dispatcher._cache = _KernelCache(dispatcher.py_func)
 
 
 def _purge(cache: Cache) -> None:

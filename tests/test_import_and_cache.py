@@ -86,3 +86,32 @@ def test_the_shipped_parser_tables_are_the_grammars_and_are_used():
     source = (EXAMPLES / "dense.grad").read_text()
     fresh = lark.Lark(grammar_text(), **parser._OPTIONS)
     assert parser._parser().parse(source) == fresh.parse(source)
+
+
+def _double_into(x, out):
+    for i in range(x.shape[0]):
+        out[i] = 2 * x[i]
+
+
+def test_runtime_helpers_keep_their_machine_code_in_the_kernel_cache(tmp_path, monkeypatch):
+    # Numba put the CPU helpers' files beside the installed package, which
+    # every cache directory shared: a fresh GRADC_CACHE_DIR was not cold
+    # for them, and two processes could update one index at once.
+    import numba
+
+    from gradlang.runtime import cpu, loader
+    assert Path(cpu._sum_rows._cache.cache_path).is_relative_to(loader.cache_dir())
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path))
+    helper = numba.njit(_double_into)
+    loader.cache_in_kernel_cache(helper)
+    loader.manage_dispatcher(helper)
+    out = np.zeros(3)
+    helper(np.arange(3.0), out)
+    np.testing.assert_array_equal(out, [0.0, 2.0, 4.0])
+    saved = list((tmp_path / "numba").rglob("*_double_into-*.nbc"))
+    assert len(saved) == 1 and saved[0].read_bytes().startswith(b"gradc-nbc-1\n")
+    # a cache directory that cannot be made leaves Numba's own places
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")
+    loader.cache_in_kernel_cache(helper)
+    assert not Path(helper._cache.cache_path).is_relative_to(tmp_path)
