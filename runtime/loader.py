@@ -384,8 +384,10 @@ class _KernelCache(FunctionCache):
 def cache_in_kernel_cache(dispatcher: CPUDispatcher) -> None:
     """Give `dispatcher` (a runtime helper's, made with `cache=False`) a
     disk cache in the kernel cache, which `manage_dispatcher` then checks
-    as any kernel's."""
-    dispatcher._cache = _KernelCache(dispatcher.py_func)
+    as any kernel's.  (Under NUMBA_DISABLE_JIT, `njit` gave back the plain
+    function, which runs as Python and caches nothing.)"""
+    if isinstance(dispatcher, CPUDispatcher):
+        dispatcher._cache = _KernelCache(dispatcher.py_func)
 
 
 def _purge(cache: Cache) -> None:
