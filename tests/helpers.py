@@ -1,15 +1,45 @@
-"""Shared test helpers: central finite differences in f64, and calls of
-the examples for the bridges to other libraries."""
+"""Shared test helpers: central finite differences in f64, calls of the
+examples for the bridges to other libraries, and those libraries imported
+when a test first uses them (`optional_module`)."""
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 import dsl
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+class _ImportedOnUse(ModuleType):
+    """A module imported at its first attribute read: every test worker
+    collects every test file, and importing torch, JAX and Dask there
+    (compiling their bytecode on a fresh install) took each worker 10-20 s
+    before its first test, where only the tests that use them need them."""
+
+    def __getattr__(self, attribute: str):
+        # pytest looks on every name of a test module, as it collects, for
+        # dunders (`__wrapped__`, `__test__`) and a mock's `_mock_name`
+        probe = attribute.startswith("__") or attribute == "_mock_name"
+        if probe and self.__name__ not in sys.modules:
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+def optional_module(name: str, extra: str) -> ModuleType:
+    """`name` (a module of an optional extra), imported when first used;
+    the calling test module is skipped where the extra is not installed,
+    as `pytest.importorskip` would (without importing it now)."""
+    import pytest
+    if importlib.util.find_spec(name.partition(".")[0]) is None:
+        pytest.skip(f"the {extra} extra is not installed", allow_module_level=True)
+    return _ImportedOnUse(name)
 
 
 def central_difference(f, args, index, eps=1e-6):

@@ -13,12 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import timing  # noqa: E402
 import workloads  # noqa: E402
 
-try:
-    import jax
-except ImportError:
-    jax = None
-JAX_X64 = jax is not None and jax.config.jax_enable_x64
-
 # Each workload at a tiny size, built when its test runs (building imports
 # torch and compiles kernels: at collection, every worker paid for all)
 WORKLOADS = {
@@ -42,13 +36,17 @@ WORKLOADS = {
 def jax_x64_for_the_workloads():
     """The workloads run JAX with its process-wide x64 flag on; the tests
     that run before or after these on the same process expect JAX's own
-    setting."""
-    if jax is None:
+    setting.  (JAX is imported here, not at collection, which every
+    worker runs.)"""
+    try:
+        import jax
+    except ImportError:
         yield
         return
+    before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     yield
-    jax.config.update("jax_enable_x64", JAX_X64)
+    jax.config.update("jax_enable_x64", before)
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

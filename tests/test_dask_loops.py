@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
-from helpers import central_difference
+from helpers import central_difference, optional_module
 
-dask = pytest.importorskip("dask", reason="the dask extra is not installed")
-import dask.array as da  # noqa: E402
+dask = optional_module("dask", "dask")
+da = optional_module("dask.array", "dask")
 
 N, T, D, K = 7, 3, 2, 3
 RNG = np.random.default_rng(5)

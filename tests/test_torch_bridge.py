@@ -14,15 +14,15 @@ from hypothesis import given, settings, strategies as st
 import dsl
 from dsl import function as dsl_function
 from helpers import EXAMPLE_CALLS, EXAMPLES, SECOND_ORDER_CALLS, central_difference
-from helpers import load_example as load
+from helpers import load_example as load, optional_module
 
-torch = pytest.importorskip("torch", reason="the torch extra is not installed")
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch._subclasses.functional_tensor import FunctionalTensorMode  # noqa: E402
-from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+torch = optional_module("torch", "torch")
+fake_tensor = optional_module("torch._subclasses.fake_tensor", "torch")
+functional_tensor = optional_module("torch._subclasses.functional_tensor", "torch")
+proxy_tensor = optional_module("torch.fx.experimental.proxy_tensor", "torch")
 
-def tensor(values, requires_grad=True, dtype=torch.float64):
-    return torch.tensor(values, dtype=dtype, requires_grad=requires_grad)
+def tensor(values, requires_grad=True, dtype=None):
+    return torch.tensor(values, dtype=dtype or torch.float64, requires_grad=requires_grad)
 
 
 def sigmoid(x):
@@ -237,9 +237,9 @@ def test_the_torch_training_example_lowers_its_loss(capsys):
     assert run["loss"](torch.from_numpy(z), run["y"]).item() == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex128,
-                                   torch.uint8])
-def test_other_dtypes_are_argument_errors(dtype):
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "complex128", "uint8"])
+def test_other_dtypes_are_argument_errors(dtype_name):
+    dtype = getattr(torch, dtype_name)
     with pytest.raises(dsl.ArgumentError, match=f"dtype {dtype}; gradlang takes float32"):
         dsl.to_torch(load("log1pexp").log1pexp)(torch.zeros(3, dtype=dtype))
 
@@ -322,7 +322,7 @@ def _export(g, x):
     # input's values for any input), or failed its sanity check
     lambda g, x: torch.jit.trace(g, (x,)),
     # make_fx kept them as constants silently
-    lambda g, x: make_fx(g)(x),
+    lambda g, x: proxy_tensor.make_fx(g)(x),
     # export recursed until RecursionError (its non-strict mode is
     # compiling, and ignores torch.compiler.disable)
     lambda g, x: _export(g, x).module(),
@@ -355,26 +355,27 @@ def test_a_traced_call_keeps_the_constants_it_was_traced_with():
     f = dsl.to_torch(SHIFT)
     x = tensor([0.0, 10.0], requires_grad=False)
     t = np.array([1.0, 2.0])
-    first = make_fx(lambda x: f(x, t))(x)
+    first = proxy_tensor.make_fx(lambda x: f(x, t))(x)
     t[:] = [5.0, 6.0]
-    again = make_fx(lambda x: f(x, np.array([1.0, 2.0])))(x)
+    again = proxy_tensor.make_fx(lambda x: f(x, np.array([1.0, 2.0])))(x)
     np.testing.assert_array_equal(again(x).numpy(), [1.0, 12.0])
     np.testing.assert_array_equal(first(x).numpy(), [1.0, 12.0])
-    np.testing.assert_array_equal(make_fx(lambda x: f(x, t))(x)(x).numpy(), [5.0, 16.0])
+    traced = proxy_tensor.make_fx(lambda x: f(x, t))(x)
+    np.testing.assert_array_equal(traced(x).numpy(), [5.0, 16.0])
 
 
 def test_fake_tensors_and_functionalization_run_the_operation():
     # FakeTensorMode: torch's RuntimeError from a FakeTensor's NumPy view
     # escaped; now shapes and dtypes from the function's IR, running nothing
     f = dsl.to_torch(load("dense").loss)
-    with FakeTensorMode():
+    with fake_tensor.FakeTensorMode():
         x, w = torch.empty(5, 3, dtype=torch.float64), torch.empty(3, 2, dtype=torch.float64)
         b, t = torch.empty(2, dtype=torch.float64), torch.empty(5, 2, dtype=torch.float64)
         value = f(x, w, b, t)
     assert value.shape == () and value.dtype == torch.float64
     g = dsl.to_torch(load("bar").bar)
     x, y = tensor([1.0, 2.0]), tensor([3.0, 4.0], requires_grad=False)
-    with FunctionalTensorMode():
+    with functional_tensor.FunctionalTensorMode():
         product = g(x, y)
     np.testing.assert_array_equal(product.detach().numpy(), [3.0, 8.0])
     (gx,) = torch.autograd.grad(product.sum(), x)
@@ -390,7 +391,7 @@ def test_a_tracer_under_a_torch_func_transform_is_refused():
     y = torch.tensor([3.0, 4.0], dtype=torch.float64)
     x = torch.tensor([1.0, 2.0], dtype=torch.float64)
     for traced in (lambda: torch.func.linearize(lambda x: f(x, y), x)[1](torch.ones_like(x)),
-                   lambda: make_fx(torch.func.grad(lambda x: f(x, y).sum()))(x)):
+                   lambda: proxy_tensor.make_fx(torch.func.grad(lambda x: f(x, y).sum()))(x)):
         with pytest.raises(dsl.ArgumentError, match="bar.grad:.*make_fx.* cannot record "
                                                     "to_torch\\(bar\\) under a torch.func"):
             traced()
@@ -410,7 +411,7 @@ def test_tensor_subclasses_are_tensors():
     y = torch.tensor([3.0, 4.0], dtype=torch.float64)
     (g,) = torch.autograd.grad(f(x, y).sum(), x)
     np.testing.assert_array_equal(g.detach().numpy(), [3.0, 4.0])
-    with FakeTensorMode():
+    with fake_tensor.FakeTensorMode():
         fake = torch.empty(2, dtype=torch.float64)
     with pytest.raises(dsl.ArgumentError, match="argument 0 of to_torch\\(bar\\) is a "
                                                 "FakeTensor, which has no memory"):
@@ -764,17 +765,17 @@ def test_params_as_module_parameters_train_as_torch_does():
         np.testing.assert_allclose(ours[k].numpy(), theirs[k].numpy(), rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("weights,message", [
-    (torch.ones(3, dtype=torch.float64), "has size 3 on axis 0, but its annotation says 2"),
-    (torch.ones(1, 2, dtype=torch.float64), "has rank 2"),
-    ("abc", "is not numeric"),
+@pytest.mark.parametrize("make_weights,message", [
+    (lambda: torch.ones(3, dtype=torch.float64), "has size 3 on axis 0, but its annotation says 2"),
+    (lambda: torch.ones(1, 2, dtype=torch.float64), "has rank 2"),
+    (lambda: "abc", "is not numeric"),
 ], ids=["size", "rank", "text"])
-def test_a_bad_param_by_keyword_is_an_argument_error_at_the_function(weights, message):
+def test_a_bad_param_by_keyword_is_an_argument_error_at_the_function(make_weights, message):
     # the error had no location: "error: param 'weights' has size 3 ..."
     lp = dsl.to_torch(load("linear_poly").linear_poly)
     with pytest.raises(dsl.ArgumentError, match="linear_poly.grad:\\d+:\\d+: error: param "
                                                 f"'weights' {message}"):
-        lp(tensor([1.0, 2.0]), weights=weights)
+        lp(tensor([1.0, 2.0]), weights=make_weights())
 
 
 def test_no_grad_calls_keep_no_residuals(monkeypatch):

@@ -14,11 +14,11 @@ import pytest
 import dsl
 from gradlang.compiler import pipeline
 from helpers import central_difference
-from helpers import load_example as load
+from helpers import load_example as load, optional_module
 
-torch = pytest.importorskip("torch", reason="the torch extra is not installed")
-from functorch.compile import make_boxed_func  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+torch = optional_module("torch", "torch")
+functorch_compile = optional_module("functorch.compile", "torch")
+dynamo_backends = optional_module("torch._dynamo.backends.common", "torch")
 
 
 def sigmoid(x):
@@ -31,14 +31,14 @@ class Graphs:
 
     def __init__(self):
         self.forward, self.backward = [], []
-        self.backend = aot_autograd(fw_compiler=self._keep(self.forward),
+        self.backend = dynamo_backends.aot_autograd(fw_compiler=self._keep(self.forward),
                                     bw_compiler=self._keep(self.backward))
 
     @staticmethod
     def _keep(graphs):
         def compiler(gm, example_inputs):
             graphs.append(gm)
-            return make_boxed_func(gm.forward)
+            return functorch_compile.make_boxed_func(gm.forward)
         return compiler
 
     def calls(self, graphs) -> list:
@@ -115,8 +115,14 @@ def test_a_grad_block_that_is_not_the_derivative_is_followed_under_compile():
     np.testing.assert_array_equal(g.numpy(), [-2.0, 1.0, 4.0])
 
 
-@torch._dynamo.config.patch(trace_autograd_ops=True)
-def test_second_order_inside_a_compiled_function():
+@pytest.fixture
+def trace_autograd_ops():
+    """torch's opt-in to trace torch.autograd.grad into a compiled graph."""
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        yield
+
+
+def test_second_order_inside_a_compiled_function(trace_autograd_ops):
     # torch.autograd.grad(create_graph=True) traced into the graph (torch's
     # opt-in trace_autograd_ops): each order is our backward differentiated
     # again, grad blocks included
