@@ -5,8 +5,8 @@ call it), one thread, float64 and float32: the figures in docs/internals.md.
     python benchmarks/bench_math.py [--rounds 7] [--n 100000] [--only sin cos pow]
 
 Each function runs in a serial loop of its own over n inputs in its usual
-range (sin, cos and tan over [-100, 100], pow over x in [0.5, 2] and y in
-[-8, 8]); the two loops of a function are timed in interleaved rounds,
+range (sin, cos and tan over [-100, 100], erf and erfc over [-6, 6], pow
+over x in [0.5, 2] and y in [-8, 8]); the two loops of a function are timed in interleaved rounds,
 medians (`timing.compare`).  Prints ns per element and libm / ours.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gradlang.runtime import cpu_math  # noqa: E402
 from timing import compare, load_average, markdown_table  # noqa: E402
 
-UNARY = ("exp", "log", "log1p", "expm1", "tanh", "sin", "cos", "tan")
+UNARY = ("exp", "log", "log1p", "expm1", "tanh", "sin", "cos", "tan", "erf", "erfc")
 NAMES = UNARY + ("pow",)
 
 
@@ -34,7 +34,8 @@ def inputs(name: str, n: int, dtype) -> tuple[np.ndarray, ...]:
     if name == "pow":
         return rng.uniform(0.5, 2.0, n).astype(dtype), rng.uniform(-8, 8, n).astype(dtype)
     low, high = {"log": (1e-3, 1e3), "log1p": (-0.5, 1e3), "tanh": (-5, 5),
-                 "sin": (-100, 100), "cos": (-100, 100), "tan": (-100, 100)}.get(name, (-20, 20))
+                 "sin": (-100, 100), "cos": (-100, 100), "tan": (-100, 100),
+                 "erf": (-6, 6), "erfc": (-6, 6)}.get(name, (-20, 20))
     return (rng.uniform(low, high, n).astype(dtype),)
 
 
