@@ -122,6 +122,15 @@ def _exp_f64(x):
 def _exp_dd_f64(x, tail):
     """e^(x + tail) for a finite tail below half an ulp of x, which pow's
     y log|x| carries (0 where x is clamped, inf or NaN)."""
+    k, p = _exp_reduced(x, tail)
+    return _times_power_of_two(1.0 + p, k)
+
+
+@branch_free
+def _exp_reduced(x, tail):
+    """(k, p) with e^(x + tail) = 2^k (1 + p), |p| < 0.42, p unrounded to
+    1 + p (erfc multiplies it by 1/a before rounding); x clamped to where
+    2^k halves are normal."""
     x = _EXP_MAX64 if x > _EXP_MAX64 else x  # comparisons keep NaN as it is
     x = _EXP_MIN64 if x < _EXP_MIN64 else x
     shifted = x * _LOG2E + _SHIFT64
@@ -132,7 +141,13 @@ def _exp_dd_f64(x, tail):
     r = hi - lo
     rr = r * r
     c = r - rr * (_EXP_P1 + rr * (_EXP_P2 + rr * (_EXP_P3 + rr * (_EXP_P4 + rr * _EXP_P5))))
-    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
+    return k, hi - (lo - (r * c) / (2.0 - c))
+
+
+@branch_free
+def _times_power_of_two(y, k):
+    """y 2^k as two powers of two built from bits, so that a result in the
+    denormal range rounds once."""
     k1 = k >> 1
     return y * _float64((k1 + 1023) << 52) * _float64((k - k1 + 1023) << 52)
 
@@ -671,8 +686,7 @@ def cos(x):
 
 
 # ------------------------------------------------------------ erf, erfc
-# float32 only, computed in float64 and rounded once (float64's are libm's):
-# erfc(a) = t exp(Q(t) - a^2) for a = |x| and t = 1 / (1 + a/2), the form
+# float32: computed in float64 and rounded once: erfc(a) = t exp(Q(t) - a^2) for a = |x| and t = 1 / (1 + a/2), the form
 # of Numerical Recipes' erfcc, with Q a polynomial of degree 12 fitted here
 # (weighted least squares on Chebyshev nodes, iterated towards minimax) to
 # log(erfc(a) / t) + a^2 over a in [0, 10.1], past which float32's erfc
@@ -710,15 +724,156 @@ def _erf_f32(x):
     return _f32(wide * _horner(wide * wide, _ERF_P) if a < 0.5 else large)
 
 
+# float64: fdlibm's method (s_erf.c) and its rational approximations, on
+# four intervals of a = |x|: below 0.84375, erf(x) = x + x R(x^2)/S(x^2);
+# below 1.25, erf(a) = c + P(a-1)/Q(a-1), c = erf(1) rounded to 24 bits;
+# beyond, erfc(a) = e^(-a^2 - 0.5625 + R(1/a^2)/S(1/a^2)) / a, with R/S of
+# one interval to 1/0.35 and another to 28 (past which erfc is 0); erf and
+# erfc are 1 minus the other where that keeps their digits.  Branch-free,
+# each lane picks its interval's coefficients with selects (intervals
+# padded with zero coefficients to one degree) and evaluates one quotient.
+# Unlike fdlibm, e^(...) / a rounds once, nearly: -a^2 exact in two parts
+# (a fused multiply-add gives the low one), the sum kept in two parts into
+# exp's reduction (`_exp_reduced`: 2^k (1 + p)), and (1 + p) / a as q + (q p
+# + q_lo (1 + p)) with q = 1/a and q_lo = (1 - q a) / a from another fused
+# multiply-add; fdlibm's two exps and a quotient, each rounded, made up to
+# 2.5 ulp.  Within 1.1 ulp (erf) and 1.3 ulp (erfc): docs/internals.md.
+_ERX = 8.45062911510467529297e-01
+# Numerators and denominators of the four intervals, constant terms first.
+_ERF_NUMERATORS = (
+    (1.28379167095512558561e-01, -3.25042107247001499370e-01, -2.84817495755985104766e-02,
+     -5.77027029648944159157e-03, -2.37630166566501626084e-05),
+    (-2.36211856075265944077e-03, 4.14856118683748331666e-01, -3.72207876035701323847e-01,
+     3.18346619901161753674e-01, -1.10894694282396677476e-01, 3.54783043256182359371e-02,
+     -2.16637559486879084300e-03),
+    (-9.86494403484714822705e-03, -6.93858572707181764372e-01, -1.05586262253232909814e+01,
+     -6.23753324503260060396e+01, -1.62396669462573470355e+02, -1.84605092906711035994e+02,
+     -8.12874355063065934246e+01, -9.81432934416914548592e+00),
+    (-9.86494292470009928597e-03, -7.99283237680523006574e-01, -1.77579549177547519889e+01,
+     -1.60636384855821916062e+02, -6.37566443368389627722e+02, -1.02509513161107724954e+03,
+     -4.83519191608651397019e+02))
+_ERF_DENOMINATORS = (
+    (1.0, 3.97917223959155352819e-01, 6.50222499887672944485e-02, 5.08130628187576562776e-03,
+     1.32494738004321644526e-04, -3.96022827877536812320e-06),
+    (1.0, 1.06420880400844228286e-01, 5.40397917702171048937e-01, 7.18286544141962662868e-02,
+     1.26171219808761642112e-01, 1.36370839120290507362e-02, 1.19844998467991074170e-02),
+    (1.0, 1.96512716674392571292e+01, 1.37657754143519042600e+02, 4.34565877475229228821e+02,
+     6.45387271733267880336e+02, 4.29008140027567833386e+02, 1.08635005541779435134e+02,
+     6.57024977031928170135e+00, -6.04244152148580987438e-02),
+    (1.0, 3.03380607434824582924e+01, 3.25792512996573918826e+02, 1.53672958608443695994e+03,
+     3.19985821950859553908e+03, 2.55305040643316442583e+03, 4.74528541206955367215e+02,
+     -2.24409524465858183362e+01))
+_ERF_SPLITS = (0.84375, 1.25, 1 / 0.35)
+_ERFC_LAST = 28.0  # erfc(28) = 6e-343 is 0 in float64
+
+
+def _by_degree(polynomials: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
+    """The coefficients of each degree across the intervals, highest degree
+    first (what `_interval_polynomial` runs over), missing ones 0."""
+    top = max(len(p) for p in polynomials)
+    return tuple(tuple(p[d] if d < len(p) else 0.0 for p in polynomials)
+                 for d in reversed(range(top)))
+
+
+_ERF_NUMERATOR_ROWS = _by_degree(_ERF_NUMERATORS)
+_ERF_DENOMINATOR_ROWS = _by_degree(_ERF_DENOMINATORS)
+
+
+@branch_free
+def _of_interval(row, first, second, third):
+    """The first, second, third or fourth of row, by the lane's interval."""
+    return row[0] if first else (row[1] if second else (row[2] if third else row[3]))
+
+
+@branch_free
+def _step_two_parts(u, hi, lo, c):
+    """c + u (hi + lo) in two parts (the product's error from a fused
+    multiply-add, the sum's from two-sum)."""
+    product = u * hi
+    product_err = _fma(u, hi, -product)
+    s, s_err = _two_sum(c, product)
+    return s, s_err + (product_err + u * lo)
+
+
+@branch_free
+def _interval_polynomial(u, rows, first, second, third):
+    """The polynomial of the lane's interval at u, in two parts: Horner's
+    scheme, its last two steps kept in two parts, where the terms are
+    largest and cancel most (near |x| = 0.84375 and 1.25 numerators of 0.1
+    are sums of terms of 0.25: plain Horner cost erfc 1.8 ulp there)."""
+    acc = 0.0
+    for row in rows[:-2]:
+        acc = acc * u + _of_interval(row, first, second, third)
+    hi, lo = _step_two_parts(u, acc, 0.0, _of_interval(rows[-2], first, second, third))
+    return _step_two_parts(u, hi, lo, _of_interval(rows[-1], first, second, third))
+
+
+@branch_free
+def _erf_parts(x):
+    """(a, ratio, ratio_lo, tail): a = |x|, the rational approximation of
+    a's interval in two parts, and tail = erfc(a) where a >= 1.25
+    (meaningless below)."""
+    a = abs(x)
+    first = a < _ERF_SPLITS[0]
+    second = a < _ERF_SPLITS[1]
+    third = a < _ERF_SPLITS[2]
+    u = x * x if first else (a - 1.0 if second else 1.0 / (a * a))
+    p, p_lo = _interval_polynomial(u, _ERF_NUMERATOR_ROWS, first, second, third)
+    q, q_lo = _interval_polynomial(u, _ERF_DENOMINATOR_ROWS, first, second, third)
+    ratio = p / q
+    ratio_lo = ((_fma(-ratio, q, p) + p_lo) - ratio * q_lo) / q
+    tail = _erfc_tail(_ERFC_LAST if a > _ERFC_LAST else a, ratio, ratio_lo)
+    return a, ratio, ratio_lo, tail
+
+
+@branch_free
+def _erfc_tail(a, ratio, ratio_lo):
+    """e^(-a^2 - 0.5625 + ratio + ratio_lo) / a, rounded once but for about
+    0.4 ulp."""
+    square = a * a
+    square_lo = _fma(a, a, -square)  # a^2 = square + square_lo
+    hi, hi_err = _two_sum(-square, -0.5625)
+    sum_hi, sum_err = _two_sum(hi, ratio)
+    k, p = _exp_reduced(sum_hi, (hi_err + sum_err) + (ratio_lo - square_lo))
+    q = 1.0 / a
+    q_lo = _fma(-q, a, 1.0) * q  # 1/a - q
+    return _times_power_of_two(q + _fma(q, p, q_lo * (1.0 + p)), k)
+
+
+@branch_free
+def _erf_f64(x):
+    a, ratio, ratio_lo, tail = _erf_parts(x)
+    near_one = _ERX + (ratio + ratio_lo) if a < _ERF_SPLITS[1] else 1.0 - tail
+    near_one = -near_one if x < 0.0 else near_one
+    # x + x ratio, the small term rounded first (denormal x come out
+    # rounded once: x ratio_lo is 0 there)
+    return _fma(x, ratio, x * ratio_lo) + x if a < _ERF_SPLITS[0] else near_one
+
+
+@branch_free
+def _erfc_f64(x):
+    a, ratio, ratio_lo, tail = _erf_parts(x)
+    # 1 - x - x ratio with 1 - x in two parts (exact: |x| < 1), so that it
+    # rounds where erfc does (fdlibm's 0.5 - (x - 0.5 + x ratio) rounds at
+    # 0.27 where erfc is 0.23)
+    one_less, one_less_err = _two_sum(1.0, -x)
+    small = one_less + _fma(-x, ratio, one_less_err - x * ratio_lo)
+    # 1 - c - ratio with the same care (it is 0.077 at 1.25, ratio 0.078)
+    left, left_err = _two_sum(1.0 - _ERX, -ratio)
+    middle = left + (left_err - ratio_lo) if x > 0.0 else 1.0 + (_ERX + ratio)
+    large = tail if x > 0.0 else 2.0 - tail
+    y = middle if a < _ERF_SPLITS[1] else large
+    return small if a < _ERF_SPLITS[0] else y
+
+
 def erf(x):
-    """The error function: libm's in Python and for float64, the float32
-    approximation above in a kernel."""
+    """The error function: libm's in Python, the approximations above in a
+    kernel."""
     return _libm.erf(x)
 
 
 def erfc(x):
-    """1 - erf(x): libm's in Python and for float64, the float32
-    approximation above in a kernel."""
+    """1 - erf(x): libm's in Python, the approximations above in a kernel."""
     return _libm.erfc(x)
 
 
@@ -933,8 +1088,8 @@ kernel_function(sin, _by_width(_sin_f32, _sin_f64))
 kernel_function(cos, _by_width(_cos_f32, _cos_f64))
 kernel_function(tan, _by_width(_tan_f32, _tan_f64))
 kernel_function(pow, _pow_by_types)
-kernel_function(erf, _by_width(_erf_f32, _libm.erf))
-kernel_function(erfc, _by_width(_erfc_f32, _libm.erfc))
+kernel_function(erf, _by_width(_erf_f32, _erf_f64))
+kernel_function(erfc, _by_width(_erfc_f32, _erfc_f64))
 
 
 # ------------------------------------------------------------ sums
