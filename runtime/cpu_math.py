@@ -122,15 +122,16 @@ def _exp_f64(x):
 def _exp_dd_f64(x, tail):
     """e^(x + tail) for a finite tail below half an ulp of x, which pow's
     y log|x| carries (0 where x is clamped, inf or NaN)."""
-    k, p = _exp_reduced(x, tail)
-    return _times_power_of_two(1.0 + p, k)
+    k, hi, rest = _exp_reduced(x, tail)
+    return _times_power_of_two(1.0 - (rest - hi), k)
 
 
 @branch_free
 def _exp_reduced(x, tail):
-    """(k, p) with e^(x + tail) = 2^k (1 + p), |p| < 0.42, p unrounded to
-    1 + p (erfc multiplies it by 1/a before rounding); x clamped to where
-    2^k halves are normal."""
+    """(k, hi, rest) with e^(x + tail) = 2^k (1 + hi - rest), hi - rest in
+    (-0.3, 0.42): for exp to round once, and for erfc to keep in two parts
+    and divide by a before rounding; x clamped to where 2^k halves are
+    normal."""
     x = _EXP_MAX64 if x > _EXP_MAX64 else x  # comparisons keep NaN as it is
     x = _EXP_MIN64 if x < _EXP_MIN64 else x
     shifted = x * _LOG2E + _SHIFT64
@@ -141,7 +142,7 @@ def _exp_reduced(x, tail):
     r = hi - lo
     rr = r * r
     c = r - rr * (_EXP_P1 + rr * (_EXP_P2 + rr * (_EXP_P3 + rr * (_EXP_P4 + rr * _EXP_P5))))
-    return k, hi - (lo - (r * c) / (2.0 - c))
+    return k, hi, lo - (r * c) / (2.0 - c)
 
 
 @branch_free
@@ -812,32 +813,43 @@ def _interval_polynomial(u, rows, first, second, third):
 def _erf_parts(x):
     """(a, ratio, ratio_lo, tail): a = |x|, the rational approximation of
     a's interval in two parts, and tail = erfc(a) where a >= 1.25
-    (meaningless below)."""
+    (meaningless below).  Three quotients (1/a, 1 / the denominator, and
+    exp's), not five: divisions take most of the time."""
     a = abs(x)
     first = a < _ERF_SPLITS[0]
     second = a < _ERF_SPLITS[1]
     third = a < _ERF_SPLITS[2]
-    u = x * x if first else (a - 1.0 if second else 1.0 / (a * a))
+    c = _ERFC_LAST if a > _ERFC_LAST else a  # (comparisons keep NaN as it is)
+    inverse = 1.0 / c
+    inverse_lo = _fma(-inverse, c, 1.0) * inverse  # 1/c - inverse
+    # 1/c^2, from the two parts of 1/c as nearly correctly rounded
+    u = x * x if first else (a - 1.0 if second else
+                             _fma(inverse, inverse, 2.0 * inverse * inverse_lo))
     p, p_lo = _interval_polynomial(u, _ERF_NUMERATOR_ROWS, first, second, third)
     q, q_lo = _interval_polynomial(u, _ERF_DENOMINATOR_ROWS, first, second, third)
-    ratio = p / q
-    ratio_lo = ((_fma(-ratio, q, p) + p_lo) - ratio * q_lo) / q
-    tail = _erfc_tail(_ERFC_LAST if a > _ERFC_LAST else a, ratio, ratio_lo)
-    return a, ratio, ratio_lo, tail
+    q_inverse = 1.0 / q
+    ratio = p * q_inverse  # (within an ulp: the exact remainder corrects it)
+    ratio_lo = ((_fma(-ratio, q, p) + p_lo) - ratio * q_lo) * q_inverse
+    return a, ratio, ratio_lo, _erfc_tail(c, inverse, inverse_lo, ratio, ratio_lo)
 
 
 @branch_free
-def _erfc_tail(a, ratio, ratio_lo):
-    """e^(-a^2 - 0.5625 + ratio + ratio_lo) / a, rounded once but for about
-    0.4 ulp."""
+def _erfc_tail(a, inverse, inverse_lo, ratio, ratio_lo):
+    """e^(-a^2 - 0.5625 + ratio + ratio_lo) / a = 2^k (1 + p) / a, rounded
+    once (but for exp's polynomial and the tails' errors): the sums in two
+    parts, products' errors from fused multiply-adds; 1/a = inverse +
+    inverse_lo."""
     square = a * a
     square_lo = _fma(a, a, -square)  # a^2 = square + square_lo
     hi, hi_err = _two_sum(-square, -0.5625)
     sum_hi, sum_err = _two_sum(hi, ratio)
-    k, p = _exp_reduced(sum_hi, (hi_err + sum_err) + (ratio_lo - square_lo))
-    q = 1.0 / a
-    q_lo = _fma(-q, a, 1.0) * q  # 1/a - q
-    return _times_power_of_two(q + _fma(q, p, q_lo * (1.0 + p)), k)
+    k, p_hi, p_rest = _exp_reduced(sum_hi, (hi_err + sum_err) + (ratio_lo - square_lo))
+    p, p_err = _two_sum(p_hi, -p_rest)
+    product = inverse * p
+    product_err = _fma(inverse, p, -product)
+    y, y_err = _two_sum(inverse, product)  # (1 + p) / a, and the small terms:
+    small = product_err + (inverse * p_err + inverse_lo * (1.0 + p))
+    return _times_power_of_two(y + (y_err + small), k)
 
 
 @branch_free
