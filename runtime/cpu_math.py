@@ -687,8 +687,9 @@ def cos(x):
 
 
 # ------------------------------------------------------------ erf, erfc
-# float32: computed in float64 and rounded once: erfc(a) = t exp(Q(t) - a^2) for a = |x| and t = 1 / (1 + a/2), the form
-# of Numerical Recipes' erfcc, with Q a polynomial of degree 12 fitted here
+# float32: computed in float64 and rounded once: erfc(a) = t exp(Q(t) -
+# a^2) for a = |x| and t = 1 / (1 + a/2), the form of Numerical Recipes'
+# erfcc, with Q a polynomial of degree 12 fitted here
 # (weighted least squares on Chebyshev nodes, iterated towards minimax) to
 # log(erfc(a) / t) + a^2 over a in [0, 10.1], past which float32's erfc
 # is 0: relative error 1.6e-10.  a^2 of a float32 is exact in float64.
