@@ -735,14 +735,14 @@ def _erf_f32(x):
 # each lane picks its interval's coefficients with selects (intervals
 # padded with zero coefficients to one degree) and evaluates one quotient.
 # Where fdlibm rounds at every step, the steps that cost erfc its digits
-# are kept in two parts: the last two Horner steps and the quotient
-# (erfc = 1 - x - x R/S cancels near 0.84375, and (1 - c) - P/Q near
-# 1.25), and e^(...) / a: -a^2 exact in two parts (a fused multiply-add
-# gives the low one), the exponent's sum in two parts into exp's
-# reduction (`_exp_reduced`), whose 1 + p and 1/a in two parts are
-# multiplied out and rounded once.  Measured (docs/internals.md): erf
-# within 0.85 ulp, erfc 1.29 (fdlibm's coefficients near 0.84 are most of
-# it); glibc's erfc, fdlibm's code, is 3.8 ulp off on the same sweep.
+# are kept in two parts: the polynomials' variable (x^2, 1/a^2), their
+# last two Horner steps and the quotient (erfc = 1 - x - x R/S cancels
+# near 0.84375, and (1 - c) - P/Q near 1.25), and e^(...) / a: -a^2 exact
+# in two parts (a fused multiply-add gives the low one), the exponent's
+# sum in two parts into exp's reduction (`_exp_reduced`), whose 1 + p and
+# 1/a in two parts are multiplied out and rounded once.  Measured
+# (docs/internals.md): erf within 0.86 ulp, erfc 1.01; glibc's erfc,
+# fdlibm's code, is 3.8 ulp off on the same sweep.
 _ERX = 8.45062911510467529297e-01
 # Numerators and denominators of the four intervals, constant terms first.
 _ERF_NUMERATORS = (
@@ -791,26 +791,26 @@ def _of_interval(row, first, second, third):
 
 
 @branch_free
-def _step_two_parts(u, hi, lo, c):
-    """c + u (hi + lo) in two parts (the product's error from a fused
-    multiply-add, the sum's from two-sum)."""
+def _step_two_parts(u, u_lo, hi, lo, c):
+    """c + (u + u_lo) (hi + lo) in two parts (the product's error from a
+    fused multiply-add, the sum's from two-sum)."""
     product = u * hi
     product_err = _fma(u, hi, -product)
     s, s_err = _two_sum(c, product)
-    return s, s_err + (product_err + u * lo)
+    return s, s_err + (product_err + (u * lo + u_lo * hi))
 
 
 @branch_free
-def _interval_polynomial(u, rows, first, second, third):
-    """The polynomial of the lane's interval at u, in two parts: Horner's
-    scheme, its last two steps kept in two parts, where the terms are
-    largest and cancel most (near |x| = 0.84375 and 1.25 numerators of 0.1
-    are sums of terms of 0.25: plain Horner cost erfc 1.8 ulp there)."""
+def _interval_polynomial(u, u_lo, rows, first, second, third):
+    """The polynomial of the lane's interval at u + u_lo, in two parts:
+    Horner's scheme, its last two steps kept in two parts, where the terms
+    are largest and cancel most (near |x| = 0.84375 and 1.25 numerators of
+    0.1 are sums of terms of 0.25: plain Horner cost erfc 1.8 ulp there)."""
     acc = 0.0
     for row in rows[:-2]:
         acc = acc * u + _of_interval(row, first, second, third)
-    hi, lo = _step_two_parts(u, acc, 0.0, _of_interval(rows[-2], first, second, third))
-    return _step_two_parts(u, hi, lo, _of_interval(rows[-1], first, second, third))
+    hi, lo = _step_two_parts(u, u_lo, acc, 0.0, _of_interval(rows[-2], first, second, third))
+    return _step_two_parts(u, u_lo, hi, lo, _of_interval(rows[-1], first, second, third))
 
 
 @branch_free
@@ -826,11 +826,16 @@ def _erf_parts(x):
     c = _ERFC_LAST if a > _ERFC_LAST else a  # (comparisons keep NaN as it is)
     inverse = 1.0 / c
     inverse_lo = _fma(-inverse, c, 1.0) * inverse  # 1/c - inverse
-    # 1/c^2, from the two parts of 1/c as nearly correctly rounded
-    u = x * x if first else (a - 1.0 if second else
-                             _fma(inverse, inverse, 2.0 * inverse * inverse_lo))
-    p, p_lo = _interval_polynomial(u, _ERF_NUMERATOR_ROWS, first, second, third)
-    q, q_lo = _interval_polynomial(u, _ERF_DENOMINATOR_ROWS, first, second, third)
+    # The variable in two parts (x^2's rounding alone cost erfc 0.5 ulp
+    # near 0.84375); a - 1 is exact; 1/c^2 from 1/c in two parts.
+    square = x * x
+    twice = 2.0 * inverse * inverse_lo
+    inverse_square = _fma(inverse, inverse, twice)
+    u = square if first else (a - 1.0 if second else inverse_square)
+    u_lo = (_fma(x, x, -square) if first else
+            (0.0 if second else _fma(inverse, inverse, -inverse_square) + twice))
+    p, p_lo = _interval_polynomial(u, u_lo, _ERF_NUMERATOR_ROWS, first, second, third)
+    q, q_lo = _interval_polynomial(u, u_lo, _ERF_DENOMINATOR_ROWS, first, second, third)
     q_inverse = 1.0 / q
     ratio = p * q_inverse  # (within an ulp: the exact remainder corrects it)
     ratio_lo = ((_fma(-ratio, q, p) + p_lo) - ratio * q_lo) * q_inverse
