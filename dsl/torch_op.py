@@ -20,9 +20,10 @@ from the IR of the program it runs (`program_result_types`) without
 running anything, in torch's symbols
 where its sizes are (dynamic shapes: `OpCall.traced_result_types`); its
 real rule runs
-f's kernels on the tensors' memory (results that would share an input's
-memory, or one another's, are copied: torch's custom operations may not
-alias); its autograd rule's backward is the same operation of f's backward
+f's kernels on the tensors' memory, its results contiguous as the fake
+rule's are (inductor checks their strides; results that would share an
+input's memory, or one another's, are copied: torch's custom operations
+may not alias); its autograd rule's backward is the same operation of f's backward
 pass (`backward_function`: f's grad blocks), which has that autograd rule
 too, so each order of derivative torch asks for is our compiled gradient
 differentiated again.  A call autograd records in a compiled step
@@ -190,7 +191,9 @@ class OpCall:
         bound = self.bound_with(arrays)
         if self.live:
             bound.update(self._live_params())
-        results = [_tensor(o) for o in self.f.call_bound(bound)]
+        # (contiguous, as the fake rule's results are: inductor asserts the
+        # strides it traced, and a kernel may give a transposed array)
+        results = [_tensor(o).contiguous() for o in self.f.call_bound(bound)]
         if self.n_results is not None and \
                 len(results) != self.n_results + len(self.saved_names) - len(self.names):
             raise ArgumentError(f"{called(self.f.name)} keeps other residuals for these sizes "

@@ -196,6 +196,19 @@ def test_inductor_runs_the_operation():
     np.testing.assert_allclose(g.numpy(), [1.0, 2.0, 3.0, 4.0] * sigmoid(xn), rtol=1e-14)
 
 
+def test_inductor_takes_a_transposed_result_and_gradient():
+    # a kernel's result in another layout than the fake rule's (a transpose:
+    # F-ordered) failed inductor's check of the strides it traced
+    # ("expected size 2==2, stride 1==3"), forward and backward alike
+    f = dsl.to_torch(dsl.loads("def tr(x: f64[n, k]):\n    return transpose(x)\n").tr)
+    x = torch.arange(6.0, dtype=torch.float64).reshape(3, 2).requires_grad_()
+    value = compiled(lambda x: f(x), backend="inductor")(x)
+    ct = torch.arange(6.0, dtype=torch.float64).reshape(2, 3) + 1
+    (g,) = torch.autograd.grad(value, x, ct)
+    np.testing.assert_array_equal(value.detach().numpy(), x.detach().numpy().T)
+    np.testing.assert_array_equal(g.numpy(), ct.numpy().T)
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_a_compiled_training_step_computes_the_forward_once(backend, dynamic, monkeypatch):
