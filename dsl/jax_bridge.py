@@ -39,7 +39,9 @@ batch of primals with their tangents or with a tangent shared (`vmap` of
 pass computes the cotangents JAX asks for alone (`jax.grad` with respect
 to the weights computes none for the data).
 Forward mode runs f's jvp program, which computes f's value too, beside f
-itself (JAX asks for the value and the tangents separately).  Arguments
+itself (JAX asks for the value and the tangents separately); a tangent
+that may be other than zero for an argument without a gradient (a const
+float JAX differentiates) is an `ArgumentError`.  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
 time: `ArgumentError`; one found only from the values (an index out of
 range) is raised as itself by a call outside `jit`, and inside it as JAX
@@ -266,6 +268,13 @@ class Call:
         floats = set(self.f.differentiable_names(self.bound))
         active = [(n, t) for n, t in zip(self.names, tangents)
                   if n in floats and t is not None and type(t) is not ad.Zero]
+        refused = [n for n, t in zip(self.names, tangents) if n not in floats and _nonzero(t)]
+        if refused:
+            # (JAX would take its derivative as zero: silently wrong)
+            raise ArgumentError(f"JAX differentiates {called(self.f.name)} with respect to "
+                                f"{refused[0]!r}, which has no gradient (it is const); pass "
+                                "it as a Python number, or through jax.lax.stop_gradient",
+                                self.f.span)
         float_outs = [k for k, (_, dtype) in zip(self.keep, self.outs) if dtype.kind == "f"]
         found = []
         if active and float_outs:
@@ -430,6 +439,18 @@ def _derivative_inputs(f: Compiled) -> set[str]:
     if isinstance(f, VjpFunction):
         return set(f.ct_names)
     return set()
+
+
+def _nonzero(tangent: Any) -> bool:
+    """Whether a tangent JAX gives may be other than zero: it is not None,
+    JAX's symbolic zero, an integer's (float0), or a known array of zeros
+    (`jax.jvp`'s, outside jit)."""
+    import jax
+    from jax.interpreters import ad
+    if tangent is None or type(tangent) is ad.Zero \
+            or jax.dtypes.result_type(tangent) == jax.dtypes.float0:
+        return False
+    return isinstance(tangent, jax.core.Tracer) or bool(np.any(np.asarray(tangent)))
 
 
 def _zero_tangent(shape: tuple, dtype: np.dtype):

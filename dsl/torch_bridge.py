@@ -58,7 +58,8 @@ vectorize=True: it has no memory to read; torch.func's vmap works), one
 on a device the module's target does not run on (a torch.func transform's
 CUDA tensor: checked when its forward runs), or one requiring grad for a
 parameter without a gradient (const or integer) is an `ArgumentError`
-before anything runs.  torch is imported when `to_torch` is first called,
+before anything runs (one carrying a forward-mode tangent other than
+zero, when the jvp rule runs).  torch is imported when `to_torch` is first called,
 never by `import dsl`.
 """
 from __future__ import annotations
@@ -429,6 +430,12 @@ def _operations() -> tuple:
         differentiable = set(f.differentiable_names(call.bound))
         given = {n: t for n, t in zip(call.names, tangents)
                  if t is not None and n in differentiable}
+        refused = [n for n, t in zip(call.names, tangents)
+                   if n not in differentiable and _nonzero(t)]
+        if refused:  # (taken as zero, the derivative would be silently wrong)
+            raise ArgumentError(f"forward-mode AD differentiates {called(f.name)} with respect "
+                                f"to {refused[0]!r}, which has no gradient (it is const or not "
+                                "a float); pass its tensor without a tangent", f.span)
         jf = jvp_function(f, [n for n in call.bound if n in given])
         bound, inputs = call.rebound(
             ctx.saved_tensors[:len(call.names)],
@@ -503,6 +510,17 @@ def _plain_views(args: tuple) -> "list[np.ndarray] | None":
         except RuntimeError:  # no memory of its own (nested, legacy vmap): `_array_of` says so
             return None
     return views
+
+
+def _nonzero(tangent: Any) -> bool:
+    """Whether a tangent torch gives may be other than zero (torch.func
+    gives zeros for an input it does not differentiate): the values of the
+    plain tensor under its wrappers."""
+    if tangent is None:
+        return False
+    while _WRAPPED[0](tangent):
+        tangent = _UNWRAPPED[0](tangent)
+    return bool(tangent.any())
 
 
 def _tensors(result: Any) -> Any:
@@ -591,6 +609,7 @@ _TENSOR: list = []  # torch.Tensor
 _AS_TENSOR: list = []  # torch.as_tensor
 _PLAIN: list = []  # the types of tensors with nothing to dispatch: Tensor, nn.Parameter
 _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
+_UNWRAPPED: list = []  # the tensor under a torch.func transform's wrapper
 _LEGACY_BATCHED: list = []  # whether a tensor is batched by torch's legacy vmap
 _STRIDED: list = []  # torch.strided, the layout of dense tensors
 _NO_TRANSFORM: list = []  # a context in which torch.func transforms are off
@@ -619,6 +638,7 @@ def _fill_dtypes(torch) -> None:
         _AS_TENSOR.append(torch.as_tensor)
         _PLAIN.extend([torch.Tensor, torch.nn.Parameter])
         _WRAPPED.append(torch._C._functorch.is_functorch_wrapped_tensor)
+        _UNWRAPPED.append(torch._C._functorch.get_unwrapped)
         _LEGACY_BATCHED.append(torch._C._functorch.is_legacy_batchedtensor)
         _STRIDED.append(torch.strided)
         _NO_TRANSFORM.append(torch._C._DisableFuncTorch)

@@ -438,6 +438,22 @@ def test_bad_arguments_are_argument_errors_at_trace_time(x64):
         dsl.to_jax(load("log1pexp").log1pexp)(jnp.ones(3, jnp.bfloat16))
 
 
+
+def test_differentiating_along_a_const_argument_is_an_argument_error(x64):
+    # the jvp rule dropped the tangent of a const: grad, jacfwd, jacrev and
+    # jvp gave a derivative of 0 where d/d alpha is min(x, 0)
+    f = dsl.to_jax(load("leaky_relu").leaky_relu)
+    x = jnp.array([1.0, -1.0])
+    message = "with respect to 'alpha', which has no gradient"
+    for transform in (jax.jacfwd, jax.jacrev, lambda g: jax.jit(jax.jacrev(g))):
+        with pytest.raises(dsl.ArgumentError, match=message):
+            transform(lambda a: f(x, alpha=a))(0.1)
+    with pytest.raises(dsl.ArgumentError, match=message):
+        jax.jvp(lambda a: f(x, alpha=a), (0.1,), (1.0,))
+    # a tangent of zero (known, outside jit) is no derivative along it
+    _, t = jax.jvp(lambda x, a: f(x, alpha=a), (x, 0.1), (jnp.ones(2), 0.0))
+    np.testing.assert_allclose(t, [1.0, 0.1], rtol=1e-15)
+
 def test_an_integer_used_as_a_size_must_be_a_python_int(x64):
     # m is a run-time integer the program uses as a size (NeedsValue)
     m = dsl.loads("def f(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n")

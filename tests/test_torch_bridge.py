@@ -660,6 +660,27 @@ def test_a_const_argument_under_torch_func_grad_is_an_argument_error():
         torch.func.grad(lambda a: f(x, alpha=a).sum())(torch.tensor(0.1, dtype=torch.float64))
 
 
+
+def test_forward_mode_along_a_const_argument_is_an_argument_error():
+    # the jvp rule dropped the tangent of a const: jvp, jacfwd and a dual
+    # tensor gave a derivative of 0 where d/d alpha is min(x, 0)
+    f = dsl.to_torch(load("leaky_relu").leaky_relu)
+    x = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    a, one = torch.tensor(0.1, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+    message = "with respect to 'alpha', which has no gradient"
+    with pytest.raises(dsl.ArgumentError, match=message):
+        torch.func.jvp(lambda a: f(x, alpha=a), (a,), (one,))
+    with pytest.raises(dsl.ArgumentError, match=message):
+        torch.func.jacfwd(lambda a: f(x, alpha=a))(a)
+    with torch.autograd.forward_ad.dual_level():
+        with pytest.raises(dsl.ArgumentError, match=message):
+            f(x, alpha=torch.autograd.forward_ad.make_dual(a, one))
+    # along x alone, alpha a tensor (torch.func gives it a tangent of zeros)
+    _, t = torch.func.jvp(lambda x: f(x, alpha=a), (x,), (torch.ones(2, dtype=torch.float64),))
+    np.testing.assert_allclose(t.numpy(), [1.0, 0.1], rtol=1e-15)
+    jacobians = torch.func.vmap(torch.func.jacfwd(f), in_dims=(None, 0))(x, a * one.new_ones(2))
+    np.testing.assert_allclose(jacobians.numpy(), [np.diag([1.0, 0.1])] * 2, rtol=1e-15)
+
 def test_a_compiled_call_and_a_compiled_torch_func_transform():
     # dynamo traced into the bridge with FakeTensors: "argument 'z' of
     # loss() is a GPU array"; now the call is one operation in the graph
