@@ -95,11 +95,8 @@ class TorchFunction(Bridged):
         _fill_dtypes(torch)
         # whether CPU tensors' NumPy views are arrays f's kernels take as they are
         self._takes_numpy = f.target.is_array(np.empty(0)) and not f.host_results
-        # the call as dynamo puts it in its graph, untraced (it cannot trace the
-        # binding: NumPy, the compiler); AOTAutograd then traces it with
-        # FakeTensors, where it is one `gradlang::call` operation
-        self._traced = _NONSTRICT[0](
-            lambda floats, *args, **kwargs: self._traced_call(args, kwargs, floats))
+        # what dynamo hands the call it graphs untraced (`_traced`), and guards on
+        self._identity = _Identity(self)
         # the positions and names of integer parameters, which a Python float
         # given for under torch.compile is bound by value (checked as eagerly)
         integral = [(i, s.name) for i, s in enumerate(f.specs) if s.dtype in _INTEGRAL]
@@ -117,13 +114,13 @@ class TorchFunction(Bridged):
             floats = tuple(k for k, v in (*enumerate(args), *kwargs.items())
                            if isinstance(v, float) and k not in self._integral)
             args = [_traceable(v, i in floats) for i, v in enumerate(args)]
-            return self._traced(floats, *args,
-                                **{k: _traceable(v, k in floats) for k, v in kwargs.items()})
+            return _TRACED[0](self._identity, floats, *args,
+                              **{k: _traceable(v, k in floats) for k, v in kwargs.items()})
         return self._call(args, kwargs)
 
     def _traced_call(self, args: tuple, kwargs: dict, floats: tuple):
-        """The call as dynamo's nonstrict_trace makes it: the Python floats
-        at `floats` are 0-d tensors (see `__call__`)."""
+        """The call as dynamo's nonstrict_trace makes it (`_traced`): the
+        Python floats at `floats` are 0-d tensors (see `__call__`)."""
         tracer = _tracer()
         if tracer is None:  # a graph run untraced (backend="eager"): the call, floats as given
             return self._call([a.item() if i in floats else a for i, a in enumerate(args)],
@@ -290,6 +287,33 @@ class TorchFunction(Bridged):
                 raise ArgumentError(f"{self.__name__}: {name!r} has no gradient (it is const "
                                     "or not a float), but its tensor requires grad; pass "
                                     "it detached", self.f.span)
+
+
+class _Identity:
+    """A `TorchFunction` as dynamo hands it to `_traced`: a pytree constant
+    equal only to itself, on which dynamo guards a compiled graph.  (The
+    call was a closure over the function, which dynamo guarded by its code
+    alone, the same for every function: a graph traced for one function
+    ran it for any other called at the same place, as in the forward of
+    two modules.)"""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: TorchFunction):
+        self.function = function
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.function is self.function
+
+    def __hash__(self) -> int:
+        return id(self.function)
+
+
+def _traced(identity: _Identity, floats: tuple, *args, **kwargs):
+    """The call as dynamo puts it in its graph, untraced (nonstrict_trace:
+    it cannot trace the binding, NumPy, the compiler); AOTAutograd then
+    traces it with FakeTensors, where it is one `gradlang::call` operation."""
+    return identity.function._traced_call(args, kwargs, floats)
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any]) -> tuple:
@@ -623,7 +647,7 @@ _DISPATCH_STACK: list = []  # how many torch dispatch modes are active
 _DISPATCH_MODE: list = []  # the active torch dispatch mode of a key, or None
 _DISPATCH_MODES: list = []  # (key, what sets it) of the modes that trace
 _TRACER_WARNING: list = []  # torch.jit's TracerWarning
-_NONSTRICT: list = []  # torch._dynamo's nonstrict_trace: a call dynamo graphs, untraced
+_TRACED: list = []  # `_traced`, as dynamo graphs it, untraced (nonstrict_trace)
 _SYMBOLIC_NUMBERS: list = []  # (torch.SymInt, SymFloat): a tracer's numbers
 _SYMBOLIC_DTYPE = {"SymInt": "int64", "SymFloat": "float64"}
 _INTEGRAL = ("i32", "i64", "bool")  # the dtypes of integer parameters
@@ -655,7 +679,8 @@ def _fill_dtypes(torch) -> None:
                                 (keys.FAKE, "FakeTensorMode"),
                                 (keys.FUNCTIONAL, "functionalization")])
         _TRACER_WARNING.append(torch.jit.TracerWarning)
-        _NONSTRICT.append(importlib.import_module("torch._dynamo").nonstrict_trace)
+        torch.utils._pytree.register_constant(_Identity)
+        _TRACED.append(importlib.import_module("torch._dynamo").nonstrict_trace(_traced))
         _SYMBOLIC_NUMBERS.append((torch.SymInt, torch.SymFloat))
         _SCALAR_TENSOR.append(torch.scalar_tensor)
 

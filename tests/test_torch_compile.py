@@ -184,6 +184,30 @@ def test_two_functions_of_one_name_from_two_files_stay_apart():
     np.testing.assert_array_equal(g.numpy(), [2.0 + 18.0, 2.0 + 36.0])
 
 
+def test_two_functions_called_at_one_place_each_run_their_own():
+    # dynamo guarded the call by the code of a closure every function shares:
+    # the graph traced for the first layer's function ran it for the second
+    class Layer(torch.nn.Module):
+        def __init__(self, f):
+            super().__init__()
+            self.f = f
+
+        def forward(self, x):
+            return self.f(x)
+
+    # (dynamo alone: backend="eager")
+    first = compiled(Layer(dsl.to_torch(load("log1pexp").log1pexp)), backend="eager")
+    second = torch.compile(Layer(dsl.to_torch(load("leaky_relu").leaky_relu)),
+                           backend="eager", fullgraph=True)
+    x = torch.tensor([-2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    np.testing.assert_allclose(first(x).detach().numpy(), np.logaddexp(0, [-2.0, 3.0]),
+                               rtol=1e-15)
+    value = second(x)
+    np.testing.assert_array_equal(value.detach().numpy(), [-0.4, 3.0])
+    (g,) = torch.autograd.grad(value.sum(), x)
+    np.testing.assert_array_equal(g.numpy(), [0.2, 1.0])
+
+
 def test_inductor_runs_the_operation():
     # (the operation alone: a kernel inductor generates around it costs some
     # 12 s of C++ compilation on a cold cache)
@@ -194,18 +218,15 @@ def test_inductor_runs_the_operation():
     xn = x.detach().numpy()
     np.testing.assert_allclose(value.detach().numpy(), np.logaddexp(0, xn), rtol=1e-14)
     np.testing.assert_allclose(g.numpy(), [1.0, 2.0, 3.0, 4.0] * sigmoid(xn), rtol=1e-14)
-
-
-def test_inductor_takes_a_transposed_result_and_gradient():
     # a kernel's result in another layout than the fake rule's (a transpose:
     # F-ordered) failed inductor's check of the strides it traced
     # ("expected size 2==2, stride 1==3"), forward and backward alike
-    f = dsl.to_torch(dsl.loads("def tr(x: f64[n, k]):\n    return transpose(x)\n").tr)
-    x = torch.arange(6.0, dtype=torch.float64).reshape(3, 2).requires_grad_()
-    value = compiled(lambda x: f(x), backend="inductor")(x)
+    tr = dsl.to_torch(dsl.loads("def tr(x: f64[n, k]):\n    return transpose(x)\n").tr)
+    a = torch.arange(6.0, dtype=torch.float64).reshape(3, 2).requires_grad_()
+    value = compiled(lambda a: tr(a), backend="inductor")(a)
     ct = torch.arange(6.0, dtype=torch.float64).reshape(2, 3) + 1
-    (g,) = torch.autograd.grad(value, x, ct)
-    np.testing.assert_array_equal(value.detach().numpy(), x.detach().numpy().T)
+    (g,) = torch.autograd.grad(value, a, ct)
+    np.testing.assert_array_equal(value.detach().numpy(), a.detach().numpy().T)
     np.testing.assert_array_equal(g.numpy(), ct.numpy().T)
 
 
