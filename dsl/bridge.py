@@ -8,11 +8,11 @@ function or a transform of one), else raises `ArgumentError` (a
 gradc-compiled function, which has no IR to differentiate again) or
 `TypeError`.  `require(library)` imports an optional library, or raises
 `ImportError` naming the extra that installs it; `Bridged` (subclassed
-once per library) requires it when made.  `bind_foreign(f, name,
-args, kwargs, convert)` binds a call whose values may be the library's
-arrays (keywords naming module params f reads are params, the others
-arguments), each value bound as `convert` makes it an array, and says
-which bound names came from the library's arrays.
+once per library) requires it when made, and is its own deep copy.
+`bind_foreign(f, name, args, kwargs, convert)` binds a call whose values
+may be the library's arrays (keywords naming module params f reads are
+params, the others arguments), each value bound as `convert` makes it an
+array, and says which bound names came from the library's arrays.
 """
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ class Bridged:
 
     def __repr__(self) -> str:
         return f"<{self.__name__}>"
+
+    def __deepcopy__(self, memo: dict) -> "Bridged":
+        return self  # a function, as f is (`Compiled.__deepcopy__`)
 
 
 def require(library: str) -> ModuleType:

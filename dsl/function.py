@@ -194,7 +194,8 @@ def arranged(run: Callable, layout: Any) -> Callable:
 
 
 class Compiled:
-    """Base of every callable: binding, the per-signature program cache."""
+    """Base of every callable: binding, the per-signature program cache.
+    A deep copy of one is itself, as of a Python function."""
 
     name: str
     specs: tuple[ParamSpec, ...]
@@ -208,6 +209,11 @@ class Compiled:
         self._fast = FastPath()
         self._out_specs: dict[int, OutSpec] = {}
         self._by_value: set[str] = set()  # see `by_value`
+
+    def __deepcopy__(self, memo: dict) -> "Compiled":
+        # itself, as a Python function is: a deep copy of what holds one (a
+        # torch module's, for an average of its weights) shares it
+        return self
 
     def module_params(self) -> dict[str, np.ndarray]:
         """The values of the module params it reads that are set, which a

@@ -893,3 +893,20 @@ def test_repeated_calls_bind_by_layout_and_still_refuse_grad_without_gradient():
         f(x.float(), *(a.float() for a in (wt, b, t)))
     with pytest.raises(dsl.ArgumentError, match="'target' has no gradient"):
         f(x, wt, b, t.requires_grad_())
+
+
+def test_a_deep_copy_of_a_module_shares_the_function_and_copies_its_weights():
+    # copy.deepcopy(model) (an average of its weights, a best-so-far copy)
+    # raised "cannot pickle '_thread.RLock' object" from the compiled function
+    import copy
+    f = load("leaky_relu").leaky_relu
+    model = torch.nn.Linear(2, 2, dtype=torch.float64)
+    model.act = dsl.to_torch(f)
+    twin = copy.deepcopy(model)
+    assert twin.act is model.act and copy.deepcopy(f) is f
+    assert twin.weight is not model.weight
+    with torch.no_grad():
+        twin.weight.mul_(2.0)
+    z = twin(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    np.testing.assert_array_equal(twin.act(z).detach().numpy(),
+                                  torch.where(z > 0, z, 0.2 * z).detach().numpy())
