@@ -290,12 +290,12 @@ class TorchFunction(Bridged):
 
 
 class _Identity:
-    """A `TorchFunction` as dynamo hands it to `_traced`: a pytree constant
-    equal only to itself, on which dynamo guards a compiled graph.  (The
-    call was a closure over the function, which dynamo guarded by its code
-    alone, the same for every function: a graph traced for one function
-    ran it for any other called at the same place, as in the forward of
-    two modules.)"""
+    """A `TorchFunction` as dynamo hands it to `_traced`: a pytree constant,
+    equal to another only of the same compiled function (which calls the
+    same), on which dynamo guards a compiled graph.  (The call was a
+    closure over the function, which dynamo guarded by its code alone, the
+    same for every function: a graph traced for one function ran it for
+    any other called at the same place, as in the forward of two modules.)"""
 
     __slots__ = ("function",)
 
@@ -303,10 +303,10 @@ class _Identity:
         self.function = function
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Identity) and other.function is self.function
+        return isinstance(other, _Identity) and other.function.f is self.function.f
 
     def __hash__(self) -> int:
-        return id(self.function)
+        return id(self.function.f)
 
 
 def _traced(identity: _Identity, floats: tuple, *args, **kwargs):

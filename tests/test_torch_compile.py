@@ -206,6 +206,13 @@ def test_two_functions_called_at_one_place_each_run_their_own():
     np.testing.assert_array_equal(value.detach().numpy(), [-0.4, 3.0])
     (g,) = torch.autograd.grad(value.sum(), x)
     np.testing.assert_array_equal(g.numpy(), [0.2, 1.0])
+    # one function wrapped again calls the same: no graph of its own
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    step = torch.compile(lambda f, x: f(x), backend=counter, fullgraph=True)
+    for _ in range(2):
+        step(dsl.to_torch(load("leaky_relu").leaky_relu), x)
+    assert counter.frame_count == 1
 
 
 def test_inductor_runs_the_operation():
