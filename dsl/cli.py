@@ -207,21 +207,27 @@ def cmd_show(args) -> int:
         print(args.file)
         _say_no_functions()
         return 0
-    if stage == "check":  # (--fn may name an imported function: its own definition)
-        for name in names:
-            print(ast.dump(_lookup(module, name, args.file).fdef))
-        return 0
     if args.sig:
         sigs = args.sig
         if args.fn and all(parse_sig(sig)[0] != args.fn for sig in sigs):
             raise UsageError(f"no --sig is of --fn {args.fn} (each is shown only for it)")
-    else:
+    elif stage != "check":
         sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
-    for sig in sigs:
-        name, sig_args = parse_sig(sig)
-        f = signed(module.functions, name, sig, args.file)
+    else:
+        sigs = []
+    # each --sig read and checked against its function first, also for the
+    # AST, which no signature changes (then one per function they name)
+    signed_sigs = [(sig, *parse_sig(sig)) for sig in sigs]
+    functions = {name: signed(module.functions, name, sig, args.file)
+                 for sig, name, _ in signed_sigs if not args.fn or name == args.fn}
+    if stage == "check":  # (--fn may name an imported function: its own definition)
+        for name in (functions if args.sig else names):
+            print(ast.dump(_lookup(module, name, args.file).fdef))
+        return 0
+    for sig, name, sig_args in signed_sigs:
         if args.fn and name != args.fn:
             continue
+        f = functions[name]
         types = _types(f, sig_args, sig)
         shown = f
         if transform:

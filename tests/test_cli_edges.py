@@ -232,6 +232,19 @@ def test_show_ast_of_an_imported_function(tmp_path, capsys):
     assert f"file='{tmp_path / 'lib.grad'}', line=2" in out
 
 
+def test_show_ast_checks_each_sig_and_shows_the_functions_they_name(tmp_path, capsys):
+    # --emit ast ignored --sig: a malformed one, or one naming no function,
+    # printed every function's AST (exit 0)
+    (tmp_path / "two.grad").write_text("def f(x):\n    return x\ndef g(y):\n    return y\n")
+    two = str(tmp_path / "two.grad")
+    code, out, err = run(["show", two, "--emit", "ast", "--sig", "f(f64[3, oops"], capsys)
+    assert code == 2 and not out and "cannot read signature 'f(f64[3, oops'" in err
+    code, out, err = run(["show", two, "--emit", "ast", "--sig", "h(f64[:])"], capsys)
+    assert code == 2 and not out and "names no function" in err
+    code, out, _ = run(["show", two, "--emit", "ast", "--sig", "g(f64[:])"], capsys)
+    assert code == 0 and out.startswith("FuncDef(name='g'") and "name='f'" not in out
+
+
 @pytest.mark.parametrize("sig", ["pool(f32[:, :], i64[:], 2)", "pool(f64[:], i64[:], 2)"])
 def test_the_any_size_note_comes_only_with_an_error_of_sizes(sig, capsys):
     # "note: each ':' in a signature is a size of its own" followed a dtype
