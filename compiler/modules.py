@@ -6,14 +6,19 @@ file, then in each directory of `$GRAD_PATH` (os.pathsep-separated), then
 in the standard library (`compiler/stdlib/`).  Each file is parsed and checked
 once per call; an import cycle, a missing module or a missing name is a
 `GradError` at the import statement.  Imported modules' `param`s join the
-importer's (a name declared twice is an error).
+importer's (a name declared twice is an error).  Each namespace records
+the namespace each of its imports resolved to (`Namespace.imported`), so
+that `import_graph(ns)` gives a module and all it reaches as plain values
+(files, sources, links), and `namespace_for(module, in_graph(graph))`
+checks them again from those values, reading no file (an unpickled
+module, in a process where the files may be absent).
 """
 from __future__ import annotations
 
 import codecs
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Hashable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS
@@ -86,23 +91,64 @@ def _no_param_named_like_a_function(module: ast.Module, ns: Namespace) -> None:
         raise GradError(f"{name!r} is already defined, as {what}", span)
 
 
-def namespace_for(module: ast.Module, _loading: Optional[dict] = None) -> Namespace:
-    loading: dict[str, Optional[Namespace]] = {} if _loading is None else _loading
+# A module and every module its imports reach: (file, source, ((import
+# name, index of the module it resolved to), ...)) each, the module first.
+ImportGraph = tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]
+# (the key that makes a module load once, its file name, a reader of its source)
+Located = tuple[Hashable, str, Callable[[], str]]
+# (an import statement, the module it is in, that module's key: None for the first)
+Finder = Callable[[ast.Import, ast.Module, Optional[Hashable]], Located]
+
+
+def on_disk(imp: ast.Import, importer: ast.Module, importer_key: Optional[Hashable]) -> Located:
+    """The `.grad` file an import names, found on `search_path`."""
+    path = find_module(imp.module, importer.file)
+    if path is None:
+        where = ", ".join(str(d) for d in search_path(importer.file))
+        raise GradError(f"cannot find module {imp.module!r} ({imp.module}.grad in "
+                        f"{where})", imp.span)
+    return str(path.resolve()), str(path), lambda: read_source(path, imp.span)
+
+
+def in_graph(graph: ImportGraph) -> Finder:
+    """Imports resolved as `graph` (`import_graph`) records them."""
+    def find(imp: ast.Import, importer: ast.Module, importer_key: Optional[Hashable]) -> Located:
+        index = dict(graph[0 if importer_key is None else importer_key][2])[imp.module]
+        file, source, _ = graph[index]
+        return index, file, lambda: source
+    return find
+
+
+def import_graph(namespace: Namespace) -> ImportGraph:
+    """`namespace`'s module and every module its imports reach, as plain
+    values, in the order first reached (the module first)."""
+    order: dict[int, int] = {}
+    reached: list[Namespace] = []
+    todo = [namespace]
+    while todo:
+        ns = todo.pop(0)
+        if id(ns) not in order:
+            order[id(ns)] = len(reached)
+            reached.append(ns)
+            todo += ns.imported.values()
+    return tuple((ns.module.file, ns.module.source,
+                  tuple((name, order[id(sub)]) for name, sub in ns.imported.items()))
+                 for ns in reached)
+
+
+def namespace_for(module: ast.Module, find: Finder = on_disk, _key: Optional[Hashable] = None,
+                  _loading: Optional[dict] = None) -> Namespace:
+    loading: dict[Hashable, Optional[Namespace]] = {} if _loading is None else _loading
     ns = Namespace(module)
     for imp in module.imports:
-        path = find_module(imp.module, module.file)
-        if path is None:
-            where = ", ".join(str(d) for d in search_path(module.file))
-            raise GradError(f"cannot find module {imp.module!r} ({imp.module}.grad in "
-                            f"{where})", imp.span)
-        key = str(path.resolve())
+        key, file, read = find(imp, module, _key)
         if key in loading and loading[key] is None:
             raise GradError(f"import cycle through {imp.module!r}", imp.span)
         if key not in loading:
             loading[key] = None
-            source = read_source(path, imp.span)
-            loading[key] = namespace_for(parse(source, str(path)), loading)
+            loading[key] = namespace_for(parse(read(), file), find, key, loading)
         sub = loading[key]
+        ns.imported[imp.module] = sub
         if imp.names is None:
             ns.modules[imp.module] = sub
         else:

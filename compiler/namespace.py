@@ -28,6 +28,8 @@ class Namespace:
     functions: dict[str, tuple[ast.FuncDef, "Namespace"]] = field(default_factory=dict)
     modules: dict[str, "Namespace"] = field(default_factory=dict)
     params: dict[str, ast.ParamDecl] = field(default_factory=dict)
+    # the namespace each import statement's module resolved to, by its name
+    imported: dict[str, "Namespace"] = field(default_factory=dict, repr=False, compare=False)
     # param_reads's answers, by id() of this module's FuncDefs
     reads: dict[int, tuple[str, ...]] = field(default_factory=dict, repr=False)
 

@@ -17,7 +17,7 @@
 derived from it: each stage's printed form, and `grad-` or `jvp-` before every stage
 that can run on a gradient.  Contracts:
 
-- `front_end(source, file)`: parse and check (grad blocks' linearity
+- `front_end(source, file, graph)`: parse and check (grad blocks' linearity
   included: `check_linearity`); the module and its namespace.
 - `lower_entry(namespace, fdef, types)`: lower; errors carry the source.
 - `grad_of_sum`, `pullback`, `vjp_programs`, `vjp_passes`, `directional`,
@@ -47,7 +47,7 @@ import platform
 import sys
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import llvmlite
 import numba
@@ -74,6 +74,9 @@ from gradlang.runtime.loader import (
     stored,
 )
 from gradlang.runtime.target import Target
+
+if TYPE_CHECKING:
+    from gradlang.compiler.modules import ImportGraph
 
 
 @dataclass(frozen=True)
@@ -139,13 +142,15 @@ def stage_of(emit_name: str) -> tuple[str, Optional[str]]:
 # ------------------------------------------------------------ front end
 
 
-def front_end(source: str, file: str) -> tuple[ast.Module, Namespace]:
-    """Parse and check a module and everything it imports."""
-    from gradlang.compiler.modules import namespace_for
+def front_end(source: str, file: str, graph: Optional["ImportGraph"] = None
+              ) -> tuple[ast.Module, Namespace]:
+    """Parse and check a module and everything it imports: found on disk,
+    or as `graph` records them (`modules.import_graph`, this module first)."""
+    from gradlang.compiler.modules import in_graph, namespace_for, on_disk
     source = universal_newlines(source)  # (as `parse` reads it: errors show its lines)
     try:
         module = parse(source, file)
-        namespace = namespace_for(module)
+        namespace = namespace_for(module, on_disk if graph is None else in_graph(graph))
         check_linearity(namespace)
         return module, namespace
     except GradError as err:

@@ -8,13 +8,20 @@ the results of other transforms, and the functions of a `gradc compile`
 module (`runtime.aot.AotFunction`), which give the first-order gradients
 and pullbacks they were compiled with.  Forward mode (`jvp`, `jacfwd`,
 `jacrev`, `hessian`: `dsl/forward.py`) takes loaded functions and the
-results of transforms.
+results of transforms.  A `Module` pickles as the sources of its files
+(`modules.import_graph`: no file is read again where it is unpickled),
+its target, where its results go and its param values, and is checked
+again where it is unpickled; its functions, the transforms of them and
+the bridges' wrappers pickle as the module and the transforms on top
+(`Compiled.recipe`), and compile there on first call.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Union
+
+import numpy as np
 
 from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, grad_function,
                           require_function)
@@ -27,7 +34,7 @@ from dsl.function import vjp as _vjp
 from dsl.mapped import InAxes, MappedJacobian, VmapFunction
 from dsl.mapped import vmap as _vmap
 from gradlang.compiler import ast
-from gradlang.compiler.modules import read_source
+from gradlang.compiler.modules import ImportGraph, import_graph, read_source
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.pipeline import front_end
 from gradlang.runtime import target as targets
@@ -48,12 +55,19 @@ class Module:
         target = targets.get(target)
         self.__file__ = module.file
         self.target = target
-        self._ast = module
+        self._ast, self._namespace, self._host_results = module, namespace, host_results
         specs = [ParamSpec(d.name, d.type.dtype, d.type.dims, False, False)
                  for d in namespace.params.values()]
         self.params = ParamStore(specs, module.file)
-        self._functions = {name: GradFn(namespace, fdef, self.params, target, host_results)
+        self._functions = {name: GradFn(self, namespace, fdef, host_results)
                            for name, (fdef, _) in namespace.functions.items()}
+
+    def __reduce__(self):
+        # its state, as plain values: the sources (not paths: the files may
+        # be absent where it is unpickled), and its params, as a torch
+        # module's weights are
+        return (rebuilt_module, (import_graph(self._namespace), self.target.name,
+                                 self._host_results, dict(self.params)))
 
     def __getattr__(self, name: str):
         functions = self.__dict__.get("_functions", {})
@@ -83,6 +97,16 @@ class Module:
 
     def __repr__(self) -> str:
         return f"<.grad module {self.__file__} ({', '.join(self._functions)})>"
+
+
+def rebuilt_module(graph: ImportGraph, target: str, host_results: bool,
+                   params: dict[str, np.ndarray]) -> Module:
+    """A pickled `Module` again: checked from its sources, its params set."""
+    file, source, _ = graph[0]
+    module = Module(*front_end(source, file, graph), target, host_results)
+    for name, value in params.items():
+        module.params[name] = value
+    return module
 
 
 @user_facing

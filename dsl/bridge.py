@@ -8,7 +8,8 @@ function or a transform of one), else raises `ArgumentError` (a
 gradc-compiled function, which has no IR to differentiate again) or
 `TypeError`.  `require(library)` imports an optional library, or raises
 `ImportError` naming the extra that installs it; `Bridged` (subclassed
-once per library) requires it when made, and is its own deep copy.
+once per library) requires it when made, is its own copy (deep or not),
+and pickles as its function (`Compiled.recipe`), bridged again.
 `bind_foreign(f, name, args, kwargs, convert)` binds a call whose values
 may be the library's arrays (keywords naming module params f reads are
 params, the others arguments), each value bound as `convert` makes it an
@@ -44,6 +45,12 @@ class Bridged:
 
     def __deepcopy__(self, memo: dict) -> "Bridged":
         return self  # a function, as f is (`Compiled.__deepcopy__`)
+
+    def __copy__(self) -> "Bridged":
+        return self
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.f,)
 
 
 def require(library: str) -> ModuleType:

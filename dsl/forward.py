@@ -398,6 +398,10 @@ class Jacobian(AsFunction):
         # kept on f: `dsl.jacfwd(f)(x)` makes a new Jacobian at each call
         self._known = derived(f, ("jacobian calls", self.wrt, self.single, mode, batched), dict)
 
+    def __reduce__(self) -> tuple:  # (for pickle: f, and how it is taken)
+        return Jacobian, (self.f, self.wrt[0] if self.single else self.wrt, self.mode,
+                          self.batched)
+
     @user_facing
     def __call__(self, *args, **kwargs):
         if not kwargs and not THREAD.tapes:

@@ -195,7 +195,8 @@ def arranged(run: Callable, layout: Any) -> Callable:
 
 class Compiled:
     """Base of every callable: binding, the per-signature program cache.
-    A deep copy of one is itself, as of a Python function."""
+    A copy of one (deep or not) is itself, as of a Python function; it
+    pickles as its `recipe`."""
 
     name: str
     specs: tuple[ParamSpec, ...]
@@ -214,6 +215,26 @@ class Compiled:
         # itself, as a Python function is: a deep copy of what holds one (a
         # torch module's, for an average of its weights) shares it
         return self
+
+    def __copy__(self) -> "Compiled":
+        return self
+
+    def __reduce__(self) -> tuple:
+        # each class gives its own recipe: one inherited would rebuild its base
+        if "recipe" not in type(self).__dict__:
+            raise TypeError(f"cannot pickle {type(self).__name__} {self.name!r}: it has no "
+                            "recipe to rebuild it in another process")
+        return self.recipe()
+
+    def recipe(self) -> tuple:
+        """(a function, its arguments) that make this callable again in
+        another process, for pickle: its inner callable (ending at a
+        module's function, which pickles as its module and its name) and
+        the arguments of the transform on top, by the function that makes
+        it (the one `dsl.grad` calls, so that it is the one already made
+        there, where there is one).  Nothing compiled: it compiles there
+        on first call (from that process's kernel store)."""
+        raise NotImplementedError
 
     def module_params(self) -> dict[str, np.ndarray]:
         """The values of the module params it reads that are set, which a
@@ -466,6 +487,10 @@ class GradFunction(Derived):
         self.wrt = resolve_wrt(inner, wrt)
         kind = "value_and_grad" if with_value else "grad"
         self.name = f"{kind}({inner.name})"
+
+    def recipe(self) -> tuple:
+        return grad_function, (self.inner, self.wrt[0] if self.single else self.wrt,
+                               self.with_value)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         return self.inner.bind(args, kwargs, params)
@@ -855,6 +880,9 @@ class VjpFunction(Derived):
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.ct_names)
 
+    def recipe(self) -> tuple:
+        return backward_function, (self.inner, self.n_outputs, self.wrt)
+
     def lower(self, types: dict[str, TensorType]) -> Function:
         inner_types = {n: t for n, t in types.items() if n not in self.ct_names}
         return pipeline.pullback(self.inner.lower(inner_types),
@@ -886,6 +914,9 @@ class ForwardPass(Derived):
         super().__init__(inner)
         self.name = inner.name  # (its errors are f's)
 
+    def recipe(self) -> tuple:
+        return forward_pass_function, (self.inner,)
+
     def lower(self, types: dict[str, TensorType]) -> Function:
         fn = self.inner.lower(types)
         return pipeline.vjp_passes(fn, _float_positions(self.inner, types))[0]
@@ -909,6 +940,9 @@ class BackwardPass(Derived):
         self.ct_names = _extra_names(inner, "$ct", n_outputs)
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.residual_names + self.ct_names)
+
+    def recipe(self) -> tuple:
+        return backward_pass_function, (self.inner, len(self.ct_names), len(self.residual_names))
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         extra = self.residual_names + self.ct_names
@@ -1019,6 +1053,9 @@ class JvpFunction(Derived):
         self.param_specs = inner.param_specs + tuple(
             ParamSpec(n, None, None, False, False) for n in self.tangent_names)
 
+    def recipe(self) -> tuple:
+        return jvp_function, (self.inner, self.active)
+
     def lower(self, types: dict[str, TensorType]) -> Function:
         inner_types = {n: t for n, t in types.items() if n not in self.tangent_names}
         names = list(inner_types)
@@ -1050,6 +1087,9 @@ class Stacked(Derived):
         self.stacked, self.which = tuple(names), which
         self.name = f"stacked {inner.name}"
         self._plans: dict[tuple, tuple[bool, Optional[int]]] = {}
+
+    def recipe(self) -> tuple:
+        return Stacked, (self.inner, self.stacked, self.which)
 
     def stacks(self, bound: dict[str, np.ndarray]) -> bool:
         """For arguments `bound` holding one value of each stacked argument
@@ -1134,6 +1174,9 @@ class Select(Derived):
         self.index = index
         self.name = f"{inner.name}[{index}]"
 
+    def recipe(self) -> tuple:
+        return Select, (self.inner, self.index)
+
     def lower(self, types: dict[str, TensorType]) -> Function:
         return pipeline.select(self.inner.lower(types), self.index)
 
@@ -1153,6 +1196,9 @@ class Directional(Derived):
         super().__init__(inner)
         self.wrt, self.vname = wrt, vname
         self.name = f"d({inner.name})"
+
+    def recipe(self) -> tuple:
+        return Directional, (self.inner, self.wrt, self.vname)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         if not types[self.wrt].is_float:
@@ -1187,6 +1233,9 @@ class HvpFunction(Directional):
         self._layout = f"{self.name} takes the arguments of {called(inner.name)}, then v"
         # v is a parameter too, the last (`vmap` maps it by this position)
         self.specs = inner.specs + (ParamSpec(vname, None, None, False, False),)
+
+    def recipe(self) -> tuple:
+        return HvpFunction, (self.inner.inner, self.wrt)  # (inner: its gradient)
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         """v is the last argument given, after those of inner's (some
@@ -1248,6 +1297,11 @@ class HvpFunction(Directional):
 
 
 
+def function_of(module: Any, name: str) -> "GradFn":
+    """The function `name` of a loaded module (`dsl.api.Module`)."""
+    return module.functions[name]
+
+
 def module_sources(namespace: Namespace) -> tuple[tuple[str, str], ...]:
     """(file, source) of a namespace's module and of every module it
     reaches through imports, sorted."""
@@ -1262,21 +1316,25 @@ def module_sources(namespace: Namespace) -> tuple[tuple[str, str], ...]:
 
 
 class GradFn(Compiled):
-    """A function of a loaded `.grad` module."""
+    """A function of a loaded `.grad` module (`dsl.api.Module`)."""
 
-    def __init__(self, namespace: Namespace, fdef: ast.FuncDef, params: ParamStore,
-                 target: Target, host_results: bool = False):
+    def __init__(self, module: Any, namespace: Namespace, fdef: ast.FuncDef,
+                 host_results: bool = False):
         super().__init__()
-        self.target, self.host_results = target, host_results
+        self.target, self.host_results = module.target, host_results
         self.fdef = fdef
         self.name = fdef.name
         self.__name__ = fdef.name
         self.__doc__ = f"{fdef.name}({', '.join(p.name for p in fdef.params)}) from {fdef.span.file}"
         self.specs = specs_of(fdef)
         self.reads = param_reads(fdef, namespace)
-        self.param_specs = tuple(params.spec(w) for w in self.reads)
+        self.param_specs = tuple(module.params.spec(w) for w in self.reads)
+        self._module = module
         self._namespace = namespace
-        self._params = params
+        self._params = module.params
+
+    def recipe(self) -> tuple:
+        return function_of, (self._module, self.name)
 
     @property
     def span(self):

@@ -51,6 +51,9 @@ class JacobianFunction(Derived):
         self.columns = Stacked(self.jvp, self.jvp.tangent_names, "tangents")
         self.param_specs = self.jvp.param_specs  # inner's, then the one-hot tangents
 
+    def recipe(self) -> tuple:
+        return jacobian_function, (self.jacobian,)
+
     def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
              ) -> dict[str, np.ndarray]:
         bound = self.inner.bind(args, kwargs, params)

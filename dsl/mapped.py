@@ -94,6 +94,9 @@ class VmapFunction(Stacked):
         self.mapped = mapped
         self.name = f"vmap({inner.name})"
 
+    def recipe(self) -> tuple:
+        return _mapped, (self.inner, self.mapped)
+
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         """The mapped arguments whole, each converted as f converts one,
         the examples' (their first, or an empty one) validated by f's own
@@ -218,6 +221,9 @@ class MappedJacobian(AsFunction):
             every = tuple(sorted({*mapped, *(positions[n] for n in jacobian.wrt)}))
             wrt = jacobian.wrt[0] if jacobian.single else jacobian.wrt
             self.batched = Jacobian(_mapped(jacobian.f, every), wrt, jacobian.mode, batched=True)
+
+    def __reduce__(self) -> tuple:
+        return MappedJacobian, (self.jacobian, self.mapped)
 
     @user_facing
     def __call__(self, *args, **kwargs):

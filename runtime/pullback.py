@@ -8,7 +8,8 @@ const and non-float ones); cotangents are validated against the outputs'
 shapes and dtypes (`ArgumentError`) before the program runs, one given on
 the host by `host_cotangent` (which the Dask pullback shares).  Output
 types are anything with a `.shape` of ints and a `.dtype` name (`"f64"`):
-the compiler's `TensorType`, or `OutType` here.
+the compiler's `TensorType`, or `OutType` here.  A pullback does not
+pickle (a `TypeError`): its program is this process's.
 """
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class Pullback:
         self._out_types = tuple(out_types)
         self._arg_names = tuple(arg_names)
         self._float_args = tuple(float_args)
+
+    def __reduce__(self):
+        raise TypeError(f"cannot pickle the pullback of {called(self.name)}: it holds one call's "
+                        "residuals and its compiled backward program, which stay in this "
+                        "process; pickle the function and take its vjp where it is unpickled")
 
     @property
     def residual_bytes(self) -> int:
