@@ -14,12 +14,18 @@ arguments (`runtime.args`), picks the program by dtype and rank, then by
 the fixed sizes its signature gave (`f(f64[3])` and `f(f64[4])` are two
 programs), and runs it; kernels load from files beside the module, whose
 machine code Numba caches there, so a process that imports a module
-compiled with `--sig` neither parses nor compiles.
+compiled with `--sig` neither parses nor compiles.  An `AotFunction` (and
+its `AotGradient`) pickles by reference, as a Python function does: its
+module's name, imported again where it is unpickled (and its params
+there, that module's); a module not importable by its name is a
+`TypeError` when pickled.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
+import sys
 import warnings
 from typing import Any, Optional, Sequence
 
@@ -220,6 +226,20 @@ class AotFunction:
     def __repr__(self) -> str:
         return f"<compiled .grad function {self.name}>"
 
+    def __reduce__(self) -> tuple:
+        module = sys.modules.get(self.module.name)
+        if getattr(module, "functions", {}).get(self.name) is not self:
+            raise TypeError(f"cannot pickle {self.name}() of the gradc-compiled module "
+                            f"{self.module.name!r}: it pickles by reference, as a Python "
+                            "function does, and that module is not imported under that name "
+                            "(import it by its name, not from its file)")
+        return imported_function, (self.module.name, self.name)
+
+
+def imported_function(module: str, name: str) -> AotFunction:
+    """Function `name` of the compiled module imported as `module`."""
+    return importlib.import_module(module).functions[name]
+
 
 class AotGradient:
     """`dsl.grad` / `dsl.value_and_grad` of an `AotFunction`: runs its
@@ -253,3 +273,6 @@ class AotGradient:
 
     def __repr__(self) -> str:
         return f"<{self.name} of a compiled .grad module>"
+
+    def __reduce__(self) -> tuple:
+        return AotGradient, (self.f, self.wrt, self.single, self.with_value)

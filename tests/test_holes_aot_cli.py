@@ -7,8 +7,10 @@ import ast
 import dataclasses
 import importlib.util
 import os
+import pickle
 import re
 import shutil
+import sys
 from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
@@ -253,6 +255,18 @@ def ab(tmp_path_factory):
 
 
 X, Y = np.array([1.0, 2.0]), np.array([3.0, 5.0])
+
+
+def test_aot_functions_pickle_by_reference_to_their_module_imported_by_name(ab, monkeypatch):
+    # as a Python function does: the module's name, imported again where it
+    # is unpickled; one imported from its file under no importable name cannot
+    with pytest.raises(TypeError, match=rf"cannot pickle f\(\) of the gradc-compiled module "
+                                        rf"'{ab.__name__}': it pickles by reference"):
+        pickle.dumps(ab.f)
+    monkeypatch.setitem(sys.modules, ab.__name__, ab)
+    f, grad = pickle.loads(pickle.dumps((ab.f, dsl.grad(ab.f, wrt="y"))))
+    assert f is ab.f
+    np.testing.assert_array_equal(grad(X, Y), X)
 
 
 def test_dsl_grad_and_value_and_grad_take_aot_functions(ab):
