@@ -5,6 +5,7 @@ unpickled (another process, with the .grad files gone); what cannot travel
 is a clear TypeError."""
 from __future__ import annotations
 
+import copy
 import io
 import json
 import pickle
@@ -80,6 +81,11 @@ def test_params_travel_and_functions_of_one_module_share_it_again():
     m2.params["weights"] = [2.0, -1.0]  # and its functions read them
     np.testing.assert_array_equal(f2(X), 2.0 - X)
     np.testing.assert_array_equal(g2(X), [3.0, X.sum()])
+    twin = copy.deepcopy(m2)  # a module's deep copy has params of its own, read by its functions
+    twin.params["weights"] = [0.0, 1.0]
+    np.testing.assert_array_equal(twin.linear_poly(X), X)
+    np.testing.assert_array_equal(f2(X), 2.0 - X)
+    assert copy.deepcopy(f2) is f2 and copy.copy(f2) is f2
 
 
 def test_a_module_travels_as_its_sources_to_a_process_without_its_files(tmp_path):
