@@ -99,6 +99,7 @@ class Module:
         return f"<.grad module {self.__file__} ({', '.join(self._functions)})>"
 
 
+@user_facing
 def rebuilt_module(graph: ImportGraph, target: str, host_results: bool,
                    params: dict[str, np.ndarray]) -> Module:
     """A pickled `Module` again: checked from its sources, its params set."""

@@ -86,6 +86,9 @@ def test_params_travel_and_functions_of_one_module_share_it_again():
     np.testing.assert_array_equal(twin.linear_poly(X), X)
     np.testing.assert_array_equal(f2(X), 2.0 - X)
     assert copy.deepcopy(f2) is f2 and copy.copy(f2) is f2
+    two = dsl.loads("def a(x):\n    return x\n\ndef b(x):\n    return -x\n")
+    a, b = round_trip((two.a, two.b))  # (pickle's memo: the module pickles once)
+    assert a._module is b._module is not two and a._module.b is b
 
 
 def test_a_module_travels_as_its_sources_to_a_process_without_its_files(tmp_path):
