@@ -7,6 +7,8 @@ central differences of `dsl.grad`; derivatives of three orders, and of a
 grad block that is not the function's derivative, in both modes, equal
 known ones; vmap of a reduction gives one value per example; f32 (JAX's
 default) and f64."""
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -66,6 +68,14 @@ def test_three_orders_under_jit_from_the_grad_block(x64):
     assert jax.jit(d1)(x)[4] == 1.0  # the grad block stays finite where exp overflows
     np.testing.assert_allclose(d2(x), s * (1 - s), rtol=1e-12, atol=1e-30)  # e^-100 at 100
     np.testing.assert_allclose(d3(x), s * (1 - s) * (1 - 2 * s), rtol=1e-12, atol=1e-30)
+
+
+def test_to_jax_pickles_as_its_function_and_differentiates_where_unpickled(x64):
+    g = pickle.loads(pickle.dumps(dsl.to_jax(load("log1pexp").log1pexp)))
+    x = jnp.array([-1.5, 0.0, 0.7])
+    s = sigmoid(np.asarray(x))
+    np.testing.assert_allclose(g(x), np.log1p(np.exp(np.asarray(x))), rtol=1e-15)
+    np.testing.assert_allclose(jax.grad(lambda x: g(x).sum())(x), s, rtol=1e-12)
 
 
 @settings(max_examples=25, deadline=None)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dsl
-from tests.helpers import EXAMPLES, central_difference, optional_module
+from helpers import EXAMPLES, central_difference, optional_module
 
 X = np.array([-1.5, 0.25, 2.0])
 WEIGHTS = np.array([0.5, -2.0])
