@@ -222,8 +222,8 @@ class Compiled:
     def __reduce__(self) -> tuple:
         # each class gives its own recipe: one inherited would rebuild its base
         if "recipe" not in type(self).__dict__:
-            raise TypeError(f"cannot pickle {type(self).__name__} {self.name!r}: it has no "
-                            "recipe to rebuild it in another process")
+            raise TypeError(f"cannot pickle a {type(self).__name__}: its class gives no recipe "
+                            "to make it again in another process (Compiled.recipe)")
         return self.recipe()
 
     def recipe(self) -> tuple:

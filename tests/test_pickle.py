@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import dsl
+from dsl.function import GradFunction
 from helpers import EXAMPLES, central_difference, optional_module
 
 X = np.array([-1.5, 0.25, 2.0])
@@ -144,3 +145,9 @@ def test_what_cannot_travel_is_a_clear_type_error():
     with pytest.raises(TypeError, match=r"cannot pickle the pullback of log1pexp\(\): it holds "
                                         "one call's residuals"):
         pickle.dumps(pullback)
+    # a callable class of its own (a transform to come) has its own recipe
+    # or none: an inherited one would make its base class again
+    class Subclass(GradFunction):
+        pass
+    with pytest.raises(TypeError, match="cannot pickle a Subclass: its class gives no recipe"):
+        pickle.dumps(Subclass(f, 0, with_value=False))
