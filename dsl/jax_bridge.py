@@ -62,9 +62,9 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
-from dsl.function import (Compiled, JvpFunction, OutSpec, Stacked, VjpFunction,
-                          backward_function, batched_function, jvp_function, result_shapes,
-                          result_types, stacked_jvp_function, stacked_vjp_function)
+from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
+                          batched_function, jvp_function, result_types, stacked_jvp_function,
+                          stacked_vjp_function)
 from gradlang.compiler.pipeline import Program
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.args import SUPPORTED
@@ -218,42 +218,33 @@ class Call:
                   for n, a in zip(self.names, arrays)}
         return {n: values.get(n, a) for n, a in self.bound.items()}
 
-    def run_into(self, buffers: Sequence[np.ndarray], *arrays) -> None:
+    def run_into(self, buffers: Sequence[Any], *arrays) -> None:
         """`run` into XLA's result `buffers` (under `jit` on the CPU): the
         kernels write a result straight into its buffer where they make
-        one of its dtype on the host; any other result is copied in."""
-        bound = self._bound_to(arrays)
-        made: list[Optional[np.ndarray]] = [None] * len(self.all_outs)
+        one of its dtype on the host (`InPlace`); any other result is
+        copied in."""
         try:
-            if self._in_place is None:
-                results = self.f.call_bound(bound)
-            else:
-                program, spec, shapes = self._in_place
-                for k, buffer, (_, dtype) in zip(self.keep, buffers, self.outs):
-                    if dtype == self.all_outs[k][1]:
-                        made[k] = buffer
-                results = spec.run_into(program.run, bound, self.f.format(tuple(made)), shapes)
+            if self._in_place is not None:
+                self._in_place(buffers, arrays)
+                return
+            results = self.f.call_bound(self._bound_to(arrays))
         except GradError as err:
             self.failed.append(err)
             raise
         for k, buffer in zip(self.keep, buffers):
-            if made[k] is None:
-                np.copyto(buffer, self.f.target.to_host(results[k]), casting="unsafe")
+            np.copyto(np.asarray(buffer), self.f.target.to_host(results[k]), casting="unsafe")
 
     @functools.cached_property
-    def _in_place(self) -> Optional[tuple[Program, OutSpec, tuple]]:
-        """The program of this call's signature, its `OutSpec` and result
-        shapes, found once (a `Call` is one signature; what varies is the
-        traced values): `run_into` runs it into XLA's buffers, recording
-        on no `dsl.Tape` (JAX differentiates it).  None on a target whose
-        arrays are not the host's."""
+    def _in_place(self) -> Optional["InPlace"]:
+        """The program of this call's signature as an `InPlace`, found once
+        (a `Call` is one signature; what varies is the traced values).
+        None on a target whose arrays are not the host's."""
         if not self.f.target.is_array(np.empty(0)):
             return None
 
         def find() -> Program:
             return self.f.program(self.f.on_target(self.bound))
-        program = self.f.retrying_by_value(self.bound, find)
-        return program, self.f.out_spec(program), result_shapes(program, self.bound)
+        return InPlace(self, self.f.retrying_by_value(self.bound, find))
 
     def tangents(self, primals: Sequence[Any], tangents: Sequence[Any]) -> list:
         """The output tangents (JAX's jvp rule): a linear `Call` of f's
@@ -431,6 +422,47 @@ class Call:
         return jax.vmap(one)(*(values[i] for i in batched))
 
 
+class InPlace:
+    """A `Call`'s program run on XLA's buffers under `jit` on the CPU,
+    with what a call checks and works out done once, when JAX compiles
+    it: XLA hands buffers of the shapes and dtypes the call declared,
+    C-contiguous (row-major: the lowering's default), each result its own
+    memory and none an input's, so the driver for C-contiguous arguments
+    (`Program.run_contiguous`, where the call's constants are too) takes
+    them as they are, with none of `OutSpec.buffers`' checks of a
+    caller's `out=`.  A result JAX narrows (f64 without `jax_enable_x64`)
+    is made by the kernels and cast into its buffer.  It holds nothing a
+    call changes, so threads run it at once.  Runs record on no
+    `dsl.Tape` (JAX differentiates them)."""
+
+    def __init__(self, call: Call, program: Program):
+        names = list(call.bound)
+        # each traced input: its slot among the driver's arguments, the dtype f is bound in
+        self.inputs = [(names.index(n), call.bound[n].dtype) for n in call.names]
+        self.arguments = list(call.bound.values())  # the constants (placeholders replaced)
+        self.n_results = len(call.all_outs)
+        self.written, self.cast = [], []  # (buffer index, result index)
+        for i, (k, (_, dtype)) in enumerate(zip(call.keep, call.outs)):
+            (self.written if dtype == call.all_outs[k][1] else self.cast).append((i, k))
+        contiguous = all(a.flags.c_contiguous for n, a in call.bound.items()
+                         if n not in call.names)
+        self.run = program.run_contiguous if contiguous else program.run
+
+    def __call__(self, buffers: Sequence[Any], arrays: Sequence[Any]) -> None:
+        """Run into `buffers` (XLA's results) on `arrays` (its inputs'
+        buffers, which take no dtype in `np.asarray`)."""
+        arguments = list(self.arguments)
+        for (slot, dtype), array in zip(self.inputs, arrays):
+            array = np.asarray(array)
+            arguments[slot] = array if array.dtype == dtype else array.astype(dtype)
+        out: list[Optional[np.ndarray]] = [None] * self.n_results
+        for i, k in self.written:
+            out[k] = np.asarray(buffers[i])
+        results = self.run(*arguments, out=tuple(out))
+        for i, k in self.cast:
+            np.copyto(np.asarray(buffers[i]), results[k], casting="unsafe")
+
+
 def _derivative_inputs(f: Compiled) -> set[str]:
     """The tangents (of a `JvpFunction`) or cotangents (of a `VjpFunction`)
     that f takes besides its function's arguments; none for another f."""
@@ -496,7 +528,7 @@ def _primitive():
         # (no copy of the results; `benchmarks/run.py --only interop`)
         shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
         return buffer_callback(
-            lambda _, outs, *args: call.run_into([np.asarray(o) for o in outs], *args),
+            lambda _, outs, *args: call.run_into(outs, *args),
             shapes)(*values)
 
     def jvp(primals, tangents, *, call: Call):
