@@ -401,6 +401,19 @@ class Compiled:
         caller's buffers for the results, shaped like them (`OutSpec`)."""
         return self.retrying_by_value(bound, lambda: self._call_bound(bound, args, out))
 
+    def call_known(self, bound: dict[str, Any]) -> tuple:
+        """`call_bound(bound)`, for a caller that binds once and runs many
+        times (a bridge's operation in a traced graph): the program the
+        fast path keeps for arguments of these dtypes, shapes and strides
+        (`FastPath`) runs them where it has one, and else `call_bound`
+        gives it one."""
+        args = tuple(bound.values())
+        if not THREAD.tapes:
+            known = self._fast.programs.get(fast_key(args))
+            if known is not None:
+                return known[1](*args)
+        return self.call_bound(bound, args)
+
     def _call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any],
                     out: Any) -> tuple[np.ndarray, ...]:
         on_target = self.on_target(bound)

@@ -193,7 +193,7 @@ class OpCall:
             bound.update(self._live_params())
         # (contiguous, as the fake rule's results are: inductor asserts the
         # strides it traced, and a kernel may give a transposed array)
-        results = [_tensor(o).contiguous() for o in self.f.call_bound(bound)]
+        results = [_tensor(o).contiguous() for o in self.f.call_known(bound)]
         if self.n_results is not None and \
                 len(results) != self.n_results + len(self.saved_names) - len(self.names):
             raise ArgumentError(f"{called(self.f.name)} keeps other residuals for these sizes "
