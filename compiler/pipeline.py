@@ -47,7 +47,7 @@ import platform
 import sys
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import llvmlite
 import numba
@@ -331,6 +331,7 @@ class Program:
     in_types: tuple[TensorType, ...]
     out_types: tuple[TensorType, ...]
     optimized: Callable[[], Function]
+    kernels: Any = None  # the namespace of the kernels the drivers launch (their `K`)
 
     @cached_property
     def ir(self) -> Function:
@@ -364,7 +365,7 @@ def _load(generated: Generated, drivers: tuple, types: tuple,
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernel_modules(generated.kernel_modules)
     run, run_contiguous = (make_driver(d, kernels, target.helpers) for d in drivers)
-    return Program(generated, run, run_contiguous, *types, optimized)
+    return Program(generated, run, run_contiguous, *types, optimized, kernels)
 
 
 def build_stored(key: tuple, lower: Callable[[], Function],

@@ -62,6 +62,7 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
+from dsl.jax_ffi import ffi_target
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
                           batched_function, jvp_function, result_types, stacked_jvp_function,
                           stacked_vjp_function)
@@ -245,6 +246,20 @@ class Call:
         def find() -> Program:
             return self.f.program(self.f.on_target(self.bound))
         return InPlace(self, self.f.retrying_by_value(self.bound, find))
+
+    @functools.cached_property
+    def ffi_target(self) -> Optional[str]:
+        """The XLA FFI target that runs this call's kernels on XLA's
+        buffers with no Python (`dsl.jax_ffi`), made once, where the call
+        keeps every result of its program in its dtype and the program is
+        a straight sequence of kernels; else None (the callback runs it)."""
+        try:
+            in_place = self._in_place
+        except GradError:  # raised again where the callback runs the call
+            return None
+        if in_place is None or in_place.cast or self.keep != tuple(range(len(self.all_outs))):
+            return None
+        return ffi_target(in_place.program, self.bound, self.names, self.outs)
 
     def tangents(self, primals: Sequence[Any], tangents: Sequence[Any]) -> list:
         """The output tangents (JAX's jvp rule): a linear `Call` of f's
@@ -446,6 +461,7 @@ class InPlace:
             (self.written if dtype == call.all_outs[k][1] else self.cast).append((i, k))
         contiguous = all(a.flags.c_contiguous for n, a in call.bound.items()
                          if n not in call.names)
+        self.program = program
         self.run = program.run_contiguous if contiguous else program.run
 
     def __call__(self, buffers: Sequence[Any], arrays: Sequence[Any]) -> None:
@@ -525,8 +541,13 @@ def _primitive():
     def lowered_on_cpu(*values, call: Call):
         # XLA's own result buffers, which the kernels fill: a fifth of a
         # pure_callback's cost for a small call, a quarter at 1e6 elements
-        # (no copy of the results; `benchmarks/run.py --only interop`)
+        # (no copy of the results; `benchmarks/run.py --only interop`), and
+        # with no Python at all where the kernels are all the call runs
         shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
+        # (an input JAX holds in another dtype than f is bound in: the callback converts it)
+        if call.ffi_target is not None and all(
+                v.dtype == call.bound[n].dtype for n, v in zip(call.names, values)):
+            return jax.ffi.ffi_call(call.ffi_target, shapes)(*values)
         return buffer_callback(
             lambda _, outs, *args: call.run_into(outs, *args),
             shapes)(*values)

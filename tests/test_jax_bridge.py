@@ -766,3 +766,76 @@ def test_an_hvp_vector_of_another_dtype_is_converted_not_dropped(x64):
     vs = jnp.stack([v, 2 * v])
     mapped = dsl.to_jax(dsl.vmap(dsl.hvp(f, wrt=1), in_axes=(None, None, None, 0)))
     np.testing.assert_allclose(mapped(x, w, vs), hessian * np.asarray(vs), rtol=1e-13)
+
+
+def callbacks(monkeypatch) -> list:
+    """The calls the bridge runs through a Python callback (eagerly, or
+    under jit where no FFI handler runs it) from now on."""
+    from dsl import jax_bridge
+    ran = []
+    for method in ("run", "run_into"):
+        run = getattr(jax_bridge.Call, method)
+        monkeypatch.setattr(jax_bridge.Call, method,
+                            lambda call, *a, run=run: (ran.append(call.f.name), run(call, *a))[1])
+    return ran
+
+
+def test_a_small_call_under_jit_runs_its_kernels_with_no_python(x64, monkeypatch):
+    # each call under jit crossed into Python twice (forward, backward), a
+    # callback that cost 3 times JAX's own jitted log1pexp at n = 16; its
+    # kernels now run from an XLA FFI handler on XLA's buffers
+    from dsl import jax_ffi
+    ran = callbacks(monkeypatch)
+    f = load("log1pexp").log1pexp
+    g = dsl.to_jax(f)
+    step = jax.jit(lambda x: jax.value_and_grad(lambda x: g(x).sum())(x))
+    x = np.linspace(-30.0, 40.0, 16).reshape(4, 4)  # a rank-2 buffer, read flat
+    for x in (x, x[::-1] / 3):
+        value, grad = step(x)
+        np.testing.assert_allclose(value, np.logaddexp(0, x).sum(), rtol=1e-14)
+        # (the grad block's 1 - 1 / (1 + e), as the direct call computes it)
+        np.testing.assert_array_equal(grad, dsl.grad(f)(x))
+        np.testing.assert_allclose(grad, 1 / (1 + np.exp(-x)), rtol=1e-12, atol=1e-16)
+    assert ran == []
+    assert jax_ffi._HANDLERS
+
+
+def test_an_ffi_handler_reads_the_calls_constants_and_writes_each_result(x64, monkeypatch):
+    # a constant (the Python float) is read where the call holds it; two
+    # inputs, two results, each in its own buffer
+    ran = callbacks(monkeypatch)
+    m = dsl.loads("def two(x, y, c):\n    return x * y * c, sin(x) * c\n")
+    f = dsl.to_jax(m.two)
+    x, y = np.linspace(-2.0, 2.0, 5), np.arange(5.0)
+    for c in (3.0, -0.5):
+        got = jax.jit(lambda x, y: f(x, y, c))(x, y)
+        np.testing.assert_allclose(got[0], x * y * c, rtol=1e-15)
+        np.testing.assert_allclose(got[1], np.sin(x) * c, rtol=1e-15)
+    assert ran == []
+
+
+def test_a_call_an_ffi_handler_cannot_run_keeps_the_callback(x64, monkeypatch):
+    # a matmul (a helper of the driver, not a kernel) and a size whose
+    # kernel the driver may run in parallel: the Python callback runs them
+    ran = callbacks(monkeypatch)
+    x, w, b = RNG.normal(size=(3, 4)), RNG.normal(size=(4, 2)), RNG.normal(size=2)
+    got = jax.jit(dsl.to_jax(load("dense").dense))(x, w, b)
+    np.testing.assert_allclose(got, np.logaddexp(0, x @ w + b), rtol=1e-13)
+    assert ran == ["dense"]
+    big = np.linspace(-1.0, 1.0, 40_000)
+    got = jax.jit(dsl.to_jax(load("log1pexp").log1pexp))(big)
+    np.testing.assert_allclose(got, np.logaddexp(0, big), rtol=1e-14)
+    assert ran == ["dense", "log1pexp"]
+
+
+def test_threads_run_one_ffi_handler_at_once(x64):
+    # a handler keeps nothing between calls: its temporaries are its own
+    from concurrent.futures import ThreadPoolExecutor
+    f = load("log1pexp").log1pexp
+    g = dsl.to_jax(f)
+    step = jax.jit(jax.grad(lambda x: g(x).sum()))
+    xs = [np.linspace(-5.0, 5.0, 16) * k for k in range(1, 9)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda x: np.asarray(step(x)), xs * 8))
+    for x, grad in zip(xs * 8, got):
+        np.testing.assert_array_equal(grad, dsl.grad(f)(x))

@@ -1,0 +1,236 @@
+"""XLA FFI targets that run a `dsl.to_jax` call's kernels under `jit` on
+the CPU with no Python at all.
+
+Contract: `ffi_target(program, arguments, traced, results)` returns the
+name of an XLA FFI target (typed FFI, `jax.ffi.ffi_call`), registered
+once, whose handler, a Numba `cfunc`, launches the program's kernels on
+XLA's buffers: the operation's inputs (the values of the arguments named
+`traced`, in that order) and its results (the program's, all of them, in
+order); or None where the program is not a straight sequence of serial
+kernel launches on those buffers, temporaries and the call's constants
+(anything its driver does besides allocating temporaries and launching
+kernels: a reduction, a matmul, a gather that checks its indices, a
+result copied or cast, a parallel kernel, which the driver picks from
+the machine's load at each call, pooled memory), which then keeps the
+Python callback.  The plan is found once, by running the driver for
+C-contiguous arguments (`Program.run_contiguous`'s source) on stand-ins
+that record what it does; the shapes under `jit` are static, so the
+sizes it passes are the handler's constants.  Kernels raise nothing
+(only the helpers that check indices do, and those are no kernels), so
+a handler returns no error.  A handler holds nothing between calls (its
+temporaries are its own), so XLA may run it on several threads at once.
+
+A handler answers XLA's query of its metadata (the FFI version of
+`jaxlib/include/xla/ffi/api/c_api.h` it was written against) and reads
+buffers at the offsets of that header's structs on a 64-bit host:
+`XLA_FFI_CallFrame` (`args.args` at byte 72, `rets.rets` at 112, `stage`
+at 32), `XLA_FFI_Buffer` (`data` at 24).  Compiling one costs about what
+compiling a small kernel does (0.05-0.1 s); it saves the two
+crossings into Python of every call (a fwd+bwd of log1pexp at n = 16
+under `jit`: `benchmarks/run.py --only interop`).
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from numba import carray, cfunc, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from gradlang.compiler.pipeline import Program
+from gradlang.runtime.loader import make_driver
+
+_HANDLERS: list = []  # every handler registered (XLA's executables call them for good)
+_NAMES = itertools.count()
+_REGISTERING = threading.Lock()
+
+
+def ffi_target(program: Program, arguments: dict[str, Any], traced: Sequence[str],
+               results: Sequence[tuple[tuple, np.dtype]]) -> Optional[str]:
+    """The FFI target running `program` on `arguments` (the call's bound
+    values: stand-ins for the names `traced`, the operation's inputs),
+    whose outputs are `results` (shape, dtype): see the module's
+    contract.  None where the program is no straight sequence of kernels."""
+    plan = _plan(program, arguments, traced, results)
+    if plan is None:
+        return None
+    source, namespace, kept = plan
+    exec(compile(source, "<gradlang ffi handler>", "exec"), namespace)
+    handler = cfunc(types.intp(types.intp), nopython=True)(namespace["handler"])
+    import jax
+    with _REGISTERING:
+        name = f"gradlang_call_{next(_NAMES)}"
+        jax.ffi.register_ffi_target(
+            name, jax.ffi.pycapsule(ctypes.cast(handler.address, ctypes.CFUNCTYPE(None))),
+            platform="cpu")
+        _HANDLERS.append((handler, kept))
+    return name
+
+
+class _Unplanned(Exception):
+    """The driver did something a handler does not do."""
+
+
+class _Helpers:
+    """The driver's `R` while planning: temporaries (`empty`) and views
+    of contiguous arrays (`flat`, `reshape`) alone; anything else is
+    `_Unplanned`."""
+
+    def __init__(self) -> None:
+        self.temporaries: list[np.ndarray] = []
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        array = np.empty(shape, dtype)
+        self.temporaries.append(array)
+        return array
+
+    @staticmethod
+    def flat(x: np.ndarray) -> np.ndarray:
+        if not x.flags.c_contiguous:
+            raise _Unplanned("flat of a strided array")
+        return x.reshape(-1)
+
+    @staticmethod
+    def reshape(x: np.ndarray, shape: tuple) -> np.ndarray:
+        if not x.flags.c_contiguous:
+            raise _Unplanned("reshape of a strided array")
+        return x.reshape(shape)  # (a view: its kernels' launches read it by its memory)
+
+    def __getattr__(self, name: str):
+        raise _Unplanned(name)
+
+
+class _Kernels:
+    """The driver's `K` while planning: each launch recorded, none run."""
+
+    def __init__(self, kernels: Any) -> None:
+        self.kernels, self.launches = kernels, []
+
+    def __getattr__(self, name: str):
+        kernel = getattr(self.kernels, name)
+        return lambda *args: self.launches.append((kernel, args))
+
+
+def _plan(program: Program, arguments: dict[str, Any], traced: Sequence[str],
+          results: Sequence[tuple[tuple, np.dtype]]) -> Optional[tuple[str, dict, list]]:
+    """(the handler's source, its namespace, the constants it reads by
+    address, which must outlive it), or None."""
+    if program.kernels is None or len(results) != len(program.out_types):
+        return None
+    stand_ins = {n: np.zeros(arguments[n].shape, arguments[n].dtype) for n in traced}
+    values = [stand_ins.get(n, a) for n, a in arguments.items()]
+    if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in values):
+        return None
+    outs = tuple(np.empty(shape, dtype) for shape, dtype in results)
+    helpers, kernels = _Helpers(), _Kernels(program.kernels)
+    try:
+        run = make_driver(program.generated.contiguous_driver_source, kernels, helpers)
+        made = run(*values, out=outs)
+    except _Unplanned:
+        return None
+    if len(made) != len(outs) or any(m is not o for m, o in zip(made, outs)) or \
+            not kernels.launches:
+        return None
+    # every array a kernel takes, by the memory it starts at: an input, a
+    # result, a temporary or a constant (held by the call), whole
+    sources: dict[int, tuple[str, np.ndarray]] = {}  # address -> (how to reach it, it)
+    for k, n in enumerate(traced):
+        sources.setdefault(_address(stand_ins[n]), (f"argument(frame, {k})", stand_ins[n]))
+    for j, o in enumerate(outs):
+        sources[_address(o)] = (f"result(frame, {j})", o)
+    for t in helpers.temporaries:
+        sources[_address(t)] = ("temporary", t)
+    for a in arguments.values():
+        if isinstance(a, np.ndarray) and a.size:
+            sources.setdefault(_address(a), ("constant", a))
+    lines = ["def handler(frame):", "    if answered_metadata(frame):", "        return 0"]
+    namespace: dict[str, Any] = {"np": np, "carray": carray, "pointer": pointer,
+                                 "answered_metadata": answered_metadata,
+                                 "argument": argument, "result": result}
+    named: dict[int, str] = {}
+    kept: list[np.ndarray] = []
+    calls = []
+    for k, (kernel, args) in enumerate(kernels.launches):
+        namespace[f"kernel{k}"] = kernel
+        spelled = []
+        for a in args:
+            if type(a) is int or isinstance(a, np.integer):
+                spelled.append(repr(int(a)))
+                continue
+            if not isinstance(a, np.ndarray) or a.ndim != 1 or not a.flags.c_contiguous or \
+                    a.size == 0 or _address(a) not in sources:
+                return None
+            where, whole = sources[_address(a)]
+            if whole.size != a.size or whole.dtype != a.dtype:
+                return None  # part of an array, or another dtype's view of it
+            if _address(a) not in named:
+                var = named[_address(a)] = f"a{len(named)}"
+                shape, dtype = f"({a.size},)", f"np.{a.dtype.name}"
+                if where == "temporary":
+                    lines.append(f"    {var} = np.empty({shape}, {dtype})")
+                elif where == "constant":  # read where it lies, which the handler outlives
+                    kept.append(whole)
+                    lines.append(f"    {var} = carray(pointer({_address(a)}), {shape}, {dtype})")
+                else:
+                    lines.append(f"    {var} = carray(pointer({where}), {shape}, {dtype})")
+            spelled.append(named[_address(a)])
+        calls.append(f"    kernel{k}({', '.join(spelled)})")
+    return "\n".join(lines + calls + ["    return 0", ""]), namespace, kept
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+@intrinsic
+def pointer(typingctx, address):
+    """The address (an integer) as a pointer, for `carray`."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(types.intp), codegen
+
+
+# c_api.h's layout, in 8-byte words and bytes (see the module's contract)
+_EXTENSION_METADATA = 1  # XLA_FFI_Extension_Metadata
+_API_VERSION = (0, 3)  # XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR of that header
+_API_VERSION_SIZE = 28  # XLA_FFI_Api_Version_STRUCT_SIZE
+_STAGE_EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
+
+
+@njit(cache=True, nogil=True)
+def answered_metadata(frame: int) -> bool:
+    """Whether the call is other than one to execute: XLA's query of the
+    handler's metadata (a `XLA_FFI_Metadata_Extension` first among the
+    frame's extensions), answered with the FFI version and no traits, or
+    a stage before execution (none is registered), which has nothing to do."""
+    words = carray(pointer(frame), (5,), np.int64)
+    if words[1] != 0:
+        base = carray(pointer(words[1]), (4,), np.int64)
+        if (base[1] & 0xffffffff) == _EXTENSION_METADATA:
+            metadata = carray(pointer(base[3]), (4,), np.int64)
+            metadata[1] = _API_VERSION_SIZE  # api_version: struct_size,
+            metadata[2] = 0  # extension_start,
+            metadata[3] = (_API_VERSION[1] << 32) | _API_VERSION[0]  # major, minor (int32s)
+            carray(pointer(base[3] + 32), (1,), np.uint32)[0] = 0  # traits
+            return True
+    return (words[4] & 0xffffffff) != _STAGE_EXECUTE
+
+
+@njit(cache=True, nogil=True)
+def argument(frame: int, index: int) -> int:
+    """The address of the data of the frame's input buffer `index`."""
+    buffers = carray(pointer(frame), (15,), np.int64)[9]  # args.args
+    buffer = carray(pointer(buffers), (index + 1,), np.int64)[index]
+    return carray(pointer(buffer), (4,), np.int64)[3]  # XLA_FFI_Buffer.data
+
+
+@njit(cache=True, nogil=True)
+def result(frame: int, index: int) -> int:
+    """The address of the data of the frame's result buffer `index`."""
+    buffers = carray(pointer(frame), (15,), np.int64)[14]  # rets.rets
+    buffer = carray(pointer(buffers), (index + 1,), np.int64)[index]
+    return carray(pointer(buffer), (4,), np.int64)[3]
