@@ -9,10 +9,12 @@ module's value when JAX traces the call, and gets no gradient: a jitted
 function keeps the value it was traced with, as it keeps any NumPy array
 it closes over), and returns JAX arrays shaped as f's results.  A call
 is one operation of the JAX primitive `gradlang_call` (`_primitive`),
-which runs f's compiled kernels on the host (under `jit`, through
-`jax.experimental.buffer_callback` on the CPU, the kernels writing into
-XLA's result buffers, or `jax.pure_callback` where that is missing or on
-another platform).  Its jvp rule is gradlang's forward mode
+which runs f's compiled kernels on the host (under `jit` on the CPU: from
+an XLA FFI handler, with no Python, where f's program is a straight
+sequence of kernels, `dsl.jax_ffi`, else through
+`jax.experimental.buffer_callback`, the kernels writing into XLA's result
+buffers; `jax.pure_callback` where that is missing or on another
+platform).  Its jvp rule is gradlang's forward mode
 (`dsl.function.JvpFunction`: through grad blocks, their transposition),
 as such an operation linear in the tangents, whose transpose rule is f's
 backward pass (`dsl.function.VjpFunction`) as another one.  So

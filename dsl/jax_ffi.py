@@ -8,32 +8,39 @@ XLA's buffers: the operation's inputs (the values of the arguments named
 `traced`, in that order) and its results (the program's, all of them, in
 order); or None where the program is not a straight sequence of serial
 kernel launches on those buffers, temporaries and the call's constants
-(anything its driver does besides allocating temporaries and launching
-kernels: a reduction, a matmul, a gather that checks its indices, a
-result copied or cast, a parallel kernel, which the driver picks from
-the machine's load at each call, pooled memory), which then keeps the
-Python callback.  The plan is found once, by running the driver for
-C-contiguous arguments (`Program.run_contiguous`'s source) on stand-ins
-that record what it does; the shapes under `jit` are static, so the
-sizes it passes are the handler's constants.  Kernels raise nothing
-(only the helpers that check indices do, and those are no kernels), so
-a handler returns no error.  A handler holds nothing between calls (its
-temporaries are its own), so XLA may run it on several threads at once.
+(anything its driver does besides allocating temporaries, taking views
+and launching kernels: a matmul, a reduction or layout op of the driver's
+own, a gather that checks its indices, a result copied or cast, a
+parallel kernel, which the driver picks from the machine's load at each
+call, pooled memory), which then keeps the Python callback.  The plan
+is found once, by running the driver for C-contiguous arguments
+(`Program.run_contiguous`'s source) on stand-ins that record what it
+does; the shapes under `jit` are static, so the sizes it passes are the
+handler's constants.  Kernels raise nothing (only the helpers that check
+indices do, and those are no kernels), so a handler returns no error.  A
+handler holds nothing between calls (its temporaries are its own), so
+XLA may run it on several threads at once.
 
-A handler answers XLA's query of its metadata (the FFI version of
-`jaxlib/include/xla/ffi/api/c_api.h` it was written against) and reads
-buffers at the offsets of that header's structs on a 64-bit host:
-`XLA_FFI_CallFrame` (`args.args` at byte 72, `rets.rets` at 112, `stage`
-at 32), `XLA_FFI_Buffer` (`data` at 24).  Compiling one costs about what
-compiling a small kernel does (0.05-0.1 s); it saves the two
-crossings into Python of every call (a fwd+bwd of log1pexp at n = 16
-under `jit`: `benchmarks/run.py --only interop`).
+A handler answers XLA's query of its metadata with the FFI version of
+the installed jaxlib's `include/xla/ffi/api/c_api.h`, and reads buffers
+at the offsets of that header's structs on a 64-bit host, which hold for
+its major version 0 (a minor version adds fields at the ends of structs;
+under another major version no handler is made): `XLA_FFI_CallFrame`
+(`extension_start` at byte 8, `stage` at 32, `args.args` at 72,
+`rets.rets` at 112) and `XLA_FFI_Buffer` (`data` at 24).  Compiling one
+costs about what compiling a small kernel does (0.05-0.15 s), once per
+operation JAX compiles; it saves the two crossings into Python of each
+call of a fwd+bwd (log1pexp at n = 16 under `jit`: 0.042 ms -> 0.018 ms,
+JAX's own jitted version 0.015-0.02 ms; `benchmarks/run.py --only interop`).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
+import re
 import threading
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -55,7 +62,7 @@ def ffi_target(program: Program, arguments: dict[str, Any], traced: Sequence[str
     values: stand-ins for the names `traced`, the operation's inputs),
     whose outputs are `results` (shape, dtype): see the module's
     contract.  None where the program is no straight sequence of kernels."""
-    plan = _plan(program, arguments, traced, results)
+    plan = None if _api_version() is None else _plan(program, arguments, traced, results)
     if plan is None:
         return None
     source, namespace, kept = plan
@@ -147,7 +154,8 @@ def _plan(program: Program, arguments: dict[str, Any], traced: Sequence[str],
     for a in arguments.values():
         if isinstance(a, np.ndarray) and a.size:
             sources.setdefault(_address(a), ("constant", a))
-    lines = ["def handler(frame):", "    if answered_metadata(frame):", "        return 0"]
+    lines = ["def handler(frame):",
+             f"    if answered_metadata(frame, {_api_version()[1]}):", "        return 0"]
     namespace: dict[str, Any] = {"np": np, "carray": carray, "pointer": pointer,
                                  "answered_metadata": answered_metadata,
                                  "argument": argument, "result": result}
@@ -194,18 +202,36 @@ def pointer(typingctx, address):
     return types.voidptr(types.intp), codegen
 
 
+@functools.cache
+def _api_version() -> Optional[tuple[int, int]]:
+    """The FFI version (major, minor) of the installed jaxlib's c_api.h,
+    which a handler reports as its own; None unless its major version is 0,
+    the layout the handlers read (a minor version only adds fields at the
+    ends of structs)."""
+    import jaxlib
+    header = Path(jaxlib.__file__).parent / "include/xla/ffi/api/c_api.h"
+    try:
+        text = header.read_text()
+    except OSError:
+        return None
+    found = [re.search(rf"#define XLA_FFI_API_{part} (\d+)", text) for part in ("MAJOR", "MINOR")]
+    if None in found or int(found[0].group(1)) != 0:
+        return None
+    return 0, int(found[1].group(1))
+
+
 # c_api.h's layout, in 8-byte words and bytes (see the module's contract)
 _EXTENSION_METADATA = 1  # XLA_FFI_Extension_Metadata
-_API_VERSION = (0, 3)  # XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR of that header
 _API_VERSION_SIZE = 28  # XLA_FFI_Api_Version_STRUCT_SIZE
 _STAGE_EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
 
 
 @njit(cache=True, nogil=True)
-def answered_metadata(frame: int) -> bool:
+def answered_metadata(frame: int, minor_version: int) -> bool:
     """Whether the call is other than one to execute: XLA's query of the
     handler's metadata (a `XLA_FFI_Metadata_Extension` first among the
-    frame's extensions), answered with the FFI version and no traits, or
+    frame's extensions), answered with the FFI version (0.`minor_version`)
+    and no traits, or
     a stage before execution (none is registered), which has nothing to do."""
     words = carray(pointer(frame), (5,), np.int64)
     if words[1] != 0:
@@ -214,7 +240,7 @@ def answered_metadata(frame: int) -> bool:
             metadata = carray(pointer(base[3]), (4,), np.int64)
             metadata[1] = _API_VERSION_SIZE  # api_version: struct_size,
             metadata[2] = 0  # extension_start,
-            metadata[3] = (_API_VERSION[1] << 32) | _API_VERSION[0]  # major, minor (int32s)
+            metadata[3] = minor_version << 32  # major (0), minor (int32s)
             carray(pointer(base[3] + 32), (1,), np.uint32)[0] = 0  # traits
             return True
     return (words[4] & 0xffffffff) != _STAGE_EXECUTE
