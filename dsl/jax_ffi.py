@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, cfunc, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from gradlang.compiler.pipeline import Program
-from gradlang.runtime.loader import make_driver
+from gradlang.runtime.loader import jit_in_kernel_cache, make_driver
 
 _HANDLERS: list = []  # every handler registered (XLA's executables call them for good)
 _NAMES = itertools.count()
@@ -226,7 +226,7 @@ _API_VERSION_SIZE = 28  # XLA_FFI_Api_Version_STRUCT_SIZE
 _STAGE_EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
 
 
-@njit(cache=True, nogil=True)
+@jit_in_kernel_cache()
 def answered_metadata(frame: int, minor_version: int) -> bool:
     """Whether the call is other than one to execute: XLA's query of the
     handler's metadata (a `XLA_FFI_Metadata_Extension` first among the
@@ -246,7 +246,7 @@ def answered_metadata(frame: int, minor_version: int) -> bool:
     return (words[4] & 0xffffffff) != _STAGE_EXECUTE
 
 
-@njit(cache=True, nogil=True)
+@jit_in_kernel_cache()
 def argument(frame: int, index: int) -> int:
     """The address of the data of the frame's input buffer `index`."""
     buffers = carray(pointer(frame), (15,), np.int64)[9]  # args.args
@@ -254,7 +254,7 @@ def argument(frame: int, index: int) -> int:
     return carray(pointer(buffer), (4,), np.int64)[3]  # XLA_FFI_Buffer.data
 
 
-@njit(cache=True, nogil=True)
+@jit_in_kernel_cache()
 def result(frame: int, index: int) -> int:
     """The address of the data of the frame's result buffer `index`."""
     buffers = carray(pointer(frame), (15,), np.int64)[14]  # rets.rets

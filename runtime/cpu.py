@@ -38,7 +38,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     trip_count,
 )
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.loader import cache_in_kernel_cache, manage_dispatcher
+from gradlang.runtime.loader import jit_in_kernel_cache
 from gradlang.runtime.parallelism import parallel_allowed  # drivers call R.parallel_allowed
 from gradlang.runtime.target import Target, is_device_array, largest, smallest
 
@@ -109,15 +109,7 @@ def concatenate(xs: tuple, axis: int) -> np.ndarray:
     return np.concatenate(xs, axis=axis)
 
 
-def _jit(**options):
-    """numba.njit with a disk cache in the kernel cache, under the
-    loader's policy for dispatchers (lean compiles, checked cache files)."""
-    def wrap(fn):
-        dispatcher = numba.njit(nogil=True, no_cfunc_wrapper=True, **options)(fn)
-        cache_in_kernel_cache(dispatcher)
-        manage_dispatcher(dispatcher)
-        return dispatcher
-    return wrap
+_jit = jit_in_kernel_cache
 
 
 @_jit()

@@ -390,6 +390,19 @@ def cache_in_kernel_cache(dispatcher: CPUDispatcher) -> None:
         dispatcher._cache = _KernelCache(dispatcher.py_func)
 
 
+def jit_in_kernel_cache(**options) -> Callable[[Callable], CPUDispatcher]:
+    """numba.njit (nogil, no C wrapper) with a disk cache in the kernel
+    cache, under this module's policy for dispatchers (lean compiles,
+    checked cache files): for the runtime's helpers, and others' that
+    generated code calls."""
+    def wrap(fn: Callable) -> CPUDispatcher:
+        dispatcher = numba.njit(nogil=True, no_cfunc_wrapper=True, **options)(fn)
+        cache_in_kernel_cache(dispatcher)
+        manage_dispatcher(dispatcher)
+        return dispatcher
+    return wrap
+
+
 def _purge(cache: Cache) -> None:
     index = Path(cache._cache_file._index_path)
     stem = index.name[:-len(".nbi")]
