@@ -64,7 +64,7 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
-from dsl.jax_ffi import ffi_target
+from dsl.jax_ffi import Plan, ffi_target
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
                           batched_function, jvp_function, result_types, stacked_jvp_function,
                           stacked_vjp_function)
@@ -250,11 +250,12 @@ class Call:
         return InPlace(self, self.f.retrying_by_value(self.bound, find))
 
     @functools.cached_property
-    def ffi_target(self) -> Optional[str]:
+    def ffi_plan(self) -> Optional[Plan]:
         """The XLA FFI target that runs this call's kernels on XLA's
-        buffers with no Python (`dsl.jax_ffi`), made once, where the call
-        keeps every result of its program in its dtype and the program is
-        a straight sequence of kernels; else None (the callback runs it)."""
+        buffers with no Python, and what it passes it (`dsl.jax_ffi`),
+        found once, where the call keeps every result of its program in
+        its dtype and the program is a straight sequence of kernels; else
+        None (the callback runs it)."""
         try:
             in_place = self._in_place
         except GradError:  # raised again where the callback runs the call
@@ -547,9 +548,10 @@ def _primitive():
         # with no Python at all where the kernels are all the call runs
         shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
         # (an input JAX holds in another dtype than f is bound in: the callback converts it)
-        if call.ffi_target is not None and all(
+        plan = call.ffi_plan
+        if plan is not None and all(
                 v.dtype == call.bound[n].dtype for n, v in zip(call.names, values)):
-            return jax.ffi.ffi_call(call.ffi_target, shapes)(*values)
+            return jax.ffi.ffi_call(plan.target, shapes)(*values, *plan.constants, plan.numbers)
         return buffer_callback(
             lambda _, outs, *args: call.run_into(outs, *args),
             shapes)(*values)

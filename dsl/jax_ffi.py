@@ -1,25 +1,30 @@
 """XLA FFI targets that run a `dsl.to_jax` call's kernels under `jit` on
 the CPU with no Python at all.
 
-Contract: `ffi_target(program, arguments, traced, results)` returns the
-name of an XLA FFI target (typed FFI, `jax.ffi.ffi_call`), registered
-once, whose handler, a Numba `cfunc`, launches the program's kernels on
-XLA's buffers: the operation's inputs (the values of the arguments named
-`traced`, in that order) and its results (the program's, all of them, in
-order); or None where the program is not a straight sequence of serial
-kernel launches on those buffers, temporaries and the call's constants
-(anything its driver does besides allocating temporaries, taking views
-and launching kernels: a matmul, a reduction or layout op of the driver's
-own, a gather that checks its indices, a result copied or cast, a
-parallel kernel, which the driver picks from the machine's load at each
-call, pooled memory), which then keeps the Python callback.  The plan
-is found once, by running the driver for C-contiguous arguments
+Contract: `ffi_target(program, arguments, traced, results)` returns a
+`Plan`: the name of an XLA FFI target (typed FFI, `jax.ffi.ffi_call`)
+whose handler, a Numba `cfunc`, launches the program's kernels on XLA's
+buffers, and the operands the operation passes it besides its inputs
+(the values of the arguments named `traced`, in that order): the call's
+constants its kernels read, as bytes (XLA keeps them with the
+executable, so nothing here must outlive it; at most `CONSTANT_BYTES`),
+and the sizes the handler passes (the bytes of int64s).  Its results are
+the program's, all of them, in order.  The handler's code names no size
+and no address, so one handler serves every size of a program, and is
+compiled once per process (0.05-0.2 s, what a small kernel costs).  None
+where the program is not a straight sequence of serial kernel launches
+on those buffers, temporaries and the call's constants (anything its
+driver does besides allocating temporaries, taking views and launching
+kernels: a matmul, a reduction or layout op of the driver's own, a
+gather that checks its indices, a result copied or cast, a parallel
+kernel, which the driver picks from the machine's load at each call,
+pooled memory), which then keeps the Python callback.  The plan is found
+once per call, by running the driver for C-contiguous arguments
 (`Program.run_contiguous`'s source) on stand-ins that record what it
-does; the shapes under `jit` are static, so the sizes it passes are the
-handler's constants.  Kernels raise nothing (only the helpers that check
-indices do, and those are no kernels), so a handler returns no error.  A
-handler holds nothing between calls (its temporaries are its own), so
-XLA may run it on several threads at once.
+does: under `jit` the shapes are static.  Kernels raise nothing (only the
+helpers that check indices do, and those are no kernels), so a handler
+returns no error.  A handler holds nothing between calls (its
+temporaries are its own), so XLA may run it on several threads at once.
 
 A handler answers XLA's query of its metadata with the FFI version of
 the installed jaxlib's `include/xla/ffi/api/c_api.h`, and reads buffers
@@ -27,21 +32,19 @@ at the offsets of that header's structs on a 64-bit host, which hold for
 its major version 0 (a minor version adds fields at the ends of structs;
 under another major version no handler is made): `XLA_FFI_CallFrame`
 (`extension_start` at byte 8, `stage` at 32, `args.args` at 72,
-`rets.rets` at 112) and `XLA_FFI_Buffer` (`data` at 24).  Compiling one
-costs about what compiling a small kernel does (0.05-0.15 s), once per
-operation JAX compiles; it saves the two crossings into Python of each
-call of a fwd+bwd (log1pexp at n = 16 under `jit`: 0.042 ms -> 0.018 ms,
-JAX's own jitted version 0.015-0.02 ms; `benchmarks/run.py --only interop`).
+`rets.rets` at 112) and `XLA_FFI_Buffer` (`data` at 24).  It saves the
+two crossings into Python of each call of a fwd+bwd (log1pexp at n = 16
+under `jit`: 0.035 ms -> 0.009 ms, JAX's own jitted version 0.008 ms;
+`benchmarks/run.py --only interop`).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import re
 import threading
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 from numba import carray, cfunc, types
@@ -51,31 +54,50 @@ from numba.extending import intrinsic
 from gradlang.compiler.pipeline import Program
 from gradlang.runtime.loader import jit_in_kernel_cache, make_driver
 
-_HANDLERS: list = []  # every handler registered (XLA's executables call them for good)
-_NAMES = itertools.count()
+# the call's constants an operation passes its handler, at most (XLA holds
+# them in the executable: a larger one keeps the callback, which reads it)
+CONSTANT_BYTES = 1 << 16
+_HANDLERS: dict[tuple, tuple[str, Any]] = {}  # (source, kernels) -> (target name, cfunc)
 _REGISTERING = threading.Lock()
 
 
+class Plan(NamedTuple):
+    """What a call's operation under `jit` passes to its FFI target:
+    `constants` (the call's arrays its kernels read, as bytes), then the
+    handler's `numbers` (sizes, as the bytes of int64s), after the traced
+    inputs."""
+    target: str
+    constants: tuple[np.ndarray, ...]
+    numbers: np.ndarray
+
+
 def ffi_target(program: Program, arguments: dict[str, Any], traced: Sequence[str],
-               results: Sequence[tuple[tuple, np.dtype]]) -> Optional[str]:
-    """The FFI target running `program` on `arguments` (the call's bound
+               results: Sequence[tuple[tuple, np.dtype]]) -> Optional[Plan]:
+    """The `Plan` running `program` on `arguments` (the call's bound
     values: stand-ins for the names `traced`, the operation's inputs),
     whose outputs are `results` (shape, dtype): see the module's
     contract.  None where the program is no straight sequence of kernels."""
-    plan = None if _api_version() is None else _plan(program, arguments, traced, results)
-    if plan is None:
+    found = None if _api_version() is None else _plan(program, arguments, traced, results)
+    if found is None:
         return None
-    source, namespace, kept = plan
-    exec(compile(source, "<gradlang ffi handler>", "exec"), namespace)
-    handler = cfunc(types.intp(types.intp), nopython=True)(namespace["handler"])
-    import jax
-    with _REGISTERING:
-        name = f"gradlang_call_{next(_NAMES)}"
-        jax.ffi.register_ffi_target(
-            name, jax.ffi.pycapsule(ctypes.cast(handler.address, ctypes.CFUNCTYPE(None))),
-            platform="cpu")
-        _HANDLERS.append((handler, kept))
-    return name
+    source, kernels, constants, numbers = found
+    with _REGISTERING:  # (one handler per source and kernels, whatever the sizes)
+        known = _HANDLERS.get((source, kernels))
+        if known is None:
+            namespace: dict[str, Any] = {
+                "np": np, "carray": carray, "pointer": pointer, "argument": argument,
+                "result": result, "answered_metadata": answered_metadata,
+                **{f"kernel{k}": kernel for k, kernel in enumerate(kernels)}}
+            exec(compile(source, "<gradlang ffi handler>", "exec"), namespace)
+            handler = cfunc(types.intp(types.intp), nopython=True)(namespace["handler"])
+            import jax
+            name = f"gradlang_call_{len(_HANDLERS)}"
+            jax.ffi.register_ffi_target(
+                name, jax.ffi.pycapsule(ctypes.cast(handler.address, ctypes.CFUNCTYPE(None))),
+                platform="cpu")
+            known = _HANDLERS[source, kernels] = (name, handler)
+    return Plan(known[0], tuple(c.reshape(-1).view(np.uint8) for c in constants),
+                np.asarray(numbers, np.int64).view(np.uint8))
 
 
 class _Unplanned(Exception):
@@ -123,9 +145,9 @@ class _Kernels:
 
 
 def _plan(program: Program, arguments: dict[str, Any], traced: Sequence[str],
-          results: Sequence[tuple[tuple, np.dtype]]) -> Optional[tuple[str, dict, list]]:
-    """(the handler's source, its namespace, the constants it reads by
-    address, which must outlive it), or None."""
+          results: Sequence[tuple[tuple, np.dtype]]) -> Optional[tuple]:
+    """(the handler's source, the kernels it launches (`kernel0`, ...), the
+    call's constants it reads, its numbers), or None."""
     if program.kernels is None or len(results) != len(program.out_types):
         return None
     stand_ins = {n: np.zeros(arguments[n].shape, arguments[n].dtype) for n in traced}
@@ -143,7 +165,7 @@ def _plan(program: Program, arguments: dict[str, Any], traced: Sequence[str],
             not kernels.launches:
         return None
     # every array a kernel takes, by the memory it starts at: an input, a
-    # result, a temporary or a constant (held by the call), whole
+    # result, a temporary or a constant of the call, whole
     sources: dict[int, tuple[str, np.ndarray]] = {}  # address -> (how to reach it, it)
     for k, n in enumerate(traced):
         sources.setdefault(_address(stand_ins[n]), (f"argument(frame, {k})", stand_ins[n]))
@@ -154,20 +176,19 @@ def _plan(program: Program, arguments: dict[str, Any], traced: Sequence[str],
     for a in arguments.values():
         if isinstance(a, np.ndarray) and a.size:
             sources.setdefault(_address(a), ("constant", a))
-    lines = ["def handler(frame):",
-             f"    if answered_metadata(frame, {_api_version()[1]}):", "        return 0"]
-    namespace: dict[str, Any] = {"np": np, "carray": carray, "pointer": pointer,
-                                 "answered_metadata": answered_metadata,
-                                 "argument": argument, "result": result}
+    numbers: list[int] = []  # the sizes, read from an operand: one handler serves all
+
+    def number(value: int) -> str:
+        numbers.append(value)
+        return f"p[{len(numbers) - 1}]"
     named: dict[int, str] = {}
-    kept: list[np.ndarray] = []
-    calls = []
+    constants: list[np.ndarray] = []
+    lines, launches = [], []
     for k, (kernel, args) in enumerate(kernels.launches):
-        namespace[f"kernel{k}"] = kernel
         spelled = []
         for a in args:
             if type(a) is int or isinstance(a, np.integer):
-                spelled.append(repr(int(a)))
+                spelled.append(number(int(a)))
                 continue
             if not isinstance(a, np.ndarray) or a.ndim != 1 or not a.flags.c_contiguous or \
                     a.size == 0 or _address(a) not in sources:
@@ -177,17 +198,24 @@ def _plan(program: Program, arguments: dict[str, Any], traced: Sequence[str],
                 return None  # part of an array, or another dtype's view of it
             if _address(a) not in named:
                 var = named[_address(a)] = f"a{len(named)}"
-                shape, dtype = f"({a.size},)", f"np.{a.dtype.name}"
+                shape, dtype = f"({number(a.size)},)", f"np.{a.dtype.name}"
                 if where == "temporary":
                     lines.append(f"    {var} = np.empty({shape}, {dtype})")
-                elif where == "constant":  # read where it lies, which the handler outlives
-                    kept.append(whole)
-                    lines.append(f"    {var} = carray(pointer({_address(a)}), {shape}, {dtype})")
                 else:
+                    if where == "constant":  # an operand after the traced ones
+                        constants.append(whole)
+                        where = f"argument(frame, {len(traced) + len(constants) - 1})"
                     lines.append(f"    {var} = carray(pointer({where}), {shape}, {dtype})")
             spelled.append(named[_address(a)])
-        calls.append(f"    kernel{k}({', '.join(spelled)})")
-    return "\n".join(lines + calls + ["    return 0", ""]), namespace, kept
+        launches.append(f"    kernel{k}({', '.join(spelled)})")
+    if sum(c.nbytes for c in constants) > CONSTANT_BYTES:
+        return None
+    head = ["def handler(frame):",
+            f"    if answered_metadata(frame, {_api_version()[1]}):", "        return 0",
+            f"    p = carray(pointer(argument(frame, {len(traced) + len(constants)})), "
+            f"({len(numbers)},), np.int64)"]
+    source = "\n".join(head + lines + launches + ["    return 0", ""])
+    return source, tuple(kernel for kernel, _ in kernels.launches), constants, numbers
 
 
 def _address(array: np.ndarray) -> int:
