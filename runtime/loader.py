@@ -203,8 +203,8 @@ def _import_file(name: str, path) -> ModuleType:
 
 
 def manage_dispatcher(dispatcher: object) -> None:
-    """Give a Numba dispatcher of generated code or of the runtime this
-    module's policy (anything else is left as it is): a CPU dispatcher
+    """Give a Numba dispatcher (or cfunc) of generated code or of the
+    runtime this module's policy (anything else is left as it is): a CPU dispatcher
     compiles against the lean target (`numba_target`); and one with a disk
     cache (`cache=True`) gets a light load of cached CPU machine code, an
     unreadable index or data file (torn, truncated, from another machine)
@@ -221,7 +221,7 @@ def manage_dispatcher(dispatcher: object) -> None:
     # files) written before data carried checksums are quietly replaced.
     cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
     load, save = cache.load_overload, cache.save_overload
-    function = dispatcher.py_func
+    function = getattr(dispatcher, "py_func", None) or dispatcher.__wrapped__  # (a cfunc's)
 
     def load_overload(sig, target_context):
         try:

@@ -839,3 +839,43 @@ def test_threads_run_one_ffi_handler_at_once(x64):
         got = list(pool.map(lambda x: np.asarray(step(x)), xs * 8))
     for x, grad in zip(xs * 8, got):
         np.testing.assert_array_equal(grad, dsl.grad(f)(x))
+
+
+def test_one_ffi_handler_serves_every_size_of_a_program(x64, monkeypatch):
+    # the sizes were constants of a handler's code: each shape JAX traced
+    # compiled another (0.1-0.2 s, ten times the rest of a first call)
+    from dsl import jax_ffi
+    ran = callbacks(monkeypatch)
+    f = load("log1pexp").log1pexp
+    step = jax.jit(dsl.to_jax(f))
+    step(np.linspace(-1.0, 1.0, 5))
+    handlers = len(jax_ffi._HANDLERS)
+    for n in (6, 7, 9):
+        x = np.linspace(-3.0, 3.0, n)
+        np.testing.assert_allclose(step(x), np.logaddexp(0, x), rtol=1e-14)
+    assert len(jax_ffi._HANDLERS) == handlers and ran == []
+
+
+def test_a_call_with_larger_constants_keeps_the_callback(x64, monkeypatch):
+    # XLA holds an FFI call's constants in the executable: past
+    # CONSTANT_BYTES the callback reads them where the call holds them
+    monkeypatch.setattr("dsl.jax_ffi.CONSTANT_BYTES", 7)  # less than one f64
+    ran = callbacks(monkeypatch)
+    m = dsl.loads("def scaled(x, c):\n    return x * c\n")
+    x = np.linspace(-2.0, 2.0, 5)
+    np.testing.assert_array_equal(jax.jit(lambda x: dsl.to_jax(m.scaled)(x, 2.5))(x), x * 2.5)
+    assert ran == ["scaled"]
+
+
+def test_an_ffi_handler_is_loaded_from_the_kernel_cache(x64, monkeypatch):
+    # every process compiled its handlers again (0.1-0.2 s each, beside
+    # 0.04 s for the rest of a jitted step's first call); their machine
+    # code is now kept in the kernel cache, as the kernels' is
+    from dsl import jax_ffi
+    source = "def cube(x):\n    return x * x * x\n"
+    x = np.linspace(-2.0, 2.0, 5)
+    jax.jit(dsl.to_jax(dsl.loads(source).cube))(x)  # compiled, or loaded
+    monkeypatch.setattr(jax_ffi, "_HANDLERS", {})  # as a fresh process has
+    np.testing.assert_array_equal(jax.jit(dsl.to_jax(dsl.loads(source).cube))(x), x ** 3)
+    ((_, handler),) = jax_ffi._HANDLERS.values()
+    assert handler.cache_hits == 1
