@@ -64,10 +64,10 @@ import numpy as np
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
-from dsl.jax_ffi import Plan, ffi_target
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
                           batched_function, jvp_function, result_types, stacked_jvp_function,
                           stacked_vjp_function)
+from dsl.jax_ffi import Plan, ffi_target
 from gradlang.compiler.pipeline import Program
 from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.args import SUPPORTED
@@ -457,7 +457,7 @@ class InPlace:
         names = list(call.bound)
         # each traced input: its slot among the driver's arguments, the dtype f is bound in
         self.inputs = [(names.index(n), call.bound[n].dtype) for n in call.names]
-        self.arguments = list(call.bound.values())  # the constants (placeholders replaced)
+        self.arguments = list(call.bound.values())  # (the traced ones replaced each run)
         self.n_results = len(call.all_outs)
         self.written, self.cast = [], []  # (buffer index, result index)
         for i, (k, (_, dtype)) in enumerate(zip(call.keep, call.outs)):
