@@ -266,8 +266,13 @@ def _api_version() -> Optional[tuple[int, int]]:
     """The FFI version (major, minor) of the installed jaxlib's c_api.h,
     which a handler reports as its own; None unless its major version is 0,
     the layout the handlers read (a minor version only adds fields at the
-    ends of structs)."""
+    ends of structs), or where this JAX has no `jax.ffi` to register one
+    and call it (before 0.4.38: the callback serves)."""
+    import jax
     import jaxlib
+    ffi = getattr(jax, "ffi", None)
+    if not all(hasattr(ffi, name) for name in ("register_ffi_target", "ffi_call", "pycapsule")):
+        return None
     header = Path(jaxlib.__file__).parent / "include/xla/ffi/api/c_api.h"
     try:
         text = header.read_text()

@@ -814,6 +814,20 @@ def test_an_ffi_handler_reads_the_calls_constants_and_writes_each_result(x64, mo
     assert ran == []
 
 
+def test_a_jax_without_its_ffi_module_keeps_the_callback(monkeypatch):
+    # jax.ffi came in JAX 0.4.38 (the extra takes 0.4.35): an older one
+    # raised AttributeError at the first jitted call instead of calling back
+    from dsl import jax_ffi
+    monkeypatch.delattr(jax, "ffi")
+    jax_ffi._api_version.cache_clear()
+    try:
+        assert jax_ffi._api_version() is None
+    finally:
+        monkeypatch.undo()
+        jax_ffi._api_version.cache_clear()
+    assert jax_ffi._api_version() is not None
+
+
 def test_a_call_an_ffi_handler_cannot_run_keeps_the_callback(x64, monkeypatch):
     # a matmul (a helper of the driver, not a kernel) and a size whose
     # kernel the driver may run in parallel: the Python callback runs them
