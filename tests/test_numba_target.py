@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from numba.core import types
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,3 +160,70 @@ def test_kernels_and_user_code_compile_in_threads_at_once(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ok"]
+
+
+def test_a_typing_refresh_in_a_lean_compile_runs_only_when_declarations_were_added(monkeypatch):
+    # Numba refreshes its typing context before each method template's
+    # first use (some 200 times in a first compile); inside `lean_target`
+    # a refresh with no declaration added since the last is skipped, and
+    # one after a declaration still installs it
+    from numba.core.registry import cpu_target
+    from numba.core.typing import templates
+
+    from gradlang.runtime.numba_target import lean_target
+
+    typing_context = cpu_target.typing_context
+    whole = type(typing_context).refresh
+    runs = []
+
+    def counted(self):
+        runs.append(self)
+        whole(self)
+    monkeypatch.setattr(type(typing_context), "refresh", counted)
+
+    def only_this_test_declares():
+        pass
+
+    with lean_target():
+        typing_context.refresh()
+        typing_context.refresh()
+        typing_context.refresh()
+        assert len(runs) <= 1  # a first one, unless an earlier test's ran
+        templates.builtin_registry.register_global(only_this_test_declares,
+                                                   types.float64)
+        typing_context.refresh()
+        assert typing_context._lookup_global(only_this_test_declares) == types.float64
+    assert "refresh" not in vars(typing_context)
+
+
+MODULE_WITH_A_DECLARATION = """
+declare double @elsewhere(double)
+
+define double @through_memory(double %x) {
+  %slot = alloca double
+  store double %x, ptr %slot
+  %y = load double, ptr %slot
+  %z = call double @elsewhere(double %y)
+  ret double %z
+}
+"""
+
+
+def test_a_lean_compile_runs_function_passes_on_each_definition():
+    # Numba's function passes, run per function with a pass builder each,
+    # declarations too; the lean library runs them on the definitions only
+    # (what a definition becomes is unchanged: here its stack slot goes)
+    import llvmlite.binding as llvm
+    from numba.core.registry import cpu_target
+
+    from gradlang.runtime.numba_target import lean_target
+
+    codegen = cpu_target.target_context.codegen()
+    with lean_target():
+        library = codegen.create_library("declaration_and_definition")
+    module = llvm.parse_assembly(MODULE_WITH_A_DECLARATION)
+    library._optimize_functions(module)
+    optimized = str(module.get_function("through_memory"))
+    assert "alloca" not in optimized and "call double @elsewhere(double %x)" in optimized
+    assert module.get_function("elsewhere").is_declaration
+    assert type(codegen.create_library("outside")) is not type(library)
