@@ -37,11 +37,12 @@ Two more things, inside the context, leave out work that changes nothing
 """
 from __future__ import annotations
 
+import inspect
 import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from numba.core.codegen import JITCodeLibrary
+from numba.core.codegen import CPUCodegen, JITCodeLibrary
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import cpu_target
 from numba.core.runtime import rtsys
@@ -102,7 +103,11 @@ def _typing_declarations(typing_context) -> int:
 def _typing_refreshed_when_grown() -> Iterator[None]:
     """`typing_context.refresh()` runs only when a registry it installed
     has gained a declaration since the last run (under the compiler lock;
-    nested, the outer one's stands)."""
+    nested, the outer one's stands).  A refresh can call itself (a method
+    template it installs refreshes the target, which refreshes the typing
+    context): the inner one runs too, until one has ended; what the outer
+    one installs after that it took from its registries' streams before,
+    which an inner one would not see again anyway."""
     typing_context = cpu_target.typing_context
     if "refresh" in vars(typing_context):
         yield
@@ -139,12 +144,20 @@ class _DefinitionsOptimized(JITCodeLibrary):
                     fpm.run(func, pb)
 
 
+# Numba's function passes run through LLVM's new pass manager, which
+# `_DefinitionsOptimized` drives (`_function_pass_manager()` gives the
+# manager and its builder); a Numba on the legacy one (whose
+# `_function_pass_manager(llvm_module)` takes the module) keeps its own.
+_NEW_PASS_MANAGER = "llvm_module" not in inspect.signature(
+    CPUCodegen._function_pass_manager).parameters
+
+
 @contextmanager
 def _definitions_optimized() -> Iterator[None]:
     """Libraries created inside (under the compiler lock) are
     `_DefinitionsOptimized`; nested, the outer one's setting stands."""
     codegen = cpu_target.target_context.codegen()
-    if "_library_class" in vars(codegen):
+    if not _NEW_PASS_MANAGER or "_library_class" in vars(codegen):
         yield
         return
     codegen._library_class = _DefinitionsOptimized

@@ -185,10 +185,11 @@ def test_a_typing_refresh_in_a_lean_compile_runs_only_when_declarations_were_add
         pass
 
     with lean_target():
+        typing_context.refresh()  # what earlier tests left (it may nest)
+        runs.clear()
         typing_context.refresh()
         typing_context.refresh()
-        typing_context.refresh()
-        assert len(runs) <= 1  # a first one, unless an earlier test's ran
+        assert runs == []
         templates.builtin_registry.register_global(only_this_test_declares,
                                                    types.float64)
         typing_context.refresh()
@@ -216,8 +217,10 @@ def test_a_lean_compile_runs_function_passes_on_each_definition():
     import llvmlite.binding as llvm
     from numba.core.registry import cpu_target
 
-    from gradlang.runtime.numba_target import lean_target
+    from gradlang.runtime.numba_target import _NEW_PASS_MANAGER, lean_target
 
+    if not _NEW_PASS_MANAGER:
+        pytest.skip("Numba's legacy pass manager: its own libraries are kept")
     codegen = cpu_target.target_context.codegen()
     with lean_target():
         library = codegen.create_library("declaration_and_definition")
