@@ -226,3 +226,25 @@ def test_cpu_math_translates_to_numbas_own_bits(tmp_path):
               for dtype, items in (line.split(" ", 1) for line in run.stdout.splitlines())}
     assert sorted(counts) == ["float32", "float64"], run.stdout
     assert all(len(c) == 9 and set(c.values()) == {"0"} for c in counts.values()), counts
+
+
+def test_each_helper_parses_from_its_own_lines_as_from_its_whole_file():
+    # a helper's definition is parsed from its own lines (where its code
+    # ends), not from all of cpu_math; cut short, shifted or dedented
+    # wrong, its tree or line numbers (which errors cite) would differ
+    import ast
+
+    from gradlang.runtime import branch_free, cpu_math  # noqa: F401 (registers helpers)
+
+    if not hasattr(branch_free._definition.__code__, "co_positions"):
+        pytest.skip("Python 3.10: every helper is found in its whole file")
+    helpers = list(branch_free._HELPERS)
+    assert len(helpers) > 40
+    for fn in helpers:
+        code = fn.__code__
+        own = branch_free._definition(fn)
+        whole = branch_free._definitions(code.co_filename)[code.co_firstlineno]
+        assert own is not whole, fn.__qualname__  # (not the file's, by fallback)
+        assert ast.dump(own, include_attributes=False) == \
+            ast.dump(whole, include_attributes=False), fn.__qualname__
+        assert (own.lineno, own.end_lineno) == (whole.lineno, whole.end_lineno)
