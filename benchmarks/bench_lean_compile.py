@@ -1,6 +1,8 @@
-"""What the lean compile context leaves out of a cold first gradient
-(`runtime/numba_target.py`: typing refreshes that would install nothing,
-function passes on declarations): the figures in docs/internals.md.
+"""What three savings leave out of a cold first gradient: the lean
+compile context's (`runtime/numba_target.py`: typing refreshes that would
+install nothing, function passes on declarations) and parsing only the
+cpu_math helpers a kernel calls (`runtime/branch_free.py`, not all of
+cpu_math): the figures in docs/internals.md.
 
     python benchmarks/bench_lean_compile.py [--rounds 6]
 
@@ -9,9 +11,10 @@ computes its first gradient (the bodies of `startup.py`), timed in CPU
 seconds after the imports (CPU time: a 2-core machine shared with other
 work stalls a process's wall clock far more than its CPU time).  "as is"
 is the runtime as it is; "without" the same process with those two parts
-of `lean_target` replaced by contexts that do nothing.  The two run
-interleaved, `--rounds` times each; medians, and the median of the
-rounds' own differences.  Each sample also reports a hash of its
+of `lean_target` replaced by contexts that do nothing, and each helper
+found among its whole file's definitions.  The two run interleaved,
+`--rounds` times each; medians, and the median of the rounds' own
+differences.  Each sample also reports a hash of its
 optimized LLVM modules, which must agree between the two.
 """
 from __future__ import annotations
@@ -38,6 +41,9 @@ if {without}:
     from gradlang.runtime import numba_target
     numba_target._typing_refreshed_when_grown = contextlib.nullcontext
     numba_target._definitions_optimized = contextlib.nullcontext
+    from gradlang.runtime import branch_free
+    branch_free._definition = lambda fn: branch_free._definitions(
+        fn.__code__.co_filename).get(fn.__code__.co_firstlineno)
 from numba.core import codegen
 modules = hashlib.sha256()
 finalize = codegen.CPUCodeLibrary._finalize_final_module
