@@ -14,8 +14,8 @@ and no address, so one handler serves every size of a program; it is a
 module of the kernel cache, importing the kernels from theirs, and its
 machine code is kept there as theirs is (compiling it costs what a small
 kernel does, 0.05-0.2 s; loading it, about a millisecond).  None where a
-kernel is of no module of the kernel cache, or where the program is not a straight sequence of serial kernel launches
-on those buffers, temporaries and the call's constants (anything its
+kernel is of no module of the kernel cache, or where the program is not a
+straight sequence of serial kernel launches on those buffers, temporaries and the call's constants (anything its
 driver does besides allocating temporaries, taking views and launching
 kernels: a matmul, a reduction or layout op of the driver's own, a
 gather that checks its indices, a result copied or cast, a parallel

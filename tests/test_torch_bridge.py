@@ -787,7 +787,8 @@ def test_params_as_module_parameters_train_as_torch_does():
 
 
 @pytest.mark.parametrize("make_weights,message", [
-    (lambda: torch.ones(3, dtype=torch.float64), "has size 3 on axis 0, but its annotation says 2"),
+    (lambda: torch.ones(3, dtype=torch.float64),
+     "has size 3 on axis 0, but its annotation says 2"),
     (lambda: torch.ones(1, 2, dtype=torch.float64), "has rank 2"),
     (lambda: "abc", "is not numeric"),
 ], ids=["size", "rank", "text"])
