@@ -141,24 +141,34 @@ class FastPath:
         self.entries: dict[tuple, Callable] = {}
         # key -> (program, driver, argument names, result shapes), for out=
         self.programs: dict[tuple, tuple] = {}
+        # the values of a call bound once (`Compiled.call_known`), params and
+        # a transform's inputs among them: their key -> driver; apart, since
+        # no plain call passes a param (f(x, w) for f(x) reading w is an error)
+        self.bound_runs: dict[tuple, Callable] = {}
         self.latest: tuple[Any, Optional[Callable]] = (_NO_KEY, None)  # the last hit
         # one arranged driver per program and layout, however many shapes it
         # serves (holding the program keeps its id its own)
         self._arranged: dict[tuple[int, bool], tuple[Program, Callable]] = {}
 
     def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program,
-                 layout: Any) -> None:
+                 layout: Any, known: bool = False) -> None:
+        """Keep `program` for calls like this one: plain calls of `args`,
+        or with `known` calls bound once whose values `args` are."""
         key = fast_key(args)
         taken_as_is = len(bound) == len(args) and all(
             b is a for b, a in zip(bound.values(), args))
         if key is None or not taken_as_is:
             return
-        if len(self.entries) >= self.SIZE:
+        if len(self.entries) + len(self.bound_runs) >= self.SIZE:
             self.entries.clear()
             self.programs.clear()
+            self.bound_runs.clear()
         # the key fixes strides, so every call it admits has this layout
         contiguous = all(a.flags.c_contiguous for a in args)
         run = program.run_contiguous if contiguous else program.run
+        if known:
+            self.bound_runs[key] = run
+            return
         which = (id(program), contiguous)
         if which not in self._arranged:
             self._arranged[which] = (program, arranged(run, layout))
@@ -393,13 +403,14 @@ class Compiled:
                 for n, a in bound.items()}
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
-                   out: Any = None) -> tuple[np.ndarray, ...]:
+                   out: Any = None, known: bool = False) -> tuple[np.ndarray, ...]:
         """Run on validated arguments; record the call on every active
         `dsl.Tape` that watches one of them (keeping a pullback).  `args`:
         the positional arguments `bound` came from, if the call had no
-        keywords (the fast path may then remember the program); `out`: the
+        keywords (the fast path may then remember the program), or with
+        `known` the values of `bound` (`call_known`'s); `out`: the
         caller's buffers for the results, shaped like them (`OutSpec`)."""
-        return self.retrying_by_value(bound, lambda: self._call_bound(bound, args, out))
+        return self.retrying_by_value(bound, lambda: self._call_bound(bound, args, out, known))
 
     def call_known(self, bound: dict[str, Any]) -> tuple:
         """`call_bound(bound)`, for a caller that binds once and runs many
@@ -409,13 +420,13 @@ class Compiled:
         gives it one."""
         args = tuple(bound.values())
         if not THREAD.tapes:
-            known = self._fast.programs.get(fast_key(args))
-            if known is not None:
-                return known[1](*args)
-        return self.call_bound(bound, args)
+            run = self._fast.bound_runs.get(fast_key(args))
+            if run is not None:
+                return run(*args)
+        return self.call_bound(bound, args, known=True)
 
     def _call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any],
-                    out: Any) -> tuple[np.ndarray, ...]:
+                    out: Any, known: bool = False) -> tuple[np.ndarray, ...]:
         on_target = self.on_target(bound)
         # A tape tracks the arrays the caller holds: a host array it watches
         # is copied to a device target here, and with `host_results` the
@@ -432,7 +443,7 @@ class Compiled:
         program = self.program(on_target)
         if args and not self.host_results and not self.static_names(on_target):
             layout = self.format(tuple(range(len(program.out_types))))
-            self._fast.remember(args, on_target, program, layout)
+            self._fast.remember(args, on_target, program, layout, known)
         if out is not None:
             return self.out_spec(program).run_into(program.run, on_target, out,
                                                    result_shapes(program, on_target))

@@ -136,10 +136,10 @@ class VmapFunction(Stacked):
         return self.inner.label(name)
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
-                   out: Any = None) -> tuple[np.ndarray, ...]:
+                   out: Any = None, known: bool = False) -> tuple[np.ndarray, ...]:
         example = {n: self._example(n, a) for n, a in bound.items()}
         if self.stacks(example):
-            return super().call_bound(bound, args, out)
+            return super().call_bound(bound, args, out, known)
         if out is not None or recording_tapes(bound.values()):
             what = "takes no out=" if out is not None else "cannot be recorded by a dsl.Tape"
             raise ArgumentError(f"{called(self.name)} {what} where it runs one example at a "

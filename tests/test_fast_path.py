@@ -104,6 +104,23 @@ def test_param_value_and_shape_change_between_calls():
         np.testing.assert_allclose(dsl.grad(M.weighted)(x), np.full(2, w.sum()))
 
 
+def test_a_bridges_bound_call_leaves_plain_calls_as_they_were():
+    # gradlang::call runs a call bound once (module params included) by
+    # its values (`call_known`): remembered as a plain call of as many
+    # arguments, f(x, w) then ran with the caller's w for the param
+    # instead of raising, and reused the program for out=
+    m = dsl.loads("param w: f64[m]\ndef weighted(x):\n    return sum(w) * x\n")
+    m.params["w"] = np.array([1.0, 2.0])
+    x = np.array([1.0, -2.0])
+    bound = m.weighted.bind((x,), {})
+    for _ in range(2):  # (the second run is the remembered one)
+        np.testing.assert_array_equal(m.weighted.call_known(bound)[0], 3.0 * x)
+    for out in (None, np.empty(2)):
+        with pytest.raises(dsl.ArgumentError, match="takes 1 argument"):
+            m.weighted(x, np.array([10.0, 20.0]), **({} if out is None else {"out": out}))
+    np.testing.assert_array_equal(m.weighted(x), 3.0 * x)
+
+
 def test_tape_state_changes_between_calls():
     x = np.array([0.5, -1.0, 2.0])
     want = 1 / (1 + np.exp(-x))

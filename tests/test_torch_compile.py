@@ -443,7 +443,7 @@ def test_the_operation_runs_a_call_it_knows_without_binding_it_again(monkeypatch
     slow = []
     call_bound = function.Compiled.call_bound
     monkeypatch.setattr(function.Compiled, "call_bound",
-                        lambda g, *a: (slow.append(g.name), call_bound(g, *a))[1])
+                        lambda g, *a, **k: (slow.append(g.name), call_bound(g, *a, **k))[1])
     y = torch.linspace(-3.0, 40.0, 16, dtype=torch.float64)
     for k, x in enumerate((y[:8], y[::2], y[8:], y[1::2])):  # contiguous, strided: twice each
         if k == 2:
