@@ -14,8 +14,10 @@ and no address, so one handler serves every size of a program; it is a
 module of the kernel cache, importing the kernels from theirs, and its
 machine code is kept there as theirs is (compiling it costs what a small
 kernel does, 0.05-0.2 s; loading it, about a millisecond).  None where a
-kernel is of no module of the kernel cache, or where the program is not a
-straight sequence of serial kernel launches on those buffers, temporaries and the call's constants (anything its
+kernel is no Numba dispatcher of a module of the kernel cache (kernels
+are Python functions under NUMBA_DISABLE_JIT), or where the program is
+not a straight sequence of serial kernel launches on those buffers,
+temporaries and the call's constants (anything its
 driver does besides allocating temporaries, taking views and launching
 kernels: a matmul, a reduction or layout op of the driver's own, a
 gather that checks its indices, a result copied or cast, a parallel
@@ -55,6 +57,7 @@ import numpy as np
 from numba import carray, types
 from numba.core import cgutils, sigutils
 from numba.core.ccallback import CFunc
+from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
 from gradlang.compiler.pipeline import Program
@@ -109,7 +112,10 @@ def _compiled(source: str, kernels: tuple) -> Optional[CFunc]:
     """The handler `source` launching `kernels` (`kernel0`, ...), compiled
     as a module of the kernel cache importing them from theirs, its
     machine code cached there (under the loader's policy); None where a
-    kernel is of no module of the kernel cache."""
+    kernel is of no module of the kernel cache, or is no Numba dispatcher
+    (under NUMBA_DISABLE_JIT, a Python function, which no handler calls)."""
+    if not all(isinstance(kernel, CPUDispatcher) for kernel in kernels):
+        return None
     homes = [(kernel.py_func.__module__, kernel.py_func.__name__) for kernel in kernels]
     if not all(module.startswith("gradk_") and module in sys.modules for module, _ in homes):
         return None

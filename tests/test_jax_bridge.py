@@ -844,6 +844,24 @@ def test_a_call_an_ffi_handler_cannot_run_keeps_the_callback(x64, monkeypatch):
     assert ran == ["dense", "log1pexp"]
 
 
+def test_kernels_run_as_python_keep_the_callback():
+    # under NUMBA_DISABLE_JIT (which the runtime supports) a kernel is its
+    # Python function, which no handler calls: the first jitted call raised
+    # AttributeError ('function' object has no attribute 'py_func')
+    from types import SimpleNamespace
+
+    from dsl import jax_ffi
+    f = dsl.loads("def cube(x):\n    return x * x * x\n").cube
+    x = np.linspace(-2.0, 2.0, 5)
+    program = f.program(f.on_target(f.bind((x,), {})))
+    assert jax_ffi.ffi_target(program, {"x": x}, ("x",), [((5,), x.dtype)]) is not None
+    as_python = SimpleNamespace(**{name: getattr(kernel, "py_func", kernel)
+                                   for name, kernel in vars(program.kernels).items()})
+    python = SimpleNamespace(kernels=as_python, out_types=program.out_types,
+                             generated=program.generated)
+    assert jax_ffi.ffi_target(python, {"x": x}, ("x",), [((5,), x.dtype)]) is None
+
+
 def test_threads_run_one_ffi_handler_at_once(x64):
     # a handler keeps nothing between calls: its temporaries are its own
     from concurrent.futures import ThreadPoolExecutor
