@@ -31,6 +31,13 @@ class _ImportedOnUse(ModuleType):
             raise AttributeError(attribute)
         return getattr(importlib.import_module(self.__name__), attribute)
 
+    # what a test sets or deletes (monkeypatch) is the module's own
+    def __setattr__(self, attribute: str, value) -> None:
+        setattr(importlib.import_module(self.__name__), attribute, value)
+
+    def __delattr__(self, attribute: str) -> None:
+        delattr(importlib.import_module(self.__name__), attribute)
+
 
 def optional_module(name: str, extra: str) -> ModuleType:
     """`name` (a module of an optional extra), imported when first used;

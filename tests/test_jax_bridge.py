@@ -817,10 +817,8 @@ def test_an_ffi_handler_reads_the_calls_constants_and_writes_each_result(x64, mo
 def test_a_jax_without_its_ffi_module_keeps_the_callback(monkeypatch):
     # jax.ffi came in JAX 0.4.38 (the extra takes 0.4.35): an older one
     # raised AttributeError at the first jitted call instead of calling back
-    import jax as imported  # (the module itself: `jax` here imports on first use)
-
     from dsl import jax_ffi
-    monkeypatch.delattr(imported, "ffi")
+    monkeypatch.delattr(jax, "ffi")
     jax_ffi._api_version.cache_clear()
     try:
         assert jax_ffi._api_version() is None
