@@ -18,7 +18,9 @@ names the version of a package's source files, for such keys.
 
 The cache directory is `$GRADC_CACHE_DIR`, else `$XDG_CACHE_HOME/gradc`,
 else `~/.cache/gradc`.  The runtime's own Numba helpers keep their
-machine code there too (`cache_in_kernel_cache`), not beside the package.
+machine code there too (`cache_in_kernel_cache`), not beside the package:
+in the directory named when the CPU target is first imported (a
+process's first `dsl.load`), where kernels go where it names at the time.
 
 Loading cached machine code is light: Numba prepares its whole CPU target
 (every typing and lowering registry, importing SciPy where it is
