@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import dsl
 from dsl.function import _types
@@ -476,6 +476,10 @@ def _loop_masks():
 @given(x=st.lists(st.one_of(st.sampled_from([0.0, -0.0]), st.floats(0.25, 3.0),
                             st.floats(-3.0, -0.25)), min_size=3, max_size=3),
        trips=st.integers(0, 3))
+# near x = 1 the second derivative is what is left of terms of order 1 that
+# cancel (5.5e-5 at 0.99978 after one trip): the two ways of computing it
+# agree to their rounding, 1.1e-16, not to 1e-12 of what is left
+@example(x=[0.0, 0.0, 0.9997786636579067], trips=1)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_second_reverse_pass_through_a_loop_keeps_the_where_mask(x, trips):
     # grad(grad(f)) and hvp run the backward loop of the gradient backward:
@@ -492,8 +496,11 @@ def test_a_second_reverse_pass_through_a_loop_keeps_the_where_mask(x, trips):
     bend, slope = np.diag(hessian), dsl.grad(f)(x, trips)
     np.testing.assert_array_equal(bend[x <= 0], 0.0)  # the where takes 0 there
     np.testing.assert_array_equal(slope[x <= 0], 0.0)
-    np.testing.assert_allclose(dsl.grad(dsl.grad(f))(x, trips), bend, rtol=1e-12)
-    np.testing.assert_allclose(dsl.hvp(f)(x, trips, np.ones_like(x)), bend, rtol=1e-12)
+    rounding = 64 * np.finfo(np.float64).eps  # of the terms' size, about 1
+    np.testing.assert_allclose(dsl.grad(dsl.grad(f))(x, trips), bend, rtol=1e-12,
+                               atol=rounding)
+    np.testing.assert_allclose(dsl.hvp(f)(x, trips, np.ones_like(x)), bend, rtol=1e-12,
+                               atol=rounding)
     away = np.abs(x) >= 0.25  # differences there stay on one side of the edge
     by_differences = central_difference(lambda x: dsl.grad(f)(x, trips), [x], 0)
     np.testing.assert_allclose(bend[away], by_differences[away], rtol=1e-5, atol=1e-6)
