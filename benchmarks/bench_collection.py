@@ -15,17 +15,13 @@ pause replaced by a context that does nothing.  The two run interleaved,
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from startup import FUNCTIONS  # noqa: E402
+from startup import FUNCTIONS, run_cold  # noqa: E402
 from timing import load_average, markdown_table  # noqa: E402
 
 MEASURED = """
@@ -54,17 +50,7 @@ print(first, in_first, spent[0] - before)
 def sample(body: str, unpaused: bool) -> tuple[float, float, float]:
     """(CPU s of the first gradient, of it in collections, in collections
     with the next step's)."""
-    imports, _, work = body.strip().partition("\n")
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "GRADC_CACHE_DIR": f"{tmp}/gradc", "NUMBA_CACHE_DIR":
-               f"{tmp}/numba", "PYTHONPATH": str(ROOT)}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # (as startup.py: installed bytecode)
-        code = MEASURED.format(imports=imports, work=work, unpaused=unpaused)
-        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
-                                capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    first, in_first, with_next = map(float, result.stdout.split())
+    first, in_first, with_next = map(float, run_cold(MEASURED, body, unpaused=unpaused).split())
     return first, in_first, with_next
 
 

@@ -20,17 +20,13 @@ optimized LLVM modules, which must agree between the two.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from startup import FUNCTIONS  # noqa: E402
+from startup import FUNCTIONS, run_cold  # noqa: E402
 from timing import load_average, markdown_table  # noqa: E402
 
 MEASURED = """
@@ -59,17 +55,7 @@ print(time.process_time() - start, modules.hexdigest()[:12])
 
 def sample(body: str, without: bool) -> tuple[float, str]:
     """(CPU s of the first gradient after the imports, its modules' hash)."""
-    imports, _, work = body.strip().partition("\n")
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "GRADC_CACHE_DIR": f"{tmp}/gradc", "NUMBA_CACHE_DIR":
-               f"{tmp}/numba", "PYTHONPATH": str(ROOT)}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # (as startup.py: installed bytecode)
-        code = MEASURED.format(imports=imports, work=work, without=without)
-        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
-                                capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    seconds, modules = result.stdout.split()
+    seconds, modules = run_cold(MEASURED, body, without=without).split()
     return float(seconds), modules
 
 

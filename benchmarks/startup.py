@@ -94,6 +94,25 @@ dense.loss.grad(np.ones((8, 4)), np.ones((4, 3)), np.ones(3), np.zeros((8, 3)))
 """
 
 
+def run_cold(template: str, body: str, **fields) -> str:
+    """The output of `template` (formatted with the body's first line as
+    `imports`, the rest as `work`, and `fields`) run in a fresh process
+    with empty kernel and Numba caches, with bytecode as an installed
+    package has it (the measurements of bench_collection.py and
+    bench_lean_compile.py)."""
+    imports, _, work = body.strip().partition("\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GRADC_CACHE_DIR": f"{tmp}/gradc", "NUMBA_CACHE_DIR":
+               f"{tmp}/numba", "PYTHONPATH": str(ROOT)}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        code = template.format(imports=imports, work=work, **fields)
+        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                                capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return result.stdout
+
+
 def time_process(body: str, env: dict) -> tuple[float, float]:
     """(seconds of the body's first line, its imports; seconds of it all)."""
     imports, _, work = body.strip().partition("\n")
