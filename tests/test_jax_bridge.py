@@ -112,8 +112,8 @@ def test_vmap_runs_the_function_per_example(x64):
 
 
 def program_runs(monkeypatch) -> list:
-    """The names of the programs the bridge runs from now on (eagerly and
-    under jit), in order."""
+    """The names of the programs the bridge runs through Python from now
+    on (eagerly, and under jit where no FFI handler runs them), in order."""
     from dsl import jax_bridge
     runs = []
     for method in ("run", "run_into"):
@@ -768,24 +768,12 @@ def test_an_hvp_vector_of_another_dtype_is_converted_not_dropped(x64):
     np.testing.assert_allclose(mapped(x, w, vs), hessian * np.asarray(vs), rtol=1e-13)
 
 
-def callbacks(monkeypatch) -> list:
-    """The calls the bridge runs through a Python callback (eagerly, or
-    under jit where no FFI handler runs it) from now on."""
-    from dsl import jax_bridge
-    ran = []
-    for method in ("run", "run_into"):
-        run = getattr(jax_bridge.Call, method)
-        monkeypatch.setattr(jax_bridge.Call, method,
-                            lambda call, *a, run=run: (ran.append(call.f.name), run(call, *a))[1])
-    return ran
-
-
 def test_a_small_call_under_jit_runs_its_kernels_with_no_python(x64, monkeypatch):
     # each call under jit crossed into Python twice (forward, backward), a
     # callback that cost 3 times JAX's own jitted log1pexp at n = 16; its
     # kernels now run from an XLA FFI handler on XLA's buffers
     from dsl import jax_ffi
-    ran = callbacks(monkeypatch)
+    ran = program_runs(monkeypatch)
     f = load("log1pexp").log1pexp
     g = dsl.to_jax(f)
     step = jax.jit(lambda x: jax.value_and_grad(lambda x: g(x).sum())(x))
@@ -803,7 +791,7 @@ def test_a_small_call_under_jit_runs_its_kernels_with_no_python(x64, monkeypatch
 def test_an_ffi_handler_reads_the_calls_constants_and_writes_each_result(x64, monkeypatch):
     # a constant (the Python float) is read where the call holds it; two
     # inputs, two results, each in its own buffer
-    ran = callbacks(monkeypatch)
+    ran = program_runs(monkeypatch)
     m = dsl.loads("def two(x, y, c):\n    return x * y * c, sin(x) * c\n")
     f = dsl.to_jax(m.two)
     x, y = np.linspace(-2.0, 2.0, 5), np.arange(5.0)
@@ -831,7 +819,7 @@ def test_a_jax_without_its_ffi_module_keeps_the_callback(monkeypatch):
 def test_a_call_an_ffi_handler_cannot_run_keeps_the_callback(x64, monkeypatch):
     # a matmul (a helper of the driver, not a kernel) and a size whose
     # kernel the driver may run in parallel: the Python callback runs them
-    ran = callbacks(monkeypatch)
+    ran = program_runs(monkeypatch)
     x, w, b = RNG.normal(size=(3, 4)), RNG.normal(size=(4, 2)), RNG.normal(size=2)
     got = jax.jit(dsl.to_jax(load("dense").dense))(x, w, b)
     np.testing.assert_allclose(got, np.logaddexp(0, x @ w + b), rtol=1e-13)
@@ -877,7 +865,7 @@ def test_one_ffi_handler_serves_every_size_of_a_program(x64, monkeypatch):
     # the sizes were constants of a handler's code: each shape JAX traced
     # compiled another (0.1-0.2 s, ten times the rest of a first call)
     from dsl import jax_ffi
-    ran = callbacks(monkeypatch)
+    ran = program_runs(monkeypatch)
     f = load("log1pexp").log1pexp
     step = jax.jit(dsl.to_jax(f))
     step(np.linspace(-1.0, 1.0, 5))
@@ -892,7 +880,7 @@ def test_a_call_with_larger_constants_keeps_the_callback(x64, monkeypatch):
     # XLA holds an FFI call's constants in the executable: past
     # CONSTANT_BYTES the callback reads them where the call holds them
     monkeypatch.setattr("dsl.jax_ffi.CONSTANT_BYTES", 7)  # less than one f64
-    ran = callbacks(monkeypatch)
+    ran = program_runs(monkeypatch)
     m = dsl.loads("def scaled(x, c):\n    return x * c\n")
     x = np.linspace(-2.0, 2.0, 5)
     np.testing.assert_array_equal(jax.jit(lambda x: dsl.to_jax(m.scaled)(x, 2.5))(x), x * 2.5)
