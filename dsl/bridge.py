@@ -43,6 +43,9 @@ class Bridged:
     def __repr__(self) -> str:
         return f"<{self.__name__}>"
 
+    def error_sources(self) -> tuple[tuple[str, str], ...]:
+        return self.f.error_sources()
+
     def __deepcopy__(self, memo: dict) -> "Bridged":
         return self  # a function, as f is (`Compiled.__deepcopy__`)
 

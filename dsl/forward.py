@@ -398,6 +398,9 @@ class Jacobian(AsFunction):
         # kept on f: `dsl.jacfwd(f)(x)` makes a new Jacobian at each call
         self._known = derived(f, ("jacobian calls", self.wrt, self.single, mode, batched), dict)
 
+    def error_sources(self) -> tuple[tuple[str, str], ...]:
+        return self.f.error_sources()
+
     def __reduce__(self) -> tuple:  # (for pickle: f, and how it is taken)
         return Jacobian, (self.f, self.wrt[0] if self.single else self.wrt, self.mode,
                           self.batched)

@@ -282,6 +282,11 @@ class Compiled:
     def span(self):
         return None
 
+    def error_sources(self) -> tuple[tuple[str, str], ...]:
+        """(file, text) of the .grad files its errors' spans may name, for
+        their caret lines (`gradlang.runtime.boundary`)."""
+        return ()
+
     def program(self, bound: dict[str, np.ndarray]) -> Program:
         """The program for these arguments: lowered with symbolic sizes (one
         program for every call with the same dtypes, ranks and pattern of
@@ -371,7 +376,7 @@ class Compiled:
                         return result
             return self.call_slow(args, kwargs)
         except GradError as err:
-            raise leaving(err)
+            raise leaving(err, self)
 
     @functools.cached_property
     def out_is_a_parameter(self) -> bool:
@@ -495,6 +500,9 @@ class Derived(Compiled):
     @property
     def span(self):
         return self.inner.span
+
+    def error_sources(self) -> tuple[tuple[str, str], ...]:
+        return self.inner.error_sources()
 
     def module_params(self) -> dict[str, np.ndarray]:
         return self.inner.module_params()
@@ -1363,6 +1371,9 @@ class GradFn(Compiled):
     @property
     def span(self):
         return self.fdef.span
+
+    def error_sources(self) -> tuple[tuple[str, str], ...]:
+        return module_sources(self._namespace)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         bound = super().bind(args, kwargs)

@@ -222,6 +222,9 @@ class MappedJacobian(AsFunction):
             wrt = jacobian.wrt[0] if jacobian.single else jacobian.wrt
             self.batched = Jacobian(_mapped(jacobian.f, every), wrt, jacobian.mode, batched=True)
 
+    def error_sources(self) -> tuple[tuple[str, str], ...]:
+        return self.f.error_sources()
+
     def __reduce__(self) -> tuple:
         return MappedJacobian, (self.jacobian, self.mapped)
 

@@ -9,12 +9,18 @@ code generation under it (as JAX filters its tracebacks), and without the
 internal exceptions it was raised while handling.  Boundaries nest: the
 outermost one a call passes through is the frame shown.
 `GRADC_FULL_TRACEBACK=1` keeps everything, for work on gradlang itself.
+
+An error leaving a boundary also gets the text of the file its span names,
+for its caret line, when it has none yet (a runtime argument error points
+at a function's definition, and the runtime holds no source): from the
+decorated call's first argument, a method's `self` or a transform's
+function, when that defines `error_sources()`, its (file, text) pairs.
 """
 from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from gradlang.runtime.errors import GradError
 
@@ -25,10 +31,17 @@ def full_tracebacks() -> bool:
     return os.environ.get("GRADC_FULL_TRACEBACK", "") not in ("", "0")
 
 
-def leaving(err: GradError) -> GradError:
+def leaving(err: GradError, about: Any = None) -> GradError:
     """`err` made ready to leave a boundary: `raise leaving(err)` in the
     boundary's `except GradError` shows the frames from there up (for a hot
-    entry point that cannot afford the decorator's extra call)."""
+    entry point that cannot afford the decorator's extra call).  `about`:
+    what the call was about (see the module's contract), for the source."""
+    if err.source is None:
+        sources = getattr(about, "error_sources", None)
+        if callable(sources):
+            text = dict(sources()).get(err.span.file)
+            if text is not None:
+                err.with_source(text)
     if full_tracebacks():
         return err
     err.__cause__ = None
@@ -42,5 +55,5 @@ def user_facing(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except GradError as err:
-            raise leaving(err)
+            raise leaving(err, args[0] if args else None)
     return entry  # type: ignore[return-value]

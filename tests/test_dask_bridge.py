@@ -430,8 +430,9 @@ def test_jacobians_on_dask_arrays_take_an_empty_argument_and_name_dtypes_as_in_m
             assert (g.shape, g.dtype) == (e.shape, e.dtype)
             np.testing.assert_array_equal(g, e)
     for ints in (np.arange(3), da.arange(3, chunks=2)):
-        with pytest.raises(dsl.ArgumentError, match="with respect to 'x': it has dtype i64$"):
+        with pytest.raises(dsl.ArgumentError) as info:
             jacobian(m.f)(ints, y)
+        assert info.value.message.endswith("with respect to 'x': it has dtype i64")
 
 
 def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():

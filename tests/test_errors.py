@@ -167,8 +167,12 @@ def m():
     (("abc", np.zeros((2, 3))), "not numeric"),
 ])
 def test_bad_arguments_are_caught_before_kernels(m, args, text):
-    with pytest.raises(dsl.ArgumentError, match=re.escape(text)):
+    with pytest.raises(dsl.ArgumentError, match=re.escape(text)) as info:
         m.f(*args)
+    # at the function's definition, shown with its caret line
+    assert str(info.value).startswith("ann.grad:2:5: error: ")
+    assert str(info.value).endswith("\n    def f(x: f64[n], y: f64[n, 3], k: const i64 = 2):"
+                                    "\n        ^")
 
 
 def test_shapes_that_do_not_broadcast_point_at_the_expression(m):
@@ -180,8 +184,10 @@ def test_shapes_that_do_not_broadcast_point_at_the_expression(m):
 
 
 def test_grad_wrt_errors(m):
-    with pytest.raises(dsl.ArgumentError, match="'k': it is const"):
+    with pytest.raises(dsl.ArgumentError, match="'k': it is const") as info:
         dsl.grad(m.f, wrt="k")
+    assert str(info.value).endswith("\n    def f(x: f64[n], y: f64[n, 3], k: const i64 = 2):"
+                                    "\n        ^")
     with pytest.raises(dsl.ArgumentError, match="out of range"):
         dsl.grad(m.f, wrt=7)
     with pytest.raises(dsl.ArgumentError, match="no parameter 'z'"):

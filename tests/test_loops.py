@@ -216,9 +216,11 @@ def test_a_size_named_like_a_trip_count_is_kept_apart(monkeypatch):
 def test_runtime_step_zero_is_an_argument_error_at_its_loop(target):
     # the loop's place: SOURCE's line 3 (its first line is empty), column 5
     for run in (module(target).steps, dsl.grad(module(target).steps)):
-        with pytest.raises(dsl.ArgumentError,
-                           match=r"^<string>:3:5: error: range\(\) step must not be zero$"):
+        with pytest.raises(dsl.ArgumentError) as info:
             run(np.array([0.5]), 0.1, 0, 3, 0)
+        assert str(info.value) == ("<string>:3:5: error: range() step must not be zero\n"
+                                   "        for i in range(start, stop, step):\n"
+                                   "        " + "^" * len("for i in range(start, stop, step)"))
 
 
 def test_the_interpreter_names_a_zero_steps_loop_as_the_kernels_do():
