@@ -46,7 +46,6 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, nume
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.loader import source_stamp
-from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
 from gradlang.runtime.target import Target, is_device_array
