@@ -528,19 +528,6 @@ def materialized(eqn: Eqn, flowing: Optional[Sequence[bool]] = None) -> Eqn:
     return Eqn(eqn.op, eqn.inputs, eqn.outputs, tuple(sorted(params.items())), eqn.span)
 
 
-def own_outputs(b: Builder, outs: list[Atom], inputs) -> list[Atom]:
-    """A custom call's outputs as values of their own: an output that is
-    one of its inputs (or a literal, or repeated) gets an identity equation,
-    so the cotangent it receives is not confused with its input's."""
-    owned, seen = [], set(vars_in(inputs))
-    for out in outs:
-        if not isinstance(out, Var) or out in seen:
-            out = b.bind("cast", out, dtype=out.type.dtype)
-        seen.add(out)
-        owned.append(out)
-    return owned
-
-
 def _common_mask(masks: list[Optional[Var]]) -> Optional[Var]:
     first = masks[0] if masks else None
     return first if first is not None and all(m is first for m in masks) else None

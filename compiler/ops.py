@@ -935,8 +935,6 @@ _TABLE: tuple[Op, ...] = (
 )
 
 OPS: dict[str, Op] = {op.name: op for op in _TABLE}
-# Ops that compute nothing a derivative can flow through.
-NON_DIFFERENTIABLE = {name for name, op in OPS.items() if not op.differentiable}
 FLOAT_ONLY = {name for name, op in OPS.items() if op.float_only}
 
 

@@ -60,16 +60,6 @@ class Pullback:
         """The arrays the backward program reads besides the cotangents."""
         return self._residuals
 
-    def reading(self, residuals: Sequence) -> "Pullback":
-        """This pullback reading `residuals` (arrays equal to its own, this
-        target's or any it accepts) in place of its own: a library whose
-        autograd keeps the residuals (and frees them when its graph no
-        longer needs them) holds them, not the pullback."""
-        copy = object.__new__(Pullback)
-        copy.__dict__.update(self.__dict__)
-        copy._residuals = self._accepted(residuals)
-        return copy
-
     def _accepted(self, residuals: Sequence) -> tuple:
         if not residuals:  # (a library holding them drops them from the pullback)
             return ()
@@ -78,7 +68,10 @@ class Pullback:
 
     @user_facing
     def call_reading(self, residuals: Sequence, *cts):
-        """`self.reading(residuals)(*cts)`, without a pullback made for it."""
+        """This pullback's call, reading `residuals` (arrays equal to its
+        own, this target's or any it accepts) in place of its own: a library
+        whose autograd keeps the residuals (and frees them when its graph no
+        longer needs them) holds them, not the pullback."""
         return self._run(self._accepted(residuals), cts)
 
     @user_facing
