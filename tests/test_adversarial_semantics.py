@@ -527,6 +527,9 @@ def sp(x):
 
 def th(x):
     return tanh(x)
+
+def ash(x):
+    return arcsinh(x)
 """
 
 
@@ -584,6 +587,22 @@ def test_tanh_slope_keeps_its_digits_in_the_tails(dtype, tol, x):
         # (up to twice the slope: a slope that came out 0 leaves under 2 tiny)
         np.testing.assert_allclose(np.diagonal(dsl.hessian(m.th)(x)),
                                    -2.0 * _tanh_slope(x) * np.tanh(x), rtol=1e-14, atol=2 * tiny)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_arcsinh_slope_is_one_over_x_where_x_squared_overflows(dtype):
+    # arcsinh' was 1 / sqrt(1 + x^2): 0 past |x| = 1.3e154 (1.8e19 in
+    # float32), where x^2 overflows and the slope, about 1 / |x|, is a normal
+    # number.  (np.hypot does not overflow.)
+    m = _tails()
+    x = np.array([1e20, -3e25, 1e30, 0.5, -2.0, 1.0, 1e-20, 0.0]
+                 + ([1e155, -1e300, 3e307] if dtype == np.float64 else []), dtype=dtype)
+    wide = x.astype(np.float64)
+    slope = 1.0 / np.hypot(1.0, wide)
+    np.testing.assert_allclose(dsl.grad(m.ash)(x), slope, rtol=4 * np.finfo(dtype).eps, atol=0)
+    if dtype == np.float64:  # arcsinh'' = -x / (1 + x^2)^1.5, finite everywhere
+        np.testing.assert_allclose(dsl.hvp(m.ash)(x, np.ones_like(x)), -wide * slope ** 3,
+                                   rtol=1e-15, atol=np.finfo(dtype).tiny)
 
 
 def test_gelu_keeps_its_digits_below_zero():
