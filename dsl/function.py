@@ -561,8 +561,9 @@ class OutSpec:
     """What `out=` must be for one program: arrays (or None, for a result
     to allocate) in the structure of the callable's results, each of its
     result's dtype and shape, C-contiguous, writeable, a plain NumPy array
-    on a target whose arrays are NumPy's, and overlapping no argument and
-    no other buffer, since kernels read arguments after writing results.
+    (on a target that takes buffers: `Target.takes_out_buffers`), and
+    overlapping no argument and no other buffer, since kernels read
+    arguments after writing results.
     `buffers` checks a caller's `out` (raising `ArgumentError` naming the
     buffer, before any kernel runs) and returns one buffer or None per
     program output, as the driver takes them; `run_into` runs a driver
@@ -601,12 +602,14 @@ class OutSpec:
         for i, buffer in enumerate(given):
             if buffer is None:
                 continue
+            if not self.f.target.takes_out_buffers:
+                self._fail(i, f"is a buffer, but on the {self.f.target.name} target a call "
+                              "allocates its results itself: pass None (or no out=)")
             plain = type(buffer) is np.ndarray or (  # a Tape's array is not: it is tracked,
                 isinstance(buffer, np.ndarray) and not getattr(buffer, "bind_as_is", False)
                 and not isinstance(buffer, np.ma.MaskedArray))  # nor a masked one's mask
-            if not plain or not self.f.target.is_array(buffer):
-                self._fail(i, f"must be a NumPy array of the {self.f.target.name} target, "
-                              f"got {type(buffer).__name__}")
+            if not plain:
+                self._fail(i, f"must be a NumPy array, got {type(buffer).__name__}")
             if buffer.dtype != self.dtypes[i]:
                 self._fail(i, f"has dtype {buffer.dtype}, but that result is {self.dtypes[i]}")
             if buffer.shape != shapes[i]:

@@ -67,6 +67,9 @@ class Target:
     # read from its arrays, rather than launch a kernel (which would cost a
     # compile): only where the arrays are in host memory.
     scalars_in_driver = False
+    # Whether a call writes results into the caller's buffers (`out=`): only
+    # where they are NumPy arrays; a device target allocates its own.
+    takes_out_buffers = False
 
     # -- codegen: kernels and how a driver launches them
     def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],

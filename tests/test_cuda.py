@@ -146,3 +146,21 @@ def test_pullback_takes_device_cotangents_and_refuses_a_wrong_one():
         with pytest.raises(dsl.ArgumentError, match="cotangent 0 of the pullback of log1pexp"
                                                     r"\(\) must have shape \[4\] and dtype f64"):
             pullback(rcuda.as_device(bad))
+
+
+def test_out_buffers_are_refused_on_cuda_with_what_to_do():
+    # results are device arrays the call allocates: a NumPy buffer and a
+    # device array were both refused as "must be a NumPy array of the cuda
+    # target", which neither reading could satisfy
+    from numba import cuda
+    m = dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
+    x = np.linspace(-1.0, 1.0, 4)
+    for buffer in (np.full(4, 7.0), cuda.to_device(np.full(4, 7.0))):
+        with pytest.raises(dsl.ArgumentError, match=r"out of log1pexp\(\) is a buffer, but on "
+                                                    r"the cuda target a call allocates its "
+                                                    r"results itself: pass None"):
+            m.log1pexp(x, out=buffer)
+        assert (np.asarray(buffer if isinstance(buffer, np.ndarray) else rcuda.to_host(buffer))
+                == 7.0).all()
+    np.testing.assert_allclose(rcuda.to_host(m.log1pexp(x, out=None)), np.logaddexp(0.0, x),
+                               rtol=1e-12)
