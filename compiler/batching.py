@@ -37,10 +37,11 @@ that moves data between rows (a slice of the batch axis, a reshape
 merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
 indices p, also in a loop's body), a loop that reads a value known only
 once the blocks are combined or runs a number of trips computed from the
-rows, or a result a loop computes otherwise from sums over the rows
+rows, a result a loop computes otherwise from sums over the rows
 inside it (a carried sum multiplied by a value of the rows, offset by a
-constant, or read by the rows' computation), raises `GradError` at the
-op's source line, naming it.
+constant, or read by the rows' computation), or a result whose columns
+are the rows (`x.T`), raises `GradError` at the op's source line, naming
+it.
 """
 from __future__ import annotations
 
@@ -97,6 +98,10 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
             raise _mixes(loop, "gives a result for each block, not row by row (a sum over "
                          "the rows inside the loop, used other than in carried values that "
                          "it only maps linearly)", loop.span or span)
+        if s == COLS:  # (a block's result is its rows, concatenated along axis 0)
+            made = next(e for e in fn.eqns if a in e.outputs)
+            raise _mixes(made, "gives a result whose columns are the rows of the batch (its "
+                         "transpose, rows first, decomposes)", span)
     after_eqns = [e for e in fn.eqns if all(state[v] in (AFTER, CONST) for v in e.outputs)]
     needed = {v for e in after_eqns for v in vars_in(e.inputs) if state[v] == PARTIAL}
     needed |= {a for a, s in zip(fn.outputs, of) if s == PARTIAL}

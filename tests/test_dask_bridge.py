@@ -187,6 +187,9 @@ def test_max_and_a_matmul_contracting_the_batch_combine_over_blocks():
     ("x - mean(x, axis=0)", "sub", 12),
     ("x / sum(x * x)", "div", 12),
     ("x @ x.T", "matmul", 12),
+    # a result with the rows along axis 1 (each block's columns): it leaked
+    # the compiler's NeedsConcrete ("the size batch is used as a number")
+    ("tanh(x).T", "transpose", 12),
 ])
 def test_a_function_that_mixes_rows_is_a_grad_error_at_the_op(body, op, column):
     m = dsl.loads(f"def f(x):\n    return {body}\n", "mix.grad")
