@@ -9,10 +9,12 @@ scatter_add_along_axis), taking and returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
-count them).  Reductions: one thread per output over an (outer, reduced,
-inner) view, or, for long rows, a block-level tree in shared memory whose
-block results are reduced again (no atomics: the bits do not depend on the
-blocks' order, and a max keeps NaN); sums accumulate in f64 (floats) or i64.  Matmul is a
+count them).  Reductions: over an (outer, reduced, inner) view, a thread
+per output, or, where the outputs are too few to fill the grid, per run
+of the reduced axis, whose results are reduced again (`_run_length`); for
+long rows, a block-level tree in shared memory whose block results are
+reduced again (no atomics: the bits do not depend on the blocks' order,
+and a max keeps NaN); sums accumulate in f64 (floats) or i64.  Matmul is a
 tiled shared-memory kernel.  `require()` raises a clear error when
 numba-cuda or a GPU (or the simulator) is missing.
 """
@@ -157,25 +159,30 @@ def _cast(out, src):
 
 
 @cuda.jit
-def _sum_middle(src, n_outer, n_reduced, n_inner, out, zero):
-    # one thread per output (o, i), looping over the reduced axis; `zero`
-    # has the accumulator's type (f64 for floats, i64 for integers)
-    for k in range(cuda.grid(1), n_outer * n_inner, cuda.gridsize(1)):
-        o, i = k // n_inner, k % n_inner
+def _sum_middle(src, n_outer, n_reduced, n_inner, per, out, zero):
+    # one thread per output (o, c, i) of an (outer, chunks, inner) array:
+    # the sum of src[o, r, i] over the c-th run of `per` rows r (one run
+    # of them all: a thread per output); `zero` has the accumulator's type
+    # (f64 for floats, i64 for integers)
+    chunks = (n_reduced + per - 1) // per
+    for k in range(cuda.grid(1), n_outer * chunks * n_inner, cuda.gridsize(1)):
+        o, c, i = k // (chunks * n_inner), (k // n_inner) % chunks, k % n_inner
         base = o * n_reduced * n_inner + i
         acc = zero
-        for r in range(n_reduced):
+        for r in range(c * per, min(c * per + per, n_reduced)):
             acc += src[base + r * n_inner]
         out[k] = acc
 
 
 @cuda.jit
-def _max_middle(src, n_outer, n_reduced, n_inner, out):
-    for k in range(cuda.grid(1), n_outer * n_inner, cuda.gridsize(1)):
-        o, i = k // n_inner, k % n_inner
+def _max_middle(src, n_outer, n_reduced, n_inner, per, out):
+    chunks = (n_reduced + per - 1) // per
+    for k in range(cuda.grid(1), n_outer * chunks * n_inner, cuda.gridsize(1)):
+        o, c, i = k // (chunks * n_inner), (k // n_inner) % chunks, k % n_inner
         base = o * n_reduced * n_inner + i
-        acc = src[base]
-        for r in range(1, n_reduced):
+        start = c * per
+        acc = src[base + start * n_inner]
+        for r in range(start + 1, min(start + per, n_reduced)):
             v = src[base + r * n_inner]
             if v > acc or v != v:
                 acc = v
@@ -392,6 +399,24 @@ def _astype(x, dtype):
     return out
 
 
+# A thread reduces a run of at least this many elements of an axis (few
+# on the simulator, so that small tests reduce in runs)
+RUN = 4 if SIMULATOR else 64
+
+
+def _run_length(outputs: int, reduced: int) -> int:
+    """How many elements of the reduced axis one thread reduces: all of
+    them where the outputs alone give every thread of a full grid one,
+    else runs of at least RUN, enough of them to fill the grid (a column
+    sum of a tall array ran on as many threads as it has columns); the
+    runs' results are reduced again."""
+    threads = THREADS * MAX_BLOCKS
+    if outputs >= threads or reduced <= RUN:
+        return max(reduced, 1)
+    runs = max(1, min(-(-reduced // RUN), threads // outputs))
+    return -(-reduced // runs)
+
+
 def _reduce(x, axes, is_max: bool):
     out_dtype = x.dtype
     for start, stop in reversed(axis_runs(axes)):
@@ -409,13 +434,19 @@ def _reduce(x, axes, is_max: bool):
             grid = (chunks, min(MAX_GRID_Y, outer))
             _tree_rows[grid, THREADS](flat(x), outer, reduced, flat(partials), is_max)
             result = _reduce(partials, (1,), is_max)
-        elif is_max:
-            result = cuda.device_array(outer * inner, out_dtype)
-            _launch(_max_middle, outer * inner, flat(x), outer, reduced, inner, result)
         else:
-            result = cuda.device_array(outer * inner, acc_dtype)
-            _launch(_sum_middle, outer * inner, flat(x), outer, reduced, inner, result,
-                    acc_dtype(0))
+            per = _run_length(outer * inner, reduced)
+            chunks = -(-reduced // per)
+            partials = cuda.device_array(outer * chunks * inner,
+                                         out_dtype if is_max else acc_dtype)
+            if is_max:
+                _launch(_max_middle, partials.size, flat(x), outer, reduced, inner, per,
+                        partials)
+            else:
+                _launch(_sum_middle, partials.size, flat(x), outer, reduced, inner, per,
+                        partials, acc_dtype(0))
+            result = (partials if chunks == 1
+                      else _reduce(partials.reshape((outer, chunks, inner)), (1,), is_max))
         x = reshape(_astype(result, out_dtype) if result.dtype != out_dtype else result, kept)
     return x
 

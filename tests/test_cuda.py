@@ -85,6 +85,29 @@ def test_long_f32_sums_accumulate_in_f64_on_cuda():
     np.testing.assert_array_equal(m.g(rows), rows.max(axis=1))
 
 
+def test_a_column_reduction_spreads_over_the_grid(monkeypatch):
+    # A sum or max over axis 0 ran one thread per column, each down the
+    # whole column: a bias gradient over a batch of 10**6 rows and 10
+    # columns used 10 threads of a GPU's thousands.  The column now splits
+    # into runs of RUN rows, one thread each, whose results are reduced
+    # again (each run's max keeps a NaN; int sums stay exact).
+    launched = []
+    launch = rcuda._launch
+    monkeypatch.setattr(rcuda, "_launch", lambda k, n, *a: launched.append(n) or launch(k, n, *a))
+    m = dsl.loads("def f(x):\n    return sum(x, axis=0), max(x, axis=0)\n", target="cuda",
+                  host_results=True)
+    rows = 2 * rcuda.THREADS * rcuda.MAX_BLOCKS * rcuda.RUN + 3
+    x = np.random.default_rng(5).normal(size=(rows, 2))
+    x[rows - 2, 1] = np.nan
+    total, most = m.f(x)
+    np.testing.assert_allclose(total[0], x[:, 0].sum(), rtol=1e-12)
+    assert np.isnan(total[1])
+    np.testing.assert_array_equal(most, x.max(axis=0))
+    assert max(launched) == rcuda.THREADS * rcuda.MAX_BLOCKS  # threads, not the 2 columns
+    ints = np.arange(3 * rows, dtype=np.int64).reshape(rows, 3) * (2**40 + 1)
+    np.testing.assert_array_equal(m.f(ints)[0], ints.sum(axis=0))
+
+
 def test_kernels_gridded_by_rows_stride_past_the_grid_limit():
     # A grid holds at most 65535 blocks along y on every GPU, and the long-row
     # reductions and the matmul put rows there: (10**5, 1024) row sums could
