@@ -149,7 +149,7 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     aux = _aux_args(loop.inputs, loop.shape)
     args += [arg for arg, _ in aux]
     kinds += [("aux", v) for _, v in aux]
-    body += _eqn_lines(loop.eqns, names)
+    body += _eqn_lines(loop.eqns, names, target=target)
     reduced = None
     for j, v in enumerate(loop.outputs):
         if loop.reduction is not None and v in loop.reduction.outputs:
@@ -221,11 +221,13 @@ def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
 
 
 def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
-               spell: Callable[[str], str] = str) -> list[str]:
+               spell: Callable[[str], str] = str,
+               target: Optional[Target] = None) -> list[str]:
     """One line per elementwise equation, from the op table's templates:
     its value in a local `<prefix><k>` (recorded in `names`).  `spell`
     names the scalar types (a kernel's `f64`; `ops.numpy_spelling` in a
-    driver)."""
+    driver); `target`: the kernel's (None: a driver's, on the host)."""
+    exact_remainder = target is None or target.exact_float_remainder
     def ref(a: Atom) -> str:
         return _literal(a, spell) if isinstance(a, Lit) else names[a]
 
@@ -241,7 +243,8 @@ def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
         elif eqn.op == "broadcast_to":
             expr = f"{spell(dtype)}({ref(eqn.inputs[0])})"
         else:
-            expr = scalar_expression(eqn.op, [ref(a) for a in eqn.inputs], dtype, spell)
+            expr = scalar_expression(eqn.op, [ref(a) for a in eqn.inputs], dtype, spell,
+                                     exact_remainder)
         lines.append(f"{local} = {expr}")
     return lines
 
@@ -308,7 +311,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     for j, param in enumerate(slices):
         step.append(f"x{j} = xs{j}[t * size + {e}]")
         names[param] = f"x{j}"
-    step += _eqn_lines(body.eqns, names, "w")
+    step += _eqn_lines(body.eqns, names, "w", target=target)
     step += [f"ys{j}[t * size + {e}] = {ref(y)}" for j, y in enumerate(body.outputs[n_carry:])]
     step += [f"out{j}[{e}] = {ref(c)}" for j, c in enumerate(body.outputs[:n_carry])]
     trip = ["t = trips - 1 - tt" if p["reverse"] else "t = tt", "ix = i64(start + t * step)"]

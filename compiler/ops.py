@@ -624,6 +624,10 @@ class Op:
     # the template for integer outputs where it differs (pow: Python's
     # exact integer power, not the float function)
     int_template: Optional[str] = None
+    # the float template in kernels of a target whose compiler does not
+    # lower a float remainder exactly (`Target.exact_float_remainder`):
+    # through its kernel math's floor_quotient / floor_remainder, on fmod
+    fmod_template: Optional[str] = None
     arity: int = 1  # -1: any number of inputs
     # where the op-table tests sample each input: real | positive | unit |
     # nonzero | bool | index (in range for the axis, repeats and negatives
@@ -854,9 +858,11 @@ _TABLE: tuple[Op, ...] = (
     # _INFINITE_DIVIDEND).
     Op("floor_divide", template=_INFINITE_DIVIDEND + "{0} // {1}",
        int_template="-{0} if {1} == -1 else {0} // {1}",
+       fmod_template=_INFINITE_DIVIDEND + "math.floor_quotient({0}, {1}, {T}(1))",
        ref=np.floor_divide, arity=2, exact=True, domain=("real", "nonzero"), cost=16),
     Op("remainder", template=_INFINITE_DIVIDEND + "{0} % {1}",
        int_template="{0} % {1}",
+       fmod_template=_INFINITE_DIVIDEND + "math.floor_remainder({0}, {1}, {T}(1))",
        ref=np.remainder, arity=2, exact=True, domain=("real", "nonzero"), cost=16,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind(
            "neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
@@ -956,13 +962,20 @@ def loop_cost(op_names: Iterable[str]) -> int:
 
 
 def scalar_expression(op: str, args: Sequence[str], dtype: str,
-                      spell: Callable[[str], str] = str) -> str:
+                      spell: Callable[[str], str] = str,
+                      exact_float_remainder: bool = True) -> str:
     """Source text for `op` applied to scalars (the expressions `args`), as
     its template says, converted to its output's `dtype`: what a fused
     loop computes per element.  `spell(dtype)` names a dtype's scalar type
-    (a kernel's `f64`, NumPy's `np.float64` in a driver)."""
+    (a kernel's `f64`, NumPy's `np.float64` in a driver).
+    `exact_float_remainder`: the target's (`Target.exact_float_remainder`)."""
     row = OPS[op]
-    template = row.int_template if row.int_template and dtype in INTS else row.template
+    if row.int_template and dtype in INTS:
+        template = row.int_template
+    elif row.fmod_template and not exact_float_remainder:
+        template = row.fmod_template
+    else:
+        template = row.template
     return f"{spell(dtype)}({template.format(*args, T=spell(dtype))})"
 
 

@@ -60,6 +60,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     stride_table,
     trip_count,
 )
+from gradlang.runtime import cuda_math  # noqa: E402
 from gradlang.runtime.errors import ArgumentError  # noqa: E402
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
@@ -78,9 +79,12 @@ class _SimulatorMath:
     """What `math` means inside kernels under the simulator: the simulator
     runs kernels as Python, whose math.exp(1000.0) raises where the GPU
     returns inf; NumPy's function of the same name (NumPy 2 has every name
-    `math` has for the ops' templates) gives the GPU's IEEE results."""
+    `math` has for the ops' templates) gives the GPU's IEEE results.  The
+    device functions of `runtime.cuda_math` run as themselves."""
 
     def __getattr__(self, name: str):
+        if name in _DEVICE_FUNCTIONS:
+            return getattr(cuda_math, name)
         function = getattr(np, name, None)
         if not isinstance(function, np.ufunc):
             return getattr(math, name)
@@ -91,8 +95,9 @@ class _SimulatorMath:
         return ieee
 
 
-# Generated CUDA kernels import this as `math`: the real module on a GPU.
-kernel_math = _SimulatorMath() if SIMULATOR else math
+_DEVICE_FUNCTIONS = ("floor_quotient", "floor_remainder")
+# Generated CUDA kernels import this as `math`: `runtime.cuda_math` on a GPU.
+kernel_math = _SimulatorMath() if SIMULATOR else cuda_math
 
 
 def blocks(n: int) -> int:
@@ -533,6 +538,7 @@ class CudaTarget(Target):
     name = "cuda"
     header = ("import numpy as np\nfrom numba import cuda\n"
               "from gradlang.runtime.cuda import kernel_math as math\n")
+    exact_float_remainder = False  # NVPTX's frem: see runtime.cuda_math
 
     @property
     def helpers(self) -> ModuleType:

@@ -70,6 +70,11 @@ class Target:
     # Whether a call writes results into the caller's buffers (`out=`): only
     # where they are NumPy arrays; a device target allocates its own.
     takes_out_buffers = False
+    # Whether its kernels' compiler lowers a float remainder (LLVM's frem,
+    # under x % y and x // y) exactly, as fmod: else the op table's
+    # `fmod_template`s call its kernel math's floor_quotient and
+    # floor_remainder (NVPTX expands frem as x - trunc(x / y) * y).
+    exact_float_remainder = True
 
     # -- codegen: kernels and how a driver launches them
     def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dsl
 from gradlang.runtime import cuda as rcuda
@@ -187,3 +188,40 @@ def test_out_buffers_are_refused_on_cuda_with_what_to_do():
                 == 7.0).all()
     np.testing.assert_allclose(rcuda.to_host(m.log1pexp(x, out=None)), np.logaddexp(0.0, x),
                                rtol=1e-12)
+
+
+def _same_bits_or_both_nan(got, expected) -> bool:
+    # (a GPU's NaN has no sign bit set: its bits are not NumPy's)
+    return bool(np.isnan(got) and np.isnan(expected)) or \
+        np.asarray(got).tobytes() == np.asarray(expected).tobytes()
+
+
+@settings(max_examples=400, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), data=st.data())
+def test_the_gpus_floor_division_is_numpys_for_every_divisor_and_finite_dividend(dtype, data):
+    """On a GPU, x // y and x % y of floats call runtime.cuda_math (NVPTX
+    lowers LLVM's frem inexactly: 1e17 % 3.0 was 0 or 4); its functions,
+    run as Python on exact fmod as libdevice's is, against NumPy's, at
+    quotients up to overflow.  (The kernels run them on the simulator too:
+    test_ops' bit-for-bit tests.)"""
+    from gradlang.runtime import cuda_math
+    width = 32 if dtype is np.float32 else 64
+    finite = st.floats(allow_nan=False, allow_infinity=False, width=width)
+    x = dtype(data.draw(st.one_of(finite, st.sampled_from([1e17, -1e30, 7.0, -0.0]))))
+    y = dtype(data.draw(st.one_of(finite, st.sampled_from([3.0, -3.0, 0.0, -0.0, 0.1, np.inf,
+                                                          -np.inf, np.nan]))))
+    with np.errstate(all="ignore"):
+        for device, numpy in ((cuda_math.floor_quotient, np.floor_divide),
+                              (cuda_math.floor_remainder, np.remainder)):
+            got = dtype(device.py_func(x, y, dtype(1)))
+            assert _same_bits_or_both_nan(got, numpy(x, y)), (device.__name__, x, y, got)
+
+
+def test_cuda_kernels_divide_floats_through_cuda_math_and_cpu_kernels_do_not():
+    source = "def f(x, y):\n    return x // y, x % y\n"
+    x = np.array([1e17, -7.5, 2.0])
+    for target, through in (("cuda", True), ("cpu", False)):
+        f = dsl.loads(source, target=target).f
+        kernels = f.program(f.on_target(f.bind((x, x), {}))).generated.kernel_source
+        assert ("math.floor_quotient(" in kernels) is through
+        assert ("math.floor_remainder(" in kernels) is through
