@@ -7,16 +7,21 @@ raises `ArgumentError` before anything runs: too many or missing
 arguments, unknown keywords, unsupported dtypes, and arrays whose dtype,
 rank or fixed/named dimensions contradict the parameter's annotation.
 
-Python scalars and sequences take the annotated dtype; unannotated ones
-become f64 when the parameter is differentiable (so `grad(f)(3)` works) and
-keep NumPy's type otherwise; a value the dtype cannot hold (2**40 as i32,
-1e300 as f32) is refused.  NumPy arrays keep their dtype; one of
-non-native byte order ('>f8') is taken as its value in native order, and a
-masked array is refused (computing would silently drop its mask).
+Python scalars and sequences take the annotated dtype.  Unannotated, they
+keep NumPy's type, except for a differentiable parameter, which makes them
+floats (so `grad(f)(3)` works): f64, or f32 for a Python number in a call
+whose float arrays are all f32 (a weakly typed number, as in NumPy 2 and
+JAX: `f(x, 0.5)` stays f32 for f32 x).  A value the dtype cannot hold
+(2**40 as i32, 1e300 as f32) is refused.  NumPy arrays keep their dtype,
+and so do other libraries' arrays that NumPy reads (`__array__`: JAX
+arrays, CPU torch tensors);
+one of non-native byte order ('>f8') is taken as its value in native
+order, and a masked array is refused (computing would silently drop its
+mask).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -61,17 +66,32 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
         if key in given:
             raise ArgumentError(f"{called(fn_name)} got two values for {key!r}", span)
         given[key] = value
+    for spec in specs:
+        if spec.name not in given and not spec.has_default:
+            raise ArgumentError(f"{called(fn_name)} is missing argument {spec.name!r}", span)
+    weak = {s.name for s in specs if s.name in given and s.dtype is None
+            and s.differentiable and is_python_number(given[s.name])}
+    arrays = {s.name: convert(fn_name, s, given[s.name], span)
+              for s in specs if s.name in given and s.name not in weak}
+    if weak:
+        # Python numbers are weakly typed, as in NumPy 2 and JAX: f32 with f32 arrays
+        floats = {a.dtype for a in arrays.values() if np.dtype(a.dtype).kind == "f"}
+        taken = "f32" if floats == {np.dtype(np.float32)} else "f64"
+        arrays.update({s.name: convert(fn_name, replace(s, dtype=taken), given[s.name], span)
+                       for s in specs if s.name in weak})
     out: dict[str, np.ndarray] = {}
     dims: dict[str, tuple[int, str]] = {}
     for spec in specs:
-        if spec.name not in given:
-            if not spec.has_default:
-                raise ArgumentError(f"{called(fn_name)} is missing argument {spec.name!r}", span)
-            continue
-        array = convert(fn_name, spec, given[spec.name], span)
-        check_shape(fn_name, spec, array, dims, span)
-        out[spec.name] = array
+        if spec.name in arrays:
+            check_shape(fn_name, spec, arrays[spec.name], dims, span)
+            out[spec.name] = arrays[spec.name]
     return out
+
+
+def is_python_number(value: Any) -> bool:
+    """A Python int or float (not a bool, not a NumPy scalar, which has a
+    dtype of its own)."""
+    return isinstance(value, (int, float)) and not isinstance(value, (bool, np.generic))
 
 
 def convert(fn_name: str, spec: ParamSpec, value: Any, span,
@@ -79,6 +99,9 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
     """`value` as the array `spec` takes; `where` names it in errors
     (default: argument NAME of FN())."""
     where = where or f"argument {spec.name!r} of {called(fn_name)}"
+    if not isinstance(value, (np.ndarray, np.generic)) and hasattr(value, "__array__") \
+            and not is_device_array(value):
+        value = foreign_array(where, value, span)
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
         # identity) is taken as itself; others as plain ndarrays.
@@ -107,6 +130,20 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
     if array.dtype.kind in "iu":
         return cast(where, array, "i64", span)
     return array
+
+
+def foreign_array(where: str, value: Any, span=None) -> np.ndarray:
+    """Another library's array with a dtype of its own (a JAX array, a CPU
+    torch tensor: `__array__`) as NumPy's, keeping that dtype, as NumPy
+    does (an f32 one was made f64, as Python values are); one that NumPy
+    cannot read (a torch tensor that requires grad) is an `ArgumentError`."""
+    try:
+        return np.asarray(value)
+    except Exception as err:  # noqa: BLE001 (the library's own error: its message says why)
+        hint = ("; pass it through dsl.to_torch(f), which autograd records"
+                if getattr(value, "requires_grad", False) else "")
+        raise ArgumentError(f"{where} cannot be read as a NumPy array "
+                            f"({str(err).rstrip('.')}){hint}", span) from None
 
 
 def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> np.ndarray:

@@ -258,6 +258,48 @@ def test_python_integers_beyond_64_bits_are_floats_for_a_float():
         M.pool(np.ones(2), np.array([0, 0]), 2**70)  # an integer parameter
 
 
+def test_a_python_number_is_weakly_typed_as_in_numpy_2_and_jax():
+    """f32 x times a Python float was f64 (a Python number was always f64),
+    where NumPy 2, JAX and torch keep f32; a NumPy scalar keeps its dtype."""
+    x = np.array([0.5, -2.0], np.float32)
+    for y in (0.5, 2):
+        got = M.mul_sin(x, y)
+        assert got.dtype == (x * y).dtype == np.float32
+        np.testing.assert_allclose(got, x * y + np.sin(x), rtol=1e-6)
+        g = dsl.grad(M.mul_sin, wrt=1)(x, y)
+        assert g.dtype == np.float32 and g == np.float32(-1.5)
+    assert M.mul_sin(x, np.float64(0.5)).dtype == (x * np.float64(0.5)).dtype == np.float64
+    assert M.mul_sin(x.astype(np.float64), 0.5).dtype == np.float64
+    assert M.mul_sin(np.array([1, 2]), 0.5).dtype == np.float64  # no float array
+    with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
+        M.mul_sin(x, 1e300)
+
+
+class _Foreign:
+    """Another library's array as NumPy sees it (a JAX array, a CPU torch
+    tensor): only `__array__`."""
+
+    def __init__(self, array, requires_grad=False):
+        self.array, self.requires_grad = array, requires_grad
+
+    def __array__(self, dtype=None, copy=None):
+        if self.requires_grad:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad.")
+        return self.array
+
+
+def test_another_librarys_array_keeps_its_dtype():
+    """An f32 JAX array or torch tensor passed to a function was made f64,
+    as a Python list is; a tensor requiring grad raised torch's own error."""
+    x = np.array([0.5, -2.0], np.float32)
+    got = M.mul_sin(_Foreign(x), _Foreign(x))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, x * x + np.sin(x), rtol=1e-6)
+    with pytest.raises(dsl.ArgumentError, match=r"argument 'y' of mul_sin\(\) cannot be read "
+                       r"as a NumPy array \(Can't call.*through dsl.to_torch"):
+        M.mul_sin(x, _Foreign(x, requires_grad=True))
+
+
 def test_wrt_takes_numpy_integers():
     x, y = np.array([0.5, 2.0]), np.array([-1.0, 3.0])
     for k in np.arange(2):

@@ -332,8 +332,9 @@ def test_f32_is_jax_default_and_matches_the_numpy_call():
 
 
 def test_an_f64_result_reaches_jax_as_f32_without_x64():
-    # a Python float (f64 to gradlang) or an f64 param makes the program's
-    # result f64, which JAX refused to take back without jax_enable_x64
+    # an f64 param makes the program's result f64, which JAX refused to
+    # take back without jax_enable_x64 (a Python float is weakly typed: f32
+    # beside x, as in JAX)
     assert not jax.config.jax_enable_x64
     bar = dsl.to_jax(load("bar").bar)
     x = jnp.array([0.5, 2.0], jnp.float32)
@@ -369,10 +370,10 @@ def test_under_jit_kernels_write_into_xlas_result_buffers(n, monkeypatch):
     monkeypatch.setattr(jax_bridge.InPlace, "__init__", watched)
     m = dsl.loads("def mixed(x, y):\n    return x * 2.0, x * y, sum(x)\n")
     x = jnp.arange(n, dtype=jnp.float32) - 0.5
-    results = jax.jit(lambda x: dsl.to_jax(m.mixed)(x, 3.0))(x)
+    results = jax.jit(lambda x: dsl.to_jax(m.mixed)(x, np.float64(3.0)))(x)
     direct, narrowed, total = given[0]
     assert isinstance(direct, np.ndarray) and narrowed is None and isinstance(total, np.ndarray)
-    expected = m.mixed(np.asarray(x), 3.0)  # x * y is f64: y is a Python float
+    expected = m.mixed(np.asarray(x), np.float64(3.0))  # x * y is f64, as NumPy's
     assert [r.dtype for r in results] == [jnp.float32] * 3
     for got, want in zip(results, expected):
         np.testing.assert_array_equal(got, np.asarray(want, np.float32))
@@ -733,11 +734,12 @@ def test_a_call_made_without_x64_is_not_reused_with_it():
     assert not jax.config.jax_enable_x64
     bar = dsl.to_jax(load("bar").bar)
     x = jnp.array([0.5, 2.0], jnp.float32)
-    assert bar(x, 3.0).dtype == jnp.float32
+    y64 = np.float64(3.0)  # (a Python float is weakly typed: f32 beside x)
+    assert bar(x, y64).dtype == jnp.float32
     jax.config.update("jax_enable_x64", True)
     try:
-        for y in (bar(x, 3.0), jax.jit(bar)(x, 3.0)):
-            assert y.dtype == jnp.float64  # x * a Python float (f64 to gradlang)
+        for y in (bar(x, y64), jax.jit(bar)(x, y64)):
+            assert y.dtype == jnp.float64  # x * an f64, as in JAX with x64
             np.testing.assert_array_equal(y, [1.5, 6.0])
         assert jax.grad(lambda y: bar(x, y).sum())(3.0).dtype == jnp.float64
     finally:
