@@ -100,9 +100,17 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class NewAxis:
+    """`None` among an index's items (`x[:, None]`): an axis of size 1
+    inserted there, as NumPy's `np.newaxis`."""
+
+    span: Span
+
+
+@dataclass(frozen=True)
 class Index:
     value: "Expr"
-    items: tuple["Expr | Slice", ...]
+    items: tuple["Expr | Slice | NewAxis", ...]
     span: Span
 
 

@@ -247,10 +247,10 @@ def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> At
 
 def _python_number_hint(v: Value) -> str:
     """Why a named float scalar may be one: a Python int passed for an
-    unannotated parameter is f64, as for any differentiable parameter."""
+    unannotated parameter is a float, as for any differentiable parameter."""
     if isinstance(v, Var) and v.hint and v.type.rank == 0 and v.type.is_float:
         return (f" ({v.hint!r} is {v.type.dtype} here: a Python number passed for an "
-                f"unannotated parameter is f64; annotate it `{v.hint}: i64`)")
+                f"unannotated parameter is a float; annotate it `{v.hint}: i64`)")
     return ""
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops
@@ -438,7 +439,7 @@ class Lowerer:
     def expr_Index(self, b, e: ast.Index, env):
         v = self.expr(b, e.value, env)
         if isinstance(v, tuple):
-            if len(e.items) != 1 or isinstance(e.items[0], ast.Slice):
+            if len(e.items) != 1 or isinstance(e.items[0], (ast.Slice, ast.NewAxis)):
                 raise GradError(f"a {sequence_kind(v)} takes one integer index", e.span)
             k = self.static_int(b, e.items[0], env)
             if not -len(v) <= k < len(v):
@@ -452,8 +453,11 @@ class Lowerer:
     def index(self, b, v: Atom, e: ast.Index, env) -> Atom:
         """Compile-time integers and slices select statically (a `slice`);
         a run-time integer scalar or an integer array gathers (`take`) along
-        its axis, as NumPy indexes with one of them."""
+        its axis, as NumPy indexes with one of them; `None` inserts an axis
+        of size 1 where it stands among the result's axes (a `reshape`)."""
         shape = v.type.shape
+        given = e.items
+        e = replace(e, items=tuple(i for i in given if not isinstance(i, ast.NewAxis)))
         if len(e.items) > len(shape):
             raise GradError(f"too many indices ({len(e.items)}) for an array of rank "
                             f"{len(shape)}", e.span)
@@ -512,6 +516,9 @@ class Lowerer:
         for k in reversed(gathers):
             axis = sum(1 for j in range(k) if j in gathers or isinstance(values[j], ast.Slice))
             out = take(b, out, values[k], axis, e.span)
+        if len(given) > len(e.items):
+            out = b.bind("reshape", out, shape=with_new_axes(out.type.shape, given, values),
+                         span=e.span)
         return out
 
     def static_int(self, b, e: ast.Expr, env) -> int:
@@ -664,6 +671,22 @@ def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Di
     if _fixed_meets_symbol(ann.dims, shape):
         raise NeedsConcrete(f"a size of {where} meets a fixed size")
     check_dims(where, ann.text, ann.dims, shape, dict(dims), GradError, ann.span)
+
+
+def with_new_axes(shape: tuple, items: Sequence, values: Sequence) -> tuple:
+    """`shape`, an index's result without its `None` items, with a 1 where
+    each stands in `items`: after the axes the items before it give (a
+    slice one, an integer none, an index array its rank), as in NumPy."""
+    out, position, kept = list(shape), 0, iter(values)
+    for item in items:
+        if isinstance(item, ast.NewAxis):
+            out.insert(position, 1)
+            position += 1
+            continue
+        value = next(kept)
+        position += 1 if isinstance(value, ast.Slice) else (
+            0 if is_static(value) else value.type.rank)
+    return tuple(out)
 
 
 def _fixed_meets_symbol(dims_ann, shape) -> bool:

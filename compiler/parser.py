@@ -98,7 +98,8 @@ _TERMINAL_NAMES = {
     "_IMPORT": "'import'", "_FROM": "'from'", "_PARAM": "'param'", "_NOT": "'not'",
     "_AND": "'and'", "_OR": "'or'", "_FOR": "'for'", "_IN": "'in'", "_IF": "'if'",
     "_ELIF": "'elif'", "_ELSE": "'else'", "CONST": "'const'", "ELLIPSIS": "'...'",
-    "RARROW": "'->'", "TRUE": "'True'", "FALSE": "'False'", "__ANON_0": "'**'",
+    "RARROW": "'->'", "TRUE": "'True'", "FALSE": "'False'", "NONE": "'None'",
+    "__ANON_0": "'**'",
 }
 
 
@@ -499,6 +500,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def subscripts(self, meta, children):
         return tuple(c for c in children if c is not None)
+
+    def new_axis(self, meta, children):
+        return ast.NewAxis(_tok_span(self.file, children[0]))
 
     def slice2(self, meta, children):
         return ast.Slice(children[0], children[1], None, self.s(meta))

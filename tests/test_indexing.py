@@ -8,6 +8,7 @@ the errors: an out-of-range index is an `ArgumentError` naming the index
 and its value, a non-integer or mis-shaped index a `GradError` at its
 source position."""
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,9 @@ def segments_counted(values, seg, m: i64):
 def smooth(x, idx, values):
     return sum(sin(scatter_add(x * x, idx, values * x[idx])))
 
+def new_axes(x, i: i64, idx):
+    return x[:, None] * x[None, i], x[None, 1:, None, idx] ** 2
+
 def neighbours(x, n: i64):
     s = x[0] * 0
     for i in range(n):
@@ -124,6 +128,26 @@ def test_gradient_of_a_scalar_index_scatters_into_zeros(target):
         expected = np.zeros_like(x)
         expected[i] = w
         np.testing.assert_array_equal(g, expected)
+
+
+def test_none_inserts_an_axis_where_it_stands_as_numpy():
+    """`x[:, None]` was "name 'None' is not defined"."""
+    m = module("cpu")
+    rng = np.random.default_rng(1)
+    x, i, idx = rng.normal(size=(3, 2)), np.int64(-1), np.array([1, 0, 1])
+
+    def new_axes(x):
+        return x[:, None] * x[None, i], x[None, 1:, None, idx] ** 2
+    for got, want in zip(m.new_axes(x, i, idx), new_axes(x)):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(dsl.grad(m.new_axes)(x, i, idx), central_difference(
+        lambda x: sum(np.sum(r) for r in new_axes(x)), [x], 0), rtol=1e-8)
+    for source, message in [("y = x[None, 0, 0, 0]", "too many indices (3)"),
+                            ("y = (x, x)[None]", "a tuple takes one integer index"),
+                            ("y = None", "name 'None' is not defined")]:
+        with pytest.raises(dsl.GradError, match=re.escape(message)):
+            dsl.loads(f"def f(x):\n    {source}\n    return x\n").f(x)
 
 
 # ------------------------------------------------------- index arrays
@@ -431,10 +455,12 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
      "an index must be an integer array (i32 or i64), not f64"),
     ("def f(x, i):\n    return x[0.5 * i]\n", (np.zeros(3), np.int64(1)), 2, 14,
      "not f64"),
-    # a Python int for an unannotated parameter is f64: the message says so
+    # a Python int for an unannotated parameter is a float: the message says so
     ("def f(x, i):\n    return x[i]\n", (np.zeros(3), 1), 2, 14,
      "not f64 ('i' is f64 here: a Python number passed for an unannotated parameter is "
-     "f64; annotate it `i: i64`)"),
+     "a float; annotate it `i: i64`)"),
+    ("def f(x, i):\n    return x[i]\n", (np.zeros(3, np.float32), 1), 2, 14,
+     "not f32 ('i' is f32 here: a Python number passed"),
     ("def f(v, seg, m):\n    return segment_sum(v, seg, m)\n",
      (np.zeros(3), np.zeros(3, np.int64), 2), 2, 12, "('m' is f64 here"),
     ("def f(x, idx):\n    return take_along_axis(x, idx, axis=0)\n",
