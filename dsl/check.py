@@ -115,6 +115,16 @@ class CheckResult(list):
     def __bool__(self) -> bool:
         return all(row.ok for row in self)
 
+    def __str__(self) -> str:
+        """A line per row, as `GradCheck` says it, then the warnings (a
+        list's repr is every field of every row on one line)."""
+        return "\n".join([*map(str, self), *(f"warning: {w}" for w in self.warnings)])
+
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        verdict = f"{failed} failed" if failed else "none failed"
+        return f"<CheckResult: {len(self)} checks, {verdict}>\n{self}".rstrip()
+
     @property
     def failures(self) -> list:
         return [row for row in self if not row.ok]

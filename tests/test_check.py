@@ -136,6 +136,12 @@ def test_check_gradients_result_is_falsy_on_failure_and_raises_when_asked():
     # orders 1, 2 and upstream in f64, order 1 in f32; forward: jvp in f64, and the
     # dot-product test in both dtypes
     assert good and len(good) == 7
+    # printed (or shown by a REPL) a line per check, not a list's repr of every field
+    assert str(good).splitlines() == [str(r) for r in good] + [
+        f"warning: {w}" for w in good.warnings]
+    assert repr(result).splitlines()[0] == (
+        f"<CheckResult: {len(result)} checks, {len(result.failures)} failed>")
+    assert repr(result).splitlines()[1:] == str(result).splitlines()
 
 
 def test_nothing_to_differentiate_is_an_empty_truthy_result():
