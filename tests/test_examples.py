@@ -88,6 +88,53 @@ def test_bar_value_and_grad(target):
     assert pullback(2.0) == (6.0, 4.0)
 
 
+def readme_blocks(after: str) -> list[str]:
+    """The ```python blocks of README.md's section headed `after`."""
+    text = (EXAMPLES.parent / "README.md").read_text()
+    section = text.split(f"\n## {after}\n", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+
+
+def shape_of(value):
+    """A nest of tuples' structure, with each array's shape."""
+    return tuple(map(shape_of, value)) if isinstance(value, tuple) else np.shape(value)
+
+
+def flat(value) -> np.ndarray:
+    if isinstance(value, tuple):
+        return np.concatenate([flat(v) for v in value])
+    return np.ravel(np.asarray(value, float))
+
+
+def test_readme_from_python_prints_what_its_comments_say(monkeypatch):
+    """Each line of README's "From Python" whose comment is a value (before
+    a ':') gives that value; the `out=` loop fills the caller's arrays."""
+    monkeypatch.chdir(EXAMPLES.parent)
+    first, loop = readme_blocks("From Python")
+    scope = {"array": np.array}
+    checked = 0
+    for line in first.splitlines():
+        code, _, comment = line.partition("  #")
+        try:
+            claimed = eval(comment.split(": ")[0], scope)
+        except SyntaxError:
+            exec(code, scope)
+            continue
+        got = eval(code, scope)
+        assert shape_of(got) == shape_of(claimed), line
+        np.testing.assert_allclose(flat(got), flat(claimed), rtol=1e-8, err_msg=line)
+        checked += 1
+    assert checked == 6
+    batches = [np.linspace(-3, 3, 4), np.array([0.0, 1.0, 100.0, -30.0])]
+    scope.update(n=4, batches=batches, x=batches[-1])
+    exec(loop, scope)
+    # (log(1 + e) and 1 - 1 / (1 + e) round at -30, as written)
+    np.testing.assert_allclose(scope["value"], np.logaddexp(0, batches[-1]), rtol=1e-12,
+                               atol=1e-15)
+    np.testing.assert_allclose(scope["grad"], 1 / (1 + np.exp(-batches[-1])), rtol=1e-12,
+                               atol=1e-15)
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 6), st.integers(0, 2**31))
 def test_bar_broadcast_gradients_sum_over_broadcast_axes(n, seed):
