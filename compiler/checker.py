@@ -341,6 +341,8 @@ class _Function:
                     and func.value.id in self.ns.modules:
                 raise GradError(f"module {func.value.id!r} has no function {func.name!r}",
                                 func.span)
+            elif isinstance(func, ast.Attr) and func.name in BUILTINS:
+                self.method_call(func, e, defined)
             else:
                 raise GradError("only named functions can be called", func.span)
         for a in e.args:
@@ -360,6 +362,19 @@ class _Function:
         if dtype is not None and dtype not in INTS:
             raise GradError(f"an index must be an integer array (i32 or i64), but "
                             f"{e.id!r} is declared {dtype}", e.span)
+
+    @staticmethod
+    def method_call(func: ast.Attr, e: ast.Call, defined: set[str]) -> None:
+        """`x.sum()` or `np.exp(x)`, as NumPy, JAX and torch spell them: an
+        error saying how the language spells it (builtins are functions)."""
+        receiver = func.value.id if isinstance(func.value, ast.Name) else None
+        if receiver is not None and receiver not in defined:
+            raise GradError(f"{receiver!r} is not defined; builtins are called by their "
+                            f"name alone: {func.name}(...)", func.span)
+        shown = receiver or "x"
+        rest = ", ..." if e.args or e.kwargs else ""
+        raise GradError(f"arrays have no methods; write {func.name}({shown}{rest}) for "
+                        f"{shown}.{func.name}({rest[2:]})", func.span)
 
     def transform(self, e: ast.Call, defined: set[str]) -> ast.FuncDef:
         """`grad(f, wrt=...)`: f must name a function; returns it."""

@@ -66,6 +66,15 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    y = x\n", 2, None, "no return"),
     ("@fast\ndef f(x):\n    return x\n", 1, 1, "unknown decorator"),
     ("def f(x):\n    return x.sum\n", 2, 12, "no attribute 'sum'"),
+    # NumPy's, JAX's and torch's spellings say the language's (it was "only
+    # named functions can be called")
+    ("def f(x):\n    return x.sum()\n", 2, 12, "arrays have no methods; write sum(x) for "
+     "x.sum()"),
+    ("def f(x):\n    return (x * x).mean(axis=1)\n", 2, 12,
+     "write mean(x, ...) for x.mean(...)"),
+    ("def f(x):\n    return np.exp(x)\n", 2, 12,
+     "'np' is not defined; builtins are called by their name alone: exp(...)"),
+    ("def f(x):\n    return x.foo()\n", 2, 12, "only named functions can be called"),
     ("def f(x):\n    return sum(x, axis=0, axis=0)\n", 2, 12, "keyword argument repeated"),
     # the transform's own keywords too (the first wrt was taken, silently)
     ("def g(x, y):\n    return x * y\ndef f(x):\n    return grad(g, wrt=0, wrt=1)(x, x)\n",
