@@ -38,3 +38,12 @@ def test_logsumexp_of_infinite_rows_is_numpys():
     expected = [np.inf, -np.inf, np.log(1 + np.exp(2.0)), 1000 + np.log(1 + np.exp(-1.0))]
     np.testing.assert_allclose(STD.logsumexp(x, 1), expected, rtol=1e-15)
     np.testing.assert_allclose(STD.logsumexp(x.astype(np.float32), 1), expected, rtol=1e-6)
+
+
+def test_softmax_and_log_softmax_are_numpys_without_overflow():
+    # (x of the gradient check's shape and dtype: its programs serve)
+    x = np.array([[1000.0, 0.0, -1000.0], [1.0, 2.0, 3.0]])
+    shifted = x - x.max(axis=1, keepdims=True)
+    expected = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(STD.log_softmax(x), expected, rtol=1e-15)
+    np.testing.assert_allclose(STD.softmax(x), np.exp(expected), rtol=1e-15)
