@@ -125,7 +125,16 @@ class AotFunction:
         return self.module.target
 
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
-        bound = bind(self.name, self.specs, args, kwargs)
+        bound = self._bind(args, kwargs)
+        if not self._compiled(bound):
+            # a Python number is weakly typed: f32 beside f32 arrays, or f64
+            # where only that was compiled (as every Python number once was)
+            wide = self._bind(args, kwargs, numbers="f64")
+            bound = wide if self._compiled(wide) else bound
+        return bound
+
+    def _bind(self, args, kwargs, numbers: Optional[str] = None) -> dict[str, np.ndarray]:
+        bound = bind(self.name, self.specs, args, kwargs, numbers=numbers)
         for w in self.reads:
             bound[w] = self.module.params.require(w, self.name)
         return bound
@@ -134,6 +143,11 @@ class AotFunction:
         """The arguments that get a gradient: those the module was compiled
         to differentiate for this call's signature."""
         return list(self.wrt.get(self._signature(bound), ()))
+
+    def _compiled(self, bound: dict[str, np.ndarray]) -> bool:
+        """Whether a program was compiled for the signature of `bound`."""
+        sig = self._signature(bound)
+        return any(s == sig for _, s in self.programs)
 
     def _signature(self, bound: dict[str, np.ndarray]) -> tuple:
         return call_key(bound, static_names(self.specs, bound))

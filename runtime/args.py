@@ -55,7 +55,10 @@ class ParamSpec:
 
 
 def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
-         kwargs: dict[str, Any], span: Optional[Span] = None) -> dict[str, np.ndarray]:
+         kwargs: dict[str, Any], span: Optional[Span] = None,
+         numbers: Optional[str] = None) -> dict[str, np.ndarray]:
+    """(See the module's contract.)  `numbers`: the float dtype of the weakly
+    typed Python numbers; None picks it from the float arrays."""
     if len(args) > len(specs):
         raise ArgumentError(f"{called(fn_name)} takes {len(specs)} argument(s) but {len(args)} "
                             "were given", span)
@@ -76,7 +79,7 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
     if weak:
         # Python numbers are weakly typed, as in NumPy 2 and JAX: f32 with f32 arrays
         floats = {a.dtype for a in arrays.values() if np.dtype(a.dtype).kind == "f"}
-        taken = "f32" if floats == {np.dtype(np.float32)} else "f64"
+        taken = numbers or ("f32" if floats == {np.dtype(np.float32)} else "f64")
         arrays.update({s.name: convert(fn_name, replace(s, dtype=taken), given[s.name], span)
                        for s in specs if s.name in weak})
     out: dict[str, np.ndarray] = {}

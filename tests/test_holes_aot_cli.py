@@ -248,7 +248,7 @@ def ab(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ab")
     (directory / "ab.grad").write_text(AB)
     compile_module(str(directory / "ab.grad"), str(directory),
-                   ["f(f64[n], f64[n])", "g(f64[n], i64[n])"])
+                   ["f(f64[n], f64[n])", "g(f64[n], i64[n])", "g(f32[n], f64)"])
     module = _import(directory / "ab.py")
     module.params["w"] = [2.0, 3.0]
     return module
@@ -289,6 +289,20 @@ def test_dsl_grad_and_value_and_grad_take_aot_functions(ab):
         dsl.check_gradients(ab.f, X, Y)
     with pytest.raises(TypeError, match=r"check_gradients\(\) takes a function of a loaded"):
         dsl.check_gradients(lambda x: x, 1.0)
+
+
+def test_a_python_number_takes_the_float_dtype_a_signature_was_compiled_for(ab):
+    """Weakly typed, 2.0 beside f32 x is f32, but only g(f32[n], f64) was
+    compiled: it takes that (it was "compiled for ...; this call is
+    g(f32[2], f32)"), as every Python number was f64 before."""
+    x = X.astype(np.float32)
+    for k in (2.0, 2):
+        got = ab.g(x, k)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, X * 2)
+    np.testing.assert_array_equal(dsl.grad(ab.g, wrt=1)(x, 2.0), X.sum())
+    with pytest.raises(dsl.ArgumentError, match=r"this call is g\(f32\[2\], f32\[2\]\)"):
+        ab.g(x, x)
 
 
 def test_dsl_vjp_of_an_aot_function_matches_the_loaded_one(ab):
