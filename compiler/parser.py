@@ -253,6 +253,22 @@ def _unsupported_statement(line_text: str, file: str, line: int,
                      Span(file, line, col, line, col + len(keyword)), source)
 
 
+# `x[i] = v` (or `+=`), as NumPy and torch write an update in place.
+_ITEM_ASSIGNMENT = re.compile(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)\[.*\]\s*(//|[-+*/%])?=[^=]")
+
+
+def _item_assignment(line_text: str, file: str, line: int, col: int,
+                     source: str) -> GradError | None:
+    """The error for an item assignment, where the parse stopped at its `[`."""
+    match = _ITEM_ASSIGNMENT.match(line_text)
+    if match is None or col != match.end(2) + 1:
+        return None
+    name = match.group(2)
+    return GradError(f"arrays cannot be changed in place: `{name}[...] = ...` is not "
+                     "supported; build a new array (where(), scatter_add(), concatenate())",
+                     Span(file, line, match.end(1) + 1, line, col), source)
+
+
 def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                   source: str) -> GradError:
     line = max(1, getattr(err, "line", 1) or 1)
@@ -260,7 +276,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
     lines = lines_of(source)
     if line > len(lines):
         line, col = len(lines), len(lines[-1]) + 1
-    unsupported = _unsupported_statement(lines[line - 1], file, line, source)
+    unsupported = (_unsupported_statement(lines[line - 1], file, line, source)
+                   or _item_assignment(lines[line - 1], file, line, col, source))
     if unsupported is not None:
         return unsupported
     if isinstance(err, lark.exceptions.UnexpectedCharacters):

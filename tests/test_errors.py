@@ -34,6 +34,10 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
     ("def f(x):\n    y = (x\n", 2, None, "syntax error"),
     ("def f(x):\n    return x $ 2\n", 2, 14, "unexpected character"),
     ("def f(x):\n\treturn x\n", 2, 1, "tabs"),
+    # NumPy's and torch's update in place (it was "unexpected '['; expected '+=', ...")
+    ("def f(x):\n    x[0] = 1.0\n    return x\n", 2, 5,
+     "arrays cannot be changed in place: `x[...] = ...` is not supported"),
+    ("def f(x):\n    x[1:, 0] *= 2.0\n    return x\n", 2, 5, "changed in place"),
     ("def f(x):\n        y = x\n    return y\n", 3, None, "unindent"),
     # at the indented line, not the end of the one before ("unexpected an indented block")
     ("def f(x):\n    y = x\n      return y\n", 3, 7, "syntax error: unexpected indent"),
