@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
+import numpy as np
+
 from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
@@ -80,9 +82,34 @@ def _primitive(op: ops.Op) -> Builtin:
     def lower(L: Lowerer, b: Builder, args, kwargs, span) -> Value:
         if op.arity == 2:  # folds constants like arithmetic does
             return L.binary(b, op.name, args[0], args[1], span)
+        folded = _folded(op, args) if op.float_only else None
+        if folded is not None:
+            return folded
         inputs = unify(b, args, span, float_result=op.float_only)
         return b.bind(op.name, *inputs, span=span)
     return _builtin(op.arity, lower)
+
+
+def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float]:
+    """A float function (`sqrt`, `exp`, ...) of one compile-time number,
+    computed now in f64 by the op's reference (NumPy's, as a kernel's
+    `math` may differ by an ulp: one value on every target): a compile-time
+    number again, which takes the dtype of the arrays it meets as a literal
+    does (`q / sqrt(d)` stays f32; it was an f64 array, which made the
+    quotient f64), infinite or NaN as NumPy's (`log(0)`).  None for an
+    integer beyond f64.  A symbolic size is used as a number, as in `1 /
+    x.shape[0]`: the program is lowered for concrete sizes (NeedsConcrete)."""
+    (x,) = args
+    if isinstance(x, Sym):
+        raise NeedsConcrete(f"the size {x} is used as a number")
+    if type(x) not in (int, float):
+        return None
+    try:
+        number = np.float64(x)
+    except OverflowError:  # an integer beyond f64: left to the kernels, as before
+        return None
+    with np.errstate(all="ignore"):
+        return float(op.ref(number))
 
 
 def _reverse_order(b: Builder, x: Atom, span) -> Atom:

@@ -3,6 +3,7 @@ target (CUDA on Numba's simulator unless a GPU is present): known values
 on each, and on a device the same values and first and second order
 gradients as the CPU for every example, with data kept on the device."""
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,19 @@ def test_f32_stays_f32(target):
     g = dsl.loads("def g(x, y):\n    return x * y\n", target=target, host_results=True).g
     assert g(x, np.ones(4)).dtype == np.float64
     np.testing.assert_allclose(y, x * np.float32(0.2) + 1)
+
+
+def test_a_float_function_of_a_compile_time_number_stays_f32():
+    """`q / sqrt(q.shape[1])`, attention's scale, was f64 for f32 q: a float
+    function of a compile-time number was an f64 array, not a number."""
+    m = dsl.loads("def f(q):\n    return maximum(q / sqrt(q.shape[1]) + exp(0.5) * erf(1), "
+                  "log(0))\n")
+    q = np.arange(8, dtype=np.float32).reshape(2, 4)
+    c = np.exp(0.5) * math.erf(1)
+    for dtype in (np.float32, np.float64):
+        got = m.f(q.astype(dtype))
+        assert got.dtype == dtype and dsl.grad(m.f)(q.astype(dtype)).dtype == dtype
+        np.testing.assert_allclose(got, q / 2 + c, rtol=1e-6 if dtype == np.float32 else 1e-15)
 
 
 def example_args(rng):
