@@ -240,6 +240,12 @@ _UNSUPPORTED_STATEMENTS = {
              "the loop starts",
     "break": "a loop runs all its trips; select values with `where` or `if`",
     "continue": "a loop runs all its trips; select values with `where` or `if`",
+    "pass": "a block holds at least one assignment; leave out an empty branch",
+    "print": "a function computes values; print them from Python (or `gradc run`)",
+    "assert": "check arguments with annotations (`x: f64[n]`) or from Python",
+    "raise": "a function computes values; check arguments from Python",
+    "try": "a function raises no exceptions to catch",
+    "with": "a function has no context to enter",
 }
 
 

@@ -31,6 +31,10 @@ def grow_numpy(u, kappa, trips):
      4, 13, "break"),
     ("    for i in range(3):\n        continue\n", 3, 9, "continue"),
     ("    while True:\n        x = x + 1\n", 2, 5, "while"),
+    # Python's other statements (they were "syntax error: unexpected '('" and the like)
+    ("    print(x)\n", 2, 5, "print"),
+    ("    if x.ndim == 1:\n        pass\n", 3, 9, "pass"),
+    ("    assert x.ndim == 1\n", 2, 5, "assert"),
 ])
 def test_unsupported_loop_statements_are_named(body, line, col, keyword):
     source = f"def f(x):\n{body}    return x\n"
