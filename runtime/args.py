@@ -139,14 +139,19 @@ def foreign_array(where: str, value: Any, span=None) -> np.ndarray:
     """Another library's array with a dtype of its own (a JAX array, a CPU
     torch tensor: `__array__`) as NumPy's, keeping that dtype, as NumPy
     does (an f32 one was made f64, as Python values are); one that NumPy
-    cannot read (a torch tensor that requires grad) is an `ArgumentError`."""
+    cannot read (a torch tensor that requires grad, a JAX tracer) is an
+    `ArgumentError` naming the bridge that takes it."""
     try:
         return np.asarray(value)
     except Exception as err:  # noqa: BLE001 (the library's own error: its message says why)
-        hint = ("; pass it through dsl.to_torch(f), which autograd records"
-                if getattr(value, "requires_grad", False) else "")
+        hint = _BRIDGES.get(type(value).__module__.split(".")[0], "")
         raise ArgumentError(f"{where} cannot be read as a NumPy array "
                             f"({str(err).rstrip('.')}){hint}", span) from None
+
+
+# a library whose arrays NumPy may be unable to read -> the bridge to call through
+_BRIDGES = {"torch": "; call the function through dsl.to_torch(f), which autograd records",
+            "jax": "; call the function through dsl.to_jax(f), which JAX transforms"}
 
 
 def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> np.ndarray:

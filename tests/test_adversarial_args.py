@@ -279,6 +279,8 @@ class _Foreign:
     """Another library's array as NumPy sees it (a JAX array, a CPU torch
     tensor): only `__array__`."""
 
+    __module__ = "torch._tensor"  # (as torch's: its errors name to_torch)
+
     def __init__(self, array, requires_grad=False):
         self.array, self.requires_grad = array, requires_grad
 
@@ -296,7 +298,7 @@ def test_another_librarys_array_keeps_its_dtype():
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, x * x + np.sin(x), rtol=1e-6)
     with pytest.raises(dsl.ArgumentError, match=r"argument 'y' of mul_sin\(\) cannot be read "
-                       r"as a NumPy array \(Can't call.*through dsl.to_torch"):
+                       r"as a NumPy array \(Can't call.*through dsl.to_torch\(f\)"):
         M.mul_sin(x, _Foreign(x, requires_grad=True))
 
 
