@@ -236,6 +236,14 @@ def _fill_like(value_pos: Optional[int], value=None):
     return lower
 
 
+def _conversion(dtype: str) -> Builtin:
+    """`float32(x)`, `float64(x)`: x in that dtype, as NumPy's (a
+    bool mask or an integer array too; a compile-time number becomes a
+    value of the dtype, no longer a literal that takes another's), so that
+    what meets it keeps it; its gradient is converted back."""
+    return _builtin(1, lambda L, b, args, kwargs, span: as_atom(b, args[0], span, dtype))
+
+
 def _stop_gradient(L, b, args, kwargs, span):
     v = args[0]
     return v if is_static(v) else b.bind("stop_gradient", v, span=span)
@@ -375,6 +383,8 @@ _LOWERINGS: dict[str, Builtin] = {
 # Sugar, and primitives called with compile-time arguments (shapes, axes).
 _SUGAR: dict[str, Builtin] = {
     "clip": _builtin(3, _clip),
+    "float32": _conversion("f32"),
+    "float64": _conversion("f64"),
     "sum": _reduction("reduce_sum"),
     "mean": _reduction("reduce_sum", mean=True),
     "max": _reduction("reduce_max"),

@@ -197,6 +197,22 @@ def test_a_float_function_of_a_compile_time_number_stays_f32():
         np.testing.assert_allclose(got, q / 2 + c, rtol=1e-6 if dtype == np.float32 else 1e-15)
 
 
+def test_float32_and_float64_convert_as_numpys():
+    """A masked mean of f32 x was f64: `mask * 1.0` is f64 (a float literal
+    makes a bool or int array f64, as in NumPy), and nothing converted."""
+    m = dsl.loads("def f(x, mask: const):\n    return sum(where(mask, x * x, 0)) / "
+                  "sum(float32(mask))\ndef g(x):\n    return x * float64(0.5)\n")
+    x = np.array([1.5, -2.0, 3.0], np.float32)
+    mask = x > 0
+    value, grad = dsl.value_and_grad(m.f)(x, mask)
+    assert value.dtype == grad.dtype == np.float32
+    np.testing.assert_allclose(value, (x[mask] ** 2).mean(), rtol=1e-6)
+    np.testing.assert_allclose(grad, np.where(mask, 2 * x / 2, 0), rtol=1e-6)
+    assert m.g(x).dtype == np.float64  # a value of f64, not a literal
+    with pytest.raises(dsl.GradError, match="1e.39 is beyond the range of f32"):
+        dsl.loads("def h(x):\n    return x * float32(1e39)\n").h(x)
+
+
 def example_args(rng):
     x, w = np.array([-2.0, -0.5, 0.5, 3.0]), np.array([1.5, -1.0, 2.0, 0.7])
     return {
