@@ -523,17 +523,19 @@ class Summary:
 MIN_SIZE = 3
 
 
-def _sample_args(f: Compiled, rng, rank: int, fill, const: int = MIN_SIZE) -> list:
+def _sample_args(f: Compiled, rng, rank: int, fill, const: int = MIN_SIZE,
+                 indices: bool = False) -> list:
     """Arguments for f: unannotated ones of rank `rank`, differentiable
-    floats from `fill`, a const integer scalar `const`."""
+    floats from `fill`, a const integer scalar `const`; with `indices`,
+    unannotated const ones are i64 indices (`labels: const`)."""
     sizes: dict[str, int] = {}
     args = []
     fixed = _fixed_dtypes(f)
     for spec in f.specs:
         if spec.has_default:
             break
-        dtype = fixed[spec.name] or "f64"
-        if spec.const and dtype in ("i32", "i64") and not spec.dims:
+        dtype = fixed[spec.name] or ("i64" if indices and spec.const else "f64")
+        if spec.const and fixed[spec.name] in ("i32", "i64") and not spec.dims:
             args.append(np.asarray(const, dtype=NUMPY[dtype]))
             continue  # a size or a count (every sampled size is at least 3), or an axis
         if spec.dims is None:
@@ -577,11 +579,13 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
              ("a random point in (-1, 1)", lambda s: rng.uniform(-0.9, 0.9, s))]
     fills += [(f"{varied} = {v:g}", lambda s, v=v: np.full(s, v)) for v in STRESS]
     # the first rank the unannotated arguments accept, and const integer a
-    # function accepts: a size or count (MIN_SIZE), else an axis or index
-    layouts = [(rank, const) for rank in (1, 2, 0) for const in (MIN_SIZE, 1, 0)]
-    for rank, const in layouts:
+    # function accepts: a size or count (MIN_SIZE), else an axis or index;
+    # unannotated const arguments as floats, else as indices
+    layouts = [(rank, const, indices) for indices in (False, True) for rank in (1, 2, 0)
+               for const in (MIN_SIZE, 1, 0)]
+    for rank, const, indices in layouts:
         try:
-            f(*_sample_args(f, rng, rank, fills[0][1], const))
+            f(*_sample_args(f, rng, rank, fills[0][1], const, indices))
             break
         except GradError:
             continue
@@ -591,7 +595,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
     rows: dict[tuple, list[GradCheck]] = {}
     warned: dict[str, list[str]] = {}
     for index, (label, fill) in enumerate(fills):
-        args = _sample_args(f, rng, rank, fill, const)
+        args = _sample_args(f, rng, rank, fill, const, indices)
         with np.errstate(all="ignore"):
             outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)

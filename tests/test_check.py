@@ -301,7 +301,10 @@ def test_a_const_integer_that_is_an_axis_or_an_index_is_checked():
     # rank 1", and the function could not be checked at all
     from dsl.check import check_function
     m = dsl.loads("def s(x, axis: const i64):\n    return sum(x * x, axis)\n"
-                  "def pick(x, i: const i64):\n    return x[i] * x[i]\n")
-    for f in (m.s, m.pick):
+                  "def pick(x, i: const i64):\n    return x[i] * x[i]\n"
+                  "def gather(x, labels: const):\n    return x[labels] * x[labels]\n")
+    # (an unannotated const index, labels: const, was sampled as floats only:
+    # "an index must be an integer array")
+    for f in (m.s, m.pick, m.gather):
         rows = check_function(f, order=1)
         assert rows and {(r.wrt, r.dtype) for r in rows} >= {("x", "f64"), ("x", "f32")}
