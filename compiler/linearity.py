@@ -121,12 +121,14 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
               span: Span) -> Optional[str]:
     values = [i for i in range(len(in_kinds)) if i not in op.token_inputs]
     linear = {i for i in values if in_kinds[i] == LINEAR}
-    slots = op.linear_slots(len(in_kinds))
+    # indices are held fixed; every other input is a value, whatever its
+    # dtype (a bool or an integer one free of the upstream is no zero)
+    slots = [frozenset(i for i in s if not _is_index(op, i))
+             for s in op.linear_slots(len(in_kinds))]
     if not linear:
         if eqn.op == "full" and eqn.p["value"] == 0:
             return ZERO
-        zero = any(all(in_kinds[i] == ZERO for i in s if eqn.inputs[i].type.is_float)
-                   for s in slots if s)
+        zero = any(all(in_kinds[i] == ZERO for i in s) for s in slots if s)
         return ZERO if zero else None
     at = eqn.span or span
     fits = [s for s in slots if linear <= s]
@@ -136,13 +138,15 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
     if not fits or not all(o.type.is_float for o in eqn.outputs):
         raise NotLinear(f"{where} is not linear in its upstream cotangents: {_describe(eqn)} "
                         "of a value that depends on them", at)
-    # the float inputs of the slot (indices are held fixed)
-    if not any(all(in_kinds[i] in (LINEAR, ZERO) for i in s if eqn.inputs[i].type.is_float)
-               for s in fits):
+    if not any(all(in_kinds[i] in (LINEAR, ZERO) for i in s) for s in fits):
         raise NotLinear(f"{where} is not linear in its upstream cotangents: {_describe(eqn)} "
                         "of a value that depends on them and one that does not (an affine "
                         "map, not a linear one)", at)
     return LINEAR
+
+
+def _is_index(op: ops.Op, i: int) -> bool:
+    return i < len(op.domains) and op.domains[i] == "index"
 
 
 _DESCRIPTIONS = {"mul": "a product", "div": "a quotient", "matmul": "a matrix product",

@@ -311,4 +311,4 @@ class Chain:
                 raise GradError(
                     f"{where} returns a cotangent of shape {list(value.type.shape)} "
                     f"for {name!r}, which has shape {list(t.shape)}", sp)
-        return cast(b, value, t.dtype)
+        return cast(b, value, t.dtype, sp)

@@ -90,12 +90,12 @@ def as_results(b: Builder, outs: Sequence[Value], dtype: Optional[str],
     return [as_result(b, v, dtype, span) for v, span in zip(outs, spans, strict=True)]
 
 
-def cast(b: Builder, a: Atom, dtype: str) -> Atom:
+def cast(b: Builder, a: Atom, dtype: str, span: Optional[Span] = None) -> Atom:
     if a.type.dtype == dtype:
         return a
     if isinstance(a, Lit):
         return b.lit(a.value, dtype)
-    return b.bind("cast", a, dtype=dtype)
+    return b.bind("cast", a, dtype=dtype, span=span)
 
 
 def unify(b: Builder, values: Sequence[Value], span: Optional[Span],

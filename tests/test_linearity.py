@@ -31,6 +31,11 @@ def load_error(source: str) -> dsl.GradError:
     ("dy * y, y * 2", 20, "the cotangent for 'y' does not depend on them"),
     ("maximum(dy, 0) * y, dy * x", 12, "maximum() of a value"),
     ("dy * y, x / dy", 20, "a quotient"),
+    # a value of another dtype is no index: a bool or integer one free of
+    # the upstream was taken for zero (`x > 0` here was a gradient of 1)
+    ("dy * y, x > 0", 20, "the cotangent for 'y' does not depend on them"),
+    ("dy * y, (x > 0) + dy", 20, "affine"),
+    ("dy * y, dy - x.shape[0] * (y > 0)", 20, "affine"),
 ])
 def test_a_block_not_linear_in_its_upstream_is_an_error_at_load(ret, col, what):
     err = load_error(block(ret))
