@@ -43,11 +43,20 @@ from gradlang.runtime.errors import GradError, Span
 # error at the call rather than a RecursionError.
 MAX_CALL_DEPTH = 64
 
+# Each call is a copy of the function called, so functions that each call
+# the one before twice double the program at every level: a bound on the
+# expressions one program lowers (well past any written by hand or
+# generated that compiles in reasonable time; ~10 us each) turns that
+# exponential blow-up into an error in about a second.
+MAX_LOWERED_EXPRESSIONS = 100_000
+
 
 class Lowerer:
     def __init__(self, namespace: Namespace):
         self.namespace = namespace
         self.call_stack: list[str] = []
+        self.call_spans: list[Span] = []  # where each call of call_stack is
+        self.lowered = 0  # expressions lowered: MAX_LOWERED_EXPRESSIONS
         self.arguments: dict[Var, str] = {}  # the entry parameters, by name
         # inside a @recompute function with loops: their checkpoint interval
         # (trips per segment), or "sqrt" for about the trip count's root
@@ -106,12 +115,14 @@ class Lowerer:
         for w in param_reads(fdef, ns):
             inputs[w] = caller_env[w]
         self.call_stack.append(fdef.name)
+        self.call_spans.append(span)
         try:
             outs = self.call_body(b, fdef, ns, inputs, span)
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
             raise too_deep(ns.module.source, ns.module.file) from None
         finally:
             self.call_stack.pop()
+            self.call_spans.pop()
         check_results(fdef, outs, dims)
         return outs
 
@@ -349,6 +360,13 @@ class Lowerer:
     # ------------------------------------------------------ expressions
 
     def expr(self, b: Builder, e: ast.Expr, env: dict[str, Value]) -> Value:
+        self.lowered += 1
+        if self.lowered > MAX_LOWERED_EXPRESSIONS:
+            # at the entry function's call that leads here (or e, in its own body)
+            at = self.call_spans[1] if len(self.call_spans) > 1 else e.span
+            raise GradError(f"{self.call_stack[0]}() is too big to compile: with its calls "
+                            f"inlined it has more than {MAX_LOWERED_EXPRESSIONS} expressions "
+                            "(each call is a copy of the function it calls)", at)
         method = getattr(self, "expr_" + type(e).__name__)
         return method(b, e, env)
 

@@ -1,11 +1,14 @@
 """Front-end holes, each pinned: constants that do not fit their dtype,
 compile-time arithmetic that would not finish, negative sizes, and call
-graphs that were walked quadratically or recursively."""
+graphs that were walked quadratically or recursively, or inlined into
+programs exponentially large."""
 import numpy as np
 import pytest
 
 import dsl
-from gradlang.compiler import namespace
+from dsl.function import _types
+from gradlang.compiler import lower, namespace
+from gradlang.compiler.interpret import interpret
 from gradlang.compiler.lower import MAX_CALL_DEPTH
 from gradlang.compiler.namespace import param_reads
 from gradlang.compiler.pipeline import front_end
@@ -160,3 +163,25 @@ def test_a_call_chain_deeper_than_the_bound_is_an_error_at_the_call(long_chain):
     # the call that would go one level deeper: f935 inside f936
     assert (err.file, err.line, err.col) == ("chain.grad", 2 * 936 + 3, 12), str(err)
     assert err.source is not None and "^" in str(err).splitlines()[-1]
+
+
+def test_calls_that_double_the_program_at_each_level_are_an_error_not_a_hang(monkeypatch):
+    # g_k calls g_(k-1) twice, so g40 inlined is 2**40 copies of g0's sin:
+    # lowering it ran until memory ran out (dsl.load too, for a caller
+    # with a grad block, whose linearity is checked at load)
+    monkeypatch.setattr(lower, "MAX_LOWERED_EXPRESSIONS", 2_000)  # ~1 ms, not ~1 s
+    source = "def g0(x):\n    return sin(x)\n" + "".join(
+        f"def g{k}(x):\n    return g{k - 1}(x) + g{k - 1}(x * 0.5)\n" for k in range(1, 41))
+    m = dsl.loads(source + "def f(x):\n    return g40(x)\ngrad(dy):\n    return dy\n",
+                  "double.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.g40(F64)
+    err = info.value
+    assert "g40() is too big to compile: with its calls inlined it has more than 2000 " \
+           "expressions" in err.message
+    assert (err.file, err.line) == ("double.grad", 2 * 40 + 2), str(err)  # in g40's body
+    assert str(err).splitlines()[-1].strip().startswith("^")
+    g6 = m.g6  # 64 sines: well inside the bound
+    value = interpret(g6.lower(_types(g6.bind((F64,), {}))), F64)[0]
+    expected = sum(np.sin(F64 * 0.5 ** bin(k).count("1")) for k in range(64))
+    np.testing.assert_allclose(value, expected, rtol=1e-14)
