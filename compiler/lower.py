@@ -44,11 +44,13 @@ from gradlang.runtime.errors import GradError, Span
 MAX_CALL_DEPTH = 64
 
 # Each call is a copy of the function called, so functions that each call
-# the one before twice double the program at every level: a bound on the
-# expressions one program lowers (well past any written by hand or
+# the one before twice double the program at every level, and each
+# in-language `grad(f)` of a function holding one triples it: a bound on
+# the operations one program lowers (expressions, and the equations of
+# derived gradients it inlines; well past any program written by hand or
 # generated that compiles in reasonable time; ~10 us each) turns that
-# exponential blow-up into an error in about a second.
-MAX_LOWERED_EXPRESSIONS = 100_000
+# exponential blow-up into an error within seconds.
+MAX_PROGRAM_SIZE = 100_000
 
 
 class Lowerer:
@@ -56,7 +58,7 @@ class Lowerer:
         self.namespace = namespace
         self.call_stack: list[str] = []
         self.call_spans: list[Span] = []  # where each call of call_stack is
-        self.lowered = 0  # expressions lowered: MAX_LOWERED_EXPRESSIONS
+        self.size = 0  # operations lowered so far: MAX_PROGRAM_SIZE
         self.arguments: dict[Var, str] = {}  # the entry parameters, by name
         # inside a @recompute function with loops: their checkpoint interval
         # (trips per segment), or "sqrt" for about the trip count's root
@@ -230,6 +232,7 @@ class Lowerer:
                                  [arrays.index(n) for n in wrt_names], tangents, outer)
         with_value = kind == "value_and_grad"
         g = autodiff.grad_of_sum(sub, [arrays.index(n) for n in wrt_names], with_value)
+        self.grow(len(g.eqns), outer.span)
         results = inline(b, g, [bound[n] for n in arrays] + [env[w] for w in reads])
         grads = results[len(results) - len(wrt_names):]
         grads_value = grads[0] if single else tuple(grads)
@@ -253,7 +256,9 @@ class Lowerer:
                                     f"{list(target.shape)}", call.span)
                 t = b.bind("broadcast_to", t, shape=target.shape, span=call.span)
             ts.append(t)
-        results = inline(b, forward.jvp(sub, wrt), list(inputs) + ts)
+        program = forward.jvp(sub, wrt)
+        self.grow(len(program.eqns), call.span)
+        results = inline(b, program, list(inputs) + ts)
         n = len(sub.outputs)
         values, out_tangents = results[:n], results[n:]
         if n == 1:
@@ -359,14 +364,19 @@ class Lowerer:
 
     # ------------------------------------------------------ expressions
 
-    def expr(self, b: Builder, e: ast.Expr, env: dict[str, Value]) -> Value:
-        self.lowered += 1
-        if self.lowered > MAX_LOWERED_EXPRESSIONS:
-            # at the entry function's call that leads here (or e, in its own body)
-            at = self.call_spans[1] if len(self.call_spans) > 1 else e.span
+    def grow(self, n: int, span: Span) -> None:
+        """Counts n more operations of the program (`MAX_PROGRAM_SIZE`)."""
+        self.size += n
+        if self.size > MAX_PROGRAM_SIZE:
+            # at the entry function's call that leads here (or in its own body)
+            at = self.call_spans[1] if len(self.call_spans) > 1 else span
             raise GradError(f"{self.call_stack[0]}() is too big to compile: with its calls "
-                            f"inlined it has more than {MAX_LOWERED_EXPRESSIONS} expressions "
-                            "(each call is a copy of the function it calls)", at)
+                            f"inlined it has more than {MAX_PROGRAM_SIZE} operations (each "
+                            "call is a copy of the function it calls, and a gradient about "
+                            "three times its function)", at)
+
+    def expr(self, b: Builder, e: ast.Expr, env: dict[str, Value]) -> Value:
+        self.grow(1, e.span)
         method = getattr(self, "expr_" + type(e).__name__)
         return method(b, e, env)
 

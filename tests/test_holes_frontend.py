@@ -165,23 +165,29 @@ def test_a_call_chain_deeper_than_the_bound_is_an_error_at_the_call(long_chain):
     assert err.source is not None and "^" in str(err).splitlines()[-1]
 
 
-def test_calls_that_double_the_program_at_each_level_are_an_error_not_a_hang(monkeypatch):
-    # g_k calls g_(k-1) twice, so g40 inlined is 2**40 copies of g0's sin:
-    # lowering it ran until memory ran out (dsl.load too, for a caller
-    # with a grad block, whose linearity is checked at load)
-    monkeypatch.setattr(lower, "MAX_LOWERED_EXPRESSIONS", 2_000)  # ~1 ms, not ~1 s
-    source = "def g0(x):\n    return sin(x)\n" + "".join(
-        f"def g{k}(x):\n    return g{k - 1}(x) + g{k - 1}(x * 0.5)\n" for k in range(1, 41))
+
+@pytest.mark.parametrize("call", ["g{k}(x) + g{k}(x * 0.5)", "sum(grad(g{k})(x) * x)"])
+def test_a_program_that_grows_exponentially_with_its_calls_is_an_error_not_a_hang(
+        monkeypatch, call):
+    # g_k calls g_(k-1) twice, so g40 inlined is 2**40 copies of g0's sin;
+    # or takes its gradient, about three times its size: lowering ran until
+    # memory ran out (dsl.load too, for a caller with a grad block, whose
+    # linearity is checked at load)
+    monkeypatch.setattr(lower, "MAX_PROGRAM_SIZE", 2_000)  # ~10 ms, not seconds
+    source = "def g0(x):\n    return sum(sin(x))\n" + "".join(
+        f"def g{k}(x):\n    return {call.format(k=k - 1)}\n" for k in range(1, 41))
     m = dsl.loads(source + "def f(x):\n    return g40(x)\ngrad(dy):\n    return dy\n",
-                  "double.grad")
+                  "grows.grad")
     with pytest.raises(dsl.GradError) as info:
         m.g40(F64)
     err = info.value
     assert "g40() is too big to compile: with its calls inlined it has more than 2000 " \
-           "expressions" in err.message
-    assert (err.file, err.line) == ("double.grad", 2 * 40 + 2), str(err)  # in g40's body
+           "operations" in err.message
+    assert (err.file, err.line) == ("grows.grad", 2 * 40 + 2), str(err)  # in g40's body
     assert str(err).splitlines()[-1].strip().startswith("^")
-    g6 = m.g6  # 64 sines: well inside the bound
-    value = interpret(g6.lower(_types(g6.bind((F64,), {}))), F64)[0]
-    expected = sum(np.sin(F64 * 0.5 ** bin(k).count("1")) for k in range(64))
+    g2 = m.g2  # well inside the bound
+    value = interpret(g2.lower(_types(g2.bind((F64,), {}))), F64)[0]
+    x = F64
+    expected = (np.sum(np.sin(x) + 2 * np.sin(x / 2) + np.sin(x / 4)) if call[0] == "g"
+                else np.sum((np.cos(x) - x * np.sin(x)) * x))  # d/dx sum(cos(x) * x), times x
     np.testing.assert_allclose(value, expected, rtol=1e-14)
