@@ -14,6 +14,7 @@ and a derived one's name, already a call (`grad(f)`), as it is.
 """
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 
@@ -80,7 +81,18 @@ class GradError(Exception):
         return text
 
 
-_SHOWN_CONTROLS = {c: "\ufffd" for c in [*range(0x20), *range(0x7f, 0xa0)] if c != ord("\t")}
+# Characters a terminal acts on rather than shows: controls (an escape
+# sequence, a NUL), format characters (the bidirectional overrides that
+# make a line display in another order than it reads, zero-width ones that
+# would shift the caret) and line or paragraph separators.
+_UNSHOWN = ("Cc", "Cf", "Zl", "Zp")
+
+
+def _shown(line: str) -> str:
+    """`line` with each character a terminal would act on as U+FFFD: one
+    character each, as columns count them; a tab stays, to pad the caret."""
+    return "".join("\ufffd" if c != "\t" and unicodedata.category(c) in _UNSHOWN else c
+                   for c in line)
 
 
 def _caret_lines(span: Span, source: str | None) -> str:
@@ -89,9 +101,7 @@ def _caret_lines(span: Span, source: str | None) -> str:
     lines = source.split("\n")  # as the lexer counts lines
     if not 1 <= span.line <= len(lines):
         return ""
-    # a control character (an escape sequence, a NUL) is shown, not sent to
-    # the terminal, which would act on it: one character each, as counted
-    line = lines[span.line - 1].translate(_SHOWN_CONTROLS)
+    line = _shown(lines[span.line - 1])
     start = max(span.col, 1)
     if span.end_line == span.line and span.end_col > start:
         width = span.end_col - start

@@ -361,6 +361,14 @@ def test_control_characters_in_a_shown_line_do_not_reach_the_terminal():
     # red text) acted on the terminal of whoever ran gradc on it
     err = load_error("def f(x):\n    return x * \x1b[31m2\x00\n")
     assert str(err).split("\n")[1:] == ["        return x * \ufffd[31m2\ufffd", " " * 19 + "^"]
+    # nor do the format characters a terminal acts on: a bidirectional
+    # override (U+202E) that displayed the rest of the line reversed, and a
+    # zero-width space (U+200B) that shifted the caret one column left of
+    # its place; a line separator (U+2028) in a comment broke the line
+    err = load_error("def f(x):  # \u202e\u2028\n    return x\u200b * 2\n")
+    assert str(err).split("\n")[1:] == ["        return x\ufffd * 2", " " * 16 + "^"]
+    err = load_error("def f(x)  # \u202e:\n    return x\n")
+    assert str(err).split("\n")[1] == "    def f(x)  # \ufffd:"
 
 
 def test_a_byte_order_mark_counts_no_column(tmp_path):
