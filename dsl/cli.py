@@ -236,8 +236,8 @@ def cmd_show(args) -> int:
             if transform == "jvp":
                 shown = jvp_function(f, wrt)
                 types = {**types, **{t: types[n] for n, t in zip(wrt, shown.tangent_names)}}
-            else:
-                shown = dsl.value_and_grad(f, wrt=wrt or 0)
+            elif wrt:  # (with none, the value alone, as `gradc run` prints it)
+                shown = dsl.value_and_grad(f, wrt=wrt)
         print(pipeline.emit(_lower(f, shown, types, sig_args), stage, args.target))
     return 0
 

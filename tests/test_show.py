@@ -176,3 +176,16 @@ def test_the_ast_printer_writes_what_repr_writes():
     module = parse((ROOT / "examples" / "leaky_relu.grad").read_text()
                    + "def g(x, k: const i64 = 2):\n    return (x,)[0] * k\n", "t.grad")
     assert ast.dump(module) == repr(module)
+
+
+def test_grad_stages_show_a_function_without_float_arguments_as_its_value(tmp_path, capsys):
+    # `value_and_grad(f, wrt=0)` of it: every grad- stage of a file with
+    # one such function failed with "cannot differentiate ints() with
+    # respect to 'k'", though `gradc run` and `check` take it
+    path = tmp_path / "ints.grad"
+    path.write_text("def ints(k: i64, n: i64[m]):\n    return k * sum(n)\n\n"
+                    "def sq(x):\n    return x * x\n")
+    out = show(capsys, str(path), "--emit", "grad-ir")
+    ints, sq = out.split("func @")[1:]
+    assert ints.startswith("ints(%k0: i64, %n1: i64[m]) -> (i64) {")
+    assert sq.startswith("sq_value_and_grad(")
