@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 import dsl
+from dsl.function import _types
+from gradlang.compiler import passes
+from gradlang.compiler.interpret import interpret
 
 GROW = """
 def grow(u, kappa, n: i64):
@@ -67,3 +70,22 @@ def test_out_takes_numpy_buffers_when_results_are_numpy_anyway():
     result = f(u, 0.7, 4, out=out)
     assert result is out
     np.testing.assert_allclose(out, grow_numpy(u, 0.7, 4), rtol=1e-12)
+
+
+def test_the_gradient_of_deeply_nested_loops_is_simplified_in_polynomial_time(monkeypatch):
+    # dead-code elimination read each nested loop's body once for every set
+    # of carried values the loop around it tried, so the work doubled with
+    # each level: 14 nested loops called _read_by 130,000 times, 18 took 10 s
+    depth = 16
+    source = "def f(x, n: i64 = 2):\n    y = x\n" + "".join(
+        "    " * (k + 1) + f"for i{k} in range(n):\n" for k in range(depth))
+    source += "    " * (depth + 1) + "y = sin(y) * 0.999\n    return sum(y)\n"
+    g = dsl.grad(dsl.loads(source, "nested.grad").f)
+    calls = []
+    read_by = passes._read_by
+    monkeypatch.setattr(passes, "_read_by", lambda *a: calls.append(1) or read_by(*a))
+    x = np.array([0.3, -0.7])
+    bound = g.bind((x, 1), {})  # one trip each: the body runs once
+    (value,) = interpret(g.lower(_types(bound)), *bound.values())
+    assert len(calls) < 2 * depth ** 3, len(calls)  # (1632; it was 2**depth and more)
+    np.testing.assert_allclose(value, 0.999 * np.cos(x), rtol=1e-15)
