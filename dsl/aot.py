@@ -60,8 +60,11 @@ _ARG = re.compile(r"^\s*(f32|f64|i32|i64|bool)\s*(?:\[(.*)\])?\s*$")
 _ANY_SIZE = re.compile(r"a\d+")  # the name of the size a ':' stands for
 # Module names a compiled module may not take: with its directory on the
 # path it would shadow the module that Python, NumPy, Numba or the runtime
-# import (`numpy.py` broke every module compiled into the same directory).
-SHADOWED = frozenset(sys.stdlib_module_names) | {"gradlang", "numpy", "numba", "llvmlite"}
+# import (`numpy.py` broke every module compiled into the same directory),
+# or this distribution's own (`dsl.py` stood in for `dsl`, whose `grad`
+# and `Tape` take compiled functions).
+SHADOWED = frozenset(sys.stdlib_module_names) | {"gradlang", "dsl", "numpy", "numba",
+                                                 "llvmlite"}
 
 
 class SignatureError(GradError):

@@ -143,7 +143,7 @@ def test_an_index_out_of_range_is_an_error_at_its_line(capsys):
         "(valid: -2 to 1)", "        return segment_sum(x, seg, m)", " " * 15 + "^" * 22, ""]
 
 
-@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang"])
+@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang", "dsl"])
 def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, capsys):
     # numpy.py beside the kernels: every module compiled there then failed to
     # import (the kernels' `import numpy` found it)
