@@ -82,6 +82,12 @@ class _Function:
             self.not_a_param(p.name, p.span, "a parameter")
             self.default_fits(p)
             names.add(p.name)
+        defaults = [p.default is not None for p in f.params]
+        if True in defaults and False in defaults[defaults.index(True):]:
+            # (as in Python: a call could not pass it by position)
+            p = f.params[defaults.index(False, defaults.index(True))]
+            raise GradError(f"parameter {p.name!r} of {f.name}() has no default but follows "
+                            "one with a default: parameters with defaults come last", p.span)
         for d in f.decorators:
             if d.name not in DECORATORS:
                 raise GradError(f"unknown decorator @{d.name} (known: "

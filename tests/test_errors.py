@@ -66,6 +66,8 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return where(x > 0, x)\n", 2, 12, "where() takes 3 positional"),
     ("def f(x):\n    return x\ndef f(y):\n    return y\n", 3, 5, "already defined"),
     ("def f(x, x):\n    return x\n", 1, None, "duplicate parameter"),
+    ("def f(a: f64 = 1.0, x):\n    return x * a\n", 1, 21,
+     "parameter 'x' of f() has no default but follows one with a default"),
     ("def f(x):\n    return x\n    y = x\n", 3, 5, "unreachable"),
     ("def f(x):\n    y = x\n", 2, None, "no return"),
     ("@fast\ndef f(x):\n    return x\n", 1, 1, "unknown decorator"),
