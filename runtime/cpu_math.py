@@ -168,8 +168,16 @@ _TWO54 = 18014398509481984.0
 @branch_free
 def _log_f64(x):
     denormal = x < _TINY64
-    scaled = x * _TWO54 if denormal else x
-    bits = _bits64(scaled)
+    y = _log_normal_f64(x * _TWO54 if denormal else x, 54 if denormal else 0)
+    y = x if x == np.inf else y
+    y = -np.inf if x == 0.0 else y
+    return y if x >= 0.0 else np.nan  # x < 0 or NaN
+
+
+@branch_free
+def _log_normal_f64(x, scale):
+    """log(x 2^-scale) for a finite normal x > 0 (no special values)."""
+    bits = _bits64(x)
     k = (bits - _SQRT_HALF_BITS64) >> 52
     m = _float64(bits - (k << 52))
     f = m - 1.0
@@ -179,11 +187,8 @@ def _log_f64(x):
     t1 = w * (_LOG_LG2 + w * (_LOG_LG4 + w * _LOG_LG6))
     t2 = z * (_LOG_LG1 + w * (_LOG_LG3 + w * (_LOG_LG5 + w * _LOG_LG7)))
     hfsq = 0.5 * f * f
-    dk = float(k - 54) if denormal else float(k)
-    y = s * (hfsq + t1 + t2) + dk * _LN2_LO - hfsq + f + dk * _LN2_HI
-    y = x if x == np.inf else y
-    y = -np.inf if x == 0.0 else y
-    return y if x >= 0.0 else np.nan  # x < 0 or NaN
+    dk = float(k - scale)
+    return s * (hfsq + t1 + t2) + dk * _LN2_LO - hfsq + f + dk * _LN2_HI
 
 
 # ------------------------------------------------------------ float32
@@ -903,8 +908,9 @@ def erfc(x):
 # m in [sqrt(2)/2, sqrt(2)), log m = 2 atanh(s) = 2s + 2s^3/3 + ..., s =
 # (m-1)/(m+1), whose first two terms carry their rounding errors along),
 # times y in two parts, then e^(z + z_tail) (exp's reduction takes the
-# tail).  float32: exp(y log|x|) in float64, then rounded once.  Then
-# C99's special cases as selects; (-x)^y for integer y is +-|x|^y.
+# tail).  float32: exp(y log|x|) in float64 (`_pow_f32`), then rounded
+# once.  Then C99's special cases as selects; (-x)^y for integer y is
+# +-|x|^y.
 
 def _fma_typer(typingctx, a, b, c):
     if not (a == b == c == types.float64):
@@ -980,33 +986,44 @@ def _log_dd_f64(x):
     return hi, lo - (hi - e)
 
 
-@branch_free
-def _pow_base(x):
-    """|x|, or 1 where it is 0, inf or NaN (`_pow_finish` answers there)."""
-    ax = abs(x)
-    # (`&`, not `and`: under Numba, Python's short circuit is a branch,
-    # which stopped the loop vectorizer here)
-    return ax if (ax > 0.0) & (ax < np.inf) else 1.0
+def _make_pow_special(zero, one, half, inf, nan, two_mantissa, as_bits):
+    """`_pow_base` and `_pow_finish` of one float width (`two_mantissa`:
+    2^52 or 2^23, from which every float of that width is an integer)."""
+    @branch_free
+    def pow_base(x):
+        """|x|, or 1 where it is 0, inf or NaN (`pow_finish` answers there)."""
+        ax = abs(x)
+        # (`&`, not `and`: under Numba, Python's short circuit is a branch,
+        # which stopped the loop vectorizer here)
+        return ax if (ax > zero) & (ax < inf) else one
+
+    @branch_free
+    def pow_finish(x, y, core):
+        """x^y from core = |x|^y (finite nonzero x): signs, C99's specials."""
+        ax = abs(x)
+        ay = abs(y)
+        # (False for NaN)
+        y_int = (ay >= two_mantissa) | ((ay + two_mantissa) - two_mantissa == ay)
+        halved = ay * half
+        y_odd = (y_int & (ay < two_mantissa + two_mantissa)
+                 & ((halved + two_mantissa) - two_mantissa != halved))
+        # |x| = 0 or inf: 0 or inf, inf where exactly one of them is "small"
+        edge = inf if (ax == zero) == (y < zero) else zero
+        r = core if (ax > zero) & (ax < inf) else edge
+        flip = (as_bits(x) < 0) & y_odd  # (-0 and -inf too)
+        r = -r if flip else r
+        r = nan if (x < zero) & (ax < inf) & (not y_int) else r
+        r = one if (ax == one) & (ay == inf) else r  # (-1)^+-inf
+        r = nan if (x != x) | (y != y) else r
+        return one if (y == zero) | (x == one) else r  # even for NaN
+    return pow_base, pow_finish
 
 
-@branch_free
-def _pow_finish(x, y, core):
-    """x^y in float64 from core = |x|^y (for finite nonzero x): signs and
-    C99's special values."""
-    ax = abs(x)
-    ay = abs(y)
-    y_int = (ay >= _TWO52) | ((ay + _TWO52) - _TWO52 == ay)  # False for NaN
-    half = ay * 0.5
-    y_odd = y_int & (ay < 2.0 * _TWO52) & ((half + _TWO52) - _TWO52 != half)
-    # |x| = 0 or inf: 0 or inf, inf where exactly one of them is "small"
-    edge = np.inf if (ax == 0.0) == (y < 0.0) else 0.0
-    r = core if (ax > 0.0) & (ax < np.inf) else edge
-    flip = (_bits64(x) < 0) & y_odd  # (-0 and -inf too)
-    r = -r if flip else r
-    r = np.nan if (x < 0.0) & (ax < np.inf) & (not y_int) else r
-    r = 1.0 if (ax == 1.0) & (ay == np.inf) else r  # (-1)^+-inf
-    r = np.nan if (x != x) | (y != y) else r
-    return 1.0 if (y == 0.0) | (x == 1.0) else r  # even for NaN
+_pow_base, _pow_finish = _make_pow_special(0.0, 1.0, 0.5, np.inf, np.nan, _TWO52, _bits64)
+# float32's selects on a float32 core: the same results on vectors of half
+# the width
+_pow_base_f32, _pow_finish_f32 = _make_pow_special(
+    _ZERO_F, _ONE_F, _HALF_F, _INF_F, _NAN_F, _f32(2.0**23), _bits32)
 
 
 @branch_free
@@ -1026,11 +1043,35 @@ def _times_dd(y, hi, lo):
     return zz, z_lo - (zz - z) if in_range else 0.0
 
 
+# e^r for |r| <= ln2/2 as Taylor's series to r^9 / 9!, within 2^-36
+# relative: no division, unlike exp's rational form, and far within the
+# 2^-30 that float32 pow's rounding once to 0.51 ulp leaves.
+_EXP_TAYLOR = tuple(1.0 / _libm.factorial(j) for j in range(10))
+# Beyond these e^z is inf or 0 in float32; 2^k stays a normal float64.
+_POW32_Z_MAX = 200.0
+_POW32_Z_MIN = -200.0
+
+
+@branch_free
+def _exp_for_f32(z):
+    """e^z in float64 to about 2^-36 relative, to be rounded to float32."""
+    z = _POW32_Z_MAX if z > _POW32_Z_MAX else z  # comparisons keep NaN as it is
+    z = _POW32_Z_MIN if z < _POW32_Z_MIN else z
+    shifted = z * _LOG2E + _SHIFT64
+    k = _bits64(shifted) - _SHIFT64_BITS
+    kd = shifted - _SHIFT64
+    r = (z - kd * _LN2_HI) - kd * _LN2_LO
+    return _horner(r, _EXP_TAYLOR) * _float64((k + 1023) << 52)
+
+
 @branch_free
 def _pow_f32(x, y):
-    xd = np.float64(x)
-    yd = np.float64(y)
-    return _f32(_pow_finish(xd, yd, _exp_f64(yd * _log_f64(_pow_base(xd)))))
+    """|x|^y as e^(y log|x|) in float64 (log|x| of a float32 is never
+    denormal there), rounded once to float32, then the special cases in
+    float32."""
+    base = np.float64(_pow_base_f32(x))
+    core = _exp_for_f32(np.float64(y) * _log_normal_f64(base, 0))
+    return _pow_finish_f32(x, y, _f32(core))
 
 
 def tan(x):
