@@ -135,7 +135,7 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
                for k, kind in enumerate(access) if kind in ("suffix", "outer")]
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
-    rowwise = bool(periods) or loop.reduction is not None
+    rowwise = bool(periods) or bool(loop.reductions)
     args, pre, row, body = _read_inputs(loop.inputs, loop.shape, names, rows=rowwise)
     kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
     if periods:
@@ -150,20 +150,20 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     args += [arg for arg, _ in aux]
     kinds += [("aux", v) for _, v in aux]
     body += _eqn_lines(loop.eqns, names, target=target)
-    reduced = None
+    summand_of = {o: r.inputs[0] for r in loop.reductions for o in r.outputs}
+    summands, reduced = [], []
     for j, v in enumerate(loop.outputs):
-        if loop.reduction is not None and v in loop.reduction.outputs:
-            reduced = f"out{j}"
+        if v in summand_of:
+            summands.append(names[summand_of[v]])
+            reduced.append(f"out{j}")
         elif rowwise:
             row.append(f"y{j} = out{j}[i0:]")
             body.append(f"y{j}[j] = {names[v]}")
         else:
             body.append(f"out{j}[i] = {names[v]}")
-    if reduced is not None:
-        summand = names[loop.reduction.inputs[0]]
-
+    if reduced:
         def wrap(kname: str) -> str:
-            return target.render_reducing_loop(kname, args, pre, body, summand, reduced,
+            return target.render_reducing_loop(kname, args, pre, body, summands, reduced,
                                                row, inner)
     else:
         def wrap(kname: str) -> str:
@@ -333,7 +333,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
 def work_per_element(loop: Loop) -> int:
     """`ops.loop_cost` of a loop's ops, the sum it may end in included:
     what a target weighs against the cost of running it in parallel."""
-    eqns = loop.eqns + ([loop.reduction] if loop.reduction is not None else [])
+    eqns = loop.eqns + loop.reductions
     return work_per_element_of(eqns)
 
 
@@ -352,7 +352,7 @@ def kernel_signature(loop: Loop) -> str:
     order `render_loop` declares them (n, [rows,] inputs, outputs, aux)."""
     array = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
              "bool": "boolean"}
-    args = ["int64"] + (["int64"] if loop.reduction is not None else [])
+    args = ["int64"] + (["int64"] if loop.reductions else [])
     args += [f"{array[v.type.dtype]}[::1]" for v in loop.inputs + loop.outputs]
     for v in loop.inputs:
         kind = access_kind(v.type.shape, loop.shape)
@@ -462,7 +462,7 @@ class _Driver:
                 if top:
                     self.kernel_names.append(kname)
                 size = prod(step.shape)
-                reduced = step.reduction.outputs if step.reduction is not None else ()
+                reduced = [o for r in step.reductions for o in r.outputs]
                 call_args = []
                 for kind, v in kinds:
                     v = _value(step, v)
@@ -643,7 +643,7 @@ def _value(step, v: Atom) -> Atom:
 
 def _scalar_arithmetic(loop: Loop) -> bool:
     """Whether `loop` is one element of `exact` ops (a mean's division)."""
-    return (loop.reduction is None and all(d == 1 for d in loop.shape)
+    return (not loop.reductions and all(d == 1 for d in loop.shape)
             and all(e.op == "broadcast_to" or OPS[e.op].exact for e in loop.eqns))
 
 

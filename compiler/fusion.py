@@ -11,11 +11,13 @@ materializes an array.  A `full` is never a loop's work: loops read it as a
 literal, and it is a step of its own (the driver fills an array) only where
 a step that is not a loop reads it, or the function returns it.
 
-On the CPU a loop may also end in a float sum over trailing axes of a
-value only that sum reads (`sum(x * x)`, `sum(err * err, axis=1)`): the
-loop accumulates it, and the summed array is never stored.  A sum of that
-sum, which nothing else reads, over trailing axes in all is the loop's sum
-instead (`mean(sum(err * err, axis=1))`: one sum over both axes).
+On the CPU a loop may also end in float sums over trailing axes, each of
+a value only that sum reads (`sum(x * x)`, `sum(err * err, axis=1)`), all
+over the same axes (`sum(x * w, axis=1)` and its tangent `sum(tx * w,
+axis=1)`: one pass over the rows for both): the loop accumulates them, and
+the summed arrays are never stored.  A sum of a loop's only sum, which
+nothing else reads, over trailing axes in all is the loop's sum instead
+(`mean(sum(err * err, axis=1))`: one sum over both axes).
 
 Greedy rule: an elementwise equation joins a loop of its shape when every
 input it reads from outside that loop was defined before the loop starts
@@ -59,9 +61,10 @@ class Loop:
     produced: set = field(default_factory=set)
     inputs: list[Var] = field(default_factory=list)   # read from outside
     outputs: list[Var] = field(default_factory=list)  # needed outside
-    # A float sum over trailing axes of a value only it reads, accumulated
-    # in the loop itself (so that value is never stored).
-    reduction: Eqn | None = None
+    # Float sums over the same trailing axes, each of a value only it
+    # reads, accumulated in the loop itself (so those values are never
+    # stored).
+    reductions: list[Eqn] = field(default_factory=list)
     # Inputs standing in for an argument of a kernel the loop shares with
     # a larger loop (`compiler.sharing`): the value passed for each.
     stand_ins: dict[Var, Var] = field(default_factory=dict)
@@ -91,17 +94,17 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
         if reductions and home is not None and _absorbable(eqn, home, uses, outputs):
             # The sum exists only once the loop has finished: to every other
             # equation it is an outside value defined here.
-            home.reduction = eqn
+            home.reductions.append(eqn)
             summed_in.update((o, home) for o in eqn.outputs)
             defined_at.update((o, index) for o in eqn.outputs)
             continue
         summer = summed_in.get(eqn.inputs[0]) if eqn.inputs else None
-        widened = (_sum_of_sum(summer.reduction, eqn, uses, outputs) if summer is not None
-                   else None)
+        widened = (_sum_of_sum(summer.reductions[0], eqn, uses, outputs)
+                   if summer is not None and len(summer.reductions) == 1 else None)
         if widened is not None:
             # a loop's sum, summed again over the axes left: the loop sums
             # over both (a mean of row sums: no second reduction to run)
-            summer.reduction = widened
+            summer.reductions[0] = widened
             summed_in.update((o, summer) for o in eqn.outputs)
             defined_at.update((o, index) for o in eqn.outputs)
             continue
@@ -152,11 +155,14 @@ def _constants_first(fn: Function) -> list[Eqn]:
 
 
 def _absorbable(eqn: Eqn, loop: Loop, uses: dict, outputs: set) -> bool:
-    """A float sum over trailing axes of a value only it reads."""
-    if eqn.op != "reduce_sum" or loop.reduction is not None:
+    """A float sum over trailing axes of a value only it reads, over the
+    axes of the loop's sums so far."""
+    if eqn.op != "reduce_sum":
         return False
     (x,) = eqn.inputs
     axes = tuple(eqn.p["axes"])
+    if loop.reductions and axes != tuple(loop.reductions[0].p["axes"]):
+        return False
     rank = x.type.rank
     return (x.type.shape == loop.shape and x.type.is_float and uses.get(x) == 1
             and x not in outputs and rank > 0 and axes == tuple(range(rank - len(axes), rank)))
@@ -236,8 +242,8 @@ def _wire(steps: list[Step], fn: Function) -> set[Var]:
                     seen.add(a)
                     step.inputs.append(a)
             step.outputs.extend(o for o in eqn.outputs if o in needed)
-        if step.reduction is not None:
-            step.outputs.extend(o for o in step.reduction.outputs if o in needed)
+        for reduction in step.reductions:
+            step.outputs.extend(o for o in reduction.outputs if o in needed)
     return needed
 
 
@@ -252,9 +258,8 @@ def print_steps(fn: Function, steps: list[Step]) -> str:
         shape = ", ".join(str(d) for d in step.shape)
         reads = ", ".join(name(v) for v in step.inputs) or "nothing"
         body = print_eqns(step.eqns, name, "    ")
-        if step.reduction is not None:
-            body += print_eqns([step.reduction], name, "    ")
-        sums = step.reduction.outputs if step.reduction is not None else ()
+        body += print_eqns(step.reductions, name, "    ")
+        sums = {o for reduction in step.reductions for o in reduction.outputs}
         writes = ", ".join(name(v) + (" (summed in the loop)" if v in sums else "")
                            for v in step.outputs)
         lines.append(f"  loop {loops} over [{shape}] reads {reads} writes {writes} {{")

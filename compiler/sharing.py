@@ -29,7 +29,7 @@ def share_kernels(steps: list[Step],
     """`kernel_name(loop)`: the kernel a loop renders to (None: it runs
     none, and is left alone)."""
     names = {id(s): kernel_name(s) for s in steps
-             if isinstance(s, Loop) and s.reduction is None}
+             if isinstance(s, Loop) and not s.reductions}
     loops = [s for s in steps if names.get(id(s)) is not None]
     representative: dict[str, Loop] = {}
     for loop in loops:
@@ -55,7 +55,7 @@ def share_kernels(steps: list[Step],
 def _cover(small: Loop, big: Loop, kernel_name: Callable[[Loop], str]) -> Optional[Loop]:
     """`big`'s equations on `small`'s values (see the module docstring), or
     None where they do not cover `small` or render another kernel."""
-    if small.shape != big.shape or big.reduction is not None or \
+    if small.shape != big.shape or big.reductions or \
             len(big.eqns) > 2 * len(small.eqns):
         return None
     env: dict[Var, Atom] = {}  # big's values -> small's (or scratch)

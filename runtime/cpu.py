@@ -501,16 +501,21 @@ class CpuTarget(Target):
         return f"{_pick(kname, size, cost)}({', '.join([blocks] + args)})"
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, reduced: str,
+                             body: list[str], summands: Sequence[str], reduced: Sequence[str],
                              row: Sequence[str] = (), inner: Optional[str] = None) -> str:
-        """A loop over (rows, row length) whose last step sums `summand`
-        along each row into `reduced[row]`, in f64: `_rows` runs rows in
-        parallel, `_all` one row (a full sum) in parallel chunks of about
-        `REDUCE_CHUNK` elements whose partial sums are then added in order,
-        so its result does not depend on the number of threads.  Every add
-        is `accumulate`'s, which lets LLVM vectorize the loop with its sum."""
+        """A loop over (rows, row length) whose last step sums each of
+        `summands` along each row into `reduced[k][row]`, in f64: `_rows`
+        runs rows in parallel, `_all` one row (a full sum) in parallel
+        chunks of about `REDUCE_CHUNK` elements whose partial sums are then
+        added in order, so its result does not depend on the number of
+        threads.  Every add is `accumulate`'s, which lets LLVM vectorize the
+        loop with its sums."""
         arglist = ", ".join(["n", "rows"] + args)
-        add = [f"acc = accumulate(acc, {summand})"]
+        # acc, acc1, acc2, ...: one sum's kernel is as it was before there
+        # could be more (the same text, so the same cached kernel)
+        sums = ["" if k == 0 else str(k) for k in range(len(summands))]
+        add = [f"acc{k} = accumulate(acc{k}, {summand})" for k, summand in zip(sums, summands)]
+        start = [f"acc{k} = 0.0" for k in sums]
         out = []
         for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
@@ -518,10 +523,10 @@ class CpuTarget(Target):
             out.append("    length = n // rows if rows else 0")
             if inner is not None:  # both products of trailing sizes: the less divides
                 out.append(f"    {inner} = {smallest(inner, largest('length', '1'))}")
-            out += [f"    for o in {rng}(rows):", "        acc = 0.0"]
+            out += [f"    for o in {rng}(rows):"] + ["        " + line for line in start]
             out += ["        " + line
                     for line in _elements("o * length", "length", row, body + add, inner)]
-            out += [f"        {reduced}[o] = acc", ""]
+            out += [f"        {r}[o] = acc{k}" for k, r in zip(sums, reduced)] + [""]
         step = (f"{REDUCE_CHUNK}" if inner is None
                 else f"{largest(f'({REDUCE_CHUNK} // {inner})', '1')} * {inner}")
         # `_all_serial`: `_all`'s chunks one after the other (the same bits),
@@ -530,16 +535,17 @@ class CpuTarget(Target):
                                   ("_all_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
             out += ["    " + line for line in pre]
-            out += [f"    step = {step}", "    chunks = (n + step - 1) // step",
-                    "    partial = np.empty(chunks, np.float64)",
-                    f"    for c in {rng}(chunks):", "        acc = 0.0",
-                    f"        count = {smallest('step', '(n - c * step)')}"]
+            out += [f"    step = {step}", "    chunks = (n + step - 1) // step"]
+            out += [f"    partial{k} = np.empty(chunks, np.float64)" for k in sums]
+            out += [f"    for c in {rng}(chunks):"] + ["        " + line for line in start]
+            out += [f"        count = {smallest('step', '(n - c * step)')}"]
             out += ["        " + line for line in _elements("c * step", "count",
                                                             row, body + add, inner)]
-            out += ["        partial[c] = acc", "    total = 0.0",
-                    "    for c in range(chunks):",
-                    "        total = accumulate(total, partial[c])", f"    {reduced}[0] = total",
-                    ""]
+            out += [f"        partial{k}[c] = acc{k}" for k in sums]
+            for k, r in zip(sums, reduced):
+                out += ["    total = 0.0", "    for c in range(chunks):",
+                        f"        total = accumulate(total, partial{k}[c])", f"    {r}[0] = total"]
+            out.append("")
         return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

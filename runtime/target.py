@@ -109,10 +109,12 @@ class Target:
         raise NotImplementedError
 
     def render_reducing_loop(self, kname: str, args: list[str], pre: list[str],
-                             body: list[str], summand: str, reduced: str,
-                             row: Sequence[str] = (), inner: Optional[str] = None) -> str:
-        """As `render_loop`, for `kname(n, rows, *args)`, summing `summand`
-        over each of `rows` runs of n // rows elements into `reduced[run]`.
+                             body: list[str], summands: Sequence[str],
+                             reduced: Sequence[str], row: Sequence[str] = (),
+                             inner: Optional[str] = None) -> str:
+        """As `render_loop`, for `kname(n, rows, *args)`, summing each of
+        `summands` over each of `rows` runs of n // rows elements into
+        `reduced[k][run]` (one pass for all).
         `inner`, when given, also divides n // rows; with `row` and no
         `inner`, a row may be any run of elements."""
         raise NotImplementedError

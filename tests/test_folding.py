@@ -317,7 +317,7 @@ def test_a_mean_of_row_sums_is_one_sum_in_the_loop():
     m = load_example("dense")
     x, w, b, t = np.ones((8, 4)), np.ones((4, 3)), np.ones(3), np.zeros((8, 3))
     steps = fuse(dsl.value_and_grad(m.loss).ir(x, w, b, t), reductions=True)
-    sums = [s.reduction.p["axes"] for s in steps if isinstance(s, Loop) and s.reduction]
+    sums = [r.p["axes"] for s in steps if isinstance(s, Loop) for r in s.reductions]
     assert sums == [(0, 1)]
     assert not any(isinstance(s, Eqn) and s.op == "reduce_sum" for s in steps)
 

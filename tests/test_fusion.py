@@ -84,12 +84,20 @@ def test_large_arrays_take_the_parallel_kernel(gradc_parallel):
 
 def test_a_sum_of_an_elementwise_chain_never_stores_the_chain(gradc_parallel):
     m = dsl.loads("def sq(x):\n    return sum(x * x)\n"
-                  "def rows(x):\n    return sum(exp(x) * 2, axis=1)\n")
+                  "def rows(x):\n    return sum(exp(x) * 2, axis=1)\n"
+                  "def two(x):\n    return sum(x * 2, axis=1) - sum(x * x, axis=1)\n")
     x = np.random.default_rng(0).normal(size=(300, 200))
     for f, expected in ((m.sq, (x * x).sum()), (m.rows, (np.exp(x) * 2).sum(axis=1))):
         steps = fuse(f.ir(x), reductions=True)
-        assert len(steps) == 1 and steps[0].reduction is not None
+        assert len(steps) == 1 and steps[0].reductions
         np.testing.assert_allclose(f(x), expected, rtol=1e-12)
+    # two sums over the same rows: one pass accumulates both (the second
+    # was stored whole and summed after, as the tangent of a vmap's row sum)
+    small = x[:7, :5]
+    loop = fuse(m.two.ir(small), reductions=True)[0]
+    assert [r.p["axes"] for r in loop.reductions] == [(1,), (1,)]
+    np.testing.assert_allclose(m.two(small), (small * 2).sum(1) - (small * small).sum(1),
+                               rtol=1e-12)
     big = np.random.default_rng(1).normal(size=1 << 16)  # the parallel full-sum kernel
     gradc_parallel("always")  # (a busy machine takes the serial one)
     np.testing.assert_allclose(m.sq(big), (big * big).sum(), rtol=1e-12)
