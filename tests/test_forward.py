@@ -223,6 +223,26 @@ def test_a_module_is_no_jacobian_even_with_a_function_named_as_function():
         dsl.grad(m)
 
 
+def test_a_jacobian_is_made_once_per_function_wrt_and_mode_and_bad_wrt_always_raises():
+    """`dsl.jacfwd(f)(x)` in a loop finds the Jacobian it made (kept on f,
+    as grad's are), where a new one was made and checked at each call;
+    a wrt that is refused is refused every time, never found."""
+    m = dsl.loads("def f(x, y):\n    return x * y\n"
+                  "def params(x):\n    return x\n", "jac_once.grad")
+    assert m.f is m.functions["f"] and type(m.params).__name__ == "ParamStore"
+    for transform in (dsl.jacfwd, dsl.jacrev):
+        assert transform(m.f) is transform(m.f, 0)
+        assert transform(m.f, (0, 1)) is transform(m.f, [0, 1])
+        assert transform(m.f, np.int64(1)) is transform(m.f, np.int64(1))
+        assert transform(m.f, (1,)) is transform(m.f, ["y"]) is not transform(m.f, 1)
+        assert transform(m.f, 0) is not transform(m.f, 1)
+        for bad in (True, 2, "z"):
+            for _ in range(2):
+                with pytest.raises(dsl.ArgumentError):
+                    transform(m.f, bad)
+    assert dsl.jacfwd(m.f) is not dsl.jacrev(m.f)
+
+
 def test_jacobians_of_jacobians_are_shaped_and_valued_as_jax():
     # jax.jacfwd(jax.jacrev(f)) is out.shape + x.shape + x.shape; a tuple
     # wrt gives tuples of tuples
