@@ -21,7 +21,7 @@ mask).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -72,16 +72,23 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
     for spec in specs:
         if spec.name not in given and not spec.has_default:
             raise ArgumentError(f"{called(fn_name)} is missing argument {spec.name!r}", span)
-    weak = {s.name for s in specs if s.name in given and s.dtype is None
-            and s.differentiable and is_python_number(given[s.name])}
-    arrays = {s.name: convert(fn_name, s, given[s.name], span)
-              for s in specs if s.name in given and s.name not in weak}
+    arrays: dict[str, Any] = {}
+    weak: list[str] = []
+    for spec in specs:
+        if spec.name in given:
+            value = given[spec.name]
+            if spec.dtype is None and spec.differentiable and is_python_number(value):
+                weak.append(spec.name)
+            else:
+                arrays[spec.name] = convert(fn_name, spec, value, span)
     if weak:
         # Python numbers are weakly typed, as in NumPy 2 and JAX: f32 with f32 arrays
         floats = {a.dtype for a in arrays.values() if np.dtype(a.dtype).kind == "f"}
         taken = numbers or ("f32" if floats == {np.dtype(np.float32)} else "f64")
-        arrays.update({s.name: convert(fn_name, replace(s, dtype=taken), given[s.name], span)
-                       for s in specs if s.name in weak})
+        for name in weak:  # (the error of a number f32 cannot hold says why f32)
+            where = f"argument {name!r} of {called(fn_name)} (a Python number, {taken} here)"
+            number = numeric_array(where, given[name], span, as_float=True)
+            arrays[name] = cast(where, number, taken, span)
     out: dict[str, np.ndarray] = {}
     dims: dict[str, tuple[int, str]] = {}
     for spec in specs:
