@@ -351,11 +351,13 @@ def _arcsinh_slope(b, x):
     # x^2 overflows past |x| = 1.3e154 (1.8e19 in float32), which made the
     # slope 0 where it is 1 / |x|, a normal number.  Within [-1, 1], r is 1
     # and this is the textbook formula to the bit.  (The slope does not
-    # depend on r: its derivatives through max and abs cancel.)
+    # depend on r: its derivatives through max and abs cancel.)  At x =
+    # +-inf, r is 0 and x r NaN: the slope is 0 there, its limit (r itself).
     one = lit(b, 1, x)
     r = b.bind("div", one, b.bind("maximum", b.bind("abs", x), one))
     t = _mul(b, x, r)
-    return b.bind("div", r, b.bind("sqrt", b.bind("add", _mul(b, r, r), _mul(b, t, t))))
+    slope = b.bind("div", r, b.bind("sqrt", b.bind("add", _mul(b, r, r), _mul(b, t, t))))
+    return b.bind("where", b.bind("eq", r, lit(b, 0, r)), r, slope)
 
 
 def _where_vjp(b, eqn, cts, needs):

@@ -593,15 +593,18 @@ def test_tanh_slope_keeps_its_digits_in_the_tails(dtype, tol, x):
 def test_arcsinh_slope_is_one_over_x_where_x_squared_overflows(dtype):
     # arcsinh' was 1 / sqrt(1 + x^2): 0 past |x| = 1.3e154 (1.8e19 in
     # float32), where x^2 overflows and the slope, about 1 / |x|, is a normal
-    # number.  (np.hypot does not overflow.)
+    # number.  (np.hypot does not overflow.)  At +-inf both are 0, their
+    # limits (as JAX's and torch's): r / sqrt(r^2 + (x r)^2) was NaN there.
     m = _tails()
-    x = np.array([1e20, -3e25, 1e30, 0.5, -2.0, 1.0, 1e-20, 0.0]
+    x = np.array([1e20, -3e25, 1e30, 0.5, -2.0, 1.0, 1e-20, 0.0, np.inf, -np.inf]
                  + ([1e155, -1e300, 3e307] if dtype == np.float64 else []), dtype=dtype)
     wide = x.astype(np.float64)
     slope = 1.0 / np.hypot(1.0, wide)
     np.testing.assert_allclose(dsl.grad(m.ash)(x), slope, rtol=4 * np.finfo(dtype).eps, atol=0)
     if dtype == np.float64:  # arcsinh'' = -x / (1 + x^2)^1.5, finite everywhere
-        np.testing.assert_allclose(dsl.hvp(m.ash)(x, np.ones_like(x)), -wide * slope ** 3,
+        finite = np.where(np.isinf(wide), 0.0, wide)  # (where the curvature is 0)
+        curvature = -finite / np.hypot(1.0, finite) ** 3
+        np.testing.assert_allclose(dsl.hvp(m.ash)(x, np.ones_like(x)), curvature,
                                    rtol=1e-15, atol=np.finfo(dtype).tiny)
 
 
