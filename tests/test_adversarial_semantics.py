@@ -603,7 +603,7 @@ def test_arcsinh_slope_is_one_over_x_where_x_squared_overflows(dtype):
     np.testing.assert_allclose(dsl.grad(m.ash)(x), slope, rtol=4 * np.finfo(dtype).eps, atol=0)
     if dtype == np.float64:  # arcsinh'' = -x / (1 + x^2)^1.5, finite everywhere
         finite = np.where(np.isinf(wide), 0.0, wide)  # (where the curvature is 0)
-        curvature = -finite / np.hypot(1.0, finite) ** 3
+        curvature = -finite * (1.0 / np.hypot(1.0, finite)) ** 3
         np.testing.assert_allclose(dsl.hvp(m.ash)(x, np.ones_like(x)), curvature,
                                    rtol=1e-15, atol=np.finfo(dtype).tiny)
 
