@@ -32,7 +32,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import SUPPORTED, ParamSpec, bind, call_key, static_names
+from gradlang.runtime.args import (SUPPORTED, ParamSpec, bind, call_key, is_python_number,
+                                   static_names)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import load_kernel_files, make_driver
@@ -126,9 +127,11 @@ class AotFunction:
 
     def bind(self, args, kwargs) -> dict[str, np.ndarray]:
         bound = self._bind(args, kwargs)
-        if not self._compiled(bound):
+        numbers = any(map(is_python_number, args)) or any(map(is_python_number, kwargs.values()))
+        if numbers and not self._compiled(bound):
             # a Python number is weakly typed: f32 beside f32 arrays, or f64
-            # where only that was compiled (as every Python number once was)
+            # where only that was compiled (as every Python number once was);
+            # (only a call with one looks: a call of arrays pays nothing)
             wide = self._bind(args, kwargs, numbers="f64")
             bound = wide if self._compiled(wide) else bound
         return bound

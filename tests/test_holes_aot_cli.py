@@ -305,6 +305,13 @@ def test_a_python_number_takes_the_float_dtype_a_signature_was_compiled_for(ab):
         ab.g(x, x)
 
 
+def test_a_call_of_arrays_does_not_look_for_a_python_numbers_signature(ab, monkeypatch):
+    """Every call keyed its signature once more to see whether a Python
+    number should be f64 (a third more time per call of small arrays)."""
+    monkeypatch.setattr(type(ab.f), "_compiled", lambda *a: pytest.fail("looked"))
+    np.testing.assert_array_equal(ab.g(X, np.array([2, 3])), X * [2.0, 3.0])
+
+
 def test_dsl_vjp_of_an_aot_function_matches_the_loaded_one(ab):
     u = (np.array([0.5, -1.0]), 2.0)
     outs, pullback = dsl.vjp(ab.f, X, Y)
