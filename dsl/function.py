@@ -116,9 +116,11 @@ class FastPath:
 
     Binding, validating and keying a call costs several times what running
     a small program does.  A call whose positional arguments are all plain
-    ndarrays, with no keywords and no `dsl.Tape` recording on this thread,
-    is decided by each argument's dtype, shape and strides alone
-    (`fast_key`), as long as the slow path took the arguments as they are:
+    ndarrays or Python floats, with no keywords and no `dsl.Tape` recording
+    on this thread, is decided by each array's dtype, shape and strides and
+    the floats' places alone (`call_key`: binding gives a float the dtype
+    the call's arrays decide, f32 or f64, and the entry converts it so,
+    `taking_floats`), as long as the slow path took the arrays as they are:
     binding added nothing (no module params) and converted nothing, the
     target runs them where they are (not a device target given host
     arrays) and hands its results to the caller as they are, and the
@@ -150,20 +152,29 @@ class FastPath:
         self._arranged: dict[tuple[int, bool], tuple[Program, Callable]] = {}
 
     def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program,
-                 layout: Any, known: bool = False) -> None:
+                 layout: Any, known: bool = False,
+                 slow: Optional[Callable] = None) -> None:
         """Keep `program` for calls like this one: plain calls of `args`,
-        or with `known` calls bound once whose values `args` are."""
-        key = fast_key(args)
-        taken_as_is = len(bound) == len(args) and all(
-            b is a for b, a in zip(bound.values(), args))
-        if key is None or not taken_as_is:
+        or with `known` calls bound once whose values `args` are.  `slow`:
+        the slow path of a plain call of positional arguments, which an
+        entry taking floats leaves a float its dtype cannot hold to."""
+        key = fast_key(args) if known else call_key(args)
+        if key is None or len(bound) != len(args):
             return
+        floats: dict[int, np.dtype] = {}  # place of a Python float -> the dtype bound
+        for k, (b, a) in enumerate(zip(bound.values(), args)):
+            if b is a:
+                continue
+            if type(a) is not float or type(b) is not np.ndarray or b.shape != () \
+                    or b.dtype not in (F32, F64):
+                return  # converted otherwise (a device copy, an integer annotation)
+            floats[k] = b.dtype
         if len(self.entries) + len(self.bound_runs) >= self.SIZE:
             self.entries.clear()
             self.programs.clear()
             self.bound_runs.clear()
         # the key fixes strides, so every call it admits has this layout
-        contiguous = all(a.flags.c_contiguous for a in args)
+        contiguous = all(b.flags.c_contiguous for b in bound.values())
         run = program.run_contiguous if contiguous else program.run
         if known:
             self.bound_runs[key] = run
@@ -171,6 +182,9 @@ class FastPath:
         which = (id(program), contiguous)
         if which not in self._arranged:
             self._arranged[which] = (program, arranged(run, layout))
+        if floats:  # (not for out=: `call_into` keys arrays alone)
+            self.entries[key] = taking_floats(self._arranged[which][1], floats, slow)
+            return
         self.entries[key] = self._arranged[which][1]
         self.programs[key] = (program, run, tuple(bound), result_shapes(program, bound))
 
@@ -184,6 +198,43 @@ def fast_key(args: Sequence[Any]) -> Optional[tuple]:
             return None
         key += (a.dtype, a.shape, a.strides)
     return key
+
+
+def call_key(args: Sequence[Any]) -> Optional[tuple]:
+    """`fast_key` of a plain call, where a Python float may stand too (its
+    type in the key: `FastPath`)."""
+    key: tuple = ()
+    for a in args:
+        kind = type(a)
+        if kind is np.ndarray:
+            key += (a.dtype, a.shape, a.strides)
+        elif kind is float:
+            key += (float,)
+        else:
+            return None
+    return key
+
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def taking_floats(entry: Callable, floats: dict[int, np.dtype], slow: Callable) -> Callable:
+    """`entry`, for calls with Python floats at the places of `floats`,
+    each taken as a 0-d array of its dtype there, as binding took it; a call
+    with a finite float beyond f32 where f32 is bound goes to `slow`, whose
+    binding refuses it."""
+    places = tuple(floats.items())
+
+    def taking(*args):
+        values = list(args)
+        for k, dtype in places:
+            value = values[k]
+            if dtype is F32 and _F32_MAX < abs(value) < np.inf:
+                return slow(*args)
+            values[k] = np.array(value, dtype)
+        return entry(*values)
+    return taking
 
 
 def arranged(run: Callable, layout: Any) -> Callable:
@@ -360,7 +411,7 @@ class Compiled:
             fast = self._fast
             if fast.entries and not THREAD.tapes:
                 if not kwargs:
-                    key = fast_key(args)
+                    key = call_key(args)
                     latest = fast.latest
                     if key == latest[0]:  # comparing costs a third of hashing
                         return latest[1](*args)
@@ -447,7 +498,8 @@ class Compiled:
         program = self.program(on_target)
         if args and not self.host_results and not self.static_names(on_target):
             layout = self.format(tuple(range(len(program.out_types))))
-            self._fast.remember(args, on_target, program, layout, known)
+            self._fast.remember(args, on_target, program, layout, known,
+                                lambda *a: self.call_slow(a, {}))
         if out is not None:
             return self.out_spec(program).run_into(program.run, on_target, out,
                                                    result_shapes(program, on_target))

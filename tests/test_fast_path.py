@@ -163,6 +163,30 @@ def test_bad_arguments_still_raise_after_good_calls():
     assert len(runs) == 1 + 5  # the good call after each bad one
 
 
+def test_python_floats_take_the_fast_path_as_binding_takes_them():
+    """A Python float beside arrays is weakly typed (f32 beside f32 arrays,
+    else f64, rounded so) on the fast path as in binding, which it skips;
+    a finite float beyond f32 is still refused there."""
+    f = M.mul_add
+    x32, x64 = np.linspace(-1.0, 1.0, 3, dtype=np.float32), np.linspace(-1.0, 1.0, 3)
+    for x in (x32, x64, x32, x64):
+        for y in (0.1, -2.5, np.inf):
+            got = f(x, y)
+            assert got.dtype == x.dtype
+            with np.errstate(invalid="ignore"):  # inf * 0, as the kernels compute it
+                np.testing.assert_array_equal(got, x * x.dtype.type(y) + x)
+                np.testing.assert_array_equal(f(y, x), x.dtype.type(y) * x + x.dtype.type(y))
+    runs = []  # the remembered entries' runs
+    for key, run in f._fast.entries.items():
+        f._fast.entries[key] = lambda *a, run=run: runs.append(1) or run(*a)
+    f._fast.latest = (_NO_KEY, None)
+    np.testing.assert_array_equal(f(x32, 0.3), x32 * np.float32(0.3) + x32)
+    assert runs == [1]
+    with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
+        f(x32, 1e39)
+    np.testing.assert_array_equal(f(x64, 1e39), x64 * 1e39 + x64)
+
+
 def test_big_endian_array_is_not_taken_for_a_native_one():
     """Its bytes read as a native f64 would be other numbers: binding
     converts it, so the fast path never takes it as it is."""
@@ -231,7 +255,9 @@ def test_scalars_subclasses_and_zero_d_arrays_between_calls():
         assert type(got) is np.ndarray and got.shape == np.shape(arg)
         assert got.dtype == (np.float32 if np.asarray(arg).dtype == np.float32 else np.float64)
         np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert all(k[0] in (np.dtype(np.float64), np.dtype(np.float32)) for k in f._fast.entries)
+    # (a Python float's key is its type: `call_key`)
+    assert all(k[0] in (np.dtype(np.float64), np.dtype(np.float32), float)
+               for k in f._fast.entries)
 
 
 def test_f32_and_f64_arrays_of_one_shape_alternate():
