@@ -224,7 +224,9 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     if dtype == "bool" and array.dtype.kind != "b":
         if not np.all((array == 0) | (array == 1)):
             raise ArgumentError(f"{where} must hold bool values (0 or 1)", span)
-    with np.errstate(over="ignore"):
+    # overflow is refused below; underflow rounds to a subnormal or zero, as
+    # in NumPy by default (the caller's np.errstate must not decide a binding)
+    with np.errstate(over="ignore", under="ignore"):
         result = array.astype(NUMPY[dtype])
     if result.dtype.kind == "f" and array.dtype.kind == "f" and \
             result.dtype.itemsize < array.dtype.itemsize and \

@@ -187,6 +187,24 @@ def test_python_floats_take_the_fast_path_as_binding_takes_them():
     np.testing.assert_array_equal(f(x64, 1e39), x64 * 1e39 + x64)
 
 
+def test_a_float_that_underflows_f32_is_taken_whatever_numpys_error_state():
+    """1e-46 as f32 is 0 and 1e-40 a subnormal: the fast path rounds them so,
+    and binding (the slow path) did too only where NumPy ignores underflow;
+    under np.errstate(all="raise") it raised a FloatingPointError instead."""
+    f, x = M.mul_add, np.linspace(-1.0, 1.0, 3, dtype=np.float32)
+    for y in (1e-46, 1e-40, -1e-40):
+        want = x * np.array(y, np.float32) + x
+        for remembered in (False, True):
+            f._fast.entries.clear()
+            f._fast.latest = (_NO_KEY, None)
+            if remembered:
+                f(x, 0.5)
+            with np.errstate(all="raise"):
+                got = f(x, y)
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, want)
+
+
 def test_big_endian_array_is_not_taken_for_a_native_one():
     """Its bytes read as a native f64 would be other numbers: binding
     converts it, so the fast path never takes it as it is."""
