@@ -80,8 +80,10 @@ def jvp(f: Compiled, primals: Sequence[Any], tangents: Tangents):
             chosen[name] = tangent
     active = [n for n in bound if n in chosen]
     jf = jvp_function(f, active)
+    # (arrays only: `_known_jvp` keys by `fast_key`, so an entry taking
+    # Python floats would never be found, and would crowd out others)
     outs = _run(jf, {**bound, **dict(zip(jf.tangent_names, (chosen[n] for n in active)))},
-                args=plain or ())
+                args=plain if plain and fast_key(plain) is not None else ())
     return jf.format(outs)
 
 

@@ -118,7 +118,7 @@ class FastPath:
     a small program does.  A call whose positional arguments are all plain
     ndarrays or Python floats, with no keywords and no `dsl.Tape` recording
     on this thread, is decided by each array's dtype, shape and strides and
-    the floats' places alone (`call_key`: binding gives a float the dtype
+    the floats' places alone (`plain_call_key`: binding gives a float the dtype
     the call's arrays decide, f32 or f64, and the entry converts it so,
     `taking_floats`), as long as the slow path took the arrays as they are:
     binding added nothing (no module params) and converted nothing, the
@@ -158,7 +158,7 @@ class FastPath:
         or with `known` calls bound once whose values `args` are.  `slow`:
         the slow path of a plain call of positional arguments, which an
         entry taking floats leaves a float its dtype cannot hold to."""
-        key = fast_key(args) if known else call_key(args)
+        key = fast_key(args) if known else plain_call_key(args)
         if key is None or len(bound) != len(args):
             return
         floats: dict[int, np.dtype] = {}  # place of a Python float -> the dtype bound
@@ -200,7 +200,7 @@ def fast_key(args: Sequence[Any]) -> Optional[tuple]:
     return key
 
 
-def call_key(args: Sequence[Any]) -> Optional[tuple]:
+def plain_call_key(args: Sequence[Any]) -> Optional[tuple]:
     """`fast_key` of a plain call, where a Python float may stand too (its
     type in the key: `FastPath`)."""
     key: tuple = ()
@@ -224,13 +224,13 @@ def taking_floats(entry: Callable, floats: dict[int, np.dtype], slow: Callable) 
     each taken as a 0-d array of its dtype there, as binding took it; a call
     with a finite float beyond f32 where f32 is bound goes to `slow`, whose
     binding refuses it."""
-    places = tuple(floats.items())
+    places = tuple((k, dtype, dtype == F32) for k, dtype in floats.items())
 
     def taking(*args):
         values = list(args)
-        for k, dtype in places:
+        for k, dtype, narrow in places:
             value = values[k]
-            if dtype is F32 and _F32_MAX < abs(value) < np.inf:
+            if narrow and _F32_MAX < abs(value) < np.inf:
                 return slow(*args)
             values[k] = np.array(value, dtype)
         return entry(*values)
@@ -411,7 +411,7 @@ class Compiled:
             fast = self._fast
             if fast.entries and not THREAD.tapes:
                 if not kwargs:
-                    key = call_key(args)
+                    key = plain_call_key(args)
                     latest = fast.latest
                     if key == latest[0]:  # comparing costs a third of hashing
                         return latest[1](*args)

@@ -273,7 +273,7 @@ def test_scalars_subclasses_and_zero_d_arrays_between_calls():
         assert type(got) is np.ndarray and got.shape == np.shape(arg)
         assert got.dtype == (np.float32 if np.asarray(arg).dtype == np.float32 else np.float64)
         np.testing.assert_allclose(got, want, rtol=1e-6)
-    # (a Python float's key is its type: `call_key`)
+    # (a Python float's key is its type: `plain_call_key`)
     assert all(k[0] in (np.dtype(np.float64), np.dtype(np.float32), float)
                for k in f._fast.entries)
 
