@@ -14,10 +14,9 @@ whose float arrays are all f32 (a weakly typed number, as in NumPy 2 and
 JAX: `f(x, 0.5)` stays f32 for f32 x).  A value the dtype cannot hold
 (2**40 as i32, 1e300 as f32) is refused.  NumPy arrays keep their dtype,
 and so do other libraries' arrays that NumPy reads (`__array__`: JAX
-arrays, CPU torch tensors);
-one of non-native byte order ('>f8') is taken as its value in native
-order, and a masked array is refused (computing would silently drop its
-mask).
+arrays, CPU torch tensors); one of non-native byte order ('>f8') is taken
+as its value in native order, and a masked array is refused (computing
+would silently drop its mask).
 """
 from __future__ import annotations
 
