@@ -227,7 +227,6 @@ def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
     its value in a local `<prefix><k>` (recorded in `names`).  `spell`
     names the scalar types (a kernel's `f64`; `ops.numpy_spelling` in a
     driver); `target`: the kernel's (None: a driver's, on the host)."""
-    exact_remainder = target is None or target.exact_float_remainder
     def ref(a: Atom) -> str:
         return _literal(a, spell) if isinstance(a, Lit) else names[a]
 
@@ -244,7 +243,7 @@ def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
             expr = f"{spell(dtype)}({ref(eqn.inputs[0])})"
         else:
             expr = scalar_expression(eqn.op, [ref(a) for a in eqn.inputs], dtype, spell,
-                                     exact_remainder)
+                                     target)
         lines.append(f"{local} = {expr}")
     return lines
 

@@ -630,6 +630,10 @@ class Op:
     # lower a float remainder exactly (`Target.exact_float_remainder`):
     # through its kernel math's floor_quotient / floor_remainder, on fmod
     fmod_template: Optional[str] = None
+    # the template in kernels, where it differs: a call of a function the
+    # targets' kernel headers import (`select`: one instruction, not the
+    # blocks Numba makes of a conditional expression)
+    kernel_template: Optional[str] = None
     arity: int = 1  # -1: any number of inputs
     # where the op-table tests sample each input: real | positive | unit |
     # nonzero | bool | index (in range for the axis, repeats and negatives
@@ -886,13 +890,13 @@ _TABLE: tuple[Op, ...] = (
        arity=2),
     Op("eq", exact=True, type_rule=_BOOL_RESULT, template="{0} == {1}", ref=np.equal, arity=2),
     Op("ne", exact=True, type_rule=_BOOL_RESULT, template="{0} != {1}", ref=np.not_equal, arity=2),
-    Op("logical_and", exact=True, template="{0} and {1}", ref=np.logical_and, arity=2,
+    Op("logical_and", exact=True, template="{0} & {1}", ref=np.logical_and, arity=2,
        domain="bool"),
-    Op("logical_or", exact=True, template="{0} or {1}", ref=np.logical_or, arity=2,
+    Op("logical_or", exact=True, template="{0} | {1}", ref=np.logical_or, arity=2,
        domain="bool"),
     # ---- elementwise, three inputs
     Op("where", exact=True, type_rule=_where_rule, vjp=_where_vjp, template="{1} if {0} else {2}",
-       linear="branches",
+       kernel_template="select({0}, {1}, {2})", linear="branches",
        ref=np.where, arity=3, domain=("bool", "real", "real"), source_name="where",
        masking="branches"),
     # ---- reductions, layout, matmul
@@ -964,18 +968,20 @@ def loop_cost(op_names: Iterable[str]) -> int:
 
 
 def scalar_expression(op: str, args: Sequence[str], dtype: str,
-                      spell: Callable[[str], str] = str,
-                      exact_float_remainder: bool = True) -> str:
+                      spell: Callable[[str], str] = str, target=None) -> str:
     """Source text for `op` applied to scalars (the expressions `args`), as
     its template says, converted to its output's `dtype`: what a fused
     loop computes per element.  `spell(dtype)` names a dtype's scalar type
-    (a kernel's `f64`, NumPy's `np.float64` in a driver).
-    `exact_float_remainder`: the target's (`Target.exact_float_remainder`)."""
+    (a kernel's `f64`, NumPy's `np.float64` in a driver).  `target`: the
+    kernel's `runtime.target.Target` (None: Python on the host, a driver's
+    or constant folding's)."""
     row = OPS[op]
     if row.int_template and dtype in INTS:
         template = row.int_template
-    elif row.fmod_template and not exact_float_remainder:
+    elif row.fmod_template and target is not None and not target.exact_float_remainder:
         template = row.fmod_template
+    elif row.kernel_template and target is not None:
+        template = row.kernel_template
     else:
         template = row.template
     return f"{spell(dtype)}({template.format(*args, T=spell(dtype))})"

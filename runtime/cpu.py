@@ -458,7 +458,8 @@ class CpuTarget(Target):
         else:
             math_import = "from gradlang.runtime import cpu_math as math"
         return (f"{math_import}\n"
-                f"from gradlang.runtime.cpu_math import accumulate  # {_CPU_MATH_VERSION}\n"
+                "from gradlang.runtime.cpu_math import accumulate, select"
+                f"  # {_CPU_MATH_VERSION}\n"
                 "import numpy as np\nimport numba\nfrom numba import prange\n")
 
     @property

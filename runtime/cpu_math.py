@@ -1192,6 +1192,39 @@ def _lower_accumulate(context, builder, signature, args):
     return builder.add(args[0], value)  # integer sums reorder freely
 
 
+def select(condition, a, b):
+    """`a if condition else b` of two values already computed (the op
+    table's `where`).  In a kernel it is one LLVM `select` instruction:
+    Numba turns a conditional expression into three blocks and a phi, and
+    its SSA pass is quadratic in blocks times variables, so a chain of
+    `where`s (an `elif` chain of a hundred branches) took seconds to
+    compile where LLVM makes selects of the phis anyway.  (A plain function
+    for NUMBA_DISABLE_JIT, as `accumulate`.)"""
+    return a if condition else b
+
+
+def _select_type(condition, a, b):
+    if not isinstance(condition, types.Boolean):
+        return None
+    if a == b:
+        return a
+    unified = _select_type.typingctx.unify_types(a, b)
+    return unified if isinstance(unified, (types.Number, types.Boolean)) else None
+
+
+@type_callable(select)
+def _type_select(typingctx):
+    _select_type.typingctx = typingctx  # one typing context per process
+    return _select_type
+
+
+@lower_builtin(select, types.Any, types.Any, types.Any)
+def _lower_select(context, builder, signature, args):
+    result = signature.return_type
+    a, b = (context.cast(builder, v, t, result) for v, t in zip(args[1:], signature.args[1:]))
+    return builder.select(args[0], a, b)
+
+
 @intrinsic
 def _float_maximum(typingctx, a, b):
     # LLVM's maximum: NaN if either is NaN, and -0 < +0; exact, so a loop

@@ -95,7 +95,7 @@ class _SimulatorMath:
         return ieee
 
 
-_DEVICE_FUNCTIONS = ("floor_quotient", "floor_remainder")
+_DEVICE_FUNCTIONS = ("floor_quotient", "floor_remainder", "select")
 # Generated CUDA kernels import this as `math`: `runtime.cuda_math` on a GPU.
 kernel_math = _SimulatorMath() if SIMULATOR else cuda_math
 
@@ -537,7 +537,8 @@ class CudaTarget(Target):
 
     name = "cuda"
     header = ("import numpy as np\nfrom numba import cuda\n"
-              "from gradlang.runtime.cuda import kernel_math as math\n")
+              "from gradlang.runtime.cuda import kernel_math as math\n"
+              "select = math.select\n")
     exact_float_remainder = False  # NVPTX's frem: see runtime.cuda_math
 
     @property

@@ -1,6 +1,7 @@
 """What `math` means inside CUDA kernels on a GPU: Python's `math` (which
-numba-cuda compiles to libdevice), and the quotient and remainder of a
-float floor division, which the op table's `fmod_template`s call there.
+numba-cuda compiles to libdevice), the quotient and remainder of a float
+floor division, which the op table's `fmod_template`s call there, and
+`select`, which its `kernel_template` of `where` calls.
 
 Contract: `floor_quotient(x, y, one)` and `floor_remainder(x, y, one)` are
 NumPy's `floor_divide` and `remainder` of floats x and y (`one`: 1 in their
@@ -56,3 +57,9 @@ def floor_remainder(x, y, one):
             mod += y  # the divisor's sign
         return mod
     return math.copysign(zero, y)
+
+
+@cuda.jit(device=True)
+def select(condition, a, b):
+    # the op table's `where` in kernels (`runtime.cpu_math.select` says why)
+    return a if condition else b

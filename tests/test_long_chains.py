@@ -174,3 +174,26 @@ def test_pathological_nesting_is_an_error_and_never_a_crash(tmp_path):
     assert result.stdout.splitlines() == [
         "parentheses [1. 1.]",  # brackets around one name are no nesting at all
         *(f"{name} {error}" for name in ("sum", "negation", "not", "power", "calls"))]
+
+
+def test_an_elif_chain_selects_its_branch_by_one_instruction_per_where():
+    # Each `where` in a kernel is a call of `select` (one LLVM select), not a
+    # conditional expression: Numba's SSA pass is quadratic in the blocks a
+    # conditional expression makes, and a 100-branch chain took seconds.
+    branches = 40
+    lines = ["def f(x, k: i64):", "    if k == 0:", "        y = sin(x)"]
+    for i in range(1, branches):
+        lines += [f"    elif k == {i}:", f"        y = x * {i}.0 + {i}.0 * x * x"]
+    lines += ["    else:", "        y = -x", "    return y"]
+    m = dsl.loads("\n".join(lines) + "\n", "chain.grad")
+    x = np.array([0.5, -2.0, 3.0])
+    grad = dsl.grad(m.f)
+    for k in (-1, 0, 1, 17, branches - 1, branches):
+        want, slope = ((np.sin(x), np.cos(x)) if k == 0 else
+                       (k * x + k * x * x, k + 2 * k * x) if 0 < k < branches else (-x, -np.ones(3)))
+        np.testing.assert_allclose(m.f(x, k), want, rtol=1e-15)
+        np.testing.assert_allclose(grad(x, k), slope, rtol=1e-15)
+    program = m.f.program(m.f.bind((x, 3), {}))
+    (kernel,) = {source for _, source in program.generated.kernels}
+    assert kernel.count("select(") == 2 * branches  # parallel and serial variants
+    assert " if " not in kernel
