@@ -105,8 +105,10 @@ def _cases():
     lp.params["weights"] = np.array([0.5, -1.5])
     cases["linear_poly"] = (lp.linear_poly, (v,))
     std = dsl.load(STDLIB / "std.grad")
-    for name in ("softplus", "log_sigmoid", "logsumexp", "relu", "leaky_relu", "gelu"):
-        cases[f"std.{name}"] = (getattr(std, name), (v,))
+    second = {"logaddexp": w, "sigmoid_cross_entropy": np.array([0.0, 0.3, 1.0])}
+    for name in sorted(std.functions):  # every one, the two-argument ones along x
+        cases[f"std.{name}"] = (getattr(std, name), (v,) + ((second[name],) if name in second
+                                                              else ()))
     return cases
 
 

@@ -13,18 +13,26 @@ from gradlang.compiler.modules import STDLIB
 STD = dsl.load(STDLIB / "std.grad")
 
 
+# The second argument of the functions taking two: broadcast along x's
+# rows, and labels in [0, 1].
+SECOND = {"logaddexp": lambda rng, scale: rng.normal(size=3) * scale,
+          "sigmoid_cross_entropy": lambda rng, scale: rng.uniform(0.0, 1.0, size=(2, 3))}
+# order 2: along each argument and upstream; order 1 in f32 against f64;
+# forward mode: the jvp in f64 and the dot-product test in both dtypes
+ROWS = [(1, "f32", "f64"), (1, "f32", "reverse"), (1, "f64", "differences"),
+        (1, "f64", "differences"), (1, "f64", "reverse"), (2, "f64", "differences"),
+        (2, "f64", "differences")]
+
+
 @pytest.mark.parametrize("name", sorted(STD.functions))
 @settings(max_examples=3, deadline=None)
 @given(seed=st.integers(0, 2**31), scale=st.sampled_from([0.5, 3.0, 20.0]))
 def test_stdlib_passes_the_gradient_check_at_orders_1_and_2(name, seed, scale):
-    x = np.random.default_rng(seed).normal(size=(2, 3)) * scale
-    checks = dsl.check_gradients(getattr(STD, name), x, order=2)
-    # order 2: along x and upstream; order 1 in f32 against f64; forward mode: the
-    # jvp in f64 and the dot-product test in both dtypes
-    assert sorted((c.order, c.dtype, c.against) for c in checks) == [
-        (1, "f32", "f64"), (1, "f32", "reverse"), (1, "f64", "differences"),
-        (1, "f64", "differences"), (1, "f64", "reverse"), (2, "f64", "differences"),
-        (2, "f64", "differences")]
+    rng = np.random.default_rng(seed)
+    args = (rng.normal(size=(2, 3)) * scale,) + ((SECOND[name](rng, scale),)
+                                                  if name in SECOND else ())
+    checks = dsl.check_gradients(getattr(STD, name), *args, order=2)
+    assert sorted((c.order, c.dtype, c.against) for c in checks) == sorted(ROWS * len(args))
     assert all(c.compared > 0 for c in checks), [str(c) for c in checks]
     assert all(c.ok for c in checks), [str(c) for c in checks if not c.ok]
 
@@ -48,3 +56,34 @@ def test_softmax_and_log_softmax_are_numpys_without_overflow():
     np.testing.assert_allclose(dsl.value_and_grad(STD.log_softmax)(x)[0], expected, rtol=1e-15)
     np.testing.assert_allclose(dsl.value_and_grad(STD.softmax)(x)[0], np.exp(expected),
                                rtol=1e-15)
+
+
+def test_logaddexp_is_numpys_and_its_gradient_is_finite_where_both_are_infinite():
+    a = np.array([0.0, 1000.0, -np.inf, np.inf, 3.0, np.nan, -np.inf, 1e308])
+    b = np.array([0.0, 999.0, -np.inf, np.inf, -np.inf, 1.0, 5.0, 1e308])
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(STD.logaddexp(a, b), np.logaddexp(a, b), rtol=1e-15)
+    da, db = dsl.grad(STD.logaddexp, wrt=(0, 1))(a, b)
+    sig = 1 / (1 + np.exp(-1.0))
+    np.testing.assert_allclose(da, [0.5, sig, 0.5, 0.5, 1, np.nan, 0, 0.5], rtol=1e-15)
+    np.testing.assert_allclose(db, [0.5, 1 - sig, 0.5, 0.5, 0, np.nan, 1, 0.5], rtol=1e-15)
+
+
+def test_norm_neither_overflows_nor_underflows_and_its_gradient_at_zero_is_zero():
+    x = np.array([[3.0, 4.0], [0.0, 0.0], [1e200, 1e200], [-1e-200, 0.0]])
+    np.testing.assert_allclose(STD.norm(x), [5.0, 0.0, np.sqrt(2) * 1e200, 1e-200],
+                               rtol=1e-15)
+    np.testing.assert_allclose(STD.norm(x, 0, True), [[1e200, 1e200]], rtol=1e-15)
+    np.testing.assert_allclose(dsl.grad(STD.norm)(x), [[0.6, 0.8], [0, 0], [2**-0.5] * 2,
+                                                       [-1, 0]], rtol=1e-15)
+    assert STD.norm(np.array([np.inf, 1.0])) == np.inf
+
+
+def test_sigmoid_cross_entropy_is_finite_for_every_logit():
+    logits, labels = np.array([-1000.0, 0.0, 2.0, 1000.0]), np.array([1.0, 0.5, 0.0, 0.0])
+    p = 1 / (1 + np.exp(-2.0))
+    np.testing.assert_allclose(STD.sigmoid_cross_entropy(logits, labels),
+                               [1000.0, np.log(2), -np.log(1 - p), 1000.0], rtol=1e-15)
+    dl, dt = dsl.grad(STD.sigmoid_cross_entropy, wrt=(0, 1))(logits, labels)
+    np.testing.assert_allclose(dl, [-1.0, 0.0, p, 1.0], rtol=1e-15)
+    np.testing.assert_allclose(dt, -logits, rtol=1e-15)
