@@ -430,8 +430,8 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
 
 
 # Ops whose VJP only moves, sums and spreads the output's cotangent, with
-# positive weights: layout ops, reductions, gathers and scatter-adds.
-_MOVES_POSITIONS = ("layout", "reduction", "index")
+# positive weights: layout ops, reductions, gathers and scatter-adds, scans.
+_MOVES_POSITIONS = ("layout", "reduction", "index", "scan")
 
 
 def _moved_mask(b: Builder, eqn: Eqn, index: int, out_mask: Optional[Var]) -> Optional[Var]:

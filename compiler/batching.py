@@ -35,9 +35,9 @@ in every block is computed by a loop of its own, usable anywhere.  A value reduc
 over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
 that moves data between rows (a slice of the batch axis, a reshape
 merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
-indices p, also in a loop's body), a loop that reads a value known only
-once the blocks are combined or runs a number of trips computed from the
-rows, a result a loop computes otherwise from sums over the rows
+indices p, also in a loop's body; a cumulative sum along it), a loop that
+reads a value known only once the blocks are combined or runs a number of
+trips computed from the rows, a result a loop computes otherwise from sums over the rows
 inside it (a carried sum multiplied by a value of the rows, offset by a
 constant, or read by the rows' computation), or a result whose columns
 are the rows (`x.T`), raises `GradError` at the op's source line, naming
@@ -190,7 +190,8 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
             fine = states == ([ROWS, CONST] if layout == ROWS else [CONST, COLS])
         elif eqn.op == "reshape":
             fine = _leading(out) and all(_leading(a) for a in inputs)
-        elif OPS[eqn.op].kind == "index":  # not along the batch axis: a block has its rows
+        elif OPS[eqn.op].kind in ("index", "scan"):  # not along the batch axis: a block
+            # has its rows (a cumulative sum along it would need the blocks before)
             fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(eqn.inputs[0])
         else:  # elementwise, broadcasting, reductions over other axes, ...
             fine = batched <= {layout}

@@ -335,6 +335,17 @@ def _take_along_axis(L, b, args, kwargs, span):
     return out
 
 
+def _cumsum(L, b, args, kwargs, span):
+    x = as_atom(b, args[0], span)
+    axis = _kw(args, kwargs, 1, "axis")
+    if axis is None:  # NumPy's default: the flattened array
+        x, axis = _flattened(b, x, span), 0
+    axis = static_axis(axis, x.type.rank, span)
+    if x.type.dtype not in FLOATS:  # NumPy sums bools and integers as i64
+        x = cast(b, x, "i64")
+    return b.bind("cumsum", x, axis=axis, reverse=False, span=span)
+
+
 def _scatter_add(L, b, args, kwargs, span):
     base = as_atom(b, args[0], span)
     idx = index_operand(b, args[1], span, L.index_guard(b))
@@ -398,6 +409,7 @@ _SUGAR: dict[str, Builtin] = {
     "zeros_like": _builtin(1, _fill_like(None, 0)),
     "ones_like": _builtin(1, _fill_like(None, 1)),
     "full_like": _builtin(2, _fill_like(1)),
+    "cumsum": _builtin(1, _cumsum, ("axis",)),
     "take": _builtin(2, _take, ("axis",)),
     "take_along_axis": _builtin(2, _take_along_axis, ("axis",)),
     "scatter_add": _builtin(3, _scatter_add, ("axis",)),

@@ -513,7 +513,7 @@ class _Driver:
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",
-                               "dim", "full") or OPS[step.op].kind == "index":
+                               "dim", "full", "cumsum") or OPS[step.op].kind == "index":
                     fresh.update(step.outputs)
         outs, into, handed_out = [], [], set()
         for i, a in enumerate(fn.outputs):
@@ -738,6 +738,8 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
         return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
     if op == "concatenate":
         return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
+    if op == "cumsum":
+        return f"{out} = R.cumsum({x[0]}, {p['axis']}, {p['reverse']!r})"
     if OPS[op].kind == "index":
         # repr: the index's name and the file name are user text
         where = where_of(p["what"], eqn.span)

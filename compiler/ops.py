@@ -229,6 +229,20 @@ def _scatter_along_rule(types, params, span):
     return [base]
 
 
+# A cumulative sum along one axis (`params["axis"]`, normalized), from the
+# front, or from the back where `params["reverse"]` (its own transpose:
+# y_i = sum_{j<=i} x_j makes dx_j = sum_{i>=j} dy_i).  Each output adds its
+# lane's elements in order in the input's dtype, as np.cumsum does.
+
+
+def _cumsum_rule(types, params, span):
+    (x,) = types
+    _check_axis(x, params["axis"], span)
+    if x.dtype == "bool":
+        raise GradError("internal: cumsum of bools (the builtin sums them as i64)", span)
+    return [x]
+
+
 # ------------------------------------------------- IR-building helpers
 
 
@@ -466,6 +480,11 @@ def _scatter_vjp(gather: str) -> VjpRule:
     return vjp
 
 
+def _cumsum_vjp(b, eqn, cts, needs):
+    return [b.bind("cumsum", cts[0], axis=eqn.p["axis"], reverse=not eqn.p["reverse"],
+                   span=eqn.span)]
+
+
 def _no_op_for_same_type(params: dict) -> bool:
     return True
 
@@ -564,6 +583,12 @@ def _scatter_along_ref(base, idx, values, axis, what):
     return out
 
 
+def _cumsum_ref(x, axis, reverse):
+    if not reverse:
+        return np.cumsum(x, axis=axis, dtype=x.dtype)
+    return np.flip(np.cumsum(np.flip(x, axis), axis=axis, dtype=x.dtype), axis)
+
+
 def _np_dtype(dtype: str):
     return NUMPY_DTYPES[dtype]
 
@@ -606,6 +631,7 @@ class Op:
     # "elementwise" (fusable into a loop), "reduction", "layout" (shape
     # only: reshape, transpose, slicing, ...), "matmul", "index" (a gather
     # or scatter-add by an integer index array, checked at run time),
+    # "scan" (a cumulative sum along an axis, lane by lane),
     # "shape" (a size known at call time), "call" (a user function
     # carrying its gradient) or "loop" (a structured loop whose body is a
     # sub-function)
@@ -922,6 +948,9 @@ _TABLE: tuple[Op, ...] = (
     Op("matmul", kind="matmul", type_rule=_matmul_rule, vjp=_matmul_vjp, ref=np.matmul,
        linear="each",
        arity=2, tol=1e-4),
+    # ---- scans (see "A cumulative sum" above)
+    Op("cumsum", kind="scan", type_rule=_cumsum_rule, vjp=_cumsum_vjp, ref=_cumsum_ref,
+       linear="jointly"),
     # ---- gathers and scatter-adds (see "Gathers and scatter-adds" above)
     Op("take", kind="index", type_rule=_take_rule, vjp=_gather_vjp("scatter_add"),
        ref=lambda x, idx, axis, what: np.take(x, idx, axis=axis), arity=2,

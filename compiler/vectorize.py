@@ -23,9 +23,9 @@ the basis vectors; `dsl.jacrev` likewise stacks a backward pass's
 cotangents.  Its rules mirror JAX's batching rules (`vmap`) for the
 ops this language has: elementwise inputs line up by adding axes of size
 1 after the leading one; axes in params (reductions, transposes, slices,
-gathers) shift by one; a 2-d matrix product folds the leading axis into a
-row axis of the stacked side, and one of two stacked sides multiplies
-them elementwise and sums (a batched product).
+gathers, cumulative sums) shift by one; a 2-d matrix product folds the
+leading axis into a row axis of the stacked side, and one of two stacked
+sides multiplies them elementwise and sums (a batched product).
 """
 from __future__ import annotations
 
@@ -122,6 +122,8 @@ def _stacked_eqn(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Di
         if eqn.op == "embed":
             params["shape"] = (k,) + tuple(p["shape"])
         return b.bind(eqn.op, inputs[0], span=span, **params)
+    if eqn.op == "cumsum":
+        return b.bind("cumsum", inputs[0], axis=p["axis"] + 1, reverse=p["reverse"], span=span)
     if eqn.op == "concatenate":
         parts = [a if h else _spread(b, a, k) for a, h in zip(inputs, has)]
         return b.bind("concatenate", *parts, axis=p["axis"] + 1, span=span)

@@ -9,6 +9,7 @@ f64 and integers in i64: over rows (inner 1) in Numba kernels (sums with
 `cpu_math.accumulate`, maxima with `cpu_math.greatest`, so that they
 vectorize), over a middle axis in NumPy's ufunc reductions, which add whole
 inner rows in order and vectorize as well, with no kernel to compile.
+Cumulative sums (`cumsum`) add in order in the array's own dtype, as NumPy.
 matmul calls NumPy's BLAS, which no loop written here would beat.
 """
 from __future__ import annotations
@@ -369,6 +370,69 @@ def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray
     out = base if owned else np.array(base, order="C")
     _checked(_scatter_along(_view(out, axis), _view(idx, axis), _view(values, axis)), idx,
              out.shape[axis], where)
+    return out
+
+
+# ------------------------------------------------------------------- scans
+# A cumulative sum along an axis (`cumsum`), over an (outer, axis, inner)
+# view: lane (o, i) adds its elements in order in the array's dtype, as
+# np.cumsum does, so the bits are NumPy's (f32 sums in f32) on every path.
+# Below PARALLEL_THRESHOLD elements by NumPy's own accumulate (no kernel to
+# compile: small calls never compile one); from there by a kernel whose
+# tasks are runs of SCAN_LANES lanes of one outer index, scanned a whole
+# run at a time, in parallel where allowed: along a middle axis NumPy's
+# accumulate took 13.6 ms for 2000 x 2000 f64 along axis 0, the kernel 5.9
+# serially and 3.1 on 2 threads (11.5, 11.5 and 5.9 along axis 1).
+
+SCAN_LANES = 256
+
+
+@_jit()
+def _scan_run(x, out, t, runs, reverse, lanes):
+    """Task t: lanes [lo, hi) of outer index o, scanned along axis 1."""
+    n, inner = x.shape[1], x.shape[2]
+    o, lo = t // runs, (t % runs) * lanes
+    hi = lo + lanes if lo + lanes < inner else inner
+    for step in range(n):
+        r = n - 1 - step if reverse else step
+        if step == 0:
+            for i in range(lo, hi):
+                out[o, r, i] = x[o, r, i]
+        else:
+            before = r + 1 if reverse else r - 1
+            for i in range(lo, hi):
+                out[o, r, i] = out[o, before, i] + x[o, r, i]
+
+
+@_jit()
+def _scan_lanes(x, out, reverse, lanes):
+    runs = (x.shape[2] + lanes - 1) // lanes
+    for t in range(x.shape[0] * runs):
+        _scan_run(x, out, t, runs, reverse, lanes)
+
+
+@_jit(parallel=True)
+def _scan_lanes_parallel(x, out, reverse, lanes):
+    runs = (x.shape[2] + lanes - 1) // lanes
+    for t in prange(x.shape[0] * runs):
+        _scan_run(x, out, t, runs, reverse, lanes)
+
+
+def cumsum(x: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    """np.cumsum(x, axis) in x's dtype; from the back where `reverse`."""
+    outer, n, inner = index_views(x.shape, axis)
+    out = np.empty(x.shape, x.dtype)
+    if out.size == 0:
+        return out
+    view, lanes = _view(x, axis), out.reshape(outer, n, inner)
+    if x.size >= PARALLEL_THRESHOLD:
+        scan = (_scan_lanes_parallel if outer * inner > 1
+                and parallel_allowed(x.size, PARALLEL_THRESHOLD) else _scan_lanes)
+        scan(view, lanes, reverse, SCAN_LANES)
+    elif reverse:
+        np.add.accumulate(view[:, ::-1], axis=1, dtype=x.dtype, out=lanes[:, ::-1])
+    else:
+        np.add.accumulate(view, axis=1, dtype=x.dtype, out=lanes)
     return out
 
 

@@ -4,8 +4,8 @@ boundary.
 
 Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
 reshape, transpose, slice, embed, concatenate, matmul,
-reduce_sum, reduce_max, size_mismatch, fixed_size_mismatch, take, take_along_axis, scatter_add,
-scatter_add_along_axis), taking and returning C-contiguous
+reduce_sum, reduce_max, cumsum, size_mismatch, fixed_size_mismatch, take, take_along_axis,
+scatter_add, scatter_add_along_axis), taking and returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
@@ -286,6 +286,22 @@ def _scatter_add(out, idx, values, n, m, inner, along, first_bad):
             cuda.atomic.add(out, at, values[t])
 
 
+@cuda.jit
+def _scan_lanes(src, n_outer, n, n_inner, reverse, out):
+    # one thread per lane (o, i) of an (outer, n, inner) array: its n
+    # elements added in order, in the array's dtype (as np.cumsum)
+    for k in range(cuda.grid(1), n_outer * n_inner, cuda.gridsize(1)):
+        o, i = k // n_inner, k % n_inner
+        at = o * n * n_inner + i + ((n - 1) * n_inner if reverse else 0)
+        stride = -n_inner if reverse else n_inner
+        acc = src[at]
+        out[at] = acc
+        for _ in range(1, n):
+            at += stride
+            acc = acc + src[at]
+            out[at] = acc
+
+
 def _launch(kernel, n: int, *args) -> None:
     kernel[blocks(n), THREADS](*args)
 
@@ -463,6 +479,17 @@ def reduce_sum(x, axes):
 def reduce_max(x, axes):
     check_nonempty(x.shape, axes)
     return _reduce(x, axes, True)
+
+
+def cumsum(x, axis: int, reverse: bool):
+    """np.cumsum(x, axis) in x's dtype; from the back where `reverse`.  A
+    thread per lane, which scans its axis serially: enough lanes fill the
+    grid; one long lane (a 1-d cumsum) runs on one thread."""
+    outer, n, inner = index_views(tuple(x.shape), axis)
+    out = cuda.device_array(x.shape, x.dtype)
+    if out.size:
+        _launch(_scan_lanes, outer * inner, flat(x), outer, n, inner, reverse, flat(out))
+    return out
 
 
 # ------------------------------------------------- gathers and scatter-adds

@@ -254,6 +254,31 @@ def test_large_sums_use_parallel_paths_and_stay_accurate(gradc_parallel):
     np.testing.assert_allclose(rows, y.sum(axis=1), rtol=1e-12)
 
 
+# Cumulative sums: (shape, axis, reverse); the long lane reaches CUDA's
+# grid-stride loop over lanes.
+SCAN_CASES = [((5,), 0, False), ((3, 4), 0, True), ((3, 4), 1, False), ((2, 3, 4), 1, True),
+              ((2, 40), 0, False)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", SCAN_CASES, ids=str)
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**31), dtype=st.sampled_from(["f64", "f32", "i64"]))
+def test_scans(case, target, seed, dtype):
+    shape, axis, reverse = case
+    rng = np.random.default_rng(seed)
+    x = sample(rng, "real", shape, "f64")
+    x = (x * 100).astype(np.int64) if dtype == "i64" else x.astype(NP[dtype])
+    fn = single_op("cumsum", [TensorType(dtype, shape)], axis=axis, reverse=reverse)
+    (got,) = run(fn, target, x)
+    # the same additions in the same order, in the array's dtype: NumPy's bits
+    np.testing.assert_array_equal(got, OPS["cumsum"].ref(x, axis, reverse))
+    assert got.dtype == x.dtype
+    if dtype == "f64":
+        _vjp_check(fn, target, [x], [0], rng)
+        _second_order_check(fn, target, [x], 0)
+
+
 LAYOUT_CASES = [
     ("reshape", [(2, 6)], {"shape": (3, 4)}),
     ("reshape", [(6,)], {"shape": (1, 6, 1)}),
@@ -335,7 +360,7 @@ def test_gathers_and_scatters(name, in_shapes, axis, target, data, seed, dtype, 
 
 def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
-    covered |= {c[0] for c in INDEX_CASES}
+    covered |= {c[0] for c in INDEX_CASES} | {"cumsum"}
     helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim",
                "loop"}  # loop: tests/test_loops.py
     assert set(OPS) - covered - helpers == set()
