@@ -138,7 +138,7 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     std = dsl.load(STDLIB / "std.grad", target="cuda", host_results=True)
     x = rng.normal(size=(2, 3))
-    for name in ("softplus", "logsumexp", "gelu", "leaky_relu"):
+    for name in ("softplus", "logsumexp", "gelu", "leaky_relu", "norm"):
         for dtype in (np.float64, np.float32):
             exercise(getattr(std, name), (x.astype(dtype),))
 
@@ -158,6 +158,12 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
                      host_results=True)
     for dtype in (np.float64, np.float32):
         exercise(long.f, (rng.normal(size=40).astype(dtype),))
+
+    # scans (forward and reversed), selects of mixed types
+    scans = dsl.loads("def f(x, k: i32[n]):\n    c = cumsum(x * x, axis=0) + cumsum(k)\n"
+                      "    return where(x > 0, c, k)\n", target="cuda", host_results=True)
+    for dtype in (np.float64, np.float32):
+        exercise(scans.f, (rng.normal(size=6).astype(dtype), np.arange(6, dtype=np.int32)))
 
     recorded = tmp_path / "launches.pkl"
     recorded.write_bytes(pickle.dumps((list(launches["launches"]), launches["sources"])))
