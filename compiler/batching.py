@@ -162,6 +162,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     if {STACKED, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
         raise _mixes(eqn, "uses a value that a loop on the rows of the batch computes in "
                      "each block", origin)
+    if eqn.op == "iota" and layout is not None:
+        raise _mixes(eqn, "numbers the rows of the batch (arange over its length), and a "
+                     "block does not know where its rows start", origin)
     if AFTER in states or PARTIAL in states:
         if batched or layout:
             raise _mixes(eqn, "uses a value reduced over the batch row by row", origin)

@@ -27,13 +27,14 @@ from typing import Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
-from gradlang.compiler.ir import INTS, Atom, Function, Lit, StaticScalar, TensorType, Var
+from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
+                                  WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast, is_static,
-                                      sequence_kind, unify)
+                                      sequence_kind, unify, weak_result)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
 
@@ -441,7 +442,8 @@ class Lowerer:
             if isinstance(v, tuple):
                 raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
             return -v
-        return b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool" else v, span=e.span)
+        return b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool" else v, span=e.span,
+                      weak=isinstance(v, WeakVar))
 
     def as_bool(self, b, v: Value, span) -> Atom:
         a = as_atom(b, v, span)
@@ -547,7 +549,7 @@ class Lowerer:
         if len(given) > len(e.items):
             out = b.bind("reshape", out, shape=with_new_axes(out.type.shape, given, values),
                          span=e.span)
-        return out
+        return b.weaken(out) if isinstance(v, WeakVar) and out is not v else out
 
     def static_int(self, b, e: ast.Expr, env) -> int:
         return self.as_static_int(self.expr(b, e, env), e.span)
@@ -612,7 +614,7 @@ class Lowerer:
             raise GradError(f"an integer to a negative power ({y.value}) is not an integer: "
                             f"write a float exponent ({float(y.value)})",
                             operand_spans[1] if operand_spans else span)
-        return b.bind(op, x, y, span=span)
+        return b.bind(op, x, y, span=span, weak=weak_result([left, right]))
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
         (x,) = unify(b, [v], span, float_result=op in ops.FLOAT_ONLY)
