@@ -373,8 +373,10 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
             and v.type.dtype in INTS:
         raise NeedsValue(L.arguments[v])  # compiled again for its value
     numbers = (int, float) if floats else (int,)
-    if not is_static(v) or isinstance(v, (bool, tuple)) \
-            or not isinstance(v, (Sym,) + numbers):
+    if is_static(v) and isinstance(v, (bool, float, tuple)) and not isinstance(v, numbers[-1]):
+        kind = "a number" if floats else "an integer"
+        raise GradError(f"{what} must be {kind}, not {v!r}", span)
+    if not is_static(v) or isinstance(v, bool) or not isinstance(v, (Sym,) + numbers):
         raise GradError(f"{what} must be known when the function is compiled: a "
                         "literal, an integer argument or a size (x.shape[k])"
                         f"{_python_number_hint(v)}", span)

@@ -963,7 +963,8 @@ _TABLE: tuple[Op, ...] = (
     # `np.arange(start, stop, step)` (int64 or float64), made by the driver
     # (see docs/internals.md, "The op table", why not inside fused loops);
     # `stop` may be a symbolic size where start is 0 and step 1.
-    Op("iota", kind="shape", type_rule=_iota_rule, arity=0, ref=iota),
+    Op("iota", kind="shape", type_rule=_iota_rule, arity=0,
+       ref=lambda start, stop, step, dtype: iota(start, stop, step, _np_dtype(dtype))),
     # A `for` loop (see `_loop_rule`); `compiler.autodiff` differentiates
     # it as a reverse loop over the states the forward one stacks.
     Op("loop", kind="loop", type_rule=_loop_rule, arity=-1),

@@ -98,12 +98,13 @@ def cast(b: Builder, a: Atom, dtype: str, span: Optional[Span] = None) -> Atom:
     return b.bind("cast", a, dtype=dtype, span=span)
 
 
-def _weak_number(v: Value) -> Value:
+def weak_number(v: Value) -> Optional[Value]:
     """What a weakly typed value counts as where it meets arrays: a
-    `WeakVar` as a number of its kind (a float or an int), as a literal."""
+    compile-time value itself, a `WeakVar` a number of its kind (a float or
+    an int), as a literal; None for an array of a dtype of its own."""
     if isinstance(v, WeakVar):
         return 0.0 if v.type.is_float else 0
-    return v
+    return v if is_static(v) else None
 
 
 def weak_result(values: Sequence[Value]) -> bool:
@@ -128,7 +129,7 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
             dtype = promote(dtype, a.type.dtype)
         for v in values:
             if is_static(v) or arrays and isinstance(v, WeakVar):
-                dtype = literal_dtype(_weak_number(v), dtype)
+                dtype = literal_dtype(weak_number(v), dtype)
     else:
         dtype = "f64" if any(isinstance(v, float) for v in values) else "i64"
     if arithmetic and dtype == "bool":
