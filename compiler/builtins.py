@@ -20,7 +20,8 @@ from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
-from gradlang.compiler.values import Value, as_atom, cast, is_static, sequence_kind, unify
+from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
+                                      weak_result)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def _primitive(op: ops.Op) -> Builtin:
         if folded is not None:
             return folded
         inputs = unify(b, args, span, float_result=op.float_only)
-        return b.bind(op.name, *inputs, span=span)
+        return b.bind(op.name, *inputs, span=span, weak=weak_result(args))
     return _builtin(op.arity, lower)
 
 
@@ -372,14 +373,13 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
     if isinstance(v, Var) and v in L.arguments and v.type.rank == 0 \
             and v.type.dtype in INTS:
         raise NeedsValue(L.arguments[v])  # compiled again for its value
-    numbers = (int, float) if floats else (int,)
-    if is_static(v) and isinstance(v, (bool, float, tuple)) and not isinstance(v, numbers[-1]):
-        kind = "a number" if floats else "an integer"
-        raise GradError(f"{what} must be {kind}, not {v!r}", span)
-    if not is_static(v) or isinstance(v, bool) or not isinstance(v, (Sym,) + numbers):
+    if not is_static(v):
         raise GradError(f"{what} must be known when the function is compiled: a "
                         "literal, an integer argument or a size (x.shape[k])"
                         f"{_python_number_hint(v)}", span)
+    if isinstance(v, bool) or not isinstance(v, (Sym, int, float) if floats else (Sym, int)):
+        raise GradError(f"{what} must be {'a number' if floats else 'an integer'}, not "
+                        f"{v!r}", span)
     return v
 
 

@@ -140,7 +140,7 @@ def _full_rule(types, params, span):
     return [TensorType(params["dtype"], tuple(params["shape"]))]
 
 
-def arange_length(start, stop, step) -> Union[int, Sym]:
+def _arange_length(start, stop, step) -> Union[int, Sym]:
     """How many values `np.arange(start, stop, step)` has: a symbolic
     `stop` (`arange(x.shape[0])`, where start is 0 and step 1) is its own
     length; NumPy counts floats as ceil((stop - start) / step)."""
@@ -152,7 +152,7 @@ def arange_length(start, stop, step) -> Union[int, Sym]:
 
 
 def _iota_rule(types, params, span):
-    length = arange_length(params["start"], params["stop"], params["step"])
+    length = _arange_length(params["start"], params["stop"], params["step"])
     return [TensorType(params["dtype"], (length,))]
 
 
