@@ -34,7 +34,7 @@ from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast, is_static,
-                                      sequence_kind, unify, weak_result)
+                                      sequence_kind, unify, weak_number, weak_result)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
 
@@ -166,6 +166,11 @@ class Lowerer:
         `return 1` the float 1.0, as a default's annotation does)."""
         outs = self.block(b, fdef.body, env)
         ann = fdef.ret
+        if ann is not None and len(outs) == 1 and isinstance(outs[0], WeakVar):
+            # (weakly typed, as a number: `-> f32` on arange(n) * 0.5 is f32)
+            fit_constant(weak_number(outs[0]), ann.dtype, f"the weakly typed "
+                         f"{outs[0].type.dtype} result of {fdef.name}()", ann.span)
+            return [cast(b, outs[0], ann.dtype)]
         if ann is None or not is_static(outs[0]) or isinstance(outs[0], tuple):
             return outs  # (a tuple is refused by check_results)
         (value,) = outs  # the checker allows an annotation on one result only

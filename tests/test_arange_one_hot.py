@@ -58,8 +58,14 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
     np.testing.assert_allclose(scaled, np.exp(np.arange(4) * -0.5) * x, rtol=1e-6)
     np.testing.assert_array_equal(flipped, (1 - np.arange(4)[::-1]) * x)
     np.testing.assert_array_equal(converted, np.arange(4))
-    m = dsl.loads("def f(x: i32[n]):\n    return arange(x.shape[0]) + x\n")
+    m = dsl.loads("def f(x: i32[n]):\n    return arange(x.shape[0]) + x\n"
+                  "def r(x) -> f32[n]:\n    return arange(x.shape[0]) * 0.5\n"
+                  "def q(x) -> i64[n]:\n    return arange(x.shape[0]) * 0.5\n")
     assert m.f(np.arange(3, dtype=np.int32)).dtype == np.int32  # as x + 1
+    np.testing.assert_array_equal(m.r(np.zeros(3)), np.arange(3, dtype=np.float32) * 0.5)
+    with pytest.raises(dsl.GradError, match=r"<string>:5:13: error: the weakly typed f64 "
+                                            r"result of q\(\) is not a value of its dtype i64"):
+        m.q(np.zeros(3))
 
 
 def _xent_reference(p, labels):
