@@ -162,6 +162,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     if {STACKED, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
         raise _mixes(eqn, "uses a value that a loop on the rows of the batch computes in "
                      "each block", origin)
+    if eqn.op == "iota" and layout is not None:
+        raise _mixes(eqn, "numbers the rows of the batch (an arange over its length), and "
+                     "a block does not know where its rows start", origin, "arange")
     if AFTER in states or PARTIAL in states:
         if batched or layout:
             raise _mixes(eqn, "uses a value reduced over the batch row by row", origin)
@@ -533,8 +536,9 @@ def _made(state: str) -> str:
     return {ROWS: ROWS, COLS: COLS, CONST: CONST}.get(state, PER_BLOCK)
 
 
-def _mixes(eqn: Eqn, why: str, origin: Optional[Span]) -> GradError:
-    return GradError(f"`{eqn.op}` {why}, so this function does not decompose over the "
+def _mixes(eqn: Eqn, why: str, origin: Optional[Span], name: str = "") -> GradError:
+    """`name`: what the source calls eqn's op, where that is not its name."""
+    return GradError(f"`{name or eqn.op}` {why}, so this function does not decompose over the "
                     "rows of its Dask arguments; call it on in-memory arrays "
                     "(compute them first)", eqn.span or origin)
 

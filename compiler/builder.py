@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Union
 
-from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var, WeakVar
 from gradlang.compiler.ops import OPS
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.common import MAX_SIZE
@@ -27,19 +27,29 @@ class Builder:
         self.eqns: list[Eqn] = []
 
     def bind(self, op: str, *inputs: Atom, span: Span | None = None,
-             hint: str = "", **params: Any) -> Var:
-        (out,) = self.bind_multi(op, *inputs, span=span, hint=hint, **params)
+             hint: str = "", weak: bool = False, **params: Any) -> Var:
+        """`weak`: the output is a `WeakVar` (see there)."""
+        (out,) = self.bind_multi(op, *inputs, span=span, hint=hint, weak=weak, **params)
         return out
 
     def bind_multi(self, op: str, *inputs: Atom, span: Span | None = None,
-                   hint: str = "", **params: Any) -> tuple[Var, ...]:
+                   hint: str = "", weak: bool = False, **params: Any) -> tuple[Var, ...]:
         out_types = OPS[op].type_rule([a.type for a in inputs], params, span)
         for t in out_types:
             _check_addressable(t, span)
-        outs = tuple(Var(t, hint) for t in out_types)
+        outs = tuple((WeakVar if weak else Var)(t, hint) for t in out_types)
         self.eqns.append(Eqn(op, tuple(inputs), outs,
                              tuple(sorted(params.items())), span))
         return outs
+
+    def weaken(self, v: Var) -> WeakVar:
+        """`v`, the one output of the equation bound last, as a WeakVar."""
+        eqn = self.eqns[-1]
+        if eqn.outputs != (v,):
+            raise ValueError("internal: only the last equation's output can be weakened")
+        weak = WeakVar(v.type, v.hint)
+        self.eqns[-1] = Eqn(eqn.op, eqn.inputs, (weak,), eqn.params, eqn.span)
+        return weak
 
     def lit(self, value: Union[int, float, bool], dtype: str,
             span: Span | None = None) -> Lit:

@@ -10,6 +10,7 @@ derivative rules.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -19,7 +20,8 @@ from gradlang.compiler import ops
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
-from gradlang.compiler.values import Value, as_atom, cast, is_static, sequence_kind, unify
+from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
+                                      weak_result)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -86,7 +88,7 @@ def _primitive(op: ops.Op) -> Builtin:
         if folded is not None:
             return folded
         inputs = unify(b, args, span, float_result=op.float_only)
-        return b.bind(op.name, *inputs, span=span)
+        return b.bind(op.name, *inputs, span=span, weak=weak_result(args))
     return _builtin(op.arity, lower)
 
 
@@ -361,16 +363,7 @@ def _scatter_add(L, b, args, kwargs, span):
 def _segment_sum(L, b, args, kwargs, span):
     values = as_atom(b, args[0], span)
     ids = index_operand(b, args[1], span, L.index_guard(b))
-    count = _kw(args, kwargs, 2, "num_segments")
-    if isinstance(count, Var) and count in L.arguments and count.type.rank == 0 \
-            and count.type.dtype in INTS:
-        raise NeedsValue(L.arguments[count])  # compiled again for its value
-    if not is_static(count) or isinstance(count, (bool, float, tuple)):
-        raise GradError("num_segments must be known when the function is compiled: a "
-                        "literal, an integer argument or a size (x.shape[k])"
-                        f"{_python_number_hint(count)}", span)
-    if isinstance(count, int) and count < 0:
-        raise GradError(f"num_segments cannot be negative, got {count}", span)
+    count = _count_of(L, _kw(args, kwargs, 2, "num_segments"), "num_segments", span)
     if ids.type.shape != values.type.shape[:ids.type.rank]:
         raise GradError(f"segment_ids of shape {list(ids.type.shape)} do not match the "
                         f"leading axes of values of shape {list(values.type.shape)}", span)
@@ -379,6 +372,75 @@ def _segment_sum(L, b, args, kwargs, span):
     shape = (count,) + values.type.shape[ids.type.rank:]
     zeros = ops.full(b, 0, shape, values.type.dtype, span)
     return b.bind("scatter_add", zeros, ids, values, axis=0, what=index_label(ids), span=span)
+
+
+def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
+                        floats: bool = False):
+    """`v` (`what`: how a message names it) as a compile-time integer, or
+    a float where `floats`, or a size (a `Sym`).  A run-time integer
+    argument makes the function compiled for its value, as if it were
+    `const` (NeedsValue: one program per value); anything else that is not
+    known when the function is compiled is a GradError at `span`."""
+    if isinstance(v, Var) and v in L.arguments and v.type.rank == 0 \
+            and v.type.dtype in INTS:
+        raise NeedsValue(L.arguments[v])  # compiled again for its value
+    if not is_static(v):
+        raise GradError(f"{what} must be known when the function is compiled: a "
+                        "literal, an integer argument or a size (x.shape[k])"
+                        f"{_python_number_hint(v)}", span)
+    if isinstance(v, bool) or not isinstance(v, (Sym, int, float) if floats else (Sym, int)):
+        raise GradError(f"{what} must be {'a number' if floats else 'an integer'}, not "
+                        f"{v!r}", span)
+    return v
+
+
+def _count_of(L: Lowerer, v: Value, what: str, span: Span):
+    """A compile-time count (`segment_sum`'s segments, `one_hot`'s classes)."""
+    count = compile_time_number(L, v, what, span)
+    if isinstance(count, int) and count < 0:
+        raise GradError(f"{what} cannot be negative, got {count}", span)
+    return count
+
+
+def _arange(L, b, args, kwargs, span):
+    """`np.arange`: int64 for integer arguments, else float64, weakly
+    typed (a `WeakVar`) so that it takes the dtype of the arrays it meets
+    as a number does."""
+    first, stop = args[0], _kw(args, kwargs, 1, "stop")
+    start, stop = (0, first) if stop is None else (first, stop)
+    bounds = [compile_time_number(L, v, "each argument of arange()", span, floats=True)
+              for v in (start, stop, _kw(args, kwargs, 2, "step", 1))]
+    numbers = [v for v in bounds if not isinstance(v, Sym)]
+    if any(not math.isfinite(v) for v in numbers):
+        raise GradError(f"arange() needs finite arguments, got {', '.join(map(str, numbers))}",
+                        span)
+    start, stop, step = bounds
+    if step == 0:
+        raise GradError("arange() step cannot be zero", span)
+    if isinstance(start, Sym) or isinstance(step, Sym) or isinstance(stop, Sym) \
+            and (start, step) != (0, 1):
+        raise NeedsConcrete("a size used as a bound of arange() with a start or step")
+    dtype = "f64" if any(isinstance(v, float) for v in numbers) else "i64"
+    if dtype == "i64":
+        start, step = coerce(start, dtype, span), coerce(step, dtype, span)
+        stop = stop if isinstance(stop, Sym) else coerce(stop, dtype, span)
+    return b.bind("iota", start=start, stop=stop, step=step, dtype=dtype, span=span, weak=True)
+
+
+def _one_hot(L, b, args, kwargs, span):
+    """1.0 where a label's class is, in a new last axis of `num_classes`:
+    a comparison of the labels with arange(num_classes), after a `take`
+    from it that checks each label as every index is checked (an
+    `ArgumentError` naming it; a negative one counts from the end).
+    Weakly typed f64 (a `WeakVar`), so that `one_hot(y, k) * logp` is
+    f32 for f32 logp."""
+    labels = index_operand(b, args[0], span, L.index_guard(b))
+    count = _count_of(L, _kw(args, kwargs, 1, "num_classes"), "num_classes", span)
+    classes = b.bind("iota", start=0, stop=count, step=1, dtype="i64", span=span)
+    checked = take(b, classes, labels, 0, span)
+    column = b.bind("reshape", checked, shape=labels.type.shape + (1,), span=span)
+    hot = b.bind("eq", column, classes, span=span)
+    return b.bind("cast", hot, dtype="f64", span=span, weak=True)
 
 
 # In-language transforms, `grad(f, wrt=k)(args)`: lowered by
@@ -414,6 +476,8 @@ _SUGAR: dict[str, Builtin] = {
     "take_along_axis": _builtin(2, _take_along_axis, ("axis",)),
     "scatter_add": _builtin(3, _scatter_add, ("axis",)),
     "segment_sum": _builtin(2, _segment_sum, ("num_segments",), required=3),
+    "arange": _builtin(1, _arange, ("stop", "step")),
+    "one_hot": _builtin(1, _one_hot, ("num_classes",), required=2),
 }
 
 BUILTINS: dict[str, Builtin] = {

@@ -513,7 +513,7 @@ class _Driver:
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",
-                               "dim", "full", "cumsum") or OPS[step.op].kind == "index":
+                               "dim", "full", "cumsum", "iota") or OPS[step.op].kind == "index":
                     fresh.update(step.outputs)
         outs, into, handed_out = [], [], set()
         for i, a in enumerate(fn.outputs):
@@ -724,6 +724,10 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
                 f"{numpy_spelling(p['dtype'])})")
     if op == "dim":
         return f"{out} = R.scalar({render(p['value'])}, {numpy_spelling(p['dtype'])})"
+    if op == "iota":  # (numbers: the lowering made them ints or finite floats)
+        stop = render(p["stop"]) if isinstance(p["stop"], Sym) else repr(p["stop"])
+        return (f"{out} = R.iota({p['start']!r}, {stop}, {p['step']!r}, "
+                f"{numpy_spelling(p['dtype'])})")
     if op in ("reduce_sum", "reduce_max"):
         return f"{out} = R.{op}({x[0]}, {tuple(p['axes'])!r})"
     if op == "matmul":

@@ -33,7 +33,7 @@ from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
-                                      promote, unify)
+                                      promote, unify, weak_number)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -99,18 +99,19 @@ def _start_dtypes(sb: Builder, starts: Sequence[Value], inits: Sequence[Atom],
     reads (its invariants and array starts), then whatever dtype the body
     leaves it with."""
     float_reads = [v.type.dtype for v in close(sb, "", list(params), [])[1]]
-    float_reads += [a.type.dtype for v, a in zip(starts, inits) if not is_static(v)]
+    float_reads += [a.type.dtype for v, a in zip(starts, inits) if weak_number(v) is None]
     float_reads = [d for d in float_reads if d in FLOATS]
     result = []
     for v, init, out in zip(starts, inits, outs):
-        if not is_static(v):
+        number = weak_number(v)  # (an `arange` start counts as a number)
+        if number is None:
             result.append(None)
         elif out.type.shape != init.type.shape:
             result.append(init.type.dtype)  # an error, named by the caller
-        elif first and isinstance(v, float) and float_reads:
+        elif first and isinstance(number, float) and float_reads:
             result.append(functools.reduce(promote, float_reads))
         else:
-            result.append(literal_dtype(v, out.type.dtype))
+            result.append(literal_dtype(number, out.type.dtype))
     return result
 
 

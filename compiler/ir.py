@@ -77,6 +77,15 @@ class Var:
         return f"Var({self.hint or '_'}#{self.uid}: {self.type})"
 
 
+@dataclass(frozen=True, eq=False)
+class WeakVar(Var):
+    """A Var whose dtype is weak during lowering, as a Python number's is:
+    `arange`'s and `one_hot`'s results, and what arithmetic with numbers,
+    elementwise functions (`exp`), negation and indexing make of them.  Where it meets other arrays it
+    takes their dtype as a literal does (`compiler.values.unify`), so
+    `arange(n) * 0.5` beside f32 arrays is f32.  Passes see a plain Var."""
+
+
 @dataclass(frozen=True)
 class Lit:
     """A scalar constant of a concrete dtype."""

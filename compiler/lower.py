@@ -27,13 +27,14 @@ from typing import Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
-from gradlang.compiler.ir import INTS, Atom, Function, Lit, StaticScalar, TensorType, Var
+from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
+                                  WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast, is_static,
-                                      sequence_kind, unify)
+                                      sequence_kind, unify, weak_number, weak_result)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
 
@@ -165,6 +166,11 @@ class Lowerer:
         `return 1` the float 1.0, as a default's annotation does)."""
         outs = self.block(b, fdef.body, env)
         ann = fdef.ret
+        if ann is not None and len(outs) == 1 and isinstance(outs[0], WeakVar):
+            # (weakly typed, as a number: `-> f32` on arange(n) * 0.5 is f32)
+            fit_constant(weak_number(outs[0]), ann.dtype, f"the weakly typed "
+                         f"{outs[0].type.dtype} result of {fdef.name}()", ann.span)
+            return [cast(b, outs[0], ann.dtype)]
         if ann is None or not is_static(outs[0]) or isinstance(outs[0], tuple):
             return outs  # (a tuple is refused by check_results)
         (value,) = outs  # the checker allows an annotation on one result only
@@ -441,7 +447,8 @@ class Lowerer:
             if isinstance(v, tuple):
                 raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
             return -v
-        return b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool" else v, span=e.span)
+        return b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool" else v, span=e.span,
+                      weak=isinstance(v, WeakVar))
 
     def as_bool(self, b, v: Value, span) -> Atom:
         a = as_atom(b, v, span)
@@ -547,7 +554,7 @@ class Lowerer:
         if len(given) > len(e.items):
             out = b.bind("reshape", out, shape=with_new_axes(out.type.shape, given, values),
                          span=e.span)
-        return out
+        return b.weaken(out) if isinstance(v, WeakVar) and out is not v else out
 
     def static_int(self, b, e: ast.Expr, env) -> int:
         return self.as_static_int(self.expr(b, e, env), e.span)
@@ -612,7 +619,7 @@ class Lowerer:
             raise GradError(f"an integer to a negative power ({y.value}) is not an integer: "
                             f"write a float exponent ({float(y.value)})",
                             operand_spans[1] if operand_spans else span)
-        return b.bind(op, x, y, span=span)
+        return b.bind(op, x, y, span=span, weak=weak_result([left, right]))
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
         (x,) = unify(b, [v], span, float_result=op in ops.FLOAT_ONLY)

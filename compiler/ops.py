@@ -19,6 +19,7 @@ import numpy as np
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
 from gradlang.compiler.shapes import Sym
+from gradlang.runtime.common import iota
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:  # rules receive a builder; the builder consults this table
@@ -137,6 +138,22 @@ def _matmul_rule(types, params, span):
 
 def _full_rule(types, params, span):
     return [TensorType(params["dtype"], tuple(params["shape"]))]
+
+
+def _arange_length(start, stop, step) -> Union[int, Sym]:
+    """How many values `np.arange(start, stop, step)` has: a symbolic
+    `stop` (`arange(x.shape[0])`, where start is 0 and step 1) is its own
+    length; NumPy counts floats as ceil((stop - start) / step)."""
+    if isinstance(stop, Sym):
+        return stop
+    if all(isinstance(v, int) for v in (start, stop, step)):
+        return len(range(start, stop, step))
+    return max(0, math.ceil((stop - start) / step))
+
+
+def _iota_rule(types, params, span):
+    length = _arange_length(params["start"], params["stop"], params["step"])
+    return [TensorType(params["dtype"], (length,))]
 
 
 def _cast_rule(types, params, span):
@@ -632,9 +649,9 @@ class Op:
     # only: reshape, transpose, slicing, ...), "matmul", "index" (a gather
     # or scatter-add by an integer index array, checked at run time),
     # "scan" (a cumulative sum along an axis, lane by lane),
-    # "shape" (a size known at call time), "call" (a user function
-    # carrying its gradient) or "loop" (a structured loop whose body is a
-    # sub-function)
+    # "shape" (a value the driver makes from sizes alone: dim, iota),
+    # "call" (a user function carrying its gradient) or "loop" (a
+    # structured loop whose body is a sub-function)
     kind: str = "elementwise"
     # (in_types, params, span) -> out_types; elementwise inputs already
     # share one dtype (`compiler.lower` inserts the casts)
@@ -976,6 +993,11 @@ _TABLE: tuple[Op, ...] = (
        linear="first", token_inputs=(1,),
        vjp=lambda b, eqn, cts, needs: [cts[0], None], ref=lambda x, token: x,
        no_op_if=_no_op_for_same_type),
+    # `np.arange(start, stop, step)` (int64 or float64), made by the driver
+    # (see docs/internals.md, "The op table", why not inside fused loops);
+    # `stop` may be a symbolic size where start is 0 and step 1.
+    Op("iota", kind="shape", type_rule=_iota_rule, arity=0,
+       ref=lambda start, stop, step, dtype: iota(start, stop, step, _np_dtype(dtype))),
     # A `for` loop (see `_loop_rule`); `compiler.autodiff` differentiates
     # it as a reverse loop over the states the forward one stacks.
     Op("loop", kind="loop", type_rule=_loop_rule, arity=-1),

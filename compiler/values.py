@@ -6,14 +6,14 @@ literal is a `StaticList`, a tuple that remembers its spelling).
 `unify` brings operands to one dtype: arrays promote (f32 with f64 gives
 f64, any float beats any int), and a compile-time number takes the dtype
 of the arrays it meets (`x * 0.2` stays f32), except that a float literal
-turns an integer array into f64.
+turns an integer array into f64; so does a `WeakVar` (`arange`'s result).
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder
-from gradlang.compiler.ir import FLOATS, Atom, Lit, Var
+from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import Sym
 from gradlang.runtime.errors import GradError, Span
 
@@ -98,6 +98,22 @@ def cast(b: Builder, a: Atom, dtype: str, span: Optional[Span] = None) -> Atom:
     return b.bind("cast", a, dtype=dtype, span=span)
 
 
+def weak_number(v: Value) -> Optional[Value]:
+    """What a weakly typed value counts as where it meets arrays: a
+    compile-time value itself, a `WeakVar` a number of its kind (a float or
+    an int), as a literal; None for an array of a dtype of its own."""
+    if isinstance(v, WeakVar):
+        return 0.0 if v.type.is_float else 0
+    return v if is_static(v) else None
+
+
+def weak_result(values: Sequence[Value]) -> bool:
+    """Whether arithmetic on `values` is weakly typed: some are `WeakVar`s
+    and the others compile-time numbers (`arange(n) * 0.5`)."""
+    return any(isinstance(v, WeakVar) for v in values) and all(
+        is_static(v) or isinstance(v, WeakVar) for v in values)
+
+
 def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
           float_result: bool = False, arithmetic: bool = True,
           spans: Optional[Sequence[Optional[Span]]] = None) -> list[Atom]:
@@ -105,14 +121,15 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
     literals take the arrays' dtype (a float literal makes ints f64).  A
     constant that does not fit is an error at its own span in `spans` when
     given, else at `span`."""
-    arrays = [v for v in values if not is_static(v)]
-    if arrays:
-        dtype = arrays[0].type.dtype
-        for a in arrays[1:]:
+    arrays = [v for v in values if not is_static(v) and not isinstance(v, WeakVar)]
+    weak = [v for v in values if isinstance(v, WeakVar)]
+    if arrays or weak:
+        dtype = (arrays or weak)[0].type.dtype
+        for a in (arrays or weak)[1:]:
             dtype = promote(dtype, a.type.dtype)
         for v in values:
-            if is_static(v):
-                dtype = literal_dtype(v, dtype)
+            if is_static(v) or arrays and isinstance(v, WeakVar):
+                dtype = literal_dtype(weak_number(v), dtype)
     else:
         dtype = "f64" if any(isinstance(v, float) for v in values) else "i64"
     if arithmetic and dtype == "bool":

@@ -80,6 +80,14 @@ def fillable(shape: tuple, dtype) -> tuple:
     return shape
 
 
+def iota(start, stop, step, dtype) -> np.ndarray:
+    """`np.arange(start, stop, step)` in `dtype` (int64 or float64): the
+    values of the language's `arange`, for the drivers of every target and
+    for the reference interpreter (one definition, so the targets and the
+    oracle agree to the bit: NumPy fills floats as start + i * delta)."""
+    return np.arange(start, stop, step, dtype=dtype)
+
+
 def trip_count(start: int, stop: int, step: int, where: Where = "",
                stacked_bytes: int = 0) -> int:
     """How many times `for i in range(start, stop, step)` runs; `where`: the

@@ -32,6 +32,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     check_nonempty,
     fillable,
     fixed_size_mismatch,
+    iota,
     index_out_of_range,
     index_views,
     into,

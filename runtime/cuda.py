@@ -61,6 +61,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     trip_count,
 )
 from gradlang.runtime import cuda_math  # noqa: E402
+from gradlang.runtime.common import iota as host_iota  # noqa: E402
 from gradlang.runtime.errors import ArgumentError  # noqa: E402
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
@@ -323,6 +324,12 @@ def full(shape, value, dtype):
     out = cuda.device_array(max(1, math.prod(fillable(shape, dtype))), dtype)
     _launch(_fill, out.size, out, np.dtype(dtype).type(value))
     return out[:math.prod(shape)].reshape(shape) if shape else out.reshape(())
+
+
+def iota(start, stop, step, dtype):
+    """`arange`'s values: made on the host (as many as one axis of what
+    reads them) and copied over, the same bits as the CPU's."""
+    return to_device(host_iota(start, stop, step, dtype))
 
 
 def as_int(x) -> int:

@@ -358,9 +358,24 @@ def test_gathers_and_scatters(name, in_shapes, axis, target, data, seed, dtype, 
         _second_order_check(fn, target, arrays, floats[-1])
 
 
+# `iota` (arange): (start, stop, step, dtype), empty and negative steps too
+IOTA_CASES = [(0, 5, 1, "i64"), (7, -6, -3, "i64"), (3, 3, 1, "i64"), (0.5, 2.0, 0.1, "f64"),
+              (1.0, -1.0, -0.3, "f64")]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_iota_is_numpys_arange_to_the_bit(target):
+    for start, stop, step, dtype in IOTA_CASES:
+        fn = single_op("iota", [], start=start, stop=stop, step=step, dtype=dtype)
+        (got,) = run(fn, target)
+        expected = np.arange(start, stop, step, dtype=NP[dtype])
+        assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+        assert interpret(fn)[0].tobytes() == expected.tobytes()
+
+
 def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
-    covered |= {c[0] for c in INDEX_CASES} | {"cumsum"}
+    covered |= {c[0] for c in INDEX_CASES} | {"cumsum", "iota"}
     helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim",
                "loop"}  # loop: tests/test_loops.py
     assert set(OPS) - covered - helpers == set()

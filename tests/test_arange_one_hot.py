@@ -1,0 +1,171 @@
+"""`arange` and `one_hot`: NumPy's values and dtypes, weak typing beside
+f32 arrays, a cross-entropy and a causal mask with their gradients against
+central differences, vmap, jvp, the CUDA target (the simulator), the Dask
+bridge, a label out of range refused before any result, and the errors at
+their positions."""
+import numpy as np
+import pytest
+
+import dsl
+from helpers import central_difference, optional_module
+
+SOURCE = """\
+def ranges(x):
+    n = x.shape[0]
+    return arange(n), arange(2, 9), arange(9, 2, -2), arange(0.5, 2.0, 0.25), \\
+        arange(n - 1, -1, -1), arange(1, n, 3) * 0.5, arange(2, step=3, stop=n + 4)
+
+def weak(x):
+    n = x.shape[0]
+    s = arange(n) * 0.0
+    for i in range(2):
+        s = s + x
+    return exp(arange(n) * -0.5) * x, (1 - arange(n)[::-1]) * x, float32(arange(n)), s
+
+def xent(p, labels: i64[n]):
+    return -sum(one_hot(labels, p.shape[1]) * log(p))
+
+def causal(s):
+    n = s.shape[0]
+    return sum(log(sum(exp(where(arange(n)[:, None] >= arange(n)[None, :], s, -1e30)), axis=1)))
+
+def count(x, n: i64):
+    return sum(x) * arange(n)
+"""
+
+RNG = np.random.default_rng(7)
+M = dsl.loads(SOURCE)
+
+
+def test_arange_is_numpys_for_sizes_steps_and_floats():
+    for n in (0, 1, 5, 7):
+        got = M.ranges(np.zeros(n))
+        expected = [np.arange(n), np.arange(2, 9), np.arange(9, 2, -2),
+                    np.arange(0.5, 2.0, 0.25), np.arange(n - 1, -1, -1),
+                    np.arange(1, n, 3) * 0.5, np.arange(2, n + 4, 3)]
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            np.testing.assert_array_equal(g, e)
+    # a run-time integer argument is compiled for its value, as a const one
+    np.testing.assert_array_equal(M.count(np.ones(2), 4), 2.0 * np.arange(4))
+
+
+def test_arange_and_one_hot_are_weakly_typed_like_literals():
+    x = np.arange(1.0, 5.0, dtype=np.float32)
+    scaled, flipped, converted, carried = M.weak(x)  # carried: as from `s = 0.0`
+    assert scaled.dtype == flipped.dtype == converted.dtype == carried.dtype == np.float32
+    np.testing.assert_array_equal(carried, 2 * x)
+    np.testing.assert_allclose(scaled, np.exp(np.arange(4) * -0.5) * x, rtol=1e-6)
+    np.testing.assert_array_equal(flipped, (1 - np.arange(4)[::-1]) * x)
+    np.testing.assert_array_equal(converted, np.arange(4))
+    m = dsl.loads("def f(x: i32[n]):\n    return arange(x.shape[0]) + x\n"
+                  "def r(x) -> f32[n]:\n    return arange(x.shape[0]) * 0.5\n"
+                  "def q(x) -> i64[n]:\n    return arange(x.shape[0]) * 0.5\n")
+    assert m.f(np.arange(3, dtype=np.int32)).dtype == np.int32  # as x + 1
+    np.testing.assert_array_equal(m.r(np.zeros(3)), np.arange(3, dtype=np.float32) * 0.5)
+    with pytest.raises(dsl.GradError, match=r"<string>:5:13: error: the weakly typed f64 "
+                                            r"result of q\(\) is not a value of its dtype i64"):
+        m.q(np.zeros(3))
+
+
+def _xent_reference(p, labels):
+    return -np.sum(np.eye(p.shape[1])[labels] * np.log(p))
+
+
+def _causal_reference(s):
+    masked = np.where(np.tril(np.ones(s.shape, bool)), s, -1e30)
+    return np.sum(np.log(np.sum(np.exp(masked), axis=1)))
+
+
+P = RNG.uniform(0.1, 1.0, size=(6, 4))
+LABELS = np.array([0, 3, 1, -1, 2, 3])
+
+
+def test_cross_entropy_stays_f32_and_its_gradient_matches_differences():
+    value32, grad32 = dsl.value_and_grad(M.xent)(P.astype(np.float32), LABELS)
+    assert value32.dtype == grad32.dtype == np.float32
+    value, grad = dsl.value_and_grad(M.xent)(P, LABELS)
+    expected = _xent_reference(P, LABELS % 4)
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+    np.testing.assert_allclose(value32, expected, rtol=1e-5)
+    np.testing.assert_allclose(grad, central_difference(_xent_reference, (P, LABELS), 0),
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grad32, grad, rtol=1e-5)
+
+
+def test_causal_mask_value_and_gradient_match_numpy_and_differences():
+    s = RNG.normal(size=(5, 5))
+    value, grad = dsl.value_and_grad(M.causal)(s)
+    np.testing.assert_allclose(value, _causal_reference(s), rtol=1e-12)
+    np.testing.assert_allclose(grad, central_difference(_causal_reference, (s,), 0), atol=1e-7)
+    assert np.all(np.triu(grad, 1) == 0)  # the masked scores get nothing
+
+
+def test_vmap_and_jvp_go_through_arange_and_one_hot():
+    p, labels = RNG.uniform(0.1, 1.0, size=(3, 4, 5)), RNG.integers(-5, 5, size=(3, 4))
+    grads = dsl.vmap(dsl.grad(M.xent))(p, labels)  # labels mapped: a stacked take
+    np.testing.assert_allclose(grads, -np.eye(5)[labels] / p, rtol=1e-12)
+    s, t = RNG.normal(size=(4, 4)), RNG.normal(size=(4, 4))
+    value, tangent = dsl.jvp(M.causal, (s,), (t,))
+    eps = 1e-6
+    difference = (_causal_reference(s + eps * t) - _causal_reference(s - eps * t)) / (2 * eps)
+    np.testing.assert_allclose(value, _causal_reference(s), rtol=1e-12)
+    np.testing.assert_allclose(tangent, difference, rtol=1e-6)
+
+
+def test_on_cuda_values_gradients_and_the_label_check_are_numpys():
+    cuda = dsl.loads(SOURCE, target="cuda", host_results=True)
+    s = RNG.normal(size=(4, 4))
+    np.testing.assert_allclose(cuda.causal(s), _causal_reference(s), rtol=1e-12)
+    p, labels = P[:3].astype(np.float32), np.array([3, -4, 0])
+    np.testing.assert_allclose(dsl.grad(cuda.xent)(p, labels), -np.eye(4)[labels] / p,
+                               rtol=1e-6)
+    np.testing.assert_array_equal(cuda.ranges(np.zeros(5))[3], np.arange(0.5, 2.0, 0.25))
+    with pytest.raises(dsl.ArgumentError, match=r"index 4 in 'labels'"):
+        cuda.xent(p, np.array([0, 4, 1]))
+
+
+def test_a_label_out_of_range_is_refused_before_any_result():
+    line = SOURCE.splitlines().index("def xent(p, labels: i64[n]):") + 2
+    for bad, value in ((np.array([0, 4, 1, 0, 0, 0]), 4), (np.array([0, 1, -5, 0, 0, 0]), -5)):
+        with pytest.raises(dsl.ArgumentError, match=rf"<string>:{line}:17: error: index "
+                                                    rf"{value} in 'labels' is out of range "
+                                                    r"for an axis of size 4 \(valid: -4 to 3\)"):
+            dsl.value_and_grad(M.xent)(P, bad)
+
+
+ERRORS = [
+    ("arange(sum(x))", "each argument of arange\\(\\) must be known when the function is "
+     "compiled"),
+    ("arange(0, 5, 0)", "arange\\(\\) step cannot be zero"),
+    ("arange(0, 1e400)", "arange\\(\\) needs finite arguments"),
+    ("arange(True)", "each argument of arange\\(\\) must be a number, not True"),
+    ("one_hot(x, 3)", "an index must be an integer array \\(i32 or i64\\), not f64"),
+    ("one_hot(k, -2)", "num_classes cannot be negative, got -2"),
+    ("one_hot(k, 2.5)", "num_classes must be an integer, not 2.5"),
+    ("one_hot(k, x[0])", "num_classes must be known when the function is compiled"),
+]
+
+
+@pytest.mark.parametrize("call,message", ERRORS, ids=[c for c, _ in ERRORS])
+def test_misuse_is_an_error_at_the_call(call, message):
+    m = dsl.loads(f"def f(x, k: i64[n]):\n    return sum(x) + sum({call})\n")
+    with pytest.raises(dsl.GradError, match=rf"<string>:2:25: error: {message}"):
+        m.f(np.ones(3), np.array([0, 1]))
+
+
+def test_dask_blocks_take_one_hot_and_arange_but_refuse_numbering_the_rows():
+    dask = optional_module("dask", "dask")
+    da = optional_module("dask.array", "dask")
+    m = dsl.loads("def f(x, labels):\n"
+                  "    return sum(one_hot(labels, x.shape[1]) * x)\n"
+                  "def g(x):\n"
+                  "    return sum(x * arange(x.shape[0])[:, None])\n")
+    x, labels = RNG.normal(size=(8, 4)), RNG.integers(0, 4, size=8)
+    xs, ls = da.from_array(x, chunks=(3, 4)), da.from_array(labels, chunks=3)
+    expected = np.sum(np.eye(4)[labels] * x)
+    with dask.config.set(scheduler="synchronous"):
+        np.testing.assert_allclose(m.f(xs, ls).compute(), expected, rtol=1e-12)
+    with pytest.raises(dsl.GradError, match=r"<string>:4:20: error: `arange` numbers the rows "
+                                            r"of the batch"):
+        m.g(xs)
