@@ -159,9 +159,10 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
     for dtype in (np.float64, np.float32):
         exercise(long.f, (rng.normal(size=40).astype(dtype),))
 
-    # scans (forward and reversed), selects of mixed types
+    # scans (forward and reversed), selects of mixed types, arange, one_hot
     scans = dsl.loads("def f(x, k: i32[n]):\n    c = cumsum(x * x, axis=0) + cumsum(k)\n"
-                      "    return where(x > 0, c, k)\n", target="cuda", host_results=True)
+                      "    h = one_hot(k, x.shape[0]) @ (x * arange(x.shape[0]))\n"
+                      "    return where(x > 0, c, k) + h\n", target="cuda", host_results=True)
     for dtype in (np.float64, np.float32):
         exercise(scans.f, (rng.normal(size=6).astype(dtype), np.arange(6, dtype=np.int32)))
 
