@@ -25,7 +25,9 @@ ops this language has: elementwise inputs line up by adding axes of size
 1 after the leading one; axes in params (reductions, transposes, slices,
 gathers) shift by one; a 2-d matrix product folds the leading axis into a
 row axis of the stacked side, and one of two stacked sides multiplies
-them elementwise and sums (a batched product).
+them elementwise and sums (per-example products of small matrices); a
+batched product takes the leading axis as one batch axis more (of size 1,
+broadcast, on an unstacked side).
 """
 from __future__ import annotations
 
