@@ -168,9 +168,14 @@ def np_attention(q, k, v):
 def test_attention_like_products_value_and_gradient():
     q, k, v = normal((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4))
     np.testing.assert_allclose(M.attention(q, k, v), np_attention(q, k, v), rtol=1e-12)
-    grads = dsl.grad(M.attention, wrt=(0, 1, 2))(q, k, v)
-    for i, g in enumerate(grads):
+    gradient = dsl.grad(M.attention, wrt=(0, 1, 2))
+    for i, g in enumerate(gradient(q, k, v)):
         np.testing.assert_allclose(g, central_difference(np_attention, (q, k, v), i), atol=1e-7)
+    # six products, as by hand; no transpose of a transpose (simplify composes them)
+    eqns = gradient.ir(q, k, v).eqns
+    assert sum(e.op == "matmul" for e in eqns) == 6
+    made = {e.outputs[0] for e in eqns if e.op == "transpose"}
+    assert not any(e.op == "transpose" and e.inputs[0] in made for e in eqns)
 
 
 def test_a_grad_block_of_products_is_linear_and_its_gradient_is_used():
