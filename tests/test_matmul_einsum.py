@@ -198,7 +198,7 @@ def test_a_symbolic_size_meeting_a_fixed_one_is_compiled_for_its_value():
         M.fixed(*normal((3, 5), (20,)))
 
 
-def test_cuda_simulator_batched_products_and_their_gradients():
+def test_cuda_simulator_batched_products():
     cuda = dsl.loads(SOURCE, "products.grad", target="cuda")
     a, b = normal((2, 1, 2, 3), (3, 3, 2))
     for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
@@ -206,9 +206,7 @@ def test_cuda_simulator_batched_products_and_their_gradients():
         result = np.asarray(cuda.mm(x, y))
         assert result.dtype == dtype
         np.testing.assert_allclose(result, a @ b, atol=tol)
-    for got, want in zip(dsl.grad(cuda.loss, wrt=(0, 1))(a, b),
-                         dsl.grad(M.loss, wrt=(0, 1))(a, b)):
-        np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
+    # (the op table's tests check the batched row's VJP on CUDA: test_ops.py)
     q, k = normal((1, 2, 2, 3), (1, 2, 3, 3))
     np.testing.assert_allclose(np.asarray(cuda.e11(q, k)),
                                np.einsum("bhqd,bhkd->bhqk", q, k), atol=1e-12)
@@ -252,6 +250,7 @@ def call_error(source: str, *shapes) -> str:
     ("einsum('i2->i', a)", [(3, 3)], "2:19", "not '2'"),
     ("einsum('i->i->i', a)", [(3,)], "2:19", "one '->'"),
     ("einsum(a, b)", [(3,), (3,)], "2:12", "subscripts as a string literal"),
+    ("einsum('i->i')", [], "2:12", r"takes at least 2 positional arguments but 1 was given"),
 ])
 def test_misuse_is_a_grad_error_at_its_position(body, shapes, where, message):
     names = ", ".join("ab"[:len(shapes)])
