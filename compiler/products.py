@@ -47,12 +47,12 @@ def _broadcast(dims: Sequence[Dim]) -> Dim | None:
     return None if len(sizes) > 1 else (sizes[0] if sizes else 1)
 
 
-def reshaped(b: Builder, x: Atom, shape: tuple, span: Span | None = None) -> Atom:
+def _reshaped(b: Builder, x: Atom, shape: tuple, span: Span | None = None) -> Atom:
     return x if x.type.shape == tuple(shape) else b.bind("reshape", x, shape=tuple(shape),
                                                          span=span)
 
 
-def permuted(b: Builder, x: Atom, perm: Sequence[int], span: Span | None = None) -> Atom:
+def _permuted(b: Builder, x: Atom, perm: Sequence[int], span: Span | None = None) -> Atom:
     perm = tuple(perm)
     return x if perm == tuple(range(len(perm))) else b.bind("transpose", x, perm=perm,
                                                            span=span)
@@ -71,8 +71,8 @@ def matmul(b: Builder, x: Atom, y: Atom, span: Span) -> Atom:
         raise GradError(f"@ {shapes} do not match: the first's last axis ({xs[-1]}) against "
                         f"the second's {'next-to-last' if y.type.rank > 1 else 'only'} axis "
                         f"({inner})", span)
-    x2 = x if x.type.rank > 1 else reshaped(b, x, (1,) + xs, span)
-    y2 = y if y.type.rank > 1 else reshaped(b, y, ys + (1,), span)
+    x2 = x if x.type.rank > 1 else _reshaped(b, x, (1,) + xs, span)
+    y2 = y if y.type.rank > 1 else _reshaped(b, y, ys + (1,), span)
     x_batch, y_batch = x2.type.shape[:-2], y2.type.shape[:-2]
     rank = max(len(x_batch), len(y_batch))
     lined = [(1,) * (rank - len(s)) + s for s in (x_batch, y_batch)]
@@ -82,13 +82,13 @@ def matmul(b: Builder, x: Atom, y: Atom, span: Span) -> Atom:
                         f"do not broadcast", span)
     m, n = x2.type.shape[-2], y2.type.shape[-1]
     if not y_batch:  # the left side's batch folded into its rows: one 2-d product
-        rows = reshaped(b, x2, (prod(x_batch) * m, xs[-1]), span)
+        rows = _reshaped(b, x2, (prod(x_batch) * m, xs[-1]), span)
         out = b.bind("matmul", rows, y2, span=span)
     else:
-        out = b.bind("matmul", reshaped(b, x2, lined[0] + x2.type.shape[-2:], span),
-                     reshaped(b, y2, lined[1] + y2.type.shape[-2:], span), span=span)
+        out = b.bind("matmul", _reshaped(b, x2, lined[0] + x2.type.shape[-2:], span),
+                     _reshaped(b, y2, lined[1] + y2.type.shape[-2:], span), span=span)
     shape = batch + ((m,) if x.type.rank > 1 else ()) + ((n,) if y.type.rank > 1 else ())
-    return reshaped(b, out, shape, span)
+    return _reshaped(b, out, shape, span)
 
 
 # ------------------------------------------------------------------ einsum
@@ -129,7 +129,7 @@ def einsum(b: Builder, subscripts, operands: Sequence[Atom], span: Span) -> Atom
     for k in range(1, len(values)):
         later = set(output).union(*(term for term, _ in values[k + 1:]))
         letters, value = _pair(b, (letters, value), values[k], later, sizes, span)
-    return permuted(b, value, [letters.index(letter) for letter in output], span)
+    return _permuted(b, value, [letters.index(letter) for letter in output], span)
 
 
 def _pair(b: Builder, first: tuple, second: tuple, later: set, sizes: dict, span: Span
@@ -145,17 +145,17 @@ def _pair(b: Builder, first: tuple, second: tuple, later: set, sizes: dict, span
     rows, cols = [k for k in a if k not in c], [k for k in c if k not in a]
     dims = lambda letters: tuple(sizes[k] for k in letters)  # noqa: E731
     if not summed:
-        x = reshaped(b, permuted(b, x, [a.index(k) for k in batch + rows], span),
+        x = _reshaped(b, _permuted(b, x, [a.index(k) for k in batch + rows], span),
                      dims(batch + rows) + (1,) * len(cols), span)
-        y = reshaped(b, permuted(b, y, [c.index(k) for k in batch + cols], span),
+        y = _reshaped(b, _permuted(b, y, [c.index(k) for k in batch + cols], span),
                      dims(batch) + (1,) * len(rows) + dims(cols), span)
         return tuple(batch + rows + cols), b.bind("mul", x, y, span=span)
-    x = reshaped(b, permuted(b, x, [a.index(k) for k in batch + rows + summed], span),
+    x = _reshaped(b, _permuted(b, x, [a.index(k) for k in batch + rows + summed], span),
                  dims(batch) + (prod(dims(rows)), prod(dims(summed))), span)
-    y = reshaped(b, permuted(b, y, [c.index(k) for k in batch + summed + cols], span),
+    y = _reshaped(b, _permuted(b, y, [c.index(k) for k in batch + summed + cols], span),
                  dims(batch) + (prod(dims(summed)), prod(dims(cols))), span)
     out = b.bind("matmul", x, y, span=span)
-    return tuple(batch + rows + cols), reshaped(b, out, dims(batch + rows + cols), span)
+    return tuple(batch + rows + cols), _reshaped(b, out, dims(batch + rows + cols), span)
 
 
 def _parse(text: str, n: int, at: Span) -> tuple[list[str], str]:

@@ -15,7 +15,8 @@ of the reduced axis, whose results are reduced again (`_run_length`); for
 long rows, a block-level tree in shared memory whose block results are
 reduced again (no atomics: the bits do not depend on the blocks' order,
 and a max keeps NaN); sums accumulate in f64 (floats) or i64.  Matmul is a
-tiled shared-memory kernel.  `require()` raises a clear error when
+tiled shared-memory kernel over a stack of matrices (batch axes that
+broadcast are gathered into the stack first).  `require()` raises a clear error when
 numba-cuda or a GPU (or the simulator) is missing.
 """
 from __future__ import annotations
