@@ -6,7 +6,8 @@
 Workloads (see workloads.py, startup.py): log1pexp value + gradient (f32,
 f64; 1e3, 1e5, 1e7), StyleGAN's R1 penalty and its gradient (second order;
 1e5, 1e7), a 4096x512 @ 512x512 f32 dense layer + bias + softplus + sum
-with gradients for w and b, sum(x * x), sin(x) cos(x) and x ** y value +
+with gradients for w and b, attention (8 x 8 heads, seq 128, dim 64, f32:
+softmax(q k^T / sqrt(d)) v, value + gradient for q, k, v), sum(x * x), sin(x) cos(x) and x ** y value +
 gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
 `out=` buffers against fresh results, a 1,000-step loop's value and
@@ -47,7 +48,7 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "fused_sum", "sincos_pow", "call", "out",
+WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "fused_sum", "sincos_pow", "call", "out",
              "loop", "forward", "indexing", "interop", "startup", "cuda")
 
 
@@ -68,6 +69,10 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "dense":
         return ("dense: sum(softplus(x @ w + b)), gradients for w and b "
                 "(benchmarks/dense_f32.grad)", workloads.dense_cases(4096, 512, 512))
+    if name == "attention":
+        return ("attention: sum(o * o), o = softmax(q k^T / sqrt(d)) v with einsum, gradients "
+                "for q, k and v (benchmarks/attention.grad)",
+                workloads.attention_cases(8, 8, 128, 64))
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
     if name == "sincos_pow":

@@ -15,6 +15,9 @@ waited for; PyTorch wraps the NumPy inputs without copying.
                      each example (`dsl.vmap` of `dsl.grad`)
     dense_cases      sum(softplus(x @ w + b)) in f32, gradient w.r.t. w, b
                      (benchmarks/dense_f32.grad)
+    attention_cases  sum(o * o) for o = softmax(q k^T * scale) v over a batch of
+                     heads in f32 (einsum), gradient w.r.t. q, k, v
+                     (benchmarks/attention.grad)
     fused_sum_cases  sum(x * x): one fused loop against NumPy's temporary
     out_cases        log1pexp value + gradient into reused buffers (`out=`)
                      against fresh results, and NumPy by hand with `out=`
@@ -52,6 +55,7 @@ import dsl
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 DENSE = Path(__file__).resolve().parent / "dense_f32.grad"
+ATTENTION = Path(__file__).resolve().parent / "attention.grad"
 ALPHA = 0.2  # stylegan_r1.grad's leaky ReLU slope
 TOLERANCE = {np.dtype(np.float64): dict(rtol=1e-9, atol=1e-12),
              np.dtype(np.float32): dict(rtol=2e-4, atol=1e-5)}
@@ -515,6 +519,69 @@ def dense_cases(batch: int, n_in: int, n_out: int, seed: int = 0) -> list[Case]:
     # f32 sums over batch * n_out terms: orders of summation differ.
     return [Case(f"float32 {batch}x{n_in} @ {n_in}x{n_out}", impls,
                  (np.asarray(value), gw, gb), dict(rtol=1e-3, atol=1e-3))]
+
+
+# ------------------------------------------------------------ attention
+
+
+def numpy_attention(q, k, v, scale):
+    s = np.matmul(q, k.swapaxes(-1, -2)) * scale
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    o = np.matmul(p, v)
+    do = 2 * o
+    dp = np.matmul(do, v.swapaxes(-1, -2))
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
+    return np.sum(o * o), (np.matmul(ds, k), np.matmul(ds.swapaxes(-1, -2), q),
+                           np.matmul(p.swapaxes(-1, -2), do))
+
+
+@lru_cache(maxsize=None)
+def jax_attention():
+    jax, jnp = jax_modules()
+
+    def loss(q, k, v, scale):
+        p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) * scale, axis=-1)
+        o = jnp.einsum("bhqk,bhkd->bhqd", p, v)
+        return jnp.sum(o * o)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+@lru_cache(maxsize=None)
+def torch_attention():
+    torch = torch_module()
+
+    def value_and_grad(q, k, v, scale):
+        qkv = [torch.from_numpy(a).requires_grad_(True) for a in (q, k, v)]
+        p = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", qkv[0], qkv[1]) * scale, dim=-1)
+        o = torch.einsum("bhqk,bhkd->bhqd", p, qkv[2])
+        value = (o * o).sum()
+        return value.detach().numpy(), tuple(g.numpy() for g in torch.autograd.grad(value, qkv))
+    return value_and_grad
+
+
+@lru_cache(maxsize=None)
+def dsl_attention():
+    return dsl.value_and_grad(dsl.load(ATTENTION).attention_loss, wrt=(0, 1, 2))
+
+
+def attention_cases(batch: int, heads: int, seq: int, dim: int, seed: int = 0) -> list[Case]:
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(size=(batch, heads, seq, dim)).astype(np.float32) for _ in range(3))
+    scale = np.float32(1 / math.sqrt(dim))
+    impls = {"numpy": lambda: numpy_attention(q, k, v, scale),
+             "dsl": lambda: dsl_attention()(q, k, v, scale)}
+    if jax_modules():
+        impls["jax"] = jax_call(jax_attention(), q, k, v, scale)
+    if torch_module():
+        impls["torch"] = lambda: torch_attention()(q, k, v, float(scale))
+    value, grads = numpy_attention(q, k, v, scale)
+    # f32 sums over seq * dim terms: orders of summation differ
+    # (paired against NumPy's: both are BLAS-bound, and the machine's load
+    # moves both alike)
+    return [Case(f"float32 {batch}x{heads} heads, seq {seq}, dim {dim}", impls,
+                 (np.asarray(value),) + grads, dict(rtol=2e-3, atol=2e-3),
+                 paired=("dsl", "numpy"))]
 
 
 # ------------------------------------------------------------ fused sum

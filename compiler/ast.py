@@ -39,6 +39,13 @@ class Bool:
 
 
 @dataclass(frozen=True)
+class Str:
+    """A string literal: the language reads one only as einsum's subscripts."""
+    value: str
+    span: Span
+
+
+@dataclass(frozen=True)
 class BinOp:
     op: str  # + - * / ** @
     left: "Expr"
@@ -129,7 +136,7 @@ class ListExpr:
     span: Span
 
 
-Expr = Union[Name, Num, Bool, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
+Expr = Union[Name, Num, Bool, Str, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
              Index, TupleExpr, ListExpr]
 
 # The operators with a left and a right operand.

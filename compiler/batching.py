@@ -187,8 +187,11 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
                      "over them", origin)
     if layout != "moved":
         other = COLS if layout == ROWS else ROWS
-        if eqn.op == "transpose":
-            fine = states == [other]
+        if eqn.op == "transpose":  # (the batch axis stays, or moves: a matrix transposed)
+            fine = states == [layout if eqn.p["perm"][0] == 0 else other]
+        elif eqn.op == "matmul" and out.type.rank > 2:  # batched: row by row (the
+            # constant side's batch axis 0 is 1, broadcast)
+            fine = layout == ROWS and batched <= {ROWS}
         elif eqn.op == "matmul":
             fine = states == ([ROWS, CONST] if layout == ROWS else [CONST, COLS])
         elif eqn.op == "reshape":

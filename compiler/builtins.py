@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from gradlang.compiler import ops
+from gradlang.compiler import ops, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
@@ -40,14 +40,19 @@ class Builtin:
     options: tuple[str, ...]
     required: int
     lower: Callable[[Lowerer, Builder, list, dict, Span], Value]
+    variadic: bool = False  # any number of positional arguments past `operands`
 
     def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
         """Python's rules for a call of this signature: a GradError for too
         many or too few positional arguments, an unknown keyword, an option
         given twice or a required parameter missing."""
         most = self.operands + len(self.options)
+        if self.variadic and n_args >= self.operands:
+            most = n_args
         if not self.operands <= n_args <= most:
-            raise GradError(f"{name}() takes {_count(self.required, most)} but {n_args} "
+            takes = f"at least {_count(self.operands, self.operands)}" if self.variadic \
+                else _count(self.required, most)
+            raise GradError(f"{name}() takes {takes} but {n_args} "
                             f"{'was' if n_args == 1 else 'were'} given", span)
         for k in kwargs:
             if k not in self.options:
@@ -68,9 +73,10 @@ def _count(least: int, most: int) -> str:
 
 
 def _builtin(operands: int, lower, options: tuple[str, ...] = (),
-             required: Optional[int] = None) -> Builtin:
+             required: Optional[int] = None, variadic: bool = False) -> Builtin:
     """A Builtin whose options are all optional unless `required` says."""
-    return Builtin(operands, options, operands if required is None else required, lower)
+    return Builtin(operands, options, operands if required is None else required, lower,
+                   variadic)
 
 
 def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
@@ -253,6 +259,14 @@ def _stop_gradient(L, b, args, kwargs, span):
 
 def _matmul_builtin(L, b, args, kwargs, span):
     return L.matmul(b, args[0], args[1], span)
+
+
+def _einsum(L, b, args, kwargs, span):
+    operands = args[1:]
+    if any(isinstance(v, tuple) for v in operands):
+        raise GradError("einsum() takes arrays, not sequences: build one with stack([...])",
+                        span)
+    return products.einsum(b, args[0], unify(b, operands, span), span)
 
 
 # ------------------------------------------------ gathers and scatter-adds
@@ -463,6 +477,7 @@ _SUGAR: dict[str, Builtin] = {
     "max": _reduction("reduce_max"),
     "min": _reduction("reduce_max", negate=True),
     "matmul": _builtin(2, _matmul_builtin),
+    "einsum": _builtin(2, _einsum, variadic=True),
     "transpose": _builtin(1, _transpose, ("axes",)),
     "reshape": _builtin(1, _reshape, ("shape",), required=2),
     "broadcast_to": _builtin(1, _broadcast_to, ("shape",), required=2),

@@ -316,6 +316,9 @@ class _Function:
         elif isinstance(e, (ast.TupleExpr, ast.ListExpr)):
             for item in e.items:
                 self.expr(item, defined)
+        elif isinstance(e, ast.Str):
+            raise GradError("a string can only be einsum()'s subscripts, written in the "
+                            "call: einsum(\"ij,jk->ik\", a, b)", e.span)
 
     def call(self, e: ast.Call, defined: set[str]) -> None:
         kw_names = _keyword_names(e)
@@ -351,8 +354,11 @@ class _Function:
                 self.method_call(func, e, defined)
             else:
                 raise GradError("only named functions can be called", func.span)
-        for a in e.args:
-            self.expr(a, defined)
+        subscripts = isinstance(func, ast.Name) and func.id == "einsum" \
+            and self.ns.resolve(func) is None and func.id not in defined
+        for i, a in enumerate(e.args):
+            if not (subscripts and i == 0 and isinstance(a, ast.Str)):
+                self.expr(a, defined)
         for k in e.kwargs:
             self.expr(k.value, defined)
         if isinstance(func, ast.Name) and func.id in INDEXED_BY and len(e.args) > 1:

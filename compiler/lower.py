@@ -24,7 +24,7 @@ import operator
 from dataclasses import replace
 from typing import Optional, Sequence
 
-from gradlang.compiler import ast, autodiff, control, forward, ops
+from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
@@ -399,6 +399,9 @@ class Lowerer:
     def expr_Bool(self, b, e: ast.Bool, env):
         return e.value
 
+    def expr_Str(self, b, e: ast.Str, env):
+        return e  # einsum's subscripts (the checker allows a string nowhere else)
+
     def expr_TupleExpr(self, b, e: ast.TupleExpr, env):
         return tuple(self.expr(b, item, env) for item in e.items)
 
@@ -626,16 +629,7 @@ class Lowerer:
         return b.bind(op, x, span=span)
 
     def matmul(self, b, left: Value, right: Value, span) -> Atom:
-        x, y = unify(b, [left, right], span)
-        if x.type.rank == 0 or y.type.rank == 0 or x.type.rank > 2 or y.type.rank > 2:
-            raise GradError(f"@ needs arrays of rank 1 or 2, got shapes "
-                            f"{list(x.type.shape)} and {list(y.type.shape)}", span)
-        x2 = x if x.type.rank == 2 else b.bind("reshape", x, shape=(1, x.type.size), span=span)
-        y2 = y if y.type.rank == 2 else b.bind("reshape", y, shape=(y.type.size, 1), span=span)
-        out = b.bind("matmul", x2, y2, span=span)
-        shape = (x.type.shape[:1] if x.type.rank == 2 else ()) + \
-                (y.type.shape[1:] if y.type.rank == 2 else ())
-        return out if out.type.shape == shape else b.bind("reshape", out, shape=shape, span=span)
+        return products.matmul(b, *unify(b, [left, right], span), span)
 
     def transpose(self, b, v: Atom, axes: Optional[tuple], span) -> Atom:
         rank = v.type.rank

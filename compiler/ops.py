@@ -127,13 +127,17 @@ def _embed_rule(types, params, span):
 
 
 def _matmul_rule(types, params, span):
+    """`matmul`: (B..., m, k) @ (C..., k, n) -> (broadcast(B, C)..., m, n),
+    NumPy's for operands of one rank >= 2 (the lowering pads the ranks):
+    the batch axes broadcast, the last two multiply as matrices."""
     a, b = types
-    if a.rank != 2 or b.rank != 2:
-        raise GradError("internal: matmul expects rank-2 operands", span)
-    if a.shape[1] != b.shape[0]:
+    if a.rank < 2 or a.rank != b.rank:
+        raise GradError("internal: matmul expects operands of one rank >= 2", span)
+    if a.shape[-1] != b.shape[-2]:
         raise GradError(f"matmul shapes {list(a.shape)} and {list(b.shape)} do not "
-                        f"match ({a.shape[1]} != {b.shape[0]})", span)
-    return [TensorType(_same_dtype([a, b], span), (a.shape[0], b.shape[1]))]
+                        f"match ({a.shape[-1]} != {b.shape[-2]})", span)
+    batch = broadcast_shapes([a.shape[:-2], b.shape[:-2]], span)
+    return [TensorType(_same_dtype([a, b], span), batch + (a.shape[-2], b.shape[-1]))]
 
 
 def _full_rule(types, params, span):
@@ -451,11 +455,20 @@ def _embed_vjp(b, eqn, cts, needs):
     return [b.bind("slice", cts[0], starts=p["starts"], stops=p["stops"], steps=p["steps"])]
 
 
+def matrix_transpose(b: Builder, x: Atom) -> Var:
+    """x with its last two axes swapped (each matrix of a batch transposed)."""
+    rank = x.type.rank
+    return b.bind("transpose", x, perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
+
+
 def _matmul_vjp(b, eqn, cts, needs):
+    # each side's cotangent is summed over the batch axes it was broadcast along
     x, y = eqn.inputs
     ct = cts[0]
-    ct_x = b.bind("matmul", ct, b.bind("transpose", y, perm=(1, 0))) if needs[0] else None
-    ct_y = b.bind("matmul", b.bind("transpose", x, perm=(1, 0)), ct) if needs[1] else None
+    ct_x = unbroadcast(b, b.bind("matmul", ct, matrix_transpose(b, y)), x.type.shape) \
+        if needs[0] else None
+    ct_y = unbroadcast(b, b.bind("matmul", matrix_transpose(b, x), ct), y.type.shape) \
+        if needs[1] else None
     return [ct_x, ct_y]
 
 

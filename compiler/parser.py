@@ -99,7 +99,7 @@ _TERMINAL_NAMES = {
     "_AND": "'and'", "_OR": "'or'", "_FOR": "'for'", "_IN": "'in'", "_IF": "'if'",
     "_ELIF": "'elif'", "_ELSE": "'else'", "CONST": "'const'", "ELLIPSIS": "'...'",
     "RARROW": "'->'", "TRUE": "'True'", "FALSE": "'False'", "NONE": "'None'",
-    "__ANON_0": "'**'",
+    "__ANON_0": "'**'", "STRING": "a string",
 }
 
 
@@ -562,6 +562,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def false_lit(self, meta, children):
         return ast.Bool(False, _tok_span(self.file, children[0]))
+
+    def str_lit(self, meta, children):
+        return ast.Str(str(children[0])[1:-1], _tok_span(self.file, children[0]))
 
     def tuple_lit(self, meta, children):
         return ast.TupleExpr(tuple(c for c in children if c is not None), self.s(meta))

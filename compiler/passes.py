@@ -8,7 +8,8 @@ Contract:
   results unchanged up to the sign of a zero sum), folds constants: an
   `exact` op (`ops.fold`) of constants, or a reshaped or broadcast
   constant, is a constant; reshapes and broadcasts of a one-element value
-  in turn become one broadcast of it; and computes x ** 0, 2, 3, 4 and
+  in turn become one broadcast of it, transposes in turn one transpose;
+  and computes x ** 0, 2, 3, 4 and
   (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
@@ -72,6 +73,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     fills: dict[Var, object] = {}  # outputs of `full`: their value
     # reshapes and broadcasts of a one-element value: that value
     spread: dict[Var, Var] = {}
+    transposed: dict[Var, tuple[Var, tuple]] = {}  # a transpose's (source, perm)
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
@@ -98,6 +100,15 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             if value is not None:
                 eqn = _full(eqn, value)
                 inputs = ()
+        if eqn.op == "transpose" and inputs[0] in transposed:
+            # a transpose of a transpose is one (none, where they cancel: a
+            # matrix product's gradient transposes a transposed operand back)
+            source, first = transposed[inputs[0]]
+            inputs = (source,)
+            eqn = Eqn("transpose", inputs, eqn.outputs,
+                      (("perm", tuple(first[p] for p in eqn.p["perm"])),), eqn.span)
+        if eqn.op == "transpose":
+            transposed[out] = (inputs[0], tuple(eqn.p["perm"]))
         if eqn.op == "pow" and _small_power(inputs, out) is not None:
             eqn = _power_as_products(b, eqn, inputs[0], _small_power(inputs, out))
             inputs = eqn.inputs

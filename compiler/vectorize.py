@@ -25,7 +25,9 @@ ops this language has: elementwise inputs line up by adding axes of size
 1 after the leading one; axes in params (reductions, transposes, slices,
 gathers, cumulative sums) shift by one; a 2-d matrix product folds the
 leading axis into a row axis of the stacked side, and one of two stacked
-sides multiplies them elementwise and sums (a batched product).
+sides multiplies them elementwise and sums (per-example products of small
+matrices); a batched product takes the leading axis as one batch axis
+more (of size 1, broadcast, on an unstacked side).
 """
 from __future__ import annotations
 
@@ -249,6 +251,11 @@ def _spread(b: Builder, a: Atom, k: Dim) -> Var:
 def _matmul(b: Builder, inputs: list[Atom], has: list[bool], k: Dim,
             span: Optional[Span]) -> Var:
     x, y = inputs
+    if x.type.rank - has[0] > 2:  # batched: the leading axis is one batch axis more,
+        # of size 1 (broadcast) on the side without it
+        x, y = (a if h else b.bind("reshape", a, shape=(1,) + a.type.shape)
+                for a, h in zip(inputs, has))
+        return b.bind("matmul", x, y, span=span)
     if has[0] and has[1]:  # (k, m, n) @ (k, n, p): each pair's products summed over n,
         # which fusion computes in one loop (a per-example gradient's X_i^T r_i)
         _, m, n = x.type.shape

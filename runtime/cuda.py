@@ -15,7 +15,8 @@ of the reduced axis, whose results are reduced again (`_run_length`); for
 long rows, a block-level tree in shared memory whose block results are
 reduced again (no atomics: the bits do not depend on the blocks' order,
 and a max keeps NaN); sums accumulate in f64 (floats) or i64.  Matmul is a
-tiled shared-memory kernel.  `require()` raises a clear error when
+tiled shared-memory kernel over a stack of matrices (batch axes that
+broadcast are gathered into the stack first).  `require()` raises a clear error when
 numba-cuda or a GPU (or the simulator) is missing.
 """
 from __future__ import annotations
@@ -234,25 +235,27 @@ def _tree_rows(src, n_rows, n_reduced, partials, is_max):
 
 @cuda.jit
 def _matmul(a, b, out):
-    # grid (column tiles, row tiles, striding): each block computes TILE x
-    # TILE outputs at a time from tiles staged in shared memory
+    # (batch, n, k) @ (batch, k, m); grid (column tiles, row tiles, batch),
+    # striding over row tiles and batches: each block computes TILE x TILE
+    # outputs at a time from tiles staged in shared memory
     sa = cuda.shared.array((TILE, TILE), float64)
     sb = cuda.shared.array((TILE, TILE), float64)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     col = cuda.blockIdx.x * TILE + tx
-    n, k, m = a.shape[0], a.shape[1], b.shape[1]
-    for row_tile in range(cuda.blockIdx.y, (n + TILE - 1) // TILE, cuda.gridDim.y):
-        row = row_tile * TILE + ty
-        acc = 0.0
-        for t in range((k + TILE - 1) // TILE):
-            sa[ty, tx] = a[row, t * TILE + tx] if row < n and t * TILE + tx < k else 0.0
-            sb[ty, tx] = b[t * TILE + ty, col] if col < m and t * TILE + ty < k else 0.0
-            cuda.syncthreads()
-            for j in range(TILE):
-                acc += sa[ty, j] * sb[j, tx]
-            cuda.syncthreads()
-        if row < n and col < m:
-            out[row, col] = acc
+    n, k, m = a.shape[1], a.shape[2], b.shape[2]
+    for p in range(cuda.blockIdx.z, a.shape[0], cuda.gridDim.z):
+        for row_tile in range(cuda.blockIdx.y, (n + TILE - 1) // TILE, cuda.gridDim.y):
+            row = row_tile * TILE + ty
+            acc = 0.0
+            for t in range((k + TILE - 1) // TILE):
+                sa[ty, tx] = a[p, row, t * TILE + tx] if row < n and t * TILE + tx < k else 0.0
+                sb[ty, tx] = b[p, t * TILE + ty, col] if col < m and t * TILE + ty < k else 0.0
+                cuda.syncthreads()
+                for j in range(TILE):
+                    acc += sa[ty, j] * sb[j, tx]
+                cuda.syncthreads()
+            if row < n and col < m:
+                out[p, row, col] = acc
 
 
 @cuda.jit(device=True)
@@ -408,16 +411,33 @@ def concatenate(xs: tuple, axis: int):
     return out
 
 
+def _stacked(x, batch: tuple):
+    """x's matrices broadcast over the batch axes `batch`, as a contiguous
+    (batch size, rows, columns) array (a gather where x repeats)."""
+    shape = (1,) * (len(batch) + 2 - x.ndim) + tuple(x.shape)
+    rows, cols = shape[-2:]
+    if shape[:-2] != batch:
+        full = batch + (rows, cols)
+        x = _gathered(x, full, 0, [s if d == want else 0  # (d is 1: repeated)
+                                   for d, want, s in zip(shape, full, c_strides(shape))])
+    return x.reshape((math.prod(batch), rows, cols))
+
+
 def matmul(a, b):
-    n, m = a.shape[0], b.shape[1]
     if a.dtype != np.float64:
         # the tiled kernel accumulates in f64; other dtypes round-trip
         a64, b64 = _astype(a, np.float64), _astype(b, np.float64)
         return _astype(matmul(a64, b64), a.dtype)
-    out = cuda.device_array((n, m), np.float64)
-    grid = (max(1, -(-m // TILE)), max(1, min(MAX_GRID_Y, -(-n // TILE))))
-    _matmul[grid, (TILE, TILE)](a, b, out)
-    return out
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)  # (the simulator's index no negatives)
+    batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    n, m = a_shape[-2], b_shape[-1]
+    count = math.prod(batch)
+    out = cuda.device_array((count, n, m), np.float64)
+    if out.size:
+        grid = (max(1, -(-m // TILE)), max(1, min(MAX_GRID_Y, -(-n // TILE))),
+                max(1, min(MAX_GRID_Y, count)))
+        _matmul[grid, (TILE, TILE)](_stacked(a, batch), _stacked(b, batch), out)
+    return out.reshape(batch + (n, m))
 
 
 def _astype(x, dtype):

@@ -522,9 +522,9 @@ def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
     libm = TARGET.header.splitlines()[:2]
     assert ours[0] == "from gradlang.runtime import cpu_math as math"
     assert libm[0].startswith("import math  #")
-    # Sums add with cpu_math's `accumulate` in both.
+    # Sums add with cpu_math's `accumulate` in both, and `where` is its `select`.
     for header in (ours, libm):
-        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate  "
+        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate, select  "
                             r"# cpu_math [0-9a-f]{12}", header[1])
 
 

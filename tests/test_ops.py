@@ -293,6 +293,7 @@ LAYOUT_CASES = [
     ("concatenate", [(2, 1), (2, 3), (2, 2)], {"axis": 1}),
     ("matmul", [(3, 4), (4, 2)], {}),
     ("matmul", [(1, 5), (5, 1)], {}),
+    ("matmul", [(2, 1, 3, 2), (1, 2, 2, 3)], {}),  # batch axes broadcast both ways
 ]
 
 
