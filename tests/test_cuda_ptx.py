@@ -166,6 +166,15 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
     for dtype in (np.float64, np.float32):
         exercise(scans.f, (rng.normal(size=6).astype(dtype), np.arange(6, dtype=np.int32)))
 
+    # batched, broadcast products and einsum
+    products = dsl.loads('def f(q, k):\n    s = einsum("bqd,bkd->bqk", q, k)\n'
+                         '    return sum(s @ k) + sum(k @ transpose(q[0]))'
+                         ' + sum(q[0] @ transpose(k, (0, 2, 1)))\n',
+                         target="cuda", host_results=True)
+    for dtype in (np.float64, np.float32):
+        exercise(products.f, (rng.normal(size=(2, 3, 4)).astype(dtype),
+                              rng.normal(size=(2, 3, 4)).astype(dtype)))
+
     recorded = tmp_path / "launches.pkl"
     recorded.write_bytes(pickle.dumps((list(launches["launches"]), launches["sources"])))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
