@@ -673,25 +673,25 @@ _COS_F32_C = (-0.4999999999948939, 0.041666666553430654, -0.0013888880659585698,
 
 @branch_free
 def _sin_cos_of_reduced_f32(x):
-    """(reducible, n, sin r, cos r) for the float64 of a float32 x = n pi/2
-    + r, as _sin_cos_of_reduced; r is x itself for |x| < pi/4, so that
-    -0 and tiny x come out exact."""
-    reducible = abs(x) < _REDUCIBLE  # False for inf and NaN
-    xr = x if reducible else 0.0
+    """(x in float64, reducible, n, sin r, cos r) for a float32 x = n pi/2
+    + r, as _sin_cos_of_reduced; r is x itself for |x| < pi/4, so that -0
+    and tiny x come out exact."""
+    wide = np.float64(x)
+    reducible = abs(wide) < _REDUCIBLE  # False for inf and NaN
+    xr = wide if reducible else 0.0
     shifted = xr * _TWO_OVER_PI + _SHIFT64
     n = _bits64(shifted) - _SHIFT64_BITS
     fn = shifted - _SHIFT64
     r = (xr - fn * _PIO2_1) - fn * _PIO2_1T
     z = r * r
     # r (1 + z S(z)), not r + r z S(z), which is +0 for r = -0
-    return (reducible, n, r * (1.0 + z * _horner(z, _SIN_F32_S)),
+    return (wide, reducible, n, r * (1.0 + z * _horner(z, _SIN_F32_S)),
             1.0 + z * _horner(z, _COS_F32_C))
 
 
 @branch_free
 def _sin_f32(x):
-    wide = np.float64(x)
-    reducible, q, s, c = _sin_cos_of_reduced_f32(wide)
+    wide, reducible, q, s, c = _sin_cos_of_reduced_f32(x)
     y = _by_quadrant(q, s, c)
     if not reducible:
         y = _huge_sin(wide)
@@ -700,8 +700,7 @@ def _sin_f32(x):
 
 @branch_free
 def _cos_f32(x):
-    wide = np.float64(x)
-    reducible, q, s, c = _sin_cos_of_reduced_f32(wide)
+    wide, reducible, q, s, c = _sin_cos_of_reduced_f32(x)
     y = _by_quadrant(q + 1, s, c)
     if not reducible:
         y = _huge_cos(wide)
@@ -728,8 +727,7 @@ def _tan_f64(x):
 
 @branch_free
 def _tan_f32(x):
-    wide = np.float64(x)
-    reducible, q, s, c = _sin_cos_of_reduced_f32(wide)
+    wide, reducible, q, s, c = _sin_cos_of_reduced_f32(x)
     y = _tan_by_quadrant(q, s, c)
     if not reducible:
         y = _huge_tan(wide)
