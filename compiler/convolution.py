@@ -13,7 +13,9 @@ primitives (`transpose`, `embed` for the zero padding, strided `slice`,
 grad, jvp, vmap), both targets and the linearity check of grad blocks
 apply with no rule of their own.  Every misuse is a `GradError` at
 `span` naming `name`; a symbolic spatial, channel or kernel size raises
-`NeedsConcrete` (the batch size may stay symbolic).
+`NeedsConcrete`.  The batch size may stay symbolic: the batch symbol of a
+Dask split, whose rows the lowering then keeps apart (a batched product by
+the weight) rather than folding them into one 2-d product.
 
 The lowering is im2col, channels last so that no copy is needed to lay
 the patches out as rows: x is transposed to (N, *spatial, C) and zero
@@ -82,11 +84,15 @@ def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...]
     stacked = patches[0] if len(patches) == 1 else \
         b.bind("concatenate", *patches, axis=d + 1, span=span)
     taps = prod(kernel) * channels
-    rows = b.bind("reshape", stacked, shape=(n * prod(out), taps), span=span)
     # the weight as (*kernel, C) rows per output channel, then transposed
     wl = b.bind("transpose", w, perm=channels_last, span=span)
     wl = b.bind("transpose", b.bind("reshape", wl, shape=(outs, taps), span=span),
                 perm=(1, 0), span=span)
+    if isinstance(n, Sym):  # the batch of a Dask split: keep its rows apart
+        rows = b.bind("reshape", stacked, shape=(n, prod(out), taps), span=span)
+        wl = b.bind("reshape", wl, shape=(1, taps, outs), span=span)
+    else:
+        rows = b.bind("reshape", stacked, shape=(n * prod(out), taps), span=span)
     product = b.bind("matmul", rows, wl, span=span)
     result = b.bind("reshape", product, shape=(n,) + out + (outs,), span=span)
     return b.bind("transpose", result, perm=(0, d + 1) + tuple(range(1, d + 1)), span=span)

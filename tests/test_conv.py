@@ -3,8 +3,8 @@ values against a NumPy reference and torch.nn.functional, f32 and f64;
 gradients w.r.t. input and weight and an R1-like penalty (the gradient of
 a gradient) against central differences in f64; jvp against jacrev,
 jacfwd, the Hessian, vmap; a grad block written with convolutions (the
-linearity check); the CUDA simulator; every misuse a GradError at its
-position."""
+linearity check); the CUDA simulator; Dask blocks of images; every misuse
+a GradError at its position."""
 import importlib.util
 import re
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dsl
-from helpers import central_difference
+from helpers import central_difference, optional_module
 
 # (function, spatial axes, stride, padding, input shape, weight shape)
 CASES = [
@@ -224,6 +224,19 @@ def test_cuda_simulator_values_and_gradient():
     gx, gw = dsl.grad(cuda.loss, wrt=(0, 1))(x, w)
     np.testing.assert_allclose(gx, central_difference(np_loss, (x, w), 0), atol=1e-7)
     np.testing.assert_allclose(gw, central_difference(np_loss, (x, w), 1), atol=1e-7)
+
+
+def test_dask_blocks_of_images():
+    dask = optional_module("dask", "dask")
+    da = optional_module("dask.array", "dask")
+    x, w = normal((6, 2, 5, 4), (3, 2, 3, 3))
+    with dask.config.set(scheduler="sync"):
+        value, grads = dask.compute(*dsl.value_and_grad(M.loss, wrt=(0, 1))(
+            da.from_array(x, chunks=(2, 2, 5, 4)), w))
+    expected_value, expected = dsl.value_and_grad(M.loss, wrt=(0, 1))(x, w)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-12)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want, atol=1e-12)
 
 
 @pytest.mark.parametrize("call,shapes,message", [
