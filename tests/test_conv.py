@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dsl
 from helpers import central_difference, optional_module
@@ -52,6 +53,9 @@ def line(x, w):
 
 def line_plain(x, w):
     return conv1d(x, w)
+
+def any_conv(x, w, sh: i64, sw: i64, ph: i64, pw: i64):
+    return conv2d(x, w, stride=(sh, sw), padding=(ph, pw))
 
 def by_argument(x, w, s: i64):
     return conv2d(x, w, stride=s, padding=s - 1)
@@ -149,6 +153,19 @@ def test_values_match_torch():
                                    err_msg=name)
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_any_shape_stride_and_padding_matches_numpy(data):
+    # strides and paddings from integer arguments: a program per value
+    n, c, o = (data.draw(st.integers(1, 3)) for _ in range(3))
+    stride, padding = ([data.draw(st.integers(low, 3)) for _ in range(2)] for low in (1, 0))
+    size = [data.draw(st.integers(1, 6)) for _ in range(2)]
+    kernel = [data.draw(st.integers(1, s + 2 * p)) for s, p in zip(size, padding)]
+    x, w = normal((n, c, *size), (o, c, *kernel))
+    np.testing.assert_allclose(M.any_conv(x, w, *stride, *padding),
+                               np_conv(x, w, stride, padding), rtol=1e-12, atol=1e-12)
+
+
 def test_stride_from_an_integer_argument_is_compiled_for_its_value():
     x, w = normal((1, 2, 7, 7), (3, 2, 3, 3))
     for s in (1, 2):
@@ -239,6 +256,9 @@ def test_dask_blocks_of_images():
         np.testing.assert_allclose(got, want, atol=1e-12)
 
 
+SMALL = [(1, 1, 3, 3), (1, 1, 2, 2)]  # shapes a convolution takes
+
+
 @pytest.mark.parametrize("call,shapes,message", [
     ("conv2d(a, b)", [(2, 3, 5, 5), (4, 2, 3, 3)],
      r"conv2d\(\) input of shape \[2, 3, 5, 5\] has 3 channels but the weight of shape "
@@ -246,16 +266,16 @@ def test_dask_blocks_of_images():
     ("conv2d(a, b, padding=1)", [(1, 1, 3, 3), (1, 1, 6, 4)],
      r"kernel \[6, 4\] is larger than the padded input \[5, 5\] \(input \[3, 3\], padding "
      r"\[1, 1\]\)"),
-    ("conv2d(a, b, stride=0)", [(1, 1, 3, 3), (1, 1, 2, 2)], r"stride must be positive, got 0"),
-    ("conv2d(a, b, stride=(1, -2))", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a, b, stride=0)", SMALL, r"stride must be positive, got 0"),
+    ("conv2d(a, b, stride=(1, -2))", SMALL,
      r"stride must be positive, got \[1, -2\]"),
-    ("conv2d(a, b, padding=-1)", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a, b, padding=-1)", SMALL,
      r"padding must be non-negative, got -1"),
-    ("conv2d(a, b, stride=(1, 2, 3))", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a, b, stride=(1, 2, 3))", SMALL,
      r"stride takes one integer or 2 \(one per spatial axis\), got 3"),
-    ("conv2d(a, b, stride=1.5)", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a, b, stride=1.5)", SMALL,
      r"stride must be an integer, not 1\.5"),
-    ("conv2d(a, b, stride=sum(a))", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a, b, stride=sum(a))", SMALL,
      r"stride must be known when the function is compiled"),
     ("conv2d(a, b)", [(3, 5, 5), (1, 3, 2, 2)],
      r"conv2d\(\) takes an input of rank 4 \(N, C, H, W\), got shape \[3, 5, 5\]"),
@@ -263,11 +283,11 @@ def test_dask_blocks_of_images():
      r"conv2d\(\) takes a weight of rank 4 \(O, C, KH, KW\), got shape \[3, 2, 2\]"),
     ("conv1d(a, b)", [(1, 3, 5, 5), (1, 3, 2, 2)],
      r"conv1d\(\) takes an input of rank 3 \(N, C, L\), got shape \[1, 3, 5, 5\]"),
-    ("conv2d(a > 0, b > 0)", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a > 0, b > 0)", SMALL,
      r"needs float arrays \(f32 or f64\), got i64"),
-    ("conv2d(a, b, dilation=2)", [(1, 1, 3, 3), (1, 1, 2, 2)],
+    ("conv2d(a, b, dilation=2)", SMALL,
      r"got an unexpected keyword argument 'dilation'"),
-    ("conv2d([a], b)", [(1, 1, 3, 3), (1, 1, 2, 2)], r"takes arrays, not sequences"),
+    ("conv2d([a], b)", SMALL, r"takes arrays, not sequences"),
 ])
 def test_misuse_is_a_grad_error_at_its_position(call, shapes, message):
     source = f"def f(a, b):\n    return {call}\n"
