@@ -7,7 +7,9 @@ Workloads (see workloads.py, startup.py): log1pexp value + gradient (f32,
 f64; 1e3, 1e5, 1e7), StyleGAN's R1 penalty and its gradient (second order;
 1e5, 1e7), a 4096x512 @ 512x512 f32 dense layer + bias + softplus + sum
 with gradients for w and b, attention (8 x 8 heads, seq 128, dim 64, f32:
-softmax(q k^T / sqrt(d)) v, value + gradient for q, k, v), sum(x * x), sin(x) cos(x) and x ** y value +
+softmax(q k^T / sqrt(d)) v, value + gradient for q, k, v), a conv layer
+(32x16x32x32, 32 kernels 3x3, padding 1, softplus, f32: value + gradient
+for x and the kernel), sum(x * x), sin(x) cos(x) and x ** y value +
 gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
 `out=` buffers against fresh results, a 1,000-step loop's value and
@@ -48,7 +50,7 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "fused_sum", "sincos_pow", "call", "out",
+WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "conv", "fused_sum", "sincos_pow", "call", "out",
              "loop", "forward", "indexing", "interop", "startup", "cuda")
 
 
@@ -73,6 +75,9 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
         return ("attention: sum(o * o), o = softmax(q k^T / sqrt(d)) v with einsum, gradients "
                 "for q, k and v (benchmarks/attention.grad)",
                 workloads.attention_cases(8, 8, 128, 64))
+    if name == "conv":
+        return ("conv: sum(softplus(conv2d(x, k, padding=1))), gradients for x and k "
+                "(benchmarks/conv.grad)", workloads.conv_cases(32, 16, 32, 32, 3))
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
     if name == "sincos_pow":

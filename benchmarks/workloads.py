@@ -18,6 +18,8 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     attention_cases  sum(o * o) for o = softmax(q k^T * scale) v over a batch of
                      heads in f32 (einsum), gradient w.r.t. q, k, v
                      (benchmarks/attention.grad)
+    conv_cases       sum(softplus(conv2d(x, k, padding=1))) in f32, gradient
+                     w.r.t. x and k (benchmarks/conv.grad)
     fused_sum_cases  sum(x * x): one fused loop against NumPy's temporary
     out_cases        log1pexp value + gradient into reused buffers (`out=`)
                      against fresh results, and NumPy by hand with `out=`
@@ -56,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 DENSE = Path(__file__).resolve().parent / "dense_f32.grad"
 ATTENTION = Path(__file__).resolve().parent / "attention.grad"
+CONV = Path(__file__).resolve().parent / "conv.grad"
 ALPHA = 0.2  # stylegan_r1.grad's leaky ReLU slope
 TOLERANCE = {np.dtype(np.float64): dict(rtol=1e-9, atol=1e-12),
              np.dtype(np.float32): dict(rtol=2e-4, atol=1e-5)}
@@ -580,6 +583,77 @@ def attention_cases(batch: int, heads: int, seq: int, dim: int, seed: int = 0) -
     # (paired against NumPy's: both are BLAS-bound, and the machine's load
     # moves both alike)
     return [Case(f"float32 {batch}x{heads} heads, seq {seq}, dim {dim}", impls,
+                 (np.asarray(value),) + grads, dict(rtol=2e-3, atol=2e-3),
+                 paired=("dsl", "numpy"))]
+
+
+# ------------------------------------------------------------ convolution
+
+
+def numpy_conv_loss(x, kernel):
+    """sum(softplus(conv2d(x, kernel, padding=1))) and its gradients by hand:
+    im2col (one strided view per kernel offset, stacked), one product
+    forward, two backward, the patches' gradient added back (col2im)."""
+    n, c, h, w = x.shape
+    o, _, kh, kw = kernel.shape
+    xp = np.zeros((n, h + 2, w + 2, c), x.dtype)
+    xp[:, 1:h + 1, 1:w + 1] = x.transpose(0, 2, 3, 1)
+    ho, wo = h + 3 - kh, w + 3 - kw
+    rows = np.stack([xp[:, i:i + ho, j:j + wo] for i in range(kh) for j in range(kw)],
+                    axis=3).reshape(n * ho * wo, kh * kw * c)
+    weights = kernel.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)
+    y = rows @ weights.T  # (n * ho * wo, o)
+    value = np.sum(np.logaddexp(np.float32(0), y))
+    dy = 1 / (1 + np.exp(-y))
+    dkernel = (dy.T @ rows).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+    drows = (dy @ weights).reshape(n, ho, wo, kh * kw, c)
+    dxp = np.zeros_like(xp)
+    for i in range(kh):
+        for j in range(kw):
+            dxp[:, i:i + ho, j:j + wo] += drows[:, :, :, i * kw + j]
+    return value, (dxp[:, 1:h + 1, 1:w + 1].transpose(0, 3, 1, 2), dkernel)
+
+
+@lru_cache(maxsize=None)
+def jax_conv():
+    jax, jnp = jax_modules()
+
+    def loss(x, kernel):
+        y = jax.lax.conv_general_dilated(x, kernel, (1, 1), ((1, 1), (1, 1)))
+        return jnp.sum(jax.nn.softplus(y))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+@lru_cache(maxsize=None)
+def torch_conv():
+    torch = torch_module()
+
+    def value_and_grad(x, kernel):
+        inputs = [torch.from_numpy(a).requires_grad_(True) for a in (x, kernel)]
+        y = torch.nn.functional.conv2d(inputs[0], inputs[1], padding=1)
+        value = torch.nn.functional.softplus(y).sum()
+        return value.detach().numpy(), tuple(g.numpy() for g in torch.autograd.grad(value, inputs))
+    return value_and_grad
+
+
+@lru_cache(maxsize=None)
+def dsl_conv():
+    return dsl.value_and_grad(dsl.load(CONV).discriminator_loss, wrt=(0, 1))
+
+
+def conv_cases(n: int, c: int, size: int, o: int, k: int, seed: int = 0) -> list[Case]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, c, size, size)).astype(np.float32)
+    kernel = (rng.normal(size=(o, c, k, k)) / math.sqrt(c * k * k)).astype(np.float32)
+    impls = {"numpy": lambda: numpy_conv_loss(x, kernel),
+             "dsl": lambda: dsl_conv()(x, kernel)}
+    if jax_modules():
+        impls["jax"] = jax_call(jax_conv(), x, kernel)
+    if torch_module():
+        impls["torch"] = lambda: torch_conv()(x, kernel)
+    value, grads = numpy_conv_loss(x, kernel)
+    # f32 sums over n * size^2 terms (the value, the kernel's gradient)
+    return [Case(f"float32 {n}x{c}x{size}x{size}, {o} kernels {k}x{k}, padding 1", impls,
                  (np.asarray(value),) + grads, dict(rtol=2e-3, atol=2e-3),
                  paired=("dsl", "numpy"))]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from gradlang.compiler import ops, products
+from gradlang.compiler import convolution, ops, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
@@ -269,6 +269,37 @@ def _einsum(L, b, args, kwargs, span):
     return products.einsum(b, args[0], unify(b, operands, span), span)
 
 
+def _conv(d: int):
+    """`conv1d`/`conv2d(x, w, stride=1, padding=0)`: PyTorch's, lowered by
+    `convolution.convolution`; stride and padding are compile-time
+    integers, one for every spatial axis or one per axis (a tuple)."""
+    name = f"conv{d}d"
+
+    def per_axis(L, v, what: str, least: int, span) -> tuple[int, ...]:
+        items = v if isinstance(v, tuple) else (v,) * d
+        if len(items) != d:
+            raise GradError(f"{name}() {what} takes one integer or {d} (one per spatial "
+                            f"axis), got {len(items)}", span)
+        numbers = tuple(compile_time_number(L, item, f"{name}() {what}", span)
+                        for item in items)
+        if any(isinstance(k, Sym) for k in numbers):
+            raise NeedsConcrete(f"a size used as the {what} of {name}()")
+        if any(k < least for k in numbers):
+            raise GradError(f"{name}() {what} must be {'positive' if least else 'non-negative'}"
+                            f", got {list(numbers) if isinstance(v, tuple) else v}", span)
+        return numbers
+
+    def lower(L, b, args, kwargs, span):
+        if any(isinstance(v, tuple) for v in args[:2]):
+            raise GradError(f"{name}() takes arrays, not sequences: build one with "
+                            f"stack([...])", span)
+        x, w = unify(b, args[:2], span)
+        stride = per_axis(L, _kw(args, kwargs, 2, "stride", 1), "stride", 1, span)
+        padding = per_axis(L, _kw(args, kwargs, 3, "padding", 0), "padding", 0, span)
+        return convolution.convolution(b, name, x, w, stride, padding, span)
+    return _builtin(2, lower, ("stride", "padding"))
+
+
 # ------------------------------------------------ gathers and scatter-adds
 
 
@@ -478,6 +509,8 @@ _SUGAR: dict[str, Builtin] = {
     "min": _reduction("reduce_max", negate=True),
     "matmul": _builtin(2, _matmul_builtin),
     "einsum": _builtin(2, _einsum, variadic=True),
+    "conv1d": _conv(1),
+    "conv2d": _conv(2),
     "transpose": _builtin(1, _transpose, ("axes",)),
     "reshape": _builtin(1, _reshape, ("shape",), required=2),
     "broadcast_to": _builtin(1, _broadcast_to, ("shape",), required=2),

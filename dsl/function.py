@@ -385,14 +385,17 @@ class Compiled:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
     def retrying_by_value(self, bound: dict[str, np.ndarray], run: Callable[[], Any]) -> Any:
-        """run(), and once more after `by_value` if a program needed the
-        value of an integer argument (run must place the arguments anew:
-        that one then stays on the host)."""
-        try:
-            return run()
-        except NeedsValue as need:
-            self.by_value(need, bound)
-            return run()
+        """run(), and again after `by_value` each time a program needs the
+        value of another integer argument (`arange(a, b)`, a stride per
+        axis: one at a time); run must place the arguments anew: those
+        then stay on the host."""
+        while True:
+            try:
+                return run()
+            except NeedsValue as need:
+                if need.name in self._by_value:  # compiled for it, yet asked again
+                    raise
+                self.by_value(need, bound)
 
     def by_value(self, need: NeedsValue, bound: dict[str, np.ndarray]) -> None:
         """From now on, compile for the value of the integer argument a

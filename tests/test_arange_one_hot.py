@@ -31,6 +31,9 @@ def causal(s):
 
 def count(x, n: i64):
     return sum(x) * arange(n)
+
+def between(a: i64, b: i64):
+    return arange(a, b)
 """
 
 RNG = np.random.default_rng(7)
@@ -48,6 +51,8 @@ def test_arange_is_numpys_for_sizes_steps_and_floats():
             np.testing.assert_array_equal(g, e)
     # a run-time integer argument is compiled for its value, as a const one
     np.testing.assert_array_equal(M.count(np.ones(2), 4), 2.0 * np.arange(4))
+    # two of them, each asked for in turn (one retry used to let the second escape)
+    np.testing.assert_array_equal(M.between(2, 5), np.arange(2, 5))
 
 
 def test_arange_and_one_hot_are_weakly_typed_like_literals():

@@ -1,0 +1,98 @@
+"""Convolutions (`conv1d`, `conv2d`), lowered to primitives.
+
+Contract: `convolution(b, name, x, w, stride, padding, span)` is PyTorch's
+`torch.nn.functional.conv{d}d(x, w, stride=stride, padding=padding)`
+without bias, groups or dilation (a cross-correlation, as every deep
+learning library's): x is (N, C, *spatial), w is (O, C, *kernel) with d
+spatial axes, and the result is (N, O, *out), out_i = (spatial_i +
+2 padding_i - kernel_i) // stride_i + 1.  `stride` and `padding` are
+tuples of d Python ints (the builtin's lowering reads and checks the
+arguments); x and w are float arrays of one dtype.  It builds only
+primitives (`transpose`, `embed` for the zero padding, strided `slice`,
+`concatenate`, `reshape`, `matmul`), so every transform (grad, grad of
+grad, jvp, vmap), both targets and the linearity check of grad blocks
+apply with no rule of their own.  Every misuse is a `GradError` at
+`span` naming `name`; a symbolic spatial, channel or kernel size raises
+`NeedsConcrete`.  The batch size may stay symbolic: the batch symbol of a
+Dask split, whose rows the lowering then keeps apart (a batched product by
+the weight) rather than folding them into one 2-d product.
+
+The lowering is im2col, channels last so that no copy is needed to lay
+the patches out as rows: x is transposed to (N, *spatial, C) and zero
+padded; each of the prod(kernel) kernel offsets is one strided slice,
+(N, *out, C); the slices are stacked to (N, *out, prod(kernel), C) and
+seen as rows (N * prod(out), prod(kernel) * C), multiplied by the weight
+laid out as (prod(kernel) * C, O): one 2-d product (one BLAS call on the
+CPU).  The backward pass is two products too (the rows' gradient
+`g @ w^T` and the weight's `rows^T @ g`), and the rows' gradient goes
+back to x as one zero-embedding per offset, summed (col2im).
+"""
+from __future__ import annotations
+
+import itertools
+
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.ir import FLOATS, Atom
+from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
+from gradlang.runtime.errors import GradError, Span
+
+
+def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...],
+                padding: tuple[int, ...], span: Span) -> Atom:
+    d = len(stride)
+    xs, ws = x.type.shape, w.type.shape
+    x_axes, w_axes = ("L", "K") if d == 1 else ("H, W", "KH, KW")
+    if x.type.rank != d + 2:
+        raise GradError(f"{name}() takes an input of rank {d + 2} (N, C, {x_axes}), got "
+                        f"shape {list(xs)}", span)
+    if w.type.rank != d + 2:
+        raise GradError(f"{name}() takes a weight of rank {d + 2} (O, C, {w_axes}), got "
+                        f"shape {list(ws)}", span)
+    if x.type.dtype not in FLOATS:
+        raise GradError(f"{name}() needs float arrays (f32 or f64), got {x.type.dtype}; "
+                        f"convert with float32() or float64()", span)
+    if any(isinstance(s, Sym) for s in xs[1:] + ws):
+        raise NeedsConcrete(f"{name}() of symbolic spatial, channel or kernel sizes")
+    n, channels, spatial = xs[0], xs[1], xs[2:]
+    outs, kernel = ws[0], ws[2:]
+    if channels != ws[1]:
+        raise GradError(f"{name}() input of shape {list(xs)} has {channels} channels but "
+                        f"the weight of shape {list(ws)} takes {ws[1]}", span)
+    padded = tuple(s + 2 * p for s, p in zip(spatial, padding))
+    if any(k > s for k, s in zip(kernel, padded)):
+        raise GradError(f"{name}() kernel {list(kernel)} is larger than the padded input "
+                        f"{list(padded)} (input {list(spatial)}, padding {list(padding)})",
+                        span)
+    out = tuple((s - k) // st + 1 for s, k, st in zip(padded, kernel, stride))
+    channels_last = (0,) + tuple(range(2, d + 2)) + (1,)  # (N, C, *s) -> (N, *s, C)
+    xl = b.bind("transpose", x, perm=channels_last, span=span)
+    if any(padding):
+        xl = b.bind("embed", xl, shape=(n,) + padded + (channels,),
+                    starts=(0,) + padding + (0,),
+                    stops=(n,) + tuple(p + s for p, s in zip(padding, spatial)) + (channels,),
+                    steps=(1,) * (d + 2), span=span)
+    patches = []
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        starts = (0,) + offset + (0,)
+        stops = (n,) + tuple(o + st * (m - 1) + 1 for o, st, m in zip(offset, stride, out)) \
+            + (channels,)
+        steps = (1,) + stride + (1,)
+        patch = xl
+        if (starts, stops, steps) != ((0,) * (d + 2), xl.type.shape, (1,) * (d + 2)):
+            patch = b.bind("slice", xl, starts=starts, stops=stops, steps=steps, span=span)
+        patches.append(b.bind("reshape", patch, shape=(n,) + out + (1, channels), span=span))
+    stacked = patches[0] if len(patches) == 1 else \
+        b.bind("concatenate", *patches, axis=d + 1, span=span)
+    taps = prod(kernel) * channels
+    # the weight as (*kernel, C) rows per output channel, then transposed
+    wl = b.bind("transpose", w, perm=channels_last, span=span)
+    wl = b.bind("transpose", b.bind("reshape", wl, shape=(outs, taps), span=span),
+                perm=(1, 0), span=span)
+    if isinstance(n, Sym):  # the batch of a Dask split: keep its rows apart
+        rows = b.bind("reshape", stacked, shape=(n, prod(out), taps), span=span)
+        wl = b.bind("reshape", wl, shape=(1, taps, outs), span=span)
+    else:
+        rows = b.bind("reshape", stacked, shape=(n * prod(out), taps), span=span)
+    product = b.bind("matmul", rows, wl, span=span)
+    result = b.bind("reshape", product, shape=(n,) + out + (outs,), span=span)
+    return b.bind("transpose", result, perm=(0, d + 1) + tuple(range(1, d + 1)), span=span)
