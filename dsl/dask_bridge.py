@@ -33,7 +33,7 @@ from gradlang.compiler.batching import BATCH, split_rows, with_sizes
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
+from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime.args import NUMPY, SUPPORTED, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.pullback import OutType, host_cotangent
@@ -277,14 +277,11 @@ class _Plan:
     def __init__(self, f: Compiled, bound: dict, batch: frozenset, n: int):
         shapes = {name: (BATCH,) + bound[name].shape[1:] for name in batch}
         try:
-            try:
-                fn = f.lower_as(bound, shapes)
-            except NeedsValue as need:
-                if need.name in batch:
-                    raise ArgumentError(f"argument {need.name!r} of {called(f.name)} gives a "
-                                        "size, so it cannot be a Dask array", f.span) from None
-                f.by_value(need, bound)
-                fn = f.lower_as(bound, shapes)
+            def refuse(name: str) -> None:
+                if name in batch:
+                    raise ArgumentError(f"argument {name!r} of {called(f.name)} gives a "
+                                        "size, so it cannot be a Dask array", f.span)
+            fn = f.retrying_by_value(bound, lambda: f.lower_as(bound, shapes), refuse)
         except NeedsConcrete as err:
             raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, and the number of rows "
                                 "of a batch is not fixed; call it on in-memory arrays",

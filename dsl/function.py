@@ -384,17 +384,22 @@ class Compiled:
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
-    def retrying_by_value(self, bound: dict[str, np.ndarray], run: Callable[[], Any]) -> Any:
+    def retrying_by_value(self, bound: dict[str, np.ndarray], run: Callable[[], Any],
+                          refuse: Optional[Callable[[str], None]] = None) -> Any:
         """run(), and again after `by_value` each time a program needs the
         value of another integer argument (`arange(a, b)`, a stride per
         axis: one at a time); run must place the arguments anew: those
-        then stay on the host."""
+        then stay on the host.  `refuse(name)`, first, raises where that
+        argument's value cannot be known (a bridge's tensor or tracer, a
+        Dask array)."""
         while True:
             try:
                 return run()
             except NeedsValue as need:
                 if need.name in self._by_value:  # compiled for it, yet asked again
                     raise
+                if refuse is not None:
+                    refuse(need.name)
                 self.by_value(need, bound)
 
     def by_value(self, need: NeedsValue, bound: dict[str, np.ndarray]) -> None:

@@ -69,7 +69,6 @@ from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_
                           stacked_vjp_function)
 from dsl.jax_ffi import Plan, ffi_target
 from gradlang.compiler.pipeline import Program
-from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.args import SUPPORTED
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -185,13 +184,10 @@ class Call:
                  keep: Optional[tuple[int, ...]]):
         import jax
         self.f, self.bound, self.names = f, bound, names
-        try:
-            outs = result_types(f, bound)
-        except NeedsValue as need:
-            if need.name in names:
-                _by_value_error(f, need.name)
-            f.by_value(need, bound)
-            outs = result_types(f, bound)
+        def refuse(name: str) -> None:  # a JAX array's value is unknown while traced
+            if name in names:
+                _by_value_error(f, name)
+        outs = f.retrying_by_value(bound, lambda: result_types(f, bound), refuse)
         self.all_outs = outs
         self.keep = tuple(range(len(outs))) if keep is None else keep
         # Without jax_enable_x64 JAX holds no 64-bit array: a result the program

@@ -52,7 +52,7 @@ from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, backward_function, backward_pass_function,
                           forward_pass_function, program_result_types,
                           symbolic_result_types)
-from gradlang.compiler.shapes import NeedsValue, Sym, evaluate
+from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import ArgumentError, called
 
 _CALLS: dict[str, "OpCall"] = {}  # key -> the call it names (kept: traced graphs hold keys)
@@ -173,15 +173,12 @@ class OpCall:
         return [(tuple(evaluate(d, sizes) for d in shape), dtype) for shape, dtype in outs]
 
     def _retrying(self, run, bound: dict[str, Any]):
-        """run(), and again once f compiles for the value of an integer
-        argument used as a size (an error if that is a tensor)."""
-        try:
-            return run()
-        except NeedsValue as need:  # an integer argument used as a size
-            if need.name in self.names:
-                _by_value_error(self.f, need.name)
-            self.f.by_value(need, bound)
-            return run()
+        """run(), and again each time f compiles for the value of an
+        integer argument used as a size (an error if that is a tensor)."""
+        def refuse(name: str) -> None:
+            if name in self.names:
+                _by_value_error(self.f, name)
+        return self.f.retrying_by_value(bound, run, refuse)
 
     def run(self, tensors: Sequence[Any]) -> list:
         """The results of f's kernels on the tensors' memory."""

@@ -174,3 +174,16 @@ def test_dask_blocks_take_one_hot_and_arange_but_refuse_numbering_the_rows():
     with pytest.raises(dsl.GradError, match=r"<string>:4:20: error: `arange` numbers the rows "
                                             r"of the batch"):
         m.g(xs)
+
+
+def test_the_bridges_compile_for_each_integer_giving_a_size_in_turn():
+    # JAX's traced calls and Dask's split retried once: the second argument's
+    # NeedsValue escaped (each bridge on a fresh function, which knows neither)
+    jax, da = pytest.importorskip("jax"), pytest.importorskip("dask.array")
+    source = "def g(x, a: i64, b: i64):\n    return x * sum(arange(a, b))\n"
+    x = np.arange(4.0)
+    g = dsl.to_jax(dsl.loads(source).g)
+    got = jax.jit(lambda x: g(x, 2, 5))(jax.numpy.asarray(x))
+    np.testing.assert_array_equal(np.asarray(got), 9.0 * x)
+    got = dsl.loads(source).g(da.from_array(x, chunks=2), 2, 5)
+    np.testing.assert_array_equal(np.asarray(got), 9.0 * x)
