@@ -175,6 +175,13 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
         exercise(products.f, (rng.normal(size=(2, 3, 4)).astype(dtype),
                               rng.normal(size=(2, 3, 4)).astype(dtype)))
 
+    # a convolution: padding, strided slices, the im2col product and its gradient
+    conv = dsl.loads("def f(x, w):\n    return sum(conv2d(x, w, stride=2, padding=1))\n",
+                     target="cuda", host_results=True)
+    for dtype in (np.float64, np.float32):
+        exercise(conv.f, (rng.normal(size=(2, 3, 5, 5)).astype(dtype),
+                          rng.normal(size=(4, 3, 3, 3)).astype(dtype)))
+
     recorded = tmp_path / "launches.pkl"
     recorded.write_bytes(pickle.dumps((list(launches["launches"]), launches["sources"])))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
