@@ -10,9 +10,10 @@ turns an integer array into f64; so does a `WeakVar` (`arange`'s result).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Union
 
-from gradlang.compiler.builder import Builder
+from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import Sym
 from gradlang.runtime.errors import GradError, Span
@@ -136,4 +137,23 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
         dtype = "i64"
     if float_result and dtype not in FLOATS:
         dtype = "f64"
-    return [as_atom(b, v, at, dtype) for v, at in zip(values, spans or [span] * len(values))]
+    spans = spans or [span] * len(values)
+    for v, at in zip(values, spans):
+        if isinstance(v, WeakVar) and v.type.dtype != dtype:
+            _check_range_fits(b, v, dtype, at)
+    return [as_atom(b, v, at, dtype) for v, at in zip(values, spans)]
+
+
+def _check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -> None:
+    """An `arange` taking the dtype of the arrays it meets must hold its
+    values in it, as a literal must: `arange(2**40, 2**40 + 3) + k` for i32
+    k is an error at the constant, not a wraparound.  (Only an `arange`
+    itself is checked: arithmetic on one has no compile-time values.)"""
+    eqn = next((e for e in reversed(b.eqns) if any(o is v for o in e.outputs)), None)
+    if eqn is None or eqn.op != "iota" or isinstance(eqn.p["stop"], Sym):
+        return
+    start, stop, step = eqn.p["start"], eqn.p["stop"], eqn.p["step"]
+    count = max(0, math.ceil((stop - start) / step)) if eqn.p["dtype"] in FLOATS \
+        else len(range(start, stop, step))
+    for value in ((start, start + (count - 1) * step) if count else ()):
+        coerce(value, dtype, span)

@@ -68,6 +68,29 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
         m.q(np.zeros(3))
 
 
+def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
+    m = dsl.loads("def f(x, t):\n"
+                  "    if t > 0:\n"
+                  "        s = arange(x.shape[0])\n"
+                  "        c = 2.5\n"
+                  "    else:\n"
+                  "        s = x\n"
+                  "        c = t\n"
+                  "    return s, c\n"
+                  "def big(k: i32[n]):\n"
+                  "    return arange(2147483646, 2147483649) + k\n")
+    # a branch's arange takes the other's dtype, as a number does; a float
+    # number against an i32 makes both f64 (as where does), not 2
+    for t, expected in ((np.int32(1), ([0, 1, 2], 2.5)), (np.int32(-1), ([5, 6, 7], -1.0))):
+        s, c = m.f(np.array([5, 6, 7], dtype=np.float32), t)
+        assert s.dtype == np.float32 and c.dtype == np.float64
+        np.testing.assert_array_equal(s, expected[0])
+        assert c == expected[1]
+    with pytest.raises(dsl.GradError, match=r"<string>:10:12: error: the constant 2147483648 "
+                                            r"does not fit in i32"):
+        m.big(np.zeros(3, dtype=np.int32))
+
+
 def _xent_reference(p, labels):
     return -np.sum(np.eye(p.shape[1])[labels] * np.log(p))
 
