@@ -67,6 +67,10 @@ def test_logaddexp_is_numpys_and_its_gradient_is_finite_where_both_are_infinite(
     sig = 1 / (1 + np.exp(-1.0))
     np.testing.assert_allclose(da, [0.5, sig, 0.5, 0.5, 1, np.nan, 0, 0.5], rtol=1e-15)
     np.testing.assert_allclose(db, [0.5, 1 - sig, 0.5, 0.5, 0, np.nan, 1, 0.5], rtol=1e-15)
+    # second order at ties: sigmoid'(0) = 1/4 (not 0, as if a - b were held fixed there)
+    ties = np.array([0.0, 1.0, -3.0])
+    np.testing.assert_allclose(dsl.hessian(STD.logaddexp, wrt=0)(ties, ties),
+                               np.diag([0.25] * 3), rtol=1e-15)
 
 
 def test_norm_neither_overflows_nor_underflows_and_its_gradient_at_zero_is_zero():
