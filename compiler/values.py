@@ -60,8 +60,14 @@ def _weak_dtype(value: Static) -> str:
 
 def literal_dtype(value: Static, dtype: str) -> str:
     """The dtype a compile-time number takes where it meets an array of
-    `dtype`: that dtype, except that a float turns an integer one into f64."""
-    return "f64" if isinstance(value, float) and dtype not in FLOATS else dtype
+    `dtype`: that dtype, except that a float turns an integer one into f64
+    and an integer a bool one into i64 (NumPy 2's rule: `mask == 2` compares
+    integers, where 2 as a bool would be True)."""
+    if isinstance(value, float) and dtype not in FLOATS:
+        return "f64"
+    if dtype == "bool" and not isinstance(value, bool):
+        return "i64"
+    return dtype
 
 
 def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = None) -> Atom:
