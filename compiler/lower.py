@@ -415,6 +415,11 @@ class Lowerer:
         first, chain = ast.left_chain(e)
         value = self.expr(b, first, env)
         for operation in chain:
+            if isinstance(operation, ast.BoolOp) and isinstance(value, bool) \
+                    and value == (operation.op == "or"):
+                # decided at compile time: the right side is not lowered, as
+                # Python does not evaluate it (`x.ndim == 2 and x.shape[1] == 3`)
+                continue
             right = self.expr(b, operation.right, env)
             value = getattr(self, "apply_" + type(operation).__name__)(b, operation, value, right)
         return value
