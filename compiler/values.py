@@ -146,15 +146,16 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
     spans = spans or [span] * len(values)
     for v, at in zip(values, spans):
         if isinstance(v, WeakVar) and v.type.dtype != dtype:
-            _check_range_fits(b, v, dtype, at)
+            check_range_fits(b, v, dtype, at)
     return [as_atom(b, v, at, dtype) for v, at in zip(values, spans)]
 
 
-def _check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -> None:
-    """An `arange` taking the dtype of the arrays it meets must hold its
-    values in it, as a literal must: `arange(2**40, 2**40 + 3) + k` for i32
-    k is an error at the constant, not a wraparound.  (Only an `arange`
-    itself is checked: arithmetic on one has no compile-time values.)"""
+def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -> None:
+    """An `arange` taking the dtype of the arrays it meets (or of a return
+    annotation) must hold its values in it, as a literal must:
+    `arange(2**40, 2**40 + 3) + k` for i32 k is an error at the constant,
+    not a wraparound.  (Only an `arange` itself is checked: arithmetic on
+    one has no compile-time values.)"""
     eqn = next((e for e in reversed(b.eqns) if any(o is v for o in e.outputs)), None)
     if eqn is None or eqn.op != "iota" or isinstance(eqn.p["stop"], Sym):
         return

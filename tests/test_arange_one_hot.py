@@ -79,6 +79,8 @@ def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
                   "    return s, c\n"
                   "def big(k: i32[n]):\n"
                   "    return arange(2147483646, 2147483649) + k\n"
+                  "def big_result(k) -> i32[3]:\n"
+                  "    return arange(2147483646, 2147483649)\n"
                   "def masks(x):\n"
                   "    m = x > 0\n"
                   "    return m == arange(x.shape[0]), concatenate([m, arange(2)]), where(m, 2, m)\n")
@@ -92,6 +94,8 @@ def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
     with pytest.raises(dsl.GradError, match=r"<string>:10:12: error: the constant 2147483648 "
                                             r"does not fit in i32"):
         m.big(np.zeros(3, dtype=np.int32))
+    with pytest.raises(dsl.GradError, match=r"<string>:11:22: error: the constant 2147483648"):
+        m.big_result(0)
     # an integer (number or arange) meeting bools is an integer, as in NumPy
     # 2, not a bool: 2 == True is False, and 2 stays 2
     x = np.array([1.0, -1.0, 1.0, 1.0])
