@@ -33,7 +33,7 @@ from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
-                                      promote, unify, weak_number)
+                                      promote, unify, weak_number, weak_result)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -264,14 +264,13 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
 def _select(b: Builder, cond: Atom, x: Value, y: Value, name: str, stmt: ast.If) -> Value:
     if x is y or (is_static(x) and is_static(y) and type(x) is type(y) and x == y):
         return x
-    if is_static(x) and is_static(y):
+    weak = weak_result([x, y])
+    if weak_number(x) is not None or weak_number(y) is not None:
+        # a number (or a weakly typed `arange`) takes the other side's dtype
+        # as a literal does, as `where` selects: 2.5 against an i32 is f64
         x, y = unify(b, [x, y], stmt.span, arithmetic=False)
-    elif is_static(x):
-        x = as_atom(b, x, stmt.span, y.type.dtype)
-    elif is_static(y):
-        y = as_atom(b, y, stmt.span, x.type.dtype)
     if x.type != y.type:
         raise GradError(f"{name!r} is {x.type} after the if branch but {y.type} after the "
                         "else branch; both branches must bind it with the same type",
                         stmt.span)
-    return b.bind("where", cond, x, y, span=stmt.span, hint=name)
+    return b.bind("where", cond, x, y, span=stmt.span, hint=name, weak=weak)

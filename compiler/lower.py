@@ -33,8 +33,9 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.parser import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
-from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast, is_static,
-                                      sequence_kind, unify, weak_number, weak_result)
+from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
+                                      check_range_fits, is_static, sequence_kind, unify,
+                                      weak_number, weak_result)
 from gradlang.runtime.args import check_dims
 from gradlang.runtime.errors import GradError, Span
 
@@ -170,6 +171,7 @@ class Lowerer:
             # (weakly typed, as a number: `-> f32` on arange(n) * 0.5 is f32)
             fit_constant(weak_number(outs[0]), ann.dtype, f"the weakly typed "
                          f"{outs[0].type.dtype} result of {fdef.name}()", ann.span)
+            check_range_fits(b, outs[0], ann.dtype, ann.span)
             return [cast(b, outs[0], ann.dtype)]
         if ann is None or not is_static(outs[0]) or isinstance(outs[0], tuple):
             return outs  # (a tuple is refused by check_results)
@@ -415,6 +417,11 @@ class Lowerer:
         first, chain = ast.left_chain(e)
         value = self.expr(b, first, env)
         for operation in chain:
+            if isinstance(operation, ast.BoolOp) and isinstance(value, bool) \
+                    and value == (operation.op == "or"):
+                # decided at compile time: the right side is not lowered, as
+                # Python does not evaluate it (`x.ndim == 2 and x.shape[1] == 3`)
+                continue
             right = self.expr(b, operation.right, env)
             value = getattr(self, "apply_" + type(operation).__name__)(b, operation, value, right)
         return value

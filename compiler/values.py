@@ -10,9 +10,10 @@ turns an integer array into f64; so does a `WeakVar` (`arange`'s result).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Union
 
-from gradlang.compiler.builder import Builder
+from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import Sym
 from gradlang.runtime.errors import GradError, Span
@@ -59,8 +60,14 @@ def _weak_dtype(value: Static) -> str:
 
 def literal_dtype(value: Static, dtype: str) -> str:
     """The dtype a compile-time number takes where it meets an array of
-    `dtype`: that dtype, except that a float turns an integer one into f64."""
-    return "f64" if isinstance(value, float) and dtype not in FLOATS else dtype
+    `dtype`: that dtype, except that a float turns an integer one into f64
+    and an integer a bool one into i64 (NumPy 2's rule: `mask == 2` compares
+    integers, where 2 as a bool would be True)."""
+    if isinstance(value, float) and dtype not in FLOATS:
+        return "f64"
+    if dtype == "bool" and not isinstance(value, bool):
+        return "i64"
+    return dtype
 
 
 def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = None) -> Atom:
@@ -136,4 +143,24 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
         dtype = "i64"
     if float_result and dtype not in FLOATS:
         dtype = "f64"
-    return [as_atom(b, v, at, dtype) for v, at in zip(values, spans or [span] * len(values))]
+    spans = spans or [span] * len(values)
+    for v, at in zip(values, spans):
+        if isinstance(v, WeakVar) and v.type.dtype != dtype:
+            check_range_fits(b, v, dtype, at)
+    return [as_atom(b, v, at, dtype) for v, at in zip(values, spans)]
+
+
+def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -> None:
+    """An `arange` taking the dtype of the arrays it meets (or of a return
+    annotation) must hold its values in it, as a literal must:
+    `arange(2**40, 2**40 + 3) + k` for i32 k is an error at the constant,
+    not a wraparound.  (Only an `arange` itself is checked: arithmetic on
+    one has no compile-time values.)"""
+    eqn = next((e for e in reversed(b.eqns) if any(o is v for o in e.outputs)), None)
+    if eqn is None or eqn.op != "iota" or isinstance(eqn.p["stop"], Sym):
+        return
+    start, stop, step = eqn.p["start"], eqn.p["stop"], eqn.p["step"]
+    count = max(0, math.ceil((stop - start) / step)) if eqn.p["dtype"] in FLOATS \
+        else len(range(start, stop, step))
+    for value in ((start, start + (count - 1) * step) if count else ()):
+        coerce(value, dtype, span)

@@ -73,6 +73,43 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
         m.q(np.zeros(3))
 
 
+def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
+    m = dsl.loads("def f(x, t):\n"
+                  "    if t > 0:\n"
+                  "        s = arange(x.shape[0])\n"
+                  "        c = 2.5\n"
+                  "    else:\n"
+                  "        s = x\n"
+                  "        c = t\n"
+                  "    return s, c\n"
+                  "def big(k: i32[n]):\n"
+                  "    return arange(2147483646, 2147483649) + k\n"
+                  "def big_result(k) -> i32[3]:\n"
+                  "    return arange(2147483646, 2147483649)\n"
+                  "def masks(x):\n"
+                  "    m = x > 0\n"
+                  "    return m == arange(x.shape[0]), concatenate([m, arange(2)]), where(m, 2, m)\n")
+    # a branch's arange takes the other's dtype, as a number does; a float
+    # number against an i32 makes both f64 (as where does), not 2
+    for t, expected in ((np.int32(1), ([0, 1, 2], 2.5)), (np.int32(-1), ([5, 6, 7], -1.0))):
+        s, c = m.f(np.array([5, 6, 7], dtype=np.float32), t)
+        assert s.dtype == np.float32 and c.dtype == np.float64
+        np.testing.assert_array_equal(s, expected[0])
+        assert c == expected[1]
+    with pytest.raises(dsl.GradError, match=r"<string>:10:12: error: the constant 2147483648 "
+                                            r"does not fit in i32"):
+        m.big(np.zeros(3, dtype=np.int32))
+    with pytest.raises(dsl.GradError, match=r"<string>:11:22: error: the constant 2147483648"):
+        m.big_result(0)
+    # an integer (number or arange) meeting bools is an integer, as in NumPy
+    # 2, not a bool: 2 == True is False, and 2 stays 2
+    x = np.array([1.0, -1.0, 1.0, 1.0])
+    for got, expected in zip(m.masks(x), ((x > 0) == np.arange(4),
+                             np.concatenate([x > 0, np.arange(2)]), np.where(x > 0, 2, x > 0))):
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
 def _xent_reference(p, labels):
     return -np.sum(np.eye(p.shape[1])[labels] * np.log(p))
 

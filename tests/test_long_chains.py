@@ -91,6 +91,16 @@ def test_a_chain_of_and_or_of_comparisons_selects_as_numpy(op, reduce):
     np.testing.assert_allclose(tangent, np.where(chosen, 3.0, 1.0))
 
 
+def test_and_or_decided_at_compile_time_do_not_lower_their_right_side():
+    # as in Python: x.shape[1] of a vector would be an error, and is not read
+    source = ("def f(x):\n    s = x\n    if x.ndim == 2 and x.shape[1] == 3:\n        s = x * 2\n"
+              "    if x.ndim == 1 or x.shape[1] == 3:\n        s = s + 1\n"
+              "    return where(x.ndim == 1 or x.shape[5] > 0, s, x)\n")
+    x = np.array([0.5, -2.0])
+    (value,) = interpret(pipeline.optimize(lowered(source, x)), x)
+    np.testing.assert_array_equal(value, x + 1)
+
+
 def test_a_long_chain_runs_through_the_public_api():
     # the chain is compile-time arithmetic (folded): a small kernel to compile
     m = dsl.loads("def f(x):\n    return x * (" + " + ".join(["1"] * N) + ")\n")

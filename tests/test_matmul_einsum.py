@@ -206,6 +206,9 @@ def test_cuda_simulator_batched_products():
         result = np.asarray(cuda.mm(x, y))
         assert result.dtype == dtype
         np.testing.assert_allclose(result, a @ b, atol=tol)
+    # an empty batch: nothing to copy (the simulator refused the copy)
+    empty = cuda.mm(*normal((0, 3, 4), (4, 2)))
+    assert np.asarray(empty).shape == (0, 3, 2)
     # (the op table's tests check the batched row's VJP on CUDA: test_ops.py)
     q, k = normal((1, 2, 2, 3), (1, 2, 3, 3))
     np.testing.assert_allclose(np.asarray(cuda.e11(q, k)),

@@ -67,6 +67,10 @@ def test_logaddexp_is_numpys_and_its_gradient_is_finite_where_both_are_infinite(
     sig = 1 / (1 + np.exp(-1.0))
     np.testing.assert_allclose(da, [0.5, sig, 0.5, 0.5, 1, np.nan, 0, 0.5], rtol=1e-15)
     np.testing.assert_allclose(db, [0.5, 1 - sig, 0.5, 0.5, 0, np.nan, 1, 0.5], rtol=1e-15)
+    # second order at ties: sigmoid'(0) = 1/4 (not 0, as if a - b were held fixed there)
+    ties = np.array([0.0, 1.0, -3.0])
+    np.testing.assert_allclose(dsl.hessian(STD.logaddexp, wrt=0)(ties, ties),
+                               np.diag([0.25] * 3), rtol=1e-15)
 
 
 def test_norm_neither_overflows_nor_underflows_and_its_gradient_at_zero_is_zero():
@@ -87,3 +91,17 @@ def test_sigmoid_cross_entropy_is_finite_for_every_logit():
     dl, dt = dsl.grad(STD.sigmoid_cross_entropy, wrt=(0, 1))(logits, labels)
     np.testing.assert_allclose(dl, [-1.0, 0.0, p, 1.0], rtol=1e-15)
     np.testing.assert_allclose(dt, -logits, rtol=1e-15)
+
+
+def test_a_number_or_one_hot_beside_f32_arrays_keeps_the_two_argument_functions_f32():
+    m = dsl.loads("from std import logaddexp, sigmoid_cross_entropy\n"
+                  "def f(x, labels):\n"
+                  "    return logaddexp(x, 0.5) + sigmoid_cross_entropy(x, one_hot(labels, 3))\n")
+    x, labels = np.array([[-2.0, 0.0, 3.0]]), np.array([1])
+    y = np.array([[0.0, 1.0, 0.0]])
+    value, grad = dsl.value_and_grad(m.f)(x.astype(np.float32), labels)
+    assert value.dtype == grad.dtype == np.float32  # as for a literal: not f64
+    expected = np.logaddexp(x, 0.5) + np.maximum(x, 0) - x * y + np.log1p(np.exp(-abs(x)))
+    np.testing.assert_allclose(value, expected, rtol=1e-6)
+    np.testing.assert_allclose(grad, 1 / (1 + np.exp(0.5 - x)) + 1 / (1 + np.exp(-x)) - y,
+                               rtol=1e-6)
