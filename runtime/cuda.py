@@ -67,6 +67,39 @@ from gradlang.runtime.errors import ArgumentError  # noqa: E402
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+
+def _shared_arrays_allocated_once() -> None:
+    """The simulator's `cuda.shared.array` makes a block's array at the
+    first thread's call with no lock (numba-cuda 0.30: a lookup, then a
+    store): a thread that looked up before the first stored got an array
+    of its own, so a block's threads staged matmul tiles and reduction
+    trees in different memory and a result was wrong now and then (a
+    batched matmul's gradient off by 6.6 in one full test run).  The same
+    allocation, keyed by the caller's file and line as the simulator keys
+    it, under a lock."""
+    import threading
+    from numba.core import types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+    allocate, lock = FakeCUDAShared.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory; refused
+            return allocate(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            if key not in self._allocations:
+                if isinstance(dtype, types.Type):
+                    dtype = numpy_support.as_dtype(dtype)
+                self._allocations[key] = np.empty(shape, dtype)
+            return self._allocations[key]
+    FakeCUDAShared.array = array
+
+
+if SIMULATOR:
+    _shared_arrays_allocated_once()
 # The simulator runs each thread as a Python thread: keep blocks small there.
 THREADS = 8 if SIMULATOR else 256
 MAX_BLOCKS = 2 if SIMULATOR else 2048

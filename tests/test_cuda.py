@@ -225,3 +225,39 @@ def test_cuda_kernels_divide_floats_through_cuda_math_and_cpu_kernels_do_not():
         kernels = f.program(f.on_target(f.bind((x, x), {}))).generated.kernel_source
         assert ("math.floor_quotient(" in kernels) is through
         assert ("math.floor_remainder(" in kernels) is through
+
+
+@pytest.mark.skipif(not rcuda.SIMULATOR, reason="the simulator's shared arrays only")
+def test_a_blocks_threads_share_one_shared_array_on_the_simulator(monkeypatch):
+    # The simulator allocated a block's shared array at the first call with no
+    # lock: a thread switch between its lookup and its store gave threads
+    # arrays of their own (a matmul's tiles, a reduction's tree: wrong values
+    # now and then).  A lookup that sleeps makes that switch certain.
+    import time
+    from numba.cuda.simulator import kernelapi
+
+    class SlowFirstLookup(dict):
+        def __contains__(self, key):
+            found = super().__contains__(key)
+            if not found:
+                time.sleep(0.002)
+            return found
+
+        def get(self, key, default=None):  # (the simulator's own lookup)
+            value = super().get(key, default)
+            if value is None:
+                time.sleep(0.002)
+            return value
+
+    made = kernelapi.FakeCUDAShared.__init__
+
+    def slow(self, *args):
+        made(self, *args)
+        self._allocations = SlowFirstLookup()
+    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", slow)
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 9, 9)), rng.normal(size=(2, 9, 9))
+    np.testing.assert_allclose(rcuda.to_host(rcuda.matmul(a, b)), a @ b, rtol=1e-13)
+    x = rng.normal(size=(2, 40))  # rows long enough for the shared-memory tree
+    np.testing.assert_allclose(rcuda.to_host(rcuda.reduce_sum(x, (1,))), x.sum(axis=1),
+                               rtol=1e-13)
