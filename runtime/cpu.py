@@ -44,16 +44,6 @@ from gradlang.runtime.loader import jit_in_kernel_cache
 from gradlang.runtime.parallelism import parallel_allowed  # drivers call R.parallel_allowed
 from gradlang.runtime.target import Target, is_device_array, largest, smallest
 
-# Numba's OpenMP workers spin for a while after each parallel kernel (GNU
-# libgomp: 300,000 rounds), and with few cores they then hold the cores that
-# NumPy's BLAS threads need: the dense benchmark's matmuls ran at two-thirds
-# speed after its kernel.  A short spin still catches the next kernel of a
-# driver; passive waiting (no spin) made 1e5-element kernels 40% slower.
-# libgomp reads this when Numba first loads it, at the first parallel
-# kernel; a user's own setting (or wait policy) wins.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-
 # Below this many elements a reduction, or a loop of arithmetic, runs on one
 # thread: waking the thread pool costs more than it saves below a few tens
 # of thousands.
