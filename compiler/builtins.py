@@ -261,12 +261,17 @@ def _matmul_builtin(L, b, args, kwargs, span):
     return L.matmul(b, args[0], args[1], span)
 
 
-def _einsum(L, b, args, kwargs, span):
-    operands = args[1:]
+def _arrays(name: str, operands: Sequence[Value], b: Builder, span) -> list[Atom]:
+    """The operands of `name()`, arrays of one dtype (a list or tuple
+    literal is an error)."""
     if any(isinstance(v, tuple) for v in operands):
-        raise GradError("einsum() takes arrays, not sequences: build one with stack([...])",
+        raise GradError(f"{name}() takes arrays, not sequences: build one with stack([...])",
                         span)
-    return products.einsum(b, args[0], unify(b, operands, span), span)
+    return unify(b, operands, span)
+
+
+def _einsum(L, b, args, kwargs, span):
+    return products.einsum(b, args[0], _arrays("einsum", args[1:], b, span), span)
 
 
 def _conv(d: int):
@@ -290,10 +295,7 @@ def _conv(d: int):
         return numbers
 
     def lower(L, b, args, kwargs, span):
-        if any(isinstance(v, tuple) for v in args[:2]):
-            raise GradError(f"{name}() takes arrays, not sequences: build one with "
-                            f"stack([...])", span)
-        x, w = unify(b, args[:2], span)
+        x, w = _arrays(name, args[:2], b, span)
         stride = per_axis(L, _kw(args, kwargs, 2, "stride", 1), "stride", 1, span)
         padding = per_axis(L, _kw(args, kwargs, 3, "padding", 0), "padding", 0, span)
         return convolution.convolution(b, name, x, w, stride, padding, span)

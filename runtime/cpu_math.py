@@ -1256,19 +1256,18 @@ def select(condition, a, b):
     return a if condition else b
 
 
-def _select_type(condition, a, b):
+def _select_type(typingctx, condition, a, b):
     if not isinstance(condition, types.Boolean):
         return None
     if a == b:
         return a
-    unified = _select_type.typingctx.unify_types(a, b)
+    unified = typingctx.unify_types(a, b)
     return unified if isinstance(unified, (types.Number, types.Boolean)) else None
 
 
 @type_callable(select)
 def _type_select(typingctx):
-    _select_type.typingctx = typingctx  # one typing context per process
-    return _select_type
+    return lambda condition, a, b: _select_type(typingctx, condition, a, b)
 
 
 @lower_builtin(select, types.Any, types.Any, types.Any)
