@@ -31,10 +31,13 @@ gradient through the loop, a loss summed over steps, a moving average of
 means over the rows), are partials: each block's loop starts them from
 zero, and what the values they start from make alone is added once,
 after the blocks' sums are combined; a value it carries that is the same
-in every block is computed by a loop of its own, usable anywhere.  A value reduced
+in every block is computed by a loop of its own, usable anywhere.  A reshape may
+merge each row's leading axes into the batch's (`(batch, seq, d)` to
+`(batch * seq, d)`, as `x @ w` does for a batch of sequences): a block's
+rows stay together, and its values are then rows of the block's.  A value reduced
 over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
 that moves data between rows (a slice of the batch axis, a reshape
-merging it, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
+moving it off axis 0, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
 indices p, also in a loop's body; a cumulative sum along it), a loop that
 reads a value known only once the blocks are combined or runs a number of
 trips computed from the rows, a result a loop computes otherwise from sums over the rows
@@ -134,15 +137,26 @@ def _batch_axes(v: Var) -> list[int]:
             if isinstance(d, Sym) and BATCH.factors[0] in d.factors]
 
 
+def _rows(d) -> bool:
+    """Whether a size is the batch's rows or a whole number of elements
+    each: the batch size times sizes the blocks share (a reshape merging
+    each row's leading axis into the batch's, `(batch, seq, d)` to
+    `(batch * seq, d)`, keeps a block's rows together and in order).  A
+    size is a product (`Sym`): one that adds to the rows (a concatenation
+    along them) is not known without the batch's length."""
+    return isinstance(d, Sym) and d.factors.count(BATCH.factors[0]) == 1
+
+
 def _layout(v: Var) -> Optional[str]:
-    """ROWS or COLS if v is laid out as one, None if it has no batch axis,
-    "moved" if its batch axis is anything else (merged, repeated, sliced)."""
+    """ROWS or COLS if v is laid out as one (its rows maybe groups of the
+    batch's, `_rows`), None if it has no batch axis, "moved" if its batch
+    axis is anything else (merged with another axis, repeated, sliced)."""
     axes, shape = _batch_axes(v), v.type.shape
     if not axes:
         return None
-    if axes == [0] and shape[0] == BATCH:
+    if axes == [0] and _rows(shape[0]):
         return ROWS
-    if axes == [1] and len(shape) == 2 and shape[1] == BATCH:
+    if axes == [1] and len(shape) == 2 and _rows(shape[1]):
         return COLS
     return "moved"
 

@@ -386,7 +386,11 @@ class Lowerer:
     def expr(self, b: Builder, e: ast.Expr, env: dict[str, Value]) -> Value:
         self.grow(1, e.span)
         method = getattr(self, "expr_" + type(e).__name__)
-        return method(b, e, env)
+        try:
+            return method(b, e, env)
+        except NeedsConcrete as err:  # where, for a caller that cannot lower again
+            err.span = getattr(err, "span", None) or e.span
+            raise
 
     def expr_Name(self, b, e: ast.Name, env):
         if e.id in env:

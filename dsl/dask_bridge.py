@@ -33,7 +33,7 @@ from gradlang.compiler.batching import BATCH, split_rows, with_sizes
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.pullback import OutType, host_cotangent
@@ -136,7 +136,8 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     other's whole to every block."""
     bound = DaskBound(f, args, kwargs)
     outs = run_on_dask(f, bound)
-    by_rows = _layout(f, bound)[3].split.row_outputs
+    batch_rows, _, _, plan = _layout(f, bound)
+    by_rows, n = plan.split.row_outputs, sum(batch_rows)
 
     def pullback(*cts):
         backward = backward_function(f, len(outs))
@@ -146,6 +147,12 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
         with_cts = bound.copy()
         for k, (name, ct, out, rows) in enumerate(zip(backward.ct_names, cts, outs, by_rows)):
             where = f"cotangent {k} of the pullback of {called(f.name)}"
+            if rows and out.shape[0] != n:  # (its cotangent's blocks would not be the batch's)
+                raise ArgumentError(f"{where}: output {k} has {out.shape[0]} rows, the batch's "
+                                    f"{n} merged with the axis after them (a reshape); on "
+                                    "Dask arrays a pullback takes cotangents of outputs whose "
+                                    "axis 0 is the batch's: reshape the output back",
+                                    f.span)
             with_cts.add(name, _cotangent(where, ct, out, rows), whole=not rows)
         grads = iter(run_on_dask(backward, with_cts))
         floats = set(f.differentiable_names(bound.values))
@@ -231,7 +238,7 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
     nonempty = [i for i, r in enumerate(rows) if r] or [0]
     blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
         every, *(x.blocks[i] for x in batch.values())) for i in nonempty]
-    row_results = [da.concatenate([da.from_delayed(b[k], (rows[i],) + shape[1:], dtype)
+    row_results = [da.concatenate([da.from_delayed(b[k], _block_shape(shape, rows[i]), dtype)
                                    for b, i in zip(blocks, nonempty)])
                    for k, (shape, dtype) in enumerate(plan.row_types)]
     other_results = []
@@ -243,6 +250,12 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
                          for k, (shape, dtype) in enumerate(plan.other_types)]
     row_iter, other_iter = iter(row_results), iter(other_results)
     return [next(row_iter) if r else next(other_iter) for r in plan.split.row_outputs]
+
+
+def _block_shape(shape: tuple, rows: int) -> tuple:
+    """A row-wise result's shape in a block of `rows` rows (its axis 0 may
+    hold a whole number of its elements per row: `compiler.batching`)."""
+    return (evaluate(shape[0], {BATCH.factors[0]: rows}),) + shape[1:]
 
 
 def _elementwise(runner: _Runner, names: tuple, fixed: dict, arrays: dict,
@@ -283,9 +296,10 @@ class _Plan:
                                         "size, so it cannot be a Dask array", f.span)
             fn = f.retrying_by_value(bound, lambda: f.lower_as(bound, shapes), refuse)
         except NeedsConcrete as err:
+            at = getattr(err, "span", None)
             raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, and the number of rows "
                                 "of a batch is not fixed; call it on in-memory arrays",
-                                f.span) from None
+                                at if at and at.file == f.span.file else f.span) from None
         except GradError as err:
             raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
                             f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "

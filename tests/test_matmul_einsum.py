@@ -73,6 +73,12 @@ grad(g):
 def projected_loss(x, w):
     return sum(sin(projected(x, w)))
 
+def merged(x):
+    return reshape(x, (x.shape[0] * x.shape[1], x.shape[2])) * 2.0
+
+def doubled(x):
+    return concatenate([x, x], axis=0)
+
 def fixed(a, b):
     return a @ reshape(b, (4, 5))
 ''' + _einsum_functions()
@@ -215,19 +221,38 @@ def test_cuda_simulator_batched_products():
                                np.einsum("bhqd,bhkd->bhqk", q, k), atol=1e-12)
 
 
-def test_dask_blocks_along_the_batch_axis_and_a_folded_product_is_refused_at_the_op():
+def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
     dask = optional_module("dask", "dask")
     da = optional_module("dask.array", "dask")
     a, b = normal((12, 2, 3, 4), (12, 1, 4, 2))
     blocks = [da.from_array(x, chunks=(4,) + x.shape[1:]) for x in (a, b)]
+    # a sequence times a weight (the rows folded into one 2-d product's,
+    # blocks of uneven size), and a result whose rows merge the batch's
+    x, w = a[:, 0], RNG.normal(size=(4, 2))
+    rows = da.from_array(x, chunks=(5, 3, 4))
     with dask.config.set(scheduler="sync"):
         value, grads = dask.compute(*dsl.value_and_grad(M.loss, wrt=(0, 1))(*blocks))
+        layer, layer_grads = dask.compute(*dsl.value_and_grad(M.loss, wrt=(0, 1))(rows, w))
+        merged = M.merged(rows)
+        np.testing.assert_array_equal(merged.compute(), x.reshape(36, 4) * 2.0)
+        assert merged.chunks[0] == (15, 15, 6)
+        np.testing.assert_array_equal(M.mm(rows, w).compute(), x @ w)
     expected_value, expected = dsl.value_and_grad(M.loss, wrt=(0, 1))(a, b)
     np.testing.assert_allclose(value, expected_value, rtol=1e-12)
     for got, want in zip(grads, expected):
         np.testing.assert_allclose(got, want, atol=1e-12)
-    with pytest.raises(dsl.GradError, match=r"products.grad:3:12: error: .* does not decompose"):
-        M.mm(da.from_array(a[:, 0], chunks=(4, 3, 4)), RNG.normal(size=(4, 2)))
+    np.testing.assert_allclose(layer, np_loss(x, w), rtol=1e-12)
+    np.testing.assert_allclose(layer_grads[0], np.cos(x @ w) @ w.T, atol=1e-12)
+    np.testing.assert_allclose(layer_grads[1], np.einsum("bij,bik->jk", x, np.cos(x @ w)),
+                               atol=1e-12)
+    # a pullback takes cotangents of outputs whose rows are the batch's
+    _, pullback = dsl.vjp(M.merged, rows)
+    with pytest.raises(dsl.ArgumentError, match="output 0 has 36 rows, the batch's 12 merged"):
+        pullback(np.ones((36, 4)))
+    # a size the batch's plus others (rows concatenated) is not known, at the op
+    with pytest.raises(dsl.ArgumentError, match=r"products.grad:\d+:12: error: .* the number "
+                                                r"of rows of a batch is not fixed"):
+        M.doubled(rows)
 
 
 def call_error(source: str, *shapes) -> str:
