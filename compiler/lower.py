@@ -389,7 +389,7 @@ class Lowerer:
         try:
             return method(b, e, env)
         except NeedsConcrete as err:  # where, for a caller that cannot lower again
-            err.span = getattr(err, "span", None) or e.span
+            err.span = err.span or e.span
             raise
 
     def expr_Name(self, b, e: ast.Name, env):

@@ -18,7 +18,15 @@ from typing import Iterable, Union
 
 
 class NeedsConcrete(Exception):
-    """A program used a symbolic size in a way that needs its value."""
+    """A program used a symbolic size in a way that needs its value;
+    `span`: the innermost expression whose lowering raised it, or None."""
+
+    span = None
+
+    def at(self, fallback):
+        """Where to report it: its expression, if in fallback's file (whose
+        source the error shows), else fallback (a function's span)."""
+        return self.span if self.span and self.span.file == fallback.file else fallback
 
 
 class NeedsValue(Exception):

@@ -295,7 +295,7 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
     except NeedsConcrete as err:
         raise SignatureError(f"{f.name}() cannot be compiled for any size: {err}; give "
                              f"concrete sizes in --sig, e.g. {_with_sizes(f.name, args)}",
-                             f.span) from None
+                             err.at(f.span)) from None
     except GradError as err:
         consts = [s.name for s, (dtype, _) in zip(f.specs, args)
                   if s.const and dtype in ("i32", "i64", "bool")]

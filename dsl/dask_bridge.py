@@ -296,10 +296,9 @@ class _Plan:
                                         "size, so it cannot be a Dask array", f.span)
             fn = f.retrying_by_value(bound, lambda: f.lower_as(bound, shapes), refuse)
         except NeedsConcrete as err:
-            at = getattr(err, "span", None)
             raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, and the number of rows "
                                 "of a batch is not fixed; call it on in-memory arrays",
-                                at if at and at.file == f.span.file else f.span) from None
+                                err.at(f.span)) from None
         except GradError as err:
             raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
                             f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "
