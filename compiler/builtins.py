@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.compiler import convolution, ops, products
 from gradlang.compiler.builder import Builder, coerce
-from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
+from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
                                       weak_result)
@@ -187,7 +187,8 @@ def _reshape(L, b, args, kwargs, span):
             raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
         shape[shape.index(-1)] = x.type.size // known
     shape = tuple(shape)
-    return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span)
+    return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span,
+                                                  weak=isinstance(x, WeakVar))
 
 
 def _broadcast_to(L, b, args, kwargs, span):
@@ -195,7 +196,8 @@ def _broadcast_to(L, b, args, kwargs, span):
     shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
     if any(d < 0 for d in shape):
         raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
-    return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span)
+    return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span,
+                                                  weak=isinstance(x, WeakVar))
 
 
 def _transpose(L, b, args, kwargs, span):
@@ -215,7 +217,7 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     axis = _kw(args, kwargs, 1, "axis", 0)
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise GradError("axis must be a compile-time integer", span)
-    items = unify(b, list(seq), span, arithmetic=False)
+    items, weak = unify(b, list(seq), span, arithmetic=False), weak_result(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
         raise GradError(f"axis {axis} is out of range for rank {rank}", span)
@@ -226,10 +228,10 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
             raise GradError(f"stack() needs arrays of one shape, got "
                             f"{[list(s) for s in shapes]}", span)
         items = [b.bind("reshape", a, shape=a.type.shape[:axis] + (1,) + a.type.shape[axis:],
-                        span=span) for a in items]
+                        span=span, weak=weak) for a in items]
     if len(items) == 1:
         return items[0]
-    return b.bind("concatenate", *items, axis=axis, span=span)
+    return b.bind("concatenate", *items, axis=axis, span=span, weak=weak)
 
 
 def _fill_like(value_pos: Optional[int], value=None):

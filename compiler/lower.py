@@ -648,7 +648,7 @@ class Lowerer:
             a % rank if -rank <= a < rank else a for a in axes)
         if perm == tuple(range(rank)):
             return v
-        return b.bind("transpose", v, perm=perm, span=span)
+        return b.bind("transpose", v, perm=perm, span=span, weak=isinstance(v, WeakVar))
 
     def reduced_axes(self, x: Atom, axis, span) -> tuple[int, ...]:
         rank = x.type.rank

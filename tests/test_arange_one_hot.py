@@ -22,6 +22,13 @@ def weak(x):
         s = s + x
     return exp(arange(n) * -0.5) * x, (1 - arange(n)[::-1]) * x, float32(arange(n)), s
 
+# layout ops keep a weak type, as indexing does
+def laid_out(x, labels):
+    n = x.shape[0]
+    return one_hot(labels, n).T @ x, reshape(arange(n) * 0.5, (2, -1)).T @ x[:2], \
+        broadcast_to(arange(n), (2, n)) * x, concatenate([arange(n) * 0.5, arange(2)]) * x[0], \
+        stack([arange(n), arange(n) * 2.0]) * x
+
 def xent(p, labels: i64[n]):
     return -sum(one_hot(labels, p.shape[1]) * log(p))
 
@@ -63,6 +70,14 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
     np.testing.assert_allclose(scaled, np.exp(np.arange(4) * -0.5) * x, rtol=1e-6)
     np.testing.assert_array_equal(flipped, (1 - np.arange(4)[::-1]) * x)
     np.testing.assert_array_equal(converted, np.arange(4))
+    labels = np.array([3, 0, 0, 1])
+    laid_out = M.laid_out(x, labels)
+    expected = (np.eye(4)[labels].T @ x, (np.arange(4) * 0.5).reshape(2, 2).T @ x[:2],
+                np.broadcast_to(np.arange(4) * x, (2, 4)), [0, 0.5, 1.0, 1.5, 0, 1], np.stack([np.arange(4.0)] * 2) *
+                [[1], [2]] * x)
+    for got, want in zip(laid_out, expected):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
     m = dsl.loads("def f(x: i32[n]):\n    return arange(x.shape[0]) + x\n"
                   "def r(x) -> f32[n]:\n    return arange(x.shape[0]) * 0.5\n"
                   "def q(x) -> i64[n]:\n    return arange(x.shape[0]) * 0.5\n")
