@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from gradlang.compiler import convolution, ops, products
+from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
@@ -276,32 +276,52 @@ def _einsum(L, b, args, kwargs, span):
     return products.einsum(b, args[0], _arrays("einsum", args[1:], b, span), span)
 
 
+def _per_axis(L, name: str, d: int, v, what: str, least: int, span) -> tuple[int, ...]:
+    """A convolution's or pooling's option: compile-time integers, one for
+    every one of the d spatial axes or one per axis (a tuple)."""
+    items = v if isinstance(v, tuple) else (v,) * d
+    if len(items) != d:
+        raise GradError(f"{name}() {what} takes one integer or {d} (one per spatial "
+                        f"axis), got {len(items)}", span)
+    numbers = tuple(compile_time_number(L, item, f"{name}() {what}", span) for item in items)
+    if any(isinstance(k, Sym) for k in numbers):
+        raise NeedsConcrete(f"a size used as the {what} of {name}()")
+    if any(k < least for k in numbers):
+        raise GradError(f"{name}() {what} must be {'positive' if least else 'non-negative'}"
+                        f", got {list(numbers) if isinstance(v, tuple) else v}", span)
+    return numbers
+
+
 def _conv(d: int):
     """`conv1d`/`conv2d(x, w, stride=1, padding=0)`: PyTorch's, lowered by
-    `convolution.convolution`; stride and padding are compile-time
-    integers, one for every spatial axis or one per axis (a tuple)."""
+    `convolution.convolution`."""
     name = f"conv{d}d"
-
-    def per_axis(L, v, what: str, least: int, span) -> tuple[int, ...]:
-        items = v if isinstance(v, tuple) else (v,) * d
-        if len(items) != d:
-            raise GradError(f"{name}() {what} takes one integer or {d} (one per spatial "
-                            f"axis), got {len(items)}", span)
-        numbers = tuple(compile_time_number(L, item, f"{name}() {what}", span)
-                        for item in items)
-        if any(isinstance(k, Sym) for k in numbers):
-            raise NeedsConcrete(f"a size used as the {what} of {name}()")
-        if any(k < least for k in numbers):
-            raise GradError(f"{name}() {what} must be {'positive' if least else 'non-negative'}"
-                            f", got {list(numbers) if isinstance(v, tuple) else v}", span)
-        return numbers
 
     def lower(L, b, args, kwargs, span):
         x, w = _arrays(name, args[:2], b, span)
-        stride = per_axis(L, _kw(args, kwargs, 2, "stride", 1), "stride", 1, span)
-        padding = per_axis(L, _kw(args, kwargs, 3, "padding", 0), "padding", 0, span)
+        stride = _per_axis(L, name, d, _kw(args, kwargs, 2, "stride", 1), "stride", 1, span)
+        padding = _per_axis(L, name, d, _kw(args, kwargs, 3, "padding", 0), "padding", 0, span)
         return convolution.convolution(b, name, x, w, stride, padding, span)
     return _builtin(2, lower, ("stride", "padding"))
+
+
+def _pool(kind: str, d: int):
+    """`max_pool1d`/`max_pool2d`/`avg_pool1d`/`avg_pool2d(x, kernel_size,
+    stride=kernel_size, padding=0)`: PyTorch's, lowered by
+    `pooling.pooling`."""
+    name = f"{kind}_pool{d}d"
+
+    def lower(L, b, args, kwargs, span):
+        if isinstance(args[0], tuple):
+            raise GradError(f"{name}() takes an array, not a sequence", span)
+        x = as_atom(b, args[0], span)
+        kernel = _per_axis(L, name, d, _kw(args, kwargs, 1, "kernel_size"), "kernel_size", 1,
+                           span)
+        stride = _kw(args, kwargs, 2, "stride")
+        stride = kernel if stride is None else _per_axis(L, name, d, stride, "stride", 1, span)
+        padding = _per_axis(L, name, d, _kw(args, kwargs, 3, "padding", 0), "padding", 0, span)
+        return pooling.pooling(b, name, x, kernel, stride, padding, span)
+    return _builtin(1, lower, ("kernel_size", "stride", "padding"), required=2)
 
 
 # ------------------------------------------------ gathers and scatter-adds
@@ -515,6 +535,7 @@ _SUGAR: dict[str, Builtin] = {
     "einsum": _builtin(2, _einsum, variadic=True),
     "conv1d": _conv(1),
     "conv2d": _conv(2),
+    **{f"{kind}_pool{d}d": _pool(kind, d) for kind in ("max", "avg") for d in (1, 2)},
     "transpose": _builtin(1, _transpose, ("axes",)),
     "reshape": _builtin(1, _reshape, ("shape",), required=2),
     "broadcast_to": _builtin(1, _broadcast_to, ("shape",), required=2),

@@ -13,9 +13,8 @@ primitives (`transpose`, `embed` for the zero padding, strided `slice`,
 grad, jvp, vmap), both targets and the linearity check of grad blocks
 apply with no rule of their own.  Every misuse is a `GradError` at
 `span` naming `name`; a symbolic spatial, channel or kernel size raises
-`NeedsConcrete`.  The batch size may stay symbolic: the batch symbol of a
-Dask split, whose rows the lowering then keeps apart (a batched product by
-the weight) rather than folding them into one 2-d product.
+`NeedsConcrete`.  The batch size may stay symbolic (the batch symbol of a
+Dask split, whose rows the 2-d product's rows group).
 
 The lowering is im2col, channels last so that no copy is needed to lay
 the patches out as rows: x is transposed to (N, *spatial, C) and zero
@@ -35,6 +34,40 @@ from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import FLOATS, Atom
 from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
 from gradlang.runtime.errors import GradError, Span
+
+
+def windows(b: Builder, x: Atom, first: int, kernel: tuple[int, ...],
+            stride: tuple[int, ...], out: tuple[int, ...], span: Span) -> list[Atom]:
+    """The windows of x along its axes first, first + 1, ...: for each
+    kernel offset (row-major), the strided slice of `out` elements from the
+    offset by `stride` along each of those axes, every other axis whole."""
+    shape, rank = x.type.shape, x.type.rank
+    axes = range(first, first + len(kernel))
+    patches = []
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        starts, stops, steps = [0] * rank, list(shape), [1] * rank
+        for axis, o, st, m in zip(axes, offset, stride, out):
+            starts[axis], stops[axis], steps[axis] = o, o + st * (m - 1) + 1, st
+        if (starts, stops, steps) == ([0] * rank, list(shape), [1] * rank):
+            patches.append(x)
+        else:
+            patches.append(b.bind("slice", x, starts=tuple(starts), stops=tuple(stops),
+                                  steps=tuple(steps), span=span))
+    return patches
+
+
+def padded(b: Builder, x: Atom, first: int, padding: tuple[int, ...], span: Span) -> Atom:
+    """x embedded in zeros, `padding` more on both sides of its axes first,
+    first + 1, ... (x itself without padding)."""
+    if not any(padding):
+        return x
+    shape = list(x.type.shape)
+    starts, stops = [0] * len(shape), list(shape)
+    for axis, p in zip(range(first, first + len(padding)), padding):
+        starts[axis], stops[axis] = p, p + shape[axis]
+        shape[axis] += 2 * p
+    return b.bind("embed", x, shape=tuple(shape), starts=tuple(starts), stops=tuple(stops),
+                  steps=(1,) * len(shape), span=span)
 
 
 def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...],
@@ -58,29 +91,16 @@ def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...]
     if channels != ws[1]:
         raise GradError(f"{name}() input of shape {list(xs)} has {channels} channels but "
                         f"the weight of shape {list(ws)} takes {ws[1]}", span)
-    padded = tuple(s + 2 * p for s, p in zip(spatial, padding))
-    if any(k > s for k, s in zip(kernel, padded)):
+    widths = tuple(s + 2 * p for s, p in zip(spatial, padding))
+    if any(k > s for k, s in zip(kernel, widths)):
         raise GradError(f"{name}() kernel {list(kernel)} is larger than the padded input "
-                        f"{list(padded)} (input {list(spatial)}, padding {list(padding)})",
+                        f"{list(widths)} (input {list(spatial)}, padding {list(padding)})",
                         span)
-    out = tuple((s - k) // st + 1 for s, k, st in zip(padded, kernel, stride))
+    out = tuple((s - k) // st + 1 for s, k, st in zip(widths, kernel, stride))
     channels_last = (0,) + tuple(range(2, d + 2)) + (1,)  # (N, C, *s) -> (N, *s, C)
-    xl = b.bind("transpose", x, perm=channels_last, span=span)
-    if any(padding):
-        xl = b.bind("embed", xl, shape=(n,) + padded + (channels,),
-                    starts=(0,) + padding + (0,),
-                    stops=(n,) + tuple(p + s for p, s in zip(padding, spatial)) + (channels,),
-                    steps=(1,) * (d + 2), span=span)
-    patches = []
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        starts = (0,) + offset + (0,)
-        stops = (n,) + tuple(o + st * (m - 1) + 1 for o, st, m in zip(offset, stride, out)) \
-            + (channels,)
-        steps = (1,) + stride + (1,)
-        patch = xl
-        if (starts, stops, steps) != ((0,) * (d + 2), xl.type.shape, (1,) * (d + 2)):
-            patch = b.bind("slice", xl, starts=starts, stops=stops, steps=steps, span=span)
-        patches.append(b.bind("reshape", patch, shape=(n,) + out + (1, channels), span=span))
+    xl = padded(b, b.bind("transpose", x, perm=channels_last, span=span), 1, padding, span)
+    patches = [b.bind("reshape", patch, shape=(n,) + out + (1, channels), span=span)
+               for patch in windows(b, xl, 1, kernel, stride, out, span)]
     stacked = patches[0] if len(patches) == 1 else \
         b.bind("concatenate", *patches, axis=d + 1, span=span)
     taps = prod(kernel) * channels
@@ -88,11 +108,7 @@ def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...]
     wl = b.bind("transpose", w, perm=channels_last, span=span)
     wl = b.bind("transpose", b.bind("reshape", wl, shape=(outs, taps), span=span),
                 perm=(1, 0), span=span)
-    if isinstance(n, Sym):  # the batch of a Dask split: keep its rows apart
-        rows = b.bind("reshape", stacked, shape=(n, prod(out), taps), span=span)
-        wl = b.bind("reshape", wl, shape=(1, taps, outs), span=span)
-    else:
-        rows = b.bind("reshape", stacked, shape=(n * prod(out), taps), span=span)
+    rows = b.bind("reshape", stacked, shape=(n * prod(out), taps), span=span)
     product = b.bind("matmul", rows, wl, span=span)
     result = b.bind("reshape", product, shape=(n,) + out + (outs,), span=span)
     return b.bind("transpose", result, perm=(0, d + 1) + tuple(range(1, d + 1)), span=span)

@@ -182,6 +182,12 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
         exercise(conv.f, (rng.normal(size=(2, 3, 5, 5)).astype(dtype),
                           rng.normal(size=(4, 3, 3, 3)).astype(dtype)))
 
+    # pooling: tiled windows reduced, padded windows' -inf mask, stacked maxima
+    pool = dsl.loads("def f(x):\n    return sum(max_pool2d(x, 2)) + sum(avg_pool2d(x, 3, 2, 1))"
+                     " + sum(max_pool2d(x, 3, 2, 1))\n", target="cuda", host_results=True)
+    for dtype in (np.float64, np.float32):
+        exercise(pool.f, (rng.normal(size=(2, 3, 5, 5)).astype(dtype),))
+
     recorded = tmp_path / "launches.pkl"
     recorded.write_bytes(pickle.dumps((list(launches["launches"]), launches["sources"])))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}

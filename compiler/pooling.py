@@ -1,0 +1,102 @@
+"""Pooling (`max_pool1d`/`max_pool2d`, `avg_pool1d`/`avg_pool2d`), lowered
+to primitives.
+
+Contract: `pooling(b, name, x, kernel, stride, padding, span)` is PyTorch's
+`torch.nn.functional.{max,avg}_pool{d}d(x, kernel, stride, padding)` with
+its defaults otherwise (no dilation, floor mode; an average counts the
+padding, `count_include_pad=True`): x is (N, C, *spatial) with d spatial
+axes, a float array, and the result is (N, C, *out), out_i = (spatial_i +
+2 padding_i - kernel_i) // stride_i + 1.  `kernel`, `stride` and
+`padding` are tuples of d Python ints (the builtin's lowering reads
+them); a padding is at most half its kernel, as PyTorch requires.  A
+maximum pads with -inf (a window of padding alone cannot occur), an
+average with zeros.  Every misuse is a `GradError` at `span` naming
+`name`; a symbolic spatial size raises `NeedsConcrete` (the batch and
+channels may be symbolic).
+
+Only primitives are built, so every transform applies with no rule of its
+own; the gradient of a maximum is `reduce_max`'s, shared equally among the
+elements of a window that attain it (as `max` does everywhere in the
+language; PyTorch and JAX give it all to one of them).  Windows that tile
+the input (stride equal to the kernel, no padding) are a reshape of it,
+cropped to whole windows, reduced over the window axes: one pass.
+Others are the kernel's offsets as strided slices (`convolution.windows`):
+an average sums them (elementwise, one fused pass), a maximum stacks them
+along a last axis and reduces it.
+"""
+from __future__ import annotations
+
+import math
+
+from gradlang.compiler.builder import Builder
+from gradlang.compiler.convolution import padded, windows
+from gradlang.compiler.ir import FLOATS, Atom
+from gradlang.compiler.ops import full
+from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.runtime.errors import GradError, Span
+
+
+def pooling(b: Builder, name: str, x: Atom, kernel: tuple[int, ...], stride: tuple[int, ...],
+            padding: tuple[int, ...], span: Span) -> Atom:
+    d, shape = len(kernel), x.type.shape
+    if x.type.rank != d + 2:
+        axes = "L" if d == 1 else "H, W"
+        raise GradError(f"{name}() takes an input of rank {d + 2} (N, C, {axes}), got shape "
+                        f"{list(shape)}", span)
+    if x.type.dtype not in FLOATS:
+        raise GradError(f"{name}() needs a float array (f32 or f64), got {x.type.dtype}; "
+                        "convert with float32() or float64()", span)
+    spatial = shape[2:]
+    if any(isinstance(s, Sym) for s in spatial):
+        raise NeedsConcrete(f"{name}() of symbolic spatial sizes")
+    if any(2 * p > k for p, k in zip(padding, kernel)):
+        raise GradError(f"{name}() padding {list(padding)} is more than half the kernel "
+                        f"{list(kernel)}", span)
+    widths = tuple(s + 2 * p for s, p in zip(spatial, padding))
+    if any(k > w for k, w in zip(kernel, widths)):
+        raise GradError(f"{name}() kernel {list(kernel)} is larger than the padded input "
+                        f"{list(widths)} (input {list(spatial)}, padding {list(padding)})", span)
+    out = tuple((w - k) // st + 1 for w, k, st in zip(widths, kernel, stride))
+    maximum = name.startswith("max")
+    if stride == kernel and not any(padding):
+        return _tiled(b, x, kernel, out, maximum, span)
+    if maximum and any(padding):
+        # -inf where padding: a mask of ones embedded in zeros picks x's part
+        ones = full(b, 1, shape, x.type.dtype, span)
+        inside = b.bind("gt", padded(b, ones, 2, padding, span), b.lit(0, x.type.dtype),
+                        span=span)
+        source = b.bind("where", inside, padded(b, x, 2, padding, span),
+                        b.lit(-math.inf, x.type.dtype), span=span)
+    else:
+        source = padded(b, x, 2, padding, span)
+    patches = windows(b, source, 2, kernel, stride, out, span)
+    if not maximum:
+        total = patches[0]
+        for patch in patches[1:]:
+            total = b.bind("add", total, patch, span=span)
+        return b.bind("div", total, b.lit(math.prod(kernel), x.type.dtype), span=span)
+    if len(patches) == 1:
+        return patches[0]
+    window_shape = patches[0].type.shape
+    stacked = b.bind("concatenate", *(b.bind("reshape", p, shape=window_shape + (1,), span=span)
+                                      for p in patches), axis=d + 2, span=span)
+    return b.bind("reduce_max", stacked, axes=(d + 2,), span=span)
+
+
+def _tiled(b: Builder, x: Atom, kernel: tuple[int, ...], out: tuple[int, ...],
+           maximum: bool, span: Span) -> Atom:
+    """Pooling over windows that tile x (stride = kernel, no padding): x
+    cropped to whole windows, seen as (N, C, out_1, k_1, out_2, k_2, ...),
+    reduced over the k axes."""
+    shape, d = x.type.shape, len(kernel)
+    whole = tuple(o * k for o, k in zip(out, kernel))
+    if whole != shape[2:]:
+        x = b.bind("slice", x, starts=(0,) * (d + 2), stops=shape[:2] + whole,
+                   steps=(1,) * (d + 2), span=span)
+    split = shape[:2] + tuple(size for o, k in zip(out, kernel) for size in (o, k))
+    tiles = b.bind("reshape", x, shape=split, span=span)
+    axes = tuple(3 + 2 * i for i in range(d))
+    if maximum:
+        return b.bind("reduce_max", tiles, axes=axes, span=span)
+    total = b.bind("reduce_sum", tiles, axes=axes, span=span)
+    return b.bind("div", total, b.lit(math.prod(kernel), x.type.dtype), span=span)
