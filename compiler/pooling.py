@@ -17,12 +17,12 @@ channels may be symbolic).
 Only primitives are built, so every transform applies with no rule of its
 own; the gradient of a maximum is `reduce_max`'s, shared equally among the
 elements of a window that attain it (as `max` does everywhere in the
-language; PyTorch and JAX give it all to one of them).  Windows that tile
-the input (stride equal to the kernel, no padding) are a reshape of it,
-cropped to whole windows, reduced over the window axes: one pass.
-Others are the kernel's offsets as strided slices (`convolution.windows`):
-an average sums them (elementwise, one fused pass), a maximum stacks them
-along a last axis and reduces it.
+language; PyTorch and JAX give it all to one of them).  The windows are
+the kernel's offsets as strided slices (`convolution.windows`): an
+average sums them (elementwise, one fused pass), a maximum stacks them
+along a last axis and reduces it.  (Windows that tile the input, seen as
+a reshape to (N, C, Ho, KH, Wo, KW) reduced over the kernel axes, took
+ten times as long: a reduction over interleaved axes is NumPy's.)
 """
 from __future__ import annotations
 
@@ -58,8 +58,6 @@ def pooling(b: Builder, name: str, x: Atom, kernel: tuple[int, ...], stride: tup
                         f"{list(widths)} (input {list(spatial)}, padding {list(padding)})", span)
     out = tuple((w - k) // st + 1 for w, k, st in zip(widths, kernel, stride))
     maximum = name.startswith("max")
-    if stride == kernel and not any(padding):
-        return _tiled(b, x, kernel, out, maximum, span)
     if maximum and any(padding):
         # -inf where padding: a mask of ones embedded in zeros picks x's part
         ones = full(b, 1, shape, x.type.dtype, span)
@@ -81,22 +79,3 @@ def pooling(b: Builder, name: str, x: Atom, kernel: tuple[int, ...], stride: tup
     stacked = b.bind("concatenate", *(b.bind("reshape", p, shape=window_shape + (1,), span=span)
                                       for p in patches), axis=d + 2, span=span)
     return b.bind("reduce_max", stacked, axes=(d + 2,), span=span)
-
-
-def _tiled(b: Builder, x: Atom, kernel: tuple[int, ...], out: tuple[int, ...],
-           maximum: bool, span: Span) -> Atom:
-    """Pooling over windows that tile x (stride = kernel, no padding): x
-    cropped to whole windows, seen as (N, C, out_1, k_1, out_2, k_2, ...),
-    reduced over the k axes."""
-    shape, d = x.type.shape, len(kernel)
-    whole = tuple(o * k for o, k in zip(out, kernel))
-    if whole != shape[2:]:
-        x = b.bind("slice", x, starts=(0,) * (d + 2), stops=shape[:2] + whole,
-                   steps=(1,) * (d + 2), span=span)
-    split = shape[:2] + tuple(size for o, k in zip(out, kernel) for size in (o, k))
-    tiles = b.bind("reshape", x, shape=split, span=span)
-    axes = tuple(3 + 2 * i for i in range(d))
-    if maximum:
-        return b.bind("reduce_max", tiles, axes=axes, span=span)
-    total = b.bind("reduce_sum", tiles, axes=axes, span=span)
-    return b.bind("div", total, b.lit(math.prod(kernel), x.type.dtype), span=span)
