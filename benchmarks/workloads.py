@@ -59,6 +59,7 @@ EXAMPLES = ROOT / "examples"
 DENSE = Path(__file__).resolve().parent / "dense_f32.grad"
 ATTENTION = Path(__file__).resolve().parent / "attention.grad"
 CONV = Path(__file__).resolve().parent / "conv.grad"
+POOL = Path(__file__).resolve().parent / "pool.grad"
 ALPHA = 0.2  # stylegan_r1.grad's leaky ReLU slope
 TOLERANCE = {np.dtype(np.float64): dict(rtol=1e-9, atol=1e-12),
              np.dtype(np.float32): dict(rtol=2e-4, atol=1e-5)}
@@ -656,6 +657,73 @@ def conv_cases(n: int, c: int, size: int, o: int, k: int, seed: int = 0) -> list
     return [Case(f"float32 {n}x{c}x{size}x{size}, {o} kernels {k}x{k}, padding 1", impls,
                  (np.asarray(value),) + grads, dict(rtol=2e-3, atol=2e-3),
                  paired=("dsl", "numpy"))]
+
+
+# ------------------------------------------------------------ pooling
+
+
+def numpy_pool_loss(x, kernel: int, stride: int, padding: int):
+    """sum(softplus(max_pool2d(x, kernel, stride, padding))) and its gradient
+    by hand: the windows as strided views of the image padded with -inf,
+    stacked; each window's gradient shared among the elements that attain
+    its maximum (as the dsl does)."""
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * padding, w + 2 * padding), -np.inf, x.dtype)
+    xp[:, :, padding:padding + h, padding:padding + w] = x
+    ho, wo = (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
+    offsets = [(i, j) for i in range(kernel) for j in range(kernel)]
+    windows = np.stack([xp[:, :, i:i + stride * (ho - 1) + 1:stride,
+                           j:j + stride * (wo - 1) + 1:stride] for i, j in offsets], axis=-1)
+    top = windows.max(axis=-1)
+    value = np.sum(np.logaddexp(np.float32(0), top))
+    hit = windows == top[..., None]
+    share = (1 / (1 + np.exp(-top)) / hit.sum(axis=-1))[..., None] * hit
+    dxp = np.zeros_like(xp)
+    for k, (i, j) in enumerate(offsets):
+        dxp[:, :, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride] += \
+            share[..., k]
+    return value, dxp[:, :, padding:padding + h, padding:padding + w]
+
+
+@lru_cache(maxsize=None)
+def jax_pool(kernel: int, stride: int, padding: int):
+    jax, jnp = jax_modules()
+
+    def loss(x):
+        top = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, kernel, kernel),
+                                    (1, 1, stride, stride),
+                                    ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+        return jnp.sum(jax.nn.softplus(top))
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def torch_pool(x, kernel: int, stride: int, padding: int):
+    torch = torch_module()
+    image = torch.from_numpy(x).requires_grad_(True)
+    top = torch.nn.functional.max_pool2d(image, kernel, stride, padding)
+    value = torch.nn.functional.softplus(top).sum()
+    return value.detach().numpy(), torch.autograd.grad(value, image)[0].numpy()
+
+
+def pool_cases(n: int, c: int, size: int, seed: int = 0) -> list[Case]:
+    """A 2x2 max pool and a 3x3 one at stride 2 with padding 1 (a ResNet
+    stem's), value + gradient (benchmarks/pool.grad)."""
+    x = np.random.default_rng(seed).normal(size=(n, c, size, size)).astype(np.float32)
+    m = dsl.load(POOL)
+    cases = []
+    for name, (kernel, stride, padding) in (("tiled", (2, 2, 0)), ("stem", (3, 2, 1))):
+        value_and_grad = dsl.value_and_grad(getattr(m, name))
+        impls = {"numpy": lambda k=(kernel, stride, padding): numpy_pool_loss(x, *k),
+                 "dsl": lambda f=value_and_grad: f(x)}
+        if jax_modules():
+            impls["jax"] = jax_call(jax_pool(kernel, stride, padding), x)
+        if torch_module():
+            impls["torch"] = lambda k=(kernel, stride, padding): torch_pool(x, *k)
+        value, grad = numpy_pool_loss(x, kernel, stride, padding)
+        cases.append(Case(f"max_pool2d {kernel}x{kernel}, stride {stride}, padding {padding}, "
+                          f"float32 {n}x{c}x{size}x{size}", impls, (np.asarray(value), grad),
+                          dict(rtol=1e-4, atol=1e-4), paired=("dsl", "numpy")))
+    return cases
 
 
 # ------------------------------------------------------------ fused sum

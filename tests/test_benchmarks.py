@@ -22,6 +22,7 @@ WORKLOADS = {
     "dense": lambda: workloads.dense_cases(6, 4, 3),
     "attention": lambda: workloads.attention_cases(2, 2, 5, 3),
     "conv": lambda: workloads.conv_cases(2, 3, 5, 4, 3),
+    "pool": lambda: workloads.pool_cases(2, 3, 7),
     "fused_sum": lambda: workloads.fused_sum_cases([11]),
     "sincos_pow": lambda: workloads.sincos_pow_cases([9], [np.float32, np.float64]),
     "out": lambda: workloads.out_cases([7], [np.float32, np.float64]),
