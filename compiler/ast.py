@@ -115,9 +115,17 @@ class NewAxis:
 
 
 @dataclass(frozen=True)
+class EveryOtherAxis:
+    """`...` among an index's items (`x[..., 0]`): a full slice of each
+    axis the other items do not index, as NumPy's `Ellipsis`."""
+
+    span: Span
+
+
+@dataclass(frozen=True)
 class Index:
     value: "Expr"
-    items: tuple["Expr | Slice | NewAxis", ...]
+    items: tuple["Expr | Slice | NewAxis | EveryOtherAxis", ...]
     span: Span
 
 

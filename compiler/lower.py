@@ -488,7 +488,8 @@ class Lowerer:
     def expr_Index(self, b, e: ast.Index, env):
         v = self.expr(b, e.value, env)
         if isinstance(v, tuple):
-            if len(e.items) != 1 or isinstance(e.items[0], (ast.Slice, ast.NewAxis)):
+            if len(e.items) != 1 or isinstance(e.items[0], (ast.Slice, ast.NewAxis,
+                                                            ast.EveryOtherAxis)):
                 raise GradError(f"a {sequence_kind(v)} takes one integer index", e.span)
             k = self.static_int(b, e.items[0], env)
             if not -len(v) <= k < len(v):
@@ -503,9 +504,10 @@ class Lowerer:
         """Compile-time integers and slices select statically (a `slice`);
         a run-time integer scalar or an integer array gathers (`take`) along
         its axis, as NumPy indexes with one of them; `None` inserts an axis
-        of size 1 where it stands among the result's axes (a `reshape`)."""
+        of size 1 where it stands among the result's axes (a `reshape`),
+        and `...` stands for a full slice of each axis no other item indexes."""
         shape = v.type.shape
-        given = e.items
+        given = expand_every_other_axis(e.items, len(shape), e.span)
         e = replace(e, items=tuple(i for i in given if not isinstance(i, ast.NewAxis)))
         if len(e.items) > len(shape):
             raise GradError(f"too many indices ({len(e.items)}) for an array of rank "
@@ -711,6 +713,23 @@ def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Di
     if _fixed_meets_symbol(ann.dims, shape):
         raise NeedsConcrete(f"a size of {where} meets a fixed size")
     check_dims(where, ann.text, ann.dims, shape, dict(dims), GradError, ann.span)
+
+
+def expand_every_other_axis(items: tuple, rank: int, span: Span) -> tuple:
+    """An index's items with its `...` (at most one, as in NumPy) replaced
+    by a full slice of each axis that the other items leave (none when
+    they index every axis): every item but `None` and `...` indexes one."""
+    dots = [item for item in items if isinstance(item, ast.EveryOtherAxis)]
+    if not dots:
+        return items
+    if len(dots) > 1:
+        raise GradError("an index can only have a single ellipsis ('...')", dots[1].span)
+    at = items.index(dots[0])
+    indexing = sum(not isinstance(item, (ast.NewAxis, ast.EveryOtherAxis)) for item in items)
+    if indexing > rank:
+        raise GradError(f"too many indices ({indexing}) for an array of rank {rank}", span)
+    full = ast.Slice(None, None, None, dots[0].span)
+    return items[:at] + (full,) * (rank - indexing) + items[at + 1:]
 
 
 def with_new_axes(shape: tuple, items: Sequence, values: Sequence) -> tuple:

@@ -527,6 +527,9 @@ class _ToAst(Transformer_NonRecursive):
     def new_axis(self, meta, children):
         return ast.NewAxis(_tok_span(self.file, children[0]))
 
+    def every_other_axis(self, meta, children):
+        return ast.EveryOtherAxis(_tok_span(self.file, children[0]))
+
     def slice2(self, meta, children):
         return ast.Slice(children[0], children[1], None, self.s(meta))
 

@@ -74,6 +74,9 @@ def smooth(x, idx, values):
 def new_axes(x, i: i64, idx):
     return x[:, None] * x[None, i], x[None, 1:, None, idx] ** 2
 
+def every_other_axis(x, idx):
+    return x[..., 0], x[1, ...], x[..., None, 1:], x[..., idx], x[0, ..., ::-2], x[...]
+
 def neighbours(x, n: i64):
     s = x[0] * 0
     for i in range(n):
@@ -146,6 +149,32 @@ def test_none_inserts_an_axis_where_it_stands_as_numpy():
     for source, message in [("y = x[None, 0, 0, 0]", "too many indices (3)"),
                             ("y = (x, x)[None]", "a tuple takes one integer index"),
                             ("y = None", "name 'None' is not defined")]:
+        with pytest.raises(dsl.GradError, match=re.escape(message)):
+            dsl.loads(f"def f(x):\n    {source}\n    return x\n").f(x)
+
+
+@each_target
+def test_ellipsis_stands_for_every_axis_no_other_item_indexes(target):
+    """`x[..., 0]` was "syntax error: unexpected '...'"."""
+    m = module(target)
+    x, idx = np.random.default_rng(2).normal(size=(2, 3, 4)), np.array([3, -1, 0])
+
+    def every_other_axis(x):
+        return x[..., 0], x[1, ...], x[..., None, 1:], x[..., idx], x[0, ..., ::-2], x[...]
+    for got, want in zip(m.every_other_axis(x, idx), every_other_axis(x)):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    if target != "cpu":
+        return
+    weights = tuple(np.random.default_rng(k).normal(size=r.shape)
+                    for k, r in enumerate(every_other_axis(x)))
+    _, pullback = dsl.vjp(m.every_other_axis, x, idx)
+    np.testing.assert_allclose(pullback(*weights)[0], central_difference(
+        lambda x: sum(np.sum(r * w) for r, w in zip(every_other_axis(x), weights)), [x], 0),
+        rtol=1e-8)
+    for source, message in [("y = x[..., ...]", "a single ellipsis ('...')"),
+                            ("y = x[0, 0, 0, 0, ...]", "too many indices (4)"),
+                            ("y = (x, x)[...]", "a tuple takes one integer index")]:
         with pytest.raises(dsl.GradError, match=re.escape(message)):
             dsl.loads(f"def f(x):\n    {source}\n    return x\n").f(x)
 
