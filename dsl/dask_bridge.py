@@ -36,7 +36,7 @@ from gradlang.compiler.pipeline import build, optimize
 from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
-from gradlang.runtime.pullback import OutType, host_cotangent
+from gradlang.runtime.pullback import OutType, host_cotangent, output_cotangents
 
 if TYPE_CHECKING:
     from dsl.function import Compiled
@@ -141,9 +141,7 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
 
     def pullback(*cts):
         backward = backward_function(f, len(outs))
-        if len(cts) != len(outs):
-            raise ArgumentError(f"pullback of {called(f.name)} takes {len(outs)} cotangent(s), "
-                                f"one per output, but {len(cts)} were given")
+        cts = output_cotangents(f.name, cts, len(outs))
         with_cts = bound.copy()
         for k, (name, ct, out, rows) in enumerate(zip(backward.ct_names, cts, outs, by_rows)):
             where = f"cotangent {k} of the pullback of {called(f.name)}"

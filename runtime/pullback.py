@@ -3,7 +3,7 @@ compiled functions.
 
 Contract: a `Pullback` holds the values its backward program reads (the
 residuals of a split forward pass, or an AOT module's arguments) and maps
-one cotangent per output to one cotangent per argument (None for the
+one cotangent per output (or a tuple of them) to one cotangent per argument (None for the
 const and non-float ones); cotangents are validated against the outputs'
 shapes and dtypes (`ArgumentError`) before the program runs, one given on
 the host by `host_cotangent` (which the Dask pullback shares).  Output
@@ -79,9 +79,7 @@ class Pullback:
         return self._run(self._residuals, cts)
 
     def _run(self, residuals: tuple, cts: tuple) -> tuple:
-        if len(cts) != len(self._out_types):
-            raise ArgumentError(f"pullback of {called(self.name)} takes {len(self._out_types)} "
-                                f"cotangent(s), one per output, but {len(cts)} were given")
+        cts = output_cotangents(self.name, cts, len(self._out_types))
         arrays = list(cts)
         for k, (ct, t) in enumerate(zip(cts, self._out_types)):
             if type(ct) is np.ndarray and ct.shape == t.shape and ct.dtype == NUMPY[t.dtype] \
@@ -109,6 +107,19 @@ class Pullback:
         array = host_cotangent(where, ct, out)
         array = array if array.shape == out.shape else np.full(out.shape, array)
         return self.target.accept(array, where)
+
+
+def output_cotangents(name: str, cts: tuple, n_outputs: int) -> tuple:
+    """A pullback's arguments as one cotangent per output: given so, or,
+    for several outputs, as one tuple of them (the structure of the
+    outputs, as a JAX user passes it); another count is an `ArgumentError`."""
+    if n_outputs != 1 and len(cts) == 1 and type(cts[0]) is tuple \
+            and len(cts[0]) == n_outputs:
+        cts = cts[0]
+    if len(cts) != n_outputs:
+        raise ArgumentError(f"pullback of {called(name)} takes {n_outputs} cotangent(s), "
+                            f"one per output (or a tuple of them), but {len(cts)} were given")
+    return cts
 
 
 def host_cotangent(where: str, ct: Any, out: Any) -> np.ndarray:

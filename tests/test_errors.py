@@ -219,6 +219,20 @@ def test_pullback_checks_its_cotangents():
     np.testing.assert_array_equal(pullback(np.ones(3))[0], [2.0, 2.0, 2.0])
 
 
+def test_pullback_of_several_outputs_takes_them_as_a_tuple_too():
+    """As JAX's pullback takes the outputs' structure: `pullback((ca, cb))`
+    was "takes 2 cotangent(s), one per output, but 1 were given"."""
+    m = dsl.loads("def f(x):\n    return x * 2.0, sum(x * x)\n")
+    x = np.array([1.0, -2.0, 3.0])
+    _, pullback = dsl.vjp(m.f, x)
+    ca, cb = np.array([0.5, 1.0, -1.0]), 3.0
+    for cts in [(ca, cb), ((ca, cb),)]:
+        np.testing.assert_array_equal(pullback(*cts)[0], 2 * ca + 6 * x)
+    for cts in [((ca,),), ([ca, cb],), ((ca, cb, cb),)]:
+        with pytest.raises(dsl.ArgumentError, match="takes 2 cotangent.*or a tuple of them"):
+            pullback(*cts)
+
+
 def test_mis_shaped_cotangent_is_an_error_at_first_call():
     m = dsl.loads("def f(x):\n    return sum(x)\ngrad(d):\n    return stack((d, d, d, d))\n",
                   "bad.grad")
