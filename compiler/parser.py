@@ -437,7 +437,11 @@ class _ToAst(Transformer_NonRecursive):
         return ast.AugAssign(str(name), str(op)[:-1], value, self.s(meta))
 
     def return_stmt(self, meta, children):
-        return ast.Return(tuple(c for c in children if c is not None), self.s(meta))
+        items = tuple(c for c in children if c is not None)
+        if len(items) == 1 and items[0].name is None and isinstance(items[0].value, ast.TupleExpr):
+            # `return (a, b)` is `return a, b`, as in Python
+            items = tuple(ast.ReturnItem(None, e, e.span) for e in items[0].value.items)
+        return ast.Return(items, self.s(meta))
 
     def ret_item(self, meta, children):
         return ast.ReturnItem(None, children[0], self.s(meta))

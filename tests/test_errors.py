@@ -276,3 +276,18 @@ def test_a_sequence_returned_as_a_result_is_an_error_at_the_return(fn, line, col
         m.functions[fn](np.ones(2))
     assert_at(info.value, line, col, text)
     assert np.array_equal(m.fine(np.ones(2)), [2.0, 2.0])
+
+
+def test_a_parenthesized_tuple_returned_is_several_results_as_in_python():
+    """`return (a, b)` (PyTorch's backward() spelling) was "a tuple cannot
+    be used as an array here"; in a grad block too.  `(x,)` is one result."""
+    m = dsl.loads("def f(x, w):\n    return (x * w, sum(x))\ngrad(da, db):\n"
+                  "    return (da * w + db, da * x)\n"
+                  "def g(x, w):\n    a, b = f(x, w)\n    return (sum(a * a) + b,)\n")
+    x, w = np.array([1.0, -2.0, 3.0]), np.array([0.5, 2.0, -1.0])
+    a, b = m.f(x, w)
+    np.testing.assert_array_equal(a, x * w)
+    assert b == x.sum()
+    gx, gw = dsl.grad(m.g, wrt=(0, 1))(x, w)
+    np.testing.assert_array_equal(gx, 2 * x * w * w + 1)
+    np.testing.assert_array_equal(gw, 2 * x * w * x)
