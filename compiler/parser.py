@@ -275,6 +275,40 @@ def _item_assignment(line_text: str, file: str, line: int, col: int,
                      Span(file, line, match.end(1) + 1, line, col), source)
 
 
+# Python spellings the language writes otherwise: a syntax error at one
+# says how (NumPy users combine masks with & | ~, as `and` fails there).
+_OPERATOR_HINTS = {
+    "&": "write `and`, which is elementwise on bool arrays",
+    "|": "write `or`, which is elementwise on bool arrays",
+    "~": "write `not`, which is elementwise on bool arrays",
+    "^": "write `!=` for the exclusive or of bools; `**` is the power",
+}
+_COMPARISON = re.compile(r"<=|>=|==|!=|<|(?<!-)>")
+
+
+def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
+                   col: int) -> str | None:
+    """What to write instead, where the parse stopped at a Python spelling
+    the language lacks: an operator, a chained comparison, a docstring or a
+    conditional expression."""
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        hint = _OPERATOR_HINTS.get(line_text[col - 1:col])
+        return hint and f"`{line_text[col - 1]}` is not an operator here; {hint}"
+    token = getattr(err, "token", None)
+    before = line_text[:col - 1]
+    if token is None:
+        return None
+    if token.type == "COMP_OP" and _COMPARISON.search(before):
+        return ("comparisons do not chain: write `a < b and b < c` for `a < b < c`")
+    if token.type == "STRING" and not before.strip():
+        return ("a string is not a statement (a docstring is not supported): "
+                "describe a function in # comments")
+    if token.type == "_IF" and before.strip():
+        return ("`a if c else b` is not supported: write where(c, a, b), or an `if` "
+                "statement on a compile-time or scalar condition")
+    return None
+
+
 def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                   source: str) -> GradError:
     line = max(1, getattr(err, "line", 1) or 1)
@@ -286,6 +320,9 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                    or _item_assignment(lines[line - 1], file, line, col, source))
     if unsupported is not None:
         return unsupported
+    hint = _spelling_hint(err, lines[line - 1], col)
+    if hint is not None:
+        return GradError(f"syntax error: {hint}", Span(file, line, col, line, col + 1), source)
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         char = lines[line - 1][col - 1:col]
         message = f"unexpected character {char!r}"

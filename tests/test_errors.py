@@ -42,6 +42,16 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
     # at the indented line, not the end of the one before ("unexpected an indented block")
     ("def f(x):\n    y = x\n      return y\n", 3, 7, "syntax error: unexpected indent"),
     ("def f(x):\n    y = x\n\n    # why\n        return y\n", 5, 9, "unexpected indent"),
+    # Python spellings, each said how the language writes it (it was
+    # "unexpected character '&'", "unexpected '<'", "unexpected '\"\"'", ...)
+    ("def f(x):\n    return where((x > 0) & (x < 1), x, 0)\n", 2, 26, "write `and`"),
+    ("def f(x):\n    return where((x > 0) | (x < 1), x, 0)\n", 2, 26, "write `or`"),
+    ("def f(m):\n    return ~m\n", 2, 12, "write `not`"),
+    ("def f(m):\n    return m ^ m\n", 2, 14, "write `!=`"),
+    ("def f(x):\n    return where(0 < x < 1, x, 0)\n", 2, 24, "comparisons do not chain"),
+    ('def f(x):\n    """The identity.\n    """\n    return x\n', 2, 5, "a docstring is not"),
+    ('"A module."\ndef f(x):\n    return x\n', 1, 1, "a docstring is not"),
+    ("def f(x):\n    return x if x.ndim == 1 else -x\n", 2, 14, "write where(c, a, b)"),
 ])
 def test_syntax_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
