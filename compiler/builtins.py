@@ -49,14 +49,15 @@ class Builtin:
         most = self.operands + len(self.options)
         if self.variadic and n_args >= self.operands:
             most = n_args
+        for k in kwargs:  # first, as Python: `clip(x, min=0)` names what is wrong
+            if k not in self.options:
+                raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
         if not self.operands <= n_args <= most:
             takes = f"at least {_count(self.operands, self.operands)}" if self.variadic \
                 else _count(self.required, most)
             raise GradError(f"{name}() takes {takes} but {n_args} "
                             f"{'was' if n_args == 1 else 'were'} given", span)
         for k in kwargs:
-            if k not in self.options:
-                raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
             if self.operands + self.options.index(k) < n_args:
                 raise GradError(f"{name}() got multiple values for argument {k!r}", span)
         missing = [k for k in self.options[n_args - self.operands:self.required - self.operands]
@@ -130,9 +131,18 @@ def _reverse_order(b: Builder, x: Atom, span) -> Atom:
     return b.bind("sub", negated, b.lit(1, x.type.dtype), span=span)
 
 
-def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
+def _reduction(op: str, negate: bool = False, mean: bool = False,
+               pairwise: Optional[str] = None) -> Builtin:
+    """A reduction builtin; `pairwise` names the elementwise function that
+    Python's max(a, b) is (`maximum`), which a second argument that cannot
+    be an axis is taken for in the error."""
     def lower(L: Lowerer, b: Builder, args, kwargs, span):
         axis = _kw(args, kwargs, 1, "axis")
+        if pairwise and len(args) > 1 and (isinstance(args[1], bool) or not isinstance(
+                args[1], (int, tuple))):
+            raise GradError(f"the second argument of {pairwise[:3]}() is an axis; for the "
+                            f"elementwise {pairwise} of two values write {pairwise}(a, b)",
+                            span)
         keepdims = _kw(args, kwargs, 2, "keepdims", False)
         x = as_atom(b, args[0], span)
         if mean and x.type.dtype not in FLOATS:
@@ -529,8 +539,8 @@ _SUGAR: dict[str, Builtin] = {
     "float64": _conversion("f64"),
     "sum": _reduction("reduce_sum"),
     "mean": _reduction("reduce_sum", mean=True),
-    "max": _reduction("reduce_max"),
-    "min": _reduction("reduce_max", negate=True),
+    "max": _reduction("reduce_max", pairwise="maximum"),
+    "min": _reduction("reduce_max", negate=True, pairwise="minimum"),
     "matmul": _builtin(2, _matmul_builtin),
     "einsum": _builtin(2, _einsum, variadic=True),
     "conv1d": _conv(1),

@@ -30,6 +30,7 @@ binds them (`compiler.lower`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Optional
 
 from gradlang.compiler import ast
@@ -277,7 +278,7 @@ class _Function:
         defined.update(both)
 
     def undefined(self, name: str, span) -> None:
-        why = self.local_to.get(name, "is not defined")
+        why = self.local_to.get(name, "is not defined" + (_NONE if name == "None" else ""))
         raise GradError(f"name {name!r} {why}", span)
 
     def expr(self, e, defined: set[str]) -> None:
@@ -344,14 +345,20 @@ class _Function:
                 if func.id in defined:
                     raise GradError(f"{func.id!r} is a value, not a function", func.span)
                 if func.id not in BUILTINS:
-                    raise GradError(f"unknown function {func.id!r}", func.span)
+                    raise GradError(f"unknown function {func.id!r}{_spelled_otherwise(func.id)}",
+                                    func.span)
                 BUILTINS[func.id].check(func.id, len(e.args), kw_names, e.span)
             elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
                     and func.value.id in self.ns.modules:
                 raise GradError(f"module {func.value.id!r} has no function {func.name!r}",
                                 func.span)
-            elif isinstance(func, ast.Attr) and func.name in BUILTINS:
+            elif isinstance(func, ast.Attr) and (func.name in BUILTINS
+                                                 or func.name in _METHODS):
                 self.method_call(func, e, defined)
+            elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
+                    and func.value.id not in defined:
+                raise GradError(f"{func.value.id!r} is not defined"
+                                f"{_spelled_otherwise(func.value.id)}", func.value.span)
             else:
                 raise GradError("only named functions can be called", func.span)
         subscripts = isinstance(func, ast.Name) and func.id == "einsum" \
@@ -380,10 +387,13 @@ class _Function:
         """`x.sum()` or `np.exp(x)`, as NumPy, JAX and torch spell them: an
         error saying how the language spells it (builtins are functions)."""
         receiver = func.value.id if isinstance(func.value, ast.Name) else None
-        if receiver is not None and receiver not in defined:
+        if receiver is not None and receiver not in defined and func.name in BUILTINS:
             raise GradError(f"{receiver!r} is not defined; builtins are called by their "
                             f"name alone: {func.name}(...)", func.span)
         shown = receiver or "x"
+        if func.name in _METHODS:
+            raise GradError(f"arrays have no methods; {_METHODS[func.name].format(x=shown)} "
+                            f"for {shown}.{func.name}(...)", func.span)
         rest = ", ..." if e.args or e.kwargs else ""
         raise GradError(f"arrays have no methods; write {func.name}({shown}{rest}) for "
                         f"{shown}.{func.name}({rest[2:]})", func.span)
@@ -402,6 +412,49 @@ class _Function:
         for arg in list(e.args[1:]) + [k.value for k in e.kwargs]:
             self.expr(arg, defined)
         return target[0]
+
+
+# NumPy's, torch's and Python's names for what the language spells
+# otherwise: an unknown name or method says what to write.
+_FUNCTIONS = {
+    "len": "; the length of the first axis is x.shape[0]",
+    "float": "; float64(x) or float32(x) converts an array",
+    "pow": "; write x ** y",
+    "dot": "; write a @ b",
+    "swapaxes": "; write transpose(x, axes)",
+    "moveaxis": "; write transpose(x, axes)",
+    "zeros": "; write zeros_like(x), or broadcast_to(0.0, shape)",
+    "ones": "; write ones_like(x), or broadcast_to(1.0, shape)",
+    "eye": "; one_hot(arange(n), n) is the identity matrix",
+}
+_NONE = "; None is only an index (x[:, None] inserts an axis): leave out an optional argument"
+_METHODS = {
+    "astype": "write float32({x}) or float64({x})",
+    "float": "write float32({x})",
+    "double": "write float64({x})",
+    "clamp": "write clip({x}, lo, hi)",
+    "size": "write {x}.size (no call)",
+    "permute": "write transpose({x}, axes)",
+    "view": "write reshape({x}, shape)",
+}
+
+
+def _spelled_otherwise(name: str) -> str:
+    """A hint for a name that is not the language's: the standard library's
+    import for one of its functions, else how the language writes it."""
+    if name == "std":
+        return "; import it first: `import std`, or `from std import f`"
+    if name in _std_functions():
+        return f"; it is in the standard library: `from std import {name}`"
+    return _FUNCTIONS.get(name, "")
+
+
+@functools.lru_cache(maxsize=1)
+def _std_functions() -> frozenset[str]:
+    from gradlang.compiler.modules import STDLIB  # (modules imports this module)
+    from gradlang.compiler.parser import parse
+    std = STDLIB / "std.grad"
+    return frozenset(f.name for f in parse(std.read_text(encoding="utf-8"), str(std)).funcs)
 
 
 def _keyword_names(e: ast.Call) -> list[str]:

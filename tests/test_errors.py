@@ -60,6 +60,18 @@ def test_syntax_errors(source, line, col, text):
 @pytest.mark.parametrize("source,line,col,text", [
     ("def f(x):\n    return y\n", 2, 12, "name 'y' is not defined"),
     ("def f(x):\n    return foo(x)\n", 2, 12, "unknown function 'foo'"),
+    # NumPy's, torch's and Python's spellings, and the standard library's
+    # functions without their import, say what to write (they were "unknown
+    # function 'softmax'", "only named functions can be called", "clip() takes
+    # 3 positional arguments but 1 was given" for clip(x, min=0, max=1), ...)
+    ("def f(x):\n    return softmax(x)\n", 2, 12, "`from std import softmax`"),
+    ("def f(x):\n    return std.relu(x)\n", 2, 12, "'std' is not defined; import it first"),
+    ("def f(x):\n    return len(x)\n", 2, 12, "x.shape[0]"),
+    ("def f(x):\n    return x.astype(f32)\n", 2, 12, "write float32(x) or float64(x) for x.astype"),
+    ("def f(x):\n    return x.clamp(0, 1)\n", 2, 12, "write clip(x, lo, hi)"),
+    ("def f(x):\n    return clip(x, min=0, max=1)\n", 2, 12, "unexpected keyword argument 'min'"),
+    ("def f(x):\n    return sum(x, axis=None)\n", 2, 24, "None is only an index"),
+    ("def f(x):\n    return eye(3) * x\n", 2, 12, "one_hot(arange(n), n)"),
     ("def f(x):\n    return exp(x, x)\n", 2, 12, "exp() takes 1"),
     ("def g(a, b):\n    return a\ndef f(x):\n    return g(x)\n", 4, 12, "missing argument"),
     ("def g(a):\n    return a\ndef f(x):\n    return g(x, x)\n", 4, 12, "takes 1 argument"),
@@ -98,6 +110,16 @@ def test_syntax_errors(source, line, col, text):
 ])
 def test_name_and_arity_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
+
+
+@pytest.mark.parametrize("call,text", [("max(x, 0.0)", "the elementwise maximum of two values "
+                                                      "write maximum(a, b)"),
+                                       ("min(x, x)", "write minimum(a, b)")])
+def test_max_of_two_values_says_maximum(call, text):
+    # Python's max(a, b) (it was "axis must be a compile-time integer")
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(f"def f(x):\n    return {call}\n", "bad.grad").f(np.ones(2))
+    assert_at(info.value, 2, 12, text)
 
 
 @pytest.mark.parametrize("source,line,text", [
