@@ -42,7 +42,7 @@ from dsl.function import Compiled, backward_function
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.recording import TapeError, active_tapes
+from gradlang.runtime.recording import TapeError, active_tapes, derived_from
 from gradlang.runtime.target import Target, is_device_array
 
 
@@ -108,6 +108,11 @@ class Tape:
         single = isinstance(sources, np.ndarray) or is_device_array(sources)
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
+            if self in derived_from(target):
+                raise TapeError("the target was computed with NumPy from arrays this tape "
+                                "tracks (`a + b` of two results); the tape records only calls "
+                                "of compiled functions, so its gradient would miss that "
+                                "computation: write it in the .grad module")
             raise TapeError("the target was not computed by a call recorded on this tape")
         outer = [t for t in active_tapes() if t is not self]
         cts: dict[int, np.ndarray] = {id(target): _filled(target, 1)}

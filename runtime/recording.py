@@ -114,6 +114,11 @@ class TapeArray(np.ndarray):
         super().__setitem__(index, _plain(value))
 
 
+def derived_from(a: Any) -> list[Any]:
+    """The live tapes whose tracked arrays NumPy computed `a` from."""
+    return _live(a._tapes) if isinstance(a, TapeArray) else []
+
+
 def _live(refs: frozenset) -> list[Any]:
     return [t for t in (r() for r in refs) if t is not None]
 

@@ -306,6 +306,11 @@ def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
             np.sin(y, out=np.empty(2))
         z = BAR(np.asarray(np.sin(y)), x)  # a constant on purpose
         w = BAR(y, x)
+        total = z + w
+    # NumPy's sum of two results as the target: it was "the target was not
+    # computed by a call recorded on this tape", which it was, in part
+    with pytest.raises(dsl.GradError, match="target was computed with NumPy"):
+        tape.gradient(total, x)
     # d/dx (c * x) = c with c = sin(log1pexp(x)) held constant
     np.testing.assert_allclose(tape.gradient(z, x), np.sin(np.logaddexp(0, x)), rtol=1e-12)
     s = 1 / (1 + np.exp(-x))
