@@ -761,8 +761,10 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
                             "gradc-compiled module has only its compiled programs (call, "
                             "grad, value_and_grad, pullback); load the .grad file with "
                             "dsl.load for this")
+    hint = ("; Python code is not traced: write it in the .grad module, or chain compiled "
+            "calls under a dsl.Tape" if callable(f) else "")
     raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
-                    f"{type(f).__name__}")
+                    f"{type(f).__name__}{hint}")
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:

@@ -323,3 +323,14 @@ def test_a_parenthesized_tuple_returned_is_several_results_as_in_python():
     gx, gw = dsl.grad(m.g, wrt=(0, 1))(x, w)
     np.testing.assert_array_equal(gx, 2 * x * w * w + 1)
     np.testing.assert_array_equal(gw, 2 * x * w * x)
+
+
+def test_a_python_function_given_to_a_transform_says_it_is_not_traced():
+    # as jax.grad(lambda x: ...) is written; it said only "got function"
+    m = dsl.loads("def f(x):\n    return sum(x * x)\n")
+    for transform in (dsl.grad, dsl.value_and_grad, dsl.jacrev):
+        with pytest.raises(TypeError, match="got function; Python code is not traced: write "
+                                            "it in the .grad module, or chain .* dsl.Tape"):
+            transform(lambda x: m.f(x) * 2.0)
+    with pytest.raises(TypeError, match=r"got int$"):
+        dsl.grad(3)
