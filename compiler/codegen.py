@@ -728,8 +728,11 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
         stop = render(p["stop"]) if isinstance(p["stop"], Sym) else repr(p["stop"])
         return (f"{out} = R.iota({p['start']!r}, {stop}, {p['step']!r}, "
                 f"{numpy_spelling(p['dtype'])})")
-    if op in ("reduce_sum", "reduce_max"):
-        return f"{out} = R.{op}({x[0]}, {tuple(p['axes'])!r})"
+    if op == "reduce_sum":
+        return f"{out} = R.reduce_sum({x[0]}, {tuple(p['axes'])!r})"
+    if op == "reduce_max":  # where an empty axis is an error (repr: a file name)
+        return f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r}, " \
+               f"{where_of('', eqn.span)!r})"
     if op == "matmul":
         return f"{out} = R.matmul({x[0]}, {x[1]})"
     if op == "reshape":

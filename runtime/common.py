@@ -111,11 +111,13 @@ def trip_count(start: int, stop: int, step: int, where: Where = "",
     return trips
 
 
-def check_nonempty(shape, axes) -> None:
-    """max/min over an empty axis has no value (NumPy raises too)."""
+def check_nonempty(shape, axes, where: Where = "") -> None:
+    """max/min over an empty axis has no value (NumPy raises too); `where`:
+    the reduction's place in the source, where the error points."""
     if any(shape[a] == 0 for a in axes):
+        _, span = placed(where)
         raise ArgumentError(f"max/min over an empty axis (shape {list(shape)}, axes "
-                            f"{list(axes)})")
+                            f"{list(axes)})", span)
 
 
 def c_strides(shape) -> list:

@@ -38,6 +38,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     into,
     size_mismatch,
     trip_count,
+    Where,
 )
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import jit_in_kernel_cache
@@ -209,8 +210,8 @@ def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     return _reduce(x, axes, _sum_rows, _sum_middle, True)
 
 
-def reduce_max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    check_nonempty(x.shape, axes)
+def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "") -> np.ndarray:
+    check_nonempty(x.shape, axes, where)
     return _reduce(x, axes, _max_rows, _max_middle, False)
 
 

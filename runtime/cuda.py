@@ -60,6 +60,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     size_mismatch,
     stride_table,
     trip_count,
+    Where,
 )
 from gradlang.runtime import cuda_math  # noqa: E402
 from gradlang.runtime.common import iota as host_iota  # noqa: E402
@@ -538,8 +539,8 @@ def reduce_sum(x, axes):
     return _reduce(x, axes, False)
 
 
-def reduce_max(x, axes):
-    check_nonempty(x.shape, axes)
+def reduce_max(x, axes, where: Where = ""):
+    check_nonempty(x.shape, axes, where)
     return _reduce(x, axes, True)
 
 

@@ -34,10 +34,16 @@ def test_returning_one_value_twice_gives_two_arrays_and_right_tape_gradients():
     np.testing.assert_array_equal(tape.gradient(z, x), [2.0, 2.0])
 
 
-def test_max_of_an_empty_axis_is_an_error():
-    m = dsl.loads("def f(x):\n    return max(x)\n")
-    with pytest.raises(dsl.ArgumentError, match="empty axis"):
-        m.f(np.zeros(0))
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_max_of_an_empty_axis_is_an_error_at_the_max(target):
+    # it had no place in the source ("error: max/min over an empty axis ...")
+    m = dsl.loads("def f(x):\n    return max(x)\ndef g(x):\n    y = exp(x)\n"
+                  "    return sum(min(y, axis=1, keepdims=True) * y)\n", "m.grad", target=target)
+    for f, x, line, col in [(m.f, np.zeros(0), 2, 12), (m.g, np.zeros((2, 0)), 5, 16),
+                            (dsl.grad(m.g), np.zeros((2, 0)), 5, 16)]:
+        with pytest.raises(dsl.ArgumentError, match="empty axis") as info:
+            f(x)
+        assert (info.value.file, info.value.line, info.value.col) == ("m.grad", line, col)
 
 
 def test_check_catches_a_wrong_upstream_cotangent_in_block_two():
