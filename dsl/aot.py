@@ -191,8 +191,15 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
                 raise SignatureError(f"cannot compile {sig!r}: argument {s.name!r} of type {t} "
                                      "needs more memory than can be addressed", f.span)
             types[s.name] = t
+    # A param's size name is the size an argument's annotation gives it
+    # (a call checks they agree: args.check_param_sizes), else one shared
+    # by the params alone.
+    named = {d: types[s.name].shape[axis] for s in reversed(f.specs)
+             if s.name in types and isinstance(types[s.name], TensorType)
+             and len(s.dims or ()) == types[s.name].rank
+             for axis, d in enumerate(s.dims or ()) if isinstance(d, str)}
     for w, spec in zip(f.reads, f.param_specs):
-        dims = tuple(d if isinstance(d, int) else Sym.named(f"p_{d}")
+        dims = tuple(d if isinstance(d, int) else named.get(d, Sym.named(f"p_{d}"))
                      for d in (spec.dims or ()))
         types[w] = TensorType(spec.dtype or "f64", dims)
     return types

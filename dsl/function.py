@@ -41,8 +41,8 @@ from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.compiler.vectorize import NotVectorizable, stacked_elements, vectorize
 from gradlang.runtime.aot import AotFunction
-from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, numeric_array,
-                                   static_names)
+from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, check_param_sizes,
+                                   numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.loader import source_stamp
@@ -1444,6 +1444,7 @@ class GradFn(Compiled):
         for w in self.reads:
             bound[w] = self._params.validate(w, params[w], self.span) if params and w in params \
                 else self._params.require(w, self.name, self.span)
+        check_param_sizes(self.name, self.specs, self.param_specs, bound, self.span)
         return bound
 
     def module_params(self) -> dict[str, np.ndarray]:

@@ -32,8 +32,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import (SUPPORTED, ParamSpec, bind, call_key, is_python_number,
-                                   static_names)
+from gradlang.runtime.args import (SUPPORTED, ParamSpec, bind, call_key, check_param_sizes,
+                                   is_python_number, static_names)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import load_kernel_files, make_driver
@@ -140,6 +140,8 @@ class AotFunction:
         bound = bind(self.name, self.specs, args, kwargs, numbers=numbers)
         for w in self.reads:
             bound[w] = self.module.params.require(w, self.name)
+        check_param_sizes(self.name, self.specs, [self.module.params.spec(w) for w in self.reads],
+                          bound, None)
         return bound
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:

@@ -244,6 +244,22 @@ def check_shape(fn_name: str, spec: ParamSpec, array, dims: dict[str, tuple[int,
                    ArgumentError, span, bound_by=f"for {spec.name!r}")
 
 
+def check_param_sizes(fn_name: str, specs: Sequence[ParamSpec], params: Sequence[ParamSpec],
+                      bound: dict[str, Any], span) -> None:
+    """The size names of the module params a call reads (`params`, bound
+    with the arguments in `bound`) agree with each other and with those of
+    the arguments' annotations, as equal names within the annotations do:
+    `param b: f32[h]` has the size `param w: f32[d, h]` gives h."""
+    if not any(isinstance(d, str) for p in params for d in p.dims or ()):
+        return
+    dims: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        if spec.name in bound:
+            check_shape(fn_name, spec, bound[spec.name], dims, span)
+    for spec in params:
+        check_shape(fn_name, spec, bound[spec.name], dims, span, f"param {spec.name!r}")
+
+
 def annotation_text(dtype: Optional[str], dims) -> str:
     """An annotation as its source writes it: `f64[n, 3]`, `[n]`, `f32`."""
     return f"{dtype or ''}[{', '.join(map(str, dims))}]" if dims else str(dtype)

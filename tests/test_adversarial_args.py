@@ -443,6 +443,24 @@ def test_a_bad_param_value_is_named_as_the_param(name, value, message):
         M.params[name] = value
 
 
+def test_size_names_of_params_agree_with_each_other_and_with_the_arguments():
+    """`param w: f64[d, h]` and `param b: f64[h]` of sizes 3 and 4 were
+    taken (a broadcast error in the body, or none at all where b's and w's
+    sizes never meet)."""
+    m = dsl.loads("param w: f64[d, h]\nparam b: f64[h]\ndef f(x: f64[n, d]):\n"
+                  "    return sum(x @ w) * sum(b)\n", "p.grad")
+    m.params["w"], m.params["b"] = np.ones((2, 3)), np.ones(4)
+    for call in (m.f, dsl.grad(m.f, wrt="w")):
+        with pytest.raises(dsl.ArgumentError, match="param 'w' has size 3 on axis 1, but its "
+                                                    "annotation says h, which is 4 for 'b'"):
+            call(np.ones((5, 2)))
+    m.params["b"] = np.ones(3)
+    assert m.f(np.ones((5, 2))) == 5 * 3 * 2 * 3
+    with pytest.raises(dsl.ArgumentError, match="param 'w' has size 2 on axis 0, but its "
+                                                "annotation says d, which is 3 for 'x'"):
+        m.f(np.ones((5, 3)))
+
+
 def test_a_declared_params_value_is_a_copy_and_arguments_of_their_dtype_are_not_copied():
     from gradlang.runtime.args import cast
     m = dsl.loads("param w: f64[2]\ndef f(x):\n    return x * w\n")

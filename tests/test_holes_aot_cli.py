@@ -419,3 +419,22 @@ def test_usage_errors_name_no_invented_location(argv, text, capsys):
     err = capsys.readouterr().err
     assert err.startswith("gradc: error: ") and text in err, err
     assert ":1:1" not in err and "<sig>" not in err and "Traceback" not in err
+
+
+def test_a_module_whose_params_meet_its_arguments_compiles_and_checks_their_sizes(tmp_path):
+    """A param's size name is the one an argument's annotation gives it:
+    `param w: f64[d, h]` with `x: f64[n, d]` did not compile for any
+    signature ("@ shapes [n, d] and [p_d, p_h] do not match")."""
+    (tmp_path / "pp.grad").write_text("param w: f64[d, h]\nparam b: f64[h]\n"
+                                      "def f(x: f64[n, d]):\n    return sum(x @ w) * sum(b)\n")
+    compile_module(str(tmp_path / "pp.grad"), str(tmp_path))
+    pp = _import(tmp_path / "pp.py")
+    pp.params["w"], pp.params["b"] = np.ones((2, 3)), np.ones(4)
+    with pytest.raises(dsl.ArgumentError, match="param 'w' has size 3 on axis 1, but its "
+                                                "annotation says h, which is 4 for 'b'"):
+        pp.f(np.ones((5, 2)))
+    pp.params["b"] = np.full(3, 2.0)
+    assert pp.f(np.ones((5, 2))) == 5 * 3 * 2 * 6
+    with pytest.raises(dsl.ArgumentError, match="param 'w' has size 2 on axis 0, but its "
+                                                "annotation says d, which is 4 for 'x'"):
+        pp.f(np.ones((5, 4)))
