@@ -30,13 +30,13 @@ binds them (`compiler.lower`).
 """
 from __future__ import annotations
 
-import functools
 from typing import Iterable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builder import coerce, fit_constant
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
 from gradlang.compiler.ir import INTS
+from gradlang.compiler.library import std_functions
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.staging import named_cotangents, positional_cotangents
 from gradlang.runtime.errors import GradError
@@ -444,17 +444,9 @@ def _spelled_otherwise(name: str) -> str:
     import for one of its functions, else how the language writes it."""
     if name == "std":
         return "; import it first: `import std`, or `from std import f`"
-    if name in _std_functions():
+    if name in std_functions():
         return f"; it is in the standard library: `from std import {name}`"
     return _FUNCTIONS.get(name, "")
-
-
-@functools.lru_cache(maxsize=1)
-def _std_functions() -> frozenset[str]:
-    from gradlang.compiler.modules import STDLIB  # (modules imports this module)
-    from gradlang.compiler.parser import parse
-    std = STDLIB / "std.grad"
-    return frozenset(f.name for f in parse(std.read_text(encoding="utf-8"), str(std)).funcs)
 
 
 def _keyword_names(e: ast.Call) -> list[str]:

@@ -23,11 +23,11 @@ from typing import Callable, Hashable, Optional
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS
 from gradlang.compiler.checker import check
+from gradlang.compiler.library import STDLIB
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.parser import parse, too_deep, universal_newlines
 from gradlang.runtime.errors import GradError, Span
 
-STDLIB = Path(__file__).resolve().parent / "stdlib"
 
 
 def search_path(importer: str) -> list[Path]:
