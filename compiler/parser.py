@@ -475,7 +475,8 @@ class _ToAst(Transformer_NonRecursive):
 
     def return_stmt(self, meta, children):
         items = tuple(c for c in children if c is not None)
-        if len(items) == 1 and items[0].name is None and isinstance(items[0].value, ast.TupleExpr):
+        if len(items) == 1 and items[0].name is None and isinstance(items[0].value, ast.TupleExpr) \
+                and items[0].value.items:
             # `return (a, b)` is `return a, b`, as in Python
             items = tuple(ast.ReturnItem(None, e, e.span) for e in items[0].value.items)
         return ast.Return(items, self.s(meta))

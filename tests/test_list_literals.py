@@ -123,3 +123,18 @@ def test_a_list_with_a_missing_bracket_is_a_syntax_error():
         dsl.loads("def f(x):\n    return stack([x, x)\n", "bad.grad")
     assert (info.value.line, info.value.col) == (2, 23)
     assert "unexpected ')'; expected ',' or ']'" in info.value.message
+
+
+def test_the_empty_tuple_is_no_axes_and_the_scalar_shape_as_in_numpy():
+    """`()` was "syntax error: unexpected ')'": `sum(x, axis=())` reduces
+    nothing, `reshape(x, ())` makes a scalar, `x.shape == ()` asks for one."""
+    m = dsl.loads("def f(x):\n    return sum(x * x, axis=()), mean(x, axis=())\n"
+                  "def g(x):\n    if x.shape == ():\n        y = x * 2.0\n    else:\n"
+                  "        y = reshape(x, ())\n    return y\n")
+    x = np.array([[1.0, -2.0, 3.0]])
+    for got, want in zip(m.f(x), (np.sum(x * x, axis=()), np.mean(x, axis=()))):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(dsl.grad(m.f)(x), 2 * x + 1)
+    assert m.g(np.array(2.5)) == 5.0 and m.g(np.array([4.0])).shape == ()
+    with pytest.raises(dsl.GradError, match="a tuple cannot be used as an array here"):
+        dsl.loads("def f(x):\n    return ()\n").f(x)
