@@ -355,6 +355,11 @@ class _Function:
             elif isinstance(func, ast.Attr) and (func.name in BUILTINS
                                                  or func.name in _METHODS):
                 self.method_call(func, e, defined)
+            elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Index) \
+                    and isinstance(func.value.value, ast.Attr) and func.value.value.name == "at":
+                raise GradError(f"arrays cannot be changed, and have no .at[...].{func.name}() as "
+                                "JAX's do: build a new array (where(), scatter_add(), "
+                                "concatenate())", func.span)
             elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
                     and func.value.id not in defined:
                 raise GradError(f"{func.value.id!r} is not defined"

@@ -91,8 +91,8 @@ _TERMINAL_NAMES = {
     "_DEDENT": "end of block", "NAME": "a name", "INT": "an integer",
     "FLOAT": "a number", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['",
     "RSQB": "']'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
-    "DTYPE": "a dtype", "$END": "end of file", "GRAD": "'grad'", "AT": "'@'",
-    "AUG_OP": "'+=', '-=', '*=' or '/='", "COMP_OP": "a comparison", "DOT": "'.'",
+    "DTYPE": "a dtype (f32, f64, i32, i64, bool)", "$END": "end of file", "GRAD": "'grad'", "AT": "'@'",
+    "AUG_OP": "'+=', '-=', '*=', '/=', '//=' or '%='", "COMP_OP": "a comparison", "DOT": "'.'",
     "MORETHAN": "'>'", "LESSTHAN": "'<'", "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'",
     "STAR": "'*'", "SLASH": "'/'", "_DEF": "'def'", "_RETURN": "'return'",
     "_IMPORT": "'import'", "_FROM": "'from'", "_PARAM": "'param'", "_NOT": "'not'",
@@ -289,8 +289,8 @@ _COMPARISON = re.compile(r"<=|>=|==|!=|<|(?<!-)>")
 def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
                    col: int) -> str | None:
     """What to write instead, where the parse stopped at a Python spelling
-    the language lacks: an operator, a chained comparison, a docstring or a
-    conditional expression."""
+    the language lacks: an operator, a chained comparison, a docstring, a
+    comprehension or a conditional expression."""
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         hint = _OPERATOR_HINTS.get(line_text[col - 1:col])
         return hint and f"`{line_text[col - 1]}` is not an operator here; {hint}"
@@ -303,6 +303,9 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     if token.type == "STRING" and not before.strip():
         return ("a string is not a statement (a docstring is not supported): "
                 "describe a function in # comments")
+    if token.type == "_FOR" and before.strip():
+        return ("comprehensions are not supported: list the items (stack([a, b])), or "
+                "compute them in a `for` loop")
     if token.type == "_IF" and before.strip():
         return ("`a if c else b` is not supported: write where(c, a, b), or an `if` "
                 "statement on a compile-time or scalar condition")

@@ -52,6 +52,9 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
     ('def f(x):\n    """The identity.\n    """\n    return x\n', 2, 5, "a docstring is not"),
     ('"A module."\ndef f(x):\n    return x\n', 1, 1, "a docstring is not"),
     ("def f(x):\n    return x if x.ndim == 1 else -x\n", 2, 14, "write where(c, a, b)"),
+    ("def f(x):\n    return stack([x * i for i in range(3)])\n", 2, 25,
+     "comprehensions are not supported"),
+    ("def f(x: float):\n    return x\n", 1, 10, "a dtype (f32, f64, i32, i64, bool)"),
 ])
 def test_syntax_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
@@ -72,6 +75,7 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return clip(x, min=0, max=1)\n", 2, 12, "unexpected keyword argument 'min'"),
     ("def f(x):\n    return sum(x, axis=None)\n", 2, 24, "None is only an index"),
     ("def f(x):\n    return eye(3) * x\n", 2, 12, "one_hot(arange(n), n)"),
+    ("def f(x):\n    return x.at[0].set(1.0)\n", 2, 12, "have no .at[...].set() as JAX's do"),
     ("def f(x):\n    return exp(x, x)\n", 2, 12, "exp() takes 1"),
     ("def g(a, b):\n    return a\ndef f(x):\n    return g(x)\n", 4, 12, "missing argument"),
     ("def g(a):\n    return a\ndef f(x):\n    return g(x, x)\n", 4, 12, "takes 1 argument"),
