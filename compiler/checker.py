@@ -195,8 +195,13 @@ class _Function:
         missing = [n for n in allowed if n not in covered]
         if missing:
             span = items[-1].span if items else block.span
+            # a parameter meant as a setting (`delta=1.0`) takes no gradient when const
+            setting = next((m for m in missing if k == 1 and f.param(m) is not None
+                            and f.param(m).default is not None), None)
+            hint = (f" (a setting with no gradient is declared const: `{setting}: const = "
+                    f"...`)" if setting else "")
             raise GradError(f"{where} is missing the cotangent for "
-                            f"{', '.join(repr(m) for m in missing)}; expected {want}", span)
+                            f"{', '.join(repr(m) for m in missing)}; expected {want}{hint}", span)
         return len(allowed)
 
     def block(self, body, defined: set[str], where: str, allow_named: bool) -> int:

@@ -133,6 +133,10 @@ def test_max_of_two_values_says_maximum(call, text):
     # too few
     ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y\n", 4,
      "missing the cotangent for 'y'"),
+    # a setting given a default, as a Python keyword argument is written
+    ("def f(x, d=1.0):\n    return x * d\ngrad(dz):\n    return dz * d\n", 4,
+     "missing the cotangent for 'd'; expected one cotangent for each of x, d (a setting with "
+     "no gradient is declared const: `d: const = ...`)"),
     # misnamed
     ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y, z=dz\n", 4,
      "'z', which is not a parameter of f()"),
