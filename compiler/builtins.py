@@ -165,7 +165,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
 def _where(L, b, args, kwargs, span):
     cond = L.as_bool(b, args[0], span)
     x, y = unify(b, args[1:], span, arithmetic=False)
-    return b.bind("where", cond, x, y, span=span)
+    # a choice between weak values is one (a sinusoidal encoding's sin and cos)
+    return b.bind("where", cond, x, y, span=span, weak=weak_result(args[1:]))
 
 
 def _clip(L, b, args, kwargs, span):

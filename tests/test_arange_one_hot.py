@@ -29,6 +29,11 @@ def laid_out(x, labels):
         broadcast_to(arange(n), (2, n)) * x, concatenate([arange(n) * 0.5, arange(2)]) * x[0], \
         stack([arange(n), arange(n) * 2.0]) * x
 
+# so does where() between weak values: a sinusoidal encoding of f32 x is f32
+def encoded(x):
+    i = arange(x.shape[0])
+    return x + where(i % 2 == 0, sin(i * 0.5), cos(i * 0.5)), where(x > 2, i, 0.5) * x
+
 def xent(p, labels: i64[n]):
     return -sum(one_hot(labels, p.shape[1]) * log(p))
 
@@ -78,6 +83,12 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
     for got, want in zip(laid_out, expected):
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, want)
+    i = np.arange(4)
+    for got, want in zip(M.encoded(x), (x + np.where(i % 2 == 0, np.sin(i * 0.5),
+                                                     np.cos(i * 0.5)).astype(np.float32),
+                                        np.where(x > 2, i, 0.5) * x)):
+        assert got.dtype == np.float32  # (it was f64: where gave its NumPy dtype)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
     m = dsl.loads("def f(x: i32[n]):\n    return arange(x.shape[0]) + x\n"
                   "def r(x) -> f32[n]:\n    return arange(x.shape[0]) * 0.5\n"
                   "def q(x) -> i64[n]:\n    return arange(x.shape[0]) * 0.5\n")
