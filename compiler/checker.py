@@ -44,7 +44,8 @@ from gradlang.runtime.errors import GradError
 DECORATORS = ("recompute", "pass_through")
 # builtins whose second argument is an index array
 INDEXED_BY = ("take", "take_along_axis", "scatter_add", "segment_sum")
-ATTRIBUTES = ("T", "shape", "ndim", "size")
+ATTRIBUTES = ("T", "mT", "shape", "ndim", "size")
+ATTRIBUTES_SHOWN = ", ".join("." + a for a in ATTRIBUTES)
 
 
 def check(module: ast.Module, ns: Namespace) -> None:
@@ -308,8 +309,8 @@ class _Function:
                 raise GradError(f"module {e.value.id!r} has no function {e.name!r}", e.span)
             self.expr(e.value, defined)
             if e.name not in ATTRIBUTES:
-                raise GradError(f"arrays have no attribute {e.name!r} (only .T, .shape, "
-                                ".ndim, .size)", e.span)
+                raise GradError(f"arrays have no attribute {e.name!r} (only "
+                                f"{ATTRIBUTES_SHOWN})", e.span)
         elif isinstance(e, ast.Index):
             self.expr(e.value, defined)
             for item in e.items:
@@ -431,7 +432,7 @@ _FUNCTIONS = {
     "float": "; float64(x) or float32(x) converts an array",
     "pow": "; write x ** y",
     "dot": "; write a @ b",
-    "swapaxes": "; write transpose(x, axes)",
+    "swapaxes": "; write transpose(x, axes) (x.mT swaps the last two)",
     "moveaxis": "; write transpose(x, axes)",
     "zeros": "; write zeros_like(x), or broadcast_to(0.0, shape)",
     "ones": "; write ones_like(x), or broadcast_to(1.0, shape)",

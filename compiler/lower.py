@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
+from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -476,14 +477,20 @@ class Lowerer:
             raise GradError(f"a compile-time value has no attribute {e.name!r}", e.span)
         if e.name == "T":
             return self.transpose(b, v, None, e.span)
+        if e.name == "mT":  # NumPy's (and JAX's, torch's) transpose of a stack of matrices
+            rank = v.type.rank
+            if rank < 2:
+                raise GradError(f".mT transposes the last two axes, and needs rank 2 or more, "
+                                f"got rank {rank}", e.span)
+            return self.transpose(b, v, tuple(range(rank - 2)) + (rank - 1, rank - 2), e.span)
         if e.name == "shape":
             return tuple(v.type.shape)
         if e.name == "ndim":
             return v.type.rank
         if e.name == "size":
             return v.type.size
-        raise GradError(f"arrays have no attribute {e.name!r} (only .T, .shape, .ndim, "
-                        ".size)", e.span)
+        raise GradError(f"arrays have no attribute {e.name!r} (only {ATTRIBUTES_SHOWN})",
+                        e.span)
 
     def expr_Index(self, b, e: ast.Index, env):
         v = self.expr(b, e.value, env)

@@ -64,6 +64,10 @@ def attention(q, k, v):
     s = einsum("bhqd,bhkd->bhqk", q, k)
     return sum(sin(einsum("bhqk,bhkd->bhqd", sin(s), v)))
 
+# the same with .mT (NumPy 2's, JAX's and torch's transpose of the last two axes)
+def attention_mt(q, k, v):
+    return sum(sin(sin(q @ k.mT) @ v))
+
 # a grad block of products: linear in g (its other sides are free of it)
 def projected(x, w):
     return x @ w
@@ -182,6 +186,17 @@ def test_attention_like_products_value_and_gradient():
     assert sum(e.op == "matmul" for e in eqns) == 6
     made = {e.outputs[0] for e in eqns if e.op == "transpose"}
     assert not any(e.op == "transpose" and e.inputs[0] in made for e in eqns)
+
+
+def test_mT_transposes_the_last_two_axes_as_numpy():
+    """`q @ k.mT` was "arrays have no attribute 'mT'"."""
+    q, k, v = normal((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4))
+    np.testing.assert_allclose(M.attention_mt(q, k, v), np_attention(q, k, v), rtol=1e-12)
+    for i, g in enumerate(dsl.grad(M.attention_mt, wrt=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(g, central_difference(np_attention, (q, k, v), i), atol=1e-7)
+    with pytest.raises(dsl.GradError, match=r"<string>:2:12: error: \.mT transposes the last two "
+                                            r"axes, and needs rank 2 or more, got rank 1"):
+        dsl.loads("def f(x):\n    return x.mT\n").f(np.ones(3))
 
 
 def test_a_grad_block_of_products_is_linear_and_its_gradient_is_used():
