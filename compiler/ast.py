@@ -201,15 +201,31 @@ class For:
 
 @dataclass(frozen=True)
 class If:
-    """`if cond: ... else: ...`; `elif` is an `If` alone in `orelse`."""
+    """`if cond: ... else: ...`; `elif` is an `If` alone in `orelse`
+    (`elif_chain` reads the chain back as a list)."""
 
     cond: Expr
     body: tuple["Stmt", ...]
     orelse: tuple["Stmt", ...]
-    span: Span  # the header, `if ... :`
+    span: Span  # the header, `if ... :` (`elif ... :` for an elif)
 
 
 Stmt = Union[Assign, AugAssign, Return, For, If]
+
+
+def elif_chain(stmt: If) -> tuple[list[If], tuple["Stmt", ...]]:
+    """`if a: A elif b: B else: C` as its arms, `[if a: A, elif b: B]`
+    (each arm's `cond` and `body` are its own; its `orelse` is the rest of
+    the chain), and the final else body, `C` (`()` without one).  An elif
+    chain nests once per `elif` on the right, and generated sources hold
+    hundreds: the passes loop over the arms instead of recursing into
+    `orelse`, so that only blocks nested in blocks cost them stack.  (An
+    `else:` holding only an `if` is the same chain, as it means the same.)"""
+    arms = [stmt]
+    while len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], If):
+        stmt = stmt.orelse[0]
+        arms.append(stmt)
+    return arms, stmt.orelse
 
 
 def assigned_names(body: "tuple[Stmt, ...] | list[Stmt]") -> list[str]:
@@ -224,7 +240,10 @@ def assigned_names(body: "tuple[Stmt, ...] | list[Stmt]") -> list[str]:
         elif isinstance(s, For):
             out.update(dict.fromkeys(n for n in assigned_names(s.body) if n != s.var))
         elif isinstance(s, If):
-            out.update(dict.fromkeys(assigned_names(s.body) + assigned_names(s.orelse)))
+            arms, orelse = elif_chain(s)
+            for arm in arms:
+                out.update(dict.fromkeys(assigned_names(arm.body)))
+            out.update(dict.fromkeys(assigned_names(orelse)))
     return list(out)
 
 # ------------------------------------------------------------------ top level
@@ -291,9 +310,14 @@ class Decorator:
 
 def has_loop(body: tuple[Stmt, ...]) -> bool:
     """Whether a statement list holds a for loop, at any depth."""
-    return any(isinstance(s, For) or isinstance(s, If) and (has_loop(s.body)
-                                                            or has_loop(s.orelse))
-               for s in body)
+    for s in body:
+        if isinstance(s, For):
+            return True
+        if isinstance(s, If):
+            arms, orelse = elif_chain(s)
+            if any(has_loop(arm.body) for arm in arms) or has_loop(orelse):
+                return True
+    return False
 
 
 @dataclass(frozen=True)

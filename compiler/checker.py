@@ -262,15 +262,22 @@ class _Function:
 
     def if_branches(self, stmt: ast.If, defined: set[str], allow_named: bool) -> None:
         """A name is defined after the if when it was before, or when every
-        branch binds it."""
-        self.expr(stmt.cond, defined)
+        branch binds it (the arms of an elif chain and its else: an if
+        without else binds nothing in its else)."""
+        arms, orelse = ast.elif_chain(stmt)
         after = []
-        for branch in (stmt.body, stmt.orelse):
+
+        def branch(body) -> None:
             inner = set(defined)
-            self.statements(branch, inner, allow_named, "an if")
+            self.statements(body, inner, allow_named, "an if")
             after.append(inner)
-        both = after[0] & after[1]
-        for name in (after[0] | after[1]) - both:
+
+        for arm in arms:
+            self.expr(arm.cond, defined)
+            branch(arm.body)
+        branch(orelse)
+        both = set.intersection(*after)
+        for name in set.union(*after) - both:
             self.local_to[name] = (f"is bound in only some branches of the if at line "
                                    f"{stmt.span.line}; bind it in every branch (or before "
                                    "the if)")

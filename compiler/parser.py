@@ -194,12 +194,31 @@ def _continued(lines: list[str]) -> list[bool]:
     return continued
 
 
+# Blocks nest at most this deep, a function's body the first level: Python's
+# own limit (its tokenizer's "too many levels of indentation"), which keeps
+# the passes that recurse into nested blocks, and the Python the code
+# generator writes (a loop per loop), within the stack and the tokenizer.
+# An elif chain is no nesting (`ast.elif_chain`).
+MAX_INDENTATION_LEVELS = 99
+
+
 def _check_indentation(source: str, file: str) -> None:
     first = True
     lines = lines_of(source)
+    levels = [0]
     for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
         if continued:
             continue
+        indent = len(line) - len(line.lstrip(" \t"))
+        if line.strip() and not line.lstrip().startswith("#"):
+            while len(levels) > 1 and indent < levels[-1]:
+                levels.pop()
+            if indent > levels[-1]:
+                levels.append(indent)
+            if len(levels) > MAX_INDENTATION_LEVELS + 1:
+                raise GradError(f"too many levels of indentation: blocks nest at most "
+                                f"{MAX_INDENTATION_LEVELS} deep, as in Python",
+                                Span(file, number, indent + 1))
         stripped = line.lstrip(" \t")
         if first and stripped and not stripped.startswith("#") and stripped.strip():
             first = False
