@@ -9,7 +9,7 @@ dtypes of call arguments; those are bound at call time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Union
+from typing import ClassVar, Union
 
 from gradlang.runtime.errors import Span
 
@@ -36,6 +36,17 @@ class Num:
 class Bool:
     value: bool
     span: Span
+
+
+@dataclass(frozen=True)
+class NoneLit:
+    """`None`: an argument that means "not given", where a builtin's option
+    takes it (`sum(x, axis=None)`) or a `const` parameter does (and so its
+    default may be None); nothing else is None.  In an index it is a new
+    axis (the parser makes it a `NewAxis`)."""
+
+    span: Span
+    value: ClassVar[None] = None  # as a default's, `Num.value`'s peer
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,7 @@ class ListExpr:
     span: Span
 
 
-Expr = Union[Name, Num, Bool, Str, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
+Expr = Union[Name, Num, Bool, NoneLit, Str, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
              Index, TupleExpr, ListExpr]
 
 # The operators with a left and a right operand.
@@ -277,7 +288,7 @@ class TypeAnn:
 class Param:
     name: str
     ann: TypeAnn | None
-    default: Num | Bool | None
+    default: Num | Bool | NoneLit | None  # None: no default
     span: Span
 
     @property
@@ -332,6 +343,21 @@ class FuncDef:
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
+
+    def refuses_none(self, position: int, keyword: str | None) -> str | None:
+        """Why `None` cannot be the argument at `position` (or `keyword`) of
+        a call, or None where it can: a `const` parameter of no dtype takes
+        it (an axis, as NumPy's `axis=None`); no parameter there is the
+        arity check's to report."""
+        if keyword is None:
+            param = self.params[position] if position < len(self.params) else None
+        else:
+            param = self.param(keyword)
+        if param is None or param.is_const and param.ann.dtype is None:
+            return None
+        kind = f"is `const {param.ann.dtype}`" if param.is_const else "is not one"
+        return (f"None can only be passed to a `const` parameter of no dtype (such as "
+                f"`axis: const`); {param.name!r} of {self.name}() {kind}")
 
     @property
     def differentiable_params(self) -> tuple[Param, ...]:

@@ -27,6 +27,10 @@ from gradlang.runtime.errors import GradError, Span
 if TYPE_CHECKING:
     from gradlang.compiler.lower import Lowerer
 
+NONE_IS_NO_VALUE = ("None is not a value: it is an argument that means \"not given\" "
+                    "(sum(x, axis=None)), or a new axis in an index (x[:, None])")
+
+
 @dataclass(frozen=True)
 class Builtin:
     """A function of the surface language: its signature (checked at load
@@ -41,6 +45,24 @@ class Builtin:
     required: int
     lower: Callable[[Lowerer, Builder, list, dict, Span], Value]
     variadic: bool = False  # any number of positional arguments past `operands`
+    # The parameters (by position among operands then options) that take
+    # `None`, as NumPy's do: the same as leaving the option out (`_kw`).
+    nullable: tuple[int, ...] = ()
+
+    def refuses_none(self, name: str, position: int, keyword: Optional[str]) -> Optional[str]:
+        """Why `None` cannot be this argument (by `position`, or by
+        `keyword` when given), or None where it can (or where the argument
+        is no parameter at all: `check` says so)."""
+        if keyword is not None:
+            if keyword not in self.options:
+                return None
+            position = self.operands + self.options.index(keyword)
+        if position in self.nullable or position >= self.operands + len(self.options):
+            return None
+        if position < self.operands:
+            return f"{name}() takes an array here, not None"
+        return (f"{name}() does not take None for "
+                f"{self.options[position - self.operands]!r}")
 
     def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
         """Python's rules for a call of this signature: a GradError for too
@@ -73,16 +95,20 @@ def _count(least: int, most: int) -> str:
 
 
 def _builtin(operands: int, lower, options: tuple[str, ...] = (),
-             required: Optional[int] = None, variadic: bool = False) -> Builtin:
-    """A Builtin whose options are all optional unless `required` says."""
+             required: Optional[int] = None, variadic: bool = False,
+             nullable: tuple[str, ...] = ()) -> Builtin:
+    """A Builtin whose options are all optional unless `required` says; the
+    options `nullable` names take None (as NumPy's: the default)."""
     return Builtin(operands, options, operands if required is None else required, lower,
-                   variadic)
+                   variadic, tuple(operands + options.index(o) for o in nullable))
 
 
 def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
-    if len(args) > position:
-        return args[position]
-    return kwargs.get(name, default)
+    """An option, by position or by name; `default` where it is not given
+    or is given as None (`Lowerer.expr_Call` let None through only for the
+    options that take it)."""
+    value = args[position] if len(args) > position else kwargs.get(name)
+    return default if value is None else value
 
 
 def _primitive(op: ops.Op) -> Builtin:
@@ -149,7 +175,7 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         return out
-    return _builtin(1, lower, ("axis", "keepdims"))
+    return _builtin(1, lower, ("axis", "keepdims"), nullable=("axis",))
 
 
 def _where(L, b, args, kwargs, span):
@@ -159,8 +185,13 @@ def _where(L, b, args, kwargs, span):
 
 
 def _clip(L, b, args, kwargs, span):
-    low = L.binary(b, "maximum", args[0], args[1], span)
-    return L.binary(b, "minimum", low, args[2], span)
+    """NumPy's clip: a bound that is None is no bound."""
+    x, low, high = args
+    if low is not None:
+        x = L.binary(b, "maximum", x, low, span)
+    if high is not None:
+        x = L.binary(b, "minimum", x, high, span)
+    return x
 
 
 def _static_shape(v, span, sizes: bool = True) -> tuple:
@@ -502,7 +533,7 @@ _LOWERINGS: dict[str, Builtin] = {
 
 # Sugar, and primitives called with compile-time arguments (shapes, axes).
 _SUGAR: dict[str, Builtin] = {
-    "clip": _builtin(3, _clip),
+    "clip": Builtin(3, (), 3, _clip, nullable=(1, 2)),
     "float32": _conversion("f32"),
     "float64": _conversion("f64"),
     "sum": _reduction("reduce_sum"),
@@ -513,7 +544,7 @@ _SUGAR: dict[str, Builtin] = {
     "einsum": _builtin(2, _einsum, variadic=True),
     "conv1d": _conv(1),
     "conv2d": _conv(2),
-    "transpose": _builtin(1, _transpose, ("axes",)),
+    "transpose": _builtin(1, _transpose, ("axes",), nullable=("axes",)),
     "reshape": _builtin(1, _reshape, ("shape",), required=2),
     "broadcast_to": _builtin(1, _broadcast_to, ("shape",), required=2),
     "stack": _builtin(1, lambda L, b, a, k, s: _concatenate(L, b, a, k, s, True), ("axis",)),
@@ -521,12 +552,12 @@ _SUGAR: dict[str, Builtin] = {
     "zeros_like": _builtin(1, _fill_like(None, 0)),
     "ones_like": _builtin(1, _fill_like(None, 1)),
     "full_like": _builtin(2, _fill_like(1)),
-    "cumsum": _builtin(1, _cumsum, ("axis",)),
-    "take": _builtin(2, _take, ("axis",)),
-    "take_along_axis": _builtin(2, _take_along_axis, ("axis",)),
+    "cumsum": _builtin(1, _cumsum, ("axis",), nullable=("axis",)),
+    "take": _builtin(2, _take, ("axis",), nullable=("axis",)),
+    "take_along_axis": _builtin(2, _take_along_axis, ("axis",), nullable=("axis",)),
     "scatter_add": _builtin(3, _scatter_add, ("axis",)),
     "segment_sum": _builtin(2, _segment_sum, ("num_segments",), required=3),
-    "arange": _builtin(1, _arange, ("stop", "step")),
+    "arange": _builtin(1, _arange, ("stop", "step"), nullable=("stop", "step")),
     "one_hot": _builtin(1, _one_hot, ("num_classes",), required=2),
 }
 

@@ -83,7 +83,7 @@ def shipped_tables() -> bytes:
 
 # The language's keywords (the grammar's keyword terminals): never names.
 KEYWORDS = frozenset({"def", "return", "for", "in", "if", "elif", "else", "and", "or",
-                      "not", "import", "from", "True", "False"})
+                      "not", "import", "from", "True", "False", "None"})
 
 # Friendly names for the terminals lark reports in "expected ..." messages.
 _TERMINAL_NAMES = {
@@ -538,13 +538,13 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Keyword(str(children[0]), children[1], self.s(meta))
 
     def index(self, meta, children):
-        return ast.Index(children[0], children[1], self.s(meta))
+        # `None` among the items is NumPy's np.newaxis
+        items = tuple(ast.NewAxis(i.span) if isinstance(i, ast.NoneLit) else i
+                      for i in children[1])
+        return ast.Index(children[0], items, self.s(meta))
 
     def subscripts(self, meta, children):
         return tuple(c for c in children if c is not None)
-
-    def new_axis(self, meta, children):
-        return ast.NewAxis(_tok_span(self.file, children[0]))
 
     def slice2(self, meta, children):
         return ast.Slice(children[0], children[1], None, self.s(meta))
@@ -581,6 +581,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def false_lit(self, meta, children):
         return ast.Bool(False, _tok_span(self.file, children[0]))
+
+    def none_lit(self, meta, children):
+        return ast.NoneLit(_tok_span(self.file, children[0]))
 
     def str_lit(self, meta, children):
         return ast.Str(str(children[0])[1:-1], _tok_span(self.file, children[0]))
