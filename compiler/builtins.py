@@ -157,9 +157,13 @@ def _reverse_order(b: Builder, x: Atom, span) -> Atom:
 
 
 def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
+    """sum, max, min (and, without `initial`, mean) as NumPy's: `initial`
+    is a compile-time number taken into the reduction (added to a sum; the
+    max of it and the elements), and so the value over an empty axis."""
     def lower(L: Lowerer, b: Builder, args, kwargs, span):
         axis = _kw(args, kwargs, 1, "axis")
         keepdims = _kw(args, kwargs, 2, "keepdims", False)
+        initial = _kw(args, kwargs, 3, "initial")
         x = as_atom(b, args[0], span)
         if mean and x.type.dtype not in FLOATS:
             x = cast(b, x, "f64")
@@ -167,7 +171,14 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
             if x.type.dtype == "bool":
                 x = cast(b, x, "i64")
             x = _reverse_order(b, x, span)
-        out = L.reduce(b, op, x, axis, keepdims, span)
+        if initial is not None:
+            if isinstance(initial, bool) or not isinstance(initial, (int, float)):
+                raise GradError("initial must be a number known at compile time", span)
+            initial = coerce(-initial if negate else initial,
+                             "i64" if x.type.dtype == "bool" else x.type.dtype, span)
+            if negate and x.type.dtype in INTS:  # (-v - 1, as _reverse_order)
+                initial -= 1
+        out = L.reduce(b, op, x, axis, keepdims, span, initial)
         if negate:
             out = _reverse_order(b, out, span)
         if mean:
@@ -175,7 +186,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         return out
-    return _builtin(1, lower, ("axis", "keepdims"), nullable=("axis",))
+    return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
+                    nullable=("axis",))
 
 
 def _where(L, b, args, kwargs, span):

@@ -728,8 +728,12 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
         stop = render(p["stop"]) if isinstance(p["stop"], Sym) else repr(p["stop"])
         return (f"{out} = R.iota({p['start']!r}, {stop}, {p['step']!r}, "
                 f"{numpy_spelling(p['dtype'])})")
-    if op in ("reduce_sum", "reduce_max"):
-        return f"{out} = R.{op}({x[0]}, {tuple(p['axes'])!r})"
+    if op == "reduce_sum":
+        return f"{out} = R.reduce_sum({x[0]}, {tuple(p['axes'])!r})"
+    if op == "reduce_max":
+        where = where_of("", eqn.span)  # user text (a file name): repr
+        return (f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r}, {where!r}, "
+                f"{p.get('empty')!r})")
     if op == "matmul":
         return f"{out} = R.matmul({x[0]}, {x[1]})"
     if op == "reshape":

@@ -676,16 +676,25 @@ class Lowerer:
             raise GradError("axis must be a compile-time integer or tuple of integers", span)
         return ops._normalize_axes(axes, rank, span)
 
-    def reduce(self, b, op: str, v: Value, axis, keepdims, span) -> Atom:
+    def reduce(self, b, op: str, v: Value, axis, keepdims, span,
+               initial: Optional[int | float] = None) -> Atom:
+        """v reduced by `op` over `axis`, as NumPy's, with `initial` (a
+        number of v's dtype, i64 for bools) taken in: a max over an empty
+        axis is `initial` (`reduce_max`'s `empty`), else an error."""
         x = as_atom(b, v, span)
         if not isinstance(keepdims, (bool, int)):  # an int as NumPy takes one, not an array
             raise GradError("keepdims must be True or False, known at compile time", span)
         axes = self.reduced_axes(x, axis, span)
-        if op == "reduce_max" and any(x.type.shape[a] == 0 for a in axes):
-            raise GradError("max/min of an empty array", span)
+        empty = {} if initial is None or op != "reduce_max" else {"empty": initial}
+        if op == "reduce_max" and not empty and any(x.type.shape[a] == 0 for a in axes):
+            raise GradError("max/min of an empty array (give it an initial value: "
+                            "max(x, axis, initial=v))", span)
         if x.type.dtype == "bool":
             x = cast(b, x, "i64")
-        out = b.bind(op, x, axes=axes, span=span) if axes else x
+        out = b.bind(op, x, axes=axes, span=span, **empty) if axes else x
+        if initial is not None:
+            out = b.bind("maximum" if op == "reduce_max" else "add", out,
+                         b.lit(initial, out.type.dtype), span=span)
         if keepdims:
             kept = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape))
             if out.type.shape != kept:
