@@ -57,9 +57,10 @@ class Builtin:
             if keyword not in self.options:
                 return None
             position = self.operands + self.options.index(keyword)
-        if position in self.nullable or position >= self.operands + len(self.options):
+        extra = position >= self.operands + len(self.options)
+        if position in self.nullable or extra and not self.variadic:
             return None
-        if position < self.operands:
+        if position < self.operands or extra:
             return f"{name}() takes an array here, not None"
         return (f"{name}() does not take None for "
                 f"{self.options[position - self.operands]!r}")

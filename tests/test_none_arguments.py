@@ -70,6 +70,8 @@ NO_VALUE = ('None is not a value: it is an argument that means "not given" '
     ("def f(x):\n    if None:\n        x = x * 2.0\n    return x\n", 2, 8, 4, NO_VALUE),
     ("def f(x):\n    return reshape(x, (None, 3))\n", 2, 24, 4, NO_VALUE),
     ("def f(x):\n    return exp(None)\n", 2, 16, 4, "exp() takes an array here, not None"),
+    ("def f(x):\n    return einsum(\"i,i,i->\", x, x, None)\n", 2, 36, 4,
+     "einsum() takes an array here, not None"),
     ("def f(x):\n    return sum(x, keepdims=None)\n", 2, 28, 4,
      "sum() does not take None for 'keepdims'"),
     ("def f(x):\n    return stack([x, x], axis=None)\n", 2, 31, 4,
