@@ -48,6 +48,9 @@ class Builtin:
     # The parameters (by position among operands then options) that take
     # `None`, as NumPy's do: the same as leaving the option out (`_kw`).
     nullable: tuple[int, ...] = ()
+    # How many of the last options are taken by name only (`initial=`,
+    # which NumPy's positional order puts after options the language lacks).
+    keyword_only: int = 0
 
     def refuses_none(self, name: str, position: int, keyword: Optional[str]) -> Optional[str]:
         """Why `None` cannot be this argument (by `position`, or by
@@ -69,7 +72,7 @@ class Builtin:
         """Python's rules for a call of this signature: a GradError for too
         many or too few positional arguments, an unknown keyword, an option
         given twice or a required parameter missing."""
-        most = self.operands + len(self.options)
+        most = self.operands + len(self.options) - self.keyword_only
         if self.variadic and n_args >= self.operands:
             most = n_args
         if not self.operands <= n_args <= most:
@@ -97,11 +100,12 @@ def _count(least: int, most: int) -> str:
 
 def _builtin(operands: int, lower, options: tuple[str, ...] = (),
              required: Optional[int] = None, variadic: bool = False,
-             nullable: tuple[str, ...] = ()) -> Builtin:
+             nullable: tuple[str, ...] = (), keyword_only: int = 0) -> Builtin:
     """A Builtin whose options are all optional unless `required` says; the
     options `nullable` names take None (as NumPy's: the default)."""
     return Builtin(operands, options, operands if required is None else required, lower,
-                   variadic, tuple(operands + options.index(o) for o in nullable))
+                   variadic, tuple(operands + options.index(o) for o in nullable),
+                   keyword_only)
 
 
 def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
@@ -188,7 +192,7 @@ def _reduction(op: str, negate: bool = False, mean: bool = False) -> Builtin:
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
-                    nullable=("axis",))
+                    nullable=("axis",), keyword_only=0 if mean else 1)
 
 
 def _where(L, b, args, kwargs, span):

@@ -226,7 +226,7 @@ def test_full_sum_of_an_argument_is_the_same_bits_whatever_the_threads(gradc_par
 
 INITIAL = """
 def f(x):
-    return max(x, axis=1, initial=-0.5) + min(x, 1, False, 0.25) + sum(x, axis=1, initial=3)
+    return max(x, axis=1, initial=-0.5) + min(x, 1, False, initial=0.25) + sum(x, axis=1, initial=3)
 def row_max(x):
     return max(x, axis=1)
 """
