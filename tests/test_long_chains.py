@@ -214,10 +214,10 @@ def test_an_elif_chain_selects_its_branch_by_one_instruction_per_where():
 ARMS = 500
 
 
-def elif_source(condition, body, else_body="y = -x", header="def f(x):"):
-    """`header` and an if/elif chain of ARMS arms and an else, then `return y`."""
+def elif_source(condition, body, else_body="y = -x", header="def f(x):", arms=ARMS):
+    """`header` and an if/elif chain of `arms` arms and an else, then `return y`."""
     lines = [header]
-    for i in range(ARMS):
+    for i in range(arms):
         lines += [f"    {'elif' if i else 'if'} {condition(i)}:", f"        {body(i)}"]
     return "\n".join(lines + ["    else:", f"        {else_body}", "    return y"]) + "\n"
 
@@ -244,20 +244,21 @@ def test_an_elif_chain_mixing_compile_time_and_runtime_conditions_takes_the_firs
     # `k` is const: arms on it are decided when compiled, the others at run
     # time; every arm binds y, and only the odd ones bind z, which is read
     # only in the arm itself (the checker refuses z after the if).
+    arms = 120
     source = elif_source(
         lambda i: f"k == {i}" if i % 3 == 0 else f"sum(x) > {i}.0",
         lambda i: f"y = x * {i}.0" if i % 2 == 0 else f"z = x + {i}.0\n        y = z * z",
-        header="def f(x, k: const):")
+        header="def f(x, k: const):", arms=arms)
     f = dsl.loads(source, "chain.grad").f
 
     def reference(x, k):
-        for i in range(ARMS):
+        for i in range(arms):
             if (k == i) if i % 3 == 0 else (x.sum() > i):
                 return (x * i, np.full(x.shape, float(i))) if i % 2 == 0 else \
                     ((x + i) ** 2, 2 * (x + i))
         return -x, -np.ones_like(x)
 
-    # arm 9 (k), arm 1 (at run time, before k's), and the else after 500 arms
+    # arm 9 (k), arm 1 (at run time, before k's), and the else after them all
     for x, k in ((np.array([0.5, 0.25]), 9), (np.array([2.5, 0.25]), 9), (np.array([-3.0]), 7)):
         bound = f.bind((x, k), {})
         fn = f.lower(_types(bound, f.static_names(bound)))
