@@ -9,7 +9,7 @@ dtypes of call arguments; those are bound at call time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Union
+from typing import ClassVar, Union
 
 from gradlang.runtime.errors import Span
 
@@ -36,6 +36,17 @@ class Num:
 class Bool:
     value: bool
     span: Span
+
+
+@dataclass(frozen=True)
+class NoneLit:
+    """`None`: an argument that means "not given", where a builtin's option
+    takes it (`sum(x, axis=None)`) or a `const` parameter does (and so its
+    default may be None); nothing else is None.  In an index it is a new
+    axis (the parser makes it a `NewAxis`)."""
+
+    span: Span
+    value: ClassVar[None] = None  # as a default's, `Num.value`'s peer
 
 
 @dataclass(frozen=True)
@@ -144,7 +155,7 @@ class ListExpr:
     span: Span
 
 
-Expr = Union[Name, Num, Bool, Str, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
+Expr = Union[Name, Num, Bool, NoneLit, Str, BinOp, UnaryOp, Compare, BoolOp, Call, Attr,
              Index, TupleExpr, ListExpr]
 
 # The operators with a left and a right operand.
@@ -209,15 +220,31 @@ class For:
 
 @dataclass(frozen=True)
 class If:
-    """`if cond: ... else: ...`; `elif` is an `If` alone in `orelse`."""
+    """`if cond: ... else: ...`; `elif` is an `If` alone in `orelse`
+    (`elif_chain` reads the chain back as a list)."""
 
     cond: Expr
     body: tuple["Stmt", ...]
     orelse: tuple["Stmt", ...]
-    span: Span  # the header, `if ... :`
+    span: Span  # the header, `if ... :` (`elif ... :` for an elif)
 
 
 Stmt = Union[Assign, AugAssign, Return, For, If]
+
+
+def elif_chain(stmt: If) -> tuple[list[If], tuple["Stmt", ...]]:
+    """`if a: A elif b: B else: C` as its arms, `[if a: A, elif b: B]`
+    (each arm's `cond` and `body` are its own; its `orelse` is the rest of
+    the chain), and the final else body, `C` (`()` without one).  An elif
+    chain nests once per `elif` on the right, and generated sources hold
+    hundreds: the passes loop over the arms instead of recursing into
+    `orelse`, so that only blocks nested in blocks cost them stack.  (An
+    `else:` holding only an `if` is the same chain, as it means the same.)"""
+    arms = [stmt]
+    while len(stmt.orelse) == 1 and isinstance(stmt.orelse[0], If):
+        stmt = stmt.orelse[0]
+        arms.append(stmt)
+    return arms, stmt.orelse
 
 
 def assigned_names(body: "tuple[Stmt, ...] | list[Stmt]") -> list[str]:
@@ -232,7 +259,10 @@ def assigned_names(body: "tuple[Stmt, ...] | list[Stmt]") -> list[str]:
         elif isinstance(s, For):
             out.update(dict.fromkeys(n for n in assigned_names(s.body) if n != s.var))
         elif isinstance(s, If):
-            out.update(dict.fromkeys(assigned_names(s.body) + assigned_names(s.orelse)))
+            arms, orelse = elif_chain(s)
+            for arm in arms:
+                out.update(dict.fromkeys(assigned_names(arm.body)))
+            out.update(dict.fromkeys(assigned_names(orelse)))
     return list(out)
 
 # ------------------------------------------------------------------ top level
@@ -266,7 +296,7 @@ class TypeAnn:
 class Param:
     name: str
     ann: TypeAnn | None
-    default: Num | Bool | None
+    default: Num | Bool | NoneLit | None  # None: no default
     span: Span
 
     @property
@@ -299,9 +329,14 @@ class Decorator:
 
 def has_loop(body: tuple[Stmt, ...]) -> bool:
     """Whether a statement list holds a for loop, at any depth."""
-    return any(isinstance(s, For) or isinstance(s, If) and (has_loop(s.body)
-                                                            or has_loop(s.orelse))
-               for s in body)
+    for s in body:
+        if isinstance(s, For):
+            return True
+        if isinstance(s, If):
+            arms, orelse = elif_chain(s)
+            if any(has_loop(arm.body) for arm in arms) or has_loop(orelse):
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -316,6 +351,21 @@ class FuncDef:
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
+
+    def refuses_none(self, position: int, keyword: str | None) -> str | None:
+        """Why `None` cannot be the argument at `position` (or `keyword`) of
+        a call, or None where it can: a `const` parameter of no dtype takes
+        it (an axis, as NumPy's `axis=None`); no parameter there is the
+        arity check's to report."""
+        if keyword is None:
+            param = self.params[position] if position < len(self.params) else None
+        else:
+            param = self.param(keyword)
+        if param is None or param.is_const and param.ann.dtype is None:
+            return None
+        kind = f"is `const {param.ann.dtype}`" if param.is_const else "is not one"
+        return (f"None can only be passed to a `const` parameter of no dtype (such as "
+                f"`axis: const`); {param.name!r} of {self.name}() {kind}")
 
     @property
     def differentiable_params(self) -> tuple[Param, ...]:

@@ -27,6 +27,10 @@ from gradlang.runtime.errors import GradError, Span
 if TYPE_CHECKING:
     from gradlang.compiler.lower import Lowerer
 
+NONE_IS_NO_VALUE = ("None is not a value: it is an argument that means \"not given\" "
+                    "(sum(x, axis=None)), or a new axis in an index (x[:, None])")
+
+
 @dataclass(frozen=True)
 class Builtin:
     """A function of the surface language: its signature (checked at load
@@ -41,12 +45,34 @@ class Builtin:
     required: int
     lower: Callable[[Lowerer, Builder, list, dict, Span], Value]
     variadic: bool = False  # any number of positional arguments past `operands`
+    # The parameters (by position among operands then options) that take
+    # `None`, as NumPy's do: the same as leaving the option out (`_kw`).
+    nullable: tuple[int, ...] = ()
+    # How many of the last options are taken by name only (`initial=`,
+    # which NumPy's positional order puts after options the language lacks).
+    keyword_only: int = 0
+
+    def refuses_none(self, name: str, position: int, keyword: Optional[str]) -> Optional[str]:
+        """Why `None` cannot be this argument (by `position`, or by
+        `keyword` when given), or None where it can (or where the argument
+        is no parameter at all: `check` says so)."""
+        if keyword is not None:
+            if keyword not in self.options:
+                return None
+            position = self.operands + self.options.index(keyword)
+        extra = position >= self.operands + len(self.options)
+        if position in self.nullable or extra and not self.variadic:
+            return None
+        if position < self.operands or extra:
+            return f"{name}() takes an array here, not None"
+        return (f"{name}() does not take None for "
+                f"{self.options[position - self.operands]!r}")
 
     def check(self, name: str, n_args: int, kwargs: dict | Sequence[str], span: Span) -> None:
         """Python's rules for a call of this signature: a GradError for too
         many or too few positional arguments, an unknown keyword, an option
         given twice or a required parameter missing."""
-        most = self.operands + len(self.options)
+        most = self.operands + len(self.options) - self.keyword_only
         if self.variadic and n_args >= self.operands:
             most = n_args
         for k in kwargs:  # first, as Python: `clip(x, min=0)` names what is wrong
@@ -74,16 +100,21 @@ def _count(least: int, most: int) -> str:
 
 
 def _builtin(operands: int, lower, options: tuple[str, ...] = (),
-             required: Optional[int] = None, variadic: bool = False) -> Builtin:
-    """A Builtin whose options are all optional unless `required` says."""
+             required: Optional[int] = None, variadic: bool = False,
+             nullable: tuple[str, ...] = (), keyword_only: int = 0) -> Builtin:
+    """A Builtin whose options are all optional unless `required` says; the
+    options `nullable` names take None (as NumPy's: the default)."""
     return Builtin(operands, options, operands if required is None else required, lower,
-                   variadic)
+                   variadic, tuple(operands + options.index(o) for o in nullable),
+                   keyword_only)
 
 
 def _kw(args: list, kwargs: dict, position: int, name: str, default=None):
-    if len(args) > position:
-        return args[position]
-    return kwargs.get(name, default)
+    """An option, by position or by name; `default` where it is not given
+    or is given as None (`Lowerer.expr_Call` let None through only for the
+    options that take it)."""
+    value = args[position] if len(args) > position else kwargs.get(name)
+    return default if value is None else value
 
 
 def _primitive(op: ops.Op) -> Builtin:
@@ -133,17 +164,21 @@ def _reverse_order(b: Builder, x: Atom, span) -> Atom:
 
 def _reduction(op: str, negate: bool = False, mean: bool = False,
                pairwise: Optional[str] = None) -> Builtin:
-    """A reduction builtin; `pairwise` names the elementwise function that
-    Python's max(a, b) is (`maximum`), which a second argument that cannot
-    be an axis is taken for in the error."""
+    """sum, max, min (and, without `initial`, mean) as NumPy's: `initial`
+    is a compile-time number taken into the reduction (added to a sum; the
+    max of it and the elements), and so the value over an empty axis.
+    `pairwise` names the elementwise function that Python's max(a, b) is
+    (`maximum`), which a second argument that cannot be an axis is taken
+    for in the error."""
     def lower(L: Lowerer, b: Builder, args, kwargs, span):
         axis = _kw(args, kwargs, 1, "axis")
-        if pairwise and len(args) > 1 and (isinstance(args[1], bool) or not isinstance(
-                args[1], (int, tuple))):
+        if pairwise and len(args) > 1 and args[1] is not None and (
+                isinstance(args[1], bool) or not isinstance(args[1], (int, tuple))):
             raise GradError(f"the second argument of {pairwise[:3]}() is an axis; for the "
                             f"elementwise {pairwise} of two values write {pairwise}(a, b)",
                             span)
         keepdims = _kw(args, kwargs, 2, "keepdims", False)
+        initial = _kw(args, kwargs, 3, "initial")
         x = as_atom(b, args[0], span)
         if mean and x.type.dtype not in FLOATS:
             x = cast(b, x, "f64")
@@ -151,7 +186,14 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             if x.type.dtype == "bool":
                 x = cast(b, x, "i64")
             x = _reverse_order(b, x, span)
-        out = L.reduce(b, op, x, axis, keepdims, span)
+        if initial is not None:
+            if isinstance(initial, bool) or not isinstance(initial, (int, float)):
+                raise GradError("initial must be a number known at compile time", span)
+            initial = coerce(-initial if negate else initial,
+                             "i64" if x.type.dtype == "bool" else x.type.dtype, span)
+            if negate and x.type.dtype in INTS:  # (-v - 1, as _reverse_order)
+                initial -= 1
+        out = L.reduce(b, op, x, axis, keepdims, span, initial)
         if negate:
             out = _reverse_order(b, out, span)
         if mean:
@@ -159,7 +201,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         return out
-    return _builtin(1, lower, ("axis", "keepdims"))
+    return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
+                    nullable=("axis",), keyword_only=0 if mean else 1)
 
 
 def _where(L, b, args, kwargs, span):
@@ -170,8 +213,13 @@ def _where(L, b, args, kwargs, span):
 
 
 def _clip(L, b, args, kwargs, span):
-    low = L.binary(b, "maximum", args[0], args[1], span)
-    return L.binary(b, "minimum", low, args[2], span)
+    """NumPy's clip: a bound that is None is no bound."""
+    x, low, high = args
+    if low is not None:
+        x = L.binary(b, "maximum", x, low, span)
+    if high is not None:
+        x = L.binary(b, "minimum", x, high, span)
+    return x
 
 
 def _static_shape(v, span, sizes: bool = True) -> tuple:
@@ -332,7 +380,8 @@ def _pool(kind: str, d: int):
         stride = kernel if stride is None else _per_axis(L, name, d, stride, "stride", 1, span)
         padding = _per_axis(L, name, d, _kw(args, kwargs, 3, "padding", 0), "padding", 0, span)
         return pooling.pooling(b, name, x, kernel, stride, padding, span)
-    return _builtin(1, lower, ("kernel_size", "stride", "padding"), required=2)
+    return _builtin(1, lower, ("kernel_size", "stride", "padding"), required=2,
+                    nullable=("stride",))
 
 
 # ------------------------------------------------ gathers and scatter-adds
@@ -535,7 +584,7 @@ _LOWERINGS: dict[str, Builtin] = {
 
 # Sugar, and primitives called with compile-time arguments (shapes, axes).
 _SUGAR: dict[str, Builtin] = {
-    "clip": _builtin(3, _clip),
+    "clip": Builtin(3, (), 3, _clip, nullable=(1, 2)),
     "float32": _conversion("f32"),
     "float64": _conversion("f64"),
     "sum": _reduction("reduce_sum"),
@@ -547,7 +596,7 @@ _SUGAR: dict[str, Builtin] = {
     "conv1d": _conv(1),
     "conv2d": _conv(2),
     **{f"{kind}_pool{d}d": _pool(kind, d) for kind in ("max", "avg") for d in (1, 2)},
-    "transpose": _builtin(1, _transpose, ("axes",)),
+    "transpose": _builtin(1, _transpose, ("axes",), nullable=("axes",)),
     "reshape": _builtin(1, _reshape, ("shape",), required=2),
     "broadcast_to": _builtin(1, _broadcast_to, ("shape",), required=2),
     "stack": _builtin(1, lambda L, b, a, k, s: _concatenate(L, b, a, k, s, True), ("axis",)),
@@ -555,12 +604,12 @@ _SUGAR: dict[str, Builtin] = {
     "zeros_like": _builtin(1, _fill_like(None, 0)),
     "ones_like": _builtin(1, _fill_like(None, 1)),
     "full_like": _builtin(2, _fill_like(1)),
-    "cumsum": _builtin(1, _cumsum, ("axis",)),
-    "take": _builtin(2, _take, ("axis",)),
-    "take_along_axis": _builtin(2, _take_along_axis, ("axis",)),
+    "cumsum": _builtin(1, _cumsum, ("axis",), nullable=("axis",)),
+    "take": _builtin(2, _take, ("axis",), nullable=("axis",)),
+    "take_along_axis": _builtin(2, _take_along_axis, ("axis",), nullable=("axis",)),
     "scatter_add": _builtin(3, _scatter_add, ("axis",)),
     "segment_sum": _builtin(2, _segment_sum, ("num_segments",), required=3),
-    "arange": _builtin(1, _arange, ("stop", "step")),
+    "arange": _builtin(1, _arange, ("stop", "step"), nullable=("stop", "step")),
     "one_hot": _builtin(1, _one_hot, ("num_classes",), required=2),
 }
 

@@ -34,7 +34,7 @@ from typing import Iterable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builder import coerce, fit_constant
-from gradlang.compiler.builtins import BUILTINS, TRANSFORMS
+from gradlang.compiler.builtins import BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS
 from gradlang.compiler.ir import INTS
 from gradlang.compiler.library import std_functions
 from gradlang.compiler.namespace import Namespace
@@ -138,6 +138,10 @@ class _Function:
         """A default is a value of the parameter's annotated dtype: `n: i64 = 1.5`
         and `flag: bool = 1` are errors, and so is a constant the dtype cannot
         hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0."""
+        if isinstance(p.default, ast.NoneLit) and not (p.is_const and p.ann.dtype is None):
+            raise GradError(f"a default of None needs a `const` parameter of no dtype "
+                            f"(`{p.name}: const = None`), as None is no array",
+                            p.default.span)
         if p.default is None or p.ann is None or p.ann.dtype is None:
             return
         value = p.default.value
@@ -269,22 +273,29 @@ class _Function:
 
     def if_branches(self, stmt: ast.If, defined: set[str], allow_named: bool) -> None:
         """A name is defined after the if when it was before, or when every
-        branch binds it."""
-        self.expr(stmt.cond, defined)
+        branch binds it (the arms of an elif chain and its else: an if
+        without else binds nothing in its else)."""
+        arms, orelse = ast.elif_chain(stmt)
         after = []
-        for branch in (stmt.body, stmt.orelse):
+
+        def branch(body) -> None:
             inner = set(defined)
-            self.statements(branch, inner, allow_named, "an if")
+            self.statements(body, inner, allow_named, "an if")
             after.append(inner)
-        both = after[0] & after[1]
-        for name in (after[0] | after[1]) - both:
+
+        for arm in arms:
+            self.expr(arm.cond, defined)
+            branch(arm.body)
+        branch(orelse)
+        both = set.intersection(*after)
+        for name in set.union(*after) - both:
             self.local_to[name] = (f"is bound in only some branches of the if at line "
                                    f"{stmt.span.line}; bind it in every branch (or before "
                                    "the if)")
         defined.update(both)
 
     def undefined(self, name: str, span) -> None:
-        why = self.local_to.get(name, "is not defined" + (_NONE if name == "None" else ""))
+        why = self.local_to.get(name, "is not defined")
         raise GradError(f"name {name!r} {why}", span)
 
     def expr(self, e, defined: set[str]) -> None:
@@ -326,6 +337,8 @@ class _Function:
         elif isinstance(e, ast.Str):
             raise GradError("a string can only be einsum()'s subscripts, written in the "
                             "call: einsum(\"ij,jk->ik\", a, b)", e.span)
+        elif isinstance(e, ast.NoneLit):
+            raise GradError(NONE_IS_NO_VALUE, e.span)
 
     def call(self, e: ast.Call, defined: set[str]) -> None:
         kw_names = _keyword_names(e)
@@ -375,10 +388,15 @@ class _Function:
         subscripts = isinstance(func, ast.Name) and func.id == "einsum" \
             and self.ns.resolve(func) is None and func.id not in defined
         for i, a in enumerate(e.args):
-            if not (subscripts and i == 0 and isinstance(a, ast.Str)):
+            if isinstance(a, ast.NoneLit):
+                none_argument(e, i, None, a.span, self.ns)
+            elif not (subscripts and i == 0 and isinstance(a, ast.Str)):
                 self.expr(a, defined)
         for k in e.kwargs:
-            self.expr(k.value, defined)
+            if isinstance(k.value, ast.NoneLit):
+                none_argument(e, len(e.args), k.name, k.value.span, self.ns)
+            else:
+                self.expr(k.value, defined)
         if isinstance(func, ast.Name) and func.id in INDEXED_BY and len(e.args) > 1:
             self.index(e.args[1])
 
@@ -438,7 +456,6 @@ _FUNCTIONS = {
     "ones": "; write ones_like(x), or broadcast_to(1.0, shape)",
     "eye": "; one_hot(arange(n), n) is the identity matrix",
 }
-_NONE = "; None is only an index (x[:, None] inserts an axis): leave out an optional argument"
 _METHODS = {
     "astype": "write float32({x}) or float64({x})",
     "float": "write float32({x})",
@@ -458,6 +475,23 @@ def _spelled_otherwise(name: str) -> str:
     if name in std_functions():
         return f"; it is in the standard library: `from std import {name}`"
     return _FUNCTIONS.get(name, "")
+
+
+def none_argument(call: ast.Call, position: int, keyword: Optional[str], span,
+                  ns: Namespace) -> None:
+    """A GradError at `span` unless None can be this argument of `call`
+    (called once its arity is checked): an option of a builtin that takes
+    it, or a `const` parameter of a function."""
+    func = call.func
+    target = ns.resolve(func)
+    if target is not None:
+        why = target[0].refuses_none(position, keyword)
+    elif isinstance(func, ast.Name) and func.id in BUILTINS:
+        why = BUILTINS[func.id].refuses_none(func.id, position, keyword)
+    else:  # the functions `grad(f)` and the like build
+        why = NONE_IS_NO_VALUE
+    if why is not None:
+        raise GradError(why, span)
 
 
 def _keyword_names(e: ast.Call) -> list[str]:

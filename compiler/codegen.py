@@ -730,9 +730,10 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
                 f"{numpy_spelling(p['dtype'])})")
     if op == "reduce_sum":
         return f"{out} = R.reduce_sum({x[0]}, {tuple(p['axes'])!r})"
-    if op == "reduce_max":  # where an empty axis is an error (repr: a file name)
-        return f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r}, " \
-               f"{where_of('', eqn.span)!r})"
+    if op == "reduce_max":
+        where = where_of("", eqn.span)  # user text (a file name): repr
+        return (f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r}, {where!r}, "
+                f"{p.get('empty')!r})")
     if op == "matmul":
         return f"{out} = R.matmul({x[0]}, {x[1]})"
     if op == "reshape":

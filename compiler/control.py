@@ -233,32 +233,57 @@ def close(sb: Builder, name: str, params: list[Var],
 
 
 def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> None:
-    cond = lw.expr(b, stmt.cond, env)
-    if is_static(cond):
-        if isinstance(cond, Sym):
-            raise NeedsConcrete("a size is an if condition")
-        if isinstance(cond, tuple):
-            raise GradError("an if condition cannot be a tuple", stmt.cond.span)
-        lw.statements(b, stmt.body if cond else stmt.orelse, env)
-        return
-    if cond.type.dtype != "bool" or cond.type.rank != 0:
-        raise GradError(f"an if condition must be known at compile time or be a scalar "
-                        f"bool, got {cond.type}; select elementwise with where()",
-                        stmt.cond.span)
-    branches = [dict(env), dict(env)]
-    outer = lw.branches
-    for body, branch, taken in ((stmt.body, branches[0], True),
-                                (stmt.orelse, branches[1], False)):
-        lw.branches = outer + ((cond, taken),)
-        try:
-            lw.statements(b, body, branch)
-        finally:
-            lw.branches = outer
-    for name in dict.fromkeys(ast.assigned_names(stmt.body) + ast.assigned_names(stmt.orelse)):
-        if name not in branches[0] or name not in branches[1]:
-            env.pop(name, None)
+    """The if and its elif arms (`ast.elif_chain`), in a loop: an arm whose
+    condition is known at compile time is taken (ending the chain) or
+    skipped; one known at run time lowers its body into a copy of the env
+    under its condition and the rest of the chain into another copy under
+    the condition's negation.  The names are then selected arm by arm from
+    the last back, as the nested `if ... else: if ...` the chain means."""
+    arms, orelse = ast.elif_chain(stmt)
+    outer = guards = lw.branches
+    runtime = {}  # per arm decided at run time: its condition, its env, the rest's env
+    level = env  # where the rest of the chain is lowered
+    chosen = orelse
+    try:
+        for k, arm in enumerate(arms):
+            cond = lw.expr(b, arm.cond, level)
+            if is_static(cond):
+                if isinstance(cond, Sym):
+                    raise NeedsConcrete("a size is an if condition")
+                if isinstance(cond, tuple):
+                    raise GradError("an if condition cannot be a tuple", arm.cond.span)
+                if cond:
+                    chosen = arm.body
+                    break
+                continue
+            if cond.type.dtype != "bool" or cond.type.rank != 0:
+                raise GradError(f"an if condition must be known at compile time or be a "
+                                f"scalar bool, got {cond.type}; select elementwise with "
+                                "where()", arm.cond.span)
+            taken, rest = dict(level), dict(level)
+            lw.branches = guards + ((cond, True),)
+            lw.statements(b, arm.body, taken)
+            lw.branches = guards = guards + ((cond, False),)
+            runtime[k] = (cond, taken, rest)
+            level = rest
+        lw.statements(b, chosen, level)
+    finally:
+        lw.branches = outer
+    # Back from the last arm: `later` holds the names the arm or a later
+    # one binds, in order of first binding.
+    later = dict.fromkeys(ast.assigned_names(orelse))
+    envs = [env] + [rest for _, _, rest in runtime.values()]  # the env each arm writes into
+    for k in range(len(arms) - 1, -1, -1):
+        later = dict.fromkeys(ast.assigned_names(arms[k].body) + list(later))
+        if k not in runtime:
             continue
-        env[name] = _select(b, cond, branches[0][name], branches[1][name], name, stmt)
+        cond, taken, rest = runtime[k]
+        envs.pop()
+        for name in later:
+            if name not in taken or name not in rest:
+                envs[-1].pop(name, None)
+                continue
+            envs[-1][name] = _select(b, cond, taken[name], rest[name], name, arms[k])
 
 
 def _select(b: Builder, cond: Atom, x: Value, y: Value, name: str, stmt: ast.If) -> Value:

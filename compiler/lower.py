@@ -19,14 +19,16 @@ Every problem is raised as a `GradError` at the span that caused it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
-from gradlang.compiler.builtins import BUILTINS, TRANSFORMS, index_operand, take
+from gradlang.compiler.builtins import (BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, index_operand,
+                                       take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
@@ -384,14 +386,25 @@ class Lowerer:
                             "call is a copy of the function it calls, and a gradient about "
                             "three times its function)", at)
 
-    def expr(self, b: Builder, e: ast.Expr, env: dict[str, Value]) -> Value:
+    def expr(self, b: Builder, e: ast.Expr, env: dict[str, Value],
+             none_ok: bool = False) -> Value:
+        """e's value; None (`None`, or a `const` parameter given it) only
+        where `none_ok` says, a call's argument: anywhere else None is no
+        value, an error at e."""
         self.grow(1, e.span)
         method = getattr(self, "expr_" + type(e).__name__)
         try:
-            return method(b, e, env)
+            value = method(b, e, env)
         except NeedsConcrete as err:  # where, for a caller that cannot lower again
             err.span = err.span or e.span
             raise
+        if value is None and not none_ok:
+            if isinstance(e, ast.Name):
+                raise GradError(f"{e.id!r} is None here, which is not a value (None is an "
+                                f"argument that means \"not given\": pass it on as one, "
+                                f"sum(x, axis={e.id}))", e.span)
+            raise GradError(NONE_IS_NO_VALUE, e.span)
+        return value
 
     def expr_Name(self, b, e: ast.Name, env):
         if e.id in env:
@@ -405,6 +418,9 @@ class Lowerer:
 
     def expr_Bool(self, b, e: ast.Bool, env):
         return e.value
+
+    def expr_NoneLit(self, b, e: ast.NoneLit, env):
+        return None
 
     def expr_Str(self, b, e: ast.Str, env):
         return e  # einsum's subscripts (the checker allows a string nowhere else)
@@ -601,12 +617,13 @@ class Lowerer:
         name = e.func.id if isinstance(e.func, ast.Name) else e.func.name
         if isinstance(e.func, ast.Name) and name in env:
             raise GradError(f"{name!r} is a value, not a function", e.func.span)
-        args = [self.expr(b, a, env) for a in e.args]
-        kwargs = {k.name: self.expr(b, k.value, env) for k in e.kwargs}
+        args = [self.expr(b, a, env, none_ok=True) for a in e.args]
+        kwargs = {k.name: self.expr(b, k.value, env, none_ok=True) for k in e.kwargs}
         if len(kwargs) != len(e.kwargs):
             raise GradError("keyword argument repeated", e.span)
         if target is not None:
             fdef, ns = target
+            _refuse_none(e, args, kwargs, fdef.refuses_none)
             outer, self.namespace = self.namespace, ns
             try:
                 outs = self.call(b, fdef, ns, args, kwargs, e.span, env)
@@ -617,6 +634,7 @@ class Lowerer:
         if builtin is None:
             raise GradError(f"unknown function {name!r}", e.func.span)
         builtin.check(name, len(args), kwargs, e.span)
+        _refuse_none(e, args, kwargs, functools.partial(builtin.refuses_none, name))
         return builtin.lower(self, b, args, kwargs, e.span)
 
     # ---------------------------------------------------- op helpers
@@ -671,21 +689,45 @@ class Lowerer:
             raise GradError("axis must be a compile-time integer or tuple of integers", span)
         return ops._normalize_axes(axes, rank, span)
 
-    def reduce(self, b, op: str, v: Value, axis, keepdims, span) -> Atom:
+    def reduce(self, b, op: str, v: Value, axis, keepdims, span,
+               initial: Optional[int | float] = None) -> Atom:
+        """v reduced by `op` over `axis`, as NumPy's, with `initial` (a
+        number of v's dtype, i64 for bools) taken in: a max over an empty
+        axis is `initial` (`reduce_max`'s `empty`), else an error."""
         x = as_atom(b, v, span)
         if not isinstance(keepdims, (bool, int)):  # an int as NumPy takes one, not an array
             raise GradError("keepdims must be True or False, known at compile time", span)
         axes = self.reduced_axes(x, axis, span)
-        if op == "reduce_max" and any(x.type.shape[a] == 0 for a in axes):
-            raise GradError("max/min of an empty array", span)
+        empty = {} if initial is None or op != "reduce_max" else {"empty": initial}
+        if op == "reduce_max" and not empty and any(x.type.shape[a] == 0 for a in axes):
+            raise GradError("max/min of an empty array (give it an initial value: "
+                            "max(x, axis, initial=v))", span)
         if x.type.dtype == "bool":
             x = cast(b, x, "i64")
-        out = b.bind(op, x, axes=axes, span=span) if axes else x
+        out = b.bind(op, x, axes=axes, span=span, **empty) if axes else x
+        if initial is not None:
+            out = b.bind("maximum" if op == "reduce_max" else "add", out,
+                         b.lit(initial, out.type.dtype), span=span)
         if keepdims:
             kept = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape))
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
+
+
+def _refuse_none(call: ast.Call, args: list, kwargs: dict,
+                 refuses: Callable[[int, Optional[str]], Optional[str]]) -> None:
+    """A GradError at the first argument of `call` that is None where
+    `refuses(position, keyword)` says why it cannot be (a const parameter
+    given None passes it on: the checker saw only the literals)."""
+    for i, (arg, value) in enumerate(zip(call.args, args)):
+        why = refuses(i, None) if value is None else None
+        if why is not None:
+            raise GradError(why, arg.span)
+    for k in call.kwargs:
+        why = refuses(len(args), k.name) if kwargs[k.name] is None else None
+        if why is not None:
+            raise GradError(why, k.value.span)
 
 
 def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Dim, str]]

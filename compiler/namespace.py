@@ -199,10 +199,15 @@ def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:
                 visit(a)
             free |= free_names(stmt.body, bound | {stmt.var})
         elif isinstance(stmt, ast.If):
-            visit(stmt.cond)
-            free |= free_names(stmt.body, bound) | free_names(stmt.orelse, bound)
-            bound.update(set(ast.assigned_names(stmt.body))
-                         & set(ast.assigned_names(stmt.orelse)))
+            arms, orelse = ast.elif_chain(stmt)
+            branches = [arm.body for arm in arms] + [orelse]
+            for arm in arms:
+                visit(arm.cond)
+            for branch in branches:
+                free |= free_names(branch, bound)
+            # bound after the if: what every branch binds
+            bound.update(set.intersection(*(set(ast.assigned_names(branch))
+                                             for branch in branches)))
         elif isinstance(stmt, ast.Return):
             for item in stmt.items:
                 visit(item.value)

@@ -427,6 +427,16 @@ def _max_reduce_vjp(b, eqn, cts, needs):
     return [b.bind("where", hit, share, lit(b, 0, share))]
 
 
+def _max_ref(x, axes, empty=None):
+    """reduce_max: the max along `axes`; where they are empty, `empty` (a
+    static param: `max(x, initial=v)` lowers to maximum(this, v)), or with
+    no `empty` an error, as NumPy's (the targets check at run time)."""
+    kept = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    if empty is not None and any(x.shape[a] == 0 for a in axes):
+        return np.full(kept, empty, x.dtype)
+    return np.max(x, axis=tuple(axes))
+
+
 def _reshape_vjp(b, eqn, cts, needs):
     (x,) = eqn.inputs
     return [b.bind("reshape", cts[0], shape=x.type.shape)]
@@ -959,7 +969,7 @@ _TABLE: tuple[Op, ...] = (
     Op("reduce_sum", linear="jointly", kind="reduction", type_rule=_reduce_rule, vjp=_sum_vjp,
        ref=lambda x, axes: np.sum(x, axis=tuple(axes)).astype(x.dtype)),
     Op("reduce_max", kind="reduction", type_rule=_reduce_rule, vjp=_max_reduce_vjp,
-       ref=lambda x, axes: np.max(x, axis=tuple(axes))),
+       ref=_max_ref),
     Op("reshape", linear="jointly", kind="layout", type_rule=_reshape_rule, vjp=_reshape_vjp,
        ref=lambda x, shape: np.reshape(x, shape), no_op_if=_no_op_for_same_type),
     Op("transpose", linear="jointly", kind="layout", type_rule=_transpose_rule,

@@ -83,7 +83,7 @@ def shipped_tables() -> bytes:
 
 # The language's keywords (the grammar's keyword terminals): never names.
 KEYWORDS = frozenset({"def", "return", "for", "in", "if", "elif", "else", "and", "or",
-                      "not", "import", "from", "True", "False"})
+                      "not", "import", "from", "True", "False", "None"})
 
 # Friendly names for the terminals lark reports in "expected ..." messages.
 _TERMINAL_NAMES = {
@@ -194,12 +194,31 @@ def _continued(lines: list[str]) -> list[bool]:
     return continued
 
 
+# Blocks nest at most this deep, a function's body the first level: Python's
+# own limit (its tokenizer's "too many levels of indentation"), which keeps
+# the passes that recurse into nested blocks, and the Python the code
+# generator writes (a loop per loop), within the stack and the tokenizer.
+# An elif chain is no nesting (`ast.elif_chain`).
+MAX_INDENTATION_LEVELS = 99
+
+
 def _check_indentation(source: str, file: str) -> None:
     first = True
     lines = lines_of(source)
+    levels = [0]
     for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
         if continued:
             continue
+        indent = len(line) - len(line.lstrip(" \t"))
+        if line.strip() and not line.lstrip().startswith("#"):
+            while len(levels) > 1 and indent < levels[-1]:
+                levels.pop()
+            if indent > levels[-1]:
+                levels.append(indent)
+            if len(levels) > MAX_INDENTATION_LEVELS + 1:
+                raise GradError(f"too many levels of indentation: blocks nest at most "
+                                f"{MAX_INDENTATION_LEVELS} deep, as in Python",
+                                Span(file, number, indent + 1))
         stripped = line.lstrip(" \t")
         if first and stripped and not stripped.startswith("#") and stripped.strip():
             first = False
@@ -564,13 +583,13 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Keyword(str(children[0]), children[1], self.s(meta))
 
     def index(self, meta, children):
-        return ast.Index(children[0], children[1], self.s(meta))
+        # `None` among the items is NumPy's np.newaxis
+        items = tuple(ast.NewAxis(i.span) if isinstance(i, ast.NoneLit) else i
+                      for i in children[1])
+        return ast.Index(children[0], items, self.s(meta))
 
     def subscripts(self, meta, children):
         return tuple(c for c in children if c is not None)
-
-    def new_axis(self, meta, children):
-        return ast.NewAxis(_tok_span(self.file, children[0]))
 
     def every_other_axis(self, meta, children):
         return ast.EveryOtherAxis(_tok_span(self.file, children[0]))
@@ -610,6 +629,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def false_lit(self, meta, children):
         return ast.Bool(False, _tok_span(self.file, children[0]))
+
+    def none_lit(self, meta, children):
+        return ast.NoneLit(_tok_span(self.file, children[0]))
 
     def str_lit(self, meta, children):
         return ast.Str(str(children[0])[1:-1], _tok_span(self.file, children[0]))

@@ -108,7 +108,8 @@ def _stacked_eqn(b: Builder, eqn: Eqn, inputs: list[Atom], lead: set[Var], k: Di
         lined = [_padded(b, a, rank) if h else a for a, h in zip(inputs, has)]
         return b.bind(eqn.op, *lined, span=span, **p)
     if eqn.op in ("reduce_sum", "reduce_max"):
-        return b.bind(eqn.op, inputs[0], axes=tuple(a + 1 for a in p["axes"]), span=span)
+        return b.bind(eqn.op, inputs[0], span=span,
+                      **dict(p, axes=tuple(a + 1 for a in p["axes"])))
     if eqn.op == "reshape":
         return b.bind("reshape", inputs[0], shape=(k,) + tuple(p["shape"]), span=span)
     if eqn.op == "transpose":

@@ -111,13 +111,19 @@ def trip_count(start: int, stop: int, step: int, where: Where = "",
     return trips
 
 
-def check_nonempty(shape, axes, where: Where = "") -> None:
-    """max/min over an empty axis has no value (NumPy raises too); `where`:
-    the reduction's place in the source, where the error points."""
-    if any(shape[a] == 0 for a in axes):
-        _, span = placed(where)
+def empty_axis(shape, axes, where: Where, empty) -> bool:
+    """Whether a max along `axes` of an array of `shape` is over an empty
+    axis, where its value is `empty`; with no `empty` (None) that is an
+    error: max/min over an empty axis has no value (NumPy raises too).
+    `where`: the max's place in the source."""
+    if not any(shape[a] == 0 for a in axes):
+        return False
+    if empty is None:
+        where, span = placed(where)
         raise ArgumentError(f"max/min over an empty axis (shape {list(shape)}, axes "
-                            f"{list(axes)})", span)
+                            f"{list(axes)}){where}; give it an initial value "
+                            "(max(x, axis, initial=v)) for that axis", span)
+    return True
 
 
 def c_strides(shape) -> list:

@@ -29,7 +29,7 @@ from numba import prange
 from gradlang.runtime import branch_free, cpu_math, memory
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
-    check_nonempty,
+    empty_axis,
     fillable,
     fixed_size_mismatch,
     iota,
@@ -210,8 +210,10 @@ def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     return _reduce(x, axes, _sum_rows, _sum_middle, True)
 
 
-def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "") -> np.ndarray:
-    check_nonempty(x.shape, axes, where)
+def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "",
+               empty=None) -> np.ndarray:
+    if empty_axis(x.shape, axes, where, empty):
+        return full(tuple(d for i, d in enumerate(x.shape) if i not in axes), empty, x.dtype)
     return _reduce(x, axes, _max_rows, _max_middle, False)
 
 

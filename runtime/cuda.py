@@ -51,7 +51,7 @@ from numba import config, cuda, float64  # noqa: E402  (after the check)
 from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
     c_strides,
-    check_nonempty,
+    empty_axis,
     fillable,
     fixed_size_mismatch,
     index_out_of_range,
@@ -539,8 +539,9 @@ def reduce_sum(x, axes):
     return _reduce(x, axes, False)
 
 
-def reduce_max(x, axes, where: Where = ""):
-    check_nonempty(x.shape, axes, where)
+def reduce_max(x, axes, where: Where = "", empty=None):
+    if empty_axis(x.shape, axes, where, empty):
+        return full(tuple(d for i, d in enumerate(x.shape) if i not in axes), empty, x.dtype)
     return _reduce(x, axes, True)
 
 

@@ -73,7 +73,7 @@ def test_kernel_docstring_escapes_the_function_name():
 
 
 def test_keyword_and_reserved_function_names_compile_to_an_importable_module(tmp_path):
-    names = {"lambda": 2.0, "None": 3.0, "class": 4.0, "pass": 5.0, "_module": 6.0,
+    names = {"lambda": 2.0, "await": 3.0, "class": 4.0, "pass": 5.0, "_module": 6.0,
              "params": 7.0, "SPEC": 8.0, "functions": 9.0}
     source = tmp_path / "kw.grad"
     source.write_text("".join(f"def {n}(x):\n    return x * {k}\n" for n, k in names.items()))

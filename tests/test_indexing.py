@@ -148,7 +148,7 @@ def test_none_inserts_an_axis_where_it_stands_as_numpy():
         lambda x: sum(np.sum(r) for r in new_axes(x)), [x], 0), rtol=1e-8)
     for source, message in [("y = x[None, 0, 0, 0]", "too many indices (3)"),
                             ("y = (x, x)[None]", "a tuple takes one integer index"),
-                            ("y = None", "name 'None' is not defined")]:
+                            ("y = None", "None is not a value")]:
         with pytest.raises(dsl.GradError, match=re.escape(message)):
             dsl.loads(f"def f(x):\n    {source}\n    return x\n").f(x)
 

@@ -207,3 +207,108 @@ def test_an_elif_chain_selects_its_branch_by_one_instruction_per_where():
     (kernel,) = {source for _, source in program.generated.kernels}
     assert kernel.count("select(") == 2 * branches  # parallel and serial variants
     assert " if " not in kernel
+
+
+# ------------------------------------------------------- long elif chains
+
+ARMS = 500
+
+
+def elif_source(condition, body, else_body="y = -x", header="def f(x):", arms=ARMS):
+    """`header` and an if/elif chain of `arms` arms and an else, then `return y`."""
+    lines = [header]
+    for i in range(arms):
+        lines += [f"    {'elif' if i else 'if'} {condition(i)}:", f"        {body(i)}"]
+    return "\n".join(lines + ["    else:", f"        {else_body}", "    return y"]) + "\n"
+
+
+def test_a_long_elif_chain_on_a_runtime_condition_has_its_value_and_gradient():
+    # an elif nests once per arm on the right: 490 arms were "nested too deeply"
+    source = elif_source(lambda i: f"sum(x) < {i - 249.5}", lambda i: f"y = x * {i}.0 + {i}.0")
+    fn = lowered(source, X)
+    value_fn = pipeline.optimize(fn)
+    gradient_fn = pipeline.optimize(pipeline.grad_of_sum(fn, [0], False))
+    tangent_fn = pipeline.optimize(pipeline.jvp(fn, [0]))
+    for x in (np.array([0.25, -100.0, 0.5]), np.array([1.0, 2.0, 3.0]), np.full(3, 99.0)):
+        arm = next((i for i in range(ARMS) if x.sum() < i - 249.5), None)
+        scale = -1.0 if arm is None else float(arm)
+        (value,) = interpret(value_fn, x)
+        (gradient,) = interpret(gradient_fn, x)
+        _, tangent = interpret(tangent_fn, x, np.ones_like(x))
+        np.testing.assert_array_equal(value, -x if arm is None else arm * x + arm)
+        np.testing.assert_array_equal(gradient, np.full(3, scale))
+        np.testing.assert_array_equal(tangent, np.full(3, scale))
+
+
+def test_an_elif_chain_mixing_compile_time_and_runtime_conditions_takes_the_first_true():
+    # `k` is const: arms on it are decided when compiled, the others at run
+    # time; every arm binds y, and only the odd ones bind z, which is read
+    # only in the arm itself (the checker refuses z after the if).
+    arms = 120
+    source = elif_source(
+        lambda i: f"k == {i}" if i % 3 == 0 else f"sum(x) > {i}.0",
+        lambda i: f"y = x * {i}.0" if i % 2 == 0 else f"z = x + {i}.0\n        y = z * z",
+        header="def f(x, k: const):", arms=arms)
+    f = dsl.loads(source, "chain.grad").f
+
+    def reference(x, k):
+        for i in range(arms):
+            if (k == i) if i % 3 == 0 else (x.sum() > i):
+                return (x * i, np.full(x.shape, float(i))) if i % 2 == 0 else \
+                    ((x + i) ** 2, 2 * (x + i))
+        return -x, -np.ones_like(x)
+
+    # arm 9 (k), arm 1 (at run time, before k's), and the else after them all
+    for x, k in ((np.array([0.5, 0.25]), 9), (np.array([2.5, 0.25]), 9), (np.array([-3.0]), 7)):
+        bound = f.bind((x, k), {})
+        fn = f.lower(_types(bound, f.static_names(bound)))
+        (value,) = interpret(pipeline.optimize(fn), x, np.int64(k))
+        (gradient,) = interpret(pipeline.optimize(pipeline.grad_of_sum(fn, [0], False)), x,
+                                np.int64(k))
+        want, slope = reference(x, k)
+        np.testing.assert_allclose(value, want, rtol=1e-15)
+        np.testing.assert_allclose(gradient, slope, rtol=1e-15)
+
+
+def test_a_long_elif_chain_on_a_const_compiles_its_arm_quickly():
+    # only the arm taken is lowered: a small kernel, whichever arm
+    source = elif_source(lambda i: f"k == {i}", lambda i: f"y = x * {i}.0")
+    m = dsl.loads(source.replace("def f(x):", "def f(x, k: const):"), "chain.grad")
+    x = np.array([0.5, -2.0])
+    for k in (0, ARMS - 1, ARMS):
+        scale = -1.0 if k == ARMS else float(k)
+        np.testing.assert_array_equal(m.f(x, k), scale * x)
+        np.testing.assert_array_equal(dsl.grad(m.f)(x, k), np.full(2, scale))
+
+
+def test_a_name_bound_by_all_but_one_arm_of_a_long_chain_is_not_defined_after_it():
+    source = elif_source(lambda i: f"sum(x) < {i}.0",
+                         lambda i: "w = x" if i == 321 else "y = x")
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(source, "chain.grad")
+    err = info.value
+    assert (err.line, err.col) == (2 * ARMS + 4, 12)
+    assert err.message == ("name 'y' is bound in only some branches of the if at line 2; "
+                           "bind it in every branch (or before the if)")
+    assert str(err).splitlines()[1:] == ["        return y", " " * 15 + "^"]
+
+
+def test_blocks_nest_as_deep_as_in_python_and_deeper_is_an_error_at_the_line():
+    def nested(depth):
+        lines = ["def f(x):", "    y = x"]
+        lines += ["    " * (i + 1) + f"if sum(x) > {i - 50}.0:" for i in range(depth)]
+        return "\n".join(lines + ["    " * (depth + 1) + "y = x * 3.0", "    return y"]) + "\n"
+
+    x = np.array([1.0, -0.5])  # sum 0.5: the innermost if is taken at depth 50
+    for depth, taken in ((50, True), (98, False)):
+        value, gradient, tangent = value_gradient_tangent(nested(depth), x)
+        np.testing.assert_array_equal(value, 3.0 * x if taken else x)
+        np.testing.assert_array_equal(gradient, np.full(2, 3.0 if taken else 1.0))
+    for depth in (99, 1000):  # as Python's "too many levels of indentation"
+        with pytest.raises(dsl.GradError) as info:
+            dsl.loads(nested(depth), "deep.grad")
+        err = info.value
+        assert (err.file, err.line, err.col) == ("deep.grad", 102, 401)
+        assert err.message == ("too many levels of indentation: blocks nest at most 99 deep, "
+                               "as in Python")
+        assert str(err).splitlines()[2] == " " * 404 + "^"

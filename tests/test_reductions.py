@@ -222,3 +222,44 @@ def test_full_sum_of_an_argument_is_the_same_bits_whatever_the_threads(gradc_par
         numba.set_num_threads(before)
     assert len(results) >= 2 and all(r.tobytes() == results[0].tobytes() for r in results)
     np.testing.assert_allclose(results[0], np.sum(x), rtol=1e-12)
+
+
+INITIAL = """
+def f(x):
+    return max(x, axis=1, initial=-0.5) + min(x, 1, False, initial=0.25) + sum(x, axis=1, initial=3)
+def row_max(x):
+    return max(x, axis=1)
+"""
+
+
+def test_initial_is_numpys_and_the_value_over_an_empty_axis():
+    # a max over an empty axis was an ArgumentError with no place
+    from dsl.function import _types
+    from gradlang.compiler import pipeline
+    from gradlang.compiler.interpret import interpret
+
+    m = dsl.loads(INITIAL, "initial.grad")
+
+    def reference(x):
+        return (np.max(x, axis=1, initial=-0.5) + np.min(x, axis=1, initial=0.25)
+                + np.sum(x, axis=1, initial=3))
+
+    x = np.array([[0.1, -2.0, 0.7], [-1.0, -3.0, -0.75], [0.5, 0.5, 0.2]])
+    for value in (x, np.zeros((3, 0)), np.zeros((0, 2))):  # one program: sizes symbolic
+        np.testing.assert_array_equal(m.f(value), reference(value))
+    ints = np.array([[4, -7], [0, 0]])  # (from the IR: no second program to compile)
+    (value,) = interpret(pipeline.optimize(m.f.lower(_types(m.f.bind((ints,), {})))), ints)
+    np.testing.assert_array_equal(value, reference(ints))
+    fn = m.f.lower(_types(m.f.bind((x,), {})))
+    (gradient,) = interpret(pipeline.optimize(pipeline.grad_of_sum(fn, [0], False)), x)
+    # each max/min's gradient goes to the element it picks (shared at a tie),
+    # none where initial wins
+    np.testing.assert_array_equal(gradient, [[1, 2, 2], [1, 2, 1], [1.5, 1.5, 2]])
+    with pytest.raises(dsl.ArgumentError) as info:
+        m.row_max(np.zeros((3, 0)))
+    err = info.value
+    assert (err.file, err.line, err.col) == ("initial.grad", 5, 12)
+    assert err.message == ("max/min over an empty axis (shape [3, 0], axes [1]); give it an "
+                           "initial value (max(x, axis, initial=v)) for that axis")
+    with pytest.raises(dsl.GradError, match="initial must be a number known at compile time"):
+        dsl.loads("def f(x):\n    return max(x, initial=x)\n").f(x)

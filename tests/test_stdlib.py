@@ -81,6 +81,11 @@ def test_norm_neither_overflows_nor_underflows_and_its_gradient_at_zero_is_zero(
     np.testing.assert_allclose(dsl.grad(STD.norm)(x), [[0.6, 0.8], [0, 0], [2**-0.5] * 2,
                                                        [-1, 0]], rtol=1e-15)
     assert STD.norm(np.array([np.inf, 1.0])) == np.inf
+    # over an empty axis, NumPy's 0 (the program above, its sizes symbolic)
+    for empty in (np.zeros((3, 0)), np.zeros((0, 2))):
+        np.testing.assert_array_equal(STD.norm(empty), np.linalg.norm(empty, axis=-1))
+        gradient = dsl.grad(STD.norm)(empty)
+        assert gradient.shape == empty.shape and not gradient.any()
 
 
 def test_sigmoid_cross_entropy_is_finite_for_every_logit():
