@@ -127,6 +127,10 @@ class Lowerer:
             outs = self.call_body(b, fdef, ns, inputs, span)
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
             raise too_deep(ns.module.source, ns.module.file) from None
+        except GradError as err:
+            if err.note is None and err.span.file != span.file:  # (std's, an import's)
+                err.note = f"in {fdef.name}(), called at {span}"
+            raise
         finally:
             self.call_stack.pop()
             self.call_spans.pop()

@@ -426,7 +426,8 @@ def test_an_error_in_an_imported_function_shows_that_files_line(tmp_path, main):
         m.f(np.ones(2))
     err = info.value
     assert (err.file, err.line, err.col) == (str(tmp_path / "shp.grad"), 2, 12)
-    assert str(err).splitlines()[1:] == ["        return x + y", " " * 15 + "^^^^^"]
+    assert str(err).splitlines()[1:] == ["        return x + y", " " * 15 + "^^^^^",
+                                         f"note: in g(), called at {tmp_path / 'main.grad'}:4:12"]
 
 
 def test_nesting_too_deep_in_an_imported_file_is_reported_in_that_file(tmp_path):

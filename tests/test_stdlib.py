@@ -3,6 +3,8 @@ found by loading the file, passes the gradient check in f64: its grad
 block (or reverse mode) at order 1, and at order 2 both the derivative of
 the gradient and the derivative through the upstream cotangent; and in f32
 its gradient is finite where the f64 one is."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -110,3 +112,13 @@ def test_a_number_or_one_hot_beside_f32_arrays_keeps_the_two_argument_functions_
     np.testing.assert_allclose(value, expected, rtol=1e-6)
     np.testing.assert_allclose(grad, 1 / (1 + np.exp(0.5 - x)) + 1 / (1 + np.exp(-x)) - y,
                                rtol=1e-6)
+
+
+def test_an_error_inside_a_std_function_names_the_call_that_reached_it():
+    # (the error is at std.grad's line, which the user did not write)
+    m = dsl.loads("from std import softmax\n\ndef f(x):\n    return softmax(x, axis=3)\n",
+                  "user.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones((2, 3)))
+    assert re.search(r"std\.grad:\d+:\d+: error: axis 3 is out of range for rank 2\n.*\n.*\n"
+                     r"note: in softmax\(\), called at user\.grad:4:12$", str(info.value))
