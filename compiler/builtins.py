@@ -200,6 +200,9 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             reduced = L.reduced_axes(x, axis, span)
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
+        if isinstance(args[0], WeakVar) and isinstance(out, Var) and not isinstance(
+                out, WeakVar) and b.eqns and out in b.eqns[-1].outputs:
+            out = b.weaken(out)  # of a weak value: weak (`sum(arange(n) * 0.5)`)
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
                     nullable=("axis",), keyword_only=0 if mean else 1)

@@ -22,12 +22,13 @@ def weak(x):
         s = s + x
     return exp(arange(n) * -0.5) * x, (1 - arange(n)[::-1]) * x, float32(arange(n)), s
 
-# layout ops keep a weak type, as indexing does
+# layout ops and reductions keep a weak type, as indexing does
 def laid_out(x, labels):
     n = x.shape[0]
     return one_hot(labels, n).T @ x, reshape(arange(n) * 0.5, (2, -1)).T @ x[:2], \
         broadcast_to(arange(n), (2, n)) * x, concatenate([arange(n) * 0.5, arange(2)]) * x[0], \
-        stack([arange(n), arange(n) * 2.0]) * x
+        stack([arange(n), arange(n) * 2.0]) * x, \
+        (sum(arange(n) * 0.5) + mean(arange(n)) + max(arange(n) * 0.5, axis=0)) * x
 
 # so does where() between weak values: a sinusoidal encoding of f32 x is f32
 def encoded(x):
@@ -79,7 +80,7 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
     laid_out = M.laid_out(x, labels)
     expected = (np.eye(4)[labels].T @ x, (np.arange(4) * 0.5).reshape(2, 2).T @ x[:2],
                 np.broadcast_to(np.arange(4) * x, (2, 4)), [0, 0.5, 1.0, 1.5, 0, 1], np.stack([np.arange(4.0)] * 2) *
-                [[1], [2]] * x)
+                [[1], [2]] * x, (3.0 + 1.5 + 1.5) * x)
     for got, want in zip(laid_out, expected):
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, want)
