@@ -6,9 +6,10 @@ vector for every row (its shape those trailing axes, size-1 axes before
 them allowed), written as a `matmul` of `a` viewed as (rows, row length)
 by `v` viewed as a column, reshaped to the sum's shape: what `x @ w` is
 (`sum(x * w, axis=1)` in a vmap'd loss, and its tangent `sum(tx * w,
-axis=1)` in the jvp).  Only float products that nothing else reads, and
-only where no other sum over the same rows reads `a` (a fused loop then
-reads `a` once for both, where a product and a loop would read it twice).
+axis=1)` in the jvp).  Only f64 products that nothing else reads (BLAS
+sums f32 in f32, where a loop's sum adds in f64), and only where no other
+sum over the same rows reads `a` (a fused loop then reads `a` once for
+both, where a product and a loop would read it twice).
 
 Why: on the CPU a loop summing short rows ran at half the memory's speed
 (64-element rows of f64: 4.4 ms single-threaded for the two row sums of
@@ -73,7 +74,7 @@ def _matvec(eqn: Eqn, producer: dict, readers: dict, returned: set
     (p,) = eqn.inputs
     axes, rank = tuple(eqn.p["axes"]), p.type.rank
     mul = producer.get(p)
-    if (mul is None or mul.op != "mul" or not p.type.is_float or p in returned
+    if (mul is None or mul.op != "mul" or p.type.dtype != "f64" or p in returned
             or len(readers[p]) != 1 or not 0 < len(axes) < rank
             or axes != tuple(range(rank - len(axes), rank))):
         return None

@@ -162,7 +162,10 @@ def test_a_product_summed_against_a_vector_runs_as_a_matrix_vector_product(gradc
         h = 1e-6
         plus, minus = (batched(x + s * h * tx, y, w) for s in (1, -1))
         np.testing.assert_allclose(tangent, (plus - minus) / (2 * h), rtol=1e-6, atol=1e-8)
-    x, y, w, tx = args(50, 6, np.float32)
+    x, y, w, tx = args(50, 6, np.float32)  # f32: the loop's sums (they add in f64)
+    program = jf.program({**batched.bind((x, y, w), {}), "t_x": tx})
+    assert "matmul" not in [s.op for s in fuse(program.ir, reductions=True)
+                            if not isinstance(s, Loop)]
     value, tangent = dsl.jvp(batched, (x, y, w), (tx, None, None))
     assert value.dtype == tangent.dtype == np.float32
     ref = _logistic_jvp_reference(*(a.astype(np.float64) for a in (x, y, w, tx)))
@@ -180,7 +183,7 @@ def test_which_sums_of_products_become_matrix_vector_products():
     """Over trailing axes, against a vector the same for every row
     (size-1 axes before it allowed); not where another sum over the same
     rows reads the matrix (one loop then reads it once for both), nor a
-    product of two values of the full shape."""
+    product of two values of the full shape, nor in f32."""
     m = dsl.loads("def rows3(x, v):\n    return sum(x * v, axis=2)\n"
                   "def both(x, w):\n    return sum(x * w, axis=1) + sum(x * x, axis=1)\n"
                   "def full(x, z):\n    return sum(x * z, axis=1)\n")
@@ -189,12 +192,15 @@ def test_which_sums_of_products_become_matrix_vector_products():
     x, w = rng.normal(size=(9, 7)), rng.normal(size=7)
     z = rng.normal(size=(9, 7))
     for f, a, expected, matmuls in ((m.rows3, (x3, v), (x3 * v).sum(2), 1),
+                                    (m.rows3, (x3.astype(np.float32), v.astype(np.float32)),
+                                     (x3 * v).sum(2).astype(np.float32), 0),
                                     (m.both, (x, w), x @ w + (x * x).sum(1), 0),
                                     (m.full, (x, z), (x * z).sum(1), 0)):
         steps = fuse(f.ir(*a), reductions=True)
         ops = [s.op for s in steps if not isinstance(s, Loop)]
         assert ops.count("matmul") == matmuls, f.name
-        np.testing.assert_allclose(f(*a), expected, rtol=1e-12)
+        np.testing.assert_allclose(f(*a), expected, rtol=1e-12 if expected.dtype == np.float64
+                                   else 1e-5)
     steps = fuse(m.both.ir(x, w), reductions=True)
     assert [len(s.reductions) for s in steps if isinstance(s, Loop)] == [2, 0]  # then their sum
     gx, gv = dsl.grad(m.rows3, wrt=(0, 1))(x3, v)
