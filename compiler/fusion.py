@@ -25,7 +25,10 @@ input it reads from outside that loop was defined before the loop starts
 its first member stood, which keeps the step order topological.  The
 scalars that read no parameter come first (a mean's 1 / n), so that any
 loop can read them.  A loop holds at most `MAX_LOOP_EQNS` equations: past
-that the next one starts a loop of its own (see there why).
+that the next one starts a loop of its own (see there why).  Then a loop
+whose values only one later loop of its shape reads sinks into that loop
+(`_sink_loops`).  With `reductions` (the CPU), a product summed against
+a vector is first a matrix-vector product (`compiler.matvec`).
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside
@@ -39,6 +42,7 @@ from typing import Union
 
 from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, namer, print_eqns,
                                   signature_line)
+from gradlang.compiler.matvec import as_matvecs
 from gradlang.compiler.ops import OPS
 
 FUSIBLE = {name for name, op in OPS.items() if op.kind == "elementwise"} | {"broadcast_to"}
@@ -74,7 +78,11 @@ Step = Union[Loop, Eqn]
 
 
 def fuse(fn: Function, reductions: bool = False) -> list[Step]:
-    """`reductions`: let a loop end in a sum over trailing axes."""
+    """`reductions`: let a loop end in a sum over trailing axes, and run
+    a product summed against a vector as a matrix-vector product
+    (`compiler.matvec`)."""
+    if reductions:
+        fn = as_matvecs(fn)
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}
     defined_at: dict[Var, int] = {v: -1 for v in fn.params}
     loop_of: dict[Var, Loop] = {}
@@ -127,7 +135,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             loop_of[o] = home
             defined_at[o] = home.start  # the whole loop runs where it starts
 
-    ordered = [s for _, s in sorted(steps, key=lambda p: p[0])]
+    ordered = _sink_loops([s for _, s in sorted(steps, key=lambda p: p[0])], fn)
     needed = _wire(ordered, fn)
 
     def kept(step: Step) -> bool:
@@ -135,6 +143,42 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
             return bool(step.outputs)
         return step.op != "full" or step.out in needed
     return [s for s in ordered if kept(s)]
+
+
+def _sink_loops(steps: list[Step], fn: Function) -> list[Step]:
+    """The steps with each loop whose values only one later loop of its
+    shape reads (none returned) merged into that loop, its equations
+    first: the greedy rule starts a loop where its first equation stands,
+    so `-y` began a loop of its own before the row sums that the rest of
+    its row's work waits for (`-y * (x @ w)`).  Its inputs exist before
+    it, so before the later loop too; that loop reads them in place of
+    its values, which are never stored."""
+    readers: dict[Var, set[int]] = {}  # value -> the steps reading it
+    for k, step in enumerate(steps):
+        for eqn in step.eqns + step.reductions if isinstance(step, Loop) else [step]:
+            for a in eqn.inputs:
+                if isinstance(a, Var):
+                    readers.setdefault(a, set()).add(k)
+    returned = {a for a in fn.outputs if isinstance(a, Var)}
+    merged: set[int] = set()
+    for k, loop in enumerate(steps):
+        if not isinstance(loop, Loop) or loop.reductions or loop.produced & returned:
+            continue
+        outside = set().union(*(readers.get(v, set()) for v in loop.produced)) - {k}
+        if len(outside) != 1:
+            continue
+        (into,) = outside
+        host = steps[into]
+        if isinstance(host, Loop) and host.shape == loop.shape and \
+                len(host.eqns) + len(loop.eqns) <= MAX_LOOP_EQNS:
+            host.eqns[:0] = loop.eqns
+            host.produced |= loop.produced
+            merged.add(k)
+            for eqn in loop.eqns:
+                for a in eqn.inputs:
+                    if isinstance(a, Var):
+                        readers[a] = readers[a] - {k} | {into}
+    return [s for k, s in enumerate(steps) if k not in merged]
 
 
 def _constants_first(fn: Function) -> list[Eqn]:

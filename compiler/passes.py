@@ -8,7 +8,9 @@ Contract:
   results unchanged up to the sign of a zero sum), folds constants: an
   `exact` op (`ops.fold`) of constants, or a reshaped or broadcast
   constant, is a constant; reshapes and broadcasts of a one-element value
-  in turn become one broadcast of it, transposes in turn one transpose;
+  in turn become one broadcast of it, transposes in turn one transpose,
+  reshapes in turn one reshape (none, where it gives the first's source
+  its own shape back: a vmap'd sum's `(n,) -> (n, 1) -> (n,)`);
   and computes x ** 0, 2, 3, 4 and
   (floats) x ** -1 as 1, products or a quotient;
 - `cse`: merges equations with the same op, inputs and static params;
@@ -74,6 +76,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     # reshapes and broadcasts of a one-element value: that value
     spread: dict[Var, Var] = {}
     transposed: dict[Var, tuple[Var, tuple]] = {}  # a transpose's (source, perm)
+    reshaped: dict[Var, Var] = {}  # a reshape's source
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
@@ -109,6 +112,15 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
                       (("perm", tuple(first[p] for p in eqn.p["perm"])),), eqn.span)
         if eqn.op == "transpose":
             transposed[out] = (inputs[0], tuple(eqn.p["perm"]))
+        if eqn.op == "reshape" and inputs[0] in reshaped:
+            # a reshape of a reshape is one, of the first's source (no
+            # step at all where that has the shape wanted: the identity
+            # rule below drops it), so that nothing stands between a sum
+            # and the elementwise work on it that fusion runs per row
+            inputs = (reshaped[inputs[0]],)
+            eqn = Eqn("reshape", inputs, eqn.outputs, eqn.params, eqn.span)
+        if eqn.op == "reshape" and isinstance(inputs[0], Var):
+            reshaped[out] = inputs[0]
         if eqn.op == "pow" and _small_power(inputs, out) is not None:
             eqn = _power_as_products(b, eqn, inputs[0], _small_power(inputs, out))
             inputs = eqn.inputs

@@ -42,7 +42,8 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
 )
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import jit_in_kernel_cache
-from gradlang.runtime.parallelism import parallel_allowed  # drivers call R.parallel_allowed
+from gradlang.runtime.parallelism import (  # drivers call R.parallel_allowed
+    blas_called, parallel_allowed)
 from gradlang.runtime.target import Target, is_device_array, largest, smallest
 
 # Below this many elements a reduction, or a loop of arithmetic, runs on one
@@ -218,7 +219,9 @@ def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "",
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.matmul(a, b)
+    product = np.matmul(a, b)
+    blas_called()  # its workers now spin for a while (parallelism.BLAS_SPIN_SECONDS)
+    return product
 
 
 def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:

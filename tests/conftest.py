@@ -48,4 +48,6 @@ def gradc_parallel(monkeypatch):
         monkeypatch.setenv("GRADC_PARALLEL", value)
         monkeypatch.setattr(parallelism, "_scale", parallelism._scale)
         monkeypatch.setattr(parallelism, "_next_check", 0.0)
+        # (nor does an earlier test's product make this one's loops serial)
+        monkeypatch.setattr(parallelism, "_blas_until", 0.0)
     return use

@@ -3,6 +3,7 @@ one pass that stores no residual; broadcasting never materializes."""
 import numpy as np
 
 import dsl
+from dsl.function import jvp_function
 from gradlang.compiler.codegen import access_kind
 from gradlang.compiler.fusion import Loop, fuse
 
@@ -118,3 +119,101 @@ def test_a_loop_over_many_broadcast_inputs_has_code_linear_in_them():
     assert kernel.count("least = ") == 2 * len(names)
     assert len(kernel) < 12000
     np.testing.assert_array_equal(m.f(x, *rows), x * sum(rows))
+
+
+LOGISTIC = "def loss(x, y, w):\n    return log(1 + exp(-y * sum(x * w)))\n"
+
+
+def _logistic_jvp_reference(x, y, w, tx):
+    z = x @ w
+    return np.log1p(np.exp(-y * z)), -y / (1 + np.exp(y * z)) * (tx @ w)
+
+
+def test_a_product_summed_against_a_vector_runs_as_a_matrix_vector_product(gradc_parallel):
+    """The jvp of a vmap'd logistic loss along each example's x: the row
+    sums of x * w and tx * w are BLAS's x @ w and tx @ w (a loop summing
+    64-element rows ran at half the memory's speed), and `-y`, which the
+    greedy rule started as a loop of its own, sinks into the one loop that
+    does the rest per row: one kernel (three before).  Values against
+    NumPy and central differences, serial and parallel, f64 and f32."""
+    loss = dsl.loads(LOGISTIC).loss
+    batched = dsl.vmap(loss, in_axes=(0, 0, None))
+    rng = np.random.default_rng(0)
+
+    def args(n, d, dtype=np.float64):
+        return [a.astype(dtype) for a in (rng.normal(size=(n, d)), rng.choice([-1.0, 1.0], n),
+                                          rng.normal(size=d) / np.sqrt(d),
+                                          rng.normal(size=(n, d)))]
+    x, y, w, tx = args(7, 5)
+    jf = jvp_function(batched, ["x"])
+    program = jf.program({**batched.bind((x, y, w), {}), "t_x": tx})
+    steps = fuse(program.ir, reductions=True)
+    assert [s.op for s in steps if not isinstance(s, Loop)].count("matmul") == 2
+    (loop,) = [s for s in steps if isinstance(s, Loop)]
+    assert not loop.reductions and [e.op for e in loop.eqns][0] == "neg"
+    assert len(program.generated.kernel_names) == 1
+    for n, d, parallel in ((7, 5, "never"), (20000, 16, "always")):
+        x, y, w, tx = args(n, d)
+        gradc_parallel(parallel)  # the loop's parallel variant from 6553 rows
+        value, tangent = dsl.jvp(batched, (x, y, w), (tx, None, None))
+        ref_value, ref_tangent = _logistic_jvp_reference(x, y, w, tx)
+        np.testing.assert_allclose(value, ref_value, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(tangent, ref_tangent, rtol=1e-10, atol=1e-13)
+        h = 1e-6
+        plus, minus = (batched(x + s * h * tx, y, w) for s in (1, -1))
+        np.testing.assert_allclose(tangent, (plus - minus) / (2 * h), rtol=1e-6, atol=1e-8)
+    x, y, w, tx = args(50, 6, np.float32)  # f32: the loop's sums (they add in f64)
+    program = jf.program({**batched.bind((x, y, w), {}), "t_x": tx})
+    assert "matmul" not in [s.op for s in fuse(program.ir, reductions=True)
+                            if not isinstance(s, Loop)]
+    value, tangent = dsl.jvp(batched, (x, y, w), (tx, None, None))
+    assert value.dtype == tangent.dtype == np.float32
+    ref = _logistic_jvp_reference(*(a.astype(np.float64) for a in (x, y, w, tx)))
+    np.testing.assert_allclose(value, ref[0], rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(tangent, ref[1], rtol=2e-4, atol=1e-5)
+    per_example = dsl.vmap(dsl.grad(loss, wrt=2), in_axes=(0, 0, None))
+    x, y, w, _ = args(40, 9)
+    program = per_example.program(per_example.bind((x, y, w), {}))
+    assert len(program.generated.kernel_names) == 2  # the slope per row, then its x rows
+    expected = (-y / (1 + np.exp(y * (x @ w))))[:, None] * x
+    np.testing.assert_allclose(per_example(x, y, w), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_which_sums_of_products_become_matrix_vector_products():
+    """Over trailing axes, against a vector the same for every row
+    (size-1 axes before it allowed); not where another sum over the same
+    rows reads the matrix (one loop then reads it once for both), nor a
+    product of two values of the full shape, nor in f32."""
+    m = dsl.loads("def rows3(x, v):\n    return sum(x * v, axis=2)\n"
+                  "def both(x, w):\n    return sum(x * w, axis=1) + sum(x * x, axis=1)\n"
+                  "def full(x, z):\n    return sum(x * z, axis=1)\n")
+    rng = np.random.default_rng(3)
+    x3, v = rng.normal(size=(4, 5, 6)), rng.normal(size=(1, 6))
+    x, w = rng.normal(size=(9, 7)), rng.normal(size=7)
+    z = rng.normal(size=(9, 7))
+    for f, a, expected, matmuls in ((m.rows3, (x3, v), (x3 * v).sum(2), 1),
+                                    (m.rows3, (x3.astype(np.float32), v.astype(np.float32)),
+                                     (x3 * v).sum(2).astype(np.float32), 0),
+                                    (m.both, (x, w), x @ w + (x * x).sum(1), 0),
+                                    (m.full, (x, z), (x * z).sum(1), 0)):
+        steps = fuse(f.ir(*a), reductions=True)
+        ops = [s.op for s in steps if not isinstance(s, Loop)]
+        assert ops.count("matmul") == matmuls, f.name
+        np.testing.assert_allclose(f(*a), expected, rtol=1e-12 if expected.dtype == np.float64
+                                   else 1e-5)
+    steps = fuse(m.both.ir(x, w), reductions=True)
+    assert [len(s.reductions) for s in steps if isinstance(s, Loop)] == [2, 0]  # then their sum
+    gx, gv = dsl.grad(m.rows3, wrt=(0, 1))(x3, v)
+    np.testing.assert_allclose(gx, np.broadcast_to(v, x3.shape), rtol=1e-12)
+    np.testing.assert_allclose(gv, x3.sum(axis=(0, 1), keepdims=True)[0], rtol=1e-12)
+
+
+def test_a_loop_only_one_later_loop_reads_sinks_into_it():
+    """exp(x) began a loop before the sum the product waits for; it sinks
+    into the product's loop: one kernel, exp(x) never stored."""
+    m = dsl.loads("def f(x):\n    s = sum(x)\n    return exp(x) * (s / 2.0)\n")
+    x = np.linspace(-1, 1, 11)
+    steps = fuse(m.f.ir(x), reductions=True)
+    (loop,) = [s for s in steps if isinstance(s, Loop) and s.shape != ()]
+    assert [e.op for e in loop.eqns] == ["exp", "mul"] and len(loop.outputs) == 1
+    np.testing.assert_allclose(m.f(x), np.exp(x) * x.sum() / 2, rtol=1e-14)

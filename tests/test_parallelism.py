@@ -158,3 +158,24 @@ def test_a_child_forked_after_a_parallel_kernel_runs_its_loops_serially(tmp_path
     done = subprocess.run([sys.executable, str(script), SUMS], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_after_a_product_loops_run_as_on_a_busy_machine(gradc_parallel, monkeypatch):
+    """OpenBLAS's workers spin on a core for a while after a product: a
+    loop then takes its parallel kernel only from BUSY_FACTOR times its
+    threshold, under auto (always keeps the size threshold alone)."""
+    monkeypatch.setattr(parallelism, "_runnable_others", lambda: 0)
+    monkeypatch.setattr(parallelism, "_cores", lambda: 2)
+    monkeypatch.setattr(parallelism.numba.config, "NUMBA_NUM_THREADS", 2)
+    monkeypatch.setattr(parallelism, "_blas_until", 0.0)
+    gradc_parallel("auto")
+    assert parallelism.parallel_allowed(4096, 4096)
+    a, b = np.arange(6.0).reshape(3, 2), np.arange(2.0).reshape(2, 1)
+    np.testing.assert_array_equal(cpu.matmul(a, b), a @ b)
+    assert not parallelism.parallel_allowed(4096 * BUSY_FACTOR - 1, 4096)
+    assert parallelism.parallel_allowed(4096 * BUSY_FACTOR, 4096)
+    gradc_parallel("always")
+    assert parallelism.parallel_allowed(4096, 4096)
+    monkeypatch.setattr(parallelism, "_blas_until", 0.0)  # the workers sleep again
+    gradc_parallel("auto")
+    assert parallelism.parallel_allowed(4096, 4096)
