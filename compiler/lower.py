@@ -125,16 +125,18 @@ class Lowerer:
         self.call_spans.append(span)
         try:
             outs = self.call_body(b, fdef, ns, inputs, span)
+            check_results(fdef, outs, dims)
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
             raise too_deep(ns.module.source, ns.module.file) from None
         except GradError as err:
-            if err.note is None and err.span.file != span.file:  # (std's, an import's)
+            # in another file (std's, an import's) than the call (not the
+            # entry function's definition) that reached it
+            if err.note is None and err.span.file != span.file and len(self.call_stack) > 1:
                 err.note = f"in {fdef.name}(), called at {span}"
             raise
         finally:
             self.call_stack.pop()
             self.call_spans.pop()
-        check_results(fdef, outs, dims)
         return outs
 
     def call_body(self, b: Builder, fdef: ast.FuncDef, ns: Namespace,

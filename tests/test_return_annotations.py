@@ -111,7 +111,8 @@ def test_the_error_points_into_the_module_that_holds_the_annotation(tmp_path):
     err = info.value
     assert (err.file, err.line, err.col) == (str(tmp_path / "lib.grad"), 1, 17)
     assert str(err).splitlines()[1:] == ["    def twice(x) -> f32[...]:",
-                                         "    " + " " * 16 + "^" * 8]
+                                         "    " + " " * 16 + "^" * 8,
+                                         f"note: in twice(), called at {main_file}:4:12"]
 
 
 SOURCE = """\
