@@ -390,7 +390,7 @@ class Lowerer:
         try:
             return method(b, e, env)
         except NeedsConcrete as err:  # where, for a caller that cannot lower again
-            err.span = err.span or e.span
+            err.spans += (e.span,) if e.span else ()
             raise
 
     def expr_Name(self, b, e: ast.Name, env):
