@@ -158,7 +158,7 @@ def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -
     ops that only move or pick them (`_PICKS`: `reshape(arange(...), s)`,
     a slice of it, a `where` between two).  (Arithmetic on one has no
     compile-time values, and is not checked.)"""
-    eqn = next((e for e in reversed(b.eqns) if any(o is v for o in e.outputs)), None)
+    eqn = b.defining(v)
     if eqn is not None and eqn.op in _PICKS:
         for a in _PICKS[eqn.op](eqn.inputs):
             if isinstance(a, WeakVar):

@@ -149,6 +149,14 @@ def test_an_arange_beyond_the_dtype_is_refused_through_layout_ops(expression):
     with pytest.raises(dsl.GradError, match=r"<string>:2:12: error: the constant 2147483648 "
                                             r"does not fit in i32"):
         m.f(np.zeros(6, dtype=np.int32))
+
+
+def test_an_arange_beyond_the_dtype_is_refused_in_a_loop_and_at_an_annotation():
+    # read in a loop's body (lowered by a builder of its own): it gave [0, 2, 4, ...]
+    looped = dsl.loads("def h(k: i32[6]):\n    a = arange(2 ** 31, 2 ** 31 + 6)\n"
+                       "    for i in range(2):\n        k = k + reshape(a, (6,))\n    return k\n")
+    with pytest.raises(dsl.GradError, match=r"<string>:4:17: error: the constant 2147483648"):
+        looped.h(np.zeros(6, dtype=np.int32))
     annotated = dsl.loads("def g() -> i32[2, 3]:\n"
                           "    return reshape(arange(2 ** 31 - 3, 2 ** 31 + 3), (2, 3))\n")
     with pytest.raises(dsl.GradError, match="the constant 2147483650 does not fit in i32"):
