@@ -23,8 +23,20 @@ from gradlang.runtime.errors import GradError, Span
 class Builder:
     """Accumulates equations; `bind` type-checks through the op table."""
 
-    def __init__(self) -> None:
+    def __init__(self, outer: "Builder | None" = None) -> None:
         self.eqns: list[Eqn] = []
+        self.outer = outer  # a loop body's: the builder of the values it reads from outside
+
+    def defining(self, v: Var) -> "Eqn | None":
+        """The equation that made v, here or in an outer builder (None for a
+        parameter)."""
+        b: "Builder | None" = self
+        while b is not None:
+            eqn = next((e for e in reversed(b.eqns) if any(o is v for o in e.outputs)), None)
+            if eqn is not None:
+                return eqn
+            b = b.outer
+        return None
 
     def bind(self, op: str, *inputs: Atom, span: Span | None = None,
              hint: str = "", weak: bool = False, **params: Any) -> Var:

@@ -48,7 +48,7 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
     dtypes: list["str | None"] = [None] * len(carried)
     for _ in range(len(carried) + 2):
         inits = [as_atom(Builder(), env[n], stmt.span, d) for n, d in zip(carried, dtypes)]
-        sb, index, params, outs = _lower_body(lw, stmt, env, carried, inits)
+        sb, index, params, outs = _lower_body(lw, b, stmt, env, carried, inits)
         starts = _start_dtypes(sb, [env[n] for n in carried], inits, params, outs,
                                first=all(d is None for d in dtypes))
         if starts == [None if d is None else a.type.dtype for d, a in zip(starts, inits)]:
@@ -73,12 +73,13 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
     env.update(zip(carried, results))
 
 
-def _lower_body(lw: "Lowerer", stmt: ast.For, env: dict[str, Value], carried: list[str],
-                inits: Sequence[Atom]) -> tuple[Builder, Var, list[Var], list[Atom]]:
-    """The loop's body lowered into a fresh builder, its carried values
+def _lower_body(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value],
+                carried: list[str], inits: Sequence[Atom]
+                ) -> tuple[Builder, Var, list[Var], list[Atom]]:
+    """The loop's body lowered into a fresh builder (inside b's), its carried values
     starting as parameters of the inits' types: the builder, the index and
     carried parameters, and each carried value as the body leaves it."""
-    sb = Builder()
+    sb = Builder(outer=b)
     index = Var(INDEX, stmt.var)
     params = [Var(a.type, n) for n, a in zip(carried, inits)]
     inner = {**env, stmt.var: index, **dict(zip(carried, params))}

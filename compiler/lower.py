@@ -402,7 +402,7 @@ class Lowerer:
         try:
             value = method(b, e, env)
         except NeedsConcrete as err:  # where, for a caller that cannot lower again
-            err.span = err.span or e.span
+            err.spans += (e.span,) if e.span else ()
             raise
         if value is None and not none_ok:
             if isinstance(e, ast.Name):

@@ -19,14 +19,16 @@ from typing import Iterable, Union
 
 class NeedsConcrete(Exception):
     """A program used a symbolic size in a way that needs its value;
-    `span`: the innermost expression whose lowering raised it, or None."""
+    `spans`: the expressions whose lowering raised it, innermost first (a
+    call's lowering in another file's function, then the call)."""
 
-    span = None
+    spans = ()
 
     def at(self, fallback):
-        """Where to report it: its expression, if in fallback's file (whose
-        source the error shows), else fallback (a function's span)."""
-        return self.span if self.span and self.span.file == fallback.file else fallback
+        """Where to report it: its innermost expression in fallback's file
+        (whose source the error shows: the call leading into another
+        file's function), else fallback (a function's span)."""
+        return next((s for s in self.spans if s.file == fallback.file), fallback)
 
 
 class NeedsValue(Exception):

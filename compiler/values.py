@@ -154,9 +154,15 @@ def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -
     """An `arange` taking the dtype of the arrays it meets (or of a return
     annotation) must hold its values in it, as a literal must:
     `arange(2**40, 2**40 + 3) + k` for i32 k is an error at the constant,
-    not a wraparound.  (Only an `arange` itself is checked: arithmetic on
-    one has no compile-time values.)"""
-    eqn = next((e for e in reversed(b.eqns) if any(o is v for o in e.outputs)), None)
+    not a wraparound; so must one whose values reach v unchanged through
+    ops that only move or pick them (`_PICKS`: `reshape(arange(...), s)`,
+    a slice of it, a `where` between two).  (Arithmetic on one has no
+    compile-time values, and is not checked.)"""
+    eqn = b.defining(v)
+    if eqn is not None and eqn.op in _PICKS:
+        for a in _PICKS[eqn.op](eqn.inputs):
+            if isinstance(a, WeakVar):
+                check_range_fits(b, a, dtype, span)
     if eqn is None or eqn.op != "iota" or isinstance(eqn.p["stop"], Sym):
         return
     start, stop, step = eqn.p["start"], eqn.p["stop"], eqn.p["step"]
@@ -164,3 +170,10 @@ def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -
         else len(range(start, stop, step))
     for value in ((start, start + (count - 1) * step) if count else ()):
         coerce(value, dtype, span)
+
+
+# ops whose result's values are some of the values of these inputs (or zeros)
+_PICKS = {**dict.fromkeys(("reshape", "transpose", "broadcast_to", "slice", "embed", "take",
+                           "take_along_axis"), lambda inputs: inputs[:1]),
+          "concatenate": lambda inputs: inputs,
+          "where": lambda inputs: inputs[1:]}

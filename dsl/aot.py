@@ -71,6 +71,12 @@ class SignatureError(GradError):
     """A `--sig` that cannot be read or does not fit its function."""
 
 
+class SizesNeeded(SignatureError):
+    """A `--sig` leaving symbolic a size that the function needs the value
+    of: at the expression that needs it (shown with its line, unlike other
+    signature errors, which are about the signature's text)."""
+
+
 class OutputError(OSError):
     """The module cannot be written where asked: the directory cannot be
     made, or the module file exists and gradc did not write it."""
@@ -300,9 +306,9 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
     except NeedsValue as err:
         raise value_needed(f, err) from None
     except NeedsConcrete as err:
-        raise SignatureError(f"{f.name}() cannot be compiled for any size: {err}; give "
-                             f"concrete sizes in --sig, e.g. {_with_sizes(f.name, args)}",
-                             err.at(f.span)) from None
+        raise SizesNeeded(f"{f.name}() cannot be compiled for any size: {err}; give "
+                          f"concrete sizes in --sig, e.g. {_with_sizes(f.name, args)}",
+                          err.at(f.span)) from None
     except GradError as err:
         consts = [s.name for s, (dtype, _) in zip(f.specs, args)
                   if s.const and dtype in ("i32", "i64", "bool")]

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 import dsl
-from dsl.aot import OutputError, SignatureError
+from dsl.aot import OutputError, SignatureError, SizesNeeded
 from dsl.check import MAX_ORDER, check_function
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.modules import read_source
@@ -439,6 +439,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except TargetError as err:  # --target names one that cannot do this here
         print(f"gradc: error: {err.message}", file=sys.stderr)
+        return 2
+    except SizesNeeded as err:  # a usage error too, at the expression needing a size
+        print(_shown(err), file=sys.stderr)
         return 2
     except SignatureError as err:  # a bad --sig is a usage error
         note = f"\nnote: {err.note}" if err.note else ""

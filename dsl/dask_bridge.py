@@ -312,9 +312,10 @@ class _Plan:
             try:
                 block = optimize(with_sizes(f.lower_as(bound, dict.fromkeys(batch, every_axis)),
                                             whole))
-            except NeedsConcrete:
-                # a fixed size off the rows (an annotation's, `f64[n, 3]`): a block
-                # must hold whole rows, so blocks of rows, as for any function
+            except (NeedsConcrete, GradError):
+                # a fixed size off the rows (an annotation's, `f64[n, 3]`; a reshape's,
+                # `(x.shape[0] * 2, 2)`, in a function whose gradient is elementwise):
+                # a block must hold whole rows, so blocks of rows, as for any function
                 self.split = replace(self.split, elementwise=False)
         self.block = _Runner(block, f.target)
         self.block.program()  # compiled now, in this process

@@ -137,6 +137,33 @@ def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("expression", [
+    "reshape(arange(2 ** 31, 2 ** 31 + 6), (2, 3)) + reshape(k, (2, 3))",
+    "broadcast_to(arange(2 ** 31, 2 ** 31 + 6), (2, 6)) + k",
+    "concatenate([arange(3), arange(2 ** 31, 2 ** 31 + 3)]) + k",
+    "stack([arange(2 ** 31, 2 ** 31 + 6)])[0] + k",
+    "arange(2 ** 31, 2 ** 31 + 7)[1:] + k",
+    "where(k > 0, arange(6), arange(2 ** 31, 2 ** 31 + 6)) + k"])
+def test_an_arange_beyond_the_dtype_is_refused_through_layout_ops(expression):
+    # its values reach the i32 result unchanged: an error, not a wraparound
+    m = dsl.loads(f"def f(k: i32[6]):\n    return {expression}\n")
+    with pytest.raises(dsl.GradError, match=r"<string>:2:12: error: the constant 2147483648 "
+                                            r"does not fit in i32"):
+        m.f(np.zeros(6, dtype=np.int32))
+
+
+def test_an_arange_beyond_the_dtype_is_refused_in_a_loop_and_at_an_annotation():
+    # read in a loop's body (lowered by a builder of its own): it gave [0, 2, 4, ...]
+    looped = dsl.loads("def h(k: i32[6]):\n    a = arange(2 ** 31, 2 ** 31 + 6)\n"
+                       "    for i in range(2):\n        k = k + reshape(a, (6,))\n    return k\n")
+    with pytest.raises(dsl.GradError, match=r"<string>:4:17: error: the constant 2147483648"):
+        looped.h(np.zeros(6, dtype=np.int32))
+    annotated = dsl.loads("def g() -> i32[2, 3]:\n"
+                          "    return reshape(arange(2 ** 31 - 3, 2 ** 31 + 3), (2, 3))\n")
+    with pytest.raises(dsl.GradError, match="the constant 2147483650 does not fit in i32"):
+        annotated.g()
+
+
 def _xent_reference(p, labels):
     return -np.sum(np.eye(p.shape[1])[labels] * np.log(p))
 

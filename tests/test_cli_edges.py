@@ -143,6 +143,38 @@ def test_an_index_out_of_range_is_an_error_at_its_line(capsys):
         "(valid: -2 to 1)", "        return segment_sum(x, seg, m)", " " * 15 + "^" * 22, ""]
 
 
+def test_a_size_a_signature_leaves_symbolic_is_an_error_at_the_expression_needing_it(
+        tmp_path, capsys):
+    # the position was found (NeedsConcrete's span) and then not printed: a
+    # --sig error shows its message alone, here "f() cannot be compiled..."
+    # with no line of the function's body
+    path = tmp_path / "pooled.grad"
+    path.write_text("def helper(x):\n    return max_pool2d(x, 2)\n\n"
+                    "def f(x):\n    return helper(x * 2.0)\n")
+    for command in (["compile", str(path), "-o", str(tmp_path)], ["show", str(path), "--emit", "ir"]):
+        code, out, err = run(command + ["--sig", "f(f64[n, c, h, w])"], capsys)
+        assert code == 2 and out == ""
+        assert err.split("\n") == [
+            f"{path}:2:12: error: f() cannot be compiled for any size: max_pool2d() of "
+            "symbolic spatial sizes; give concrete sizes in --sig, e.g. "
+            "f(f64[128, 128, 128, 128])", "        return max_pool2d(x, 2)",
+            " " * 15 + "^" * 16, ""]
+
+
+def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_there(
+        tmp_path, capsys):
+    # the expression needing it is in lib.grad: the error is at the line of
+    # main.grad that calls into it (it was at main's `def f`)
+    (tmp_path / "lib.grad").write_text("def shifted(x):\n    return x[1:] - x[:-1]\n")
+    path = tmp_path / "main.grad"
+    path.write_text("from lib import shifted\n\ndef f(x):\n    return sum(shifted(x * 2.0))\n")
+    code, out, err = run(["compile", str(path), "-o", str(tmp_path), "--sig", "f(f64[n])"],
+                         capsys)
+    assert code == 2 and out == ""
+    assert err.split("\n")[1:] == ["        return sum(shifted(x * 2.0))",
+                                    " " * 19 + "^" * 16, ""]
+
+
 @pytest.mark.parametrize("stem", ["numpy", "math", "gradlang", "dsl"])
 def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, capsys):
     # numpy.py beside the kernels: every module compiled there then failed to

@@ -523,3 +523,14 @@ def test_a_big_endian_or_masked_dask_argument():
     with pytest.raises(dsl.ArgumentError, match=r"a masked Dask array \(shape \[6, 4\]\) cannot "
                                                  "be bound: its mask would be ignored"):
         f(da.ma.masked_array(da.from_array(x, chunks=2), mask=x > 1), w)
+
+
+def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_there(tmp_path):
+    # the slice of the rows is in lib.grad: the error is at the line of
+    # main.grad calling into it (it was at main's `def f`)
+    (tmp_path / "lib.grad").write_text("def shifted(x):\n    return x[1:] - x[:-1]\n")
+    path = tmp_path / "main.grad"
+    path.write_text("from lib import shifted\n\ndef f(x):\n    return sum(shifted(x * 2.0))\n")
+    with pytest.raises(dsl.ArgumentError, match=r"main.grad:4:16: error: f\(\) on Dask arrays: "
+                                                "axis 0 of size batch is indexed"):
+        dsl.load(path).f(da.from_array(np.ones(10), chunks=3))

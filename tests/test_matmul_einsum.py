@@ -80,6 +80,9 @@ def projected_loss(x, w):
 def merged(x):
     return reshape(x, (x.shape[0] * x.shape[1], x.shape[2])) * 2.0
 
+def halves(x):
+    return reshape(x, (x.shape[0] * 2, 2)) * 2.0
+
 def doubled(x):
     return concatenate([x, x], axis=0)
 
@@ -251,6 +254,13 @@ def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
         merged = M.merged(rows)
         np.testing.assert_array_equal(merged.compute(), x.reshape(36, 4) * 2.0)
         assert merged.chunks[0] == (15, 15, 6)
+        # a gradient elementwise (2 everywhere) of a function that is not one
+        # of blocks of any shape: blocks of rows (it was "cannot reshape
+        # [batch, axis1] (axis1*batch elements) to [2*batch, 2]", where
+        # value_and_grad gave it)
+        rows_of_4 = da.from_array(x[:, 0], chunks=(5, 4))
+        np.testing.assert_array_equal(dsl.grad(M.halves)(rows_of_4).compute(),
+                                      np.full((12, 4), 2.0))
         np.testing.assert_array_equal(M.mm(rows, w).compute(), x @ w)
     expected_value, expected = dsl.value_and_grad(M.loss, wrt=(0, 1))(a, b)
     np.testing.assert_allclose(value, expected_value, rtol=1e-12)
