@@ -14,7 +14,9 @@ grad, jvp, vmap), both targets and the linearity check of grad blocks
 apply with no rule of their own.  Every misuse is a `GradError` at
 `span` naming `name`; a symbolic spatial, channel or kernel size raises
 `NeedsConcrete`.  The batch size may stay symbolic (the batch symbol of a
-Dask split, whose rows the 2-d product's rows group).
+Dask split, whose rows the 2-d product's rows group).  `windows` (a
+kernel's strided slices) and `padded` (a zero embedding) serve pooling
+too (`compiler.pooling`).
 
 The lowering is im2col, channels last so that no copy is needed to lay
 the patches out as rows: x is transposed to (N, *spatial, C) and zero
