@@ -150,7 +150,7 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
     return [as_atom(b, v, at, dtype) for v, at in zip(values, spans)]
 
 
-def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -> None:
+def check_range_fits(b: Builder, v: Var, dtype: str, span: Optional[Span]) -> None:
     """An `arange` taking the dtype of the arrays it meets (or of a return
     annotation) must hold its values in it, as a literal must:
     `arange(2**40, 2**40 + 3) + k` for i32 k is an error at the constant,
@@ -161,7 +161,9 @@ def check_range_fits(b: Builder, v: WeakVar, dtype: str, span: Optional[Span]) -
     eqn = b.defining(v)
     if eqn is not None and eqn.op in _PICKS:
         for a in _PICKS[eqn.op](eqn.inputs):
-            if isinstance(a, WeakVar):
+            # a plain Var too: an op on a weak value may bind its steps plain
+            # and weaken only its result (`x[5]`: a slice, then a reshape)
+            if isinstance(a, Var):
                 check_range_fits(b, a, dtype, span)
     if eqn is None or eqn.op != "iota" or isinstance(eqn.p["stop"], Sym):
         return

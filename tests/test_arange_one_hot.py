@@ -143,6 +143,8 @@ def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
     "concatenate([arange(3), arange(2 ** 31, 2 ** 31 + 3)]) + k",
     "stack([arange(2 ** 31, 2 ** 31 + 6)])[0] + k",
     "arange(2 ** 31, 2 ** 31 + 7)[1:] + k",
+    "arange(2 ** 31, 2 ** 31 + 6)[5] + k",  # a slice, then a reshape: it wrapped around
+    "arange(2 ** 31, 2 ** 31 + 6)[:, None][::2, 0] + k[:3]",
     "where(k > 0, arange(6), arange(2 ** 31, 2 ** 31 + 6)) + k"])
 def test_an_arange_beyond_the_dtype_is_refused_through_layout_ops(expression):
     # its values reach the i32 result unchanged: an error, not a wraparound
