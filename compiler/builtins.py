@@ -200,9 +200,12 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             reduced = L.reduced_axes(x, axis, span)
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
+        # of a weak value: weak (`sum(arange(n) * 0.5)`), if a float: an integer
+        # one meeting i32 would wrap around unchecked (sum(arange(100000)) + k)
         if isinstance(args[0], WeakVar) and isinstance(out, Var) and not isinstance(
-                out, WeakVar) and b.eqns and out in b.eqns[-1].outputs:
-            out = b.weaken(out)  # of a weak value: weak (`sum(arange(n) * 0.5)`)
+                out, WeakVar) and out.type.dtype in FLOATS and b.eqns \
+                and out in b.eqns[-1].outputs:
+            out = b.weaken(out)
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
                     nullable=("axis",), keyword_only=0 if mean else 1)

@@ -154,6 +154,16 @@ def test_an_arange_beyond_the_dtype_is_refused_through_layout_ops(expression):
         m.f(np.zeros(6, dtype=np.int32))
 
 
+def test_an_integer_reduction_of_an_arange_is_not_weak():
+    # its value is not known at compile time, so not checked as a weak
+    # value's: as i32 the sum wrapped around to 704982705
+    m = dsl.loads("def f(k: i32):\n    return sum(arange(100000)) + k, max(arange(2 ** 31, "
+                  "2 ** 31 + 6)) + k, min(arange(-2 ** 31 - 6, -2 ** 31)) + k\n")
+    total, top, bottom = m.f(np.int32(1))
+    assert (total.dtype, top.dtype, bottom.dtype) == (np.int64,) * 3
+    assert (total, top, bottom) == (4999950001, 2 ** 31 + 6, -2 ** 31 - 5)
+
+
 def test_an_arange_beyond_the_dtype_is_refused_in_a_loop_and_at_an_annotation():
     # read in a loop's body (lowered by a builder of its own): it gave [0, 2, 4, ...]
     looped = dsl.loads("def h(k: i32[6]):\n    a = arange(2 ** 31, 2 ** 31 + 6)\n"
