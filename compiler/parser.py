@@ -309,7 +309,7 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
                    col: int) -> str | None:
     """What to write instead, where the parse stopped at a Python spelling
     the language lacks: an operator, a chained comparison, a docstring, a
-    comprehension or a conditional expression."""
+    comprehension, C's `else if` or a conditional expression."""
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         hint = _OPERATOR_HINTS.get(line_text[col - 1:col])
         return hint and f"`{line_text[col - 1]}` is not an operator here; {hint}"
@@ -325,6 +325,8 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     if token.type == "_FOR" and before.strip():
         return ("comprehensions are not supported: list the items (stack([a, b])), or "
                 "compute them in a `for` loop")
+    if token.type == "_IF" and before.strip() == "else":
+        return "write `elif c:` for `else if c:`"
     if token.type == "_IF" and before.strip():
         return ("`a if c else b` is not supported: write where(c, a, b), or an `if` "
                 "statement on a compile-time or scalar condition")

@@ -52,6 +52,9 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
     ('def f(x):\n    """The identity.\n    """\n    return x\n', 2, 5, "a docstring is not"),
     ('"A module."\ndef f(x):\n    return x\n', 1, 1, "a docstring is not"),
     ("def f(x):\n    return x if x.ndim == 1 else -x\n", 2, 14, "write where(c, a, b)"),
+    # (not the conditional expression's hint)
+    ("def f(x):\n    if x.ndim == 1:\n        y = x\n    else if x.ndim == 2:\n        y = -x\n"
+     "    return y\n", 4, 10, "write `elif c:` for `else if c:`"),
     ("def f(x):\n    return stack([x * i for i in range(3)])\n", 2, 25,
      "comprehensions are not supported"),
     ("def f(x: float):\n    return x\n", 1, 10, "a dtype (f32, f64, i32, i64, bool)"),
