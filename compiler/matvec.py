@@ -7,9 +7,11 @@ them allowed), written as a `matmul` of `a` viewed as (rows, row length)
 by `v` viewed as a column, reshaped to the sum's shape: what `x @ w` is
 (`sum(x * w, axis=1)` in a vmap'd loss, and its tangent `sum(tx * w,
 axis=1)` in the jvp).  Only f64 products that nothing else reads (BLAS
-sums f32 in f32, where a loop's sum adds in f64), and only where no other
-sum over the same rows reads `a` (a fused loop then reads `a` once for
-both, where a product and a loop would read it twice).
+sums f32 in f32, where a loop's sum adds in f64), and only where no
+other elementwise value of `a` is summed over the same rows (`sum(a * a,
+axis=1)`: a fused loop then reads `a` once for both sums, where a product
+and a loop would read it twice; `sum(a, axis=1)` itself is no loop's, and
+does not count).
 
 Why: on the CPU a loop summing short rows ran at half the memory's speed
 (64-element rows of f64: 4.4 ms single-threaded for the two row sums of
