@@ -81,9 +81,11 @@ class Var:
 class WeakVar(Var):
     """A Var whose dtype is weak during lowering, as a Python number's is:
     `arange`'s and `one_hot`'s results, and what arithmetic with numbers,
-    elementwise functions (`exp`), negation, indexing and layout ops make of them.  Where it meets other arrays it
-    takes their dtype as a literal does (`compiler.values.unify`), so
-    `arange(n) * 0.5` beside f32 arrays is f32.  Passes see a plain Var."""
+    elementwise functions (`exp`), negation, indexing, layout ops, `where`
+    between weak values and float reductions make of them.  Where it meets
+    other arrays it takes their dtype as a literal does
+    (`compiler.values.unify`), so `arange(n) * 0.5` beside f32 arrays is
+    f32.  Passes see a plain Var."""
 
 
 @dataclass(frozen=True)
