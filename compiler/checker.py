@@ -381,8 +381,9 @@ class _Function:
                                 "concatenate())", func.span)
             elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
                     and func.value.id not in defined:
-                raise GradError(f"{func.value.id!r} is not defined"
-                                f"{_spelled_otherwise(func.value.id)}", func.value.span)
+                # the module's hint (`std`), else the function's (`np.zeros`, `F.softmax`)
+                hint = _spelled_otherwise(func.value.id) or _spelled_otherwise(func.name)
+                raise GradError(f"{func.value.id!r} is not defined{hint}", func.value.span)
             else:
                 raise GradError("only named functions can be called", func.span)
         subscripts = isinstance(func, ast.Name) and func.id == "einsum" \
@@ -419,6 +420,10 @@ class _Function:
         if receiver is not None and receiver not in defined and func.name in BUILTINS:
             raise GradError(f"{receiver!r} is not defined; builtins are called by their "
                             f"name alone: {func.name}(...)", func.span)
+        if receiver is not None and receiver not in defined:  # a module (`torch.clamp`)
+            raise GradError(f"{receiver!r} is not defined; "
+                            f"{_METHODS[func.name].format(x='x')} for {receiver}."
+                            f"{func.name}(...)", func.span)
         shown = receiver or "x"
         if func.name in _METHODS:
             raise GradError(f"arrays have no methods; {_METHODS[func.name].format(x=shown)} "

@@ -75,6 +75,12 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return len(x)\n", 2, 12, "x.shape[0]"),
     ("def f(x):\n    return x.astype(f32)\n", 2, 12, "write float32(x) or float64(x) for x.astype"),
     ("def f(x):\n    return x.clamp(0, 1)\n", 2, 12, "write clip(x, lo, hi)"),
+    # a module's function: not "write clip(torch, lo, hi)", not "'np' is not defined" alone
+    ("def f(x):\n    return torch.clamp(x, 0, 1)\n", 2, 12,
+     "'torch' is not defined; write clip(x, lo, hi) for torch.clamp"),
+    ("def f(x):\n    return np.zeros(3) + x\n", 2, 12,
+     "'np' is not defined; write zeros_like(x)"),
+    ("def f(x):\n    return F.softmax(x)\n", 2, 12, "`from std import softmax`"),
     ("def f(x):\n    return clip(x, min=0, max=1)\n", 2, 12, "unexpected keyword argument 'min'"),
     ("def f(x):\n    return eye(3) * x\n", 2, 12, "one_hot(arange(n), n)"),
     ("def f(x):\n    return x.at[0].set(1.0)\n", 2, 12, "have no .at[...].set() as JAX's do"),
