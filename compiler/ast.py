@@ -43,7 +43,8 @@ class NoneLit:
     """`None`: an argument that means "not given", where a builtin's option
     takes it (`sum(x, axis=None)`) or a `const` parameter does (and so its
     default may be None); nothing else is None.  In an index it is a new
-    axis (the parser makes it a `NewAxis`)."""
+    axis (the parser makes it a `NewAxis`), and a slice's bound written
+    None is one left out (`x[None:2]`, as Python's)."""
 
     span: Span
     value: ClassVar[None] = None  # as a default's, `Num.value`'s peer

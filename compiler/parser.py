@@ -382,6 +382,12 @@ def _span(file: str, meta) -> Span:
     return Span(file, meta.line, meta.column, meta.end_line, meta.end_column)
 
 
+def _given(part):
+    """A slice's bound, None where it is left out or written `None`, as
+    in Python (`x[None:2]` is `x[:2]`)."""
+    return None if isinstance(part, ast.NoneLit) else part
+
+
 def _tok_span(file: str, tok: Token) -> Span:
     return Span(file, tok.line or 1, tok.column or 1, tok.end_line or tok.line or 1,
                 tok.end_column or (tok.column or 1) + len(tok))
@@ -598,10 +604,10 @@ class _ToAst(Transformer_NonRecursive):
         return ast.EveryOtherAxis(_tok_span(self.file, children[0]))
 
     def slice2(self, meta, children):
-        return ast.Slice(children[0], children[1], None, self.s(meta))
+        return ast.Slice(*map(_given, children), None, self.s(meta))
 
     def slice3(self, meta, children):
-        return ast.Slice(children[0], children[1], children[2], self.s(meta))
+        return ast.Slice(*map(_given, children), self.s(meta))
 
     def attr(self, meta, children):
         return ast.Attr(children[0], str(children[1]), self.s(meta))

@@ -3,7 +3,7 @@
 `sum(x, axis=None)` and every builtin option NumPy lets be None (the
 reductions' and `cumsum`'s `axis`, `take`'s, `transpose`'s `axes`,
 `arange`'s `stop` and `step`, either bound of `clip`) is the option left
-out; a `const` parameter of no dtype takes it too (its default may be
+out, as is a slice's bound (`x[None:2]`); a `const` parameter of no dtype takes it too (its default may be
 None), so the standard library's axes take it, with SciPy's and NumPy's
 meaning, every axis (`logsumexp(x, None)`, `norm(x, axis=None)`).
 Anywhere else None is an error at the None (or at the name a `const`
@@ -28,7 +28,8 @@ def f(x):
     b = sum(cumsum(x, axis=None) * arange(6, None, None)) + sum(take(x, 4, axis=None) * x)
     c = norm(x, axis=None) + logsumexp(x, None) + sum(softmax(x, None) * x)
     d = sum(log_softmax(x, axis=None) * x) + sum(clip(x, None, 0.5) + clip(x, -0.25, None))
-    return a + b + c + d + sum(transpose(x, None)[0] * x[:, 0]) + g(x) + sum(g(x, 1))
+    e = sum(x[None:1, ::None] * x[1:None:None])  # a slice's bound: left out
+    return a + b + c + d + e + sum(transpose(x, None)[0] * x[:, 0]) + g(x) + sum(g(x, 1))
 """
 
 
@@ -39,7 +40,8 @@ def reference(x):
     c = np.linalg.norm(x) + sp.logsumexp(x) + (sp.softmax(x, axis=None) * x).sum()
     d = (sp.log_softmax(x, axis=None) * x).sum() + (np.clip(x, None, 0.5)
                                                     + np.clip(x, -0.25, None)).sum()
-    return a + b + c + d + (x.T[0] * x[:, 0]).sum() + 2 * (x * x).sum()
+    e = (x[:1] * x[1:]).sum()
+    return a + b + c + d + e + (x.T[0] * x[:, 0]).sum() + 2 * (x * x).sum()
 
 
 def test_none_arguments_mean_what_they_mean_in_numpy_with_their_gradients():
