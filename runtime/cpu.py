@@ -218,9 +218,17 @@ def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "",
     return _reduce(x, axes, _max_rows, _max_middle, False)
 
 
+# OpenBLAS runs a product on the calling thread below about this many
+# multiply-adds (m n k; its GEMV's threshold, the lower of GEMV's and
+# GEMM's): no workers then wake, to spin after it.
+BLAS_THREADED_WORK = 9216
+
+
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     product = np.matmul(a, b)
-    blas_called()  # its workers now spin for a while (parallelism.BLAS_SPIN_SECONDS)
+    # (integer products are NumPy's own loops, not BLAS)
+    if product.dtype.kind == "f" and a.size * b.shape[-1] >= BLAS_THREADED_WORK:
+        blas_called()  # its workers now spin for a while (parallelism.BLAS_SPIN_SECONDS)
     return product
 
 

@@ -20,8 +20,9 @@ process may run on: the load average alone trails a job that starts or
 stops by a minute.
 
 For `BLAS_SPIN_SECONDS` after one of our BLAS products (`blas_called`,
-from `cpu.matmul`) the machine counts as busy under `auto`: OpenBLAS's
-workers spin on the cores meanwhile.
+from `cpu.matmul`, for a float product large enough that OpenBLAS threads
+it) the machine counts as busy under `auto`: OpenBLAS's workers spin on
+the cores meanwhile.
 
 `GRADC_PARALLEL` overrides it (read at each recheck): `auto` (or unset)
 as above, `always` the size threshold alone, `never` serial kernels only.

@@ -172,8 +172,13 @@ def test_after_a_product_loops_run_as_on_a_busy_machine(gradc_parallel, monkeypa
     monkeypatch.setattr(parallelism, "BLAS_SPIN_SECONDS", 600.0)
     gradc_parallel("auto")
     assert parallelism.parallel_allowed(4096, 4096)
-    a, b = np.arange(6.0).reshape(3, 2), np.arange(2.0).reshape(2, 1)
-    np.testing.assert_array_equal(cpu.matmul(a, b), a @ b)
+    # a product BLAS runs on this thread (small, or of integers) wakes no workers
+    for a in (np.arange(6.0).reshape(3, 2), np.arange(2 * 9216).reshape(9216, 2)):
+        b = np.arange(2, dtype=a.dtype).reshape(2, 1)
+        np.testing.assert_array_equal(cpu.matmul(a, b), a @ b)
+        assert parallelism.parallel_allowed(4096, 4096)
+    a = np.arange(2.0 * 9216).reshape(9216, 2)
+    np.testing.assert_array_equal(cpu.matmul(a, b.astype(float)), a @ b)
     assert not parallelism.parallel_allowed(4096 * BUSY_FACTOR - 1, 4096)
     assert parallelism.parallel_allowed(4096 * BUSY_FACTOR, 4096)
     gradc_parallel("always")
