@@ -151,7 +151,7 @@ def test_none_from_python_is_the_sources_none_with_its_gradients(m):
     np.testing.assert_allclose(again(X, None)[1], gradient, rtol=1e-13)
 
 
-def test_none_from_python_through_vmap_jvp_and_dask(m):
+def test_none_from_python_through_vmap_jvp_cuda_and_dask(m):
     # the value picks the program, as a const integer's does (None is not 0)
     np.testing.assert_allclose(m.g(X, None), np.clip(X, None, 0.5) * X, rtol=1e-15)
     np.testing.assert_allclose(m.g(X, 0), np.clip(X, 0, 0.5) * X, rtol=1e-15)
@@ -165,6 +165,9 @@ def test_none_from_python_through_vmap_jvp_and_dask(m):
     with pytest.raises(dsl.ArgumentError, match="the tangent for 'lo' of g\\(\\) must be None "
                                                 "or zero"):
         dsl.jvp(m.g, (X, None), (t, np.ones(3)))
+    cuda = dsl.loads(FROM_PYTHON, "py.grad", target="cuda", host_results=True)
+    np.testing.assert_allclose(dsl.grad(cuda.g, wrt=0)(X, None), np.where(X < 0.5, 2 * X, 0.5),
+                               rtol=1e-15)
     da = pytest.importorskip("dask.array")  # None goes to every block
     rows = np.vstack([X, -X, 2 * X])
     np.testing.assert_allclose(m.g(da.from_array(rows, chunks=(2, 3)), None).compute(),
