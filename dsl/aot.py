@@ -49,7 +49,7 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import NUMPY, SUPPORTED, convert
+from gradlang.runtime.args import NONE, NUMPY, SUPPORTED, convert
 from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
@@ -94,9 +94,9 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
     args = []
     for part in _split(body):
         literal = part.strip()
-        if re.fullmatch(r"-?\d+|True|False", literal):
-            value = {"True": True, "False": False}.get(literal)
-            args.append(("static", int(literal) if value is None else value))
+        if re.fullmatch(r"-?\d+|True|False|None", literal):
+            values = {"True": True, "False": False, "None": None}
+            args.append(("static", values[literal] if literal in values else int(literal)))
             continue
         arg = _ARG.match(part)
         if not arg:
@@ -180,7 +180,8 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
                 raise SignatureError(f"signature {sig!r} gives a value for {s.name!r}, which "
                                      "is not const", f.span)
             try:  # the value a call would bind, refused as a call's would be
-                value = convert(f.name, s, dims, f.span)
+                value = NONE if dims is None and s.takes_none else convert(f.name, s, dims,
+                                                                          f.span)
             except ArgumentError as err:
                 raise SignatureError(f"signature {sig!r}: {err.message}", f.span) from None
             types[s.name] = StaticScalar(SUPPORTED[value.dtype], (), value.item())

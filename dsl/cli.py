@@ -55,7 +55,8 @@ NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts
 
 def _parse_arg(text: str, what: str = "argument"):
     """The value `text` gives (`what` it is, in errors): a Python number or
-    list, or a .npy file's array."""
+    list, or a .npy file's array; an argument may be None too (for a
+    `const` parameter of no dtype: binding refuses it for any other)."""
     if text.endswith(".npy"):
         path = Path(text)
         if not path.exists():
@@ -72,6 +73,8 @@ def _parse_arg(text: str, what: str = "argument"):
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number, a list "
                          "like [1, 2, 3], or a .npy file") from None
+    if value is None and what == "argument":
+        return None
     if not isinstance(value, (int, float, complex, list, tuple)):
         raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number or a list")
     try:  # as the function will take it (an integer beyond 64 bits may be a float's value)

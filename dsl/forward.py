@@ -191,13 +191,14 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         array = numeric_array(where, t, f.span)
         if carries and not isinstance(t, (np.ndarray, np.generic)):
             array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
+    # (before the shape: a const's primal may be None, bound as a 0-d `NONE`)
+    if not carries and np.any(array != 0):
+        raise ArgumentError(f"{where} must be None or zero: {f.label(name)} is const or not a "
+                            "float, so it carries no tangent", f.span)
     if tuple(array.shape) != shape:
         raise ArgumentError(f"{where} has shape {list(array.shape)}; its primal has shape "
                             f"{list(shape)}", f.span)
     if not carries:
-        if np.any(array != 0):
-            raise ArgumentError(f"{where} must be None or zero: {f.label(name)} is const or not a "
-                                "float, so it carries no tangent", f.span)
         return None
     if np.dtype(array.dtype) != dtype:
         got = SUPPORTED.get(np.dtype(array.dtype), str(array.dtype))

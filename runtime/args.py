@@ -17,6 +17,12 @@ and so do other libraries' arrays that NumPy reads (`__array__`: JAX
 arrays, CPU torch tensors); one of non-native byte order ('>f8') is taken
 as its value in native order, and a masked array is refused (computing
 would silently drop its mask).
+
+`None` is an argument only of a `const` parameter of no dtype, as in the
+source (`def f(x, axis: const = None)`): it binds as `NONE`, a static
+argument like a const integer (`static_names`), whose value, None, picks
+and specializes the program as the source's None would.  None for any
+other parameter is an `ArgumentError` naming it.
 """
 from __future__ import annotations
 
@@ -52,6 +58,37 @@ class ParamSpec:
     def differentiable(self) -> bool:
         return not self.const and (self.dtype is None or self.dtype in ("f32", "f64"))
 
+    @property
+    def takes_none(self) -> bool:
+        """A `const` parameter of no dtype (an axis) takes None, as in the
+        source (`compiler.ast.FuncDef.refuses_none`)."""
+        return self.const and self.dtype is None
+
+
+class NoneArgument(np.ndarray):
+    """The type of `NONE`: None bound to a `const` parameter, as a 0-d array
+    (so that every path that keys, places and passes bound arguments takes
+    it as it takes a const integer: a static argument the program receives
+    and never reads) whose `item()`, the static value that keys programs and
+    that lowering sees (`dsl.function.static_type`), is None."""
+
+    def item(self, *args):
+        return None
+
+    def __repr__(self) -> str:
+        return "NONE"
+
+    def __reduce__(self):
+        return (_none_argument, ())
+
+
+def _none_argument() -> "NoneArgument":
+    return NONE  # (unpickled as the one instance)
+
+
+NONE = np.zeros((), np.bool_).view(NoneArgument)
+NONE.flags.writeable = False
+
 
 def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
          kwargs: dict[str, Any], span: Optional[Span] = None,
@@ -76,7 +113,9 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
     for spec in specs:
         if spec.name in given:
             value = given[spec.name]
-            if spec.dtype is None and spec.differentiable and is_python_number(value):
+            if value is None and spec.takes_none:
+                arrays[spec.name] = NONE
+            elif spec.dtype is None and spec.differentiable and is_python_number(value):
                 weak.append(spec.name)
             else:
                 arrays[spec.name] = convert(fn_name, spec, value, span)
@@ -108,6 +147,11 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
     """`value` as the array `spec` takes; `where` names it in errors
     (default: argument NAME of FN())."""
     where = where or f"argument {spec.name!r} of {called(fn_name)}"
+    if value is None:
+        kind = (f"`const {spec.dtype}`" if spec.const else
+                f"an array of dtype {spec.dtype}" if spec.dtype else "an array")
+        raise ArgumentError(f"{where} is None, but only a `const` parameter of no dtype (such "
+                            f"as `axis: const`) takes None, and it is {kind}", span)
     if not isinstance(value, (np.ndarray, np.generic)) and hasattr(value, "__array__") \
             and not is_device_array(value):
         value = foreign_array(where, value, span)
@@ -290,10 +334,10 @@ def check_dims(where: str, annotation: str, dims_ann, shape, bound: dict[str, tu
 
 def static_names(specs: Sequence[ParamSpec], bound: dict,
                  by_value: frozenset = frozenset()) -> frozenset:
-    """The `const` integer and bool scalars of a call, and those named in
-    `by_value` (integer arguments a program uses as sizes): compile-time
-    values (an axis, an index, a count), so programs are specialized on
-    their values."""
+    """The `const` integer and bool scalars of a call (and None, `NONE`), and
+    those named in `by_value` (integer arguments a program uses as sizes):
+    compile-time values (an axis, an index, a count), so programs are
+    specialized on their values."""
     consts = {s.name for s in specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
     consts |= by_value
     return frozenset(n for n in consts if n in bound and not is_device_array(bound[n])
@@ -304,5 +348,5 @@ def call_key(bound: dict, statics: frozenset) -> tuple:
     """What picks a compiled-ahead program: each argument's dtype and rank,
     and the values of static arguments."""
     return tuple((n, np.dtype(a.dtype).str, len(a.shape))
-                 + ((np.asarray(a).item(),) if n in statics else ())
+                 + ((a.item(),) if n in statics else ())  # (NONE.item() is None)
                  for n, a in bound.items())

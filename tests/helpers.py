@@ -49,6 +49,14 @@ def optional_module(name: str, extra: str) -> ModuleType:
     return _ImportedOnUse(name)
 
 
+def import_compiled(path) -> ModuleType:
+    """Import a gradc-compiled module from its file (any file name)."""
+    spec = importlib.util.spec_from_file_location(f"_compiled_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def central_difference(f, args, index, eps=1e-6):
     """d sum(f(args)) / d args[index] by central differences, elementwise."""
     x = np.array(args[index], dtype=np.float64)

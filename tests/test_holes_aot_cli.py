@@ -5,7 +5,6 @@ functions under the transforms, symbolic signatures through std."""
 
 import ast
 import dataclasses
-import importlib.util
 import os
 import pickle
 import re
@@ -21,20 +20,13 @@ import pytest
 import dsl
 from dsl.aot import MARKER, _types, compile_module, parse_sig
 from dsl.cli import main
+from helpers import import_compiled
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.pipeline import optimize
 from gradlang.runtime.loader import load_kernels, make_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-
-
-def _import(path: Path):
-    """Import a compiled module from its file (any file name)."""
-    spec = importlib.util.spec_from_file_location(f"_holes_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ------------------------------------------------- 1. no code injection
@@ -54,7 +46,7 @@ def test_file_names_never_reach_generated_code(stem, tmp_path, monkeypatch, shar
     source = tmp_path / f"{stem}.grad"
     source.write_text("def f(x):\n    return x * 2.0\n")
     assert main(["compile", str(source), "-o", str(shared_out), "--sig", "f(f64[:])"]) == 0
-    module = _import(shared_out / f"{stem}.py")  # imports again
+    module = import_compiled(shared_out / f"{stem}.py")  # imports again
     assert not (tmp_path / "PWNED").exists()
     assert module.SOURCE == f"{stem}.grad"
     np.testing.assert_array_equal(module.f(np.array([1.0, 2.5])), [2.0, 5.0])
@@ -78,7 +70,7 @@ def test_keyword_and_reserved_function_names_compile_to_an_importable_module(tmp
     source = tmp_path / "kw.grad"
     source.write_text("".join(f"def {n}(x):\n    return x * {k}\n" for n, k in names.items()))
     assert main(["compile", str(source), "-o", str(tmp_path)]) == 0
-    module = _import(tmp_path / "kw.py")
+    module = import_compiled(tmp_path / "kw.py")
     x = np.array([1.0, -2.0])
     for name, k in names.items():
         np.testing.assert_array_equal(module.functions[name](x), k * x)
@@ -98,7 +90,7 @@ def test_a_size_named_like_a_driver_argument_does_not_overwrite_it(tmp_path):
     source.write_text("def f(x, y):\n    return x * y\n")
     assert main(["compile", str(source), "-o", str(tmp_path),
                  "--sig", "f(f64[t0], f64[t0])"]) == 0
-    module = _import(tmp_path / "two.py")
+    module = import_compiled(tmp_path / "two.py")
     x, y = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
     np.testing.assert_array_equal(module.f(x, y), [4.0, 10.0, 18.0])
     with pytest.raises(dsl.ArgumentError, match="t0"):
@@ -156,7 +148,7 @@ def test_compile_rewrites_its_own_module_and_force_overwrites_any(tmp_path):
     assert (out / "sq.py").read_text().splitlines()[0] == MARKER
     source.write_text("def sq(x):\n    return x * x * 3.0\n")
     assert main(["compile", str(source), "-o", str(out)]) == 0  # its own: no --force
-    np.testing.assert_array_equal(_import(out / "sq.py").sq(np.array([2.0])), [12.0])
+    np.testing.assert_array_equal(import_compiled(out / "sq.py").sq(np.array([2.0])), [12.0])
 
 
 def test_a_file_compile_cannot_write_is_a_usage_error(tmp_path, capsys):
@@ -202,7 +194,7 @@ def test_programs_running_one_kernel_share_its_file_and_compile(tmp_path):
                        for index in (tmp_path / "__pycache__").glob("_gradk_*.nbi"))
     assert compiled and set(compiled.values()) == {1}, compiled
     assert set(compiled) == set(defined)  # every kernel compiled
-    twice = _import(module)
+    twice = import_compiled(module)
     x = np.array([1.5, -2.0])
     np.testing.assert_array_equal(twice.f(x), [3.0, -4.0])
     np.testing.assert_array_equal(twice.f.grad(x), [2.0, 2.0])
@@ -224,7 +216,7 @@ def test_a_module_of_an_earlier_gradc_loads_its_file_per_program(tmp_path):
     for path in kernel_files:
         path.unlink()
     module.write_text(module.read_text().replace(spec_line, f"SPEC = {spec!r}"))
-    sq = _import(module)
+    sq = import_compiled(module)
     x = np.array([1.5, -2.0])
     np.testing.assert_array_equal(sq.sq(x), [2.25, 4.0])
     np.testing.assert_array_equal(sq.sq.grad(x), [3.0, -4.0])
@@ -249,7 +241,7 @@ def ab(tmp_path_factory):
     (directory / "ab.grad").write_text(AB)
     compile_module(str(directory / "ab.grad"), str(directory),
                    ["f(f64[n], f64[n])", "g(f64[n], i64[n])", "g(f32[n], f64)"])
-    module = _import(directory / "ab.py")
+    module = import_compiled(directory / "ab.py")
     module.params["w"] = [2.0, 3.0]
     return module
 
@@ -354,7 +346,7 @@ def test_logsumexp_compiles_for_any_size(tmp_path):
     source.write_text("from std import logsumexp\n\n"
                       "def f(x):\n    return sum(logsumexp(x, axis=1))\n")
     # compiled lazily (no precompile) to keep the test short
-    module = _import(compile_module(str(source), str(tmp_path), ["f(f64[m, n])"]))
+    module = import_compiled(compile_module(str(source), str(tmp_path), ["f(f64[m, n])"]))
     for shape in ((2, 3), (4, 5)):
         x = np.linspace(-3, 40, np.prod(shape)).reshape(shape)
         top = x.max(axis=1, keepdims=True)
@@ -428,7 +420,7 @@ def test_a_module_whose_params_meet_its_arguments_compiles_and_checks_their_size
     (tmp_path / "pp.grad").write_text("param w: f64[d, h]\nparam b: f64[h]\n"
                                       "def f(x: f64[n, d]):\n    return sum(x @ w) * sum(b)\n")
     compile_module(str(tmp_path / "pp.grad"), str(tmp_path))
-    pp = _import(tmp_path / "pp.py")
+    pp = import_compiled(tmp_path / "pp.py")
     pp.params["w"], pp.params["b"] = np.ones((2, 3)), np.ones(4)
     with pytest.raises(dsl.ArgumentError, match="param 'w' has size 3 on axis 1, but its "
                                                 "annotation says h, which is 4 for 'b'"):
