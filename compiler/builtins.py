@@ -259,7 +259,7 @@ def _reshape(L, b, args, kwargs, span):
 def _broadcast_to(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
-    if any(d < 0 for d in shape):
+    if any(isinstance(d, int) and d < 0 for d in shape):  # (a size is never negative)
         raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
     return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span,
                                                   weak=isinstance(x, WeakVar))

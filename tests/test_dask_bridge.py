@@ -534,3 +534,15 @@ def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_t
     with pytest.raises(dsl.ArgumentError, match=r"main.grad:4:16: error: f\(\) on Dask arrays: "
                                                 "axis 0 of size batch is indexed"):
         dsl.load(path).f(da.from_array(np.ones(10), chunks=3))
+
+
+def test_a_broadcast_to_the_rows_size_runs_by_blocks():
+    # (its shape's negative check compared the batch's symbol: "the size
+    # batch is used as a number")
+    m = dsl.loads("def f(x, b):\n    return x * broadcast_to(b, (x.shape[0], 3))\n")
+    b = np.array([1.0, -2.0, 0.5])
+    with dask.config.set(scheduler="sync"):
+        value = m.f(da.from_array(X, chunks=(300, 3)), b).compute()
+        grad = dsl.grad(m.f, wrt=1)(da.from_array(X, chunks=(300, 3)), b)
+    np.testing.assert_array_equal(value, X * b)
+    np.testing.assert_allclose(np.asarray(dask.compute(grad)[0]), X.sum(axis=0), rtol=1e-12)
