@@ -34,7 +34,9 @@ after the blocks' sums are combined; a value it carries that is the same
 in every block is computed by a loop of its own, usable anywhere.  A reshape may
 merge each row's leading axes into the batch's (`(batch, seq, d)` to
 `(batch * seq, d)`, as `x @ w` does for a batch of sequences): a block's
-rows stay together, and its values are then rows of the block's.  A value reduced
+rows stay together, and its values are then rows of the block's; so may a
+reshape keeping axis 0 of a value whose batch axis is axis 1 (an einsum's
+operand with the batch merged into its columns, `(k, batch * n)`).  A value reduced
 over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
 that moves data between rows (a slice of the batch axis, a reshape
 moving it off axis 0, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
@@ -63,7 +65,8 @@ BATCH = Sym.named("batch")
 # what each value is, for the split
 CONST = "const"      # the same in every block (from non-batch arguments and n)
 ROWS = "rows"        # axis 0 is the batch axis, row i from row i of the batch
-COLS = "cols"        # a transposed rank-2 ROWS value: the batch axis is axis 1
+COLS = "cols"        # the batch axis is axis 1 (a transposed ROWS value; an einsum's
+                     # operand with the batch merged into its columns, (k, batch * n))
 PARTIAL = "partial"  # a reduction over the batch axis, per block
 AFTER = "after"      # computed from combined partials (and CONSTs)
 # what a loop on rows makes, in each block: its ROWS values of each trip stacked
@@ -156,7 +159,7 @@ def _layout(v: Var) -> Optional[str]:
         return None
     if axes == [0] and _rows(shape[0]):
         return ROWS
-    if axes == [1] and len(shape) == 2 and _rows(shape[1]):
+    if axes == [1] and _rows(shape[1]):
         return COLS
     return "moved"
 
@@ -208,8 +211,10 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
             fine = layout == ROWS and batched <= {ROWS}
         elif eqn.op == "matmul":
             fine = states == ([ROWS, CONST] if layout == ROWS else [CONST, COLS])
-        elif eqn.op == "reshape":
-            fine = _leading(out) and all(_leading(a) for a in inputs)
+        elif eqn.op == "reshape":  # each row's (or column's) elements stay together
+            fine = _leading(out) and all(_leading(a) for a in inputs) or (
+                layout == COLS and states == [COLS]
+                and inputs[0].type.shape[0] == out.type.shape[0])
         elif OPS[eqn.op].kind in ("index", "scan"):  # not along the batch axis: a block
             # has its rows (a cumulative sum along it would need the blocks before)
             fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(eqn.inputs[0])

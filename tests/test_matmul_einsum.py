@@ -86,6 +86,13 @@ def halves(x):
 def doubled(x):
     return concatenate([x, x], axis=0)
 
+# einsums whose lowering merges the batch into a product's columns
+def shared_left(a, b):
+    return einsum("ij,bjk->bik", a, b)
+
+def contracted(a, b):
+    return einsum("bij,bik->jk", a, b)
+
 def fixed(a, b):
     return a @ reshape(b, (4, 5))
 ''' + _einsum_functions()
@@ -270,6 +277,17 @@ def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
     np.testing.assert_allclose(layer_grads[0], np.cos(x @ w) @ w.T, atol=1e-12)
     np.testing.assert_allclose(layer_grads[1], np.einsum("bij,bik->jk", x, np.cos(x @ w)),
                                atol=1e-12)
+    # the batch merged into a product's columns: (3, batch * 4), then back
+    left, y = RNG.normal(size=(2, 3)), RNG.normal(size=(12, 3, 4))
+    ys = da.from_array(y, chunks=(5, 3, 4))
+    with dask.config.set(scheduler="sync"):
+        np.testing.assert_allclose(M.shared_left(left, ys).compute(),
+                                   np.einsum("ij,bjk->bik", left, y), rtol=1e-13)
+        contracted, grads = dask.compute(*dsl.value_and_grad(M.contracted, wrt=(0, 1))(ys, ys))
+    np.testing.assert_allclose(contracted, np.einsum("bij,bik->jk", y, y), rtol=1e-13)
+    for got in grads:  # d sum(y^T y) / dy, each side: y summed over its last axis
+        np.testing.assert_allclose(got, np.broadcast_to(y.sum(axis=2, keepdims=True), y.shape),
+                                   rtol=1e-13)
     # a pullback takes cotangents of outputs whose rows are the batch's
     _, pullback = dsl.vjp(M.merged, rows)
     with pytest.raises(dsl.ArgumentError, match="output 0 has 36 rows, the batch's 12 merged"):
