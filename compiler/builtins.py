@@ -19,7 +19,7 @@ import numpy as np
 from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var, WeakVar
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
                                       weak_result)
 from gradlang.runtime.errors import GradError, Span
@@ -247,10 +247,15 @@ def _reshape(L, b, args, kwargs, span):
     if shape.count(-1) > 1 or any(isinstance(d, int) and d < -1 for d in shape):
         raise GradError(f"invalid shape {shape}", span)
     if -1 in shape:
-        known = prod(d for d in shape if d != -1)
-        if known == 0 or x.type.size % known:  # symbolic sizes: NeedsConcrete
+        known, size = prod(d for d in shape if d != -1), x.type.size
+        # (symbolic sizes: `reshape(x, (-1, d))` of (n, t, d) is (n * t, d)
+        # for every n; one the others do not divide needs the values)
+        rest = quotient(size, known)
+        if rest is None and (isinstance(size, Sym) or isinstance(known, Sym)):
+            raise NeedsConcrete(f"the size {size} is divided by {known}")
+        if rest is None:
             raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
-        shape[shape.index(-1)] = x.type.size // known
+        shape[shape.index(-1)] = rest
     shape = tuple(shape)
     return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span,
                                                   weak=isinstance(x, WeakVar))

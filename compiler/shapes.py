@@ -86,6 +86,23 @@ def prod(dims: Iterable[Dim]) -> Dim:
     return math.prod(dims, start=1)
 
 
+def quotient(a: Dim, b: Dim) -> "Dim | None":
+    """a / b where that is a size for every value of their symbols (b's
+    factors among a's and its coefficient dividing a's: `(n * t * d) / d`
+    is `n * t`), else None (an int a not divisible, or one that needs the
+    symbols' values)."""
+    fa, ca = (a.factors, a.coef) if isinstance(a, Sym) else ((), a)
+    fb, cb = (b.factors, b.coef) if isinstance(b, Sym) else ((), b)
+    rest = list(fa)
+    for f in fb:
+        if f not in rest:
+            return None
+        rest.remove(f)
+    if cb == 0 or ca % cb:
+        return None
+    return Sym(tuple(rest), ca // cb) if rest else ca // cb
+
+
 def evaluate(d: Dim, binding: dict[str, int]) -> int:
     if isinstance(d, Sym):
         return d.coef * math.prod(binding[f] for f in d.factors)

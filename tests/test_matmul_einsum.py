@@ -80,6 +80,13 @@ def projected_loss(x, w):
 def merged(x):
     return reshape(x, (x.shape[0] * x.shape[1], x.shape[2])) * 2.0
 
+# -1 for a size holding the batch's: one program for every batch, and rows on Dask
+def layer(x, w):
+    return reshape(reshape(x, (-1, 4)) @ w, (x.shape[0], -1, 2))
+
+def pairs(x):
+    return reshape(x, (-1, 8))
+
 def halves(x):
     return reshape(x, (x.shape[0] * 2, 2)) * 2.0
 
@@ -288,6 +295,13 @@ def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
     for got in grads:  # d sum(y^T y) / dy, each side: y summed over its last axis
         np.testing.assert_allclose(got, np.broadcast_to(y.sum(axis=2, keepdims=True), y.shape),
                                    rtol=1e-13)
+    # a -1 the other sizes divide symbolically; one they do not needs the batch's length
+    with dask.config.set(scheduler="sync"):
+        np.testing.assert_array_equal(M.layer(rows, w).compute(),
+                                      (x.reshape(-1, 4) @ w).reshape(12, 3, 2))
+    with pytest.raises(dsl.ArgumentError, match=r"the size 12\*batch is divided by 8"):
+        M.pairs(rows)
+    np.testing.assert_array_equal(M.pairs(x), x.reshape(-1, 8))
     # a pullback takes cotangents of outputs whose rows are the batch's
     _, pullback = dsl.vjp(M.merged, rows)
     with pytest.raises(dsl.ArgumentError, match="output 0 has 36 rows, the batch's 12 merged"):
