@@ -202,10 +202,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
         # of a weak value: weak (`sum(arange(n) * 0.5)`), if a float: an integer
         # one meeting i32 would wrap around unchecked (sum(arange(100000)) + k)
-        if isinstance(args[0], WeakVar) and isinstance(out, Var) and not isinstance(
-                out, WeakVar) and out.type.dtype in FLOATS and b.eqns \
-                and out in b.eqns[-1].outputs:
-            out = b.weaken(out)
+        if isinstance(args[0], WeakVar) and out is not args[0] and out.type.dtype in FLOATS:
+            out = b.weaken(out)  # (every path above ends in a bind, or gives x back)
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
                     nullable=("axis",), keyword_only=0 if mean else 1)
