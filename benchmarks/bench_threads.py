@@ -1,16 +1,20 @@
 """The dsl's multithreaded work in a process that has imported PyTorch.
 
-Each configuration runs in a fresh process: the attention benchmark's
-value and gradient (`benchmarks/attention.grad`, f32 8 x 8 heads, sequence
-128, dim 64: BLAS products between Numba's parallel kernels), median of
-25 calls after a warm-up, alone, after `import torch`, after `import dsl`
-then `import torch` (dsl's spin count reaches libgomp then), and after
-`import torch` with `OMP_WAIT_POLICY=PASSIVE` (libgomp's idle threads
-sleep rather than spin).  Numba's `omp` threading layer shares libgomp with torch; the
-figures show what a training script that imports torch pays.  Then the
-cause without torch: a Numba `prange` kernel (exp of 2e5 f64) and a
-256 x 256 f32 BLAS product, each alone and called alternately, by default
-and with `OMP_WAIT_POLICY=PASSIVE`.
+Each configuration runs in a fresh process and times two workloads,
+median of 25 calls after a warm-up: the attention benchmark's value and
+gradient (`benchmarks/attention.grad`, f32 8 x 8 heads, sequence 128, dim
+64: BLAS products between Numba's parallel kernels), and log1pexp's value
+and gradient at 1e5 f64 (one parallel kernel, nothing else: what threads
+that sleep between kernels cost).  Configurations: alone; `import dsl`
+then `import torch` (dsl's spin count reaches libgomp then); after
+`import torch` (where dsl picks Numba's workqueue layer, whose workers
+sleep: `runtime.parallelism.prefer_sleeping_threads`); after `import
+torch` on Numba's OpenMP layer anyway (`NUMBA_THREADING_LAYER=omp`:
+libgomp's default 300,000-round spin, what every torch-first script paid
+before); and that with `OMP_WAIT_POLICY=PASSIVE`.  Then the cause without
+torch: a Numba `prange` kernel (exp of 2e5 f64) and a 256 x 256 f32 BLAS
+product, each alone and called alternately, by default and with
+`OMP_WAIT_POLICY=PASSIVE`.
 
     python benchmarks/bench_threads.py [--rounds 3]
 """
@@ -33,11 +37,15 @@ m = dsl.load({path!r})
 q, k, v = (np.random.default_rng(s).normal(size=(8, 8, 128, 64)).astype(np.float32)
            for s in range(3))
 g = dsl.value_and_grad(m.attention_loss, wrt=(0, 1, 2))
-g(q, k, v, 0.125)
-times = []
-for _ in range(25):
-    t = time.perf_counter(); g(q, k, v, 0.125); times.append(time.perf_counter() - t)
-print(sorted(times)[12] * 1e3, numba.threading_layer())
+e = dsl.value_and_grad(dsl.load({log1pexp!r}).log1pexp)
+x = np.random.default_rng(3).uniform(-20, 20, 100000)
+def median_ms(run):
+    run()
+    times = []
+    for _ in range(25):
+        t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
+    return sorted(times)[12] * 1e3
+print(median_ms(lambda: g(q, k, v, 0.125)), median_ms(lambda: e(x)), numba.threading_layer())
 """
 
 ALTERNATING = """
@@ -59,30 +67,36 @@ print(median_ms(lambda: kernel(x, out)), median_ms(lambda: a @ a),
 """
 
 CONFIGURATIONS = {"alone": ("", {}),
-                  "after import torch": ("import torch", {}),
                   "import dsl, then torch": ("import dsl; import torch", {}),
-                  "after import torch, OMP_WAIT_POLICY=PASSIVE": ("import torch",
-                                                                  {"OMP_WAIT_POLICY": "PASSIVE"})}
+                  "after import torch": ("import torch", {}),
+                  "after import torch, NUMBA_THREADING_LAYER=omp": (
+                      "import torch", {"NUMBA_THREADING_LAYER": "omp"}),
+                  "after import torch, omp, OMP_WAIT_POLICY=PASSIVE": (
+                      "import torch", {"NUMBA_THREADING_LAYER": "omp",
+                                       "OMP_WAIT_POLICY": "PASSIVE"})}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
     rounds = parser.parse_args().rounds
-    samples: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
-    layer = "?"
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
+    layers: dict[str, str] = {}
     for _ in range(rounds):  # interleaved, a fresh process each
         for name, (imports, env) in CONFIGURATIONS.items():
-            code = BODY.format(imports=imports, path=str(ROOT / "benchmarks" / "attention.grad"))
+            code = BODY.format(imports=imports, path=str(ROOT / "benchmarks" / "attention.grad"),
+                               log1pexp=str(ROOT / "examples" / "log1pexp.grad"))
             done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
                                   capture_output=True, text=True, check=True)
-            ms, layer = done.stdout.split()
-            samples[name].append(float(ms))
-    print(f"attention value + gradient, median of 25 calls, {rounds} processes each "
-          f"(numba threading layer: {layer})")
+            attention, elementwise, layers[name] = done.stdout.split()
+            samples[name].append((float(attention), float(elementwise)))
+    print(f"value + gradient, median of 25 calls, median (min..max) of {rounds} processes: "
+          "attention | log1pexp at 1e5 f64 | Numba's threading layer")
     for name, values in samples.items():
-        print(f"  {name:45s} {statistics.median(values):7.2f} ms "
-              f"({min(values):.2f}..{max(values):.2f})")
+        cells = []
+        for column in zip(*values):
+            cells.append(f"{statistics.median(column):7.2f} ms ({min(column):.2f}..{max(column):.2f})")
+        print(f"  {name:50s} {' | '.join(cells)} | {layers[name]}")
     print("a prange kernel and a BLAS product, median of 50 calls (kernel alone, "
           "product alone, both alternately), one process each:")
     for name, env in (("default", {}), ("OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"})):

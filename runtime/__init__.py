@@ -2,8 +2,11 @@
 hand-written CPU kernels (reductions) the drivers call.
 
 Importing it (`import dsl` does) sets `GOMP_SPINCOUNT=3000` unless the user
-set it or `OMP_WAIT_POLICY`."""
+set it or `OMP_WAIT_POLICY`, and where another library loaded GNU OpenMP
+first, picks Numba's workqueue layer (`parallelism.prefer_sleeping_threads`)."""
 import os
+
+from gradlang.runtime.parallelism import prefer_sleeping_threads
 
 # Numba's OpenMP workers spin for a while after each parallel kernel (GNU
 # libgomp: 300,000 rounds), and with few cores they then hold the cores that
@@ -14,6 +17,9 @@ import os
 # spin) made 1e5-element kernels 40% slower.  libgomp reads this when it is
 # first loaded: at Numba's first parallel kernel, or at `import torch`,
 # which links it; so here, at `import dsl`, rather than at the first
-# kernel.  A user's own setting (or wait policy) wins.
+# kernel.  A user's own setting (or wait policy) wins.  Where libgomp is
+# already loaded (`import torch` came first), it is too late for this, and
+# Numba's threads go to a layer whose idle workers sleep.
+prefer_sleeping_threads()
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")

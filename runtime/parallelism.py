@@ -33,6 +33,20 @@ and Numba terminates it at its first parallel kernel (a `multiprocessing`
 worker forked after one large call died, and a `Pool` waited for it for
 ever).
 
+Numba's `workqueue` threading layer (its fallback where no OpenMP runtime
+loads, or a user's choice, or `prefer_sleeping_threads`'s) aborts the
+process when two threads launch parallel kernels at once, so under it
+only the main thread runs parallel kernels; other threads (Dask's
+workers, a user's pool) run the serial ones, whose bits are the same.
+
+`prefer_sleeping_threads()`, at `import dsl`, prefers that layer where
+another library loaded GNU OpenMP first (`import torch` does) and the
+user set neither a spin count, a wait policy nor a layer: libgomp read
+its settings when it loaded, so `GOMP_SPINCOUNT` comes too late, and its
+workers would spin 300,000 rounds after each of our parallel kernels,
+holding the cores the next BLAS product needs (the attention benchmark
+3x slower, `benchmarks/bench_threads.py`); workqueue's workers sleep.
+
 Numba's TBB threading layer waits far less (a worker that has not
 started when the others finish does no share of the loop: R1 at 1e5 in
 parallel took 1.3x its serial time where OpenMP's took 4x), and Numba
@@ -43,11 +57,13 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 import warnings
 from functools import lru_cache
 
 import numba
+from numba.np.ufunc import parallel as numba_parallel
 
 RECHECK_SECONDS = 0.5
 # Under load a loop runs in parallel only from this many times its threshold
@@ -72,6 +88,9 @@ _scale = 1.0  # parallel_from's last answer
 _auto = True  # whether that was under GRADC_PARALLEL=auto
 _blas_until = 0.0  # till when our last product's BLAS workers spin
 _forked_from_openmp = False  # forked from a process whose OpenMP threads ran
+# the one thread that may launch parallel kernels (workqueue's main thread),
+# 0 for any, None until the first long loop asks (the layer is known then)
+_launcher: "int | None" = None
 
 
 def parallel_from(setting: str, others: float, cores: int, threads: int) -> float:
@@ -101,8 +120,43 @@ def parallel_allowed(size: int, threshold: int) -> bool:
                                # (not get_num_threads(), which starts the pool)
                                numba.config.NUMBA_NUM_THREADS)
     if _auto and now < _blas_until:  # a core held by BLAS's spinning workers
-        return size >= threshold * max(_scale, BUSY_FACTOR)
-    return size >= threshold * _scale
+        return size >= threshold * max(_scale, BUSY_FACTOR) and _may_launch()
+    return size >= threshold * _scale and _may_launch()
+
+
+def _may_launch() -> bool:
+    """Whether this thread may launch a parallel kernel: any may on a
+    thread-safe layer, only the main thread on workqueue."""
+    global _launcher
+    if _launcher is None:
+        numba.get_num_threads()  # starts the pool, which settles the layer
+        _launcher = (threading.main_thread().ident if numba.threading_layer() == "workqueue"
+                     else 0)
+    return _launcher == 0 or threading.get_ident() == _launcher
+
+
+def prefer_sleeping_threads(environ=os.environ) -> bool:
+    """Put Numba's workqueue layer before its OpenMP one (TBB, where Numba
+    finds it, stays first) where GNU OpenMP is already loaded and nobody
+    chose its spin, its wait policy or Numba's layer, before Numba's pool
+    starts (see the module's docstring); whether it did."""
+    if any(name in environ for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
+                                        "NUMBA_THREADING_LAYER",
+                                        "NUMBA_THREADING_LAYER_PRIORITY")) \
+            or numba.config.THREADING_LAYER != "default" or numba_parallel._is_initialized \
+            or not _gnu_openmp_loaded():
+        return False
+    numba.config.THREADING_LAYER_PRIORITY = ["tbb", "workqueue", "omp"]
+    return True
+
+
+def _gnu_openmp_loaded() -> bool:
+    """Whether libgomp is mapped into this process (Linux; False elsewhere)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("/libgomp" in line for line in maps)
+    except OSError:
+        return False
 
 
 def blas_called() -> None:
@@ -159,12 +213,13 @@ def _cores() -> int:
 
 
 def _after_fork_in_child() -> None:
-    global _forked_from_openmp, _next_check
+    global _forked_from_openmp, _next_check, _launcher
     try:
         _forked_from_openmp = _forked_from_openmp or numba.threading_layer() == "omp"
     except ValueError:  # no parallel kernel has run: the child starts a pool of its own
         pass
     _next_check = 0.0  # decided again at the child's next long loop
+    _launcher = None  # (its main thread is the one that forked)
 
 
 if hasattr(os, "register_at_fork"):  # (POSIX)

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -186,3 +187,83 @@ def test_after_a_product_loops_run_as_on_a_busy_machine(gradc_parallel, monkeypa
     monkeypatch.setattr(parallelism, "_blas_until", 0.0)  # the workers sleep again
     gradc_parallel("auto")
     assert parallelism.parallel_allowed(4096, 4096)
+
+
+@pytest.mark.parametrize("environ, configured, started, loaded, picked", [
+    ({}, "default", False, True, True),                        # `import torch` came first
+    ({}, "default", False, False, False),                      # no libgomp yet: our spin count
+    ({"GOMP_SPINCOUNT": "7"}, "default", False, True, False),  # the user's spin, read at load
+    ({"OMP_WAIT_POLICY": "passive"}, "default", False, True, False),
+    ({"NUMBA_THREADING_LAYER": "omp"}, "default", False, True, False),
+    ({"NUMBA_THREADING_LAYER_PRIORITY": "omp tbb workqueue"}, "default", False, True, False),
+    ({}, "omp", False, True, False),                           # set in numba.config
+    ({}, "default", True, True, False),                        # Numba's pool runs already
+])
+def test_beside_a_loaded_gnu_openmp_numba_takes_the_sleeping_layer_unless_told(
+        monkeypatch, environ, configured, started, loaded, picked):
+    """libgomp reads GOMP_SPINCOUNT only when it loads; after `import torch`
+    its workers spun 300,000 rounds after each of our kernels and took the
+    cores from the next BLAS product (attention 3x slower)."""
+    monkeypatch.setattr(parallelism.numba.config, "THREADING_LAYER", configured)
+    monkeypatch.setattr(parallelism.numba_parallel, "_is_initialized", started)
+    monkeypatch.setattr(parallelism, "_gnu_openmp_loaded", lambda: loaded)
+    before = parallelism.numba.config.THREADING_LAYER_PRIORITY
+    monkeypatch.setattr(parallelism.numba.config, "THREADING_LAYER_PRIORITY", before)
+    assert parallelism.prefer_sleeping_threads(environ) is picked
+    assert parallelism.numba.config.THREADING_LAYER_PRIORITY == (
+        ["tbb", "workqueue", "omp"] if picked else before)  # (TBB, where found, stays first)
+
+
+def test_on_workqueue_only_the_main_thread_launches(gradc_parallel, monkeypatch):
+    """Two threads launching at once abort the process on workqueue."""
+    gradc_parallel("always")
+    monkeypatch.setattr(parallelism, "_launcher", threading.main_thread().ident)
+    asked = []
+    other = threading.Thread(target=lambda: asked.append(parallelism.parallel_allowed(1 << 20,
+                                                                                     4096)))
+    other.start()
+    other.join()
+    assert asked == [False] and parallelism.parallel_allowed(1 << 20, 4096)
+    monkeypatch.setattr(parallelism, "_launcher", 0)  # a thread-safe layer: any thread
+    other = threading.Thread(target=lambda: asked.append(parallelism.parallel_allowed(1 << 20,
+                                                                                     4096)))
+    other.start()
+    other.join()
+    assert asked == [False, True]
+
+
+AFTER_GNU_OPENMP = """
+import ctypes, sys, threading
+ctypes.CDLL("libgomp.so.1")  # as `import torch` loads it, before dsl
+import numpy as np, numba, dsl
+
+total = dsl.loads(sys.argv[1], "sums.grad").total
+x = np.random.default_rng(3).uniform(-1, 1, 1 << 21)
+expected = total(x)  # in parallel, on the main thread
+assert numba.threading_layer() == "workqueue", numba.threading_layer()
+got = []
+def work():
+    for _ in range(5):
+        got.append(total(x))
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads:
+    t.start()
+work()
+for t in threads:
+    t.join()
+assert len(got) == 20 and all(g.tobytes() == expected.tobytes() for g in got)
+np.testing.assert_allclose(expected, np.sum(x * x), rtol=1e-12)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp.so.1: Linux")
+def test_after_gnu_openmp_loaded_threads_share_the_sleeping_layer_safely(tmp_path):
+    # Numba's workqueue layer aborts ("Concurrent access has been detected")
+    # when two threads launch parallel kernels at once; four threads here.
+    script = tmp_path / "after_gomp.py"
+    script.write_text(AFTER_GNU_OPENMP)
+    done = subprocess.run([sys.executable, str(script), SUMS], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if k not in (
+                              "GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER")}
+                          | {"GRADC_PARALLEL": "always"})
+    assert done.returncode == 0, done.stderr[-2000:]
