@@ -3,9 +3,11 @@
 Each configuration runs in a fresh process and times two workloads,
 median of 25 calls after a warm-up: the attention benchmark's value and
 gradient (`benchmarks/attention.grad`, f32 8 x 8 heads, sequence 128, dim
-64: BLAS products between Numba's parallel kernels), and log1pexp's value
-and gradient at 1e5 f64 (one parallel kernel, nothing else: what threads
-that sleep between kernels cost).  Configurations: alone; `import dsl`
+64: BLAS products between Numba's parallel kernels), log1pexp's value and
+gradient at 1e5 f64 (one parallel kernel, nothing else: what threads that
+sleep between kernels cost), and, where torch is imported, `torch.exp` of
+1e6 f64 (on libgomp's threads) then log1pexp's value and gradient at 1e6
+(a training step's torch ops between ours).  Configurations: alone; `import dsl`
 then `import torch` (dsl's spin count reaches libgomp then); after
 `import torch` (where dsl picks Numba's workqueue layer, whose workers
 sleep: `runtime.parallelism.prefer_sleeping_threads`); after `import
@@ -45,7 +47,16 @@ def median_ms(run):
     for _ in range(25):
         t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
     return sorted(times)[12] * 1e3
-print(median_ms(lambda: g(q, k, v, 0.125)), median_ms(lambda: e(x)), numba.threading_layer())
+import sys
+if "torch" in sys.modules:  # a torch op (on libgomp's threads) before each of ours
+    import torch
+    big = np.random.default_rng(4).uniform(-20, 20, 1000000)
+    big_t = torch.from_numpy(big)
+    mixed = median_ms(lambda: (torch.exp(big_t), e(big)))
+else:
+    mixed = float("nan")
+print(median_ms(lambda: g(q, k, v, 0.125)), median_ms(lambda: e(x)), mixed,
+      numba.threading_layer())
 """
 
 ALTERNATING = """
@@ -88,10 +99,11 @@ def main() -> None:
                                log1pexp=str(ROOT / "examples" / "log1pexp.grad"))
             done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
                                   capture_output=True, text=True, check=True)
-            attention, elementwise, layers[name] = done.stdout.split()
-            samples[name].append((float(attention), float(elementwise)))
+            *figures, layers[name] = done.stdout.split()
+            samples[name].append(tuple(map(float, figures)))
     print(f"value + gradient, median of 25 calls, median (min..max) of {rounds} processes: "
-          "attention | log1pexp at 1e5 f64 | Numba's threading layer")
+          "attention | log1pexp at 1e5 f64 | torch.exp then log1pexp at 1e6 f64 | "
+          "Numba's threading layer")
     for name, values in samples.items():
         cells = []
         for column in zip(*values):
