@@ -39,9 +39,10 @@ process when two threads launch parallel kernels at once, so under it
 only the main thread runs parallel kernels; other threads (Dask's
 workers, a user's pool) run the serial ones, whose bits are the same.
 
-`prefer_sleeping_threads()`, at `import dsl`, prefers that layer where
-another library loaded GNU OpenMP first (`import torch` does) and the
-user set neither a spin count, a wait policy nor a layer: libgomp read
+`prefer_sleeping_threads`, when this module loads (before our first
+parallel kernel), prefers that layer where another library had loaded GNU
+OpenMP by `import dsl` (`import torch` does) and the user set neither a
+spin count, a wait policy nor a layer: libgomp read
 its settings when it loaded, so `GOMP_SPINCOUNT` comes too late, and its
 workers would spin 300,000 rounds after each of our parallel kernels,
 holding the cores the next BLAS product needs (the attention benchmark
@@ -64,6 +65,8 @@ from functools import lru_cache
 
 import numba
 from numba.np.ufunc import parallel as numba_parallel
+
+from gradlang.runtime import OPENMP_SPINNING
 
 RECHECK_SECONDS = 0.5
 # Under load a loop runs in parallel only from this many times its threshold
@@ -135,28 +138,18 @@ def _may_launch() -> bool:
     return _launcher == 0 or threading.get_ident() == _launcher
 
 
-def prefer_sleeping_threads(environ=os.environ) -> bool:
+def prefer_sleeping_threads(openmp_spinning: bool, environ=os.environ) -> bool:
     """Put Numba's workqueue layer before its OpenMP one (TBB, where Numba
-    finds it, stays first) where GNU OpenMP is already loaded and nobody
-    chose its spin, its wait policy or Numba's layer, before Numba's pool
-    starts (see the module's docstring); whether it did."""
-    if any(name in environ for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
-                                        "NUMBA_THREADING_LAYER",
-                                        "NUMBA_THREADING_LAYER_PRIORITY")) \
-            or numba.config.THREADING_LAYER != "default" or numba_parallel._is_initialized \
-            or not _gnu_openmp_loaded():
+    finds it, stays first) where GNU OpenMP was loaded before `import dsl`
+    with its default spin (`openmp_spinning`: `runtime.OPENMP_SPINNING`)
+    and nobody chose Numba's layer, before Numba's pool starts (see the
+    module's docstring); whether it did."""
+    if not openmp_spinning or any(name in environ for name in (
+            "NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")) \
+            or numba.config.THREADING_LAYER != "default" or numba_parallel._is_initialized:
         return False
     numba.config.THREADING_LAYER_PRIORITY = ["tbb", "workqueue", "omp"]
     return True
-
-
-def _gnu_openmp_loaded() -> bool:
-    """Whether libgomp is mapped into this process (Linux; False elsewhere)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("/libgomp" in line for line in maps)
-    except OSError:
-        return False
 
 
 def blas_called() -> None:
@@ -224,3 +217,5 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # (POSIX)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+prefer_sleeping_threads(OPENMP_SPINNING)

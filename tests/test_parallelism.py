@@ -189,27 +189,41 @@ def test_after_a_product_loops_run_as_on_a_busy_machine(gradc_parallel, monkeypa
     assert parallelism.parallel_allowed(4096, 4096)
 
 
-@pytest.mark.parametrize("environ, configured, started, loaded, picked", [
-    ({}, "default", False, True, True),                        # `import torch` came first
-    ({}, "default", False, False, False),                      # no libgomp yet: our spin count
-    ({"GOMP_SPINCOUNT": "7"}, "default", False, True, False),  # the user's spin, read at load
-    ({"OMP_WAIT_POLICY": "passive"}, "default", False, True, False),
-    ({"NUMBA_THREADING_LAYER": "omp"}, "default", False, True, False),
-    ({"NUMBA_THREADING_LAYER_PRIORITY": "omp tbb workqueue"}, "default", False, True, False),
-    ({}, "omp", False, True, False),                           # set in numba.config
-    ({}, "default", True, True, False),                        # Numba's pool runs already
+@pytest.mark.parametrize("environ, spinning", [
+    ({}, True),                                 # `import torch` came first
+    ({"GOMP_SPINCOUNT": "7"}, False),           # the user's spin: libgomp read it at load
+    ({"OMP_WAIT_POLICY": "passive"}, False),
 ])
-def test_beside_a_loaded_gnu_openmp_numba_takes_the_sleeping_layer_unless_told(
-        monkeypatch, environ, configured, started, loaded, picked):
+def test_a_gnu_openmp_loaded_before_dsl_spins_unless_the_user_said(monkeypatch, environ,
+                                                                     spinning):
+    probe = ("import ctypes; ctypes.CDLL('libgomp.so.1'); import gradlang.runtime as r; "
+             "print(r.OPENMP_SPINNING)")
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    for code, loaded in ((probe, True), ("import gradlang.runtime as r; print(r.OPENMP_SPINNING)",
+                                         False)):
+        run = subprocess.run([sys.executable, "-c", code], env={**clean, **environ},
+                             capture_output=True, text=True, check=True)
+        assert run.stdout.strip() == str(spinning and loaded)
+
+
+@pytest.mark.parametrize("spinning, environ, configured, started, picked", [
+    (True, {}, "default", False, True),                        # `import torch` came first
+    (False, {}, "default", False, False),                      # our spin count, or the user's
+    (True, {"NUMBA_THREADING_LAYER": "omp"}, "default", False, False),
+    (True, {"NUMBA_THREADING_LAYER_PRIORITY": "omp tbb workqueue"}, "default", False, False),
+    (True, {}, "omp", False, False),                           # set in numba.config
+    (True, {}, "default", True, False),                        # Numba's pool runs already
+])
+def test_beside_a_spinning_gnu_openmp_numba_prefers_the_sleeping_layer_unless_told(
+        monkeypatch, spinning, environ, configured, started, picked):
     """libgomp reads GOMP_SPINCOUNT only when it loads; after `import torch`
     its workers spun 300,000 rounds after each of our kernels and took the
     cores from the next BLAS product (attention 3x slower)."""
     monkeypatch.setattr(parallelism.numba.config, "THREADING_LAYER", configured)
     monkeypatch.setattr(parallelism.numba_parallel, "_is_initialized", started)
-    monkeypatch.setattr(parallelism, "_gnu_openmp_loaded", lambda: loaded)
     before = parallelism.numba.config.THREADING_LAYER_PRIORITY
     monkeypatch.setattr(parallelism.numba.config, "THREADING_LAYER_PRIORITY", before)
-    assert parallelism.prefer_sleeping_threads(environ) is picked
+    assert parallelism.prefer_sleeping_threads(spinning, environ) is picked
     assert parallelism.numba.config.THREADING_LAYER_PRIORITY == (
         ["tbb", "workqueue", "omp"] if picked else before)  # (TBB, where found, stays first)
 
