@@ -2,7 +2,7 @@
 transposes of several slices of one array adds each into one buffer in
 place (`embed_add`).  Values against NumPy on the CPU and the CUDA
 simulator: overlapping regions, strides along several axes, a reversed
-slice, an embed added to a value that is no embed (a caller's array, left
+slice (steps of -1 and -2 along the last axis too), an embed added to a value that is no embed (a caller's array, left
 unchanged), a region of more axes than the CPU's strided kernel takes;
 under vmap and jvp (forward over reverse)."""
 import numpy as np
@@ -16,7 +16,10 @@ def slices(x, a, b, c, d):
     return sum(x[1:4] * a) + sum(x[:, 1:] * b) + sum(x[::2, ::2] * c) + sum(x[::-1] * d)
 
 def mixed(x, y, a):
-    return sum(x * y) + sum(x[1:, ::2] * a)
+    return sum(x * y) + sum(x[1:, ::-2] * a)
+
+def flipped(x, a):
+    return sum(x[::-2, ::-1] * a)
 
 def deep(x, a):
     return sum(x[::2, :, ::2, :, ::2] * a) + sum(x * x)
@@ -60,10 +63,13 @@ def test_summed_embeds_add_into_one_buffer(target):
     y_before = y.copy()
     gx, gy = dsl.grad(m.mixed, wrt=(0, 1))(x, y, e)
     expected = y.copy()
-    expected[1:, ::2] += e
+    expected[1:, ::-2] += e
     np.testing.assert_allclose(gx, expected, rtol=1e-14)
     np.testing.assert_array_equal(y, y_before)
     np.testing.assert_allclose(gy, x, rtol=1e-14)
+    expected = np.zeros((6, 5))
+    expected[::-2, ::-1] = d[:3]
+    np.testing.assert_allclose(dsl.grad(m.flipped)(x, d[:3]), expected, rtol=1e-14)
     # five strided axes, none merging: past the CPU kernel's rank
     expected = 2 * z
     expected[::2, :, ::2, :, ::2] += f
