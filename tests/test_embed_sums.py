@@ -1,10 +1,16 @@
-"""Sums of embeds (`compiler.embed_sums`): a gradient that sums the
+"""Two rewrites that fusion makes on every target.
+
+Sums of embeds (`compiler.embed_sums`): a gradient that sums the
 transposes of several slices of one array adds each into one buffer in
 place (`embed_add`).  Values against NumPy on the CPU and the CUDA
 simulator: overlapping regions, strides along several axes, a reversed
 slice (steps of -1 and -2 along the last axis too), an embed added to a value that is no embed (a caller's array, left
 unchanged), a region of more axes than the CPU's strided kernel takes;
-under vmap and jvp (forward over reverse)."""
+under vmap and jvp (forward over reverse).
+
+Elementwise work between a transpose and its inverse in the untransposed
+layout (`compiler.layouts`): values and gradients against NumPy on both
+targets, and a region that reads another layout left as it was."""
 import numpy as np
 import pytest
 
@@ -23,6 +29,12 @@ def flipped(x, a):
 
 def deep(x, a):
     return sum(x[::2, :, ::2, :, ::2] * a) + sum(x * x)
+
+def activation(x, w):
+    return sum(tanh(transpose(x @ w, [0, 2, 1])) * 3.0)
+
+def mixed_layouts(x, w, c):
+    return sum(tanh(transpose(x @ w, [0, 2, 1])) * c)
 '''
 M = dsl.loads(SOURCE, "embeds.grad")
 
@@ -45,6 +57,11 @@ def arrays(rng):
 
 def fused_ops(function, *args):
     return [s.op for s in fuse(function.ir(*args)) if not isinstance(s, Loop)]
+
+
+def fused_perms(function, *args):
+    return [tuple(s.p["perm"]) for s in fuse(function.ir(*args))
+            if not isinstance(s, Loop) and s.op == "transpose"]
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
@@ -89,3 +106,27 @@ def test_summed_embeds_under_vmap_and_forward_over_reverse():
     value, tangent = dsl.jvp(grad, (x, a, b, c, d), tuple(tangents))
     np.testing.assert_allclose(value, slices_gradient(a, b, c, d), rtol=1e-14)
     np.testing.assert_allclose(tangent, slices_gradient(*tangents[1:]), rtol=1e-14)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_elementwise_work_runs_in_the_untransposed_layout(target):
+    m = M if target == "cpu" else dsl.loads(SOURCE, "embeds.grad", target=target)
+    rng = np.random.default_rng(2)
+    x, w, c = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 4, 5))
+    function = dsl.value_and_grad(m.activation, wrt=(0, 1))
+    # the product's transpose and the gradient's transpose back are gone
+    assert (0, 2, 1) not in fused_perms(function, x, w)
+    value, (gx, gw) = function(x, w)
+    y = np.tanh(x @ w)
+    slope = 3.0 * (1 - y * y)
+    np.testing.assert_allclose(value, np.sum(3.0 * y), rtol=1e-13)
+    np.testing.assert_allclose(gx, slope @ w.T, rtol=1e-13)
+    np.testing.assert_allclose(gw, np.einsum("bij,bik->jk", x, slope), rtol=1e-13)
+    # c is read in the transposed layout: the region stays there
+    function = dsl.value_and_grad(m.mixed_layouts, wrt=(0, 1, 2))
+    assert (0, 2, 1) in fused_perms(function, x, w, c)
+    value, (gx, gw, gc) = function(x, w, c)
+    y = np.tanh(x @ w).transpose(0, 2, 1)
+    np.testing.assert_allclose(value, np.sum(y * c), rtol=1e-13)
+    np.testing.assert_allclose(gc, y, rtol=1e-13)
+    np.testing.assert_allclose(gx, (c * (1 - y * y)).transpose(0, 2, 1) @ w.T, rtol=1e-13)
