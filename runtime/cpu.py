@@ -264,24 +264,25 @@ def concatenate(xs: tuple, axis: int) -> np.ndarray:
 
 # The rank to which `_into_region` merges (or pads) a region's axes: a
 # convolution's (N, H, W, C) windows of (N, H + 2p, W + 2p, C) have four
-# that do not merge; more go through NumPy's strided assignment.
+# that do not merge.
 STRIDED_RANK = 4
 
 
 def _into_region(out: np.ndarray, where: tuple, x: np.ndarray, add: bool) -> None:
-    """out[where] = x, or += x with `add`; out C-contiguous.  NumPy's own
-    strided copy and add run an inner loop per innermost row, which for
-    short rows (a convolution's 16 channels) took 5-10x as long as
-    `_strided` (its inner loop vectorized)."""
+    """out[where] = x, or += x with `add`; out C-contiguous.  Where the
+    region's last axis (its axes merged) runs in unit steps in both, by
+    `_rows`: NumPy's strided copy and add run an inner loop per innermost
+    row, which for short rows (a convolution's 16 channels) took 5-10x as
+    long.  Other steps are NumPy's, which beat a kernel indexing each
+    element (2x on a stride-2 pooling's windows)."""
     if not x.size:
         return
     where = where + (builtins.slice(None),) * (out.ndim - len(where))
     shape, offset, out_steps = slice_layout(out.shape, where)
-    if any(s % x.itemsize or s < 0 for s in x.strides):
-        x = np.ascontiguousarray(x)
-    x_steps = [s // x.itemsize for s in x.strides]
+    x_steps = [s // x.itemsize if s % x.itemsize == 0 else 0 for s in x.strides]
     axes = _merged_axes(shape, out_steps, x_steps)
-    if len(axes) > STRIDED_RANK:
+    if not axes or len(axes) > STRIDED_RANK or axes[-1][1:] != (1, 1) or \
+            any(s < 0 or s % x.itemsize for s in x.strides):
         if add:
             region = out[where]
             region += x
@@ -293,7 +294,7 @@ def _into_region(out: np.ndarray, where: tuple, x: np.ndarray, add: bool) -> Non
     extent = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize
     x_flat = x.reshape(-1) if x.flags.c_contiguous else \
         np.lib.stride_tricks.as_strided(x, (extent,), (x.itemsize,), writeable=False)
-    _strided(out.reshape(-1), offset, out_steps, x_flat, x_steps, sizes, add)
+    _rows(out.reshape(-1), offset, out_steps, x_flat, x_steps, sizes, add)
 
 
 def _merged_axes(shape, a_steps, b_steps) -> list[tuple[int, int, int]]:
@@ -312,34 +313,25 @@ def _merged_axes(shape, a_steps, b_steps) -> list[tuple[int, int, int]]:
 
 
 @_jit()
-def _strided(out, offset, out_steps, x, x_steps, sizes, add):
+def _rows(out, offset, out_steps, x, x_steps, sizes, add):
     # out[offset + k . out_steps] (+)= x[k . x_steps] over the 4-d index
-    # k < sizes.  A last axis of unit steps in both is indexed unsigned,
-    # which LLVM knows needs no wraparound for negative indices: that loop
-    # vectorizes (signed, it ran 10x slower on rows of 16).
+    # k < sizes, the last steps 1: each row indexed unsigned, which LLVM
+    # knows needs no wraparound for negative indices, so that it vectorizes
+    # (signed, it ran 10x slower on rows of 16).
     n0, n1, n2, n3 = sizes
-    o0, o1, o2, o3 = out_steps
-    x0, x1, x2, x3 = x_steps
-    contiguous = o3 == 1 and x3 == 1
+    o0, o1, o2, _ = out_steps
+    x0, x1, x2, _ = x_steps
     for a in range(n0):
         for b in range(n1):
             for c in range(n2):
-                o = offset + a * o0 + b * o1 + c * o2
-                p = a * x0 + b * x1 + c * x2
-                if contiguous:
-                    uo, up = np.uint64(o), np.uint64(p)
-                    if add:
-                        for d in range(np.uint64(n3)):
-                            out[uo + d] += x[up + d]
-                    else:
-                        for d in range(np.uint64(n3)):
-                            out[uo + d] = x[up + d]
-                elif add:
-                    for d in range(n3):
-                        out[o + d * o3] += x[p + d * x3]
+                o = np.uint64(offset + a * o0 + b * o1 + c * o2)
+                p = np.uint64(a * x0 + b * x1 + c * x2)
+                if add:
+                    for d in range(np.uint64(n3)):
+                        out[o + d] += x[p + d]
                 else:
-                    for d in range(n3):
-                        out[o + d * o3] = x[p + d * x3]
+                    for d in range(np.uint64(n3)):
+                        out[o + d] = x[p + d]
 
 
 # ------------------------------------------------- gathers and scatter-adds
