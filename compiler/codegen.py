@@ -512,8 +512,9 @@ class _Driver:
                 owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
-                if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "concatenate",
-                               "dim", "full", "cumsum", "iota") or OPS[step.op].kind == "index":
+                if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
+                               "concatenate", "dim", "full", "cumsum", "iota") \
+                        or OPS[step.op].kind == "index":
                     fresh.update(step.outputs)
         outs, into, handed_out = [], [], set()
         for i, a in enumerate(fn.outputs):
@@ -744,6 +745,8 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
         return f"{out} = R.slice({x[0]}, ({_slices(p)},))"
     if op == "embed":
         return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
+    if op == "embed_add":
+        return f"{out} = R.embed_add({x[0]}, {x[1]}, ({_slices(p)},), {owned!r})"
     if op == "concatenate":
         return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
     if op == "cumsum":

@@ -28,7 +28,10 @@ loop can read them.  A loop holds at most `MAX_LOOP_EQNS` equations: past
 that the next one starts a loop of its own (see there why).  Then a loop
 whose values only one later loop of its shape reads sinks into that loop
 (`_sink_loops`).  With `reductions` (the CPU), a product summed against
-a vector is first a matrix-vector product (`compiler.matvec`).
+a vector is first a matrix-vector product (`compiler.matvec`).  On every
+target a sum of embeds is first one buffer that each is added into in
+place (`compiler.embed_sums`), and elementwise work between a transpose
+and its inverse runs in the untransposed layout (`compiler.layouts`).
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside
@@ -40,6 +43,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Union
 
+from gradlang.compiler.embed_sums import as_embed_sums
+from gradlang.compiler.layouts import in_source_layout
 from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, namer, print_eqns,
                                   signature_line)
 from gradlang.compiler.matvec import as_matvecs
@@ -81,6 +86,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
     """`reductions`: let a loop end in a sum over trailing axes, and run
     a product summed against a vector as a matrix-vector product
     (`compiler.matvec`)."""
+    fn = in_source_layout(as_embed_sums(fn))
     if reductions:
         fn = as_matvecs(fn)
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}

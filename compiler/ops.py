@@ -126,6 +126,14 @@ def _embed_rule(types, params, span):
     return [TensorType(x.dtype, tuple(params["shape"]))]
 
 
+def _embed_add_rule(types, params, span):
+    base, x = types
+    region = _slice_rule([base], params, span)[0]
+    if (x.dtype, x.shape) != (base.dtype, region.shape):
+        raise GradError(f"internal: embed_add of {x} into the region {region} of {base}", span)
+    return [base]
+
+
 def _matmul_rule(types, params, span):
     """`matmul`: (B..., m, k) @ (C..., k, n) -> (broadcast(B, C)..., m, n),
     NumPy's for operands of one rank >= 2 (the lowering pads the ranks):
@@ -465,6 +473,12 @@ def _embed_vjp(b, eqn, cts, needs):
     return [b.bind("slice", cts[0], starts=p["starts"], stops=p["stops"], steps=p["steps"])]
 
 
+def _embed_add_vjp(b, eqn, cts, needs):
+    p = eqn.p
+    return [cts[0], b.bind("slice", cts[0], starts=p["starts"], stops=p["stops"],
+                           steps=p["steps"])]
+
+
 def matrix_transpose(b: Builder, x: Atom) -> Var:
     """x with its last two axes swapped (each matrix of a batch transposed)."""
     rank = x.type.rank
@@ -601,6 +615,12 @@ def python_slices(starts, stops, steps) -> tuple[slice, ...]:
 def _embed_ref(x, shape, starts, stops, steps):
     out = np.zeros(shape, x.dtype)
     out[python_slices(starts, stops, steps)] = x
+    return out
+
+
+def _embed_add_ref(base, x, starts, stops, steps):
+    out = np.array(base)
+    out[python_slices(starts, stops, steps)] += x
     return out
 
 
@@ -1016,6 +1036,11 @@ _TABLE: tuple[Op, ...] = (
        linear="first", token_inputs=(1,),
        vjp=lambda b, eqn, cts, needs: [cts[0], None], ref=lambda x, token: x,
        no_op_if=_no_op_for_same_type),
+    # `base + embed(x)`: x added into the strided region of base that the
+    # params slice (as `embed` places it), in place where the driver owns
+    # base.  Only fusion makes it (`compiler.embed_sums`), of a sum of embeds.
+    Op("embed_add", kind="layout", type_rule=_embed_add_rule, vjp=_embed_add_vjp,
+       ref=_embed_add_ref, arity=2, linear="jointly", adds_into_first=True),
     # `np.arange(start, stop, step)` (int64 or float64), made by the driver
     # (see docs/internals.md, "The op table", why not inside fused loops);
     # `stop` may be a symbolic size where start is 0 and step 1.

@@ -135,6 +135,17 @@ def c_strides(shape) -> list:
     return strides[::-1]
 
 
+def slice_layout(shape, where: tuple) -> tuple[tuple, int, list]:
+    """The region `where` (Python slices) of a C-contiguous array of
+    `shape`: its shape, the flat offset of its first element and its
+    element strides (negative for a negative step)."""
+    bounds = [s.indices(d) for s, d in zip(where, shape)]
+    strides = c_strides(shape)
+    out_shape = tuple(len(range(*b)) for b in bounds)
+    offset = sum(b[0] * s for b, s in zip(bounds, strides))
+    return out_shape, offset, [b[2] * s for b, s in zip(bounds, strides)]
+
+
 def stride_table(out_shape, src_strides) -> tuple:
     """(out stride, out size, source stride) per axis, flattened: how a
     kernel maps flat output index i to a source element, as

@@ -58,6 +58,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     index_views,
     into,
     size_mismatch,
+    slice_layout,
     stride_table,
     trip_count,
     Where,
@@ -191,6 +192,12 @@ def _gather(out, src, offset, meta):
 def _scatter(out, src, offset, meta):
     for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         out[_source_index(i, offset, meta)] = src[i]
+
+
+@cuda.jit
+def _scatter_add_strided(out, src, offset, meta):
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
+        out[_source_index(i, offset, meta)] += src[i]
 
 
 @cuda.jit
@@ -412,23 +419,26 @@ def transpose(x, perm):
     return _gathered(x, tuple(x.shape[p] for p in perm), 0, [strides[p] for p in perm])
 
 
-def _slice_layout(shape, where):
-    bounds = [s.indices(d) for s, d in zip(where, shape)]
-    strides = c_strides(shape)
-    out_shape = tuple(len(range(*b)) for b in bounds)
-    offset = sum(b[0] * s for b, s in zip(bounds, strides))
-    return out_shape, offset, [b[2] * s for b, s in zip(bounds, strides)]
-
-
 def slice(x, where: tuple):  # noqa: A001 (the op's name)
-    return _gathered(x, *_slice_layout(x.shape, where))
+    return _gathered(x, *slice_layout(x.shape, where))
 
 
 def embed(x, shape, where: tuple):
     out = full(tuple(shape), 0, x.dtype)
-    out_shape, offset, strides = _slice_layout(tuple(shape), where)
+    out_shape, offset, strides = slice_layout(tuple(shape), where)
     if x.size:
         _launch(_scatter, x.size, flat(out), flat(x), offset, stride_table(out_shape, strides))
+    return out
+
+
+def embed_add(base, x, where: tuple, owned: bool = False):
+    """base with x added into its region `where` (in place when owned: the
+    driver made base and reads it no more)."""
+    out = base if owned else copy(base)
+    out_shape, offset, strides = slice_layout(tuple(out.shape), where)
+    if x.size:  # (the region's elements are distinct: no two threads meet)
+        _launch(_scatter_add_strided, x.size, flat(out), flat(x), offset,
+                stride_table(out_shape, strides))
     return out
 
 
@@ -440,7 +450,7 @@ def concatenate(xs: tuple, axis: int):
     for x in xs:
         where = tuple(builtins.slice(start, start + x.shape[axis]) if k == axis
                       else builtins.slice(None) for k in range(len(shape)))
-        out_shape, offset, strides = _slice_layout(tuple(shape), where)
+        out_shape, offset, strides = slice_layout(tuple(shape), where)
         if x.size:
             _launch(_scatter, x.size, flat(out), flat(x), offset, stride_table(out_shape, strides))
         start += x.shape[axis]

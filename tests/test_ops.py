@@ -289,6 +289,7 @@ LAYOUT_CASES = [
     ("slice", [(5, 4)], {"starts": (1, 0), "stops": (5, 4), "steps": (2, 1)}),
     ("slice", [(6,)], {"starts": (5,), "stops": (-1,), "steps": (-2,)}),
     ("embed", [(2, 4)], {"shape": (5, 4), "starts": (1, 0), "stops": (5, 4), "steps": (2, 1)}),
+    ("embed_add", [(5, 4), (2, 2)], {"starts": (4, 3), "stops": (-1, -1), "steps": (-3, -2)}),
     ("concatenate", [(2, 3), (4, 3)], {"axis": 0}),
     ("concatenate", [(2, 1), (2, 3), (2, 2)], {"axis": 1}),
     ("matmul", [(3, 4), (4, 2)], {}),

@@ -1,0 +1,132 @@
+"""Two rewrites that fusion makes on every target.
+
+Sums of embeds (`compiler.embed_sums`): a gradient that sums the
+transposes of several slices of one array adds each into one buffer in
+place (`embed_add`).  Values against NumPy on the CPU and the CUDA
+simulator: overlapping regions, strides along several axes, a reversed
+slice (steps of -1 and -2 along the last axis too), an embed added to a value that is no embed (a caller's array, left
+unchanged), a region of more axes than the CPU's strided kernel takes;
+under vmap and jvp (forward over reverse).
+
+Elementwise work between a transpose and its inverse in the untransposed
+layout (`compiler.layouts`): values and gradients against NumPy on both
+targets, and a region that reads another layout left as it was."""
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.compiler.fusion import Loop, fuse
+
+SOURCE = '''
+def slices(x, a, b, c, d):
+    return sum(x[1:4] * a) + sum(x[:, 1:] * b) + sum(x[::2, ::2] * c) + sum(x[::-1] * d)
+
+def mixed(x, y, a):
+    return sum(x * y) + sum(x[1:, ::-2] * a)
+
+def flipped(x, a):
+    return sum(x[::-2, ::-1] * a)
+
+def deep(x, a):
+    return sum(x[::2, :, ::2, :, ::2] * a) + sum(x * x)
+
+def activation(x, w):
+    return sum(tanh(transpose(x @ w, [0, 2, 1])) * 3.0)
+
+def mixed_layouts(x, w, c):
+    return sum(tanh(transpose(x @ w, [0, 2, 1])) * c)
+'''
+M = dsl.loads(SOURCE, "embeds.grad")
+
+
+def slices_gradient(a, b, c, d):
+    g = np.zeros((6, 5))
+    g[1:4] += a
+    g[:, 1:] += b
+    g[::2, ::2] += c
+    g[::-1] += d
+    return g
+
+
+def arrays(rng):
+    x, a, b, c, d = (rng.normal(size=s) for s in ((6, 5), (3, 5), (6, 4), (3, 3), (6, 5)))
+    y, e = rng.normal(size=(6, 5)), rng.normal(size=(5, 3))
+    z, f = rng.normal(size=(3, 4, 5, 6, 7)), rng.normal(size=(2, 4, 3, 6, 4))
+    return x, a, b, c, d, y, e, z, f
+
+
+def fused_ops(function, *args):
+    return [s.op for s in fuse(function.ir(*args)) if not isinstance(s, Loop)]
+
+
+def fused_perms(function, *args):
+    return [tuple(s.p["perm"]) for s in fuse(function.ir(*args))
+            if not isinstance(s, Loop) and s.op == "transpose"]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_summed_embeds_add_into_one_buffer(target):
+    m = M if target == "cpu" else dsl.loads(SOURCE, "embeds.grad", target=target)
+    x, a, b, c, d, y, e, z, f = arrays(np.random.default_rng(0))
+    grad = dsl.grad(m.slices)
+    # one buffer of zeros, the three other embeds added into it
+    assert fused_ops(grad, x, a, b, c, d).count("embed_add") == 3
+    np.testing.assert_allclose(grad(x, a, b, c, d), slices_gradient(a, b, c, d), rtol=1e-14)
+    single = [v.astype(np.float32) for v in (x, a, b, c, d)]
+    got = grad(*single)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, slices_gradient(*single[1:]), rtol=1e-6)
+    # an embed added to a caller's array: a copy of it, which stays as it was
+    y_before = y.copy()
+    gx, gy = dsl.grad(m.mixed, wrt=(0, 1))(x, y, e)
+    expected = y.copy()
+    expected[1:, ::-2] += e
+    np.testing.assert_allclose(gx, expected, rtol=1e-14)
+    np.testing.assert_array_equal(y, y_before)
+    np.testing.assert_allclose(gy, x, rtol=1e-14)
+    expected = np.zeros((6, 5))
+    expected[::-2, ::-1] = d[:3]
+    np.testing.assert_allclose(dsl.grad(m.flipped)(x, d[:3]), expected, rtol=1e-14)
+    # five strided axes, none merging: past the CPU kernel's rank
+    expected = 2 * z
+    expected[::2, :, ::2, :, ::2] += f
+    np.testing.assert_allclose(dsl.grad(m.deep)(z, f), expected, rtol=1e-14)
+
+
+def test_summed_embeds_under_vmap_and_forward_over_reverse():
+    rng = np.random.default_rng(1)
+    x, a, b, c, d, *_ = arrays(rng)
+    grad = dsl.grad(M.slices)
+    stacks = [np.stack([v, 2 * v + 1]) for v in (a, b, c, d)]
+    batched = dsl.vmap(dsl.grad(M.slices), in_axes=(None, 0, 0, 0, 0))(x, *stacks)
+    for k in range(2):
+        np.testing.assert_allclose(batched[k], slices_gradient(*(s[k] for s in stacks)),
+                                   rtol=1e-14)
+    tangents = [rng.normal(size=v.shape) for v in (x, a, b, c, d)]
+    value, tangent = dsl.jvp(grad, (x, a, b, c, d), tuple(tangents))
+    np.testing.assert_allclose(value, slices_gradient(a, b, c, d), rtol=1e-14)
+    np.testing.assert_allclose(tangent, slices_gradient(*tangents[1:]), rtol=1e-14)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_elementwise_work_runs_in_the_untransposed_layout(target):
+    m = M if target == "cpu" else dsl.loads(SOURCE, "embeds.grad", target=target)
+    rng = np.random.default_rng(2)
+    x, w, c = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 4, 5))
+    function = dsl.value_and_grad(m.activation, wrt=(0, 1))
+    # the product's transpose and the gradient's transpose back are gone
+    assert (0, 2, 1) not in fused_perms(function, x, w)
+    value, (gx, gw) = function(x, w)
+    y = np.tanh(x @ w)
+    slope = 3.0 * (1 - y * y)
+    np.testing.assert_allclose(value, np.sum(3.0 * y), rtol=1e-13)
+    np.testing.assert_allclose(gx, slope @ w.T, rtol=1e-13)
+    np.testing.assert_allclose(gw, np.einsum("bij,bik->jk", x, slope), rtol=1e-13)
+    # c is read in the transposed layout: the region stays there
+    function = dsl.value_and_grad(m.mixed_layouts, wrt=(0, 1, 2))
+    assert (0, 2, 1) in fused_perms(function, x, w, c)
+    value, (gx, gw, gc) = function(x, w, c)
+    y = np.tanh(x @ w).transpose(0, 2, 1)
+    np.testing.assert_allclose(value, np.sum(y * c), rtol=1e-13)
+    np.testing.assert_allclose(gc, y, rtol=1e-13)
+    np.testing.assert_allclose(gx, (c * (1 - y * y)).transpose(0, 2, 1) @ w.T, rtol=1e-13)
