@@ -39,26 +39,34 @@ def in_source_layout(fn: Function) -> Function:
     constants = {e.out for e in fn.eqns if e.op == "full"}  # loops read them as literals
     renamed: dict[Var, Atom] = {}  # old value -> its value in the source layout
     dropped: set[int] = set()  # ids of the transposes made needless
-    for eqn in fn.eqns:
-        if eqn.op == "transpose" and eqn.out not in renamed:
-            plan = _region(eqn, readers, returned, constants)
-            if plan is not None:
-                region, ends = plan
-                source = eqn.inputs[0]
-                renamed[eqn.out] = source
-                for e in region:
-                    for o in e.outputs:
-                        renamed[o] = Var(TensorType(o.type.dtype, source.type.shape), o.hint)
-                for end in ends:
-                    if end.op == "transpose":
-                        renamed[end.out] = renamed[end.inputs[0]]
-                        dropped.add(id(end))
-                dropped.add(id(eqn))
-    if not renamed:
-        return fn
 
     def sub(a: Atom) -> Atom:
         return renamed.get(a, a) if isinstance(a, Var) else a
+    for eqn in fn.eqns:
+        if eqn.op == "transpose" and eqn.out not in renamed:
+            plan = _region(eqn, readers, returned, constants)
+            if plan is None:
+                continue
+            region, ends = plan
+            source = sub(eqn.inputs[0])  # (an earlier region's end, maybe)
+            names: dict[Var, Atom] = {eqn.out: source}
+            backs = [end for end in ends if end.op == "transpose"]
+            # A value transposed back is named as (the first) transpose back
+            # of it, which has its type: a returned one keeps its name, as
+            # the driver returns fn.outputs.
+            for end in backs:
+                names.setdefault(end.inputs[0], end.out)
+            for e in region:
+                for o in e.outputs:
+                    names.setdefault(o, Var(TensorType(o.type.dtype, source.type.shape), o.hint))
+            for end in backs:
+                names[end.out] = names[end.inputs[0]]
+            if any(names.get(a, a) != a for a in returned):
+                continue  # (the transpose itself, or a second transpose back, returned)
+            renamed.update(names)
+            dropped.update(id(e) for e in [eqn] + backs)
+    if not renamed:
+        return fn
     eqns = tuple(Eqn(e.op, tuple(map(sub, e.inputs)), tuple(renamed.get(o, o) for o in e.outputs),
                      e.params, e.span)
                  for e in fn.eqns if id(e) not in dropped)
