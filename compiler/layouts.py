@@ -9,6 +9,10 @@ layout instead, when every value the region hands out is either
 transposed back (`transpose(v, inverse)`, which becomes v itself) or
 summed over all its axes: the region's equations get outputs of a's
 shape, read a in place of t, and the transposes at both ends are gone.
+fn's outputs keep their names (the driver returns them): a value
+transposed back is named as that transpose; a region where t itself
+transposed back, or a second transpose back of one value, is returned
+stays as it was.
 Values are the same element for element; a full sum adds them in a's
 order (the same value up to rounding).
 
@@ -62,7 +66,7 @@ def in_source_layout(fn: Function) -> Function:
             for end in backs:
                 names[end.out] = names[end.inputs[0]]
             if any(names.get(a, a) != a for a in returned):
-                continue  # (the transpose itself, or a second transpose back, returned)
+                continue  # (t transposed back, or a second transpose back, returned)
             renamed.update(names)
             dropped.update(id(e) for e in [eqn] + backs)
     if not renamed:
