@@ -382,10 +382,13 @@ def _pow_a(b, x, y, out, ct):
 
 
 def _pow_b(b, x, y, out, ct):
-    # log(x) x ** y, with log(1) for log(0): 0 ** y is 0 for y > 0, so
-    # its derivative there is 0, not log(0) * 0 = NaN
+    # log(x) x ** y where x > 0, else 0 (log(1)), as TensorFlow's: 0 ** y is
+    # 0 for y > 0, so its derivative there is 0, not log(0) * 0 = NaN; a
+    # negative x ** y is a number only at integer y, where it has no
+    # derivative in y, and log(x)'s NaN made even u * v ** (w - w) NaN in u
+    # (JAX and PyTorch give NaN there)
     zero = lit(b, 0, x)
-    base = b.bind("where", b.bind("eq", x, zero), lit(b, 1, x), x)
+    base = b.bind("where", b.bind("gt", x, zero), x, lit(b, 1, x))
     return b.bind("mul", ct, b.bind("mul", b.bind("log", base), out))
 
 

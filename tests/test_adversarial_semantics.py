@@ -135,6 +135,23 @@ def test_derivative_of_a_power_by_its_exponent_at_a_zero_base(powers):
                                rtol=1e-12)
 
 
+def test_derivative_of_a_power_by_its_exponent_at_a_negative_base_is_zero(powers):
+    # TensorFlow's convention (log(x) masked to 0 where x <= 0): a negative
+    # base has a power only at integer exponents, and no derivative in them.
+    # log(x)'s NaN made g(u, v) = u * v ** log1p(u - u) NaN in u at a negative
+    # v, though g is u there (a Hypothesis draw of test_adversarial_front).
+    y = np.array([0.0, 2.0, 3.0])
+    x = np.array([-0.6, -2.0, -1.5])
+    np.testing.assert_array_equal(dsl.grad(powers.power, wrt=1)(x, y), [0.0, 0.0, 0.0])
+    np.testing.assert_allclose(dsl.grad(powers.power, wrt=0)(x, y), y * x ** (y - 1),
+                               rtol=1e-12)
+    h = dsl.loads("def h(u, v):\n    return sum(u * v ** log1p(u - u))\n", "h.grad")
+    u, v = np.array([0.3, -0.7, 1.1]), np.array([0.9, 0.4, -0.6])
+    du, dv = dsl.grad(h.h, wrt=(0, 1))(u, v)
+    np.testing.assert_allclose(du, [1.0, 1.0, 1.0], rtol=1e-15)  # h is sum(u)
+    np.testing.assert_array_equal(dv, [0.0, 0.0, 0.0])
+
+
 def test_a_grad_block_that_transposes_is_not_masked_by_the_where(where_masks):
     # x[0, 1] reaches the output at [1, 0], where the branch is taken: its
     # gradient is 1 although x[0, 1] > 0 is false (it was re-selected to 0).
