@@ -263,6 +263,38 @@ def test_arguments_the_key_leaves_out_give_the_same_results():
     assert (x.dtype, x.shape, x.strides) in f._fast.entries  # all of them share the one key
 
 
+def test_read_only_and_writeable_arguments_share_their_kernels_compile(monkeypatch, tmp_path):
+    """A read-only array (JAX's are) and a writeable one run the same
+    compiled kernels: Numba types them apart, and compiled each kernel
+    once per kind, to the same machine code (`loader._inputs_read_only`)."""
+    from numba.core import event
+
+    class Compiles(event.Listener):
+        def on_start(self, event):
+            pass
+
+        def on_end(self, event):
+            compiled.append(event.data["dispatcher"].py_func.__name__)
+
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path))  # (nothing cached: it compiles)
+    m = dsl.loads("def f(x, y):\n    return sum(exp(x) * y + x * 3.0625)\n")
+    f = dsl.value_and_grad(m.f, wrt=(0, 1))
+    x, y = np.linspace(-1.0, 1.0, 5), np.linspace(0.5, 2.5, 5)
+    frozen = [a.copy() for a in (x, y)]
+    for a in frozen:
+        a.flags.writeable = False
+    compiled = []
+    with event.install_listener("numba:compile", Compiles()):
+        first = f(*frozen)
+        kernels = len(compiled)
+        second = f(x, y)
+    assert kernels > 0 and len(compiled) == kernels, compiled
+    expected = (np.exp(x).dot(y) + 3.0625 * x.sum(), np.exp(x) * y + 3.0625, np.exp(x))
+    for value, (dx, dy) in (first, second):
+        for got, want in zip((value, dx, dy), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
 def test_scalars_subclasses_and_zero_d_arrays_between_calls():
     f = dsl.grad(M.log1pexp)
     for arg in (np.array(0.5), 0.5, np.float64(0.5), np.array(-1.0), -1.0, np.float32(2.0),
