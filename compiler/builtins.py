@@ -122,7 +122,7 @@ def _primitive(op: ops.Op) -> Builtin:
     def lower(L: Lowerer, b: Builder, args, kwargs, span) -> Value:
         if op.arity == 2:  # folds constants like arithmetic does
             return L.binary(b, op.name, args[0], args[1], span)
-        folded = _folded(op, args) if op.float_only else None
+        folded = _folded(op, args)
         if folded is not None:
             return folded
         inputs = unify(b, args, span, float_result=op.float_only)
@@ -130,20 +130,27 @@ def _primitive(op: ops.Op) -> Builtin:
     return _builtin(op.arity, lower)
 
 
-def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float]:
-    """A float function (`sqrt`, `exp`, ...) of one compile-time number,
-    computed now in f64 by the op's reference (NumPy's, as a kernel's
+def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float | int]:
+    """A function (`sqrt`, `exp`, ..., `abs`, `sign`) of one compile-time
+    number, computed now by the op's reference (NumPy's, as a kernel's
     `math` may differ by an ulp: one value on every target): a compile-time
     number again, which takes the dtype of the arrays it meets as a literal
     does (`q / sqrt(d)` stays f32; it was an f64 array, which made the
-    quotient f64), infinite or NaN as NumPy's (`log(0)`).  None for an
-    integer beyond f64.  A symbolic size is used as a number, as in `1 /
-    x.shape[0]`: the program is lowered for concrete sizes (NeedsConcrete)."""
+    quotient f64), infinite or NaN as NumPy's (`log(0)`).  A float function
+    computes in f64; one that keeps integers (`abs`, `sign`) gives an int
+    of an int (`abs(-2.0) * x` was f64 for f32 x, `abs(-2) + k` i64 for i32
+    k).  None for an integer beyond f64 (or, for those, beyond i64).  A
+    symbolic size is used as a number, as in `1 / x.shape[0]`: the program
+    is lowered for concrete sizes (NeedsConcrete)."""
     (x,) = args
     if isinstance(x, Sym):
         raise NeedsConcrete(f"the size {x} is used as a number")
     if type(x) not in (int, float):
         return None
+    if not op.float_only and type(x) is int:
+        if not -2**63 < x < 2**63:   # (abs of the least i64 wraps in NumPy)
+            return None
+        return int(op.ref(np.int64(x)))
     try:
         number = np.float64(x)
     except OverflowError:  # an integer beyond f64: left to the kernels, as before

@@ -275,3 +275,15 @@ print("ok")
     run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_abs_and_sign_of_a_number_take_the_dtype_of_the_arrays_they_meet():
+    # (found by tests/test_differential_jax.py) abs and sign of a
+    # compile-time number were f64 (or i64) arrays, where every other
+    # function of a number is a compile-time number: `abs(-2.0) * x` was
+    # f64 for f32 x, `abs(-2) + k` i64 for i32 k, and neither could index
+    m = dsl.loads("def f(x, k: i32):\n"
+                  "    return x[abs(-1)] * abs(-2.0) + sign(-1.5), abs(-2) + k, sign(-3) * k\n")
+    v, s, t = m.f(np.array([5.0, 3.0], np.float32), np.int32(4))
+    assert (v.dtype, s.dtype, t.dtype) == (np.float32, np.int32, np.int32)
+    assert (v, s, t) == (5.0, 6, -4)
