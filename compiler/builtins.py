@@ -21,7 +21,7 @@ from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
-                                      weak_result)
+                                      weak_result, weakly_typed)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ def _where(L, b, args, kwargs, span):
     cond = L.as_bool(b, args[0], span)
     x, y = unify(b, args[1:], span, arithmetic=False)
     # a choice between weak values is one (a sinusoidal encoding's sin and cos)
-    return b.bind("where", cond, x, y, span=span, weak=weak_result(args[1:]))
+    return b.bind("where", cond, x, y, span=span, weak=weakly_typed(args[1:]))
 
 
 def _clip(L, b, args, kwargs, span):
@@ -263,7 +263,7 @@ def _reshape(L, b, args, kwargs, span):
         shape[shape.index(-1)] = rest
     shape = tuple(shape)
     return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span,
-                                                  weak=isinstance(x, WeakVar))
+                                                  weak=weakly_typed(args[:1]))
 
 
 def _broadcast_to(L, b, args, kwargs, span):
@@ -272,7 +272,7 @@ def _broadcast_to(L, b, args, kwargs, span):
     if any(isinstance(d, int) and d < 0 for d in shape):  # (a size is never negative)
         raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
     return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span,
-                                                  weak=isinstance(x, WeakVar))
+                                                  weak=weakly_typed(args[:1]))
 
 
 def _transpose(L, b, args, kwargs, span):
@@ -292,7 +292,7 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     axis = _kw(args, kwargs, 1, "axis", 0)
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise GradError("axis must be a compile-time integer", span)
-    items, weak = unify(b, list(seq), span, arithmetic=False), weak_result(seq)
+    items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
         raise GradError(f"axis {axis} is out of range for rank {rank}", span)

@@ -287,3 +287,22 @@ def test_abs_and_sign_of_a_number_take_the_dtype_of_the_arrays_they_meet():
     v, s, t = m.f(np.array([5.0, 3.0], np.float32), np.int32(4))
     assert (v.dtype, s.dtype, t.dtype) == (np.float32, np.int32, np.int32)
     assert (v, s, t) == (5.0, 6, -4)
+
+
+def test_a_choice_between_numbers_and_a_layout_op_of_one_are_weakly_typed():
+    # (found by tests/test_differential_jax.py) `broadcast_to(0.5, (2,))`,
+    # `reshape`, `stack` of numbers and `where(m, 1.0, 0.0)` were f64 arrays
+    # where a number, or the same op of `arange(2) * 0.5`, is weak: each
+    # made an f32 model f64, and a loop carrying one changed type
+    m = dsl.loads("def f(x):\n"
+                  "    c = x\n"
+                  "    for i in range(2):\n"
+                  "        c = c * 0.5 + broadcast_to(1.5, (2,))\n"
+                  "    return c, where(x > 0, 1.0, 0.0) * x + stack([1.0, 2.0]), "
+                  "reshape(2.0, (1,)) - x\n")
+    x = np.array([1.0, -2.0], np.float32)
+    c, s, r = m.f(x)
+    assert (c.dtype, s.dtype, r.dtype) == (np.float32,) * 3
+    np.testing.assert_array_equal(c, [2.5, 1.75])
+    np.testing.assert_array_equal(s, [2.0, 2.0])
+    np.testing.assert_array_equal(r, [1.0, 4.0])
