@@ -262,8 +262,9 @@ def _reshape(L, b, args, kwargs, span):
             raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
         shape[shape.index(-1)] = rest
     shape = tuple(shape)
-    return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span,
-                                                  weak=weakly_typed(args[:1]))
+    if shape == x.type.shape:  # (a number stays one: `reshape(0.5, ())` is weak)
+        return args[0] if is_static(args[0]) else x
+    return b.bind("reshape", x, shape=shape, span=span, weak=weakly_typed(args[:1]))
 
 
 def _broadcast_to(L, b, args, kwargs, span):
@@ -271,8 +272,9 @@ def _broadcast_to(L, b, args, kwargs, span):
     shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
     if any(isinstance(d, int) and d < 0 for d in shape):  # (a size is never negative)
         raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
-    return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span,
-                                                  weak=weakly_typed(args[:1]))
+    if shape == x.type.shape:
+        return args[0] if is_static(args[0]) else x
+    return b.bind("broadcast_to", x, shape=shape, span=span, weak=weakly_typed(args[:1]))
 
 
 def _transpose(L, b, args, kwargs, span):
@@ -459,7 +461,13 @@ def _take(L, b, args, kwargs, span):
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:  # NumPy's default: the flattened array
         x, axis = _flattened(b, x, span), 0
-    return take(b, x, idx, static_axis(axis, x.type.rank, span), span)
+    return _picked(b, args[0], take(b, x, idx, static_axis(axis, x.type.rank, span), span))
+
+
+def _picked(b: Builder, x: Value, out: Atom) -> Atom:
+    """A gather's result, weakly typed where x is, as `x[idx]` is
+    (`take(arange(n) * 0.5, idx)` beside f32 arrays is f32)."""
+    return b.weaken(out) if weakly_typed([x]) else out
 
 
 def _take_along_axis(L, b, args, kwargs, span):
@@ -479,7 +487,7 @@ def _take_along_axis(L, b, args, kwargs, span):
     if picks:
         out = b.bind("reshape", out, shape=idx.type.shape[:axis] + idx.type.shape[axis + 1:],
                      span=span)
-    return out
+    return _picked(b, args[0], out)
 
 
 def _cumsum(L, b, args, kwargs, span):
