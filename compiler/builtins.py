@@ -207,10 +207,14 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             reduced = L.reduced_axes(x, axis, span)
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
-        # of a weak value: weak (`sum(arange(n) * 0.5)`), if a float: an integer
-        # one meeting i32 would wrap around unchecked (sum(arange(100000)) + k)
-        if isinstance(args[0], WeakVar) and out is not args[0] and out.type.dtype in FLOATS:
-            out = b.weaken(out)  # (every path above ends in a bind, or gives x back)
+        # of a weak value or a number: weak (`sum(arange(n) * 0.5)`), if a
+        # float: an integer one meeting i32 would wrap around unchecked
+        # (sum(arange(100000)) + k)
+        if weakly_typed(args[:1]) and out.type.dtype in FLOATS:
+            if out is x:  # (reduced over no axes: the value itself)
+                return args[0]
+            if isinstance(out, Var):
+                out = b.weaken(out)  # (every path above ends in a bind, or gives x back)
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
                     nullable=("axis",), keyword_only=0 if mean else 1)

@@ -308,15 +308,16 @@ def test_a_choice_between_numbers_and_a_layout_op_of_one_are_weakly_typed():
     np.testing.assert_array_equal(r, [1.0, 4.0])
 
 
-def test_take_of_a_weak_value_and_a_no_op_broadcast_of_a_number_stay_weak():
+def test_take_of_a_weak_value_and_a_no_op_of_a_number_stay_weak():
     # (found by tests/test_differential_jax.py) `take` and
     # `take_along_axis` of `arange(n) * 0.5` were f64 where `x[idx]` of it
-    # is weak, and `broadcast_to(0.5, ())` (a no-op) was an f64 array
+    # is weak, and `broadcast_to(0.5, ())` (a no-op) and `sum(2.0)` were
+    # f64 arrays
     m = dsl.loads("def f(x):\n"
                   "    a = arange(4) * 0.5\n"
                   "    return take(a, arange(2)) * x, take_along_axis(a, arange(2) + 1, axis=0) "
-                  "* x, x[0] + broadcast_to(0.5, ()), reshape(1.5, ()) - x\n")
+                  "* x, x[0] + broadcast_to(0.5, ()), reshape(1.5, ()) - x, sum(2.0) + x\n")
     results = m.f(np.array([1.0, 2.0], np.float32))
-    assert [r.dtype for r in results] == [np.float32] * 4
-    for r, want in zip(results, ([0.0, 1.0], [0.5, 2.0], 1.5, [0.5, -0.5])):
+    assert [r.dtype for r in results] == [np.float32] * 5
+    for r, want in zip(results, ([0.0, 1.0], [0.5, 2.0], 1.5, [0.5, -0.5], [3.0, 4.0])):
         np.testing.assert_array_equal(r, want)
