@@ -578,7 +578,7 @@ class Program:
         rng = self.rng
         axis = rng.int(0, len(shape) - 1)
         text, sl, n = _slice_for(rng, shape[axis])
-        a = self.gen(shape[:axis] + (n,) + shape[axis + 1:], depth)
+        a = self._indexable(shape[:axis] + (n,) + shape[axis + 1:], depth)
         index = (slice(None),) * axis + (sl,)
         prefix = ":, " * axis if axis < 2 or rng.coin() else "..., "
         if prefix == "..., ":
@@ -587,18 +587,25 @@ class Program:
                 prefix, index = ":, " * axis, (slice(None),) * axis + (sl,)
         return E(f"({a.src})[{prefix}{text}]", lambda env: a.fn(env)[index], shape, a.bound)
 
+    def _indexable(self, shape, depth):
+        """An operand of indexing: not a literal (`(3.0)[None]` is an error)."""
+        e = self.gen(shape, depth)
+        while re.fullmatch(r"-?[\d.]+", e.src):
+            e = self.gen(shape, depth)
+        return e
+
     def _index(self, shape, depth):
         rng = self.rng
         axis = rng.int(0, len(shape))
         n = rng.int(2, 4)
         k = rng.int(-n, n - 1)
-        a = self.gen(shape[:axis] + (n,) + shape[axis:], depth)
+        a = self._indexable(shape[:axis] + (n,) + shape[axis:], depth)
         index = (slice(None),) * axis + (k,)
         return E(f"({a.src})[{':, ' * axis}{k}]", lambda env: a.fn(env)[index], shape, a.bound)
 
     def _newaxis(self, shape, depth):
         axis = self.rng.choice([i for i, n in enumerate(shape) if n == 1])
-        a = self.gen(shape[:axis] + shape[axis + 1:], depth)
+        a = self._indexable(shape[:axis] + shape[axis + 1:], depth)
         index = (slice(None),) * axis + (None,)
         return E(f"({a.src})[{':, ' * axis}None]", lambda env: a.fn(env)[index], shape,
                  a.bound)
@@ -918,13 +925,18 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
     m = _module(program.source)
     x, y, w, ids = args
     jargs = [jnp.asarray(a) for a in args]
-    expected = program.jax(*jargs)
+    # (jitted once per program: JAX's op-by-op dispatch costs more than
+    # compiling the whole function)
+    if not hasattr(program, "jitted"):
+        program.jitted = (jax.jit(program.jax), jax.jit(jax.grad(
+            lambda x, y, w, ids: _jax_total(program, ids)(x, y, w), argnums=(0, 1, 2))))
+    expected = program.jitted[0](*jargs)
     if "value" in checks:
         for a, e in zip(_tree(m.f(*args)), _tree(expected)):
             _close(a, e, "value", program)
     if "grad" in checks:
         value, grads = dsl.value_and_grad(m.f, wrt=(0, 1, 2))(*args)
-        jgrads = jax.grad(_jax_total(program, jargs[3]), argnums=(0, 1, 2))(*jargs[:3])
+        jgrads = program.jitted[1](*jargs)
         for a, e in zip(_tree(value), _tree(expected)):
             _close(a, e, "value_and_grad's value", program)
         for name, a, e in zip("xyw", grads, jgrads):
