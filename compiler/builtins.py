@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
-from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var, WeakVar
+from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
                                       weak_result, weakly_typed)
