@@ -1,7 +1,9 @@
 """Differential testing against JAX: random well-typed `.grad` programs,
 each mirrored as a JAX function, must agree with it in f64 on values,
-`value_and_grad`, `jvp`, `hessian`, `hvp` and `vmap` (f32 loosely against
-f64, and a few on the CUDA target against the CPU).
+`value_and_grad`, `jvp`, `hessian`, `hvp`, `vmap` (over x, and over the
+run-time indices), `jacfwd`/`jacrev` and `to_jax` under `jax.grad` (f32
+loosely against f64, with the f32 dtype kept; a few on the CUDA target
+against the CPU).
 
 A program is generated together with its JAX twin from a `Chooser` (a
 seeded `random.Random`, or Hypothesis's `data.draw`): compositions of the
@@ -15,17 +17,17 @@ index arrays), `@`/`einsum`, `for` loops with run-time indices, run-time
 `if`, helper functions (plain, `@recompute`, `@pass_through`, with grad
 blocks whose twin is a `jax.custom_vjp`) and in-language `grad`.
 
-Inputs are Hypothesis draws in [-2, 2]: a tie or a kink is hit with
-probability zero, so every comparison is of smooth functions.  Compiling
-dominates, so the default run compiles one small program from a fixed
-seed (value_and_grad, on the CPU and CUDA) and varies only the inputs;
-`GRAD_FUZZ_SCALE=N` adds 4(N-1) fixed programs checked every way and a
-Hypothesis search over 2N programs (a long hunt: `GRAD_FUZZ_SCALE=50`,
-several seconds a program).  Programs with a grad block that is not the
-function's derivative (a straight-through estimator) skip the second-order
-comparisons, where JAX differentiates a `custom_vjp`'s body; JAX cannot
-jvp a `custom_vjp`, so their jvp is compared with JAX's reverse-mode
-Jacobian times the tangent."""
+Inputs are uniform in [-2, 2] from a Hypothesis-drawn seed: a tie or a
+kink is hit with probability zero, so every comparison is of smooth
+functions. Compiling dominates, so the default run compiles one small
+program from a fixed seed (value_and_grad, on the CPU and CUDA) and varies
+only the inputs; `GRAD_FUZZ_SCALE=N` adds 4(N-1) fixed programs checked
+every way and a Hypothesis search over 2N programs (a long hunt:
+`GRAD_FUZZ_SCALE=50`, several seconds a program). Programs with a grad
+block that is not the function's derivative (a straight-through estimator)
+skip the second-order comparisons, where JAX differentiates a
+`custom_vjp`'s body; JAX cannot jvp a `custom_vjp`, so their jvp is
+compared with JAX's reverse-mode Jacobian times the tangent."""
 from __future__ import annotations
 
 import functools
@@ -290,8 +292,6 @@ class Program:
         self.source = (imports + "".join(h + "\n" for h in self.helpers)
                        + "def f(x, y, w, ids):\n" + "".join(f"    {b}\n" for b in body))
         self.n_out = len(outs)
-        # (a result that reads no array is a number: f64 whatever the arrays)
-        self.constant_outs = [not _READS_ARRAY.search(o.src) for o in outs]
 
         def twin(x, y, w, ids):
             env = {"x": x, "y": y, "w": w, "ids": ids}
@@ -868,19 +868,16 @@ class Program:
 
 # ------------------------------------------------------------------ checks
 
-def _inputs(data_or_rng, dtype=np.float64):
-    """x, y, w in [-2, 2] and ids in [-2, 1]."""
-    if isinstance(data_or_rng, np.random.Generator):
-        r = data_or_rng
-        floats = [r.uniform(-2, 2, s) for s in FLOATS.values()]
-        ids = r.integers(-2, 2, IDS_LEN)
-    else:
-        floats = [np.array(data_or_rng.draw(st.lists(
-            st.floats(-2, 2, allow_subnormal=False), min_size=math.prod(s),
-            max_size=math.prod(s))), dtype=np.float64).reshape(s) for s in FLOATS.values()]
-        ids = np.array(data_or_rng.draw(st.lists(st.integers(-2, 1), min_size=IDS_LEN,
-                                                 max_size=IDS_LEN)), dtype=np.int64)
-    return [f.astype(dtype) for f in floats] + [ids]
+def _inputs(data_or_rng) -> list:
+    """x, y, w uniform in [-2, 2] and ids in [-2, 1], from a generator or
+    a Hypothesis-drawn seed (drawing the floats themselves, Hypothesis
+    shrinks towards zeros, where every maximum is a tie and every clip at
+    a kink: conventions, not bugs)."""
+    r = data_or_rng
+    if not isinstance(r, np.random.Generator):
+        r = np.random.default_rng(r.draw(st.integers(0, 2**32 - 1), label="input seed"))
+    floats = [r.uniform(-2, 2, s) for s in FLOATS.values()]
+    return floats + [r.integers(-2, 2, IDS_LEN)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -920,7 +917,7 @@ def _jax_jvp(program, args, tangents):
 
 
 def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessian", "vmap",
-                                                  "jacobian", "f32")) -> None:
+                                                  "jacobian", "bridge", "f32")) -> None:
     """Every comparison `checks` names, of `program` at `args` (f64)."""
     m = _module(program.source)
     x, y, w, ids = args
@@ -969,6 +966,12 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
         want = jax.vmap(program.jax, in_axes=(None, None, None, 0))(*jargs[:3], jnp.asarray(idss))
         for a, e in zip(_tree(got), _tree(want)):
             _close(a, e, "vmap over ids", program)
+    if "bridge" in checks:   # dsl.to_jax under JAX's own grad and vmap
+        bridged = dsl.to_jax(m.f)
+        total = lambda x_, y_, w_: sum(jnp.sum(o) for o in _tree(bridged(x_, y_, w_, jargs[3])))  # noqa: E731,E501
+        for name, a, e in zip("xyw", jax.grad(total, argnums=(0, 1, 2))(*jargs[:3]),
+                              program.jitted[1](*jargs)):
+            _close(a, e, f"to_jax: jax.grad wrt {name}", program)
     if "jacobian" in checks:
         f = lambda w_: program.jax(jargs[0], jargs[1], w_, jargs[3])   # noqa: E731
         for transform in (dsl.jacfwd, dsl.jacrev):
@@ -982,7 +985,10 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
             if program.weak_constants and "type" in str(err):
                 return
             raise
-        for a, e, constant in zip(_tree(got), _tree(expected), program.constant_outs):
+        # a result that no input moves is a number's: f64 whatever the arrays
+        moved = program.jitted[0](*[a + 0.5 for a in jargs[:3]], jargs[3])
+        constant_outs = [bool(jnp.all(a == b)) for a, b in zip(_tree(moved), _tree(expected))]
+        for a, e, constant in zip(_tree(got), _tree(expected), constant_outs):
             assert constant or program.weak_constants or np.asarray(a).dtype == np.float32, \
                 f"an f32 call's result is " \
                 f"{np.asarray(a).dtype}\n{program.source}"
@@ -1015,7 +1021,7 @@ FIXED_SEEDS = [(317, 2)] + [(seed, None) for seed in range(1000, 1000 + 4 * (SCA
 # Each check compiles programs of its own: by default value_and_grad only
 # (the value comes with the gradient); the others in a hunt.
 CHECKS = ("grad",) if SCALE == 1 else ("value", "grad", "jvp", "hessian", "vmap", "jacobian",
-                                        "f32")
+                                        "bridge", "f32")
 
 
 @pytest.mark.parametrize("seed,max_depth", FIXED_SEEDS)
