@@ -18,10 +18,10 @@ import numpy as np
 
 from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
-from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var, WeakVar
+from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
-                                      weak_result)
+                                      weak_result, weakly_typed)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def _primitive(op: ops.Op) -> Builtin:
     def lower(L: Lowerer, b: Builder, args, kwargs, span) -> Value:
         if op.arity == 2:  # folds constants like arithmetic does
             return L.binary(b, op.name, args[0], args[1], span)
-        folded = _folded(op, args) if op.float_only else None
+        folded = _folded(op, args)
         if folded is not None:
             return folded
         inputs = unify(b, args, span, float_result=op.float_only)
@@ -130,20 +130,27 @@ def _primitive(op: ops.Op) -> Builtin:
     return _builtin(op.arity, lower)
 
 
-def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float]:
-    """A float function (`sqrt`, `exp`, ...) of one compile-time number,
-    computed now in f64 by the op's reference (NumPy's, as a kernel's
+def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float | int]:
+    """A function (`sqrt`, `exp`, ..., `abs`, `sign`) of one compile-time
+    number, computed now by the op's reference (NumPy's, as a kernel's
     `math` may differ by an ulp: one value on every target): a compile-time
     number again, which takes the dtype of the arrays it meets as a literal
     does (`q / sqrt(d)` stays f32; it was an f64 array, which made the
-    quotient f64), infinite or NaN as NumPy's (`log(0)`).  None for an
-    integer beyond f64.  A symbolic size is used as a number, as in `1 /
-    x.shape[0]`: the program is lowered for concrete sizes (NeedsConcrete)."""
+    quotient f64), infinite or NaN as NumPy's (`log(0)`).  A float function
+    computes in f64; one that keeps integers (`abs`, `sign`) gives an int
+    of an int (`abs(-2.0) * x` was f64 for f32 x, `abs(-2) + k` i64 for i32
+    k).  None for an integer beyond f64 (or, for those, beyond i64).  A
+    symbolic size is used as a number, as in `1 / x.shape[0]`: the program
+    is lowered for concrete sizes (NeedsConcrete)."""
     (x,) = args
     if isinstance(x, Sym):
         raise NeedsConcrete(f"the size {x} is used as a number")
     if type(x) not in (int, float):
         return None
+    if not op.float_only and type(x) is int:
+        if not -2**63 < x < 2**63:   # (abs of the least i64 wraps in NumPy)
+            return None
+        return int(op.ref(np.int64(x)))
     try:
         number = np.float64(x)
     except OverflowError:  # an integer beyond f64: left to the kernels, as before
@@ -200,10 +207,14 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             reduced = L.reduced_axes(x, axis, span)
             count = prod(x.type.shape[a] for a in reduced)
             out = b.bind("div", out, as_atom(b, count, span, out.type.dtype), span=span)
-        # of a weak value: weak (`sum(arange(n) * 0.5)`), if a float: an integer
-        # one meeting i32 would wrap around unchecked (sum(arange(100000)) + k)
-        if isinstance(args[0], WeakVar) and out is not args[0] and out.type.dtype in FLOATS:
-            out = b.weaken(out)  # (every path above ends in a bind, or gives x back)
+        # of a weak value or a number: weak (`sum(arange(n) * 0.5)`), if a
+        # float: an integer one meeting i32 would wrap around unchecked
+        # (sum(arange(100000)) + k)
+        if weakly_typed(args[:1]) and out.type.dtype in FLOATS:
+            if out is x:  # (reduced over no axes: the value itself)
+                return args[0]
+            if isinstance(out, Var):
+                out = b.weaken(out)  # (every path above ends in a bind, or gives x back)
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
                     nullable=("axis",), keyword_only=0 if mean else 1)
@@ -213,7 +224,7 @@ def _where(L, b, args, kwargs, span):
     cond = L.as_bool(b, args[0], span)
     x, y = unify(b, args[1:], span, arithmetic=False)
     # a choice between weak values is one (a sinusoidal encoding's sin and cos)
-    return b.bind("where", cond, x, y, span=span, weak=weak_result(args[1:]))
+    return b.bind("where", cond, x, y, span=span, weak=weakly_typed(args[1:]))
 
 
 def _clip(L, b, args, kwargs, span):
@@ -255,8 +266,9 @@ def _reshape(L, b, args, kwargs, span):
             raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
         shape[shape.index(-1)] = rest
     shape = tuple(shape)
-    return x if shape == x.type.shape else b.bind("reshape", x, shape=shape, span=span,
-                                                  weak=isinstance(x, WeakVar))
+    if shape == x.type.shape:  # (a number stays one: `reshape(0.5, ())` is weak)
+        return args[0] if is_static(args[0]) else x
+    return b.bind("reshape", x, shape=shape, span=span, weak=weakly_typed(args[:1]))
 
 
 def _broadcast_to(L, b, args, kwargs, span):
@@ -264,8 +276,9 @@ def _broadcast_to(L, b, args, kwargs, span):
     shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
     if any(isinstance(d, int) and d < 0 for d in shape):  # (a size is never negative)
         raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
-    return x if shape == x.type.shape else b.bind("broadcast_to", x, shape=shape, span=span,
-                                                  weak=isinstance(x, WeakVar))
+    if shape == x.type.shape:
+        return args[0] if is_static(args[0]) else x
+    return b.bind("broadcast_to", x, shape=shape, span=span, weak=weakly_typed(args[:1]))
 
 
 def _transpose(L, b, args, kwargs, span):
@@ -285,7 +298,7 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     axis = _kw(args, kwargs, 1, "axis", 0)
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise GradError("axis must be a compile-time integer", span)
-    items, weak = unify(b, list(seq), span, arithmetic=False), weak_result(seq)
+    items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
         raise GradError(f"axis {axis} is out of range for rank {rank}", span)
@@ -452,7 +465,13 @@ def _take(L, b, args, kwargs, span):
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:  # NumPy's default: the flattened array
         x, axis = _flattened(b, x, span), 0
-    return take(b, x, idx, static_axis(axis, x.type.rank, span), span)
+    return _picked(b, args[0], take(b, x, idx, static_axis(axis, x.type.rank, span), span))
+
+
+def _picked(b: Builder, x: Value, out: Atom) -> Atom:
+    """A gather's result, weakly typed where x is, as `x[idx]` is
+    (`take(arange(n) * 0.5, idx)` beside f32 arrays is f32)."""
+    return b.weaken(out) if weakly_typed([x]) else out
 
 
 def _take_along_axis(L, b, args, kwargs, span):
@@ -472,7 +491,7 @@ def _take_along_axis(L, b, args, kwargs, span):
     if picks:
         out = b.bind("reshape", out, shape=idx.type.shape[:axis] + idx.type.shape[axis + 1:],
                      span=span)
-    return out
+    return _picked(b, args[0], out)
 
 
 def _cumsum(L, b, args, kwargs, span):

@@ -121,6 +121,15 @@ def weak_result(values: Sequence[Value]) -> bool:
         is_static(v) or isinstance(v, WeakVar) for v in values)
 
 
+def weakly_typed(values: Sequence[Value]) -> bool:
+    """Whether a choice between `values`, or a layout op of them, is weakly
+    typed: each is a compile-time number or a `WeakVar`, as JAX keeps
+    `broadcast_to(2.0, s)`, `stack([a, 1.0])` and `where(m, 1.0, 0.0)` weak.
+    (Arithmetic on numbers folds instead: see `weak_result`.)"""
+    return all(isinstance(v, WeakVar) or is_static(v) and not isinstance(v, tuple)
+               for v in values)
+
+
 def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
           float_result: bool = False, arithmetic: bool = True,
           spans: Optional[Sequence[Optional[Span]]] = None) -> list[Atom]:

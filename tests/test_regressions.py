@@ -275,3 +275,49 @@ print("ok")
     run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_abs_and_sign_of_a_number_take_the_dtype_of_the_arrays_they_meet():
+    # (found by tests/test_differential_jax.py) abs and sign of a
+    # compile-time number were f64 (or i64) arrays, where every other
+    # function of a number is a compile-time number: `abs(-2.0) * x` was
+    # f64 for f32 x, `abs(-2) + k` i64 for i32 k, and neither could index
+    m = dsl.loads("def f(x, k: i32):\n"
+                  "    return x[abs(-1)] * abs(-2.0) + sign(-1.5), abs(-2) + k, sign(-3) * k\n")
+    v, s, t = m.f(np.array([5.0, 3.0], np.float32), np.int32(4))
+    assert (v.dtype, s.dtype, t.dtype) == (np.float32, np.int32, np.int32)
+    assert (v, s, t) == (5.0, 6, -4)
+
+
+def test_a_choice_between_numbers_and_a_layout_op_of_one_are_weakly_typed():
+    # (found by tests/test_differential_jax.py) `broadcast_to(0.5, (2,))`,
+    # `reshape`, `stack` of numbers and `where(m, 1.0, 0.0)` were f64 arrays
+    # where a number, or the same op of `arange(2) * 0.5`, is weak: each
+    # made an f32 model f64, and a loop carrying one changed type
+    m = dsl.loads("def f(x):\n"
+                  "    c = x\n"
+                  "    for i in range(2):\n"
+                  "        c = c * 0.5 + broadcast_to(1.5, (2,))\n"
+                  "    return c, where(x > 0, 1.0, 0.0) * x + stack([1.0, 2.0]), "
+                  "reshape(2.0, (1,)) - x\n")
+    x = np.array([1.0, -2.0], np.float32)
+    c, s, r = m.f(x)
+    assert (c.dtype, s.dtype, r.dtype) == (np.float32,) * 3
+    np.testing.assert_array_equal(c, [2.5, 1.75])
+    np.testing.assert_array_equal(s, [2.0, 2.0])
+    np.testing.assert_array_equal(r, [1.0, 4.0])
+
+
+def test_take_of_a_weak_value_and_a_no_op_of_a_number_stay_weak():
+    # (found by tests/test_differential_jax.py) `take` and
+    # `take_along_axis` of `arange(n) * 0.5` were f64 where `x[idx]` of it
+    # is weak, and `broadcast_to(0.5, ())` (a no-op) and `sum(2.0)` were
+    # f64 arrays
+    m = dsl.loads("def f(x):\n"
+                  "    a = arange(4) * 0.5\n"
+                  "    return take(a, arange(2)) * x, take_along_axis(a, arange(2) + 1, axis=0) "
+                  "* x, x[0] + broadcast_to(0.5, ()), reshape(1.5, ()) - x, sum(2.0) + x\n")
+    results = m.f(np.array([1.0, 2.0], np.float32))
+    assert [r.dtype for r in results] == [np.float32] * 5
+    for r, want in zip(results, ([0.0, 1.0], [0.5, 2.0], 1.5, [0.5, -0.5], [3.0, 4.0])):
+        np.testing.assert_array_equal(r, want)
