@@ -9,11 +9,10 @@ sleep between kernels cost), and, where torch is imported, `torch.exp` of
 1e6 f64 (on libgomp's threads) then log1pexp's value and gradient at 1e6
 (a training step's torch ops between ours).  Configurations: alone; `import dsl`
 then `import torch` (dsl's spin count reaches libgomp then); after
-`import torch` (where dsl picks Numba's workqueue layer, whose workers
-sleep: `runtime.parallelism.prefer_sleeping_threads`); after `import
-torch` on Numba's OpenMP layer anyway (`NUMBA_THREADING_LAYER=omp`:
-libgomp's default 300,000-round spin, what every torch-first script paid
-before); and that with `OMP_WAIT_POLICY=PASSIVE`.  Then the cause without
+`import torch` (libgomp's default 300,000-round spin); that on Numba's
+workqueue layer (`NUMBA_THREADING_LAYER=workqueue`: threads of its own,
+which sleep between kernels, but none shared with torch's ops); and on
+libgomp with `OMP_WAIT_POLICY=PASSIVE`.  Then the cause without
 torch: a Numba `prange` kernel (exp of 2e5 f64) and a 256 x 256 f32 BLAS
 product, each alone and called alternately, by default and with
 `OMP_WAIT_POLICY=PASSIVE`.
@@ -80,11 +79,10 @@ print(median_ms(lambda: kernel(x, out)), median_ms(lambda: a @ a),
 CONFIGURATIONS = {"alone": ("", {}),
                   "import dsl, then torch": ("import dsl; import torch", {}),
                   "after import torch": ("import torch", {}),
-                  "after import torch, NUMBA_THREADING_LAYER=omp": (
-                      "import torch", {"NUMBA_THREADING_LAYER": "omp"}),
-                  "after import torch, omp, OMP_WAIT_POLICY=PASSIVE": (
-                      "import torch", {"NUMBA_THREADING_LAYER": "omp",
-                                       "OMP_WAIT_POLICY": "PASSIVE"})}
+                  "after import torch, NUMBA_THREADING_LAYER=workqueue": (
+                      "import torch", {"NUMBA_THREADING_LAYER": "workqueue"}),
+                  "after import torch, OMP_WAIT_POLICY=PASSIVE": (
+                      "import torch", {"OMP_WAIT_POLICY": "PASSIVE"})}
 
 
 def main() -> None:

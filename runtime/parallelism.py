@@ -34,19 +34,21 @@ worker forked after one large call died, and a `Pool` waited for it for
 ever).
 
 Numba's `workqueue` threading layer (its fallback where no OpenMP runtime
-loads, or a user's choice, or `prefer_sleeping_threads`'s) aborts the
-process when two threads launch parallel kernels at once, so under it
-only the main thread runs parallel kernels; other threads (Dask's
-workers, a user's pool) run the serial ones, whose bits are the same.
+loads, as on a Mac without one, or a user's `NUMBA_THREADING_LAYER`)
+aborts the process when two threads launch parallel kernels at once
+("Concurrent access has been detected"), so under it only the main thread
+runs parallel kernels; other threads (Dask's workers, a user's pool) run
+the serial ones, whose bits are the same.
 
-`prefer_sleeping_threads`, when this module loads (before our first
-parallel kernel), prefers that layer where another library had loaded GNU
-OpenMP by `import dsl` (`import torch` does) and the user set neither a
-spin count, a wait policy nor a layer: libgomp read
-its settings when it loaded, so `GOMP_SPINCOUNT` comes too late, and its
-workers would spin 300,000 rounds after each of our parallel kernels,
-holding the cores the next BLAS product needs (the attention benchmark
-3x slower, `benchmarks/bench_threads.py`); workqueue's workers sleep.
+Beside PyTorch imported first, libgomp's idle workers spin with its
+default count (`runtime`'s GOMP_SPINCOUNT comes too late) and slow a BLAS
+product that follows our kernels (the attention benchmark 16-24 ms,
+against 7-9 with `import dsl` first: `benchmarks/bench_threads.py`).
+Workqueue's workers sleep, which cured that (8-9 ms), but it shares no
+threads with torch: an elementwise kernel right after a torch op then
+waited for torch's spinning workers (1.6x slower than on libgomp's, which
+torch's op had just left), the commoner case in a training step, so the
+layer stays Numba's choice and the README says to import dsl first.
 
 Numba's TBB threading layer waits far less (a worker that has not
 started when the others finish does no share of the loop: R1 at 1e5 in
@@ -64,9 +66,6 @@ import warnings
 from functools import lru_cache
 
 import numba
-from numba.np.ufunc import parallel as numba_parallel
-
-from gradlang.runtime import OPENMP_SPINNING
 
 RECHECK_SECONDS = 0.5
 # Under load a loop runs in parallel only from this many times its threshold
@@ -138,20 +137,6 @@ def _may_launch() -> bool:
     return _launcher == 0 or threading.get_ident() == _launcher
 
 
-def prefer_sleeping_threads(openmp_spinning: bool, environ=os.environ) -> bool:
-    """Put Numba's workqueue layer before its OpenMP one (TBB, where Numba
-    finds it, stays first) where GNU OpenMP was loaded before `import dsl`
-    with its default spin (`openmp_spinning`: `runtime.OPENMP_SPINNING`)
-    and nobody chose Numba's layer, before Numba's pool starts (see the
-    module's docstring); whether it did."""
-    if not openmp_spinning or any(name in environ for name in (
-            "NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")) \
-            or numba.config.THREADING_LAYER != "default" or numba_parallel._is_initialized:
-        return False
-    numba.config.THREADING_LAYER_PRIORITY = ["tbb", "workqueue", "omp"]
-    return True
-
-
 def blas_called() -> None:
     """Note a BLAS call of ours (`runtime.cpu.matmul`): for
     `BLAS_SPIN_SECONDS` loops run as on a busy machine."""
@@ -217,5 +202,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # (POSIX)
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-prefer_sleeping_threads(OPENMP_SPINNING)

@@ -299,3 +299,11 @@ def test_a_cache_of_another_target_loads_through_numbas_own_path(tmp_path, monke
     assert refreshed == [True]
     assert module.f(1.0) == 2.0  # and the CPU's compiles and runs
     del sys.modules["gradk_other_target"]
+
+
+def test_import_dsl_imports_no_numba():
+    # Numba's import is 0.3-0.5 s; dsl imports it on first use (a check of
+    # GNU OpenMP at `import dsl` that asked Numba made the import 0.45 s).
+    probe = "import sys, dsl; print('numba' in sys.modules, 'lark' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["False", "False"]
