@@ -32,15 +32,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gradlang.compiler.ir import Eqn, Function, Var
+from gradlang.compiler.ir import Eqn, Function, Var, use_counts
 
 
 def as_embed_sums(fn: Function) -> Function:
-    uses: dict[Var, int] = {}
-    for eqn in fn.eqns:
-        for a in eqn.inputs:
-            if isinstance(a, Var):
-                uses[a] = uses.get(a, 0) + 1
+    uses = use_counts(fn.eqns)
     returned = {a for a in fn.outputs if isinstance(a, Var)}
     embeds = {e.out: e for e in fn.eqns
               if e.op == "embed" and isinstance(e.inputs[0], Var) and uses.get(e.out) == 1

@@ -46,7 +46,7 @@ from typing import Union
 from gradlang.compiler.embed_sums import as_embed_sums
 from gradlang.compiler.layouts import in_source_layout
 from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, namer, print_eqns,
-                                  signature_line)
+                                  signature_line, use_counts)
 from gradlang.compiler.matvec import as_matvecs
 from gradlang.compiler.ops import OPS
 
@@ -94,11 +94,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
     loop_of: dict[Var, Loop] = {}
     loops_of_shape: dict[tuple, list[Loop]] = {}  # in order of start
     steps: list[tuple[int, Step]] = []
-    uses: dict[Var, int] = {}
-    for e in fn.eqns:
-        for a in e.inputs:
-            if isinstance(a, Var):
-                uses[a] = uses.get(a, 0) + 1
+    uses = use_counts(fn.eqns)
     outputs = {a for a in fn.outputs if isinstance(a, Var)}
     summed_in: dict[Var, Loop] = {}  # the sum a loop ends in -> that loop
 

@@ -140,6 +140,24 @@ def vars_in(atoms: Iterable[Atom]) -> Iterator[Var]:
     return (a for a in atoms if isinstance(a, Var))
 
 
+def use_counts(eqns: Iterable[Eqn]) -> dict[Var, int]:
+    """How many inputs of `eqns` each value is (`x + x` reads x twice)."""
+    counts: dict[Var, int] = {}
+    for eqn in eqns:
+        for v in vars_in(eqn.inputs):
+            counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def readers(eqns: Iterable[Eqn]) -> dict[Var, list[Eqn]]:
+    """The equations that read each value, each once, in order."""
+    found: dict[Var, list[Eqn]] = {}
+    for eqn in eqns:
+        for v in vars_in(dict.fromkeys(eqn.inputs)):
+            found.setdefault(v, []).append(eqn)
+    return found
+
+
 # ------------------------------------------------------------------ printer
 
 

@@ -27,18 +27,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var, readers
 from gradlang.compiler.ops import OPS
 
 _ELEMENTWISE = {name for name, op in OPS.items() if op.kind == "elementwise"}
 
 
 def in_source_layout(fn: Function) -> Function:
-    readers: dict[Var, list[Eqn]] = {}
-    for eqn in fn.eqns:
-        for a in dict.fromkeys(eqn.inputs):
-            if isinstance(a, Var):
-                readers.setdefault(a, []).append(eqn)
+    readers_of = readers(fn.eqns)
     returned = {a for a in fn.outputs if isinstance(a, Var)}
     constants = {e.out for e in fn.eqns if e.op == "full"}  # loops read them as literals
     renamed: dict[Var, Atom] = {}  # old value -> its value in the source layout
@@ -48,7 +44,7 @@ def in_source_layout(fn: Function) -> Function:
         return renamed.get(a, a) if isinstance(a, Var) else a
     for eqn in fn.eqns:
         if eqn.op == "transpose" and eqn.out not in renamed:
-            plan = _region(eqn, readers, returned, constants)
+            plan = _region(eqn, readers_of, returned, constants)
             if plan is None:
                 continue
             region, ends = plan

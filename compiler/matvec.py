@@ -26,21 +26,17 @@ has them.
 from __future__ import annotations
 
 from gradlang.compiler.builder import Builder
-from gradlang.compiler.ir import Eqn, Function, Var
+from gradlang.compiler.ir import Eqn, Function, Var, readers
 from gradlang.compiler.shapes import prod
 
 
 def as_matvecs(fn: Function) -> Function:
     producer = {o: e for e in fn.eqns for o in e.outputs}
-    readers: dict[Var, list[Eqn]] = {}
-    for e in fn.eqns:
-        for a in dict.fromkeys(e.inputs):
-            if isinstance(a, Var):
-                readers.setdefault(a, []).append(e)
+    readers_of = readers(fn.eqns)
     returned = {a for a in fn.outputs if isinstance(a, Var)}
     rewrites: dict[int, tuple[Var, Var]] = {}  # id of a sum -> (matrix, vector)
     for eqn in fn.eqns:
-        operands = _matvec(eqn, producer, readers, returned)
+        operands = _matvec(eqn, producer, readers_of, returned)
         if operands is not None:
             rewrites[id(eqn)] = operands
     if not rewrites:

@@ -303,9 +303,9 @@ _INPUT_NAME = re.compile(r"in[0-9]+")
 def _input_positions(dispatcher: CPUDispatcher) -> tuple[int, ...]:
     """The positions of a generated kernel's input arrays (none for the
     runtime's helpers, whose modules are not kernel modules)."""
-    code = dispatcher.py_func.__code__
     if not dispatcher.py_func.__module__.startswith("gradk_"):
         return ()
+    code = dispatcher.py_func.__code__
     return tuple(i for i, name in enumerate(code.co_varnames[:code.co_argcount])
                  if _INPUT_NAME.fullmatch(name))
 
