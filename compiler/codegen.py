@@ -746,7 +746,8 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
     if op == "embed":
         return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
     if op == "embed_add":
-        return f"{out} = R.embed_add({x[0]}, {x[1]}, ({_slices(p)},), {owned!r})"
+        return (f"{out} = R.embed_add({x[0]}, {x[1]}, ({_slices(p)},), {owned!r}, "
+                f"{p.get('assign', False)!r})")
     if op == "concatenate":
         return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
     if op == "cumsum":

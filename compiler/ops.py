@@ -621,9 +621,12 @@ def _embed_ref(x, shape, starts, stops, steps):
     return out
 
 
-def _embed_add_ref(base, x, starts, stops, steps):
+def _embed_add_ref(base, x, starts, stops, steps, assign=False):
     out = np.array(base)
-    out[python_slices(starts, stops, steps)] += x
+    if assign:  # (where the region holds zeros: the same sum)
+        out[python_slices(starts, stops, steps)] = x
+    else:
+        out[python_slices(starts, stops, steps)] += x
     return out
 
 
@@ -1041,7 +1044,8 @@ _TABLE: tuple[Op, ...] = (
        no_op_if=_no_op_for_same_type),
     # `base + embed(x)`: x added into the strided region of base that the
     # params slice (as `embed` places it), in place where the driver owns
-    # base.  Only fusion makes it (`compiler.embed_sums`), of a sum of embeds.
+    # base; with `assign`, written there (the region holds zeros).  Only
+    # fusion makes it (`compiler.embed_sums`), of a sum of embeds.
     Op("embed_add", kind="layout", type_rule=_embed_add_rule, vjp=_embed_add_vjp,
        ref=_embed_add_ref, arity=2, linear="jointly", adds_into_first=True),
     # `np.arange(start, stop, step)` (int64 or float64), made by the driver

@@ -431,14 +431,15 @@ def embed(x, shape, where: tuple):
     return out
 
 
-def embed_add(base, x, where: tuple, owned: bool = False):
-    """base with x added into its region `where` (in place when owned: the
-    driver made base and reads it no more)."""
+def embed_add(base, x, where: tuple, owned: bool = False, assign: bool = False):
+    """base with x added into its region `where`, or written there with
+    `assign` (in place when owned: the driver made base and reads it no
+    more)."""
     out = base if owned else copy(base)
     out_shape, offset, strides = slice_layout(tuple(out.shape), where)
     if x.size:  # (the region's elements are distinct: no two threads meet)
-        _launch(_scatter_add_strided, x.size, flat(out), flat(x), offset,
-                stride_table(out_shape, strides))
+        _launch(_scatter if assign else _scatter_add_strided, x.size, flat(out), flat(x),
+                offset, stride_table(out_shape, strides))
     return out
 
 

@@ -6,20 +6,36 @@ place (`embed_add`).  Values against NumPy on the CPU and the CUDA
 simulator: overlapping regions, strides along several axes, a reversed
 slice (steps of -1 and -2 along the last axis too), an embed added to a value that is no embed (a caller's array, left
 unchanged), a region of more axes than the CPU's strided kernel takes;
-under vmap and jvp (forward over reverse).
+under vmap and jvp (forward over reverse).  Regions proved disjoint
+(`compiler.regions`, against brute force) are written, not added: values
+where they tile the buffer, where they leave gaps, where some overlap, and
+where the base is no embed.
 
 Elementwise work between a transpose and its inverse in the untransposed
 layout (`compiler.layouts`): values and gradients against NumPy on both
 targets, and a region that reads another layout left as it was."""
+import itertools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dsl
 from gradlang.compiler.fusion import Loop, fuse
+from gradlang.compiler.regions import disjoint
+from gradlang.compiler.shapes import Sym
 
 SOURCE = '''
 def slices(x, a, b, c, d):
     return sum(x[1:4] * a) + sum(x[:, 1:] * b) + sum(x[::2, ::2] * c) + sum(x[::-1] * d)
+
+def regions(x, y, z, w, v, a, b, c, d, e, f, g, h, k, m, n):
+    tiles = sum(x[::2, ::2] * a) + sum(x[::2, 1::2] * b) + sum(x[1::2, ::2] * c) + \
+        sum(x[1::2, 1::2] * d)
+    gaps = sum(y[::-3] * e) + sum(y[1::3, 1:] * f)
+    overlapping = sum(z[::2] * g) + sum(z[2::2] * h) + sum(z[1::2, ::2] * k)
+    onto = sum(w[::2] * m) + sum(w * v) + sum(w[1::2] * n)
+    return tiles + gaps + overlapping + onto
 
 def mixed(x, y, a):
     return sum(x * y) + sum(x[1:, ::-2] * a)
@@ -94,6 +110,82 @@ def test_summed_embeds_add_into_one_buffer(target):
     expected = 2 * z
     expected[::2, :, ::2, :, ::2] += f
     np.testing.assert_allclose(dsl.grad(m.deep)(z, f), expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_disjoint_regions_are_written_not_added(target):
+    m = M if target == "cpu" else dsl.loads(SOURCE, "embeds.grad", target=target)
+    rng = np.random.default_rng(4)
+    x, y, z, w, v = (rng.normal(size=s) for s in ((6, 4), (7, 5), (7, 5), (7, 5), (7, 5)))
+    pieces = [rng.normal(size=s) for s in ((3, 2),) * 4 + ((3, 5), (2, 4), (4, 5), (3, 5),
+                                                              (3, 3), (4, 5), (3, 5))]
+    a, b, c, d, e, f, g, h, k, mm, n = pieces
+    grad = dsl.grad(m.regions, wrt=(0, 1, 2, 3))
+    tiles = np.zeros((6, 4))
+    tiles[::2, ::2], tiles[::2, 1::2], tiles[1::2, ::2], tiles[1::2, 1::2] = a, b, c, d
+    gaps = np.zeros((7, 5))  # the rows and column no region reaches stay 0
+    gaps[::-3], gaps[1::3, 1:] = e, f
+    overlapping = np.zeros((7, 5))  # rows 2, 4, 6 get both g and h
+    overlapping[::2] += g
+    overlapping[2::2] += h
+    overlapping[1::2, ::2] += k
+    onto = v.copy()
+    onto[::2] += mm
+    onto[1::2] += n
+    for got, want in zip(grad(x, y, z, w, v, *pieces), (tiles, gaps, overlapping, onto)):
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
+    single = [u.astype(np.float32) for u in (x, y, z, w, v, *pieces)]
+    for got, want in zip(grad(*single), (tiles, gaps, overlapping, onto)):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    steps = [s for s in fuse(grad.ir(x, y, z, w, v, *pieces))
+             if not isinstance(s, Loop) and s.op == "embed_add"]
+    # written: three of the tiles, one of the gaps' two, the overlapping
+    # rows' one disjoint window; onto v (a caller's array) every one is added
+    assert sum(s.p.get("assign", False) for s in steps) == 5
+
+
+def _normalized(size, draw):
+    """A slice's (start, stop, step) on an axis of `size`, normalized."""
+    start, stop = draw(st.one_of(st.none(), st.integers(-8, 8))), \
+        draw(st.one_of(st.none(), st.integers(-8, 8)))
+    step = draw(st.sampled_from([-3, -2, -1, 1, 2, 3, 5]))
+    return slice(start, stop, step).indices(size)
+
+
+@st.composite
+def two_regions(draw):
+    shape = tuple(draw(st.lists(st.integers(0, 8), min_size=1, max_size=3)))
+    regions = [tuple(zip(*(_normalized(n, draw) for n in shape))) for _ in range(2)]
+    return shape, regions
+
+
+def elements(region) -> set:
+    return set(itertools.product(*(range(*axis) for axis in zip(*region))))
+
+
+@settings(max_examples=150, deadline=None)
+@given(two_regions())
+def test_disjoint_regions_against_brute_force(case):
+    # a wrong residue or range (a negative step's first index, a period
+    # past the first) would claim regions that meet disjoint: their
+    # assigned values would overwrite each other
+    shape, (r, s) = case
+    meet = bool(elements(r) & elements(s))
+    assert disjoint(r, s) == (not meet)
+
+
+def test_disjoint_regions_of_symbolic_sizes():
+    n = Sym.named("n")
+    whole = ((0, 0), (n, 6), (1, 2))  # every row, even columns, of n rows
+    odd = ((0, 1), (n, 6), (1, 2))
+    assert disjoint(whole, odd)
+    assert not disjoint(whole, ((3, 0), (4, 6), (1, 3)))  # row 3, columns 0 and 3
+    assert disjoint(whole, ((3, 1), (4, 4), (1, 2)))  # row 3, columns 1 and 3
+    # a symbolic start, or a symbolic stop past a partial axis (no slice
+    # makes one): nothing is proved
+    assert not disjoint(((n,), (8,), (1,)), ((0,), (1,), (1,)))
+    assert not disjoint(((0,), (n,), (2,)), ((1,), (n,), (2,)))
 
 
 def test_summed_embeds_under_vmap_and_forward_over_reverse():

@@ -3,7 +3,7 @@ dilation, floor mode, averages counting the padding): values against a
 NumPy reference, f32 and f64, and torch.nn.functional; gradients against
 central differences in f64 and torch's; the gradient of a maximum shared
 equally among a window's ties; forward over reverse (second
-derivatives), vmap; the CUDA
+derivatives), grad of grad of a 2x2 pool, vmap; the CUDA
 simulator; Dask blocks of images; every misuse a GradError at its
 position."""
 import itertools
@@ -150,6 +150,18 @@ def test_forward_over_reverse_and_vmap():
                                / (2 * eps), atol=1e-7)
     batched = dsl.vmap(M.loss, in_axes=(0, None))(np.stack([x, 2 * x]), v)
     np.testing.assert_allclose(batched, [M.loss(x, v), M.loss(2 * x, v)], rtol=1e-14)
+
+
+def test_grad_of_grad_of_a_tiling_pool():
+    # a 2x2 pool's four windows tile x: both orders of its gradient write
+    # each window's share into the zeros, never add (compiler.embed_sums);
+    # a share written over another's, or over what is not zeros, is wrong here
+    m = dsl.loads("def f(x):\n    return sum(sin(max_pool2d(x, 2)) * x[:, :, ::2, ::2])\n",
+                  "tiled.grad")
+    x = RNG.normal(size=(1, 2, 4, 6))
+    first = dsl.grad(m.f)
+    np.testing.assert_allclose(dsl.grad(first)(x), central_difference(first, [x], 0),
+                               atol=1e-7)
 
 
 def test_cuda_simulator_values_and_gradient():
