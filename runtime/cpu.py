@@ -275,11 +275,11 @@ def _into_region(out: np.ndarray, where: tuple, x: np.ndarray, add: bool) -> Non
     where the region's last axis (its axes merged) runs in unit steps in
     both: NumPy's strided copy and add run an inner loop per innermost row,
     which for short rows (a convolution's 16 channels) took 5-10x as long.
-    And an add whose last axis runs in other positive steps, in rows with
-    gaps between them (an outer axis left): NumPy's took 1.5-1.8x as long
-    there (a stride-2 pooling's windows), but 1.1x as short along one
-    strided axis.  Other copies are NumPy's, which beat `_rows` on strided
-    ones (1.1-1.2x on a pooling's windows)."""
+    By `_strided_rows_add` an add whose last axis runs in other positive
+    steps, in rows with gaps between them (an outer axis left): NumPy's
+    took 1.5-1.8x as long there (a stride-2 pooling's windows), but 1.1x
+    as short along one strided axis.  Other copies are NumPy's, which beat
+    a kernel's on strided ones (1.1-1.2x on a pooling's windows)."""
     if not x.size:
         return
     where = where + (builtins.slice(None),) * (out.ndim - len(where))
@@ -301,7 +301,10 @@ def _into_region(out: np.ndarray, where: tuple, x: np.ndarray, add: bool) -> Non
     extent = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize
     x_flat = x.reshape(-1) if x.flags.c_contiguous else \
         np.lib.stride_tricks.as_strided(x, (extent,), (x.itemsize,), writeable=False)
-    _rows(out.reshape(-1), offset, out_steps, x_flat, x_steps, sizes, add)
+    if out_steps[-1] == x_steps[-1] == 1:
+        _rows(out.reshape(-1), offset, out_steps, x_flat, x_steps, sizes, add)
+    else:
+        _strided_rows_add(out.reshape(-1), offset, out_steps, x_flat, x_steps, sizes)
 
 
 def _merged_axes(shape, a_steps, b_steps) -> list[tuple[int, int, int]]:
@@ -319,36 +322,45 @@ def _merged_axes(shape, a_steps, b_steps) -> list[tuple[int, int, int]]:
     return axes
 
 
+@_jit(inline="always")
+def _row_starts(offset, out_steps, x_steps, a, b, c):
+    # where row (a, b, c) of a region starts in out and in x, unsigned
+    return (np.uint64(offset + a * out_steps[0] + b * out_steps[1] + c * out_steps[2]),
+            np.uint64(a * x_steps[0] + b * x_steps[1] + c * x_steps[2]))
+
+
 @_jit()
 def _rows(out, offset, out_steps, x, x_steps, sizes, add):
     # out[offset + k . out_steps] (+)= x[k . x_steps] over the 4-d index
-    # k < sizes, the last steps positive: each row indexed unsigned, which
-    # LLVM knows needs no wraparound for negative indices, so that it
-    # vectorizes (signed, it ran 10x slower on rows of 16, and 1.6x on
-    # rows of stride 2).  Rows of unit steps have loops of their own: with
-    # steps known to be 1, they vectorize as plain copies and adds.
+    # k < sizes, the last steps 1: each row indexed unsigned, which LLVM
+    # knows needs no wraparound for negative indices, so that it vectorizes
+    # (signed, it ran 10x slower on rows of 16).
     n0, n1, n2, n3 = sizes
-    o0, o1, o2, o3 = out_steps
-    x0, x1, x2, x3 = x_steps
-    unit = o3 == 1 and x3 == 1
-    so, sx = np.uint64(o3), np.uint64(x3)
     for a in range(n0):
         for b in range(n1):
             for c in range(n2):
-                o = np.uint64(offset + a * o0 + b * o1 + c * o2)
-                p = np.uint64(a * x0 + b * x1 + c * x2)
-                if unit and add:
+                o, p = _row_starts(offset, out_steps, x_steps, a, b, c)
+                if add:
                     for d in range(np.uint64(n3)):
                         out[o + d] += x[p + d]
-                elif unit:
-                    for d in range(np.uint64(n3)):
-                        out[o + d] = x[p + d]
-                elif add:
-                    for d in range(np.uint64(n3)):
-                        out[o + d * so] += x[p + d * sx]
                 else:
                     for d in range(np.uint64(n3)):
-                        out[o + d * so] = x[p + d * sx]
+                        out[o + d] = x[p + d]
+
+
+@_jit()
+def _strided_rows_add(out, offset, out_steps, x, x_steps, sizes):
+    # `_rows`' add along last steps of any positive size, unsigned too
+    # (signed, it ran 1.6x slower on rows of stride 2).  A kernel of its
+    # own: steps of 1 in `_rows`' loop, known there, make its copies and
+    # adds vectorize (with these in it, a convolution's ran 1.1x slower).
+    so, sx = np.uint64(out_steps[3]), np.uint64(x_steps[3])
+    for a in range(sizes[0]):
+        for b in range(sizes[1]):
+            for c in range(sizes[2]):
+                o, p = _row_starts(offset, out_steps, x_steps, a, b, c)
+                for d in range(np.uint64(sizes[3])):
+                    out[o + d * so] += x[p + d * sx]
 
 
 # ------------------------------------------------- gathers and scatter-adds
