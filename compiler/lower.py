@@ -515,6 +515,9 @@ class Lowerer:
                         e.span)
 
     def expr_Index(self, b, e: ast.Index, env):
+        if len(e.items) == 1 and isinstance(e.items[0], ast.TupleExpr):
+            # x[(i, j)] is x[i, j], and x[()] is x, as in NumPy
+            e = replace(e, items=e.items[0].items)
         v = self.expr(b, e.value, env)
         if isinstance(v, tuple):
             if len(e.items) != 1 or isinstance(e.items[0], (ast.Slice, ast.NewAxis,
@@ -526,7 +529,11 @@ class Lowerer:
                                 f"{len(v)}", e.items[0].span)
             return v[k]
         if is_static(v):
-            raise GradError("cannot index a scalar literal", e.span)
+            # a number is a weakly typed 0-d array, as `broadcast_to(v, ())`
+            # of it is: `None` and `...` index it, as NumPy's and JAX's
+            atom = as_atom(b, v, e.span)
+            out = self.index(b, atom, e, env)
+            return v if out is atom else b.weaken(out)
         return self.index(b, v, e, env)
 
     def index(self, b, v: Atom, e: ast.Index, env) -> Atom:

@@ -438,6 +438,19 @@ def _max_reduce_vjp(b, eqn, cts, needs):
     return [b.bind("where", hit, share, lit(b, 0, share))]
 
 
+def _power_ref(x, y):
+    """pow: NumPy's, but an integer to a negative integer power is the power
+    rounded toward zero (1 for a base of 1, +-1 for -1, else 0, as an
+    integer division by 0 is 0), where NumPy raises."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind == "f" or y.dtype.kind == "f" or not np.any(y < 0):
+        return np.power(x, y)
+    out = np.power(x, np.maximum(y, 0))
+    odd = (y & 1).astype(out.dtype)
+    rounded = (x == 1).astype(out.dtype) + (x == -1).astype(out.dtype) * (1 - 2 * odd)
+    return np.where(y < 0, rounded, out)
+
+
 def _max_ref(x, axes, empty=None):
     """reduce_max: the max along `axes`; where they are empty, `empty` (a
     static param: `max(x, initial=v)` lowers to maximum(this, v)), or with
@@ -964,8 +977,12 @@ _TABLE: tuple[Op, ...] = (
        ref=np.remainder, arity=2, exact=True, domain=("real", "nonzero"), cost=16,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind(
            "neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
-    # (`compiler.passes.simplify` turns small integer powers into products)
-    Op("pow", template="math.pow({0}, {1})", int_template="{0} ** {1}", ref=np.power,
+    # (`compiler.passes.simplify` turns small integer powers into products;
+    # a negative integer exponent is spelled out: Numba's i64 0 ** -1 was
+    # the least integer, its i32 one 0)
+    Op("pow", template="math.pow({0}, {1})",
+       int_template="{0} ** {1} if {1} >= 0 else {T}({0} == 1) + {T}({0} == -1) * "
+                    "{T}(1 - 2 * ({1} & 1))", ref=_power_ref,
        arity=2, domain=("positive", "real"), identity=1, tol=1e-4,
        vjp=_binary(_pow_a, _pow_b), cost=64),
     Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,

@@ -186,7 +186,8 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
     carries = name in f.differentiable_names({name: _host_like(primal)})
     dtype, shape = np.dtype(primal.dtype), tuple(primal.shape)
     if f.target.is_array(t) and not isinstance(t, np.ndarray):
-        array = t if carries else f.target.to_host(t)  # a device array, taken as it is
+        # a device array, taken as it is (where the target can)
+        array = f.accepted(t, where) if carries else f.target.to_host(t)
     else:
         array = numeric_array(where, t, f.span)
         if carries and not isinstance(t, (np.ndarray, np.generic)):

@@ -44,7 +44,7 @@ from gradlang.runtime.aot import AotFunction
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, check_param_sizes,
                                    numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
-from gradlang.runtime.errors import ArgumentError, GradError, called
+from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.pullback import Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
@@ -462,8 +462,18 @@ class Compiled:
         argument stays on the host: its value picks the program."""
         statics = self.static_names(bound)
         return {n: a if n in statics
-                else self.target.accept(a, f"argument {n!r} of {called(self.name)}")
+                else self.accepted(a, f"argument {n!r} of {called(self.name)}")
                 for n, a in bound.items()}
+
+    def accepted(self, value: Any, what: str) -> Any:
+        """`self.target.accept(value, what)`, its refusal pointing at the
+        function's definition, as `bind`'s do (the target knows no source)."""
+        try:
+            return self.target.accept(value, what)
+        except ArgumentError as err:
+            if err.span is UNKNOWN_SPAN:
+                err.span = self.span
+            raise
 
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None, known: bool = False) -> tuple[np.ndarray, ...]:

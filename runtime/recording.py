@@ -17,8 +17,11 @@ on one (ufuncs, reductions, NumPy functions, indexing, views and methods)
 returns a `TapeArray` again (a float scalar as a 0-d one), which no tape
 tracks.  `recording_tapes` raises `TapeError` when such a derived float
 array reaches a call while a tape it came from is still recording, and
-NumPy writing into an array a recording tape tracks (`y += 1`, `y[0] = 0`),
-or writing a derived value into a plain array (`out=`), raises too.
+NumPy writing into an array a recording tape tracks (`y += 1`, `y[0] = 0`,
+through a view of it, by an in-place method such as `y.fill(0)` or a
+function writing its first argument such as `np.copyto(y, v)`), or writing
+a derived value into a plain array (`out=`, `np.copyto(plain, y)`), raises
+too.
 Leaving NumPy on purpose (`np.asarray(y)`, `float(y)`) makes a constant.
 """
 from __future__ import annotations
@@ -101,6 +104,8 @@ class TapeArray(np.ndarray):
         tapes = _tapes_in((args, kwargs))
         if "out" in kwargs:
             _check_write(kwargs["out"], tapes)
+        if func in _WRITE_FIRST and args:
+            _check_write(args[0], tapes)
         result = super().__array_function__(func, types, _plain(args), _plain(kwargs))
         if result is NotImplemented or "out" in kwargs:
             return result
@@ -112,6 +117,28 @@ class TapeArray(np.ndarray):
     def __setitem__(self, index, value) -> None:
         _check_write(self, _tapes_in(value))
         super().__setitem__(index, _plain(value))
+
+    # the methods that write into the array itself
+    def fill(self, value) -> None:
+        _check_write(self, _tapes_in(value))
+        super().fill(_plain(value))
+
+    def sort(self, *args, **kwargs) -> None:
+        _check_write(self, self._tapes)
+        super().sort(*args, **kwargs)
+
+    def partition(self, *args, **kwargs) -> None:
+        _check_write(self, self._tapes)
+        super().partition(*args, **kwargs)
+
+    def put(self, indices, values, *args, **kwargs) -> None:
+        _check_write(self, _tapes_in(values))
+        super().put(indices, _plain(values), *args, **kwargs)
+
+
+# NumPy functions that write into their first argument
+_WRITE_FIRST = frozenset({np.copyto, np.place, np.putmask, np.put, np.put_along_axis,
+                          np.fill_diagonal})
 
 
 def derived_from(a: Any) -> list[Any]:
@@ -159,12 +186,22 @@ def _derived(result, tapes: frozenset):
     return result
 
 
+def _tracked_by_recording(a: "TapeArray") -> bool:
+    """Whether a recording tape tracks `a` or an array `a` is a view of
+    (`a.base`, `a.base.base`, ...: writing into `y[:2]` writes into `y`)."""
+    while isinstance(a, TapeArray):
+        if any(t._recording and t.tracks(a) for t in _live(a._tapes)):
+            return True
+        a = a.base
+    return False
+
+
 def _check_write(target, tapes: frozenset) -> None:
     """NumPy is about to write into `target` (values computed from arrays
     of `tapes`): refuse if a recording tape would not see it, else mark."""
     for o in target if isinstance(target, tuple) else (target,):
         if isinstance(o, TapeArray):
-            if any(t._recording and t.tracks(o) for t in _live(o._tapes)):
+            if _tracked_by_recording(o):
                 raise TapeError("an array a recording tape tracks was modified in place; "
                                 "its recorded calls would give wrong gradients")
             o._tapes = o._tapes | tapes

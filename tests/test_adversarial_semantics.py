@@ -223,6 +223,24 @@ def test_an_integer_array_to_a_negative_literal_power_is_an_error_at_it():
     np.testing.assert_array_equal(m.h(np.array([2, 4])), [1.0, 0.75])
 
 
+def test_an_integer_to_a_negative_run_time_power_is_rounded_toward_zero_on_every_target():
+    # As docs/language.md says: 1, -1 or 0 (0 ** -k too, as an integer
+    # division by 0 is 0).  Numba's i64 0 ** -1 was the least i64 (its
+    # i32 one 0), and the reference interpreter raised NumPy's ValueError.
+    from gradlang.compiler.ops import OPS
+    src = "def f(a, b):\n    return a ** b\n"
+    a = np.array([0, 0, 2, -2, 1, -1, -1, 3, 0, 5, -3])
+    b = np.array([-1, -2, -1, -1, -5, -5, -4, -2, 5, 3, 3])
+    want = np.array([0, 0, 0, 0, 1, -1, 1, 0, 0, 125, -27])
+    np.testing.assert_array_equal(OPS["pow"].ref(a, b), want)
+    for target in ("cpu", "cuda"):
+        m = dsl.loads(src, target=target, host_results=True)
+        for dtype in (np.int32, np.int64):
+            got = m.f(a.astype(dtype), b.astype(dtype))
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got, want)
+
+
 
 # ------------------------------------------- random expression programs
 # Random trees of elementwise ops, where, broadcasting and reductions over

@@ -66,11 +66,19 @@ def test_a_device_array_that_is_not_c_contiguous_is_an_argument_error():
     np.testing.assert_array_equal(m.f(cuda.to_device(x), idx), expected)
     np.testing.assert_array_equal(m.f(np.asfortranarray(x), idx), expected)  # host: copied
     for device in (cuda.to_device(np.asfortranarray(x)), cuda.to_device(np.ones((3, 4)))[:, ::2]):
-        with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of f\(\) is a device array "
-                                                    r"that is not C-contiguous"):
+        # (at f's definition, as every bad argument is: the target's check
+        # raised the error with no file, line or caret)
+        with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'x' of f\(\) "
+                                                    r"is a device array that is not C-contiguous"
+                                                    r"(.|\n)*\n    def f\(x, idx\):\n        \^"):
             m.f(device, idx)
-        with pytest.raises(dsl.ArgumentError, match="not C-contiguous"):
+        with pytest.raises(dsl.ArgumentError, match="<string>:1:5: .*not C-contiguous"):
             dsl.grad(m.f)(device, idx)
+        # a tangent too, named as the caller knows it (not the jvp's own `$t0`)
+        with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: the tangent for 'x' of "
+                                                    r"f\(\) is a device array that is not "
+                                                    r"C-contiguous"):
+            dsl.jvp(m.f, (cuda.to_device(np.ones((3, 2))), idx), (device, None))
 
 
 def test_long_f32_sums_accumulate_in_f64_on_cuda():

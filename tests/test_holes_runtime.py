@@ -304,6 +304,19 @@ def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
             y[0] = 0.0
         with pytest.raises(dsl.GradError, match="into a plain array"):
             np.sin(y, out=np.empty(2))
+        # through a view, an in-place method or a NumPy function writing its
+        # first argument: each changed y without a word, and its gradient
+        for write in (lambda: y[:1].__setitem__(0, 0.0), lambda: y.reshape(2, 1).T.__iadd__(1),
+                      lambda: y.fill(0.0), lambda: y.sort(), lambda: y.put([0], [1.0]),
+                      lambda: y.partition(0), lambda: np.copyto(y, 1.0),
+                      lambda: np.place(y, y > 0, 0.0), lambda: np.putmask(y, y > 0, 0.0),
+                      lambda: np.put(y, [0], 2.0), lambda: np.fill_diagonal(y[None], 0.0),
+                      lambda: np.put_along_axis(y, np.array([0]), 1.0, 0)):
+            with pytest.raises(dsl.GradError, match="modified in place"):
+                write()
+        with pytest.raises(dsl.GradError, match="into a plain array"):
+            np.copyto(np.empty(2), y)
+        (y * 2).fill(0.0)   # an array derived from y, which no call was given: free
         z = BAR(np.asarray(np.sin(y)), x)  # a constant on purpose
         w = BAR(y, x)
         total = z + w

@@ -153,6 +153,25 @@ def test_none_inserts_an_axis_where_it_stands_as_numpy():
             dsl.loads(f"def f(x):\n    {source}\n    return x\n").f(x)
 
 
+def test_a_number_and_a_tuple_index_read_as_numpy():
+    # A number is a weakly typed 0-d array, as `broadcast_to(0.5, ())` of it
+    # is: `None` and `...` index it (it was "cannot index a scalar literal",
+    # at a broadcast_to() call too).  `x[(i, j)]` is `x[i, j]` and `x[()]`
+    # is x (they were "too many indices (1)" and "expected a compile-time
+    # integer").
+    m = dsl.loads("def f(x, s):\n"
+                  "    a = broadcast_to(sqrt(x.shape[0]) * 0.5, ())[None] + (2.0)[None, ...]\n"
+                  "    return x * a + x[(1, 0)] * s[()] + x[()][(0,)][None]\n")
+    x, s = np.arange(1.0, 5.0).reshape(2, 2).astype(np.float32), np.float32(3.0)
+    got = m.f(x, s)
+    assert got.dtype == np.float32   # (weak: the numbers take x's dtype)
+    a = np.broadcast_to(np.sqrt(2) * 0.5, ())[None] + np.float64(2.0)[None, ...]
+    np.testing.assert_allclose(got, x * a + x[(1, 0)] * s[()] + x[()][(0,)][None], rtol=1e-6)
+    with pytest.raises(dsl.GradError, match=re.escape("too many indices (1) for an array of "
+                                                      "rank 0")):
+        dsl.loads("def f(x):\n    return x + (2.0)[0]\n").f(x)
+
+
 @each_target
 def test_ellipsis_stands_for_every_axis_no_other_item_indexes(target):
     """`x[..., 0]` was "syntax error: unexpected '...'"."""

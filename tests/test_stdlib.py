@@ -48,6 +48,14 @@ def test_logsumexp_of_infinite_rows_is_numpys():
     expected = [np.inf, -np.inf, np.log(1 + np.exp(2.0)), 1000 + np.log(1 + np.exp(-1.0))]
     np.testing.assert_allclose(STD.logsumexp(x, 1), expected, rtol=1e-15)
     np.testing.assert_allclose(STD.logsumexp(x.astype(np.float32), 1), expected, rtol=1e-6)
+    # An empty row is SciPy's log(0) = -inf (its max, without an initial
+    # value, was "max/min over an empty axis" at std.grad, which the caller
+    # cannot fix), and softmax and log_softmax along an empty axis are empty.
+    empty = np.zeros((2, 0))
+    np.testing.assert_array_equal(STD.logsumexp(empty, 1), [-np.inf, -np.inf])
+    assert dsl.grad(STD.logsumexp)(empty, 1).shape == (2, 0)
+    assert dsl.value_and_grad(STD.softmax)(empty)[0].shape == (2, 0)
+    assert dsl.value_and_grad(STD.log_softmax)(empty)[0].shape == (2, 0)
 
 
 def test_softmax_and_log_softmax_are_numpys_without_overflow():
