@@ -33,7 +33,7 @@ from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
-from gradlang.compiler.parser import too_deep
+from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,

@@ -25,7 +25,8 @@ from gradlang.compiler.builtins import BUILTINS
 from gradlang.compiler.checker import check
 from gradlang.compiler.library import STDLIB
 from gradlang.compiler.namespace import Namespace
-from gradlang.compiler.parser import parse, too_deep, universal_newlines
+from gradlang.compiler.parser import parse
+from gradlang.compiler.source import too_deep, universal_newlines
 from gradlang.runtime.errors import GradError, Span
 
 

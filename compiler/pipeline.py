@@ -61,7 +61,8 @@ from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler import parser
-from gradlang.compiler.parser import parse, universal_newlines
+from gradlang.compiler.parser import parse
+from gradlang.compiler.source import universal_newlines
 from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets

@@ -26,6 +26,7 @@ other parameter is an `ArgumentError` naming it.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
@@ -238,8 +239,12 @@ def plain(where: str, value: Any, span=None) -> np.ndarray:
     """A NumPy array or scalar as a plain ndarray in native byte order (a
     copy if it was not), which the kernels compute with; a masked array
     raises `ArgumentError` (as JAX does): its mask would be dropped, and
-    the values under it computed with."""
-    if isinstance(value, np.ma.MaskedArray):
+    the values under it computed with.  (A masked array exists only once
+    its class is, in numpy.ma.core: asking for `np.ma` would import numpy.ma,
+    6-10 ms, and while another thread imports it, it can be there without
+    its names.)"""
+    masked = getattr(sys.modules.get("numpy.ma.core"), "MaskedArray", None)
+    if masked is not None and isinstance(value, masked):
         raise ArgumentError(f"{where} is a masked array, and gradlang would ignore its mask; "
                             "pass a.filled(value) or a.data", span)
     array = np.asarray(value)

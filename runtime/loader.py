@@ -65,11 +65,12 @@ import numpy as np
 from numba.core.caching import (Cache, CompileResultCacheImpl, FunctionCache,
                                 IndexDataCacheFile, UserProvidedCacheLocator)
 from numba.core.compiler_lock import global_compiler_lock
-from numba.core.errors import TypingError
+from numba.core.errors import NumbaNotImplementedError, TypingError
 from numba.core.cpu import CPUContext
 from numba.core.registry import CPUDispatcher, cpu_target
 from numba.core.runtime import nrtdynmod, rtsys
 from numba.core.types import Array
+from numba.np import numpy_support
 
 from gradlang.runtime.collection import collection_paused
 from gradlang.runtime.numba_target import lean_target
@@ -218,6 +219,7 @@ def manage_dispatcher(dispatcher: object) -> None:
     compiled code is good."""
     if isinstance(dispatcher, CPUDispatcher) and "compile" not in vars(dispatcher):
         _compile_lean(dispatcher)
+        _type_plain_arrays(dispatcher)
     cache = getattr(dispatcher, "_cache", None)
     if not isinstance(cache, Cache) or isinstance(cache._cache_file, _CheckedCacheFile):
         return
@@ -293,6 +295,29 @@ def _compile_lean(dispatcher: CPUDispatcher) -> None:
             dispatcher._insert([t._code for t in sig], entry, False)
             return entry
     dispatcher.compile = compile
+
+
+def _type_plain_arrays(dispatcher: CPUDispatcher) -> None:
+    """A NumPy array argument of type ndarray itself is typed as Numba's
+    `typeof` types it (numba/core/typing/typeof.py `_typeof_ndarray`), less
+    its test for a masked array, which imports numpy.ma (6-10 ms, in a
+    process's first call of a kernel, compiled or cached): no ndarray is
+    one.  Any other value (a subclass, a dtype Numba has no type for) is
+    Numba's to type."""
+    typeof_whole = dispatcher.typeof_pyval
+
+    def typeof_pyval(value):
+        if type(value) is not np.ndarray:
+            return typeof_whole(value)
+        try:
+            dtype = numpy_support.from_dtype(value.dtype)
+        except NumbaNotImplementedError:
+            return typeof_whole(value)
+        array = Array(dtype, value.ndim, numpy_support.map_layout(value),
+                      readonly=not value.flags.writeable)
+        dispatcher._types_active_call.add(array)  # as Numba's keeps the call's types alive
+        return array
+    dispatcher.typeof_pyval = typeof_pyval
 
 
 # A generated kernel's input arrays are its parameters in0, in1, ...

@@ -10,7 +10,7 @@ import pytest
 from numba.core import compiler
 
 import dsl
-from gradlang.runtime.collection import collection_paused
+from gradlang.runtime.collection import collection_paused, imports_unwalked
 
 
 @pytest.fixture
@@ -85,6 +85,33 @@ def test_an_exception_inside_still_resumes_it():
             assert not gc.isenabled()
             1 / 0
     assert gc.isenabled()
+
+
+def test_imports_run_paused_and_leave_every_object_in_the_oldest_generation():
+    young = [[] for _ in range(100)]  # (gen 0 now)
+    with imports_unwalked():
+        assert not gc.isenabled()
+        made = [[] for _ in range(100)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.get_count()[0] < 50  # gen 0 emptied, not walked
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(o) in oldest for o in young + made)
+    # garbage among them is still garbage: a full collection frees it
+    cycle = [made]
+    made.append(cycle)
+    del cycle, made
+    assert gc.collect() > 0
+
+
+def test_objects_the_user_froze_stay_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with imports_unwalked():
+            pass
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
 
 
 def test_a_process_forked_while_another_thread_compiles_collects():

@@ -12,7 +12,7 @@ import lark
 import numba
 import pytest
 
-from gradlang.compiler import ast, parser
+from gradlang.compiler import ast, lark_parser, parser
 from gradlang.grammar import grammar_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,10 +39,10 @@ def fresh_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "gradc"))
     stale = tmp_path / "shipped.lark-tables"
     stale.write_bytes(b"0" * 24 + b"\n")
-    monkeypatch.setattr(parser, "SHIPPED_TABLES", stale)
-    parser._parser.cache_clear()
+    monkeypatch.setattr(lark_parser, "SHIPPED_TABLES", stale)
+    lark_parser._parser.cache_clear()
     yield tmp_path / "gradc"
-    parser._parser.cache_clear()
+    lark_parser._parser.cache_clear()
 
 
 def parse_in_process(cache: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -60,10 +60,10 @@ def test_a_fresh_process_parses_from_the_shipped_tables_without_building(tmp_pat
     assert cold.returncode == 0, cold.stderr
     assert "FuncDef" in cold.stdout and tables(tmp_path / "gradc") == []
     # and the AST is what a parser built from scratch makes
-    fresh = lark.Lark(grammar_text(), **parser._OPTIONS)
+    fresh = lark.Lark(grammar_text(), **lark_parser._OPTIONS)
     module = parser.parse_with_lark(SOURCE, "log1pexp.grad")
     tree = fresh.parse(SOURCE + "\n")
-    assert repr(parser._ToAst("log1pexp.grad", SOURCE).transform(tree)) == repr(module)
+    assert repr(lark_parser._ToAst("log1pexp.grad", SOURCE).transform(tree)) == repr(module)
     assert repr(module) == cold.stdout.strip()
 
 
@@ -71,7 +71,7 @@ def test_another_lark_or_python_keeps_the_tables_it_builds(fresh_cache, monkeypa
     expected = repr(parser.parse_with_lark(SOURCE, "log1pexp.grad"))
     assert len(tables(fresh_cache)) == 1
     monkeypatch.setattr(lark.Lark, "_build_parser", refuse_to_build)
-    parser._parser.cache_clear()
+    lark_parser._parser.cache_clear()
     assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == expected
 
 
@@ -86,11 +86,11 @@ def test_corrupt_tables_are_rebuilt_and_replaced(fresh_cache, monkeypatch):
     build = lark.Lark._build_parser
     for damaged in (b"", good[:len(good) // 2], good[:80] + b"\x00" * (len(good) - 80)):
         table.write_bytes(damaged)
-        parser._parser.cache_clear()
+        lark_parser._parser.cache_clear()
         assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == expected
         # rebuilt, and saved again: the next parser loads without building
         monkeypatch.setattr(lark.Lark, "_build_parser", refuse_to_build)
-        parser._parser.cache_clear()
+        lark_parser._parser.cache_clear()
         assert repr(parser.parse_with_lark(SOURCE, "log1pexp.grad")) == expected
         monkeypatch.setattr(lark.Lark, "_build_parser", build)
 
@@ -101,12 +101,12 @@ def test_another_grammar_never_reads_these_tables(fresh_cache, monkeypatch):
     # A grammar whose `return` is spelled `give` must not parse `return`.
     edited = grammar_text().replace("/return(?!", "/give(?!")
     assert edited != grammar_text()
-    monkeypatch.setattr(parser, "grammar_text", lambda: edited)
-    parser._parser.cache_clear()
+    monkeypatch.setattr(lark_parser, "grammar_text", lambda: edited)
+    lark_parser._parser.cache_clear()
     assert len(tables(fresh_cache)) == 1  # nothing written before a parse
     assert "FuncDef" in repr(parser.parse_with_lark(SOURCE.replace("return", "give")))
     assert first in tables(fresh_cache) and len(tables(fresh_cache)) == 2
-    with pytest.raises(parser.GradError):
+    with pytest.raises(lark_parser.GradError):
         parser.parse_with_lark(SOURCE)
 
 
@@ -114,11 +114,11 @@ def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("GRADC_CACHE_DIR", str(blocker))
-    parser._parser.cache_clear()
+    lark_parser._parser.cache_clear()
     try:
         assert "FuncDef" in repr(parser.parse_with_lark(SOURCE))
     finally:
-        parser._parser.cache_clear()
+        lark_parser._parser.cache_clear()
 
 
 def test_a_parsed_module_is_stored_and_loaded_without_lark(fresh_cache, monkeypatch):
