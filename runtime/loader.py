@@ -238,8 +238,9 @@ def manage_dispatcher(dispatcher: object) -> None:
             # target: cached code needs only what it calls (NRT, and the
             # libraries it links against by name).
             _initialize_runtime(target_context)
+            linked = _linked_python_functions(function)
             for needs, prepare in _LINKED_BY_NAME:
-                if needs(function):
+                if any(needs(f) for f in linked):
                     prepare()
             return cache._load_overload(sig, target_context)
         except Exception as err:  # any failure to read the cache is a miss
@@ -263,11 +264,29 @@ def manage_dispatcher(dispatcher: object) -> None:
 _LINKED_BY_NAME: list[tuple[Callable[[Callable], bool], Callable[[], object]]] = []
 
 
+def _linked_python_functions(function: Callable) -> list[Callable]:
+    """`function` and the Python functions of the Numba dispatchers it
+    calls, theirs in turn: cached machine code holds its callees' (an XLA
+    handler's holds its kernels', so a kernel's sin is named in no code
+    of the handler's own)."""
+    found, pending = {}, [function]
+    while pending:
+        fn = pending.pop()
+        if id(fn) in found or not hasattr(fn, "__code__"):
+            continue
+        found[id(fn)] = fn
+        for name in fn.__code__.co_names:
+            callee = getattr(fn.__globals__.get(name), "py_func", None)
+            if callee is not None:
+                pending.append(callee)
+    return list(found.values())
+
+
 def before_cached_loads(needs: Callable[[Callable], bool], prepare: Callable[[], object]
                         ) -> None:
     """Run `prepare` (which must be cheap once done) before loading the
-    cached CPU machine code of a Python function for which `needs` holds
-    (a cheap test of its code): it makes a library that such code calls
+    cached CPU machine code of a Python function for which, or for one of
+    whose callees, `needs` holds (a cheap test of its code): it makes a library that such code calls
     by symbol name known to the JIT linker, which would otherwise abort
     the process on the unresolved name."""
     _LINKED_BY_NAME.append((needs, prepare))

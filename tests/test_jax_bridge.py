@@ -7,7 +7,10 @@ central differences of `dsl.grad`; derivatives of three orders, and of a
 grad block that is not the function's derivative, in both modes, equal
 known ones; vmap of a reduction gives one value per example; f32 (JAX's
 default) and f64."""
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -802,6 +805,31 @@ def test_an_ffi_handler_reads_the_calls_constants_and_writes_each_result(x64, mo
         np.testing.assert_allclose(got[0], x * y * c, rtol=1e-15)
         np.testing.assert_allclose(got[1], np.sin(x) * c, rtol=1e-15)
     assert ran == []
+
+
+# A handler's cached machine code holds its kernels': a warm process
+# loaded a sin kernel's handler without the huge-argument library it
+# calls by name, and LLVM aborted the process at the next code it linked
+# ("Symbol not found: gradc_huge_sin").
+FFI_SIN = """
+import sys, numpy as np, jax
+jax.config.update("jax_enable_x64", True)
+import dsl
+f = dsl.to_jax(dsl.loads("def f(x, c):\\n    return sin(x) * c\\n").f)
+x = np.linspace(-2.0, 2.0, 5)
+error = np.abs(np.asarray(jax.jit(lambda x: f(x, 3.0))(x)) - 3.0 * np.sin(x)).max()
+print(error, dsl.grad(dsl.load(sys.argv[1]).log1pexp)(np.array([100.0]))[0])
+"""
+
+
+def test_a_warm_process_links_what_a_cached_handlers_kernels_call(tmp_path):
+    env = {**os.environ, "GRADC_CACHE_DIR": str(tmp_path)}
+    for _ in ("cold", "warm"):
+        run = subprocess.run([sys.executable, "-c", FFI_SIN, str(EXAMPLES / "log1pexp.grad")],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        error, slope = map(float, run.stdout.split())
+        assert error < 1e-15 and slope == 1.0
 
 
 def test_a_jax_without_its_ffi_module_keeps_the_callback(monkeypatch):
