@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
+from gradlang.compiler.rows import RowLoop
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
@@ -168,6 +169,131 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     else:
         def wrap(kname: str) -> str:
             return target.render_loop(kname, args, pre, body, row, inner)
+    kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
+    return kname, wrap(kname), kinds
+
+
+def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tuple[str, Var]]]:
+    """The kernel for a row loop (`compiler.rows`): `kname(n, rows, *args)`
+    runs, for each row o of `length = n // rows` elements, its passes in
+    turn: a pass's row-scalar equations, then its elements (in runs of
+    `inner`, the least period of a broadcast input, as `render_kernel`),
+    summing (in f64, with `accumulate`) and taking maxima (`greatest`,
+    which keeps a NaN) along the row.  Returns what `render_kernel` does."""
+    shape = group.shape
+    inputs = group.inputs
+    access = [access_kind(v.type.shape, shape) for v in inputs]
+    periods = [f"m{k}" if kind == "suffix" else f"q{k}"
+               for k, kind in enumerate(access) if kind in ("suffix", "outer")]
+    args = [f"in{k}" for k in range(len(inputs))]
+    kinds: list[tuple[str, Var]] = [("in", v) for v in inputs]
+    pre: list[str] = []
+    for k, kind in enumerate(access):
+        if kind == "scalar":
+            pre.append(f"a{k} = in{k}[0]")
+        elif kind == "suffix":
+            pre.append(f"m{k} = in{k}.shape[0]")
+    if periods:
+        pre.append(f"inner = {periods[0]}")
+        pre += [f"inner = {smallest('inner', p)}" for p in periods[1:]]
+        # both products of trailing sizes: the lesser divides the greater
+        pre.append(f"inner = {largest(smallest('inner', 'length'), '1')}")
+    slot = {v: j for j, v in enumerate(group.outputs)}
+    args += [f"out{j}" for j in range(len(group.outputs))]
+    kinds += [("out", v) for v in group.outputs]
+    aux = _aux_args(inputs, shape)
+    args += [arg for arg, _ in aux]
+    kinds += [("aux", v) for _, v in aux]
+    index = {v: k for k, v in enumerate(inputs)}
+    row_names: dict[Var, str] = {}  # values per row, live across passes
+    body: list[str] = []
+    # row-shaped inputs, read once per row
+    row_reads = {a for p in group.passes for e in p.before for a in e.inputs} | {
+        a for e in group.after for a in e.inputs}
+    for v in inputs:
+        if v in row_reads:
+            k = index[v]
+            row_names[v] = f"a{k}" if access[k] == "scalar" else f"b{k}"
+            if access[k] != "scalar":
+                body.append(f"b{k} = in{k}[o]")
+    counter = [0]
+
+    def row_lines(eqns: list[Eqn]) -> list[str]:
+        lines = []
+        for eqn in eqns:
+            out = eqn.outputs[0]
+            if eqn.op == "reshape":
+                row_names[out] = row_names[eqn.inputs[0]]
+                continue
+            counter[0] += 1
+            if eqn.op in ("reduce_sum", "reduce_max"):  # over axes of one element
+                row_names[out] = f"r{counter[0]}"
+                lines.append(f"r{counter[0]} = {out.type.dtype}({row_names[eqn.inputs[0]]})")
+                continue
+            lines += _eqn_lines([eqn], row_names, f"r{counter[0]}_", target=target)
+        return lines
+
+    for number, pass_ in enumerate(group.passes):
+        body += row_lines(pass_.before)
+        names = dict(row_names)
+        first, per_run, per_element, after = [], [], [], []
+        reads = {a for e in pass_.eqns + pass_.reductions for a in e.inputs
+                 if isinstance(a, Var) and a in index}
+        for v in inputs:
+            if v not in reads:
+                continue
+            k = index[v]
+            kind = access[k]
+            names[v] = f"a{k}"
+            if kind == "full":
+                per_run.append(f"x{k} = in{k}[i0:]")
+                per_element.append(f"a{k} = x{k}[j]")
+            elif kind == "suffix":
+                per_run.append(f"x{k} = in{k}[i0 % m{k}:]")
+                per_element.append(f"a{k} = x{k}[j]")
+            elif kind == "outer":
+                per_run.append(f"a{k} = in{k}[i0 // q{k}]")
+        for v in pass_.reads_back:
+            j = slot[v]
+            per_run.append(f"y{j} = out{j}[i0:]")
+            per_element.append(f"u{j} = y{j}[j]")
+            names[v] = f"u{j}"
+        per_element += _eqn_lines(pass_.eqns, names, f"v{number}_", target=target)
+        for v in (o for e in pass_.eqns for o in e.outputs):
+            if v in slot:  # (a stored value is never computed again: written once)
+                j = slot[v]
+                per_run.append(f"y{j} = out{j}[i0:]")
+                per_element.append(f"y{j}[j] = {names[v]}")
+        for r, eqn in enumerate(pass_.reductions):
+            acc, x, out = f"acc{number}_{r}", names[eqn.inputs[0]], eqn.outputs[0]
+            dtype = out.type.dtype
+            row_names[out] = f"s{number}_{r}"
+            if eqn.op == "reduce_sum":
+                first.append(f"{acc} = 0.0")
+                per_element.append(f"{acc} = accumulate({acc}, {x})")
+                after.append(f"s{number}_{r} = {dtype}({acc})")
+            else:
+                first.append(f"{acc} = {dtype}(-inf)")
+                per_element.append(f"{acc} = greatest({acc}, {x})")
+                empty = eqn.p.get("empty")
+                after.append(f"s{number}_{r} = {acc}" if empty is None else
+                             f"s{number}_{r} = select(length == 0, {dtype}({empty!r}), {acc})")
+        body += first
+        if periods:
+            body += ["for s in range(length // inner):", "    i0 = o * length + s * inner"]
+            body += ["    " + line for line in per_run] + ["    for j in range(inner):"]
+        else:
+            body += ["i0 = o * length"] + per_run + ["for j in range(length):"]
+        indent = "        " if periods else "    "
+        body += [indent + line for line in per_element]
+        body += after
+    body += row_lines(group.after)
+    for v, j in slot.items():
+        if v in row_names:
+            body.append(f"out{j}[o] = {row_names[v]}")
+
+    def wrap(kname: str) -> str:
+        return target.render_row_loop(kname, args, pre, body)
     kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
     return kname, wrap(kname), kinds
 
@@ -329,10 +455,11 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     return kname, wrap(kname), reads, [v for _, v in aux]
 
 
-def work_per_element(loop: Loop) -> int:
-    """`ops.loop_cost` of a loop's ops, the sum it may end in included:
-    what a target weighs against the cost of running it in parallel."""
-    eqns = loop.eqns + loop.reductions
+def work_per_element(loop: "Loop | RowLoop") -> int:
+    """`ops.loop_cost` of a loop's ops, the sum it may end in included
+    (a row loop's: of its passes): what a target weighs against the cost
+    of running it in parallel."""
+    eqns = loop.element_eqns if isinstance(loop, RowLoop) else loop.eqns + loop.reductions
     return work_per_element_of(eqns)
 
 
@@ -346,12 +473,12 @@ def work_per_element_of(eqns) -> int:
 _TRIPS_GUESS = 64
 
 
-def kernel_signature(loop: Loop) -> str:
+def kernel_signature(loop: "Loop | RowLoop") -> str:
     """The argument types of a loop's kernel in Numba's notation, in the
     order `render_loop` declares them (n, [rows,] inputs, outputs, aux)."""
     array = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
              "bool": "boolean"}
-    args = ["int64"] + (["int64"] if loop.reductions else [])
+    args = ["int64"] + (["int64"] if isinstance(loop, RowLoop) or loop.reductions else [])
     args += [f"{array[v.type.dtype]}[::1]" for v in loop.inputs + loop.outputs]
     for v in loop.inputs:
         kind = access_kind(v.type.shape, loop.shape)
@@ -419,9 +546,10 @@ class _Driver:
         # and the steps then use it (holding the loop keeps its id its own)
         rendered: dict[int, tuple[Loop, tuple]] = {}
 
-        def kernel_of(loop: Loop) -> tuple:
+        def kernel_of(loop: "Loop | RowLoop") -> tuple:
             if id(loop) not in rendered:
-                rendered[id(loop)] = (loop, render_kernel(loop, target))
+                render = render_row_kernel if isinstance(loop, RowLoop) else render_kernel
+                rendered[id(loop)] = (loop, render(loop, target))
                 self.signatures.setdefault(rendered[id(loop)][1][0], kernel_signature(loop))
             return rendered[id(loop)][1]
         steps = share_kernels(fuse(fn, reductions=target.fuses_reductions),
@@ -456,12 +584,13 @@ class _Driver:
             if isinstance(step, Loop) and self.in_driver(step):
                 lines += _scalar_lines(step, ref, define)
                 fresh.update(step.outputs)
-            elif isinstance(step, Loop):
+            elif isinstance(step, (Loop, RowLoop)):
                 kname, self.kernels[kname], kinds = kernel_of(step)
                 if top:
                     self.kernel_names.append(kname)
                 size = prod(step.shape)
-                reduced = [o for r in step.reductions for o in r.outputs]
+                reduced = ([o for r in step.reductions for o in r.outputs]
+                           if isinstance(step, Loop) else step.outputs)
                 call_args = []
                 for kind, v in kinds:
                     v = _value(step, v)
@@ -487,7 +616,16 @@ class _Driver:
                         aux = access_aux(v.type.shape, step.shape)
                         call_args.append(render(aux) if not isinstance(aux, tuple) else
                                          render_shape(aux))
-                if reduced:
+                if isinstance(step, RowLoop):
+                    for check in step.empty_checks:  # a max over an empty row has no value
+                        where = where_of("", check.span)  # user text (a file name): repr
+                        lines.append(f"R.empty_axis({render_shape(check.inputs[0].type.shape)}, "
+                                     f"{tuple(check.p['axes'])!r}, {where!r}, None)")
+                    known = size if isinstance(size, int) else None
+                    lines.append(target.launch(kname, render(size), known,
+                                               [render(prod(step.rows))] + call_args,
+                                               work_per_element(step)))
+                elif reduced:
                     rows = prod(reduced[0].type.shape)
                     lines.append(target.launch_reducing(kname, render(size), render(rows),
                                                         call_args, work_per_element(step)))
