@@ -715,13 +715,13 @@ class CpuTarget(Target):
 
     def render_row_loop(self, kname: str, args: list[str], pre: list[str],
                         body: list[str]) -> str:
-        """Rows in parallel, and a serial variant."""
+        """Blocks of rows in parallel, and a serial variant."""
         arglist = ", ".join(["n", "rows"] + args)
         out = []
         for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):", "    length = n // rows if rows else 0"]
             out += ["    " + line for line in pre]
-            out.append(f"    for o in {rng}(rows):")
+            out.append(f"    for blk in {rng}(blocks):")
             out += ["        " + line for line in body] + [""]
         return "\n".join(out)
 

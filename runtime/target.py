@@ -122,8 +122,8 @@ class Target:
     def render_row_loop(self, kname: str, args: list[str], pre: list[str],
                         body: list[str]) -> str:
         """Kernel `kname(n, rows, *args)`: `length = n // rows` (0 for no
-        rows), `pre` once, then `body` for each row o < rows (a row loop,
-        `compiler.rows`: its passes over the row are in `body`); launched
+        rows), `pre` once (which defines `blocks`), then `body` for each
+        blk < blocks (a row loop, `compiler.rows`: a block of rows); launched
         by `launch(kname, n, known, [rows] + args, cost)`.  Only a target
         that `fuses_reductions` has row loops."""
         raise NotImplementedError
