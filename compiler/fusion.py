@@ -32,6 +32,10 @@ a vector is first a matrix-vector product (`compiler.matvec`).  On every
 target a sum of embeds is first one buffer that each is added into in
 place (`compiler.embed_sums`), and elementwise work between a transpose
 and its inverse runs in the untransposed layout (`compiler.layouts`).
+Last, with `reductions`, a reduction along trailing axes and the
+elementwise work on the same rows (a softmax, its gradient, a layer norm)
+run as one `RowLoop`, a pass per reduction over each row
+(`compiler.rows`).
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside

@@ -330,9 +330,7 @@ def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> Row
                                                        for m in mine):
                     stored.add(v)
                     outputs.append(v)
-                    chains.pop(v, None)
-    # chains cached before a value below was stored would be stale
-    chains.clear()
+    chains.clear()  # (those cached before a value in them was stored are stale)
     passes = [Pass() for _ in range(n_passes)]
     after: list[Eqn] = []
     for n, (kind, eqn) in enumerate(items):
