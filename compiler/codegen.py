@@ -43,7 +43,7 @@ from gradlang.compiler.rows import RowLoop
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, broadcasts_to, prod
+from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcasts_to, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -80,22 +80,6 @@ class Generated:
 # ------------------------------------------------------------ input access
 
 
-def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
-    """How a loop over `loop` reads an input of `shape` at flat index i."""
-    if shape == loop:
-        return "full"
-    if prod(shape) == 1:
-        return "scalar"
-    trimmed = shape[next((k for k, d in enumerate(shape) if d != 1), len(shape)):]
-    if trimmed == loop[len(loop) - len(trimmed):]:
-        return "suffix"
-    padded = (1,) * (len(loop) - len(shape)) + shape
-    j = next((k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k]), 0)
-    if all(d == 1 for d in padded[j:]):
-        return "outer"
-    return "general"
-
-
 def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object]:
     """The extra kernel argument an access kind needs (computed per size)."""
     kind = access_kind(shape, loop)
@@ -115,6 +99,14 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
 def _literal(a: Lit, spell: Callable[[str], str] = str) -> str:
     # Inline, not a module constant: a kernel's text is then all it needs.
     return f"{spell(a.type.dtype)}({a.value!r})"
+
+
+def _least_period(periods: list[str]) -> list[str]:
+    """Kernel lines setting `inner` to the least of `periods` (names of
+    broadcast inputs' periods), at least 1: an empty loop has periods of
+    0, and no rows."""
+    return ([f"least = {periods[0]}"] + [f"least = {smallest('least', p)}" for p in periods[1:]]
+            + [f"inner = {largest('least', '1')}"])
 
 
 def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str, Var]]]:
@@ -140,10 +132,7 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     args, pre, row, body = _read_inputs(loop.inputs, loop.shape, names, rows=rowwise)
     kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
     if periods:
-        # at least 1: an empty loop has periods of 0, and no rows.
-        pre.append(f"least = {periods[0]}")
-        pre += [f"least = {smallest('least', p)}" for p in periods[1:]]
-        pre.append(f"inner = {largest('least', '1')}")
+        pre += _least_period(periods)
     for j, v in enumerate(loop.outputs):
         args.append(f"out{j}")
         kinds.append(("out", v))
@@ -200,19 +189,14 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     access = [access_kind(v.type.shape, shape) for v in inputs]
     periods = [f"m{k}" if kind == "suffix" else f"q{k}"
                for k, kind in enumerate(access) if kind in ("suffix", "outer")]
-    args = [f"in{k}" for k in range(len(inputs))]
+    # (the lines per run and per element are the passes' own: each reads its inputs)
+    args, read_once, _, _ = _read_inputs(inputs, shape, {}, rows=True)
     kinds: list[tuple[str, Var]] = [("in", v) for v in inputs]
     fit = f"{ROW_BLOCK_ELEMENTS} // {largest('length', '1')}"
     pre: list[str] = [f"block = {largest(smallest(str(ROW_BLOCK), fit), '1')}",
-                      "blocks = (rows + block - 1) // block"]
-    for k, kind in enumerate(access):
-        if kind == "scalar":
-            pre.append(f"a{k} = in{k}[0]")
-        elif kind == "suffix":
-            pre.append(f"m{k} = in{k}.shape[0]")
+                      "blocks = (rows + block - 1) // block"] + read_once
     if periods:
-        pre.append(f"inner = {periods[0]}")
-        pre += [f"inner = {smallest('inner', p)}" for p in periods[1:]]
+        pre += _least_period(periods)
         # both products of trailing sizes: the lesser divides the greater
         pre.append(f"inner = {largest(smallest('inner', 'length'), '1')}")
     slot = {v: j for j, v in enumerate(group.outputs)}

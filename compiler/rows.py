@@ -35,6 +35,7 @@ from typing import Optional
 
 from gradlang.compiler.ir import Eqn, Var
 from gradlang.compiler.ops import OPS
+from gradlang.compiler.shapes import access_kind
 
 # A later pass computes an earlier pass's value again when its chain is
 # at most this many equations, all of cost 0 (arithmetic); else it is
@@ -74,11 +75,6 @@ class RowLoop:
     @property
     def element_eqns(self) -> list[Eqn]:
         return [e for p in self.passes for e in p.eqns + p.reductions]
-
-
-def _loop_type():
-    from gradlang.compiler.fusion import Loop  # (fusion imports this module)
-    return Loop
 
 
 def _is_row_shaped(shape: tuple, rows: tuple) -> bool:
@@ -133,7 +129,6 @@ class _Group:
         return True
 
     def element_reads_ok(self, inputs) -> bool:
-        from gradlang.compiler.codegen import access_kind
         for v in inputs:
             if v in self.element:
                 continue
@@ -147,7 +142,7 @@ class _Group:
     def classify(self, step) -> Optional[str]:
         """'element', 'row' or 'reduction' if `step` can join, else None
         (fixing the row axes where it is the first reduction)."""
-        if isinstance(step, _loop_type()):
+        if not isinstance(step, Eqn):  # a fused loop (`fusion.Loop`)
             if step.stand_ins:
                 return None
             if tuple(step.shape) == self.shape:
@@ -156,7 +151,6 @@ class _Group:
                 return "element" if self.element_reads_ok(step.inputs) else None
             if self.k is None or not _is_row_shaped(step.shape, self.rows):
                 return None
-            from gradlang.compiler.codegen import access_kind
             if any(v in self.element or (v not in self.row and access_kind(
                     v.type.shape, tuple(step.shape)) not in ("full", "scalar"))
                    for v in step.inputs):
@@ -178,8 +172,7 @@ class _Group:
 
 
 def _start(step) -> Optional[_Group]:
-    Loop = _loop_type()
-    if isinstance(step, Loop) and len(step.shape) >= 2 and not step.stand_ins:
+    if not isinstance(step, Eqn) and len(step.shape) >= 2 and not step.stand_ins:
         group = _Group(tuple(step.shape))
     elif isinstance(step, Eqn) and _is_reduction(step) and step.inputs[0].type.rank >= 2:
         group = _Group(tuple(step.inputs[0].type.shape))
@@ -273,9 +266,8 @@ def fuse_rows(steps: list, fn) -> list:
 
 def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> RowLoop:
     """The RowLoop of a group: its passes, inputs and outputs."""
-    Loop = _loop_type()
     first = steps[members[0][0]]
-    shape = tuple(first.shape) if isinstance(first, Loop) else tuple(first.inputs[0].type.shape)
+    shape = tuple(first.inputs[0].type.shape) if isinstance(first, Eqn) else tuple(first.shape)
     # items in order: (kind, eqn); kind element, row or reduction
     items: list[tuple[str, Eqn]] = []
     for k, kind in members:

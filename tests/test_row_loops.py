@@ -157,3 +157,15 @@ def test_attention_runs_two_row_loops_and_no_separate_reductions():
     assert len(program.generated.kernel_names) == 3
     driver = program.generated.driver_source
     assert "R.reduce_max" not in driver and "R.reduce_sum" not in driver
+
+
+def test_parallel_blocks_of_rows_give_the_serial_bits(gradc_parallel):
+    # catches: blocks of rows that skip or repeat rows at a block's edge
+    # (rows not a multiple of the block), or threads sharing a row value
+    x = np.random.default_rng(3).normal(size=(1001, 40)) * 10
+    gradc_parallel("never")
+    serial = M.soft(x)
+    gradc_parallel("always")
+    parallel = M.soft(x)
+    np.testing.assert_array_equal(parallel, serial)
+    np.testing.assert_allclose(parallel, np_softmax(x), rtol=1e-12, atol=1e-300)
