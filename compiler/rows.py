@@ -65,7 +65,6 @@ class Pass:
 class RowLoop:
     shape: tuple  # the element shape S
     rows: tuple  # S's leading axes: one value per row has this many elements
-    members: list  # the steps it replaces, in order (for printing)
     passes: list[Pass]
     after: list[Eqn]  # row-scalar equations after the last pass
     inputs: list[Var] = field(default_factory=list)
@@ -107,12 +106,11 @@ def _reads(step) -> set[Var]:
 
 class _Group:
     """A group being grown: its element shape, row axes (once a reduction
-    fixes them), members and what they produce."""
+    fixes them), the values its members produce and their equations' count."""
 
     def __init__(self, shape: tuple):
         self.shape = shape
         self.k: Optional[int] = None  # trailing axes per row
-        self.members: list = []
         self.element: set[Var] = set()
         self.row: set[Var] = set()
         self.eqns = 0
@@ -362,5 +360,4 @@ def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> Row
                 inputs.append(a)
     checks = [e for kind, e in items if kind == "reduction" and e.op == "reduce_max"
               and e.p.get("empty") is None]
-    return RowLoop(shape, tuple(rows), [steps[k] for k, _ in members], passes, after,
-                   inputs, outputs, checks)
+    return RowLoop(shape, tuple(rows), passes, after, inputs, outputs, checks)
