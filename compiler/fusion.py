@@ -32,6 +32,10 @@ a vector is first a matrix-vector product (`compiler.matvec`).  On every
 target a sum of embeds is first one buffer that each is added into in
 place (`compiler.embed_sums`), and elementwise work between a transpose
 and its inverse runs in the untransposed layout (`compiler.layouts`).
+Last, with `reductions`, a reduction along trailing axes and the
+elementwise work on the same rows (a softmax, its gradient, a layer norm)
+run as one `RowLoop`, a pass per reduction over each row
+(`compiler.rows`).
 
 `print_steps(fn, steps)` prints them in the IR printer's notation, each
 loop as a block naming its iteration shape, what it reads from outside
@@ -49,6 +53,7 @@ from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, nam
                                   signature_line, use_counts)
 from gradlang.compiler.matvec import as_matvecs
 from gradlang.compiler.ops import OPS
+from gradlang.compiler.rows import RowLoop, fuse_rows
 
 FUSIBLE = {name for name, op in OPS.items() if op.kind == "elementwise"} | {"broadcast_to"}
 
@@ -79,7 +84,7 @@ class Loop:
     stand_ins: dict[Var, Var] = field(default_factory=dict)
 
 
-Step = Union[Loop, Eqn]
+Step = Union[Loop, RowLoop, Eqn]
 
 
 def fuse(fn: Function, reductions: bool = False) -> list[Step]:
@@ -144,7 +149,8 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
         if isinstance(step, Loop):
             return bool(step.outputs)
         return step.op != "full" or step.out in needed
-    return [s for s in ordered if kept(s)]
+    steps = [s for s in ordered if kept(s)]
+    return fuse_rows(steps, fn) if reductions else steps
 
 
 def _sink_loops(steps: list[Step], fn: Function) -> list[Step]:
@@ -298,6 +304,10 @@ def print_steps(fn: Function, steps: list[Step]) -> str:
     lines = [signature_line(fn, name)]
     loops = 0
     for step in steps:
+        if isinstance(step, RowLoop):
+            lines += _print_row_loop(step, name, loops)
+            loops += 1
+            continue
         if not isinstance(step, Loop):
             lines += print_eqns([step], name, "  ")
             continue
@@ -314,3 +324,20 @@ def print_steps(fn: Function, steps: list[Step]) -> str:
     lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _print_row_loop(step: RowLoop, name, number: int) -> list[str]:
+    """A row loop as a block per pass (`compiler.rows`)."""
+    shape = ", ".join(str(d) for d in step.shape)
+    rows = ", ".join(str(d) for d in step.rows)
+    reads = ", ".join(name(v) for v in step.inputs) or "nothing"
+    writes = ", ".join(name(v) for v in step.outputs)
+    lines = [f"  loop {number} over [{shape}] by rows of [{rows}] reads {reads} "
+             f"writes {writes} {{"]
+    for k, pass_ in enumerate(step.passes):
+        lines += print_eqns(pass_.before, name, "    ")
+        back = "".join(f", reads back {name(v)}" for v in pass_.reads_back)
+        lines.append(f"    pass {k} along each row{back} {{")
+        lines += print_eqns(pass_.eqns + pass_.reductions, name, "      ") + ["    }"]
+    lines += print_eqns(step.after, name, "    ")
+    return lines + ["  }"]

@@ -115,3 +115,19 @@ def broadcasts_to(small, big) -> bool:
     if len(small) > len(big):
         return False
     return all(s in (1, b) for s, b in zip(small[::-1], big[::-1]))
+
+
+def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
+    """How a loop over `loop` reads an input of `shape` at flat index i."""
+    if shape == loop:
+        return "full"
+    if prod(shape) == 1:
+        return "scalar"
+    trimmed = shape[next((k for k, d in enumerate(shape) if d != 1), len(shape)):]
+    if trimmed == loop[len(loop) - len(trimmed):]:
+        return "suffix"
+    padded = (1,) * (len(loop) - len(shape)) + shape
+    j = next((k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k]), 0)
+    if all(d == 1 for d in padded[j:]):
+        return "outer"
+    return "general"

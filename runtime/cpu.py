@@ -651,7 +651,7 @@ class CpuTarget(Target):
         else:
             math_import = "from gradlang.runtime import cpu_math as math"
         return (f"{math_import}\n"
-                "from gradlang.runtime.cpu_math import accumulate, select"
+                "from gradlang.runtime.cpu_math import accumulate, greatest, select"
                 f"  # {_CPU_MATH_VERSION}\n"
                 "import numpy as np\nimport numba\nfrom numba import prange\n")
 
@@ -740,6 +740,18 @@ class CpuTarget(Target):
                 out += ["    total = 0.0", "    for c in range(chunks):",
                         f"        total = accumulate(total, partial{k}[c])", f"    {r}[0] = total"]
             out.append("")
+        return "\n".join(out)
+
+    def render_row_loop(self, kname: str, args: list[str], pre: list[str],
+                        body: list[str]) -> str:
+        """Blocks of rows in parallel, and a serial variant."""
+        arglist = ", ".join(["n", "rows"] + args)
+        out = []
+        for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
+            out += [deco, f"def {kname}{suffix}({arglist}):", "    length = n // rows if rows else 0"]
+            out += ["    " + line for line in pre]
+            out.append(f"    for blk in {rng}(blocks):")
+            out += ["        " + line for line in body] + [""]
         return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

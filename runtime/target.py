@@ -119,6 +119,15 @@ class Target:
         `inner`, a row may be any run of elements."""
         raise NotImplementedError
 
+    def render_row_loop(self, kname: str, args: list[str], pre: list[str],
+                        body: list[str]) -> str:
+        """Kernel `kname(n, rows, *args)`: `length = n // rows` (0 for no
+        rows), `pre` once (which defines `blocks`), then `body` for each
+        blk < blocks (a row loop, `compiler.rows`: a block of rows); launched
+        by `launch(kname, n, known, [rows] + args, cost)`.  Only a target
+        that `fuses_reductions` has row loops."""
+        raise NotImplementedError
+
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
                         cost: int) -> str:
         """As `launch`, for a loop of `render_reducing_loop` summing `size`

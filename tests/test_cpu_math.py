@@ -524,7 +524,7 @@ def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
     assert libm[0].startswith("import math  #")
     # Sums add with cpu_math's `accumulate` in both, and `where` is its `select`.
     for header in (ours, libm):
-        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate, select  "
+        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate, greatest, select  "
                             r"# cpu_math [0-9a-f]{12}", header[1])
 
 

@@ -1,0 +1,160 @@
+"""Row loops (`compiler.rows`): a reduction along a contiguous last axis
+and the elementwise work on the same rows run as one pass per row, on the
+CPU.  Values against NumPy (rows of length 1, broadcast row inputs,
+non-contiguous arguments, f32 and f64, NaN and empty rows), gradients,
+jvp and vmap through them, parallel blocks of rows, and the attention
+benchmark's kernel count.  (`tests/test_examples.py` runs cross_entropy,
+whose value and gradient form row loops, and its grad of grad, on the CPU
+against the CUDA target, which keeps the separate steps.)"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.compiler.fusion import fuse
+from gradlang.compiler.rows import RowLoop
+
+from helpers import central_difference
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SOURCE = """
+from std import softmax, log_softmax
+
+def family(x):
+    return softmax(x, axis=-1), log_softmax(x, axis=-1)
+
+def layer_norm(x, g, b):
+    mu = mean(x, axis=-1, keepdims=True)
+    c = x - mu
+    var = mean(c * c, axis=-1, keepdims=True)
+    return c / sqrt(var + 1e-5) * g + b
+
+def soft2(x):
+    e = exp(x - max(x, axis=(1, 2), keepdims=True))
+    return e / sum(e, axis=(1, 2), keepdims=True)
+
+def top(x):
+    return x - max(x, axis=-1, keepdims=True, initial=-1.5)
+
+def loss(x, w):
+    return sum(softmax(x, axis=-1) * w)
+"""
+
+M = dsl.loads(SOURCE)
+
+
+def np_softmax(x, axes=-1):
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    return e / e.sum(axis=axes, keepdims=True)
+
+
+def np_layer_norm(x, g, b):
+    c = x - x.mean(axis=-1, keepdims=True)
+    return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5) * g + b
+
+
+def row_loops(f, *args):
+    return [s for s in fuse(f.ir(*args), reductions=True) if isinstance(s, RowLoop)]
+
+
+def test_row_loops_form_for_softmax_log_softmax_layer_norm_and_two_axes():
+    # catches: the grouping missing a family member (each would fall back to
+    # separate passes), or a group over axes that are not trailing
+    x = np.ones((3, 4))
+    assert len(row_loops(M.family, x)) == 1  # both in one
+    (norm,) = row_loops(M.layer_norm, x, np.ones(4), np.ones(4))
+    assert len(norm.passes) == 3  # the mean, the variance, the output
+    (two,) = row_loops(M.soft2, np.ones((2, 3, 4)))
+    assert len(two.rows) == 1 and len(two.shape) == 3
+
+
+def test_values_match_numpy():
+    # catches: a pass indexing the wrong row (i0), a row value read before
+    # its pass ends, a value of an earlier pass neither recomputed nor read
+    # back, a broadcast row input (g, b) read per row instead of per column
+    rng = np.random.default_rng(0)
+    big = rng.normal(size=(9, 16)) * 30
+    shapes = [big, big[:, :1], big[:, ::3], big.T, big[:1], big.reshape(2, 3, 24)[:, :, 5:]]
+    for x in shapes:  # rows of 16, of 1, strided, transposed, one row, 3-d
+        soft, lsm = M.family(x)
+        np.testing.assert_allclose(soft, np_softmax(x), rtol=1e-12, atol=1e-300)
+        want = x - x.max(axis=-1, keepdims=True)
+        want = want - np.log(np.exp(want).sum(axis=-1, keepdims=True))
+        np.testing.assert_allclose(lsm, want, rtol=1e-12, atol=1e-12)
+    g, b = rng.normal(size=16), rng.normal(size=16)
+    for x in (big, big[::2]):
+        np.testing.assert_allclose(M.layer_norm(x, g, b), np_layer_norm(x, g, b),
+                                   rtol=1e-12, atol=1e-12)
+    # f32: the sums add in f64, the results are f32 (exp(x - logsumexp) of
+    # an x - logsumexp near -36 carries its f32 rounding: 2e-6 relative)
+    for x in (big[:, ::2], big[:, :1]):
+        x = x.astype(np.float32)
+        got = M.family(x)[0]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, np_softmax(x.astype(np.float64)), rtol=2e-5,
+                                   atol=1e-30)
+
+
+def test_nan_infinite_and_empty_rows():
+    # catches: a running max that drops a NaN (NumPy's max keeps it), a
+    # max's initial value used where the row is not empty, an empty row
+    # reaching the kernel where it has no max
+    x = np.array([[1.0, np.nan, 2.0], [-np.inf, -np.inf, -np.inf], [3.0, 1.0, -2.0]])
+    with np.errstate(invalid="ignore"):
+        want = np_softmax(x)
+    np.testing.assert_allclose(M.family(x)[0], want)
+    np.testing.assert_allclose(M.top(x[2:]), x[2:] - 3.0)
+    assert M.top(np.ones((3, 0))).shape == (3, 0)
+    low = np.full((2, 3), -4.0)
+    np.testing.assert_allclose(M.top(low), low + 1.5)  # initial is in the max
+    soft, log_soft = M.family(np.ones((3, 0)))  # std's: empty, as SciPy's
+    assert soft.shape == log_soft.shape == (3, 0)
+    with pytest.raises(dsl.ArgumentError, match="max/min over an empty axis"):
+        M.soft2(np.ones((3, 0, 2)))
+
+
+def test_gradient_jvp_and_vmap_through_row_loops():
+    # catches: the backward's row loop (sum(p * g) then p * (g - s)) or a
+    # transform's program reading a row value of the wrong pass
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    value, gx = dsl.value_and_grad(M.loss)(x, w)
+    np.testing.assert_allclose(value, np.sum(np_softmax(x) * w), rtol=1e-13)
+    np.testing.assert_allclose(gx, central_difference(lambda a: np.sum(np_softmax(a) * w),
+                                                      [x], 0), rtol=1e-6, atol=1e-8)
+    assert row_loops(dsl.value_and_grad(M.loss), x, w)
+    t = rng.normal(size=x.shape)
+    _, (tangent, _) = dsl.jvp(M.family, (x,), (t,))
+    p = np_softmax(x)
+    np.testing.assert_allclose(tangent, p * (t - np.sum(p * t, axis=-1, keepdims=True)),
+                               rtol=1e-12, atol=1e-14)
+    batch = rng.normal(size=(3, 4, 5))
+    np.testing.assert_allclose(dsl.vmap(M.family)(batch)[1], np.log(np_softmax(batch)),
+                               rtol=1e-12, atol=1e-14)
+
+
+def test_attention_runs_two_row_loops_and_no_separate_reductions():
+    # catches: the softmax and its gradient falling back to separate passes
+    # (loop, reduce_max, loop, reduce_sum, loops: eight kernels before)
+    attention = dsl.load(ROOT / "benchmarks" / "attention.grad").attention_loss
+    vg = dsl.value_and_grad(attention, wrt=(0, 1, 2))
+    q = np.ones((1, 2, 3, 4), np.float32)
+    program = vg.program(vg.bind((q, q, q, np.float32(0.5)), {}))
+    assert len(program.generated.kernel_names) == 3
+    driver = program.generated.driver_source
+    assert "R.reduce_max" not in driver and "R.reduce_sum" not in driver
+
+
+def test_parallel_blocks_of_rows_give_the_serial_bits(gradc_parallel):
+    # catches: blocks of rows that skip or repeat rows at a block's edge
+    # (rows not a multiple of the block), or threads sharing a row value
+    rng = np.random.default_rng(3)
+    x, g, b = rng.normal(size=(1001, 40)) * 10, rng.normal(size=40), rng.normal(size=40)
+    gradc_parallel("never")
+    serial = M.layer_norm(x, g, b)
+    gradc_parallel("always")
+    parallel = M.layer_norm(x, g, b)
+    np.testing.assert_array_equal(parallel, serial)
+    np.testing.assert_allclose(parallel, np_layer_norm(x, g, b), rtol=1e-12, atol=1e-12)
