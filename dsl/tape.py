@@ -42,7 +42,7 @@ from dsl.function import Compiled, backward_function
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.recording import TapeError, active_tapes, derived_from
+from gradlang.runtime.recording import TapeError, active_tapes, derived_from, memory_owner
 from gradlang.runtime.target import Target, is_device_array
 
 
@@ -59,6 +59,9 @@ class Tape:
         self.persistent = persistent
         self._records: list[_Record] = []
         self._tracked: dict[int, np.ndarray] = {}  # id -> array (kept alive)
+        # the tracked NumPy arrays by the id of their memory's owner (kept
+        # alive by them): views sharing it are found without a scan
+        self._by_owner: dict[int, list[np.ndarray]] = {}
         self._recording = False
         self._used = False
 
@@ -87,16 +90,27 @@ class Tape:
                                     f"order, got {type(a).__name__} of dtype {a.dtype}: a "
                                     "call would take a converted copy, which the tape does "
                                     "not track; watch and pass y = np.asarray(x, float)")
-            self._tracked[id(a)] = a
+            self._track(a)
+
+    def _track(self, a: Any) -> None:
+        self._tracked[id(a)] = a
+        if isinstance(a, np.ndarray):
+            self._by_owner.setdefault(id(memory_owner(a)), []).append(a)
 
     def tracks(self, a: Any) -> bool:
         return self._tracked.get(id(a)) is a
+
+    def tracks_memory_of(self, a: np.ndarray) -> bool:
+        """Whether writing into `a` writes into an array this tape tracks
+        (a itself, or one sharing its memory: NumPy's view of it, such as
+        np.ravel(y), has a base no tape knows)."""
+        return any(np.shares_memory(a, b) for b in self._by_owner.get(id(memory_owner(a)), ()))
 
     def record(self, function, bound, outs, pullback) -> None:
         self._records.append(_Record(function, dict(bound), tuple(outs), pullback))
         for o in outs:
             if np.dtype(o.dtype).kind == "f":
-                self._tracked[id(o)] = o
+                self._track(o)
 
     @user_facing
     def gradient(self, target: np.ndarray,

@@ -18,7 +18,7 @@ returns a `TapeArray` again (a float scalar as a 0-d one), which no tape
 tracks.  `recording_tapes` raises `TapeError` when such a derived float
 array reaches a call while a tape it came from is still recording, and
 NumPy writing into an array a recording tape tracks (`y += 1`, `y[0] = 0`,
-through a view of it, by an in-place method such as `y.fill(0)` or a
+through a view of it (`np.ravel(y)` included), by an in-place method such as `y.fill(0)` or a
 function writing its first argument such as `np.copyto(y, v)`), or writing
 a derived value into a plain array (`out=`, `np.copyto(plain, y)`), raises
 too.
@@ -102,13 +102,17 @@ class TapeArray(np.ndarray):
 
     def __array_function__(self, func, types, args, kwargs):
         tapes = _tapes_in((args, kwargs))
-        if "out" in kwargs:
-            _check_write(kwargs["out"], tapes)
+        out = kwargs.get("out")  # (out=None is no out: the result is derived)
+        if out is not None:
+            _check_write(out, tapes)
         if func in _WRITE_FIRST and args:
             _check_write(args[0], tapes)
         result = super().__array_function__(func, types, _plain(args), _plain(kwargs))
-        if result is NotImplemented or "out" in kwargs:
+        if result is NotImplemented:
             return result
+        if out is not None:
+            # NumPy returns `out` itself, not the plain view it was given
+            return out if isinstance(out, np.ndarray) else result
         return _derived(result, tapes)
 
     def __getitem__(self, index):
@@ -186,14 +190,19 @@ def _derived(result, tapes: frozenset):
     return result
 
 
-def _tracked_by_recording(a: "TapeArray") -> bool:
-    """Whether a recording tape tracks `a` or an array `a` is a view of
-    (`a.base`, `a.base.base`, ...: writing into `y[:2]` writes into `y`)."""
-    while isinstance(a, TapeArray):
-        if any(t._recording and t.tracks(a) for t in _live(a._tapes)):
-            return True
+def memory_owner(a: np.ndarray) -> Any:
+    """The object that owns `a`'s memory: the end of its chain of bases
+    (an array, or the buffer an array was made from)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
         a = a.base
-    return False
+    return a
+
+
+def _tracked_by_recording(a: "TapeArray") -> bool:
+    """Whether writing into `a` writes into an array a recording tape
+    tracks: `a` itself or one it shares memory with (`y[:2]`, and
+    `np.ravel(y)`, whose chain of bases passes through plain arrays)."""
+    return any(t._recording and t.tracks_memory_of(a) for t in _live(a._tapes))
 
 
 def _check_write(target, tapes: frozenset) -> None:

@@ -311,9 +311,22 @@ def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
                       lambda: y.partition(0), lambda: np.copyto(y, 1.0),
                       lambda: np.place(y, y > 0, 0.0), lambda: np.putmask(y, y > 0, 0.0),
                       lambda: np.put(y, [0], 2.0), lambda: np.fill_diagonal(y[None], 0.0),
-                      lambda: np.put_along_axis(y, np.array([0]), 1.0, 0)):
+                      lambda: np.put_along_axis(y, np.array([0]), 1.0, 0),
+                      # views NumPy's functions make: their bases are plain arrays
+                      lambda: np.ravel(y).__setitem__(0, 0.0),
+                      lambda: np.reshape(y, (2, 1))[0].__iadd__(1),
+                      lambda: np.copyto(np.flip(y), 1.0),
+                      lambda: np.add(1.0, y, out=np.squeeze(y[None]))):
             with pytest.raises(dsl.GradError, match="modified in place"):
                 write()
+        np.testing.assert_allclose(y, np.logaddexp(0, x))  # each refused before it wrote
+        # out=None is no out: the result is derived from y, not a constant
+        with pytest.raises(dsl.GradError, match="computed with NumPy"):
+            BAR(np.clip(y, -9, 9, out=None), x)
+        held = y * 0
+        assert np.clip(y, -9, 9, out=held) is held  # NumPy's out itself, marked
+        with pytest.raises(dsl.GradError, match="computed with NumPy"):
+            BAR(held, x)
         with pytest.raises(dsl.GradError, match="into a plain array"):
             np.copyto(np.empty(2), y)
         (y * 2).fill(0.0)   # an array derived from y, which no call was given: free
