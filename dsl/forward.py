@@ -53,6 +53,7 @@ from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import THREAD, recording_tapes
+from gradlang.runtime.target import is_device_array
 
 Tangents = Union[Sequence[Any], Mapping[str, Any]]
 
@@ -419,6 +420,9 @@ class Jacobian(AsFunction):
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
         bound = self.f.bind(args, kwargs)
+        for name, value in bound.items():  # (refused as named here, not by a stacked program)
+            if is_device_array(value):
+                self.f.accepted(value, f"argument {name!r} of {called(self.name)}")
         jacobians = self.call_bound(bound)
         if not kwargs and not self.batched:
             self._remember(args, bound)

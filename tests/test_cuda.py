@@ -79,6 +79,10 @@ def test_a_device_array_that_is_not_c_contiguous_is_an_argument_error():
                                                     r"f\(\) is a device array that is not "
                                                     r"C-contiguous"):
             dsl.jvp(m.f, (cuda.to_device(np.ones((3, 2))), idx), (device, None))
+        # a Jacobian's argument as its caller named it (was 'stacked jvp(f)')
+        with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'x' of "
+                                                    r"jacfwd\(f\) is a device array"):
+            dsl.jacfwd(m.f)(device, idx)
 
 
 def test_long_f32_sums_accumulate_in_f64_on_cuda():
