@@ -133,10 +133,14 @@ def _existing(file: str) -> str:
 
 
 def _set_params(module: dsl.Module, assignments: Sequence[str]) -> None:
+    given = set()
     for assignment in assignments:
         name, equals, text = assignment.partition("=")
         if not equals or not name.strip():
             raise UsageError(f"--param takes NAME=VALUE, got {assignment!r}")
+        if name.strip() in given:  # (which one was meant? the last silently won)
+            raise UsageError(f"--param {name.strip()} is given twice")
+        given.add(name.strip())
         try:
             module.params[name.strip()] = _parse_arg(text.strip(), f"--param {name.strip()}")
         except ParamError as err:  # no such param

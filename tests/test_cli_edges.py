@@ -226,6 +226,10 @@ def test_a_bad_param_value_names_the_param(capsys):
                         "--param", "weights=[1, 2j]"], capsys)
     assert code == 2 and err == "gradc: error: --param weights '[1, 2j]' is complex; " \
         "gradlang computes with real numbers\n"
+    # a param given twice is a usage error (the last value silently won)
+    code, _, err = run(["run", str(ROOT / "examples" / "linear_poly.grad"), "linear_poly", "1",
+                        "--param", "weights=[1, 2]", "--param", " weights=[3, 4]"], capsys)
+    assert code == 2 and err == "gradc: error: --param weights is given twice\n"
 
 
 def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
