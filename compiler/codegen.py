@@ -207,18 +207,24 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     kinds += [("aux", v) for _, v in aux]
     index = {v: k for k, v in enumerate(inputs)}
     # where each value per row lives: an input, an output, or scratch
-    store: dict[Var, str] = {}
-    for v in inputs:
-        k = index[v]
-        store[v] = f"in{k}"
+    store: dict[Var, str] = {v: f"in{k}" for v, k in index.items()}
     row_values = [o for p in group.passes for e in p.before + p.reductions for o in e.outputs]
     row_values += [o for e in group.after for o in e.outputs]
     for v in row_values:
         if v in slot:
             store[v] = f"out{slot[v]}"
-    scratch = 0
     body = ["lo = blk * block", f"hi = {smallest('lo + block', 'rows')}"]
     counter = [0]
+    scratch: list[Var] = []
+
+    def stored_per_row(v: Var) -> str:
+        """The array holding v's value per row: its own, or scratch made
+        once per call."""
+        if v not in store:
+            store[v] = f"rv{len(scratch)}"
+            scratch.append(v)
+            pre.append(f"{store[v]} = np.empty(rows, {array_dtype(v)})")
+        return store[v]
 
     segments = [p.before for p in group.passes] + [group.after]
     in_passes = {a for p in group.passes for e in p.eqns + p.reductions for a in e.inputs}
@@ -229,7 +235,6 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     def row_segment(eqns: list[Eqn]) -> list[str]:
         """Lines computing row-scalar `eqns` for each row of the block: a
         value read outside them is kept in its array, others in locals."""
-        nonlocal scratch
         kept = in_passes | set(slot) | {a for other in segments if other is not eqns
                                         for e in other for a in e.inputs}
         local: dict[Var, str] = {}
@@ -261,11 +266,7 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
                 name = names[out]
             local[out] = name
             if out in kept:
-                if out not in store:
-                    store[out] = f"rv{scratch}"
-                    pre.append(f"rv{scratch} = np.empty(rows, {array_dtype(out)})")
-                    scratch += 1
-                lines.append(f"{store[out]}[o] = {name}")
+                lines.append(f"{stored_per_row(out)}[o] = {name}")
         return ["for o in range(lo, hi):"] + ["    " + l for l in lines] if lines else []
 
     for number, pass_ in enumerate(group.passes):
@@ -303,10 +304,7 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
         for r, eqn in enumerate(pass_.reductions):
             acc, x, out = f"acc{r}", names[eqn.inputs[0]], eqn.outputs[0]
             dtype = out.type.dtype
-            if out not in store:
-                store[out] = f"rv{scratch}"
-                pre.append(f"rv{scratch} = np.empty(rows, {array_dtype(out)})")
-                scratch += 1
+            stored_per_row(out)
             if eqn.op == "reduce_sum":
                 first.append(f"{acc} = 0.0")
                 per_element.append(f"{acc} = accumulate({acc}, {x})")
