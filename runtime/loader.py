@@ -286,9 +286,9 @@ def before_cached_loads(needs: Callable[[Callable], bool], prepare: Callable[[],
                         ) -> None:
     """Run `prepare` (which must be cheap once done) before loading the
     cached CPU machine code of a Python function for which, or for one of
-    whose callees, `needs` holds (a cheap test of its code): it makes a library that such code calls
-    by symbol name known to the JIT linker, which would otherwise abort
-    the process on the unresolved name."""
+    whose callees, `needs` holds (a cheap test of its code): it makes a
+    library that such code calls by symbol name known to the JIT linker,
+    which would otherwise abort the process on the unresolved name."""
     _LINKED_BY_NAME.append((needs, prepare))
 
 
