@@ -78,6 +78,41 @@ def test_log1pexp_gradient_matches_finite_differences(xs):
     np.testing.assert_allclose(g, sigmoid, rtol=1e-12, atol=2.3e-16)
 
 
+def _focal_reference(z, y, gamma=2.0):
+    """The focal loss by NumPy, in f64: log(p_t) as -logaddexp(0, -u)."""
+    u = np.where(np.asarray(y) > 0.5, 1.0, -1.0) * np.asarray(z, np.float64)
+    log_pt, log_qt = -np.logaddexp(0, -u), -np.logaddexp(0, u)
+    return -np.mean(np.exp(gamma * log_qt) * log_pt)
+
+
+def test_focal_loss_matches_numpy_and_differences():
+    # the textbook formula where it is accurate, and the block against
+    # central differences, for the default gamma and a fractional one
+    focal = load("focal_loss").focal_loss
+    z = np.random.default_rng(5).normal(size=6) * 3
+    y = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    p_t = np.where(y == 1, 1 / (1 + np.exp(-z)), 1 / (1 + np.exp(z)))
+    for gamma, args in ((2.0, (z, y)), (0.5, (z, y, 0.5))):
+        value, grad = dsl.value_and_grad(focal)(*args)
+        np.testing.assert_allclose(value, -np.mean((1 - p_t) ** gamma * np.log(p_t)),
+                                   rtol=1e-12)
+        differences = central_difference(lambda z: _focal_reference(z, y, gamma), (z,), 0)
+        np.testing.assert_allclose(grad, differences, rtol=1e-6, atol=1e-10)
+
+
+def test_focal_loss_is_finite_at_extreme_logits_in_f32():
+    # right and sure, wrong and sure (log(sigmoid(-200)) is -inf in f32 as
+    # written by hand), undecided, wrong
+    z = np.array([200.0, -200.0, 0.0, 30.0], np.float32)
+    y = np.array([1.0, 1.0, 0.0, 0.0], np.float32)
+    value, grad = dsl.value_and_grad(load("focal_loss").focal_loss)(z, y)
+    assert value.dtype == grad.dtype == np.float32
+    np.testing.assert_allclose(value, _focal_reference(z, y), rtol=1e-6)
+    differences = central_difference(lambda z: _focal_reference(z, y), (z,), 0)
+    np.testing.assert_allclose(grad, differences, rtol=1e-5, atol=1e-7)
+    assert grad[1] == -0.25 and grad[0] == 0  # -1/n where p_t is 0, 0 where it is 1
+
+
 def test_bar_value_and_grad(target):
     bar = load("bar", target).bar
     value, (gx, gy) = dsl.value_and_grad(bar, wrt=(0, 1))(2.0, 3.0)
@@ -217,6 +252,7 @@ def example_args(rng):
     x, w = np.array([-2.0, -0.5, 0.5, 3.0]), np.array([1.5, -1.0, 2.0, 0.7])
     return {
         "log1pexp": [("log1pexp", (np.linspace(-5, 5, 7),))],
+        "focal_loss": [("focal_loss", (rng.normal(size=5), np.array([1.0, 0.0, 1.0, 1.0, 0.0])))],
         "bar": [("bar", (rng.normal(size=3), rng.normal(size=3)))],
         "leaky_relu": [("leaky_relu", (x,))],
         "stylegan_r1": [("r1_penalty", (x, w)), ("leaky_relu", (x,))],
