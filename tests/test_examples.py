@@ -98,6 +98,11 @@ def test_focal_loss_matches_numpy_and_differences():
                                    rtol=1e-12)
         differences = central_difference(lambda z: _focal_reference(z, y, gamma), (z,), 0)
         np.testing.assert_allclose(grad, differences, rtol=1e-6, atol=1e-10)
+    # two label sets for the same logits: the block divides by the
+    # broadcast count, as the mean does
+    labels = np.stack([y, 1 - y])
+    differences = central_difference(lambda z: _focal_reference(z, labels), (z,), 0)
+    np.testing.assert_allclose(dsl.grad(focal)(z, labels), differences, rtol=1e-6, atol=1e-10)
 
 
 def test_focal_loss_is_finite_at_extreme_logits_in_f32():
