@@ -308,3 +308,15 @@ def test_a_const_integer_that_is_an_axis_or_an_index_is_checked():
     for f in (m.s, m.pick, m.gather):
         rows = check_function(f, order=1)
         assert rows and {(r.wrt, r.dtype) for r in rows} >= {("x", "f64"), ("x", "f32")}
+
+
+def test_an_f64_param_in_the_f32_pass_is_judged_at_f32_precision():
+    # its forward-vs-reverse row was labelled f64 and held to 1e-9, though
+    # x was f32 in that pass: a false FAIL (about 8e-8) on an R1-like penalty
+    m = dsl.loads("param w: f64\ndef h(x):\n    return sum(sin(x * w))\n"
+                  "def f(x):\n    g = grad(h, wrt=0)(x)\n    return sum(g * g)\n")
+    m.params["w"] = np.float64(0.7)
+    rows = dsl.check_gradients(m.f, np.linspace(-1.0, 1.0, 5), order=1)
+    assert rows, str(rows)
+    dot_rows = {r.dtype for r in rows if r.wrt == "jvp/vjp:w"}
+    assert dot_rows == {"f32", "f64"}
