@@ -42,7 +42,7 @@ from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.compiler.vectorize import NotVectorizable, stacked_elements, vectorize
 from gradlang.runtime.aot import AotFunction
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, check_param_sizes,
-                                   numeric_array, static_names)
+                                   const_scalar_names, numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.loader import source_stamp
@@ -1225,14 +1225,16 @@ class Stacked(Derived):
             raise self._sized(need.name)
         super().by_value(need, bound)
 
-    def _sized(self, name: str) -> "NotStacked":
-        return NotStacked(f"argument {name!r} of {called(self.name)} has a value for each "
-                          "example and gives a size, so no one program takes them all: it "
-                          "runs one example at a time, where it can (not for a transform, a "
-                          "tape or Dask arrays)", self.span)
+    def _sized(self, name: str, why: str = "has a value for each example and gives a size"
+               ) -> "NotStacked":
+        return NotStacked(f"argument {name!r} of {called(self.name)} {why}, so no one program "
+                          "takes them all: it runs one example at a time, where it can (not "
+                          "for a transform, a tape or Dask arrays)", self.span)
 
     def _planned(self, bound: dict[str, np.ndarray]) -> tuple[bool, Optional[int]]:
         statics = self.static_names(bound)
+        if statics & set(self.stacked):  # a const scalar per example: a program each
+            return False, None
         key = _signature(bound, statics)
         if key not in self._plans:
             slots = self._slots(bound)
@@ -1254,6 +1256,10 @@ class Stacked(Derived):
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         k = types[self.stacked[0]].shape[0]
+        for name in const_scalar_names(self.inner.specs).intersection(self.stacked):
+            if types[name].rank == 1 and types[name].dtype in ("i32", "i64", "bool"):
+                raise self._sized(name, "is a const scalar for each example, whose value "
+                                        "picks the program")
         try:
             fn = self.inner.lower({n: TensorType(t.dtype, t.shape[1:]) if n in self.stacked
                                    else t for n, t in types.items()})

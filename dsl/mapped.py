@@ -14,8 +14,8 @@ One program runs every example at once (`compiler.vectorize`, the rules
 `dsl.jacfwd` stacks columns with), so `vmap(grad(f, wrt=w), in_axes=(0,
 None))` gives per-example gradients in one pass.  Where f has an op with no
 rule for stacked values (a mapped index array, a loop whose trip count
-is mapped, a mapped integer used as a size), the examples run one at a
-time, with the same results (an `ArgumentError` where their shapes
+is mapped, a mapped integer used as a size, a mapped `const` integer or
+bool, whose value picks the program), the examples run one at a time, with the same results (an `ArgumentError` where their shapes
 differ).  A `VmapFunction` is a compiled function like the others:
 `grad`, `jvp`, `jacfwd` and `to_torch` take it, as long as its program
 stacks (otherwise they raise `ArgumentError`); `vmap` takes it always
@@ -74,10 +74,6 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
             hint = "; move the axis to the front first (np.moveaxis)" if integer else ""
             raise ArgumentError(f"in_axes entries are 0 (map axis 0) or None (not mapped), got "
                                 f"{axis!r} for argument {f.label(spec.name)}{hint}", f.span)
-        if axis is not None and spec.const:
-            raise ArgumentError(f"argument {f.label(spec.name)} of {called(f.name)} is const: its "
-                                "value picks the program, so it cannot be mapped (in_axes None)",
-                                f.span)
     mapped = tuple(i for i, axis in enumerate(axes) if axis is not None)
     if not mapped:
         raise ArgumentError(f"in_axes maps none of the arguments of {called(f.name)}", f.span)

@@ -337,14 +337,19 @@ def check_dims(where: str, annotation: str, dims_ann, shape, bound: dict[str, tu
                         f"{dim}, which is {known} {by}", span)
 
 
+def const_scalar_names(specs: Sequence[ParamSpec]) -> set[str]:
+    """The `const` parameters that may be integer or bool scalars, whose
+    values then pick the program."""
+    return {s.name for s in specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
+
+
 def static_names(specs: Sequence[ParamSpec], bound: dict,
                  by_value: frozenset = frozenset()) -> frozenset:
     """The `const` integer and bool scalars of a call (and None, `NONE`), and
     those named in `by_value` (integer arguments a program uses as sizes):
     compile-time values (an axis, an index, a count), so programs are
     specialized on their values."""
-    consts = {s.name for s in specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
-    consts |= by_value
+    consts = const_scalar_names(specs) | by_value
     return frozenset(n for n in consts if n in bound and not is_device_array(bound[n])
                      and np.ndim(bound[n]) == 0 and np.dtype(bound[n].dtype).kind in "biu")
 

@@ -41,6 +41,9 @@ def weighted(x, w):
 
 def scaled(x, s: f64 = 2.0):
     return x * s
+
+def labelled(z, y: const):
+    return sum(log(1 + exp(-(2 * y - 1) * z)))
 """
 
 
@@ -396,7 +399,6 @@ def test_no_examples_give_empty_results_of_the_right_shape(m, fn):
                                                 r"'x'; move the axis"),
     (lambda m: dsl.vmap(m.two, in_axes=(True, None)), (), "got True"),
     (lambda m: dsl.vmap(m.two, in_axes=(None, None)), (), "maps none of the arguments"),
-    (lambda m: dsl.vmap(m.looped, in_axes=(0, 0)), (), "'n' of looped.* is const"),
     (lambda m: dsl.vmap(m.two), (np.ones((3, 2)), np.ones((4, 2))),
      r"argument 'y' of vmap\(two\) has 4 examples on axis 0, but 'x' has 3"),
     (lambda m: dsl.vmap(m.two), (np.ones(3), 2.0), r"'y' of vmap\(two\) is a scalar"),
@@ -410,6 +412,26 @@ def test_no_examples_give_empty_results_of_the_right_shape(m, fn):
 def test_bad_use_is_an_argument_error(m, make, args, message):
     with pytest.raises(dsl.ArgumentError, match=message):
         make(m)(*args)
+
+
+def test_const_arguments_map_when_in_axes_says_so(m):
+    # every const was refused ("its value picks the program"), per-example
+    # labels included, which the bridges' vmaps map
+    rng = np.random.default_rng(3)
+    z, y = rng.normal(size=(4, 5)), (rng.random((4, 5)) > 0.5).astype(float)
+    labelled = dsl.vmap(m.labelled, in_axes=(0, 0))
+    np.testing.assert_allclose(labelled(z, y), np.sum(np.log1p(np.exp(-(2 * y - 1) * z)), 1),
+                               rtol=1e-13)
+    gradient = dsl.vmap(dsl.grad(m.labelled), in_axes=(0, 0))(z, y)
+    np.testing.assert_allclose(gradient, -(2 * y - 1) / (1 + np.exp((2 * y - 1) * z)),
+                               rtol=1e-13)
+    # a const integer (a trip count here) runs one example at a time
+    x, n = rng.normal(size=(3, 2)), np.array([0, 1, 4])
+    np.testing.assert_allclose(dsl.vmap(m.looped, in_axes=(0, 0))(x, n),
+                               per_example(m.looped, (0, 1), x, n), rtol=1e-15)
+    with pytest.raises(dsl.ArgumentError, match="'n' of vmap.looped. is a const scalar for "
+                                                "each example"):
+        dsl.grad(dsl.vmap(m.looped, in_axes=(0, 0)))(x, n)
 
 
 def test_vmap_takes_only_loaded_functions(tmp_path):
