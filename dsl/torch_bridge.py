@@ -270,7 +270,10 @@ class TorchFunction(Bridged):
         live = tuple(n for n in f.module_params() if n not in kwargs and n in bound)
         differentiated = compiled and _GRAD_ENABLED[0]() and any(
             t.requires_grad for t in by_name.values())
-        return f.format(apply_operation(f, bound, by_name, live, differentiated))
+        try:
+            return f.format(apply_operation(f, bound, by_name, live, differentiated))
+        except ArgumentError as err:  # (a tensor for a const that picks the program)
+            raise _shown(err) from None
 
     def _value_of(self, number: Any, name: str) -> Any:
         """A symbolic number's value as a Python number, which guards the

@@ -390,6 +390,23 @@ def test_a_bad_argument_under_fullgraph_is_the_argument_error():
         step(x, w.half(), torch.zeros(2, dtype=torch.float64), t.double())
 
 
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_tensor_for_a_const_that_picks_the_program_is_the_argument_error(fullgraph):
+    # the operation's refusal was a graph break: fullgraph=True reported
+    # torch's 'Unsupported output type for nonstrict_trace-ed function', and
+    # without it dynamo traced our Python, which called x 'a GPU array'
+    f = dsl.to_torch(dsl.loads("from std import logsumexp\ndef f(x, axis: const):\n"
+                               "    return sum(logsumexp(x, axis))\n", "lse.grad").f)
+    torch._dynamo.reset()
+    step = torch.compile(f, backend="aot_eager", fullgraph=fullgraph)
+    x = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
+    with pytest.raises(dsl.ArgumentError, match=r"lse.grad:2:5: .*'axis' of f\(\) picks the "
+                       "compiled program by its value .* not a tensor"):
+        step(x, torch.tensor(1))
+    np.testing.assert_allclose(step(x, 1).numpy(), np.log(np.exp(0) + np.exp(1))
+                               + np.log(np.exp(2) + np.exp(3)), rtol=1e-15)
+
+
 @pytest.mark.parametrize("count", ["const i64", "i64"])
 def test_a_size_argument_under_dynamic_shapes_gives_each_value_its_shape(count):
     # const: the shapes lowered with torch's symbols were cached by the
