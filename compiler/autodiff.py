@@ -538,15 +538,22 @@ def _fits(mask: Atom, v: Atom) -> bool:
     return isinstance(mask, Var) and broadcasts_to(mask.type.shape, v.type.shape)
 
 
-def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool) -> Function:
+def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool,
+                first_only: bool = False) -> Function:
     """(params...) -> ([outputs...,] grads...): the gradient of the sum of
-    every output, seeded with ones."""
-    joint = vjp(fn, wrt)
+    every output, seeded with ones; with `first_only`, of the first
+    output's sum (the others are values only: their forward work, inlined
+    again, is merged with the first's by CSE)."""
+    differentiated = Function(fn.name, fn.params, fn.eqns, fn.outputs[:1]) if first_only else fn
+    joint = vjp(differentiated, wrt)
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
-    seeds = [ops.full(b, 1, t.shape, t.dtype) for t in fn.out_types]
+    seeds = [ops.full(b, 1, t.shape, t.dtype) for t in differentiated.out_types]
     results = inline(b, joint, params + seeds)
-    n_out = len(fn.outputs)
+    n_out = len(differentiated.outputs)
+    if first_only and with_value:
+        results = results[:1] + inline(b, fn, params)[1:] + results[1:]
+        n_out = len(fn.outputs)
     outputs = (results if with_value else results[n_out:])
     suffix = "value_and_grad" if with_value else "grad"
     return b.function(f"{fn.name}_{suffix}", params, outputs)

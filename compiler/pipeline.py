@@ -223,9 +223,11 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
 # ----------------------------------------------------------- transforms
 
 
-def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool) -> Function:
-    """(params) -> ([outputs...,] d sum(outputs) / d params[wrt]...)."""
-    return autodiff.grad_of_sum(fn, wrt, with_value)
+def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool,
+                first_only: bool = False) -> Function:
+    """(params) -> ([outputs...,] d sum(outputs) / d params[wrt]...); with
+    `first_only`, of the first output's sum (the others are auxiliary)."""
+    return autodiff.grad_of_sum(fn, wrt, with_value, first_only)
 
 
 def pullback(fn: Function, wrt: Sequence[int]) -> Function:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -46,7 +46,7 @@ with imports_unwalked():
     from gradlang.runtime.aot import AotFunction, AotGradient
     from gradlang.runtime.args import ParamSpec
     from gradlang.runtime.boundary import user_facing
-    from gradlang.runtime.errors import Span
+    from gradlang.runtime.errors import ArgumentError, Span
     from gradlang.runtime.params import ParamStore
     from gradlang.runtime.target import Target
 
@@ -146,15 +146,26 @@ Function = Union[Compiled, AotFunction]
 
 
 @user_facing
-def grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
-    """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`."""
-    return grad_function(require_function(f, "grad"), wrt, with_value=False)
+def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False) -> "GradFunction | AotGradient":
+    """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`;
+    with `has_aux`, of its first output's, returned as (gradient, the
+    other outputs), as JAX's."""
+    return grad_function(require_function(f, "grad"), wrt, False, _flag(has_aux, "has_aux"))
 
 
 @user_facing
-def value_and_grad(f: Function, wrt: Wrt = 0) -> "GradFunction | AotGradient":
-    """(f's value, the gradient of the sum of its outputs)."""
-    return grad_function(require_function(f, "value_and_grad"), wrt, with_value=True)
+def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False
+                   ) -> "GradFunction | AotGradient":
+    """(f's value, the gradient of the sum of its outputs); with `has_aux`,
+    ((first output, the others), the gradient of the first's sum)."""
+    return grad_function(require_function(f, "value_and_grad"), wrt, True,
+                         _flag(has_aux, "has_aux"))
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{name} is True or False, got {value!r}")
+    return bool(value)
 
 
 @user_facing

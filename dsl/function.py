@@ -579,11 +579,14 @@ class Derived(Compiled):
 
 class GradFunction(Derived):
     """`grad(f, wrt)` and `value_and_grad(f, wrt)`: the gradient of the sum
-    of f's outputs with respect to the parameters named by `wrt`."""
+    of f's outputs with respect to the parameters named by `wrt`; with
+    `has_aux` (as JAX's), of the first output's sum, f's other outputs
+    returned beside it: `(grads, aux)` and `((value, aux), grads)`, aux
+    the second output, or a tuple of the others where there are more."""
 
-    def __init__(self, inner: Compiled, wrt: Wrt, with_value: bool):
+    def __init__(self, inner: Compiled, wrt: Wrt, with_value: bool, has_aux: bool = False):
         super().__init__(inner)
-        self.with_value = with_value
+        self.with_value, self.has_aux = with_value, has_aux
         self.single = not isinstance(wrt, (tuple, list))
         self.wrt = resolve_wrt(inner, wrt)
         kind = "value_and_grad" if with_value else "grad"
@@ -591,7 +594,7 @@ class GradFunction(Derived):
 
     def recipe(self) -> tuple:
         return grad_function, (self.inner, self.wrt[0] if self.single else self.wrt,
-                               self.with_value)
+                               self.with_value, self.has_aux)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         return self.inner.bind(args, kwargs, params)
@@ -614,17 +617,25 @@ class GradFunction(Derived):
                                     f"to {w!r}: it has dtype {types[w].dtype}, and only "
                                     "floats carry gradients", self.span)
             indices.append(names.index(w))
-        return pipeline.grad_of_sum(self.inner.lower(types), indices, self.with_value)
+        fn = self.inner.lower(types)
+        if self.has_aux and len(fn.outputs) < 2:
+            raise ArgumentError(f"{self.name} with has_aux=True needs a function of two or "
+                                f"more results (the first differentiated, the others "
+                                f"auxiliary), but {called(self.inner.name)} has one", self.span)
+        return pipeline.grad_of_sum(fn, indices, self.with_value or self.has_aux,
+                                    first_only=self.has_aux)
 
     def identity(self) -> tuple:
-        return ("grad", self.inner.identity(), self.wrt, self.with_value)
+        return ("grad", self.inner.identity(), self.wrt, self.with_value, self.has_aux)
 
     def format(self, outs):
         split = len(outs) - len(self.wrt)  # the values, then one gradient per wrt
         grads = outs[split] if self.single else tuple(outs[split:])
-        if not self.with_value:
-            return grads
-        return self.inner.format(outs[:split]), grads
+        if not self.has_aux:
+            return (self.inner.format(outs[:split]), grads) if self.with_value else grads
+        value, *aux = self.inner.format(outs[:split])
+        aux = aux[0] if len(aux) == 1 else tuple(aux)
+        return ((value, aux), grads) if self.with_value else (grads, aux)
 
 
 class OutSpec:
@@ -1083,16 +1094,21 @@ def derived_if_made(f: Any, key: tuple) -> Any:
     return f.__dict__.get("_derived", {}).get(key)
 
 
-def grad_function(f: "Compiled | AotFunction", wrt: Wrt, with_value: bool) -> Any:
+def grad_function(f: "Compiled | AotFunction", wrt: Wrt, with_value: bool,
+                  has_aux: bool = False) -> Any:
     """`grad(f, wrt)` (or `value_and_grad`), one per function, arguments and
     kind: `wrt` is resolved first, so 0 and "x" share one.  A gradc-compiled
     function's is its compiled gradient (`AotGradient`)."""
     names, single = resolve_wrt(f, wrt), not isinstance(wrt, (tuple, list))
     if isinstance(f, AotFunction):
+        if has_aux:
+            raise ArgumentError(f"has_aux=True takes a function of a loaded .grad module; "
+                                f"{called(f.name)} was compiled by gradc compile, whose "
+                                "gradients are of the sum of every result")
         return derived(f, ("grad", names, single, with_value),
                        lambda: f.gradient(names, single, with_value))
-    return derived(f, ("grad", names, single, with_value),
-                   lambda: GradFunction(f, wrt, with_value))
+    key = ("grad", names, single, with_value) + (("aux",) if has_aux else ())
+    return derived(f, key, lambda: GradFunction(f, wrt, with_value, has_aux))
 
 
 def jvp_function(f: Compiled, active: Sequence[str]) -> "JvpFunction":

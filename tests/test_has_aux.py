@@ -1,0 +1,83 @@
+"""`grad(f, has_aux=True)` and `value_and_grad(f, has_aux=True)`, as JAX's:
+the gradient of f's first output's sum alone, f's other outputs returned
+beside it, from one program."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+
+import dsl
+from helpers import central_difference, optional_module
+
+jax = optional_module("jax", "jax")
+
+SOURCE = """
+def loss(x, w):
+    z = x * w
+    return sum(log(1 + z * z)), mean(z), z
+
+def loss_and_mean(x, w):
+    z = x * w
+    return sum(log(1 + z * z)), mean(z)
+
+def one(x):
+    return sum(x * x)
+"""
+
+
+@pytest.fixture(scope="module")
+def m():
+    return dsl.loads(SOURCE, "aux.grad")
+
+
+def first(x, w):
+    z = x * w
+    return np.sum(np.log1p(z * z))
+
+
+vectors = arrays(np.float64, 4, elements=st.floats(-3, 3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(x=vectors, w=vectors)
+def test_the_gradient_is_of_the_first_output_alone_and_the_others_come_beside_it(m, x, w):
+    # (the gradient of the sum of every output would add d mean(z) and d z)
+    z = x * w
+    exact_x, exact_w = 2 * z * w / (1 + z * z), 2 * z * x / (1 + z * z)
+    (value, (mean, zs)), (gx, gw) = dsl.value_and_grad(m.loss, wrt=(0, 1), has_aux=True)(x, w)
+    np.testing.assert_allclose(value, first(x, w), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(mean, np.mean(z), rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(zs, z)
+    np.testing.assert_allclose(gx, exact_x, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(gw, exact_w, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(gw, central_difference(first, (x, w), 1), rtol=1e-6, atol=1e-6)
+    # one auxiliary output is itself, not a tuple; grad gives (gradient, aux)
+    gradient, aux = dsl.grad(m.loss_and_mean, wrt=1, has_aux=True)(x, w)
+    np.testing.assert_allclose(gradient, exact_w, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(aux, np.mean(z), rtol=1e-14, atol=1e-15)
+
+
+def test_it_matches_jax_and_is_one_program(m):
+    x, w = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.25, -0.75])
+    f = dsl.value_and_grad(m.loss_and_mean, wrt=1, has_aux=True)
+    (value, aux), gradient = f(x, w)
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+
+    def twin(w):
+        z = jnp.asarray(x) * w
+        return jnp.sum(jnp.log(1 + z * z)), jnp.mean(z)
+    (j_value, j_aux), j_gradient = jax.value_and_grad(twin, has_aux=True)(w)
+    np.testing.assert_allclose([value, aux], [j_value, j_aux], rtol=1e-14)
+    np.testing.assert_allclose(gradient, j_gradient, rtol=1e-14)
+    assert len(f.program(f.bind((x, w), {})).generated.kernel_names) == 1
+
+
+def test_bad_use_is_an_argument_error(m):
+    with pytest.raises(dsl.ArgumentError, match=r"aux.grad:10:5: .*grad\(one\) with has_aux=True "
+                                                r"needs a function of two or more results"):
+        dsl.grad(m.one, has_aux=True)(np.ones(2))
+    with pytest.raises(dsl.ArgumentError, match="has_aux is True or False, got 'yes'"):
+        dsl.value_and_grad(m.loss, has_aux="yes")
