@@ -30,6 +30,7 @@ binds them (`compiler.lower`).
 """
 from __future__ import annotations
 
+import difflib
 from typing import Iterable, Optional
 
 from gradlang.compiler import ast
@@ -364,8 +365,8 @@ class _Function:
                 if func.id in defined:
                     raise GradError(f"{func.id!r} is a value, not a function", func.span)
                 if func.id not in BUILTINS:
-                    raise GradError(f"unknown function {func.id!r}{_spelled_otherwise(func.id)}",
-                                    func.span)
+                    raise GradError(f"unknown function {func.id!r}"
+                                    f"{_spelled_otherwise(func.id, self.ns)}", func.span)
                 BUILTINS[func.id].check(func.id, len(e.args), kw_names, e.span)
             elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
                     and func.value.id in self.ns.modules:
@@ -382,7 +383,7 @@ class _Function:
             elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
                     and func.value.id not in defined:
                 # the module's hint (`std`), else the function's (`np.zeros`, `F.softmax`)
-                hint = _spelled_otherwise(func.value.id) or _spelled_otherwise(func.name)
+                hint = _spelled_otherwise(func.value.id) or _spelled_otherwise(func.name, self.ns)
                 raise GradError(f"{func.value.id!r} is not defined{hint}", func.value.span)
             else:
                 raise GradError("only named functions can be called", func.span)
@@ -460,6 +461,9 @@ _FUNCTIONS = {
     "zeros": "; write zeros_like(x), or broadcast_to(0.0, shape)",
     "ones": "; write ones_like(x), or broadcast_to(1.0, shape)",
     "eye": "; one_hot(arange(n), n) is the identity matrix",
+    "clamp": "; write clip(x, lo, hi)",
+    "var": "; write mean((x - mean(x, axis, keepdims=True)) ** 2, axis)",
+    "prod": "; for positive x, exp(sum(log(x)))",
 }
 _METHODS = {
     "astype": "write float32({x}) or float64({x})",
@@ -472,14 +476,24 @@ _METHODS = {
 }
 
 
-def _spelled_otherwise(name: str) -> str:
+def _spelled_otherwise(name: str, ns: Optional[Namespace] = None) -> str:
     """A hint for a name that is not the language's: the standard library's
-    import for one of its functions, else how the language writes it."""
+    import for one of its functions, else how the language writes it, else
+    (given the module's namespace) the one function of a close spelling
+    that the module can call or import from the standard library."""
     if name == "std":
         return "; import it first: `import std`, or `from std import f`"
     if name in std_functions():
         return f"; it is in the standard library: `from std import {name}`"
-    return _FUNCTIONS.get(name, "")
+    if name in _FUNCTIONS or ns is None:
+        return _FUNCTIONS.get(name, "")
+    callable_here = [*BUILTINS, *ns.functions]
+    close = difflib.get_close_matches(name, [*callable_here, *std_functions()], n=1, cutoff=0.8)
+    if not close:
+        return ""
+    if close[0] in callable_here:
+        return f"; did you mean {close[0]!r}?"
+    return f"; did you mean {close[0]!r}? (`from std import {close[0]}`)"
 
 
 def none_argument(call: ast.Call, position: int, keyword: Optional[str], span,

@@ -83,6 +83,15 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return F.softmax(x)\n", 2, 12, "`from std import softmax`"),
     ("def f(x):\n    return clip(x, min=0, max=1)\n", 2, 12, "unexpected keyword argument 'min'"),
     ("def f(x):\n    return eye(3) * x\n", 2, 12, "one_hot(arange(n), n)"),
+    # a close misspelling names the function meant (it said "unknown function" alone)
+    ("def f(x):\n    return sigmod(x)\n", 2, 12, "unknown function 'sigmod'; did you mean "
+     "'sigmoid'?"),
+    ("def f(x):\n    return softplsu(x)\n", 2, 12, "did you mean 'softplus'? (`from std "
+     "import softplus`)"),
+    ("def helper_fn(x):\n    return x\ndef f(x):\n    return helper_fun(x)\n", 4, 12,
+     "did you mean 'helper_fn'?"),
+    ("def f(x):\n    return clamp(x, 0, 1)\n", 2, 12, "write clip(x, lo, hi)"),
+    ("def f(x):\n    return var(x)\n", 2, 12, "write mean((x - mean(x, axis, keepdims=True))"),
     ("def f(x):\n    return x.at[0].set(1.0)\n", 2, 12, "have no .at[...].set() as JAX's do"),
     ("def f(x):\n    return exp(x, x)\n", 2, 12, "exp() takes 1"),
     ("def g(a, b):\n    return a\ndef f(x):\n    return g(x)\n", 4, 12, "missing argument"),
