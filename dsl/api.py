@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -146,19 +146,22 @@ Function = Union[Compiled, AotFunction]
 
 
 @user_facing
-def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False) -> "GradFunction | AotGradient":
-    """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`;
-    with `has_aux`, of its first output's, returned as (gradient, the
-    other outputs), as JAX's."""
-    return grad_function(require_function(f, "grad"), wrt, False, _flag(has_aux, "has_aux"))
+def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[Wrt] = None
+         ) -> "GradFunction | AotGradient":
+    """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`
+    (`argnums`, as JAX and torch.func name it, is the same); with
+    `has_aux`, of its first output's, returned as (gradient, the other
+    outputs), as JAX's."""
+    return grad_function(require_function(f, "grad"), _wrt(wrt, argnums), False,
+                         _flag(has_aux, "has_aux"))
 
 
 @user_facing
-def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False
+def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[Wrt] = None
                    ) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs); with `has_aux`,
     ((first output, the others), the gradient of the first's sum)."""
-    return grad_function(require_function(f, "value_and_grad"), wrt, True,
+    return grad_function(require_function(f, "value_and_grad"), _wrt(wrt, argnums), True,
                          _flag(has_aux, "has_aux"))
 
 
@@ -168,11 +171,22 @@ def _flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def _wrt(wrt: Wrt, argnums: Wrt) -> Wrt:
+    """`wrt`, or `argnums` (JAX's and torch.func's name for it) if given."""
+    if argnums is None:
+        return wrt
+    if not (isinstance(wrt, int) and wrt == 0):
+        raise ArgumentError(f"give wrt or argnums (its other name), not both: wrt={wrt!r}, "
+                            f"argnums={argnums!r}")
+    return argnums
+
+
 @user_facing
-def hvp(f: Compiled, wrt: Union[int, str] = 0) -> HvpFunction:
+def hvp(f: Compiled, wrt: Union[int, str] = 0, *, argnums: Union[int, str, None] = None
+        ) -> HvpFunction:
     """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v (v
     converted to wrt's dtype, where jvp refuses a tangent of another one)."""
-    return HvpFunction(require_function(f, "hvp", aot_ok=False), wrt)
+    return HvpFunction(require_function(f, "hvp", aot_ok=False), _wrt(wrt, argnums))
 
 
 @user_facing
@@ -204,20 +218,21 @@ def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
 
 
 @user_facing
-def jacfwd(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+def jacfwd(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """The Jacobian of f's outputs w.r.t. `wrt` (out.shape + arg.shape),
     in forward mode: one jvp per element of the argument."""
-    return _jacfwd(require_function(f, "jacfwd", aot_ok=False), wrt)
+    return _jacfwd(require_function(f, "jacfwd", aot_ok=False), _wrt(wrt, argnums))
 
 
 @user_facing
-def jacrev(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+def jacrev(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """jacfwd's Jacobian in reverse mode: one pullback per output element."""
-    return _jacrev(require_function(f, "jacrev", aot_ok=False), wrt)
+    return _jacrev(require_function(f, "jacrev", aot_ok=False), _wrt(wrt, argnums))
 
 
 @user_facing
-def hessian(f: Compiled, wrt: Wrt = 0) -> Jacobian:
+def hessian(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """The Hessian of the sum of f's outputs w.r.t. `wrt` (arg.shape +
     arg.shape), forward over reverse."""
+    wrt = _wrt(wrt, argnums)
     return _hessian(grad_function(require_function(f, "hessian", aot_ok=False), wrt, False), wrt)

@@ -1,6 +1,7 @@
-"""`grad(f, has_aux=True)` and `value_and_grad(f, has_aux=True)`, as JAX's:
-the gradient of f's first output's sum alone, f's other outputs returned
-beside it, from one program."""
+"""The options JAX's transforms have: `grad(f, has_aux=True)` and
+`value_and_grad(f, has_aux=True)`, the gradient of f's first output's sum
+alone, f's other outputs returned beside it, from one program; `argnums=`,
+JAX's and torch.func's name for `wrt`."""
 from __future__ import annotations
 
 import numpy as np
@@ -81,3 +82,29 @@ def test_bad_use_is_an_argument_error(m):
         dsl.grad(m.one, has_aux=True)(np.ones(2))
     with pytest.raises(dsl.ArgumentError, match="has_aux is True or False, got 'yes'"):
         dsl.value_and_grad(m.loss, has_aux="yes")
+
+
+def test_argnums_is_wrt(m):
+    # (it was a TypeError, 'unexpected keyword argument')
+    x, w = np.array([0.5, -1.0]), np.array([1.5, 0.25])
+    pairs = [(dsl.grad(m.loss_and_mean, argnums=1), dsl.grad(m.loss_and_mean, wrt=1)),
+             (dsl.value_and_grad(m.loss_and_mean, argnums=(0, 1)),
+              dsl.value_and_grad(m.loss_and_mean, wrt=(0, 1))),
+             (dsl.jacfwd(m.loss, argnums=1), dsl.jacfwd(m.loss, wrt=1)),
+             (dsl.jacrev(m.loss, argnums="w"), dsl.jacrev(m.loss, wrt="w")),
+             (dsl.hessian(m.loss_and_mean, argnums=1), dsl.hessian(m.loss_and_mean, wrt=1))]
+    for by_argnums, by_wrt in pairs:
+        got, expected = _leaves(by_argnums(x, w)), _leaves(by_wrt(x, w))
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+    v = np.array([1.0, 2.0])
+    np.testing.assert_array_equal(dsl.hvp(m.loss_and_mean, argnums=1)(x, w, v),
+                                  dsl.hvp(m.loss_and_mean, wrt=1)(x, w, v))
+    with pytest.raises(dsl.ArgumentError, match="give wrt or argnums .its other name., not both"):
+        dsl.grad(m.loss, wrt=1, argnums=0)
+
+
+def _leaves(tree):
+    return [leaf for item in tree for leaf in _leaves(item)] if isinstance(tree, tuple) \
+        else [np.asarray(tree)]
