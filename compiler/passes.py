@@ -77,6 +77,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     spread: dict[Var, Var] = {}
     transposed: dict[Var, tuple[Var, tuple]] = {}  # a transpose's (source, perm)
     reshaped: dict[Var, Var] = {}  # a reshape's source
+    negated: dict[Var, Var] = {}  # a negation's source
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
@@ -121,6 +122,16 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             eqn = Eqn("reshape", inputs, eqn.outputs, eqn.params, eqn.span)
         if eqn.op == "reshape" and isinstance(inputs[0], Var):
             reshaped[out] = inputs[0]
+        if eqn.op in ("abs", "neg") and inputs[0] in negated:
+            # abs(-x) is abs(x), and -(-x) is x, bit for bit (integers too):
+            # so CSE finds log_sigmoid(u)'s exp(-abs(u)) in log_sigmoid(-u)
+            if eqn.op == "neg":
+                env[out] = negated[inputs[0]]
+                continue
+            inputs = (negated[inputs[0]],)
+            eqn = Eqn("abs", inputs, eqn.outputs, eqn.params, eqn.span)
+        if eqn.op == "neg" and isinstance(inputs[0], Var):
+            negated[out] = inputs[0]
         if eqn.op == "pow" and _small_power(inputs, out) is not None:
             eqn = _power_as_products(b, eqn, inputs[0], _small_power(inputs, out))
             inputs = eqn.inputs

@@ -16,7 +16,7 @@ from gradlang.compiler.builder import Builder
 from gradlang.compiler.fusion import Loop, fuse
 from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, TensorType, Var
 from gradlang.compiler.ops import OPS, fold
-from gradlang.compiler.passes import simplify
+from gradlang.compiler.passes import dce, simplify
 from gradlang.compiler.pipeline import build, optimize
 from helpers import EXAMPLES, central_difference, load_example
 
@@ -218,6 +218,23 @@ def test_simplify_folds_a_reshaped_and_broadcast_quotient():
     full = [e for e in fn.eqns if e.op == "full" and e.out.type.shape == (4, 2)]
     assert full and full[0].p["value"] == 0.125
     np.testing.assert_array_equal(build(fn)(np.ones((4, 2)))[0], np.full((4, 2), 0.125))
+
+
+@pytest.mark.parametrize("dtype", ["f64", "i32"])
+def test_abs_of_a_negation_and_a_double_negation_drop_the_negations(dtype):
+    # log_sigmoid(u) beside log_sigmoid(-u) computed exp(-abs(u)) twice: CSE
+    # did not see abs(-u) as abs(u)
+    b = Builder()
+    x = Var(TensorType(dtype, (6,)), "x")
+    minus = b.bind("neg", x)
+    fn = dce(simplify(b.function("f", [x], [b.bind("abs", minus), b.bind("neg", minus),
+                                            b.bind("abs", x)])))
+    assert [e.op for e in fn.eqns] == ["abs", "abs"] and fn.outputs[1] is x
+    values = np.array([-2.5, -0.0, 0.0, 3.0, np.inf, np.nan]) if dtype == "f64" else \
+        np.array([-7, 0, 1, 2**31 - 1, -2**31, -1], np.int32)
+    got = build(fn)(values)
+    for result, expected in zip(got, [np.abs(values), values, np.abs(values)]):
+        assert same_bits(result, expected)
 
 
 def test_a_one_element_value_spread_by_turns_is_read_as_a_scalar():
