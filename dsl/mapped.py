@@ -2,8 +2,9 @@
 
 Contract: `vmap(f, in_axes)(*args, **kwargs)` maps f over axis 0 of the
 positional arguments `in_axes` marks (0: mapped, None: the same value for
-every example): one entry per parameter, or one for those that are
-neither `const` nor defaulted.  Keyword arguments and module params are
+every example): one entry per parameter (trailing defaulted ones may be
+left out: None), or one for those that are neither `const` nor
+defaulted.  Keyword arguments and module params are
 not mapped.  Every mapped argument must
 have the same length k on axis 0, and each example (`arg[i]`) must be what
 f takes (its annotations are checked on the examples).  The results are
@@ -61,11 +62,14 @@ def _mapped(f: Compiled, positions: tuple[int, ...]) -> "VmapFunction":
 def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     """The positions of the parameters in_axes maps (checked)."""
     if isinstance(in_axes, (list, tuple)):
-        if len(in_axes) != len(f.specs):
+        # (as JAX's: one per argument passed, so defaulted ones may be left out)
+        required = sum(1 for s in f.specs if not s.has_default)
+        if not required <= len(in_axes) <= len(f.specs):
+            takes = f"{required} to {len(f.specs)}" if required < len(f.specs) else required
             raise ArgumentError(f"in_axes has {len(in_axes)} entries, but {called(f.name)} takes "
-                                f"{len(f.specs)} positional argument(s): give one per argument "
+                                f"{takes} positional argument(s): give one per argument "
                                 "(0 or None), or one for all", f.span)
-        axes = list(in_axes)
+        axes = list(in_axes) + [None] * (len(f.specs) - len(in_axes))
     else:  # one for all: those that can be mapped and must be passed
         axes = [None if s.const or s.has_default else in_axes for s in f.specs]
     for spec, axis in zip(f.specs, axes):

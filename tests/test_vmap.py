@@ -414,6 +414,17 @@ def test_bad_use_is_an_argument_error(m, make, args, message):
         make(m)(*args)
 
 
+def test_in_axes_may_leave_out_trailing_defaulted_parameters(m):
+    # as JAX's in_axes has one entry per argument passed (it was "in_axes has
+    # 1 entries, but scaled() takes 2")
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(dsl.vmap(m.scaled, in_axes=(0,))(x), 2 * x)
+    np.testing.assert_array_equal(dsl.vmap(m.scaled, in_axes=[0])(x, 3.0), 3 * x)
+    with pytest.raises(dsl.ArgumentError, match=r"in_axes has 0 entries, but scaled\(\) takes "
+                                                "1 to 2 positional"):
+        dsl.vmap(m.scaled, in_axes=())
+
+
 def test_const_arguments_map_when_in_axes_says_so(m):
     # every const was refused ("its value picks the program"), per-example
     # labels included, which the bridges' vmaps map
