@@ -163,6 +163,7 @@ class TorchFunction(Bridged):
 
     def _recorded(self, args: tuple, kwargs: dict):
         f = self.f
+        args, kwargs = _widened(args, kwargs)
 
         views = []  # the arrays bound for tensors, in order
 
@@ -207,6 +208,7 @@ class TorchFunction(Bridged):
         integer) or is a float for an integer: then its value is bound,
         which guards the graph on it."""
         f = self.f
+        args, kwargs = _widened(args, kwargs)
         if _FORWARD_AD[0]._current_level >= 0 or _TRANSFORMS_ACTIVE[0]():
             # the operation has no forward-mode rule (a jvp through it was zero),
             # and torch's custom operations take no torch.func transform
@@ -639,6 +641,7 @@ _WRAPPED: list = []  # whether a tensor is a torch.func transform's wrapper
 _UNWRAPPED: list = []  # the tensor under a torch.func transform's wrapper
 _LEGACY_BATCHED: list = []  # whether a tensor is batched by torch's legacy vmap
 _STRIDED: list = []  # torch.strided, the layout of dense tensors
+_HALF: list = []  # torch.float16 and torch.bfloat16, computed in float32
 _NO_TRANSFORM: list = []  # a context in which torch.func transforms are off
 _TRANSFORMS_ACTIVE: list = []  # whether a torch.func transform is running
 _GRAD_ENABLED: list = []  # torch.is_grad_enabled: whether autograd records
@@ -668,6 +671,7 @@ def _fill_dtypes(torch) -> None:
         _UNWRAPPED.append(torch._C._functorch.get_unwrapped)
         _LEGACY_BATCHED.append(torch._C._functorch.is_legacy_batchedtensor)
         _STRIDED.append(torch.strided)
+        _HALF.extend([torch.float16, torch.bfloat16])
         _NO_TRANSFORM.append(torch._C._DisableFuncTorch)
         _TRANSFORMS_ACTIVE.append(torch._C._are_functorch_transforms_active)
         _GRAD_ENABLED.append(torch.is_grad_enabled)
@@ -721,6 +725,16 @@ def _wrong_device(t, f: Compiled, where: str):
     raise ArgumentError(f"{where} is a tensor on device {t.device}, but {called(f.name)} runs "
                         f"on target {f.target.name!r}; move the tensor there, or load "
                         "the module for its device", f.span)
+
+
+def _widened(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments with each float16 and bfloat16 tensor cast to float32
+    (by torch, which differentiates the cast: gradients come back in the
+    tensor's own dtype), as torch's losses compute under autocast: the
+    kernels have no half precision."""
+    def widened(value: Any) -> Any:
+        return value.float() if _is_tensor(value) and value.dtype in _HALF else value
+    return tuple(map(widened, args)), {k: widened(v) for k, v in kwargs.items()}
 
 
 def _check_tensor(t, f: Compiled, where: str) -> None:

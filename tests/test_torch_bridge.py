@@ -237,7 +237,25 @@ def test_the_torch_training_example_lowers_its_loss(capsys):
     assert run["loss"](torch.from_numpy(z), run["y"]).item() == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "complex128", "uint8"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_half_precision_runs_in_float32_and_its_gradient_comes_back_in_its_dtype(dtype_name):
+    # (refused: "a tensor of dtype torch.float16", under torch.autocast too)
+    dtype = getattr(torch, dtype_name)
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    x = torch.tensor([-3.0, -0.5, 0.0, 2.0, 30.0], dtype=dtype, requires_grad=True)
+    y = f(x)
+    (g,) = torch.autograd.grad(y, x, torch.ones(5))
+    wide = x.detach().double().numpy()
+    assert y.dtype == torch.float32 and g.dtype == dtype
+    np.testing.assert_allclose(y.detach().numpy(), np.logaddexp(0, wide), rtol=1e-6)
+    np.testing.assert_array_equal(g.float().numpy(), torch.sigmoid(x.detach().float()).to(dtype)
+                                  .float().numpy())
+    with torch.autocast("cpu", dtype=dtype):  # a layer's output in autocast's dtype
+        h = torch.nn.functional.linear(torch.ones(2, 3), torch.full((5, 3), 0.5))
+        assert h.dtype == dtype and f(h).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype_name", ["complex128", "uint8"])
 def test_other_dtypes_are_argument_errors(dtype_name):
     dtype = getattr(torch, dtype_name)
     with pytest.raises(dsl.ArgumentError, match=f"dtype {dtype}; gradlang takes float32"):
