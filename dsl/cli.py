@@ -98,6 +98,24 @@ def _quoted(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]}")
 
 
+def _call_arguments(texts: list[str], names: list[str]) -> tuple[list, dict]:
+    """`run`'s ARGs as positional values and, for those written NAME=VALUE
+    with NAME a parameter of the function, keyword ones (after which no
+    positional one may come, as in Python)."""
+    values, keywords = [], {}
+    for text in texts:
+        name, equals, value = text.partition("=")
+        if equals and name in names:
+            if name in keywords:
+                raise UsageError(f"argument {name!r} is given twice")
+            keywords[name] = _parse_arg(value, f"argument {name!r}")
+        elif keywords:
+            raise UsageError(f"positional argument {text!r} follows a NAME=VALUE one")
+        else:
+            values.append(_parse_arg(text))
+    return values, keywords
+
+
 def _is_argument(text: str) -> bool:
     """Whether `text` reads as an argument of `run` (a number, a list, a
     .npy file)."""
@@ -174,19 +192,20 @@ def cmd_run(args) -> int:
         if not re.fullmatch(r"\d+", w, re.ASCII) and w not in names and _is_argument(w):
             raise UsageError(f"--wrt takes names and positions of parameters, got {w!r}; "
                              "give the arguments before --wrt")
-    values = [_parse_arg(a) for a in args.args]
+    values, keywords = _call_arguments(args.args, [s.name for s in f.specs])
     if args.wrt:
         wrt = [int(w) if re.fullmatch(r"\d+", w, re.ASCII) else w for w in args.wrt]
     else:  # every argument and param that gets a gradient (numbers become f64;
         # .npy keep theirs)
-        wrt = [s.name for s, v in zip(f.specs, values) if s.differentiable
-               and not (isinstance(v, np.ndarray) and v.dtype.kind != "f")]
+        given = {**dict(zip((s.name for s in f.specs), values)), **keywords}
+        wrt = [s.name for s in f.specs if s.differentiable and s.name in given
+               and not (isinstance(given[s.name], np.ndarray) and given[s.name].dtype.kind != "f")]
         wrt += [s.name for s in f.param_specs if s.differentiable]
     # everything is computed before anything is printed: an error (a bad
     # --wrt, an argument that cannot be differentiated) prints alone
     gradient = dsl.grad(f, wrt=tuple(wrt)) if wrt else None
-    result = f(*values)
-    grads = gradient(*values) if gradient else ()
+    result = f(*values, **keywords)
+    grads = gradient(*values, **keywords) if gradient else ()
     outs = result if isinstance(result, tuple) else (result,)
     for k, out in enumerate(outs):
         label = f"{args.fn}" if len(outs) == 1 else f"{args.fn}[{k}]"

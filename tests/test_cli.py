@@ -1,5 +1,6 @@
 """`gradc run` and `gradc show`: output, exit codes, no tracebacks."""
 
+import json
 import re
 import subprocess
 import sys
@@ -27,6 +28,24 @@ def test_run_with_lists_npy_and_wrt(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "bar = [ 4., 10.]"
     assert out[1] == "d/dy = [1., 2.]"
+
+
+def test_run_takes_arguments_by_keyword(capsys):
+    # (gamma=0 was "not a number, list or .npy file"): the focal loss at
+    # gamma 0 is the mean cross-entropy, mean(log(1 + exp(-s z)))
+    focal = str(ROOT / "examples" / "focal_loss.grad")
+    z, y = np.array([0.5, -1.0]), np.array([1.0, 0.0])
+    assert main(["run", focal, "focal_loss", "[0.5, -1.0]", "y=[1, 0]", "gamma=0"]) == 0
+    value, gradient = capsys.readouterr().out.splitlines()
+    s = 2 * y - 1
+    assert float(value.split(" = ")[1]) == pytest.approx(np.mean(np.logaddexp(0, -s * z)),
+                                                         rel=1e-14)
+    np.testing.assert_allclose(json.loads(gradient.split(" = ")[1]),
+                               -s / (1 + np.exp(s * z)) / 2, rtol=1e-7)
+    for argv, text in [(["z=[0.5]", "[1]"], "positional argument '[1]' follows a NAME=VALUE"),
+                       (["[0.5]", "y=[1]", "y=[0]"], "argument 'y' is given twice")]:
+        assert main(["run", focal, "focal_loss", *argv]) == 2
+        assert text in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,text", [
