@@ -53,8 +53,9 @@ row per (order, argument, dtype) for `gradc check`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -617,8 +618,8 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
             warned.setdefault(warning, []).append(label)
     out = CheckResult(warnings=[f"{called(f.name)}: {w}, at {', '.join(labels)}"
                                 for w, labels in warned.items()])
-    for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: (item[0][1],
-                                                                          item[0][0])):
+    order_of = _row_order(f)
+    for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: order_of(*item[0])):
         compared = [c for c in checks if c.compared]
         nonfinite = any(c.nonfinite for c in checks)
         if reason and checks[0].against == "differences":
@@ -633,6 +634,23 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                            "" if compared else "not smooth at any point tried",
                            checks[0].against))
     return out
+
+
+def _row_order(f: Compiled) -> Callable[[int, str, str], tuple]:
+    """A sort key of a summary's (order, wrt, dtype): by argument in f's
+    order (then its params'), then reverse mode, through the upstream
+    cotangent, forward mode, forward against reverse; then by order, f64
+    first."""
+    names = [s.name for s in (*f.specs, *f.param_specs)]
+
+    def key(order: int, wrt: str, dtype: str) -> tuple:
+        upstream = re.fullmatch(r".* \(of d/d(.*)\)", wrt)
+        kind, name = ((1, upstream.group(1)) if upstream else
+                      (3, wrt[len("jvp/vjp:"):]) if wrt.startswith("jvp/vjp:") else
+                      (2, wrt[len("jvp:"):]) if wrt.startswith("jvp:") else (0, wrt))
+        position = names.index(name) if name in names else len(names)
+        return position, name, kind, order, dtype != "f64"
+    return key
 
 
 def intentional_mismatch(f: Compiled) -> str:

@@ -320,3 +320,17 @@ def test_an_f64_param_in_the_f32_pass_is_judged_at_f32_precision():
     assert rows, str(rows)
     dot_rows = {r.dtype for r in rows if r.wrt == "jvp/vjp:w"}
     assert dot_rows == {"f32", "f64"}
+
+
+def test_rows_come_by_argument_in_the_functions_order_then_by_kind():
+    # they were sorted by the wrt column's text: 'dy (of d/dz)', 'jvp/vjp:z',
+    # 'jvp:z', 'z', and the arguments alphabetically
+    from dsl.check import check_function
+    f = dsl.loads("def f(y, x):\n    return y * x\n").f
+    rows = [(r.wrt, r.order, r.dtype) for r in check_function(f, order=2)]
+    arguments = [w.split(":")[-1].split("d/d")[-1].rstrip(")") for w, _, _ in rows]
+    assert arguments == sorted(arguments, key=["y", "x"].index)
+    y_rows = [row for row, a in zip(rows, arguments) if a == "y"]
+    assert y_rows == [("y", 1, "f64"), ("y", 1, "f32"), ("y", 2, "f64"),
+                      ("upstream (of d/dy)", 2, "f64"), ("jvp:y", 1, "f64"),
+                      ("jvp/vjp:y", 1, "f64"), ("jvp/vjp:y", 1, "f32")]
