@@ -9,7 +9,8 @@ unchanged), a region of more axes than the CPU's strided kernel takes;
 under vmap and jvp (forward over reverse).  Regions proved disjoint
 (`compiler.regions`, against brute force) are written, not added: values
 where they tile the buffer, where they leave gaps, where some overlap, and
-where the base is no embed.
+where the base is no embed; and the gradient of random strided slices
+(Hypothesis) against NumPy's scatter-add.
 
 Elementwise work between a transpose and its inverse in the untransposed
 layout (`compiler.layouts`): values and gradients against NumPy on both
@@ -173,6 +174,48 @@ def test_disjoint_regions_against_brute_force(case):
     shape, (r, s) = case
     meet = bool(elements(r) & elements(s))
     assert disjoint(r, s) == (not meet)
+
+
+def _bound(draw, size):
+    return draw(st.one_of(st.none(), st.integers(-size - 2, size + 2)))
+
+
+@st.composite
+def strided_slices(draw):
+    """An array's shape and 2-6 slices of it, as Python slices: negative and
+    empty ones, steps past the axis, on each axis at once."""
+    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    steps = st.one_of(st.none(), st.sampled_from([1, 2, 3, 4, 9, -1, -2, -3, -9]))
+    count = draw(st.integers(2, 6))
+    return shape, [tuple(slice(_bound(draw, n), _bound(draw, n), draw(steps)) for n in shape)
+                   for _ in range(count)]
+
+
+def _text(s: slice) -> str:
+    return ":".join("" if v is None else str(v) for v in (s.start, s.stop, s.step))
+
+
+@settings(max_examples=40, deadline=None)
+@given(strided_slices())
+def test_gradient_of_strided_slices_against_a_scatter_add(case):
+    # catches: a region proved disjoint (compiler.regions) that is not, its
+    # embed_add then written over another slice's cotangent, or a strided
+    # add (runtime's _strided_rows_add) that misses or repeats an element:
+    # the gradient of sum(x[s_k] * c_k) is each c_k added at its slice's
+    # indices, here by np.add.at on index grids, apart from the slicing
+    shape, slices = case
+    names = [f"c{k}" for k in range(len(slices))]
+    terms = [f"sum(x[{', '.join(map(_text, s))}] * {c})" for s, c in zip(slices, names)]
+    source = f"def f(x, {', '.join(names)}):\n    return {' + '.join(terms)}\n"
+    rng = np.random.default_rng(len(source))
+    x = rng.normal(size=shape)
+    grids = [np.ix_(*(np.arange(n)[part] for n, part in zip(shape, s))) for s in slices]
+    pieces = [rng.normal(size=np.broadcast_shapes(*(g.shape for g in grid))) for grid in grids]
+    expected = np.zeros(shape)
+    for grid, piece in zip(grids, pieces):
+        np.add.at(expected, grid, piece)
+    got = dsl.grad(dsl.loads(source, "strided.grad").f)(x, *pieces)
+    np.testing.assert_allclose(got, expected, rtol=1e-14, atol=1e-15)
 
 
 def test_disjoint_regions_of_symbolic_sizes():

@@ -288,10 +288,13 @@ def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
     left, y = RNG.normal(size=(2, 3)), RNG.normal(size=(12, 3, 4))
     ys = da.from_array(y, chunks=(5, 3, 4))
     with dask.config.set(scheduler="sync"):
+        # (atol: an element that cancels to 3e-4 differed by 1e-13 of itself,
+        # an ulp of its terms, from BLAS's order of the sum to einsum's)
         np.testing.assert_allclose(M.shared_left(left, ys).compute(),
-                                   np.einsum("ij,bjk->bik", left, y), rtol=1e-13)
+                                   np.einsum("ij,bjk->bik", left, y), rtol=1e-13, atol=1e-15)
         contracted, grads = dask.compute(*dsl.value_and_grad(M.contracted, wrt=(0, 1))(ys, ys))
-    np.testing.assert_allclose(contracted, np.einsum("bij,bik->jk", y, y), rtol=1e-13)
+    np.testing.assert_allclose(contracted, np.einsum("bij,bik->jk", y, y), rtol=1e-13,
+                               atol=1e-14)
     for got in grads:  # d sum(y^T y) / dy, each side: y summed over its last axis
         np.testing.assert_allclose(got, np.broadcast_to(y.sum(axis=2, keepdims=True), y.shape),
                                    rtol=1e-13)

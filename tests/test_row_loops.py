@@ -1,7 +1,8 @@
 """Row loops (`compiler.rows`): a reduction along a contiguous last axis
 and the elementwise work on the same rows run as one pass per row, on the
 CPU.  Values against NumPy (rows of length 1, broadcast row inputs,
-non-contiguous arguments, f32 and f64, NaN and empty rows), gradients,
+non-contiguous arguments, f32 and f64, NaN and empty rows, six nested
+passes at the edges of blocks of rows), gradients,
 jvp and vmap through them, parallel blocks of rows, and the attention
 benchmark's kernel count.  (`tests/test_examples.py` runs cross_entropy,
 whose value and gradient form row loops, and its grad of grad, on the CPU
@@ -40,6 +41,10 @@ def top(x):
 
 def loss(x, w):
     return sum(softmax(x, axis=-1) * w)
+
+def nested(x):
+    s = softmax(log_softmax(x, axis=-1), axis=-1)
+    return s * sum(s * s, axis=-1, keepdims=True), min(x, axis=-1)
 """
 
 M = dsl.loads(SOURCE)
@@ -95,6 +100,24 @@ def test_values_match_numpy():
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, np_softmax(x.astype(np.float64)), rtol=2e-5,
                                    atol=1e-30)
+
+
+def test_nested_passes_at_the_edges_of_blocks_of_rows():
+    # catches: a block of rows (at most 16 rows, 1024 elements) that skips
+    # a row where the rows do not fill it (17 rows of 65, 15 rows), or a
+    # row longer than a block; in six passes, a value of an earlier pass
+    # neither computed again (log_softmax's difference) nor stored and read
+    # back (the softmax's exp), or a row's sum read before its pass ends
+    (loop,) = row_loops(M.nested, np.ones((2, 3)))
+    assert len(loop.passes) == 6 and any(p.reads_back for p in loop.passes)
+    rng = np.random.default_rng(4)
+    for shape in [(0, 5), (1, 1), (15, 64), (16, 64), (17, 65), (3, 1023), (2, 1025), (1, 5000)]:
+        x = rng.normal(size=shape) * 3
+        s = np_softmax(np.log(np_softmax(x)))
+        got, low = M.nested(x)
+        np.testing.assert_allclose(got, s * (s * s).sum(axis=-1, keepdims=True), rtol=1e-12,
+                                   atol=1e-300)
+        np.testing.assert_array_equal(low, x.min(axis=-1))
 
 
 def test_nan_infinite_and_empty_rows():
