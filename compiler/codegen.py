@@ -604,6 +604,11 @@ class _Driver:
         params = [define(v) for v in fn.params]
         lines += bind_symbols(fn.params, names)
         prologue_at = len(lines)
+        # the arrays it makes, for the top function's size checks (results
+        # first: a value that is also a result is named as one)
+        made = _Made(fn)
+        for a in fn.outputs:
+            made.add(a, _result_name(len(fn.outputs)))
         flat_params: dict[Var, str] = {}  # argument -> its flat view, made once
         # out=: a kernel writes an output straight into the caller's buffer
         # (its first place among the outputs, if the caller gave one there)
@@ -628,6 +633,8 @@ class _Driver:
                 call_args = []
                 for kind, v in kinds:
                     v = _value(step, v)
+                    if kind == "in":  # (flattening a view may copy it)
+                        made.add(v, _argument_copy(v) if v in fn.params else "")
                     if kind == "in" and v in fn.params and top:
                         flat_params.setdefault(v, f"{names[v]}_flat")
                         call_args.append(flat_params[v])
@@ -637,6 +644,7 @@ class _Driver:
                         name = define(v)
                         fresh.add(v)
                         length = prod(v.type.shape) if v in reduced else size
+                        made.add(v, "", v.type.shape if v in reduced else step.shape)
                         alloc = self.allocate(length, v.type.dtype)
                         if v in slot:
                             buffer = f"out[{slot[v]}]"
@@ -684,6 +692,7 @@ class _Driver:
                 owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
+                made.add(step.outputs[0], "")  # (a device target copies views too)
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
                                "concatenate", "dim", "full", "cumsum", "iota") \
                         or OPS[step.op].kind == "index":
@@ -701,6 +710,12 @@ class _Driver:
             handed_out.add(a)
         comma = "," if len(outs) == 1 else ""
         if top:
+            # refused before anything runs: an array the arguments' sizes
+            # make too large (a loop's stacks, whose trips are values, are
+            # refused by R.trip_count, or where their allocation fails)
+            checks = made.checks(bound_by_arguments(fn.params))
+            lines[prologue_at:prologue_at] = checks
+            prologue_at += len(checks)
             lines.append(f"if out is None: return ({', '.join(outs)}{comma})")
             lines.append(f"return ({', '.join(into)}{comma})")
         else:
@@ -835,6 +850,67 @@ def _scalar_lines(loop: Loop, ref, define) -> list[str]:
         if v.type.shape != ():
             lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
     return lines
+
+
+class _Made:
+    """The arrays a driver function makes (its results, each kernel's
+    outputs, what a helper returns, flattened copies), each with the
+    expression making it, for `checks`."""
+
+    def __init__(self, fn: Function):
+        self.spans = {o: e.span for e in fn.eqns for o in e.outputs}
+        # symbols of the element count -> (bytes per their product, shape, dtype, what, span)
+        self.largest: dict[tuple[str, ...], tuple] = {}
+
+    def add(self, a: Atom, what: str, shape: Optional[tuple] = None) -> None:
+        """An array of `a`'s dtype and `shape` (else its own) made for `a`;
+        `what` names it ("": a value the function computes)."""
+        if not isinstance(a, Var):
+            return
+        shape = a.type.shape if shape is None else shape
+        count = prod(shape)
+        factors, coef = (count.factors, count.coef) if isinstance(count, Sym) else ((), count)
+        per = coef * NUMPY[a.type.dtype].itemsize
+        # the largest array of each product of symbols, the first made of those
+        if per > self.largest.get(factors, (0,))[0]:
+            self.largest[factors] = (per, shape, a.type.dtype, what or "a value it computes",
+                                     self.spans.get(a))
+
+    def checks(self, bound: set[str]) -> list[str]:
+        """Driver lines refusing (`R.too_large`) each array larger than the
+        target can make (`R.ALLOCATABLE`) whose sizes the symbols `bound`
+        give: one comparison per product of symbols, whatever the number
+        of arrays (at most a few per program: log1pexp's gradient has one)."""
+        lines = []
+        for factors, (per, shape, dtype, what, span) in self.largest.items():
+            if not set(factors) <= bound or (not factors and per < _CHECKED_FIXED):
+                continue
+            nbytes = render(Sym(factors, per)) if factors else str(per)
+            where = where_of(what, span)  # user text (a name, a file name): repr
+            lines.append(f"if {nbytes} > R.ALLOCATABLE: R.too_large({render_shape(shape)}, "
+                         f"{numpy_spelling(dtype)}, {where!r})")
+        return lines
+
+
+# A fixed size (a program compiled for one) is checked from this many bytes.
+_CHECKED_FIXED = 1 << 30
+
+
+def _result_name(count: int) -> str:
+    # (a program's results may be more than the caller's: a vjp's residuals)
+    return "its result" if count == 1 else "one of its results"
+
+
+def _argument_copy(v: Var) -> str:
+    # (user text, repr'd by `checks`)
+    return f"a contiguous copy of its argument {v.hint!r}" if v.hint else \
+        "a contiguous copy of an argument"
+
+
+def bound_by_arguments(params) -> set[str]:
+    """The size symbols `bind_symbols` binds from the arguments' shapes."""
+    return {d.factors[0] for v in params for d in v.type.shape
+            if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1}
 
 
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:
