@@ -9,7 +9,8 @@ from typing import Optional, Union
 import numpy as np
 
 from gradlang.runtime.args import SUPPORTED
-from gradlang.runtime.errors import AllocationError, ArgumentError, Span, SizeOverflowError
+from gradlang.runtime.errors import (AllocationError, ArgumentError, ArrayTooLarge, Span,
+                                     SizeOverflowError)
 
 # What a driver tells a runtime check about the source of what it checks:
 # (text naming it, (file, line, col, end_line, end_col) of its place) as
@@ -116,24 +117,29 @@ def amount(nbytes: int) -> str:
     return f"{nbytes:.3g} {unit}" if nbytes < 1000 else f"{nbytes:.0f} {unit}"
 
 
-def too_large(shape: tuple, dtype, where: Where, limit: int, memory: str) -> None:
+def too_large(shape: tuple, dtype, where: Where, limit: int, memory: str,
+              names_call: bool = False) -> None:
     """Raised by a driver (through its target's `too_large`, which gives
     `limit`, the bytes an array may have, and `memory`, whose memory that
     is) before it makes an array of `shape` and `dtype` that is larger:
     `SizeOverflowError` if no array's size can count it, else
     `AllocationError`.  `where`: the array, as the call's ("its result"),
-    and the expression making it (`Where`)."""
+    and the expression making it (`Where`); `names_call`: its text names
+    the call already (`ArrayTooLarge.about_call` then adds no name)."""
     what, span = placed(where)
     dtype = np.dtype(dtype)
     elements = math.prod(shape)
     nbytes = elements * dtype.itemsize
     array = f"{SUPPORTED.get(dtype, str(dtype))}[{', '.join(map(str, shape))}]"
     if nbytes > MAX_SIZE:
-        raise SizeOverflowError(f"{what} would be {array}: {elements} elements of "
-                                f"{dtype.itemsize} bytes, a byte count beyond the "
-                                f"{MAX_SIZE} an array can have", span)
-    raise AllocationError(f"{what} would be {array}, {amount(nbytes)}, which cannot be "
-                          f"allocated: {memory} has {amount(limit)}", span)
+        error: ArrayTooLarge = SizeOverflowError(
+            f"{what} would be {array}: {elements} elements of {dtype.itemsize} bytes, a "
+            f"byte count beyond the {MAX_SIZE} an array can have", span)
+    else:
+        error = AllocationError(f"{what} would be {array}, {amount(nbytes)}, which cannot be "
+                                f"allocated: {memory} has {amount(limit)}", span)
+    error.names_call = names_call
+    raise error
 
 
 def out_of_memory(err: MemoryError) -> AllocationError:

@@ -72,9 +72,10 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 if SIMULATOR:
     class CudaAPIError(Exception):
         """(The simulator's allocations are NumPy's: never raised.)"""
-else:
-    from numba.cuda.cudadrv.driver import CudaAPIError
-_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+    _OUT_OF_MEMORY = None
+else:  # (Numba's own test for it: `driver.NumbaCUDAMemoryManager._attempt_allocation`)
+    from numba.cuda.cudadrv.driver import CudaAPIError, binding
+    _OUT_OF_MEMORY = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
 
 def _shared_arrays_allocated_once() -> None:
@@ -172,9 +173,13 @@ def _limit() -> int:
     return sys.modules[__name__].ALLOCATABLE
 
 
+def memory() -> str:
+    """Whose memory `ALLOCATABLE` is, as an error says it."""
+    return common.HOST if SIMULATOR else "the GPU"
+
+
 def too_large(shape: tuple, dtype, where: Where) -> None:
-    common.too_large(shape, dtype, where, _limit(),
-                     common.HOST if SIMULATOR else "the GPU")
+    common.too_large(shape, dtype, where, _limit(), memory())
 
 
 def _device_array(shape, dtype):
@@ -730,8 +735,9 @@ class CudaTarget(Target):
     def accept(self, value: Any, what: str) -> Any:
         if not is_device_array(value) and not hasattr(value, "__cuda_array_interface__"):
             value = np.asarray(value)  # (a host array: copied over, refused if too large)
-            if value.nbytes > _limit():
-                too_large(value.shape, value.dtype, f"{what}, copied to the device,")
+            if value.nbytes > _limit():  # (`what` names the call already)
+                common.too_large(value.shape, value.dtype, f"{what}, copied to the device,",
+                                 _limit(), memory(), names_call=True)
         array = as_device(value)
         if not array.is_c_contiguous():
             # taken without a copy, and the drivers hold C-contiguous arrays

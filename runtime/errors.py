@@ -127,6 +127,8 @@ class ArrayTooLarge(GradError):
     (`runtime.boundary.leaving`) names it, the outermost one last, and
     gives it the function's definition for a span where it has none."""
 
+    names_call = False  # its detail names the call already
+
     def __init__(self, detail: str, span: Span | None = None):
         self.detail = detail
         super().__init__(detail, span)
@@ -134,8 +136,9 @@ class ArrayTooLarge(GradError):
     def about_call(self, function: str, span: Span | None) -> None:
         """Say the array is `function`'s (as the message names a call:
         `called`), at `span` unless it has a place already."""
-        self.message = f"{function}: {self.detail}"
-        self.args = (self.message,)
+        if not self.names_call:
+            self.message = f"{function}: {self.detail}"
+            self.args = (self.message,)
         if self.span is UNKNOWN_SPAN and span is not None:
             self.span = span
 
