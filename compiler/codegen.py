@@ -535,8 +535,9 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                         "f32, f64, i32, i64 = np.float32, np.float64, np.int32, np.int64",
                         "nan, inf = np.nan, np.inf"])
 
-    def source(flatten) -> str:
+    def source(flatten, contiguous: bool) -> str:
         prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
+        prologue = run.made.checks(fn.params, contiguous) + prologue
         body = run.lines[:run.prologue_at] + prologue + run.lines[run.prologue_at:]
         return "\n".join([f"def run({', '.join(run.params + ['out=None'])}):"]
                          + ["    " + l for l in body]) + "\n"
@@ -545,21 +546,23 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
         name = run.names[v]
         return name if len(v.type.shape) == 1 else f"{name}.reshape(-1)"
     return Generated(fn.name, header, tuple(driver.kernels.items()),
-                     source(lambda v: f"R.flat({run.names[v]})"), tuple(driver.kernel_names),
-                     source(view), tuple((k, driver.signatures[k]) for k in driver.kernels
+                     source(lambda v: f"R.flat({run.names[v]})", False),
+                     tuple(driver.kernel_names), source(view, True), tuple((k, driver.signatures[k]) for k in driver.kernels
                                         if k in driver.signatures))
 
 
 @dataclass
 class _Rendered:
     """A driver function's parameters and lines; for the top one also the
-    arguments flattened once, first (inserted at `prologue_at`)."""
+    arguments flattened once, first (inserted at `prologue_at`), after the
+    checks of the sizes of the arrays it makes (`made`)."""
 
     params: list[str]
     lines: list[str]
     names: dict[Var, str]
     prologue_at: int
     flat_params: dict[Var, str]
+    made: "_Made"
 
 
 class _Driver:
@@ -710,17 +713,11 @@ class _Driver:
             handed_out.add(a)
         comma = "," if len(outs) == 1 else ""
         if top:
-            # refused before anything runs: an array the arguments' sizes
-            # make too large (a loop's stacks, whose trips are values, are
-            # refused by R.trip_count, or where their allocation fails)
-            checks = made.checks(bound_by_arguments(fn.params))
-            lines[prologue_at:prologue_at] = checks
-            prologue_at += len(checks)
             lines.append(f"if out is None: return ({', '.join(outs)}{comma})")
             lines.append(f"return ({', '.join(into)}{comma})")
         else:
             lines.append(f"return ({', '.join(outs)}{comma})")
-        return _Rendered(params, lines, names, prologue_at, flat_params)
+        return _Rendered(params, lines, names, prologue_at, flat_params, made)
 
     def in_driver(self, loop: Loop) -> bool:
         """Whether the driver computes `loop` itself (`_scalar_lines`)."""
@@ -876,14 +873,26 @@ class _Made:
             self.largest[factors] = (per, shape, a.type.dtype, what or "a value it computes",
                                      self.spans.get(a))
 
-    def checks(self, bound: set[str]) -> list[str]:
-        """Driver lines refusing (`R.too_large`) each array larger than the
-        target can make (`R.ALLOCATABLE`) whose sizes the symbols `bound`
-        give: one comparison per product of symbols, whatever the number
-        of arrays (at most a few per program: log1pexp's gradient has one)."""
+    def checks(self, params: tuple[Var, ...], contiguous: bool) -> list[str]:
+        """Driver lines refusing (`R.too_large`), before anything runs, each
+        array larger than the target can make (`R.ALLOCATABLE`) whose sizes
+        the arguments `params` give (a loop's stacks, whose trips are
+        values, are refused by `R.trip_count`, or as their allocation
+        fails): one comparison per product of symbols, whatever the number
+        of arrays.  With `contiguous` arguments (the fast path's driver),
+        none where an argument of as many bytes exists already: log1pexp
+        and its gradient, a call of a few microseconds, check nothing."""
+        bound = bound_by_arguments(params)
+        held: dict[tuple[str, ...], int] = {}  # bytes per product of symbols, in arguments
+        for v in params if contiguous else ():
+            count = prod(v.type.shape)
+            if isinstance(count, Sym):
+                per = count.coef * NUMPY[v.type.dtype].itemsize
+                held[count.factors] = max(per, held.get(count.factors, 0))
         lines = []
         for factors, (per, shape, dtype, what, span) in self.largest.items():
-            if not set(factors) <= bound or (not factors and per < _CHECKED_FIXED):
+            if not set(factors) <= bound or (not factors and per < _CHECKED_FIXED) \
+                    or per <= held.get(factors, 0):
                 continue
             nbytes = render(Sym(factors, per)) if factors else str(per)
             where = where_of(what, span)  # user text (a name, a file name): repr
