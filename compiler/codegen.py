@@ -685,9 +685,13 @@ class _Driver:
             elif step.op == "loop" and kernel_loop_shape(step) is not None:
                 lines += self.loop_in_kernel(step, ref, define)
                 fresh.update(step.outputs)
+                for v in step.outputs:  # (a stack whose trips a size gives is checked)
+                    made.add(v, "")
             elif step.op == "loop":
                 lines += self.loop(step, ref, define)
                 fresh.update(step.outputs[step.p["n_carry"]:])  # the stacks
+                for v in step.outputs[step.p["n_carry"]:]:
+                    made.add(v, "")
             else:
                 # A scatter-add may add into its base in place when the driver
                 # made it and nothing else reads it (a view of it would: a

@@ -2,10 +2,11 @@
 generated drivers call (imported there as `R`), and the host/device
 boundary.
 
-Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
-reshape, transpose, slice, embed, concatenate, matmul,
-reduce_sum, reduce_max, cumsum, size_mismatch, fixed_size_mismatch, take, take_along_axis,
-scatter_add, scatter_add_along_axis), taking and returning C-contiguous
+Contract: the same functions as `runtime.cpu` (ALLOCATABLE, too_large,
+empty, scalar, copy, flat, reshape, transpose, slice, embed, concatenate,
+matmul, reduce_sum, reduce_max, cumsum, size_mismatch, fixed_size_mismatch,
+take, take_along_axis, scatter_add, scatter_add_along_axis), taking and
+returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
