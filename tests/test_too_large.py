@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import dsl
+from dsl import AllocationError, SizeOverflowError
 from gradlang.runtime import cpu
-from gradlang.runtime.errors import AllocationError, SizeOverflowError
 
 SOURCE = """\
 def outer(x, y):
