@@ -91,6 +91,7 @@ def host_memory() -> int:
 
 
 HOST_MEMORY = host_memory()
+HOST = "this machine's memory (with swap)"  # (whose memory HOST_MEMORY is, as errors say)
 
 
 def require_host_room(shape: tuple, dtype, what: str, span: Optional[Span]) -> None:
@@ -99,9 +100,6 @@ def require_host_room(shape: tuple, dtype, what: str, span: Optional[Span]) -> N
     host (a Jacobian)."""
     if math.prod(shape) * np.dtype(dtype).itemsize > HOST_MEMORY:
         too_large(shape, dtype, where_of(what, span), HOST_MEMORY, HOST)
-
-
-HOST = "this machine's memory (with swap)"
 
 
 def amount(nbytes: int) -> str:
@@ -145,7 +143,7 @@ def too_large(shape: tuple, dtype, where: Where, limit: int, memory: str,
 def out_of_memory(err: MemoryError) -> AllocationError:
     """A call's `MemoryError` from an allocation that failed (NumPy's
     says how much it asked for), as the `AllocationError` a user sees."""
-    error = AllocationError(f"ran out of memory ({err or 'an allocation failed'})")
+    error = AllocationError(f"ran out of memory ({str(err) or 'an allocation failed'})")
     error.__cause__ = err  # (kept under GRADC_FULL_TRACEBACK: `boundary.leaving`)
     return error
 

@@ -117,6 +117,13 @@ def test_a_failed_allocation_is_an_allocation_error(monkeypatch):
                            "array with shape (10**12,))")
     assert place(err) == TOTAL_AT and err.__cause__ is None  # (the boundary's cut)
 
+    def pooled_silently(shape, dtype):
+        raise MemoryError
+    monkeypatch.setattr(cpu, "pooled", pooled_silently)
+    with pytest.raises(AllocationError, match=r"^too_large.grad:7:5: error: "
+                       r"value_and_grad\(total\): ran out of memory \(an allocation failed\)"):
+        dsl.value_and_grad(M.total)(np.ones(2 ** 16))  # (its gradient's 2**16: pooled)
+
 
 def test_the_fast_paths_driver_checks_only_what_no_argument_holds():
     # the driver for C-contiguous arguments: log1pexp-like programs, whose
