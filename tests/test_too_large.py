@@ -20,6 +20,9 @@ def both(x, y):
 
 def total(x):
     return sum(x * x)
+
+def plain_sum(x):
+    return sum(x)
 """
 M = dsl.loads(SOURCE, file="too_large.grad")
 # 2**20 each: a result of 2**40 f64 (8 TiB), beyond any machine that runs this
@@ -82,6 +85,9 @@ def test_every_transform_names_itself():
             lambda: dsl.value_and_grad(M.total)(HUGE),
         "total(): one of its results would be f64[1099511627776]":  # its forward pass
             lambda: dsl.vjp(M.total, HUGE),
+        # a helper (the sum's) would make a zero-stride argument contiguous first
+        "plain_sum(): a contiguous copy of its argument 'x' would be f64[1099511627776]":
+            lambda: dsl.vjp(M.plain_sum, HUGE),
         "outer(): one of its results would be f64[1048576, 1048576]":
             lambda: dsl.jvp(M.outer, (WIDE, WIDE), (WIDE, WIDE)),
         "vmap(outer): its result would be f64[3, 1048576, 1048576]":
