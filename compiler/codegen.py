@@ -535,8 +535,9 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                         "f32, f64, i32, i64 = np.float32, np.float64, np.int32, np.int64",
                         "nan, inf = np.nan, np.inf"])
 
-    def source(flatten) -> str:
+    def source(flatten, contiguous: bool) -> str:
         prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
+        prologue = run.made.checks(fn.params, contiguous) + prologue
         body = run.lines[:run.prologue_at] + prologue + run.lines[run.prologue_at:]
         return "\n".join([f"def run({', '.join(run.params + ['out=None'])}):"]
                          + ["    " + l for l in body]) + "\n"
@@ -545,21 +546,23 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
         name = run.names[v]
         return name if len(v.type.shape) == 1 else f"{name}.reshape(-1)"
     return Generated(fn.name, header, tuple(driver.kernels.items()),
-                     source(lambda v: f"R.flat({run.names[v]})"), tuple(driver.kernel_names),
-                     source(view), tuple((k, driver.signatures[k]) for k in driver.kernels
+                     source(lambda v: f"R.flat({run.names[v]})", False),
+                     tuple(driver.kernel_names), source(view, True), tuple((k, driver.signatures[k]) for k in driver.kernels
                                         if k in driver.signatures))
 
 
 @dataclass
 class _Rendered:
     """A driver function's parameters and lines; for the top one also the
-    arguments flattened once, first (inserted at `prologue_at`)."""
+    arguments flattened once, first (inserted at `prologue_at`), after the
+    checks of the sizes of the arrays it makes (`made`)."""
 
     params: list[str]
     lines: list[str]
     names: dict[Var, str]
     prologue_at: int
     flat_params: dict[Var, str]
+    made: "_Made"
 
 
 class _Driver:
@@ -604,6 +607,11 @@ class _Driver:
         params = [define(v) for v in fn.params]
         lines += bind_symbols(fn.params, names)
         prologue_at = len(lines)
+        # the arrays it makes, for the top function's size checks (results
+        # first: a value that is also a result is named as one)
+        made = _Made(fn)
+        for a in fn.outputs:
+            made.add(a, _result_name(len(fn.outputs)))
         flat_params: dict[Var, str] = {}  # argument -> its flat view, made once
         # out=: a kernel writes an output straight into the caller's buffer
         # (its first place among the outputs, if the caller gave one there)
@@ -628,6 +636,8 @@ class _Driver:
                 call_args = []
                 for kind, v in kinds:
                     v = _value(step, v)
+                    if kind == "in":  # (flattening a view may copy it)
+                        made.add(v, _argument_copy(v) if v in fn.params else "")
                     if kind == "in" and v in fn.params and top:
                         flat_params.setdefault(v, f"{names[v]}_flat")
                         call_args.append(flat_params[v])
@@ -637,6 +647,7 @@ class _Driver:
                         name = define(v)
                         fresh.add(v)
                         length = prod(v.type.shape) if v in reduced else size
+                        made.add(v, "", v.type.shape if v in reduced else step.shape)
                         alloc = self.allocate(length, v.type.dtype)
                         if v in slot:
                             buffer = f"out[{slot[v]}]"
@@ -674,9 +685,13 @@ class _Driver:
             elif step.op == "loop" and kernel_loop_shape(step) is not None:
                 lines += self.loop_in_kernel(step, ref, define)
                 fresh.update(step.outputs)
+                for v in step.outputs:  # (a stack whose trips a size gives is checked)
+                    made.add(v, "")
             elif step.op == "loop":
                 lines += self.loop(step, ref, define)
                 fresh.update(step.outputs[step.p["n_carry"]:])  # the stacks
+                for v in step.outputs[step.p["n_carry"]:]:
+                    made.add(v, "")
             else:
                 # A scatter-add may add into its base in place when the driver
                 # made it and nothing else reads it (a view of it would: a
@@ -684,6 +699,9 @@ class _Driver:
                 owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
+                made.add(step.outputs[0], "")  # (a device target copies views too)
+                for a in step.inputs:  # (which a helper may make contiguous first)
+                    made.add(a, _argument_copy(a) if a in fn.params else "")
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
                                "concatenate", "dim", "full", "cumsum", "iota") \
                         or OPS[step.op].kind == "index":
@@ -705,7 +723,7 @@ class _Driver:
             lines.append(f"return ({', '.join(into)}{comma})")
         else:
             lines.append(f"return ({', '.join(outs)}{comma})")
-        return _Rendered(params, lines, names, prologue_at, flat_params)
+        return _Rendered(params, lines, names, prologue_at, flat_params, made)
 
     def in_driver(self, loop: Loop) -> bool:
         """Whether the driver computes `loop` itself (`_scalar_lines`)."""
@@ -835,6 +853,79 @@ def _scalar_lines(loop: Loop, ref, define) -> list[str]:
         if v.type.shape != ():
             lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
     return lines
+
+
+class _Made:
+    """The arrays a driver function makes (its results, each kernel's
+    outputs, what a helper returns, flattened copies), each with the
+    expression making it, for `checks`."""
+
+    def __init__(self, fn: Function):
+        self.spans = {o: e.span for e in fn.eqns for o in e.outputs}
+        # symbols of the element count -> (bytes per their product, shape, dtype, what, span)
+        self.largest: dict[tuple[str, ...], tuple] = {}
+
+    def add(self, a: Atom, what: str, shape: Optional[tuple] = None) -> None:
+        """An array of `a`'s dtype and `shape` (else its own) made for `a`;
+        `what` names it ("": a value the function computes)."""
+        if not isinstance(a, Var):
+            return
+        shape = a.type.shape if shape is None else shape
+        count = prod(shape)
+        factors, coef = (count.factors, count.coef) if isinstance(count, Sym) else ((), count)
+        per = coef * NUMPY[a.type.dtype].itemsize
+        # the largest array of each product of symbols, the first made of those
+        if per > self.largest.get(factors, (0,))[0]:
+            self.largest[factors] = (per, shape, a.type.dtype, what or "a value it computes",
+                                     self.spans.get(a))
+
+    def checks(self, params: tuple[Var, ...], contiguous: bool) -> list[str]:
+        """Driver lines refusing (`R.too_large`), before anything runs, each
+        array larger than the target can make (`R.ALLOCATABLE`) whose sizes
+        the arguments `params` give (a loop's stacks, whose trips are
+        values, are refused by `R.trip_count`, or as their allocation
+        fails): one comparison per product of symbols, whatever the number
+        of arrays.  With `contiguous` arguments (the fast path's driver),
+        none where an argument of as many bytes exists already: log1pexp
+        and its gradient, a call of a few microseconds, check nothing."""
+        bound = bound_by_arguments(params)
+        held: dict[tuple[str, ...], int] = {}  # bytes per product of symbols, in arguments
+        for v in params if contiguous else ():
+            count = prod(v.type.shape)
+            if isinstance(count, Sym):
+                per = count.coef * NUMPY[v.type.dtype].itemsize
+                held[count.factors] = max(per, held.get(count.factors, 0))
+        lines = []
+        for factors, (per, shape, dtype, what, span) in self.largest.items():
+            if not set(factors) <= bound or (not factors and per < _CHECKED_FIXED) \
+                    or per <= held.get(factors, 0):
+                continue
+            nbytes = render(Sym(factors, per)) if factors else str(per)
+            where = where_of(what, span)  # user text (a name, a file name): repr
+            lines.append(f"if {nbytes} > R.ALLOCATABLE: R.too_large({render_shape(shape)}, "
+                         f"{numpy_spelling(dtype)}, {where!r})")
+        return lines
+
+
+# A fixed size (a program compiled for one) is checked from this many bytes.
+_CHECKED_FIXED = 1 << 30
+
+
+def _result_name(count: int) -> str:
+    # (a program's results may be more than the caller's: a vjp's residuals)
+    return "its result" if count == 1 else "one of its results"
+
+
+def _argument_copy(v: Var) -> str:
+    # (user text, repr'd by `checks`)
+    return f"a contiguous copy of its argument {v.hint!r}" if v.hint else \
+        "a contiguous copy of an argument"
+
+
+def bound_by_arguments(params) -> set[str]:
+    """The size symbols `bind_symbols` binds from the arguments' shapes."""
+    return {d.factors[0] for v in params for d in v.type.shape
+            if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1}
 
 
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:

@@ -43,6 +43,14 @@ class Bridged:
     def __repr__(self) -> str:
         return f"<{self.__name__}>"
 
+    @property
+    def name(self) -> str:  # (as an error leaving it names the call: `boundary.leaving`)
+        return self.__name__
+
+    @property
+    def span(self):
+        return self.f.span
+
     def error_sources(self) -> tuple[tuple[str, str], ...]:
         return self.f.error_sources()
 

@@ -47,10 +47,13 @@ import numpy as np
 from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
 from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunction, Stacked,
                           Wrt, derived, derived_if_made, fast_key, jvp_function, resolve_wrt,
-                          stacked_jvp_function, stacked_vjp_function, vjp_of_bound)
+                          result_types, stacked_jvp_function, stacked_vjp_function,
+                          vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
+from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.args import SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import THREAD, recording_tapes
 from gradlang.runtime.target import is_device_array
@@ -502,6 +505,7 @@ class Jacobian(AsFunction):
         """The Jacobians for f's validated arguments, structured as f's
         outputs."""
         self.require_wrt(bound)
+        self._require_room(bound)
         per_output = (self._forward(bound) if self.mode == "fwd" else self._reverse(bound))
         per_output = [[self._placed(j) for j in js] for js in per_output]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
@@ -522,6 +526,26 @@ class Jacobian(AsFunction):
                 raise ArgumentError(f"{self.name}: no value was passed for {name!r}",
                                     self.f.span)
             self._require_float(name, bound[name])
+
+    @property
+    def span(self):
+        return self.f.span
+
+    def _require_room(self, bound: dict[str, Any]) -> None:
+        """Refuse, before anything runs, a Jacobian larger than the host's
+        memory (`jacfwd` of a function of a 10**6-vector has 10**12
+        entries): each is assembled there whole."""
+        try:
+            outs = result_types(self.f, bound)
+        except NeedsValue:  # (its program is picked by a value: refused as it runs)
+            return
+        for k, (shape, dtype) in enumerate(outs):
+            for name in self.wrt:
+                x = bound[name]
+                what = (f"the Jacobian of {'its result' if len(outs) == 1 else f'result {k}'} "
+                        f"with respect to {name!r}")  # (user text: a name, repr'd)
+                require_host_room(shape + _basis_shape(x, self.batched),
+                                  _jacobian_dtype(np.empty(0, dtype), x), what, self.f.span)
 
     def _require_float(self, name: str, x: Any) -> None:
         dtype = np.dtype(x.dtype)

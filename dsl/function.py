@@ -44,6 +44,7 @@ from gradlang.runtime.aot import AotFunction
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, check_param_sizes,
                                    const_scalar_names, numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
+from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.pullback import Pullback
@@ -435,6 +436,8 @@ class Compiled:
             return self.call_slow(args, kwargs)
         except GradError as err:
             raise leaving(err, self)
+        except MemoryError as err:  # (one the driver could not foresee)
+            raise leaving(out_of_memory(err), self)
 
     @functools.cached_property
     def out_is_a_parameter(self) -> bool:

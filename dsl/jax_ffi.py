@@ -61,6 +61,7 @@ from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
 from gradlang.compiler.pipeline import Program
+from gradlang.runtime.common import HOST_MEMORY
 from gradlang.runtime.loader import (jit_in_kernel_cache, load_kernels, make_driver,
                                       manage_dispatcher)
 
@@ -145,6 +146,10 @@ class _Helpers:
     """The driver's `R` while planning: temporaries (`empty`) and views
     of contiguous arrays (`flat`, `reshape`) alone; anything else is
     `_Unplanned`."""
+
+    # the driver's size checks pass as the CPU's would (one that fails, at
+    # `too_large`, is `_Unplanned`: the callback then raises its error)
+    ALLOCATABLE = HOST_MEMORY
 
     def __init__(self) -> None:
         self.temporaries: list[np.ndarray] = []

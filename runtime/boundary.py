@@ -10,6 +10,15 @@ internal exceptions it was raised while handling.  Boundaries nest: the
 outermost one a call passes through is the frame shown.
 `GRADC_FULL_TRACEBACK=1` keeps everything, for work on gradlang itself.
 
+An array too large to make (`ArrayTooLarge`, which a driver raises
+knowing the array but not the function's name) leaves each boundary named
+as the call it passed through (`about`'s name: the outermost one's stays,
+`jacfwd(f)` rather than its stacked program's), at the function's
+definition where it has no place of its own.  A `MemoryError` leaving a
+call (an allocation that failed: NumPy's, a device's) leaves as the
+`AllocationError` that says so (`runtime.common.out_of_memory`); nothing
+else is converted, so a bug of gradlang's is not passed off as the user's.
+
 An error leaving a boundary also gets the text of the file its span names,
 for its caret line, when it has none yet (a runtime argument error points
 at a function's definition, and the runtime holds no source): from the
@@ -22,7 +31,8 @@ import functools
 import os
 from typing import Any, Callable, TypeVar
 
-from gradlang.runtime.errors import GradError
+from gradlang.runtime.common import out_of_memory
+from gradlang.runtime.errors import ArrayTooLarge, GradError, called
 
 F = TypeVar("F", bound=Callable)
 
@@ -36,6 +46,9 @@ def leaving(err: GradError, about: Any = None) -> GradError:
     boundary's `except GradError` shows the frames from there up (for a hot
     entry point that cannot afford the decorator's extra call).  `about`:
     what the call was about (see the module's contract), for the source."""
+    name = getattr(about, "name", None)
+    if isinstance(err, ArrayTooLarge) and isinstance(name, str):
+        err.about_call(called(name), getattr(about, "span", None))
     if err.source is None:
         sources = getattr(about, "error_sources", None)
         if callable(sources):
@@ -56,4 +69,6 @@ def user_facing(fn: F) -> F:
             return fn(*args, **kwargs)
         except GradError as err:
             raise leaving(err, args[0] if args else None)
+        except MemoryError as err:
+            raise leaving(out_of_memory(err), args[0] if args else None)
     return entry  # type: ignore[return-value]

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Optional, Union
 
 import numpy as np
 
-from gradlang.runtime.errors import ArgumentError, Span
+from gradlang.runtime.args import SUPPORTED
+from gradlang.runtime.errors import (AllocationError, ArgumentError, ArrayTooLarge, Span,
+                                     SizeOverflowError)
 
 # What a driver tells a runtime check about the source of what it checks:
 # (text naming it, (file, line, col, end_line, end_col) of its place) as
@@ -66,6 +69,83 @@ def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> No
 
 # The largest byte count (or size) an array can have: sizes are signed.
 MAX_SIZE = int(np.iinfo(np.intp).max)
+
+
+def host_memory() -> int:
+    """This machine's memory in bytes, RAM and swap together: an array
+    larger than that cannot be made (every array a driver makes, its
+    kernels write whole); `MAX_SIZE` where the system does not say."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # (no sysconf: Windows)
+        return MAX_SIZE
+    swap = 0
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("SwapTotal:"):
+                    swap = int(line.split()[1]) * 1024  # (in kB)
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(ram + swap, MAX_SIZE) if ram > 0 else MAX_SIZE
+
+
+HOST_MEMORY = host_memory()
+HOST = "this machine's memory (with swap)"  # (whose memory HOST_MEMORY is, as errors say)
+
+
+def require_host_room(shape: tuple, dtype, what: str, span: Optional[Span]) -> None:
+    """Refuse (as `too_large`) an array of `shape` and `dtype` larger than
+    this machine's memory, before it is made: one a call assembles on the
+    host (a Jacobian)."""
+    if math.prod(shape) * np.dtype(dtype).itemsize > HOST_MEMORY:
+        too_large(shape, dtype, where_of(what, span), HOST_MEMORY, HOST)
+
+
+def amount(nbytes: int) -> str:
+    """A byte count as people read it: `7.28 TiB`, `512 bytes`."""
+    if nbytes < 1024:
+        return f"{nbytes} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        nbytes /= 1024
+        if nbytes < 1024:
+            break
+    else:
+        unit = "PiB"
+    return f"{nbytes:.3g} {unit}" if nbytes < 1000 else f"{nbytes:.0f} {unit}"
+
+
+def too_large(shape: tuple, dtype, where: Where, limit: int, memory: str,
+              names_call: bool = False) -> None:
+    """Raised by a driver (through its target's `too_large`, which gives
+    `limit`, the bytes an array may have, and `memory`, whose memory that
+    is) before it makes an array of `shape` and `dtype` that is larger:
+    `SizeOverflowError` if no array's size can count it, else
+    `AllocationError`.  `where`: the array, as the call's ("its result"),
+    and the expression making it (`Where`); `names_call`: its text names
+    the call already (`ArrayTooLarge.about_call` then adds no name)."""
+    what, span = placed(where)
+    dtype = np.dtype(dtype)
+    elements = math.prod(shape)
+    nbytes = elements * dtype.itemsize
+    array = f"{SUPPORTED.get(dtype, str(dtype))}[{', '.join(map(str, shape))}]"
+    if nbytes > MAX_SIZE:
+        error: ArrayTooLarge = SizeOverflowError(
+            f"{what} would be {array}: {elements} elements of {dtype.itemsize} bytes, a "
+            f"byte count beyond the {MAX_SIZE} an array can have", span)
+    else:
+        error = AllocationError(f"{what} would be {array}, {amount(nbytes)}, which cannot be "
+                                f"allocated: {memory} has {amount(limit)}", span)
+    error.names_call = names_call
+    raise error
+
+
+def out_of_memory(err: MemoryError) -> AllocationError:
+    """A call's `MemoryError` from an allocation that failed (NumPy's
+    says how much it asked for), as the `AllocationError` a user sees."""
+    error = AllocationError(f"ran out of memory ({str(err) or 'an allocation failed'})")
+    error.__cause__ = err  # (kept under GRADC_FULL_TRACEBACK: `boundary.leaving`)
+    return error
 
 
 def fillable(shape: tuple, dtype) -> tuple:

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from gradlang.runtime import branch_free, cpu_math, memory
+from gradlang.runtime import branch_free, common, cpu_math, memory
 from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatch, R.into)
     axis_runs,
     empty_axis,
@@ -68,6 +68,14 @@ def flat(x: np.ndarray) -> np.ndarray:
 # Memory and layout, as the drivers of both targets name them.
 empty = np.empty
 pooled = memory.pooled
+# The most bytes an array a driver makes may have (checked before anything
+# runs: `codegen._Made.checks`).
+ALLOCATABLE = common.HOST_MEMORY
+
+
+def too_large(shape: tuple, dtype, where: Where) -> None:
+    common.too_large(shape, dtype, where, ALLOCATABLE, common.HOST)
+
 reshape = np.reshape
 transpose = np.transpose
 

@@ -2,10 +2,11 @@
 generated drivers call (imported there as `R`), and the host/device
 boundary.
 
-Contract: the same functions as `runtime.cpu` (empty, scalar, copy, flat,
-reshape, transpose, slice, embed, concatenate, matmul,
-reduce_sum, reduce_max, cumsum, size_mismatch, fixed_size_mismatch, take, take_along_axis,
-scatter_add, scatter_add_along_axis), taking and returning C-contiguous
+Contract: the same functions as `runtime.cpu` (ALLOCATABLE, too_large,
+empty, scalar, copy, flat, reshape, transpose, slice, embed, concatenate,
+matmul, reduce_sum, reduce_max, cumsum, size_mismatch, fixed_size_mismatch,
+take, take_along_axis, scatter_add, scatter_add_along_axis), taking and
+returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
@@ -63,12 +64,19 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     trip_count,
     Where,
 )
-from gradlang.runtime import cuda_math  # noqa: E402
+from gradlang.runtime import common, cuda_math  # noqa: E402
 from gradlang.runtime.common import iota as host_iota  # noqa: E402
 from gradlang.runtime.errors import ArgumentError  # noqa: E402
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+if SIMULATOR:
+    class CudaAPIError(Exception):
+        """(The simulator's allocations are NumPy's: never raised.)"""
+    _OUT_OF_MEMORY = None
+else:  # (Numba's own test for it: `driver.NumbaCUDAMemoryManager._attempt_allocation`)
+    from numba.cuda.cudadrv.driver import CudaAPIError, binding
+    _OUT_OF_MEMORY = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
 
 def _shared_arrays_allocated_once() -> None:
@@ -139,6 +147,57 @@ kernel_math = _SimulatorMath() if SIMULATOR else cuda_math
 
 def blocks(n: int) -> int:
     return max(1, min(MAX_BLOCKS, -(-n // THREADS)))
+
+
+# ------------------------------------------------------------ memory
+
+
+def __getattr__(name: str):
+    # ALLOCATABLE, worked out at a driver's first check (asking the GPU
+    # its size opens its context: not at import), then a global
+    if name == "ALLOCATABLE":
+        value = globals()[name] = _device_memory()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _device_memory() -> int:
+    """The most bytes a device array may have: the GPU's memory (the
+    simulator's arrays are the host's)."""
+    if SIMULATOR:
+        return common.HOST_MEMORY
+    return int(cuda.current_context().get_memory_info().total)
+
+
+def _limit() -> int:
+    """ALLOCATABLE (which a bare name in this module would not find)."""
+    return sys.modules[__name__].ALLOCATABLE
+
+
+def memory() -> str:
+    """Whose memory `ALLOCATABLE` is, as an error says it."""
+    return common.HOST if SIMULATOR else "the GPU"
+
+
+def too_large(shape: tuple, dtype, where: Where) -> None:
+    common.too_large(shape, dtype, where, _limit(), memory())
+
+
+def _device_array(shape, dtype):
+    """`cuda.device_array`, its failure for want of device memory a
+    `MemoryError` (as a host allocation's: `boundary.user_facing` says it
+    as an `AllocationError`), not Numba's CudaAPIError."""
+    try:
+        return cuda.device_array(shape, dtype)
+    except CudaAPIError as err:
+        if err.code != _OUT_OF_MEMORY:
+            raise
+        raise MemoryError(f"the GPU could not allocate {_amount(shape, dtype)}") from err
+
+
+def _amount(shape, dtype) -> str:
+    return common.amount(math.prod((shape,) if isinstance(shape, int) else shape)
+                         * np.dtype(dtype).itemsize)
 
 
 # ------------------------------------------------------------ host / device
@@ -355,17 +414,17 @@ def _launch(kernel, n: int, *args) -> None:
 
 
 def empty(n, dtype):
-    return cuda.device_array(n, dtype)
+    return _device_array(n, dtype)
 
 
 def scalar(value, dtype):
-    out = cuda.device_array(1, dtype)
+    out = _device_array(1, dtype)
     _launch(_fill, 1, out, np.dtype(dtype).type(value))
     return out.reshape(())
 
 
 def full(shape, value, dtype):
-    out = cuda.device_array(max(1, math.prod(fillable(shape, dtype))), dtype)
+    out = _device_array(max(1, math.prod(fillable(shape, dtype))), dtype)
     _launch(_fill, out.size, out, np.dtype(dtype).type(value))
     return out[:math.prod(shape)].reshape(shape) if shape else out.reshape(())
 
@@ -392,7 +451,7 @@ def stack_write(ys, t: int, y) -> None:
 
 
 def copy(x):
-    out = cuda.device_array(x.shape, x.dtype)
+    out = _device_array(x.shape, x.dtype)
     if x.size:  # (the simulator compares an empty array's strides, which may differ)
         out.copy_to_device(x)
     return out
@@ -408,7 +467,7 @@ def reshape(x, shape):
 
 def _gathered(x, out_shape, offset: int, src_strides):
     size = math.prod(out_shape)
-    out = cuda.device_array(max(size, 1), x.dtype)
+    out = _device_array(max(size, 1), x.dtype)
     if size:
         _launch(_gather, size, out, flat(x), offset, stride_table(out_shape, src_strides))
     return out[:size].reshape(out_shape) if out_shape else out.reshape(())
@@ -479,7 +538,7 @@ def matmul(a, b):
     batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
     n, m = a_shape[-2], b_shape[-1]
     count = math.prod(batch)
-    out = cuda.device_array((count, n, m), np.float64)
+    out = _device_array((count, n, m), np.float64)
     if out.size:
         grid = (max(1, -(-m // TILE)), max(1, min(MAX_GRID_Y, -(-n // TILE))),
                 max(1, min(MAX_GRID_Y, count)))
@@ -488,7 +547,7 @@ def matmul(a, b):
 
 
 def _astype(x, dtype):
-    out = cuda.device_array(x.shape, dtype)
+    out = _device_array(x.shape, dtype)
     if x.size:
         _launch(_cast, x.size, flat(out), flat(x))
     return out
@@ -525,14 +584,14 @@ def _reduce(x, axes, is_max: bool):
         acc_dtype = np.float64 if np.dtype(out_dtype).kind == "f" else np.int64
         if inner == 1 and reduced >= 4 * THREADS and np.dtype(out_dtype).kind == "f":
             chunks = max(1, min(MAX_BLOCKS, -(-reduced // (THREADS * 8))))
-            partials = cuda.device_array((outer, chunks), np.float64)
+            partials = _device_array((outer, chunks), np.float64)
             grid = (chunks, min(MAX_GRID_Y, outer))
             _tree_rows[grid, THREADS](flat(x), outer, reduced, flat(partials), is_max)
             result = _reduce(partials, (1,), is_max)
         else:
             per = _run_length(outer * inner, reduced)
             chunks = -(-reduced // per)
-            partials = cuda.device_array(outer * chunks * inner,
+            partials = _device_array(outer * chunks * inner,
                                          out_dtype if is_max else acc_dtype)
             if is_max:
                 _launch(_max_middle, partials.size, flat(x), outer, reduced, inner, per,
@@ -561,7 +620,7 @@ def cumsum(x, axis: int, reverse: bool):
     thread per lane, which scans its axis serially: enough lanes fill the
     grid; one long lane (a 1-d cumsum) runs on one thread."""
     outer, n, inner = index_views(tuple(x.shape), axis)
-    out = cuda.device_array(x.shape, x.dtype)
+    out = _device_array(x.shape, x.dtype)
     if out.size:
         _launch(_scan_lanes, outer * inner, flat(x), outer, n, inner, reverse, flat(out))
     return out
@@ -590,7 +649,7 @@ def _checked(first_bad, idx, n: int, where: str, launched: bool) -> None:
 def _gather_by(x, idx, axis: int, out_shape, along: bool, where: str):
     _, n, inner = index_views(tuple(x.shape), axis)
     size = math.prod(out_shape)
-    out = cuda.device_array(max(size, 1), x.dtype)
+    out = _device_array(max(size, 1), x.dtype)
     first_bad = full((1,), idx.size, np.int64)
     if size:
         m = out_shape[axis] if along else idx.size
@@ -675,6 +734,11 @@ class CudaTarget(Target):
         return is_device_array(value)
 
     def accept(self, value: Any, what: str) -> Any:
+        if not is_device_array(value) and not hasattr(value, "__cuda_array_interface__"):
+            value = np.asarray(value)  # (a host array: copied over, refused if too large)
+            if value.nbytes > _limit():  # (`what` names the call already)
+                common.too_large(value.shape, value.dtype, f"{what}, copied to the device,",
+                                 _limit(), memory(), names_call=True)
         array = as_device(value)
         if not array.is_c_contiguous():
             # taken without a copy, and the drivers hold C-contiguous arrays

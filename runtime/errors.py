@@ -116,3 +116,38 @@ def _caret_lines(span: Span, source: str | None) -> str:
 class ArgumentError(GradError, TypeError):
     """A bad runtime argument (dtype, rank, shape, missing param, count),
     raised before any kernel runs.  Its span is the function's definition."""
+
+
+class ArrayTooLarge(GradError):
+    """An array a call would make (a result, or a value computed on the
+    way) that is too large, refused before it is allocated and, where the
+    arguments' sizes give it, before any kernel runs.  Raised by a driver,
+    which knows the array and its place in the source but not the name the
+    caller called the function by: the boundary the error leaves through
+    (`runtime.boundary.leaving`) names it, the outermost one last, and
+    gives it the function's definition for a span where it has none."""
+
+    names_call = False  # its detail names the call already
+
+    def __init__(self, detail: str, span: Span | None = None):
+        self.detail = detail
+        super().__init__(detail, span)
+
+    def about_call(self, function: str, span: Span | None) -> None:
+        """Say the array is `function`'s (as the message names a call:
+        `called`), at `span` unless it has a place already."""
+        if not self.names_call:
+            self.message = f"{function}: {self.detail}"
+            self.args = (self.message,)
+        if self.span is UNKNOWN_SPAN and span is not None:
+            self.span = span
+
+
+class SizeOverflowError(ArrayTooLarge, ArgumentError):
+    """An array whose element or byte count no array can have (beyond
+    NumPy's signed 64-bit sizes): arguments too large for the program."""
+
+
+class AllocationError(ArrayTooLarge, MemoryError):
+    """An array larger than this machine's (or device's) memory, or one
+    whose allocation failed: an `except MemoryError` catches it too."""

@@ -6,7 +6,8 @@ and raises `TargetError` for an unknown name or a target that cannot run
 here (`Target.require`).  A `Target` is at once:
 
 - the helper module generated drivers call as `R` (`helpers`): memory,
-  layout, reductions, matmul, size checks;
+  layout, reductions, matmul, size checks (`ALLOCATABLE`, the most bytes
+  an array may have there, and `too_large`, which refuses one);
 - the loop wrapper codegen renders kernels with (`header`, `render_loop`,
   `launch`, and, where a loop may end in a sum, `render_reducing_loop` and
   `launch_reducing`), and what a kernel compiles to (`compiled_ir`, for

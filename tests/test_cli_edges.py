@@ -125,11 +125,24 @@ def test_a_size_named_like_an_any_size_is_not_it(sig, capsys):
 
 
 def test_a_result_too_big_for_memory_is_an_error_not_a_traceback(capsys):
-    # pool's result has m rows: NumPy's MemoryError left as a traceback
-    code, out, err = run(["run", str(ROOT / "examples" / "segment_pool.grad"), "pool",
-                          "[[1, 2], [3, 4]]", "[0, 1]", str(10**12)], capsys)
+    # pool's result has m rows: NumPy's MemoryError left as a traceback, then
+    # said as "out of memory: Unable to allocate 14.6 TiB" with no place;
+    # now refused before it is allocated, at the expression making it
+    pool = ROOT / "examples" / "segment_pool.grad"
+    code, out, err = run(["run", str(pool), "pool", "[[1, 2], [3, 4]]", "[0, 1]",
+                          str(10**12)], capsys)
     assert code == 1 and out == ""
-    assert err.startswith("gradc: error: out of memory: Unable to allocate 14.6 TiB")
+    lines = err.split("\n")
+    assert lines[0].startswith(f"{pool}:5:12: error: pool(): its result would be "
+                               "f64[1000000000000, 2], 14.6 TiB, which cannot be allocated: "
+                               "this machine's memory (with swap) has ")
+    assert lines[1:] == ["        return segment_sum(x, seg, m)", " " * 15 + "^" * 22, ""]
+    # beyond what a byte count can hold: a usage error of the same form
+    code, out, err = run(["run", str(pool), "pool", "[[1, 2], [3, 4]]", "[0, 1]",
+                          str(2**62)], capsys)
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.startswith(f"{pool}:5:12: error: pool(): its result would be f64[{2**62}, 2]: "
+                          f"{2**63} elements of 8 bytes, a byte count beyond")
 
 
 def test_an_index_out_of_range_is_an_error_at_its_line(capsys):

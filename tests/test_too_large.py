@@ -1,0 +1,182 @@
+"""Arrays too large to make: refused before any kernel runs, as a GradError
+at the expression making them, named by the call (`runtime.errors.
+ArrayTooLarge`).  No test allocates much: the arguments are zero-stride
+views (np.broadcast_to), whose sizes cost no memory."""
+import sys
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl import AllocationError, SizeOverflowError
+from gradlang.runtime import cpu
+
+SOURCE = """\
+def outer(x, y):
+    return x[:, None] * y[None, :]
+
+def both(x, y):
+    return x * 2.0, x[:, None] * y[None, :]
+
+def total(x):
+    return sum(x * x)
+
+def plain_sum(x):
+    return sum(x)
+"""
+M = dsl.loads(SOURCE, file="too_large.grad")
+# 2**20 each: a result of 2**40 f64 (8 TiB), beyond any machine that runs this
+WIDE = np.broadcast_to(1.0, (2 ** 20,))
+# 2**40 each: 2**80 elements, beyond any size an array has
+HUGE = np.broadcast_to(1.0, (2 ** 40,))
+OUTER_AT = ("too_large.grad", 2, 12)  # x[:, None] * y[None, :]
+TOTAL_AT = ("too_large.grad", 7, 5)  # total's definition
+
+
+def place(err):
+    return (err.file, err.line, err.col)
+
+
+def test_a_result_beyond_memory_is_refused_before_any_kernel_runs():
+    small = np.full(2 ** 20, np.nan)  # (8 MiB) the first result's buffer
+    with pytest.raises(AllocationError) as caught:
+        M.both(WIDE, WIDE, out=(small, None))
+    err = caught.value
+    assert isinstance(err, MemoryError) and isinstance(err, dsl.GradError)
+    assert err.message == ("both(): one of its results would be f64[1048576, 1048576], 8 TiB, "
+                           "which cannot be allocated: this machine's memory (with swap) has "
+                           f"{cpu.common.amount(cpu.ALLOCATABLE)}")
+    assert place(err) == ("too_large.grad", 5, 21)
+    assert str(err).split("\n")[1:] == ["        return x * 2.0, x[:, None] * y[None, :]",
+                                        " " * 24 + "^" * 23]
+    assert np.isnan(small).all()  # x * 2.0, whose kernel runs first, never ran into it
+    # user code's `except MemoryError` still catches it, as NumPy's would have
+    with pytest.raises(MemoryError) as caught:
+        M.outer(WIDE, WIDE)
+    err = caught.value
+    assert place(err) == OUTER_AT and "outer(): its result would be" in str(err)
+    # the frames shown are the caller's, not the driver's nor the runtime's
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert frames[0] == __file__ and not any("runtime" in f or "driver" in f for f in frames)
+
+
+def test_a_size_beyond_what_an_array_can_count_is_an_argument_error():
+    with pytest.raises(SizeOverflowError) as caught:
+        M.outer(HUGE, HUGE)
+    err = caught.value
+    assert isinstance(err, dsl.ArgumentError) and not isinstance(err, MemoryError)
+    assert err.message == ("outer(): its result would be f64[1099511627776, 1099511627776]: "
+                           "1208925819614629174706176 elements of 8 bytes, a byte count beyond "
+                           "the 9223372036854775807 an array can have")
+    assert place(err) == OUTER_AT
+    # and the program is fine for sizes that fit (the checks do not misfire)
+    np.testing.assert_array_equal(M.outer(np.arange(3.0), np.arange(2.0)),
+                                  np.outer(np.arange(3.0), np.arange(2.0)))
+
+
+def test_every_transform_names_itself():
+    cases = {
+        "grad(total): its result would be f64[1099511627776], 8 TiB":
+            lambda: dsl.grad(M.total)(HUGE),
+        "value_and_grad(total): one of its results would be f64[1099511627776]":
+            lambda: dsl.value_and_grad(M.total)(HUGE),
+        "total(): one of its results would be f64[1099511627776]":  # its forward pass
+            lambda: dsl.vjp(M.total, HUGE),
+        # a helper (the sum's) would make a zero-stride argument contiguous first
+        "plain_sum(): a contiguous copy of its argument 'x' would be f64[1099511627776]":
+            lambda: dsl.vjp(M.plain_sum, HUGE),
+        "outer(): one of its results would be f64[1048576, 1048576]":
+            lambda: dsl.jvp(M.outer, (WIDE, WIDE), (WIDE, WIDE)),
+        "vmap(outer): its result would be f64[3, 1048576, 1048576]":
+            lambda: dsl.vmap(M.outer)(np.broadcast_to(1.0, (3, 2 ** 20)),
+                                      np.broadcast_to(1.0, (3, 2 ** 20))),
+        # a Jacobian is refused before any of its columns is worked out
+        "jacfwd(total): the Jacobian of its result with respect to 'x' would be "
+        "f64[1099511627776], 8 TiB":
+            lambda: dsl.jacfwd(M.total)(HUGE),
+        "jacrev(outer): the Jacobian of its result with respect to 'x' would be "
+        "f64[1048576, 1, 1048576]":
+            lambda: dsl.jacrev(M.outer)(WIDE, np.ones(1)),
+        "jacfwd(grad(total)): the Jacobian of its result with respect to 'x' would be "
+        "f64[1000000, 1000000], 7.28 TiB":
+            lambda: dsl.hessian(M.total)(np.broadcast_to(1.0, (10 ** 6,))),
+    }
+    for message, call in cases.items():
+        with pytest.raises(AllocationError) as caught:
+            call()
+        assert caught.value.message.startswith(message), (message, caught.value.message)
+        assert caught.value.file == "too_large.grad" and caught.value.source == SOURCE
+
+
+def test_a_failed_allocation_is_an_allocation_error(monkeypatch):
+    # sizes the checks pass, where the memory is not there when asked for
+    def pooled(shape, dtype):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array with shape (10**12,)")
+    monkeypatch.setattr(cpu, "pooled", pooled)
+    with pytest.raises(AllocationError) as caught:
+        dsl.grad(M.total)(np.ones(2 ** 16))
+    err = caught.value
+    assert err.message == ("grad(total): ran out of memory (Unable to allocate 7.28 TiB for an "
+                           "array with shape (10**12,))")
+    assert place(err) == TOTAL_AT and err.__cause__ is None  # (the boundary's cut)
+
+    def pooled_silently(shape, dtype):
+        raise MemoryError
+    monkeypatch.setattr(cpu, "pooled", pooled_silently)
+    with pytest.raises(AllocationError, match=r"^too_large.grad:7:5: error: "
+                       r"value_and_grad\(total\): ran out of memory \(an allocation failed\)"):
+        dsl.value_and_grad(M.total)(np.ones(2 ** 16))  # (its gradient's 2**16: pooled)
+
+
+def test_the_fast_paths_driver_checks_only_what_no_argument_holds():
+    # the driver for C-contiguous arguments: log1pexp-like programs, whose
+    # arrays are no larger than an argument, pay for no check
+    grad_total = dsl.grad(M.total)
+    program = grad_total.program(grad_total.bind((np.ones(3),), {}))
+    assert "R.too_large" in program.generated.driver_source  # (a view may be zero-stride)
+    assert "R.too_large" not in program.generated.contiguous_driver_source
+    program = M.outer.program(M.outer.bind((np.ones(3), np.ones(2)), {}))
+    assert program.generated.contiguous_driver_source.count("R.too_large") == 1
+
+
+def test_cuda_refuses_on_the_device_and_before_copying():
+    m = dsl.loads(SOURCE, file="too_large.grad", target="cuda")
+    with pytest.raises(AllocationError) as caught:
+        m.outer(WIDE, WIDE)  # x and y copied over (8 MiB each): the result is refused
+    assert caught.value.message.startswith("outer(): its result would be "
+                                           "f64[1048576, 1048576], 8 TiB")
+    assert place(caught.value) == OUTER_AT
+    with pytest.raises(AllocationError) as caught:
+        m.outer(HUGE, np.ones(1))
+    assert caught.value.message.startswith(
+        "argument 'x' of outer(), copied to the device, would be f64[1099511627776], 8 TiB")
+    assert place(caught.value) == ("too_large.grad", 1, 5)
+
+
+def test_the_bridges_name_themselves():
+    torch = pytest.importorskip("torch")
+    wide = torch.ones(1, dtype=torch.float64).expand(2 ** 20)
+    with pytest.raises(AllocationError) as caught:
+        dsl.to_torch(M.outer)(wide, wide)
+    assert caught.value.message.startswith("to_torch(outer): its result would be "
+                                           "f64[1048576, 1048576], 8 TiB")
+    assert place(caught.value) == OUTER_AT
+
+
+def test_a_compiled_module_refuses_as_dsl_does(tmp_path, monkeypatch):
+    from dsl.aot import compile_module
+    (tmp_path / "big_outer.grad").write_text(SOURCE)
+    compile_module(str(tmp_path / "big_outer.grad"), str(tmp_path / "out"),
+                   ["outer(f64[:], f64[:])"])
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    monkeypatch.delitem(sys.modules, "big_outer", raising=False)
+    import importlib
+    compiled = importlib.import_module("big_outer")
+    with pytest.raises(AllocationError, match=r"/big_outer.grad:2:12: error: outer\(\): its "
+                       r"result would be f64\[1048576, 1048576\], 8 TiB"):
+        compiled.outer(WIDE, WIDE)
+    with pytest.raises(SizeOverflowError, match="1208925819614629174706176 elements"):
+        compiled.outer(HUGE, HUGE)
