@@ -933,11 +933,11 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
     that carries it, and checking every other axis that carries it, and
     every fixed size (a program compiled ahead of time for f64[4] must not
     run on 2 elements)."""
-    lines, bound = [], set()
+    lines, bound = [], {}  # symbol -> (the argument, its axis) that binds it
     for v in params:
+        what = f"argument {v.hint!r}" if v.hint else "an argument"  # user text: repr
         for axis, d in enumerate(v.type.shape):
             if isinstance(d, int):
-                what = f"argument {v.hint!r}" if v.hint else "an argument"  # user text: repr
                 lines.append(f"if {names[v]}.shape[{axis}] != {d}: R.fixed_size_mismatch("
                              f"{what!r}, {axis}, {d}, {names[v]}.shape[{axis}])")
                 continue
@@ -946,11 +946,13 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
             (symbol,) = d.factors
             var = size_variable(symbol)
             if symbol not in bound:
-                bound.add(symbol)
+                bound[symbol] = (what, axis)
                 lines.append(f"{var} = {names[v]}.shape[{axis}]")
             else:
-                lines.append(f"if {names[v]}.shape[{axis}] != {var}: "
-                             f"R.size_mismatch({symbol!r}, {var}, {names[v]}.shape[{axis}])")
+                first, first_axis = bound[symbol]
+                lines.append(f"if {names[v]}.shape[{axis}] != {var}: R.size_mismatch("
+                             f"{str(symbol)!r}, {first!r}, {first_axis}, {var}, {what!r}, "
+                             f"{axis}, {names[v]}.shape[{axis}])")
     return lines
 
 

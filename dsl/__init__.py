@@ -10,15 +10,15 @@ The API is imported on first use, so that `import dsl` (and catching
 it: `gradlang.compiler` (front end to codegen) and `gradlang.runtime` (what a
 compiled module needs); neither imports this package.
 """
-from gradlang.runtime.errors import (AllocationError, ArgumentError, GradError, SizeOverflowError,
-                                     Span)
+from gradlang.runtime.errors import (AllocationError, ArgumentError, GradError, SizeMismatchError,
+                                     SizeOverflowError, Span)
 
 _API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "jvp", "vmap", "jacfwd",
         "jacrev", "hessian", "check_gradients", "install_import_hook")
 _BRIDGES = {"to_torch": "dsl.torch_bridge", "to_jax": "dsl.jax_bridge"}
 
-__all__ = ["AllocationError", "ArgumentError", "GradError", "SizeOverflowError", "Span", "Tape",
-           *_API, *_BRIDGES]
+__all__ = ["AllocationError", "ArgumentError", "GradError", "SizeMismatchError", "SizeOverflowError",
+           "Span", "Tape", *_API, *_BRIDGES]
 
 
 def __getattr__(name: str):

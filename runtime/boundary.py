@@ -32,7 +32,7 @@ import os
 from typing import Any, Callable, TypeVar
 
 from gradlang.runtime.common import out_of_memory
-from gradlang.runtime.errors import ArrayTooLarge, GradError, called
+from gradlang.runtime.errors import GradError, RaisedByDriver, called
 
 F = TypeVar("F", bound=Callable)
 
@@ -47,7 +47,7 @@ def leaving(err: GradError, about: Any = None) -> GradError:
     entry point that cannot afford the decorator's extra call).  `about`:
     what the call was about (see the module's contract), for the source."""
     name = getattr(about, "name", None)
-    if isinstance(err, ArrayTooLarge) and isinstance(name, str):
+    if isinstance(err, RaisedByDriver) and isinstance(name, str):
         err.about_call(called(name), getattr(about, "span", None))
     if err.source is None:
         sources = getattr(about, "error_sources", None)

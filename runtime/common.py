@@ -9,8 +9,8 @@ from typing import Optional, Union
 import numpy as np
 
 from gradlang.runtime.args import SUPPORTED
-from gradlang.runtime.errors import (AllocationError, ArgumentError, ArrayTooLarge, Span,
-                                     SizeOverflowError)
+from gradlang.runtime.errors import (AllocationError, ArgumentError, ArrayTooLarge,
+                                     SizeMismatchError, SizeOverflowError, Span)
 
 # What a driver tells a runtime check about the source of what it checks:
 # (text naming it, (file, line, col, end_line, end_col) of its place) as
@@ -54,17 +54,20 @@ def axis_runs(axes: tuple[int, ...]) -> list[tuple[int, int]]:
     return runs
 
 
-def size_mismatch(symbol: str, expected: int, got: int) -> None:
-    """Raised by a driver whose arguments disagree on a shared size."""
-    raise ArgumentError(f"arguments disagree on a size: {symbol} is {expected} on one "
-                        f"axis and {got} on another")
+def size_mismatch(symbol: str, first: str, first_axis: int, expected: int, argument: str,
+                  axis: int, got: int) -> None:
+    """Raised by a driver whose arguments disagree on a shared size: the
+    axis that bound it first, and the one that differs."""
+    raise SizeMismatchError(f"{argument} has size {got} on axis {axis}, but {first} has "
+                            f"{expected} on axis {first_axis}, and this program takes them "
+                            f"equal (both {symbol})")
 
 
 def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> None:
     """Raised by a driver compiled for a fixed size (`gradc compile --sig
     'f(f64[4])'`) given another."""
-    raise ArgumentError(f"{argument} has size {got} on axis {axis}; this program was "
-                        f"compiled for size {expected} there")
+    raise SizeMismatchError(f"{argument} has size {got} on axis {axis}; this program was "
+                            f"compiled for size {expected} there")
 
 
 # The largest byte count (or size) an array can have: sizes are signed.

@@ -118,14 +118,12 @@ class ArgumentError(GradError, TypeError):
     raised before any kernel runs.  Its span is the function's definition."""
 
 
-class ArrayTooLarge(GradError):
-    """An array a call would make (a result, or a value computed on the
-    way) that is too large, refused before it is allocated and, where the
-    arguments' sizes give it, before any kernel runs.  Raised by a driver,
-    which knows the array and its place in the source but not the name the
-    caller called the function by: the boundary the error leaves through
-    (`runtime.boundary.leaving`) names it, the outermost one last, and
-    gives it the function's definition for a span where it has none."""
+class RaisedByDriver(GradError):
+    """An error a program's driver raises, which knows the arrays and their
+    places in the source but not the name the caller called the function
+    by: the boundary the error leaves through (`runtime.boundary.leaving`)
+    names it, the outermost one last, and gives it the function's
+    definition for a span where it has none."""
 
     names_call = False  # its detail names the call already
 
@@ -141,6 +139,17 @@ class ArrayTooLarge(GradError):
             self.args = (self.message,)
         if self.span is UNKNOWN_SPAN and span is not None:
             self.span = span
+
+
+class ArrayTooLarge(RaisedByDriver):
+    """An array a call would make (a result, or a value computed on the
+    way) that is too large, refused before it is allocated and, where the
+    arguments' sizes give it, before any kernel runs."""
+
+
+class SizeMismatchError(RaisedByDriver, ArgumentError):
+    """Arguments whose sizes the program takes equal (or fixed, compiled
+    ahead of time for them) that are not."""
 
 
 class SizeOverflowError(ArrayTooLarge, ArgumentError):

@@ -261,6 +261,16 @@ def test_aot_functions_pickle_by_reference_to_their_module_imported_by_name(ab, 
     np.testing.assert_array_equal(grad(X, Y), X)
 
 
+def test_arguments_of_unequal_sizes_are_named_with_the_function(ab):
+    # it said "arguments disagree on a size: n is 2 on one axis and 3 on
+    # another", naming neither the function nor the arguments
+    for call, name in ((ab.f, r"f\(\)"), (dsl.grad(ab.f, wrt="y"), r"grad\(f\)")):
+        with pytest.raises(dsl.SizeMismatchError, match=name + ": argument 'y' has size 3 on axis "
+                           r"0, but argument 'x' has 2 on axis 0, and this program takes them "
+                           r"equal \(both n\)"):
+            call(X, np.ones(3))
+
+
 def test_dsl_grad_and_value_and_grad_take_aot_functions(ab):
     # d/dx sum = y + 2 x w1; d/dy sum = x; d/dw sum = (n, sum(x^2))
     np.testing.assert_array_equal(dsl.grad(ab.f)(X, Y), [9.0, 17.0])
