@@ -547,8 +547,9 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
         return name if len(v.type.shape) == 1 else f"{name}.reshape(-1)"
     return Generated(fn.name, header, tuple(driver.kernels.items()),
                      source(lambda v: f"R.flat({run.names[v]})", False),
-                     tuple(driver.kernel_names), source(view, True), tuple((k, driver.signatures[k]) for k in driver.kernels
-                                        if k in driver.signatures))
+                     tuple(driver.kernel_names), source(view, True),
+                     tuple((k, driver.signatures[k]) for k in driver.kernels
+                           if k in driver.signatures))
 
 
 @dataclass

@@ -17,8 +17,8 @@ _API = ("Module", "grad", "hvp", "load", "loads", "value_and_grad", "vjp", "jvp"
         "jacrev", "hessian", "check_gradients", "install_import_hook")
 _BRIDGES = {"to_torch": "dsl.torch_bridge", "to_jax": "dsl.jax_bridge"}
 
-__all__ = ["AllocationError", "ArgumentError", "GradError", "SizeMismatchError", "SizeOverflowError",
-           "Span", "Tape", *_API, *_BRIDGES]
+__all__ = ["AllocationError", "ArgumentError", "GradError", "SizeMismatchError",
+           "SizeOverflowError", "Span", "Tape", *_API, *_BRIDGES]
 
 
 def __getattr__(name: str):

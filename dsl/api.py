@@ -157,8 +157,8 @@ def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[
 
 
 @user_facing
-def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[Wrt] = None
-                   ) -> "GradFunction | AotGradient":
+def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False,
+                   argnums: Optional[Wrt] = None) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs); with `has_aux`,
     ((first output, the others), the gradient of the first's sum)."""
     return grad_function(require_function(f, "value_and_grad"), _wrt(wrt, argnums), True,
@@ -171,7 +171,7 @@ def _flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def _wrt(wrt: Wrt, argnums: Wrt) -> Wrt:
+def _wrt(wrt: Wrt, argnums: Optional[Wrt]) -> Wrt:
     """`wrt`, or `argnums` (JAX's and torch.func's name for it) if given."""
     if argnums is None:
         return wrt

@@ -16,8 +16,8 @@ One program runs every example at once (`compiler.vectorize`, the rules
 None))` gives per-example gradients in one pass.  Where f has an op with no
 rule for stacked values (a mapped index array, a loop whose trip count
 is mapped, a mapped integer used as a size, a mapped `const` integer or
-bool, whose value picks the program), the examples run one at a time, with the same results (an `ArgumentError` where their shapes
-differ).  A `VmapFunction` is a compiled function like the others:
+bool, whose value picks the program), the examples run one at a time,
+with the same results (an `ArgumentError` where their shapes differ).  A `VmapFunction` is a compiled function like the others:
 `grad`, `jvp`, `jacfwd` and `to_torch` take it, as long as its program
 stacks (otherwise they raise `ArgumentError`); `vmap` takes it always
 (running it once per example where it does not stack).  `vmap` also
