@@ -25,6 +25,12 @@ def loss_and_mean(x, w):
 
 def one(x):
     return sum(x * x)
+
+def looped(x):
+    y = x
+    for i in range(3):
+        y = sin(y) + y * 0.5
+    return sum(y * y), mean(y)
 """
 
 
@@ -74,6 +80,25 @@ def test_it_matches_jax_and_is_one_program(m):
     np.testing.assert_allclose([value, aux], [j_value, j_aux], rtol=1e-14)
     np.testing.assert_allclose(gradient, j_gradient, rtol=1e-14)
     assert len(f.program(f.bind((x, w), {})).generated.kernel_names) == 1
+
+
+def test_a_loop_feeding_the_loss_and_the_aux_runs_forward_once(m):
+    # the aux outputs were computed by a second copy of f, which CSE merged
+    # except for loops: the forward loop ran twice
+    def twin(x):
+        y = x
+        for _ in range(3):
+            y = np.sin(y) + y * 0.5
+        return np.sum(y * y), np.mean(y)
+    x = np.array([0.5, -1.0, 2.0])
+    f = dsl.value_and_grad(m.looped, has_aux=True)
+    (value, aux), gradient = f(x)
+    np.testing.assert_allclose([value, aux], twin(x), rtol=1e-14)
+    np.testing.assert_allclose(gradient, central_difference(lambda x: twin(x)[0], (x,), 0),
+                               rtol=1e-7)
+    loops = [[e.op for e in g.program(g.bind((x,), {})).ir.eqns].count("loop")
+             for g in (f, dsl.value_and_grad(m.looped))]
+    assert loops == [2, 2]  # forward, backward
 
 
 def test_bad_use_is_an_argument_error(m):
