@@ -142,8 +142,12 @@ class VmapFunction(Stacked):
             return super().call_bound(bound, args, out, known)
         if out is not None or recording_tapes(bound.values()):
             what = "takes no out=" if out is not None else "cannot be recorded by a dsl.Tape"
+            picking = sorted(self.static_names(example) & set(self.stacked))
+            why = (f"argument {self.label(picking[0])} is a const scalar for each example, "
+                   "whose value picks the program" if picking else
+                   "an op of its function does not stack, or a mapped argument gives a size")
             raise ArgumentError(f"{called(self.name)} {what} where it runs one example at a "
-                                "time (an op of its function does not stack)", self.span)
+                                f"time ({why})", self.span)
         k = next(iter(bound[n] for n in self.stacked)).shape[0]
         each = [self.inner.call_bound({n: a[i] if n in self.stacked else a
                                        for n, a in bound.items()}) for i in range(k)]

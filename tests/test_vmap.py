@@ -443,6 +443,11 @@ def test_const_arguments_map_when_in_axes_says_so(m):
     with pytest.raises(dsl.ArgumentError, match="'n' of vmap.looped. is a const scalar for "
                                                 "each example"):
         dsl.grad(dsl.vmap(m.looped, in_axes=(0, 0)))(x, n)
+    with pytest.raises(dsl.ArgumentError, match="cannot be recorded by a dsl.Tape where it runs "
+                       "one example at a time .argument 'n' is a const scalar for each example"):
+        with dsl.Tape() as tape:  # (it blamed "an op of its function")
+            tape.watch(x)
+            dsl.vmap(m.looped, in_axes=(0, 0))(x, n)
 
 
 def test_vmap_takes_only_loaded_functions(tmp_path):
