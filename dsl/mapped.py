@@ -62,8 +62,12 @@ def _mapped(f: Compiled, positions: tuple[int, ...]) -> "VmapFunction":
 def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     """The positions of the parameters in_axes maps (checked)."""
     if isinstance(in_axes, (list, tuple)):
-        # (as JAX's: one per argument passed, so defaulted ones may be left out)
-        required = sum(1 for s in f.specs if not s.has_default)
+        # (as JAX's: one per argument passed, so trailing defaulted ones may
+        # be left out; not one before a required one, as an hvp's v follows
+        # f's defaulted parameters)
+        required = len(f.specs)
+        while required and f.specs[required - 1].has_default:
+            required -= 1
         if not required <= len(in_axes) <= len(f.specs):
             takes = f"{required} to {len(f.specs)}" if required < len(f.specs) else required
             raise ArgumentError(f"in_axes has {len(in_axes)} entries, but {called(f.name)} takes "

@@ -423,6 +423,11 @@ def test_in_axes_may_leave_out_trailing_defaulted_parameters(m):
     with pytest.raises(dsl.ArgumentError, match=r"in_axes has 0 entries, but scaled\(\) takes "
                                                 "1 to 2 positional"):
         dsl.vmap(m.scaled, in_axes=())
+    # not a defaulted one before a required one: hvp(scaled)'s v follows s
+    # (in_axes=(0, 0) mapped s, not v: "'s' ... must then be passed by position")
+    with pytest.raises(dsl.ArgumentError, match=r"in_axes has 2 entries, but hvp\(scaled\) "
+                                                "takes 3 positional"):
+        dsl.vmap(dsl.hvp(m.scaled), in_axes=(0, 0))
 
 
 def test_const_arguments_map_when_in_axes_says_so(m):
