@@ -545,15 +545,17 @@ def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool,
                 first_only: bool = False) -> Function:
     """(params...) -> ([outputs...,] grads...): the gradient of the sum of
     every output, seeded with ones; with `first_only`, of the first
-    output's sum (the others are values only, from the same forward
-    sweep: a loop feeding both runs once)."""
+    output's sum, the others (values only, from the same forward sweep: a
+    loop feeding both runs once) returned before the grads with or
+    without `with_value`, which adds the first."""
     joint = vjp(fn, wrt, seeded=1 if first_only else None)
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
     seeded = fn.out_types[:1] if first_only else fn.out_types
     seeds = [ops.full(b, 1, t.shape, t.dtype) for t in seeded]
     results = inline(b, joint, params + seeds)
-    outputs = (results if with_value else results[len(fn.outputs):])
+    dropped = 0 if with_value else 1 if first_only else len(fn.outputs)
+    outputs = results[dropped:]
     suffix = "value_and_grad" if with_value else "grad"
     return b.function(f"{fn.name}_{suffix}", params, outputs)
 

@@ -101,6 +101,22 @@ def test_a_loop_feeding_the_loss_and_the_aux_runs_forward_once(m):
     assert loops == [2, 2]  # forward, backward
 
 
+def test_a_transform_of_grad_with_aux_differentiates_what_it_returns(m):
+    # grad's program returned f's first value too, which format dropped: the
+    # gradient of grad(f, has_aux=True) added d value (the gradient itself),
+    # and its pullback wanted 3 cotangents
+    x, w = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.25, -0.75])
+
+    def returned(x, w):  # the sum of (d first / dw, mean(z))
+        z = x * w
+        return np.sum(2 * z * x / (1 + z * z)) + np.mean(z)
+    with_aux = dsl.grad(m.loss_and_mean, wrt=1, has_aux=True)
+    exact = central_difference(returned, (x, w), 1)
+    np.testing.assert_allclose(dsl.grad(with_aux, wrt=1)(x, w), exact, rtol=1e-7, atol=1e-9)
+    _, pullback = dsl.vjp(with_aux, x, w)
+    np.testing.assert_allclose(pullback(np.ones(3), 1.0)[1], exact, rtol=1e-7, atol=1e-9)
+
+
 def test_bad_use_is_an_argument_error(m):
     with pytest.raises(dsl.ArgumentError, match=r"aux.grad:10:5: .*grad\(one\) with has_aux=True "
                                                 r"needs a function of two or more results"):
