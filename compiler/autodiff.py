@@ -40,18 +40,21 @@ from gradlang.runtime.errors import GradError
 _Record = tuple[Eqn, list[Atom], Optional[list[Atom]]]
 
 
-def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = ()) -> Function:
+def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = (),
+        seeded: Optional[int] = None) -> Function:
     """The joint function (see above).  With `masked` (output positions),
     it also takes a where-mask for those outputs' cotangents (bool, at the
     output's shape: where the cotangent may be nonzero), after the
     cotangents, and also returns the masks of the `wrt` parameters'
     cotangents, each at its parameter's shape: a loop's backward body
-    carries them from trip to trip (`loop_pull_back`)."""
-    return _joint(fn, wrt, masked, with_masks=bool(masked))[0]
+    carries them from trip to trip (`loop_pull_back`).  With `seeded`, it
+    takes cotangents for the first `seeded` outputs only: the others are
+    values alone, from the same forward sweep."""
+    return _joint(fn, wrt, masked, with_masks=bool(masked), seeded=seeded)[0]
 
 
-def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: bool
-           ) -> tuple[Function, list[bool]]:
+def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: bool,
+           seeded: Optional[int] = None) -> tuple[Function, list[bool]]:
     """`vjp`'s joint function, returning the `wrt` parameters' masks where
     `with_masks` (also with no mask given: a where inside fn makes some),
     and for each of them whether it is one (False: everywhere)."""
@@ -61,7 +64,7 @@ def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: 
     active: set[Var] = {params[i] for i in wrt if params[i].type.is_float}
     tape = _forward_sweep(b, fn, env, active)
     outputs = [env.get(a, a) if isinstance(a, Var) else a for a in fn.outputs]
-    cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs)]
+    cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs[:seeded])]
     masks_in = {i: Var(TensorType("bool", outputs[i].type.shape), f"m{i}") for i in masked}
     cots = _Cotangents(b, active)
     for i, (out, ct) in enumerate(zip(outputs, cts_in)):
@@ -542,19 +545,17 @@ def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool,
                 first_only: bool = False) -> Function:
     """(params...) -> ([outputs...,] grads...): the gradient of the sum of
     every output, seeded with ones; with `first_only`, of the first
-    output's sum (the others are values only: their forward work, inlined
-    again, is merged with the first's by CSE)."""
-    differentiated = Function(fn.name, fn.params, fn.eqns, fn.outputs[:1]) if first_only else fn
-    joint = vjp(differentiated, wrt)
+    output's sum, the others (values only, from the same forward sweep: a
+    loop feeding both runs once) returned before the grads with or
+    without `with_value`, which adds the first."""
+    joint = vjp(fn, wrt, seeded=1 if first_only else None)
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
-    seeds = [ops.full(b, 1, t.shape, t.dtype) for t in differentiated.out_types]
+    seeded = fn.out_types[:1] if first_only else fn.out_types
+    seeds = [ops.full(b, 1, t.shape, t.dtype) for t in seeded]
     results = inline(b, joint, params + seeds)
-    n_out = len(differentiated.outputs)
-    if first_only and with_value:
-        results = results[:1] + inline(b, fn, params)[1:] + results[1:]
-        n_out = len(fn.outputs)
-    outputs = (results if with_value else results[n_out:])
+    dropped = 0 if with_value else 1 if first_only else len(fn.outputs)
+    outputs = results[dropped:]
     suffix = "value_and_grad" if with_value else "grad"
     return b.function(f"{fn.name}_{suffix}", params, outputs)
 

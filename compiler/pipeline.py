@@ -226,7 +226,8 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
 def grad_of_sum(fn: Function, wrt: Sequence[int], with_value: bool,
                 first_only: bool = False) -> Function:
     """(params) -> ([outputs...,] d sum(outputs) / d params[wrt]...); with
-    `first_only`, of the first output's sum (the others are auxiliary)."""
+    `first_only`, of the first output's sum, the others (auxiliary)
+    returned with or without `with_value`."""
     return autodiff.grad_of_sum(fn, wrt, with_value, first_only)
 
 

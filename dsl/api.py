@@ -152,8 +152,8 @@ def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[
     (`argnums`, as JAX and torch.func name it, is the same); with
     `has_aux`, of its first output's, returned as (gradient, the other
     outputs), as JAX's."""
-    return grad_function(require_function(f, "grad"), _wrt(wrt, argnums), False,
-                         _flag(has_aux, "has_aux"))
+    f = require_function(f, "grad")
+    return grad_function(f, _wrt(f, wrt, argnums), False, _flag(f, has_aux, "has_aux"))
 
 
 @user_facing
@@ -161,23 +161,23 @@ def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False,
                    argnums: Optional[Wrt] = None) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs); with `has_aux`,
     ((first output, the others), the gradient of the first's sum)."""
-    return grad_function(require_function(f, "value_and_grad"), _wrt(wrt, argnums), True,
-                         _flag(has_aux, "has_aux"))
+    f = require_function(f, "value_and_grad")
+    return grad_function(f, _wrt(f, wrt, argnums), True, _flag(f, has_aux, "has_aux"))
 
 
-def _flag(value: Any, name: str) -> bool:
+def _flag(f: Function, value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{name} is True or False, got {value!r}")
+        raise ArgumentError(f"{name} is True or False, got {value!r}", f.span)
     return bool(value)
 
 
-def _wrt(wrt: Wrt, argnums: Optional[Wrt]) -> Wrt:
+def _wrt(f: Function, wrt: Wrt, argnums: Optional[Wrt]) -> Wrt:
     """`wrt`, or `argnums` (JAX's and torch.func's name for it) if given."""
     if argnums is None:
         return wrt
     if not (isinstance(wrt, int) and wrt == 0):
         raise ArgumentError(f"give wrt or argnums (its other name), not both: wrt={wrt!r}, "
-                            f"argnums={argnums!r}")
+                            f"argnums={argnums!r}", f.span)
     return argnums
 
 
@@ -186,7 +186,8 @@ def hvp(f: Compiled, wrt: Union[int, str] = 0, *, argnums: Union[int, str, None]
         ) -> HvpFunction:
     """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v (v
     converted to wrt's dtype, where jvp refuses a tangent of another one)."""
-    return HvpFunction(require_function(f, "hvp", aot_ok=False), _wrt(wrt, argnums))
+    f = require_function(f, "hvp", aot_ok=False)
+    return HvpFunction(f, _wrt(f, wrt, argnums))
 
 
 @user_facing
@@ -221,18 +222,21 @@ def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
 def jacfwd(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """The Jacobian of f's outputs w.r.t. `wrt` (out.shape + arg.shape),
     in forward mode: one jvp per element of the argument."""
-    return _jacfwd(require_function(f, "jacfwd", aot_ok=False), _wrt(wrt, argnums))
+    f = require_function(f, "jacfwd", aot_ok=False)
+    return _jacfwd(f, _wrt(f, wrt, argnums))
 
 
 @user_facing
 def jacrev(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """jacfwd's Jacobian in reverse mode: one pullback per output element."""
-    return _jacrev(require_function(f, "jacrev", aot_ok=False), _wrt(wrt, argnums))
+    f = require_function(f, "jacrev", aot_ok=False)
+    return _jacrev(f, _wrt(f, wrt, argnums))
 
 
 @user_facing
 def hessian(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """The Hessian of the sum of f's outputs w.r.t. `wrt` (arg.shape +
     arg.shape), forward over reverse."""
-    wrt = _wrt(wrt, argnums)
-    return _hessian(grad_function(require_function(f, "hessian", aot_ok=False), wrt, False), wrt)
+    f = require_function(f, "hessian", aot_ok=False)
+    wrt = _wrt(f, wrt, argnums)
+    return _hessian(grad_function(f, wrt, False), wrt)

@@ -53,10 +53,11 @@ class UsageError(Exception):
 NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts
 
 
-def _parse_arg(text: str, what: str = "argument"):
+def _parse_arg(text: str, what: str = "argument", may_be_none: bool = True):
     """The value `text` gives (`what` it is, in errors): a Python number or
-    list, or a .npy file's array; an argument may be None too (for a
-    `const` parameter of no dtype: binding refuses it for any other)."""
+    list, or a .npy file's array; an argument (`may_be_none`: not a
+    --param's value) may be None too (for a `const` parameter of no dtype:
+    binding refuses it for any other)."""
     if text.endswith(".npy"):
         path = Path(text)
         if not path.exists():
@@ -73,7 +74,7 @@ def _parse_arg(text: str, what: str = "argument"):
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number, a list "
                          "like [1, 2, 3], or a .npy file") from None
-    if value is None and what == "argument":
+    if value is None and may_be_none:
         return None
     if not isinstance(value, (int, float, complex, list, tuple)):
         raise UsageError(f"cannot read {what} {_quoted(text)}: expected a number or a list")
@@ -109,6 +110,10 @@ def _call_arguments(texts: list[str], names: list[str]) -> tuple[list, dict]:
             if name in keywords:
                 raise UsageError(f"argument {name!r} is given twice")
             keywords[name] = _parse_arg(value, f"argument {name!r}")
+        elif equals and name.isidentifier() and not text.endswith(".npy"):
+            # (it said "cannot read argument 'q=2'")
+            raise UsageError(f"{name!r} is not a parameter of the function: it takes "
+                             f"{', '.join(names)}")
         elif keywords:
             raise UsageError(f"positional argument {text!r} follows a NAME=VALUE one")
         else:
@@ -160,7 +165,8 @@ def _set_params(module: dsl.Module, assignments: Sequence[str]) -> None:
             raise UsageError(f"--param {name.strip()} is given twice")
         given.add(name.strip())
         try:
-            module.params[name.strip()] = _parse_arg(text.strip(), f"--param {name.strip()}")
+            module.params[name.strip()] = _parse_arg(text.strip(), f"--param {name.strip()}",
+                                                    may_be_none=False)
         except ParamError as err:  # no such param
             raise UsageError(err.message) from None
         except ArgumentError as err:  # a value the param cannot take

@@ -625,18 +625,29 @@ class GradFunction(Derived):
             raise ArgumentError(f"{self.name} with has_aux=True needs a function of two or "
                                 f"more results (the first differentiated, the others "
                                 f"auxiliary), but {called(self.inner.name)} has one", self.span)
-        return pipeline.grad_of_sum(fn, indices, self.with_value or self.has_aux,
-                                    first_only=self.has_aux)
+        gradient = pipeline.grad_of_sum(fn, indices, self.with_value, first_only=self.has_aux)
+        if not self.has_aux or self.with_value:
+            return gradient
+        # grad's outputs are what it returns, in its order, (grads, aux): a
+        # transform of it differentiates them, a pullback takes their
+        # cotangents (grad_of_sum gives the aux outputs first)
+        n_aux = len(fn.outputs) - 1
+        return Function(gradient.name, gradient.params, gradient.eqns,
+                        tuple(gradient.outputs[n_aux:]) + tuple(gradient.outputs[:n_aux]))
 
     def identity(self) -> tuple:
         return ("grad", self.inner.identity(), self.wrt, self.with_value, self.has_aux)
 
     def format(self, outs):
-        split = len(outs) - len(self.wrt)  # the values, then one gradient per wrt
-        grads = outs[split] if self.single else tuple(outs[split:])
+        n = len(self.wrt)
+        if self.has_aux and not self.with_value:  # (grads..., aux...): no value
+            grads, values = outs[:n], (None, *outs[n:])
+        else:  # (values..., grads...)
+            grads, values = outs[len(outs) - n:], outs[:len(outs) - n]
+        grads = grads[0] if self.single else tuple(grads)
         if not self.has_aux:
-            return (self.inner.format(outs[:split]), grads) if self.with_value else grads
-        value, *aux = self.inner.format(outs[:split])
+            return (self.inner.format(values), grads) if self.with_value else grads
+        value, *aux = self.inner.format(values)
         aux = aux[0] if len(aux) == 1 else tuple(aux)
         return ((value, aux), grads) if self.with_value else (grads, aux)
 

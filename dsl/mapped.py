@@ -62,8 +62,12 @@ def _mapped(f: Compiled, positions: tuple[int, ...]) -> "VmapFunction":
 def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     """The positions of the parameters in_axes maps (checked)."""
     if isinstance(in_axes, (list, tuple)):
-        # (as JAX's: one per argument passed, so defaulted ones may be left out)
-        required = sum(1 for s in f.specs if not s.has_default)
+        # (as JAX's: one per argument passed, so trailing defaulted ones may
+        # be left out; not one before a required one, as an hvp's v follows
+        # f's defaulted parameters)
+        required = len(f.specs)
+        while required and f.specs[required - 1].has_default:
+            required -= 1
         if not required <= len(in_axes) <= len(f.specs):
             takes = f"{required} to {len(f.specs)}" if required < len(f.specs) else required
             raise ArgumentError(f"in_axes has {len(in_axes)} entries, but {called(f.name)} takes "
@@ -142,8 +146,12 @@ class VmapFunction(Stacked):
             return super().call_bound(bound, args, out, known)
         if out is not None or recording_tapes(bound.values()):
             what = "takes no out=" if out is not None else "cannot be recorded by a dsl.Tape"
+            picking = sorted(self.static_names(example) & set(self.stacked))
+            why = (f"argument {self.label(picking[0])} is a const scalar for each example, "
+                   "whose value picks the program" if picking else
+                   "an op of its function does not stack, or a mapped argument gives a size")
             raise ArgumentError(f"{called(self.name)} {what} where it runs one example at a "
-                                "time (an op of its function does not stack)", self.span)
+                                f"time ({why})", self.span)
         k = next(iter(bound[n] for n in self.stacked)).shape[0]
         each = [self.inner.call_bound({n: a[i] if n in self.stacked else a
                                        for n, a in bound.items()}) for i in range(k)]

@@ -64,6 +64,7 @@ never by `import dsl`.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 import weakref
@@ -77,7 +78,7 @@ from dsl.function import (Compiled, FastPath, Stacked, backward_function, batche
                           fast_key, jvp_function, result_types, split_of_bound)
 from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError, called
+from gradlang.runtime.errors import ArgumentError, GradError, called
 
 
 def to_torch(f: Compiled) -> "TorchFunction":
@@ -253,7 +254,10 @@ class TorchFunction(Bridged):
         if any(id(t) in numbers and not t.is_floating_point() for t in by_name.values()):
             # (an integer a program uses as a size picks it by value: lowering
             # for the example's values finds it, as an eager call's does)
-            f.retrying_by_value(bound, lambda: result_types(f, bound))
+            try:
+                f.retrying_by_value(bound, lambda: result_types(f, bound))
+            except GradError as err:
+                raise _shown(err) from None
         statics = f.static_names(bound) if numbers else ()
         by_value = {id(t): self._value_of(numbers[id(t)], n) for n, t in by_name.items()
                     if id(t) in numbers and (n in statics or (
@@ -274,8 +278,8 @@ class TorchFunction(Bridged):
             t.requires_grad for t in by_name.values())
         try:
             return f.format(apply_operation(f, bound, by_name, live, differentiated))
-        except ArgumentError as err:  # (a tensor for a const that picks the program)
-            raise _shown(err) from None
+        except GradError as err:  # (a tensor for a const that picks the program, a
+            raise _shown(err) from None  # program that does not compile)
 
     def _value_of(self, number: Any, name: str) -> Any:
         """A symbolic number's value as a Python number, which guards the
@@ -559,26 +563,31 @@ def _tensors(result: Any) -> Any:
     return _tensor(result)
 
 
-class _ShownArgumentError(ArgumentError, IndexError):
-    """An ArgumentError that dynamo shows the user as it is.  It makes any
-    other error of a `nonstrict_trace` call a graph break, which under
-    fullgraph=True it reports as 'Unsupported output type for
-    nonstrict_trace-ed function', our message lost; an IndexError (of a
-    tensor's dimension) it passes on."""
-
-    __qualname__ = __name__ = "ArgumentError"  # (for the user, it is one)
-
-
-_ShownArgumentError.__module__ = ArgumentError.__module__
-
-
-def _shown(err: ArgumentError) -> ArgumentError:
+def _shown(err: GradError) -> GradError:
     """err, raised where torch traces a call, as the error of the call
-    (not a graph break) while dynamo traces it: a bad argument, which the
-    eager call would refuse too."""
+    (not a graph break) while dynamo traces it: a bad argument, or a
+    program that does not compile (shapes that do not broadcast), which
+    the eager call would raise too.  Dynamo makes any other error of a
+    `nonstrict_trace` call a graph break, which under fullgraph=True it
+    reports as 'Unsupported output type for nonstrict_trace-ed function',
+    our message lost (and without it traces our Python, which then
+    misreads its fake tensors); an IndexError (of a tensor's dimension)
+    it passes on: so err comes back as an IndexError too, of its own
+    class besides."""
     if not _COMPILING[0]():
         return err
-    return _ShownArgumentError(err.message, err.span, err.source, err.note)
+    shown_class = _shown_class(type(err))
+    shown = shown_class.__new__(shown_class, *err.args)
+    shown.__dict__.update(err.__dict__)
+    return shown
+
+
+@functools.lru_cache(maxsize=None)
+def _shown_class(cls: type) -> type:
+    """cls, an IndexError too, named as cls (for the user, it is one)."""
+    return type(cls.__name__, (cls, IndexError), {"__module__": cls.__module__,
+                                                  "__qualname__": cls.__qualname__,
+                                                  "__doc__": cls.__doc__})
 
 
 class _Float(float):

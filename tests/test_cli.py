@@ -43,9 +43,19 @@ def test_run_takes_arguments_by_keyword(capsys):
     np.testing.assert_allclose(json.loads(gradient.split(" = ")[1]),
                                -s / (1 + np.exp(s * z)) / 2, rtol=1e-7)
     for argv, text in [(["z=[0.5]", "[1]"], "positional argument '[1]' follows a NAME=VALUE"),
-                       (["[0.5]", "y=[1]", "y=[0]"], "argument 'y' is given twice")]:
+                       (["[0.5]", "y=[1]", "y=[0]"], "argument 'y' is given twice"),
+                       (["[0.5]", "q=[1]"], "'q' is not a parameter of the function: it takes "
+                                            "z, y, gamma")]:
         assert main(["run", focal, "focal_loss", *argv]) == 2
         assert text in capsys.readouterr().err
+
+
+def test_a_keyword_argument_may_be_none(tmp_path, capsys):
+    # as a positional one may (it was "cannot read argument 'axis' 'None'")
+    path = tmp_path / "axis.grad"
+    path.write_text("def f(x, axis: const = 0):\n    return sum(x, axis)\n")
+    assert main(["run", str(path), "f", "[[1, 2], [3, 4]]", "axis=None"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "f = 10.0"
 
 
 @pytest.mark.parametrize("argv,text", [

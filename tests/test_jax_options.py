@@ -25,6 +25,12 @@ def loss_and_mean(x, w):
 
 def one(x):
     return sum(x * x)
+
+def looped(x):
+    y = x
+    for i in range(3):
+        y = sin(y) + y * 0.5
+    return sum(y * y), mean(y)
 """
 
 
@@ -76,11 +82,47 @@ def test_it_matches_jax_and_is_one_program(m):
     assert len(f.program(f.bind((x, w), {})).generated.kernel_names) == 1
 
 
+def test_a_loop_feeding_the_loss_and_the_aux_runs_forward_once(m):
+    # the aux outputs were computed by a second copy of f, which CSE merged
+    # except for loops: the forward loop ran twice
+    def twin(x):
+        y = x
+        for _ in range(3):
+            y = np.sin(y) + y * 0.5
+        return np.sum(y * y), np.mean(y)
+    x = np.array([0.5, -1.0, 2.0])
+    f = dsl.value_and_grad(m.looped, has_aux=True)
+    (value, aux), gradient = f(x)
+    np.testing.assert_allclose([value, aux], twin(x), rtol=1e-14)
+    np.testing.assert_allclose(gradient, central_difference(lambda x: twin(x)[0], (x,), 0),
+                               rtol=1e-7)
+    loops = [[e.op for e in g.program(g.bind((x,), {})).ir.eqns].count("loop")
+             for g in (f, dsl.value_and_grad(m.looped))]
+    assert loops == [2, 2]  # forward, backward
+
+
+def test_a_transform_of_grad_with_aux_differentiates_what_it_returns(m):
+    # grad's program returned f's first value too, which format dropped: the
+    # gradient of grad(f, has_aux=True) added d value (the gradient itself),
+    # and its pullback wanted 3 cotangents
+    x, w = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.25, -0.75])
+
+    def returned(x, w):  # the sum of (d first / dw, mean(z))
+        z = x * w
+        return np.sum(2 * z * x / (1 + z * z)) + np.mean(z)
+    with_aux = dsl.grad(m.loss_and_mean, wrt=1, has_aux=True)
+    exact = central_difference(returned, (x, w), 1)
+    np.testing.assert_allclose(dsl.grad(with_aux, wrt=1)(x, w), exact, rtol=1e-7, atol=1e-9)
+    _, pullback = dsl.vjp(with_aux, x, w)
+    np.testing.assert_allclose(pullback(np.ones(3), 1.0)[1], exact, rtol=1e-7, atol=1e-9)
+
+
 def test_bad_use_is_an_argument_error(m):
     with pytest.raises(dsl.ArgumentError, match=r"aux.grad:10:5: .*grad\(one\) with has_aux=True "
                                                 r"needs a function of two or more results"):
         dsl.grad(m.one, has_aux=True)(np.ones(2))
-    with pytest.raises(dsl.ArgumentError, match="has_aux is True or False, got 'yes'"):
+    with pytest.raises(dsl.ArgumentError, match=r"aux.grad:2:5: .*has_aux is True or False, "
+                                                "got 'yes'"):  # (it had no location)
         dsl.value_and_grad(m.loss, has_aux="yes")
 
 
@@ -101,7 +143,8 @@ def test_argnums_is_wrt(m):
     v = np.array([1.0, 2.0])
     np.testing.assert_array_equal(dsl.hvp(m.loss_and_mean, argnums=1)(x, w, v),
                                   dsl.hvp(m.loss_and_mean, wrt=1)(x, w, v))
-    with pytest.raises(dsl.ArgumentError, match="give wrt or argnums .its other name., not both"):
+    with pytest.raises(dsl.ArgumentError, match=r"aux.grad:2:5: .*give wrt or argnums .its "
+                                                "other name., not both"):
         dsl.grad(m.loss, wrt=1, argnums=0)
 
 

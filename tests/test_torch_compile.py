@@ -395,8 +395,10 @@ def test_a_tensor_for_a_const_that_picks_the_program_is_the_argument_error(fullg
     # the operation's refusal was a graph break: fullgraph=True reported
     # torch's 'Unsupported output type for nonstrict_trace-ed function', and
     # without it dynamo traced our Python, which called x 'a GPU array'
-    f = dsl.to_torch(dsl.loads("from std import logsumexp\ndef f(x, axis: const):\n"
-                               "    return sum(logsumexp(x, axis))\n", "lse.grad").f)
+    m = dsl.loads("from std import logsumexp\ndef f(x, axis: const):\n"
+                  "    return sum(logsumexp(x, axis))\ndef g(x, y):\n    return x * y\n",
+                  "lse.grad")
+    f = dsl.to_torch(m.f)
     torch._dynamo.reset()
     step = torch.compile(f, backend="aot_eager", fullgraph=fullgraph)
     x = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
@@ -405,6 +407,15 @@ def test_a_tensor_for_a_const_that_picks_the_program_is_the_argument_error(fullg
         step(x, torch.tensor(1))
     np.testing.assert_allclose(step(x, 1).numpy(), np.log(np.exp(0) + np.exp(1))
                                + np.log(np.exp(2) + np.exp(3)), rtol=1e-15)
+    # so is a program that does not compile its GradError (the same graph
+    # break: 'Unsupported output type', or x 'a GPU array')
+    with pytest.raises(dsl.GradError, match=r"std.grad:\d+:\d+: error: axis 5 is out of range "
+                       r"for rank 2(.|\n)*in logsumexp\(\), called at lse.grad:3:16"):
+        step(x, 5)
+    product = torch.compile(dsl.to_torch(m.g), backend="aot_eager", fullgraph=fullgraph)
+    with pytest.raises(dsl.GradError, match=r"lse.grad:5:12: error: shapes \[2, 2\] and \[3\] "
+                                            "do not broadcast"):
+        product(x, torch.ones(3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("count", ["const i64", "i64"])

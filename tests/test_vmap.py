@@ -423,6 +423,11 @@ def test_in_axes_may_leave_out_trailing_defaulted_parameters(m):
     with pytest.raises(dsl.ArgumentError, match=r"in_axes has 0 entries, but scaled\(\) takes "
                                                 "1 to 2 positional"):
         dsl.vmap(m.scaled, in_axes=())
+    # not a defaulted one before a required one: hvp(scaled)'s v follows s
+    # (in_axes=(0, 0) mapped s, not v: "'s' ... must then be passed by position")
+    with pytest.raises(dsl.ArgumentError, match=r"in_axes has 2 entries, but hvp\(scaled\) "
+                                                "takes 3 positional"):
+        dsl.vmap(dsl.hvp(m.scaled), in_axes=(0, 0))
 
 
 def test_const_arguments_map_when_in_axes_says_so(m):
@@ -443,6 +448,11 @@ def test_const_arguments_map_when_in_axes_says_so(m):
     with pytest.raises(dsl.ArgumentError, match="'n' of vmap.looped. is a const scalar for "
                                                 "each example"):
         dsl.grad(dsl.vmap(m.looped, in_axes=(0, 0)))(x, n)
+    with pytest.raises(dsl.ArgumentError, match="cannot be recorded by a dsl.Tape where it runs "
+                       "one example at a time .argument 'n' is a const scalar for each example"):
+        with dsl.Tape() as tape:  # (it blamed "an op of its function")
+            tape.watch(x)
+            dsl.vmap(m.looped, in_axes=(0, 0))(x, n)
 
 
 def test_vmap_takes_only_loaded_functions(tmp_path):
