@@ -164,7 +164,7 @@ class TorchFunction(Bridged):
 
     def _recorded(self, args: tuple, kwargs: dict):
         f = self.f
-        args, kwargs = _widened(args, kwargs)
+        args, kwargs = _widened(f, args, kwargs)
 
         views = []  # the arrays bound for tensors, in order
 
@@ -209,7 +209,7 @@ class TorchFunction(Bridged):
         integer) or is a float for an integer: then its value is bound,
         which guards the graph on it."""
         f = self.f
-        args, kwargs = _widened(args, kwargs)
+        args, kwargs = _widened(f, args, kwargs)
         if _FORWARD_AD[0]._current_level >= 0 or _TRANSFORMS_ACTIVE[0]():
             # the operation has no forward-mode rule (a jvp through it was zero),
             # and torch's custom operations take no torch.func transform
@@ -736,22 +736,34 @@ def _wrong_device(t, f: Compiled, where: str):
                         "the module for its device", f.span)
 
 
-def _widened(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The arguments with each float16 and bfloat16 tensor cast to float32
-    (by torch, which differentiates the cast: gradients come back in the
-    tensor's own dtype), as torch's losses compute under autocast: the
-    kernels have no half precision."""
-    def widened(value: Any) -> Any:
-        return value.float() if _is_tensor(value) and value.dtype in _HALF else value
-    return tuple(map(widened, args)), {k: widened(v) for k, v in kwargs.items()}
+def _widened(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments with each float16 and bfloat16 tensor for a parameter
+    of f that takes float32 (annotated so, or not annotated) cast to
+    float32 (by torch, which differentiates the cast: gradients come back
+    in the tensor's own dtype), as torch's losses compute under autocast:
+    the kernels have no half precision.  Others stay, for binding to refuse
+    in their own dtype's words."""
+    specs = {s.name: s for s in f.specs + f.param_specs}
+    positional = [s.name for s in f.specs]
+
+    def widened(value: Any, name: Optional[str]) -> Any:
+        if not (_is_tensor(value) and value.dtype in _HALF):
+            return value
+        spec = specs.get(name)
+        return value.float() if spec is None or spec.dtype in (None, "f32") else value
+    return (tuple(widened(a, positional[i] if i < len(positional) else None)
+                  for i, a in enumerate(args)),
+            {k: widened(v, k) for k, v in kwargs.items()})
 
 
 def _check_tensor(t, f: Compiled, where: str) -> None:
     """ArgumentError unless t is a dense tensor of a dtype gradlang takes
     that the kernels can read (not one batched by the legacy vmap)."""
     if t.dtype not in _NUMPY:
+        half = ("; float16 and bfloat16 are cast to float32 only for a parameter that takes "
+                "float32" if t.dtype in _HALF else "")
         raise ArgumentError(f"{where} is a tensor of dtype {t.dtype}; gradlang takes float32 "
-                            "and float64 (and int32, int64, bool constants)", f.span)
+                            f"and float64 (and int32, int64, bool constants){half}", f.span)
     if t.layout is not _STRIDED[0] or t.is_nested:  # no memory of the array's shape
         what, dense = (("a nested tensor", "t.to_padded_tensor(0.0)") if t.is_nested
                        else (f"a tensor of layout {t.layout}", "t.to_dense()"))

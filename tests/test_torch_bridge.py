@@ -255,6 +255,18 @@ def test_half_precision_runs_in_float32_and_its_gradient_comes_back_in_its_dtype
         assert h.dtype == dtype and f(h).dtype == torch.float32
 
 
+def test_half_precision_for_a_parameter_not_taking_float32_is_refused_in_its_dtype():
+    # it was cast to float32 first, and refused as "'n' has dtype f32"
+    m = dsl.loads("def g(x, n: i64):\n    return x * n\ndef h(x: f64):\n    return x * 2.0\n")
+    half = torch.ones(2, dtype=torch.float16)
+    for call, where in ((lambda: dsl.to_torch(m.g)(half, torch.tensor(2, dtype=torch.float16)),
+                         "argument 1 of to_torch.g."),
+                        (lambda: dsl.to_torch(m.h)(half), "argument 0 of to_torch.h.")):
+        with pytest.raises(dsl.ArgumentError, match=where + " is a tensor of dtype torch.float16; "
+                           ".* cast to float32 only for a parameter that takes float32"):
+            call()
+
+
 @pytest.mark.parametrize("dtype_name", ["complex128", "uint8"])
 def test_other_dtypes_are_argument_errors(dtype_name):
     dtype = getattr(torch, dtype_name)
