@@ -1162,6 +1162,7 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
     """Every comparison `checks` names, of `program` at `args` (f64)."""
     m = _module(program.source)
     x, y, w, ids = args
+    before = [a.copy() for a in args]
     jargs = [jnp.asarray(a) for a in args]
     # (jitted once per program: JAX's op-by-op dispatch costs more than
     # compiling the whole function)
@@ -1175,12 +1176,15 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
         for a, e in zip(held, _tree(expected)):
             _close(a, e, "value", program)
     if "grad" in checks:
-        value, grads = dsl.value_and_grad(m.f, wrt=(0, 1, 2))(*args)
         jgrads = program.jitted[1](*jargs)
-        for a, e in zip(_tree(value), _tree(expected)):
-            _close(a, e, "value_and_grad's value", program)
-        for name, a, e in zip("xyw", grads, jgrads):
-            _close(a, e, f"grad wrt {name}", program)
+        # (twice: a second call finds the first's constants and memory as
+        # they were)
+        for call in ("", ", called again"):
+            value, grads = dsl.value_and_grad(m.f, wrt=(0, 1, 2))(*args)
+            for a, e in zip(_tree(value), _tree(expected)):
+                _close(a, e, "value_and_grad's value" + call, program)
+            for name, a, e in zip("xyw", grads, jgrads):
+                _close(a, e, f"grad wrt {name}" + call, program)
         if program.uses_param:
             jgrad = jax.grad(lambda p: _jax_total(program, jargs[3], p)(*jargs[:3]))(
                 jnp.asarray(program.p))
@@ -1241,6 +1245,8 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
     # from the same pool, left it as it was)
     for a, e in zip(held, _tree(expected)):
         _close(a, e, "value, after the other calls", program)
+    for name, a, b in zip(("x", "y", "w", "ids"), args, before):   # (nor an argument)
+        np.testing.assert_array_equal(a, b, f"argument {name} written\n{program.source}")
     if "f32" in checks:
         args32 = [a.astype(np.float32) for a in args[:3]] + [ids]
         try:
