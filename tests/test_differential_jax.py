@@ -1163,8 +1163,8 @@ def _jax_jvp(program, args, tangents):
     return tuple(outs) if program.n_out > 1 else outs[0]
 
 
-def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessian", "vmap",
-                                                  "jacobian", "bridge", "f32")) -> None:
+def check_program(program: Program, args, checks=("value", "grad", "vjp", "jvp", "hessian",
+                                                  "vmap", "jacobian", "bridge", "f32")) -> None:
     """Every comparison `checks` names, of `program` at `args` (f64)."""
     m = _module(program.source)
     x, y, w, ids = args
@@ -1197,6 +1197,14 @@ def check_program(program: Program, args, checks=("value", "grad", "jvp", "hessi
             _close(dsl.grad(m.f, wrt="p")(*args), jgrad, "grad wrt the param p", program)
     # (a Jacobian of a straight-through program, whose jvp JAX takes so, has
     # x.size columns at large sizes)
+    if "vjp" in checks:   # a pullback called twice, a call of f between
+        outs, pullback = dsl.vjp(m.f, *args)
+        cotangents = [np.ones_like(o) for o in _tree(outs)]
+        for call in ("", ", called again"):
+            got = pullback(*cotangents)
+            m.f(*args)
+            for name, a, e in zip("xyw", got, program.jitted[1](*jargs)):
+                _close(a, e, f"vjp's pullback wrt {name}" + call, program)
     if "jvp" in checks and not (program.large and program.custom and not program.second_order):
         tangents = [np.cos(3 * a + 1) for a in args[:3]]
         _, t_out = dsl.jvp(m.f, tuple(args), tuple(tangents) + (None,))
@@ -1298,8 +1306,8 @@ FIXED_SEEDS = [(1048, 2)] + [(seed, None) for seed in
                             range(1000 + 10000 * SEED, 1000 + 10000 * SEED + 4 * (SCALE - 1))]
 # Each check compiles programs of its own: by default value_and_grad only
 # (the value comes with the gradient); the others in a hunt.
-CHECKS = ("grad",) if SCALE == 1 else ("value", "grad", "jvp", "hessian", "vmap", "jacobian",
-                                        "bridge", "f32")
+CHECKS = ("grad",) if SCALE == 1 else ("value", "grad", "vjp", "jvp", "hessian", "vmap",
+                                        "jacobian", "bridge", "f32")
 
 
 @pytest.mark.parametrize("seed,max_depth", FIXED_SEEDS)
