@@ -1172,8 +1172,12 @@ def check_program(program: Program, args, checks=("value", "grad", "vjp", "jvp",
     jargs = [jnp.asarray(a) for a in args]
     # (jitted once per program: JAX's op-by-op dispatch costs more than
     # compiling the whole function)
+    # (not at large sizes, where XLA's compiled twin of seeds 107 and 129
+    # disagreed with JAX's own op-by-op run, NaNs and a sum 5x too small,
+    # and the dispatch costs little beside the work)
+    jit = (lambda f: f) if program.large else jax.jit
     if not hasattr(program, "jitted"):
-        program.jitted = (jax.jit(program.jax), jax.jit(jax.grad(
+        program.jitted = (jit(program.jax), jit(jax.grad(
             lambda x, y, w, ids: _jax_total(program, ids)(x, y, w), argnums=(0, 1, 2))))
     expected = program.jitted[0](*jargs)
     held = ()
