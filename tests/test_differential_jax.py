@@ -415,8 +415,8 @@ class Program:
         # (an augmented assignment, `c += tanh(...)`, grows by at most 1 a trip)
         augmented = rng.coin(0.3)
         acc = E(name, lambda env: env[name], shape, init.bound + 4 if augmented else 3)
-        row = E("x[i]", lambda env: env["x"][env["i"]], (4,), 2)
-        col = E("w[i]", lambda env: env["w"][env["i"]], (3,), 2)
+        row = E("x[i]", lambda env: env["x"][env["i"]], (self.cols,), 2)
+        col = E("w[i]", lambda env: env["w"][env["i"]], (self.rows,), 2)
         self.loop_leaves = [acc, row, col]
         step_e = self.gen(shape, 2)
         self.loop_leaves = []
