@@ -732,18 +732,26 @@ class CpuTarget(Target):
         step = (f"{REDUCE_CHUNK}" if inner is None
                 else f"{largest(f'({REDUCE_CHUNK} // {inner})', '1')} * {inner}")
         # `_all_serial`: `_all`'s chunks one after the other (the same bits),
-        # for a long row while other work holds the cores
+        # for a long row while other work holds the cores.  Both call one
+        # compiled chunk (`_chunk`): a copy of its loop in each, vectorized
+        # each its own way, added the summands in orders that differed in
+        # the last bits, so a busy machine changed a result.
+        chunk_args = ", ".join(["c", "step", "n", "rows"] + args)
+        out += [_SERIAL, f"def {kname}_chunk({chunk_args}):"]
+        out += ["    " + line for line in pre + start]
+        out.append(f"    count = {smallest('step', '(n - c * step)')}")
+        out += ["    " + line for line in _elements("c * step", "count", row, body + add, inner)]
+        out += [f"    return {', '.join(f'acc{k}' for k in sums)}", ""]
         for suffix, deco, rng in (("_all", _PARALLEL, "prange"),
                                   ("_all_serial", _SERIAL, "range")):
             out += [deco, f"def {kname}{suffix}({arglist}):"]
             out += ["    " + line for line in pre]
             out += [f"    step = {step}", "    chunks = (n + step - 1) // step"]
             out += [f"    partial{k} = np.empty(chunks, np.float64)" for k in sums]
-            out += [f"    for c in {rng}(chunks):"] + ["        " + line for line in start]
-            out += [f"        count = {smallest('step', '(n - c * step)')}"]
-            out += ["        " + line for line in _elements("c * step", "count",
-                                                            row, body + add, inner)]
-            out += [f"        partial{k}[c] = acc{k}" for k in sums]
+            out += [f"    for c in {rng}(chunks):",
+                    f"        sums = {kname}_chunk({chunk_args})"]
+            out += (["        partial[c] = sums"] if len(sums) == 1 else
+                    [f"        partial{k}[c] = sums[{j}]" for j, k in enumerate(sums)])
             for k, r in zip(sums, reduced):
                 out += ["    total = 0.0", "    for c in range(chunks):",
                         f"        total = accumulate(total, partial{k}[c])", f"    {r}[0] = total"]

@@ -107,6 +107,32 @@ def test_a_long_sum_has_the_same_bits_serial_as_parallel(sums, gradc_parallel):
     np.testing.assert_allclose(results["always"][2], np.sum(x), rtol=1e-12, atol=1e-9)
 
 
+CLIPPED = """
+def f(m, s, g):
+    return g * arctan(s * min(m, axis=0, initial=-0.5))
+"""
+
+
+def test_a_long_sum_fused_with_selects_has_the_same_bits_serial_as_parallel(gradc_parallel):
+    """(found by the differential fuzzer at large sizes) The gradient wrt s
+    is a full sum in the loop that writes the other gradients through
+    selects: `_all` and `_all_serial` each held a copy of the chunk loop,
+    which LLVM vectorized in two ways, adding the summands in two orders
+    (1.6e-13 apart); both now call one compiled `_chunk`."""
+    f = dsl.value_and_grad(dsl.loads(CLIPPED, "clipped.grad").f, wrt=(0, 1, 2))
+    rng = np.random.default_rng(0)
+    m, s, g = rng.uniform(-2, 2, (3, 21000)), np.array(0.7), rng.uniform(-2, 2, 21000)
+    results = {}
+    for value in ("always", "never"):
+        gradc_parallel(value)
+        results[value] = f(m, s, g)[1]
+    for parallel, serial in zip(results["always"], results["never"]):
+        assert parallel.tobytes() == serial.tobytes()
+    low = np.minimum(m.min(axis=0), -0.5)
+    np.testing.assert_allclose(results["always"][1], np.sum(g * low / (1 + (s * low) ** 2)),
+                               rtol=1e-12)
+
+
 def test_rows_have_the_same_values_serial_as_parallel(sums, gradc_parallel):
     x = np.random.default_rng(1).uniform(-1, 1, (64, cpu.PARALLEL_THRESHOLD // 32))
     results = {}
