@@ -701,7 +701,10 @@ class _Driver:
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
                 made.add(step.outputs[0], "")  # (a device target copies views too)
-                for a in step.inputs:  # (which a helper may make contiguous first)
+                # (which a helper may make contiguous first; a slice never
+                # does: a view of its input here, a gather of its result
+                # alone on a device, so x[0] of a zero-stride x is no copy)
+                for a in step.inputs if step.op != "slice" else ():
                     made.add(a, _argument_copy(a) if a in fn.params else "")
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
                                "concatenate", "dim", "full", "cumsum", "iota") \
