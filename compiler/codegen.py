@@ -700,11 +700,14 @@ class _Driver:
                 owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
                 lines.append(_render_eqn(step, ref, define, owned))
-                made.add(step.outputs[0], "")  # (a device target copies views too)
-                # (which a helper may make contiguous first; a slice never
-                # does: a view of its input here, a gather of its result
-                # alone on a device, so x[0] of a zero-stride x is no copy)
-                for a in step.inputs if step.op != "slice" else ():
+                # A slice or transpose reads its input where it is (a view of
+                # it, or on a device a gather of its result alone): x[0] of a
+                # zero-stride x of 2**40 elements makes nothing that large.
+                # Any other helper may make its input contiguous first.
+                views = step.op in ("slice", "transpose")
+                if not (views and target.slices_are_views):
+                    made.add(step.outputs[0], "")
+                for a in step.inputs if not views else ():
                     made.add(a, _argument_copy(a) if a in fn.params else "")
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
                                "concatenate", "dim", "full", "cumsum", "iota") \

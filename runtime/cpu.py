@@ -644,6 +644,7 @@ class CpuTarget(Target):
     name = "cpu"
     fuses_reductions = True
     scalars_in_driver = True
+    slices_are_views = True  # (NumPy's basic indexing and np.transpose)
     takes_out_buffers = True
     loop_block = 256  # 2 KiB per f64 value: a block's carried values stay in L1
 

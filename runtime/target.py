@@ -68,6 +68,10 @@ class Target:
     # read from its arrays, rather than launch a kernel (which would cost a
     # compile): only where the arrays are in host memory.
     scalars_in_driver = False
+    # Whether a driver's slice and transpose are views of their input (the
+    # size checks then count no array for them): a device target gathers
+    # their elements into an array of its own.
+    slices_are_views = False
     # Whether a call writes results into the caller's buffers (`out=`): only
     # where they are NumPy arrays; a device target allocates its own.
     takes_out_buffers = False

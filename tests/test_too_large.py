@@ -26,6 +26,9 @@ def plain_sum(x):
 
 def pick(x):
     return x[1] * 2.0
+
+def flip(x):
+    return transpose(x)[1] * 2.0
 """
 M = dsl.loads(SOURCE, file="too_large.grad")
 # 2**20 each: a result of 2**40 f64 (8 TiB), beyond any machine that runs this
@@ -115,11 +118,12 @@ def test_every_transform_names_itself():
 
 
 def test_a_slice_of_a_zero_stride_argument_is_no_copy_of_it():
-    # x[1] is a view of x (a gather of the row alone on a device): nothing of
-    # x's size is made, whatever its logical size
+    # x[1] is a view of x (a gather of the row alone on a device), as is a
+    # transpose here: nothing of x's size is made, whatever its logical size
     assert M.pick(HUGE) == 2.0
-    np.testing.assert_array_equal(M.pick(np.broadcast_to(3.0, (2 ** 20, 2 ** 20))),
-                                  np.full(2 ** 20, 6.0))
+    square = np.broadcast_to(np.arange(2.0 ** 20), (2 ** 20, 2 ** 20))
+    np.testing.assert_array_equal(M.pick(square), 2 * np.arange(2.0 ** 20))
+    np.testing.assert_array_equal(M.flip(square), np.full(2 ** 20, 2.0))
     with pytest.raises(AllocationError, match=r"grad\(pick\): its result would be "
                        r"f64\[1099511627776\]"):  # (its gradient is x's size)
         dsl.grad(M.pick)(HUGE)
