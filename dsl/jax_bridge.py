@@ -71,6 +71,7 @@ from dsl.jax_ffi import Plan, ffi_target
 from gradlang.compiler.pipeline import Program
 from gradlang.runtime.args import SUPPORTED
 from gradlang.runtime.boundary import user_facing
+from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, GradError, called
 
 
@@ -129,8 +130,15 @@ _64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(n
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
     """f on arguments `bound` (validated; placeholders for the traced
     ones) where `traced` (name -> JAX value) are the inputs JAX sees."""
+    import jax
     names = tuple(traced)
     call = _call(f, bound, names)
+    if any(isinstance(v, jax.core.Tracer) for v in traced.values()):
+        # under jit XLA makes the results before any driver runs (an eager
+        # call's driver refuses them itself, at the expression making them)
+        for shape, dtype in call.outs:
+            require_host_room(shape, dtype, "its result" if len(call.outs) == 1
+                              else "one of its results", f.span)
     call.failed.clear()
     try:
         return tuple(_primitive().bind(*(traced[n] for n in names), call=call))

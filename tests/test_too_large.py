@@ -182,6 +182,15 @@ def test_the_bridges_name_themselves():
     assert caught.value.message.startswith("to_torch(outer): its result would be "
                                            "f64[1048576, 1048576], 8 TiB")
     assert place(caught.value) == OUTER_AT
+    # under jax.jit XLA makes the results: refused as it traces the call
+    # (it was NumPy's MemoryError, planning the call's FFI handler)
+    jax = pytest.importorskip("jax")
+    wide = jax.numpy.ones(2 ** 20, np.float32)
+    with pytest.raises(AllocationError) as caught:
+        jax.jit(dsl.to_jax(M.outer))(wide, wide)
+    assert caught.value.message.startswith("to_jax(outer): its result would be "
+                                           "f32[1048576, 1048576], 4 TiB")
+    assert place(caught.value) == ("too_large.grad", 1, 5)  # (outer's definition)
 
 
 def test_a_compiled_module_refuses_as_dsl_does(tmp_path, monkeypatch):
