@@ -70,13 +70,17 @@ def test_it_matches_jax_and_is_one_program(m):
     x, w = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.25, -0.75])
     f = dsl.value_and_grad(m.loss_and_mean, wrt=1, has_aux=True)
     (value, aux), gradient = f(x, w)
-    jax.config.update("jax_enable_x64", True)
     jnp = jax.numpy
 
     def twin(w):
         z = jnp.asarray(x) * w
         return jnp.sum(jnp.log(1 + z * z)), jnp.mean(z)
-    (j_value, j_aux), j_gradient = jax.value_and_grad(twin, has_aux=True)(w)
+    before = jax.config.jax_enable_x64  # (left as found: other tests in this worker read it)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        (j_value, j_aux), j_gradient = jax.value_and_grad(twin, has_aux=True)(w)
+    finally:
+        jax.config.update("jax_enable_x64", before)
     np.testing.assert_allclose([value, aux], [j_value, j_aux], rtol=1e-14)
     np.testing.assert_allclose(gradient, j_gradient, rtol=1e-14)
     assert len(f.program(f.bind((x, w), {})).generated.kernel_names) == 1
