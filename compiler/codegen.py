@@ -929,10 +929,15 @@ def _argument_copy(v: Var) -> str:
         "a contiguous copy of an argument"
 
 
+def _bound_symbol(d) -> Optional[str]:
+    """The size symbol an argument's axis of size `d` binds: a lone one
+    (`n`; not `2 * n`, `n * m` or a number)."""
+    return d.factors[0] if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1 else None
+
+
 def bound_by_arguments(params) -> set[str]:
     """The size symbols `bind_symbols` binds from the arguments' shapes."""
-    return {d.factors[0] for v in params for d in v.type.shape
-            if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1}
+    return {_bound_symbol(d) for v in params for d in v.type.shape} - {None}
 
 
 def bind_symbols(params, names: dict[Var, str]) -> list[str]:
@@ -948,9 +953,9 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
                 lines.append(f"if {names[v]}.shape[{axis}] != {d}: R.fixed_size_mismatch("
                              f"{what!r}, {axis}, {d}, {names[v]}.shape[{axis}])")
                 continue
-            if d.coef != 1 or len(d.factors) != 1:
+            symbol = _bound_symbol(d)
+            if symbol is None:
                 continue
-            (symbol,) = d.factors
             var = size_variable(symbol)
             if symbol not in bound:
                 bound[symbol] = (what, axis)

@@ -743,15 +743,12 @@ def _widened(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     in the tensor's own dtype), as torch's losses compute under autocast:
     the kernels have no half precision.  Others stay, for binding to refuse
     in their own dtype's words."""
-    specs = {s.name: s for s in f.specs + f.param_specs}
-    positional = [s.name for s in f.specs]
-
     def widened(value: Any, name: Optional[str]) -> Any:
         if not (_is_tensor(value) and value.dtype in _HALF):
-            return value
-        spec = specs.get(name)
+            return value  # (the common case: no spec looked up)
+        spec = next((s for s in f.specs + f.param_specs if s.name == name), None)
         return value.float() if spec is None or spec.dtype in (None, "f32") else value
-    return (tuple(widened(a, positional[i] if i < len(positional) else None)
+    return (tuple(widened(a, f.specs[i].name if i < len(f.specs) else None)
                   for i, a in enumerate(args)),
             {k: widened(v, k) for k, v in kwargs.items()})
 

@@ -109,12 +109,10 @@ def amount(nbytes: int) -> str:
     """A byte count as people read it: `7.28 TiB`, `512 bytes`."""
     if nbytes < 1024:
         return f"{nbytes} bytes"
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):  # (PiB, however many)
         nbytes /= 1024
         if nbytes < 1024:
             break
-    else:
-        unit = "PiB"
     return f"{nbytes:.3g} {unit}" if nbytes < 1000 else f"{nbytes:.0f} {unit}"
 
 

@@ -592,7 +592,7 @@ def _reduce(x, axes, is_max: bool):
             per = _run_length(outer * inner, reduced)
             chunks = -(-reduced // per)
             partials = _device_array(outer * chunks * inner,
-                                         out_dtype if is_max else acc_dtype)
+                                     out_dtype if is_max else acc_dtype)
             if is_max:
                 _launch(_max_middle, partials.size, flat(x), outer, reduced, inner, per,
                         partials)

@@ -132,8 +132,8 @@ class RaisedByDriver(GradError):
         super().__init__(detail, span)
 
     def about_call(self, function: str, span: Span | None) -> None:
-        """Say the array is `function`'s (as the message names a call:
-        `called`), at `span` unless it has a place already."""
+        """Say the error is of a call of `function` (as the message names
+        a call: `called`), at `span` unless it has a place already."""
         if not self.names_call:
             self.message = f"{function}: {self.detail}"
             self.args = (self.message,)
