@@ -74,32 +74,89 @@ def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> No
 MAX_SIZE = int(np.iinfo(np.intp).max)
 
 
-def host_memory() -> int:
-    """This machine's memory in bytes, RAM and swap together: an array
-    larger than that cannot be made (every array a driver makes, its
-    kernels write whole); `MAX_SIZE` where the system does not say."""
+def host_memory() -> tuple[int, str]:
+    """The most bytes this process's arrays can take, and whose memory that
+    is (as errors say it): the machine's RAM and swap together, or less
+    where a cgroup (a container's, a batch job's) limits the process, since
+    going past that limit gets the process killed rather than a MemoryError.
+    An array larger than that cannot be made (every array a driver makes,
+    its kernels write whole); `MAX_SIZE` where the system does not say."""
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # (no sysconf: Windows)
-        return MAX_SIZE
-    swap = 0
+        return MAX_SIZE, "this machine's memory"
+    if ram <= 0:
+        return MAX_SIZE, "this machine's memory"
+    swap = _meminfo_kib("SwapTotal") * 1024
+    limited = cgroup_memory_limit(swap)
+    if limited is not None and limited < ram + swap:
+        return limited, "this process's memory limit (its cgroup's, with swap)"
+    return min(ram + swap, MAX_SIZE), "this machine's memory (with swap)"
+
+
+def _meminfo_kib(field: str) -> int:
+    """`field` of /proc/meminfo in KiB (0 where it cannot be read)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
-                if line.startswith("SwapTotal:"):
-                    swap = int(line.split()[1]) * 1024  # (in kB)
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
-    return min(ram + swap, MAX_SIZE) if ram > 0 else MAX_SIZE
+    return 0
 
 
-HOST_MEMORY = host_memory()
-HOST = "this machine's memory (with swap)"  # (whose memory HOST_MEMORY is, as errors say)
+def cgroup_memory_limit(host_swap: int, root: str = "/sys/fs/cgroup",
+                        membership: str = "/proc/self/cgroup") -> Optional[int]:
+    """The bytes of memory and swap together that this process's cgroup
+    and its ancestors let it use (the tightest of them), under cgroup v2 or
+    v1; None where none sets a limit or none can be read.  Swap the cgroup
+    does not limit counts as `host_swap`, the machine's."""
+    try:
+        with open(membership) as lines:
+            entries = [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return None
+    for hierarchy, controllers, path in (e for e in entries if len(e) == 3):
+        if hierarchy == "0" and not controllers:  # v2: memory.max + memory.swap.max
+            memory = _tightest(root, path, "memory.max")
+            if memory is not None:
+                swap = _tightest(root, path, "memory.swap.max")
+                return memory + min(host_swap, swap if swap is not None else host_swap)
+        elif "memory" in controllers.split(","):  # v1: memsw is memory and swap
+            both = _tightest(os.path.join(root, "memory"), path, "memory.memsw.limit_in_bytes")
+            if both is not None:
+                return both
+            memory = _tightest(os.path.join(root, "memory"), path, "memory.limit_in_bytes")
+            if memory is not None:
+                return memory + host_swap
+    return None
+
+
+def _tightest(mount: str, path: str, name: str) -> Optional[int]:
+    """The least limit `name` gives in cgroup `path` and each of its
+    ancestors under `mount` (a file missing where the cgroup is not
+    visible, as in a container, is skipped); None if none sets one.  v1
+    says "no limit" with a number near 2^63, v2 with "max"."""
+    limits = []
+    parts = [part for part in path.split("/") if part]
+    for depth in range(len(parts), -1, -1):
+        try:
+            with open(os.path.join(mount, *parts[:depth], name)) as text:
+                value = text.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < MAX_SIZE // 2:
+            limits.append(int(value))
+    return min(limits) if limits else None
+
+
+HOST_MEMORY, HOST = host_memory()  # (HOST: whose memory that is, as errors say)
 
 
 def require_host_room(shape: tuple, dtype, what: str, span: Optional[Span]) -> None:
     """Refuse (as `too_large`) an array of `shape` and `dtype` larger than
-    this machine's memory, before it is made: one a call assembles on the
+    this process can have (`HOST_MEMORY`), before it is made: one a call assembles on the
     host (a Jacobian)."""
     if math.prod(shape) * np.dtype(dtype).itemsize > HOST_MEMORY:
         too_large(shape, dtype, where_of(what, span), HOST_MEMORY, HOST)

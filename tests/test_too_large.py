@@ -50,7 +50,7 @@ def test_a_result_beyond_memory_is_refused_before_any_kernel_runs():
     err = caught.value
     assert isinstance(err, MemoryError) and isinstance(err, dsl.GradError)
     assert err.message == ("both(): one of its results would be f64[1048576, 1048576], 8 TiB, "
-                           "which cannot be allocated: this machine's memory (with swap) has "
+                           f"which cannot be allocated: {cpu.common.HOST} has "
                            f"{cpu.common.amount(cpu.ALLOCATABLE)}")
     assert place(err) == ("too_large.grad", 5, 21)
     assert str(err).split("\n")[1:] == ["        return x * 2.0, x[:, None] * y[None, :]",
@@ -207,3 +207,49 @@ def test_a_compiled_module_refuses_as_dsl_does(tmp_path, monkeypatch):
         compiled.outer(WIDE, WIDE)
     with pytest.raises(SizeOverflowError, match="1208925819614629174706176 elements"):
         compiled.outer(HUGE, HUGE)
+
+
+def write_cgroup(tmp_path, membership, files):
+    """A fake /sys/fs/cgroup under tmp_path and a /proc/self/cgroup for it."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    (tmp_path / "self_cgroup").write_text(membership)
+    return dict(root=str(tmp_path), membership=str(tmp_path / "self_cgroup"))
+
+
+GIB = 2 ** 30
+
+
+@pytest.mark.parametrize("membership, files, expected", [
+    # v2: memory.max plus the swap it allows (less than the machine's 4 GiB)
+    ("0::/job\n", {"job/memory.max": str(8 * GIB), "job/memory.swap.max": str(GIB)}, 9 * GIB),
+    # v2: an ancestor's limit is tighter; swap unlimited counts the machine's
+    ("0::/batch/job\n", {"batch/job/memory.max": str(8 * GIB), "batch/memory.max": str(2 * GIB),
+                         "batch/job/memory.swap.max": "max"}, 6 * GIB),
+    # v2 in a container (its own cgroup seen as the root)
+    ("0::/\n", {"memory.max": str(3 * GIB)}, 7 * GIB),
+    # v2 without a limit
+    ("0::/job\n", {"job/memory.max": "max"}, None),
+    # v1: memsw is memory and swap together
+    ("4:memory:/job\n0::/\n", {"memory/job/memory.limit_in_bytes": str(2 * GIB),
+                                "memory/job/memory.memsw.limit_in_bytes": str(3 * GIB)}, 3 * GIB),
+    # v1 without memsw accounting, beside other controllers; "unlimited" is near 2**63
+    ("5:cpu:/x\n4:memory,hugetlb:/job\n", {"memory/job/memory.limit_in_bytes": str(2 * GIB),
+                                            "memory/memory.limit_in_bytes": "9223372036854771712"},
+     6 * GIB),
+    ("4:memory:/job\n", {"memory/memory.limit_in_bytes": "9223372036854771712"}, None),
+    ("", {}, None),
+])
+def test_a_cgroups_memory_limit_bounds_what_an_array_may_take(tmp_path, membership, files,
+                                                               expected):
+    """A container's or batch job's limit is the most a process may have
+    (past it the kernel kills the process, no MemoryError): arrays beyond it
+    are refused as beyond the machine's memory are."""
+    where = write_cgroup(tmp_path, membership, files)
+    assert cpu.common.cgroup_memory_limit(4 * GIB, **where) == expected
+
+
+def test_no_cgroup_file_means_no_limit(tmp_path):
+    assert cpu.common.cgroup_memory_limit(0, root=str(tmp_path),
+                                          membership=str(tmp_path / "absent")) is None
