@@ -318,7 +318,8 @@ class _Function:
             if self.ns.resolve(e) is not None:
                 raise GradError(f"function {e.name!r} used as a value; call it", e.span)
             if isinstance(e.value, ast.Name) and e.value.id in self.ns.modules:
-                raise GradError(f"module {e.value.id!r} has no function {e.name!r}", e.span)
+                raise GradError(no_such_function(e.value.id, e.name,
+                                                 self.ns.modules[e.value.id]), e.span)
             self.expr(e.value, defined)
             if e.name not in ATTRIBUTES:
                 raise GradError(f"arrays have no attribute {e.name!r} (only "
@@ -370,8 +371,8 @@ class _Function:
                 BUILTINS[func.id].check(func.id, len(e.args), kw_names, e.span)
             elif isinstance(func, ast.Attr) and isinstance(func.value, ast.Name) \
                     and func.value.id in self.ns.modules:
-                raise GradError(f"module {func.value.id!r} has no function {func.name!r}",
-                                func.span)
+                raise GradError(no_such_function(func.value.id, func.name,
+                                                 self.ns.modules[func.value.id]), func.span)
             elif isinstance(func, ast.Attr) and (func.name in BUILTINS
                                                  or func.name in _METHODS):
                 self.method_call(func, e, defined)
@@ -494,6 +495,19 @@ def _spelled_otherwise(name: str, ns: Optional[Namespace] = None) -> str:
     if close[0] in callable_here:
         return f"; did you mean {close[0]!r}?"
     return f"; did you mean {close[0]!r}? (`from std import {close[0]}`)"
+
+
+def no_such_function(module: str, name: str, namespace: Namespace,
+                     importing: bool = False) -> str:
+    """The error for `module.name` (or `from module import name` when
+    `importing`, which also takes a builtin) where module has no function
+    `name`, with the one of a close spelling it has, if any."""
+    message = f"module {module!r} has no function {name!r}"
+    if name in BUILTINS and not importing:
+        return f"{message}; {name} is a builtin: call it without `{module}.`"
+    candidates = [*namespace.functions, *(BUILTINS if importing else ())]
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.8)
+    return f"{message}; did you mean {close[0]!r}?" if close else message
 
 
 def none_argument(call: ast.Call, position: int, keyword: Optional[str], span,

@@ -22,7 +22,7 @@ from typing import Callable, Hashable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builtins import BUILTINS
-from gradlang.compiler.checker import check
+from gradlang.compiler.checker import check, no_such_function
 from gradlang.compiler.library import STDLIB
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.parser import parse
@@ -157,7 +157,7 @@ def namespace_for(module: ast.Module, find: Finder = on_disk, _key: Optional[Has
                 if name in BUILTINS and name not in sub.functions:
                     continue  # a builtin (`from std import sigmoid`): already everywhere
                 if name not in sub.functions:
-                    raise GradError(f"module {imp.module!r} has no function {name!r}",
+                    raise GradError(no_such_function(imp.module, name, sub, importing=True),
                                     imp.span)
                 ns.functions[name] = sub.functions[name]
         for pname, decl in sub.params.items():

@@ -29,7 +29,7 @@ from gradlang.runtime.collection import imports_unwalked
 # (runtime/collection.py): 25 ms of a warm process's CPU.
 with imports_unwalked():
     from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, grad_function,
-                              require_function)
+                              require_function, resolve_wrt)
     from dsl.forward import Jacobian
     from dsl.forward import hessian as _hessian
     from dsl.forward import jacfwd as _jacfwd
@@ -49,6 +49,11 @@ with imports_unwalked():
     from gradlang.runtime.errors import ArgumentError, Span
     from gradlang.runtime.params import ParamStore
     from gradlang.runtime.target import Target
+
+
+# wrt's default, the first parameter: a 0 that `_wrt` tells from one the
+# caller wrote (`grad(f, 0, argnums=1)` gives both)
+FIRST = type("FirstParameter", (int,), {})(0)
 
 
 class Module:
@@ -146,7 +151,7 @@ Function = Union[Compiled, AotFunction]
 
 
 @user_facing
-def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[Wrt] = None
+def grad(f: Function, wrt: Wrt = FIRST, *, has_aux: bool = False, argnums: Optional[Wrt] = None
          ) -> "GradFunction | AotGradient":
     """The gradient of the sum of f's outputs w.r.t. parameter(s) `wrt`
     (`argnums`, as JAX and torch.func name it, is the same); with
@@ -157,7 +162,7 @@ def grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False, argnums: Optional[
 
 
 @user_facing
-def value_and_grad(f: Function, wrt: Wrt = 0, *, has_aux: bool = False,
+def value_and_grad(f: Function, wrt: Wrt = FIRST, *, has_aux: bool = False,
                    argnums: Optional[Wrt] = None) -> "GradFunction | AotGradient":
     """(f's value, the gradient of the sum of its outputs); with `has_aux`,
     ((first output, the others), the gradient of the first's sum)."""
@@ -172,17 +177,19 @@ def _flag(f: Function, value: Any, name: str) -> bool:
 
 
 def _wrt(f: Function, wrt: Wrt, argnums: Optional[Wrt]) -> Wrt:
-    """`wrt`, or `argnums` (JAX's and torch.func's name for it) if given."""
+    """`wrt`, or `argnums` (JAX's and torch.func's name for it) if given,
+    checked here so that an error names the option the caller wrote."""
     if argnums is None:
-        return wrt
-    if not (isinstance(wrt, int) and wrt == 0):
+        return 0 if wrt is FIRST else wrt  # (a plain 0: the key of f's derived functions)
+    if wrt is not FIRST:
         raise ArgumentError(f"give wrt or argnums (its other name), not both: wrt={wrt!r}, "
                             f"argnums={argnums!r}", f.span)
+    resolve_wrt(f, argnums, option="argnums")
     return argnums
 
 
 @user_facing
-def hvp(f: Compiled, wrt: Union[int, str] = 0, *, argnums: Union[int, str, None] = None
+def hvp(f: Compiled, wrt: Union[int, str] = FIRST, *, argnums: Union[int, str, None] = None
         ) -> HvpFunction:
     """hvp(f)(args..., v): the Hessian of sum(f) w.r.t. `wrt`, times v (v
     converted to wrt's dtype, where jvp refuses a tangent of another one)."""
@@ -219,7 +226,7 @@ def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
 
 
 @user_facing
-def jacfwd(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
+def jacfwd(f: Compiled, wrt: Wrt = FIRST, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """The Jacobian of f's outputs w.r.t. `wrt` (out.shape + arg.shape),
     in forward mode: one jvp per element of the argument."""
     f = require_function(f, "jacfwd", aot_ok=False)
@@ -227,14 +234,14 @@ def jacfwd(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacob
 
 
 @user_facing
-def jacrev(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
+def jacrev(f: Compiled, wrt: Wrt = FIRST, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """jacfwd's Jacobian in reverse mode: one pullback per output element."""
     f = require_function(f, "jacrev", aot_ok=False)
     return _jacrev(f, _wrt(f, wrt, argnums))
 
 
 @user_facing
-def hessian(f: Compiled, wrt: Wrt = 0, *, argnums: Optional[Wrt] = None) -> Jacobian:
+def hessian(f: Compiled, wrt: Wrt = FIRST, *, argnums: Optional[Wrt] = None) -> Jacobian:
     """The Hessian of the sum of f's outputs w.r.t. `wrt` (arg.shape +
     arg.shape), forward over reverse."""
     f = require_function(f, "hessian", aot_ok=False)

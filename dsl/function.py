@@ -802,20 +802,23 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
                     f"{type(f).__name__}{hint}")
 
 
-def resolve_wrt(f: Compiled, wrt: Wrt) -> tuple[str, ...]:
+def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
+    """The parameter names `wrt` picks (positions or names), checked to be
+    differentiable; errors call it `option` (`argnums` where the caller
+    gave that name)."""
     items = wrt if isinstance(wrt, (tuple, list)) else (wrt,)
     if not items:
-        raise ArgumentError("wrt must name at least one parameter", f.span)
+        raise ArgumentError(f"{option} must name at least one parameter", f.span)
     names = []
     for w in items:
         if isinstance(w, np.integer):  # a position from NumPy (np.arange, argmax)
             w = int(w)
         if isinstance(w, bool) or not isinstance(w, (int, str)):
-            raise ArgumentError(f"wrt entries are parameter positions or names, got {w!r}",
+            raise ArgumentError(f"{option} entries are parameter positions or names, got {w!r}",
                                 f.span)
         if isinstance(w, int):
             if not 0 <= w < len(f.specs):
-                raise ArgumentError(f"wrt={w} is out of range: {called(f.name)} has "
+                raise ArgumentError(f"{option}={w} is out of range: {called(f.name)} has "
                                     f"{len(f.specs)} parameter(s)", f.span)
             spec = f.specs[w]
         else:

@@ -90,6 +90,12 @@ def test_syntax_errors(source, line, col, text):
      "import softplus`)"),
     ("def helper_fn(x):\n    return x\ndef f(x):\n    return helper_fun(x)\n", 4, 12,
      "did you mean 'helper_fn'?"),
+    # and so does one in a module (it said "module 'std' has no function" alone)
+    ("import std\ndef f(x):\n    return std.sofmax(x)\n", 3, 12,
+     "module 'std' has no function 'sofmax'; did you mean 'softmax'?"),
+    ("from std import sigmod\n", 1, 1, "no function 'sigmod'; did you mean 'sigmoid'?"),
+    ("import std\ndef f(x):\n    return std.sigmoid(x)\n", 3, 12,
+     "sigmoid is a builtin: call it without `std.`"),
     ("def f(x):\n    return clamp(x, 0, 1)\n", 2, 12, "write clip(x, lo, hi)"),
     ("def f(x):\n    return var(x)\n", 2, 12, "write mean((x - mean(x, axis, keepdims=True))"),
     ("def f(x):\n    return x.at[0].set(1.0)\n", 2, 12, "have no .at[...].set() as JAX's do"),

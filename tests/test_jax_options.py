@@ -150,6 +150,10 @@ def test_argnums_is_wrt(m):
     with pytest.raises(dsl.ArgumentError, match=r"aux.grad:2:5: .*give wrt or argnums .its "
                                                 "other name., not both"):
         dsl.grad(m.loss, wrt=1, argnums=0)
+    with pytest.raises(dsl.ArgumentError, match="not both: wrt=0, argnums=1"):
+        dsl.grad(m.loss, 0, argnums=1)  # (a 0 written as wrt is not wrt's default)
+    with pytest.raises(dsl.ArgumentError, match="argnums=5 is out of range"):
+        dsl.jacfwd(m.loss, argnums=(0, 5))  # (the error named wrt, which the caller never wrote)
 
 
 def _leaves(tree):
