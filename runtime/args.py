@@ -86,7 +86,7 @@ class ParamSpec:
     compiled modules can hold it as a literal."""
 
     name: str
-    dtype: Optional[str]  # None: any
+    dtype: Optional[str]  # None: any; a kind (KINDS): any of the kind
     dims: Optional[tuple[Union[str, int], ...]]  # None: any rank
     const: bool
     has_default: bool
