@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import ClassVar, Union
 
+from gradlang.runtime.args import floating, number_dtype
 from gradlang.runtime.errors import Span
 
 # ----------------------------------------------------------------- expressions
@@ -268,14 +269,11 @@ def assigned_names(body: "tuple[Stmt, ...] | list[Stmt]") -> list[str]:
 
 # ------------------------------------------------------------------ top level
 
-DTYPES = ("f32", "f64", "i32", "i64", "bool")
-FLOAT_DTYPES = ("f32", "f64")
-
-
 @dataclass(frozen=True)
 class TypeAnn:
     """`f64` (a scalar), `f64[n, 3]` (named or fixed dims), `f64[...]` (any
-    rank), or `const` / `const f64[n]`.  dtype None means any dtype."""
+    rank), or `const` / `const f64[n]`.  dtype None means any dtype; a
+    kind (`float[n]`, `runtime.args.KINDS`) any dtype of the kind."""
 
     dtype: str | None
     dims: tuple[Union[str, int], ...] | None  # None: any rank
@@ -311,7 +309,7 @@ class Param:
             return True
         if self.ann.const:
             return False
-        return self.ann.dtype is None or self.ann.dtype in FLOAT_DTYPES
+        return self.ann.dtype is None or floating(self.ann.dtype)
 
 
 @dataclass(frozen=True)
@@ -374,8 +372,10 @@ class FuncDef:
 
     @property
     def result_dtype(self) -> str | None:
-        """The dtype the return annotation names; None without one."""
-        return None if self.ret is None else self.ret.dtype
+        """The dtype a compile-time result takes from the return annotation
+        (`args.number_dtype`: `-> float` makes `return 1` an f64); None
+        without one."""
+        return None if self.ret is None else number_dtype(self.ret.dtype)
 
     @property
     def result_spans(self) -> tuple[Span, ...]:

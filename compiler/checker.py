@@ -1,8 +1,9 @@
 """Load-time checks of a parsed module, before anything is compiled.
 
 Contract: `check(module, namespace)` raises the first `GradError` it finds
-among: duplicate definitions or parameters; names that shadow a module
-`param`; unknown decorators; names read before they are defined; calls to
+among: duplicate definitions or parameters; a `param` declared with a
+dtype kind (`float`), as its one value has one dtype; names that shadow a
+module `param`; unknown decorators; names read before they are defined; calls to
 unknown functions or with the wrong number of arguments or unknown
 keywords; statements after `return`; bodies without one; a `return`
 inside a loop or an `if`; a loop variable that rebinds a name; names read
@@ -40,6 +41,7 @@ from gradlang.compiler.ir import INTS
 from gradlang.compiler.library import std_functions
 from gradlang.compiler.namespace import Namespace
 from gradlang.compiler.staging import named_cotangents, positional_cotangents
+from gradlang.runtime.args import KINDS, admitted, number_dtype
 from gradlang.runtime.errors import GradError
 
 DECORATORS = ("recompute", "pass_through")
@@ -62,6 +64,10 @@ def check(module: ast.Module, ns: Namespace) -> None:
     for p in module.params:
         if p.name in declared or p.name in seen:
             raise GradError(f"{p.name!r} is already defined", p.span)
+        if p.type.dtype in KINDS:  # (it is set once, to one array: its dtype is the program's)
+            raise GradError(f"a param has one dtype: write {' or '.join(KINDS[p.type.dtype])} "
+                            f"for {p.type.dtype} (a kind is for a function's parameters)",
+                            p.type.span)
         declared.add(p.name)
     for f in module.funcs:
         _Function(f, ns).check()
@@ -138,7 +144,9 @@ class _Function:
     def default_fits(self, p: ast.Param) -> None:
         """A default is a value of the parameter's annotated dtype: `n: i64 = 1.5`
         and `flag: bool = 1` are errors, and so is a constant the dtype cannot
-        hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0."""
+        hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0, and so
+        is `a: float = 1` (a kind's default is a number of its widest dtype,
+        weakly typed as a literal is)."""
         if isinstance(p.default, ast.NoneLit) and not (p.is_const and p.ann.dtype is None):
             raise GradError(f"a default of None needs a `const` parameter of no dtype "
                             f"(`{p.name}: const = None`), as None is no array",
@@ -146,7 +154,7 @@ class _Function:
         if p.default is None or p.ann is None or p.ann.dtype is None:
             return
         value = p.default.value
-        fit_constant(value, p.ann.dtype, f"the default {value!r} of {p.name!r}",
+        fit_constant(value, number_dtype(p.ann.dtype), f"the default {value!r} of {p.name!r}",
                      p.default.span)
 
     def not_a_param(self, name: str, span, what: str) -> None:
@@ -410,7 +418,7 @@ class _Function:
             return
         p = self.f.param(e.id)
         dtype = p.ann.dtype if p is not None and p.ann is not None else None
-        if dtype is not None and dtype not in INTS:
+        if dtype is not None and not set(admitted(dtype)) <= set(INTS):
             raise GradError(f"an index must be an integer array (i32 or i64), but "
                             f"{e.id!r} is declared {dtype}", e.span)
 

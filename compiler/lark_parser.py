@@ -10,6 +10,7 @@ one AST node and raises on anything it does not handle.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import io
@@ -23,8 +24,10 @@ from lark.indenter import DedentError, Indenter
 
 import gradlang.grammar
 from gradlang.compiler import ast
+from gradlang.compiler.ir import NUMPY_NAMES
 from gradlang.compiler.source import lines_of, too_deep
 from gradlang.grammar import grammar_text
+from gradlang.runtime.args import KINDS, SUPPORTED
 from gradlang.runtime.errors import GradError, Span
 from gradlang.runtime.loader import cache_dir
 
@@ -81,13 +84,18 @@ def shipped_tables() -> bytes:
 KEYWORDS = frozenset({"def", "return", "for", "in", "if", "elif", "else", "and", "or",
                       "not", "import", "from", "True", "False", "None"})
 
+# What a type may name: a dtype or a kind (the grammar's DTYPE); NumPy's
+# names for them are spelled otherwise (a syntax error at one says how).
+DTYPE_SPELLINGS = (*SUPPORTED.values(), *KINDS)
+_NUMPY_SPELLINGS = {numpy: dtype for dtype, numpy in NUMPY_NAMES.items()}
+
 # Friendly names for the terminals lark reports in "expected ..." messages.
 _TERMINAL_NAMES = {
     "_NL": "end of line", "_INDENT": "an indented block",
     "_DEDENT": "end of block", "NAME": "a name", "INT": "an integer",
     "FLOAT": "a number", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['",
     "RSQB": "']'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
-    "DTYPE": "a dtype (f32, f64, i32, i64, bool)", "$END": "end of file", "GRAD": "'grad'",
+    "DTYPE": f"a dtype ({', '.join(DTYPE_SPELLINGS)})", "$END": "end of file", "GRAD": "'grad'",
     "AT": "'@'",
     "AUG_OP": "'+=', '-=', '*=', '/=', '//=' or '%='", "COMP_OP": "a comparison", "DOT": "'.'",
     "MORETHAN": "'>'", "LESSTHAN": "'<'", "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'",
@@ -282,6 +290,14 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     return None
 
 
+def _dtype_hint(name: str) -> str:
+    """Did-you-mean for a name where a type stands: NumPy's name of a dtype
+    (`float64`), or a close spelling of one (`f31`, `floats`)."""
+    close = [_NUMPY_SPELLINGS[name]] if name in _NUMPY_SPELLINGS else \
+        difflib.get_close_matches(name, DTYPE_SPELLINGS, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                   source: str) -> GradError:
     line = max(1, getattr(err, "line", 1) or 1)
@@ -318,6 +334,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
                           for t in err.expected if not t.startswith("__"))
         if expected and len(expected) <= 6:
             message += "; expected " + " or ".join(expected)
+        if token.type == "NAME" and "DTYPE" in err.expected:
+            message += _dtype_hint(str(token))
     else:
         message = "unexpected end of file"
     end = col + 1

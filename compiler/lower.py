@@ -39,7 +39,7 @@ from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
                                       check_range_fits, is_static, sequence_kind, unify,
                                       weak_number, weak_result)
-from gradlang.runtime.args import check_dims
+from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span
 
 
@@ -105,8 +105,10 @@ class Lowerer:
                     raise GradError(f"{fdef.name}() is missing argument {p.name!r}", span)
                 dtype = p.ann.dtype if p.ann is not None else None
                 # the checker made sure it fits: `a: f64 = 1` is 1.0, a float
+                # (a number still, weakly typed: `a: float = 1` too)
                 value = p.default.value
-                bound[p.name] = value if dtype is None else coerce(value, dtype, p.default.span)
+                bound[p.name] = value if dtype is None else \
+                    coerce(value, number_dtype(dtype), p.default.span)
         return {p.name: bound[p.name] for p in fdef.params}
 
     def call(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, positional: Sequence[Value],
@@ -175,21 +177,21 @@ class Lowerer:
         a value of the dtype its return annotation names (`-> f64` makes
         `return 1` the float 1.0, as a default's annotation does)."""
         outs = self.block(b, fdef.body, env)
-        ann = fdef.ret
+        ann, dtype = fdef.ret, fdef.result_dtype
         if ann is not None and len(outs) == 1 and isinstance(outs[0], WeakVar):
             # (weakly typed, as a number: `-> f32` on arange(n) * 0.5 is f32)
-            fit_constant(weak_number(outs[0]), ann.dtype, f"the weakly typed "
+            fit_constant(weak_number(outs[0]), dtype, f"the weakly typed "
                          f"{outs[0].type.dtype} result of {fdef.name}()", ann.span)
-            check_range_fits(b, outs[0], ann.dtype, ann.span)
-            return [cast(b, outs[0], ann.dtype)]
+            check_range_fits(b, outs[0], dtype, ann.span)
+            return [cast(b, outs[0], dtype)]
         if ann is None or not is_static(outs[0]) or isinstance(outs[0], tuple):
             return outs  # (a tuple is refused by check_results)
         (value,) = outs  # the checker allows an annotation on one result only
         if isinstance(value, Sym):
-            if ann.dtype not in INTS:
+            if dtype not in INTS:
                 raise NeedsConcrete(f"a size is returned as {ann.dtype}")
             return outs
-        return [fit_constant(value, ann.dtype, f"the result {value!r} of {fdef.name}()",
+        return [fit_constant(value, dtype, f"the result {value!r} of {fdef.name}()",
                              ann.span)]
 
     def check_annotations(self, fdef: ast.FuncDef, args: dict[str, Value],
@@ -208,9 +210,9 @@ class Lowerer:
                 shape, dtype = (), None
             else:
                 shape, dtype = value.type.shape, value.type.dtype
-            if ann.dtype is not None and dtype is not None and dtype != ann.dtype:
+            if dtype is not None and not admits(ann.dtype, dtype):
                 raise GradError(f"argument {p.name!r} of {fdef.name}() has dtype {dtype}; "
-                                f"its annotation says {ann.dtype}", span)
+                                f"its annotation says {kind_text(ann.dtype)}", span)
             if ann.dims is None:
                 continue
             if _fixed_meets_symbol(ann.dims, shape):
@@ -746,11 +748,11 @@ def _refuse_none(call: ast.Call, args: list, kwargs: dict,
 def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Dim, str]]
                   ) -> None:
     """fdef's result against its return annotation, a `GradError` at the
-    annotation where they disagree: the dtype exactly (an array is never
-    cast, as an argument is not), the rank, fixed sizes, and named sizes:
-    a name the parameters' annotations bound (`dims`) must have their
-    size, and one they did not is bound by the result's first axis it
-    names.  A symbolic size is checked only where the symbols decide it:
+    annotation where they disagree: the dtype exactly, or one of the kind
+    it names (an array is never cast, as an argument is not), the rank,
+    fixed sizes, and named sizes: a name the parameters' annotations bound
+    (`dims`) must have their size, and one they did not is bound by the
+    result's first axis it names.  A symbolic size is checked only where the symbols decide it:
     a fixed size needs the concrete one (`NeedsConcrete`, as for an
     argument); two different symbols disagree, as they do when shapes
     broadcast.  A compile-time result was made a value of the dtype by
@@ -767,9 +769,9 @@ def check_results(fdef: ast.FuncDef, outs: list[Value], dims: dict[str, tuple[Di
         shape: tuple[Dim, ...] = ()
     else:
         shape = value.type.shape
-        if value.type.dtype != ann.dtype:
+        if not admits(ann.dtype, value.type.dtype):
             raise GradError(f"{where} has dtype {value.type.dtype}, but its annotation says "
-                            f"{ann.dtype}", ann.span)
+                            f"{kind_text(ann.dtype)}", ann.span)
     if ann.dims is None:
         return
     if _fixed_meets_symbol(ann.dims, shape):

@@ -66,6 +66,7 @@ from gradlang.compiler.source import universal_newlines
 from gradlang.compiler.shapes import NeedsConcrete
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
+from gradlang.runtime.args import INTEGRAL, number_dtype
 from gradlang.runtime.errors import GradError
 from gradlang.runtime.loader import (
     compile_driver,
@@ -180,7 +181,8 @@ def check_linearity(namespace: Namespace) -> None:
 def _representative_types(fdef: ast.FuncDef, namespace: Namespace
                           ) -> list[dict[str, TensorType]]:
     """Argument types to lower `fdef` with, most likely first: annotated
-    parameters and params as annotated (named sizes 2, 3, ...), the others
+    parameters and params as annotated (named sizes 2, 3, ...; a kind's
+    widest dtype, f64 for `float`), the others
     f64 scalars, then vectors, then matrices; parameters with a default
     take it."""
     sizes: dict[str, int] = {}
@@ -189,7 +191,7 @@ def _representative_types(fdef: ast.FuncDef, namespace: Namespace
         dims = ann.dims if ann.dims is not None else (3,) * rank
         shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, len(sizes) + 2)
                       for d in dims)
-        return TensorType(ann.dtype or "f64", shape)
+        return TensorType(number_dtype(ann.dtype or "f64"), shape)
 
     candidates = []
     for rank in (0, 1, 2):
@@ -198,8 +200,9 @@ def _representative_types(fdef: ast.FuncDef, namespace: Namespace
             if p.default is not None:
                 continue
             ann = p.ann
-            if ann is not None and ann.const and ann.dtype in ("i32", "i64", "bool"):
-                types[p.name] = StaticScalar(ann.dtype, (), 0)  # an axis or index: 0
+            if ann is not None and ann.const and ann.dtype in INTEGRAL:
+                # an axis or index: 0
+                types[p.name] = StaticScalar(number_dtype(ann.dtype), (), 0)
             else:
                 types[p.name] = (annotated(ann, rank) if ann is not None
                                  else TensorType("f64", (3,) * rank))

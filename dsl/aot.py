@@ -49,7 +49,7 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import NONE, NUMPY, SUPPORTED, convert
+from gradlang.runtime.args import INTEGRAL, NONE, NUMPY, SUPPORTED, convert, number_dtype
 from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
@@ -146,10 +146,10 @@ def default_sig(f: GradFn) -> str:
             for spec in f.specs:
                 if spec.has_default:
                     break
-                if spec.const and spec.dtype in ("i32", "i64", "bool") and not spec.dims:
+                if spec.const and spec.dtype in INTEGRAL and not spec.dims:
                     args.append("True" if spec.dtype == "bool" else "1")
                     continue
-                dtype = spec.dtype or "f64"
+                dtype = number_dtype(spec.dtype or "f64")  # (`float`: f64)
                 dims = (f"[{', '.join(map(str, spec.dims))}]" if spec.dims else "") \
                     if spec.dims is not None else unannotated
                 if size is not None:
@@ -186,7 +186,7 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
                 raise SignatureError(f"signature {sig!r}: {err.message}", f.span) from None
             types[s.name] = StaticScalar(SUPPORTED[value.dtype], (), value.item())
         elif s.const and not dims and dtype in ("i32", "i64", "bool") \
-                and s.dtype in (None, "i32", "i64", "bool"):
+                and (s.dtype is None or s.dtype in INTEGRAL):
             # a call's const integer picks its program by value (args.static_names)
             example = "True" if dtype == "bool" else "1"
             raise SignatureError(f"signature {sig!r} gives {s.name!r} as {dtype}, but it is "

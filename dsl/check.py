@@ -63,7 +63,7 @@ from dsl.function import (Compiled, Directional, Select, backward_function, deri
                           grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import calls_in
-from gradlang.runtime.args import NUMPY
+from gradlang.runtime.args import NUMPY, number_dtype
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
 
@@ -418,14 +418,17 @@ def _forward_row(f: Compiled, order: int, wrt: str, what: str, compared: tuple, 
 
 
 def _fixed_dtypes(f: Compiled) -> dict[str, Optional[str]]:
-    """The dtype each argument must have (None: any): its annotation's, or,
-    for a function whose return annotation names a float dtype, that one
-    (`def f(x) -> f32:` is checked at f32 arguments; `-> f64` has no f32
-    run, which its annotation would refuse)."""
+    """The dtype each argument must have (None: any float): its annotation's
+    (an `int` kind's i64; a `float` one fixes none, and is run in f64 and
+    f32 as an unannotated argument is), or, for a function whose return
+    annotation names a float dtype, that one (`def f(x) -> f32:` is checked
+    at f32 arguments; `-> f64` has no f32 run, which its annotation would
+    refuse)."""
     fdef = getattr(f, "fdef", None)
-    result = fdef.result_dtype if fdef is not None else None
+    result = fdef.ret.dtype if fdef is not None and fdef.ret is not None else None
     declared = result if result in ("f32", "f64") else None
-    return {s.name: s.dtype or declared for s in f.specs + f.param_specs}
+    return {s.name: (None if s.dtype == "float" else s.dtype and number_dtype(s.dtype))
+            or declared for s in f.specs + f.param_specs}
 
 
 def _narrow(bound: dict[str, np.ndarray], fixed: dict) -> dict[str, np.ndarray]:

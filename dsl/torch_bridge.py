@@ -77,6 +77,7 @@ from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
                           fast_key, jvp_function, result_types, split_of_bound)
 from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
+from gradlang.runtime.args import INTEGRAL
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
 
@@ -100,7 +101,7 @@ class TorchFunction(Bridged):
         self._identity = _Identity(self)
         # the positions and names of integer parameters, which a Python float
         # given for under torch.compile is bound by value (checked as eagerly)
-        integral = [(i, s.name) for i, s in enumerate(f.specs) if s.dtype in _INTEGRAL]
+        integral = [(i, s.name) for i, s in enumerate(f.specs) if s.dtype in INTEGRAL]
         self._integral = frozenset(x for pair in integral for x in pair)
         # fast_key of a call's views -> (names bound, those with a gradient)
         self._bindings: dict[tuple, tuple] = {}
@@ -665,7 +666,6 @@ _TRACER_WARNING: list = []  # torch.jit's TracerWarning
 _TRACED: list = []  # `_traced`, as dynamo graphs it, untraced (nonstrict_trace)
 _SYMBOLIC_NUMBERS: list = []  # (torch.SymInt, SymFloat): a tracer's numbers
 _SYMBOLIC_DTYPE = {"SymInt": "int64", "SymFloat": "float64"}
-_INTEGRAL = ("i32", "i64", "bool")  # the dtypes of integer parameters
 _SCALAR_TENSOR: list = []  # torch.scalar_tensor
 
 
@@ -738,7 +738,7 @@ def _wrong_device(t, f: Compiled, where: str):
 
 def _widened(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The arguments with each float16 and bfloat16 tensor for a parameter
-    of f that takes float32 (annotated so, or not annotated) cast to
+    of f that takes float32 (annotated so or `float`, or not annotated) cast to
     float32 (by torch, which differentiates the cast: gradients come back
     in the tensor's own dtype), as torch's losses compute under autocast:
     the kernels have no half precision.  Others stay, for binding to refuse
@@ -747,7 +747,7 @@ def _widened(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if not (_is_tensor(value) and value.dtype in _HALF):
             return value  # (the common case: no spec looked up)
         spec = next((s for s in f.specs + f.param_specs if s.name == name), None)
-        return value.float() if spec is None or spec.dtype in (None, "f32") else value
+        return value.float() if spec is None or spec.dtype in (None, "f32", "float") else value
     return (tuple(widened(a, f.specs[i].name if i < len(f.specs) else None)
                   for i, a in enumerate(args)),
             {k: widened(v, k) for k, v in kwargs.items()})

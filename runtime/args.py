@@ -18,6 +18,12 @@ arrays, CPU torch tensors); one of non-native byte order ('>f8') is taken
 as its value in native order, and a masked array is refused (computing
 would silently drop its mask).
 
+An annotation may name a dtype kind instead of a dtype (`x: float[n]`,
+`KINDS`): it takes an array of any dtype of the kind, as it is (the program
+is compiled for that dtype), and Python values as an unannotated parameter
+of the kind takes them (a float number weakly typed, a sequence f64; int
+values i64).
+
 `None` is an argument only of a `const` parameter of no dtype, as in the
 source (`def f(x, axis: const = None)`): it binds as `NONE`, a static
 argument like a const integer (`static_names`), whose value, None, picks
@@ -39,6 +45,39 @@ SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
              np.dtype(np.int32): "i32", np.dtype(np.int64): "i64",
              np.dtype(np.bool_): "bool"}
 NUMPY = {v: k for k, v in SUPPORTED.items()}
+# Dtype kinds, which an annotation may name for any dtype of the kind: one
+# function of `x: float[n]` is compiled for f32 and for f64 arrays alike.
+KINDS = {"float": ("f32", "f64"), "int": ("i32", "i64")}
+# The annotations of integer and bool values: a `const` scalar of one (or of
+# none) is a compile-time value, which picks the program (`static_names`).
+INTEGRAL = ("i32", "i64", "int", "bool")
+
+
+def admitted(annotated: str) -> tuple[str, ...]:
+    """The dtypes an annotation's dtype (a dtype or a kind) takes."""
+    return KINDS.get(annotated, (annotated,))
+
+
+def admits(annotated: Optional[str], dtype: str) -> bool:
+    """Whether an annotation's dtype (None: any) takes a value of `dtype`."""
+    return annotated is None or dtype in admitted(annotated)
+
+
+def floating(annotated: Optional[str]) -> bool:
+    """Whether an annotation's dtype names floats only (f32, f64, float)."""
+    return annotated is not None and set(admitted(annotated)) <= {"f32", "f64"}
+
+
+def number_dtype(annotated: str) -> str:
+    """The dtype a number takes from an annotation (a default, a constant
+    result, a Python sequence): the dtype it names, or a kind's widest,
+    which a Python number of the kind has (`float`: f64)."""
+    return KINDS[annotated][-1] if annotated in KINDS else annotated
+
+
+def kind_text(annotated: str) -> str:
+    """An annotation's dtype for messages: `f32`, `float (f32 or f64)`."""
+    return f"{annotated} ({' or '.join(KINDS[annotated])})" if annotated in KINDS else annotated
 
 
 @dataclass(frozen=True)
@@ -47,7 +86,7 @@ class ParamSpec:
     compiled modules can hold it as a literal."""
 
     name: str
-    dtype: Optional[str]  # None: any
+    dtype: Optional[str]  # None: any; a kind (KINDS): any of the kind
     dims: Optional[tuple[Union[str, int], ...]]  # None: any rank
     const: bool
     has_default: bool
@@ -57,7 +96,7 @@ class ParamSpec:
 
     @property
     def differentiable(self) -> bool:
-        return not self.const and (self.dtype is None or self.dtype in ("f32", "f64"))
+        return not self.const and (self.dtype is None or floating(self.dtype))
 
     @property
     def takes_none(self) -> bool:
@@ -116,7 +155,8 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
             value = given[spec.name]
             if value is None and spec.takes_none:
                 arrays[spec.name] = NONE
-            elif spec.dtype is None and spec.differentiable and is_python_number(value):
+            elif spec.dtype in (None, "float") and spec.differentiable \
+                    and is_python_number(value):
                 weak.append(spec.name)
             else:
                 arrays[spec.name] = convert(fn_name, spec, value, span)
@@ -150,7 +190,7 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
     where = where or f"argument {spec.name!r} of {called(fn_name)}"
     if value is None:
         kind = (f"`const {spec.dtype}`" if spec.const else
-                f"an array of dtype {spec.dtype}" if spec.dtype else "an array")
+                f"an array of dtype {kind_text(spec.dtype)}" if spec.dtype else "an array")
         raise ArgumentError(f"{where} is None, but only a `const` parameter of no dtype (such "
                             f"as `axis: const`) takes None, and it is {kind}", span)
     if not isinstance(value, (np.ndarray, np.generic)) and hasattr(value, "__array__") \
@@ -163,22 +203,22 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
         if array.dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {array.dtype}; use "
                                 "float32, float64, int32, int64 or bool", span)
-        if spec.dtype is not None and SUPPORTED[array.dtype] != spec.dtype:
+        if not admits(spec.dtype, SUPPORTED[array.dtype]):
             raise ArgumentError(f"{where} has dtype {SUPPORTED[array.dtype]}, but its "
-                                f"annotation says {spec.dtype}", span)
+                                f"annotation says {kind_text(spec.dtype)}", span)
         return array
     if is_device_array(value):
         dtype = np.dtype(value.dtype)
         if dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {dtype}", span)
-        if spec.dtype is not None and SUPPORTED[dtype] != spec.dtype:
+        if not admits(spec.dtype, SUPPORTED[dtype]):
             raise ArgumentError(f"{where} has dtype {SUPPORTED[dtype]}, but its annotation "
-                                f"says {spec.dtype}", span)
+                                f"says {kind_text(spec.dtype)}", span)
         return value
-    floating = spec.dtype in ("f32", "f64") or (spec.dtype is None and spec.differentiable)
-    array = numeric_array(where, value, span, as_float=floating)
+    as_float = floating(spec.dtype) or (spec.dtype is None and spec.differentiable)
+    array = numeric_array(where, value, span, as_float=as_float)
     if spec.dtype is not None:
-        return cast(where, array, spec.dtype, span)
+        return cast(where, array, number_dtype(spec.dtype), span)
     if spec.differentiable or array.dtype.kind == "f":
         return array.astype(np.float64)
     if array.dtype.kind in "iu":
@@ -340,7 +380,7 @@ def check_dims(where: str, annotation: str, dims_ann, shape, bound: dict[str, tu
 def const_scalar_names(specs: Sequence[ParamSpec]) -> set[str]:
     """The `const` parameters that may be integer or bool scalars, whose
     values then pick the program."""
-    return {s.name for s in specs if s.const and s.dtype in (None, "i32", "i64", "bool")}
+    return {s.name for s in specs if s.const and (s.dtype is None or s.dtype in INTEGRAL)}
 
 
 def static_names(specs: Sequence[ParamSpec], bound: dict,

@@ -57,7 +57,11 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
      "    return y\n", 4, 10, "write `elif c:` for `else if c:`"),
     ("def f(x):\n    return stack([x * i for i in range(3)])\n", 2, 25,
      "comprehensions are not supported"),
-    ("def f(x: float):\n    return x\n", 1, 10, "a dtype (f32, f64, i32, i64, bool)"),
+    # a type's misspelling says which dtype or kind was meant
+    ("def f(x: floats):\n    return x\n", 1, 10,
+     "a dtype (f32, f64, i32, i64, bool, float, int) or end of line; did you mean 'float'?"),
+    ("def f(x: f31[n]):\n    return x\n", 1, 10, "did you mean 'f32'?"),
+    ("def f(x) -> float64:\n    return x\n", 1, 13, "did you mean 'f64'?"),
 ])
 def test_syntax_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
