@@ -33,7 +33,12 @@ from gradlang.compiler.ops import OPS, loop_groups
 from gradlang.compiler.shapes import broadcasts_to
 
 MAX_ELEMENTS = 64
-MAX_EQNS = 1000
+# A body past this many scalar equations stays in the driver: Numba took
+# 6.6 s to compile a serial loop of 1,000 (`fusion.MAX_LOOP_EQNS`), about
+# n ** 2.5, so 500 is about 1 s; RK4 on a 2-vector has at most 231 (its
+# second-order backward loop), a 4x4 matrix times a vector 28, an 8x8
+# matrix squared 960 (too many).
+MAX_EQNS = 500
 _LAYOUT = {"reshape", "transpose", "broadcast_to", "slice", "embed", "concatenate"}
 
 

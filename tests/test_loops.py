@@ -586,6 +586,11 @@ def linear(y0, a, n: i64):
     for i in range(n):
         y = y + 0.1 * (a @ y) - 0.01 * sum(y * y) * transpose(a)[0]
     return y
+
+def squares(a: f64[8, 8], n: i64):
+    for i in range(n):
+        a = a @ a * 0.1
+    return a
 """
 
 
@@ -640,6 +645,11 @@ def test_small_array_loop_runs_on_scalars_in_one_kernel_each_way(target):
         got = m.linear(y0.astype(np.float32), a.astype(np.float32), n)
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, linear_numpy(y0, a, n), rtol=1e-5)
+        # 960 scalar operations a trip: too many to compile as one kernel
+        a = rng.normal(size=(8, 8))
+        assert "def body0(" in m.squares.program(m.squares.bind((a, 2), {})).generated.driver_source
+        np.testing.assert_allclose(m.squares(a, 2), (a @ a * 0.1) @ (a @ a * 0.1) * 0.1,
+                                   rtol=1e-13)
 
 
 # ------------------------------------------------------------------ errors
