@@ -473,6 +473,12 @@ _FUNCTIONS = {
     "clamp": "; write clip(x, lo, hi)",
     "var": "; write mean((x - mean(x, axis, keepdims=True)) ** 2, axis)",
     "prod": "; for positive x, exp(sum(log(x)))",
+    "square": "; write x * x",
+    "power": "; write x ** y",
+    "concat": "; write concatenate([a, b], axis)",
+    "cat": "; write concatenate([a, b], axis)",
+    "fori_loop": "; loops are `for i in range(n):`, carrying the names the body rebinds",
+    "scan": "; loops are `for i in range(n):`, carrying the names the body rebinds",
 }
 _METHODS = {
     "astype": "write float32({x}) or float64({x})",

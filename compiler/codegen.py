@@ -38,12 +38,13 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gradlang.compiler.fusion import FUSIBLE, Loop, fuse
+from gradlang.compiler.fusion import Loop, fuse
 from gradlang.compiler.rows import RowLoop
+from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcasts_to, prod
+from gradlang.compiler.shapes import Dim, Sym, access_kind, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -411,27 +412,6 @@ def _eqn_lines(eqns, names: dict[Var, str], prefix: str = "v",
 # ------------------------------------------------------- loops in a kernel
 
 
-def kernel_loop_shape(eqn: Eqn) -> Optional[tuple]:
-    """The element shape of a `loop` that can run inside one kernel (its
-    trips in sequence within each element, the elements in parallel), or
-    None: its body must be elementwise, every carried value and stacked
-    slice of one shape S, every invariant broadcasting to S."""
-    p = eqn.p
-    body, n_carry = p["body"], p["n_carry"]
-    if n_carry == 0 or any(e.op not in FUSIBLE for e in body.eqns):
-        return None
-    shape = body.out_types[0].shape
-    slices = loop_groups(body.params, p, lead=1)[3]
-    if any(t.shape != shape for t in body.out_types) or \
-            any(v.type.shape != shape for v in slices):
-        return None
-    invariants = loop_groups(eqn.inputs, p)[2]
-    if not all(broadcasts_to(a.type.shape, shape) for a in invariants) or \
-            not all(broadcasts_to(o.type.shape, shape) for e in body.eqns for o in e.outputs):
-        return None
-    return shape
-
-
 def render_loop_kernel(eqn: Eqn, shape, target: Target
                        ) -> tuple[str, str, list[Var], list[Var]]:
     """The kernel running a `loop` whose element shape is `shape`
@@ -590,7 +570,7 @@ class _Driver:
                 rendered[id(loop)] = (loop, render(loop, target))
                 self.signatures.setdefault(rendered[id(loop)][1][0], kernel_signature(loop))
             return rendered[id(loop)][1]
-        steps = share_kernels(fuse(fn, reductions=target.fuses_reductions),
+        steps = share_kernels(fuse(scalar_loops(fn), reductions=target.fuses_reductions),
                               lambda loop: None if self.in_driver(loop) else kernel_of(loop)[0])
         names: dict[Var, str] = {}
         fresh: set[Var] = set()  # driver values that own their memory

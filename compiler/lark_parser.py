@@ -260,6 +260,8 @@ _OPERATOR_HINTS = {
     "^": "write `!=` for the exclusive or of bools; `**` is the power",
 }
 _COMPARISON = re.compile(r"<=|>=|==|!=|<|(?<!-)>")
+# a compound statement's header, up to its colon: `for i in range(3): s = ...`
+_HEADER = re.compile(r"\s*(for\b.*|if\b.*|elif\b.*|else|def\b.*\)(\s*->.*)?|grad\b.*\))\s*:\s*$")
 
 
 def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
@@ -284,6 +286,9 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
                 "compute them in a `for` loop")
     if token.type == "_IF" and before.strip() == "else":
         return "write `elif c:` for `else if c:`"
+    if _HEADER.match(before):
+        return ("a block's statements go on the lines after its `:`, indented (as the body "
+                "of a `for` or `if` on the header's line is not supported)")
     if token.type == "_IF" and before.strip():
         return ("`a if c else b` is not supported: write where(c, a, b), or an `if` "
                 "statement on a compile-time or scalar condition")

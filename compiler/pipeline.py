@@ -56,6 +56,7 @@ from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, generate
 from gradlang.compiler.fusion import fuse, print_steps
+from gradlang.compiler.scalar_loops import scalar_loops
 from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var, print_function
 from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
@@ -417,6 +418,7 @@ def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> 
         return print_function(optimize(fn, stop=stage))
     fn = optimize(fn)
     if stage == "fuse":
+        fn = scalar_loops(fn)
         return print_steps(fn, fuse(fn, reductions=target.fuses_reductions))
     generated = generate(fn, target)
     if stage == "codegen":

@@ -38,7 +38,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -133,12 +133,13 @@ def _split(body: str) -> list[str]:
     return parts
 
 
-def default_sig(f: GradFn) -> str:
-    """A signature f can be lowered for: annotated parameters as annotated
-    (a const integer given the value 1: a count, an axis or an index; a
-    const bool True), the others f64 arrays sharing one size, of rank 1,
-    else 2, else 0; and if f needs concrete sizes for all of those (it
-    slices an axis), the same with every named size 4."""
+def default_sig(f: GradFn) -> tuple[str, bool]:
+    """A signature f can be lowered for, and whether its sizes are fixed:
+    annotated parameters as annotated (a const integer given the value 1:
+    a count, an axis or an index; a const bool True), the others f64
+    arrays sharing one size, of rank 1, else 2, else 0; and if f needs
+    concrete sizes for all of those (it slices an axis), the same with
+    every named size 4 (fixed: True)."""
     candidates = []
     for size in (None, 4):
         for unannotated in ("[n]", "[n, n]", ""):
@@ -156,14 +157,14 @@ def default_sig(f: GradFn) -> str:
                     dims = re.sub(r"[A-Za-z_]\w*", str(size), dims)
                 args.append(dtype + dims)
             candidates.append(f"{f.name}({', '.join(args)})")
-    for sig in candidates:
+    for index, sig in enumerate(candidates):
         name, args = parse_sig(sig)
         try:
             f.lower(_types(f, args, sig))
-            return sig
+            return sig, index >= 3 and sig != candidates[index - 3]
         except (GradError, NeedsConcrete, NeedsValue):
             continue
-    return candidates[0]  # lowering it again reports the error
+    return candidates[0], False  # lowering it again reports the error
 
 
 def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, TensorType]:
@@ -214,7 +215,11 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
 
 def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                    target: "Target | str" = targets.DEFAULT, precompile: bool = False,
-                   progress=None, force: bool = False) -> Path:
+                   progress=None, force: bool = False,
+                   note: Callable[[str], None] = lambda text: None) -> Path:
+    """Write the module; without `sigs`, each function's `default_sig`,
+    with a `note` for each of those whose sizes are fixed (its module then
+    serves no other sizes)."""
     out = Path(out_dir)
     name = Path(path).stem
     if name in SHADOWED:
@@ -234,7 +239,17 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         raise OutputError(f"cannot create the output directory {out}: {err.strerror}") \
             from None
     functions = module.functions
-    sig_texts = sigs or [default_sig(f) for f in functions.values()]
+    sig_texts = sigs
+    if not sigs:
+        sig_texts = []
+        for f in functions.values():
+            sig, fixed = default_sig(f)
+            sig_texts.append(sig)
+            if fixed:
+                note(f"no --sig, and {f.name}() compiled for no signature of symbolic sizes "
+                     f"(one shared size n): it is compiled for {sig} only; give the sizes "
+                     "it is called with in --sig (a name for sizes that must agree, an "
+                     "integer for a fixed one)")
     target = targets.get(target)
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],

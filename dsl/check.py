@@ -569,6 +569,20 @@ def _sample(dtype: str, shape, rng, fill=None) -> np.ndarray:
     return np.asarray(fill(shape) if fill else rng.normal(size=shape)).astype(NUMPY[dtype])
 
 
+def _with_sampling_note(err, f: Compiled):
+    """err, from f compiled for the sampled arguments at no rank, noting
+    what the checker made up: the error is at f's code, but its cause may
+    be the sampling (a scalar parameter sampled as a vector)."""
+    guessed = [s.name for s in f.specs if s.dims is None and not s.has_default]
+    if guessed:
+        note = (f"gradc check sampled the unannotated parameters of {f.name}() "
+                f"({', '.join(guessed)}) as f64 arrays of size {MIN_SIZE}, all of rank 1, "
+                f"2 or 0, and none compiled: annotate them (`k: f64` for a scalar, "
+                f"`y: f64[2]`) to check it at the shapes it takes")
+        err.note = f"{err.note}\nnote: {note}" if err.note else note
+    return err
+
+
 def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> CheckResult:
     """Check `f` at random points (of a few domains: any sign, positive,
     inside (-1, 1)) and at stress points (every differentiable float argument
@@ -601,7 +615,10 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
         except GradError:
             continue
     else:
-        f(*_sample_args(f, rng, 1, fills[0][1]))  # raises the error for rank 1
+        try:
+            f(*_sample_args(f, rng, 1, fills[0][1]))  # raises the error for rank 1
+        except GradError as err:
+            raise _with_sampling_note(err, f) from None
     reason = intentional_mismatch(f)
     rows: dict[tuple, list[GradCheck]] = {}
     warned: dict[str, list[str]] = {}

@@ -244,7 +244,7 @@ def cmd_show(args) -> int:
         if args.fn and all(parse_sig(sig)[0] != args.fn for sig in sigs):
             raise UsageError(f"no --sig is of --fn {args.fn} (each is shown only for it)")
     elif stage != "check":
-        sigs = [default_sig(_lookup(module, n, args.file)) for n in names]
+        sigs = [default_sig(_lookup(module, n, args.file))[0] for n in names]
     else:
         sigs = []
     # each --sig read and checked against its function first, also for the
@@ -370,7 +370,8 @@ def cmd_compile(args) -> int:
     from dsl.aot import compile_module
     progress = _progress if sys.stderr.isatty() else None
     target = compile_module(_existing(args.file), args.output, args.sig, args.target,
-                            precompile=bool(args.sig), progress=progress, force=args.force)
+                            precompile=bool(args.sig), progress=progress, force=args.force,
+                            note=lambda text: print(f"note: {text}", file=sys.stderr))
     if progress:
         sys.stderr.write("\n")
     print(f"wrote {target}")

@@ -334,3 +334,17 @@ def test_rows_come_by_argument_in_the_functions_order_then_by_kind():
     assert y_rows == [("y", 1, "f64"), ("y", 1, "f32"), ("y", 2, "f64"),
                       ("upstream (of d/dy)", 2, "f64"), ("jvp:y", 1, "f64"),
                       ("jvp/vjp:y", 1, "f64"), ("jvp/vjp:y", 1, "f32")]
+
+
+def test_a_function_no_sampled_rank_compiles_for_notes_the_sampling(tmp_path, capsys):
+    # k and c are scalars, sampled as vectors of 3: the error at stack()
+    # did not say that the checker had made the shapes up, nor how to
+    # give them
+    from dsl.cli import main
+    path = tmp_path / "ode.grad"
+    path.write_text("def rhs(y, k, c):\n    return stack([y[1], -k * y[0] - c * y[1]])\n")
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "stack() needs arrays of one shape" in err
+    assert ("note: gradc check sampled the unannotated parameters of rhs() (y, k, c) as f64 "
+            "arrays of size 3") in err and "`k: f64` for a scalar" in err

@@ -332,3 +332,17 @@ def test_show_without_sig_gives_a_const_bool_a_value(tmp_path, capsys):
                                      "        y = x * 2.0\n    return y\n")
     code, out, _ = run(["show", str(tmp_path / "f.grad"), "--emit", "ir"], capsys)
     assert code == 0 and "mul %x0, 2.0:f64" in out
+
+
+def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
+    # pick() indexes an axis, so its default signature is f64[4] (sizes
+    # fixed at 4): the module then refused every other size at the call,
+    # and compile had said nothing
+    (tmp_path / "fixed.grad").write_text("def pick(x):\n    return x[1] * x\n"
+                                         "def scale(x):\n    return x * 2.0\n")
+    code, out, err = run(["compile", str(tmp_path / "fixed.grad"), "-o", str(tmp_path)], capsys)
+    assert code == 0 and out == f"wrote {tmp_path / 'fixed.py'}\n"
+    assert err == ("note: no --sig, and pick() compiled for no signature of symbolic sizes (one "
+                   "shared size n): it is compiled for pick(f64[4]) only; give the sizes it is "
+                   "called with in --sig (a name for sizes that must agree, an integer for a "
+                   "fixed one)\n")

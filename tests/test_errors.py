@@ -62,6 +62,11 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
      "a dtype (f32, f64, i32, i64, bool, float, int) or end of line; did you mean 'float'?"),
     ("def f(x: f31[n]):\n    return x\n", 1, 10, "did you mean 'f32'?"),
     ("def f(x) -> float64:\n    return x\n", 1, 13, "did you mean 'f64'?"),
+    # "unexpected 's'; expected end of line"
+    ("def f(x):\n    s = 0.0\n    for i in range(3): s = s + x[i]\n    return s\n", 3, 24,
+     "a block's statements go on the lines after its `:`, indented"),
+    ("def f(x):\n    if x.ndim == 1: return x\n    return -x\n", 2, 21,
+     "a block's statements go on the lines after its `:`"),
 ])
 def test_syntax_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
@@ -87,6 +92,11 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return F.softmax(x)\n", 2, 12, "`from std import softmax`"),
     ("def f(x):\n    return clip(x, min=0, max=1)\n", 2, 12, "unexpected keyword argument 'min'"),
     ("def f(x):\n    return eye(3) * x\n", 2, 12, "one_hot(arange(n), n)"),
+    ("def f(x):\n    return square(x)\n", 2, 12, "unknown function 'square'; write x * x"),
+    ("def f(x):\n    return jnp.power(x, 3)\n", 2, 12, "'jnp' is not defined; write x ** y"),
+    ("def f(x):\n    return torch.cat([x, x])\n", 2, 12, "write concatenate([a, b], axis)"),
+    ("def f(x):\n    return lax.fori_loop(0, 3, g, x)\n", 2, 12,
+     "'lax' is not defined; loops are `for i in range(n):`"),
     # a close misspelling names the function meant (it said "unknown function" alone)
     ("def f(x):\n    return sigmod(x)\n", 2, 12, "unknown function 'sigmod'; did you mean "
      "'sigmoid'?"),

@@ -567,6 +567,91 @@ def test_matmul_body_loops_in_the_driver_around_kernels():
     assert "def body0(" in driver and "for loop0_t in range(" in driver
 
 
+SMALL_STATE = """
+def rhs(y: f64[2], k: f64, c: f64):
+    return stack([y[1], -k * y[0] - c * y[1]])
+
+def rk4(y0: f64[2], k: f64, c: f64, dt: f64, n: i64):
+    y = y0
+    for i in range(n):
+        k1 = rhs(y, k, c)
+        k2 = rhs(y + 0.5 * dt * k1, k, c)
+        k3 = rhs(y + 0.5 * dt * k2, k, c)
+        k4 = rhs(y + dt * k3, k, c)
+        y = y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return y
+
+def linear(y0, a, n: i64):
+    y = y0
+    for i in range(n):
+        y = y + 0.1 * (a @ y) - 0.01 * sum(y * y) * transpose(a)[0]
+    return y
+
+def squares(a: f64[8, 8], n: i64):
+    for i in range(n):
+        a = a @ a * 0.1
+    return a
+"""
+
+
+def rk4_numpy(y0, k, c, dt, n):
+    y = np.array(y0, dtype=np.float64)
+    for _ in range(n):
+        slopes = []
+        for weight in (0.0, 0.5, 0.5, 1.0):
+            z = y + weight * dt * slopes[-1] if slopes else y
+            slopes.append(np.array([z[1], -k * z[0] - c * z[1]]))
+        s1, s2, s3, s4 = slopes
+        y = y + dt / 6 * (s1 + 2 * s2 + 2 * s3 + s4)
+    return y
+
+
+def linear_numpy(y0, a, n):
+    y = np.array(y0, dtype=np.float64)
+    for _ in range(n):
+        y = y + 0.1 * (a @ y) - 0.01 * np.sum(y * y) * a.T[0]
+    return y
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_small_array_loop_runs_on_scalars_in_one_kernel_each_way(target):
+    # A body that slices, stacks, sums and multiplies matrices of a few
+    # elements runs on its elements as scalars: forward and backward are
+    # one kernel each, not a driver call per trip around tiny kernels.
+    m = dsl.loads(SMALL_STATE, target=target, host_results=True)
+    rng = np.random.default_rng(5)
+    cases = [(m.rk4, rk4_numpy, (np.array([1.0, -0.5]), 4.0, 0.3, 0.05, 40), (0, 1, 2, 3)),
+             (m.linear, linear_numpy, (rng.normal(size=2), rng.normal(size=(2, 2)), 9), (0, 1))]
+    gradients = []
+    for f, reference, args, wrt in cases:
+        value_and_grad = dsl.value_and_grad(f, wrt=wrt)
+        bound = value_and_grad.on_target(value_and_grad.bind(args, {}))
+        generated = value_and_grad.program(bound).generated
+        assert len([name for name, source in generated.kernels
+                    if "for tt in range(trips):" in source]) == 2
+        assert "def body" not in generated.driver_source
+        value, grads = value_and_grad(*args)
+        gradients.append(grads)
+        np.testing.assert_allclose(value, reference(*args), rtol=1e-13)
+        for index, g in zip(wrt, grads):
+            np.testing.assert_allclose(g, central_difference(reference, args, index),
+                                       rtol=1e-7, atol=1e-9)
+    if target == "cpu":  # f32, and the Jacobian: the flow map, det = exp(-c t)
+        args = cases[0][2]
+        jacobian = dsl.jacfwd(m.rk4)(*args)
+        np.testing.assert_allclose(jacobian.sum(axis=0), gradients[0][0], rtol=1e-12)
+        np.testing.assert_allclose(np.linalg.det(jacobian), np.exp(-0.3 * 0.05 * 40), rtol=1e-5)
+        y0, a, n = cases[1][2]
+        got = m.linear(y0.astype(np.float32), a.astype(np.float32), n)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, linear_numpy(y0, a, n), rtol=1e-5)
+        # 960 scalar operations a trip: too many to compile as one kernel
+        a = rng.normal(size=(8, 8))
+        assert "def body0(" in m.squares.program(m.squares.bind((a, 2), {})).generated.driver_source
+        np.testing.assert_allclose(m.squares(a, 2), (a @ a * 0.1) @ (a @ a * 0.1) * 0.1,
+                                   rtol=1e-13)
+
+
 # ------------------------------------------------------------------ errors
 
 
