@@ -28,9 +28,10 @@ import numpy as np
 
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.fusion import FUSIBLE
-from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import OPS, loop_groups
 from gradlang.compiler.shapes import broadcasts_to
+from gradlang.compiler.values import cast
 
 MAX_ELEMENTS = 64
 # A body past this many scalar equations stays in the driver: Numba took
@@ -204,20 +205,25 @@ def _elementwise(b: Builder, e: Eqn, ins: list, t: TensorType) -> np.ndarray:
     return _grid(cells, t.shape)
 
 
-def _total(b: Builder, terms: list, t: TensorType) -> Atom:
-    """The sum of terms, left to right (0 for none)."""
+def _total(b: Builder, terms: list, t: TensorType, wide: str = "") -> Atom:
+    """The sum of terms, left to right (0 for none), added in `wide` and
+    rounded once to t's dtype where given."""
     if not terms:
         return Lit(coerce(0, t.dtype), TensorType(t.dtype, ()))
+    terms = [cast(b, term, wide) for term in terms] if wide else terms
     total = terms[0]
     for term in terms[1:]:
         total = b.bind("add", total, term)
-    return total
+    return cast(b, total, t.dtype)
 
 
 def _reduce_sum(b: Builder, x: np.ndarray, axes: tuple, t: TensorType) -> np.ndarray:
+    """A float sum adds in f64, as a kernel's sums do (`reduce_sum` in a
+    kernel and in the driver): an f32 loop gives the bits it gave unrewritten."""
     kept = [k for k in range(x.ndim) if k not in axes]
     rows = np.transpose(x, kept + list(axes)).reshape(math.prod(x.shape[k] for k in kept), -1)
-    return _grid([_total(b, list(row), t) for row in rows], t.shape)
+    wide = "f64" if t.dtype in FLOATS else ""
+    return _grid([_total(b, list(row), t, wide) for row in rows], t.shape)
 
 
 def _matmul(b: Builder, x: np.ndarray, y: np.ndarray, t: TensorType) -> np.ndarray:

@@ -587,6 +587,11 @@ def linear(y0, a, n: i64):
         y = y + 0.1 * (a @ y) - 0.01 * sum(y * y) * transpose(a)[0]
     return y
 
+def spread(y: f32[3], n: i64):
+    for i in range(n):
+        y = y * 0.5 + sum(y)
+    return y
+
 def squares(a: f64[8, 8], n: i64):
     for i in range(n):
         a = a @ a * 0.1
@@ -645,6 +650,14 @@ def test_small_array_loop_runs_on_scalars_in_one_kernel_each_way(target):
         got = m.linear(y0.astype(np.float32), a.astype(np.float32), n)
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, linear_numpy(y0, a, n), rtol=1e-5)
+        # an f32 sum adds in f64 and rounds once, as a kernel's sums do (the
+        # rewrite added f32 to f32: 1e8 + 0.1 - 1e8 lost the 0.1)
+        y = np.array([0.1, 1e8, -1e8], np.float32)
+        assert "def body" not in m.spread.program(m.spread.bind((y, 3), {})).generated.driver_source
+        expected = y
+        for _ in range(3):
+            expected = expected * np.float32(0.5) + np.float32(expected.sum(dtype=np.float64))
+        np.testing.assert_array_equal(m.spread(y, 3), expected)
         # 960 scalar operations a trip: too many to compile as one kernel
         a = rng.normal(size=(8, 8))
         assert "def body0(" in m.squares.program(m.squares.bind((a, 2), {})).generated.driver_source
