@@ -179,12 +179,22 @@ def load_kernel_file(path: str) -> ModuleType:
     with _lock:
         module = _modules.get(key)
         if module is None:
-            name = "gradk_aot_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+            with open(key, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+            # Named, and its machine code stamped, by its bytes, not its place
+            # or mtime (Numba's stamp): a compiled module's directory moved,
+            # copied or installed elsewhere keeps the machine code cached in it
+            # (unpickling that code imports the module by name).
+            name = "gradk_aot_" + digest[:32]
             try:
                 module = _import_file(name, key)
             except _NoCacheLocation:
                 with open(key, encoding="utf-8") as handle:
                     module = _import_source(name, handle.read())
+            for value in vars(module).values():
+                cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+                if isinstance(cache_file, _CheckedCacheFile):
+                    cache_file._source_stamp = ("sha256", digest)
             _modules[key] = module
         return module
 
