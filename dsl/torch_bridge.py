@@ -77,13 +77,18 @@ from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
                           fast_key, jvp_function, result_types, split_of_bound)
 from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
+from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
 
 
 def to_torch(f: Compiled) -> "TorchFunction":
     """f as a function of torch tensors that torch.autograd and torch.func
-    differentiate, and torch.compile compiles as one operation."""
+    differentiate, and torch.compile compiles as one operation (of a
+    gradc-compiled module's function, first order: `dsl.aot_bridge`)."""
+    if isinstance(f, (AotFunction, AotGradient)):
+        from dsl.aot_bridge import AotTorch
+        return AotTorch(f)
     return TorchFunction(bridged(f, "to_torch"))
 
 
