@@ -8,7 +8,9 @@ second process with the same kernels compiles nothing.
 `load_kernel_modules(sources)` loads several such modules (a program's
 kernels, one module each, named by `kernel_module_name`, so that programs
 share them) as one namespace; `load_kernel_files(paths)` does the same
-for kernel modules written beside a compiled module (`gradc compile`).
+for kernel modules written beside a compiled module (`gradc compile`),
+each named, and its machine code stamped, by its bytes, so that the
+directory keeps its machine code when moved, copied or installed.
 `make_driver` turns a driver (its source or code) into a callable bound to
 kernels.  `store(kind, key, data)` and `stored(kind, key)` keep bytes under
 a key across processes (`compiler.pipeline` keeps built programs there):
