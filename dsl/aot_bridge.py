@@ -12,8 +12,9 @@ compiled for the call's signature: `loss.backward()` and
 `torch.autograd.grad` work, as a training loop needs.  Of an `AotGradient`
 (`to_torch(dsl.value_and_grad(f))`) it runs the compiled gradient program.
 What needs f's IR is an `ArgumentError` saying to load the `.grad` file
-with `dsl.load` (`needs_ir`): a recorded backward (create_graph=True,
-double backward, a backward through an `AotGradient`'s results), torch.func
+with `dsl.load` (`dsl.function.needs_ir`): a second derivative (a backward
+through the gradients a backward under create_graph=True gave, or
+through an `AotGradient`'s results, which are recorded for that), torch.func
 transforms, and torch's tracers (jit.trace, export, make_fx, FakeTensorMode,
 which would keep the results as constants).  Under torch.compile a call is
 a graph break: it runs eagerly.
@@ -30,7 +31,7 @@ error, which a `custom_vjp` function gets.  Both pickle as their function.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -153,6 +154,15 @@ def _operations() -> tuple:
     import torch
     from dsl import torch_bridge as tb
 
+    def results_of(ctx, outs: Sequence) -> tuple:
+        """Tensors over the result arrays `outs`, the integer ones marked
+        as having no gradient."""
+        results = tuple(tb._tensor(o) for o in outs)
+        constants = [r for r in results if not r.is_floating_point()]
+        if constants:
+            ctx.mark_non_differentiable(*constants)
+        return results
+
     class AotCall(torch.autograd.Function):
         @staticmethod
         def forward(ctx, bridge: AotTorch, arrays: dict, names: tuple, *tensors):
@@ -160,11 +170,7 @@ def _operations() -> tuple:
             outs, ctx.pullback = f._vjp_bound(arrays)
             ctx.bridge, ctx.names, ctx.bound = bridge, names, tuple(arrays)
             ctx.save_for_backward(*tensors)  # (torch checks they are not modified in place)
-            results = tuple(tb._tensor(o) for o in outs)
-            constants = [r for r in results if not r.is_floating_point()]
-            if constants:
-                ctx.mark_non_differentiable(*constants)
-            return results
+            return results_of(ctx, outs)
 
         @staticmethod
         def backward(ctx, *cts):
@@ -191,11 +197,7 @@ def _operations() -> tuple:
         @staticmethod
         def forward(ctx, what: str, f: AotFunction, outs: tuple, *tensors):
             ctx.what, ctx.f = what, f
-            results = tuple(tb._tensor(o) for o in outs)
-            constants = [r for r in results if not r.is_floating_point()]
-            if constants:
-                ctx.mark_non_differentiable(*constants)
-            return results
+            return results_of(ctx, outs)
 
         @staticmethod
         def backward(ctx, *cts):
