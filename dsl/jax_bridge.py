@@ -61,6 +61,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from dsl.aot_bridge import AotJax
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
@@ -81,7 +82,6 @@ def to_jax(f: Compiled) -> "JaxFunction":
     order, with gradlang's derivatives (of a gradc-compiled module's
     function, first order: `dsl.aot_bridge`)."""
     if isinstance(f, (AotFunction, AotGradient)):
-        from dsl.aot_bridge import AotJax
         return AotJax(f)
     return JaxFunction(bridged(f, "to_jax"))
 
