@@ -19,9 +19,10 @@ the fixed sizes its signature gave (`f(f64[3])` and `f(f64[4])` are two
 programs), and runs it (a const argument given its default's value and
 one left out are one call: the program compiled for either runs it; a
 call that gives or leaves out a defaulted parameter otherwise needs a
-signature that does the same, and its error says so); kernels load from files beside the module, whose
-machine code Numba caches there, so a process that imports a module
-compiled with `--sig` neither parses nor compiles.  An `AotFunction` (and
+signature that does the same, and its error says so); kernels load from
+files beside the module, whose machine code Numba caches there, so a
+process that imports a module compiled with `--sig` neither parses nor
+compiles.  An `AotFunction` (and
 its `AotGradient`) pickles by reference, as a Python function does: its
 module's name, imported again where it is unpickled (and its params
 there, that module's); a module not importable by its name is a
@@ -246,8 +247,9 @@ class AotFunction:
         passed = {n for n, *_ in sig}
         for k, compiled in self.programs:
             names = {n for n, *_ in compiled}
-            if k == kind and names != passed and names ^ passed <= defaulted \
-                    and {a for a in compiled if a[0] in passed} == {a for a in sig if a[0] in names}:
+            common = names & passed  # (given alike, else the note would mislead)
+            alike = {a for a in compiled if a[0] in common} == {a for a in sig if a[0] in common}
+            if k == kind and names != passed and names ^ passed <= defaulted and alike:
                 what = ("leaves out " + ", ".join(sorted(names - passed)) if names - passed
                         else "passes " + ", ".join(sorted(passed - names)))
                 return (f" (this call {what}: a signature serves only calls that pass the "
