@@ -24,7 +24,10 @@ its parallel variant, and Numba's cache beside the module keeps the machine
 code, so importing and calling it later compiles nothing.
 
 The module records its source (path and hash): importing it warns when
-that file is there and has changed since.  No user text (file name,
+that file is there and has changed since.  It records each program's
+results' dtypes and shapes (`out_types`), the const defaults that pick
+programs (`static_defaults`) and the functions no signature named, for
+`runtime.aot`.  No user text (file name,
 signatures, function names) reaches the module but inside repr()
 literals.  The module's first line is `MARKER`; a file without it is
 never overwritten unless `force=True`.
@@ -49,7 +52,8 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import INTEGRAL, NONE, NUMPY, SUPPORTED, convert, number_dtype
+from gradlang.runtime.args import (INTEGRAL, NONE, NUMPY, SUPPORTED, const_scalar_names, convert,
+                                     number_dtype)
 from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
@@ -263,7 +267,7 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
         types = _types(f, args, text)
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
-                   "programs": [], "wrt": []})
+                   "programs": [], "wrt": [], "defaults": static_defaults(f)})
         key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank)
                + ((t.value,) if isinstance(t, StaticScalar) else ()) for n, t in types.items()]
         # programs of one key (dtype and rank) differ in their fixed sizes
@@ -281,22 +285,51 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
                            ("pullback", pullback, {**types, **cts})]
             entry["wrt"].append((key, list(wrt)))
         for kind, fn, fn_types in transforms:
-            generated = generate(optimize(_lower(f, fn, fn_types, args)), target)
+            lowered = _lower(f, fn, fn_types, args)
+            generated = generate(optimize(lowered), target)
             kernels = []
             for kernel_source in generated.kernel_modules:  # one file per kernel, shared
                 kernels.append("_" + kernel_module_name(kernel_source))
                 kernel_files[out / f"{kernels[-1]}.py"] = kernel_source
-            program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes}
+            program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes,
+                       "outs": out_types(lowered, fn_types)}
             if precompile:
                 _samples(fn_types, text, np.empty)  # can they be made? (no memory touched)
                 samples.append((name, kind, fn_types, text, program))
             entry["programs"].append((kind, key, program))
+    spec["uncompiled"] = [n for n in functions if n not in spec["functions"]]
     for kernel_file, kernel_source in kernel_files.items():  # every signature worked
         _write(kernel_file, kernel_source)
     _write(target_file, _module_source(path, sig_texts, spec))
     if precompile:
         _precompile(target_file, samples, progress)
     return target_file
+
+
+def out_types(function: Function, types: dict) -> list:
+    """The dtypes and shapes of `function`'s results, for arguments of
+    `types`, as a compiled module keeps them (`runtime.aot.AotFunction.
+    out_types`): each size an int, or [coef, [[argument, axis], ...]] for
+    coef times the sizes of those arguments' axes (every symbolic size is
+    a product of the arguments' sizes)."""
+    axes: dict[str, list] = {}  # the name of a symbolic size -> [argument, axis] of that size
+    for name, t in types.items():
+        for axis, d in enumerate(t.shape):
+            if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1:
+                axes.setdefault(d.factors[0], [name, axis])
+    return [[t.dtype, [d if isinstance(d, int) else [d.coef, [axes[x] for x in d.factors]]
+                       for d in t.shape]] for t in function.out_types]
+
+
+def static_defaults(f: GradFn) -> dict:
+    """{name: value} of f's defaulted parameters whose value picks the
+    program (a `const` integer, bool or None): a call passing the default
+    runs the program compiled for leaving it out, and the other way round
+    (`runtime.aot.AotFunction.bind`), as both are one program."""
+    statics = const_scalar_names(f.specs)
+    return {p.name: p.default.value for p in f.fdef.params
+            if p.name in statics and p.default is not None
+            and (p.default.value is None or isinstance(p.default.value, (bool, int)))}
 
 
 def signed(functions: dict[str, GradFn], name: str, sig: str, path: str) -> GradFn:

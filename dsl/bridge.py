@@ -5,8 +5,9 @@ base class, and how a call of another library's arrays is bound.
 Contract: `bridged(f, what)` returns f when it is a function the bridges
 can run and differentiate to any order (a `Compiled`: a loaded `.grad`
 function or a transform of one), else raises `ArgumentError` (a
-gradc-compiled function, which has no IR to differentiate again) or
-`TypeError`.  `require(library)` imports an optional library, or raises
+gradc-compiled function, which has no IR to differentiate again: the
+bridges take one before, first order, `dsl.aot_bridge`) or `TypeError`.
+`require(library)` imports an optional library, or raises
 `ImportError` naming the extra that installs it; `Bridged` (subclassed
 once per library) requires it when made, is its own copy (deep or not),
 and pickles as its function (`Compiled.recipe`), bridged again.

@@ -40,7 +40,7 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build_stored
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.compiler.vectorize import NotVectorizable, stacked_elements, vectorize
-from gradlang.runtime.aot import AotFunction
+from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, check_param_sizes,
                                    const_scalar_names, numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
@@ -791,15 +791,22 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
         f = f.as_function()
     if isinstance(f, Compiled) or (aot_ok and isinstance(f, AotFunction)):
         return f
+    if isinstance(f, AotGradient):  # (no program of its derivative was compiled)
+        f, why = f.f, f" to differentiate {f.name} (a second derivative)"
     if isinstance(f, AotFunction):
-        raise ArgumentError(f"{what}() needs the IR of {called(f.name)}{why}, and a function of a "
-                            "gradc-compiled module has only its compiled programs (call, "
-                            "grad, value_and_grad, pullback); load the .grad file with "
-                            "dsl.load for this")
+        raise needs_ir(f"{what}()", f, why)
     hint = ("; Python code is not traced: write it in the .grad module, or chain compiled "
             "calls under a dsl.Tape" if callable(f) else "")
     raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
                     f"{type(f).__name__}{hint}")
+
+
+def needs_ir(what: str, f: AotFunction, why: str = "") -> ArgumentError:
+    """The error of `what` (a transform, a bridge's rule) of a function of a
+    gradc-compiled module, which has no program for it."""
+    return ArgumentError(f"{what} needs the IR of {called(f.name)}{why}, and a function of a "
+                         "gradc-compiled module has only its compiled programs (call, grad, "
+                         "value_and_grad, pullback); load the .grad file with dsl.load for this")
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:

@@ -61,6 +61,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from dsl.aot_bridge import AotJax
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
@@ -69,6 +70,7 @@ from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_
                           stacked_vjp_function)
 from dsl.jax_ffi import Plan, ffi_target
 from gradlang.compiler.pipeline import Program
+from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import SUPPORTED
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
@@ -77,7 +79,10 @@ from gradlang.runtime.errors import ArgumentError, GradError, called
 
 def to_jax(f: Compiled) -> "JaxFunction":
     """f as a JAX function that JAX differentiates, in both modes and to any
-    order, with gradlang's derivatives."""
+    order, with gradlang's derivatives (of a gradc-compiled module's
+    function, first order: `dsl.aot_bridge`)."""
+    if isinstance(f, (AotFunction, AotGradient)):
+        return AotJax(f)
     return JaxFunction(bridged(f, "to_jax"))
 
 

@@ -72,11 +72,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from dsl.aot_bridge import AotBridged, arranged
 from dsl.bridge import Bridged, bind_foreign, bridged
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
-                          fast_key, jvp_function, result_types, split_of_bound)
+                          fast_key, jvp_function, needs_ir, result_types, split_of_bound)
 from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
+from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import INTEGRAL
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -84,7 +86,10 @@ from gradlang.runtime.errors import ArgumentError, GradError, called
 
 def to_torch(f: Compiled) -> "TorchFunction":
     """f as a function of torch tensors that torch.autograd and torch.func
-    differentiate, and torch.compile compiles as one operation."""
+    differentiate, and torch.compile compiles as one operation (of a
+    gradc-compiled module's function, first order: `dsl.aot_bridge`)."""
+    if isinstance(f, (AotFunction, AotGradient)):
+        return AotTorch(f)
     return TorchFunction(bridged(f, "to_torch"))
 
 
@@ -516,6 +521,121 @@ def _operations() -> tuple:
     plain_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, plain)
     _OPERATIONS = (plain, transformable, plain_apply)
     return _OPERATIONS
+
+
+class AotTorch(AotBridged):
+    library = "torch"
+
+    def __init__(self, f: "AotFunction | AotGradient"):
+        super().__init__(f)
+        import torch
+        _fill_dtypes(torch)
+        # (torch.compile: a graph break, the call eager; its kernels are not torch's)
+        self._call = torch.compiler.disable(self._call)
+
+    @user_facing
+    def __call__(self, *args, **kwargs):
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict):
+        f = self.function
+        tracer = _tracer()
+        if tracer is not None:
+            raise needs_ir(f"{tracer} (tracing {self.__name__})", f)
+        if _TRANSFORMS_ACTIVE[0]() or _FORWARD_AD[0]._current_level >= 0:
+            raise needs_ir(f"a torch.func transform or forward-mode AD of {self.__name__}", f)
+        args, kwargs = _widened(f, args, kwargs)
+
+        def array(value, where: str):
+            if not _is_tensor(value):
+                return value, None
+            return _array_of(value, f, where), value
+
+        bound, tensors = bind_foreign(f, self.__name__, args, kwargs, array)
+        arrays = f._on_target(bound)
+        self._check_compiled(arrays)
+        recording = _GRAD_ENABLED[0]() and any(t.requires_grad for t in tensors.values())
+        if not recording:
+            results, layout = self._run(arrays)
+            return arranged(layout, [_tensor(o) for o in results])
+        if isinstance(self.f, AotGradient):
+            results, layout = self._run(arrays)
+            outs = _aot_operations()[1].apply(f"differentiating {self.__name__}", f,
+                                              tuple(results), *tensors.values())
+            return arranged(layout, list(outs))
+        differentiable = set(f.differentiable_names(arrays))
+        for name, t in tensors.items():
+            if t.requires_grad and name not in differentiable:
+                raise ArgumentError(f"{self.__name__}: {name!r} has no gradient (it is const "
+                                    "or not a float), but its tensor requires grad; pass it "
+                                    "detached")
+        outs = _aot_operations()[0].apply(self, arrays, tuple(tensors), *tensors.values())
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+_AOT_OPERATIONS: tuple = ()
+
+
+def _aot_operations() -> tuple:
+    """The `torch.autograd.Function`s (torch is imported lazily): a
+    function's call, whose backward runs its pullback program, and a
+    gradient's, whose backward (second order) is refused."""
+    global _AOT_OPERATIONS
+    if _AOT_OPERATIONS:
+        return _AOT_OPERATIONS
+    import torch
+
+    def results_of(ctx, outs: Sequence) -> tuple:
+        """Tensors over the result arrays `outs`, the integer ones marked
+        as having no gradient."""
+        results = tuple(_tensor(o) for o in outs)
+        constants = [r for r in results if not r.is_floating_point()]
+        if constants:
+            ctx.mark_non_differentiable(*constants)
+        return results
+
+    class AotCall(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, bridge: AotTorch, arrays: dict, names: tuple, *tensors):
+            f = bridge.function
+            outs, ctx.pullback = f._vjp_bound(arrays)
+            ctx.bridge, ctx.names, ctx.bound = bridge, names, tuple(arrays)
+            ctx.save_for_backward(*tensors)  # (torch checks they are not modified in place)
+            return results_of(ctx, outs)
+
+        @staticmethod
+        def backward(ctx, *cts):
+            f = ctx.bridge.function
+            tensors = ctx.saved_tensors  # (torch raises if it freed them, or one was modified)
+            grads = dict(zip(ctx.bound, ctx.pullback(
+                *(_array_of(ct, f, "a cotangent") for ct in cts))))
+            names = [n for n, need in zip(ctx.names, ctx.needs_input_grad[3:])
+                     if need and grads.get(n) is not None]
+            results = [grads[n] for n in names]
+            if torch.is_grad_enabled():  # (create_graph=True) recorded, not differentiable
+                results = AotGradientCall.apply(
+                    f"differentiating the backward of {ctx.bridge.__name__}", f,
+                    tuple(results), *tensors, *cts)
+            else:
+                results = [_tensor(g) for g in results]
+            given = dict(zip(names, results))
+            return (None, None, None, *(given.get(n) for n in ctx.names))
+
+    class AotGradientCall(torch.autograd.Function):
+        """Results `outs` of a gradient program (arrays), recorded as
+        computed from `tensors`: `what` (differentiating them) is refused."""
+
+        @staticmethod
+        def forward(ctx, what: str, f: AotFunction, outs: tuple, *tensors):
+            ctx.what, ctx.f = what, f
+            return results_of(ctx, outs)
+
+        @staticmethod
+        def backward(ctx, *cts):
+            raise needs_ir(f"{ctx.what} (a second derivative)", ctx.f)
+
+    _AOT_OPERATIONS = (AotCall, AotGradientCall)
+    return _AOT_OPERATIONS
 
 
 def _batched(call: Call, names: list[str]) -> Optional[Stacked]:

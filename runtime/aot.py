@@ -6,15 +6,23 @@ and kind — call, grad, value_and_grad, pullback (arguments and
 cotangents in, one cotangent per differentiated argument out) — the names
 of its kernel files beside it (a file per kernel, named by a hash of its
 text, so that programs running one kernel share its file and its machine
-code) and the source of a plain-Python driver) and
-builds its functions with `AotModule`, which warns when the `.grad` file
-it was compiled from is there and has changed since.  Nothing here
+code), the source of a plain-Python driver and its results' dtypes and
+shapes (`out_types`, which `dsl.aot_bridge` gives JAX's traced calls);
+the values of its const integer, bool and None defaults; and the
+functions of the source no signature named) and builds its functions with
+`AotModule`, which warns when the `.grad` file it was compiled from is
+there and has changed since, and makes the module's `__getattr__` say
+that a function was not compiled.  Nothing here
 imports the parser or the compiler: a call binds and validates its
 arguments (`runtime.args`), picks the program by dtype and rank, then by
 the fixed sizes its signature gave (`f(f64[3])` and `f(f64[4])` are two
-programs), and runs it; kernels load from files beside the module, whose
-machine code Numba caches there, so a process that imports a module
-compiled with `--sig` neither parses nor compiles.  An `AotFunction` (and
+programs), and runs it (a const argument given its default's value and
+one left out are one call: the program compiled for either runs it; a
+call that gives or leaves out a defaulted parameter otherwise needs a
+signature that does the same, and its error says so); kernels load from
+files beside the module, whose machine code Numba caches there, so a
+process that imports a module compiled with `--sig` neither parses nor
+compiles.  An `AotFunction` (and
 its `AotGradient`) pickles by reference, as a Python function does: its
 module's name, imported again where it is unpickled (and its params
 there, that module's); a module not importable by its name is a
@@ -24,6 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
+import math
 import os
 import sys
 import warnings
@@ -32,8 +42,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import (SUPPORTED, ParamSpec, bind, call_key, check_param_sizes,
-                                   is_python_number, static_names)
+from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call_key,
+                                   check_param_sizes, convert, is_python_number, static_names)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import load_kernel_files, make_driver
@@ -56,6 +66,9 @@ class AotModule:
         self.functions = {fname: AotFunction(self, fname, fspec)
                           for fname, fspec in spec["functions"].items()}
         self._drivers: dict[tuple, Any] = {}
+        # the functions of the source no signature named (none in modules
+        # of earlier versions)
+        self.uncompiled = tuple(spec.get("uncompiled", ()))
 
     def export(self, namespace: dict) -> None:
         """Make `namespace` (a compiled module's globals) hold `params`,
@@ -66,9 +79,19 @@ class AotModule:
         `importlib.reload`) is replaced."""
         namespace["params"] = self.params
         namespace["functions"] = dict(self.functions)
+        namespace["__getattr__"] = self._missing  # (the module defines none of its own)
         for fname, function in self.functions.items():
             if isinstance(namespace.get(fname, function), AotFunction):  # not the module's
                 namespace[fname] = function
+
+    def _missing(self, name: str):
+        """The module's `__getattr__`: an AttributeError that says why a
+        function of the source is not there."""
+        if name in self.uncompiled:
+            raise AttributeError(f"{name}() of {self.name} was not compiled: no --sig of gradc "
+                                 "compile named it; add one for it, or load the .grad file "
+                                 "with dsl.load")
+        raise AttributeError(f"module {self.name!r} has no attribute {name!r}")
 
     def driver(self, program: dict):
         files = program["kernels"]
@@ -120,29 +143,65 @@ class AotFunction:
             self.programs.setdefault((kind, tuple(tuple(a) for a in sig)), []).append(program)
         self.wrt = {tuple(tuple(a) for a in sig): tuple(names)
                     for sig, names in spec["wrt"]}
+        # {name: value} of the defaulted parameters whose value picks the
+        # program (none in modules of earlier versions)
+        self.defaults = dict(spec.get("defaults", {}))
 
     @property
     def target(self):
         return self.module.target
 
-    def bind(self, args, kwargs) -> dict[str, np.ndarray]:
-        bound = self._bind(args, kwargs)
+    def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
+             ) -> dict[str, np.ndarray]:
+        """The validated arguments and the module params the function
+        reads, each from `params` when given there (as the bridges pass
+        tensors for them), else the module's value."""
+        bound = self._bind(args, kwargs, params=params)
         numbers = any(map(is_python_number, args)) or any(map(is_python_number, kwargs.values()))
-        if numbers and not self._compiled(bound):
+        if (numbers or self.defaults) and not self._compiled(bound):
             # a Python number is weakly typed: f32 beside f32 arrays, or f64
             # where only that was compiled (as every Python number once was);
-            # (only a call with one looks: a call of arrays pays nothing)
-            wide = self._bind(args, kwargs, numbers="f64")
-            bound = wide if self._compiled(wide) else bound
+            # a const parameter's default picks one program whether given or
+            # left out; (only such a call looks: a call of arrays pays nothing)
+            candidates = [bound] + ([self._bind(args, kwargs, numbers="f64", params=params)]
+                                    if numbers else [])
+            for candidate in candidates:
+                for form in self._default_forms(candidate):
+                    if self._compiled(form):
+                        return form
         return bound
 
-    def _bind(self, args, kwargs, numbers: Optional[str] = None) -> dict[str, np.ndarray]:
+    def _default_forms(self, bound: dict[str, np.ndarray]):
+        """`bound` with each const argument that has its default's value
+        (`self.defaults`) given or left out, every way: each the same
+        call, which the program compiled for any of them runs."""
+        at_default = [n for n, value in self.defaults.items()
+                      if n not in bound or _is_value(bound[n], value)]
+        order = [s.name for s in self.specs] + list(self.reads)
+        specs = {s.name: s for s in self.specs}
+        for given in itertools.product((False, True), repeat=len(at_default)):
+            form = dict(bound)
+            for n, give in zip(at_default, given):
+                if not give:
+                    form.pop(n, None)
+                elif n not in form:
+                    value = self.defaults[n]
+                    form[n] = NONE if value is None else convert(self.name, specs[n], value, None)
+            yield {n: form[n] for n in order if n in form}
+
+    def _bind(self, args, kwargs, numbers: Optional[str] = None,
+              params: Optional[dict[str, Any]] = None) -> dict[str, np.ndarray]:
         bound = bind(self.name, self.specs, args, kwargs, numbers=numbers)
         for w in self.reads:
-            bound[w] = self.module.params.require(w, self.name)
+            bound[w] = self.module.params.validate(w, params[w]) if params and w in params \
+                else self.module.params.require(w, self.name)
         check_param_sizes(self.name, self.specs, [self.module.params.spec(w) for w in self.reads],
                           bound, None)
         return bound
+
+    def by_name(self, args: Sequence[Any]) -> dict[str, Any]:
+        """A call's positional values by the name of their parameter."""
+        return {s.name: a for s, a in zip(self.specs, args)}
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         """The arguments that get a gradient: those the module was compiled
@@ -177,7 +236,39 @@ class AotFunction:
                 if k == kind for p in ps]
         raise ArgumentError(f"{self.name}() was compiled for {', '.join(sorted(set(have)))}; "
                             f"this call is {self._describe(sig, shapes)}; add it with "
-                            "gradc compile --sig")
+                            f"gradc compile --sig{self._defaults_note(kind, sig)}")
+
+    def _defaults_note(self, kind: str, sig: tuple) -> str:
+        """Why a call differing from a compiled signature only in the
+        defaulted parameters it passes is not served: a default that is
+        not const is a constant of the program compiled without it, and an
+        argument (differentiated) of the one compiled with it."""
+        defaulted = {s.name for s in self.specs if s.has_default}
+        passed = {n for n, *_ in sig}
+        for k, compiled in self.programs:
+            names = {n for n, *_ in compiled}
+            common = names & passed  # (given alike, else the note would mislead)
+            alike = {a for a in compiled if a[0] in common} == {a for a in sig if a[0] in common}
+            if k == kind and names != passed and names ^ passed <= defaulted and alike:
+                what = ("leaves out " + ", ".join(sorted(names - passed)) if names - passed
+                        else "passes " + ", ".join(sorted(passed - names)))
+                return (f" (this call {what}: a signature serves only calls that pass the "
+                        "defaulted parameters it gives)")
+        return ""
+
+    def out_types(self, kind: str, arrays: dict[str, Any]) -> list[tuple[np.dtype, tuple]]:
+        """The dtype and shape of each result of the program of this kind
+        for arguments `arrays` (anything with a shape and a dtype: the
+        stand-ins of a traced call), without running it."""
+        program = self._program(kind, self._signature(arrays), arrays)
+        if "outs" not in program:
+            raise ArgumentError(f"{self.name}() was compiled by an earlier gradc, whose modules "
+                                "do not say their results' shapes; compile it again")
+        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
+        return [(NUMPY[dtype], tuple(d if isinstance(d, int) else
+                                     d[0] * math.prod(shapes[n][axis] for n, axis in d[1])
+                                     for d in dims))
+                for dtype, dims in program["outs"]]
 
     def _on_target(self, bound: dict[str, np.ndarray]) -> dict[str, Any]:
         accept = self.module.target.accept
@@ -255,6 +346,15 @@ class AotFunction:
         return imported_function, (self.module.name, self.name)
 
 
+def _is_value(array: np.ndarray, value: Any) -> bool:
+    """Whether a bound static argument is `value` (a default: an int, a
+    bool or None), of its kind (True is not 1)."""
+    if value is None or array is NONE:
+        return value is None and array is NONE
+    kind = "b" if isinstance(value, bool) else "iu"
+    return np.ndim(array) == 0 and np.dtype(array.dtype).kind in kind and array.item() == value
+
+
 def imported_function(module: str, name: str) -> AotFunction:
     """Function `name` of the compiled module imported as `module`."""
     return importlib.import_module(module).functions[name]
@@ -267,13 +367,26 @@ class AotGradient:
     def __init__(self, f: AotFunction, wrt: Optional[tuple[str, ...]], single: bool,
                  with_value: bool):
         self.f, self.wrt, self.single, self.with_value = f, wrt, single, with_value
-        kind = "value_and_grad" if with_value else "grad"
-        self.name = self.__name__ = f"{kind}({f.name})"
+        self.name = self.__name__ = f"{self.kind}({f.name})"
 
     @user_facing
     def __call__(self, *args, **kwargs):
-        kind = "value_and_grad" if self.with_value else "grad"
-        outs, sig = self.f._run(kind, self.f._on_target(self.f.bind(args, kwargs)))
+        return self.call_bound(self.f._on_target(self.f.bind(args, kwargs)))
+
+    def call_bound(self, arrays: dict[str, Any]):
+        """The gradients (and values) for arguments `arrays`, bound and
+        on the target, arranged as the call returns them."""
+        outs, sig = self.f._run(self.kind, arrays)
+        return self.arrange(outs, sig)
+
+    @property
+    def kind(self) -> str:
+        """The kind of the programs it runs."""
+        return "value_and_grad" if self.with_value else "grad"
+
+    def arrange(self, outs: Sequence, sig: tuple):
+        """The results `outs` of its program for a call of signature `sig`
+        (arrays, or what stands for them) as the call returns them."""
         compiled = self.f.wrt[sig]
         n = len(compiled)
         values, grads = outs[:len(outs) - n], dict(zip(compiled, outs[len(outs) - n:]))

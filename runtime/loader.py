@@ -8,7 +8,9 @@ second process with the same kernels compiles nothing.
 `load_kernel_modules(sources)` loads several such modules (a program's
 kernels, one module each, named by `kernel_module_name`, so that programs
 share them) as one namespace; `load_kernel_files(paths)` does the same
-for kernel modules written beside a compiled module (`gradc compile`).
+for kernel modules written beside a compiled module (`gradc compile`),
+each named, and its machine code stamped, by its bytes, so that the
+directory keeps its machine code when moved, copied or installed.
 `make_driver` turns a driver (its source or code) into a callable bound to
 kernels.  `store(kind, key, data)` and `stored(kind, key)` keep bytes under
 a key across processes (`compiler.pipeline` keeps built programs there):
@@ -179,12 +181,22 @@ def load_kernel_file(path: str) -> ModuleType:
     with _lock:
         module = _modules.get(key)
         if module is None:
-            name = "gradk_aot_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+            with open(key, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+            # Named, and its machine code stamped, by its bytes, not its place
+            # or mtime (Numba's stamp): a compiled module's directory moved,
+            # copied or installed elsewhere keeps the machine code cached in it
+            # (unpickling that code imports the module by name).
+            name = "gradk_aot_" + digest[:32]
             try:
                 module = _import_file(name, key)
             except _NoCacheLocation:
                 with open(key, encoding="utf-8") as handle:
                     module = _import_source(name, handle.read())
+            for value in vars(module).values():
+                cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+                if isinstance(cache_file, _CheckedCacheFile):
+                    cache_file._source_stamp = ("sha256", digest)
             _modules[key] = module
         return module
 

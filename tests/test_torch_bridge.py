@@ -456,7 +456,8 @@ def test_a_cpu_tensor_for_a_cuda_module_is_an_argument_error():
         dsl.to_torch(m.log1pexp)(torch.zeros(3, dtype=torch.float64))
 
 
-def test_a_gradc_compiled_function_is_refused(tmp_path, monkeypatch):
+def test_a_gradc_compiled_function_refuses_torch_func(tmp_path, monkeypatch):
+    # (it runs first order: test_aot_training.py; torch.func needs the IR)
     from dsl.aot import compile_module
     compile_module(str(EXAMPLES / "bar.grad"), str(tmp_path), ["bar(f64[n], f64[n])"])
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -464,8 +465,10 @@ def test_a_gradc_compiled_function_is_refused(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "bar", raising=False)
     import importlib
     compiled = importlib.import_module("bar")
-    with pytest.raises(dsl.ArgumentError, match="gradc-compiled module"):
-        dsl.to_torch(compiled.bar)
+    with pytest.raises(dsl.ArgumentError, match=r"torch.func transform .* needs the IR of "
+                                                r"bar\(\), and a function of a gradc-compiled "
+                                                "module"):
+        torch.func.grad(dsl.to_torch(compiled.bar))(tensor([1.0]), tensor([2.0]))
 
 
 def test_an_integer_used_as_a_size_compiles_for_its_value():

@@ -1,0 +1,216 @@
+"""A gradc-compiled module as training code uses it, against the same
+file loaded with dsl.load: calls leaving out defaulted parameters,
+to_torch and to_jax of its functions (first order) and of their
+gradients, clear errors for what needs the IR, a module missing a
+function, and a compiled directory moved elsewhere keeping its machine
+code.  One module, compiled once (its kernels compile when first run)."""
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.aot import compile_module
+from helpers import central_difference, import_compiled, optional_module
+
+SOURCE = """\
+from std import logsumexp
+
+def loss(w, x, t, scale=0.5):
+    return sum((tanh(x * w) - t) ** 2) * scale
+
+def lse(x, axis: const = -1):
+    return logsumexp(x, axis)
+
+def total(x, axis: const = None):
+    return sum(x * x, axis)
+
+def scaled(x, s=3.0):
+    return x * s
+
+def unused(x):
+    return x
+"""
+SIGNATURES = ["loss(f64[n], f64[n], f64[n])", "loss(f64[n], f64[n], f64[n], f64)",
+              "lse(f64[:, :])", "total(f64[:], None)", "scaled(f64[:], f64)"]
+
+W = np.array([0.3, -0.7, 1.1])
+X = np.array([1.0, 2.0, -0.5])
+T = np.array([0.2, -0.4, 0.1])
+
+
+def numpy_loss(w, x=X, t=T, scale=0.5):
+    return np.sum((np.tanh(x * w) - t) ** 2) * scale
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("aot_training")
+    (directory / "train.grad").write_text(SOURCE)
+    compile_module(str(directory / "train.grad"), str(directory / "out"), SIGNATURES)
+    return directory / "out"
+
+
+@pytest.fixture(scope="module")
+def aot(out):
+    return import_compiled(out / "train.py")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return dsl.loads(SOURCE)
+
+
+def test_a_call_leaving_out_a_default_runs_as_the_loaded_one(aot, loaded):
+    np.testing.assert_allclose(aot.loss(W, X, T), loaded.loss(W, X, T), rtol=1e-14)
+    np.testing.assert_allclose(aot.loss(W, X, T), numpy_loss(W), rtol=1e-14)
+    np.testing.assert_allclose(aot.loss(W, X, T, 2.0), numpy_loss(W, scale=2.0), rtol=1e-14)
+    value, grad = dsl.value_and_grad(aot.loss)(W, X, T)
+    np.testing.assert_allclose(value, numpy_loss(W), rtol=1e-14)
+    np.testing.assert_allclose(grad, central_difference(numpy_loss, [W], 0), rtol=1e-7)
+    np.testing.assert_allclose(grad, dsl.grad(loaded.loss)(W, X, T), rtol=1e-14)
+
+
+def test_a_const_default_given_or_left_out_runs_one_program(aot):
+    m = np.array([[1.0, 2.0, 3.0], [0.0, -1.0, 4.0]])
+    want = np.log(np.exp(m).sum(axis=-1))
+    # compiled leaving axis out, called giving its default (and the other way round)
+    for got in (aot.lse(m), aot.lse(m, -1), aot.lse(m, axis=-1)):
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+    for got in (aot.total(X), aot.total(X, None), aot.total(X, axis=None)):
+        np.testing.assert_allclose(got, np.sum(X * X), rtol=1e-14)
+    with pytest.raises(dsl.ArgumentError, match=r"lse\(\) was compiled for lse\(f64\[:, :\]\); "
+                                                r"this call is lse\(f64\[2, 3\], 0\)"):
+        aot.lse(m, 0)
+
+
+def test_a_defaulted_parameter_no_signature_serves_is_an_argument_error(aot):
+    np.testing.assert_array_equal(aot.scaled(X, 2.0), X * 2)
+    with pytest.raises(dsl.ArgumentError, match=r"scaled\(\) was compiled for scaled\(f64\[:\], "
+                       r"f64\); this call is scaled\(f64\[3\]\); add it with gradc compile "
+                       r"--sig \(this call leaves out s: a signature serves only calls that "
+                       r"pass the defaulted parameters it gives\)"):
+        aot.scaled(X)
+    with pytest.raises(dsl.ArgumentError, match=r"this call is loss\(f32\[3\], f32\[3\], "
+                                                r"f32\[3\]\); add it with gradc compile --sig$"):
+        aot.loss(*(a.astype(np.float32) for a in (W, X, T)))
+
+
+def test_to_torch_of_a_compiled_function_trains(aot):
+    torch = optional_module("torch", "torch")
+    w = torch.tensor(W, requires_grad=True)
+    f = dsl.to_torch(aot.loss)
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    want = W.copy()
+    for _ in range(3):
+        optimizer.zero_grad()
+        f(w, torch.tensor(X), torch.tensor(T)).backward()
+        optimizer.step()
+        want -= 0.1 * central_difference(numpy_loss, [want], 0)
+    np.testing.assert_allclose(w.detach().numpy(), want, rtol=1e-8)
+    # no tensor requires grad: the call alone
+    np.testing.assert_allclose(dsl.to_torch(aot.loss)(*map(torch.tensor, (W, X, T))).item(),
+                               numpy_loss(W), rtol=1e-14)
+
+
+def test_to_torch_of_a_compiled_gradient_and_what_needs_the_ir(aot, loaded):
+    torch = optional_module("torch", "torch")
+    args = [torch.tensor(W, requires_grad=True), torch.tensor(X), torch.tensor(T)]
+    value, grad = dsl.to_torch(dsl.value_and_grad(aot.loss))(*args)
+    np.testing.assert_allclose(value.item(), numpy_loss(W), rtol=1e-14)
+    np.testing.assert_allclose(grad.detach().numpy(), dsl.grad(loaded.loss)(W, X, T),
+                               rtol=1e-14)
+    needs_ir = r"needs the IR of loss\(\).*load the .grad file with dsl.load"
+    with pytest.raises(dsl.ArgumentError, match=r"differentiating to_torch\(value_and_grad\("
+                                                r"loss\)\) \(a second derivative\) " + needs_ir):
+        grad.sum().backward()
+    out = dsl.to_torch(aot.loss)(*args)
+    (first,) = torch.autograd.grad(out, args[0], create_graph=True)
+    with pytest.raises(dsl.ArgumentError, match=r"differentiating the backward of to_torch\("
+                                                r"loss\) \(a second derivative\) " + needs_ir):
+        first.sum().backward()
+    with pytest.raises(dsl.ArgumentError, match=r"torch.func transform .*" + needs_ir):
+        torch.func.grad(dsl.to_torch(aot.loss))(*map(torch.tensor, (W, X, T)))
+
+
+def test_to_jax_of_a_compiled_function_under_jit(aot, loaded):
+    jax = optional_module("jax", "jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        jnp = jax.numpy
+        args = [jnp.asarray(a) for a in (W, X, T)]
+        value, grad = jax.jit(jax.value_and_grad(dsl.to_jax(aot.loss)))(*args)
+        np.testing.assert_allclose(value, numpy_loss(W), rtol=1e-14)
+        np.testing.assert_allclose(grad, central_difference(numpy_loss, [W], 0), rtol=1e-7)
+        value, grad = jax.jit(dsl.to_jax(dsl.value_and_grad(aot.loss)))(*args)
+        np.testing.assert_allclose(grad, dsl.grad(loaded.loss)(W, X, T), rtol=1e-14)
+        with pytest.raises(dsl.ArgumentError, match=r"a second derivative \(or forward mode\) "
+                                                    r"of to_jax\(loss\) needs the IR of loss"):
+            jax.hessian(dsl.to_jax(aot.loss))(*args)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def test_transforms_without_compiled_programs_say_to_load_the_file(aot):
+    for transform in (dsl.vmap, dsl.jacfwd, dsl.hessian):
+        with pytest.raises(dsl.ArgumentError, match=r"needs the IR of loss\(\).*dsl.load"):
+            transform(aot.loss)
+    with pytest.raises(dsl.ArgumentError, match=r"needs the IR of loss\(\).*dsl.load"):
+        dsl.jvp(aot.loss, (W, X, T), (W, X, T))
+    with pytest.raises(dsl.ArgumentError, match=r"grad\(\) needs the IR of loss\(\) to "
+                                                r"differentiate grad\(loss\) \(a second"):
+        dsl.grad(dsl.grad(aot.loss))
+
+
+def test_a_function_no_signature_named_is_a_clear_attribute_error(aot):
+    with pytest.raises(AttributeError, match=r"unused\(\) of \S+ was not compiled: no --sig of "
+                                             r"gradc compile named it"):
+        aot.unused
+    assert not hasattr(aot, "nothing") and "unused" not in aot.functions
+
+
+def test_bridged_compiled_functions_pickle_by_reference(aot, monkeypatch):
+    torch = optional_module("torch", "torch")
+    monkeypatch.setitem(sys.modules, aot.__name__, aot)
+    f = pickle.loads(pickle.dumps(dsl.to_torch(dsl.value_and_grad(aot.loss))))
+    assert f.f.f is aot.loss
+    np.testing.assert_allclose(f(*map(torch.tensor, (W, X, T)))[0].item(), numpy_loss(W),
+                               rtol=1e-14)
+
+
+# A fresh process imports a compiled module from another working
+# directory and says how many of its kernels' machine code Numba loaded
+# from the cache beside it, and how many it compiled.
+FRESH = """
+import sys, warnings
+import numpy as np
+warnings.simplefilter("error")  # (a cache that cannot be read warns)
+sys.path.insert(0, sys.argv[1])
+import train
+from gradlang.runtime import loader
+assert np.allclose(train.total(np.array([1.0, 2.0])), 5.0)
+stats = [v.stats for m in loader._modules.values() for v in vars(m).values()
+         if hasattr(v, "stats")]
+print(sum(sum(s.cache_hits.values()) for s in stats),
+      sum(sum(s.cache_misses.values()) for s in stats))
+"""
+
+
+def test_a_moved_compiled_directory_keeps_its_machine_code(aot, out, tmp_path):
+    aot.total(X)  # (compiled and cached beside the module)
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(out, moved)
+    for path in moved.rglob("*"):  # copied, as by cp or an installer: new mtimes
+        os.utime(path, (1e9, 1e9))
+    # (from another working directory: the module's own imports nothing from it)
+    done = subprocess.run([sys.executable, "-c", FRESH, str(moved)], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    hits, misses = map(int, done.stdout.split())
+    assert hits >= 1 and misses == 0
