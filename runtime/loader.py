@@ -53,7 +53,6 @@ import secrets
 import shutil
 import tempfile
 import sys
-import threading
 import warnings
 from pathlib import Path
 from types import CodeType, ModuleType, SimpleNamespace
@@ -73,9 +72,10 @@ from numba.core.types import Array
 from numba.np import numpy_support
 
 from gradlang.runtime.collection import collection_paused
+from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.numba_target import lean_target
 
-_lock = threading.Lock()
+_lock = ChildSafeLock()
 _modules: dict[str, ModuleType] = {}
 _scratch: Optional[Path] = None
 
