@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
@@ -46,6 +45,7 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, chec
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
+from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.pullback import Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
@@ -267,7 +267,7 @@ class Compiled:
     def __init__(self) -> None:
         self._programs: dict[tuple, Any] = {}
         self._concrete_only: set[tuple] = set()
-        self._lock = threading.RLock()
+        self._lock = ChildSafeLock(reentrant=True)
         self._fast = FastPath()
         self._out_specs: dict[int, OutSpec] = {}
         self._by_value: set[str] = set()  # see `by_value`

@@ -49,7 +49,6 @@ import hashlib
 import itertools
 import re
 import sys
-import threading
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -62,6 +61,7 @@ from numba.extending import intrinsic
 
 from gradlang.compiler.pipeline import Program
 from gradlang.runtime.common import HOST_MEMORY
+from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.loader import (jit_in_kernel_cache, load_kernels, make_driver,
                                       manage_dispatcher)
 
@@ -69,7 +69,7 @@ from gradlang.runtime.loader import (jit_in_kernel_cache, load_kernels, make_dri
 # them in the executable: a larger one keeps the callback, which reads it)
 CONSTANT_BYTES = 1 << 16
 _HANDLERS: dict[tuple, tuple[str, Any]] = {}  # (source, kernels) -> (target name, cfunc)
-_REGISTERING = threading.Lock()
+_REGISTERING = ChildSafeLock()
 _NAMES = itertools.count()  # (a name XLA knows is never registered again)
 
 

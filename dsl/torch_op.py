@@ -43,7 +43,6 @@ tracer).  torch is imported only when the operation is first needed.
 from __future__ import annotations
 
 import hashlib
-import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -54,10 +53,11 @@ from dsl.function import (Compiled, backward_function, backward_pass_function,
                           symbolic_result_types)
 from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import ArgumentError, called
+from gradlang.runtime.forking import ChildSafeLock
 
 _CALLS: dict[str, "OpCall"] = {}  # key -> the call it names (kept: traced graphs hold keys)
 _OPERATION: list = []  # the custom operation, defined on first use
-_DEFINING = threading.Lock()  # (threads tracing at once define it once)
+_DEFINING = ChildSafeLock()  # (threads tracing at once define it once)
 
 
 def apply(f: Compiled, bound: dict[str, Any], tensors: dict[str, Any],

@@ -55,7 +55,6 @@ import secrets
 import shutil
 import tempfile
 import sys
-import threading
 import warnings
 from pathlib import Path
 from types import CodeType, ModuleType, SimpleNamespace
@@ -75,9 +74,11 @@ from numba.core.types import Array
 from numba.np import numpy_support
 
 from gradlang.runtime.collection import collection_paused
+from gradlang.runtime.forking import ChildSafeLock
+from gradlang.runtime.interrupts import interrupts_deferred
 from gradlang.runtime.numba_target import lean_target
 
-_lock = threading.Lock()
+_lock = ChildSafeLock()
 _modules: dict[str, ModuleType] = {}
 _scratch: Optional[Path] = None
 
@@ -307,13 +308,14 @@ def before_cached_loads(needs: Callable[[Callable], bool], prepare: Callable[[],
 def _compile_lean(dispatcher: CPUDispatcher) -> None:
     """Compiles of `dispatcher` (a miss when called, or its typing from
     another function) run inside `numba_target.lean_target`, with Numba's
-    runtime from the store and the garbage collector paused (`collection`);
-    a generated kernel's inputs are typed read-only (`_inputs_read_only`)."""
+    runtime from the store, the garbage collector paused (`collection`)
+    and Ctrl-C held back until they end (`interrupts`); a generated
+    kernel's inputs are typed read-only (`_inputs_read_only`)."""
     compile_whole = dispatcher.compile
     inputs = _input_positions(dispatcher)
 
     def compile(sig):
-        with lean_target(), collection_paused():
+        with interrupts_deferred(), lean_target(), collection_paused():
             _initialize_runtime(cpu_target.target_context)
             shared = _inputs_read_only(sig, inputs)
             if shared is None:

@@ -1,0 +1,64 @@
+"""Locks that a fork leaves usable in the child.
+
+Contract: `ChildSafeLock()` is a lock (a context manager; re-entrant with
+`reentrant=True`) that a process forked while another thread held it
+finds free.  What one guards must be whole between any two steps of the
+thread that holds it (an entry stored once it is complete): the child sees
+it as that thread left it, and does the rest again itself.
+
+Numba's compiler lock guards much more (its typing and target contexts,
+changed all through a compile), so instead of freeing it in the child, a
+fork waits for it: the forking thread takes it before the fork and
+releases it after, in both processes.  A fork made while another thread
+compiles therefore waits for that compile to end.  It is taken before
+`memory`'s pool lock (whose hook `os.register_at_fork` runs later, having
+registered it first), since a thread that compiles may free a pooled
+array, while one inside the pool never compiles.
+
+Why: a forked child runs only the thread that forked, so a lock another
+thread held at the fork is never released there.  A `multiprocessing`
+worker or a PyTorch `DataLoader` worker forked while a thread of its parent
+compiled waited for ever at its own first call.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from numba.core.compiler_lock import global_compiler_lock
+
+from gradlang.runtime import memory  # noqa: F401 (its fork hook registered before ours)
+
+_LOCKS: "weakref.WeakSet[ChildSafeLock]" = weakref.WeakSet()
+
+
+class ChildSafeLock:
+    """A lock made anew in a forked child (module docstring)."""
+    __slots__ = ("_lock", "_reentrant", "__weakref__")
+
+    def __init__(self, reentrant: bool = False):
+        self._reentrant = reentrant
+        self._lock = threading.RLock() if reentrant else threading.Lock()
+        _LOCKS.add(self)
+
+    def __enter__(self) -> "ChildSafeLock":
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    # the child's only thread is the one that forked, which holds none of
+    # them (none is held across a call out of gradlang's own code)
+    for lock in list(_LOCKS):
+        lock._lock = threading.RLock() if lock._reentrant else threading.Lock()
+    global_compiler_lock.release()
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(before=global_compiler_lock.acquire,
+                        after_in_parent=global_compiler_lock.release,
+                        after_in_child=_after_fork_in_child)
