@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import call_on_dask, chunked_like, is_dask_array, vjp_on_dask
+from dsl.lru import Lru
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -47,7 +48,7 @@ from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.loader import source_stamp
-from gradlang.runtime.pullback import Pullback
+from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
 from gradlang.runtime.target import Target, is_device_array
 
@@ -853,7 +854,8 @@ def vjp(f: Compiled, *args, **kwargs):
 def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
     """(raw outputs, Pullback) on bound host arguments (`split_of_bound`)."""
     entry, results = _split_run(f, bound, host_results)
-    return results[:entry.n_out], entry.pullback(f, results[entry.n_out:], host_results)
+    outs = results[:entry.n_out]
+    return outs, entry.pullback(f, outs, results[entry.n_out:], host_results)
 
 
 def split_of_bound(f: Compiled, bound: dict[str, np.ndarray]):
@@ -861,7 +863,8 @@ def split_of_bound(f: Compiled, bound: dict[str, np.ndarray]):
     `call_reading` them) on bound host arguments: for a library that holds
     the residuals itself.  The pullback is made once per signature."""
     entry, results = _split_run(f, bound, False)
-    return results[:entry.n_out], results[entry.n_out:], entry.pullback(f)
+    outs = results[:entry.n_out]
+    return outs, results[entry.n_out:], entry.pullback(f, outs)
 
 
 def _split_run(f: Compiled, bound: dict[str, np.ndarray], host_results: bool):
@@ -892,42 +895,79 @@ def _split_run(f: Compiled, bound: dict[str, np.ndarray], host_results: bool):
 
 
 class _VjpEntry:
-    """The split programs of one signature of f (`static`: picked by the
-    value of a static argument) and what a `Pullback` of them needs."""
+    """The split programs of one size pattern of f (or one signature, where
+    f needs its sizes; `static`: picked by the value of a static argument)
+    and what a `Pullback` of them needs."""
 
     def __init__(self, fwd: Callable, bwd: Callable, n_out: int, out_types: Sequence,
                  names: Sequence[str], float_args: Sequence[str], static: bool):
-        self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, out_types
+        self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, tuple(out_types)
         self.names, self.float_args, self.static = names, float_args, static
+        # outputs of symbolic sizes: a pullback checks cotangents against a call's own
+        self.symbolic = any(not isinstance(d, int) for t in out_types for d in t.shape)
         self._reading_none: Optional[Pullback] = None
 
-    def pullback(self, f: Compiled, residuals: Optional[Sequence] = None,
+    def pullback(self, f: Compiled, outs: Sequence, residuals: Optional[Sequence] = None,
                  host_results: bool = False) -> Pullback:
-        """The Pullback reading `residuals` (None: reading none, which
-        holds nothing of a call, so one serves every call)."""
-        if residuals is not None or host_results:
-            return Pullback(f.name, self.bwd, residuals or (), self.out_types, self.names,
+        """The Pullback of the call whose outputs are `outs`, reading
+        `residuals` (None: reading none, which holds nothing of a call, so
+        one serves every call of these output shapes)."""
+        if residuals is not None or host_results or self.symbolic:
+            out_types = self.out_types if not self.symbolic else tuple(
+                OutType(tuple(o.shape), t.dtype) for o, t in zip(outs, self.out_types))
+            return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
                             self.float_args, f.target, host_results)
         if self._reading_none is None:
-            self._reading_none = self.pullback(f, ())
+            self._reading_none = self.pullback(f, outs, ())
         return self._reading_none
+
+
+VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)
+_CONCRETE = "needs its sizes"  # an `Lru` entry: this pattern's entries are per signature
 
 
 def vjp_entry(f: Compiled, bound: dict[str, np.ndarray]) -> _VjpEntry:
     """The split programs for validated arguments like `bound`: the
-    forward keeps only the residuals its backward reads."""
+    forward keeps only the residuals its backward reads.  As
+    `Compiled.program`: lowered with symbolic sizes (one entry per size
+    pattern: the backward binds the sizes it needs from its residuals,
+    `pipeline.carrying_sizes`), or with the call's sizes where f needs
+    them; kept in a bounded cache (`Lru`)."""
     statics = f.static_names(bound)
-    types = _types(bound, statics)
+    cache = f.__dict__.get("_vjp_programs")
+    if cache is None:
+        cache = f.__dict__.setdefault("_vjp_programs", Lru(VJP_PROGRAMS))
+    pattern = _pattern(bound, statics)
+    entry = cache.get(pattern)
+    if entry is not None and entry is not _CONCRETE:
+        return entry
+    with f._lock:
+        entry = cache.get(pattern)
+        if entry is None:
+            try:
+                entry = _split_entry(f, bound, statics, _symbolic(bound, statics))
+                cache[pattern] = entry
+                return entry
+            except (NeedsConcrete, GradError):
+                # lowered again with the sizes: it may need them, and an error
+                # should name real sizes, not symbols
+                cache[pattern] = _CONCRETE
+        elif entry is not _CONCRETE:
+            return entry
+        key = _signature(bound, statics)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = _split_entry(f, bound, statics, _types(bound, statics))
+        return entry
+
+
+def _split_entry(f: Compiled, bound: dict[str, np.ndarray], statics: frozenset,
+                 types: dict[str, TensorType]) -> _VjpEntry:
     names = list(types)
     float_args = f.differentiable_names(bound)
-    cache = f.__dict__.setdefault("_vjp_programs", {})
-    key = _signature(bound, statics)
-    if key not in cache:
-        fn = f.lower(types)
-        fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
-        cache[key] = _VjpEntry(fwd, bwd, len(fn.outputs), fn.out_types, names, float_args,
-                               bool(statics))
-    return cache[key]
+    fn = f.lower(types)
+    fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
+    return _VjpEntry(fwd, bwd, len(fn.outputs), fn.out_types, names, float_args, bool(statics))
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
@@ -935,7 +975,8 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
     run (the pullback's results come back to NumPy when `host_results`)."""
     entry = vjp_entry(f, bound)
     results = entry.fwd(*bound.values())
-    return results[:entry.n_out], entry.pullback(f, results[entry.n_out:], host_results)
+    outs = results[:entry.n_out]
+    return outs, entry.pullback(f, outs, results[entry.n_out:], host_results)
 
 
 def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:
