@@ -110,6 +110,42 @@ def static_type(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
 
 
+PROGRAMS = 64  # programs kept per callable and transform (one per size pattern and dtypes)
+_CONCRETE = "needs its sizes"  # a pattern's entry in `by_pattern`'s cache
+
+
+def by_pattern(cache: Lru, bound: dict[str, np.ndarray], statics: frozenset, lock: Any,
+               make: Callable[[dict[str, TensorType]], Any]) -> Any:
+    """What `make` makes of the types of arguments like `bound`, kept in
+    `cache`: made for their symbolic types (`_symbolic`) and kept under
+    their size pattern (`_pattern`), or, where that raises `NeedsConcrete`
+    (the function needs its sizes) or a `GradError` (which should name
+    real sizes, not symbols), made for their concrete types and kept under
+    their signature, the pattern's entry marking it so (each look-up of
+    the pattern keeps that mark recent).  Made under `lock`."""
+    pattern = _pattern(bound, statics)
+    entry = cache.get(pattern)
+    if entry is _CONCRETE:
+        entry = cache.get(_signature(bound, statics))
+    if entry is not None:
+        return entry
+    with lock:
+        entry = cache.get(pattern)
+        if entry is None:
+            try:
+                entry = cache[pattern] = make(_symbolic(bound, statics))
+                return entry
+            except (NeedsConcrete, GradError):
+                cache[pattern] = _CONCRETE
+        elif entry is not _CONCRETE:
+            return entry
+        key = _signature(bound, statics)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = make(_types(bound, statics))
+        return entry
+
+
 _NO_KEY = object()  # a key no call has
 
 
@@ -266,8 +302,7 @@ class Compiled:
     target: Target
 
     def __init__(self) -> None:
-        self._programs: dict[tuple, Any] = {}
-        self._concrete_only: set[tuple] = set()
+        self._programs = Lru(PROGRAMS)
         self._lock = ChildSafeLock(reentrant=True)
         self._fast = FastPath()
         self._out_specs: dict[int, OutSpec] = {}
@@ -342,29 +377,10 @@ class Compiled:
     def program(self, bound: dict[str, np.ndarray]) -> Program:
         """The program for these arguments: lowered with symbolic sizes (one
         program for every call with the same dtypes, ranks and pattern of
-        equal sizes), or with concrete sizes when the function needs them."""
-        statics = self.static_names(bound)
-        pattern = _pattern(bound, statics)
-        program = self._programs.get(pattern)
-        if program is not None:
-            return program
-        concrete_key = _signature(bound, statics)  # only needed on a miss
-        program = self._programs.get(concrete_key)
-        if program is not None:
-            return program
-        with self._lock:
-            if pattern not in self._concrete_only:
-                try:
-                    program = self.build(_symbolic(bound, statics))
-                    self._programs[pattern] = program
-                    return program
-                except (NeedsConcrete, GradError):
-                    # Lower again with the sizes: it may need them, and an
-                    # error should name real sizes, not symbols.
-                    self._concrete_only.add(pattern)
-            program = self.build(_types(bound, statics))
-            self._programs[concrete_key] = program
-            return program
+        equal sizes), or with concrete sizes when the function needs them
+        (`by_pattern`)."""
+        return by_pattern(self._programs, bound, self.static_names(bound), self._lock,
+                          self.build)
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         """A call's positional arguments by the position in `specs` of the
@@ -923,42 +939,20 @@ class _VjpEntry:
 
 
 VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)
-_CONCRETE = "needs its sizes"  # an `Lru` entry: this pattern's entries are per signature
 
 
 def vjp_entry(f: Compiled, bound: dict[str, np.ndarray]) -> _VjpEntry:
     """The split programs for validated arguments like `bound`: the
     forward keeps only the residuals its backward reads.  As
-    `Compiled.program`: lowered with symbolic sizes (one entry per size
-    pattern: the backward binds the sizes it needs from its residuals,
-    `pipeline.carrying_sizes`), or with the call's sizes where f needs
-    them; kept in a bounded cache (`Lru`)."""
+    `Compiled.program` (`by_pattern`): one entry per size pattern (the
+    backward binds the sizes it needs from its residuals,
+    `pipeline.carrying_sizes`), or per signature where f needs its sizes."""
     statics = f.static_names(bound)
     cache = f.__dict__.get("_vjp_programs")
     if cache is None:
         cache = f.__dict__.setdefault("_vjp_programs", Lru(VJP_PROGRAMS))
-    pattern = _pattern(bound, statics)
-    entry = cache.get(pattern)
-    if entry is not None and entry is not _CONCRETE:
-        return entry
-    with f._lock:
-        entry = cache.get(pattern)
-        if entry is None:
-            try:
-                entry = _split_entry(f, bound, statics, _symbolic(bound, statics))
-                cache[pattern] = entry
-                return entry
-            except (NeedsConcrete, GradError):
-                # lowered again with the sizes: it may need them, and an error
-                # should name real sizes, not symbols
-                cache[pattern] = _CONCRETE
-        elif entry is not _CONCRETE:
-            return entry
-        key = _signature(bound, statics)
-        entry = cache.get(key)
-        if entry is None:
-            entry = cache[key] = _split_entry(f, bound, statics, _types(bound, statics))
-        return entry
+    return by_pattern(cache, bound, statics, f._lock,
+                      lambda types: _split_entry(f, bound, statics, types))
 
 
 def _split_entry(f: Compiled, bound: dict[str, np.ndarray], statics: frozenset,

@@ -136,10 +136,12 @@ def test_the_pullback_keeps_copies_and_sizes_not_the_arguments():
     np.testing.assert_array_equal(pullback(1.5)[0], np.full(6, 1.5))
 
 
-def test_a_function_needing_its_sizes_builds_per_length_in_a_bounded_cache(
+def test_a_function_needing_its_sizes_builds_per_length_in_bounded_caches(
         builds, monkeypatch):
     monkeypatch.setattr(function, "VJP_PROGRAMS", 3)
+    monkeypatch.setattr(function, "PROGRAMS", 3)  # (grad's, read as a callable is made)
     f = dsl.loads("def shifted(x):\n    return sum(x[1:] * x[:-1])\n").shifted
+    gradient = dsl.grad(f)
     lengths = (3, 4, 5, 6, 7, 3)
     for n in lengths:
         x = np.linspace(-1.0, 1.0, n)
@@ -148,7 +150,8 @@ def test_a_function_needing_its_sizes_builds_per_length_in_a_bounded_cache(
         np.testing.assert_allclose(
             pullback(1.0)[0], central_difference(lambda v: np.sum(v[1:] * v[:-1]), (x,), 0),
             rtol=1e-6, atol=1e-9)
-        assert len(f.__dict__["_vjp_programs"]) <= 3
+        np.testing.assert_allclose(gradient(x), pullback(1.0)[0], rtol=1e-12)
+        assert len(f.__dict__["_vjp_programs"]) <= 3 and len(gradient._programs) <= 3
     # one build per length (the repeated 3, dropped from the cache, is the
     # fast path's of its exact arguments, `_split_run`)
     assert builds == ["shifted"] * 5
