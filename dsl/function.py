@@ -919,23 +919,38 @@ class _VjpEntry:
                  names: Sequence[str], float_args: Sequence[str], static: bool):
         self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, tuple(out_types)
         self.names, self.float_args, self.static = names, float_args, static
-        # outputs of symbolic sizes: a pullback checks cotangents against a call's own
+        # outputs of symbolic sizes: a pullback checks cotangents against its
+        # call's, the output types made once per shapes of the outputs
         self.symbolic = any(not isinstance(d, int) for t in out_types for d in t.shape)
-        self._reading_none: Optional[Pullback] = None
+        self._sized: dict[tuple, tuple[OutType, ...]] = {}
+        self._reading_none: dict[Optional[tuple], Pullback] = {}  # by output shapes
 
     def pullback(self, f: Compiled, outs: Sequence, residuals: Optional[Sequence] = None,
                  host_results: bool = False) -> Pullback:
         """The Pullback of the call whose outputs are `outs`, reading
         `residuals` (None: reading none, which holds nothing of a call, so
         one serves every call of these output shapes)."""
-        if residuals is not None or host_results or self.symbolic:
-            out_types = self.out_types if not self.symbolic else tuple(
-                OutType(tuple(o.shape), t.dtype) for o, t in zip(outs, self.out_types))
-            return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
-                            self.float_args, f.target, host_results)
-        if self._reading_none is None:
-            self._reading_none = self.pullback(f, outs, ())
-        return self._reading_none
+        shapes = tuple([o.shape for o in outs]) if self.symbolic else None
+        if residuals is None and not host_results:
+            made = self._reading_none.get(shapes)
+            if made is None:
+                made = _kept(self._reading_none, shapes, self.pullback(f, outs, ()))
+            return made
+        out_types = self.out_types
+        if shapes is not None:
+            out_types = self._sized.get(shapes) or _kept(self._sized, shapes, tuple(
+                OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types)))
+        return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
+                        self.float_args, f.target, host_results)
+
+
+def _kept(cache: dict, key: Any, value: Any) -> Any:
+    """value, kept in cache under key (a cache of at most `FastPath.SIZE`
+    entries, emptied when full, as the fast path's: each a call's shapes)."""
+    if len(cache) >= FastPath.SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)
