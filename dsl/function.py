@@ -877,7 +877,7 @@ def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool =
 def split_of_bound(f: Compiled, bound: dict[str, np.ndarray]):
     """(raw outputs, residuals, a Pullback reading none: `reading` or
     `call_reading` them) on bound host arguments: for a library that holds
-    the residuals itself.  The pullback is made once per signature."""
+    the residuals itself.  The pullback is made once per output shapes."""
     entry, results = _split_run(f, bound, False)
     outs = results[:entry.n_out]
     return outs, results[entry.n_out:], entry.pullback(f, outs)
