@@ -4,7 +4,8 @@ Contract: a `Compiled` is called like the `.grad` function it stands for
 (NumPy arrays, scalars or sequences in; NumPy arrays out).  On each call it
 binds and validates the arguments (`runtime.args`, raising `ArgumentError`
 before any kernel runs), looks up the program for the call's dtypes and
-pattern of sizes (or its exact sizes, for functions that need them) and, on
+pattern of sizes (or its exact sizes, for functions that need them: both in
+one bounded cache, `by_pattern`) and, on
 a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
 returns its IR from the pipeline's first stages (lower, then the
 callable's transform), and `pipeline.build_stored` runs the rest, keyed by
@@ -22,7 +23,8 @@ pass, `ForwardPass` and `BackwardPass` for the two halves of a vjp, apart,
 `JvpFunction` for forward mode) are themselves `Compiled`, built
 from the IR of the function they wrap, so they compose: `grad(grad(f))`
 differentiates the gradient's IR.  `vjp` returns the primal output and a
-pullback that keeps only the residuals the backward pass reads.
+pullback that keeps only the residuals the backward pass reads (copies,
+and the sizes it needs: its programs, too, are per pattern of sizes).
 """
 from __future__ import annotations
 
