@@ -13,9 +13,13 @@ one kernel (`kernel_loop_shape`, here so that codegen and this module
 share it) and whose body holds only values of fixed shape of at most `MAX_ELEMENTS` elements, made by
 elementwise ops, `full`, the layout ops (`reshape`, `transpose`,
 `broadcast_to`, `slice`, `embed`, `concatenate`), `reduce_sum` and
-`matmul`, rewritten: the same results (a sum's terms added in order,
-left to right), its carried values, invariants and stacked values split
-into their elements before the loop and put back together after it.  A
+`matmul`, rewritten: the same results, a sum's terms added from 0 and
+left to right as a CPU kernel's sums are (a float `reduce_sum` in f64,
+rounded once), its carried values, invariants and stacked values split
+into their elements before the loop and put back together after it.  (A
+`matmul` unrewritten is BLAS's, whose order and fused multiply-adds are
+its own, and the GPU's reductions add as a tree: their last bits can
+differ from the rewritten loop's, as BLAS's differ between machines.)  A
 rewritten body of more than `MAX_EQNS` equations is not used (Numba's
 compile time grows faster than the body: see `fusion.MAX_LOOP_EQNS`).
 """
@@ -206,20 +210,20 @@ def _elementwise(b: Builder, e: Eqn, ins: list, t: TensorType) -> np.ndarray:
 
 
 def _total(b: Builder, terms: list, t: TensorType, wide: str = "") -> Atom:
-    """The sum of terms, left to right (0 for none), added in `wide` and
-    rounded once to t's dtype where given."""
-    if not terms:
-        return Lit(coerce(0, t.dtype), TensorType(t.dtype, ()))
-    terms = [cast(b, term, wide) for term in terms] if wide else terms
-    total = terms[0]
-    for term in terms[1:]:
-        total = b.bind("add", total, term)
+    """The sum of terms from 0, left to right, as a kernel's sums run (a
+    float sum of -0.0 terms is 0.0 there, and so here), added in `wide`
+    and rounded once to t's dtype where given."""
+    dtype = wide or t.dtype
+    total: Atom = Lit(coerce(0, dtype), TensorType(dtype, ()))
+    for term in terms:
+        total = b.bind("add", total, cast(b, term, dtype))
     return cast(b, total, t.dtype)
 
 
 def _reduce_sum(b: Builder, x: np.ndarray, axes: tuple, t: TensorType) -> np.ndarray:
-    """A float sum adds in f64, as a kernel's sums do (`reduce_sum` in a
-    kernel and in the driver): an f32 loop gives the bits it gave unrewritten."""
+    """A float sum adds in f64, as a CPU kernel's sums do (`reduce_sum` in
+    a kernel and in the driver): an f32 loop gives the bits it gave
+    unrewritten."""
     kept = [k for k in range(x.ndim) if k not in axes]
     rows = np.transpose(x, kept + list(axes)).reshape(math.prod(x.shape[k] for k in kept), -1)
     wide = "f64" if t.dtype in FLOATS else ""

@@ -52,8 +52,8 @@ from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
-from gradlang.runtime.args import (INTEGRAL, NONE, NUMPY, SUPPORTED, const_scalar_names, convert,
-                                     number_dtype)
+from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
+                                     convert, number_dtype)
 from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
@@ -104,7 +104,10 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
             continue
         arg = _ARG.match(part)
         if not arg:
-            raise SignatureError(f"cannot read {part.strip()!r} in signature {text!r}")
+            kind = literal.split("[")[0].strip()
+            hint = (f": a signature gives a dtype, not a kind; write {' or '.join(KINDS[kind])} "
+                    f"for {kind} (a --sig for each dtype to serve)" if kind in KINDS else "")
+            raise SignatureError(f"cannot read {literal!r} in signature {text!r}{hint}")
         dtype, dims_text = arg.groups()
         dims = []
         for d in ([] if dims_text is None else dims_text.split(",")):

@@ -242,8 +242,10 @@ class AotFunction:
         """Why a call differing from a compiled signature only in the
         defaulted parameters it passes is not served: a default that is
         not const is a constant of the program compiled without it, and an
-        argument (differentiated) of the one compiled with it."""
-        defaulted = {s.name for s in self.specs if s.has_default}
+        argument (differentiated) of the one compiled with it.  (A const
+        default, `self.defaults`, is served given or left out, `bind`: a
+        call it differs in has another value, which no note would help.)"""
+        defaulted = {s.name for s in self.specs if s.has_default} - set(self.defaults)
         passed = {n for n, *_ in sig}
         for k, compiled in self.programs:
             names = {n for n, *_ in compiled}

@@ -40,8 +40,12 @@ def interrupts_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, handler)
-        if _pending:
-            frame = _pending[0]
+        try:
+            signal.signal(signal.SIGINT, handler)
+        finally:
+            # (taken even where a Ctrl-C pressed again interrupts the line
+            # above: else a later block's end raised it a second time)
+            frames = _pending[:]
             _pending.clear()
-            handler(signal.SIGINT, frame)
+        if frames:
+            handler(signal.SIGINT, frames[0])

@@ -84,8 +84,11 @@ def test_a_const_default_given_or_left_out_runs_one_program(aot):
         np.testing.assert_allclose(got, want, rtol=1e-14)
     for got in (aot.total(X), aot.total(X, None), aot.total(X, axis=None)):
         np.testing.assert_allclose(got, np.sum(X * X), rtol=1e-14)
+    # (another value is another program: no note that the call passes axis,
+    # which passing -1 satisfies)
     with pytest.raises(dsl.ArgumentError, match=r"lse\(\) was compiled for lse\(f64\[:, :\]\); "
-                                                r"this call is lse\(f64\[2, 3\], 0\)"):
+                                                r"this call is lse\(f64\[2, 3\], 0\); add it "
+                                                r"with gradc compile --sig$"):
         aot.lse(m, 0)
 
 

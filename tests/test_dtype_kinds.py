@@ -159,6 +159,10 @@ def test_gradc_run_and_compiled_modules_check_the_kind(tmp_path, capsys):
     np.save(tmp_path / "x.npy", X.astype(np.int64))
     assert main(["run", str(path), "loss", str(tmp_path / "x.npy"), "[0, 1]", "1"]) == 1
     assert KIND_ERROR.format(f="loss()") in capsys.readouterr().err
+    with pytest.raises(dsl.GradError, match=r"cannot read 'float\[n, k\]' in signature "
+                       r"'loss\(float\[n, k\], f64\[k\], f64\)': a signature gives a dtype, "
+                       r"not a kind; write f32 or f64 for float"):
+        compile_module(str(path), str(tmp_path / "out"), ["loss(float[n, k], f64[k], f64)"])
     module = import_compiled(compile_module(str(path), str(tmp_path / "out")))
     # (its one signature: f64 for `float`)
     assert "loss(f64[n, k], f64[k], f64)" in module.SIGNATURES

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dsl
-from gradlang.runtime import loader
+from gradlang.runtime import interrupts, loader
 
 
 @pytest.fixture
@@ -35,4 +35,27 @@ def test_ctrl_c_during_a_compile_is_raised_after_it(python_handles_ctrl_c, monke
     np.testing.assert_array_equal(m.f(x), x * 6.5 - 0.375)
     assert len(compiles) == pressed  # the interrupted compile ran to its end
     # and a Ctrl-C outside a compile interrupts at once, as Python's does
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_pressed_again_as_a_compile_ends_is_raised_once(python_handles_ctrl_c,
+                                                                monkeypatch):
+    # a Ctrl-C during the compile, and another just as Python's handler is
+    # back: the second interrupts, and no later compile's end raises the first
+    restore = signal.signal
+
+    def pressed_again(signum, handler):
+        restore(signum, handler)
+        if handler is signal.default_int_handler:
+            raise KeyboardInterrupt  # (as the handler would, at the next line)
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)
+            monkeypatch.setattr(signal, "signal", pressed_again)
+    monkeypatch.setattr(signal, "signal", restore)
+    try:
+        with interrupts.interrupts_deferred():
+            pass
+    except KeyboardInterrupt:
+        pytest.fail("a later block's end raised the first Ctrl-C again")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

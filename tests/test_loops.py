@@ -665,6 +665,22 @@ def test_small_array_loop_runs_on_scalars_in_one_kernel_each_way(target):
                                    rtol=1e-13)
 
 
+def test_small_loop_sums_run_from_zero_as_a_kernels_do():
+    # On scalars, a sum of -0.0 terms is 0.0, as a kernel's sum (and BLAS's
+    # product) from 0 gives unrewritten: the rewrite's -0.0 turned 1 / sum
+    # into -inf.
+    m = dsl.loads("""
+def signed_zeros(y: f64[2], a: f64[2, 2], n: i64):
+    for i in range(n):
+        y = 1.0 / (a @ y) + 1.0 / sum(y * -0.0)
+    return y
+""", host_results=True)
+    args = (np.array([1.0, 2.0]), np.array([[-0.0, -0.0], [1.0, 1.0]]), 1)
+    assert "def body" not in m.signed_zeros.program(
+        m.signed_zeros.bind(args, {})).generated.driver_source
+    np.testing.assert_array_equal(m.signed_zeros(*args), [np.inf, np.inf])
+
+
 # ------------------------------------------------------------------ errors
 
 
