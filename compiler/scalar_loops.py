@@ -44,6 +44,15 @@ MAX_ELEMENTS = 64
 # second-order backward loop), a 4x4 matrix times a vector 28, an 8x8
 # matrix squared 960 (too many).
 MAX_EQNS = 500
+# The driver splits each array element the loop reads or carries into a
+# value of its own before the loop and joins its results after (a slice and
+# a reshape each, in Python: some microseconds an element, forward and
+# backward), which a loop of few trips does not win back: an 8-vector
+# carried through an 8x8 matrix (72 elements) took 0.6 ms for a value and
+# gradient at one trip against 0.05 unrewritten.  A loop whose carried
+# and invariant arrays hold more elements stays as it was (its stacked
+# values are split too, but a loop stacks per-trip values to run many).
+MAX_SPLIT = 16
 _LAYOUT = {"reshape", "transpose", "broadcast_to", "slice", "embed", "concatenate"}
 
 
@@ -96,6 +105,8 @@ def _scalar_loop(b: Builder, eqn: Eqn) -> bool:
     if new_body is None or len(new_body.eqns) > MAX_EQNS:
         return False
     bounds, carried, invariants, stacked = loop_groups(eqn.inputs, p)
+    if sum(a.type.size for a in carried + invariants if a.type.shape != ()) > MAX_SPLIT:
+        return False
     inputs = list(bounds)
     for a in carried + invariants:
         inputs += _elements(b, a)
