@@ -369,7 +369,9 @@ class _Walk:
             if s != CONST:  # each block would run its own number of trips
                 raise _mixes(loop, "runs a number of trips computed from the rows of the "
                              "batch", origin)
-        if {ROWS, COLS} & set(xs) or STACKED in carry + inv:  # a trip per row of the batch
+        # (a stacked input of COLS, its trips first, gives each trip the rows:
+        # as a loop's STACKED results do; `x[:, i]` by the loop's index reads so)
+        if ROWS in xs or STACKED in carry + inv:  # a trip per row of the batch
             raise _mixes(loop, "loops over the rows of the batch", origin)
         if self.top and AFTER in carry + inv + xs:  # (in a body: a value of the block's)
             raise _mixes(loop, "reads a value computed from sums or maxima over all the "
@@ -529,7 +531,7 @@ def _body_states(loop: Eqn, carry: list, inv: list, xs: list, accumulating: set[
     the states they entered with; and those states."""
     body, n_carry = loop.p["body"], loop.p["n_carry"]
     params = body.params[1:1 + n_carry]
-    slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
+    slices = [ROWS if s in (STACKED, COLS) else _in_body(s) for s in xs]
     carried = [Accumulating(frozenset([params[k]])) if k in accumulating else _in_body(s)
                for k, s in enumerate(carry)]
     while True:
