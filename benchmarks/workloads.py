@@ -932,17 +932,17 @@ def loop_cases(size: int, steps: int, seed: int = 0) -> list[Case]:
 # ------------------------------------------------------------ fitting an ODE
 
 FIT_SOURCE = """
-def rhs(y: f64[2], k: f64, c: f64):
+def rhs(y, k, c):
     return stack([y[1], -k * y[0] - c * y[1]])
 
-def rk4_step(y: f64[2], k: f64, c: f64, dt: f64):
+def rk4_step(y, k, c, dt):
     k1 = rhs(y, k, c)
     k2 = rhs(y + 0.5 * dt * k1, k, c)
     k3 = rhs(y + 0.5 * dt * k2, k, c)
     k4 = rhs(y + dt * k3, k, c)
     return y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
 
-def fit_loss(y0: f64[2], k: f64, c: f64, dt: f64, obs: f64[T, 2]):
+def fit_loss(y0, k, c, dt, obs):
     y = y0
     loss = 0.0
     for i in range(obs.shape[0]):

@@ -176,6 +176,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     out = eqn.outputs[0]
     layout = _layout(out)
     batched = {s for s in states if s in (ROWS, COLS)}
+    if eqn.op == "transpose" and states == [STACKED] and eqn.p["perm"][0] == 1 \
+            and layout == ROWS:  # the trips moved behind the rows: each row's
+        return ROWS  # (the cotangent of `x[:, i]` read by a loop's index)
     if {STACKED, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
         raise _mixes(eqn, "uses a value that a loop on the rows of the batch computes in "
                      "each block", origin)
