@@ -25,7 +25,10 @@ of `n` rows, and returns a `RowSplit`:
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
 block's; `with_sizes` makes a function's sizes the whole array's).  A loop
-on rows runs in each block.  Values it carries that each trip maps only
+on rows runs in each block (a stacked input whose batch axis is axis 1, as
+the columns `xs[:, i]` its index reads are stacked, gives each trip the
+block's rows; the stack of their cotangents, transposed back, is rows
+too).  Values it carries that each trip maps only
 linearly, adding sums over the rows (`dw = dw + x.T @ g`: a parameter's
 gradient through the loop, a loss summed over steps, a moving average of
 means over the rows), are partials: each block's loop starts them from

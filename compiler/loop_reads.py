@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import Eqn, Lit, Var
-from gradlang.compiler.shapes import Sym
+from gradlang.compiler.shapes import Dim, Sym
 
 Bound = Union[int, Sym, None]
 # ops that cannot fail and read nothing but their input: moving one out of
@@ -39,7 +39,7 @@ _MOVABLE = {"slice", "reshape", "transpose", "broadcast_to"}
 
 
 def stack_index_reads(outer: Builder, sb: Builder, params: Sequence[Var],
-                      bounds: Sequence[Bound]) -> tuple[Optional[object], list[Var], list[Var]]:
+                      bounds: Sequence[Bound]) -> tuple[Optional[Dim], list[Var], list[Var]]:
     index = params[0]
     trip = _trip(bounds)
     if trip is None:
@@ -47,7 +47,7 @@ def stack_index_reads(outer: Builder, sb: Builder, params: Sequence[Var],
     made = {o: e for e in sb.eqns for o in e.outputs}
     local = set(params) | set(made)
     offsets = _offsets(sb, index) if isinstance(trip, int) else {index: 0}
-    slices, stacked, moved, dropped = [], [], [], set()
+    slices, stacked, moved, rewritten = [], [], set(), set()  # (equations by id)
     for eqn in sb.eqns:
         if eqn.op != "take" or eqn.inputs[1] not in offsets:
             continue
@@ -56,19 +56,18 @@ def stack_index_reads(outer: Builder, sb: Builder, params: Sequence[Var],
         reads = _range_read(bounds, offsets[eqn.inputs[1]], x.type.shape[axis])
         if chain is None or reads is None:
             continue
-        moved += [e for e in chain if e not in moved]
-        slices.append(eqn.out)
+        moved.update(map(id, chain))
+        rewritten.add(id(eqn))
+        slices.append(eqn.out)  # now this trip's slice, a parameter of the body
         stacked.append((x, axis, reads, eqn))
-        dropped.add(id(eqn))
     if not slices:
         return None, [], []
-    ordered = [e for e in sb.eqns if any(e is m for m in moved)]
-    outer.eqns.extend(ordered)
-    sb.eqns[:] = [e for e in sb.eqns if id(e) not in dropped and not any(e is m for m in moved)]
+    outer.eqns.extend(e for e in sb.eqns if id(e) in moved)
+    sb.eqns[:] = [e for e in sb.eqns if id(e) not in moved | rewritten]
     return trip, slices, [_trips_first(outer, *s) for s in stacked]
 
 
-def _trip(bounds: Sequence[Bound]):
+def _trip(bounds: Sequence[Bound]) -> Optional[Dim]:
     """The trip count, when the bounds give it at compile time: an int, or
     the size symbol n of `range(n)` (one factor: a driver variable)."""
     start, stop, step = bounds
