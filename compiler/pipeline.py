@@ -54,17 +54,17 @@ import numba
 
 from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.codegen import Generated, generate
+from gradlang.compiler.codegen import Generated, bound_by_arguments, generate
 from gradlang.compiler.fusion import fuse, print_steps
 from gradlang.compiler.scalar_loops import scalar_loops
-from gradlang.compiler.ir import Function, StaticScalar, TensorType, Var, print_function
+from gradlang.compiler.ir import Eqn, Function, StaticScalar, TensorType, Var, print_function
 from gradlang.compiler.linearity import NotLinear
 from gradlang.compiler.lower import Lowerer
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler import parser
 from gradlang.compiler.parser import parse
 from gradlang.compiler.source import universal_newlines
-from gradlang.compiler.shapes import NeedsConcrete
+from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import INTEGRAL, number_dtype
@@ -248,9 +248,31 @@ def vjp_programs(fn: Function, wrt: Sequence[int],
     """The forward program (params) -> (outputs..., residuals...) and the
     backward one (residuals..., cotangents...) -> one cotangent per
     params[wrt]: the joint vjp, optimized whole, then split so that the
-    forward keeps only the residuals the backward reads."""
-    fwd, bwd = _split_vjp(fn, wrt)
+    forward keeps only the residuals the backward reads, and, for sizes
+    none of those carry, a residual of no elements that does
+    (`carrying_sizes`)."""
+    fwd, bwd = carrying_sizes(*_split_vjp(fn, wrt), len(fn.outputs))
     return build(fwd, target), build(bwd, target)
+
+
+def carrying_sizes(fwd: Function, bwd: Function, n_out: int) -> tuple[Function, Function]:
+    """A split vjp whose backward (residuals..., cotangents...) can bind
+    every size symbol of the forward's parameters: a driver binds a symbol
+    from an argument axis carrying it, and a backward that reads neither
+    the argument nor a residual of its size (`sum(x)`'s broadcasts its
+    cotangent to x's shape) would have none.  Such symbols get one more
+    residual, last, of shape (symbols..., 0): it holds no elements, so a
+    pullback keeping it keeps nothing of the call but its sizes."""
+    missing = sorted(bound_by_arguments(fwd.params) - bound_by_arguments(bwd.params))
+    if not missing:
+        return fwd, bwd
+    shape = tuple(Sym.named(s) for s in missing) + (0,)
+    sizes = Var(TensorType("f64", shape), "sizes")
+    made = Eqn("full", (), (sizes,), (("dtype", "f64"), ("shape", shape), ("value", 0.0)))
+    n_residuals = len(fwd.outputs) - n_out
+    residuals, cts = bwd.params[:n_residuals], bwd.params[n_residuals:]
+    return (Function(fwd.name, fwd.params, fwd.eqns + (made,), fwd.outputs + (sizes,)),
+            Function(bwd.name, residuals + (sizes,) + cts, bwd.eqns, bwd.outputs))
 
 
 def vjp_passes(fn: Function, wrt: Sequence[int]) -> tuple[Function, Function]:

@@ -4,7 +4,8 @@ Contract: a `Compiled` is called like the `.grad` function it stands for
 (NumPy arrays, scalars or sequences in; NumPy arrays out).  On each call it
 binds and validates the arguments (`runtime.args`, raising `ArgumentError`
 before any kernel runs), looks up the program for the call's dtypes and
-pattern of sizes (or its exact sizes, for functions that need them) and, on
+pattern of sizes (or its exact sizes, for functions that need them: both in
+one bounded cache, `by_pattern`) and, on
 a miss, has `compiler.pipeline` build it: each callable's `lower(types)`
 returns its IR from the pipeline's first stages (lower, then the
 callable's transform), and `pipeline.build_stored` runs the rest, keyed by
@@ -22,7 +23,8 @@ pass, `ForwardPass` and `BackwardPass` for the two halves of a vjp, apart,
 `JvpFunction` for forward mode) are themselves `Compiled`, built
 from the IR of the function they wrap, so they compose: `grad(grad(f))`
 differentiates the gradient's IR.  `vjp` returns the primal output and a
-pullback that keeps only the residuals the backward pass reads.
+pullback that keeps only the residuals the backward pass reads (copies,
+and the sizes it needs: its programs, too, are per pattern of sizes).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import call_on_dask, chunked_like, is_dask_array, vjp_on_dask
+from dsl.lru import Lru
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -47,7 +50,7 @@ from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.loader import source_stamp
-from gradlang.runtime.pullback import Pullback
+from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
 from gradlang.runtime.target import Target, is_device_array
 
@@ -107,6 +110,42 @@ def _types(bound: dict[str, np.ndarray], statics=frozenset(),
 
 def static_type(a) -> StaticScalar:
     return StaticScalar(SUPPORTED[a.dtype], (), a.item())
+
+
+PROGRAMS = 64  # programs kept per callable and transform (one per size pattern and dtypes)
+_CONCRETE = "needs its sizes"  # a pattern's entry in `by_pattern`'s cache
+
+
+def by_pattern(cache: Lru, bound: dict[str, np.ndarray], statics: frozenset, lock: Any,
+               make: Callable[[dict[str, TensorType]], Any]) -> Any:
+    """What `make` makes of the types of arguments like `bound`, kept in
+    `cache`: made for their symbolic types (`_symbolic`) and kept under
+    their size pattern (`_pattern`), or, where that raises `NeedsConcrete`
+    (the function needs its sizes) or a `GradError` (which should name
+    real sizes, not symbols), made for their concrete types and kept under
+    their signature, the pattern's entry marking it so (each look-up of
+    the pattern keeps that mark recent).  Made under `lock`."""
+    pattern = _pattern(bound, statics)
+    entry = cache.get(pattern)
+    if entry is _CONCRETE:
+        entry = cache.get(_signature(bound, statics))
+    if entry is not None:
+        return entry
+    with lock:
+        entry = cache.get(pattern)
+        if entry is None:
+            try:
+                entry = cache[pattern] = make(_symbolic(bound, statics))
+                return entry
+            except (NeedsConcrete, GradError):
+                cache[pattern] = _CONCRETE
+        elif entry is not _CONCRETE:
+            return entry
+        key = _signature(bound, statics)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = make(_types(bound, statics))
+        return entry
 
 
 _NO_KEY = object()  # a key no call has
@@ -265,8 +304,7 @@ class Compiled:
     target: Target
 
     def __init__(self) -> None:
-        self._programs: dict[tuple, Any] = {}
-        self._concrete_only: set[tuple] = set()
+        self._programs = Lru(PROGRAMS)
         self._lock = ChildSafeLock(reentrant=True)
         self._fast = FastPath()
         self._out_specs: dict[int, OutSpec] = {}
@@ -341,29 +379,10 @@ class Compiled:
     def program(self, bound: dict[str, np.ndarray]) -> Program:
         """The program for these arguments: lowered with symbolic sizes (one
         program for every call with the same dtypes, ranks and pattern of
-        equal sizes), or with concrete sizes when the function needs them."""
-        statics = self.static_names(bound)
-        pattern = _pattern(bound, statics)
-        program = self._programs.get(pattern)
-        if program is not None:
-            return program
-        concrete_key = _signature(bound, statics)  # only needed on a miss
-        program = self._programs.get(concrete_key)
-        if program is not None:
-            return program
-        with self._lock:
-            if pattern not in self._concrete_only:
-                try:
-                    program = self.build(_symbolic(bound, statics))
-                    self._programs[pattern] = program
-                    return program
-                except (NeedsConcrete, GradError):
-                    # Lower again with the sizes: it may need them, and an
-                    # error should name real sizes, not symbols.
-                    self._concrete_only.add(pattern)
-            program = self.build(_types(bound, statics))
-            self._programs[concrete_key] = program
-            return program
+        equal sizes), or with concrete sizes when the function needs them
+        (`by_pattern`)."""
+        return by_pattern(self._programs, bound, self.static_names(bound), self._lock,
+                          self.build)
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         """A call's positional arguments by the position in `specs` of the
@@ -853,15 +872,17 @@ def vjp(f: Compiled, *args, **kwargs):
 def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
     """(raw outputs, Pullback) on bound host arguments (`split_of_bound`)."""
     entry, results = _split_run(f, bound, host_results)
-    return results[:entry.n_out], entry.pullback(f, results[entry.n_out:], host_results)
+    outs = results[:entry.n_out]
+    return outs, entry.pullback(f, outs, results[entry.n_out:], host_results)
 
 
 def split_of_bound(f: Compiled, bound: dict[str, np.ndarray]):
     """(raw outputs, residuals, a Pullback reading none: `reading` or
     `call_reading` them) on bound host arguments: for a library that holds
-    the residuals itself.  The pullback is made once per signature."""
+    the residuals itself.  The pullback is made once per output shapes."""
     entry, results = _split_run(f, bound, False)
-    return results[:entry.n_out], results[entry.n_out:], entry.pullback(f)
+    outs = results[:entry.n_out]
+    return outs, results[entry.n_out:], entry.pullback(f, outs)
 
 
 def _split_run(f: Compiled, bound: dict[str, np.ndarray], host_results: bool):
@@ -892,42 +913,72 @@ def _split_run(f: Compiled, bound: dict[str, np.ndarray], host_results: bool):
 
 
 class _VjpEntry:
-    """The split programs of one signature of f (`static`: picked by the
-    value of a static argument) and what a `Pullback` of them needs."""
+    """The split programs of one size pattern of f (or one signature, where
+    f needs its sizes; `static`: picked by the value of a static argument)
+    and what a `Pullback` of them needs."""
 
     def __init__(self, fwd: Callable, bwd: Callable, n_out: int, out_types: Sequence,
                  names: Sequence[str], float_args: Sequence[str], static: bool):
-        self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, out_types
+        self.fwd, self.bwd, self.n_out, self.out_types = fwd, bwd, n_out, tuple(out_types)
         self.names, self.float_args, self.static = names, float_args, static
-        self._reading_none: Optional[Pullback] = None
+        # outputs of symbolic sizes: a pullback checks cotangents against its
+        # call's, the output types made once per shapes of the outputs
+        self.symbolic = any(not isinstance(d, int) for t in out_types for d in t.shape)
+        self._sized: dict[tuple, tuple[OutType, ...]] = {}
+        self._reading_none: dict[Optional[tuple], Pullback] = {}  # by output shapes
 
-    def pullback(self, f: Compiled, residuals: Optional[Sequence] = None,
+    def pullback(self, f: Compiled, outs: Sequence, residuals: Optional[Sequence] = None,
                  host_results: bool = False) -> Pullback:
-        """The Pullback reading `residuals` (None: reading none, which
-        holds nothing of a call, so one serves every call)."""
-        if residuals is not None or host_results:
-            return Pullback(f.name, self.bwd, residuals or (), self.out_types, self.names,
-                            self.float_args, f.target, host_results)
-        if self._reading_none is None:
-            self._reading_none = self.pullback(f, ())
-        return self._reading_none
+        """The Pullback of the call whose outputs are `outs`, reading
+        `residuals` (None: reading none, which holds nothing of a call, so
+        one serves every call of these output shapes)."""
+        shapes = tuple([o.shape for o in outs]) if self.symbolic else None
+        if residuals is None and not host_results:
+            made = self._reading_none.get(shapes)
+            if made is None:
+                made = _kept(self._reading_none, shapes, self.pullback(f, outs, ()))
+            return made
+        out_types = self.out_types
+        if shapes is not None:
+            out_types = self._sized.get(shapes) or _kept(self._sized, shapes, tuple(
+                OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types)))
+        return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
+                        self.float_args, f.target, host_results)
+
+
+def _kept(cache: dict, key: Any, value: Any) -> Any:
+    """value, kept in cache under key (a cache of at most `FastPath.SIZE`
+    entries, emptied when full, as the fast path's: each a call's shapes)."""
+    if len(cache) >= FastPath.SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)
 
 
 def vjp_entry(f: Compiled, bound: dict[str, np.ndarray]) -> _VjpEntry:
     """The split programs for validated arguments like `bound`: the
-    forward keeps only the residuals its backward reads."""
+    forward keeps only the residuals its backward reads.  As
+    `Compiled.program` (`by_pattern`): one entry per size pattern (the
+    backward binds the sizes it needs from its residuals,
+    `pipeline.carrying_sizes`), or per signature where f needs its sizes."""
     statics = f.static_names(bound)
-    types = _types(bound, statics)
+    cache = f.__dict__.get("_vjp_programs")
+    if cache is None:
+        cache = f.__dict__.setdefault("_vjp_programs", Lru(VJP_PROGRAMS))
+    return by_pattern(cache, bound, statics, f._lock,
+                      lambda types: _split_entry(f, bound, statics, types))
+
+
+def _split_entry(f: Compiled, bound: dict[str, np.ndarray], statics: frozenset,
+                 types: dict[str, TensorType]) -> _VjpEntry:
     names = list(types)
     float_args = f.differentiable_names(bound)
-    cache = f.__dict__.setdefault("_vjp_programs", {})
-    key = _signature(bound, statics)
-    if key not in cache:
-        fn = f.lower(types)
-        fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
-        cache[key] = _VjpEntry(fwd, bwd, len(fn.outputs), fn.out_types, names, float_args,
-                               bool(statics))
-    return cache[key]
+    fn = f.lower(types)
+    fwd, bwd = pipeline.vjp_programs(fn, [names.index(n) for n in float_args], f.target)
+    return _VjpEntry(fwd, bwd, len(fn.outputs), fn.out_types, names, float_args, bool(statics))
 
 
 def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):
@@ -935,7 +986,8 @@ def vjp_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = Fa
     run (the pullback's results come back to NumPy when `host_results`)."""
     entry = vjp_entry(f, bound)
     results = entry.fwd(*bound.values())
-    return results[:entry.n_out], entry.pullback(f, results[entry.n_out:], host_results)
+    outs = results[:entry.n_out]
+    return outs, entry.pullback(f, outs, results[entry.n_out:], host_results)
 
 
 def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dtype], ...]:

@@ -944,3 +944,25 @@ def test_a_deep_copy_of_a_module_shares_the_function_and_copies_its_weights():
     z = twin(torch.tensor([1.0, -2.0], dtype=torch.float64))
     np.testing.assert_array_equal(twin.act(z).detach().numpy(),
                                   torch.where(z > 0, z, 0.2 * z).detach().numpy())
+
+
+def test_backward_over_varying_lengths_builds_one_split(monkeypatch):
+    # a training loop over sequences of varying length built a forward and
+    # backward program per length (dsl/function.py `vjp_entry`); sum(x)'s
+    # backward reads no value of x, only its length (a residual of no elements)
+    from gradlang.compiler import pipeline
+    built = []
+    real = pipeline.vjp_programs
+    monkeypatch.setattr(pipeline, "vjp_programs", lambda *a: built.append(a) or real(*a))
+    m = dsl.loads("def loss(x, w):\n    return sum(x) * w + mean(x * x)\n")
+    f = dsl.to_torch(m.loss)
+    for n in (3, 5, 40, 7, 300, 5):  # (not 2: w has 2, another pattern)
+        x = np.linspace(-1.0, 2.0, n)
+        xt, wt = tensor(x), tensor([0.5, -2.0])
+        y = f(xt, wt)
+        np.testing.assert_allclose(y.detach().numpy(), x.sum() * np.array([0.5, -2.0])
+                                   + np.mean(x * x), rtol=1e-12, atol=1e-15)
+        (y * tensor([3.0, 1.0], requires_grad=False)).sum().backward()
+        np.testing.assert_allclose(xt.grad.numpy(), (1.5 - 2.0) + 4.0 * 2 * x / n, rtol=1e-12)
+        np.testing.assert_allclose(wt.grad.numpy(), [3.0 * x.sum(), x.sum()], rtol=1e-12)
+    assert len(built) == 1
