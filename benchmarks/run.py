@@ -14,7 +14,8 @@ for x and the kernel), max pooling (2x2, and 3x3 at stride 2 with padding
 gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
 `out=` buffers against fresh results, a 1,000-step loop's value and
-gradient and @recompute's residual bytes (issue 10), forward mode: jvp
+gradient and @recompute's residual bytes (issue 10), an RK4 fit to 300
+observations (value + gradient), forward mode: jvp
 against value_and_grad and jacfwd (issue 11), gathers and scatter-adds, `to_torch`
 and Dask (issue 12), time to first gradient in
 fresh processes (cold and warm caches, beside JAX's jit), and
@@ -96,9 +97,12 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "loop":
         return ("loop: 1,000 steps of u = u + kappa * (u * (1 - u)), then sum(u * u); value + "
                 "gradient w.r.t. u and kappa (jax: jit(value_and_grad) of lax.fori_loop; "
-                "numpy: by hand, checkpoints every 31 steps)",
+                "numpy: by hand, checkpoints every 31 steps); an RK4 fit of y' = (y1, -k y0 "
+                "- c y1) to 300 observations read as obs[i], value + gradient w.r.t. y0, k, c "
+                "(jax: jit(value_and_grad) of lax.scan; numpy: by hand, the adjoint)",
                 # at 1e5 (the issue's size) the dsl's residuals take 800 MB
-                workloads.loop_cases(10**4 if quick else 10**5, 1000))
+                workloads.loop_cases(10**4 if quick else 10**5, 1000)
+                + workloads.fit_cases(300))
     if name == "forward":
         return ("forward mode: dsl.jvp of log1pexp (tangent of ones) against value_and_grad; "
                 "jvp(grad) against hvp (rev-over-rev); jacfwd",

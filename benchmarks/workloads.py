@@ -27,6 +27,9 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     loop_cases       `steps` trips of u = u + kappa * u * (1 - u), then
                      sum(u * u): value + gradient w.r.t. u and kappa, one
                      forward and one backward kernel (issue 10)
+    fit_cases        an RK4 fit of a damped oscillator to observations read
+                     by the loop's index (`obs[i]`): value + gradient w.r.t.
+                     y0, k, c; JAX by lax.scan
     forward_cases    `dsl.jvp` of log1pexp against value_and_grad,
                      jvp(grad) against hvp, and jacfwd (issue 11)
     indexing_cases   gathers and scatter-adds (`runtime.cpu.take`,
@@ -924,6 +927,100 @@ def loop_cases(size: int, steps: int, seed: int = 0) -> list[Case]:
              "less), same gradient"]
     return [Case(f"float64 n={size_label(size)}, {steps} steps", impls,
                  numpy_loop(u, kappa, steps), dict(rtol=1e-9, atol=1e-12), notes)]
+
+
+# ------------------------------------------------------------ fitting an ODE
+
+FIT_SOURCE = """
+def rhs(y, k, c):
+    return stack([y[1], -k * y[0] - c * y[1]])
+
+def rk4_step(y, k, c, dt):
+    k1 = rhs(y, k, c)
+    k2 = rhs(y + 0.5 * dt * k1, k, c)
+    k3 = rhs(y + 0.5 * dt * k2, k, c)
+    k4 = rhs(y + dt * k3, k, c)
+    return y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+def fit_loss(y0, k, c, dt, obs):
+    y = y0
+    loss = 0.0
+    for i in range(obs.shape[0]):
+        y = rk4_step(y, k, c, dt)
+        loss = loss + sum((y - obs[i]) ** 2)
+    return loss
+"""
+
+
+def numpy_fit(y0, k, c, dt, obs):
+    """fit_loss's value and gradient w.r.t. y0, k and c by hand: RK4 steps
+    of y' = (y1, -k y0 - c y1) forward, keeping every state, then the
+    adjoint back through each step's four stages."""
+    def f(z):
+        return np.array([z[1], -k * z[0] - c * z[1]])
+
+    def f_vjp(z, g):  # g . f(z) differentiated in z, k and c
+        return np.array([-k * g[1], g[0] - c * g[1]]), -g[1] * z[0], -g[1] * z[1]
+
+    states, loss = [np.array(y0, dtype=np.float64)], 0.0
+    for target in obs:
+        y = states[-1]
+        k1 = f(y)
+        k2 = f(y + 0.5 * dt * k1)
+        k3 = f(y + 0.5 * dt * k2)
+        k4 = f(y + dt * k3)
+        states.append(y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4))
+        loss += np.sum((states[-1] - target) ** 2)
+    g, gk, gc = np.zeros(2), 0.0, 0.0
+    for n in reversed(range(len(obs))):
+        y, g = states[n], g + 2 * (states[n + 1] - obs[n])
+        z2 = y + 0.5 * dt * f(y)
+        z3 = y + 0.5 * dt * f(z2)
+        z4 = y + dt * f(z3)
+        # y_next = y + dt/6 (k1 + 2 k2 + 2 k3 + k4), k4 = f(z4), z4 = y + dt k3,
+        # k3 = f(z3), z3 = y + dt/2 k2, k2 = f(z2), z2 = y + dt/2 k1, k1 = f(y)
+        g1, g2, g3, g4 = dt / 6 * g, dt / 3 * g, dt / 3 * g, dt / 6 * g  # of k1 ... k4
+        gz, dk, dc = f_vjp(z4, g4)
+        g, gk, gc, g3 = g + gz, gk + dk, gc + dc, g3 + dt * gz
+        gz, dk, dc = f_vjp(z3, g3)
+        g, gk, gc, g2 = g + gz, gk + dk, gc + dc, g2 + 0.5 * dt * gz
+        gz, dk, dc = f_vjp(z2, g2)
+        g, gk, gc, g1 = g + gz, gk + dk, gc + dc, g1 + 0.5 * dt * gz
+        gz, dk, dc = f_vjp(y, g1)
+        g, gk, gc = g + gz, gk + dk, gc + dc
+    return loss, g, np.asarray(gk), np.asarray(gc)
+
+
+def fit_cases(steps: int, seed: int = 0) -> list[Case]:
+    """The RK4 fit: `obs[i]` read by the loop's index is a stacked input,
+    so the loop runs in one kernel each way; JAX by lax.scan under jit."""
+    m = dsl.loads(FIT_SOURCE)
+    rng = np.random.default_rng(seed)
+    args = (np.array([1.0, -0.5]), 4.0, 0.3, 0.05, rng.normal(size=(steps, 2)))
+    value_and_grad = dsl.value_and_grad(m.fit_loss, wrt=(0, 1, 2))
+    driver = value_and_grad.program(value_and_grad.bind(args, {})).generated.driver_source
+    impls = {"numpy": lambda: numpy_fit(*args), "dsl": lambda: value_and_grad(*args)}
+    if jax_modules():
+        jax, jnp = jax_modules()
+
+        def fit_loss(y0, k, c, dt, obs):
+            def f(z):
+                return jnp.stack([z[1], -k * z[0] - c * z[1]])
+
+            def step(y, target):
+                k1 = f(y)
+                k2 = f(y + 0.5 * dt * k1)
+                k3 = f(y + 0.5 * dt * k2)
+                k4 = f(y + dt * k3)
+                y = y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+                return y, jnp.sum((y - target) ** 2)
+            _, losses = jax.lax.scan(step, y0, obs)
+            return jnp.sum(losses)
+        impls["jax"] = jax_call(jax.jit(jax.value_and_grad(fit_loss, argnums=(0, 1, 2))), *args)
+    notes = [f"kernel launches in the value-and-gradient driver: {kernel_launches(driver)} "
+             f"(loops in the driver: {driver.count(' in range(')})"]
+    return [Case(f"RK4 fit, {steps} steps", impls, numpy_fit(*args),
+                 dict(rtol=1e-9, atol=1e-12), notes)]
 
 
 # ------------------------------------------------------------ forward mode (issue 11)

@@ -25,7 +25,10 @@ of `n` rows, and returns a `RowSplit`:
 
 The batch size is `n` everywhere (a mean divides by all the rows, not a
 block's; `with_sizes` makes a function's sizes the whole array's).  A loop
-on rows runs in each block.  Values it carries that each trip maps only
+on rows runs in each block (a stacked input whose batch axis is axis 1, as
+the columns `xs[:, i]` its index reads are stacked, gives each trip the
+block's rows; the stack of their cotangents, transposed back, is rows
+too).  Values it carries that each trip maps only
 linearly, adding sums over the rows (`dw = dw + x.T @ g`: a parameter's
 gradient through the loop, a loss summed over steps, a moving average of
 means over the rows), are partials: each block's loop starts them from
@@ -176,6 +179,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
     out = eqn.outputs[0]
     layout = _layout(out)
     batched = {s for s in states if s in (ROWS, COLS)}
+    if eqn.op == "transpose" and states == [STACKED] and eqn.p["perm"][0] == 1 \
+            and layout == ROWS:  # the trips moved behind the rows: each row's
+        return ROWS  # (the cotangent of `x[:, i]` read by a loop's index)
     if {STACKED, PER_BLOCK} & set(states):  # (a loop's; only a loop reads them)
         raise _mixes(eqn, "uses a value that a loop on the rows of the batch computes in "
                      "each block", origin)
@@ -369,7 +375,9 @@ class _Walk:
             if s != CONST:  # each block would run its own number of trips
                 raise _mixes(loop, "runs a number of trips computed from the rows of the "
                              "batch", origin)
-        if {ROWS, COLS} & set(xs) or STACKED in carry + inv:  # a trip per row of the batch
+        # (a stacked input of COLS, its trips first, gives each trip the rows:
+        # as a loop's STACKED results do; `x[:, i]` by the loop's index reads so)
+        if ROWS in xs or STACKED in carry + inv:  # a trip per row of the batch
             raise _mixes(loop, "loops over the rows of the batch", origin)
         if self.top and AFTER in carry + inv + xs:  # (in a body: a value of the block's)
             raise _mixes(loop, "reads a value computed from sums or maxima over all the "
@@ -529,7 +537,7 @@ def _body_states(loop: Eqn, carry: list, inv: list, xs: list, accumulating: set[
     the states they entered with; and those states."""
     body, n_carry = loop.p["body"], loop.p["n_carry"]
     params = body.params[1:1 + n_carry]
-    slices = [ROWS if s == STACKED else _in_body(s) for s in xs]
+    slices = [ROWS if s in (STACKED, COLS) else _in_body(s) for s in xs]
     carried = [Accumulating(frozenset([params[k]])) if k in accumulating else _in_body(s)
                for k, s in enumerate(carry)]
     while True:

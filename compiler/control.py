@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 from gradlang.compiler import ast
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
                                       promote, unify, weak_number, weak_result)
@@ -43,7 +44,7 @@ INDEX = TensorType("i64", ())
 
 
 def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -> None:
-    start, stop, step = _bounds(lw, b, stmt, env)
+    (start, stop, step), known = _bounds(lw, b, stmt, env)
     carried = [n for n in ast.assigned_names(stmt.body) if n in env and n != stmt.var]
     dtypes: list["str | None"] = [None] * len(carried)
     for _ in range(len(carried) + 2):
@@ -62,14 +63,17 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
     if not carried:
         return  # the loop computes nothing that outlives it
     inits = [as_atom(b, env[n], stmt.span, p.type.dtype) for n, p in zip(carried, params)]
-    body, invariants = close(sb, f"for_{stmt.var}", [index] + params, outs)
+    # (a segmented loop's inner loops would each need their part of the stacks)
+    trip, slices, xs = (stack_index_reads(b, sb, [index] + params, known)
+                        if lw.checkpoint is None else (None, [], []))
+    body, invariants = close(sb, f"for_{stmt.var}", [index] + params, outs, slices)
     if lw.checkpoint is not None:
         results = _segments(b, (start, stop, step), inits, invariants, body, lw.checkpoint,
                             stmt.span)
     else:
-        results = b.bind_multi("loop", start, stop, step, *inits, *invariants, span=stmt.span,
-                               body=body, n_carry=len(carried), n_inv=len(invariants),
-                               trip=None, reverse=False)
+        results = b.bind_multi("loop", start, stop, step, *inits, *invariants, *xs,
+                               span=stmt.span, body=body, n_carry=len(carried),
+                               n_inv=len(invariants), trip=trip, reverse=False)
     env.update(zip(carried, results))
 
 
@@ -178,11 +182,13 @@ def _interval(b: Builder, bounds: Sequence[Atom], every: "int | str") -> Atom:
     return b.bind("maximum", k, Lit(1, INDEX))
 
 
-def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> list[Atom]:
-    """range()'s start, stop and step as i64 scalars."""
-    atoms = []
+def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], list]:
+    """range()'s start, stop and step as i64 scalars, and as what is known of
+    them at compile time (an int, a size symbol; None: known at run time)."""
+    atoms, known = [], []
     for arg in stmt.args:
         v = lw.expr(b, arg, env)
+        known.append(v if is_static(v) else None)
         if is_static(v):
             if isinstance(v, bool) or not isinstance(v, (int, Sym)):
                 what = "a float" if isinstance(v, float) else \
@@ -194,13 +200,14 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> list[Atom]:
             raise GradError(f"range() takes integer scalars, got {v.type}", arg.span)
         atoms.append(cast(b, v, "i64"))
     if len(atoms) == 1:
-        atoms = [Lit(0, INDEX)] + atoms
+        atoms, known = [Lit(0, INDEX)] + atoms, [0] + known
     if len(atoms) == 2:
         atoms.append(Lit(1, INDEX))
+        known.append(1)
     step = atoms[2]
     if isinstance(step, Lit) and step.value == 0:
         raise GradError("range() step must not be zero", stmt.args[2].span)
-    return atoms
+    return atoms, known
 
 
 def _last_binding(body: Sequence[ast.Stmt], name: str) -> Span | None:
@@ -211,11 +218,12 @@ def _last_binding(body: Sequence[ast.Stmt], name: str) -> Span | None:
     return None
 
 
-def close(sb: Builder, name: str, params: list[Var],
-          outputs: list[Atom]) -> tuple[Function, list[Var]]:
+def close(sb: Builder, name: str, params: list[Var], outputs: list[Atom],
+          last: Sequence[Var] = ()) -> tuple[Function, list[Var]]:
     """What `sb` built, as a closed function: the outer values it reads
-    become parameters after `params`.  Returns it and those outer values."""
-    defined: set[Var] = set(params)
+    become parameters after `params`, and `last` (a loop's slices of its
+    stacked inputs) after those.  Returns it and those outer values."""
+    defined: set[Var] = set(params) | set(last)
     free: dict[Var, Var] = {}
 
     def sub(a: Atom) -> Atom:
@@ -229,7 +237,8 @@ def close(sb: Builder, name: str, params: list[Var],
                         eqn.params, eqn.span))
         defined.update(eqn.outputs)
     outs = [sub(a) for a in outputs]
-    fn = Function(name, tuple(params) + tuple(free.values()), tuple(eqns), tuple(outs))
+    fn = Function(name, tuple(params) + tuple(free.values()) + tuple(last), tuple(eqns),
+                  tuple(outs))
     return fn, list(free)
 
 

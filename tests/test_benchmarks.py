@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import timing  # noqa: E402
+from helpers import central_difference  # noqa: E402
 import workloads  # noqa: E402
 
 # Each workload at a tiny size, built when its test runs (building imports
@@ -27,6 +28,7 @@ WORKLOADS = {
     "sincos_pow": lambda: workloads.sincos_pow_cases([9], [np.float32, np.float64]),
     "out": lambda: workloads.out_cases([7], [np.float32, np.float64]),
     "loop": lambda: workloads.loop_cases(7, 5),
+    "fit": lambda: workloads.fit_cases(4),
     "forward": lambda: workloads.forward_cases([20], jacobian_size=5),
     "indexing": lambda: workloads.indexing_cases(10, 3, 12, 30, 4),
     "to_torch": lambda: workloads.torch_bridge_cases([5]),
@@ -85,6 +87,11 @@ def test_loop_and_hvp_references_match_finite_differences():
                 - workloads.numpy_loop(u, kappa - h, 10)[0]) / (2 * h)
     assert du[2] == pytest.approx(fd_u, rel=1e-6)
     assert dkappa == pytest.approx(fd_kappa, rel=1e-6)
+    args = (np.array([1.0, -0.5]), 4.0, 0.3, 0.05, rng.normal(size=(6, 2)))
+    _, *grads = workloads.numpy_fit(*args)  # the adjoint by hand, w.r.t. y0, k and c
+    for index, g in enumerate(grads):
+        np.testing.assert_allclose(g, central_difference(
+            lambda *a: workloads.numpy_fit(*a)[0], args, index), rtol=1e-6)
     x, v = rng.normal(size=3), rng.normal(size=3)
     fd_hvp = (workloads.numpy_log1pexp(x + h * v)[1]
               - workloads.numpy_log1pexp(x - h * v)[1]) / (2 * h)

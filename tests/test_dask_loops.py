@@ -145,7 +145,7 @@ def rows(x, blocks):
     return da.from_array(x, chunks=(tuple(blocks),) + x.shape[1:])
 
 
-GRAD = dsl.grad(M.rnn_loss, wrt=(1, 2, 3))
+GRAD = dsl.grad(M.rnn_loss, wrt=(0, 1, 2, 3))
 SEQ = dsl.value_and_grad(M.seq_loss, wrt=(1, 2, 3))
 
 
@@ -155,11 +155,12 @@ def test_rnn_gradients_on_row_blocks_equal_the_in_memory_ones(sizes):
     blocks = sizes + [N - sum(sizes)] if sum(sizes) < N else [N]
     xs, h0 = rows(XS, blocks), rows(H0, blocks)
     # W's and U's gradients are sums over the rows inside the backward loop:
-    # each block's, summed (they were refused as giving a result per block)
+    # each block's, summed (they were refused as giving a result per block);
+    # xs's is each trip's stacked cotangent of xs[:, i], its rows the block's
     got = dask.compute(*GRAD(xs, h0, W, U))
     for g, expected in zip(got, GRAD(XS, H0, W, U)):
         np.testing.assert_allclose(g, expected, rtol=1e-12, atol=1e-14)
-    assert got[0].shape == (N, K) and got[1].shape == (K, K) and got[2].shape == (D, K)
+    assert [g.shape for g in got] == [(N, T, D), (N, K), (K, K), (D, K)]
     # a loss summed over the steps: a sum from zero (and the stack of its
     # trips, for the backward pass) of means over all the rows (the count
     # in the loop's body was a block's); its cotangent is the same in
@@ -173,9 +174,10 @@ def test_rnn_gradients_on_row_blocks_equal_the_in_memory_ones(sizes):
 
 def test_rnn_gradients_on_row_blocks_equal_central_differences():
     args = (XS, H0, W, U)
-    for fn, grad in ((M.rnn_loss, GRAD), (M.seq_loss, dsl.grad(M.seq_loss, wrt=(1, 2, 3)))):
+    for fn, grad, wrt in ((M.rnn_loss, GRAD, (0, 1, 2, 3)),
+                          (M.seq_loss, dsl.grad(M.seq_loss, wrt=(1, 2, 3)), (1, 2, 3))):
         got = dask.compute(*grad(rows(XS, (3, 2, 2)), rows(H0, (3, 2, 2)), W, U))
-        for index, g in zip((1, 2, 3), got):
+        for index, g in zip(wrt, got):
             np.testing.assert_allclose(g, central_difference(fn, args, index),
                                        rtol=1e-6, atol=1e-8)
 
@@ -292,7 +294,7 @@ def test_rnn_hessian_vector_product_on_row_blocks():
     got = hvp(rows(XS, (2, 5)), rows(H0, (2, 5)), W, U, v).compute()
     np.testing.assert_allclose(got, hvp(XS, H0, W, U, v), rtol=1e-12, atol=1e-14)
     eps = 1e-6
-    by_difference = (GRAD(XS, H0, W + eps * v, U)[1] - GRAD(XS, H0, W - eps * v, U)[1]) / (
+    by_difference = (GRAD(XS, H0, W + eps * v, U)[2] - GRAD(XS, H0, W - eps * v, U)[2]) / (
         2 * eps)
     np.testing.assert_allclose(got, by_difference, rtol=1e-6, atol=1e-8)
 
