@@ -228,8 +228,8 @@ def manage_dispatcher(dispatcher: object) -> None:
     cache (`cache=True`) gets a light load of cached CPU machine code, an
     unreadable index or data file (torn, truncated, from another machine)
     taken as a miss and purged, so that the dispatcher compiles again and
-    saves good ones, and a cache that cannot be saved a warning, since the
-    compiled code is good."""
+    saves good ones, and a cache that cannot be saved a warning (once per
+    process and cache directory), since the compiled code is good."""
     if isinstance(dispatcher, CPUDispatcher) and "compile" not in vars(dispatcher):
         _compile_lean(dispatcher)
         _type_plain_arrays(dispatcher)
@@ -267,11 +267,25 @@ def manage_dispatcher(dispatcher: object) -> None:
         try:
             save(sig, data)
         except Exception as err:  # the code runs; only reuse is lost
-            warnings.warn(f"gradc: cannot save the Numba cache of {cache._name} in "
-                          f"{cache.cache_path} ({type(err).__name__}: {err})",
-                          RuntimeWarning, stacklevel=2)
+            _unsaved(cache.cache_path, err)
 
     cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+_said_unsaved: set[str] = set()
+
+
+def _unsaved(where: str, err: Exception) -> None:
+    """Warn that machine code cannot be saved: once per process and cache
+    directory (a full disk fails every kernel's save; a message per kernel,
+    each naming its function, would pass Python's once-per-message filter)."""
+    root = str(cache_dir())
+    if root in _said_unsaved:
+        return
+    _said_unsaved.add(root)
+    warnings.warn(f"gradc: cannot save machine code in {where} ({type(err).__name__}: {err}); "
+                  "kernels run, but later processes compile them again (said once)",
+                  RuntimeWarning, stacklevel=3)
 
 
 _LINKED_BY_NAME: list[tuple[Callable[[Callable], bool], Callable[[], object]]] = []

@@ -391,3 +391,20 @@ def test_full_tracebacks_on_request(monkeypatch):
     with pytest.raises(dsl.GradError) as info:
         BAD_CALLS["call"]()
     assert len(_internal_frames(info.value)) > 1
+
+
+def test_a_cache_that_cannot_be_saved_warns_once(fresh_cache, monkeypatch):
+    # a full disk warned once per kernel: each message named its function
+    # at its address, which Python's once-per-message filter never repeats
+    import errno
+
+    def disk_full(self, name, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(loader._CheckedCacheFile, "_save_data", disk_full)
+    monkeypatch.setattr(loader, "_said_unsaved", set(), raising=False)
+    with pytest.warns(RuntimeWarning, match="cannot save machine code") as record:
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+        f = dsl.loads("def quartic(x):\n    return x * x * x * x\n").quartic
+        np.testing.assert_allclose(dsl.grad(f)(X), 4 * X ** 3)
+    said = [str(w.message) for w in record if "cannot save" in str(w.message)]
+    assert len(said) == 1 and str(fresh_cache) in said[0] and "No space left" in said[0]
