@@ -27,8 +27,8 @@ from typing import Callable, Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
-from gradlang.compiler.builtins import (BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, index_operand,
-                                       take)
+from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
+                                        index_operand, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
@@ -552,6 +552,9 @@ class Lowerer:
                             f"{len(shape)}", e.span)
         values = [item if isinstance(item, ast.Slice) else self.expr(b, item, env)
                   for item in e.items]
+        for k, value in enumerate(values):
+            if isinstance(value, StaticList):  # x[[0, 2]]: an index array, as NumPy's
+                values[k] = self.index_list(b, value, e.items[k].span)
         gathers = [k for k, value in enumerate(values)
                    if not isinstance(value, ast.Slice) and not is_static(value)]
         arrays = [k for k in gathers if values[k].type.rank > 0]
@@ -609,6 +612,20 @@ class Lowerer:
             out = b.bind("reshape", out, shape=with_new_axes(out.type.shape, given, values),
                          span=e.span)
         return b.weaken(out) if isinstance(v, WeakVar) and out is not v else out
+
+    def index_list(self, b, items: StaticList, span: Span) -> Atom:
+        """A list of integers (or of such lists) as an index: the integer
+        array it spells, as NumPy reads `x[[0, 2]]` (a list of bools would
+        be a mask there: an error, as for a mask array)."""
+        if not items:
+            raise GradError("an empty list selects nothing; index with a non-empty list "
+                            "of integers", span)
+        if any(isinstance(v, bool) for v in items):
+            raise GradError("a list of bools is a mask, and a mask cannot index: "
+                            f"{MASK_HINT}", span)
+        rows = [self.index_list(b, v, span) if isinstance(v, StaticList) else v
+                for v in items]
+        return BUILTINS["stack"].lower(self, b, [StaticList(rows)], {}, span)
 
     def static_int(self, b, e: ast.Expr, env) -> int:
         return self.as_static_int(self.expr(b, e, env), e.span)
