@@ -440,3 +440,19 @@ def test_a_module_whose_params_meet_its_arguments_compiles_and_checks_their_size
     with pytest.raises(dsl.ArgumentError, match="param 'w' has size 2 on axis 0, but its "
                                                 "annotation says d, which is 4 for 'x'"):
         pp.f(np.ones((5, 4)))
+
+
+def test_an_imported_function_is_the_modules_as_pythons_from_import_makes_it(tmp_path):
+    # `from std import logsumexp` lists logsumexp among the module's
+    # functions, as Python's `from m import f` re-exports f: from dsl.load
+    # and from gradc compile alike, and callable with its gradient there
+    source = tmp_path / "reexported.grad"
+    source.write_text("from std import logsumexp\n\ndef g(x):\n    return logsumexp(x) * 2.0\n")
+    assert main(["compile", str(source), "-o", str(tmp_path)]) == 0
+    x = np.array([0.5, -1.0, 2.0])
+    for module in (dsl.load(source), import_compiled(tmp_path / "reexported.py")):
+        assert set(module.functions) == {"g", "logsumexp"}
+        assert module.logsumexp(x) == pytest.approx(np.log(np.exp(x).sum()), rel=1e-15)
+        np.testing.assert_allclose(dsl.grad(module.logsumexp)(x), np.exp(x) / np.exp(x).sum(),
+                                   rtol=1e-14)
+        assert module.g(x) == 2 * module.logsumexp(x)
