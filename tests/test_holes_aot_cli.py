@@ -456,3 +456,29 @@ def test_an_imported_function_is_the_modules_as_pythons_from_import_makes_it(tmp
         np.testing.assert_allclose(dsl.grad(module.logsumexp)(x), np.exp(x) / np.exp(x).sum(),
                                    rtol=1e-14)
         assert module.g(x) == 2 * module.logsumexp(x)
+
+
+def test_a_fixed_slice_of_a_symbolic_size_is_checked_before_the_program_runs(tmp_path):
+    # `t[0:1]` of a vector of any length n was "cannot be compiled for any
+    # size": its length is 1 when n >= 1, which the driver now checks
+    source = tmp_path / "heads.grad"
+    source.write_text("def head(t):\n    return t[0:1] * 2.0\n"
+                      "def pair(t):\n    return t[1, 0:3:2] * t[0, 3]\n")
+    assert main(["compile", str(source), "-o", str(tmp_path),
+                 "--sig", "head(f64[n])", "pair(f64[m, k])"]) == 0
+    module = import_compiled(tmp_path / "heads.py")
+    x, y = np.arange(1.0, 6.0), np.arange(20.0).reshape(4, 5)
+    np.testing.assert_array_equal(module.head(x), [2.0])
+    np.testing.assert_array_equal(module.head(x[:1]), [2.0])
+    np.testing.assert_array_equal(module.pair(y), y[1, 0:3:2] * y[0, 3])
+    expected = np.zeros_like(y)
+    expected[1, [0, 2]], expected[0, 3] = y[0, 3], y[1, 0] + y[1, 2]
+    np.testing.assert_array_equal(dsl.grad(module.pair)(y), expected)
+    for call, args, text in [(module.head, (x[:0],), "size n is 0, .* needs n >= 1"),
+                             (module.pair, (y[:1],), "size m is 1, .* needs m >= 2"),
+                             (module.pair, (y[:, :3],), "size k is 3, .* needs k >= 4"),
+                             (dsl.grad(module.pair), (y[:, :3],), "needs k >= 4")]:
+        with pytest.raises(dsl.SizeMismatchError, match=text):
+            call(*args)
+    # loaded, each call's sizes get a program: a shorter axis NumPy's shorter slice
+    assert dsl.load(source).head(x[:0]).shape == (0,)
