@@ -945,15 +945,13 @@ def test_ctrl_c_during_an_ffi_handlers_compile_is_raised_after_it(x64, monkeypat
         compile_whole(handler)
         compiled.append(handler)
     monkeypatch.setattr(CFunc, "compile", pressing_ctrl_c)
-    from dsl import jax_ffi
-    monkeypatch.setattr(jax_ffi, "_HANDLERS", {})  # as a fresh process has
-    f = load("log1pexp").log1pexp
+    m = dsl.loads("def shifted(x):\n    return x * 2.25 - 7.0\n")  # a handler no test makes
     x = np.linspace(-2.0, 2.0, 5)
     try:
         with pytest.raises(KeyboardInterrupt):
-            jax.jit(dsl.to_jax(f))(x)
+            jax.jit(dsl.to_jax(m.shifted))(x)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert len(compiled) == 1  # the compile ran to its end
     monkeypatch.setattr(CFunc, "compile", compile_whole)
-    np.testing.assert_allclose(jax.jit(dsl.to_jax(f))(x), np.logaddexp(0, x), rtol=1e-14)
+    np.testing.assert_array_equal(jax.jit(dsl.to_jax(m.shifted))(x), x * 2.25 - 7.0)
