@@ -40,8 +40,9 @@ import itertools
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -225,13 +226,21 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     """Write the module; without `sigs`, each function's `default_sig`,
     with a `note` for each of those whose sizes are fixed (its module then
     serves no other sizes)."""
-    # (a fixed region of an axis of symbolic size is checked at run time:
-    # no program can be made later for a call's sizes)
-    ahead_of_time = REGIONS_OF_SYMBOLIC_AXES.set(True)
-    try:
+    with ahead_of_time():
         return _compile_module(path, out_dir, sigs, target, precompile, progress, force, note)
+
+
+@contextmanager
+def ahead_of_time() -> Iterator[None]:
+    """Lowering as for a module compiled ahead of time (`gradc compile`,
+    and `gradc show` of what it compiles): a fixed region of an axis of
+    symbolic size lowers, checked at run time, since no program can be made
+    later for a call's sizes (`lower.REGIONS_OF_SYMBOLIC_AXES`)."""
+    token = REGIONS_OF_SYMBOLIC_AXES.set(True)
+    try:
+        yield
     finally:
-        REGIONS_OF_SYMBOLIC_AXES.reset(ahead_of_time)
+        REGIONS_OF_SYMBOLIC_AXES.reset(token)
 
 
 def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: "Target | str",

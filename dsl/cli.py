@@ -226,7 +226,14 @@ def cmd_run(args) -> int:
 def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
     (on the value and gradient for `grad-` stages, on the outputs and their
-    tangents along every float argument for `jvp-` stages) and print it."""
+    tangents along every float argument for `jvp-` stages) and print it, as
+    `gradc compile` compiles it."""
+    from dsl.aot import ahead_of_time
+    with ahead_of_time():
+        return _show(args)
+
+
+def _show(args) -> int:
     from dsl.aot import _lower, _types, default_sig, parse_sig, signed
     from dsl.forward import jvp_function
     module = _load(args.file)

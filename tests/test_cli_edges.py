@@ -335,10 +335,10 @@ def test_show_without_sig_gives_a_const_bool_a_value(tmp_path, capsys):
 
 
 def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
-    # pick() indexes an axis, so its default signature is f64[4] (sizes
-    # fixed at 4): the module then refused every other size at the call,
-    # and compile had said nothing
-    (tmp_path / "fixed.grad").write_text("def pick(x):\n    return x[1] * x\n"
+    # pick() indexes an axis from its end, so its default signature is
+    # f64[4] (sizes fixed at 4): the module then refused every other size
+    # at the call, and compile had said nothing
+    (tmp_path / "fixed.grad").write_text("def pick(x):\n    return x[-2] * x\n"
                                          "def scale(x):\n    return x * 2.0\n")
     code, out, err = run(["compile", str(tmp_path / "fixed.grad"), "-o", str(tmp_path)], capsys)
     assert code == 0 and out == f"wrote {tmp_path / 'fixed.py'}\n"

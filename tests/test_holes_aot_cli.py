@@ -483,3 +483,10 @@ def test_a_fixed_slice_of_a_symbolic_size_is_checked_before_the_program_runs(tmp
             call(*args)
     # loaded, each call's sizes get a program: a shorter axis NumPy's shorter slice
     np.testing.assert_array_equal(dsl.load(source).head(x[:2]), [2.0])
+
+
+def test_gradc_show_shows_the_size_check_gradc_compile_compiles(tmp_path, capsys):
+    source = tmp_path / "heads.grad"
+    source.write_text("def head(t):\n    return t[0:3:2] * 2.0\n")
+    assert main(["show", str(source), "--emit", "kernels", "--sig", "head(f64[n])"]) == 0
+    assert "if size_n < 3: R.size_too_small('n', size_n, 3)" in capsys.readouterr().out
