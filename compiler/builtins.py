@@ -415,6 +415,11 @@ def index_label(idx: Atom) -> str:
     return repr(idx.hint) if isinstance(idx, Var) and idx.hint else "an index"
 
 
+# What a boolean mask index says (NumPy's `x[x > 0]`).
+MASK_HINT = ("the result's shape would depend on the mask's values; keep the shape with "
+             "where(mask, x, 0.0), or sum what the mask selects with sum(where(mask, x, 0.0))")
+
+
 def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> Atom:
     """An integer index array (or scalar) of the language; where `guard`
     (a scalar bool: the branch the index is in is taken) is false, 0."""
@@ -424,6 +429,8 @@ def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> At
     if isinstance(v, Sym):
         raise NeedsConcrete("a size used as an index")
     idx = as_atom(b, v, span)
+    if idx.type.dtype == "bool":
+        raise GradError(f"a mask cannot index: {MASK_HINT}", span)
     if idx.type.dtype not in INTS:
         raise GradError(f"an index must be an integer array (i32 or i64), not "
                         f"{idx.type.dtype}{_python_number_hint(idx)}", span)

@@ -587,6 +587,8 @@ class _Driver:
 
         params = [define(v) for v in fn.params]
         lines += bind_symbols(fn.params, names)
+        if top:
+            lines += check_reaches(fn)
         prologue_at = len(lines)
         # the arrays it makes, for the top function's size checks (results
         # first: a value that is also a result is named as one)
@@ -946,6 +948,44 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
                              f"{str(symbol)!r}, {first!r}, {first_axis}, {var}, {what!r}, "
                              f"{axis}, {names[v]}.shape[{axis}])")
     return lines
+
+
+def check_reaches(fn: Function) -> list[str]:
+    """Driver lines checking that each axis of symbolic size that a fixed
+    region selects from reaches that region's last element (`symbolic_reaches`),
+    before any kernel runs."""
+    return [f"if {render(d)} < {need}: R.size_too_small({str(d)!r}, {render(d)}, {need})"
+            for d, need in symbolic_reaches(fn).items()]
+
+
+def symbolic_reaches(fn: Function) -> dict[Sym, int]:
+    """The least size each symbolic size must have for the fixed regions
+    that `fn` selects from axes of that size (`t[0:2]` of an axis of size
+    n: a `slice`, or the `embed` and `embed_add` of its gradient, stopping
+    at an integer): one past the region's last element."""
+    needs: dict[Sym, int] = {}
+
+    def visit(f: Function) -> None:
+        for eqn in f.eqns:
+            if eqn.op in _REGION_OF:
+                shape = _REGION_OF[eqn.op](eqn)
+                for d, start, stop, step in zip(shape, eqn.p["starts"], eqn.p["stops"],
+                                                eqn.p["steps"]):
+                    picked = range(start, stop, step) if isinstance(stop, int) else None
+                    if isinstance(d, Sym) and picked:
+                        needs[d] = max(needs.get(d, 0), picked[-1] + 1)
+            for value in eqn.p.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(sub, Function):
+                        visit(sub)
+    visit(fn)
+    return needs
+
+
+# The shape of the array a region op's starts, stops and steps select from.
+_REGION_OF = {"slice": lambda eqn: eqn.inputs[0].type.shape,
+              "embed": lambda eqn: eqn.p["shape"],
+              "embed_add": lambda eqn: eqn.inputs[0].type.shape}
 
 
 def size_variable(symbol: str) -> str:

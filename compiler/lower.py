@@ -19,6 +19,7 @@ Every problem is raised as a `GradError` at the span that caused it.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import operator
@@ -27,8 +28,8 @@ from typing import Callable, Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
-from gradlang.compiler.builtins import (BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, index_operand,
-                                       take)
+from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
+                                        index_operand, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
@@ -46,6 +47,13 @@ from gradlang.runtime.errors import GradError, Span
 # Calls are inlined by recursion, several Python frames per level; a
 # bound well inside Python's default stack turns a deeper chain into an
 # error at the call rather than a RecursionError.
+# True while compiling ahead of time (`dsl.aot`): a fixed region (`t[0:2]`,
+# `t[3]`) of an axis of symbolic size lowers, its driver checking that the
+# axis reaches it (`codegen.check_reaches`), since no program can be made
+# later for the call's sizes.  Otherwise it needs concrete sizes: a call on
+# a shorter axis then gets NumPy's shorter slice, in a program of its own.
+REGIONS_OF_SYMBOLIC_AXES = contextvars.ContextVar("regions_of_symbolic_axes", default=False)
+
 MAX_CALL_DEPTH = 64
 
 # Each call is a copy of the function called, so functions that each call
@@ -552,6 +560,9 @@ class Lowerer:
                             f"{len(shape)}", e.span)
         values = [item if isinstance(item, ast.Slice) else self.expr(b, item, env)
                   for item in e.items]
+        for k, value in enumerate(values):
+            if isinstance(value, StaticList):  # x[[0, 2]]: an index array, as NumPy's
+                values[k] = self.index_list(b, value, e.items[k].span)
         gathers = [k for k, value in enumerate(values)
                    if not isinstance(value, ast.Slice) and not is_static(value)]
         arrays = [k for k in gathers if values[k].type.rank > 0]
@@ -569,13 +580,16 @@ class Lowerer:
             if axis in gathers:  # the whole axis, gathered below
                 item = value = None
             if isinstance(size, Sym):
-                if item is not None and not (isinstance(item, ast.Slice) and item.start is None
-                                             and item.stop is None and item.step is None):
+                if not REGIONS_OF_SYMBOLIC_AXES.get() and item is not None and not (
+                        isinstance(item, ast.Slice) and item.start is None
+                        and item.stop is None and item.step is None):
                     raise NeedsConcrete(f"axis {axis} of size {size} is indexed")
-                starts.append(0)
-                stops.append(size)
-                steps.append(1)
-                keep.append(size)
+                start, stop, step = self.symbolic_axis_bounds(b, item, value, axis, size, env)
+                starts.append(start)
+                stops.append(stop)
+                steps.append(step)
+                if item is None or isinstance(item, ast.Slice):  # (an integer drops the axis)
+                    keep.append(size if stop is size else len(range(start, stop, step)))
                 continue
             if item is None or isinstance(item, ast.Slice):
                 bounds = [None if part is None else self.static_int(b, part, env)
@@ -609,6 +623,49 @@ class Lowerer:
             out = b.bind("reshape", out, shape=with_new_axes(out.type.shape, given, values),
                          span=e.span)
         return b.weaken(out) if isinstance(v, WeakVar) and out is not v else out
+
+    def symbolic_axis_bounds(self, b, item, value, axis: int, size: Sym, env) -> tuple:
+        """The (start, stop, step) that `item` (a slice, a compile-time
+        integer, or None: the whole axis) selects of an axis of symbolic
+        size: the whole axis, or bounds that do not count from its end
+        (`t[0:1]`, `t[2]`, `t[:4:2]`), which need the axis to reach `stop`:
+        a size the driver checks before any kernel runs (the `slice`'s stop
+        beyond a symbolic size, `codegen.bind_symbols`)."""
+        if item is None:
+            return 0, size, 1
+        if isinstance(item, ast.Slice):
+            start, stop, step = (None if part is None else self.static_int(b, part, env)
+                                 for part in (item.start, item.stop, item.step))
+            if step == 0:
+                raise GradError("slice step cannot be zero", item.span)
+            if (start, stop, step) in ((None, None, None), (0, None, None), (None, None, 1),
+                                        (0, None, 1)):
+                return 0, size, 1
+            start, step = start or 0, step or 1
+            if stop is None:
+                raise NeedsConcrete(f"axis {axis} of size {size} is sliced to its end, a length "
+                                    f"that depends on {size}")
+            if start < 0 or stop < 0 or step < 0:
+                raise NeedsConcrete(f"axis {axis} of size {size} is sliced from its end")
+            return start, max(start, stop), step
+        k = self.as_static_int(value, item.span)
+        if k < 0:
+            raise NeedsConcrete(f"axis {axis} of size {size} is indexed from its end")
+        return k, k + 1, 1
+
+    def index_list(self, b, items: StaticList, span: Span) -> Atom:
+        """A list of integers (or of such lists) as an index: the integer
+        array it spells, as NumPy reads `x[[0, 2]]` (a list of bools would
+        be a mask there: an error, as for a mask array)."""
+        if not items:
+            raise GradError("an empty list selects nothing; index with a non-empty list "
+                            "of integers", span)
+        if any(isinstance(v, bool) for v in items):
+            raise GradError("a list of bools is a mask, and a mask cannot index: "
+                            f"{MASK_HINT}", span)
+        rows = [self.index_list(b, v, span) if isinstance(v, StaticList) else v
+                for v in items]
+        return BUILTINS["stack"].lower(self, b, [StaticList(rows)], {}, span)
 
     def static_int(self, b, e: ast.Expr, env) -> int:
         return self.as_static_int(self.expr(b, e, env), e.span)

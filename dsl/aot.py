@@ -40,15 +40,17 @@ import itertools
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
 from dsl.api import Module, load
 from dsl.function import Compiled, GradFn, GradFunction, VjpFunction
-from gradlang.compiler.codegen import generate
+from gradlang.compiler.codegen import generate, symbolic_reaches
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
+from gradlang.compiler.lower import REGIONS_OF_SYMBOLIC_AXES
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
@@ -227,6 +229,26 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
     """Write the module; without `sigs`, each function's `default_sig`,
     with a `note` for each of those whose sizes are fixed (its module then
     serves no other sizes)."""
+    with ahead_of_time():
+        return _compile_module(path, out_dir, sigs, target, precompile, progress, force, note)
+
+
+@contextmanager
+def ahead_of_time() -> Iterator[None]:
+    """Lowering as for a module compiled ahead of time (`gradc compile`,
+    and `gradc show` of what it compiles): a fixed region of an axis of
+    symbolic size lowers, checked at run time, since no program can be made
+    later for a call's sizes (`lower.REGIONS_OF_SYMBOLIC_AXES`)."""
+    token = REGIONS_OF_SYMBOLIC_AXES.set(True)
+    try:
+        yield
+    finally:
+        REGIONS_OF_SYMBOLIC_AXES.reset(token)
+
+
+def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: "Target | str",
+                    precompile: bool, progress, force: bool, note: Callable[[str], None]
+                    ) -> Path:
     out = Path(out_dir)
     name = Path(path).stem
     if name in SHADOWED:
@@ -289,7 +311,8 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             entry["wrt"].append((key, list(wrt)))
         for kind, fn, fn_types in transforms:
             lowered = _lower(f, fn, fn_types, args)
-            generated = generate(optimize(lowered), target)
+            optimized = optimize(lowered)
+            generated = generate(optimized, target)
             kernels = []
             for kernel_source in generated.kernel_modules:  # one file per kernel, shared
                 kernels.append("_" + kernel_module_name(kernel_source))
@@ -297,8 +320,9 @@ def compile_module(path: str, out_dir: str, sigs: Optional[list[str]] = None,
             program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes,
                        "outs": out_types(lowered, fn_types)}
             if precompile:
-                _samples(fn_types, text, np.empty)  # can they be made? (no memory touched)
-                samples.append((name, kind, fn_types, text, program))
+                size = _sample_size(symbolic_reaches(optimized))
+                _samples(fn_types, text, np.empty, size)  # can they be made? (no memory touched)
+                samples.append((name, kind, fn_types, text, program, size))
             entry["programs"].append((kind, key, program))
     spec["uncompiled"] = [n for n in functions if n not in spec["functions"]]
     for kernel_file, kernel_source in kernel_files.items():  # every signature worked
@@ -390,22 +414,31 @@ def _with_sizes(name: str, args: list, size: int = 128) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-def _samples(types: dict, sig: str, make=np.ones) -> list[np.ndarray]:
-    """Small arguments of these types (every symbolic size 3), to run a
-    program on once, made by `make`; `SignatureError` for those NumPy
+def _sample_size(reaches: dict[Sym, int]) -> int:
+    """The size of every symbol in a program's samples: 3, or what the
+    program's fixed regions of symbolic axes need (`symbolic_reaches`)."""
+    size = 3
+    while any(d.coef * size ** len(d.factors) < need for d, need in reaches.items()):
+        size += 1
+    return size
+
+
+def _samples(types: dict, sig: str, make=np.ones, size: int = 3) -> list[np.ndarray]:
+    """Small arguments of these types (every symbolic size `size`), to run
+    a program on once, made by `make`; `SignatureError` for those NumPy
     cannot make."""
     samples = []
     for t in types.values():
         if isinstance(t, StaticScalar):
             samples.append(np.asarray(t.value, NUMPY[t.dtype]))
             continue
-        shape = tuple(d if isinstance(d, int) else d.coef * 3 ** len(d.factors)
+        shape = tuple(d if isinstance(d, int) else d.coef * size ** len(d.factors)
                       for d in t.shape)
         try:
             samples.append(make(shape, NUMPY[t.dtype]))
         except (ValueError, MemoryError) as err:
             raise SignatureError(f"cannot compile {sig!r} now: it is compiled by running it "
-                                 f"once, on arrays of these sizes (a symbolic size as 3), and "
+                                 f"once, on arrays of these sizes (a symbolic size as {size}), and "
                                  f"NumPy cannot make one of shape {list(shape)} ({err})") \
                 from None
     return samples
@@ -485,8 +518,8 @@ def _precompile(target_file: Path, samples, progress) -> None:
     loader_spec = importlib.util.spec_from_file_location(name, target_file)
     compiled = importlib.util.module_from_spec(loader_spec)
     loader_spec.loader.exec_module(compiled)
-    for index, (fname, kind, types, sig, program) in enumerate(samples, 1):
-        arrays = _samples(types, sig)  # one program's at a time
+    for index, (fname, kind, types, sig, program, size) in enumerate(samples, 1):
+        arrays = _samples(types, sig, size=size)  # one program's at a time
         if progress:
             progress(f"[{index}/{len(samples)}] compiling {kind} of {fname}")
         aot = compiled.functions[fname].module

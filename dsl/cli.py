@@ -132,13 +132,12 @@ def _is_argument(text: str) -> bool:
 
 
 def _format(value) -> str:
-    """A result as printed: a scalar as the shortest text that reads back
-    as it in its own dtype (an f32's 1.3132616, not its f64 digits), an
-    array with 8 digits."""
-    if np.ndim(value) == 0:
-        return str(np.asarray(value)[()])
+    """A result as printed: as NumPy prints it, to 8 digits (an f32's
+    1.3132616, not its f64 digits), a scalar as a 0-d array is (a whole
+    float with its 0: `1.0`, where NumPy writes `1.`)."""
     with np.printoptions(precision=8, suppress=False):
-        return np.array2string(np.asarray(value), separator=", ")
+        text = np.array2string(np.asarray(value), separator=", ")
+    return text + "0" if np.ndim(value) == 0 and text.endswith(".") else text
 
 
 def _load(file: str) -> dsl.Module:
@@ -227,7 +226,14 @@ def cmd_run(args) -> int:
 def cmd_show(args) -> int:
     """Run the pipeline on each signature up to the stage `--emit` names
     (on the value and gradient for `grad-` stages, on the outputs and their
-    tangents along every float argument for `jvp-` stages) and print it."""
+    tangents along every float argument for `jvp-` stages) and print it, as
+    `gradc compile` compiles it."""
+    from dsl.aot import ahead_of_time
+    with ahead_of_time():
+        return _show(args)
+
+
+def _show(args) -> int:
     from dsl.aot import _lower, _types, default_sig, parse_sig, signed
     from dsl.forward import jvp_function
     module = _load(args.file)

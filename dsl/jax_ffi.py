@@ -62,6 +62,7 @@ from numba.extending import intrinsic
 from gradlang.compiler.pipeline import Program
 from gradlang.runtime.common import HOST_MEMORY
 from gradlang.runtime.forking import ChildSafeLock
+from gradlang.runtime.interrupts import interrupts_deferred
 from gradlang.runtime.loader import (jit_in_kernel_cache, load_kernels, make_driver,
                                       manage_dispatcher)
 
@@ -126,7 +127,8 @@ def _compiled(source: str, kernels: tuple) -> Optional[CFunc]:
     handler = CFunc(module.handler, _SIGNATURE, locals={}, options={"nopython": True})
     handler.enable_caching()
     manage_dispatcher(handler)
-    handler.compile()
+    with interrupts_deferred():  # as a kernel's compile (loader._compile_lean): Ctrl-C waits
+        handler.compile()
     return handler
 
 

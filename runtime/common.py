@@ -63,6 +63,15 @@ def size_mismatch(symbol: str, first: str, first_axis: int, expected: int, argum
                             f"equal (both {symbol})")
 
 
+def size_too_small(symbol: str, got: int, needed: int) -> None:
+    """Raised by a driver compiled for a symbolic size (`gradc compile --sig
+    'f(f64[n])'`) that selects a fixed part of an axis of that size
+    (`t[0:2]`, `t[3]`), given an axis too short to hold it."""
+    raise SizeMismatchError(f"size {symbol} is {got}, but this program selects elements of "
+                            f"that axis up to position {needed - 1}, so it needs {symbol} >= "
+                            f"{needed}")
+
+
 def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> None:
     """Raised by a driver compiled for a fixed size (`gradc compile --sig
     'f(f64[4])'`) given another."""

@@ -4,7 +4,7 @@ boundary.
 
 Contract: the same functions as `runtime.cpu` (ALLOCATABLE, too_large,
 empty, scalar, copy, flat, reshape, transpose, slice, embed, concatenate,
-matmul, reduce_sum, reduce_max, cumsum, size_mismatch, fixed_size_mismatch,
+matmul, reduce_sum, reduce_max, cumsum, size_mismatch, size_too_small, fixed_size_mismatch,
 take, take_along_axis, scatter_add, scatter_add_along_axis), taking and
 returning C-contiguous
 Numba device arrays; layout operations materialize contiguous results with
@@ -59,6 +59,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     index_views,
     into,
     size_mismatch,
+    size_too_small,
     slice_layout,
     stride_table,
     trip_count,

@@ -35,6 +35,12 @@ machine code, which Numba compiles in every process (20-60 ms), is stored
 too (`store`), keyed by the versions of Numba and llvmlite and the CPU it
 was compiled for.
 
+A cache directory that Numba cannot write (a read-only one, shipped in a
+container image or shared on a cluster) is read: Numba saves machine code
+only where it can write (its own ~/.cache/numba then), and each kernel's
+and helper's code is read first from its place in the cache directory
+when that holds it.
+
 The cache can never make a program fail or run stale code: a kernel file
 whose bytes differ from the source is rewritten; a Numba index or data
 file that cannot be read is purged and the kernel compiled again; and when
@@ -45,9 +51,11 @@ without reuse across processes.
 from __future__ import annotations
 
 import atexit
+import copy
 import functools
 import hashlib
 import importlib.util
+import inspect
 import os
 import pickle
 import re
@@ -126,18 +134,20 @@ def load_kernels(source: str) -> ModuleType:
         return module
 
 
-def _import_source(name: str, source: str) -> ModuleType:
+def _import_source(name: str, source: str, home: Optional[Path] = None) -> ModuleType:
     """Import `source` as module `name` from the cache directory or, when
     that cannot be written or Numba cannot cache there, from the scratch
-    directory."""
+    directory; its machine code read first from `home` (by default its
+    place in the cache directory) when that is where Numba cannot write."""
+    path = cache_dir() / "kernels" / f"{name}.py"
+    home = home or path.parent / "__pycache__"
     try:
-        path = cache_dir() / "kernels" / f"{name}.py"
         write_atomic(path, source)
-        return _import_file(name, path)
+        return _import_file(name, path, home)
     except (OSError, _NoCacheLocation) as err:
         path = _scratch_dir(err) / f"{name}.py"
         write_atomic(path, source)
-        return _import_file(name, path)
+        return _import_file(name, path, home)
 
 
 class _NoCacheLocation(Exception):
@@ -189,11 +199,12 @@ def load_kernel_file(path: str) -> ModuleType:
             # copied or installed elsewhere keeps the machine code cached in it
             # (unpickling that code imports the module by name).
             name = "gradk_aot_" + digest[:32]
+            home = Path(key).parent / "__pycache__"
             try:
-                module = _import_file(name, key)
+                module = _import_file(name, key, home)
             except _NoCacheLocation:
                 with open(key, encoding="utf-8") as handle:
-                    module = _import_source(name, handle.read())
+                    module = _import_source(name, handle.read(), home)
             for value in vars(module).values():
                 cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
                 if isinstance(cache_file, _CheckedCacheFile):
@@ -202,7 +213,14 @@ def load_kernel_file(path: str) -> ModuleType:
         return module
 
 
-def _import_file(name: str, path) -> ModuleType:
+# A kernel module's name -> the directory where its machine code is kept
+# (beside it in the kernel cache, or beside a compiled module) when Numba
+# can write there; read first when Numba keeps it elsewhere (`_prefilled`).
+_homes: dict[str, Path] = {}
+
+
+def _import_file(name: str, path, home: Optional[Path] = None) -> ModuleType:
+    _homes[name] = home or Path(path).parent / "__pycache__"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -228,8 +246,8 @@ def manage_dispatcher(dispatcher: object) -> None:
     cache (`cache=True`) gets a light load of cached CPU machine code, an
     unreadable index or data file (torn, truncated, from another machine)
     taken as a miss and purged, so that the dispatcher compiles again and
-    saves good ones, and a cache that cannot be saved a warning, since the
-    compiled code is good."""
+    saves good ones, and a cache that cannot be saved a warning (once per
+    process and cache directory), since the compiled code is good."""
     if isinstance(dispatcher, CPUDispatcher) and "compile" not in vars(dispatcher):
         _compile_lean(dispatcher)
         _type_plain_arrays(dispatcher)
@@ -242,6 +260,7 @@ def manage_dispatcher(dispatcher: object) -> None:
     cache._cache_file._version += _CheckedCacheFile.VERSION_TAG
     load, save = cache.load_overload, cache.save_overload
     function = getattr(dispatcher, "py_func", None) or dispatcher.__wrapped__  # (a cfunc's)
+    _read_prefilled(cache, function)
 
     def load_overload(sig, target_context):
         try:
@@ -267,11 +286,42 @@ def manage_dispatcher(dispatcher: object) -> None:
         try:
             save(sig, data)
         except Exception as err:  # the code runs; only reuse is lost
-            warnings.warn(f"gradc: cannot save the Numba cache of {cache._name} in "
-                          f"{cache.cache_path} ({type(err).__name__}: {err})",
-                          RuntimeWarning, stacklevel=2)
+            _unsaved(cache.cache_path, err)
 
     cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+def _read_prefilled(cache: Cache, function: Callable) -> None:
+    """Have `cache` read machine code first from the directory where this
+    module keeps it, when Numba keeps it elsewhere because it cannot write
+    there (Numba caches only where it can write: a read-only cache, shipped
+    in a container image or shared on a cluster, was never read, and every
+    kernel compiled once per user, into ~/.cache/numba) and that directory
+    holds this function's index."""
+    if isinstance(cache, _KernelCache):
+        home = Path(_KernelCacheLocator(function, inspect.getfile(function)).get_cache_path())
+    else:
+        home = _homes.get(getattr(function, "__module__", None))
+    if home is None or os.path.normpath(home) == os.path.normpath(cache.cache_path):
+        return  # (both as Numba's locators write them: no file system calls)
+    if (home / cache._cache_file._index_name).is_file():
+        cache._cache_file._prefilled = str(home)
+
+
+_said_unsaved: set[str] = set()
+
+
+def _unsaved(where: str, err: Exception) -> None:
+    """Warn that machine code cannot be saved: once per process and cache
+    directory (a full disk fails every kernel's save; a message per kernel,
+    each naming its function, would pass Python's once-per-message filter)."""
+    root = str(cache_dir())
+    if root in _said_unsaved:
+        return
+    _said_unsaved.add(root)
+    warnings.warn(f"gradc: cannot save machine code in {where} ({type(err).__name__}: {err}); "
+                  "kernels run, but later processes compile them again (said once)",
+                  RuntimeWarning, stacklevel=3)
 
 
 _LINKED_BY_NAME: list[tuple[Callable[[Callable], bool], Callable[[], object]]] = []
@@ -446,6 +496,17 @@ class _CheckedCacheFile(IndexDataCacheFile):
 
     VERSION_TAG = "+gradc-checked-1"
     _MAGIC = b"gradc-nbc-1\n"
+    _prefilled: Optional[str] = None  # a directory read first (`_read_prefilled`)
+
+    def load(self, key):
+        if self._prefilled is not None:
+            read_only = copy.copy(self)
+            read_only._cache_path, read_only._prefilled = self._prefilled, None
+            read_only._index_path = os.path.join(self._prefilled, self._index_name)
+            data = read_only.load(key)
+            if data is not None:
+                return data
+        return super().load(key)
 
     def _save_data(self, name: str, data) -> None:
         payload = self._dump(data)

@@ -23,7 +23,9 @@ the size given back longest ago, which are released to the system (so
 sizes no longer asked for cannot fill the pool for good), and `release()`
 releases them all.  Thread-safe: the free lists and their byte count change
 only under one lock, so two threads never get the same block and the count
-is the free lists' bytes; re-entrant, since the garbage collector may free
+is the free lists' bytes (or more, after a step that an exception such as
+a Ctrl-C cut short, until the lists are next empty: never less, and no
+exception leaves them unusable); re-entrant, since the garbage collector may free
 a lease in the middle of the pool's own work.  A fork waits for the lock,
 so the child's pool is whole and its lock free.  A lease cannot be copied
 or pickled (a copy would give its block back twice), and leases freed while
@@ -95,19 +97,25 @@ def _give_back(block: np.ndarray) -> None:
     if nbytes > limit:
         return  # dropped: the block's memory goes back to the system
     with _lock:
-        # the size given back longest ago makes room
+        # The size given back longest ago makes room.  Each step leaves the
+        # free lists and their count consistent should an exception (a
+        # Ctrl-C) end it anywhere: a list may be empty (never evicted from)
+        # and the count high (which only evicts early, and is exact again
+        # once the lists are empty), never low (the pool past its limit).
         while _free and _free_bytes + nbytes > limit:
             oldest = next(iter(_free))
-            _free[oldest].pop()
-            _free_bytes -= oldest
-            if not _free[oldest]:
+            blocks = _free[oldest]
+            if blocks:
+                blocks.pop()
+                _free_bytes -= oldest
+            if not blocks:
                 del _free[oldest]
         if not _free:
-            _free_bytes = 0  # exact again, should an interrupted step have left it off
+            _free_bytes = 0
+        _free_bytes += nbytes  # before the block is listed
         blocks = _free.pop(nbytes, [])  # and this size is now the newest
         blocks.append(block)
         _free[nbytes] = blocks
-        _free_bytes += nbytes
 
 
 def pooled(shape, dtype) -> np.ndarray:
@@ -123,13 +131,13 @@ def pooled(shape, dtype) -> np.ndarray:
     # no driver asks for, are NumPy's own)
     if nbytes < POOL_MIN or dtype.fields is not None or dtype.subdtype is not None:
         return np.empty(shape, dtype)
-    with _lock:
+    with _lock:  # (robust to an exception anywhere, as `_give_back`)
         blocks = _free.get(nbytes)
         block = blocks.pop() if blocks else None
         if block is not None:
             _free_bytes -= nbytes
-            if not blocks:  # every list in `_free` holds a block (for the eviction)
-                del _free[nbytes]
+        if blocks is not None and not blocks:
+            del _free[nbytes]
     if block is None:
         block = np.empty(nbytes, np.uint8)
     return np.asarray(Lease(block, shape, dtype))

@@ -39,7 +39,7 @@ def test_run_takes_arguments_by_keyword(capsys):
     value, gradient = capsys.readouterr().out.splitlines()
     s = 2 * y - 1
     assert float(value.split(" = ")[1]) == pytest.approx(np.mean(np.logaddexp(0, -s * z)),
-                                                         rel=1e-14)
+                                                         abs=5e-9)  # (printed to 8 digits)
     np.testing.assert_allclose(json.loads(gradient.split(" = ")[1]),
                                -s / (1 + np.exp(s * z)) / 2, rtol=1e-7)
     for argv, text in [(["z=[0.5]", "[1]"], "positional argument '[1]' follows a NAME=VALUE"),
@@ -115,7 +115,7 @@ def test_console_script_runs_without_traceback():
     result = subprocess.run([sys.executable, "-m", "dsl.cli", "run", LOG1PEXP, "log1pexp",
                              "0"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["log1pexp = 0.6931471805599453", "d/dx = 0.5"]
+    assert result.stdout.splitlines() == ["log1pexp = 0.69314718", "d/dx = 0.5"]
 
 
 EXAMPLE_FILES = sorted((ROOT / "examples").glob("*.grad"))

@@ -335,10 +335,10 @@ def test_show_without_sig_gives_a_const_bool_a_value(tmp_path, capsys):
 
 
 def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
-    # pick() indexes an axis, so its default signature is f64[4] (sizes
-    # fixed at 4): the module then refused every other size at the call,
-    # and compile had said nothing
-    (tmp_path / "fixed.grad").write_text("def pick(x):\n    return x[1] * x\n"
+    # pick() indexes an axis from its end, so its default signature is
+    # f64[4] (sizes fixed at 4): the module then refused every other size
+    # at the call, and compile had said nothing
+    (tmp_path / "fixed.grad").write_text("def pick(x):\n    return x[-2] * x\n"
                                          "def scale(x):\n    return x * 2.0\n")
     code, out, err = run(["compile", str(tmp_path / "fixed.grad"), "-o", str(tmp_path)], capsys)
     assert code == 0 and out == f"wrote {tmp_path / 'fixed.py'}\n"
@@ -346,3 +346,12 @@ def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
                    "shared size n): it is compiled for pick(f64[4]) only; give the sizes it is "
                    "called with in --sig (a name for sizes that must agree, an integer for a "
                    "fixed one)\n")
+
+
+def test_a_scalar_prints_to_the_digits_an_array_does(tmp_path, capsys):
+    # a scalar result printed all 17 digits, the gradient array beside it 8
+    (tmp_path / "third.grad").write_text("def s(x):\n    return sum(x * x) / 3.0\n")
+    code, out, _ = run(["run", str(tmp_path / "third.grad"), "s", "[1.0, 2.0]"], capsys)
+    assert code == 0 and out.splitlines() == ["s = 1.66666667", "d/dx = [0.66666667, 1.33333333]"]
+    code, out, _ = run(["run", str(tmp_path / "third.grad"), "s", "[0.0, 3.0]"], capsys)
+    assert code == 0 and out.splitlines() == ["s = 3.0", "d/dx = [0., 2.]"]

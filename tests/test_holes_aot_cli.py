@@ -440,3 +440,53 @@ def test_a_module_whose_params_meet_its_arguments_compiles_and_checks_their_size
     with pytest.raises(dsl.ArgumentError, match="param 'w' has size 2 on axis 0, but its "
                                                 "annotation says d, which is 4 for 'x'"):
         pp.f(np.ones((5, 4)))
+
+
+def test_an_imported_function_is_the_modules_as_pythons_from_import_makes_it(tmp_path):
+    # `from std import relu` lists relu among the module's functions, as
+    # Python's `from m import f` re-exports f: from dsl.load and from gradc
+    # compile alike, and callable with its gradient there
+    source = tmp_path / "reexported.grad"
+    source.write_text("from std import relu\n\ndef g(x):\n    return relu(x) * 2.0\n")
+    assert main(["compile", str(source), "-o", str(tmp_path)]) == 0
+    x = np.array([0.5, -3.0, 2.0])
+    for module in (dsl.load(source), import_compiled(tmp_path / "reexported.py")):
+        assert set(module.functions) == {"g", "relu"}
+        np.testing.assert_array_equal(module.relu(x), [0.5, 0.0, 2.0])
+        np.testing.assert_array_equal(dsl.grad(module.relu)(x), [1.0, 0.0, 1.0])
+
+
+
+def test_a_fixed_slice_of_a_symbolic_size_is_checked_before_the_program_runs(tmp_path):
+    # `t[0:1]` of a vector of any length n was "cannot be compiled for any
+    # size": its length is 1 when n >= 1, which the driver now checks
+    source = tmp_path / "heads.grad"
+    source.write_text("def head(t):\n    return t[0:3:2] * 2.0\n"
+                      "def pair(t):\n    return t[1, 2] * t[0, 3]\n")
+    # (run once now, on samples large enough)
+    assert main(["compile", str(source), "-o", str(tmp_path),
+                 "--sig", "head(f64[n])", "pair(f64[m, k])"]) == 0
+    module = import_compiled(tmp_path / "heads.py")
+    x, y = np.arange(1.0, 6.0), np.arange(20.0).reshape(4, 5)
+    for t in (x, x[:3]):
+        np.testing.assert_array_equal(module.head(t), t[0:3:2] * 2.0)
+        np.testing.assert_array_equal(dsl.grad(module.head)(t), [2.0, 0.0, 2.0] + [0.0] * (len(t) - 3))
+    assert module.pair(y) == y[1, 2] * y[0, 3]
+    expected = np.zeros_like(y)
+    expected[1, 2], expected[0, 3] = y[0, 3], y[1, 2]
+    np.testing.assert_array_equal(dsl.grad(module.pair)(y), expected)
+    for call, args, text in [(module.head, (x[:2],), "size n is 2, .* needs n >= 3"),
+                             (dsl.grad(module.head), (x[:0],), "size n is 0, .* needs n >= 3"),
+                             (module.pair, (y[:1],), "size m is 1, .* needs m >= 2"),
+                             (dsl.grad(module.pair), (y[:, :3],), "size k is 3, .* needs k >= 4")]:
+        with pytest.raises(dsl.SizeMismatchError, match=text):
+            call(*args)
+    # loaded, each call's sizes get a program: a shorter axis NumPy's shorter slice
+    np.testing.assert_array_equal(dsl.load(source).head(x[:2]), [2.0])
+
+
+def test_gradc_show_shows_the_size_check_gradc_compile_compiles(tmp_path, capsys):
+    source = tmp_path / "heads.grad"
+    source.write_text("def head(t):\n    return t[0:3:2] * 2.0\n")
+    assert main(["show", str(source), "--emit", "kernels", "--sig", "head(f64[n])"]) == 0
+    assert "if size_n < 3: R.size_too_small('n', size_n, 3)" in capsys.readouterr().out

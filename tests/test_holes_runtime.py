@@ -391,3 +391,93 @@ def test_full_tracebacks_on_request(monkeypatch):
     with pytest.raises(dsl.GradError) as info:
         BAD_CALLS["call"]()
     assert len(_internal_frames(info.value)) > 1
+
+
+def test_a_cache_that_cannot_be_saved_warns_once(fresh_cache, monkeypatch):
+    # a full disk warned once per kernel: each message named its function
+    # at its address, which Python's once-per-message filter never repeats
+    import errno
+
+    def disk_full(self, name, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(loader._CheckedCacheFile, "_save_data", disk_full)
+    monkeypatch.setattr(loader, "_said_unsaved", set(), raising=False)
+    with pytest.warns(RuntimeWarning, match="cannot save machine code") as record:
+        np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+        f = dsl.loads("def quartic(x):\n    return x * x * x * x\n").quartic
+        np.testing.assert_allclose(dsl.grad(f)(X), 4 * X ** 3)
+    said = [str(w.message) for w in record if "cannot save" in str(w.message)]
+    assert len(said) == 1 and str(fresh_cache) in said[0] and "No space left" in said[0]
+
+
+def _add_seven(x):
+    return x + 7.0
+
+
+def _runtime_helper():
+    """A new dispatcher of `_add_seven` with a runtime helper's cache."""
+    import numba
+    helper = numba.njit(_add_seven)
+    loader.cache_in_kernel_cache(helper)
+    loader.manage_dispatcher(helper)
+    return helper
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """`read_only(root)`: from now on, no file can be written under `root`,
+    as on a read-only file system or a directory of another user (made by
+    hand: the tests may run as root, whom a directory's mode does not stop)."""
+    from numba.core import caching
+    roots = []
+
+    def refused(path) -> bool:
+        return path is not None and any(Path(path).resolve().is_relative_to(root)
+                                        for root in roots)
+
+    def guard(function, path_of):
+        def guarded(*args, **kwargs):
+            if refused(path_of(*args)):
+                raise PermissionError(13, "Permission denied", str(path_of(*args)))
+            return function(*args, **kwargs)
+        return guarded
+    locator = caching._CacheLocator
+    monkeypatch.setattr(locator, "ensure_cache_path",
+                        guard(locator.ensure_cache_path, lambda self: self.get_cache_path()))
+    index = caching.IndexDataCacheFile
+    monkeypatch.setattr(index, "_open_for_write",
+                        guard(index._open_for_write, lambda self, path: path))
+    # (a kernel file already there, with its text, is not written)
+    monkeypatch.setattr(loader, "write_atomic", guard(
+        loader.write_atomic,
+        lambda path, text: None if path.is_file() and path.read_bytes() == (
+            text.encode() if isinstance(text, str) else text) else path))
+    return lambda root: roots.append(Path(root).resolve())
+
+
+def test_a_read_only_cache_is_read(fresh_cache, monkeypatch, tmp_path, read_only):
+    # Numba caches only where it can write: a pre-filled cache that could
+    # not be written (shipped in an image, shared on a cluster) was never
+    # read, and every kernel compiled again, into ~/.cache/numba
+    from numba.core import event
+    home = tmp_path / "home-cache"  # Numba's ~/.cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    np.testing.assert_allclose(_cubic_grad(X), DCUBIC)  # fills the cache
+    assert _runtime_helper()(3.0) == 10.0  # a runtime helper's machine code too
+    read_only(fresh_cache)
+    with event.install_recorder("numba:compile") as compiles:
+        assert _runtime_helper()(3.0) == 10.0
+    assert compiles.buffer == []
+    for home_too in (False, True):  # (with ~/.cache read-only too, a scratch directory's kernels)
+        if home_too:
+            read_only(home)
+        _forget_kernels(monkeypatch)
+        with event.install_recorder("numba:compile") as compiles, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the scratch directory's)
+            np.testing.assert_allclose(_cubic_grad(X), DCUBIC)
+        assert compiles.buffer == []
+        assert not list(home.rglob("*.nbc"))  # nothing compiled, nothing kept
+        if not home_too:  # a kernel the cache does not hold compiles, in a scratch directory
+            with pytest.warns(RuntimeWarning, match="cannot use the kernel cache"):
+                f = dsl.loads("def quintic(x):\n    return x * x * x * x * x\n").quintic
+                np.testing.assert_allclose(dsl.grad(f)(X), 5 * X ** 4)

@@ -40,6 +40,9 @@ def gather(x, idx):
 def gather_cols(x, idx):
     return x[1:, idx]
 
+def listed(x, w, i: i64):
+    return sum((x[[2, -1, 0]] * 2.0 + sum(x[[[0, i], [1, 1], [3, 3]]], axis=1)) * w)
+
 def take0(x, idx):
     return take(x, idx)
 
@@ -119,6 +122,25 @@ def test_runtime_scalar_index_reads_like_numpy(target):
         np.testing.assert_array_equal(m.cell(x, np.int64(i), np.int64(-2)), x[i, -2])
     np.testing.assert_array_equal(m.col(x, np.int64(3)), x[:, 2])
     np.testing.assert_array_equal(m.col(x, np.int64(0)), x[:, -1])
+
+
+@each_target
+def test_a_list_of_integers_indexes_as_numpys_does(target):
+    # x[[0, 1]] was "expected a compile-time integer": a list is the
+    # integer array it spells, as in NumPy (a run-time integer among them)
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(4, 3)), rng.normal(size=(3, 3))
+
+    def reference(x, w, i=1):
+        return np.sum((x[[2, -1, 0]] * 2.0 + x[[[0, i], [1, 1], [3, 3]]].sum(axis=1)) * w)
+    m = module(target)
+    for i in (1, -2):
+        assert m.listed(x, w, np.int64(i)) == pytest.approx(reference(x, w, i), rel=1e-14)
+    for got, k in zip(dsl.grad(m.listed, wrt=(0, 1))(x, w, np.int64(1)), (0, 1)):
+        np.testing.assert_allclose(got, central_difference(reference, [x, w], k), rtol=1e-6,
+                                   atol=1e-8)
+    with pytest.raises(dsl.ArgumentError, match="index 4 in an index"):
+        m.listed(x, w, np.int64(4))
 
 
 @each_target
@@ -525,6 +547,17 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
     ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
      (np.zeros(3, np.int64), np.zeros(2, np.int64), np.ones(2)), 2, 12,
      "f64 values into a i64 array"),
+    # a mask's shape would depend on its values: the message says what to write
+    ("def f(x):\n    return x[x > 0.0]\n", (np.zeros(3),), 2, 14,
+     "a mask cannot index: the result's shape would depend on the mask's values; keep the "
+     "shape with where(mask, x, 0.0), or sum what the mask selects with sum(where(mask, x, "
+     "0.0))"),
+    ("def f(x):\n    return take(x, x > 0.0)\n", (np.zeros(3),), 2, 12, "a mask cannot index"),
+    ("def f(x):\n    return x[[True, False, True]]\n", (np.zeros(3),), 2, 14,
+     "a list of bools is a mask, and a mask cannot index"),
+    ("def f(x):\n    return x[[]]\n", (np.zeros(3),), 2, 14, "an empty list selects nothing"),
+    ("def f(x):\n    return x[[0.5]]\n", (np.zeros(3),), 2, 14, "integer array (i32 or i64), "
+     "not f64"),
     ("def f(x, idx):\n    return take(x, idx, axis=2)\n",
      (np.zeros((3, 2)), np.zeros(2, np.int64)), 2, 12, "axis 2 is out of range"),
 ])

@@ -929,3 +929,29 @@ def test_an_ffi_handler_is_loaded_from_the_kernel_cache(x64, monkeypatch):
     np.testing.assert_array_equal(jax.jit(dsl.to_jax(dsl.loads(source).cube))(x), x ** 3)
     ((_, handler),) = jax_ffi._HANDLERS.values()
     assert handler.cache_hits == 1
+
+
+def test_ctrl_c_during_an_ffi_handlers_compile_is_raised_after_it(x64, monkeypatch):
+    # as during a kernel's (test_interrupts): a compile cut short by a
+    # KeyboardInterrupt could leave Numba failing every later compile
+    import signal
+
+    from numba.core.ccallback import CFunc
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    compiled, compile_whole = [], CFunc.compile
+
+    def pressing_ctrl_c(handler):
+        signal.raise_signal(signal.SIGINT)
+        compile_whole(handler)
+        compiled.append(handler)
+    monkeypatch.setattr(CFunc, "compile", pressing_ctrl_c)
+    m = dsl.loads("def shifted(x):\n    return x * 2.25 - 7.0\n")  # a handler no test makes
+    x = np.linspace(-2.0, 2.0, 5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jax.jit(dsl.to_jax(m.shifted))(x)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(compiled) == 1  # the compile ran to its end
+    monkeypatch.setattr(CFunc, "compile", compile_whole)
+    np.testing.assert_array_equal(jax.jit(dsl.to_jax(m.shifted))(x), x * 2.25 - 7.0)

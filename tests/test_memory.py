@@ -4,6 +4,7 @@ threads), the free blocks kept stay under the limit, and compiled
 functions' large results come from it with their values intact."""
 import copy
 import ctypes
+import functools
 import os
 import pickle
 import threading
@@ -392,3 +393,65 @@ def test_a_loop_writes_all_it_takes_from_the_pool(monkeypatch):
         np.testing.assert_allclose(value, want_value, rtol=1e-12)
         np.testing.assert_allclose(gradient, want_gradient, rtol=1e-12)
     assert 3 * LARGE in taken  # the three trips' stack
+
+
+def _interrupted_at(code, k: int, action) -> bool:
+    """Run `action`, a KeyboardInterrupt raised at the `k`th bytecode that
+    `code` runs (as a Ctrl-C may be); whether it was raised."""
+    import sys
+    seen = 0
+
+    def each_opcode(frame, event, arg):
+        nonlocal seen
+        if event == "opcode":
+            seen += 1
+            if seen == k:
+                raise KeyboardInterrupt
+        return each_opcode
+
+    def calls(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+        frame.f_trace_opcodes = True
+        return each_opcode
+
+    sys.settrace(calls)
+    try:
+        action()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
+@pytest.mark.parametrize("step", ["give back", "take"])
+def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch, step):
+    """A KeyboardInterrupt at any bytecode of a give-back or a take: the
+    pool goes on working (an empty free list left by a take cut short made
+    every later eviction raise IndexError in a lease's __del__) and never
+    counts fewer bytes than it keeps (so it never keeps more than its limit)."""
+    import sys
+    unraisable = []  # what a lease's __del__ raised
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    sizes = [memory.POOL_MIN + 8 * k for k in range(3)]
+    limit = sizes[0] + sizes[1]
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(limit))
+    code = (memory._give_back if step == "give back" else memory.pooled).__code__
+    for k in range(1, 10_000):
+        memory.release()
+        for n in sizes[:2]:  # dropped: both kept, the pool is full
+            memory.pooled(n, np.uint8)
+        if step == "give back":  # a third size: both evicted to make room
+            action = functools.partial(memory._give_back, np.empty(sizes[2], np.uint8))
+        else:
+            action = functools.partial(memory.pooled, sizes[0], np.uint8)
+        if not _interrupted_at(code, k, action):
+            break  # past the last bytecode
+        assert memory._free_bytes >= kept_bytes()
+        for n in sizes * 2:  # takes and give-backs of each size, and evictions
+            memory.pooled(n, np.uint8)
+            assert memory._free_bytes >= kept_bytes() and kept_bytes() <= limit
+        assert unraisable == []
+    assert k > 20
+
