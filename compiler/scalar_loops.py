@@ -101,11 +101,11 @@ def _scalar_loop(b: Builder, eqn: Eqn) -> bool:
     if p["n_carry"] == 0 or kernel_loop_shape(eqn) is not None or \
             not all(map(_static, values)) or not all(_supported(e) for e in body.eqns):
         return False
-    new_body = _scalar_body(body)
-    if new_body is None or len(new_body.eqns) > MAX_EQNS:
-        return False
     bounds, carried, invariants, stacked = loop_groups(eqn.inputs, p)
     if sum(a.type.size for a in carried + invariants if a.type.shape != ()) > MAX_SPLIT:
+        return False
+    new_body = _scalar_body(body)
+    if new_body is None or len(new_body.eqns) > MAX_EQNS:
         return False
     inputs = list(bounds)
     for a in carried + invariants:
@@ -220,11 +220,10 @@ def _elementwise(b: Builder, e: Eqn, ins: list, t: TensorType) -> np.ndarray:
     return _grid(cells, t.shape)
 
 
-def _total(b: Builder, terms: list, t: TensorType, wide: str = "") -> Atom:
+def _total(b: Builder, terms: list, t: TensorType, dtype: str) -> Atom:
     """The sum of terms from 0, left to right, as a kernel's sums run (a
-    float sum of -0.0 terms is 0.0 there, and so here), added in `wide`
-    and rounded once to t's dtype where given."""
-    dtype = wide or t.dtype
+    float sum of -0.0 terms is 0.0 there, and so here), added in `dtype`
+    and rounded once to t's."""
     total: Atom = Lit(coerce(0, dtype), TensorType(dtype, ()))
     for term in terms:
         total = b.bind("add", total, cast(b, term, dtype))
@@ -237,8 +236,8 @@ def _reduce_sum(b: Builder, x: np.ndarray, axes: tuple, t: TensorType) -> np.nda
     unrewritten."""
     kept = [k for k in range(x.ndim) if k not in axes]
     rows = np.transpose(x, kept + list(axes)).reshape(math.prod(x.shape[k] for k in kept), -1)
-    wide = "f64" if t.dtype in FLOATS else ""
-    return _grid([_total(b, list(row), t, wide) for row in rows], t.shape)
+    dtype = "f64" if t.dtype in FLOATS else t.dtype
+    return _grid([_total(b, list(row), t, dtype) for row in rows], t.shape)
 
 
 def _matmul(b: Builder, x: np.ndarray, y: np.ndarray, t: TensorType) -> np.ndarray:
@@ -250,6 +249,7 @@ def _matmul(b: Builder, x: np.ndarray, y: np.ndarray, t: TensorType) -> np.ndarr
     xm = np.broadcast_to(xm, batch + xm.shape[-2:])
     ym = np.broadcast_to(ym, batch + ym.shape[-2:])
     rows, inner, cols = xm.shape[-2], xm.shape[-1], ym.shape[-1]
-    cells = [_total(b, [b.bind("mul", xm[i + (r, k)], ym[i + (k, c)]) for k in range(inner)], t)
+    cells = [_total(b, [b.bind("mul", xm[i + (r, k)], ym[i + (k, c)]) for k in range(inner)],
+                    t, t.dtype)
              for i in np.ndindex(*batch) for r in range(rows) for c in range(cols)]
     return _grid(cells, t.shape)
