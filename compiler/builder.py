@@ -3,10 +3,11 @@ a function is constructed, type-checking each through the op table, and
 `inline` copies a function's body into a builder.
 
 Contract: `Builder.bind(op, *inputs, **params)` appends one equation whose
-output types come from `OPS[op].type_rule` (raising `GradError` on a type
-error) and returns its output; `function(...)` freezes what was bound into
-an immutable `Function`.  It sits above both `ir` and `ops` so that neither
-imports the other's dependents.
+output types come from the op table's type rule (`ops.output_types`,
+raising `GradError` on a type error) and returns its output;
+`function(...)` freezes what was bound into an immutable `Function`.  It
+sits above both `ir` and `ops` so that neither imports the other's
+dependents.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import math
 from typing import Any, Iterable, Union
 
 from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var, WeakVar
-from gradlang.compiler.ops import OPS
+from gradlang.compiler.ops import output_types
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.common import MAX_SIZE
 from gradlang.runtime.errors import GradError, Span
@@ -46,12 +47,12 @@ class Builder:
 
     def bind_multi(self, op: str, *inputs: Atom, span: Span | None = None,
                    hint: str = "", weak: bool = False, **params: Any) -> tuple[Var, ...]:
-        out_types = OPS[op].type_rule([a.type for a in inputs], params, span)
+        items = tuple(sorted(params.items()))
+        out_types = output_types(op, [a.type for a in inputs], items, span)
         for t in out_types:
             _check_addressable(t, span)
         outs = tuple((WeakVar if weak else Var)(t, hint) for t in out_types)
-        self.eqns.append(Eqn(op, tuple(inputs), outs,
-                             tuple(sorted(params.items())), span))
+        self.eqns.append(Eqn(op, tuple(inputs), outs, items, span))
         return outs
 
     def weaken(self, v: Var) -> WeakVar:

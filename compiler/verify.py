@@ -9,7 +9,7 @@ too.
 from __future__ import annotations
 
 from gradlang.compiler.ir import Function, Var, print_function
-from gradlang.compiler.ops import OPS
+from gradlang.compiler.ops import OPS, output_types
 
 
 class IRVerificationError(AssertionError):
@@ -32,7 +32,7 @@ def verify(fn: Function, stage: str) -> None:
             defined.add(o)
         if eqn.op not in OPS:
             _fail(fn, stage, f"equation {index}: unknown op {eqn.op!r}")
-        expected = OPS[eqn.op].type_rule([a.type for a in eqn.inputs], eqn.p, eqn.span)
+        expected = output_types(eqn.op, [a.type for a in eqn.inputs], eqn.params, eqn.span)
         if eqn.op == "loop":
             verify(eqn.p["body"], f"{stage}, body of equation {index}")
         if list(expected) != [o.type for o in eqn.outputs]:
