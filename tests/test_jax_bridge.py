@@ -424,6 +424,19 @@ def test_params_as_keyword_arrays_get_gradients(x64):
     jax_test_util.check_grads(lambda x, w: lp(x, weights=w), (x, w), order=2, modes=["rev"])
 
 
+def test_under_jit_a_param_left_out_is_read_at_trace_and_a_keyword_one_at_each_call(x64):
+    # (as the README says: a jitted function keeps what it closed over)
+    m = dsl.load(EXAMPLES / "linear_poly.grad")  # its own params: the shared one's stay
+    lp, x = dsl.to_jax(m.linear_poly), jnp.array([1.0, 2.0, 4.0])
+    m.params["weights"] = np.array([0.5, 2.0])
+    left_out = jax.jit(lambda x: lp(x).sum())
+    by_keyword = jax.jit(lambda x, w: lp(x, weights=w).sum())
+    assert left_out(x) == by_keyword(x, jnp.array([0.5, 2.0])) == 15.5
+    m.params["weights"] = np.array([1.5, 2.0])
+    assert left_out(x) == 15.5 and lp(x).sum() == 18.5
+    assert by_keyword(x, jnp.array([1.5, 2.0])) == 18.5
+
+
 def test_an_index_out_of_range_outside_jit_is_the_argument_error(x64):
     # the callback's ArgumentError reached the caller as JAX's
     # JaxRuntimeError("INTERNAL: CpuCallback error ...")
