@@ -1093,7 +1093,7 @@ def output_types(op: str, types: Sequence[TensorType], params: Sequence[tuple[st
     that raises is asked each time, so that its error names this span."""
     if not all(_plain(value) for _, value in params):  # a loop's body
         return OPS[op].type_rule(list(types), dict(params), span)
-    # (the params' types are in the key: True == 1 and 0.0 == -0.0)
+    # (the params' types are in the key, or True, 1 and 1.0 would share one)
     key = (op, tuple(types), tuple((name, type(value), value) for name, value in params))
     found = _REMEMBERED_TYPES.get(key)
     if found is None:

@@ -37,6 +37,7 @@ from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.pullback import OutType, host_cotangent, output_cotangents
+from dsl.lru import held_by
 
 if TYPE_CHECKING:
     from dsl.function import Compiled
@@ -346,13 +347,17 @@ class _Runner:
         return tuple(self.program()(*arrays))
 
 
+ROW_PLANS = 64  # plans kept per function (one per shapes of its arguments' blocks)
+
+
 def _plan(f: Compiled, bound: dict, batch: frozenset, n: int) -> _Plan:
     key = (tuple((name, a.dtype.str, a.shape, name in batch) for name, a in bound.items()),
            tuple((s, bound[s].item()) for s in sorted(f.static_names(bound))))
-    cache = f.__dict__.setdefault("_row_plans", {})
-    if key not in cache:
-        cache[key] = _Plan(f, bound, batch, n)
-    return cache[key]
+    cache = held_by(f, "_row_plans", ROW_PLANS)
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = _Plan(f, bound, batch, n)
+    return plan
 
 
 _MERGE = {"sum": np.add, "max": np.maximum}

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from dsl.dask_bridge import call_on_dask, chunked_like, is_dask_array, vjp_on_dask
-from dsl.lru import Lru
+from dsl.lru import Lru, held_by
 from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -113,6 +113,7 @@ def static_type(a) -> StaticScalar:
 
 
 PROGRAMS = 64  # programs kept per callable and transform (one per size pattern and dtypes)
+SHAPES = 256  # answers kept per callable that depend on exact shapes (result types, plans)
 _CONCRETE = "needs its sizes"  # a pattern's entry in `by_pattern`'s cache
 
 
@@ -307,7 +308,7 @@ class Compiled:
         self._programs = Lru(PROGRAMS)
         self._lock = ChildSafeLock(reentrant=True)
         self._fast = FastPath()
-        self._out_specs: dict[int, OutSpec] = {}
+        self._out_specs = Lru(PROGRAMS)  # by id(program): each holds its program
         self._by_value: set[str] = set()  # see `by_value`
 
     def __deepcopy__(self, memo: dict) -> "Compiled":
@@ -547,7 +548,7 @@ class Compiled:
 
     def out_spec(self, program: Program) -> "OutSpec":
         spec = self._out_specs.get(id(program))
-        if spec is None:  # (a spec holds its program: its id is never reused meanwhile)
+        if spec is None:  # (a spec holds its program: its id is not reused while kept)
             spec = self._out_specs[id(program)] = OutSpec(self, program)
         return spec
 
@@ -997,12 +998,13 @@ def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dt
     Raises `NeedsValue` for an integer argument used as a size that is
     not yet compiled by value (`Compiled.by_value`)."""
     statics = f.static_names(bound)
-    cache = f.__dict__.setdefault("_result_types", {})
+    cache = held_by(f, "_result_types", SHAPES)
     key = _signature(bound, statics)
-    if key not in cache:
-        cache[key] = tuple((tuple(t.shape), np.dtype(NUMPY[t.dtype]))
-                           for t in f.lower(_types(bound, statics)).out_types)
-    return cache[key]
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = tuple((tuple(t.shape), np.dtype(NUMPY[t.dtype]))
+                                   for t in f.lower(_types(bound, statics)).out_types)
+    return found
 
 
 def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
@@ -1035,15 +1037,20 @@ def symbolic_result_types(f: Compiled, bound: dict[str, Any],
     types = _types(bound, f.static_names(bound), shapes)
     # (a static argument's str is its dtype alone: its value is part of the key)
     key = tuple((n, str(t), repr(getattr(t, "value", None))) for n, t in types.items())
-    cache = f.__dict__.setdefault("_symbolic_result_types", {})
-    if key not in cache:
+    cache = held_by(f, "_symbolic_result_types", SHAPES)
+    found = cache.get(key, _UNKNOWN)
+    if found is _UNKNOWN:
         try:
             outs = tuple((tuple(t.shape), np.dtype(NUMPY[t.dtype]))
                          for t in f.lower(types).out_types)
-            cache[key] = (types, outs)
+            found = (types, outs)
         except (NeedsConcrete, GradError):
-            cache[key] = None
-    return cache[key]
+            found = None
+        cache[key] = found
+    return found
+
+
+_UNKNOWN = object()  # (None is an answer: f does not lower on symbols)
 
 
 def _extra_names(inner: Compiled, stem: str, count: int) -> tuple[str, ...]:
@@ -1284,7 +1291,7 @@ class Stacked(Derived):
         super().__init__(inner)
         self.stacked, self.which = tuple(names), which
         self.name = f"stacked {inner.name}"
-        self._plans: dict[tuple, tuple[bool, Optional[int]]] = {}
+        self._plans = Lru(SHAPES)  # signature -> (stacks, per_slice)
 
     def recipe(self) -> tuple:
         return Stacked, (self.inner, self.stacked, self.which)
@@ -1328,19 +1335,21 @@ class Stacked(Derived):
         if statics & set(self.stacked):  # a const scalar per example: a program each
             return False, None
         key = _signature(bound, statics)
-        if key not in self._plans:
+        plan = self._plans.get(key)
+        if plan is None:
             slots = self._slots(bound)
             try:  # either raises where a rule is missing (a vmap's inside inner too)
                 fn = self.inner.lower(_types(bound, statics))
                 vectorize(fn, slots, (), 1)
             except NotVectorizable:
-                self._plans[key] = (False, None)
+                plan = (False, None)
             else:
                 try:
-                    self._plans[key] = (True, int(stacked_elements(fn, slots)))
+                    plan = (True, int(stacked_elements(fn, slots)))
                 except NeedsConcrete:
-                    self._plans[key] = (True, None)
-        return self._plans[key]
+                    plan = (True, None)
+            self._plans[key] = plan
+        return plan
 
     def _slots(self, names: Iterable[str]) -> list[int]:
         order = list(names)

@@ -1,4 +1,4 @@
-"""A bounded cache of compiled programs.
+"""A bounded cache of compiled programs, or of answers about a function.
 
 Contract: `Lru(size)` maps keys to values like a dict for `get`, `in`,
 `[]=`, `len` and `values`, keeping at most `size` entries: a `get` that
@@ -7,6 +7,8 @@ the least recent.  A program a caller still holds (a pullback's, the fast
 path's) stays alive after it is dropped here; it is only built again when
 asked for again.  Not locked: callers that build under a lock look up and
 insert under it, or tolerate a lost entry (it is built again).
+`held_by(owner, name, size)`: such a cache kept as an attribute of
+`owner`, made at its first use.
 """
 from __future__ import annotations
 
@@ -43,3 +45,10 @@ class Lru:
 
     def values(self) -> Iterator[Any]:
         return iter(list(self._entries.values()))
+
+
+def held_by(owner: Any, name: str, size: int) -> Lru:
+    """The `Lru(size)` kept as `owner.name`, made at its first use (a
+    cache of answers about one function, beside its other attributes)."""
+    cache = owner.__dict__.get(name)
+    return cache if cache is not None else owner.__dict__.setdefault(name, Lru(size))

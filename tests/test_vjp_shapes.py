@@ -155,3 +155,17 @@ def test_a_function_needing_its_sizes_builds_per_length_in_bounded_caches(
     # one build per length (the repeated 3, dropped from the cache, is the
     # fast path's of its exact arguments, `_split_run`)
     assert builds == ["shifted"] * 5
+
+
+def test_answers_about_exact_shapes_are_kept_in_bounded_caches(monkeypatch):
+    # the result types a tracer asks for, and the Jacobians' stacking
+    # plans, were kept per shape for ever (a loop over lengths grew them)
+    monkeypatch.setattr(function, "SHAPES", 4)  # (read as each cache is made)
+    f = dsl.loads("def g(x):\n    return exp(x) * 2.0\n").g
+    jacobian = dsl.jacfwd(f)
+    for n in range(1, 11):
+        x = np.linspace(-1.0, 1.0, n)
+        assert function.result_types(f, f.bind((x,), {})) == (((n,), np.dtype(np.float64)),)
+        np.testing.assert_allclose(jacobian(x), np.diag(2.0 * np.exp(x)), rtol=1e-15)
+    assert len(f._result_types) == 4
+    assert len(function.derived_if_made(f, ("stacked jvp", "x"))._plans) == 4
