@@ -139,9 +139,13 @@ class Lowerer:
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
             raise too_deep(ns.module.source, ns.module.file) from None
         except GradError as err:
-            # in another file (std's, an import's) than the call (not the
-            # entry function's definition) that reached it
-            if err.note is None and err.span.file != span.file and len(self.call_stack) > 1:
+            # which call in the entry function's file reached it: the
+            # innermost whose function's text holds it, or that leads to
+            # another file (std's, an import's).  (None for the entry
+            # function itself, whose call is the user's.)
+            if err.note is None and len(self.call_stack) > 1 and \
+                    span.file == self.call_spans[0].file and \
+                    (err.span.file != span.file or _in_text_of(ns.module, fdef, err.span)):
                 err.note = f"in {fdef.name}(), called at {span}"
             raise
         finally:
@@ -957,3 +961,14 @@ def _fold(op: str, x, y):
 
 def _finite(v) -> bool:
     return not isinstance(v, float) or math.isfinite(v)
+
+
+def _in_text_of(module: ast.Module, fdef: ast.FuncDef, span: Span) -> bool:
+    """Whether `span` is in fdef's text: from its decorators to the next
+    function of its file.  (An error raised while a call is lowered may
+    be reported elsewhere: a program too big, at the function called
+    from Python.)"""
+    start = min([fdef.span.line] + [d.span.line for d in fdef.decorators])
+    end = min((f.span.line for f in module.funcs if f.span.line > fdef.span.line),
+              default=float("inf"))
+    return span.file == fdef.span.file and start <= span.line < end

@@ -430,6 +430,25 @@ def test_an_error_in_an_imported_function_shows_that_files_line(tmp_path, main):
                                          f"note: in g(), called at {tmp_path / 'main.grad'}:4:12"]
 
 
+def test_an_error_in_a_helper_of_the_same_file_names_the_call_that_reached_it():
+    # a helper called twice: the error's line is the helper's, which both
+    # calls share; only the note tells the second call (line 6) from the first
+    source = ("def dense(x, w):\n    return x @ w\n\n"
+              "def f(x, w1, w2):\n    h = dense(x, w1)\n    return sum(dense(h, w2))\n"
+              "def outer(x, w1, w2):\n    return f(x, w1, w2) * 2.0\n")
+    m = dsl.loads(source, "model.grad")
+    args = (np.ones((2, 3)), np.ones((3, 4)), np.ones((5, 1)))
+    for entry in (m.f, m.outer):  # the innermost call that holds it, at any depth
+        with pytest.raises(dsl.GradError) as info:
+            entry(*args)
+        err = info.value
+        assert (err.file, err.line, err.col) == ("model.grad", 2, 12)
+        assert str(err).splitlines()[-1] == "note: in dense(), called at model.grad:6:16"
+    with pytest.raises(dsl.GradError) as info:  # in the entry function's own text: no note
+        dsl.loads("def f(x, w):\n    return x @ w\n", "model.grad").f(*args[1:])
+    assert info.value.note is None
+
+
 def test_nesting_too_deep_in_an_imported_file_is_reported_in_that_file(tmp_path):
     # Reported at the importer's line with the most brackets (here 5).
     # (A chain `x + x + ...` nests on the left and compiles at any length.)

@@ -4,6 +4,8 @@ annotation when the function is compiled for a call, whichever way it is
 called; a correct one changes nothing."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -28,9 +30,12 @@ def error_of(source: str, name: str, *args) -> dsl.GradError:
     return info.value
 
 
-def assert_at_annotation(err: dsl.GradError, source: str, annotation: str, message: str):
+def assert_at_annotation(err: dsl.GradError, source: str, annotation: str, message: str,
+                         entry: str = ""):
     """`err` is `message`, at `annotation` (the first `-> annotation` of
-    `source`), with the line and a caret under the annotation."""
+    `source`), with the line and a caret under the annotation; and where
+    the annotated function is not `entry` (the one called from Python), a
+    note naming the call that reached it."""
     offset = source.index(f"-> {annotation}:") + 3
     line = source.count("\n", 0, offset) + 1
     col = offset - (source.rfind("\n", 0, offset) + 1) + 1
@@ -38,10 +43,18 @@ def assert_at_annotation(err: dsl.GradError, source: str, annotation: str, messa
     assert err.message == message
     rendered = str(err).splitlines()
     assert rendered[0] == f"{FILE}:{line}:{col}: error: {message}"
-    assert rendered[1:] == ["    " + source.splitlines()[line - 1],
-                            "    " + " " * (col - 1) + "^" * len(annotation)]
+    assert rendered[1:3] == ["    " + source.splitlines()[line - 1],
+                             "    " + " " * (col - 1) + "^" * len(annotation)]
+    annotated = re.findall(r"def (\w+)\(", source[:offset])[-1]
+    if entry and annotated != entry:
+        call = source.index(f"{annotated}(", offset)
+        at = f"{source.count(NEWLINE, 0, call) + 1}:{call - source.rfind(NEWLINE, 0, call)}"
+        assert rendered[3:] == [f"note: in {annotated}(), called at {FILE}:{at}"]
+    else:
+        assert rendered[3:] == []
 
 
+NEWLINE = "\n"
 X3 = np.array([0.5, -1.0, 2.0])
 X4 = np.array([0.5, -1.0, 2.0, 3.0])
 
@@ -90,7 +103,7 @@ MISMATCHES = [
 @pytest.mark.parametrize("source,name,args,annotation,message", MISMATCHES)
 def test_a_result_that_contradicts_its_annotation_is_an_error_there(
         source, name, args, annotation, message):
-    assert_at_annotation(error_of(source, name, *args), source, annotation, message)
+    assert_at_annotation(error_of(source, name, *args), source, annotation, message, name)
 
 
 def test_several_results_cannot_be_annotated():
