@@ -430,6 +430,18 @@ def test_an_error_in_an_imported_function_shows_that_files_line(tmp_path, main):
                                          f"note: in g(), called at {tmp_path / 'main.grad'}:4:12"]
 
 
+
+def test_a_function_may_call_an_imported_namesake(tmp_path):
+    # a call of lib.act inside act was refused as a recursive call of act()
+    (tmp_path / "lib.grad").write_text("def act(x):\n    return x * x\n"
+                                       "grad(dy):\n    return dy * 2.0 * x\n")
+    (tmp_path / "main.grad").write_text("import lib\n\ndef act(x):\n"
+                                        "    return sum(lib.act(x) * 3.0)\n")
+    m = dsl.load(tmp_path / "main.grad")
+    x = np.array([0.5, -1.0, 2.0])
+    assert m.act(x) == 3.0 * np.sum(x * x)
+    np.testing.assert_allclose(dsl.grad(m.act)(x), 6.0 * x, rtol=1e-15)
+
 def test_an_error_in_a_helper_of_the_same_file_names_the_call_that_reached_it():
     # a helper called twice: the error's line is the helper's, which both
     # calls share; only the note tells the second call (line 6) from the first
