@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import dsl
@@ -30,11 +30,14 @@ def load_error(source: str, file: str = "bad.grad") -> dsl.GradError:
 
 
 def assert_well_formed(err: dsl.GradError, source: str) -> None:
-    """FILE:LINE:COL header, a position inside the source, the line and a caret."""
+    """FILE:LINE:COL header, a position inside the source, the line and a
+    caret, then any notes (the call that reached a called function's line)."""
     lines = source.split("\n")
     assert 1 <= err.line <= len(lines), str(err)
     assert 1 <= err.col <= len(lines[err.line - 1]) + 1, str(err)
     rendered = str(err).splitlines()
+    while rendered[-1].startswith("note: "):
+        rendered.pop()
     assert rendered[0].startswith(f"{err.file}:{err.line}:{err.col}: error: "), str(err)
     assert rendered[-1].strip() and set(rendered[-1].strip()) <= {"^"}, str(err)
 
@@ -599,6 +602,7 @@ def _interpreted(f, args) -> tuple[np.ndarray, ...]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(source=mutated())
+@example(source=SEEDS[1].replace("g(x, y)", "g((x, y), y)"))  # an error in g(), then a note
 def test_a_mutated_program_is_right_or_a_clean_error(source):
     try:
         m = dsl.loads(source, "mutated.grad")
