@@ -29,6 +29,7 @@ from gradlang.compiler.source import lines_of, too_deep
 from gradlang.grammar import grammar_text
 from gradlang.runtime.args import KINDS, SUPPORTED
 from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.loader import cache_dir
 
 
@@ -108,11 +109,18 @@ _TERMINAL_NAMES = {
 }
 
 
+# One parse at a time: the parser's indenter keeps the state of the parse
+# under way (its indentation levels and open brackets), so two threads
+# parsing at once read each other's (a syntax error, an AssertionError).
+_PARSING = ChildSafeLock()
+
+
 def parse_with_lark(source: str, file: str = "<string>") -> ast.Module:
     """`parser.parse`, never from the store."""
     try:
         _check_indentation(source, file)
-        tree = _parser().parse(source + "\n")
+        with _PARSING:
+            tree = _parser().parse(source + "\n")
         return _ToAst(file, source).transform(tree)
     except GradError as err:
         raise err.with_source(source)

@@ -69,7 +69,7 @@ MAX_PROGRAM_SIZE = 100_000
 class Lowerer:
     def __init__(self, namespace: Namespace):
         self.namespace = namespace
-        self.call_stack: list[str] = []
+        self.call_stack: list[ast.FuncDef] = []  # (by identity: two files may share a name)
         self.call_spans: list[Span] = []  # where each call of call_stack is
         self.size = 0  # operations lowered so far: MAX_PROGRAM_SIZE
         self.arguments: dict[Var, str] = {}  # the entry parameters, by name
@@ -121,17 +121,17 @@ class Lowerer:
 
     def call(self, b: Builder, fdef: ast.FuncDef, ns: Namespace, positional: Sequence[Value],
              keywords: dict[str, Value], span: Span, caller_env: dict[str, Value]) -> list[Value]:
-        if fdef.name in self.call_stack:
+        if any(f is fdef for f in self.call_stack):
             raise GradError(f"recursive call to {fdef.name}() is not supported", span)
         if len(self.call_stack) >= MAX_CALL_DEPTH:
             raise GradError(f"calls are nested more than {MAX_CALL_DEPTH} deep here (from "
-                            f"{self.call_stack[0]}()); calls are inlined", span)
+                            f"{self.call_stack[0].name}()); calls are inlined", span)
         args = self.bind_args(fdef, positional, keywords, span)
         dims = self.check_annotations(fdef, args, span)
         inputs = dict(args)
         for w in param_reads(fdef, ns):
             inputs[w] = caller_env[w]
-        self.call_stack.append(fdef.name)
+        self.call_stack.append(fdef)
         self.call_spans.append(span)
         try:
             outs = self.call_body(b, fdef, ns, inputs, span)
@@ -401,7 +401,7 @@ class Lowerer:
         if self.size > MAX_PROGRAM_SIZE:
             # at the entry function's call that leads here (or in its own body)
             at = self.call_spans[1] if len(self.call_spans) > 1 else span
-            raise GradError(f"{self.call_stack[0]}() is too big to compile: with its calls "
+            raise GradError(f"{self.call_stack[0].name}() is too big to compile: with its calls "
                             f"inlined it has more than {MAX_PROGRAM_SIZE} operations (each "
                             "call is a copy of the function it calls, and a gradient about "
                             "three times its function)", at)

@@ -388,16 +388,17 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
     except GradError as err:
         consts = [s.name for s, (dtype, _) in zip(f.specs, args)
                   if s.const and dtype in ("i32", "i64", "bool")]
-        if consts and err.note is None:
-            err.note = (f"a const integer used as an axis or index needs its value "
-                        f"in the signature, e.g. {consts[0]} given as 1")
         any_sizes = {d.factors[0] for dtype, dims in args if dtype != "static" for d in dims
                      if isinstance(d, Sym) and _ANY_SIZE.fullmatch(d.factors[0])}
         # (an error of sizes that the ':'s left free: one naming two of them)
         named = set(re.findall(r"\w+", err.message)) & any_sizes
-        if len(named) > 1 and err.note is None:
-            err.note = ("each ':' in a signature is a size of its own, which need not equal "
-                        "any other; name the sizes that must agree, as in f(f64[n], f64[n])")
+        # (after the note naming the call that reached it, in a called function)
+        if consts:
+            err.add_note(f"a const integer used as an axis or index needs its value "
+                         f"in the signature, e.g. {consts[0]} given as 1")
+        elif len(named) > 1:
+            err.add_note("each ':' in a signature is a size of its own, which need not equal "
+                         "any other; name the sizes that must agree, as in f(f64[n], f64[n])")
         raise
 
 

@@ -579,7 +579,7 @@ def _with_sampling_note(err, f: Compiled):
                 f"({', '.join(guessed)}) as f64 arrays of size {MIN_SIZE}, all of rank 1, "
                 f"2 or 0, and none compiled: annotate them (`k: f64` for a scalar, "
                 f"`y: f64[2]`) to check it at the shapes it takes")
-        err.note = f"{err.note}\nnote: {note}" if err.note else note
+        err.add_note(note)
     return err
 
 

@@ -302,7 +302,7 @@ class _Plan:
             raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
                             f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "
                             "Dask arrays chunked the same go whole to every block)",
-                            err.span, err.source) from None
+                            err.span, err.source, err.note) from None
         self.split = split_rows(fn, n, f.span)
         block = self.split.block
         if self.split.elementwise:  # sizes symbolic along every axis: blocks of any shape

@@ -64,6 +64,11 @@ class GradError(Exception):
     def col(self) -> int:
         return self.span.col
 
+    def add_note(self, note: str) -> None:
+        """Another note, after the one it may carry (the call that
+        reached it, `compiler.lower`): each shows on a line of its own."""
+        self.note = f"{self.note}\nnote: {note}" if self.note else note
+
     def with_source(self, source: str) -> "GradError":
         """Attach the source text if the error does not carry it yet."""
         if self.source is None:

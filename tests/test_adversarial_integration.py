@@ -145,6 +145,17 @@ def test_a_signature_of_unrelated_sizes_that_must_agree_says_to_name_them(capsys
     assert main(argv + ["bar(f64[n], f64[n])"]) == 0
 
 
+def test_a_signature_hint_follows_the_note_of_a_called_function(tmp_path, capsys):
+    # the note naming the call into add() took the place of the hint
+    path = tmp_path / "helper.grad"
+    path.write_text("def add(a, b):\n    return a + b\n\ndef f(x, y):\n    return sum(add(x, y))\n")
+    assert main(["show", str(path), "--emit", "ir", "--sig", "f(f64[:], f64[:])"]) == 1
+    assert capsys.readouterr().err.splitlines()[3:] == [
+        f"note: in add(), called at {path}:5:16",
+        "note: each ':' in a signature is a size of its own, which need not equal any other; "
+        "name the sizes that must agree, as in f(f64[n], f64[n])"]
+
+
 def test_signatures_differing_only_in_fixed_sizes_each_keep_their_program(tmp_path,
                                                                             monkeypatch):
     # programs were picked by dtype and rank: the last of f(f64[3]) and

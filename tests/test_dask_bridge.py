@@ -312,6 +312,15 @@ def test_batch_arguments_must_have_the_same_rows():
         m_rows.f(da.from_array(Y, chunks=400), Y)
 
 
+def test_a_dask_message_keeps_the_note_naming_the_call_into_a_helper():
+    m = dsl.loads("def sub(x, y):\n    return x - y\n\ndef f(x, y):\n    return sub(x, y)\n",
+                  "rows.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(da.from_array(Y, chunks=400), Y)
+    assert "`batch` is the rows of 'x'" in info.value.message
+    assert info.value.note == "in sub(), called at rows.grad:5:12"
+
+
 def test_a_derived_function_is_named_once_in_a_dask_message():
     # "hvp(f)(): the Dask arguments ...": `f()` of a name already a call
     m = dsl.loads("def f(x, y):\n    return sum(x * y)\n")

@@ -1,4 +1,5 @@
 """The import hook, the kernel cache, and a warm second process."""
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -90,6 +91,23 @@ def test_the_shipped_parser_tables_are_the_grammars_and_are_used():
     source = (EXAMPLES / "dense.grad").read_text()
     fresh = lark.Lark(grammar_text(), **lark_parser._OPTIONS)
     assert lark_parser._parser().parse(source) == fresh.parse(source)
+
+
+def test_threads_parse_at_once():
+    # the one parser's indenter kept the parse under way: threads loading
+    # modules at once got syntax errors and AssertionErrors at random
+    from gradlang.compiler.parser import parse_with_lark
+
+    source = "".join(f"def f{i}(x, y):\n    if x > 0.0:\n        r = (x + y) * 2.0\n"
+                     f"    else:\n        r = x\n    return r\n\n" for i in range(20))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (threads switch often: the race every time)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            modules = list(pool.map(lambda _: parse_with_lark(source, "p.grad"), range(12)))
+    finally:
+        sys.setswitchinterval(interval)
+    assert all(len(m.funcs) == 20 for m in modules)
 
 
 def _double_into(x, out):
