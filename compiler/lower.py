@@ -966,8 +966,8 @@ def _finite(v) -> bool:
 def _in_text_of(module: ast.Module, fdef: ast.FuncDef, span: Span) -> bool:
     """Whether `span` is in fdef's text: from its decorators to the next
     function of its file.  (An error raised while a call is lowered may
-    be reported elsewhere: a program too big, at the function called
-    from Python.)"""
+    be reported elsewhere: a program too big, at the first call the entry
+    function makes.)"""
     start = min([fdef.span.line] + [d.span.line for d in fdef.decorators])
     end = min((f.span.line for f in module.funcs if f.span.line > fdef.span.line),
               default=float("inf"))
