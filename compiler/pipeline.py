@@ -46,7 +46,6 @@ import pickle
 import platform
 import sys
 from dataclasses import dataclass, fields
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import llvmlite
@@ -69,6 +68,7 @@ from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import INTEGRAL, number_dtype
 from gradlang.runtime.errors import GradError
+from gradlang.runtime.forking import cached_attribute
 from gradlang.runtime.loader import (
     compile_driver,
     load_kernel_modules,
@@ -363,7 +363,7 @@ class Program:
     optimized: Callable[[], Function]
     kernels: Any = None  # the namespace of the kernels the drivers launch (their `K`)
 
-    @cached_property
+    @cached_attribute
     def ir(self) -> Function:
         return self.optimized()
 

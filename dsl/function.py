@@ -28,7 +28,6 @@ and the sizes it needs: its programs, too, are per pattern of sizes).
 """
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -48,7 +47,7 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, chec
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
-from gradlang.runtime.forking import ChildSafeLock
+from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
@@ -459,7 +458,7 @@ class Compiled:
         except MemoryError as err:  # (one the driver could not foresee)
             raise leaving(out_of_memory(err), self)
 
-    @functools.cached_property
+    @cached_attribute
     def out_is_a_parameter(self) -> bool:
         """Whether the function has a parameter named `out`, which then
         takes only a positional argument (`out=` gives result buffers)."""

@@ -75,6 +75,7 @@ from gradlang.runtime.args import SUPPORTED
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, GradError, called
+from gradlang.runtime.forking import cached_attribute
 
 
 def to_jax(f: Compiled) -> "JaxFunction":
@@ -246,7 +247,7 @@ class Call:
         for k, buffer in zip(self.keep, buffers):
             np.copyto(np.asarray(buffer), self.f.target.to_host(results[k]), casting="unsafe")
 
-    @functools.cached_property
+    @cached_attribute
     def _in_place(self) -> Optional["InPlace"]:
         """The program of this call's signature as an `InPlace`, found once
         (a `Call` is one signature; what varies is the traced values).
@@ -258,7 +259,7 @@ class Call:
             return self.f.program(self.f.on_target(self.bound))
         return InPlace(self, self.f.retrying_by_value(self.bound, find))
 
-    @functools.cached_property
+    @cached_attribute
     def ffi_plan(self) -> Optional[Plan]:
         """The XLA FFI target that runs this call's kernels on XLA's
         buffers with no Python, and what it passes it (`dsl.jax_ffi`),

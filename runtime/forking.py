@@ -15,6 +15,13 @@ compiles therefore waits for that compile to end.  It is taken before
 registered it first), since a thread that compiles may free a pooled
 array, while one inside the pool never compiles.
 
+`cached_attribute` is `functools.cached_property` without its lock (as
+Python 3.12 has it): on 3.10 and 3.11 that lock is one per property, for
+every instance of the class, held while a value is worked out (a
+program's IR, a call's compiled program), so a child forked meanwhile
+waited for ever at its first use of the property on any instance.  Two
+threads may work one value out at once; both get the one stored first.
+
 Why: a forked child runs only the thread that forked, so a lock another
 thread held at the fork is never released there.  A `multiprocessing`
 worker or a PyTorch `DataLoader` worker forked while a thread of its parent
@@ -25,6 +32,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+
+from typing import Any, Callable
 
 from numba.core.compiler_lock import global_compiler_lock
 
@@ -48,6 +57,25 @@ class ChildSafeLock:
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
+
+
+class cached_attribute:
+    """A property worked out at its first use and stored on the instance
+    (module docstring)."""
+
+    def __init__(self, compute: Callable[[Any], Any]):
+        self.compute = compute
+        self.__doc__ = compute.__doc__
+        self.name = compute.__name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: "type | None" = None) -> Any:
+        if instance is None:
+            return self
+        # (stored in the instance's __dict__, which Python reads before this)
+        return instance.__dict__.setdefault(self.name, self.compute(instance))
 
 
 def _after_fork_in_child() -> None:

@@ -79,3 +79,42 @@ def test_a_child_forked_while_threads_compile_calls_the_same_function(monkeypatc
         compiler.join(60)
     np.testing.assert_array_equal(got, x * 3.25 + 0.125)
     np.testing.assert_array_equal(m.f(x), x * 3.25 + 0.125)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_child_forked_while_a_thread_works_out_a_programs_ir_reads_another(monkeypatch):
+    # functools.cached_property (3.10, 3.11) holds one lock per property for
+    # every instance while it works a value out: a child forked meanwhile
+    # waited for ever at its first `Program.ir`, of any program
+    m = dsl.loads("def f(x):\n    return x * 2.0\n\ndef g(x):\n    return exp(x) + 1.0\n")
+    x = np.linspace(0.0, 1.0, 3)
+    slow, other = (fn.program(fn.bind((x,), {})) for fn in (m.f, m.g))
+    inside, forked = threading.Event(), threading.Event()
+    optimized = slow.optimized
+
+    def optimized_slowly():
+        inside.set()
+        forked.wait(60)
+        return optimized()
+    monkeypatch.setattr(slow, "optimized", optimized_slowly)
+    for program in (slow, other):
+        program.__dict__.pop("ir", None)  # (worked out by the build: out again)
+    worker = threading.Thread(target=lambda: slow.ir)
+    worker.start()
+    assert inside.wait(60)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the other program's IR, then leave at once
+        try:
+            os.write(write, " ".join(e.op for e in other.ir.eqns).encode())
+        finally:
+            os._exit(0)
+    forked.set()
+    os.close(write)
+    try:
+        got = _wait_for_child(pid, read, seconds=10).decode()
+    finally:
+        os.close(read)
+        worker.join(60)
+    assert got == " ".join(e.op for e in other.ir.eqns) and "exp" in got
+    assert slow.ir.eqns[0].op == "mul"
