@@ -44,9 +44,6 @@ from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span
 
 
-# Calls are inlined by recursion, several Python frames per level; a
-# bound well inside Python's default stack turns a deeper chain into an
-# error at the call rather than a RecursionError.
 # True while compiling ahead of time (`dsl.aot`): a fixed region (`t[0:2]`,
 # `t[3]`) of an axis of symbolic size lowers, its driver checking that the
 # axis reaches it (`codegen.check_reaches`), since no program can be made
@@ -54,6 +51,9 @@ from gradlang.runtime.errors import GradError, Span
 # a shorter axis then gets NumPy's shorter slice, in a program of its own.
 REGIONS_OF_SYMBOLIC_AXES = contextvars.ContextVar("regions_of_symbolic_axes", default=False)
 
+# Calls are inlined by recursion, several Python frames per level; a
+# bound well inside Python's default stack turns a deeper chain into an
+# error at the call rather than a RecursionError.
 MAX_CALL_DEPTH = 64
 
 # Each call is a copy of the function called, so functions that each call

@@ -924,8 +924,8 @@ class _VjpEntry:
         # outputs of symbolic sizes: a pullback checks cotangents against its
         # call's, the output types made once per shapes of the outputs
         self.symbolic = any(not isinstance(d, int) for t in out_types for d in t.shape)
-        self._sized: dict[tuple, tuple[OutType, ...]] = {}
-        self._reading_none: dict[Optional[tuple], Pullback] = {}  # by output shapes
+        self._sized = Lru(FastPath.SIZE)  # output shapes -> their OutTypes
+        self._reading_none = Lru(FastPath.SIZE)  # output shapes -> a Pullback
 
     def pullback(self, f: Compiled, outs: Sequence, residuals: Optional[Sequence] = None,
                  host_results: bool = False) -> Pullback:
@@ -936,23 +936,16 @@ class _VjpEntry:
         if residuals is None and not host_results:
             made = self._reading_none.get(shapes)
             if made is None:
-                made = _kept(self._reading_none, shapes, self.pullback(f, outs, ()))
+                made = self._reading_none[shapes] = self.pullback(f, outs, ())
             return made
         out_types = self.out_types
         if shapes is not None:
-            out_types = self._sized.get(shapes) or _kept(self._sized, shapes, tuple(
-                OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types)))
+            out_types = self._sized.get(shapes)
+            if out_types is None:
+                out_types = self._sized[shapes] = tuple(
+                    OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types))
         return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
                         self.float_args, f.target, host_results)
-
-
-def _kept(cache: dict, key: Any, value: Any) -> Any:
-    """value, kept in cache under key (a cache of at most `FastPath.SIZE`
-    entries, emptied when full, as the fast path's: each a call's shapes)."""
-    if len(cache) >= FastPath.SIZE:
-        cache.clear()
-    cache[key] = value
-    return value
 
 
 VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)
@@ -965,10 +958,7 @@ def vjp_entry(f: Compiled, bound: dict[str, np.ndarray]) -> _VjpEntry:
     backward binds the sizes it needs from its residuals,
     `pipeline.carrying_sizes`), or per signature where f needs its sizes."""
     statics = f.static_names(bound)
-    cache = f.__dict__.get("_vjp_programs")
-    if cache is None:
-        cache = f.__dict__.setdefault("_vjp_programs", Lru(VJP_PROGRAMS))
-    return by_pattern(cache, bound, statics, f._lock,
+    return by_pattern(held_by(f, "_vjp_programs", VJP_PROGRAMS), bound, statics, f._lock,
                       lambda types: _split_entry(f, bound, statics, types))
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-
 from typing import Any, Callable
 
 from numba.core.compiler_lock import global_compiler_lock
