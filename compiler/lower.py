@@ -31,7 +31,7 @@ from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
                                         index_operand, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
-from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
+from gradlang.compiler.ir import (INTS, Atom, Eqn, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
@@ -133,24 +133,31 @@ class Lowerer:
             inputs[w] = caller_env[w]
         self.call_stack.append(fdef)
         self.call_spans.append(span)
+        # Which call in the entry function's file reached a place: the
+        # innermost whose function's text holds it, or that leads to
+        # another file (std's, an import's).  (None for the entry function
+        # itself, whose call is the user's.)
+        note = f"in {fdef.name}(), called at {span}"
+        names_places = len(self.call_stack) > 1 and span.file == self.call_spans[0].file
+
+        def reached(place: Span) -> bool:
+            return names_places and not place.via and \
+                (place.file != span.file or _in_text_of(ns.module, fdef, place))
+        first = len(b.eqns)
         try:
             outs = self.call_body(b, fdef, ns, inputs, span)
             check_results(fdef, outs, dims)
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
             raise too_deep(ns.module.source, ns.module.file) from None
         except GradError as err:
-            # which call in the entry function's file reached it: the
-            # innermost whose function's text holds it, or that leads to
-            # another file (std's, an import's).  (None for the entry
-            # function itself, whose call is the user's.)
-            if err.note is None and len(self.call_stack) > 1 and \
-                    span.file == self.call_spans[0].file and \
-                    (err.span.file != span.file or _in_text_of(ns.module, fdef, err.span)):
-                err.note = f"in {fdef.name}(), called at {span}"
+            if err.note is None and reached(err.span):
+                err.note = note
             raise
         finally:
             self.call_stack.pop()
             self.call_spans.pop()
+        if names_places:  # for the errors of later passes and of run time
+            b.eqns[first:] = [_noted(e, note, reached) for e in b.eqns[first:]]
         return outs
 
     def call_body(self, b: Builder, fdef: ast.FuncDef, ns: Namespace,
@@ -961,6 +968,26 @@ def _fold(op: str, x, y):
 
 def _finite(v) -> bool:
     return not isinstance(v, float) or math.isfinite(v)
+
+
+def _noted(eqn: Eqn, note: str, reached: Callable[[Span], bool]) -> Eqn:
+    """`eqn` with `note` as the `via` of its span, and of the spans in the
+    functions it holds (a loop's body, a grad block), where `reached`."""
+    params = tuple((key, _noted_function(v, note, reached) if isinstance(v, Function) else v)
+                   for key, v in eqn.params)
+    span = eqn.span
+    if span is not None and reached(span):
+        span = replace(span, via=note)
+    if span is eqn.span and all(new is old for (_, new), (_, old) in zip(params, eqn.params)):
+        return eqn
+    return Eqn(eqn.op, eqn.inputs, eqn.outputs, params, span)
+
+
+def _noted_function(fn: Function, note: str, reached: Callable[[Span], bool]) -> Function:
+    eqns = tuple(_noted(e, note, reached) for e in fn.eqns)
+    if all(new is old for new, old in zip(eqns, fn.eqns)):
+        return fn
+    return replace(fn, eqns=eqns)
 
 
 def _in_text_of(module: ast.Module, fdef: ast.FuncDef, span: Span) -> bool:

@@ -1,7 +1,6 @@
 """What the targets' helper modules share (drivers call them as `R`)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from typing import Optional, Union
@@ -13,21 +12,25 @@ from gradlang.runtime.errors import (AllocationError, ArgumentError, ArrayTooLar
                                      SizeMismatchError, SizeOverflowError, Span)
 
 # What a driver tells a runtime check about the source of what it checks:
-# (text naming it, (file, line, col, end_line, end_col) of its place) as
-# codegen writes it (repr'd), or the text alone (modules compiled before).
+# (text naming it, (file, line, col, end_line, end_col) of its place[, the
+# call that reached it: `Span.via`]) as codegen writes it (repr'd), or the
+# text alone (modules compiled before).
 Where = Union[str, tuple]
 
 
 def where_of(what: str, span: Optional[Span]) -> Where:
     """The `Where` of `what` at `span` (a plain literal: codegen repr()s it)."""
-    return what if span is None else (what, dataclasses.astuple(span))
+    if span is None:
+        return what
+    place = (span.file, span.line, span.col, span.end_line, span.end_col)
+    return (what, place, span.via) if span.via else (what, place)
 
 
 def placed(where: Where) -> tuple[str, Optional[Span]]:
     """`where`'s text and its place in the source (None if it has none)."""
     if isinstance(where, tuple):
-        what, at = where
-        return what, Span(*at)
+        what, at, *via = where
+        return what, Span(*at, *via)
     return where, None
 
 

@@ -15,7 +15,7 @@ and a derived one's name, already a call (`grad(f)`), as it is.
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def called(name: str) -> str:
@@ -33,6 +33,11 @@ class Span:
     col: int
     end_line: int = 0
     end_col: int = 0
+    # For a place in a function that another one called (inlined): the
+    # call that reached it, "in h(), called at f.grad:5:3" (`compiler.lower`),
+    # which an error raised there, at load or at run time, carries as its
+    # note.  Not part of the place: spans that differ only here are equal.
+    via: str = field(default="", compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
@@ -49,7 +54,7 @@ class GradError(Exception):
         self.message = message
         self.span = span or UNKNOWN_SPAN
         self.source = source
-        self.note = note
+        self.note = note if note is not None else (self.span.via or None)
         super().__init__(message)
 
     @property

@@ -464,6 +464,31 @@ def test_an_error_in_a_helper_of_the_same_file_names_the_call_that_reached_it():
     assert info.value.note is None
 
 
+def test_an_error_at_run_time_in_a_helper_names_the_call_that_reached_it():
+    # the same note as at load, for the checks a call makes of its values:
+    # an index out of range (at the helper's second call), a loop's range
+    # (in its body: a function the loop equation holds) and a max over an
+    # empty axis; and in the gradient, whose equations a later pass made
+    source = ("def pick(x, i: int):\n    return x[i]\n\n"
+              "def f(x, i: int, j: int):\n    return pick(x, i) + pick(x, j)\n\n"
+              "def steps(x, s: int):\n    for k in range(0, 4, s):\n        x = x * 2.0\n"
+              "    return x\n\n"
+              "def top(x):\n    return max(x, axis=1)\n\n"
+              "def g(x, s: int):\n    return sum(steps(x, s)) + sum(top(x))\n")
+    m = dsl.loads(source, "model.grad")
+    x = np.array([1.0, 2.0, 4.0])
+    assert m.f(x, 0, -1) == 5.0
+    cases = [((m.f, (x, 0, 3)), (2, 12), "pick(), called at model.grad:5:25"),
+             ((m.g, (x[None], 0)), (8, 5), "steps(), called at model.grad:16:16"),
+             ((m.g, (np.ones((2, 0)), 1)), (13, 12), "top(), called at model.grad:16:35")]
+    for (fn, args), place, note in cases:
+        for call in (fn, dsl.grad(fn)):
+            with pytest.raises(dsl.ArgumentError) as info:
+                call(*args)
+            assert (info.value.line, info.value.col) == place
+            assert str(info.value).splitlines()[-1] == f"note: in {note}"
+
+
 def test_nesting_too_deep_in_an_imported_file_is_reported_in_that_file(tmp_path):
     # Reported at the importer's line with the most brackets (here 5).
     # (A chain `x + x + ...` nests on the left and compiles at any length.)
