@@ -148,7 +148,10 @@ class Lowerer:
             outs = self.call_body(b, fdef, ns, inputs, span)
             check_results(fdef, outs, dims)
         except RecursionError:  # deep in fdef's own code: calls nest at most 64 deep
-            raise too_deep(ns.module.source, ns.module.file) from None
+            err = too_deep(ns.module.source, ns.module.file)
+            if reached(err.span):
+                err.note = note
+            raise err from None
         except GradError as err:
             if err.note is None and reached(err.span):
                 err.note = note

@@ -522,6 +522,7 @@ def test_nesting_too_deep_to_lower_is_reported_in_the_file_of_the_code(tmp_path)
     finally:
         sys.setrecursionlimit(limit)
     assert (info.value.file, info.value.line) == (str(tmp_path / "flat.grad"), 2)
+    assert info.value.note == f"in g(), called at {tmp_path / 'main.grad'}:5:12"
     np.testing.assert_allclose(m.f(X), 151 * X * X)  # with the usual limit, it lowers
 
 
