@@ -1125,11 +1125,14 @@ def indexing_cases(rows: int, width: int, lookups: int, values: int, segments: i
 
     gather = {"numpy": lambda: np.take(table, ids, axis=0),
               "dsl": lambda: R.take(table, ids, 0, "ids")}
+    # as a driver runs a gather's gradient: into zeros it made (`R.full`),
+    # which it owns and adds into in place, with no copy
     scatter = {"numpy": lambda: numpy_scatter(table, ids, lookup_rows),
-               "dsl": lambda: R.scatter_add(np.zeros_like(table), ids, lookup_rows, 0, "ids")}
+               "dsl": lambda: R.scatter_add(R.full(table.shape, 0, table.dtype), ids,
+                                            lookup_rows, 0, "ids", owned=True)}
     segment = {"numpy": lambda: numpy_scatter(d["segments"], seg_ids, seg_values),
-               "dsl": lambda: R.scatter_add(np.zeros(segments), seg_ids, seg_values, 0,
-                                            "segment_ids")}
+               "dsl": lambda: R.scatter_add(R.full((segments,), 0, np.float64), seg_ids,
+                                            seg_values, 0, "segment_ids", owned=True)}
     if jax_modules():
         jax, jnp = jax_modules()
         gather["jax"] = jax_call(jax.jit(lambda t, i: jnp.take(t, i, axis=0)), table, ids)
