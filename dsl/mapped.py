@@ -127,7 +127,7 @@ class VmapFunction(Stacked):
             bound = self.inner.bind(tuple(examples[i] for i in sorted(examples)), kwargs, params)
         except ArgumentError as err:  # said of an example: say so
             raise ArgumentError(f"{called(self.name)} maps axis 0, and for each example: "
-                                f"{err.message}", err.span) from None
+                                f"{err.message}", err.span, err.source, err.note) from None
         # an example f converted to another dtype (an hvp's v, as its x's): all of them
         return {n: cast(f"argument {self.label(n)} of {called(self.name)}", stacks[n],
                         SUPPORTED[np.dtype(a.dtype)], self.span) if n in stacks else a
