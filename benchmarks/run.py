@@ -99,10 +99,12 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
                 "gradient w.r.t. u and kappa (jax: jit(value_and_grad) of lax.fori_loop; "
                 "numpy: by hand, checkpoints every 31 steps); an RK4 fit of y' = (y1, -k y0 "
                 "- c y1) to 300 observations read as obs[i], value + gradient w.r.t. y0, k, c "
-                "(jax: jit(value_and_grad) of lax.scan; numpy: by hand, the adjoint)",
+                "(jax: jit(value_and_grad) of lax.scan; numpy: by hand, the adjoint); an RNN "
+                "h = tanh(h @ w + xs[i]), value + gradient w.r.t. xs, h, w (jax: lax.scan; "
+                "torch: a Python loop), its loops hot (compiled) and trip by trip",
                 # at 1e5 (the issue's size) the dsl's residuals take 800 MB
                 workloads.loop_cases(10**4 if quick else 10**5, 1000)
-                + workloads.fit_cases(300))
+                + workloads.fit_cases(300) + workloads.rnn_cases(1000, [16, 64]))
     if name == "forward":
         return ("forward mode: dsl.jvp of log1pexp (tangent of ones) against value_and_grad; "
                 "jvp(grad) against hvp (rev-over-rev); jacfwd",

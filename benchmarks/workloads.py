@@ -929,6 +929,76 @@ def loop_cases(size: int, steps: int, seed: int = 0) -> list[Case]:
                  numpy_loop(u, kappa, steps), dict(rtol=1e-9, atol=1e-12), notes)]
 
 
+# ------------------------------------------------------------ an RNN
+
+RNN_SOURCE = """
+def rnn(xs: f64[t, d], h: f64[d], w: f64[d, d]):
+    for i in range(xs.shape[0]):
+        h = tanh(h @ w + xs[i])
+    return sum(h)
+"""
+
+
+def numpy_rnn(xs, h, w):
+    """rnn's value and gradient w.r.t. xs, h and w by hand (backprop)."""
+    hs = [h]
+    for x in xs:
+        hs.append(np.tanh(hs[-1] @ w + x))
+    g, dw, dxs = np.ones_like(h), np.zeros_like(w), np.zeros_like(xs)
+    for i in reversed(range(len(xs))):
+        dxs[i] = g * (1 - hs[i + 1] ** 2)
+        dw += np.outer(hs[i], dxs[i])
+        g = dxs[i] @ w.T
+    return np.sum(hs[-1]), (dxs, g, dw)
+
+
+def rnn_cases(steps: int, sizes, seed: int = 0) -> list[Case]:
+    """An RNN's value and gradient: "dsl" once its loops are hot (run as
+    one compiled function each: `runtime.cpu.loop_is_hot`), "dsl, trips
+    from Python" with them kept in the driver (the first calls' way)."""
+    from gradlang.runtime import cpu
+    value_and_grad = dsl.value_and_grad(dsl.loads(RNN_SOURCE, "rnn.grad").rnn, wrt=(0, 1, 2))
+    rng = np.random.default_rng(seed)
+    cases = []
+
+    def with_threshold(trips: int, *args):
+        saved, cpu.LOOP_COMPILE_TRIPS = cpu.LOOP_COMPILE_TRIPS, trips
+        try:
+            return value_and_grad(*args)
+        finally:
+            cpu.LOOP_COMPILE_TRIPS = saved
+    for d in sizes:
+        xs, h, w = rng.normal(size=(steps, d)), rng.normal(size=d), rng.normal(size=(d, d)) / d
+        impls = {"numpy": lambda a=(xs, h, w): numpy_rnn(*a),
+                 "dsl": lambda a=(xs, h, w): with_threshold(0, *a),
+                 "dsl, trips from Python": lambda a=(xs, h, w): with_threshold(10**18, *a)}
+        if jax_modules():
+            jax, jnp = jax_modules()
+
+            def loss(xs, h, w):
+                h, _ = jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), h, xs)
+                return jnp.sum(h)
+            impls["jax"] = jax_call(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))),
+                                    xs, h, w)
+        if torch_module():
+            torch = torch_module()
+
+            def torch_rnn(xs, h, w):
+                xs, h, w = (torch.from_numpy(a).requires_grad_(True) for a in (xs, h, w))
+                state = h
+                for x in xs:
+                    state = torch.tanh(state @ w + x)
+                value = state.sum()
+                return value.detach().numpy(), tuple(
+                    g.numpy() for g in torch.autograd.grad(value, (xs, h, w)))
+            impls["torch"] = lambda a=(xs, h, w): torch_rnn(*a)
+        value, grads = numpy_rnn(xs, h, w)
+        cases.append(Case(f"rnn, {steps} steps of {d}, float64", impls,
+                          (np.asarray(value),) + grads, dict(rtol=1e-9, atol=1e-12),
+                          paired=("dsl", "dsl, trips from Python")))
+    return cases
+
+
 # ------------------------------------------------------------ fitting an ODE
 
 FIT_SOURCE = """

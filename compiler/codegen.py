@@ -41,7 +41,7 @@ from typing import Callable, Optional
 from gradlang.compiler.fusion import Loop, fuse
 from gradlang.compiler.rows import RowLoop
 from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
-from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, access_kind, prod
@@ -557,21 +557,31 @@ class _Driver:
         self.kernel_names: list[str] = []  # the top-level function's loops, in order
         self.signatures: dict[str, str] = {}  # each fused loop's kernel's (kernel_signature)
         self.n_bodies = 0
-
-    def function(self, fn: Function, top: bool = False) -> _Rendered:
-        target = self.target
         # id -> (the loop, its kernel): sharing renders a loop to compare,
         # and the steps then use it (holding the loop keeps its id its own)
-        rendered: dict[int, tuple[Loop, tuple]] = {}
+        self.rendered: dict[int, tuple[Loop, tuple]] = {}
+        self.bound: set[str] = set()  # the size symbols the function rendered now binds
 
-        def kernel_of(loop: "Loop | RowLoop") -> tuple:
-            if id(loop) not in rendered:
-                render = render_row_kernel if isinstance(loop, RowLoop) else render_kernel
-                rendered[id(loop)] = (loop, render(loop, target))
-                self.signatures.setdefault(rendered[id(loop)][1][0], kernel_signature(loop))
-            return rendered[id(loop)][1]
-        steps = share_kernels(fuse(scalar_loops(fn), reductions=target.fuses_reductions),
-                              lambda loop: None if self.in_driver(loop) else kernel_of(loop)[0])
+    def kernel_of(self, loop: "Loop | RowLoop") -> tuple:
+        """`render_kernel`'s (or `render_row_kernel`'s) answer for `loop`."""
+        if id(loop) not in self.rendered:
+            render = render_row_kernel if isinstance(loop, RowLoop) else render_kernel
+            self.rendered[id(loop)] = (loop, render(loop, self.target))
+            self.signatures.setdefault(self.rendered[id(loop)][1][0], kernel_signature(loop))
+        return self.rendered[id(loop)][1]
+
+    def steps(self, fn: Function) -> list:
+        """fn's steps: its loops fused, and run by shared kernels."""
+        return share_kernels(fuse(scalar_loops(fn), reductions=self.target.fuses_reductions),
+                             lambda loop: None if self.in_driver(loop) else self.kernel_of(loop)[0])
+
+    def function(self, fn: Function, top: bool = False, steps: Optional[list] = None,
+                 small_products: bool = False) -> _Rendered:
+        """`steps`: fn's (`steps`), when the caller made them; with
+        `small_products`, a product runs as `compiled_loop`'s do."""
+        target = self.target
+        kernel_of = self.kernel_of
+        steps = self.steps(fn) if steps is None else steps
         names: dict[Var, str] = {}
         fresh: set[Var] = set()  # driver values that own their memory
         lines: list[str] = []
@@ -587,6 +597,7 @@ class _Driver:
 
         params = [define(v) for v in fn.params]
         lines += bind_symbols(fn.params, names)
+        outer_bound, self.bound = self.bound, bound_by_arguments(fn.params)
         if top:
             lines += check_reaches(fn)
         prologue_at = len(lines)
@@ -681,7 +692,7 @@ class _Driver:
                 # reshape or slice is a reader): the zeros of a gradient.
                 owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
-                lines.append(_render_eqn(step, ref, define, owned))
+                lines.append(_render_eqn(step, ref, define, owned, small_products))
                 # A slice or transpose reads its input where it is (a view of
                 # it, or on a device a gather of its result alone): x[0] of a
                 # zero-stride x of 2**40 elements makes nothing that large.
@@ -706,6 +717,7 @@ class _Driver:
                 outs.append(f"R.copy({names[a]})")
                 into.append(f"R.into(out[{i}], {names[a]}, False)")
             handed_out.add(a)
+        self.bound = outer_bound
         comma = "," if len(outs) == 1 else ""
         if top:
             lines.append(f"if out is None: return ({', '.join(outs)}{comma})")
@@ -786,7 +798,10 @@ class _Driver:
         k = self.n_bodies
         self.n_bodies += 1
         bname, pre = f"body{k}", f"loop{k}_"
-        inner = self.function(body)
+        steps = self.steps(body)
+        compiled = compiled_loop(eqn, steps, self.target, self.kernel_of,
+                                 self.bound | ({_bound_symbol(p["trip"])} - {None}))
+        inner = self.function(body, steps=steps, small_products=compiled is not None)
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
@@ -800,19 +815,207 @@ class _Driver:
             lines.append(f"{name} = R.empty(({trips},) + {shape}, "
                          f"{numpy_spelling(v.type.dtype)})")
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
-        lines.append(f"for {pre}t in {order}:")
+        trip_lines = [f"for {pre}t in {order}:"]
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
         args += [ref(a) for a in invariants_in]
         args += [f"R.stack_read({ref(a)}, {pre}t)" for a in stacked]
         y_now = [f"{pre}y{j}" for j in range(len(ys))]
         targets_ = carried + y_now
-        lines.append(f"    {', '.join(targets_)}{',' if len(targets_) == 1 else ''} = "
-                     f"{bname}({', '.join(args)})")
+        trip_lines.append(f"    {', '.join(targets_)}{',' if len(targets_) == 1 else ''} = "
+                          f"{bname}({', '.join(args)})")
         for stack, y in zip(ys, y_now):
-            lines.append(f"    R.stack_write({stack}, {pre}t, {y})")
+            trip_lines.append(f"    R.stack_write({stack}, {pre}t, {y})")
+        if compiled is None:
+            lines += trip_lines
+        else:
+            kname, self.kernels[kname], products, passed = compiled
+            small = "".join(f" and R.small_product({', '.join(map(render, dims))})"
+                            for dims in products)
+            given = [f"R.flat({c})" for c in carried + [ref(a) for a in invariants_in]]
+            given += [f"R.stack_rows({c})" for c in [ref(a) for a in stacked] + ys]
+            given += [size_variable(f) for f in passed]
+            lines.append(f"if R.loop_is_hot(H, {k}, {trips}){small}:")
+            results = f"{', '.join(carried)}, = " if carried else ""
+            lines.append(f"    {results}K.{kname}("
+                         f"{', '.join([trips, f'{pre}start', f'{pre}step'] + given)})")
+            lines += [f"    {c} = R.reshape({c}, {render_shape(a.type.shape)})"
+                      for c, a in zip(carried, carried_in) if a.type.rank != 1]
+            lines.append("else:")
+            lines += ["    " + line for line in trip_lines]
         for name, v in zip(carried, eqn.outputs[:n_carry]):
             lines.append(f"{define(v)} = {name}")
         return lines
+
+
+class _NoCompiledForm(Exception):
+    """A loop's body holds a step `compiled_loop` has no form for."""
+
+
+def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
+                  bound: set[str]) -> Optional[tuple[str, str, list[tuple], list[str]]]:
+    """A `loop` whose body (as `steps`, the driver's) runs in the driver,
+    as one function the target compiles (`Target.render_function`): its
+    name, its module's source (the kernels of the body's fused loops, then
+    the function), the (rows, inner, columns) of each product in the
+    body, which the driver checks are small (`R.small_product`) before it
+    calls the function, and the size symbols the driver passes it.  None
+    if the target compiles no such function, or the body holds a step it
+    has no form for: a row loop, a nested loop, any op but the fused
+    loops' (sums included) and `reshape`, `full`, a 2-d `transpose` and a
+    2-d float `matmul`, or a size the driver has not bound (`bound`) nor a
+    flat argument gives.
+
+    Its arguments: trips, start, step, the carried values (copied first,
+    then replaced each trip), the invariants, the stacked inputs and the
+    stacked results (filled), each flat (a stack as (trips, elements)),
+    then those sizes; it returns the carried values, flat.  The body's values are flat
+    C-order arrays too, so a reshape is no step; the fused loops' kernels
+    are the driver's, the products `cpu_math.matrix_product`, which the
+    driver's trips call too (`R.loop_matmul`): the same bits either way."""
+    if target.render_function("f", [], []) is None:
+        return None
+    p = eqn.p
+    body, n_carry = p["body"], p["n_carry"]
+    (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
+    names: dict[Var, str] = {}
+    sizes: set[str] = set()  # the symbols the function binds
+    lines: list[str] = []
+    kernels: dict[str, str] = {}
+    products: list[tuple] = []
+    fresh: set[Var] = set()  # arrays a step made (not a parameter's)
+
+    def bind(value: str, t: TensorType) -> None:
+        # a flat argument: only a 1-d one's size is its axis's
+        symbol = _bound_symbol(t.shape[0]) if t.rank == 1 else None
+        if symbol is not None and symbol not in sizes:
+            sizes.add(symbol)
+            lines.append(f"{size_variable(symbol)} = {value}")
+
+    def dim(d: Dim) -> str:
+        if isinstance(d, Sym) and not set(d.factors) <= sizes:
+            raise _NoCompiledForm
+        # a size as i64 even where fixed: a literal would have each helper
+        # compile once more, specialized to it
+        return render(d) if isinstance(d, Sym) else f"i64({d})"
+
+    def ref(a: Atom) -> str:
+        if isinstance(a, Lit):
+            raise _NoCompiledForm  # (the lowering makes none an operand of these steps)
+        return names[a]
+
+    args = ["trips", "start", "step"]
+    passed = sorted({f for v in body.params for d in v.type.shape if isinstance(d, Sym)
+                     for f in d.factors} & bound)
+    sizes.update(passed)
+    for group, letter in ((carry, "c"), (invariants, "v")):
+        for j, v in enumerate(group):
+            names[v] = f"{letter}{j}"
+            args.append(names[v])
+            bind(f"{names[v]}.shape[0]", v.type)
+    for j, v in enumerate(slices):
+        args.append(f"s{j}")
+        bind(f"s{j}.shape[1]", v.type)
+    n_ys = len(body.outputs) - n_carry
+    args += [f"y{j}" for j in range(n_ys)] + [size_variable(f) for f in passed]
+    lines += [f"c{j} = c{j}.copy()" for j in range(n_carry)]
+    trip = [f"t = {'trips - 1 - tt' if p['reverse'] else 'tt'}"]
+    if any(index in e.inputs for e in body.eqns) or index in body.outputs:
+        names[index] = "ix"
+        trip += ["ix = np.empty(1, np.int64)", "ix[0] = start + t * step"]
+    trip += [f"x{j} = s{j}[t]" for j in range(len(slices))]
+    names.update((v, f"x{j}") for j, v in enumerate(slices))
+    # a step reading only invariants (a weight's transpose) runs once, first
+    invariant = set(invariants)
+    hoisted: list[str] = []
+    try:
+        for step in steps:
+            step_lines = _compiled_step(step, target, kernel_of, kernels, products, ref, dim,
+                                        names, fresh)
+            reads = ([_value(step, v) for v in step.inputs] if isinstance(step, Loop)
+                     else list(step.inputs))
+            if all(v in invariant for v in reads if isinstance(v, Var)):
+                hoisted += step_lines
+                invariant.update(step.outputs)
+            else:
+                trip += step_lines
+        if not all(set(d.factors) <= bound for dims in products for d in dims
+                   if isinstance(d, Sym)):
+            raise _NoCompiledForm
+        new = [f"{ref(a)}" if a in fresh else f"{ref(a)}.copy()"
+               for a in body.outputs[:n_carry]]
+        for j, a in enumerate(body.outputs[n_carry:]):
+            trip += [f"for e in range({dim(prod(a.type.shape))}):",
+                     f"    y{j}[t, e] = {ref(a)}[e]"]
+    except _NoCompiledForm:
+        return None
+    if n_carry:
+        trip.append(f"{', '.join(f'c{j}' for j in range(n_carry))}, = {', '.join(new)},")
+    lines += hoisted + ["for tt in range(trips):"] + ["    " + line for line in trip]
+    lines.append(f"return ({''.join(f'c{j}, ' for j in range(n_carry))})")
+    kernel_text = "".join(kernels.values())
+    name = "l_" + hashlib.sha256((kernel_text + target.render_function("f", args, lines))
+                                 .encode()).hexdigest()[:16]
+    source = "\n\n".join(list(kernels.values()) + [target.render_function(name, args, lines)])
+    return name, source, products, passed
+
+
+def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str, str],
+                   products: list, ref, dim, names: dict[Var, str],
+                   fresh: set[Var]) -> list[str]:
+    """`compiled_loop`'s lines for one step of the body."""
+    def define(v: Var) -> str:
+        names[v] = f"w{len(names)}"
+        fresh.add(v)
+        return names[v]
+
+    def elements(v: Var) -> str:
+        return dim(prod(v.type.shape))
+
+    if isinstance(step, RowLoop):
+        raise _NoCompiledForm
+    if isinstance(step, Loop):
+        kname, source, kinds = kernel_of(step)
+        kernels[kname] = source
+        lines, call = [], []
+        reduced = [o for r in step.reductions for o in r.outputs]
+        for kind, v in kinds:
+            v = _value(step, v)
+            if kind == "in":
+                call.append(ref(v))
+            elif kind == "out":
+                call.append(define(v))
+                length = elements(v) if v in reduced else dim(prod(step.shape))
+                lines.append(f"{names[v]} = np.empty({length}, {numpy_spelling(v.type.dtype)})")
+            else:
+                aux = access_aux(v.type.shape, step.shape)
+                call.append(dim(aux) if not isinstance(aux, tuple) else
+                            f"({', '.join(dim(d) for d in aux)},)")
+        size = dim(prod(step.shape))
+        if reduced:  # the kernel the driver's launch picks, serially: its bits
+            return lines + target.reduce_in_function(kname, size, elements(reduced[0]), call,
+                                                     work_per_element(step))
+        return lines + [f"{kname}_serial({', '.join([size] + call)})"]
+    op, p, x = step.op, step.p, [ref(a) for a in step.inputs]
+    if op == "reshape":  # flat already: the same array
+        names[step.out] = x[0]
+        if step.inputs[0] in fresh:
+            fresh.add(step.out)
+        return []
+    if op == "transpose" and step.inputs[0].type.rank == 2:
+        rows, columns = step.inputs[0].type.shape
+        return [f"{define(step.out)} = math.matrix_transpose({x[0]}, {dim(rows)}, "
+                f"{dim(columns)})"]
+    if op == "full":
+        out = define(step.out)
+        return [f"{out} = np.empty({elements(step.out)}, {numpy_spelling(p['dtype'])})",
+                f"for e in range({elements(step.out)}):", f"    {out}[e] = {p['value']!r}"]
+    if op == "matmul" and all(a.type.rank == 2 and a.type.dtype in FLOATS
+                              for a in step.inputs):
+        (rows, inner), columns = step.inputs[0].type.shape, step.inputs[1].type.shape[1]
+        products.append((rows, inner, columns))
+        return [f"{define(step.out)} = math.matrix_product({x[0]}, {x[1]}, {dim(rows)}, "
+                f"{dim(inner)}, {dim(columns)})"]
+    raise _NoCompiledForm
 
 
 def _value(step, v: Atom) -> Atom:
@@ -1011,8 +1214,10 @@ def render_shape(shape) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
-    """A non-loop step: a call into the target's helper module `R`."""
+def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,
+                small_products: bool = False) -> str:
+    """A non-loop step: a call into the target's helper module `R`
+    (a product by `R.loop_matmul` with `small_products`)."""
     x = [ref(a) for a in eqn.inputs]
     p = eqn.p
     out = define(eqn.outputs[0])
@@ -1033,7 +1238,7 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False) -> str:
         return (f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r}, {where!r}, "
                 f"{p.get('empty')!r})")
     if op == "matmul":
-        return f"{out} = R.matmul({x[0]}, {x[1]})"
+        return f"{out} = R.{'loop_matmul' if small_products else 'matmul'}({x[0]}, {x[1]})"
     if op == "reshape":
         return f"{out} = R.reshape({x[0]}, {render_shape(p['shape'])})"
     if op == "transpose":

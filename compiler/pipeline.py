@@ -394,7 +394,8 @@ def _load(generated: Generated, drivers: tuple, types: tuple,
     if os.environ.get("GRADC_PRINT_SOURCE", "") not in ("", "0"):
         print(generated.kernel_source, generated.driver_source, sep="\n", file=sys.stderr)
     kernels = load_kernel_modules(generated.kernel_modules)
-    run, run_contiguous = (make_driver(d, kernels, target.helpers) for d in drivers)
+    trips: dict = {}  # (both drivers run the program's loops)
+    run, run_contiguous = (make_driver(d, kernels, target.helpers, trips) for d in drivers)
     return Program(generated, run, run_contiguous, *types, optimized, kernels)
 
 

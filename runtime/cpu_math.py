@@ -62,7 +62,7 @@ from numba.core.imputils import lower_builtin
 from numba.extending import intrinsic, type_callable
 
 from gradlang.runtime.branch_free import branch_free, kernel_function
-from gradlang.runtime.loader import before_cached_loads
+from gradlang.runtime.loader import before_cached_loads, jit_in_kernel_cache
 
 
 def __getattr__(name: str):
@@ -1311,3 +1311,38 @@ def _greater(a, b):
 
 kernel_function(greatest, lambda a, b: ((_float_greatest if isinstance(a, types.Float)
                                          and a == b else _greater), (a, b)))
+
+
+# ------------------------------------------------------------ products
+# For a loop's body that may run as one compiled function (`codegen`),
+# on flat C-order arrays (a reshape is then no step at all: Numba's
+# reshape and transpose, with their checks' messages, took seconds to
+# compile).
+
+
+@jit_in_kernel_cache()
+def matrix_product(a, b, n, k, m):
+    """The flat n x m product of a (n x k) and b (k x m), each element's
+    terms added from 0 in the order of k, in their dtype: the same bits
+    whether the driver runs the loop's trips (from Python) or a compiled
+    loop does (BLAS, which a kernel cannot call, orders and fuses its
+    terms its own way)."""
+    out = np.empty(n * m, a.dtype)
+    for i in range(n):
+        for j in range(m):
+            out[i * m + j] = 0
+        for kk in range(k):
+            aik = a[i * k + kk]
+            for j in range(m):
+                out[i * m + j] += aik * b[kk * m + j]
+    return out
+
+
+@jit_in_kernel_cache()
+def matrix_transpose(x, rows, columns):
+    """The flat transpose of a flat rows x columns matrix."""
+    out = np.empty(rows * columns, x.dtype)
+    for i in range(rows):
+        for j in range(columns):
+            out[j * rows + i] = x[i * columns + j]
+    return out

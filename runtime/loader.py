@@ -588,9 +588,13 @@ def compile_driver(driver_source: str) -> CodeType:
 
 
 def make_driver(driver: "str | CodeType", kernels: "ModuleType | SimpleNamespace",
-                helpers: ModuleType) -> Callable:
-    """The driver's `run`, given its source or `compile_driver`'s code."""
-    namespace = {"np": np, "K": kernels, "R": helpers, "inf": np.inf, "nan": np.nan}
+                helpers: ModuleType, trips: Optional[dict] = None) -> Callable:
+    """The driver's `run`, given its source or `compile_driver`'s code.
+    `trips`: how many trips each of the program's loops has run through
+    its drivers (`cpu.loop_is_hot`), one count for all of them (a fresh one
+    where not given)."""
+    namespace = {"np": np, "K": kernels, "R": helpers, "inf": np.inf, "nan": np.nan,
+                 "H": {} if trips is None else trips}
     exec(compile_driver(driver) if isinstance(driver, str) else driver, namespace)
     return namespace["run"]
 

@@ -82,6 +82,19 @@ class Target:
     exact_float_remainder = True
 
     # -- codegen: kernels and how a driver launches them
+    def render_function(self, name: str, args: list[str], lines: list[str]) -> Optional[str]:
+        """A compiled function `name(*args)` running `lines` once (a loop
+        the driver would run trip by trip: `codegen`), which may call the
+        kernels of its module by name, serially (`kname_serial`); None
+        where the target compiles no such function (a driver runs it)."""
+        return None
+
+    def reduce_in_function(self, kname: str, size: str, rows: str, args: list[str],
+                           cost: int) -> list[str]:
+        """Lines of a `render_function` function running `launch_reducing`'s
+        kernel with the same bits, serially."""
+        raise NotImplementedError
+
     def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],
                     row: Sequence[str] = (), inner: Optional[str] = None) -> str:
         """Kernel `kname(n, *args)`: `pre` once, then `body` for each

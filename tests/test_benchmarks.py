@@ -29,6 +29,7 @@ WORKLOADS = {
     "out": lambda: workloads.out_cases([7], [np.float32, np.float64]),
     "loop": lambda: workloads.loop_cases(7, 5),
     "fit": lambda: workloads.fit_cases(4),
+    "rnn": lambda: workloads.rnn_cases(4, [3]),
     "forward": lambda: workloads.forward_cases([20], jacobian_size=5),
     "indexing": lambda: workloads.indexing_cases(10, 3, 12, 30, 4),
     "to_torch": lambda: workloads.torch_bridge_cases([5]),

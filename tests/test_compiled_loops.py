@@ -1,0 +1,122 @@
+"""A loop the driver runs trip by trip (its body holds a product) runs as
+one compiled function once it is hot (`runtime.cpu.loop_is_hot`): the
+same bits as the driver's trips, products small enough for it only."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from gradlang.runtime import cpu
+from helpers import central_difference
+
+RNN = ("def rnn(xs: f64[t, d], h: f64[d], w: f64[d, d]):\n"
+       "    for i in range(xs.shape[0]):\n"
+       "        h = tanh(h @ w + xs[i])\n"
+       "    return sum(h)\n")
+# a 0-d carried value, a carried matrix (whose sizes no 1-d value gives),
+# the loop's index read, a weight's transpose (an invariant step) and a
+# `full`; its gradient's loop stacks the cotangents of xs
+SCAN = ("def scan(xs, w):\n"
+        "    acc = 0.0\n"
+        "    v = w[0] * 0.0 + 1.0\n"
+        "    m = w * 0.5\n"
+        "    for i in range(xs.shape[0]):\n"
+        "        v = tanh(v @ transpose(w) + xs[i] * i)\n"
+        "        m = tanh(m @ w)\n"
+        "        acc = acc + sum(v * v) * 0.5\n"
+        "    return acc + sum(m)\n")
+
+
+@pytest.fixture
+def compile_from(monkeypatch):
+    """Set the trips after which a loop runs compiled."""
+    return lambda trips: monkeypatch.setattr(cpu, "LOOP_COMPILE_TRIPS", trips)
+
+
+@pytest.fixture
+def driver_trips(monkeypatch):
+    """How many trips drivers ran since the last read (each stacks a value
+    through `R.stack_write`; a compiled loop fills its stacks itself)."""
+    count = [0]
+    write = cpu.stack_write
+
+    def counted(ys, t, y):
+        count[0] += 1
+        write(ys, t, y)
+    monkeypatch.setattr(cpu, "stack_write", counted)
+
+    def read() -> int:
+        trips, count[0] = count[0], 0
+        return trips
+    return read
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_hot_loop_gives_the_driver_trips_bits_and_the_gradient(compile_from, driver_trips,
+                                                                 dtype):
+    m = dsl.loads(RNN.replace("f64", "f32" if dtype == np.float32 else "f64"), "rnn.grad")
+    rng = np.random.default_rng(0)
+    xs, h, w = (rng.normal(size=s).astype(dtype) for s in ((7, 5), (5,), (5, 5)))
+    value_and_grad = dsl.value_and_grad(m.rnn, wrt=(0, 1, 2))
+    compile_from(2 * len(xs))  # two calls in the driver, then compiled
+    calls = [value_and_grad(xs, h, w) for _ in range(2)]
+    assert driver_trips() == 2 * 2 * len(xs)  # each call's forward and backward loop
+    calls += [value_and_grad(xs, h, w) for _ in range(2)]
+    assert driver_trips() == 0
+    for value, grads in calls[1:]:
+        assert value.tobytes() == calls[0][0].tobytes()
+        assert all(g.tobytes() == g0.tobytes() for g, g0 in zip(grads, calls[0][1]))
+    if dtype == np.float64:
+        for k, g in enumerate(calls[-1][1]):
+            args = [xs, h, w]
+            np.testing.assert_allclose(g, central_difference(m.rnn, args, k),
+                                       rtol=1e-7, atol=1e-9)
+
+
+@settings(max_examples=6, deadline=None)
+@given(trips=st.integers(0, 6), seed=st.integers(0, 2**16))
+def test_a_compiled_loop_with_a_scalar_and_the_index_is_the_driver_s(trips, seed):
+    m = dsl.loads(SCAN, "scan.grad")
+    rng = np.random.default_rng(seed)
+    xs, w = rng.normal(size=(trips, 3)), rng.normal(size=(3, 3))
+    grad = dsl.value_and_grad(m.scan, wrt=(0, 1))
+    saved, write, stacked = cpu.LOOP_COMPILE_TRIPS, cpu.stack_write, []
+    try:  # (hypothesis takes no function-scoped fixture)
+        cpu.stack_write = lambda ys, t, y: (stacked.append(t), write(ys, t, y))
+        cpu.LOOP_COMPILE_TRIPS = 10**12
+        driver = grad(xs, w)
+        in_driver = len(stacked)  # a loop's trips stack values
+        assert in_driver >= 2 * trips
+        cpu.LOOP_COMPILE_TRIPS = 0
+        compiled = grad(xs, w)
+        assert len(stacked) == in_driver  # no more: both loops ran compiled
+    finally:
+        cpu.LOOP_COMPILE_TRIPS, cpu.stack_write = saved, write
+    assert compiled[0].tobytes() == driver[0].tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(compiled[1], driver[1]))
+    v, acc, mat = np.ones(3), 0.0, w * 0.5  # and a reference: the loop in NumPy
+    for i in range(trips):
+        v = np.tanh(v @ w.T + xs[i] * i)
+        mat = np.tanh(mat @ w)
+        acc = acc + np.sum(v * v) * 0.5
+    np.testing.assert_allclose(compiled[0], acc + np.sum(mat), rtol=1e-13)
+
+
+def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, driver_trips):
+    m = dsl.loads(RNN, "rnn.grad")
+    rng = np.random.default_rng(1)
+    d = int(np.sqrt(cpu.SMALL_PRODUCT)) + 1  # a d-vector times a d x d matrix: too large
+    xs, h, w = rng.normal(size=(3, d)), rng.normal(size=d), rng.normal(size=(d, d)) / d
+    compile_from(0)
+    dxs, dw = dsl.grad(m.rnn, wrt=(0, 2))(xs, h, w)
+    assert driver_trips() == 2 * len(xs)  # (both loops stack: h, and the cotangents of xs)
+    hs = [h]  # the gradient by hand
+    for x in xs:
+        hs.append(np.tanh(hs[-1] @ w + x))
+    g, want_dw, want_dxs = np.ones(d), np.zeros((d, d)), np.zeros_like(xs)
+    for i in reversed(range(len(xs))):
+        want_dxs[i] = g * (1 - hs[i + 1] ** 2)
+        want_dw += np.outer(hs[i], want_dxs[i])
+        g = want_dxs[i] @ w.T
+    np.testing.assert_allclose(dxs, want_dxs, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-12, atol=1e-15)
