@@ -209,7 +209,10 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         got = SUPPORTED.get(np.dtype(array.dtype), str(array.dtype))
         raise ArgumentError(f"{where} has dtype {got}; its primal has dtype "
                             f"{SUPPORTED[dtype]}", f.span)
-    return array
+    # a tape's result stays itself, as binding keeps an argument that is one
+    # (`runtime.args`): the tape tracking it records the jvp, and one NumPy
+    # derived is refused there; a plain copy would be a silent constant
+    return t if getattr(t, "bind_as_is", False) else array
 
 
 def _host_like(a: Any) -> np.ndarray:
@@ -423,9 +426,14 @@ class Jacobian(AsFunction):
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
         bound = self.f.bind(args, kwargs)
+        if recording_tapes(bound.values()):
+            # assembled on the host, from blocks of columns, it would be NumPy
+            # work on the tape's results, which the tape refuses to follow: as
+            # one program, the call is recorded (and differentiated) whole
+            return self.as_function()(*args, **kwargs)
         for name, value in bound.items():  # (refused as named here, not by a stacked program)
             if is_device_array(value):
-                self.f.accepted(value, f"argument {name!r} of {called(self.name)}")
+                self.f.accepted(value, f"argument {self.f.label(name)} of {called(self.name)}")
         jacobians = self.call_bound(bound)
         if not kwargs and not self.batched:
             self._remember(args, bound)

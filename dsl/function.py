@@ -484,7 +484,7 @@ class Compiled:
         argument stays on the host: its value picks the program."""
         statics = self.static_names(bound)
         return {n: a if n in statics
-                else self.accepted(a, f"argument {n!r} of {called(self.name)}")
+                else self.accepted(a, f"argument {self.label(n)} of {called(self.name)}")
                 for n, a in bound.items()}
 
     def accepted(self, value: Any, what: str) -> Any:
@@ -1460,10 +1460,22 @@ class HvpFunction(Directional):
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]
+        dtype = SUPPORTED[np.dtype(x.dtype)]
         if not is_device_array(v):
             where = f"v of {self.name}"
-            v = cast(where, numeric_array(where, v, self.span), SUPPORTED[np.dtype(x.dtype)],
-                     self.span)
+            converted = cast(where, numeric_array(where, v, self.span), dtype, self.span)
+            # a tape's result stays itself (in its own dtype, which the program
+            # takes as it takes a device array's), as binding keeps an argument
+            # that is one: the tape tracking it records the call (a converted
+            # copy would be a silent constant)
+            v = v if getattr(v, "bind_as_is", False) else converted
+        elif SUPPORTED.get(np.dtype(v.dtype)) != dtype:
+            # (taken as it is, without a copy: it could not be checked against
+            # wrt's dtype as a host v is)
+            raise ArgumentError(f"{self.name}: v is a device array of dtype "
+                                f"{SUPPORTED.get(np.dtype(v.dtype), v.dtype)}, but {self.wrt!r} "
+                                f"has dtype {dtype}: convert it first (device arrays are "
+                                "taken as they are)", self.span)
         if v.shape != x.shape:
             raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
                                 f"has shape {list(x.shape)}", self.span)

@@ -239,7 +239,10 @@ class MappedJacobian(AsFunction):
     @user_facing
     def __call__(self, *args, **kwargs):
         refuse_out(self.name, kwargs, self.f.span)
-        return self.call_bound(self.f.bind(args, kwargs))
+        bound = self.f.bind(args, kwargs)
+        if recording_tapes(bound.values()):  # (one program, as `Jacobian.__call__` says)
+            return self.as_function()(*args, **kwargs)
+        return self.call_bound(bound)
 
     def as_function(self) -> "VmapFunction":
         """These Jacobians as a function of their own, for a transform to

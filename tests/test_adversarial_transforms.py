@@ -1,0 +1,74 @@
+"""Adversarial uses of the transforms (jvp, hvp, the Jacobians, vmap) that
+once gave wrong values or misleading errors: under a `dsl.Tape`, and with
+device arrays on the CUDA target.  Values are checked against closed forms."""
+import numpy as np
+import pytest
+
+import dsl
+
+# f(x) = sum(x^3): grad 3x^2, Hessian diag(6x); g(a, b) = a * b * b
+M = dsl.loads("def f(x):\n    return sum(x * x * x)\n\n"
+              "def g(a, b):\n    return a * b * b\n", "<transforms>")
+X = np.array([0.5, -1.0, 2.0])
+Y = np.array([1.0, 2.0, 3.0])
+
+
+def test_a_tangent_or_v_from_a_recorded_call_is_recorded_with_it():
+    # jvp's tangents and hvp's v were bound as plain copies: a tape's result
+    # among them dropped out of the gradient (zero, or the primal's half)
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(X)
+        z = M.f(X)                                  # sum(x^3), a 0-d result
+        _, t_only = dsl.jvp(M.g, (2.0, 2.0), (z, None))      # 4 z
+        _, t_both = dsl.jvp(M.g, (2.0, z), (None, z))        # 2 a b tb = 4 z^2
+        hv = dsl.hvp(M.f)(Y, M.g(X, 1.0))          # 6 y x
+    np.testing.assert_allclose(tape.gradient(t_only, X), 12 * X ** 2, rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(t_both, X), 8 * M.f(X) * 3 * X ** 2, rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(hv, X), 6 * Y, rtol=1e-14)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "hvp"])
+def test_a_tangent_or_v_numpy_computed_from_a_recorded_call_is_a_tape_error(transform):
+    # it was a silent constant: the tape's gradient missed that path
+    with dsl.Tape() as tape:
+        tape.watch(X)
+        derived = M.g(X, 1.0) * 2
+        with pytest.raises(dsl.GradError, match="computed with NumPy from arrays this tape"):
+            if transform == "jvp":
+                dsl.jvp(M.f, (Y,), (derived,))
+            else:
+                dsl.hvp(M.f)(Y, derived)
+
+
+def test_jacobians_under_a_tape_are_recorded_as_one_call():
+    # assembled on the host from blocks of columns, they were NumPy's work on
+    # the tape's results: the gradient was a TapeError blaming the caller
+    xs = np.stack([X, Y])
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(X, xs)
+        jf = dsl.jacfwd(M.f)(X)                     # 3x^2
+        jr = dsl.jacrev(M.f)(X)
+        h = dsl.hessian(M.f)(X)                     # diag(6x)
+        per_example = dsl.vmap(dsl.jacfwd(M.f))(xs)
+    np.testing.assert_allclose(jf, 3 * X ** 2, rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(jf, X), 6 * X, rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(jr, X), 6 * X, rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(h, X), np.full(3, 6.0), rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(per_example, xs), 6 * xs, rtol=1e-14)
+
+
+def test_a_device_v_of_hvp_is_taken_only_in_its_arguments_dtype():
+    from numba import cuda
+    cu = dsl.loads("def f(x):\n    return sum(x * x * x)\n", "<transforms>", target="cuda",
+                   host_results=True)
+    x32 = cuda.to_device(np.array([1.0, 2.0], np.float32))
+    # the kernel converted it unchecked: 1e300 became inf where a host v is refused
+    with pytest.raises(dsl.ArgumentError, match=r"hvp\(f\): v is a device array of dtype f64, "
+                                                r"but 'x' has dtype f32"):
+        dsl.hvp(cu.f)(x32, cuda.to_device(np.array([1e300, 1.0])))
+    np.testing.assert_allclose(dsl.hvp(cu.f)(x32, cuda.to_device(np.ones(2, np.float32))),
+                               [6.0, 12.0])
+    # the error named v by the compiler's own name for it, '$v'
+    with pytest.raises(dsl.ArgumentError, match=r"argument v of hvp\(f\) is a device array "
+                                                "that is not C-contiguous"):
+        dsl.hvp(cu.f)(x32, cuda.to_device(np.ones(4, np.float32))[::2])
