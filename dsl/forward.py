@@ -51,7 +51,7 @@ from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunct
                           vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
 from gradlang.compiler.shapes import NeedsValue
-from gradlang.runtime.args import SUPPORTED, cast, numeric_array
+from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, called
@@ -194,7 +194,7 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         array = f.accepted(t, where) if carries else f.target.to_host(t)
     else:
         array = numeric_array(where, t, f.span)
-        if carries and not isinstance(t, (np.ndarray, np.generic)):
+        if carries and not isinstance(t, (np.ndarray, np.generic)) and not is_foreign_array(t):
             array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
     # (before the shape: a const's primal may be None, bound as a 0-d `NONE`)
     if not carries and np.any(array != 0):

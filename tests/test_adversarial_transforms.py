@@ -72,3 +72,38 @@ def test_a_device_v_of_hvp_is_taken_only_in_its_arguments_dtype():
     with pytest.raises(dsl.ArgumentError, match=r"argument v of hvp\(f\) is a device array "
                                                 "that is not C-contiguous"):
         dsl.hvp(cu.f)(x32, cuda.to_device(np.ones(4, np.float32))[::2])
+
+
+class Foreign:
+    """Another library's host array, which NumPy reads by `__array__` (as a
+    CPU torch tensor; one that requires grad refuses with a RuntimeError)."""
+
+    def __init__(self, values: np.ndarray, readable: bool = True):
+        self.values, self.readable = values, readable
+
+    def __array__(self, dtype=None, copy=None):
+        if not self.readable:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad")
+        return self.values
+
+
+def test_another_librarys_tangent_keeps_its_dtype():
+    # it was converted to the primal's dtype as a Python list is, where a
+    # NumPy array of that dtype is refused
+    for tangent, dtype in ((np.ones(3, np.float32), "f32"), (np.ones(3, bool), "bool")):
+        with pytest.raises(dsl.ArgumentError, match=rf"the tangent for 'x' of f\(\) has dtype "
+                                                    rf"{dtype}; its primal has dtype f64"):
+            dsl.jvp(M.f, (X,), (Foreign(tangent),))
+    _, t = dsl.jvp(M.f, (X,), (Foreign(np.ones(3)),))
+    np.testing.assert_allclose(t, np.sum(3 * X ** 2), rtol=1e-14)
+
+
+def test_another_librarys_unreadable_array_is_an_argument_error_everywhere():
+    # a tangent, hvp's v or a cotangent let the library's RuntimeError through
+    unreadable = Foreign(np.ones(3), readable=False)
+    _, pullback = dsl.vjp(M.g, X, X)
+    for call in (lambda: dsl.jvp(M.f, (X,), (unreadable,)), lambda: dsl.hvp(M.f)(X, unreadable),
+                 lambda: pullback(unreadable)):
+        with pytest.raises(dsl.ArgumentError, match="cannot be read as a NumPy array "
+                                                    r"\(Can't call numpy\(\)"):
+            call()
