@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
-                                        index_operand, take)
+                                        index_operand, jvp_layout, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.ir import (INTS, Atom, Function, Lit, StaticScalar, TensorType, Var,
                                   WeakVar)
@@ -251,8 +251,15 @@ class Lowerer:
         args = [self.expr(b, a, env) for a in outer.args]
         kwargs = {k.name: self.expr(b, k.value, env) for k in outer.kwargs}
         n_tangents = (1 if single else len(wrt_value)) if kind == "jvp" else 0
+        if len(args) < n_tangents:
+            raise GradError(jvp_layout(fdef.name, n_tangents), outer.span)
         tangents, args = args[len(args) - n_tangents:], args[:len(args) - n_tangents]
-        bound = self.bind_args(fdef, args, kwargs, outer.span)
+        try:
+            bound = self.bind_args(fdef, args, kwargs, outer.span)
+        except GradError as err:  # (a wrt the checker could not count: a name, a const)
+            if kind == "jvp":
+                err.add_note(jvp_layout(fdef.name, n_tangents))
+            raise
         wrt_names = self.transform_wrt(fdef, bound, (wrt_value,) if single else wrt_value,
                                        inner.span)
         arrays = [n for n, v in bound.items() if not is_static(v)]
@@ -300,6 +307,8 @@ class Lowerer:
     def transform_wrt(fdef: ast.FuncDef, bound: dict[str, Value], wrt_items: tuple,
                       span: Span) -> list[str]:
         """The parameters `wrt` names: positions of float array parameters."""
+        if not wrt_items:
+            raise GradError(f"wrt must name at least one parameter of {fdef.name}()", span)
         names = []
         for w in wrt_items:
             if isinstance(w, Sym):

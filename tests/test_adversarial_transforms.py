@@ -107,3 +107,32 @@ def test_another_librarys_unreadable_array_is_an_argument_error_everywhere():
         with pytest.raises(dsl.ArgumentError, match="cannot be read as a NumPy array "
                                                     r"\(Can't call numpy\(\)"):
             call()
+
+
+def test_in_language_jvp_takes_a_list_or_a_named_tuple_as_wrt():
+    # the checker counted the tangents of a tuple literal only: a list, or a
+    # name bound to a tuple, was one tangent ("f() takes 2 argument(s)")
+    m = dsl.loads("def f(x, y):\n    return sum(x * x * y)\n\n"
+                  "def t(x, y, tx, ty):\n    ws = (0, 1)\n"
+                  "    v, a = jvp(f, wrt=[0, 1])(x, y, tx, ty)\n"
+                  "    w, b = jvp(f, wrt=ws)(x, y, tx, ty)\n    return a, b\n", "<t>")
+    tx, ty = np.array([0.5, 1.0, -1.0]), np.array([2.0, 0.0, 1.0])
+    expected = np.sum(2 * X * Y * tx + X * X * ty)
+    np.testing.assert_allclose(m.t(X, Y, tx, ty), (expected, expected), rtol=1e-14)
+
+
+@pytest.mark.parametrize("body, message", [
+    # the count of tangents was not said: f's arguments seemed missing
+    ("jvp(f, wrt=(0, 1))(x, x, x)", r"f\(\) is missing argument\(s\) 'y'\n(.*\n)+note: "
+                                    r"jvp\(f\) takes f\(\)'s arguments, then 2 tangent\(s\)"),
+    ("jvp(f, wrt=(0, 1))(x)", r"error: jvp\(f\) takes f\(\)'s arguments, then 2 tangent"),
+    # "a string can only be einsum()'s subscripts"
+    ("grad(f, wrt='y')(x, x)", r"wrt takes parameter positions of f\(\), not names: 'y' is "
+                               "position 1"),
+    # "a tuple cannot be used as an array here"
+    ("grad(f, wrt=())(x, x)", r"wrt must name at least one parameter of f\(\)"),
+])
+def test_in_language_transform_misuse_says_what_the_transform_takes(body, message):
+    with pytest.raises(dsl.GradError, match=message):
+        dsl.loads(f"def f(x, y):\n    return sum(x * x * y)\n\ndef t(x):\n    return {body}\n",
+                  "<t>").t(X)
