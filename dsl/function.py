@@ -473,9 +473,8 @@ class Compiled:
         if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
             return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
-        if self.host_results:  # (a recorded call's are on the host already)
-            outs = tuple(o if isinstance(o, np.ndarray) else self.target.to_host(o)
-                         for o in outs)
+        if self.host_results:  # (a recorded call's are on the host already: kept)
+            outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs)
 
     def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

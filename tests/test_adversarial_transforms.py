@@ -136,3 +136,15 @@ def test_in_language_transform_misuse_says_what_the_transform_takes(body, messag
     with pytest.raises(dsl.GradError, match=message):
         dsl.loads(f"def f(x, y):\n    return sum(x * x * y)\n\ndef t(x):\n    return {body}\n",
                   "<t>").t(X)
+
+
+def test_a_jvp_under_a_tape_on_cuda_with_host_results():
+    # the recorded call's results were on the host already, and copying them
+    # "to the host" again raised AttributeError: no copy_to_host on a TapeArray
+    cu = dsl.loads("def f(x):\n    return sum(x * x * x)\n", "<transforms>", target="cuda",
+                   host_results=True)
+    with dsl.Tape() as tape:
+        tape.watch(X)
+        _, t = dsl.jvp(cu.f, (X,), (Y,))              # sum(3 x^2 y)
+    np.testing.assert_allclose(t, np.sum(3 * X ** 2 * Y), rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(t, X), 6 * X * Y, rtol=1e-14)
