@@ -301,6 +301,10 @@ class Compiled:
     name: str
     specs: tuple[ParamSpec, ...]
     param_specs: tuple[ParamSpec, ...] = ()  # module params it reads
+    # arguments a transform adds that its caller never passes (a Jacobian's
+    # one-hot tangents): they carry no gradient, and a pullback has no
+    # cotangent for them
+    hidden: frozenset = frozenset()
     target: Target
 
     def __init__(self) -> None:
@@ -562,8 +566,8 @@ class Compiled:
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
-        return [n for n, a in bound.items()
-                if a.dtype.kind == "f" and (n not in specs or specs[n].differentiable)]
+        return [n for n, a in bound.items() if a.dtype.kind == "f" and n not in self.hidden
+                and (n not in specs or specs[n].differentiable)]
 
     def lower_as(self, bound: dict[str, np.ndarray], shapes: dict[str, tuple]) -> Function:
         """The IR for arguments like `bound`, but with these (symbolic)
@@ -585,6 +589,7 @@ class Derived(Compiled):
         super().__init__()
         self.inner = inner
         self.specs, self.param_specs = inner.specs, inner.param_specs
+        self.hidden = inner.hidden
         self.target, self.host_results = inner.target, inner.host_results
 
     @property
@@ -943,8 +948,9 @@ class _VjpEntry:
             if out_types is None:
                 out_types = self._sized[shapes] = tuple(
                     OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types))
-        return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
-                        self.float_args, f.target, host_results)
+        return Pullback(f.name, self.bwd, residuals or (), out_types,
+                        [n for n in self.names if n not in f.hidden], self.float_args, f.target,
+                        host_results)
 
 
 VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)

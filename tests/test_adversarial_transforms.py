@@ -148,3 +148,15 @@ def test_a_jvp_under_a_tape_on_cuda_with_host_results():
         _, t = dsl.jvp(cu.f, (X,), (Y,))              # sum(3 x^2 y)
     np.testing.assert_allclose(t, np.sum(3 * X ** 2 * Y), rtol=1e-14)
     np.testing.assert_allclose(tape.gradient(t, X), 6 * X * Y, rtol=1e-14)
+
+
+def test_the_pullback_of_a_jacobian_has_a_cotangent_per_argument_passed():
+    # its hidden one-hot tangents got one too: a trailing None, and under
+    # vmap the gradient along them, as if the caller had passed a second
+    # argument
+    _, pullback = dsl.vjp(dsl.hessian(M.f), X)          # d sum(diag(6x) * 1) = 6
+    np.testing.assert_allclose(pullback(np.ones((3, 3))), (np.full(3, 6.0),), rtol=1e-14)
+    xs = np.stack([X, Y])
+    _, pullback = dsl.vjp(dsl.vmap(dsl.jacfwd(M.f)), xs)   # d sum(3x^2) = 6x
+    (cotangent,) = pullback(np.ones((2, 3)))
+    np.testing.assert_allclose(cotangent, 6 * xs, rtol=1e-14)
