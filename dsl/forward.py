@@ -169,7 +169,7 @@ def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
             if not isinstance(name, str):
                 raise ArgumentError(f"jvp() tangents given as a dict are keyed by argument "
                                     f"or param names, got {name!r}", f.span)
-        return dict(tangents)
+        return {f.named(name): t for name, t in tangents.items()}
     if not isinstance(tangents, (tuple, list)):
         raise ArgumentError("jvp() takes the tangents as a tuple (one per primal) or a dict "
                             f"of names, got {type(tangents).__name__}", f.span)

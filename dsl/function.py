@@ -405,6 +405,11 @@ class Compiled:
         own that no function's parameter can take)."""
         return repr(name)
 
+    def named(self, label: str) -> str:
+        """The parameter a caller names `label` (`label`'s inverse, for a
+        name without quotes: hvp's "v")."""
+        return label
+
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
@@ -630,6 +635,9 @@ class GradFunction(Derived):
 
     def label(self, name: str) -> str:
         return self.inner.label(name)
+
+    def named(self, label: str) -> str:
+        return self.inner.named(label)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
@@ -1453,6 +1461,11 @@ class HvpFunction(Directional):
 
     def label(self, name: str) -> str:
         return "v" if name == self.vname else self.inner.label(name)
+
+    def named(self, label: str) -> str:
+        # (unless inner has a "v" of its own, which keeps its name)
+        own = {s.name for s in self.inner.specs + self.param_specs}
+        return self.vname if label == "v" and "v" not in own else self.inner.named(label)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:

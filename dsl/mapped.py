@@ -139,6 +139,9 @@ class VmapFunction(Stacked):
     def label(self, name: str) -> str:
         return self.inner.label(name)
 
+    def named(self, label: str) -> str:
+        return self.inner.named(label)
+
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None, known: bool = False) -> tuple[np.ndarray, ...]:
         example = {n: self._example(n, a) for n, a in bound.items()}

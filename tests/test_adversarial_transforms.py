@@ -160,3 +160,12 @@ def test_the_pullback_of_a_jacobian_has_a_cotangent_per_argument_passed():
     _, pullback = dsl.vjp(dsl.vmap(dsl.jacfwd(M.f)), xs)   # d sum(3x^2) = 6x
     (cotangent,) = pullback(np.ones((2, 3)))
     np.testing.assert_allclose(cotangent, 6 * xs, rtol=1e-14)
+
+
+def test_a_jvp_of_hvp_takes_the_tangent_of_v_by_its_name():
+    # "jvp() got a tangent for 'v', which hvp(f) neither takes as an argument
+    # nor reads as a param": its v had the compiler's name '$v'
+    _, t = dsl.jvp(dsl.hvp(M.f), (X, Y), {"v": Y})      # along v: H y = 6 x y
+    np.testing.assert_allclose(t, 6 * X * Y, rtol=1e-14)
+    _, t = dsl.jvp(dsl.vmap(dsl.hvp(M.f)), (X[None], Y[None]), {"v": Y[None]})
+    np.testing.assert_allclose(t, 6 * X * Y[None], rtol=1e-14)
