@@ -256,9 +256,10 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
     sequence of them, or a NumPy array; anything else (text, ragged lists,
     complex numbers, whose imaginary part a cast would drop) raises
     `ArgumentError` saying what `where` is.  NumPy arrays as `plain`
-    takes them, other libraries' as `foreign_array` does.  Python integers beyond 64 bits (which NumPy holds as
-    objects) are refused, unless `as_float` (a value for a float): then
-    they are f64s, as `float()` makes them."""
+    takes them, other libraries' as `foreign_array` does.  Python integers
+    beyond 64 bits (which NumPy holds as objects) are refused, unless
+    `as_float` (a value for a float): then they are f64s, as `float()`
+    makes them."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = plain(where, value, span)
     elif is_foreign_array(value):  # (its library's refusal, a tensor that requires grad, said so)

@@ -169,3 +169,17 @@ def test_a_jvp_of_hvp_takes_the_tangent_of_v_by_its_name():
     np.testing.assert_allclose(t, 6 * X * Y, rtol=1e-14)
     _, t = dsl.jvp(dsl.vmap(dsl.hvp(M.f)), (X[None], Y[None]), {"v": Y[None]})
     np.testing.assert_allclose(t, 6 * X * Y[None], rtol=1e-14)
+
+
+def test_in_language_transforms_differentiate_along_a_number_argument():
+    # a number given for the parameter wrt names was a compile-time value:
+    # "cannot differentiate pw() with respect to 'scale': it is not a float
+    # array here" (JAX differentiates along a Python float argument too)
+    m = dsl.loads("def pw(x, scale, k: f32 = 1.0):\n    return sum(x * x) * scale * scale * k\n\n"
+                  "def t(x):\n    a, b = grad(pw, wrt=(1, 2))(x, 2, 3.0)\n"
+                  "    v, c = jvp(pw, wrt=1)(x, 2.0, 1.0)\n    return a, b, c\n", "<t>")
+    x = np.array([1.0, 2.0])   # sum(x^2) = 5: d/dscale = 2 scale k 5, d/dk = scale^2 5
+    np.testing.assert_allclose(m.t(x), (60.0, 20.0, 20.0), rtol=1e-6)
+    # a number is an array as one passed from Python is: f32 beside f32 arrays
+    assert [r.dtype for r in m.t(x.astype(np.float32))] == [np.float32] * 3
+    assert m.t(x)[0].dtype == np.float64 and m.t(x)[1].dtype == np.float32  # (k: f32)
