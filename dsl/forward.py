@@ -430,6 +430,8 @@ class Jacobian(AsFunction):
             # assembled on the host, from blocks of columns, it would be NumPy
             # work on the tape's results, which the tape refuses to follow: as
             # one program, the call is recorded (and differentiated) whole
+            self.require_wrt(bound)
+            self._require_room(bound)
             return self.as_function()(*args, **kwargs)
         for name, value in bound.items():  # (refused as named here, not by a stacked program)
             if is_device_array(value):

@@ -55,6 +55,13 @@ def test_jacobians_under_a_tape_are_recorded_as_one_call():
     np.testing.assert_allclose(tape.gradient(jr, X), 6 * X, rtol=1e-14)
     np.testing.assert_allclose(tape.gradient(h, X), np.full(3, 6.0), rtol=1e-14)
     np.testing.assert_allclose(tape.gradient(per_example, xs), 6 * xs, rtol=1e-14)
+    # and refused by its size before anything is allocated, as off the tape
+    big = np.zeros(10 ** 6)
+    with dsl.Tape() as tape:
+        tape.watch(big)
+        with pytest.raises(dsl.AllocationError, match=r"jacfwd\(f\): the Jacobian of its result "
+                                                       r"with respect to 'x' would be f64\[1000000"):
+            dsl.jacfwd(M.f)(big)
 
 
 def test_a_device_v_of_hvp_is_taken_only_in_its_arguments_dtype():
