@@ -59,9 +59,9 @@ def test_jacobians_under_a_tape_are_recorded_as_one_call():
     big = np.zeros(10 ** 6)
     with dsl.Tape() as tape:
         tape.watch(big)
-        with pytest.raises(dsl.AllocationError, match=r"jacfwd\(f\): the Jacobian of its result "
-                                                       r"with respect to 'x' would be f64\[1000000"):
-            dsl.jacfwd(M.f)(big)
+        with pytest.raises(dsl.AllocationError, match=r"jacfwd\(g\): the Jacobian of its result "
+                                                       r"with respect to 'a' would be f64\[1000000"):
+            dsl.jacfwd(M.g)(big, big)
 
 
 def test_a_device_v_of_hvp_is_taken_only_in_its_arguments_dtype():
