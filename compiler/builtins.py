@@ -616,6 +616,7 @@ def jvp_layout(name: str, count: int) -> str:
     """What the language's `jvp(f, wrt=...)(...)` takes, for its errors."""
     return f"jvp({name}) takes {name}()'s arguments, then {count} tangent(s), one per wrt"
 
+
 # Primitives whose lowering is not `_primitive`'s.
 _LOWERINGS: dict[str, Builtin] = {
     "where": _builtin(3, _where),

@@ -582,7 +582,6 @@ def _wrt_count(transform: ast.Call) -> Optional[int]:
     return 1 if wrt is None or isinstance(wrt, ast.Num) else None
 
 
-
 def _check_call_arity(f: ast.FuncDef, n_args: int, kw_names: list[str], call: ast.Call) -> None:
     if n_args > len(f.params):
         raise GradError(f"{f.name}() takes {len(f.params)} argument(s) but {n_args} were "
