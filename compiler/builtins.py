@@ -611,6 +611,12 @@ def _one_hot(L, b, args, kwargs, span):
 # `Lowerer.transform_call`, since their first argument is a function.
 TRANSFORMS = ("grad", "value_and_grad", "jvp")
 
+
+def jvp_layout(name: str, count: int) -> str:
+    """What the language's `jvp(f, wrt=...)(...)` takes, for its errors."""
+    return f"jvp({name}) takes {name}()'s arguments, then {count} tangent(s), one per wrt"
+
+
 # Primitives whose lowering is not `_primitive`'s.
 _LOWERINGS: dict[str, Builtin] = {
     "where": _builtin(3, _where),

@@ -36,7 +36,7 @@ from typing import Iterable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builder import coerce, fit_constant
-from gradlang.compiler.builtins import BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS
+from gradlang.compiler.builtins import BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, jvp_layout
 from gradlang.compiler.ir import INTS
 from gradlang.compiler.library import std_functions
 from gradlang.compiler.namespace import Namespace
@@ -357,12 +357,17 @@ class _Function:
                 and func.func.id in TRANSFORMS and func.func.id not in defined:
             target = self.transform(func, defined)
             n_args = len(e.args)
-            if func.func.id == "jvp":  # the arguments, then one tangent per wrt
-                n_args -= _wrt_count(func)
+            count = _wrt_count(func) if func.func.id == "jvp" else 0
+            if count is not None:  # (else lowering knows it, and checks there)
+                n_args -= count  # jvp's: the arguments, then one tangent per wrt
                 if n_args < 0:
-                    raise GradError(f"jvp({target.name}) takes {target.name}()'s arguments, "
-                                    "then one tangent per wrt", e.span)
-            _check_call_arity(target, n_args, kw_names, e)
+                    raise GradError(jvp_layout(target.name, count), e.span)
+                try:
+                    _check_call_arity(target, n_args, kw_names, e)
+                except GradError as err:
+                    if func.func.id == "jvp":
+                        err.add_note(jvp_layout(target.name, count))
+                    raise
         elif isinstance(func, ast.Name) and func.id in TRANSFORMS and func.id not in defined:
             raise GradError(f"{func.id}(f, wrt=...) builds a function; call it on "
                             f"arguments: {func.id}(f)(x)", e.span)
@@ -454,6 +459,10 @@ class _Function:
         if len(e.args) > 2 or extra or (len(e.args) == 2 and e.kwargs):
             raise GradError(f"{name}() takes a function and wrt=", e.span)
         for arg in list(e.args[1:]) + [k.value for k in e.kwargs]:
+            items = arg.items if isinstance(arg, (ast.TupleExpr, ast.ListExpr)) else (arg,)
+            for item in items:
+                if isinstance(item, ast.Str):  # (not the einsum subscripts' error)
+                    raise GradError(_wrt_name_error(target[0], item.value), item.span)
             self.expr(arg, defined)
         return target[0]
 
@@ -553,11 +562,24 @@ def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
     return set(ast.assigned_names(tuple(body)))
 
 
-def _wrt_count(transform: ast.Call) -> int:
-    """How many parameters `grad(f, wrt=...)` names: a tuple's length, else 1."""
+def _wrt_name_error(f: ast.FuncDef, name: str) -> str:
+    """The message for a name in the language's wrt= (it takes positions,
+    where `dsl.grad` in Python takes names too)."""
+    index = next((i for i, p in enumerate(f.params) if p.name == name), None)
+    found = (f"{name!r} is position {index}" if index is not None else
+             f"{f.name}() has no parameter {name!r}")
+    return f"wrt takes parameter positions of {f.name}(), not names: {found}"
+
+
+def _wrt_count(transform: ast.Call) -> Optional[int]:
+    """How many parameters `grad(f, wrt=...)` names: a tuple's or a list's
+    length, else 1 for a number (or no wrt); None for any other expression
+    (a name bound to a tuple, a `const` argument), known only when lowered."""
     wrt = (transform.args[1] if len(transform.args) > 1 else
            next((k.value for k in transform.kwargs if k.name == "wrt"), None))
-    return len(wrt.items) if isinstance(wrt, ast.TupleExpr) else 1
+    if isinstance(wrt, (ast.TupleExpr, ast.ListExpr)):
+        return len(wrt.items)
+    return 1 if wrt is None or isinstance(wrt, ast.Num) else None
 
 
 def _check_call_arity(f: ast.FuncDef, n_args: int, kw_names: list[str], call: ast.Call) -> None:

@@ -29,17 +29,17 @@ from typing import Callable, Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
-                                        index_operand, take)
+                                        index_operand, jvp_layout, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
-from gradlang.compiler.ir import (INTS, Atom, Eqn, Function, Lit, StaticScalar, TensorType, Var,
-                                  WeakVar)
+from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, StaticScalar,
+                                  TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
                                       check_range_fits, is_static, sequence_kind, unify,
-                                      weak_number, weak_result)
+                                      weak_float_dtype, weak_number, weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span
 
@@ -261,10 +261,18 @@ class Lowerer:
         args = [self.expr(b, a, env) for a in outer.args]
         kwargs = {k.name: self.expr(b, k.value, env) for k in outer.kwargs}
         n_tangents = (1 if single else len(wrt_value)) if kind == "jvp" else 0
+        if len(args) < n_tangents:
+            raise GradError(jvp_layout(fdef.name, n_tangents), outer.span)
         tangents, args = args[len(args) - n_tangents:], args[:len(args) - n_tangents]
-        bound = self.bind_args(fdef, args, kwargs, outer.span)
-        wrt_names = self.transform_wrt(fdef, bound, (wrt_value,) if single else wrt_value,
-                                       inner.span)
+        try:
+            bound = self.bind_args(fdef, args, kwargs, outer.span)
+        except GradError as err:  # (a wrt the checker could not count: a name, a const)
+            if kind == "jvp":
+                err.add_note(jvp_layout(fdef.name, n_tangents))
+            raise
+        wrt_items = (wrt_value,) if single else wrt_value
+        bound = numbers_as_arrays(b, fdef, bound, wrt_items, outer.span)
+        wrt_names = self.transform_wrt(fdef, bound, wrt_items, inner.span)
         arrays = [n for n, v in bound.items() if not is_static(v)]
         reads = list(param_reads(fdef, ns))
         sub = self.sub_function(fdef, ns, bound, {w: env[w] for w in reads}, outer.span)
@@ -310,6 +318,8 @@ class Lowerer:
     def transform_wrt(fdef: ast.FuncDef, bound: dict[str, Value], wrt_items: tuple,
                       span: Span) -> list[str]:
         """The parameters `wrt` names: positions of float array parameters."""
+        if not wrt_items:
+            raise GradError(f"wrt must name at least one parameter of {fdef.name}()", span)
         names = []
         for w in wrt_items:
             if isinstance(w, Sym):
@@ -1002,3 +1012,23 @@ def _in_text_of(module: ast.Module, fdef: ast.FuncDef, span: Span) -> bool:
     end = min((f.span.line for f in module.funcs if f.span.line > fdef.span.line),
               default=float("inf"))
     return span.file == fdef.span.file and start <= span.line < end
+
+
+def numbers_as_arrays(b: Builder, fdef: ast.FuncDef, bound: dict[str, Value], wrt_items: tuple,
+                      span: Span) -> dict[str, Value]:
+    """`bound`, where a number is given for a differentiable parameter that
+    `wrt` names (`grad(f, wrt=1)(x, 2.0)`), with it as a 0-d array, as a
+    number passed from Python to a compiled function is (f32 where the
+    call's float arrays are all f32, else f64; an annotated parameter's
+    dtype): its derivative is asked for, where a compile-time value has
+    none.  (Other numbers stay compile-time values: sizes, exponents.)"""
+    bound = dict(bound)
+    for w in wrt_items:
+        if type(w) is not int or not 0 <= w < len(fdef.params):
+            continue  # (refused by transform_wrt)
+        p = fdef.params[w]
+        v = bound[p.name]
+        if p.differentiable and is_static(v) and type(v) in (int, float):
+            floats = p.ann.dtype if p.ann is not None and p.ann.dtype in FLOATS else None
+            bound[p.name] = as_atom(b, float(v), span, floats or weak_float_dtype(bound.values()))
+    return bound

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Optional
 
 from gradlang.compiler import ast, autodiff, ops
 from gradlang.compiler.builder import Builder, coerce, inline
-from gradlang.compiler.ir import Atom, Function, Var, WeakVar
+from gradlang.compiler.ir import Atom, Function, Var
 from gradlang.compiler.linearity import check_linear
 from gradlang.compiler.namespace import Namespace, free_names, param_reads
 from gradlang.compiler.shapes import broadcasts_to
 from gradlang.compiler.values import (Value, as_atom, as_result, as_results, cast, is_static,
-                                      weak_number)
+                                      weak_float_dtype, weak_number)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -83,15 +83,11 @@ def lower_staged(lowerer: "Lowerer", b: Builder, fdef: ast.FuncDef, ns: Namespac
     # A float number (or a weakly typed float: `one_hot(y, k)`) is f32 where
     # the call's float arrays are all f32, as a Python number passed to a
     # compiled function is: `logaddexp(x, 0.5)` stays f32 for f32 x.
-    floats = [v.type.dtype for v in inputs.values()
-              if not is_static(v) and not isinstance(v, WeakVar) and v.type.is_float]
-    number_dtype = "f32" if floats and set(floats) == {"f32"} else None
+    floats = weak_float_dtype(inputs.values())
     for p in fdef.differentiable_params:
         # Everything a custom gradient differentiates is an array.
         v = inputs[p.name]
-        number = weak_number(v)
-        dtype = number_dtype if isinstance(number, float) else None
-        inputs[p.name] = as_atom(b, v, span, dtype)
+        inputs[p.name] = as_atom(b, v, span, floats if isinstance(weak_number(v), float) else None)
     return Chain(lowerer, fdef, ns, span).stage(b, 0, inputs)
 
 

@@ -11,7 +11,7 @@ turns an integer array into f64; so does a `WeakVar` (`arange`'s result).
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
@@ -103,6 +103,15 @@ def cast(b: Builder, a: Atom, dtype: str, span: Optional[Span] = None) -> Atom:
     if isinstance(a, Lit):
         return b.lit(a.value, dtype)
     return b.bind("cast", a, dtype=dtype, span=span)
+
+
+def weak_float_dtype(values: Iterable[Value]) -> str:
+    """The dtype a float number takes where it is made an array among a
+    call's arguments `values`, as a Python number passed to a compiled
+    function does: f32 where their float arrays are all f32, else f64."""
+    floats = {v.type.dtype for v in values
+              if not is_static(v) and not isinstance(v, WeakVar) and v.type.is_float}
+    return "f32" if floats == {"f32"} else "f64"
 
 
 def weak_number(v: Value) -> Optional[Value]:

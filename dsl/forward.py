@@ -51,7 +51,7 @@ from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunct
                           vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
 from gradlang.compiler.shapes import NeedsValue
-from gradlang.runtime.args import SUPPORTED, cast, numeric_array
+from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, called
@@ -169,7 +169,7 @@ def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
             if not isinstance(name, str):
                 raise ArgumentError(f"jvp() tangents given as a dict are keyed by argument "
                                     f"or param names, got {name!r}", f.span)
-        return dict(tangents)
+        return {f.named(name): t for name, t in tangents.items()}
     if not isinstance(tangents, (tuple, list)):
         raise ArgumentError("jvp() takes the tangents as a tuple (one per primal) or a dict "
                             f"of names, got {type(tangents).__name__}", f.span)
@@ -194,7 +194,7 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         array = f.accepted(t, where) if carries else f.target.to_host(t)
     else:
         array = numeric_array(where, t, f.span)
-        if carries and not isinstance(t, (np.ndarray, np.generic)):
+        if carries and not isinstance(t, (np.ndarray, np.generic)) and not is_foreign_array(t):
             array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
     # (before the shape: a const's primal may be None, bound as a 0-d `NONE`)
     if not carries and np.any(array != 0):
@@ -209,7 +209,10 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         got = SUPPORTED.get(np.dtype(array.dtype), str(array.dtype))
         raise ArgumentError(f"{where} has dtype {got}; its primal has dtype "
                             f"{SUPPORTED[dtype]}", f.span)
-    return array
+    # a tape's result stays itself, as binding keeps an argument that is one
+    # (`runtime.args`): the tape tracking it records the jvp, and one NumPy
+    # derived is refused there; a plain copy would be a silent constant
+    return t if getattr(t, "bind_as_is", False) else array
 
 
 def _host_like(a: Any) -> np.ndarray:
@@ -423,9 +426,16 @@ class Jacobian(AsFunction):
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
         bound = self.f.bind(args, kwargs)
+        if recording_tapes(bound.values()):
+            # assembled on the host, from blocks of columns, it would be NumPy
+            # work on the tape's results, which the tape refuses to follow: as
+            # one program, the call is recorded (and differentiated) whole
+            self.require_wrt(bound)
+            self._require_room(bound)
+            return self.as_function()(*args, **kwargs)
         for name, value in bound.items():  # (refused as named here, not by a stacked program)
             if is_device_array(value):
-                self.f.accepted(value, f"argument {name!r} of {called(self.name)}")
+                self.f.accepted(value, f"argument {self.f.label(name)} of {called(self.name)}")
         jacobians = self.call_bound(bound)
         if not kwargs and not self.batched:
             self._remember(args, bound)

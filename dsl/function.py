@@ -301,6 +301,10 @@ class Compiled:
     name: str
     specs: tuple[ParamSpec, ...]
     param_specs: tuple[ParamSpec, ...] = ()  # module params it reads
+    # arguments a transform adds that its caller never passes (a Jacobian's
+    # one-hot tangents): they carry no gradient, and a pullback has no
+    # cotangent for them
+    hidden: frozenset = frozenset()
     target: Target
 
     def __init__(self) -> None:
@@ -401,6 +405,11 @@ class Compiled:
         own that no function's parameter can take)."""
         return repr(name)
 
+    def named(self, label: str) -> str:
+        """The parameter a caller names `label` (`label`'s inverse, for a
+        name without quotes: hvp's "v")."""
+        return label
+
     def static_names(self, bound: dict[str, np.ndarray]) -> frozenset:
         return static_names(self.specs, bound, frozenset(self._by_value))
 
@@ -473,9 +482,8 @@ class Compiled:
         if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
             return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
-        if self.host_results:  # (a recorded call's are on the host already)
-            outs = tuple(o if isinstance(o, np.ndarray) else self.target.to_host(o)
-                         for o in outs)
+        if self.host_results:  # (a recorded call's are on the host already: kept)
+            outs = tuple(self.target.to_host(o) for o in outs)
         return self.format(outs)
 
     def on_target(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -484,7 +492,7 @@ class Compiled:
         argument stays on the host: its value picks the program."""
         statics = self.static_names(bound)
         return {n: a if n in statics
-                else self.accepted(a, f"argument {n!r} of {called(self.name)}")
+                else self.accepted(a, f"argument {self.label(n)} of {called(self.name)}")
                 for n, a in bound.items()}
 
     def accepted(self, value: Any, what: str) -> Any:
@@ -563,8 +571,8 @@ class Compiled:
 
     def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
         specs = {s.name: s for s in self.specs + self.param_specs}
-        return [n for n, a in bound.items()
-                if a.dtype.kind == "f" and (n not in specs or specs[n].differentiable)]
+        return [n for n, a in bound.items() if a.dtype.kind == "f" and n not in self.hidden
+                and (n not in specs or specs[n].differentiable)]
 
     def lower_as(self, bound: dict[str, np.ndarray], shapes: dict[str, tuple]) -> Function:
         """The IR for arguments like `bound`, but with these (symbolic)
@@ -586,6 +594,7 @@ class Derived(Compiled):
         super().__init__()
         self.inner = inner
         self.specs, self.param_specs = inner.specs, inner.param_specs
+        self.hidden = inner.hidden
         self.target, self.host_results = inner.target, inner.host_results
 
     @property
@@ -626,6 +635,9 @@ class GradFunction(Derived):
 
     def label(self, name: str) -> str:
         return self.inner.label(name)
+
+    def named(self, label: str) -> str:
+        return self.inner.named(label)
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         names = list(types)
@@ -944,8 +956,9 @@ class _VjpEntry:
             if out_types is None:
                 out_types = self._sized[shapes] = tuple(
                     OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types))
-        return Pullback(f.name, self.bwd, residuals or (), out_types, self.names,
-                        self.float_args, f.target, host_results)
+        return Pullback(f.name, self.bwd, residuals or (), out_types,
+                        [n for n in self.names if n not in f.hidden], self.float_args, f.target,
+                        host_results)
 
 
 VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)
@@ -1449,6 +1462,11 @@ class HvpFunction(Directional):
     def label(self, name: str) -> str:
         return "v" if name == self.vname else self.inner.label(name)
 
+    def named(self, label: str) -> str:
+        # (unless inner has a "v" of its own, which keeps its name)
+        own = {s.name for s in self.inner.specs + self.param_specs}
+        return self.vname if label == "v" and "v" not in own else self.inner.named(label)
+
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         if not args:
             raise ArgumentError(self._layout, self.span)
@@ -1460,10 +1478,22 @@ class HvpFunction(Directional):
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]
+        dtype = SUPPORTED[np.dtype(x.dtype)]
         if not is_device_array(v):
             where = f"v of {self.name}"
-            v = cast(where, numeric_array(where, v, self.span), SUPPORTED[np.dtype(x.dtype)],
-                     self.span)
+            converted = cast(where, numeric_array(where, v, self.span), dtype, self.span)
+            # a tape's result stays itself (in its own dtype, which the program
+            # takes as it takes a device array's), as binding keeps an argument
+            # that is one: the tape tracking it records the call (a converted
+            # copy would be a silent constant)
+            v = v if getattr(v, "bind_as_is", False) else converted
+        elif SUPPORTED.get(np.dtype(v.dtype)) != dtype:
+            # (taken as it is, without a copy: it could not be checked against
+            # wrt's dtype as a host v is)
+            raise ArgumentError(f"{self.name}: v is a device array of dtype "
+                                f"{SUPPORTED.get(np.dtype(v.dtype), v.dtype)}, but {self.wrt!r} "
+                                f"has dtype {dtype}: convert it first (device arrays are "
+                                "taken as they are)", self.span)
         if v.shape != x.shape:
             raise ArgumentError(f"{self.name}: v has shape {list(v.shape)}, but {self.wrt!r} "
                                 f"has shape {list(x.shape)}", self.span)

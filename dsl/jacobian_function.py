@@ -11,7 +11,8 @@ tangents stacked (`Stacked`, the rows of the identity, one per element of
 the `wrt` arguments), its stacked tangents laid out as `out.shape +
 arg.shape` (an integer output's Jacobian is zero, in the argument's
 dtype).  The one-hot tangents are hidden arguments that `bind` adds
-(f's jvp's tangent names): they carry no gradient and take no tangent.
+(f's jvp's tangent names, its `hidden` ones): they carry no gradient, take
+no tangent, and a pullback has no cotangent for them.
 The program is lowered for concrete sizes (the identity has a row per
 element), and holds every column at once: a Jacobian called directly runs
 them in blocks (`dsl.forward`), which this form cannot.  A Jacobian taken
@@ -50,6 +51,7 @@ class JacobianFunction(Derived):
         self.jvp = jvp_function(self.inner, self.wrt)
         self.columns = Stacked(self.jvp, self.jvp.tangent_names, "tangents")
         self.param_specs = self.jvp.param_specs  # inner's, then the one-hot tangents
+        self.hidden = self.inner.hidden | frozenset(self.jvp.tangent_names)
 
     def recipe(self) -> tuple:
         return jacobian_function, (self.jacobian,)
@@ -67,10 +69,6 @@ class JacobianFunction(Derived):
             bound[tangent] = basis.reshape((rows, *x.shape))
             start += size
         return bound
-
-    def differentiable_names(self, bound: dict[str, np.ndarray]) -> list[str]:
-        hidden = set(self.jvp.tangent_names)
-        return [n for n in super().differentiable_names(bound) if n not in hidden]
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         if any(not isinstance(d, int) for t in types.values() for d in t.shape):

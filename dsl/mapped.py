@@ -139,6 +139,9 @@ class VmapFunction(Stacked):
     def label(self, name: str) -> str:
         return self.inner.label(name)
 
+    def named(self, label: str) -> str:
+        return self.inner.named(label)
+
     def call_bound(self, bound: dict[str, np.ndarray], args: Sequence[Any] = (),
                    out: Any = None, known: bool = False) -> tuple[np.ndarray, ...]:
         example = {n: self._example(n, a) for n, a in bound.items()}
@@ -239,7 +242,10 @@ class MappedJacobian(AsFunction):
     @user_facing
     def __call__(self, *args, **kwargs):
         refuse_out(self.name, kwargs, self.f.span)
-        return self.call_bound(self.f.bind(args, kwargs))
+        bound = self.f.bind(args, kwargs)
+        if recording_tapes(bound.values()):  # (one program, as `Jacobian.__call__` says)
+            return self.as_function()(*args, **kwargs)
+        return self.call_bound(bound)
 
     def as_function(self) -> "VmapFunction":
         """These Jacobians as a function of their own, for a transform to

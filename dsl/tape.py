@@ -135,7 +135,9 @@ class Tape:
             if all(c is None for c in out_cts):
                 continue
             out_cts = [c if c is not None else _filled(o, 0) for c, o in zip(out_cts, rec.outs)]
-            names = list(rec.bound)
+            # (a pullback's cotangents: one per argument but those a transform
+            # adds, such as a Jacobian's one-hot tangents)
+            names = [n for n in rec.bound if n not in getattr(rec.function, "hidden", ())]
             floats = rec.function.differentiable_names(rec.bound)
             if outer:
                 # Run the backward pass as a recorded compiled call.

@@ -193,8 +193,7 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
                 f"an array of dtype {kind_text(spec.dtype)}" if spec.dtype else "an array")
         raise ArgumentError(f"{where} is None, but only a `const` parameter of no dtype (such "
                             f"as `axis: const`) takes None, and it is {kind}", span)
-    if not isinstance(value, (np.ndarray, np.generic)) and hasattr(value, "__array__") \
-            and not is_device_array(value):
+    if is_foreign_array(value):
         value = foreign_array(where, value, span)
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         # An ndarray subclass that asks for it (a `dsl.Tape`'s arrays, tracked by
@@ -226,6 +225,13 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
     return array
 
 
+def is_foreign_array(value: Any) -> bool:
+    """Whether `value` is another library's host array, with a dtype of its
+    own (`__array__`: a JAX array, a CPU torch tensor), not a NumPy one."""
+    return not isinstance(value, (np.ndarray, np.generic)) and hasattr(value, "__array__") \
+        and not is_device_array(value)
+
+
 def foreign_array(where: str, value: Any, span=None) -> np.ndarray:
     """Another library's array with a dtype of its own (a JAX array, a CPU
     torch tensor: `__array__`) as NumPy's, keeping that dtype, as NumPy
@@ -250,11 +256,14 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
     sequence of them, or a NumPy array; anything else (text, ragged lists,
     complex numbers, whose imaginary part a cast would drop) raises
     `ArgumentError` saying what `where` is.  NumPy arrays as `plain`
-    takes them.  Python integers beyond 64 bits (which NumPy holds as
-    objects) are refused, unless `as_float` (a value for a float): then
-    they are f64s, as `float()` makes them."""
+    takes them, other libraries' as `foreign_array` does.  Python integers
+    beyond 64 bits (which NumPy holds as objects) are refused, unless
+    `as_float` (a value for a float): then they are f64s, as `float()`
+    makes them."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = plain(where, value, span)
+    elif is_foreign_array(value):  # (its library's refusal, a tensor that requires grad, said so)
+        value = foreign_array(where, value, span)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
