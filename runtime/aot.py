@@ -43,7 +43,8 @@ import numpy as np
 
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call_key,
-                                   check_param_sizes, convert, is_python_number, static_names)
+                                   check_param_sizes, convert, is_dask_array, is_python_number,
+                                   static_names)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import load_kernel_files, make_driver
@@ -156,6 +157,7 @@ class AotFunction:
         """The validated arguments and the module params the function
         reads, each from `params` when given there (as the bridges pass
         tensors for them), else the module's value."""
+        self._refuse_dask(args, kwargs)
         bound = self._bind(args, kwargs, params=params)
         numbers = any(map(is_python_number, args)) or any(map(is_python_number, kwargs.values()))
         if (numbers or self.defaults) and not self._compiled(bound):
@@ -170,6 +172,18 @@ class AotFunction:
                     if self._compiled(form):
                         return form
         return bound
+
+    def _refuse_dask(self, args, kwargs) -> None:
+        """A Dask argument is an ArgumentError: NumPy would compute it
+        whole, in memory, and return NumPy arrays where `dsl.load`'s
+        function returns lazy Dask arrays, block by block (the split into
+        blocks needs the compiler)."""
+        for name, value in itertools.chain(self.by_name(args).items(), kwargs.items()):
+            if is_dask_array(value):
+                raise ArgumentError(
+                    f"argument {name!r} of {self.name}() is a Dask array, which a gradc-compiled "
+                    "module does not split into blocks (that needs the compiler): load the "
+                    f".grad file with dsl.load for lazy Dask results, or pass {name}.compute()")
 
     def _default_forms(self, bound: dict[str, np.ndarray]):
         """`bound` with each const argument that has its default's value
