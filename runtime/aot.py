@@ -10,9 +10,9 @@ code), the source of a plain-Python driver and its results' dtypes and
 shapes (`out_types`, which `dsl.aot_bridge` gives JAX's traced calls);
 the values of its const integer, bool and None defaults; and the
 functions of the source no signature named) and builds its functions with
-`AotModule`, which warns when the `.grad` file it was compiled from is
-there and has changed since, and makes the module's `__getattr__` say
-that a function was not compiled.  Nothing here
+`AotModule`, which warns when the `.grad` file it was compiled from, or one
+its imports reached, is there and has changed since, and makes the
+module's `__getattr__` say that a function was not compiled.  Nothing here
 imports the parser or the compiler: a call binds and validates its
 arguments (`runtime.args`), picks the program by dtype and rank, then by
 the fixed sizes its signature gave (`f(f64[3])` and `f(f64[4])` are two
@@ -59,8 +59,8 @@ class AotModule:
     def __init__(self, name: str, file: str, spec: dict):
         self.name = name
         self.directory = os.path.dirname(os.path.abspath(file))
-        if "source" in spec:
-            _warn_if_changed(name, self.directory, *spec["source"])
+        for source in ([spec["source"]] if "source" in spec else []) + spec.get("imports", []):
+            _warn_if_changed(name, self.directory, *source)
         self.target = targets.get(spec.get("target", targets.DEFAULT))
         self.helpers = self.target.helpers
         self.params = ParamStore([ParamSpec(*p) for p in spec["params"]], name)
@@ -105,9 +105,10 @@ class AotModule:
 
 
 def _warn_if_changed(name: str, directory: str, source: str, digest: str) -> None:
-    """Warn when the .grad file module `name` was compiled from (`source`,
-    from `directory`) is there and its bytes' SHA-256 is no longer
-    `digest`: the module runs what was compiled, not the file."""
+    """Warn when a .grad file module `name` was compiled from (`source`,
+    from `directory`: its own, or one its imports reached) is there and
+    its bytes' SHA-256 is no longer `digest`: the module runs what was
+    compiled, not the file."""
     path = os.path.join(directory, source)
     try:
         with open(path, "rb") as handle:
