@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from pathlib import Path
 
@@ -47,12 +48,15 @@ class GradFinder(importlib.abc.MetaPathFinder):
         if "." in fullname:
             return None
         for entry in sys.path:
-            candidate = Path(entry or ".") / f"{fullname}.grad"
             try:
+                candidate = Path(os.fsdecode(entry) or ".") / f"{fullname}.grad"
                 if candidate.is_file():
                     return importlib.machinery.ModuleSpec(
                         fullname, _GradLoader(candidate), origin=str(candidate))
-            except OSError:
+            except (OSError, TypeError, ValueError):
+                # (an entry no path names, as Python's own finder skips it: else
+                # every failed import, a library's probe for an optional one
+                # included, raised this TypeError instead of ImportError)
                 continue
         return None
 

@@ -64,6 +64,19 @@ def test_import_hook_keeps_the_modules_own_names_from_its_functions(tmp_path, mo
     assert not hasattr(clashing_mod, "gone") and sorted(clashing_mod.functions) == ["f"]
 
 
+def test_import_hook_skips_sys_path_entries_that_name_no_path(tmp_path, monkeypatch):
+    # a bytes entry was a TypeError from every import no other finder
+    # resolved, a library's probe for an optional module included
+    (tmp_path / "bytes_entry_mod.grad").write_text("def f(x):\n    return x\n")
+    monkeypatch.setattr(sys, "path", [3, os.fsencode(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "bytes_entry_mod", raising=False)
+    dsl.install_import_hook()
+    with pytest.raises(ModuleNotFoundError):
+        import no_such_module_anywhere  # noqa: F401
+    import bytes_entry_mod
+    assert sorted(bytes_entry_mod.functions) == ["f"]
+
+
 SCRIPT = """
 import sys, time
 from numba.core import event
