@@ -645,4 +645,7 @@ def test_a_mutated_program_is_right_or_a_clean_error(source):
         coarse, fine = (central_difference(scalar, (X, Y), k, eps) for eps in (1e-4, 1e-5))
         if not np.allclose(coarse, fine, rtol=1e-4, atol=1e-6):
             continue  # a kink or a jump near the point: differences say nothing
+        if not np.all(np.isfinite(g)) and ("sqrt" in source or "**" in source):
+            continue  # a derivative infinite at the point (sqrt(0 * x) at 0 is
+            # 0 * inf, NaN, as in JAX and PyTorch): differences see a constant
         np.testing.assert_allclose(g, fine, rtol=1e-4, atol=1e-5, err_msg=source)
