@@ -159,6 +159,11 @@ def namespace_for(module: ast.Module, find: Finder = on_disk, _key: Optional[Has
                 if name not in sub.functions:
                     raise GradError(no_such_function(imp.module, name, sub, importing=True),
                                     imp.span)
+                earlier = ns.functions.get(name)
+                if earlier is not None and earlier[0] is not sub.functions[name][0]:
+                    # (as a def after the import is: the later one once won silently)
+                    raise GradError(f"function {name!r} is already imported, from "
+                                    f"{earlier[1].module.file}", imp.span)
                 ns.functions[name] = sub.functions[name]
         for pname, decl in sub.params.items():
             if pname in ns.params and ns.params[pname] is not decl:

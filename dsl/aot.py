@@ -50,7 +50,9 @@ from dsl.api import Module, load
 from dsl.function import Compiled, GradFn, GradFunction, VjpFunction
 from gradlang.compiler.codegen import generate, symbolic_reaches
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
+from gradlang.compiler.library import STDLIB
 from gradlang.compiler.lower import REGIONS_OF_SYMBOLIC_AXES
+from gradlang.compiler.modules import import_graph
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.runtime import target as targets
@@ -282,7 +284,8 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
     target = targets.get(target)
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],
-                  "functions": {}, "source": _source_stamp(Path(path), out)}
+                  "functions": {}, "source": _source_stamp(Path(path), out),
+                  "imports": _import_stamps(module, out)}
     # (function, kind, argument types, signature, program) to run once
     samples: list[tuple[str, str, dict, str, dict]] = []
     kernel_files: dict[Path, str] = {}
@@ -453,6 +456,15 @@ def _source_stamp(source: Path, out: Path) -> tuple[str, str]:
     except ValueError:  # another drive (Windows)
         where = str(source.resolve())
     return where, hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def _import_stamps(module: Module, out: Path) -> list[tuple[str, str]]:
+    """`_source_stamp` of each `.grad` file the module's imports reach,
+    but the standard library's (which changes only with gradlang, whose
+    modules are for its own version): an edited import is as stale as an
+    edited source."""
+    return [_source_stamp(Path(file), out) for file, _, _ in import_graph(module._namespace)[1:]
+            if not Path(file).resolve().is_relative_to(STDLIB)]
 
 
 def _declared(module: Module) -> list[str]:

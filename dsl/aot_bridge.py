@@ -104,8 +104,8 @@ class AotJax(AotBridged):
                                 f"target; this one was compiled for {f.target.name!r}")
 
         def stand_in(value, where: str):
-            if isinstance(value, np.ndarray):  # (made a JAX array, as jnp functions do)
-                value = jnp.asarray(value)
+            if isinstance(value, np.ndarray) and value.dtype in SUPPORTED:
+                value = jnp.asarray(value)  # (made a JAX array, as jnp functions do)
             if not isinstance(value, (jax.Array, jax.core.Tracer)):
                 return value, None
             dtype = np.dtype(value.dtype)

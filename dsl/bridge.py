@@ -14,7 +14,9 @@ and pickles as its function (`Compiled.recipe`), bridged again.
 `bind_foreign(f, name, args, kwargs, convert)` binds a call whose values
 may be the library's arrays (keywords naming module params f reads are
 params, the others arguments), each value bound as `convert` makes it an
-array, and says which bound names came from the library's arrays.
+array, and says which bound names came from the library's arrays (a
+list or tuple holding one of them is an `ArgumentError`: NumPy would read
+it as a constant, or fail on a traced one).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from dsl.function import Compiled, require_function
+from gradlang.runtime.errors import ArgumentError
 
 
 def bridged(f: Any, what: str) -> Compiled:
@@ -86,6 +89,11 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
     foreign_params: dict[str, Any] = {}
 
     def bind_value(value, where: str, param: Optional[str] = None):
+        if isinstance(value, (list, tuple)) and _holds_library_array(value, convert, where):
+            raise ArgumentError(f"{where} is a {type(value).__name__} holding an array of that "
+                                "library, which the call would read as a constant (no gradient "
+                                "reaches it; a traced one has no values): stack them into one "
+                                "array (torch.stack, jnp.stack)", f.span)
         array, library_value = convert(value, where)
         if library_value is not None:
             foreign[id(array)] = (array, library_value)
@@ -107,3 +115,17 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
                if n in given and id(given[n]) in foreign and foreign[id(given[n])][0] is given[n]}
     by_name.update({n: foreign_params[n] for n in bound if n in foreign_params})
     return bound, by_name
+
+
+def _holds_library_array(sequence: Any, convert: Callable, where: str) -> bool:
+    """Whether a (nested) list or tuple holds an array that `convert`
+    takes for the library's (a number or NumPy array is not asked)."""
+    todo = [sequence]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, (list, tuple)):
+            todo.extend(value)
+        elif not isinstance(value, (int, float, complex, str, bytes, np.ndarray, np.generic)) \
+                and value is not None and convert(value, where)[1] is not None:
+            return True
+    return False

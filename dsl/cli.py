@@ -145,12 +145,19 @@ def _load(file: str) -> dsl.Module:
 
 
 def _existing(file: str) -> str:
-    """`file`, or a usage error if it is not a readable file."""
+    """`file`, or a usage error saying why it is not a readable file (a
+    pipe or a device is refused: reading one may wait for ever, or never
+    end)."""
     path = Path(file)
     if not path.exists():
         raise UsageError(f"no such file: {file}")
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise UsageError(f"cannot read {file}")
+    if path.is_dir():
+        raise UsageError(f"cannot read {file}: it is a directory")
+    if not path.is_file():
+        raise UsageError(f"cannot read {file}: it is not a regular file (a pipe or a device); "
+                         "write the source to a file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"cannot read {file}: permission denied")
     return file
 
 

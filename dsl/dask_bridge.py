@@ -34,17 +34,13 @@ from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
 from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
-from gradlang.runtime.args import NUMPY, SUPPORTED, numeric_array
+from gradlang.runtime.args import NUMPY, SUPPORTED, is_dask_array, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.pullback import OutType, host_cotangent, output_cotangents
 from dsl.lru import held_by
 
 if TYPE_CHECKING:
     from dsl.function import Compiled
-
-
-def is_dask_array(value: Any) -> bool:
-    return type(value).__module__.startswith("dask.array")
 
 
 def chunked_like(value: Any, like: Any, own_dtype: bool = False) -> Any:

@@ -97,8 +97,8 @@ class JaxFunction(Bridged):
         f = self.f
 
         def stand_in(value, where: str):
-            if isinstance(value, np.ndarray):
-                value = jnp.asarray(value)
+            if isinstance(value, np.ndarray) and value.dtype in SUPPORTED:
+                value = jnp.asarray(value)  # (another dtype: binding's error names it)
             if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
                 return value, None
             return placeholder(value.shape, value.dtype), value

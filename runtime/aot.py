@@ -10,9 +10,9 @@ code), the source of a plain-Python driver and its results' dtypes and
 shapes (`out_types`, which `dsl.aot_bridge` gives JAX's traced calls);
 the values of its const integer, bool and None defaults; and the
 functions of the source no signature named) and builds its functions with
-`AotModule`, which warns when the `.grad` file it was compiled from is
-there and has changed since, and makes the module's `__getattr__` say
-that a function was not compiled.  Nothing here
+`AotModule`, which warns when the `.grad` file it was compiled from, or one
+its imports reached, is there and has changed since, and makes the
+module's `__getattr__` say that a function was not compiled.  Nothing here
 imports the parser or the compiler: a call binds and validates its
 arguments (`runtime.args`), picks the program by dtype and rank, then by
 the fixed sizes its signature gave (`f(f64[3])` and `f(f64[4])` are two
@@ -43,7 +43,8 @@ import numpy as np
 
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call_key,
-                                   check_param_sizes, convert, is_python_number, static_names)
+                                   check_param_sizes, convert, is_dask_array, is_python_number,
+                                   static_names)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import load_kernel_files, make_driver
@@ -58,8 +59,8 @@ class AotModule:
     def __init__(self, name: str, file: str, spec: dict):
         self.name = name
         self.directory = os.path.dirname(os.path.abspath(file))
-        if "source" in spec:
-            _warn_if_changed(name, self.directory, *spec["source"])
+        for source in ([spec["source"]] if "source" in spec else []) + spec.get("imports", []):
+            _warn_if_changed(name, self.directory, *source)
         self.target = targets.get(spec.get("target", targets.DEFAULT))
         self.helpers = self.target.helpers
         self.params = ParamStore([ParamSpec(*p) for p in spec["params"]], name)
@@ -104,9 +105,10 @@ class AotModule:
 
 
 def _warn_if_changed(name: str, directory: str, source: str, digest: str) -> None:
-    """Warn when the .grad file module `name` was compiled from (`source`,
-    from `directory`) is there and its bytes' SHA-256 is no longer
-    `digest`: the module runs what was compiled, not the file."""
+    """Warn when a .grad file module `name` was compiled from (`source`,
+    from `directory`: its own, or one its imports reached) is there and
+    its bytes' SHA-256 is no longer `digest`: the module runs what was
+    compiled, not the file."""
     path = os.path.join(directory, source)
     try:
         with open(path, "rb") as handle:
@@ -156,6 +158,7 @@ class AotFunction:
         """The validated arguments and the module params the function
         reads, each from `params` when given there (as the bridges pass
         tensors for them), else the module's value."""
+        self._refuse_dask(args, kwargs)
         bound = self._bind(args, kwargs, params=params)
         numbers = any(map(is_python_number, args)) or any(map(is_python_number, kwargs.values()))
         if (numbers or self.defaults) and not self._compiled(bound):
@@ -170,6 +173,18 @@ class AotFunction:
                     if self._compiled(form):
                         return form
         return bound
+
+    def _refuse_dask(self, args, kwargs) -> None:
+        """A Dask argument is an ArgumentError: NumPy would compute it
+        whole, in memory, and return NumPy arrays where `dsl.load`'s
+        function returns lazy Dask arrays, block by block (the split into
+        blocks needs the compiler)."""
+        for name, value in itertools.chain(self.by_name(args).items(), kwargs.items()):
+            if is_dask_array(value):
+                raise ArgumentError(
+                    f"argument {name!r} of {self.name}() is a Dask array, which a gradc-compiled "
+                    "module does not split into blocks (that needs the compiler): load the "
+                    f".grad file with dsl.load for lazy Dask results, or pass {name}.compute()")
 
     def _default_forms(self, bound: dict[str, np.ndarray]):
         """`bound` with each const argument that has its default's value

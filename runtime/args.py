@@ -177,6 +177,11 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
     return out
 
 
+def is_dask_array(value: Any) -> bool:
+    """A Dask array (told by its type's module: dask is not imported)."""
+    return type(value).__module__.startswith("dask.array")
+
+
 def is_python_number(value: Any) -> bool:
     """A Python int or float (not a bool, not a NumPy scalar, which has a
     dtype of its own)."""

@@ -408,6 +408,22 @@ def test_a_param_and_a_function_may_not_share_a_name_across_imports(tmp_path, ma
     assert_well_formed(err, main)
 
 
+def test_one_name_imported_from_two_modules_is_an_error_as_a_def_after_it_is(tmp_path):
+    # `from b import g` then `from c import g` once took c's silently,
+    # where a `def g` after the import is "already imported"
+    (tmp_path / "b.grad").write_text("def g(x):\n    return x + 1.0\n")
+    (tmp_path / "c.grad").write_text("def g(x):\n    return x + 100.0\n")
+    (tmp_path / "again.grad").write_text("from b import g\ndef h(x):\n    return g(x)\n")
+    main = "from b import g\nfrom again import g, h\nfrom c import g\ndef f(x):\n    return g(x)\n"
+    (tmp_path / "main.grad").write_text(main)
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(tmp_path / "main.grad")
+    err = info.value  # (b's g through `again` is the same function: no error)
+    assert (err.line, err.col) == (3, 1), str(err)
+    assert err.message == f"function 'g' is already imported, from {tmp_path / 'b.grad'}"
+    assert_well_formed(err, main)
+
+
 def test_an_imported_param_without_a_namesake_is_still_set_from_the_importer(tmp_path):
     (tmp_path / "a.grad").write_text("param w: f64\ndef g(x):\n    return x * w\n")
     (tmp_path / "main.grad").write_text("from a import g\ndef f(x):\n    return g(x)\n")
@@ -655,4 +671,7 @@ def test_a_mutated_program_is_right_or_a_clean_error(source):
         coarse, fine = (central_difference(scalar, (X, Y), k, eps) for eps in (1e-4, 1e-5))
         if not np.allclose(coarse, fine, rtol=1e-4, atol=1e-6):
             continue  # a kink or a jump near the point: differences say nothing
+        if not np.all(np.isfinite(g)) and ("sqrt" in source or "**" in source):
+            continue  # a derivative infinite at the point (sqrt(0 * x) at 0 is
+            # 0 * inf, NaN, as in JAX and PyTorch): differences see a constant
         np.testing.assert_allclose(g, fine, rtol=1e-4, atol=1e-5, err_msg=source)

@@ -90,11 +90,13 @@ def test_a_param_run_cannot_use_is_a_usage_error_about_the_flag(params, text, ca
 
 def test_a_compiled_module_warns_when_its_source_changed_since(tmp_path, monkeypatch):
     """It keeps running what was compiled (it needs no source), but says
-    so when the .grad file it was compiled from is there and differs; an
-    unchanged or absent source says nothing."""
-    source = tmp_path / "src" / "drifted.grad"
+    so when the .grad file it was compiled from, or one it imports, is
+    there and differs (an edited import once said nothing); an unchanged
+    or absent source says nothing."""
+    source, helper = tmp_path / "src" / "drifted.grad", tmp_path / "src" / "drift_helper.grad"
     source.parent.mkdir()
-    source.write_text("def f(x):\n    return x * 2.0\n")
+    source.write_text("from drift_helper import g\ndef f(x):\n    return g(x) * 2.0\n")
+    helper.write_text("def g(x):\n    return x\n")
     compile_module(str(source), str(tmp_path / "out"), ["f(f64[:])"])
     monkeypatch.syspath_prepend(str(tmp_path / "out"))
 
@@ -104,6 +106,11 @@ def test_a_compiled_module_warns_when_its_source_changed_since(tmp_path, monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fresh_import()
+    helper.write_text("def g(x):\n    return x + 1.0\n")
+    with pytest.warns(RuntimeWarning, match=r"drift_helper\.grad has changed since gradc "
+                                            r"compiled this module \(drifted\)"):
+        fresh_import()
+    helper.write_text("def g(x):\n    return x\n")
     source.write_text("def f(x):\n    return x * 3.0\n")
     with pytest.warns(RuntimeWarning, match=r"drifted\.grad has changed since gradc compiled "
                                             r"this module.*gradc compile"):

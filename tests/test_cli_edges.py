@@ -5,6 +5,7 @@ the one that needs a real stdout."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -355,3 +356,18 @@ def test_a_scalar_prints_to_the_digits_an_array_does(tmp_path, capsys):
     assert code == 0 and out.splitlines() == ["s = 1.66666667", "d/dx = [0.66666667, 1.33333333]"]
     code, out, _ = run(["run", str(tmp_path / "third.grad"), "s", "[0.0, 3.0]"], capsys)
     assert code == 0 and out.splitlines() == ["s = 3.0", "d/dx = [0., 2.]"]
+
+
+def test_a_source_that_is_no_regular_file_says_what_it_is(tmp_path, capsys):
+    # each was "cannot read PATH", as if its permissions were the matter
+    # (`gradc run /dev/stdin` or a shell's `<(...)`, a pipe, is readable)
+    (tmp_path / "d.grad").mkdir()
+    pipe = tmp_path / "p.grad"
+    os.mkfifo(pipe)
+    for path, why in ((tmp_path / "d.grad", "it is a directory"),
+                      (pipe, r"it is not a regular file \(a pipe or a device\); write the "
+                             "source to a file")):
+        for argv in (["run", str(path), "f", "1"], ["show", str(path), "--emit", "ast"]):
+            code, _, err = run(argv, capsys)
+            assert code == 2 and re.fullmatch(rf"gradc: error: cannot read {re.escape(str(path))}"
+                                              rf": {why}\n", err), err

@@ -249,6 +249,21 @@ def ab(tmp_path_factory):
 X, Y = np.array([1.0, 2.0]), np.array([3.0, 5.0])
 
 
+def test_a_compiled_module_refuses_dask_arrays_rather_than_computing_them_whole(ab):
+    # NumPy once computed the whole Dask array in memory, and the call
+    # returned NumPy arrays where dsl.load's function returns lazy Dask ones
+    da = pytest.importorskip("dask.array")
+    x, y = da.from_array(X, chunks=1), da.from_array(Y, chunks=1)
+    calls = {"x": [lambda: ab.f(x, Y), lambda: dsl.grad(ab.f)(x, Y), lambda: ab.f.vjp(x, Y)],
+             "y": [lambda: ab.f.value_and_grad(X, y=y)]}
+    for name, refused in calls.items():
+        for call in refused:
+            with pytest.raises(dsl.ArgumentError, match=rf"argument '{name}' of f\(\) is a Dask "
+                                                        rf"array.*dsl.load.*{name}.compute\(\)"):
+                call()
+    np.testing.assert_array_equal(ab.f(x.compute(), Y)[0], X * Y + 2.0)
+
+
 def test_aot_functions_pickle_by_reference_to_their_module_imported_by_name(ab, monkeypatch):
     # as a Python function does: the module's name, imported again where it
     # is unpickled; one imported from its file under no importable name cannot

@@ -1,5 +1,6 @@
 """The import hook, the kernel cache, and a warm second process."""
 import concurrent.futures
+import importlib
 import os
 import subprocess
 import sys
@@ -36,6 +37,44 @@ def test_import_hook_reports_errors_as_grad_errors(tmp_path, monkeypatch):
     dsl.install_import_hook()
     with pytest.raises(dsl.GradError, match="broken_mod.grad:2:12: error: name 'y'"):
         import broken_mod  # noqa: F401
+
+
+def test_import_hook_keeps_the_modules_own_names_from_its_functions(tmp_path, monkeypatch):
+    # a function named like the module's own names (params, a dunder the
+    # import system reads) once replaced them: `m.params` was the function,
+    # `m.__spec__` too (so importlib.reload failed), and a `__getattr__`
+    # became the module's attribute hook
+    source = ("param w: f64\ndef params(x):\n    return x * w\n"
+              "def __spec__(x):\n    return x\ndef __getattr__(x):\n    return x\n"
+              "def gone(x):\n    return x\n")
+    (tmp_path / "clashing_mod.grad").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "clashing_mod", raising=False)
+    dsl.install_import_hook()
+    import clashing_mod
+    clashing_mod.params["w"] = 3.0
+    assert sorted(clashing_mod.functions) == ["__getattr__", "__spec__", "gone", "params"]
+    np.testing.assert_array_equal(clashing_mod.functions["params"](np.array([1.0, 2.0])),
+                                  [3.0, 6.0])
+    assert clashing_mod.__spec__.name == "clashing_mod"
+    with pytest.raises(AttributeError):
+        clashing_mod.anything  # noqa: B018
+    (tmp_path / "clashing_mod.grad").write_text("def f(x):\n    return x\n")
+    importlib.reload(clashing_mod)  # replaces the earlier load's functions
+    assert not hasattr(clashing_mod, "gone") and sorted(clashing_mod.functions) == ["f"]
+
+
+def test_import_hook_skips_sys_path_entries_that_name_no_path(tmp_path, monkeypatch):
+    # a bytes entry was a TypeError from every import no other finder
+    # resolved, a library's probe for an optional module included
+    (tmp_path / "bytes_entry_mod.grad").write_text("def f(x):\n    return x\n")
+    monkeypatch.setattr(sys, "path", [3, os.fsencode(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "bytes_entry_mod", raising=False)
+    dsl.install_import_hook()
+    with pytest.raises(ModuleNotFoundError):
+        import no_such_module_anywhere  # noqa: F401
+    import bytes_entry_mod
+    assert sorted(bytes_entry_mod.functions) == ["f"]
 
 
 SCRIPT = """

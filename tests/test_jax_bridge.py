@@ -968,3 +968,19 @@ def test_ctrl_c_during_an_ffi_handlers_compile_is_raised_after_it(x64, monkeypat
     assert len(compiled) == 1  # the compile ran to its end
     monkeypatch.setattr(CFunc, "compile", compile_whole)
     np.testing.assert_array_equal(jax.jit(dsl.to_jax(m.shifted))(x), x * 2.25 - 7.0)
+
+
+def test_a_list_holding_jax_arrays_is_an_argument_error_and_one_of_numpy_arrays_is_taken():
+    # a traced one was "argument 'x' ... is not an array: The numpy.ndarray
+    # conversion method __array__() was called on traced array ..."; a
+    # NumPy array of a dtype gradlang does not take was JAX's own TypeError
+    f = dsl.to_jax(load("log1pexp").log1pexp)
+    for call in (lambda: jax.grad(lambda a: f([a, a]).sum())(jnp.ones(2)),
+                 lambda: jax.jit(f)((jnp.ones(2),)), lambda: f([jnp.ones(2)])):
+        with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(log1pexp\) is a "
+                                                    r"(list|tuple) holding an array.*stack"):
+            call()
+    with pytest.raises(dsl.ArgumentError, match="has unsupported dtype <U1"):
+        f(np.array(["a"]))
+    values = [np.array(0.0), np.array(1.0)]
+    np.testing.assert_allclose(f(values), np.log1p(np.exp([0.0, 1.0])), rtol=1e-6)

@@ -966,3 +966,18 @@ def test_backward_over_varying_lengths_builds_one_split(monkeypatch):
         np.testing.assert_allclose(xt.grad.numpy(), (1.5 - 2.0) + 4.0 * 2 * x / n, rtol=1e-12)
         np.testing.assert_allclose(wt.grad.numpy(), [3.0 * x.sum(), x.sum()], rtol=1e-12)
     assert len(built) == 1
+
+
+def test_a_list_holding_tensors_is_an_argument_error_and_one_of_numbers_is_taken():
+    # NumPy read such a list as a constant: torch's RuntimeError ("Can't
+    # call numpy() on Tensor that requires grad"), or, for tensors that
+    # required none, a result whose gradient a later requires_grad missed
+    f = dsl.to_torch(load("log1pexp").log1pexp)
+    x = tensor([0.0, 1.0])
+    refused = [lambda: f([x, x]), lambda: f((torch.zeros(2), [torch.ones(2)])),
+               lambda: torch.func.grad(lambda t: f([t]).sum())(x.detach())]
+    for call in refused:
+        with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_torch\(log1pexp\) is a "
+                                                    r"(list|tuple) holding an array.*stack"):
+            call()
+    np.testing.assert_allclose(f([0.0, 1.0]).numpy(), np.log1p(np.exp([0.0, 1.0])), rtol=1e-15)
