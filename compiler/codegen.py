@@ -596,7 +596,8 @@ class _Driver:
             return names[v]
 
         params = [define(v) for v in fn.params]
-        lines += bind_symbols(fn.params, names)
+        # a loop's body takes values its loop's types vouch for: no checks
+        lines += bind_symbols(fn.params, names, checked=top)
         outer_bound, self.bound = self.bound, bound_by_arguments(fn.params)
         if top:
             lines += check_reaches(fn)
@@ -1125,16 +1126,16 @@ def bound_by_arguments(params) -> set[str]:
     return {_bound_symbol(d) for v in params for d in v.type.shape} - {None}
 
 
-def bind_symbols(params, names: dict[Var, str]) -> list[str]:
+def bind_symbols(params, names: dict[Var, str], checked: bool = True) -> list[str]:
     """Driver lines binding each size symbol to the first argument axis
-    that carries it, and checking every other axis that carries it, and
-    every fixed size (a program compiled ahead of time for f64[4] must not
-    run on 2 elements)."""
+    that carries it, and (`checked`) checking every other axis that
+    carries it, and every fixed size (a program compiled ahead of time for
+    f64[4] must not run on 2 elements)."""
     lines, bound = [], {}  # symbol -> (the argument, its axis) that binds it
     for v in params:
         what = f"argument {v.hint!r}" if v.hint else "an argument"  # user text: repr
         for axis, d in enumerate(v.type.shape):
-            if isinstance(d, int):
+            if isinstance(d, int) and checked:
                 lines.append(f"if {names[v]}.shape[{axis}] != {d}: R.fixed_size_mismatch("
                              f"{what!r}, {axis}, {d}, {names[v]}.shape[{axis}])")
                 continue
@@ -1145,7 +1146,7 @@ def bind_symbols(params, names: dict[Var, str]) -> list[str]:
             if symbol not in bound:
                 bound[symbol] = (what, axis)
                 lines.append(f"{var} = {names[v]}.shape[{axis}]")
-            else:
+            elif checked:
                 first, first_axis = bound[symbol]
                 lines.append(f"if {names[v]}.shape[{axis}] != {var}: R.size_mismatch("
                              f"{str(symbol)!r}, {first!r}, {first_axis}, {var}, {what!r}, "
