@@ -835,10 +835,12 @@ class _Driver:
             given = [f"R.flat({c})" for c in carried + [ref(a) for a in invariants_in]]
             given += [f"R.stack_rows({c})" for c in [ref(a) for a in stacked] + ys]
             given += [size_variable(f) for f in passed]
-            lines.append(f"if R.loop_is_hot(H, {k}, {trips}){small}:")
-            results = f"{', '.join(carried)}, = " if carried else ""
-            lines.append(f"    {results}K.{kname}("
-                         f"{', '.join([trips, f'{pre}start', f'{pre}step'] + given)})")
+            call = ", ".join([f"H, {k}, K.{kname}", trips, f"{pre}start", f"{pre}step"] + given)
+            lines.append(f"{pre}r = R.run_compiled({call}) "
+                         f"if R.loop_is_hot(H, {k}, {trips}){small} else None")
+            lines.append(f"if {pre}r is not None:")
+            if carried:
+                lines.append(f"    {', '.join(carried)}, = {pre}r")
             lines += [f"    {c} = R.reshape({c}, {render_shape(a.type.shape)})"
                       for c, a in zip(carried, carried_in) if a.type.rank != 1]
             lines.append("else:")

@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional, Sequence
@@ -108,6 +109,21 @@ def loop_is_hot(counts: dict, loop: int, trips: int) -> bool:
         return True
     counts[loop] = total + trips
     return False
+
+
+def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
+    """`function(*args)`: loop `loop`'s compiled form (`loop_is_hot`), or
+    None where it fails (so that the driver runs the trips, which raise
+    any error of the program's own): a compiler's failure to compile it,
+    a bug, is warned of once and the loop never runs compiled again."""
+    try:
+        return function(*args)
+    except Exception as err:  # noqa: BLE001 (the trips run instead)
+        counts[loop] = -math.inf
+        warnings.warn(f"gradc: a loop's compiled form failed ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0] if str(err) else ''}); it runs trip by "
+                      "trip", RuntimeWarning, stacklevel=2)
+        return None
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:

@@ -1,6 +1,8 @@
 """A loop the driver runs trip by trip (its body holds a product) runs as
 one compiled function once it is hot (`runtime.cpu.loop_is_hot`): the
 same bits as the driver's trips, products small enough for it only."""
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -120,3 +122,28 @@ def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, d
         g = want_dxs[i] @ w.T
     np.testing.assert_allclose(dxs, want_dxs, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(dw, want_dw, rtol=1e-12, atol=1e-15)
+
+
+def test_a_compiled_form_that_fails_is_warned_of_once_and_the_trips_run(compile_from,
+                                                                        driver_trips):
+    m = dsl.loads(RNN, "rnn.grad")
+    rng = np.random.default_rng(2)
+    xs, h, w = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=(3, 3))
+    grad = dsl.grad(m.rnn, wrt=0)
+    want = grad(xs, h, w)
+    program = grad.program(grad.bind((xs, h, w), {}))
+    names = [name for name, _ in program.generated.kernels if name.startswith("l_")]
+    assert names
+
+    def fails(*args):
+        raise TypeError("a compiler bug")
+    for name in names:
+        setattr(program.kernels, name, fails)
+    compile_from(0)
+    driver_trips()
+    with pytest.warns(RuntimeWarning, match="compiled form failed .*a compiler bug"):
+        np.testing.assert_array_equal(grad(xs, h, w), want)
+    assert driver_trips() == 2 * len(xs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # never tried again
+        np.testing.assert_array_equal(grad(xs, h, w), want)
