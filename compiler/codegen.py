@@ -1006,7 +1006,7 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         return []
     if op == "transpose" and step.inputs[0].type.rank == 2:
         rows, columns = step.inputs[0].type.shape
-        return [f"{define(step.out)} = math.matrix_transpose({x[0]}, {dim(rows)}, "
+        return [f"{define(step.out)} = matrix_transpose({x[0]}, {dim(rows)}, "
                 f"{dim(columns)})"]
     if op == "full":
         out = define(step.out)
@@ -1016,7 +1016,7 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
                               for a in step.inputs):
         (rows, inner), columns = step.inputs[0].type.shape, step.inputs[1].type.shape[1]
         products.append((rows, inner, columns))
-        return [f"{define(step.out)} = math.matrix_product({x[0]}, {x[1]}, {dim(rows)}, "
+        return [f"{define(step.out)} = matrix_product({x[0]}, {x[1]}, {dim(rows)}, "
                 f"{dim(inner)}, {dim(columns)})"]
     raise _NoCompiledForm
 

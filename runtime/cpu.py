@@ -762,7 +762,10 @@ class CpuTarget(Target):
         return f"(R.pooled if {length} >= {smallest_pooled} else R.empty)({length}, {dtype})"
 
     def render_function(self, name: str, args: list[str], lines: list[str]) -> str:
-        return "\n".join([_SERIAL, f"def {name}({', '.join(args)}):"]
+        # The products by name from cpu_math: the header's `math` is libm's
+        # with GRADC_LIBM=1, which has none.
+        return "\n".join(["from gradlang.runtime.cpu_math import matrix_product, "
+                          "matrix_transpose", _SERIAL, f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],

@@ -153,3 +153,21 @@ def assert_same(got, want) -> None:
     (value, grads), (want_value, want_grads) = got, want
     assert value.tobytes() == want_value.tobytes()
     assert all(g.tobytes() == w.tobytes() for g, w in zip(grads, want_grads))
+
+
+def test_a_compiled_loop_runs_with_libm_s_math(compile_from, driver_trips, monkeypatch):
+    """With GRADC_LIBM=1 the kernels' `math` is Python's, which has no
+    products: the compiled loop takes them from cpu_math by name (else
+    its first call fails, and the loop falls back to its trips, warned)."""
+    monkeypatch.setenv("GRADC_LIBM", "1")
+    m = dsl.loads(RNN.replace("rnn", "rnn_libm"), "rnn_libm.grad")
+    rng = np.random.default_rng(2)
+    xs, h, w = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=(3, 3))
+    compile_from(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value, _ = dsl.value_and_grad(m.rnn_libm, wrt=(0, 1, 2))(xs, h, w)
+    assert driver_trips() == 0  # both loops ran compiled
+    for x in xs:
+        h = np.tanh(h @ w + x)
+    np.testing.assert_allclose(value, np.sum(h), rtol=1e-13)
