@@ -171,3 +171,25 @@ def test_a_compiled_loop_runs_with_libm_s_math(compile_from, driver_trips, monke
     for x in xs:
         h = np.tanh(h @ w + x)
     np.testing.assert_allclose(value, np.sum(h), rtol=1e-13)
+
+
+def test_a_compiled_loop_runs_a_trip_count_known_at_run_time_zero_times(compile_from,
+                                                                       driver_trips):
+    # its stacks (the carried values the gradient reads back) are empty
+    m = dsl.loads("def f(h, w, n: int):\n    for i in range(n):\n"
+                  "        h = tanh(h @ w)\n    return sum(h)\n", "trips.grad")
+    rng = np.random.default_rng(3)
+    h, w = rng.normal(size=3), rng.normal(size=(3, 3))
+    compile_from(0)
+    for n in (0, 3):
+        value, (dh, dw) = dsl.value_and_grad(m.f, wrt=(0, 1))(h, w, n)
+        assert driver_trips() == 0
+        states = [h]
+        for _ in range(n):
+            states.append(np.tanh(states[-1] @ w))
+        np.testing.assert_allclose(value, np.sum(states[-1]), rtol=1e-14)
+        if n == 0:
+            np.testing.assert_array_equal(dh, np.ones(3))
+            np.testing.assert_array_equal(dw, np.zeros((3, 3)))
+        else:
+            np.testing.assert_allclose(dh, central_difference(m.f, (h, w, n), 0), rtol=1e-7)
