@@ -857,7 +857,7 @@ class _NoCompiledForm(Exception):
 def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
                   bound: set[str]) -> Optional[tuple[str, str, list[tuple], list[str]]]:
     """A `loop` whose body (as `steps`, the driver's) runs in the driver,
-    as one function the target compiles (`Target.render_function`): its
+    as one function the target compiles (`Target.compiles_loops`): its
     name, its module's source (the kernels of the body's fused loops, then
     the function), the (rows, inner, columns) of each product in the
     body, which the driver checks are small (`R.small_product`) before it
@@ -875,7 +875,7 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     C-order arrays too, so a reshape is no step; the fused loops' kernels
     are the driver's, the products `cpu_math.matrix_product`, which the
     driver's trips call too (`R.loop_matmul`): the same bits either way."""
-    if target.render_function("f", [], []) is None:
+    if not target.compiles_loops:
         return None
     p = eqn.p
     body, n_carry = p["body"], p["n_carry"]

@@ -711,6 +711,7 @@ class CpuTarget(Target):
 
     name = "cpu"
     fuses_reductions = True
+    compiles_loops = True
     scalars_in_driver = True
     slices_are_views = True  # (NumPy's basic indexing and np.transpose)
     takes_out_buffers = True

@@ -80,14 +80,17 @@ class Target:
     # `fmod_template`s call its kernel math's floor_quotient and
     # floor_remainder (NVPTX expands frem as x - trunc(x / y) * y).
     exact_float_remainder = True
+    # Whether a loop the driver runs trip by trip also gets a compiled form
+    # (`codegen.compiled_loop`, by `render_function`) for when it is hot.
+    compiles_loops = False
 
     # -- codegen: kernels and how a driver launches them
-    def render_function(self, name: str, args: list[str], lines: list[str]) -> Optional[str]:
+    def render_function(self, name: str, args: list[str], lines: list[str]) -> str:
         """A compiled function `name(*args)` running `lines` once (a loop
         the driver would run trip by trip: `codegen`), which may call the
-        kernels of its module by name, serially (`kname_serial`); None
-        where the target compiles no such function (a driver runs it)."""
-        return None
+        kernels of its module by name, serially (`kname_serial`); for a
+        target that `compiles_loops`."""
+        raise NotImplementedError
 
     def reduce_in_function(self, kname: str, size: str, rows: str, args: list[str],
                            cost: int) -> list[str]:
