@@ -27,6 +27,10 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     loop_cases       `steps` trips of u = u + kappa * u * (1 - u), then
                      sum(u * u): value + gradient w.r.t. u and kappa, one
                      forward and one backward kernel (issue 10)
+    language_model_cases
+                     an RNN whose inputs are rows of an embedding table
+                     read by token (`emb[tokens[i]]`): value + gradient
+                     w.r.t. h, emb, w; JAX by lax.scan
     fit_cases        an RK4 fit of a damped oscillator to observations read
                      by the loop's index (`obs[i]`): value + gradient w.r.t.
                      y0, k, c; JAX by lax.scan
@@ -952,14 +956,11 @@ def numpy_rnn(xs, h, w):
     return np.sum(hs[-1]), (dxs, g, dw)
 
 
-def rnn_cases(steps: int, sizes, seed: int = 0) -> list[Case]:
-    """An RNN's value and gradient: "dsl" once its loops are hot (run as
-    one compiled function each: `runtime.cpu.loop_is_hot`), "dsl, trips
-    from Python" with them kept in the driver (the first calls' way)."""
+def hot_and_cold(value_and_grad) -> tuple[Callable, Callable]:
+    """value_and_grad with its loops hot (run as one compiled function
+    each once `runtime.cpu.LOOP_COMPILE_TRIPS` trips ran: here at once),
+    and with them kept in the driver (the first calls' way)."""
     from gradlang.runtime import cpu
-    value_and_grad = dsl.value_and_grad(dsl.loads(RNN_SOURCE, "rnn.grad").rnn, wrt=(0, 1, 2))
-    rng = np.random.default_rng(seed)
-    cases = []
 
     def with_threshold(trips: int, *args):
         saved, cpu.LOOP_COMPILE_TRIPS = cpu.LOOP_COMPILE_TRIPS, trips
@@ -967,11 +968,22 @@ def rnn_cases(steps: int, sizes, seed: int = 0) -> list[Case]:
             return value_and_grad(*args)
         finally:
             cpu.LOOP_COMPILE_TRIPS = saved
+    return (lambda *args: with_threshold(0, *args),
+            lambda *args: with_threshold(10**18, *args))
+
+
+def rnn_cases(steps: int, sizes, seed: int = 0) -> list[Case]:
+    """An RNN's value and gradient: "dsl" once its loops are hot,
+    "dsl, trips from Python" with them kept in the driver (`hot_and_cold`)."""
+    hot, cold = hot_and_cold(dsl.value_and_grad(dsl.loads(RNN_SOURCE, "rnn.grad").rnn,
+                                                wrt=(0, 1, 2)))
+    rng = np.random.default_rng(seed)
+    cases = []
     for d in sizes:
         xs, h, w = rng.normal(size=(steps, d)), rng.normal(size=d), rng.normal(size=(d, d)) / d
         impls = {"numpy": lambda a=(xs, h, w): numpy_rnn(*a),
-                 "dsl": lambda a=(xs, h, w): with_threshold(0, *a),
-                 "dsl, trips from Python": lambda a=(xs, h, w): with_threshold(10**18, *a)}
+                 "dsl": lambda a=(xs, h, w): hot(*a),
+                 "dsl, trips from Python": lambda a=(xs, h, w): cold(*a)}
         if jax_modules():
             jax, jnp = jax_modules()
 
@@ -996,6 +1008,72 @@ def rnn_cases(steps: int, sizes, seed: int = 0) -> list[Case]:
         cases.append(Case(f"rnn, {steps} steps of {d}, float64", impls,
                           (np.asarray(value),) + grads, dict(rtol=1e-9, atol=1e-12),
                           paired=("dsl", "dsl, trips from Python")))
+    return cases
+
+
+LANGUAGE_MODEL_SOURCE = """
+def language_model(tokens: i64[t], h: f64[d], emb: f64[v, d], w: f64[d, d]):
+    for i in range(tokens.shape[0]):
+        h = tanh(h @ w + emb[tokens[i]])
+    return sum(h)
+"""
+
+
+def numpy_language_model(tokens, h, emb, w):
+    """language_model's value and gradient w.r.t. h, emb and w by hand:
+    each step's row of emb's gradient added where its token points."""
+    hs = [h]
+    for token in tokens:
+        hs.append(np.tanh(hs[-1] @ w + emb[token]))
+    g, dw, demb = np.ones_like(h), np.zeros_like(w), np.zeros_like(emb)
+    for i in reversed(range(len(tokens))):
+        d = g * (1 - hs[i + 1] ** 2)
+        demb[tokens[i]] += d
+        dw += np.outer(hs[i], d)
+        g = d @ w.T
+    return np.sum(hs[-1]), (g, demb, dw)
+
+
+def language_model_cases(steps: int, vocabulary: int, sizes, seed: int = 0) -> list[Case]:
+    """An RNN reading its inputs from an embedding table by token
+    (`emb[tokens[i]]`): value and gradient w.r.t. h, emb and w, whose
+    table gradient gets one row per step ("dsl" and "dsl, trips from
+    Python" as in `rnn_cases`)."""
+    hot, cold = hot_and_cold(dsl.value_and_grad(
+        dsl.loads(LANGUAGE_MODEL_SOURCE, "language_model.grad").language_model, wrt=(1, 2, 3)))
+    rng = np.random.default_rng(seed)
+    cases = []
+    for d in sizes:
+        tokens = rng.integers(0, vocabulary, steps)
+        h, emb, w = (rng.normal(size=d), rng.normal(size=(vocabulary, d)),
+                     rng.normal(size=(d, d)) / d)
+        args = (tokens, h, emb, w)
+        impls = {"numpy": lambda a=args: numpy_language_model(*a),
+                 "dsl": lambda a=args: hot(*a),
+                 "dsl, trips from Python": lambda a=args: cold(*a)}
+        if jax_modules():
+            jax, jnp = jax_modules()
+
+            def loss(tokens, h, emb, w):
+                h, _ = jax.lax.scan(lambda h, t: (jnp.tanh(h @ w + emb[t]), None), h, tokens)
+                return jnp.sum(h)
+            impls["jax"] = jax_call(jax.jit(jax.value_and_grad(loss, argnums=(1, 2, 3))), *args)
+        if torch_module():
+            torch = torch_module()
+
+            def torch_language_model(tokens, h, emb, w):
+                h, emb, w = (torch.from_numpy(a).requires_grad_(True) for a in (h, emb, w))
+                state = h
+                for token in torch.from_numpy(tokens):
+                    state = torch.tanh(state @ w + emb[token])
+                value = state.sum()
+                return value.detach().numpy(), tuple(
+                    g.numpy() for g in torch.autograd.grad(value, (h, emb, w)))
+            impls["torch"] = lambda a=args: torch_language_model(*a)
+        value, grads = numpy_language_model(*args)
+        cases.append(Case(f"language model, {steps} steps of {d}, vocabulary "
+                          f"{vocabulary:,}, float64", impls, (np.asarray(value),) + grads,
+                          dict(rtol=1e-9, atol=1e-12), paired=("dsl", "dsl, trips from Python")))
     return cases
 
 

@@ -576,9 +576,11 @@ class _Driver:
                              lambda loop: None if self.in_driver(loop) else self.kernel_of(loop)[0])
 
     def function(self, fn: Function, top: bool = False, steps: Optional[list] = None,
-                 small_products: bool = False) -> _Rendered:
+                 small_products: bool = False, owned: frozenset = frozenset()) -> _Rendered:
         """`steps`: fn's (`steps`), when the caller made them; with
-        `small_products`, a product runs as `compiled_loop`'s do."""
+        `small_products`, a product runs as `compiled_loop`'s do; `owned`:
+        parameters whose arrays the caller hands over (a loop body's
+        carried values, `loop`), which fn may add into in place."""
         target = self.target
         kernel_of = self.kernel_of
         steps = self.steps(fn) if steps is None else steps
@@ -596,6 +598,7 @@ class _Driver:
             return names[v]
 
         params = [define(v) for v in fn.params]
+        fresh.update(owned)
         # a loop's body takes values its loop's types vouch for: no checks
         lines += bind_symbols(fn.params, names, checked=top)
         outer_bound, self.bound = self.bound, bound_by_arguments(fn.params)
@@ -683,7 +686,7 @@ class _Driver:
                 for v in step.outputs:  # (a stack whose trips a size gives is checked)
                     made.add(v, "")
             elif step.op == "loop":
-                lines += self.loop(step, ref, define)
+                lines += self.loop(step, ref, define, fresh, readers)
                 fresh.update(step.outputs[step.p["n_carry"]:])  # the stacks
                 for v in step.outputs[step.p["n_carry"]:]:
                     made.add(v, "")
@@ -789,11 +792,16 @@ class _Driver:
                 lines.append(f"{ref(v)} = R.reshape({ref(v)}, {render_shape(v.type.shape)})")
         return lines
 
-    def loop(self, eqn: Eqn, ref, define) -> list[str]:
+    def loop(self, eqn: Eqn, ref, define, fresh: set[Var], readers: dict[Var, int]) -> list[str]:
         """A `loop` equation: its body as a nested function, called in a
-        Python loop over the trips (the ys stacked into fresh arrays).  Its
-        carried results may be its inputs (zero trips), so they are not
-        fresh."""
+        Python loop over the trips (the ys stacked into fresh arrays).  A
+        carried value that the body adds into in place (`Op.adds_into_first`:
+        an embedding's gradient, scattered into row by row) is the body's
+        own: the loop starts it from an array the driver owns (`fresh`, read
+        by the loop alone: `readers`), else from a copy, and each trip's
+        result is a fresh array (the body copies any other), so the body
+        adds into it in place and the result is fresh.  Any other carried
+        result may be the loop's input (zero trips), so it is not fresh."""
         p = eqn.p
         body, n_carry = p["body"], p["n_carry"]
         k = self.n_bodies
@@ -802,14 +810,20 @@ class _Driver:
         steps = self.steps(body)
         compiled = compiled_loop(eqn, steps, self.target, self.kernel_of,
                                  self.bound | ({_bound_symbol(p["trip"])} - {None}))
-        inner = self.function(body, steps=steps, small_products=compiled is not None)
+        _, carry_params, _, _ = loop_groups(body.params, p, lead=1)
+        added_into = {s.inputs[0] for s in steps
+                      if isinstance(s, Eqn) and OPS[s.op].adds_into_first}
+        owned = [v in added_into for v in carry_params]
+        inner = self.function(body, steps=steps, small_products=compiled is not None,
+                              owned=frozenset(v for v in carry_params if v in added_into))
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
         carried = [f"{pre}c{j}" for j in range(n_carry)]
         _, carried_in, invariants_in, stacked = loop_groups(eqn.inputs, p)
-        for name, a in zip(carried, carried_in):
-            lines.append(f"{name} = {ref(a)}")
+        for name, a, own in zip(carried, carried_in, owned):
+            handed_over = not own or (a in fresh and readers[a] == 1)
+            lines.append(f"{name} = {ref(a)}" if handed_over else f"{name} = R.copy({ref(a)})")
         ys = [define(v) for v in eqn.outputs[n_carry:]]
         for name, v in zip(ys, eqn.outputs[n_carry:]):
             shape = render_shape(v.type.shape[1:])
@@ -845,8 +859,10 @@ class _Driver:
                       for c, a in zip(carried, carried_in) if a.type.rank != 1]
             lines.append("else:")
             lines += ["    " + line for line in trip_lines]
-        for name, v in zip(carried, eqn.outputs[:n_carry]):
+        for name, v, own in zip(carried, eqn.outputs[:n_carry], owned):
             lines.append(f"{define(v)} = {name}")
+            if own:
+                fresh.add(v)
         return lines
 
 

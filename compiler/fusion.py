@@ -29,8 +29,8 @@ that the next one starts a loop of its own (see there why).  Then a loop
 whose values only one later loop of its shape reads sinks into that loop
 (`_sink_loops`).  With `reductions` (the CPU), a product summed against
 a vector is first a matrix-vector product (`compiler.matvec`).  On every
-target a sum of embeds is first one buffer that each is added into in
-place (`compiler.embed_sums`), and elementwise work between a transpose
+target a sum of embeds or of scatter-adds is one buffer that each adds into in
+place (`compiler.in_place_sums`), and elementwise work between a transpose
 and its inverse runs in the untransposed layout (`compiler.layouts`).
 Last, with `reductions`, a reduction along trailing axes and the
 elementwise work on the same rows (a softmax, its gradient, a layer norm)
@@ -47,7 +47,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Union
 
-from gradlang.compiler.embed_sums import as_embed_sums
+from gradlang.compiler.in_place_sums import as_in_place_sums
 from gradlang.compiler.layouts import in_source_layout
 from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, namer, print_eqns,
                                   signature_line, use_counts)
@@ -91,7 +91,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
     """`reductions`: let a loop end in a sum over trailing axes, and run
     a product summed against a vector as a matrix-vector product
     (`compiler.matvec`)."""
-    fn = in_source_layout(as_embed_sums(fn))
+    fn = in_source_layout(as_in_place_sums(fn))
     if reductions:
         fn = as_matvecs(fn)
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}

@@ -1062,7 +1062,7 @@ _TABLE: tuple[Op, ...] = (
     # `base + embed(x)`: x added into the strided region of base that the
     # params slice (as `embed` places it), in place where the driver owns
     # base; with `assign`, written there (the region holds zeros).  Only
-    # fusion makes it (`compiler.embed_sums`), of a sum of embeds.
+    # fusion makes it (`compiler.in_place_sums`), of a sum of embeds.
     Op("embed_add", kind="layout", type_rule=_embed_add_rule, vjp=_embed_add_vjp,
        ref=_embed_add_ref, arity=2, linear="jointly", adds_into_first=True),
     # `np.arange(start, stop, step)` (int64 or float64), made by the driver

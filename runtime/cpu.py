@@ -313,16 +313,23 @@ def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
     return out
 
 
+def _own(base: np.ndarray, owned: bool) -> np.ndarray:
+    """The array an op adding into `base` in place writes: base itself
+    where the driver owns it (`owned`: it made it, and nothing else reads
+    it) and it is C-contiguous (a view of it in (outer, n, inner) form must
+    not be a copy), else a C-order copy."""
+    if owned and base.flags.c_contiguous and base.flags.writeable:
+        return base
+    return np.array(base, order="C")
+
+
 def embed_add(base: np.ndarray, x: np.ndarray, where: tuple, owned: bool = False,
               assign: bool = False) -> np.ndarray:
     """base with x added into its region `where` (Python slices: where
     `embed` would place x), or written there with `assign` (the compiler
     proved the region holds zeros).  `owned`: the driver made base and
     reads it no more: added in place."""
-    if owned and base.flags.c_contiguous and base.flags.writeable:
-        out = base
-    else:
-        out = np.array(base, order="C")
+    out = _own(base, owned)
     _into_region(out, where, x, not assign)
     return out
 
@@ -556,7 +563,7 @@ def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int
     """base with values added where np.take(base, idx, axis) reads (repeated
     indices accumulate: np.add.at), every index checked.  `owned`: the
     driver made base (C-contiguous) and reads it no more: added in place."""
-    out = base if owned else np.array(base, order="C")  # _view(out) must not copy
+    out = _own(base, owned)
     outer, n, inner = index_views(out.shape, axis)
     flat_idx = np.ascontiguousarray(idx).reshape(-1)
     values3 = np.ascontiguousarray(values).reshape(outer, flat_idx.size, inner)
@@ -572,7 +579,7 @@ def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray
                            where: str, owned: bool = False) -> np.ndarray:
     """base with values added where np.take_along_axis(base, idx, axis)
     reads, every index checked (`owned` as for `scatter_add`)."""
-    out = base if owned else np.array(base, order="C")
+    out = _own(base, owned)
     _checked(_scatter_along(_view(out, axis), _view(idx, axis), _view(values, axis)), idx,
              out.shape[axis], where)
     return out

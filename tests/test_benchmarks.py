@@ -30,6 +30,7 @@ WORKLOADS = {
     "loop": lambda: workloads.loop_cases(7, 5),
     "fit": lambda: workloads.fit_cases(4),
     "rnn": lambda: workloads.rnn_cases(4, [3]),
+    "language model": lambda: workloads.language_model_cases(5, 4, [3]),
     "forward": lambda: workloads.forward_cases([20], jacobian_size=5),
     "indexing": lambda: workloads.indexing_cases(10, 3, 12, 30, 4),
     "to_torch": lambda: workloads.torch_bridge_cases([5]),

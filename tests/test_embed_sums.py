@@ -1,6 +1,6 @@
 """Two rewrites that fusion makes on every target.
 
-Sums of embeds (`compiler.embed_sums`): a gradient that sums the
+Sums of embeds (`compiler.in_place_sums`): a gradient that sums the
 transposes of several slices of one array adds each into one buffer in
 place (`embed_add`).  Values against NumPy on the CPU and the CUDA
 simulator: overlapping regions, strides along several axes, a reversed

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
+from gradlang.compiler.fusion import Loop, fuse
 from gradlang.runtime.target import TARGETS
 from helpers import central_difference
 
@@ -79,6 +80,26 @@ def new_axes(x, i: i64, idx):
 
 def every_other_axis(x, idx):
     return x[..., 0], x[1, ...], x[..., None, 1:], x[..., idx], x[0, ..., ::-2], x[...]
+
+def language_model(tokens, h, emb, w):
+    for i in range(tokens.shape[0]):
+        h = tanh(h @ w + emb[tokens[i]])
+    return sum(h * h)
+
+def accumulate(acc, idx, values):
+    for i in range(idx.shape[0]):
+        acc = scatter_add(acc, idx[i], values[i])
+    return acc
+
+def accumulate_kept(x, idx, values):
+    start = x * 2.0
+    acc = start
+    for i in range(idx.shape[0]):
+        acc = scatter_add(acc, idx[i], values[i])
+    return acc, start
+
+def table_loss(emb, ids):
+    return sum(emb[ids] ** 2) + sum(emb * emb)
 
 def neighbours(x, n: i64):
     s = x[0] * 0
@@ -367,6 +388,85 @@ def test_embedding_gradient_accumulates_repeated_ids(target):
                                rtol=1e-6, atol=1e-8)
     v = rng.normal(size=table.shape)
     np.testing.assert_allclose(dsl.hvp(m.embed)(table, ids, v), 2 * counts * v, rtol=1e-12)
+
+
+def language_model_by_hand(tokens, h, emb, w):
+    """The value of `language_model` and its gradients w.r.t. h, emb, w,
+    by backpropagation written out in NumPy."""
+    hs = [h]
+    for t in tokens:
+        hs.append(np.tanh(hs[-1] @ w + emb[t]))
+    g, g_emb, g_w = 2 * hs[-1], np.zeros_like(emb), np.zeros_like(w)
+    for k in range(len(tokens) - 1, -1, -1):
+        d = g * (1 - hs[k + 1] ** 2)
+        g_w += np.outer(hs[k], d)
+        g_emb[tokens[k]] += d
+        g = d @ w.T
+    return np.sum(hs[-1] ** 2), g, g_emb, g_w
+
+
+def last_loop_body(f, args) -> str:
+    """The source of the driver's last loop body (the backward one)."""
+    lines = f.program(f.bind(args, {})).generated.driver_source.splitlines()
+    start = max(k for k, line in enumerate(lines) if line.lstrip().startswith("def body"))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next((k for k in range(start + 1, len(lines))
+                if len(lines[k]) - len(lines[k].lstrip()) <= indent), len(lines))
+    return "\n".join(lines[start:end])
+
+
+@each_target
+@settings(max_examples=4, deadline=None)
+@given(tokens=st.lists(st.integers(-6, 5), max_size=7).map(lambda t: np.array(t, np.int64)),
+       seed=st.integers(0, 2**31))
+def test_an_embedding_read_in_a_loop_adds_its_gradient_row_by_row(target, tokens, seed):
+    # The gradient of emb[tokens[i]] used to fill a whole table of zeros
+    # on each trip, scatter one row into it and add it to the table's
+    # running gradient: a cost of the table's size per token.  Now each
+    # trip scatters its row into the running gradient in place.
+    m = module(target)
+    rng = np.random.default_rng(seed)
+    h, emb, w = rng.normal(size=3), rng.normal(size=(6, 3)), rng.normal(size=(3, 3)) * 0.5
+    args = (tokens, h, emb, w)
+    value, *grads = language_model_by_hand(*args)
+    got = dsl.value_and_grad(m.language_model, wrt=(1, 2, 3))(*args)
+    np.testing.assert_allclose(got[0], value, rtol=1e-12)
+    for g, want in zip(got[1], grads):
+        np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+    f = dsl.value_and_grad(m.language_model, wrt=(1, 2, 3))
+    body = last_loop_body(f, args)
+    assert "R.full" not in body and "owned=True" in body, body
+
+
+@each_target
+def test_a_loop_adds_in_place_only_into_a_carried_value_it_owns(target):
+    m = module(target)
+    rng = np.random.default_rng(6)
+    base, idx, values = rng.normal(size=(4, 3)), np.array([1, -1, 1, 0]), rng.normal(size=(4, 3))
+    expected = base.copy()
+    np.add.at(expected, idx, values)
+    # the caller's array starts the loop: a copy is added into
+    for layout in (base.copy(), np.asfortranarray(base)):
+        np.testing.assert_allclose(m.accumulate(layout, idx, values), expected, rtol=1e-14)
+        np.testing.assert_array_equal(layout, base)
+    # a value the driver made, read again after the loop: a copy too
+    acc, start = m.accumulate_kept(base / 2.0, idx, values)
+    np.testing.assert_allclose(start, base, rtol=1e-14)
+    np.testing.assert_allclose(acc, expected, rtol=1e-14)
+    g = dsl.grad(m.accumulate, wrt=(0, 2))(base, idx, values)
+    np.testing.assert_array_equal(g[0], np.ones_like(base))
+    np.testing.assert_array_equal(g[1], np.ones_like(values))
+
+
+def test_a_gathers_gradient_added_to_another_scatters_into_it():
+    m = module("cpu")
+    rng = np.random.default_rng(7)
+    emb, ids = rng.normal(size=(5, 3)), np.array([1, 4, 1, -1])
+    grad = dsl.grad(m.table_loss)
+    ops = [s.op for s in fuse(grad.ir(emb, ids)) if not isinstance(s, Loop)]
+    assert "scatter_add" in ops and "full" not in ops, ops
+    counts = np.bincount(ids % 5, minlength=5)[:, None]
+    np.testing.assert_allclose(grad(emb, ids), 2 * counts * emb + 2 * emb, rtol=1e-14)
 
 
 @each_target

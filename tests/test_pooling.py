@@ -154,7 +154,7 @@ def test_forward_over_reverse_and_vmap():
 
 def test_grad_of_grad_of_a_tiling_pool():
     # a 2x2 pool's four windows tile x: both orders of its gradient write
-    # each window's share into the zeros, never add (compiler.embed_sums);
+    # each window's share into the zeros, never add (compiler.in_place_sums);
     # a share written over another's, or over what is not zeros, is wrong here
     m = dsl.loads("def f(x):\n    return sum(sin(max_pool2d(x, 2)) * x[:, :, ::2, ::2])\n",
                   "tiled.grad")
