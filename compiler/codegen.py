@@ -880,17 +880,22 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     calls the function, and the size symbols the driver passes it.  None
     if the target compiles no such function, or the body holds a step it
     has no form for: a row loop, a nested loop, any op but the fused
-    loops' (sums included) and `reshape`, `full`, a 2-d `transpose` and a
-    2-d float `matmul`, or a size the driver has not bound (`bound`) nor a
-    flat argument gives.
+    loops' (sums included) and `reshape`, `full`, a 2-d `transpose`, a
+    2-d float `matmul`, `take` and `scatter_add`, or a size the driver
+    has not bound (`bound`) nor a flat argument gives.
 
     Its arguments: trips, start, step, the carried values (copied first,
     then replaced each trip), the invariants, the stacked inputs and the
     stacked results (filled), each flat (a stack as (trips, elements)),
-    then those sizes; it returns the carried values, flat.  The body's values are flat
+    then those sizes; it returns True and the carried values, flat, or
+    False (and any arrays) where an index was out of range: the driver
+    then runs the trips, which report it.  The body's values are flat
     C-order arrays too, so a reshape is no step; the fused loops' kernels
-    are the driver's, the products `cpu_math.matrix_product`, which the
-    driver's trips call too (`R.loop_matmul`): the same bits either way."""
+    are the driver's, the products `cpu_math.matrix_product`, the gathers
+    and scatter-adds `cpu_math.gather_rows` and `scatter_rows`, which the
+    driver's trips call too (`R.loop_matmul`, `R.take`, `R.scatter_add`):
+    the same bits either way.  A scatter-add adds in place into a carried
+    value or one a step made, where nothing else reads it."""
     if not target.compiles_loops:
         return None
     p = eqn.p
@@ -922,6 +927,10 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
             raise _NoCompiledForm  # (the lowering makes none an operand of these steps)
         return names[a]
 
+    readers: dict[Var, int] = {}  # how many steps (or the results) read each value
+    for a in [_value(s, a) for s in steps for a in s.inputs] + list(body.outputs):
+        if isinstance(a, Var):
+            readers[a] = readers.get(a, 0) + 1
     args = ["trips", "start", "step"]
     passed = sorted({f for v in body.params for d in v.type.shape if isinstance(d, Sym)
                      for f in d.factors} & bound)
@@ -943,13 +952,20 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
         trip += ["ix = np.empty(1, np.int64)", "ix[0] = start + t * step"]
     trip += [f"x{j} = s{j}[t]" for j in range(len(slices))]
     names.update((v, f"x{j}") for j, v in enumerate(slices))
+    carried_now = "".join(f"c{j}, " for j in range(n_carry))
     # a step reading only invariants (a weight's transpose) runs once, first
     invariant = set(invariants)
     hoisted: list[str] = []
+
+    def owns(v: Var) -> bool:
+        # a value this trip made, or a carried one (each a copy the
+        # function made), that nothing else reads; never one made before
+        # the trips, which every trip reads
+        return (v in fresh or v in carry) and v not in invariant and readers[v] == 1
     try:
         for step in steps:
             step_lines = _compiled_step(step, target, kernel_of, kernels, products, ref, dim,
-                                        names, fresh)
+                                        names, fresh, owns, f"return (False, {carried_now})")
             reads = ([_value(step, v) for v in step.inputs] if isinstance(step, Loop)
                      else list(step.inputs))
             if all(v in invariant for v in reads if isinstance(v, Var)):
@@ -970,7 +986,7 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     if n_carry:
         trip.append(f"{', '.join(f'c{j}' for j in range(n_carry))}, = {', '.join(new)},")
     lines += hoisted + ["for tt in range(trips):"] + ["    " + line for line in trip]
-    lines.append(f"return ({''.join(f'c{j}, ' for j in range(n_carry))})")
+    lines.append(f"return (True, {carried_now})")
     kernel_text = "".join(kernels.values())
     name = "l_" + hashlib.sha256((kernel_text + target.render_function("f", args, lines))
                                  .encode()).hexdigest()[:16]
@@ -979,9 +995,11 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
 
 
 def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str, str],
-                   products: list, ref, dim, names: dict[Var, str],
-                   fresh: set[Var]) -> list[str]:
-    """`compiled_loop`'s lines for one step of the body."""
+                   products: list, ref, dim, names: dict[Var, str], fresh: set[Var],
+                   owns: Callable[[Var], bool], give_up: str) -> list[str]:
+    """`compiled_loop`'s lines for one step of the body; `owns`: whether
+    the function may add into a value in place; `give_up`: the line that
+    returns where an index is out of range."""
     def define(v: Var) -> str:
         names[v] = f"w{len(names)}"
         fresh.add(v)
@@ -1034,6 +1052,18 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         products.append((rows, inner, columns))
         return [f"{define(step.out)} = matrix_product({x[0]}, {x[1]}, {dim(rows)}, "
                 f"{dim(inner)}, {dim(columns)})"]
+    if op in ("take", "scatter_add"):
+        shape, axis = step.inputs[0].type.shape, p["axis"]
+        views = f"{dim(prod(shape[:axis]))}, {dim(shape[axis])}, {dim(prod(shape[axis + 1:]))}"
+        out = define(step.out)
+        if op == "take":
+            lines = [f"{out} = np.empty({elements(step.out)}, "
+                     f"{numpy_spelling(step.out.type.dtype)})",
+                     f"bad = gather_rows({x[0]}, {x[1]}, {out}, {views})"]
+        else:
+            base = x[0] if owns(step.inputs[0]) else f"{x[0]}.copy()"
+            lines = [f"{out} = {base}", f"bad = scatter_rows({out}, {x[1]}, {x[2]}, {views})"]
+        return lines + ["if bad >= 0:", f"    {give_up}"]
     raise _NoCompiledForm
 
 

@@ -114,12 +114,14 @@ def loop_is_hot(counts: dict, loop: int, trips: int) -> bool:
 
 
 def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
-    """`function(*args)`: loop `loop`'s compiled form (`loop_is_hot`), or
-    None where it fails (so that the driver runs the trips, which raise
-    any error of the program's own): a compiler's failure to compile it,
-    a bug, is warned of once and the loop never runs compiled again."""
+    """The carried values of `function(*args)`, loop `loop`'s compiled
+    form (`loop_is_hot`), or None where it gives up (an index out of
+    range) or fails, so that the driver runs the trips, which raise any
+    error of the program's own: a compiler's failure to compile it, a
+    bug, is warned of once and the loop never runs compiled again."""
     try:
-        return function(*args)
+        done, *carried = function(*args)
+        return tuple(carried) if done else None
     except Exception as err:  # noqa: BLE001 (the trips run instead)
         counts[loop] = -math.inf
         warnings.warn(f"gradc: a loop's compiled form failed ({type(err).__name__}: "
@@ -460,23 +462,6 @@ def _strided_rows_add(out, offset, out_steps, x, x_steps, sizes):
 
 
 @_jit()
-def _take_rows(x, idx, out):
-    n, inner = x.shape[1], x.shape[2]
-    for k in range(idx.shape[0]):
-        j = idx[k]
-        if j < -n or j >= n:
-            return k
-        j = j + n if j < 0 else j
-        for o in range(x.shape[0]):
-            if inner == 1:  # one element: a loop of one costs 5x here
-                out[o, k, 0] = x[o, j, 0]
-            else:
-                for i in range(inner):
-                    out[o, k, i] = x[o, j, i]
-    return -1
-
-
-@_jit()
 def _take_along(x, idx, out):
     n, m, inner = x.shape[1], idx.shape[1], x.shape[2]
     for t in range(idx.size):
@@ -485,36 +470,6 @@ def _take_along(x, idx, out):
         if j < -n or j >= n:
             return t
         out[o, k, i] = x[o, j + n if j < 0 else j, i]
-    return -1
-
-
-@_jit()
-def _scatter_rows(out, idx, values):
-    n, inner = out.shape[1], out.shape[2]
-    for k in range(idx.shape[0]):
-        j = idx[k]
-        if j < -n or j >= n:
-            return k
-        j = j + n if j < 0 else j
-        for o in range(out.shape[0]):
-            if inner == 1:
-                out[o, j, 0] += values[o, k, 0]
-            else:
-                for i in range(inner):
-                    out[o, j, i] += values[o, k, i]
-    return -1
-
-
-@_jit()
-def _scatter_flat(out, idx, values):
-    # _scatter_rows of one row of single elements (a segment sum), which
-    # its 3-d indexing and inner loop made 2.5x slower.
-    n = out.shape[0]
-    for k in range(idx.shape[0]):
-        j = idx[k]
-        if j < -n or j >= n:
-            return k
-        out[j + n if j < 0 else j] += values[k]
     return -1
 
 
@@ -544,9 +499,8 @@ def take(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
     """np.take(x, idx, axis), every index checked."""
     outer, n, inner = index_views(x.shape, axis)
     out = np.empty(x.shape[:axis] + np.shape(idx) + x.shape[axis + 1:], x.dtype)
-    flat_idx = np.ascontiguousarray(idx).reshape(-1)
-    _checked(_take_rows(_view(x, axis), flat_idx, out.reshape(outer, flat_idx.size, inner)),
-             idx, n, where)
+    _checked(cpu_math.gather_rows(flat(x), flat(idx), flat(out), outer, n, inner), idx,
+             n, where)
     return out
 
 
@@ -565,13 +519,8 @@ def scatter_add(base: np.ndarray, idx: np.ndarray, values: np.ndarray, axis: int
     driver made base (C-contiguous) and reads it no more: added in place."""
     out = _own(base, owned)
     outer, n, inner = index_views(out.shape, axis)
-    flat_idx = np.ascontiguousarray(idx).reshape(-1)
-    values3 = np.ascontiguousarray(values).reshape(outer, flat_idx.size, inner)
-    if outer == inner == 1:
-        bad = _scatter_flat(out.reshape(-1), flat_idx, values3.reshape(-1))
-    else:
-        bad = _scatter_rows(_view(out, axis), flat_idx, values3)
-    _checked(bad, idx, n, where)
+    _checked(cpu_math.scatter_rows(flat(out), flat(idx), flat(values), outer, n, inner), idx, n,
+             where)
     return out
 
 
@@ -774,8 +723,9 @@ class CpuTarget(Target):
     def render_function(self, name: str, args: list[str], lines: list[str]) -> str:
         # The products by name from cpu_math: the header's `math` is libm's
         # with GRADC_LIBM=1, which has none.
-        return "\n".join(["from gradlang.runtime.cpu_math import matrix_product, "
-                          "matrix_transpose", _SERIAL, f"def {name}({', '.join(args)}):"]
+        return "\n".join(["from gradlang.runtime.cpu_math import gather_rows, matrix_product, "
+                          "matrix_transpose, scatter_rows", _SERIAL,
+                          f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],

@@ -193,3 +193,110 @@ def test_a_compiled_loop_runs_a_trip_count_known_at_run_time_zero_times(compile_
             np.testing.assert_array_equal(dw, np.zeros((3, 3)))
         else:
             np.testing.assert_allclose(dh, central_difference(m.f, (h, w, n), 0), rtol=1e-7)
+
+
+# gathers and scatter-adds: an embedding read by token (its gradient
+# scatters into the table's, carried), a scatter into a carried value the
+# caller gave, one into a carried value read again, and one into a value
+# every trip reads (made once, before the trips)
+GATHERS = ("def language_model(tokens, h, emb, w):\n"
+           "    for i in range(tokens.shape[0]):\n"
+           "        h = tanh(h @ w + emb[tokens[i]])\n"
+           "    return sum(h)\n"
+           "def accumulate(acc, idx, values):\n"
+           "    for i in range(idx.shape[0]):\n"
+           "        acc = scatter_add(acc, idx[i], values[i] * 2.0)\n"
+           "    return acc\n"
+           "def twice(acc, idx, values):\n"
+           "    for i in range(idx.shape[0]):\n"
+           "        acc = scatter_add(acc, idx[i], values[i]) + acc\n"
+           "    return acc\n"
+           "def hoisted(w, idx, values):\n"
+           "    s = 0.0\n"
+           "    for i in range(idx.shape[0]):\n"
+           "        s = s + sum(scatter_add(w * 2.0, idx[i], values[i]) * w)\n"
+           "    return s\n")
+
+
+def driver_and_compiled(f, *args) -> tuple:
+    """f(*args) with its loops in the driver, then compiled, and how many
+    trips the driver ran the second time."""
+    saved, write, stacked = cpu.LOOP_COMPILE_TRIPS, cpu.stack_write, []
+    try:  # (hypothesis takes no function-scoped fixture)
+        cpu.stack_write = lambda ys, t, y: (stacked.append(t), write(ys, t, y))
+        cpu.LOOP_COMPILE_TRIPS = 10**12
+        driver = f(*args)
+        in_driver = len(stacked)
+        cpu.LOOP_COMPILE_TRIPS = 0
+        compiled = f(*args)
+        return driver, compiled, len(stacked) - in_driver
+    finally:
+        cpu.LOOP_COMPILE_TRIPS, cpu.stack_write = saved, write
+
+
+@settings(max_examples=5, deadline=None)
+@given(tokens=st.lists(st.integers(-5, 4), max_size=6).map(lambda t: np.array(t, np.int64)),
+       seed=st.integers(0, 2**16))
+def test_a_compiled_loop_gathers_and_scatters_as_the_driver_s_trips(tokens, seed):
+    m = dsl.loads(GATHERS, "gathers.grad")
+    rng = np.random.default_rng(seed)
+    h, emb, w = rng.normal(size=3), rng.normal(size=(5, 3)), rng.normal(size=(3, 3)) * 0.5
+    driver, compiled, trips = driver_and_compiled(
+        dsl.value_and_grad(m.language_model, wrt=(1, 2, 3)), tokens, h, emb, w)
+    assert trips == 0  # both loops ran compiled
+    assert_same(compiled, driver)
+    hs = [h]  # and by hand
+    for t in tokens:
+        hs.append(np.tanh(hs[-1] @ w + emb[t]))
+    g, g_emb, g_w = np.ones(3), np.zeros_like(emb), np.zeros_like(w)
+    for k in reversed(range(len(tokens))):
+        d = g * (1 - hs[k + 1] ** 2)
+        g_emb[tokens[k]] += d
+        g_w += np.outer(hs[k], d)
+        g = d @ w.T
+    np.testing.assert_allclose(compiled[0], np.sum(hs[-1]), rtol=1e-13)
+    for got, want in zip(compiled[1], (g, g_emb, g_w)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-13)
+    # a scatter into the caller's array, carried: added into a copy
+    acc, values = rng.normal(size=(5, 3)), rng.normal(size=(len(tokens), 3))
+    before = acc.copy()
+    driver, compiled, trips = driver_and_compiled(m.accumulate, acc, tokens, values)
+    assert trips == 0 and compiled.tobytes() == driver.tobytes()
+    want = before.copy()
+    np.add.at(want, tokens, values * 2.0)
+    np.testing.assert_array_equal(acc, before)
+    np.testing.assert_allclose(compiled, want, rtol=1e-14)
+    # a carried value read again after the scatter: added into a copy
+    driver, compiled, trips = driver_and_compiled(m.twice, acc, tokens, values)
+    assert trips == 0 and compiled.tobytes() == driver.tobytes()
+    want = before.copy()
+    for t, v in zip(tokens, values):
+        want = 2 * want
+        want[t] += v
+    np.testing.assert_allclose(compiled, want, rtol=1e-13)
+    driver, compiled, trips = driver_and_compiled(m.hoisted, acc, tokens, values)
+    assert trips == 0 and compiled.tobytes() == driver.tobytes()
+    want = 0.0
+    for t, v in zip(tokens, values):
+        scattered = 2.0 * acc
+        scattered[t] += v
+        want += np.sum(scattered * acc)
+    np.testing.assert_allclose(compiled, want, rtol=1e-13, atol=1e-13)
+
+
+def test_a_compiled_loop_leaves_an_index_out_of_range_to_the_trips(compile_from, driver_trips):
+    # The compiled form gives up and the driver's trips report the index;
+    # no warning that the compiled form failed, and the next call runs it.
+    m = dsl.loads(GATHERS, "gathers.grad")
+    rng = np.random.default_rng(4)
+    h, emb, w = rng.normal(size=3), rng.normal(size=(5, 3)), rng.normal(size=(3, 3))
+    grad = dsl.grad(m.language_model, wrt=(1, 2, 3))
+    compile_from(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for bad in (5, -6):
+            with pytest.raises(dsl.ArgumentError, match=f"index {bad} in "):
+                grad(np.array([0, 1, bad, 2]), h, emb, w)
+        driver_trips()
+        grad(np.array([0, 1, 4, 2]), h, emb, w)
+    assert driver_trips() == 0
