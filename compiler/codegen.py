@@ -976,8 +976,10 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
         if not all(set(d.factors) <= bound for dims in products for d in dims
                    if isinstance(d, Sym)):
             raise _NoCompiledForm
-        new = [f"{ref(a)}" if a in fresh else f"{ref(a)}.copy()"
-               for a in body.outputs[:n_carry]]
+        new, handed_out = [], set()  # (two carried values are never one array)
+        for a in body.outputs[:n_carry]:
+            new.append(ref(a) if a in fresh and ref(a) not in handed_out else f"{ref(a)}.copy()")
+            handed_out.add(ref(a))
         for j, a in enumerate(body.outputs[n_carry:]):
             trip += [f"for e in range({dim(prod(a.type.shape))}):",
                      f"    y{j}[t, e] = {ref(a)}[e]"]
@@ -1008,6 +1010,14 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
     def elements(v: Var) -> str:
         return dim(prod(v.type.shape))
 
+    def same_array(v: Var, a: Var) -> list[str]:
+        # v is a's array under a's name (flat, the same elements): v may
+        # be added into where a may (and a is read by this step alone)
+        names[v] = names[a]
+        if owns(a):
+            fresh.add(v)
+        return []
+
     if isinstance(step, RowLoop):
         raise _NoCompiledForm
     if isinstance(step, Loop):
@@ -1034,12 +1044,11 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         return lines + [f"{kname}_serial({', '.join([size] + call)})"]
     op, p, x = step.op, step.p, [ref(a) for a in step.inputs]
     if op == "reshape":  # flat already: the same array
-        names[step.out] = x[0]
-        if step.inputs[0] in fresh:
-            fresh.add(step.out)
-        return []
+        return same_array(step.out, step.inputs[0])
     if op == "transpose" and step.inputs[0].type.rank == 2:
         rows, columns = step.inputs[0].type.shape
+        if 1 in (rows, columns):  # a vector's: the same flat elements
+            return same_array(step.out, step.inputs[0])
         return [f"{define(step.out)} = matrix_transpose({x[0]}, {dim(rows)}, "
                 f"{dim(columns)})"]
     if op == "full":
@@ -1055,14 +1064,18 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
     if op in ("take", "scatter_add"):
         shape, axis = step.inputs[0].type.shape, p["axis"]
         views = f"{dim(prod(shape[:axis]))}, {dim(shape[axis])}, {dim(prod(shape[axis + 1:]))}"
-        out = define(step.out)
         if op == "take":
+            out = define(step.out)
             lines = [f"{out} = np.empty({elements(step.out)}, "
                      f"{numpy_spelling(step.out.type.dtype)})",
                      f"bad = gather_rows({x[0]}, {x[1]}, {out}, {views})"]
+        elif owns(step.inputs[0]):  # added into in place
+            same_array(step.out, step.inputs[0])
+            lines = [f"bad = scatter_rows({x[0]}, {x[1]}, {x[2]}, {views})"]
         else:
-            base = x[0] if owns(step.inputs[0]) else f"{x[0]}.copy()"
-            lines = [f"{out} = {base}", f"bad = scatter_rows({out}, {x[1]}, {x[2]}, {views})"]
+            out = define(step.out)
+            lines = [f"{out} = {x[0]}.copy()",
+                     f"bad = scatter_rows({out}, {x[1]}, {x[2]}, {views})"]
         return lines + ["if bad >= 0:", f"    {give_up}"]
     raise _NoCompiledForm
 

@@ -197,8 +197,10 @@ def test_a_compiled_loop_runs_a_trip_count_known_at_run_time_zero_times(compile_
 
 # gathers and scatter-adds: an embedding read by token (its gradient
 # scatters into the table's, carried), a scatter into a carried value the
-# caller gave, one into a carried value read again, and one into a value
-# every trip reads (made once, before the trips)
+# caller gave, one into a carried value read again, one into a value
+# every trip reads (made once, before the trips), one whose result is
+# carried twice (as two values: the next trip adds into one of them), and
+# one into a reshape of a value read again
 GATHERS = ("def language_model(tokens, h, emb, w):\n"
            "    for i in range(tokens.shape[0]):\n"
            "        h = tanh(h @ w + emb[tokens[i]])\n"
@@ -211,6 +213,21 @@ GATHERS = ("def language_model(tokens, h, emb, w):\n"
            "    for i in range(idx.shape[0]):\n"
            "        acc = scatter_add(acc, idx[i], values[i]) + acc\n"
            "    return acc\n"
+           "def lagging(acc, idx, values, w):\n"
+           "    s = 0.0\n"
+           "    other = acc * 1.0\n"
+           "    for i in range(idx.shape[0]):\n"
+           "        acc = scatter_add(acc, idx[i], values[i])\n"
+           "        s = s + sum(other * w)\n"
+           "        other = acc\n"
+           "    return s\n"
+           "def reshaped(x, idx, values):\n"
+           "    s = 0.0\n"
+           "    for i in range(idx.shape[0]):\n"
+           "        a = x * i\n"
+           "        c = scatter_add(reshape(a, [15]), idx[i], values[i])\n"
+           "        s = s + sum(reshape(c, [5, 3]) * a)\n"
+           "    return s\n"
            "def hoisted(w, idx, values):\n"
            "    s = 0.0\n"
            "    for i in range(idx.shape[0]):\n"
@@ -274,6 +291,24 @@ def test_a_compiled_loop_gathers_and_scatters_as_the_driver_s_trips(tokens, seed
         want = 2 * want
         want[t] += v
     np.testing.assert_allclose(compiled, want, rtol=1e-13)
+    w = rng.normal(size=(5, 3))
+    driver, compiled, trips = driver_and_compiled(m.lagging, acc, tokens, values, w)
+    assert trips == 0 and compiled.tobytes() == driver.tobytes()
+    want, state = 0.0, before.copy()
+    for t, v in zip(tokens, values):
+        previous = state.copy()
+        state[t] += v
+        want += np.sum(previous * w)
+    np.testing.assert_allclose(compiled, want, rtol=1e-13, atol=1e-13)
+    flat_values = values[:, 0]
+    driver, compiled, trips = driver_and_compiled(m.reshaped, acc, tokens * 3, flat_values)
+    assert trips == 0 and compiled.tobytes() == driver.tobytes()
+    want = 0.0
+    for i, (t, v) in enumerate(zip(tokens * 3, flat_values)):
+        scattered = (acc * i).reshape(15)
+        scattered[t] += v
+        want += np.sum(scattered.reshape(5, 3) * acc * i)
+    np.testing.assert_allclose(compiled, want, rtol=1e-13, atol=1e-13)
     driver, compiled, trips = driver_and_compiled(m.hoisted, acc, tokens, values)
     assert trips == 0 and compiled.tobytes() == driver.tobytes()
     want = 0.0
