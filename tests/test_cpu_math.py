@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+from hypothesis import given, settings, strategies as st
 import numba
 import numpy as np
 import pytest
@@ -597,3 +598,57 @@ def test_small_integer_powers_values_and_gradients():
     np.testing.assert_allclose(value, reference(x, y), rtol=1e-14)
     np.testing.assert_allclose(dx, central_difference(reference, (x, y), 0), rtol=1e-7)
     np.testing.assert_allclose(dy, central_difference(reference, (x, y), 1), rtol=1e-7)
+
+
+# ------------------------------------------- products, gathers, scatter-adds
+# The helpers a loop's trips and its compiled form share (their bits must
+# be one function's): against references computed term by term in the
+# documented order.
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 4), k=st.integers(0, 4), m=st.integers(0, 4),
+       dtype=st.sampled_from([np.float64, np.float32]), seed=st.integers(0, 2**16))
+def test_matrix_product_adds_each_element_s_terms_in_order_from_the_first(n, k, m, dtype, seed):
+    rng = np.random.default_rng(seed)
+    # zeros of both signs: an element whose every term is -0.0 is -0.0
+    a = (rng.normal(size=(n, k)) * rng.integers(0, 2, (n, k))).astype(dtype)
+    b = -(rng.normal(size=(k, m)) * rng.integers(0, 2, (k, m))).astype(dtype)
+    want = np.zeros((n, m), dtype)
+    for i in range(n):
+        for j in range(m):
+            if k:
+                total = a[i, 0] * b[0, j]
+                for kk in range(1, k):
+                    total = dtype(total + a[i, kk] * b[kk, j])
+                want[i, j] = total
+    got = cpu_math.matrix_product(a.ravel(), b.ravel(), n, k, m)
+    assert got.dtype == dtype and got.tobytes() == want.tobytes()
+    np.testing.assert_allclose(got.reshape(n, m), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), data=st.data(),
+       seed=st.integers(0, 2**16))
+def test_gather_and_scatter_rows_are_numpys_take_and_add_at(shape, data, seed):
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    n = shape[axis]
+    idx = np.array(data.draw(st.lists(st.integers(-n, n - 1), max_size=5)), np.int64)
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    x = rng.normal(size=shape)
+    out = np.empty(outer * len(idx) * inner)
+    assert cpu_math.gather_rows(x.ravel(), idx, out, outer, n, inner) == -1
+    taken = np.take(x, idx, axis)
+    np.testing.assert_array_equal(out, taken.ravel())
+    base, values = rng.normal(size=shape), rng.normal(size=taken.shape)
+    want = base.copy()
+    np.add.at(want, (slice(None),) * axis + (idx,), values)
+    flat_base = base.ravel().copy()
+    assert cpu_math.scatter_rows(flat_base, idx, values.ravel(), outer, n, inner) == -1
+    np.testing.assert_array_equal(flat_base, want.ravel())  # (np.add.at adds in order too)
+    # the first index out of range is reported, by its position
+    bad = np.concatenate([idx, [n, -n - 1]]).astype(np.int64)
+    spare = np.empty(outer * len(bad) * inner)
+    assert cpu_math.gather_rows(x.ravel(), bad, spare, outer, n, inner) == len(idx)
+    assert cpu_math.scatter_rows(base.ravel().copy(), bad, np.zeros(spare.size), outer, n,
+                                 inner) == len(idx)
