@@ -78,6 +78,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     transposed: dict[Var, tuple[Var, tuple]] = {}  # a transpose's (source, perm)
     reshaped: dict[Var, Var] = {}  # a reshape's source
     negated: dict[Var, Var] = {}  # a negation's source
+    broadcast: dict[Var, Var] = {}  # a broadcast's source
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
@@ -142,6 +143,18 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
         if alias is not None and alias.type == out.type and isinstance(alias, Var):
             env[out] = alias
             continue
+        if eqn.op == "reduce_sum" and inputs[0] in broadcast:
+            summed = _sum_of_broadcast(b, eqn, broadcast[inputs[0]])
+            if summed is not None:
+                eqn, inputs = summed, summed.inputs
+        if eqn.op == "broadcast_to" and isinstance(inputs[0], Var):
+            broadcast[out] = inputs[0]
+        elif (isinstance(alias, Var) and alias.type.dtype == out.type.dtype
+              and OPS[eqn.op].kind == "elementwise"):  # (its inputs broadcast to out)
+            # x * ones of a larger shape (a sum's cotangent) is x broadcast,
+            # which a sum of it can see through (it stays as it is for the
+            # rest: the Dask split chunks a broadcast otherwise)
+            broadcast[out] = alias
         b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
 
@@ -151,6 +164,26 @@ def _full(eqn: Eqn, value) -> Eqn:
     t = eqn.outputs[0].type
     params = (("dtype", t.dtype), ("shape", t.shape), ("value", value))
     return Eqn("full", (), eqn.outputs, params, eqn.span)
+
+
+def _sum_of_broadcast(b: Builder, eqn: Eqn, x: Var) -> Eqn | None:
+    """The equation computing `eqn`, a sum of x broadcast, as a sum of x
+    itself broadcast to the result (after the sum, which it binds in `b`):
+    an outer product's gradient sums a row of ones times x over n rows,
+    n x m work and, run as a product by `compiler.matvec`, an n x m array
+    of ones.  None where the sum runs along an axis the broadcast made
+    (the sum would then be a multiple of x's, by a size)."""
+    (out,) = eqn.outputs
+    wide = eqn.inputs[0].type.shape
+    lead = len(wide) - x.type.rank  # the axes the broadcast put in front
+    axes = [a % len(wide) for a in eqn.p["axes"]]
+    if any(a < lead or x.type.shape[a - lead] != wide[a] for a in axes if wide[a] != 1):
+        return None
+    own_axes = [a - lead for a in axes if a >= lead]
+    if not own_axes:
+        return None
+    summed = b.bind("reduce_sum", x, axes=tuple(own_axes), span=eqn.span)
+    return Eqn("broadcast_to", (summed,), eqn.outputs, (("shape", out.type.shape),), eqn.span)
 
 
 def _one_element(shape: tuple) -> bool:
