@@ -976,9 +976,12 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
         if not all(set(d.factors) <= bound for dims in products for d in dims
                    if isinstance(d, Sym)):
             raise _NoCompiledForm
-        new, handed_out = [], set()  # (two carried values are never one array)
+        # two carried values are never one array, nor one a step made
+        # before the trips (a `full`), which the next trip may add into
+        new, handed_out = [], set()
         for a in body.outputs[:n_carry]:
-            new.append(ref(a) if a in fresh and ref(a) not in handed_out else f"{ref(a)}.copy()")
+            own = a in fresh and a not in invariant and ref(a) not in handed_out
+            new.append(ref(a) if own else f"{ref(a)}.copy()")
             handed_out.add(ref(a))
         for j, a in enumerate(body.outputs[n_carry:]):
             trip += [f"for e in range({dim(prod(a.type.shape))}):",

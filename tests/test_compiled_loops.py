@@ -335,3 +335,24 @@ def test_a_compiled_loop_leaves_an_index_out_of_range_to_the_trips(compile_from,
         driver_trips()
         grad(np.array([0, 1, 4, 2]), h, emb, w)
     assert driver_trips() == 0
+
+
+def test_a_carried_value_made_before_the_trips_is_no_later_trip_s_to_add_into():
+    # `b = zeros_like(a)` reads nothing the trips change: the compiled form
+    # makes it once, before them.  Carried, it is the next trip's to add
+    # into in place, so each trip carries a copy (it carried the one
+    # array, which every trip's scatter then added into).
+    m = dsl.loads("def reset(a, idx, values):\n"
+                  "    b = zeros_like(a)\n"
+                  "    s = a * 0.0\n"
+                  "    for i in range(idx.shape[0]):\n"
+                  "        s = s + scatter_add(b, idx[i], values[i])\n"
+                  "        b = zeros_like(a)\n"
+                  "    return s\n", "reset.grad")
+    rng = np.random.default_rng(5)
+    a, idx, values = rng.normal(size=(4, 3)), np.array([0, 1, 2, 1, -1]), rng.normal(size=(5, 3))
+    driver, compiled, _ = driver_and_compiled(m.reset, a, idx, values)  # (no stacks)
+    assert compiled.tobytes() == driver.tobytes()
+    want = np.zeros_like(a)
+    np.add.at(want, idx, values)
+    np.testing.assert_array_equal(compiled, want)
