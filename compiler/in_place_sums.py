@@ -11,7 +11,8 @@ it owns a, which nothing else reads):
   zeros a `full` of 0, becomes `scatter_add(a, idx, v)`: v added where
   idx points, touching only those elements.
 
-The embed or scatter itself is gone (and zeros read by it alone); where
+The embed or scatter itself is gone (and zeros read by it alone, and
+not returned); where
 both operands are such values the first stays (the one buffer filled
 with zeros).  A chain of embeds, `e1 + e2 + ... + e9` (a strided slice's
 transpose summed over a kernel's offsets: col2im in a convolution's or a
@@ -73,8 +74,10 @@ def as_in_place_sums(fn: Function) -> Function:
     eqns = [_into_in_place_add(eqn, summands, folded) or eqn for eqn in fn.eqns]
     if not folded:
         return fn
+    # (zeros that fn returns stay: `uses` counts the equations' reads alone)
     gone = folded | {summands[v].inputs[0] for v in folded
-                     if summands[v].op in SCATTERS and uses[summands[v].inputs[0]] == 1}
+                     if summands[v].op in SCATTERS and uses[summands[v].inputs[0]] == 1
+                     and summands[v].inputs[0] not in returned}
     return replace(fn, eqns=_assigning([e for e in eqns if not set(e.outputs) & gone]))
 
 

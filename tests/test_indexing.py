@@ -98,6 +98,15 @@ def accumulate_kept(x, idx, values):
         acc = scatter_add(acc, idx[i], values[i])
     return acc, start
 
+def zeros_kept(a, idx, values):
+    s = a * 1.0
+    z = a * 0.0
+    for i in range(idx.shape[0]):
+        z = zeros_like(a)
+        s = s + scatter_add(z, idx[i], values[i])
+    y = zeros_like(a)
+    return s + scatter_add(y, idx[0], values[0]), z, y
+
 def table_loss(emb, ids):
     return sum(emb[ids] ** 2) + sum(emb * emb)
 
@@ -467,6 +476,23 @@ def test_a_gathers_gradient_added_to_another_scatters_into_it():
     assert "scatter_add" in ops and "full" not in ops, ops
     counts = np.bincount(ids % 5, minlength=5)[:, None]
     np.testing.assert_allclose(grad(emb, ids), 2 * counts * emb + 2 * emb, rtol=1e-14)
+
+
+def test_zeros_scattered_into_and_returned_stay():
+    # `a + scatter_add(z, ...)` scatters into a in place, and z, now read
+    # by nothing, went too: the loop body's (carried) and the function's
+    # (returned) then had no value (a KeyError compiling them)
+    m = module("cpu")
+    rng = np.random.default_rng(8)
+    a, idx, values = rng.normal(size=(4, 3)), np.array([2, -1, 2]), rng.normal(size=(3, 3))
+    summed, z, y = m.zeros_kept(a, idx, values)
+    want = a.copy()
+    for i, v in zip(idx, values):
+        want[i] += v
+    want[idx[0]] += values[0]
+    np.testing.assert_array_equal(summed, want)
+    np.testing.assert_array_equal(z, np.zeros_like(a))
+    np.testing.assert_array_equal(y, np.zeros_like(a))
 
 
 @each_target
