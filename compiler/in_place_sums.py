@@ -9,12 +9,16 @@ it owns a, which nothing else reads):
   that the embed placed it in;
 - `e = scatter_add(zeros, idx, v)` (or `scatter_add_along_axis`), with
   zeros a `full` of 0, becomes `scatter_add(a, idx, v)`: v added where
-  idx points, touching only those elements.
+  idx points, touching only those elements; so does a scatter into such
+  a scatter (each read by the next alone), as its scatters made into a
+  in turn, at the add: two gathers' gradients summed first (`emb[i]`
+  and `emb[j]` read on one trip) add two rows into a, where they filled
+  a whole array of zeros with them and added it to a.
 
-The embed or scatter itself is gone (and zeros read by it alone, and
-not returned); where
-both operands are such values the first stays (the one buffer filled
-with zeros).  A chain of embeds, `e1 + e2 + ... + e9` (a strided slice's
+The embed or scatters are gone (and zeros nothing else reads nor fn
+returns); where both operands are such values the first stays (the one
+buffer filled with zeros), and a sum of two such scatters is one, the
+second's scatters made into the first's.  A chain of embeds, `e1 + e2 + ... + e9` (a strided slice's
 transpose summed over a kernel's offsets: col2im in a convolution's or a
 pooling's backward pass), becomes one zero-filled buffer and eight
 `embed_add`s, which the driver adds in place (it owns each partial sum,
@@ -66,19 +70,42 @@ def as_in_place_sums(fn: Function) -> Function:
     returned = {a for a in fn.outputs if isinstance(a, Var)}
     zeros = {e.out for e in fn.eqns
              if e.op == "full" and same_value(e.p["value"], 0, e.out.type.dtype)}
-    summands = {e.out: e for e in fn.eqns
-                if ((e.op == "embed" and isinstance(e.inputs[0], Var))
-                    or (e.op in SCATTERS and e.inputs[0] in zeros))
-                and uses.get(e.out) == 1 and e.out not in returned}
-    folded: set[Var] = set()  # the embeds and scatters now added in place
-    eqns = [_into_in_place_add(eqn, summands, folded) or eqn for eqn in fn.eqns]
-    if not folded:
+
+    def summed_alone(v: Var) -> bool:  # read by one equation, not returned
+        return uses.get(v) == 1 and v not in returned
+
+    # each summand: the equations that make it, from zeros (an embed, or
+    # scatters each into the last, the first into zeros), still in `out`
+    chains: dict[Var, list[Eqn]] = {}
+    out: list[Eqn] = []
+    moved: set[int] = set()  # (ids of) equations now made at the add
+    emptied: dict[Var, int] = {}  # zeros: how many folded scatters no longer read them
+    for eqn in fn.eqns:
+        folded = _into_in_place_add(eqn, chains, moved, emptied)
+        if folded is not None:
+            out += folded
+            # (the sum of two scatters into zeros is one, to fold into the next)
+            base = folded[0].inputs[0]
+            if folded[0].op in SCATTERS and base in chains and chains[base][0].op in SCATTERS \
+                    and summed_alone(eqn.out):
+                chains[eqn.out] = chains.pop(base) + folded
+            continue
+        out.append(eqn)
+        if len(eqn.outputs) != 1 or not summed_alone(eqn.out):
+            continue
+        if eqn.op == "embed" and isinstance(eqn.inputs[0], Var):
+            chains[eqn.out] = [eqn]
+        elif eqn.op in SCATTERS and eqn.inputs[0] in zeros:
+            chains[eqn.out] = [eqn]
+        elif eqn.op in SCATTERS and eqn.inputs[0] in chains \
+                and chains[eqn.inputs[0]][0].op in SCATTERS:
+            chains[eqn.out] = chains.pop(eqn.inputs[0]) + [eqn]
+    if not moved:
         return fn
     # (zeros that fn returns stay: `uses` counts the equations' reads alone)
-    gone = folded | {summands[v].inputs[0] for v in folded
-                     if summands[v].op in SCATTERS and uses[summands[v].inputs[0]] == 1
-                     and summands[v].inputs[0] not in returned}
-    return replace(fn, eqns=_assigning([e for e in eqns if not set(e.outputs) & gone]))
+    gone = {v for v, n in emptied.items() if n == uses[v] and v not in returned}
+    return replace(fn, eqns=_assigning([e for e in out if id(e) not in moved
+                                        and not set(e.outputs) & gone]))
 
 
 def _assigning(eqns: list[Eqn]) -> tuple[Eqn, ...]:
@@ -104,24 +131,30 @@ def _region(eqn: Eqn) -> tuple:
     return p["starts"], p["stops"], p["steps"]
 
 
-def _into_in_place_add(eqn: Eqn, summands: dict[Var, Eqn], folded: set[Var]) -> Eqn | None:
-    """`eqn` as an `embed_add` or a scatter into its other operand, or
-    None where it is not an add of one such summand to a value of its
-    type."""
+def _into_in_place_add(eqn: Eqn, chains: dict[Var, list[Eqn]], moved: set[int],
+                       emptied: dict[Var, int]) -> list[Eqn] | None:
+    """`eqn` as an `embed_add`, or as its summand's scatters made into its
+    other operand (each into the last), or None where it is not an add of
+    one such summand to a value of its type.  The summand's equations are
+    `moved` (made here, not where they were)."""
     if eqn.op != "add" or not all(isinstance(a, Var) for a in eqn.inputs):
         return None
     (out,) = eqn.outputs
     if any(a.type != out.type for a in eqn.inputs):
         return None
     base, added = eqn.inputs
-    if added not in summands or added == base:
+    if added not in chains or added == base:
         base, added = added, base
-        if added not in summands or added == base:
+        if added not in chains or added == base:
             return None
-    folded.add(added)
-    summand = summands[added]
-    if summand.op in SCATTERS:  # (its span: where an index out of range is reported)
-        return Eqn(summand.op, (base,) + summand.inputs[1:], eqn.outputs, summand.params,
-                   summand.span)
-    params = tuple((k, v) for k, v in summand.params if k != "shape")
-    return Eqn("embed_add", (base, summand.inputs[0]), eqn.outputs, params, eqn.span)
+    chain = chains.pop(added)
+    moved.update(id(e) for e in chain)
+    first = chain[0]
+    if first.op == "embed":
+        params = tuple((k, v) for k, v in first.params if k != "shape")
+        return [Eqn("embed_add", (base, first.inputs[0]), eqn.outputs, params, eqn.span)]
+    # (each keeps its span: where an index out of range is reported)
+    emptied[first.inputs[0]] = emptied.get(first.inputs[0], 0) + 1
+    made = [replace(first, inputs=(base,) + first.inputs[1:])] + [replace(e) for e in chain[1:]]
+    made[-1] = replace(made[-1], outputs=eqn.outputs)
+    return made

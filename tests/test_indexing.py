@@ -110,6 +110,14 @@ def zeros_kept(a, idx, values):
 def table_loss(emb, ids):
     return sum(emb[ids] ** 2) + sum(emb * emb)
 
+def table_loss_twice(emb, ids, other):
+    return sum(emb * emb) + sum(emb[ids] ** 2) + sum(tanh(emb[other]))
+
+def bigram(tokens, h, emb, w):
+    for i in range(tokens.shape[0] - 1):
+        h = tanh(h @ w + emb[tokens[i]] * emb[tokens[i + 1]])
+    return sum(h * h)
+
 def neighbours(x, n: i64):
     s = x[0] * 0
     for i in range(n):
@@ -476,6 +484,40 @@ def test_a_gathers_gradient_added_to_another_scatters_into_it():
     assert "scatter_add" in ops and "full" not in ops, ops
     counts = np.bincount(ids % 5, minlength=5)[:, None]
     np.testing.assert_allclose(grad(emb, ids), 2 * counts * emb + 2 * emb, rtol=1e-14)
+
+
+def test_two_gathers_gradients_added_to_another_scatter_into_it():
+    # The two gradients summed first are a scatter into a scatter into
+    # zeros: that too scatters into the value it is added to (it filled a
+    # whole table of zeros, on every trip of a loop, to add two rows).
+    m = module("cpu")
+    rng = np.random.default_rng(9)
+    emb, ids, other = rng.normal(size=(5, 3)), np.array([1, 4, 1, -1]), np.array([[0, 4], [4, 2]])
+    grad = dsl.grad(m.table_loss_twice)
+    ops = [s.op for s in fuse(grad.ir(emb, ids, other)) if not isinstance(s, Loop)]
+    assert ops.count("scatter_add") == 2 and "full" not in ops, ops
+    want = 2 * np.bincount(ids % 5, minlength=5)[:, None] * emb + 2 * emb
+    np.add.at(want, other, 1 - np.tanh(emb[other]) ** 2)
+    np.testing.assert_allclose(grad(emb, ids, other), want, rtol=1e-14)
+    tokens, h, w = np.array([2, 0, -1, 2, 3]), rng.normal(size=3), rng.normal(size=(3, 3)) * 0.5
+    f = dsl.value_and_grad(m.bigram, wrt=(2, 3))
+    args = (tokens, h, emb, w)
+    body = last_loop_body(f, args)
+    assert "R.full" not in body and body.count("owned=True") == 2, body
+    hs = [h]  # and by hand
+    for a, b in zip(tokens, tokens[1:]):
+        hs.append(np.tanh(hs[-1] @ w + emb[a] * emb[b]))
+    g, g_emb, g_w = 2 * hs[-1], np.zeros_like(emb), np.zeros_like(w)
+    for k in range(len(tokens) - 2, -1, -1):
+        d = g * (1 - hs[k + 1] ** 2)
+        g_w += np.outer(hs[k], d)
+        g_emb[tokens[k]] += d * emb[tokens[k + 1]]
+        g_emb[tokens[k + 1]] += d * emb[tokens[k]]
+        g = d @ w.T
+    value, (got_emb, got_w) = f(*args)
+    np.testing.assert_allclose(value, np.sum(hs[-1] ** 2), rtol=1e-13)
+    np.testing.assert_allclose(got_emb, g_emb, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_w, g_w, rtol=1e-12, atol=1e-14)
 
 
 def test_zeros_scattered_into_and_returned_stay():
