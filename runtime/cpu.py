@@ -449,7 +449,9 @@ def _strided_rows_add(out, offset, out_steps, x, x_steps, sizes):
 
 
 # ------------------------------------------------- gathers and scatter-adds
-# The `index` ops of `compiler.ops`, over (outer, axis, inner) views.  Each
+# The `index` ops of `compiler.ops`, over (outer, axis, inner) views (the
+# gather and the scatter-add are `cpu_math.gather_rows` and `scatter_rows`,
+# which a compiled loop calls too; the `_along` ones are here).  Each
 # kernel checks every index as it goes and returns the position of the
 # first out of range (or -1) where it stops: it writes only into the array
 # it was given to fill, which the driver then never sees, so a bad index
