@@ -962,13 +962,23 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
         # function made), that nothing else reads; never one made before
         # the trips, which every trip reads
         return (v in fresh or v in carry) and v not in invariant and readers[v] == 1
+    updates = _rank_one_updates(steps, readers)
+    deferred: set[int] = set()  # (ids of) products made where their sum adds them
     try:
         for step in steps:
-            step_lines = _compiled_step(step, target, kernel_of, kernels, products, ref, dim,
-                                        names, fresh, owns, f"return (False, {carried_now})")
             reads = ([_value(step, v) for v in step.inputs] if isinstance(step, Loop)
                      else list(step.inputs))
-            if all(v in invariant for v in reads if isinstance(v, Var)):
+            early = all(v in invariant for v in reads if isinstance(v, Var))
+            if not early and any(step is product for product in updates.values()):
+                products.append((step.inputs[0].type.shape[0], 1, step.inputs[1].type.shape[1]))
+                deferred.add(id(step))
+                continue
+            product = updates.get(id(step))
+            step_lines = _compiled_step(step, target, kernel_of, kernels, products, ref, dim,
+                                        names, fresh, owns, f"return (False, {carried_now})",
+                                        product if product is not None
+                                        and id(product) in deferred else None)
+            if early:
                 hoisted += step_lines
                 invariant.update(step.outputs)
             else:
@@ -999,12 +1009,44 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     return name, source, products, passed
 
 
+def _rank_one_updates(steps: list, readers: dict[Var, int]) -> dict[int, Eqn]:
+    """The fused loops of `steps` that only add a rank-one product (of a
+    column and a row) to another value of their shape, each (by id) with
+    that product, which nothing else reads: an RNN's weight gradient, its
+    running sum plus `outer(h, d)` each trip.  `compiled_loop` adds the
+    product into the value (in place where it may: the running sum is
+    carried), one pass where the product was made, then the two read and
+    a third array written.  Each element is the product's, then the sum's,
+    rounded as before: the same bits."""
+    made_by = {s.out: s for s in steps if isinstance(s, Eqn) and s.op == "matmul"}
+    found: dict[int, Eqn] = {}
+    for step in steps:
+        if not isinstance(step, Loop) or step.reductions or step.stand_ins \
+                or len(step.eqns) != 1 or step.outputs != [step.eqns[0].out]:
+            continue
+        (add,) = step.eqns
+        if add.op != "add" or add.inputs[0] == add.inputs[1] or not all(
+                isinstance(a, Var) and a.type == add.out.type for a in add.inputs):
+            continue
+        for a in add.inputs:
+            product = made_by.get(a)
+            if product is not None and readers.get(a) == 1 and all(
+                    x.type.rank == 2 and x.type.dtype in FLOATS for x in product.inputs) \
+                    and product.inputs[0].type.shape[1] == 1:
+                found[id(step)] = product
+                break
+    return found
+
+
 def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str, str],
                    products: list, ref, dim, names: dict[Var, str], fresh: set[Var],
-                   owns: Callable[[Var], bool], give_up: str) -> list[str]:
+                   owns: Callable[[Var], bool], give_up: str,
+                   rank_one: Optional[Eqn] = None) -> list[str]:
     """`compiled_loop`'s lines for one step of the body; `owns`: whether
     the function may add into a value in place; `give_up`: the line that
-    returns where an index is out of range."""
+    returns where an index is out of range; `rank_one`: the product that
+    the step, a fused add, adds to its other operand (`_rank_one_updates`),
+    made here."""
     def define(v: Var) -> str:
         names[v] = f"w{len(names)}"
         fresh.add(v)
@@ -1023,6 +1065,18 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
 
     if isinstance(step, RowLoop):
         raise _NoCompiledForm
+    if rank_one is not None:
+        (add,) = step.eqns
+        product_first = add.inputs[0] == rank_one.out
+        other = add.inputs[1] if product_first else add.inputs[0]
+        column, row = rank_one.inputs
+        if owns(other):
+            lines = same_array(add.out, other)
+        else:
+            lines = [f"{define(add.out)} = {ref(other)}.copy()"]
+        return lines + [f"add_outer({ref(add.out)}, {ref(column)}, {ref(row)}, "
+                        f"{dim(column.type.shape[0])}, {dim(row.type.shape[1])}, "
+                        f"{product_first})"]
     if isinstance(step, Loop):
         kname, source, kinds = kernel_of(step)
         kernels[kname] = source

@@ -725,8 +725,8 @@ class CpuTarget(Target):
     def render_function(self, name: str, args: list[str], lines: list[str]) -> str:
         # The products by name from cpu_math: the header's `math` is libm's
         # with GRADC_LIBM=1, which has none.
-        return "\n".join(["from gradlang.runtime.cpu_math import gather_rows, matrix_product, "
-                          "matrix_transpose, scatter_rows", _SERIAL,
+        return "\n".join(["from gradlang.runtime.cpu_math import add_outer, gather_rows, "
+                          "matrix_product, matrix_transpose, scatter_rows", _SERIAL,
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
 

@@ -1348,6 +1348,24 @@ def matrix_product(a, b, n, k, m):
 
 
 @jit_in_kernel_cache()
+def add_outer(out, column, row, n, m, product_first):
+    """out (n x m) plus the outer product of column (n) and row (m), in
+    place (a compiled loop's rank-one update, `codegen._rank_one_updates`):
+    each element the product, rounded (`matrix_product`'s of one term),
+    then the sum, its operands in the fused add's order (`product_first`:
+    the product, then out), so the bits of the product made and then
+    added, a NaN's payload too."""
+    for i in range(n):
+        ci, start = column[np.uint64(i)], np.uint64(i * m)
+        if product_first:
+            for j in range(np.uint64(m)):
+                out[start + j] = ci * row[j] + out[start + j]
+        else:
+            for j in range(np.uint64(m)):
+                out[start + j] = out[start + j] + ci * row[j]
+
+
+@jit_in_kernel_cache()
 def matrix_transpose(x, rows, columns):
     """The flat transpose of a flat rows x columns matrix."""
     out = np.empty(rows * columns, x.dtype)

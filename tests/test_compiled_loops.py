@@ -104,6 +104,39 @@ def test_a_compiled_loop_with_a_scalar_and_the_index_is_the_driver_s(trips, seed
     np.testing.assert_allclose(compiled[0], acc + np.sum(mat), rtol=1e-13)
 
 
+RANK_ONE = ("def product_first(xs, ys, acc):\n"
+            "    for i in range(xs.shape[0]):\n"
+            "        acc = reshape(xs[i], [9, 1]) @ reshape(ys[i], [1, 8]) + acc\n"
+            "    return acc\n"
+            "def sum_first(xs, ys, acc):\n"
+            "    for i in range(xs.shape[0]):\n"
+            "        acc = acc + reshape(xs[i], [9, 1]) @ reshape(ys[i], [1, 8])\n"
+            "    return acc\n")
+
+
+@settings(max_examples=4, deadline=None)
+@given(trips=st.integers(0, 5), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([np.float64, np.float32]))
+def test_a_rank_one_update_adds_into_the_running_sum_with_the_trips_bits(trips, seed, dtype):
+    # an RNN's weight gradient: the running sum plus a column times a row,
+    # added in place by the compiled loop (`cpu_math.add_outer`), either
+    # operand first
+    m = dsl.loads(RANK_ONE, "rank_one.grad")
+    rng = np.random.default_rng(seed)
+    xs, ys, acc = (rng.normal(size=s).astype(dtype) for s in ((trips, 9), (trips, 8), (9, 8)))
+    before = acc.copy()
+    want = before.astype(np.float64) + np.einsum("ti,tj->ij", xs, ys)
+    for f in (m.product_first, m.sum_first):
+        driver, compiled, in_driver = driver_and_compiled(f, xs, ys, acc)
+        assert in_driver == 0 and compiled.tobytes() == driver.tobytes()
+        np.testing.assert_array_equal(acc, before)  # (the caller's: added into a copy)
+        np.testing.assert_allclose(compiled, want, rtol=1e-5 if dtype == np.float32 else 1e-13,
+                                   atol=1e-5 if dtype == np.float32 else 1e-13)
+        program = f.program(f.bind((xs, ys, acc), {}))
+        (loop,) = [text for name, text in program.generated.kernels if name.startswith("l_")]
+        assert "add_outer(" in loop and "matrix_product(" not in loop, loop
+
+
 def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, driver_trips):
     m = dsl.loads(RNN, "rnn.grad")
     rng = np.random.default_rng(1)
