@@ -78,7 +78,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     transposed: dict[Var, tuple[Var, tuple]] = {}  # a transpose's (source, perm)
     reshaped: dict[Var, Var] = {}  # a reshape's source
     negated: dict[Var, Var] = {}  # a negation's source
-    broadcast: dict[Var, Var] = {}  # a broadcast's source
+    broadcast: dict[Var, Var] = {}  # a broadcast's source (x, of x times ones too)
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
@@ -144,9 +144,9 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             env[out] = alias
             continue
         if eqn.op == "reduce_sum" and inputs[0] in broadcast:
-            summed = _sum_of_broadcast(b, eqn, broadcast[inputs[0]])
-            if summed is not None:
-                eqn, inputs = summed, summed.inputs
+            spread_sum = _sum_of_broadcast(b, eqn, broadcast[inputs[0]])
+            if spread_sum is not None:  # (a broadcast_to of x's sum)
+                eqn, inputs = spread_sum, spread_sum.inputs
         if eqn.op == "broadcast_to" and isinstance(inputs[0], Var):
             broadcast[out] = inputs[0]
         elif (isinstance(alias, Var) and alias.type.dtype == out.type.dtype
