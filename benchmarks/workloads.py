@@ -30,7 +30,7 @@ waited for; PyTorch wraps the NumPy inputs without copying.
     language_model_cases
                      an RNN whose inputs are rows of an embedding table
                      read by token (`emb[tokens[i]]`): value + gradient
-                     w.r.t. h, emb, w; JAX by lax.scan
+                     w.r.t. h, emb, w; JAX by lax.scan, PyTorch by a loop
     fit_cases        an RK4 fit of a damped oscillator to observations read
                      by the loop's index (`obs[i]`): value + gradient w.r.t.
                      y0, k, c; JAX by lax.scan
