@@ -1354,15 +1354,19 @@ def add_outer(out, column, row, n, m, product_first):
     each element the product, rounded (`matrix_product`'s of one term),
     then the sum, its operands in the fused add's order (`product_first`:
     the product, then out), so the bits of the product made and then
-    added, a NaN's payload too."""
+    added, a NaN's payload too: where the first operand is a NaN the sum
+    is it (quieted), as the CPU gives, chosen here because the compiler
+    may swap an add's operands (the product, in a register, first)."""
     for i in range(n):
         ci, start = column[np.uint64(i)], np.uint64(i * m)
         if product_first:
             for j in range(np.uint64(m)):
-                out[start + j] = ci * row[j] + out[start + j]
+                term = ci * row[j]  # (a NaN here is quiet already)
+                out[start + j] = term + out[start + j] if term == term else term
         else:
             for j in range(np.uint64(m)):
-                out[start + j] = out[start + j] + ci * row[j]
+                first = out[start + j]
+                out[start + j] = first + ci * row[j] if first == first else first + first
 
 
 @jit_in_kernel_cache()

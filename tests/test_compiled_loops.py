@@ -137,6 +137,25 @@ def test_a_rank_one_update_adds_into_the_running_sum_with_the_trips_bits(trips, 
         assert "add_outer(" in loop and "matrix_product(" not in loop, loop
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_rank_one_update_keeps_the_first_operand_s_nan_as_the_trips_do(dtype):
+    # where both the running sum and the product are NaNs, the fused add's
+    # first operand's payload is the sum's, in either order (the CPU gives
+    # the first's; the compiler may swap a commutative add's operands)
+    m = dsl.loads(RANK_ONE, "rank_one.grad")
+    bits = np.uint64 if dtype == np.float64 else np.uint32
+    quiet = bits(0x7FF8 << 48) if dtype == np.float64 else bits(0x7FC0 << 16)
+    xs, ys, acc = np.ones((2, 9), dtype), np.ones((2, 8), dtype), np.ones((9, 8), dtype)
+    xs[0, :3] = (quiet | bits(1)).view(dtype)  # a product's NaN: the column's
+    acc[:3, :4] = (quiet | bits(2) | ~(~bits(0) >> bits(1))).view(dtype)  # a negative one
+    acc[3, 0] = (quiet | bits(3)).view(dtype)  # the sum's alone
+    for f in (m.product_first, m.sum_first):
+        driver, compiled, in_driver = driver_and_compiled(f, xs, ys, acc)
+        assert in_driver == 0
+        assert compiled.view(bits).tolist() == driver.view(bits).tolist(), f.__name__
+    assert driver.view(bits)[0, 0] == acc.view(bits)[0, 0]  # (the sum's, first)
+
+
 def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, driver_trips):
     m = dsl.loads(RNN, "rnn.grad")
     rng = np.random.default_rng(1)
