@@ -616,10 +616,7 @@ class _Driver:
         slot = ({a: i for i, a in reversed(list(enumerate(fn.outputs))) if isinstance(a, Var)}
                 if top else {})
         in_place: set[Var] = set()
-        readers: dict[Var, int] = {}  # how many steps (or the return) read each value
-        for a in [_value(s, a) for s in steps for a in s.inputs] + list(fn.outputs):
-            if isinstance(a, Var):
-                readers[a] = readers.get(a, 0) + 1
+        readers = _readers(steps, fn.outputs)
         for step in steps:
             if isinstance(step, Loop) and self.in_driver(step):
                 lines += _scalar_lines(step, ref, define)
@@ -811,11 +808,11 @@ class _Driver:
         compiled = compiled_loop(eqn, steps, self.target, self.kernel_of,
                                  self.bound | ({_bound_symbol(p["trip"])} - {None}))
         _, carry_params, _, _ = loop_groups(body.params, p, lead=1)
-        added_into = {s.inputs[0] for s in steps
-                      if isinstance(s, Eqn) and OPS[s.op].adds_into_first}
+        added_into = frozenset(s.inputs[0] for s in steps
+                               if isinstance(s, Eqn) and OPS[s.op].adds_into_first)
         owned = [v in added_into for v in carry_params]
         inner = self.function(body, steps=steps, small_products=compiled is not None,
-                              owned=frozenset(v for v in carry_params if v in added_into))
+                              owned=added_into & set(carry_params))
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
@@ -927,10 +924,7 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
             raise _NoCompiledForm  # (the lowering makes none an operand of these steps)
         return names[a]
 
-    readers: dict[Var, int] = {}  # how many steps (or the results) read each value
-    for a in [_value(s, a) for s in steps for a in s.inputs] + list(body.outputs):
-        if isinstance(a, Var):
-            readers[a] = readers.get(a, 0) + 1
+    readers = _readers(steps, body.outputs)
     args = ["trips", "start", "step"]
     passed = sorted({f for v in body.params for d in v.type.shape if isinstance(d, Sym)
                      for f in d.factors} & bound)
@@ -963,13 +957,14 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
         # the trips, which every trip reads
         return (v in fresh or v in carry) and v not in invariant and readers[v] == 1
     updates = _rank_one_updates(steps, readers)
+    rank_one_products = {id(product) for product in updates.values()}
     deferred: set[int] = set()  # (ids of) products made where their sum adds them
     try:
         for step in steps:
             reads = ([_value(step, v) for v in step.inputs] if isinstance(step, Loop)
                      else list(step.inputs))
             early = all(v in invariant for v in reads if isinstance(v, Var))
-            if not early and any(step is product for product in updates.values()):
+            if not early and id(step) in rank_one_products:
                 products.append((step.inputs[0].type.shape[0], 1, step.inputs[1].type.shape[1]))
                 deferred.add(id(step))
                 continue
@@ -1135,6 +1130,15 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
                      f"bad = scatter_rows({out}, {x[1]}, {x[2]}, {views})"]
         return lines + ["if bad >= 0:", f"    {give_up}"]
     raise _NoCompiledForm
+
+
+def _readers(steps: list, outputs) -> dict[Var, int]:
+    """How many of `steps` (and of a function's `outputs`) read each value."""
+    readers: dict[Var, int] = {}
+    for a in [_value(s, a) for s in steps for a in s.inputs] + list(outputs):
+        if isinstance(a, Var):
+            readers[a] = readers.get(a, 0) + 1
+    return readers
 
 
 def _value(step, v: Atom) -> Atom:

@@ -98,7 +98,7 @@ LOOP_COMPILE_TRIPS = 50_000
 # driver calls: an RNN's gradient over 1,000 steps of 128 took 88 ms
 # compiled against 41 ms in the driver, where of 64 6.2 ms against 28 (a
 # scratch measurement on a busy machine; `benchmarks/run.py --only loop`
-# has 64's, idle: 2.6 ms against 15).
+# has 64's).
 SMALL_PRODUCT = 1 << 12
 
 
