@@ -31,7 +31,7 @@ from gradlang.compiler import ops, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.fusion import FUSIBLE
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
-from gradlang.compiler.shapes import Sym, broadcasts_to
+from gradlang.compiler.shapes import Sym, broadcasts_to, prod
 from gradlang.runtime.errors import GradError
 
 
@@ -54,15 +54,19 @@ def vjp(fn: Function, wrt: Sequence[int], masked: Sequence[int] = (),
 
 
 def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: bool,
-           seeded: Optional[int] = None) -> tuple[Function, list[bool]]:
+           seeded: Optional[int] = None, given: Sequence[Var] = ()) -> tuple[Function, list[bool]]:
     """`vjp`'s joint function, returning the `wrt` parameters' masks where
     `with_masks` (also with no mask given: a where inside fn makes some),
-    and for each of them whether it is one (False: everywhere)."""
+    and for each of them whether it is one (False: everywhere).  `given`
+    (values of fn, each one equation's only output) become parameters
+    after all the others: their equations are not computed again, only
+    differentiated (a loop's stacked products, `loop_pull_back`)."""
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
     env: dict[Var, Atom] = dict(zip(fn.params, params))
     active: set[Var] = {params[i] for i in wrt if params[i].type.is_float}
-    tape = _forward_sweep(b, fn, env, active)
+    given_params = {v: Var(v.type, v.hint) for v in given}
+    tape = _forward_sweep(b, fn, env, active, given_params)
     outputs = [env.get(a, a) if isinstance(a, Var) else a for a in fn.outputs]
     cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs[:seeded])]
     masks_in = {i: Var(TensorType("bool", outputs[i].type.shape), f"m{i}") for i in masked}
@@ -75,13 +79,14 @@ def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: 
     grads = [g if g is not None else ops.zeros_like(b, params[i].type)
              for i, g in zip(wrt, grads)]
     if not with_masks:
-        return b.function(f"{fn.name}_vjp", params + cts_in, outputs + grads), []
+        return b.function(f"{fn.name}_vjp", params + cts_in + list(given_params.values()),
+                          outputs + grads), []
     # a parameter nothing flows to has its zero cotangent nowhere
     found = [cots.mask(params[i]) if cots.of(params[i]) is not None
              else ops.full(b, False, params[i].type.shape, "bool") for i in wrt]
     masks_out = [_mask_at(b, m, params[i].type) for i, m in zip(wrt, found)]
-    joint = b.function(f"{fn.name}_vjp", params + cts_in + list(masks_in.values()),
-                       outputs + grads + masks_out)
+    joint = b.function(f"{fn.name}_vjp", params + cts_in + list(masks_in.values())
+                       + list(given_params.values()), outputs + grads + masks_out)
     return joint, [m is not None for m in found]
 
 
@@ -94,17 +99,21 @@ def _mask_at(b: Builder, mask: Optional[Var], t: TensorType) -> Var:
     return mask
 
 
-def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom],
-                   active: set[Var]) -> list[_Record]:
+def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom], active: set[Var],
+                   given: Optional[dict[Var, Var]] = None) -> list[_Record]:
     """Copies the primal into `b`, expanding custom calls into their fwd
     body (remembering the residuals their bwd will read); returns the tape
     of equations a cotangent flows through and grows `active` with the
-    float values that depend on an active one."""
+    float values that depend on an active one.  An equation whose output
+    `given` maps is taped on that value, not copied."""
     tape: list[_Record] = []
     for eqn in fn.eqns:
         inputs = tuple(env.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs)
         op = ops.OPS[eqn.op]
-        if op.kind == "loop" and any(a in active for a in vars_in(inputs)):
+        if given and len(eqn.outputs) == 1 and eqn.outputs[0] in given:
+            outs = [given[eqn.outputs[0]]]
+            record = (Eqn(eqn.op, inputs, tuple(outs), eqn.params, eqn.span), outs, None)
+        elif op.kind == "loop" and any(a in active for a in vars_in(inputs)):
             record = loop_forward(b, eqn, inputs)
             outs = record[1]
         elif op.kind == "call":
@@ -208,18 +217,56 @@ _trip_symbols = itertools.count()
 
 def loop_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]) -> _Record:
     """The forward half of a loop: the loop itself, also stacking the
-    carried values each trip starts from (one slot per trip, sized by the
-    trip count when the loop runs): the residuals of its backward loop."""
+    carried values each trip starts from and the products it makes
+    (`_products_to_stack`; one slot per trip, sized by the trip count when
+    the loop runs): the residuals of its backward loop.  The record's
+    `stacked_products` names the products, in the order of their stacks,
+    which follow the states'."""
     p = eqn.p
     body, n_carry = p["body"], p["n_carry"]
     trip = p["trip"] if p["trip"] is not None else _trip_dim(inputs)
+    products = _products_to_stack(body, n_carry, p["n_inv"])
     stacking = Function(f"{body.name}_fwd", body.params, body.eqns,
-                        body.outputs + body.params[1:1 + n_carry])
+                        body.outputs + body.params[1:1 + n_carry] + tuple(products))
     params = {**p, "trip": trip}
     results = b.bind_multi("loop", *inputs, span=eqn.span, **{**params, "body": stacking})
     n_out = len(eqn.outputs)
+    params["stacked_products"] = tuple(products)
     record = Eqn(eqn.op, inputs, eqn.outputs, tuple(sorted(params.items())), eqn.span)
     return record, list(results[:n_out]), list(results[n_out:])
+
+
+def _products_to_stack(body: Function, n_carry: int, n_inv: int) -> list[Var]:
+    """The matrix products of a loop body that change from trip to trip
+    and are at most as large as one of its carried float values.  The
+    backward loop reads them from their stacks instead of multiplying
+    again (an RNN's `h @ w`: a third of its backward trip's work), for at
+    most twice the memory the stacked states take; a larger product (a
+    loop over the layers of a transformer: its scores, n x n against a
+    state of n x d) is computed again, as the states are all it keeps."""
+    carried = [prod(v.type.shape) for v in body.params[1:1 + n_carry] if v.type.is_float]
+    invariant = set(body.params[1 + n_carry:1 + n_carry + n_inv])
+    varying = set(body.params) - invariant
+    products = []
+    for e in body.eqns:
+        if not any(a in varying for a in vars_in(e.inputs)):
+            continue
+        varying.update(e.outputs)
+        out = e.outputs[0]
+        if e.op == "matmul" and out.type.is_float and any(
+                _at_most(prod(out.type.shape), size) for size in carried):
+            products.append(out)
+    return products
+
+
+def _at_most(size, bound) -> bool:
+    """Whether an element count is known to be at most `bound` (both
+    ints, or the same product of sizes with a coefficient at most its)."""
+    if isinstance(size, int) and isinstance(bound, int):
+        return size <= bound
+    if isinstance(size, Sym) and isinstance(bound, Sym):
+        return size.factors == bound.factors and size.coef <= bound.coef
+    return False
 
 
 def _trip_dim(inputs: Sequence[Atom]):
@@ -254,6 +301,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     each trip's starting state there, which the forward loop's VJP then
     reads as its stacked outputs' masks.  Returns (input, cotangent, mask)
     for each float input that an output with a cotangent depends on."""
+    products = dict(zip(eqn.p.get("stacked_products", ()), stacked[eqn.p["n_carry"]:]))
     eqn, out_cts, out_masks, stacked = _with_cotangents_only(eqn, out_cts, out_masks, stacked)
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
@@ -264,13 +312,15 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     offsets = (1, 1 + n_carry, 1 + n_carry + n_inv)
     wrt = [off + k for off, group in zip(offsets, floats) for k in group]
     body, wide = _widened(body, n_carry, floats[1])
+    made = {o for e in body.eqns for o in e.outputs}  # (what the pruning left)
+    products = {v: stack for v, stack in products.items() if v in made}
     with_ct = [k for k, ct in enumerate(out_cts[n_carry:]) if ct is not None]
     ys_masked = [k for k in with_ct if out_masks[n_carry + k] is not None]
     nowhere = [k for k in floats[0] if out_cts[k] is None]
     masks_carried = bool(floats[0]) and (
         bool(ys_masked) or any(out_masks[k] is not None for k in floats[0] if k not in nowhere))
     masked = (floats[0] if masks_carried else []) + [n_carry + k for k in ys_masked]
-    joint, found = _joint(body, wrt, masked, with_masks=True)
+    joint, found = _joint(body, wrt, masked, with_masks=True, given=list(products))
     n_c, n_i = len(floats[0]), len(floats[1])
     inv_masked = [j for j, real in enumerate(found[n_c:n_c + n_i]) if real]
     xs_masked = [j for j, real in enumerate(found[n_c + n_i:]) if real]
@@ -283,6 +333,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     x_slices = [Var(body.params[offsets[2] + k].type, "x") for k in range(len(xs))]
     y_cts = [Var(TensorType(ys_types[k].dtype, ys_types[k].shape[1:]), "dy") for k in with_ct]
     y_masks = [Var(TensorType("bool", ys_types[k].shape[1:]), "my") for k in ys_masked]
+    product_slices = [Var(v.type, "p") for v in products]
     given = dict(zip(floats[0], ct_carry))
     body_cts = [given[k] if k in given else ops.zeros_like(bb, body.out_types[k])
                 for k in range(n_carry)]
@@ -295,7 +346,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
                   for k in floats[0] if masks_carried]
     inv_mask_carry = [Var(TensorType("bool", sums[j].type.shape), "mi") for j in inv_masked]
     results = inline(bb, joint, [index] + starts + inv_args + x_slices + body_cts + mask_carry
-                     + y_masks)
+                     + y_masks + product_slices)
     grads = results[len(body.outputs):len(body.outputs) + len(wrt)]
     masks = results[len(body.outputs) + len(wrt):]
     new_masks = masks[:n_c] if masks_carried else []
@@ -305,7 +356,8 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     xs_masks = [masks[n_c + n_i + j] for j in xs_masked]
     new_sums = [bb.bind("add", s, g) for s, g in zip(sums, grads[n_c:n_c + n_i])]
     backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + sums + mask_carry
-                           + inv_mask_carry + inv_params + starts + x_slices + y_cts + y_masks,
+                           + inv_mask_carry + inv_params + starts + x_slices + y_cts + y_masks
+                           + product_slices,
                            grads[:n_c] + new_sums + new_masks + grads[n_c + n_i:] + xs_masks)
     init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
             for k in floats[0]] + [ops.zeros_like(b, s.type) for s in sums]
@@ -313,7 +365,8 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
              else _mask_at(b, out_masks[k], carry[k].type) for k in floats[0] if masks_carried]
     init += [ops.full(b, False, m.type.shape, "bool") for m in inv_mask_carry]
     xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct] + \
-        [_mask_at(b, out_masks[n_carry + k], ys_types[k]) for k in ys_masked]
+        [_mask_at(b, out_masks[n_carry + k], ys_types[k]) for k in ys_masked] + \
+        list(products.values())
     n_masks = len(mask_carry) + len(inv_mask_carry)
     outs = b.bind_multi("loop", *bounds, *init, *inv, *xs_b, span=eqn.span, body=backward,
                         n_carry=n_c + n_i + n_masks, n_inv=n_inv, trip=p["trip"],

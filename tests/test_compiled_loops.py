@@ -36,9 +36,10 @@ def compile_from(monkeypatch):
 
 
 @pytest.fixture
-def driver_trips(monkeypatch):
-    """How many trips drivers ran since the last read (each stacks a value
-    through `R.stack_write`; a compiled loop fills its stacks itself)."""
+def driver_stacked(monkeypatch):
+    """How many values drivers stacked since the last read (a trip stacks
+    each of its loop's stacked values through `R.stack_write`; a compiled
+    loop fills its stacks itself)."""
     count = [0]
     write = cpu.stack_write
 
@@ -54,7 +55,7 @@ def driver_trips(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_a_hot_loop_gives_the_driver_trips_bits_and_the_gradient(compile_from, driver_trips,
+def test_a_hot_loop_gives_the_driver_stacked_bits_and_the_gradient(compile_from, driver_stacked,
                                                                  dtype):
     m = dsl.loads(RNN.replace("f64", "f32" if dtype == np.float32 else "f64"), "rnn.grad")
     rng = np.random.default_rng(0)
@@ -62,9 +63,10 @@ def test_a_hot_loop_gives_the_driver_trips_bits_and_the_gradient(compile_from, d
     value_and_grad = dsl.value_and_grad(m.rnn, wrt=(0, 1, 2))
     compile_from(2 * len(xs))  # two calls in the driver, then compiled
     calls = [value_and_grad(xs, h, w) for _ in range(2)]
-    assert driver_trips() == 2 * 2 * len(xs)  # each call's forward and backward loop
+    # each call's forward loop stacks h and h @ w, its backward loop the cotangents of xs
+    assert driver_stacked() == 2 * 3 * len(xs)
     calls += [value_and_grad(xs, h, w) for _ in range(2)]
-    assert driver_trips() == 0
+    assert driver_stacked() == 0
     for value, grads in calls[1:]:
         assert value.tobytes() == calls[0][0].tobytes()
         assert all(g.tobytes() == g0.tobytes() for g, g0 in zip(grads, calls[0][1]))
@@ -156,14 +158,14 @@ def test_a_rank_one_update_keeps_the_first_operand_s_nan_as_the_trips_do(dtype):
     assert driver.view(bits)[0, 0] == acc.view(bits)[0, 0]  # (the sum's, first)
 
 
-def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, driver_trips):
+def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, driver_stacked):
     m = dsl.loads(RNN, "rnn.grad")
     rng = np.random.default_rng(1)
     d = int(np.sqrt(cpu.SMALL_PRODUCT)) + 1  # a d-vector times a d x d matrix: too large
     xs, h, w = rng.normal(size=(3, d)), rng.normal(size=d), rng.normal(size=(d, d)) / d
     compile_from(0)
     dxs, dw = dsl.grad(m.rnn, wrt=(0, 2))(xs, h, w)
-    assert driver_trips() == 2 * len(xs)  # (both loops stack: h, and the cotangents of xs)
+    assert driver_stacked() == 3 * len(xs)  # (h and h @ w, then the cotangents of xs)
     hs = [h]  # the gradient by hand
     for x in xs:
         hs.append(np.tanh(hs[-1] @ w + x))
@@ -177,7 +179,7 @@ def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, d
 
 
 def test_a_compiled_form_that_fails_is_warned_of_once_and_the_trips_run(compile_from,
-                                                                        driver_trips):
+                                                                        driver_stacked):
     m = dsl.loads(RNN, "rnn.grad")
     rng = np.random.default_rng(2)
     xs, h, w = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=(3, 3))
@@ -192,10 +194,10 @@ def test_a_compiled_form_that_fails_is_warned_of_once_and_the_trips_run(compile_
     for name in names:
         setattr(program.kernels, name, fails)
     compile_from(0)
-    driver_trips()
+    driver_stacked()
     with pytest.warns(RuntimeWarning, match="compiled form failed .*a compiler bug"):
         assert_same(grad(xs, h, w), want)
-    assert driver_trips() == 2 * len(xs)
+    assert driver_stacked() == 3 * len(xs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # never tried again
         assert_same(grad(xs, h, w), want)
@@ -207,7 +209,7 @@ def assert_same(got, want) -> None:
     assert all(g.tobytes() == w.tobytes() for g, w in zip(grads, want_grads))
 
 
-def test_a_compiled_loop_runs_with_libm_s_math(compile_from, driver_trips, monkeypatch):
+def test_a_compiled_loop_runs_with_libm_s_math(compile_from, driver_stacked, monkeypatch):
     """With GRADC_LIBM=1 the kernels' `math` is Python's, which has no
     products: the compiled loop takes them from cpu_math by name (else
     its first call fails, and the loop falls back to its trips, warned)."""
@@ -219,14 +221,14 @@ def test_a_compiled_loop_runs_with_libm_s_math(compile_from, driver_trips, monke
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         value, _ = dsl.value_and_grad(m.rnn_libm, wrt=(0, 1, 2))(xs, h, w)
-    assert driver_trips() == 0  # both loops ran compiled
+    assert driver_stacked() == 0  # both loops ran compiled
     for x in xs:
         h = np.tanh(h @ w + x)
     np.testing.assert_allclose(value, np.sum(h), rtol=1e-13)
 
 
 def test_a_compiled_loop_runs_a_trip_count_known_at_run_time_zero_times(compile_from,
-                                                                       driver_trips):
+                                                                       driver_stacked):
     # its stacks (the carried values the gradient reads back) are empty
     m = dsl.loads("def f(h, w, n: int):\n    for i in range(n):\n"
                   "        h = tanh(h @ w)\n    return sum(h)\n", "trips.grad")
@@ -235,7 +237,7 @@ def test_a_compiled_loop_runs_a_trip_count_known_at_run_time_zero_times(compile_
     compile_from(0)
     for n in (0, 3):
         value, (dh, dw) = dsl.value_and_grad(m.f, wrt=(0, 1))(h, w, n)
-        assert driver_trips() == 0
+        assert driver_stacked() == 0
         states = [h]
         for _ in range(n):
             states.append(np.tanh(states[-1] @ w))
@@ -371,7 +373,7 @@ def test_a_compiled_loop_gathers_and_scatters_as_the_driver_s_trips(tokens, seed
     np.testing.assert_allclose(compiled, want, rtol=1e-13, atol=1e-13)
 
 
-def test_a_compiled_loop_leaves_an_index_out_of_range_to_the_trips(compile_from, driver_trips):
+def test_a_compiled_loop_leaves_an_index_out_of_range_to_the_trips(compile_from, driver_stacked):
     # The compiled form gives up and the driver's trips report the index;
     # no warning that the compiled form failed, and the next call runs it.
     m = dsl.loads(GATHERS, "gathers.grad")
@@ -384,9 +386,9 @@ def test_a_compiled_loop_leaves_an_index_out_of_range_to_the_trips(compile_from,
         for bad in (5, -6):
             with pytest.raises(dsl.ArgumentError, match=f"index {bad} in "):
                 grad(np.array([0, 1, bad, 2]), h, emb, w)
-        driver_trips()
+        driver_stacked()
         grad(np.array([0, 1, 4, 2]), h, emb, w)
-    assert driver_trips() == 0
+    assert driver_stacked() == 0
 
 
 def test_a_carried_value_made_before_the_trips_is_no_later_trip_s_to_add_into():

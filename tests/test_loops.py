@@ -349,6 +349,52 @@ def test_rnn_example_gradients_match_finite_differences():
     np.testing.assert_allclose(dsl.hvp(f, wrt=2)(xs, h, w, v), fd, rtol=1e-6, atol=1e-8)
 
 
+STACKED_PRODUCTS = """
+def rnn(xs: f64[t, d], h: f64[d], w: f64[d, d]):
+    for i in range(xs.shape[0]):
+        h = tanh(h @ w + xs[i])
+    return sum(h)
+
+def mixer(x: f64[n, d], k: i64):
+    for i in range(k):
+        x = tanh((x @ transpose(x)) @ x * 0.1 + x)
+    return sum(x * x)
+"""
+
+
+def _loops(ir):
+    forward, backward = sorted((e for e in ir.eqns if e.op == "loop"), key=lambda e: e.p["reverse"])
+    return forward, backward
+
+
+def test_a_backward_loop_reads_the_products_its_forward_loop_stacked():
+    m = dsl.loads(STACKED_PRODUCTS, "products.grad")
+    rng = np.random.default_rng(5)
+    xs, h, w = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=(3, 3)) / 2
+    forward, backward = _loops(dsl.grad(m.rnn, wrt=(0, 1, 2)).ir(xs, h, w))
+    # h and h @ w each trip: the backward trip multiplies d by w's transpose and
+    # adds outer(h, d) to w's gradient, and does not compute h @ w again
+    assert len(forward.outputs) == forward.p["n_carry"] + 2
+    assert [e.op for e in backward.p["body"].eqns].count("matmul") == 2
+    # x @ x^T is n x n, larger than the state x (n x d): computed again, not stacked
+    x = rng.normal(size=(5, 2))
+    forward, backward = _loops(dsl.grad(m.mixer).ir(x, 3))
+    assert len(forward.outputs) == forward.p["n_carry"] + 2  # x, and x x^T @ x (n x d)
+    # x x^T again, then two products for each product's two operands
+    assert [e.op for e in backward.p["body"].eqns].count("matmul") == 1 + 4
+
+    def mixer(x, k):
+        for _ in range(k):
+            x = np.tanh((x @ x.T) @ x * 0.1 + x)
+        return np.sum(x * x)
+    np.testing.assert_allclose(dsl.grad(m.mixer)(x, 3), central_difference(mixer, [x, 3], 0),
+                               rtol=1e-7, atol=1e-10)
+    v = rng.normal(size=x.shape)
+    eps, d_x = 1e-6, dsl.grad(m.mixer)
+    fd = (d_x(x + eps * v, 3) - d_x(x - eps * v, 3)) / (2 * eps)
+    np.testing.assert_allclose(dsl.hvp(m.mixer)(x, 3, v), fd, rtol=1e-6, atol=1e-8)
+
+
 def test_heat_equation_gradient_with_respect_to_diffusivity():
     f = dsl.load(EXAMPLES / "heat.grad").heat
     u, alpha, n = np.sin(np.linspace(0, 3, 7)) + 1, 0.2, 5
