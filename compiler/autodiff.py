@@ -354,37 +354,101 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     new_masks += [bb.bind("logical_or", mi, masks[n_c + j])
                   for mi, j in zip(inv_mask_carry, inv_masked)]
     xs_masks = [masks[n_c + n_i + j] for j in xs_masked]
-    new_sums = [bb.bind("add", s, g) for s, g in zip(sums, grads[n_c:n_c + n_i])]
-    backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + sums + mask_carry
-                           + inv_mask_carry + inv_params + starts + x_slices + y_cts + y_masks
-                           + product_slices,
-                           grads[:n_c] + new_sums + new_masks + grads[n_c + n_i:] + xs_masks)
-    init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
-            for k in floats[0]] + [ops.zeros_like(b, s.type) for s in sums]
-    init += [ops.full(b, False, carry[k].type.shape, "bool") if k in nowhere
-             else _mask_at(b, out_masks[k], carry[k].type) for k in floats[0] if masks_carried]
-    init += [ops.full(b, False, m.type.shape, "bool") for m in inv_mask_carry]
+    inv_grads = grads[n_c:n_c + n_i]
+    # an invariant whose cotangent is one product a trip is summed after the loop
+    outers = {j: f for j in range(n_i) if j not in inv_masked
+              and (f := _outer_factors(bb, inv_grads[j], sums[j].type)) is not None}
+    running = [j for j in range(n_i) if j not in outers]
+    new_sums = [bb.bind("add", sums[j], inv_grads[j]) for j in running]
+    xs_params = starts + x_slices + y_cts + y_masks + product_slices
     xs_b = list(stacked) + list(xs) + [out_cts[n_carry + k] for k in with_ct] + \
         [_mask_at(b, out_masks[n_carry + k], ys_types[k]) for k in ys_masked] + \
         list(products.values())
+    ys_out = grads[n_c + n_i:] + xs_masks
+    # each vector's stack: a stacked input or output, else stacked anew
+    factor_stacks, trip_values = [], []
+    for source in (v for j in outers for v in outers[j]):
+        if source in xs_params:
+            factor_stacks.append(("in", xs_params.index(source)))
+        elif source in ys_out:
+            factor_stacks.append(("out", ys_out.index(source)))
+        else:
+            factor_stacks.append(("out", len(ys_out) + len(trip_values)))
+            trip_values.append(source)
+    backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + [sums[j] for j in running]
+                           + mask_carry + inv_mask_carry + inv_params + xs_params,
+                           grads[:n_c] + new_sums + new_masks + ys_out + trip_values)
+    init = [out_cts[k] if out_cts[k] is not None else ops.zeros_like(b, carry[k].type)
+            for k in floats[0]] + [ops.zeros_like(b, sums[j].type) for j in running]
+    init += [ops.full(b, False, carry[k].type.shape, "bool") if k in nowhere
+             else _mask_at(b, out_masks[k], carry[k].type) for k in floats[0] if masks_carried]
+    init += [ops.full(b, False, m.type.shape, "bool") for m in inv_mask_carry]
     n_masks = len(mask_carry) + len(inv_mask_carry)
+    n_run = len(running)
     outs = b.bind_multi("loop", *bounds, *init, *inv, *xs_b, span=eqn.span, body=backward,
-                        n_carry=n_c + n_i + n_masks, n_inv=n_inv, trip=p["trip"],
+                        n_carry=n_c + n_run + n_masks, n_inv=n_inv, trip=p["trip"],
                         reverse=not p["reverse"])
-    end_masks = list(outs[n_c + n_i:n_c + n_i + len(mask_carry)]) or [None] * n_c
+    end_masks = list(outs[n_c + n_run:n_c + n_run + len(mask_carry)]) or [None] * n_c
     inv_masks: list[Optional[Var]] = [None] * n_i
-    for j, m in zip(inv_masked, outs[n_c + n_i + len(mask_carry):n_c + n_i + n_masks]):
+    for j, m in zip(inv_masked, outs[n_c + n_run + len(mask_carry):n_c + n_run + n_masks]):
         inv_masks[j] = m
-    xs_cts = outs[n_c + n_i + n_masks:][:len(floats[2])]
+    ys_stacks = outs[n_c + n_run + n_masks:]
+    xs_cts = ys_stacks[:len(floats[2])]
     stacked_masks: list[Optional[Var]] = [None] * len(floats[2])
-    for j, m in zip(xs_masked, outs[n_c + n_i + n_masks + len(floats[2]):]):
+    for j, m in zip(xs_masked, ys_stacks[len(floats[2]):len(ys_out)]):
         stacked_masks[j] = m
-    outs = list(outs[:n_c + n_i]) + list(xs_cts)
+    stacks = iter((xs_b if where == "in" else ys_stacks)[k] for where, k in factor_stacks)
+    inv_cts = dict(zip(running, outs[n_c:n_c + n_run]))
+    for j in outers:
+        inv_cts[j] = _summed_over_trips(b, next(stacks), next(stacks))
+    outs = list(outs[:n_c]) + [inv_cts[j] for j in range(n_i)] + list(xs_cts)
     targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
         [xs[k] for k in floats[2]]
     masks = end_masks + inv_masks + stacked_masks
     return [(a, ops.unbroadcast(b, ct, a.type.shape), _narrowed(b, mask, a, ct))
             for a, ct, mask in zip(targets, outs, masks)]
+
+
+def _outer_factors(bb: Builder, g: Atom, sum_type: TensorType) -> Optional[tuple[Var, Var]]:
+    """(column, row): the two vectors whose outer product an invariant's
+    cotangent on one trip, `g`, is (an RNN's weight: outer(h, d), the
+    product of an m x 1 and a 1 x n matrix, each a reshape of its
+    vector), at its sum's type; else None.  Summed over the trips that is
+    one product of the vectors' stacks, after the loop
+    (`_summed_over_trips`), with the trips for its inner dimension: BLAS,
+    instead of a rank-one update of the whole sum on every trip (2 MB read
+    and written a trip for a 512 x 512 weight).  (Not for a batch's
+    states, n x d: their trips' products are full ones already, and a
+    row-split Dask array keeps its rows apart.)"""
+    made = _made_by(bb, g)
+    if made is None or made.op != "matmul" or g.type != sum_type or g.type.rank != 2:
+        return None
+    column, row = (_vector_of(bb, a) for a in made.inputs)
+    if column is None or row is None or made.inputs[0].type.shape[1] != 1:
+        return None
+    return column, row
+
+
+def _made_by(bb: Builder, v: Atom) -> Optional[Eqn]:
+    return next((e for e in reversed(bb.eqns) if v in e.outputs), None)
+
+
+def _vector_of(bb: Builder, v: Atom) -> Optional[Var]:
+    """The vector v's elements are, in order, through reshapes and
+    transposes of one axis longer than 1 (None if there is none)."""
+    while isinstance(v, Var) and v.type.rank != 1:
+        made = _made_by(bb, v)
+        if made is None or made.op not in ("reshape", "transpose") or (
+                made.op == "transpose" and sum(d != 1 for d in made.inputs[0].type.shape) > 1):
+            return None
+        v = made.inputs[0]
+    return v if isinstance(v, Var) else None
+
+
+def _summed_over_trips(b: Builder, columns: Var, rows: Var) -> Var:
+    """The sum over the trips of outer(column, row), from their stacks
+    (trips x m, trips x n): columns^T rows."""
+    return b.bind("matmul", b.bind("transpose", columns, perm=(1, 0)), rows)
 
 
 def _with_cotangents_only(eqn: Eqn, out_cts: Sequence[Optional[Atom]],

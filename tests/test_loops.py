@@ -355,6 +355,16 @@ def rnn(xs: f64[t, d], h: f64[d], w: f64[d, d]):
         h = tanh(h @ w + xs[i])
     return sum(h)
 
+def rnn_left(xs: f64[t, d], h: f64[d], w: f64[d, d]):
+    for i in range(xs.shape[0]):
+        h = tanh(w @ h + xs[i]) * 1.5
+    return sum(h * h)
+
+def scrambled(xs: f64[t, d], h: f64[d], w: f64[d, d]):
+    for i in range(xs.shape[0]):
+        h = tanh(reshape(reshape(transpose(reshape(h, (2, 3))), (1, 6)) @ w, (6,)) + xs[i])
+    return sum(h)
+
 def mixer(x: f64[n, d], k: i64):
     for i in range(k):
         x = tanh((x @ transpose(x)) @ x * 0.1 + x)
@@ -367,15 +377,44 @@ def _loops(ir):
     return forward, backward
 
 
-def test_a_backward_loop_reads_the_products_its_forward_loop_stacked():
+def test_a_backward_loop_reads_the_products_its_forward_loop_stacked_and_sums_products_after():
     m = dsl.loads(STACKED_PRODUCTS, "products.grad")
     rng = np.random.default_rng(5)
     xs, h, w = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=(3, 3)) / 2
-    forward, backward = _loops(dsl.grad(m.rnn, wrt=(0, 1, 2)).ir(xs, h, w))
-    # h and h @ w each trip: the backward trip multiplies d by w's transpose and
-    # adds outer(h, d) to w's gradient, and does not compute h @ w again
+    ir = dsl.grad(m.rnn, wrt=(0, 1, 2)).ir(xs, h, w)
+    forward, backward = _loops(ir)
+    # h and h @ w each trip: the backward trip multiplies d by w's transpose,
+    # and does not compute h @ w again
     assert len(forward.outputs) == forward.p["n_carry"] + 2
-    assert [e.op for e in backward.p["body"].eqns].count("matmul") == 2
+    assert [e.op for e in backward.p["body"].eqns].count("matmul") == 1
+    # w's gradient, the sum over the trips of outer(h, d), is no trip's running
+    # sum (carried: dh alone) but one product after the loop, of h's stack and
+    # d's (xs's gradient)
+    assert backward.p["n_carry"] == 1
+    assert [e.op for e in ir.eqns].count("matmul") == 1
+
+    def rnn_left(xs, h, w):
+        for x in xs:
+            h = np.tanh(w @ h + x) * 1.5
+        return np.sum(h * h)
+    args, eps = [xs, h, w], 1e-6
+    grads = dsl.grad(m.rnn_left, wrt=(0, 1, 2))(*args)  # (w's: d h^T, h's stacked anew)
+    for k, g in enumerate(grads):
+        np.testing.assert_allclose(g, central_difference(rnn_left, args, k), rtol=1e-6,
+                                   atol=1e-9)
+
+    def scrambled(xs, h, w):
+        for x in xs:
+            h = np.tanh((h.reshape(2, 3).T.reshape(1, 6) @ w).reshape(6) + x)
+        return np.sum(h)
+    args = [rng.normal(size=(3, 6)), rng.normal(size=6), rng.normal(size=(6, 6)) / 3]
+    # (outer(h scrambled, d): not h's stack, which is in another order)
+    np.testing.assert_allclose(dsl.grad(m.scrambled, wrt=2)(*args),
+                               central_difference(scrambled, args, 2), rtol=1e-6, atol=1e-9)
+    v, d_w = rng.normal(size=w.shape), dsl.grad(m.rnn_left, wrt=2)
+    fd = (d_w(xs, h, w + eps * v) - d_w(xs, h, w - eps * v)) / (2 * eps)
+    np.testing.assert_allclose(dsl.hvp(m.rnn_left, wrt=2)(xs, h, w, v), fd, rtol=1e-6,
+                               atol=1e-8)
     # x @ x^T is n x n, larger than the state x (n x d): computed again, not stacked
     x = rng.normal(size=(5, 2))
     forward, backward = _loops(dsl.grad(m.mixer).ir(x, 3))
