@@ -370,11 +370,10 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     for source in (v for j in outers for v in outers[j]):
         if source in xs_params:
             factor_stacks.append(("in", xs_params.index(source)))
-        elif source in ys_out:
-            factor_stacks.append(("out", ys_out.index(source)))
-        else:
-            factor_stacks.append(("out", len(ys_out) + len(trip_values)))
+            continue
+        if source not in ys_out + trip_values:
             trip_values.append(source)
+        factor_stacks.append(("out", (ys_out + trip_values).index(source)))
     backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + [sums[j] for j in running]
                            + mask_carry + inv_mask_carry + inv_params + xs_params,
                            grads[:n_c] + new_sums + new_masks + ys_out + trip_values)

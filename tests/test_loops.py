@@ -393,6 +393,16 @@ def test_a_backward_loop_reads_the_products_its_forward_loop_stacked_and_sums_pr
     assert backward.p["n_carry"] == 1
     assert [e.op for e in ir.eqns].count("matmul") == 1
 
+    def rnn(xs, h, w):
+        for x in xs:
+            h = np.tanh(h @ w + x)
+        return np.sum(h)
+    # without xs's gradient, the backward loop stacks d for w's product alone
+    d_w = dsl.grad(m.rnn, wrt=2)
+    assert len(_loops(d_w.ir(xs, h, w))[1].outputs) == 1 + 1
+    np.testing.assert_allclose(d_w(xs, h, w), central_difference(rnn, [xs, h, w], 2),
+                               rtol=1e-6, atol=1e-9)
+
     def rnn_left(xs, h, w):
         for x in xs:
             h = np.tanh(w @ h + x) * 1.5
