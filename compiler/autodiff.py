@@ -240,10 +240,11 @@ def _products_to_stack(body: Function, n_carry: int, n_inv: int) -> list[Var]:
     """The matrix products of a loop body that change from trip to trip
     and are at most as large as one of its carried float values.  The
     backward loop reads them from their stacks instead of multiplying
-    again (an RNN's `h @ w`: a third of its backward trip's work), for at
-    most twice the memory the stacked states take; a larger product (a
-    loop over the layers of a transformer: its scores, n x n against a
-    state of n x d) is computed again, as the states are all it keeps."""
+    again (an RNN's `h @ w`: a third of its backward trip's work), each
+    no larger than a stacked state (`_joint_given_small` drops those larger
+    than every state the backward trip reads); a larger product (a loop
+    over the layers of a transformer: its scores, n x n against a state of
+    n x d) is computed again, as the states are all it keeps."""
     carried = [prod(v.type.shape) for v in body.params[1:1 + n_carry] if v.type.is_float]
     invariant = set(body.params[1 + n_carry:1 + n_carry + n_inv])
     varying = set(body.params) - invariant
@@ -320,7 +321,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     masks_carried = bool(floats[0]) and (
         bool(ys_masked) or any(out_masks[k] is not None for k in floats[0] if k not in nowhere))
     masked = (floats[0] if masks_carried else []) + [n_carry + k for k in ys_masked]
-    joint, found = _joint(body, wrt, masked, with_masks=True, given=list(products))
+    joint, found, products = _joint_given_small(body, n_carry, wrt, masked, products)
     n_c, n_i = len(floats[0]), len(floats[1])
     inv_masked = [j for j, real in enumerate(found[n_c:n_c + n_i]) if real]
     xs_masked = [j for j, real in enumerate(found[n_c + n_i:]) if real]
@@ -448,6 +449,29 @@ def _summed_over_trips(b: Builder, columns: Var, rows: Var) -> Var:
     """The sum over the trips of outer(column, row), from their stacks
     (trips x m, trips x n): columns^T rows."""
     return b.bind("matmul", b.bind("transpose", columns, perm=(1, 0)), rows)
+
+
+def _joint_given_small(body: Function, n_carry: int, wrt: list[int], masked: list[int],
+                       products: dict[Var, Atom]) -> tuple[Function, list[bool], dict]:
+    """`_joint` of a loop's body (`loop_pull_back`'s), given those of its
+    stacked `products` no larger than a carried float value whose
+    starting state the backward trip reads, and those products.  A carried
+    value of which it reads no state (an accumulator, `m = m + f(a)`:
+    none is kept) bounds nothing: a product larger than every state kept
+    is computed again (an outer(h, h) beside an RNN's states would keep
+    d times their memory)."""
+    joint, found = _joint(body, wrt, masked, with_masks=True, given=list(products))
+    if not products:
+        return joint, found, products
+    # what the backward trip reads: the joint's results but the body's own
+    read = passes.read_by(joint, joint.outputs[len(body.outputs):])
+    kept = [prod(v.type.shape) for v in joint.params[1:1 + n_carry]
+            if v in read and v.type.is_float]
+    small = {v: stack for v, stack in products.items()
+             if any(_at_most(prod(v.type.shape), size) for size in kept)}
+    if len(small) < len(products):
+        joint, found = _joint(body, wrt, masked, with_masks=True, given=list(small))
+    return joint, found, small
 
 
 def _with_cotangents_only(eqn: Eqn, out_cts: Sequence[Optional[Atom]],

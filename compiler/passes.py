@@ -17,7 +17,9 @@ Contract:
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
   a loop that nobody reads (with the carried values only they need), and
   the invariants and stacked inputs its body then does not read
-  (`without_dead_outputs`, which a loop's VJP also takes);
+  (`without_dead_outputs`, which a loop's VJP also takes); `read_by`: the
+  values a function's given results read, as `dce` leaves it (a loop's
+  VJP asks which carried values' states its backward trip reads);
 
 Each pass also runs on the body of every `loop` (`_in_bodies`).
 """
@@ -315,7 +317,7 @@ def _live_loop(eqn: Eqn, live: set[Var], memo: dict) -> Eqn:
     ys = [j for j in range(n_carry, len(eqn.outputs)) if eqn.outputs[j] in live]
     carried = {j for j in range(n_carry) if eqn.outputs[j] in live}
     while True:  # a carried value the next trip of a live one reads is live
-        read = _read_by(body, [body.outputs[j] for j in sorted(carried) + ys], memo)
+        read = read_by(body, [body.outputs[j] for j in sorted(carried) + ys], memo)
         grown = carried | {j for j in range(n_carry) if body.params[1 + j] in read}
         if grown == carried:
             break
@@ -323,7 +325,7 @@ def _live_loop(eqn: Eqn, live: set[Var], memo: dict) -> Eqn:
     if not carried:  # keep them all: no stage makes or runs a loop that carries nothing
         carried = set(range(n_carry))
     kept = sorted(carried)
-    read = _read_by(body, [body.outputs[j] for j in kept + ys], memo)
+    read = read_by(body, [body.outputs[j] for j in kept + ys], memo)
     bounds, carry, inv, xs = loop_groups(eqn.inputs, p)
     index, carry_params, inv_params, slices = loop_groups(body.params, p, lead=1)
     inv_kept = [j for j, v in enumerate(inv_params) if v in read]
@@ -342,9 +344,10 @@ def _live_loop(eqn: Eqn, live: set[Var], memo: dict) -> Eqn:
                tuple(eqn.outputs[j] for j in kept + ys), params, eqn.span)
 
 
-def _read_by(fn: Function, outputs, memo: dict) -> set[Var]:
+def read_by(fn: Function, outputs, memo: Optional[dict] = None) -> set[Var]:
     """The values of fn that computing `outputs` reads (through a nested
     loop, only what its outputs among them need, as `dce` leaves it)."""
+    memo = {} if memo is None else memo
     read = {a for a in outputs if isinstance(a, Var)}
     for eqn in reversed(fn.eqns):
         if any(o in read for o in eqn.outputs):

@@ -14,6 +14,7 @@ import dsl
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import TensorType, print_function
 from gradlang.compiler.pipeline import front_end, lower_entry
+from gradlang.compiler.shapes import prod
 from gradlang.compiler.verify import verify
 from helpers import central_difference
 
@@ -442,6 +443,40 @@ def test_a_backward_loop_reads_the_products_its_forward_loop_stacked_and_sums_pr
     eps, d_x = 1e-6, dsl.grad(m.mixer)
     fd = (d_x(x + eps * v, 3) - d_x(x - eps * v, 3)) / (2 * eps)
     np.testing.assert_allclose(dsl.hvp(m.mixer)(x, 3, v), fd, rtol=1e-6, atol=1e-8)
+
+
+GRAM = """
+def gram(xs, h, w):
+    m = w * 0.0
+    for i in range(xs.shape[0]):
+        a = reshape(h, [h.shape[0], 1]) @ reshape(h, [1, h.shape[0]])
+        m = m + maximum(a, 0.0)
+        h = tanh(h @ w + xs[i])
+    return sum(h) + sum(m * w)
+"""
+
+
+def test_a_product_larger_than_every_state_the_backward_loop_reads_is_not_stacked():
+    # outer(h, h) is no larger than m, but m only adds it up: the backward
+    # trip reads no state of m (none is kept), only h's, so the d x d
+    # product (which maximum's derivative reads) is computed again, not
+    # kept for every trip beside a d-vector (d times the memory)
+    f = dsl.loads(GRAM, "gram.grad").gram
+    rng = np.random.default_rng(6)
+    xs, h, w = rng.normal(size=(3, 2)), rng.normal(size=2), rng.normal(size=(2, 2)) / 2
+    forward, _ = _loops(dsl.grad(f, wrt=(0, 1, 2)).ir(xs, h, w))
+    sizes = [prod(o.type.shape[1:]) for o in forward.outputs[forward.p["n_carry"]:]]
+    assert sizes == [sizes[0]] * 2, sizes  # a d-vector each a trip: h, and h @ w
+
+    def gram(xs, h, w):
+        m = np.zeros_like(w)
+        for x in xs:
+            m = m + np.maximum(np.outer(h, h), 0.0)
+            h = np.tanh(h @ w + x)
+        return np.sum(h) + np.sum(m * w)
+    for k, g in enumerate(dsl.grad(f, wrt=(0, 1, 2))(xs, h, w)):
+        np.testing.assert_allclose(g, central_difference(gram, [xs, h, w], k), rtol=1e-7,
+                                   atol=1e-9)
 
 
 def test_heat_equation_gradient_with_respect_to_diffusivity():

@@ -75,15 +75,15 @@ def test_out_takes_numpy_buffers_when_results_are_numpy_anyway():
 def test_the_gradient_of_deeply_nested_loops_is_simplified_in_polynomial_time(monkeypatch):
     # dead-code elimination read each nested loop's body once for every set
     # of carried values the loop around it tried, so the work doubled with
-    # each level: 14 nested loops called _read_by 130,000 times, 18 took 10 s
+    # each level: 14 nested loops called read_by 130,000 times, 18 took 10 s
     depth = 16
     source = "def f(x, n: i64 = 2):\n    y = x\n" + "".join(
         "    " * (k + 1) + f"for i{k} in range(n):\n" for k in range(depth))
     source += "    " * (depth + 1) + "y = sin(y) * 0.999\n    return sum(y)\n"
     g = dsl.grad(dsl.loads(source, "nested.grad").f)
     calls = []
-    read_by = passes._read_by
-    monkeypatch.setattr(passes, "_read_by", lambda *a: calls.append(1) or read_by(*a))
+    read_by = passes.read_by
+    monkeypatch.setattr(passes, "read_by", lambda *a: calls.append(1) or read_by(*a))
     x = np.array([0.3, -0.7])
     bound = g.bind((x, 1), {})  # one trip each: the body runs once
     (value,) = interpret(g.lower(_types(bound)), *bound.values())
