@@ -226,14 +226,20 @@ def loop_forward(b: Builder, eqn: Eqn, inputs: Sequence[Atom]) -> _Record:
     body, n_carry = p["body"], p["n_carry"]
     trip = p["trip"] if p["trip"] is not None else _trip_dim(inputs)
     products = _products_to_stack(body, n_carry, p["n_inv"])
-    stacking = Function(f"{body.name}_fwd", body.params, body.eqns,
-                        body.outputs + body.params[1:1 + n_carry] + tuple(products))
+    residuals = body.params[1:1 + n_carry] + tuple(products)
+    # what the loop stacks already (a backward loop's reads, differentiated
+    # again: the states and products of the forward loop of the first pass)
+    # is read from that stack, not stacked twice
+    ys = body.outputs[n_carry:]
+    more = tuple(dict.fromkeys(v for v in residuals if v not in ys))
+    stacking = Function(f"{body.name}_fwd", body.params, body.eqns, body.outputs + more)
     params = {**p, "trip": trip}
     results = b.bind_multi("loop", *inputs, span=eqn.span, **{**params, "body": stacking})
     n_out = len(eqn.outputs)
+    stacks = {**dict(zip(ys, results[n_carry:n_out])), **dict(zip(more, results[n_out:]))}
     params["stacked_products"] = tuple(products)
     record = Eqn(eqn.op, inputs, eqn.outputs, tuple(sorted(params.items())), eqn.span)
-    return record, list(results[:n_out]), list(results[n_out:])
+    return record, list(results[:n_out]), [stacks[v] for v in residuals]
 
 
 def _products_to_stack(body: Function, n_carry: int, n_inv: int) -> list[Var]:

@@ -445,6 +445,17 @@ def test_a_backward_loop_reads_the_products_its_forward_loop_stacked_and_sums_pr
     np.testing.assert_allclose(dsl.hvp(m.mixer)(x, 3, v), fd, rtol=1e-6, atol=1e-8)
 
 
+def test_a_second_pass_reads_the_stacks_of_the_first_not_stacking_them_again():
+    # the first pass's forward loop stacks h and h @ w for its backward
+    # loop, which reads them: differentiated again, that loop keeps them for
+    # the second backward pass too, once (they were stacked twice)
+    m = dsl.loads(STACKED_PRODUCTS, "products.grad")
+    rng = np.random.default_rng(7)
+    xs, h, w = rng.normal(size=(4, 3)), rng.normal(size=3), rng.normal(size=(3, 3)) / 2
+    first = next(e for e in dsl.hvp(m.rnn, wrt=2).ir(xs, h, w, w).eqns if e.op == "loop")
+    assert len(first.outputs) == first.p["n_carry"] + 2
+
+
 GRAM = """
 def gram(xs, h, w):
     m = w * 0.0
