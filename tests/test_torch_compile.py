@@ -479,3 +479,29 @@ def test_the_operation_runs_a_call_it_knows_without_binding_it_again(monkeypatch
         (value,) = torch_op.operation()(call.key, [x])
         np.testing.assert_allclose(value.numpy(), np.logaddexp(0, x.numpy()), rtol=1e-14)
     assert len(slow) == known <= 2
+
+
+@pytest.mark.parametrize("trips", [3, "tensor"])
+def test_a_loop_whose_trip_count_is_an_argument_trains_under_fullgraph(trips):
+    # its forward pass's residuals (the trips' stacked states) have a size
+    # known only when it runs: the fake rule's sizes raised KeyError('trip0'),
+    # which dynamo reported as "Unsupported output type for nonstrict_trace-ed
+    # function".  Such a call's backward now recomputes the forward.
+    f = dsl.to_torch(dsl.loads("def g(x: f64[d], n: i64):\n"
+                               "    for i in range(n):\n"
+                               "        x = sin(x) * 1.5\n"
+                               "    return sum(x * x)\n", "g.grad").g)
+    step = compiled(lambda x, n: f(x, n) * 2.0)
+    for n in (3, 5):
+        xn = np.array([0.3, -1.2, 2.0])
+        x = torch.tensor(xn, requires_grad=True)
+        value = step(x, torch.tensor(n) if trips == "tensor" else n)
+        value.backward()
+
+        def reference(x):
+            for _ in range(n):
+                x = np.sin(x) * 1.5
+            return 2.0 * np.sum(x * x)
+        np.testing.assert_allclose(value.item(), reference(xn), rtol=1e-14)
+        np.testing.assert_allclose(x.grad.numpy(), central_difference(reference, [xn], 0),
+                                   rtol=1e-7, atol=1e-8)
