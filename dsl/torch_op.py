@@ -226,7 +226,9 @@ class OpCall:
         f's results, then the residuals its backward reads; this call
         itself (whose backward computes them again) where a residual has a
         size known only when the forward runs (a loop's trip count given by
-        an argument's value), which torch's fake rule must give beforehand."""
+        an argument's value, or one that is no product of the sizes of the
+        pattern the program is lowered for), which torch's fake rule must
+        give beforehand."""
         if self._forward is None:
             kept = op_call(forward_pass_function(self.f), self.bound, self.names, self.live)
             types = kept._result_types()
