@@ -1015,7 +1015,9 @@ def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
     sizes (its results' sizes then evaluated at the call's), or for its
     sizes where f needs those.  f's results have the same types either way;
     the residuals a `ForwardPass` keeps may not (known sizes may simplify
-    differently)."""
+    differently), and one of those may have a size known only when the
+    program runs (the trips of a loop over `range(n)` for an argument n):
+    that size stays a `Sym`, as in `result_types`."""
     statics = f.static_names(bound)
     types = _symbolic(bound, statics)
     symbolic = symbolic_result_types(
@@ -1024,7 +1026,8 @@ def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
         return result_types(f, bound)
     sizes = {d.factors[0]: size for n, t in types.items() if n not in statics
              for d, size in zip(t.shape, bound[n].shape) if isinstance(d, Sym)}
-    return tuple((tuple(evaluate(d, sizes) for d in shape), dtype)
+    return tuple((tuple(d if isinstance(d, Sym) and not set(d.factors) <= sizes.keys()
+                        else evaluate(d, sizes) for d in shape), dtype)
                  for shape, dtype in symbolic[1])
 
 

@@ -495,7 +495,12 @@ def _operations() -> tuple:
             each = [apply(call.f, *call.rebound(
                 [t if dims[n] is None else t[i] for n, t in zip(call.names, tensors)]))
                 for i in range(info.batch_size)]
-            outs = tuple(torch.stack(o) for o in zip(*each))
+            if each:
+                outs = tuple(torch.stack(o) for o in zip(*each))
+            else:  # no example: empty results of the shapes one of zeros gives (as dsl.vmap)
+                outs = tuple(o.new_empty((0, *o.shape)) for o in apply(call.f, *call.rebound(
+                    [t if dims[n] is None else t.new_zeros(t.shape[1:])
+                     for n, t in zip(call.names, tensors)])))
         return outs, (0,) * len(outs)
 
     def forward_with_ctx(ctx, call: Call, *tensors) -> tuple:

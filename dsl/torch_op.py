@@ -223,13 +223,21 @@ class OpCall:
 
     def keeping_residuals(self) -> "OpCall":
         """The call of f's forward pass (`ForwardPass`) on these tensors:
-        f's results, then the residuals its backward reads."""
+        f's results, then the residuals its backward reads; this call
+        itself (whose backward computes them again) where a residual has a
+        size known only when the forward runs (a loop's trip count given by
+        an argument's value, or one that is no product of the sizes of the
+        pattern the program is lowered for), which torch's fake rule must
+        give beforehand."""
         if self._forward is None:
             kept = op_call(forward_pass_function(self.f), self.bound, self.names, self.live)
+            types = kept._result_types()
+            if not all(type(d) is int for shape, _ in types for d in shape):
+                self._forward = self
+                return self
             kept.n_results = len(self._result_types())
             kept.saved_names = self.names + backward_pass_function(
-                self.f, kept.n_results, len(kept._result_types()) - kept.n_results
-            ).residual_names
+                self.f, kept.n_results, len(types) - kept.n_results).residual_names
             self._forward = kept
         return self._forward
 

@@ -650,6 +650,32 @@ def test_vmap_equals_a_loop(f, make, in_dims, stacked, monkeypatch):
     np.testing.assert_allclose(g.numpy(), np.stack(each), rtol=1e-13, atol=1e-15)
 
 
+TRIPS = dsl.loads("def trips(x: f64[d], n: i64):\n"
+                  "    for i in range(n):\n"
+                  "        x = sin(x) * 1.5\n"
+                  "    return sum(x * x)\n", "trips.grad").trips
+
+
+@pytest.mark.parametrize("examples", [3, 0])
+def test_vmap_over_a_trip_count_runs_each_example_and_no_example_is_empty(examples):
+    # a mapped trip count runs one call per example; with none, the vmap
+    # rule returned (), which grad took for a result: "Expected f(*args) to
+    # return a Tensor, got <class 'tuple'>"
+    tf, x = dsl.to_torch(TRIPS), np.array([0.3, -1.2, 2.0])
+    ns = torch.arange(examples)
+    values = torch.func.vmap(tf, in_dims=(None, 0))(torch.tensor(x), ns)
+    grads = torch.func.vmap(torch.func.grad(tf), in_dims=(None, 0))(torch.tensor(x), ns)
+    assert values.shape == (examples,) and grads.shape == (examples, 3)
+    for n in range(examples):
+        def reference(x):
+            for _ in range(n):
+                x = np.sin(x) * 1.5
+            return np.sum(x * x)
+        np.testing.assert_allclose(values[n].item(), reference(x), rtol=1e-14)
+        np.testing.assert_allclose(grads[n].numpy(), central_difference(reference, [x], 0),
+                                   rtol=1e-7, atol=1e-8)
+
+
 def test_a_param_by_keyword_under_torch_func():
     lp = dsl.to_torch(load("linear_poly").linear_poly)
     x = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)

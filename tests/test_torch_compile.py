@@ -479,3 +479,53 @@ def test_the_operation_runs_a_call_it_knows_without_binding_it_again(monkeypatch
         (value,) = torch_op.operation()(call.key, [x])
         np.testing.assert_allclose(value.numpy(), np.logaddexp(0, x.numpy()), rtol=1e-14)
     assert len(slow) == known <= 2
+
+
+def test_a_loop_over_every_other_row_trains_under_fullgraph():
+    # range(1, n, 2) over an axis of size n: for the pattern of sizes the
+    # program runs, its trips are no size of the arguments (as above)
+    f = dsl.to_torch(dsl.loads("def g(x: f64[t, d], h: f64[d], w: f64[d, d]):\n"
+                               "    for i in range(1, x.shape[0], 2):\n"
+                               "        h = tanh(h @ w + x[i])\n"
+                               "    return sum(h)\n", "g.grad").g)
+    step = compiled(lambda x, h, w: f(x, h, w) * 2.0)
+    h = torch.tensor([0.2, -0.4, 1.0], dtype=torch.float64)
+    w = torch.tensor([[0.5, -0.3, 0.2], [0.1, 0.4, -0.6], [0.3, 0.2, 0.1]], dtype=torch.float64)
+    for rows in (4, 5):
+        xn = np.linspace(-1.0, 2.0, 3 * rows).reshape(rows, 3)
+        x = torch.tensor(xn, requires_grad=True)
+        step(x, h, w).backward()
+
+        def reference(x):
+            state = h.numpy()
+            for i in range(1, len(x), 2):
+                state = np.tanh(state @ w.numpy() + x[i])
+            return 2.0 * np.sum(state)
+        np.testing.assert_allclose(x.grad.numpy(), central_difference(reference, [xn], 0),
+                                   rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("trips", [3, "tensor"])
+def test_a_loop_whose_trip_count_is_an_argument_trains_under_fullgraph(trips):
+    # its forward pass's residuals (the trips' stacked states) have a size
+    # known only when it runs: the fake rule's sizes raised KeyError('trip0'),
+    # which dynamo reported as "Unsupported output type for nonstrict_trace-ed
+    # function".  Such a call's backward now recomputes the forward.
+    f = dsl.to_torch(dsl.loads("def g(x: f64[d], n: i64):\n"
+                               "    for i in range(n):\n"
+                               "        x = sin(x) * 1.5\n"
+                               "    return sum(x * x)\n", "g.grad").g)
+    step = compiled(lambda x, n: f(x, n) * 2.0)
+    for n in (3, 5):
+        xn = np.array([0.3, -1.2, 2.0])
+        x = torch.tensor(xn, requires_grad=True)
+        value = step(x, torch.tensor(n) if trips == "tensor" else n)
+        value.backward()
+
+        def reference(x):
+            for _ in range(n):
+                x = np.sin(x) * 1.5
+            return 2.0 * np.sum(x * x)
+        np.testing.assert_allclose(value.item(), reference(xn), rtol=1e-14)
+        np.testing.assert_allclose(x.grad.numpy(), central_difference(reference, [xn], 0),
+                                   rtol=1e-7, atol=1e-8)
