@@ -19,8 +19,10 @@ stays, returning the residuals too (`call_forward`), so that a second
 differentiation takes its results through the block again and flows
 through the residuals the block reads.  A `loop` is differentiated by a loop over
 the same trips in reverse, whose body is the VJP of its body, reading
-the states the forward loop stacks (`loop_pull_back`).  Only float values
-carry cotangents; uses of one value sum.
+the states and small matrix products the forward loop stacks
+(`loop_forward`, `loop_pull_back`); an invariant whose cotangent a trip is
+an outer product of two vectors is summed after it, as one product of
+their stacks.  Only float values carry cotangents; uses of one value sum.
 """
 from __future__ import annotations
 
