@@ -19,8 +19,10 @@ stays, returning the residuals too (`call_forward`), so that a second
 differentiation takes its results through the block again and flows
 through the residuals the block reads.  A `loop` is differentiated by a loop over
 the same trips in reverse, whose body is the VJP of its body, reading
-the states the forward loop stacks (`loop_pull_back`).  Only float values
-carry cotangents; uses of one value sum.
+the states and small matrix products the forward loop stacks
+(`loop_forward`, `loop_pull_back`); an invariant whose cotangent a trip is
+an outer product of two vectors is summed after it, as one product of
+their stacks.  Only float values carry cotangents; uses of one value sum.
 """
 from __future__ import annotations
 
@@ -268,7 +270,8 @@ def _products_to_stack(body: Function, n_carry: int, n_inv: int) -> list[Var]:
 
 def _at_most(size, bound) -> bool:
     """Whether an element count is known to be at most `bound` (both
-    ints, or the same product of sizes with a coefficient at most its)."""
+    ints, or the same product of symbols with a coefficient at most the
+    bound's)."""
     if isinstance(size, int) and isinstance(bound, int):
         return size <= bound
     if isinstance(size, Sym) and isinstance(bound, Sym):
@@ -372,15 +375,7 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
         [_mask_at(b, out_masks[n_carry + k], ys_types[k]) for k in ys_masked] + \
         list(products.values())
     ys_out = grads[n_c + n_i:] + xs_masks
-    # each vector's stack: a stacked input or output, else stacked anew
-    factor_stacks, trip_values = [], []
-    for source in (v for j in outers for v in outers[j]):
-        if source in xs_params:
-            factor_stacks.append(("in", xs_params.index(source)))
-            continue
-        if source not in ys_out + trip_values:
-            trip_values.append(source)
-        factor_stacks.append(("out", (ys_out + trip_values).index(source)))
+    places, trip_values = _stacks_of_factors(outers, xs_params, ys_out)
     backward = bb.function(f"{body.name}_bwd", [index] + ct_carry + [sums[j] for j in running]
                            + mask_carry + inv_mask_carry + inv_params + xs_params,
                            grads[:n_c] + new_sums + new_masks + ys_out + trip_values)
@@ -403,10 +398,10 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     stacked_masks: list[Optional[Var]] = [None] * len(floats[2])
     for j, m in zip(xs_masked, ys_stacks[len(floats[2]):len(ys_out)]):
         stacked_masks[j] = m
-    stacks = iter((xs_b if where == "in" else ys_stacks)[k] for where, k in factor_stacks)
     inv_cts = dict(zip(running, outs[n_c:n_c + n_run]))
-    for j in outers:
-        inv_cts[j] = _summed_over_trips(b, next(stacks), next(stacks))
+    for j, pair in places.items():
+        columns, rows = ((xs_b if where == "in" else ys_stacks)[k] for where, k in pair)
+        inv_cts[j] = _summed_over_trips(b, columns, rows)
     outs = list(outs[:n_c]) + [inv_cts[j] for j in range(n_i)] + list(xs_cts)
     targets = [carry[k] for k in floats[0]] + [inv[k] for k in floats[1]] + \
         [xs[k] for k in floats[2]]
@@ -436,6 +431,7 @@ def _outer_factors(bb: Builder, g: Atom, sum_type: TensorType) -> Optional[tuple
 
 
 def _made_by(bb: Builder, v: Atom) -> Optional[Eqn]:
+    """The equation of `bb` that made v (None: a parameter or a literal)."""
     return next((e for e in reversed(bb.eqns) if v in e.outputs), None)
 
 
@@ -449,6 +445,26 @@ def _vector_of(bb: Builder, v: Atom) -> Optional[Var]:
             return None
         v = made.inputs[0]
     return v if isinstance(v, Var) else None
+
+
+def _stacks_of_factors(factors: dict[int, tuple[Var, Var]], slices: list[Var],
+                       stacked: list[Atom]) -> tuple[dict[int, tuple], list[Var]]:
+    """Where the backward loop finds each trip's (column, row) of
+    `factors` (by invariant, `_outer_factors`) stacked, as a pair of
+    places: ("in", k), the stack of its k-th stacked input, whose slice
+    is `slices[k]` (h's states, the cotangents of xs), or ("out", k), its
+    k-th stacked output: `stacked`, then the vectors returned, which its
+    body must stack as well (a vector that is neither: h in another order,
+    an invariant), each once however many products read it."""
+    anew: list[Var] = []
+
+    def place(v: Var) -> tuple[str, int]:
+        if v in slices:
+            return "in", slices.index(v)
+        if v not in stacked + anew:
+            anew.append(v)
+        return "out", (stacked + anew).index(v)
+    return {j: (place(column), place(row)) for j, (column, row) in factors.items()}, anew
 
 
 def _summed_over_trips(b: Builder, columns: Var, rows: Var) -> Var:

@@ -490,6 +490,41 @@ def test_a_product_larger_than_every_state_the_backward_loop_reads_is_not_stacke
                                    atol=1e-9)
 
 
+FACTORS = """
+def factors(xs: f64[t, d], h: f64[d], v: f64[d], w1: f64[d, d], w2: f64[d, d],
+            w3: f64[d, d], w4: f64[d, d]):
+    for i in range(xs.shape[0] - 1, -1, -1):
+        z = h @ w1
+        h = tanh(z @ w2 + xs[i] @ w3 + h * (v @ w4))
+    return sum(h * h)
+"""
+
+
+def test_each_kind_of_vector_a_weight_s_trip_sum_multiplies_is_paired_by_trip():
+    # the vectors of the four weights' outer products come from h's stack,
+    # the stacked product z, xs (a stacked input) and the invariant v
+    # (stacked anew): each pairs with its trip's cotangent, the trips run
+    # backward, and none of the four is a running sum of the backward loop
+    f = dsl.loads(FACTORS, "factors.grad").factors
+    rng = np.random.default_rng(8)
+    grad = dsl.grad(f, wrt=tuple(range(7)))
+
+    def factors(xs, h, v, *ws):
+        for x in xs[::-1]:
+            h = np.tanh(h @ ws[0] @ ws[1] + x @ ws[2] + h * (v @ ws[3]))
+        return np.sum(h * h)
+    for trips in (4, 0):
+        args = [rng.normal(size=(trips, 3)), rng.normal(size=3), rng.normal(size=3)] + \
+            [rng.normal(size=(3, 3)) / 2 for _ in range(4)]
+        for k, g in enumerate(grad(*args)):
+            np.testing.assert_allclose(g, central_difference(factors, args, k), rtol=1e-7,
+                                       atol=1e-9)
+        if trips:
+            ir = grad.ir(*args)
+            assert _loops(ir)[1].p["n_carry"] == 2  # h's cotangent and v's sum
+            assert [e.op for e in ir.eqns].count("matmul") == 4
+
+
 def test_heat_equation_gradient_with_respect_to_diffusivity():
     f = dsl.load(EXAMPLES / "heat.grad").heat
     u, alpha, n = np.sin(np.linspace(0, 3, 7)) + 1, 0.2, 5
