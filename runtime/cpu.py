@@ -94,12 +94,19 @@ LOOP_COMPILE_TRIPS = 50_000
 # The most multiply-adds a product in such a loop may take (rows x inner
 # x columns) and still run in it (`cpu_math.matrix_product`'s loops, as
 # the driver's trips run it too, so that both give the same bits): a
-# 64-vector times a 64 x 64 matrix.  A larger one is BLAS's, which only the
-# driver calls: an RNN's gradient over 1,000 steps of 128 took 88 ms
-# compiled against 41 ms in the driver, where of 64 6.2 ms against 28 (a
-# scratch measurement on a busy machine; `benchmarks/run.py --only loop`
-# has 64's).
+# 64-vector times a 64 x 64 matrix; and up to WIDE_PRODUCT where its rows
+# are at least WIDE_COLUMNS long (the loops run along them, vectorized): a
+# 256-vector through a 256 x 256 matrix.  A larger one is BLAS's, which
+# only the driver calls.  Since the backward trip stopped computing the
+# forward's product again and adding a rank-one update (the stacked
+# products, the trip sums), an RNN's gradient over 1,000 steps took 2.5 ms
+# compiled against 9.7 in the driver at 96, 4.7 against 11.4 at 128, 10.9
+# against 21.3 at 256 (and 55 against 70 at 512, left to BLAS); a batch of
+# 64 rows of 32 took 20 ms against 17, so narrow rows stay BLAS's (scratch
+# timings; `benchmarks/run.py --only loop` has 16 and 64, and 512).
 SMALL_PRODUCT = 1 << 12
+WIDE_PRODUCT = 1 << 16
+WIDE_COLUMNS = 64
 
 
 def loop_is_hot(counts: dict, loop: int, trips: int) -> bool:
@@ -131,7 +138,8 @@ def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:
-    return rows * inner * columns <= SMALL_PRODUCT
+    work = rows * inner * columns
+    return work <= SMALL_PRODUCT or (work <= WIDE_PRODUCT and columns >= WIDE_COLUMNS)
 
 
 def loop_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -161,7 +161,7 @@ def test_a_rank_one_update_keeps_the_first_operand_s_nan_as_the_trips_do(dtype):
 def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, driver_stacked):
     m = dsl.loads(RNN, "rnn.grad")
     rng = np.random.default_rng(1)
-    d = int(np.sqrt(cpu.SMALL_PRODUCT)) + 1  # a d-vector times a d x d matrix: too large
+    d = int(np.sqrt(cpu.WIDE_PRODUCT)) + 1  # a d-vector times a d x d matrix: too large
     xs, h, w = rng.normal(size=(3, d)), rng.normal(size=d), rng.normal(size=(d, d)) / d
     compile_from(0)
     dxs, dw = dsl.grad(m.rnn, wrt=(0, 2))(xs, h, w)
@@ -176,6 +176,35 @@ def test_a_product_too_large_for_a_compiled_loop_stays_with_blas(compile_from, d
         g = want_dxs[i] @ w.T
     np.testing.assert_allclose(dxs, want_dxs, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(dw, want_dw, rtol=1e-12, atol=1e-15)
+
+
+BATCHED_RNN = ("def rnn(xs: f64[t, b, d], h: f64[b, d], w: f64[d, d]):\n"
+               "    for i in range(xs.shape[0]):\n"
+               "        h = tanh(h @ w + xs[i])\n"
+               "    return sum(h)\n")
+
+
+@pytest.mark.parametrize("source, shape, compiled", [
+    (RNN, (80,), True),  # 6,400 multiply-adds along rows of 80
+    (BATCHED_RNN, (8, 32), False),  # 8,192 along rows of 32: BLAS's
+    (BATCHED_RNN, (2, 64), True)])  # 8,192 along rows of 64
+def test_a_wider_product_runs_compiled_where_its_rows_are_long(compile_from, driver_stacked,
+                                                               source, shape, compiled):
+    m = dsl.loads(source, "rnn.grad")
+    rng = np.random.default_rng(4)
+    d = shape[-1]
+    xs, h, w = rng.normal(size=(3,) + shape), rng.normal(size=shape), rng.normal(size=(d, d)) / d
+    value_and_grad = dsl.value_and_grad(m.rnn, wrt=(0, 1, 2))
+    compile_from(10 ** 9)
+    in_driver = value_and_grad(xs, h, w)
+    assert driver_stacked() == 3 * len(xs)
+    compile_from(0)
+    assert_same(value_and_grad(xs, h, w), in_driver)
+    assert driver_stacked() == (0 if compiled else 3 * len(xs))
+    hs = [h]  # the value by hand
+    for x in xs:
+        hs.append(np.tanh(hs[-1] @ w + x))
+    np.testing.assert_allclose(in_driver[0], np.sum(hs[-1]), rtol=1e-12)
 
 
 def test_a_compiled_form_that_fails_is_warned_of_once_and_the_trips_run(compile_from,
