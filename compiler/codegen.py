@@ -811,11 +811,20 @@ class _Driver:
         added_into = frozenset(s.inputs[0] for s in steps
                                if isinstance(s, Eqn) and OPS[s.op].adds_into_first)
         owned = [v in added_into for v in carry_params]
-        inner = self.function(body, steps=steps, small_products=compiled is not None,
+        trip_body, transposed = _without_invariant_transposes(body, p)
+        inner = self.function(trip_body, steps=self.steps(trip_body) if transposed else steps,
+                              small_products=compiled is not None,
                               owned=added_into & set(carry_params))
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
+        _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
+        outer = dict(zip(invariant_params, loop_groups(eqn.inputs, p)[2]))
+        # (C order: a product's operand is read flat, which copied a view every trip)
+        transposes = [f"{pre}v{j}" for j in range(len(transposed))]
+        lines += [f"{name} = R.reshape(R.flat(R.transpose({ref(outer[e.inputs[0]])}, "
+                  f"{tuple(e.p['perm'])})), {render_shape(e.outputs[0].type.shape)})"
+                  for name, e in zip(transposes, transposed)]
         carried = [f"{pre}c{j}" for j in range(n_carry)]
         _, carried_in, invariants_in, stacked = loop_groups(eqn.inputs, p)
         for name, a, own in zip(carried, carried_in, owned):
@@ -829,7 +838,7 @@ class _Driver:
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         trip_lines = [f"for {pre}t in {order}:"]
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
-        args += [ref(a) for a in invariants_in]
+        args += [ref(a) for a in invariants_in] + transposes
         args += [f"R.stack_read({ref(a)}, {pre}t)" for a in stacked]
         y_now = [f"{pre}y{j}" for j in range(len(ys))]
         targets_ = carried + y_now
@@ -861,6 +870,21 @@ class _Driver:
             if own:
                 fresh.add(v)
         return lines
+
+
+def _without_invariant_transposes(body: Function, p: dict) -> tuple[Function, list[Eqn]]:
+    """A driver loop's body without its transposes of an invariant (an
+    RNN's weight, in its backward trip: `d @ w^T`), which the driver takes
+    once before the trips (`_Driver.loop`), each output then a parameter
+    after the invariants; and those equations."""
+    (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
+    kept = set(invariants)
+    transposed = [e for e in body.eqns if e.op == "transpose" and e.inputs[0] in kept]
+    if not transposed:
+        return body, []
+    params = (index, *carry, *invariants, *(e.outputs[0] for e in transposed), *slices)
+    return (Function(body.name, params, tuple(e for e in body.eqns if e not in transposed),
+                     body.outputs), transposed)
 
 
 class _NoCompiledForm(Exception):
