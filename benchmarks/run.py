@@ -107,7 +107,7 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
                 "w.r.t. h, emb, w",
                 # at 1e5 (the size) the dsl's residuals take 800 MB
                 workloads.loop_cases(10**4 if quick else 10**5, 1000)
-                + workloads.fit_cases(300) + workloads.rnn_cases(1000, [16, 64])
+                + workloads.fit_cases(300) + workloads.rnn_cases(1000, [16, 64, 256])
                 + workloads.rnn_cases(200, [512])
                 + workloads.language_model_cases(1000, 10_000, [16, 64]))
     if name == "forward":
