@@ -818,15 +818,14 @@ class _Driver:
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
-        _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
-        outer = dict(zip(invariant_params, loop_groups(eqn.inputs, p)[2]))
+        carried = [f"{pre}c{j}" for j in range(n_carry)]
+        _, carried_in, invariants_in, stacked = loop_groups(eqn.inputs, p)
+        outer = dict(zip(loop_groups(body.params, p, lead=1)[2], invariants_in))
         # (C order: a product's operand is read flat, which copied a view every trip)
         transposes = [f"{pre}v{j}" for j in range(len(transposed))]
         lines += [f"{name} = R.reshape(R.flat(R.transpose({ref(outer[e.inputs[0]])}, "
                   f"{tuple(e.p['perm'])})), {render_shape(e.outputs[0].type.shape)})"
                   for name, e in zip(transposes, transposed)]
-        carried = [f"{pre}c{j}" for j in range(n_carry)]
-        _, carried_in, invariants_in, stacked = loop_groups(eqn.inputs, p)
         for name, a, own in zip(carried, carried_in, owned):
             handed_over = not own or (a in fresh and readers[a] == 1)
             lines.append(f"{name} = {ref(a)}" if handed_over else f"{name} = R.copy({ref(a)})")

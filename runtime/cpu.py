@@ -103,7 +103,7 @@ LOOP_COMPILE_TRIPS = 50_000
 # compiled against 9.7 in the driver at 96, 4.7 against 11.4 at 128, 10.9
 # against 21.3 at 256 (and 55 against 70 at 512, left to BLAS); a batch of
 # 64 rows of 32 took 20 ms against 17, so narrow rows stay BLAS's (scratch
-# timings; `benchmarks/run.py --only loop` has 16 and 64, and 512).
+# timings; `benchmarks/run.py --only loop` has 16, 64, 256 and 512).
 SMALL_PRODUCT = 1 << 12
 WIDE_PRODUCT = 1 << 16
 WIDE_COLUMNS = 64
