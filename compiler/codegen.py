@@ -891,7 +891,7 @@ def _without_invariant_transposes(body: Function, p: dict, steps: list, slices_a
     kept = set(invariants)
     views = _VIEWS if slices_are_views else ()
     read_whole = {_value(s, a) for s in steps for a in s.inputs
-                  if not (isinstance(s, Eqn) and s.op in views)}
+                  if not isinstance(s, Eqn) or _reads_whole(s, a, views)}
     transposed = [e for e in body.eqns if e.op == "transpose" and e.inputs[0] in kept
                   and e.outputs[0] in read_whole]
     if not transposed:
@@ -899,6 +899,26 @@ def _without_invariant_transposes(body: Function, p: dict, steps: list, slices_a
     params = (index, *carry, *invariants, *(e.outputs[0] for e in transposed), *slices)
     return (Function(body.name, params, tuple(e for e in body.eqns if e not in transposed),
                      body.outputs), transposed)
+
+
+def _reads_whole(eqn: Eqn, a: Var, views: tuple) -> bool:
+    """Whether `eqn` may copy its input `a` whole (`_without_invariant_
+    transposes`): any step but a view (`views`) may; a loop, where its
+    body's parameter for `a` is carried or a result, or a step of the body
+    reads it so, or the loop runs in a kernel (whose arguments are flat)."""
+    if eqn.op in views:
+        return False
+    if eqn.op != "loop" or kernel_loop_shape(eqn) is not None:
+        return True
+    p = eqn.p
+    body = p["body"]
+    _, _, invariants_in, _ = loop_groups(eqn.inputs, p)
+    _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
+    if a not in invariants_in:  # carried or stacked: copied or read flat
+        return True
+    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views)
+                                        for e in body.eqns)
+               for v, x in zip(invariant_params, invariants_in) if x == a)
 
 
 class _NoCompiledForm(Exception):
