@@ -486,6 +486,10 @@ def work_per_element_of(eqns) -> int:
 # time; a loop is there to run many).
 _TRIPS_GUESS = 64
 
+# The steps that read their input where it is, on a target whose slices are
+# views (`Target.slices_are_views`): any other may copy it contiguous
+_VIEWS = ("slice", "transpose")
+
 
 def kernel_signature(loop: "Loop | RowLoop") -> str:
     """The argument types of a loop's kernel in Numba's notation, in the
@@ -698,7 +702,7 @@ class _Driver:
                 # it, or on a device a gather of its result alone): x[0] of a
                 # zero-stride x of 2**40 elements makes nothing that large.
                 # Any other helper may make its input contiguous first.
-                views = step.op in ("slice", "transpose")
+                views = step.op in _VIEWS
                 if not (views and target.slices_are_views):
                     made.add(step.outputs[0], "")
                 for a in step.inputs if not views else ():
@@ -811,7 +815,8 @@ class _Driver:
         added_into = frozenset(s.inputs[0] for s in steps
                                if isinstance(s, Eqn) and OPS[s.op].adds_into_first)
         owned = [v in added_into for v in carry_params]
-        trip_body, transposed = _without_invariant_transposes(body, p)
+        trip_body, transposed = _without_invariant_transposes(body, p, steps,
+                                                              self.target.slices_are_views)
         inner = self.function(trip_body, steps=self.steps(trip_body) if transposed else steps,
                               small_products=compiled is not None,
                               owned=added_into & set(carry_params))
@@ -871,19 +876,48 @@ class _Driver:
         return lines
 
 
-def _without_invariant_transposes(body: Function, p: dict) -> tuple[Function, list[Eqn]]:
-    """A driver loop's body without its transposes of an invariant (an
-    RNN's weight, in its backward trip: `d @ w^T`), which the driver takes
-    once before the trips (`_Driver.loop`), each output then a parameter
-    after the invariants; and those equations."""
+def _without_invariant_transposes(body: Function, p: dict, steps: list, slices_are_views: bool
+                                  ) -> tuple[Function, list[Eqn]]:
+    """A driver loop's body (as `steps`, the driver's) without its
+    transposes of an invariant that a step reads whole (an RNN's weight, in
+    its backward trip: `d @ w^T`), which the driver takes once before the
+    trips (`_Driver.loop`), each output then a parameter after the
+    invariants; and those equations.  A transpose only sliced (or
+    transposed again) where those are views stays a view each trip: a copy
+    of it whole would cost the whole invariant for a few elements (of a
+    zero-stride one, more memory than there is)."""
     (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
     kept = set(invariants)
-    transposed = [e for e in body.eqns if e.op == "transpose" and e.inputs[0] in kept]
+    views = _VIEWS if slices_are_views else ()
+    read_whole = {_value(s, a) for s in steps for a in s.inputs
+                  if not isinstance(s, Eqn) or _reads_whole(s, a, views)}
+    transposed = [e for e in body.eqns if e.op == "transpose" and e.inputs[0] in kept
+                  and e.outputs[0] in read_whole]
     if not transposed:
         return body, []
     params = (index, *carry, *invariants, *(e.outputs[0] for e in transposed), *slices)
     return (Function(body.name, params, tuple(e for e in body.eqns if e not in transposed),
                      body.outputs), transposed)
+
+
+def _reads_whole(eqn: Eqn, a: Var, views: tuple) -> bool:
+    """Whether `eqn` may copy its input `a` whole (`_without_invariant_
+    transposes`): any step but a view (`views`) may; a loop, where its
+    body's parameter for `a` is carried or a result, or a step of the body
+    reads it so, or the loop runs in a kernel (whose arguments are flat)."""
+    if eqn.op in views:
+        return False
+    if eqn.op != "loop" or kernel_loop_shape(eqn) is not None:
+        return True
+    p = eqn.p
+    body = p["body"]
+    _, _, invariants_in, _ = loop_groups(eqn.inputs, p)
+    _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
+    if a not in invariants_in:  # carried or stacked: copied or read flat
+        return True
+    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views)
+                                        for e in body.eqns)
+               for v, x in zip(invariant_params, invariants_in) if x == a)
 
 
 class _NoCompiledForm(Exception):

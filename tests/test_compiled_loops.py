@@ -230,6 +230,40 @@ def test_the_driver_transposes_an_invariant_once_not_every_trip(compile_from, dr
                                    atol=1e-9)
 
 
+SLICED = ("def f(xs, h, w, x):\n"
+          "    for i in range(xs.shape[0]):\n"
+          "        h = tanh(h @ w + transpose(x)[1, 0:4] + xs[i])\n"
+          "    return sum(h)\n"
+          "\n"
+          "def nested(xs, h, w, x):\n"
+          "    for i in range(xs.shape[0]):\n"
+          "        xt = transpose(x)\n"
+          "        for j in range(2):\n"
+          "            h = tanh(h @ w + xt[1, 0:4] + xs[i])\n"
+          "    return sum(h)\n")
+
+
+def test_the_driver_leaves_a_transposed_invariant_only_sliced_a_view(driver_stacked):
+    # x's transpose is only sliced (in a nested loop's trips too): a view of
+    # x each trip, not a copy of x whole (of this zero-stride x, 8 TiB);
+    # their gradients' trips slice it too
+    m = dsl.loads(SLICED, "sliced.grad")
+    rng = np.random.default_rng(7)
+    xs, h, w = rng.normal(size=(3, 4)), rng.normal(size=4), rng.normal(size=(4, 4)) / 4
+    huge, small = np.broadcast_to(0.5, (2 ** 20, 2 ** 20)), np.full((4, 4), 0.5)
+    for fn, repeat in ((m.f, 1), (m.nested, 2)):
+        value, grads = dsl.value_and_grad(fn, wrt=(1, 2))(xs, h, w, huge)
+        assert driver_stacked() > 0
+        assert_same((value, grads), dsl.value_and_grad(fn, wrt=(1, 2))(xs, h, w, small))
+        hs = h  # the value by hand
+        for x in np.repeat(xs, repeat, axis=0):
+            hs = np.tanh(hs @ w + 0.5 + x)
+        np.testing.assert_allclose(value, np.sum(hs), rtol=1e-12)
+    for k, g in zip((1, 2), dsl.grad(m.f, wrt=(1, 2))(xs, h, w, huge)):
+        np.testing.assert_allclose(g, central_difference(m.f, [xs, h, w, huge], k), rtol=1e-7,
+                                   atol=1e-9)
+
+
 def test_a_compiled_form_that_fails_is_warned_of_once_and_the_trips_run(compile_from,
                                                                         driver_stacked):
     m = dsl.loads(RNN, "rnn.grad")
