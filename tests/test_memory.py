@@ -118,6 +118,22 @@ def test_compiled_results_come_from_the_pool_with_their_values():
     np.testing.assert_array_equal(d3, x * 2)
 
 
+def test_a_large_full_reuses_a_freed_block_filled():
+    # a table of zeros that a loop's gradient adds into (`R.full`): a fresh
+    # mapping each call, its page faults in the loop, took 3x the gradient
+    from gradlang.runtime import cpu
+    a = cpu.full((LARGE // 4, 4), 0.0, np.float64)
+    first = address(a)
+    a[:] = np.nan
+    del a
+    b = cpu.full((LARGE // 4, 4), 0.0, np.float64)
+    assert address(b) == first and isinstance(b.base, memory.Lease)  # (the pool's)
+    np.testing.assert_array_equal(b, 0.0)
+    flags = cpu.full((LARGE,), True, np.bool_)
+    assert flags.all() and flags.dtype == np.bool_
+    assert cpu.full((2, 3), 1, np.int32).tolist() == [[1, 1, 1]] * 2
+
+
 def test_a_torch_tensor_over_a_result_keeps_its_block():
     torch = pytest.importorskip("torch")
     m = dsl.loads("def f(x):\n    return x * 3\n")
