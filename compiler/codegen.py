@@ -835,10 +835,10 @@ class _Driver:
             handed_over = not own or (a in fresh and readers[a] == 1)
             lines.append(f"{name} = {ref(a)}" if handed_over else f"{name} = R.copy({ref(a)})")
         ys = [define(v) for v in eqn.outputs[n_carry:]]
-        for name, v in zip(ys, eqn.outputs[n_carry:]):
-            shape = render_shape(v.type.shape[1:])
-            lines.append(f"{name} = R.empty(({trips},) + {shape}, "
-                         f"{numpy_spelling(v.type.dtype)})")
+        for name, v in zip(ys, eqn.outputs[n_carry:]):  # (large ones pooled, as results)
+            alloc = self.allocate(f"{trips} * {render(prod(v.type.shape[1:]))}", v.type.dtype)
+            lines.append(f"{name} = R.reshape({alloc}, ({trips},) + "
+                         f"{render_shape(v.type.shape[1:])})")
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         trip_lines = [f"for {pre}t in {order}:"]
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried

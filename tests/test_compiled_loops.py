@@ -264,6 +264,27 @@ def test_the_driver_leaves_a_transposed_invariant_only_sliced_a_view(driver_stac
                                    atol=1e-9)
 
 
+def test_a_loop_s_large_stacks_come_from_the_pool():
+    # (a fresh mapping each call: its page faults in the trips that fill it)
+    from gradlang.runtime import memory
+    m = dsl.loads(RNN, "rnn.grad")
+    rng = np.random.default_rng(7)
+    steps, d = memory.POOL_MIN // 8 // 64, 64
+    xs, h, w = rng.normal(size=(steps, d)), rng.normal(size=d), rng.normal(size=(d, d)) / d
+    dxs = dsl.grad(m.rnn, wrt=0)(xs, h, w)  # the backward loop's stack of xs's cotangents
+    base = dxs
+    while base is not None and not isinstance(base, memory.Lease):
+        base = base.base
+    assert base is not None
+    hs, g = [h], np.ones(d)  # by hand
+    for x in xs:
+        hs.append(np.tanh(hs[-1] @ w + x))
+    for i in reversed(range(steps)):
+        want = g * (1 - hs[i + 1] ** 2)
+        np.testing.assert_allclose(dxs[i], want, rtol=1e-9, atol=1e-12)
+        g = want @ w.T
+
+
 def test_a_compiled_form_that_fails_is_warned_of_once_and_the_trips_run(compile_from,
                                                                         driver_stacked):
     m = dsl.loads(RNN, "rnn.grad")
