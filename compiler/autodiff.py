@@ -262,10 +262,14 @@ def _products_to_stack(body: Function, n_carry: int, n_inv: int) -> list[Var]:
             continue
         varying.update(e.outputs)
         out = e.outputs[0]
-        if e.op == "matmul" and out.type.is_float and any(
-                _at_most(prod(out.type.shape), size) for size in carried):
+        if e.op == "matmul" and out.type.is_float and _no_larger_than_one(out, carried):
             products.append(out)
     return products
+
+
+def _no_larger_than_one(v: Var, sizes: list) -> bool:
+    """Whether v's element count is known to be at most one of `sizes`."""
+    return any(_at_most(prod(v.type.shape), size) for size in sizes)
 
 
 def _at_most(size, bound) -> bool:
@@ -366,8 +370,9 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
     xs_masks = [masks[n_c + n_i + j] for j in xs_masked]
     inv_grads = grads[n_c:n_c + n_i]
     # an invariant whose cotangent is one product a trip is summed after the loop
+    makers = {o: e for e in bb.eqns for o in e.outputs}
     outers = {j: f for j in range(n_i) if j not in inv_masked
-              and (f := _outer_factors(bb, inv_grads[j], sums[j].type)) is not None}
+              and (f := _outer_factors(makers, inv_grads[j], sums[j].type)) is not None}
     running = [j for j in range(n_i) if j not in outers]
     new_sums = [bb.bind("add", sums[j], inv_grads[j]) for j in running]
     xs_params = starts + x_slices + y_cts + y_masks + product_slices
@@ -410,7 +415,8 @@ def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],
             for a, ct, mask in zip(targets, outs, masks)]
 
 
-def _outer_factors(bb: Builder, g: Atom, sum_type: TensorType) -> Optional[tuple[Var, Var]]:
+def _outer_factors(makers: dict[Var, Eqn], g: Atom, sum_type: TensorType
+                   ) -> Optional[tuple[Var, Var]]:
     """(column, row): the two vectors whose outer product an invariant's
     cotangent on one trip, `g`, is (an RNN's weight: outer(h, d), the
     product of an m x 1 and a 1 x n matrix, each a reshape of its
@@ -420,26 +426,22 @@ def _outer_factors(bb: Builder, g: Atom, sum_type: TensorType) -> Optional[tuple
     instead of a rank-one update of the whole sum on every trip (2 MB read
     and written a trip for a 512 x 512 weight).  (Not for a batch's
     states, n x d: their trips' products are full ones already, and a
-    row-split Dask array keeps its rows apart.)"""
-    made = _made_by(bb, g)
+    row-split Dask array keeps its rows apart.)  `makers`: the equation
+    that made each value of the backward body."""
+    made = makers.get(g)
     if made is None or made.op != "matmul" or g.type != sum_type or g.type.rank != 2:
         return None
-    column, row = (_vector_of(bb, a) for a in made.inputs)
+    column, row = (_vector_of(makers, a) for a in made.inputs)
     if column is None or row is None or made.inputs[0].type.shape[1] != 1:
         return None
     return column, row
 
 
-def _made_by(bb: Builder, v: Atom) -> Optional[Eqn]:
-    """The equation of `bb` that made v (None: a parameter or a literal)."""
-    return next((e for e in reversed(bb.eqns) if v in e.outputs), None)
-
-
-def _vector_of(bb: Builder, v: Atom) -> Optional[Var]:
+def _vector_of(makers: dict[Var, Eqn], v: Atom) -> Optional[Var]:
     """The vector v's elements are, in order, through reshapes and
     transposes of one axis longer than 1 (None if there is none)."""
     while isinstance(v, Var) and v.type.rank != 1:
-        made = _made_by(bb, v)
+        made = makers.get(v)
         if made is None or made.op not in ("reshape", "transpose") or (
                 made.op == "transpose" and sum(d != 1 for d in made.inputs[0].type.shape) > 1):
             return None
@@ -489,8 +491,7 @@ def _joint_given_small(body: Function, n_carry: int, wrt: list[int], masked: lis
     read = passes.read_by(joint, joint.outputs[len(body.outputs):])
     kept = [prod(v.type.shape) for v in joint.params[1:1 + n_carry]
             if v in read and v.type.is_float]
-    small = {v: stack for v, stack in products.items()
-             if any(_at_most(prod(v.type.shape), size) for size in kept)}
+    small = {v: stack for v, stack in products.items() if _no_larger_than_one(v, kept)}
     if len(small) < len(products):
         joint, found = _joint(body, wrt, masked, with_masks=True, given=list(small))
     return joint, found, small

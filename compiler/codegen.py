@@ -1064,7 +1064,8 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
 def _rank_one_updates(steps: list, readers: dict[Var, int]) -> dict[int, Eqn]:
     """The fused loops of `steps` that only add a rank-one product (of a
     column and a row) to another value of their shape, each (by id) with
-    that product, which nothing else reads: an RNN's weight gradient, its
+    that product, which nothing else reads: a weight's gradient that
+    reverse mode does not sum after the loop (a batch of one row's), its
     running sum plus `outer(h, d)` each trip.  `compiled_loop` adds the
     product into the value (in place where it may: the running sum is
     carried), one pass where the product was made, then the two read and
