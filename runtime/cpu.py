@@ -123,9 +123,12 @@ def loop_is_hot(counts: dict, loop: int, trips: int) -> bool:
 def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
     """The carried values of `function(*args)`, loop `loop`'s compiled
     form (`loop_is_hot`), or None where it gives up (an index out of
-    range) or fails, so that the driver runs the trips, which raise any
-    error of the program's own: a compiler's failure to compile it, a
-    bug, is warned of once and the loop never runs compiled again."""
+    range), fails, or is given None (`loop_invariant`), so that the driver
+    runs the trips, which raise any error of the program's own: a
+    compiler's failure to compile it, a bug, is warned of once and the
+    loop never runs compiled again."""
+    if any(a is None for a in args):  # (`loop_invariant`: not copied)
+        return None
     try:
         done, *carried = function(*args)
         return tuple(carried) if done else None
@@ -135,6 +138,17 @@ def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
                       f"{str(err).splitlines()[0] if str(err) else ''}); it runs trip by "
                       "trip", RuntimeWarning, stacklevel=2)
         return None
+
+
+def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
+    """An invariant of a loop, flat for its compiled form (`run_compiled`),
+    or None where that copy would be large and larger than the memory x
+    spans (a broadcast: of a 2**33-row table, 192 GiB, where the driver's
+    trips read it as a view)."""
+    if x.flags.c_contiguous or x.nbytes <= memory.POOL_MIN:
+        return flat(x)
+    spanned = x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+    return flat(x) if x.nbytes <= spanned else None
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:
@@ -513,20 +527,46 @@ def _view(x: np.ndarray, axis: int) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(index_views(x.shape, axis))
 
 
+def _out_of_range(idx: np.ndarray, n: int) -> int:
+    """The flat position of idx's first index outside [-n, n), or -1."""
+    bad = np.flatnonzero((idx < -n) | (idx >= n))
+    return int(bad[0]) if bad.size else -1
+
+
+# A gather from an x that is not C-contiguous (a transposed or column-sliced
+# table, a broadcast) reads x where it lies, through NumPy's indexing, after
+# checking the indices: the kernels read x flat, and a flat copy of x whole
+# each call made a loop that reads one row of a Fortran-order 10,000 x 64
+# table per trip 80 times slower (and a broadcast one cost its full size).
+
+
 def take(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
-    """np.take(x, idx, axis), every index checked."""
+    """np.take(x, idx, axis), every index checked; x is not copied."""
     outer, n, inner = index_views(x.shape, axis)
     out = np.empty(x.shape[:axis] + np.shape(idx) + x.shape[axis + 1:], x.dtype)
-    _checked(cpu_math.gather_rows(flat(x), flat(idx), flat(out), outer, n, inner), idx,
-             n, where)
+    if x.flags.c_contiguous:
+        bad = cpu_math.gather_rows(x.reshape(-1), flat(idx), flat(out), outer, n, inner)
+    else:
+        bad = _out_of_range(idx, n)
+        if bad < 0:  # (one index array: NumPy's copy, C order as `out`)
+            rows = np.reshape(idx, -1)
+            out.reshape(x.shape[:axis] + rows.shape + x.shape[axis + 1:])[...] = \
+                x[(builtins.slice(None),) * axis + (rows,)]
+    _checked(bad, idx, n, where)
     return out
 
 
 def take_along_axis(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
-    """np.take_along_axis(x, idx, axis), every index checked."""
+    """np.take_along_axis(x, idx, axis), every index checked; x is not
+    copied."""
     out = np.empty(idx.shape, x.dtype)
-    _checked(_take_along(_view(x, axis), _view(idx, axis), out.reshape(_view(idx, axis).shape)),
-             idx, x.shape[axis], where)
+    if x.flags.c_contiguous:
+        bad = _take_along(_view(x, axis), _view(idx, axis), out.reshape(_view(idx, axis).shape))
+    else:
+        bad = _out_of_range(idx, x.shape[axis])
+        if bad < 0:
+            out[...] = np.take_along_axis(x, idx, axis)
+    _checked(bad, idx, x.shape[axis], where)
     return out
 
 
