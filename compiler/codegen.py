@@ -856,7 +856,8 @@ class _Driver:
             kname, self.kernels[kname], products, passed = compiled
             small = "".join(f" and R.small_product({', '.join(map(render, dims))})"
                             for dims in products)
-            given = [f"R.flat({c})" for c in carried + [ref(a) for a in invariants_in]]
+            given = [f"R.flat({c})" for c in carried]
+            given += [f"R.loop_invariant({ref(a)})" for a in invariants_in]
             given += [f"R.stack_rows({c})" for c in [ref(a) for a in stacked] + ys]
             given += [size_variable(f) for f in passed]
             call = ", ".join([f"H, {k}, K.{kname}", trips, f"{pre}start", f"{pre}step"] + given)
@@ -940,8 +941,9 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
 
     Its arguments: trips, start, step, the carried values (copied first,
     then replaced each trip), the invariants, the stacked inputs and the
-    stacked results (filled), each flat (a stack as (trips, elements)),
-    then those sizes; it returns True and the carried values, flat, or
+    stacked results (filled), each flat (a stack as (trips, elements);
+    an invariant through `R.loop_invariant`, which declines to copy a large
+    broadcast whole: the trips then run), then those sizes; it returns True and the carried values, flat, or
     False (and any arrays) where an index was out of range: the driver
     then runs the trips, which report it.  The body's values are flat
     C-order arrays too, so a reshape is no step; the fused loops' kernels

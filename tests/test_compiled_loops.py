@@ -412,6 +412,26 @@ def driver_and_compiled(f, *args) -> tuple:
         cpu.LOOP_COMPILE_TRIPS, cpu.stack_write = saved, write
 
 
+def test_a_compiled_loop_copies_an_invariant_flat_unless_a_large_broadcast():
+    # the compiled form reads its invariants flat: a copy of a broadcast
+    # table of 2**33 rows (192 GiB) was an AllocationError where the
+    # driver's trips read it as a view; a Fortran-order or small broadcast
+    # table is still copied and run compiled
+    m = dsl.loads(GATHERS, "gathers.grad")
+    rng = np.random.default_rng(4)
+    tokens, h, w = np.array([1, 0, -1, 1]), rng.normal(size=3), rng.normal(size=(3, 3)) / 2
+    f = dsl.value_and_grad(m.language_model, wrt=(1, 3))
+    row = rng.normal(size=3)
+    want = f(tokens, h, np.tile(row, (2, 1)), w)
+    for table, runs_compiled in ((np.broadcast_to(row, (2 ** 33, 3)), False),
+                                 (np.broadcast_to(row, (8, 3)), True),
+                                 (np.asfortranarray(np.tile(row, (40_000, 1))), True)):
+        driver, compiled, trips = driver_and_compiled(f, tokens, h, table, w)
+        assert (trips == 0) == runs_compiled
+        assert_same(compiled, driver)
+        assert_same(compiled, want)
+
+
 @settings(max_examples=5, deadline=None)
 @given(tokens=st.lists(st.integers(-5, 4), max_size=6).map(lambda t: np.array(t, np.int64)),
        seed=st.integers(0, 2**16))
