@@ -817,6 +817,7 @@ class _Driver:
         owned = [v in added_into for v in carry_params]
         trip_body, transposed = _without_invariant_transposes(body, p, steps,
                                                               self.target.slices_are_views)
+        whole = _invariants_read_whole(body, p, steps, self.target.slices_are_views)
         inner = self.function(trip_body, steps=self.steps(trip_body) if transposed else steps,
                               small_products=compiled is not None,
                               owned=added_into & set(carry_params))
@@ -831,6 +832,14 @@ class _Driver:
         lines += [f"{name} = R.reshape(R.flat(R.transpose({ref(outer[e.inputs[0]])}, "
                   f"{tuple(e.p['perm'])})), {render_shape(e.outputs[0].type.shape)})"
                   for name, e in zip(transposes, transposed)]
+        # An invariant a step reads whole, in C order once, not a copy each
+        # trip (`_invariants_read_whole`); none for no trips (a broadcast
+        # of more memory than there is, read by none)
+        invariant_refs = []
+        for j, (v, a) in enumerate(zip(loop_groups(body.params, p, lead=1)[2], invariants_in)):
+            invariant_refs.append(f"{pre}w{j}" if v in whole else ref(a))
+            if v in whole:
+                lines.append(f"{pre}w{j} = R.contiguous({ref(a)}) if {trips} else {ref(a)}")
         for name, a, own in zip(carried, carried_in, owned):
             handed_over = not own or (a in fresh and readers[a] == 1)
             lines.append(f"{name} = {ref(a)}" if handed_over else f"{name} = R.copy({ref(a)})")
@@ -842,7 +851,7 @@ class _Driver:
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         trip_lines = [f"for {pre}t in {order}:"]
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
-        args += [ref(a) for a in invariants_in] + transposes
+        args += invariant_refs + transposes
         args += [f"R.stack_read({ref(a)}, {pre}t)" for a in stacked]
         y_now = [f"{pre}y{j}" for j in range(len(ys))]
         targets_ = carried + y_now
@@ -857,7 +866,7 @@ class _Driver:
             small = "".join(f" and R.small_product({', '.join(map(render, dims))})"
                             for dims in products)
             given = [f"R.flat({c})" for c in carried]
-            given += [f"R.loop_invariant({ref(a)})" for a in invariants_in]
+            given += [f"R.loop_invariant({a})" for a in invariant_refs]
             given += [f"R.stack_rows({c})" for c in [ref(a) for a in stacked] + ys]
             given += [size_variable(f) for f in passed]
             call = ", ".join([f"H, {k}, K.{kname}", trips, f"{pre}start", f"{pre}step"] + given)
@@ -901,12 +910,40 @@ def _without_invariant_transposes(body: Function, p: dict, steps: list, slices_a
                      body.outputs), transposed)
 
 
-def _reads_whole(eqn: Eqn, a: Var, views: tuple) -> bool:
+def _invariants_read_whole(body: Function, p: dict, steps: list, slices_are_views: bool
+                           ) -> set[Var]:
+    """The invariant parameters of a driver loop's body (as `steps`, the
+    driver's) that a step may copy whole when not C-contiguous (`_reads_
+    whole`, a gather's table aside: it is read where it lies), which the
+    driver makes C-contiguous once before the trips (`_Driver.loop`): a
+    Fortran-order weight of an RNN was copied flat by its product each
+    trip, a transposed one summed or read by a fused loop likewise.  None
+    on a target whose slices are not views: its arrays are all C-contiguous
+    (`runtime.cuda`)."""
+    if not slices_are_views:
+        return set()
+    (_, _, invariants, _) = loop_groups(body.params, p, lead=1)
+    views = _VIEWS
+    read = {_value(s, a) for s in steps for a in s.inputs
+            if not isinstance(s, Eqn) or _reads_whole(s, a, views, gathers_in_place=True)}
+    return read & set(invariants)
+
+
+# The ops that read their first input where it lies, whatever its layout
+# (`runtime.cpu.take`): a row of a Fortran-order table, not the table.
+_READ_IN_PLACE = ("take", "take_along_axis")
+
+
+def _reads_whole(eqn: Eqn, a: Var, views: tuple, gathers_in_place: bool = False) -> bool:
     """Whether `eqn` may copy its input `a` whole (`_without_invariant_
-    transposes`): any step but a view (`views`) may; a loop, where its
-    body's parameter for `a` is carried or a result, or a step of the body
-    reads it so, or the loop runs in a kernel (whose arguments are flat)."""
+    transposes`): any step but a view (`views`) may, and with
+    `gathers_in_place` but a gather of its table (`_READ_IN_PLACE`); a
+    loop, where its body's parameter for `a` is carried or a result, or a
+    step of the body reads it so, or the loop runs in a kernel (whose
+    arguments are flat)."""
     if eqn.op in views:
+        return False
+    if gathers_in_place and eqn.op in _READ_IN_PLACE and a not in eqn.inputs[1:]:
         return False
     if eqn.op != "loop" or kernel_loop_shape(eqn) is not None:
         return True
@@ -916,7 +953,8 @@ def _reads_whole(eqn: Eqn, a: Var, views: tuple) -> bool:
     _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
     if a not in invariants_in:  # carried or stacked: copied or read flat
         return True
-    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views)
+    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views,
+                                                                       gathers_in_place)
                                         for e in body.eqns)
                for v, x in zip(invariant_params, invariants_in) if x == a)
 

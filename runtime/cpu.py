@@ -140,6 +140,11 @@ def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
         return None
 
 
+def contiguous(x: np.ndarray) -> np.ndarray:
+    """x in C order: x itself where it is already."""
+    return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+
+
 def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
     """An invariant of a loop, flat for its compiled form (`run_compiled`),
     or None where that copy would be large and larger than the memory x

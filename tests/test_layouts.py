@@ -1,0 +1,72 @@
+"""Arguments whose memory is not C-contiguous (Fortran order, transposed,
+reversed, column slices, broadcasts): the same bits as the call on C-order
+copies, nothing copied whole where a view would do, arguments untouched."""
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.runtime import cpu
+
+LOOPS = ("def rnn(xs, h, w):\n"
+         "    for i in range(xs.shape[0]):\n"
+         "        h = tanh(h @ w + xs[i])\n"
+         "    return sum(h)\n"
+         "def scaled(xs, h, w):\n"
+         "    for i in range(xs.shape[0]):\n"
+         "        h = tanh(h * sum(w, axis=0) + xs[i])\n"
+         "    return sum(h)\n")
+
+
+def layouts(x: np.ndarray) -> list:
+    """x's values in layouts that are not C-contiguous."""
+    return [np.asfortranarray(x), x.T.copy().T, np.ascontiguousarray(x[::-1])[::-1],
+            np.repeat(x, 2, axis=1)[:, ::2]]
+
+
+def assert_same_bits(got, want) -> None:
+    value, grads = got
+    assert value.tobytes() == want[0].tobytes()
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(grads, want[1]))
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """The shapes of the arrays not C-contiguous that a helper copied flat
+    (`R.flat`, which a product in a loop and a fused loop read through)
+    or reduced (`R.reduce_sum` makes its input contiguous)."""
+    seen = []
+    flat, reduce_sum = cpu.flat, cpu.reduce_sum
+
+    def noted(helper):
+        def call(x, *rest):
+            if not x.flags.c_contiguous:
+                seen.append(x.shape)
+            return helper(x, *rest)
+        return call
+    monkeypatch.setattr(cpu, "flat", noted(flat))
+    monkeypatch.setattr(cpu, "reduce_sum", noted(reduce_sum))
+    return seen
+
+
+def test_a_loop_reads_an_invariant_of_any_layout_in_c_order_copied_once(copies):
+    # a loop's invariant that a step reads whole (a product's operand, a
+    # sum) was copied C-contiguous by that step every trip where it was
+    # not already (an RNN's Fortran-order weight: once per trip, the copy
+    # costing as much as the trip's product); now once before the trips
+    m = dsl.loads(LOOPS, "layouts.grad")
+    rng = np.random.default_rng(0)
+    xs, h, w = rng.normal(size=(24, 4)), rng.normal(size=4), rng.normal(size=(4, 4)) / 2
+    for f in (m.rnn, m.scaled):
+        f = dsl.value_and_grad(f, wrt=(0, 1, 2))
+        want = f(xs, h, w)
+        for odd in layouts(w) + [np.broadcast_to(w[0], (4, 4))]:
+            copies.clear()
+            got = f(xs, h, odd)
+            # (the backward's transpose of w is taken once too, in C order)
+            assert copies.count((4, 4)) <= 2, copies
+            if odd.strides[0]:
+                assert_same_bits(got, want)
+    # no trips: a broadcast of more memory than there is is read by none
+    huge = np.broadcast_to(w[0], (2 ** 33, 4))
+    value, g_h = dsl.value_and_grad(m.scaled, wrt=1)(xs[:0], h, huge)
+    assert value == h.sum() and np.array_equal(g_h, np.ones(4))
