@@ -519,9 +519,14 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                         "f32, f64, i32, i64 = np.float32, np.float64, np.int32, np.int64",
                         "nan, inf = np.nan, np.inf"])
 
+    # (the contiguous variant's arguments are C-contiguous: nothing to do)
+    ordered = [f"{run.names[v]} = R.c_order({run.names[v]})" for v in fn.params
+               if v in _read_by_products(fn)] if target.slices_are_views else []
+
     def source(flatten, contiguous: bool) -> str:
         prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
-        prologue = run.made.checks(fn.params, contiguous) + prologue
+        prologue = run.made.checks(fn.params, contiguous) + ([] if contiguous else ordered) \
+            + prologue
         body = run.lines[:run.prologue_at] + prologue + run.lines[run.prologue_at:]
         return "\n".join([f"def run({', '.join(run.params + ['out=None'])}):"]
                          + ["    " + l for l in body]) + "\n"
@@ -534,6 +539,39 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                      tuple(driver.kernel_names), source(view, True),
                      tuple((k, driver.signatures[k]) for k in driver.kernels
                            if k in driver.signatures))
+
+
+# The steps through which a product reads a parameter that `generate`
+# makes C-contiguous first: not a slice, which would copy all of an
+# argument (a Fortran-order table) for the few columns a product reads.
+_OPERAND_VIEWS = ("transpose", "reshape")
+
+
+def _read_by_products(fn: Function) -> set[Var]:
+    """fn's parameters that a product reads, as they are or through
+    `_OPERAND_VIEWS`, or that a loop's body reads so as an invariant or a
+    stacked input, which the top driver makes C-contiguous first where
+    they are not (`R.c_order`): a matrix-vector product's bits depend on
+    its operands' layout (BLAS's gemv runs along a row-major and a
+    column-major matrix in different orders), so a Fortran-order, a
+    transposed or a reversed argument gave other bits than its C-order
+    copy (through PyTorch, a weight's `.t()`; through Dask, a
+    Fortran-order array's blocks)."""
+    read: set[Var] = set()
+    for e in reversed(fn.eqns):
+        if e.op == "matmul":
+            read.update(a for a in e.inputs if isinstance(a, Var))
+        elif e.op in _OPERAND_VIEWS and e.outputs[0] in read:
+            read.add(e.inputs[0])
+        elif e.op == "loop":
+            body = e.p["body"]
+            inner = _read_by_products(body)
+            _, _, invariants, slices = loop_groups(body.params, e.p, lead=1)
+            _, _, invariants_in, stacked = loop_groups(e.inputs, e.p)
+            read.update(a for v, a in zip(tuple(invariants) + tuple(slices),
+                                          tuple(invariants_in) + tuple(stacked))
+                        if v in inner and isinstance(a, Var))
+    return read & set(fn.params)
 
 
 @dataclass

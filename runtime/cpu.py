@@ -145,15 +145,29 @@ def contiguous(x: np.ndarray) -> np.ndarray:
     return x if x.flags.c_contiguous else np.ascontiguousarray(x)
 
 
+def c_order(x: np.ndarray) -> np.ndarray:
+    """x C-contiguous, a copy where it is not, for a product that reads it
+    (`codegen._read_by_products`: a matrix-vector product's bits depend on
+    its operands' layout), unless that copy would be large and larger than
+    the memory x spans (a broadcast: its bits are then its own)."""
+    if x.flags.c_contiguous:
+        return x
+    return contiguous(x) if x.nbytes <= max(memory.POOL_MIN, _spanned(x)) else x
+
+
+def _spanned(x: np.ndarray) -> int:
+    """The bytes of memory x's elements lie in."""
+    return x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+
+
 def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
     """An invariant of a loop, flat for its compiled form (`run_compiled`),
     or None where that copy would be large and larger than the memory x
     spans (a broadcast: of a 2**33-row table, 192 GiB, where the driver's
     trips read it as a view)."""
-    if x.flags.c_contiguous or x.nbytes <= memory.POOL_MIN:
+    if x.flags.c_contiguous or x.nbytes <= max(memory.POOL_MIN, _spanned(x)):
         return flat(x)
-    spanned = x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
-    return flat(x) if x.nbytes <= spanned else None
+    return None
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:

@@ -70,3 +70,35 @@ def test_a_loop_reads_an_invariant_of_any_layout_in_c_order_copied_once(copies):
     huge = np.broadcast_to(w[0], (2 ** 33, 4))
     value, g_h = dsl.value_and_grad(m.scaled, wrt=1)(xs[:0], h, huge)
     assert value == h.sum() and np.array_equal(g_h, np.ones(4))
+
+
+PRODUCTS = ("def vm(v, a):\n"
+            "    return sum(tanh(v @ a))\n"
+            "def mv(a, v):\n"
+            "    return sum(tanh(a @ v))\n"
+            "def rows(x, a):\n"
+            "    return sum(tanh(x @ transpose(a)))\n")
+
+
+def test_a_matrix_vector_product_gives_the_c_order_call_s_bits_for_any_layout():
+    # NumPy's matrix-vector product (BLAS's gemv) runs along a row-major
+    # and a column-major matrix in different orders: a Fortran-order,
+    # transposed, reversed or column-sliced operand gave other bits than
+    # its C-order copy (a torch weight's `.t()`, a Fortran-order Dask
+    # array's blocks); the driver now takes such an argument in C order
+    m = dsl.loads(PRODUCTS, "products.grad")
+    rng = np.random.default_rng(1)
+    v, a = rng.normal(size=30), rng.normal(size=(30, 20))
+    calls = [(m.vm, v, a, 1), (m.mv, a.T.copy(), v, 0), (m.rows, v[None, :], a.T.copy(), 1)]
+    for f, x, y, k in calls:
+        f = dsl.value_and_grad(f, wrt=(0, 1))
+        want = f(x, y)
+        args = [x, y]
+        for odd in layouts(args[k]):
+            before = odd.copy()
+            args[k] = odd
+            assert_same_bits(f(*args), want)
+            assert np.array_equal(odd, before)
+    reversed_v = np.ascontiguousarray(v[::-1])[::-1]
+    assert_same_bits(dsl.value_and_grad(m.vm, wrt=(0, 1))(reversed_v, a),
+                     dsl.value_and_grad(m.vm, wrt=(0, 1))(v, a))
