@@ -739,12 +739,14 @@ class _Driver:
                 # A slice or transpose reads its input where it is (a view of
                 # it, or on a device a gather of its result alone): x[0] of a
                 # zero-stride x of 2**40 elements makes nothing that large.
-                # Any other helper may make its input contiguous first.
+                # Any other helper may make its input contiguous first, but a
+                # gather its table (`_READ_IN_PLACE`): x[i] of that x neither.
                 views = step.op in _VIEWS
                 if not (views and target.slices_are_views):
                     made.add(step.outputs[0], "")
                 for a in step.inputs if not views else ():
-                    made.add(a, _argument_copy(a) if a in fn.params else "")
+                    if not (step.op in _READ_IN_PLACE and a not in step.inputs[1:]):
+                        made.add(a, _argument_copy(a) if a in fn.params else "")
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
                                "concatenate", "dim", "full", "cumsum", "iota") \
                         or OPS[step.op].kind == "index":

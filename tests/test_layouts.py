@@ -102,3 +102,30 @@ def test_a_matrix_vector_product_gives_the_c_order_call_s_bits_for_any_layout():
     reversed_v = np.ascontiguousarray(v[::-1])[::-1]
     assert_same_bits(dsl.value_and_grad(m.vm, wrt=(0, 1))(reversed_v, a),
                      dsl.value_and_grad(m.vm, wrt=(0, 1))(v, a))
+
+
+GATHERS = ("def row(x, i: i64):\n"
+           "    return x[i] * 2.0\n"
+           "def rows(x, idx):\n"
+           "    return sum(x[idx] ** 2, axis=1)\n"
+           "def columns(x, idx):\n"
+           "    return take(x, idx, axis=1) + 1.0\n"
+           "def along(x, idx):\n"
+           "    return take_along_axis(x, idx, axis=1) * 3.0\n")
+
+
+def test_a_gather_from_a_huge_broadcast_is_not_refused_as_a_copy_of_it():
+    # a gather reads its table where it lies (`runtime.cpu.take`), but the
+    # driver still refused, before anything ran, the table's contiguous
+    # copy that the gather no longer makes: x[i] of a 2**33-row broadcast
+    # was an AllocationError ("a contiguous copy of its argument 'x'")
+    m = dsl.loads(GATHERS, "gathers.grad")
+    row = np.array([1.5, -2.0, 0.25])
+    huge = np.broadcast_to(row, (2 ** 33, 3))
+    np.testing.assert_array_equal(m.row(huge, 2 ** 33 - 1), row * 2)
+    np.testing.assert_array_equal(m.rows(huge, np.array([0, -1, 7])), [np.sum(row ** 2)] * 3)
+    tall = np.broadcast_to(row[:, None], (3, 2 ** 33))
+    np.testing.assert_array_equal(m.columns(tall, np.array([5, -1])),
+                                  np.repeat(row[:, None] + 1, 2, axis=1))
+    np.testing.assert_array_equal(m.along(tall, np.array([[0, -1]] * 3)),
+                                  np.repeat(row[:, None] * 3, 2, axis=1))
