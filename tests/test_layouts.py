@@ -7,13 +7,9 @@ import pytest
 import dsl
 from gradlang.runtime import cpu
 
-LOOPS = ("def rnn(xs, h, w):\n"
+LOOPS = ("def rnn(xs, h, w, v):\n"
          "    for i in range(xs.shape[0]):\n"
-         "        h = tanh(h @ w + xs[i])\n"
-         "    return sum(h)\n"
-         "def scaled(xs, h, w):\n"
-         "    for i in range(xs.shape[0]):\n"
-         "        h = tanh(h * sum(w, axis=0) + xs[i])\n"
+         "        h = tanh(h @ w + xs[i] * sum(v, axis=0))\n"
          "    return sum(h)\n")
 
 
@@ -55,21 +51,22 @@ def test_a_loop_reads_an_invariant_of_any_layout_in_c_order_copied_once(copies):
     # costing as much as the trip's product); now once before the trips
     m = dsl.loads(LOOPS, "layouts.grad")
     rng = np.random.default_rng(0)
-    xs, h, w = rng.normal(size=(24, 4)), rng.normal(size=4), rng.normal(size=(4, 4)) / 2
-    for f in (m.rnn, m.scaled):
-        f = dsl.value_and_grad(f, wrt=(0, 1, 2))
-        want = f(xs, h, w)
-        for odd in layouts(w) + [np.broadcast_to(w[0], (4, 4))]:
-            copies.clear()
-            got = f(xs, h, odd)
-            # (the backward's transpose of w is taken once too, in C order)
-            assert copies.count((4, 4)) <= 2, copies
-            if odd.strides[0]:
-                assert_same_bits(got, want)
+    xs, h = rng.normal(size=(24, 4)), rng.normal(size=4)
+    w, v = rng.normal(size=(4, 4)) / 2, rng.normal(size=(5, 4)) / 4
+    f = dsl.value_and_grad(m.rnn, wrt=(0, 1, 2))
+    want = f(xs, h, w, v)
+    for odd_w, odd_v in zip(layouts(w) + [np.broadcast_to(w[0], (4, 4))],
+                            layouts(v) + [np.broadcast_to(v[0], (5, 4))]):
+        copies.clear()
+        got = f(xs, h, odd_w, odd_v)
+        # (the backward's transpose of w is taken once too, in C order)
+        assert copies.count((4, 4)) <= 2 and copies.count((5, 4)) <= 1, copies
+        if odd_w.strides[0]:
+            assert_same_bits(got, want)
     # no trips: a broadcast of more memory than there is is read by none
-    huge = np.broadcast_to(w[0], (2 ** 33, 4))
-    value, g_h = dsl.value_and_grad(m.scaled, wrt=1)(xs[:0], h, huge)
-    assert value == h.sum() and np.array_equal(g_h, np.ones(4))
+    huge = np.broadcast_to(v[0], (2 ** 33, 4))
+    value, grads = f(xs[:0], h, w, huge)
+    assert value == h.sum() and np.array_equal(grads[1], np.ones(4)) and not grads[2].any()
 
 
 PRODUCTS = ("def vm(v, a):\n"
