@@ -419,7 +419,8 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     inputs, and those it takes aux arguments for.  Its arguments: n (the
     elements, or with `target.loop_block` > 1 the blocks of them), size
     (the elements), trips, start, step, those inputs (the carried values'
-    initial values and the invariants), the stacked inputs, the carried
+    initial values and the invariants), the stacked inputs, the steps
+    between their rows (`R.stacked_flat`: a broadcast's is 0), the carried
     results, the stacked results, then the aux ones.  Each block holds its
     carried values in the carried results as the trips run."""
     p = eqn.p
@@ -439,6 +440,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     for param, outer in zip(invariants, invariants_in):
         names[param] = names[outer]
     args += [f"xs{j}" for j in range(len(slices))]
+    args += [f"xstep{j}" for j in range(len(slices))]
     args += [f"out{j}" for j in range(n_carry)]
     n_ys = len(body.outputs) - n_carry
     args += [f"ys{j}" for j in range(n_ys)]
@@ -448,7 +450,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     step = [f"c{j} = out{j}[{e}]" for j in range(n_carry)]
     names.update((param, f"c{j}") for j, param in enumerate(carry))
     for j, param in enumerate(slices):
-        step.append(f"x{j} = xs{j}[t * size + {e}]")
+        step.append(f"x{j} = xs{j}[t * xstep{j} + {e}]")
         names[param] = f"x{j}"
     step += _eqn_lines(body.eqns, names, "w", target=target)
     step += [f"ys{j}[t * size + {e}] = {ref(y)}" for j, y in enumerate(body.outputs[n_carry:])]
@@ -807,7 +809,13 @@ class _Driver:
         lines, trips = self.loop_bounds(eqn, ref, pre)
         size = prod(shape)
         n_carry, stacked = eqn.p["n_carry"], loop_groups(eqn.inputs, eqn.p)[3]
-        args = [f"R.flat({ref(v)})" for v in reads + list(stacked)]
+        args = [f"R.flat({ref(v)})" for v in reads]
+        # (a stack's rows where they lie, with the step between them: a
+        # broadcast's flat copy held trips x its row for one row's memory)
+        rows = [f"{pre}x{j}" for j in range(len(stacked))]
+        steps = [f"{pre}xstep{j}" for j in range(len(stacked))]
+        lines += [f"{x}, {s} = R.stacked_flat({ref(v)})" for x, s, v in zip(rows, steps, stacked)]
+        args += rows + steps
         for j, v in enumerate(eqn.outputs):
             name = define(v)
             length = size if j < n_carry else f"{trips} * {render(size)}"
