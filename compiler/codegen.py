@@ -915,7 +915,8 @@ class _Driver:
                             for dims in products)
             given = [f"R.flat({c})" for c in carried]
             given += [f"R.loop_invariant({a})" for a in invariant_refs]
-            given += [f"R.stack_rows({c})" for c in [ref(a) for a in stacked] + ys]
+            given += [f"R.loop_stacked({ref(a)})" for a in stacked]
+            given += [f"R.stack_rows({c})" for c in ys]
             given += [size_variable(f) for f in passed]
             call = ", ".join([f"H, {k}, K.{kname}", trips, f"{pre}start", f"{pre}step"] + given)
             lines.append(f"{pre}r = R.run_compiled({call}) "

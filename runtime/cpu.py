@@ -214,6 +214,20 @@ def stack_write(ys: np.ndarray, t: int, y: np.ndarray) -> None:
     ys[t] = y
 
 
+def loop_stacked(xs: np.ndarray) -> np.ndarray:
+    """A loop's stacked input as (trips, elements) for its compiled form
+    (`run_compiled`): its rows where they lie where each is C-contiguous
+    and they lie forward evenly (`stacked_flat`: a broadcast's rows, a
+    column slice's of a C-order table), else `stack_rows`' C-order copy."""
+    if xs.flags.c_contiguous or xs.ndim < 2:
+        return stack_rows(xs)
+    row, step = stacked_flat(xs)
+    if step == math.prod(xs.shape[1:]):
+        return row.reshape(xs.shape[0], step)  # (a copy: C order)
+    return np.lib.stride_tricks.as_strided(row, (xs.shape[0], math.prod(xs.shape[1:])),
+                                           (step * xs.itemsize, xs.itemsize))
+
+
 def stack_rows(xs: np.ndarray) -> np.ndarray:
     """A loop's stacked values as (trips, elements), C order (a view of a
     C-order stack: a compiled loop fills its stacked results through it)."""
