@@ -522,8 +522,9 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                         "nan, inf = np.nan, np.inf"])
 
     # (the contiguous variant's arguments are C-contiguous: nothing to do)
+    by_products = _read_by_products(fn) if target.slices_are_views else set()
     ordered = [f"{run.names[v]} = R.c_order({run.names[v]})" for v in fn.params
-               if v in _read_by_products(fn)] if target.slices_are_views else []
+               if v in by_products]
 
     def source(flatten, contiguous: bool) -> str:
         prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
