@@ -419,7 +419,8 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     inputs, and those it takes aux arguments for.  Its arguments: n (the
     elements, or with `target.loop_block` > 1 the blocks of them), size
     (the elements), trips, start, step, those inputs (the carried values'
-    initial values and the invariants), the stacked inputs, the carried
+    initial values and the invariants), the stacked inputs, the steps
+    between their rows (`R.stacked_flat`: a broadcast's is 0), the carried
     results, the stacked results, then the aux ones.  Each block holds its
     carried values in the carried results as the trips run."""
     p = eqn.p
@@ -439,6 +440,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     for param, outer in zip(invariants, invariants_in):
         names[param] = names[outer]
     args += [f"xs{j}" for j in range(len(slices))]
+    args += [f"xstep{j}" for j in range(len(slices))]
     args += [f"out{j}" for j in range(n_carry)]
     n_ys = len(body.outputs) - n_carry
     args += [f"ys{j}" for j in range(n_ys)]
@@ -448,7 +450,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     step = [f"c{j} = out{j}[{e}]" for j in range(n_carry)]
     names.update((param, f"c{j}") for j, param in enumerate(carry))
     for j, param in enumerate(slices):
-        step.append(f"x{j} = xs{j}[t * size + {e}]")
+        step.append(f"x{j} = xs{j}[t * xstep{j} + {e}]")
         names[param] = f"x{j}"
     step += _eqn_lines(body.eqns, names, "w", target=target)
     step += [f"ys{j}[t * size + {e}] = {ref(y)}" for j, y in enumerate(body.outputs[n_carry:])]
@@ -519,9 +521,15 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                         "f32, f64, i32, i64 = np.float32, np.float64, np.int32, np.int64",
                         "nan, inf = np.nan, np.inf"])
 
+    # (the contiguous variant's arguments are C-contiguous: nothing to do)
+    by_products = _read_by_products(fn) if target.slices_are_views else set()
+    ordered = [f"{run.names[v]} = R.c_order({run.names[v]})" for v in fn.params
+               if v in by_products]
+
     def source(flatten, contiguous: bool) -> str:
         prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
-        prologue = run.made.checks(fn.params, contiguous) + prologue
+        prologue = run.made.checks(fn.params, contiguous) + ([] if contiguous else ordered) \
+            + prologue
         body = run.lines[:run.prologue_at] + prologue + run.lines[run.prologue_at:]
         return "\n".join([f"def run({', '.join(run.params + ['out=None'])}):"]
                          + ["    " + l for l in body]) + "\n"
@@ -534,6 +542,39 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT) -> Generate
                      tuple(driver.kernel_names), source(view, True),
                      tuple((k, driver.signatures[k]) for k in driver.kernels
                            if k in driver.signatures))
+
+
+# The steps through which a product reads a parameter that `generate`
+# makes C-contiguous first: not a slice, which would copy all of an
+# argument (a Fortran-order table) for the few columns a product reads.
+_OPERAND_VIEWS = ("transpose", "reshape")
+
+
+def _read_by_products(fn: Function) -> set[Var]:
+    """fn's parameters that a product reads, as they are or through
+    `_OPERAND_VIEWS`, or that a loop's body reads so as an invariant or a
+    stacked input, which the top driver makes C-contiguous first where
+    they are not (`R.c_order`): a matrix-vector product's bits depend on
+    its operands' layout (BLAS's gemv runs along a row-major and a
+    column-major matrix in different orders), so a Fortran-order, a
+    transposed or a reversed argument gave other bits than its C-order
+    copy (through PyTorch, a weight's `.t()`; through Dask, a
+    Fortran-order array's blocks)."""
+    read: set[Var] = set()
+    for e in reversed(fn.eqns):
+        if e.op == "matmul":
+            read.update(a for a in e.inputs if isinstance(a, Var))
+        elif e.op in _OPERAND_VIEWS and e.outputs[0] in read:
+            read.add(e.inputs[0])
+        elif e.op == "loop":
+            body = e.p["body"]
+            inner = _read_by_products(body)
+            _, _, invariants, slices = loop_groups(body.params, e.p, lead=1)
+            _, _, invariants_in, stacked = loop_groups(e.inputs, e.p)
+            read.update(a for v, a in zip(tuple(invariants) + tuple(slices),
+                                          tuple(invariants_in) + tuple(stacked))
+                        if v in inner and isinstance(a, Var))
+    return read & set(fn.params)
 
 
 @dataclass
@@ -701,12 +742,14 @@ class _Driver:
                 # A slice or transpose reads its input where it is (a view of
                 # it, or on a device a gather of its result alone): x[0] of a
                 # zero-stride x of 2**40 elements makes nothing that large.
-                # Any other helper may make its input contiguous first.
+                # Any other helper may make its input contiguous first, but a
+                # gather its table (`_READ_IN_PLACE`): x[i] of that x neither.
                 views = step.op in _VIEWS
                 if not (views and target.slices_are_views):
                     made.add(step.outputs[0], "")
                 for a in step.inputs if not views else ():
-                    made.add(a, _argument_copy(a) if a in fn.params else "")
+                    if not (step.op in _READ_IN_PLACE and a not in step.inputs[1:]):
+                        made.add(a, _argument_copy(a) if a in fn.params else "")
                 if step.op in ("reduce_sum", "reduce_max", "matmul", "embed", "embed_add",
                                "concatenate", "dim", "full", "cumsum", "iota") \
                         or OPS[step.op].kind == "index":
@@ -767,7 +810,13 @@ class _Driver:
         lines, trips = self.loop_bounds(eqn, ref, pre)
         size = prod(shape)
         n_carry, stacked = eqn.p["n_carry"], loop_groups(eqn.inputs, eqn.p)[3]
-        args = [f"R.flat({ref(v)})" for v in reads + list(stacked)]
+        args = [f"R.flat({ref(v)})" for v in reads]
+        # (a stack's rows where they lie, with the step between them: a
+        # broadcast's flat copy held trips x its row for one row's memory)
+        rows = [f"{pre}x{j}" for j in range(len(stacked))]
+        steps = [f"{pre}xstep{j}" for j in range(len(stacked))]
+        lines += [f"{x}, {s} = R.stacked_flat({ref(v)})" for x, s, v in zip(rows, steps, stacked)]
+        args += rows + steps
         for j, v in enumerate(eqn.outputs):
             name = define(v)
             length = size if j < n_carry else f"{trips} * {render(size)}"
@@ -817,6 +866,7 @@ class _Driver:
         owned = [v in added_into for v in carry_params]
         trip_body, transposed = _without_invariant_transposes(body, p, steps,
                                                               self.target.slices_are_views)
+        whole = _invariants_read_whole(body, p, steps, self.target.slices_are_views)
         inner = self.function(trip_body, steps=self.steps(trip_body) if transposed else steps,
                               small_products=compiled is not None,
                               owned=added_into & set(carry_params))
@@ -831,6 +881,14 @@ class _Driver:
         lines += [f"{name} = R.reshape(R.flat(R.transpose({ref(outer[e.inputs[0]])}, "
                   f"{tuple(e.p['perm'])})), {render_shape(e.outputs[0].type.shape)})"
                   for name, e in zip(transposes, transposed)]
+        # An invariant a step reads whole, in C order once, not a copy each
+        # trip (`_invariants_read_whole`); none for no trips (a broadcast
+        # of more memory than there is, read by none)
+        invariant_refs = []
+        for j, (v, a) in enumerate(zip(loop_groups(body.params, p, lead=1)[2], invariants_in)):
+            invariant_refs.append(f"{pre}w{j}" if v in whole else ref(a))
+            if v in whole:
+                lines.append(f"{pre}w{j} = R.contiguous({ref(a)}) if {trips} else {ref(a)}")
         for name, a, own in zip(carried, carried_in, owned):
             handed_over = not own or (a in fresh and readers[a] == 1)
             lines.append(f"{name} = {ref(a)}" if handed_over else f"{name} = R.copy({ref(a)})")
@@ -842,7 +900,7 @@ class _Driver:
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         trip_lines = [f"for {pre}t in {order}:"]
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
-        args += [ref(a) for a in invariants_in] + transposes
+        args += invariant_refs + transposes
         args += [f"R.stack_read({ref(a)}, {pre}t)" for a in stacked]
         y_now = [f"{pre}y{j}" for j in range(len(ys))]
         targets_ = carried + y_now
@@ -857,8 +915,9 @@ class _Driver:
             small = "".join(f" and R.small_product({', '.join(map(render, dims))})"
                             for dims in products)
             given = [f"R.flat({c})" for c in carried]
-            given += [f"R.loop_invariant({ref(a)})" for a in invariants_in]
-            given += [f"R.stack_rows({c})" for c in [ref(a) for a in stacked] + ys]
+            given += [f"R.loop_invariant({a})" for a in invariant_refs]
+            given += [f"R.loop_stacked({ref(a)})" for a in stacked]
+            given += [f"R.stack_rows({c})" for c in ys]
             given += [size_variable(f) for f in passed]
             call = ", ".join([f"H, {k}, K.{kname}", trips, f"{pre}start", f"{pre}step"] + given)
             lines.append(f"{pre}r = R.run_compiled({call}) "
@@ -901,12 +960,40 @@ def _without_invariant_transposes(body: Function, p: dict, steps: list, slices_a
                      body.outputs), transposed)
 
 
-def _reads_whole(eqn: Eqn, a: Var, views: tuple) -> bool:
+def _invariants_read_whole(body: Function, p: dict, steps: list, slices_are_views: bool
+                           ) -> set[Var]:
+    """The invariant parameters of a driver loop's body (as `steps`, the
+    driver's) that a step may copy whole when not C-contiguous (`_reads_
+    whole`, a gather's table aside: it is read where it lies), which the
+    driver makes C-contiguous once before the trips (`_Driver.loop`): a
+    Fortran-order weight of an RNN was copied flat by its product each
+    trip, a transposed one summed or read by a fused loop likewise.  None
+    on a target whose slices are not views: its arrays are all C-contiguous
+    (`runtime.cuda`)."""
+    if not slices_are_views:
+        return set()
+    (_, _, invariants, _) = loop_groups(body.params, p, lead=1)
+    views = _VIEWS
+    read = {_value(s, a) for s in steps for a in s.inputs
+            if not isinstance(s, Eqn) or _reads_whole(s, a, views, gathers_in_place=True)}
+    return read & set(invariants)
+
+
+# The ops that read their first input where it lies, whatever its layout
+# (`runtime.cpu.take`): a row of a Fortran-order table, not the table.
+_READ_IN_PLACE = ("take", "take_along_axis")
+
+
+def _reads_whole(eqn: Eqn, a: Var, views: tuple, gathers_in_place: bool = False) -> bool:
     """Whether `eqn` may copy its input `a` whole (`_without_invariant_
-    transposes`): any step but a view (`views`) may; a loop, where its
-    body's parameter for `a` is carried or a result, or a step of the body
-    reads it so, or the loop runs in a kernel (whose arguments are flat)."""
+    transposes`): any step but a view (`views`) may, and with
+    `gathers_in_place` but a gather of its table (`_READ_IN_PLACE`); a
+    loop, where its body's parameter for `a` is carried or a result, or a
+    step of the body reads it so, or the loop runs in a kernel (whose
+    arguments are flat)."""
     if eqn.op in views:
+        return False
+    if gathers_in_place and eqn.op in _READ_IN_PLACE and a not in eqn.inputs[1:]:
         return False
     if eqn.op != "loop" or kernel_loop_shape(eqn) is not None:
         return True
@@ -916,7 +1003,8 @@ def _reads_whole(eqn: Eqn, a: Var, views: tuple) -> bool:
     _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
     if a not in invariants_in:  # carried or stacked: copied or read flat
         return True
-    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views)
+    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views,
+                                                                       gathers_in_place)
                                         for e in body.eqns)
                for v, x in zip(invariant_params, invariants_in) if x == a)
 

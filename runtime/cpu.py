@@ -140,15 +140,34 @@ def run_compiled(counts: dict, loop: int, function, *args) -> Optional[tuple]:
         return None
 
 
+def contiguous(x: np.ndarray) -> np.ndarray:
+    """x in C order: x itself where it is already."""
+    return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+
+
+def c_order(x: np.ndarray) -> np.ndarray:
+    """x C-contiguous, a copy where it is not, for a product that reads it
+    (`codegen._read_by_products`: a matrix-vector product's bits depend on
+    its operands' layout), unless that copy would be large and larger than
+    the memory x spans (a broadcast: its bits are then its own)."""
+    if x.flags.c_contiguous:
+        return x
+    return contiguous(x) if x.nbytes <= max(memory.POOL_MIN, _spanned(x)) else x
+
+
+def _spanned(x: np.ndarray) -> int:
+    """The bytes of memory x's elements lie in."""
+    return x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+
+
 def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
     """An invariant of a loop, flat for its compiled form (`run_compiled`),
     or None where that copy would be large and larger than the memory x
     spans (a broadcast: of a 2**33-row table, 192 GiB, where the driver's
     trips read it as a view)."""
-    if x.flags.c_contiguous or x.nbytes <= memory.POOL_MIN:
+    if x.flags.c_contiguous or x.nbytes <= max(memory.POOL_MIN, _spanned(x)):
         return flat(x)
-    spanned = x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
-    return flat(x) if x.nbytes <= spanned else None
+    return None
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:
@@ -195,10 +214,41 @@ def stack_write(ys: np.ndarray, t: int, y: np.ndarray) -> None:
     ys[t] = y
 
 
+def loop_stacked(xs: np.ndarray) -> np.ndarray:
+    """A loop's stacked input as (trips, elements) for its compiled form
+    (`run_compiled`): its rows where they lie where each is C-contiguous
+    and they lie forward evenly (`stacked_flat`: a broadcast's rows, a
+    column slice's of a C-order table), else `stack_rows`' C-order copy."""
+    if xs.flags.c_contiguous or xs.ndim < 2:
+        return stack_rows(xs)
+    row, step = stacked_flat(xs)
+    if step == math.prod(xs.shape[1:]):
+        return row.reshape(xs.shape[0], step)  # (a copy: C order)
+    return np.lib.stride_tricks.as_strided(row, (xs.shape[0], math.prod(xs.shape[1:])),
+                                           (step * xs.itemsize, xs.itemsize))
+
+
 def stack_rows(xs: np.ndarray) -> np.ndarray:
     """A loop's stacked values as (trips, elements), C order (a view of a
     C-order stack: a compiled loop fills its stacked results through it)."""
     return np.ascontiguousarray(xs).reshape(xs.shape[0], math.prod(xs.shape[1:]))
+
+
+def stacked_flat(xs: np.ndarray) -> tuple[np.ndarray, int]:
+    """A loop's stacked input, (trips, ...), for a kernel that reads row t
+    from element t * step of a flat array: (that array, step).  Where each
+    row is C-contiguous and the rows lie forward in even steps (a
+    broadcast's rows, step 0; a column slice of a C-order table's), a flat
+    view of the memory they span; else a C-order copy, step a row's
+    elements (a flat copy of a broadcast of a 1,000-vector to 100,000
+    trips took 800 MB for its 8 KB)."""
+    size = math.prod(xs.shape[1:])
+    if xs.flags.c_contiguous or not xs.size or xs.strides[0] < 0 \
+            or xs.strides[0] % xs.itemsize or not xs[0].flags.c_contiguous:
+        return flat(xs), size
+    step = xs.strides[0] // xs.itemsize
+    extent = (xs.shape[0] - 1) * step + size
+    return np.lib.stride_tricks.as_strided(xs, (extent,), (xs.itemsize,)), step
 
 
 def copy(x: np.ndarray) -> np.ndarray:

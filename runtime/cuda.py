@@ -464,6 +464,12 @@ def flat(x):
     return x.reshape(x.size)
 
 
+def stacked_flat(xs) -> tuple:
+    """`cpu.stacked_flat`: a device array is C-contiguous, its rows a row's
+    elements apart."""
+    return flat(xs), math.prod(xs.shape[1:])
+
+
 def reshape(x, shape):
     return x.reshape(shape) if tuple(shape) != tuple(x.shape) else x
 
