@@ -714,9 +714,15 @@ _CPU_MATH_VERSION = "cpu_math " + hashlib.sha256(b"".join(
 
 # Kernels are called from Python or from other kernels, never through a C
 # function pointer: no C wrapper (which costs 5-15 ms of each compile).
+# A compiled loop's function (`render_function`) may add into an argument
+# in place; a kernel's arrays never overlap where it writes, so it is
+# compiled with that known (`cpu_math.DisjointArrays`: else its sums'
+# bits depended on where its arrays lay in memory).
+_FUNCTION = "@numba.njit(cache=True, error_model='numpy', nogil=True, no_cfunc_wrapper=True)"
 _PARALLEL = ("@numba.njit(parallel=True, cache=True, error_model='numpy', nogil=True, "
-             "no_cfunc_wrapper=True)")
-_SERIAL = "@numba.njit(cache=True, error_model='numpy', nogil=True, no_cfunc_wrapper=True)"
+             "no_cfunc_wrapper=True, pipeline_class=DisjointArrays)")
+_SERIAL = ("@numba.njit(cache=True, error_model='numpy', nogil=True, no_cfunc_wrapper=True, "
+           "pipeline_class=DisjointArrays)")
 
 
 def parallel_threshold(cost: int) -> int:
@@ -785,15 +791,17 @@ class CpuTarget(Target):
     def header(self) -> str:
         """Kernels call `math.exp` and friends: `runtime.cpu_math`'s, which
         vectorize, or with GRADC_LIBM=1 libm's; sums add with cpu_math's
-        `accumulate`.  The text names which (and cpu_math's version), so
-        the content-hashed kernel cache never serves a kernel compiled
-        against the other or an older one."""
+        `accumulate`, and kernels compile with its `DisjointArrays`.  The
+        text names which (and cpu_math's version), so the content-hashed
+        kernel cache never serves a kernel compiled against the other or
+        an older one."""
         if os.environ.get("GRADC_LIBM") == "1":
             math_import = "import math  # libm (GRADC_LIBM=1)"
         else:
             math_import = "from gradlang.runtime import cpu_math as math"
         return (f"{math_import}\n"
-                "from gradlang.runtime.cpu_math import accumulate, greatest, select"
+                "from gradlang.runtime.cpu_math import "
+                "DisjointArrays, accumulate, greatest, select"
                 f"  # {_CPU_MATH_VERSION}\n"
                 "import numpy as np\nimport numba\nfrom numba import prange\n")
 
@@ -832,7 +840,7 @@ class CpuTarget(Target):
         # The products by name from cpu_math: the header's `math` is libm's
         # with GRADC_LIBM=1, which has none.
         return "\n".join(["from gradlang.runtime.cpu_math import add_outer, gather_rows, "
-                          "matrix_product, matrix_transpose, scatter_rows", _SERIAL,
+                          "matrix_product, matrix_transpose, scatter_rows", _FUNCTION,
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
 
@@ -934,7 +942,8 @@ class CpuTarget(Target):
         cached = getattr(kernels, kname + "_serial")
         # A dispatcher that found machine code in Numba's cache has no LLVM
         # IR to show: compile a copy of it that has no cache.
-        fresh = numba.jit(**cached.targetoptions)(cached.py_func)
+        fresh = numba.jit(pipeline_class=cached._compiler.pipeline_class,
+                          **cached.targetoptions)(cached.py_func)
         fresh.compile(signature)
         (llvm,) = fresh.inspect_llvm().values()
         return llvm

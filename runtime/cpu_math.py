@@ -14,7 +14,8 @@ integers is Python's integer power).  Every other name (`math.sqrt`,
 `math.<anything>`.  Called from Python, they are libm's.
 `accumulate` is the add of a kernel's sum, the one float operation that
 LLVM may reorder (see there); `greatest`, a running maximum that
-vectorizes and propagates NaN.
+vectorizes and propagates NaN; `DisjointArrays`, the compiler of every
+kernel, which keeps a sum's bits from depending on where its arrays lie.
 
 Why: with no vector math library in llvmlite, LLVM splits a vectorized
 `@llvm.exp.v4f64` back into scalar libm calls, which costs most of a
@@ -58,6 +59,7 @@ from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.compiler import Compiler
 from numba.core.imputils import lower_builtin
 from numba.extending import intrinsic, type_callable
 
@@ -1218,10 +1220,38 @@ def accumulate(acc, x):
     loop that sums with `+=` runs one element at a time), while the loop's
     other float arithmetic (the bit-level math above included) stays exact.
     The order of the partial sums is fixed by the compiled code, so a
-    result is the same run to run.  (A plain function, typed and lowered
-    for Numba below, so that kernels also run as Python under
+    result is the same run to run, provided the kernel is compiled with
+    `DisjointArrays` (see there): else LLVM keeps a scalar copy of a loop
+    that also stores, run when an output lies just after an input in
+    memory, which adds in another order.  (A plain function, typed and
+    lowered for Numba below, so that kernels also run as Python under
     NUMBA_DISABLE_JIT.)"""
     return acc + type(acc)(x)
+
+
+class DisjointArrays(Compiler):
+    """Numba's compiler for a generated kernel (`pipeline_class=` in
+    `runtime.cpu`'s decorators), whose array arguments it compiles as
+    `noalias`.  Contract of its callers: no array a kernel writes overlaps
+    another of its arrays (outputs are fresh, or `out=` buffers checked to
+    overlap nothing; inputs may share memory, being only read).
+
+    Why: not knowing that, LLVM's loop vectorizer versions a loop that
+    stores and sums: a runtime check runs the vector loop (its sums in
+    vector lanes, `accumulate`) unless an output starts within a few
+    vectors after an input, where the scalar copy runs instead, adding in
+    order.  The two differ in the last bits, so a sum over a short array
+    (some tens of elements) depended on where the allocator had placed
+    its arrays: a Dask block's partial loss changed by an ulp from one
+    call to the next under the threaded scheduler (whose threads allocate
+    in their own arenas), its inputs the same.  Numba's `prange` variants
+    were compiled so already (a parfor body whose arrays it sees do not
+    alias), so the serial ones could also differ from them."""
+
+    def __init__(self, typingctx, targetctx, library, args, return_type, flags, locals):
+        flags = flags.copy()
+        flags.noalias = True
+        super().__init__(typingctx, targetctx, library, args, return_type, flags, locals)
 
 
 def _accumulate_type(acc, x):

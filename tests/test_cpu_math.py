@@ -523,10 +523,11 @@ def test_libm_switch_and_cpu_math_version_are_in_the_kernel_text(monkeypatch):
     libm = TARGET.header.splitlines()[:2]
     assert ours[0] == "from gradlang.runtime import cpu_math as math"
     assert libm[0].startswith("import math  #")
-    # Sums add with cpu_math's `accumulate` in both, and `where` is its `select`.
+    # Sums add with cpu_math's `accumulate` in both, `where` is its `select`, and
+    # kernels compile with its `DisjointArrays`.
     for header in (ours, libm):
-        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import accumulate, greatest, select  "
-                            r"# cpu_math [0-9a-f]{12}", header[1])
+        assert re.fullmatch(r"from gradlang\.runtime\.cpu_math import DisjointArrays, accumulate, "
+                            r"greatest, select  # cpu_math [0-9a-f]{12}", header[1])
 
 
 _ONE_COMPILE = textwrap.dedent("""

@@ -144,6 +144,41 @@ def test_rows_have_the_same_values_serial_as_parallel(sums, gradc_parallel):
     np.testing.assert_allclose(results["always"][0], np.sum(x * x, axis=1), rtol=1e-13)
 
 
+STORED_AND_SUMMED = """
+def f(x, y):
+    d = x - y
+    return 2.0 * d, sum(d * d)
+"""
+
+
+def test_a_sum_has_the_same_bits_wherever_its_arrays_lie():
+    """One kernel writes 2 d and sums d * d.  Not told that its arrays do
+    not overlap, LLVM checked at run time whether the output began within
+    a few vectors after an input, and if so ran a scalar copy of the loop,
+    which adds in order where the vector loop adds in lanes: a Dask
+    block's partial loss changed by an ulp from call to call under the
+    threaded scheduler, as its threads' allocations fell.  Forced here: the
+    `out=` buffer right after x in memory, then 512 bytes after it.  The
+    data tell the orders apart: in order, each 1 added to 1e16 is lost."""
+    f = dsl.loads(STORED_AND_SUMMED, "stored_and_summed.grad").f
+    for n in (10, 24):  # a Dask block's rows; past an AVX2 loop's 16
+        x, y = np.ones(n), np.zeros(n)
+        x[0] = 1e8
+        memory = np.empty(2 * n + 64)
+        memory[:n] = x
+        results = []
+        for gap in (0, 64):
+            buffer = memory[n + gap:2 * n + gap]
+            doubled, total = f(memory[:n], y, out=(buffer, None))
+            assert doubled is buffer
+            results.append((doubled.copy(), total))
+        (adjacent, adjacent_sum), (apart, apart_sum) = results
+        assert adjacent_sum.tobytes() == apart_sum.tobytes(), n
+        np.testing.assert_array_equal(adjacent, apart)
+        np.testing.assert_array_equal(adjacent, 2.0 * x)
+        np.testing.assert_allclose(apart_sum, 1e16 + n - 1, rtol=1e-14)
+
+
 FORKED = """
 import multiprocessing, os, sys
 import numpy as np
