@@ -968,12 +968,13 @@ def f(xs, h, w):
 def _invariant_steps(loop) -> list[str]:
     """The ops of a loop's body (not of the loops in it) reading only the
     loop's invariants and literals: what `compiler.hoisting` moves out."""
+    from gradlang.compiler.ir import Var
     body = loop.p["body"]
     n_carry, n_inv = loop.p["n_carry"], loop.p["n_inv"]
     fixed = set(body.params[1 + n_carry:1 + n_carry + n_inv])
     found = []
     for e in body.eqns:
-        ins = [a for a in e.inputs if not hasattr(a, "value")]
+        ins = [a for a in e.inputs if isinstance(a, Var)]
         if ins and all(a in fixed for a in ins):
             found.append(e.op)
             fixed.update(e.outputs)
