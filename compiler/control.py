@@ -11,7 +11,9 @@ Contract:
   statement that rebinds it.  One that starts as a compile-time number
   takes its dtype from the arrays it meets (`_start_dtypes`).  The body
   becomes a closed IR function: the outer values it reads are passed in
-  as the loop's invariants.  Names first bound in the body stay local to
+  as the loop's invariants; the body's work on invariants alone runs
+  before the loop (`compiler.hoisting.hoist_body`), so that autodiff
+  sees it outside.  Names first bound in the body stay local to
   it; `env` gets the carried values' final values.
 - `lower_if(lowerer, b, stmt, env)`: a condition known at compile time (a
   `const` argument, a size, `x.ndim`, arithmetic on them) lowers only the
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from gradlang.compiler import ast
 from gradlang.compiler.builder import Builder
+from gradlang.compiler.hoisting import hoist_body
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
@@ -67,6 +70,10 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
     trip, slices, xs = (stack_index_reads(b, sb, [index] + params, known)
                         if lw.checkpoint is None else (None, [], []))
     body, invariants = close(sb, f"for_{stmt.var}", [index] + params, outs, slices)
+    # (before autodiff sees it: the moved work's VJP then runs once, after the trips)
+    moved, body, invariants = hoist_body(body, {"n_carry": len(carried),
+                                                "n_inv": len(invariants)}, invariants)
+    b.eqns += moved
     if lw.checkpoint is not None:
         results = _segments(b, (start, stop, step), inits, invariants, body, lw.checkpoint,
                             stmt.span)

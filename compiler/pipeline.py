@@ -7,7 +7,8 @@
               forward mode (jvp)                             compiler/forward.py
     inline    calls of sub-functions inlined                 compiler/passes.py
     simplify  algebraic simplification                       compiler/passes.py
-    cse       common subexpressions merged                   compiler/passes.py
+    cse       loop-invariant work hoisted out of loops,      compiler/hoisting.py
+              then common subexpressions merged              compiler/passes.py
     dce       dead equations removed                         compiler/passes.py
     fuse      elementwise equations -> loops                 compiler/fusion.py
     codegen   loops -> kernel module + driver source         compiler/codegen.py
@@ -55,6 +56,7 @@ from gradlang.compiler import ast, autodiff, forward, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.codegen import Generated, bound_by_arguments, generate
 from gradlang.compiler.fusion import fuse, print_steps
+from gradlang.compiler.hoisting import hoist_invariants
 from gradlang.compiler.scalar_loops import scalar_loops
 from gradlang.compiler.ir import Eqn, Function, StaticScalar, TensorType, Var, print_function
 from gradlang.compiler.linearity import NotLinear
@@ -129,7 +131,7 @@ EMITS: tuple[str, ...] = _emit_names()
 IR_PASSES: tuple[tuple[str, Callable[[Function], Function]], ...] = (
     ("inline", passes.inline_calls),
     ("simplify", passes.simplify),
-    ("cse", passes.cse),
+    ("cse", lambda fn: passes.cse(hoist_invariants(fn))),
     ("dce", passes.dce),
 )
 

@@ -252,7 +252,7 @@ def test_a_loop_body_that_moves_data_between_rows_is_a_grad_error_at_the_op(body
 
 
 @pytest.mark.parametrize("start,body", [("x * 0.0 + 1.0", "s = s * 0.5"),
-                                        ("0.0", "s = s + sum(x)")])
+                                        ("0.0", "s = s + sum(x + s)")])
 def test_a_loop_on_rows_of_trips_counted_over_the_rows_is_a_grad_error(start, body):
     # each block ran as many trips as its own rows counted: wrong values
     m = dsl.loads(f"def f(x, ids: i64[n]):\n    k = sum(ids)\n    s = {start}\n"

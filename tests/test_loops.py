@@ -501,10 +501,13 @@ def factors(xs: f64[t, d], h: f64[d], v: f64[d], w1: f64[d, d], w2: f64[d, d],
 
 
 def test_each_kind_of_vector_a_weight_s_trip_sum_multiplies_is_paired_by_trip():
-    # the vectors of the four weights' outer products come from h's stack,
-    # the stacked product z, xs (a stacked input) and the invariant v
-    # (stacked anew): each pairs with its trip's cotangent, the trips run
-    # backward, and none of the four is a running sum of the backward loop
+    # the vectors of the weights' outer products come from h's stack, the
+    # stacked product z and xs (a stacked input): each pairs with its
+    # trip's cotangent, the trips run backward, and none is a running sum
+    # of the backward loop.  v @ w4 reads only invariants: it runs once
+    # before the loop (`compiler.hoisting`), the backward loop sums its
+    # cotangent over the trips, and w4's gradient is one outer product
+    # with v after the loop (and v's one product with w4's transpose)
     f = dsl.loads(FACTORS, "factors.grad").factors
     rng = np.random.default_rng(8)
     grad = dsl.grad(f, wrt=tuple(range(7)))
@@ -521,8 +524,9 @@ def test_each_kind_of_vector_a_weight_s_trip_sum_multiplies_is_paired_by_trip():
                                        atol=1e-9)
         if trips:
             ir = grad.ir(*args)
-            assert _loops(ir)[1].p["n_carry"] == 2  # h's cotangent and v's sum
-            assert [e.op for e in ir.eqns].count("matmul") == 4
+            assert _loops(ir)[1].p["n_carry"] == 2  # h's cotangent and v @ w4's sum
+            # v @ w4; three weights' trip sums; w4's and v's gradients
+            assert [e.op for e in ir.eqns].count("matmul") == 6
 
 
 def test_heat_equation_gradient_with_respect_to_diffusivity():
@@ -949,3 +953,143 @@ def test_grad_block_with_a_loop_must_be_linear(start, update, message):
 def test_elementwise_condition_points_to_where():
     err = error_of("def f(x, n: i64):\n    if x > 0.0:\n        x = x * 2\n    return x\n")
     assert "select elementwise with where()" in str(err) and err.line == 2
+
+
+# ---------------------------------------------- loop-invariant code motion
+
+INVARIANT_WORK = """
+def f(xs, h, w):
+    for i in range(xs.shape[0]):
+        h = tanh(h * sum(w, axis=0) + xs[i])
+    return sum(h * h)
+
+def rnn(xs, h, w):
+    for i in range(xs.shape[0]):
+        h = tanh(h @ tanh(w) + xs[i])
+    return sum(h)
+"""
+
+
+def _invariant_steps(loop) -> list[str]:
+    """The ops of a loop's body (not of the loops in it) reading only the
+    loop's invariants and literals: what `compiler.hoisting` moves out."""
+    from gradlang.compiler.ir import Var
+    body = loop.p["body"]
+    n_carry, n_inv = loop.p["n_carry"], loop.p["n_inv"]
+    fixed = set(body.params[1 + n_carry:1 + n_carry + n_inv])
+    found = []
+    for e in body.eqns:
+        ins = [a for a in e.inputs if isinstance(a, Var)]
+        if ins and all(a in fixed for a in ins):
+            found.append(e.op)
+            fixed.update(e.outputs)
+    return found
+
+
+def _loops_of(fn) -> list:
+    return [e for e in fn.eqns if e.op == "loop"]
+
+
+def _np_invariant_work(xs, h, w):
+    for x in xs:
+        h = np.tanh(h * w.sum(axis=0) + x)
+    return np.sum(h * h)
+
+
+def test_invariant_work_runs_once_before_the_loop_with_the_same_bits(monkeypatch):
+    # sum(w, axis=0) and tanh(w) read only w: each runs once before the
+    # loop, not once a trip, and their gradients once after the backward
+    # loop, which sums their cotangents over the trips; the backward trip's
+    # w^T (of rnn's tanh(w)) runs once before the backward loop
+    from gradlang.compiler import hoisting, pipeline
+    rng = np.random.default_rng(12)
+    args = [rng.normal(size=(5, 3)), rng.normal(size=3), rng.normal(size=(3, 3)) / 2]
+    namespace = front_end(INVARIANT_WORK, "inv.grad")[1]
+    types = {n: TensorType("f64", a.shape) for n, a in zip("xs h w".split(), args)}
+    lowered = {name: lower_entry(namespace, namespace.functions[name][0], types)
+               for name in ("f", "rnn")}
+    for name, moved in (("f", "reduce_sum"), ("rnn", "tanh")):
+        text = print_function(lowered[name])
+        top = [line.split(" = ")[1].split()[0] for line in text.splitlines()
+               if line.startswith("  %")]  # the function's own steps, not its loop's body
+        assert top[:2] == [moved, "loop"], text
+        gradient = pipeline.optimize(pipeline.grad_of_sum(lowered[name], [0, 1, 2], True))
+        assert [_invariant_steps(loop) for loop in _loops_of(gradient)] == [[], []]
+    value, grads = dsl.value_and_grad(dsl.loads(INVARIANT_WORK, "inv.grad").f,
+                                      wrt=(0, 1, 2))(*args)
+    np.testing.assert_allclose(value, _np_invariant_work(*args), rtol=1e-14)
+    for k, g in enumerate(grads):
+        np.testing.assert_allclose(g, central_difference(_np_invariant_work, args, k),
+                                   rtol=1e-7, atol=1e-9)
+    # the loop as it was, each trip summing w: the same bits
+    monkeypatch.setattr(hoisting, "ENABLED", False)
+    as_was = dsl.loads(INVARIANT_WORK, "inv.grad").f
+    assert _invariant_steps(_loops_of(as_was.ir(*args))[0]) == ["reduce_sum"]
+    assert as_was(*args).tobytes() == value.tobytes()
+
+
+GUARDED_WORK = """
+def f(w, v, idx, n: i64):
+    s = w * 0.0
+    for i in range(n):
+        s = s + w[idx] * max(v) + sum(w)
+    return s
+"""
+
+
+def test_invariant_work_that_can_raise_stays_in_a_loop_of_no_trips():
+    # w[idx] and max(v) read only invariants too, but a gather checks its
+    # indices and a max of nothing has no value: a loop of no trips runs
+    # neither, so neither moves (sum(w) does); the gradient's loops too
+    m = dsl.loads(GUARDED_WORK, "guarded.grad")
+    w, v = np.array([1.0, 2.0, 4.0]), np.array([0.5, -1.0])
+    bad, empty = np.array([0, 5, 1]), np.zeros(0)
+    np.testing.assert_array_equal(m.f(w, empty, bad, 0), np.zeros(3))
+    grad = dsl.grad(m.f, wrt=(0, 1))
+    for g, arg in zip(grad(w, empty, bad, 0), (w, empty)):
+        np.testing.assert_array_equal(g, np.zeros_like(arg))
+    (forward,), (backward,) = (_loops_of(fn.ir(w, empty, bad, 0))
+                               for fn in (m.f, grad))  # (no states: s is linear)
+    assert "reduce_sum" not in [e.op for e in forward.p["body"].eqns]
+    assert _invariant_steps(forward) == ["take", "reduce_max", "mul"]
+    # (and what reads the max: the mask of its gradient)
+    assert _invariant_steps(backward)[:2] == ["take", "reduce_max"]
+    good = np.array([2, 0, 0])
+    np.testing.assert_allclose(m.f(w, v, good, 2), 2 * (w[good] * 0.5 + 7.0), rtol=1e-15)
+    with pytest.raises(dsl.ArgumentError, match="idx"):
+        m.f(w, v, bad, 1)
+    with pytest.raises(dsl.ArgumentError, match="empty axis"):
+        m.f(w, empty, good, 1)
+
+
+NESTED_INVARIANT_WORK = """
+def f(xs, h, w):
+    for i in range(xs.shape[0]):
+        x = xs[i]
+        for j in range(2):
+            h = tanh(h * sum(w, axis=0) + tanh(x))
+    return sum(h)
+"""
+
+
+def test_nested_loops_move_invariant_work_as_far_out_as_it_goes():
+    # sum(w, axis=0) leaves both loops; tanh(x) reads the outer trip's x,
+    # invariant only in the inner loop: it runs once per outer trip
+    m = dsl.loads(NESTED_INVARIANT_WORK, "nested_inv.grad")
+    rng = np.random.default_rng(13)
+    args = [rng.normal(size=(3, 4)), rng.normal(size=4), rng.normal(size=(4, 4)) / 2]
+    ir = m.f.ir(*args)
+    (outer,) = _loops_of(ir)
+    assert [e.op for e in ir.eqns if e.inputs == (ir.params[2],)] == ["reduce_sum"]
+    (inner,) = _loops_of(outer.p["body"])
+    assert [e.op for e in outer.p["body"].eqns] == ["tanh", "loop"]
+    assert [e.op for e in inner.p["body"].eqns] == ["mul", "add", "tanh"]
+
+    def nested(xs, h, w):
+        for x in xs:
+            for _ in range(2):
+                h = np.tanh(h * w.sum(axis=0) + np.tanh(x))
+        return np.sum(h)
+    np.testing.assert_allclose(m.f(*args), nested(*args), rtol=1e-14)
+    for k, g in enumerate(dsl.grad(m.f, wrt=(0, 1, 2))(*args)):
+        np.testing.assert_allclose(g, central_difference(nested, args, k), rtol=1e-7, atol=1e-9)
