@@ -438,6 +438,15 @@ def _interrupted_at(code, k: int, action) -> bool:
         return True
     finally:
         sys.settrace(None)
+        # Raised at the opcodes that call a `with _lock:`'s __exit__ on
+        # the way out, it leaves this thread holding the lock: no Python
+        # code can shield those, and no real Ctrl-C lands there (signals
+        # are delivered at the eval loop's checks, which a call makes only
+        # once it returns).  Let go of it, as its __exit__ would have, so
+        # that another thread can take it (a later test in this process
+        # waited for it for ever).
+        while memory._lock._is_owned():
+            memory._lock.release()
     return False
 
 
@@ -470,4 +479,10 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
             assert memory._free_bytes >= kept_bytes() and kept_bytes() <= limit
         assert unraisable == []
     assert k > 20
+    taken = []  # and another thread takes a block
+    taker = threading.Thread(target=lambda: taken.append(memory.pooled(sizes[0], np.uint8)),
+                             daemon=True)  # (should it wait for ever)
+    taker.start()
+    taker.join(10)
+    assert len(taken) == 1 and taken[0].nbytes == sizes[0]
 
