@@ -573,8 +573,16 @@ def _checked(bad: int, idx: np.ndarray, n: int, where: str) -> None:
         index_out_of_range(where, int(np.ravel(idx)[bad]), n)
 
 
-def _view(x: np.ndarray, axis: int) -> np.ndarray:
-    return np.ascontiguousarray(x).reshape(index_views(x.shape, axis))
+def _view(x: np.ndarray, axis: int, written: bool = False) -> np.ndarray:
+    """x as (outer, n, inner) around `axis`, C-contiguous; read-only unless
+    `written` (Numba compiles a helper once per readonly-ness of each
+    argument: a user's read-only index array and a writable one compiled
+    `_take_along` twice)."""
+    view = np.ascontiguousarray(x).reshape(index_views(x.shape, axis))
+    if not written:
+        view = view.view()
+        view.flags.writeable = False
+    return view
 
 
 def _out_of_range(idx: np.ndarray, n: int) -> int:
@@ -637,8 +645,8 @@ def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray
     """base with values added where np.take_along_axis(base, idx, axis)
     reads, every index checked (`owned` as for `scatter_add`)."""
     out = _own(base, owned)
-    _checked(_scatter_along(_view(out, axis), _view(idx, axis), _view(values, axis)), idx,
-             out.shape[axis], where)
+    bad = _scatter_along(_view(out, axis, written=True), _view(idx, axis), _view(values, axis))
+    _checked(bad, idx, out.shape[axis], where)
     return out
 
 
