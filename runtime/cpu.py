@@ -150,14 +150,15 @@ def c_order(x: np.ndarray) -> np.ndarray:
     (`codegen._read_by_products`: a matrix-vector product's bits depend on
     its operands' layout), unless that copy would be large and larger than
     the memory x spans (a broadcast: its bits are then its own)."""
-    if x.flags.c_contiguous:
-        return x
-    return contiguous(x) if x.nbytes <= max(memory.POOL_MIN, _spanned(x)) else x
+    return x if x.flags.c_contiguous or not _copied_whole(x) else np.ascontiguousarray(x)
 
 
-def _spanned(x: np.ndarray) -> int:
-    """The bytes of memory x's elements lie in."""
-    return x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+def _copied_whole(x: np.ndarray) -> bool:
+    """Whether a C-order copy of x, where one is wanted, is taken: where it
+    is small or no larger than the memory x's elements lie in (not a large
+    broadcast)."""
+    spanned = x.itemsize + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides))
+    return x.nbytes <= max(memory.POOL_MIN, spanned)
 
 
 def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
@@ -165,9 +166,7 @@ def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
     or None where that copy would be large and larger than the memory x
     spans (a broadcast: of a 2**33-row table, 192 GiB, where the driver's
     trips read it as a view)."""
-    if x.flags.c_contiguous or x.nbytes <= max(memory.POOL_MIN, _spanned(x)):
-        return flat(x)
-    return None
+    return flat(x) if x.flags.c_contiguous or _copied_whole(x) else None
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:
