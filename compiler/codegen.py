@@ -864,23 +864,14 @@ class _Driver:
         added_into = frozenset(s.inputs[0] for s in steps
                                if isinstance(s, Eqn) and OPS[s.op].adds_into_first)
         owned = [v in added_into for v in carry_params]
-        trip_body, transposed = _without_invariant_transposes(body, p, steps,
-                                                              self.target.slices_are_views)
         whole = _invariants_read_whole(body, p, steps, self.target.slices_are_views)
-        inner = self.function(trip_body, steps=self.steps(trip_body) if transposed else steps,
-                              small_products=compiled is not None,
+        inner = self.function(body, steps=steps, small_products=compiled is not None,
                               owned=added_into & set(carry_params))
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
         lines += bound_lines
         carried = [f"{pre}c{j}" for j in range(n_carry)]
         _, carried_in, invariants_in, stacked = loop_groups(eqn.inputs, p)
-        outer = dict(zip(loop_groups(body.params, p, lead=1)[2], invariants_in))
-        # (C order: a product's operand is read flat, which copied a view every trip)
-        transposes = [f"{pre}v{j}" for j in range(len(transposed))]
-        lines += [f"{name} = R.reshape(R.flat(R.transpose({ref(outer[e.inputs[0]])}, "
-                  f"{tuple(e.p['perm'])})), {render_shape(e.outputs[0].type.shape)})"
-                  for name, e in zip(transposes, transposed)]
         # An invariant a step reads whole, in C order once, not a copy each
         # trip (`_invariants_read_whole`); none for no trips (a broadcast
         # of more memory than there is, read by none)
@@ -900,7 +891,7 @@ class _Driver:
         order = (f"range({trips} - 1, -1, -1)" if p["reverse"] else f"range({trips})")
         trip_lines = [f"for {pre}t in {order}:"]
         args = [f"R.scalar({pre}start + {pre}t * {pre}step, np.int64)"] + carried
-        args += invariant_refs + transposes
+        args += invariant_refs
         args += [f"R.stack_read({ref(a)}, {pre}t)" for a in stacked]
         y_now = [f"{pre}y{j}" for j in range(len(ys))]
         targets_ = carried + y_now
@@ -936,30 +927,6 @@ class _Driver:
         return lines
 
 
-def _without_invariant_transposes(body: Function, p: dict, steps: list, slices_are_views: bool
-                                  ) -> tuple[Function, list[Eqn]]:
-    """A driver loop's body (as `steps`, the driver's) without its
-    transposes of an invariant that a step reads whole (an RNN's weight, in
-    its backward trip: `d @ w^T`), which the driver takes once before the
-    trips (`_Driver.loop`), each output then a parameter after the
-    invariants; and those equations.  A transpose only sliced (or
-    transposed again) where those are views stays a view each trip: a copy
-    of it whole would cost the whole invariant for a few elements (of a
-    zero-stride one, more memory than there is)."""
-    (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
-    kept = set(invariants)
-    views = _VIEWS if slices_are_views else ()
-    read_whole = {_value(s, a) for s in steps for a in s.inputs
-                  if not isinstance(s, Eqn) or _reads_whole(s, a, views)}
-    transposed = [e for e in body.eqns if e.op == "transpose" and e.inputs[0] in kept
-                  and e.outputs[0] in read_whole]
-    if not transposed:
-        return body, []
-    params = (index, *carry, *invariants, *(e.outputs[0] for e in transposed), *slices)
-    return (Function(body.name, params, tuple(e for e in body.eqns if e not in transposed),
-                     body.outputs), transposed)
-
-
 def _invariants_read_whole(body: Function, p: dict, steps: list, slices_are_views: bool
                            ) -> set[Var]:
     """The invariant parameters of a driver loop's body (as `steps`, the
@@ -973,9 +940,8 @@ def _invariants_read_whole(body: Function, p: dict, steps: list, slices_are_view
     if not slices_are_views:
         return set()
     (_, _, invariants, _) = loop_groups(body.params, p, lead=1)
-    views = _VIEWS
     read = {_value(s, a) for s in steps for a in s.inputs
-            if not isinstance(s, Eqn) or _reads_whole(s, a, views, gathers_in_place=True)}
+            if not isinstance(s, Eqn) or _reads_whole(s, a)}
     return read & set(invariants)
 
 
@@ -984,16 +950,15 @@ def _invariants_read_whole(body: Function, p: dict, steps: list, slices_are_view
 _READ_IN_PLACE = ("take", "take_along_axis")
 
 
-def _reads_whole(eqn: Eqn, a: Var, views: tuple, gathers_in_place: bool = False) -> bool:
-    """Whether `eqn` may copy its input `a` whole (`_without_invariant_
-    transposes`): any step but a view (`views`) may, and with
-    `gathers_in_place` but a gather of its table (`_READ_IN_PLACE`); a
-    loop, where its body's parameter for `a` is carried or a result, or a
-    step of the body reads it so, or the loop runs in a kernel (whose
-    arguments are flat)."""
-    if eqn.op in views:
+def _reads_whole(eqn: Eqn, a: Var) -> bool:
+    """Whether `eqn` may copy its input `a` whole (`_invariants_read_
+    whole`): any step but a view (`_VIEWS`) or a gather of its table
+    (`_READ_IN_PLACE`) may; a loop, where its body's parameter for `a` is
+    carried or a result, or a step of the body reads it so, or the loop
+    runs in a kernel (whose arguments are flat)."""
+    if eqn.op in _VIEWS:
         return False
-    if gathers_in_place and eqn.op in _READ_IN_PLACE and a not in eqn.inputs[1:]:
+    if eqn.op in _READ_IN_PLACE and a not in eqn.inputs[1:]:
         return False
     if eqn.op != "loop" or kernel_loop_shape(eqn) is not None:
         return True
@@ -1003,8 +968,7 @@ def _reads_whole(eqn: Eqn, a: Var, views: tuple, gathers_in_place: bool = False)
     _, _, invariant_params, _ = loop_groups(body.params, p, lead=1)
     if a not in invariants_in:  # carried or stacked: copied or read flat
         return True
-    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v, views,
-                                                                       gathers_in_place)
+    return any(v in body.outputs or any(v in e.inputs and _reads_whole(e, v)
                                         for e in body.eqns)
                for v, x in zip(invariant_params, invariants_in) if x == a)
 
