@@ -131,7 +131,31 @@ def load_kernels(source: str) -> ModuleType:
         module = _modules.get(name)
         if module is None:
             module = _modules[name] = _import_source(name, source)
+            _share_kernels(module)
         return module
+
+
+# A generated kernel's name is a hash of its text (compiler/codegen.py):
+# kernel modules defining one name and reading the same objects under the
+# names it reads (its header's: `math` is libm's under GRADC_LIBM) define
+# one kernel (a program's own module of it and the compiled loop that
+# calls it, which holds its text to stand alone).
+_KERNEL_NAME = re.compile(r"k_[0-9a-f]{16}(_all)?(_serial)?")
+_kernels: dict[tuple, CPUDispatcher] = {}
+
+
+def _share_kernels(module: ModuleType) -> None:
+    """Point `module`'s kernels at the dispatchers of the first module of
+    the cache that defined them, so that each compiles once per process
+    (a loop body's kernels were compiled for the driver's first trips, then
+    again inside the loop's compiled form)."""
+    for name, value in list(vars(module).items()):
+        if isinstance(value, CPUDispatcher) and _KERNEL_NAME.fullmatch(name):
+            reads = value.py_func.__code__.co_names
+            key = (name, tuple(id(vars(module).get(n)) for n in reads))
+            shared = _kernels.setdefault(key, value)
+            if shared is not value:
+                setattr(module, name, shared)
 
 
 def _import_source(name: str, source: str, home: Optional[Path] = None) -> ModuleType:

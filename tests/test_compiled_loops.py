@@ -541,3 +541,35 @@ def test_a_carried_value_made_before_the_trips_is_no_later_trip_s_to_add_into():
     want = np.zeros_like(a)
     np.add.at(want, idx, values)
     np.testing.assert_array_equal(compiled, want)
+
+
+
+def test_programs_whose_loops_run_one_kernel_compile_it_once(monkeypatch):
+    # A loop's compiled form is a module holding the text of each kernel
+    # its trips run (to stand alone), and a program's kernels are one
+    # namespace of its modules: the function's program and its gradient's,
+    # each with a loop module of its own, each compiled the body's kernel
+    # again, and ran their own.
+    from numba.core import compiler
+    compiled: list[tuple[str, str]] = []
+    compile_extra = compiler.compile_extra
+
+    def recording(typingctx, targetctx, func, args, *rest, **kwargs):
+        compiled.append((func.__qualname__, str(args)))
+        return compile_extra(typingctx, targetctx, func, args, *rest, **kwargs)
+    monkeypatch.setattr(compiler, "compile_extra", recording)
+    # a constant of this test's: kernels no cache holds
+    c = 1.0 + np.random.default_rng().uniform()
+    m = dsl.loads(RNN.replace("h @ w", f"h @ w * {c!r}"), "rnn.grad")
+    rng = np.random.default_rng(0)
+    xs, h, w = rng.normal(size=(6, 4)), rng.normal(size=4), rng.normal(size=(4, 4)) / 2
+    value = m.rnn(xs, h, w)
+    first = len(compiled)
+    value_and_grad = dsl.value_and_grad(m.rnn, wrt=(0, 1, 2))
+    driver, hot, trips = driver_and_compiled(value_and_grad, xs, h, w)
+    assert trips == 0  # (the second call ran compiled)
+    assert first and len(compiled) > first
+    assert len(set(compiled)) == len(compiled), sorted(compiled)
+    np.testing.assert_allclose(driver[0], value, rtol=1e-13)
+    assert hot[0].tobytes() == driver[0].tobytes()
+    assert all(g.tobytes() == g0.tobytes() for g, g0 in zip(hot[1], driver[1]))

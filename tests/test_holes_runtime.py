@@ -32,6 +32,7 @@ def fresh_cache(tmp_path, monkeypatch):
     """An empty cache directory, and a process that has loaded no kernels."""
     monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(loader, "_kernels", {})
     monkeypatch.setattr(loader, "_scratch", None, raising=False)
     return tmp_path / "cache"
 
@@ -39,6 +40,7 @@ def fresh_cache(tmp_path, monkeypatch):
 def _forget_kernels(monkeypatch):
     """As if a new process started: kernels are imported again."""
     monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(loader, "_kernels", {})
     for name in [n for n in sys.modules if n.startswith("gradk_")]:
         monkeypatch.delitem(sys.modules, name)
 

@@ -48,6 +48,7 @@ def runs(tmp_path, monkeypatch, shared_kernels) -> list:
 def new_process(monkeypatch) -> None:
     """Forget the loaded kernels, as a new process would not have them."""
     monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(loader, "_kernels", {})
     for name in [n for n in sys.modules if n.startswith("gradk_")]:
         monkeypatch.delitem(sys.modules, name)
 
