@@ -7,7 +7,9 @@ process; Numba's `cache=True` then keeps the machine code beside it, so a
 second process with the same kernels compiles nothing.
 `load_kernel_modules(sources)` loads several such modules (a program's
 kernels, one module each, named by `kernel_module_name`, so that programs
-share them) as one namespace; `load_kernel_files(paths)` does the same
+share them) as one namespace; modules it loads that define a kernel of one
+name (a loop's compiled form holds copies of its body's) share that
+kernel's dispatcher, which compiles once; `load_kernel_files(paths)` does the same
 for kernel modules written beside a compiled module (`gradc compile`),
 each named, and its machine code stamped, by its bytes, so that the
 directory keeps its machine code when moved, copied or installed.
