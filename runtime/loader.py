@@ -141,8 +141,10 @@ def load_kernels(source: str) -> ModuleType:
 # kernel modules defining one name and reading the same objects under the
 # names it reads (its header's: `math` is libm's under GRADC_LIBM) define
 # one kernel (a program's own module of it and the compiled loop that
-# calls it, which holds its text to stand alone).
-_KERNEL_NAME = re.compile(r"k_[0-9a-f]{16}(_all)?(_serial)?")
+# calls it, which holds its text to stand alone).  A full sum's `_all`
+# variants read its `_chunk` (cpu.render_reducing_loop), a name of the
+# module's own until shared.
+_KERNEL_NAME = re.compile(r"k_[0-9a-f]{16}(_chunk|(_all)?(_serial)?)")
 _kernels: dict[tuple, CPUDispatcher] = {}
 
 
@@ -150,8 +152,12 @@ def _share_kernels(module: ModuleType) -> None:
     """Point `module`'s kernels at the dispatchers of the first module of
     the cache that defined them, so that each compiles once per process
     (a loop body's kernels were compiled for the driver's first trips, then
-    again inside the loop's compiled form)."""
-    for name, value in list(vars(module).items()):
+    again inside the loop's compiled form).  The kernels that others read
+    (`_chunk`s) first: a kernel's key holds what its names are bound to
+    once shared."""
+    names = sorted(vars(module), key=lambda name: not name.endswith("_chunk"))
+    for name in names:
+        value = vars(module)[name]
         if isinstance(value, CPUDispatcher) and _KERNEL_NAME.fullmatch(name):
             reads = value.py_func.__code__.co_names
             key = (name, tuple(id(vars(module).get(n)) for n in reads))

@@ -573,3 +573,32 @@ def test_programs_whose_loops_run_one_kernel_compile_it_once(monkeypatch):
     np.testing.assert_allclose(driver[0], value, rtol=1e-13)
     assert hot[0].tobytes() == driver[0].tobytes()
     assert all(g.tobytes() == g0.tobytes() for g, g0 in zip(hot[1], driver[1]))
+
+
+def test_a_full_sum_s_kernels_are_one_in_every_module_defining_them():
+    # A loop's compiled form holds the text of each kernel its trips run,
+    # a full sum's among them, whose `_all` variants call its `_chunk`:
+    # the function's and its gradient's loop modules each compiled the
+    # sum's `_all_serial` and `_chunk` again.  A module reading libm's
+    # `math` (GRADC_LIBM=1) defines kernels of its own.
+    import secrets
+    from gradlang.runtime import loader
+    kname = "k_" + secrets.token_hex(8)  # a kernel no cache holds
+    kernel = cpu.TARGET.render_reducing_loop(kname, ["in0", "out0"], [],
+                                             ["v0 = math.exp(in0[i]) * 0.5"], ["v0"], ["out0"])
+    header = cpu.TARGET.header
+    own = loader.load_kernels(f"{header}\n\n{kernel}")
+    loop = loader.load_kernels(f"{header}\n\n{kernel}\n\ndef l_{kname}():\n    pass\n")
+    libm = loader.load_kernels(f"import math\n{header[header.index(chr(10)) + 1:]}\n\n{kernel}")
+    assert libm.math is not own.math
+    for variant in ("", "_serial", "_chunk", "_all", "_all_serial"):
+        assert getattr(loop, kname + variant) is getattr(own, kname + variant), variant
+        assert getattr(libm, kname + variant) is not getattr(own, kname + variant), variant
+    x = np.random.default_rng(0).normal(size=10_000)
+    sums = []
+    for module in (own, loop):
+        out = np.empty(1)
+        getattr(module, kname + "_all_serial")(x.size, 1, x, out)
+        sums.append(out)
+    np.testing.assert_allclose(sums[0][0], np.exp(x).sum() * 0.5, rtol=1e-13)
+    assert sums[1].tobytes() == sums[0].tobytes()
