@@ -4,7 +4,9 @@ Contract: `load_kernels(source)` writes a kernel module to the cache
 directory under a name derived from its content hash (atomically, so
 concurrent processes never see a torn file) and imports it once per
 process; Numba's `cache=True` then keeps the machine code beside it, so a
-second process with the same kernels compiles nothing.
+second process with the same kernels compiles nothing.  Modules defining
+one kernel share its dispatcher (`_share_kernels`): machine code calling
+another module's kernel loads that module from the cache directory first.
 `load_kernel_modules(sources)` loads several such modules (a program's
 kernels, one module each, named by `kernel_module_name`, so that programs
 share them) as one namespace; modules it loads that define a kernel of one
@@ -306,7 +308,7 @@ def manage_dispatcher(dispatcher: object) -> None:
             for needs, prepare in _LINKED_BY_NAME:
                 if any(needs(f) for f in linked):
                     prepare()
-            return cache._load_overload(sig, target_context)
+            return _load_naming_modules(cache, sig, target_context)
         except Exception as err:  # any failure to read the cache is a miss
             warnings.warn(f"gradc: discarding the unreadable Numba cache of {cache._name} "
                           f"in {cache.cache_path} ({type(err).__name__}: {err}); recompiling",
@@ -321,6 +323,42 @@ def manage_dispatcher(dispatcher: object) -> None:
             _unsaved(cache.cache_path, err)
 
     cache.load_overload, cache.save_overload = load_overload, save_overload
+
+
+def _load_naming_modules(cache: Cache, sig, target_context):
+    """`cache._load_overload(sig, target_context)`, the kernel modules its
+    machine code names loaded first from the kernel cache where this
+    process has not: unpickling it imports, by name, the module of each
+    kernel it calls, which may be another module's than its own (a
+    compiled loop calls the kernels `_share_kernels` gave its module: an
+    earlier process's first module of each, another program's loop's)."""
+    loaded: set[str] = set()
+    while True:
+        try:
+            return cache._load_overload(sig, target_context)
+        except ModuleNotFoundError as err:
+            if err.name in loaded or not _load_cached_module(err.name):
+                raise
+            loaded.add(err.name)
+
+
+def _load_cached_module(name: Optional[str]) -> bool:
+    """Load the kernel module `name` from the kernel cache, where an
+    earlier process wrote it (`load_kernels`); False where it is no kernel
+    module's name or the cache holds no module of that name."""
+    if name is None or not _MODULE_NAME.fullmatch(name):
+        return False
+    try:
+        source = (cache_dir() / "kernels" / f"{name}.py").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if kernel_module_name(source) != name:
+        return False
+    load_kernels(source)
+    return True
+
+
+_MODULE_NAME = re.compile(r"gradk_[0-9a-f]{24}")
 
 
 def _read_prefilled(cache: Cache, function: Callable) -> None:

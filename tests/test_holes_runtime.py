@@ -483,3 +483,32 @@ def test_a_read_only_cache_is_read(fresh_cache, monkeypatch, tmp_path, read_only
             with pytest.warns(RuntimeWarning, match="cannot use the kernel cache"):
                 f = dsl.loads("def quintic(x):\n    return x * x * x * x * x\n").quintic
                 np.testing.assert_allclose(dsl.grad(f)(X), 5 * X ** 4)
+
+
+def test_a_loop_calling_another_module_s_kernel_loads_its_machine_code(fresh_cache, monkeypatch):
+    # Modules defining one kernel share the dispatcher of the first to load
+    # (`loader._share_kernels`): a compiled loop's machine code then calls
+    # another loop module's kernel, and unpickling it imports that module
+    # by name.  A process that had not loaded it (a gradient's loop run
+    # before the function's) discarded the loop's cache with a warning,
+    # purged it and compiled the loop and the kernel again.
+    from numba.core import event
+    from numba.core.environment import Environment
+    from gradlang.runtime import cpu
+    kname = "k_" + hashlib.sha256(str(fresh_cache).encode()).hexdigest()[:16]
+    kernel = cpu.TARGET.render_loop(kname, ["in0", "out0"], [], ["out0[i] = in0[i] * 3.0"])
+    # (as codegen renders a loop's module: its kernels' text, then its function)
+    loops = [f"{cpu.TARGET.header}\n\n{kernel}\n\n" + cpu.TARGET.render_function(
+        f"l_{j}", ["x", "out"], [f"{kname}_serial(x.size, x, out)", "return out"])
+        for j in range(2)]
+    x = np.array([1.0, -2.5, 4.0])
+    first, second = (loader.load_kernels(source) for source in loops)
+    assert getattr(second, kname + "_serial") is getattr(first, kname + "_serial")
+    np.testing.assert_array_equal(second.l_1(x, np.empty(3)), 3 * x)  # compiled and cached
+    _forget_kernels(monkeypatch)
+    monkeypatch.setattr(Environment, "_memo", type(Environment._memo)())
+    second = loader.load_kernels(loops[1])  # (the first not loaded)
+    with event.install_recorder("numba:compile") as compiles, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(second.l_1(x, np.empty(3)), 3 * x)
+    assert compiles.buffer == []
