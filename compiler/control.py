@@ -13,8 +13,10 @@ Contract:
   becomes a closed IR function: the outer values it reads are passed in
   as the loop's invariants; the body's work on invariants alone runs
   before the loop (`compiler.hoisting.hoist_body`), so that autodiff
-  sees it outside.  Names first bound in the body stay local to
-  it; `env` gets the carried values' final values.
+  sees it outside (reading the loop's float values through a guard, where
+  the trips may be none, that passes back no cotangent for none: `_guarded`).
+  Names first bound in the body stay local to it; `env` gets the carried
+  values' final values.
 - `lower_if(lowerer, b, stmt, env)`: a condition known at compile time (a
   `const` argument, a size, `x.ndim`, arithmetic on them) lowers only the
   branch taken; a runtime scalar bool lowers both and selects each name
@@ -73,7 +75,7 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
     # (before autodiff sees it: the moved work's VJP then runs once, after the trips)
     moved, body, invariants = hoist_body(body, {"n_carry": len(carried),
                                                 "n_inv": len(invariants)}, invariants)
-    b.eqns += moved
+    b.eqns += _guarded(b, moved, (start, stop, step), stmt.span)
     if lw.checkpoint is not None:
         results = _segments(b, (start, stop, step), inits, invariants, body, lw.checkpoint,
                             stmt.span)
@@ -82,6 +84,44 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
                                span=stmt.span, body=body, n_carry=len(carried),
                                n_inv=len(invariants), trip=trip, reverse=False)
     env.update(zip(carried, results))
+
+
+def _guarded(b: Builder, moved: list[Eqn], bounds: Sequence[Atom], span: Span) -> list[Eqn]:
+    """The work moved before a loop (`moved`), reading each float value of
+    the loop's (not made by that work) as `where(runs, x, 0)`, bound in
+    `b`, where the loop's trip count may be zero: x where the loop reads
+    what the work makes, and a loop of no trips passes no cotangent back
+    through the work.  Its VJP runs once whatever the trips, on a zero
+    cotangent for none, and 0 * inf is NaN: log(w)'s slope at w = 0, which
+    the loop as written never computes.  (Not stop_gradient(x) for the 0:
+    a grad block must stay linear in its cotangents, `compiler.linearity`.)"""
+    start, stop, step = bounds
+    if not moved or (all(isinstance(a, Lit) for a in bounds)
+                     and len(range(*(a.value for a in bounds))) > 0):
+        return moved
+    runs = _runs(b, start, stop, step, span)
+    made = {o for e in moved for o in e.outputs}
+    through: dict[Var, Var] = {}
+
+    def guard(a: Atom) -> Atom:
+        if not isinstance(a, Var) or a in made or a.type.dtype not in FLOATS:
+            return a
+        if a not in through:
+            through[a] = b.bind("where", runs, a, b.lit(0, a.type.dtype), span=span)
+        return through[a]
+
+    return [Eqn(e.op, tuple(guard(a) for a in e.inputs), e.outputs, e.params, e.span)
+            for e in moved]
+
+
+def _runs(b: Builder, start: Atom, stop: Atom, step: Atom, span: Span) -> Atom:
+    """Whether `range(start, stop, step)` has a trip, as a bool scalar."""
+    if isinstance(step, Lit):
+        return b.bind("lt" if step.value > 0 else "gt", start, stop, span=span)
+    zero = Lit(0, INDEX)
+    up = b.bind("logical_and", b.bind("gt", step, zero), b.bind("lt", start, stop))
+    down = b.bind("logical_and", b.bind("lt", step, zero), b.bind("gt", start, stop))
+    return b.bind("logical_or", up, down, span=span)
 
 
 def _lower_body(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value],

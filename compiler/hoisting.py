@@ -26,7 +26,9 @@ an outer product), which a loop of no trips never allocates.
 `lower_for` runs `hoist_body` on each loop as it lowers it, so that
 autodiff sees the moved work outside (the cotangent of a moved value is
 summed over the trips by the loop's VJP, then the moved equation's VJP
-runs once); the IR passes (`compiler.pipeline.IR_PASSES`) run
+runs once; `control._guarded` keeps a loop of no trips from passing back
+through it the NaN its VJP makes of a zero cotangent times an infinite
+slope, log(w)'s at w = 0); the IR passes (`compiler.pipeline.IR_PASSES`) run
 `hoist_invariants`, for the loops autodiff and vmap make.  `ENABLED`
 switches both off (for a test to compare the bits of a loop as it was;
 the program store does not key on it: tests build with GRADC_VERIFY, which

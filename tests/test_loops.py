@@ -1080,7 +1080,10 @@ def test_nested_loops_move_invariant_work_as_far_out_as_it_goes():
     args = [rng.normal(size=(3, 4)), rng.normal(size=4), rng.normal(size=(4, 4)) / 2]
     ir = m.f.ir(*args)
     (outer,) = _loops_of(ir)
-    assert [e.op for e in ir.eqns if e.inputs == (ir.params[2],)] == ["reduce_sum"]
+    # (of w as `where(the loop runs, w, 0)`: xs may have no rows, `control._guarded`)
+    (guard,) = [e for e in ir.eqns if ir.params[2] in e.inputs]
+    assert guard.op == "where"
+    assert [e.op for e in ir.eqns if e.inputs == guard.outputs] == ["reduce_sum"]
     (inner,) = _loops_of(outer.p["body"])
     assert [e.op for e in outer.p["body"].eqns] == ["tanh", "loop"]
     assert [e.op for e in inner.p["body"].eqns] == ["mul", "add", "tanh"]
@@ -1093,3 +1096,36 @@ def test_nested_loops_move_invariant_work_as_far_out_as_it_goes():
     np.testing.assert_allclose(m.f(*args), nested(*args), rtol=1e-14)
     for k, g in enumerate(dsl.grad(m.f, wrt=(0, 1, 2))(*args)):
         np.testing.assert_allclose(g, central_difference(nested, args, k), rtol=1e-7, atol=1e-9)
+
+
+
+ZERO_TRIP_WORK = """
+def f(w, x, n: i64, c: i64):
+    s = x
+    for i in range(n):
+        s = s + log(w) * x
+    for i in range(n, 0, c):
+        s = s + sqrt(w - 0.5)
+    return sum(s)
+"""
+
+
+def test_work_moved_before_a_loop_of_no_trips_passes_no_cotangent_back():
+    # log(w) * x and sqrt(w - 0.5) run before their loops, so their VJPs
+    # run once whatever the trips: for none, on a zero cotangent, and 0 *
+    # inf (log's slope at w = 0, x's factor log(0), sqrt's slope at 0) is
+    # NaN, where the loops as written never compute them (the second's
+    # step is known only at run time: range(2, 0, 1) has no trips)
+    m = dsl.loads(ZERO_TRIP_WORK, "zero_trip_work.grad")
+    grad = dsl.grad(m.f, wrt=(0, 1))
+    x = np.array([1.0, 0.5])
+    for c in (1, -1):
+        for g, expected in zip(grad(np.array([0.0, 0.5]), x, 0, c), ([0, 0], [1, 1])):
+            np.testing.assert_array_equal(g, expected)
+    w = np.array([0.5, 2.0])
+    gw, gx = grad(w, x, 2, 1)  # two trips of the first loop, none of the second
+    np.testing.assert_allclose(gw, 2 * x / w, rtol=1e-15)
+    np.testing.assert_allclose(gx, 1 + 2 * np.log(w), rtol=1e-15)
+    gw, gx = grad(w + 0.5, x, 2, -1)  # two trips each
+    np.testing.assert_allclose(gw, 2 * x / (w + 0.5) + 1 / np.sqrt(w), rtol=1e-15)
+    np.testing.assert_allclose(gx, 1 + 2 * np.log(w + 0.5), rtol=1e-15)
