@@ -1107,6 +1107,14 @@ def f(w, x, n: i64, c: i64):
     for i in range(n, 0, c):
         s = s + sqrt(w - 0.5)
     return sum(s)
+
+def block(w, n: i64):
+    return w * 1.0
+grad(g):
+    d = g * 0.0
+    for i in range(n):
+        d = d + log(w) * g
+    return d
 """
 
 
@@ -1129,3 +1137,8 @@ def test_work_moved_before_a_loop_of_no_trips_passes_no_cotangent_back():
     gw, gx = grad(w + 0.5, x, 2, -1)  # two trips each
     np.testing.assert_allclose(gw, 2 * x / (w + 0.5) + 1 / np.sqrt(w), rtol=1e-15)
     np.testing.assert_allclose(gx, 1 + 2 * np.log(w + 0.5), rtol=1e-15)
+    # a grad block's loop too (the guard keeps the block linear in g): its
+    # gradient, n log(w), differentiated again is n / w
+    second = dsl.grad(dsl.grad(m.block))
+    np.testing.assert_array_equal(second(np.array([0.0, 2.0]), 0), [0, 0])
+    np.testing.assert_allclose(second(w, 3), 3 / w, rtol=1e-15)
