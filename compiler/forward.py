@@ -125,13 +125,18 @@ def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[At
 def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
               in_tangents: Sequence[Optional[Atom]]) -> tuple[list[Atom], list[Atom]]:
     """A loop that also carries the tangents of its float carried values
-    (and reads those of its float invariants and stacked inputs, stacking
-    those of its stacked outputs); its body is the JVP of the loop's body.
-    Returns the loop's results and their tangents."""
+    (and reads those of its invariants and stacked inputs that have one,
+    stacking those of its stacked outputs); its body is the JVP of the
+    loop's body.  Returns the loop's results and their tangents."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     groups = ops.loop_groups(range(len(inputs)), p)[1:]
-    floats = [[k for k in group if inputs[k].type.is_float] for group in groups]
+    # every float carried value has a tangent (a trip may make it depend on
+    # one that has); an invariant or stacked input only where it has one:
+    # a zero tangent made for it was a NaN through an infinite slope (0 *
+    # inf: log(w)'s at w = 0) and work every trip (h @ 0 for a weight)
+    floats = [[k for k in group if inputs[k].type.is_float
+               and (g == 0 or in_tangents[k] is not None)] for g, group in enumerate(groups)]
     # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
     wrt = [k - 2 for group in floats for k in group]
     inner = jvp(body, wrt)

@@ -724,3 +724,28 @@ def test_a_jacobian_whose_integer_argument_gives_a_size_runs_for_its_value():
             expected = np.zeros((n, 3))
             expected[ids, np.arange(3)] = 2 * v
             np.testing.assert_array_equal(transform(m.pooled)(v, ids, np.array(n)), expected)
+
+
+def test_a_loop_s_jvp_takes_no_tangent_for_an_invariant_that_has_none(monkeypatch):
+    # Kept in the body (as work on an invariant is where it cannot move;
+    # hoisting off here), log(w) took a zero tangent made for w, which has
+    # none: 0 * inf = NaN at w = 0, where the straight-line function's
+    # tangent along x is 2 log(w) t = -inf; and every trip did that work.
+    from gradlang.compiler import hoisting
+    monkeypatch.setattr(hoisting, "ENABLED", False)
+    m = dsl.loads("def looped(x, w):\n    s = x * 0.0\n    for i in range(2):\n"
+                  "        s = s + log(w) * x\n    return s\n\n"
+                  "def straight(x, w):\n    return log(w) * x + log(w) * x\n", "inv.grad")
+    x, t = np.array([1.0, 2.0, -1.5]), np.array([1.0, 0.5, 2.0])
+    for w in (np.array([0.0, 1.0, 0.25]), np.array([0.5, 2.0, 3.0])):
+        expected = 2 * np.log(w) * t
+        for f in (m.looped, m.straight):
+            value, tangent = dsl.jvp(f, (x, w), (t, None))
+            np.testing.assert_allclose(value, 2 * np.log(w) * x, rtol=1e-15)
+            np.testing.assert_allclose(tangent, expected, rtol=1e-15)
+    # along w too, at a regular point, against central differences
+    tw = np.array([0.3, -1.0, 2.0])
+    _, tangent = dsl.jvp(m.looped, (x, w), (t, tw))
+    eps = 1e-6
+    differences = (m.looped(x + eps * t, w + eps * tw) - m.looped(x - eps * t, w - eps * tw)) / (2 * eps)
+    np.testing.assert_allclose(tangent, differences, rtol=1e-7)
