@@ -5,13 +5,13 @@ directory under a name derived from its content hash (atomically, so
 concurrent processes never see a torn file) and imports it once per
 process; Numba's `cache=True` then keeps the machine code beside it, so a
 second process with the same kernels compiles nothing.  Modules defining
-one kernel share its dispatcher (`_share_kernels`): machine code calling
-another module's kernel loads that module from the cache directory first.
+one kernel (a loop's compiled form holds copies of its body's) share its
+dispatcher, which compiles once per process (`_share_kernels`); machine
+code calling another module's kernel loads that module from the cache
+directory first.
 `load_kernel_modules(sources)` loads several such modules (a program's
 kernels, one module each, named by `kernel_module_name`, so that programs
-share them) as one namespace; modules it loads that define a kernel of one
-name (a loop's compiled form holds copies of its body's) share that
-kernel's dispatcher, which compiles once; `load_kernel_files(paths)` does the same
+share them) as one namespace; `load_kernel_files(paths)` does the same
 for kernel modules written beside a compiled module (`gradc compile`),
 each named, and its machine code stamped, by its bytes, so that the
 directory keeps its machine code when moved, copied or installed.
