@@ -125,18 +125,19 @@ def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[At
 def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
               in_tangents: Sequence[Optional[Atom]]) -> tuple[list[Atom], list[Atom]]:
     """A loop that also carries the tangents of its float carried values
-    (and reads those of its invariants and stacked inputs that have one,
-    stacking those of its stacked outputs); its body is the JVP of the
+    that have one or that a trip makes active (`_active_inputs`), and
+    reads those of its invariants and stacked inputs that have one,
+    stacking those of its stacked outputs; its body is the JVP of the
     loop's body.  Returns the loop's results and their tangents."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     groups = ops.loop_groups(range(len(inputs)), p)[1:]
-    # every float carried value has a tangent (a trip may make it depend on
-    # one that has); an invariant or stacked input only where it has one:
-    # a zero tangent made for it was a NaN through an infinite slope (0 *
-    # inf: log(w)'s at w = 0) and work every trip (h @ 0 for a weight)
-    floats = [[k for k in group if inputs[k].type.is_float
-               and (g == 0 or in_tangents[k] is not None)] for g, group in enumerate(groups)]
+    # a value takes a tangent only where it has one, or (a carried value)
+    # where a trip can give it one: a zero tangent made for one that stays
+    # without was a NaN through an infinite slope (0 * inf: log(w)'s or
+    # sqrt(w)'s at w = 0) and work every trip (h @ 0 for a weight)
+    active = _active_inputs(body, n_carry, [t is not None for t in in_tangents])
+    floats = [[k for k in group if inputs[k].type.is_float and active[k]] for group in groups]
     # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
     wrt = [k - 2 for group in floats for k in group]
     inner = jvp(body, wrt)
@@ -168,6 +169,35 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     t_of = dict(zip(floats[0], outs[n_carry:n_c]))
     out_tangents = [t_of.get(3 + j) for j in range(n_carry)] + list(outs[n_c + len(ys_t):])
     return list(outs[:n_carry]) + list(outs[n_c:n_c + len(ys_t)]), out_tangents
+
+
+def _active_inputs(body: Function, n_carry: int, has: Sequence[bool]) -> list[bool]:
+    """By loop input (bounds first): whether it takes a tangent in the
+    loop's JVP: it has one (`has`), or it is a carried value that a trip
+    makes depend, through differentiable ops, on one that takes one (to a
+    fixed point: a value may become active a trip after another).  A
+    superset of where `jvp(body, ...)` makes a tangent (a loop or call in
+    the body counts all its outputs active when one input is), so no
+    tangent is dropped."""
+    active = list(has)
+    while True:
+        # body parameter k - 2 is the loop's input k (parameter 0 is the index)
+        reached = _depends_differentiably(body, [False] + active[3:])
+        grown = [a or (3 <= k < 3 + n_carry and reached[k - 3]) for k, a in enumerate(active)]
+        if grown == active:
+            return active
+        active = grown
+
+
+def _depends_differentiably(fn: Function, flags: Sequence[bool]) -> list[bool]:
+    """Which of fn's outputs are float values that depend, through
+    differentiable ops only, on its parameters flagged."""
+    depends = {p for p, f in zip(fn.params, flags) if f and p.type.is_float}
+    for eqn in fn.eqns:
+        if ops.OPS[eqn.op].differentiable and any(isinstance(a, Var) and a in depends
+                                                  for a in eqn.inputs):
+            depends.update(o for o in eqn.outputs if o.type.is_float)
+    return [isinstance(o, Var) and o in depends for o in fn.outputs]
 
 
 def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[Atom],
