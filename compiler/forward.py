@@ -137,6 +137,10 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     # without was a NaN through an infinite slope (0 * inf: log(w)'s or
     # sqrt(w)'s at w = 0) and work every trip (h @ 0 for a weight)
     active = _active_inputs(body, n_carry, [t is not None for t in in_tangents])
+    # and a stacked output only where it depends on one that takes one: a
+    # stack of zero tangents was read by a later loop (a backward loop
+    # reading the states its forward loop stacked) as if it had tangents
+    ys_active = _depends_differentiably(body, [False] + active[3:])[n_carry:]
     floats = [[k for k in group if inputs[k].type.is_float and active[k]] for group in groups]
     # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
     wrt = [k - 2 for group in floats for k in group]
@@ -153,7 +157,7 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     n_out = len(body.outputs)
     values, tangents = results[:n_out], results[n_out:]
     carried_t = [tangents[k - 3] for k in floats[0]]
-    ys_t = tangents[n_carry:]
+    ys_t = [t for t, a in zip(tangents[n_carry:], ys_active) if a]
     order = [index] + [params[k] for k in groups[0]] + [t_params[k] for k in floats[0]] \
         + [params[k] for k in groups[1]] + [t_params[k] for k in floats[1]] \
         + [params[k] for k in groups[2]] + [t_params[k] for k in floats[2]]
@@ -167,8 +171,11 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
                            "n_inv": n_inv + len(floats[1])})
     n_c = n_carry + len(floats[0])
     t_of = dict(zip(floats[0], outs[n_carry:n_c]))
-    out_tangents = [t_of.get(3 + j) for j in range(n_carry)] + list(outs[n_c + len(ys_t):])
-    return list(outs[:n_carry]) + list(outs[n_c:n_c + len(ys_t)]), out_tangents
+    n_ys = len(body.outputs) - n_carry
+    stacked_t = iter(outs[n_c + n_ys:])
+    out_tangents = [t_of.get(3 + j) for j in range(n_carry)] \
+        + [next(stacked_t) if a else None for a in ys_active]
+    return list(outs[:n_carry]) + list(outs[n_c:n_c + n_ys]), out_tangents
 
 
 def _active_inputs(body: Function, n_carry: int, has: Sequence[bool]) -> list[bool]:

@@ -774,3 +774,40 @@ def test_a_loop_s_jvp_takes_no_tangent_for_a_carried_value_no_trip_makes_active(
     _, tangent = dsl.jvp(m.looped, (x, w, n), (t, None, None))
     differences = (m.looped(x + eps * t, w, n) - m.looped(x - eps * t, w, n)) / (2 * eps)
     np.testing.assert_allclose(tangent, differences, rtol=1e-7)
+
+
+SQRT_OF_HALVED = """\
+def plain(x, w, n: i64):
+    a = w
+    for i in range(n):
+        w = w * 0.5
+        a = sin(a) * x + sqrt(w) * a
+    return sum(a * a)
+
+@recompute(every=2)
+def checkpointed(x, w, n: i64):
+    a = w
+    for i in range(n):
+        w = w * 0.5
+        a = sin(a) * x + sqrt(w) * a
+    return sum(a * a)
+"""
+
+
+@pytest.mark.parametrize("name", ["plain"])
+def test_forward_over_reverse_of_a_loop_gives_no_tangent_to_states_it_stacks_without_one(name):
+    # The loop's forward pass stacks w for the backward loop (plain: per
+    # trip; checkpointed: per segment, the segment's inner loop passing it
+    # along); w never depends on x, so its stack takes no tangent.  A stack
+    # of zero tangents, or w's in the segments counted active, was read
+    # through sqrt(w)'s slope at w = 0 in the backward loop: 0 * inf = NaN,
+    # where the Hessian-vector product along x is 0 (a stays 0).
+    f = getattr(dsl.loads(SQRT_OF_HALVED, "halved.grad"), name)
+    x, t, n = np.array([0.3, -0.7, 1.1]), np.array([1.0, 0.5, 2.0]), np.array(3)
+    gradient = dsl.grad(f, wrt=0)
+    for w in (np.array([0.0, 1.0, 0.25]), np.array([0.5, 2.0, 3.0])):
+        _, tangent = dsl.jvp(gradient, (x, w, n), (t, None, None))
+        eps = 1e-6
+        differences = (gradient(x + eps * t, w, n) - gradient(x - eps * t, w, n)) / (2 * eps)
+        assert tangent[0] == 0 or w[0] != 0
+        np.testing.assert_allclose(tangent, differences, rtol=1e-7, atol=1e-9)
