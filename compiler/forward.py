@@ -198,13 +198,28 @@ def _active_inputs(body: Function, n_carry: int, has: Sequence[bool]) -> list[bo
 
 def _depends_differentiably(fn: Function, flags: Sequence[bool]) -> list[bool]:
     """Which of fn's outputs are float values that depend, through
-    differentiable ops only, on its parameters flagged."""
+    differentiable ops only, on its parameters flagged.  A nested loop's
+    outputs are those its JVP gives tangents (`_loop_outputs_active`):
+    counting them all let a carried value that a segment's inner loop
+    only passes along (`@recompute(every=k)`) take a zero tangent."""
     depends = {p for p, f in zip(fn.params, flags) if f and p.type.is_float}
     for eqn in fn.eqns:
-        if ops.OPS[eqn.op].differentiable and any(isinstance(a, Var) and a in depends
-                                                  for a in eqn.inputs):
-            depends.update(o for o in eqn.outputs if o.type.is_float)
+        has = [isinstance(a, Var) and a in depends for a in eqn.inputs]
+        if not ops.OPS[eqn.op].differentiable or not any(has):
+            continue
+        reached = _loop_outputs_active(eqn, has) if eqn.op == "loop" else \
+            [True] * len(eqn.outputs)
+        depends.update(o for o, r in zip(eqn.outputs, reached) if r and o.type.is_float)
     return [isinstance(o, Var) and o in depends for o in fn.outputs]
+
+
+def _loop_outputs_active(eqn: Eqn, has: Sequence[bool]) -> list[bool]:
+    """Which of a loop's outputs take a tangent in its JVP (`_loop_jvp`),
+    given which of its inputs have one."""
+    body, n_carry = eqn.p["body"], eqn.p["n_carry"]
+    active = _active_inputs(body, n_carry, has)
+    ys = _depends_differentiably(body, [False] + active[3:])[n_carry:]
+    return [a and eqn.inputs[k].type.is_float for k, a in enumerate(active[3:3 + n_carry], 3)] + ys
 
 
 def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[Atom],

@@ -794,7 +794,7 @@ def checkpointed(x, w, n: i64):
 """
 
 
-@pytest.mark.parametrize("name", ["plain"])
+@pytest.mark.parametrize("name", ["plain", "checkpointed"])
 def test_forward_over_reverse_of_a_loop_gives_no_tangent_to_states_it_stacks_without_one(name):
     # The loop's forward pass stacks w for the backward loop (plain: per
     # trip; checkpointed: per segment, the segment's inner loop passing it
