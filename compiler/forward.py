@@ -24,8 +24,10 @@ nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
 where-mask (where it may be nonzero) through the elementwise ops after
 it, which re-select by it, so `sqrt(where(x > 0, x, 0))` (or of
 `maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN.  A
-`loop`'s JVP is a loop that also carries its carried values' tangents,
-with the JVP of its body as its body (`_loop_jvp`).  Only float values
+`loop`'s JVP is a loop that also carries its carried values' tangents
+(those that have one or become active), with the JVP of its body as its
+body, into which the where-masks of its inputs' tangents go where every
+trip keeps them (`_loop_jvp`).  Only float values
 carry tangents.
 """
 from __future__ import annotations
@@ -35,18 +37,29 @@ from typing import Optional, Sequence
 from gradlang.compiler import ops
 from gradlang.compiler.autodiff import call_forward, materialized
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.ir import Atom, Eqn, Function, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
 from gradlang.compiler.linearity import transpose, transpose_eqns
 
 
 def jvp(fn: Function, wrt: Sequence[int]) -> Function:
+    return _jvp(fn, wrt, {})[0]
+
+
+def _jvp(fn: Function, wrt: Sequence[int], masked: dict[int, TensorType]
+         ) -> tuple[Function, list[frozenset[int]]]:
+    """`jvp`, where the tangent of parameter j (in wrt) has a where-mask
+    for each j in `masked` (of that type; a parameter after the tangents,
+    in order of j): a loop's body (`_loop_jvp`).  Also returns, by output,
+    the j whose masks its tangent's lies within (zero wherever j's is)."""
     b = Builder()
     params = [Var(v.type, v.hint) for v in fn.params]
     tangents_in = [Var(params[i].type, f"t_{params[i].hint}") for i in wrt]
     env: dict[Var, Atom] = dict(zip(fn.params, params))
     tangents: dict[Var, Atom] = {params[i]: t for i, t in zip(wrt, tangents_in)
                                  if t.type.is_float}
-    masks: dict[Var, Var] = {}  # a tangent's where-mask, where it has one
+    mask_params = {j: Var(masked[j], "mask") for j in sorted(masked)}
+    # a tangent's where-mask, where it has one
+    masks: dict[Var, Var] = {params[j]: m for j, m in mask_params.items()}
 
     def sub(a: Atom) -> Atom:
         return env.get(a, a) if isinstance(a, Var) else a
@@ -57,7 +70,10 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
         op = ops.OPS[eqn.op]
         active = op.differentiable and any(t is not None for t in in_tangents)
         if op.kind == "loop" and active:
-            outs, out_tangents = _loop_jvp(b, eqn, inputs, in_tangents)
+            outs, out_tangents, out_masks = _loop_jvp(
+                b, eqn, inputs, in_tangents,
+                [masks.get(a) if isinstance(a, Var) else None for a in inputs])
+            masks.update((o, m) for o, m in zip(outs, out_masks) if m is not None)
         elif op.kind == "call":
             outs, residuals = call_forward(b, eqn, inputs)
             out_tangents = _call_jvp(b, eqn, inputs, residuals, in_tangents) if active else []
@@ -80,7 +96,26 @@ def jvp(fn: Function, wrt: Sequence[int]) -> Function:
     out_tangents = [tangents.get(o) if isinstance(o, Var) else None for o in outputs]
     out_tangents = [t if t is not None else ops.zeros_like(b, o.type)
                     for t, o in zip(out_tangents, outputs)]
-    return b.function(f"{fn.name}_jvp", params + tangents_in, outputs + out_tangents)
+    made = {e.out: e for e in b.eqns if e.op in ("logical_and", "logical_or")}
+    out_masks = [frozenset(j for j, m in mask_params.items()
+                           if isinstance(o, Var) and _within(masks.get(o), m, made))
+                 for o in outputs]
+    return (b.function(f"{fn.name}_jvp", params + tangents_in + list(mask_params.values()),
+                       outputs + out_tangents), out_masks)
+
+
+def _within(mask: Optional[Var], m: Var, made: dict[Var, Eqn]) -> bool:
+    """Whether where-mask `mask` is false wherever m is: it is m, m and
+    something (a `where` taken under it), or either of two such."""
+    if mask is None:
+        return False
+    if mask is m:
+        return True
+    eqn = made.get(mask)
+    if eqn is None:
+        return False
+    inside = [isinstance(a, Var) and _within(a, m, made) for a in eqn.inputs]
+    return any(inside) if eqn.op == "logical_and" else all(inside)
 
 
 def _mask_of(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
@@ -123,12 +158,18 @@ def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[At
 
 
 def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
-              in_tangents: Sequence[Optional[Atom]]) -> tuple[list[Atom], list[Atom]]:
+              in_tangents: Sequence[Optional[Atom]], in_masks: Sequence[Optional[Var]]
+              ) -> tuple[list[Atom], list[Optional[Atom]], list[Optional[Var]]]:
     """A loop that also carries the tangents of its float carried values
     that have one or that a trip makes active (`_active_inputs`), and
     reads those of its invariants and stacked inputs that have one,
     stacking those of its stacked outputs; its body is the JVP of the
-    loop's body.  Returns the loop's results and their tangents."""
+    loop's body.  A tangent's where-mask (`in_masks`) enters the body as
+    an invariant, for an invariant, and for a carried value whose
+    tangent every trip keeps under it (its tangent after the loop keeps
+    it too): else sqrt of a carried where(x > 0, x, 0) in the body was
+    0 * inf = NaN at x <= 0, where reverse mode (and straight-line forward
+    mode) gives 0.  Returns the loop's results, their tangents and masks."""
     p = eqn.p
     body, n_carry, n_inv = p["body"], p["n_carry"], p["n_inv"]
     groups = ops.loop_groups(range(len(inputs)), p)[1:]
@@ -144,7 +185,15 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     floats = [[k for k in group if inputs[k].type.is_float and active[k]] for group in groups]
     # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
     wrt = [k - 2 for group in floats for k in group]
-    inner = jvp(body, wrt)
+    masked = {k: in_masks[k] for k in floats[0] + floats[1]
+              if in_masks[k] is not None and in_tangents[k] is not None}
+    while True:  # to the carried values whose masks every trip keeps
+        inner, out_masks = _jvp(body, wrt, {k - 2: m.type for k, m in masked.items()})
+        kept = {k: m for k, m in masked.items() if k not in floats[0] or k - 2 in out_masks[k - 3]}
+        if kept == masked:
+            break
+        masked = kept
+    mask_of = {k: Var(m.type, "mask") for k, m in sorted(masked.items())}
     tangent = {k: in_tangents[k] if in_tangents[k] is not None
                else ops.zeros_like(b, inputs[k].type) for group in floats for k in group}
     bb = Builder()
@@ -153,29 +202,31 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
                      body.params[k - 2].hint) for k in range(3, len(inputs))}
     t_params = {k: Var(params[k].type, "t") for group in floats for k in group}
     results = inline(bb, inner, [index] + [params[k] for k in range(3, len(inputs))]
-                     + [t_params[k] for group in floats for k in group])
+                     + [t_params[k] for group in floats for k in group] + list(mask_of.values()))
     n_out = len(body.outputs)
     values, tangents = results[:n_out], results[n_out:]
     carried_t = [tangents[k - 3] for k in floats[0]]
     ys_t = [t for t, a in zip(tangents[n_carry:], ys_active) if a]
     order = [index] + [params[k] for k in groups[0]] + [t_params[k] for k in floats[0]] \
         + [params[k] for k in groups[1]] + [t_params[k] for k in floats[1]] \
-        + [params[k] for k in groups[2]] + [t_params[k] for k in floats[2]]
+        + list(mask_of.values()) + [params[k] for k in groups[2]] + [t_params[k] for k in floats[2]]
     stepped = bb.function(f"{body.name}_jvp", order,
                           values[:n_carry] + carried_t + values[n_carry:] + ys_t)
     outs = b.bind_multi("loop", *inputs[:3], *[inputs[k] for k in groups[0]],
                         *[tangent[k] for k in floats[0]], *[inputs[k] for k in groups[1]],
-                        *[tangent[k] for k in floats[1]], *[inputs[k] for k in groups[2]],
+                        *[tangent[k] for k in floats[1]], *[masked[k] for k in mask_of],
+                        *[inputs[k] for k in groups[2]],
                         *[tangent[k] for k in floats[2]], span=eqn.span,
                         **{**p, "body": stepped, "n_carry": n_carry + len(floats[0]),
-                           "n_inv": n_inv + len(floats[1])})
+                           "n_inv": n_inv + len(floats[1]) + len(mask_of)})
     n_c = n_carry + len(floats[0])
     t_of = dict(zip(floats[0], outs[n_carry:n_c]))
     n_ys = len(body.outputs) - n_carry
     stacked_t = iter(outs[n_c + n_ys:])
     out_tangents = [t_of.get(3 + j) for j in range(n_carry)] \
         + [next(stacked_t) if a else None for a in ys_active]
-    return list(outs[:n_carry]) + list(outs[n_c:n_c + n_ys]), out_tangents
+    masks = [masked.get(3 + j) for j in range(n_carry)] + [None] * n_ys
+    return list(outs[:n_carry]) + list(outs[n_c:n_c + n_ys]), out_tangents, masks
 
 
 def _active_inputs(body: Function, n_carry: int, has: Sequence[bool]) -> list[bool]:

@@ -760,7 +760,8 @@ def test_a_loop_s_jvp_takes_no_tangent_for_a_carried_value_no_trip_makes_active(
     m = dsl.loads("def looped(x, w, n: i64):\n    s = x * 0.0\n    a = w\n    b = w * 0.0\n"
                   "    for i in range(n):\n        s = s + sqrt(w) * x + b\n        b = a * w\n"
                   "        a = a + x\n        w = w * 0.5\n    return s + sqrt(w)\n\n"
-                  "def straight(x, w):\n    return sqrt(w) * x + sqrt(w * 0.5) * x + w * w + sqrt(w * 0.25)\n",
+                  "def straight(x, w):\n"
+                  "    return sqrt(w) * x + sqrt(w * 0.5) * x + w * w + sqrt(w * 0.25)\n",
                   "carried.grad")
     x, t = np.array([1.0, 2.0, -1.5]), np.array([1.0, 0.5, 2.0])
     for w in (np.array([0.0, 1.0, 0.25]), np.array([0.5, 2.0, 3.0])):
@@ -811,3 +812,25 @@ def test_forward_over_reverse_of_a_loop_gives_no_tangent_to_states_it_stacks_wit
         differences = (gradient(x + eps * t, w, n) - gradient(x - eps * t, w, n)) / (2 * eps)
         assert tangent[0] == 0 or w[0] != 0
         np.testing.assert_allclose(tangent, differences, rtol=1e-7, atol=1e-9)
+
+
+def test_a_where_mask_enters_a_loop_that_keeps_it():
+    # y = where(x > 0, x, 0) is carried: the tangent of sqrt(y) in the body
+    # (and after the loop, even for no trips) was 0 * inf = NaN at x <= 0,
+    # where the straight-line jvp and reverse mode give 0.  In `kept`, a
+    # where in the body narrows the mask (still within the first).
+    m = dsl.loads("def halved(x, n: i64):\n    y = where(x > 0, x, 0.0)\n    s = x * 0.0\n"
+                  "    for i in range(n):\n        y = y * 0.5\n        s = s + sqrt(y)\n"
+                  "    return s + sqrt(y)\n\n"
+                  "def kept(x, n: i64):\n    y = where(x > 0, x, 0.0)\n    s = x * 0.0\n"
+                  "    for i in range(n):\n        y = where(y > 0.5, y * 0.5, y)\n"
+                  "        s = s + sqrt(y)\n    return s\n", "masked.grad")
+    x, t = np.array([-1.0, 0.0, 2.0, 0.7]), np.array([1.0, 0.5, -2.0, 0.3])
+    # halved: sqrt(x / 2) + 2 sqrt(x / 4); kept: at 2, sqrt(x / 2) + sqrt(x / 4);
+    # at 0.7, 2 sqrt(x / 2)
+    root = np.sqrt(np.maximum(x, 1e-300))
+    expected = {("halved", 2): (1 / np.sqrt(2) + 1) / (2 * root), ("halved", 0): 1 / (2 * root),
+                ("kept", 2): np.array([0.0, 0.0, 1 / 4 + 1 / (8 * np.sqrt(0.5)), 1 / np.sqrt(1.4)])}
+    for (name, n), slope in expected.items():
+        _, tangent = dsl.jvp(getattr(m, name), (x, np.array(n)), (t, None))
+        np.testing.assert_allclose(tangent, np.where(x > 0, slope, 0) * t, rtol=1e-14)
