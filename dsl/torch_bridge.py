@@ -440,12 +440,21 @@ def _operations() -> tuple:
         # torch checks the inputs are not modified in place
         ctx.save_for_backward(*inputs[1:], *residuals)
         ctx.save_for_forward(*inputs[1:])
+        # a tensor without a tangent reaches `jvp` as None, not as zeros: a
+        # zero tangent taken as given is 0 * inf = NaN through an infinite
+        # slope (sqrt(w) * x along x at w = 0), where torch's ops give 0;
+        # `backward` makes the zeros of an output's unused cotangent itself
+        ctx.set_materialize_grads(False)
+        ctx.output_types = [(o.shape, o.dtype, o.device) for o in output]
         constants = [r for r in output if not r.is_floating_point()]
         if constants:
             ctx.mark_non_differentiable(*constants)
 
     def backward(ctx, *cts) -> tuple:
-        # (torch gives zeros for the cotangent of an output it did not use)
+        # zeros for the cotangent of an output torch did not use (None:
+        # `set_materialize_grads(False)`, for `jvp`'s sake)
+        cts = tuple(ct if ct is not None else torch.zeros(shape, dtype=dtype, device=device)
+                    for ct, (shape, dtype, device) in zip(cts, ctx.output_types))
         call, needs = ctx.call, ctx.needs_input_grad[1:]
         f = call.f
         saved = ctx.saved_tensors  # (torch raises here if it freed them, or one was modified)

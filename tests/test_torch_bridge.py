@@ -1007,3 +1007,30 @@ def test_a_list_holding_tensors_is_an_argument_error_and_one_of_numbers_is_taken
                                                     r"(list|tuple) holding an array.*stack"):
             call()
     np.testing.assert_allclose(f([0.0, 1.0]).numpy(), np.log1p(np.exp([0.0, 1.0])), rtol=1e-15)
+
+
+def test_forward_ad_takes_no_tangent_for_a_tensor_that_has_none():
+    # torch materialized a zero tangent for w, which has none, and the jvp
+    # took it as given: 0 * inf = NaN through sqrt(w) at w = 0, where
+    # dsl.jvp and torch's own ops give (sqrt(w) + sqrt(w / 2)) t = 0.  The
+    # backward, with the cotangent of the unused output w now None, makes
+    # its zeros itself.
+    import torch.autograd.forward_ad as fwad
+    f = dsl.to_torch(dsl.loads("def f(x, w, n: i64):\n    s = x * 0.0\n    for i in range(n):\n"
+                               "        s = s + sqrt(w) * x\n        w = w * 0.5\n    return s, w\n",
+                               "untangented.grad").f)
+    x, t = tensor([0.3, -0.7], requires_grad=False), tensor([1.0, 2.0], requires_grad=False)
+    w, n = tensor([0.0, 1.0], requires_grad=False), torch.tensor(2)
+    expected = (np.sqrt(w.numpy()) + np.sqrt(w.numpy() / 2)) * t.numpy()
+    with fwad.dual_level():
+        s, _ = f(fwad.make_dual(x, t), w, n)
+        np.testing.assert_allclose(fwad.unpack_dual(s).tangent, expected, rtol=1e-15)
+    _, tangent = torch.func.jvp(lambda x: f(x, w, n)[0], (x,), (t,))
+    np.testing.assert_allclose(tangent, expected, rtol=1e-15)
+    x, w = tensor([0.3, -0.7]), tensor([0.25, 1.0])
+    s, _ = f(x, w, n)
+    grads = torch.autograd.grad(s.sum(), (x, w))
+    root = np.sqrt(w.detach().numpy())
+    np.testing.assert_allclose(grads[0], root + root / np.sqrt(2), rtol=1e-15)
+    np.testing.assert_allclose(grads[1], x.detach().numpy() * (1 + 1 / np.sqrt(2)) / (2 * root),
+                               rtol=1e-14)
