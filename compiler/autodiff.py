@@ -597,7 +597,7 @@ def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
 
 # Ops whose VJP only moves, sums and spreads the output's cotangent, with
 # positive weights: layout ops, reductions, gathers and scatter-adds, scans.
-_MOVES_POSITIONS = ("layout", "reduction", "index", "scan")
+MOVES_POSITIONS = ("layout", "reduction", "index", "scan")
 
 
 def _moved_mask(b: Builder, eqn: Eqn, index: int, out_mask: Optional[Var]) -> Optional[Var]:
@@ -607,7 +607,7 @@ def _moved_mask(b: Builder, eqn: Eqn, index: int, out_mask: Optional[Var]) -> Op
     Without it, where(x[i] > 0, s[i], 0) for s = sqrt(x) (or s[1:], s.T,
     sum(s, axis=1) ...) had 0 * sqrt's inf derivative, NaN, at x = 0."""
     op = ops.OPS[eqn.op]
-    if out_mask is None or op.kind not in _MOVES_POSITIONS:  # (a call: maybe several outputs)
+    if out_mask is None or op.kind not in MOVES_POSITIONS:  # (a call: maybe several outputs)
         return None
     (out,) = eqn.outputs
     if not _fits(out_mask, out):

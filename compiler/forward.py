@@ -23,7 +23,8 @@ the tangent is the block's.  `where(c, a, b)`'s tangent is
 nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
 where-mask (where it may be nonzero) through the elementwise ops after
 it, which re-select by it, so `sqrt(where(x > 0, x, 0))` (or of
-`maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN.  A
+`maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN; and
+through ops that only move, sum or spread positions (`_moved_mask`).  A
 `loop`'s JVP is a loop that also carries its carried values' tangents
 (those that have one or become active), with the JVP of its body as its
 body, into which the where-masks of its inputs' tangents go where every
@@ -35,9 +36,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import call_forward, materialized
+from gradlang.compiler.autodiff import MOVES_POSITIONS, call_forward, materialized
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.linearity import transpose, transpose_eqns
 
 
@@ -87,6 +88,10 @@ def _jvp(fn: Function, wrt: Sequence[int], masked: dict[int, TensorType]
                 mask = _mask_of(b, copy, in_tangents, [masks.get(a) for a in inputs])
                 if mask is not None:
                     out_tangents = [_select(b, op, mask, t) for t in out_tangents]
+                    masks[copy.out] = mask
+            elif active and op.kind in MOVES_POSITIONS:
+                mask = _moved_mask(b, copy, in_tangents, [masks.get(a) for a in inputs])
+                if mask is not None:
                     masks[copy.out] = mask
         env.update(zip(eqn.outputs, outs))
         for out, t in zip(outs, out_tangents):
@@ -148,6 +153,34 @@ def _mask_of(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
         if mask is not union:
             union = b.bind("logical_or", union, mask)
     return union if isinstance(union, Var) else None
+
+
+def _moved_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
+                in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
+    """Where the tangent of an op that only moves, sums or spreads its
+    inputs with positive weights (a layout op, a reduction, a gather or
+    scatter, a scan) may be nonzero: where the op of its float inputs'
+    masks as 0 and 1 (0 for an input without a tangent) is positive, the
+    output gathers something from inside them.  None: anywhere (an input
+    with a tangent and no mask).  Without it, sqrt(where(x > 0, x, 0)[0])
+    (or of a slice, a transpose, a sum) was 0 * inf = NaN at x <= 0, where
+    reverse mode moves the mask the other way (`autodiff._moved_mask`)."""
+    if len(eqn.outputs) != 1 or ops.OPS[eqn.op].token_inputs:
+        return None
+    weights: list[Atom] = []
+    for a, t, mask in zip(eqn.inputs, in_tangents, in_masks):
+        if not a.type.is_float:
+            weights.append(a)  # (an index: the same positions)
+        elif t is None:
+            weights.append(ops.lit(b, 0, a) if isinstance(a, Lit) else ops.zeros_like(b, a.type))
+        elif mask is None:
+            return None
+        else:
+            if mask.type.shape != a.type.shape:
+                mask = b.bind("broadcast_to", mask, shape=a.type.shape)
+            weights.append(b.bind("cast", mask, dtype=a.type.dtype))
+    (moved,) = b.bind_multi(eqn.op, *weights, **dict(eqn.params))
+    return b.bind("gt", moved, ops.lit(b, 0, moved))
 
 
 def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[Atom]:

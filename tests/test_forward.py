@@ -834,3 +834,28 @@ def test_a_where_mask_enters_a_loop_that_keeps_it():
     for (name, n), slope in expected.items():
         _, tangent = dsl.jvp(getattr(m, name), (x, np.array(n)), (t, None))
         np.testing.assert_allclose(tangent, np.where(x > 0, slope, 0) * t, rtol=1e-14)
+
+
+def test_a_where_mask_moves_through_indexing_layout_and_sums():
+    # The mask of where(x > 0, x, 0)'s tangent was dropped by every op but
+    # an elementwise one: sqrt of a row, a transposed slice or a
+    # column sum of it was 0 * inf = NaN at x <= 0, where reverse mode
+    # (which moves the mask back through them) gives 0; in a loop too (an
+    # index by the loop's counter reads y inside it).
+    m = dsl.loads("def f(x):\n    y = where(x > 0, x, 0.0)\n"
+                  "    return sqrt(y[0]) + sum(sqrt(transpose(y[:, 1:]))) + sum(sqrt(sum(y, axis=0)))\n\n"
+                  "def looped(x, n: i64):\n    y = where(x > 0, x, 0.0)\n    s = x[0] * 0.0\n"
+                  "    for i in range(n):\n        s = s + sqrt(y[i])\n    return s\n", "moved.grad")
+    x = np.array([[-1.0, 2.0, 0.0], [0.5, 0.0, -3.0]])
+    t = np.array([[1.0, -0.5, 2.0], [0.25, 1.5, -1.0]])
+    _, tangent = dsl.jvp(m.f, (x,), (t,))
+    s = np.sqrt(np.where(x > 0, x, 0.0).sum(axis=0))
+    # by hand: sqrt's slope 1 / (2 sqrt(y)) where y > 0, nothing elsewhere
+    by_hand = (np.where(x[0] > 0, t[0] / (2 * np.sqrt(np.abs(x[0]))), 0.0)
+               + np.sum(np.where(x[:, 1:] > 0, t[:, 1:] / (2 * np.sqrt(np.abs(x[:, 1:]))), 0.0))
+               + np.sum(np.where(s > 0, np.sum(np.where(x > 0, t, 0.0), axis=0)
+                                 / (2 * np.where(s > 0, s, 1.0)), 0.0)))
+    np.testing.assert_allclose(tangent, by_hand, rtol=1e-14)
+    _, tangent = dsl.jvp(m.looped, (x, np.array(2)), (t, None))
+    np.testing.assert_allclose(tangent, np.where(x > 0, t / (2 * np.sqrt(np.abs(x))), 0.0).sum(axis=0),
+                               rtol=1e-14)
