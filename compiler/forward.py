@@ -209,12 +209,11 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     # a value takes a tangent only where it has one, or (a carried value)
     # where a trip can give it one: a zero tangent made for one that stays
     # without was a NaN through an infinite slope (0 * inf: log(w)'s or
-    # sqrt(w)'s at w = 0) and work every trip (h @ 0 for a weight)
-    active = _active_inputs(body, n_carry, [t is not None for t in in_tangents])
-    # and a stacked output only where it depends on one that takes one: a
+    # sqrt(w)'s at w = 0) and work every trip (h @ 0 for a weight); and a
+    # stacked output only where it depends on one that takes one: a
     # stack of zero tangents was read by a later loop (a backward loop
     # reading the states its forward loop stacked) as if it had tangents
-    ys_active = _depends_differentiably(body, [False] + active[3:])[n_carry:]
+    active, ys_active = _active_inputs(body, n_carry, [t is not None for t in in_tangents])
     floats = [[k for k in group if inputs[k].type.is_float and active[k]] for group in groups]
     # body parameter k + 1 - 3 is the loop's input k (parameter 0 is the index)
     wrt = [k - 2 for group in floats for k in group]
@@ -262,21 +261,23 @@ def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
     return list(outs[:n_carry]) + list(outs[n_c:n_c + n_ys]), out_tangents, masks
 
 
-def _active_inputs(body: Function, n_carry: int, has: Sequence[bool]) -> list[bool]:
+def _active_inputs(body: Function, n_carry: int, has: Sequence[bool]
+                   ) -> tuple[list[bool], list[bool]]:
     """By loop input (bounds first): whether it takes a tangent in the
     loop's JVP: it has one (`has`), or it is a carried value that a trip
     makes depend, through differentiable ops, on one that takes one (to a
     fixed point: a value may become active a trip after another).  A
     superset of where `jvp(body, ...)` makes a tangent (a loop or call in
     the body counts all its outputs active when one input is), so no
-    tangent is dropped."""
+    tangent is dropped.  Also, by stacked output, whether it depends on
+    one that takes a tangent."""
     active = list(has)
     while True:
         # body parameter k - 2 is the loop's input k (parameter 0 is the index)
         reached = _depends_differentiably(body, [False] + active[3:])
         grown = [a or (3 <= k < 3 + n_carry and reached[k - 3]) for k, a in enumerate(active)]
         if grown == active:
-            return active
+            return active, reached[n_carry:]
         active = grown
 
 
@@ -301,8 +302,7 @@ def _loop_outputs_active(eqn: Eqn, has: Sequence[bool]) -> list[bool]:
     """Which of a loop's outputs take a tangent in its JVP (`_loop_jvp`),
     given which of its inputs have one."""
     body, n_carry = eqn.p["body"], eqn.p["n_carry"]
-    active = _active_inputs(body, n_carry, has)
-    ys = _depends_differentiably(body, [False] + active[3:])[n_carry:]
+    active, ys = _active_inputs(body, n_carry, has)
     return [a and eqn.inputs[k].type.is_float for k, a in enumerate(active[3:3 + n_carry], 3)] + ys
 
 
