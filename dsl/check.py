@@ -264,8 +264,9 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         results.extend(_check_forward(f, bound, value, name, directions[:3], numerics[:3],
                                       rtol, atol, rng, dot=upstream, order=order))
     if f32 and reference:
+        value32 = None
         try:
-            narrowed = _check_f32(f, bound, fixed, value, reference)
+            narrowed, value32 = _check_f32(f, bound, fixed, value, reference)
         except GradError as err:
             if isinstance(err, ArgumentError):
                 raise
@@ -278,8 +279,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         results.extend(narrowed)
         results.warnings.extend(narrowed.warnings)
         narrow = _narrow(bound, fixed)
-        if upstream and len(narrowed) and any(narrow[n] is not bound[n] for n in bound):
-            value32 = _run(f, narrow)
+        if upstream and value32 is not None:
             for name in reference:
                 directions = [rng.normal(size=narrow[name].shape) for _ in range(3)]
                 results.extend(_check_forward(f, narrow, value32, name, directions, None,
@@ -438,15 +438,18 @@ def _narrow(bound: dict[str, np.ndarray], fixed: dict) -> dict[str, np.ndarray]:
 
 
 def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: list[np.ndarray],
-               reference: dict[str, np.ndarray]) -> CheckResult:
+               reference: dict[str, np.ndarray]) -> tuple[CheckResult, Optional[list]]:
     """The order-1 gradients in f32 (arguments an annotation fixes keep
     their dtype) against the f64 ones, `reference`: one program for the
     value and every gradient, so f32 adds one compile per function and rank.
     Failed by a gradient that is not finite where the reference is, or NaN
-    where the f32 value is finite; f32 rounding errors are reported only."""
+    where the f32 value is finite; f32 rounding errors are reported only.
+    Also the f32 value, from that program (the forward-mode rows in f32
+    take it rather than compile f for it), or None where every argument
+    is fixed (there is no f32 run)."""
     narrow = _narrow(bound, fixed)
     if all(narrow[n] is bound[n] for n in bound):
-        return CheckResult()  # every argument is fixed: f32 is the check already done
+        return CheckResult(), None  # every argument is fixed: f32 is the check already done
     names = tuple(reference)
     both = grad_function(f, names, with_value=True)
     outs = _run(both, narrow)
@@ -465,7 +468,7 @@ def _check_f32(f: Compiled, bound: dict[str, np.ndarray], fixed: dict, value: li
         max_rel = float(np.max(err / np.maximum(np.abs(g64), 1.0), initial=0.0))
         result.append(GradCheck(f.name, 1, name, source_of(f, 1), float(np.max(err, initial=0.0)),
                                 max_rel, failed, 1, not failed, "f32", "f64"))
-    return result
+    return result, value32
 
 
 def _central(along, step: float, rtol: float, atol: float):
