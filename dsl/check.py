@@ -4,12 +4,16 @@ Contract: `check_gradients(f, *args, order=2)` evaluates, in f64 at the
 given point, every gradient `f` defines or implies, up to `order`, and
 compares each with central differences of the order below:
 
-- order 1: grad(f, wrt=x) (the first grad block, or reverse mode) against
-  differences of sum(f) along random directions (and per element for small
-  inputs);
-- order k >= 2: the directional derivative of order k (the k-th grad block
-  when written, else reverse mode through the last block and its
-  residuals) against differences of order k-1 along the same direction.
+- order 1: the VJP J^T u (the first grad block, or reverse mode) at a
+  random cotangent u, one per float output, against differences of
+  sum(u * f) along random directions (and per element for small inputs);
+  and grad(f, wrt=x), the gradient of sum(f), against J^T 1 (a block wrong
+  only off the all-ones cotangent is caught: softmax's, whose sum is
+  constant, or one with two outputs' cotangents swapped);
+- order k >= 2: the directional derivative of order k of <J^T u, v> (the
+  k-th grad block when written, seeing the upstream u, else reverse mode
+  through the last block and its residuals) against differences of order
+  k-1 along the same direction.
 
 Directions along which the function is not smooth at the point (one-sided
 differences disagree: a kink, a jump) are not compared.  Whatever the
@@ -17,8 +21,9 @@ differences say, a NaN in a gradient where the value of `f` is finite is a
 failure (the automatic gradient of sqrt(x * x) at 0 is 0 * inf).
 
 Forward mode, along each argument: the jvp (through grad blocks, their
-transposition), summed over the outputs, against the differences of
-sum(f) along the same random directions (rows `jvp:x`, f64), and the
+transposition), weighted by u and summed over the outputs, against the
+differences of sum(u * f) along the same random directions (rows `jvp:x`,
+f64), and the
 dot-product test <J t, u> = <t, J^T u> between forward and reverse mode,
 in f64 and f32, and for a function with a second grad block the same one
 order up in f64 (forward over reverse against reverse over reverse, both
@@ -220,7 +225,15 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     value_finite = _finite(value)
     results = CheckResult()
     reference: dict[str, np.ndarray] = {}
-    for name in f.differentiable_names(bound):
+    floats = f.differentiable_names(bound)
+    vjp = backward_function(f, len(value))
+    # A random cotangent per float output, not ones: with ones a block wrong
+    # only off the all-ones cotangent passes (softmax's, whose sum is
+    # constant; one output's cotangent taken for another's; a second block
+    # dropping its dy); an integer or bool output has none (zero).
+    us = dict(zip(vjp.ct_names, _cotangents(value, rng)))
+    ones = dict(zip(vjp.ct_names, _cotangents(value, None)))
+    for name in floats:
         x = bound[name]
         step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
         directions = [rng.normal(size=x.shape) for _ in range(3)]
@@ -228,27 +241,35 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
             directions += [np.eye(x.size)[i].reshape(x.shape) for i in range(x.size)]
 
         def total(point: np.ndarray) -> float:
-            return float(sum(np.sum(o) for o in _run(f, {**bound, name: point})))
+            outs = _run(f, {**bound, name: point})
+            return float(sum(np.sum(o * u) for o, u in zip(outs, us.values())))
 
-        gradient = grad_function(f, name, with_value=False)
-        g = reference[name] = _run(gradient, bound)[-1]
+        # J^T u from the backward pass (the dot-product test's program), and
+        # grad(f, wrt=x), the program users call, which must be J^T 1
+        index = floats.index(name)
+        g = _run(vjp, {**bound, **us})[index]
+        g_ones = _run(vjp, {**bound, **ones})[index]
+        g_sum = reference[name] = _run(grad_function(f, name, with_value=False), bound)[-1]
         pairs, numerics = [], []
         for v in directions:
             numeric = _central(lambda t: total((x + t * v).astype(x.dtype)), step, rtol, atol)
             numerics.append(numeric)
             if numeric is not None:
                 pairs.append((np.sum(g * v), numeric))
-        nan = value_finite and _has_nan([g])
-        results.append(_row(f, 1, name, _compare(pairs, rtol, atol), nan, x))
+        nan = value_finite and _has_nan([g, g_sum])
+        compared = _agreeing(_compare(pairs, rtol, atol), g_sum, g_ones, rtol, atol)
+        results.append(_row(f, 1, name, compared, nan, x))
 
-        # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1}
-        previous = gradient
+        # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1};
+        # D^1 is J^T u (name's place among the cotangents keys it, as in
+        # _check_upstream), so a later block sees an upstream other than 1
+        previous = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
         for k in range(2, order + 1):
-            current = derived(f, ("directional", name, k),
-                               lambda: Directional(previous, name, f"$v{k}"))
+            current = derived(f, ("vjp directional", len(value), index, name, k),
+                              lambda: Directional(previous, name, f"$v{k}"))
             pairs, nan = [], False
             for v in directions[:3]:
-                base = {**bound, **{f"$v{j}": v for j in range(2, k)}}
+                base = {**bound, **us, **{f"$v{j}": v for j in range(2, k)}}
                 analytic = _run(current, {**base, f"$v{k}": v})[0]
                 nan = nan or (value_finite and _has_nan([analytic]))
                 numeric = _central(
@@ -262,7 +283,8 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
             results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
                                            atol * 10))
         results.extend(_check_forward(f, bound, value, name, directions[:3], numerics[:3],
-                                      rtol, atol, rng, dot=upstream, order=order))
+                                      list(us.values()), rtol, atol, rng, dot=upstream,
+                                      order=order))
     if f32 and reference:
         value32 = None
         try:
@@ -282,11 +304,30 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         if upstream and value32 is not None:
             for name in reference:
                 directions = [rng.normal(size=narrow[name].shape) for _ in range(3)]
-                results.extend(_check_forward(f, narrow, value32, name, directions, None,
+                results.extend(_check_forward(f, narrow, value32, name, directions, None, None,
                                               rtol, atol, rng, dot=True, order=order))
     if raise_on_failure:
         results.raise_on_failure()
     return results
+
+
+def _agreeing(compared: tuple, analytic: np.ndarray, other: np.ndarray, rtol: float,
+              atol: float) -> tuple:
+    """`_compare`'s verdict, failed also where two programs for one
+    gradient disagree (their error counted, not as a direction compared)."""
+    max_abs, max_rel, nonfinite, count, ok = compared
+    abs2, rel2, nonfinite2, _, ok2 = _compare([(analytic, other)], rtol, atol)
+    return (max(max_abs, abs2), max(max_rel, rel2), nonfinite or nonfinite2, count,
+            ok and ok2)
+
+
+def _cotangents(value: list[np.ndarray], rng) -> list[np.ndarray]:
+    """A cotangent per output: random normal (ones without `rng`) for a
+    float output, in its dtype; zeros for an integer or bool one, which
+    has none to vary."""
+    return [np.asarray(rng.normal(size=o.shape) if rng is not None else np.ones(o.shape)
+                       ).astype(o.dtype) if o.dtype.kind == "f" else np.zeros(o.shape, o.dtype)
+            for o in value]
 
 
 def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng, step: float,
@@ -302,8 +343,7 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     vjp = backward_function(f, len(value))
     vjp_x = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
     # an integer or bool output has no cotangent to vary: it is held at zero
-    us = {f"$ct{i}": (rng.normal(size=o.shape) if o.dtype.kind == "f" else np.zeros(o.shape)
-                      ).astype(o.dtype) for i, o in enumerate(value)}
+    us = dict(zip(vjp.ct_names, _cotangents(value, rng)))
     floats = [c for c, u in us.items() if u.dtype.kind == "f"]
     fdef = getattr(f, "fdef", None)
     upstream = fdef.grads[0].upstream[0] if fdef is not None and fdef.grads else "upstream"
@@ -327,12 +367,14 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
 
 def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.ndarray],
                    name: str, directions: list[np.ndarray], numerics: Optional[list],
-                   rtol: float, atol: float, rng, dot: bool, order: int) -> list[GradCheck]:
+                   weights: Optional[list], rtol: float, atol: float, rng, dot: bool,
+                   order: int) -> list[GradCheck]:
     """Forward mode along `name`: the jvp (through grad blocks, their
-    transposition) along each direction t, summed over the outputs, against
-    `numerics`, the central differences of sum(f) along t that the reverse
-    rows took (None where f is not smooth; no row when `numerics` is None,
-    in f32), and, with `dot`, the dot-product test
+    transposition) along each direction t, weighted by `weights` (a
+    cotangent per output) and summed, against `numerics`, the central
+    differences of that weighted sum of f along t that the reverse rows
+    took (None where f is not smooth; no row when `numerics` is None, in
+    f32), and, with `dot`, the dot-product test
     <J t, u> = <t, J^T u> against reverse mode at a random cotangent u;
     from order 2 in f64, for a function with a second grad block, the same
     test one order up: <d/dx (grad f) t, u> from forward over reverse,
@@ -349,7 +391,7 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
     nan = _finite(value) and _has_nan([t for ts in tangents for t in ts])
     rows = []
     if numerics is not None:
-        pairs = [(sum(float(np.sum(t)) for t in tangent), numeric)
+        pairs = [(sum(float(np.sum(t * w)) for t, w in zip(tangent, weights)), numeric)
                  for tangent, numeric in zip(tangents, numerics) if numeric is not None]
         rows.append(_forward_row(f, 1, f"jvp:{name}", "forward", _compare(pairs, rtol, atol),
                                  nan, dtype, "differences"))
@@ -373,12 +415,16 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
         # A second block is transposed only here; elsewhere this compares
         # compiler-derived programs only, worth less than their compile time.
         # One forward-over-reverse program serves every argument.
+        # the Hessian of sum(f) from the order-2 row's program, at cotangent 1
         gradients = grad_function(f, tuple(floats), with_value=False)
-        gradient = grad_function(f, name, with_value=False)
-        hessian = derived(f, ("directional", name, 2),
-                           lambda: Directional(gradient, name, "$v2"))
+        index = floats.index(name)
+        vjp = backward_function(f, len(value))
+        gradient = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
+        hessian = derived(f, ("vjp directional", len(value), index, name, 2),
+                          lambda: Directional(gradient, name, "$v2"))
+        ones = dict(zip(vjp.ct_names, _cotangents(value, None)))
         u = rng.normal(size=x.shape).astype(x.dtype)
-        hu = _run(hessian, {**bound, "$v2": u})[0]
+        hu = _run(hessian, {**bound, **ones, "$v2": u})[0]
         pairs, nan2 = [], False
         for v in directions:
             hv = _jvp(gradients, bound, floats, name, v.astype(x.dtype))[

@@ -348,3 +348,57 @@ def test_a_function_no_sampled_rank_compiles_for_notes_the_sampling(tmp_path, ca
     assert "stack() needs arrays of one shape" in err
     assert ("note: gradc check sampled the unannotated parameters of rhs() (y, k, c) as f64 "
             "arrays of size 3") in err and "`k: f64` for a scalar" in err
+
+
+# Two outputs whose cotangents the first block swaps: d(2x)/dx = 2 and
+# d(3x)/dx = 3 give 2a + 3b, the block 3a + 2b, right only where a = b.
+SWAPPED = """def two(x):
+    return 2 * x, 3 * x
+grad(a, b):
+    return 3 * a + 2 * b
+
+def two_right(x):
+    return 2 * x, 3 * x
+grad(a, b):
+    return 2 * a + 3 * b
+"""
+
+
+def test_a_block_right_only_at_the_all_ones_cotangent_fails():
+    """Order 1 compared the gradient of sum(f), J^T 1, with differences of
+    sum(f), and forward mode is the block transposed: a block wrong off the
+    all-ones cotangent passed every row (swapped outputs; softmax's
+    y * (g - mean(g)), whose sum is constant)."""
+    m = dsl.loads(SWAPPED)
+    x = np.array([0.5, -1.0, 2.0])
+    # J^T 1 is right, J^T u is not: the bug the check must see
+    np.testing.assert_allclose(dsl.grad(m.two)(x), [5.0, 5.0, 5.0])
+    np.testing.assert_allclose(dsl.vjp(m.two, x)[1]((np.ones(3), np.zeros(3)))[0], [3.0] * 3)
+    rows = {r.wrt: r for r in dsl.check_gradients(m.two, x, order=1, f32=False)}
+    assert not rows["x"].ok and rows["x"].compared == 6 and rows["x"].max_abs > 0.1
+    assert not rows["jvp:x"].ok
+    assert dsl.check_gradients(m.two_right, x, order=1, f32=False)
+
+
+# d3/dx3 of x^3 through the second block: its x cotangent is ddx * 6x * dy,
+# and dropping dy is right only where the first block's upstream is 1.
+CUBE = """def cube(x):
+    return x * x * x
+grad(dy):
+    return dy * 3 * x * x
+grad(ddx):
+    return dy=ddx * 3 * x * x, x=ddx * 6 * x{}
+"""
+
+
+def test_a_second_block_right_only_at_an_upstream_of_one_fails():
+    x = np.array([0.5, -1.0, 2.0])
+    wrong, right = dsl.loads(CUBE.format("")).cube, dsl.loads(CUBE.format(" * dy")).cube
+    # the second derivative of sum(2 f) is 12 x; the wrong block gives 6 x
+    scaled = dsl.loads(CUBE.format("") +
+                       "def twice(x):\n    return 2 * cube(x)\n").twice
+    np.testing.assert_allclose(dsl.grad(dsl.grad(scaled))(x), 6 * x)
+    rows = {(r.order, r.wrt): r for r in dsl.check_gradients(wrong, x, order=2, f32=False,
+                                                             upstream=False)}
+    assert rows[(1, "x")].ok and not rows[(2, "x")].ok and rows[(2, "x")].compared == 3
+    assert dsl.check_gradients(right, x, order=2, f32=False, upstream=False)
