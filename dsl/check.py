@@ -673,7 +673,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
             f(*_sample_args(f, rng, 1, fills[0][1]))  # raises the error for rank 1
         except GradError as err:
             raise _with_sampling_note(err, f) from None
-    reason = intentional_mismatch(f)
+    reasons = {k: intentional_mismatch(f, k) for k in range(1, order + 1)}
     rows: dict[tuple, list[GradCheck]] = {}
     warned: dict[str, list[str]] = {}
     for index, (label, fill) in enumerate(fills):
@@ -696,6 +696,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
     for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: order_of(*item[0])):
         compared = [c for c in checks if c.compared]
         nonfinite = any(c.nonfinite for c in checks)
+        reason = reasons[k]
         if reason and checks[0].against == "differences":
             # differences cannot judge it, but a NaN/Inf is wrong by any design
             out.append(Summary(f.name, k, wrt, checks[0].source, 0, 0.0, 0.0, nonfinite,
@@ -727,27 +728,39 @@ def _row_order(f: Compiled) -> Callable[[int, str, str], tuple]:
     return key
 
 
-def intentional_mismatch(f: Compiled) -> str:
-    """Why f's gradient is by design not the derivative of its forward
-    (a straight-through estimator or stop_gradient, here or in a callee),
-    or "" when it should match."""
+def intentional_mismatch(f: Compiled, order: Optional[int] = None) -> str:
+    """Why f's gradient of `order` (None: any) is by design not the
+    derivative of its forward (a straight-through estimator or
+    stop_gradient, here or in a callee), or "" when it should match.  An
+    order f's grad blocks write (`order` <= their count) is the value of
+    block `order`, compared with differences of the value of the block (or
+    body) before: stop_gradient changes no value, so only the blocks up to
+    it are looked in (the max shift of a logsumexp, stop_gradient(max(x)),
+    in the body excused a wrong first block)."""
     fdef, namespace = getattr(f, "fdef", None), getattr(f, "_namespace", None)
     if fdef is None:
         return ""
     seen: set[int] = set()
 
-    def visit(fd, ns) -> str:
+    def visit(fd, ns, bodies) -> str:
         if id(fd) in seen:
             return ""
         seen.add(id(fd))
         if any(d.name == "pass_through" for d in fd.decorators):
             return f"{fd.name}() is @pass_through"
-        for call in calls_in([fd.body] + [g.body for g in fd.grads]):
+        for call in calls_in(bodies):
             if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
                 return f"{fd.name}() uses stop_gradient"
             target = ns.resolve(call.func)
-            if target is not None and (why := visit(*target)):
+            if target is not None and (why := visit(*target, _bodies(target[0]))):
                 return why
         return ""
 
-    return visit(fdef, namespace.functions[fdef.name][1])
+    written = order is not None and order <= len(fdef.grads)
+    bodies = [g.body for g in fdef.grads[:order]] if written else _bodies(fdef)
+    return visit(fdef, namespace.functions[fdef.name][1], bodies)
+
+
+def _bodies(fdef) -> list:
+    """A definition's body and its grad blocks' bodies."""
+    return [fdef.body] + [g.body for g in fdef.grads]

@@ -417,3 +417,30 @@ def test_an_f32_gradient_that_overflows_with_its_value_passes_with_the_warning()
     assert result.warnings == ["the value overflows in f32 where it is finite in f64"]
     naive = dsl.check_gradients(dsl.loads(NAIVE).softplus_naive, x, order=1, upstream=False)
     assert [(r.dtype, r.nonfinite) for r in naive.failures] == [("f32", True)]
+
+
+# logsumexp with its max shift held by stop_gradient, and a first block
+# that forgets to divide by the sum: softmax is e / s
+LSE = """def lse(x):
+    m = stop_gradient(max(x))
+    e = exp(x - m)
+    s = sum(e)
+    return log(s) + m
+grad(g):
+    return g * e{}
+"""
+
+
+def test_stop_gradient_in_the_body_does_not_excuse_a_written_first_block():
+    """gradc check skipped every difference row of a function using
+    stop_gradient anywhere: the max shift in the body changes no value,
+    and the first block is the gradient, so a wrong block passed."""
+    from dsl.check import intentional_mismatch
+    x = np.array([0.5, -1.0, 2.0])
+    wrong = dsl.loads(LSE.format("")).lse
+    # the block's e = exp(x - max(x)), where the gradient is softmax, e / s
+    np.testing.assert_allclose(dsl.grad(wrong)(x), np.exp(x - 2.0))
+    # what gradc check's summary excuses, by order: order 2 differentiates
+    # the block through e, whose shift stop_gradient holds
+    assert [intentional_mismatch(wrong, k) for k in (1, 2)] == ["", "lse() uses stop_gradient"]
+    assert intentional_mismatch(wrong) == "lse() uses stop_gradient"
