@@ -13,7 +13,10 @@ compares each with central differences of the order below:
 - order k >= 2: the directional derivative of order k of <J^T u, v> (the
   k-th grad block when written, seeing the upstream u, else reverse mode
   through the last block and its residuals) against differences of order
-  k-1 along the same direction.
+  k-1 along the same direction; for a function with a second grad block
+  and several float arguments, order 2 also compares the derivative along
+  x of every argument's cotangent, <d/dx <J^T u, w>, v> (the block's mixed
+  partials), with differences of <J^T u, w>.
 
 Directions along which the function is not smooth at the point (one-sided
 differences disagree: a kink, a jump) are not compared.  Whatever the
@@ -236,6 +239,12 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     # dropping its dy); an integer or bool output has none (zero).
     us = dict(zip(vjp.ct_names, _cotangents(value, rng)))
     ones = dict(zip(vjp.ct_names, _cotangents(value, None)))
+    # a second block's mixed partials, d/dy of the x cotangent, which the
+    # order-2 rows' derivatives of J^T u along one argument never reach;
+    # automatic ones are the derivative of a first block checked as a
+    # function of every argument
+    fdef = getattr(f, "fdef", None)
+    crossed = fdef is not None and len(fdef.grads) >= 2 and len(floats) >= 2
     for name in floats:
         x = bound[name]
         step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
@@ -280,6 +289,10 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     step * 10, rtol * 10, atol * 10)
                 if numeric is not None:
                     pairs.append((analytic, numeric))
+            if k == 2 and crossed:
+                cross, nan2 = _cross_pairs(f, bound, vjp, us, name, directions[:3], rng,
+                                           step * 10, rtol * 10, atol * 10)
+                pairs, nan = pairs + cross, nan or (value_finite and nan2)
             results.append(_row(f, k, name, _compare(pairs, rtol * 10, atol * 10), nan, x))
             previous = current
         if order >= 2 and upstream and any(o.dtype.kind == "f" for o in value):
@@ -312,6 +325,33 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     if raise_on_failure:
         results.raise_on_failure()
     return results
+
+
+def _cross_pairs(f: Compiled, bound, vjp, us: dict, name: str, directions: list, rng,
+                 step: float, rtol: float, atol: float) -> tuple[list, bool]:
+    """The order-2 comparisons along `name` of every argument's cotangent:
+    <d/dx_name <J^T u, w>, v> by reverse mode of the backward pass (the
+    second block's), against differences of <J^T u, w> along v, at a
+    random w per argument; and whether the analytic side had a NaN."""
+    floats = f.differentiable_names(bound)
+    at = {**bound, **us}
+    second = backward_function(vjp, len(floats))
+    index = vjp.differentiable_names(at).index(name)
+    x = bound[name]
+    pairs, nan = [], False
+    for v in directions:
+        ws = [rng.normal(size=bound[n].shape).astype(bound[n].dtype) for n in floats]
+        d = _run(second, {**at, **dict(zip(second.ct_names, ws))})[index]
+        nan = nan or _has_nan([d])
+
+        def along(t: float, v=v, ws=ws) -> float:
+            gs = _run(vjp, {**at, name: (x + t * v).astype(x.dtype)})
+            return float(sum(np.sum(g * w) for g, w in zip(gs, ws)))
+
+        numeric = _central(along, step, rtol, atol)
+        if numeric is not None:
+            pairs.append((float(np.sum(d * v)), numeric))
+    return pairs, nan
 
 
 def _agreeing(compared: tuple, analytic: np.ndarray, other: np.ndarray, rtol: float,

@@ -444,3 +444,27 @@ def test_stop_gradient_in_the_body_does_not_excuse_a_written_first_block():
     # the block through e, whose shift stop_gradient holds
     assert [intentional_mismatch(wrong, k) for k in (1, 2)] == ["", "lse() uses stop_gradient"]
     assert intentional_mismatch(wrong) == "lse() uses stop_gradient"
+
+
+# x y^2 with a second block whose x cotangent, d/dx of the y cotangent
+# 2 g x y, is 5 times too large: a mixed partial, d2/dxdy
+MIXED = """def bar(x, y):
+    return x * y * y
+grad(g):
+    return g * y * y, g * 2 * x * y
+grad(ddx, ddy):
+    return g=ddx * y * y + ddy * 2 * x * y, x=ddy * 2 * y * g{}, y=(ddx * 2 * y * g +
+                                                                  ddy * 2 * x * g)
+"""
+
+
+def test_a_second_blocks_wrong_mixed_partial_fails():
+    """The order-2 rows differentiated J^T u along one argument, its own
+    cotangent only: d/dx of the y cotangent, a second block's x output
+    for ddy, was never compared, and a wrong one passed every row."""
+    x, y = np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.3, -0.7])
+    wrong = dsl.loads(MIXED.format(" * 5")).bar
+    rows = {(r.order, r.wrt): r for r in dsl.check_gradients(wrong, x, y, order=2, f32=False,
+                                                             upstream=False)}
+    assert rows[(1, "x")].ok and rows[(1, "y")].ok and rows[(2, "y")].ok
+    assert not rows[(2, "x")].ok and rows[(2, "x")].max_abs > 1.0
