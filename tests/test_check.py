@@ -404,19 +404,19 @@ def test_a_second_block_right_only_at_an_upstream_of_one_fails():
     assert dsl.check_gradients(right, x, order=2, f32=False, upstream=False)
 
 
-def test_an_f32_gradient_that_overflows_with_its_value_passes_with_the_warning():
-    """exp(100) overflows f32, and its gradient, exp(100), with it: the f32
-    row failed as 'NaN/Inf where the f64 gradient is finite', so that
-    `gradc check` exited 1 on exp(x) itself; a NaN gradient still fails."""
-    m = dsl.loads("def e(x):\n    return exp(x)\n")
-    x = np.array([100.0, 1.0])
-    assert np.isinf(dsl.grad(m.e)(x.astype(np.float32))[0])
-    result = dsl.check_gradients(m.e, x, order=1, upstream=False)
-    (f32,) = [r for r in result if r.dtype == "f32"]
-    assert f32.ok and result, str(result)
-    assert result.warnings == ["the value overflows in f32 where it is finite in f64"]
-    naive = dsl.check_gradients(dsl.loads(NAIVE).softplus_naive, x, order=1, upstream=False)
-    assert [(r.dtype, r.nonfinite) for r in naive.failures] == [("f32", True)]
+def test_an_f32_gradient_beyond_f32s_range_passes():
+    """exp(100) overflows f32, and its gradient, exp(100), with it; the
+    gradient of 1 / x^4 at 1e-8, -4e40, overflows where the value, 1e32,
+    does not: the f32 row failed as 'NaN/Inf where the f64 gradient is
+    finite', so that `gradc check` exited 1 on exp(x) itself (a NaN
+    gradient still fails: the naive softplus's above)."""
+    m = dsl.loads("def e(x):\n    return exp(x) + 1 / (x * x * x * x)\n")
+    for x in (np.array([100.0, 1.0]), np.array([1e-8, 1.0])):
+        assert np.isinf(dsl.grad(m.e)(x.astype(np.float32))[0])
+        result = dsl.check_gradients(m.e, x, order=1, upstream=False)
+        (f32,) = [r for r in result if r.dtype == "f32"]
+        assert f32.ok and result, str(result)
+    assert result.warnings == []  # at 1e-8: the value is finite in f32
 
 
 # logsumexp with its max shift held by stop_gradient, and a first block
