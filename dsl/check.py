@@ -371,10 +371,14 @@ def _agreeing(compared: tuple, analytic: np.ndarray, other: np.ndarray, rtol: fl
 
 
 def _cotangents(value: list[np.ndarray], rng) -> list[np.ndarray]:
-    """A cotangent per output: random normal (ones without `rng`) for a
-    float output, in its dtype; zeros for an integer or bool one, which
-    has none to vary."""
-    return [np.asarray(rng.normal(size=o.shape) if rng is not None else np.ones(o.shape)
+    """A cotangent per output: random (ones without `rng`) for a float
+    output, in its dtype; zeros for an integer or bool one, which has none
+    to vary.  Random elements are +-[0.5, 1.5]: of the size of 1, as the
+    differences' rounding test holds sum(u * f) to an absolute tolerance
+    (a u of 0.1 scales f's rounding noise down below it, and lets it in)."""
+    def random(shape) -> np.ndarray:
+        return rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.5, 1.5, size=shape)
+    return [np.asarray(random(o.shape) if rng is not None else np.ones(o.shape)
                        ).astype(o.dtype) if o.dtype.kind == "f" else np.zeros(o.shape, o.dtype)
             for o in value]
 
