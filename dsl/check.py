@@ -341,7 +341,7 @@ def _cross_pairs(f: Compiled, bound, vjp, us: dict, name: str, directions: list,
     x = bound[name]
     pairs, nan = [], False
     for v in directions:
-        ws = [rng.normal(size=bound[n].shape).astype(bound[n].dtype) for n in floats]
+        ws = _cotangents([bound[n] for n in floats], rng)  # (of the size of 1, as u)
         d = _run(second, {**at, **dict(zip(second.ct_names, ws))})[index]
         nan = nan or _has_nan([d])
 
