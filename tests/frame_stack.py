@@ -2,7 +2,8 @@
 kernel and taken again at every crossing of a chunk's edge.
 
 Contract: `keep_frame_chunks()`, once per process (later calls do
-nothing), on CPython 3.11 or later on Linux (elsewhere it does nothing):
+nothing), on CPython 3.11 or later on 64-bit Linux on x86-64 or aarch64
+(elsewhere it does nothing):
 the memory CPython asks its arena allocator for comes from `mmap` and
 goes back by `munmap`, as with CPython's own allocator, except that a
 16 KiB block given back (a chunk of a thread's frame stack) is kept, up
@@ -23,6 +24,7 @@ interpreter's frames live.
 from __future__ import annotations
 
 import ctypes
+import platform
 import sys
 
 from llvmlite import binding as llvm
@@ -30,7 +32,8 @@ from llvmlite import ir
 
 CHUNK = 16 * 1024  # CPython's DATA_STACK_CHUNK_SIZE (Python/pystate.c)
 KEPT = 256
-# Linux's mmap flags (the same on every architecture it runs CPython on)
+# Linux's mmap flags on x86-64 and aarch64 (not on every architecture:
+# MIPS's MAP_ANONYMOUS differs), and off_t, size_t as i64 there
 PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS = 0x1 | 0x2, 0x02 | 0x20
 
 
@@ -43,10 +46,26 @@ class _ArenaAllocator(ctypes.Structure):
 _installed: list = []  # the engine and the struct, alive as long as the process
 
 
+def applies() -> bool:
+    """Whether this process is one `keep_frame_chunks` installs in."""
+    return (sys.implementation.name == "cpython" and sys.platform == "linux"
+            and sys.version_info >= (3, 11) and platform.machine() in ("x86_64", "aarch64")
+            and ctypes.sizeof(ctypes.c_void_p) == 8)
+
+
 def keep_frame_chunks() -> None:
-    if _installed or sys.implementation.name != "cpython" or sys.platform != "linux" \
-            or sys.version_info < (3, 11):
+    if _installed or not applies():
         return
+    engine, alloc, free = compiled_allocator()
+    allocator = _ArenaAllocator(None, alloc, free)
+    ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(allocator))
+    _installed.extend([engine, allocator])
+
+
+def compiled_allocator():
+    """A new copy of the allocator, with a cache of its own: the engine
+    holding it (keep it alive), and the addresses of chunk_alloc and
+    chunk_free."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     module = llvm.parse_assembly(str(_allocator_module()))
@@ -54,10 +73,8 @@ def keep_frame_chunks() -> None:
     machine = llvm.Target.from_default_triple().create_target_machine()
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
-    allocator = _ArenaAllocator(None, engine.get_function_address("chunk_alloc"),
-                                engine.get_function_address("chunk_free"))
-    ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(allocator))
-    _installed.extend([module, machine, engine, allocator])
+    return (engine, engine.get_function_address("chunk_alloc"),
+            engine.get_function_address("chunk_free"))
 
 
 def _allocator_module() -> ir.Module:
