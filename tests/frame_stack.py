@@ -80,82 +80,104 @@ def compiled_allocator():
 def _allocator_module() -> ir.Module:
     """chunk_alloc(ctx, size) and chunk_free(ctx, pointer, size): mmap and
     munmap, through a locked cache of KEPT blocks of CHUNK bytes."""
-    i32, i64, byte = ir.IntType(32), ir.IntType(64), ir.IntType(8)
-    pointer = byte.as_pointer()
-    module = ir.Module("frame_chunks")
-    module.triple = llvm.get_default_triple()
-    mmap = ir.Function(module, ir.FunctionType(pointer, [pointer, i64, i32, i32, i32, i64]),
-                       "mmap")
-    munmap = ir.Function(module, ir.FunctionType(i32, [pointer, i64]), "munmap")
+    return _AllocatorModule().module
 
-    def variable(name: str, typ) -> ir.GlobalVariable:
-        g = ir.GlobalVariable(module, typ, name)
+
+class _AllocatorModule:
+    """The allocator's LLVM module, built function by function."""
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    pointer = ir.IntType(8).as_pointer()
+
+    def __init__(self) -> None:
+        i32, i64, pointer = self.i32, self.i64, self.pointer
+        self.module = ir.Module("frame_chunks")
+        self.module.triple = llvm.get_default_triple()
+        self.mmap = ir.Function(self.module, ir.FunctionType(
+            pointer, [pointer, i64, i32, i32, i32, i64]), "mmap")
+        self.munmap = ir.Function(self.module, ir.FunctionType(i32, [pointer, i64]), "munmap")
+        self.cache = self._variable("cache", ir.ArrayType(pointer, KEPT))
+        self.count, self.lock = self._variable("count", i64), self._variable("lock", i32)
+        self._alloc()
+        self._free()
+
+    def _variable(self, name: str, typ) -> ir.GlobalVariable:
+        g = ir.GlobalVariable(self.module, typ, name)
         g.linkage, g.initializer = "internal", ir.Constant(typ, None)
         return g
-    cache = variable("cache", ir.ArrayType(pointer, KEPT))
-    count, lock = variable("count", i64), variable("lock", i32)
 
-    def locked(b: ir.IRBuilder, body) -> ir.Value:
+    def _by_size(self, name: str, result, args):
+        """A function of `args` (its last the size) whose entry branches to
+        a block for CHUNK bytes or one for any other size: the function,
+        a builder at the first, the second."""
+        function = ir.Function(self.module, ir.FunctionType(result, args), name)
+        b = ir.IRBuilder(function.append_basic_block("entry"))
+        chunk, other = function.append_basic_block("chunk"), function.append_basic_block("other")
+        b.cbranch(b.icmp_unsigned("==", function.args[-1], ir.Constant(self.i64, CHUNK)),
+                  chunk, other)
+        b.position_at_end(chunk)
+        return function, b, other
+
+    def _locked(self, b: ir.IRBuilder, body) -> ir.Value:
         """body(b) with the lock held (a spin on an exchange); its value."""
-        spin = b.append_basic_block("spin")
-        held = b.append_basic_block("held")
+        spin, held = b.append_basic_block("spin"), b.append_basic_block("held")
         b.branch(spin)
         b.position_at_end(spin)
-        was = b.atomic_rmw("xchg", lock, ir.Constant(i32, 1), "acquire")
-        b.cbranch(b.icmp_unsigned("!=", was, ir.Constant(i32, 0)), spin, held)
+        was = b.atomic_rmw("xchg", self.lock, ir.Constant(self.i32, 1), "acquire")
+        b.cbranch(b.icmp_unsigned("!=", was, ir.Constant(self.i32, 0)), spin, held)
         b.position_at_end(held)
         value = body(b)
-        b.store_atomic(ir.Constant(i32, 0), lock, "release", 4)
+        b.store_atomic(ir.Constant(self.i32, 0), self.lock, "release", 4)
         return value
 
-    alloc = ir.Function(module, ir.FunctionType(pointer, [pointer, i64]), "chunk_alloc")
-    _, size = alloc.args
-    b = ir.IRBuilder(alloc.append_basic_block("entry"))
-    from_cache, from_kernel = alloc.append_basic_block("cache"), alloc.append_basic_block("map")
-    b.cbranch(b.icmp_unsigned("==", size, ir.Constant(i64, CHUNK)), from_cache, from_kernel)
-    b.position_at_end(from_cache)
+    def _slot(self, b: ir.IRBuilder, index: ir.Value) -> ir.Value:
+        return b.gep(self.cache, [ir.Constant(self.i64, 0), index])
 
-    def take(b: ir.IRBuilder) -> ir.Value:
-        n = b.load(count)
-        some = b.icmp_unsigned("!=", n, ir.Constant(i64, 0))
-        last = b.select(some, b.sub(n, ir.Constant(i64, 1)), n)
-        b.store(last, count)
-        kept = b.load(b.gep(cache, [ir.Constant(i64, 0), last]))
-        return b.select(some, kept, ir.Constant(pointer, None))
-    kept = locked(b, take)
-    reuse = alloc.append_basic_block("reuse")
-    b.cbranch(b.icmp_unsigned("!=", kept, ir.Constant(pointer, None)), reuse, from_kernel)
-    b.position_at_end(reuse)
-    b.ret(kept)
-    b.position_at_end(from_kernel)
-    mapped = b.call(mmap, [ir.Constant(pointer, None), size, ir.Constant(i32, PROT_READ_WRITE),
-                           ir.Constant(i32, MAP_PRIVATE_ANONYMOUS), ir.Constant(i32, -1),
-                           ir.Constant(i64, 0)])
-    failed = b.icmp_unsigned("==", b.ptrtoint(mapped, i64), ir.Constant(i64, 2**64 - 1))
-    b.ret(b.select(failed, ir.Constant(pointer, None), mapped))
+    def _alloc(self) -> None:
+        """chunk_alloc: the last block kept, if it is a chunk that is asked
+        for and one is kept; else a new mapping (null where mmap fails)."""
+        i64, null = self.i64, ir.Constant(self.pointer, None)
+        function, b, mapping = self._by_size("chunk_alloc", self.pointer,
+                                             [self.pointer, i64])
 
-    free = ir.Function(module, ir.FunctionType(ir.VoidType(), [pointer, pointer, i64]),
-                       "chunk_free")
-    _, block, size = free.args
-    b = ir.IRBuilder(free.append_basic_block("entry"))
-    to_cache, to_kernel = free.append_basic_block("cache"), free.append_basic_block("unmap")
-    b.cbranch(b.icmp_unsigned("==", size, ir.Constant(i64, CHUNK)), to_cache, to_kernel)
-    b.position_at_end(to_cache)
+        def take(b: ir.IRBuilder) -> ir.Value:
+            n = b.load(self.count)
+            some = b.icmp_unsigned("!=", n, ir.Constant(i64, 0))
+            last = b.select(some, b.sub(n, ir.Constant(i64, 1)), n)
+            b.store(last, self.count)
+            return b.select(some, b.load(self._slot(b, last)), null)
+        kept = self._locked(b, take)
+        reuse = function.append_basic_block("reuse")
+        b.cbranch(b.icmp_unsigned("!=", kept, null), reuse, mapping)
+        b.position_at_end(reuse)
+        b.ret(kept)
+        b.position_at_end(mapping)
+        mapped = b.call(self.mmap, [null, function.args[1],
+                                    ir.Constant(self.i32, PROT_READ_WRITE),
+                                    ir.Constant(self.i32, MAP_PRIVATE_ANONYMOUS),
+                                    ir.Constant(self.i32, -1), ir.Constant(i64, 0)])
+        failed = b.icmp_unsigned("==", b.ptrtoint(mapped, i64), ir.Constant(i64, 2**64 - 1))
+        b.ret(b.select(failed, null, mapped))
 
-    def put(b: ir.IRBuilder) -> ir.Value:
-        n = b.load(count)
-        room = b.icmp_unsigned("<", n, ir.Constant(i64, KEPT))
-        slot = b.select(room, n, ir.Constant(i64, 0))
-        with b.if_then(room):
-            b.store(block, b.gep(cache, [ir.Constant(i64, 0), slot]))
-            b.store(b.add(n, ir.Constant(i64, 1)), count)
-        return room
-    stored = locked(b, put)
-    done = free.append_basic_block("done")
-    b.cbranch(stored, done, to_kernel)
-    b.position_at_end(to_kernel)
-    b.call(munmap, [block, size])
-    b.branch(done)
-    b.position_at_end(done)
-    b.ret_void()
-    return module
+    def _free(self) -> None:
+        """chunk_free: a chunk kept while there is room, else unmapped."""
+        i64 = self.i64
+        function, b, unmapping = self._by_size("chunk_free", ir.VoidType(),
+                                               [self.pointer, self.pointer, i64])
+        _, block, size = function.args
+
+        def put(b: ir.IRBuilder) -> ir.Value:
+            n = b.load(self.count)
+            room = b.icmp_unsigned("<", n, ir.Constant(i64, KEPT))
+            with b.if_then(room):
+                b.store(block, self._slot(b, n))
+                b.store(b.add(n, ir.Constant(i64, 1)), self.count)
+            return room
+        stored = self._locked(b, put)
+        done = function.append_basic_block("done")
+        b.cbranch(stored, done, unmapping)
+        b.position_at_end(unmapping)
+        b.call(self.munmap, [block, size])
+        b.branch(done)
+        b.position_at_end(done)
+        b.ret_void()
