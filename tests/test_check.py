@@ -87,6 +87,37 @@ def test_stable_log1pexp_passes_and_warns_of_its_f32_forward_overflow():
     assert "error" not in err
 
 
+# softplus(x @ x + b), summed, with its gradient w.r.t. b written out,
+# scaled by k: right at k = 1, 10% off at 0.9.  x and b are annotated f32,
+# so differences are taken in f32; at x = b = 10 the value is about 1640
+# (f32 rounds it to 1e-4).
+F32_BLOCK = """
+def f(x: const f32[n, n], b: f32[n], k: const f32):
+    z = x @ x + b
+    return sum(maximum(z, 0) + log1p(exp(-abs(z))))
+grad(dy):
+    return dy * sum(sigmoid(z), axis=0) * k
+"""
+
+
+def test_an_f32_annotated_block_is_judged_with_f32_rounding_in_its_differences():
+    # The f32 differences' rounding noise (up to 0.03 here) was held to f64's
+    # epsilon: the right block failed (max abs err 0.011) at a point
+    # `gradc check` samples; at f32's epsilon every direction was rejected.
+    f = dsl.loads(F32_BLOCK).f
+    x, b = np.full((4, 4), 10.0, np.float32), np.full(4, 10.0, np.float32)
+    right, wrong = np.float32(1.0), np.float32(0.9)
+    # z = 410 in every element, sigmoid(z) = 1 in f32: d/db_j = 4 (the rows)
+    np.testing.assert_array_equal(dsl.grad(f, "b")(x, b, right), [4.0] * 4)
+    result = dsl.check_gradients(f, x, b, right, order=1, upstream=False)
+    # every direction compared: 3 random and the 4 unit ones; forward, the random
+    assert [(r.wrt, r.dtype, r.compared, r.ok) for r in result] == [
+        ("b", "f32", 7, True), ("jvp:b", "f32", 3, True)]
+    result = dsl.check_gradients(f, x, b, wrong, order=1, upstream=False)
+    assert [(r.wrt, r.compared, r.ok) for r in result] == [("b", 7, False), ("jvp:b", 3, False)]
+    assert all(r.max_abs > 0.3 for r in result)  # 0.4 along a unit direction
+
+
 def test_stable_grad_block_is_finite_at_large_magnitudes_in_both_dtypes():
     m = dsl.load(EXAMPLES / "log1pexp.grad")
     x = np.array([1000.0, -1000.0, 100.0, 0.0])
