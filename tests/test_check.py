@@ -118,6 +118,20 @@ def test_an_f32_annotated_block_is_judged_with_f32_rounding_in_its_differences()
     assert all(r.max_abs > 0.3 for r in result)  # 0.4 along a unit direction
 
 
+def test_an_f32_max_of_ties_is_not_compared_at_a_step_that_hides_the_kink():
+    # Every element tied at 1000: a kink at the point along any direction (a
+    # max pool's windows at `gradc check`'s stress points).  f32's step there
+    # is 1, so the one-sided test's curvature allowance (10 * step) let it
+    # through, and the central difference, the mean of the largest and least
+    # of v, failed the gradient, which shares the 1 among the ties (a
+    # subgradient: the mean of v).
+    f = dsl.loads("def f(x: f32[n]):\n    return max(x)\n").f
+    x = np.full(5, 1000.0, np.float32)
+    np.testing.assert_array_equal(dsl.grad(f)(x), np.full(5, 0.2, np.float32))
+    result = dsl.check_gradients(f, x, order=1, upstream=False)
+    assert [(r.wrt, r.compared, r.ok) for r in result] == [("x", 0, True), ("jvp:x", 0, True)]
+
+
 def test_stable_grad_block_is_finite_at_large_magnitudes_in_both_dtypes():
     m = dsl.load(EXAMPLES / "log1pexp.grad")
     x = np.array([1000.0, -1000.0, 100.0, 0.0])
