@@ -101,8 +101,11 @@ def _no_such_primal(f: Compiled, name: str) -> ArgumentError:
 
 def _plain_call(primals: Any, tangents: Any) -> Optional[tuple]:
     """The primals then the tangents, for the fast path, when both are
-    given as sequences and no `dsl.Tape` records on this thread."""
-    if type(primals) in (tuple, list) and type(tangents) in (tuple, list) and not THREAD.tapes:
+    given as sequences of one length and no `dsl.Tape` records on this
+    thread.  (Unequal lengths are the slow path's error: joined, `(x, y,
+    tx), (ty,)` would be the key of `(x, y), (tx, ty)`.)"""
+    if type(primals) in (tuple, list) and type(tangents) in (tuple, list) and \
+            len(primals) == len(tangents) and not THREAD.tapes:
         return (*primals, *tangents)
     return None
 

@@ -406,6 +406,19 @@ def test_bad_tangents_are_argument_errors_before_any_kernel(tangents, text):
     assert not any(j._programs for j in m.f.__dict__.get("_derived", {}).values())
 
 
+def test_a_tangent_moved_among_the_primals_is_refused_after_a_call_like_it():
+    # the fast path joined primals and tangents into one key: after
+    # jvp(f, (x, y), (tx, ty)), jvp(f, (x, y, tx), (ty,)) had the same key
+    # and returned the first call's tangent instead of refusing the count
+    m = dsl.loads("def f(x, y):\n    return x * y\n")
+    x, y, tx, ty = (np.arange(3.0) + k for k in range(4))
+    assert dsl.jvp(m.f, (x, y), (tx, ty))[1].tolist() == [2.0, 10.0, 22.0]
+    for primals, tangents in (((x, y, tx), (ty,)), ((x,), (y, tx, ty))):
+        with pytest.raises(dsl.ArgumentError, match=f"got {len(tangents)} tangent\\(s\\) for "
+                                                    f"{len(primals)} primal"):
+            dsl.jvp(m.f, primals, tangents)
+
+
 def test_a_derived_function_is_named_once_in_a_message():
     # "of grad(f)() has shape": `f()` of a name already a call
     m = dsl.loads("def f(x, y):\n    return sum(x * y)\n")
