@@ -601,17 +601,21 @@ class Jacobian(AsFunction):
             raise ArgumentError(f"{self.name} on Dask arrays takes its arguments by "
                                 "position, and differentiates with respect to them only "
                                 "(not params)", self.f.span)
+        # (a Python number or list as binding converts it: its dtype, weakly typed)
+        values = DaskBound(self.f, args, {}).values
         per_wrt = []
         for name in self.wrt:
-            k = names.index(name)
-            x = args[k]
+            x = args[names.index(name)]
+            if not is_dask_array(x):
+                x = values[name]
             self._require_float(name, x)
             columns = _tangent_columns(
                 x, lambda basis: _jvp_on_dask(self.f, args, {name: basis})[1])
             if not columns:  # an empty argument: the outputs give the shapes
-                outs = _jvp_on_dask(self.f, args, {})[1]
+                raw = _jvp_on_dask(self.f, args, {})[1]  # (f's outputs, then tangents)
                 per_wrt.append([da.zeros(tuple(o.shape) + tuple(x.shape),
-                                         _jacobian_dtype(o, x)) for o in outs])
+                                         _jacobian_dtype(o, x))
+                                for o in raw[:len(raw) // 2]])
                 continue
             per_wrt.append(_assembled(columns, x, da.stack))
         per_output = [list(js) for js in zip(*per_wrt)]

@@ -449,6 +449,22 @@ def test_jacobians_on_dask_arrays_take_an_empty_argument_and_name_dtypes_as_in_m
         assert info.value.message.endswith("with respect to 'x': it has dtype i64")
 
 
+@pytest.mark.parametrize("jacobian", [dsl.jacfwd, dsl.jacrev])
+def test_jacobians_on_dask_arrays_of_one_output_and_of_a_python_number_are_as_in_memory(
+        jacobian):
+    # an empty argument gave a tuple of two Jacobians for f's one output (the
+    # jvp's tangents were counted as outputs too), and a Python number `wrt`
+    # names raised AttributeError ('float' object has no attribute 'dtype')
+    m = dsl.loads("def f(x, y):\n    return x * y\n")
+    lazy = jacobian(m.f)(da.zeros((0, 2), chunks=1), da.zeros((0, 2), chunks=1))
+    assert is_lazy(lazy) and (lazy.shape, lazy.dtype) == ((0, 2, 0, 2), np.float64)
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    jx, jy = dask.compute(jacobian(m.f, wrt=(0, 1))(da.from_array(x, chunks=2), 2.0))[0]
+    np.testing.assert_array_equal(jx, np.diag([2.0, 2.0, 2.0]).astype(np.float32))
+    np.testing.assert_array_equal(jy, x)
+    assert jy.dtype == np.float32  # 2.0 weakly typed, as for an in-memory x
+
+
 def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
     loss = load_example("logistic").loss
     v = RNG.normal(size=W.shape)
