@@ -617,7 +617,9 @@ class Jacobian(AsFunction):
                                          _jacobian_dtype(o, x))
                                 for o in raw[:len(raw) // 2]])
                 continue
-            per_wrt.append(_assembled(columns, x, da.stack))
+            # (an integer or bool output's zero tangents: its Jacobian has x's dtype)
+            per_wrt.append([j.astype(_jacobian_dtype(c, x)) for j, c in
+                            zip(_assembled(columns, x, da.stack), columns[0])])
         per_output = [list(js) for js in zip(*per_wrt)]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 

@@ -465,6 +465,17 @@ def test_jacobians_on_dask_arrays_of_one_output_and_of_a_python_number_are_as_in
     assert jy.dtype == np.float32  # 2.0 weakly typed, as for an in-memory x
 
 
+@pytest.mark.parametrize("jacobian", [dsl.jacfwd, dsl.jacrev])
+def test_jacobians_on_dask_arrays_of_integer_and_bool_outputs_have_the_argument_dtype(jacobian):
+    # as in memory (zero, of x's dtype): they were the tangents' i64 and bool
+    m = dsl.loads("def g(x):\n    return sum(where(x > 0, 1, 0)), x > 0\n")
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    lazy = jacobian(m.g)(da.from_array(x, chunks=2))
+    for got, expected in zip(dask.compute(lazy)[0], jacobian(m.g)(x)):
+        assert (got.shape, got.dtype) == (expected.shape, np.float32)
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
     loss = load_example("logistic").loss
     v = RNG.normal(size=W.shape)
