@@ -8,7 +8,7 @@ Contract:
   (the way to give a param a tangent; the others get none).  A tangent has
   its primal's shape and dtype (a Python number or sequence takes the
   primal's dtype); the tangent of a `const` or non-float argument must be
-  None or zero.  Anything else raises `ArgumentError` before a kernel runs.
+  None or zero (or JAX's `float0`, of its shape).  Anything else raises `ArgumentError` before a kernel runs.
   The program is `compiler.forward.jvp`'s: through grad blocks, it runs
   their transposition.
 - `jacfwd(f, wrt)(*args)` and `jacrev(f, wrt)(*args)`: the Jacobian of
@@ -192,6 +192,14 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         return None
     carries = name in f.differentiable_names({name: _host_like(primal)})
     dtype, shape = np.dtype(primal.dtype), tuple(primal.shape)
+    if _is_float0(t):  # JAX's zero tangent of an integer: as None, where it has the shape
+        if carries:
+            raise ArgumentError(f"{where} has dtype float0 (JAX's tangent of an integer or "
+                                f"bool); its primal has dtype {SUPPORTED[dtype]}", f.span)
+        if tuple(t.shape) != shape:
+            raise ArgumentError(f"{where} has shape {list(t.shape)}; its primal has shape "
+                                f"{list(shape)}", f.span)
+        return None
     if f.target.is_array(t) and not isinstance(t, np.ndarray):
         # a device array, taken as it is (where the target can)
         array = f.accepted(t, where) if carries else f.target.to_host(t)
@@ -216,6 +224,15 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
     # (`runtime.args`): the tape tracking it records the jvp, and one NumPy
     # derived is refused there; a plain copy would be a silent constant
     return t if getattr(t, "bind_as_is", False) else array
+
+
+def _is_float0(t: Any) -> bool:
+    """Whether t is an array of JAX's `float0` (`jax.dtypes.float0`, a
+    void dtype of one field so named), which `jax.jvp` takes, and only
+    takes, as the tangent of an integer or bool primal: a zero, holding no
+    values."""
+    dtype = getattr(t, "dtype", None)
+    return isinstance(dtype, np.dtype) and dtype.names == ("float0",)
 
 
 def _host_like(a: Any) -> np.ndarray:

@@ -455,6 +455,19 @@ def test_a_const_or_integer_tangent_must_be_none_or_zero():
             dsl.jvp(m.f, (2.0, 3.0, 4), tangents)
 
 
+def test_jax_s_float0_tangent_of_an_integer_is_taken_as_none():
+    # jax.jvp takes (only) float0 tangents for integer and bool primals; here
+    # one was "not numeric: got ndarray"
+    float0 = np.dtype([("float0", "V")])  # jax.dtypes.float0
+    m = dsl.loads("def f(x, n: i64):\n    return x * n\n")
+    y, ty = dsl.jvp(m.f, (2.0, 3), (1.5, np.zeros((), float0)))
+    assert (y, ty) == (6.0, 4.5)
+    for tangents, text in (((np.zeros((), float0), None), r"'x' of f\(\) has dtype float0 "),
+                           ((1.0, np.zeros(2, float0)), r"'n' of f\(\) has shape \[2\]")):
+        with pytest.raises(dsl.ArgumentError, match=text):
+            dsl.jvp(m.f, (2.0, 3), tangents)
+
+
 def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
     # sqrt's tangent t / (2 sqrt(x)) is t / 0 = inf at x = 0, in the branch not taken
     m = dsl.loads("def f(x):\n    return where(x > 0, sqrt(x), 2 * x)\n")
