@@ -1482,6 +1482,10 @@ class HvpFunction(Directional):
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)
         x, v = bound[self.wrt], args[-1]
         dtype = SUPPORTED[np.dtype(x.dtype)]
+        if np.dtype(x.dtype).kind != "f":  # (before v is converted to its dtype, and refused)
+            raise ArgumentError(f"cannot differentiate {called(self.inner.inner.name)} with "
+                                f"respect to {self.wrt!r}: it has dtype {dtype}, and only "
+                                "floats carry gradients", self.span)
         if not is_device_array(v):
             where = f"v of {self.name}"
             converted = cast(where, numeric_array(where, v, self.span), dtype, self.span)

@@ -468,6 +468,18 @@ def test_jax_s_float0_tangent_of_an_integer_is_taken_as_none():
             dsl.jvp(m.f, (2.0, 3), tangents)
 
 
+def test_hvp_along_an_integer_argument_names_it_not_v():
+    # v was converted to x's i64 first: "v of hvp(f) must hold i64 values"
+    m = dsl.loads("def f(x):\n    return sum(x * x)\n")
+    for x in (np.arange(3), np.array([True, False, True])):
+        with pytest.raises(dsl.ArgumentError) as info:
+            dsl.hvp(m.f)(x, np.array([0.5, 1.0, 2.0]))
+        assert info.value.message == (f"cannot differentiate f() with respect to 'x': it has "
+                                      f"dtype {'i64' if x.dtype.kind == 'i' else 'bool'}, and "
+                                      "only floats carry gradients")
+    assert dsl.hvp(m.f)(np.arange(3.0), np.array([0.5, 1.0, 2.0])).tolist() == [1.0, 2.0, 4.0]
+
+
 def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
     # sqrt's tangent t / (2 sqrt(x)) is t / 0 = inf at x = 0, in the branch not taken
     m = dsl.loads("def f(x):\n    return where(x > 0, sqrt(x), 2 * x)\n")
