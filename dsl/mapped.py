@@ -232,6 +232,9 @@ class MappedJacobian(AsFunction):
             every = tuple(sorted({*mapped, *(positions[n] for n in jacobian.wrt)}))
             wrt = jacobian.wrt[0] if jacobian.single else jacobian.wrt
             self.batched = Jacobian(_mapped(jacobian.f, every), wrt, jacobian.mode, batched=True)
+            # its errors are this call's: named as written, not jacfwd(vmap(f)), which
+            # is another Jacobian (across the examples)
+            self.batched.name = self.name
 
     def error_sources(self) -> tuple[tuple[str, str], ...]:
         return self.f.error_sources()

@@ -339,6 +339,19 @@ def test_vmap_of_a_jacobian_that_does_not_stack_runs_each_example(m):
         assert empty.shape == (0, 3) and empty.dtype == np.float64
 
 
+def test_vmap_of_a_jacobian_is_named_as_written_in_its_errors():
+    # it said jacfwd(vmap(f)), the Jacobian across the examples (another
+    # function), for the user's vmap(jacfwd(f))
+    m = dsl.loads("def f(x, y):\n    return x * y\n")
+    for transform in (dsl.jacfwd, dsl.jacrev):
+        with pytest.raises(dsl.ArgumentError) as info:
+            dsl.vmap(transform(m.f, wrt=(0, 1)))(np.ones((2, 3)), np.ones((2, 3), np.int64))
+        assert info.value.message == (f"vmap({transform.__name__}(f)): cannot differentiate "
+                                      "with respect to 'y': it has dtype i64")
+    j = dsl.vmap(dsl.jacfwd(m.f, wrt=(0, 1)))(np.ones((2, 3)), np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(j[0], np.broadcast_to(2.0 * np.eye(3), (2, 3, 3)))
+
+
 @settings(max_examples=4, deadline=None)
 @given(data=st.data())
 def test_vmap_of_hvp_maps_v_too(m, data):
