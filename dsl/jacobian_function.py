@@ -48,7 +48,10 @@ class JacobianFunction(Derived):
         super().__init__(jacobian.f)
         self.jacobian = jacobian
         self.wrt, self.single, self.name = jacobian.wrt, jacobian.single, jacobian.name
-        self.jvp = jvp_function(self.inner, self.wrt)
+        # each argument once: a jvp along `wrt=(0, 0)`'s x twice took one of
+        # its two tangents (the other's Jacobian was zero); repeats share its columns
+        self.unique = tuple(dict.fromkeys(self.wrt))
+        self.jvp = jvp_function(self.inner, self.unique)
         self.columns = Stacked(self.jvp, self.jvp.tangent_names, "tangents")
         self.param_specs = self.jvp.param_specs  # inner's, then the one-hot tangents
         self.hidden = self.inner.hidden | frozenset(self.jvp.tangent_names)
@@ -60,9 +63,9 @@ class JacobianFunction(Derived):
              ) -> dict[str, np.ndarray]:
         bound = self.inner.bind(args, kwargs, params)
         self.jacobian.require_wrt(bound)  # (refused as the Jacobian's own call refuses them)
-        sizes = [math.prod(bound[name].shape) for name in self.wrt]
+        sizes = [math.prod(bound[name].shape) for name in self.unique]
         rows, start = sum(sizes), 0
-        for name, tangent, size in zip(self.wrt, self.jvp.tangent_names, sizes):
+        for name, tangent, size in zip(self.unique, self.jvp.tangent_names, sizes):
             x = bound[name]
             basis = np.zeros((rows, size), x.dtype)
             basis[start + np.arange(size), np.arange(size)] = 1
@@ -77,12 +80,15 @@ class JacobianFunction(Derived):
         b = Builder()
         outs = inline(b, stacked, stacked.params)
         n = len(outs) // 2
+        starts, start = {}, 0  # each argument's first row among the columns
+        for name in self.unique:
+            starts[name], start = start, start + math.prod(types[name].shape)
         jacobians = []
         for value, columns in zip(outs[:n], outs[n:]):
-            start, out_shape = 0, columns.type.shape[1:]
+            out_shape = columns.type.shape[1:]
             for name in self.wrt:
                 shape = types[name].shape
-                size, rank = math.prod(shape), len(shape)
+                size, rank, start = math.prod(shape), len(shape), starts[name]
                 if not value.type.is_float:  # zero, in the argument's dtype
                     jacobians.append(b.bind("broadcast_to", b.lit(0, types[name].dtype),
                                             shape=out_shape + shape))
@@ -93,7 +99,6 @@ class JacobianFunction(Derived):
                 block = b.bind("reshape", block, shape=shape + out_shape)
                 jacobians.append(b.bind("transpose", block, perm=tuple(
                     range(rank, rank + len(out_shape))) + tuple(range(rank))))
-                start += size
         return b.function(self.name, stacked.params, jacobians)
 
     def identity(self) -> tuple:

@@ -419,6 +419,17 @@ def test_a_tangent_moved_among_the_primals_is_refused_after_a_call_like_it():
             dsl.jvp(m.f, primals, tangents)
 
 
+def test_a_jacobian_taken_as_a_function_with_an_argument_twice_in_wrt_gives_it_each_time():
+    # its one program ran f's jvp along x twice, which took one of the two
+    # tangents: one Jacobian was zero (under a tape, and for grad or jvp of it)
+    m = dsl.loads("def f(x, y):\n    return sin(x) * y\n")
+    x, y = np.array([0.5, -1.0]), np.array([2.0, 3.0])
+    jacobians, tangents = dsl.jvp(dsl.jacfwd(m.f, wrt=(0, "x")), (x, y), (np.ones(2), None))
+    for jacobian, tangent in zip(jacobians, tangents):
+        np.testing.assert_allclose(jacobian, np.diag(np.cos(x) * y), rtol=1e-15)
+        np.testing.assert_allclose(tangent, np.diag(-np.sin(x) * y), rtol=1e-15)
+
+
 def test_a_derived_function_is_named_once_in_a_message():
     # "of grad(f)() has shape": `f()` of a name already a call
     m = dsl.loads("def f(x, y):\n    return sum(x * y)\n")
