@@ -8,7 +8,8 @@ Contract:
   (the way to give a param a tangent; the others get none).  A tangent has
   its primal's shape and dtype (a Python number or sequence takes the
   primal's dtype); the tangent of a `const` or non-float argument must be
-  None or zero (or JAX's `float0`, of its shape).  Anything else raises `ArgumentError` before a kernel runs.
+  None or zero (or JAX's `float0`, of its shape).  Anything else raises
+  `ArgumentError` before a kernel runs.
   The program is `compiler.forward.jvp`'s: through grad blocks, it runs
   their transposition.
 - `jacfwd(f, wrt)(*args)` and `jacrev(f, wrt)(*args)`: the Jacobian of
