@@ -105,6 +105,7 @@ class JaxFunction(Bridged):
 
         if not jax.config.jax_enable_x64:
             _refuse_64_bit_annotations(f, args, kwargs)
+            args, kwargs = _narrowed_scalars(f, args, kwargs)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
 
@@ -128,6 +129,28 @@ def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
                                 f"'jax_enable_x64', True)) or annotate {SUPPORTED[narrow]}",
                                 f.span)
 
+
+def _narrowed_scalars(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments, where JAX runs without jax_enable_x64, with a NumPy
+    f64 (i64) scalar for a parameter annotated f32 (i32) as the Python
+    number it holds, which binding takes for that dtype (an integer
+    range-checked): JAX narrows such a scalar as it does an array, and
+    under `jit` it is an f32 (i32) tracer, taken.  (An eager call refused
+    it as "dtype f64, but its annotation says f32", which `jit` of the same
+    call took.  Unannotated, a NumPy scalar stays a 64-bit constant, as
+    NumPy's.)"""
+    specs = {s.name: s.dtype for s in (*f.param_specs, *f.specs)}
+    names = [s.name for s in f.specs]
+
+    def narrowed(value: Any, name: Optional[str]) -> Any:
+        wide = _NARROWED_SCALARS.get(specs.get(name))
+        return value.item() if wide is not None and isinstance(value, wide) else value
+    return (tuple(narrowed(a, names[i] if i < len(names) else None) for i, a in enumerate(args)),
+            {k: narrowed(v, k) for k, v in kwargs.items()})
+
+
+# a 32-bit annotation -> the NumPy scalar type JAX narrows to it without x64
+_NARROWED_SCALARS = {"f32": np.float64, "i32": np.int64}
 
 # a 64-bit annotation -> what its arrays are, the dtype JAX narrows them to
 _64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(np.int32))}

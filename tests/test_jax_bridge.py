@@ -356,6 +356,23 @@ def test_an_f64_result_reaches_jax_as_f32_without_x64():
     np.testing.assert_array_equal(lp(x), np.float32([2.0, 5.0]))
 
 
+def test_a_numpy_64_bit_scalar_for_a_32_bit_annotation_is_narrowed_as_under_jit():
+    # without x64, np.float64(2.5) for y: f32 (np.int64(3) for k: i32) was
+    # refused eagerly ("dtype f64, but its annotation says f32") and taken
+    # by jit of the same call, where JAX narrows it to an f32 tracer
+    assert not jax.config.jax_enable_x64
+    m = dsl.loads("def g(x: f32[n], y: f32, k: i32):\n    return x * y + k\n")
+    g = dsl.to_jax(m.g)
+    x = jnp.array([0.5, -2.0], jnp.float32)
+    expected = np.float32([0.5 * 2.5 + 3, -2.0 * 2.5 + 3])
+    for call in (g, jax.jit(g)):
+        got = call(x, np.float64(2.5), k=np.int64(3))
+        assert got.dtype == jnp.float32
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(dsl.ArgumentError, match="'k' of g\\(\\) is out of range for i32"):
+        g(x, np.float64(2.5), np.int64(2 ** 31))
+
+
 @pytest.mark.parametrize("n", [3, 1, 0])
 def test_under_jit_kernels_write_into_xlas_result_buffers(n, monkeypatch):
     # under jit every result was made by the kernels in an array of their
