@@ -182,7 +182,8 @@ def _call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
     """The `Call` of f on `bound` with `names` traced, giving its results
     `keep` (None: all), made once per signature, constants' values and
     `jax_enable_x64` (which sets the results' dtypes): JAX caches what it
-    traces and compiles under the operation's `call`."""
+    traces and compiles under the operation's `call`, which holds a copy
+    of each constant array (the values it is found by)."""
     import jax
     traced_statics = f.static_names(bound) & set(names)
     if traced_statics:
@@ -196,7 +197,11 @@ def _call(f: Compiled, bound: dict[str, Any], names: tuple[str, ...],
     if call is None:
         if len(calls) >= _CALLS_KEPT:
             calls.clear()
-        call = calls[key] = Call(f, bound, names, keep)
+        # (the constants as keyed: a module param's array, modified in place
+        # later and set again to these values, found this call reading the
+        # modified one)
+        call = calls[key] = Call(f, {n: a.copy() if n not in names and isinstance(a, np.ndarray)
+                                     else a for n, a in bound.items()}, names, keep)
     return call
 
 

@@ -454,6 +454,21 @@ def test_under_jit_a_param_left_out_is_read_at_trace_and_a_keyword_one_at_each_c
     assert by_keyword(x, jnp.array([1.5, 2.0])) == 18.5
 
 
+def test_a_param_modified_in_place_then_set_back_is_read_as_set(x64):
+    # the operation of a call is kept by the values of its constants, but it
+    # held the param's array itself: modified in place, then set back to the
+    # first values, the call found the first operation, reading the modified one
+    m = dsl.loads("param w: f64[2]\n\ndef scaled(x):\n    return w * x\n")
+    f = dsl.to_jax(m.scaled)
+    x = jnp.array(2.0)
+    m.params["w"] = np.array([0.5, 2.0])
+    np.testing.assert_array_equal(f(x), [1.0, 4.0])
+    m.params["w"][:] = 7.0
+    np.testing.assert_array_equal(f(x), [14.0, 14.0])
+    m.params["w"] = np.array([0.5, 2.0])
+    np.testing.assert_array_equal(f(x), [1.0, 4.0])
+
+
 def test_an_index_out_of_range_outside_jit_is_the_argument_error(x64):
     # the callback's ArgumentError reached the caller as JAX's
     # JaxRuntimeError("INTERNAL: CpuCallback error ...")
