@@ -29,6 +29,7 @@ from dsl.function import Derived, Stacked, derived, jvp_function
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.shapes import NeedsConcrete
+from gradlang.runtime.common import require_host_room
 
 
 def jacobian_function(jacobian: Any) -> "JacobianFunction":
@@ -67,6 +68,9 @@ class JacobianFunction(Derived):
         rows, start = sum(sizes), 0
         for name, tangent, size in zip(self.unique, self.jvp.tangent_names, sizes):
             x = bound[name]
+            # (refused by name before NumPy is asked for terabytes)
+            require_host_room((rows, size), x.dtype, f"the one-hot tangents along {name!r}",
+                              self.span)
             basis = np.zeros((rows, size), x.dtype)
             basis[start + np.arange(size), np.arange(size)] = 1
             bound[tangent] = basis.reshape((rows, *x.shape))

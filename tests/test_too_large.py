@@ -109,6 +109,11 @@ def test_every_transform_names_itself():
         "jacfwd(grad(total)): the Jacobian of its result with respect to 'x' would be "
         "f64[1000000, 1000000], 7.28 TiB":
             lambda: dsl.hessian(M.total)(np.broadcast_to(1.0, (10 ** 6,))),
+        # taken as a function (its jvp), its one-hot tangents are refused by name
+        # before NumPy is asked for them ("Unable to allocate 7.28 TiB")
+        "jacfwd(total): the one-hot tangents along 'x' would be f64[1000000, 1000000]":
+            lambda: dsl.jvp(dsl.jacfwd(M.total), (np.broadcast_to(1.0, (10 ** 6,)),),
+                            (np.broadcast_to(1.0, (10 ** 6,)),)),
     }
     for message, call in cases.items():
         with pytest.raises(AllocationError) as caught:
