@@ -236,7 +236,6 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
         eps, rtol, atol = max(eps, 1e-3), max(rtol, 1e-2), max(atol, 1e-3)
     unit = _unit(bound)
     value = _run(f, bound)
-    value_finite = _finite(value)
     results = CheckResult()
     reference: dict[str, np.ndarray] = {}
     floats = f.differentiable_names(bound)
@@ -253,64 +252,17 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     # function of every argument
     fdef = getattr(f, "fdef", None)
     crossed = fdef is not None and len(fdef.grads) >= 2 and len(floats) >= 2
+    point = _Point(f, bound, value, vjp, us, ones, rtol, atol, unit)
     for name in floats:
         x = bound[name]
         step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
         directions = [rng.normal(size=x.shape) for _ in range(3)]
         if x.size <= 4:
             directions += [np.eye(x.size)[i].reshape(x.shape) for i in range(x.size)]
-
-        def total(point: np.ndarray) -> float:
-            outs = _run(f, {**bound, name: point})
-            return float(sum(np.sum(o * u) for o, u in zip(outs, us.values())))
-
-        # J^T u from the backward pass (the dot-product test's program), and
-        # grad(f, wrt=x), the program users call, which must be J^T 1
-        index = floats.index(name)
-        g = _run(vjp, {**bound, **us})[index]
-        g_ones = _run(vjp, {**bound, **ones})[index]
-        g_sum = reference[name] = _run(grad_function(f, name, with_value=False), bound)[-1]
-        pairs, numerics = [], []
-        for v in directions:
-            numeric = _central(lambda t: total((x + t * v).astype(x.dtype)), step, rtol, atol,
-                               unit)
-            numerics.append(numeric)
-            if numeric is not None:
-                pairs.append((np.sum(g * v), *numeric))
-        nan = value_finite and _has_nan([g, g_sum])
-        compared = _agreeing(_compare(pairs, rtol, atol), g_sum, g_ones, rtol, atol)
-        results.append(_row(f, 1, name, compared, nan, x))
-
-        # order k: d/dx <D^{k-1}, v> along v, against differences of D^{k-1};
-        # D^1 is J^T u (name's place among the cotangents keys it, as in
-        # _check_upstream), so a later block sees an upstream other than 1
-        previous = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
-        for k in range(2, order + 1):
-            current = derived(f, ("vjp directional", len(value), index, name, k),
-                              lambda: Directional(previous, name, f"$v{k}"))
-            pairs, nan = [], False
-            for v, first in zip(directions[:3], numerics):
-                base = {**bound, **us, **{f"$v{j}": v for j in range(2, k)}}
-                analytic = _run(current, {**base, f"$v{k}": v})[0]
-                nan = nan or (value_finite and _has_nan([analytic]))
-                if first is None and unit > EPS64:
-                    # An f32 gradient's rounding is not bounded by its own
-                    # size, as `_central` assumes (it cancels the value's
-                    # terms: attention's at q = k = 1000, whose f32 scores
-                    # round to a one-hot softmax): where the value's own
-                    # differences along v were swamped, so are its.
-                    continue
-                numeric = _central(
-                    lambda t: _run(previous, {**base, name: (x + t * v).astype(x.dtype)})[-1],
-                    step * 10, rtol * 10, atol * 10, unit)
-                if numeric is not None:
-                    pairs.append((analytic, *numeric))
-            if k == 2 and crossed:
-                cross, nan2 = _cross_pairs(f, bound, vjp, us, name, directions[:3], rng,
-                                           step * 10, rtol * 10, atol * 10, unit)
-                pairs, nan = pairs + cross, nan or (value_finite and nan2)
-            results.append(_row(f, k, name, _compare(pairs, rtol * 10, atol * 10), nan, x))
-            previous = current
+        row, numerics = _first_order(point, name, directions, step, reference)
+        results.append(row)
+        results.extend(_higher_orders(point, name, directions[:3], numerics, step, order,
+                                      crossed, rng))
         if order >= 2 and upstream and any(o.dtype.kind == "f" for o in value):
             results.append(_check_upstream(f, bound, value, name, rng, step, rtol * 10,
                                            atol * 10))
@@ -341,6 +293,100 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     if raise_on_failure:
         results.raise_on_failure()
     return results
+
+
+@dataclass(frozen=True)
+class _Point:
+    """What every row at one point of `check_gradients` reads: f, its
+    arguments (`bound`) and value there, its backward pass, the random
+    cotangents `us` and the all-ones ones (by the pass's cotangent names),
+    the tolerances and the pass's machine epsilon (`unit`)."""
+
+    f: Compiled
+    bound: dict
+    value: list
+    vjp: Compiled
+    us: dict
+    ones: dict
+    rtol: float
+    atol: float
+    unit: float
+
+    @property
+    def value_finite(self) -> bool:
+        return _finite(self.value)
+
+
+def _first_order(point: _Point, name: str, directions: list, step: float,
+                 reference: dict) -> tuple[GradCheck, list]:
+    """The order-1 row along `name`: J^T u (the backward pass, the
+    dot-product test's program) against differences of sum(u * f) along
+    each direction, and grad(f, wrt=name), the program users call, against
+    J^T 1; and the differences, per direction (None where not compared),
+    which the forward-mode rows and f32's order-2 rule reuse.  Records
+    grad(f)'s gradient in `reference` (the f32 rows' reference)."""
+    f, bound, x = point.f, point.bound, point.bound[name]
+    rtol, atol = point.rtol, point.atol
+
+    def total(at: np.ndarray) -> float:
+        outs = _run(f, {**bound, name: at})
+        return float(sum(np.sum(o * u) for o, u in zip(outs, point.us.values())))
+
+    index = f.differentiable_names(bound).index(name)
+    g = _run(point.vjp, {**bound, **point.us})[index]
+    g_ones = _run(point.vjp, {**bound, **point.ones})[index]
+    g_sum = reference[name] = _run(grad_function(f, name, with_value=False), bound)[-1]
+    pairs, numerics = [], []
+    for v in directions:
+        numeric = _central(lambda t: total((x + t * v).astype(x.dtype)), step, rtol, atol,
+                           point.unit)
+        numerics.append(numeric)
+        if numeric is not None:
+            pairs.append((np.sum(g * v), *numeric))
+    nan = point.value_finite and _has_nan([g, g_sum])
+    compared = _agreeing(_compare(pairs, rtol, atol), g_sum, g_ones, rtol, atol)
+    return _row(f, 1, name, compared, nan, x), numerics
+
+
+def _higher_orders(point: _Point, name: str, directions: list, numerics: list, step: float,
+                   order: int, crossed: bool, rng) -> list[GradCheck]:
+    """The rows of orders 2 to `order` along `name`: d/dx <D^{k-1}, v>
+    along v against differences of D^{k-1}, where D^1 is J^T u (name's
+    place among the cotangents keys it, as in `_check_upstream`), so a
+    later block sees an upstream other than 1; with `crossed`, order 2
+    also compares the mixed partials (`_cross_pairs`)."""
+    f, bound, x, value = point.f, point.bound, point.bound[name], point.value
+    rtol, atol, vjp = point.rtol * 10, point.atol * 10, point.vjp
+    index = f.differentiable_names(bound).index(name)
+    previous = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
+    rows = []
+    for k in range(2, order + 1):
+        current = derived(f, ("vjp directional", len(value), index, name, k),
+                          lambda: Directional(previous, name, f"$v{k}"))
+        pairs, nan = [], False
+        for v, first in zip(directions, numerics):
+            base = {**bound, **point.us, **{f"$v{j}": v for j in range(2, k)}}
+            analytic = _run(current, {**base, f"$v{k}": v})[0]
+            nan = nan or (point.value_finite and _has_nan([analytic]))
+            if first is None and point.unit > EPS64:
+                # An f32 gradient's rounding is not bounded by its own
+                # size, as `_central` assumes (it cancels the value's
+                # terms: attention's at q = k = 1000, whose f32 scores
+                # round to a one-hot softmax): where the value's own
+                # differences along v were swamped, so are its.
+                continue
+            numeric = _central(
+                lambda t: _run(previous, {**base, name: (x + t * v).astype(x.dtype)})[-1],
+                step * 10, rtol, atol, point.unit)
+            if numeric is not None:
+                pairs.append((analytic, *numeric))
+        if k == 2 and crossed:
+            cross, nan2 = _cross_pairs(f, bound, vjp, point.us, name, directions, rng,
+                                       step * 10, rtol, atol, point.unit)
+            pairs, nan = pairs + cross, nan or (point.value_finite and nan2)
+        rows.append(_row(f, k, name, _compare(pairs, rtol, atol), nan, x))
+        previous = current
+    return rows
 
 
 def _cross_pairs(f: Compiled, bound, vjp, us: dict, name: str, directions: list, rng,
