@@ -269,6 +269,12 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
         value = plain(where, value, span)
     elif is_foreign_array(value):  # (its library's refusal, a tensor that requires grad, said so)
         value = foreign_array(where, value, span)
+    elif isinstance(value, (list, tuple)) and _holds_dask_array(value):
+        # np.asarray would compute the Dask arrays whole, in this process,
+        # and the call would run in memory: not what a Dask call promises
+        raise ArgumentError(f"{where} is a {type(value).__name__} holding a Dask array, which the "
+                            "call would compute whole into memory: stack them into one Dask "
+                            "array (da.stack) to run block by block", span)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
@@ -287,6 +293,12 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ArgumentError(f"{where} is not numeric: got {type(value).__name__}", span)
     return array
+
+
+def _holds_dask_array(sequence: Any) -> bool:
+    """Whether a (nested) list or tuple holds a Dask array."""
+    return any(is_dask_array(v) or (isinstance(v, (list, tuple)) and _holds_dask_array(v))
+               for v in sequence)
 
 
 def plain(where: str, value: Any, span=None) -> np.ndarray:

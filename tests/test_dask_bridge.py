@@ -582,3 +582,18 @@ def test_a_broadcast_to_the_rows_size_runs_by_blocks():
         grad = dsl.grad(m.f, wrt=1)(da.from_array(X, chunks=(300, 3)), b)
     np.testing.assert_array_equal(value, X * b)
     np.testing.assert_allclose(np.asarray(dask.compute(grad)[0]), X.sum(axis=0), rtol=1e-12)
+
+
+def test_a_list_holding_dask_arrays_is_an_argument_error_not_computed_in_memory():
+    m = dsl.loads("def f(x, s):\n    return sum(s * x)\n", "lists.grad")
+    xs = da.from_array(X, chunks=(400, 3))
+    # NumPy would compute the Dask arrays whole and run in memory, eagerly
+    for call in (lambda: m.f([xs, xs], 1.0), lambda: dsl.grad(m.f)(x=(xs,), s=1.0),
+                 lambda: dsl.vjp(m.f, X, [[xs[0, 0]], 2.0])):
+        with pytest.raises(dsl.ArgumentError, match="lists.grad:1:5: error: argument .* is a "
+                                                    "(list|tuple) holding a Dask array.*da.stack"):
+            call()
+    # stacked, it runs block by block, as the in-memory call
+    value = m.f(da.stack([xs, xs]), 1.0)
+    assert isinstance(value, da.Array)
+    np.testing.assert_allclose(value.compute(), 2 * X.sum(), rtol=1e-12)
