@@ -314,7 +314,7 @@ class _Plan:
                 # `(x.shape[0] * 2, 2)`, in a function whose gradient is elementwise):
                 # a block must hold whole rows, so blocks of rows, as for any function
                 self.split = replace(self.split, elementwise=False)
-        self.block = _Runner(block, f.target)
+        self.block = _Runner(block, f.target, tuple(f.error_sources()))
         self.block.program()  # compiled now, in this process
         n_rows = sum(self.split.row_outputs)
         self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]
@@ -327,10 +327,13 @@ _PROGRAMS: dict[str, Any] = {}  # per process: a block function's text -> its pr
 class _Runner:
     """A block function, as the tasks of a Dask graph carry it: its IR (and
     target), compiled once per process (the worker's own, with its kernel
-    cache) on first use; never a compiled program or Numba dispatcher."""
+    cache) on first use; never a compiled program or Numba dispatcher.
+    An error a block raises (an index out of range) carries the caret line
+    of `sources` ((file, text) pairs), as the in-memory call's does: it
+    leaves through Dask, not through the call's boundary."""
 
-    def __init__(self, fn, target):
-        self.fn, self.target_name = fn, target.name
+    def __init__(self, fn, target, sources: tuple = ()):
+        self.fn, self.target_name, self.sources = fn, target.name, sources
         self.key = f"{target.name}\n{print_function(fn)}"
 
     def program(self):
@@ -340,7 +343,13 @@ class _Runner:
         return program
 
     def __call__(self, *arrays) -> tuple:
-        return tuple(self.program()(*arrays))
+        try:
+            return tuple(self.program()(*arrays))
+        except GradError as err:
+            text = dict(self.sources).get(err.span.file)
+            if err.source is None and text is not None:
+                err.with_source(text)
+            raise
 
 
 ROW_PLANS = 64  # plans kept per function (one per shapes of its arguments' blocks)

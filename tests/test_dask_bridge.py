@@ -597,3 +597,19 @@ def test_a_list_holding_dask_arrays_is_an_argument_error_not_computed_in_memory(
     value = m.f(da.stack([xs, xs]), 1.0)
     assert isinstance(value, da.Array)
     np.testing.assert_allclose(value.compute(), 2 * X.sum(), rtol=1e-12)
+
+
+def test_an_error_raised_in_a_block_shows_its_source_line_as_in_memory():
+    m = dsl.loads("def f(x, labels: i64[n]):\n"
+                  "    return sum(take_along_axis(x, labels, axis=1))\n", "blocks.grad")
+    labels = np.full(800, 7)  # out of range for 3 columns
+    messages = []
+    for args in [(X, labels), (da.from_array(X, chunks=(300, 3)), da.from_array(labels, 300))]:
+        with pytest.raises(dsl.ArgumentError, match="blocks.grad:2:16: error: index 7 in "
+                                                    "'labels' is out of range") as err:
+            dask.compute(m.f(*args))
+        messages.append(str(err.value))
+    assert messages[1] == messages[0]  # with the caret line under take_along_axis
+    assert messages[1].splitlines()[1:] == [
+        "        return sum(take_along_axis(x, labels, axis=1))",
+        "                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^"]
