@@ -80,6 +80,13 @@ class DaskBound:
                              {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
         self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
         self.whole: set[str] = set()
+        # a const's value picks the program, and the stand-in's is 0, not the array's
+        for spec in f.specs:
+            if spec.const and spec.name in self.dask:
+                raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is `const`: its "
+                                    "value is needed to compile the call, and a Dask array's is "
+                                    "not known until computed; pass it computed (.compute())",
+                                    f.span)
 
     @staticmethod
     def placeholder(value) -> Any:

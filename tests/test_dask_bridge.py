@@ -614,3 +614,15 @@ def test_an_error_raised_in_a_block_shows_its_source_line_as_in_memory():
     source, caret = messages[1].splitlines()[1:]
     assert source == "        return sum(take_along_axis(x, labels, axis=1))"
     assert caret.startswith(" " * 19 + "^^^") and set(caret.strip()) == {"^"}
+
+
+def test_a_dask_array_for_a_const_parameter_is_an_argument_error_not_its_stand_in_zero():
+    m = dsl.loads("def f(x, axis: const):\n    return sum(x * x, axis)\n", "const.grad")
+    xs, axis = da.from_array(X, chunks=(300, 3)), da.from_array(np.array(1))
+    np.testing.assert_allclose(m.f(xs, 1).compute(), np.sum(X * X, 1), rtol=1e-12)  # computed: ok
+    # the stand-in bound for a Dask array is 0: the call summed over axis 0, shape (3,)
+    for call in (lambda: m.f(xs, axis), lambda: dsl.grad(m.f)(xs, axis),
+                 lambda: dsl.jvp(m.f, (xs, axis), (xs, None))):
+        with pytest.raises(dsl.ArgumentError, match="const.grad:1:5: error: argument 'axis' of "
+                                                    ".* is `const`.*pass it computed"):
+            call()
