@@ -269,7 +269,8 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
         value = plain(where, value, span)
     elif is_foreign_array(value):  # (its library's refusal, a tensor that requires grad, said so)
         value = foreign_array(where, value, span)
-    elif isinstance(value, (list, tuple)) and _holds_dask_array(value):
+    elif isinstance(value, (list, tuple)) and "dask.array" in sys.modules \
+            and _holds_dask_array(value):
         # np.asarray would compute the Dask arrays whole, in this process,
         # and the call would run in memory: not what a Dask call promises
         raise ArgumentError(f"{where} is a {type(value).__name__} holding a Dask array, which the "
@@ -297,8 +298,13 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
 
 def _holds_dask_array(sequence: Any) -> bool:
     """Whether a (nested) list or tuple holds a Dask array."""
-    return any(is_dask_array(v) or (isinstance(v, (list, tuple)) and _holds_dask_array(v))
-               for v in sequence)
+    for v in sequence:
+        kind = type(v)
+        if kind is float or kind is int:  # (most of a long list: skipped first)
+            continue
+        if is_dask_array(v) or (isinstance(v, (list, tuple)) and _holds_dask_array(v)):
+            return True
+    return False
 
 
 def plain(where: str, value: Any, span=None) -> np.ndarray:
