@@ -252,7 +252,8 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     # function of every argument
     fdef = getattr(f, "fdef", None)
     crossed = fdef is not None and len(fdef.grads) >= 2 and len(floats) >= 2
-    point = _Point(f, bound, value, vjp, us, ones, rtol, atol, unit)
+    point = _Point(f, bound, value, vjp, us, ones, _run(vjp, {**bound, **us}),
+                   _run(vjp, {**bound, **ones}), rtol, atol, unit)
     for name in floats:
         x = bound[name]
         step = eps * max(1.0, float(np.max(np.abs(x), initial=0.0)))
@@ -300,7 +301,8 @@ class _Point:
     """What every row at one point of `check_gradients` reads: f, its
     arguments (`bound`) and value there, its backward pass, the random
     cotangents `us` and the all-ones ones (by the pass's cotangent names),
-    the tolerances and the pass's machine epsilon (`unit`)."""
+    the backward pass's results at each, the tolerances and the pass's
+    machine epsilon (`unit`)."""
 
     f: Compiled
     bound: dict
@@ -308,6 +310,8 @@ class _Point:
     vjp: Compiled
     us: dict
     ones: dict
+    jtu: list  # the backward pass at us and at ones: a cotangent per float argument
+    jt1: list
     rtol: float
     atol: float
     unit: float
@@ -333,8 +337,7 @@ def _first_order(point: _Point, name: str, directions: list, step: float,
         return float(sum(np.sum(o * u) for o, u in zip(outs, point.us.values())))
 
     index = f.differentiable_names(bound).index(name)
-    g = _run(point.vjp, {**bound, **point.us})[index]
-    g_ones = _run(point.vjp, {**bound, **point.ones})[index]
+    g, g_ones = point.jtu[index], point.jt1[index]
     g_sum = reference[name] = _run(grad_function(f, name, with_value=False), bound)[-1]
     pairs, numerics = [], []
     for v in directions:
@@ -358,7 +361,7 @@ def _higher_orders(point: _Point, name: str, directions: list, numerics: list, s
     f, bound, x, value = point.f, point.bound, point.bound[name], point.value
     rtol, atol, vjp = point.rtol * 10, point.atol * 10, point.vjp
     index = f.differentiable_names(bound).index(name)
-    previous = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
+    previous = _vjp_along(f, len(value), index)
     rows = []
     for k in range(2, order + 1):
         current = derived(f, ("vjp directional", len(value), index, name, k),
@@ -387,6 +390,14 @@ def _higher_orders(point: _Point, name: str, directions: list, numerics: list, s
         rows.append(_row(f, k, name, _compare(pairs, rtol, atol), nan, x))
         previous = current
     return rows
+
+
+def _vjp_along(f: Compiled, outputs: int, index: int) -> Compiled:
+    """The cotangent of f's float argument `index` (its place among them:
+    it, not the name, keys the transform) from f's backward pass of
+    `outputs` cotangents: J^T u along one argument, shared by the rows."""
+    vjp = backward_function(f, outputs)
+    return derived(f, ("vjp", outputs, index), lambda: Select(vjp, index))
 
 
 def _cross_pairs(f: Compiled, bound, vjp, us: dict, name: str, directions: list, rng,
@@ -455,7 +466,7 @@ def _check_upstream(f: Compiled, bound, value: list[np.ndarray], name: str, rng,
     # in this call: it, not the name, keys the transforms made from it
     index = f.differentiable_names(bound).index(name)
     vjp = backward_function(f, len(value))
-    vjp_x = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
+    vjp_x = _vjp_along(f, len(value), index)
     # an integer or bool output has no cotangent to vary: it is held at zero
     us = dict(zip(vjp.ct_names, _cotangents(value, rng)))
     floats = [c for c, u in us.items() if u.dtype.kind == "f"]
@@ -533,7 +544,7 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
         gradients = grad_function(f, tuple(floats), with_value=False)
         index = floats.index(name)
         vjp = backward_function(f, len(value))
-        gradient = derived(f, ("vjp", len(value), index), lambda: Select(vjp, index))
+        gradient = _vjp_along(f, len(value), index)
         hessian = derived(f, ("vjp directional", len(value), index, name, 2),
                           lambda: Directional(gradient, name, "$v2"))
         ones = dict(zip(vjp.ct_names, _cotangents(value, None)))
