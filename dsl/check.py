@@ -746,6 +746,9 @@ class Summary:
     dtype: str = "f64"
     skipped: str = ""
     against: str = "differences"  # as `GradCheck.against`
+    # where it failed ("at every point tried", "at x = w = -1000"): a failure
+    # at one stress point alone reads otherwise than one everywhere
+    failed_at: str = ""
 
     @property
     def verdict(self) -> str:
@@ -845,6 +848,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
             raise _with_sampling_note(err, f) from None
     reasons = {k: intentional_mismatch(f, k) for k in range(1, order + 1)}
     rows: dict[tuple, list[GradCheck]] = {}
+    failed_at: dict[tuple, list[str]] = {}
     warned: dict[str, list[str]] = {}
     for index, (label, fill) in enumerate(fills):
         args = _sample_args(f, rng, rank, fill, const, indices)
@@ -858,6 +862,8 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
         checks = check_gradients(f, *args, order=order, seed=seed, upstream=index < 3)
         for check in checks:
             rows.setdefault((check.order, check.wrt, check.dtype), []).append(check)
+            if not check.ok:
+                failed_at.setdefault((check.order, check.wrt, check.dtype), []).append(label)
         for warning in checks.warnings:
             warned.setdefault(warning, []).append(label)
     out = CheckResult(warnings=[f"{called(f.name)}: {w}, at {', '.join(labels)}"
@@ -877,8 +883,20 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                            max((c.max_rel for c in compared), default=0.0),
                            nonfinite, all(c.ok for c in checks), dtype,
                            "" if compared else "not smooth at any point tried",
-                           checks[0].against))
+                           checks[0].against, _where_failed(failed_at.get((k, wrt, dtype), []),
+                                                            len(checks))))
     return out
+
+
+def _where_failed(labels: list[str], tried: int) -> str:
+    """Where a row's checks failed, of the `tried` points: every one, or
+    the points' labels (the first three, and how many more)."""
+    if not labels:
+        return ""
+    if len(labels) == tried > 1:
+        return f"at every point tried ({tried})"
+    more = f" and {len(labels) - 3} more" if len(labels) > 3 else ""
+    return f"at {', '.join(labels[:3])}{more}"
 
 
 def _row_order(f: Compiled) -> Callable[[int, str, str], tuple]:

@@ -347,8 +347,9 @@ def cmd_check(args) -> int:
                 else:
                     against = "reverse mode" if r.against == "reverse" else "finite differences"
                     what = f"disagrees with {against} (max rel err {r.max_rel:.2g})"
+                at = f", {r.failed_at}" if r.failed_at else ""
                 messages.append(f"{file}: error: {r.function}(): the order-{r.order} gradient "
-                                f"w.r.t. {r.wrt} from {r.source} {what}")
+                                f"w.r.t. {r.wrt} from {r.source} {what}{at}")
         header = ["function", "dtype", "order", "wrt", "gradient", "points", "max abs err",
                   "max rel err", "NaN/Inf", "verdict"]
         for line in _aligned([header] + table, right={2, 5, 6, 7}):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dsl
-from dsl.check import MAX_ORDER, GradientCheckError
+from dsl.check import MAX_ORDER, GradientCheckError, _where_failed
 from dsl.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -513,3 +513,21 @@ def test_a_second_blocks_wrong_mixed_partial_fails():
                                                              upstream=False)}
     assert rows[(1, "x")].ok and rows[(1, "y")].ok and rows[(2, "y")].ok
     assert not rows[(2, "x")].ok and rows[(2, "x")].max_abs > 1.0
+
+
+def test_a_failure_says_at_which_points_it_failed(tmp_path):
+    # A row failed with only its largest error: a block wrong only past
+    # x = 500 (or a difference swamped at one stress point) read as wrong
+    # everywhere; the message now names the points, or says every point.
+    text = ("def f(x):\n    return x * 3.0\ngrad(dy):\n"
+            "    return where(x < 500.0, dy * 3.0, dy * 4.0)\n")
+    path = tmp_path / "far.grad"
+    path.write_text(text)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["check", str(path), "--order", "1"]) == 1
+    assert ("f(): the order-1 gradient w.r.t. x from grad block 1 (line 3) disagrees with "
+            "finite differences (max rel err 0.33), at x = 1000\n") in err.getvalue()
+    # (the words for many points, without compiling another check)
+    assert _where_failed(["a", "b", "c"], 3) == "at every point tried (3)"
+    assert _where_failed(list("abcde"), 12) == "at a, b, c and 2 more"
