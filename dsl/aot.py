@@ -144,13 +144,14 @@ def _split(body: str) -> list[str]:
     return parts
 
 
-def default_sig(f: GradFn) -> tuple[str, bool]:
-    """A signature f can be lowered for, and whether its sizes are fixed:
+def default_sig(f: GradFn) -> tuple[str, str]:
+    """A signature f can be lowered for, and why its sizes are fixed ("" if
+    they are not: the error of the same signature with symbolic sizes):
     annotated parameters as annotated (a const integer given the value 1:
     a count, an axis or an index; a const bool True), the others f64
     arrays sharing one size, of rank 1, else 2, else 0; and if f needs
     concrete sizes for all of those (it slices an axis), the same with
-    every named size 4 (fixed: True)."""
+    every named size 4."""
     candidates = []
     for size in (None, 4):
         for unannotated in ("[n]", "[n, n]", ""):
@@ -168,14 +169,25 @@ def default_sig(f: GradFn) -> tuple[str, bool]:
                     dims = re.sub(r"[A-Za-z_]\w*", str(size), dims)
                 args.append(dtype + dims)
             candidates.append(f"{f.name}({', '.join(args)})")
+    errors: list[str] = []  # why each candidate did not lower
     for index, sig in enumerate(candidates):
         name, args = parse_sig(sig)
         try:
             f.lower(_types(f, args, sig))
-            return sig, index >= 3 and sig != candidates[index - 3]
-        except (GradError, NeedsConcrete, NeedsValue):
-            continue
-    return candidates[0], False  # lowering it again reports the error
+            fixed = index >= 3 and sig != candidates[index - 3]
+            return sig, errors[index - 3] if fixed else ""
+        except (GradError, NeedsConcrete, NeedsValue) as err:
+            errors.append(_why_not(f, err))
+    return candidates[0], ""  # lowering it again reports the error
+
+
+def _why_not(f: GradFn, err: Exception) -> str:
+    """Why a default signature of f did not lower: the error's message and
+    where it was found (`file:line:col: the size n is used as a number`)."""
+    if isinstance(err, GradError):
+        return f"{err.span.file}:{err.span.line}:{err.span.col}: {err.message}"
+    span = err.at(f.span) if isinstance(err, NeedsConcrete) else f.span
+    return f"{span.file}:{span.line}:{span.col}: {err}"
 
 
 def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, TensorType]:
@@ -274,13 +286,13 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
     if not sigs:
         sig_texts = []
         for f in functions.values():
-            sig, fixed = default_sig(f)
+            sig, why = default_sig(f)
             sig_texts.append(sig)
-            if fixed:
+            if why:
                 note(f"no --sig, and {f.name}() compiled for no signature of symbolic sizes "
-                     f"(one shared size n): it is compiled for {sig} only; give the sizes "
-                     "it is called with in --sig (a name for sizes that must agree, an "
-                     "integer for a fixed one)")
+                     f"({why}): it is compiled for {sig} only; give the sizes it is called "
+                     "with in --sig (a name for sizes that must agree, an integer for a "
+                     "fixed one)")
     target = targets.get(target)
     spec: dict = {"target": target.name,
                   "params": [tuple(module.params.spec(w)) for w in _declared(module)],

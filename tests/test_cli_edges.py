@@ -338,15 +338,26 @@ def test_show_without_sig_gives_a_const_bool_a_value(tmp_path, capsys):
 def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
     # pick() indexes an axis from its end, so its default signature is
     # f64[4] (sizes fixed at 4): the module then refused every other size
-    # at the call, and compile had said nothing
+    # at the call, and compile had said nothing; then it said so without
+    # saying why ("(one shared size n)", also of annotated sizes): it names
+    # the expression now
     (tmp_path / "fixed.grad").write_text("def pick(x):\n    return x[-2] * x\n"
                                          "def scale(x):\n    return x * 2.0\n")
     code, out, err = run(["compile", str(tmp_path / "fixed.grad"), "-o", str(tmp_path)], capsys)
     assert code == 0 and out == f"wrote {tmp_path / 'fixed.py'}\n"
-    assert err == ("note: no --sig, and pick() compiled for no signature of symbolic sizes (one "
-                   "shared size n): it is compiled for pick(f64[4]) only; give the sizes it is "
+    assert err == (f"note: no --sig, and pick() compiled for no signature of symbolic sizes "
+                   f"({tmp_path / 'fixed.grad'}:2:12: axis 0 of size n is indexed from its "
+                   "end): it is compiled for pick(f64[4]) only; give the sizes it is "
                    "called with in --sig (a name for sizes that must agree, an integer for a "
                    "fixed one)\n")
+    # a size used as a number, in a function whose sizes are annotated
+    (tmp_path / "scaled.grad").write_text("def scaled(x: f64[m]):\n"
+                                          "    return x * (1.0 / x.shape[0])\n")
+    code, _, err = run(["compile", str(tmp_path / "scaled.grad"), "-o", str(tmp_path)], capsys)
+    assert code == 0 and err.startswith(
+        f"note: no --sig, and scaled() compiled for no signature of symbolic sizes "
+        f"({tmp_path / 'scaled.grad'}:2:17: the size m is used as a number): it is compiled "
+        "for scaled(f64[4]) only")
 
 
 def test_a_scalar_prints_to_the_digits_an_array_does(tmp_path, capsys):
