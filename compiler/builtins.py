@@ -77,7 +77,8 @@ class Builtin:
             most = n_args
         for k in kwargs:  # first, as Python: `clip(x, min=0)` names what is wrong
             if k not in self.options:
-                raise GradError(f"{name}() got an unexpected keyword argument {k!r}", span)
+                raise GradError(f"{name}() got an unexpected keyword argument {k!r}"
+                                f"{numpy_keyword(k, self.options)}", span)
         if not self.operands <= n_args <= most:
             takes = f"at least {_count(self.operands, self.operands)}" if self.variadic \
                 else _count(self.required, most)
@@ -90,6 +91,13 @@ class Builtin:
                    if k not in kwargs]
         if missing:
             raise GradError(f"{name}() is missing its argument {missing[0]!r}", span)
+
+
+def numpy_keyword(keyword: str, takes: Sequence[str]) -> str:
+    """A hint for a keyword a call does not take that is torch's name for
+    an option it takes by NumPy's (`sum(x, dim=1, keepdim=True)`), else ""."""
+    numpy = {"dim": "axis", "keepdim": "keepdims"}.get(keyword)
+    return f"; write {numpy}= (NumPy's name)" if numpy in takes else ""
 
 
 def _count(least: int, most: int) -> str:

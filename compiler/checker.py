@@ -36,7 +36,8 @@ from typing import Iterable, Optional
 
 from gradlang.compiler import ast
 from gradlang.compiler.builder import coerce, fit_constant
-from gradlang.compiler.builtins import BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, jvp_layout
+from gradlang.compiler.builtins import (BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, jvp_layout,
+                                         numpy_keyword)
 from gradlang.compiler.ir import INTS
 from gradlang.compiler.library import std_functions
 from gradlang.compiler.namespace import Namespace
@@ -304,7 +305,7 @@ class _Function:
         defined.update(both)
 
     def undefined(self, name: str, span) -> None:
-        why = self.local_to.get(name, "is not defined")
+        why = self.local_to.get(name, "is not defined" + _CONSTANTS.get(name, ""))
         raise GradError(f"name {name!r} {why}", span)
 
     def expr(self, e, defined: set[str]) -> None:
@@ -328,6 +329,10 @@ class _Function:
             if isinstance(e.value, ast.Name) and e.value.id in self.ns.modules:
                 raise GradError(no_such_function(e.value.id, e.name,
                                                  self.ns.modules[e.value.id]), e.span)
+            if isinstance(e.value, ast.Name) and e.value.id not in defined \
+                    and e.name in _CONSTANTS:  # `np.pi`, `math.inf`
+                raise GradError(f"name {e.value.id!r} is not defined{_CONSTANTS[e.name]}",
+                                e.value.span)
             self.expr(e.value, defined)
             if e.name not in ATTRIBUTES:
                 raise GradError(f"arrays have no attribute {e.name!r} (only "
@@ -399,6 +404,8 @@ class _Function:
                 # the module's hint (`std`), else the function's (`np.zeros`, `F.softmax`)
                 hint = _spelled_otherwise(func.value.id) or _spelled_otherwise(func.name, self.ns)
                 raise GradError(f"{func.value.id!r} is not defined{hint}", func.value.span)
+            elif isinstance(func, ast.Attr):  # `x.unsqueeze(0)`, `(x + 1).softmax(1)`
+                raise GradError(self.no_method(func), func.span)
             else:
                 raise GradError("only named functions can be called", func.span)
         subscripts = isinstance(func, ast.Name) and func.id == "einsum" \
@@ -426,6 +433,18 @@ class _Function:
         if dtype is not None and not set(admitted(dtype)) <= set(INTS):
             raise GradError(f"an index must be an integer array (i32 or i64), but "
                             f"{e.id!r} is declared {dtype}", e.span)
+
+    def no_method(self, func: ast.Attr) -> str:
+        """The error of a method that is neither a builtin's name nor one of
+        `_METHODS` (`x.unsqueeze(0)`, `x.softmax(1)`): how the language
+        writes it, if it knows, else that it has no such function (it was
+        "only named functions can be called", which says neither)."""
+        shown = func.value.id if isinstance(func.value, ast.Name) else "x"
+        hint = _spelled_otherwise(func.name, self.ns)
+        if hint:
+            return f"arrays have no methods ({shown}.{func.name}(...)){hint}"
+        return (f"arrays have no methods ({shown}.{func.name}(...)), and there is no "
+                f"function {func.name!r}")
 
     @staticmethod
     def method_call(func: ast.Attr, e: ast.Call, defined: set[str]) -> None:
@@ -488,6 +507,18 @@ _FUNCTIONS = {
     "cat": "; write concatenate([a, b], axis)",
     "fori_loop": "; loops are `for i in range(n):`, carrying the names the body rebinds",
     "scan": "; loops are `for i in range(n):`, carrying the names the body rebinds",
+    "squeeze": "; write reshape(x, shape), or index the axis away: x[:, 0]",
+    "expand_dims": "; write x[None] (None inserts an axis where it stands: x[:, None])",
+    "unsqueeze": "; write x[None] (None inserts an axis where it stands: x[:, None])",
+    "flatten": "; write reshape(x, [-1])",
+    "log2": "; write log(x) / log(2.0)",
+    "log10": "; write log(x) / log(10.0)",
+    "rsqrt": "; write 1.0 / sqrt(x)",
+}
+# NumPy's and math's constants, which the language writes as numbers
+_CONSTANTS = {
+    "inf": "; infinity is the number 1e400 (a float literal beyond f64, as in Python)",
+    "pi": "; write 3.141592653589793",
 }
 _METHODS = {
     "astype": "write float32({x}) or float64({x})",
@@ -589,7 +620,8 @@ def _check_call_arity(f: ast.FuncDef, n_args: int, kw_names: list[str], call: as
     given = {p.name for p in f.params[:n_args]}
     for k in kw_names:
         if f.param(k) is None:
-            raise GradError(f"{f.name}() has no parameter {k!r}", call.span)
+            raise GradError(f"{f.name}() has no parameter {k!r}"
+                            f"{numpy_keyword(k, [p.name for p in f.params])}", call.span)
         if k in given:
             raise GradError(f"{f.name}() got two values for {k!r}", call.span)
         given.add(k)

@@ -143,7 +143,25 @@ def test_syntax_errors(source, line, col, text):
      "write mean(x, ...) for x.mean(...)"),
     ("def f(x):\n    return np.exp(x)\n", 2, 12,
      "'np' is not defined; builtins are called by their name alone: exp(...)"),
-    ("def f(x):\n    return x.foo()\n", 2, 12, "only named functions can be called"),
+    # a method that is no builtin's name said "only named functions can be
+    # called", which names neither the method nor what to write
+    ("def f(x):\n    return x.foo()\n", 2, 12,
+     "arrays have no methods (x.foo(...)), and there is no function 'foo'"),
+    ("def f(x):\n    return x.unsqueeze(0)\n", 2, 12,
+     "arrays have no methods (x.unsqueeze(...)); write x[None]"),
+    ("def f(x):\n    return (x + 1.0).softmax(1)\n", 2, 12, "`from std import softmax`"),
+    ("def f(x):\n    return x.flatten()\n", 2, 12, "write reshape(x, [-1])"),
+    ("def f(x):\n    return squeeze(x)\n", 2, 12, "unknown function 'squeeze'; write reshape"),
+    # torch's keywords for NumPy's options, and NumPy's constants
+    ("def f(x):\n    return sum(x, dim=1)\n", 2, 12,
+     "unexpected keyword argument 'dim'; write axis= (NumPy's name)"),
+    ("def f(x):\n    return mean(x, axis=1, keepdim=True)\n", 2, 12, "write keepdims="),
+    ("from std import log_softmax\ndef f(x):\n    return log_softmax(x, dim=1)\n", 3, 12,
+     "log_softmax() has no parameter 'dim'; write axis="),
+    ("def f(x):\n    return maximum(x, -inf)\n", 2, 24,
+     "name 'inf' is not defined; infinity is the number 1e400"),
+    ("def f(x):\n    return x * np.pi\n", 2, 16,
+     "name 'np' is not defined; write 3.141592653589793"),
     ("def f(x):\n    return sum(x, axis=0, axis=0)\n", 2, 12, "keyword argument repeated"),
     # the transform's own keywords too (the first wrt was taken, silently)
     ("def g(x, y):\n    return x * y\ndef f(x):\n    return grad(g, wrt=0, wrt=1)(x, x)\n",
