@@ -230,6 +230,8 @@ _UNSUPPORTED_STATEMENTS = {
     "raise": "a function computes values; check arguments from Python",
     "try": "a function raises no exceptions to catch",
     "with": "a function has no context to enter",
+    "def": "functions are defined at the top level of the file (a function can call "
+           "any other, defined before or after it)",
 }
 
 
@@ -239,6 +241,8 @@ def _unsupported_statement(line_text: str, file: str, line: int,
     if match is None or match.group(2) not in _UNSUPPORTED_STATEMENTS:
         return None
     keyword, col = match.group(2), len(match.group(1)) + 1
+    if keyword == "def" and not match.group(1):
+        return None  # (a function's header at the top level: its own error)
     return GradError(f"`{keyword}` is not supported: {_UNSUPPORTED_STATEMENTS[keyword]}",
                      Span(file, line, col, line, col + len(keyword)), source)
 
@@ -292,6 +296,12 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     if token.type == "_FOR" and before.strip():
         return ("comprehensions are not supported: list the items (stack([a, b])), or "
                 "compute them in a `for` loop")
+    if token.type == "NAME" and re.search(r"(^|[^\w.])lambda\s*$", before):
+        return ("`lambda` is not supported: define the function with `def` at the top "
+                "level of the file, and call it by its name")
+    if token.value == "as" and re.match(r"\s*(import|from)\b", before):
+        return ("`import ... as` is not supported: import a .grad module by its name "
+                "(`import other`, then `other.f(x)`)")
     if token.type == "_IF" and before.strip() == "else":
         return "write `elif c:` for `else if c:`"
     if _HEADER.match(before):

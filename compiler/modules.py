@@ -101,13 +101,21 @@ Located = tuple[Hashable, str, Callable[[], str]]
 Finder = Callable[[ast.Import, ast.Module, Optional[Hashable]], Located]
 
 
+# Python's array libraries, imported as a NumPy, JAX or torch program would:
+# their functions are the language's builtins, called by name.
+_BUILTINS_HINT = ("; imports are of .grad files: NumPy's functions are builtins here, "
+                  "called by their name alone (exp(x), sum(x, axis=1))")
+PYTHON_LIBRARIES = {name: _BUILTINS_HINT for name in ("numpy", "jax", "torch", "math", "scipy")}
+
+
 def on_disk(imp: ast.Import, importer: ast.Module, importer_key: Optional[Hashable]) -> Located:
     """The `.grad` file an import names, found on `search_path`."""
     path = find_module(imp.module, importer.file)
     if path is None:
         where = ", ".join(str(d) for d in search_path(importer.file))
+        hint = PYTHON_LIBRARIES.get(imp.module.split(".")[0], "")
         raise GradError(f"cannot find module {imp.module!r} ({imp.module}.grad in "
-                        f"{where})", imp.span)
+                        f"{where}){hint}", imp.span)
     return str(path.resolve()), str(path), lambda: read_source(path, imp.span)
 
 

@@ -57,6 +57,16 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
      "    return y\n", 4, 10, "write `elif c:` for `else if c:`"),
     ("def f(x):\n    return stack([x * i for i in range(3)])\n", 2, 25,
      "comprehensions are not supported"),
+    # Python's lambda, nested def and `import numpy as np`: each was
+    # "unexpected 'y'" (or 'g', 'as') with nothing to say what to write
+    ("def f(x):\n    g = lambda y: y * 2\n    return g(x)\n", 2, 16,
+     "`lambda` is not supported: define the function with `def` at the top level"),
+    ("def f(x):\n    def g(y):\n        return y\n    return g(x)\n", 2, 5,
+     "`def` is not supported: functions are defined at the top level"),
+    ("import numpy as np\ndef f(x):\n    return x\n", 1, 14,
+     "`import ... as` is not supported"),
+    ("import numpy\ndef f(x):\n    return x\n", 1, 1,
+     "imports are of .grad files: NumPy's functions are builtins here"),
     # a type's misspelling says which dtype or kind was meant
     ("def f(x: floats):\n    return x\n", 1, 10,
      "a dtype (f32, f64, i32, i64, bool, float, int) or end of line; did you mean 'float'?"),
