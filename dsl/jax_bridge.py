@@ -126,8 +126,8 @@ def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
             raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is annotated "
                                 f"{spec.dtype}, and without jax_enable_x64 JAX makes every "
                                 f"{what} array {SUPPORTED[narrow]}; enable it (jax.config.update("
-                                f"'jax_enable_x64', True)) or annotate {SUPPORTED[narrow]}",
-                                f.span)
+                                f"'jax_enable_x64', True)), or annotate {_KIND_OF[spec.dtype]} "
+                                f"(which takes either dtype) or {SUPPORTED[narrow]}", f.span)
 
 
 def _narrowed_scalars(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -154,6 +154,9 @@ _NARROWED_SCALARS = {"f32": np.float64, "i32": np.int64}
 
 # a 64-bit annotation -> what its arrays are, the dtype JAX narrows them to
 _64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(np.int32))}
+# the kind an annotation of a 64-bit dtype may say instead, which takes JAX's
+# 32-bit arrays and NumPy's 64-bit ones alike (`n: int`, `x: float[n]`)
+_KIND_OF = {"f64": "`float`", "i64": "`int`"}
 
 
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:

@@ -413,6 +413,11 @@ def test_a_64_bit_annotation_without_x64_says_to_enable_it():
                                                 "without jax_enable_x64 JAX makes every "
                                                 "integer array i32"):
         pick(jnp.ones(3), np.array([0, 1]))
+    # it said "or annotate i32", which NumPy's i64 arrays then fail: the kind
+    # takes both (`n: i64`, as the docs' loops write it, failed under jit)
+    with pytest.raises(dsl.ArgumentError, match="or annotate `int` \\(which takes either "
+                                                "dtype\\) or i32"):
+        pick(jnp.ones(3), np.array([0, 1]))
     # an i16 or f16 array is no 64-bit one JAX narrowed: refused as itself
     # (it was told to enable jax_enable_x64, which changes nothing for it)
     for ids, dtype in ((np.array([0, 1], np.int16), "int16"), (jnp.array([0, 1], jnp.uint8),
