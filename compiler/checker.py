@@ -158,6 +158,19 @@ class _Function:
         fit_constant(value, number_dtype(p.ann.dtype), f"the default {value!r} of {p.name!r}",
                      p.default.span)
 
+    @staticmethod
+    def no_none_cotangent(block: ast.GradBlock, where: str, allowed: list[str]) -> None:
+        """A GradError at a None the block returns, as PyTorch's backward
+        returns one for an input with no gradient (labels): here such an input
+        gets no cotangent at all (it was the general "None is not a value")."""
+        returned = next((st for st in block.body if isinstance(st, ast.Return)), None)
+        for item in returned.items if returned is not None else ():
+            if isinstance(item.value, ast.NoneLit):
+                which = f"for each of {', '.join(allowed)}" if allowed else "for none here"
+                raise GradError(f"{where} returns None: a block returns a cotangent {which} "
+                                "(0 for a zero one), and nothing for other parameters (where "
+                                "PyTorch's backward returns None)", item.value.span)
+
     def not_a_param(self, name: str, span, what: str) -> None:
         if name in self.ns.params:
             raise GradError(f"{what} named {name!r} would shadow the module param "
@@ -178,10 +191,11 @@ class _Function:
         if len(block.upstream) != n_upstream:
             raise GradError(f"{where} takes {len(block.upstream)} upstream cotangent(s), "
                             f"but there are {n_upstream} {what}", block.span)
+        allowed = named_cotangents(f, self.ns, k)
+        self.no_none_cotangent(block, where, allowed)
         self.block(block.body, visible | set(block.upstream), where, allow_named=True)
         items = next(s for s in block.body if isinstance(s, ast.Return)).items
         positional_names = positional_cotangents(f, k)
-        allowed = named_cotangents(f, self.ns, k)
         want = (f"one cotangent for each of {', '.join(allowed)}" if allowed
                 else "no cotangents (it has no differentiable parameters)")
         if k > 1:

@@ -208,6 +208,12 @@ def test_max_of_two_values_says_maximum(call, text):
     # const parameters get no cotangent
     ("def f(x, a: const):\n    return x * a\ngrad(dz):\n    return dz * a, a=0\n", 4,
      "'a', which is const"),
+    # None for labels, as PyTorch's backward writes it (it was "None is not a
+    # value: it is an argument that means 'not given'")
+    ("def f(x, labels: i64[n]):\n    return x[labels]\ngrad(dz):\n"
+     "    return scatter_add(zeros_like(x), labels, dz), None\n", 4,
+     "grad block 1 of f() (line 3) returns None: a block returns a cotangent for each of x "
+     "(0 for a zero one), and nothing for other parameters"),
     # duplicated
     ("def f(x, y):\n    return x * y\ngrad(dz):\n    return dz * y, x=dz\n", 4, "twice"),
     # wrong number of upstream cotangents
