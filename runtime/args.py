@@ -332,8 +332,11 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     if array.dtype == NUMPY[dtype]:
         return array
     if dtype in ("i32", "i64", "bool") and array.dtype.kind == "f":
-        if not np.all(np.isfinite(array) & (np.floor(array) == array)):
-            raise ArgumentError(f"{where} must hold {dtype} values", span)
+        whole = np.isfinite(array) & (np.floor(array) == array)
+        if not np.all(whole):
+            bad = array[~whole].flat[0].item()  # (the first: `n=2.5` said nothing of 2.5)
+            raise ArgumentError(f"{where} must hold {dtype} values (whole numbers), not "
+                                f"{bad!r}", span)
     # bools (0 or 1) fit every integer type; NumPy cannot compare one with 2**63
     if dtype in ("i32", "i64") and array.size and array.dtype.kind != "b":
         info = np.iinfo(NUMPY[dtype])

@@ -129,7 +129,9 @@ def test_infinities_and_nan_stay_what_they_are_in_f32():
 @pytest.mark.parametrize("value, pattern", [
     (np.array(2**64 - 1, np.uint64), "out of range for i64"),
     (np.array(2**63, np.uint64), "out of range for i64"),
-    (np.array(2.5), "must hold i64 values"),
+    # (it said "must hold i64 values" alone, not which value it was given)
+    (np.array(2.5), r"must hold i64 values \(whole numbers\), not 2\.5"),
+    (np.array([3.0, np.nan]), r"must hold i64 values \(whole numbers\), not nan"),
 ])
 def test_param_arrays_that_an_integer_param_cannot_hold_are_refused(value, pattern):
     """A uint64 array wrapped to -1 as the i64 param."""
