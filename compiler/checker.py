@@ -520,7 +520,8 @@ _FUNCTIONS = {
     "concat": "; write concatenate([a, b], axis)",
     "cat": "; write concatenate([a, b], axis)",
     "fori_loop": "; loops are `for i in range(n):`, carrying the names the body rebinds",
-    "scan": "; loops are `for i in range(n):`, carrying the names the body rebinds",
+    "scan": "; loops are `for i in range(n):`, carrying the names the body rebinds (a "
+            "row per trip: `hs = scatter_add(hs, i, h)`)",
     "squeeze": "; write reshape(x, shape), or index the axis away: x[:, 0]",
     "expand_dims": "; write x[None] (None inserts an axis where it stands: x[:, None])",
     "unsqueeze": "; write x[None] (None inserts an axis where it stands: x[:, None])",

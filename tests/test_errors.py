@@ -107,6 +107,8 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return torch.cat([x, x])\n", 2, 12, "write concatenate([a, b], axis)"),
     ("def f(x):\n    return lax.fori_loop(0, 3, g, x)\n", 2, 12,
      "'lax' is not defined; loops are `for i in range(n):`"),
+    ("def f(x):\n    return lax.scan(g, x, x)\n", 2, 12,
+     "(a row per trip: `hs = scatter_add(hs, i, h)`)"),
     # a close misspelling names the function meant (it said "unknown function" alone)
     ("def f(x):\n    return sigmod(x)\n", 2, 12, "unknown function 'sigmod'; did you mean "
      "'sigmoid'?"),
