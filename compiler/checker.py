@@ -529,6 +529,10 @@ _FUNCTIONS = {
     "log2": "; write log(x) / log(2.0)",
     "log10": "; write log(x) / log(10.0)",
     "rsqrt": "; write 1.0 / sqrt(x)",
+    "dropout": "; a function draws no random numbers: pass a mask from Python, as an "
+               "argument (x * mask / (1.0 - p))",
+    **{name: "; a function draws no random numbers: pass them from Python, as an argument"
+       for name in ("rand", "randn", "normal", "uniform", "random")},
 }
 # NumPy's and math's constants, which the language writes as numbers
 _CONSTANTS = {

@@ -164,6 +164,9 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return (x + 1.0).softmax(1)\n", 2, 12, "`from std import softmax`"),
     ("def f(x):\n    return x.flatten()\n", 2, 12, "write reshape(x, [-1])"),
     ("def f(x):\n    return squeeze(x)\n", 2, 12, "unknown function 'squeeze'; write reshape"),
+    ("def f(x):\n    return dropout(x, 0.1)\n", 2, 12, "pass a mask from Python"),
+    ("def f(x):\n    return x + 0.1 * torch.randn(3)\n", 2, 22,
+     "'torch' is not defined; a function draws no random numbers"),
     # torch's keywords for NumPy's options, and NumPy's constants
     ("def f(x):\n    return sum(x, dim=1)\n", 2, 12,
      "unexpected keyword argument 'dim'; write axis= (NumPy's name)"),
