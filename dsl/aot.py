@@ -59,7 +59,7 @@ from gradlang.runtime import target as targets
 from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
                                      convert, number_dtype)
 from gradlang.runtime.common import MAX_SIZE
-from gradlang.runtime.errors import ArgumentError, GradError
+from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError
 from gradlang.runtime.loader import kernel_module_name, write_atomic
 from gradlang.runtime.target import Target
 
@@ -185,9 +185,10 @@ def _why_not(f: GradFn, err: Exception) -> str:
     """Why a default signature of f did not lower: the error's message and
     where it was found (`file:line:col: the size n is used as a number`)."""
     if isinstance(err, GradError):
-        return f"{err.span.file}:{err.span.line}:{err.span.col}: {err.message}"
-    span = err.at(f.span) if isinstance(err, NeedsConcrete) else f.span
-    return f"{span.file}:{span.line}:{span.col}: {err}"
+        span, message = err.span, err.message
+    else:
+        span, message = err.at(f.span) if isinstance(err, NeedsConcrete) else f.span, str(err)
+    return message if span is UNKNOWN_SPAN else f"{span.file}:{span.line}:{span.col}: {message}"
 
 
 def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, TensorType]:
