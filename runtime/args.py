@@ -261,12 +261,19 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
     sequence of them, or a NumPy array; anything else (text, ragged lists,
     complex numbers, whose imaginary part a cast would drop) raises
     `ArgumentError` saying what `where` is.  NumPy arrays as `plain`
-    takes them, other libraries' as `foreign_array` does.  Python integers
+    takes them (one of a dtype other than bool, integer, float or complex,
+    such as object, refused as an unsupported dtype), other libraries' as
+    `foreign_array` does.  Python integers
     beyond 64 bits (which NumPy holds as objects) are refused, unless
     `as_float` (a value for a float): then they are f64s, as `float()`
     makes them."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = plain(where, value, span)
+        if value.dtype.kind not in "biufc":
+            # (before the walk below for Python integers beyond 64 bits, which an
+            # object array of small ones would pass: said to hold such integers)
+            raise ArgumentError(f"{where} has unsupported dtype {value.dtype}; use float32, "
+                                "float64, int32, int64 or bool", span)
     elif is_foreign_array(value):  # (its library's refusal, a tensor that requires grad, said so)
         value = foreign_array(where, value, span)
     elif isinstance(value, (list, tuple)) and "dask.array" in sys.modules \

@@ -477,3 +477,17 @@ def test_a_declared_params_value_is_a_copy_and_arguments_of_their_dtype_are_not_
     assert cast("v", v, "f64", None) is v
     with pytest.raises(dsl.ArgumentError, match="out of range for f32"):
         cast("v", np.array([1e39]), "f32", None)
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: dsl.vjp(M.mul_sin, np.ones(2), np.ones(2))[1](a),
+    lambda a: dsl.jvp(M.mul_sin, (np.ones(2), np.ones(2)), (a, None)),
+    lambda a: dsl.hvp(M.cube)(np.ones(2), a),
+], ids=["pullback", "jvp", "hvp"])
+def test_an_object_array_of_small_integers_is_refused_by_its_dtype(call):
+    """A cotangent, tangent or v given as an object array was said to hold
+    'an integer beyond 64 bits' (its 1s walked as Python integers)."""
+    with pytest.raises(dsl.ArgumentError, match=r"has unsupported dtype object; use float32"):
+        call(np.array([1, 2], dtype=object))
+    with pytest.raises(dsl.ArgumentError, match=r"has unsupported dtype datetime64\[D\]"):
+        call(np.array(["2020-01-01"] * 2, dtype="M8[D]"))
