@@ -42,7 +42,7 @@ from dsl.bridge import Bridged, bind_foreign
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
-from gradlang.runtime.args import SUPPORTED
+from gradlang.runtime.args import SUPPORTED, plain
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
 
@@ -105,7 +105,9 @@ class AotJax(AotBridged):
 
         def stand_in(value, where: str):
             if isinstance(value, np.ndarray) and value.dtype in SUPPORTED:
-                value = jnp.asarray(value)  # (made a JAX array, as jnp functions do)
+                # (made a JAX array, as jnp functions do; a masked array refused
+                # first: JAX's ValueError, not ours, said so)
+                value = jnp.asarray(plain(where, value))
             if not isinstance(value, (jax.Array, jax.core.Tracer)):
                 return value, None
             dtype = np.dtype(value.dtype)

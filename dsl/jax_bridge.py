@@ -71,7 +71,7 @@ from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_
 from dsl.jax_ffi import Plan, ffi_target
 from gradlang.compiler.pipeline import Program
 from gradlang.runtime.aot import AotFunction, AotGradient
-from gradlang.runtime.args import SUPPORTED
+from gradlang.runtime.args import SUPPORTED, plain
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -98,7 +98,9 @@ class JaxFunction(Bridged):
 
         def stand_in(value, where: str):
             if isinstance(value, np.ndarray) and value.dtype in SUPPORTED:
-                value = jnp.asarray(value)  # (another dtype: binding's error names it)
+                # (a masked array refused first: JAX's ValueError, not ours, said so;
+                # another dtype: binding's error names it)
+                value = jnp.asarray(plain(where, value, f.span))
             if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
                 return value, None
             return placeholder(value.shape, value.dtype), value

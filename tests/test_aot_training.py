@@ -160,6 +160,14 @@ def test_to_jax_of_a_compiled_function_under_jit(aot, loaded):
         jax.config.update("jax_enable_x64", previous)
 
 
+def test_to_jax_of_a_compiled_function_refuses_a_masked_array(aot):
+    """JAX's own ValueError reached the caller (the bridge made the NumPy
+    array a JAX array before binding refused it)."""
+    optional_module("jax", "jax")
+    masked = np.ma.masked_array(X, mask=[False, True, False])
+    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(scaled\) is a masked"):
+        dsl.to_jax(aot.scaled)(masked, 2.0)
+
 def test_transforms_without_compiled_programs_say_to_load_the_file(aot):
     for transform in (dsl.vmap, dsl.jacfwd, dsl.hessian):
         with pytest.raises(dsl.ArgumentError, match=r"needs the IR of loss\(\).*dsl.load"):

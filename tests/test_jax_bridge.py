@@ -507,6 +507,19 @@ def test_bad_arguments_are_argument_errors_at_trace_time(x64):
 
 
 
+def test_a_masked_array_is_an_argument_error_of_the_eager_call():
+    """JAX's own ValueError ('masked arrays are not supported') reached the
+    caller: the bridge made NumPy arrays JAX arrays before binding, whose
+    refusal it is.  A keyword param is refused as an argument is."""
+    m = dsl.loads("param w: f32[n]\ndef f(x: f32[n]):\n    return x * w\n")
+    f = dsl.to_jax(m.f)
+    masked = np.ma.masked_array(np.ones(2, np.float32), mask=[True, False])
+    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(f\) is a masked array"):
+        f(masked, w=np.ones(2, np.float32))
+    with pytest.raises(dsl.ArgumentError, match=r"param 'w' of to_jax\(f\) is a masked array"):
+        f(np.ones(2, np.float32), w=masked)
+    np.testing.assert_array_equal(f(masked.filled(3.0), w=np.full(2, 2.0, np.float32)), [6, 2])
+
 def test_differentiating_along_a_const_argument_is_an_argument_error(x64):
     # the jvp rule dropped the tangent of a const: grad, jacfwd, jacrev and
     # jvp gave a derivative of 0 where d/d alpha is min(x, 0)
