@@ -9,12 +9,13 @@ rank or fixed/named dimensions contradict the parameter's annotation.
 
 Python scalars and sequences take the annotated dtype.  Unannotated, they
 keep NumPy's type, except for a differentiable parameter, which makes them
-floats (so `grad(f)(3)` works): f64, or f32 for a Python number in a call
-whose float arrays are all f32 (a weakly typed number, as in NumPy 2 and
-JAX: `f(x, 0.5)` stays f32 for f32 x).  A value the dtype cannot hold
-(2**40 as i32, 1e300 as f32) is refused.  NumPy arrays keep their dtype,
-and so do other libraries' arrays that NumPy reads (`__array__`: JAX
-arrays, CPU torch tensors); one of non-native byte order ('>f8') is taken
+floats (so `grad(f)(3)` works): f64, or f32 for a Python number (an int,
+float or bool) in a call whose float arrays are all f32 (a weakly typed
+number, as in NumPy 2 and JAX: `f(x, 0.5)` stays f32 for f32 x).  A
+value the dtype cannot hold (2**40 as i32, 1e300 as f32) is refused.
+NumPy arrays keep their dtype, and so do other libraries' arrays that
+NumPy reads (`__array__`: JAX arrays, CPU torch tensors); one of
+non-native byte order ('>f8') is taken
 as its value in native order, and a masked array is refused (computing
 would silently drop its mask).
 
@@ -183,9 +184,9 @@ def is_dask_array(value: Any) -> bool:
 
 
 def is_python_number(value: Any) -> bool:
-    """A Python int or float (not a bool, not a NumPy scalar, which has a
-    dtype of its own)."""
-    return isinstance(value, (int, float)) and not isinstance(value, (bool, np.generic))
+    """A Python int, float or bool (weakly typed in NumPy 2 and JAX: f32 x
+    times True is f32), not a NumPy scalar, which has a dtype of its own."""
+    return isinstance(value, (int, float)) and not isinstance(value, np.generic)
 
 
 def convert(fn_name: str, spec: ParamSpec, value: Any, span,

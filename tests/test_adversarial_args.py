@@ -280,6 +280,19 @@ def test_a_python_number_is_weakly_typed_as_in_numpy_2_and_jax():
         M.mul_sin(x, 1e300)
 
 
+
+def test_a_python_bool_is_weakly_typed_as_a_python_number_is():
+    """f32 x times True was f64 (a Python bool for a float was made f64),
+    where NumPy 2 and JAX keep f32, as for the Python int 1."""
+    x = np.array([0.5, -2.0], np.float32)
+    for y in (True, False):
+        got = M.mul_sin(x, y)
+        assert got.dtype == (x * y).dtype == np.float32
+        np.testing.assert_array_equal(got, x * np.float32(y) + np.sin(x))
+        g = dsl.grad(M.mul_sin, wrt=1)(x, y)
+        assert g.dtype == np.float32 and g == np.float32(-1.5)
+    assert M.mul_sin(x.astype(np.float64), True).dtype == np.float64
+
 class _Foreign:
     """Another library's array as NumPy sees it (a JAX array, a CPU torch
     tensor): only `__array__`."""
