@@ -15,9 +15,8 @@ number, as in NumPy 2 and JAX: `f(x, 0.5)` stays f32 for f32 x).  A
 value the dtype cannot hold (2**40 as i32, 1e300 as f32) is refused.
 NumPy arrays keep their dtype, and so do other libraries' arrays that
 NumPy reads (`__array__`: JAX arrays, CPU torch tensors); one of
-non-native byte order ('>f8') is taken
-as its value in native order, and a masked array is refused (computing
-would silently drop its mask).
+non-native byte order ('>f8') is taken as its value in native order, and
+a masked array is refused (computing would silently drop its mask).
 
 An annotation may name a dtype kind instead of a dtype (`x: float[n]`,
 `KINDS`): it takes an array of any dtype of the kind, as it is (the program
