@@ -28,7 +28,9 @@ value as a constant on purpose.  A watched array is the caller's own
 ndarray, which cannot be marked: compute from it only through compiled
 calls.  It must be one a call takes as itself (a plain ndarray in native
 byte order, or a tape's result): `watch` refuses any other, of which a
-call would take a converted copy that the tape could not see.
+call would take a converted copy that the tape could not see; and a view
+of it (`x[::2]`) passed to a call while the tape records raises
+`TapeError` (the tape would take it for a constant).
 """
 from __future__ import annotations
 
@@ -105,6 +107,13 @@ class Tape:
         (a itself, or one sharing its memory: NumPy's view of it, such as
         np.ravel(y), has a base no tape knows)."""
         return any(np.shares_memory(a, b) for b in self._by_owner.get(id(memory_owner(a)), ()))
+
+    def watches_memory_of(self, a: np.ndarray) -> bool:
+        """Whether `a` shares memory with an array this tape watches (a
+        plain ndarray: the outputs it tracks are `TapeArray`s, a plain view
+        of which, `np.asarray(y)`, is a constant on purpose)."""
+        return any(type(b) is np.ndarray and np.shares_memory(a, b)
+                   for b in self._by_owner.get(id(memory_owner(a)), ()))
 
     def record(self, function, bound, outs, pullback) -> None:
         self._records.append(_Record(function, dict(bound), tuple(outs), pullback))

@@ -21,7 +21,9 @@ NumPy writing into an array a recording tape tracks (`y += 1`, `y[0] = 0`,
 through a view of it (`np.ravel(y)` included), by an in-place method such as `y.fill(0)` or a
 function writing its first argument such as `np.copyto(y, v)`), or writing
 a derived value into a plain array (`out=`, `np.copyto(plain, y)`), raises
-too.
+too.  A watched array is the caller's plain ndarray, which NumPy cannot
+mark; a view of it (`x[::2]`, `x.reshape(...)`) reaching a call while the
+tape records raises `TapeError` as a derived array does.
 Leaving NumPy on purpose (`np.asarray(y)`, `float(y)`) makes a constant.
 """
 from __future__ import annotations
@@ -66,6 +68,18 @@ def recording_tapes(arrays: Iterable[Any]) -> list[Any]:
                         "the tape records only calls of compiled functions, so its gradient "
                         "would miss that computation: write it in the .grad module, or pass "
                         "np.asarray(...) of it to make it a constant on purpose")
+        elif type(a) is np.ndarray and a.dtype.kind == "f":
+            # a view of a watched array (the caller's plain ndarray, which no
+            # NumPy operation marks): a constant to the tape, so the gradient
+            # through it would silently not reach the watched array
+            for tape in tapes:
+                if tape._recording and not tape.tracks(a) and tape.watches_memory_of(a):
+                    raise TapeError(
+                        "an argument is a view of an array this tape watches (such as "
+                        "x[::2] or x.reshape(...) of a watched x), which the tape cannot "
+                        "follow to it: pass the watched array and index or reshape it in the "
+                        ".grad module, or pass np.array(...) of the view to make it a "
+                        "constant on purpose")
     return [t for t in tapes if t._recording and any(t.tracks(a) for a in arrays)]
 
 

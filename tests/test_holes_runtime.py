@@ -349,6 +349,24 @@ def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
     assert float(y.sum()) == pytest.approx(1.0 + np.logaddexp(0, -1.0))
 
 
+
+def test_a_view_of_a_watched_array_is_a_tape_error_not_a_partial_gradient():
+    """bar(x, x[::-1]) of a watched x recorded x[::-1] as a constant (a
+    view of the caller's plain array, which NumPy cannot mark): the
+    gradient, x[::-1], silently missed the path through the view."""
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(x)
+        for view in (x[::-1], x.reshape(2, 2).ravel(), x[:], np.broadcast_to(x, (4,))):
+            with pytest.raises(dsl.GradError, match="view of an array this tape watches"):
+                BAR(x, view)
+        y = LOG1PEXP(x)
+        z = BAR(x, np.array(x[::-1]))  # a copy: a constant on purpose
+        w = BAR(y, np.asarray(y)[::-1])  # a plain view of a result: so too
+    np.testing.assert_array_equal(tape.gradient(z, x), x[::-1])
+    np.testing.assert_allclose(tape.gradient(w, x), np.logaddexp(0, x)[::-1] / (1 + np.exp(-x)),
+                               rtol=1e-12)
+
 PACKAGE_DIRS = tuple(str(ROOT / d) for d in ("dsl", "runtime", "compiler", "grammar"))
 
 
