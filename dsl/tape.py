@@ -124,11 +124,15 @@ class Tape:
     @user_facing
     def gradient(self, target: np.ndarray,
                  sources: Union[np.ndarray, Sequence[np.ndarray]]):
+        single = isinstance(sources, np.ndarray) or is_device_array(sources)
+        if not single and not isinstance(sources, (list, tuple)):
+            # (before the tape counts as used: a call with the sources fixed may follow)
+            raise ArgumentError("Tape.gradient() takes its sources as an array or a list or "
+                                f"tuple of arrays, got {type(sources).__name__}")
         if self._used and not self.persistent:
             raise TapeError("a non-persistent Tape gives one gradient; use "
                             "Tape(persistent=True) for more")
         self._used = True
-        single = isinstance(sources, np.ndarray) or is_device_array(sources)
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
             if self in derived_from(target):

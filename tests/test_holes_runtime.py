@@ -367,6 +367,20 @@ def test_a_view_of_a_watched_array_is_a_tape_error_not_a_partial_gradient():
     np.testing.assert_allclose(tape.gradient(w, x), np.logaddexp(0, x)[::-1] / (1 + np.exp(-x)),
                                rtol=1e-12)
 
+
+def test_tape_gradient_refuses_sources_that_are_no_array_or_sequence():
+    """A dict of sources gave [None] (its keys, which no tape tracks, as
+    if z did not depend on x), and None raised Python's TypeError."""
+    x = np.array([0.5, -1.0])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        z = LOG1PEXP(x)
+    for sources in ({"x": x}, None, "x"):
+        with pytest.raises(dsl.ArgumentError, match="sources as an array or a list or tuple"):
+            tape.gradient(z, sources)
+    # (refused before the tape counts as used)
+    np.testing.assert_allclose(tape.gradient(z, (x,))[0], 1 / (1 + np.exp(-x)), rtol=1e-12)
+
 PACKAGE_DIRS = tuple(str(ROOT / d) for d in ("dsl", "runtime", "compiler", "grammar"))
 
 
