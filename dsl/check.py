@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -217,6 +217,25 @@ def _dtype_name(x: np.ndarray) -> str:
     return "f32" if x.dtype == np.float32 else "f64"
 
 
+def _check_options(eps: Any, rtol: Any, atol: Any, seed: Any) -> None:
+    """`ArgumentError` for a step or tolerance that is no real number, a
+    step that is not finite and positive (0 or inf compared nothing, each
+    row 'not compared', and the result passed; NaN raised a KeyError), a
+    negative or NaN tolerance, or a seed NumPy's generator refuses."""
+    def real(value: Any) -> bool:
+        return isinstance(value, (int, float, np.integer, np.floating)) \
+            and not isinstance(value, (bool, np.bool_))
+    if not real(eps) or not 0 < eps < np.inf:
+        raise ArgumentError(f"check_gradients() takes a finite positive eps, got {eps!r}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not real(value) or not value >= 0:
+            raise ArgumentError(f"check_gradients() takes a non-negative {name}, got {value!r}")
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+                             or seed < 0):
+        raise ArgumentError(f"check_gradients() takes a seed that is a non-negative integer "
+                            f"or None, got {seed!r}")
+
+
 @user_facing
 def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
                     rtol: float = 1e-4, atol: float = 1e-6, seed: int = 0,
@@ -226,6 +245,7 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     if type(order) is not int or not 1 <= order <= MAX_ORDER:
         raise ArgumentError(f"check_gradients() takes an order from 1 to {MAX_ORDER}, "
                             f"got {order!r}")
+    _check_options(eps, rtol, atol, seed)
     rng = np.random.default_rng(seed)
     # Differences in f64, unless an annotation insists on f32: then in f32,
     # with a step and tolerances f32 can honour.

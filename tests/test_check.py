@@ -294,6 +294,21 @@ def test_an_order_outside_one_to_max_is_refused_before_anything_compiles(order):
     assert not f._programs  # refused before the value's program was built
 
 
+@pytest.mark.parametrize("option, pattern", [
+    (dict(eps=0.0), r"finite positive eps, got 0\.0"), (dict(eps=-1e-6), r"eps, got -1e-06"),
+    (dict(eps=float("nan")), r"eps, got nan"), (dict(eps=float("inf")), r"eps, got inf"),
+    (dict(eps="1e-6"), r"eps, got '1e-6'"), (dict(rtol=-1.0), r"non-negative rtol"),
+    (dict(atol=float("nan")), r"non-negative atol, got nan"), (dict(seed=-1), r"seed .* got -1"),
+    (dict(seed=1.5), r"seed .* got 1\.5"),
+], ids=["eps0", "eps<0", "epsnan", "epsinf", "epsstr", "rtol", "atol", "seed<0", "seed1.5"])
+def test_a_step_tolerance_or_seed_that_cannot_work_is_refused(option, pattern):
+    """eps=0 compared no direction and passed every row ('not compared'),
+    eps=nan raised a KeyError, a seed NumPy refuses its ValueError."""
+    f = dsl.loads(NAIVE).softplus_naive
+    with pytest.raises(dsl.ArgumentError, match=pattern):
+        dsl.check_gradients(f, np.ones(2), **option)
+    assert not f._programs  # refused before the value's program was built
+
 @pytest.mark.parametrize("order", ["0", "9", "99", "two"])
 def test_gradc_check_refuses_an_order_beyond_max(order, capsys):
     with pytest.raises(SystemExit) as exit_:
