@@ -13,7 +13,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from gradlang.runtime.args import ParamSpec, cast, check_shape, convert, plain
+from gradlang.runtime.args import (ParamSpec, cast, check_shape, convert, foreign_array,
+                                  is_foreign_array, plain)
 from gradlang.runtime.errors import ArgumentError, Span
 
 
@@ -51,6 +52,10 @@ class ParamStore(MutableMapping):
         for a call); stores nothing."""
         spec = self._spec(name)
         where = f"param {name!r}"
+        if is_foreign_array(value):
+            # (a JAX array, a CPU torch tensor: converted to the declared dtype as
+            # a NumPy array is; binding it as an argument refused an f32 one for f64)
+            value = foreign_array(where, value, span)
         array = plain(where, value, span) if isinstance(value, (np.ndarray, np.generic)) \
             else value
         if isinstance(array, np.ndarray) and spec.dtype is not None and \

@@ -320,6 +320,24 @@ def test_another_librarys_array_keeps_its_dtype():
         M.mul_sin(x, _Foreign(x, requires_grad=True))
 
 
+def test_another_librarys_array_set_as_a_param_takes_the_params_dtype():
+    """A JAX array or CPU torch tensor set as a param was bound as an
+    argument is, keeping its dtype: JAX's default f32 for an f64 param (or
+    its i32 for i64) was refused, where the same NumPy array is converted."""
+    M.params["n"] = _Foreign(np.array(3, np.int32))
+    assert M.params["n"].dtype == np.int64
+    np.testing.assert_array_equal(M.times(np.arange(3.0)), [0.0, 3.0, 6.0])
+    given = np.array([1.5, -2.5])  # f64 for `param w: f32[2]`
+    M.params["w"] = _Foreign(given)
+    assert M.params["w"].dtype == np.float32
+    np.testing.assert_array_equal(M.params["w"], [1.5, -2.5])
+    given[0] = 7.0  # the store holds a copy of its own
+    assert M.params["w"][0] == 1.5
+    with pytest.raises(dsl.ArgumentError, match=r"param 'w' is out of range for f32"):
+        M.params["w"] = _Foreign(np.array([1e300, 0.0]))
+    with pytest.raises(dsl.ArgumentError, match=r"param 'w' cannot be read as a NumPy array"):
+        M.params["w"] = _Foreign(given, requires_grad=True)
+
 def test_wrt_takes_numpy_integers():
     x, y = np.array([0.5, 2.0]), np.array([-1.0, 3.0])
     for k in np.arange(2):
