@@ -17,7 +17,7 @@ from typing import Any, Iterable, Union
 from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var, WeakVar
 from gradlang.compiler.ops import output_types
 from gradlang.runtime.args import NUMPY
-from gradlang.runtime.common import MAX_SIZE
+from gradlang.runtime.common import MAX_SIZE, counted_bytes
 from gradlang.runtime.errors import GradError, Span
 
 
@@ -80,8 +80,11 @@ def _check_addressable(t: TensorType, span: Span | None) -> None:
     (A size given by an integer argument's value, as `segment_sum`'s count
     may be, is checked here too: the program is compiled for that value as
     for a `const` argument's.)"""
-    size = t.size
-    if isinstance(size, int) and size * NUMPY[t.dtype].itemsize > MAX_SIZE:
+    if all(isinstance(d, int) for d in t.shape) and \
+            counted_bytes(t.shape, NUMPY[t.dtype].itemsize) > MAX_SIZE:
+        if t.size == 0:  # (NumPy multiplies its other axes all the same)
+            raise GradError(f"a value of type {t} is empty, but the sizes of its other axes "
+                            "multiply beyond what an array can count", span)
         raise GradError(f"a value of type {t} needs more memory than can be addressed", span)
 
 

@@ -86,6 +86,13 @@ def fixed_size_mismatch(argument: str, axis: int, expected: int, got: int) -> No
 MAX_SIZE = int(np.iinfo(np.intp).max)
 
 
+def counted_bytes(shape: tuple, itemsize: int) -> int:
+    """The byte count NumPy checks against `MAX_SIZE` to make an array of
+    `shape`: that of its nonzero axes (an empty array's other axes count
+    too: np.empty((2**62, 0)) is 'array is too big')."""
+    return math.prod(d for d in shape if d) * itemsize
+
+
 def host_memory() -> tuple[int, str]:
     """The most bytes this process's arrays can take, and whose memory that
     is (as errors say it): the machine's RAM and swap together, or less
@@ -223,10 +230,11 @@ def fillable(shape: tuple, dtype) -> tuple:
     shape and dtype could not be addressed (a size a program was compiled
     for by value, `segment_sum`'s count, too large), where NumPy would
     raise its own ValueError."""
-    if math.prod(shape) * np.dtype(dtype).itemsize > MAX_SIZE:
-        raise ArgumentError(f"a value of shape {list(shape)} and dtype {np.dtype(dtype)} "
-                            "needs more memory than can be addressed: a size an argument "
-                            "gives is too large")
+    if counted_bytes(shape, np.dtype(dtype).itemsize) > MAX_SIZE:
+        why = ("is empty, but the sizes of its other axes multiply beyond what an array can "
+               "count" if 0 in shape else "needs more memory than can be addressed")
+        raise ArgumentError(f"a value of shape {list(shape)} and dtype {np.dtype(dtype)} {why}: "
+                            "a size an argument gives is too large")
     return shape
 
 

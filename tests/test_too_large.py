@@ -122,6 +122,24 @@ def test_every_transform_names_itself():
         assert caught.value.file == "too_large.grad" and caught.value.source == SOURCE
 
 
+def test_an_empty_value_whose_other_axes_no_size_counts_is_refused_at_its_expression():
+    """NumPy counts an empty array's nonzero axes too (np.empty((2**62, 0))
+    is 'array is too big'): reshape(x, (2**40, 2**40, 0)) of an empty x,
+    which the size check passed (0 elements), raised NumPy's ValueError
+    from the driver, and so did segment_sum's count 2**62 of empty rows."""
+    m = dsl.loads("def r(x, a: const i64, b: const i64):\n    return reshape(x, (a, b, 0)) * 2.0\n"
+                  "def pool(x, seg: i64[n], k: const i64):\n    return segment_sum(x, seg, k)\n",
+                  file="empty.grad")
+    with pytest.raises(dsl.GradError, match=r"f64\[1099511627776, 1099511627776, 0\] is empty, "
+                       r"but the sizes of its other axes multiply beyond") as caught:
+        m.r(np.zeros(0), 2 ** 40, 2 ** 40)
+    assert place(caught.value) == ("empty.grad", 2, 12)
+    assert m.r(np.zeros(0), 2 ** 20, 2 ** 20).shape == (2 ** 20, 2 ** 20, 0)
+    with pytest.raises(dsl.ArgumentError, match=r"shape \[4611686018427387904, 0\] and dtype "
+                       r"float64 is empty, but the sizes"):
+        m.pool(np.zeros((2, 0)), np.array([0, 1]), 2 ** 62)
+    assert m.pool(np.zeros((2, 0)), np.array([0, 1]), 3).shape == (3, 0)
+
 def test_a_slice_of_a_zero_stride_argument_is_no_copy_of_it():
     # x[1] is a view of x (a gather of the row alone on a device), as is a
     # transpose here: nothing of x's size is made, whatever its logical size
