@@ -177,7 +177,8 @@ def require_host_room(shape: tuple, dtype, what: str, span: Optional[Span]) -> N
     """Refuse (as `too_large`) an array of `shape` and `dtype` larger than
     this process can have (`HOST_MEMORY`), before it is made: one a call assembles on the
     host (a Jacobian)."""
-    if math.prod(shape) * np.dtype(dtype).itemsize > HOST_MEMORY:
+    itemsize = np.dtype(dtype).itemsize
+    if math.prod(shape) * itemsize > HOST_MEMORY or counted_bytes(shape, itemsize) > MAX_SIZE:
         too_large(shape, dtype, where_of(what, span), HOST_MEMORY, HOST)
 
 
@@ -206,10 +207,11 @@ def too_large(shape: tuple, dtype, where: Where, limit: int, memory: str,
     elements = math.prod(shape)
     nbytes = elements * dtype.itemsize
     array = f"{SUPPORTED.get(dtype, str(dtype))}[{', '.join(map(str, shape))}]"
-    if nbytes > MAX_SIZE:
-        error: ArrayTooLarge = SizeOverflowError(
-            f"{what} would be {array}: {elements} elements of {dtype.itemsize} bytes, a "
-            f"byte count beyond the {MAX_SIZE} an array can have", span)
+    if counted_bytes(shape, dtype.itemsize) > MAX_SIZE:  # (an empty one's axes count too)
+        count = (f"{elements} elements of {dtype.itemsize} bytes, a byte count beyond the "
+                 f"{MAX_SIZE} an array can have" if elements else "empty, but the sizes of its "
+                 f"other axes multiply beyond the {MAX_SIZE} bytes an array can count")
+        error: ArrayTooLarge = SizeOverflowError(f"{what} would be {array}: {count}", span)
     else:
         error = AllocationError(f"{what} would be {array}, {amount(nbytes)}, which cannot be "
                                 f"allocated: {memory} has {amount(limit)}", span)

@@ -140,6 +140,18 @@ def test_an_empty_value_whose_other_axes_no_size_counts_is_refused_at_its_expres
         m.pool(np.zeros((2, 0)), np.array([0, 1]), 2 ** 62)
     assert m.pool(np.zeros((2, 0)), np.array([0, 1]), 3).shape == (3, 0)
 
+
+@pytest.mark.parametrize("jacobian", [dsl.jacfwd, dsl.jacrev])
+def test_an_empty_jacobian_whose_other_axes_no_size_counts_is_refused(jacobian):
+    """jacrev of an empty result with respect to a 2**20 x 2**20 argument
+    (Jacobian f64[0, 2**20, 2**20, 2**20]) passed the host-room check (0
+    bytes) and raised NumPy's ValueError as it assembled the rows."""
+    f = dsl.loads("def f(x):\n    return x[:0] * 2.0\n", file="empty.grad").f
+    with pytest.raises(SizeOverflowError, match=r"the Jacobian of its result with respect to 'x' "
+                       r"would be f64\[0, 1048576, 1048576, 1048576\]: empty, but the sizes"):
+        jacobian(f)(np.broadcast_to(1.0, (2 ** 20, 2 ** 20)))
+    assert jacobian(f)(np.ones((2, 3))).shape == (0, 3, 2, 3)
+
 def test_a_slice_of_a_zero_stride_argument_is_no_copy_of_it():
     # x[1] is a view of x (a gather of the row alone on a device), as is a
     # transpose here: nothing of x's size is made, whatever its logical size
