@@ -132,6 +132,18 @@ def test_an_f32_max_of_ties_is_not_compared_at_a_step_that_hides_the_kink():
     assert [(r.wrt, r.compared, r.ok) for r in result] == [("x", 0, True), ("jvp:x", 0, True)]
 
 
+def test_a_step_added_to_a_huge_intermediate_is_not_rounded_into_a_false_failure():
+    # A bias of -1000 added to -1.2e10 (an MLP's logits at `gradc check`'s
+    # stress point -1000): a step of 1e-3 was rounded to 524 units of
+    # 2**-19, at step / 2 to 262, so both differences were 5.5e-4 low, agreed
+    # with each other, and failed the right gradient cos(z + b).  A
+    # power-of-two step along a direction of few bits adds exactly.
+    f = dsl.loads("def f(z: i64[n], b):\n    return sum(sin(z + b))\n").f
+    z, b = np.full(3, -12_000_000_000), np.full(3, -1000.0)
+    result = dsl.check_gradients(f, z, b, order=1, upstream=False, f32=False)
+    assert [(r.wrt, r.compared, r.ok) for r in result] == [("b", 6, True), ("jvp:b", 3, True)]
+    assert max(r.max_rel for r in result) < 1e-6
+
 def test_stable_grad_block_is_finite_at_large_magnitudes_in_both_dtypes():
     m = dsl.load(EXAMPLES / "log1pexp.grad")
     x = np.array([1000.0, -1000.0, 100.0, 0.0])
