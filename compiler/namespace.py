@@ -7,7 +7,7 @@ imported module `m`) and holds every `param` visible to it.
 reads, directly or through the functions it calls (grad blocks and
 `grad(f)(...)` included), worked out once per function and kept in the
 namespace; `free_names(body, bound)` the names a statement
-list reads before assigning them; `calls_in(bodies)` its call expressions.
+list reads before assigning them; `calls_in(bodies)` its call expressions (`nodes_in` every node).
 """
 from __future__ import annotations
 
@@ -131,21 +131,24 @@ def _direct_reads(fdef: ast.FuncDef, ns: Namespace
 
 
 def calls_in(bodies) -> list[ast.Call]:
-    """Every call expression in the given statement lists, in source order
-    (walked with a stack of its own: a tree is as deep as its longest chain
-    of operators)."""
-    found: list[ast.Call] = []
-    todo = list(bodies)[::-1]
+    """Every call expression in the given statement lists, in source order."""
+    return [node for node in nodes_in(bodies) if isinstance(node, ast.Call)]
+
+
+def nodes_in(tree) -> Iterator:
+    """Every node of a tree (a node, or a tuple or list of them: statement
+    lists), itself first, in source order (walked with a stack of its own:
+    a tree is as deep as its longest chain of operators)."""
+    todo = [tree]
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.Call):
-            found.append(node)
-        if isinstance(node, tuple):
+        if isinstance(node, (tuple, list)):
             todo += node[::-1]
-        elif hasattr(node, "__dataclass_fields__"):
+            continue
+        yield node
+        if hasattr(node, "__dataclass_fields__"):
             todo += [getattr(node, name) for name in reversed(node.__dataclass_fields__)
                      if name != "span"]
-    return found
 
 
 def free_names(body: Sequence[ast.Stmt], bound: set[str]) -> set[str]:

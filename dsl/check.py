@@ -76,7 +76,7 @@ import numpy as np
 from dsl.function import (Compiled, Directional, Select, backward_function, derived,
                           grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
-from gradlang.compiler.namespace import calls_in
+from gradlang.compiler.namespace import calls_in, nodes_in
 from gradlang.runtime.args import NUMPY, number_dtype
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -884,6 +884,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
         except GradError as err:
             raise _with_sampling_note(err, f) from None
     reasons = {k: intentional_mismatch(f, k) for k in range(1, order + 1)}
+    reasons = {k: (why, reaching_mismatch(f, k) if why else set()) for k, why in reasons.items()}
     rows: dict[tuple, list[GradCheck]] = {}
     failed_at: dict[tuple, list[str]] = {}
     warned: dict[str, list[str]] = {}
@@ -909,7 +910,12 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
     for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: order_of(*item[0])):
         compared = [c for c in checks if c.compared]
         nonfinite = any(c.nonfinite for c in checks)
-        reason = reasons[k]
+        # differences along an argument whose value reaches no mismatch can
+        # judge it (not through the upstream cotangent: a block's
+        # stop_gradient(dy) makes its derivative in dy 0 by design)
+        why, reaching = reasons[k]
+        kind, along = _row_kind(wrt)
+        reason = why if kind == 1 or along in reaching else ""
         if reason and checks[0].against == "differences":
             # differences cannot judge it, but a NaN/Inf is wrong by any design
             out.append(Summary(f.name, k, wrt, checks[0].source, 0, 0.0, 0.0, nonfinite,
@@ -944,13 +950,19 @@ def _row_order(f: Compiled) -> Callable[[int, str, str], tuple]:
     names = [s.name for s in (*f.specs, *f.param_specs)]
 
     def key(order: int, wrt: str, dtype: str) -> tuple:
-        upstream = re.fullmatch(r".* \(of d/d(.*)\)", wrt)
-        kind, name = ((1, upstream.group(1)) if upstream else
-                      (3, wrt[len("jvp/vjp:"):]) if wrt.startswith("jvp/vjp:") else
-                      (2, wrt[len("jvp:"):]) if wrt.startswith("jvp:") else (0, wrt))
+        kind, name = _row_kind(wrt)
         position = names.index(name) if name in names else len(names)
         return position, name, kind, order, dtype != "f64"
     return key
+
+
+def _row_kind(wrt: str) -> tuple[int, str]:
+    """A row's kind (0 reverse mode, 1 through the upstream cotangent, 2
+    forward mode, 3 forward against reverse) and the argument it is along."""
+    upstream = re.fullmatch(r".* \(of d/d(.*)\)", wrt)
+    return ((1, upstream.group(1)) if upstream else
+            (3, wrt[len("jvp/vjp:"):]) if wrt.startswith("jvp/vjp:") else
+            (2, wrt[len("jvp:"):]) if wrt.startswith("jvp:") else (0, wrt))
 
 
 def intentional_mismatch(f: Compiled, order: Optional[int] = None) -> str:
@@ -965,25 +977,104 @@ def intentional_mismatch(f: Compiled, order: Optional[int] = None) -> str:
     fdef, namespace = getattr(f, "fdef", None), getattr(f, "_namespace", None)
     if fdef is None:
         return ""
-    seen: set[int] = set()
+    return _function_mismatch(fdef, namespace.functions[fdef.name][1],
+                              _searched(fdef, order))
 
-    def visit(fd, ns, bodies) -> str:
-        if id(fd) in seen:
-            return ""
-        seen.add(id(fd))
-        if any(d.name == "pass_through" for d in fd.decorators):
-            return f"{fd.name}() is @pass_through"
-        for call in calls_in(bodies):
-            if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
-                return f"{fd.name}() uses stop_gradient"
-            target = ns.resolve(call.func)
-            if target is not None and (why := visit(*target, _bodies(target[0]))):
-                return why
-        return ""
 
+def _searched(fdef, order: Optional[int]) -> list:
+    """Where a mismatch of f's gradient of `order` is looked for: an order
+    the blocks write, in the blocks up to it; any other, everywhere."""
     written = order is not None and order <= len(fdef.grads)
-    bodies = [g.body for g in fdef.grads[:order]] if written else _bodies(fdef)
-    return visit(fdef, namespace.functions[fdef.name][1], bodies)
+    return [g.body for g in fdef.grads[:order]] if written else _bodies(fdef)
+
+
+def _function_mismatch(fdef, ns, bodies: Optional[list] = None,
+                       seen: Optional[set[int]] = None) -> str:
+    """`intentional_mismatch`'s reason for a definition, looked for in
+    `bodies` (default: all of its own) and the functions they call."""
+    seen = set() if seen is None else seen
+    if id(fdef) in seen:
+        return ""
+    seen.add(id(fdef))
+    if any(d.name == "pass_through" for d in fdef.decorators):
+        return f"{fdef.name}() is @pass_through"
+    for call in calls_in(_bodies(fdef) if bodies is None else bodies):
+        if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
+            return f"{fdef.name}() uses stop_gradient"
+        target = ns.resolve(call.func)
+        if target is not None and (why := _function_mismatch(*target, seen=seen)):
+            return why
+    return ""
+
+
+def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
+    """The arguments and module params of f whose values reach what makes
+    its gradient of `order` not the derivative (`intentional_mismatch`'s
+    stop_gradient, or a call of a function that is @pass_through or uses
+    either): only differences along those cannot judge it (qloss(x,
+    target)'s d/dtarget, where only x goes through the rounding, can).
+    Over-approximated, never under: a name's sources are those of every
+    assignment to it anywhere (loops and branches without order), a call's
+    result depends on all its arguments, and a call that reaches a
+    mismatch, through all of them."""
+    fdef, namespace = f.fdef, f._namespace
+    if any(d.name == "pass_through" for d in fdef.decorators):
+        return {s.name for s in (*f.specs, *f.param_specs)}
+    lists, searched = _bodies(fdef), _searched(fdef, order)
+    ns = namespace.functions[fdef.name][1]
+    sources: dict[str, set[str]] = {p.name: {p.name} for p in fdef.params}
+    reaching: set[str] = set()
+
+    def of(node, record: bool) -> set[str]:
+        """The names node's value depends on (recording those reaching a
+        mismatch through a call in it, where `record`)."""
+        found: set[str] = set()
+        for sub in nodes_in(node):
+            if isinstance(sub, ast.Name):
+                found |= sources.get(sub.id, {sub.id})  # a module param: itself
+            elif record and isinstance(sub, ast.Call) and _mismatched_call(sub, ns):
+                reaching.update(of(sub, False))
+        return found
+
+    def assign(target: str, value: set[str]) -> bool:
+        before = sources.get(target, set())
+        sources[target] = before | value
+        return not value <= before
+
+    def walk(stmts, record: bool) -> bool:
+        """One pass over stmts; whether any name's sources grew."""
+        grew = False
+        for stmt in stmts:
+            if isinstance(stmt, ast.Assign):
+                value = of(stmt.value, record)
+                grew = any([assign(t, value) for t in stmt.targets]) or grew
+            elif isinstance(stmt, ast.AugAssign):
+                grew = assign(stmt.target, of(stmt.value, record)) or grew
+            elif isinstance(stmt, ast.For):
+                grew = assign(stmt.var, of(stmt.args, record)) or grew
+                grew = walk(stmt.body, record) or grew
+            elif isinstance(stmt, ast.If):
+                arms, orelse = ast.elif_chain(stmt)
+                for arm in arms:
+                    of(arm.cond, record)
+                    grew = walk(arm.body, record) or grew
+                grew = walk(orelse, record) or grew
+            else:
+                of(stmt, record)
+        return grew
+
+    while any([walk(body, any(body is b for b in searched)) for body in lists]):
+        pass  # until no name's sources grow: a loop's later trips
+    return reaching & {s.name for s in (*f.specs, *f.param_specs)}
+
+
+def _mismatched_call(call: ast.Call, ns) -> bool:
+    """Whether a call is stop_gradient's, or one of a function whose
+    gradient is not its derivative (@pass_through, or using either)."""
+    if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
+        return True
+    target = ns.resolve(call.func)
+    return target is not None and bool(_function_mismatch(*target))
 
 
 def _bodies(fdef) -> list:

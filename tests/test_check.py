@@ -518,6 +518,34 @@ def test_stop_gradient_in_the_body_does_not_excuse_a_written_first_block():
     assert intentional_mismatch(wrong) == "lse() uses stop_gradient"
 
 
+def test_differences_along_an_argument_that_reaches_no_stop_gradient_are_compared():
+    """gradc check skipped every difference row of a function using
+    stop_gradient or a @pass_through function, also along arguments whose
+    values never reach them (a loss's target beside a quantized input):
+    nothing of such a gradient was compared in f64."""
+    from dsl.check import check_function
+    held = dsl.loads("def held(x, t):\n    return x * stop_gradient(t)\n").held
+    rows = {(r.wrt, r.dtype): r for r in check_function(held, order=1)}
+    assert rows["x", "f64"].points == rows["jvp:x", "f64"].points == 12
+    assert rows["x", "f64"].ok and rows["jvp:x", "f64"].ok
+    assert [(rows[w, "f64"].points, rows[w, "f64"].skipped) for w in ("t", "jvp:t")] == [
+        (0, "held() uses stop_gradient")] * 2
+
+
+def test_what_reaches_a_straight_through_call_is_over_approximated():
+    # through a loop's later trips, all of a callee's arguments, and a param
+    from dsl.check import reaching_mismatch
+    m = dsl.loads("param w: f64\n@pass_through\ndef ste(x):\n    return round(x)\n"
+                  "def inner(a, b):\n    return ste(a) + b\n"
+                  "def carried(x, t, u):\n    h = x\n    for i in range(2):\n"
+                  "        h = ste(h) + t\n    return sum(h * u)\n"
+                  "def through(x, t, u):\n    return inner(x * w, t) * u\n"
+                  "def read(x, t):\n    v = x * t\n    return ste(v * w) + t\n")
+    assert [reaching_mismatch(getattr(m, name), 1) for name in ("carried", "through", "read")] == [
+        {"x", "t"}, {"x", "t", "w"}, {"x", "t", "w"}]
+    assert reaching_mismatch(m.ste, 1) == {"x"}  # all of a @pass_through function's
+
+
 # x y^2 with a second block whose x cotangent, d/dx of the y cotangent
 # 2 g x y, is 5 times too large: a mixed partial, d2/dxdy
 MIXED = """def bar(x, y):
