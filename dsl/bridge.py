@@ -16,7 +16,8 @@ may be the library's arrays (keywords naming module params f reads are
 params, the others arguments), each value bound as `convert` makes it an
 array, and says which bound names came from the library's arrays (a
 list or tuple holding one of them is an `ArgumentError`: NumPy would read
-it as a constant, or fail on a traced one).
+it as a constant, or fail on a traced one).  `widened_halves` casts a
+library's half-precision arrays to float32 where f takes float32.
 """
 from __future__ import annotations
 
@@ -115,6 +116,26 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
                if n in given and id(given[n]) in foreign and foreign[id(given[n])][0] is given[n]}
     by_name.update({n: foreign_params[n] for n in bound if n in foreign_params})
     return bound, by_name
+
+
+def widened_halves(f: Compiled, args: tuple, kwargs: dict, half: Callable[[Any], bool],
+                   to_float32: Callable[[Any], Any]) -> tuple[tuple, dict]:
+    """The arguments with each of the library's float16 and bfloat16
+    arrays (`half`) for a parameter of f that takes float32 (annotated so
+    or `float`, or not annotated) cast to float32 by the library
+    (`to_float32`, which it differentiates: gradients come back in the
+    array's own dtype), as a library's losses compute under mixed
+    precision: the kernels have no half precision.  Others stay, for
+    binding to refuse in their own dtype's words."""
+    def widened(value: Any, name: Optional[str]) -> Any:
+        if not half(value):
+            return value  # (the common case: no spec looked up)
+        spec = next((s for s in f.specs + f.param_specs if s.name == name), None)
+        return to_float32(value) if spec is None or spec.dtype in (None, "f32", "float") \
+            else value
+    return (tuple(widened(a, f.specs[i].name if i < len(f.specs) else None)
+                  for i, a in enumerate(args)),
+            {k: widened(v, k) for k, v in kwargs.items()})
 
 
 def _holds_library_array(sequence: Any, convert: Callable, where: str) -> bool:

@@ -62,7 +62,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotJax
-from dsl.bridge import Bridged, bind_foreign, bridged
+from dsl.bridge import Bridged, bind_foreign, bridged, widened_halves
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -105,6 +105,11 @@ class JaxFunction(Bridged):
                 return value, None
             return placeholder(value.shape, value.dtype), value
 
+        # (as jax.nn's losses compute a bfloat16 model's outputs in float32)
+        args, kwargs = widened_halves(
+            f, args, kwargs,
+            lambda v: isinstance(v, jax.Array) and v.dtype in (jnp.float16, jnp.bfloat16),
+            lambda v: v.astype(jnp.float32))
         if not jax.config.jax_enable_x64:
             _refuse_64_bit_annotations(f, args, kwargs)
             args, kwargs = _narrowed_scalars(f, args, kwargs)

@@ -73,7 +73,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotBridged, arranged
-from dsl.bridge import Bridged, bind_foreign, bridged
+from dsl.bridge import Bridged, bind_foreign, bridged, widened_halves
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
                           fast_key, jvp_function, needs_ir, result_types, split_of_bound)
@@ -871,20 +871,10 @@ def _wrong_device(t, f: Compiled, where: str):
 
 
 def _widened(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The arguments with each float16 and bfloat16 tensor for a parameter
-    of f that takes float32 (annotated so or `float`, or not annotated) cast to
-    float32 (by torch, which differentiates the cast: gradients come back
-    in the tensor's own dtype), as torch's losses compute under autocast:
-    the kernels have no half precision.  Others stay, for binding to refuse
-    in their own dtype's words."""
-    def widened(value: Any, name: Optional[str]) -> Any:
-        if not (_is_tensor(value) and value.dtype in _HALF):
-            return value  # (the common case: no spec looked up)
-        spec = next((s for s in f.specs + f.param_specs if s.name == name), None)
-        return value.float() if spec is None or spec.dtype in (None, "f32", "float") else value
-    return (tuple(widened(a, f.specs[i].name if i < len(f.specs) else None)
-                  for i, a in enumerate(args)),
-            {k: widened(v, k) for k, v in kwargs.items()})
+    """`widened_halves` of torch's float16 and bfloat16 tensors, as torch's
+    losses compute under autocast."""
+    return widened_halves(f, args, kwargs, lambda v: _is_tensor(v) and v.dtype in _HALF,
+                          lambda v: v.float())
 
 
 def _check_tensor(t, f: Compiled, where: str) -> None:
