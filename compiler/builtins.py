@@ -500,6 +500,11 @@ def _take_along_axis(L, b, args, kwargs, span):
     # batch): it gains the axis, and the result loses it.
     picks = idx.type.rank == x.type.rank - 1
     if picks:
+        lanes = x.type.shape[:axis] + x.type.shape[axis + 1:]
+        if any(a != b for a, b in zip(idx.type.shape, lanes)):  # (said of the index given)
+            raise GradError(f"an index of shape {list(idx.type.shape)} does not fit an array of "
+                            f"shape {list(x.type.shape)} along axis {axis}: one index per lane "
+                            f"needs the array's shape without that axis, {list(lanes)}", span)
         idx = b.bind("reshape", idx, shape=idx.type.shape[:axis] + (1,) + idx.type.shape[axis:],
                      span=span, hint=idx.hint if isinstance(idx, Var) else "")
     out = b.bind("take_along_axis", x, idx, axis=axis, what=index_label(idx), span=span)

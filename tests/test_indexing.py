@@ -733,8 +733,11 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
      (np.zeros(3), np.zeros(3, np.int64), 2), 2, 12, "('m' is f64 here"),
     ("def f(x, idx):\n    return take_along_axis(x, idx, axis=0)\n",
      (np.zeros((3, 2)), np.zeros((2, 3), np.int64)), 2, 12, "does not fit an array"),
+    # one label per row, of the wrong count: the shape given, not [2, 1]
     ("def f(x, idx):\n    return take_along_axis(x, idx, axis=1)\n",
-     (np.zeros((3, 2)), np.zeros(2, np.int64)), 2, 12, "does not fit an array"),
+     (np.zeros((3, 2)), np.zeros(2, np.int64)), 2, 12, "an index of shape [2] does not fit "
+     "an array of shape [3, 2] along axis 1: one index per lane needs the array's shape "
+     "without that axis, [3]"),
     ("def f(x, idx):\n    return x[idx, 0]\n", (np.zeros((3, 2)), np.zeros(2, np.int64)),
      2, 14, "only be combined with slices"),
     ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
