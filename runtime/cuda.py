@@ -262,10 +262,21 @@ def _scatter_add_strided(out, src, offset, meta):
         out[_source_index(i, offset, meta)] += src[i]
 
 
-@cuda.jit
-def _cast(out, src):
-    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = src[i]
+if SIMULATOR:
+    @cuda.jit
+    def _cast(out, src):
+        # The GPU's conversion of an integer to a narrower one wraps, as
+        # NumPy's astype does; the simulator's store of a value out of the
+        # narrower type's range raised OverflowError (an i32 sum that
+        # wrapped on the CPU).  The conversion's own type wraps it first.
+        convert = out.dtype.type
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            out[i] = convert(src[i])
+else:
+    @cuda.jit
+    def _cast(out, src):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            out[i] = src[i]
 
 
 @cuda.jit

@@ -273,3 +273,12 @@ def test_a_blocks_threads_share_one_shared_array_on_the_simulator(monkeypatch):
     x = rng.normal(size=(2, 40))  # rows long enough for the shared-memory tree
     np.testing.assert_allclose(rcuda.to_host(rcuda.reduce_sum(x, (1,))), x.sum(axis=1),
                                rtol=1e-13)
+
+
+def test_an_i32_sum_that_wraps_is_numpys_on_the_simulator():
+    # The sums of i32 accumulate in i64 and are cast back: that cast wraps
+    # on a GPU (and in NumPy), where the simulator's store raised an
+    # internal OverflowError.
+    m = dsl.loads("def f(x):\n    return sum(x, axis=0)\n", target="cuda", host_results=True)
+    x = np.array([[2**30, -2**31, 2**31 - 1], [2**30, -1, 2**31 - 1]], np.int32)
+    np.testing.assert_array_equal(m.f(x), x.sum(axis=0, dtype=np.int32))
