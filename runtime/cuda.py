@@ -47,7 +47,7 @@ def require() -> None:
 
 require()
 
-from numba import config, cuda, float64  # noqa: E402  (after the check)
+from numba import config, cuda, float64, int64  # noqa: E402  (after the check)
 
 from gradlang.runtime.common import (  # noqa: E402,F401
     axis_runs,
@@ -347,29 +347,40 @@ def _tree_rows(src, n_rows, n_reduced, partials, is_max):
         cuda.syncthreads()
 
 
-@cuda.jit
-def _matmul(a, b, out):
-    # (batch, n, k) @ (batch, k, m); grid (column tiles, row tiles, batch),
-    # striding over row tiles and batches: each block computes TILE x TILE
-    # outputs at a time from tiles staged in shared memory
-    sa = cuda.shared.array((TILE, TILE), float64)
-    sb = cuda.shared.array((TILE, TILE), float64)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    col = cuda.blockIdx.x * TILE + tx
-    n, k, m = a.shape[1], a.shape[2], b.shape[2]
-    for p in range(cuda.blockIdx.z, a.shape[0], cuda.gridDim.z):
-        for row_tile in range(cuda.blockIdx.y, (n + TILE - 1) // TILE, cuda.gridDim.y):
-            row = row_tile * TILE + ty
-            acc = 0.0
-            for t in range((k + TILE - 1) // TILE):
-                sa[ty, tx] = a[p, row, t * TILE + tx] if row < n and t * TILE + tx < k else 0.0
-                sb[ty, tx] = b[p, t * TILE + ty, col] if col < m and t * TILE + ty < k else 0.0
-                cuda.syncthreads()
-                for j in range(TILE):
-                    acc += sa[ty, j] * sb[j, tx]
-                cuda.syncthreads()
-            if row < n and col < m:
-                out[p, row, col] = acc
+def _tiled_matmul(acc_type):
+    """The tiled matmul kernel accumulating in `acc_type` (a Numba type:
+    f64 for floats, i64 for integers, whose products and sums then wrap
+    as NumPy's do; through f64 an i64 product past 2**53 lost its low
+    bits)."""
+    @cuda.jit
+    def matmul_kernel(a, b, out):
+        # (batch, n, k) @ (batch, k, m); grid (column tiles, row tiles,
+        # batch), striding over row tiles and batches: each block computes
+        # TILE x TILE outputs at a time from tiles staged in shared memory
+        sa = cuda.shared.array((TILE, TILE), acc_type)
+        sb = cuda.shared.array((TILE, TILE), acc_type)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        col = cuda.blockIdx.x * TILE + tx
+        n, k, m = a.shape[1], a.shape[2], b.shape[2]
+        zero = acc_type(0)
+        for p in range(cuda.blockIdx.z, a.shape[0], cuda.gridDim.z):
+            for row_tile in range(cuda.blockIdx.y, (n + TILE - 1) // TILE, cuda.gridDim.y):
+                row = row_tile * TILE + ty
+                acc = zero
+                for t in range((k + TILE - 1) // TILE):
+                    sa[ty, tx] = a[p, row, t * TILE + tx] if row < n and t * TILE + tx < k else zero
+                    sb[ty, tx] = b[p, t * TILE + ty, col] if col < m and t * TILE + ty < k else zero
+                    cuda.syncthreads()
+                    for j in range(TILE):
+                        acc += sa[ty, j] * sb[j, tx]
+                    cuda.syncthreads()
+                if row < n and col < m:
+                    out[p, row, col] = acc
+    return matmul_kernel
+
+
+_matmul = _tiled_matmul(float64)
+_matmul_int = _tiled_matmul(int64)
 
 
 @cuda.jit(device=True)
@@ -550,19 +561,20 @@ def _stacked(x, batch: tuple):
 
 
 def matmul(a, b):
-    if a.dtype != np.float64:
-        # the tiled kernel accumulates in f64; other dtypes round-trip
-        a64, b64 = _astype(a, np.float64), _astype(b, np.float64)
-        return _astype(matmul(a64, b64), a.dtype)
+    # the tiled kernels accumulate in f64 or i64; other dtypes round-trip
+    wide = np.int64 if np.dtype(a.dtype).kind in "biu" else np.float64
+    if a.dtype != wide:
+        return _astype(matmul(_astype(a, wide), _astype(b, wide)), a.dtype)
     a_shape, b_shape = tuple(a.shape), tuple(b.shape)  # (the simulator's index no negatives)
     batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
     n, m = a_shape[-2], b_shape[-1]
     count = math.prod(batch)
-    out = _device_array((count, n, m), np.float64)
+    out = _device_array((count, n, m), wide)
     if out.size:
         grid = (max(1, -(-m // TILE)), max(1, min(MAX_GRID_Y, -(-n // TILE))),
                 max(1, min(MAX_GRID_Y, count)))
-        _matmul[grid, (TILE, TILE)](_stacked(a, batch), _stacked(b, batch), out)
+        kernel = _matmul if wide == np.float64 else _matmul_int
+        kernel[grid, (TILE, TILE)](_stacked(a, batch), _stacked(b, batch), out)
     return out.reshape(batch + (n, m))
 
 

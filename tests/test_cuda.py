@@ -282,3 +282,18 @@ def test_an_i32_sum_that_wraps_is_numpys_on_the_simulator():
     m = dsl.loads("def f(x):\n    return sum(x, axis=0)\n", target="cuda", host_results=True)
     x = np.array([[2**30, -2**31, 2**31 - 1], [2**30, -1, 2**31 - 1]], np.int32)
     np.testing.assert_array_equal(m.f(x), x.sum(axis=0, dtype=np.int32))
+
+
+def test_an_integer_matmul_is_exact_and_wraps_as_numpys():
+    # The tiled kernel accumulated every dtype in f64: an i64 product past
+    # 2**53 lost its low bits (...63 came out ...62), and an i32 one that
+    # wraps in NumPy overflowed the cast back (saturating on a GPU, an
+    # OverflowError on the simulator).  Integers now accumulate in i64.
+    m = dsl.loads("def f(a, b):\n    return a @ b\n", target="cuda", host_results=True)
+    a = np.array([[2**40 + 1, 2], [3, -5]], np.int64)
+    b = np.array([[2**13 + 1, 7], [1, 2**31 - 1]], np.int64)
+    np.testing.assert_array_equal(m.f(a, b), a @ b)
+    a32, b32 = np.array([[2**20, 3]], np.int32), np.array([[2**12], [1]], np.int32)
+    got = m.f(a32, b32)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, a32 @ b32)
