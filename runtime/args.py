@@ -212,6 +212,13 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
                                 f"annotation says {kind_text(spec.dtype)}", span)
         return array
     if is_device_array(value):
+        if spec.const and spec.dtype in INTEGRAL:
+            # its value picks the program (an axis, a count): a device
+            # array's is not static, and an axis read from one was "not a
+            # compile-time integer", said at the sum, not here
+            raise ArgumentError(f"{where} is a device array, but a `const {spec.dtype}` is a "
+                                "value the call is compiled for: pass it on the host (a "
+                                "Python int)", span)
         dtype = np.dtype(value.dtype)
         if dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {dtype}", span)

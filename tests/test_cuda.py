@@ -297,3 +297,18 @@ def test_an_integer_matmul_is_exact_and_wraps_as_numpys():
     got = m.f(a32, b32)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, a32 @ b32)
+
+
+def test_a_device_array_for_a_const_integer_is_an_argument_error():
+    # A `const i64` picks the program by its value; a device array there
+    # was no static value, and the axis it gave was "not a compile-time
+    # integer", a GradError at the sum instead of the argument.
+    from numba import cuda
+    m = dsl.loads("def f(x, a: const i64):\n    return sum(x, axis=a)\n", target="cuda",
+                  host_results=True)
+    x = np.arange(6.0).reshape(2, 3)
+    for call in (lambda k: m.f(x, k), lambda k: dsl.grad(m.f)(x, k)):
+        with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'a' of .*f\(\) "
+                                                    r"is a device array, but a `const i64`"):
+            call(cuda.to_device(np.array(1)))
+    np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1))  # on the host: as before
