@@ -109,8 +109,39 @@ def _shared_arrays_allocated_once() -> None:
     FakeCUDAShared.array = array
 
 
+def _one_simulated_launch_at_a_time() -> None:
+    """The simulator runs one launch at a time (it asserts so), keeps a
+    launch's grid on the kernel object between `kernel[grid, block]` and
+    the call, and while a kernel runs swaps every global of its module
+    that is `numba.cuda` (this module's `cuda`, a kernel module's) for a
+    fake device API: calls from two host threads failed that assert, ran
+    a kernel on the other thread's grid, or found `cuda.device_array`
+    missing here.  Each launch now configures and runs its kernel under
+    one lock, and the host API is bound below once."""
+    import threading
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+    configure, lock = FakeCUDAKernel.__getitem__, threading.Lock()
+
+    class Launch:
+        def __init__(self, kernel, configuration):
+            self.kernel, self.configuration = kernel, configuration
+
+        def __call__(self, *args):
+            with lock:
+                return configure(self.kernel, self.configuration)(*args)
+    FakeCUDAKernel.__getitem__ = lambda kernel, configuration: Launch(kernel, configuration)
+
+
 if SIMULATOR:
     _shared_arrays_allocated_once()
+    _one_simulated_launch_at_a_time()
+
+
+# numba.cuda's host API that the helpers below use, bound at import: the
+# name `cuda` here is a fake while the simulator runs a kernel of this
+# module (`_one_simulated_launch_at_a_time`; the simulator has no
+# as_cuda_array, and a GPU swaps nothing)
+_device_array_api, _to_device_api = cuda.device_array, cuda.to_device
 # The simulator runs each thread as a Python thread: keep blocks small there.
 THREADS = 8 if SIMULATOR else 256
 MAX_BLOCKS = 2 if SIMULATOR else 2048
@@ -189,7 +220,7 @@ def _device_array(shape, dtype):
     `MemoryError` (as a host allocation's: `boundary.user_facing` says it
     as an `AllocationError`), not Numba's CudaAPIError."""
     try:
-        return cuda.device_array(shape, dtype)
+        return _device_array_api(shape, dtype)
     except CudaAPIError as err:
         if err.code != _OUT_OF_MEMORY:
             raise
@@ -206,7 +237,7 @@ def _amount(shape, dtype) -> str:
 
 def to_device(a: np.ndarray):
     """Copy a host array to the device (the one host-to-device path)."""
-    return cuda.to_device(np.require(a, requirements="C"))  # keeps 0-d arrays 0-d
+    return _to_device_api(np.require(a, requirements="C"))  # keeps 0-d arrays 0-d
 
 
 def to_host(d) -> np.ndarray:

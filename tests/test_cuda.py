@@ -312,3 +312,32 @@ def test_a_device_array_for_a_const_integer_is_an_argument_error():
                                                     r"is a device array, but a `const i64`"):
             call(cuda.to_device(np.array(1)))
     np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1))  # on the host: as before
+
+
+def test_calls_from_several_threads_on_the_simulator():
+    # The simulator runs one launch at a time, keeps a launch's grid on the
+    # shared kernel object, and while a kernel runs makes this module's
+    # `cuda` a fake of the device API: calls from two threads failed its
+    # assert, found no `cuda.device_array`, or reduced on another call's
+    # grid.  Rows of different lengths launch the tree on different grids.
+    import threading
+    m = dsl.loads("def f(x):\n    return sum(x * x, axis=1)\n", target="cuda",
+                  host_results=True)
+    xs = [np.random.default_rng(n).normal(size=(2, n)) for n in (33, 70, 150)]
+    start, results = threading.Barrier(len(xs)), {}
+
+    def work(k):
+        start.wait()
+        try:
+            results[k] = [m.f(xs[k]) for _ in range(2)]
+        except Exception as err:  # (a thread's error is otherwise only printed)
+            results[k] = err
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, x in enumerate(xs):
+        assert not isinstance(results[k], Exception), results[k]
+        for got in results[k]:
+            np.testing.assert_allclose(got, (x * x).sum(axis=1), rtol=1e-12)
