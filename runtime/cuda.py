@@ -378,13 +378,13 @@ def _tree_rows(src, n_rows, n_reduced, partials, is_max):
         cuda.syncthreads()
 
 
-def _tiled_matmul(acc_type):
+def _tiled_matmul(acc_type, name: str):
     """The tiled matmul kernel accumulating in `acc_type` (a Numba type:
     f64 for floats, i64 for integers, whose products and sums then wrap
     as NumPy's do; through f64 an i64 product past 2**53 lost its low
-    bits)."""
-    @cuda.jit
-    def matmul_kernel(a, b, out):
+    bits), named `name` (this module's name for it, as a kernel's
+    `__name__` is elsewhere: tests/test_cuda_ptx.py finds it by that)."""
+    def kernel(a, b, out):
         # (batch, n, k) @ (batch, k, m); grid (column tiles, row tiles,
         # batch), striding over row tiles and batches: each block computes
         # TILE x TILE outputs at a time from tiles staged in shared memory
@@ -407,11 +407,12 @@ def _tiled_matmul(acc_type):
                     cuda.syncthreads()
                 if row < n and col < m:
                     out[p, row, col] = acc
-    return matmul_kernel
+    kernel.__name__ = kernel.__qualname__ = name
+    return cuda.jit(kernel)
 
 
-_matmul = _tiled_matmul(float64)
-_matmul_int = _tiled_matmul(int64)
+_matmul = _tiled_matmul(float64, "_matmul")
+_matmul_int = _tiled_matmul(int64, "_matmul_int")
 
 
 @cuda.jit(device=True)

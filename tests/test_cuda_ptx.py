@@ -175,6 +175,11 @@ def test_every_kernel_compiles_to_ptx_for_sm_90(tmp_path, monkeypatch):
         exercise(products.f, (rng.normal(size=(2, 3, 4)).astype(dtype),
                               rng.normal(size=(2, 3, 4)).astype(dtype)))
 
+    # integer products accumulate in i64 (their own kernel)
+    ints = dsl.loads("def f(a, b):\n    return a @ b\n", target="cuda", host_results=True)
+    for dtype in (np.int64, np.int32):
+        ints.f(np.arange(6, dtype=dtype).reshape(2, 3), np.arange(6, dtype=dtype).reshape(3, 2))
+
     # a convolution: padding, strided slices, the im2col product and its gradient
     conv = dsl.loads("def f(x, w):\n    return sum(conv2d(x, w, stride=2, padding=1))\n",
                      target="cuda", host_results=True)
