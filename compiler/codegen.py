@@ -617,7 +617,8 @@ class _Driver:
 
     def steps(self, fn: Function) -> list:
         """fn's steps: its loops fused, and run by shared kernels."""
-        return share_kernels(fuse(scalar_loops(fn), reductions=self.target.fuses_reductions),
+        return share_kernels(fuse(scalar_loops(fn), reductions=self.target.fuses_reductions,
+                                  max_arrays=self.target.max_kernel_arrays),
                              lambda loop: None if self.in_driver(loop) else self.kernel_of(loop)[0])
 
     def function(self, fn: Function, top: bool = False, steps: Optional[list] = None,

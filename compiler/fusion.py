@@ -24,8 +24,11 @@ input it reads from outside that loop was defined before the loop starts
 (preferring the loop that produces its inputs); the loop then runs where
 its first member stood, which keeps the step order topological.  The
 scalars that read no parameter come first (a mean's 1 / n), so that any
-loop can read them.  A loop holds at most `MAX_LOOP_EQNS` equations: past
-that the next one starts a loop of its own (see there why).  Then a loop
+loop can read them.  A loop holds at most `MAX_LOOP_EQNS` equations, and
+with `max_arrays` (a target's `max_kernel_arrays`) at most that many
+values read from outside and made inside together (a bound on its kernel's
+array arguments): past either the next one starts a loop of its own (see
+there why).  Then a loop
 whose values only one later loop of its shape reads sinks into that loop
 (`_sink_loops`).  With `reductions` (the CPU), a product summed against
 a vector is first a matrix-vector product (`compiler.matvec`).  On every
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Optional, Union
 
 from gradlang.compiler.in_place_sums import as_in_place_sums
 from gradlang.compiler.layouts import in_source_layout
@@ -82,15 +85,20 @@ class Loop:
     # Inputs standing in for an argument of a kernel the loop shares with
     # a larger loop (`compiler.sharing`): the value passed for each.
     stand_ins: dict[Var, Var] = field(default_factory=dict)
+    # While fusing: the values its equations read from outside it (its
+    # inputs, but for the literals `full`s become)
+    reads: set = field(default_factory=set)
 
 
 Step = Union[Loop, RowLoop, Eqn]
 
 
-def fuse(fn: Function, reductions: bool = False) -> list[Step]:
+def fuse(fn: Function, reductions: bool = False,
+         max_arrays: Optional[int] = None) -> list[Step]:
     """`reductions`: let a loop end in a sum over trailing axes, and run
     a product summed against a vector as a matrix-vector product
-    (`compiler.matvec`)."""
+    (`compiler.matvec`); `max_arrays`: the most values a loop may read
+    from outside and make together (None: any number)."""
     fn = in_source_layout(as_in_place_sums(fn))
     if reductions:
         fn = as_matvecs(fn)
@@ -131,18 +139,20 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
         eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
                   eqn.outputs, eqn.params, eqn.span)
         shape = eqn.outputs[0].type.shape
-        home = _pick_loop(eqn, loops_of_shape.setdefault(shape, []), loop_of, defined_at)
+        home = _pick_loop(eqn, loops_of_shape.setdefault(shape, []), loop_of, defined_at,
+                          max_arrays)
         if home is None:
             home = Loop(shape, index)
             steps.append((index, home))
             loops_of_shape[shape].append(home)
         home.eqns.append(eqn)
+        home.reads |= _outside_reads(eqn, home)
         home.produced.update(eqn.outputs)
         for o in eqn.outputs:
             loop_of[o] = home
             defined_at[o] = home.start  # the whole loop runs where it starts
 
-    ordered = _sink_loops([s for _, s in sorted(steps, key=lambda p: p[0])], fn)
+    ordered = _sink_loops([s for _, s in sorted(steps, key=lambda p: p[0])], fn, max_arrays)
     needed = _wire(ordered, fn)
 
     def kept(step: Step) -> bool:
@@ -153,7 +163,7 @@ def fuse(fn: Function, reductions: bool = False) -> list[Step]:
     return fuse_rows(steps, fn) if reductions else steps
 
 
-def _sink_loops(steps: list[Step], fn: Function) -> list[Step]:
+def _sink_loops(steps: list[Step], fn: Function, max_arrays: Optional[int]) -> list[Step]:
     """The steps with each loop whose values only one later loop of its
     shape reads (none returned) merged into that loop, its equations
     first: the greedy rule starts a loop where its first equation stands,
@@ -177,10 +187,14 @@ def _sink_loops(steps: list[Step], fn: Function) -> list[Step]:
             continue
         (into,) = outside
         host = steps[into]
+        reads = (host.reads - loop.produced) | loop.reads if isinstance(host, Loop) else set()
         if isinstance(host, Loop) and host.shape == loop.shape and \
-                len(host.eqns) + len(loop.eqns) <= MAX_LOOP_EQNS:
+                len(host.eqns) + len(loop.eqns) <= MAX_LOOP_EQNS and \
+                (max_arrays is None
+                 or len(reads) + len(host.produced) + len(loop.produced) <= max_arrays):
             host.eqns[:0] = loop.eqns
             host.produced |= loop.produced
+            host.reads = reads
             merged.add(k)
             for eqn in loop.eqns:
                 for a in eqn.inputs:
@@ -235,11 +249,25 @@ def _sum_of_sum(first: Eqn, second: Eqn, uses: dict, outputs: set) -> Eqn | None
     return Eqn("reduce_sum", (x,), second.outputs, (("axes", axes),), second.span)
 
 
+def _outside_reads(eqn: Eqn, loop: Loop) -> set:
+    """The values `eqn` reads that `loop` does not make."""
+    return {a for a in eqn.inputs if isinstance(a, Var) and a not in loop.produced}
+
+
+def _has_room(loop: Loop, eqn: Eqn, max_arrays: Optional[int]) -> bool:
+    """Whether `eqn` may join `loop`: fewer than MAX_LOOP_EQNS equations,
+    and within `max_arrays` values read and made, eqn's counted."""
+    if len(loop.eqns) >= MAX_LOOP_EQNS:
+        return False
+    return max_arrays is None or (len(loop.reads | _outside_reads(eqn, loop))
+                                  + len(loop.produced) + len(eqn.outputs) <= max_arrays)
+
+
 def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
-               defined_at: dict[Var, int]) -> Loop | None:
+               defined_at: dict[Var, int], max_arrays: Optional[int]) -> Loop | None:
     """The loop of `loops` (those of eqn's shape, in order of start) that
-    `eqn` can join: one not full, and every input it reads from outside
-    the loop must exist before the loop runs.  Prefer the loop that
+    `eqn` can join: one with room (`_has_room`), and every input it reads
+    from outside the loop must exist before the loop runs.  Prefer the loop that
     produces most of its inputs (their values then stay in registers),
     else the earliest.
 
@@ -251,7 +279,7 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
     shape = eqn.outputs[0].type.shape
     producers = {id(loop_of[a]): loop_of[a] for a in reads
                  if a in loop_of and loop_of[a].shape == shape
-                 and len(loop_of[a].eqns) < MAX_LOOP_EQNS}
+                 and _has_room(loop_of[a], eqn, max_arrays)}
     best, best_score = None, 0
     for loop in sorted(producers.values(), key=lambda loop: loop.start):
         inside = sum(a in loop.produced for a in reads)
@@ -262,8 +290,8 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
         return best
     last_input = max((defined_at[a] for a in reads), default=-1)
     k = bisect.bisect_right(loops, last_input, key=lambda loop: loop.start)
-    while k < len(loops) and len(loops[k].eqns) >= MAX_LOOP_EQNS:
-        k += 1  # (full loops are at most one in MAX_LOOP_EQNS equations: few to pass)
+    while k < len(loops) and not _has_room(loops[k], eqn, max_arrays):
+        k += 1  # (full loops are few: at most one in MAX_LOOP_EQNS equations or so)
     return loops[k] if k < len(loops) else None
 
 

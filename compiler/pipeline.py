@@ -444,7 +444,8 @@ def emit(fn: Function, stage: str, target: "Target | str" = targets.DEFAULT) -> 
     fn = optimize(fn)
     if stage == "fuse":
         fn = scalar_loops(fn)
-        return print_steps(fn, fuse(fn, reductions=target.fuses_reductions))
+        return print_steps(fn, fuse(fn, reductions=target.fuses_reductions,
+                                    max_arrays=target.max_kernel_arrays))
     generated = generate(fn, target)
     if stage == "codegen":
         return generated.kernel_source + "\n" + generated.driver_source

@@ -765,6 +765,12 @@ class CudaTarget(Target):
               "from gradlang.runtime.cuda import kernel_math as math\n"
               "select = math.select\n")
     exact_float_remainder = False  # NVPTX's frem: see runtime.cuda_math
+    # A kernel's parameters hold at most 32764 bytes (sm_70 on, CUDA 12.1
+    # on; NVVM refused 585 f64 arrays of 56 bytes each for sm_90), and
+    # Numba passes a 1-d array in 56, a general read's stride table in 24
+    # per axis: 128 arrays fit at up to 8 axes.  A gradient over 300 inputs
+    # fused into one kernel of 601 arrays.
+    max_kernel_arrays = 128
 
     @property
     def helpers(self) -> ModuleType:

@@ -59,6 +59,9 @@ class Target:
     helpers: ModuleType
     header: str  # imports at the top of a kernel module
     fuses_reductions = False  # whether a loop may end in a sum (render_reducing_loop)
+    # The most values a fused loop may read and make (its kernel's array
+    # arguments, `compiler.fusion`): None for any number.
+    max_kernel_arrays: Optional[int] = None
     # Elements per iteration of a kernel that runs a whole loop (trips in
     # sequence): more than 1 runs each trip over a block of elements, an
     # inner loop the compiler vectorizes (launched by `launch_blocks`).

@@ -341,3 +341,24 @@ def test_calls_from_several_threads_on_the_simulator():
         assert not isinstance(results[k], Exception), results[k]
         for got in results[k]:
             np.testing.assert_allclose(got, (x * x).sum(axis=1), rtol=1e-12)
+
+
+def test_a_fused_kernel_takes_at_most_max_kernel_arrays_arrays():
+    # A kernel's parameters hold at most 32764 bytes and Numba passes a 1-d
+    # array in 56: the gradient of a sum over n inputs fused into one
+    # kernel of 2n + 1 arrays (601 for 300 inputs, which NVVM refuses for
+    # sm_90; the simulator compiles nothing and ran it).  Fusion now cuts a
+    # loop at the target's `max_kernel_arrays` values read and made.
+    import re
+    n = 70
+    source = ("def f(" + ", ".join(f"a{i}" for i in range(n)) + "):\n    return "
+              + " + ".join(f"sin(a{i}) * a{(i + 1) % n}" for i in range(n)) + "\n")
+    m = dsl.loads(source, target="cuda", host_results=True)
+    a = np.random.default_rng(0).normal(size=(n, 3))
+    g = dsl.grad(m.f, tuple(range(n)))
+    kernels = g.program(g.on_target(g.bind(tuple(a), {}))).generated.kernel_source
+    widest = max(len(params.split(",")) for params in re.findall(r"\ndef k_\w+\(([^)]*)\)", kernels))
+    assert widest - 1 <= 128 < 2 * n  # (the first is n; 128: CUDA's max_kernel_arrays)
+    # d/da_i: cos(a_i) a_(i+1) + sin(a_(i-1))
+    want = np.cos(a) * np.roll(a, -1, axis=0) + np.sin(np.roll(a, 1, axis=0))
+    np.testing.assert_allclose(np.array(g(*a)), want, rtol=1e-13)
