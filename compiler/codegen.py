@@ -723,7 +723,7 @@ class _Driver:
                     if v.type.shape != (prod(v.type.shape),):
                         lines.append(f"{names[v]} = R.reshape({names[v]}, "
                                      f"{render_shape(v.type.shape)})")
-            elif step.op == "loop" and kernel_loop_shape(step) is not None:
+            elif step.op == "loop" and self.runs_in_kernel(step):
                 lines += self.loop_in_kernel(step, ref, define)
                 fresh.update(step.outputs)
                 for v in step.outputs:  # (a stack whose trips a size gives is checked)
@@ -774,6 +774,16 @@ class _Driver:
         else:
             lines.append(f"return ({', '.join(outs)}{comma})")
         return _Rendered(params, lines, names, prologue_at, flat_params, made)
+
+    def runs_in_kernel(self, eqn: Eqn) -> bool:
+        """Whether a `loop` runs in one kernel (`kernel_loop_shape`): where
+        its arguments, at most an array for each of its inputs and
+        results, are within the target's `max_kernel_arrays` (a loop
+        carrying 70 arrays took 140; a larger one would not compile), else
+        its trips run in the driver, over kernels fused within it."""
+        limit = self.target.max_kernel_arrays
+        return kernel_loop_shape(eqn) is not None and (
+            limit is None or len(eqn.inputs) + len(eqn.outputs) <= limit)
 
     def in_driver(self, loop: Loop) -> bool:
         """Whether the driver computes `loop` itself (`_scalar_lines`)."""

@@ -362,3 +362,25 @@ def test_a_fused_kernel_takes_at_most_max_kernel_arrays_arrays():
     # d/da_i: cos(a_i) a_(i+1) + sin(a_(i-1))
     want = np.cos(a) * np.roll(a, -1, axis=0) + np.sin(np.roll(a, 1, axis=0))
     np.testing.assert_allclose(np.array(g(*a)), want, rtol=1e-13)
+
+
+def test_a_loop_carrying_many_arrays_runs_in_the_driver_on_cuda():
+    # An elementwise loop runs in one kernel, an argument per carried value
+    # and per result: 70 carried arrays took 140 (past max_kernel_arrays,
+    # 128; a few hundred would not compile).  Such a loop now runs its
+    # trips in the driver, over kernels fused within the limit.
+    import re
+    n = 70
+    names = ", ".join(f"a{i}" for i in range(n))
+    source = (f"def f({names}, k: i64):\n    for i in range(k):\n        {names} = "
+              + ", ".join(f"a{(i + 1) % n} * 0.5 + sin(a{i})" for i in range(n))
+              + "\n    return " + " + ".join(f"a{i}" for i in range(n)) + "\n")
+    f = dsl.loads(source, target="cuda", host_results=True).f
+    a = np.random.default_rng(0).normal(size=(n, 3))
+    kernels = f.program(f.on_target(f.bind((*a, 3), {}))).generated.kernel_source
+    widest = max(len(params.split(",")) for params in re.findall(r"\ndef k_\w+\(([^)]*)\)", kernels))
+    assert widest - 1 <= 128  # (the first is n; 128: CUDA's max_kernel_arrays)
+    want = a
+    for _ in range(3):
+        want = np.roll(want, -1, axis=0) * 0.5 + np.sin(want)
+    np.testing.assert_allclose(f(*a, 3), want.sum(axis=0), rtol=1e-13)
