@@ -105,7 +105,7 @@ def fuse(fn: Function, reductions: bool = False,
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}
     defined_at: dict[Var, int] = {v: -1 for v in fn.params}
     loop_of: dict[Var, Loop] = {}
-    loops_of_shape: dict[tuple, list[Loop]] = {}  # in order of start
+    loops_of_shape: dict[tuple, list[Loop]] = {}  # those not full, in order of start
     steps: list[tuple[int, Step]] = []
     uses = use_counts(fn.eqns)
     outputs = {a for a in fn.outputs if isinstance(a, Var)}
@@ -146,8 +146,11 @@ def fuse(fn: Function, reductions: bool = False,
             steps.append((index, home))
             loops_of_shape[shape].append(home)
         home.eqns.append(eqn)
-        home.reads |= _outside_reads(eqn, home)
+        home.reads |= {a for a in eqn.inputs if isinstance(a, Var) and a not in home.produced}
         home.produced.update(eqn.outputs)
+        if _full(home, max_arrays):  # (for good: a loop only grows)
+            open_loops = loops_of_shape[shape]
+            del open_loops[next(k for k, loop in enumerate(open_loops) if loop is home)]
         for o in eqn.outputs:
             loop_of[o] = home
             defined_at[o] = home.start  # the whole loop runs where it starts
@@ -249,25 +252,20 @@ def _sum_of_sum(first: Eqn, second: Eqn, uses: dict, outputs: set) -> Eqn | None
     return Eqn("reduce_sum", (x,), second.outputs, (("axes", axes),), second.span)
 
 
-def _outside_reads(eqn: Eqn, loop: Loop) -> set:
-    """The values `eqn` reads that `loop` does not make."""
-    return {a for a in eqn.inputs if isinstance(a, Var) and a not in loop.produced}
-
-
-def _has_room(loop: Loop, eqn: Eqn, max_arrays: Optional[int]) -> bool:
-    """Whether `eqn` may join `loop`: fewer than MAX_LOOP_EQNS equations,
-    and within `max_arrays` values read and made, eqn's counted."""
-    if len(loop.eqns) >= MAX_LOOP_EQNS:
-        return False
-    return max_arrays is None or (len(loop.reads | _outside_reads(eqn, loop))
-                                  + len(loop.produced) + len(eqn.outputs) <= max_arrays)
+def _full(loop: Loop, max_arrays: Optional[int]) -> bool:
+    """Whether `loop` takes no more equations: it holds MAX_LOOP_EQNS, or
+    one more (reading at most 3 values, making 1) might pass `max_arrays`
+    values read from outside and made."""
+    return len(loop.eqns) >= MAX_LOOP_EQNS or (
+        max_arrays is not None and len(loop.reads) + len(loop.produced) + 4 > max_arrays)
 
 
 def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
                defined_at: dict[Var, int], max_arrays: Optional[int]) -> Loop | None:
     """The loop of `loops` (those of eqn's shape, in order of start) that
-    `eqn` can join: one with room (`_has_room`), and every input it reads
-    from outside the loop must exist before the loop runs.  Prefer the loop that
+    `eqn` can join: one not full (`_full`: `loops` holds no full one), and
+    every input it reads from outside the loop must exist before the loop
+    runs.  Prefer the loop that
     produces most of its inputs (their values then stay in registers),
     else the earliest.
 
@@ -279,7 +277,7 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
     shape = eqn.outputs[0].type.shape
     producers = {id(loop_of[a]): loop_of[a] for a in reads
                  if a in loop_of and loop_of[a].shape == shape
-                 and _has_room(loop_of[a], eqn, max_arrays)}
+                 and not _full(loop_of[a], max_arrays)}
     best, best_score = None, 0
     for loop in sorted(producers.values(), key=lambda loop: loop.start):
         inside = sum(a in loop.produced for a in reads)
@@ -290,8 +288,6 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
         return best
     last_input = max((defined_at[a] for a in reads), default=-1)
     k = bisect.bisect_right(loops, last_input, key=lambda loop: loop.start)
-    while k < len(loops) and not _has_room(loops[k], eqn, max_arrays):
-        k += 1  # (full loops are few: at most one in MAX_LOOP_EQNS equations or so)
     return loops[k] if k < len(loops) else None
 
 
