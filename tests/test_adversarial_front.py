@@ -346,6 +346,20 @@ def test_a_tab_that_continues_a_line_is_no_indentation(source):
     assert dsl.loads(source).f(1.5) == 3.0
 
 
+@pytest.mark.parametrize("source,col,char", [
+    ("def f(x):\n    return x * \u0663\n", 16, "\u0663"),            # Arabic-Indic 3
+    ("def f(x):\n    return x[\uff11]\n", 14, "\uff11"),             # fullwidth 1
+    ("def f(x):\n    return x * 1.\uff15e\uff11\n", 18, "\uff15"),  # 1.5e1, fullwidth
+    ("def f(x: f64[\uff12]):\n    return x\n", 14, "\uff12"),
+])
+def test_a_digit_that_is_not_ascii_is_no_number(source, col, char):
+    # the lexer's \d took any Unicode digit: `x * ٣` was x * 3 and `x[１]`
+    # x[1] (as an IME's fullwidth digits type), where Python stops at them
+    err = load_error(source)
+    assert (err.col, err.message) == (col, f"syntax error: unexpected character {char!r}")
+    assert_well_formed(err, source)
+
+
 def test_a_tab_that_indents_is_still_an_error_after_a_comment_ending_in_a_backslash():
     err = load_error("def f(x):\n    y = x  # \\\n\treturn y\n")
     assert (err.line, err.col) == (3, 1) and "tabs are not allowed" in err.message
