@@ -608,6 +608,13 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Num(self._int(children[0]), _tok_span(self.file, children[0]))
 
     def _int(self, token) -> int:
+        """The integer a literal spells; `010` is an error, as in Python 3
+        (C and Python 2 read it as octal 8: taking it as 10 would be a
+        silent surprise), while `0` and `00` are zero."""
+        if str(token).startswith("0") and str(token).strip("0"):
+            raise GradError(f"leading zeros in an integer literal are not allowed, as in Python: "
+                            f"write {str(token).lstrip('0')} (octal numbers are not supported)",
+                            _tok_span(self.file, token))
         try:
             return int(token)
         except ValueError:  # beyond Python's digit limit

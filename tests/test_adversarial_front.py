@@ -360,6 +360,24 @@ def test_a_digit_that_is_not_ascii_is_no_number(source, col, char):
     assert_well_formed(err, source)
 
 
+@pytest.mark.parametrize("source,col,width", [
+    ("def f(x):\n    return x * 010\n", 16, 3),
+    ("def f(x):\n    return x * -010\n", 17, 3),
+    ("def f(x):\n    return x[01]\n", 14, 2),
+    ("def f(x: f64[02]):\n    return x\n", 14, 2),
+])
+def test_an_integer_with_leading_zeros_is_an_error_as_in_python(source, col, width):
+    # `x * 010` was x * 10, where C (and Python 2) read octal 8 and
+    # Python 3 stops
+    err = load_error(source)
+    assert err.col == col and "leading zeros" in err.message
+    assert str(err).splitlines()[-1].strip() == "^" * width
+
+
+def test_zero_and_floats_with_leading_zeros_are_numbers_as_in_python():
+    assert dsl.loads("def f(x):\n    return x * 00 + 0 + 010.5 + 007e1\n").f(1.0) == 80.5
+
+
 def test_a_tab_that_indents_is_still_an_error_after_a_comment_ending_in_a_backslash():
     err = load_error("def f(x):\n    y = x  # \\\n\treturn y\n")
     assert (err.line, err.col) == (3, 1) and "tabs are not allowed" in err.message
