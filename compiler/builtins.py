@@ -197,6 +197,10 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
         x = as_atom(b, args[0], span)
         if mean and x.type.dtype not in FLOATS:
             x = cast(b, x, "f64")
+        elif op == "reduce_sum" and x.type.dtype == "i32":
+            # NumPy's sum of i32 is i64 (as cumsum's here): in i32 the sum
+            # of 70,000 values of 70,000 wrapped around to 605032704
+            x = cast(b, x, "i64")
         if negate:
             if x.type.dtype == "bool":
                 x = cast(b, x, "i64")

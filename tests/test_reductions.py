@@ -263,3 +263,14 @@ def test_initial_is_numpys_and_the_value_over_an_empty_axis():
                            "initial value (max(x, axis, initial=v)) for that axis")
     with pytest.raises(dsl.GradError, match="initial must be a number known at compile time"):
         dsl.loads("def f(x):\n    return max(x, initial=x)\n").f(x)
+
+
+def test_a_sum_of_i32_is_i64_as_numpys_and_does_not_wrap_around():
+    # a sum of i32 was i32: 70,000 values of 70,000 summed to 605032704
+    # (cumsum's last element, already i64 as NumPy's, was 4900000000)
+    m = dsl.loads("def f(k):\n    return sum(k), sum(k, axis=0, initial=1)\n")
+    k = np.full((35000, 2), 70000, dtype=np.int32)
+    total, columns = m.f(k)
+    for got, want in ((total, np.sum(k)), (columns, np.sum(k, axis=0, initial=1))):
+        assert got.dtype == want.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
