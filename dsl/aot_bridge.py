@@ -95,7 +95,7 @@ class AotJax(AotBridged):
     library = "jax"
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         import jax
         import jax.numpy as jnp
         f = self.function

@@ -198,7 +198,7 @@ def hvp(f: Compiled, wrt: Union[int, str] = FIRST, *, argnums: Union[int, str, N
 
 
 @user_facing
-def vjp(f: Function, *args, **kwargs):
+def vjp(f: Function, /, *args, **kwargs):
     """(outputs, pullback): pullback(*cotangents) gives one cotangent per
     argument passed (None for const and non-float ones)."""
     f = require_function(f, "vjp")

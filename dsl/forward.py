@@ -438,7 +438,7 @@ class Jacobian(AsFunction):
                           self.batched)
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         if not kwargs and not THREAD.tapes:
             run = self._known.get(fast_key(args))
             if run is not None:

@@ -441,7 +441,7 @@ class Compiled:
 
     host_results: bool = False  # device targets: copy results to NumPy
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         # The fast path first, inline: each step here costs a measurable
         # part of a small call (so no `@user_facing` wrapper either).
         try:
@@ -579,7 +579,7 @@ class Compiled:
         shapes for some of them, by name."""
         return self.lower(_types(bound, self.static_names(bound), shapes))
 
-    def ir(self, *args, **kwargs) -> Function:
+    def ir(self, /, *args, **kwargs) -> Function:
         """The optimized IR this call would run (for inspection)."""
         bound = self.bind(args, kwargs)
         return self.retrying_by_value(bound, lambda: self.program(bound).ir)
@@ -872,7 +872,7 @@ def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
     return tuple(names)
 
 
-def vjp(f: Compiled, *args, **kwargs):
+def vjp(f: Compiled, /, *args, **kwargs):
     if any(map(is_dask_array, (*args, *kwargs.values()))):
         return vjp_on_dask(f, args, kwargs, backward_function)
     outs, pullback = vjp_of_bound(f, f.bind(args, kwargs), f.host_results)

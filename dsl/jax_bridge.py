@@ -91,7 +91,7 @@ class JaxFunction(Bridged):
     library = "jax"
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         import jax
         import jax.numpy as jnp
         f = self.f

@@ -243,7 +243,7 @@ class MappedJacobian(AsFunction):
         return MappedJacobian, (self.jacobian, self.mapped)
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         refuse_out(self.name, kwargs, self.f.span)
         bound = self.f.bind(args, kwargs)
         if recording_tapes(bound.values()):  # (one program, as `Jacobian.__call__` says)

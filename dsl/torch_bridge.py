@@ -112,7 +112,7 @@ class TorchFunction(Bridged):
         self._bindings: dict[tuple, tuple] = {}
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         if _COMPILING[0]():
             # (dynamo holds a NumPy array as a tensor, which nonstrict_trace takes;
             # a Python float that changed between calls, it makes a symbol that
@@ -324,7 +324,7 @@ class _Identity:
         return id(self.function.f)
 
 
-def _traced(identity: _Identity, floats: tuple, *args, **kwargs):
+def _traced(identity: _Identity, floats: tuple, /, *args, **kwargs):
     """The call as dynamo puts it in its graph, untraced (nonstrict_trace:
     it cannot trace the binding, NumPy, the compiler); AOTAutograd then
     traces it with FakeTensors, where it is one `gradlang::call` operation."""
@@ -548,7 +548,7 @@ class AotTorch(AotBridged):
         self._call = torch.compiler.disable(self._call)
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict):

@@ -310,7 +310,7 @@ class AotFunction:
         return f"{self.name}({', '.join(parts)})"
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         """Run it; record the call on every active `dsl.Tape` that watches
         one of its arguments (keeping a pullback)."""
         arrays = self._on_target(self.bind(args, kwargs))
@@ -322,11 +322,11 @@ class AotFunction:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     @user_facing
-    def grad(self, *args, **kwargs):
+    def grad(self, /, *args, **kwargs):
         return self.gradient(None, single=False, with_value=False)(*args, **kwargs)
 
     @user_facing
-    def value_and_grad(self, *args, **kwargs):
+    def value_and_grad(self, /, *args, **kwargs):
         return self.gradient(None, single=False, with_value=True)(*args, **kwargs)
 
     def gradient(self, wrt: Optional[tuple[str, ...]], single: bool,
@@ -336,7 +336,7 @@ class AotFunction:
         return AotGradient(self, wrt, single, with_value)
 
     @user_facing
-    def vjp(self, *args, **kwargs):
+    def vjp(self, /, *args, **kwargs):
         """(outputs, pullback), as `dsl.vjp` gives them."""
         outs, pullback = self._vjp_bound(self._on_target(self.bind(args, kwargs)))
         return (outs[0] if len(outs) == 1 else tuple(outs)), pullback
@@ -387,7 +387,7 @@ class AotGradient:
         self.name = self.__name__ = f"{self.kind}({f.name})"
 
     @user_facing
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self.call_bound(self.f._on_target(self.f.bind(args, kwargs)))
 
     def call_bound(self, arrays: dict[str, Any]):

@@ -195,6 +195,22 @@ def test_out_keyword_for_a_function_with_a_parameter_named_out_is_refused():
     np.testing.assert_array_equal(buf, x + y)
 
 
+def test_parameters_named_self_and_f_are_passed_by_keyword():
+    """`__call__(self, *args, **kwargs)` and `vjp(f, *args, **kwargs)` took a
+    `.grad` parameter named `self` or `f` passed by keyword for their own:
+    `m.g(x, self=2.0)` was a TypeError (got multiple values for argument
+    'self'), and so was `dsl.vjp(m.g, x, f=3.0)` ('f')."""
+    m = dsl.loads("def g(x, self, f=1.0):\n    return sum(x * self * f)\n")
+    x = np.array([1.0, -2.0])
+    assert m.g(x, self=2.0, f=3.0) == -6.0
+    with pytest.raises(dsl.ArgumentError, match="got two values for 'self'"):
+        m.g(x, 2.0, self=2.0)
+    # (bound as arguments, then refused as one: no second program compiled)
+    for transform in (dsl.vjp, lambda g, *args, **kwargs: dsl.grad(g)(*args, **kwargs)):
+        with pytest.raises(dsl.ArgumentError, match="argument 'f' of g\\(\\) is not numeric"):
+            transform(m.g, x, self=2.0, f="3")
+
+
 class Marked(np.ndarray):
     """A user's ndarray subclass."""
 
