@@ -92,6 +92,21 @@ def _no_param_named_like_a_function(module: ast.Module, ns: Namespace) -> None:
         raise GradError(f"{name!r} is already defined, as {what}", span)
 
 
+def _no_param_named_like_a_module(module: ast.Module, ns: Namespace) -> None:
+    """A param named as a module this one imports (`import std` and `param
+    std: f64`) would make `std` the param and `std.relu` the module's
+    function: a function reading only `std.relu(x)` was said to read the
+    param, and refused until it was set.  The error is at the module's own
+    declaration, else at the import."""
+    for name in sorted(ns.params.keys() & ns.modules.keys()):
+        if ns.params[name] in module.params:
+            span, what = ns.params[name].span, "an imported module"
+        else:
+            span = next(i.span for i in module.imports if i.module == name and i.names is None)
+            what = "a param of an imported module"
+        raise GradError(f"{name!r} is already defined, as {what}", span)
+
+
 # A module and every module its imports reach: (file, source, ((import
 # name, index of the module it resolved to), ...)) each, the module first.
 ImportGraph = tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]
@@ -190,6 +205,7 @@ def namespace_for(module: ast.Module, find: Finder = on_disk, _key: Optional[Has
                             + ("" if own else " by an import"), p.span)
         ns.params[p.name] = p
     _no_param_named_like_a_function(module, ns)
+    _no_param_named_like_a_module(module, ns)
     try:
         check(module, ns)
     except GradError as err:

@@ -440,6 +440,25 @@ def test_a_param_and_a_function_may_not_share_a_name_across_imports(tmp_path, ma
     assert_well_formed(err, main)
 
 
+@pytest.mark.parametrize("main,line,col,text", [
+    # loaded; f() was then refused until the param was set ("f() reads
+    # param 'std', which is not set"), though it reads only the module
+    ("import std\nparam std: f64\ndef f(x):\n    return std.relu(x)\n", 2, 1,
+     "'std' is already defined, as an imported module"),
+    ("from a import g\nimport std\ndef f(x):\n    return std.relu(x) + g(x)\n", 2, 1,
+     "'std' is already defined, as a param of an imported module"),
+])
+def test_a_param_and_an_imported_module_may_not_share_a_name(tmp_path, main, line, col, text):
+    (tmp_path / "a.grad").write_text("param std: f64\ndef g(x):\n    return x * std\n")
+    (tmp_path / "main.grad").write_text(main)
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(tmp_path / "main.grad")
+    err = info.value
+    assert (err.file, err.line, err.col, err.message) == (str(tmp_path / "main.grad"), line,
+                                                          col, text), str(err)
+    assert_well_formed(err, main)
+
+
 def test_one_name_imported_from_two_modules_is_an_error_as_a_def_after_it_is(tmp_path):
     # `from b import g` then `from c import g` once took c's silently,
     # where a `def g` after the import is "already imported"
