@@ -276,12 +276,16 @@ def test_a_blocks_threads_share_one_shared_array_on_the_simulator(monkeypatch):
 
 
 def test_an_i32_sum_that_wraps_is_numpys_on_the_simulator():
-    # The sums of i32 accumulate in i64 and are cast back: that cast wraps
-    # on a GPU (and in NumPy), where the simulator's store raised an
-    # internal OverflowError.
-    m = dsl.loads("def f(x):\n    return sum(x, axis=0)\n", target="cuda", host_results=True)
+    # The runtime's sums of i32 accumulate in i64 and are cast back: that
+    # cast wraps on a GPU (and in NumPy), where the simulator's store raised
+    # an internal OverflowError.  The language's sum of i32 is i64, as
+    # NumPy's, and does not wrap.
     x = np.array([[2**30, -2**31, 2**31 - 1], [2**30, -1, 2**31 - 1]], np.int32)
-    np.testing.assert_array_equal(m.f(x), x.sum(axis=0, dtype=np.int32))
+    np.testing.assert_array_equal(rcuda.to_host(rcuda.reduce_sum(x, (0,))),
+                                  x.sum(axis=0, dtype=np.int32))
+    m = dsl.loads("def f(x):\n    return sum(x, axis=0)\n", target="cuda", host_results=True)
+    assert m.f(x).dtype == np.int64
+    np.testing.assert_array_equal(m.f(x), x.sum(axis=0))
 
 
 def test_an_integer_matmul_is_exact_and_wraps_as_numpys():
