@@ -11,7 +11,8 @@ Python scalars and sequences take the annotated dtype.  Unannotated, they
 keep NumPy's type, except for a differentiable parameter, which makes them
 floats (so `grad(f)(3)` works): f64, or f32 for a Python number (an int,
 float or bool) in a call whose float arrays are all f32 (a weakly typed
-number, as in NumPy 2 and JAX: `f(x, 0.5)` stays f32 for f32 x).  A
+number, as in NumPy 2 and JAX: `f(x, 0.5)` stays f32 for f32 x); a
+Python float for a `const` one is weakly typed too (as its default is).  A
 value the dtype cannot hold (2**40 as i32, 1e300 as f32) is refused.
 NumPy arrays keep their dtype, and so do other libraries' arrays that
 NumPy reads (`__array__`: JAX arrays, CPU torch tensors); one of
@@ -155,8 +156,10 @@ def bind(fn_name: str, specs: Sequence[ParamSpec], args: Sequence[Any],
             value = given[spec.name]
             if value is None and spec.takes_none:
                 arrays[spec.name] = NONE
-            elif spec.dtype in (None, "float") and spec.differentiable \
-                    and is_python_number(value):
+            elif spec.dtype in (None, "float") and is_python_number(value) and (
+                    spec.differentiable or spec.const and type(value) is float):
+                # (a const's float as well: `s: const = 0.1` in f32 stays f32
+                # when 0.1 is passed, as its default does; its ints are axes)
                 weak.append(spec.name)
             else:
                 arrays[spec.name] = convert(fn_name, spec, value, span)

@@ -296,7 +296,6 @@ def test_a_python_number_is_weakly_typed_as_in_numpy_2_and_jax():
         M.mul_sin(x, 1e300)
 
 
-
 def test_a_python_bool_is_weakly_typed_as_a_python_number_is():
     """f32 x times True was f64 (a Python bool for a float was made f64),
     where NumPy 2 and JAX keep f32, as for the Python int 1."""
@@ -308,6 +307,19 @@ def test_a_python_bool_is_weakly_typed_as_a_python_number_is():
         g = dsl.grad(M.mul_sin, wrt=1)(x, y)
         assert g.dtype == np.float32 and g == np.float32(-1.5)
     assert M.mul_sin(x.astype(np.float64), True).dtype == np.float64
+
+
+def test_a_python_float_for_a_const_is_weakly_typed_as_its_default_is():
+    """Passing a const's default explicitly (`smooth(x, 0.0)`) turned an f32
+    loss f64: the default is weakly typed, the Python float passed was f64."""
+    m = dsl.loads("def smooth(x, s: const = 0.0):\n    return sum(x * (1.0 - s))\n"
+                  "def total(x, axis: const):\n    return sum(x, axis)\n")
+    x = np.array([0.5, -2.0, 3.0], np.float32)
+    assert m.smooth(x, 0.0).dtype == m.smooth(x).dtype == np.float32
+    assert m.smooth(x, 0.1) == np.sum(x * np.float32(0.9))
+    assert m.smooth(x.astype(np.float64), 0.1).dtype == np.float64
+    np.testing.assert_array_equal(m.total(np.ones((2, 3), np.float32), 1), [3, 3])  # an axis
+
 
 class _Foreign:
     """Another library's array as NumPy sees it (a JAX array, a CPU torch
