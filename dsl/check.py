@@ -76,7 +76,8 @@ import numpy as np
 from dsl.function import (Compiled, Directional, Select, backward_function, derived,
                           grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
-from gradlang.compiler.namespace import calls_in, nodes_in
+from gradlang.compiler.builtins import TRANSFORMS
+from gradlang.compiler.namespace import calls_in, nodes_in, param_reads
 from gradlang.runtime.args import NUMPY, number_dtype
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -1001,10 +1002,22 @@ def _function_mismatch(fdef, ns, bodies: Optional[list] = None,
     for call in calls_in(_bodies(fdef) if bodies is None else bodies):
         if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
             return f"{fdef.name}() uses stop_gradient"
-        target = ns.resolve(call.func)
-        if target is not None and (why := _function_mismatch(*target, seen=seen)):
-            return why
+        for target in _callees(call, ns):
+            if why := _function_mismatch(*target, seen=seen):
+                return why
     return ""
+
+
+def _callees(call: ast.Call, ns) -> list:
+    """The definitions a call runs: the function it names, and an
+    in-language transform's function (`grad(g)`, and so `grad(g)(x)`, runs
+    g's body and blocks: a stop_gradient in g is in its values)."""
+    if isinstance(call.func, ast.Call):
+        return _callees(call.func, ns)
+    targets = [call.func]
+    if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
+        targets.append(call.args[0])
+    return [t for t in map(ns.resolve, targets) if t is not None]
 
 
 def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
@@ -1016,7 +1029,8 @@ def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
     Over-approximated, never under: a name's sources are those of every
     assignment to it anywhere (loops and branches without order), a call's
     result depends on all its arguments, and a call that reaches a
-    mismatch, through all of them."""
+    mismatch (`grad(g)(x)` one of g's), through all of them and every
+    param the called function reads."""
     fdef, namespace = f.fdef, f._namespace
     if any(d.name == "pass_through" for d in fdef.decorators):
         return {s.name for s in (*f.specs, *f.param_specs)}
@@ -1033,7 +1047,8 @@ def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
             if isinstance(sub, ast.Name):
                 found |= sources.get(sub.id, {sub.id})  # a module param: itself
             elif record and isinstance(sub, ast.Call) and _mismatched_call(sub, ns):
-                reaching.update(of(sub, False))
+                # the params the callee reads reach it without being named here
+                reaching.update(of(sub, False), *(param_reads(*t) for t in _callees(sub, ns)))
         return found
 
     def assign(target: str, value: set[str]) -> bool:
@@ -1073,8 +1088,7 @@ def _mismatched_call(call: ast.Call, ns) -> bool:
     gradient is not its derivative (@pass_through, or using either)."""
     if isinstance(call.func, ast.Name) and call.func.id == "stop_gradient":
         return True
-    target = ns.resolve(call.func)
-    return target is not None and bool(_function_mismatch(*target))
+    return any(_function_mismatch(*target) for target in _callees(call, ns))
 
 
 def _bodies(fdef) -> list:
