@@ -969,12 +969,13 @@ def _row_kind(wrt: str) -> tuple[int, str]:
 def intentional_mismatch(f: Compiled, order: Optional[int] = None) -> str:
     """Why f's gradient of `order` (None: any) is by design not the
     derivative of its forward (a straight-through estimator or
-    stop_gradient, here or in a callee, `grad(g)`'s g included), or "" when it should match.  An
-    order f's grad blocks write (`order` <= their count) is the value of
-    block `order`, compared with differences of the value of the block (or
-    body) before: stop_gradient changes no value, so only the blocks up to
-    it are looked in (the max shift of a logsumexp, stop_gradient(max(x)),
-    in the body excused a wrong first block)."""
+    stop_gradient, here or in a callee, `grad(g)`'s g included), or ""
+    when it should match.  An order f's grad blocks write (`order` <=
+    their count) is the value of block `order`, compared with differences
+    of the value of the block (or body) before: stop_gradient changes no
+    value, so only the blocks up to it are looked in (the max shift of a
+    logsumexp, stop_gradient(max(x)), in the body excused a wrong first
+    block)."""
     fdef, namespace = getattr(f, "fdef", None), getattr(f, "_namespace", None)
     if fdef is None:
         return ""
