@@ -1030,8 +1030,8 @@ def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
     Over-approximated, never under: a name's sources are those of every
     assignment to it anywhere (loops and branches without order), a call's
     result depends on all its arguments, and a call that reaches a
-    mismatch (`grad(g)(x)` one of g's), through all of them and every
-    param the called function reads."""
+    mismatch (`grad(g)(x)` one of g's), through all of them; a call's
+    value depends on every param its function reads, too."""
     fdef, namespace = f.fdef, f._namespace
     if any(d.name == "pass_through" for d in fdef.decorators):
         return {s.name for s in (*f.specs, *f.param_specs)}
@@ -1047,9 +1047,12 @@ def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
         for sub in nodes_in(node):
             if isinstance(sub, ast.Name):
                 found |= sources.get(sub.id, {sub.id})  # a module param: itself
-            elif record and isinstance(sub, ast.Call) and _mismatched_call(sub, ns):
-                # the params the callee reads reach it without being named here
-                reaching.update(of(sub, False), *(param_reads(*t) for t in _callees(sub, ns)))
+            elif isinstance(sub, ast.Call):
+                # a call's value depends on the params its function reads
+                # too, which this text does not name (g(x) with g = a * w)
+                found.update(*(param_reads(*t) for t in _callees(sub, ns)))
+                if record and _mismatched_call(sub, ns):
+                    reaching.update(of(sub, False))
         return found
 
     def assign(target: str, value: set[str]) -> bool:

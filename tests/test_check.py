@@ -548,17 +548,20 @@ def test_what_reaches_a_straight_through_call_is_over_approximated():
 
 def test_a_param_read_by_a_callee_or_a_transform_of_a_stop_gradient_function_reaches_it():
     # g(x) * t's rows along w are not f's derivative (g holds w), though f
-    # never names w; grad(sg)(x) is x, its gradient 0 by design, while
-    # f names only t's stop_gradient: both were compared and FAILed
+    # never names w, nor stop_gradient(scale(x))'s; grad(sg)(x) is x, its
+    # gradient 0 by design, while f names only t's stop_gradient: all were
+    # compared and FAILed
     from dsl.check import intentional_mismatch, reaching_mismatch
     m = dsl.loads("param w: f64\ndef g(a):\n    return a * stop_gradient(w)\n"
                   "def viaparam(x, t):\n    return g(x) * t\n"
                   "def sg(a):\n    return a * stop_gradient(a)\n"
                   "def viagrad(x, t):\n    return grad(sg)(x) + x * stop_gradient(t)\n"
-                  "def alone(x):\n    return value_and_grad(sg)(x)[1]\n")
-    names = ("viaparam", "viagrad", "alone")
+                  "def alone(x):\n    return value_and_grad(sg)(x)[1]\n"
+                  "def scale(a):\n    return a * w\n"
+                  "def nested(x):\n    h = scale(x)\n    return x * stop_gradient(h)\n")
+    names = ("viaparam", "viagrad", "alone", "nested")
     assert [reaching_mismatch(getattr(m, name), 1) for name in names] == [
-        {"x", "w"}, {"x", "t"}, {"x"}]
+        {"x", "w"}, {"x", "t"}, {"x"}, {"x", "w"}]
     assert intentional_mismatch(m.alone) == "sg() uses stop_gradient"
 
 
