@@ -7,7 +7,8 @@ imported module `m`) and holds every `param` visible to it.
 reads, directly or through the functions it calls (grad blocks and
 `grad(f)(...)` included), worked out once per function and kept in the
 namespace; `free_names(body, bound)` the names a statement
-list reads before assigning them; `calls_in(bodies)` its call expressions (`nodes_in` every node).
+list reads before assigning them; `calls_in(bodies)` its call expressions (`nodes_in` every node),
+`call_targets(call, ns)` the definitions a call names.
 """
 from __future__ import annotations
 
@@ -121,13 +122,17 @@ def _direct_reads(fdef: ast.FuncDef, ns: Namespace
     bodies = [fdef.body] + [g.body for g in fdef.grads]
     local = {p.name for p in fdef.params}
     reads = {n for body in bodies for n in free_names(body, local) if n in ns.params}
-    callees = []
-    for call in calls_in(bodies):
-        targets = [call.func]
-        if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
-            targets.append(call.args[0])
-        callees += [t for t in map(ns.resolve, targets) if t is not None]
+    callees = [t for call in calls_in(bodies) for t in call_targets(call, ns)]
     return reads, callees
+
+
+def call_targets(call: ast.Call, ns: Namespace) -> list[tuple[ast.FuncDef, Namespace]]:
+    """The definitions a call names: its function, and an in-language
+    transform's function (`grad(g)`)."""
+    targets = [call.func]
+    if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
+        targets.append(call.args[0])
+    return [t for t in map(ns.resolve, targets) if t is not None]
 
 
 def calls_in(bodies) -> list[ast.Call]:

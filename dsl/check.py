@@ -76,8 +76,7 @@ import numpy as np
 from dsl.function import (Compiled, Directional, Select, backward_function, derived,
                           grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
-from gradlang.compiler.builtins import TRANSFORMS
-from gradlang.compiler.namespace import calls_in, nodes_in, param_reads
+from gradlang.compiler.namespace import call_targets, calls_in, nodes_in, param_reads
 from gradlang.runtime.args import NUMPY, number_dtype
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, GradError, called
@@ -1013,12 +1012,7 @@ def _callees(call: ast.Call, ns) -> list:
     """The definitions a call runs: the function it names, and an
     in-language transform's function (`grad(g)`, and so `grad(g)(x)`, runs
     g's body and blocks: a stop_gradient in g is in its values)."""
-    if isinstance(call.func, ast.Call):
-        return _callees(call.func, ns)
-    targets = [call.func]
-    if isinstance(call.func, ast.Name) and call.func.id in TRANSFORMS and call.args:
-        targets.append(call.args[0])
-    return [t for t in map(ns.resolve, targets) if t is not None]
+    return _callees(call.func, ns) if isinstance(call.func, ast.Call) else call_targets(call, ns)
 
 
 def reaching_mismatch(f: Compiled, order: Optional[int] = None) -> set[str]:
