@@ -799,10 +799,12 @@ MIN_SIZE = 3
 
 
 def _sample_args(f: Compiled, rng, rank: int, fill, const: int = MIN_SIZE,
-                 indices: bool = False) -> list:
+                 indices: bool = False, distinct: bool = True) -> list:
     """Arguments for f: unannotated ones of rank `rank`, differentiable
     floats from `fill`, a const integer scalar `const`; with `indices`,
-    unannotated const ones are i64 indices (`labels: const`)."""
+    unannotated const ones are i64 indices (`labels: const`); each size
+    an annotation names of its own (from MIN_SIZE up) if `distinct`, else
+    all MIN_SIZE."""
     sizes: dict[str, int] = {}
     args = []
     fixed = _fixed_dtypes(f)
@@ -816,7 +818,8 @@ def _sample_args(f: Compiled, rng, rank: int, fill, const: int = MIN_SIZE,
         if spec.dims is None:
             shape = (MIN_SIZE,) * rank
         else:
-            shape = tuple(d if isinstance(d, int) else sizes.setdefault(d, MIN_SIZE + len(sizes))
+            shape = tuple(d if isinstance(d, int) else
+                          sizes.setdefault(d, MIN_SIZE + len(sizes) * distinct)
                           for d in spec.dims)
         args.append(_sample(dtype, shape, rng, fill if spec.differentiable else None))
     return args
@@ -869,12 +872,14 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
     fills += [(f"{varied} = {v:g}", lambda s, v=v: np.full(s, v)) for v in STRESS]
     # the first rank the unannotated arguments accept, and const integer a
     # function accepts: a size or count (MIN_SIZE), else an axis or index;
-    # unannotated const arguments as floats, else as indices
-    layouts = [(rank, const, indices) for indices in (False, True) for rank in (1, 2, 0)
-               for const in (MIN_SIZE, 1, 0)]
-    for rank, const, indices in layouts:
+    # unannotated const arguments as floats, else as indices; named sizes
+    # distinct (an axis mixed up shows), else all MIN_SIZE (a conv2d's
+    # kernel sized 8 x 9 was larger than its padded 5 x 6 image)
+    layouts = [(rank, const, indices, distinct) for distinct in (True, False)
+               for indices in (False, True) for rank in (1, 2, 0) for const in (MIN_SIZE, 1, 0)]
+    for rank, const, indices, distinct in layouts:
         try:
-            f(*_sample_args(f, rng, rank, fills[0][1], const, indices))
+            f(*_sample_args(f, rng, rank, fills[0][1], const, indices, distinct))
             break
         except GradError:
             continue
@@ -889,7 +894,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
     failed_at: dict[tuple, list[str]] = {}
     warned: dict[str, list[str]] = {}
     for index, (label, fill) in enumerate(fills):
-        args = _sample_args(f, rng, rank, fill, const, indices)
+        args = _sample_args(f, rng, rank, fill, const, indices, distinct)
         with np.errstate(all="ignore"):
             outs = f(*args)
         outs = outs if isinstance(outs, tuple) else (outs,)

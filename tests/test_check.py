@@ -532,6 +532,17 @@ def test_differences_along_an_argument_that_reaches_no_stop_gradient_are_compare
         (0, "held() uses stop_gradient")] * 2
 
 
+def test_a_function_that_takes_no_distinct_sizes_is_checked_at_equal_ones():
+    # Each named size was sampled distinct (3, 4, ...): a conv2d's kernel of
+    # 8 x 9 exceeded its padded image, and benchmarks/conv.grad "could not
+    # be checked"; here a and b must be equal for x * y to broadcast
+    from dsl.check import check_function
+    f = dsl.loads("def f(x: f64[a], y: f64[b]):\n    return sum(x * y)\n").f
+    rows = {(r.wrt, r.dtype): r for r in check_function(f, order=1)}
+    assert {w for w, _ in rows} == {"x", "y", "jvp:x", "jvp:y", "jvp/vjp:x", "jvp/vjp:y"}
+    assert all(r.ok for r in rows.values()) and rows["x", "f64"].points == 12
+
+
 def test_what_reaches_a_straight_through_call_is_over_approximated():
     # through a loop's later trips, all of a callee's arguments, and a param
     from dsl.check import reaching_mismatch
