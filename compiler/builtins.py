@@ -423,8 +423,8 @@ def _pool(kind: str, d: int):
 
 def index_label(idx: Atom) -> str:
     """How a run-time error names an index: its source name (a parameter
-    or a local keeps one in the IR), else its role."""
-    return repr(idx.hint) if isinstance(idx, Var) and idx.hint else "an index"
+    or a local keeps one in the IR), else "" (the error's caret shows it)."""
+    return repr(idx.hint) if isinstance(idx, Var) and idx.hint else ""
 
 
 # What a boolean mask index says (NumPy's `x[x > 0]`).

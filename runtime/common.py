@@ -321,7 +321,8 @@ def index_out_of_range(where: Where, index: int, size: int) -> None:
     where an axis has `size` elements (before any result is returned);
     `where` names the index array (`Where`)."""
     what, span = placed(where)
-    raise ArgumentError(f"index {index} in {what} is out of range for an axis of size "
+    raise ArgumentError(f"index {index}{' in ' * bool(what)}{what} is out of range for an "
+                        "axis of size "
                         f"{size} " + (f"(valid: {-size} to {size - 1})" if size else
                                       "(an empty axis has none)"), span)
 

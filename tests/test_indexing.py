@@ -177,7 +177,7 @@ def test_a_list_of_integers_indexes_as_numpys_does(target):
     for got, k in zip(dsl.grad(m.listed, wrt=(0, 1))(x, w, np.int64(1)), (0, 1)):
         np.testing.assert_allclose(got, central_difference(reference, [x, w], k), rtol=1e-6,
                                    atol=1e-8)
-    with pytest.raises(dsl.ArgumentError, match="index 4 in an index"):
+    with pytest.raises(dsl.ArgumentError, match="index 4 is out of range"):
         m.listed(x, w, np.int64(4))
 
 
@@ -679,7 +679,7 @@ def test_out_of_range_index_is_an_argument_error_naming_it(target):
     with pytest.raises(dsl.ArgumentError, match="index 4 in 'idx'"):
         module(target).scatter(np.zeros((3, 0)), np.array([4]), np.zeros((1, 0)))
     with pytest.raises(dsl.ArgumentError,
-                       match=r"^indexing\.grad:5:12: error: index -3 in an index is out"):
+                       match=r"^indexing\.grad:5:12: error: index -3 is out of range"):
         module(target).col(np.zeros((4, 2)), np.int64(-2))
 
 
@@ -701,7 +701,7 @@ def test_an_index_in_the_branch_not_taken_is_no_error(target):
     _, tangent = dsl.jvp(m.neighbours, (x, 4), (t, None))
     assert tangent == pytest.approx(central_difference(neighbours, [x], 0) @ t, rel=1e-8)
     # the branch taken still checks its index
-    with pytest.raises(dsl.ArgumentError, match="index 4 in an index"):
+    with pytest.raises(dsl.ArgumentError, match="index 4 is out of range"):
         m.neighbours(x, 5)
 
 
