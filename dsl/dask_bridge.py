@@ -33,7 +33,7 @@ from gradlang.compiler.batching import BATCH, split_rows, with_sizes
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
-from gradlang.compiler.shapes import NeedsConcrete, Sym, evaluate
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, is_dask_array, numeric_array
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.pullback import OutType, host_cotangent, output_cotangents
@@ -285,6 +285,17 @@ def _elementwise(runner: _Runner, names: tuple, fixed: dict, arrays: dict,
     return [da.block(grid(k, dtype)) for k, (_, dtype) in enumerate(plan.row_types)]
 
 
+def _raise_own_error(f: Compiled, bound: dict) -> None:
+    """Raise the GradError of f lowered for `bound` as it is, its Dask
+    arrays whole: f's own error, which the call in memory gives too, and
+    which splitting the rows only hid; nothing where it lowers (or needs
+    an argument's value to know)."""
+    try:
+        f.lower_as(bound, {})
+    except (NeedsConcrete, NeedsValue):
+        pass
+
+
 class _Plan:
     """A function's split over the rows for one signature and batch size,
     with its block program built."""
@@ -298,10 +309,12 @@ class _Plan:
                                         "size, so it cannot be a Dask array", f.span)
             fn = f.retrying_by_value(bound, lambda: f.lower_as(bound, shapes), refuse)
         except NeedsConcrete as err:
+            _raise_own_error(f, bound)
             raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, and the number of rows "
                                 "of a batch is not fixed; call it on in-memory arrays",
                                 err.at(f.span)) from None
         except GradError as err:
+            _raise_own_error(f, bound)
             raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
                             f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "
                             "Dask arrays chunked the same go whole to every block)",

@@ -312,6 +312,22 @@ def test_batch_arguments_must_have_the_same_rows():
         m_rows.f(da.from_array(Y, chunks=400), Y)
 
 
+def test_an_error_of_the_function_itself_is_the_in_memory_one():
+    # x @ x of (800, 3) fails in memory; on Dask arrays it said "f() on Dask
+    # arrays: the size 3 meets the size batch ... call it on in-memory
+    # arrays", and a type error got the note on the batch
+    m = dsl.loads("def f(x):\n    return sum(x @ x)\ndef g(x):\n    return sum(x[:, 5])\n",
+                  "own.grad")
+    for f in (m.f, m.g):
+        messages = []
+        for x in (X, da.from_array(X, chunks=(400, 3))):
+            with pytest.raises(dsl.GradError) as err:
+                f(x)
+            assert not isinstance(err.value, dsl.ArgumentError)
+            messages.append(str(err.value))
+        assert messages[1] == messages[0] and "batch" not in messages[1]
+
+
 def test_a_dask_message_keeps_the_note_naming_the_call_into_a_helper():
     m = dsl.loads("def sub(x, y):\n    return x - y\n\ndef f(x, y):\n    return sub(x, y)\n",
                   "rows.grad")
