@@ -484,3 +484,51 @@ def dump(node) -> str:
             continue
         todo += reversed(parts)
     return "".join(out)
+
+
+def outline(node) -> str:
+    """`node` as `gradc show --emit ast` prints it: as `repr` would, but a
+    field holding nodes on lines of its own, indented by depth, and a span
+    as `line:col-end_line:end_col` (the outermost node's with its file).
+    Written with a stack of its own, as `dump` is."""
+    lines: list[list] = []  # [depth, text]
+    todo: list = [(node, 0, "")]  # (a node, a tuple of nodes or closing text, depth, prefix)
+    while todo:
+        item, depth, prefix = todo.pop()
+        if isinstance(item, _Text):
+            lines[-1][1] += item
+            continue
+        if type(item) is tuple:
+            lines.append([depth, f"{prefix}("])
+            children = [(child, depth + 1, "") for child in item]
+        else:
+            inline, children = [], []
+            for f in fields(item):
+                value = getattr(item, f.name)
+                if f.repr and _holds_nodes(value):
+                    children.append((value, depth + 1, f"{f.name}="))
+                elif f.repr:
+                    shown = _span_text(value, with_file=not lines) if isinstance(value, Span) \
+                        else repr(value)
+                    inline.append(f"{f.name}={shown}")
+            lines.append([depth, f"{prefix}{type(item).__name__}({', '.join(inline)}"])
+            if children and inline:
+                lines[-1][1] += ","
+        todo.append((_Text(")"), depth, ""))
+        for k in reversed(range(len(children))):
+            todo.append(children[k])
+            if k:
+                todo.append((_Text(","), depth, ""))
+    return "\n".join("  " * depth + text for depth, text in lines)
+
+
+def _holds_nodes(value) -> bool:
+    """Whether a field's value is a node, or a tuple holding one."""
+    if type(value) is tuple:
+        return any(_holds_nodes(v) for v in value)
+    return is_dataclass(value) and not isinstance(value, (type, Span))
+
+
+def _span_text(span: Span, with_file: bool) -> str:
+    place = f"{span.line}:{span.col}-{span.end_line}:{span.end_col}"
+    return f"{span.file}:{place}" if with_file else place

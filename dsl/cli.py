@@ -267,7 +267,7 @@ def _show(args) -> int:
                  for sig, name, _ in signed_sigs if not args.fn or name == args.fn}
     if stage == "check":  # (--fn may name an imported function: its own definition)
         for name in (functions if args.sig else names):
-            print(ast.dump(_lookup(module, name, args.file).fdef))
+            print(ast.outline(_lookup(module, name, args.file).fdef))
         return 0
     for sig, name, sig_args in signed_sigs:
         if args.fn and name != args.fn:

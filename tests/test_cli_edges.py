@@ -278,8 +278,8 @@ def test_show_ast_of_an_imported_function(tmp_path, capsys):
     (tmp_path / "main.grad").write_text("from lib import g\ndef h(x):\n    return g(x)\n")
     code, out, _ = run(["show", str(tmp_path / "main.grad"), "--fn", "g", "--emit", "ast"],
                        capsys)
-    assert code == 0 and out.startswith("FuncDef(name='g', params=(Param(name='x'")
-    assert f"file='{tmp_path / 'lib.grad'}', line=2" in out
+    assert code == 0 and out.startswith("FuncDef(name='g', ") and "Param(name='x'" in out
+    assert f"span={tmp_path / 'lib.grad'}:1:" in out
 
 
 def test_show_ast_checks_each_sig_and_shows_the_functions_they_name(tmp_path, capsys):

@@ -166,7 +166,7 @@ def test_the_ast_of_a_deep_expression_that_loads_is_shown(tmp_path, capsys, expr
     path = tmp_path / "deep.grad"
     path.write_text(f"def f(x):\n    return {expr}\n")
     text = show(capsys, str(path), "--emit", "ast")
-    assert text.startswith("FuncDef(name='f', params=(Param(name='x', ann=None")
+    assert text.startswith("FuncDef(name='f', ") and "\n    Param(name='x', ann=None" in text
     assert text.count("UnaryOp(op='-'" if expr[0] == "-" else "BinOp(op='+'") == 400
 
 
