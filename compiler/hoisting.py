@@ -15,6 +15,8 @@ Contract:
   the rest of the body reads become invariants (after the loop's own,
   the ones the body still reads).  `p` is the loop's params (`n_carry`,
   `n_inv`); the result's `n_inv` is the length of the invariants returned.
+  Equal moves (the same op, inputs and params, `passes.cse`'s key) move
+  once: the body reads the first one's value for the others'.
 
 Why the limits (`_movable`): a loop of zero trips runs none of its body,
 so nothing that can raise at run time moves (a gather or scatter, whose
@@ -41,6 +43,7 @@ from typing import Sequence
 
 from gradlang.compiler.ir import Atom, Eqn, Function, Var
 from gradlang.compiler.ops import OPS, loop_groups
+from gradlang.compiler.passes import _key as cse_key
 
 ENABLED = True
 
@@ -89,23 +92,36 @@ def hoist_body(body: Function, p: dict, invariants: Sequence[Atom]
     moved: list[Eqn] = []
     made: list[Var] = []  # the moved equations' outputs, as the body named them
     kept: list[Eqn] = []
+    # Why: a long body repeating `x * 0.5` made one invariant per repeat, so
+    # autodiff one accumulator per repeat, and the kernels as many arrays
+    # (Numba's compile superlinear in them); the first of equal moves serves.
+    seen: dict[tuple, tuple[Var, ...]] = {}  # a moved equation's key -> its body outputs
+    same: dict[Var, Var] = {}  # a body value -> the equal one the body reads instead
     for eqn in body.eqns:
+        if same:
+            eqn = Eqn(eqn.op, tuple(same.get(a, a) for a in eqn.inputs), eqn.outputs,
+                      eqn.params, eqn.span)
         if _movable(eqn) and all(not isinstance(a, Var) or a in outside for a in eqn.inputs):
+            inputs = tuple(outside.get(a, a) for a in eqn.inputs)
+            key = cse_key(eqn, inputs)
+            if key is not None and key in seen:
+                same.update(zip(eqn.outputs, seen[key]))
+                continue
+            seen[key] = eqn.outputs
             outs = tuple(type(o)(o.type, o.hint) for o in eqn.outputs)
-            moved.append(Eqn(eqn.op, tuple(outside.get(a, a) for a in eqn.inputs), outs,
-                             eqn.params, eqn.span))
+            moved.append(Eqn(eqn.op, inputs, outs, eqn.params, eqn.span))
             outside.update(zip(eqn.outputs, outs))
             made += eqn.outputs
         else:
             kept.append(eqn)
     if not moved:
         return [], body, list(invariants)
+    outputs = tuple(same.get(a, a) for a in body.outputs)
     read = {a for e in kept for a in e.inputs if isinstance(a, Var)}
-    read.update(a for a in body.outputs if isinstance(a, Var))
+    read.update(a for a in outputs if isinstance(a, Var))
     new_params = [v for v in inv_params if v in read]
     new_params += [v for v in made if v in read]
-    body = Function(body.name, (*index, *carry, *new_params, *slices), tuple(kept),
-                    body.outputs)
+    body = Function(body.name, (*index, *carry, *new_params, *slices), tuple(kept), outputs)
     return moved, body, [outside[v] for v in new_params]
 
 

@@ -1028,6 +1028,48 @@ def test_invariant_work_runs_once_before_the_loop_with_the_same_bits(monkeypatch
     assert as_was(*args).tobytes() == value.tobytes()
 
 
+REPEATED_WORK = """
+def f(x, w):
+    y = x
+    for i in range(3):
+        y = sin(y) + w * 0.5
+        y = sin(y) * (w * 0.5 + 1.0) + x * 2.0
+        y = cos(y) * (w * 0.5 + 1.0) + w * 0.5
+    return sum(y)
+"""
+
+
+def _np_repeated_work(x, w):
+    y = x
+    for _ in range(3):
+        y = np.sin(y) + w * 0.5
+        y = np.sin(y) * (w * 0.5 + 1.0) + x * 2.0
+        y = np.cos(y) * (w * 0.5 + 1.0) + w * 0.5
+    return np.sum(y)
+
+
+def test_equal_invariant_work_moves_out_once():
+    # w * 0.5, four times in the body, moves out as one invariant, not
+    # four, and w * 0.5 + 1.0 (the second reading the first's value) as
+    # one: so the backward loop sums one cotangent for each, not one per
+    # line (a body of hundreds of such lines made as many kernel arrays,
+    # and Numba's compile grew faster than the body)
+    rng = np.random.default_rng(37)
+    args = [rng.normal(size=4), rng.normal(size=4)]
+    m = dsl.loads(REPEATED_WORK, "repeated.grad")
+    (forward,) = _loops_of(m.f.ir(*args))
+    assert forward.p["n_inv"] == 3  # w * 0.5, w * 0.5 + 1.0 and x * 2.0
+    assert _invariant_steps(forward) == []
+    grad = dsl.value_and_grad(m.f, wrt=(0, 1))
+    backward = [e for e in _loops_of(grad.ir(*args)) if e.p["reverse"]]
+    assert [e.p["n_carry"] for e in backward] == [4]  # y's and the invariants' sums
+    value, grads = grad(*args)
+    np.testing.assert_allclose(value, _np_repeated_work(*args), rtol=1e-14)
+    for k, g in enumerate(grads):
+        np.testing.assert_allclose(g, central_difference(_np_repeated_work, args, k),
+                                   rtol=1e-7, atol=1e-9)
+
+
 GUARDED_WORK = """
 def f(w, v, idx, n: i64):
     s = w * 0.0
