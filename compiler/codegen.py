@@ -429,7 +429,9 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     e = "i" if block == 1 else "e"  # the flat index of an element
     names: dict[Var, str] = {}
     _, carried_in, invariants_in, _ = loop_groups(eqn.inputs, p)
-    reads = [a for a in carried_in + invariants_in if isinstance(a, Var)]
+    # each value once: a backward loop's sums all start from one zero array,
+    # which was an argument (and a read a trip) per sum
+    reads = list(dict.fromkeys(a for a in carried_in + invariants_in if isinstance(a, Var)))
     args, pre, _, read_lines = _read_inputs(reads, shape, names, e)
     (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
 

@@ -1070,6 +1070,20 @@ def test_equal_invariant_work_moves_out_once():
                                    rtol=1e-7, atol=1e-9)
 
 
+def test_a_loop_kernel_reads_each_value_once():
+    # the backward loop's three sums (y's cotangent's and the invariants')
+    # start from one zero array: its kernel reads it once, not once a sum
+    # (a body of hundreds of invariants passed it hundreds of times)
+    from gradlang.compiler import pipeline
+    from gradlang.runtime import target as targets
+    args = [np.ones(4), np.ones(4)]
+    grad = dsl.value_and_grad(dsl.loads(REPEATED_WORK, "repeated.grad").f, wrt=(0, 1))
+    driver = pipeline.generate(grad.ir(*args), targets.get("cpu")).driver_source
+    calls = [re.findall(r"R\.flat\((\w+)\)", line.split(")(", 1)[1])
+             for line in driver.splitlines() if "K.k_" in line]
+    assert len(calls) == 4 and [len(c) for c in calls] == [len(set(c)) for c in calls], driver
+
+
 GUARDED_WORK = """
 def f(w, v, idx, n: i64):
     s = w * 0.0
