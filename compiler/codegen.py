@@ -41,7 +41,7 @@ from typing import Callable, Optional
 from gradlang.compiler.fusion import Loop, fuse
 from gradlang.compiler.rows import RowLoop
 from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
-from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
 from gradlang.compiler.shapes import Dim, Sym, access_kind, prod
@@ -334,40 +334,49 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
 
 
 def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
-                 rows: bool = False) -> tuple[list[str], list[str], list[str], list[str]]:
+                 rows: bool = False, tag: str = "", only: Optional[set] = None
+                 ) -> tuple[list[str], list[str], list[str], list[str]]:
     """Kernel arguments `in<k>` for `inputs`, each read at flat index `i`
     of a loop over `shape` as its access kind says, into `a<k>` (recorded
     in `names`): (arguments, lines before the loop, lines per row, lines
     per element).  With `rows`, the loop runs in rows (see render_kernel):
-    a row from i0 reads through views `x<k>` at j, and an outer input once."""
+    a row from i0 reads through views `x<k>` at j, and an outer input once.
+    Without `rows`, `tag` goes into the names the element lines assign
+    (`a<tag><k>`, `j<tag><k>`), and only the inputs in `only` (if given)
+    get element lines: a second section's reads (`render_loop_kernel`)."""
     args, pre, row, body = [], [], [], []
     for k, v in enumerate(inputs):
-        arg = f"in{k}"
+        arg, n = f"in{k}", f"{tag}{k}"  # n: of the names the element lines assign
         args.append(arg)
         kind = access_kind(v.type.shape, shape)
+        if kind == "suffix":
+            pre.append(f"m{k} = {arg}.shape[0]")
+        if kind == "scalar":
+            pre.append(f"a{k} = {arg}[0]")
+            names[v] = f"a{k}"
+            continue
+        if only is not None and v not in only:
+            continue
         if kind == "full" and rows:
             row.append(f"x{k} = {arg}[i0:]")
             body.append(f"a{k} = x{k}[j]")
         elif kind == "full":
-            body.append(f"a{k} = {arg}[{i}]")
-        elif kind == "scalar":
-            pre.append(f"a{k} = {arg}[0]")
+            body.append(f"a{n} = {arg}[{i}]")
         elif kind == "suffix":
-            pre.append(f"m{k} = {arg}.shape[0]")
             if rows:
                 row.append(f"x{k} = {arg}[i0 % m{k}:]")
                 body.append(f"a{k} = x{k}[j]")
             else:
-                body.append(f"a{k} = {arg}[{i} % m{k}]")
+                body.append(f"a{n} = {arg}[{i} % m{k}]")
         elif kind == "outer":
-            (row if rows else body).append(f"a{k} = {arg}[{'i0' if rows else i} // q{k}]")
+            (row if rows else body).append(f"a{n} = {arg}[{'i0' if rows else i} // q{k}]")
         else:
             # g: (out stride, out size, in stride) per axis, flattened
-            body.append(f"j{k} = 0")
+            body.append(f"j{n} = 0")
             body.append(f"for r in range(0, len(g{k}), 3):")
-            body.append(f"    j{k} += (({i} // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
-            body.append(f"a{k} = {arg}[j{k}]")
-        names[v] = f"a{k}"
+            body.append(f"    j{n} += (({i} // g{k}[r]) % g{k}[r + 1]) * g{k}[r + 2]")
+            body.append(f"a{n} = {arg}[j{n}]")
+        names[v] = f"a{n}"
     return args, pre, row, body
 
 
@@ -432,13 +441,24 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
     # each value once: a backward loop's sums all start from one zero array,
     # which was an argument (and a read a trip) per sum
     reads = list(dict.fromkeys(a for a in carried_in + invariants_in if isinstance(a, Var)))
-    args, pre, _, read_lines = _read_inputs(reads, shape, names, e)
+    # Blocked, the starts are read in a section of their own and the trips
+    # read only the invariants, under names the other section does not
+    # assign (Numba rebuilds SSA for each name assigned twice, a pass over
+    # the whole kernel apiece: superlinear in a long body's invariants)
+    blocked = block > 1
+    args, pre, _, read_lines = _read_inputs(reads, shape, names, e,
+                                            only=set(vars_in(invariants_in)) if blocked else None)
     (index,), carry, invariants, slices = loop_groups(body.params, p, lead=1)
 
-    def ref(a: Atom) -> str:
+    def ref(a: Atom, names: dict[Var, str] = names) -> str:
         return _literal(a) if isinstance(a, Lit) else names[a]
 
-    init = [f"out{j}[{e}] = {ref(a)}" for j, a in enumerate(carried_in)]
+    starts, start_reads = names, read_lines
+    if blocked:
+        starts = {}
+        start_reads = _read_inputs(reads, shape, starts, e, tag="s",
+                                   only=set(vars_in(carried_in)))[3]
+    init = [f"out{j}[{e}] = {ref(a, starts)}" for j, a in enumerate(carried_in)]
     for param, outer in zip(invariants, invariants_in):
         names[param] = names[outer]
     args += [f"xs{j}" for j in range(len(slices))]
@@ -463,7 +483,7 @@ def render_loop_kernel(eqn: Eqn, shape, target: Target
         lines += ["    " + l for l in trip + step]
     else:
         lines = [f"lo = i * {block}", f"hi = {smallest(f'lo + {block}', 'size')}",
-                 "for e in range(lo, hi):"] + ["    " + l for l in read_lines + init]
+                 "for e in range(lo, hi):"] + ["    " + l for l in start_reads + init]
         lines += ["for tt in range(trips):"] + ["    " + l for l in trip]
         lines += ["    for e in range(lo, hi):"] + ["        " + l for l in read_lines + step]
 

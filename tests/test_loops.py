@@ -1078,10 +1078,21 @@ def test_a_loop_kernel_reads_each_value_once():
     from gradlang.runtime import target as targets
     args = [np.ones(4), np.ones(4)]
     grad = dsl.value_and_grad(dsl.loads(REPEATED_WORK, "repeated.grad").f, wrt=(0, 1))
-    driver = pipeline.generate(grad.ir(*args), targets.get("cpu")).driver_source
+    generated = pipeline.generate(grad.ir(*args), targets.get("cpu"))
     calls = [re.findall(r"R\.flat\((\w+)\)", line.split(")(", 1)[1])
-             for line in driver.splitlines() if "K.k_" in line]
-    assert len(calls) == 4 and [len(c) for c in calls] == [len(set(c)) for c in calls], driver
+             for line in generated.driver_source.splitlines() if "K.k_" in line]
+    assert len(calls) == 4 and [len(c) for c in calls] == [len(set(c)) for c in calls]
+    # and a blocked loop kernel's two sections (the starts', the trips')
+    # assign no name twice: Numba rebuilt SSA once per such name, each a
+    # pass over the whole kernel; the starts' section reads only the starts
+    kernels = generated.kernel_source.split("\ndef ")[1:]
+    loops = [k for k in kernels if "for tt in range(trips)" in k]
+    assert len(loops) == 4  # each loop's parallel and serial kernels
+    for kernel in loops:
+        reads = re.findall(r"^ +(a\w*) = in\d+\[e\]$", kernel, re.M)
+        assert len(reads) == len(set(reads)), kernel
+        starts = kernel.split("for tt in range(trips)")[0]
+        assert len(re.findall(r" = in\d+\[e\]", starts)) == (1 if "ys0" in kernel else 2)
 
 
 GUARDED_WORK = """
