@@ -43,7 +43,7 @@ from typing import Sequence
 
 from gradlang.compiler.ir import Atom, Eqn, Function, Var
 from gradlang.compiler.ops import OPS, loop_groups
-from gradlang.compiler.passes import _key as cse_key
+from gradlang.compiler.passes import cse_key
 
 ENABLED = True
 

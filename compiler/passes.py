@@ -239,7 +239,11 @@ def _identity_input(op: str, inputs, params, fills) -> Atom | None:
     return None
 
 
-def _key(eqn: Eqn, inputs) -> tuple | None:
+def cse_key(eqn: Eqn, inputs) -> tuple | None:
+    """What makes two equations one value for `cse` (and for hoisting's
+    equal moves): op, inputs (Vars by identity, literals by exact value and
+    type) and params; None for one that is never merged (a loop, a
+    custom_vjp)."""
     if eqn.op in ("custom_vjp", "loop"):
         return None
     ins = tuple(("v", id(a)) if isinstance(a, Var) else ("l", _exactly(a.value), a.type)
@@ -261,7 +265,7 @@ def cse(fn: Function) -> Function:
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, cse)
         inputs = tuple(sub(a) for a in eqn.inputs)
-        key = _key(eqn, inputs)
+        key = cse_key(eqn, inputs)
         if key is not None and key in seen:
             env.update(zip(eqn.outputs, seen[key]))
             continue
