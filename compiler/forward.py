@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import MOVES_POSITIONS, call_forward, materialized
+from gradlang.compiler.autodiff import MOVES_POSITIONS, call_forward, materialized, vjp
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.linearity import transpose, transpose_eqns
@@ -312,8 +312,80 @@ def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[
     cotangents to input cotangents, so its transpose maps input tangents
     to output tangents."""
     n_out = eqn.p["n_out"]
+    bwd = materialized(eqn).p["bwd"]
+    if _has_later_block(eqn):
+        return _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents)
     args = list(inputs) + list(residuals) + [None] * n_out
-    return transpose(b, materialized(eqn).p["bwd"], args, in_tangents)
+    return transpose(b, bwd, args, in_tangents)
+
+
+def _has_later_block(eqn: Eqn) -> bool:
+    """Whether the call's first grad block has a block after it: staging
+    makes such a `bwd` the next stage's `custom_vjp` of the same name."""
+    return any(e.op == "custom_vjp" and e.p["name"] == eqn.p["name"]
+               for e in eqn.p["bwd"].eqns)
+
+
+def _tangent_call(b: Builder, eqn: Eqn, bwd: Function, inputs: Sequence[Atom],
+                  residuals: Sequence[Atom], in_tangents: Sequence[Optional[Atom]]
+                  ) -> list[Optional[Atom]]:
+    """`_call_jvp` for a function with a second grad block: the tangent
+    J(x) t, the transpose of the first block (`bwd(x, r, c) = J^T c`), as a
+    `custom_vjp` call whose own VJP differentiates `bwd` rather than its
+    transpose, so that reverse mode over forward mode (`jacfwd(jacrev(f))`,
+    `dsl.grad` of an in-language `jvp`) reaches the second block, as
+    reverse over reverse does: d/dx <ct, J t> = d/dx <t, bwd(x, ct)> (the
+    second block's x-cotangent, upstream t, dy = ct); along t it is
+    bwd(x, ct).  The residuals are inputs with no cotangent: the VJP
+    recomputes them from x, so that x's cotangent is the whole of it."""
+    n_out = eqn.p["n_out"]
+    n_x = len(inputs)
+    active = [j for j, t in enumerate(in_tangents) if t is not None]
+    out_types = [p.type for p in bwd.params[n_x + len(residuals):]]
+    fb = Builder()
+    xs = [Var(a.type, "x") for a in inputs]
+    rs = [Var(r.type, "r") for r in residuals]
+    ts = [Var(in_tangents[j].type, "t") for j in active]
+    seeds: list[Optional[Atom]] = [None] * n_x
+    for j, t in zip(active, ts):
+        seeds[j] = t
+    outs = transpose(fb, bwd, xs + rs + [None] * n_out, seeds)
+    outs = [o if o is not None else ops.zeros_like(fb, t) for o, t in zip(outs, out_types)]
+    fwd = fb.function(f"{eqn.p['name']}_tangent", xs + rs + ts, outs)
+    back = _tangent_vjp(eqn, bwd, inputs, residuals, ts, active)
+    return list(b.bind_multi("custom_vjp", *inputs, *residuals,
+                             *[in_tangents[j] for j in active], span=eqn.span,
+                             fwd=fwd, bwd=back, n_out=len(outs),
+                             name=f"{eqn.p['name']}_tangent"))
+
+
+def _tangent_vjp(eqn: Eqn, bwd: Function, inputs: Sequence[Atom], residuals: Sequence[Atom],
+                 ts: Sequence[Var], active: Sequence[int]) -> Function:
+    """`_tangent_call`'s bwd(x, r, t, ct) -> (x: <t, d bwd(x, ct)/dx>, with
+    the residuals recomputed from x; r: zeros; t: bwd(x, r, ct))."""
+    n_out, n_x = eqn.p["n_out"], len(inputs)
+    out_types = [p.type for p in bwd.params[n_x + len(residuals):]]
+    cb = Builder()
+    cx = [Var(a.type, "x") for a in inputs]
+    cc = [Var(t, "c") for t in out_types]
+    recomputed = inline(cb, eqn.p["fwd"], cx)[n_out:]
+    composite = cb.function(f"{eqn.p['name']}_block", cx + cc,
+                            inline(cb, bwd, cx + recomputed + cc))
+    wrt = [i for i, a in enumerate(inputs) if a.type.is_float]
+    bb = Builder()
+    xs = [Var(a.type, "x") for a in inputs]
+    rs = [Var(r.type, "r") for r in residuals]
+    ts2 = [Var(t.type, "t") for t in ts]
+    cts = [Var(t, "ct") for t in out_types]
+    upstream: list[Atom] = [ops.zeros_like(bb, a.type) for a in inputs]
+    for j, t in zip(active, ts2):
+        upstream[j] = t
+    grads = dict(zip(wrt, inline(bb, vjp(composite, wrt), xs + cts + upstream)[n_x:]))
+    x_cts = [grads.get(i, ops.zeros_like(bb, a.type)) for i, a in enumerate(inputs)]
+    r_cts = [ops.zeros_like(bb, r.type) for r in residuals]
+    along = inline(bb, bwd, xs + rs + cts)
+    return bb.function(f"{eqn.p['name']}_tangent_bwd", xs + rs + ts2 + cts,
+                       x_cts + r_cts + [along[j] for j in active])
 
 
 def _primitive_jvp(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]

@@ -908,3 +908,32 @@ def test_a_where_mask_moves_through_indexing_layout_and_sums():
     _, tangent = dsl.jvp(m.looped, (x, np.array(2)), (t, None))
     np.testing.assert_allclose(tangent, np.where(x > 0, t / (2 * np.sqrt(np.abs(x))), 0.0).sum(axis=0),
                                rtol=1e-14)
+
+
+SECOND_BLOCK = """
+def lpe(x):
+    e = exp(x)
+    return log(1 + e)
+grad(dy):
+    return dy * (1 - 1 / (1 + e))
+grad(ddx):
+    s = 1 / (1 + exp(-x))
+    return dy=ddx * (1 - 1 / (1 + e)), x=ddx * dy * s * (1 - s)
+
+def tangent_sum(x, t):
+    y, ty = jvp(lpe)(x, t)
+    return sum(ty)
+"""
+
+
+def test_reverse_over_forward_differentiates_by_the_second_block():
+    # The second block is finite at x = 800, where the first block's
+    # derivative through its residual e = exp(x) is inf / inf: reverse over
+    # forward (a Jacobian of a Jacobian, dsl.grad of an in-language jvp)
+    # must use it, as reverse over reverse (dsl.hessian) does, not NaN.
+    m = dsl.loads(SECOND_BLOCK)
+    x = np.array([800.0, 0.5])
+    s = 1 / (1 + np.exp(-x))
+    want = s * (1 - s)
+    assert np.allclose(np.einsum("iii->i", dsl.jacfwd(dsl.jacrev(m.lpe))(x)), want)
+    assert np.allclose(dsl.grad(m.tangent_sum)(x, np.ones(2)), want)
