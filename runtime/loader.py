@@ -86,6 +86,7 @@ from numba.core.types import Array
 from numba.np import numpy_support
 
 from gradlang.runtime.collection import collection_paused
+from gradlang.runtime.errors import GradError
 from gradlang.runtime.forking import ChildSafeLock
 from gradlang.runtime.interrupts import interrupts_deferred
 from gradlang.runtime.numba_target import lean_target
@@ -226,8 +227,7 @@ def load_kernel_file(path: str) -> ModuleType:
     with _lock:
         module = _modules.get(key)
         if module is None:
-            with open(key, "rb") as handle:
-                digest = hashlib.sha256(handle.read()).hexdigest()
+            digest = _kernel_file_digest(key)
             # Named, and its machine code stamped, by its bytes, not its place
             # or mtime (Numba's stamp): a compiled module's directory moved,
             # copied or installed elsewhere keeps the machine code cached in it
@@ -245,6 +245,28 @@ def load_kernel_file(path: str) -> ModuleType:
                     cache_file._source_stamp = ("sha256", digest)
             _modules[key] = module
         return module
+
+
+_KERNEL_FILE = re.compile(r"_gradk_([0-9a-f]{24})\.py")
+
+
+def _kernel_file_digest(path: str) -> str:
+    """The SHA-256 of kernel file `path`'s bytes; a `GradError` (not
+    Python's error from deep in an import) where the file is gone or
+    unreadable, or is not what gradc wrote: its name is a hash of its text
+    (`kernel_module_name`), so a truncated, emptied or edited file shows."""
+    redo = "; compile the module again with gradc compile"
+    try:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+    except OSError as err:
+        raise GradError(f"kernel file {path} of a gradc-compiled module cannot be read "
+                        f"({err.strerror or err}){redo}") from None
+    named = _KERNEL_FILE.fullmatch(os.path.basename(path))
+    if named and not digest.startswith(named.group(1)):
+        raise GradError(f"kernel file {path} of a gradc-compiled module is damaged (its "
+                        f"bytes are not those gradc wrote){redo}")
+    return digest
 
 
 # A kernel module's name -> the directory where its machine code is kept

@@ -23,7 +23,8 @@ from dsl.cli import main
 from helpers import import_compiled
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.pipeline import optimize
-from gradlang.runtime.loader import load_kernels, make_driver
+from gradlang.runtime.loader import (kernel_module_name, load_kernel_files, load_kernels,
+                                     make_driver)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -220,6 +221,21 @@ def test_a_module_of_an_earlier_gradc_loads_its_file_per_program(tmp_path):
     x = np.array([1.5, -2.0])
     np.testing.assert_array_equal(sq.sq(x), [2.25, 4.0])
     np.testing.assert_array_equal(sq.sq.grad(x), [3.0, -4.0])
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated"])
+def test_a_missing_or_damaged_kernel_file_is_a_grad_error(damage, tmp_path):
+    # a kernel file is named by a hash of its text: one that is gone, or not
+    # what gradc wrote, was FileNotFoundError, SyntaxError or a driver's
+    # AttributeError from deep in an import
+    text = "import numpy as np\n\nK = 1\n"
+    path = tmp_path / f"_{kernel_module_name(text)}.py"
+    if damage != "missing":
+        path.write_text("" if damage == "empty" else text[:12])
+    with pytest.raises(dsl.GradError, match="compile the module again with gradc compile"):
+        load_kernel_files([str(path)])
+    path.write_text(text)
+    assert load_kernel_files([str(path)]).K == 1
 
 
 # ----------------------------- 5. AOT functions under the dsl transforms
