@@ -2,7 +2,9 @@
 
 Contract: `install_import_hook()` (idempotent) adds a finder to
 `sys.meta_path` that, for a top-level `import name` no other finder
-resolves first, looks for `name.grad` in each `sys.path` directory.  The
+resolves to a module (a directory `name/`, which Python would import as
+an empty namespace package, does not count), looks for `name.grad` in each
+`sys.path` directory.  The
 module it makes holds `params`, `functions` (every function by name),
 `grad_module` (the `dsl.load` module), `__file__`, and each function under
 its own name unless the module uses that name itself (one of those, or a
@@ -44,26 +46,60 @@ class _GradLoader(importlib.abc.Loader):
 
 
 class GradFinder(importlib.abc.MetaPathFinder):
+    """Finds `name.grad` for a top-level `import name` that no other
+    finder resolves to a module.  It sits before Python's path finder,
+    since that one answers a name it finds no module for but a directory
+    of (`model/` of checkpoints beside `model.grad`) with an empty
+    namespace package, which would hide the file, where `model.py` would
+    win; so it asks the finders after it first, and yields to any module
+    they find (a `json.grad` never shadows `json`)."""
+
     def find_spec(self, fullname, path=None, target=None):
         if "." in fullname:
             return None
-        for entry in sys.path:
-            try:
-                candidate = Path(os.fsdecode(entry) or ".") / f"{fullname}.grad"
-                if candidate.is_file():
-                    return importlib.machinery.ModuleSpec(
-                        fullname, _GradLoader(candidate), origin=str(candidate))
-            except (OSError, TypeError, ValueError):
-                # (an entry no path names, as Python's own finder skips it: else
-                # every failed import, a library's probe for an optional one
-                # included, raised this TypeError instead of ImportError)
-                continue
-        return None
+        candidate = _grad_file(fullname)
+        if candidate is None or self._found_elsewhere(fullname, path, target):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _GradLoader(candidate),
+                                              origin=str(candidate))
+
+    def _found_elsewhere(self, fullname, path, target) -> bool:
+        """Whether a finder after this one finds a module (not a namespace
+        package) named `fullname`."""
+        finders = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else ()
+        for finder in finders:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                return not _is_namespace(spec)
+        return False
+
+
+def _is_namespace(spec) -> bool:
+    """Whether `spec` is a namespace package (directories, no file)."""
+    return spec.origin is None and spec.submodule_search_locations is not None
+
+
+def _grad_file(name: str):
+    """The first `name.grad` in a `sys.path` directory, or None."""
+    for entry in sys.path:
+        try:
+            candidate = Path(os.fsdecode(entry) or ".") / f"{name}.grad"
+            if candidate.is_file():
+                return candidate
+        except (OSError, TypeError, ValueError):
+            # (an entry no path names, as Python's own finder skips it: else
+            # every failed import, a library's probe for an optional one
+            # included, raised this TypeError instead of ImportError)
+            continue
+    return None
 
 
 def install_import_hook() -> GradFinder:
     global _installed
     if _installed is None:
         _installed = GradFinder()
-        sys.meta_path.append(_installed)
+        position = next((i for i, f in enumerate(sys.meta_path)
+                         if f is importlib.machinery.PathFinder), len(sys.meta_path))
+        sys.meta_path.insert(position, _installed)
     return _installed

@@ -77,6 +77,25 @@ def test_import_hook_skips_sys_path_entries_that_name_no_path(tmp_path, monkeypa
     assert sorted(bytes_entry_mod.functions) == ["f"]
 
 
+def test_import_hook_finds_a_grad_file_beside_a_directory_of_its_name(tmp_path, monkeypatch):
+    # Python's path finder answered `import dir_beside_mod` with an empty
+    # namespace package for the directory (a model's checkpoints beside
+    # model.grad), hiding the file, where a dir_beside_mod.py would win; a
+    # Python module of the name still wins over a .grad file
+    (tmp_path / "dir_beside_mod").mkdir()
+    (tmp_path / "dir_beside_mod.grad").write_text("def f(x):\n    return x * x\n")
+    (tmp_path / "py_beside_mod.grad").write_text("def f(x):\n    return x\n")
+    (tmp_path / "py_beside_mod.py").write_text("F = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("dir_beside_mod", "py_beside_mod"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    dsl.install_import_hook()
+    import dir_beside_mod
+    import py_beside_mod
+    assert dsl.grad(dir_beside_mod.f)(np.array([3.0])) == 6.0
+    assert py_beside_mod.F == 1
+
+
 SCRIPT = """
 import sys, time
 from numba.core import event
