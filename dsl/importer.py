@@ -1,10 +1,11 @@
 """`import name` for `.grad` files.
 
 Contract: `install_import_hook()` (idempotent) adds a finder to
-`sys.meta_path` that, for a top-level `import name` no other finder
+`sys.meta_path` that, for an `import name` (or `pkg.name`) no other finder
 resolves to a module (a directory `name/`, which Python would import as
 an empty namespace package, does not count), looks for `name.grad` in each
-`sys.path` directory.  The
+`sys.path` directory (in each of the package's directories for `pkg.name`,
+so a package's `from .name import f` finds its `name.grad`).  The
 module it makes holds `params`, `functions` (every function by name),
 `grad_module` (the `dsl.load` module), `__file__`, and each function under
 its own name unless the module uses that name itself (one of those, or a
@@ -46,7 +47,7 @@ class _GradLoader(importlib.abc.Loader):
 
 
 class GradFinder(importlib.abc.MetaPathFinder):
-    """Finds `name.grad` for a top-level `import name` that no other
+    """Finds `name.grad` for an `import name` (or `pkg.name`) that no other
     finder resolves to a module.  It sits before Python's path finder,
     since that one answers a name it finds no module for but a directory
     of (`model/` of checkpoints beside `model.grad`) with an empty
@@ -55,9 +56,9 @@ class GradFinder(importlib.abc.MetaPathFinder):
     they find (a `json.grad` never shadows `json`)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if "." in fullname:
-            return None
-        candidate = _grad_file(fullname)
+        # a package's submodule (`import pkg.model`, `from .model import f`
+        # in pkg) is looked for in the package's directories only
+        candidate = _grad_file(fullname.rpartition(".")[2], sys.path if path is None else path)
         if candidate is None or self._found_elsewhere(fullname, path, target):
             return None
         return importlib.machinery.ModuleSpec(fullname, _GradLoader(candidate),
@@ -80,9 +81,10 @@ def _is_namespace(spec) -> bool:
     return spec.origin is None and spec.submodule_search_locations is not None
 
 
-def _grad_file(name: str):
-    """The first `name.grad` in a `sys.path` directory, or None."""
-    for entry in sys.path:
+def _grad_file(name: str, directories):
+    """The first `name.grad` in `directories` (`sys.path`, or a package's
+    `__path__`), or None."""
+    for entry in list(directories):
         try:
             candidate = Path(os.fsdecode(entry) or ".") / f"{name}.grad"
             if candidate.is_file():

@@ -96,6 +96,23 @@ def test_import_hook_finds_a_grad_file_beside_a_directory_of_its_name(tmp_path, 
     assert py_beside_mod.F == 1
 
 
+def test_import_hook_finds_a_packages_grad_files_by_relative_import(tmp_path, monkeypatch):
+    # only a top-level import looked for a .grad file: `import pkg.model`
+    # and the package's `from .model import f` were ModuleNotFoundError
+    package = tmp_path / "grad_pkg_mod"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .model import f\n")
+    (package / "model.grad").write_text("def f(x):\n    return x * x * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("grad_pkg_mod", "grad_pkg_mod.model"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    dsl.install_import_hook()
+    import grad_pkg_mod
+    import grad_pkg_mod.model
+    assert grad_pkg_mod.f is grad_pkg_mod.model.f
+    assert dsl.grad(grad_pkg_mod.f)(np.array([2.0])) == 12.0
+
+
 SCRIPT = """
 import sys, time
 from numba.core import event
