@@ -42,6 +42,13 @@ class Span:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 
+    def __reduce_ex__(self, protocol):
+        # UNKNOWN_SPAN unpickles as itself, which errors tell by identity:
+        # an error from a process pool's worker showed `<unknown>:1:1:`
+        if self is UNKNOWN_SPAN:
+            return "UNKNOWN_SPAN"
+        return super().__reduce_ex__(protocol)
+
 
 UNKNOWN_SPAN = Span("<unknown>", 1, 1)
 

@@ -151,3 +151,15 @@ def test_what_cannot_travel_is_a_clear_type_error():
         pass
     with pytest.raises(TypeError, match="cannot pickle a Subclass: its class gives no recipe"):
         pickle.dumps(Subclass(f, 0, with_value=False))
+
+
+def test_an_error_of_no_location_keeps_none_through_a_pickle():
+    # a process pool sends a worker's error back pickled: the unknown place
+    # came back a copy, which errors (telling it by identity) printed as
+    # an invented `<unknown>:1:1:` location
+    m = dsl.loads("param w: f64\n\ndef f(x):\n    return x * w\n")
+    with pytest.raises(dsl.ArgumentError) as raised:
+        m.params["v"] = 1.0
+    text = str(raised.value)
+    assert text.startswith("error: ") and "declares no param 'v'" in text
+    assert str(pickle.loads(pickle.dumps(raised.value))) == text
