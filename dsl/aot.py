@@ -70,9 +70,12 @@ _ANY_SIZE = re.compile(r"a\d+")  # the name of the size a ':' stands for
 # path it would shadow the module that Python, NumPy, Numba or the runtime
 # import (`numpy.py` broke every module compiled into the same directory),
 # or this distribution's own (`dsl.py` stood in for `dsl`, whose `grad`
-# and `Tape` take compiled functions).
+# and `Tape` take compiled functions), or the libraries of its bridges and
+# parser (`torch.py` stood in for `torch`: `dsl.to_torch` of its functions
+# was an AttributeError from inside the bridge).
 SHADOWED = frozenset(sys.stdlib_module_names) | {"gradlang", "dsl", "numpy", "numba",
-                                                 "llvmlite"}
+                                                 "llvmlite", "torch", "jax", "jaxlib", "dask",
+                                                 "lark"}
 
 
 class SignatureError(GradError):

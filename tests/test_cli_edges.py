@@ -189,7 +189,7 @@ def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_t
                                     " " * 19 + "^" * 16, ""]
 
 
-@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang", "dsl"])
+@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang", "dsl", "torch"])
 def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, capsys):
     # numpy.py beside the kernels: every module compiled there then failed to
     # import (the kernels' `import numpy` found it)
