@@ -77,7 +77,13 @@ class AotModule:
         module already uses that name (SPEC, a dunder, ...), so no
         function name, a keyword included, can break the module.  A
         function an earlier run of the module exported (before
-        `importlib.reload`) is replaced."""
+        `importlib.reload`) is replaced, or removed where this run has
+        none of its name (a module compiled again without it), so that
+        reading it says it was not compiled instead of running the old
+        program."""
+        for fname, value in list(namespace.items()):
+            if isinstance(value, AotFunction) and fname not in self.functions:
+                del namespace[fname]
         namespace["params"] = self.params
         namespace["functions"] = dict(self.functions)
         namespace["__getattr__"] = self._missing  # (the module defines none of its own)

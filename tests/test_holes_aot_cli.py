@@ -23,6 +23,7 @@ from dsl.cli import main
 from helpers import import_compiled
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.pipeline import optimize
+from gradlang.runtime.aot import AotFunction, AotModule
 from gradlang.runtime.loader import (kernel_module_name, load_kernel_files, load_kernels,
                                      make_driver)
 
@@ -290,6 +291,19 @@ def test_aot_functions_pickle_by_reference_to_their_module_imported_by_name(ab, 
     f, grad = pickle.loads(pickle.dumps((ab.f, dsl.grad(ab.f, wrt="y"))))
     assert f is ab.f
     np.testing.assert_array_equal(grad(X, Y), X)
+
+
+def test_reloading_a_module_compiled_again_without_a_function_drops_it(ab):
+    # importlib.reload runs the module's export again over its namespace: a
+    # function the new SPEC lacks stayed, running the old program, where
+    # reading it should say it was not compiled
+    namespace = dict(vars(ab))
+    spec = dict(ab.SPEC, functions={"g": ab.SPEC["functions"]["g"]}, uncompiled=["f"])
+    AotModule(ab.__name__, ab.__file__, spec).export(namespace)
+    assert "f" not in namespace and isinstance(namespace["g"], AotFunction)
+    with pytest.raises(AttributeError, match=r"f\(\) of \w+ was not compiled"):
+        namespace["__getattr__"]("f")
+    np.testing.assert_array_equal(namespace["g"](X, np.array([2, 3])), [2.0, 6.0])
 
 
 def test_arguments_of_unequal_sizes_are_named_with_the_function(ab):
