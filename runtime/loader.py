@@ -396,7 +396,11 @@ def _read_prefilled(cache: Cache, function: Callable) -> None:
         home = _homes.get(getattr(function, "__module__", None))
     if home is None or os.path.normpath(home) == os.path.normpath(cache.cache_path):
         return  # (both as Numba's locators write them: no file system calls)
-    if (home / cache._cache_file._index_name).is_file():
+    try:
+        prefilled = (home / cache._cache_file._index_name).is_file()
+    except OSError:  # (a name too long for the file system: is_file raises that one)
+        return
+    if prefilled:
         cache._cache_file._prefilled = str(home)
 
 

@@ -13,6 +13,7 @@ import lark
 
 import dsl
 from gradlang.grammar import grammar_text
+from gradlang.runtime.loader import jit_in_kernel_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -111,6 +112,19 @@ def test_import_hook_finds_a_packages_grad_files_by_relative_import(tmp_path, mo
     import grad_pkg_mod.model
     assert grad_pkg_mod.f is grad_pkg_mod.model.f
     assert dsl.grad(grad_pkg_mod.f)(np.array([2.0])) == 12.0
+
+
+def test_a_cache_directory_name_too_long_for_the_file_system_is_no_internal_error(
+        tmp_path, monkeypatch):
+    # Path.is_file raises ENAMETOOLONG (it swallows only "not there"): a
+    # GRADC_CACHE_DIR of a 300-character name was an OSError from the
+    # runtime's first import, where an unusable cache is a warning
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / ("a" * 300)))
+
+    def triple(x):
+        return 3.0 * x
+    dispatcher = jit_in_kernel_cache()(triple)
+    assert dispatcher(2.0) == 6.0  # compiled; its machine code kept nowhere
 
 
 SCRIPT = """
