@@ -258,12 +258,15 @@ def _kernel_file_digest(path: str) -> str:
     redo = "; compile the module again with gradc compile"
     try:
         with open(path, "rb") as handle:
-            digest = hashlib.sha256(handle.read()).hexdigest()
+            data = handle.read()
     except OSError as err:
         raise GradError(f"kernel file {path} of a gradc-compiled module cannot be read "
                         f"({err.strerror or err}){redo}") from None
+    digest = hashlib.sha256(data).hexdigest()
     named = _KERNEL_FILE.fullmatch(os.path.basename(path))
-    if named and not digest.startswith(named.group(1)):
+    # (line ends a checkout converted, git's autocrlf, are the same text)
+    if named and not any(hashlib.sha256(text).hexdigest().startswith(named.group(1))
+                         for text in (data, data.replace(b"\r\n", b"\n"))):
         raise GradError(f"kernel file {path} of a gradc-compiled module is damaged (its "
                         f"bytes are not those gradc wrote){redo}")
     return digest

@@ -235,7 +235,7 @@ def test_a_missing_or_damaged_kernel_file_is_a_grad_error(damage, tmp_path):
         path.write_text("" if damage == "empty" else text[:12])
     with pytest.raises(dsl.GradError, match="compile the module again with gradc compile"):
         load_kernel_files([str(path)])
-    path.write_text(text)
+    path.write_bytes(text.replace("\n", "\r\n").encode())  # (a checkout's line ends: whole)
     assert load_kernel_files([str(path)]).K == 1
 
 
