@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -47,7 +48,7 @@ from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call
                                    static_names)
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError
-from gradlang.runtime.loader import load_kernel_files, make_driver
+from gradlang.runtime.loader import load_kernel_files, make_driver, read_regular_file
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import record, recording_tapes
@@ -116,12 +117,10 @@ def _warn_if_changed(name: str, directory: str, source: str, digest: str) -> Non
     its bytes' SHA-256 is no longer `digest`: the module runs what was
     compiled, not the file."""
     path = os.path.join(directory, source)
-    try:
-        with open(path, "rb") as handle:
-            changed = hashlib.sha256(handle.read()).hexdigest() != digest
-    except OSError:  # shipped without its source: nothing to compare
+    data = read_regular_file(Path(path))  # (a FIFO there is not waited on)
+    if data is None:  # shipped without its source: nothing to compare
         return
-    if changed:
+    if hashlib.sha256(data).hexdigest() != digest:
         warnings.warn(f"{os.path.normpath(path)} has changed since gradc compiled this module "
                       f"({name}), which runs what was compiled then; compile it again with "
                       f"gradc compile", RuntimeWarning, stacklevel=3)

@@ -65,6 +65,7 @@ import pickle
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import sys
 import warnings
@@ -256,12 +257,10 @@ def _kernel_file_digest(path: str) -> str:
     unreadable, or is not what gradc wrote: its name is a hash of its text
     (`kernel_module_name`), so a truncated, emptied or edited file shows."""
     redo = "; compile the module again with gradc compile"
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as err:
-        raise GradError(f"kernel file {path} of a gradc-compiled module cannot be read "
-                        f"({err.strerror or err}){redo}") from None
+    data = read_regular_file(Path(path))
+    if data is None:
+        raise GradError(f"kernel file {path} of a gradc-compiled module is missing or "
+                        f"cannot be read as a file{redo}")
     digest = hashlib.sha256(data).hexdigest()
     named = _KERNEL_FILE.fullmatch(os.path.basename(path))
     # (line ends a checkout converted, git's autocrlf, are the same text)
@@ -612,10 +611,22 @@ class _CheckedCacheFile(IndexDataCacheFile):
         with self._open_for_write(self._data_path(name)) as handle:
             handle.write(self._MAGIC + hashlib.sha256(payload).digest() + payload)
 
+    def _load_index(self):
+        # (a FIFO in its place, which Numba's open() would wait on for ever,
+        # is a corrupt file: a miss, purged)
+        try:
+            regular = stat.S_ISREG(os.stat(self._index_path).st_mode)
+        except OSError:
+            regular = True  # (not there: Numba's own miss)
+        if not regular:
+            raise _CorruptCacheFile(f"{self._index_path} is not a file")
+        return super()._load_index()
+
     def _load_data(self, name: str):
         path = self._data_path(name)
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        raw = read_regular_file(Path(path))
+        if raw is None:
+            raise _CorruptCacheFile(f"{path} cannot be read as a file")
         start = len(self._MAGIC) + 32
         digest, payload = raw[len(self._MAGIC):start], raw[start:]
         if not raw.startswith(self._MAGIC) or hashlib.sha256(payload).digest() != digest:
@@ -722,15 +733,29 @@ def stored(kind: str, key: str) -> Optional[bytes]:
     """What `store` kept under `key`, or None: never stored, unreadable,
     or not matching its checksum (which covers the key, so that bytes are
     only ever returned for the key they were stored under)."""
-    try:
-        blob = _stored_path(kind, key).read_bytes()
-    except OSError:
+    blob = read_regular_file(_stored_path(kind, key))
+    if blob is None:
         return None
     start = len(_STORE_MAGIC) + 32
     digest, data = blob[len(_STORE_MAGIC):start], blob[start:]
     if not blob.startswith(_STORE_MAGIC) or hashlib.sha256(key.encode() + data).digest() != digest:
         return None
     return data
+
+
+def read_regular_file(path: Path) -> Optional[bytes]:
+    """The bytes of `path`, or None where it cannot be read or is no
+    regular file: a FIFO among a cache's files, which a plain open() waits
+    on for ever, is opened without waiting and refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            return handle.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        except OSError:
+            return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,6 +4,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ import lark
 
 import dsl
 from gradlang.grammar import grammar_text
-from gradlang.runtime.loader import jit_in_kernel_cache
+from gradlang.runtime.loader import (_stored_path, jit_in_kernel_cache, kernel_module_name,
+                                     load_kernel_files, store, stored)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -125,6 +127,38 @@ def test_a_cache_directory_name_too_long_for_the_file_system_is_no_internal_erro
         return 3.0 * x
     dispatcher = jit_in_kernel_cache()(triple)
     assert dispatcher(2.0) == 6.0  # compiled; its machine code kept nowhere
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_among_the_cache_files_is_a_miss_not_a_hang(tmp_path, monkeypatch):
+    # open() of a FIFO waits for a writer for ever: a FIFO where the cache
+    # keeps a stored program, or in place of a compiled module's kernel
+    # file, hung the process
+    monkeypatch.setenv("GRADC_CACHE_DIR", str(tmp_path / "cache"))
+    store("programs", "key", b"bytes")
+    assert stored("programs", "key") == b"bytes"
+    path = _stored_path("programs", "key")
+    path.unlink()
+    os.mkfifo(path)
+    kernel = tmp_path / f"_{kernel_module_name('K = 1')}.py"
+    os.mkfifo(kernel)
+    assert _within_seconds(5, stored, "programs", "key") is None
+    with pytest.raises(dsl.GradError, match="cannot be read as a file"):
+        _within_seconds(5, load_kernel_files, [str(kernel)])
+
+
+def _within_seconds(seconds: float, function, *args):
+    """`function(*args)`, run on a daemon thread, which a call that hangs
+    leaves behind (failing the test) without holding up the process."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run():
+        try:
+            future.set_result(function(*args))
+        except BaseException as err:
+            future.set_exception(err)
+    threading.Thread(target=run, daemon=True).start()
+    return future.result(timeout=seconds)
 
 
 SCRIPT = """
