@@ -104,8 +104,14 @@ class _Function:
                                 f"{', '.join('@' + n for n in DECORATORS)})", d.span)
         for d in f.decorators:
             self.decorator_args(d)
+            if d.args and not ast.has_loop(f.body):
+                raise GradError(f"@{d.name}(every=...) checkpoints a loop every so many trips, "
+                                f"and {f.name}() has no loop (plain @{d.name} recomputes the "
+                                "whole function)", d.args[0].span)
         decorators = [d.name for d in f.decorators]
-        if len(set(decorators)) != len(decorators) or len(decorators) > 1:
+        if len(set(decorators)) != len(decorators):
+            raise GradError(f"@{decorators[-1]} repeated on {f.name}()", f.decorators[-1].span)
+        if len(decorators) > 1:
             raise GradError(f"{f.name}() takes at most one of @recompute and @pass_through",
                             f.decorators[-1].span)
         visible = names | set(self.ns.params)
@@ -486,8 +492,10 @@ class _Function:
         _keyword_names(e)
         target = self.ns.resolve(e.args[0]) if e.args else None
         if target is None:
-            raise GradError(f"{name}() takes the name of a function as its first argument",
-                            e.args[0].span if e.args else e.span)
+            named = (f" (no function {e.args[0].id!r} is defined or imported)"
+                     if e.args and isinstance(e.args[0], ast.Name) else "")
+            raise GradError(f"{name}() takes the name of a function as its first "
+                            f"argument{named}", e.args[0].span if e.args else e.span)
         extra = [k.name for k in e.kwargs if k.name != "wrt"]
         if len(e.args) > 2 or extra or (len(e.args) == 2 and e.kwargs):
             raise GradError(f"{name}() takes a function and wrt=", e.span)

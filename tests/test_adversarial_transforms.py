@@ -138,6 +138,9 @@ def test_in_language_jvp_takes_a_list_or_a_named_tuple_as_wrt():
                                "position 1"),
     # "a tuple cannot be used as an array here"
     ("grad(f, wrt=())(x, x)", r"wrt must name at least one parameter of f\(\)"),
+    # an undefined name: the message did not say which
+    ("grad(nope)(x, x)", r"grad\(\) takes the name of a function as its first argument "
+                         r"\(no function 'nope' is defined or imported\)"),
 ])
 def test_in_language_transform_misuse_says_what_the_transform_takes(body, message):
     with pytest.raises(dsl.GradError, match=message):
