@@ -269,6 +269,10 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
                     ) -> Path:
     out = Path(out_dir)
     name = Path(path).stem
+    if name in ("__main__", "__init__"):
+        raise OutputError(f"cannot write a module named {name}: no import reaches a "
+                          f"{name}.py as a module of its own ({name} is the script run, "
+                          "or its directory's package); rename the .grad file")
     if name in SHADOWED:
         raise OutputError(f"cannot write a module named {name}: in {out} it would stand in "
                           f"for the {name} that Python or gradc's modules import, and they "

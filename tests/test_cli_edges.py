@@ -189,10 +189,12 @@ def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_t
                                     " " * 19 + "^" * 16, ""]
 
 
-@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang", "dsl", "torch"])
+@pytest.mark.parametrize("stem", ["numpy", "math", "gradlang", "dsl", "torch", "__main__",
+                                  "__init__"])
 def test_compile_refuses_a_module_that_would_shadow_an_import(stem, tmp_path, capsys):
     # numpy.py beside the kernels: every module compiled there then failed to
-    # import (the kernels' `import numpy` found it)
+    # import (the kernels' `import numpy` found it); a __main__.py or
+    # __init__.py was written that no import reaches
     (tmp_path / f"{stem}.grad").write_text("def f(x):\n    return x\n")
     code, out, err = run(["compile", str(tmp_path / f"{stem}.grad"), "-o",
                           str(tmp_path / "out")], capsys)
