@@ -8,7 +8,9 @@ At n=16 the arithmetic costs a few nanoseconds, so this measures what a
 call costs around its kernels: binding the arguments, finding the program,
 the driver, and shaping the results.  "dsl" is a plain call, which takes
 the fast path (`dsl.function.FastPath`); "dsl-kw" passes x by keyword,
-which takes the slow path (binding, then the program cache); "dsl-float"
+which takes it too, reordered to a call by position (`by_keyword_order`;
+it took the slow path, binding then the program cache, 8 us against 1.2
+until 2026-11-26); "dsl-float"
 calls it on a Python float (the fast path, converting it as binding
 would; its one element is other work than x's, so it is not checked
 against NumPy, only timed).  Every

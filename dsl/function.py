@@ -240,6 +240,22 @@ def fast_key(args: Sequence[Any]) -> Optional[tuple]:
     return key
 
 
+def by_keyword_order(args: tuple, kwargs: dict[str, Any], order: tuple[str, ...]
+                     ) -> tuple[tuple, dict[str, Any]]:
+    """(args, kwargs) as all positional arguments where the keywords name
+    exactly the parameters after the positional ones, each once, so that
+    such a call takes the fast path (`FastPath`) as one by position does;
+    else as given.  out= stays a keyword (result buffers, or an error where
+    `out` is also a parameter's name)."""
+    start, end = len(args), len(args) + len(kwargs)
+    if end > len(order) or "out" in kwargs:
+        return args, kwargs
+    try:
+        return args + tuple(kwargs[name] for name in order[start:end]), {}
+    except KeyError:  # a keyword for another parameter (bound, or refused, as it is)
+        return args, kwargs
+
+
 def plain_call_key(args: Sequence[Any]) -> Optional[tuple]:
     """`fast_key` of a plain call, where a Python float may stand too (its
     type in the key: `FastPath`)."""
@@ -445,6 +461,8 @@ class Compiled:
         # The fast path first, inline: each step here costs a measurable
         # part of a small call (so no `@user_facing` wrapper either).
         try:
+            if kwargs and self.keyword_order is not None:
+                args, kwargs = by_keyword_order(args, kwargs, self.keyword_order)
             fast = self._fast
             if fast.entries and not THREAD.tapes:
                 if not kwargs:
@@ -466,6 +484,11 @@ class Compiled:
             raise leaving(err, self)
         except MemoryError as err:  # (one the driver could not foresee)
             raise leaving(out_of_memory(err), self)
+
+    # the parameters a keyword argument names, in the order of the places
+    # they would take by position, where binding one by keyword binds it as
+    # at that place (None: not so, as hvp's v, which binds from the end)
+    keyword_order: Optional[tuple[str, ...]] = None
 
     @cached_attribute
     def out_is_a_parameter(self) -> bool:
@@ -622,6 +645,7 @@ class GradFunction(Derived):
         self.wrt = resolve_wrt(inner, wrt)
         kind = "value_and_grad" if with_value else "grad"
         self.name = f"{kind}({inner.name})"
+        self.keyword_order = inner.keyword_order  # (it binds as inner binds)
 
     def recipe(self) -> tuple:
         return grad_function, (self.inner, self.wrt[0] if self.single else self.wrt,
@@ -1566,6 +1590,7 @@ class GradFn(Compiled):
         self.__name__ = fdef.name
         self.__doc__ = f"{fdef.name}({', '.join(p.name for p in fdef.params)}) from {fdef.span.file}"
         self.specs = specs_of(fdef)
+        self.keyword_order = tuple(s.name for s in self.specs)
         self.reads = param_reads(fdef, namespace)
         self.param_specs = tuple(module.params.spec(w) for w in self.reads)
         self._module = module

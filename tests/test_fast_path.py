@@ -136,6 +136,23 @@ def test_tape_state_changes_between_calls():
             np.testing.assert_allclose(f(x), np.log1p(np.exp(x)), rtol=1e-12)
 
 
+def test_keyword_calls_take_the_fast_path_and_bind_as_by_position():
+    f = dsl.value_and_grad(dsl.loads("def sub(x, y):\n    return x - 2.0 * y\n").sub, wrt=(0, 1))
+    x, y = np.linspace(-1.0, 1.0, 4), np.arange(4.0)
+    runs = []
+    for call in [lambda: f(x, y=y), lambda: f(y=y, x=x), lambda: f(x=x, y=y), lambda: f(x, y)]:
+        v, (gx, gy) = call()
+        np.testing.assert_array_equal(v, x - 2.0 * y)
+        np.testing.assert_array_equal(gx, np.ones(4))
+        np.testing.assert_array_equal(gy, np.full(4, -2.0))
+        runs.append(len(f._fast.entries))
+    assert runs == [1, 1, 1, 1]  # a keyword call is remembered, and later ones hit it
+    for bad, message in [(dict(y=y, z=x), "has no parameter 'z'"), (dict(x=x), "got two values"),
+                         (dict(y=x[:3]), "do not broadcast")]:
+        with pytest.raises(dsl.GradError, match=message):
+            f(x, **bad)
+
+
 def test_bad_arguments_still_raise_after_good_calls():
     x = np.linspace(0.0, 1.0, 3)
     np.testing.assert_allclose(M.typed(x), 2 * x)
