@@ -130,3 +130,18 @@ def test_an_error_inside_a_std_function_names_the_call_that_reached_it():
         m.f(np.ones((2, 3)))
     assert re.search(r"std\.grad:\d+:\d+: error: axis 3 is out of range for rank 2\n.*\n.*\n"
                      r"note: in softmax\(\), called at user\.grad:4:12$", str(info.value))
+
+
+def test_softmax_and_log_softmax_keep_their_digits_at_large_logits():
+    # catches: log_softmax as x - logsumexp(x), which rounds max + log(sum)
+    # to an ulp of the max (3e-4 off at logits of 1e4 in float32, 5e-13 in
+    # float64), and softmax as exp of that.  (x of the gradient check's
+    # shape and dtypes: its programs serve)
+    x = np.array([[1e4, 1e4, 1e4 - 1.0], [-1e4, -1e4 - 1.0, -1e4]])
+    log_p = np.array([[0.0, 0.0, -1.0], [0.0, -1.0, 0.0]]) - np.log(2 + np.exp(-1.0))
+    for dtype, rtol in ((np.float32, 1e-6), (np.float64, 1e-15)):
+        value, slope = dsl.value_and_grad(STD.log_softmax)(x.astype(dtype))
+        np.testing.assert_allclose(value, log_p, rtol=rtol)
+        np.testing.assert_allclose(slope, 1 - 3 * np.exp(log_p), rtol=rtol)
+        np.testing.assert_allclose(dsl.value_and_grad(STD.softmax)(x.astype(dtype))[0],
+                                   np.exp(log_p), rtol=rtol)
