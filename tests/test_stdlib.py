@@ -145,3 +145,18 @@ def test_softmax_and_log_softmax_keep_their_digits_at_large_logits():
         np.testing.assert_allclose(slope, 1 - 3 * np.exp(log_p), rtol=rtol)
         np.testing.assert_allclose(dsl.value_and_grad(STD.softmax)(x.astype(dtype))[0],
                                    np.exp(log_p), rtol=rtol)
+
+
+def test_norm_gradient_where_the_norm_rounds_to_a_denormal_or_overflows_and_nan_rows():
+    # catches: the gradient x / norm taken with the rounded norm: float32
+    # [3e38, 3e38] (norm inf) gave 0, float64 [5e-324, 5e-324] (norm 5e-324)
+    # gave 1; and a row holding NaN gave a gradient of 0.  (x of the
+    # gradient check's shape and dtypes: its programs serve)
+    half = np.sqrt(0.5)
+    x = np.array([[3e38, -3e38, 0.0], [3.0, 0.0, 4.0]], np.float32)
+    np.testing.assert_allclose(dsl.value_and_grad(STD.norm)(x)[1],
+                               [[half, -half, 0.0], [0.6, 0.0, 0.8]], rtol=1e-6)
+    x = np.array([[5e-324, 5e-324, 0.0], [np.nan, 1.0, 1.0]])
+    slope = dsl.grad(STD.norm)(x)  # (the program of the test above)
+    np.testing.assert_allclose(slope[0], [half, half, 0.0], rtol=1e-15)
+    assert np.isnan(slope[1]).all()
