@@ -160,3 +160,18 @@ def test_norm_gradient_where_the_norm_rounds_to_a_denormal_or_overflows_and_nan_
     slope = dsl.grad(STD.norm)(x)  # (the program of the test above)
     np.testing.assert_allclose(slope[0], [half, half, 0.0], rtol=1e-15)
     assert np.isnan(slope[1]).all()
+
+
+def test_sigmoid_cross_entropy_gradient_does_not_cancel_at_labels_0_and_1():
+    # catches: sigmoid(z) - labels, which is 0 in float32 from z = 17 at a
+    # label of 1 (the slope is -sigmoid(-z), 4e-8) and 1e-12 off at 10 in
+    # float64; the automatic gradient of the forward (JAX's) cancels too.
+    # (the programs of the gradient check and of the test above serve)
+    z = np.array([[10.0, 17.0, 30.0], [-17.0, -30.0, 0.0]])
+    y = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    expected = np.where(y == 1, -1 / (1 + np.exp(z)), 1 / (1 + np.exp(-z)))
+    _, (got, _) = dsl.value_and_grad(STD.sigmoid_cross_entropy, wrt=(0, 1))(
+        z.astype(np.float32), y.astype(np.float32))
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    got, _ = dsl.grad(STD.sigmoid_cross_entropy, wrt=(0, 1))(z.ravel(), y.ravel())
+    np.testing.assert_allclose(got, expected.ravel(), rtol=1e-15)
