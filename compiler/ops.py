@@ -428,11 +428,14 @@ def _sum_vjp(b, eqn, cts, needs):
 
 
 def _max_reduce_vjp(b, eqn, cts, needs):
-    # The cotangent is shared equally among the elements that attain the max.
+    # The cotangent is shared equally among the elements that attain the
+    # max, and in a row holding NaN (whose max is NaN, as NumPy's) among its
+    # NaNs, as PyTorch's: x == max is false all along such a row, which
+    # made its gradient 0, silent where the loss is NaN (JAX's is NaN).
     (x,) = eqn.inputs
     axes = _normalize_axes(eqn.p["axes"], x.type.rank, eqn.span)
     peak = expand_to(b, eqn.out, axes, x.type.shape)
-    hit = b.bind("eq", x, peak)
+    hit = b.bind("logical_or", b.bind("eq", x, peak), b.bind("ne", x, x))
     count = b.bind("reduce_sum", b.bind("cast", hit, dtype=x.type.dtype), axes=axes)
     share = expand_to(b, b.bind("div", cts[0], count), axes, x.type.shape)
     return [b.bind("where", hit, share, lit(b, 0, share))]

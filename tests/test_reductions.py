@@ -274,3 +274,14 @@ def test_a_sum_of_i32_is_i64_as_numpys_and_does_not_wrap_around():
     for got, want in ((total, np.sum(k)), (columns, np.sum(k, axis=0, initial=1))):
         assert got.dtype == want.dtype == np.int64
         np.testing.assert_array_equal(got, want)
+
+
+def test_max_gradient_goes_to_the_nan_of_a_row_holding_one(module):
+    # catches: the cotangent shared among the elements equal to the max,
+    # none in a row holding NaN (its max is NaN): a gradient of 0 all along
+    # it, silent where the loss is NaN; it goes to the NaNs, as PyTorch's,
+    # and ties still share it
+    x = np.array([[1.0, np.nan, 2.0], [3.0, 3.0, 1.0], [np.nan, 0.0, np.nan]])
+    value, slope = dsl.value_and_grad(module.row_max)(x)
+    np.testing.assert_array_equal(value, [np.nan, 3.0, np.nan])
+    np.testing.assert_array_equal(slope, [[0, 1, 0], [0.5, 0.5, 0], [0.5, 0, 0.5]])
