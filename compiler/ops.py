@@ -406,6 +406,21 @@ def _arcsinh_slope(b, x):
     return b.bind("where", b.bind("eq", r, lit(b, 0, r)), r, slope)
 
 
+def _arctan_slope(b, x):
+    # 1 / (1 + x^2) as r^2 / (r^2 + (x r)^2) with r = 1 / max(|x|, 1), as
+    # arcsinh's: x^2 overflowed past |x| = 1.3e154 (1.8e19 in float32),
+    # which made the slope 0 where it is 1 / x^2, and the second
+    # derivative -2x / (1 + x^2)^2 was inf / inf = NaN at x = +-inf, where
+    # it is 0.  Within [-1, 1] this is the textbook formula to the bit; at
+    # x = +-inf, r is 0 and so is the slope.
+    one = lit(b, 1, x)
+    r = b.bind("div", one, b.bind("maximum", b.bind("abs", x), one))
+    t = _mul(b, x, r)
+    rr = _mul(b, r, r)
+    slope = b.bind("div", rr, b.bind("add", rr, _mul(b, t, t)))
+    return b.bind("where", b.bind("eq", r, lit(b, 0, r)), r, slope)
+
+
 def _where_vjp(b, eqn, cts, needs):
     cond = eqn.inputs[0]
     ct = cts[0]
@@ -905,9 +920,7 @@ _TABLE: tuple[Op, ...] = (
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, b.bind("sinh", x))), cost=32),
     Op("arctan", template="math.atan({0})", ref=np.arctan, float_only=True,
        source_name="arctan",
-       vjp=_unary(lambda b, x, o, ct: b.bind("div", ct,
-                                             b.bind("add", lit(b, 1, x), _mul(b, x, x)))),
-       cost=32),
+       vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _arctan_slope(b, x))), cost=32),
     Op("arcsinh", template="math.asinh({0})", ref=np.arcsinh, float_only=True,
        source_name="arcsinh",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, _arcsinh_slope(b, x))), cost=64),

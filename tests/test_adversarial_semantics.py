@@ -570,6 +570,9 @@ def th(x):
 
 def ash(x):
     return arcsinh(x)
+
+def atn(x):
+    return arctan(x) + erf(x) + erfc(x * 0.5)
 """
 
 
@@ -646,6 +649,27 @@ def test_arcsinh_slope_is_one_over_x_where_x_squared_overflows(dtype):
         curvature = -finite * (1.0 / np.hypot(1.0, finite)) ** 3
         np.testing.assert_allclose(dsl.hvp(m.ash)(x, np.ones_like(x)), curvature,
                                    rtol=1e-15, atol=np.finfo(dtype).tiny)
+
+
+def _arctan_erf_erfc(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The slope and curvature of atn, arctan(x) + erf(x) + erfc(x / 2), in
+    float64; +-inf as +-1e300, where every derivative is 0 too."""
+    wide = np.where(np.isinf(x), np.sign(x) * 1e300, x.astype(np.float64))
+    with np.errstate(over="ignore", under="ignore"):
+        gauss = 2 / np.sqrt(np.pi) * (np.exp(-wide**2) - 0.5 * np.exp(-wide**2 / 4))
+        slope = np.where(np.abs(wide) > 1e10, (1 / wide) ** 2, 1 / (1 + wide**2)) + gauss
+        curvature = np.where(np.abs(wide) > 1e10, -2 / wide**3, -2 * wide / (1 + wide**2) ** 2)
+        curvature += 2 / np.sqrt(np.pi) * wide * (0.25 * np.exp(-wide**2 / 4)
+                                                   - 2 * np.exp(-wide**2))
+    return slope, curvature
+
+
+def test_arctan_slope_where_x_squared_overflows():
+    # arctan' was 1 / (1 + x^2): 0 past |x| = 1.8e19 in float32 (1.3e154
+    # in float64), where x^2 overflows and the slope 1 / x^2 is a denormal
+    x = np.array([1e20, -3e19, 0.5, -2.0, 1.0, 0.0, np.inf, -np.inf, np.nan], np.float32)
+    np.testing.assert_allclose(dsl.grad(_tails().atn)(x), _arctan_erf_erfc(x)[0],
+                               rtol=16 * np.finfo(np.float32).eps, atol=3e-45)
 
 
 def test_gelu_keeps_its_digits_below_zero():
