@@ -672,6 +672,15 @@ def test_arctan_slope_where_x_squared_overflows():
                                rtol=16 * np.finfo(np.float32).eps, atol=3e-45)
 
 
+def test_arctan_erf_and_erfc_curvatures_at_infinities():
+    # arctan'' = -2x / (1 + x^2)^2 was inf / inf = NaN at +-inf, and erf''
+    # and erfc'' (-2x exp(-x^2) by 2 / sqrt(pi)) 0 * inf = NaN there: all
+    # three are 0, their limits (JAX's are NaN).  NaN stays NaN.
+    x = np.array([1e155, -1e160, 0.5, -2.0, 1.0, 0.0, 30.0, np.inf, -np.inf, np.nan])
+    curvature = dsl.hvp(_tails().atn)(x, np.ones_like(x))
+    np.testing.assert_allclose(curvature, _arctan_erf_erfc(x)[1], rtol=1e-14, atol=0)
+
+
 def test_gelu_keeps_its_digits_below_zero():
     # gelu = x Phi(x) was 0.5 x (1 + erf(x / sqrt(2))), which cancels for
     # x < 0: 4% off at x = -5 in float32, 0 at x = -10 in float64 (and its
