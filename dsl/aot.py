@@ -23,8 +23,9 @@ function gets f64 arrays of its annotated (else rank-1) shape.  With
 its parallel variant, and Numba's cache beside the module keeps the machine
 code, so importing and calling it later compiles nothing.
 
-The module records its source (path and hash): importing it warns when
-that file is there and has changed since.  It records each program's
+The module records its source (its path, absolute and from the module's
+directory, and its hash): importing it warns when the source it was
+compiled from has changed since (`runtime.aot`).  It records each program's
 results' dtypes and shapes (`out_types`), the const defaults that pick
 programs (`static_defaults`) and the functions no signature named, for
 `runtime.aot`.  No user text (file name,
@@ -468,17 +469,21 @@ def _samples(types: dict, sig: str, make=np.ones, size: int = 3) -> list[np.ndar
     return samples
 
 
-def _source_stamp(source: Path, out: Path) -> tuple[str, str]:
+def _source_stamp(source: Path, out: Path) -> tuple[str, str, str]:
     """(the source's path from the module's directory, the SHA-256 of its
-    bytes): how a compiled module tells that its source changed since."""
+    bytes, its absolute path): how a compiled module tells that its source
+    changed since (`runtime.aot._warn_if_changed`: the file at the absolute
+    path is the source while it is there; the relative path finds it where
+    the module moved with it)."""
+    absolute = source.resolve()
     try:
-        where = os.path.relpath(source.resolve(), out.resolve())
+        where = os.path.relpath(absolute, out.resolve())
     except ValueError:  # another drive (Windows)
-        where = str(source.resolve())
-    return where, hashlib.sha256(source.read_bytes()).hexdigest()
+        where = str(absolute)
+    return where, hashlib.sha256(source.read_bytes()).hexdigest(), str(absolute)
 
 
-def _import_stamps(module: Module, out: Path) -> list[tuple[str, str]]:
+def _import_stamps(module: Module, out: Path) -> list[tuple[str, str, str]]:
     """`_source_stamp` of each `.grad` file the module's imports reach,
     but the standard library's (which changes only with gradlang, whose
     modules are for its own version): an edited import is as stale as an

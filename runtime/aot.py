@@ -11,7 +11,7 @@ shapes (`out_types`, which `dsl.aot_bridge` gives JAX's traced calls);
 the values of its const integer, bool and None defaults; and the
 functions of the source no signature named) and builds its functions with
 `AotModule`, which warns when the `.grad` file it was compiled from, or one
-its imports reached, is there and has changed since, and makes the
+its imports reached, has changed since (`_warn_if_changed`), and makes the
 module's `__getattr__` say that a function was not compiled.  Nothing here
 imports the parser or the compiler: a call binds and validates its
 arguments (`runtime.args`), picks the program by dtype and rank, then by
@@ -111,19 +111,53 @@ class AotModule:
         return self._drivers[key]
 
 
-def _warn_if_changed(name: str, directory: str, source: str, digest: str) -> None:
-    """Warn when a .grad file module `name` was compiled from (`source`,
-    from `directory`: its own, or one its imports reached) is there and
-    its bytes' SHA-256 is no longer `digest`: the module runs what was
-    compiled, not the file."""
-    path = os.path.join(directory, source)
-    data = read_regular_file(Path(path))  # (a FIFO there is not waited on)
-    if data is None:  # shipped without its source: nothing to compare
+def _warn_if_changed(name: str, directory: str, source: str, digest: str,
+                     compiled_from: Optional[str] = None) -> None:
+    """Warn when a .grad file module `name` was compiled from (its own, or
+    one its imports reached) has changed since: its bytes' SHA-256 is no
+    longer `digest` (the module runs what was compiled, not the file).
+
+    The file is the one at `compiled_from`, the absolute path it was
+    compiled from, while that is there: a copy of the module's directory
+    placed beside another file of the source's name (its relative path
+    `source`, from `directory`) is not warned about that file, which is not
+    the module's source (a copy of the source, edited, is not either).
+    Where that path is gone (the tree moved, or was copied to another
+    machine), the file at `source` from the module's directory stands for
+    it, and the warning says so; where neither is there (shipped without
+    its source), nothing is said.  A module of an earlier gradc records
+    no `compiled_from`: `source` alone."""
+    here = os.path.normpath(os.path.join(directory, source))
+    moved = compiled_from is not None and compiled_from != here
+    original = _digest(compiled_from) if moved else None
+    if original is not None:  # the very file it was compiled from
+        if original != digest:
+            _warn(f"{compiled_from} has changed since gradc compiled this module ({name}) from "
+                  "it, which runs what was compiled then; compile it again with gradc compile")
         return
-    if hashlib.sha256(data).hexdigest() != digest:
-        warnings.warn(f"{os.path.normpath(path)} has changed since gradc compiled this module "
-                      f"({name}), which runs what was compiled then; compile it again with "
-                      f"gradc compile", RuntimeWarning, stacklevel=3)
+    found = _digest(here)
+    if found is None or found == digest:
+        return
+    if not moved:
+        _warn(f"{here} has changed since gradc compiled this module ({name}), which runs "
+              "what was compiled then; compile it again with gradc compile")
+    else:
+        _warn(f"{here} differs from the .grad file gradc compiled this module ({name}) from, "
+              f"{compiled_from}, which is gone; it is at that file's place beside the module: "
+              "if it is that file, moved and edited, compile it again with gradc compile (the "
+              "module runs what was compiled then)")
+
+
+def _digest(path: str) -> Optional[str]:
+    """The SHA-256 of a regular file's bytes, None where none is at `path`
+    (a FIFO there is not waited on)."""
+    data = read_regular_file(Path(path))
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _warn(message: str) -> None:
+    # (at the compiled module's line that builds the AotModule)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 class AotFunction:

@@ -4,6 +4,7 @@ bridges to PyTorch, JAX and Dask."""
 
 import importlib
 import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -120,6 +121,43 @@ def test_a_compiled_module_warns_when_its_source_changed_since(tmp_path, monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fresh_import()
+
+
+def test_a_copied_module_warns_about_its_own_source_not_a_file_of_that_name(tmp_path,
+                                                                            monkeypatch):
+    """The warning follows the .grad file the module was compiled from: a
+    copy of the output directory beside an unrelated file of the source's
+    name warned that this file "has changed" (the module kept the path
+    from its directory only).  Now it says nothing while the source is
+    unchanged, warns about the source once that changed, and, once that is
+    gone, about the file at its place beside the copy, saying so."""
+    source = tmp_path / "a" / "copied.grad"
+    source.parent.mkdir()
+    source.write_text("def f(x):\n    return x * 2.0\n")
+    compile_module(str(source), str(tmp_path / "a" / "out"), ["f(f64[:])"])
+    shutil.copytree(tmp_path / "a" / "out", tmp_path / "b" / "out")
+    unrelated = tmp_path / "b" / "copied.grad"
+    unrelated.write_text("def other(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "b" / "out"))
+
+    def warnings_of_import() -> list[str]:
+        monkeypatch.delitem(sys.modules, "copied", raising=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module("copied")
+        assert Path(module.__file__).parent == tmp_path / "b" / "out"
+        return [str(w.message) for w in caught]
+    assert warnings_of_import() == []
+    source.write_text("def f(x):\n    return x * 3.0\n")
+    assert warnings_of_import() == [
+        f"{source.resolve()} has changed since gradc compiled this module (copied) from it, "
+        "which runs what was compiled then; compile it again with gradc compile"]
+    source.unlink()
+    assert warnings_of_import() == [
+        f"{unrelated} differs from the .grad file gradc compiled this module (copied) from, "
+        f"{source.resolve()}, which is gone; it is at that file's place beside the module: if "
+        "it is that file, moved and edited, compile it again with gradc compile (the module "
+        "runs what was compiled then)"]
 
 
 def test_check_of_a_directory_and_a_function_checks_it_where_it_is_defined(tmp_path, capsys):
