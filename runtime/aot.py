@@ -26,7 +26,8 @@ compiles.  An `AotFunction` (and
 its `AotGradient`) pickles by reference, as a Python function does: its
 module's name, imported again where it is unpickled (and its params
 there, that module's); a module not importable by its name is a
-`TypeError` when pickled.
+`TypeError` when pickled, and so is a stale function (of an earlier
+import of its module, before `importlib.reload`), whose error says so.
 """
 from __future__ import annotations
 
@@ -394,12 +395,22 @@ class AotFunction:
 
     def __reduce__(self) -> tuple:
         module = sys.modules.get(self.module.name)
-        if getattr(module, "functions", {}).get(self.name) is not self:
-            raise TypeError(f"cannot pickle {self.name}() of the gradc-compiled module "
-                            f"{self.module.name!r}: it pickles by reference, as a Python "
-                            "function does, and that module is not imported under that name "
-                            "(import it by its name, not from its file)")
-        return imported_function, (self.module.name, self.name)
+        functions = getattr(module, "functions", None)
+        current = functions.get(self.name) if isinstance(functions, dict) else None
+        if current is self:
+            return imported_function, (self.module.name, self.name)
+        what = (f"cannot pickle {self.name}() of the gradc-compiled module {self.module.name!r}: "
+                "it pickles by reference, as a Python function does, and")
+        if isinstance(current, AotFunction) or hasattr(module, "SPEC"):
+            # the module imported under that name is a compiled one, whose
+            # functions were made again: this one is an earlier import's
+            now = (f"pickle the current one, {self.module.name}.functions[{self.name!r}]"
+                   if current is not None else
+                   f"{self.module.name} has no {self.name}() now (compiled again without it)")
+            raise TypeError(f"{what} this one is stale: its module was imported again since "
+                            f"(importlib.reload), which made its functions anew; {now}")
+        raise TypeError(f"{what} that module is not imported under that name (import it by "
+                        "its name, not from its file)")
 
 
 def _is_value(array: np.ndarray, value: Any) -> bool:

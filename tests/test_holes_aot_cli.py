@@ -5,6 +5,7 @@ functions under the transforms, symbolic signatures through std."""
 
 import ast
 import dataclasses
+import importlib
 import os
 import pickle
 import re
@@ -291,6 +292,32 @@ def test_aot_functions_pickle_by_reference_to_their_module_imported_by_name(ab, 
     f, grad = pickle.loads(pickle.dumps((ab.f, dsl.grad(ab.f, wrt="y"))))
     assert f is ab.f
     np.testing.assert_array_equal(grad(X, Y), X)
+
+
+def test_a_function_of_a_reloaded_module_says_it_is_stale_when_pickled(tmp_path, monkeypatch):
+    # it said the module "is not imported under that name", which it is:
+    # the function is an earlier import's, replaced by importlib.reload
+    source = tmp_path / "reloaded.grad"
+    source.write_text("def f(x):\n    return x * 2.0\n\ndef g(x):\n    return x\n")
+    compile_module(str(source), str(tmp_path), ["f(f64[:])", "g(f64[:])"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "reloaded", raising=False)
+    import reloaded
+    old = reloaded.f
+    importlib.reload(reloaded)
+    stale = (r"cannot pickle f\(\) of the gradc-compiled module 'reloaded': it pickles by "
+             r"reference, as a Python function does, and this one is stale: its module was "
+             r"imported again since \(importlib.reload\), which made its functions anew; ")
+    for stale_one in (old, dsl.grad(old)):
+        with pytest.raises(TypeError, match=stale + r"pickle the current one, "
+                                                    r"reloaded.functions\['f'\]$"):
+            pickle.dumps(stale_one)
+    assert pickle.loads(pickle.dumps(reloaded.f)) is reloaded.f is not old
+    compile_module(str(source), str(tmp_path), ["g(f64[:])"])
+    importlib.reload(reloaded)
+    with pytest.raises(TypeError, match=stale + r"reloaded has no f\(\) now \(compiled again "
+                                                r"without it\)$"):
+        pickle.dumps(old)
 
 
 def test_reloading_a_module_compiled_again_without_a_function_drops_it(ab):
