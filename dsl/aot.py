@@ -27,17 +27,19 @@ The module records its source (its path, absolute and from the module's
 directory, and its hash): importing it warns when the source it was
 compiled from has changed since (`runtime.aot`).  It records each program's
 results' dtypes and shapes (`out_types`), the const defaults that pick
-programs (`static_defaults`) and the functions no signature named, for
-`runtime.aot`.  No user text (file name,
-signatures, function names) reaches the module but inside repr()
-literals.  The module's first line is `MARKER`; a file without it is
-never overwritten unless `force=True`.
+programs (`static_defaults`), every default's value and each function's
+`__doc__` (for `inspect.signature` and `help()`) and the functions no
+signature named, for `runtime.aot`.  No user text (file name, signatures,
+function names, defaults, the functions' headers and comments) reaches
+the module but inside repr() literals.  The module's first line is
+`MARKER`; a file without it is never overwritten unless `force=True`.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import itertools
+import math
 import os
 import re
 import sys
@@ -316,7 +318,8 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
         types = _types(f, args, text)
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
-                   "programs": [], "wrt": [], "defaults": static_defaults(f)})
+                   "programs": [], "wrt": [], "defaults": static_defaults(f),
+                   "default_values": default_values(f), "doc": f.__doc__})
         key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank)
                + ((t.value,) if isinstance(t, StaticScalar) else ()) for n, t in types.items()]
         # programs of one key (dtype and rank) differ in their fixed sizes
@@ -381,6 +384,16 @@ def static_defaults(f: GradFn) -> dict:
     return {p.name: p.default.value for p in f.fdef.params
             if p.name in statics and p.default is not None
             and (p.default.value is None or isinstance(p.default.value, (bool, int)))}
+
+
+def default_values(f: GradFn) -> dict:
+    """{name: value} of every default of f, as the source wrote it, for
+    its signature (`runtime.aot.AotFunction.call_signature`); a float that
+    is no finite number as its text, which `float` reads (SPEC is a
+    literal, and `inf` is none)."""
+    return {p.name: p.default.value if not isinstance(p.default.value, float)
+            or math.isfinite(p.default.value) else repr(p.default.value)
+            for p in f.fdef.params if p.default is not None}
 
 
 def signed(functions: dict[str, GradFn], name: str, sig: str, path: str) -> GradFn:

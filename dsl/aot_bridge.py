@@ -58,6 +58,10 @@ class AotBridged(Bridged):
     def error_sources(self) -> tuple:
         return ()  # (the module runs without its source)
 
+    @property
+    def binding(self) -> "AotFunction":
+        return self.function
+
     def _run(self, arrays: dict[str, Any]) -> tuple:
         """The call's results, flat, and how to arrange them."""
         if isinstance(self.f, AotGradient):

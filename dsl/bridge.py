@@ -22,6 +22,7 @@ library's half-precision arrays to float32 where f takes float32.
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
 from typing import Any, Callable, Optional
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from dsl.function import Compiled, require_function
 from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.signatures import SignatureAttribute, with_keywords
 
 
 def bridged(f: Any, what: str) -> Compiled:
@@ -67,6 +69,21 @@ class Bridged:
 
     def __reduce__(self) -> tuple:
         return type(self), (self.f,)
+
+    __signature__ = SignatureAttribute()
+
+    def call_signature(self) -> Optional[inspect.Signature]:
+        """f's, without `out=` (a bridge's call takes no buffers), with each
+        module param f reads a keyword-only parameter (`bind_foreign`)."""
+        binding = self.binding
+        return with_keywords(self.f.call_signature(out=False),
+                             [s.name for s in binding.param_specs
+                              if s.name not in getattr(binding, "hidden", ())])
+
+    @property
+    def binding(self) -> Any:
+        """The function `bind_foreign` binds a call with."""
+        return self.f
 
 
 def require(library: str) -> ModuleType:

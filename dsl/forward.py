@@ -41,6 +41,7 @@ Contract:
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -57,6 +58,7 @@ from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import THREAD, recording_tapes
+from gradlang.runtime.signatures import SignatureAttribute
 from gradlang.runtime.target import is_device_array
 
 Tangents = Union[Sequence[Any], Mapping[str, Any]]
@@ -436,6 +438,11 @@ class Jacobian(AsFunction):
     def __reduce__(self) -> tuple:  # (for pickle: f, and how it is taken)
         return Jacobian, (self.f, self.wrt[0] if self.single else self.wrt, self.mode,
                           self.batched)
+
+    __signature__ = SignatureAttribute()
+
+    def call_signature(self) -> Optional[inspect.Signature]:
+        return self.f.call_signature()  # (it binds as f binds; out=None: `refuse_out`)
 
     @user_facing
     def __call__(self, /, *args, **kwargs):

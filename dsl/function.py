@@ -28,6 +28,7 @@ and the sizes it needs: its programs, too, are per pattern of sizes).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -51,6 +52,8 @@ from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import THREAD, record, recording_tapes
+from gradlang.runtime.signatures import (DocAttribute, SignatureAttribute, call_signature,
+                                         described, header)
 from gradlang.runtime.target import Target, is_device_array
 
 Wrt = Union[int, str, Sequence[Union[int, str]]]
@@ -329,6 +332,16 @@ class Compiled:
         self._fast = FastPath()
         self._out_specs = Lru(PROGRAMS)  # by id(program): each holds its program
         self._by_value: set[str] = set()  # see `by_value`
+
+    # what inspect.signature says: `call_signature()`, where a class gives one
+    __signature__ = SignatureAttribute()
+
+    def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
+        """The signature of its call (`runtime.signatures`), with the
+        keyword-only `out=None` where `out` (a bridge's call takes none);
+        None, for `(*args, **kwargs)`, where its class gives none (the
+        transforms that are no callable of the API) or none is exact."""
+        return None
 
     def __deepcopy__(self, memo: dict) -> "Compiled":
         # itself, as a Python function is: a deep copy of what holds one (a
@@ -638,6 +651,8 @@ class GradFunction(Derived):
     returned beside it: `(grads, aux)` and `((value, aux), grads)`, aux
     the second output, or a tuple of the others where there are more."""
 
+    __doc__ = DocAttribute(__doc__)  # an instance's: what it is, f's own (`describe`)
+
     def __init__(self, inner: Compiled, wrt: Wrt, with_value: bool, has_aux: bool = False):
         super().__init__(inner)
         self.with_value, self.has_aux = with_value, has_aux
@@ -653,6 +668,15 @@ class GradFunction(Derived):
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         return self.inner.bind(args, kwargs, params)
+
+    def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
+        return self.inner.call_signature(out)  # (it binds as inner binds)
+
+    def describe(self) -> str:
+        what = "value and gradient" if self.with_value else "gradient"
+        return (f"{self.name}: the {what} of {called(self.inner.name)} w.r.t. "
+                f"{', '.join(self.wrt)}; it takes the arguments of {called(self.inner.name)}:"
+                f"\n\n{self.inner.__doc__ or ''}").rstrip()
 
     def by_position(self, args: Sequence[Any]) -> dict[int, Any]:
         return self.inner.by_position(args)  # (it binds as inner binds)
@@ -1560,6 +1584,13 @@ class HvpFunction(Directional):
 
 
 
+def describe_function(source: str, fdef: ast.FuncDef) -> str:
+    """The `__doc__` of function `fdef` of `source` (a module loaded, or
+    compiled by gradc): its header, where it is defined, its comments."""
+    head, comments = header(source, fdef.span.line)
+    return described(head, comments, f"{fdef.span.file}:{fdef.span.line}")
+
+
 def function_of(module: Any, name: str) -> "GradFn":
     """The function `name` of a loaded module (`dsl.api.Module`)."""
     return module.functions[name]
@@ -1581,6 +1612,8 @@ def module_sources(namespace: Namespace) -> tuple[tuple[str, str], ...]:
 class GradFn(Compiled):
     """A function of a loaded `.grad` module (`dsl.api.Module`)."""
 
+    __doc__ = DocAttribute(__doc__)  # an instance's: its header and comments (`describe`)
+
     def __init__(self, module: Any, namespace: Namespace, fdef: ast.FuncDef,
                  host_results: bool = False):
         super().__init__()
@@ -1588,7 +1621,6 @@ class GradFn(Compiled):
         self.fdef = fdef
         self.name = fdef.name
         self.__name__ = fdef.name
-        self.__doc__ = f"{fdef.name}({', '.join(p.name for p in fdef.params)}) from {fdef.span.file}"
         self.specs = specs_of(fdef)
         self.keyword_order = tuple(s.name for s in self.specs)
         self.reads = param_reads(fdef, namespace)
@@ -1599,6 +1631,16 @@ class GradFn(Compiled):
 
     def recipe(self) -> tuple:
         return function_of, (self._module, self.name)
+
+    def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
+        defaults = {p.name: p.default.value for p in self.fdef.params if p.default is not None}
+        return call_signature(self.specs, defaults, out)
+
+    def describe(self) -> str:
+        """Its `__doc__`: its `def` line as written, where, and the `#`
+        comments above it (`runtime.signatures.header`)."""
+        return describe_function(self._namespace.functions[self.name][1].module.source,
+                                 self.fdef)
 
     @property
     def span(self):

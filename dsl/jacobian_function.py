@@ -20,6 +20,7 @@ by a transform (`require_function`) becomes this (`Jacobian.as_function`).
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Optional
 
@@ -59,6 +60,9 @@ class JacobianFunction(Derived):
 
     def recipe(self) -> tuple:
         return jacobian_function, (self.jacobian,)
+
+    def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
+        return self.inner.call_signature(out)  # (it binds as inner binds)
 
     def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
              ) -> dict[str, np.ndarray]:

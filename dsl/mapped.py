@@ -26,6 +26,7 @@ each example's.
 """
 from __future__ import annotations
 
+import inspect
 import numbers
 from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
@@ -40,6 +41,7 @@ from gradlang.runtime.args import SUPPORTED, cast, convert
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.recording import recording_tapes
+from gradlang.runtime.signatures import SignatureAttribute, positional_only
 
 InAxes = Union[int, None, Sequence[Optional[int]]]
 
@@ -100,6 +102,12 @@ class VmapFunction(Stacked):
 
     def recipe(self) -> tuple:
         return _mapped, (self.inner, self.mapped)
+
+    def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
+        """inner's, its parameters up to the last mapped one positional-only:
+        a mapped argument is passed by position (`bind`), and so is each
+        before it."""
+        return positional_only(self.inner.call_signature(out), max(self.mapped) + 1)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
         """The mapped arguments whole, each converted as f converts one,
@@ -241,6 +249,11 @@ class MappedJacobian(AsFunction):
 
     def __reduce__(self) -> tuple:
         return MappedJacobian, (self.jacobian, self.mapped)
+
+    __signature__ = SignatureAttribute()
+
+    def call_signature(self) -> Optional[inspect.Signature]:
+        return self.f.call_signature()  # (it binds as f, the vmap, binds; out=None: refuse_out)
 
     @user_facing
     def __call__(self, /, *args, **kwargs):

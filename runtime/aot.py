@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import warnings
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -53,6 +54,7 @@ from gradlang.runtime.loader import load_kernel_files, make_driver, read_regular
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import record, recording_tapes
+from gradlang.runtime.signatures import SignatureAttribute, call_signature
 
 KINDS = ("call", "grad", "value_and_grad", "pullback")
 
@@ -188,6 +190,11 @@ class AotFunction:
         # {name: value} of the defaulted parameters whose value picks the
         # program (none in modules of earlier versions)
         self.defaults = dict(spec.get("defaults", {}))
+        # every default's value as the source wrote it, for the signature (a
+        # float that is no finite number as its text: SPEC is a literal)
+        self.default_values = {n: float(v) if isinstance(v, str) else v
+                               for n, v in spec.get("default_values", {}).items()}
+        self.__doc__ = spec.get("doc") or f"{name}() of the gradc-compiled module {module.name}"
 
     @property
     def target(self):
@@ -361,13 +368,29 @@ class AotFunction:
             outs, _ = self._run("call", arrays)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    @user_facing
-    def grad(self, /, *args, **kwargs):
-        return self.gradient(None, single=False, with_value=False)(*args, **kwargs)
+    __signature__ = SignatureAttribute()
 
-    @user_facing
-    def value_and_grad(self, /, *args, **kwargs):
-        return self.gradient(None, single=False, with_value=True)(*args, **kwargs)
+    def call_signature(self, out: bool = False) -> "Optional[inspect.Signature]":
+        """The signature of its call (`runtime.signatures`): its parameters,
+        with their defaults (no `out=`: its call takes no buffers)."""
+        return call_signature(self.specs, self.default_values)
+
+    @cached_property
+    def grad(self) -> "AotGradient":
+        """Its gradient w.r.t. every argument it was compiled to
+        differentiate: `m.f.grad(x, y)`, as `dsl.grad(m.f, wrt=...)` of
+        all of them."""
+        return self.gradient(None, single=False, with_value=False)
+
+    @cached_property
+    def value_and_grad(self) -> "AotGradient":
+        """(its value, `grad`)."""
+        return self.gradient(None, single=False, with_value=True)
+
+    @cached_property
+    def vjp(self) -> "AotVjp":
+        """(outputs, pullback), as `dsl.vjp` gives them: `m.f.vjp(x, y)`."""
+        return AotVjp(self)
 
     def gradient(self, wrt: Optional[tuple[str, ...]], single: bool,
                  with_value: bool) -> "AotGradient":
@@ -375,11 +398,6 @@ class AotFunction:
         it was compiled to differentiate), as `dsl.grad` gives it."""
         return AotGradient(self, wrt, single, with_value)
 
-    @user_facing
-    def vjp(self, /, *args, **kwargs):
-        """(outputs, pullback), as `dsl.vjp` gives them."""
-        outs, pullback = self._vjp_bound(self._on_target(self.bind(args, kwargs)))
-        return (outs[0] if len(outs) == 1 else tuple(outs)), pullback
 
     def _vjp_bound(self, arrays: dict[str, Any]):
         # The pullback program takes the arguments and the cotangents: the
@@ -413,6 +431,39 @@ class AotFunction:
                         "its name, not from its file)")
 
 
+class AotVjp:
+    """`f.vjp` of an `AotFunction` f: called as f is, it gives (outputs,
+    pullback), as `dsl.vjp` does."""
+
+    __signature__ = SignatureAttribute()
+
+    def __init__(self, f: AotFunction):
+        self.f = f
+        self.name = f.name  # (its errors are f's call's, as `user_facing` names them)
+        self.__name__ = f"vjp({f.name})"
+        self.__doc__ = (f"{self.__name__}: (outputs, pullback) of {f.name}(), called with its "
+                        f"arguments:\n\n{f.__doc__}")
+
+    @user_facing
+    def __call__(self, /, *args, **kwargs):
+        f = self.f
+        outs, pullback = f._vjp_bound(f._on_target(f.bind(args, kwargs)))
+        return (outs[0] if len(outs) == 1 else tuple(outs)), pullback
+
+    def call_signature(self, out: bool = False) -> "Optional[inspect.Signature]":
+        return self.f.call_signature()
+
+    @property
+    def span(self):
+        return None  # (as f's: no source)
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__} of a compiled .grad module>"
+
+    def __reduce__(self) -> tuple:
+        return getattr, (self.f, "vjp")
+
+
 def _is_value(array: np.ndarray, value: Any) -> bool:
     """Whether a bound static argument is `value` (a default: an int, a
     bool or None), of its kind (True is not 1)."""
@@ -431,10 +482,20 @@ class AotGradient:
     """`dsl.grad` / `dsl.value_and_grad` of an `AotFunction`: runs its
     compiled gradient program and keeps the gradients asked for."""
 
+    __signature__ = SignatureAttribute()
+
     def __init__(self, f: AotFunction, wrt: Optional[tuple[str, ...]], single: bool,
                  with_value: bool):
         self.f, self.wrt, self.single, self.with_value = f, wrt, single, with_value
         self.name = self.__name__ = f"{self.kind}({f.name})"
+        what = "value and gradient" if with_value else "gradient"
+        among = "every argument it was compiled to differentiate" if wrt is None \
+            else ", ".join(wrt)
+        self.__doc__ = (f"{self.name}: the {what} of {f.name}() w.r.t. {among}; it takes the "
+                        f"arguments of {f.name}():\n\n{f.__doc__}")
+
+    def call_signature(self, out: bool = False) -> "Optional[inspect.Signature]":
+        return self.f.call_signature()  # (it binds as f binds)
 
     @user_facing
     def __call__(self, /, *args, **kwargs):
