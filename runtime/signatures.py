@@ -13,17 +13,16 @@ buffers (the keyword is the buffers', so that parameter is passed by
 position only, yet the ones before it take keywords).  A callable with no
 signature of its own keeps `(*args, **kwargs)`, which is true, if vague.
 `positional_only(signature, count)` makes its first `count` parameters
-positional-only and required (`vmap`'s mapped arguments, and those
-before them); `with_keywords(signature,
-names)` adds keyword-only ones defaulting to `FROM_MODULE` (the bridges'
-module params).  `SignatureAttribute` is a class's `__signature__`, which
-`inspect.signature` reads before `__call__`: each instance's
-`call_signature()`, and None on the class (whose signature is its
-constructor's); `DocAttribute(doc)` likewise a class's `__doc__`: `doc` on
-the class, each instance's `describe()` (made when asked: `help()`).
-`header(source, line)` is a `def`'s header and the `#`
-comment lines above it (and its decorators), as `help()` shows a function:
-the language has no docstrings, and its comments stand for them.
+positional-only and required (`vmap`'s mapped arguments, and those before
+them); `with_keywords(signature, names)` adds keyword-only ones defaulting
+to `FROM_MODULE` (the bridges' module params).  `SignatureAttribute` is a
+class's `__signature__`, which `inspect.signature` reads before
+`__call__`: each instance's `call_signature()`, and None on the class
+(whose signature is its constructor's); `DocAttribute(doc)` likewise a
+class's `__doc__`: `doc` on the class, each instance's `describe()` (made
+when asked: `help()`).  `header(source, line)` is a `def`'s header and
+the `#` comment lines above it (and its decorators), as `help()` shows a
+function: the language has no docstrings, and its comments stand for them.
 User text (names, defaults) reaches only `inspect.Parameter` and text: no
 code is made of it.
 """
