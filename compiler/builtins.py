@@ -629,6 +629,17 @@ def _one_hot(L, b, args, kwargs, span):
 TRANSFORMS = ("grad", "value_and_grad", "jvp")
 
 
+def _len(L, b, args, kwargs, span):
+    """Python's `len` of a compile-time tuple or list (`len(x.shape)`, the
+    rank, as x.ndim); an array's is refused, since NumPy's `len(x)` is the
+    length of the first axis, which the language writes x.shape[0]."""
+    (v,) = args
+    if isinstance(v, tuple):
+        return len(v)
+    raise GradError("len() takes a compile-time tuple or list (len(x.shape) is x.ndim); the "
+                    "length of an array's first axis is x.shape[0]", span)
+
+
 def jvp_layout(name: str, count: int) -> str:
     """What the language's `jvp(f, wrt=...)(...)` takes, for its errors."""
     return f"jvp({name}) takes {name}()'s arguments, then {count} tangent(s), one per wrt"
@@ -669,6 +680,7 @@ _SUGAR: dict[str, Builtin] = {
     "segment_sum": _builtin(2, _segment_sum, ("num_segments",), required=3),
     "arange": _builtin(1, _arange, ("stop", "step"), nullable=("stop", "step")),
     "one_hot": _builtin(1, _one_hot, ("num_classes",), required=2),
+    "len": _builtin(1, _len),
 }
 
 BUILTINS: dict[str, Builtin] = {

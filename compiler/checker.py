@@ -511,7 +511,6 @@ class _Function:
 # NumPy's, torch's and Python's names for what the language spells
 # otherwise: an unknown name or method says what to write.
 _FUNCTIONS = {
-    "len": "; the length of the first axis is x.shape[0]",
     "float": "; float64(x) or float32(x) converts an array",
     "pow": "; write x ** y",
     "dot": "; write a @ b",

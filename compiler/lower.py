@@ -554,14 +554,7 @@ class Lowerer:
             e = replace(e, items=e.items[0].items)
         v = self.expr(b, e.value, env)
         if isinstance(v, tuple):
-            if len(e.items) != 1 or isinstance(e.items[0], (ast.Slice, ast.NewAxis,
-                                                            ast.EveryOtherAxis)):
-                raise GradError(f"a {sequence_kind(v)} takes one integer index", e.span)
-            k = self.static_int(b, e.items[0], env)
-            if not -len(v) <= k < len(v):
-                raise GradError(f"index {k} is out of range for a {sequence_kind(v)} of length "
-                                f"{len(v)}", e.items[0].span)
-            return v[k]
+            return self.index_sequence(b, v, e, env)
         if is_static(v):
             # a number is a weakly typed 0-d array, as `broadcast_to(v, ())`
             # of it is: `None` and `...` index it, as NumPy's and JAX's
@@ -569,6 +562,39 @@ class Lowerer:
             out = self.index(b, atom, e, env)
             return v if out is atom else b.weaken(out)
         return self.index(b, v, e, env)
+
+    def index_sequence(self, b, v: tuple, e: ast.Index, env) -> Value:
+        """A compile-time sequence indexed, as Python indexes a tuple: one
+        integer (`x.shape[-1]`) gives an item, one slice (`x.shape[1:]`,
+        `x.shape[::-1]`) a sequence of the same kind; every bound is a
+        compile-time integer (a size still symbolic asks for concrete ones)."""
+        kind = sequence_kind(v)
+        item = e.items[0] if len(e.items) == 1 else None
+        if item is None or isinstance(item, (ast.NewAxis, ast.EveryOtherAxis)):
+            raise GradError(f"a {kind} takes one integer index or one slice", e.span)
+        if isinstance(item, ast.Slice):
+            start, stop, step = (None if part is None else
+                                 self.sequence_bound(b, part, kind, env)
+                                 for part in (item.start, item.stop, item.step))
+            if step == 0:
+                raise GradError("slice step cannot be zero", item.step.span)
+            part = v[start:stop:step]
+            return StaticList(part) if isinstance(v, StaticList) else part
+        k = self.sequence_bound(b, item, kind, env)
+        if not -len(v) <= k < len(v):
+            raise GradError(f"index {k} is out of range for a {kind} of length "
+                            f"{len(v)}", item.span)
+        return v[k]
+
+    def sequence_bound(self, b, e: ast.Expr, kind: str, env) -> int:
+        """An index or slice bound of a compile-time sequence: an integer
+        known at compile time, since the items it selects are."""
+        v = self.expr(b, e, env)
+        if not is_static(v):
+            raise GradError(f"a {kind}'s index and slice bounds must be known at compile time "
+                            f"(a literal, x.shape[k], x.ndim, or arithmetic on them); this one "
+                            f"is computed at run time", e.span)
+        return self.as_static_int(v, e.span)
 
     def index(self, b, v: Atom, e: ast.Index, env) -> Atom:
         """Compile-time integers and slices select statically (a `slice`);
@@ -737,11 +763,9 @@ class Lowerer:
 
     def binary(self, b, op: str, left: Value, right: Value, span,
                operand_spans: Optional[tuple[Span, Span]] = None) -> Value:
+        if isinstance(left, tuple) or isinstance(right, tuple):
+            return sequence_arithmetic(op, left, right, span, operand_spans)
         if is_static(left) and is_static(right):
-            for v in (left, right):
-                if isinstance(v, tuple):
-                    raise GradError(f"arithmetic on a {sequence_kind(v)} is not supported",
-                                    span)
             try:
                 return _fold(op, left, right)
             except ZeroDivisionError:  # Python says "float modulo" for 3.0 % 0.0
@@ -809,6 +833,47 @@ class Lowerer:
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
+
+
+_OPERATOR_TEXT = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**",
+                  "floor_divide": "//", "remainder": "%"}
+
+
+def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
+                        operand_spans: Optional[tuple[Span, Span]]) -> tuple:
+    """`+` and `*` where a side is a compile-time sequence, as Python's on
+    tuples: `x.shape[:-1] + (k, m)` concatenates two sequences of the same
+    kind, `(1,) * x.ndim` repeats one a compile-time number of times.
+    Anything else (a sequence with an array or a number under `+`, a list
+    with a tuple, another operator) is a `GradError` at the operand that
+    cannot take part (or the operation)."""
+    spans = operand_spans or (span, span)
+    seq_side = 0 if isinstance(left, tuple) else 1
+    seq, other = (left, right) if seq_side == 0 else (right, left)
+    kind = sequence_kind(seq)
+    if op == "add":
+        if isinstance(other, tuple):
+            if sequence_kind(other) != kind:
+                raise GradError(f"can only concatenate a {kind} to a {kind}, not a "
+                                f"{sequence_kind(other)} (as in Python: write both as "
+                                f"tuples, (1,) + x.shape)", span)
+            joined = tuple(left) + tuple(right)
+            return StaticList(joined) if kind == "list" else joined
+        raise GradError(f"a {kind} cannot be used as an array here (+ joins two {kind}s, "
+                        f"as x.shape + (1,) does); build an array with stack([...])",
+                        spans[seq_side])
+    if op == "mul" and not isinstance(other, tuple):
+        if isinstance(other, Sym):
+            raise NeedsConcrete(f"a {kind} is repeated a size's number of times")
+        if isinstance(other, bool) or not isinstance(other, int):
+            what = "a number" if is_static(other) else "an array"
+            raise GradError(f"a {kind} can only be repeated (* n) a compile-time integer "
+                            f"number of times, not by {what}", spans[1 - seq_side])
+        repeated = tuple(seq) * other
+        return StaticList(repeated) if kind == "list" else repeated
+    raise GradError(f"{_OPERATOR_TEXT[op]} does not apply to a {kind}: a {kind} is a "
+                    f"compile-time sequence, not an array (+ concatenates two, * n repeats "
+                    f"one; build an array with stack(...))", span)
 
 
 def _refuse_none(call: ast.Call, args: list, kwargs: dict,

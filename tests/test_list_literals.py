@@ -100,13 +100,16 @@ X = np.array([1.0, 2.0])
 
 
 @pytest.mark.parametrize("body,col,text", [
-    ("return x + [1.0, 2.0]", 16, "a list cannot be used as an array here; build an array "
-                                  "with stack([...])"),
+    ("return x + [1.0, 2.0]", 16, "a list cannot be used as an array here (+ joins two "
+                                  "lists, as x.shape + (1,) does); build an array with "
+                                  "stack([...])"),
     ("return stack([])", 12, "stack() takes a non-empty list (or tuple) of arrays"),
     ("return concatenate(x)", 12, "concatenate() takes a non-empty list (or tuple)"),
     ("return -[x]", 12, "cannot negate a list"),
-    ("return [x, x] * 2.0", 12, "arithmetic on a list is not supported"),
-    ("return [x][0:1]", 12, "a list takes one integer index"),
+    ("return [x, x] * 2.0", 21, "a list can only be repeated (* n) a compile-time integer "
+                                "number of times, not by a number"),
+    ("return [x, x] - [x]", 12, "- does not apply to a list"),
+    ("return [x][None]", 12, "a list takes one integer index or one slice"),
     ("return [x][3]", 16, "index 3 is out of range for a list of length 1"),
     ("return reshape(x, [2.5])", 12, "a shape must be a compile-time tuple or list"),
     ("return g([x, x])", 12, "argument 'a' of g() must be an array, not a list"),

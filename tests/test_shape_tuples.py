@@ -1,0 +1,82 @@
+"""Compile-time tuples as Python's: a shape sliced (`x.shape[1:]`,
+`x.shape[::-1]`), joined (`x.shape[:-1] + (k, m)`), repeated (`(1,) *
+x.ndim`) and counted (`len(x.shape)`), as a NumPy or JAX user builds the
+shape of a `reshape`; and a clear error, at the operand, for a bound known
+only at run time or a tuple where an array is needed."""
+import numpy as np
+import pytest
+
+import dsl
+
+SOURCE = """
+def f(x, w):
+    a = reshape(x, x.shape[::-1])
+    b = reshape(x, x.shape[:-1] + (2, 3))
+    c = broadcast_to(w, (1,) * (len(x.shape) - 1) + x.shape[-1:])
+    d = reshape(x, (1,) + x.shape[1:] + (x.shape[0], 5)[0:1:-1] + (x.shape[0],))
+    e = reshape(x, x.shape[-1:-3:-1])
+    g = reshape(x, [x.shape[0]] + [2, 3][::-1])
+    return sum(a * a) + sum(b[:, 1, :] * 3.0) + sum(c * x) + sum(d[0, :, 1] * w) + e[5, 0] \
+        + sum(g[:, 2, 0])
+"""
+
+
+def test_a_shape_slices_joins_and_repeats_as_a_python_tuple():
+    """Each spelling was an error ("a tuple takes one integer index",
+    "arithmetic on a tuple is not supported", "unknown function 'len'")."""
+    m = dsl.loads(SOURCE)
+    x = np.arange(24.0).reshape(4, 6) / 10
+    w = np.linspace(-1.0, 1.0, 6)
+
+    def numpy_f(x, w):
+        a = x.reshape(x.shape[::-1])
+        b = x.reshape(x.shape[:-1] + (2, 3))
+        c = np.broadcast_to(w, (1,) * (len(x.shape) - 1) + x.shape[-1:])
+        d = x.reshape((1,) + x.shape[1:] + (x.shape[0],))
+        e = x.reshape(x.shape[-1:-3:-1])
+        g = x.reshape([x.shape[0]] + [2, 3][::-1])
+        return (a * a).sum() + (b[:, 1, :] * 3.0).sum() + (c * x).sum() \
+            + (d[0, :, 1] * w).sum() + e[5, 0] + g[:, 2, 0].sum()
+
+    np.testing.assert_allclose(m.f(x, w), numpy_f(x, w), rtol=1e-12)
+    gx, gw = dsl.grad(m.f, wrt=(0, 1))(x, w)
+    for got, arg in ((gx, 0), (gw, 1)):
+        want = np.zeros_like((x, w)[arg])
+        for i in np.ndindex(want.shape):  # central differences, exact here up to rounding
+            h = np.zeros_like(want)
+            h[i] = 1e-6
+            args = [x, w]
+            args[arg] = (x, w)[arg] + h
+            up = numpy_f(*args)
+            args[arg] = (x, w)[arg] - h
+            want[i] = (up - numpy_f(*args)) / 2e-6
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("body, col, text", [
+    ("return reshape(x, x.shape[:n])", 32,
+     "a tuple's index and slice bounds must be known at compile time (a literal, x.shape[k], "
+     "x.ndim, or arithmetic on them); this one is computed at run time"),
+    ("return reshape(x, x.shape[::0])", 33, "slice step cannot be zero"),
+    ("return reshape(x, x.shape[0, 1])", 23, "a tuple takes one integer index or one slice"),
+    ("return x + x.shape", 16, "a tuple cannot be used as an array here (+ joins two tuples, "
+                               "as x.shape + (1,) does); build an array with stack([...])"),
+    ("return x.shape[:1] + x", 12, "a tuple cannot be used as an array here"),
+    ("return reshape(x, x.shape + [1])", 23, "can only concatenate a tuple to a tuple, not a "
+                                             "list (as in Python: write both as tuples"),
+    ("return reshape(x, x.shape * 2.0)", 33, "a tuple can only be repeated (* n) a "
+                                             "compile-time integer number of times, not by a "
+                                             "number"),
+    ("return reshape(x, (1,) * n + x.shape)", 30, "not by an array"),
+    ("return reshape(x, x.shape - (1,))", 23, "- does not apply to a tuple"),
+    ("return x * len(x)", 16, "len() takes a compile-time tuple or list (len(x.shape) is "
+                              "x.ndim); the length of an array's first axis is x.shape[0]"),
+])
+def test_a_tuple_misused_is_an_error_at_its_operand(body, col, text):
+    m = dsl.loads(f"def f(x, n: i64):\n    {body}\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones((2, 3)), 1)
+    err = info.value
+    assert (err.file, err.line, err.col) == ("bad.grad", 2, col), str(err)
+    assert text in err.message, str(err)
+    assert str(err).splitlines()[-1].strip().startswith("^"), str(err)
