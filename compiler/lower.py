@@ -24,6 +24,7 @@ import functools
 import math
 import operator
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
@@ -31,6 +32,7 @@ from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
                                         index_operand, jvp_layout, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
+from gradlang.compiler.library import in_library
 from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, StaticScalar,
                                   TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -153,8 +155,11 @@ class Lowerer:
                 err.note = note
             raise err from None
         except GradError as err:
-            if err.note is None and reached(err.span):
-                err.note = note
+            if in_library(fdef.span.file) and not in_library(span.file):
+                at_library_call(err, fdef, ns.module, span)
+            library_note = getattr(err, "library_note", None)
+            if err.note in (None, library_note) and reached(err.span):
+                err.note = note if err.note is None else f"{note}\nnote: {err.note}"
             raise
         finally:
             self.call_stack.pop()
@@ -1066,6 +1071,24 @@ def _noted_function(fn: Function, note: str, reached: Callable[[Span], bool]) ->
     if all(new is old for new, old in zip(eqns, fn.eqns)):
         return fn
     return replace(fn, eqns=eqns)
+
+
+def at_library_call(err: GradError, fdef: ast.FuncDef, module: ast.Module, span: Span) -> None:
+    """`err`, raised in the standard library's `fdef` (or a function it
+    calls) that the user's code called at `span`, moved there: the
+    user's arguments caused it, and the user's line is where to look;
+    the standard library's place becomes a note ("in std function
+    softmax(), at std.grad:24:11"), kept as `err.library_note` so that
+    the user's callers add theirs before it, as for an error in their
+    own code."""
+    if not in_library(err.span.file):
+        return  # (at the user's call already: an argument's count or annotation)
+    inner = next((f.name for f in module.funcs if _in_text_of(module, f, err.span)), fdef.name)
+    within = "" if inner == fdef.name else f" (in {inner}())"
+    place = f"{Path(err.span.file).name}:{err.span.line}:{err.span.col}"
+    err.note = err.library_note = f"in std function {fdef.name}(){within}, at {place}"
+    err.span = replace(span, via="")
+    err.source = None  # (std's text: the user's is attached for the new place)
 
 
 def _in_text_of(module: ast.Module, fdef: ast.FuncDef, span: Span) -> bool:
