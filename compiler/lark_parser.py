@@ -98,7 +98,7 @@ _TERMINAL_NAMES = {
     "RSQB": "']'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
     "DTYPE": f"a dtype ({', '.join(DTYPE_SPELLINGS)})", "$END": "end of file", "GRAD": "'grad'",
     "AT": "'@'",
-    "AUG_OP": "'+=', '-=', '*=', '/=', '//=' or '%='", "COMP_OP": "a comparison", "DOT": "'.'",
+    "AUG_OP": "'+=', '-=', '*=', '/=', '//=', '%=', '**=' or '@='", "COMP_OP": "a comparison", "DOT": "'.'",
     "MORETHAN": "'>'", "LESSTHAN": "'<'", "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'",
     "STAR": "'*'", "SLASH": "'/'", "_DEF": "'def'", "_RETURN": "'return'",
     "_IMPORT": "'import'", "_FROM": "'from'", "_PARAM": "'param'", "_NOT": "'not'",

@@ -394,6 +394,9 @@ class Lowerer:
             if stmt.target not in env:
                 raise GradError(f"name {stmt.target!r} is not defined", stmt.span)
             rhs = self.expr(b, stmt.value, env)
+            if stmt.op == "@":  # (`a @= w`: a rebound to a @ w, as NumPy's)
+                env[stmt.target] = self.matmul(b, env[stmt.target], rhs, stmt.span)
+                return
             env[stmt.target] = self.binary(b, _BINOPS[stmt.op], env[stmt.target], rhs,
                                            stmt.span, (stmt.span, stmt.value.span))
         else:
