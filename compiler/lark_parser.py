@@ -271,6 +271,10 @@ _OPERATOR_HINTS = {
     "~": "write `not`, which is elementwise on bool arrays",
     "^": "write `!=` for the exclusive or of bools; `**` is the power",
 }
+# the names before an assignment's target that stopped the parse, and the
+# `=` after it (`v, (gx, gw) = ...`, `*batch, n = x.shape`)
+_TARGETS = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*\s*,\s*)*")
+_ASSIGNED = re.compile(r"(?<![=!<>])=(?!=)")
 _COMPARISON = re.compile(r"<=|>=|==|!=|<|(?<!-)>")
 # a compound statement's header, up to its colon: `for i in range(3): s = ...`
 _HEADER = re.compile(r"\s*(for\b.*|if\b.*|elif\b.*|else|def\b.*\)(\s*->.*)?|grad\b.*\))\s*:\s*$")
@@ -302,6 +306,14 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     if token.value == "as" and re.match(r"\s*(import|from)\b", before):
         return ("`import ... as` is not supported: import a .grad module by its name "
                 "(`import other`, then `other.f(x)`)")
+    if token.value in ("(", "[", "*") and _TARGETS.fullmatch(before) \
+            and _ASSIGNED.search(line_text[col - 1:]):
+        if token.value == "*":
+            return ("starred unpacking (`*batch, n = x.shape`) is not supported: slice the "
+                    "tuple (`batch = x.shape[:-1]`, `n = x.shape[-1]`)")
+        return ("nested or parenthesized targets are not supported: unpack one level at a "
+                "time, names without brackets (`v, g = value_and_grad(f, wrt=(0, 1))(x, w)`, "
+                "then `gx, gw = g`)")
     if token.type == "_IF" and before.strip() == "else":
         return "write `elif c:` for `else if c:`"
     if _HEADER.match(before):

@@ -1,6 +1,7 @@
 """Python spellings a NumPy, JAX or PyTorch user writes, each checked
 against NumPy and its gradient against central differences in f64."""
 import numpy as np
+import pytest
 
 import dsl
 from helpers import central_difference
@@ -22,3 +23,23 @@ def test_power_and_matmul_augmented_assignments_rebind_as_python():
     gx, gw = dsl.grad(m.f, wrt=(0, 1))(x, w)
     np.testing.assert_allclose(gx, central_difference(numpy_f, [x, w], 0), rtol=1e-6)
     np.testing.assert_allclose(gw, central_difference(numpy_f, [x, w], 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("statement, col, text", [
+    # JAX's `loss, (gx, gw) = value_and_grad(f, argnums=(0, 1))(x, w)`
+    ("v, (gx, gw) = value_and_grad(g, wrt=(0, 1))(x, x)", 8,
+     "nested or parenthesized targets are not supported: unpack one level at a time, names "
+     "without brackets (`v, g = value_and_grad(f, wrt=(0, 1))(x, w)`, then `gx, gw = g`)"),
+    ("[n, m] = x.shape", 5, "nested or parenthesized targets are not supported"),
+    ("*batch, n = x.shape", 5, "starred unpacking (`*batch, n = x.shape`) is not supported: "
+                               "slice the tuple (`batch = x.shape[:-1]`, `n = x.shape[-1]`)"),
+])
+def test_unpacking_python_takes_and_the_language_does_not_says_how(statement, col, text):
+    """These were "syntax error: unexpected '('; expected 'for' or 'if' or
+    'return' or a name or end of line", which does not say what to write."""
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(f"def g(x, w):\n    return sum(x * w)\ndef f(x):\n    {statement}\n"
+                  f"    return x\n", "bad.grad")
+    err = info.value
+    assert (err.file, err.line, err.col) == ("bad.grad", 4, col), str(err)
+    assert err.message == f"syntax error: {text}" or text in err.message, str(err)
