@@ -867,9 +867,10 @@ def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
                                 f"tuples, (1,) + x.shape)", span)
             joined = tuple(left) + tuple(right)
             return StaticList(joined) if kind == "list" else joined
-        raise GradError(f"a {kind} cannot be used as an array here (+ joins two {kind}s, "
-                        f"as x.shape + (1,) does); build an array with stack([...])",
-                        spans[seq_side])
+        what = "a number" if is_static(other) else f"an array ({other.type})"
+        raise GradError(f"a {kind} cannot be used as an array here: + joins two {kind}s "
+                        f"(x.shape + (1,)), and the other operand is {what}; build an "
+                        f"array with stack([...])", spans[seq_side])
     if op == "mul" and not isinstance(other, tuple):
         if isinstance(other, Sym):
             raise NeedsConcrete(f"a {kind} is repeated a size's number of times")

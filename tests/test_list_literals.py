@@ -100,9 +100,9 @@ X = np.array([1.0, 2.0])
 
 
 @pytest.mark.parametrize("body,col,text", [
-    ("return x + [1.0, 2.0]", 16, "a list cannot be used as an array here (+ joins two "
-                                  "lists, as x.shape + (1,) does); build an array with "
-                                  "stack([...])"),
+    ("return x + [1.0, 2.0]", 16, "a list cannot be used as an array here: + joins two "
+                                  "lists (x.shape + (1,)), and the other operand is an array "
+                                  "(f64[2]); build an array with stack([...])"),
     ("return stack([])", 12, "stack() takes a non-empty list (or tuple) of arrays"),
     ("return concatenate(x)", 12, "concatenate() takes a non-empty list (or tuple)"),
     ("return -[x]", 12, "cannot negate a list"),

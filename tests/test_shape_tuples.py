@@ -59,8 +59,10 @@ def test_a_shape_slices_joins_and_repeats_as_a_python_tuple():
      "x.ndim, or arithmetic on them); this one is computed at run time"),
     ("return reshape(x, x.shape[::0])", 33, "slice step cannot be zero"),
     ("return reshape(x, x.shape[0, 1])", 23, "a tuple takes one integer index or one slice"),
-    ("return x + x.shape", 16, "a tuple cannot be used as an array here (+ joins two tuples, "
-                               "as x.shape + (1,) does); build an array with stack([...])"),
+    ("return x + x.shape", 16, "a tuple cannot be used as an array here: + joins two tuples "
+                               "(x.shape + (1,)), and the other operand is an array "
+                               "(f64[2, 3]); build an array with stack([...])"),
+    ("return reshape(x, x.shape + 1)", 23, "and the other operand is a number"),
     ("return x.shape[:1] + x", 12, "a tuple cannot be used as an array here"),
     ("return reshape(x, x.shape + [1])", 23, "can only concatenate a tuple to a tuple, not a "
                                              "list (as in Python: write both as tuples"),
