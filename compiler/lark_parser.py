@@ -623,9 +623,10 @@ class _ToAst(Transformer_NonRecursive):
         """The integer a literal spells; `010` is an error, as in Python 3
         (C and Python 2 read it as octal 8: taking it as 10 would be a
         silent surprise), while `0` and `00` are zero."""
-        if str(token).startswith("0") and str(token).strip("0"):
+        digits = str(token).replace("_", "")  # (`1_000`, grouped as Python's)
+        if digits.startswith("0") and digits.strip("0"):
             raise GradError(f"leading zeros in an integer literal are not allowed, as in Python: "
-                            f"write {str(token).lstrip('0')} (octal numbers are not supported)",
+                            f"write {digits.lstrip('0')} (octal numbers are not supported)",
                             _tok_span(self.file, token))
         try:
             return int(token)

@@ -43,3 +43,15 @@ def test_unpacking_python_takes_and_the_language_does_not_says_how(statement, co
     err = info.value
     assert (err.file, err.line, err.col) == ("bad.grad", 4, col), str(err)
     assert err.message == f"syntax error: {text}" or text in err.message, str(err)
+
+
+def test_numbers_grouped_by_underscores_read_as_python_reads_them():
+    """`1_000` was "syntax error: unexpected '_000'"; a size in a type too."""
+    literals = ["1_000", "2_0.5", "1e0_1", "0_0", ".5_0", "1_0e-1_0", "3_1.4_1e+0_2"]
+    m = dsl.loads(f"def f(x: f64[1_0]):\n    return stack([{', '.join(literals)}]) + x[:7]\n")
+    np.testing.assert_array_equal(m.f(np.zeros(10)), [eval(t) for t in literals])
+    for bad, col in (("1__0", 17), ("1_.5", 17)):
+        with pytest.raises(dsl.GradError) as info:
+            dsl.loads(f"def f(x):\n    return x * {bad}\n")
+        assert (info.value.line, info.value.col) == (2, col), str(info.value)
+        assert info.value.message.startswith("syntax error: unexpected '_"), str(info.value)
