@@ -601,7 +601,8 @@ class Lowerer:
         if not is_static(v):
             raise GradError(f"a {kind}'s index and slice bounds must be known at compile time "
                             f"(a literal, x.shape[k], x.ndim, or arithmetic on them); this one "
-                            f"is computed at run time", e.span)
+                            f"is computed at run time (as a `for` loop's index is: a loop runs, "
+                            f"it is not unrolled)", e.span)
         return self.as_static_int(v, e.span)
 
     def index(self, b, v: Atom, e: ast.Index, env) -> Atom:
@@ -878,6 +879,9 @@ def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
             what = "a number" if is_static(other) else "an array"
             raise GradError(f"a {kind} can only be repeated (* n) a compile-time integer "
                             f"number of times, not by {what}", spans[1 - seq_side])
+        if len(seq) * other > MAX_PROGRAM_SIZE:  # (each item is lowered where it is used)
+            raise GradError(f"a {kind} of {len(seq) * other} items is too long (at most "
+                            f"{MAX_PROGRAM_SIZE})", span)
         repeated = tuple(seq) * other
         return StaticList(repeated) if kind == "list" else repeated
     raise GradError(f"{_OPERATOR_TEXT[op]} does not apply to a {kind}: a {kind} is a "

@@ -56,8 +56,11 @@ def test_a_shape_slices_joins_and_repeats_as_a_python_tuple():
 @pytest.mark.parametrize("body, col, text", [
     ("return reshape(x, x.shape[:n])", 32,
      "a tuple's index and slice bounds must be known at compile time (a literal, x.shape[k], "
-     "x.ndim, or arithmetic on them); this one is computed at run time"),
+     "x.ndim, or arithmetic on them); this one is computed at run time (as a `for` loop's "
+     "index is: a loop runs, it is not unrolled)"),
     ("return reshape(x, x.shape[::0])", 33, "slice step cannot be zero"),
+    ("return reshape(x, (1,) * 10 ** 12 + x.shape)", 23,
+     "a tuple of 1000000000000 items is too long (at most 100000)"),
     ("return reshape(x, x.shape[0, 1])", 23, "a tuple takes one integer index or one slice"),
     ("return x + x.shape", 16, "a tuple cannot be used as an array here: + joins two tuples "
                                "(x.shape + (1,)), and the other operand is an array "
