@@ -143,7 +143,7 @@ class Lowerer:
         names_places = len(self.call_stack) > 1 and span.file == self.call_spans[0].file
 
         def reached(place: Span) -> bool:
-            return names_places and not place.via and \
+            return names_places and (not place.via or _is_library_note(place.via)) and \
                 (place.file != span.file or _in_text_of(ns.module, fdef, place))
         first = len(b.eqns)
         try:
@@ -164,7 +164,11 @@ class Lowerer:
         finally:
             self.call_stack.pop()
             self.call_spans.pop()
-        if names_places:  # for the errors of later passes and of run time
+        # for the errors of later passes and of run time
+        if in_library(fdef.span.file) and not in_library(span.file):
+            b.eqns[first:] = [_respanned(e, functools.partial(
+                _at_library_span, fdef=fdef, module=ns.module, call=span)) for e in b.eqns[first:]]
+        elif names_places:
             b.eqns[first:] = [_noted(e, note, reached) for e in b.eqns[first:]]
         return outs
 
@@ -1063,22 +1067,56 @@ def _finite(v) -> bool:
 
 def _noted(eqn: Eqn, note: str, reached: Callable[[Span], bool]) -> Eqn:
     """`eqn` with `note` as the `via` of its span, and of the spans in the
-    functions it holds (a loop's body, a grad block), where `reached`."""
-    params = tuple((key, _noted_function(v, note, reached) if isinstance(v, Function) else v)
+    functions it holds (a loop's body, a grad block), where `reached`; a
+    standard library's note it has stays, after it (`at_library_call`)."""
+    def noted(span: Span) -> Span:
+        if not reached(span):
+            return span
+        return replace(span, via=f"{note}\nnote: {span.via}" if span.via else note)
+    return _respanned(eqn, noted)
+
+
+def _respanned(eqn: Eqn, remap: Callable[[Span], Span]) -> Eqn:
+    """`eqn` with `remap` applied to its span and to those of the
+    functions it holds (a loop's body, a grad block)."""
+    params = tuple((key, _respanned_function(v, remap) if isinstance(v, Function) else v)
                    for key, v in eqn.params)
-    span = eqn.span
-    if span is not None and reached(span):
-        span = replace(span, via=note)
+    span = eqn.span if eqn.span is None else remap(eqn.span)
     if span is eqn.span and all(new is old for (_, new), (_, old) in zip(params, eqn.params)):
         return eqn
     return Eqn(eqn.op, eqn.inputs, eqn.outputs, params, span)
 
 
-def _noted_function(fn: Function, note: str, reached: Callable[[Span], bool]) -> Function:
-    eqns = tuple(_noted(e, note, reached) for e in fn.eqns)
+def _respanned_function(fn: Function, remap: Callable[[Span], Span]) -> Function:
+    eqns = tuple(_respanned(e, remap) for e in fn.eqns)
     if all(new is old for new, old in zip(eqns, fn.eqns)):
         return fn
     return replace(fn, eqns=eqns)
+
+
+_LIBRARY_NOTE = "in std function "
+
+
+def _is_library_note(via: str) -> bool:
+    return via.startswith(_LIBRARY_NOTE)
+
+
+def library_note(fdef: ast.FuncDef, module: ast.Module, place: Span) -> str:
+    """Where in the standard library's `fdef` (called by the user) `place`
+    is: "in std function softmax() (in logsumexp()), at std.grad:24:11"."""
+    inner = next((f.name for f in module.funcs if _in_text_of(module, f, place)), fdef.name)
+    within = "" if inner == fdef.name else f" (in {inner}())"
+    return f"{_LIBRARY_NOTE}{fdef.name}(){within}, at {Path(place.file).name}:{place.line}:" \
+           f"{place.col}"
+
+
+def _at_library_span(place: Span, fdef: ast.FuncDef, module: ast.Module, call: Span) -> Span:
+    """A place in the standard library's `fdef`, which the user called at
+    `call`, as the errors of later passes and of run time report it: at
+    the call, the library's place the note (as `at_library_call`)."""
+    if not in_library(place.file):
+        return place
+    return replace(call, via=library_note(fdef, module, place))
 
 
 def at_library_call(err: GradError, fdef: ast.FuncDef, module: ast.Module, span: Span) -> None:
@@ -1091,10 +1129,7 @@ def at_library_call(err: GradError, fdef: ast.FuncDef, module: ast.Module, span:
     own code."""
     if not in_library(err.span.file):
         return  # (at the user's call already: an argument's count or annotation)
-    inner = next((f.name for f in module.funcs if _in_text_of(module, f, err.span)), fdef.name)
-    within = "" if inner == fdef.name else f" (in {inner}())"
-    place = f"{Path(err.span.file).name}:{err.span.line}:{err.span.col}"
-    err.note = err.library_note = f"in std function {fdef.name}(){within}, at {place}"
+    err.note = err.library_note = library_note(fdef, module, err.span)
     err.span = replace(span, via="")
     err.source = None  # (std's text: the user's is attached for the new place)
 
