@@ -1103,7 +1103,8 @@ def _is_library_note(via: str) -> bool:
 
 def library_note(fdef: ast.FuncDef, module: ast.Module, place: Span) -> str:
     """Where in the standard library's `fdef` (called by the user) `place`
-    is: "in std function softmax() (in logsumexp()), at std.grad:24:11"."""
+    is: "in std function softmax(), at std.grad:53:11", naming the library
+    function holding it where `fdef` calls it ("softmax() (in inner())")."""
     inner = next((f.name for f in module.funcs if _in_text_of(module, f, place)), fdef.name)
     within = "" if inner == fdef.name else f" (in {inner}())"
     return f"{_LIBRARY_NOTE}{fdef.name}(){within}, at {Path(place.file).name}:{place.line}:" \
@@ -1124,7 +1125,7 @@ def at_library_call(err: GradError, fdef: ast.FuncDef, module: ast.Module, span:
     calls) that the user's code called at `span`, moved there: the
     user's arguments caused it, and the user's line is where to look;
     the standard library's place becomes a note ("in std function
-    softmax(), at std.grad:24:11"), kept as `err.library_note` so that
+    softmax(), at std.grad:53:11"), kept as `err.library_note` so that
     the user's callers add theirs before it, as for an error in their
     own code."""
     if not in_library(err.span.file):
