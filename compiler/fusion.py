@@ -103,6 +103,7 @@ def fuse(fn: Function, reductions: bool = False,
     if reductions:
         fn = as_matvecs(fn)
     fulls = {e.out: e for e in fn.eqns if e.op == "full"}
+    spread = _spread_values(fn)
     defined_at: dict[Var, int] = {v: -1 for v in fn.params}
     loop_of: dict[Var, Loop] = {}
     loops_of_shape: dict[tuple, list[Loop]] = {}  # those not full, in order of start
@@ -135,8 +136,11 @@ def fuse(fn: Function, reductions: bool = False,
             steps.append((index, eqn))
             defined_at.update((o, index) for o in eqn.outputs)
             continue
-        # Loops read constants as literals, whatever their declared shape.
-        eqn = Eqn(eqn.op, tuple(_as_constant(a, fulls) for a in eqn.inputs),
+        if eqn.out in spread:  # (its readers read its source)
+            continue
+        # Loops read constants as literals, whatever their declared shape,
+        # and a one-element value spread by a broadcast as it is.
+        eqn = Eqn(eqn.op, tuple(_as_constant(spread.get(a, a), fulls) for a in eqn.inputs),
                   eqn.outputs, eqn.params, eqn.span)
         shape = eqn.outputs[0].type.shape
         home = _pick_loop(eqn, loops_of_shape.setdefault(shape, []), loop_of, defined_at,
@@ -289,6 +293,23 @@ def _pick_loop(eqn: Eqn, loops: list[Loop], loop_of: dict[Var, Loop],
     last_input = max((defined_at[a] for a in reads), default=-1)
     k = bisect.bisect_right(loops, last_input, key=lambda loop: loop.start)
     return loops[k] if k < len(loops) else None
+
+
+def _spread_values(fn: Function) -> dict[Var, Var]:
+    """The broadcasts of a one-element value (a mean's cotangent `-1 / n`
+    spread over the array: `simplify` makes each one broadcast of it) that
+    only elementwise equations read, none returned: each one's source.
+    Loops read the source in its place, a scalar each kernel loads once:
+    placed in a loop as an equation of its own, the broadcast joined the
+    first loop of its shape, which then stored the whole array for the
+    loop of its readers (its value known only at run time where a size is
+    symbolic; a constant's broadcast is a `full`, read as a literal)."""
+    reads_elsewhere = {a for e in fn.eqns if e.op not in FUSIBLE or e.op == "full"
+                       for a in e.inputs}
+    reads_elsewhere |= {a for a in fn.outputs if isinstance(a, Var)}
+    return {e.out: e.inputs[0] for e in fn.eqns
+            if e.op == "broadcast_to" and isinstance(e.inputs[0], Var)
+            and all(d == 1 for d in e.inputs[0].type.shape) and e.out not in reads_elsewhere}
 
 
 def _as_constant(a: Atom, fulls: dict[Var, Eqn]) -> Atom:

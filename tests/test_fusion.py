@@ -217,3 +217,22 @@ def test_a_loop_only_one_later_loop_reads_sinks_into_it():
     (loop,) = [s for s in steps if isinstance(s, Loop) and s.shape != ()]
     assert [e.op for e in loop.eqns] == ["exp", "mul"] and len(loop.outputs) == 1
     np.testing.assert_allclose(m.f(x), np.exp(x) * x.sum() / 2, rtol=1e-14)
+
+
+def test_a_scalar_spread_by_a_broadcast_is_read_where_it_is_used():
+    """A mean's cotangent 1 / n, spread over the array: where n is symbolic
+    it is a value, not a literal, and its broadcast joined the first loop
+    of its shape, which then stored the whole array of it for the loop that
+    read it (after a sum).  Each loop reads the one value instead."""
+    m = dsl.loads("def f(z):\n    return mean(z * sum(exp(z)))\n")
+    value_and_grad = dsl.value_and_grad(m.f)
+    z = np.linspace(-1, 1, 7)
+    fn = value_and_grad.ir(z)
+    made = {o: e.op for e in fn.eqns for o in e.outputs}
+    stored = [made.get(o) for s in fuse(fn, reductions=True) if isinstance(s, Loop)
+              for o in s.outputs]
+    assert "broadcast_to" not in stored and "broadcast_to" in made.values()
+    value, grad = value_and_grad(z)
+    s = np.exp(z).sum()
+    np.testing.assert_allclose(value, np.mean(z * s), rtol=1e-14)
+    np.testing.assert_allclose(grad, s / 7 + np.exp(z) * z.sum() / 7, rtol=1e-13)
