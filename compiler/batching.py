@@ -583,6 +583,8 @@ def with_sizes(fn: Function, sizes: dict[str, int]) -> Function:
         value = eqn.p.get("value") if eqn.op == "dim" else None
         if isinstance(value, Sym) and any(f in sizes for f in value.factors):
             subst[eqn.out] = Lit(evaluate(value, sizes), eqn.out.type)
+            if eqn.p.get("nonzero") and subst[eqn.out].value == 0:  # (`0.1 / n`)
+                raise GradError("compile-time arithmetic failed: division by zero", eqn.span)
             continue
         params = tuple((k, with_sizes(v, sizes) if isinstance(v, Function) else v)
                        for k, v in eqn.params)

@@ -1494,7 +1494,10 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,
         return (f"{out} = R.full({render_shape(p['shape'])}, {p['value']!r}, "
                 f"{numpy_spelling(p['dtype'])})")
     if op == "dim":
-        return f"{out} = R.scalar({render(p['value'])}, {numpy_spelling(p['dtype'])})"
+        value = render(p["value"])
+        if p.get("nonzero"):  # (a size a float divides by: `Lowerer.size_number`)
+            value = f"R.nonzero_divisor({value}, {where_of('', eqn.span)!r})"
+        return f"{out} = R.scalar({value}, {numpy_spelling(p['dtype'])})"
     if op == "iota":  # (numbers: the lowering made them ints or finite floats)
         stop = render(p["stop"]) if isinstance(p["stop"], Sym) else repr(p["stop"])
         return (f"{out} = R.iota({p['start']!r}, {stop}, {p['step']!r}, "

@@ -14,7 +14,7 @@ import numpy as np
 from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, Function, Lit, Var
 from gradlang.compiler.ops import OPS, loop_groups
 from gradlang.compiler.shapes import Sym, evaluate
-from gradlang.runtime.common import trip_count, where_of
+from gradlang.runtime.common import nonzero_divisor, trip_count, where_of
 
 
 def _concrete(value, binding: dict[str, int]):
@@ -51,6 +51,8 @@ def _run(fn: Function, arrays, outer: dict[str, int]) -> tuple[np.ndarray, ...]:
                           for k, v in eqn.params}
                 if eqn.op == "dim":
                     outs = (params["value"],)
+                    if params.get("nonzero"):
+                        nonzero_divisor(params["value"], where_of("", eqn.span))
                 elif eqn.op == "custom_vjp":
                     outs = _run(params["fwd"], inputs, binding)[:params["n_out"]]
                 else:

@@ -69,8 +69,14 @@ MAX_PROGRAM_SIZE = 100_000
 
 
 class Lowerer:
-    def __init__(self, namespace: Namespace):
+    def __init__(self, namespace: Namespace, numbers_of_sizes: bool = True):
         self.namespace = namespace
+        # whether a float that compile-time arithmetic makes of a symbolic
+        # size (`0.1 / k`) is computed at run time (`size_number`) rather
+        # than raising NeedsConcrete; and how many such numbers were made
+        # (`pipeline.lower_entry` lowers again without them where one was)
+        self.numbers_of_sizes = numbers_of_sizes
+        self.size_numbers = 0
         self.call_stack: list[ast.FuncDef] = []  # (by identity: two files may share a name)
         self.call_spans: list[Span] = []  # where each call of call_stack is
         self.size = 0  # operations lowered so far: MAX_PROGRAM_SIZE
@@ -781,6 +787,8 @@ class Lowerer:
         if is_static(left) and is_static(right):
             try:
                 return _fold(op, left, right)
+            except NeedsConcrete as err:
+                return self.size_number(b, op, (left, right), span, err)
             except ZeroDivisionError:  # Python says "float modulo" for 3.0 % 0.0
                 raise GradError("compile-time arithmetic failed: division by zero",
                                 span) from None
@@ -794,6 +802,24 @@ class Lowerer:
                             f"write a float exponent ({float(y.value)})",
                             operand_spans[1] if operand_spans else span)
         return b.bind(op, x, y, span=span, weak=weak_result([left, right]))
+
+    def size_number(self, b, op: str, operands: Sequence[Value], span,
+                    err: NeedsConcrete) -> WeakVar:
+        """`op` of compile-time numbers, some of them symbolic sizes, where
+        `_fold` raised `err` since it needs their values: a float
+        (`_float_of_sizes`: `0.1 / k`, `k * 0.5`, `1 / n`) is computed at
+        run time, so that the program stays symbolic.  Each size is a `dim`
+        op (the driver's value of the symbol), and the op computes in f64
+        as the concrete lowering folds it (an `exact` op: the same bits);
+        the result is weak, so it takes the dtype of the arrays it meets as
+        that folded number does.  Anything else, or with `numbers_of_sizes`
+        off, raises err."""
+        if not (self.numbers_of_sizes and _float_of_sizes(op, operands)):
+            raise err
+        self.size_numbers += 1
+        atoms = [_size_operand(b, v, span, divisor=op == "div" and k == 1)
+                 for k, v in enumerate(operands)]
+        return b.bind(op, *atoms, span=span, weak=True)
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
         (x,) = unify(b, [v], span, float_result=op in ops.FLOAT_ONLY)
@@ -1020,6 +1046,37 @@ _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"
 # 2**1024), so an integer power that would pass it is refused before it is
 # computed: `9 ** 9 ** 9` would take 1.2e9 bits and minutes.
 _MAX_STATIC_BITS = 1024
+
+
+# The ops on compile-time numbers that `Lowerer.size_number` computes at
+# run time where a symbolic size is among them: `exact` ones (`ops.Op`),
+# so the driver computes the number Python folds, bit for bit, on every
+# target.  Integer arithmetic on a size (`n - 1`) may make a size or an
+# index, and `sqrt`, `exp` or `**` is a math function: those still need
+# concrete sizes.
+SIZE_NUMBER_OPS = frozenset({"add", "sub", "mul", "div"})
+
+
+def _float_of_sizes(op: str, operands: Sequence) -> bool:
+    """Whether `op` (`SIZE_NUMBER_OPS`) of compile-time `operands` gives a
+    float: a true division, or a float among the operands (not `n - 1`,
+    an integer)."""
+    return op in SIZE_NUMBER_OPS and all(isinstance(v, (int, float, Sym)) for v in operands) \
+        and (op == "div" or any(type(v) is float for v in operands))
+
+
+def _size_operand(b: Builder, v, span: Span, divisor: bool) -> Atom:
+    """An operand of `Lowerer.size_number`, in f64.  A size that divides
+    is checked at the call (`nonzero`): 0 is the division by zero that
+    compile-time arithmetic raises, not an infinity; a number that
+    divides is checked now."""
+    if not divisor:
+        return as_atom(b, v, span, "f64")
+    if isinstance(v, Sym):
+        return b.bind("dim", value=v, dtype="f64", nonzero=True, span=span)
+    if v == 0:
+        raise GradError("compile-time arithmetic failed: division by zero", span)
+    return as_atom(b, v, span, "f64")
 
 
 def _fold(op: str, x, y):

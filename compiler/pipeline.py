@@ -219,9 +219,22 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
                 types: dict[str, TensorType]) -> Function:
     """`fdef` (defined in `namespace`'s module) lowered for `types`: its
     parameters passed, then the params it reads.  A `GradError` carries
-    the source of the module it points into, for the caret line."""
+    the source of the module it points into, for the caret line.
+
+    A float made of a symbolic size (`0.1 / k`) is a run-time number
+    (`Lowerer.size_number`), but where something then needs it known at
+    compile time (an `initial=`, `full_like`'s fill value), the lowering fails:
+    it is lowered again with such a float needing concrete sizes, as it
+    did before there were run-time ones, so that the caller sees the
+    `NeedsConcrete` of the size it used (and lowers for concrete sizes)."""
     try:
-        return Lowerer(namespace).lower_entry(fdef, types)
+        lowerer = Lowerer(namespace)
+        try:
+            return lowerer.lower_entry(fdef, types)
+        except (GradError, NeedsConcrete):
+            if not lowerer.size_numbers:
+                raise
+        return Lowerer(namespace, numbers_of_sizes=False).lower_entry(fdef, types)
     except GradError as err:
         raise err.with_source(namespace.source_of(err.span.file))
 

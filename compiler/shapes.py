@@ -8,7 +8,9 @@ pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
 Sizes multiply symbolically; anything else a program does with a size
 (adding to it, slicing part of a symbolic axis, comparing it with a fixed
 size) raises `NeedsConcrete`, and the caller lowers again with concrete
-sizes (or, ahead of time, reports that the signature needs them).
+sizes (or, ahead of time, reports that the signature needs them); but a
+float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
+run time instead (`compiler.lower.Lowerer.size_number`).
 """
 from __future__ import annotations
 

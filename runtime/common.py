@@ -327,6 +327,18 @@ def index_out_of_range(where: Where, index: int, size: int) -> None:
                                       "(an empty axis has none)"), span)
 
 
+def nonzero_divisor(size: int, where: Where) -> int:
+    """`size`, which a float divides by (`0.1 / k`, a number computed at
+    run time: `compiler.lower.Lowerer.size_number`); 0 raises, as the
+    division by zero of compile-time arithmetic does (and Python's
+    `0.1 / x.shape[0]`), where an infinity would pass on silently.
+    `where`: the division."""
+    if size == 0:
+        raise ArgumentError("division by zero: a size this divides by is 0 in this call",
+                            placed(where)[1])
+    return size
+
+
 def index_views(shape: tuple, axis: int) -> tuple[int, int, int]:
     """(outer, size of `axis`, inner): the 3-d view a gather or scatter-add
     along `axis` works on."""

@@ -38,6 +38,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     index_out_of_range,
     index_views,
     into,
+    nonzero_divisor,
     size_mismatch,
     size_too_small,
     slice_layout,

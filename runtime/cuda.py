@@ -58,6 +58,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     index_out_of_range,
     index_views,
     into,
+    nonzero_divisor,
     size_mismatch,
     size_too_small,
     slice_layout,

@@ -1,0 +1,84 @@
+"""A float that compile-time arithmetic makes of a symbolic size (label
+smoothing's `smoothing / k`, `1.0 / n`) is computed at run time, so the
+program stays symbolic: a new batch size (a last, smaller batch) compiles
+nothing.  Values and gradients as NumPy's (f64) at every size."""
+import numpy as np
+import pytest
+
+import dsl
+import dsl.function
+from helpers import central_difference
+
+# (the loss of log-probabilities: a log_softmax compiles more kernels)
+SMOOTHING = """
+def smoothed(p: f64[b, k], labels: i64[b], smoothing: const = 0.1):
+    target = one_hot(labels, p.shape[1]) * (1.0 - smoothing) + smoothing / p.shape[1]
+    return -mean(sum(target * log(p), axis=1))
+"""
+
+
+def counting_builds(monkeypatch) -> list:
+    """The argument types of each program built from here on (one per
+    program a callable compiles: its key's types)."""
+    built = []
+    build_stored = dsl.function.build_stored
+
+    def counted(key, *args, **kwargs):
+        built.append(key[2])
+        return build_stored(key, *args, **kwargs)
+    monkeypatch.setattr(dsl.function, "build_stored", counted)
+    return built
+
+
+def smoothed_reference(p, labels, smoothing=0.1):
+    """NumPy's value and gradient (in p) of the label-smoothed loss."""
+    b, k = p.shape
+    target = np.eye(k)[labels] * (1 - smoothing) + smoothing / k
+    return -np.mean(np.sum(target * np.log(p), axis=1)), -target / (p * b)
+
+
+def test_label_smoothing_compiles_once_for_every_batch_size(monkeypatch):
+    # `smoothing / k` made the program concrete in every size, so each
+    # batch size (the last, smaller batch of an epoch) compiled it again
+    built = counting_builds(monkeypatch)
+    m = dsl.loads(SMOOTHING, "smoothed.grad")
+    value_and_grad = dsl.value_and_grad(m.smoothed)
+    rng = np.random.default_rng(0)
+    for b, k in ((6, 4), (5, 4), (5, 3)):  # (a new class count too)
+        p, labels = rng.uniform(0.1, 1, size=(b, k)), rng.integers(0, k, b)
+        value, grad = value_and_grad(p, labels)
+        want, want_grad = smoothed_reference(p, labels)
+        np.testing.assert_allclose(value, want, rtol=1e-14)
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-14)
+        np.testing.assert_allclose(  # (and the reference's, by central differences)
+            want_grad, central_difference(lambda x: smoothed_reference(x, labels)[0], [p], 0),
+            rtol=1e-7)
+    assert len(built) == 1, built
+
+
+def test_a_number_of_sizes_takes_the_arrays_dtype_as_the_folded_one_did(monkeypatch):
+    # computed in f64 (as compile-time arithmetic folds it), then rounded
+    # once to the f32 of the arrays it meets: the value a concrete program
+    # had, bit for bit; an integer array makes it f64, as a float literal does
+    built = counting_builds(monkeypatch)
+    m = dsl.loads("def scaled(x):\n    return x * (0.3 / x.shape[0]) + x.shape[0] * 0.5\n"
+                  "def ints(i):\n    return i * (1 / i.shape[0])\n", "scaled.grad")
+    for n in (3, 7):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        got = m.scaled(x)
+        assert got.dtype == np.float32
+        assert got.tobytes() == (x * np.float32(0.3 / n) + np.float32(n * 0.5)).tobytes()
+        i = np.arange(n)
+        assert m.ints(i).dtype == np.float64
+        np.testing.assert_array_equal(m.ints(i), i * (1 / n))
+    assert len(built) == 2, built  # (one program each)
+
+
+def test_dividing_by_a_size_of_zero_is_an_error_at_the_division():
+    # Python's 0.1 / 0 raises (the concrete lowering's compile-time
+    # error): computed at run time it is checked, not an infinity
+    m = dsl.loads("def f(x):\n    return sum(x) + 0.1 / x.shape[0]\n", "zero.grad")
+    assert m.f(np.ones(4)) == pytest.approx(4.025, rel=1e-15)
+    with pytest.raises(dsl.ArgumentError, match=r"zero.grad:2:21: error: division by zero: "
+                                                "a size this divides by is 0 in this call"):
+        m.f(np.ones(0))
