@@ -142,7 +142,9 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             fills[out] = eqn.p["value"]
         alias = (None if keep_barriers and eqn.op == "recompute_barrier"
                  else _identity_input(eqn.op, inputs, eqn.p, fills))
-        if alias is not None and alias.type == out.type and isinstance(alias, Var):
+        if alias is not None and alias.type == out.type:
+            # (a literal too: a `@recompute` stage's barrier on a default
+            # number has no driver code, and needs none)
             env[out] = alias
             continue
         if eqn.op == "reduce_sum" and inputs[0] in broadcast:

@@ -242,6 +242,15 @@ def test_recompute_equals_plain_and_keeps_only_inputs(checkpoint):
         np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
+def test_a_recomputed_function_with_a_default_number_differentiates():
+    # the stage's barrier on the default (a literal once inlined) reached
+    # the driver, which has no code for one: NotImplementedError
+    m = dsl.loads("@recompute\ndef f(x, k = 1.5):\n    return sin(x) * k\n")
+    x = np.array([0.3, -1.2, 2.0])
+    np.testing.assert_allclose(dsl.grad(m.f)(x), 1.5 * np.cos(x), rtol=1e-14)
+    np.testing.assert_allclose(dsl.grad(m.f)(x), central_difference(m.f, [x], 0), rtol=1e-8)
+
+
 def test_recomputed_layers_share_their_kernels(checkpoint):
     # 20 equal layers are 20 equal loops forward and about as many again
     # backward: they must run a handful of kernels (one Numba compile
