@@ -755,6 +755,8 @@ class _Driver:
                 fresh.update(step.outputs[step.p["n_carry"]:])  # the stacks
                 for v in step.outputs[step.p["n_carry"]:]:
                     made.add(v, "")
+            elif step.op == "check_index":
+                lines.append(_render_check(step, ref))
             else:
                 # A scatter-add may add into its base in place when the driver
                 # made it and nothing else reads it (a view of it would: a
@@ -1258,6 +1260,11 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         products.append((rows, inner, columns))
         return [f"{define(step.out)} = matrix_product({x[0]}, {x[1]}, {dim(rows)}, "
                 f"{dim(inner)}, {dim(columns)})"]
+    if op == "check_index":
+        if isinstance(step.inputs[0], Lit):
+            raise _NoCompiledForm
+        return [f"bad = first_out_of_range({x[0]}, {dim(p['size'])})", "if bad >= 0:",
+                f"    {give_up}"]
     if op in ("take", "scatter_add"):
         shape, axis = step.inputs[0].type.shape, p["axis"]
         views = f"{dim(prod(shape[:axis]))}, {dim(shape[axis])}, {dim(prod(shape[axis + 1:]))}"
@@ -1480,6 +1487,13 @@ def render(d: Dim) -> str:
 def render_shape(shape) -> str:
     parts = [render(d) for d in shape]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _render_check(eqn: Eqn, ref) -> str:
+    """A `check_index` step: the driver's check of the index, with the
+    message of the gather or scatter-add it stands for."""
+    where = where_of(eqn.p["what"], eqn.span)  # user text: repr
+    return f"R.check_index({ref(eqn.inputs[0])}, {render(eqn.p['size'])}, {where!r})"
 
 
 def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,

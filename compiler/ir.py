@@ -202,7 +202,10 @@ def print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
         attr_text = (" {" + ", ".join(f"{k} = {_fmt(v)}" for k, v in attrs.items()) + "}"
                      if attrs else "")
         types = ", ".join(str(v.type) for v in eqn.outputs)
-        lines.append(f"{indent}{outs} = {eqn.op} {ins}{attr_text} : {types}")
+        if eqn.outputs:
+            lines.append(f"{indent}{outs} = {eqn.op} {ins}{attr_text} : {types}")
+        else:  # (a check, run for the error it may raise)
+            lines.append(f"{indent}{eqn.op} {ins}{attr_text}")
         for key, sub in subs.items():
             lines.append(f"{indent}  {key}:")
             lines += ["  " + indent + l for l in print_function(sub, name).splitlines()]

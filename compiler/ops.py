@@ -631,6 +631,12 @@ def _loop_rule(types, params, span):
     return carry + [TensorType(y.dtype, (trip,) + y.shape) for y in ys]
 
 
+def _check_index_rule(types, params, span):
+    (idx,) = types
+    _check_index(idx, span)
+    return []
+
+
 def _dim_rule(types, params, span):
     return [TensorType(params["dtype"], ())]
 
@@ -691,6 +697,11 @@ def _scatter_along_ref(base, idx, values, axis, what):
     return out
 
 
+def _check_index_ref(idx, size, what):
+    if np.any((idx < -size) | (idx >= size)):
+        raise IndexError(f"an index in {what} is out of range for an axis of size {size}")
+
+
 def _cumsum_ref(x, axis, reverse):
     if not reverse:
         return np.cumsum(x, axis=axis, dtype=x.dtype)
@@ -739,7 +750,9 @@ class Op:
     # "elementwise" (fusable into a loop), "reduction", "layout" (shape
     # only: reshape, transpose, slicing, ...), "matmul", "index" (a gather
     # or scatter-add by an integer index array, checked at run time),
-    # "scan" (a cumulative sum along an axis, lane by lane),
+    # "scan" (a cumulative sum along an axis, lane by lane), "check" (an
+    # op with no outputs, run for the `ArgumentError` it may raise: DCE
+    # keeps it, and no pass moves it out of a loop),
     # "shape" (a value the driver makes from sizes alone: dim, iota),
     # "call" (a user function carrying its gradient) or "loop" (a
     # structured loop whose body is a sub-function)
@@ -1075,6 +1088,15 @@ _TABLE: tuple[Op, ...] = (
     Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
        vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
        domain=("real", "index", "real"), linear="jointly", adds_into_first=True),
+    # What a gather or scatter-add checks, alone: that every index of its
+    # input lies in [-size, size) (`params["size"]`, a `Dim`), else the
+    # op's `ArgumentError` (naming `params["what"]`, at its span).  It has
+    # no outputs: `compiler.passes.dce` leaves one in place of a gather or
+    # scatter-add whose result nothing reads, and keeps it, so that an
+    # index out of range is an error wherever it is written, whatever
+    # reads the result (a gradient w.r.t. the scatter's base needs none).
+    Op("check_index", kind="check", type_rule=_check_index_rule, ref=_check_index_ref,
+       domain="index"),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.

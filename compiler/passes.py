@@ -17,7 +17,10 @@ Contract:
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
   a loop that nobody reads (with the carried values only they need), and
   the invariants and stacked inputs its body then does not read
-  (`without_dead_outputs`, which a loop's VJP also takes); `read_by`: the
+  (`without_dead_outputs`, which a loop's VJP also takes), but never a
+  run-time check: a gather or scatter-add nothing reads leaves its
+  `check_index` (`check_of`), kept as loops whose bodies check are, unless
+  another equation checks the same as the first to raise of it (`_without_covered_checks`); `read_by`: the
   values a function's given results read, as `dce` leaves it (a loop's
   VJP asks which carried values' states its backward trip reads);
 
@@ -84,6 +87,9 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
         inputs = tuple(sub(a) for a in eqn.inputs)
+        if not eqn.outputs:  # a check: nothing to simplify
+            b.eqns.append(Eqn(eqn.op, inputs, (), eqn.params, eqn.span))
+            continue
         out = eqn.outputs[0]
         if eqn.op in ("reshape", "broadcast_to") and inputs[0] in fills:
             # a reshaped or broadcast constant is a constant of the new shape
@@ -281,11 +287,132 @@ def dce(fn: Function) -> Function:
     live: set[Var] = {a for a in fn.outputs if isinstance(a, Var)}
     kept: list[Eqn] = []
     for eqn in reversed(fn.eqns):
-        if any(o in live for o in eqn.outputs):
+        if any(o in live for o in eqn.outputs) or checks(eqn):
             eqn = without_dead_outputs(eqn, live)
-            kept.append(eqn)
-            live.update(a for a in eqn.inputs if isinstance(a, Var))
-    return Function(fn.name, fn.params, tuple(reversed(kept)), fn.outputs)
+        elif OPS[eqn.op].kind == "index":
+            eqn = check_of(eqn)
+            if eqn is None:
+                continue
+        else:
+            continue
+        kept.append(eqn)
+        live.update(a for a in eqn.inputs if isinstance(a, Var))
+    return Function(fn.name, fn.params, _without_covered_checks(kept[::-1]), fn.outputs)
+
+
+def checks(eqn: Eqn) -> bool:
+    """Whether `eqn` must run though nothing reads its outputs: a
+    `check_index`, or a loop whose body checks an index (a gather or
+    scatter-add there, whose result nothing may read, is its check then)."""
+    if eqn.op == "check_index":
+        return True
+    return eqn.op == "loop" and any(OPS[e.op].kind in ("index", "check") or checks(e)
+                                    for e in eqn.p["body"].eqns)
+
+
+def check_of(eqn: Eqn) -> Optional[Eqn]:
+    """The `check_index` left of a gather or scatter-add whose result
+    nothing reads: its index checked against its axis, with its message
+    (None for a literal index that the axis's fixed size holds)."""
+    idx, size = eqn.inputs[1], eqn.inputs[0].type.shape[eqn.p["axis"]]
+    if isinstance(idx, Lit) and isinstance(size, int) and -size <= idx.value < size:
+        return None
+    return Eqn("check_index", (idx,), (), (("size", size), ("what", eqn.p["what"])), eqn.span)
+
+
+def _check_key(eqn: Eqn) -> Optional[tuple]:
+    """What a gather's, scatter-add's or check's run-time check raises on:
+    (index, axis size, message params, place); None for any other op."""
+    kind = OPS[eqn.op].kind
+    span = (eqn.span, eqn.span.via) if eqn.span is not None else None
+    if kind == "check":
+        return eqn.inputs[0], eqn.p["size"], eqn.p["what"], span
+    if kind == "index":
+        return (eqn.inputs[1], eqn.inputs[0].type.shape[eqn.p["axis"]], eqn.p["what"], span)
+    return None
+
+
+def _may_raise(eqn: Eqn) -> bool:
+    """Whether running `eqn` may raise (after the driver's checks of the
+    arguments and sizes, which come before any of them)."""
+    return OPS[eqn.op].kind in ("index", "check", "loop", "call") or eqn.op == "reduce_max"
+
+
+def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
+    """`eqns` without each `check_index` that another equation of theirs
+    performs too, as the first to raise of it: one before it checking
+    the same index against the same size with the same message (an index
+    out of range raised there already), or the next equation after it
+    that may raise at all (nothing raises between them).  So a gradient's
+    scatter-add of a gather's cotangent checks its index once, the dead
+    gather's check leaving no pass of its own, and the first error raised
+    is the one the check would have raised.  The same for a loop run for
+    checks alone of indices it does not change from trip to trip
+    (`_trip_keys`), where the next to raise is a loop of the same trips
+    whose body first checks those, in that order (a backward loop's
+    scatter-adds of an invariant gather's cotangent)."""
+    if not any(e.op == "check_index" or (e.op == "loop" and checks(e)) for e in eqns):
+        return tuple(eqns)
+    following: list[Optional[Eqn]] = [None] * len(eqns)
+    after = None
+    for k in range(len(eqns) - 1, -1, -1):
+        following[k] = after
+        if _may_raise(eqns[k]):
+            after = eqns[k]
+    done: set[tuple] = set()
+    kept = []
+    for k, eqn in enumerate(eqns):
+        key = _check_key(eqn)
+        after = following[k]
+        if eqn.op == "check_index" and (
+                key in done or (after is not None and key == _check_key(after))):
+            continue
+        only = _trip_keys(eqn, checks_only=True)
+        if only and (set(only) <= done or (
+                after is not None and after.op == "loop" and after.inputs[:3] == eqn.inputs[:3]
+                and _first_keys(after, len(only)) == only)):
+            continue
+        if key is not None:
+            done.add(key)
+        kept.append(eqn)
+    return tuple(kept)
+
+
+def _trip_keys(eqn: Eqn, checks_only: bool = False) -> Optional[list]:
+    """For a loop: `_check_key` of each equation of its body that may
+    raise, in order, an index it reads as an invariant named by what the
+    loop is given for it (None for any other); with `checks_only`, None
+    unless its body is `check_index`es of invariants alone."""
+    if eqn.op != "loop":
+        return None
+    body, p = eqn.p["body"], eqn.p
+    _, _, outer, _ = loop_groups(eqn.inputs, p)
+    _, _, inner, _ = loop_groups(body.params, p, lead=1)
+    given = dict(zip(inner, outer))
+    keys = []
+    for e in body.eqns:
+        if checks_only and e.op != "check_index":
+            return None
+        if not _may_raise(e):
+            continue
+        key = _check_key(e)
+        idx = key[0] if key is not None else None
+        keys.append((given[idx],) + key[1:] if idx in given else None)
+    if checks_only and None in keys:
+        return None
+    return keys
+
+
+def _first_keys(eqn: Eqn, count: int) -> list:
+    """The first `count` distinct keys a loop's body checks (`_trip_keys`),
+    up to the first that may raise otherwise."""
+    found: list = []
+    for key in _trip_keys(eqn) or []:
+        if key is None or len(found) == count:
+            break
+        if key not in found:
+            found.append(key)
+    return found
 
 
 def without_dead_outputs(eqn: Eqn, live: set[Var]) -> Eqn:
@@ -328,21 +455,28 @@ def _live_loop(eqn: Eqn, live: set[Var], memo: dict) -> Eqn:
         if grown == carried:
             break
         carried = grown
-    if not carried:  # keep them all: no stage makes or runs a loop that carries nothing
+    passed = None
+    if not carried and not ys and checks(eqn):
+        # run for its body's checks alone: it carries its first value
+        # unchanged (no stage makes or runs a loop that carries nothing),
+        # and its body computes only what the checks read
+        carried, passed = {0}, body.params[1]
+    elif not carried:  # keep them all: no stage makes or runs a loop that carries nothing
         carried = set(range(n_carry))
     kept = sorted(carried)
-    read = read_by(body, [body.outputs[j] for j in kept + ys], memo)
+    outs = [passed] if passed is not None else [body.outputs[j] for j in kept + ys]
+    read = read_by(body, outs, memo)
     bounds, carry, inv, xs = loop_groups(eqn.inputs, p)
     index, carry_params, inv_params, slices = loop_groups(body.params, p, lead=1)
     inv_kept = [j for j, v in enumerate(inv_params) if v in read]
     xs_kept = [j for j, v in enumerate(slices) if v in read]
     if len(kept) + len(ys) == len(eqn.outputs) and len(inv_kept) == len(inv) \
-            and len(xs_kept) == len(xs):
+            and len(xs_kept) == len(xs) and passed is None:
         return eqn
     body = Function(body.name, (*index, *(carry_params[j] for j in kept),
                                 *(inv_params[j] for j in inv_kept),
                                 *(slices[j] for j in xs_kept)),
-                    body.eqns, tuple(body.outputs[j] for j in kept + ys))
+                    body.eqns, tuple(outs))
     counts = {"body": body, "n_carry": len(kept), "n_inv": len(inv_kept)}
     params = tuple((k, counts.get(k, v)) for k, v in eqn.params)
     return Eqn(eqn.op, (*bounds, *(carry[j] for j in kept), *(inv[j] for j in inv_kept),
@@ -356,7 +490,9 @@ def read_by(fn: Function, outputs, memo: Optional[dict] = None) -> set[Var]:
     memo = {} if memo is None else memo
     read = {a for a in outputs if isinstance(a, Var)}
     for eqn in reversed(fn.eqns):
-        if any(o in read for o in eqn.outputs):
+        if any(o in read for o in eqn.outputs) or checks(eqn):
             eqn = _without_dead_loop_outputs(eqn, read, memo)
             read.update(a for a in eqn.inputs if isinstance(a, Var))
+        elif OPS[eqn.op].kind == "index" and isinstance(eqn.inputs[1], Var):
+            read.add(eqn.inputs[1])  # (its check, `check_of`, stays)
     return read

@@ -598,6 +598,16 @@ def _out_of_range(idx: np.ndarray, n: int) -> int:
 # table per trip 80 times slower (and a broadcast one cost its full size).
 
 
+def check_index(idx, n: int, where: str) -> None:
+    """Raise (`index_out_of_range`) for idx's first index outside [-n, n),
+    in C order, as the gather or scatter-add of this index would: the
+    check that one leaves where nothing reads its result.  Two reductions
+    where every index is in range (no array made)."""
+    idx = np.asarray(idx)
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        _checked(_out_of_range(idx, n), idx, n, where)
+
+
 def take(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np.ndarray:
     """np.take(x, idx, axis), every index checked; x is not copied."""
     outer, n, inner = index_views(x.shape, axis)
@@ -847,8 +857,9 @@ class CpuTarget(Target):
     def render_function(self, name: str, args: list[str], lines: list[str]) -> str:
         # The products by name from cpu_math: the header's `math` is libm's
         # with GRADC_LIBM=1, which has none.
-        return "\n".join(["from gradlang.runtime.cpu_math import add_outer, gather_rows, "
-                          "matrix_product, matrix_transpose, scatter_rows", _FUNCTION,
+        return "\n".join(["from gradlang.runtime.cpu_math import add_outer, "
+                          "first_out_of_range, gather_rows, matrix_product, "
+                          "matrix_transpose, scatter_rows", _FUNCTION,
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
 

@@ -1422,6 +1422,16 @@ def matrix_transpose(x, rows, columns):
 
 
 @jit_in_kernel_cache()
+def first_out_of_range(idx, n):
+    """The position in idx (flat) of its first index outside [-n, n), or
+    -1: a compiled loop's `check_index`."""
+    for k in range(idx.size):
+        if idx[k] < -n or idx[k] >= n:
+            return k
+    return -1
+
+
+@jit_in_kernel_cache()
 def gather_rows(x, idx, out, outer, n, inner):
     """out (outer, idx.size, inner) = x (outer, n, inner) at idx."""
     m = idx.size

@@ -711,6 +711,34 @@ def _checked(first_bad, idx, n: int, where: str, launched: bool) -> None:
         index_out_of_range(where, int(to_host(flat(idx)[bad:bad + 1])[0]), n)
 
 
+@cuda.jit
+def _check_indices(idx, n, first_bad):
+    for t in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
+        j = idx[t]
+        if j < -n or j >= n:
+            cuda.atomic.min(first_bad, 0, t)
+
+
+def check_index(idx, n: int, where: str) -> None:
+    """Raise (`index_out_of_range`) for idx's first index outside [-n, n),
+    in C order, as the gather or scatter-add of this index would: the
+    check that one leaves where nothing reads its result (one launch, and
+    8 bytes read back)."""
+    if not is_device_array(idx):
+        return common_check_index(np.asarray(idx), n, where)
+    first_bad = full((1,), idx.size, np.int64)
+    if idx.size:
+        _launch(_check_indices, idx.size, flat(idx), n, first_bad)
+    _checked(first_bad, idx, n, where, True)
+
+
+def common_check_index(idx: np.ndarray, n: int, where: str) -> None:
+    """`check_index` of a host index (a literal)."""
+    bad = np.flatnonzero((idx < -n) | (idx >= n))
+    if bad.size:
+        index_out_of_range(where, int(np.ravel(idx)[bad[0]]), n)
+
+
 def _gather_by(x, idx, axis: int, out_shape, along: bool, where: str):
     _, n, inner = index_views(tuple(x.shape), axis)
     size = math.prod(out_shape)

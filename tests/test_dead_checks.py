@@ -1,0 +1,102 @@
+"""An index out of range is an error wherever it is written: a gather or
+scatter-add whose result nothing reads (dead code, or a gradient that needs
+none of it, as one w.r.t. a scatter-add's base) still checks its index
+(`compiler.passes.dce` leaves a `check_index` in its place), so a call and
+every transform of it raise the same error at the same inputs, and where
+the indices are in range the values are the same as before."""
+import numpy as np
+import pytest
+
+import dsl
+from gradlang.compiler.ir import TensorType
+from gradlang.compiler.pipeline import optimize
+from gradlang.runtime.target import TARGETS
+from helpers import central_difference
+
+SOURCE = """
+def sa(base, idx, v):
+    return scatter_add(base, idx, v, axis=0)
+
+def unused(x, i: i64):
+    y = x[i]
+    return x * 2.0
+
+def two(x, w, i, j):
+    return sum(take(x, i, axis=0)) + sum(take(w, j, axis=0) * 3.0)
+
+def acc(x, idx, n: i64):
+    t = 0.0
+    for k in range(n):
+        t = t + x[idx[k]] * 3.0
+    return t
+"""
+
+
+def _error(f, *args) -> str:
+    with pytest.raises(dsl.ArgumentError) as info:
+        f(*args)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_a_gradient_wrt_a_scatter_adds_base_checks_its_index(target):
+    # d sum(base + scatter) / d base reads nothing of the scatter: it
+    # returned ones for an index the call refuses
+    m = dsl.loads(SOURCE, "dead.grad", target=target)
+    host = (lambda a: a.copy_to_host()) if target == "cuda" else np.asarray
+    base, v = np.arange(6.0).reshape(3, 2), np.ones((2, 2))
+    message = _error(m.sa, base, np.array([1, 7]), v)
+    assert message.startswith("dead.grad:3:12: error: index 7 in 'idx' is out of range for "
+                              "an axis of size 3 (valid: -3 to 2)")
+    assert _error(dsl.grad(m.sa), base, np.array([1, 7]), v) == message
+    good = np.array([1, -1])
+    np.testing.assert_allclose(host(dsl.grad(m.sa)(base, good, v)),
+                               central_difference(lambda *a: host(m.sa(*a)),
+                                                  (base, good, v), 0), rtol=1e-7)
+
+
+def test_a_gather_nothing_reads_checks_its_index():
+    m = dsl.loads(SOURCE, "dead.grad")
+    x = np.array([1.0, -2.0, 4.0])
+    message = _error(m.unused, x, 7)
+    assert message.startswith("dead.grad:6:9: error: index 7 in 'i' is out of range for an "
+                              "axis of size 3 (valid: -3 to 2)")
+    assert _error(dsl.grad(m.unused), x, -4) == message.replace("index 7", "index -4")
+    np.testing.assert_array_equal(m.unused(x, -3), 2 * x)
+    np.testing.assert_allclose(dsl.grad(m.unused)(x, -3),
+                               central_difference(m.unused, (x, -3), 0), rtol=1e-7)
+
+
+def test_dead_gathers_of_a_gradient_raise_the_calls_first_error():
+    # both gathers are dead in the gradient (it is linear in each), whose
+    # scatter-adds run in reverse order: j's was the error reported
+    m = dsl.loads(SOURCE, "dead.grad")
+    x, w = np.array([1.0, -2.0, 4.0]), np.array([0.5, 3.0])
+    i, j = np.array([0, 5]), np.array([9, 1])
+    message = _error(m.two, x, w, i, j)
+    assert message.startswith("dead.grad:10:16: error: index 5 in 'i' is out of range")
+    assert _error(dsl.grad(m.two, wrt=(0, 1)), x, w, i, j) == message
+    i, j = np.array([0, 2, 0]), np.array([1, -1])
+    for got, k in zip(dsl.grad(m.two, wrt=(0, 1))(x, w, i, j), (0, 1)):
+        np.testing.assert_allclose(got, central_difference(m.two, (x, w, i, j), k), rtol=1e-7)
+    # cheapest: i's check runs first, alone; j's is its scatter-add's own
+    types = {"x": TensorType("f64", (3,)), "w": TensorType("f64", (2,)),
+             "i": TensorType("i64", (2,)), "j": TensorType("i64", (2,))}
+    ops = [e.op for e in optimize(dsl.grad(m.two, wrt=(0, 1)).lower(types)).eqns]
+    assert ops.count("check_index") == 1 and ops[0] == "check_index"
+
+
+def test_a_loops_dead_gathers_are_checked_in_the_calls_order():
+    # the forward loop of the gradient computes nothing it reads: it runs
+    # for its checks, in the trips' order, where the backward loop's
+    # scatter-adds met index 9 first
+    m = dsl.loads(SOURCE, "dead.grad")
+    x = np.array([1.0, -2.0, 4.0, 0.5])
+    bad = np.array([0, 7, 9, 1])
+    message = _error(m.acc, x, bad, 4)
+    assert "index 7 is out of range for an axis of size 4" in message
+    assert _error(dsl.grad(m.acc), x, bad, 4) == message
+    idx = np.array([0, 3, -1, 1, 3])
+    np.testing.assert_allclose(dsl.grad(m.acc)(x, idx, 5),
+                               central_difference(m.acc, (x, idx, 5), 0), rtol=1e-7)
+    np.testing.assert_allclose(dsl.grad(m.acc)(x, idx, 0), np.zeros(4))
