@@ -750,7 +750,7 @@ def split(joint: Function, n_params: int, n_out: int) -> tuple[Function, Functio
     made: list[Eqn] = []
     for eqn in fwd_eqns:
         inputs = list(vars_in(eqn.inputs))
-        if eqn.op != "loop" and all(a in free for a in inputs) and (
+        if eqn.op != "loop" and eqn.outputs and all(a in free for a in inputs) and (
                 not inputs or all(o.type.rank == 0 for o in eqn.outputs)):
             free.update(eqn.outputs)
             made.append(eqn)

@@ -755,7 +755,7 @@ class _Driver:
                 fresh.update(step.outputs[step.p["n_carry"]:])  # the stacks
                 for v in step.outputs[step.p["n_carry"]:]:
                     made.add(v, "")
-            elif step.op == "check_index":
+            elif OPS[step.op].kind == "check":
                 lines.append(_render_check(step, ref))
             else:
                 # A scatter-add may add into its base in place when the driver
@@ -1490,10 +1490,20 @@ def render_shape(shape) -> str:
 
 
 def _render_check(eqn: Eqn, ref) -> str:
-    """A `check_index` step: the driver's check of the index, with the
-    message of the gather or scatter-add it stands for."""
-    where = where_of(eqn.p["what"], eqn.span)  # user text: repr
-    return f"R.check_index({ref(eqn.inputs[0])}, {render(eqn.p['size'])}, {where!r})"
+    """A check step (`compiler.ops`, kind "check"): the driver's check that
+    the equation it stands for made, with that one's message."""
+    p = eqn.p
+    if eqn.op == "check_nonempty":
+        where = where_of("", eqn.span)  # user text (a file name): repr
+        return (f"R.empty_axis({render_shape(p['shape'])}, {tuple(p['axes'])!r}, {where!r}, "
+                "None)")
+    if eqn.op == "check_trips":
+        where = where_of("", eqn.span)
+        bounds = [str(a.value) if isinstance(a, Lit) else f"R.as_int({ref(a)})"
+                  for a in eqn.inputs]
+        return f"R.trip_count({', '.join(bounds)}, {where!r})"
+    where = where_of(p["what"], eqn.span)  # user text: repr
+    return f"R.check_index({ref(eqn.inputs[0])}, {render(p['size'])}, {where!r})"
 
 
 def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,

@@ -19,7 +19,7 @@ import numpy as np
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
 from gradlang.compiler.shapes import Sym
-from gradlang.runtime.common import iota
+from gradlang.runtime.common import iota, trip_count
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:  # rules receive a builder; the builder consults this table
@@ -702,6 +702,11 @@ def _check_index_ref(idx, size, what):
         raise IndexError(f"an index in {what} is out of range for an axis of size {size}")
 
 
+def _check_nonempty_ref(shape, axes):
+    if any(shape[a] == 0 for a in axes):
+        raise ValueError("max/min over an empty axis")
+
+
 def _cumsum_ref(x, axis, reverse):
     if not reverse:
         return np.cumsum(x, axis=axis, dtype=x.dtype)
@@ -1097,6 +1102,16 @@ _TABLE: tuple[Op, ...] = (
     # reads the result (a gradient w.r.t. the scatter's base needs none).
     Op("check_index", kind="check", type_rule=_check_index_rule, ref=_check_index_ref,
        domain="index"),
+    # What a max over axes that may be empty checks, alone (`params`: the
+    # shape of its input and the axes, as `reduce_max`'s): that none of
+    # them is, else its `ArgumentError`.  No inputs, no outputs.
+    Op("check_nonempty", kind="check", type_rule=lambda types, params, span: [],
+       ref=_check_nonempty_ref, arity=0),
+    # What a loop checks of its bounds (start, stop, step), alone: a step
+    # of zero, or more trips than a loop counts, is its `ArgumentError`.
+    Op("check_trips", kind="check", type_rule=lambda types, params, span: [],
+       ref=lambda start, stop, step: trip_count(int(start), int(stop), int(step)) and None,
+       arity=3),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`
     # divides by when the reduced axes are symbolic.  The driver computes it.

@@ -18,9 +18,10 @@ Contract:
   a loop that nobody reads (with the carried values only they need), and
   the invariants and stacked inputs its body then does not read
   (`without_dead_outputs`, which a loop's VJP also takes), but never a
-  run-time check: a gather or scatter-add nothing reads leaves its
-  `check_index` (`check_of`), kept as loops whose bodies check are, unless
-  another equation checks the same as the first to raise of it (`_without_covered_checks`); `read_by`: the
+  run-time check: a gather, scatter-add, max or loop nothing reads leaves
+  its check (`check_of`), kept as loops whose bodies check are, unless
+  another equation checks the same as the first to raise after it
+  (`_without_covered_checks`); `read_by`: the
   values a function's given results read, as `dce` leaves it (a loop's
   VJP asks which carried values' states its backward trip reads);
 
@@ -289,35 +290,48 @@ def dce(fn: Function) -> Function:
     for eqn in reversed(fn.eqns):
         if any(o in live for o in eqn.outputs) or checks(eqn):
             eqn = without_dead_outputs(eqn, live)
-        elif OPS[eqn.op].kind == "index":
+        else:
             eqn = check_of(eqn)
             if eqn is None:
                 continue
-        else:
-            continue
         kept.append(eqn)
         live.update(a for a in eqn.inputs if isinstance(a, Var))
     return Function(fn.name, fn.params, _without_covered_checks(kept[::-1]), fn.outputs)
 
 
 def checks(eqn: Eqn) -> bool:
-    """Whether `eqn` must run though nothing reads its outputs: a
-    `check_index`, or a loop whose body checks an index (a gather or
-    scatter-add there, whose result nothing may read, is its check then)."""
-    if eqn.op == "check_index":
+    """Whether `eqn` must run though nothing reads its outputs: a check
+    (`compiler.ops`, kind "check"), or a loop whose body checks (an
+    equation there whose result nothing may read leaves its check,
+    `check_of`)."""
+    if OPS[eqn.op].kind == "check":
         return True
-    return eqn.op == "loop" and any(OPS[e.op].kind in ("index", "check") or checks(e)
+    return eqn.op == "loop" and any(checks(e) or check_of(e) is not None
                                     for e in eqn.p["body"].eqns)
 
 
 def check_of(eqn: Eqn) -> Optional[Eqn]:
-    """The `check_index` left of a gather or scatter-add whose result
-    nothing reads: its index checked against its axis, with its message
-    (None for a literal index that the axis's fixed size holds)."""
-    idx, size = eqn.inputs[1], eqn.inputs[0].type.shape[eqn.p["axis"]]
-    if isinstance(idx, Lit) and isinstance(size, int) and -size <= idx.value < size:
-        return None
-    return Eqn("check_index", (idx,), (), (("size", size), ("what", eqn.p["what"])), eqn.span)
+    """The check left of an equation whose results nothing reads, where
+    running it may raise: a gather's or scatter-add's `check_index` (not
+    for a literal index that the axis's fixed size holds), a max's
+    `check_nonempty` where an axis it reduces may be empty (and it has no
+    initial value), a loop's `check_trips` where its bounds are values
+    (a step of zero).  None where nothing may raise."""
+    p = eqn.p
+    if OPS[eqn.op].kind == "index":
+        idx, size = eqn.inputs[1], eqn.inputs[0].type.shape[p["axis"]]
+        if isinstance(idx, Lit) and isinstance(size, int) and -size <= idx.value < size:
+            return None
+        return Eqn("check_index", (idx,), (), (("size", size), ("what", p["what"])), eqn.span)
+    if eqn.op == "reduce_max" and p.get("empty") is None:
+        shape = eqn.inputs[0].type.shape
+        if all(isinstance(shape[a], int) and shape[a] > 0 for a in p["axes"]):
+            return None
+        return Eqn("check_nonempty", (), (), (("axes", tuple(p["axes"])), ("shape", shape)),
+                   eqn.span)
+    if eqn.op == "loop" and any(isinstance(a, Var) for a in eqn.inputs[:3]):
+        return Eqn("check_trips", eqn.inputs[:3], (), (), eqn.span)
+    return None
 
 
 def _check_key(eqn: Eqn) -> Optional[tuple]:
@@ -325,8 +339,11 @@ def _check_key(eqn: Eqn) -> Optional[tuple]:
     (index, axis size, message params, place); None for any other op."""
     kind = OPS[eqn.op].kind
     span = (eqn.span, eqn.span.via) if eqn.span is not None else None
-    if kind == "check":
+    if eqn.op == "check_index":
         return eqn.inputs[0], eqn.p["size"], eqn.p["what"], span
+    if eqn.op == "check_nonempty" or (eqn.op == "reduce_max" and eqn.p.get("empty") is None):
+        shape = eqn.p["shape"] if eqn.op == "check_nonempty" else eqn.inputs[0].type.shape
+        return "nonempty", shape, tuple(eqn.p["axes"]), span
     if kind == "index":
         return (eqn.inputs[1], eqn.inputs[0].type.shape[eqn.p["axis"]], eqn.p["what"], span)
     return None
@@ -351,7 +368,7 @@ def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
     (`_trip_keys`), where the next to raise is a loop of the same trips
     whose body first checks those, in that order (a backward loop's
     scatter-adds of an invariant gather's cotangent)."""
-    if not any(e.op == "check_index" or (e.op == "loop" and checks(e)) for e in eqns):
+    if not any(OPS[e.op].kind == "check" or (e.op == "loop" and checks(e)) for e in eqns):
         return tuple(eqns)
     following: list[Optional[Eqn]] = [None] * len(eqns)
     after = None
@@ -364,7 +381,7 @@ def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
     for k, eqn in enumerate(eqns):
         key = _check_key(eqn)
         after = following[k]
-        if eqn.op == "check_index" and (
+        if eqn.op in ("check_index", "check_nonempty") and (
                 key in done or (after is not None and key == _check_key(after))):
             continue
         only = _trip_keys(eqn, checks_only=True)
@@ -493,6 +510,8 @@ def read_by(fn: Function, outputs, memo: Optional[dict] = None) -> set[Var]:
         if any(o in read for o in eqn.outputs) or checks(eqn):
             eqn = _without_dead_loop_outputs(eqn, read, memo)
             read.update(a for a in eqn.inputs if isinstance(a, Var))
-        elif OPS[eqn.op].kind == "index" and isinstance(eqn.inputs[1], Var):
-            read.add(eqn.inputs[1])  # (its check, `check_of`, stays)
+        else:
+            check = check_of(eqn)  # (which `dce` leaves)
+            if check is not None:
+                read.update(a for a in check.inputs if isinstance(a, Var))
     return read

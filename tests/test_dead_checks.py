@@ -24,6 +24,15 @@ def unused(x, i: i64):
 def two(x, w, i, j):
     return sum(take(x, i, axis=0)) + sum(take(w, j, axis=0) * 3.0)
 
+def two_max(x, y):
+    return sum(x * 2.0) + max(y)
+
+def two_loop(x, y, s: i64):
+    t = 0.0
+    for i in range(0, 3, s):
+        t = t + sum(y)
+    return sum(x * 2.0) + t
+
 def acc(x, idx, n: i64):
     t = 0.0
     for k in range(n):
@@ -84,6 +93,28 @@ def test_dead_gathers_of_a_gradient_raise_the_calls_first_error():
              "i": TensorType("i64", (2,)), "j": TensorType("i64", (2,))}
     ops = [e.op for e in optimize(dsl.grad(m.two, wrt=(0, 1)).lower(types)).eqns]
     assert ops.count("check_index") == 1 and ops[0] == "check_index"
+
+
+CHECKED_ALONE = [
+    # d/dx reads neither max(y) nor the loop: an empty y, a step of 0
+    ("two_max", (np.zeros(0),), (np.array([0.5, 3.0]),), -2.0 + 3.0,
+     "dead.grad:13:27: error: max/min over an empty axis (shape [0], axes [0])"),
+    ("two_loop", (np.ones(2), 0), (np.array([0.5, 3.0]), 2), -2.0 + 2 * 3.5,
+     "dead.grad:17:5: error: range() step must not be zero"),
+]
+
+
+@pytest.mark.parametrize("name, bad, good, value, expected", CHECKED_ALONE, ids=["max", "loop"])
+def test_a_max_or_loop_a_gradient_does_not_read_keeps_its_check(name, bad, good, value,
+                                                                  expected):
+    f = getattr(dsl.loads(SOURCE, "dead.grad"), name)
+    x = np.array([1.0, -2.0])
+    message = _error(f, x, *bad)
+    assert message.startswith(expected)
+    assert _error(dsl.grad(f), x, *bad) == message
+    assert f(x, *good) == value
+    np.testing.assert_allclose(dsl.grad(f)(x, *good), central_difference(f, (x, *good), 0),
+                               rtol=1e-7)
 
 
 def test_a_loops_dead_gathers_are_checked_in_the_calls_order():

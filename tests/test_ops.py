@@ -379,7 +379,8 @@ def test_every_primitive_is_covered():
     covered = set(ELEMENTWISE) | {"reduce_sum", "reduce_max"} | {c[0] for c in LAYOUT_CASES}
     covered |= {c[0] for c in INDEX_CASES} | {"cumsum", "iota"}
     helpers = {"cast", "stop_gradient", "full", "custom_vjp", "recompute_barrier", "dim",
-               "loop", "check_index"}  # loop: tests/test_loops.py; check_index: test_dead_checks.py
+               "loop", "check_index", "check_nonempty", "check_trips"}
+    # loop: tests/test_loops.py; the checks: tests/test_dead_checks.py
     assert set(OPS) - covered - helpers == set()
 
 
