@@ -398,8 +398,8 @@ def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
 def _trip_keys(eqn: Eqn, checks_only: bool = False) -> Optional[list]:
     """For a loop: `_check_key` of each equation of its body that may
     raise, in order, an index it reads as an invariant named by what the
-    loop is given for it (None for any other); with `checks_only`, None
-    unless its body is `check_index`es of invariants alone."""
+    loop is given for it (None for any other: what may differ from trip to
+    trip); with `checks_only`, None unless its body is such checks alone."""
     if eqn.op != "loop":
         return None
     body, p = eqn.p["body"], eqn.p
@@ -408,13 +408,15 @@ def _trip_keys(eqn: Eqn, checks_only: bool = False) -> Optional[list]:
     given = dict(zip(inner, outer))
     keys = []
     for e in body.eqns:
-        if checks_only and e.op != "check_index":
+        if checks_only and e.op not in ("check_index", "check_nonempty"):
             return None
         if not _may_raise(e):
             continue
         key = _check_key(e)
-        idx = key[0] if key is not None else None
-        keys.append((given[idx],) + key[1:] if idx in given else None)
+        if key is not None and isinstance(key[0], str):  # (sizes: every trip's)
+            keys.append(key)
+        else:
+            keys.append((given[key[0]],) + key[1:] if key and key[0] in given else None)
     if checks_only and None in keys:
         return None
     return keys
