@@ -53,8 +53,8 @@ ENABLED = True
 # `@recompute`'s backward pass starts, and must stay where it is.
 _STAYS = frozenset({"broadcast_to", "recompute_barrier"})
 # Kinds that never move: a gather or scatter checks its indices at run
-# time; a loop or call may hold one.
-_KINDS_STAYING = frozenset({"index", "loop", "call"})
+# time, and a check (`compiler.ops`) is one; a loop or call may hold one.
+_KINDS_STAYING = frozenset({"index", "check", "loop", "call"})
 
 
 def hoist_invariants(fn: Function) -> Function:
