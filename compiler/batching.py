@@ -111,13 +111,15 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
             made = next(e for e in fn.eqns if a in e.outputs)
             raise _mixes(made, "gives a result whose columns are the rows of the batch (its "
                          "transpose, rows first, decomposes)", span)
-    after_eqns = [e for e in fn.eqns if all(state[v] in (AFTER, CONST) for v in e.outputs)]
+    after_eqns = [e for e in fn.eqns if all(state[v] in (AFTER, CONST) for v in e.outputs)
+                  and not _checks_rows(e, state)]
     needed = {v for e in after_eqns for v in vars_in(e.inputs) if state[v] == PARTIAL}
     needed |= {a for a, s in zip(fn.outputs, of) if s == PARTIAL}
     partials = [v for e in fn.eqns for v in e.outputs if v in needed]
     row_outputs = tuple(s == ROWS for s in of)
     block = Function(f"{fn.name}_rows", fn.params,
-                     tuple(e for e in fn.eqns if any(state[v] != AFTER for v in e.outputs)),
+                     tuple(e for e in fn.eqns if any(state[v] != AFTER for v in e.outputs)
+                           or _checks_rows(e, state)),
                      tuple(a for a, r in zip(fn.outputs, row_outputs) if r) + tuple(partials))
     fixed = tuple(p for p in fn.params if state[p] == CONST)
     combine = optimize(Function(f"{fn.name}_combine", fixed + tuple(partials),
@@ -125,6 +127,15 @@ def split_rows(fn: Function, n: int, span: Optional[Span] = None) -> RowSplit:
                                 tuple(a for a, r in zip(fn.outputs, row_outputs) if not r)))
     return RowSplit(block, tuple(walk.kinds[v] for v in partials), combine, row_outputs,
                     _elementwise(fn, state))
+
+
+def _checks_rows(eqn: Eqn, state: dict[Var, str]) -> bool:
+    """Whether `eqn` is a check (no outputs) that runs in the blocks: one
+    of values of each block's rows, or of values every block has (a
+    function of row results alone may run no `combine`); a check of values
+    reduced over the batch runs in `combine`."""
+    return not eqn.outputs and not any(state[a] in (AFTER, PARTIAL)
+                                       for a in vars_in(eqn.inputs))
 
 
 def _elementwise(fn: Function, state: dict[Var, str]) -> bool:
@@ -285,6 +296,11 @@ class _Walk:
     def walk(self, eqn: Eqn) -> None:
         inputs = list(vars_in(eqn.inputs))
         states = [self.state[a] for a in inputs]
+        if not eqn.outputs:  # a check: where it runs is its inputs' (`_checks_rows`)
+            if {ROWS, COLS, STACKED, PER_BLOCK} & set(states) and {AFTER, PARTIAL} & set(states):
+                raise _mixes(eqn, "uses a value reduced over the batch row by row", self.span)
+            self.eqns.append(eqn)
+            return
         reduced = next((self.origin[a] for a in inputs if a in self.origin), None)
         origin = reduced or self.span
         accumulating = [s for s in states if isinstance(s, Accumulating)]

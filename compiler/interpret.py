@@ -55,6 +55,9 @@ def _run(fn: Function, arrays, outer: dict[str, int]) -> tuple[np.ndarray, ...]:
                         nonzero_divisor(params["value"], where_of("", eqn.span))
                 elif eqn.op == "custom_vjp":
                     outs = _run(params["fwd"], inputs, binding)[:params["n_out"]]
+                elif OPS[eqn.op].kind == "check":  # (raising the drivers' errors)
+                    where = where_of(params.get("what", ""), eqn.span)
+                    outs = (OPS[eqn.op].ref(*inputs, **params, where=where),)
                 else:
                     outs = (OPS[eqn.op].ref(*inputs, **params),)
             for var, value in zip(eqn.outputs, outs):

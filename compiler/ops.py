@@ -19,7 +19,7 @@ import numpy as np
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
 from gradlang.compiler.shapes import Sym
-from gradlang.runtime.common import iota, trip_count
+from gradlang.runtime.common import empty_axis, index_out_of_range, iota, trip_count
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:  # rules receive a builder; the builder consults this table
@@ -697,14 +697,14 @@ def _scatter_along_ref(base, idx, values, axis, what):
     return out
 
 
-def _check_index_ref(idx, size, what):
-    if np.any((idx < -size) | (idx >= size)):
-        raise IndexError(f"an index in {what} is out of range for an axis of size {size}")
+def _check_index_ref(idx, size, what, where):
+    bad = np.flatnonzero((idx < -size) | (idx >= size))
+    if bad.size:
+        index_out_of_range(where, int(np.ravel(idx)[bad[0]]), size)
 
 
-def _check_nonempty_ref(shape, axes):
-    if any(shape[a] == 0 for a in axes):
-        raise ValueError("max/min over an empty axis")
+def _check_nonempty_ref(shape, axes, where):
+    empty_axis(shape, axes, where, None)
 
 
 def _cumsum_ref(x, axis, reverse):
@@ -1093,6 +1093,8 @@ _TABLE: tuple[Op, ...] = (
     Op("scatter_add_along_axis", kind="index", type_rule=_scatter_along_rule,
        vjp=_scatter_vjp("take_along_axis"), ref=_scatter_along_ref, arity=3,
        domain=("real", "index", "real"), linear="jointly", adds_into_first=True),
+    # The checks (kind "check"): their references raise the drivers' errors
+    # (`compiler.interpret` passes them `where`, the place and message).
     # What a gather or scatter-add checks, alone: that every index of its
     # input lies in [-size, size) (`params["size"]`, a `Dim`), else the
     # op's `ArgumentError` (naming `params["what"]`, at its span).  It has
@@ -1110,7 +1112,8 @@ _TABLE: tuple[Op, ...] = (
     # What a loop checks of its bounds (start, stop, step), alone: a step
     # of zero, or more trips than a loop counts, is its `ArgumentError`.
     Op("check_trips", kind="check", type_rule=lambda types, params, span: [],
-       ref=lambda start, stop, step: trip_count(int(start), int(stop), int(step)) and None,
+       ref=lambda start, stop, step, where: trip_count(int(start), int(stop), int(step), where)
+       and None,
        arity=3),
     # ---- internal
     # A size known only at call time (a `Sym`), as a scalar: what `mean`

@@ -38,6 +38,9 @@ def acc(x, idx, n: i64):
     for k in range(n):
         t = t + x[idx[k]] * 3.0
     return t
+
+def rows(x, w, j):
+    return sum(x * 2.0) + sum(take(w, j, axis=0) * 3.0)
 """
 
 
@@ -131,3 +134,20 @@ def test_a_loops_dead_gathers_are_checked_in_the_calls_order():
     np.testing.assert_allclose(dsl.grad(m.acc)(x, idx, 5),
                                central_difference(m.acc, (x, idx, 5), 0), rtol=1e-7)
     np.testing.assert_allclose(dsl.grad(m.acc)(x, idx, 0), np.zeros(4))
+
+
+def test_dask_blocks_run_the_checks_of_what_nothing_reads():
+    # the gradient's take is dead: its check of an index every block has
+    # runs in the blocks (a Dask run of row results alone runs no combine,
+    # where the call's live take raised NumPy's IndexError before)
+    da = pytest.importorskip("dask.array")
+    m = dsl.loads(SOURCE, "dead.grad")
+    xs = da.from_array(np.arange(6.0).reshape(3, 2), chunks=(2, 2))
+    w, bad = np.array([0.5, 3.0]), np.array([1, 7])
+    message = _error(lambda *a: m.rows(*a).compute(), xs, w, bad)
+    assert message.startswith("dead.grad:28:31: error: index 7 in 'j' is out of range")
+    grad = dsl.grad(m.rows, wrt=0)
+    assert _error(lambda *a: grad(*a).compute(), xs, w, bad) == message
+    x, j = np.arange(6.0).reshape(3, 2), np.array([1, 0])
+    np.testing.assert_allclose(grad(xs, w, j).compute(),
+                               central_difference(m.rows, (x, w, j), 0), rtol=1e-7)
