@@ -1072,8 +1072,11 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
 
     readers = _readers(steps, body.outputs)
     args = ["trips", "start", "step"]
-    passed = sorted({f for v in body.params for d in v.type.shape if isinstance(d, Sym)
-                     for f in d.factors} & bound)
+    # the sizes of its values, and those its checks compare with (an index
+    # checked against an axis of an array the body does not read)
+    dims = [d for v in body.params for d in v.type.shape] + \
+        [e.p["size"] for e in body.eqns if e.op == "check_index"]
+    passed = sorted({f for d in dims if isinstance(d, Sym) for f in d.factors} & bound)
     sizes.update(passed)
     for group, letter in ((carry, "c"), (invariants, "v")):
         for j, v in enumerate(group):

@@ -9,7 +9,9 @@ import pytest
 
 import dsl
 from gradlang.compiler.ir import TensorType
-from gradlang.compiler.pipeline import optimize
+from gradlang.compiler.pipeline import generate, optimize
+from gradlang.compiler.shapes import Sym
+from gradlang.runtime.target import get as get_target
 from gradlang.runtime.target import TARGETS
 from helpers import central_difference
 
@@ -134,6 +136,15 @@ def test_a_loops_dead_gathers_are_checked_in_the_calls_order():
     np.testing.assert_allclose(dsl.grad(m.acc)(x, idx, 5),
                                central_difference(m.acc, (x, idx, 5), 0), rtol=1e-7)
     np.testing.assert_allclose(dsl.grad(m.acc)(x, idx, 0), np.zeros(4))
+    # both loops have a compiled form (the check's size, x's, passed to it)
+    n, k = Sym.named("n"), Sym.named("k")
+    types = {"x": TensorType("f64", (n,)), "idx": TensorType("i64", (k,)),
+             "n": TensorType("i64", ())}
+    ir = optimize(dsl.grad(m.acc).lower(types))
+    forward = next(e for e in ir.eqns if e.op == "loop")
+    assert [e.op for e in forward.p["body"].eqns] == ["take", "check_index"]
+    driver = generate(ir, get_target("cpu")).driver_source
+    assert driver.count("R.run_compiled(") == 2
 
 
 def test_dask_blocks_run_the_checks_of_what_nothing_reads():
