@@ -130,7 +130,10 @@ def _primitive(op: ops.Op) -> Builtin:
     def lower(L: Lowerer, b: Builder, args, kwargs, span) -> Value:
         if op.arity == 2:  # folds constants like arithmetic does
             return L.binary(b, op.name, args[0], args[1], span)
-        folded = _folded(op, args)
+        try:
+            folded = _folded(op, args)
+        except NeedsConcrete as err:  # (sqrt of a size: a run-time number)
+            return L.size_number(b, op.name, args, span, err)
         if folded is not None:
             return folded
         inputs = unify(b, args, span, float_result=op.float_only)
@@ -148,8 +151,10 @@ def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float | int]:
     computes in f64; one that keeps integers (`abs`, `sign`) gives an int
     of an int (`abs(-2.0) * x` was f64 for f32 x, `abs(-2) + k` i64 for i32
     k).  None for an integer beyond f64 (or, for those, beyond i64).  A
-    symbolic size is used as a number, as in `1 / x.shape[0]`: the program
-    is lowered for concrete sizes (NeedsConcrete)."""
+    symbolic size is used as a number, as in `1 / x.shape[0]`:
+    NeedsConcrete, which `Lowerer.size_number` turns into a run-time number
+    where it can (`sqrt(d)`), else the program is lowered for concrete
+    sizes."""
     (x,) = args
     if isinstance(x, Sym):
         raise NeedsConcrete(f"the size {x} is used as a number")

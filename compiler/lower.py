@@ -1050,19 +1050,22 @@ _MAX_STATIC_BITS = 1024
 
 # The ops on compile-time numbers that `Lowerer.size_number` computes at
 # run time where a symbolic size is among them: `exact` ones (`ops.Op`),
-# so the driver computes the number Python folds, bit for bit, on every
-# target.  Integer arithmetic on a size (`n - 1`) may make a size or an
-# index, and `sqrt`, `exp` or `**` is a math function: those still need
-# concrete sizes.
-SIZE_NUMBER_OPS = frozenset({"add", "sub", "mul", "div"})
+# and sqrt, which IEEE 754 rounds correctly as it does those (NumPy's,
+# Numba's and CUDA's f64 sqrt alike: attention's `q / sqrt(d)`), so the
+# program computes the number folding gives, bit for bit, on every target.
+# Integer arithmetic on a size (`n - 1`) may make a size or an index, and
+# `exp` or `**` is a math function that may differ by an ulp between
+# NumPy and a kernel: those still need concrete sizes.
+SIZE_NUMBER_OPS = frozenset({"add", "sub", "mul", "div", "sqrt"})
+_FLOAT_RESULT = frozenset({"div", "sqrt"})  # a float even of integers
 
 
 def _float_of_sizes(op: str, operands: Sequence) -> bool:
     """Whether `op` (`SIZE_NUMBER_OPS`) of compile-time `operands` gives a
-    float: a true division, or a float among the operands (not `n - 1`,
-    an integer)."""
+    float: a true division, a square root, or a float among the operands
+    (not `n - 1`, an integer)."""
     return op in SIZE_NUMBER_OPS and all(isinstance(v, (int, float, Sym)) for v in operands) \
-        and (op == "div" or any(type(v) is float for v in operands))
+        and (op in _FLOAT_RESULT or any(type(v) is float for v in operands))
 
 
 def _size_operand(b: Builder, v, span: Span, divisor: bool) -> Atom:

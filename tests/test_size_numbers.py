@@ -82,3 +82,18 @@ def test_dividing_by_a_size_of_zero_is_an_error_at_the_division():
     with pytest.raises(dsl.ArgumentError, match=r"zero.grad:2:21: error: division by zero: "
                                                 "a size this divides by is 0 in this call"):
         m.f(np.ones(0))
+
+
+def test_attention_scaled_by_the_root_of_a_size_compiles_once(monkeypatch):
+    # sqrt(d) made the program concrete in every size, so each batch size
+    # compiled again; IEEE sqrt rounds as folding does: the same bits
+    built = counting_builds(monkeypatch)
+    m = dsl.loads("def scores(q, k):\n    return q * k / sqrt(q.shape[1])\n", "scores.grad")
+    grad = dsl.grad(m.scores)
+    rng = np.random.default_rng(1)
+    for b, d in ((8, 3), (7, 3), (7, 5)):
+        q, k = rng.normal(size=(b, d)).astype(np.float32), rng.normal(size=(b, d))
+        got = m.scores(q, k.astype(np.float32))
+        assert got.tobytes() == (q * k.astype(np.float32) / np.float32(np.sqrt(d))).tobytes()
+        np.testing.assert_allclose(grad(q.astype(np.float64), k), k / np.sqrt(d), rtol=1e-15)
+    assert len(built) == 2, built  # (one program each)
