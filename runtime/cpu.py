@@ -252,7 +252,18 @@ def stacked_flat(xs: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def copy(x: np.ndarray) -> np.ndarray:
-    return np.array(x)
+    """x copied in C order, into pooled memory when large (`c_copy`)."""
+    return c_copy(np.asarray(x))
+
+
+def c_copy(x: np.ndarray) -> np.ndarray:
+    """np.array(x, order="C"), from the pool when large (`memory.pooled`):
+    a convolution's gradient's copies, products, im2col rows and padded
+    buffers (2-18 MB each) took a fresh mapping each call, 2,600 page
+    faults a call (scratch), each first touched by the helper filling it."""
+    out = pooled(x.shape, x.dtype)
+    np.copyto(out, x)
+    return out
 
 
 def slice(x: np.ndarray, where: tuple) -> np.ndarray:  # noqa: A001 (the op's name)
@@ -381,7 +392,11 @@ BLAS_THREADED_WORK = 9216
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    product = np.matmul(a, b)
+    if a.ndim >= 2 and b.ndim >= 2:  # into pooled memory (`c_copy`): the same bits
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        product = np.matmul(a, b, out=pooled(shape, np.result_type(a, b)))
+    else:
+        product = np.matmul(a, b)
     # (integer products are NumPy's own loops, not BLAS)
     if product.dtype.kind == "f" and a.size * b.shape[-1] >= BLAS_THREADED_WORK:
         blas_called()  # its workers now spin for a while (parallelism.BLAS_SPIN_SECONDS)
@@ -390,7 +405,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def embed(x: np.ndarray, shape: tuple[int, ...], where: tuple) -> np.ndarray:
     """Zeros of `shape` with `x` written at `where` (the VJP of slicing)."""
-    out = np.zeros(shape, x.dtype)
+    out = full(shape, 0, x.dtype)
     _into_region(out, where, x, False)
     return out
 
@@ -402,7 +417,7 @@ def _own(base: np.ndarray, owned: bool) -> np.ndarray:
     not be a copy), else a C-order copy."""
     if owned and base.flags.c_contiguous and base.flags.writeable:
         return base
-    return np.array(base, order="C")
+    return c_copy(base)
 
 
 def embed_add(base: np.ndarray, x: np.ndarray, where: tuple, owned: bool = False,
@@ -419,7 +434,7 @@ def embed_add(base: np.ndarray, x: np.ndarray, where: tuple, owned: bool = False
 def concatenate(xs: tuple, axis: int) -> np.ndarray:
     shape = list(xs[0].shape)
     shape[axis] = sum(x.shape[axis] for x in xs)
-    out = np.empty(tuple(shape), xs[0].dtype)
+    out = pooled(tuple(shape), xs[0].dtype)
     start = 0
     for x in xs:
         stop = start + x.shape[axis]

@@ -486,3 +486,40 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
     taker.join(10)
     assert len(taken) == 1 and taken[0].nbytes == sizes[0]
 
+
+
+def _lease_of(a: np.ndarray):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.base
+
+
+def test_the_drivers_large_copies_products_and_buffers_reuse_freed_blocks():
+    # a convolution's gradient made its im2col rows, its products, its
+    # padded buffers and its copies in fresh mappings (2,600 page faults a
+    # call): each comes from the pool now, a freed block reused whole
+    from gradlang.runtime import cpu
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(LARGE // 64, 64)), rng.normal(size=(64, 64))
+    x = rng.normal(size=(2, LARGE // 16, 8))
+    region = (slice(0, 2), slice(1, 1 + LARGE // 16), slice(0, 8))
+    made = {"matmul": lambda: cpu.matmul(a, b),
+            "batched matmul": lambda: cpu.matmul(a.reshape(2, -1, 64), b),
+            "concatenate": lambda: cpu.concatenate((x, x[:, ::-1]), 2),
+            "embed": lambda: cpu.embed(x, (2, LARGE // 16 + 2, 8), region),
+            "embed_add": lambda: cpu.embed_add(np.ones((2, LARGE // 16 + 2, 8)), x, region),
+            "copy": lambda: cpu.copy(x.transpose(2, 0, 1))}
+    expected = {"matmul": a @ b, "batched matmul": a.reshape(2, -1, 64) @ b,
+                "concatenate": np.concatenate((x, x[:, ::-1]), 2),
+                "embed": np.pad(x, [(0, 0), (1, 1), (0, 0)]),
+                "embed_add": 1 + np.pad(x, [(0, 0), (1, 1), (0, 0)]),
+                "copy": x.transpose(2, 0, 1)}
+    for name, make in made.items():
+        first = make()
+        assert isinstance(_lease_of(first), memory.Lease), name
+        at = address(first)
+        first[...] = np.nan  # a block is reused as it was left
+        del first
+        again = make()
+        assert address(again) == at and again.flags.c_contiguous, name
+        np.testing.assert_array_equal(again, expected[name], err_msg=name)  # the same bits
