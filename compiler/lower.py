@@ -38,7 +38,7 @@ from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, Static
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
-from gradlang.compiler.staging import lower_staged
+from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
                                       check_range_fits, is_static, sequence_kind, unify,
                                       weak_float_dtype, weak_number, weak_result)
@@ -87,6 +87,13 @@ class Lowerer:
         # inside the branches of runtime ifs: each condition, and whether
         # its branch is the one where it holds (`index_guard`)
         self.branches: tuple[tuple[Atom, bool], ...] = ()
+        # stages lowered, by what their lowering depends on, for the calls
+        # alike to reuse (`staging.Chain.lowered`); what the stage being
+        # lowered reaches (None outside one); `staging.inlined_size`'s memo
+        self.stages: dict[tuple, Lowered] = {}
+        self.reach: Optional[Reach] = None
+        self.sizes: dict[int, tuple[Function, int]] = {}
+        self.unnoted: dict[int, tuple[Function, bool]] = {}  # `_Notes`'s memo
 
     def lower_entry(self, fdef: ast.FuncDef, types: dict[str, TensorType],
                     name: Optional[str] = None) -> Function:
@@ -134,6 +141,8 @@ class Lowerer:
         if len(self.call_stack) >= MAX_CALL_DEPTH:
             raise GradError(f"calls are nested more than {MAX_CALL_DEPTH} deep here (from "
                             f"{self.call_stack[0].name}()); calls are inlined", span)
+        if self.reach is not None:
+            self.reach.enter(fdef, len(self.call_stack))
         args = self.bind_args(fdef, positional, keywords, span)
         dims = self.check_annotations(fdef, args, span)
         inputs = dict(args)
@@ -175,8 +184,14 @@ class Lowerer:
             b.eqns[first:] = [_respanned(e, functools.partial(
                 _at_library_span, fdef=fdef, module=ns.module, call=span)) for e in b.eqns[first:]]
         elif names_places:
-            b.eqns[first:] = [_noted(e, note, reached) for e in b.eqns[first:]]
+            notes = _Notes(note, reached, self.unnoted)
+            b.eqns[first:] = [notes.eqn(e) for e in b.eqns[first:]]
         return outs
+
+    def may_reuse(self, reach: Reach) -> bool:
+        """Whether a stage whose lowering reached `reach` lowers here as it
+        did: with no call in it recursive or nested too deep here."""
+        return reach.fits(self.call_stack, MAX_CALL_DEPTH)
 
     def call_body(self, b: Builder, fdef: ast.FuncDef, ns: Namespace,
                   inputs: dict[str, Value], span: Span) -> list[Value]:
@@ -1125,15 +1140,54 @@ def _finite(v) -> bool:
     return not isinstance(v, float) or math.isfinite(v)
 
 
-def _noted(eqn: Eqn, note: str, reached: Callable[[Span], bool]) -> Eqn:
-    """`eqn` with `note` as the `via` of its span, and of the spans in the
-    functions it holds (a loop's body, a grad block), where `reached`; a
-    standard library's note it has stays, after it (`at_library_call`)."""
-    def noted(span: Span) -> Span:
-        if not reached(span):
-            return span
-        return replace(span, via=f"{note}\nnote: {span.via}" if span.via else note)
-    return _respanned(eqn, noted)
+class _Notes:
+    """Notes one call's equations: `note` as the `via` of each span
+    `reached`, in the functions they hold too (a loop's body, a grad
+    block's stages); a standard library's note a span has stays, after it
+    (`at_library_call`).  A function a program holds in several places (a
+    stage reused, `staging`) is noted once (`done`, by id, holding it so
+    its id stays its own); one with no span left that a note may take
+    (none without one, or with a standard library's only) is not walked
+    (`unnoted`: the lowerer's, kept across calls, as functions
+    never change): what inner calls noted is not walked again by every
+    call around them."""
+
+    def __init__(self, note: str, reached: Callable[[Span], bool],
+                 unnoted: dict[int, tuple[Function, bool]]) -> None:
+        self.note, self.reached, self.unnoted = note, reached, unnoted
+        self.done: dict[int, tuple[Function, Function]] = {}
+
+    def eqn(self, eqn: Eqn) -> Eqn:
+        params = tuple((key, self.function(v) if isinstance(v, Function) else v)
+                       for key, v in eqn.params)
+        span = eqn.span
+        if span is not None and self.reached(span):
+            span = replace(span, via=f"{self.note}\nnote: {span.via}" if span.via else self.note)
+        if span is eqn.span and all(new is old for (_, new), (_, old) in zip(params, eqn.params)):
+            return eqn
+        return Eqn(eqn.op, eqn.inputs, eqn.outputs, params, span)
+
+    def function(self, fn: Function) -> Function:
+        if id(fn) in self.done:
+            return self.done[id(fn)][1]
+        noted = fn
+        if _has_unnoted(fn, self.unnoted):
+            eqns = tuple(self.eqn(e) for e in fn.eqns)
+            if any(new is not old for new, old in zip(eqns, fn.eqns)):
+                noted = replace(fn, eqns=eqns)
+        self.done[id(fn)] = (fn, noted)
+        return noted
+
+
+def _has_unnoted(fn: Function, memo: dict[int, tuple[Function, bool]]) -> bool:
+    """Whether a span in fn, or in a function it holds, has no note yet
+    but a standard library's."""
+    if id(fn) not in memo:
+        found = any((e.span is not None and (not e.span.via or _is_library_note(e.span.via)))
+                    or any(_has_unnoted(v, memo) for _, v in e.params if isinstance(v, Function))
+                    for e in fn.eqns)
+        memo[id(fn)] = (fn, found)
+    return memo[id(fn)][1]
 
 
 def _respanned(eqn: Eqn, remap: Callable[[Span], Span]) -> Eqn:

@@ -32,18 +32,31 @@ Every block must be linear in its upstream cotangents
 `@recompute` stages keep no residuals: their `bwd` reruns the stage behind
 a `recompute_barrier` so the split into forward and backward passes cannot
 hoist it back.  `@pass_through` stages have the identity as their `bwd`.
+
+A stage is lowered once per `Lowerer` for what its lowering depends on
+(`Chain.key`: the function, the order, its inputs' names and types and
+compile-time values, and the lowerer's context), and reused by every call
+alike: g's body calling f(x) and g's block calling `grad(f)(x)` share f's
+stages.  Lowering each afresh doubled the work at every level of a chain
+of blocks calling the previous function's `grad`, since every call lowers
+its blocks whether or not its backward pass is ever taken.  A reused
+stage takes the span of the call reusing it (`Lowered.at_site`), counts
+its forward pass's operations again (`MAX_PROGRAM_SIZE`: each call still
+inlines a copy of it), and is lowered afresh where that would raise a
+recursion or depth error it escaped where first lowered (`Reach`): reuse
+changes no program and no error, only the work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from gradlang.compiler import ast, autodiff, ops
 from gradlang.compiler.builder import Builder, coerce, inline
-from gradlang.compiler.ir import Atom, Function, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, Var
 from gradlang.compiler.linearity import check_linear
 from gradlang.compiler.namespace import Namespace, free_names, param_reads
-from gradlang.compiler.shapes import broadcasts_to
+from gradlang.compiler.shapes import Sym, broadcasts_to
 from gradlang.compiler.values import (Value, as_atom, as_result, as_results, cast, is_static,
                                       weak_float_dtype, weak_number)
 from gradlang.runtime.errors import GradError, Span
@@ -112,6 +125,79 @@ class Forward:
 
 
 @dataclass
+class Reach:
+    """The calls made while one stage was lowered: the functions entered
+    (by identity) and how far the call stack grew past the stage's own,
+    `base` deep, at the deepest call's depth check.  Lowering the stage
+    under another stack raises what `Lowerer.call` raises for a recursive
+    call or one nested too deep exactly when `fits` is False there."""
+
+    base: int
+    entered: set[int] = field(default_factory=set)
+    depth: int = 0
+
+    def enter(self, fdef: ast.FuncDef, stack_len: int) -> None:
+        """A call of fdef, checked at a stack `stack_len` deep."""
+        self.entered.add(id(fdef))
+        self.depth = max(self.depth, stack_len - self.base)
+
+    def include(self, inner: "Reach", stack_len: int) -> None:
+        """The calls of a stage lowered or reused inside this one, at a
+        stack `stack_len` deep."""
+        self.entered |= inner.entered
+        self.depth = max(self.depth, inner.depth + stack_len - self.base)
+
+    def fits(self, stack: list[ast.FuncDef], max_depth: int) -> bool:
+        return not self.entered or (
+            len(stack) + self.depth < max_depth and not any(id(f) in self.entered for f in stack))
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What `Chain.stage` emits for one stage: a `custom_vjp` call of
+    `fwd` and `bwd` on the `arrays` inputs, or (`bwd` None: no gradient
+    flows through it) `fwd` inlined; its first `n_out` outputs are the
+    stage's.  `size`: the operations of `fwd` with its calls inlined.
+    `site`: the span of the call it was lowered for, which it carries
+    (`at_site`)."""
+
+    site: Span
+    arrays: tuple[str, ...]
+    fwd: Function
+    bwd: Optional[Function]
+    n_out: int
+    size: int
+    reach: Reach
+
+    def at_site(self, span: Span) -> "Lowered":
+        """The stage for a call at `span`.  The span of the call a stage
+        is lowered for is on some of its equations (a later stage's
+        `custom_vjp`, a size it returns): at the top level of its functions
+        and of the later stages' functions those `custom_vjp`s hold, and
+        nowhere else (every other function in it comes from a call in the
+        called function's own text, where this call is not: it would be
+        recursive)."""
+        if span == self.site:
+            return self
+        bwd = None if self.bwd is None else _moved(self.bwd, self.site, span)
+        return replace(self, site=span, fwd=_moved(self.fwd, self.site, span), bwd=bwd)
+
+
+def _moved(fn: Function, old: Span, new: Span) -> Function:
+    """fn with `new` for the call's span `old` (see `Lowered.at_site`)."""
+    eqns = []
+    for e in fn.eqns:
+        if e.span == old:
+            params = tuple((key, _moved(v, old, new) if isinstance(v, Function) else v)
+                           for key, v in e.params) if e.op == "custom_vjp" else e.params
+            e = Eqn(e.op, e.inputs, e.outputs, params, new)
+        eqns.append(e)
+    if all(new_e is old_e for new_e, old_e in zip(eqns, fn.eqns)):
+        return fn
+    return replace(fn, eqns=tuple(eqns))
+
+
+@dataclass
 class Chain:
     """The stages of one call of `fdef`."""
 
@@ -132,12 +218,64 @@ class Chain:
             return self.pass_through(b, inputs)
         if k == len(self.fdef.grads) and not recompute:
             return self.eval_stage(b, k, inputs)[0]
+        lowered = self.lowered(k, inputs, recompute)
+        args = [inputs[n] for n in lowered.arrays]
+        if lowered.bwd is None:
+            return inline(b, lowered.fwd, args)[:lowered.n_out]
+        return list(b.bind_multi("custom_vjp", *args, span=self.span, fwd=lowered.fwd,
+                                 bwd=lowered.bwd, n_out=lowered.n_out, name=self.fdef.name))
+
+    def lowered(self, k: int, inputs: dict[str, Value], recompute: bool) -> Lowered:
+        """Stage k on inputs like `inputs`, lowered now or reused."""
+        lw = self.lowerer
+        key = self.key(k, inputs)
+        known = lw.stages.get(key) if key is not None else None
+        if known is not None and lw.may_reuse(known.reach):
+            if lw.reach is not None:
+                lw.reach.include(known.reach, len(lw.call_stack))
+            lw.grow(known.size, self.span)
+            return known.at_site(self.span)
+        outer, lw.reach = lw.reach, Reach(len(lw.call_stack))
+        try:
+            fwd, bwd, n_out, arrays = self.lower_stage(k, inputs, recompute)
+            reach = lw.reach
+        finally:
+            lw.reach = outer
+        if outer is not None:
+            outer.include(reach, len(lw.call_stack))
+        made = Lowered(self.span, tuple(arrays), fwd, bwd, n_out, inlined_size(fwd, lw.sizes),
+                       reach)
+        if key is not None:
+            lw.stages[key] = made
+        return made
+
+    def key(self, k: int, inputs: dict[str, Value]) -> Optional[tuple]:
+        """What lowering stage k on `inputs` depends on (None: a
+        compile-time input with no exact key; not reused): the function
+        and namespace, the inputs by name (arrays by type: the stage's
+        functions take them as parameters), and the lowerer's context,
+        the namespace names resolve in, the checkpoint interval its loops
+        take and the entry's file (which nested calls' notes name)."""
+        lw = self.lowerer
+        items = []
+        for name, v in inputs.items():
+            exact = ("array", v.type) if not is_static(v) else _exact(v)
+            if exact is None:
+                return None
+            items.append((name, exact))
+        return (id(self.fdef), id(self.ns), id(lw.namespace), k, tuple(items),
+                lw.checkpoint, lw.call_spans[0].file)
+
+    def lower_stage(self, k: int, inputs: dict[str, Value], recompute: bool
+                    ) -> tuple[Function, Optional[Function], int, list[str]]:
+        """Stage k lowered: (fwd, bwd or None, n_out, array inputs), as
+        `Lowered` holds them."""
         stage = self.forward(k, inputs, keep_residuals=not recompute)
         if not stage.carries_gradients():
             # Integers and bools carry no gradient, so nothing flows back
             # through this call: the blocks, written for float cotangents,
             # do not apply (an integer upstream is no cotangent to be linear in).
-            return inline(b, stage.fwd, [inputs[n] for n in stage.arrays])[:stage.n_out]
+            return stage.fwd, None, stage.n_out, stage.arrays
         bwd = self.backward(stage, inputs, recompute)
         if k < len(self.fdef.grads):
             block = self.fdef.grads[k]
@@ -145,9 +283,7 @@ class Chain:
             check_linear(bwd, range(n - stage.n_out, n),
                          f"grad block {k + 1} of {self.fdef.name}() (line {block.span.line})",
                          block.span, stage.arrays)
-        return list(b.bind_multi("custom_vjp", *[inputs[n] for n in stage.arrays],
-                                 span=self.span, fwd=stage.fwd, bwd=bwd,
-                                 n_out=stage.n_out, name=self.fdef.name))
+        return stage.fwd, bwd, stage.n_out, stage.arrays
 
     def eval_stage(self, b: Builder, k: int,
                    inputs: dict[str, Value]) -> tuple[list[Value], dict[str, Value]]:
@@ -318,3 +454,35 @@ class Chain:
                     f"{where} returns a cotangent of shape {list(value.type.shape)} "
                     f"for {name!r}, which has shape {list(t.shape)}", sp)
         return cast(b, value, t.dtype, sp)
+
+
+def _exact(value: Value) -> Optional[tuple]:
+    """A compile-time value as a key equal only for the same value of the
+    same type (1, 1.0 and True are equal in Python, 0.0 and -0.0 too);
+    None for a kind of value it does not know."""
+    if isinstance(value, tuple):
+        items = tuple(_exact(v) for v in value)
+        return None if None in items else (type(value).__name__,) + items
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if isinstance(value, (bool, int, str, Sym)) or value is None:
+        return (type(value).__name__, value)
+    return None
+
+
+def inlined_size(fn: Function, sizes: dict[int, tuple[Function, int]]) -> int:
+    """fn's operations with the `fwd` of each `custom_vjp` it calls
+    inlined, as it runs (a loop's body counted once); `sizes` memoizes by
+    function (holding it, so its id stays its own)."""
+    known = sizes.get(id(fn))
+    if known is not None:
+        return known[1]
+    n = 0
+    for eqn in fn.eqns:
+        n += 1
+        if eqn.op == "custom_vjp":
+            n += inlined_size(eqn.p["fwd"], sizes)
+        elif eqn.op == "loop":
+            n += inlined_size(eqn.p["body"], sizes)
+    sizes[id(fn)] = (fn, n)
+    return n

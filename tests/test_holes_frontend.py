@@ -7,11 +7,13 @@ import pytest
 
 import dsl
 from dsl.function import _types
-from gradlang.compiler import lower, namespace
+from gradlang.compiler import lower, namespace, staging
 from gradlang.compiler.interpret import interpret
+from gradlang.compiler.ir import Function, Var
 from gradlang.compiler.lower import MAX_CALL_DEPTH
 from gradlang.compiler.namespace import param_reads
 from gradlang.compiler.pipeline import front_end
+from helpers import central_difference
 
 I64 = np.array([1, 2], dtype=np.int64)
 I32 = np.array([1, 2], dtype=np.int32)
@@ -193,3 +195,145 @@ def test_a_program_that_grows_exponentially_with_its_calls_is_an_error_not_a_han
     expected = (np.sum(np.sin(x) + 2 * np.sin(x / 2) + np.sin(x / 4)) if call[0] == "g"
                 else np.sum((np.cos(x) - x * np.sin(x)) * x))  # d/dx sum(cos(x) * x), times x
     np.testing.assert_allclose(value, expected, rtol=1e-14)
+
+
+LEAKY_TWO_BLOCKS = """
+def leaky(x, alpha: const = 0.2):
+    y = maximum(x, x * alpha)
+    return y
+grad(dy):
+    return where(y >= 0, dy, dy * alpha)
+grad(ddx):
+    return dy=where(y >= 0, ddx, ddx * alpha), x=0
+"""
+
+
+def grad_chain(n: int) -> str:
+    """g_k is 1.01 g_(k-1), g0 sin: g_k(x) = 1.01**k sin(x); g_k's block
+    takes the in-language grad of g_(k-1)."""
+    return "def g0(x):\n    return sin(x)\ngrad(dy):\n    return dy * cos(x)\n" + "".join(
+        f"def g{k}(x):\n    return g{k - 1}(x) * 1.01\n"
+        f"grad(dy):\n    return dy * 1.01 * grad(g{k - 1})(x)\n" for k in range(1, n))
+
+
+def run_ir(fn, *args):
+    """fn on args through the IR's NumPy interpreter (no kernel compiled)."""
+    return interpret(fn.lower(_types(fn.bind(args, {}))), *args)[0]
+
+
+def test_a_chain_of_blocks_taking_the_previous_grad_lowers_each_stage_once(monkeypatch):
+    # g_k's body and its block's grad(g_(k-1)) both call g_(k-1): each
+    # call lowered its blocks afresh, so g_k cost twice g_(k-1) (n = 12
+    # loaded in seconds, n = 14 was too big to compile); a stage is now
+    # lowered once per program and shared by the calls alike
+    built, noted = [], []
+    backward, note = staging.Chain.backward, lower._Notes.eqn
+    monkeypatch.setattr(staging.Chain, "backward",
+                        lambda self, *a: built.append(self.fdef.name) or backward(self, *a))
+    monkeypatch.setattr(lower._Notes, "eqn", lambda self, e: noted.append(e) or note(self, e))
+    m = dsl.loads(grad_chain(12), "chain.grad")  # lowers each g_k at load (linearity)
+    assert len(built) == sum(k + 1 for k in range(12))  # g_k's program: its k + 1 blocks
+    assert len(built) < 100  # (was 8178)
+    # and each call's equations are walked to note where they were called
+    # from, not again what the calls inside it noted (1306692 walked)
+    assert len(noted) < 5_000
+    x = np.array([0.3, -1.2, 2.0])
+    np.testing.assert_allclose(run_ir(dsl.grad(m.g11), x), 1.01 ** 11 * np.cos(x), rtol=1e-14)
+
+
+def test_a_chain_of_blocks_taking_the_previous_grad_has_the_chains_derivatives():
+    m = dsl.loads(grad_chain(6) + "def h(x, c: const):\n    return g3(x * c)\n"
+                  "grad(dy):\n    return dy * c * grad(g3)(x * c)\n"
+                  "def f(x):\n    return h(x, 2) + h(x, 3) * g5(x)\n", "chain.grad")
+    x = np.array([0.3, -1.2, 2.0])
+    s = 1.01 ** 5
+    np.testing.assert_allclose(run_ir(m.g5, x), s * np.sin(x), rtol=1e-14)
+    np.testing.assert_allclose(run_ir(dsl.grad(m.g5), x), s * np.cos(x), rtol=1e-14)
+    np.testing.assert_allclose(run_ir(dsl.grad(dsl.grad(m.g5)), x), -s * np.sin(x), rtol=1e-14)
+    np.testing.assert_allclose(run_ir(dsl.grad(m.g5), x),
+                               central_difference(lambda x: run_ir(m.g5, x), [x], 0), rtol=1e-8)
+    # h's stages for c = 2 and c = 3 are two, each called alike twice
+    f = 1.01 ** 3 * (np.sin(2 * x) + np.sin(3 * x) * s * np.sin(x))
+    df = 1.01 ** 3 * (2 * np.cos(2 * x) + s * (3 * np.cos(3 * x) * np.sin(x)
+                                               + np.sin(3 * x) * np.cos(x)))
+    np.testing.assert_allclose(run_ir(m.f, x), f, rtol=1e-14)
+    np.testing.assert_allclose(run_ir(dsl.grad(m.f), x), df, rtol=1e-13)
+    np.testing.assert_allclose(run_ir(dsl.grad(m.f), x),
+                               central_difference(lambda x: run_ir(m.f, x), [x], 0), rtol=1e-8)
+
+
+def test_a_stage_lowered_once_still_counts_each_call_toward_the_size_bound(monkeypatch):
+    # g_k (with a block) calls g_(k-1) twice alike: lowered once, g20 is
+    # still 2**20 copies of g0 when its calls are inlined
+    monkeypatch.setattr(lower, "MAX_PROGRAM_SIZE", 2_000)
+    source = "def g0(x):\n    return sin(x)\n" + "".join(
+        f"def g{k}(x):\n    return g{k - 1}(x) + g{k - 1}(x)\ngrad(dy):\n    return dy\n"
+        for k in range(1, 21))
+    m = dsl.loads(source, "grows.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.g20.lower(_types(m.g20.bind((F64,), {})))
+    assert "g20() is too big to compile" in info.value.message
+    np.testing.assert_allclose(run_ir(m.g3, F64), 8 * np.sin(F64), rtol=1e-14)
+
+
+@pytest.mark.parametrize("deep,text", [
+    # f -> d5 -> ... -> d0 -> g -> h60 -> ... -> h0: g's calls nest past the bound there
+    ("d5(x)", f"calls are nested more than {MAX_CALL_DEPTH} deep here (from f())"),
+    # f -> r(x, 1) -> g -> r(x, 0): a recursive call there
+    ("r(x, 1)", "recursive call to r() is not supported")])
+def test_a_stage_lowered_once_is_an_error_where_lowering_it_again_would_be(deep, text):
+    # g, first lowered under f alone, is reused where its calls would
+    # reach too deep or back into a caller: the error lowering there raises
+    source = ("def h0(x):\n    return r(x, 0)\n"
+              + "".join(f"def h{k}(x):\n    return h{k - 1}(x)\n" for k in range(1, 61))
+              + "def g(x):\n    return h60(x)\ngrad(dy):\n    return dy\n"
+              + "def d0(x):\n    return g(x)\n"
+              + "".join(f"def d{k}(x):\n    return d{k - 1}(x)\n" for k in range(1, 6))
+              + "def r(x, n: const):\n    y = x * 2.0\n    if n > 0:\n        y = g(x)\n    return y\n"
+              + f"def f(x):\n    return g(x) + {deep}\n")
+    m = dsl.loads(source, "reach.grad")
+    np.testing.assert_allclose(run_ir(m.g, F64), 2 * F64)
+    with pytest.raises(dsl.GradError) as info:
+        m.f(F64)
+    assert text in info.value.message
+
+
+def structure(fn, names=None) -> list:
+    """fn's IR as comparable items: ops, values numbered in order of
+    definition, types, params, and spans with their notes (`via`), into
+    the functions its equations hold."""
+    names = {"count": 0} if names is None else names
+
+    def define(v):
+        names["count"] += 1
+        names[v] = names["count"]
+        return names[v]
+    name = lambda a: names[a] if isinstance(a, Var) else repr(a)  # noqa: E731
+    items: list = [(fn.name, [(define(p), p.type) for p in fn.params])]
+    for e in fn.eqns:
+        ins = [name(a) for a in e.inputs]
+        params = [(k, structure(v, names) if isinstance(v, Function) else repr(v))
+                  for k, v in e.params]
+        outs = [(define(o), o.type) for o in e.outputs]
+        items.append((e.op, ins, outs, params, e.span and (e.span, e.span.via)))
+    return items + [[name(a) for a in fn.outputs]]
+
+
+def test_reusing_a_stage_changes_no_program(monkeypatch):
+    # a stage reused is the stage lowered afresh: the same equations, and
+    # each at the span and with the note of its own call (a two-block
+    # function's later stage carries the span of the call)
+    source = (grad_chain(4) + LEAKY_TWO_BLOCKS +
+              "def f(x):\n    a = sum(leaky(x)) + sum(grad(g3)(x))\n"
+              "    return a + sum(grad(leaky)(x) * leaky(x)) + sum(g3(x))\n")
+    m = dsl.loads(source, "reuse.grad")
+    x = np.array([-2.0, 0.5, 3.0])
+    types = _types(m.f.bind((x,), {}))
+    reused = structure(m.f.lower(types))
+    monkeypatch.setattr(staging.Chain, "key", lambda *_: None)  # lower every call afresh
+    assert structure(m.f.lower(types)) == reused
+    leaky = np.maximum(x, 0.2 * x)
+    s = 1.01 ** 3
+    expected = (leaky.sum() + (s * np.cos(x)).sum() + (np.where(x >= 0, 1, 0.2) * leaky).sum()
+                + (s * np.sin(x)).sum())
+    np.testing.assert_allclose(run_ir(m.f, x), expected, rtol=1e-14)
