@@ -377,10 +377,13 @@ class Lowerer:
         senv = dict(zip(reads, pparams))
         sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}
         outer_branches, self.branches = self.branches, ()  # sb cannot read their conditions
+        # fdef's body names what its own module defines, as in a plain call
+        outer_namespace, self.namespace = self.namespace, ns
         try:
             outs = self.call(sb, fdef, ns, [], sargs, span, senv)
         finally:
             self.branches = outer_branches
+            self.namespace = outer_namespace
         results = as_results(sb, outs, fdef.result_dtype, fdef.result_spans)
         return sb.function(fdef.name, sparams + pparams, results)
 

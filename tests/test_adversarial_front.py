@@ -512,6 +512,23 @@ def test_a_function_may_call_an_imported_namesake(tmp_path):
     assert m.act(x) == 3.0 * np.sum(x * x)
     np.testing.assert_allclose(dsl.grad(m.act)(x), 6.0 * x, rtol=1e-15)
 
+@pytest.mark.parametrize("transform,expected", [
+    ("grad(lib.f)(x)", lambda x: 6.0 * x),
+    ("value_and_grad(lib.f)(x)[1]", lambda x: 6.0 * x),
+    ("jvp(lib.f)(x, x)[1]", lambda x: 6.0 * x * x)])
+def test_a_transform_of_an_imported_function_resolves_its_body_in_its_module(
+        tmp_path, transform, expected):
+    # grad(lib.f) lowered f's body in the importer's namespace: lib's own
+    # helper was "unknown function 'helper'" (a plain call lib.f(x) worked)
+    (tmp_path / "lib.grad").write_text("def helper(x):\n    return x * 3.0\n\n"
+                                       "def f(x):\n    return helper(x) * x\n")
+    (tmp_path / "main.grad").write_text(f"import lib\n\ndef g(x):\n    return {transform}\n")
+    m = dsl.load(tmp_path / "main.grad")
+    x = np.array([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(interpret(m.g.lower(_types(m.g.bind((x,), {}))), x)[0],
+                               expected(x), rtol=1e-15)
+
+
 def test_an_error_in_a_helper_of_the_same_file_names_the_call_that_reached_it():
     # a helper called twice: the error's line is the helper's, which both
     # calls share; only the note tells the second call (line 6) from the first
