@@ -31,6 +31,7 @@ more (of size 1, broadcast, on an unstacked side).
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
@@ -44,8 +45,33 @@ class NotVectorizable(Exception):
     """fn has an op with no rule for stacked inputs here."""
 
 
+# The functions vectorized so far in the outermost `vectorize` call, by
+# (function id, stacked, outputs), each with the function (so its id stays
+# its own): a program holds one function in several places (the stages of
+# a call reused by calls alike, `compiler.staging`; a grad block's passes,
+# kept by each derived call), and vectorizing each place afresh walked
+# them all (a chain of blocks taking the previous function's grad: two
+# copies per level, 2**n).
+_DONE: ContextVar[Optional[dict]] = ContextVar("vectorized", default=None)
+
+
 def vectorize(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: Dim
               ) -> Function:
+    done = _DONE.get()
+    if done is None:
+        token = _DONE.set({})
+        try:
+            return vectorize(fn, stacked, outputs, k)
+        finally:
+            _DONE.reset(token)
+    key = (id(fn), tuple(stacked), tuple(outputs), k)
+    if key not in done:
+        done[key] = (fn, _vectorized(fn, stacked, outputs, k))
+    return done[key][1]
+
+
+def _vectorized(fn: Function, stacked: Sequence[int], outputs: Sequence[int], k: Dim
+                ) -> Function:
     b = Builder()
     params = [Var(TensorType(p.type.dtype, (k,) + p.type.shape), p.hint) if i in stacked else p
               for i, p in enumerate(fn.params)]
