@@ -589,10 +589,18 @@ def _mixes(eqn: Eqn, why: str, origin: Optional[Span], name: str = "") -> GradEr
                     "(compute them first)", eqn.span or origin)
 
 
-def with_sizes(fn: Function, sizes: dict[str, int]) -> Function:
+def with_sizes(fn: Function, sizes: dict[str, int],
+               done: Optional[dict[int, tuple[Function, Function]]] = None) -> Function:
     """fn with every size computed from the symbols `sizes` binds (`dim`:
     a mean's count) a literal of the whole array's, not a block's; in the
-    functions its equations carry too (a loop's body, a grad block's)."""
+    functions its equations carry too (a loop's body, a grad block's).
+    `done` (by id, with the function, so its id stays its own): those
+    rewritten so far, as a program holds one function in several places (a
+    call's stages, shared by the calls alike: rewriting each place afresh
+    took 2**n for a chain of n blocks each taking the previous grad)."""
+    done = {} if done is None else done
+    if id(fn) in done:
+        return done[id(fn)][1]
     subst: dict[Var, Lit] = {}
     eqns = []
     for eqn in fn.eqns:
@@ -602,10 +610,11 @@ def with_sizes(fn: Function, sizes: dict[str, int]) -> Function:
             if eqn.p.get("nonzero") and subst[eqn.out].value == 0:  # (`0.1 / n`)
                 raise GradError("compile-time arithmetic failed: division by zero", eqn.span)
             continue
-        params = tuple((k, with_sizes(v, sizes) if isinstance(v, Function) else v)
+        params = tuple((k, with_sizes(v, sizes, done) if isinstance(v, Function) else v)
                        for k, v in eqn.params)
         eqns.append(replace(eqn, params=params,
                             inputs=tuple(subst.get(a, a) if isinstance(a, Var) else a
                                          for a in eqn.inputs)))
     outputs = tuple(subst.get(a, a) if isinstance(a, Var) else a for a in fn.outputs)
-    return replace(fn, eqns=tuple(eqns), outputs=outputs)
+    done[id(fn)] = (fn, replace(fn, eqns=tuple(eqns), outputs=outputs))
+    return done[id(fn)][1]

@@ -7,7 +7,7 @@ import pytest
 
 import dsl
 from dsl.function import _types
-from gradlang.compiler import lower, namespace, staging, vectorize
+from gradlang.compiler import batching, lower, namespace, staging, vectorize
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import Function, Var
 from gradlang.compiler.lower import MAX_CALL_DEPTH
@@ -253,6 +253,19 @@ def test_vmap_of_the_chains_gradient_vectorizes_each_function_once(monkeypatch):
     np.testing.assert_allclose(run_ir(dsl.vmap(dsl.grad(m.g11)), xs), 1.01 ** 11 * np.cos(xs),
                                rtol=1e-14)
     assert len(done) < 100
+
+
+def test_dasks_sizes_rewrite_the_chains_program_each_function_once(monkeypatch):
+    # as vmap: Dask's block program takes the whole array's sizes in every
+    # function the program holds, each place afresh (n = 14: 86 s)
+    done = []
+    original = batching.with_sizes
+    monkeypatch.setattr(batching, "with_sizes", lambda fn, *a: done.append(fn) or original(fn, *a))
+    m = dsl.loads(grad_chain(12), "chain.grad")
+    x = np.array([0.3, -1.2, 2.0])
+    fn = batching.with_sizes(dsl.grad(m.g11).lower(_types(dsl.grad(m.g11).bind((x,), {}))), {})
+    np.testing.assert_allclose(interpret(fn, x)[0], 1.01 ** 11 * np.cos(x), rtol=1e-14)
+    assert len(done) < 1_000
 
 
 def test_a_chain_of_blocks_taking_the_previous_grad_has_the_chains_derivatives():
