@@ -303,8 +303,10 @@ def checks(eqn: Eqn) -> bool:
     """Whether `eqn` must run though nothing reads its outputs: a check
     (`compiler.ops`, kind "check"), or a loop whose body checks (an
     equation there whose result nothing may read leaves its check,
-    `check_of`)."""
-    if OPS[eqn.op].kind == "check":
+    `check_of`), or a size a float divides by (`dim` with `nonzero`:
+    `Lowerer.size_number`), which the call checks nonzero where it is, as
+    folding `0.1 / k` raised at k = 0 before sizes stayed symbolic."""
+    if OPS[eqn.op].kind == "check" or _divisor_check(eqn):
         return True
     return eqn.op == "loop" and any(checks(e) or check_of(e) is not None
                                     for e in eqn.p["body"].eqns)
@@ -352,7 +354,13 @@ def _check_key(eqn: Eqn) -> Optional[tuple]:
 def _may_raise(eqn: Eqn) -> bool:
     """Whether running `eqn` may raise (after the driver's checks of the
     arguments and sizes, which come before any of them)."""
-    return OPS[eqn.op].kind in ("index", "check", "loop", "call") or eqn.op == "reduce_max"
+    return OPS[eqn.op].kind in ("index", "check", "loop", "call") or eqn.op == "reduce_max" \
+        or _divisor_check(eqn)
+
+
+def _divisor_check(eqn: Eqn) -> bool:
+    """Whether `eqn` is a size checked nonzero where it runs (`checks`)."""
+    return eqn.op == "dim" and bool(eqn.p.get("nonzero"))
 
 
 def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:

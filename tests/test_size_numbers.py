@@ -97,3 +97,17 @@ def test_attention_scaled_by_the_root_of_a_size_compiles_once(monkeypatch):
         assert got.tobytes() == (q * k.astype(np.float32) / np.float32(np.sqrt(d))).tobytes()
         np.testing.assert_allclose(grad(q.astype(np.float64), k), k / np.sqrt(d), rtol=1e-15)
     assert len(built) == 2, built  # (one program each)
+
+
+def test_a_size_divided_by_is_checked_where_nothing_reads_the_quotient():
+    # grad in x does not read (1.0 / n) * sum(y): DCE dropped the size's
+    # nonzero check with it, so at n = 0 the gradient returned values where
+    # the call raises (and where folding 1.0 / 0 raised before)
+    m = dsl.loads("def f(x, y):\n    return sum(x * x) + (1.0 / y.shape[0]) * sum(y)\n",
+                  "dead_quotient.grad")
+    x = np.array([1.0, 2.0])
+    np.testing.assert_array_equal(dsl.grad(m.f)(x, np.ones(3)), 2 * x)  # (symbolic in n)
+    for f in (m.f, dsl.grad(m.f)):
+        with pytest.raises(dsl.ArgumentError, match="division by zero") as err:
+            f(x, np.zeros(0))
+        assert "dead_quotient.grad:2:26" in str(err.value)
