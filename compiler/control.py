@@ -289,6 +289,25 @@ def close(sb: Builder, name: str, params: list[Var], outputs: list[Atom],
     return fn, list(free)
 
 
+def of_sizes_only(b: Builder, value: Var) -> bool:
+    """Whether run-time `value` is computed (in `b`) from symbolic sizes
+    (`dim` ops: a number made of a size, `Lowerer.size_number`) and
+    literals alone, so that it is known at compile time for concrete sizes."""
+    need, sized = {value}, False
+    for eqn in reversed(b.eqns):
+        made = [o for o in eqn.outputs if o in need]
+        if not made:
+            continue
+        need.difference_update(made)
+        if eqn.op == "dim":
+            sized = sized or isinstance(eqn.p["value"], Sym)
+        else:
+            need.update(a for a in eqn.inputs if isinstance(a, Var))
+        if not need:
+            break
+    return sized and not need
+
+
 def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> None:
     """The if and its elif arms (`ast.elif_chain`), in a loop: an arm whose
     condition is known at compile time is taken (ending the chain) or
@@ -317,6 +336,11 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
                 raise GradError(f"an if condition must be known at compile time or be a "
                                 f"scalar bool, got {cond.type}; select elementwise with "
                                 "where()", arm.cond.span)
+            if lw.numbers_of_sizes and of_sizes_only(b, cond):
+                # (`n / 2 > 1.0`: compile-time for concrete sizes, so only
+                # the arm taken is lowered; run at run time, the arm not
+                # taken would run too, and raise what the call does not)
+                raise NeedsConcrete("a number made of a size is an if condition")
             taken, rest = dict(level), dict(level)
             lw.branches = guards + ((cond, True),)
             lw.statements(b, arm.body, taken)

@@ -111,3 +111,14 @@ def test_a_size_divided_by_is_checked_where_nothing_reads_the_quotient():
         with pytest.raises(dsl.ArgumentError, match="division by zero") as err:
             f(x, np.zeros(0))
         assert "dead_quotient.grad:2:26" in str(err.value)
+
+
+def test_an_if_on_a_number_of_sizes_lowers_only_the_arm_taken():
+    # `x.shape[0] / 2 > 1.0` was a run-time if once the quotient was a
+    # run-time number, so the arm not taken ran too: max of an empty y
+    # raised at n = 2, where the concrete program (one arm) returns sum(x)
+    m = dsl.loads("def f(x, y):\n    r = sum(x)\n    if x.shape[0] / 2 > 1.0:\n"
+                  "        r = sum(x) + max(y)\n    return r\n", "size_if.grad")
+    assert m.f(np.ones(2), np.zeros(0)) == 2.0
+    assert m.f(np.ones(4), np.array([1.0, 5.0])) == 9.0
+    np.testing.assert_array_equal(dsl.grad(m.f)(np.ones(2), np.zeros(0)), np.ones(2))
