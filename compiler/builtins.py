@@ -136,6 +136,7 @@ def _primitive(op: ops.Op) -> Builtin:
             return L.size_number(b, op.name, args, span, err)
         if folded is not None:
             return folded
+        L.inexact_of_sizes(b, op.name, args)
         inputs = unify(b, args, span, float_result=op.float_only)
         return b.bind(op.name, *inputs, span=span, weak=weak_result(args))
     return _builtin(op.arity, lower)

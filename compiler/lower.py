@@ -812,6 +812,7 @@ class Lowerer:
                                 span) from None
             except (OverflowError, ValueError) as err:
                 raise GradError(f"compile-time arithmetic failed: {err}", span) from None
+        self.inexact_of_sizes(b, op, (left, right))
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
         if op == "pow" and x.type.dtype in INTS and isinstance(y, Lit) and y.value < 0:
@@ -838,6 +839,18 @@ class Lowerer:
         atoms = [_size_operand(b, v, span, divisor=op == "div" and k == 1)
                  for k, v in enumerate(operands)]
         return b.bind(op, *atoms, span=span, weak=True)
+
+    def inexact_of_sizes(self, b, op: str, operands: Sequence[Value]) -> None:
+        """NeedsConcrete where `op`, a math function whose kernel may differ
+        by an ulp from the NumPy that folds it (`**`, `exp`: not `exact`,
+        nor the correctly rounded sqrt), takes a number made of sizes
+        (`size_number`): for concrete sizes it folds (`x ** (n / 2)` is
+        x ** 3.0, products), so computed at run time it may give other bits."""
+        if self.numbers_of_sizes and self.size_numbers and op not in SIZE_NUMBER_OPS \
+                and not ops.OPS[op].exact and any(
+                    isinstance(v, WeakVar) and v.type.rank == 0 and control.of_sizes_only(b, v)
+                    for v in operands):
+            raise NeedsConcrete(f"a number made of a size is an operand of {op}")
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
         (x,) = unify(b, [v], span, float_result=op in ops.FLOAT_ONLY)

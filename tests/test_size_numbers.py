@@ -122,3 +122,11 @@ def test_an_if_on_a_number_of_sizes_lowers_only_the_arm_taken():
     assert m.f(np.ones(2), np.zeros(0)) == 2.0
     assert m.f(np.ones(4), np.array([1.0, 5.0])) == 9.0
     np.testing.assert_array_equal(dsl.grad(m.f)(np.ones(2), np.zeros(0)), np.ones(2))
+
+
+def test_a_power_of_a_number_of_sizes_gives_the_folded_bits():
+    # x ** (n / 2) at n = 6 folds to x ** 3.0, which simplify makes
+    # products; computed at run time it was pow(x, 3.0), an ulp off
+    m = dsl.loads("def f(x):\n    return x ** (x.shape[0] / 2)\n", "size_pow.grad")
+    x = np.random.default_rng(0).uniform(0.5, 2, 6)
+    assert m.f(x).tobytes() == (x * x * x).tobytes()
