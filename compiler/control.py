@@ -299,6 +299,8 @@ def of_sizes_only(b: Builder, value: Var) -> bool:
         if not made:
             continue
         need.difference_update(made)
+        if any(o.type.rank for o in eqn.outputs):
+            return False  # (an array's: a number of sizes is a scalar)
         if eqn.op == "dim":
             sized = sized or isinstance(eqn.p["value"], Sym)
         else:
