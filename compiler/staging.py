@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gradlang.compiler import ast, autodiff, ops
 from gradlang.compiler.builder import Builder, coerce, inline
-from gradlang.compiler.ir import Atom, Eqn, Function, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, Var, WeakVar
 from gradlang.compiler.linearity import check_linear
 from gradlang.compiler.namespace import Namespace, free_names, param_reads
 from gradlang.compiler.shapes import Sym, broadcasts_to
@@ -97,10 +97,15 @@ def lower_staged(lowerer: "Lowerer", b: Builder, fdef: ast.FuncDef, ns: Namespac
     # the call's float arrays are all f32, as a Python number passed to a
     # compiled function is: `logaddexp(x, 0.5)` stays f32 for f32 x.
     floats = weak_float_dtype(inputs.values())
-    for p in fdef.differentiable_params:
-        # Everything a custom gradient differentiates is an array.
+    for p in fdef.params:
+        # Everything a custom gradient differentiates is an array; a weakly
+        # typed one the stages take as a parameter, which is not weak (a
+        # `const` one given `0.3 / n`, a number of sizes, as the literal
+        # that n's concrete value folds to)
         v = inputs[p.name]
-        inputs[p.name] = as_atom(b, v, span, floats if isinstance(weak_number(v), float) else None)
+        if p.differentiable or isinstance(v, WeakVar):
+            inputs[p.name] = as_atom(b, v, span,
+                                     floats if isinstance(weak_number(v), float) else None)
     return Chain(lowerer, fdef, ns, span).stage(b, 0, inputs)
 
 

@@ -130,3 +130,14 @@ def test_a_power_of_a_number_of_sizes_gives_the_folded_bits():
     m = dsl.loads("def f(x):\n    return x ** (x.shape[0] / 2)\n", "size_pow.grad")
     x = np.random.default_rng(0).uniform(0.5, 2, 6)
     assert m.f(x).tobytes() == (x * x * x).tobytes()
+
+
+def test_a_number_of_sizes_given_a_const_of_a_function_with_a_block_stays_weak():
+    # folded, 0.3 / n is a literal, weak in hk's stage (f32 x stays f32);
+    # computed at run time it was an f64 parameter of the stage: f64 result
+    m = dsl.loads("def hk(x, s: const):\n    return x * s\ngrad(d):\n    return d * s\n"
+                  "def f(x):\n    return hk(x, 0.3 / x.shape[0])\n", "size_const.grad")
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    got = m.f(x)
+    assert got.dtype == np.float32
+    assert got.tobytes() == (x * np.float32(0.3 / 4)).tobytes()
