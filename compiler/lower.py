@@ -372,7 +372,10 @@ class Lowerer:
         array arguments, then the params it reads; static ones are baked in."""
         arrays = [n for n, v in bound.items() if not is_static(v)]
         sb = Builder()
-        sparams = [Var(bound[n].type, n) for n in arrays]
+        # (a weakly typed argument stays weak, as a number baked in is:
+        # `0.3 / n`, a number of sizes, is the literal n's value folds to)
+        sparams = [(WeakVar if isinstance(bound[n], WeakVar) else Var)(bound[n].type, n)
+                   for n in arrays]
         pparams = [Var(v.type, w) for w, v in reads.items()]
         senv = dict(zip(reads, pparams))
         sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}

@@ -141,3 +141,18 @@ def test_a_number_of_sizes_given_a_const_of_a_function_with_a_block_stays_weak()
     got = m.f(x)
     assert got.dtype == np.float32
     assert got.tobytes() == (x * np.float32(0.3 / 4)).tobytes()
+
+
+def test_a_number_of_sizes_given_a_transform_in_the_language_stays_weak():
+    # value_and_grad(h)(x, 0.3 / n) and jvp(h)(...) took the run-time
+    # number as an f64 parameter of h's sub-function: an f64 value where
+    # the concrete program (the literal baked in, weak) gives f32
+    m = dsl.loads("def h(x, s):\n    return sum(x * s)\n"
+                  "def f(x):\n    v, g = value_and_grad(h)(x, 0.3 / x.shape[0])\n    return v\n"
+                  "def lit(x):\n    v, g = value_and_grad(h)(x, 0.075)\n    return v\n",
+                  "size_transform.grad")
+    x = np.linspace(-1, 1, 4, dtype=np.float32) + np.float32(0.1)
+    got = m.f(x)
+    assert got.dtype == np.float32
+    assert got.tobytes() == m.lit(x).tobytes()  # (0.3 / 4 is 0.075, as Python folds it)
+    np.testing.assert_allclose(got, np.sum(x * np.float32(0.075)), rtol=1e-6)
