@@ -84,6 +84,19 @@ def test_dividing_by_a_size_of_zero_is_an_error_at_the_division():
         m.f(np.ones(0))
 
 
+def test_a_zero_size_divided_by_raises_where_nothing_differentiated_reads_it():
+    # the gradient of sum(x * 2) does not read 1 / n, so its division's
+    # check went with it: grad returned an empty array where the call
+    # raises (a check survives dead code as an index's does)
+    m = dsl.loads("def g(x):\n    return sum(x * 2.0) + 1.0 / x.shape[0]\n", "dead.grad")
+    np.testing.assert_array_equal(dsl.grad(m.g)(np.ones((2, 3))), np.full((2, 3), 2.0))
+    x = np.ones((0, 3))
+    for call in (m.g, dsl.grad(m.g), dsl.value_and_grad(m.g),
+                 lambda x: dsl.jvp(m.g, (x,), (x,))):
+        with pytest.raises(dsl.ArgumentError, match=r"dead.grad:2:27: error: division by zero"):
+            call(x)
+
+
 def test_attention_scaled_by_the_root_of_a_size_compiles_once(monkeypatch):
     # sqrt(d) made the program concrete in every size, so each batch size
     # compiled again; IEEE sqrt rounds as folding does: the same bits
