@@ -79,7 +79,12 @@ def _check_addressable(t: TensorType, span: Span | None) -> None:
     it: NumPy's allocation of it, or a loop's index over it, would overflow.
     (A size given by an integer argument's value, as `segment_sum`'s count
     may be, is checked here too: the program is compiled for that value as
-    for a `const` argument's.)"""
+    for a `const` argument's.)  So is one of more axes than NumPy's arrays
+    have (`reshape(x, (1,) * 100 + x.shape)`: NumPy's ValueError at run
+    time)."""
+    if len(t.shape) > MAX_RANK:
+        raise GradError(f"a value of {len(t.shape)} axes: an array has at most {MAX_RANK} "
+                        "(NumPy's limit)", span)
     if all(isinstance(d, int) for d in t.shape) and \
             counted_bytes(t.shape, NUMPY[t.dtype].itemsize) > MAX_SIZE:
         if t.size == 0:  # (NumPy multiplies its other axes all the same)
@@ -87,6 +92,8 @@ def _check_addressable(t: TensorType, span: Span | None) -> None:
                             "multiply beyond what an array can count", span)
         raise GradError(f"a value of type {t} needs more memory than can be addressed", span)
 
+
+MAX_RANK = 64  # (NumPy 2's NPY_MAXDIMS)
 
 _INT_BITS = {"i32": 32, "i64": 64}
 _FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": 1.7976931348623157e308}

@@ -61,6 +61,9 @@ def test_a_shape_slices_joins_and_repeats_as_a_python_tuple():
     ("return reshape(x, x.shape[::0])", 33, "slice step cannot be zero"),
     ("return reshape(x, (1,) * 10 ** 12 + x.shape)", 23,
      "a tuple of 1000000000000 items is too long (at most 100000)"),
+    # (NumPy's ValueError "maximum supported dimension ... 64" at run time)
+    ("return reshape(x, (1,) * 63 + x.shape)", 12,
+     "a value of 65 axes: an array has at most 64 (NumPy's limit)"),
     ("return reshape(x, x.shape[0, 1])", 23, "a tuple takes one integer index or one slice"),
     ("return x + x.shape", 16, "a tuple cannot be used as an array here: + joins two tuples "
                                "(x.shape + (1,)), and the other operand is an array "
