@@ -39,7 +39,8 @@ from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorT
 from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
-                                      promote, unify, weak_number, weak_result)
+                                      promote, sequence_kind, unify, weak_number,
+                                      weak_result)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ INDEX = TensorType("i64", ())
 def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -> None:
     (start, stop, step), known = _bounds(lw, b, stmt, env)
     carried = [n for n in ast.assigned_names(stmt.body) if n in env and n != stmt.var]
+    for name in carried:
+        _not_a_sequence(name, env[name], stmt, before=True)
     dtypes: list["str | None"] = [None] * len(carried)
     for _ in range(len(carried) + 2):
         inits = [as_atom(Builder(), env[n], stmt.span, d) for n, d in zip(carried, dtypes)]
@@ -135,6 +138,8 @@ def _lower_body(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value],
     params = [Var(a.type, n) for n, a in zip(carried, inits)]
     inner = {**env, stmt.var: index, **dict(zip(carried, params))}
     lw.statements(sb, stmt.body, inner)
+    for name in carried:
+        _not_a_sequence(name, inner[name], stmt)
     outs = [as_atom(sb, inner[name], stmt.span, param.type.dtype if is_static(inner[name])
                     else None) for name, param in zip(carried, params)]
     return sb, index, params, outs
@@ -255,6 +260,22 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
     if isinstance(step, Lit) and step.value == 0:
         raise GradError("range() step must not be zero", stmt.args[2].span)
     return atoms, known
+
+
+def _not_a_sequence(name: str, value: Value, stmt: ast.For, before: bool = False) -> None:
+    """A value the loop `stmt` assigns and carries from trip to trip must
+    be an array or number: a compile-time tuple or list (`t = t + (1,)`)
+    cannot be carried, since a loop runs, it is not unrolled.  A GradError
+    at the body's last binding of `name` (it said only "a tuple cannot be
+    used as an array here", at the loop)."""
+    if isinstance(value, tuple):
+        kind = sequence_kind(value)
+        what = (f"{name!r} is a {kind} where a loop that assigns it starts" if before
+                else f"{name!r} is a {kind} assigned in a loop")
+        raise GradError(f"{what}: a loop runs, it is not "
+                        f"unrolled, so a {kind} (known at compile time) cannot change from "
+                        f"trip to trip; build it before the loop, or give the loop's "
+                        f"result another name", _last_binding(stmt.body, name) or stmt.span)
 
 
 def _last_binding(body: Sequence[ast.Stmt], name: str) -> Span | None:

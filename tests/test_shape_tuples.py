@@ -88,3 +88,19 @@ def test_a_tuple_misused_is_an_error_at_its_operand(body, col, text):
     assert (err.file, err.line, err.col) == ("bad.grad", 2, col), str(err)
     assert text in err.message, str(err)
     assert str(err).splitlines()[-1].strip().startswith("^"), str(err)
+
+
+@pytest.mark.parametrize("start, assign, text", [
+    ("(1,)", "t + (1,)", "'t' is a tuple where a loop that assigns it starts"),
+    ("0.0", "x.shape", "'t' is a tuple assigned in a loop"),
+    ("[1, 2]", "sum(x)", "'t' is a list where a loop that assigns it starts"),
+])
+def test_a_tuple_a_loop_would_carry_is_an_error_at_its_assignment(start, assign, text):
+    # it said "a tuple cannot be used as an array here", at the `for`
+    m = dsl.loads(f"def f(x):\n    t = {start}\n    for i in range(3):\n"
+                  f"        t = {assign}\n    return x\n", "loop.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones(2))
+    err = info.value
+    assert (err.line, err.col) == (4, 9), str(err)
+    assert err.message.startswith(text + ": a loop runs, it is not unrolled"), str(err)
