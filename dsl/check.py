@@ -551,6 +551,14 @@ def _check_forward(f: Compiled, bound: dict[str, np.ndarray], value: list[np.nda
     tangents = [_jvp(f, bound, floats, name, v.astype(x.dtype))[len(value):]
                 for v in directions]
     nan = _finite(value) and _has_nan([t for ts in tangents for t in ts])
+    if nan and len(floats) > 1:
+        # the shared program's zero tangents of the other arguments meet
+        # their own partials, 0 * inf = NaN where one is infinite (sqrt(w)'s
+        # slope at w = 0) though the jvp along `name` is finite: the jvp
+        # along `name` alone, as dsl.jvp of that tangent computes it
+        tangents = [_jvp(f, bound, [name], name, v.astype(x.dtype))[len(value):]
+                    for v in directions]
+        nan = _has_nan([t for ts in tangents for t in ts])
     rows = []
     if numerics is not None:
         pairs = [(sum(float(np.sum(t * w)) for t, w in zip(tangent, weights)), *numeric)

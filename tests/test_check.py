@@ -616,3 +616,15 @@ def test_a_failure_says_at_which_points_it_failed(tmp_path):
     # (the words for many points, without compiling another check)
     assert _where_failed(["a", "b", "c"], 3) == "at every point tried (3)"
     assert _where_failed(list("abcde"), 12) == "at a, b, c and 2 more"
+
+
+def test_a_jvp_along_one_argument_is_not_failed_by_another_arguments_infinite_slope():
+    # the forward rows ran one program with zero tangents for the other
+    # arguments: d sqrt(w) = 0.5 / sqrt(0) * 0 = NaN at w = 0, so jvp:x
+    # failed as NaN where the jvp along x alone (dsl.jvp's) is 4
+    f = dsl.loads("def f(x, w):\n    return sum(x * 2.0 + sqrt(w))\n").f
+    x, w = np.array([0.5, -1.0]), np.zeros(2)
+    assert dsl.jvp(f, (x, w), {"x": np.ones(2)})[1] == 4.0
+    result = dsl.check_gradients(f, x, w, order=1, upstream=False, f32=False)
+    rows = {r.wrt: r for r in result}
+    assert rows["jvp:x"].ok and rows["jvp:x"].compared == 3, rows["jvp:x"]
