@@ -40,7 +40,7 @@ from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
-                                      check_range_fits, is_static, sequence_kind, unify,
+                                      check_range_fits, entry_results, is_static, sequence_kind, unify,
                                       weak_float_dtype, weak_number, weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span
@@ -105,7 +105,7 @@ class Lowerer:
         env.update({n: t.value for n, t in types.items() if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
-        results = as_results(b, outs, fdef.result_dtype, fdef.result_spans)
+        results = entry_results(b, fdef.name, outs, fdef.result_dtype, fdef.result_spans)
         return b.function(name or fdef.name, params, results)
 
     # ------------------------------------------------------------ calls

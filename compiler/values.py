@@ -90,6 +90,27 @@ def as_result(b: Builder, v: Value, dtype: Optional[str], span: Optional[Span]) 
     return as_atom(b, v, span, dtype if is_static(v) else None)
 
 
+class ReturnsSequence(GradError):
+    """A function compiled on its own (called from Python, checked by
+    `gradc check`) returns a compile-time tuple or list (a shape helper's
+    `x.shape[:-1] + (2, 3)`): only another function can take that."""
+
+
+def entry_results(b: Builder, name: str, outs: Sequence[Value], dtype: Optional[str],
+                  spans: Sequence[Span]) -> list[Atom]:
+    """`as_results` of a function compiled on its own, `name`: a
+    compile-time tuple or list among them is a `ReturnsSequence` at its
+    return item (it said "a tuple cannot be used as an array here")."""
+    for v, span in zip(outs, spans):
+        if isinstance(v, tuple):
+            kind = sequence_kind(v)
+            raise ReturnsSequence(
+                f"{name}() returns a {kind} as a result, which only another function can "
+                f"take (a shape for its reshape): a function called from Python returns "
+                f"arrays (`return a, b` for several, stack([...]) for one)", span)
+    return as_results(b, outs, dtype, spans)
+
+
 def as_results(b: Builder, outs: Sequence[Value], dtype: Optional[str],
                spans: Sequence[Span]) -> list[Atom]:
     """A function's results by `as_result`, each at the span of the return

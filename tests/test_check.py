@@ -628,3 +628,17 @@ def test_a_jvp_along_one_argument_is_not_failed_by_another_arguments_infinite_sl
     result = dsl.check_gradients(f, x, w, order=1, upstream=False, f32=False)
     rows = {r.wrt: r for r in result}
     assert rows["jvp:x"].ok and rows["jvp:x"].compared == 3, rows["jvp:x"]
+
+
+def test_a_shape_helper_returning_a_tuple_is_skipped_and_says_why_when_called(tmp_path):
+    # `gradc check` failed the file (exit 1, "a tuple cannot be used as an
+    # array here" under "none compiled: annotate them"); its caller is
+    # checked in its place
+    code, out, err = check(tmp_path, "heads.grad", "def heads(x):\n    return x.shape[::-1]\n")
+    assert code == 0, err
+    assert out[-1].split() == ["heads", "skipped:", "returns", "a", "compile-time", "tuple"]
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load(tmp_path / "heads.grad").heads(np.ones((2, 3)))
+    assert (info.value.line, info.value.col) == (2, 12)
+    assert info.value.message.startswith("heads() returns a tuple as a result, which only "
+                                         "another function can take"), str(info.value)

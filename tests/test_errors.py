@@ -377,8 +377,10 @@ def fine(x):
 
 
 @pytest.mark.parametrize("fn, line, col, text", [
-    ("forwards", 6, 12, "a tuple cannot be used as an array here"),
-    ("shape", 8, 20, "a tuple cannot be used as an array here"),
+    ("forwards", 6, 12, "forwards() returns a tuple as a result, which only another function "
+                        "can take (a shape for its reshape): a function called from Python "
+                        "returns arrays (`return a, b` for several, stack([...]) for one)"),
+    ("shape", 8, 20, "shape() returns a tuple as a result"),
     ("listed", 10, 12, "a list cannot be used as an array here"),
     ("passed", 15, 12, "a tuple cannot be used as an array here"),
 ])
