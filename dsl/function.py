@@ -1519,6 +1519,9 @@ class HvpFunction(Directional):
         return self.vname if label == "v" and "v" not in own else self.inner.named(label)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
+        if "v" in kwargs and self.named("v") == self.vname:  # (hvp(f)(x, w, v=t))
+            kwargs = dict(kwargs)
+            args = (*args, kwargs.pop("v"))
         if not args:
             raise ArgumentError(self._layout, self.span)
         try:

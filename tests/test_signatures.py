@@ -92,6 +92,14 @@ def test_a_loaded_function_and_its_transforms_state_the_calls_they_take(m, monke
     # f's defaulted ones (hvp(f)(x, v), hvp(f)(x, s, v)); a parameter named
     # like a Python keyword; one named `out` beside the out= buffers.
     assert str(inspect.signature(dsl.hvp(m.pair))) == "(*args, **kwargs)"
+    # or by keyword, as a torch user passes it (it was "pair() has no
+    # parameter 'v'"): the Hessian of sum(x * y) in x is 0, in y too
+    hvp = dsl.hvp(m.pair, wrt=1)
+    np.testing.assert_array_equal(hvp(X, XS, v=XS), hvp(X, XS, XS))
+    cubed = dsl.hvp(dsl.loads("def c(x, w):\n    return sum(x * x * x * w)\n").c)
+    v = np.array([1.0, -2.0])
+    for call in (lambda: cubed(X, X, v=v), lambda: cubed(w=X, x=X, v=v)):
+        np.testing.assert_array_equal(call(), 6 * X * X * v)  # (6 x w v)
     odd = dsl.loads("def f(x, lambda):\n    return x\n\ndef g(x, out):\n    return x\n")
     assert str(inspect.signature(odd.f)) == str(inspect.signature(odd.g)) == "(*args, **kwargs)"
     assert str(inspect.signature(type(m.scaled))).startswith("(module")  # the class's own
