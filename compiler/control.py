@@ -47,11 +47,19 @@ if TYPE_CHECKING:
     from gradlang.compiler.lower import Lowerer
 
 INDEX = TensorType("i64", ())
+_PLACEHOLDER = "$checked"  # what a loop carrying nothing else carries (no name is this)
 
 
 def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -> None:
     (start, stop, step), known = _bounds(lw, b, stmt, env)
     carried = [n for n in ast.assigned_names(stmt.body) if n in env and n != stmt.var]
+    if not carried:
+        # nothing it computes outlives it, but its trips may raise (`y =
+        # x[i]` out of range, a step of 0), as Python's do: it carries a
+        # number it leaves unchanged, which `passes.dce` reduces to the
+        # loop's checks, or drops with the loop where it has none
+        env = {**env, _PLACEHOLDER: 0}  # (a copy: the name leaks nowhere)
+        carried = [_PLACEHOLDER]
     for name in carried:
         _not_a_sequence(name, env[name], stmt, before=True)
     dtypes: list["str | None"] = [None] * len(carried)
@@ -68,8 +76,6 @@ def lower_for(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value]) -
             raise GradError(f"{name!r} changes type in the loop: {param.type} before an "
                             f"iteration, {out.type} after it; a carried value must keep "
                             "its dtype and shape", _last_binding(stmt.body, name) or stmt.span)
-    if not carried:
-        return  # the loop computes nothing that outlives it
     inits = [as_atom(b, env[n], stmt.span, p.type.dtype) for n, p in zip(carried, params)]
     # (a segmented loop's inner loops would each need their part of the stacks)
     trip, slices, xs = (stack_index_reads(b, sb, [index] + params, known)

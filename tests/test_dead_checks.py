@@ -162,3 +162,18 @@ def test_dask_blocks_run_the_checks_of_what_nothing_reads():
     x, j = np.arange(6.0).reshape(3, 2), np.array([1, 0])
     np.testing.assert_allclose(grad(xs, w, j).compute(),
                                central_difference(m.rows, (x, w, j), 0), rtol=1e-7)
+
+
+def test_a_loop_that_carries_nothing_runs_its_checks():
+    # a loop whose every assignment is its own (nothing outlives it) was
+    # dropped when lowered, checks and all: x[i] past the end and a step
+    # of 0 returned sum(x), in the call and its transforms
+    m = dsl.loads("def f(x, n: i64, s: i64):\n    for i in range(0, n, s):\n        y = x[i]\n"
+                  "    return sum(x * x)\n", "local.grad")
+    x = np.array([1.0, -2.0, 3.0])
+    for bad, expected in (((5, 1), "local.grad:3:13: error: index 3 in 'i' is out of range"),
+                          ((3, 0), "local.grad:2:5: error: range() step must not be zero")):
+        for call in (m.f, dsl.grad(m.f), lambda *a: dsl.jvp(m.f, a, (x, None, None))):
+            assert _error(call, x, *bad).startswith(expected)
+    assert m.f(x, 3, 1) == 14.0
+    np.testing.assert_array_equal(dsl.grad(m.f)(x, 3, 1), 2 * x)

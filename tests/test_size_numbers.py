@@ -95,6 +95,12 @@ def test_a_zero_size_divided_by_raises_where_nothing_differentiated_reads_it():
                  lambda x: dsl.jvp(m.g, (x,), (x,))):
         with pytest.raises(dsl.ArgumentError, match=r"dead.grad:2:27: error: division by zero"):
             call(x)
+    # in a loop's body, where its trips run (a loop of no trips divides by nothing)
+    m = dsl.loads("def h(x, n: i64):\n    for i in range(n):\n        t = 1.0 / x.shape[0]\n"
+                  "    return sum(x)\n", "loop.grad")
+    np.testing.assert_array_equal(dsl.grad(m.h)(x, 0), np.ones((0, 3)))
+    with pytest.raises(dsl.ArgumentError, match=r"loop.grad:3:13: error: division by zero"):
+        dsl.grad(m.h)(x, 2)
 
 
 def test_attention_scaled_by_the_root_of_a_size_compiles_once(monkeypatch):
