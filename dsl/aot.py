@@ -51,6 +51,7 @@ import numpy as np
 
 from dsl.api import Module, load
 from dsl.function import Compiled, GradFn, GradFunction, VjpFunction
+from gradlang.compiler.builder import MAX_RANK
 from gradlang.compiler.codegen import generate, symbolic_reaches
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.library import STDLIB
@@ -225,6 +226,10 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
                                  f"e.g. {example}", f.span)
         else:
             t = TensorType(dtype, dims)
+            if len(dims) > MAX_RANK:  # (NumPy's limit: no call could pass one)
+                raise SignatureError(f"cannot compile {sig!r}: argument {s.name!r} has "
+                                     f"{len(dims)} axes, and an array has at most {MAX_RANK}",
+                                     f.span)
             if isinstance(t.size, int) and t.size * NUMPY[dtype].itemsize > MAX_SIZE:
                 raise SignatureError(f"cannot compile {sig!r}: argument {s.name!r} of type {t} "
                                      "needs more memory than can be addressed", f.span)
