@@ -40,8 +40,9 @@ from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
-                                      check_range_fits, entry_results, is_static, sequence_kind, unify,
-                                      weak_float_dtype, weak_number, weak_result)
+                                      check_range_fits, entry_results, is_static,
+                                      sequence_kind, unify, weak_float_dtype, weak_number,
+                                      weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span
 
