@@ -43,8 +43,11 @@ its blocks whether or not its backward pass is ever taken.  A reused
 stage takes the span of the call reusing it (`Lowered.at_site`), counts
 its forward pass's operations again (`MAX_PROGRAM_SIZE`: each call still
 inlines a copy of it), and is lowered afresh where that would raise a
-recursion or depth error it escaped where first lowered (`Reach`): reuse
-changes no program and no error, only the work.
+recursion or depth error it escaped where first lowered (`Reach`).  So
+reuse changes no program, only the work, and one error: a reused stage's
+backward pass is not counted again, so a program that lowering every
+stage afresh finds too big, by the blocks its calls repeat, may now pass
+`MAX_PROGRAM_SIZE` (a bound against runaway lowering, which reuse stops).
 """
 from __future__ import annotations
 
