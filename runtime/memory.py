@@ -38,37 +38,39 @@ import functools
 import os
 import threading
 import warnings
+from typing import Callable
 
 import numpy as np
 
 POOL_MIN = 256 << 10  # bytes: below, the C library reuses its heap (no page faults)
 _DEFAULT_LIMIT = 512 << 20
 
-# nbytes -> free blocks of that size, sizes in the order they were last given back
-_free: dict[int, list[np.ndarray]] = {}
-_free_bytes = 0
-_lock = threading.RLock()
 _open = True  # False from the interpreter's exit on (and None once this module is torn down)
 
 
 def pool_limit() -> int:
     """The most bytes of free blocks the pool keeps."""
-    return _limit_of(os.environ.get("GRADC_POOL_BYTES", ""))
+    return limit_from_env("GRADC_POOL_BYTES", _DEFAULT_LIMIT)
+
+
+def limit_from_env(name: str, default: int) -> int:
+    """A pool's limit in bytes: the environment variable `name`, else `default`."""
+    return _limit_of(name, os.environ.get(name, ""), default)
 
 
 @functools.lru_cache(maxsize=None)  # read at every give-back; said once
-def _limit_of(text: str) -> int:
+def _limit_of(name: str, text: str, default: int) -> int:
     if not text:
-        return _DEFAULT_LIMIT
+        return default
     try:
         limit = int(text)
     except ValueError:
         limit = -1
     if limit < 0:
-        warnings.warn(f"GRADC_POOL_BYTES={text!r} is not a number of bytes (0 turns the "
-                      f"pool off); the pool keeps its default {_DEFAULT_LIMIT >> 20} MiB",
-                      RuntimeWarning, stacklevel=2)
-        return _DEFAULT_LIMIT
+        warnings.warn(f"{name}={text!r} is not a number of bytes (0 turns the "
+                      f"pool off); the pool keeps its default {default >> 20} MiB",
+                      RuntimeWarning, stacklevel=3)
+        return default
     return limit
 
 
@@ -90,38 +92,86 @@ class Lease:
                         "its block back twice); copy the array over it instead")
 
 
+class FreeBlocks:
+    """Free blocks by byte size, at most `limit()` bytes of them, the size
+    given back longest ago evicted first; thread-safe, re-entrant and
+    robust to an exception at any step (the module's contract).  A block
+    is any object: the host pool's are byte arrays, the CUDA target's
+    device allocations (`runtime.cuda`)."""
+
+    def __init__(self, limit: Callable[[], int]):
+        self._limit = limit
+        # nbytes -> free blocks of that size, sizes in the order they were last given back
+        self._free: dict[int, list] = {}
+        self._free_bytes = 0
+        self._lock = threading.RLock()
+        # The lock is held across a fork (by the forking thread), so no other
+        # thread is inside the bookkeeping then; the child, where that
+        # thread's hold would never end, gets a fresh lock.
+        if hasattr(os, "register_at_fork"):  # (POSIX)
+            os.register_at_fork(before=lambda: self._lock.acquire(),
+                                after_in_parent=lambda: self._lock.release(),
+                                after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.RLock()
+
+    def give_back(self, block, nbytes: int) -> None:
+        """List `block` (of `nbytes`) as free, or drop it (its memory goes
+        back to the system) where it is larger than the whole limit."""
+        limit = self._limit()  # before the count: a collection it sets off may give back too
+        if nbytes > limit:
+            return
+        with self._lock:
+            # The size given back longest ago makes room.  Each step leaves
+            # the free lists and their count consistent should an exception
+            # (a Ctrl-C) end it anywhere: a list may be empty (never evicted
+            # from) and the count high (which only evicts early, and is exact
+            # again once the lists are empty), never low (past the limit).
+            while self._free and self._free_bytes + nbytes > limit:
+                oldest = next(iter(self._free))
+                blocks = self._free[oldest]
+                if blocks:
+                    blocks.pop()
+                    self._free_bytes -= oldest
+                if not blocks:
+                    del self._free[oldest]
+            if not self._free:
+                self._free_bytes = 0
+            self._free_bytes += nbytes  # before the block is listed
+            blocks = self._free.pop(nbytes, [])  # and this size is now the newest
+            blocks.append(block)
+            self._free[nbytes] = blocks
+
+    def take(self, nbytes: int):
+        """A free block of exactly `nbytes`, unlisted, or None."""
+        with self._lock:  # (robust to an exception anywhere, as `give_back`)
+            blocks = self._free.get(nbytes)
+            block = blocks.pop() if blocks else None
+            if block is not None:
+                self._free_bytes -= nbytes
+            if blocks is not None and not blocks:
+                del self._free[nbytes]
+        return block
+
+    def release(self) -> int:
+        """Drop every free block; return the bytes dropped."""
+        with self._lock:
+            released, self._free_bytes = self._free_bytes, 0
+            self._free.clear()
+        return released
+
+
+HOST = FreeBlocks(pool_limit)
+
+
 def _give_back(block: np.ndarray) -> None:
-    global _free_bytes
-    limit = pool_limit()  # before the count: a collection it sets off may give back too
-    nbytes = block.nbytes
-    if nbytes > limit:
-        return  # dropped: the block's memory goes back to the system
-    with _lock:
-        # The size given back longest ago makes room.  Each step leaves the
-        # free lists and their count consistent should an exception (a
-        # Ctrl-C) end it anywhere: a list may be empty (never evicted from)
-        # and the count high (which only evicts early, and is exact again
-        # once the lists are empty), never low (the pool past its limit).
-        while _free and _free_bytes + nbytes > limit:
-            oldest = next(iter(_free))
-            blocks = _free[oldest]
-            if blocks:
-                blocks.pop()
-                _free_bytes -= oldest
-            if not blocks:
-                del _free[oldest]
-        if not _free:
-            _free_bytes = 0
-        _free_bytes += nbytes  # before the block is listed
-        blocks = _free.pop(nbytes, [])  # and this size is now the newest
-        blocks.append(block)
-        _free[nbytes] = blocks
+    HOST.give_back(block, block.nbytes)
 
 
 def pooled(shape, dtype) -> np.ndarray:
     """An uninitialized array of `shape` and `dtype`, from the pool when large
     (and of a dtype without fields or a subarray)."""
-    global _free_bytes
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = dtype.itemsize
@@ -131,13 +181,7 @@ def pooled(shape, dtype) -> np.ndarray:
     # no driver asks for, are NumPy's own)
     if nbytes < POOL_MIN or dtype.fields is not None or dtype.subdtype is not None:
         return np.empty(shape, dtype)
-    with _lock:  # (robust to an exception anywhere, as `_give_back`)
-        blocks = _free.get(nbytes)
-        block = blocks.pop() if blocks else None
-        if block is not None:
-            _free_bytes -= nbytes
-        if blocks is not None and not blocks:
-            del _free[nbytes]
+    block = HOST.take(nbytes)
     if block is None:
         block = np.empty(nbytes, np.uint8)
     return np.asarray(Lease(block, shape, dtype))
@@ -145,11 +189,7 @@ def pooled(shape, dtype) -> np.ndarray:
 
 def release() -> int:
     """Release every free block to the system; return the bytes released."""
-    global _free_bytes
-    with _lock:
-        released, _free_bytes = _free_bytes, 0
-        _free.clear()
-    return released
+    return HOST.release()
 
 
 def _close() -> None:
@@ -157,15 +197,4 @@ def _close() -> None:
     _open = False
 
 
-def _new_lock() -> None:
-    global _lock
-    _lock = threading.RLock()
-
-
 atexit.register(_close)
-# The lock is held across a fork (by the forking thread), so no other thread
-# is inside the pool's bookkeeping then; the child, where that thread's hold
-# would never end, gets a fresh lock.
-if hasattr(os, "register_at_fork"):  # (POSIX)
-    os.register_at_fork(before=lambda: _lock.acquire(),
-                        after_in_parent=lambda: _lock.release(), after_in_child=_new_lock)
