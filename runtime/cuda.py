@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
+import itertools
 import math
 import sys
+import weakref
 from types import ModuleType
 from typing import Any, Optional, Sequence
 
@@ -67,6 +69,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     Where,
 )
 from gradlang.runtime import common, cuda_math  # noqa: E402
+from gradlang.runtime import memory as block_pools  # noqa: E402 (`memory` says whose memory)
 from gradlang.runtime.common import iota as host_iota  # noqa: E402
 from gradlang.runtime.errors import ArgumentError  # noqa: E402
 from gradlang.runtime.target import is_device_array  # noqa: E402,F401 (part of this module's API)
@@ -77,7 +80,8 @@ if SIMULATOR:
         """(The simulator's allocations are NumPy's: never raised.)"""
     _OUT_OF_MEMORY = None
 else:  # (Numba's own test for it: `driver.NumbaCUDAMemoryManager._attempt_allocation`)
-    from numba.cuda.cudadrv.driver import CudaAPIError, binding
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import AutoFreePointer, CudaAPIError, binding
     _OUT_OF_MEMORY = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
 
@@ -217,15 +221,75 @@ def too_large(shape: tuple, dtype, where: Where) -> None:
 
 
 def _device_array(shape, dtype):
-    """`cuda.device_array`, its failure for want of device memory a
+    """An uninitialized C-contiguous device array, from the device pool on a
+    GPU (`_pooled_device_array`); its failure for want of device memory a
     `MemoryError` (as a host allocation's: `boundary.user_facing` says it
     as an `AllocationError`), not Numba's CudaAPIError."""
     try:
+        if _POOLED:
+            return _pooled_device_array(shape, dtype)
         return _device_array_api(shape, dtype)
     except CudaAPIError as err:
         if err.code != _OUT_OF_MEMORY:
             raise
         raise MemoryError(f"the GPU could not allocate {_amount(shape, dtype)}") from err
+
+
+# Device arrays come from a pool of allocations whose last array is gone
+# (`runtime.memory.FreeBlocks`, one per GPU), as PyTorch's and JAX's do:
+# Numba allocates each with cuMemAlloc and frees it with cuMemFree, which
+# waits for the GPU, and together they took half of `value_and_grad` of
+# log1pexp at 1e8 f32 on an H200 (1.16 ms against 0.58 ms with its results
+# allocated once, benchmarks/bench_cuda.py).  A block is reused in the
+# order of the default stream, which every kernel here runs on, so a
+# kernel still writing a block precedes the next one given it; with a
+# default stream per thread (NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM) that
+# order would not hold, and the pool is off.  Free blocks are kept up to
+# GRADC_CUDA_POOL_BYTES (default: a quarter of the GPU's memory); an
+# allocation the GPU refuses releases them all and is tried again.
+_POOLED = not SIMULATOR and not config.CUDA_PER_THREAD_DEFAULT_STREAM
+_device_pools: dict = {}  # device id -> FreeBlocks
+_lent: dict = {}  # key -> the pointer of a block that arrays use now (Numba's arrays
+_lent_keys = itertools.count()  # hold weak proxies of it, as of its own allocations)
+
+
+def device_pool_limit() -> int:
+    """The most bytes of free device blocks a GPU's pool keeps."""
+    return block_pools.limit_from_env("GRADC_CUDA_POOL_BYTES", _limit() // 4)
+
+
+def _pooled_device_array(shape, dtype):
+    dtype = np.dtype(dtype)
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return _device_array_api(shape, dtype)
+    context = cuda.current_context()
+    pool = _device_pools.get(context.device.id)
+    if pool is None:
+        pool = _device_pools.setdefault(context.device.id, block_pools.FreeBlocks(device_pool_limit))
+    block = pool.take(nbytes)
+    if block is None:
+        try:
+            block = context.memalloc(nbytes)
+        except CudaAPIError as err:
+            if err.code != _OUT_OF_MEMORY:
+                raise
+            for each in _device_pools.values():
+                each.release()  # (Numba frees them as it retries)
+            block = context.memalloc(nbytes)
+    key = next(_lent_keys)
+
+    def give_back():
+        _lent.pop(key, None)
+        if block_pools._open:  # (at exit, the pool may be gone)
+            pool.give_back(block, nbytes)
+
+    pointer = AutoFreePointer(weakref.proxy(context), block.device_pointer, nbytes,
+                              finalizer=give_back)
+    _lent[key] = pointer
+    strides = tuple(s * dtype.itemsize for s in c_strides(shape))
+    return DeviceNDArray(shape, strides, dtype, gpu_data=pointer.own())
 
 
 def _amount(shape, dtype) -> str:
