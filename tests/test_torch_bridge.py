@@ -790,8 +790,10 @@ def test_a_compiled_training_step_equals_eager():
     eager_losses, eager_params = train(False)
     compiled_losses, compiled_params = train(True)
     assert compiled_losses == eager_losses and eager_losses[2] < eager_losses[0]
+    # (the parameters within an ulp: PyTorch 2.11's aot_eager rounds its own
+    # update 1 ulp apart from eager with a loss of PyTorch's alone)
     for p, q in zip(compiled_params, eager_params):
-        np.testing.assert_array_equal(p.numpy(), q.numpy())
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-15, atol=1e-16)
 
 
 LAYER_LOSS = dsl.loads("param w: f64[3, 2]\nparam b: f64[2]\n\n"
