@@ -42,9 +42,27 @@ def require() -> None:
         raise TargetError("target='cuda' needs the numba-cuda package: "
                         "pip install 'gradlang[cuda]'")
     from numba import config, cuda
-    if not config.ENABLE_CUDASIM and not cuda.is_available():
+    if config.ENABLE_CUDASIM:
+        return
+    if not cuda.is_available():
         raise TargetError("target='cuda': no CUDA GPU is available here; set "
                         "NUMBA_ENABLE_CUDASIM=1 to run on Numba's CUDA simulator")
+    _require_kernel_compiler()
+
+
+def _require_kernel_compiler() -> None:
+    """Raise a clear error unless numba-cuda's code generation imports: it
+    does so at a kernel's first compile, and numba-cuda 0.30.4 with NumPy
+    2.5 failed there ("module 'numpy' has no attribute 'row_stack'"), an
+    AttributeError at the user's first call on a GPU."""
+    try:
+        importlib.import_module("numba.cuda.cudaimpl")
+    except Exception as err:
+        from importlib.metadata import version
+        raise TargetError(
+            f"target='cuda': numba-cuda {version('numba-cuda')} cannot compile kernels "
+            f"with NumPy {np.__version__} ({type(err).__name__}: {err}); install a "
+            f"numba-cuda release that supports this NumPy, or an older NumPy") from err
 
 
 require()

@@ -25,6 +25,23 @@ def test_missing_numba_cuda_is_one_clear_error(monkeypatch):
         dsl.load(EXAMPLES / "log1pexp.grad", target="cuda")
 
 
+def test_a_numba_cuda_that_cannot_compile_with_this_numpy_is_one_clear_error(monkeypatch):
+    # numba-cuda 0.30.4 under NumPy 2.5 (as on an H200 machine) raised
+    # AttributeError: module 'numpy' has no attribute 'row_stack', from deep
+    # inside its first kernel compile, at the user's first call.
+    import importlib
+    real = importlib.import_module
+
+    def numpy_2_5(name, *args):
+        if name == "numba.cuda.cudaimpl":
+            raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+        return real(name, *args)
+    monkeypatch.setattr(importlib, "import_module", numpy_2_5)
+    with pytest.raises(dsl.GradError, match=r"numba-cuda \S+ cannot compile kernels with "
+                                            r"NumPy .*row_stack.*an older NumPy"):
+        rcuda._require_kernel_compiler()
+
+
 def test_compiled_module_for_cuda(tmp_path, monkeypatch):
     from dsl.aot import compile_module
     compile_module(str(EXAMPLES / "log1pexp.grad"), str(tmp_path), ["log1pexp(f64[:])"],
