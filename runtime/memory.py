@@ -38,6 +38,7 @@ import functools
 import os
 import threading
 import warnings
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -122,7 +123,8 @@ class FreeBlocks:
         limit = self._limit()  # before the count: a collection it sets off may give back too
         if nbytes > limit:
             return
-        with self._lock:
+        evicted = []  # dropped after the bookkeeping: dropping a device block runs
+        with self._lock:  # Numba's code, which may collect garbage, which may give back
             # The size given back longest ago makes room.  Each step leaves
             # the free lists and their count consistent should an exception
             # (a Ctrl-C) end it anywhere: a list may be empty (never evicted
@@ -132,10 +134,10 @@ class FreeBlocks:
                 oldest = next(iter(self._free))
                 blocks = self._free[oldest]
                 if blocks:
-                    blocks.pop()
+                    evicted.append(blocks.pop())
                     self._free_bytes -= oldest
                 if not blocks:
-                    del self._free[oldest]
+                    self._free.pop(oldest, None)
             if not self._free:
                 self._free_bytes = 0
             self._free_bytes += nbytes  # before the block is listed
@@ -158,11 +160,14 @@ class FreeBlocks:
         """Drop every free block; return the bytes dropped."""
         with self._lock:
             released, self._free_bytes = self._free_bytes, 0
-            self._free.clear()
+            dropped, self._free = self._free, {}
+        del dropped  # (after the bookkeeping, as an eviction's)
         return released
 
 
 HOST = FreeBlocks(pool_limit)
+# every pool there is, the host's and each GPU's (`runtime.cuda`), for `release`
+POOLS: "weakref.WeakSet[FreeBlocks]" = weakref.WeakSet([HOST])
 
 
 def _give_back(block: np.ndarray) -> None:
@@ -188,8 +193,9 @@ def pooled(shape, dtype) -> np.ndarray:
 
 
 def release() -> int:
-    """Release every free block to the system; return the bytes released."""
-    return HOST.release()
+    """Release every free block of every pool (the host's and each GPU's) to
+    the system; return the bytes released."""
+    return sum(pool.release() for pool in list(POOLS))
 
 
 def _close() -> None:

@@ -528,3 +528,37 @@ def test_the_drivers_large_copies_products_and_buffers_reuse_freed_blocks():
         again = make()
         assert address(again) == at and again.flags.c_contiguous, name
         np.testing.assert_array_equal(again, expected[name], err_msg=name)  # the same bits
+
+
+class _Block:
+    """A block whose drop runs code, as a GPU block's does (Numba's
+    finalizer, which may collect garbage, which may free a pooled array)."""
+
+    def __init__(self, on_drop=None):
+        self.on_drop = on_drop
+
+    def __del__(self):
+        if self.on_drop:
+            self.on_drop()
+
+
+def test_a_block_whose_drop_gives_back_another_leaves_the_lists_and_count_whole():
+    # The eviction dropped each block inside its loop: a give-back from that
+    # drop emptied the list being evicted from (KeyError, the outer block
+    # lost) and left the count below the blocks kept.
+    pool = memory.FreeBlocks(lambda: 100)
+    pool.give_back(_Block(lambda: pool.give_back(_Block(), 40)), 60)
+    pool.give_back(_Block(), 30)
+    pool.give_back(_Block(), 50)  # evicts the 60 block: its drop gives back 40, evicting 30
+    assert {n: len(b) for n, b in pool._free.items()} == {50: 1, 40: 1}
+    assert pool._free_bytes == 90
+
+
+def test_release_releases_every_pool():
+    # (a GPU's pool too: `memory.release()` freed only the host's)
+    device_like = memory.FreeBlocks(lambda: 100)
+    memory.POOLS.add(device_like)
+    device_like.give_back(_Block(), 64)
+    memory.pooled(LARGE, np.float64)  # dropped: kept by the host pool
+    assert memory.release() == 64 + LARGE * 8
+    assert not device_like._free and not memory.HOST._free
