@@ -27,6 +27,7 @@ import builtins
 import importlib.util
 import itertools
 import math
+import os
 import sys
 import weakref
 from types import ModuleType
@@ -244,30 +245,46 @@ def _device_array(shape, dtype):
     GPU (`_pooled_device_array`); its failure for want of device memory a
     `MemoryError` (as a host allocation's: `boundary.user_facing` says it
     as an `AllocationError`), not Numba's CudaAPIError."""
-    try:
-        if _POOLED:
-            return _pooled_device_array(shape, dtype)
-        return _device_array_api(shape, dtype)
-    except CudaAPIError as err:
-        if err.code != _OUT_OF_MEMORY:
-            raise
-        raise MemoryError(f"the GPU could not allocate {_amount(shape, dtype)}") from err
+    if _POOLED:
+        return _pooled_device_array(shape, dtype)
+    return _allocating(lambda: _device_array_api(shape, dtype), shape, dtype)
+
+
+def _allocating(allocate, shape, dtype):
+    """allocate(), tried again once the device pools are released should the
+    GPU refuse it (Numba frees released blocks as it retries); refused
+    again, a MemoryError."""
+    for last in (False, True):
+        try:
+            return allocate()
+        except CudaAPIError as err:
+            if err.code != _OUT_OF_MEMORY:
+                raise
+            if last:
+                raise MemoryError(f"the GPU could not allocate {_amount(shape, dtype)}") from err
+            for pool in list(block_pools.POOLS):
+                if pool is not block_pools.HOST:
+                    pool.release()
 
 
 # Device arrays come from a pool of allocations whose last array is gone
-# (`runtime.memory.FreeBlocks`, one per GPU), as PyTorch's and JAX's do:
-# Numba allocates each with cuMemAlloc and frees it with cuMemFree, which
-# waits for the GPU, and together they took half of `value_and_grad` of
-# log1pexp at 1e8 f32 on an H200 (1.16 ms against 0.58 ms with its results
-# allocated once, benchmarks/bench_cuda.py).  A block is reused in the
-# order of the default stream, which every kernel here runs on, so a
-# kernel still writing a block precedes the next one given it; with a
-# default stream per thread (NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM) that
-# order would not hold, and the pool is off.  Free blocks are kept up to
-# GRADC_CUDA_POOL_BYTES (default: a quarter of the GPU's memory); an
-# allocation the GPU refuses releases them all and is tried again.
-_POOLED = not SIMULATOR and not config.CUDA_PER_THREAD_DEFAULT_STREAM
-_device_pools: dict = {}  # device id -> FreeBlocks
+# (`runtime.memory.FreeBlocks`, one per GPU context), as PyTorch's and
+# JAX's do: Numba allocates each with cuMemAlloc and frees it with
+# cuMemFree, which waits for the GPU, and together they took half of
+# `value_and_grad` of log1pexp at 1e8 f32 on an H200 (1.27 ms; pooled
+# 0.68 ms, benchmarks/bench_cuda.py).  A block is reused in the order of
+# the default stream, which every kernel here runs on, so a kernel still
+# writing a block precedes the next one given it; with a default stream
+# per thread (CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, which
+# numba-cuda reads; Numba's own setting too) that order would not hold,
+# and the pool is off.  Free blocks are kept up to GRADC_CUDA_POOL_BYTES
+# (default: a quarter of the GPU's memory); an allocation the GPU refuses
+# releases them all and is tried again, and `memory.release()` releases
+# them now.  The pool lives in its context's `extras`, so a context reset
+# (`cuda.close()`), which frees its allocations, takes the pool with it.
+_POOLED = not SIMULATOR and not (
+    config.CUDA_PER_THREAD_DEFAULT_STREAM
+    or os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM") == "1")
 _lent: dict = {}  # key -> the pointer of a block that arrays use now (Numba's arrays
 _lent_keys = itertools.count()  # hold weak proxies of it, as of its own allocations)
 
@@ -277,26 +294,32 @@ def device_pool_limit() -> int:
     return block_pools.limit_from_env("GRADC_CUDA_POOL_BYTES", _limit() // 4)
 
 
+def _device_pool(context) -> "block_pools.FreeBlocks":
+    pool = context.extras.get("gradlang pool")
+    if pool is None:
+        pool = context.extras.setdefault("gradlang pool",
+                                         block_pools.FreeBlocks(device_pool_limit))
+        block_pools.POOLS.add(pool)
+    return pool
+
+
 def _pooled_device_array(shape, dtype):
     dtype = np.dtype(dtype)
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
-        return _device_array_api(shape, dtype)
+        return _allocating(lambda: _device_array_api(shape, dtype), shape, dtype)
     context = cuda.current_context()
-    pool = _device_pools.get(context.device.id)
-    if pool is None:
-        pool = _device_pools.setdefault(context.device.id, block_pools.FreeBlocks(device_pool_limit))
+    pool = _device_pool(context)
     block = pool.take(nbytes)
-    if block is None:
-        try:
-            block = context.memalloc(nbytes)
-        except CudaAPIError as err:
-            if err.code != _OUT_OF_MEMORY:
-                raise
-            for each in _device_pools.values():
-                each.release()  # (Numba frees them as it retries)
-            block = context.memalloc(nbytes)
+    try:
+        address = None if block is None else block.device_pointer
+    except ReferenceError:  # freed by a `Context.reset()` of the context kept
+        pool.release()
+        address = None
+    if address is None:
+        block = _allocating(lambda: context.memalloc(nbytes), shape, dtype)
+        address = block.device_pointer
     key = next(_lent_keys)
 
     def give_back():
@@ -304,8 +327,7 @@ def _pooled_device_array(shape, dtype):
         if block_pools._open:  # (at exit, the pool may be gone)
             pool.give_back(block, nbytes)
 
-    pointer = AutoFreePointer(weakref.proxy(context), block.device_pointer, nbytes,
-                              finalizer=give_back)
+    pointer = AutoFreePointer(weakref.proxy(context), address, nbytes, finalizer=give_back)
     _lent[key] = pointer
     strides = tuple(s * dtype.itemsize for s in c_strides(shape))
     return DeviceNDArray(shape, strides, dtype, gpu_data=pointer.own())
@@ -321,7 +343,8 @@ def _amount(shape, dtype) -> str:
 
 def to_device(a: np.ndarray):
     """Copy a host array to the device (the one host-to-device path)."""
-    return _to_device_api(np.require(a, requirements="C"))  # keeps 0-d arrays 0-d
+    a = np.require(a, requirements="C")
+    return _allocating(lambda: _to_device_api(a), a.shape, a.dtype)  # keeps 0-d arrays 0-d
 
 
 def to_host(d) -> np.ndarray:
