@@ -11,8 +11,9 @@ Numba device arrays; layout operations materialize contiguous results with
 a gather or scatter kernel, so every array a driver holds is contiguous.
 `to_device` and `to_host` are the only places data crosses the bus (tests
 count them).  On a GPU the arrays the helpers make come from a pool of
-device memory whose arrays are gone (`_pooled_device_array`).  Reductions: over an (outer, reduced, inner) view, a thread
-per output, or, where the outputs are too few to fill the grid, per run
+device memory whose arrays are gone (`_pooled_device_array`).
+Reductions: over an (outer, reduced, inner) view, a thread per output, or,
+where the outputs are too few to fill the grid, per run
 of the reduced axis, whose results are reduced again (`_run_length`); for
 long rows, a block-level tree in shared memory whose block results are
 reduced again (no atomics: the bits do not depend on the blocks' order,

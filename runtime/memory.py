@@ -106,16 +106,6 @@ class FreeBlocks:
         self._free: dict[int, list] = {}
         self._free_bytes = 0
         self._lock = threading.RLock()
-        # The lock is held across a fork (by the forking thread), so no other
-        # thread is inside the bookkeeping then; the child, where that
-        # thread's hold would never end, gets a fresh lock.
-        if hasattr(os, "register_at_fork"):  # (POSIX)
-            os.register_at_fork(before=lambda: self._lock.acquire(),
-                                after_in_parent=lambda: self._lock.release(),
-                                after_in_child=self._new_lock)
-
-    def _new_lock(self) -> None:
-        self._lock = threading.RLock()
 
     def give_back(self, block, nbytes: int) -> None:
         """List `block` (of `nbytes`) as free, or drop it (its memory goes
@@ -203,4 +193,31 @@ def _close() -> None:
     _open = False
 
 
+# Every pool's lock is held across a fork (by the forking thread), so no
+# other thread is inside a pool's bookkeeping then; the child, where that
+# thread's hold would never end, gets fresh locks.
+_held_across_fork: list[FreeBlocks] = []
+
+
+def _before_fork() -> None:
+    _held_across_fork[:] = list(POOLS)
+    for pool in _held_across_fork:
+        pool._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for pool in _held_across_fork:
+        pool._lock.release()
+    _held_across_fork.clear()
+
+
+def _after_fork_in_child() -> None:
+    for pool in _held_across_fork:
+        pool._lock = threading.RLock()
+    _held_across_fork.clear()
+
+
 atexit.register(_close)
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

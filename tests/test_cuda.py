@@ -135,7 +135,8 @@ def test_a_column_reduction_spreads_over_the_grid(monkeypatch):
     np.testing.assert_array_equal(most, x.max(axis=0))
     # threads, not the 2 columns: runs of a whole number of rows fill at
     # least half the grid (on an H200, 522,248 of its 524,288 threads)
-    assert rcuda.THREADS * rcuda.MAX_BLOCKS // 2 < max(launched) <= rcuda.THREADS * rcuda.MAX_BLOCKS
+    grid = rcuda.THREADS * rcuda.MAX_BLOCKS
+    assert grid // 2 < max(launched) <= grid
     ints = np.arange(3 * rows, dtype=np.int64).reshape(rows, 3) * (2**40 + 1)
     np.testing.assert_array_equal(m.f(ints)[0], ints.sum(axis=0))
 

@@ -466,8 +466,9 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
             else memory.FreeBlocks.take).__code__
     # (Python 3.12 reports no opcode of a code object's first traced call:
     # one traced call first, interrupted nowhere)
-    _interrupted_at(code, 0, functools.partial(memory._give_back, np.empty(sizes[2], np.uint8))
-                    if step == "give back" else functools.partial(memory.pooled, sizes[0], np.uint8))
+    first = (functools.partial(memory._give_back, np.empty(sizes[2], np.uint8))
+             if step == "give back" else functools.partial(memory.pooled, sizes[0], np.uint8))
+    _interrupted_at(code, 0, first)
     for k in range(1, 10_000):
         memory.release()
         for n in sizes[:2]:  # dropped: both kept, the pool is full
