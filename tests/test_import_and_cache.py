@@ -21,6 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+def importable(monkeypatch, folder, *names) -> None:
+    """`folder` on sys.path, `names` not yet imported, the hook installed
+    (each undone after the test)."""
+    monkeypatch.syspath_prepend(str(folder))
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    dsl.install_import_hook()
+
+
 def test_import_hook_finds_grad_files(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     finder = dsl.install_import_hook()
@@ -36,8 +45,7 @@ def test_import_hook_finds_grad_files(monkeypatch):
 
 def test_import_hook_reports_errors_as_grad_errors(tmp_path, monkeypatch):
     (tmp_path / "broken_mod.grad").write_text("def f(x):\n    return y\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    dsl.install_import_hook()
+    importable(monkeypatch, tmp_path)
     with pytest.raises(dsl.GradError, match="broken_mod.grad:2:12: error: name 'y'"):
         import broken_mod  # noqa: F401
 
@@ -51,9 +59,7 @@ def test_import_hook_keeps_the_modules_own_names_from_its_functions(tmp_path, mo
               "def __spec__(x):\n    return x\ndef __getattr__(x):\n    return x\n"
               "def gone(x):\n    return x\n")
     (tmp_path / "clashing_mod.grad").write_text(source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "clashing_mod", raising=False)
-    dsl.install_import_hook()
+    importable(monkeypatch, tmp_path, "clashing_mod")
     import clashing_mod
     clashing_mod.params["w"] = 3.0
     assert sorted(clashing_mod.functions) == ["__getattr__", "__spec__", "gone", "params"]
@@ -89,10 +95,7 @@ def test_import_hook_finds_a_grad_file_beside_a_directory_of_its_name(tmp_path, 
     (tmp_path / "dir_beside_mod.grad").write_text("def f(x):\n    return x * x\n")
     (tmp_path / "py_beside_mod.grad").write_text("def f(x):\n    return x\n")
     (tmp_path / "py_beside_mod.py").write_text("F = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("dir_beside_mod", "py_beside_mod"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    dsl.install_import_hook()
+    importable(monkeypatch, tmp_path, "dir_beside_mod", "py_beside_mod")
     import dir_beside_mod
     import py_beside_mod
     assert dsl.grad(dir_beside_mod.f)(np.array([3.0])) == 6.0
@@ -106,10 +109,7 @@ def test_import_hook_finds_a_packages_grad_files_by_relative_import(tmp_path, mo
     package.mkdir()
     (package / "__init__.py").write_text("from .model import f\n")
     (package / "model.grad").write_text("def f(x):\n    return x * x * x\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("grad_pkg_mod", "grad_pkg_mod.model"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    dsl.install_import_hook()
+    importable(monkeypatch, tmp_path, "grad_pkg_mod", "grad_pkg_mod.model")
     import grad_pkg_mod
     import grad_pkg_mod.model
     assert grad_pkg_mod.f is grad_pkg_mod.model.f
