@@ -2,7 +2,7 @@
 cotangents, and the transposition of a linear function.
 
 Contract:
-- `check_linear(fn, upstream, where, span, names)` raises a `GradError` unless
+- `check_linear(fn, upstream, where, span, names, calls)` raises a `GradError` unless
   every output of `fn` is a linear map of its parameters at the indices
   `upstream` (the rest held fixed): each path from an upstream parameter
   to an output goes only through ops that the op table declares linear in
@@ -16,7 +16,9 @@ Contract:
   the upstream is zero.  The error
   names the op at its own span (inside a called function's body too: a
   call carrying its own grad blocks is checked through its body), as a
-  `NotLinear` error.
+  `NotLinear` error.  `calls` (kept by the caller across checks) holds
+  what each called function's walk found, by the kinds of its inputs, so
+  that a function called from many blocks is walked once per kinds.
 - `transpose(b, fn, args, seeds)` emits into `b` the transpose of `fn`
   (linear in the parameters whose `args` entry is None, as checked
   above): given one seed per output (None for zero), it returns one
@@ -47,10 +49,15 @@ class NotLinear(GradError):
     """A grad block that is not linear in its upstream cotangents."""
 
 
+# id of a called function -> (the function, kept so that its id stays its
+# own; its inputs' kinds -> its outputs' kinds)
+CallKinds = dict[int, tuple[Function, dict[tuple, list]]]
+
+
 def check_linear(fn: Function, upstream: Sequence[int], where: str, span: Span,
-                 names: Sequence[str]) -> None:
+                 names: Sequence[str], calls: Optional[CallKinds] = None) -> None:
     kinds: dict[Var, str] = {fn.params[i]: LINEAR for i in upstream}
-    out_kinds = _walk(fn, kinds, where, span)
+    out_kinds = _walk(fn, kinds, where, span, {} if calls is None else calls)
     for name, out, kind in zip(names, fn.outputs, out_kinds):
         if kind is None and out.type.is_float:
             raise NotLinear(
@@ -65,20 +72,19 @@ def _kind(kinds: dict[Var, str], a: Atom) -> Optional[str]:
     return kinds.get(a)
 
 
-def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span) -> list[Optional[str]]:
+def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span,
+          calls: CallKinds) -> list[Optional[str]]:
     """Classifies every value of `fn` (kinds holds its parameters'); returns
     the outputs' kinds."""
     for eqn in fn.eqns:
         op = ops.OPS[eqn.op]
         in_kinds = [_kind(kinds, a) for a in eqn.inputs]
         if op.kind == "call":
-            sub = dict(zip(eqn.p["fwd"].params, in_kinds))
-            sub = {v: k for v, k in sub.items() if k is not None}
-            outs = _walk(eqn.p["fwd"], sub, where, span)[:eqn.p["n_out"]]
+            outs = _call_kinds(eqn.p["fwd"], in_kinds, where, span, calls)[:eqn.p["n_out"]]
             kinds.update((v, k) for v, k in zip(eqn.outputs, outs) if k is not None)
             continue
         if op.kind == "loop":
-            outs = _loop_kinds(eqn, in_kinds, where, span)
+            outs = _loop_kinds(eqn, in_kinds, where, span, calls)
             kinds.update((v, k) for v, k in zip(eqn.outputs, outs) if k is not None)
             continue
         kind = _eqn_kind(eqn, op, in_kinds, where, span)
@@ -87,8 +93,23 @@ def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span) -> list[O
     return [_kind(kinds, a) for a in fn.outputs]
 
 
+def _call_kinds(fn: Function, in_kinds: list[Optional[str]], where: str, span: Span,
+                calls: CallKinds) -> list[Optional[str]]:
+    """The kinds of the outputs of a call of `fn` on inputs of `in_kinds`:
+    walked once per kinds (only a walk that raised nothing is kept, so
+    the error of one that does names the block that made the call)."""
+    known = calls.get(id(fn))
+    if known is None or known[0] is not fn:
+        known = calls[id(fn)] = (fn, {})
+    key = tuple(in_kinds)
+    if key not in known[1]:
+        sub = {v: k for v, k in zip(fn.params, in_kinds) if k is not None}
+        known[1][key] = _walk(fn, sub, where, span, calls)
+    return known[1][key]
+
+
 def _loop_kinds(eqn: Eqn, in_kinds: list[Optional[str]], where: str,
-                span: Span) -> list[Optional[str]]:
+                span: Span, calls: CallKinds) -> list[Optional[str]]:
     """The kinds of a loop's results: its body walked with its carried
     values' kinds joined with what a trip makes of them, until they settle
     (a carried value free of the upstream on entry that a trip makes
@@ -99,7 +120,7 @@ def _loop_kinds(eqn: Eqn, in_kinds: list[Optional[str]], where: str,
     while True:
         param_kinds = [None] + carried + invariants + xs
         sub = {v: k for v, k in zip(body.params, param_kinds) if k is not None}
-        outs = _walk(body, sub, where, span)
+        outs = _walk(body, sub, where, span, calls)
         joined = [_join(a, b, where, eqn.span or span) for a, b in zip(carried, outs)]
         if joined == carried:
             return carried + outs[n_carry:]

@@ -33,6 +33,7 @@ from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, T
                                         index_operand, jvp_layout, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.library import in_library
+from gradlang.compiler.linearity import CallKinds
 from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, StaticScalar,
                                   TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
@@ -95,6 +96,17 @@ class Lowerer:
         self.reach: Optional[Reach] = None
         self.sizes: dict[int, tuple[Function, int]] = {}
         self.unnoted: dict[int, tuple[Function, bool]] = {}  # `_Notes`'s memo
+        self.linear_kinds: CallKinds = {}  # `linearity.check_linear`'s memo
+
+    def for_another_entry(self) -> "Lowerer":
+        """A lowerer for another entry of the same namespace that reuses
+        the stages (and memos) this one lowered: what a stage's lowering
+        depends on is in its key, the entry's state (size, call stack) is
+        not shared."""
+        other = Lowerer(self.namespace, self.numbers_of_sizes)
+        other.stages, other.sizes, other.unnoted = self.stages, self.sizes, self.unnoted
+        other.linear_kinds = self.linear_kinds
+        return other
 
     def lower_entry(self, fdef: ast.FuncDef, types: dict[str, TensorType],
                     name: Optional[str] = None) -> Function:

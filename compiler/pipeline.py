@@ -167,13 +167,17 @@ def check_linearity(namespace: Namespace) -> None:
     its upstream cotangents now, at load: each function with grad blocks
     is lowered at a representative signature (`_representative_types`),
     which runs the check (`compiler.linearity`).  A function no
-    representative signature lowers is checked when first called."""
+    representative signature lowers is checked when first called.  The
+    functions share the stages lowered (a chain of blocks calling the
+    previous function's `grad` lowers each function once, not once per
+    function calling it)."""
+    stages = Lowerer(namespace)
     for fdef, home in namespace.functions.values():
         if home is not namespace or not fdef.grads:
             continue
         for types in _representative_types(fdef, namespace):
             try:
-                Lowerer(namespace).lower_entry(fdef, types)
+                stages.for_another_entry().lower_entry(fdef, types)
                 break
             except NotLinear as err:
                 raise err.with_source(namespace.source_of(err.span.file)) from None

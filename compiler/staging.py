@@ -290,7 +290,7 @@ class Chain:
             n = len(bwd.params)
             check_linear(bwd, range(n - stage.n_out, n),
                          f"grad block {k + 1} of {self.fdef.name}() (line {block.span.line})",
-                         block.span, stage.arrays)
+                         block.span, stage.arrays, self.lowerer.linear_kinds)
         return stage.fwd, bwd, stage.n_out, stage.arrays
 
     def eval_stage(self, b: Builder, k: int,

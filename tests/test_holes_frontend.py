@@ -7,7 +7,7 @@ import pytest
 
 import dsl
 from dsl.function import _types
-from gradlang.compiler import batching, lower, namespace, staging, vectorize
+from gradlang.compiler import batching, linearity, lower, namespace, staging, vectorize
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import Function, Var
 from gradlang.compiler.lower import MAX_CALL_DEPTH
@@ -232,13 +232,26 @@ def test_a_chain_of_blocks_taking_the_previous_grad_lowers_each_stage_once(monke
                         lambda self, *a: built.append(self.fdef.name) or backward(self, *a))
     monkeypatch.setattr(lower._Notes, "eqn", lambda self, e: noted.append(e) or note(self, e))
     m = dsl.loads(grad_chain(12), "chain.grad")  # lowers each g_k at load (linearity)
-    assert len(built) == sum(k + 1 for k in range(12))  # g_k's program: its k + 1 blocks
-    assert len(built) < 100  # (was 8178)
+    # one block each for the whole module: the load's check lowered every
+    # g_k afresh, each with the blocks of the g_j it calls (k + 1 of them,
+    # 78 in all; n = 40 took 2.1 s to load, now 0.1 s)
+    assert len(built) == 12  # (was 8178 before stages were shared at all)
     # and each call's equations are walked to note where they were called
     # from, not again what the calls inside it noted (1306692 walked)
     assert len(noted) < 5_000
     x = np.array([0.3, -1.2, 2.0])
     np.testing.assert_allclose(run_ir(dsl.grad(m.g11), x), 1.01 ** 11 * np.cos(x), rtol=1e-14)
+
+
+def test_the_linearity_check_walks_each_called_function_once(monkeypatch):
+    # every block's check walked into each function it calls, and into
+    # theirs, again for every block: 2324 walks for n = 24 (cubic in n);
+    # a function is now walked once per kinds of its inputs
+    walks = []
+    original = linearity._walk
+    monkeypatch.setattr(linearity, "_walk", lambda *a: walks.append(a[0]) or original(*a))
+    dsl.loads(grad_chain(24), "chain.grad")
+    assert len(walks) < 4 * 24
 
 
 def test_vmap_of_the_chains_gradient_vectorizes_each_function_once(monkeypatch):
