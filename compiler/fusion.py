@@ -52,7 +52,7 @@ from typing import Optional, Union
 
 from gradlang.compiler.in_place_sums import as_in_place_sums
 from gradlang.compiler.layouts import in_source_layout
-from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, TensorType, Var, namer, print_eqns,
+from gradlang.compiler.ir import (Atom, Eqn, Function, Lit, Namer, TensorType, Var, print_eqns,
                                   signature_line, use_counts)
 from gradlang.compiler.matvec import as_matvecs
 from gradlang.compiler.ops import OPS
@@ -345,7 +345,7 @@ def _wire(steps: list[Step], fn: Function) -> set[Var]:
 
 
 def print_steps(fn: Function, steps: list[Step]) -> str:
-    name = namer()
+    name = Namer()
     lines = [signature_line(fn, name)]
     loops = 0
     for step in steps:

@@ -161,38 +161,62 @@ def readers(eqns: Iterable[Eqn]) -> dict[Var, list[Eqn]]:
 # ------------------------------------------------------------------ printer
 
 
-def namer() -> Callable[[Atom], str]:
+class Namer:
     """A printer of atoms: each variable is named once, in order of first
-    printing (`%hintN` or `%N`); a literal is `value:dtype`."""
-    names: dict[Var, str] = {}
+    printing (`%hintN` or `%N`); a literal is `value:dtype`.  It also
+    labels the sub-functions printed: a function held in several places
+    (a stage every call alike shares, `compiler.staging`) is printed in
+    full once and referred to by its label after, which keeps the text
+    linear in the program, not in the number of paths through it."""
 
-    def name(a: Atom) -> str:
+    def __init__(self):
+        self.names: dict[Var, str] = {}
+        # id -> (the function, kept so that its id stays its own; its label)
+        self.functions: dict[int, tuple["Function", str]] = {}
+        self.labels: set[str] = set()
+
+    def __call__(self, a: Atom) -> str:
         if isinstance(a, Lit):
             return f"{a.value!r}:{a.type.dtype}"
-        if a not in names:
-            names[a] = f"%{a.hint}{len(names)}" if a.hint else f"%{len(names)}"
-        return names[a]
-    return name
+        if a not in self.names:
+            self.names[a] = f"%{a.hint}{len(self.names)}" if a.hint else f"%{len(self.names)}"
+        return self.names[a]
+
+    def printed(self, fn: "Function") -> "str | None":
+        """The label of fn if it was printed already, else None (and fn
+        gets a label of its own: its name, numbered where another function
+        printed has that name)."""
+        known = self.functions.get(id(fn))
+        if known is not None and known[0] is fn:
+            return known[1]
+        label = fn.name
+        if label in self.labels:
+            label = next(f"{fn.name}#{k}" for k in itertools.count(2)
+                         if f"{fn.name}#{k}" not in self.labels)
+        self.labels.add(label)
+        self.functions[id(fn)] = (fn, label)
+        return None
 
 
-def signature_line(fn: Function, name: Callable[[Atom], str]) -> str:
+def signature_line(fn: Function, name: Callable[[Atom], str], label: str = "") -> str:
     params = ", ".join(f"{name(v)}: {v.type}" for v in fn.params)
     outs = ", ".join(str(t) for t in fn.out_types)
-    return f"func @{fn.name}({params}) -> ({outs}) {{"
+    return f"func @{label or fn.name}({params}) -> ({outs}) {{"
 
 
-def print_function(fn: Function, name: Callable[[Atom], str] | None = None) -> str:
+def print_function(fn: Function, name: "Namer | None" = None) -> str:
     """MLIR-flavoured text; names are numbered in order of definition (a
     sub-function's, such as a loop body's, continue its parent's)."""
-    name = name or namer()
-    lines = [signature_line(fn, name)]
+    name = name or Namer()
+    name.printed(fn)
+    lines = [signature_line(fn, name, name.functions[id(fn)][1])]
     lines += print_eqns(fn.eqns, name, "  ")
     lines.append(f"  return {', '.join(name(a) for a in fn.outputs)}")
     lines.append("}")
     return "\n".join(lines)
 
 
-def print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
+def print_eqns(eqns: Iterable[Eqn], name: Namer, indent: str) -> list[str]:
     lines = []
     for eqn in eqns:
         outs = ", ".join(name(v) for v in eqn.outputs)
@@ -207,6 +231,10 @@ def print_eqns(eqns: Iterable[Eqn], name, indent: str) -> list[str]:
         else:  # (a check, run for the error it may raise)
             lines.append(f"{indent}{eqn.op} {ins}{attr_text}")
         for key, sub in subs.items():
+            known = name.functions.get(id(sub))
+            if known is not None and known[0] is sub:
+                lines.append(f"{indent}  {key}: @{known[1]} (printed above)")
+                continue
             lines.append(f"{indent}  {key}:")
             lines += ["  " + indent + l for l in print_function(sub, name).splitlines()]
     return lines
