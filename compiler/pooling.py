@@ -59,12 +59,7 @@ def pooling(b: Builder, name: str, x: Atom, kernel: tuple[int, ...], stride: tup
     out = tuple((w - k) // st + 1 for w, k, st in zip(widths, kernel, stride))
     maximum = name.startswith("max")
     if maximum and any(padding):
-        # -inf where padding: a mask of ones embedded in zeros picks x's part
-        ones = full(b, 1, shape, x.type.dtype, span)
-        inside = b.bind("gt", padded(b, ones, 2, padding, span), b.lit(0, x.type.dtype),
-                        span=span)
-        source = b.bind("where", inside, padded(b, x, 2, padding, span),
-                        b.lit(-math.inf, x.type.dtype), span=span)
+        source = padded_with_minus_infinity(b, x, 2, padding, span)
     else:
         source = padded(b, x, 2, padding, span)
     patches = windows(b, source, 2, kernel, stride, out, span)
@@ -79,3 +74,17 @@ def pooling(b: Builder, name: str, x: Atom, kernel: tuple[int, ...], stride: tup
     stacked = b.bind("concatenate", *(b.bind("reshape", p, shape=window_shape + (1,), span=span)
                                       for p in patches), axis=d + 2, span=span)
     return b.bind("reduce_max", stacked, axes=(d + 2,), span=span)
+
+
+def padded_with_minus_infinity(b: Builder, x: Atom, first: int, padding: tuple[int, ...],
+                               span: Span) -> Atom:
+    """x between borders of -inf, `padding` wide on both sides of its axes
+    first, first + 1, ...: a concatenation per axis, whose gradient is a
+    slice (an embedding in zeros masked to -inf by `where` took three more
+    passes over the padded array, and its gradient a fourth)."""
+    for axis, p in zip(range(first, first + len(padding)), padding):
+        if p:
+            border = full(b, -math.inf, x.type.shape[:axis] + (p,) + x.type.shape[axis + 1:],
+                          x.type.dtype, span)
+            x = b.bind("concatenate", border, x, border, axis=axis, span=span)
+    return x
