@@ -255,22 +255,24 @@ def _clip(L, b, args, kwargs, span):
     return x
 
 
-def _static_shape(v, span, sizes: bool = True) -> tuple:
-    """A compile-time shape: integers and, where `sizes`, the symbolic
-    sizes `x.shape` gives under symbolic lowering (so `reshape(dy, s.shape)`
-    compiles for any size)."""
+def _static_shape(L, v, span, sizes: bool = True) -> tuple:
+    """A compile-time shape: integers (an integer argument by value) and,
+    where `sizes`, the symbolic sizes `x.shape` gives under symbolic
+    lowering (so `reshape(dy, s.shape)` compiles for any size)."""
     shape = tuple(v) if isinstance(v, tuple) else (v,)
     for d in shape:
+        by_value(L, d)
         if isinstance(d, Sym) and not sizes:
             raise NeedsConcrete(f"the size {d} is used as an axis")
         if not isinstance(d, Sym) and (isinstance(d, bool) or not isinstance(d, int)):
-            raise GradError("a shape must be a compile-time tuple or list of integers", span)
+            raise GradError("a shape must be a compile-time tuple or list of integers"
+                            f"{python_number_hint(d)}", span)
     return shape
 
 
 def _reshape(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
-    shape = list(_static_shape(_kw(args, kwargs, 1, "shape"), span))
+    shape = list(_static_shape(L, _kw(args, kwargs, 1, "shape"), span))
     if shape.count(-1) > 1 or any(isinstance(d, int) and d < -1 for d in shape):
         raise GradError(f"invalid shape {shape}", span)
     if -1 in shape:
@@ -291,7 +293,7 @@ def _reshape(L, b, args, kwargs, span):
 
 def _broadcast_to(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
-    shape = _static_shape(_kw(args, kwargs, 1, "shape"), span)
+    shape = _static_shape(L, _kw(args, kwargs, 1, "shape"), span)
     if any(isinstance(d, int) and d < 0 for d in shape):  # (a size is never negative)
         raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
     if shape == x.type.shape:
@@ -303,7 +305,7 @@ def _transpose(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     axes = _kw(args, kwargs, 1, "axes")
     if axes is not None:
-        axes = _static_shape(axes, span, sizes=False)
+        axes = _static_shape(L, axes, span, sizes=False)
     return L.transpose(b, x, axes, span)
 
 
@@ -314,8 +316,9 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
         raise GradError(f"{name}() takes a non-empty list (or tuple) of arrays, e.g. "
                         f"{name}([a, b])", span)
     axis = _kw(args, kwargs, 1, "axis", 0)
+    by_value(L, axis)
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError("axis must be a compile-time integer", span)
+        raise GradError(f"axis must be a compile-time integer{python_number_hint(axis)}", span)
     items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
@@ -451,14 +454,14 @@ def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> At
         raise GradError(f"a mask cannot index: {MASK_HINT}", span)
     if idx.type.dtype not in INTS:
         raise GradError(f"an index must be an integer array (i32 or i64), not "
-                        f"{idx.type.dtype}{_python_number_hint(idx)}", span)
+                        f"{idx.type.dtype}{python_number_hint(idx)}", span)
     if guard is None or isinstance(idx, Lit):
         return idx
     return b.bind("where", guard, idx, b.lit(0, idx.type.dtype), span=span,
                   hint=idx.hint if isinstance(idx, Var) else "")
 
 
-def _python_number_hint(v: Value) -> str:
+def python_number_hint(v: Value) -> str:
     """Why a named float scalar may be one: a Python int passed for an
     unannotated parameter is a float, as for any differentiable parameter."""
     if isinstance(v, Var) and v.hint and v.type.rank == 0 and v.type.is_float:
@@ -467,9 +470,12 @@ def _python_number_hint(v: Value) -> str:
     return ""
 
 
-def static_axis(axis, rank: int, span: Span) -> int:
+def static_axis(L: Lowerer, axis, rank: int, span: Span) -> int:
+    """An axis of an array of `rank`, known at compile time (an integer
+    argument by value), as a non-negative integer."""
+    by_value(L, axis)
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError("axis must be a compile-time integer", span)
+        raise GradError(f"axis must be a compile-time integer{python_number_hint(axis)}", span)
     if not -rank <= axis < rank:
         raise GradError(f"axis {axis} is out of range for rank {rank}", span)
     return axis % rank
@@ -490,7 +496,7 @@ def _take(L, b, args, kwargs, span):
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:  # NumPy's default: the flattened array
         x, axis = _flattened(b, x, span), 0
-    return _picked(b, args[0], take(b, x, idx, static_axis(axis, x.type.rank, span), span))
+    return _picked(b, args[0], take(b, x, idx, static_axis(L, axis, x.type.rank, span), span))
 
 
 def _picked(b: Builder, x: Value, out: Atom) -> Atom:
@@ -505,7 +511,7 @@ def _take_along_axis(L, b, args, kwargs, span):
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:
         x, axis = _flattened(b, x, span), 0
-    axis = static_axis(axis, x.type.rank, span)
+    axis = static_axis(L, axis, x.type.rank, span)
     # An index of rank one less picks one element per lane (labels of a
     # batch): it gains the axis, and the result loses it.
     picks = idx.type.rank == x.type.rank - 1
@@ -529,7 +535,7 @@ def _cumsum(L, b, args, kwargs, span):
     axis = _kw(args, kwargs, 1, "axis")
     if axis is None:  # NumPy's default: the flattened array
         x, axis = _flattened(b, x, span), 0
-    axis = static_axis(axis, x.type.rank, span)
+    axis = static_axis(L, axis, x.type.rank, span)
     if x.type.dtype not in FLOATS:  # NumPy sums bools and integers as i64
         x = cast(b, x, "i64")
     return b.bind("cumsum", x, axis=axis, reverse=False, span=span)
@@ -543,7 +549,7 @@ def _scatter_add(L, b, args, kwargs, span):
         raise GradError(f"scatter_add of {values.type.dtype} values into a "
                         f"{base.type.dtype} array would drop their fractions", span)
     values = cast(b, values, base.type.dtype)
-    axis = static_axis(_kw(args, kwargs, 3, "axis", 0), base.type.rank, span)
+    axis = static_axis(L, _kw(args, kwargs, 3, "axis", 0), base.type.rank, span)
     return b.bind("scatter_add", base, idx, values, axis=axis, what=index_label(idx), span=span)
 
 
@@ -561,6 +567,15 @@ def _segment_sum(L, b, args, kwargs, span):
     return b.bind("scatter_add", zeros, ids, values, axis=0, what=index_label(ids), span=span)
 
 
+def by_value(L: Lowerer, v: Value) -> None:
+    """Raises `NeedsValue` where `v` is an integer scalar argument of the
+    function compiled: one that a shape, an axis or a count takes, for
+    whose value it is then compiled again, as if it were `const`."""
+    if isinstance(v, Var) and v in L.arguments and v.type.rank == 0 \
+            and v.type.dtype in INTS:
+        raise NeedsValue(L.arguments[v])
+
+
 def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
                         floats: bool = False):
     """`v` (`what`: how a message names it) as a compile-time integer, or
@@ -568,13 +583,11 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
     argument makes the function compiled for its value, as if it were
     `const` (NeedsValue: one program per value); anything else that is not
     known when the function is compiled is a GradError at `span`."""
-    if isinstance(v, Var) and v in L.arguments and v.type.rank == 0 \
-            and v.type.dtype in INTS:
-        raise NeedsValue(L.arguments[v])  # compiled again for its value
+    by_value(L, v)
     if not is_static(v):
         raise GradError(f"{what} must be known when the function is compiled: a "
                         "literal, an integer argument or a size (x.shape[k])"
-                        f"{_python_number_hint(v)}", span)
+                        f"{python_number_hint(v)}", span)
     if isinstance(v, bool) or not isinstance(v, (Sym, int, float) if floats else (Sym, int)):
         raise GradError(f"{what} must be {'a number' if floats else 'an integer'}, not "
                         f"{v!r}", span)

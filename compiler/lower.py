@@ -30,7 +30,8 @@ from typing import Callable, Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
-                                        index_operand, jvp_layout, take)
+                                        by_value, index_operand, jvp_layout,
+                                        python_number_hint, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.library import in_library
 from gradlang.compiler.linearity import CallKinds
@@ -642,6 +643,7 @@ class Lowerer:
         """An index or slice bound of a compile-time sequence: an integer
         known at compile time, since the items it selects are."""
         v = self.expr(b, e, env)
+        by_value(self, v)  # (an integer argument: `x.shape[k]`)
         if not is_static(v):
             raise GradError(f"a {kind}'s index and slice bounds must be known at compile time "
                             f"(a literal, x.shape[k], x.ndim, or arithmetic on them); this one "
@@ -817,6 +819,8 @@ class Lowerer:
     def binary(self, b, op: str, left: Value, right: Value, span,
                operand_spans: Optional[tuple[Span, Span]] = None) -> Value:
         if isinstance(left, tuple) or isinstance(right, tuple):
+            if op == "mul":  # (a tuple repeated an integer argument's times: `(1,) * k`)
+                by_value(self, right if isinstance(left, tuple) else left)
             return sequence_arithmetic(op, left, right, span, operand_spans)
         if is_static(left) and is_static(right):
             try:
@@ -891,8 +895,11 @@ class Lowerer:
             axes = axis
         else:
             axes = (axis,)
-        if any(isinstance(a, bool) or not isinstance(a, int) for a in axes):
-            raise GradError("axis must be a compile-time integer or tuple of integers", span)
+        for a in axes:
+            by_value(self, a)
+            if isinstance(a, bool) or not isinstance(a, int):
+                raise GradError("axis must be a compile-time integer or tuple of integers"
+                                f"{python_number_hint(a)}", span)
         return ops._normalize_axes(axes, rank, span)
 
     def reduce(self, b, op: str, v: Value, axis, keepdims, span,

@@ -1,0 +1,79 @@
+"""Integer scalar arguments where the compiler needs a compile-time
+integer: an item of a shape, an axis, an index or slice bound of a
+shape, a tuple's repetition count.  The function
+is compiled for the argument's value (as for `arange(n)` and `one_hot`'s
+count, and as if it were `const`); a float argument there is an error
+naming the annotation that fixes it."""
+import numpy as np
+import pytest
+
+import dsl
+from helpers import central_difference
+
+SOURCE = """\
+def reshaped(x, rows: i64):
+    return reshape(x, (rows, -1)) * broadcast_to(1.0, (rows, 1))
+
+def moved(x, first: i64, second: i64):
+    return transpose(x, (first, second))
+
+def summed(x, axis: i64):
+    return sum(x * x, axis=axis)
+
+def joined(x, y, axis: i64):
+    return concatenate([x, y], axis=axis), take(x, stack([1, 0]), axis)
+
+def length(x, axis: i64):
+    return x * x.shape[axis]
+
+def lifted(x, k: i64):
+    return reshape(x, (1,) * k + x.shape[:k] + (-1,))
+"""
+
+
+@pytest.fixture(scope="module")
+def m():
+    return dsl.loads(SOURCE, "by_value.grad")
+
+
+def test_shapes_and_axes_take_integer_arguments_by_value(m):
+    # each was "a shape must be a compile-time tuple" or "axis must be a
+    # compile-time integer", where arange(n) and one_hot took the argument
+    x = np.arange(12.0).reshape(3, 4)
+    flat = x.ravel()
+    for rows in (2, 3, 2):  # (a program per value: the second 2 is the first's)
+        np.testing.assert_array_equal(m.reshaped(flat, rows), flat.reshape(rows, -1))
+    np.testing.assert_array_equal(m.moved(x, 1, 0), x.T)
+    np.testing.assert_array_equal(m.moved(x, 0, 1), x)
+    np.testing.assert_array_equal(m.summed(x, -1), np.sum(x * x, axis=-1))
+    for axis in (0, 1):
+        np.testing.assert_array_equal(m.summed(x, axis), np.sum(x * x, axis=axis))
+        joined, taken = m.joined(x, x + 100, axis)
+        np.testing.assert_array_equal(joined, np.concatenate([x, x + 100], axis=axis))
+        np.testing.assert_array_equal(taken, np.take(x, [1, 0], axis=axis))
+        np.testing.assert_array_equal(m.length(x, axis), x * x.shape[axis])
+    for k in (1, 2):  # a tuple repeated, and sliced, by the argument
+        np.testing.assert_array_equal(m.lifted(x, k), x.reshape((1,) * k + x.shape[:k] + (-1,)))
+
+
+def test_the_gradient_through_an_axis_given_by_value(m):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 4))
+    for axis in (0, 1):
+        g = dsl.grad(m.summed)(x, axis)
+        np.testing.assert_allclose(g, 2 * x, rtol=1e-15)
+        fd = central_difference(m.summed, (x, axis), 0)
+        np.testing.assert_allclose(g, fd, rtol=1e-7, atol=1e-8)
+
+
+def test_an_axis_out_of_range_or_a_float_is_an_error_at_it(m):
+    x = np.ones((3, 4))
+    with pytest.raises(dsl.GradError, match="axis 2 is out of range for rank 2") as err:
+        m.summed(x, 2)
+    assert "by_value.grad:8:12" in str(err.value)
+    floats = dsl.loads("def f(x, axis):\n    return sum(x, axis=axis)\n"
+                       "def g(x, k):\n    return reshape(x, (k, -1))\n", "floats.grad")
+    for f, where in ((floats.f, "floats.grad:2:12"), (floats.g, "floats.grad:4:12")):
+        with pytest.raises(dsl.GradError, match="annotate it `(axis|k): i64`") as err:
+            f(x, 1)
+        assert where in str(err.value) and "^" in str(err.value)
