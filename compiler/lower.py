@@ -99,6 +99,14 @@ class Lowerer:
         self.unnoted: dict[int, tuple[Function, bool]] = {}  # `_Notes`'s memo
         self.linear_kinds: CallKinds = {}  # `linearity.check_linear`'s memo
 
+    def alias_arguments(self, params: Sequence[Var], values: Sequence[Value]) -> None:
+        """Parameters of a stage's function (`compiler.staging`) standing
+        for `values`: each value that is an argument of the entry, its
+        parameter is too, so that `builtins.by_value` can ask for it."""
+        for p, v in zip(params, values):
+            if isinstance(v, Var) and v in self.arguments:
+                self.arguments[p] = self.arguments[v]
+
     def for_another_entry(self) -> "Lowerer":
         """A lowerer for another entry of the same namespace that reuses
         the stages (and memos) this one lowered: what a stage's lowering

@@ -65,7 +65,7 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler import parser
 from gradlang.compiler.parser import parse
 from gradlang.compiler.source import universal_newlines
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
 from gradlang.compiler.verify import verify
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import INTEGRAL, number_dtype
@@ -177,12 +177,27 @@ def check_linearity(namespace: Namespace) -> None:
             continue
         for types in _representative_types(fdef, namespace):
             try:
-                stages.for_another_entry().lower_entry(fdef, types)
+                _lower_by_value(stages, fdef, types)
                 break
             except NotLinear as err:
                 raise err.with_source(namespace.source_of(err.span.file)) from None
             except (GradError, NeedsConcrete, RecursionError):
                 continue  # an error of this signature, not of the blocks
+
+
+def _lower_by_value(stages: Lowerer, fdef: ast.FuncDef, types: dict[str, TensorType]) -> None:
+    """fdef lowered for `types`, again with each integer argument it needs
+    the value of (`NeedsValue`: an axis, a count) as 0, as a `const` one
+    is (`_representative_types`)."""
+    types = dict(types)
+    while True:
+        try:
+            stages.for_another_entry().lower_entry(fdef, types)
+            return
+        except NeedsValue as need:
+            if isinstance(types[need.name], StaticScalar):  # (asked again: cannot happen)
+                raise GradError(f"internal: {need}", fdef.span) from None
+            types[need.name] = StaticScalar(types[need.name].dtype, (), 0)
 
 
 def _representative_types(fdef: ast.FuncDef, namespace: Namespace

@@ -313,6 +313,7 @@ class Chain:
         statics = {n: v for n, v in inputs.items() if is_static(v)}
         fb = Builder()
         fparams = [Var(inputs[n].type, n) for n in arrays]
+        self.lowerer.alias_arguments(fparams, [inputs[n] for n in arrays])
         initial = {**statics, **dict(zip(arrays, fparams))}
         outs, env = self.eval_stage(fb, k, dict(initial))
         if k == 0:
@@ -339,6 +340,7 @@ class Chain:
         k, fdef = stage.k, self.fdef
         bb = Builder()
         bargs = [Var(p.type, p.hint) for p in stage.fwd.params]
+        self.lowerer.alias_arguments(bargs, stage.fwd.params)
         bres = [Var(stage.env[n].type, n) for n in stage.residuals]
         block = fdef.grads[k] if k < len(fdef.grads) else None
         outs = stage.fwd.outputs[:stage.n_out]

@@ -166,8 +166,8 @@ def source_of(f: Compiled, order: int) -> str:
 
 
 def _run(f: Compiled, bound: dict[str, np.ndarray]) -> list[np.ndarray]:
-    with np.errstate(all="ignore"):
-        return list(f.program(bound)(*bound.values()))
+    with np.errstate(all="ignore"):  # (compiled for the value of an integer used as a size)
+        return list(f.retrying_by_value(bound, lambda: f.program(bound)(*bound.values())))
 
 
 def _finite(arrays) -> bool:

@@ -642,3 +642,16 @@ def test_a_shape_helper_returning_a_tuple_is_skipped_and_says_why_when_called(tm
     assert (info.value.line, info.value.col) == (2, 12)
     assert info.value.message.startswith("heads() returns a tuple as a result, which only "
                                          "another function can take"), str(info.value)
+
+
+def test_an_integer_argument_used_as_a_count_or_an_axis_is_checked_at_its_value():
+    # the checker ran the program directly, without compiling it for the
+    # value of an argument used as a count or an axis: an internal
+    # NeedsValue traceback ("argument 'k' is used as a size")
+    m = dsl.loads("def f(x, k: i64):\n    return sum(x * x, axis=k) * sum(arange(k + 2))\n",
+                  "counted.grad")
+    x = np.array([[0.5, -2.0, 1.5], [1.0, 0.25, -0.75]])
+    for k in (0, 1):
+        result = dsl.check_gradients(m.f, x, k, raise_on_failure=True)
+        assert any(row.order == 2 for row in result) and all(row.ok for row in result)
+        np.testing.assert_allclose(dsl.grad(m.f)(x, k), 2 * x * sum(range(k + 2)), rtol=1e-15)

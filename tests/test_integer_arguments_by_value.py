@@ -77,3 +77,35 @@ def test_an_axis_out_of_range_or_a_float_is_an_error_at_it(m):
         with pytest.raises(dsl.GradError, match="annotate it `(axis|k): i64`") as err:
             f(x, 1)
         assert where in str(err.value) and "^" in str(err.value)
+
+
+BLOCKS = """\
+def squares(x, axis: i64):
+    return sum(x * x, axis=axis)
+grad(dy):
+    return 2 * x * broadcast_to(reshape(dy, x.shape[:axis] + (1,) + x.shape[axis + 1:]), x.shape)
+
+def ramp(x, n: i64):
+    return x * sum(arange(n))
+grad(dy):
+    return dy * sum(arange(n))
+
+def called(x, k: i64):
+    return squares(x, k)
+"""
+
+
+def test_a_function_with_grad_blocks_takes_them_by_value_in_its_body_and_blocks():
+    # a stage's parameters are values of their own: the argument was no
+    # longer known as one inside them ("axis must be a compile-time
+    # integer"; arange: "must be known when the function is compiled: ...
+    # an integer argument"), and the load's linearity check, lowering the
+    # function, would have met the NeedsValue
+    m = dsl.loads(BLOCKS, "blocks.grad")
+    x = np.arange(6.0).reshape(2, 3) - 2.5
+    for axis in (0, 1):
+        np.testing.assert_array_equal(m.squares(x, axis), np.sum(x * x, axis=axis))
+        np.testing.assert_array_equal(m.called(x, axis), np.sum(x * x, axis=axis))
+        np.testing.assert_array_equal(dsl.grad(m.called)(x, axis), 2 * x)
+    np.testing.assert_array_equal(m.ramp(x[0], 4), x[0] * 6)
+    np.testing.assert_array_equal(dsl.grad(m.ramp)(x[0], 4), np.full(3, 6.0))
