@@ -324,6 +324,15 @@ def _max_rows(x, out):
         out[o] = acc
 
 
+@_jit(parallel=True)
+def _max_rows_parallel(x, out):
+    for o in prange(x.shape[0]):
+        acc = x[o, 0]
+        for r in range(1, x.shape[1]):
+            acc = cpu_math.greatest(acc, x[o, r])
+        out[o] = acc
+
+
 def _sum_middle(x: np.ndarray, out: np.ndarray) -> None:
     # NumPy adds the rows of a middle axis in order, a whole inner row at a
     # time (vectorized), as a loop here would: no kernel to compile.
@@ -334,7 +343,8 @@ def _max_middle(x: np.ndarray, out: np.ndarray) -> None:
     np.maximum.reduce(x, axis=1, out=out)  # propagates NaN, as `greatest` does
 
 
-def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) -> np.ndarray:
+def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, rows_parallel, middle,
+            is_sum: bool) -> np.ndarray:
     x = np.ascontiguousarray(x)
     out_dtype = x.dtype
     # Reduce the last run first so earlier axis numbers stay valid.
@@ -361,9 +371,9 @@ def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) ->
                 result = np.array([partial.sum()], dtype=acc_dtype)
             else:
                 result = np.empty(outer, acc_dtype if is_sum else out_dtype)
-                if (is_sum and outer > 1 and outer * reduced >= PARALLEL_THRESHOLD
+                if (outer > 1 and outer * reduced >= PARALLEL_THRESHOLD
                         and parallel_allowed(outer * reduced, PARALLEL_THRESHOLD)):
-                    _sum_rows_parallel(view, result)
+                    rows_parallel(view, result)  # (each row as the serial loop does it)
                 else:
                     rows(view, result)
         else:
@@ -375,14 +385,14 @@ def _reduce(x: np.ndarray, axes: tuple[int, ...], rows, middle, is_sum: bool) ->
 
 
 def reduce_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    return _reduce(x, axes, _sum_rows, _sum_middle, True)
+    return _reduce(x, axes, _sum_rows, _sum_rows_parallel, _sum_middle, True)
 
 
 def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "",
                empty=None) -> np.ndarray:
     if empty_axis(x.shape, axes, where, empty):
         return full(tuple(d for i, d in enumerate(x.shape) if i not in axes), empty, x.dtype)
-    return _reduce(x, axes, _max_rows, _max_middle, False)
+    return _reduce(x, axes, _max_rows, _max_rows_parallel, _max_middle, False)
 
 
 # OpenBLAS runs a product on the calling thread below about this many

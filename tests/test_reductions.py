@@ -285,3 +285,22 @@ def test_max_gradient_goes_to_the_nan_of_a_row_holding_one(module):
     value, slope = dsl.value_and_grad(module.row_max)(x)
     np.testing.assert_array_equal(value, [np.nan, 3.0, np.nan])
     np.testing.assert_array_equal(slope, [[0, 1, 0], [0.5, 0.5, 0], [0.5, 0, 0.5]])
+
+
+@pytest.mark.parametrize("parallel", ["always", "never"])
+def test_a_max_along_short_rows_runs_row_parallel_with_the_serial_bits(gradc_parallel, parallel):
+    # (a max_pool2d's stacked windows: R.reduce_max over a last axis of 9,
+    # its rows split among threads past the threshold) gives the serial
+    # loop's bits in every row: NaN propagating, -0.0 against 0.0 as it picks
+    from gradlang.runtime import cpu as R
+    gradc_parallel(parallel)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 16, 32, 9)).astype(np.float32)
+    x[rng.random(x.shape) < 0.01] = np.nan
+    x[0, 0, 0] = [-0.0, 0.0, -1, -2, -3, -4, -5, -6, -7]
+    got = R.reduce_max(x, (3,))
+    expected = np.empty(x.shape[:3], np.float32)
+    R._max_rows(x.reshape(-1, 9), expected.reshape(-1))
+    assert got.tobytes() == expected.tobytes()
+    np.testing.assert_array_equal(got, np.max(x, axis=3))  # (NaN where a row holds one)
+    assert np.isnan(got).sum() == np.isnan(x).any(axis=3).sum() > 0
