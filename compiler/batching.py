@@ -232,6 +232,11 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
             fine = _leading(out) and all(_leading(a) for a in inputs) or (
                 layout == COLS and states == [COLS]
                 and inputs[0].type.shape[0] == out.type.shape[0])
+        elif OPS[eqn.op].kind == "reduction" and len(batched) == 1:  # over other axes: its
+            # batch axis moves down by the reduced axes before it (a max over a
+            # leading axis of windows stacked before the rows, as max_pool2d's)
+            axis, axes = _batch_axes(inputs[0])[0], eqn.p["axes"]
+            fine = axis not in axes and _batch_axes(out) == [axis - sum(a < axis for a in axes)]
         elif OPS[eqn.op].kind in ("index", "scan"):  # not along the batch axis: a block
             # has its rows (a cumulative sum along it would need the blocks before)
             fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(eqn.inputs[0])

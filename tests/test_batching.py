@@ -57,6 +57,22 @@ def test_max_over_the_batch_combines_by_max_and_elementwise_is_recognised():
     assert split_rows(m.e.lower(t), 6).elementwise
 
 
+def test_a_reduction_over_axes_stacked_before_the_rows_is_row_by_row():
+    # (max_pool2d's windows, stacked along a new first axis) the batch axis
+    # moves from 1 back to 0: it was "moves data between the rows", as a
+    # reduction whose output's batch axis is not its input's
+    m = dsl.loads("def f(x):\n    s = stack([x, x * -2.0, x + 1.0])\n"
+                  "    return max(s, axis=0) + sum(s, axis=0)\n")
+    x = np.random.default_rng(2).normal(size=(6, 2))
+    g = dsl.value_and_grad(m.f)
+    outs, split = run_split(g.lower({"x": TensorType("f64", (BATCH, 2))}), 6, [x], batch={0},
+                            pieces=3)
+    value, gx = g(x)
+    np.testing.assert_array_equal(outs[0], value)
+    np.testing.assert_array_equal(outs[1], gx)
+    assert split.row_outputs == (True, True) and not split.partial_kinds
+
+
 @pytest.mark.parametrize("body,op", [("x - mean(x, axis=0)", "sub"), ("x / sum(x * x)", "div"),
                                      ("x @ x.T", "matmul")])
 def test_row_mixing_is_a_grad_error_at_the_op(body, op):
