@@ -120,7 +120,11 @@ def broadcasts_to(small, big) -> bool:
 
 
 def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
-    """How a loop over `loop` reads an input of `shape` at flat index i."""
+    """How a loop over `loop` reads an input of `shape` at flat index i:
+    "full", "scalar", "suffix" (the loop's trailing axes, repeated),
+    "outer" (its leading axes, each element held over the trailing ones),
+    "middle" (its leading and its trailing axes, broadcast along the axes
+    between: `middle_split`), else "general"."""
     if shape == loop:
         return "full"
     if prod(shape) == 1:
@@ -132,4 +136,20 @@ def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
     j = next((k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k]), 0)
     if all(d == 1 for d in padded[j:]):
         return "outer"
+    if middle_split(shape, loop) is not None:
+        return "middle"
     return "general"
+
+
+def middle_split(shape: tuple, loop: tuple) -> "tuple[int, int] | None":
+    """Where an input of `shape` read by a loop over `loop` has the loop's
+    axes [:j] and [t:] and size 1 along the axes between (at least one of
+    which the loop has more of: (B, 1, D) read over (B, T, D)), (j, t);
+    else None.  Element i of the loop then reads element (i // (M S)) S +
+    i % S of the input, S the product of loop[t:] and M of loop[j:t]."""
+    padded = (1,) * (len(loop) - len(shape)) + tuple(shape)
+    j = next((k for k in range(len(loop)) if padded[k] != loop[k]), len(loop))
+    t = next((k for k in range(len(loop), j, -1) if padded[k - 1] != loop[k - 1]), j)
+    if j == 0 or t == len(loop) or not all(d == 1 for d in padded[j:t]):
+        return None
+    return j, t
