@@ -44,7 +44,7 @@ from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, access_kind, middle_split, prod
+from gradlang.compiler.shapes import Dim, Sym, access_kind, middle_split, prod, range_split
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -91,6 +91,9 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     if kind == "middle":  # (S, M S): see shapes.middle_split
         j, t = middle_split(shape, loop)
         return (prod(loop[t:]), prod(loop[j:]))
+    if kind == "range":  # (S, P): see shapes.range_split
+        a, b = range_split(shape, loop)
+        return (prod(loop[b:]), prod(loop[a:b]))
     if kind == "general":
         strides = [0 if d == 1 else s for d, s in zip(padded, c_strides(padded))]
         return stride_table(loop, strides)
@@ -128,8 +131,8 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     # indexed by j from 0, which LLVM knows is not negative: indexed by
     # i = i0 + j, each access could wrap around, and it gathered them.
     access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
-    periods = [f"q{k}" if kind == "outer" else f"m{k}"
-               for k, kind in enumerate(access) if kind in ("suffix", "outer", "middle")]
+    periods = [f"q{k}" if kind in ("outer", "range") else f"m{k}"
+               for k, kind in enumerate(access) if kind in ("suffix", "outer", "middle", "range")]
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
     rowwise = bool(periods) or bool(loop.reductions)
@@ -356,6 +359,8 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
             pre.append(f"m{k} = {arg}.shape[0]")
         if kind == "middle":  # (S, M S): see shapes.middle_split
             pre += [f"m{k} = g{k}[0]", f"p{k} = g{k}[1]"]
+        if kind == "range":  # (S, P): see shapes.range_split
+            pre += [f"q{k} = g{k}[0]", f"r{k} = g{k}[1]"]
         if kind == "scalar":
             pre.append(f"a{k} = {arg}[0]")
             names[v] = f"a{k}"
@@ -375,6 +380,9 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
                 body.append(f"a{n} = {arg}[{i} % m{k}]")
         elif kind == "outer":
             (row if rows else body).append(f"a{n} = {arg}[{'i0' if rows else i} // q{k}]")
+        elif kind == "range":  # one value a row (within one run of S)
+            (row if rows else body).append(
+                f"a{n} = {arg}[({'i0' if rows else i} // q{k}) % r{k}]")
         elif kind == "middle":  # a row (within one run of S) reads contiguously
             if rows:
                 row.append(f"x{k} = {arg}[(i0 // p{k}) * m{k} + i0 % m{k}:]")
@@ -396,7 +404,7 @@ def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
     out = []
     for k, v in enumerate(inputs):
         kind = access_kind(v.type.shape, shape)
-        if kind in ("outer", "middle", "general"):
+        if kind in ("outer", "middle", "range", "general"):
             out.append((f"q{k}" if kind == "outer" else f"g{k}", v))
     return out
 
@@ -537,7 +545,7 @@ def kernel_signature(loop: "Loop | RowLoop") -> str:
         kind = access_kind(v.type.shape, loop.shape)
         if kind == "outer":
             args.append("int64")
-        elif kind == "middle":
+        elif kind in ("middle", "range"):
             args.append("UniTuple(int64, 2)")
         elif kind == "general":
             args.append(f"UniTuple(int64, {3 * len(loop.shape)})")

@@ -124,7 +124,9 @@ def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
     "full", "scalar", "suffix" (the loop's trailing axes, repeated),
     "outer" (its leading axes, each element held over the trailing ones),
     "middle" (its leading and its trailing axes, broadcast along the axes
-    between: `middle_split`), else "general"."""
+    between: `middle_split`), "range" (axes between its leading and its
+    trailing ones, broadcast along both: `range_split`), else
+    "general"."""
     if shape == loop:
         return "full"
     if prod(shape) == 1:
@@ -138,6 +140,8 @@ def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
         return "outer"
     if middle_split(shape, loop) is not None:
         return "middle"
+    if range_split(shape, loop) is not None:
+        return "range"
     return "general"
 
 
@@ -153,3 +157,19 @@ def middle_split(shape: tuple, loop: tuple) -> "tuple[int, int] | None":
     if j == 0 or t == len(loop) or not all(d == 1 for d in padded[j:t]):
         return None
     return j, t
+
+
+def range_split(shape: tuple, loop: tuple) -> "tuple[int, int] | None":
+    """Where an input of `shape` read by a loop over `loop` has the loop's
+    axes [a:b] and size 1 along every other (a channel's bias over (N, C,
+    H, W), (1, C, 1, 1)), with a > 0 and b < len(loop), (a, b); else
+    None.  Element i of the loop then reads element (i // S) % P of the
+    input, S the product of loop[b:] and P of loop[a:b]."""
+    padded = (1,) * (len(loop) - len(shape)) + tuple(shape)
+    kept = [k for k, d in enumerate(padded) if d != 1]
+    if not kept:
+        return None
+    a, b = kept[0], kept[-1] + 1
+    if a == 0 or b == len(loop) or padded[a:b] != tuple(loop[a:b]):
+        return None
+    return a, b

@@ -115,13 +115,18 @@ def test_long_f32_sums_accumulate_in_f64_on_cuda():
     np.testing.assert_array_equal(m.g(rows), rows.max(axis=1))
 
 
-def test_a_broadcast_along_a_middle_axis_on_cuda():
+def test_broadcasts_along_middle_axes_on_cuda():
     # (B, 1, D) read over (B, T, D) in runs (codegen's "middle" access), the
     # runs shorter than its period where another input's is shorter
     m = dsl.loads("def f(x, y, z):\n    return x * y + z, sum(x * y)\n", target="cuda",
                   host_results=True)
     rng = np.random.default_rng(5)
     x, y, z = (rng.normal(size=s) for s in ((2, 3, 4, 5), (2, 1, 4, 5), (2, 3, 4, 1)))
+    out, total = m.f(x, y, z)
+    np.testing.assert_array_equal(out, x * y + z)
+    np.testing.assert_allclose(total, np.sum(x * y), rtol=1e-13)
+    # and along both sides of its axes (a channel's bias: a "range" access)
+    y, z = rng.normal(size=(3, 1, 1)), rng.normal(size=(1, 1, 4, 1))
     out, total = m.f(x, y, z)
     np.testing.assert_array_equal(out, x * y + z)
     np.testing.assert_allclose(total, np.sum(x * y), rtol=1e-13)

@@ -66,7 +66,27 @@ def test_access_kinds():
     assert access_kind((3, 1), (3, 4)) == "outer"
     assert access_kind((2, 1, 4), (2, 3, 4)) == "middle"
     assert access_kind((2, 1, 1, 4), (2, 3, 5, 4)) == "middle"
+    assert access_kind((3, 1, 1), (2, 3, 5, 4)) == "range"
+    assert access_kind((1, 3, 5, 1), (2, 3, 5, 4)) == "range"
     assert access_kind((2, 1, 5, 1), (2, 3, 5, 4)) == "general"
+
+
+def test_a_channels_bias_in_nchw_reads_one_value_a_run():
+    # (C, 1, 1) read over (N, C, H, W) (a "range" access) took the stride
+    # table's division per axis per element: x * b[:, None, None] + 1.0 at
+    # 32 x 64 x 32 x 32 took 40 ms against NumPy's 1.7; it now reads one
+    # value per run of H W, as an outer input does
+    m = dsl.loads("def f(x, b, c):\n    return x * b[:, None, None] + c, sum(x * c)\n")
+    rng = np.random.default_rng(6)
+    x, b, c = rng.normal(size=(3, 5, 4, 6)), rng.normal(size=5), rng.normal(size=(1, 1, 4, 1))
+    out, total = m.f(x, b, c)  # (runs of 6, c's, shorter than b's of 24)
+    np.testing.assert_array_equal(out, x * b[:, None, None] + c)
+    np.testing.assert_allclose(total, np.sum(x * c), rtol=1e-13)
+    gb, gc = dsl.grad(m.f, wrt=(1, 2))(x, b, c)
+    np.testing.assert_allclose(gb, x.sum(axis=(0, 2, 3)), rtol=1e-13)
+    np.testing.assert_allclose(gc, (1 + x).sum(axis=(0, 1, 3), keepdims=True), rtol=1e-13)
+    (loop,) = [s for s in steps_of(m.f, x, b, c) if isinstance(s, Loop)]
+    assert {access_kind(v.type.shape, loop.shape) for v in loop.inputs} >= {"range"}
 
 
 def test_a_broadcast_along_a_middle_axis_reads_in_runs():
