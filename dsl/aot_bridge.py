@@ -155,7 +155,8 @@ class AotJax(AotBridged):
 
         def pullback(*values):
             primals, cts = values[:len(names)], values[len(names):]
-            _, back = f._vjp_bound(arrays(primals))
+            given = arrays(primals)
+            _, back = f._vjp_bound(given, read_in_place=given)  # (called at once)
             grads = dict(zip(bound, back(*(np.asarray(ct) for ct in cts))))
             return tuple(np.asarray(grads[n], s.dtype) for n, s in zip(wrt, grad_shapes))
 

@@ -612,7 +612,7 @@ def _aot_operations() -> tuple:
         @staticmethod
         def forward(ctx, bridge: AotTorch, arrays: dict, names: tuple, *tensors):
             f = bridge.function
-            outs, ctx.pullback = f._vjp_bound(arrays)
+            outs, ctx.pullback = f._vjp_bound(arrays, read_in_place=names)  # (saved)
             ctx.bridge, ctx.names, ctx.bound = bridge, names, tuple(arrays)
             ctx.save_for_backward(*tensors)  # (torch checks they are not modified in place)
             return results_of(ctx, outs)

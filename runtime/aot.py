@@ -40,7 +40,7 @@ import sys
 import warnings
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 import numpy as np
 
@@ -399,13 +399,22 @@ class AotFunction:
         return AotGradient(self, wrt, single, with_value)
 
 
-    def _vjp_bound(self, arrays: dict[str, Any]):
-        # The pullback program takes the arguments and the cotangents: the
-        # pullback keeps the arguments and runs the forward part again.
+    def _vjp_bound(self, arrays: dict[str, Any], read_in_place: Collection[str] = ()):
+        """(outputs, Pullback).  The pullback program takes the arguments
+        and the cotangents (it runs the forward part again), and the
+        pullback holds copies of the arguments, as a loaded function's
+        holds copies of its residuals: its caller may write into one
+        before calling it (the next batch into its buffer, an optimizer's
+        step into a param).  Those named `read_in_place` it reads where
+        they are: a caller that calls it at once, or whose library
+        refuses a change to them (torch's saved tensors)."""
         outs, sig = self._run("call", arrays)
         backward = self.module.driver(self._program("pullback", sig, arrays))
         out_types = [OutType(tuple(o.shape), SUPPORTED[np.dtype(o.dtype)]) for o in outs]
-        return outs, Pullback(self.name, backward, arrays.values(), out_types, list(arrays),
+        values = [self.module.helpers.copy(a)
+                  if n not in read_in_place and self.target.is_array(a) else a
+                  for n, a in arrays.items()]
+        return outs, Pullback(self.name, backward, values, out_types, list(arrays),
                               self.wrt[sig], self.target)
 
     def __repr__(self) -> str:

@@ -420,6 +420,34 @@ def test_a_tape_records_aot_calls(ab):
             inner.gradient(total, x)
 
 
+def test_a_kept_pullback_reads_the_arguments_as_they_were_at_the_call(ab):
+    """An AOT pullback runs the forward part again from the arguments, and
+    held the caller's arrays themselves: the next batch written into the
+    buffer (or a param stepped in place) before the pullback ran changed
+    its gradient, where a loaded function's pullback (residuals copied)
+    gives the gradient at the call's values.  Likewise a Tape's record."""
+    x, y = X.copy(), Y.copy()
+    u = (np.array([0.5, -1.0]), 2.0)
+    _, pullback = dsl.vjp(ab.f, x, y)
+    w = ab.params["w"]
+    x[:], y[:] = 7.0, -7.0
+    w_then = w.copy()
+    w[1] = 30.0  # (the module's own array, stepped in place)
+    try:
+        gx, gy = pullback(*u)[:2]
+        with dsl.Tape() as tape:
+            tape.watch(x)
+            _, total = ab.f(x, y)
+        x[:] = 0.0
+        grad = tape.gradient(total, x)
+    finally:
+        w[:] = w_then
+    # u0 * y + u1 * 2 x w1 and u0 * x, at X, Y and w1 = 3
+    np.testing.assert_array_equal(gx, [0.5 * 3 + 12.0, -5.0 + 24.0])
+    np.testing.assert_array_equal(gy, [0.5, -2.0])
+    np.testing.assert_array_equal(grad, [2 * 7.0 * 30.0] * 2)  # 2 x w1 at the call
+
+
 # ---------------------------------- 6. std functions under symbolic sigs
 
 
