@@ -166,15 +166,18 @@ def _give_back(block: np.ndarray) -> None:
 
 def pooled(shape, dtype) -> np.ndarray:
     """An uninitialized array of `shape` and `dtype`, from the pool when large
-    (and of a dtype without fields or a subarray)."""
+    (and of a dtype without fields, a subarray or objects)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = dtype.itemsize
     for d in shape:
         nbytes *= d
-    # (a lease's typestr names no fields nor subarray: those dtypes, which
-    # no driver asks for, are NumPy's own)
-    if nbytes < POOL_MIN or dtype.fields is not None or dtype.subdtype is not None:
+    # (a lease's typestr names no fields nor subarray, and an object array
+    # over a reused block would hold its old bytes as pointers, where
+    # np.empty's holds None: those dtypes, which no driver asks for, are
+    # NumPy's own)
+    if nbytes < POOL_MIN or dtype.fields is not None or dtype.subdtype is not None \
+            or dtype.hasobject:
         return np.empty(shape, dtype)
     block = HOST.take(nbytes)
     if block is None:

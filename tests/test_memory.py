@@ -322,6 +322,18 @@ def test_any_dtype_is_the_dtype_asked_for(dtype):
     assert a.dtype == expected.dtype and a.shape == expected.shape
 
 
+def test_an_object_array_holds_none_not_a_freed_blocks_bytes():
+    """As np.empty's: an object array over a reused block held its old
+    bytes as pointers (here a live list's address; other bytes crash at
+    the first read, and a write decrefs whatever they point at)."""
+    sentinel = ["not None"]
+    a = memory.pooled(LARGE, np.int64)
+    a[:] = id(sentinel)
+    del a  # free, every word the sentinel's address
+    objects = memory.pooled(LARGE, object)
+    assert objects.shape == (LARGE,) and objects[0] is None and objects[-1] is None
+
+
 def test_a_count_left_high_heals_at_the_next_give_back(monkeypatch):
     """Should an interrupted step (a KeyboardInterrupt between a pop and its
     count) leave the count above the blocks kept, the next give-back finds
