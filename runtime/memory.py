@@ -26,7 +26,8 @@ only under one lock, so two threads never get the same block and the count
 is the free lists' bytes (or more, after a step that an exception such as
 a Ctrl-C cut short, until the lists are next empty: never less, and no
 exception leaves them unusable); re-entrant, since the garbage collector may free
-a lease in the middle of the pool's own work.  A fork waits for the lock,
+a lease in the middle of the pool's own work (such a give-back waits in a
+queue until that work is done: `FreeBlocks`).  A fork waits for the lock,
 so the child's pool is whole and its lock free.  A lease cannot be copied
 or pickled (a copy would give its block back twice), and leases freed while
 the interpreter exits give nothing back.
@@ -98,23 +99,46 @@ class FreeBlocks:
     given back longest ago evicted first; thread-safe, re-entrant and
     robust to an exception at any step (the module's contract).  A block
     is any object: the host pool's are byte arrays, the CUDA target's
-    device allocations (`runtime.cuda`)."""
+    device allocations (`runtime.cuda`).
+
+    Re-entrant: a block given back by the thread that is inside the
+    pool's own bookkeeping (a garbage collection, which from Python 3.12
+    runs at any bytecode's check of the eval loop, or a signal handler,
+    freeing a lease there) is queued, and listed by that bookkeeping
+    before it lets go of the lock (else by the next): listed there and
+    then, it changed the lists and their count under the step it
+    interrupted, which then raised (KeyError, IndexError) or left the
+    count below the blocks kept."""
 
     def __init__(self, limit: Callable[[], int]):
         self._limit = limit
         # nbytes -> free blocks of that size, sizes in the order they were last given back
         self._free: dict[int, list] = {}
         self._free_bytes = 0
+        self._queued: list = []  # (block, nbytes) given back within the bookkeeping
         self._lock = threading.RLock()
 
     def give_back(self, block, nbytes: int) -> None:
         """List `block` (of `nbytes`) as free, or drop it (its memory goes
         back to the system) where it is larger than the whole limit."""
-        limit = self._limit()  # before the count: a collection it sets off may give back too
-        if nbytes > limit:
+        if self._lock._is_owned():  # (this thread is inside the bookkeeping)
+            self._queued.append((block, nbytes))
             return
-        evicted = []  # dropped after the bookkeeping: dropping a device block runs
+        evicted: list = []  # dropped after the bookkeeping: dropping a device block runs
         with self._lock:  # Numba's code, which may collect garbage, which may give back
+            self._queued.append((block, nbytes))
+            del block
+            self._list_queued(evicted)
+
+    def _list_queued(self, evicted: list) -> None:
+        """List the queued blocks, those evicted to make room (and any
+        larger than the whole limit) appended to `evicted`; under the lock."""
+        while self._queued:
+            block, nbytes = self._queued.pop()
+            limit = self._limit()  # (a collection it sets off queues its give-backs)
+            if nbytes > limit:
+                evicted.append(block)
+                continue
             # The size given back longest ago makes room.  Each step leaves
             # the free lists and their count consistent should an exception
             # (a Ctrl-C) end it anywhere: a list may be empty (never evicted
@@ -136,7 +160,11 @@ class FreeBlocks:
             self._free[nbytes] = blocks
 
     def take(self, nbytes: int):
-        """A free block of exactly `nbytes`, unlisted, or None."""
+        """A free block of exactly `nbytes`, unlisted, or None (always
+        None within the pool's own bookkeeping: a finalizer run there)."""
+        if self._lock._is_owned():
+            return None
+        evicted: list = []
         with self._lock:  # (robust to an exception anywhere, as `give_back`)
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
@@ -144,6 +172,7 @@ class FreeBlocks:
                 self._free_bytes -= nbytes
             if blocks is not None and not blocks:
                 del self._free[nbytes]
+            self._list_queued(evicted)  # (given back meanwhile)
         return block
 
     def release(self) -> int:
@@ -151,7 +180,8 @@ class FreeBlocks:
         with self._lock:
             released, self._free_bytes = self._free_bytes, 0
             dropped, self._free = self._free, {}
-        del dropped  # (after the bookkeeping, as an eviction's)
+            queued, self._queued = self._queued, []
+        del dropped, queued  # (after the bookkeeping, as an eviction's)
         return released
 
 

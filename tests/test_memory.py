@@ -462,7 +462,7 @@ def _interrupted_at(code, k: int, action) -> bool:
     return False
 
 
-@pytest.mark.parametrize("step", ["give back", "take"])
+@pytest.mark.parametrize("step", ["give back", "listing", "take"])
 def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch, step):
     """A KeyboardInterrupt at any bytecode of a give-back or a take: the
     pool goes on working (an empty free list left by a take cut short made
@@ -474,8 +474,10 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
     sizes = [memory.POOL_MIN + 8 * k for k in range(3)]
     limit = sizes[0] + sizes[1]
     monkeypatch.setenv("GRADC_POOL_BYTES", str(limit))
-    code = (memory.FreeBlocks.give_back if step == "give back"
-            else memory.FreeBlocks.take).__code__
+    code = {"give back": memory.FreeBlocks.give_back, "listing": memory.FreeBlocks._list_queued,
+            "take": memory.FreeBlocks.take}[step].__code__
+    if step == "listing":  # (a give-back's: its evictions)
+        step = "give back"
     # (Python 3.12 reports no opcode of a code object's first traced call:
     # one traced call first, interrupted nowhere)
     first = (functools.partial(memory._give_back, np.empty(sizes[2], np.uint8))
@@ -504,6 +506,83 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
     taker.join(10)
     assert len(taken) == 1 and taken[0].nbytes == sizes[0]
 
+
+
+def _run_reentered(codes, k: int, action, reenter) -> bool:
+    """Run `action`, calling `reenter` (once) before the `k`th bytecode
+    that frames of `codes` run; whether it was called."""
+    import sys
+    seen, called = 0, []
+
+    def each_opcode(frame, event, arg):
+        nonlocal seen
+        if event == "opcode":
+            seen += 1
+            if seen == k and not called:
+                called.append(True)
+                reenter()
+        return each_opcode
+
+    def calls(frame, event, arg):
+        if frame.f_code not in codes:
+            return None
+        frame.f_trace_opcodes = True
+        return each_opcode
+
+    sys.settrace(calls)
+    try:
+        action()
+    finally:
+        sys.settrace(None)
+    return bool(called)
+
+
+@pytest.mark.parametrize("step", ["give back", "take"])
+def test_a_block_given_back_within_the_pools_bookkeeping_waits_for_it(step):
+    """This thread gives a block back at any bytecode of a give-back or a
+    take (a lease freed by a collection, which from Python 3.12 runs at
+    any bytecode, or by a signal handler), the pool full, so that it
+    evicts: listed there and then, it changed the lists and their count
+    under the step it interrupted, which raised (KeyError, IndexError,
+    RuntimeError: in a take, out of the call that asked for memory) or
+    left the count below the blocks kept.  Queued, it is listed after."""
+    sizes = [memory.POOL_MIN + 8 * k for k in range(4)]
+    limit = sizes[0] + sizes[1]
+    pool = memory.FreeBlocks(lambda: limit)
+    codes = {memory.FreeBlocks._list_queued.__code__,
+             (memory.FreeBlocks.give_back if step == "give back" else memory.FreeBlocks.take
+              ).__code__}
+    taken = []
+    if step == "give back":
+        def action():
+            pool.give_back(np.empty(sizes[3], np.uint8), sizes[3])
+    else:
+        def action():
+            taken.append(pool.take(sizes[0]))
+
+    within = []  # whether the bookkeeping held the lock then (before it, a plain give-back)
+
+    def reenter():
+        within.append(pool._lock._is_owned())
+        pool.give_back(np.empty(sizes[2], np.uint8), sizes[2])
+    _run_reentered(codes, 0, action, reenter)  # (3.12 reports no opcode of a first traced call)
+    for k in range(1, 10_000):
+        pool.release()
+        taken.clear()
+        within.clear()
+        for n in sizes[:2]:  # both kept, the pool full, sizes[0] given back longest ago
+            pool.give_back(np.empty(n, np.uint8), n)
+        if not _run_reentered(codes, k, action, reenter):
+            break  # past the last bytecode
+        kept = sum(n * len(b) for n, b in pool._free.items())
+        assert pool._free_bytes >= kept and kept <= limit
+        if step == "take" and within[0]:  # (the block was there before that give-back)
+            assert taken[0] is not None and taken[0].nbytes == sizes[0]
+        for n in sizes * 2:  # and the pool goes on working
+            block = pool.take(n)
+            pool.give_back(np.empty(n, np.uint8) if block is None else block, n)
+        assert not pool._queued  # (listed by the next step, where not by this one)
+    assert k > 20
 
 
 def _lease_of(a: np.ndarray):
