@@ -10,7 +10,9 @@ with gradients for w and b, attention (8 x 8 heads, seq 128, dim 64, f32:
 softmax(q k^T / sqrt(d)) v, value + gradient for q, k, v), a conv layer
 (32x16x32x32, 32 kernels 3x3, padding 1, softplus, f32: value + gradient
 for x and the kernel), max pooling (2x2, and 3x3 at stride 2 with padding
-1; 32x16x32x32 f32, softplus: value + gradient), sum(x * x), sin(x) cos(x) and x ** y value +
+1; 32x16x32x32 f32, softplus: value + gradient), a batch norm over NCHW
+(32x64x32x32 f32, per-channel scale and shift, softplus: value + gradients),
+sum(x * x), sin(x) cos(x) and x ** y value +
 gradient (f32, f64; 1e6), value + gradient per call at n = 16
 (and benchmarks/bench_call.py when present), log1pexp at 1e7 into reused
 `out=` buffers against fresh results, a 1,000-step loop's value and
@@ -52,7 +54,8 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "conv", "pool", "fused_sum", "sincos_pow", "call", "out",
+WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "conv", "pool", "norm", "fused_sum",
+             "sincos_pow", "call", "out",
              "loop", "forward", "indexing", "interop", "startup", "cuda")
 
 
@@ -83,6 +86,10 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
     if name == "pool":
         return ("pool: sum(softplus(max_pool2d(x, ...))), gradient for x (benchmarks/pool.grad)",
                 workloads.pool_cases(32, 16, 32))
+    if name == "norm":
+        return ("batch norm: sum(softplus(gamma * (x - mean) / std + beta)) per channel over "
+                "NCHW, gradients for x, gamma and beta (benchmarks/norm.grad)",
+                workloads.norm_cases(32, 64, 32))
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
     if name == "sincos_pow":

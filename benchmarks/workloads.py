@@ -67,6 +67,7 @@ DENSE = Path(__file__).resolve().parent / "dense_f32.grad"
 ATTENTION = Path(__file__).resolve().parent / "attention.grad"
 CONV = Path(__file__).resolve().parent / "conv.grad"
 POOL = Path(__file__).resolve().parent / "pool.grad"
+NORM = Path(__file__).resolve().parent / "norm.grad"
 ALPHA = 0.2  # stylegan_r1.grad's leaky ReLU slope
 TOLERANCE = {np.dtype(np.float64): dict(rtol=1e-9, atol=1e-12),
              np.dtype(np.float32): dict(rtol=2e-4, atol=1e-5)}
@@ -731,6 +732,71 @@ def pool_cases(n: int, c: int, size: int, seed: int = 0) -> list[Case]:
                           f"float32 {n}x{c}x{size}x{size}", impls, (np.asarray(value), grad),
                           dict(rtol=1e-4, atol=1e-4), paired=("dsl", "numpy")))
     return cases
+
+
+# ------------------------------------------------------------ batch norm
+
+
+def numpy_norm_loss(x, gamma, beta):
+    """sum(softplus(batch_norm(x) * gamma + beta)) over (N, C, H, W), per
+    channel, and its gradients for x, gamma and beta by hand (in f64,
+    returned in x's dtype)."""
+    x64, g64 = x.astype(np.float64), gamma.astype(np.float64)[:, None, None]
+    axes, count = (0, 2, 3), x.size // x.shape[1]
+    d = x64 - x64.mean(axis=axes, keepdims=True)
+    inv_std = 1 / np.sqrt((d * d).mean(axis=axes, keepdims=True) + 1e-5)
+    xhat = d * inv_std
+    y = g64 * xhat + beta.astype(np.float64)[:, None, None]
+    value = np.sum(np.logaddexp(0, y))
+    dy = 1 / (1 + np.exp(-y))
+    dxhat = dy * g64
+    dx = inv_std / count * (count * dxhat - dxhat.sum(axis=axes, keepdims=True)
+                            - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
+    dtype = x.dtype
+    return (np.asarray(value, dtype), dx.astype(dtype), (dy * xhat).sum(axis=axes).astype(dtype),
+            dy.sum(axis=axes).astype(dtype))
+
+
+@lru_cache(maxsize=None)
+def jax_norm():
+    jax, jnp = jax_modules()
+
+    def loss(x, gamma, beta):
+        d = x - x.mean(axis=(0, 2, 3), keepdims=True)
+        var = (d * d).mean(axis=(0, 2, 3), keepdims=True)
+        return jnp.sum(jax.nn.softplus(gamma[:, None, None] * d / jnp.sqrt(var + 1e-5)
+                                       + beta[:, None, None]))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+def torch_norm(x, gamma, beta):
+    torch = torch_module()
+    xt, gt, bt = (torch.from_numpy(a).requires_grad_(True) for a in (x, gamma, beta))
+    d = xt - xt.mean(dim=(0, 2, 3), keepdim=True)
+    var = (d * d).mean(dim=(0, 2, 3), keepdim=True)
+    value = torch.nn.functional.softplus(gt[:, None, None] * d / torch.sqrt(var + 1e-5)
+                                         + bt[:, None, None]).sum()
+    grads = torch.autograd.grad(value, (xt, gt, bt))
+    return (value.detach().numpy(),) + tuple(g.numpy() for g in grads)
+
+
+def norm_cases(n: int, c: int, size: int, seed: int = 0) -> list[Case]:
+    """A batch norm over NCHW images (per-channel statistics, scale and
+    shift read as (C, 1, 1)), softplus, summed: value + gradients for the
+    images, the scale and the shift (benchmarks/norm.grad)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, c, size, size)).astype(np.float32)
+    gamma, beta = (rng.normal(size=c).astype(np.float32) for _ in range(2))
+    value_and_grad = dsl.value_and_grad(dsl.load(NORM).batch_norm_loss, wrt=(0, 1, 2))
+    impls = {"numpy": lambda: numpy_norm_loss(x, gamma, beta),
+             "dsl": lambda: value_and_grad(x, gamma, beta)}
+    if jax_modules():
+        impls["jax"] = jax_call(jax_norm(), x, gamma, beta)
+    if torch_module():
+        impls["torch"] = lambda: torch_norm(x, gamma, beta)
+    # f32 sums over n * size^2 terms per channel (and the value's over all)
+    return [Case(f"float32 {n}x{c}x{size}x{size}", impls, numpy_norm_loss(x, gamma, beta),
+                 dict(rtol=1e-3, atol=1e-3), paired=("dsl", "numpy"))]
 
 
 # ------------------------------------------------------------ fused sum

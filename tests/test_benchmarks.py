@@ -24,6 +24,7 @@ WORKLOADS = {
     "attention": lambda: workloads.attention_cases(2, 2, 5, 3),
     "conv": lambda: workloads.conv_cases(2, 3, 5, 4, 3),
     "pool": lambda: workloads.pool_cases(2, 3, 7),
+    "norm": lambda: workloads.norm_cases(2, 3, 4),
     "fused_sum": lambda: workloads.fused_sum_cases([11]),
     "sincos_pow": lambda: workloads.sincos_pow_cases([9], [np.float32, np.float64]),
     "out": lambda: workloads.out_cases([7], [np.float32, np.float64]),
@@ -98,6 +99,20 @@ def test_loop_and_hvp_references_match_finite_differences():
     fd_hvp = (workloads.numpy_log1pexp(x + h * v)[1]
               - workloads.numpy_log1pexp(x - h * v)[1]) / (2 * h)
     np.testing.assert_allclose(workloads.numpy_log1pexp_hvp(x, v), fd_hvp, rtol=1e-6)
+
+
+def test_the_batch_norm_reference_gradients_match_finite_differences():
+    rng = np.random.default_rng(7)
+    args = [rng.normal(size=(2, 3, 2, 2)), rng.normal(size=3), rng.normal(size=3)]
+    _, *grads = workloads.numpy_norm_loss(*args)
+    for k, grad in enumerate(grads):
+        fd = np.zeros_like(args[k])
+        for i in np.ndindex(fd.shape):
+            plus, minus = [a.copy() for a in args], [a.copy() for a in args]
+            plus[k][i] += 1e-6
+            minus[k][i] -= 1e-6
+            fd[i] = (workloads.numpy_norm_loss(*plus)[0] - workloads.numpy_norm_loss(*minus)[0]) / 2e-6
+        np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
 
 
 def test_numpy_references_match_independent_values():
