@@ -180,7 +180,7 @@ def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:
                               else "one of its results", f.span)
     call.failed.clear()
     try:
-        return tuple(_primitive().bind(*(traced[n] for n in names), call=call))
+        return tuple(_bind([traced[n] for n in names], call))
     except Exception:
         if call.failed:  # a call outside jit ran the callback now: its own error, not JAX's
             raise call.failed[0] from None
@@ -343,7 +343,7 @@ class Call:
             n_out = len(self.all_outs)
             lin = _call(jf, jf_bound, self.names + jf.tangent_names,
                         tuple(n_out + k for k in float_outs))
-            found = _primitive().bind(*primals, *(t for _, t in active), call=lin)
+            found = _bind([*primals, *(t for _, t in active)], lin)
         by_output = dict(zip(float_outs, found))
         return [by_output[k] if k in by_output else _zero_tangent(shape, dtype)
                 for k, (shape, dtype) in zip(self.keep, self.outs)]
@@ -382,7 +382,7 @@ class Call:
                 vf_bound[name] = np.zeros(shape, dtype)
         backward = _call(vf, vf_bound, self.names[:n_primal] + tuple(
             vf.ct_names[j] for j in sorted(given)), tuple(wanted.index(n) for n in jf.active))
-        grads = _primitive().bind(*args[:n_primal], *ct_values, call=backward)
+        grads = _bind([*args[:n_primal], *ct_values], backward)
         # a tangent's cotangent in its dtype: a param is bound in its declared
         # one (an f64 array for an f32 param computes in f32), JAX's is the array's
         return [None] * n_primal + [jax.lax.convert_element_type(g, t.aval.dtype)
@@ -583,7 +583,18 @@ def _primitive():
         return [jax.device_put(r) for r in call.run(*arrays)]
 
     def abstract(*avals, call: Call):
-        return [jax.core.ShapedArray(shape, dtype) for shape, dtype in call.outs]
+        axes = frozenset().union(*map(_manual_axes, avals))
+        if not axes:
+            return [jax.core.ShapedArray(shape, dtype) for shape, dtype in call.outs]
+        # inside shard_map, the results vary over every manual axis an input
+        # varies over (`_bind` made every input vary over all of them), as a
+        # result of JAX's own operations does: typed as replicated, a local
+        # value was taken for every device's (out_specs=P()), and a
+        # replicated weight's cotangent was not summed over the devices
+        like = next(a for a in avals if _manual_axes(a) == axes)
+        replicated = jax.sharding.NamedSharding(like.sharding.mesh, jax.sharding.PartitionSpec())
+        return [like.update(shape=shape, dtype=dtype, weak_type=False, sharding=replicated)
+                for shape, dtype in call.outs]
 
     def lowered(*values, call: Call):
         shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in call.outs]
@@ -605,7 +616,7 @@ def _primitive():
             shapes)(*values)
 
     def jvp(primals, tangents, *, call: Call):
-        return p.bind(*primals, call=call), call.tangents(primals, tangents)
+        return _bind(primals, call), call.tangents(primals, tangents)
 
     def transpose(cts, *args, call: Call):
         return call.transpose(cts, args)
@@ -616,12 +627,12 @@ def _primitive():
 
         def one(slices):
             each = iter(slices)
-            return p.bind(*(next(each) if m else a for a, m in zip(moved, mapped)), call=call)
+            return _bind([next(each) if m else a for a, m in zip(moved, mapped)], call)
 
         size = next(a.shape[0] for a, m in zip(moved, mapped) if m)
         stacked = call.stacked(mapped, size)
         if stacked is not None:
-            outs = p.bind(*moved, call=stacked)
+            outs = _bind(moved, stacked)
         elif size and not any(isinstance(a, jax.core.Tracer) for a in moved):
             # eager: the loop in Python (lax.map would compile a new loop each time)
             per_example = [one([a[i] for a, m in zip(moved, mapped) if m]) for i in range(size)]
@@ -644,6 +655,45 @@ def _primitive():
     ad.primitive_transposes[p] = transpose
     batching.primitive_batchers[p] = batched
     return p
+
+
+def _bind(values: Sequence[Any], call: Call) -> list:
+    """`_primitive()` bound to `values` for `call`, where inside shard_map
+    (with check_vma, JAX's default) each value first varies over every
+    manual mesh axis any of them varies over, as JAX's own operations make
+    their operands (`jax.lax.pcast` to varying, whose transpose sums a
+    replicated weight's cotangent over the devices; `pvary` before JAX
+    0.10).  Outside shard_map, and in a JAX without such types, the values
+    as they are."""
+    import jax
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:
+        return _primitive().bind(*values, call=call)
+    axes_of = [_manual_axes(typeof(v)) for v in values]
+    axes = frozenset().union(*axes_of)
+    if axes:
+        values = [_varying(v, tuple(axes - own)) if axes - own else v
+                  for v, own in zip(values, axes_of)]
+    return _primitive().bind(*values, call=call)
+
+
+def _manual_axes(aval: Any) -> frozenset:
+    """The manual mesh axes (of shard_map) over which a value of type
+    `aval` varies: JAX 0.10's `mat.varying`, or its `vma` before; empty
+    for other values and JAX versions."""
+    mat = getattr(aval, "mat", None)
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def _varying(value: Any, axes: tuple) -> Any:
+    """`value`, replicated over the manual mesh `axes`, as varying over them."""
+    import jax
+    pcast = getattr(jax.lax, "pcast", None)
+    if pcast is not None:
+        return pcast(value, axes, to="varying")
+    return jax.lax.pvary(value, axes)
 
 
 def _by_value_error(f: Compiled, name: str):

@@ -1051,3 +1051,37 @@ def test_half_precision_runs_in_float32_and_its_gradient_comes_back_in_its_dtype
     with pytest.raises(dsl.ArgumentError, match="argument 'x' of h.. has unsupported dtype "
                                                 "bfloat16"):
         dsl.to_jax(h)(x)
+
+
+def _varying_axes(aval) -> frozenset:
+    """The manual axes JAX's type of a value says it varies over (JAX 0.10's
+    `mat.varying`, `vma` before)."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def test_inside_shard_map_results_vary_and_a_replicated_weights_cotangent_is_summed(x64):
+    # data-parallel training: x sharded over the mesh axis, w replicated.  The
+    # call's results were typed replicated (out_specs=P() then took device 0's
+    # local loss for every device's), and w's cotangent was not summed over
+    # the devices (jax.grad gave the local gradient where JAX's own ops give
+    # the full batch's), and x's was typed replicated: JAX's internal
+    # "Expected cotangent type float64[4,2]{V:d} but got float64[4,2]"
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        pytest.skip("jax.shard_map is JAX 0.7's")
+    from jax.sharding import Mesh, PartitionSpec as P
+    f = dsl.to_jax(dsl.loads("def loss(x, w):\n    return sum((x @ w) ** 2)\n").loss)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))  # (the test process has one CPU device)
+    x, w = np.arange(8.0).reshape(4, 2), np.array([1.0, -1.0])
+    types = []
+
+    def body(x, w):
+        types.append(jax.typeof(f(x, w)))
+        return jax.grad(f, argnums=(0, 1))(x, w)
+
+    gx, gw = jax.jit(shard_map(body, mesh=mesh, in_specs=(P("d", None), P()),
+                               out_specs=(P("d", None), P())))(x, w)
+    assert _varying_axes(types[0]) == {"d"}
+    np.testing.assert_allclose(gx, 2 * np.outer(x @ w, w), rtol=1e-15)
+    np.testing.assert_allclose(gw, 2 * x.T @ (x @ w), rtol=1e-15)
