@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import Bridged, bind_foreign
+from dsl.bridge import Bridged, as_varying, bind_foreign, vary_together
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -138,16 +138,21 @@ class AotJax(AotBridged):
             results, _ = self._run(arrays(values))
             return tuple(np.asarray(o, s.dtype) for o, s in zip(results, shapes))
 
+        # inside shard_map every input varies over the manual axes any does, and
+        # so do the results and cotangents (a callback's are typed replicated)
+        values, axes = vary_together(inputs.values())
+
         @jax.custom_jvp
         def call(*values):
-            return jax.pure_callback(run, shapes, *values, vmap_method="sequential")
+            return [as_varying(r, tuple(axes)) for r in jax.pure_callback(
+                run, shapes, *values, vmap_method="sequential")]
 
         @call.defjvp
         def _(primals, tangents):  # (the gradient's, or forward mode over reverse)
             raise needs_ir(f"a second derivative (or forward mode) of {self.__name__}", f)
 
         if isinstance(self.f, AotGradient) or not names:
-            return arranged(layout, list(call(*inputs.values())))
+            return arranged(layout, list(call(*values)))
         differentiable = set(f.differentiable_names(bound))
         wrt = [n for n in f.wrt.get(sig, ()) if n in names]  # (the pullback's results)
         grad_shapes = tuple(jax.ShapeDtypeStruct(bound[n].shape, jax.dtypes.canonicalize_dtype(
@@ -162,7 +167,8 @@ class AotJax(AotBridged):
 
         @jax.custom_jvp
         def backward(*values):
-            return jax.pure_callback(pullback, grad_shapes, *values, vmap_method="sequential")
+            return [as_varying(g, tuple(axes)) for g in jax.pure_callback(
+                pullback, grad_shapes, *values, vmap_method="sequential")]
 
         @backward.defjvp
         def _(primals, tangents):
@@ -182,4 +188,4 @@ class AotJax(AotBridged):
             return tuple(grads.get(n) if n in differentiable else None for n in names)
 
         operation.defvjp(forward, backward_rule)
-        return arranged(layout, list(operation(*inputs.values())))
+        return arranged(layout, list(operation(*values)))

@@ -18,6 +18,8 @@ array, and says which bound names came from the library's arrays (a
 list or tuple holding one of them is an `ArgumentError`: NumPy would read
 it as a constant, or fail on a traced one).  `widened_halves` casts a
 library's half-precision arrays to float32 where f takes float32.
+`vary_together(values)` makes JAX values inside `shard_map` vary over the
+same manual mesh axes, and says which (`manual_axes` of a value's type).
 """
 from __future__ import annotations
 
@@ -167,3 +169,44 @@ def _holds_library_array(sequence: Any, convert: Callable, where: str) -> bool:
                 and value is not None and convert(value, where)[1] is not None:
             return True
     return False
+
+
+def vary_together(values) -> tuple[list, frozenset]:
+    """JAX `values` each made to vary over every manual mesh axis (of
+    shard_map, with check_vma: JAX's default) that any of them varies
+    over, and those axes: as JAX's own operations make their operands
+    (`jax.lax.pcast` to varying, `pvary` before JAX 0.10, whose transpose
+    sums a replicated weight's cotangent over the devices).  Outside
+    shard_map, and in a JAX without such types, the values as they are
+    and no axes."""
+    import jax
+    values = list(values)
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:
+        return values, frozenset()
+    own = [manual_axes(typeof(v)) for v in values]
+    axes = frozenset().union(*own)
+    return [as_varying(v, tuple(axes - o)) if axes - o else v
+            for v, o in zip(values, own)], axes
+
+
+def manual_axes(aval: Any) -> frozenset:
+    """The manual mesh axes (of shard_map) over which a value of JAX type
+    `aval` varies: JAX 0.10's `mat.varying`, its `vma` before; none for
+    other values and versions."""
+    mat = getattr(aval, "mat", None)
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def as_varying(value: Any, axes: tuple) -> Any:
+    """JAX `value` typed as varying over the manual mesh `axes` too (no
+    work: a cast of its type)."""
+    import jax
+    if not axes:
+        return value
+    pcast = getattr(jax.lax, "pcast", None)
+    if pcast is not None:
+        return pcast(value, axes, to="varying")
+    return jax.lax.pvary(value, axes)

@@ -62,7 +62,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotJax
-from dsl.bridge import Bridged, bind_foreign, bridged, widened_halves
+from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, vary_together,
+                         widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -583,7 +584,7 @@ def _primitive():
         return [jax.device_put(r) for r in call.run(*arrays)]
 
     def abstract(*avals, call: Call):
-        axes = frozenset().union(*map(_manual_axes, avals))
+        axes = frozenset().union(*map(manual_axes, avals))
         if not axes:
             return [jax.core.ShapedArray(shape, dtype) for shape, dtype in call.outs]
         # inside shard_map, the results vary over every manual axis an input
@@ -591,7 +592,7 @@ def _primitive():
         # result of JAX's own operations does: typed as replicated, a local
         # value was taken for every device's (out_specs=P()), and a
         # replicated weight's cotangent was not summed over the devices
-        like = next(a for a in avals if _manual_axes(a) == axes)
+        like = next(a for a in avals if manual_axes(a) == axes)
         replicated = jax.sharding.NamedSharding(like.sharding.mesh, jax.sharding.PartitionSpec())
         return [like.update(shape=shape, dtype=dtype, weak_type=False, sharding=replicated)
                 for shape, dtype in call.outs]
@@ -658,42 +659,10 @@ def _primitive():
 
 
 def _bind(values: Sequence[Any], call: Call) -> list:
-    """`_primitive()` bound to `values` for `call`, where inside shard_map
-    (with check_vma, JAX's default) each value first varies over every
-    manual mesh axis any of them varies over, as JAX's own operations make
-    their operands (`jax.lax.pcast` to varying, whose transpose sums a
-    replicated weight's cotangent over the devices; `pvary` before JAX
-    0.10).  Outside shard_map, and in a JAX without such types, the values
-    as they are."""
-    import jax
-    typeof = getattr(jax, "typeof", None)
-    if typeof is None:
-        return _primitive().bind(*values, call=call)
-    axes_of = [_manual_axes(typeof(v)) for v in values]
-    axes = frozenset().union(*axes_of)
-    if axes:
-        values = [_varying(v, tuple(axes - own)) if axes - own else v
-                  for v, own in zip(values, axes_of)]
-    return _primitive().bind(*values, call=call)
-
-
-def _manual_axes(aval: Any) -> frozenset:
-    """The manual mesh axes (of shard_map) over which a value of type
-    `aval` varies: JAX 0.10's `mat.varying`, or its `vma` before; empty
-    for other values and JAX versions."""
-    mat = getattr(aval, "mat", None)
-    if mat is not None:
-        return frozenset(getattr(mat, "varying", ()))
-    return frozenset(getattr(aval, "vma", ()) or ())
-
-
-def _varying(value: Any, axes: tuple) -> Any:
-    """`value`, replicated over the manual mesh `axes`, as varying over them."""
-    import jax
-    pcast = getattr(jax.lax, "pcast", None)
-    if pcast is not None:
-        return pcast(value, axes, to="varying")
-    return jax.lax.pvary(value, axes)
+    """`_primitive()` bound to `values` for `call`, each made to vary over
+    every manual mesh axis (of shard_map) any of them varies over
+    (`vary_together`), as JAX's own operations make their operands."""
+    return _primitive().bind(*vary_together(values)[0], call=call)
 
 
 def _by_value_error(f: Compiled, name: str):

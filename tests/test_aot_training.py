@@ -160,6 +160,31 @@ def test_to_jax_of_a_compiled_function_under_jit(aot, loaded):
         jax.config.update("jax_enable_x64", previous)
 
 
+def test_to_jax_of_a_compiled_function_inside_shard_map(aot, loaded):
+    # data-parallel: x and t sharded over the mesh axis, w replicated.  The
+    # callbacks' results were typed replicated, so jax.grad was JAX's
+    # "Custom VJP bwd rule must produce an output with the same type" error
+    # (and its value, for out_specs=P(), device 0's loss for every device's)
+    jax = optional_module("jax", "jax")
+    if not hasattr(jax, "shard_map"):
+        pytest.skip("jax.shard_map is JAX 0.7's")
+    from jax.sharding import Mesh, PartitionSpec as P
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        mesh = Mesh(np.array(jax.devices()[:1]), ("d",))  # (the test process has one CPU device)
+        f = dsl.to_jax(aot.loss)
+        step = jax.jit(jax.shard_map(lambda w, x, t: jax.grad(f, argnums=(0, 1))(w, x, t),
+                                     mesh=mesh, in_specs=(P(), P("d"), P("d")),
+                                     out_specs=(P(), P("d"))))
+        gw, gx = step(W, X, T)
+        expected = dsl.grad(loaded.loss, wrt=(0, 1))(W, X, T)
+        np.testing.assert_allclose(gw, expected[0], rtol=1e-14)
+        np.testing.assert_allclose(gx, expected[1], rtol=1e-14)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
 def test_to_jax_of_a_compiled_function_refuses_a_masked_array(aot):
     """JAX's own ValueError reached the caller (the bridge made the NumPy
     array a JAX array before binding refused it)."""
