@@ -26,7 +26,10 @@ constants' values (`Call`), so that JAX's caches hold; an eager call
 runs the kernels directly, with nothing for XLA to compile.
 
 It works under `jit` (the shapes of the results come from f's IR at trace
-time), the autodiff transforms and `vmap`.  Under `vmap` a `.grad`
+time), the autodiff transforms and `vmap`, and inside `shard_map`, where
+a call's results vary over the manual mesh axes its inputs vary over, as
+JAX's own operations' do (`dsl.bridge.vary_together`: a replicated
+weight's cotangent is summed over the devices).  Under `vmap` a `.grad`
 function, written for one example, runs for every example at once in the
 program `dsl.vmap` runs (`Call.stacked`: its reductions stay per example;
 f's backward pass too, so `vmap` of `grad` is one program, and so are
