@@ -177,6 +177,7 @@ def default_sig(f: GradFn) -> tuple[str, str]:
                 args.append(dtype + dims)
             candidates.append(f"{f.name}({', '.join(args)})")
     errors: list[str] = []  # why each candidate did not lower
+    first: Optional[GradError] = None
     for index, sig in enumerate(candidates):
         name, args = parse_sig(sig)
         try:
@@ -185,6 +186,16 @@ def default_sig(f: GradFn) -> tuple[str, str]:
             return sig, errors[index - 3] if fixed else ""
         except (GradError, NeedsConcrete, NeedsValue) as err:
             errors.append(_why_not(f, err))
+            if first is None and isinstance(err, GradError):
+                first = err
+    if first is not None:
+        # (the error alone blamed an f64 index, say, on arguments the user never
+        # gave: gradc chose them)
+        first.add_note(f"no --sig, and {f.name}() compiles for none of the signatures gradc "
+                       f"gives a function by default (f64 arrays for its unannotated "
+                       f"parameters, as {candidates[0]}): give the signature it is called "
+                       "with in --sig")
+        raise first
     return candidates[0], ""  # lowering it again reports the error
 
 

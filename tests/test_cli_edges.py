@@ -373,6 +373,22 @@ def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
         np.testing.assert_array_equal(scaled.scaled(x), x * (1.0 / n))
 
 
+def test_compile_without_sig_says_the_error_is_of_its_default_signature(tmp_path, capsys):
+    # an embedding's ids are unannotated: every default signature makes them
+    # f64, and gradc said only "an index must be an integer array (i32 or
+    # i64), not f64" at table[ids], of arguments the user never gave
+    (tmp_path / "emb.grad").write_text("def embed(table, ids: const):\n"
+                                       "    return sum(table[ids] ** 2)\n")
+    code, out, err = run(["compile", str(tmp_path / "emb.grad"), "-o", str(tmp_path)], capsys)
+    assert code == 1 and out == ""
+    assert err.splitlines() == [
+        f"{tmp_path / 'emb.grad'}:2:22: error: an index must be an integer array (i32 or i64), "
+        "not f64", "        return sum(table[ids] ** 2)", "                         ^^^",
+        "note: no --sig, and embed() compiles for none of the signatures gradc gives a function "
+        "by default (f64 arrays for its unannotated parameters, as embed(f64[n], f64[n])): give "
+        "the signature it is called with in --sig"]
+
+
 def test_a_scalar_prints_to_the_digits_an_array_does(tmp_path, capsys):
     # a scalar result printed all 17 digits, the gradient array beside it 8
     (tmp_path / "third.grad").write_text("def s(x):\n    return sum(x * x) / 3.0\n")
