@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import Bridged, as_varying, bind_foreign, vary_together
+from dsl.bridge import (Bridged, as_varying, bind_foreign, vary_together,
+                         weak_floats_as_numbers)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -120,6 +121,8 @@ class AotJax(AotBridged):
                                     "float32 and float64 (and int32, int64, bool constants)")
             return placeholder(tuple(value.shape), dtype), value
 
+        if jax.config.jax_enable_x64:  # (a Python float under jit: an f64 tracer)
+            args, kwargs = weak_floats_as_numbers(f, args, kwargs)
         bound, inputs = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         names = tuple(inputs)
         kind, sig = self.kind, f._signature(bound)

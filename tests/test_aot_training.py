@@ -35,9 +35,13 @@ def scaled(x, s=3.0):
 
 def unused(x):
     return x
+
+def weighted(x, s):
+    return x * s
 """
 SIGNATURES = ["loss(f64[n], f64[n], f64[n])", "loss(f64[n], f64[n], f64[n], f64)",
-              "lse(f64[:, :])", "total(f64[:], None)", "scaled(f64[:], f64)"]
+              "lse(f64[:, :])", "total(f64[:], None)", "scaled(f64[:], f64)",
+              "weighted(f32[:], f32)"]
 
 W = np.array([0.3, -0.7, 1.1])
 X = np.array([1.0, 2.0, -0.5])
@@ -181,6 +185,22 @@ def test_to_jax_of_a_compiled_function_inside_shard_map(aot, loaded):
         expected = dsl.grad(loaded.loss, wrt=(0, 1))(W, X, T)
         np.testing.assert_allclose(gw, expected[0], rtol=1e-14)
         np.testing.assert_allclose(gx, expected[1], rtol=1e-14)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def test_to_jax_of_a_compiled_function_takes_a_python_float_under_jit(aot):
+    # with jax_enable_x64, jit makes 3.0 a weakly typed f64 tracer, which
+    # was bound as an f64 array: "weighted() was compiled for weighted(f32[:],
+    # f32); this call is weighted(f32[3], f64)", where the eager call ran
+    jax = optional_module("jax", "jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        f, x = dsl.to_jax(aot.weighted), jax.numpy.asarray([0.5, -2.0], jax.numpy.float32)
+        for y in (f(x, 3.0), jax.jit(f)(x, 3.0)):
+            assert y.dtype == np.float32
+            np.testing.assert_array_equal(y, np.float32([1.5, -6.0]))
     finally:
         jax.config.update("jax_enable_x64", previous)
 
