@@ -597,7 +597,10 @@ def _primitive():
         # result of JAX's own operations does: typed as replicated, a local
         # value was taken for every device's (out_specs=P()), and a
         # replicated weight's cotangent was not summed over the devices
-        like = next(a for a in avals if manual_axes(a) == axes)
+        like = next((a for a in avals if manual_axes(a) == axes), None)
+        if like is None:  # (bound other than by `_bind`: as JAX's standard_vma_rule says)
+            raise ValueError(f"gradlang_call requires varying manual axes to match, but got "
+                             f"{[sorted(manual_axes(a)) for a in avals]}")
         replicated = jax.sharding.NamedSharding(like.sharding.mesh, jax.sharding.PartitionSpec())
         return [like.update(shape=shape, dtype=dtype, weak_type=False, sharding=replicated)
                 for shape, dtype in call.outs]
