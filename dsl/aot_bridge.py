@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from dsl.bridge import (Bridged, as_varying, bind_foreign, vary_together,
-                         weak_floats_as_numbers)
+                         weak_numbers_as_python)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -122,7 +122,7 @@ class AotJax(AotBridged):
             return placeholder(tuple(value.shape), dtype), value
 
         if jax.config.jax_enable_x64:  # (a Python float under jit: an f64 tracer)
-            args, kwargs = weak_floats_as_numbers(f, args, kwargs)
+            args, kwargs = weak_numbers_as_python(f, args, kwargs)
         bound, inputs = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         names = tuple(inputs)
         kind, sig = self.kind, f._signature(bound)

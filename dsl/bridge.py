@@ -20,8 +20,8 @@ it as a constant, or fail on a traced one).  `widened_halves` casts a
 library's half-precision arrays to float32 where f takes float32.
 `vary_together(values)` makes JAX values inside `shard_map` vary over the
 same manual mesh axes, and says which (`manual_axes` of a value's type);
-`weak_floats_as_numbers` casts weakly typed float JAX arrays (a Python
-float under `jit`) to the dtype a Python number would take.
+`weak_numbers_as_python` casts weakly typed JAX numbers (a Python float
+under `jit`) to the dtype binding gives a Python number.
 """
 from __future__ import annotations
 
@@ -214,41 +214,43 @@ def as_varying(value: Any, axes: tuple) -> Any:
     return jax.lax.pvary(value, axes)
 
 
-def weak_floats_as_numbers(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def weak_numbers_as_python(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The arguments, where JAX runs with jax_enable_x64, with each weakly
-    typed float JAX array (a Python float that `jit` made a tracer, a
-    `jnp.asarray(0.5)`) cast to the dtype a Python number takes there (as
-    binding takes one, `runtime.args.bind`): a parameter's annotated float
-    dtype, else f32 where the call's other float arrays are all f32, as
-    JAX's own operations take it.  (It was an f64 array: `jax.jit(f)(x,
-    0.5)` of an f32 x computed in f64 where the eager call computed in
-    f32, and a parameter annotated f32 refused it.)  The cast is a JAX
-    operation, so the number's gradient comes back through it."""
+    typed JAX number (a Python float or int that `jit` made a tracer, a
+    `jnp.asarray(0.5)`) cast to the dtype binding gives that Python number
+    (`runtime.args.bind`): a parameter's annotated float dtype, else, for a
+    float (to any float parameter but a module param) or an int (to a
+    differentiable one), f32 where the call's other float arrays are all
+    f32, as JAX's own operations take it, and f64 for such an int
+    elsewhere.  (It was an f64 or i64 array: `jax.jit(f)(x, 0.5)` of an f32
+    x computed in f64 where the eager call computed in f32, and a
+    parameter annotated f32 refused it.)  The cast is a JAX operation, so
+    the number's gradient comes back through it."""
     import jax
-    import jax.numpy as jnp
-    specs = {s.name: s for s in (*f.param_specs, *f.specs)}
+    specs = {s.name: s for s in f.specs}
     names = [s.name for s in f.specs]
     given = [(names[i] if i < len(names) else None, a) for i, a in enumerate(args)]
-    given += list(kwargs.items())
+    given += [(k, v) for k, v in kwargs.items() if k in specs]
 
     def weak(value: Any) -> bool:
-        return isinstance(value, jax.Array) and value.dtype.kind == "f" and \
+        return isinstance(value, jax.Array) and value.dtype.kind in "fi" and \
             bool(getattr(jax.typeof(value) if hasattr(jax, "typeof") else value.aval,
                          "weak_type", False))
 
     if not any(weak(v) for _, v in given):
         return args, kwargs
-    floats = {np.dtype(v.dtype) for n, v in given if n not in {s.name for s in f.param_specs}
-              and isinstance(v, (np.ndarray, jax.Array)) and np.dtype(v.dtype).kind == "f"
-              and not weak(v)}
-    number = np.float32 if floats == {np.dtype(np.float32)} else None
+    floats = {np.dtype(v.dtype) for _, v in given if isinstance(v, (np.ndarray, jax.Array))
+              and np.dtype(v.dtype).kind == "f" and not weak(v)}
+    number = np.float32 if floats == {np.dtype(np.float32)} else np.float64
 
     def taken(name: Optional[str], value: Any) -> Any:
         spec = specs.get(name)
         if spec is None or not weak(value):
             return value
-        dtype = {"f32": np.float32, "f64": np.float64}.get(spec.dtype) or (
-            number if spec.dtype in (None, "float") else None)
+        dtype = {"f32": np.float32, "f64": np.float64}.get(spec.dtype)
+        if dtype is None and spec.dtype in (None, "float") and (
+                value.dtype.kind == "f" or spec.differentiable):
+            dtype = number
         return value if dtype is None or value.dtype == dtype else value.astype(dtype)
-    return (tuple(taken(names[i] if i < len(names) else None, a) for i, a in enumerate(args)),
+    return (tuple(taken(n, a) for n, a in given[:len(args)]),
             {k: taken(k, v) for k, v in kwargs.items()})

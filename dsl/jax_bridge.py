@@ -70,7 +70,7 @@ import numpy as np
 
 from dsl.aot_bridge import AotJax
 from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, vary_together,
-                         weak_floats_as_numbers, widened_halves)
+                         weak_numbers_as_python, widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -122,7 +122,7 @@ class JaxFunction(Bridged):
             _refuse_64_bit_annotations(f, args, kwargs)
             args, kwargs = _narrowed_scalars(f, args, kwargs)
         else:
-            args, kwargs = weak_floats_as_numbers(f, args, kwargs)
+            args, kwargs = weak_numbers_as_python(f, args, kwargs)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
 

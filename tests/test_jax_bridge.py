@@ -1087,7 +1087,7 @@ def test_inside_shard_map_results_vary_and_a_replicated_weights_cotangent_is_sum
     np.testing.assert_allclose(gw, 2 * x.T @ (x @ w), rtol=1e-15)
 
 
-def test_a_weakly_typed_float_is_taken_as_a_python_number_under_jit(x64):
+def test_a_weakly_typed_number_is_taken_as_a_python_number_under_jit(x64):
     # with jax_enable_x64, jit makes a Python float a weakly typed f64
     # tracer: it was taken as an f64 array, so jit(f)(x, 0.5) of an f32 x
     # computed in f64 (the eager call, and JAX's own ops, in f32), and a
@@ -1105,3 +1105,8 @@ def test_a_weakly_typed_float_is_taken_as_a_python_number_under_jit(x64):
                                    rtol=1e-6)
         ds = jax.jit(jax.grad(f, argnums=1))(x, 0.5)
         np.testing.assert_allclose(float(ds), np.sum(np.tanh(np.asarray(x, np.float64))), rtol=1e-6)
+    # a Python int for a float parameter too (s / 3 of an i64 s is f64)
+    third = dsl.to_jax(dsl.loads("def third(x, s):\n    return sum(x * (s / 3))\n").third)
+    eager, jitted = third(x, 2), jax.jit(third)(x, 2)
+    assert eager.dtype == jitted.dtype == jnp.float32 and float(eager) == float(jitted)
+    np.testing.assert_allclose(float(jitted), 1.75 * 2 / 3, rtol=1e-6)
