@@ -1087,26 +1087,27 @@ def test_inside_shard_map_results_vary_and_a_replicated_weights_cotangent_is_sum
     np.testing.assert_allclose(gw, 2 * x.T @ (x @ w), rtol=1e-15)
 
 
-def test_a_weakly_typed_number_is_taken_as_a_python_number_under_jit(x64):
-    # with jax_enable_x64, jit makes a Python float a weakly typed f64
-    # tracer: it was taken as an f64 array, so jit(f)(x, 0.5) of an f32 x
-    # computed in f64 (the eager call, and JAX's own ops, in f32), and a
-    # parameter annotated f32 refused it ("has dtype f64, but its annotation
-    # says f32") where the eager call took 0.5
+def test_a_weakly_typed_number_is_taken_as_a_python_number(x64):
+    # with jax_enable_x64, jit makes a Python float a weakly typed f64 tracer
+    # (a weak value as jnp.asarray(0.5) is, used here: jit's first call
+    # compiles an FFI handler, 0.5 s cold): it was taken as an f64 array, so
+    # jit(f)(x, 0.5) of an f32 x computed in f64 (the eager call, and JAX's
+    # own ops, in f32), and a parameter annotated f32 refused it ("has dtype
+    # f64, but its annotation says f32") where the eager call took 0.5
     m = dsl.loads("def scaled(x, s):\n    return sum(tanh(x) * s)\n\n"
                   "def ann(x, s: f32):\n    return sum(tanh(x) * s)\n")
     x = jnp.asarray([0.25, -1.5, 3.0], jnp.float32)
+    weak = jnp.asarray(0.5)
+    assert weak.weak_type and weak.dtype == jnp.float64
     for f in (dsl.to_jax(m.scaled), dsl.to_jax(m.ann)):
-        eager = f(x, 0.5)
-        for value in (jax.jit(f)(x, 0.5), f(x, jnp.asarray(0.5))):
-            assert value.dtype == jnp.float32 and eager.dtype == jnp.float32
-            assert float(value) == float(eager)
-        np.testing.assert_allclose(float(eager), np.sum(np.tanh(np.asarray(x)) * np.float32(0.5)),
+        value, python = f(x, weak), f(x, 0.5)
+        assert value.dtype == python.dtype == jnp.float32 and float(value) == float(python)
+        np.testing.assert_allclose(float(value), np.sum(np.tanh(np.asarray(x)) * np.float32(0.5)),
                                    rtol=1e-6)
-        ds = jax.jit(jax.grad(f, argnums=1))(x, 0.5)
-        np.testing.assert_allclose(float(ds), np.sum(np.tanh(np.asarray(x, np.float64))), rtol=1e-6)
+    ds = jax.grad(f, argnums=1)(x, weak)  # (ann's: one gradient program is enough)
+    np.testing.assert_allclose(float(ds), np.sum(np.tanh(np.asarray(x, np.float64))), rtol=1e-6)
     # a Python int for a float parameter too (s / 3 of an i64 s is f64)
     third = dsl.to_jax(dsl.loads("def third(x, s):\n    return sum(x * (s / 3))\n").third)
-    eager, jitted = third(x, 2), jax.jit(third)(x, 2)
-    assert eager.dtype == jitted.dtype == jnp.float32 and float(eager) == float(jitted)
-    np.testing.assert_allclose(float(jitted), 1.75 * 2 / 3, rtol=1e-6)
+    value, python = third(x, jnp.asarray(2)), third(x, 2)
+    assert value.dtype == python.dtype == jnp.float32 and float(value) == float(python)
+    np.testing.assert_allclose(float(value), 1.75 * 2 / 3, rtol=1e-6)
