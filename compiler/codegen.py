@@ -44,7 +44,8 @@ from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, access_kind, middle_split, prod, range_split
+from gradlang.compiler.shapes import (Dim, Sym, access_kind, broadcasts_to, kept_runs,
+                                      middle_split, prod, range_split)
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -94,10 +95,19 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     if kind == "range":  # (S, P): see shapes.range_split
         a, b = range_split(shape, loop)
         return (prod(loop[b:]), prod(loop[a:b]))
-    if kind == "general":
+    if kind == "general" and _runs(shape, loop):  # (S, P, T) per run: see shapes.kept_runs
+        return tuple(x for a, b in _runs(shape, loop)
+                     for x in (prod(loop[b:]), prod(loop[a:b]), prod(padded[b:])))
+    if kind == "general":  # (a row's value, read by a row loop per row: see rows.py)
         strides = [0 if d == 1 else s for d, s in zip(padded, c_strides(padded))]
         return stride_table(loop, strides)
     return None
+
+
+def _runs(shape: tuple, loop: tuple) -> list[tuple[int, int]]:
+    """`shapes.kept_runs` of an input broadcast to the loop (none for a
+    row loop's value per row, of the rows' shape: not broadcast)."""
+    return kept_runs(shape, loop) if broadcasts_to(shape, loop) else []
 
 
 # ------------------------------------------------------------------ kernels
@@ -132,7 +142,9 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     # i = i0 + j, each access could wrap around, and it gathered them.
     access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
     periods = [f"q{k}" if kind in ("outer", "range") else f"m{k}"
-               for k, kind in enumerate(access) if kind in ("suffix", "outer", "middle", "range")]
+               for k, (kind, v) in enumerate(zip(access, loop.inputs))
+               if kind in ("suffix", "outer", "middle", "range")
+               or kind == "general" and _runs(v.type.shape, loop.shape)]
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
     rowwise = bool(periods) or bool(loop.reductions)
@@ -361,6 +373,13 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
             pre += [f"m{k} = g{k}[0]", f"p{k} = g{k}[1]"]
         if kind == "range":  # (S, P): see shapes.range_split
             pre += [f"q{k} = g{k}[0]", f"r{k} = g{k}[1]"]
+        runs = _runs(v.type.shape, shape) if kind == "general" else []
+        if runs:
+            last = 3 * (len(runs) - 1)
+            # its period: the last run's length where it ends the loop's
+            # axes (read on along a row), else the elements after it (held)
+            contiguous = runs[-1][1] == len(shape)
+            pre.append(f"m{k} = g{k}[{last + 1 if contiguous else last}]")
         if kind == "scalar":
             pre.append(f"a{k} = {arg}[0]")
             names[v] = f"a{k}"
@@ -389,6 +408,19 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
                 body.append(f"a{k} = x{k}[j]")
             else:
                 body.append(f"a{n} = {arg}[({i} // p{k}) * m{k} + {i} % m{k}]")
+        elif runs:  # general: g holds (S, P, T) per run the input has (shapes.kept_runs)
+            contiguous = runs[-1][1] == len(shape)
+
+            def offset(at: str) -> str:
+                return " + ".join(f"(({at} // g{k}[{3 * r}]) % g{k}[{3 * r + 1}]) * g{k}[{3 * r + 2}]"
+                                  for r in range(len(runs)))
+            if rows and contiguous:  # a row (within the last run) reads on
+                row.append(f"x{k} = {arg}[{offset('i0')}:]")
+                body.append(f"a{k} = x{k}[j]")
+            elif rows:  # a row (within the elements after the last run) holds one value
+                row.append(f"a{n} = {arg}[{offset('i0')}]")
+            else:
+                body.append(f"a{n} = {arg}[{offset(i)}]")
         else:
             # g: (out stride, out size, in stride) per axis, flattened
             body.append(f"j{n} = 0")
@@ -548,7 +580,8 @@ def kernel_signature(loop: "Loop | RowLoop") -> str:
         elif kind in ("middle", "range"):
             args.append("UniTuple(int64, 2)")
         elif kind == "general":
-            args.append(f"UniTuple(int64, {3 * len(loop.shape)})")
+            runs = _runs(v.type.shape, loop.shape)
+            args.append(f"UniTuple(int64, {3 * (len(runs) or len(loop.shape))})")
     return ", ".join(args)
 
 

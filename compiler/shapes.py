@@ -173,3 +173,22 @@ def range_split(shape: tuple, loop: tuple) -> "tuple[int, int] | None":
     if a == 0 or b == len(loop) or padded[a:b] != tuple(loop[a:b]):
         return None
     return a, b
+
+
+def kept_runs(shape: tuple, loop: tuple) -> list[tuple[int, int]]:
+    """The runs [a, b) of the loop's axes that an input of `shape` (which
+    broadcasts to `loop`) has, the longest runs of axes it has as the
+    loop does, in order: an input broadcast elsewhere (size 1 where the
+    loop is not) reads element sum over runs of ((i // S) % P) T at the
+    loop's element i, S the product of the loop's axes after the run, P
+    the run's, T the input's after the run."""
+    padded = (1,) * (len(loop) - len(shape)) + tuple(shape)
+    runs: list[tuple[int, int]] = []
+    for k, (d, n) in enumerate(zip(padded, loop)):
+        if d != n:
+            continue
+        if runs and runs[-1][1] == k:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    return runs

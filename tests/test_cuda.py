@@ -125,11 +125,13 @@ def test_broadcasts_along_middle_axes_on_cuda():
     out, total = m.f(x, y, z)
     np.testing.assert_array_equal(out, x * y + z)
     np.testing.assert_allclose(total, np.sum(x * y), rtol=1e-13)
-    # and along both sides of its axes (a channel's bias: a "range" access)
-    y, z = rng.normal(size=(3, 1, 1)), rng.normal(size=(1, 1, 4, 1))
-    out, total = m.f(x, y, z)
-    np.testing.assert_array_equal(out, x * y + z)
-    np.testing.assert_allclose(total, np.sum(x * y), rtol=1e-13)
+    # along both sides of its axes (a channel's bias: a "range" access), and
+    # with separate runs of them (a "general" one, read on or held)
+    for y, z in ((rng.normal(size=(3, 1, 1)), rng.normal(size=(1, 1, 4, 1))),
+                 (rng.normal(size=(1, 3, 1, 5)), rng.normal(size=(2, 1, 4, 1)))):
+        out, total = m.f(x, y, z)
+        np.testing.assert_array_equal(out, x * y + z)
+        np.testing.assert_allclose(total, np.sum(x * y), rtol=1e-13)
 
 
 def test_a_column_reduction_spreads_over_the_grid(monkeypatch):

@@ -119,6 +119,27 @@ def test_a_broadcast_along_a_middle_axis_reads_in_runs():
     np.testing.assert_allclose(looped.f(x, y, z), expected, rtol=1e-14)
 
 
+def test_a_broadcast_with_separate_runs_reads_per_run_not_per_axis():
+    # (B, 1, T, 1) over (B, H, T, D): the stride table's division per axis
+    # per element took 19x NumPy's time at 16 x 8 x 128 x 64; each run of
+    # the loop's axes the input has is now one term, per row: the last run
+    # read on along a row where it ends the axes (y), else held (z)
+    m = dsl.loads("def f(x, y, z):\n    return x * y + z, sum(x * z)\n"
+                  "def g(x, y, z):\n    s = x\n    for i in range(2):\n"
+                  "        s = s * y + z\n    return s\n")
+    rng = np.random.default_rng(8)
+    x, y, z = (rng.normal(size=s) for s in ((3, 4, 5, 6), (1, 4, 1, 6), (3, 1, 5, 1)))
+    assert {access_kind(a.shape, x.shape) for a in (y, z)} == {"general"}
+    out, total = m.f(x, y, z)
+    np.testing.assert_array_equal(out, x * y + z)
+    np.testing.assert_allclose(total, np.sum(x * z), rtol=1e-13)
+    gy, gz = dsl.grad(m.f, wrt=(1, 2))(x, y, z)
+    np.testing.assert_allclose(gy, x.sum(axis=(0, 2), keepdims=True), rtol=1e-13)
+    np.testing.assert_allclose(gz, (1 + x).sum(axis=(1, 3), keepdims=True), rtol=1e-13)
+    # (a `for` loop's kernel reads them element by element)
+    np.testing.assert_allclose(m.g(x, y, z), (x * y + z) * y + z, rtol=1e-14)
+
+
 def test_general_broadcast_matches_numpy():
     m = dsl.loads("def f(x, y):\n    return x * y + x\n")
     x, y = np.random.default_rng(0).normal(size=(2, 1, 4)), np.arange(12.0).reshape(1, 3, 4)
