@@ -44,8 +44,7 @@ from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import (Dim, Sym, access_kind, broadcasts_to, kept_runs,
-                                      middle_split, prod, range_split)
+from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcasts_to, kept_runs, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -89,12 +88,6 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     if kind == "outer":
         j = next(k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k])
         return prod(loop[j:])
-    if kind == "middle":  # (S, M S): see shapes.middle_split
-        j, t = middle_split(shape, loop)
-        return (prod(loop[t:]), prod(loop[j:]))
-    if kind == "range":  # (S, P): see shapes.range_split
-        a, b = range_split(shape, loop)
-        return (prod(loop[b:]), prod(loop[a:b]))
     if kind == "general" and _runs(shape, loop):  # (S, P, T) per run: see shapes.kept_runs
         return tuple(x for a, b in _runs(shape, loop)
                      for x in (prod(loop[b:]), prod(loop[a:b]), prod(padded[b:])))
@@ -141,10 +134,10 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     # indexed by j from 0, which LLVM knows is not negative: indexed by
     # i = i0 + j, each access could wrap around, and it gathered them.
     access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
-    periods = [f"q{k}" if kind in ("outer", "range") else f"m{k}"
+    periods = [f"q{k}" if kind == "outer" else f"m{k}"
                for k, (kind, v) in enumerate(zip(access, loop.inputs))
-               if kind in ("suffix", "outer", "middle", "range")
-               or kind == "general" and _runs(v.type.shape, loop.shape)]
+               if kind in ("suffix", "outer") or kind == "general" and _runs(v.type.shape,
+                                                                              loop.shape)]
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
     rowwise = bool(periods) or bool(loop.reductions)
@@ -369,10 +362,6 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
         kind = access_kind(v.type.shape, shape)
         if kind == "suffix":
             pre.append(f"m{k} = {arg}.shape[0]")
-        if kind == "middle":  # (S, M S): see shapes.middle_split
-            pre += [f"m{k} = g{k}[0]", f"p{k} = g{k}[1]"]
-        if kind == "range":  # (S, P): see shapes.range_split
-            pre += [f"q{k} = g{k}[0]", f"r{k} = g{k}[1]"]
         runs = _runs(v.type.shape, shape) if kind == "general" else []
         if runs:
             last = 3 * (len(runs) - 1)
@@ -399,15 +388,6 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
                 body.append(f"a{n} = {arg}[{i} % m{k}]")
         elif kind == "outer":
             (row if rows else body).append(f"a{n} = {arg}[{'i0' if rows else i} // q{k}]")
-        elif kind == "range":  # one value a row (within one run of S)
-            (row if rows else body).append(
-                f"a{n} = {arg}[({'i0' if rows else i} // q{k}) % r{k}]")
-        elif kind == "middle":  # a row (within one run of S) reads contiguously
-            if rows:
-                row.append(f"x{k} = {arg}[(i0 // p{k}) * m{k} + i0 % m{k}:]")
-                body.append(f"a{k} = x{k}[j]")
-            else:
-                body.append(f"a{n} = {arg}[({i} // p{k}) * m{k} + {i} % m{k}]")
         elif runs:  # general: g holds (S, P, T) per run the input has (shapes.kept_runs)
             contiguous = runs[-1][1] == len(shape)
 
@@ -436,7 +416,7 @@ def _aux_args(inputs: list[Var], shape) -> list[tuple[str, Var]]:
     out = []
     for k, v in enumerate(inputs):
         kind = access_kind(v.type.shape, shape)
-        if kind in ("outer", "middle", "range", "general"):
+        if kind in ("outer", "general"):
             out.append((f"q{k}" if kind == "outer" else f"g{k}", v))
     return out
 
@@ -577,8 +557,6 @@ def kernel_signature(loop: "Loop | RowLoop") -> str:
         kind = access_kind(v.type.shape, loop.shape)
         if kind == "outer":
             args.append("int64")
-        elif kind in ("middle", "range"):
-            args.append("UniTuple(int64, 2)")
         elif kind == "general":
             runs = _runs(v.type.shape, loop.shape)
             args.append(f"UniTuple(int64, {3 * (len(runs) or len(loop.shape))})")

@@ -133,8 +133,8 @@ class _Group:
             if v in self.row:
                 if tuple(v.type.shape) != self.rows + (1,) * self.k:
                     return False  # broadcast from the right: not one value per row
-            elif access_kind(v.type.shape, self.shape) in ("middle", "range", "general"):
-                return False  # (a row kernel reads rows, suffixes and outer values)
+            elif access_kind(v.type.shape, self.shape) == "general":
+                return False
         return True
 
     def classify(self, step) -> Optional[str]:

@@ -123,10 +123,8 @@ def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
     """How a loop over `loop` reads an input of `shape` at flat index i:
     "full", "scalar", "suffix" (the loop's trailing axes, repeated),
     "outer" (its leading axes, each element held over the trailing ones),
-    "middle" (its leading and its trailing axes, broadcast along the axes
-    between: `middle_split`), "range" (axes between its leading and its
-    trailing ones, broadcast along both: `range_split`), else
-    "general"."""
+    else "general" (runs of its axes, broadcast along the others:
+    `kept_runs`)."""
     if shape == loop:
         return "full"
     if prod(shape) == 1:
@@ -138,41 +136,7 @@ def access_kind(shape: tuple[int, ...], loop: tuple[int, ...]) -> str:
     j = next((k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k]), 0)
     if all(d == 1 for d in padded[j:]):
         return "outer"
-    if middle_split(shape, loop) is not None:
-        return "middle"
-    if range_split(shape, loop) is not None:
-        return "range"
     return "general"
-
-
-def middle_split(shape: tuple, loop: tuple) -> "tuple[int, int] | None":
-    """Where an input of `shape` read by a loop over `loop` has the loop's
-    axes [:j] and [t:] and size 1 along the axes between (at least one of
-    which the loop has more of: (B, 1, D) read over (B, T, D)), (j, t);
-    else None.  Element i of the loop then reads element (i // (M S)) S +
-    i % S of the input, S the product of loop[t:] and M of loop[j:t]."""
-    padded = (1,) * (len(loop) - len(shape)) + tuple(shape)
-    j = next((k for k in range(len(loop)) if padded[k] != loop[k]), len(loop))
-    t = next((k for k in range(len(loop), j, -1) if padded[k - 1] != loop[k - 1]), j)
-    if j == 0 or t == len(loop) or not all(d == 1 for d in padded[j:t]):
-        return None
-    return j, t
-
-
-def range_split(shape: tuple, loop: tuple) -> "tuple[int, int] | None":
-    """Where an input of `shape` read by a loop over `loop` has the loop's
-    axes [a:b] and size 1 along every other (a channel's bias over (N, C,
-    H, W), (1, C, 1, 1)), with a > 0 and b < len(loop), (a, b); else
-    None.  Element i of the loop then reads element (i // S) % P of the
-    input, S the product of loop[b:] and P of loop[a:b]."""
-    padded = (1,) * (len(loop) - len(shape)) + tuple(shape)
-    kept = [k for k, d in enumerate(padded) if d != 1]
-    if not kept:
-        return None
-    a, b = kept[0], kept[-1] + 1
-    if a == 0 or b == len(loop) or padded[a:b] != tuple(loop[a:b]):
-        return None
-    return a, b
 
 
 def kept_runs(shape: tuple, loop: tuple) -> list[tuple[int, int]]:

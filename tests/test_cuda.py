@@ -116,8 +116,9 @@ def test_long_f32_sums_accumulate_in_f64_on_cuda():
 
 
 def test_broadcasts_along_middle_axes_on_cuda():
-    # (B, 1, D) read over (B, T, D) in runs (codegen's "middle" access), the
-    # runs shorter than its period where another input's is shorter
+    # (B, 1, D) read over (B, T, D) in runs (a term per run of the loop's
+    # axes it has: `shapes.kept_runs`), the runs shorter than its period
+    # where another input's is shorter
     m = dsl.loads("def f(x, y, z):\n    return x * y + z, sum(x * y)\n", target="cuda",
                   host_results=True)
     rng = np.random.default_rng(5)
@@ -125,8 +126,8 @@ def test_broadcasts_along_middle_axes_on_cuda():
     out, total = m.f(x, y, z)
     np.testing.assert_array_equal(out, x * y + z)
     np.testing.assert_allclose(total, np.sum(x * y), rtol=1e-13)
-    # along both sides of its axes (a channel's bias: a "range" access), and
-    # with separate runs of them (a "general" one, read on or held)
+    # along both sides of its axes (a channel's bias), and with separate
+    # runs of them (read on along a row, or held)
     for y, z in ((rng.normal(size=(3, 1, 1)), rng.normal(size=(1, 1, 4, 1))),
                  (rng.normal(size=(1, 3, 1, 5)), rng.normal(size=(2, 1, 4, 1)))):
         out, total = m.f(x, y, z)
