@@ -820,7 +820,10 @@ def _sample_args(f: Compiled, rng, rank: int, fill, const: int = MIN_SIZE,
         if spec.has_default:
             break
         dtype = fixed[spec.name] or ("i64" if indices and spec.const else "f64")
-        if spec.const and fixed[spec.name] in ("i32", "i64") and not spec.dims:
+        # (one compiled by value, an axis or a count, is held as a const one:
+        # a random index for it was out of range as an axis)
+        held = spec.const or spec.name in getattr(f, "_by_value", ())
+        if held and fixed[spec.name] in ("i32", "i64") and not spec.dims:
             args.append(np.asarray(const, dtype=NUMPY[dtype]))
             continue  # a size or a count (every sampled size is at least 3), or an axis
         if spec.dims is None:
@@ -842,6 +845,17 @@ def _sample(dtype: str, shape, rng, fill=None) -> np.ndarray:
     if dtype == "bool":
         return rng.random(shape) < 0.5
     return np.asarray(fill(shape) if fill else rng.normal(size=shape)).astype(NUMPY[dtype])
+
+
+def _probe(f: Compiled, sample: Callable[[], list]) -> None:
+    """f called on `sample()`, and again on a fresh sample where the call
+    found an integer argument f compiles by value (an axis, a count):
+    `_sample_args` holds it at the layout's const value from then on, so
+    the first call's random index proved nothing about the points checked."""
+    known = set(getattr(f, "_by_value", ()))
+    f(*sample())
+    if set(getattr(f, "_by_value", ())) != known:
+        f(*sample())
 
 
 def _with_sampling_note(err, f: Compiled):
@@ -888,7 +902,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
                for indices in (False, True) for rank in (1, 2, 0) for const in (MIN_SIZE, 1, 0)]
     for rank, const, indices, distinct in layouts:
         try:
-            f(*_sample_args(f, rng, rank, fills[0][1], const, indices, distinct))
+            _probe(f, lambda: _sample_args(f, rng, rank, fills[0][1], const, indices, distinct))
             break
         except ReturnsSequence:
             raise  # (at every rank: a shape helper, not a sampling's fault)

@@ -655,3 +655,16 @@ def test_an_integer_argument_used_as_a_count_or_an_axis_is_checked_at_its_value(
         result = dsl.check_gradients(m.f, x, k, raise_on_failure=True)
         assert any(row.order == 2 for row in result) and all(row.ok for row in result)
         np.testing.assert_allclose(dsl.grad(m.f)(x, k), 2 * x * sum(range(k + 2)), rtol=1e-15)
+
+
+def test_an_axis_argument_is_sampled_as_a_valid_axis():
+    # check_function sampled an integer argument as a random index of
+    # -3..2 at each point, also one compiled by value: as an axis it was
+    # out of range ("axis 2 is out of range for rank 2", seed 0); and where
+    # the probe's random one fit (seed 2), the points took the layout's
+    # const value, 3, never tried ("axis 3 is out of range for rank 1")
+    from dsl.check import check_function
+    for seed in (0, 2):
+        m = dsl.loads("def f(x, k: i64):\n    return sum(x * x, axis=k)\n", "axis.grad")
+        rows = check_function(m.f, order=1, seed=seed)
+        assert {row.wrt for row in rows} >= {"x", "jvp:x"} and all(row.ok for row in rows)
