@@ -398,6 +398,7 @@ class Lowerer:
         # `0.3 / n`, a number of sizes, is the literal n's value folds to)
         sparams = [(WeakVar if isinstance(bound[n], WeakVar) else Var)(bound[n].type, n)
                    for n in arrays]
+        self.alias_arguments(sparams, [bound[n] for n in arrays])  # (`k: i64`, an axis)
         pparams = [Var(v.type, w) for w, v in reads.items()]
         senv = dict(zip(reads, pparams))
         sargs = {**{n: v for n, v in bound.items() if is_static(v)}, **dict(zip(arrays, sparams))}

@@ -109,3 +109,18 @@ def test_a_function_with_grad_blocks_takes_them_by_value_in_its_body_and_blocks(
         np.testing.assert_array_equal(dsl.grad(m.called)(x, axis), 2 * x)
     np.testing.assert_array_equal(m.ramp(x[0], 4), x[0] * 6)
     np.testing.assert_array_equal(dsl.grad(m.ramp)(x[0], 4), np.full(3, 6.0))
+
+
+def test_an_in_language_transform_takes_them_by_value():
+    # grad(f)(x, k) and jvp in the language lower f as a function of its
+    # own, whose parameters were no longer known as the entry's arguments:
+    # "axis must be a compile-time integer", and for arange(k) "must be
+    # known when the function is compiled: ... an integer argument"
+    m = dsl.loads("def sq(y, k: i64):\n    return sum(y * y, axis=k) * sum(arange(k + 2))\n"
+                  "def g(x, k: i64):\n    return grad(sq, wrt=0)(x, k)\n"
+                  "def t(x, k: i64):\n    v, d = jvp(sq, wrt=0)(x, k, x)\n    return v, d\n", "transform.grad")
+    x = np.arange(6.0).reshape(2, 3) - 2.5
+    np.testing.assert_array_equal(m.g(x, 1), 2 * x * 3)  # (sum(arange(3)))
+    value, tangent = m.t(x, 0)
+    np.testing.assert_array_equal(value, np.sum(x * x, axis=0))
+    np.testing.assert_array_equal(tangent, np.sum(2 * x * x, axis=0))
