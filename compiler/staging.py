@@ -399,6 +399,7 @@ class Chain:
                             f"{target!r}", span)
         fb = Builder()
         fparams = [Var(inputs[n].type, n) for n in arrays]
+        self.lowerer.alias_arguments(fparams, [inputs[n] for n in arrays])
         statics = {n: v for n, v in inputs.items() if is_static(v)}
         outs, _ = self.eval_stage(fb, 0, {**statics, **dict(zip(arrays, fparams))})
         (out,) = as_results(fb, outs, fdef.result_dtype, fdef.result_spans)

@@ -124,3 +124,15 @@ def test_an_in_language_transform_takes_them_by_value():
     value, tangent = m.t(x, 0)
     np.testing.assert_array_equal(value, np.sum(x * x, axis=0))
     np.testing.assert_array_equal(tangent, np.sum(2 * x * x, axis=0))
+
+
+def test_a_pass_through_function_takes_them_by_value():
+    # @pass_through lowers its body on parameters of its own, which were
+    # not known as the entry's arguments: arange(k) "must be known when the
+    # function is compiled: ... an integer argument"
+    m = dsl.loads("@pass_through\ndef shifted(x, k: i64):\n    return x + sum(arange(k))\n"
+                  "def f(x, k: i64):\n    return sum(shifted(x, k) * x)\n", "through.grad")
+    x = np.array([0.5, -1.0, 2.0])
+    np.testing.assert_array_equal(m.shifted(x, 3), x + 3)
+    # (shifted(x, 4) is x + 6, its gradient passed through: (x + 6) + x)
+    np.testing.assert_array_equal(dsl.grad(m.f)(x, 4), 2 * x + 6)
