@@ -422,7 +422,13 @@ def signed(functions: dict[str, GradFn], name: str, sig: str, path: str) -> Grad
 
 def value_needed(f: GradFn, err: NeedsValue) -> SignatureError:
     """A program compiled ahead of time cannot be compiled again for a
-    value at call time: the size must be a const parameter."""
+    value at call time: the size must be a const parameter (a module
+    `param` cannot be one: passed as an argument, it can)."""
+    if all(spec.name != err.name for spec in f.specs):  # a `param k: i64` the function reads
+        return SignatureError(f"{f.name}() uses the param {err.name!r} as a size or an axis, "
+                              "which a program compiled ahead of time cannot take at call "
+                              f"time; pass it to {f.name}() as an argument `{err.name}: "
+                              "const i64` and give its value in the signature", f.span)
     return SignatureError(f"{f.name}() uses its argument {err.name!r} as a size; to compile "
                           f"it ahead of time, declare it `{err.name}: const i64` and give "
                           "its value in the signature", f.span)

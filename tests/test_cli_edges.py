@@ -411,3 +411,16 @@ def test_a_source_that_is_no_regular_file_says_what_it_is(tmp_path, capsys):
             code, _, err = run(argv, capsys)
             assert code == 2 and re.fullmatch(rf"gradc: error: cannot read {re.escape(str(path))}"
                                               rf": {why}\n", err), err
+
+
+def test_compile_of_a_param_used_as_an_axis_says_to_pass_it_as_an_argument(tmp_path, capsys):
+    # a module param read as an axis (or a count) cannot be compiled ahead
+    # of time for its value; the error said to declare "its argument 'k'"
+    # `k: const i64`, which f() has no parameter for (a param has no const)
+    (tmp_path / "axis.grad").write_text("param k: i64\ndef f(x):\n    return sum(x, axis=k)\n")
+    code, _, err = run(["compile", str(tmp_path / "axis.grad"), "-o", str(tmp_path),
+                        "--sig", "f(f64[a, b])"], capsys)
+    assert code == 2 and err == (  # (a signature's error, as the argument's is)
+        "gradc: error: f() uses the param 'k' as a size or an axis, which a program compiled "
+        "ahead of time cannot take at call time; pass it to f() as an argument `k: const i64` "
+        "and give its value in the signature\n")
