@@ -83,7 +83,9 @@ class Lowerer:
         self.call_stack: list[ast.FuncDef] = []  # (by identity: two files may share a name)
         self.call_spans: list[Span] = []  # where each call of call_stack is
         self.size = 0  # operations lowered so far: MAX_PROGRAM_SIZE
-        self.arguments: dict[Var, str] = {}  # the entry parameters, by name
+        # the entry parameters by name, and values standing for one: a
+        # stage's parameter (alias_arguments), `k + 1` (of_arguments)
+        self.arguments: dict[Var, str] = {}
         # inside a @recompute function with loops: their checkpoint interval
         # (trips per segment), or "sqrt" for about the trip count's root
         self.checkpoint: "int | str | None" = None
@@ -580,8 +582,8 @@ class Lowerer:
             if isinstance(v, tuple):
                 raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
             return -v
-        return b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool" else v, span=e.span,
-                      weak=isinstance(v, WeakVar))
+        return self.of_arguments(b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool"
+                                        else v, span=e.span, weak=isinstance(v, WeakVar)), (v,))
 
     def as_bool(self, b, v: Value, span) -> Atom:
         a = as_atom(b, v, span)
@@ -849,7 +851,25 @@ class Lowerer:
             raise GradError(f"an integer to a negative power ({y.value}) is not an integer: "
                             f"write a float exponent ({float(y.value)})",
                             operand_spans[1] if operand_spans else span)
-        return b.bind(op, x, y, span=span, weak=weak_result([left, right]))
+        return self.of_arguments(b.bind(op, x, y, span=span, weak=weak_result([left, right])),
+                                 (left, right))
+
+    def of_arguments(self, out: Value, operands: Sequence[Value]) -> Value:
+        """out, an integer scalar computed from integer arguments and
+        compile-time numbers alone (`k + 1`, `-k`, `2 * k`), marked as
+        standing for the first of those arguments, so that where its
+        value is needed (`arange(k + 1)`, `axis=k - 1`: `builtins.by_value`)
+        the function is compiled for that argument's value, which folds
+        it; anything else (a loop's index in it) leaves it unmarked."""
+        if not (isinstance(out, Var) and out.type.rank == 0 and out.type.dtype in INTS):
+            return out
+        named = [self.arguments.get(a) if isinstance(a, Var) else None for a in operands]
+        if any(n is None and not is_static(a) for n, a in zip(named, operands)):
+            return out
+        first = next((n for n in named if n is not None), None)
+        if first is not None:
+            self.arguments[out] = first
+        return out
 
     def size_number(self, b, op: str, operands: Sequence[Value], span,
                     err: NeedsConcrete) -> WeakVar:

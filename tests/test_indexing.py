@@ -743,7 +743,7 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
     ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
      (np.zeros((3, 2)), np.zeros(2, np.int64), np.zeros((3, 2))), 2, 12,
      "expected shape [2, 2]"),
-    ("def f(v, seg, m: i64):\n    return segment_sum(v, seg, m + 1)\n",
+    ("def f(v, seg, m: i64):\n    return segment_sum(v, seg, sum(seg) + m)\n",
      (np.zeros(3), np.zeros(3, np.int64), np.int64(2)), 2, 12, "num_segments must be known"),
     ("def f(b, idx, v):\n    return scatter_add(b, idx, v)\n",
      (np.zeros(3, np.int64), np.zeros(2, np.int64), np.ones(2)), 2, 12,

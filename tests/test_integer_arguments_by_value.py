@@ -136,3 +136,21 @@ def test_a_pass_through_function_takes_them_by_value():
     np.testing.assert_array_equal(m.shifted(x, 3), x + 3)
     # (shifted(x, 4) is x + 6, its gradient passed through: (x + 6) + x)
     np.testing.assert_array_equal(dsl.grad(m.f)(x, 4), 2 * x + 6)
+
+
+def test_integer_arithmetic_on_them_is_taken_by_value_too():
+    # `k + 2` is a value of its own, which was not known as standing for
+    # the argument: arange(k + 2) was "must be known when the function is
+    # compiled: a literal, an integer argument ..." (it compiled only where
+    # k itself was taken by value elsewhere first), axis=k - 1 "axis must
+    # be a compile-time integer"; a loop's index in it is still refused
+    m = dsl.loads("def f(x, k: i64, j: i64):\n"
+                  "    return sum(x, axis=k - 1) * sum(arange(-j + 2 * k))\n"
+                  "def g(x, n: i64):\n    s = x\n    for i in range(n):\n"
+                  "        s = s + sum(arange(i + 1))\n    return s\n", "derived.grad")
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(m.f(x, 2, 1), x.sum(axis=1) * sum(range(3)))
+    np.testing.assert_array_equal(m.f(x, 1, -1), x.sum(axis=0) * sum(range(3)))
+    with pytest.raises(dsl.GradError, match="arange.. must be known") as err:
+        m.g(x, 2)
+    assert "derived.grad:6:21" in str(err.value)
