@@ -108,7 +108,8 @@ class FreeBlocks:
     before it lets go of the lock (else by the next): listed there and
     then, it changed the lists and their count under the step it
     interrupted, which then raised (KeyError, IndexError) or left the
-    count below the blocks kept."""
+    count below the blocks kept.  A give-back while another thread holds
+    the lock is queued too (`give_back`), never waiting."""
 
     def __init__(self, limit: Callable[[], int]):
         self._limit = limit
@@ -120,15 +121,22 @@ class FreeBlocks:
 
     def give_back(self, block, nbytes: int) -> None:
         """List `block` (of `nbytes`) as free, or drop it (its memory goes
-        back to the system) where it is larger than the whole limit."""
-        if self._lock._is_owned():  # (this thread is inside the bookkeeping)
-            self._queued.append((block, nbytes))
-            return
+        back to the system) where it is larger than the whole limit.  It
+        never waits for the lock: where another thread holds it, the block
+        is queued for that thread's bookkeeping to list (or the next's).
+        A give-back runs wherever a collection frees a lease, which may be
+        inside another pool's bookkeeping (the host's inside a GPU's, and
+        the other way round, in two threads): waiting there could close a
+        cycle of two threads each holding the lock the other waits for."""
+        self._queued.append((block, nbytes))  # (one step: atomic, as the pops)
+        del block
+        if self._lock._is_owned() or not self._lock.acquire(blocking=False):
+            return  # (within this thread's bookkeeping, or another thread's)
         evicted: list = []  # dropped after the bookkeeping: dropping a device block runs
-        with self._lock:  # Numba's code, which may collect garbage, which may give back
-            self._queued.append((block, nbytes))
-            del block
+        try:  # Numba's code, which may collect garbage, which may give back
             self._list_queued(evicted)
+        finally:
+            self._lock.release()
 
     def _list_queued(self, evicted: list) -> None:
         """List the queued blocks, those evicted to make room (and any

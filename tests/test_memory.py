@@ -654,3 +654,38 @@ def test_release_releases_every_pool():
     memory.pooled(LARGE, np.float64)  # dropped: kept by the host pool
     assert memory.release() == 64 + LARGE * 8
     assert not device_like._free and not memory.HOST._free
+
+
+def test_two_pools_giving_back_into_each_other_from_two_threads_never_wait_on_each_other():
+    # A collection inside one pool's bookkeeping may free a lease of the
+    # other's (the host's inside a GPU's, and the other way round): each
+    # thread, holding its pool's lock, waited for the other's, held by the
+    # other thread waiting for the first: a deadlock.  A give-back now
+    # queues its block where another thread holds the lock.
+    inside = threading.Barrier(2, timeout=5)
+
+    def limit_giving_back_into(other: list):
+        def limit() -> int:
+            if threading.current_thread().name == other[1]:
+                other[1] = None  # (once)
+                inside.wait()  # both threads hold their own pool's lock
+                other[0].give_back(_Block(), 8)
+            return 100
+        return limit
+
+    to_b, to_a = [None, "a"], [None, "b"]
+    a, b = memory.FreeBlocks(limit_giving_back_into(to_b)), memory.FreeBlocks(
+        limit_giving_back_into(to_a))
+    to_b[0], to_a[0] = b, a
+    threads = [threading.Thread(target=pool.give_back, args=(_Block(), 16), name=name,
+                                daemon=True)  # (deadlocked, they would hold the exit)
+               for pool, name in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    for pool in (a, b):  # each block listed, by its holder or by the next call
+        pool.take(0)
+        assert {n: len(blocks) for n, blocks in pool._free.items()} == {16: 1, 8: 1}
+        assert pool._free_bytes == 24 and not pool._queued
