@@ -791,8 +791,15 @@ class Lowerer:
         if isinstance(v, Sym):
             raise NeedsConcrete(f"the size {v} is used as an index")
         if isinstance(v, bool) or not isinstance(v, int):
+            hint = ""
+            if isinstance(v, Var) and v.type.rank == 0 and v.type.dtype in INTS:
+                # (a slice is a region fixed when compiled; a loop's index or an
+                # argument moves it at run time, which a gather does)
+                hint = ("; this one is known only at run time (a loop's index, an "
+                        "argument): gather a window of fixed length at a run-time start "
+                        "with take(x, i + arange(n), axis)")
             raise GradError("expected a compile-time integer (a literal, x.shape[k], or "
-                            "arithmetic on them)", span)
+                            f"arithmetic on them){hint}", span)
         return v
 
     def expr_Call(self, b, e: ast.Call, env):
