@@ -426,30 +426,14 @@ def test_a_loop_writes_all_it_takes_from_the_pool(monkeypatch):
 def _interrupted_at(code, k: int, action) -> bool:
     """Run `action`, a KeyboardInterrupt raised at the `k`th bytecode that
     `code` runs (as a Ctrl-C may be); whether it was raised."""
-    import sys
-    seen = 0
+    def interrupt():
+        raise KeyboardInterrupt
 
-    def each_opcode(frame, event, arg):
-        nonlocal seen
-        if event == "opcode":
-            seen += 1
-            if seen == k:
-                raise KeyboardInterrupt
-        return each_opcode
-
-    def calls(frame, event, arg):
-        if frame.f_code is not code:
-            return None
-        frame.f_trace_opcodes = True
-        return each_opcode
-
-    sys.settrace(calls)
     try:
-        action()
+        _run_reentered({code}, k, action, interrupt)
     except KeyboardInterrupt:
         return True
     finally:
-        sys.settrace(None)
         # Raised at the opcodes that call a `with _lock:`'s __exit__ on
         # the way out, it leaves this thread holding the lock: no Python
         # code can shield those, and no real Ctrl-C lands there (signals
@@ -505,7 +489,6 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
     taker.start()
     taker.join(10)
     assert len(taken) == 1 and taken[0].nbytes == sizes[0]
-
 
 
 def _run_reentered(codes, k: int, action, reenter) -> bool:
