@@ -54,8 +54,8 @@ import timing  # noqa: E402
 import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
-WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "conv", "pool", "norm", "fused_sum",
-             "sincos_pow", "call", "out",
+WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "conv", "pool", "norm",
+             "fused_sum", "sincos_pow", "call", "out",
              "loop", "forward", "indexing", "interop", "startup", "cuda")
 
 

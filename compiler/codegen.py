@@ -392,8 +392,8 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
             contiguous = runs[-1][1] == len(shape)
 
             def offset(at: str) -> str:
-                return " + ".join(f"(({at} // g{k}[{3 * r}]) % g{k}[{3 * r + 1}]) * g{k}[{3 * r + 2}]"
-                                  for r in range(len(runs)))
+                return " + ".join(f"(({at} // g{k}[{3 * r}]) % g{k}[{3 * r + 1}])"
+                                  f" * g{k}[{3 * r + 2}]" for r in range(len(runs)))
             if rows and contiguous:  # a row (within the last run) reads on
                 row.append(f"x{k} = {arg}[{offset('i0')}:]")
                 body.append(f"a{k} = x{k}[j]")

@@ -24,10 +24,11 @@ along a new first axis and reduces it: each window is copied whole into
 its plane, and the reductions and the gradient's masks run over whole
 planes (stacked along a last axis, each window was scattered into every
 k-th element, and each row of k reduced alone: the stem's value and
-gradient took 1.5x the time; along a new second axis, after the batch's,
-every read of the max broadcast along it took a division per axis).  (Windows that tile the input, seen as a
-reshape to (N, C, Ho, KH, Wo, KW) reduced over the kernel axes, took ten
-times as long: a reduction over interleaved axes is NumPy's.)
+gradient took 1.5x the time).  Dask's row split follows the batch axis
+from the second axis back to the first (`compiler.batching`).  (Windows
+that tile the input, seen as a reshape to (N, C, Ho, KH, Wo, KW) reduced
+over the kernel axes, took ten times as long: a reduction over
+interleaved axes is NumPy's.)
 """
 from __future__ import annotations
 

@@ -118,7 +118,8 @@ def test_an_in_language_transform_takes_them_by_value():
     # known when the function is compiled: ... an integer argument"
     m = dsl.loads("def sq(y, k: i64):\n    return sum(y * y, axis=k) * sum(arange(k + 2))\n"
                   "def g(x, k: i64):\n    return grad(sq, wrt=0)(x, k)\n"
-                  "def t(x, k: i64):\n    v, d = jvp(sq, wrt=0)(x, k, x)\n    return v, d\n", "transform.grad")
+                  "def t(x, k: i64):\n    v, d = jvp(sq, wrt=0)(x, k, x)\n    return v, d\n",
+                  "transform.grad")
     x = np.arange(6.0).reshape(2, 3) - 2.5
     np.testing.assert_array_equal(m.g(x, 1), 2 * x * 3)  # (sum(arange(3)))
     value, tangent = m.t(x, 0)

@@ -198,9 +198,10 @@ def test_a_function_the_program_holds_in_many_places_is_printed_once(tmp_path, c
     # now referred to by its label
     n = 8
     source = tmp_path / "chain.grad"
-    source.write_text("def g0(x):\n    return sin(x)\ngrad(dy):\n    return dy * cos(x)\n" + "".join(
-        f"def g{k}(x):\n    return g{k - 1}(x) * 1.01\n"
-        f"grad(dy):\n    return dy * 1.01 * grad(g{k - 1})(x)\n" for k in range(1, n)))
+    chain = "".join(f"def g{k}(x):\n    return g{k - 1}(x) * 1.01\n"
+                    f"grad(dy):\n    return dy * 1.01 * grad(g{k - 1})(x)\n" for k in range(1, n))
+    source.write_text("def g0(x):\n    return sin(x)\ngrad(dy):\n    return dy * cos(x)\n"
+                      + chain)
     text = show(capsys, str(source), "--fn", f"g{n - 1}", "--emit", "lower")
     assert len(text) < 50_000
     referred = re.findall(r"(?:fwd|bwd): @(\S+) \(printed above\)", text)
