@@ -130,13 +130,20 @@ class FreeBlocks:
         cycle of two threads each holding the lock the other waits for."""
         self._queued.append((block, nbytes))  # (one step: atomic, as the pops)
         del block
-        if self._lock._is_owned() or not self._lock.acquire(blocking=False):
-            return  # (within this thread's bookkeeping, or another thread's)
+        if self._lock._is_owned():
+            return  # (within this thread's bookkeeping: listed there)
         evicted: list = []  # dropped after the bookkeeping: dropping a device block runs
         try:  # Numba's code, which may collect garbage, which may give back
+            if not self._lock.acquire(blocking=False):
+                return  # (within another thread's)
             self._list_queued(evicted)
         finally:
-            self._lock.release()
+            # This thread held no hold on entry, so one it has now is this
+            # acquire's: let go of it even where a Ctrl-C came as acquire
+            # returned (where the eval loop delivers a signal), before the
+            # try began or a flag could say it was taken.
+            if self._lock._is_owned():
+                self._lock.release()
 
     def _list_queued(self, evicted: list) -> None:
         """List the queued blocks, those evicted to make room (and any

@@ -672,3 +672,52 @@ def test_two_pools_giving_back_into_each_other_from_two_threads_never_wait_on_ea
         pool.take(0)
         assert {n: len(blocks) for n, blocks in pool._free.items()} == {16: 1, 8: 1}
         assert pool._free_bytes == 24 and not pool._queued
+
+
+def test_a_ctrl_c_as_a_give_back_takes_the_lock_leaves_it_free():
+    # A Ctrl-C is delivered where the eval loop checks, as a call returns:
+    # right after a give-back's acquire(blocking=False) took the lock, and
+    # before its try, the lock was kept for good: every later give-back of
+    # this thread queued its block (never listed), and another thread's
+    # take waited for ever.
+    import dis
+    import sys
+    pool = memory.FreeBlocks(lambda: 100)
+    code = memory.FreeBlocks.give_back.__code__
+    ops = list(dis.get_instructions(code))
+    at = next(k for k, op in enumerate(ops) if op.argval == "acquire")
+    call = next(k for k in range(at, len(ops)) if ops[k].opname.startswith("CALL"))
+    after_call = ops[call + 1].offset
+    raised = []
+
+    def each_opcode(frame, event, arg):
+        if event == "opcode" and frame.f_lasti == after_call and not raised:
+            raised.append(True)
+            raise KeyboardInterrupt
+        return each_opcode
+
+    def calls(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+        frame.f_trace_opcodes = True
+        return each_opcode
+
+    given = []
+    sys.settrace(calls)
+    try:
+        for _ in range(2):  # (Python 3.12 traces no opcode of a code's first traced call)
+            given.append(_Block())
+            try:
+                pool.give_back(given[-1], 16)
+            except KeyboardInterrupt:
+                break
+    finally:
+        sys.settrace(None)
+    assert raised
+    owned = pool._lock._is_owned()
+    while pool._lock._is_owned():  # (let go, so that the checks below end)
+        pool._lock.release()
+    assert not owned
+    pool.take(0)  # lists the block queued before the interrupt
+    assert pool._free_bytes == 16 * len(given) and not pool._queued
+    assert {id(pool.take(16)) for _ in given} == {id(b) for b in given}
