@@ -181,6 +181,8 @@ class FreeBlocks:
             return None
         evicted: list = []
         with self._lock:  # (robust to an exception anywhere, as `give_back`)
+            if not self._free.get(nbytes):  # (a block given back while another
+                self._list_queued(evicted)  # thread held the lock, after its listing)
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
             if block is not None:
@@ -196,6 +198,7 @@ class FreeBlocks:
             released, self._free_bytes = self._free_bytes, 0
             dropped, self._free = self._free, {}
             queued, self._queued = self._queued, []
+        released += sum(nbytes for _, nbytes in queued)  # (given back, not yet listed)
         del dropped, queued  # (after the bookkeeping, as an eviction's)
         return released
 

@@ -721,3 +721,18 @@ def test_a_ctrl_c_as_a_give_back_takes_the_lock_leaves_it_free():
     pool.take(0)  # lists the block queued before the interrupt
     assert pool._free_bytes == 16 * len(given) and not pool._queued
     assert {id(pool.take(16)) for _ in given} == {id(b) for b in given}
+
+
+def test_a_block_queued_while_another_thread_held_the_lock_is_taken_and_released():
+    # A give-back while another thread holds the lock, after that thread
+    # listed the queue, waits for the pool's next call: a take of its size
+    # missed it (listing after taking), and release() dropped it uncounted
+    pool = memory.FreeBlocks(lambda: 100)
+    block = _Block()
+    pool._queued.append((block, 16))  # (as that give-back leaves it)
+    assert pool.take(16) is block and not pool._queued and pool._free_bytes == 0
+    pool._queued.append((_Block(), 24))
+    pool.give_back(_Block(), 8)  # (listed with the queued one)
+    pool._queued.append((_Block(), 32))
+    assert pool.release() == 8 + 24 + 32
+    assert not pool._free and not pool._queued and pool._free_bytes == 0
