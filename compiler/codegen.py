@@ -44,7 +44,7 @@ from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcasts_to, kept_runs, prod
+from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcast_runs, prod
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -88,8 +88,8 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     if kind == "outer":
         j = next(k for k in range(len(loop), -1, -1) if padded[:k] == loop[:k])
         return prod(loop[j:])
-    if kind == "general" and _runs(shape, loop):  # (S, P, T) per run: see shapes.kept_runs
-        return tuple(x for a, b in _runs(shape, loop)
+    if kind == "general" and broadcast_runs(shape, loop):  # (S, P, T) per run: kept_runs
+        return tuple(x for a, b in broadcast_runs(shape, loop)
                      for x in (prod(loop[b:]), prod(loop[a:b]), prod(padded[b:])))
     if kind == "general":  # (a row's value, read by a row loop per row: see rows.py)
         strides = [0 if d == 1 else s for d, s in zip(padded, c_strides(padded))]
@@ -97,13 +97,37 @@ def access_aux(shape: tuple[int, ...], loop: tuple[int, ...]) -> Optional[object
     return None
 
 
-def _runs(shape: tuple, loop: tuple) -> list[tuple[int, int]]:
-    """`shapes.kept_runs` of an input broadcast to the loop (none for a
-    row loop's value per row, of the rows' shape: not broadcast)."""
-    return kept_runs(shape, loop) if broadcasts_to(shape, loop) else []
-
-
 # ------------------------------------------------------------------ kernels
+
+
+def _periods(inputs: list[Var], shape) -> list[str]:
+    """The names (set by `_read_inputs`' lines before the loop) of the
+    periods of the inputs a loop over `shape` reads in rows: a suffix's,
+    an outer one's and a broadcast's along runs of the loop's axes.  Each
+    is a product of the loop's trailing sizes, so the least divides the
+    others: rows of that length never cross a run."""
+    kinds = [access_kind(v.type.shape, shape) for v in inputs]
+    return [f"q{k}" if kind == "outer" else f"m{k}"
+            for k, (kind, v) in enumerate(zip(kinds, inputs))
+            if kind in ("suffix", "outer")
+            or kind == "general" and broadcast_runs(v.type.shape, shape)]
+
+
+def _run_offset(k: int, runs: list[tuple[int, int]], at: str) -> str:
+    """Where input k, broadcast along runs of the loop's axes
+    (`shapes.kept_runs`; `g<k>` holds (S, P, T) per run), holds the
+    loop's element at flat index `at`: a term per run."""
+    return " + ".join(f"(({at} // g{k}[{3 * r}]) % g{k}[{3 * r + 1}]) * g{k}[{3 * r + 2}]"
+                      for r in range(len(runs)))
+
+
+def _run_reads(k: int, runs: list[tuple[int, int]], rank: int) -> tuple[str, str]:
+    """Input k's reads along a row from i0 (see `_run_offset`): (the line
+    per row, the line per element, or "" where the row holds one value:
+    its last run does not end the loop's axes)."""
+    if runs[-1][1] == rank:  # read on along the row (within the last run)
+        return f"x{k} = in{k}[{_run_offset(k, runs, 'i0')}:]", f"a{k} = x{k}[j]"
+    return f"a{k} = in{k}[{_run_offset(k, runs, 'i0')}]", ""
 
 
 def _literal(a: Lit, spell: Callable[[str], str] = str) -> str:
@@ -134,10 +158,7 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     # indexed by j from 0, which LLVM knows is not negative: indexed by
     # i = i0 + j, each access could wrap around, and it gathered them.
     access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
-    periods = [f"q{k}" if kind == "outer" else f"m{k}"
-               for k, (kind, v) in enumerate(zip(access, loop.inputs))
-               if kind in ("suffix", "outer") or kind == "general" and _runs(v.type.shape,
-                                                                              loop.shape)]
+    periods = _periods(loop.inputs, loop.shape)
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
     rowwise = bool(periods) or bool(loop.reductions)
@@ -199,8 +220,7 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     shape = group.shape
     inputs = group.inputs
     access = [access_kind(v.type.shape, shape) for v in inputs]
-    periods = [f"m{k}" if kind == "suffix" else f"q{k}"
-               for k, kind in enumerate(access) if kind in ("suffix", "outer")]
+    periods = _periods(inputs, shape)
     # (the lines per run and per element are the passes' own: each reads its inputs)
     args, read_once, _, _ = _read_inputs(inputs, shape, {}, rows=True)
     kinds: list[tuple[str, Var]] = [("in", v) for v in inputs]
@@ -299,6 +319,12 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
                     per_element.append(f"a{k} = x{k}[j]")
                 elif kind == "outer":
                     per_run.append(f"a{k} = in{k}[i0 // q{k}]")
+                elif kind == "general":  # broadcast along runs of the axes (rows.py
+                    # admits only those)
+                    per_row, per_item = _run_reads(k, broadcast_runs(v.type.shape, shape),
+                                                   len(shape))
+                    per_run.append(per_row)
+                    per_element += [per_item] if per_item else []
             elif v in store:  # a value per row, read once per row
                 names[v] = f"w{len(first)}"
                 first.append(f"w{len(first)} = {store[v]}[o]")
@@ -362,7 +388,7 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
         kind = access_kind(v.type.shape, shape)
         if kind == "suffix":
             pre.append(f"m{k} = {arg}.shape[0]")
-        runs = _runs(v.type.shape, shape) if kind == "general" else []
+        runs = broadcast_runs(v.type.shape, shape) if kind == "general" else []
         if runs:
             last = 3 * (len(runs) - 1)
             # its period: the last run's length where it ends the loop's
@@ -388,19 +414,12 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
                 body.append(f"a{n} = {arg}[{i} % m{k}]")
         elif kind == "outer":
             (row if rows else body).append(f"a{n} = {arg}[{'i0' if rows else i} // q{k}]")
-        elif runs:  # general: g holds (S, P, T) per run the input has (shapes.kept_runs)
-            contiguous = runs[-1][1] == len(shape)
-
-            def offset(at: str) -> str:
-                return " + ".join(f"(({at} // g{k}[{3 * r}]) % g{k}[{3 * r + 1}])"
-                                  f" * g{k}[{3 * r + 2}]" for r in range(len(runs)))
-            if rows and contiguous:  # a row (within the last run) reads on
-                row.append(f"x{k} = {arg}[{offset('i0')}:]")
-                body.append(f"a{k} = x{k}[j]")
-            elif rows:  # a row (within the elements after the last run) holds one value
-                row.append(f"a{n} = {arg}[{offset('i0')}]")
-            else:
-                body.append(f"a{n} = {arg}[{offset(i)}]")
+        elif runs and rows:  # broadcast along runs of the loop's axes: once a row
+            per_row, per_element = _run_reads(k, runs, len(shape))
+            row.append(per_row)
+            body += [per_element] if per_element else []
+        elif runs:
+            body.append(f"a{n} = {arg}[{_run_offset(k, runs, i)}]")
         else:
             # g: (out stride, out size, in stride) per axis, flattened
             body.append(f"j{n} = 0")
@@ -558,7 +577,7 @@ def kernel_signature(loop: "Loop | RowLoop") -> str:
         if kind == "outer":
             args.append("int64")
         elif kind == "general":
-            runs = _runs(v.type.shape, loop.shape)
+            runs = broadcast_runs(v.type.shape, loop.shape)
             args.append(f"UniTuple(int64, {3 * (len(runs) or len(loop.shape))})")
     return ", ".join(args)
 

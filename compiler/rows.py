@@ -35,7 +35,7 @@ from typing import Optional
 
 from gradlang.compiler.ir import Eqn, Var
 from gradlang.compiler.ops import OPS
-from gradlang.compiler.shapes import access_kind
+from gradlang.compiler.shapes import access_kind, broadcast_runs
 
 # A later pass computes an earlier pass's value again when its chain is
 # at most this many equations, all of cost 0 (arithmetic); else it is
@@ -133,8 +133,9 @@ class _Group:
             if v in self.row:
                 if tuple(v.type.shape) != self.rows + (1,) * self.k:
                     return False  # broadcast from the right: not one value per row
-            elif access_kind(v.type.shape, self.shape) == "general":
-                return False
+            elif access_kind(v.type.shape, self.shape) == "general" and not broadcast_runs(
+                    v.type.shape, self.shape):
+                return False  # (a broadcast along runs of the axes is read per run)
         return True
 
     def classify(self, step) -> Optional[str]:

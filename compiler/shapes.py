@@ -156,3 +156,10 @@ def kept_runs(shape: tuple, loop: tuple) -> list[tuple[int, int]]:
         else:
             runs.append((k, k + 1))
     return runs
+
+
+def broadcast_runs(shape: tuple, loop: tuple) -> list[tuple[int, int]]:
+    """`kept_runs` of an input that broadcasts to the loop (NumPy's rule);
+    none for one that does not (a row loop's value per row, of the rows'
+    shape, which the row kernel reads per row)."""
+    return kept_runs(shape, loop) if broadcasts_to(shape, loop) else []

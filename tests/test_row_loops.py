@@ -181,3 +181,27 @@ def test_parallel_blocks_of_rows_give_the_serial_bits(gradc_parallel):
     parallel = M.layer_norm(x, g, b)
     np.testing.assert_array_equal(parallel, serial)
     np.testing.assert_allclose(parallel, np_layer_norm(x, g, b), rtol=1e-12, atol=1e-12)
+
+
+def test_a_mask_broadcast_along_runs_of_the_axes_joins_the_row_loop():
+    # a padding mask (B, 1, 1, T) over attention scores (B, H, T, T): two
+    # runs of the loop's axes, which kept the softmax out of a row loop (five
+    # steps over whole arrays); it now reads a term per run, once a row
+    m = dsl.loads("def f(s, mask, w):\n    z = where(mask, s, -1e30) * w\n"
+                  "    e = exp(z - max(z, axis=-1, keepdims=True))\n"
+                  "    return e / sum(e, axis=-1, keepdims=True)\n")
+    rng = np.random.default_rng(9)
+    s = rng.normal(size=(2, 3, 4, 5))
+    mask = rng.random(size=(2, 1, 1, 5)) < 0.7
+    mask[..., 0] = True  # (no row wholly masked)
+    w = rng.normal(size=(1, 3, 1, 1)) + 2.0  # (one value a row, held)
+    z = np.where(mask, s, -1e30) * w
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(m.f(s, mask, w), e / e.sum(axis=-1, keepdims=True), rtol=1e-13)
+    # (the row loop reads the mask itself: z is not stored for it)
+    assert any(v.type.shape[1:3] == (1, 1) for loop in row_loops(m.f, s, mask, w)
+               for v in loop.inputs)
+    g = dsl.grad(m.f, wrt=(0, 2))(s, mask, w)
+    for k, want in enumerate((central_difference(m.f, (s, mask, w), 0),
+                              central_difference(m.f, (s, mask, w), 2))):
+        np.testing.assert_allclose(g[k], want, rtol=1e-6, atol=1e-9)
