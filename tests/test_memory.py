@@ -491,9 +491,10 @@ def test_a_ctrl_c_anywhere_in_the_pools_bookkeeping_leaves_it_usable(monkeypatch
     assert len(taken) == 1 and taken[0].nbytes == sizes[0]
 
 
-def _run_reentered(codes, k: int, action, reenter) -> bool:
+def _run_reentered(codes, k: int, action, reenter, at_offset: "int | None" = None) -> bool:
     """Run `action`, calling `reenter` (once) before the `k`th bytecode
-    that frames of `codes` run; whether it was called."""
+    that frames of `codes` run (with `at_offset`, before the first at that
+    bytecode offset instead); whether it was called."""
     import sys
     seen, called = 0, []
 
@@ -501,7 +502,8 @@ def _run_reentered(codes, k: int, action, reenter) -> bool:
         nonlocal seen
         if event == "opcode":
             seen += 1
-            if seen == k and not called:
+            here = seen == k if at_offset is None else frame.f_lasti == at_offset
+            if here and not called:
                 called.append(True)
                 reenter()
         return each_opcode
@@ -681,39 +683,24 @@ def test_a_ctrl_c_as_a_give_back_takes_the_lock_leaves_it_free():
     # this thread queued its block (never listed), and another thread's
     # take waited for ever.
     import dis
-    import sys
     pool = memory.FreeBlocks(lambda: 100)
     code = memory.FreeBlocks.give_back.__code__
     ops = list(dis.get_instructions(code))
     at = next(k for k, op in enumerate(ops) if op.argval == "acquire")
     call = next(k for k in range(at, len(ops)) if ops[k].opname.startswith("CALL"))
-    after_call = ops[call + 1].offset
-    raised = []
-
-    def each_opcode(frame, event, arg):
-        if event == "opcode" and frame.f_lasti == after_call and not raised:
-            raised.append(True)
-            raise KeyboardInterrupt
-        return each_opcode
-
-    def calls(frame, event, arg):
-        if frame.f_code is not code:
-            return None
-        frame.f_trace_opcodes = True
-        return each_opcode
-
     given = []
-    sys.settrace(calls)
-    try:
+
+    def action():
         for _ in range(2):  # (Python 3.12 traces no opcode of a code's first traced call)
             given.append(_Block())
             try:
                 pool.give_back(given[-1], 16)
             except KeyboardInterrupt:
                 break
-    finally:
-        sys.settrace(None)
-    assert raised
+
+    def interrupt():
+        raise KeyboardInterrupt
+    assert _run_reentered({code}, 0, action, interrupt, at_offset=ops[call + 1].offset)
     owned = pool._lock._is_owned()
     while pool._lock._is_owned():  # (let go, so that the checks below end)
         pool._lock.release()
