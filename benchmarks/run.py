@@ -55,7 +55,7 @@ import workloads  # noqa: E402
 
 OTHERS = ("numpy", "jax", "torch")
 WORKLOADS = ("log1pexp", "r1", "per_example", "dense", "attention", "conv", "pool", "norm",
-             "fused_sum", "sincos_pow", "call", "out",
+             "broadcast", "fused_sum", "sincos_pow", "call", "out",
              "loop", "forward", "indexing", "interop", "startup", "cuda")
 
 
@@ -90,6 +90,9 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
         return ("batch norm: sum(softplus(gamma * (x - mean) / std + beta)) per channel over "
                 "NCHW, gradients for x, gamma and beta (benchmarks/norm.grad)",
                 workloads.norm_cases(32, 64, 32))
+    if name == "broadcast":
+        return ("broadcasts along middle axes: x * y + 1.0 (values), and a softmax under a "
+                "padding and a causal mask (value + gradient)", workloads.broadcast_cases())
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
     if name == "sincos_pow":

@@ -799,6 +799,95 @@ def norm_cases(n: int, c: int, size: int, seed: int = 0) -> list[Case]:
                  dict(rtol=1e-3, atol=1e-3), paired=("dsl", "numpy"))]
 
 
+# ------------------------------------------------------------ broadcasts
+
+
+BROADCAST = """
+def scaled(x, y):
+    return x * y + 1.0
+
+def masked_softmax(s, mask):
+    z = where(mask, s, -1e30)
+    e = exp(z - max(z, axis=-1, keepdims=True))
+    return sum(e / sum(e, axis=-1, keepdims=True) * s)
+"""
+
+
+def numpy_masked_softmax(s, mask):
+    """sum(softmax(where(mask, s, -1e30)) * s) over the last axis, and its
+    gradient for s by hand (in f64, returned in s's dtype)."""
+    s64 = s.astype(np.float64)
+    z = np.where(mask, s64, -1e30)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)
+    # d/ds of sum(p * s): p + (the softmax's pullback of s) where the mask holds
+    grad = p + p * (s64 - (p * s64).sum(axis=-1, keepdims=True)) * mask
+    return np.asarray(np.sum(p * s64), s.dtype), grad.astype(s.dtype)
+
+
+def broadcast_cases(seed: int = 0, scale: int = 1) -> list[Case]:
+    """Inputs broadcast along middle axes of the loop (read per run of the
+    loop's axes they have): x * y + 1.0 for y (B, 1, D) over (B, T, D), a
+    channel's scale (C, 1, 1) over (N, C, H, W) and (B, 1, T, 1) over
+    (B, H, T, D), values; and a softmax's value and gradient under a
+    padding mask (B, 1, 1, T) and under a causal one (T, T).  `scale`
+    divides the sizes (tests run them tiny)."""
+    rng = np.random.default_rng(seed)
+    m = dsl.loads(BROADCAST, "broadcast.grad")
+    cases = []
+    for label, xs, ys in (
+            ("(B, 1, D) over (B, T, D)", (64, 128, 256), (64, 1, 256)),
+            ("(C, 1, 1) over (N, C, H, W)", (32, 64, 32, 32), (64, 1, 1)),
+            ("(B, 1, T, 1) over (B, H, T, D)", (16, 8, 128, 64), (16, 1, 128, 1))):
+        xs, ys = tuple(max(1, d // scale) for d in xs), tuple(max(1, d // scale) for d in ys)
+        x, y = rng.normal(size=xs), rng.normal(size=ys)
+        impls = {"numpy": lambda x=x, y=y: x * y + 1.0, "dsl": lambda x=x, y=y: m.scaled(x, y)}
+        if jax_modules():
+            jax, _ = jax_modules()
+            impls["jax"] = jax_call(jax.jit(lambda x, y: x * y + 1.0), x, y)
+        if torch_module():
+            torch = torch_module()
+            impls["torch"] = lambda x=x, y=y: (torch.from_numpy(x) * torch.from_numpy(y)
+                                               + 1.0).numpy()
+        cases.append(Case(f"x * y + 1.0, y {label}, float64 {'x'.join(map(str, xs))}", impls,
+                          (x * y + 1.0,)))
+    b, h, t = (max(1, d // scale) for d in (16, 8, 128))
+    s = rng.normal(size=(b, h, t, t)).astype(np.float32)
+    padding = rng.random(size=(b, 1, 1, t)) < 0.9
+    padding[..., 0] = True  # (no row wholly masked)
+    causal = np.tril(np.ones((t, t), bool))
+    value_and_grad = dsl.value_and_grad(m.masked_softmax)
+    for label, mask in (("padding (B, 1, 1, T)", padding), ("causal (T, T)", causal)):
+        impls = {"numpy": lambda mask=mask: numpy_masked_softmax(s, mask),
+                 "dsl": lambda mask=mask: value_and_grad(s, mask)}
+        if jax_modules():
+            impls["jax"] = jax_call(jax_masked_softmax(), s, mask)
+        if torch_module():
+            impls["torch"] = lambda mask=mask: torch_masked_softmax(s, mask)
+        cases.append(Case(f"softmax under a {label} mask, value and gradient, float32 "
+                          f"{b}x{h}x{t}x{t}", impls, numpy_masked_softmax(s, mask),
+                          dict(rtol=2e-3, atol=1e-5)))
+    return cases
+
+
+@lru_cache(maxsize=None)
+def jax_masked_softmax():
+    jax, jnp = jax_modules()
+
+    def loss(s, mask):
+        p = jax.nn.softmax(jnp.where(mask, s, -1e30), axis=-1)
+        return jnp.sum(p * s)
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def torch_masked_softmax(s, mask):
+    torch = torch_module()
+    st = torch.from_numpy(s).requires_grad_(True)
+    p = torch.softmax(torch.where(torch.from_numpy(mask), st, -1e30), dim=-1)
+    value = (p * st).sum()
+    return value.detach().numpy(), torch.autograd.grad(value, st)[0].numpy()
+
+
 # ------------------------------------------------------------ fused sum
 
 

@@ -25,6 +25,7 @@ WORKLOADS = {
     "conv": lambda: workloads.conv_cases(2, 3, 5, 4, 3),
     "pool": lambda: workloads.pool_cases(2, 3, 7),
     "norm": lambda: workloads.norm_cases(2, 3, 4),
+    "broadcast": lambda: workloads.broadcast_cases(scale=16),
     "fused_sum": lambda: workloads.fused_sum_cases([11]),
     "sincos_pow": lambda: workloads.sincos_pow_cases([9], [np.float32, np.float64]),
     "out": lambda: workloads.out_cases([7], [np.float32, np.float64]),
@@ -114,6 +115,21 @@ def test_the_batch_norm_reference_gradients_match_finite_differences():
             value = workloads.numpy_norm_loss
             fd[i] = (value(*plus)[0] - value(*minus)[0]) / 2e-6
         np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_the_masked_softmax_reference_gradient_matches_finite_differences():
+    rng = np.random.default_rng(8)
+    s, mask = rng.normal(size=(2, 1, 3, 4)), rng.random(size=(2, 1, 1, 4)) < 0.6
+    mask[..., 0] = True
+    _, grad = workloads.numpy_masked_softmax(s, mask)
+    fd = np.zeros_like(s)
+    for i in np.ndindex(s.shape):
+        plus, minus = s.copy(), s.copy()
+        plus[i] += 1e-6
+        minus[i] -= 1e-6
+        value = workloads.numpy_masked_softmax
+        fd[i] = (value(plus, mask)[0] - value(minus, mask)[0]) / 2e-6
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
 
 
 def test_numpy_references_match_independent_values():
