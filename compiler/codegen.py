@@ -264,6 +264,20 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     def array_dtype(v: Var) -> str:
         return "np.bool_" if v.type.dtype == "bool" else v.type.dtype
 
+    # values only later passes read: a block of rows' worth, per thread
+    spill = {v: j for j, v in enumerate(group.spilled)}
+    per_thread = [f"sp{j} = np.empty(block * length, {array_dtype(v)})"
+                  for v, j in spill.items()]
+    if spill:
+        args.append("threads")
+        kinds.append(("threads", None))
+
+    def held(v: Var) -> tuple[str, str, str]:
+        """(view, array, start of the run at i0) of a stored element value."""
+        if v in slot:
+            return f"y{slot[v]}", f"out{slot[v]}", "i0"
+        return f"z{spill[v]}", f"sp{spill[v]}", "i0 - lo * length"
+
     def row_segment(eqns: list[Eqn]) -> list[str]:
         """Lines computing row-scalar `eqns` for each row of the block: a
         value read outside them is kept in its array, others in locals."""
@@ -329,16 +343,16 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
                 names[v] = f"w{len(first)}"
                 first.append(f"w{len(first)} = {store[v]}[o]")
         for v in pass_.reads_back:
-            j = slot[v]
-            per_run.append(f"y{j} = out{j}[i0:]")
-            per_element.append(f"u{j} = y{j}[j]")
-            names[v] = f"u{j}"
+            view, array, start = held(v)
+            per_run.append(f"{view} = {array}[{start}:]")
+            per_element.append(f"u{view} = {view}[j]")
+            names[v] = f"u{view}"
         per_element += _eqn_lines(pass_.eqns, names, f"v{number}_", target=target)
         for v in (o for e in pass_.eqns for o in e.outputs):
-            if v in slot:  # (a stored value is never computed again: written once)
-                j = slot[v]
-                per_run.append(f"y{j} = out{j}[i0:]")
-                per_element.append(f"y{j}[j] = {names[v]}")
+            if v in slot or v in spill:  # (a stored value is never computed again: written once)
+                view, array, start = held(v)
+                per_run.append(f"{view} = {array}[{start}:]")
+                per_element.append(f"{view}[j] = {names[v]}")
         for r, eqn in enumerate(pass_.reductions):
             acc, x, out = f"acc{r}", names[eqn.inputs[0]], eqn.outputs[0]
             dtype = out.type.dtype
@@ -365,7 +379,7 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     body += row_segment(group.after)
 
     def wrap(kname: str) -> str:
-        return target.render_row_loop(kname, args, pre, body)
+        return target.render_row_loop(kname, args, pre, body, per_thread)
     kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
     return kname, wrap(kname), kinds
 
@@ -579,6 +593,8 @@ def kernel_signature(loop: "Loop | RowLoop") -> str:
         elif kind == "general":
             runs = broadcast_runs(v.type.shape, loop.shape)
             args.append(f"UniTuple(int64, {3 * (len(runs) or len(loop.shape))})")
+    if isinstance(loop, RowLoop) and loop.spilled:
+        args.append("int64")  # the threads the scratch is made for
     return ", ".join(args)
 
 
@@ -771,6 +787,8 @@ class _Driver:
                             in_place.add(v)
                         lines.append(f"{name} = {alloc}")
                         call_args.append(name)
+                    elif kind == "threads":
+                        call_args.append("R.POOL_THREADS")
                     else:
                         aux = access_aux(v.type.shape, step.shape)
                         call_args.append(render(aux) if not isinstance(aux, tuple) else

@@ -17,23 +17,29 @@ a cross-entropy, a layer norm's mean and variance, a softmax's gradient
 
 A value of an earlier pass that a later one reads is computed again there
 when that takes arithmetic only (a few ops, `RECOMPUTE_LENGTH`), else
-stored in an array in its own pass and read back (from cache) in the
-later one; a value the steps after the row loop read is always stored.
+stored in its own pass and read back (from cache) in the later one: into
+the kernel's scratch for a block of rows (`RowLoop.spilled`), or, for a
+value the steps after the row loop read, which is always stored, into its
+array.
 
 Grouping is greedy, as `fusion.fuse`'s: from a loop of shape S (or a
 reduction of an S-shaped value), later steps join while everything they
 read from outside existed before the group's first step, which is where
 the row loop runs; row-shaped work after the last pass is left out (as a
 loop of its own it vectorizes across rows, where here it would run once
-per row).  A group is kept only when it replaces two or more steps.
+per row).  A sum over the row's axes and leading ones next to them (a
+loss's total, `sum(softmax(x) * w)`) joins too: the row loop sums each
+row, and the sum of those row sums over the axes left is a step after it;
+nothing in the group reads that total.  A group is kept only when it
+replaces two or more steps.
 CPU only (`fuse(reductions=True)`): CUDA runs the steps as they were.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from gradlang.compiler.ir import Eqn, Var
+from gradlang.compiler.ir import Eqn, TensorType, Var
 from gradlang.compiler.ops import OPS
 from gradlang.compiler.shapes import access_kind, broadcast_runs
 
@@ -68,7 +74,10 @@ class RowLoop:
     passes: list[Pass]
     after: list[Eqn]  # row-scalar equations after the last pass
     inputs: list[Var] = field(default_factory=list)
-    outputs: list[Var] = field(default_factory=list)  # stored: read outside, or by a later pass
+    outputs: list[Var] = field(default_factory=list)  # stored: read outside the loop
+    # stored only for a later pass to read back: the kernel's own scratch,
+    # a block of rows long
+    spilled: list[Var] = field(default_factory=list)
     empty_checks: list[Eqn] = field(default_factory=list)  # maxes with no value for an empty row
 
     @property
@@ -113,6 +122,7 @@ class _Group:
         self.k: Optional[int] = None  # trailing axes per row
         self.element: set[Var] = set()
         self.row: set[Var] = set()
+        self.totals: set[Var] = set()  # sums a step after the row loop ends (`splits`)
         self.eqns = 0
 
     @property
@@ -125,6 +135,15 @@ class _Group:
             return False
         self.k = k
         return True
+
+    def splits(self, reduction: Eqn) -> bool:
+        """Whether `reduction`, of an element-shaped value, sums over the
+        row's axes and leading ones next to them (a loss's total): the
+        row loop sums each row, and a sum of the row sums follows it
+        (`_split`)."""
+        axes, rank = tuple(reduction.p["axes"]), len(self.shape)
+        return (reduction.op == "reduce_sum" and self.k is not None and len(axes) > self.k
+                and axes == tuple(range(rank - len(axes), rank)))
 
     def element_reads_ok(self, inputs) -> bool:
         for v in inputs:
@@ -141,11 +160,14 @@ class _Group:
     def classify(self, step) -> Optional[str]:
         """'element', 'row' or 'reduction' if `step` can join, else None
         (fixing the row axes where it is the first reduction)."""
+        if _reads(step) & self.totals:
+            return None  # (they exist only after the row loop)
         if not isinstance(step, Eqn):  # a fused loop (`fusion.Loop`)
             if step.stand_ins:
                 return None
             if tuple(step.shape) == self.shape:
-                if any(not self.fix_axes(r.p["axes"]) for r in step.reductions):
+                if any(not self.fix_axes(r.p["axes"]) and not self.splits(r)
+                       for r in step.reductions):
                     return None
                 return "element" if self.element_reads_ok(step.inputs) else None
             if self.k is None or not _is_row_shaped(step.shape, self.rows):
@@ -165,9 +187,9 @@ class _Group:
         (x,) = step.inputs
         if x in self.row and all(x.type.shape[a] == 1 for a in step.p["axes"]):
             return "row"  # over axes of one element: the value itself
-        if tuple(x.type.shape) != self.shape or not self.fix_axes(step.p["axes"]):
+        if tuple(x.type.shape) != self.shape or x in self.row:
             return None
-        return "reduction" if x not in self.row else None
+        return "reduction" if self.fix_axes(step.p["axes"]) or self.splits(step) else None
 
 
 def _start(step) -> Optional[_Group]:
@@ -180,9 +202,10 @@ def _start(step) -> Optional[_Group]:
     return group if group.classify(step) in ("element", "reduction") else None
 
 
-def _grow(steps: list, start: int, taken: set[int]) -> Optional[list[tuple[int, str]]]:
-    """The members (index, kind) of the group starting at steps[start], or
-    None where none worth running forms."""
+def _grow(steps: list, start: int,
+          taken: set[int]) -> Optional[tuple[list[tuple[int, str]], int]]:
+    """The members (index, kind) of the group starting at steps[start] and
+    its trailing axes per row, or None where none worth running forms."""
     group = _start(steps[start])
     if group is None:
         return None
@@ -195,13 +218,12 @@ def _grow(steps: list, start: int, taken: set[int]) -> Optional[list[tuple[int, 
         members.append((k, kind))
         made = set(_outputs(step))
         (group.element if kind == "element" else group.row).update(made)
-        if kind == "reduction":
-            group.row.update(made)
-        if kind == "element" and not isinstance(step, Eqn):
-            # the loop's own sums are row values
-            for r in step.reductions:
-                group.element.difference_update(r.outputs)
-                group.row.update(r.outputs)
+        sums = [step] if kind == "reduction" else \
+            step.reductions if kind == "element" and not isinstance(step, Eqn) else []
+        for r in sums:  # (a loop's own sums too) row values, or totals
+            group.element.difference_update(r.outputs)
+            group.row.difference_update(r.outputs)
+            (group.totals if group.splits(r) else group.row).update(r.outputs)
         group.eqns += len(step.eqns) + len(step.reductions) if not isinstance(step, Eqn) else 1
 
     join(start, group.classify(steps[start]))
@@ -210,7 +232,7 @@ def _grow(steps: list, start: int, taken: set[int]) -> Optional[list[tuple[int, 
             break
         step = steps[k]
         reads = _reads(step)
-        produced = group.element | group.row
+        produced = group.element | group.row | group.totals
         size = len(step.eqns) + len(step.reductions) if not isinstance(step, Eqn) else 1
         kind = None
         if k not in taken and not reads & blocked and group.eqns + size <= MAX_ROW_EQNS:
@@ -230,24 +252,26 @@ def _grow(steps: list, start: int, taken: set[int]) -> Optional[list[tuple[int, 
     # row work after the last pass runs better as a loop across rows
     while members and members[-1][1] == "row":
         members.pop()
-    work = [m for m in members if not (isinstance(steps[m[0]], Eqn)
-                                        and steps[m[0]].op == "reshape")]
+    # (a total alone is no reason for a row loop: one row, say, ran in
+    # parallel chunks as a loop, where a row loop's blocks of rows are one)
+    work = [m for m in members if not (isinstance(steps[m[0]], Eqn) and (
+        steps[m[0]].op == "reshape" or group.totals.issuperset(steps[m[0]].outputs)))]
     reduces = any(kind == "reduction" or (kind == "element" and steps[k].reductions)
                   for k, kind in members)
-    return members if reduces and len(work) >= 2 else None
+    return (members, group.k) if reduces and len(work) >= 2 else None
 
 
 def fuse_rows(steps: list, fn) -> list:
     """`steps` with each group (see the module's docstring) as one
     `RowLoop` where its first member stood."""
     taken: set[int] = set()
-    groups: dict[int, list[tuple[int, str]]] = {}
+    groups: dict[int, tuple[list[tuple[int, str]], int]] = {}
     for start in range(len(steps)):
         if start not in taken:
-            members = _grow(steps, start, taken)
-            if members:
-                groups[start] = members
-                taken.update(k for k, _ in members)
+            grown = _grow(steps, start, taken)
+            if grown:
+                groups[start] = grown
+                taken.update(k for k, _ in grown[0])
     if not groups:
         return steps
     reads = [_reads(s) for s in steps]
@@ -255,12 +279,41 @@ def fuse_rows(steps: list, fn) -> list:
     result = []
     for k, step in enumerate(steps):
         if k in groups:
-            mine = {m for m, _ in groups[k]}
+            members, per_row = groups[k]
+            mine = {m for m, _ in members}
             needed = returned.union(*(r for j, r in enumerate(reads) if j not in mine))
-            result.append(_build(steps, groups[k], needed))
+            split, totals = list(steps), []
+            for m in mine:
+                split[m] = _split(steps[m], per_row, totals)
+            needed.update(t.inputs[0] for t in totals)
+            result.append(_build(split, members, needed))
+            result += totals
         elif k not in taken:
             result.append(step)
     return result
+
+
+def _split(step, per_row: int, totals: list[Eqn]):
+    """`step` with each sum over more than a row's `per_row` trailing axes
+    (`_Group.splits`) summing each row instead; the sums of those row sums
+    over the axes left, which run after the row loop, appended to
+    `totals`."""
+    def row_sum(eqn: Eqn) -> Eqn:
+        (x,), (total,) = eqn.inputs, eqn.outputs
+        rank, axes = x.type.rank, tuple(eqn.p["axes"])
+        if len(axes) == per_row or eqn.op != "reduce_sum":
+            return eqn
+        partial = Var(TensorType(total.type.dtype, tuple(x.type.shape[:rank - per_row])),
+                      total.hint)
+        totals.append(replace(eqn, inputs=(partial,), params=(
+            ("axes", tuple(range(rank - len(axes), rank - per_row))),)))
+        return replace(eqn, outputs=(partial,), params=(
+            ("axes", tuple(range(rank - per_row, rank))),))
+    if isinstance(step, Eqn):
+        return row_sum(step) if _is_reduction(step) else step
+    if not isinstance(step, RowLoop) and step.reductions:
+        return replace(step, reductions=[row_sum(r) for r in step.reductions])
+    return step
 
 
 def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> RowLoop:
@@ -295,6 +348,7 @@ def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> Row
                                  if kind == "element"])
     outputs = [o for _, e in items for o in e.outputs if o in needed]
     stored = set(outputs)
+    spilled: list[Var] = []
     # values a later pass reads: computed again, or stored
     crossing = {a for kind, e in items for a in e.inputs
                 if isinstance(a, Var) and a in element
@@ -320,7 +374,7 @@ def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> Row
                 if len(mine) > RECOMPUTE_LENGTH or any(OPS[items[m][1].op].cost
                                                        for m in mine):
                     stored.add(v)
-                    outputs.append(v)
+                    spilled.append(v)
     chains.clear()  # (those cached before a value in them was stored are stale)
     passes = [Pass() for _ in range(n_passes)]
     after: list[Eqn] = []
@@ -361,4 +415,4 @@ def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> Row
                 inputs.append(a)
     checks = [e for kind, e in items if kind == "reduction" and e.op == "reduce_max"
               and e.p.get("empty") is None]
-    return RowLoop(shape, tuple(rows), passes, after, inputs, outputs, checks)
+    return RowLoop(shape, tuple(rows), passes, after, inputs, outputs, spilled, checks)

@@ -395,6 +395,11 @@ def reduce_max(x: np.ndarray, axes: tuple[int, ...], where: Where = "",
     return _reduce(x, axes, _max_rows, _max_rows_parallel, _max_middle, False)
 
 
+# The threads of Numba's pool, fixed once it is imported: a row loop
+# whose passes keep values in scratch makes one for each (`render_row_loop`)
+POOL_THREADS = numba.config.NUMBA_NUM_THREADS
+
+
 # OpenBLAS runs a product on the calling thread below about this many
 # multiply-adds (m n k; its GEMV's threshold, the lower of GEMV's and
 # GEMM's): no workers then wake, to spin after it.
@@ -964,15 +969,31 @@ class CpuTarget(Target):
         return "\n".join(out)
 
     def render_row_loop(self, kname: str, args: list[str], pre: list[str],
-                        body: list[str]) -> str:
-        """Blocks of rows in parallel, and a serial variant."""
+                        body: list[str], per_thread: list[str]) -> str:
+        """Blocks of rows in parallel, and a serial variant.  With
+        `per_thread` lines (scratch), the last argument is `threads`
+        (`POOL_THREADS`), and the parallel one runs that many runs of
+        blocks, each after those lines: scratch made once per thread, not
+        per block."""
         arglist = ", ".join(["n", "rows"] + args)
         out = []
-        for suffix, deco, rng in (("", _PARALLEL, "prange"), ("_serial", _SERIAL, "range")):
+        for suffix, deco in (("", _PARALLEL), ("_serial", _SERIAL)):
             out += [deco, f"def {kname}{suffix}({arglist}):", "    length = n // rows if rows else 0"]
             out += ["    " + line for line in pre]
-            out.append(f"    for blk in {rng}(blocks):")
-            out += ["        " + line for line in body] + [""]
+            indent = "    "
+            if suffix == "_serial":
+                out += [indent + line for line in per_thread]
+                out.append(f"{indent}for blk in range(blocks):")
+            elif not per_thread:
+                out.append(f"{indent}for blk in prange(blocks):")
+            else:
+                out += [f"{indent}parts = min(blocks, threads)",
+                        f"{indent}for part in prange(parts):"]
+                indent += "    "
+                out += [indent + line for line in per_thread]
+                out.append(f"{indent}for blk in range(part * blocks // parts, "
+                           f"(part + 1) * blocks // parts):")
+            out += [indent + "    " + line for line in body] + [""]
         return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

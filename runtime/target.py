@@ -144,10 +144,11 @@ class Target:
         raise NotImplementedError
 
     def render_row_loop(self, kname: str, args: list[str], pre: list[str],
-                        body: list[str]) -> str:
+                        body: list[str], per_thread: list[str]) -> str:
         """Kernel `kname(n, rows, *args)`: `length = n // rows` (0 for no
         rows), `pre` once (which defines `blocks`), then `body` for each
-        blk < blocks (a row loop, `compiler.rows`: a block of rows); launched
+        blk < blocks (a row loop, `compiler.rows`: a block of rows), each
+        thread running `per_thread` (its scratch) before its first; launched
         by `launch(kname, n, known, [rows] + args, cost)`.  Only a target
         that `fuses_reductions` has row loops."""
         raise NotImplementedError

@@ -42,6 +42,13 @@ def top(x):
 def loss(x, w):
     return sum(softmax(x, axis=-1) * w)
 
+def part(x, w):
+    return sum(softmax(x, axis=-1) * w, axis=(1, 2))
+
+def reread(x, w):
+    p = softmax(x, axis=-1)
+    return sum(p * sum(p * w) * w, axis=-1)
+
 def nested(x):
     s = softmax(log_softmax(x, axis=-1), axis=-1)
     return s * sum(s * s, axis=-1, keepdims=True), min(x, axis=-1)
@@ -158,6 +165,33 @@ def test_gradient_jvp_and_vmap_through_row_loops():
                                rtol=1e-12, atol=1e-14)
 
 
+def test_a_sum_over_the_rows_and_more_is_summed_per_row_in_the_row_loop():
+    # catches: a total (a loss's sum over every axis) of a row loop's work
+    # ending the row loop, so that a softmax's value and gradient ran as
+    # three kernels storing exp, p and p * w; and a reader of the total
+    # joining the row loop, which runs before the total exists (a KeyError
+    # in the driver)
+    rng = np.random.default_rng(4)
+    x, w = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+    vg = dsl.value_and_grad(M.loss)
+    assert len(row_loops(vg, x, w)) == 1
+    assert len(vg.program(vg.bind((x, w), {})).generated.kernel_names) == 1
+    p = np_softmax(x)
+    cases = ((M.loss, lambda a: np.sum(np_softmax(a) * w)),
+             (M.part, lambda a: np.sum(np_softmax(a) * w, axis=(1, 2))),
+             (M.reread, lambda a: np.sum(np_softmax(a) * np.sum(np_softmax(a) * w) * w,
+                                         axis=-1)))
+    for f, want in cases:
+        value, grad = dsl.value_and_grad(f)(x, w)
+        np.testing.assert_allclose(value, want(x), rtol=1e-13)
+        np.testing.assert_allclose(grad, central_difference(lambda a: np.sum(want(a)), [x], 0),
+                                   rtol=1e-6, atol=1e-9)
+    x32 = x.astype(np.float32)
+    got = dsl.value_and_grad(M.loss)(x32, w.astype(np.float32))
+    assert got[0].dtype == got[1].dtype == np.float32
+    np.testing.assert_allclose(got[0], np.sum(p * w), rtol=1e-6)
+
+
 def test_attention_runs_two_row_loops_and_no_separate_reductions():
     # catches: the softmax and its gradient falling back to separate passes
     # (loop, reduce_max, loop, reduce_sum, loops: eight kernels before)
@@ -172,15 +206,27 @@ def test_attention_runs_two_row_loops_and_no_separate_reductions():
 
 def test_parallel_blocks_of_rows_give_the_serial_bits(gradc_parallel):
     # catches: blocks of rows that skip or repeat rows at a block's edge
-    # (rows not a multiple of the block), or threads sharing a row value
+    # (rows not a multiple of the block), or one thread's run of blocks
+    # starting where the last one's did not end, where a later pass reads
+    # back scratch (the softmax's exp, in its gradient's row loop); threads
+    # sharing a row value or the scratch, at times (a race)
     rng = np.random.default_rng(3)
     x, g, b = rng.normal(size=(1001, 40)) * 10, rng.normal(size=40), rng.normal(size=40)
-    gradc_parallel("never")
-    serial = M.layer_norm(x, g, b)
-    gradc_parallel("always")
-    parallel = M.layer_norm(x, g, b)
-    np.testing.assert_array_equal(parallel, serial)
-    np.testing.assert_allclose(parallel, np_layer_norm(x, g, b), rtol=1e-12, atol=1e-12)
+    w = rng.normal(size=(1001, 40))
+    (loop,) = row_loops(dsl.value_and_grad(M.loss), x, w)
+    assert loop.spilled and not set(loop.spilled) & set(loop.outputs)
+    results = {}
+    for setting in ("never", "always"):
+        gradc_parallel(setting)
+        results[setting] = M.layer_norm(x, g, b), *dsl.value_and_grad(M.loss)(x, w)
+    for serial, parallel in zip(results["never"], results["always"]):
+        np.testing.assert_array_equal(parallel, serial)
+    norm, value, grad = results["always"]
+    np.testing.assert_allclose(norm, np_layer_norm(x, g, b), rtol=1e-12, atol=1e-12)
+    p = np_softmax(x)
+    np.testing.assert_allclose(value, np.sum(p * w), rtol=1e-12)
+    np.testing.assert_allclose(grad, p * (w - np.sum(p * w, axis=-1, keepdims=True)),
+                               rtol=1e-10, atol=1e-14)
 
 
 def test_a_mask_broadcast_along_runs_of_the_axes_joins_the_row_loop():
