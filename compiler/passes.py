@@ -257,7 +257,14 @@ def cse_key(eqn: Eqn, inputs) -> tuple | None:
         return None
     ins = tuple(("v", id(a)) if isinstance(a, Var) else ("l", _exactly(a.value), a.type)
                 for a in inputs)
+    if eqn.op in _COMMUTING:  # (a gradient's dy * p beside the value's p * dy)
+        ins = tuple(sorted(ins, key=repr))
     return (eqn.op, ins, tuple((name, _exactly(value)) for name, value in eqn.params))
+
+
+# Ops whose operands swap with the same bits, signed zeros included (not
+# maximum's: max(0.0, -0.0) is -0.0, max(-0.0, 0.0) is 0.0)
+_COMMUTING = ("add", "mul")
 
 
 def _exactly(value):

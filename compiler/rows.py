@@ -283,9 +283,12 @@ def fuse_rows(steps: list, fn) -> list:
             mine = {m for m, _ in members}
             needed = returned.union(*(r for j, r in enumerate(reads) if j not in mine))
             split, totals = list(steps), []
+            row_sums = {r.inputs[0]: r.outputs[0] for m in sorted(mine) for r in _sums(steps[m])
+                        if r.op == "reduce_sum" and len(r.p["axes"]) == per_row}
             for m in mine:
-                split[m] = _split(steps[m], per_row, totals)
+                split[m] = _split(steps[m], per_row, row_sums, totals)
             needed.update(t.inputs[0] for t in totals)
+            members = [(m, kind) for m, kind in members if split[m] is not None]
             result.append(_build(split, members, needed))
             result += totals
         elif k not in taken:
@@ -293,27 +296,38 @@ def fuse_rows(steps: list, fn) -> list:
     return result
 
 
-def _split(step, per_row: int, totals: list[Eqn]):
+def _sums(step) -> list[Eqn]:
+    """A step's reductions: itself, or a loop's own."""
+    if isinstance(step, Eqn):
+        return [step] if _is_reduction(step) else []
+    return step.reductions
+
+
+def _split(step, per_row: int, row_sums: dict[Var, Var], totals: list[Eqn]):
     """`step` with each sum over more than a row's `per_row` trailing axes
-    (`_Group.splits`) summing each row instead; the sums of those row sums
+    (`_Group.splits`) summing each row instead, or dropped where the group
+    sums that value per row already (`row_sums`: value -> its row sums;
+    None for a step that was only such a sum); the sums of those row sums
     over the axes left, which run after the row loop, appended to
     `totals`."""
-    def row_sum(eqn: Eqn) -> Eqn:
+    def row_sum(eqn: Eqn) -> Optional[Eqn]:
         (x,), (total,) = eqn.inputs, eqn.outputs
         rank, axes = x.type.rank, tuple(eqn.p["axes"])
         if len(axes) == per_row or eqn.op != "reduce_sum":
             return eqn
+        rest = (("axes", tuple(range(rank - len(axes), rank - per_row))),)
+        if x in row_sums:
+            totals.append(replace(eqn, inputs=(row_sums[x],), params=rest))
+            return None
         partial = Var(TensorType(total.type.dtype, tuple(x.type.shape[:rank - per_row])),
                       total.hint)
-        totals.append(replace(eqn, inputs=(partial,), params=(
-            ("axes", tuple(range(rank - len(axes), rank - per_row))),)))
+        totals.append(replace(eqn, inputs=(partial,), params=rest))
         return replace(eqn, outputs=(partial,), params=(
             ("axes", tuple(range(rank - per_row, rank))),))
     if isinstance(step, Eqn):
         return row_sum(step) if _is_reduction(step) else step
-    if not isinstance(step, RowLoop) and step.reductions:
-        return replace(step, reductions=[row_sum(r) for r in step.reductions])
-    return step
+    sums = [row_sum(r) for r in step.reductions]
+    return replace(step, reductions=[r for r in sums if r is not None]) if sums else step
 
 
 def _build(steps: list, members: list[tuple[int, str]], needed: set[Var]) -> RowLoop:

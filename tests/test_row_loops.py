@@ -168,13 +168,18 @@ def test_gradient_jvp_and_vmap_through_row_loops():
 def test_a_sum_over_the_rows_and_more_is_summed_per_row_in_the_row_loop():
     # catches: a total (a loss's sum over every axis) of a row loop's work
     # ending the row loop, so that a softmax's value and gradient ran as
-    # three kernels storing exp, p and p * w; and a reader of the total
+    # three kernels storing exp, p and p * w; the same product twice (CSE
+    # blind to p * w = w * p), or its row sums twice; and a reader of the total
     # joining the row loop, which runs before the total exists (a KeyError
     # in the driver)
     rng = np.random.default_rng(4)
     x, w = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
     vg = dsl.value_and_grad(M.loss)
-    assert len(row_loops(vg, x, w)) == 1
+    (loop,) = row_loops(vg, x, w)
+    # the value's p * w and the gradient's w * p: one product, summed once
+    # per row for both (not twice, nor once more over everything)
+    assert [len(p.reductions) for p in loop.passes] == [1, 1, 1, 0]
+    assert [e.op for e in loop.passes[2].eqns] == ["div", "mul"]
     assert len(vg.program(vg.bind((x, w), {})).generated.kernel_names) == 1
     p = np_softmax(x)
     cases = ((M.loss, lambda a: np.sum(np_softmax(a) * w)),
