@@ -92,7 +92,9 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
                 workloads.norm_cases(32, 64, 32))
     if name == "broadcast":
         return ("broadcasts along middle axes: x * y + 1.0 (values), and a softmax under a "
-                "padding and a causal mask (value + gradient)", workloads.broadcast_cases())
+                "padding and a causal mask (value + gradient; dsl's written by hand, and with "
+                "std's softmax, whose grad block, as JAX's and PyTorch's softmax, sends no "
+                "gradient through the max)", workloads.broadcast_cases())
     if name == "fused_sum":
         return ("sum(x * x), value only (one fused loop)", workloads.fused_sum_cases([10**7]))
     if name == "sincos_pow":

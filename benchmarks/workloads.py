@@ -803,6 +803,8 @@ def norm_cases(n: int, c: int, size: int, seed: int = 0) -> list[Case]:
 
 
 BROADCAST = """
+from std import softmax
+
 def scaled(x, y):
     return x * y + 1.0
 
@@ -810,6 +812,9 @@ def masked_softmax(s, mask):
     z = where(mask, s, -1e30)
     e = exp(z - max(z, axis=-1, keepdims=True))
     return sum(e / sum(e, axis=-1, keepdims=True) * s)
+
+def masked_std_softmax(s, mask):
+    return sum(softmax(where(mask, s, -1e30)) * s)
 """
 
 
@@ -857,9 +862,13 @@ def broadcast_cases(seed: int = 0, scale: int = 1) -> list[Case]:
     padding[..., 0] = True  # (no row wholly masked)
     causal = np.tril(np.ones((t, t), bool))
     value_and_grad = dsl.value_and_grad(m.masked_softmax)
+    # (std's softmax has a grad block, as JAX's and PyTorch's have their
+    # own rules: no gradient through the max it subtracts)
+    with_std = dsl.value_and_grad(m.masked_std_softmax)
     for label, mask in (("padding (B, 1, 1, T)", padding), ("causal (T, T)", causal)):
         impls = {"numpy": lambda mask=mask: numpy_masked_softmax(s, mask),
-                 "dsl": lambda mask=mask: value_and_grad(s, mask)}
+                 "dsl": lambda mask=mask: value_and_grad(s, mask),
+                 "dsl, std softmax": lambda mask=mask: with_std(s, mask)}
         if jax_modules():
             impls["jax"] = jax_call(jax_masked_softmax(), s, mask)
         if torch_module():
