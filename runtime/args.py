@@ -7,7 +7,10 @@ raises `ArgumentError` before anything runs: too many or missing
 arguments, unknown keywords, unsupported dtypes, and arrays whose dtype,
 rank or fixed/named dimensions contradict the parameter's annotation.
 
-Python scalars and sequences take the annotated dtype.  Unannotated, they
+Python scalars and sequences take the annotated dtype, but for an integer
+one (i32, i64, `int`) a bool is refused, as a NumPy bool array is: an
+integer parameter is an axis, a size, a count or indices, where NumPy and
+PyTorch refuse a bool too.  Unannotated, they
 keep NumPy's type, except for a differentiable parameter, which makes them
 floats (so `grad(f)(3)` works): f64, or f32 for a Python number (an int,
 float or bool) in a call whose float arrays are all f32 (a weakly typed
@@ -231,6 +234,15 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
         return value
     as_float = floating(spec.dtype) or (spec.dtype is None and spec.differentiable)
     array = numeric_array(where, value, span, as_float=as_float)
+    if array.dtype.kind == "b" and spec.dtype is not None \
+            and set(admitted(spec.dtype)) <= {"i32", "i64"}:
+        # (as a NumPy bool is, above: an integer parameter is an axis, a
+        # size, a count or indices, where True is a slip, such as keepdims
+        # passed in its place; NumPy and PyTorch refuse a bool as an axis)
+        what = (f"is a bool ({array.item()})", "an integer") if array.ndim == 0 else \
+            ("holds bools", "integers")
+        raise ArgumentError(f"{where} {what[0]}, but its annotation says "
+                            f"{kind_text(spec.dtype)}: pass {what[1]}", span)
     if spec.dtype is not None:
         return cast(where, array, number_dtype(spec.dtype), span)
     if spec.differentiable or array.dtype.kind == "f":

@@ -79,6 +79,23 @@ def test_an_axis_out_of_range_or_a_float_is_an_error_at_it(m):
         assert where in str(err.value) and "^" in str(err.value)
 
 
+
+def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
+    # True was taken as 1 (the sum over axis 1), where NumPy and PyTorch
+    # refuse a bool as an axis, the source refuses True as an i64 default
+    # or an axis, and a NumPy bool was refused already; a list of bools
+    # for indices would have been rows 1 and 0, not a mask
+    x = np.ones((3, 4))
+    for k in (True, False):
+        with pytest.raises(dsl.ArgumentError, match=rf"argument 'axis' of summed\(\) is a bool "
+                           rf"\({k}\), but its annotation says i64: pass an integer") as err:
+            m.summed(x, k)
+        assert "by_value.grad:7:5" in str(err.value)
+    indexed = dsl.loads("def f(x, i: i64[n]):\n    return take(x, i)\n", "indexed.grad")
+    with pytest.raises(dsl.ArgumentError, match="argument 'i' of f.. holds bools"):
+        indexed.f(np.arange(3.0), [True, False])
+    np.testing.assert_array_equal(indexed.f(np.arange(3.0), [1, 0]), [1.0, 0.0])
+
 BLOCKS = """\
 def squares(x, axis: i64):
     return sum(x * x, axis=axis)
