@@ -138,7 +138,8 @@ def _primitive(op: ops.Op) -> Builtin:
             return folded
         L.inexact_of_sizes(b, op.name, args)
         inputs = unify(b, args, span, float_result=op.float_only)
-        return b.bind(op.name, *inputs, span=span, weak=weak_result(args))
+        # (abs(k) of an integer argument stands for it, as k + 1 does)
+        return L.of_arguments(b.bind(op.name, *inputs, span=span, weak=weak_result(args)), args)
     return _builtin(op.arity, lower)
 
 

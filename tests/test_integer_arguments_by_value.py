@@ -172,3 +172,13 @@ def test_integer_arithmetic_on_them_is_taken_by_value_too():
     with pytest.raises(dsl.GradError, match="arange.. must be known") as err:
         m.g(x, 2)
     assert "derived.grad:6:21" in str(err.value)
+
+
+def test_abs_and_sign_of_them_are_taken_by_value_too():
+    # abs(k) and sign(k) were values of their own, not known as standing
+    # for the argument as k - 1 is: "axis must be a compile-time integer"
+    m = dsl.loads("def f(x, k: i64):\n    return sum(x, axis=sign(k)) * sum(arange(abs(k) + 1))\n",
+                  "signs.grad")
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(m.f(x, -2), x.sum(axis=-1) * 3)
+    np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1) * 1)
