@@ -121,11 +121,13 @@ class GradientCheckError(AssertionError):
 class CheckResult(list):
     """The rows of a check (a list) and its `warnings`.  Truthy when no row
     failed: an empty result (nothing differentiable) is truthy, as nothing
-    failed; `len()` tells whether anything was checked."""
+    failed; `len()` tells whether anything was checked, and `unchecked` why
+    not (no differentiable arguments, or no point where f is finite)."""
 
     def __init__(self, rows=(), warnings=()) -> None:
         super().__init__(rows)
         self.warnings: list[str] = list(warnings)
+        self.unchecked = "no differentiable arguments"
 
     def __bool__(self) -> bool:
         return all(row.ok for row in self)
@@ -918,6 +920,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
     rows: dict[tuple, list[GradCheck]] = {}
     failed_at: dict[tuple, list[str]] = {}
     warned: dict[str, list[str]] = {}
+    finite = False
     for index, (label, fill) in enumerate(fills):
         args = _sample_args(f, rng, rank, fill, const, indices, distinct)
         with np.errstate(all="ignore"):
@@ -925,6 +928,7 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
         outs = outs if isinstance(outs, tuple) else (outs,)
         if not _finite(outs):
             continue  # outside the function's domain
+        finite = True
         # the upstream-cotangent check at the random points only: it is linear
         # in the cotangent, so stress values add nothing but compile time
         checks = check_gradients(f, *args, order=order, seed=seed, upstream=index < 3)
@@ -936,6 +940,8 @@ def check_function(f: Compiled, params=None, order: int = 2, seed: int = 0) -> C
             warned.setdefault(warning, []).append(label)
     out = CheckResult(warnings=[f"{called(f.name)}: {w}, at {', '.join(labels)}"
                                 for w, labels in warned.items()])
+    if not finite:  # (an integer held at 0 by value, which it divides by: not "no arguments")
+        out.unchecked = "not finite at any point tried"
     order_of = _row_order(f)
     for (k, wrt, dtype), checks in sorted(rows.items(), key=lambda item: order_of(*item[0])):
         compared = [c for c in checks if c.compared]

@@ -336,7 +336,7 @@ def cmd_check(args) -> int:
                 messages.append(_shown(err))
                 continue
             if len(rows) == 0:  # (a result is falsy when a row failed)
-                table.append([name] + [""] * 8 + ["skipped: no differentiable arguments"])
+                table.append([name] + [""] * 8 + [f"skipped: {rows.unchecked}"])
             for r in rows:
                 errors = [f"{r.max_abs:.2e}", f"{r.max_rel:.2e}"] if r.points else ["-", "-"]
                 table.append([r.function, r.dtype, str(r.order), r.wrt, r.source, str(r.points),

@@ -237,6 +237,15 @@ def test_check_of_a_directory_skips_a_subdirectory_named_like_a_module(tmp_path,
     assert (code, err) == (0, "") and "skipped: no differentiable arguments" in out
 
 
+
+def test_check_of_a_function_infinite_at_every_point_says_so(tmp_path, capsys):
+    # it said "skipped: no differentiable arguments" of x: an integer
+    # taken by value is held at 0 at every point (x.shape[n] at rank 1),
+    # and dividing by it made every value infinite
+    (tmp_path / "f.grad").write_text("def f(x, n: i64):\n    return sum(x) / n * x.shape[n]\n")
+    code, out, err = run(["check", str(tmp_path / "f.grad")], capsys)
+    assert (code, err) == (0, "") and "skipped: not finite at any point tried" in out
+
 def test_a_bad_param_value_names_the_param(capsys):
     # was "argument '[1, 2j]' is complex": the run's arguments were fine
     code, _, err = run(["run", str(ROOT / "examples" / "linear_poly.grad"), "linear_poly", "1",
