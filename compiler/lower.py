@@ -797,7 +797,8 @@ class Lowerer:
                 # argument moves it at run time, which a gather does)
                 hint = ("; this one is known only at run time (a loop's index, an "
                         "argument): gather a window of fixed length at a run-time start "
-                        "with take(x, i + arange(n), axis)")
+                        "with take(x, i + arange(n), axis), or, for a bound that is an "
+                        "argument (x[:k]), declare it `k: const i64`: one program per value")
             raise GradError("expected a compile-time integer (a literal, x.shape[k], or "
                             f"arithmetic on them){hint}", span)
         return v

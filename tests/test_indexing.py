@@ -766,6 +766,9 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
      "    return s\n", (np.zeros(4),), 4, 23, "known only at run time (a loop's index, an "
      "argument): gather a window of fixed length at a run-time start with take(x, i + "
      "arange(n), axis)"),
+    # a slice's length an integer argument: the hint fitted only a window
+    ("def f(x, k: i64):\n    return x[:k]\n", (np.zeros(4), 2), 2, 15,
+     "for a bound that is an argument (x[:k]), declare it `k: const i64`"),
 ])
 def test_bad_indices_are_errors_at_their_source(source, args, line, col, text):
     m = dsl.loads(source, "bad.grad")
