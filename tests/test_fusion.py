@@ -72,6 +72,12 @@ def test_access_kinds():
         loop = (2, 3, 4) if len(shape) == 3 and shape[0] == 2 else (2, 3, 5, 4)
         assert access_kind(shape, loop) == "general"
         assert kept_runs(shape, loop) == runs
+    # a run of the loop's axes of size 1 alone has a term of 0 and is left
+    # out: as the last run it made the rows one element long (a channel's
+    # bias over (N, C, H, 1) read per element, 40x the time over (N, C, H))
+    assert kept_runs((5, 1, 1), (3, 5, 4, 1)) == [(1, 2)]
+    assert kept_runs((1, 5, 1, 1, 1), (3, 5, 1, 4, 1)) == [(1, 3)]
+    assert kept_runs((3, 1, 4, 1), (3, 5, 4, 1)) == [(0, 1), (2, 4)]
 
 
 def test_a_channels_bias_in_nchw_reads_one_value_a_run():
@@ -88,6 +94,12 @@ def test_a_channels_bias_in_nchw_reads_one_value_a_run():
     gb, gc = dsl.grad(m.f, wrt=(1, 2))(x, b, c)
     np.testing.assert_allclose(gb, x.sum(axis=(0, 2, 3)), rtol=1e-13)
     np.testing.assert_allclose(gc, (1 + x).sum(axis=(0, 1, 3), keepdims=True), rtol=1e-13)
+    # and over (N, C, H, 1): b held along rows of H (`kept_runs` leaves out
+    # the last axis of size 1 alone), c read on along them
+    x = x[..., :1].copy()
+    out, total = m.f(x, b, c)
+    np.testing.assert_array_equal(out, x * b[:, None, None] + c)
+    np.testing.assert_allclose(total, np.sum(x * c), rtol=1e-13)
 
 
 def test_a_broadcast_along_a_middle_axis_reads_in_runs():
