@@ -202,10 +202,11 @@ def _start(step) -> Optional[_Group]:
     return group if group.classify(step) in ("element", "reduction") else None
 
 
-def _grow(steps: list, start: int,
-          taken: set[int]) -> Optional[tuple[list[tuple[int, str]], int]]:
-    """The members (index, kind) of the group starting at steps[start] and
-    its trailing axes per row, or None where none worth running forms."""
+def _grow(steps: list, start: int, taken: set[int]
+          ) -> Optional[tuple[list[tuple[int, str]], int, set[Var]]]:
+    """The members (index, kind) of the group starting at steps[start], its
+    trailing axes per row and its totals (`_Group.totals`), or None where
+    none worth running forms."""
     group = _start(steps[start])
     if group is None:
         return None
@@ -258,14 +259,14 @@ def _grow(steps: list, start: int,
         steps[m[0]].op == "reshape" or group.totals.issuperset(steps[m[0]].outputs)))]
     reduces = any(kind == "reduction" or (kind == "element" and steps[k].reductions)
                   for k, kind in members)
-    return (members, group.k) if reduces and len(work) >= 2 else None
+    return (members, group.k, group.totals) if reduces and len(work) >= 2 else None
 
 
 def fuse_rows(steps: list, fn) -> list:
     """`steps` with each group (see the module's docstring) as one
     `RowLoop` where its first member stood."""
     taken: set[int] = set()
-    groups: dict[int, tuple[list[tuple[int, str]], int]] = {}
+    groups: dict[int, tuple[list[tuple[int, str]], int, set[Var]]] = {}
     for start in range(len(steps)):
         if start not in taken:
             grown = _grow(steps, start, taken)
@@ -279,14 +280,14 @@ def fuse_rows(steps: list, fn) -> list:
     result = []
     for k, step in enumerate(steps):
         if k in groups:
-            members, per_row = groups[k]
+            members, per_row, group_totals = groups[k]
             mine = {m for m, _ in members}
             needed = returned.union(*(r for j, r in enumerate(reads) if j not in mine))
             split, totals = list(steps), []
             row_sums = {r.inputs[0]: r.outputs[0] for m in sorted(mine) for r in _sums(steps[m])
                         if r.op == "reduce_sum" and len(r.p["axes"]) == per_row}
             for m in mine:
-                split[m] = _split(steps[m], per_row, row_sums, totals)
+                split[m] = _split(steps[m], per_row, group_totals, row_sums, totals)
             needed.update(t.inputs[0] for t in totals)
             members = [(m, kind) for m, kind in members if split[m] is not None]
             result.append(_build(split, members, needed))
@@ -303,17 +304,20 @@ def _sums(step) -> list[Eqn]:
     return step.reductions
 
 
-def _split(step, per_row: int, row_sums: dict[Var, Var], totals: list[Eqn]):
-    """`step` with each sum over more than a row's `per_row` trailing axes
-    (`_Group.splits`) summing each row instead, or dropped where the group
-    sums that value per row already (`row_sums`: value -> its row sums;
-    None for a step that was only such a sum); the sums of those row sums
-    over the axes left, which run after the row loop, appended to
-    `totals`."""
+def _split(step, per_row: int, group_totals: set[Var], row_sums: dict[Var, Var],
+           totals: list[Eqn]):
+    """`step` with each of the group's totals (`group_totals`: its sums
+    over more than a row's `per_row` trailing axes, `_Group.splits`)
+    summing each row instead, or dropped where the group sums that value
+    per row already (`row_sums`: value -> its row sums; None for a step
+    that was only such a sum); the sums of those row sums over the axes
+    left, which run after the row loop, appended to `totals`.  Any other
+    sum stays (a row value's over its axes of one element may be over more
+    than `per_row` axes, and is read in the row loop)."""
     def row_sum(eqn: Eqn) -> Optional[Eqn]:
         (x,), (total,) = eqn.inputs, eqn.outputs
         rank, axes = x.type.rank, tuple(eqn.p["axes"])
-        if len(axes) == per_row or eqn.op != "reduce_sum":
+        if total not in group_totals:
             return eqn
         rest = (("axes", tuple(range(rank - len(axes), rank - per_row))),)
         if x in row_sums:

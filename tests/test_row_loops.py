@@ -49,6 +49,10 @@ def reread(x, w):
     p = softmax(x, axis=-1)
     return sum(p * sum(p * w) * w, axis=-1)
 
+def unit_sum(x):
+    s = sum(x, axis=-1, keepdims=True)
+    return x - sum(s, axis=(1, 2), keepdims=True)
+
 def nested(x):
     s = softmax(log_softmax(x, axis=-1), axis=-1)
     return s * sum(s * s, axis=-1, keepdims=True), min(x, axis=-1)
@@ -195,6 +199,14 @@ def test_a_sum_over_the_rows_and_more_is_summed_per_row_in_the_row_loop():
     got = dsl.value_and_grad(M.loss)(x32, w.astype(np.float32))
     assert got[0].dtype == got[1].dtype == np.float32
     np.testing.assert_allclose(got[0], np.sum(p * w), rtol=1e-6)
+
+
+def test_a_row_values_sum_over_axes_of_one_element_is_no_total():
+    # catches: a row value's sum over axes of one element (here a row axis
+    # and the row's) split as a total, to run after the row loop, while the
+    # row loop reads it (a KeyError in the driver)
+    x = np.arange(10.0).reshape(2, 1, 5)
+    np.testing.assert_array_equal(M.unit_sum(x), x - x.sum(axis=(1, 2), keepdims=True))
 
 
 def test_attention_runs_two_row_loops_and_no_separate_reductions():
