@@ -54,11 +54,16 @@ def test_a_name_spelled_like_a_keyword_still_parses_its_own_errors():
 
 
 @pytest.mark.parametrize("flag, trips", [(True, 1), (False, 0)])
-def test_a_bool_trip_count_binds_as_an_integer(flag, trips):
+def test_a_bool_trip_count_is_refused_and_its_integer_binds(flag, trips):
+    # a bool for an integer parameter is a slip (974dad4: as for an axis),
+    # refused before the loop runs; the integer it stood for runs that many
     f = dsl.loads(GROW, host_results=True).grow
     u, kappa = np.array([0.2, 0.5]), 0.7
+    with pytest.raises(dsl.ArgumentError, match=rf"argument 'n' of grow\(\) is a bool "
+                                                rf"\({flag}\), but its annotation says i64"):
+        f(u, kappa, flag)
     expected = grow_numpy(u, kappa, trips)
-    np.testing.assert_allclose(f(u, kappa, flag), np.sum(expected * expected), rtol=1e-12)
+    np.testing.assert_allclose(f(u, kappa, trips), np.sum(expected * expected), rtol=1e-12)
 
 
 def test_out_takes_numpy_buffers_when_results_are_numpy_anyway():
