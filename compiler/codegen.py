@@ -215,8 +215,11 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
     of `inner`, the least period of a broadcast input, as `render_kernel`),
     summing (in f64, with `accumulate`) and taking maxima (`greatest`,
     which keeps a NaN) along the row.  Values per row live in arrays of
-    one element per row (the row outputs', or scratch made once per call).
-    Returns what `render_kernel` does."""
+    one element per row (the row outputs', or scratch made once per call);
+    element values that only later passes read back (`RowLoop.spilled`)
+    in scratch a block of rows long, made once per thread (the kernel's
+    last argument, `threads`, says how many run).  Returns what
+    `render_kernel` does."""
     shape = group.shape
     inputs = group.inputs
     access = [access_kind(v.type.shape, shape) for v in inputs]
