@@ -33,7 +33,7 @@ from gradlang.compiler import ops, passes
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.fusion import FUSIBLE
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
-from gradlang.compiler.shapes import Sym, broadcasts_to, prod
+from gradlang.compiler.shapes import Sym, broadcasts_to, made_up, prod
 from gradlang.runtime.errors import GradError
 
 
@@ -286,14 +286,10 @@ def _at_most(size, bound) -> bool:
 def _trip_dim(inputs: Sequence[Atom]):
     """The trip count of a loop on `inputs` as a dimension: an int when its
     bounds are constants, else a fresh symbol, bound when the loop runs
-    (named apart from the sizes its inputs have, which may be a user's)."""
+    (named apart from every size a user names: `shapes.made_up`)."""
     if all(isinstance(a, Lit) for a in inputs[:3]):
         return len(range(*(a.value for a in inputs[:3])))
-    taken = {f for a in inputs for d in a.type.shape if isinstance(d, Sym) for f in d.factors}
-    name = f"trip{next(_trip_symbols)}"
-    while name in taken:
-        name = f"trip{next(_trip_symbols)}"
-    return Sym.named(name)
+    return made_up("trip", next(_trip_symbols))
 
 
 def loop_pull_back(b: Builder, eqn: Eqn, out_cts: Sequence[Optional[Atom]],

@@ -81,6 +81,18 @@ class Sym:
     __repr__ = __str__
 
 
+def made_up(stem: str, tag: object) -> Sym:
+    """A size the compiler names itself (a loop's trip count, a param's
+    size that no argument gives), apart from every size a user names: those
+    are ASCII identifiers (the grammar's NAME, `gradc compile --sig`), and
+    this one holds a middle dot, which none can.  A name shared by accident
+    made one size of two (a --sig's size `trip0` was a trip count's, and
+    the gradient of the argument of that size took the trip count's
+    length).  Still an identifier, NFKC-stable, for the driver's
+    `size_` variable (`codegen.size_variable`)."""
+    return Sym.named(f"{stem}\u00b7{tag}")
+
+
 Dim = Union[int, Sym]
 
 

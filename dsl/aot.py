@@ -58,7 +58,7 @@ from gradlang.compiler.library import STDLIB
 from gradlang.compiler.lower import REGIONS_OF_SYMBOLIC_AXES
 from gradlang.compiler.modules import import_graph
 from gradlang.compiler.pipeline import optimize
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, made_up
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
                                      convert, number_dtype)
@@ -247,13 +247,13 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
             types[s.name] = t
     # A param's size name is the size an argument's annotation gives it
     # (a call checks they agree: args.check_param_sizes), else one shared
-    # by the params alone.
+    # by the params alone (`shapes.made_up`: a --sig may name a size p_m).
     named = {d: types[s.name].shape[axis] for s in reversed(f.specs)
              if s.name in types and isinstance(types[s.name], TensorType)
              and len(s.dims or ()) == types[s.name].rank
              for axis, d in enumerate(s.dims or ()) if isinstance(d, str)}
     for w, spec in zip(f.reads, f.param_specs):
-        dims = tuple(d if isinstance(d, int) else named.get(d, Sym.named(f"p_{d}"))
+        dims = tuple(d if isinstance(d, int) else named.get(d, made_up(d, "param"))
                      for d in (spec.dims or ()))
         types[w] = TensorType(spec.dtype or "f64", dims)
     return types

@@ -23,7 +23,7 @@ from dsl.aot import MARKER, _types, compile_module, parse_sig
 from dsl.cli import main
 from helpers import import_compiled
 from gradlang.compiler.codegen import generate
-from gradlang.compiler.pipeline import optimize
+from gradlang.compiler.pipeline import grad_of_sum, optimize
 from gradlang.runtime.aot import AotFunction, AotModule
 from gradlang.runtime.loader import (kernel_module_name, load_kernel_files, load_kernels,
                                      make_driver)
@@ -111,6 +111,36 @@ def test_any_size_name_gives_a_working_driver(size):
     x, y = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
     (out,) = run(x, y)
     np.testing.assert_array_equal(out, 32.0 + x)
+
+
+def _driver(m, sig: str, wrt=None):
+    """The driver `gradc compile` makes of m.f for `sig` (with `wrt`: of
+    the value and gradient w.r.t. those parameters), ready to run."""
+    fn = m.f.lower(_types(m.f, parse_sig(sig)[1], sig))
+    generated = generate(optimize(fn if wrt is None else grad_of_sum(fn, wrt, True)))
+    return make_driver(generated.driver_source, load_kernels(generated.kernel_source),
+                       m.target.helpers)
+
+
+def test_a_size_named_like_a_trip_count_is_not_the_trip_count():
+    # y's size trip0 was the name the gradient gave the loop's trip count:
+    # y's cotangent took k elements (garbage past y's 3)
+    m = dsl.loads("def f(x, y, k: i64):\n    for i in range(k):\n        x = x * x\n"
+                  "    return sum(x) + sum(y * y)\n")
+    run = _driver(m, "f(f64[n], f64[trip0], i64)", [0, 1])
+    x, y = np.array([0.5, 2.0]), np.array([1.0, 2.0, 3.0])
+    value, gx, gy = run(x, y, np.int64(5))
+    np.testing.assert_allclose(value, np.sum(x ** 32) + 14.0)
+    np.testing.assert_allclose(gx, 32 * x ** 31)
+    np.testing.assert_array_equal(gy, 2 * y)
+
+
+def test_a_size_named_like_a_params_own_size_is_not_that_size():
+    # w's size, named by no argument, was p_m: the --sig's p_m made x's
+    # size equal to w's, and the call a size mismatch
+    m = dsl.loads("param w: f64[m]\ndef f(x):\n    return x * sum(w)\n")
+    (out,) = _driver(m, "f(f64[p_m])")(np.arange(5.0), np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(out, 3 * np.arange(5.0))
 
 
 def test_a_size_name_that_is_not_an_identifier_is_a_usage_error(tmp_path, capsys):
