@@ -88,7 +88,9 @@ class GradError(Exception):
         return self
 
     def __str__(self) -> str:
-        where = "" if self.span is UNKNOWN_SPAN else f"{self.span}: "
+        # (the file name is user text too: a name holding an escape sequence
+        # or a newline acted on the terminal, or forged a line of its own)
+        where = "" if self.span is UNKNOWN_SPAN else f"{_shown(str(self.span))}: "
         text = f"{where}error: {self.message}"
         caret = _caret_lines(self.span, self.source)
         if caret:

@@ -406,6 +406,15 @@ def test_control_characters_in_a_shown_line_do_not_reach_the_terminal():
     assert str(err).split("\n")[1] == "    def f(x)  # \ufffd:"
 
 
+def test_control_characters_in_a_file_name_do_not_reach_the_terminal():
+    # the file name heads the diagnostic as it is: an escape sequence in it
+    # acted on the terminal, and a newline forged a diagnostic line
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads("def f(x):\n    return y\n", "a\x1b[2Jb\nc.grad:9:9: error: forged\r")
+    assert str(info.value).split("\n")[0] == ("a\ufffd[2Jb\ufffdc.grad:9:9: error: "
+                                              "forged\ufffd:2:12: error: name 'y' is not defined")
+
+
 def test_a_byte_order_mark_counts_no_column(tmp_path):
     # A byte that is not UTF-8 in a file with the mark was reported at the
     # wrong place, as the wrong byte ('e' at 1:3 here).
