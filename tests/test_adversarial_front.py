@@ -201,7 +201,7 @@ def test_a_float_power_that_overflows_says_so():
 @pytest.mark.parametrize("wrt,got", [
     # a compile-time float or tuple was called "a value computed at run time"
     ("1.5", "got 1.5"), ("((0,),)", "got (0,)"), ("x.shape[0]", "got 3"),
-    ("sum(x) > 0.0", "got a value computed at run time"), ("2", "got 2"),
+    ("sum(x) > 0.0", "got a value computed at run time"),
 ])
 def test_a_bad_wrt_is_named_as_it_is(wrt, got):
     m = dsl.loads(f"def h(x, y):\n    return sum(x * y)\ndef f(x):\n"
@@ -210,6 +210,16 @@ def test_a_bad_wrt_is_named_as_it_is(wrt, got):
         m.f(X)
     assert info.value.message == f"wrt must be parameter positions of h() (0 to 1), {got}"
     assert (info.value.line, info.value.col) == (4, 12)
+
+
+@pytest.mark.parametrize("wrt,col,got", [("2", 24, "2"), ("-1", 24, "-1"), ("(0, 2)", 28, "2")])
+def test_a_written_wrt_position_out_of_range_is_an_error_at_it(wrt, col, got):
+    # the error pointed at the whole grad(...) call, and only once lowered
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(f"def h(x, y):\n    return sum(x * y)\ndef f(x):\n"
+                  f"    return grad(h, wrt={wrt})(x, x)\n", "bad.grad")
+    assert info.value.message == f"wrt must be parameter positions of h() (0 to 1), got {got}"
+    assert (info.value.line, info.value.col) == (4, col)
 
 
 # --------------------------------------------------------------- defaults
