@@ -8,7 +8,7 @@ dtypes of call arguments; those are bound at call time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import ClassVar, Union
 
 from gradlang.runtime.args import floating, number_dtype
@@ -109,6 +109,16 @@ class Attr:
     value: "Expr"
     name: str
     span: Span
+
+    @property
+    def name_span(self) -> Span:
+        """Where the attribute's name is written (an error about the name
+        points there, not at the start of `x.T.zz`): the end of the span,
+        a name being one token on its last line; else the whole span."""
+        span = self.span
+        if not span.end_line or span.end_col <= len(self.name):
+            return span
+        return replace(span, line=span.end_line, col=span.end_col - len(self.name))
 
 
 @dataclass(frozen=True)

@@ -356,7 +356,7 @@ class _Function:
             self.expr(e.value, defined)
             if e.name not in ATTRIBUTES:
                 raise GradError(f"arrays have no attribute {e.name!r} (only "
-                                f"{ATTRIBUTES_SHOWN})", e.span)
+                                f"{ATTRIBUTES_SHOWN})", e.name_span)
         elif isinstance(e, ast.Index):
             self.expr(e.value, defined)
             for item in e.items:

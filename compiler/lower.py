@@ -594,7 +594,8 @@ class Lowerer:
     def expr_Attr(self, b, e: ast.Attr, env):
         v = self.expr(b, e.value, env)
         if is_static(v):
-            raise GradError(f"a compile-time value has no attribute {e.name!r}", e.span)
+            raise GradError(f"a compile-time value has no attribute {e.name!r}",
+                            e.name_span)
         if e.name == "T":
             return self.transpose(b, v, None, e.span)
         if e.name == "mT":  # NumPy's (and JAX's, torch's) transpose of a stack of matrices
@@ -610,7 +611,7 @@ class Lowerer:
         if e.name == "size":
             return v.type.size
         raise GradError(f"arrays have no attribute {e.name!r} (only {ATTRIBUTES_SHOWN})",
-                        e.span)
+                        e.name_span)
 
     def expr_Index(self, b, e: ast.Index, env):
         if len(e.items) == 1 and isinstance(e.items[0], ast.TupleExpr):

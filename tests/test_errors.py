@@ -145,7 +145,9 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    return x\n    y = x\n", 3, 5, "unreachable"),
     ("def f(x):\n    y = x\n", 2, None, "no return"),
     ("@fast\ndef f(x):\n    return x\n", 1, 1, "unknown decorator"),
-    ("def f(x):\n    return x.sum\n", 2, 12, "no attribute 'sum'"),
+    # at the attribute's name (it was at the start of `x.sum`, of `x.T.T.zz`)
+    ("def f(x):\n    return x.sum\n", 2, 14, "no attribute 'sum'"),
+    ("def f(x):\n    return (x +\n      x).T.T.zz\n", 3, 14, "no attribute 'zz'"),
     # NumPy's, JAX's and torch's spellings say the language's (it was "only
     # named functions can be called")
     ("def f(x):\n    return x.sum()\n", 2, 12, "arrays have no methods; write sum(x) for "
