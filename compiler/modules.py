@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import stat
 from pathlib import Path
 from typing import Callable, Hashable, Optional
 
@@ -59,13 +60,7 @@ def read_source(path: Path, span: Span) -> str:
     without the byte-order mark an editor may put first, its lines ending
     in '\\n' (`universal_newlines`).  Unreadable is a `GradError` at `span`
     (where the file was named); bytes that are not UTF-8 one at those bytes."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise GradError(f"no such file: {path}", span) from None
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise GradError(f"cannot read {path}: {err}", span) from None
-    data = data.removeprefix(codecs.BOM_UTF8)
+    data = _regular_file_bytes(path, span).removeprefix(codecs.BOM_UTF8)
     try:
         return universal_newlines(data.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -74,6 +69,33 @@ def read_source(path: Path, span: Span) -> str:
         raise GradError(f"the file is not UTF-8 text: byte 0x{data[err.start]:02x} cannot "
                         "start a character here", where,
                         universal_newlines(data.decode("utf-8", "replace"))) from None
+
+
+def _regular_file_bytes(path: Path, span: Span) -> bytes:
+    """The bytes of the regular file at `path`, else a `GradError` at
+    `span`.  A pipe is opened without waiting for a writer and refused, as
+    a device is: `dsl.load` of a FIFO waited for ever, and of /dev/zero
+    read until memory ran out (the command line refused them, but not
+    `dsl.load`, the import hook, or a file that became one since)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise GradError(f"no such file: {path}", span) from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise GradError(f"cannot read {path}: {err}", span) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise GradError(f"cannot read {path}: it is a directory", span)
+        if not stat.S_ISREG(mode):
+            raise GradError(f"cannot read {path}: it is not a regular file (a pipe or a "
+                            "device); write the source to a file", span)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError as err:
+        raise GradError(f"cannot read {path}: {err}", span) from None
+    finally:
+        os.close(fd)
 
 
 def _no_param_named_like_a_function(module: ast.Module, ns: Namespace) -> None:

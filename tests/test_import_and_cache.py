@@ -147,6 +147,20 @@ def test_a_fifo_among_the_cache_files_is_a_miss_not_a_hang(tmp_path, monkeypatch
         _within_seconds(5, load_kernel_files, [str(kernel)])
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_loading_a_fifo_or_a_device_is_an_error_not_a_hang(tmp_path):
+    # `gradc` refused them, but dsl.load of a FIFO waited for a writer for
+    # ever, and of /dev/zero read until memory ran out
+    pipe = tmp_path / "p.grad"
+    os.mkfifo(pipe)
+    devices = [Path("/dev/zero")] if Path("/dev/zero").exists() else []
+    for path in [pipe] + devices:
+        with pytest.raises(dsl.GradError) as info:
+            _within_seconds(5, dsl.load, path)
+        assert str(info.value) == (f"{path}:1:1: error: cannot read {path}: it is not a regular "
+                                   "file (a pipe or a device); write the source to a file")
+
+
 def _within_seconds(seconds: float, function, *args):
     """`function(*args)`, run on a daemon thread, which a call that hangs
     leaves behind (failing the test) without holding up the process."""
