@@ -88,15 +88,17 @@ class GradError(Exception):
         return self
 
     def __str__(self) -> str:
-        # (the file name is user text too: a name holding an escape sequence
-        # or a newline acted on the terminal, or forged a line of its own)
-        where = "" if self.span is UNKNOWN_SPAN else f"{_shown(str(self.span))}: "
-        text = f"{where}error: {self.message}"
+        # (the file name is user text too, and messages and notes may hold
+        # one (`cannot read PATH`): a name holding an escape sequence or a
+        # newline acted on the terminal, or forged a line of its own)
+        where = "" if self.span is UNKNOWN_SPAN else f"{self.span}: "
+        text = _shown(f"{where}error: {self.message}")
         caret = _caret_lines(self.span, self.source)
         if caret:
             text += "\n" + caret
-        if self.note:
-            text += f"\nnote: {self.note}"
+        if self.note:  # (each of its notes is a line: `add_note`)
+            text += "".join(f"\nnote: {_shown(line)}" if k == 0 else f"\n{_shown(line)}"
+                            for k, line in enumerate(self.note.split("\n")))
         return text
 
 

@@ -423,6 +423,12 @@ def test_control_characters_in_a_file_name_do_not_reach_the_terminal():
         dsl.loads("def f(x):\n    return y\n", "a\x1b[2Jb\nc.grad:9:9: error: forged\r")
     assert str(info.value).split("\n")[0] == ("a\ufffd[2Jb\ufffdc.grad:9:9: error: "
                                               "forged\ufffd:2:12: error: name 'y' is not defined")
+    # nor through a message or a note that names the file
+    with pytest.raises(dsl.GradError) as info:
+        dsl.load("no\x1b[2Jsuch.grad")
+    info.value.add_note("in no\x1b[2Jsuch.grad")
+    assert str(info.value) == ("no\ufffd[2Jsuch.grad:1:1: error: no such file: no\ufffd[2Jsuch.grad"
+                               "\nnote: in no\ufffd[2Jsuch.grad")
 
 
 def test_a_byte_order_mark_counts_no_column(tmp_path):
