@@ -333,6 +333,9 @@ class _Function:
             if e.id not in defined:
                 if self.ns.resolve(e) is not None or e.id in BUILTINS:
                     raise GradError(f"function {e.id!r} used as a value; call it", e.span)
+                if e.id in self.ns.modules:  # (not "name 'std' is not defined")
+                    raise GradError(f"module {e.id!r} used as a value; call one of its "
+                                    f"functions: {e.id}.NAME(...)", e.span)
                 self.undefined(e.id, e.span)
         elif isinstance(e, ast.Call):
             self.call(e, defined)
@@ -403,6 +406,9 @@ class _Function:
             elif isinstance(func, ast.Name):
                 if func.id in defined:
                     raise GradError(f"{func.id!r} is a value, not a function", func.span)
+                if func.id in self.ns.modules:  # (not "unknown ...; import it first")
+                    raise GradError(f"{func.id!r} is a module, not a function; call one of its "
+                                    f"functions: {func.id}.NAME(...)", func.span)
                 if func.id not in BUILTINS:
                     raise GradError(f"unknown function {func.id!r}"
                                     f"{_spelled_otherwise(func.id, self.ns)}", func.span)

@@ -121,6 +121,12 @@ def test_syntax_errors(source, line, col, text):
     ("from std import sigmod\n", 1, 1, "no function 'sigmod'; did you mean 'sigmoid'?"),
     ("import std\ndef f(x):\n    return std.sigmoid(x)\n", 3, 12,
      "sigmoid is a builtin: call it without `std.`"),
+    # an imported module called or read: it said "import it first" and
+    # "name 'std' is not defined" of a module imported
+    ("import std\ndef f(x):\n    return std(x)\n", 3, 12,
+     "'std' is a module, not a function; call one of its functions: std.NAME(...)"),
+    ("import std\ndef f(x):\n    return x + std\n", 3, 16,
+     "module 'std' used as a value; call one of its functions: std.NAME(...)"),
     ("def f(x):\n    return clamp(x, 0, 1)\n", 2, 12, "write clip(x, lo, hi)"),
     ("def f(x):\n    return var(x)\n", 2, 12, "write mean((x - mean(x, axis, keepdims=True))"),
     ("def f(x):\n    return x.at[0].set(1.0)\n", 2, 12, "have no .at[...].set() as JAX's do"),
