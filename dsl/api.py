@@ -126,13 +126,18 @@ def rebuilt_module(graph: ImportGraph, target: str, host_results: bool,
 
 
 @user_facing
-def loads(source: str, file: str = "<string>", target: "Target | str" = targets.DEFAULT,
-          host_results: bool = False) -> Module:
+def loads(source: str, file: "str | os.PathLike" = "<string>",
+          target: "Target | str" = targets.DEFAULT, host_results: bool = False) -> Module:
     """Parse and check source text.  `target` names where kernels run
     (`gradlang.runtime.target.TARGETS`); on a device target results stay
     on the device unless host_results=True."""
     if not isinstance(source, str):
         raise TypeError(f"loads() takes source text, got {type(source).__name__}")
+    if not isinstance(file, (str, bytes, os.PathLike)):
+        raise TypeError(f"loads() takes a file name (a str or a path), got {type(file).__name__}")
+    # (as text: a Path failed when called, sorted among the str names of
+    # the modules it imports, and bytes where an import looked beside it)
+    file = os.fsdecode(file)
     module, namespace = front_end(source, file)
     return Module(module, namespace, target, host_results)
 

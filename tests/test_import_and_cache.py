@@ -161,6 +161,19 @@ def test_loading_a_fifo_or_a_device_is_an_error_not_a_hang(tmp_path):
                                    "file (a pipe or a device); write the source to a file")
 
 
+def test_loads_takes_a_path_for_the_file_name(tmp_path):
+    # a Path (as dsl.load takes) failed when called, sorted among the str
+    # names of the modules it imports; None and other non-names failed
+    # there too, with an internal TypeError
+    (tmp_path / "lib.grad").write_text("def g(x):\n    return x * 2.0\n")
+    m = dsl.loads("from lib import g\ndef f(x):\n    return g(x) + 1.0\n", tmp_path / "m.grad")
+    np.testing.assert_array_equal(m.f(np.array([1.0, 2.5])), [3.0, 6.0])
+    assert m.__file__ == str(tmp_path / "m.grad")
+    with pytest.raises(TypeError, match=r"loads\(\) takes a file name \(a str or a path\), "
+                                        "got NoneType"):
+        dsl.loads("def f(x):\n    return x\n", None)
+
+
 def _within_seconds(seconds: float, function, *args):
     """`function(*args)`, run on a daemon thread, which a call that hangs
     leaves behind (failing the test) without holding up the process."""
