@@ -33,6 +33,16 @@ class Num:
         return isinstance(self.value, float)
 
 
+
+def written_int(e) -> "int | None":
+    """The integer `e` writes (`3`, `-1`), else None."""
+    negated = isinstance(e, UnaryOp) and e.op == "-"
+    e = e.operand if negated else e
+    if isinstance(e, Num) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return -e.value if negated else e.value
+    return None
+
+
 @dataclass(frozen=True)
 class Bool:
     value: bool

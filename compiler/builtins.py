@@ -323,7 +323,7 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
-        raise GradError(f"axis {axis} is out of range for rank {rank}", span)
+        raise ops.axis_out_of_range(axis, rank, span)
     axis %= rank
     if stack:
         shapes = {a.type.shape for a in items}
@@ -478,7 +478,7 @@ def static_axis(L: Lowerer, axis, rank: int, span: Span) -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise GradError(f"axis must be a compile-time integer{python_number_hint(axis)}", span)
     if not -rank <= axis < rank:
-        raise GradError(f"axis {axis} is out of range for rank {rank}", span)
+        raise ops.axis_out_of_range(axis, rank, span)
     return axis % rank
 
 

@@ -510,7 +510,7 @@ class _Function:
             for item in items:
                 if isinstance(item, ast.Str):  # (not the einsum subscripts' error)
                     raise GradError(_wrt_name_error(target[0], item.value), item.span)
-                position = _written_int(item)
+                position = ast.written_int(item)
                 if position is not None and not 0 <= position < len(target[0].params):
                     # (here, at the position: the lowering knows only the call)
                     raise GradError(f"wrt must be parameter positions of {target[0].name}() "
@@ -629,15 +629,6 @@ def _keyword_names(e: ast.Call) -> list[str]:
 
 def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
     return set(ast.assigned_names(tuple(body)))
-
-
-def _written_int(e) -> Optional[int]:
-    """The integer `e` writes (`3`, `-1`), else None."""
-    negated = isinstance(e, ast.UnaryOp) and e.op == "-"
-    e = e.operand if negated else e
-    if isinstance(e, ast.Num) and isinstance(e.value, int):
-        return -e.value if negated else e.value
-    return None
 
 
 def _wrt_name_error(f: ast.FuncDef, name: str) -> str:

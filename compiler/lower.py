@@ -832,7 +832,12 @@ class Lowerer:
             raise GradError(f"unknown function {name!r}", e.func.span)
         builtin.check(name, len(args), kwargs, e.span)
         _refuse_none(e, args, kwargs, functools.partial(builtin.refuses_none, name))
-        return builtin.lower(self, b, args, kwargs, e.span)
+        try:
+            return builtin.lower(self, b, args, kwargs, e.span)
+        except ops.AxisOutOfRange as err:
+            if err.span == e.span:  # (the call's own axis, not a nested call's)
+                err.span = _where_written(e, err.axis) or err.span
+            raise
 
     # ---------------------------------------------------- op helpers
 
@@ -1009,6 +1014,16 @@ def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
     raise GradError(f"{_OPERATOR_TEXT[op]} does not apply to a {kind}: a {kind} is a "
                     f"compile-time sequence, not an array (+ concatenates two, * n repeats "
                     f"one; build an array with stack(...))", span)
+
+
+def _where_written(call: ast.Call, value: int) -> Optional[Span]:
+    """Where `call` writes the integer `value` as an argument (or an item
+    of one: `axis=(0, 7)`), if it does so exactly once: an out-of-range
+    axis is reported there, not at the call."""
+    found = [item.span for a in (*call.args[1:], *(k.value for k in call.kwargs))
+             for item in (a.items if isinstance(a, (ast.TupleExpr, ast.ListExpr)) else (a,))
+             if ast.written_int(item) == value]
+    return found[0] if len(found) == 1 else None
 
 
 def _refuse_none(call: ast.Call, args: list, kwargs: dict,

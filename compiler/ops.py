@@ -71,11 +71,25 @@ def _where_rule(types, params, span):
     return [TensorType(_same_dtype([a, b], span), shape)]
 
 
+class AxisOutOfRange(GradError):
+    """An axis beyond an array's rank; `axis` is the one given, which the
+    lowering of a builtin's call points at where the call writes it.  (Made
+    by `axis_out_of_range`: a GradError's arguments, so that it pickles.)"""
+
+    axis: int = 0
+
+
+def axis_out_of_range(axis: int, rank: int, span) -> AxisOutOfRange:
+    err = AxisOutOfRange(f"axis {axis} is out of range for rank {rank}", span)
+    err.axis = axis
+    return err
+
+
 def _normalize_axes(axes, rank: int, span) -> tuple[int, ...]:
     out = []
     for axis in axes:
         if not -rank <= axis < rank:
-            raise GradError(f"axis {axis} is out of range for rank {rank}", span)
+            raise axis_out_of_range(axis, rank, span)
         out.append(axis % rank)
     if len(set(out)) != len(out):
         raise GradError(f"repeated axis in {tuple(axes)}", span)
@@ -204,7 +218,7 @@ def _check_index(idx: TensorType, span) -> None:
 
 def _check_axis(x: TensorType, axis: int, span) -> None:
     if not 0 <= axis < x.rank:
-        raise GradError(f"axis {axis} is out of range for rank {x.rank}", span)
+        raise axis_out_of_range(axis, x.rank, span)
 
 
 def _taken_shape(x: TensorType, idx: TensorType, axis: int) -> tuple:

@@ -193,6 +193,16 @@ def test_name_and_arity_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
 
 
+@pytest.mark.parametrize("call,col,axis", [("sum(x, axis=(0, 7))", 28, 7), ("mean(x, -3)", 20, -3),
+                                           ("sum(sum(x, axis=3))", 28, 3)])
+def test_an_axis_out_of_range_is_an_error_at_the_axis(call, col, axis):
+    # it was at the call (the `sum` of sum(x, axis=(0, 7))); an axis the
+    # call does not write (a name, or written twice) stays there
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads(f"def f(x):\n    return {call}\n", "bad.grad").f(np.ones(2))
+    assert_at(info.value, 2, col, f"axis {axis} is out of range for rank 1")
+
+
 @pytest.mark.parametrize("call,text", [("max(x, 0.0)", "the elementwise maximum of two values "
                                                       "write maximum(a, b)"),
                                        ("min(x, x)", "write minimum(a, b)")])
