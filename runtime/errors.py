@@ -105,8 +105,10 @@ class GradError(Exception):
 # Characters a terminal acts on rather than shows: controls (an escape
 # sequence, a NUL), format characters (the bidirectional overrides that
 # make a line display in another order than it reads, zero-width ones that
-# would shift the caret) and line or paragraph separators.
-_UNSHOWN = ("Cc", "Cf", "Zl", "Zp")
+# would shift the caret) and line or paragraph separators; and lone
+# surrogates (a file name that is not UTF-8, as os.fsdecode gives it),
+# which no UTF-8 stream can write.
+_UNSHOWN = ("Cc", "Cf", "Zl", "Zp", "Cs")
 
 
 def _shown(line: str) -> str:

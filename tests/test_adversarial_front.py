@@ -429,6 +429,12 @@ def test_control_characters_in_a_file_name_do_not_reach_the_terminal():
     info.value.add_note("in no\x1b[2Jsuch.grad")
     assert str(info.value) == ("no\ufffd[2Jsuch.grad:1:1: error: no such file: no\ufffd[2Jsuch.grad"
                                "\nnote: in no\ufffd[2Jsuch.grad")
+    # a name that is not UTF-8 (os.fsdecode's lone surrogates): no UTF-8
+    # stream could print the error
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads("def f(x):\n    return y\n", "bad\udcff.grad")
+    assert str(info.value).startswith("bad\ufffd.grad:2:12: error:")
+    str(info.value).encode("utf-8")
 
 
 def test_a_byte_order_mark_counts_no_column(tmp_path):
