@@ -498,8 +498,12 @@ class _Function:
         _keyword_names(e)
         target = self.ns.resolve(e.args[0]) if e.args else None
         if target is None:
-            named = (f" (no function {e.args[0].id!r} is defined or imported)"
-                     if e.args and isinstance(e.args[0], ast.Name) else "")
+            named = ""
+            if e.args and isinstance(e.args[0], ast.Name):
+                fn = e.args[0].id
+                named = (f" ({fn!r} is a builtin: define a function that calls it, "
+                         f"def g(x): return {fn}(x), and take {name}(g))" if fn in BUILTINS
+                         else f" (no function {fn!r} is defined or imported)")
             raise GradError(f"{name}() takes the name of a function as its first "
                             f"argument{named}", e.args[0].span if e.args else e.span)
         extra = [k.name for k in e.kwargs if k.name != "wrt"]

@@ -141,6 +141,9 @@ def test_in_language_jvp_takes_a_list_or_a_named_tuple_as_wrt():
     # an undefined name: the message did not say which
     ("grad(nope)(x, x)", r"grad\(\) takes the name of a function as its first argument "
                          r"\(no function 'nope' is defined or imported\)"),
+    # a builtin: it said no function 'exp' was defined, not what to write
+    ("grad(exp)(x)", r"\('exp' is a builtin: define a function that calls it, def g\(x\): "
+                     r"return exp\(x\), and take grad\(g\)\)"),
 ])
 def test_in_language_transform_misuse_says_what_the_transform_takes(body, message):
     with pytest.raises(dsl.GradError, match=message):
