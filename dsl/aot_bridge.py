@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from dsl.bridge import (Bridged, as_varying, bind_foreign, vary_together,
-                         weak_numbers_as_python)
+                         weak_number_dtypes, weak_numbers_as_python)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -108,6 +108,9 @@ class AotJax(AotBridged):
             raise ArgumentError(f"{self.__name__} runs only a module compiled for the cpu "
                                 f"target; this one was compiled for {f.target.name!r}")
 
+        # (without x64) id of a weakly typed number -> the dtype a Python number is bound in
+        weak: dict[int, np.dtype] = {}
+
         def stand_in(value, where: str):
             if isinstance(value, np.ndarray) and value.dtype in SUPPORTED:
                 # (made a JAX array, as jnp functions do; a masked array refused
@@ -119,10 +122,13 @@ class AotJax(AotBridged):
             if dtype not in SUPPORTED:
                 raise ArgumentError(f"{where} is a JAX array of dtype {dtype}; gradlang takes "
                                     "float32 and float64 (and int32, int64, bool constants)")
-            return placeholder(tuple(value.shape), dtype), value
+            # (`arrays` converts the value JAX holds to the dtype bound)
+            return placeholder(tuple(value.shape), weak.get(id(value), dtype)), value
 
         if jax.config.jax_enable_x64:  # (a Python float under jit: an f64 tracer)
             args, kwargs = weak_numbers_as_python(f, args, kwargs)
+        else:  # (one JAX holds as f32 or i32, where the signature says f64 or i64)
+            weak.update(weak_number_dtypes(f, args, kwargs))
         bound, inputs = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         names = tuple(inputs)
         kind, sig = self.kind, f._signature(bound)

@@ -20,8 +20,10 @@ it as a constant, or fail on a traced one).  `widened_halves` casts a
 library's half-precision arrays to float32 where f takes float32.
 `vary_together(values)` makes JAX values inside `shard_map` vary over the
 same manual mesh axes, and says which (`manual_axes` of a value's type);
-`weak_numbers_as_python` casts weakly typed JAX numbers (a Python float
-under `jit`) to the dtype binding gives a Python number.
+`weak_number_dtypes` says which weakly typed JAX numbers (a Python float
+or int under `jit`) need another dtype to be bound as binding binds a
+Python number, and `weak_numbers_as_python` casts them to it (with
+jax_enable_x64; without it the bridges bind them in it).
 """
 from __future__ import annotations
 
@@ -216,16 +218,39 @@ def as_varying(value: Any, axes: tuple) -> Any:
 
 def weak_numbers_as_python(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The arguments, where JAX runs with jax_enable_x64, with each weakly
-    typed JAX number (a Python float or int that `jit` made a tracer, a
-    `jnp.asarray(0.5)`) cast to the dtype binding gives that Python number
-    (`runtime.args.bind`): a parameter's annotated float dtype, else, for a
-    float (to any float parameter but a module param) or an int (to a
-    differentiable one), f32 where the call's other float arrays are all
-    f32, as JAX's own operations take it, and f64 for such an int
-    elsewhere.  (It was an f64 or i64 array: `jax.jit(f)(x, 0.5)` of an f32
-    x computed in f64 where the eager call computed in f32, and a
-    parameter annotated f32 refused it.)  The cast is a JAX operation, so
-    the number's gradient comes back through it."""
+    typed JAX number cast to the dtype binding gives the Python number it
+    stands for (`weak_number_dtypes`).  (It was an f64 or i64 array:
+    `jax.jit(f)(x, 0.5)` of an f32 x computed in f64 where the eager call
+    computed in f32, and a parameter annotated f32 (or i32) refused it.)
+    The cast is a JAX operation, so the number's gradient comes back
+    through it.  Without x64 JAX cannot hold an f64 or i64 such a number
+    needs: the bridges bind it in that dtype instead (`weak_number_dtypes`),
+    converting its value where the kernels read it."""
+    import jax
+    dtypes = weak_number_dtypes(f, args, kwargs)
+    if not dtypes:
+        return args, kwargs
+
+    def taken(value: Any) -> Any:
+        dtype = dtypes.get(id(value))
+        return value if dtype is None or not isinstance(value, jax.Array) \
+            else value.astype(dtype)
+    return tuple(map(taken, args)), {k: taken(v) for k, v in kwargs.items()}
+
+
+def weak_number_dtypes(f: Any, args: tuple, kwargs: dict) -> dict[int, np.dtype]:
+    """id(value) -> the dtype binding gives a Python number (`runtime.args.bind`),
+    for each weakly typed JAX number among the call's arguments (a Python
+    float or int that `jit` made a tracer, a `jnp.asarray(0.5)`) whose own
+    dtype is not that one: a parameter's annotated dtype (f32, f64; i32,
+    i64 for an int), else, for a float (to any float parameter but a module
+    param) or an int (to a differentiable one), f32 where the call's other
+    float arrays are all f32 as JAX holds them (a NumPy f64 is f32 without
+    jax_enable_x64), as JAX's own operations take it, and f64 elsewhere.
+    (Without x64 such a number is an f32 or i32 tracer: it was refused for
+    an f64 or i64 annotation, "enable jax_enable_x64", and an int was an
+    i32 array where the eager call took a float, where `jax.jit(f)(x, 2)`
+    and `f(x, 2)` must agree.)"""
     import jax
     specs = {s.name: s for s in f.specs}
     names = [s.name for s in f.specs]
@@ -238,19 +263,23 @@ def weak_numbers_as_python(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, di
                          "weak_type", False))
 
     if not any(weak(v) for _, v in given):
-        return args, kwargs
-    floats = {np.dtype(v.dtype) for _, v in given if isinstance(v, (np.ndarray, jax.Array))
-              and np.dtype(v.dtype).kind == "f" and not weak(v)}
+        return {}
+    floats = {np.dtype(jax.dtypes.canonicalize_dtype(v.dtype)) for _, v in given
+              if isinstance(v, (np.ndarray, jax.Array)) and np.dtype(v.dtype).kind == "f"
+              and not weak(v)}
     number = np.float32 if floats == {np.dtype(np.float32)} else np.float64
-
-    def taken(name: Optional[str], value: Any) -> Any:
+    annotated = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64}
+    dtypes: dict[int, np.dtype] = {}
+    for name, value in given:
         spec = specs.get(name)
         if spec is None or not weak(value):
-            return value
-        dtype = {"f32": np.float32, "f64": np.float64}.get(spec.dtype)
+            continue
+        dtype = annotated.get(spec.dtype)
+        if dtype is not None and np.dtype(dtype).kind == "i" and value.dtype.kind != "i":
+            dtype = None  # (a float for an integer: binding refuses it as it is)
         if dtype is None and spec.dtype in (None, "float") and (
                 value.dtype.kind == "f" or spec.differentiable):
             dtype = number
-        return value if dtype is None or value.dtype == dtype else value.astype(dtype)
-    return (tuple(taken(n, a) for n, a in given[:len(args)]),
-            {k: taken(k, v) for k, v in kwargs.items()})
+        if dtype is not None and value.dtype != dtype:
+            dtypes[id(value)] = np.dtype(dtype)
+    return dtypes

@@ -70,7 +70,7 @@ import numpy as np
 
 from dsl.aot_bridge import AotJax
 from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, vary_together,
-                         weak_numbers_as_python, widened_halves)
+                         weak_number_dtypes, weak_numbers_as_python, widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -103,6 +103,8 @@ class JaxFunction(Bridged):
         import jax
         import jax.numpy as jnp
         f = self.f
+        # (without x64) id of a weakly typed number -> the dtype a Python number is bound in
+        weak: dict[int, np.dtype] = {}
 
         def stand_in(value, where: str):
             if isinstance(value, np.ndarray) and value.dtype in SUPPORTED:
@@ -111,7 +113,8 @@ class JaxFunction(Bridged):
                 value = jnp.asarray(plain(where, value, f.span))
             if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
                 return value, None
-            return placeholder(value.shape, value.dtype), value
+            # (a run converts the value JAX holds to the dtype bound: `Call._bound_to`)
+            return placeholder(value.shape, weak.get(id(value), value.dtype)), value
 
         # (as jax.nn's losses compute a bfloat16 model's outputs in float32)
         args, kwargs = widened_halves(
@@ -119,7 +122,10 @@ class JaxFunction(Bridged):
             lambda v: isinstance(v, jax.Array) and v.dtype in (jnp.float16, jnp.bfloat16),
             lambda v: v.astype(jnp.float32))
         if not jax.config.jax_enable_x64:
-            _refuse_64_bit_annotations(f, args, kwargs)
+            # (a weak number JAX holds as f32 or i32 is bound in the dtype a
+            # Python number is, f64 or i64 too, as the eager call binds it)
+            weak.update(weak_number_dtypes(f, args, kwargs))
+            _refuse_64_bit_annotations(f, args, kwargs, weak)
             args, kwargs = _narrowed_scalars(f, args, kwargs)
         else:
             args, kwargs = weak_numbers_as_python(f, args, kwargs)
@@ -127,18 +133,20 @@ class JaxFunction(Bridged):
         return f.format(apply(f, bound, by_name))
 
 
-def _refuse_64_bit_annotations(f: Compiled, args, kwargs) -> None:
+def _refuse_64_bit_annotations(f: Compiled, args, kwargs, weak: dict[int, Any]) -> None:
     """Without jax_enable_x64 JAX holds no 64-bit array, so an array for a
     parameter annotated f64 or i64 that JAX holds as f32 or i32 (a NumPy
     f64 or i64 one too, which JAX narrows) cannot be taken: an
     `ArgumentError` saying so.  (Another dtype, f16 or i16, is no 64-bit
-    one narrowed: the binding refuses it as itself.)"""
+    one narrowed: the binding refuses it as itself.  A weakly typed number,
+    whose id is in `weak`, is no array: it is bound as the Python number
+    it stands for, `jax.jit(f)(x, 2)` as `f(x, 2)`.)"""
     import jax
     given = {**f.by_name(args), **kwargs}
     for spec in f.specs:
         value = given.get(spec.name)
         what, narrow = _64_BIT.get(spec.dtype, ("", None))
-        if isinstance(value, (np.ndarray, jax.Array)) and \
+        if isinstance(value, (np.ndarray, jax.Array)) and id(value) not in weak and \
                 jax.dtypes.canonicalize_dtype(value.dtype) == narrow:
             raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is annotated "
                                 f"{spec.dtype}, and without jax_enable_x64 JAX makes every "

@@ -205,6 +205,18 @@ def test_to_jax_of_a_compiled_function_takes_a_python_float_under_jit(aot):
         jax.config.update("jax_enable_x64", previous)
 
 
+def test_to_jax_of_a_compiled_function_takes_a_weak_int_without_x64(aot):
+    # without x64, jit (or jnp.asarray) makes 3 a weakly typed i32, which was
+    # bound as an i32 array: "weighted() was compiled for weighted(f32[:],
+    # f32); this call is weighted(f32[3], i32)", where the call with 3 ran
+    jax = optional_module("jax", "jax")
+    assert not jax.config.jax_enable_x64
+    f, x = dsl.to_jax(aot.weighted), jax.numpy.asarray([0.5, -2.0, 1.0], jax.numpy.float32)
+    for y in (f(x, jax.numpy.asarray(3)), f(x, 3)):
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(y, np.float32([1.5, -6.0, 3.0]))
+
+
 def test_to_jax_of_a_compiled_function_refuses_a_masked_array(aot):
     """JAX's own ValueError reached the caller (the bridge made the NumPy
     array a JAX array before binding refused it)."""

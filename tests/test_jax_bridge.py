@@ -1111,3 +1111,37 @@ def test_a_weakly_typed_number_is_taken_as_a_python_number(x64):
     value, python = third(x, jnp.asarray(2)), third(x, 2)
     assert value.dtype == python.dtype == jnp.float32 and float(value) == float(python)
     np.testing.assert_allclose(float(value), 1.75 * 2 / 3, rtol=1e-6)
+    # a weak i64 for a parameter annotated i32 ("has dtype i64, but its
+    # annotation says i32", where the call with 2 ran)
+    twice = dsl.to_jax(dsl.loads("def twice(x, k: i32):\n    return x * float32(k)\n").twice)
+    value, python = twice(x, jnp.asarray(2)), twice(x, 2)
+    assert value.dtype == python.dtype == jnp.float32
+    np.testing.assert_array_equal(value, np.float32([0.5, -3.0, 6.0]))
+    np.testing.assert_array_equal(python, np.float32([0.5, -3.0, 6.0]))
+
+
+def test_a_weakly_typed_number_without_x64_is_bound_as_the_python_number():
+    # without x64 JAX holds a Python number that jit or grad made a tracer
+    # (as jnp.asarray(2) is) as i32 or f32: it was refused for an i64 or f64
+    # annotation ("enable jax_enable_x64", jax.grad(f, argnums=2)(x, 3, 0.5)
+    # too) where the call with the number ran, and an int for an unannotated
+    # parameter was an i32 array: an i32 result for an integer x, where the
+    # call with 3 gives f32 (3 is weakly a float, as in the language)
+    assert not jax.config.jax_enable_x64
+    m = dsl.loads("def scaled(x: f32[n], k: i64, s: f64):\n"
+                  "    return sum(tanh(x) * float32(k)) * s\n\n"
+                  "def times(x, s):\n    return x * s\n")
+    scaled, times = dsl.to_jax(m.scaled), dsl.to_jax(m.times)
+    x = jnp.asarray([0.25, -1.5, 3.0], jnp.float32)
+    tanhs = np.sum(np.tanh([0.25, -1.5, 3.0]))
+    python = scaled(x, 3, 0.5)
+    for got in (scaled(x, jnp.asarray(3), 0.5), scaled(x, 3, jnp.asarray(0.5))):
+        assert got.dtype == python.dtype == jnp.float32 and float(got) == float(python)
+    np.testing.assert_allclose(float(python), 1.5 * tanhs, rtol=1e-6)
+    ds = jax.grad(scaled, argnums=2)(x, 3, 0.5)  # (0.5: a weak f32 JVP tracer)
+    assert ds.dtype == jnp.float32
+    np.testing.assert_allclose(float(ds), 3 * tanhs, rtol=1e-6)
+    ints = jnp.asarray([1, -2], jnp.int32)
+    for got in (times(ints, jnp.asarray(3)), times(ints, 3)):
+        assert got.dtype == jnp.float32
+        np.testing.assert_array_equal(got, np.float32([3.0, -6.0]))
