@@ -51,10 +51,11 @@ are checked (dtype, rank, dimensions, against f's signature) at trace
 time: `ArgumentError`; one found only from the values (an index out of
 range) is raised as itself by a call outside `jit`, and inside it as JAX
 wraps a callback's errors (`JaxRuntimeError`).
-A weakly typed float (a Python float that `jit` made a tracer,
-`jnp.asarray(0.5)`) is taken as a Python number is: f32 beside f32 arrays
-(with `jax_enable_x64` it is an f64 tracer, which JAX's own operations
-take so too).
+A weakly typed number (a Python float or int that `jit` or `grad` made a
+tracer, `jnp.asarray(0.5)`) is taken as a Python number is: f32 beside
+f32 arrays (with `jax_enable_x64` it is an f64 tracer, which JAX's own
+operations take so too), in its parameter's annotated dtype, f64 or i64
+too without `jax_enable_x64` (`jax.jit(f)(x, 2)` as `f(x, 2)`).
 Floats are f32 or f64; without `jax_enable_x64` JAX makes every float f32,
 and so a result the program makes f64 (from a Python float, an f64 param)
 comes back f32, and an array for a parameter annotated f64 (or i64) is
