@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import (Bridged, as_varying, bind_foreign, vary_together,
+from dsl.bridge import (Bridged, as_varying, bind_foreign, narrowed_scalars, vary_together,
                          weak_number_dtypes, weak_numbers_as_python)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
@@ -129,6 +129,8 @@ class AotJax(AotBridged):
             args, kwargs = weak_numbers_as_python(f, args, kwargs)
         else:  # (one JAX holds as f32 or i32, where the signature says f64 or i64)
             weak.update(weak_number_dtypes(f, args, kwargs))
+            # (a NumPy f64 scalar for an f32 annotation: as jit's f32 tracer of it)
+            args, kwargs = narrowed_scalars(f, args, kwargs)
         bound, inputs = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         names = tuple(inputs)
         kind, sig = self.kind, f._signature(bound)

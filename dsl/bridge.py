@@ -23,7 +23,9 @@ same manual mesh axes, and says which (`manual_axes` of a value's type);
 `weak_number_dtypes` says which weakly typed JAX numbers (a Python float
 or int under `jit`) need another dtype to be bound as binding binds a
 Python number, and `weak_numbers_as_python` casts them to it (with
-jax_enable_x64; without it the bridges bind them in it).
+jax_enable_x64; without it the bridges bind them in it);
+`narrowed_scalars` takes a NumPy f64 (i64) scalar for an f32 (i32)
+annotation as its Python number without x64, as `jit` narrows it.
 """
 from __future__ import annotations
 
@@ -160,6 +162,28 @@ def widened_halves(f: Compiled, args: tuple, kwargs: dict, half: Callable[[Any],
                   for i, a in enumerate(args)),
             {k: widened(v, k) for k, v in kwargs.items()})
 
+
+def narrowed_scalars(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments, where JAX runs without jax_enable_x64, with a NumPy
+    f64 (i64) scalar for a parameter annotated f32 (i32) as the Python
+    number it holds, which binding takes for that dtype (an integer
+    range-checked): JAX narrows such a scalar as it does an array, and
+    under `jit` it is an f32 (i32) tracer, taken.  (An eager call refused
+    it as "dtype f64, but its annotation says f32", which `jit` of the same
+    call took.  Unannotated, a NumPy scalar stays a 64-bit constant, as
+    NumPy's.)"""
+    specs = {s.name: s.dtype for s in (*f.param_specs, *f.specs)}
+    names = [s.name for s in f.specs]
+
+    def narrowed(value: Any, name: Optional[str]) -> Any:
+        wide = NARROWED_SCALARS.get(specs.get(name))
+        return value.item() if wide is not None and isinstance(value, wide) else value
+    return (tuple(narrowed(a, names[i] if i < len(names) else None) for i, a in enumerate(args)),
+            {k: narrowed(v, k) for k, v in kwargs.items()})
+
+
+# a 32-bit annotation -> the NumPy scalar type JAX narrows to it without x64
+NARROWED_SCALARS = {"f32": np.float64, "i32": np.int64}
 
 def _holds_library_array(sequence: Any, convert: Callable, where: str) -> bool:
     """Whether a (nested) list or tuple holds an array that `convert`

@@ -70,8 +70,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotJax
-from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, vary_together,
-                         weak_number_dtypes, weak_numbers_as_python, widened_halves)
+from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, narrowed_scalars,
+                         vary_together, weak_number_dtypes, weak_numbers_as_python,
+                         widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -127,7 +128,7 @@ class JaxFunction(Bridged):
             # Python number is, f64 or i64 too, as the eager call binds it)
             weak.update(weak_number_dtypes(f, args, kwargs))
             _refuse_64_bit_annotations(f, args, kwargs, weak)
-            args, kwargs = _narrowed_scalars(f, args, kwargs)
+            args, kwargs = narrowed_scalars(f, args, kwargs)
         else:
             args, kwargs = weak_numbers_as_python(f, args, kwargs)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
@@ -155,28 +156,6 @@ def _refuse_64_bit_annotations(f: Compiled, args, kwargs, weak: dict[int, Any]) 
                                 f"'jax_enable_x64', True)), or annotate {_KIND_OF[spec.dtype]} "
                                 f"(which takes either dtype) or {SUPPORTED[narrow]}", f.span)
 
-
-def _narrowed_scalars(f: Compiled, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The arguments, where JAX runs without jax_enable_x64, with a NumPy
-    f64 (i64) scalar for a parameter annotated f32 (i32) as the Python
-    number it holds, which binding takes for that dtype (an integer
-    range-checked): JAX narrows such a scalar as it does an array, and
-    under `jit` it is an f32 (i32) tracer, taken.  (An eager call refused
-    it as "dtype f64, but its annotation says f32", which `jit` of the same
-    call took.  Unannotated, a NumPy scalar stays a 64-bit constant, as
-    NumPy's.)"""
-    specs = {s.name: s.dtype for s in (*f.param_specs, *f.specs)}
-    names = [s.name for s in f.specs]
-
-    def narrowed(value: Any, name: Optional[str]) -> Any:
-        wide = _NARROWED_SCALARS.get(specs.get(name))
-        return value.item() if wide is not None and isinstance(value, wide) else value
-    return (tuple(narrowed(a, names[i] if i < len(names) else None) for i, a in enumerate(args)),
-            {k: narrowed(v, k) for k, v in kwargs.items()})
-
-
-# a 32-bit annotation -> the NumPy scalar type JAX narrows to it without x64
-_NARROWED_SCALARS = {"f32": np.float64, "i32": np.int64}
 
 # a 64-bit annotation -> what its arrays are, the dtype JAX narrows them to
 _64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(np.int32))}

@@ -36,7 +36,7 @@ def scaled(x, s=3.0):
 def unused(x):
     return x
 
-def weighted(x, s):
+def weighted(x, s: f32):
     return x * s
 """
 SIGNATURES = ["loss(f64[n], f64[n], f64[n])", "loss(f64[n], f64[n], f64[n], f64)",
@@ -205,14 +205,16 @@ def test_to_jax_of_a_compiled_function_takes_a_python_float_under_jit(aot):
         jax.config.update("jax_enable_x64", previous)
 
 
-def test_to_jax_of_a_compiled_function_takes_a_weak_int_without_x64(aot):
+def test_to_jax_of_a_compiled_function_takes_numbers_as_jit_does_without_x64(aot):
     # without x64, jit (or jnp.asarray) makes 3 a weakly typed i32, which was
-    # bound as an i32 array: "weighted() was compiled for weighted(f32[:],
-    # f32); this call is weighted(f32[3], i32)", where the call with 3 ran
+    # bound as an i32 array ("this call is weighted(f32[3], i32)"), where the
+    # call with 3 ran; and np.float64(3.0) for s: f32 was refused eagerly
+    # ("has dtype f64, but its annotation says f32") where jit narrows it,
+    # as to_jax of the loaded function takes it
     jax = optional_module("jax", "jax")
     assert not jax.config.jax_enable_x64
     f, x = dsl.to_jax(aot.weighted), jax.numpy.asarray([0.5, -2.0, 1.0], jax.numpy.float32)
-    for y in (f(x, jax.numpy.asarray(3)), f(x, 3)):
+    for y in (f(x, jax.numpy.asarray(3)), f(x, 3), f(x, np.float64(3.0))):
         assert y.dtype == np.float32
         np.testing.assert_array_equal(y, np.float32([1.5, -6.0, 3.0]))
 
