@@ -76,8 +76,14 @@ class DaskBound:
 
     def __init__(self, f: Compiled, args, kwargs):
         stand_ins: dict[int, Any] = {}
-        self.values = f.bind([self._placeholder(a, stand_ins) for a in args],
-                             {k: self._placeholder(v, stand_ins) for k, v in kwargs.items()})
+        # (a Dask array that cannot be bound is refused as binding refuses an
+        # argument: named, at the function's definition)
+        names = {k: f.specs[i].name for k, i in enumerate(f.by_position(list(args)))
+                 if i < len(f.specs)}
+        self.values = f.bind(
+            [self._placeholder(a, stand_ins, _argument(f, names.get(k, k)))
+             for k, a in enumerate(args)],
+            {k: self._placeholder(v, stand_ins, _argument(f, k)) for k, v in kwargs.items()})
         self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
         self.whole: set[str] = set()
         # a const's value picks the program, and the stand-in's is 0, not the array's
@@ -89,22 +95,29 @@ class DaskBound:
                                     f.span)
 
     @staticmethod
-    def placeholder(value) -> Any:
-        """A Dask array's stand-in (its shape and dtype, no memory)."""
-        return DaskBound._placeholder(value, {})
+    def placeholder(value, where: tuple = ("a value", None)) -> Any:
+        """A Dask array's stand-in (its shape and dtype, no memory); `where`
+        (what the value is, the span of an error) as `_placeholder` takes it."""
+        return DaskBound._placeholder(value, {}, where)
 
     @staticmethod
-    def _placeholder(value, stand_ins: dict):
+    def _placeholder(value, stand_ins: dict, where: tuple = ("a value", None)):
+        """The stand-in of `value` if it is a Dask array (kept in
+        `stand_ins` by its id), else `value`; an `ArgumentError` for a Dask
+        array that cannot be bound, saying what it is and where (`where`:
+        `_argument`'s (text, span))."""
         if not is_dask_array(value):
             return value
+        what, span = where
         if any(np.isnan(d) for d in value.shape):
-            raise ArgumentError(f"a Dask array of unknown chunk sizes (shape {value.shape}, "
-                                "from a boolean mask or the like) cannot be bound to a "
-                                "signature; call its compute_chunk_sizes() first")
+            raise ArgumentError(f"{what} is a Dask array of unknown chunk sizes (shape "
+                                f"{value.shape}, from a boolean mask or the like), which cannot "
+                                "be bound to a signature; call its compute_chunk_sizes() first",
+                                span)
         if isinstance(getattr(value, "_meta", None), np.ma.MaskedArray):
-            raise ArgumentError(f"a masked Dask array (shape {list(value.shape)}) cannot be "
-                                "bound: its mask would be ignored; pass da.ma.filled(a, value) "
-                                "or da.ma.getdata(a)")
+            raise ArgumentError(f"{what} is a masked Dask array (shape {list(value.shape)}), "
+                                "which cannot be bound: its mask would be ignored; pass "
+                                "da.ma.filled(a, value) or da.ma.getdata(a)", span)
         # native byte order, as binding makes an in-memory array (binding would
         # convert the stand-in, which would then stand for no Dask array)
         if not value.dtype.isnative:
@@ -125,6 +138,16 @@ class DaskBound:
             self.dask[name] = value
             if whole:
                 self.whole.add(name)
+
+
+def _argument(f: Compiled, name: Any) -> tuple[str, Any]:
+    """(how an error names f's argument `name` (a parameter's name, or
+    the position of an extra one), f's definition): an `ArgumentError`'s
+    place, as binding gives it."""
+    if isinstance(name, int):
+        return f"argument {name} of {called(f.name)}", f.span
+    kind = "param" if name in {s.name for s in f.param_specs} else "argument"
+    return f"{kind} {f.label(name)} of {called(f.name)}", f.span
 
 
 def call_on_dask(f: Compiled, args, kwargs):

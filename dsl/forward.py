@@ -148,7 +148,8 @@ def _jvp_on_dask(f: Compiled, primals: tuple, given: dict[str, Any]
             if name not in f.differentiable_names({name: _host_like(bound.values[name])}):
                 raise ArgumentError(f"the tangent for {name!r} of {called(f.name)} must be None: "
                                     f"{name!r} is const or not a float", f.span)
-            _tangent(f, name, bound.values[name], DaskBound.placeholder(t))  # shape, dtype
+            _tangent(f, name, bound.values[name], DaskBound.placeholder(  # shape, dtype
+                t, (f"the tangent for {f.label(name)} of {called(f.name)}", f.span)))
             chosen[name] = t
         else:
             tangent = _tangent(f, name, bound.values[name], t)

@@ -399,6 +399,16 @@ def test_unknown_chunk_sizes_are_an_argument_error():
     masked = xs[xs[:, 0] > 0]
     with pytest.raises(dsl.ArgumentError, match="unknown chunk sizes .* compute_chunk_sizes"):
         dsl.grad(load_example("logistic").loss, wrt=2)(masked, Y[:1], W)
+    # it named neither the argument nor the function, and had no place (a
+    # bad argument's error is at the function's definition), as a masked
+    # Dask argument's and a jvp tangent's of unknown chunk sizes had neither
+    f = dsl.loads("def f(x, w):\n    return tanh(x @ w)\n", "dask_args.grad").f
+    with pytest.raises(dsl.ArgumentError, match=r"^dask_args.grad:1:5: error: argument 'x' of "
+                                                r"f\(\) is a Dask array of unknown chunk sizes"):
+        f(masked, W[:3])
+    with pytest.raises(dsl.ArgumentError, match=r"^dask_args.grad:1:5: error: the tangent for "
+                                                "'x' of f\\(\\) is a Dask array of unknown"):
+        dsl.jvp(f, (xs, W[:3]), (masked, None))
     kept = X[X[:, 0] > 0]
     ys = da.from_array(Y[:len(kept)])
     np.testing.assert_allclose(
@@ -573,8 +583,9 @@ def test_a_big_endian_or_masked_dask_argument():
     for x_order in ("<f8", ">f8"):
         got = f(da.from_array(x.astype(x_order), chunks=2), da.from_array(w.astype(">f8")))
         np.testing.assert_allclose(got.compute(), np.tanh(x @ w), rtol=1e-14)
-    with pytest.raises(dsl.ArgumentError, match=r"a masked Dask array \(shape \[6, 4\]\) cannot "
-                                                 "be bound: its mask would be ignored"):
+    with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'x' of f\(\) is "
+                                                r"a masked Dask array \(shape \[6, 4\]\), which "
+                                                "cannot be bound: its mask would be ignored"):
         f(da.ma.masked_array(da.from_array(x, chunks=2), mask=x > 1), w)
 
 
