@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import (Bridged, as_varying, bind_foreign, narrowed_scalars, vary_together,
-                         weak_number_dtypes, weak_numbers_as_python)
+from dsl.bridge import (Bridged, as_varying, bind_foreign, narrowed_scalars,
+                         refuse_extended_dtypes, vary_together, weak_number_dtypes,
+                         weak_numbers_as_python)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -125,6 +126,7 @@ class AotJax(AotBridged):
             # (`arrays` converts the value JAX holds to the dtype bound)
             return placeholder(tuple(value.shape), weak.get(id(value), dtype)), value
 
+        refuse_extended_dtypes(f, self.__name__, args, kwargs)
         if jax.config.jax_enable_x64:  # (a Python float under jit: an f64 tracer)
             args, kwargs = weak_numbers_as_python(f, args, kwargs)
         else:  # (one JAX holds as f32 or i32, where the signature says f64 or i64)

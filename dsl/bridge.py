@@ -143,6 +143,25 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
     return bound, by_name
 
 
+def refuse_extended_dtypes(f: Compiled, name: str, args: tuple, kwargs: dict) -> None:
+    """`ArgumentError` (at f's definition, naming the value as `bind_foreign`
+    does for the bridge `name`) for a JAX array of one of JAX's own dtypes
+    that NumPy has no dtype for (a PRNG key's `key<fry>`), before anything
+    asks it for a NumPy dtype (which raised TypeError, or JAX's ValueError
+    'canonicalize_dtype called on extended dtype')."""
+    import jax
+    params = {s.name for s in f.param_specs}
+    given = [(f"argument {i} of {name}", a) for i, a in enumerate(args)]
+    given += [(f"{'param' if k in params else 'argument'} {k!r} of {name}", v)
+              for k, v in kwargs.items()]
+    for where, value in given:
+        if isinstance(value, jax.Array) and \
+                jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+            raise ArgumentError(f"{where} is a JAX array of dtype {value.dtype}, which gradlang "
+                                "does not take (float32, float64, int32, int64, bool; a PRNG "
+                                "key's bits: jax.random.key_data)", f.span)
+
+
 def widened_halves(f: Compiled, args: tuple, kwargs: dict, half: Callable[[Any], bool],
                    to_float32: Callable[[Any], Any]) -> tuple[tuple, dict]:
     """The arguments with each of the library's float16 and bfloat16

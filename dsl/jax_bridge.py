@@ -71,8 +71,8 @@ import numpy as np
 
 from dsl.aot_bridge import AotJax
 from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, narrowed_scalars,
-                         vary_together, weak_number_dtypes, weak_numbers_as_python,
-                         widened_halves)
+                         refuse_extended_dtypes, vary_together, weak_number_dtypes,
+                         weak_numbers_as_python, widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -118,6 +118,7 @@ class JaxFunction(Bridged):
             # (a run converts the value JAX holds to the dtype bound: `Call._bound_to`)
             return placeholder(value.shape, weak.get(id(value), value.dtype)), value
 
+        refuse_extended_dtypes(f, self.__name__, args, kwargs)
         # (as jax.nn's losses compute a bfloat16 model's outputs in float32)
         args, kwargs = widened_halves(
             f, args, kwargs,

@@ -217,6 +217,10 @@ def test_to_jax_of_a_compiled_function_takes_numbers_as_jit_does_without_x64(aot
     for y in (f(x, jax.numpy.asarray(3)), f(x, 3), f(x, np.float64(3.0))):
         assert y.dtype == np.float32
         np.testing.assert_array_equal(y, np.float32([1.5, -6.0, 3.0]))
+    # a PRNG key (dtype key<fry>, no NumPy dtype) was NumPy's TypeError
+    with pytest.raises(dsl.ArgumentError, match=r"argument 1 of to_jax\(weighted\) is a JAX "
+                                                "array of dtype key<fry>"):
+        f(x, jax.random.wrap_key_data(np.zeros(2, np.uint32)))
 
 
 def test_to_jax_of_a_compiled_function_refuses_a_masked_array(aot):

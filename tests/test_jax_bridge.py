@@ -506,6 +506,22 @@ def test_bad_arguments_are_argument_errors_at_trace_time(x64):
         dsl.to_jax(load("log1pexp").log1pexp)(jnp.ones(3, jnp.uint8))
 
 
+def test_a_prng_key_array_is_an_argument_error():
+    # a typed PRNG key (dtype key<fry>, JAX's own, which NumPy has none for)
+    # was an AttributeError ('KeyTy' object has no attribute 'kind') with
+    # x64, and JAX's ValueError 'canonicalize_dtype called on extended
+    # dtype' without, eagerly and under jit
+    m = dsl.loads("param w: f32[n]\ndef f(x: f32[n]):\n    return x * w\n", "keys.grad")
+    f, key = dsl.to_jax(m.f), jax.random.wrap_key_data(np.zeros(2, np.uint32))
+    for call in (f, jax.jit(f)):
+        with pytest.raises(dsl.ArgumentError, match=r"^keys.grad:2:5: error: argument 0 of "
+                                                    r"to_jax\(f\) is a JAX array of dtype key<fry>"):
+            call(key, w=np.ones((), np.float32))
+    with pytest.raises(dsl.ArgumentError, match=r"param 'w' of to_jax\(f\) is a JAX array of "
+                                                "dtype key<fry>"):
+        f(np.ones(2, np.float32), w=key)
+
+
 def test_a_masked_array_is_an_argument_error_of_the_eager_call():
     """JAX's own ValueError ('masked arrays are not supported') reached the
     caller: the bridge made NumPy arrays JAX arrays before binding, whose
