@@ -246,12 +246,19 @@ def _types(f: GradFn, args: list[tuple[str, tuple]], sig: str) -> dict[str, Tens
                                      "needs more memory than can be addressed", f.span)
             types[s.name] = t
     # A param's size name is the size an argument's annotation gives it
-    # (a call checks they agree: args.check_param_sizes), else one shared
-    # by the params alone (`shapes.made_up`: a --sig may name a size p_m).
-    named = {d: types[s.name].shape[axis] for s in reversed(f.specs)
-             if s.name in types and isinstance(types[s.name], TensorType)
-             and len(s.dims or ()) == types[s.name].rank
-             for axis, d in enumerate(s.dims or ()) if isinstance(d, str)}
+    # (a call checks they agree: args.check_param_sizes), else the size the
+    # signature names so (`g(f64[m, k])` for `param b: f64[k]`: it was a
+    # size of its own, so x + b did not broadcast; the program checks a
+    # call's sizes agree), else one shared by the params alone
+    # (`shapes.made_up`: a --sig may name a size p_m).
+    in_sig = set(re.findall(r"[A-Za-z_]\w*", sig.partition("(")[2], re.ASCII))
+    named = {d.factors[0]: d for t in types.values() if isinstance(t, TensorType)
+             for d in t.shape if isinstance(d, Sym) and len(d.factors) == 1
+             and d.coef == 1 and d.factors[0] in in_sig}
+    named.update({d: types[s.name].shape[axis] for s in reversed(f.specs)
+                  if s.name in types and isinstance(types[s.name], TensorType)
+                  and len(s.dims or ()) == types[s.name].rank
+                  for axis, d in enumerate(s.dims or ()) if isinstance(d, str)})
     for w, spec in zip(f.reads, f.param_specs):
         dims = tuple(d if isinstance(d, int) else named.get(d, made_up(d, "param"))
                      for d in (spec.dims or ()))

@@ -572,6 +572,23 @@ def test_a_module_whose_params_meet_its_arguments_compiles_and_checks_their_size
         pp.f(np.ones((5, 4)))
 
 
+def test_a_params_size_name_is_the_one_a_signature_names(tmp_path):
+    """`param b: f64[k]` with an unannotated x compiled as `g(f64[m, k])`
+    took the signature's k for a size of its own: "shapes [m, k] and [k·param]
+    do not broadcast", where the ':' hint says to name the sizes that
+    agree.  The program takes them equal, and says so of a call whose
+    sizes differ."""
+    (tmp_path / "sk.grad").write_text("param b: f64[k]\ndef g(x):\n    return sum(x * b)\n")
+    sk = import_compiled(compile_module(str(tmp_path / "sk.grad"), str(tmp_path),
+                                        ["g(f64[m, k])"]))
+    sk.params["b"] = np.array([1.0, -2.0, 0.5])
+    x = np.arange(6.0).reshape(2, 3)
+    assert sk.g(x) == np.sum(x * sk.params["b"])
+    with pytest.raises(dsl.SizeMismatchError, match="has size 3 on axis 0, but argument 'x' "
+                                                    "has 4 on axis 1"):
+        sk.g(np.ones((2, 4)))
+
+
 def test_an_imported_function_is_the_modules_as_pythons_from_import_makes_it(tmp_path):
     # `from std import relu` lists relu among the module's functions, as
     # Python's `from m import f` re-exports f: from dsl.load and from gradc
