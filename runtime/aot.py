@@ -349,11 +349,13 @@ class AotFunction:
         """A signature as text: each argument's dtype and sizes (from
         `sizes`, one per axis: an int, or None for any) or value."""
         sizes = sizes or [[None] * ndim for _, _, ndim, *_ in sig]
+        # (the module params a signature binds are no arguments of the call)
+        params = {s.name for s in self.param_specs}
         parts = [repr(rest[0]) if rest else
                  SUPPORTED.get(np.dtype(dt), dt)
                  + ("[" + ", ".join(":" if d is None else str(d) for d in dims) + "]"
                     if ndim else "")
-                 for (_, dt, ndim, *rest), dims in zip(sig, sizes)]
+                 for (name, dt, ndim, *rest), dims in zip(sig, sizes) if name not in params]
         return f"{self.name}({', '.join(parts)})"
 
     @user_facing

@@ -587,6 +587,11 @@ def test_a_params_size_name_is_the_one_a_signature_names(tmp_path):
     with pytest.raises(dsl.SizeMismatchError, match="has size 3 on axis 0, but argument 'x' "
                                                     "has 4 on axis 1"):
         sk.g(np.ones((2, 4)))
+    # a call no signature serves lists signatures of the call's arguments (the
+    # param was listed as an argument: "g(f64[:, :], f64[:]) ... g(f64[3], f64[3])")
+    with pytest.raises(dsl.ArgumentError, match=r"g\(\) was compiled for g\(f64\[:, :\]\); this "
+                                                r"call is g\(f64\[3\]\); add it"):
+        sk.g(np.ones(3))
 
 
 def test_an_imported_function_is_the_modules_as_pythons_from_import_makes_it(tmp_path):
