@@ -35,6 +35,7 @@ from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
 from gradlang.runtime.args import NUMPY, SUPPORTED, is_dask_array, numeric_array
+from gradlang.runtime.boundary import leaving
 from gradlang.runtime.errors import ArgumentError, GradError, called
 from gradlang.runtime.pullback import OutType, host_cotangent, output_cotangents
 from dsl.lru import held_by
@@ -167,6 +168,12 @@ def vjp_on_dask(f: Compiled, args, kwargs, backward_function: Callable):
     by_rows, n = plan.split.row_outputs, sum(batch_rows)
 
     def pullback(*cts):
+        try:
+            return pulled_back(cts)
+        except GradError as err:
+            raise leaving(err, f)  # (at f's definition, with its source)
+
+    def pulled_back(cts: tuple) -> tuple:
         backward = backward_function(f, len(outs))
         cts = output_cotangents(f.name, cts, len(outs))
         with_cts = bound.copy()

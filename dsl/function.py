@@ -1006,7 +1006,7 @@ class _VjpEntry:
                     OutType(tuple(s), t.dtype) for s, t in zip(shapes, self.out_types))
         return Pullback(f.name, self.bwd, residuals or (), out_types,
                         [n for n in self.names if n not in f.hidden], self.float_args, f.target,
-                        host_results)
+                        host_results, about=f)
 
 
 VJP_PROGRAMS = 32  # split programs kept per function (one per size pattern and dtypes)

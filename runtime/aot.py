@@ -417,7 +417,7 @@ class AotFunction:
                   if n not in read_in_place and self.target.is_array(a) else a
                   for n, a in arrays.items()]
         return outs, Pullback(self.name, backward, values, out_types, list(arrays),
-                              self.wrt[sig], self.target)
+                              self.wrt[sig], self.target, about=self)
 
     def __repr__(self) -> str:
         return f"<compiled .grad function {self.name}>"

@@ -19,7 +19,10 @@ call (an allocation that failed: NumPy's, a device's) leaves as the
 `AllocationError` that says so (`runtime.common.out_of_memory`); nothing
 else is converted, so a bug of gradlang's is not passed off as the user's.
 
-An error leaving a boundary also gets the text of the file its span names,
+An `ArgumentError` leaving a boundary without a place gets the
+definition of the function the call was about (its `span`), as such
+errors point there.  An error leaving a boundary also gets the text of
+the file its span names,
 for its caret line, when it has none yet (a runtime argument error points
 at a function's definition, and the runtime holds no source): from the
 decorated call's first argument, a method's `self` or a transform's
@@ -32,7 +35,8 @@ import os
 from typing import Any, Callable, TypeVar
 
 from gradlang.runtime.common import out_of_memory
-from gradlang.runtime.errors import GradError, RaisedByDriver, called
+from gradlang.runtime.errors import (UNKNOWN_SPAN, ArgumentError, GradError, RaisedByDriver,
+                                     called)
 
 F = TypeVar("F", bound=Callable)
 
@@ -49,6 +53,9 @@ def leaving(err: GradError, about: Any = None) -> GradError:
     name = getattr(about, "name", None)
     if isinstance(err, RaisedByDriver) and isinstance(name, str):
         err.about_call(called(name), getattr(about, "span", None))
+    elif isinstance(err, ArgumentError) and err.span is UNKNOWN_SPAN:
+        # (an argument error's place is the function's definition)
+        err.span = getattr(about, "span", None) or UNKNOWN_SPAN
     if err.source is None:
         sources = getattr(about, "error_sources", None)
         if callable(sources):

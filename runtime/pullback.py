@@ -36,8 +36,12 @@ class Pullback:
 
     def __init__(self, name: str, program: Callable, residuals: Sequence[np.ndarray],
                  out_types: Sequence, arg_names: Sequence[str],
-                 float_args: Sequence[str], target: Target, host_results: bool = False):
+                 float_args: Sequence[str], target: Target, host_results: bool = False,
+                 about: Any = None):
         self.name = name
+        # the function whose vjp it is: its definition is where a bad
+        # cotangent's error points (`span`, `error_sources`)
+        self._about = about
         self.target = target
         self.host_results = host_results  # a device target's cotangents come back to NumPy
         self._program = program
@@ -50,6 +54,14 @@ class Pullback:
         raise TypeError(f"cannot pickle the pullback of {called(self.name)}: it holds one call's "
                         "residuals and its compiled backward program, which stay in this "
                         "process; pickle the function and take its vjp where it is unpickled")
+
+    @property
+    def span(self):
+        return getattr(self._about, "span", None)
+
+    def error_sources(self) -> tuple:
+        sources = getattr(self._about, "error_sources", None)
+        return sources() if callable(sources) else ()
 
     @property
     def residual_bytes(self) -> int:

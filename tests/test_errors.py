@@ -343,12 +343,15 @@ def test_grad_wrt_errors(m):
 
 
 def test_pullback_checks_its_cotangents():
-    m = dsl.loads("def f(x):\n    return x * 2\n")
+    # each error at f's definition, with its line (they had no place)
+    m = dsl.loads("def f(x):\n    return x * 2\n", "pulled.grad")
     _, pullback = dsl.vjp(m.f, np.ones(3))
-    with pytest.raises(dsl.ArgumentError, match="takes 1 cotangent"):
-        pullback(np.ones(3), np.ones(3))
-    with pytest.raises(dsl.ArgumentError, match="shape"):
-        pullback(np.ones(4))
+    for cts, text in [((np.ones(3), np.ones(3)), "takes 1 cotangent"),
+                      ((np.ones(4),), "has shape \\[4\\]"), (("a",), "is not numeric")]:
+        with pytest.raises(dsl.ArgumentError, match=text) as info:
+            pullback(*cts)
+        assert str(info.value).startswith("pulled.grad:1:5: error:")
+        assert "\n    def f(x):\n        ^" in str(info.value)
     np.testing.assert_array_equal(pullback(np.ones(3))[0], [2.0, 2.0, 2.0])
 
 
