@@ -50,7 +50,7 @@ from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
-from gradlang.runtime.pullback import OutType, Pullback
+from gradlang.runtime.pullback import OutType, Pullback, output_cotangents
 from gradlang.runtime.recording import THREAD, record, recording_tapes
 from gradlang.runtime.signatures import (DocAttribute, SignatureAttribute, call_signature,
                                          described, header)
@@ -923,10 +923,44 @@ def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
 def vjp(f: Compiled, /, *args, **kwargs):
     if any(map(is_dask_array, (*args, *kwargs.values()))):
         return vjp_on_dask(f, args, kwargs, backward_function)
-    outs, pullback = vjp_of_bound(f, f.bind(args, kwargs), f.host_results)
+    bound = f.bind(args, kwargs)
+    outs, pullback = vjp_of_bound(f, bound, f.host_results)
     if f.host_results:
         outs = tuple(f.target.to_host(o) for o in outs)
+    tapes = recording_tapes(bound.values())
+    if tapes:
+        # a vjp of watched arrays is a call of f, as `Compiled.call_bound`
+        # records one: its plain results were constants to the tape, so a
+        # gradient through them silently missed f's derivative
+        outs = record(tapes, f, bound, outs, pullback)
+        pullback = _RecordedPullback(pullback, f, bound)
     return f.format(outs), pullback
+
+
+class _RecordedPullback(Pullback):
+    """The pullback of a vjp a `dsl.Tape` recorded: called while a tape
+    records on f's arguments or the cotangents, it runs f's backward pass
+    as a compiled call (`backward_function`), which the tape records, so
+    that a gradient through the cotangents it gives follows them back (as
+    a nested tape's backward passes are recorded); otherwise it is the
+    plain pullback it wraps."""
+
+    def __init__(self, inner: Pullback, f: Compiled, bound: dict[str, Any]):
+        self.__dict__.update(inner.__dict__)
+        self._f, self._bound = f, bound
+
+    def _run(self, residuals: tuple, cts: tuple) -> tuple:
+        cts = output_cotangents(self.name, cts, len(self._out_types))
+        if not recording_tapes((*self._bound.values(), *cts)):
+            return super()._run(residuals, cts)
+        backward = backward_function(self._f, len(cts))
+        with_cts = dict(self._bound)
+        for k, (name, ct, t) in enumerate(zip(backward.ct_names, cts, self._out_types)):
+            # (a tracked cotangent as itself, which the tape follows; others
+            # as the plain pullback takes them)
+            with_cts[name] = ct if recording_tapes((ct,)) else self._cotangent(k, ct, t)
+        grads = dict(zip(self._float_args, backward.call_bound(with_cts)))
+        return tuple(grads.get(n) for n in self._arg_names)
 
 
 def vjp_of_bound(f: Compiled, bound: dict[str, np.ndarray], host_results: bool = False):

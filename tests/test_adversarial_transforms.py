@@ -27,6 +27,21 @@ def test_a_tangent_or_v_from_a_recorded_call_is_recorded_with_it():
     np.testing.assert_allclose(tape.gradient(hv, X), 6 * Y, rtol=1e-14)
 
 
+def test_a_vjp_of_watched_arrays_and_its_pullback_are_recorded():
+    # dsl.vjp ran unrecorded: its outputs and its pullback's cotangents were
+    # plain arrays the tape took for constants, and the gradient through
+    # them silently missed f's derivative (x^3 below for 3x^3, 2y for 4y)
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(X, Y)
+        y, pullback = dsl.vjp(M.g, X, 1.0)          # x
+        through_value = M.g(y, X)                    # x^3
+        gx, _ = pullback(Y)                          # y
+        through_cotangent = M.g(gx, Y)               # y^3
+    np.testing.assert_allclose(tape.gradient(through_value, X), 3 * X ** 2, rtol=1e-14)
+    np.testing.assert_allclose(tape.gradient(through_cotangent, Y), 3 * Y ** 2, rtol=1e-14)
+    np.testing.assert_array_equal(tape.gradient(through_cotangent, X), 0.0)  # (b^2 dy)
+
+
 @pytest.mark.parametrize("transform", ["jvp", "hvp"])
 def test_a_tangent_or_v_numpy_computed_from_a_recorded_call_is_a_tape_error(transform):
     # it was a silent constant: the tape's gradient missed that path
