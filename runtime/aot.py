@@ -49,11 +49,11 @@ from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call
                                    check_param_sizes, convert, is_dask_array, is_python_number,
                                    static_names)
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.loader import load_kernel_files, make_driver, read_regular_file
 from gradlang.runtime.params import ParamStore
 from gradlang.runtime.pullback import OutType, Pullback
-from gradlang.runtime.recording import record, recording_tapes
+from gradlang.runtime.recording import TapeError, record, recording_tapes
 from gradlang.runtime.signatures import SignatureAttribute, call_signature
 
 KINDS = ("call", "grad", "value_and_grad", "pullback")
@@ -442,6 +442,27 @@ class AotFunction:
                         "its name, not from its file)")
 
 
+class _FirstOrderPullback(Pullback):
+    """The pullback of an AOT vjp a `dsl.Tape` recorded: its cotangents
+    are first order (no IR to differentiate again), so calling it while
+    a tape records on its call's arguments or on the cotangents is a
+    `TapeError`, where plain cotangents would be constants to the tape
+    and a gradient through them silently wrong."""
+
+    def __init__(self, inner: Pullback, arguments: tuple):
+        self.__dict__.update(inner.__dict__)
+        self._arguments = arguments
+
+    def _run(self, residuals: tuple, cts: tuple) -> tuple:
+        given = [c for ct in cts for c in (ct if type(ct) is tuple else (ct,))]  # (a tuple of them)
+        if recording_tapes((*self._arguments, *given)):
+            raise TapeError(f"the pullback of {called(self.name)} (a gradc-compiled module, "
+                            "whose gradients are first order) was called while a Tape records "
+                            "its arguments: the tape cannot follow its cotangents; call it "
+                            "after the tape's block, or load the .grad file with dsl.load")
+        return super()._run(residuals, cts)
+
+
 class AotVjp:
     """`f.vjp` of an `AotFunction` f: called as f is, it gives (outputs,
     pullback), as `dsl.vjp` does."""
@@ -458,7 +479,15 @@ class AotVjp:
     @user_facing
     def __call__(self, /, *args, **kwargs):
         f = self.f
-        outs, pullback = f._vjp_bound(f._on_target(f.bind(args, kwargs)))
+        arrays = f._on_target(f.bind(args, kwargs))
+        outs, pullback = f._vjp_bound(arrays)
+        tapes = recording_tapes(arrays.values())
+        if tapes:
+            # a vjp of watched arrays is a call of f, as `__call__` records
+            # one: its plain results were constants to the tape, which then
+            # silently missed f's derivative
+            outs = record(tapes, f, arrays, outs, pullback)
+            pullback = _FirstOrderPullback(pullback, tuple(arrays.values()))
         return (outs[0] if len(outs) == 1 else tuple(outs)), pullback
 
     def call_signature(self, out: bool = False) -> "Optional[inspect.Signature]":

@@ -450,6 +450,20 @@ def test_a_tape_records_aot_calls(ab):
             inner.gradient(total, x)
 
 
+def test_a_vjp_of_watched_arrays_is_recorded_and_its_pullback_refused_under_the_tape(ab):
+    # it ran unrecorded: its outputs were constants to the tape, whose
+    # gradient silently missed f's derivative (x y for x^2 y below)
+    x = X.copy()
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        (a, _), pullback = dsl.vjp(ab.f, x, Y)        # x y + 2
+        twice, _ = ab.f(a, x)                          # (x y + 2) x + 2
+        with pytest.raises(dsl.GradError, match=r"pullback of f\(\) .* first order"):
+            pullback(np.ones(2), 0.0)                  # (its cotangents: constants to the tape)
+    np.testing.assert_array_equal(tape.gradient(twice, x), 2 * x * Y + 2.0)
+    np.testing.assert_array_equal(pullback(np.ones(2), 0.0)[0], Y)  # (after it: plain)
+
+
 def test_a_kept_pullback_reads_the_arguments_as_they_were_at_the_call(ab):
     """An AOT pullback runs the forward part again from the arguments, and
     held the caller's arrays themselves: the next batch written into the
