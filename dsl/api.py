@@ -101,6 +101,12 @@ class Module:
         if name in functions:
             raise AttributeError(f"{name!r} is a function of module {self.__file__!r}, "
                                  "which cannot be replaced")
+        if name == "params" and params is not None:
+            # (`m.params = {...}` bound a dict the functions never read: they
+            # kept reading the store, and the call ran on the old values)
+            raise AttributeError(f"the params of module {self.__file__!r} cannot be replaced: "
+                                 "its functions read them where they are; set them with "
+                                 ".params[name] = value, or .params.update({...})")
         object.__setattr__(self, name, value)
 
     def __dir__(self):

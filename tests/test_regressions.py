@@ -232,6 +232,9 @@ def test_assigning_a_param_or_function_as_an_attribute_says_how_to_set_it():
         m.w = np.zeros(2)
     with pytest.raises(AttributeError, match="'f' is a function"):
         m.f = None
+    # so was `m.params = {...}`: a dict the functions never read
+    with pytest.raises(AttributeError, match=r"params .* cannot be replaced.*\.params\.update"):
+        m.params = {"w": np.zeros(2)}
     np.testing.assert_allclose(m.f(np.arange(3.0)), 2.0 * np.arange(3.0))
     m.note = "mine"  # other attributes are the user's
     assert m.note == "mine"
