@@ -30,7 +30,7 @@ Each pass also runs on the body of every `loop` (`_in_bodies`).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -303,7 +303,8 @@ def dce(fn: Function) -> Function:
                 continue
         kept.append(eqn)
         live.update(a for a in eqn.inputs if isinstance(a, Var))
-    return Function(fn.name, fn.params, _without_covered_checks(kept[::-1]), fn.outputs)
+    return Function(fn.name, fn.params, _without_covered_checks(kept[::-1], fn.outputs),
+                    fn.outputs)
 
 
 def checks(eqn: Eqn) -> bool:
@@ -370,7 +371,7 @@ def _divisor_check(eqn: Eqn) -> bool:
     return eqn.op == "dim" and bool(eqn.p.get("nonzero"))
 
 
-def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
+def _without_covered_checks(eqns: list[Eqn], outputs: Sequence[Atom]) -> tuple[Eqn, ...]:
     """`eqns` without each `check_index` that another equation of theirs
     performs too, as the first to raise of it: one before it checking
     the same index against the same size with the same message (an index
@@ -382,9 +383,14 @@ def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
     checks alone of indices it does not change from trip to trip
     (`_trip_keys`), where the next to raise is a loop of the same trips
     whose body first checks those, in that order (a backward loop's
-    scatter-adds of an invariant gather's cotangent)."""
+    scatter-adds of an invariant gather's cotangent), and whose results
+    nothing reads (`outputs`, the function's, or an equation): such a loop
+    whose body checks alone may still stack a value it carries unchanged,
+    which a later loop reads."""
     if not any(OPS[e.op].kind == "check" or (e.op == "loop" and checks(e)) for e in eqns):
         return tuple(eqns)
+    read = {a for a in outputs if isinstance(a, Var)}
+    read.update(a for e in eqns for a in e.inputs if isinstance(a, Var))
     following: list[Optional[Eqn]] = [None] * len(eqns)
     after = None
     for k in range(len(eqns) - 1, -1, -1):
@@ -400,7 +406,7 @@ def _without_covered_checks(eqns: list[Eqn]) -> tuple[Eqn, ...]:
                 key in done or (after is not None and key == _check_key(after))):
             continue
         only = _trip_keys(eqn, checks_only=True)
-        if only and (set(only) <= done or (
+        if only and not any(o in read for o in eqn.outputs) and (set(only) <= done or (
                 after is not None and after.op == "loop" and after.inputs[:3] == eqn.inputs[:3]
                 and _first_keys(after, len(only)) == only)):
             continue

@@ -177,3 +177,19 @@ def test_a_loop_that_carries_nothing_runs_its_checks():
             assert _error(call, x, *bad).startswith(expected)
     assert m.f(x, 3, 1) == 14.0
     np.testing.assert_array_equal(dsl.grad(m.f)(x, 3, 1), 2 * x)
+
+
+def test_a_loop_whose_body_only_checks_still_stacks_what_a_later_loop_reads():
+    # grad of grad of n * sum(sin(v[ids])): the first backward loop kept only
+    # the stack of a cotangent it carries unchanged, its body the dead
+    # gather's check, and was dropped as a loop for checks alone that the
+    # next loop covers: that loop then read the stack undefined (KeyError;
+    # an IRVerificationError under GRADC_VERIFY), in hvp and grad of grad
+    m = dsl.loads("def f(v, ids, n: i64):\n    s = 0.0\n    for i in range(n):\n"
+                  "        s = s + sum(sin(v[ids]))\n    return s\n", "stack.grad")
+    v, ids = np.array([0.5, -1.0, 2.0]), np.array([0, 2, 2])
+    counts = np.array([1.0, 0.0, 2.0])
+    np.testing.assert_allclose(dsl.grad(dsl.grad(m.f))(v, ids, 3), -3 * counts * np.sin(v),
+                               rtol=1e-14)
+    np.testing.assert_allclose(dsl.hvp(m.f)(v, ids, 3, np.ones(3)), -3 * counts * np.sin(v),
+                               rtol=1e-14)
