@@ -261,8 +261,10 @@ def _products_to_stack(body: Function, n_carry: int, n_inv: int) -> list[Var]:
         if not any(a in varying for a in vars_in(e.inputs)):
             continue
         varying.update(e.outputs)
+        if e.op != "matmul":  # (a check, `check_trips` of a dead inner loop, has no outputs)
+            continue
         out = e.outputs[0]
-        if e.op == "matmul" and out.type.is_float and _no_larger_than_one(out, carried):
+        if out.type.is_float and _no_larger_than_one(out, carried):
             products.append(out)
     return products
 

@@ -255,6 +255,19 @@ def test_nested_loops_values_and_gradients():
     np.testing.assert_allclose(h, fd, rtol=1e-6, atol=1e-8)
 
 
+def test_grad_of_grad_of_nested_loops_whose_inner_loop_only_checks():
+    # the first gradient's inner loop ran for its check alone (check_trips:
+    # no outputs), and the second's search for products to stack read its
+    # first output: IndexError, in grad of grad and hvp alike
+    f = dsl.loads("def f(x, n: i64):\n    s = 0.0\n    for i in range(n):\n"
+                  "        for j in range(n):\n            s = s + sin(x[j]) * x[i]\n"
+                  "    return s\n", "nested_check.grad").f
+    x, n = np.array([0.3, -0.2, 0.5, 0.9]), 3
+    h = x[:n]  # f = sum(sin(h)) * sum(h); the gradient's sum's derivative:
+    expected = np.append(np.sum(np.cos(h)) - np.sum(h) * np.sin(h) + n * np.cos(h), 0.0)
+    np.testing.assert_allclose(dsl.grad(dsl.grad(f))(x, n), expected, rtol=1e-14)
+
+
 def test_several_carried_values_swap_each_trip():
     x, y = np.array([0.5, 1.5]), np.array([-0.3, 0.2])
 
