@@ -73,6 +73,22 @@ def test_import_hook_keeps_the_modules_own_names_from_its_functions(tmp_path, mo
     assert not hasattr(clashing_mod, "gone") and sorted(clashing_mod.functions) == ["f"]
 
 
+def test_import_hook_modules_params_are_set_not_rebound(tmp_path, monkeypatch):
+    # `m.params = {...}` and `m.w = ...` were accepted and ignored: the
+    # functions kept reading the module's params, so calls ran on old values
+    (tmp_path / "rebound_mod.grad").write_text("param w: f64[2]\ndef f(x):\n"
+                                               "    return sum(x * w)\n")
+    importable(monkeypatch, tmp_path, "rebound_mod")
+    import rebound_mod
+    rebound_mod.params["w"] = [1.0, 2.0]
+    with pytest.raises(AttributeError, match=r"cannot be replaced.*\.params\.update"):
+        rebound_mod.params = {"w": np.zeros(2)}
+    with pytest.raises(AttributeError, match=r"set it with \.params\['w'\] = value"):
+        rebound_mod.w = np.zeros(2)
+    rebound_mod.note = "mine"  # other names are the user's
+    assert rebound_mod.f(np.ones(2)) == 3.0 and rebound_mod.note == "mine"
+
+
 def test_import_hook_skips_sys_path_entries_that_name_no_path(tmp_path, monkeypatch):
     # a bytes entry was a TypeError from every import no other finder
     # resolved, a library's probe for an optional module included
