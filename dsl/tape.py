@@ -135,6 +135,12 @@ class Tape:
         self._used = True
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
+            kind = np.dtype(getattr(target, "dtype", np.float64)).kind
+            if kind != "f":
+                # (a call's integer or bool result is not tracked: it has no gradient)
+                raise TapeError(f"the target has dtype {np.dtype(target.dtype).name}: an "
+                                "integer or bool result has no gradient; differentiate a float "
+                                "result")
             if self in derived_from(target):
                 raise TapeError("the target was computed with NumPy from arrays this tape "
                                 "tracks (`a + b` of two results); the tape records only calls "

@@ -381,6 +381,21 @@ def test_tape_gradient_refuses_sources_that_are_no_array_or_sequence():
     # (refused before the tape counts as used)
     np.testing.assert_allclose(tape.gradient(z, (x,))[0], 1 / (1 + np.exp(-x)), rtol=1e-12)
 
+
+def test_tape_gradient_of_an_integer_result_says_it_has_none():
+    # it said the target "was not computed by a call recorded on this tape"
+    m = dsl.loads("def count(x):\n    return sum(where(x > 0, 1, 0))\n"
+                  "def half(x):\n    return x * 0.5\n", "<count>")
+    x = np.array([0.5, -1.0])
+    with dsl.Tape(persistent=True) as tape:
+        tape.watch(x)
+        n, y = m.count(x), m.half(x)
+    assert n == 1
+    with pytest.raises(dsl.GradError, match="dtype int64: an integer or bool result has no "
+                                            "gradient"):
+        tape.gradient(n, x)
+    np.testing.assert_array_equal(tape.gradient(y, x), [0.5, 0.5])
+
 PACKAGE_DIRS = tuple(str(ROOT / d) for d in ("dsl", "runtime", "compiler", "grammar"))
 
 
