@@ -100,7 +100,9 @@ class Tape:
             self._by_owner.setdefault(id(memory_owner(a)), []).append(a)
 
     def tracks(self, a: Any) -> bool:
-        return self._tracked.get(id(a)) is a
+        # (a sentinel: `.get(id(None))` is None, so None, a const argument's
+        # value or a pullback's cotangent, was tracked by every tape)
+        return self._tracked.get(id(a), _UNTRACKED) is a
 
     def tracks_memory_of(self, a: np.ndarray) -> bool:
         """Whether writing into `a` writes into an array this tape tracks
@@ -174,6 +176,9 @@ class Tape:
                 cts[id(arg)] = g if previous is None else _add(previous, g, bool(outer))
         result = [cts.get(id(s)) for s in source_list]
         return result[0] if single else result
+
+
+_UNTRACKED = object()  # (`Tape.tracks`)
 
 
 def _bound_as_itself(a: np.ndarray) -> bool:

@@ -37,6 +37,9 @@ def test_a_vjp_of_watched_arrays_and_its_pullback_are_recorded():
         through_value = M.g(y, X)                    # x^3
         gx, _ = pullback(Y)                          # y
         through_cotangent = M.g(gx, Y)               # y^3
+        # (None is refused as off the tape, not taken as an array it tracks)
+        with pytest.raises(dsl.ArgumentError, match="cotangent 0 .* not numeric"):
+            pullback(None)
     np.testing.assert_allclose(tape.gradient(through_value, X), 3 * X ** 2, rtol=1e-14)
     np.testing.assert_allclose(tape.gradient(through_cotangent, Y), 3 * Y ** 2, rtol=1e-14)
     np.testing.assert_array_equal(tape.gradient(through_cotangent, X), 0.0)  # (b^2 dy)
