@@ -20,8 +20,9 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-import types
 from pathlib import Path
+
+from gradlang.runtime.params import ParamsModule
 
 _installed = None
 
@@ -42,30 +43,10 @@ class _GradLoader(importlib.abc.Loader):
             del namespace[name]  # an earlier load's (importlib.reload)
         namespace.update(__file__=str(self.path), params=loaded.params, grad_module=loaded,
                          functions=loaded.functions)
-        module.__class__ = _GradModuleType
+        module.__class__ = ParamsModule
         for name, function in loaded.functions.items():
             if name not in namespace and not (name.startswith("__") and name.endswith("__")):
                 namespace[name] = function
-
-
-class _GradModuleType(types.ModuleType):
-    """A `.grad` file's module: `m.params = {...}` or `m.w = ...` for a
-    param `w` would bind a name the functions never read (they read the
-    params where `dsl.load` keeps them, `m.params`), and the calls would
-    run on the old values: both are an AttributeError saying how, as on
-    `dsl.load`'s module."""
-
-    def __setattr__(self, name: str, value) -> None:
-        params = vars(self).get("params")
-        declares = getattr(params, "declares", None)
-        if name == "params" and declares is not None:
-            raise AttributeError(f"the params of module {self.__name__!r} cannot be replaced: "
-                                 "its functions read them where they are; set them with "
-                                 ".params[name] = value, or .params.update({...})")
-        if declares is not None and declares(name):
-            raise AttributeError(f"{name!r} is a param of module {self.__name__!r}: set it "
-                                 f"with .params[{name!r}] = value")
-        super().__setattr__(name, value)
 
 
 class GradFinder(importlib.abc.MetaPathFinder):

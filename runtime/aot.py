@@ -51,7 +51,7 @@ from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.loader import load_kernel_files, make_driver, read_regular_file
-from gradlang.runtime.params import ParamStore
+from gradlang.runtime.params import ParamStore, guard_params
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import TapeError, record, recording_tapes
 from gradlang.runtime.signatures import SignatureAttribute, call_signature
@@ -89,6 +89,7 @@ class AotModule:
             if isinstance(value, AotFunction) and fname not in self.functions:
                 del namespace[fname]
         namespace["params"] = self.params
+        guard_params(namespace)  # (`m.params = ...` would be read by no function)
         namespace["functions"] = dict(self.functions)
         namespace["__getattr__"] = self._missing  # (the module defines none of its own)
         for fname, function in self.functions.items():

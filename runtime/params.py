@@ -8,6 +8,8 @@ naming it and saying how to set it.
 """
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import MutableMapping
 from typing import Iterator, Optional, Sequence
 
@@ -95,3 +97,32 @@ class ParamStore(MutableMapping):
 
     def __repr__(self) -> str:
         return f"ParamStore({dict(self._values)!r})"
+
+
+class ParamsModule(types.ModuleType):
+    """A module of `.grad` functions and their `params` (an import hook's,
+    a `gradc compile`d one): `m.params = {...}` or `m.w = ...` for a param
+    `w` would bind a name the functions never read (they read the store
+    `m.params` is), and the calls would run on the old values: both are an
+    AttributeError saying how, as on `dsl.load`'s module."""
+
+    def __setattr__(self, name: str, value) -> None:
+        params = vars(self).get("params")
+        declares = getattr(params, "declares", None)
+        if name == "params" and declares is not None:
+            raise AttributeError(f"the params of module {self.__name__!r} cannot be replaced: "
+                                 "its functions read them where they are; set them with "
+                                 ".params[name] = value, or .params.update({...})")
+        if declares is not None and declares(name):
+            raise AttributeError(f"{name!r} is a param of module {self.__name__!r}: set it "
+                                 f"with .params[{name!r}] = value")
+        super().__setattr__(name, value)
+
+
+def guard_params(namespace: dict) -> None:
+    """Make the module whose globals are `namespace` a `ParamsModule`,
+    where it is the one `sys.modules` holds under its name (a module
+    executed outside the import system stays as it is)."""
+    module = sys.modules.get(namespace.get("__name__", ""))
+    if module is not None and vars(module) is namespace:
+        module.__class__ = ParamsModule

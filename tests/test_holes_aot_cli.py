@@ -297,6 +297,25 @@ def ab(tmp_path_factory):
 X, Y = np.array([1.0, 2.0]), np.array([3.0, 5.0])
 
 
+def test_an_imported_compiled_modules_params_are_set_not_rebound(ab):
+    # `m.params = {...}` (or `m.w = ...`) on a compiled module imported the
+    # usual way bound a name no function reads: the calls ran on the old
+    # values, as the import hook's module did before 0cd8dd8
+    spec = importlib.util.spec_from_file_location("_ab_imported", ab.__file__)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (as `import` does while the module runs)
+    try:
+        spec.loader.exec_module(module)
+        module.params["w"] = [2.0, 3.0]
+        with pytest.raises(AttributeError, match="cannot be replaced: its functions read"):
+            module.params = {"w": np.zeros(2)}
+        with pytest.raises(AttributeError, match=r"'w' is a param of module '_ab_imported'"):
+            module.w = np.zeros(2)
+        np.testing.assert_array_equal(module.f(X, Y)[0], X * Y + 2.0)
+    finally:
+        del sys.modules[spec.name]
+
+
 def test_a_compiled_module_refuses_dask_arrays_rather_than_computing_them_whole(ab):
     # NumPy once computed the whole Dask array in memory, and the call
     # returned NumPy arrays where dsl.load's function returns lazy Dask ones
