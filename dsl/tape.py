@@ -137,8 +137,7 @@ class Tape:
         self._used = True
         source_list = [sources] if single else list(sources)
         if not self.tracks(target):
-            kind = np.dtype(getattr(target, "dtype", np.float64)).kind
-            if kind != "f":
+            if _integer_or_bool(target):
                 # (a call's integer or bool result is not tracked: it has no gradient)
                 raise TapeError(f"the target has dtype {np.dtype(target.dtype).name}: an "
                                 "integer or bool result has no gradient; differentiate a float "
@@ -179,6 +178,13 @@ class Tape:
 
 
 _UNTRACKED = object()  # (`Tape.tracks`)
+
+
+def _integer_or_bool(value: Any) -> bool:
+    try:
+        return np.dtype(getattr(value, "dtype", "f8")).kind in "biu"
+    except TypeError:  # (a dtype NumPy does not know, a torch tensor's: not one of ours)
+        return False
 
 
 def _bound_as_itself(a: np.ndarray) -> bool:

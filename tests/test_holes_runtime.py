@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import traceback
+import types
 import warnings
 from pathlib import Path
 
@@ -394,6 +395,10 @@ def test_tape_gradient_of_an_integer_result_says_it_has_none():
     with pytest.raises(dsl.GradError, match="dtype int64: an integer or bool result has no "
                                             "gradient"):
         tape.gradient(n, x)
+    # a target whose dtype NumPy does not know (a torch tensor's) is no
+    # result of this tape's (that check raised NumPy's TypeError)
+    with pytest.raises(dsl.GradError, match="not computed by a call recorded on this tape"):
+        tape.gradient(types.SimpleNamespace(dtype="no dtype of NumPy's"), x)
     np.testing.assert_array_equal(tape.gradient(y, x), [0.5, 0.5])
 
 PACKAGE_DIRS = tuple(str(ROOT / d) for d in ("dsl", "runtime", "compiler", "grammar"))
