@@ -313,23 +313,30 @@ def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[
     to output tangents."""
     n_out = eqn.p["n_out"]
     bwd = materialized(eqn).p["bwd"]
-    if _has_later_block(eqn):
+    if _makes_calls(bwd):
         return _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents)
     args = list(inputs) + list(residuals) + [None] * n_out
     return transpose(b, bwd, args, in_tangents)
 
 
-def _has_later_block(eqn: Eqn) -> bool:
-    """Whether the call's first grad block has a block after it: staging
-    makes such a `bwd` the next stage's `custom_vjp` of the same name."""
-    return any(e.op == "custom_vjp" and e.p["name"] == eqn.p["name"]
-               for e in eqn.p["bwd"].eqns)
+def _makes_calls(fn: Function) -> bool:
+    """Whether `fn` (a call's `bwd`) makes a `custom_vjp` call, in a loop's
+    body too: a first grad block with a block after it (staging makes
+    such a `bwd` the next stage's `custom_vjp`), a block calling a
+    function with a grad block (`dy * g(x)`), or a `@recompute` body's
+    rerun.  Transposing `fn` inlines its calls (`linearity.transpose`),
+    so reverse mode over the transpose would differentiate their bodies,
+    not their blocks: `_tangent_call` differentiates `fn` itself."""
+    return any(e.op == "custom_vjp"
+               or any(isinstance(v, Function) and _makes_calls(v) for _, v in e.params)
+               for e in fn.eqns)
 
 
 def _tangent_call(b: Builder, eqn: Eqn, bwd: Function, inputs: Sequence[Atom],
                   residuals: Sequence[Atom], in_tangents: Sequence[Optional[Atom]]
                   ) -> list[Optional[Atom]]:
-    """`_call_jvp` for a function with a second grad block: the tangent
+    """`_call_jvp` for a call whose `bwd` makes calls (`_makes_calls`),
+    such as a function with a second grad block: the tangent
     J(x) t, the transpose of the first block (`bwd(x, r, c) = J^T c`), as a
     `custom_vjp` call whose own VJP differentiates `bwd` rather than its
     transpose, so that reverse mode over forward mode (`jacfwd(jacrev(f))`,

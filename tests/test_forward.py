@@ -937,3 +937,49 @@ def test_reverse_over_forward_differentiates_by_the_second_block():
     want = s * (1 - s)
     assert np.allclose(np.einsum("iii->i", dsl.jacfwd(dsl.jacrev(m.lpe))(x)), want)
     assert np.allclose(dsl.grad(m.tangent_sum)(x, np.ones(2)), want)
+
+
+NESTED_CALLS = """
+def twice(x):
+    return sin(x)
+grad(dy):
+    return dy * 2 * cos(x)
+
+def two(x):
+    return sin(x)
+grad(dy):
+    return dy * 2 * cos(x)
+grad(ddx):
+    return dy=ddx * 2 * cos(x), x=-5 * ddx * dy * sin(x)
+
+def scaled(x):
+    return x * 1.0
+grad(dy):
+    return dy * twice(x)
+
+@recompute
+def rerun(x):
+    return two(x) * x
+
+def tangent_sum(x, t):
+    a, ta = jvp(scaled)(x, t)
+    b, tb = jvp(rerun)(x, t)
+    return sum(ta + tb)
+"""
+
+
+def test_reverse_over_forward_keeps_the_blocks_of_calls_in_a_block():
+    # Reverse over forward differentiated the transpose of a call's block,
+    # which inlines the calls that block makes: a block calling a function
+    # with a block (scaled's `dy * twice(x)`) and a @recompute body's rerun
+    # (rerun's `two`, two blocks) were differentiated by their bodies (cos,
+    # not twice's 2 cos; two's first block automatically, not its second).
+    # The blocks here deliberately differ from sin's derivatives, so that
+    # only following them gives these values (by hand, from the blocks):
+    # d/dx t * twice(x) = 2 cos(x) t; d/dx t * (2 cos(x) x + two(x)), the
+    # second block's x-cotangent -5 x sin(x) plus 2 cos(x) twice.
+    m = dsl.loads(NESTED_CALLS)
+    x = np.array([0.3, -1.1, 2.0])
+    t = np.array([1.5, -0.5, 0.25])
+    want = t * (2 * np.cos(x) + 4 * np.cos(x) - 5 * x * np.sin(x))
+    np.testing.assert_allclose(dsl.grad(m.tangent_sum)(x, t), want, rtol=1e-13)
