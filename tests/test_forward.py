@@ -961,10 +961,19 @@ grad(dy):
 def rerun(x):
     return two(x) * x
 
-def tangent_sum(x, t):
+def looped(x, n: i64):
+    return x * 1.0
+grad(dy):
+    s = dy * 0.0
+    for i in range(n):
+        s = s + dy * twice(x)
+    return s
+
+def tangent_sum(x, t, n: i64):
     a, ta = jvp(scaled)(x, t)
     b, tb = jvp(rerun)(x, t)
-    return sum(ta + tb)
+    c, tc = jvp(looped, wrt=0)(x, n, t)
+    return sum(ta + tb + tc)
 """
 
 
@@ -973,13 +982,14 @@ def test_reverse_over_forward_keeps_the_blocks_of_calls_in_a_block():
     # which inlines the calls that block makes: a block calling a function
     # with a block (scaled's `dy * twice(x)`) and a @recompute body's rerun
     # (rerun's `two`, two blocks) were differentiated by their bodies (cos,
-    # not twice's 2 cos; two's first block automatically, not its second).
-    # The blocks here deliberately differ from sin's derivatives, so that
-    # only following them gives these values (by hand, from the blocks):
-    # d/dx t * twice(x) = 2 cos(x) t; d/dx t * (2 cos(x) x + two(x)), the
+    # not twice's 2 cos; two's first block automatically, not its second),
+    # in a loop of the block too (looped's). The blocks here deliberately
+    # differ from sin's derivatives, so that only following them gives
+    # these values (by hand, from the blocks): d/dx t * twice(x) =
+    # 2 cos(x) t, n times for looped; d/dx t * (2 cos(x) x + two(x)), the
     # second block's x-cotangent -5 x sin(x) plus 2 cos(x) twice.
     m = dsl.loads(NESTED_CALLS)
     x = np.array([0.3, -1.1, 2.0])
     t = np.array([1.5, -0.5, 0.25])
-    want = t * (2 * np.cos(x) + 4 * np.cos(x) - 5 * x * np.sin(x))
-    np.testing.assert_allclose(dsl.grad(m.tangent_sum)(x, t), want, rtol=1e-13)
+    want = t * (2 * np.cos(x) + 4 * np.cos(x) - 5 * x * np.sin(x) + 3 * 2 * np.cos(x))
+    np.testing.assert_allclose(dsl.grad(m.tangent_sum)(x, t, 3), want, rtol=1e-13)
