@@ -207,10 +207,16 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                    ) -> dict[Var, Atom]:
     """The transpose of straight-line `eqns` (no calls), linear in the
     values `linear`: the cotangent of each linear value reached from the
-    seeded outputs.  Equations free of `linear` are emitted into `b` first."""
+    seeded outputs.  Equations free of `linear` are emitted into `b` first.
+    A bool computed from linear values (reverse mode's mask of where a
+    cotangent is nonzero) cannot be computed here: `where(mask, v, 0)` is
+    taken as v and the mask cast to a number as 1 (`_unmasked`)."""
     linear = set(linear)
     alias: dict[Var, Atom] = {}
     taped: list[Eqn] = []
+    # where-masks computed from the linear values (reverse mode's "where
+    # the cotangent is nonzero", `autodiff.materialized`): unknown here
+    value_masks: set[Var] = set()
 
     def sub(a: Atom) -> Atom:
         return alias.get(a, a) if isinstance(a, Var) else a
@@ -220,6 +226,18 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                   eqn.span)
         op = ops.OPS[eqn.op]
         reads = [i for i, a in enumerate(eqn.inputs) if a in linear]
+        if any(a in value_masks for a in eqn.inputs) or (
+                reads and all(o.type.dtype == "bool" for o in eqn.outputs)):
+            unmasked = _unmasked(eqn, value_masks)
+            if unmasked is not None:  # where(mask, v, 0): v, zero where the mask is
+                alias[eqn.out] = unmasked
+                continue
+            if eqn.op == "cast" and eqn.inputs[0] in value_masks:  # as a factor: 1, as v
+                alias[eqn.out] = ops.full(b, 1, eqn.out.type.shape, eqn.out.type.dtype)
+                continue
+            if all(o.type.dtype == "bool" for o in eqn.outputs):
+                value_masks.update(eqn.outputs)
+                continue
         if not reads:
             b.eqns.append(eqn)
         elif eqn.op == "loop":
@@ -248,6 +266,18 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                     c = ops.unbroadcast(b, c, a.type.shape)
                 _accumulate(b, cts, linear, a, c)
     return cts
+
+
+def _unmasked(eqn: Eqn, value_masks: set[Var]) -> Optional[Atom]:
+    """For `where(m, v, 0)` with m a mask computed from
+    the linear values: v.  Such a mask only keeps a zero cotangent from
+    meeting an infinite derivative (0 * inf = NaN) where the linear value
+    it tests is zero, so that it selects v wherever v matters; the
+    transpose, which cannot compute it, takes v.  None for anything else."""
+    if eqn.op != "where" or eqn.inputs[0] not in value_masks:
+        return None
+    _, a, c = eqn.inputs
+    return a if isinstance(c, Lit) and c.value == 0 and a not in value_masks else None
 
 
 def _transpose_loop(b: Builder, eqn: Eqn, cts: dict[Var, Atom], linear: set[Var]) -> None:

@@ -993,3 +993,19 @@ def test_reverse_over_forward_keeps_the_blocks_of_calls_in_a_block():
     t = np.array([1.5, -0.5, 0.25])
     want = t * (2 * np.cos(x) + 4 * np.cos(x) - 5 * x * np.sin(x) + 3 * 2 * np.cos(x))
     np.testing.assert_allclose(dsl.grad(m.tangent_sum)(x, t, 3), want, rtol=1e-13)
+
+
+
+def test_a_jvp_of_a_tangent_call_drops_reverse_modes_value_masks():
+    # A jvp of an in-language jvp (forward over forward, as jacfwd(jacrev(f))
+    # is) of a @recompute function whose rerun calls ex, whose block reads
+    # a residual: reverse mode masks a residual's cotangent where it is
+    # nonzero (`autodiff.materialized`), so the tangent call's VJP read masks
+    # computed from its cotangents, and transposing it read them undefined
+    # (a KeyError in fusion). By hand: d/dx (2 e^x v) along s.
+    m = dsl.loads("def ex(x):\n    e = exp(x)\n    return e\ngrad(dy):\n    return dy * e\n\n"
+                  "@recompute\ndef rx(x):\n    return ex(x) * 2.0\n\n"
+                  "def tangent(x, v):\n    y, t = jvp(rx)(x, v)\n    return t\n")
+    x, v, s = np.array([1.0, -2.0, 0.5]), np.array([0.5, -1.0, 2.0]), np.array([1.5, 0.25, -1.0])
+    _, tangent = dsl.jvp(m.tangent, (x, v), (s, None))
+    np.testing.assert_allclose(tangent, 2 * np.exp(x) * v * s, rtol=1e-13)
