@@ -222,9 +222,10 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
             # its value picks the program (an axis, a count): a device
             # array's is not static, and an axis read from one was "not a
             # compile-time integer", said at the sum, not here
+            python = "bool" if spec.dtype == "bool" else "int"
             raise ArgumentError(f"{where} is a device array, but a `const {spec.dtype}` is a "
                                 "value the call is compiled for: pass it on the host (a "
-                                "Python int)", span)
+                                f"Python {python})", span)
         dtype = np.dtype(value.dtype)
         if dtype not in SUPPORTED:
             raise ArgumentError(f"{where} has unsupported dtype {dtype}", span)

@@ -350,13 +350,19 @@ def test_a_device_array_for_a_const_integer_is_an_argument_error():
     # was no static value, and the axis it gave was "not a compile-time
     # integer", a GradError at the sum instead of the argument.
     from numba import cuda
-    m = dsl.loads("def f(x, a: const i64):\n    return sum(x, axis=a)\n", target="cuda",
-                  host_results=True)
+    m = dsl.loads("def f(x, a: const i64):\n    return sum(x, axis=a)\n"
+                  "def g(x, b: const bool):\n    return x\n", target="cuda", host_results=True)
     x = np.arange(6.0).reshape(2, 3)
     for call in (lambda k: m.f(x, k), lambda k: dsl.grad(m.f)(x, k)):
         with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'a' of .*f\(\) "
-                                                    r"is a device array, but a `const i64`"):
+                                                    r"is a device array, but a `const i64` "
+                                                    r".*\(a Python int\)"):
             call(cuda.to_device(np.array(1)))
+    # what to pass instead is a bool there (it said "a Python int")
+    with pytest.raises(dsl.ArgumentError, match=r"<string>:3:5: error: argument 'b' of g\(\) is a "
+                                                r"device array, but a `const bool` .*on the host "
+                                                r"\(a Python bool\)"):
+        m.g(x, cuda.to_device(np.array(True)))
     np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1))  # on the host: as before
 
 
