@@ -527,9 +527,17 @@ class Compiled:
         device target once; its own arrays stay).  A static (const)
         argument stays on the host: its value picks the program."""
         statics = self.static_names(bound)
-        return {n: a if n in statics
-                else self.accepted(a, f"argument {self.label(n)} of {called(self.name)}")
+        return {n: a if n in statics else self.accepted(a, self.what_is(n))
                 for n, a in bound.items()}
+
+    def what_is(self, name: str) -> str:
+        """How a refusal of the value bound to `name` names it: a module
+        param as the param its function reads (the caller passed no such
+        argument), else as the caller knows the argument (`label`)."""
+        if name.isidentifier() and any(s.name == name for s in self.param_specs) \
+                and all(s.name != name for s in self.specs):
+            return f"param {name!r} read by {called(self.name)}"
+        return f"argument {self.label(name)} of {called(self.name)}"
 
     def accepted(self, value: Any, what: str) -> Any:
         """`self.target.accept(value, what)`, its refusal pointing at the

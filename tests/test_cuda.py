@@ -366,6 +366,20 @@ def test_a_device_array_for_a_const_integer_is_an_argument_error():
     np.testing.assert_array_equal(m.f(x, 1), x.sum(axis=1))  # on the host: as before
 
 
+def test_a_device_array_set_as_a_param_of_a_cpu_module_is_named_as_the_param():
+    # It was refused as "argument 'w' of f()", an argument nobody passed.
+    from numba import cuda
+    m = dsl.loads("param w: f64[3]\ndef f(x):\n    return sum(x * w)\n")
+    m.params["w"] = cuda.to_device(np.ones(3))
+    for call, name in ((m.f, "f\\(\\)"), (dsl.grad(m.f), "grad\\(f\\)")):
+        with pytest.raises(dsl.ArgumentError, match=rf"<string>:2:5: error: param 'w' read by "
+                                                    rf"{name} is a GPU array, but this function "
+                                                    r"runs on the CPU"):
+            call(np.ones(3))
+    m.params["w"] = np.array([1.0, 2.0, 3.0])
+    assert m.f(np.ones(3)) == 6.0
+
+
 def test_calls_from_several_threads_on_the_simulator():
     # The simulator runs one launch at a time, keeps a launch's grid on the
     # shared kernel object, and while a kernel runs makes this module's
