@@ -464,10 +464,14 @@ def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> At
 
 def python_number_hint(v: Value) -> str:
     """Why a named float scalar may be one: a Python int passed for an
-    unannotated parameter is a float, as for any differentiable parameter."""
+    unannotated parameter is a float, as for any differentiable parameter;
+    and why a named array may be one: a tuple passed from Python is."""
     if isinstance(v, Var) and v.hint and v.type.rank == 0 and v.type.is_float:
         return (f" ({v.hint!r} is {v.type.dtype} here: a Python number passed for an "
                 f"unannotated parameter is a float; annotate it `{v.hint}: i64`)")
+    if isinstance(v, Var) and v.hint and v.type.rank > 0:
+        return (f" ({v.hint!r} is an array here: a tuple or list passed from Python is an "
+                "array; pass its items as integer arguments)")
     return ""
 
 

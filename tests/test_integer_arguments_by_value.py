@@ -77,6 +77,11 @@ def test_an_axis_out_of_range_or_a_float_is_an_error_at_it(m):
         with pytest.raises(dsl.GradError, match="annotate it `(axis|k): i64`") as err:
             f(x, 1)
         assert where in str(err.value) and "^" in str(err.value)
+    # a tuple of axes passed from Python is an array: the error said only
+    # "a compile-time integer or tuple of integers", of a tuple given
+    with pytest.raises(dsl.GradError, match=r"\('axis' is an array here: a tuple or list "
+                                            r"passed from Python is an array; pass its items"):
+        floats.f(x, (0, 1))
 
 
 
