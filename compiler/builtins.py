@@ -267,7 +267,7 @@ def _static_shape(L, v, span, sizes: bool = True) -> tuple:
             raise NeedsConcrete(f"the size {d} is used as an axis")
         if not isinstance(d, Sym) and (isinstance(d, bool) or not isinstance(d, int)):
             raise GradError("a shape must be a compile-time tuple or list of integers"
-                            f"{python_number_hint(d)}", span)
+                            f"{compile_time_hint(d)}", span)
     return shape
 
 
@@ -319,7 +319,7 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     axis = _kw(args, kwargs, 1, "axis", 0)
     by_value(L, axis)
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError(f"axis must be a compile-time integer{python_number_hint(axis)}", span)
+        raise GradError(f"axis must be a compile-time integer{compile_time_hint(axis)}", span)
     items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
@@ -464,15 +464,21 @@ def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> At
 
 def python_number_hint(v: Value) -> str:
     """Why a named float scalar may be one: a Python int passed for an
-    unannotated parameter is a float, as for any differentiable parameter;
-    and why a named array may be one: a tuple passed from Python is."""
+    unannotated parameter is a float, as for any differentiable parameter."""
     if isinstance(v, Var) and v.hint and v.type.rank == 0 and v.type.is_float:
         return (f" ({v.hint!r} is {v.type.dtype} here: a Python number passed for an "
                 f"unannotated parameter is a float; annotate it `{v.hint}: i64`)")
+    return ""
+
+
+def compile_time_hint(v: Value) -> str:
+    """Why a named value where a compile-time integer is needed is not
+    one: a Python number's (`python_number_hint`), or a tuple or list
+    passed from Python, which is an array."""
     if isinstance(v, Var) and v.hint and v.type.rank > 0:
         return (f" ({v.hint!r} is an array here: a tuple or list passed from Python is an "
                 "array; pass its items as integer arguments)")
-    return ""
+    return python_number_hint(v)
 
 
 def static_axis(L: Lowerer, axis, rank: int, span: Span) -> int:
@@ -480,7 +486,7 @@ def static_axis(L: Lowerer, axis, rank: int, span: Span) -> int:
     argument by value), as a non-negative integer."""
     by_value(L, axis)
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError(f"axis must be a compile-time integer{python_number_hint(axis)}", span)
+        raise GradError(f"axis must be a compile-time integer{compile_time_hint(axis)}", span)
     if not -rank <= axis < rank:
         raise ops.axis_out_of_range(axis, rank, span)
     return axis % rank
@@ -592,7 +598,7 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
     if not is_static(v):
         raise GradError(f"{what} must be known when the function is compiled: a "
                         "literal, an integer argument or a size (x.shape[k])"
-                        f"{python_number_hint(v)}", span)
+                        f"{compile_time_hint(v)}", span)
     if isinstance(v, bool) or not isinstance(v, (Sym, int, float) if floats else (Sym, int)):
         raise GradError(f"{what} must be {'a number' if floats else 'an integer'}, not "
                         f"{v!r}", span)

@@ -30,8 +30,8 @@ from typing import Callable, Optional, Sequence
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
-                                        by_value, index_operand, jvp_layout,
-                                        python_number_hint, take)
+                                        by_value, compile_time_hint, index_operand,
+                                        jvp_layout, take)
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN
 from gradlang.compiler.library import in_library
 from gradlang.compiler.linearity import CallKinds
@@ -942,7 +942,7 @@ class Lowerer:
             by_value(self, a)
             if isinstance(a, bool) or not isinstance(a, int):
                 raise GradError("axis must be a compile-time integer or tuple of integers"
-                                f"{python_number_hint(a)}", span)
+                                f"{compile_time_hint(a)}", span)
         return ops._normalize_axes(axes, rank, span)
 
     def reduce(self, b, op: str, v: Value, axis, keepdims, span,
