@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from gradlang.runtime.collection import imports_unwalked
+from gradlang.runtime.params import refuse_rebinding
 
 # Numba and the compiler, imported without the collector walking them
 # (runtime/collection.py): 25 ms of a warm process's CPU.
@@ -92,21 +93,13 @@ class Module:
                              f"{name!r}; it defines: {', '.join(functions) or 'nothing'}")
 
     def __setattr__(self, name: str, value) -> None:
-        # `m.w = ...` for a param `w` would leave the param as it was and
-        # shadow nothing the functions read: say how to set it instead.
-        params, functions = self.__dict__.get("params"), self.__dict__.get("_functions", {})
-        if params is not None and params.declares(name):
-            raise AttributeError(f"{name!r} is a param of module {self.__file__!r}: set it "
-                                 f"with .params[{name!r}] = value")
-        if name in functions:
+        # `m.w = ...` for a param `w`, or `m.params = {...}`, would leave
+        # the params as they were, the functions reading the store: say how
+        # to set them instead.
+        refuse_rebinding(self.__dict__.get("params"), name, self.__dict__.get("__file__"))
+        if name in self.__dict__.get("_functions", {}):
             raise AttributeError(f"{name!r} is a function of module {self.__file__!r}, "
                                  "which cannot be replaced")
-        if name == "params" and params is not None:
-            # (`m.params = {...}` bound a dict the functions never read: they
-            # kept reading the store, and the call ran on the old values)
-            raise AttributeError(f"the params of module {self.__file__!r} cannot be replaced: "
-                                 "its functions read them where they are; set them with "
-                                 ".params[name] = value, or .params.update({...})")
         object.__setattr__(self, name, value)
 
     def __dir__(self):

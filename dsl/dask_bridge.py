@@ -147,8 +147,7 @@ def _argument(f: Compiled, name: Any) -> tuple[str, Any]:
     place, as binding gives it."""
     if isinstance(name, int):
         return f"argument {name} of {called(f.name)}", f.span
-    kind = "param" if name in {s.name for s in f.param_specs} else "argument"
-    return f"{kind} {f.label(name)} of {called(f.name)}", f.span
+    return f.what_is(name), f.span
 
 
 def call_on_dask(f: Compiled, args, kwargs):

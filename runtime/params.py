@@ -107,16 +107,25 @@ class ParamsModule(types.ModuleType):
     AttributeError saying how, as on `dsl.load`'s module."""
 
     def __setattr__(self, name: str, value) -> None:
-        params = vars(self).get("params")
-        declares = getattr(params, "declares", None)
-        if name == "params" and declares is not None:
-            raise AttributeError(f"the params of module {self.__name__!r} cannot be replaced: "
-                                 "its functions read them where they are; set them with "
-                                 ".params[name] = value, or .params.update({...})")
-        if declares is not None and declares(name):
-            raise AttributeError(f"{name!r} is a param of module {self.__name__!r}: set it "
-                                 f"with .params[{name!r}] = value")
+        refuse_rebinding(vars(self).get("params"), name, self.__name__)
         super().__setattr__(name, value)
+
+
+def refuse_rebinding(params: object, name: str, module: str) -> None:
+    """An AttributeError saying how to set them, where setting attribute
+    `name` of the module `module` (its label) whose store is `params` (a
+    `ParamStore`; anything else guards nothing) would bind a name its
+    functions never read: `params` itself, or a param it declares."""
+    declares = getattr(params, "declares", None)
+    if declares is None:
+        return
+    if name == "params":
+        raise AttributeError(f"the params of module {module!r} cannot be replaced: its "
+                             "functions read them where they are; set them with "
+                             ".params[name] = value, or .params.update({...})")
+    if declares(name):
+        raise AttributeError(f"{name!r} is a param of module {module!r}: set it with "
+                             f".params[{name!r}] = value")
 
 
 def guard_params(namespace: dict) -> None:
