@@ -49,7 +49,7 @@ from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.common import c_strides, stride_table, where_of
-from gradlang.runtime.target import LONG_ROW_CHUNK, LongRows, Target, largest, smallest
+from gradlang.runtime.target import Target, largest, smallest
 
 
 @dataclass(frozen=True)
@@ -207,17 +207,6 @@ ROW_BLOCK_ELEMENTS = 1024
 ROW_BLOCK = 16
 
 
-def _reduction_start(eqn: Eqn) -> str:
-    """A row loop's accumulator's first value for a `reduce_sum` (in f64)
-    or a `reduce_max` (in its dtype)."""
-    return "0.0" if eqn.op == "reduce_sum" else f"{eqn.outputs[0].type.dtype}(-inf)"
-
-
-def _reduction_step(eqn: Eqn, acc: str, x: str) -> str:
-    """`acc` with `x` added (`accumulate`) or maxed in (`greatest`, which keeps a NaN)."""
-    return f"accumulate({acc}, {x})" if eqn.op == "reduce_sum" else f"greatest({acc}, {x})"
-
-
 def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tuple[str, Var]]]:
     """The kernel for a row loop (`compiler.rows`): `kname(n, rows, *args)`
     runs the rows (of `length = n // rows` elements) in blocks of
@@ -245,7 +234,6 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
         pre += _least_period(periods)
         # both products of trailing sizes: the lesser divides the greater
         pre.append(f"inner = {largest(smallest('inner', 'length'), '1')}")
-    chunk_pre = pre[2:]  # what a long row's chunk reads (`LongRows`), before scratch
     slot = {v: j for j, v in enumerate(group.outputs)}
     args += [f"out{j}" for j in range(len(group.outputs))]
     kinds += [("out", v) for v in group.outputs]
@@ -287,12 +275,11 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
         args.append("threads")
         kinds.append(("threads", None))
 
-    def held(v: Var, long: bool) -> tuple[str, str, str]:
-        """(view, array, start of the run at i0) of a stored element value:
-        a spilled one's scratch is a block of rows, or with `long` all rows."""
+    def held(v: Var) -> tuple[str, str, str]:
+        """(view, array, start of the run at i0) of a stored element value."""
         if v in slot:
             return f"y{slot[v]}", f"out{slot[v]}", "i0"
-        return f"z{spill[v]}", f"sp{spill[v]}", "i0" if long else "i0 - lo * length"
+        return f"z{spill[v]}", f"sp{spill[v]}", "i0 - lo * length"
 
     def row_segment(eqns: list[Eqn]) -> list[str]:
         """Lines computing row-scalar `eqns` for each row of the block: a
@@ -331,12 +318,10 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
                 lines.append(f"{stored_per_row(out)}[o] = {name}")
         return ["for o in range(lo, hi):"] + ["    " + l for l in lines] if lines else []
 
-    def pass_lines(number: int, pass_, long: bool) -> tuple[list[str], list[str], list[str], list]:
-        """(lines per row before its elements, per run, per element, and
-        the reductions as (accumulator, op, output)) of pass `number`; with
-        `long`, spilled values are whole arrays (`LONG_ROW`), else a block's."""
+    for number, pass_ in enumerate(group.passes):
+        body += row_segment(pass_.before)
         names: dict[Var, str] = {}
-        first, per_run, per_element, reductions = [], [], [], []
+        first, per_run, per_element, after = [], [], [], []
         reads = [a for e in pass_.eqns + pass_.reductions for a in e.inputs if isinstance(a, Var)]
         for v in dict.fromkeys(reads):
             if v in index:
@@ -361,93 +346,43 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
                 names[v] = f"w{len(first)}"
                 first.append(f"w{len(first)} = {store[v]}[o]")
         for v in pass_.reads_back:
-            view, array, start = held(v, long)
+            view, array, start = held(v)
             per_run.append(f"{view} = {array}[{start}:]")
             per_element.append(f"u{view} = {view}[j]")
             names[v] = f"u{view}"
         per_element += _eqn_lines(pass_.eqns, names, f"v{number}_", target=target)
         for v in (o for e in pass_.eqns for o in e.outputs):
             if v in slot or v in spill:  # (a stored value is never computed again: written once)
-                view, array, start = held(v, long)
+                view, array, start = held(v)
                 per_run.append(f"{view} = {array}[{start}:]")
                 per_element.append(f"{view}[j] = {names[v]}")
         for r, eqn in enumerate(pass_.reductions):
             acc, x, out = f"acc{r}", names[eqn.inputs[0]], eqn.outputs[0]
-            stored_per_row(out)
-            first.append(f"{acc} = {_reduction_start(eqn)}")
-            per_element.append(f"{acc} = {_reduction_step(eqn, acc, x)}")
-            reductions.append((acc, eqn, out))
-        return first, per_run, per_element, reductions
-
-    def reduced(reductions: list) -> list[str]:
-        """Lines storing each reduction's accumulator into its row's value."""
-        lines = []
-        for acc, eqn, out in reductions:
-            empty = eqn.p.get("empty") if eqn.op == "reduce_max" else None
             dtype = out.type.dtype
-            lines.append(f"{store[out]}[o] = {dtype}({acc})" if empty is None else
-                         f"{store[out]}[o] = select(length == 0, {dtype}({empty!r}), {acc})")
-        return lines
-
-    def over_row(first: list[str], per_run: list[str], per_element: list[str]) -> list[str]:
-        """Lines running a pass over row o: in runs of `inner` where inputs
-        are broadcast, else as one run."""
+            stored_per_row(out)
+            if eqn.op == "reduce_sum":
+                first.append(f"{acc} = 0.0")
+                per_element.append(f"{acc} = accumulate({acc}, {x})")
+                after.append(f"{store[out]}[o] = {dtype}({acc})")
+            else:
+                first.append(f"{acc} = {dtype}(-inf)")
+                per_element.append(f"{acc} = greatest({acc}, {x})")
+                empty = eqn.p.get("empty")
+                after.append(f"{store[out]}[o] = {acc}" if empty is None else
+                             f"{store[out]}[o] = select(length == 0, {dtype}({empty!r}), {acc})")
+        lines = list(first)
         if periods:
-            return first + ["for s in range(length // inner):", "    i0 = o * length + s * inner"] + [
-                "    " + line for line in per_run + ["for j in range(inner):"]] + [
-                "        " + line for line in per_element]
-        return first + ["i0 = o * length"] + per_run + [
-            "for j in range(length):"] + ["    " + line for line in per_element]
-
-    def over_chunk(first: list[str], per_run: list[str], per_element: list[str]) -> list[str]:
-        """Lines running a pass over chunk t (`LongRows`: `count` elements
-        of row o from its element `c0`), in pieces that end where runs of
-        `inner` do, where inputs are broadcast: a chunk is any part of a row."""
-        if not periods:
-            return first + ["i0 = o * length + c0"] + per_run + [
-                "for j in range(count):"] + ["    " + line for line in per_element]
-        return first + ["s0 = c0", "while s0 < c0 + count:",
-                        f"    s1 = {smallest('(s0 // inner + 1) * inner', 'c0 + count')}",
-                        "    i0 = o * length + s0"] + [
-            "    " + line for line in per_run + ["for j in range(s1 - s0):"]] + [
-            "        " + line for line in per_element] + ["    s0 = s1"]
-
-    # per pass: (lines before, partial results' names and dtypes, lines per chunk, lines after)
-    long_passes: list[tuple[list[str], dict[str, str], list[str], list[str]]] = []
-    for number, pass_ in enumerate(group.passes):
-        body += row_segment(pass_.before)
-        first, per_run, per_element, reductions = pass_lines(number, pass_, False)
-        lines = over_row(first, per_run, per_element) + reduced(reductions)
+            lines += ["for s in range(length // inner):", "    i0 = o * length + s * inner"]
+            lines += ["    " + line for line in per_run] + ["    for j in range(inner):"]
+        else:
+            lines += ["i0 = o * length"] + per_run + ["for j in range(length):"]
+        indent = "        " if periods else "    "
+        lines += [indent + line for line in per_element] + after
         body += ["for o in range(lo, hi):"] + ["    " + line for line in lines]
-        # the same pass over chunk t of the rows' chunks (`LONG_ROW`): its
-        # reductions into partial results, then added in chunk order
-        first, per_run, per_element, reductions = pass_lines(number, pass_, True)
-        chunk = over_chunk(first, per_run, per_element)
-        chunk += [f"pt{number}_{r}[t] = {acc}" for r, (acc, _, _) in enumerate(reductions)]
-        partials = {f"pt{number}_{r}": "np.float64" if eqn.op == "reduce_sum" else array_dtype(out)
-                    for r, (_, eqn, out) in enumerate(reductions)}
-        combined = []
-        for r, (acc, eqn, _) in enumerate(reductions):
-            combined += [f"{acc} = {_reduction_start(eqn)}", "for c in range(chunks):",
-                         f"    {acc} = {_reduction_step(eqn, acc, f'pt{number}_{r}[o * chunks + c]')}"]
-        combined += reduced(reductions)
-        long_passes.append((row_segment(pass_.before), partials, chunk,
-                            ["for o in range(rows):"] + ["    " + line for line in combined]
-                            if combined else []))
     body += row_segment(group.after)
 
-    # long rows: the rows' chunks in parallel, pass by pass (`LONG_ROW`)
-    long_pre = [f"chunk = {LONG_ROW_CHUNK}", "chunks = (length + chunk - 1) // chunk"]
-    long_pre += [f"sp{j} = np.empty(n, {array_dtype(v)})" for v, j in spill.items()]
-    partials = {name: dtype for _, named, _, _ in long_passes for name, dtype in named.items()}
-    long_pre += [f"{name} = np.empty(rows * chunks, {dtype})" for name, dtype in partials.items()]
-    shared = [store[v] for v in scratch] + [f"sp{j}" for j in spill.values()] + list(partials)
-    long_rows = LongRows(long_pre, [(before, chunk_lines, combine)
-                                    for before, _, chunk_lines, combine in long_passes],
-                         row_segment(group.after), chunk_pre, shared)
-
     def wrap(kname: str) -> str:
-        return target.render_row_loop(kname, args, pre, body, per_thread, long_rows)
+        return target.render_row_loop(kname, args, pre, body, per_thread)
     kname = "k_" + hashlib.sha256(wrap("k").encode()).hexdigest()[:16]
     return kname, wrap(kname), kinds
 
@@ -866,11 +801,10 @@ class _Driver:
                         where = where_of("", check.span)  # user text (a file name): repr
                         lines.append(f"R.empty_axis({render_shape(check.inputs[0].type.shape)}, "
                                      f"{tuple(check.p['axes'])!r}, {where!r}, None)")
-                    rows = prod(step.rows)
-                    known = ((size, rows) if isinstance(size, int) and isinstance(rows, int)
-                             else None)
-                    lines.append(target.launch_rows(kname, render(size), render(rows), known,
-                                                    call_args, work_per_element(step)))
+                    known = size if isinstance(size, int) else None
+                    lines.append(target.launch(kname, render(size), known,
+                                               [render(prod(step.rows))] + call_args,
+                                               work_per_element(step)))
                 elif reduced:
                     rows = prod(reduced[0].type.shape)
                     lines.append(target.launch_reducing(kname, render(size), render(rows),

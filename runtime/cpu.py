@@ -49,8 +49,7 @@ from gradlang.runtime.errors import ArgumentError
 from gradlang.runtime.loader import jit_in_kernel_cache
 from gradlang.runtime.parallelism import (  # drivers call R.parallel_allowed
     blas_called, parallel_allowed)
-from gradlang.runtime.target import (LONG_ROW, LongRows, Target, is_device_array, largest,
-                                     smallest)
+from gradlang.runtime.target import Target, is_device_array, largest, smallest
 
 # Below this many elements a reduction, or a loop of arithmetic, runs on one
 # thread: waking the thread pool costs more than it saves below a few tens
@@ -970,17 +969,12 @@ class CpuTarget(Target):
         return "\n".join(out)
 
     def render_row_loop(self, kname: str, args: list[str], pre: list[str],
-                        body: list[str], per_thread: list[str], long_rows: LongRows) -> str:
+                        body: list[str], per_thread: list[str]) -> str:
         """Blocks of rows in parallel, and a serial variant.  With
         `per_thread` lines (scratch), the last argument is `threads`
         (`POOL_THREADS`), and the parallel one runs that many runs of
         blocks, each after those lines: scratch made once per thread, not
-        per block.  Long rows (`LongRows`): `_all`, each pass over the
-        chunks of every row in parallel, and `_all_serial`, the same chunks
-        one after the other.  Both call one compiled chunk (`_chunk`, as
-        `render_reducing_loop`'s), so their bits are the same, and one
-        function for the work per row between passes (`_rowwise`), so that
-        each has a single parallel loop to compile."""
+        per block."""
         arglist = ", ".join(["n", "rows"] + args)
         out = []
         for suffix, deco in (("", _PARALLEL), ("_serial", _SERIAL)):
@@ -1000,50 +994,7 @@ class CpuTarget(Target):
                 out.append(f"{indent}for blk in range(part * blocks // parts, "
                            f"(part + 1) * blocks // parts):")
             out += [indent + "    " + line for line in body] + [""]
-        return "\n".join(out + self._long_rows(kname, args, pre, long_rows))
-
-    @staticmethod
-    def _long_rows(kname: str, args: list[str], pre: list[str], long_rows: LongRows) -> list[str]:
-        """`render_row_loop`'s kernels for long rows: `_chunk(p, t, ...)`
-        runs pass p over chunk t, `_rowwise(p, ...)` the row-scalar work
-        before pass p (after the last, for p = passes), and `_all` and
-        `_all_serial` call them in turn."""
-        passes = long_rows.passes
-        shared = ", ".join(["chunks", "chunk", "n", "rows"] + args + long_rows.shared)
-        out = [_SERIAL, f"def {kname}_chunk(p, t, {shared}):", "    length = n // rows"]
-        out += ["    " + line for line in long_rows.chunk_pre]
-        out += ["    o = t // chunks", "    c0 = (t - o * chunks) * chunk",
-                f"    count = {smallest('chunk', 'length - c0')}"]
-        for number, (_, chunk, _) in enumerate(passes):
-            out.append(f"    {'if' if number == 0 else 'elif'} p == {number}:")
-            out += ["        " + line for line in chunk]
-        out += ["", _SERIAL, f"def {kname}_rowwise(p, {shared}):", "    length = n // rows",
-                "    lo = 0", "    hi = rows"]
-        out += ["    " + line for line in long_rows.chunk_pre]
-        for number in range(len(passes) + 1):
-            lines = (passes[number - 1][2] if number else []) + (
-                passes[number][0] if number < len(passes) else long_rows.after)
-            out.append(f"    {'if' if number == 0 else 'elif'} p == {number}:")
-            out += ["        " + line for line in lines or ["pass"]]
-        out.append("")
-        for suffix, deco, rng in (("_all", _PARALLEL, "prange"), ("_all_serial", _SERIAL, "range")):
-            out += [deco, f"def {kname}{suffix}(n, rows, {', '.join(args)}):", "    length = n // rows"]
-            out += ["    " + line for line in pre + long_rows.pre]
-            out += [f"    for p in range({len(passes)}):", f"        {kname}_rowwise(p, {shared})",
-                    f"        for t in {rng}(rows * chunks):",
-                    f"            {kname}_chunk(p, t, {shared})",
-                    f"    {kname}_rowwise({len(passes)}, {shared})", ""]
-        return out
-
-    def launch_rows(self, kname: str, size: str, rows: str, known: Optional[tuple[int, int]],
-                    args: list[str], cost: int) -> str:
-        call = f"({', '.join([size, rows] + args)})"
-        blocks = _pick(kname, size, cost, known and known[0])
-        long = _pick(f"{kname}_all", size, cost, known and known[0])
-        if known is not None:
-            size_known, rows_known = known
-            return (long if rows_known and size_known >= LONG_ROW * rows_known else blocks) + call
-        return f"({long} if {rows} and {size} >= {LONG_ROW} * {rows} else {blocks}){call}"
+        return "\n".join(out)
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],
                         cost: int) -> str:

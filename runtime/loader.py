@@ -146,11 +146,9 @@ def load_kernels(source: str) -> ModuleType:
 # names it reads (its header's: `math` is libm's under GRADC_LIBM) define
 # one kernel (a program's own module of it and the compiled loop that
 # calls it, which holds its text to stand alone).  A full sum's `_all`
-# variants read its `_chunk` (cpu.render_reducing_loop), and a row loop's
-# its `_chunk` and `_rowwise` (cpu.render_row_loop): names of the module's
-# own until shared.
-_KERNEL_NAME = re.compile(r"k_[0-9a-f]{16}(_chunk|_rowwise|(_all)?(_serial)?)")
-_READ_BY_KERNELS = ("_chunk", "_rowwise")
+# variants read its `_chunk` (cpu.render_reducing_loop), a name of the
+# module's own until shared.
+_KERNEL_NAME = re.compile(r"k_[0-9a-f]{16}(_chunk|(_all)?(_serial)?)")
 _kernels: dict[tuple, CPUDispatcher] = {}
 
 
@@ -161,7 +159,7 @@ def _share_kernels(module: ModuleType) -> None:
     again inside the loop's compiled form).  The kernels that others read
     (`_chunk`s) first: a kernel's key holds what its names are bound to
     once shared."""
-    names = sorted(vars(module), key=lambda name: not name.endswith(_READ_BY_KERNELS))
+    names = sorted(vars(module), key=lambda name: not name.endswith("_chunk"))
     for name in names:
         value = vars(module)[name]
         if isinstance(value, CPUDispatcher) and _KERNEL_NAME.fullmatch(name):

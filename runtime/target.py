@@ -21,44 +21,12 @@ in its own module, and nothing else tests a target's name.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from gradlang.runtime.errors import GradError
-
-# A row loop's rows of at least `LONG_ROW` elements run in chunks of about
-# `LONG_ROW_CHUNK` (`LongRows`): the chunks of all rows in parallel, pass by
-# pass, so that a few long rows (a softmax over a vocabulary for a small
-# batch) keep every thread busy, where blocks of rows ran on as many
-# threads as there were rows.  By length alone, never by threads: a row's
-# sums then have the same bits on every machine and under any load.  From
-# 2^15 elements (128 KiB of f32 per array) a row's passes no longer read
-# it back from the core's own cache anyway.
-LONG_ROW = 1 << 15
-LONG_ROW_CHUNK = 1 << 12
-
-
-@dataclass
-class LongRows:
-    """A row loop's kernel for rows of `LONG_ROW` elements or more: after
-    the kernel's own first lines and `pre` (which set `chunk`, `chunks`,
-    whole-array scratch and partial results), for each pass (before, chunk,
-    after): `before` once, `chunk` for each chunk t < rows * chunks (of
-    row o = t // chunks, `count` elements from its element `c0`), then
-    `after` once; finally `after`, the row-scalar work after the last
-    pass.  All but `pre` may read `chunk_pre`'s names, the kernel's
-    arguments and the arrays named in `shared`; `before` and `after` run
-    over rows `lo` to `hi`, all of them."""
-
-    pre: list[str]
-    passes: list[tuple[list[str], list[str], list[str]]]
-    after: list[str]
-    chunk_pre: list[str]
-    shared: list[str]
-
 
 def smallest(a: str, b: str) -> str:
     """Generated code for the lesser of two integer expressions (each may
@@ -176,20 +144,13 @@ class Target:
         raise NotImplementedError
 
     def render_row_loop(self, kname: str, args: list[str], pre: list[str],
-                        body: list[str], per_thread: list[str], long_rows: LongRows) -> str:
+                        body: list[str], per_thread: list[str]) -> str:
         """Kernel `kname(n, rows, *args)`: `length = n // rows` (0 for no
         rows), `pre` once (which defines `blocks`), then `body` for each
         blk < blocks (a row loop, `compiler.rows`: a block of rows), each
-        thread running `per_thread` (its scratch) before its first; and
-        for rows of `LONG_ROW` elements or more, `long_rows`' kernel;
-        launched by `launch_rows`.  Only a target that `fuses_reductions`
-        has row loops."""
-        raise NotImplementedError
-
-    def launch_rows(self, kname: str, size: str, rows: str, known: Optional[tuple[int, int]],
-                    args: list[str], cost: int) -> str:
-        """As `launch`, for a `render_row_loop` kernel over `size` elements
-        in `rows` rows (`known`: both, when codegen knows them)."""
+        thread running `per_thread` (its scratch) before its first; launched
+        by `launch(kname, n, known, [rows] + args, cost)`.  Only a target
+        that `fuses_reductions` has row loops."""
         raise NotImplementedError
 
     def launch_reducing(self, kname: str, size: str, rows: str, args: list[str],

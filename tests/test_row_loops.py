@@ -246,36 +246,6 @@ def test_parallel_blocks_of_rows_give_the_serial_bits(gradc_parallel):
                                rtol=1e-10, atol=1e-14)
 
 
-def test_long_rows_run_in_chunks_of_every_row_with_the_serial_bits(gradc_parallel):
-    # catches: a few long rows (a softmax over a vocabulary, a small batch)
-    # running on only as many threads as rows; in the kernels for rows of
-    # LONG_ROW elements or more, a chunk reading the wrong part of its row
-    # (the last, one element long; g and b, broadcast along the row, read
-    # in pieces), a pass reading a row's value before every chunk of it is
-    # added, read-back scratch a block of rows long where every row's
-    # chunks need it (the six passes of `nested`), or the parallel variant
-    # adding the partial results in another order than the serial one
-    from gradlang.runtime.target import LONG_ROW, LONG_ROW_CHUNK
-    rng = np.random.default_rng(5)
-    x = rng.normal(size=(3, LONG_ROW + 2 * LONG_ROW_CHUNK + 1)) * 5
-    g, b = rng.normal(size=x.shape[1]), rng.normal(size=x.shape[1])
-    program = M.nested.program(M.nested.bind((x,), {}))
-    driver = program.generated.driver_source
-    assert any(f"K.{kernel}_all " in driver for kernel in program.generated.kernel_names)
-    results = {}
-    for setting in ("never", "always"):
-        gradc_parallel(setting)
-        results[setting] = M.layer_norm(x, g, b), *M.nested(x)
-    for serial, parallel in zip(results["never"], results["always"]):
-        np.testing.assert_array_equal(parallel, serial)
-    norm, nested, low = results["always"]
-    np.testing.assert_allclose(norm, np_layer_norm(x, g, b), rtol=1e-10, atol=1e-12)
-    s = np_softmax(np.log(np_softmax(x)))
-    np.testing.assert_allclose(nested, s * (s * s).sum(axis=-1, keepdims=True), rtol=1e-10,
-                               atol=1e-300)
-    np.testing.assert_array_equal(low, x.min(axis=-1))
-
-
 def test_a_mask_broadcast_along_runs_of_the_axes_joins_the_row_loop():
     # a padding mask (B, 1, 1, T) over attention scores (B, H, T, T): two
     # runs of the loop's axes, which kept the softmax out of a row loop (five
