@@ -362,7 +362,7 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
         for kind, fn, fn_types in transforms:
             lowered = _lower(f, fn, fn_types, args)
             optimized = optimize(lowered)
-            generated = generate(optimized, target)
+            generated = generate(optimized, target, frozenset(f.reads))
             kernels = []
             for kernel_source in generated.kernel_modules:  # one file per kernel, shared
                 kernels.append("_" + kernel_module_name(kernel_source))

@@ -610,15 +610,16 @@ def test_a_params_size_name_is_the_one_a_signature_names(tmp_path):
     took the signature's k for a size of its own: "shapes [m, k] and [k·param]
     do not broadcast", where the ':' hint says to name the sizes that
     agree.  The program takes them equal, and says so of a call whose
-    sizes differ."""
+    sizes differ, naming b a param (it called it an argument)."""
     (tmp_path / "sk.grad").write_text("param b: f64[k]\ndef g(x):\n    return sum(x * b)\n")
     sk = import_compiled(compile_module(str(tmp_path / "sk.grad"), str(tmp_path),
                                         ["g(f64[m, k])"]))
     sk.params["b"] = np.array([1.0, -2.0, 0.5])
     x = np.arange(6.0).reshape(2, 3)
     assert sk.g(x) == np.sum(x * sk.params["b"])
-    with pytest.raises(dsl.SizeMismatchError, match="has size 3 on axis 0, but argument 'x' "
-                                                    "has 4 on axis 1"):
+    # (b is the module's param, no argument of g: the driver's check says so)
+    with pytest.raises(dsl.SizeMismatchError, match="param 'b' has size 3 on axis 0, but "
+                                                    "argument 'x' has 4 on axis 1"):
         sk.g(np.ones((2, 4)))
     # a call no signature serves lists signatures of the call's arguments (the
     # param was listed as an argument: "g(f64[:, :], f64[:]) ... g(f64[3], f64[3])")
