@@ -37,7 +37,7 @@ with imports_unwalked():
     from dsl.forward import jacrev as _jacrev
     from dsl.forward import jvp as _jvp
     from dsl.function import vjp as _vjp
-    from dsl.mapped import InAxes, MappedJacobian, VmapFunction
+    from dsl.mapped import InAxes, MappedJacobian, OutAxes, VmapFunction
     from dsl.mapped import vmap as _vmap
     from gradlang.compiler import ast
     from gradlang.compiler.modules import ImportGraph, import_graph, read_source
@@ -219,14 +219,17 @@ def jvp(f: Compiled, primals, tangents):
 
 
 @user_facing
-def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
-         ) -> "VmapFunction | MappedJacobian":
-    """f over axis 0 of the positional arguments `in_axes` marks (0 or
-    None, one per argument or one for all), as `jax.vmap`: one program
-    for every example where f stacks (`dsl/mapped.py`).  f may also be a
-    Jacobian (`jacfwd`, `jacrev`, `hessian`): each example's."""
+def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0,
+         out_axes: OutAxes = 0) -> "VmapFunction | MappedJacobian":
+    """f over the axis `in_axes` gives of each positional argument it
+    marks (an integer, negative from the end, or None: not mapped; one
+    per argument or one for all), the examples along axis `out_axes` of
+    each result (one for all, or one per result), as `jax.vmap`: one
+    program for every example where f stacks (`dsl/mapped.py`).  f may
+    also be a Jacobian (`jacfwd`, `jacrev`, `hessian`): each example's."""
     jacobian = isinstance(f, (Jacobian, MappedJacobian))
-    return _vmap(f if jacobian else require_function(f, "vmap", aot_ok=False), in_axes)
+    return _vmap(f if jacobian else require_function(f, "vmap", aot_ok=False), in_axes,
+                 out_axes)
 
 
 @user_facing

@@ -1,15 +1,18 @@
-"""`dsl.vmap(f, in_axes)`: f over a batch of examples, as `jax.vmap`.
+"""`dsl.vmap(f, in_axes, out_axes)`: f over a batch of examples, as `jax.vmap`.
 
-Contract: `vmap(f, in_axes)(*args, **kwargs)` maps f over axis 0 of the
-positional arguments `in_axes` marks (0: mapped, None: the same value for
-every example): one entry per parameter (trailing defaulted ones may be
-left out: None), or one for those that are neither `const` nor
-defaulted.  Keyword arguments and module params are
-not mapped.  Every mapped argument must
-have the same length k on axis 0, and each example (`arg[i]`) must be what
-f takes (its annotations are checked on the examples).  The results are
-f's, each with a leading axis of size k: result[i] is f on example i.
-f's reductions stay per example (`sum(x)` of a mapped x is k sums).
+Contract: `vmap(f, in_axes, out_axes)(*args, **kwargs)` maps f over an
+axis of the positional arguments `in_axes` marks (an integer: that axis,
+negative from the end; None: the same value for every example): one
+entry per parameter (trailing defaulted ones may be left out: None), or
+one for those that are neither `const` nor defaulted.  Keyword
+arguments and module params are not mapped.  Every mapped argument must
+have the same length k on its axis, and each example (`arg[i]` along
+it) must be what f takes (its annotations are checked on the examples).
+The results are f's, each with an axis of size k at `out_axes` (one for
+all, or one per result; 0 by default): result[i] along it is f on
+example i.  f's reductions stay per example (`sum(x)` of a mapped x is k
+sums).  The program moves the examples' axes to the front and back
+(transposes), so that its transforms see the caller's layout.
 
 One program runs every example at once (`compiler.vectorize`, the rules
 `dsl.jacfwd` stacks columns with), so `vmap(grad(f, wrt=w), in_axes=(0,
@@ -35,7 +38,8 @@ import numpy as np
 
 from dsl.forward import Jacobian, refuse_out
 from dsl.function import AsFunction, Compiled, NotStacked, Stacked, derived
-from gradlang.compiler.ir import Function, TensorType
+from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.ir import Function, TensorType, Var
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import SUPPORTED, cast, convert
 from gradlang.runtime.boundary import user_facing
@@ -44,25 +48,57 @@ from gradlang.runtime.recording import recording_tapes
 from gradlang.runtime.signatures import SignatureAttribute, positional_only
 
 InAxes = Union[int, None, Sequence[Optional[int]]]
+OutAxes = Union[int, Sequence[int]]
 
 
-def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0
-         ) -> "VmapFunction | MappedJacobian":
-    """f mapped over axis 0 of the positional arguments `in_axes` marks,
-    one per (function, mapped positions); a Jacobian's per example."""
+def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0,
+         out_axes: OutAxes = 0) -> "VmapFunction | MappedJacobian":
+    """f mapped over the axes `in_axes` gives of the positional arguments
+    it marks, the examples along `out_axes` of the results; one per
+    (function, axes); a Jacobian's per example."""
     if isinstance(f, (Jacobian, MappedJacobian)):
-        mapped = _mapped_positions(f.f, in_axes)
-        return derived(f, ("vmap", mapped), lambda: MappedJacobian(f, mapped))
-    return _mapped(f, _mapped_positions(f, in_axes))
+        mapped, axes = _mapped_positions(f.f, in_axes)
+        outs = _out_axes(f.f, out_axes)
+        key = ("vmap", mapped) if _at_front(axes, outs) else ("vmap", mapped, axes, outs)
+        return derived(f, key, lambda: MappedJacobian(f, mapped, axes, outs))
+    return _mapped(f, *_mapped_positions(f, in_axes), _out_axes(f, out_axes))
 
 
-def _mapped(f: Compiled, positions: tuple[int, ...]) -> "VmapFunction":
-    """f mapped over axis 0 of its arguments at `positions`."""
-    return derived(f, ("vmap", positions), lambda: VmapFunction(f, positions))
+def _mapped(f: Compiled, positions: tuple[int, ...], axes: Optional[tuple[int, ...]] = None,
+            out_axes: OutAxes = 0) -> "VmapFunction":
+    """f mapped over `axes` (default 0) of its arguments at `positions`,
+    the examples along `out_axes` of its results."""
+    axes = axes or (0,) * len(positions)
+    if _at_front(axes, out_axes):
+        return derived(f, ("vmap", positions), lambda: VmapFunction(f, positions))
+    return derived(f, ("vmap", positions, axes, out_axes),
+                   lambda: VmapFunction(f, positions, axes, out_axes))
 
 
-def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
-    """The positions of the parameters in_axes maps (checked)."""
+def _at_front(axes: tuple[int, ...], out_axes: OutAxes) -> bool:
+    """Whether every mapped axis and every result's examples are axis 0
+    (given as one 0: a tuple, even of zeros, has its count checked)."""
+    return not any(axes) and not isinstance(out_axes, tuple) and out_axes == 0
+
+
+def _is_axis(axis: Any) -> bool:
+    return isinstance(axis, numbers.Integral) and not isinstance(axis, (bool, np.bool_))
+
+
+def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
+    """out_axes (checked): one integer for every result, or a tuple of one
+    per result (whose count a call checks)."""
+    if isinstance(out_axes, (list, tuple)) and all(map(_is_axis, out_axes)):
+        return tuple(int(axis) for axis in out_axes)
+    if _is_axis(out_axes):
+        return int(out_axes)
+    raise ArgumentError(f"out_axes is an integer or a tuple of one per result (the axis of "
+                        f"the examples in each), got {out_axes!r}", f.span)
+
+
+def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The positions of the parameters in_axes maps, and the axis of each
+    (checked: an integer, negative from the end of the argument's axes)."""
     if isinstance(in_axes, (list, tuple)):
         # (as JAX's: one per argument passed, so trailing defaulted ones may
         # be left out; not one before a required one, as an hvp's v follows
@@ -79,29 +115,61 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[int, ...]:
     else:  # one for all: those that can be mapped and must be passed
         axes = [None if s.const or s.has_default else in_axes for s in f.specs]
     for spec, axis in zip(f.specs, axes):
-        integer = isinstance(axis, numbers.Integral) and not isinstance(axis, (bool, np.bool_))
-        if axis is not None and not (integer and axis == 0):
-            hint = "; move the axis to the front first (np.moveaxis)" if integer else ""
-            raise ArgumentError(f"in_axes entries are 0 (map axis 0) or None (not mapped), got "
-                                f"{axis!r} for argument {f.label(spec.name)}{hint}", f.span)
+        if axis is not None and not _is_axis(axis):
+            raise ArgumentError(f"in_axes entries are integers (the axis to map) or None (not "
+                                f"mapped), got {axis!r} for argument {f.label(spec.name)}",
+                                f.span)
     mapped = tuple(i for i, axis in enumerate(axes) if axis is not None)
     if not mapped:
         raise ArgumentError(f"in_axes maps none of the arguments of {called(f.name)}", f.span)
-    return mapped
+    return mapped, tuple(int(axes[i]) for i in mapped)
 
 
 class VmapFunction(Stacked):
-    """`inner` over axis 0 of its arguments `stacked` (`vmap`): a `Stacked`
-    program of every output, shaped for the caller as inner's results,
-    or one example at a time where inner does not stack."""
+    """`inner` over an axis of each of its arguments `stacked` (`vmap`):
+    a `Stacked` program of every output, shaped for the caller as inner's
+    results, or one example at a time where inner does not stack.  The
+    examples lie along axis `axes[name]` of an argument (negative: from
+    its end) and `out_axes` of the results; the program's IR moves them
+    from and to axis 0 (transposes), so that a transform of it (`grad`)
+    takes and gives arrays as the caller lays them out."""
 
-    def __init__(self, inner: Compiled, mapped: tuple[int, ...]):
+    def __init__(self, inner: Compiled, mapped: tuple[int, ...],
+                 axes: Optional[tuple[int, ...]] = None, out_axes: OutAxes = 0):
         super().__init__(inner, [inner.specs[i].name for i in mapped], "all")
         self.mapped = mapped
+        self.axes = dict(zip(self.stacked, axes or (0,) * len(mapped)))
+        self.out_axes = out_axes
+        self.moved = not _at_front(tuple(self.axes.values()), out_axes)
         self.name = f"vmap({inner.name})"
 
     def recipe(self) -> tuple:
-        return _mapped, (self.inner, self.mapped)
+        return _mapped, (self.inner, self.mapped, tuple(self.axes.values()), self.out_axes)
+
+    def axis(self, name: str, rank: int) -> int:
+        """The axis of the examples in the mapped argument `name` of this
+        rank (checked by `bind`)."""
+        return self.axes[name] % rank if rank else 0
+
+    def item(self, name: str, array: Any, i: int) -> Any:
+        """Example i of the mapped argument `name` (a view)."""
+        return array[(slice(None),) * self.axis(name, array.ndim) + (i,)]
+
+    def out_axis(self, j: int, count: int, rank: int) -> int:
+        """The axis of the examples in result j of `count`, of this rank
+        (counting the examples' axis)."""
+        axis = self.out_axes
+        if isinstance(axis, tuple):
+            if len(axis) != count:
+                raise ArgumentError(f"out_axes has {len(axis)} entries, but {called(self.name)} "
+                                    f"gives {count} result(s): give one per result, or one for "
+                                    "all", self.span)
+            axis = axis[j]
+        if not -rank <= axis < rank:
+            raise ArgumentError(f"out_axes puts the examples of result {j} of "
+                                f"{called(self.name)} on axis {axis}, but it has {rank} axes",
+                                self.span)
+        return axis % rank
 
     def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
         """inner's, its parameters up to the last mapped one positional-only:
@@ -121,21 +189,28 @@ class VmapFunction(Stacked):
                 raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
                                     "position", self.span)
             whole = convert(self.name, replace(spec, dims=None), examples[i], self.span)
+            given = self.axes[spec.name]
             if len(whole.shape) == 0:
-                raise ArgumentError(f"{where} is a scalar, but in_axes maps its axis 0", self.span)
+                raise ArgumentError(f"{where} is a scalar, but in_axes maps its axis {given}",
+                                    self.span)
+            if not -whole.ndim <= given < whole.ndim:
+                raise ArgumentError(f"in_axes maps axis {given} of {where}, which has "
+                                    f"{whole.ndim} axes", self.span)
+            axis = self.axis(spec.name, whole.ndim)
             if k is None:
-                k, first = whole.shape[0], self.label(spec.name)
-            elif whole.shape[0] != k:
-                raise ArgumentError(f"{where} has {whole.shape[0]} examples on axis 0, but "
-                                    f"{first} has {k}: mapped arguments must have as many",
+                k, first = whole.shape[axis], self.label(spec.name)
+            elif whole.shape[axis] != k:
+                raise ArgumentError(f"{where} has {whole.shape[axis]} examples on axis {axis}, "
+                                    f"but {first} has {k}: mapped arguments must have as many",
                                     self.span)
             stacks[spec.name] = whole
-            examples[i] = whole[0] if k else np.zeros(whole.shape[1:], whole.dtype)
+            examples[i] = self._example(spec.name, whole)
         try:
             bound = self.inner.bind(tuple(examples[i] for i in sorted(examples)), kwargs, params)
         except ArgumentError as err:  # said of an example: say so
-            raise ArgumentError(f"{called(self.name)} maps axis 0, and for each example: "
-                                f"{err.message}", err.span, err.source, err.note) from None
+            raise ArgumentError(f"{called(self.name)} maps {self._mapped_axes()}, and for each "
+                                f"example: {err.message}", err.span, err.source,
+                                err.note) from None
         # an example f converted to another dtype (an hvp's v, as its x's): all of them
         return {n: cast(f"argument {self.label(n)} of {called(self.name)}", stacks[n],
                         SUPPORTED[np.dtype(a.dtype)], self.span) if n in stacks else a
@@ -163,17 +238,20 @@ class VmapFunction(Stacked):
                    "an op of its function does not stack, or a mapped argument gives a size")
             raise ArgumentError(f"{called(self.name)} {what} where it runs one example at a "
                                 f"time ({why})", self.span)
-        k = next(iter(bound[n] for n in self.stacked)).shape[0]
-        each = [self.inner.call_bound({n: a[i] if n in self.stacked else a
+        name = self.stacked[0]
+        k = bound[name].shape[self.axis(name, bound[name].ndim)]
+        each = [self.inner.call_bound({n: self.item(n, a, i) if n in self.stacked else a
                                        for n, a in bound.items()}) for i in range(k)]
-        if not each:  # no example: empty results of the shapes one would have
-            each_shape = self.inner.call_bound(example)
-            return tuple(self._stack([], r) for r in each_shape)
-        return tuple(self._stack([e[j] for e in each], each[0][j]) for j in range(len(each[0])))
+        like = each[0] if each else self.inner.call_bound(example)  # (no example: empty
+        # results of the shapes one would have)
+        return tuple(self._stack([e[j] for e in each], like[j], j, len(like))
+                     for j in range(len(like)))
 
-    def _stack(self, results: list, like: Any) -> Any:
-        """The examples' results as one array of the target's."""
+    def _stack(self, results: list, like: Any, j: int, count: int) -> Any:
+        """The examples' results (result j of `count`) as one array of the
+        target's, the examples along its `out_axis`."""
         stacked = self.host_stack(results, like)
+        stacked = np.moveaxis(stacked, 0, self.out_axis(j, count, stacked.ndim))
         return stacked if self.target.is_array(stacked) else \
             self.target.accept(stacked, f"a result of {called(self.name)}")
 
@@ -198,11 +276,22 @@ class VmapFunction(Stacked):
         """One example of a mapped argument (its first, or an empty one)."""
         if name not in self.stacked:
             return array
-        return array[0] if array.shape[0] else np.zeros(array.shape[1:], array.dtype)
+        axis = self.axis(name, array.ndim)
+        if array.shape[axis]:
+            return self.item(name, array, 0)
+        return np.zeros(array.shape[:axis] + array.shape[axis + 1:], array.dtype)
+
+    def _mapped_axes(self) -> str:
+        """The axes it maps, for a message: "axis 0", or each argument's."""
+        if not any(self.axes.values()):
+            return "axis 0"
+        return ", ".join(f"axis {axis} of {self.label(n)}" for n, axis in self.axes.items())
 
     def lower(self, types: dict[str, TensorType]) -> Function:
         try:
-            return super().lower(types)
+            if not self.moved:
+                return super().lower(types)
+            return self._moving_axes(types)
         except NotStacked:  # said already (a vmap inside, a mapped size)
             raise
         except NotVectorizable as err:
@@ -210,7 +299,33 @@ class VmapFunction(Stacked):
                             f"op {err} has no rule for stacked values), so it has no "
                             "program of its own for a transform to take", self.span) from None
 
+    def _moving_axes(self, types: dict[str, TensorType]) -> Function:
+        """The stacked program for arguments of `types` whose examples lie
+        along their `axes`: each moved to the front (a transpose), the
+        program over axis 0, and each result's moved to its `out_axis`."""
+        def to_front(t: TensorType, axis: int) -> tuple[int, ...]:
+            return (axis,) + tuple(a for a in range(t.rank) if a != axis)
+        perms = {n: to_front(t, self.axis(n, t.rank)) for n, t in types.items()
+                 if n in self.stacked}
+        fn = super().lower({n: TensorType(t.dtype, tuple(t.shape[a] for a in perms[n]))
+                            if n in perms else t for n, t in types.items()})
+        b = Builder()
+        params = [Var(t, v.hint) for v, t in zip(fn.params, types.values())]
+        inputs = [b.bind("transpose", v, perm=perms[n]) if n in perms and perms[n] != tuple(
+            range(len(perms[n]))) else v for v, n in zip(params, types)]
+        outputs = []
+        for j, out in enumerate(inline(b, fn, inputs)):
+            axis = self.out_axis(j, len(fn.outputs), out.type.rank)
+            if axis:  # (its inverse: the front axis to `axis`)
+                perm = to_front(out.type, axis)
+                out = b.bind("transpose", out, perm=tuple(perm.index(a) for a in range(len(perm))))
+            outputs.append(out)
+        return b.function(fn.name, params, outputs)
+
     def identity(self) -> tuple:
+        if self.moved:
+            return ("vmap", self.inner.identity(), self.stacked, tuple(self.axes.values()),
+                    self.out_axes)
         return ("vmap", self.inner.identity(), self.stacked)
 
     def format(self, outs):
@@ -230,8 +345,16 @@ class MappedJacobian(AsFunction):
     as a `MappedJacobian` mapped again (`vmap(vmap(jacrev(f)))`) runs the
     inner one per outer example."""
 
-    def __init__(self, jacobian: "Jacobian | MappedJacobian", mapped: tuple[int, ...]):
-        self.jacobian, self.mapped, self.f = jacobian, mapped, _mapped(jacobian.f, mapped)
+    def __init__(self, jacobian: "Jacobian | MappedJacobian", mapped: tuple[int, ...],
+                 axes: Optional[tuple[int, ...]] = None, out_axes: OutAxes = 0):
+        if out_axes != 0:
+            raise ArgumentError(f"vmap of {jacobian.name} takes out_axes=0 only (its Jacobians' "
+                                f"first axis is the examples'; np.moveaxis moves it), got "
+                                f"{out_axes!r}", jacobian.f.span)
+        # f binds a call (its arguments as the caller lays them out); `front`
+        # runs it, the examples moved to axis 0
+        self.jacobian, self.mapped, self.axes = jacobian, mapped, axes
+        self.f, self.front = _mapped(jacobian.f, mapped, axes), _mapped(jacobian.f, mapped)
         self.wrt, self.single, self.mode = jacobian.wrt, jacobian.single, jacobian.mode
         self.name = f"vmap({jacobian.name})"
         positions = {spec.name: i for i, spec in enumerate(jacobian.f.specs)}
@@ -248,7 +371,7 @@ class MappedJacobian(AsFunction):
         return self.f.error_sources()
 
     def __reduce__(self) -> tuple:
-        return MappedJacobian, (self.jacobian, self.mapped)
+        return MappedJacobian, (self.jacobian, self.mapped, self.axes)
 
     __signature__ = SignatureAttribute()
 
@@ -266,12 +389,14 @@ class MappedJacobian(AsFunction):
     def as_function(self) -> "VmapFunction":
         """These Jacobians as a function of their own, for a transform to
         take: the vmap of the Jacobian's (`Jacobian.as_function`)."""
-        return _mapped(self.jacobian.as_function(), self.mapped)
+        return _mapped(self.jacobian.as_function(), self.mapped, self.axes)
 
     def call_bound(self, bound: dict[str, Any]) -> Any:
         """The Jacobians for arguments bound by `f` (the vmap of the
         Jacobian's function)."""
-        stacked = self.f.stacked
+        stacked = self.front.stacked
+        bound = {n: np.moveaxis(a, self.f.axis(n, a.ndim), 0) if n in stacked and self.f.moved
+                 else a for n, a in bound.items()}
         k = bound[stacked[0]].shape[0]
         if self.batched is not None and all(n in bound for n in self.wrt):
             vf = self.batched.f
@@ -282,7 +407,8 @@ class MappedJacobian(AsFunction):
         each = [self.jacobian.call_bound({n: a[i] if n in stacked else a
                                           for n, a in bound.items()}) for i in range(k)]
         if not each:  # no example: empty Jacobians of the shapes one would have
-            like = self.jacobian.call_bound({n: self.f._example(n, a) for n, a in bound.items()})
+            like = self.jacobian.call_bound({n: self.front._example(n, a)
+                                             for n, a in bound.items()})
             return self._stacked_like([], like)
         return self._stacked_like(each, each[0])
 
@@ -296,4 +422,4 @@ class MappedJacobian(AsFunction):
         if isinstance(like, tuple):
             return tuple(self._stacked_like([e[j] for e in each], part)
                          for j, part in enumerate(like))
-        return self._placed(self.f.host_stack(each, like))
+        return self._placed(self.front.host_stack(each, like))

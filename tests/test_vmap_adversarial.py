@@ -131,7 +131,7 @@ def test_products_of_two_mapped_matrices_and_their_gradients(loops, left, right)
                                            (0.0, "0.0"), (np.bool_(False), r"(np\.)?False_?")])
 def test_in_axes_entries_that_are_not_integers_are_refused(loops, in_axes, shown):
     # an array of axes reached `axis != 0` (NumPy's ambiguous truth value)
-    with pytest.raises(dsl.ArgumentError, match=rf"in_axes entries are 0 .* got {shown} for "
+    with pytest.raises(dsl.ArgumentError, match=rf"in_axes entries are integers .* got {shown} for "
                                                  "argument 'a'"):
         dsl.vmap(loops.products, in_axes)
 
