@@ -175,6 +175,7 @@ def _check_indentation(source: str, file: str) -> None:
     for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
         if continued:
             continue
+        line = line.lstrip("\f")  # (a page break: no indentation, as in Python)
         indent = len(line) - len(line.lstrip(" \t"))
         if line.strip() and not line.lstrip().startswith("#"):
             while len(levels) > 1 and indent < levels[-1]:

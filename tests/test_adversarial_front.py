@@ -356,6 +356,21 @@ def test_a_tab_that_continues_a_line_is_no_indentation(source):
     assert dsl.loads(source).f(1.5) == 3.0
 
 
+@pytest.mark.parametrize("source", [
+    "def g(x):\n    return x\n\f\ndef f(x):\n    return x * 2.0\n",  # a page break
+    "\fdef f(x):\n    return x * 2.0\n",
+    "def f(x):\n\f    y = x * 2.0\n    return y\n",
+    "def f(x):\n    return x *\f2.0\n",
+])
+def test_a_form_feed_is_whitespace_as_in_python(source):
+    # "unexpected character '\x0c'": Python takes a form feed (a page break,
+    # as Emacs writes ^L between sections) as whitespace, and at a line's
+    # start as no indentation
+    import ast
+    ast.parse(source)  # (Python's own parser takes each)
+    assert dsl.loads(source).f(1.5) == 3.0
+
+
 @pytest.mark.parametrize("source,col,char", [
     ("def f(x):\n    return x * \u0663\n", 16, "\u0663"),            # Arabic-Indic 3
     ("def f(x):\n    return x[\uff11]\n", 14, "\uff11"),             # fullwidth 1
