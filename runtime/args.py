@@ -42,7 +42,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from gradlang.runtime.errors import ArgumentError, Span, called
+from gradlang.runtime.errors import ArgumentError, Span, called, quoted
 from gradlang.runtime.target import is_device_array
 
 SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
@@ -270,8 +270,8 @@ def foreign_array(where: str, value: Any, span=None) -> np.ndarray:
         return np.asarray(value)
     except Exception as err:  # noqa: BLE001 (the library's own error: its message says why)
         hint = _BRIDGES.get(type(value).__module__.split(".")[0], "")
-        raise ArgumentError(f"{where} cannot be read as a NumPy array "
-                            f"({str(err).rstrip('.')}){hint}", span) from None
+        raise ArgumentError(f"{where} cannot be read as a NumPy array ({quoted(err)}){hint}",
+                            span) from None
 
 
 # a library whose arrays NumPy may be unable to read -> the bridge to call through
@@ -309,7 +309,7 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
-        raise ArgumentError(f"{where} is not an array: {err}", span) from None
+        raise ArgumentError(f"{where} is not an array: {quoted(err)}", span) from None
     if array.dtype == object and array.size and all(isinstance(v, int) for v in array.flat):
         if not as_float:
             raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",

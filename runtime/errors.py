@@ -11,6 +11,8 @@ offending line with a caret.  `str(err)` is the full diagnostic:
 
 `called(name)` is how a message names a callable: `f()` for a function,
 and a derived one's name, already a call (`grad(f)`), as it is.
+`quoted(err)` is another library's error as a part of a message, which is
+one line (a line break in it is shown as U+FFFD, as any control is).
 """
 from __future__ import annotations
 
@@ -22,6 +24,15 @@ def called(name: str) -> str:
     """`name` as a message says it is called: `f()`, but `grad(f)` (not
     `grad(f)()`)."""
     return name if name.endswith(")") else f"{name}()"
+
+
+def quoted(err: BaseException) -> str:
+    """The message of another library's error `err` as part of one of
+    ours: its lines joined with "; " and without a final period.  (JAX's
+    error for a tracer read as an array is three lines, whose breaks the
+    message showed as U+FFFD.)"""
+    lines = [line.strip() for line in str(err).splitlines()]
+    return "; ".join(line.rstrip(".") for line in lines if line)
 
 
 @dataclass(frozen=True)

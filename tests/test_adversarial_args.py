@@ -348,6 +348,31 @@ def test_another_librarys_array_keeps_its_dtype():
         M.mul_sin(x, _Foreign(x, requires_grad=True))
 
 
+class _Tracer:
+    """A JAX tracer as NumPy sees it: `__array__` raises JAX's error, whose
+    message is three lines."""
+
+    __module__ = "jax._src.interpreters.partial_eval"
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("The numpy.ndarray conversion method __array__() was called on traced "
+                        "array with shape float32[3]\nThe error occurred while tracing the "
+                        "function <lambda> for jit.\nSee https://docs.jax.dev/errors.html")
+
+
+def test_another_librarys_error_of_several_lines_is_one_line_of_the_message():
+    # its line breaks were shown as U+FFFD in the message, which is one line
+    with pytest.raises(dsl.ArgumentError) as caught:
+        M.mul_sin(np.ones(3), _Tracer())
+    first = str(caught.value).split("\n")[0]
+    assert first.endswith("(The numpy.ndarray conversion method __array__() was called on "
+                          "traced array with shape float32[3]; The error occurred while "
+                          "tracing the function <lambda> for jit; See "
+                          "https://docs.jax.dev/errors.html); call the function through "
+                          "dsl.to_jax(f), which JAX transforms")
+    assert "\ufffd" not in str(caught.value)
+
+
 def test_another_librarys_array_set_as_a_param_takes_the_params_dtype():
     """A JAX array or CPU torch tensor set as a param was bound as an
     argument is, keeping its dtype: JAX's default f32 for an f64 param (or
