@@ -534,10 +534,15 @@ class Compiled:
         """How a refusal of the value bound to `name` names it: a module
         param as the param its function reads (the caller passed no such
         argument), else as the caller knows the argument (`label`)."""
-        if name.isidentifier() and any(s.name == name for s in self.param_specs) \
-                and all(s.name != name for s in self.specs):
+        if self.is_module_param(name):
             return f"param {name!r} read by {called(self.name)}"
         return f"argument {self.label(name)} of {called(self.name)}"
+
+    def is_module_param(self, name: str) -> bool:
+        """Whether the value bound to `name` is a module param's (one the
+        caller passed no argument for), not an argument's."""
+        return name.isidentifier() and any(s.name == name for s in self.param_specs) \
+            and all(s.name != name for s in self.specs)
 
     def accepted(self, value: Any, what: str) -> Any:
         """`self.target.accept(value, what)`, its refusal pointing at the
@@ -802,8 +807,12 @@ class OutSpec:
                 self._fail(i, "must be C-contiguous and writeable")
             for name, array in bound.items():
                 if np.may_share_memory(buffer, array):
-                    self._fail(i, f"overlaps argument {name!r}: results are written while "
-                                  "arguments are still read")
+                    # (as the caller knows it: hvp's v, not its '$v'; a module
+                    # param as one, the caller having passed no argument for it)
+                    what = (f"param {name!r}, which it reads" if self.f.is_module_param(name)
+                            else f"argument {self.f.label(name)}")
+                    self._fail(i, f"overlaps {what}: results are written while arguments "
+                                  "are still read")
             for k in range(i):
                 if given[k] is not None and np.may_share_memory(buffer, given[k]):
                     self._fail(i, f"overlaps {self._where(k)}: each result needs memory of "

@@ -156,6 +156,21 @@ def test_bad_buffers_raise_before_any_kernel_runs(make_out, message):
     np.testing.assert_array_equal(x, np.linspace(-1.0, 1.0, 6))
 
 
+def test_a_buffer_overlapping_hvps_v_or_a_module_param_names_it_as_the_caller_knows_it():
+    # said "overlaps argument '$v'" (hvp's own name for v) and "overlaps
+    # argument 'w'" of a module param, an argument the caller never passed
+    x, v = np.linspace(0.0, 1.0, 4), np.array([1.0, -1.0, 2.0, 0.5])
+    with pytest.raises(dsl.ArgumentError, match=r"error: out of hvp\(cube\) overlaps argument "
+                                                r"v: results are written"):
+        dsl.hvp(M.cube, 0)(x, v, out=v)
+    w = M.params["w"] = np.arange(4.0)
+    with pytest.raises(dsl.ArgumentError, match=r"error: out of scaled\(\) overlaps param 'w', "
+                                                r"which it reads: results are written"):
+        M.scaled(x, out=M.params["w"])
+    np.testing.assert_array_equal(v, [1.0, -1.0, 2.0, 0.5])
+    np.testing.assert_array_equal(M.params["w"], w)
+
+
 def test_no_buffers_while_a_tape_records():
     x = np.linspace(-1.0, 1.0, 3)
     buf = np.full(3, 7.0)
