@@ -18,7 +18,7 @@ from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.ops import output_types
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.common import MAX_SIZE, counted_bytes
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import GradError, SizeOverflowError, Span
 
 
 class Builder:
@@ -81,16 +81,22 @@ def _check_addressable(t: TensorType, span: Span | None) -> None:
     may be, is checked here too: the program is compiled for that value as
     for a `const` argument's.)  So is one of more axes than NumPy's arrays
     have (`reshape(x, (1,) * 100 + x.shape)`: NumPy's ValueError at run
-    time)."""
+    time).  The first is a `SizeOverflowError`, as a driver's refusal of
+    such an array is (an `ArgumentError`, since a size an argument gives,
+    its value's or its shape's, is what is too large where the source's
+    sizes are not: it was a plain `GradError` where the program is compiled
+    for a count's value, `segment_sum(v, ids, 2**62)`, and the driver's
+    `SizeOverflowError` where an argument's shape is a factor)."""
     if len(t.shape) > MAX_RANK:
         raise GradError(f"a value of {len(t.shape)} axes: an array has at most {MAX_RANK} "
                         "(NumPy's limit)", span)
     if all(isinstance(d, int) for d in t.shape) and \
             counted_bytes(t.shape, NUMPY[t.dtype].itemsize) > MAX_SIZE:
         if t.size == 0:  # (NumPy multiplies its other axes all the same)
-            raise GradError(f"a value of type {t} is empty, but the sizes of its other axes "
-                            "multiply beyond what an array can count", span)
-        raise GradError(f"a value of type {t} needs more memory than can be addressed", span)
+            raise SizeOverflowError(f"a value of type {t} is empty, but the sizes of its other "
+                                    "axes multiply beyond what an array can count", span)
+        raise SizeOverflowError(f"a value of type {t} needs more memory than can be addressed",
+                                span)
 
 
 MAX_RANK = 64  # (NumPy 2's NPY_MAXDIMS)

@@ -237,11 +237,17 @@ def test_a_watched_array_that_a_call_would_copy_is_refused(make):
 
 @pytest.mark.parametrize("f", [M.pool, dsl.grad(M.pool)], ids=["call", "grad"])
 def test_a_segment_count_beyond_addressable_memory_is_an_argument_error(f):
-    """NumPy's "array is too big" ValueError came out of the driver."""
+    """NumPy's "array is too big" ValueError came out of the driver; and
+    where no argument's shape is a factor (the sizes all the count's, for
+    whose value the program is compiled) it was a plain GradError, not the
+    SizeOverflowError (an ArgumentError) of rows of 4096."""
     ids = np.array([0, 1, 1])
     with pytest.raises(dsl.ArgumentError,
                        match="f64\\[1125899906842624, 4096\\]: .* a byte count beyond"):
         f(np.ones((3, 4096)), ids, 2**50)
+    with pytest.raises(dsl.SizeOverflowError, match=rf"error: {re.escape(f.name)}(\(\))?: a "
+                       r"value of type f64\[4611686018427387904\] needs more memory than can"):
+        f(np.ones(3), ids, 2**62)
     got = f(np.arange(6.0).reshape(3, 2), ids, 3)
     want = [[0.0, 1.0], [6.0, 8.0], [0.0, 0.0]] if f is M.pool else np.ones((3, 2))
     np.testing.assert_array_equal(got, want)
