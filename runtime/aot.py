@@ -338,8 +338,16 @@ class AotFunction:
     def _on_target(self, bound: dict[str, np.ndarray]) -> dict[str, Any]:
         accept = self.module.target.accept
         statics = static_names(self.specs, bound)  # their values pick the program: on the host
-        return {n: a if n in statics else accept(a, f"argument {n!r} of {self.name}()")
-                for n, a in bound.items()}
+        return {n: a if n in statics else accept(a, self.what_is(n)) for n, a in bound.items()}
+
+    def what_is(self, name: str) -> str:
+        """How a refusal of the value bound to `name` names it: a module
+        param as the param the function reads (the caller passed no such
+        argument: a device array of the wrong layout set as one was said
+        to be "argument 'w'"), else as the argument."""
+        if name in self.reads and all(s.name != name for s in self.specs):
+            return f"param {name!r} read by {self.name}()"
+        return f"argument {name!r} of {self.name}()"
 
     def _run(self, kind: str, arrays: dict[str, Any]):
         sig = self._signature(arrays)

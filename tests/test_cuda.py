@@ -380,6 +380,26 @@ def test_a_device_array_set_as_a_param_of_a_cpu_module_is_named_as_the_param():
     assert m.f(np.ones(3)) == 6.0
 
 
+def test_a_device_array_set_as_a_param_of_a_compiled_module_is_named_as_the_param(tmp_path):
+    # As of a loaded module's (above), a gradc-compiled one's said
+    # "argument 'w' of f()", an argument nobody passed.
+    from numba import cuda
+
+    from dsl.aot import compile_module
+    from helpers import import_compiled
+    source = tmp_path / "with_param.grad"
+    source.write_text("param w: f64[3]\n\ndef f(x: f64[3]):\n    return sum(x * w)\n")
+    m = import_compiled(compile_module(str(source), str(tmp_path / "out"), ["f(f64[3])"]))
+    m.params["w"] = cuda.to_device(np.ones(3))
+    for call, name in ((m.f, "f"), (dsl.grad(m.f), "f"), (m.f.vjp, "f")):
+        with pytest.raises(dsl.ArgumentError, match=rf"error: param 'w' read by {name}\(\) is a "
+                                                    "GPU array, but this function runs on the "
+                                                    "CPU"):
+            call(np.ones(3))
+    m.params["w"] = np.array([1.0, 2.0, 3.0])
+    assert m.f(np.ones(3)) == 6.0
+
+
 def test_calls_from_several_threads_on_the_simulator():
     # The simulator runs one launch at a time, keeps a launch's grid on the
     # shared kernel object, and while a kernel runs makes this module's
