@@ -37,7 +37,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from dsl.function import Compiled, require_function
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.args import SUPPORTED
+from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.signatures import SignatureAttribute, with_keywords
 
 
@@ -203,6 +204,36 @@ def narrowed_scalars(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 # a 32-bit annotation -> the NumPy scalar type JAX narrows to it without x64
 NARROWED_SCALARS = {"f32": np.float64, "i32": np.int64}
+
+def refuse_64_bit_annotations(f: Any, args, kwargs, weak: dict[int, Any]) -> None:
+    """Without jax_enable_x64 JAX holds no 64-bit array, so an array for a
+    parameter of f (a loaded or a gradc-compiled module's function)
+    annotated f64 or i64 that JAX holds as f32 or i32 (a NumPy f64 or i64
+    one too, which JAX narrows) cannot be taken: an `ArgumentError` saying
+    so.  (Another dtype, f16 or i16, is no 64-bit one narrowed: the
+    binding refuses it as itself.  A weakly typed number, whose id is in
+    `weak`, is no array: it is bound as the Python number it stands for,
+    `jax.jit(f)(x, 2)` as `f(x, 2)`.)"""
+    import jax
+    given = {**f.by_name(args), **kwargs}
+    for spec in f.specs:
+        value = given.get(spec.name)
+        what, narrow = _64_BIT.get(spec.dtype, ("", None))
+        if isinstance(value, (np.ndarray, jax.Array)) and id(value) not in weak and \
+                jax.dtypes.canonicalize_dtype(value.dtype) == narrow:
+            raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is annotated "
+                                f"{spec.dtype}, and without jax_enable_x64 JAX makes every "
+                                f"{what} array {SUPPORTED[narrow]}; enable it (jax.config.update("
+                                f"'jax_enable_x64', True)), or annotate {_KIND_OF[spec.dtype]} "
+                                f"(which takes either dtype) or {SUPPORTED[narrow]}", f.span)
+
+
+# a 64-bit annotation -> what its arrays are, the dtype JAX narrows them to
+_64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(np.int32))}
+# the kind an annotation of a 64-bit dtype may say instead, which takes JAX's
+# 32-bit arrays and NumPy's 64-bit ones alike (`n: int`, `x: float[n]`)
+_KIND_OF = {"f64": "`float`", "i64": "`int`"}
+
 
 def _holds_library_array(sequence: Any, convert: Callable, where: str) -> bool:
     """Whether a (nested) list or tuple holds an array that `convert`

@@ -71,8 +71,8 @@ import numpy as np
 
 from dsl.aot_bridge import AotJax
 from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, narrowed_scalars,
-                         refuse_extended_dtypes, vary_together, weak_number_dtypes,
-                         weak_numbers_as_python, widened_halves)
+                         refuse_64_bit_annotations, refuse_extended_dtypes, vary_together,
+                         weak_number_dtypes, weak_numbers_as_python, widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -128,41 +128,12 @@ class JaxFunction(Bridged):
             # (a weak number JAX holds as f32 or i32 is bound in the dtype a
             # Python number is, f64 or i64 too, as the eager call binds it)
             weak.update(weak_number_dtypes(f, args, kwargs))
-            _refuse_64_bit_annotations(f, args, kwargs, weak)
+            refuse_64_bit_annotations(f, args, kwargs, weak)
             args, kwargs = narrowed_scalars(f, args, kwargs)
         else:
             args, kwargs = weak_numbers_as_python(f, args, kwargs)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
-
-
-def _refuse_64_bit_annotations(f: Compiled, args, kwargs, weak: dict[int, Any]) -> None:
-    """Without jax_enable_x64 JAX holds no 64-bit array, so an array for a
-    parameter annotated f64 or i64 that JAX holds as f32 or i32 (a NumPy
-    f64 or i64 one too, which JAX narrows) cannot be taken: an
-    `ArgumentError` saying so.  (Another dtype, f16 or i16, is no 64-bit
-    one narrowed: the binding refuses it as itself.  A weakly typed number,
-    whose id is in `weak`, is no array: it is bound as the Python number
-    it stands for, `jax.jit(f)(x, 2)` as `f(x, 2)`.)"""
-    import jax
-    given = {**f.by_name(args), **kwargs}
-    for spec in f.specs:
-        value = given.get(spec.name)
-        what, narrow = _64_BIT.get(spec.dtype, ("", None))
-        if isinstance(value, (np.ndarray, jax.Array)) and id(value) not in weak and \
-                jax.dtypes.canonicalize_dtype(value.dtype) == narrow:
-            raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is annotated "
-                                f"{spec.dtype}, and without jax_enable_x64 JAX makes every "
-                                f"{what} array {SUPPORTED[narrow]}; enable it (jax.config.update("
-                                f"'jax_enable_x64', True)), or annotate {_KIND_OF[spec.dtype]} "
-                                f"(which takes either dtype) or {SUPPORTED[narrow]}", f.span)
-
-
-# a 64-bit annotation -> what its arrays are, the dtype JAX narrows them to
-_64_BIT = {"f64": ("float", np.dtype(np.float32)), "i64": ("integer", np.dtype(np.int32))}
-# the kind an annotation of a 64-bit dtype may say instead, which takes JAX's
-# 32-bit arrays and NumPy's 64-bit ones alike (`n: int`, `x: float[n]`)
-_KIND_OF = {"f64": "`float`", "i64": "`int`"}
 
 
 def apply(f: Compiled, bound: dict[str, Any], traced: dict[str, Any]) -> tuple:

@@ -38,10 +38,13 @@ def unused(x):
 
 def weighted(x, s: f32):
     return x * s
+
+def doubled(x: f64[n]):
+    return x * 2.0
 """
 SIGNATURES = ["loss(f64[n], f64[n], f64[n])", "loss(f64[n], f64[n], f64[n], f64)",
               "lse(f64[:, :])", "total(f64[:], None)", "scaled(f64[:], f64)",
-              "weighted(f32[:], f32)"]
+              "weighted(f32[:], f32)", "doubled(f64[:])"]
 
 W = np.array([0.3, -0.7, 1.1])
 X = np.array([1.0, 2.0, -0.5])
@@ -221,6 +224,20 @@ def test_to_jax_of_a_compiled_function_takes_numbers_as_jit_does_without_x64(aot
     with pytest.raises(dsl.ArgumentError, match=r"argument 1 of to_jax\(weighted\) is a JAX "
                                                 "array of dtype key<fry>"):
         f(x, jax.random.wrap_key_data(np.zeros(2, np.uint32)))
+
+
+def test_to_jax_of_a_compiled_function_annotated_64_bit_says_to_enable_x64(aot):
+    # a NumPy f64 array (which JAX makes f32) was refused as "dtype f32, but
+    # its annotation says f64", which the caller had not passed, where to_jax
+    # of the loaded function says why
+    jax = optional_module("jax", "jax")
+    assert not jax.config.jax_enable_x64
+    for x in (np.ones(3), jax.numpy.ones(3)):
+        with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of doubled\(\) is annotated "
+                                                    "f64, and without jax_enable_x64 JAX makes "
+                                                    "every float array f32; enable it"):
+            dsl.to_jax(aot.doubled)(x)
+    np.testing.assert_array_equal(aot.doubled(np.ones(3)), [2.0, 2.0, 2.0])
 
 
 def test_to_jax_of_a_compiled_function_refuses_a_masked_array(aot):
