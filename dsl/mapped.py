@@ -125,6 +125,16 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[tuple[int, ...], tu
     return mapped, tuple(int(axes[i]) for i in mapped)
 
 
+def no_example(array: Any, axis: int = 0) -> np.ndarray:
+    """The example of a mapped argument `array` that has none (size 0 on
+    its mapped `axis`), whose dtype and shape binding and lowering read:
+    zeros of one example's shape, as a view of one zero that holds no
+    memory (np.zeros of that shape made a batch of no examples of shape
+    (0, 2**40) an AllocationError of 8 TiB, where f of it is empty)."""
+    return np.broadcast_to(np.zeros((), array.dtype),
+                           array.shape[:axis] + array.shape[axis + 1:])
+
+
 class VmapFunction(Stacked):
     """`inner` over an axis of each of its arguments `stacked` (`vmap`):
     a `Stacked` program of every output, shaped for the caller as inner's
@@ -279,7 +289,7 @@ class VmapFunction(Stacked):
         axis = self.axis(name, array.ndim)
         if array.shape[axis]:
             return self.item(name, array, 0)
-        return np.zeros(array.shape[:axis] + array.shape[axis + 1:], array.dtype)
+        return no_example(array, axis)
 
     def _mapped_axes(self) -> str:
         """The axes it maps, for a message: "axis 0", or each argument's."""

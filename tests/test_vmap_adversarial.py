@@ -136,6 +136,17 @@ def test_in_axes_entries_that_are_not_integers_are_refused(loops, in_axes, shown
         dsl.vmap(loops.products, in_axes)
 
 
+def test_a_batch_of_no_examples_makes_no_example_of_zeros():
+    # the example bound (and lowered) for a batch of none was np.zeros of
+    # one example's shape: 256 TiB here, an AllocationError where f of the
+    # batch, and its vmap, are empty arrays
+    f = dsl.vmap(dsl.loads("def f(x):\n    return x * 2.0 + 1.0\n").f)
+    batch = np.empty((0, 2**45))
+    got = f(batch)
+    assert got.shape == (0, 2**45) and got.dtype == np.float64
+    np.testing.assert_array_equal(f(np.arange(6.0).reshape(2, 3)), [[1, 3, 5], [7, 9, 11]])
+
+
 BLOCKS = """
 from std import logsumexp
 
