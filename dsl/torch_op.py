@@ -380,7 +380,12 @@ def hint(size: Any) -> int:
 
 def _memory(t):
     """A plain tensor's memory as f's kernels take it: the NumPy view of a
-    CPU tensor, a CUDA tensor itself."""
+    CPU tensor, a CUDA tensor itself; a copy of one whose memory holds the
+    negation of its values (torch's negative bit: `c.conj().imag` of a
+    complex c), which was refused as having "no memory for compiled kernels
+    to read" on the CPU (numpy() refuses it)."""
+    if t.is_neg():
+        t = t.detach().resolve_neg()
     if not t.is_cpu:
         return t.detach()
     return (t.detach() if t.requires_grad else t).numpy()  # (numpy() refuses one that does)

@@ -412,6 +412,22 @@ def test_fake_tensors_and_functionalization_run_the_operation():
     np.testing.assert_array_equal(gx.numpy(), [3.0, 4.0])
 
 
+def test_a_tensor_with_the_negative_bit_computes_with_its_values():
+    # `c.conj().imag` is an f64 tensor whose memory holds its values'
+    # negation (torch's negative bit): it was refused as having "no memory
+    # for compiled kernels to read", in the call and as a backward's
+    # cotangent, where torch computes with it as with any tensor
+    m = dsl.loads("def cube(x):\n    return x * x * x\n")
+    c = torch.tensor([1 + 2j, 3 - 4j, -0.5 + 0.25j], dtype=torch.complex128, requires_grad=True)
+    x = c.conj().imag
+    assert x.is_neg()
+    y = dsl.to_torch(m.cube)(x)
+    np.testing.assert_array_equal(y.detach().numpy(), [-8.0, 64.0, -0.015625])
+    (got,) = torch.autograd.grad(y, c, grad_outputs=c.conj().imag)  # a cotangent with it too
+    (want,) = torch.autograd.grad(x ** 3, c, grad_outputs=c.conj().imag)
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+
+
 def test_a_tracer_under_a_torch_func_transform_is_refused():
     # linearize (make_fx over a jvp) recorded the operation, which has no
     # forward-mode rule: the jvp was zero, silently; make_fx over
