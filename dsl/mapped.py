@@ -162,8 +162,21 @@ class VmapFunction(Stacked):
         return self.axes[name] % rank if rank else 0
 
     def item(self, name: str, array: Any, i: int) -> Any:
-        """Example i of the mapped argument `name` (a view)."""
+        """Example i of the mapped argument `name` (a view: for its shape
+        and dtype; a call takes `to_front`'s)."""
         return array[(slice(None),) * self.axis(name, array.ndim) + (i,)]
+
+    def to_front(self, name: str, array: Any) -> Any:
+        """The mapped argument `name` with its examples along axis 0, each
+        (`[i]`) an argument its function's target takes: NumPy's as a
+        view; a device array moved on the host and copied back, since a
+        view of it along another axis is not C-contiguous, which a device
+        target refuses rather than copy (naming the caller's argument)."""
+        axis = self.axis(name, array.ndim)
+        if not axis or isinstance(array, np.ndarray):
+            return np.moveaxis(array, axis, 0) if axis else array
+        moved = np.ascontiguousarray(np.moveaxis(self._on_host(array), axis, 0))
+        return self.accepted(moved, self.what_is(name))
 
     def out_axis(self, j: int, count: int, rank: int) -> int:
         """The axis of the examples in result j of `count`, of this rank
@@ -248,9 +261,9 @@ class VmapFunction(Stacked):
                    "an op of its function does not stack, or a mapped argument gives a size")
             raise ArgumentError(f"{called(self.name)} {what} where it runs one example at a "
                                 f"time ({why})", self.span)
-        name = self.stacked[0]
-        k = bound[name].shape[self.axis(name, bound[name].ndim)]
-        each = [self.inner.call_bound({n: self.item(n, a, i) if n in self.stacked else a
+        fronts = {n: self.to_front(n, bound[n]) for n in self.stacked}
+        k = fronts[self.stacked[0]].shape[0]
+        each = [self.inner.call_bound({n: fronts[n][i] if n in fronts else a
                                        for n, a in bound.items()}) for i in range(k)]
         like = each[0] if each else self.inner.call_bound(example)  # (no example: empty
         # results of the shapes one would have)
@@ -405,8 +418,7 @@ class MappedJacobian(AsFunction):
         """The Jacobians for arguments bound by `f` (the vmap of the
         Jacobian's function)."""
         stacked = self.front.stacked
-        bound = {n: np.moveaxis(a, self.f.axis(n, a.ndim), 0) if n in stacked and self.f.moved
-                 else a for n, a in bound.items()}
+        bound = {n: self.f.to_front(n, a) if n in stacked else a for n, a in bound.items()}
         k = bound[stacked[0]].shape[0]
         if self.batched is not None and all(n in bound for n in self.wrt):
             vf = self.batched.f

@@ -509,6 +509,23 @@ def test_vmap_of_a_jacobian_on_cuda_matches_the_cpu(m):
                                rtol=1e-14)
 
 
+def test_device_arrays_mapped_along_another_axis_on_cuda():
+    # catches: one example at a time (a mapped trip count) and a vmap of a
+    # Jacobian taking device arrays' examples as views along axis 1, which
+    # are not C-contiguous: "argument 'x' of trips() is a device array that
+    # is not C-contiguous" for the contiguous array the caller passed
+    from numba import cuda
+    cu = dsl.loads(SOURCE, target="cuda", host_results=True)
+    x, n = np.linspace(-1.0, 2.0, 12).reshape(3, 4), np.array([2, 0, 1, 3])
+    got = dsl.vmap(cu.trips, in_axes=(1, 0))(cuda.to_device(x), n)
+    want = x.copy()
+    for i in range(3):  # (trips' loop by hand, for the columns with n > i)
+        want[:, n > i] = np.sin(want[:, n > i]) + want[:, n > i] * 0.5
+    np.testing.assert_allclose(got, want.sum(axis=0), rtol=1e-14)
+    jac = dsl.vmap(dsl.jacrev(cu.norm), in_axes=-1)(cuda.to_device(x))
+    np.testing.assert_allclose(jac, (x / np.sqrt(np.sum(x * x, axis=0))).T, rtol=1e-14)
+
+
 @settings(max_examples=6, deadline=None)
 @given(st.sampled_from([(1, 0, 0), (-1, 1, -1), (2, -1, (1, 0)), (0, 1, (2, -1))]),
        st.integers(0, 2**32 - 1))
