@@ -87,11 +87,21 @@ def _is_axis(axis: Any) -> bool:
 
 def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
     """out_axes (checked): one integer for every result, or a tuple of one
-    per result (whose count a call checks)."""
-    if isinstance(out_axes, (list, tuple)) and all(map(_is_axis, out_axes)):
-        return tuple(int(axis) for axis in out_axes)
+    per result (whose count a call checks), nested as the results are
+    (`value_and_grad(f, wrt=(0, 1))`'s `(0, (1, 0))`: flattened, in order)."""
     if _is_axis(out_axes):
         return int(out_axes)
+    flat: list[int] = []
+
+    def flatten(item: Any) -> bool:
+        if isinstance(item, (list, tuple)):
+            return all(map(flatten, item))
+        if not _is_axis(item):
+            return False
+        flat.append(int(item))
+        return True
+    if isinstance(out_axes, (list, tuple)) and flatten(out_axes):
+        return tuple(flat)
     raise ArgumentError(f"out_axes is an integer or a tuple of one per result (the axis of "
                         f"the examples in each), got {out_axes!r}", f.span)
 

@@ -559,6 +559,17 @@ def test_examples_along_any_axis_in_and_out(m, axes, seed):
     np.testing.assert_allclose(got, want, rtol=1e-14)  # (sums in another order)
 
 
+def test_out_axes_nest_as_the_results_do(m):
+    # catches: value_and_grad(f, wrt=(0, 1))'s (value, (gx, gy)) taking
+    # out_axes only flat, (0, 1, 0), where JAX's nest as the results do
+    x, y = np.arange(6.0).reshape(2, 3), np.full((2, 3), 2.0)
+    vg = dsl.value_and_grad(m.weighted, wrt=(0, 1))
+    value, (gx, gw) = dsl.vmap(vg, in_axes=1, out_axes=(0, (1, 0)))(x, y)
+    np.testing.assert_allclose(value, np.sum(np.sin(x * y) * x, axis=0), rtol=1e-14)
+    np.testing.assert_allclose(gx, np.cos(x * y) * y * x + np.sin(x * y), rtol=1e-14)
+    np.testing.assert_allclose(gw, (np.cos(x * y) * x * x).T, rtol=1e-14)
+
+
 def test_a_jacobian_mapped_along_another_axis(m):
     # catches: a vmap of a Jacobian reading the examples along axis 0
     x = np.random.default_rng(2).normal(size=(4, 3))
