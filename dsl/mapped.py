@@ -275,8 +275,8 @@ class VmapFunction(Stacked):
         k = fronts[self.stacked[0]].shape[0]
         each = [self.inner.call_bound({n: fronts[n][i] if n in fronts else a
                                        for n, a in bound.items()}) for i in range(k)]
-        like = each[0] if each else self.inner.call_bound(example)  # (no example: empty
-        # results of the shapes one would have)
+        # (no example: empty results of the shapes one would have)
+        like = each[0] if each else self.inner.call_bound(example)
         return tuple(self._stack([e[j] for e in each], like[j], j, len(like))
                      for j in range(len(like)))
 
