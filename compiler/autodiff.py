@@ -72,7 +72,7 @@ def _joint(fn: Function, wrt: Sequence[int], masked: Sequence[int], with_masks: 
     outputs = [env.get(a, a) if isinstance(a, Var) else a for a in fn.outputs]
     cts_in = [Var(a.type, f"d{i}") for i, a in enumerate(outputs[:seeded])]
     masks_in = {i: Var(TensorType("bool", outputs[i].type.shape), f"m{i}") for i in masked}
-    cots = _Cotangents(b, active)
+    cots = Cotangents(b, active)
     for i, (out, ct) in enumerate(zip(outputs, cts_in)):
         cots.accumulate(out, ct, masks_in.get(i))
     for record in reversed(tape):
@@ -134,13 +134,14 @@ def _forward_sweep(b: Builder, fn: Function, env: dict[Var, Atom], active: set[V
     return tape
 
 
-class _Cotangents:
+class Cotangents:
     """The backward sweep's state: each active value's cotangent so far,
     and its where-mask: a bool value (broadcastable to it) where the
     cotangent may be nonzero, or None for everywhere.  Inside a branch of
     `where`, every contribution is re-selected by the mask (see
-    `_select`), so the branch not taken contributes exactly 0 even where
-    its local derivative is inf or NaN."""
+    `select_by_mask`), so the branch not taken contributes exactly 0 even
+    where its local derivative is inf or NaN.  (Also the transposition's:
+    `linearity.transpose_eqns`.)"""
 
     def __init__(self, b: Builder, active: set[Var]):
         self.b = b
@@ -181,7 +182,7 @@ class _Cotangents:
         return self.b.bind("logical_or", first, second)
 
 
-def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
+def _pull_back(b: Builder, record: _Record, cots: Cotangents) -> None:
     """Adds the contributions of one taped equation to its inputs'
     cotangents: the op's VJP rule (a custom call's bwd), selected by the
     where-mask and, for elementwise ops, un-broadcast."""
@@ -208,7 +209,7 @@ def _pull_back(b: Builder, record: _Record, cots: _Cotangents) -> None:
     out_mask = _common_mask([cots.mask(o) for o in outs])
     for index, (a, need, ct) in enumerate(zip(eqn.inputs, needs, in_cts)):
         if need and ct is not None:
-            ct, mask = _select(b, shadow, index, ct, out_mask)
+            ct, mask = select_by_mask(b, shadow, index, ct, out_mask)
             if op.kind == "elementwise":
                 ct = ops.unbroadcast(b, ct, a.type.shape)
             cots.accumulate(a, ct, mask)
@@ -569,11 +570,13 @@ def _keeps_positions(eqn: Eqn, index: int) -> bool:
     return bwd.outputs[index] not in moved
 
 
-def _select(b: Builder, eqn: Eqn, index: int, ct: Atom,
-            out_mask: Optional[Var]) -> tuple[Atom, Optional[Var]]:
+def select_by_mask(b: Builder, eqn: Eqn, index: int, ct: Atom,
+                   out_mask: Optional[Var]) -> tuple[Atom, Optional[Var]]:
     """Input `index`'s cotangent `ct` (at the output's shape for an
     elementwise op, so before un-broadcasting) selected by the output's
-    where-mask as `op.masking` says, and the mask that input carries on."""
+    where-mask as `op.masking` says, and the mask that input carries on.
+    (Also the transposition's, `linearity.transpose_eqns`, which is a
+    reverse sweep through a linear function's VJP rules.)"""
     if not _keeps_positions(eqn, index):
         # the mask says nothing about other positions (re-selecting by it
         # when the shapes happened to fit zeroed the gradient of

@@ -27,14 +27,17 @@ Contract:
   linear op is transposed by its VJP rule, which for an op linear in an
   input is exactly its transpose with respect to that input; a loop by
   its VJP (`autodiff.loop_pull_back`) on the states of a forward run with
-  its linear inputs zero.
+  its linear inputs zero.  As in reverse mode, the cotangent of a branch
+  of `where` keeps its where-mask through the rules after it, which
+  re-select by it (`autodiff.select_by_mask`): the branch not taken
+  contributes exactly 0, NaN or inf included.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import loop_forward, loop_pull_back
+from gradlang.compiler.autodiff import Cotangents, loop_forward, loop_pull_back, select_by_mask
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
 from gradlang.compiler.passes import inline_calls
@@ -248,24 +251,31 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
         else:
             taped.append(eqn)
             linear.update(eqn.outputs)
-    cts: dict[Var, Atom] = {}
+    cts = _Cotangents(b, linear)
     for out, seed in zip(outputs, seeds):
-        _accumulate(b, cts, linear, sub(out), seed)
+        cts.accumulate(sub(out), seed, None)
     for eqn in reversed(taped):
         if eqn.op == "loop":
-            _transpose_loop(b, eqn, cts, linear)
+            _transpose_loop(b, eqn, cts)
             continue
-        ct = cts.get(eqn.out)
+        ct = cts.of(eqn.out)
         if ct is None:
             continue
         op = ops.OPS[eqn.op]
         needs = [a in linear and i not in op.token_inputs for i, a in enumerate(eqn.inputs)]
-        for a, need, c in zip(eqn.inputs, needs, op.vjp(b, eqn, [ct], needs)):
+        out_mask = cts.mask(eqn.out)
+        for index, (a, need, c) in enumerate(zip(eqn.inputs, needs,
+                                                 op.vjp(b, eqn, [ct], needs))):
             if need and c is not None:
+                # re-selected by the tangent's where-mask, as reverse mode
+                # does: the transpose of where(x > 0, d / sqrt(x), 0) takes
+                # where(x > 0, t, 0) through the quotient, 0 / sqrt(x) = NaN
+                # at x <= 0 where the block (and reverse mode) gives 0
+                c, mask = select_by_mask(b, eqn, index, c, out_mask)
                 if op.kind == "elementwise":
                     c = ops.unbroadcast(b, c, a.type.shape)
-                _accumulate(b, cts, linear, a, c)
-    return cts
+                cts.accumulate(a, c, mask)
+    return cts.cts
 
 
 def _unmasked(eqn: Eqn, value_masks: set[Var]) -> Optional[Atom]:
@@ -280,29 +290,30 @@ def _unmasked(eqn: Eqn, value_masks: set[Var]) -> Optional[Atom]:
     return a if isinstance(c, Lit) and c.value == 0 and a not in value_masks else None
 
 
-def _transpose_loop(b: Builder, eqn: Eqn, cts: dict[Var, Atom], linear: set[Var]) -> None:
-    """A loop linear in its inputs in `linear`, transposed: its VJP, run on
-    the states a forward loop stacks with those inputs zero (the rest of
+def _transpose_loop(b: Builder, eqn: Eqn, cts: _Cotangents) -> None:
+    """A loop linear in its inputs that `cts` needs, transposed: its VJP, run
+    on the states a forward loop stacks with those inputs zero (the rest of
     its state does not depend on them, and a linear body's derivative with
-    respect to them does not depend on their values)."""
-    out_cts = [cts.get(o) for o in eqn.outputs]
+    respect to them does not depend on their values), its outputs'
+    where-masks going in and its inputs' coming out."""
+    out_cts = [cts.of(o) for o in eqn.outputs]
     if all(c is None for c in out_cts):
         return
-    zeroed = [ops.zeros_like(b, a.type) if a in linear else a for a in eqn.inputs]
-    back = {z: a for z, a in zip(zeroed, eqn.inputs) if a in linear}
+    zeroed = [ops.zeros_like(b, a.type) if cts.needs(a) else a for a in eqn.inputs]
+    back = {z: a for z, a in zip(zeroed, eqn.inputs) if cts.needs(a)}
     record, _, stacked = loop_forward(b, eqn, zeroed)
-    for z, ct, _ in loop_pull_back(b, record, out_cts, stacked):
+    out_masks = [cts.mask(o) for o in eqn.outputs]
+    for z, ct, mask in loop_pull_back(b, record, out_cts, stacked, out_masks):
         if z in back:
-            _accumulate(b, cts, linear, back[z], ct)
+            cts.accumulate(back[z], ct, mask)
 
 
-def _accumulate(b: Builder, cts: dict[Var, Atom], linear: set[Var], v: Atom,
-                ct: Optional[Atom]) -> None:
-    if ct is None or not isinstance(v, Var) or v not in linear:
-        return
-    if ct.type.dtype != v.type.dtype:
-        ct = b.bind("cast", ct, dtype=v.type.dtype)
-    if ct.type.shape != v.type.shape:
-        ct = b.bind("broadcast_to", ct, shape=v.type.shape)
-    cts[v] = b.bind("add", cts[v], ct) if v in cts else ct
+class _Cotangents(Cotangents):
+    """Reverse mode's cotangents and where-masks (`autodiff.Cotangents`) of
+    the linear values, each cotangent also broadcast to its value's shape
+    (a seed or a loop's cotangent may come smaller)."""
 
+    def accumulate(self, v: Atom, ct: Optional[Atom], mask: Optional[Var]) -> None:
+        if ct is not None and self.needs(v) and ct.type.shape != v.type.shape:
+            ct = self.b.bind("broadcast_to", ct, shape=v.type.shape)
+        super().accumulate(v, ct, mask)

@@ -824,7 +824,7 @@ class Op:
     # derivative is inf; "branches" is `where` itself, whose rule already
     # selects, and whose branch k narrows the mask to where it was taken.
     # (Through elementwise ops and calls; layout ops, reductions and
-    # gathers move the mask to their inputs: see `autodiff._select`.)
+    # gathers move the mask to their inputs: see `autodiff.select_by_mask`.)
     masking: str = "select"
     # for an op that picks one of its two inputs (maximum, minimum): the
     # comparison of an input with the other under which it is picked (ties

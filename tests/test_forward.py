@@ -499,6 +499,19 @@ def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
     np.testing.assert_array_equal(ty, [2.0, 2.0, 0.25])
 
 
+
+def test_a_nan_safe_block_stays_nan_safe_transposed():
+    # the block selects away 0.5 / sqrt(x) at x <= 0 after a loop applying
+    # it: the transpose takes where(x > 0, t, 0) through the loop, whose
+    # quotient gave 0 / sqrt(x) = NaN there (reverse mode, which re-selects
+    # by the where-mask, gives 0; so does the transpose now, in a loop too)
+    m = dsl.loads("def g(x, n: i64):\n    return where(x > 0, sqrt(x), 0.0)\ngrad(d):\n"
+                  "    acc = d\n    for i in range(n):\n        acc = acc * 0.5 / sqrt(x)\n"
+                  "    return where(x > 0, acc, 0.0)\n")
+    x, t = np.array([-1.0, 0.0, 4.0]), np.array([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(dsl.jvp(m.g, (x, 1), (t, None))[1], [0.0, 0.0, 0.75])
+
+
 IN_LANGUAGE = """
 def log1pexp(x):
     e = exp(x)
