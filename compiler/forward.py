@@ -24,7 +24,9 @@ nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
 where-mask (where it may be nonzero) through the elementwise ops after
 it, which re-select by it, so `sqrt(where(x > 0, x, 0))` (or of
 `maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN; and
-through ops that only move, sum or spread positions (`_moved_mask`).  A
+through ops that only move, sum or spread positions (`_moved_mask`); and
+through a call, whose block's transpose keeps the masks of its inputs'
+tangents and of its own wheres (`linearity.masked_transpose`).  A
 `loop`'s JVP is a loop that also carries its carried values' tangents
 (those that have one or become active), with the JVP of its body as its
 body, into which the where-masks of its inputs' tangents go where every
@@ -39,7 +41,7 @@ from gradlang.compiler import ops
 from gradlang.compiler.autodiff import MOVES_POSITIONS, call_forward, materialized, vjp
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
-from gradlang.compiler.linearity import transpose, transpose_eqns
+from gradlang.compiler.linearity import masked_transpose, transpose, transpose_eqns
 
 
 def jvp(fn: Function, wrt: Sequence[int]) -> Function:
@@ -77,7 +79,12 @@ def _jvp(fn: Function, wrt: Sequence[int], masked: dict[int, TensorType]
             masks.update((o, m) for o, m in zip(outs, out_masks) if m is not None)
         elif op.kind == "call":
             outs, residuals = call_forward(b, eqn, inputs)
-            out_tangents = _call_jvp(b, eqn, inputs, residuals, in_tangents) if active else []
+            out_tangents = []
+            if active:
+                out_tangents, out_masks = _call_jvp(
+                    b, eqn, inputs, residuals, in_tangents,
+                    [masks.get(a) if isinstance(a, Var) else None for a in inputs])
+                masks.update((o, m) for o, m in zip(outs, out_masks) if m is not None)
         else:
             copy = Eqn(eqn.op, inputs, tuple(Var(v.type, v.hint) for v in eqn.outputs),
                        eqn.params, eqn.span)
@@ -307,16 +314,28 @@ def _loop_outputs_active(eqn: Eqn, has: Sequence[bool]) -> list[bool]:
 
 
 def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[Atom],
-              in_tangents: Sequence[Optional[Atom]]) -> list[Optional[Atom]]:
+              in_tangents: Sequence[Optional[Atom]], in_masks: Sequence[Optional[Var]]
+              ) -> tuple[list[Optional[Atom]], list[Optional[Var]]]:
     """The transpose of the call's first grad block: its `bwd` maps output
     cotangents to input cotangents, so its transpose maps input tangents
-    to output tangents."""
+    to output tangents.  Also their where-masks (None: none), from the
+    inputs' (`in_masks`) and the block's wheres: the tangent of a block
+    where(x > 0, d, 0) keeps x > 0, so that sqrt of the call has tangent 0
+    at x <= 0 (it was 0 * inf = NaN), as for the same where unwritten."""
     n_out = eqn.p["n_out"]
     bwd = materialized(eqn).p["bwd"]
     if _makes_calls(bwd):
-        return _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents)
+        return _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents), [None] * n_out
     args = list(inputs) + list(residuals) + [None] * n_out
-    return transpose(b, bwd, args, in_tangents)
+    tangents, masks = masked_transpose(b, bwd, args, in_tangents, in_masks)
+    return tangents, [_mask_at(b, m, t) for m, t in zip(masks, bwd.params[len(args) - n_out:])]
+
+
+def _mask_at(b: Builder, mask: Optional[Var], v: Var) -> Optional[Var]:
+    """A where-mask (None: none) at the shape of v, to which it broadcasts."""
+    if mask is None or mask.type.shape == v.type.shape:
+        return mask
+    return b.bind("broadcast_to", mask, shape=v.type.shape)
 
 
 def _makes_calls(fn: Function) -> bool:
@@ -408,4 +427,4 @@ def _primitive_jvp(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]
                   for c, a in zip(in_cts, eqn.inputs)]
     seeds = [t if need else None for t, need in zip(in_tangents, needs)]
     out_cts = transpose_eqns(b, scratch.eqns, set(cts), in_cts, seeds)
-    return [out_cts.get(c) for c in cts]
+    return [out_cts.of(c) for c in cts]

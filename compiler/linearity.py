@@ -196,21 +196,32 @@ def _defined_at(fn: Function, out: Atom) -> Optional[Span]:
 
 def transpose(b: Builder, fn: Function, args: Sequence[Optional[Atom]],
               seeds: Sequence[Optional[Atom]]) -> list[Optional[Atom]]:
+    return masked_transpose(b, fn, args, seeds)[0]
+
+
+def masked_transpose(b: Builder, fn: Function, args: Sequence[Optional[Atom]],
+                     seeds: Sequence[Optional[Atom]],
+                     seed_masks: Sequence[Optional[Var]] = ()
+                     ) -> tuple[list[Optional[Atom]], list[Optional[Var]]]:
+    """`transpose`, given the seeds' where-masks (`seed_masks`, by output;
+    None or absent: none), also returning each cotangent's (None: none)."""
     fn = inline_calls(fn)  # a call's value is its fwd body's
     scratch = Builder()
     placeholders = [Var(p.type, p.hint) if a is None else a for p, a in zip(fn.params, args)]
     outputs = inline(scratch, fn, placeholders)
     linear_params = [v for v, a in zip(placeholders, args) if a is None]
-    cts = transpose_eqns(b, scratch.eqns, set(linear_params), outputs, seeds)
-    return [cts.get(v) for v in linear_params]
+    cts = transpose_eqns(b, scratch.eqns, set(linear_params), outputs, seeds, seed_masks)
+    return [cts.of(v) for v in linear_params], [cts.mask(v) for v in linear_params]
 
 
 def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
-                   outputs: Sequence[Atom], seeds: Sequence[Optional[Atom]]
-                   ) -> dict[Var, Atom]:
+                   outputs: Sequence[Atom], seeds: Sequence[Optional[Atom]],
+                   seed_masks: Sequence[Optional[Var]] = ()) -> Cotangents:
     """The transpose of straight-line `eqns` (no calls), linear in the
     values `linear`: the cotangent of each linear value reached from the
-    seeded outputs.  Equations free of `linear` are emitted into `b` first.
+    seeded outputs (`.of(v)`), and its where-mask (`.mask(v)`: None for
+    none), each seed having the mask `seed_masks` gives it, if any.
+    Equations free of `linear` are emitted into `b` first.
     A bool computed from linear values (reverse mode's mask of where a
     cotangent is nonzero) cannot be computed here: `where(mask, v, 0)` is
     taken as v and the mask cast to a number as 1 (`_unmasked`)."""
@@ -252,8 +263,9 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
             taped.append(eqn)
             linear.update(eqn.outputs)
     cts = _Cotangents(b, linear)
-    for out, seed in zip(outputs, seeds):
-        cts.accumulate(sub(out), seed, None)
+    masks = list(seed_masks) + [None] * (len(seeds) - len(seed_masks))
+    for out, seed, mask in zip(outputs, seeds, masks):
+        cts.accumulate(sub(out), seed, mask)
     for eqn in reversed(taped):
         if eqn.op == "loop":
             _transpose_loop(b, eqn, cts)
@@ -275,7 +287,7 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                 if op.kind == "elementwise":
                     c = ops.unbroadcast(b, c, a.type.shape)
                 cts.accumulate(a, c, mask)
-    return cts.cts
+    return cts
 
 
 def _unmasked(eqn: Eqn, value_masks: set[Var]) -> Optional[Atom]:

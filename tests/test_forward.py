@@ -512,6 +512,16 @@ def test_a_nan_safe_block_stays_nan_safe_transposed():
     np.testing.assert_array_equal(dsl.jvp(m.g, (x, 1), (t, None))[1], [0.0, 0.0, 0.75])
 
 
+def test_a_calls_tangent_keeps_the_where_mask_of_its_block():
+    # r's block selects by x > 0, as where(x > 0, x, 0) itself would: sqrt of
+    # it had tangent 0 * inf = NaN at x <= 0 through the block (0 without it,
+    # and in reverse mode)
+    m = dsl.loads("def r(x):\n    return where(x > 0, x, 0.0)\ngrad(d):\n"
+                  "    return where(x > 0, d, 0.0)\ndef f(x):\n    return sqrt(r(x))\n")
+    x, t = np.array([-1.0, 0.0, 4.0]), np.array([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(dsl.jvp(m.f, (x,), (t,))[1], [0.0, 0.0, 0.75])
+
+
 IN_LANGUAGE = """
 def log1pexp(x):
     e = exp(x)
