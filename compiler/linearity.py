@@ -76,14 +76,22 @@ def _kind(kinds: dict[Var, str], a: Atom) -> Optional[str]:
 
 
 def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span,
-          calls: CallKinds) -> list[Optional[str]]:
-    """Classifies every value of `fn` (kinds holds its parameters'); returns
-    the outputs' kinds."""
+          calls: CallKinds, n_live: Optional[int] = None) -> list[Optional[str]]:
+    """Classifies every value of `fn` (kinds holds its parameters') that
+    its first `n_live` outputs (default: all) read; returns the outputs'
+    kinds.  A value nothing reads is no part of the map: `grad(h)(dy)` for
+    h(v) = v * v is 2 * dy, though its forward sweep, dead, computes
+    dy * dy (refused before); so is a residual that a called function's
+    block reads, computed from its input."""
+    live = _read_by(fn, fn.outputs[:n_live])
     for eqn in fn.eqns:
+        if not any(o in live for o in eqn.outputs):
+            continue
         op = ops.OPS[eqn.op]
         in_kinds = [_kind(kinds, a) for a in eqn.inputs]
         if op.kind == "call":
-            outs = _call_kinds(eqn.p["fwd"], in_kinds, where, span, calls)[:eqn.p["n_out"]]
+            n_out = eqn.p["n_out"]
+            outs = _call_kinds(eqn.p["fwd"], in_kinds, where, span, calls, n_out)[:n_out]
             kinds.update((v, k) for v, k in zip(eqn.outputs, outs) if k is not None)
             continue
         if op.kind == "loop":
@@ -96,9 +104,19 @@ def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span,
     return [_kind(kinds, a) for a in fn.outputs]
 
 
+def _read_by(fn: Function, outputs: Sequence[Atom]) -> set[Var]:
+    """The values of `fn` that `outputs` read, through its equations."""
+    live = {a for a in outputs if isinstance(a, Var)}
+    for eqn in reversed(fn.eqns):
+        if any(o in live for o in eqn.outputs):
+            live.update(a for a in eqn.inputs if isinstance(a, Var))
+    return live
+
+
 def _call_kinds(fn: Function, in_kinds: list[Optional[str]], where: str, span: Span,
-                calls: CallKinds) -> list[Optional[str]]:
-    """The kinds of the outputs of a call of `fn` on inputs of `in_kinds`:
+                calls: CallKinds, n_out: int) -> list[Optional[str]]:
+    """The kinds of the first `n_out` outputs (its results, not the
+    residuals) of a call of `fn` on inputs of `in_kinds`:
     walked once per kinds (only a walk that raised nothing is kept, so
     the error of one that does names the block that made the call)."""
     known = calls.get(id(fn))
@@ -107,7 +125,7 @@ def _call_kinds(fn: Function, in_kinds: list[Optional[str]], where: str, span: S
     key = tuple(in_kinds)
     if key not in known[1]:
         sub = {v: k for v, k in zip(fn.params, in_kinds) if k is not None}
-        known[1][key] = _walk(fn, sub, where, span, calls)
+        known[1][key] = _walk(fn, sub, where, span, calls, n_out)
     return known[1][key]
 
 

@@ -336,7 +336,9 @@ class Lowerer:
         with_value = kind == "value_and_grad"
         g = autodiff.grad_of_sum(sub, [arrays.index(n) for n in wrt_names], with_value)
         self.grow(len(g.eqns), outer.span)
+        start = len(b.eqns)
         results = inline(b, g, [bound[n] for n in arrays] + [env[w] for w in reads])
+        _spanned(b, start, outer.span)
         grads = results[len(results) - len(wrt_names):]
         grads_value = grads[0] if single else tuple(grads)
         if not with_value:
@@ -361,7 +363,9 @@ class Lowerer:
             ts.append(t)
         program = forward.jvp(sub, wrt)
         self.grow(len(program.eqns), call.span)
+        start = len(b.eqns)
         results = inline(b, program, list(inputs) + ts)
+        _spanned(b, start, call.span)
         n = len(sub.outputs)
         values, out_tangents = results[:n], results[n:]
         if n == 1:
@@ -1370,3 +1374,12 @@ def numbers_as_arrays(b: Builder, fdef: ast.FuncDef, bound: dict[str, Value], wr
             floats = p.ann.dtype if p.ann is not None and p.ann.dtype in FLOATS else None
             bound[p.name] = as_atom(b, float(v), span, floats or weak_float_dtype(bound.values()))
     return bound
+
+
+def _spanned(b: Builder, start: int, span: Span) -> None:
+    """Gives the equations from `start` on that have no span (those a
+    derivative's rules made) `span`, the transform's call: an error found
+    in them (a grad block not linear through `jvp(h)(dy, dy)`) points
+    there, not at the function or block around it."""
+    b.eqns[start:] = [e if e.span is not None else replace(e, span=span)
+                      for e in b.eqns[start:]]

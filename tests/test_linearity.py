@@ -89,6 +89,24 @@ def test_a_second_block_must_be_linear_in_its_own_upstream():
     assert "grad block 2 of f() (line 5)" in err.message and (err.line, err.col) == (6, 30)
 
 
+def test_a_block_may_take_the_gradient_of_a_quadratic_of_its_upstream():
+    # grad(e)(dy) is dy: linear, though e's forward sweep computes dy * dy,
+    # which nothing reads (it was refused, at e's line)
+    m = dsl.loads(block("grad(e)(dy) * y, dy * x", "def e(v):\n    return 0.5 * v * v\n"))
+    _, pullback = dsl.vjp(m.f, 2.0, 3.0)
+    assert pullback(5.0) == (15.0, 10.0)
+    assert dsl.jvp(m.f, (2.0, 3.0), (1.0, 7.0)) == (6.0, 17.0)
+
+
+def test_a_tangent_in_a_block_not_linear_in_its_upstream_points_at_the_jvp():
+    # the tangent 2 * dy * dy: its products, which the jvp's rules made, had
+    # no place (the error fell back to the block's line), and the walk
+    # stopped first at the forward value dy * dy, which nothing reads
+    err = load_error(block("jvp(h)(dy, dy)[1] * y, dy * x", "def h(v):\n    return v * v\n"))
+    assert "grad block 1 of f() (line 5) is not linear" in err.message
+    assert (err.line, err.col) == (6, 12), str(err)
+
+
 X, Y = np.array([-1.0, 2.0, 0.5]), np.array([0.5, 1.0, 3.0])
 
 
