@@ -324,10 +324,10 @@ def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[
     at x <= 0 (it was 0 * inf = NaN), as for the same where unwritten."""
     n_out = eqn.p["n_out"]
     bwd = materialized(eqn).p["bwd"]
-    if _makes_calls(bwd):
-        return _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents), [None] * n_out
     args = list(inputs) + list(residuals) + [None] * n_out
     tangents, masks = masked_transpose(b, bwd, args, in_tangents, in_masks)
+    if _makes_calls(bwd):  # (the masks only, from that transpose: its tangents are dead)
+        tangents = _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents)
     return tangents, [_mask_at(b, m, t) for m, t in zip(masks, bwd.params[len(args) - n_out:])]
 
 

@@ -515,11 +515,17 @@ def test_a_nan_safe_block_stays_nan_safe_transposed():
 def test_a_calls_tangent_keeps_the_where_mask_of_its_block():
     # r's block selects by x > 0, as where(x > 0, x, 0) itself would: sqrt of
     # it had tangent 0 * inf = NaN at x <= 0 through the block (0 without it,
-    # and in reverse mode)
+    # and in reverse mode); r2's too, whose second block makes its tangent a
+    # call of its own
     m = dsl.loads("def r(x):\n    return where(x > 0, x, 0.0)\ngrad(d):\n"
-                  "    return where(x > 0, d, 0.0)\ndef f(x):\n    return sqrt(r(x))\n")
+                  "    return where(x > 0, d, 0.0)\ndef f(x):\n    return sqrt(r(x))\n"
+                  "def r2(x):\n    return where(x > 0, x, 0.0)\ngrad(d):\n"
+                  "    return where(x > 0, d, 0.0)\ngrad(dd):\n"
+                  "    return x=dd * 0.0, d=where(x > 0, dd, 0.0)\n"
+                  "def f2(x):\n    return sqrt(r2(x))\n")
     x, t = np.array([-1.0, 0.0, 4.0]), np.array([1.0, 2.0, 3.0])
-    np.testing.assert_array_equal(dsl.jvp(m.f, (x,), (t,))[1], [0.0, 0.0, 0.75])
+    for f in (m.f, m.f2):
+        np.testing.assert_array_equal(dsl.jvp(f, (x,), (t,))[1], [0.0, 0.0, 0.75])
 
 
 IN_LANGUAGE = """
