@@ -80,9 +80,9 @@ def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span,
     """Classifies every value of `fn` (kinds holds its parameters') that
     its first `n_live` outputs (default: all) read; returns the outputs'
     kinds.  A value nothing reads is no part of the map: `grad(h)(dy)` for
-    h(v) = v * v is 2 * dy, though its forward sweep, dead, computes
-    dy * dy (refused before); so is a residual that a called function's
-    block reads, computed from its input."""
+    h(v) = v * v is 2 * dy, linear, though its dead forward sweep computes
+    dy * dy; nor is a residual that a called function's block reads,
+    computed from its input."""
     live = _read_by(fn, fn.outputs[:n_live])
     for eqn in fn.eqns:
         if not any(o in live for o in eqn.outputs):
