@@ -202,8 +202,12 @@ def _pull_back(b: Builder, record: _Record, cots: Cotangents) -> None:
     op = ops.OPS[eqn.op]
     # the equation on the values standing for its outputs here
     shadow = Eqn(eqn.op, eqn.inputs, tuple(outs), eqn.params, eqn.span)
+    block_masks: list[Optional[Var]] = [None] * len(eqn.inputs)
     if op.kind == "call":
+        start = len(b.eqns)
         in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
+        in_cts, block_masks = _masked_by_block(b, b.eqns[start:], out_cts,
+                                               [cots.mask(o) for o in outs], in_cts)
     else:
         in_cts = op.vjp(b, shadow, out_cts, needs)
     out_mask = _common_mask([cots.mask(o) for o in outs])
@@ -212,7 +216,112 @@ def _pull_back(b: Builder, record: _Record, cots: Cotangents) -> None:
             ct, mask = select_by_mask(b, shadow, index, ct, out_mask)
             if op.kind == "elementwise":
                 ct = ops.unbroadcast(b, ct, a.type.shape)
-            cots.accumulate(a, ct, mask)
+            cots.accumulate(a, ct, _both(b, mask, block_masks[index]))
+
+
+def _masked_by_block(b: Builder, eqns: Sequence[Eqn], cts: Sequence[Atom],
+                     ct_masks: Sequence[Optional[Var]], results: Sequence[Atom]
+                     ) -> tuple[list[Atom], list[Optional[Var]]]:
+    """A grad block's results (computed from the cotangents `cts` by
+    `eqns`, its inlined body), each re-selected by the where-mask it has
+    (None: none), and those masks: the block's wheres, and the cotangents'
+    masks `ct_masks`, carried through its equations as forward mode
+    carries a tangent's (`elementwise_mask`, `moved_positions_mask`).
+    Without them, the cotangent of x through a block where(x > 0, d, 0)
+    met sqrt's infinite slope before the call: grad of sum(r(sqrt(x))) was
+    0 * inf = NaN at x = 0, and 0 with the where written without a block."""
+    masks = {c: m for c, m in zip(cts, ct_masks) if isinstance(c, Var) and m is not None}
+    reached = {c for c in cts if isinstance(c, Var)}
+    for e in eqns:
+        on = [isinstance(a, Var) and a in reached for a in e.inputs]
+        if not any(on):
+            continue
+        reached.update(e.outputs)
+        op = ops.OPS[e.op]
+        from_cts = [a if o else None for a, o in zip(e.inputs, on)]
+        in_masks = [masks.get(a) if isinstance(a, Var) else None for a in e.inputs]
+        mask = None
+        if op.kind == "elementwise":
+            mask = elementwise_mask(b, e, from_cts, in_masks)
+        elif op.kind in MOVES_POSITIONS:
+            mask = moved_positions_mask(b, e, from_cts, in_masks)
+        if mask is not None:
+            masks[e.out] = mask
+    found = [masks.get(r) if isinstance(r, Var) else None for r in results]
+    selected = [r if m is None else b.bind("where", m, r, ops.lit(b, 0, r))
+                for r, m in zip(results, found)]
+    return selected, found
+
+
+def elementwise_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
+                     in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
+    """Where the tangent of an elementwise equation's output may be
+    nonzero: where one of its inputs' tangents may be (each term of the
+    tangent is zero outside its input's), and for `where` (or maximum...)
+    only where that input was taken.  None: anywhere.  (Forward mode's
+    tangents, and a grad block's results from its cotangents here:
+    `_masked_by_block`.)"""
+    row = ops.OPS[eqn.op]
+    parts: list[Var] = []
+    for k, (t, mask) in enumerate(zip(in_tangents, in_masks)):
+        if t is None:
+            continue
+        taken = None
+        if row.masking == "branches" and k > 0:
+            cond = eqn.inputs[0]
+            taken = cond if k == 1 else b.bind("logical_not", cond)
+        elif row.picked_when is not None:
+            taken = b.bind(row.picked_when, eqn.inputs[k], eqn.inputs[1 - k])
+        if taken is not None:
+            mask = taken if mask is None or mask is taken else \
+                b.bind("logical_and", mask, taken)
+        if mask is None:
+            return None
+        parts.append(mask)
+    if not parts:
+        return None
+    union = parts[0]
+    for mask in parts[1:]:
+        if mask is not union:
+            union = b.bind("logical_or", union, mask)
+    return union if isinstance(union, Var) else None
+
+
+def moved_positions_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
+                         in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
+    """Where the tangent of an op that only moves, sums or spreads its
+    inputs with positive weights (a layout op, a reduction, a gather or
+    scatter, a scan) may be nonzero: where the op of its float inputs'
+    masks as 0 and 1 (0 for an input without a tangent) is positive, the
+    output gathers something from inside them.  None: anywhere (an input
+    with a tangent and no mask).  Without it, sqrt(where(x > 0, x, 0)[0])
+    (or of a slice, a transpose, a sum) was 0 * inf = NaN at x <= 0, where
+    reverse mode moves the mask the other way (`_moved_mask`)."""
+    if len(eqn.outputs) != 1 or ops.OPS[eqn.op].token_inputs:
+        return None
+    weights: list[Atom] = []
+    for a, t, mask in zip(eqn.inputs, in_tangents, in_masks):
+        if not a.type.is_float:
+            weights.append(a)  # (an index: the same positions)
+        elif t is None:
+            weights.append(ops.lit(b, 0, a) if isinstance(a, Lit) else ops.zeros_like(b, a.type))
+        elif mask is None:
+            return None
+        else:
+            if mask.type.shape != a.type.shape:
+                mask = b.bind("broadcast_to", mask, shape=a.type.shape)
+            weights.append(b.bind("cast", mask, dtype=a.type.dtype))
+    (moved,) = b.bind_multi(eqn.op, *weights, **dict(eqn.params))
+    return b.bind("gt", moved, ops.lit(b, 0, moved))
+
+
+def _both(b: Builder, first: Optional[Var], second: Optional[Var]) -> Optional[Var]:
+    """Where a value within two where-masks (None: anywhere) may be nonzero."""
+    if first is None or second is None or first is second:
+        return second if first is None else first
+    if first.type.shape != second.type.shape:
+        return first  # (not narrowed, to stay of one shape)
+    return b.bind("logical_and", first, second)
 
 
 _trip_symbols = itertools.count()

@@ -24,9 +24,10 @@ nothing, NaN or inf included; and as in reverse mode, a tangent keeps a
 where-mask (where it may be nonzero) through the elementwise ops after
 it, which re-select by it, so `sqrt(where(x > 0, x, 0))` (or of
 `maximum(x, 0)`) has tangent 0 at x < 0 instead of 0 * inf = NaN; and
-through ops that only move, sum or spread positions (`_moved_mask`); and
-through a call, whose block's transpose keeps the masks of its inputs'
-tangents and of its own wheres (`linearity.masked_transpose`).  A
+through ops that only move, sum or spread positions
+(`autodiff.moved_positions_mask`); and through a call, whose block's
+transpose keeps the masks of its inputs' tangents and of its own wheres
+(`linearity.masked_transpose`).  A
 `loop`'s JVP is a loop that also carries its carried values' tangents
 (those that have one or become active), with the JVP of its body as its
 body, into which the where-masks of its inputs' tangents go where every
@@ -38,7 +39,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import MOVES_POSITIONS, call_forward, materialized, vjp
+from gradlang.compiler.autodiff import (MOVES_POSITIONS, call_forward, elementwise_mask,
+                                       materialized, moved_positions_mask, vjp)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.linearity import masked_transpose, transpose, transpose_eqns
@@ -92,12 +94,12 @@ def _jvp(fn: Function, wrt: Sequence[int], masked: dict[int, TensorType]
             outs = list(copy.outputs)
             out_tangents = _primitive_jvp(b, copy, in_tangents) if active else []
             if active and op.kind == "elementwise":
-                mask = _mask_of(b, copy, in_tangents, [masks.get(a) for a in inputs])
+                mask = elementwise_mask(b, copy, in_tangents, [masks.get(a) for a in inputs])
                 if mask is not None:
                     out_tangents = [_select(b, op, mask, t) for t in out_tangents]
                     masks[copy.out] = mask
             elif active and op.kind in MOVES_POSITIONS:
-                mask = _moved_mask(b, copy, in_tangents, [masks.get(a) for a in inputs])
+                mask = moved_positions_mask(b, copy, in_tangents, [masks.get(a) for a in inputs])
                 if mask is not None:
                     masks[copy.out] = mask
         env.update(zip(eqn.outputs, outs))
@@ -128,66 +130,6 @@ def _within(mask: Optional[Var], m: Var, made: dict[Var, Eqn]) -> bool:
         return False
     inside = [isinstance(a, Var) and _within(a, m, made) for a in eqn.inputs]
     return any(inside) if eqn.op == "logical_and" else all(inside)
-
-
-def _mask_of(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
-             in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
-    """Where the tangent of an elementwise equation's output may be
-    nonzero: where one of its inputs' tangents may be (each term of the
-    tangent is zero outside its input's), and for `where` (or maximum...)
-    only where that input was taken.  None: anywhere."""
-    row = ops.OPS[eqn.op]
-    parts: list[Var] = []
-    for k, (t, mask) in enumerate(zip(in_tangents, in_masks)):
-        if t is None:
-            continue
-        taken = None
-        if row.masking == "branches" and k > 0:
-            cond = eqn.inputs[0]
-            taken = cond if k == 1 else b.bind("logical_not", cond)
-        elif row.picked_when is not None:
-            taken = b.bind(row.picked_when, eqn.inputs[k], eqn.inputs[1 - k])
-        if taken is not None:
-            mask = taken if mask is None or mask is taken else \
-                b.bind("logical_and", mask, taken)
-        if mask is None:
-            return None
-        parts.append(mask)
-    if not parts:
-        return None
-    union = parts[0]
-    for mask in parts[1:]:
-        if mask is not union:
-            union = b.bind("logical_or", union, mask)
-    return union if isinstance(union, Var) else None
-
-
-def _moved_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
-                in_masks: Sequence[Optional[Var]]) -> Optional[Var]:
-    """Where the tangent of an op that only moves, sums or spreads its
-    inputs with positive weights (a layout op, a reduction, a gather or
-    scatter, a scan) may be nonzero: where the op of its float inputs'
-    masks as 0 and 1 (0 for an input without a tangent) is positive, the
-    output gathers something from inside them.  None: anywhere (an input
-    with a tangent and no mask).  Without it, sqrt(where(x > 0, x, 0)[0])
-    (or of a slice, a transpose, a sum) was 0 * inf = NaN at x <= 0, where
-    reverse mode moves the mask the other way (`autodiff._moved_mask`)."""
-    if len(eqn.outputs) != 1 or ops.OPS[eqn.op].token_inputs:
-        return None
-    weights: list[Atom] = []
-    for a, t, mask in zip(eqn.inputs, in_tangents, in_masks):
-        if not a.type.is_float:
-            weights.append(a)  # (an index: the same positions)
-        elif t is None:
-            weights.append(ops.lit(b, 0, a) if isinstance(a, Lit) else ops.zeros_like(b, a.type))
-        elif mask is None:
-            return None
-        else:
-            if mask.type.shape != a.type.shape:
-                mask = b.bind("broadcast_to", mask, shape=a.type.shape)
-            weights.append(b.bind("cast", mask, dtype=a.type.dtype))
-    (moved,) = b.bind_multi(eqn.op, *weights, **dict(eqn.params))
-    return b.bind("gt", moved, ops.lit(b, 0, moved))
 
 
 def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[Atom]:

@@ -829,7 +829,7 @@ class Op:
     # for an op that picks one of its two inputs (maximum, minimum): the
     # comparison of an input with the other under which it is picked (ties
     # included), outside which its tangent contributes nothing: forward
-    # mode narrows a tangent's where-mask by it (`forward._mask_of`)
+    # mode narrows a tangent's where-mask by it (`autodiff.elementwise_mask`)
     picked_when: Optional[str] = None
     # the work of one element of the op in a fused loop beyond that of the
     # loop itself (its loads and stores, and arithmetic, which vectorizes

@@ -308,6 +308,22 @@ def test_where_gradient_ignores_the_branch_not_taken():
     np.testing.assert_allclose(dsl.grad(dsl.grad(m.g))(x), [0.0, 0.0, 0.25])
 
 
+def test_a_blocks_where_masks_the_cotangent_it_gives_as_the_where_itself_does():
+    # r's block selects by x > 0, as where(x > 0, x, 0) would: the cotangent
+    # of sqrt(x) at x = 0 took 0 from it and met sqrt's infinite slope,
+    # 0 * inf = NaN (0 without the block); rr's second block, reached by
+    # reverse over reverse, likewise
+    m = dsl.loads("def r(x):\n    return where(x > 0, x, 0.0)\ngrad(d):\n"
+                  "    return where(x > 0, d, 0.0)\ndef f(x):\n    return sum(r(sqrt(x)))\n"
+                  "def rr(x):\n    return where(x > 0, x * x, 0.0)\ngrad(d):\n"
+                  "    return where(x > 0, d * 2.0 * x, 0.0)\ngrad(dd):\n"
+                  "    return x=where(x > 0, dd * 2.0 * d, 0.0), d=where(x > 0, dd * 2.0 * x, 0.0)\n"
+                  "def g(x):\n    return sum(sqrt(rr(x)) * x)\n")
+    np.testing.assert_array_equal(dsl.grad(m.f)(np.array([0.0, 4.0])), [0.0, 0.25])
+    x = np.array([-1.0, 0.0, 4.0])
+    np.testing.assert_array_equal(dsl.grad(dsl.grad(m.g))(x), [0.0, 0.0, 2.0])
+
+
 STD = dsl.loads("from std import softplus, log_sigmoid, logsumexp, relu, leaky_relu, gelu, "
                 "sigmoid\n"
                 "def lse_rows(x):\n    return logsumexp(x, axis=1)\n")
