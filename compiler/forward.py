@@ -268,9 +268,14 @@ def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[
     bwd = materialized(eqn).p["bwd"]
     args = list(inputs) + list(residuals) + [None] * n_out
     tangents, masks = masked_transpose(b, bwd, args, in_tangents, in_masks)
+    masks = [_mask_at(b, m, t) for m, t in zip(masks, bwd.params[len(args) - n_out:])]
     if _makes_calls(bwd):  # (the masks only, from that transpose: its tangents are dead)
-        tangents = _tangent_call(b, eqn, bwd, inputs, residuals, in_tangents)
-    return tangents, [_mask_at(b, m, t) for m, t in zip(masks, bwd.params[len(args) - n_out:])]
+        # a call of its own, which transposes the block with no masks:
+        # its tangents re-selected by them (an input's where-mask too)
+        tangents = [t if t is None or m is None else b.bind("where", m, t, ops.lit(b, 0, t))
+                    for t, m in zip(_tangent_call(b, eqn, bwd, inputs, residuals, in_tangents),
+                                    masks)]
+    return tangents, masks
 
 
 def _mask_at(b: Builder, mask: Optional[Var], v: Var) -> Optional[Var]:
@@ -368,5 +373,5 @@ def _primitive_jvp(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]
         in_cts = [ops.unbroadcast(scratch, c, a.type.shape) if c is not None else None
                   for c, a in zip(in_cts, eqn.inputs)]
     seeds = [t if need else None for t, need in zip(in_tangents, needs)]
-    out_cts = transpose_eqns(b, scratch.eqns, set(cts), in_cts, seeds)
+    out_cts = transpose_eqns(b, scratch.eqns, set(cts), in_cts, seeds, masking=False)
     return [out_cts.of(c) for c in cts]

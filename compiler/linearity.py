@@ -234,11 +234,14 @@ def masked_transpose(b: Builder, fn: Function, args: Sequence[Optional[Atom]],
 
 def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                    outputs: Sequence[Atom], seeds: Sequence[Optional[Atom]],
-                   seed_masks: Sequence[Optional[Var]] = ()) -> Cotangents:
+                   seed_masks: Sequence[Optional[Var]] = (), masking: bool = True
+                   ) -> Cotangents:
     """The transpose of straight-line `eqns` (no calls), linear in the
     values `linear`: the cotangent of each linear value reached from the
     seeded outputs (`.of(v)`), and its where-mask (`.mask(v)`: None for
     none), each seed having the mask `seed_masks` gives it, if any.
+    Without `masking`, no cotangent is re-selected by a mask (one op's VJP
+    rule, whose forward mode keeps its masks itself: `forward.py`).
     Equations free of `linear` are emitted into `b` first.
     A bool computed from linear values (reverse mode's mask of where a
     cotangent is nonzero) cannot be computed here: `where(mask, v, 0)` is
@@ -301,7 +304,9 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
                 # does: the transpose of where(x > 0, d / sqrt(x), 0) takes
                 # where(x > 0, t, 0) through the quotient, 0 / sqrt(x) = NaN
                 # at x <= 0 where the block (and reverse mode) gives 0
-                c, mask = select_by_mask(b, eqn, index, c, out_mask)
+                mask = None
+                if masking:
+                    c, mask = select_by_mask(b, eqn, index, c, out_mask)
                 if op.kind == "elementwise":
                     c = ops.unbroadcast(b, c, a.type.shape)
                 cts.accumulate(a, c, mask)

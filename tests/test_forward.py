@@ -526,6 +526,15 @@ def test_a_calls_tangent_keeps_the_where_mask_of_its_block():
     x, t = np.array([-1.0, 0.0, 4.0]), np.array([1.0, 2.0, 3.0])
     for f in (m.f, m.f2):
         np.testing.assert_array_equal(dsl.jvp(f, (x,), (t,))[1], [0.0, 0.0, 0.75])
+    # and an input's where-mask through a block with a block after it (s2,
+    # sqrt's own: d * 0.5 / sqrt(x) at 0 is 0 * inf), as through s, one block
+    m = dsl.loads("def s(x):\n    return sqrt(x)\ngrad(d):\n    return d * 0.5 / sqrt(x)\n"
+                  "def s2(x):\n    return sqrt(x)\ngrad(d):\n    return d * 0.5 / sqrt(x)\n"
+                  "grad(dd):\n    return x=dd * d * -0.25 / (x * sqrt(x)), d=dd * 0.5 / sqrt(x)\n"
+                  "def g(x):\n    return s(where(x > 0, x, 0.0))\n"
+                  "def g2(x):\n    return s2(where(x > 0, x, 0.0))\n")
+    for f in (m.g, m.g2):
+        np.testing.assert_array_equal(dsl.jvp(f, (x,), (t,))[1], [0.0, 0.0, 0.75])
 
 
 IN_LANGUAGE = """
