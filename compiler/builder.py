@@ -81,12 +81,10 @@ def _check_addressable(t: TensorType, span: Span | None) -> None:
     may be, is checked here too: the program is compiled for that value as
     for a `const` argument's.)  So is one of more axes than NumPy's arrays
     have (`reshape(x, (1,) * 100 + x.shape)`: NumPy's ValueError at run
-    time).  The first is a `SizeOverflowError`, as a driver's refusal of
-    such an array is (an `ArgumentError`, since a size an argument gives,
-    its value's or its shape's, is what is too large where the source's
-    sizes are not: it was a plain `GradError` where the program is compiled
-    for a count's value, `segment_sum(v, ids, 2**62)`, and the driver's
-    `SizeOverflowError` where an argument's shape is a factor)."""
+    time).  The first is a `SizeOverflowError` (an `ArgumentError`), as
+    the driver's refusal of such an array is: such a size almost always
+    comes from an argument, its value (`segment_sum(v, ids, 2**62)`) or
+    its shape, though one written in the source is refused the same way."""
     if len(t.shape) > MAX_RANK:
         raise GradError(f"a value of {len(t.shape)} axes: an array has at most {MAX_RANK} "
                         "(NumPy's limit)", span)

@@ -42,7 +42,7 @@ from gradlang.compiler import ops
 from gradlang.compiler.autodiff import (MOVES_POSITIONS, call_forward, elementwise_mask,
                                        materialized, moved_positions_mask, vjp)
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var
+from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
 from gradlang.compiler.linearity import masked_transpose, transpose, transpose_eqns
 
 

@@ -175,9 +175,12 @@ def _check_indentation(source: str, file: str) -> None:
     for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
         if continued:
             continue
-        line = line.lstrip("\f")  # (a page break: no indentation, as in Python)
-        indent = len(line) - len(line.lstrip(" \t"))
-        if line.strip() and not line.lstrip().startswith("#"):
+        stripped = line.lstrip(" \t\f")
+        lead = line[:len(line) - len(stripped)]
+        # a form feed (a page break) is no indentation, as in Python and to
+        # the lexer, which counts the spaces and tabs
+        indent = len(lead.replace("\f", ""))
+        if line.strip() and not stripped.startswith("#"):
             while len(levels) > 1 and indent < levels[-1]:
                 levels.pop()
             if indent > levels[-1]:
@@ -185,18 +188,15 @@ def _check_indentation(source: str, file: str) -> None:
             if len(levels) > MAX_INDENTATION_LEVELS + 1:
                 raise GradError(f"too many levels of indentation: blocks nest at most "
                                 f"{MAX_INDENTATION_LEVELS} deep, as in Python",
-                                Span(file, number, indent + 1))
-        stripped = line.lstrip(" \t")
+                                Span(file, number, len(lead) + 1))
         if first and stripped and not stripped.startswith("#") and stripped.strip():
             first = False
-            if len(stripped) != len(line):
+            if indent:
                 raise GradError("unexpected indent: top-level code starts in column 1",
                                 Span(file, number, 1))
-        stripped = line.lstrip(" \t")
-        indent = line[: len(line) - len(stripped)]
-        if "\t" in indent and stripped and not stripped.startswith("#"):
+        if "\t" in lead and stripped and not stripped.startswith("#"):
             raise GradError("tabs are not allowed in indentation; use spaces",
-                            Span(file, number, indent.index("\t") + 1))
+                            Span(file, number, lead.index("\t") + 1))
 
 
 def _dedent_line(source: str) -> int:

@@ -205,6 +205,7 @@ def narrowed_scalars(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 # a 32-bit annotation -> the NumPy scalar type JAX narrows to it without x64
 NARROWED_SCALARS = {"f32": np.float64, "i32": np.int64}
 
+
 def refuse_64_bit_annotations(f: Any, args, kwargs, weak: dict[int, Any]) -> None:
     """Without jax_enable_x64 JAX holds no 64-bit array, so an array for a
     parameter of f (a loaded or a gradc-compiled module's function)

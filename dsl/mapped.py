@@ -120,7 +120,7 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[tuple[int, ...], tu
             takes = f"{required} to {len(f.specs)}" if required < len(f.specs) else required
             raise ArgumentError(f"in_axes has {len(in_axes)} entries, but {called(f.name)} takes "
                                 f"{takes} positional argument(s): give one per argument "
-                                "(0 or None), or one for all", f.span)
+                                "(an axis or None), or one for all", f.span)
         axes = list(in_axes) + [None] * (len(f.specs) - len(in_axes))
     else:  # one for all: those that can be mapped and must be passed
         axes = [None if s.const or s.has_default else in_axes for s in f.specs]

@@ -28,7 +28,7 @@ def called(name: str) -> str:
 
 def quoted(err: BaseException) -> str:
     """The message of another library's error `err` as part of one of
-    ours: its lines joined with "; " and without a final period.  (JAX's
+    ours: its lines joined with "; ", each without its final period.  (JAX's
     error for a tracer read as an array is three lines, whose breaks the
     message showed as U+FFFD.)"""
     lines = [line.strip() for line in str(err).splitlines()]

@@ -371,6 +371,14 @@ def test_a_form_feed_is_whitespace_as_in_python(source):
     assert dsl.loads(source).f(1.5) == 3.0
 
 
+def test_a_tab_after_a_form_feed_is_still_indentation_by_tab():
+    # the indentation check skipped only form feeds that start the line,
+    # then stopped at one: " \f\t" loaded, the lexer counting the tab as 8
+    with pytest.raises(dsl.GradError, match="tabs are not allowed") as info:
+        dsl.loads("def f(x):\n \f\treturn x\n")
+    assert (info.value.line, info.value.col) == (2, 3)
+
+
 @pytest.mark.parametrize("source,col,char", [
     ("def f(x):\n    return x * \u0663\n", 16, "\u0663"),            # Arabic-Indic 3
     ("def f(x):\n    return x[\uff11]\n", 14, "\uff11"),             # fullwidth 1

@@ -499,7 +499,6 @@ def test_the_branch_not_taken_contributes_no_nan_to_the_tangent():
     np.testing.assert_array_equal(ty, [2.0, 2.0, 0.25])
 
 
-
 def test_a_nan_safe_block_stays_nan_safe_transposed():
     # the block selects away 0.5 / sqrt(x) at x <= 0 after a loop applying
     # it: the transpose takes where(x > 0, t, 0) through the loop, whose
