@@ -69,7 +69,9 @@ class Module:
         self._ast, self._namespace, self._host_results = module, namespace, host_results
         specs = [ParamSpec(d.name, d.type.dtype, d.type.dims, False, False)
                  for d in namespace.params.values()]
-        self.params = ParamStore(specs, module.file)
+        places = {d.name: (d.span, module.source if d.span.file == module.file else None)
+                  for d in namespace.params.values()}
+        self.params = ParamStore(specs, module.file, places)
         self._functions = {name: GradFn(self, namespace, fdef, host_results)
                            for name, (fdef, _) in namespace.functions.items()}
         # Instance attributes, found with no failed lookup before

@@ -2,8 +2,9 @@
 
 Contract: a `ParamStore` is a mapping from declared param names to arrays.
 Setting a value converts it to the declared dtype and checks its rank and
-fixed dimensions (raising `ArgumentError`); setting an undeclared name is
-an error; reading an unset param through `require` is an `ArgumentError`
+fixed dimensions (raising `ArgumentError`, at the param's declaration
+where the store was given its place); setting an undeclared name is an
+error; reading an unset param through `require` is an `ArgumentError`
 naming it and saying how to set it.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from gradlang.runtime.args import (ParamSpec, cast, check_shape, convert, foreign_array,
                                   is_foreign_array, plain)
-from gradlang.runtime.errors import ArgumentError, Span
+from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 
 class ParamError(ArgumentError, KeyError):
@@ -28,10 +29,15 @@ class ParamError(ArgumentError, KeyError):
 
 
 class ParamStore(MutableMapping):
-    def __init__(self, specs: Sequence[ParamSpec], module_name: str = "module"):
+    def __init__(self, specs: Sequence[ParamSpec], module_name: str = "module",
+                 places: Optional[dict[str, tuple[Span, Optional[str]]]] = None):
+        """`places`: each param's declaration and the text of its file, at
+        which a value refused by `m.params[name] = value` is reported (a
+        gradc-compiled module has no source: its errors name the param)."""
         self._specs = {s.name: s for s in specs}
         self._values: dict[str, np.ndarray] = {}
         self._module = module_name
+        self._places = places or {}
 
     def spec(self, name: str) -> ParamSpec:
         return self._specs[name]
@@ -46,7 +52,11 @@ class ParamStore(MutableMapping):
         return self._specs[name]
 
     def __setitem__(self, name: str, value) -> None:
-        self._values[name] = self.validate(name, value)
+        span, source = self._places.get(name, (None, None))
+        try:
+            self._values[name] = self.validate(name, value, span)
+        except GradError as err:
+            raise err.with_source(source) if source is not None else err
 
     def validate(self, name: str, value, span: Optional[Span] = None) -> np.ndarray:
         """`value` as a value of param `name` (converted to its declared

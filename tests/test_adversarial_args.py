@@ -531,8 +531,9 @@ def test_any_pair_of_arguments_is_computed_with_or_refused(x, y, keyword):
     ("n", [1, 2], r"param 'n' has rank 1 \(shape \[2\]\)"),
 ])
 def test_a_bad_param_value_is_named_as_the_param(name, value, message):
-    """It was named "argument 'w' of param w()"."""
-    with pytest.raises(dsl.ArgumentError, match=f"^error: {message}"):
+    """It was named "argument 'w' of param w()"; it is at the param's
+    declaration (`test_errors.py`)."""
+    with pytest.raises(dsl.ArgumentError, match=rf"^<string>:\d+:1: error: {message}"):
         M.params[name] = value
 
 

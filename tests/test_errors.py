@@ -440,3 +440,21 @@ def test_a_python_function_given_to_a_transform_says_it_is_not_traced():
             transform(lambda x: m.f(x) * 2.0)
     with pytest.raises(TypeError, match=r"got int$"):
         dsl.grad(3)
+
+
+def test_a_param_value_refused_is_reported_at_the_params_declaration():
+    """`m.params[name] = value` that the param cannot take (a rank, a
+    dtype's range) raised an ArgumentError with no place at all (`error:
+    param 'b' has rank 2 ...`), where every other refused input points at
+    the source: it is now at the `param` line, with the caret."""
+    m = dsl.loads("def f(x):\n    return x * w + sum(b)\nparam w: f32\nparam b: f64[2]\n",
+                  "bad.grad")
+    with pytest.raises(dsl.ArgumentError) as info:
+        m.params["b"] = np.ones((2, 1))
+    assert_at(info.value, 4, 1, "param 'b' has rank 2")
+    with pytest.raises(dsl.ArgumentError) as info:
+        m.params["w"] = 1e39
+    assert_at(info.value, 3, 1, "param 'w' is out of range for f32")
+    m.params.update(w=0.5, b=[1.0, 2.0])  # values it takes are still set
+    assert m.params["w"].dtype == np.float32 and m.params["w"] == 0.5
+    np.testing.assert_array_equal(m.params["b"], [1.0, 2.0])
