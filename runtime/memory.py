@@ -2,8 +2,13 @@
 
 Contract: `pooled(shape, dtype)` returns a writeable, C-contiguous array
 like `np.empty(shape, dtype)`.  One of at least `POOL_MIN` bytes is carved
-from a block of exactly its size that an earlier such array used and no
-array uses now, when the pool holds one.  Why: the C library maps a large
+from the start of a block of its size class (`block_bytes`: its size
+rounded up to an eighth of the power of two below it, at most 12.5% more)
+that an earlier such array used and no array uses now, when the pool holds
+one.  Why classes, not exact sizes: a loop whose sizes vary from call to
+call (a batch of sequences of the length each batch has) freed blocks no
+later call asked for, so the pool filled to its limit (512 MiB) with
+blocks never taken again, and took none.  Why: the C library maps a large
 allocation afresh each time (above 32 MiB always, and from 128 KiB often
 enough: its heap is trimmed back as arrays are freed), so each call's
 results cost a page fault and a zeroed page per 4 KiB, first touched by
@@ -212,6 +217,14 @@ def _give_back(block: np.ndarray) -> None:
     HOST.give_back(block, block.nbytes)
 
 
+def block_bytes(nbytes: int) -> int:
+    """The bytes of the block an array of `nbytes` (at least `POOL_MIN`) is
+    carved from: `nbytes` rounded up to a multiple of an eighth of the
+    largest power of two below it (and of a page)."""
+    step = 1 << max((nbytes - 1).bit_length() - 4, 12)
+    return -(-nbytes // step) * step
+
+
 def pooled(shape, dtype) -> np.ndarray:
     """An uninitialized array of `shape` and `dtype`, from the pool when large
     (and of a dtype without fields, a subarray or objects)."""
@@ -227,9 +240,10 @@ def pooled(shape, dtype) -> np.ndarray:
     if nbytes < POOL_MIN or dtype.fields is not None or dtype.subdtype is not None \
             or dtype.hasobject:
         return np.empty(shape, dtype)
-    block = HOST.take(nbytes)
+    size = block_bytes(nbytes)
+    block = HOST.take(size)
     if block is None:
-        block = np.empty(nbytes, np.uint8)
+        block = np.empty(size, np.uint8)  # (pages past nbytes are never touched)
     return np.asarray(Lease(block, shape, dtype))
 
 

@@ -279,13 +279,14 @@ def test_a_size_no_longer_asked_for_makes_room(monkeypatch):
     """Blocks of sizes freed long ago give way to the size a loop frees now
     (an epoch's short last batch, then the next epoch's full ones): a full
     pool of stale sizes would otherwise refuse every block from then on."""
-    monkeypatch.setenv("GRADC_POOL_BYTES", str(2 * memory.POOL_MIN + 64))
-    older, newer = (memory.pooled(memory.POOL_MIN + k, np.uint8) for k in (0, 8))
+    step = memory.POOL_MIN // 8  # three sizes of three size classes
+    old, new, size = memory.POOL_MIN, memory.POOL_MIN + 1, memory.POOL_MIN + step + 1
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(2 * memory.POOL_MIN + 3 * step + 64))
+    older, newer = (memory.pooled(n, np.uint8) for n in (old, new))
     del older, newer  # in this order: the pool is full of these two sizes
-    size = memory.POOL_MIN + 16
     memory.pooled(size, np.uint8)  # dropped: kept, the oldest size evicted
-    assert memory.POOL_MIN not in memory.HOST._free and len(memory.HOST._free[size]) == 1
-    assert kept_bytes() == 2 * memory.POOL_MIN + 24 == memory.release()
+    assert old not in memory.HOST._free and len(memory.HOST._free[old + 2 * step]) == 1
+    assert kept_bytes() == 2 * memory.POOL_MIN + 3 * step == memory.release()
     monkeypatch.setenv("GRADC_POOL_BYTES", str(memory.POOL_MIN - 1))
     memory.pooled(memory.POOL_MIN, np.uint8)  # larger than the whole pool: dropped
     assert kept_bytes() == 0
@@ -723,3 +724,27 @@ def test_a_block_queued_while_another_thread_held_the_lock_is_taken_and_released
     pool._queued.append((_Block(), 32))
     assert pool.release() == 8 + 24 + 32
     assert not pool._free and not pool._queued and pool._free_bytes == 0
+
+
+def test_sizes_that_vary_from_call_to_call_reuse_blocks_of_their_class(monkeypatch):
+    """Blocks were of exactly the bytes asked for: a loop whose batch sizes
+    vary (sequences of each batch's length) freed blocks no later call
+    took, and the pool filled to its limit (512 MiB beside a model of a
+    few MiB) while taking none.  A block now serves any size of its class,
+    at most an eighth larger."""
+    monkeypatch.setenv("GRADC_POOL_BYTES", str(64 * memory.POOL_MIN))
+    memory.release()
+    first = memory.pooled(LARGE + 4000, np.float64)
+    at = address(first)
+    del first
+    kept = set()
+    for n in range(LARGE + 8, LARGE + 200, 3):  # 64 sizes, every one new
+        a = memory.pooled(n, np.float64)
+        a[...] = n  # the whole array is writeable memory of its own
+        assert a.shape == (n,) and (a == n).all()
+        kept.add(address(a))
+        del a
+    assert kept == {at} and kept_bytes() == memory.POOL_MIN * 9 // 8 == memory.release()
+    for n in (memory.POOL_MIN, memory.POOL_MIN + 1, 3 << 20, (3 << 20) + 5, 10**9 + 7):
+        got = memory.block_bytes(n)
+        assert n <= got <= n + max(n // 8, 4096) and got % 4096 == 0
