@@ -380,7 +380,7 @@ class MappedJacobian(AsFunction):
 
     def __init__(self, jacobian: "Jacobian | MappedJacobian", mapped: tuple[int, ...],
                  axes: Optional[tuple[int, ...]] = None, out_axes: OutAxes = 0):
-        if out_axes != 0:
+        if any(out_axes) if isinstance(out_axes, tuple) else out_axes:  # ((0,): as 0)
             raise ArgumentError(f"vmap of {jacobian.name} takes out_axes=0 only (its Jacobians' "
                                 f"first axis is the examples'; np.moveaxis moves it), got "
                                 f"{out_axes!r}", jacobian.f.span)
