@@ -101,8 +101,10 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
         return ("sin(x) cos(x), x ** y, tanh(x) and the exact gelu(x): value + gradient",
                 workloads.sincos_pow_cases([10**6], [np.float32, np.float64]))
     if name == "call":
-        return ("per call: log1pexp value + gradient at n = 16",
-                workloads.log1pexp_cases([16], [np.float64]))
+        return ("per call: log1pexp value + gradient at n = 16, and a loss's value and "
+                "gradient for the module params it reads",
+                workloads.log1pexp_cases([16], [np.float64])
+                + workloads.params_call_cases(8, 4, 3))
     if name == "out":
         return ("log1pexp value + gradient in a loop: into reused buffers (out=) or fresh",
                 workloads.out_cases([2 * 10**5, 10**7], [np.float64, np.float32]))

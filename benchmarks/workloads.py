@@ -225,6 +225,57 @@ def log1pexp_cases(sizes, dtypes, seed: int = 0) -> list[Case]:
     return cases
 
 
+PARAMS = """
+param w: f64[n, k]
+param b: f64[k]
+
+def loss(x, y):
+    r = x @ w + b - y
+    return sum(r * r)
+
+def loss_of(x, y, weight, bias):
+    r = x @ weight + bias - y
+    return sum(r * r)
+"""
+
+
+def params_call_cases(batch: int, n: int, k: int, seed: int = 0) -> list[Case]:
+    """A least-squares loss reading its weights as module params: value and
+    gradient for them per call, at a training step's small size ("dsl");
+    beside the same loss taking them as arguments ("dsl, as arguments")."""
+    rng = np.random.default_rng(seed)
+    m = dsl.loads(PARAMS, "params.grad")
+    x, y = rng.normal(size=(batch, n)), rng.normal(size=(batch, k))
+    w, b = rng.normal(size=(n, k)), rng.normal(size=k)
+    m.params["w"], m.params["b"] = w, b
+    by_params = dsl.value_and_grad(m.loss, wrt=("w", "b"))
+    by_arguments = dsl.value_and_grad(m.loss_of, wrt=(2, 3))
+
+    def numpy_loss(x, y, w, b):
+        r = x @ w + b - y
+        return np.sum(r * r), (2 * x.T @ r, 2 * r.sum(axis=0))
+    impls = {"numpy": lambda: numpy_loss(x, y, w, b), "dsl": lambda: by_params(x, y),
+             "dsl, as arguments": lambda: by_arguments(x, y, w, b)}
+    if jax_modules():
+        jax, jnp = jax_modules()
+        grad = jax.jit(jax.value_and_grad(lambda w, b, x, y: jnp.sum((x @ w + b - y) ** 2),
+                                          argnums=(0, 1)))
+        impls["jax"] = jax_call(grad, w, b, x, y)
+    if torch_module():
+        torch = torch_module()
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        tw, tb = (torch.from_numpy(a.copy()).requires_grad_() for a in (w, b))
+
+        def torch_loss():
+            value = ((tx @ tw + tb - ty) ** 2).sum()
+            gw, gb = torch.autograd.grad(value, (tw, tb))
+            return value.detach().numpy(), (gw.numpy(), gb.numpy())
+        impls["torch"] = torch_loss
+    value, grads = numpy_loss(x, y, w, b)
+    return [Case(f"params w, b of a least-squares loss, value and gradient, float64 "
+                 f"{batch}x{n} @ {n}x{k}", impls, (np.asarray(value), *grads))]
+
+
 def numpy_log1pexp_into(x, value, grad):
     """numpy_log1pexp writing into the caller's buffers (no temporaries)."""
     np.exp(x, out=grad)

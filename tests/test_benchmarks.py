@@ -18,6 +18,7 @@ import workloads  # noqa: E402
 # torch and compiles kernels: at collection, every worker paid for all)
 WORKLOADS = {
     "log1pexp": lambda: workloads.log1pexp_cases([7], [np.float32, np.float64]),
+    "params": lambda: workloads.params_call_cases(5, 3, 2),
     "r1": lambda: workloads.r1_cases([9]),
     "per_example": lambda: workloads.per_example_cases(7, 3),
     "dense": lambda: workloads.dense_cases(6, 4, 3),
