@@ -164,10 +164,14 @@ class FastPath:
     the floats' places alone (`plain_call_key`: binding gives a float the dtype
     the call's arrays decide, f32 or f64, and the entry converts it so,
     `taking_floats`), as long as the slow path took the arrays as they are:
-    binding added nothing (no module params) and converted nothing, the
+    binding added nothing but module params and converted nothing, the
     target runs them where they are (not a device target given host
     arrays) and hands its results to the caller as they are, and the
     function has no static (const) arguments, whose values pick programs.
+    The module params are read anew at each call (`taking_params`: a
+    training step sets them between calls), and one whose dtype, shape or
+    strides are not the remembered call's sends the call down the slow
+    path, which binds and checks it.
     `remember` keeps such a call's program (its driver for C-contiguous
     arguments when they are), fused with the callable's arrangement of its
     results (`arranged`), in `entries` under that key, and in `programs`
@@ -196,14 +200,22 @@ class FastPath:
 
     def remember(self, args: Sequence[Any], bound: dict[str, Any], program: Program,
                  layout: Any, known: bool = False,
-                 slow: Optional[Callable] = None) -> None:
+                 slow: Optional[Callable] = None,
+                 params: Callable[[], dict[str, Any]] = dict) -> None:
         """Keep `program` for calls like this one: plain calls of `args`,
         or with `known` calls bound once whose values `args` are.  `slow`:
         the slow path of a plain call of positional arguments, which an
-        entry taking floats leaves a float its dtype cannot hold to."""
+        entry taking floats or params leaves a value it cannot take to;
+        `params()`: the module params' values now, by name, which a plain
+        call's binding appends to `args` (`taking_params`)."""
         key = fast_key(args) if known else plain_call_key(args)
-        if key is None or len(bound) != len(args):
+        extra = list(bound)[len(args):]
+        if key is None or (extra and (known or slow is None)):
             return
+        current = params() if extra else {}
+        if any(current.get(name) is not bound[name] or type(bound[name]) is not np.ndarray
+               for name in extra):
+            return  # (a defaulted argument, or a param binding converted)
         floats: dict[int, np.dtype] = {}  # place of a Python float -> the dtype bound
         for k, (b, a) in enumerate(zip(bound.values(), args)):
             if b is a:
@@ -225,10 +237,13 @@ class FastPath:
         which = (id(program), contiguous)
         if which not in self._arranged:
             self._arranged[which] = (program, arranged(run, layout))
-        if floats:  # (not for out=: `call_into` keys arrays alone)
-            self.entries[key] = taking_floats(self._arranged[which][1], floats, slow)
+        entry = self._arranged[which][1]
+        if extra:
+            entry = taking_params(entry, {name: bound[name] for name in extra}, params, slow)
+        if floats or extra:  # (not for out=: `call_into` keys arrays alone)
+            self.entries[key] = taking_floats(entry, floats, slow) if floats else entry
             return
-        self.entries[key] = self._arranged[which][1]
+        self.entries[key] = entry
         self.programs[key] = (program, run, tuple(bound), result_shapes(program, bound))
 
 
@@ -293,6 +308,26 @@ def taking_floats(entry: Callable, floats: dict[int, np.dtype], slow: Callable) 
                 return slow(*args)
             values[k] = np.array(value, dtype)
         return entry(*values)
+    return taking
+
+
+def taking_params(entry: Callable, like: dict[str, np.ndarray],
+                  params: Callable[[], dict[str, Any]], slow: Callable) -> Callable:
+    """`entry`, for calls whose binding appends the module params `like`
+    names (in order) to the positional arguments: their values now, when
+    each is an ndarray of the dtype, shape and strides of its value in
+    `like`; else the call goes to `slow` (a param set to another shape, or
+    unset, is bound and refused there)."""
+    names = tuple(like)
+    kinds = tuple((a.dtype, a.shape, a.strides) for a in like.values())
+
+    def taking(*args):
+        now = params()
+        values = [now.get(name) for name in names]
+        for value, kind in zip(values, kinds):
+            if type(value) is not np.ndarray or (value.dtype, value.shape, value.strides) != kind:
+                return slow(*args)
+        return entry(*args, *values)
     return taking
 
 
@@ -596,7 +631,7 @@ class Compiled:
         if args and not self.host_results and not self.static_names(on_target):
             layout = self.format(tuple(range(len(program.out_types))))
             self._fast.remember(args, on_target, program, layout, known,
-                                lambda *a: self.call_slow(a, {}))
+                                lambda *a: self.call_slow(a, {}), params=self.module_params)
         if out is not None:
             return self.out_spec(program).run_into(program.run, on_target, out,
                                                    result_shapes(program, on_target))

@@ -104,6 +104,39 @@ def test_param_value_and_shape_change_between_calls():
         np.testing.assert_allclose(dsl.grad(M.weighted)(x), np.full(2, w.sum()))
 
 
+def test_calls_reading_params_take_the_fast_path_and_read_them_anew():
+    # catches: a call reading module params never remembered (binding adds
+    # them: every call bound and checked again, several times a small
+    # program's run); once remembered, an entry that kept the params of
+    # the call it remembered (a training step's new weights unread), or ran
+    # a param of another layout or shape as the remembered one's
+    m = dsl.loads("param w: f64[n, k]\nparam b: f64[k]\n"
+                  "def affine(x):\n    return x @ w + b\n")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 4))
+    f = m.affine
+    runs = []
+    for step in range(4):
+        if step == 1:  # rebound to a new array
+            m.params["w"], m.params["b"] = rng.normal(size=(4, 2)), rng.normal(size=2)
+        elif step == 2:  # changed in place
+            m.params["b"] += 1.0
+        elif step == 3:  # another layout: the slow path, the same values
+            m.params["w"] = np.asfortranarray(m.params["w"])
+        if step == 0:
+            m.params["w"], m.params["b"] = rng.normal(size=(4, 2)), np.zeros(2)
+        for _ in range(2):
+            np.testing.assert_allclose(f(x), x @ m.params["w"] + m.params["b"], rtol=1e-14)
+        runs.append(len(f._fast.entries))
+    assert runs[0] == 1  # the second call of the first step took the fast path
+    m.params["w"] = np.ones((5, 2))  # another shape: refused, as by the slow path
+    with pytest.raises(dsl.GradError, match="do not match"):
+        f(x)
+    del m.params["b"]
+    with pytest.raises(dsl.ArgumentError, match="reads param 'b', which is not set"):
+        f(x)
+
+
 def test_a_bridges_bound_call_leaves_plain_calls_as_they_were():
     # gradlang::call runs a call bound once (module params included) by
     # its values (`call_known`): remembered as a plain call of as many
