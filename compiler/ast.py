@@ -33,7 +33,6 @@ class Num:
         return isinstance(self.value, float)
 
 
-
 def written_int(e) -> "int | None":
     """The integer `e` writes (`3`, `-1`), else None."""
     negated = isinstance(e, UnaryOp) and e.op == "-"

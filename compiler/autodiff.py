@@ -248,9 +248,7 @@ def _masked_by_block(b: Builder, eqns: Sequence[Eqn], cts: Sequence[Atom],
         if mask is not None:
             masks[e.out] = mask
     found = [masks.get(r) if isinstance(r, Var) else None for r in results]
-    selected = [r if m is None else b.bind("where", m, r, ops.lit(b, 0, r))
-                for r, m in zip(results, found)]
-    return selected, found
+    return [zero_outside(b, m, r) for r, m in zip(results, found)], found
 
 
 def elementwise_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],
@@ -313,6 +311,12 @@ def moved_positions_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[At
             weights.append(b.bind("cast", mask, dtype=a.type.dtype))
     (moved,) = b.bind_multi(eqn.op, *weights, **dict(eqn.params))
     return b.bind("gt", moved, ops.lit(b, 0, moved))
+
+
+def zero_outside(b: Builder, mask: Optional[Var], v: Optional[Atom]) -> Optional[Atom]:
+    """v where `mask` holds and exactly 0 elsewhere, NaN or inf included
+    (v itself where there is no mask, or no v)."""
+    return v if mask is None or v is None else b.bind("where", mask, v, ops.lit(b, 0, v))
 
 
 def _both(b: Builder, first: Optional[Var], second: Optional[Var]) -> Optional[Var]:
@@ -694,7 +698,7 @@ def select_by_mask(b: Builder, eqn: Eqn, index: int, ct: Atom,
     op, inputs = ops.OPS[eqn.op], eqn.inputs
     a = inputs[index]
     if op.masking == "select" and out_mask is not None and _fits(out_mask, ct):
-        ct = b.bind("where", out_mask, ct, ops.lit(b, 0, ct))
+        ct = zero_outside(b, out_mask, ct)
     mask = out_mask if out_mask is not None and _fits(out_mask, ct) else None
     cond = inputs[0]
     if op.masking == "branches" and index > 0 and _fits(cond, ct):

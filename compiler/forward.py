@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 from gradlang.compiler import ops
 from gradlang.compiler.autodiff import (MOVES_POSITIONS, call_forward, elementwise_mask,
-                                       materialized, moved_positions_mask, vjp)
+                                       materialized, moved_positions_mask, vjp, zero_outside)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, TensorType, Var
 from gradlang.compiler.linearity import masked_transpose, transpose, transpose_eqns
@@ -134,9 +134,7 @@ def _within(mask: Optional[Var], m: Var, made: dict[Var, Eqn]) -> bool:
 
 def _select(b: Builder, op: ops.Op, mask: Var, t: Optional[Atom]) -> Optional[Atom]:
     """A tangent re-selected by its mask (`where`'s rule already selects)."""
-    if t is None or op.masking != "select":
-        return t
-    return b.bind("where", mask, t, ops.lit(b, 0, t))
+    return zero_outside(b, mask, t) if op.masking == "select" else t
 
 
 def _loop_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom],
@@ -272,9 +270,8 @@ def _call_jvp(b: Builder, eqn: Eqn, inputs: Sequence[Atom], residuals: Sequence[
     if _makes_calls(bwd):  # (the masks only, from that transpose: its tangents are dead)
         # a call of its own, which transposes the block with no masks:
         # its tangents re-selected by them (an input's where-mask too)
-        tangents = [t if t is None or m is None else b.bind("where", m, t, ops.lit(b, 0, t))
-                    for t, m in zip(_tangent_call(b, eqn, bwd, inputs, residuals, in_tangents),
-                                    masks)]
+        tangents = [zero_outside(b, m, t) for t, m in
+                    zip(_tangent_call(b, eqn, bwd, inputs, residuals, in_tangents), masks)]
     return tangents, masks
 
 

@@ -38,9 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import (Bridged, as_varying, bind_foreign, narrowed_scalars,
-                         refuse_64_bit_annotations, refuse_extended_dtypes, vary_together,
-                         weak_number_dtypes, weak_numbers_as_python)
+from dsl.bridge import (Bridged, as_varying, bind_foreign, numbers_as_bound,
+                         refuse_extended_dtypes, vary_together)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -127,15 +126,8 @@ class AotJax(AotBridged):
             return placeholder(tuple(value.shape), weak.get(id(value), dtype)), value
 
         refuse_extended_dtypes(f, self.__name__, args, kwargs)
-        if jax.config.jax_enable_x64:  # (a Python float under jit: an f64 tracer)
-            args, kwargs = weak_numbers_as_python(f, args, kwargs)
-        else:  # (one JAX holds as f32 or i32, where the signature says f64 or i64)
-            weak.update(weak_number_dtypes(f, args, kwargs))
-            # (a NumPy f64 array for an f64 annotation: it was refused as the f32
-            # JAX makes of it, "dtype f32, but its annotation says f64")
-            refuse_64_bit_annotations(f, args, kwargs, weak)
-            # (a NumPy f64 scalar for an f32 annotation: as jit's f32 tracer of it)
-            args, kwargs = narrowed_scalars(f, args, kwargs)
+        args, kwargs, dtypes = numbers_as_bound(f, args, kwargs)
+        weak.update(dtypes)
         bound, inputs = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         names = tuple(inputs)
         kind, sig = self.kind, f._signature(bound)

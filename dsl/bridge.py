@@ -26,6 +26,8 @@ Python number, and `weak_numbers_as_python` casts them to it (with
 jax_enable_x64; without it the bridges bind them in it);
 `narrowed_scalars` takes a NumPy f64 (i64) scalar for an f32 (i32)
 annotation as its Python number without x64, as `jit` narrows it.
+`numbers_as_bound` does all of that for a JAX call, as the JAX bridges
+bind it.
 """
 from __future__ import annotations
 
@@ -289,6 +291,24 @@ def as_varying(value: Any, axes: tuple) -> Any:
     if pcast is not None:
         return pcast(value, axes, to="varying")
     return jax.lax.pvary(value, axes)
+
+
+def numbers_as_bound(f: Any, args: tuple, kwargs: dict
+                     ) -> tuple[tuple, dict, dict[int, np.dtype]]:
+    """A JAX call's arguments as the JAX bridges bind them, and (without
+    jax_enable_x64) the dtype each weakly typed number among them is bound
+    in, by id: with x64, those numbers cast (`weak_numbers_as_python`);
+    without it, JAX holds no f64 or i64, so such a number is bound in the
+    dtype a Python number is (`weak_number_dtypes`), an array annotated
+    f64 or i64 is refused (`refuse_64_bit_annotations`: a NumPy f64 one was
+    refused as the f32 JAX makes of it), and a NumPy f64 scalar for an f32
+    annotation is taken as `jit`'s f32 tracer of it (`narrowed_scalars`)."""
+    import jax
+    if jax.config.jax_enable_x64:
+        return (*weak_numbers_as_python(f, args, kwargs), {})
+    weak = weak_number_dtypes(f, args, kwargs)
+    refuse_64_bit_annotations(f, args, kwargs, weak)
+    return (*narrowed_scalars(f, args, kwargs), weak)
 
 
 def weak_numbers_as_python(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

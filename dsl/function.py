@@ -50,6 +50,7 @@ from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
 from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
+from gradlang.runtime.params import reads_as_param
 from gradlang.runtime.pullback import OutType, Pullback, output_cotangents
 from gradlang.runtime.recording import THREAD, record, recording_tapes
 from gradlang.runtime.signatures import (DocAttribute, SignatureAttribute, call_signature,
@@ -576,8 +577,7 @@ class Compiled:
     def is_module_param(self, name: str) -> bool:
         """Whether the value bound to `name` is a module param's (one the
         caller passed no argument for), not an argument's."""
-        return name.isidentifier() and any(s.name == name for s in self.param_specs) \
-            and all(s.name != name for s in self.specs)
+        return reads_as_param(name, self.specs, {s.name for s in self.param_specs})
 
     def accepted(self, value: Any, what: str) -> Any:
         """`self.target.accept(value, what)`, its refusal pointing at the

@@ -70,9 +70,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotJax
-from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, narrowed_scalars,
-                         refuse_64_bit_annotations, refuse_extended_dtypes, vary_together,
-                         weak_number_dtypes, weak_numbers_as_python, widened_halves)
+from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, numbers_as_bound,
+                         refuse_extended_dtypes, vary_together, widened_halves)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -124,14 +123,8 @@ class JaxFunction(Bridged):
             f, args, kwargs,
             lambda v: isinstance(v, jax.Array) and v.dtype in (jnp.float16, jnp.bfloat16),
             lambda v: v.astype(jnp.float32))
-        if not jax.config.jax_enable_x64:
-            # (a weak number JAX holds as f32 or i32 is bound in the dtype a
-            # Python number is, f64 or i64 too, as the eager call binds it)
-            weak.update(weak_number_dtypes(f, args, kwargs))
-            refuse_64_bit_annotations(f, args, kwargs, weak)
-            args, kwargs = narrowed_scalars(f, args, kwargs)
-        else:
-            args, kwargs = weak_numbers_as_python(f, args, kwargs)
+        args, kwargs, dtypes = numbers_as_bound(f, args, kwargs)
+        weak.update(dtypes)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)
         return f.format(apply(f, bound, by_name))
 

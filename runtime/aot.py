@@ -51,7 +51,7 @@ from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.loader import load_kernel_files, make_driver, read_regular_file
-from gradlang.runtime.params import ParamStore, guard_params
+from gradlang.runtime.params import ParamStore, guard_params, reads_as_param
 from gradlang.runtime.pullback import OutType, Pullback
 from gradlang.runtime.recording import TapeError, record, recording_tapes
 from gradlang.runtime.signatures import SignatureAttribute, call_signature
@@ -345,7 +345,7 @@ class AotFunction:
         param as the param the function reads (the caller passed no such
         argument: a device array of the wrong layout set as one was said
         to be "argument 'w'"), else as the argument."""
-        if name in self.reads and all(s.name != name for s in self.specs):
+        if reads_as_param(name, self.specs, self.reads):
             return f"param {name!r} read by {self.name}()"
         return f"argument {name!r} of {self.name}()"
 

@@ -138,6 +138,13 @@ def refuse_rebinding(params: object, name: str, module: str) -> None:
                              f".params[{name!r}] = value")
 
 
+def reads_as_param(name: str, specs: Sequence[ParamSpec], param_names) -> bool:
+    """Whether the value a call binds to `name` is a module param's, the
+    function reading `param_names`, not an argument's (of `specs`): the
+    caller passed no argument of that name, and errors name it a param."""
+    return name in param_names and all(s.name != name for s in specs)
+
+
 def guard_params(namespace: dict) -> None:
     """Make the module whose globals are `namespace` a `ParamsModule`,
     where it is the one `sys.modules` holds under its name (a module
