@@ -48,11 +48,10 @@ import numpy as np
 
 from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
 from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunction, Stacked,
-                          Wrt, derived, derived_if_made, fast_key, jvp_function, resolve_wrt,
-                          result_types, stacked_jvp_function, stacked_vjp_function,
-                          vjp_of_bound)
+                          Wrt, derived, derived_if_made, fast_key, holding_nothing, jvp_function,
+                          resolve_wrt, results_like, stacked_jvp_function,
+                          stacked_vjp_function, vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
-from gradlang.compiler.shapes import NeedsValue
 from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
@@ -549,6 +548,17 @@ class Jacobian(AsFunction):
         per_output = [[self._placed(j) for j in js] for js in per_output]
         return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
 
+    def results_like(self, bound: dict[str, Any]) -> Any:
+        """The Jacobians for f's arguments like `bound`, structured as
+        `call_bound` gives them, as arrays of their shapes and dtypes that
+        hold no memory, from f's IR without running it (what a batch of no
+        examples stacks: `MappedJacobian`)."""
+        self.require_wrt(bound)
+        per_output = [[holding_nothing(out.shape + _basis_shape(bound[n], self.batched),
+                                       _jacobian_dtype(out, bound[n])) for n in self.wrt]
+                      for out in results_like(self.f, bound)]
+        return self.f.format([js[0] if self.single else tuple(js) for js in per_output])
+
     def _placed(self, jacobian: np.ndarray) -> Any:
         """`jacobian`, assembled on the host, where f's own results go: the
         target's arrays (a device's), or NumPy's with `host_results`."""
@@ -574,17 +584,14 @@ class Jacobian(AsFunction):
         """Refuse, before anything runs, a Jacobian larger than the host's
         memory (`jacfwd` of a function of a 10**6-vector has 10**12
         entries): each is assembled there whole."""
-        try:
-            outs = result_types(self.f, bound)
-        except NeedsValue:  # (its program is picked by a value: refused as it runs)
-            return
-        for k, (shape, dtype) in enumerate(outs):
+        outs = results_like(self.f, bound)  # (by value where a size is an argument's)
+        for k, out in enumerate(outs):
             for name in self.wrt:
                 x = bound[name]
                 what = (f"the Jacobian of {'its result' if len(outs) == 1 else f'result {k}'} "
                         f"with respect to {name!r}")  # (user text: a name, repr'd)
-                require_host_room(shape + _basis_shape(x, self.batched),
-                                  _jacobian_dtype(np.empty(0, dtype), x), what, self.f.span)
+                require_host_room(out.shape + _basis_shape(x, self.batched),
+                                  _jacobian_dtype(out, x), what, self.f.span)
 
     def _require_float(self, name: str, x: Any) -> None:
         dtype = np.dtype(x.dtype)
@@ -602,17 +609,18 @@ class Jacobian(AsFunction):
             if not isinstance(x, np.ndarray):  # a device array passed in
                 x = self.f.target.to_host(x)
             batched = self.batched
-            jacobians = _all_columns(self.f, name, bound, x, batched) if x.size else None
+            if not x.size:  # an empty argument (or batch): the outputs give the shapes
+                # (a batch of none has columns all the same: none run)
+                outs = _run(self.f, dict(bound), host=True)
+                per_wrt.append([np.zeros(o.shape + _basis_shape(x, batched),
+                                         _jacobian_dtype(o, x)) for o in outs])
+                continue
+            jacobians = _all_columns(self.f, name, bound, x, batched)
             if jacobians is not None:
                 per_wrt.append(jacobians)
                 continue
             columns = _tangent_columns(x, _column_runner(jvp_function(self.f, [name]), bound),
                                        batched)
-            if not columns:  # an empty argument: the outputs give the shapes
-                outs = _run(self.f, dict(bound), host=True)
-                per_wrt.append([np.zeros(o.shape + _basis_shape(x, batched),
-                                         _jacobian_dtype(o, x)) for o in outs])
-                continue
             per_wrt.append([j.astype(_jacobian_dtype(c, x)) for j, c in
                             zip(_assembled(columns, x, np.stack, batched), columns[0])])
         return [list(js) for js in zip(*per_wrt)]

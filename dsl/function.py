@@ -1143,6 +1143,22 @@ def result_types(f: Compiled, bound: dict[str, Any]) -> tuple[tuple[tuple, np.dt
     return found
 
 
+def holding_nothing(shape: tuple, dtype: Any) -> np.ndarray:
+    """An array of zeros of this shape and dtype that holds no memory (a
+    read-only view of one zero): for its shape and dtype alone, however
+    large."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def results_like(f: Compiled, bound: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    """f's results for arguments like `bound`, as arrays of their shapes
+    and dtypes that hold no memory (`holding_nothing`), from its IR,
+    without running it: what a batch of no examples stacks (compiled by
+    value where a size is an integer argument's, as a call would)."""
+    types = f.retrying_by_value(bound, lambda: result_types(f, bound))
+    return tuple(holding_nothing(shape, dtype) for shape, dtype in types)
+
+
 def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
     """`result_types` as the program a call on `bound` runs
     (`Compiled.program`) gives them: lowered for the call's pattern of

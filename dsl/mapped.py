@@ -32,12 +32,13 @@ from __future__ import annotations
 import inspect
 import numbers
 from dataclasses import replace
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from dsl.forward import Jacobian, refuse_out
-from dsl.function import AsFunction, Compiled, NotStacked, Stacked, derived
+from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, derived, holding_nothing,
+                          results_like)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType, Var
 from gradlang.compiler.vectorize import NotVectorizable
@@ -141,8 +142,7 @@ def no_example(array: Any, axis: int = 0) -> np.ndarray:
     zeros of one example's shape, as a view of one zero that holds no
     memory (np.zeros of that shape made a batch of no examples of shape
     (0, 2**40) an AllocationError of 8 TiB, where f of it is empty)."""
-    return np.broadcast_to(np.zeros((), array.dtype),
-                           array.shape[:axis] + array.shape[axis + 1:])
+    return holding_nothing(array.shape[:axis] + array.shape[axis + 1:], array.dtype)
 
 
 class VmapFunction(Stacked):
@@ -275,8 +275,8 @@ class VmapFunction(Stacked):
         k = fronts[self.stacked[0]].shape[0]
         each = [self.inner.call_bound({n: fronts[n][i] if n in fronts else a
                                        for n, a in bound.items()}) for i in range(k)]
-        # (no example: empty results of the shapes one would have)
-        like = each[0] if each else self.inner.call_bound(example)
+        # (no example: empty results of the shapes one would have, run for none)
+        like = each[0] if each else results_like(self.inner, example)
         return tuple(self._stack([e[j] for e in each], like[j], j, len(like))
                      for j in range(len(like)))
 
@@ -439,10 +439,19 @@ class MappedJacobian(AsFunction):
         each = [self.jacobian.call_bound({n: a[i] if n in stacked else a
                                           for n, a in bound.items()}) for i in range(k)]
         if not each:  # no example: empty Jacobians of the shapes one would have
-            like = self.jacobian.call_bound({n: self.front._example(n, a)
-                                             for n, a in bound.items()})
-            return self._stacked_like([], like)
+            return self._stacked_like([], self.jacobian.results_like(
+                {n: self.front._example(n, a) for n, a in bound.items()}))
         return self._stacked_like(each, each[0])
+
+    def results_like(self, bound: dict[str, Any]) -> Any:
+        """The Jacobians for arguments like `bound` as `Jacobian.results_like`
+        gives them: each example's, the examples' axis first."""
+        bound = {n: self.f.to_front(n, a) if n in self.front.stacked else a
+                 for n, a in bound.items()}
+        k = bound[self.front.stacked[0]].shape[0]
+        like = self.jacobian.results_like({n: self.front._example(n, a)
+                                           for n, a in bound.items()})
+        return _each_leaf(like, lambda a: holding_nothing((k, *a.shape), a.dtype))
 
     def _placed(self, jacobian: np.ndarray) -> Any:
         return self.jacobian._placed(jacobian)
@@ -455,3 +464,10 @@ class MappedJacobian(AsFunction):
             return tuple(self._stacked_like([e[j] for e in each], part)
                          for j, part in enumerate(like))
         return self._placed(self.front.host_stack(each, like))
+
+
+def _each_leaf(tree: Any, change: Callable[[np.ndarray], Any]) -> Any:
+    """Nested tuples of arrays (`tree`) with `change` applied to each."""
+    if isinstance(tree, tuple):
+        return tuple(_each_leaf(part, change) for part in tree)
+    return change(tree)

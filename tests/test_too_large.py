@@ -29,6 +29,9 @@ def pick(x):
 
 def flip(x):
     return transpose(x)[1] * 2.0
+
+def counted(x, n):
+    return x * sum(arange(n) * 1.0)
 """
 M = dsl.loads(SOURCE, file="too_large.grad")
 # 2**20 each: a result of 2**40 f64 (8 TiB), beyond any machine that runs this
@@ -106,6 +109,11 @@ def test_every_transform_names_itself():
         "jacrev(outer): the Jacobian of its result with respect to 'x' would be "
         "f64[1048576, 1, 1048576]":
             lambda: dsl.jacrev(M.outer)(WIDE, np.ones(1)),
+        # (also where an integer argument gives a size: it was not checked, and
+        # the columns were worked out until the machine ran out of memory)
+        "jacrev(counted): the Jacobian of its result with respect to 'x' would be "
+        "f64[1048576, 1048576]":
+            lambda: dsl.jacrev(M.counted)(WIDE, np.int64(3)),
         "jacfwd(grad(total)): the Jacobian of its result with respect to 'x' would be "
         "f64[1000000, 1000000], 7.28 TiB":
             lambda: dsl.hessian(M.total)(np.broadcast_to(1.0, (10 ** 6,))),

@@ -147,6 +147,34 @@ def test_a_batch_of_no_examples_makes_no_example_of_zeros():
     np.testing.assert_array_equal(f(np.arange(6.0).reshape(2, 3)), [[1, 3, 5], [7, 9, 11]])
 
 
+def test_a_batch_of_no_examples_runs_no_example_one_at_a_time():
+    # where f runs one example at a time (n gives a size), a batch of none
+    # ran f once on the zero-stride example for its results' shapes: an
+    # AllocationError of 1 TiB here, where the vmap is empty; now the shapes
+    # come from f's IR, and nothing runs
+    m = dsl.loads("def f(x, n):\n    return x * 2.0, arange(n) * 1.0\n")
+    batch = np.broadcast_to(np.zeros(()), (0, 2**37))
+    doubled, counted = dsl.vmap(m.f)(batch, np.zeros(0, np.int64))
+    assert (doubled.shape, doubled.dtype) == ((0, 2**37), np.float64)
+    assert (counted.shape, counted.dtype) == ((0, 0), np.float64)
+
+
+@pytest.mark.parametrize("jacobian", [dsl.jacrev, dsl.jacfwd])
+def test_a_batch_of_no_examples_assembles_no_jacobian(jacobian):
+    # the per-example Jacobians (n gives a size: they do not stack) of a
+    # batch of none ran one example's Jacobian for their shapes: 8 TiB here
+    m = dsl.loads("def f(x, n):\n    return sum(x) * x + sum(arange(n) * 1.0)\n")
+    batch, ns = np.broadcast_to(np.zeros(()), (0, 2**20)), np.zeros(0, np.int64)
+    got = dsl.vmap(jacobian(m.f))(batch, ns)
+    assert (got.shape, got.dtype) == ((0, 2**20, 2**20), np.float64)
+    got = dsl.vmap(dsl.vmap(jacobian(m.f)))(batch[None].repeat(2, 0), ns[None].repeat(2, 0))
+    assert (got.shape, got.dtype) == ((2, 0, 2**20, 2**20), np.float64)
+    # (and where there are examples: d(sum(x) x_i)/dx_j = x_i + sum(x) [i == j])
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(dsl.vmap(jacobian(m.f))(x, np.array([2, 3])),
+                                  [x[i][:, None] + x[i].sum() * np.eye(3) for i in range(2)])
+
+
 BLOCKS = """
 from std import logsumexp
 
