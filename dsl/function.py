@@ -866,7 +866,7 @@ class OutSpec:
                 got = f"a {got} of {len(value)}"
             where = "out" + "".join(f"[{k}]" for k in path)
             raise ArgumentError(f"out= of {called(self.f.name)} takes arrays in the structure of "
-                                f"its result, {_describe(self.layout)}; {where} is {got}",
+                                f"its result, {describe_layout(self.layout)}; {where} is {got}",
                                 self.f.span)
 
     def _where(self, index: int, item: Any = None, path: str = "out") -> str:
@@ -895,11 +895,11 @@ def result_shapes(program: Program, bound: dict[str, np.ndarray]) -> tuple:
     return tuple(tuple(evaluate(d, sizes) for d in r.shape) for r in program.out_types)
 
 
-def _describe(layout: Any) -> str:
+def describe_layout(layout: Any) -> str:
     """A result structure as the caller sees it: "(array, (array, array))"."""
     if isinstance(layout, int):
         return "array"
-    parts = [_describe(i) for i in layout]
+    parts = [describe_layout(i) for i in layout]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 

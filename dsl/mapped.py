@@ -9,7 +9,8 @@ arguments and module params are not mapped.  Every mapped argument must
 have the same length k on its axis, and each example (`arg[i]` along
 it) must be what f takes (its annotations are checked on the examples).
 The results are f's, each with an axis of size k at `out_axes` (one for
-all, or one per result; 0 by default): result[i] along it is f on
+all, or one per result nested as the results are, an integer standing
+for each result of its part; 0 by default): result[i] along it is f on
 example i.  f's reductions stay per example (`sum(x)` of a mapped x is k
 sums).  The program moves the examples' axes to the front and back
 (transposes), so that its transforms see the caller's layout.
@@ -37,8 +38,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from dsl.forward import Jacobian, refuse_out
-from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, derived, holding_nothing,
-                          results_like)
+from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, derived, describe_layout,
+                          holding_nothing, results_like)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType, Var
 from gradlang.compiler.vectorize import NotVectorizable
@@ -88,23 +89,57 @@ def _is_axis(axis: Any) -> bool:
 
 def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
     """out_axes (checked): one integer for every result, or a tuple of one
-    per result (whose count a call checks), nested as the results are
-    (`value_and_grad(f, wrt=(0, 1))`'s `(0, (1, 0))`: flattened, in order)."""
+    per result, nested as the results are (`value_and_grad(f, wrt=(0,
+    1))`'s `(0, (1, 0))`), where an integer stands for every result in its
+    part (as JAX's tree prefixes); its nesting a call checks
+    (`_axes_per_result`).  Lists are taken as tuples."""
     if _is_axis(out_axes):
         return int(out_axes)
-    flat: list[int] = []
 
-    def flatten(item: Any) -> bool:
+    def checked(item: Any) -> Any:
         if isinstance(item, (list, tuple)):
-            return all(map(flatten, item))
+            return tuple(map(checked, item))
         if not _is_axis(item):
-            return False
-        flat.append(int(item))
-        return True
-    if isinstance(out_axes, (list, tuple)) and flatten(out_axes):
-        return tuple(flat)
-    raise ArgumentError(f"out_axes is an integer or a tuple of one per result (the axis of "
-                        f"the examples in each), got {out_axes!r}", f.span)
+            raise ArgumentError(f"out_axes is an integer or a tuple of one per result (the axis "
+                                f"of the examples in each), got {out_axes!r}", f.span)
+        return int(item)
+    if isinstance(out_axes, (list, tuple)):
+        return checked(out_axes)
+    return checked(None)
+
+
+def _axes_per_result(out_axes: OutAxes, layout: Any, name: str, span) -> dict[int, int]:
+    """The axis out_axes gives each result in `layout` (the results'
+    structure, `Compiled.format` of their indices): an integer for every
+    result in its part, a tuple one entry per part (one result takes a
+    tuple of one)."""
+    axes: dict[int, int] = {}
+
+    def place(given: OutAxes, part: Any, top: bool) -> None:
+        if isinstance(given, int):
+            axes.update((leaf, given) for leaf in _leaves(part))
+        elif isinstance(part, tuple) and len(given) == len(part):
+            for g, p in zip(given, part):
+                place(g, p, False)
+        elif not isinstance(part, tuple) and len(given) == 1:
+            place(given[0], part, False)
+        elif top:
+            count = len(part) if isinstance(part, tuple) else 1
+            raise ArgumentError(f"out_axes has {len(given)} entries, but {called(name)} gives "
+                                f"{count} result(s): give one per result, or one for all", span)
+        else:
+            raise ArgumentError(f"out_axes {out_axes!r} does not nest as the results of "
+                                f"{called(name)} do, {describe_layout(layout)}: give an axis "
+                                "per result, or one for a tuple of them", span)
+    place(out_axes, layout, True)
+    return axes
+
+
+def _leaves(tree: Any) -> list:
+    """The leaves of nested tuples, in order."""
+    if isinstance(tree, tuple):
+        return [leaf for part in tree for leaf in _leaves(part)]
+    return [tree]
 
 
 def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -193,11 +228,8 @@ class VmapFunction(Stacked):
         (counting the examples' axis)."""
         axis = self.out_axes
         if isinstance(axis, tuple):
-            if len(axis) != count:
-                raise ArgumentError(f"out_axes has {len(axis)} entries, but {called(self.name)} "
-                                    f"gives {count} result(s): give one per result, or one for "
-                                    "all", self.span)
-            axis = axis[j]
+            layout = self.inner.format(tuple(range(count)))
+            axis = _axes_per_result(axis, layout, self.name, self.span)[j]
         if not -rank <= axis < rank:
             raise ArgumentError(f"out_axes puts the examples of result {j} of "
                                 f"{called(self.name)} on axis {axis}, but it has {rank} axes",
@@ -380,7 +412,7 @@ class MappedJacobian(AsFunction):
 
     def __init__(self, jacobian: "Jacobian | MappedJacobian", mapped: tuple[int, ...],
                  axes: Optional[tuple[int, ...]] = None, out_axes: OutAxes = 0):
-        if any(out_axes) if isinstance(out_axes, tuple) else out_axes:  # ((0,): as 0)
+        if any(_leaves(out_axes)):  # ((0,): as 0)
             raise ArgumentError(f"vmap of {jacobian.name} takes out_axes=0 only (its Jacobians' "
                                 f"first axis is the examples'; np.moveaxis moves it), got "
                                 f"{out_axes!r}", jacobian.f.span)

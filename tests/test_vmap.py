@@ -568,6 +568,18 @@ def test_out_axes_nest_as_the_results_do(m):
     np.testing.assert_allclose(value, np.sum(np.sin(x * y) * x, axis=0), rtol=1e-14)
     np.testing.assert_allclose(gx, np.cos(x * y) * y * x + np.sin(x * y), rtol=1e-14)
     np.testing.assert_allclose(gw, (np.cos(x * y) * x * x).T, rtol=1e-14)
+    # an integer for a part stands for each result in it (JAX's tree prefixes);
+    # a structure that is not a prefix of the results' is refused (it was
+    # flattened: ((0, 1), 0) put the value on axis 0 and the gradients on 1, 0)
+    value, (gx, gw) = dsl.vmap(vg, in_axes=1, out_axes=[0, 1])(x, y)
+    np.testing.assert_allclose(gx, np.cos(x * y) * y * x + np.sin(x * y), rtol=1e-14)
+    np.testing.assert_allclose(gw, np.cos(x * y) * x * x, rtol=1e-14)
+    for nested in [((0, 1), 0), (0, (1, 0, 0)), (0, 1, 0)]:
+        with pytest.raises(dsl.ArgumentError, match=r"does not nest as the results of "
+                           r"vmap\(value_and_grad\(weighted\)\) do, \(array, \(array, array\)\)"
+                           if nested != (0, 1, 0) else r"out_axes has 3 entries, but "
+                           r"vmap\(value_and_grad\(weighted\)\) gives 2 result"):
+            dsl.vmap(vg, in_axes=1, out_axes=nested)(x, y)
 
 
 def test_a_jacobian_mapped_along_another_axis(m):
