@@ -9,6 +9,7 @@ naming it and saying how to set it.
 """
 from __future__ import annotations
 
+import gc
 import sys
 import types
 from collections.abc import MutableMapping
@@ -146,9 +147,27 @@ def reads_as_param(name: str, specs: Sequence[ParamSpec], param_names) -> bool:
 
 
 def guard_params(namespace: dict) -> None:
-    """Make the module whose globals are `namespace` a `ParamsModule`,
-    where it is the one `sys.modules` holds under its name (a module
-    executed outside the import system stays as it is)."""
+    """Make the module whose globals are `namespace` a `ParamsModule`:
+    the one `sys.modules` holds under its name, or, for a module executed
+    outside the import system (`module_from_spec` and `exec_module` with
+    no `sys.modules` entry, as a file is often loaded by its path, or
+    `exec` into a `types.ModuleType`), the module object holding
+    `namespace`. A bare dict of globals (`exec` into a dict, what
+    `runpy.run_path` returns) has no attributes to guard."""
+    module = _module_of(namespace)
+    if module is not None and type(module) is types.ModuleType:
+        module.__class__ = ParamsModule
+
+
+def _module_of(namespace: dict) -> Optional[types.ModuleType]:
+    """The module whose `__dict__` is `namespace`, or None."""
     module = sys.modules.get(namespace.get("__name__", ""))
     if module is not None and vars(module) is namespace:
-        module.__class__ = ParamsModule
+        return module
+    # Not registered: `m.params = {...}` on it bound a name no function
+    # reads, and the calls ran on the old values. A module's dict does not
+    # point back at it, so ask the collector (a few ms, on this path only).
+    for referrer in gc.get_referrers(namespace):
+        if isinstance(referrer, types.ModuleType) and vars(referrer) is namespace:
+            return referrer
+    return None

@@ -316,6 +316,18 @@ def test_an_imported_compiled_modules_params_are_set_not_rebound(ab):
         del sys.modules[spec.name]
 
 
+def test_a_compiled_modules_params_are_guarded_when_imported_outside_sys_modules(ab):
+    # `ab` was executed by module_from_spec + exec_module with no sys.modules
+    # entry (as a file is often loaded by its path): `ab.params = {...}` and
+    # `ab.w = ...` bound names no function reads, and f kept adding the old w
+    ab.params["w"] = [2.0, 3.0]
+    with pytest.raises(AttributeError, match="cannot be replaced: its functions read"):
+        ab.params = {"w": np.zeros(2)}
+    with pytest.raises(AttributeError, match=r"'w' is a param of module"):
+        ab.w = np.zeros(2)
+    np.testing.assert_array_equal(ab.f(X, Y)[0], X * Y + 2.0)
+
+
 def test_a_compiled_module_refuses_dask_arrays_rather_than_computing_them_whole(ab):
     # NumPy once computed the whole Dask array in memory, and the call
     # returned NumPy arrays where dsl.load's function returns lazy Dask ones
