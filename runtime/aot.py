@@ -209,7 +209,8 @@ class AotFunction:
         self._refuse_dask(args, kwargs)
         bound = self._bind(args, kwargs, params=params)
         numbers = any(map(is_python_number, args)) or any(map(is_python_number, kwargs.values()))
-        if (numbers or self.defaults) and not self._compiled(bound):
+        narrow = self._narrow_statics(bound)
+        if (numbers or self.defaults or narrow) and not self._compiled(bound):
             # a Python number is weakly typed: f32 beside f32 arrays, or f64
             # where only that was compiled (as every Python number once was);
             # a const parameter's default picks one program whether given or
@@ -218,9 +219,25 @@ class AotFunction:
                                     if numbers else [])
             for candidate in candidates:
                 for form in self._default_forms(candidate):
-                    if self._compiled(form):
-                        return form
+                    for widened in ([form, self._widened(form, narrow)] if narrow else [form]):
+                        if self._compiled(widened):
+                            return widened
         return bound
+
+    def _narrow_statics(self, bound: dict[str, np.ndarray]) -> tuple[str, ...]:
+        """The const integers of `bound` that are NumPy integers of another
+        width than i64 (`np.int32(0)` for an axis) where the parameter
+        names no width: its value alone picks the program (it is a
+        constant of it, as in `dsl.load`'s), and a signature gives it as a
+        Python int, i64, so no --sig could compile one of i32."""
+        return tuple(s.name for s in self.specs
+                     if s.const and s.dtype in (None, "int") and s.name in bound
+                     and np.ndim(bound[s.name]) == 0 and np.dtype(bound[s.name].dtype) == np.int32)
+
+    @staticmethod
+    def _widened(bound: dict[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+        """`bound` with the integers `names` (those it still has) as i64."""
+        return {n: a.astype(np.int64) if n in names else a for n, a in bound.items()}
 
     def _refuse_dask(self, args, kwargs) -> None:
         """A Dask argument is an ArgumentError: NumPy would compute it

@@ -43,7 +43,7 @@ def doubled(x: f64[n]):
     return x * 2.0
 """
 SIGNATURES = ["loss(f64[n], f64[n], f64[n])", "loss(f64[n], f64[n], f64[n], f64)",
-              "lse(f64[:, :])", "total(f64[:], None)", "scaled(f64[:], f64)",
+              "lse(f64[:, :])", "total(f64[:], None)", "total(f64[:, :], 0)", "scaled(f64[:], f64)",
               "weighted(f32[:], f32)", "doubled(f64[:])"]
 
 W = np.array([0.3, -0.7, 1.1])
@@ -89,6 +89,10 @@ def test_a_const_default_given_or_left_out_runs_one_program(aot):
     # compiled leaving axis out, called giving its default (and the other way round)
     for got in (aot.lse(m), aot.lse(m, -1), aot.lse(m, axis=-1)):
         np.testing.assert_allclose(got, want, rtol=1e-14)
+    # a NumPy i32 axis is its value, as for dsl.load's total (it was another
+    # signature, shown as "total(f64[2, 3], 0)", which no --sig could give)
+    for got in (aot.total(m, np.int32(0)), aot.total(m, axis=np.int32(0))):
+        np.testing.assert_array_equal(got, [1.0, 5.0, 25.0])
     for got in (aot.total(X), aot.total(X, None), aot.total(X, axis=None)):
         np.testing.assert_allclose(got, np.sum(X * X), rtol=1e-14)
     # (another value is another program: no note that the call passes axis,
