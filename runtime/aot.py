@@ -327,6 +327,8 @@ class AotFunction:
         call it differs in has another value, which no note would help.)"""
         defaulted = {s.name for s in self.specs if s.has_default} - set(self.defaults)
         passed = {n for n, *_ in sig}
+        if any(k == kind and {n for n, *_ in compiled} == passed for k, compiled in self.programs):
+            return ""  # (a program passing the same ones: the call differs elsewhere)
         for k, compiled in self.programs:
             names = {n for n, *_ in compiled}
             common = names & passed  # (given alike, else the note would mislead)

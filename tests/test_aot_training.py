@@ -113,6 +113,11 @@ def test_a_defaulted_parameter_no_signature_serves_is_an_argument_error(aot):
     with pytest.raises(dsl.ArgumentError, match=r"this call is loss\(f32\[3\], f32\[3\], "
                                                 r"f32\[3\]\); add it with gradc compile --sig$"):
         aot.loss(*(a.astype(np.float32) for a in (W, X, T)))
+    # loss(f64[n], f64[n], f64[n], f64) passes scale too: the call differs in
+    # its dtype, and the note that it passes scale misled
+    with pytest.raises(dsl.ArgumentError, match=r"this call is loss\(f64\[3\], f64\[3\], "
+                                                r"f64\[3\], f32\); add it with gradc compile --sig$"):
+        aot.loss(W, X, T, np.float32(2.0))
 
 
 def test_to_torch_of_a_compiled_function_trains(aot):
