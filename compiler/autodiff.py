@@ -34,6 +34,7 @@ from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.fusion import FUSIBLE
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.shapes import Sym, broadcasts_to, made_up, prod
+from gradlang.runtime.common import range_length
 from gradlang.runtime.errors import GradError
 
 
@@ -404,7 +405,7 @@ def _trip_dim(inputs: Sequence[Atom]):
     bounds are constants, else a fresh symbol, bound when the loop runs
     (named apart from every size a user names: `shapes.made_up`)."""
     if all(isinstance(a, Lit) for a in inputs[:3]):
-        return len(range(*(a.value for a in inputs[:3])))
+        return range_length(*(a.value for a in inputs[:3]))
     return made_up("trip", next(_trip_symbols))
 
 

@@ -41,6 +41,7 @@ from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
                                       promote, sequence_kind, unify, weak_number,
                                       weak_result)
+from gradlang.runtime.common import range_length
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def _guarded(b: Builder, moved: list[Eqn], bounds: Sequence[Atom], span: Span) -
     a grad block must stay linear in its cotangents, `compiler.linearity`.)"""
     start, stop, step = bounds
     if not moved or (all(isinstance(a, Lit) for a in bounds)
-                     and len(range(*(a.value for a in bounds))) > 0):
+                     and range_length(*(a.value for a in bounds)) > 0):
         return moved
     runs = _runs(b, start, stop, step, span)
     made = {o for e in moved for o in e.outputs}
@@ -228,7 +229,7 @@ def _interval(b: Builder, bounds: Sequence[Atom], every: "int | str") -> Atom:
     integer square root of the trip count; at least 1, and computed at run
     time when the bounds are."""
     if all(isinstance(a, Lit) for a in bounds):
-        trips = len(range(*(a.value for a in bounds)))
+        trips = range_length(*(a.value for a in bounds))
         return Lit(max(1, math.isqrt(trips) if every == "sqrt" else min(every, trips)), INDEX)
     start, stop, step = (cast(b, a, "f64") for a in bounds)
     trips = b.bind("maximum", b.bind("ceil", b.bind("div", b.bind("sub", stop, start), step)),

@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Union
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import Eqn, Lit, Var
 from gradlang.compiler.shapes import Dim, Sym
+from gradlang.runtime.common import range_length
 
 Bound = Union[int, Sym, None]
 # ops that cannot fail and read nothing but their input: moving one out of
@@ -72,7 +73,7 @@ def _trip(bounds: Sequence[Bound]) -> Optional[Dim]:
     the size symbol n of `range(n)` (one factor: a driver variable)."""
     start, stop, step = bounds
     if all(isinstance(v, int) for v in bounds):
-        return len(range(start, stop, step)) or None
+        return range_length(start, stop, step) or None
     if (start, step) == (0, 1) and isinstance(stop, Sym) and stop.coef == 1 \
             and len(stop.factors) == 1:
         return stop

@@ -19,7 +19,8 @@ import numpy as np
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
 from gradlang.compiler.shapes import Sym
-from gradlang.runtime.common import empty_axis, index_out_of_range, iota, trip_count
+from gradlang.runtime.common import (empty_axis, index_out_of_range, iota, range_length,
+                                     trip_count)
 from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:  # rules receive a builder; the builder consults this table
@@ -173,7 +174,7 @@ def _arange_length(start, stop, step) -> Union[int, Sym]:
     if isinstance(stop, Sym):
         return stop
     if all(isinstance(v, int) for v in (start, stop, step)):
-        return len(range(start, stop, step))
+        return range_length(start, stop, step)  # (refused later where too large)
     return max(0, math.ceil((stop - start) / step))
 
 

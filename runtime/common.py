@@ -245,7 +245,21 @@ def iota(start, stop, step, dtype) -> np.ndarray:
     values of the language's `arange`, for the drivers of every target and
     for the reference interpreter (one definition, so the targets and the
     oracle agree to the bit: NumPy fills floats as start + i * delta)."""
+    if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) \
+            and range_length(int(start), int(stop), int(step)) == 0:
+        # (NumPy's own count overflows for i64 bounds far apart and the
+        # wrong way round, arange(2**63 - 1, -2**63): "Maximum allowed size
+        # exceeded" for what has no values)
+        return np.empty(0, dtype)
     return np.arange(start, stop, step, dtype=dtype)
+
+
+def range_length(start: int, stop: int, step: int) -> int:
+    """`len(range(start, stop, step))` for any Python ints (`step` not 0),
+    where `len` raises OverflowError beyond 2**63 - 1 (`range(-2**63,
+    2**63 - 1)`: i64 bounds in the source or by value): such a length is
+    then refused as too large by whoever asked."""
+    return max(0, -((start - stop) // step))
 
 
 def trip_count(start: int, stop: int, step: int, where: Where = "",
@@ -260,7 +274,7 @@ def trip_count(start: int, stop: int, step: int, where: Where = "",
     where, span = placed(where)
     if step == 0:
         raise ArgumentError(f"range() step must not be zero{where}", span)
-    trips = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)
+    trips = range_length(start, stop, step)
     if trips > MAX_SIZE:
         raise ArgumentError(f"range({start}, {stop}, {step}){where} runs {trips} trips, "
                             f"more than a loop counts (at most {MAX_SIZE})", span)

@@ -45,6 +45,15 @@ def repeat(x, a: i64, b: i64, c: i64):
         s = s * 0.5 + x
     return s
 
+def values(a: const i64, b: const i64):
+    return arange(a, b) * 0.5
+
+def literal(x):
+    s = x
+    for _ in range(9223372036854775807, -9223372036854775808, -1):
+        s = s * 0.5 + x
+    return s
+
 def squares(x, a: i64, b: i64, c: i64):
     s = x
     for i in range(a, b, c):
@@ -153,6 +162,24 @@ def test_a_trip_count_beyond_i64_is_an_argument_error(bounds):
     """len(range(...)) raised OverflowError for these."""
     with pytest.raises(dsl.ArgumentError, match="18446744073709551615 trips, more than"):
         M.repeat(np.ones(2), *bounds)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: M.values(-2**63, 2**63 - 1), dsl.SizeOverflowError,
+     r"values\(\): a value of type i64\[18446744073709551615\] needs more memory"),
+    (lambda: M.values(2**63 - 1, -2**63), None, None),
+    (lambda: M.literal(np.ones(2)), dsl.ArgumentError, "18446744073709551615 trips, more than"),
+    (lambda: dsl.grad(M.literal)(np.ones(2)), dsl.ArgumentError, "18446744073709551615"),
+])
+def test_a_length_beyond_i64_from_constant_bounds_is_an_argument_error(call, error, message):
+    """arange of i64 consts and a loop of literal bounds: the compiler's
+    len(range(...)) raised OverflowError for these."""
+    if error is None:
+        assert M.values(2**63 - 1, -2**63).shape == (0,)  # (no values: as NumPy's)
+        np.testing.assert_array_equal(M.values(-3, 2), np.arange(-3, 2) * 0.5)
+        return
+    with pytest.raises(error, match=message):
+        call()
 
 
 def test_trip_counts_near_the_limits_count_as_python_does():
