@@ -19,7 +19,7 @@ import numpy as np
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
 from gradlang.compiler.shapes import Sym
-from gradlang.runtime.common import (empty_axis, index_out_of_range, iota, range_length,
+from gradlang.runtime.common import (arange_length, empty_axis, index_out_of_range, iota,
                                      trip_count)
 from gradlang.runtime.errors import GradError, Span
 
@@ -173,9 +173,7 @@ def _arange_length(start, stop, step) -> Union[int, Sym]:
     length; NumPy counts floats as ceil((stop - start) / step)."""
     if isinstance(stop, Sym):
         return stop
-    if all(isinstance(v, int) for v in (start, stop, step)):
-        return range_length(start, stop, step)  # (refused later where too large)
-    return max(0, math.ceil((stop - start) / step))
+    return arange_length(start, stop, step)  # (refused later where too large)
 
 
 def _iota_rule(types, params, span):

@@ -10,13 +10,12 @@ turns an integer array into f64; so does a `WeakVar` (`arange`'s result).
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import Sym
-from gradlang.runtime.common import range_length
+from gradlang.runtime.common import arange_length
 from gradlang.runtime.errors import GradError, Span
 
 class StaticList(tuple):
@@ -208,8 +207,7 @@ def check_range_fits(b: Builder, v: Var, dtype: str, span: Optional[Span]) -> No
     if eqn is None or eqn.op != "iota" or isinstance(eqn.p["stop"], Sym):
         return
     start, stop, step = eqn.p["start"], eqn.p["stop"], eqn.p["step"]
-    count = max(0, math.ceil((stop - start) / step)) if eqn.p["dtype"] in FLOATS \
-        else range_length(start, stop, step)
+    count = arange_length(start, stop, step)
     for value in ((start, start + (count - 1) * step) if count else ()):
         coerce(value, dtype, span)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Optional, Union
 
 import numpy as np
@@ -245,11 +246,11 @@ def iota(start, stop, step, dtype) -> np.ndarray:
     values of the language's `arange`, for the drivers of every target and
     for the reference interpreter (one definition, so the targets and the
     oracle agree to the bit: NumPy fills floats as start + i * delta)."""
-    if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) \
-            and range_length(int(start), int(stop), int(step)) == 0:
-        # (NumPy's own count overflows for i64 bounds far apart and the
-        # wrong way round, arange(2**63 - 1, -2**63): "Maximum allowed size
-        # exceeded" for what has no values)
+    if arange_length(*(v.item() if isinstance(v, np.generic) else v
+                       for v in (start, stop, step))) == 0:
+        # (NumPy's own count overflows for bounds far apart and the wrong
+        # way round, arange(2**63 - 1, -2**63) or arange(2.0**62, 0.5,
+        # 1e-300): "Maximum allowed size exceeded" for what has no values)
         return np.empty(0, dtype)
     return np.arange(start, stop, step, dtype=dtype)
 
@@ -260,6 +261,18 @@ def range_length(start: int, stop: int, step: int) -> int:
     2**63 - 1)`: i64 bounds in the source or by value): such a length is
     then refused as too large by whoever asked."""
     return max(0, -((start - stop) // step))
+
+
+def arange_length(start, stop, step) -> int:
+    """How many values `np.arange(start, stop, step)` has, for finite
+    numbers (`step` not 0): `range_length` of ints, else NumPy's
+    ceil((stop - start) / step), where a quotient beyond the floats
+    (`arange(2.0**62, 0.5, -1e-300)`, inf) counts as the largest float,
+    a length refused as too large as any beyond memory is."""
+    if all(isinstance(v, int) for v in (start, stop, step)):
+        return range_length(start, stop, step)
+    quotient = (stop - start) / step
+    return 0 if quotient <= 0 else math.ceil(min(quotient, sys.float_info.max))
 
 
 def trip_count(start: int, stop: int, step: int, where: Where = "",

@@ -48,6 +48,9 @@ def repeat(x, a: i64, b: i64, c: i64):
 def values(a: const i64, b: const i64):
     return arange(a, b) * 0.5
 
+def fine(a: const i64):
+    return arange(a, 0.5, -1e-300)
+
 def literal(x):
     s = x
     for _ in range(9223372036854775807, -9223372036854775808, -1):
@@ -168,14 +171,17 @@ def test_a_trip_count_beyond_i64_is_an_argument_error(bounds):
     (lambda: M.values(-2**63, 2**63 - 1), dsl.SizeOverflowError,
      r"values\(\): a value of type i64\[18446744073709551615\] needs more memory"),
     (lambda: M.values(2**63 - 1, -2**63), None, None),
+    (lambda: M.fine(2**62), dsl.SizeOverflowError, r"fine\(\): a value of type f64\[17976931"),
     (lambda: M.literal(np.ones(2)), dsl.ArgumentError, "18446744073709551615 trips, more than"),
     (lambda: dsl.grad(M.literal)(np.ones(2)), dsl.ArgumentError, "18446744073709551615"),
 ])
 def test_a_length_beyond_i64_from_constant_bounds_is_an_argument_error(call, error, message):
     """arange of i64 consts and a loop of literal bounds: the compiler's
-    len(range(...)) raised OverflowError for these."""
+    len(range(...)) raised OverflowError for these, and math.ceil of the
+    float count of an arange of a tiny step, inf, too."""
     if error is None:
-        assert M.values(2**63 - 1, -2**63).shape == (0,)  # (no values: as NumPy's)
+        assert M.values(2**63 - 1, -2**63).shape == (0,)  # (no values, where NumPy
+        assert M.fine(-2**62).shape == (0,)                 # raises ValueError)
         np.testing.assert_array_equal(M.values(-3, 2), np.arange(-3, 2) * 0.5)
         return
     with pytest.raises(error, match=message):
