@@ -53,9 +53,22 @@ class ParamStore(MutableMapping):
         return self._specs[name]
 
     def __setitem__(self, name: str, value) -> None:
+        self._values[name] = self._placed(name, value)
+
+    def update(self, other=(), /, **kwargs) -> None:
+        """Set several params: every value is checked first, so one refused
+        (or a name the module does not declare) sets none of them, where
+        MutableMapping's update had set those before it, and a training
+        step's `update(new)` left the model half-updated."""
+        values = {name: self._placed(name, value)
+                  for name, value in dict(other, **kwargs).items()}
+        self._values.update(values)
+
+    def _placed(self, name: str, value) -> np.ndarray:
+        """`validate`, its error at the param's declaration where known."""
         span, source = self._places.get(name, (None, None))
         try:
-            self._values[name] = self.validate(name, value, span)
+            return self.validate(name, value, span)
         except GradError as err:
             raise err.with_source(source) if source is not None else err
 

@@ -570,6 +570,20 @@ def test_a_bad_param_value_is_named_as_the_param(name, value, message):
         M.params[name] = value
 
 
+def test_an_update_of_params_that_refuses_one_value_sets_none():
+    """MutableMapping's update set w before refusing n (or an undeclared
+    name): a training step's `params.update(new)` left them half-updated."""
+    M.params.update(w=[1.0, 2.0], n=3)
+    for bad in ({"w": [5.0, 6.0], "n": [1, 2]}, {"w": [5.0, 6.0], "bias": 1.0}):
+        with pytest.raises(dsl.ArgumentError, match="param 'n' has rank 1|declares no param"):
+            M.params.update(bad)
+        np.testing.assert_array_equal(M.params["w"], [1.0, 2.0])
+        assert M.params["n"] == 3
+    M.params.update([("w", [5.0, 6.0])], n=4)  # pairs and keywords, as dict.update takes
+    assert M.params["w"].dtype == np.float32 and M.params["n"] == 4
+    np.testing.assert_array_equal(M.params["w"], [5.0, 6.0])
+
+
 def test_size_names_of_params_agree_with_each_other_and_with_the_arguments():
     """`param w: f64[d, h]` and `param b: f64[h]` of sizes 3 and 4 were
     taken (a broadcast error in the body, or none at all where b's and w's
