@@ -3,9 +3,11 @@ examples for the bridges to other libraries, and those libraries imported
 when a test first uses them (`optional_module`)."""
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import importlib
 import sys
+import threading
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -119,3 +121,17 @@ EXAMPLE_CALLS = [
 SECOND_ORDER_CALLS = {"log1pexp.log1pexp", "dense.loss", "cross_entropy.pick",
                       "checkpoint.checkpointed"}
 assert SECOND_ORDER_CALLS <= {f"{example}.{name}" for example, name, _, _ in EXAMPLE_CALLS}
+
+
+def within_seconds(seconds: float, function, *args):
+    """`function(*args)`, run on a daemon thread, which a call that hangs
+    leaves behind (failing the test) without holding up the process."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run():
+        try:
+            future.set_result(function(*args))
+        except BaseException as err:
+            future.set_exception(err)
+    threading.Thread(target=run, daemon=True).start()
+    return future.result(timeout=seconds)

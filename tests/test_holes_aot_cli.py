@@ -21,7 +21,7 @@ import pytest
 import dsl
 from dsl.aot import MARKER, _types, compile_module, parse_sig
 from dsl.cli import main
-from helpers import import_compiled
+from helpers import import_compiled, within_seconds
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.pipeline import grad_of_sum, optimize
 from gradlang.runtime.aot import AotFunction, AotModule
@@ -182,6 +182,17 @@ def test_compile_rewrites_its_own_module_and_force_overwrites_any(tmp_path):
     source.write_text("def sq(x):\n    return x * x * 3.0\n")
     assert main(["compile", str(source), "-o", str(out)]) == 0  # its own: no --force
     np.testing.assert_array_equal(import_compiled(out / "sq.py").sq(np.array([2.0])), [12.0])
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_where_the_module_goes_is_refused_not_waited_on(tmp_path, capsys):
+    # reading its first line, to see whether gradc wrote it, waited for a
+    # writer for ever: gradc compile hung
+    source = tmp_path / "sq.grad"
+    source.write_text("def sq(x):\n    return x * x\n")
+    os.mkfifo(tmp_path / "sq.py")
+    assert within_seconds(5, main, ["compile", str(source), "-o", str(tmp_path)]) == 2
+    assert "sq.py exists and gradc did not write it" in capsys.readouterr().err
 
 
 def test_a_file_compile_cannot_write_is_a_usage_error(tmp_path, capsys):

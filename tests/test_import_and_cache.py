@@ -4,7 +4,6 @@ import importlib
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import lark
 
 import dsl
 from gradlang.grammar import grammar_text
+from helpers import within_seconds
 from gradlang.runtime.loader import (_stored_path, jit_in_kernel_cache, kernel_module_name,
                                      load_kernel_files, store, stored)
 
@@ -158,9 +158,9 @@ def test_a_fifo_among_the_cache_files_is_a_miss_not_a_hang(tmp_path, monkeypatch
     os.mkfifo(path)
     kernel = tmp_path / f"_{kernel_module_name('K = 1')}.py"
     os.mkfifo(kernel)
-    assert _within_seconds(5, stored, "programs", "key") is None
+    assert within_seconds(5, stored, "programs", "key") is None
     with pytest.raises(dsl.GradError, match="cannot be read as a file"):
-        _within_seconds(5, load_kernel_files, [str(kernel)])
+        within_seconds(5, load_kernel_files, [str(kernel)])
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -172,7 +172,7 @@ def test_loading_a_fifo_or_a_device_is_an_error_not_a_hang(tmp_path):
     devices = [Path("/dev/zero")] if Path("/dev/zero").exists() else []
     for path in [pipe] + devices:
         with pytest.raises(dsl.GradError) as info:
-            _within_seconds(5, dsl.load, path)
+            within_seconds(5, dsl.load, path)
         assert str(info.value) == (f"{path}:1:1: error: cannot read {path}: it is not a regular "
                                    "file (a pipe or a device); write the source to a file")
 
@@ -188,20 +188,6 @@ def test_loads_takes_a_path_for_the_file_name(tmp_path):
     with pytest.raises(TypeError, match=r"loads\(\) takes a file name \(a str or a path\), "
                                         "got NoneType"):
         dsl.loads("def f(x):\n    return x\n", None)
-
-
-def _within_seconds(seconds: float, function, *args):
-    """`function(*args)`, run on a daemon thread, which a call that hangs
-    leaves behind (failing the test) without holding up the process."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run():
-        try:
-            future.set_result(function(*args))
-        except BaseException as err:
-            future.set_exception(err)
-    threading.Thread(target=run, daemon=True).start()
-    return future.result(timeout=seconds)
 
 
 SCRIPT = """
