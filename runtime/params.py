@@ -179,8 +179,17 @@ def _module_of(namespace: dict) -> Optional[types.ModuleType]:
         return module
     # Not registered: `m.params = {...}` on it bound a name no function
     # reads, and the calls ran on the old values. A module's dict does not
-    # point back at it, so ask the collector (a few ms, on this path only).
-    for referrer in gc.get_referrers(namespace):
-        if isinstance(referrer, types.ModuleType) and vars(referrer) is namespace:
-            return referrer
-    return None
+    # point back at it: the caller executing it holds it (exec_module's
+    # `module`), a few frames up; else ask the collector (tens of ms).
+    def holds(value) -> bool:
+        return isinstance(value, types.ModuleType) and vars(value) is namespace
+    frame = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            break
+        if frame.f_locals is not namespace:  # (a module's frame: its globals)
+            found = next((v for v in frame.f_locals.values() if holds(v)), None)
+            if found is not None:
+                return found
+        frame = frame.f_back
+    return next((r for r in gc.get_referrers(namespace) if holds(r)), None)
