@@ -247,10 +247,13 @@ class VmapFunction(Stacked):
         the examples' (their first, or an empty one) validated by f's own
         binding, with the rest of the arguments and the params."""
         examples, stacks, k = self.inner.by_position(args), {}, None
+        by_keyword = {self.named(key) for key in kwargs}
         for i in self.mapped:
             spec = self.specs[i]
             where = f"argument {self.label(spec.name)} of {called(self.name)}"
-            if i not in examples:
+            # (checked first: an hvp's v given by keyword left its last positional
+            # argument taken as v, and the error was about that one)
+            if i not in examples or spec.name in by_keyword:
                 raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
                                     "position", self.span)
             whole = convert(self.name, replace(spec, dims=None), examples[i], self.span)
