@@ -31,6 +31,7 @@ each example's.
 from __future__ import annotations
 
 import inspect
+import itertools
 import numbers
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence, Union
@@ -421,7 +422,7 @@ class MappedJacobian(AsFunction):
                                 f"{out_axes!r}", jacobian.f.span)
         # f binds a call (its arguments as the caller lays them out); `front`
         # runs it, the examples moved to axis 0
-        self.jacobian, self.mapped, self.axes = jacobian, mapped, axes
+        self.jacobian, self.mapped, self.axes, self.out_axes = jacobian, mapped, axes, out_axes
         self.f, self.front = _mapped(jacobian.f, mapped, axes), _mapped(jacobian.f, mapped)
         self.wrt, self.single, self.mode = jacobian.wrt, jacobian.single, jacobian.mode
         self.name = f"vmap({jacobian.name})"
@@ -439,7 +440,7 @@ class MappedJacobian(AsFunction):
         return self.f.error_sources()
 
     def __reduce__(self) -> tuple:
-        return MappedJacobian, (self.jacobian, self.mapped, self.axes)
+        return MappedJacobian, (self.jacobian, self.mapped, self.axes, self.out_axes)
 
     __signature__ = SignatureAttribute()
 
@@ -457,11 +458,22 @@ class MappedJacobian(AsFunction):
     def as_function(self) -> "VmapFunction":
         """These Jacobians as a function of their own, for a transform to
         take: the vmap of the Jacobian's (`Jacobian.as_function`)."""
-        return _mapped(self.jacobian.as_function(), self.mapped, self.axes)
+        return _mapped(self.jacobian.as_function(), self.mapped, self.axes, self.out_axes)
 
     def call_bound(self, bound: dict[str, Any]) -> Any:
         """The Jacobians for arguments bound by `f` (the vmap of the
-        Jacobian's function)."""
+        Jacobian's function), refused where a tuple out_axes (of zeros)
+        does not nest as they do: `(0, 0, 0)` for two Jacobians was taken
+        as 0."""
+        jacobians = self._jacobians(bound)
+        if isinstance(self.out_axes, tuple):
+            count = itertools.count()
+            _axes_per_result(self.out_axes, _each_leaf(jacobians, lambda _: next(count)),
+                             self.name, self.jacobian.f.span)
+        return jacobians
+
+    def _jacobians(self, bound: dict[str, Any]) -> Any:
+        """`call_bound`'s Jacobians, before out_axes is checked."""
         stacked = self.front.stacked
         bound = {n: self.f.to_front(n, a) if n in stacked else a for n, a in bound.items()}
         k = bound[stacked[0]].shape[0]

@@ -594,3 +594,11 @@ def test_a_jacobian_mapped_along_another_axis(m):
     np.testing.assert_allclose(jac, (x / np.sqrt(np.sum(x * x, axis=0))).T, rtol=1e-14)
     with pytest.raises(dsl.ArgumentError, match=r"takes out_axes=0 only"):
         dsl.vmap(dsl.jacrev(m.norm), out_axes=1)
+    # a tuple of zeros is checked against the Jacobians too (it was taken as
+    # 0 whatever its count or nesting), called or as a function (grad of it)
+    np.testing.assert_allclose(dsl.vmap(dsl.jacrev(m.norm), in_axes=-1, out_axes=(0,))(x), jac,
+                               rtol=1e-15)
+    for transform in (lambda jacobians: jacobians, dsl.grad):
+        with pytest.raises(dsl.ArgumentError, match=r"out_axes has 2 entries, but "
+                                                    r"vmap\(jacrev\(norm\)\) gives 1 result"):
+            transform(dsl.vmap(dsl.jacrev(m.norm), in_axes=-1, out_axes=(0, 0)))(x)
