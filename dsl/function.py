@@ -960,14 +960,18 @@ def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
                                     f"{len(f.specs)} parameter(s)", f.span)
             spec = f.specs[w]
         else:
-            spec = next((s for s in f.specs + f.param_specs if s.name == w), None)
+            # (as the caller names it: hvp's v, which jvp's tangents and vmap take
+            # by that name, was "no parameter 'v'" here)
+            name = f.named(w) if isinstance(f, Compiled) else w
+            spec = next((s for s in f.specs + f.param_specs if s.name == name), None)
             if spec is None:
                 raise ArgumentError(f"{called(f.name)} has no parameter {w!r} and reads no param "
                                     f"{w!r}", f.span)
         if not spec.differentiable:
             why = "const" if spec.const else f"of dtype {spec.dtype}"
+            shown = f.label(spec.name) if isinstance(f, Compiled) else repr(spec.name)
             raise ArgumentError(f"cannot differentiate {called(f.name)} with respect to "
-                                f"{spec.name!r}: it is {why}", f.span)
+                                f"{shown}: it is {why}", f.span)
         names.append(spec.name)
     return tuple(names)
 

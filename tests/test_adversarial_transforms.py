@@ -202,6 +202,15 @@ def test_a_jvp_of_hvp_takes_the_tangent_of_v_by_its_name():
     np.testing.assert_allclose(t, 6 * X * Y[None], rtol=1e-14)
 
 
+def test_a_transform_of_hvp_takes_v_by_its_name_as_wrt():
+    # "hvp(f) has no parameter 'v'": wrt was looked up by the compiler's
+    # name '$v', which jvp's tangents and vmap's errors already say as v
+    hvp = dsl.hvp(M.f)  # hvp(f)(x, v) = 6 x v
+    gx, gv = dsl.grad(hvp, wrt=(0, "v"))(X, Y)
+    np.testing.assert_allclose(gx, 6 * Y, rtol=1e-14)
+    np.testing.assert_allclose(gv, 6 * X, rtol=1e-14)
+
+
 def test_in_language_transforms_differentiate_along_a_number_argument():
     # a number given for the parameter wrt names was a compile-time value:
     # "cannot differentiate pw() with respect to 'scale': it is not a float
