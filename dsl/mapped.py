@@ -254,7 +254,10 @@ class VmapFunction(Stacked):
             where = f"argument {self.label(spec.name)} of {called(self.name)}"
             # (checked first: an hvp's v given by keyword left its last positional
             # argument taken as v, and the error was about that one)
-            if i not in examples or spec.name in by_keyword:
+            if spec.name in by_keyword:
+                raise ArgumentError(f"in_axes maps {where}, given by keyword: a mapped argument "
+                                    "is passed by position", self.span)
+            if i not in examples:
                 raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
                                     "position", self.span)
             whole = convert(self.name, replace(spec, dims=None), examples[i], self.span)

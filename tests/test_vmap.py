@@ -396,8 +396,8 @@ def test_errors_about_hvps_v_name_it_v(m):
             # (a mapped v given by keyword: its last positional argument, w, was
             # taken as v, and the error was about w's examples)
             (lambda: dsl.vmap(hvp, (0, None, 0))(x, x[0], v=x),
-             r"in_axes maps argument v of vmap\(hvp\(weighted\)\), which must then be passed "
-             "by position"),
+             r"in_axes maps argument v of vmap\(hvp\(weighted\)\), given by keyword: a mapped "
+             "argument is passed by position"),
             (lambda: dsl.jvp(hvp, (x[0], x[0], x[0]), (None, None, np.ones(4))),
              r"the tangent for v of hvp\(weighted\) has shape \[4\]")):
         with pytest.raises(dsl.ArgumentError, match=message) as caught:
