@@ -354,6 +354,9 @@ class Call:
         self.residuals: tuple = ()  # its residuals, until torch holds them
         # (a weak reference to each residual tensor, and to the array under it)
         self.residual_refs: tuple = ()
+        # weak references to the residual tensors once torch holds them (None
+        # before): every context set up for the call saves these same tensors
+        self.residual_tensors: Optional[tuple] = None
         # whether autograd records the operation (no_grad: an evaluation loop
         # over parameters that require grad needs no residuals)
         self.recording = _GRAD_ENABLED[0]()
@@ -426,7 +429,9 @@ def _operations() -> tuple:
     def setup_context(ctx, inputs: tuple, output: tuple) -> None:
         call = ctx.call = inputs[0]
         residuals = ()
-        if call.pullback is not None:
+        # whether this context saves the residuals its backward's pullback reads
+        ctx.holds_residuals = False
+        if call.pullback is not None and call.residual_tensors is None:
             # torch holds the residuals, as tensors over their memory: it frees
             # them after the backward (unless retain_graph), and its saved-tensor
             # hooks (checkpoint, save_on_cpu) apply to them as to its own
@@ -437,6 +442,18 @@ def _operations() -> tuple:
             call.residual_refs = tuple((weakref.ref(t), weakref.ref(a))
                                    if isinstance(a, np.ndarray) else (None, None)
                                    for t, a in zip(residuals, arrays))
+            call.residual_tensors = tuple(map(weakref.ref, residuals))
+            ctx.holds_residuals = True
+        elif call.pullback is not None:
+            # another context of the call: a torch.func transform sets up one
+            # for each level it runs at (the plain one first), which saves the
+            # same tensors (the residuals were handed to the first alone, and
+            # the refs set anew for none: the first's backward read no
+            # residuals, an internal TypeError); where one is gone (a
+            # saved-tensor hook kept another), its backward recomputes them
+            alive = tuple(ref() for ref in call.residual_tensors)
+            if all(t is not None for t in alive):
+                residuals, ctx.holds_residuals = alive, True
         # torch checks the inputs are not modified in place
         ctx.save_for_backward(*inputs[1:], *residuals)
         ctx.save_for_forward(*inputs[1:])
@@ -459,7 +476,7 @@ def _operations() -> tuple:
         f = call.f
         saved = ctx.saved_tensors  # (torch raises here if it freed them, or one was modified)
         tensors, residuals = saved[:len(call.names)], saved[len(call.names):]
-        if call.pullback is not None and not torch.is_grad_enabled() \
+        if ctx.holds_residuals and not torch.is_grad_enabled() \
                 and not any(map(_WRAPPED[0], cts)):
             raw = call.pullback.call_reading(
                 call.residual_arrays(residuals), *(_array_of(ct, f, "a cotangent") for ct in cts))
