@@ -22,7 +22,9 @@ transforms, and torch's tracers (jit.trace, export, make_fx, FakeTensorMode,
 which would keep the results as constants).  Under torch.compile a call is
 a graph break: it runs eagerly.
 
-`AotJax(f)(*args, **kwargs)` takes JAX arrays likewise and is a
+`AotJax(f)(*args, **kwargs)` takes JAX arrays likewise (a float16 or
+bfloat16 one for a parameter taking float32 cast to it, as both bridges
+of a loaded function cast them) and is a
 `jax.custom_vjp` whose forward and backward are `jax.pure_callback`s of the
 call and pullback programs, so `jax.grad`, `jax.value_and_grad` and
 `jax.vjp` work, under `jax.jit` too (the results' shapes from the output
@@ -38,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import (Bridged, as_varying, bind_foreign, numbers_as_bound,
-                         refuse_extended_dtypes, vary_together)
+from dsl.bridge import (Bridged, as_varying, bind_foreign, jax_halves_widened,
+                         numbers_as_bound, refuse_extended_dtypes, vary_together)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
 from gradlang.runtime.aot import AotFunction, AotGradient
@@ -126,6 +128,9 @@ class AotJax(AotBridged):
             return placeholder(tuple(value.shape), weak.get(id(value), dtype)), value
 
         refuse_extended_dtypes(f, self.__name__, args, kwargs)
+        # (refused as "dtype bfloat16", where to_jax of the loaded function and
+        # to_torch of this one cast it)
+        args, kwargs = jax_halves_widened(f, args, kwargs)
         args, kwargs, dtypes = numbers_as_bound(f, args, kwargs)
         weak.update(dtypes)
         bound, inputs = bind_foreign(f, self.__name__, args, kwargs, stand_in)

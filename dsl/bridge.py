@@ -185,6 +185,19 @@ def widened_halves(f: Compiled, args: tuple, kwargs: dict, half: Callable[[Any],
             {k: widened(v, k) for k, v in kwargs.items()})
 
 
+def jax_halves_widened(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`widened_halves` of JAX's float16 and bfloat16 arrays (cast by JAX,
+    which differentiates the cast), as jax.nn's losses compute a bfloat16
+    model's outputs in float32: what `to_jax` of a loaded function and of
+    a gradc-compiled one both take."""
+    import jax
+    import jax.numpy as jnp
+    return widened_halves(
+        f, args, kwargs,
+        lambda v: isinstance(v, jax.Array) and v.dtype in (jnp.float16, jnp.bfloat16),
+        lambda v: v.astype(jnp.float32))
+
+
 def narrowed_scalars(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The arguments, where JAX runs without jax_enable_x64, with a NumPy
     f64 (i64) scalar for a parameter annotated f32 (i32) as the Python

@@ -70,8 +70,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotJax
-from dsl.bridge import (Bridged, bind_foreign, bridged, manual_axes, numbers_as_bound,
-                         refuse_extended_dtypes, vary_together, widened_halves)
+from dsl.bridge import (Bridged, bind_foreign, bridged, jax_halves_widened, manual_axes,
+                         numbers_as_bound, refuse_extended_dtypes, vary_together)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -118,11 +118,7 @@ class JaxFunction(Bridged):
             return placeholder(value.shape, weak.get(id(value), value.dtype)), value
 
         refuse_extended_dtypes(f, self.__name__, args, kwargs)
-        # (as jax.nn's losses compute a bfloat16 model's outputs in float32)
-        args, kwargs = widened_halves(
-            f, args, kwargs,
-            lambda v: isinstance(v, jax.Array) and v.dtype in (jnp.float16, jnp.bfloat16),
-            lambda v: v.astype(jnp.float32))
+        args, kwargs = jax_halves_widened(f, args, kwargs)
         args, kwargs, dtypes = numbers_as_bound(f, args, kwargs)
         weak.update(dtypes)
         bound, by_name = bind_foreign(f, self.__name__, args, kwargs, stand_in)

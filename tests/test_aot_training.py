@@ -235,6 +235,21 @@ def test_to_jax_of_a_compiled_function_takes_numbers_as_jit_does_without_x64(aot
         f(x, jax.random.wrap_key_data(np.zeros(2, np.uint32)))
 
 
+def test_to_jax_of_a_compiled_function_takes_half_precision_as_float32(aot):
+    # (refused: "argument 0 of to_jax(weighted) is a JAX array of dtype
+    # bfloat16", where to_jax of the loaded function and to_torch of this
+    # one cast it to the float32 the signature was compiled for)
+    jax = optional_module("jax", "jax")
+    jnp = jax.numpy
+    f, x = dsl.to_jax(aot.weighted), jnp.asarray([0.5, -2.0, 1.25], jnp.bfloat16)
+    y = f(x, 3.0)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, np.float32([1.5, -6.0, 3.75]))
+    g = jax.grad(lambda x: f(x, 3.0).sum())(x)
+    assert g.dtype == jnp.bfloat16  # (through JAX's cast, in the array's dtype)
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.float32([3.0, 3.0, 3.0]))
+
+
 def test_to_jax_of_a_compiled_function_annotated_64_bit_says_to_enable_x64(aot):
     # a NumPy f64 array (which JAX makes f32) was refused as "dtype f32, but
     # its annotation says f64", which the caller had not passed, where to_jax
