@@ -522,7 +522,7 @@ def _operations() -> tuple:
                 [t if dims[n] is None else t[i] for n, t in zip(call.names, tensors)]))
                 for i in range(info.batch_size)]
             if each:
-                outs = tuple(torch.stack(o) for o in zip(*each))
+                outs = tuple(torch.stack(_same_shapes(o, call.f)) for o in zip(*each))
             else:  # no example: empty results of the shapes one of zeros gives (as dsl.vmap)
                 outs = tuple(o.new_empty((0, *o.shape)) for o in apply(call.f, *call.rebound(
                     [t if dims[n] is None else t.new_zeros(t.shape[1:])
@@ -678,6 +678,20 @@ def _batched(call: Call, names: list[str]) -> Optional[Stacked]:
         return None
     stacked = batched_function(f, names)
     return stacked if stacked.stacks(call.bound) else None
+
+
+def _same_shapes(results: tuple, f: Compiled) -> tuple:
+    """The examples' results (one result of each) for torch.func.vmap to
+    stack, where they have one shape: an `ArgumentError`, as `dsl.vmap`
+    raises it, where a mapped argument gave each example a size of its own
+    (torch.stack's RuntimeError said only that the sizes differ)."""
+    for i, r in enumerate(results):
+        if r.shape != results[0].shape:
+            raise ArgumentError(f"torch.func.vmap of {called(f.name)} gives results of "
+                                f"different shapes: {list(results[0].shape)} for example 0, "
+                                f"{list(r.shape)} for example {i} (a mapped argument gives a "
+                                "size); results must stack", f.span)
+    return results
 
 
 def _plain_views(args: tuple) -> "list[np.ndarray] | None":

@@ -487,14 +487,30 @@ def test_a_gradc_compiled_function_refuses_torch_func(tmp_path, monkeypatch):
         torch.func.grad(dsl.to_torch(compiled.bar))(tensor([1.0]), tensor([2.0]))
 
 
+SEGMENTS = dsl.loads("def f(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n").f
+
+
 def test_an_integer_used_as_a_size_compiles_for_its_value():
-    m = dsl.loads("def f(x, seg, m: i64):\n    return segment_sum(x, seg, m)\n")
-    f = dsl.to_torch(m.f)
+    f = dsl.to_torch(SEGMENTS)
     x = tensor([1.0, 2.0, 4.0])
     y = f(x, torch.tensor([1, 0, 1]), torch.tensor(2))
     np.testing.assert_array_equal(y.detach().numpy(), [2.0, 5.0])
     (y ** 2).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [10.0, 4.0, 10.0])
+
+
+def test_vmap_over_a_size_stacks_equal_results_and_refuses_unequal_ones():
+    # one call per example: results of sizes of their own were torch.stack's
+    # RuntimeError ("stack expects each tensor to be equal size"), where
+    # dsl.vmap's ArgumentError says why
+    f = torch.func.vmap(dsl.to_torch(SEGMENTS), in_dims=(None, None, 0))
+    x, seg = tensor([1.0, 2.0, 4.0], requires_grad=False), torch.tensor([1, 0, 1])
+    y = f(x, seg, torch.tensor([2, 2]))
+    np.testing.assert_array_equal(y.numpy(), [[2.0, 5.0], [2.0, 5.0]])
+    with pytest.raises(dsl.ArgumentError, match=r"torch.func.vmap of f\(\) gives results of "
+                                                r"different shapes: \[2\] for example 0, \[3\] "
+                                                "for example 1"):
+        f(x, seg, torch.tensor([2, 3]))
 
 
 # A grad block that deliberately differs from the true derivative (d/dx
