@@ -256,8 +256,13 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
     if plan.split.elementwise and not every:
         return _elementwise(runner, names, fixed, arrays, plan)
 
-    def run_block(shared: dict, *block_arrays):
-        values = {**fixed, **shared, **dict(zip(batch, block_arrays))}
+    # (how a refusal names each row-block argument, and where: not f itself)
+    labels, span = {n: f.what_is(n) for n in batch}, f.span
+
+    def run_block(shared: dict, n_rows: int, *block_arrays):
+        given = dict(zip(batch, block_arrays))
+        _check_rows(given, n_rows, labels, span)
+        values = {**fixed, **shared, **given}
         return runner(*(values[n] for n in names))
 
     def finish(shared: dict, parts):
@@ -268,7 +273,7 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
     # (unless the batch is empty, whose results are those in memory).
     nonempty = [i for i, r in enumerate(rows) if r] or [0]
     blocks = [dask.delayed(run_block, nout=n_rows + len(plan.split.partial_kinds))(
-        every, *(x.blocks[i] for x in batch.values())) for i in nonempty]
+        every, rows[i], *(x.blocks[i] for x in batch.values())) for i in nonempty]
     row_results = [da.concatenate([da.from_delayed(b[k], _block_shape(shape, rows[i]), dtype)
                                    for b, i in zip(blocks, nonempty)])
                    for k, (shape, dtype) in enumerate(plan.row_types)]
@@ -281,6 +286,21 @@ def run_on_dask(f: Compiled, bound: DaskBound) -> list:
                          for k, (shape, dtype) in enumerate(plan.other_types)]
     row_iter, other_iter = iter(row_results), iter(other_results)
     return [next(row_iter) if r else next(other_iter) for r in plan.split.row_outputs]
+
+
+def _check_rows(blocks: dict[str, Any], n_rows: int, labels: dict[str, str], span) -> None:
+    """ArgumentError (naming the argument by `labels`, at `span`) unless
+    each row block (name -> the array a task got) has the `n_rows` rows
+    its Dask array's chunks say: one made by `da.from_delayed` or
+    `map_blocks` with a wrong shape was summed as it came, while a mean
+    divided by the rows the chunks say (a wrong value, silently, where
+    Dask's own mean counts the rows it gets)."""
+    for name, block in blocks.items():
+        if np.ndim(block) and np.shape(block)[0] != n_rows:
+            raise ArgumentError(f"a block of {labels[name]} has {np.shape(block)[0]} rows, but "
+                                f"its Dask array's chunks say {n_rows}: the shape given to "
+                                "da.from_delayed (or map_blocks' chunks) is not the block's",
+                                span)
 
 
 def _block_shape(shape: tuple, rows: int) -> tuple:

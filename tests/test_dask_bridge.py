@@ -398,6 +398,27 @@ def test_an_empty_row_block_is_left_out_of_a_max():
         dask.compute(*m.f(da.from_array(X[:0], chunks=((0,), (3,)))))  # as in memory
 
 
+def test_a_block_of_other_rows_than_its_chunks_say_is_an_argument_error():
+    # (da.from_delayed told 400 rows of blocks holding 399: the mean summed
+    # the rows it got and divided by the 800 the chunks say, silently wrong)
+    loss = load_example("logistic").loss
+
+    def first(array, rows):  # rows of array's first 400, as a Dask block of 400
+        return da.from_delayed(dask.delayed(lambda: array[:rows])(), (400, *array.shape[1:]),
+                               float)
+
+    def value(rows):
+        xs = da.concatenate([first(X, rows), da.from_array(X[400:], chunks=(400, 3))])
+        ys = da.concatenate([first(Y, rows), da.from_array(Y[400:], chunks=400)])
+        return dask.compute(*dsl.value_and_grad(loss, wrt=2)(xs, ys, W))[0]
+
+    np.testing.assert_allclose(value(400), np.mean(np.logaddexp(0, -Y * (X @ W))), rtol=1e-12)
+    message = (r"a block of argument '[xy]' of value_and_grad\(loss\) has 399 rows, but its "
+               "Dask array's chunks say 400")
+    with pytest.raises(dsl.ArgumentError, match=message):
+        value(399)
+
+
 def test_unknown_chunk_sizes_are_an_argument_error():
     xs = da.from_array(X, chunks=(400, 3))
     masked = xs[xs[:, 0] > 0]
