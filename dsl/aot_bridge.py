@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from dsl.bridge import (Bridged, as_varying, bind_foreign, jax_halves_widened,
+from dsl.bridge import (Bridged, as_varying, bind_foreign, jax_halves_widened, known_shape,
                          numbers_as_bound, refuse_extended_dtypes, vary_together)
 from dsl.dask_bridge import placeholder
 from dsl.function import needs_ir
@@ -125,7 +125,7 @@ class AotJax(AotBridged):
                 raise ArgumentError(f"{where} is a JAX array of dtype {dtype}; gradlang takes "
                                     "float32 and float64 (and int32, int64, bool constants)")
             # (`arrays` converts the value JAX holds to the dtype bound)
-            return placeholder(tuple(value.shape), weak.get(id(value), dtype)), value
+            return placeholder(known_shape(value, where, f), weak.get(id(value), dtype)), value
 
         refuse_extended_dtypes(f, self.__name__, args, kwargs)
         # (refused as "dtype bfloat16", where to_jax of the loaded function and

@@ -185,6 +185,22 @@ def widened_halves(f: Compiled, args: tuple, kwargs: dict, half: Callable[[Any],
             {k: widened(v, k) for k, v in kwargs.items()})
 
 
+def known_shape(value: Any, where: str, f: Any) -> tuple[int, ...]:
+    """The shape of a JAX value bound for `where` (of f: a loaded or a
+    gradc-compiled module's function), whose sizes must be known numbers:
+    an `ArgumentError` for a symbolic one (jax.export's shape
+    polymorphism, `jax.export.symbolic_shape`), which binding cannot
+    check and no program is compiled for (it was NumPy's internal
+    TypeError "'_DimExpr' object cannot be interpreted as an integer")."""
+    shape = tuple(value.shape)
+    if all(isinstance(d, (int, np.integer)) for d in shape):
+        return shape
+    raise ArgumentError(f"{where} has the symbolic shape ({', '.join(map(str, shape))}) of "
+                        f"jax.export's shape polymorphism, but {called(f.name)} runs programs "
+                        "compiled for known sizes: trace it with concrete shapes",
+                        getattr(f, "span", None))
+
+
 def jax_halves_widened(f: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """`widened_halves` of JAX's float16 and bfloat16 arrays (cast by JAX,
     which differentiates the cast), as jax.nn's losses compute a bfloat16

@@ -70,8 +70,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from dsl.aot_bridge import AotJax
-from dsl.bridge import (Bridged, bind_foreign, bridged, jax_halves_widened, manual_axes,
-                         numbers_as_bound, refuse_extended_dtypes, vary_together)
+from dsl.bridge import (Bridged, bind_foreign, bridged, jax_halves_widened, known_shape,
+                         manual_axes, numbers_as_bound, refuse_extended_dtypes, vary_together)
 from dsl.dask_bridge import placeholder
 from dsl.forward import STACKED_ELEMENTS
 from dsl.function import (Compiled, JvpFunction, Stacked, VjpFunction, backward_function,
@@ -115,7 +115,8 @@ class JaxFunction(Bridged):
             if not isinstance(value, jax.Array):  # tracers are jax.Arrays too
                 return value, None
             # (a run converts the value JAX holds to the dtype bound: `Call._bound_to`)
-            return placeholder(value.shape, weak.get(id(value), value.dtype)), value
+            return placeholder(known_shape(value, where, f),
+                               weak.get(id(value), value.dtype)), value
 
         refuse_extended_dtypes(f, self.__name__, args, kwargs)
         args, kwargs = jax_halves_widened(f, args, kwargs)

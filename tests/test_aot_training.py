@@ -250,6 +250,18 @@ def test_to_jax_of_a_compiled_function_takes_half_precision_as_float32(aot):
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.float32([3.0, 3.0, 3.0]))
 
 
+def test_to_jax_of_a_compiled_function_refuses_a_symbolic_shape(aot):
+    # (NumPy's TypeError "'_DimExpr' object cannot be interpreted as an integer")
+    jax = optional_module("jax", "jax")
+    f = dsl.to_jax(aot.weighted)
+    x = jax.ShapeDtypeStruct(jax.export.symbolic_shape("n"), jax.numpy.float32)
+    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(weighted\) has the "
+                                                "symbolic shape"):
+        jax.eval_shape(f, x, 3.0)
+    out = jax.eval_shape(f, jax.ShapeDtypeStruct((4,), jax.numpy.float32), 3.0)
+    assert out.shape == (4,) and out.dtype == np.float32
+
+
 def test_to_jax_of_a_compiled_function_annotated_64_bit_says_to_enable_x64(aot):
     # a NumPy f64 array (which JAX makes f32) was refused as "dtype f32, but
     # its annotation says f64", which the caller had not passed, where to_jax

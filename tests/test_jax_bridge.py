@@ -506,6 +506,20 @@ def test_bad_arguments_are_argument_errors_at_trace_time(x64):
         dsl.to_jax(load("log1pexp").log1pexp)(jnp.ones(3, jnp.uint8))
 
 
+def test_a_symbolic_shape_is_an_argument_error_and_a_concrete_one_is_traced(x64):
+    # jax.export's shape polymorphism (jax.eval_shape, export, jit(f).trace
+    # of symbolic_shape structs) reached NumPy: TypeError "'_DimExpr' object
+    # cannot be interpreted as an integer"
+    f = dsl.to_jax(load("dense").dense)
+    n = jax.export.symbolic_shape("n")[0]
+    x, w, b = (jax.ShapeDtypeStruct(s, jnp.float64) for s in ((n, 3), (3, 2), (2,)))
+    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(dense\) has the "
+                                                r"symbolic shape \(n, 3\) of jax.export's"):
+        jax.eval_shape(f, x, w, b)
+    out = jax.eval_shape(f, jax.ShapeDtypeStruct((5, 3), jnp.float64), w, b)
+    assert out.shape == (5, 2) and out.dtype == jnp.float64
+
+
 def test_a_prng_key_array_is_an_argument_error():
     # a typed PRNG key (dtype key<fry>, JAX's own, which NumPy has none for)
     # was an AttributeError ('KeyTy' object has no attribute 'kind') with
