@@ -17,7 +17,9 @@ maxima over the batch, parameter gradients among them) are combined
 pairwise in a tree and then finished once (`combine`, small: run by the
 IR's NumPy interpreter).  Row-wise
 results are Dask arrays with the batch's row blocks; the others have one
-block.  What a block's task carries is the block's rows, the arguments
+block.  A row block holding other rows than its array's chunks say (a
+wrong shape given to `da.from_delayed`) is an `ArgumentError` when its
+task runs.  What a block's task carries is the block's rows, the arguments
 sent to every block and the block function's IR, compiled once per
 process (a worker's own, served from its kernel cache), never a pickled
 program; dask is imported only when Dask arrays are passed.

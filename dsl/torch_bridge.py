@@ -29,7 +29,8 @@ create_graph records it).  Forward mode (`jvp` rule): f's compiled jvp
 runs the block's transposition).  `vmap` rule: f with the batched
 arguments stacked along a leading axis (`dsl.function.Stacked`,
 `compiler.vectorize`) in one program, or one call per example where that
-has no rule (a batched index array, a batched const or size argument).  A
+has no rule (a batched index array, a batched const or size argument;
+an `ArgumentError` where the examples' results differ in shape).  A
 transform's tensor is bound as a stand-in of its shape (it has no memory)
 and checked there; the kernels read the plain tensor under it when the
 operation's forward gets that.
