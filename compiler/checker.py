@@ -515,11 +515,11 @@ class _Function:
                 if isinstance(item, ast.Str):  # (not the einsum subscripts' error)
                     raise GradError(_wrt_name_error(target[0], item.value), item.span)
                 position = ast.written_int(item)
-                if position is not None and not 0 <= position < len(target[0].params):
+                count = len(target[0].params)
+                if position is not None and not -count <= position < count:
                     # (here, at the position: the lowering knows only the call)
                     raise GradError(f"wrt must be parameter positions of {target[0].name}() "
-                                    f"(0 to {len(target[0].params) - 1}), got {position}",
-                                    item.span)
+                                    f"({wrt_positions(count)}), got {position}", item.span)
             self.expr(arg, defined)
         return target[0]
 
@@ -642,6 +642,12 @@ def _wrt_name_error(f: ast.FuncDef, name: str) -> str:
     found = (f"{name!r} is position {index}" if index is not None else
              f"{f.name}() has no parameter {name!r}")
     return f"wrt takes parameter positions of {f.name}(), not names: {found}"
+
+
+def wrt_positions(count: int) -> str:
+    """The positions of `count` parameters, for a message: "0 to 2, or -3
+    to -1 from the end" (as JAX's argnums)."""
+    return f"0 to {count - 1}, or {-count} to -1 from the end"
 
 
 def _wrt_count(transform: ast.Call) -> Optional[int]:

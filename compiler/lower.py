@@ -32,7 +32,7 @@ from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
                                         by_value, compile_time_hint, index_operand,
                                         jvp_layout, take)
-from gradlang.compiler.checker import ATTRIBUTES_SHOWN
+from gradlang.compiler.checker import ATTRIBUTES_SHOWN, wrt_positions
 from gradlang.compiler.library import in_library
 from gradlang.compiler.linearity import CallKinds
 from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, StaticScalar,
@@ -324,7 +324,9 @@ class Lowerer:
             if kind == "jvp":
                 err.add_note(jvp_layout(fdef.name, n_tangents))
             raise
-        wrt_items = (wrt_value,) if single else wrt_value
+        count = len(fdef.params)  # (a negative position counts from the last)
+        wrt_items = tuple(w + count if type(w) is int and -count <= w < 0 else w
+                          for w in ((wrt_value,) if single else wrt_value))
         bound = numbers_as_arrays(b, fdef, bound, wrt_items, outer.span)
         wrt_names = self.transform_wrt(fdef, bound, wrt_items, inner.span)
         arrays = [n for n, v in bound.items() if not is_static(v)]
@@ -375,7 +377,8 @@ class Lowerer:
     @staticmethod
     def transform_wrt(fdef: ast.FuncDef, bound: dict[str, Value], wrt_items: tuple,
                       span: Span) -> list[str]:
-        """The parameters `wrt` names: positions of float array parameters."""
+        """The parameters `wrt` names: positions of float array parameters
+        (a negative one made positive already)."""
         if not wrt_items:
             raise GradError(f"wrt must name at least one parameter of {fdef.name}()", span)
         names = []
@@ -385,7 +388,7 @@ class Lowerer:
             if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
                 got = repr(w) if is_static(w) else "a value computed at run time"
                 raise GradError(f"wrt must be parameter positions of {fdef.name}() "
-                                f"(0 to {len(fdef.params) - 1}), got {got}", span)
+                                f"({wrt_positions(len(fdef.params))}), got {got}", span)
             name = fdef.params[w].name
             value = bound[name]
             if not fdef.params[w].differentiable or is_static(value) or not value.type.is_float:

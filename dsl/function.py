@@ -941,9 +941,9 @@ def needs_ir(what: str, f: AotFunction, why: str = "") -> ArgumentError:
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
-    """The parameter names `wrt` picks (positions or names), checked to be
-    differentiable; errors call it `option` (`argnums` where the caller
-    gave that name)."""
+    """The parameter names `wrt` picks (positions, negative from the end,
+    or names), checked to be differentiable; errors call it `option`
+    (`argnums` where the caller gave that name)."""
     items = wrt if isinstance(wrt, (tuple, list)) else (wrt,)
     if not items:
         raise ArgumentError(f"{option} must name at least one parameter", f.span)
@@ -955,7 +955,8 @@ def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
             raise ArgumentError(f"{option} entries are parameter positions or names, got {w!r}",
                                 f.span)
         if isinstance(w, int):
-            if not 0 <= w < len(f.specs):
+            # (negative from the last parameter, as JAX's argnums and torch.func's)
+            if not -len(f.specs) <= w < len(f.specs):
                 raise ArgumentError(f"{option}={w} is out of range: {called(f.name)} has "
                                     f"{len(f.specs)} parameter(s)", f.span)
             spec = f.specs[w]

@@ -208,17 +208,19 @@ def test_a_bad_wrt_is_named_as_it_is(wrt, got):
                   f"    return grad(h, wrt={wrt})(x, x)\n", "bad.grad")
     with pytest.raises(dsl.GradError) as info:
         m.f(X)
-    assert info.value.message == f"wrt must be parameter positions of h() (0 to 1), {got}"
+    assert info.value.message == (f"wrt must be parameter positions of h() (0 to 1, or -2 to -1 "
+                                  f"from the end), {got}")
     assert (info.value.line, info.value.col) == (4, 12)
 
 
-@pytest.mark.parametrize("wrt,col,got", [("2", 24, "2"), ("-1", 24, "-1"), ("(0, 2)", 28, "2")])
+@pytest.mark.parametrize("wrt,col,got", [("2", 24, "2"), ("-3", 24, "-3"), ("(0, 2)", 28, "2")])
 def test_a_written_wrt_position_out_of_range_is_an_error_at_it(wrt, col, got):
     # the error pointed at the whole grad(...) call, and only once lowered
     with pytest.raises(dsl.GradError) as info:
         dsl.loads(f"def h(x, y):\n    return sum(x * y)\ndef f(x):\n"
                   f"    return grad(h, wrt={wrt})(x, x)\n", "bad.grad")
-    assert info.value.message == f"wrt must be parameter positions of h() (0 to 1), got {got}"
+    assert info.value.message == (f"wrt must be parameter positions of h() (0 to 1, or -2 to -1 "
+                                  f"from the end), got {got}")
     assert (info.value.line, info.value.col) == (4, col)
 
 

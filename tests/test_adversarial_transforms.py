@@ -209,6 +209,27 @@ def test_a_transform_of_hvp_takes_v_by_its_name_as_wrt():
     gx, gv = dsl.grad(hvp, wrt=(0, "v"))(X, Y)
     np.testing.assert_allclose(gx, 6 * Y, rtol=1e-14)
     np.testing.assert_allclose(gv, 6 * X, rtol=1e-14)
+    # a negative position counts from the last, as JAX's argnums (it was
+    # "wrt=-1 is out of range")
+    gx, gv = dsl.grad(hvp, wrt=(0, -1))(X, Y)
+    np.testing.assert_allclose(gx, 6 * Y, rtol=1e-14)
+    np.testing.assert_allclose(gv, 6 * X, rtol=1e-14)
+    with pytest.raises(dsl.ArgumentError, match=r"wrt=-3 is out of range: hvp\(f\) has 2"):
+        dsl.grad(hvp, wrt=-3)
+
+
+def test_in_language_wrt_counts_negative_positions_from_the_last():
+    # "wrt must be parameter positions of pw() (0 to 1), got -1" at load
+    m = dsl.loads("def pw(x, scale):\n    return sum(x * x) * scale * scale\n\n"
+                  "def t(x):\n    dx, dscale = grad(pw, wrt=(-2, -1))(x, 2.0)\n    return dx, dscale\n",
+                  "<w>")
+    dx, dscale = m.t(np.array([1.0, 2.0]))  # d/dx = 2 x scale^2, d/dscale = 2 scale sum(x^2)
+    np.testing.assert_allclose(dx, [8.0, 16.0], rtol=1e-15)
+    assert dscale == 20.0
+    with pytest.raises(dsl.GradError, match=r"of pw\(\) \(0 to 1, or -2 to -1 from the end\), "
+                                            "got -3"):
+        dsl.loads("def pw(x, scale):\n    return x * scale\n\n"
+                  "def t(x):\n    return grad(pw, wrt=-3)(x, 2.0)\n", "<w>")
 
 
 def test_in_language_transforms_differentiate_along_a_number_argument():
