@@ -112,8 +112,9 @@ def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
 def _axes_per_result(out_axes: OutAxes, layout: Any, name: str, span) -> dict[int, int]:
     """The axis out_axes gives each result in `layout` (the results'
     structure, `Compiled.format` of their indices): an integer for every
-    result in its part, a tuple one entry per part (one result takes a
-    tuple of one)."""
+    result in its part, a tuple one entry per part (a function of one
+    result takes a tuple of one, as the count of its results; within a
+    tuple, an array takes an integer only, as JAX's)."""
     axes: dict[int, int] = {}
 
     def place(given: OutAxes, part: Any, top: bool) -> None:
@@ -122,7 +123,7 @@ def _axes_per_result(out_axes: OutAxes, layout: Any, name: str, span) -> dict[in
         elif isinstance(part, tuple) and len(given) == len(part):
             for g, p in zip(given, part):
                 place(g, p, False)
-        elif not isinstance(part, tuple) and len(given) == 1:
+        elif top and not isinstance(part, tuple) and len(given) == 1:
             place(given[0], part, False)
         elif top:
             count = len(part) if isinstance(part, tuple) else 1

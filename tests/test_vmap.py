@@ -579,7 +579,7 @@ def test_out_axes_nest_as_the_results_do(m):
     value, (gx, gw) = dsl.vmap(vg, in_axes=1, out_axes=[0, 1])(x, y)
     np.testing.assert_allclose(gx, np.cos(x * y) * y * x + np.sin(x * y), rtol=1e-14)
     np.testing.assert_allclose(gw, np.cos(x * y) * x * x, rtol=1e-14)
-    for nested in [((0, 1), 0), (0, (1, 0, 0)), (0, 1, 0)]:
+    for nested in [((0, 1), 0), (0, (1, 0, 0)), (0, 1, 0), (0, ((1,), 0))]:
         with pytest.raises(dsl.ArgumentError, match=r"does not nest as the results of "
                            r"vmap\(value_and_grad\(weighted\)\) do, \(array, \(array, array\)\)"
                            if nested != (0, 1, 0) else r"out_axes has 3 entries, but "
