@@ -355,6 +355,12 @@ class Lowerer:
         ts = []
         for index, t in zip(wrt, tangents):
             target = sub.params[index].type
+            if isinstance(t, bool) or (not is_static(t) and not t.type.is_float):
+                # (as dsl.jvp and jax.jvp: a cast True would be a tangent of 1)
+                got = "bool" if isinstance(t, bool) else t.type.dtype
+                raise GradError(f"a tangent for {sub.params[index].hint!r} has dtype {got}: "
+                                "a tangent is a float value (float64(t) converts one)",
+                                call.span)
             t = cast(b, as_atom(b, t, call.span), target.dtype)
             if t.type.shape != target.shape:
                 if not broadcasts_to(t.type.shape, target.shape):

@@ -146,6 +146,19 @@ def test_in_language_jvp_takes_a_list_or_a_named_tuple_as_wrt():
     np.testing.assert_allclose(m.t(X, Y, tx, ty), (expected, expected), rtol=1e-14)
 
 
+@pytest.mark.parametrize("tangent, dtype", [("x > 0.0", "bool"), ("n", "i64"), ("True", "bool")])
+def test_in_language_jvp_refuses_a_tangent_that_is_not_a_float(tangent, dtype):
+    # a bool or integer tangent was cast to the primal's dtype (True as a
+    # tangent of 1) where dsl.jvp and jax.jvp refuse it
+    m = dsl.loads("def f(x, y):\n    return sum(x * x * y)\n\n"
+                  f"def t(x, y, n: i64[k]):\n    v, a = jvp(f, wrt=0)(x, y, {tangent})\n"
+                  "    return a\n", "<t>")
+    with pytest.raises(dsl.GradError, match=f"a tangent for 'x' has dtype {dtype}: a tangent is "
+                                            "a float value") as info:
+        m.t(X, Y, np.ones(3, np.int64))
+    assert (info.value.line, info.value.col) == (5, 12)
+
+
 @pytest.mark.parametrize("body, message", [
     # the count of tangents was not said: f's arguments seemed missing
     ("jvp(f, wrt=(0, 1))(x, x, x)", r"f\(\) is missing argument\(s\) 'y'\n(.*\n)+note: "
