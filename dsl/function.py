@@ -552,6 +552,13 @@ class Compiled:
             raise ArgumentError(f"{called(self.name)} has a parameter named 'out', but out= gives "
                                 "buffers for its results: pass 'out' by position", self.span)
         if out is None and any(map(is_dask_array, (*args, *kwargs.values()))):
+            if recording_tapes((*args, *kwargs.values())):
+                # (its result, lazy, would be no recorded call's: the tape's
+                # gradient then said only "not computed by a recorded call")
+                raise ArgumentError(f"{called(self.name)} on Dask arrays is not recorded by the "
+                                    "dsl.Tape watching one of its arguments (a Dask call is "
+                                    "lazy): take dsl.grad or dsl.vjp of it, which run on Dask",
+                                    self.span)
             return call_on_dask(self, args, kwargs)
         outs = self.call_bound(self.bind(args, kwargs), () if kwargs else args, out)
         if self.host_results:  # (a recorded call's are on the host already: kept)

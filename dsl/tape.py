@@ -40,6 +40,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from dsl.api import loads
+from dsl.dask_bridge import is_dask_array
 from dsl.function import Compiled, backward_function
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
@@ -83,6 +84,10 @@ class Tape:
     @user_facing
     def watch(self, *arrays: np.ndarray) -> None:
         for a in arrays:
+            if is_dask_array(a):
+                raise ArgumentError("Tape.watch() takes float NumPy (or GPU) arrays, not Dask "
+                                    "arrays: a call on Dask arrays is lazy, and no tape records "
+                                    "it (dsl.grad, dsl.value_and_grad and dsl.vjp run on Dask)")
             if not (isinstance(a, np.ndarray) or is_device_array(a)) or \
                     np.dtype(a.dtype).kind != "f":
                 raise ArgumentError("Tape.watch() takes float NumPy (or GPU) arrays; convert "

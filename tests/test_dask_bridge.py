@@ -678,3 +678,24 @@ def test_a_dask_array_for_a_const_parameter_is_an_argument_error_not_its_stand_i
         with pytest.raises(dsl.ArgumentError, match="const.grad:1:5: error: argument 'axis' of "
                                                     ".* is `const`.*pass it computed"):
             call()
+
+
+def test_a_tape_refuses_dask_arrays_rather_than_miss_their_calls():
+    # a Dask call is lazy, so no tape records it: watch(dask array) said
+    # "convert Python numbers with np.asarray", and a Dask call taking a
+    # watched array ran unrecorded, its gradient then "not computed by a
+    # call recorded on this tape"
+    loss = load_example("logistic").loss
+    xs, ys = da.from_array(X, chunks=(100, 3)), da.from_array(Y, chunks=100)
+    with dsl.Tape() as tape:
+        with pytest.raises(dsl.ArgumentError, match="not Dask arrays: a call on Dask arrays is "
+                                                    "lazy, and no tape records it"):
+            tape.watch(xs)
+        w = W.copy()
+        tape.watch(w)
+        with pytest.raises(dsl.ArgumentError, match=r"loss\(\) on Dask arrays is not recorded "
+                                                    "by the dsl.Tape watching one of its"):
+            loss(xs, ys, w)
+        value = loss(X, Y, w)  # (in memory, recorded as ever)
+    np.testing.assert_allclose(tape.gradient(value, w), dsl.grad(loss, wrt=2)(X, Y, W),
+                               rtol=1e-13)
