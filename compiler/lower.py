@@ -46,7 +46,7 @@ from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, ca
                                       sequence_kind, unify, weak_float_dtype, weak_number,
                                       weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import GradError, Span, one_line
 
 
 # True while compiling ahead of time (`dsl.aot`): a fixed region (`t[0:2]`,
@@ -178,7 +178,7 @@ class Lowerer:
         # innermost whose function's text holds it, or that leads to
         # another file (std's, an import's).  (None for the entry function
         # itself, whose call is the user's.)
-        note = f"in {fdef.name}(), called at {span}"
+        note = f"in {fdef.name}(), called at {one_line(str(span))}"  # (one line: a note)
         names_places = len(self.call_stack) > 1 and span.file == self.call_spans[0].file
 
         def reached(place: Span) -> bool:

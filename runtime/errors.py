@@ -12,7 +12,8 @@ offending line with a caret.  `str(err)` is the full diagnostic:
 `called(name)` is how a message names a callable: `f()` for a function,
 and a derived one's name, already a call (`grad(f)`), as it is.
 `quoted(err)` is another library's error as a part of a message, which is
-one line (a line break in it is shown as U+FFFD, as any control is).
+one line (a line break in it is shown as U+FFFD, as any control is);
+`one_line(text)` is user text (a file name) as part of a note's line.
 """
 from __future__ import annotations
 
@@ -127,6 +128,13 @@ def _shown(line: str) -> str:
     character each, as columns count them; a tab stays, to pad the caret."""
     return "".join("\ufffd" if c != "\t" and unicodedata.category(c) in _UNSHOWN else c
                    for c in line)
+
+
+def one_line(text: str) -> str:
+    """User text (a file name) as part of one line of a note: a note's
+    lines are split at '\n' (`GradError.add_note`), so a line break in
+    the text would begin a line of its own, which no "note:" heads."""
+    return _shown(text)
 
 
 def _caret_lines(span: Span, source: str | None) -> str:

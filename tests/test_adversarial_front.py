@@ -799,3 +799,15 @@ def test_a_mutated_program_is_right_or_a_clean_error(source):
             continue  # a derivative infinite at the point (sqrt(0 * x) at 0 is
             # 0 * inf, NaN, as in JAX and PyTorch): differences see a constant
         np.testing.assert_allclose(g, fine, rtol=1e-4, atol=1e-5, err_msg=source)
+
+
+def test_a_newline_in_a_file_name_forges_no_line_of_a_note():
+    # the note naming the call that reached a helper holds the file name;
+    # notes are lines, so its newline began a line no "note:" headed
+    source = "def dense(x, w):\n    return x @ w\n\ndef f(x, w):\n    return dense(x, w)\n"
+    m = dsl.loads(source, "a\nnote: forged.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones((2, 3)), np.ones((4, 1)))
+    assert (info.value.line, info.value.col) == (2, 12)
+    assert str(info.value).splitlines()[-1] == \
+        "note: in dense(), called at a\ufffdnote: forged.grad:5:12"
