@@ -170,7 +170,10 @@ def _full_rule(types, params, span):
 def _arange_length(start, stop, step) -> Union[int, Sym]:
     """How many values `np.arange(start, stop, step)` has: a symbolic
     `stop` (`arange(x.shape[0])`, where start is 0 and step 1) is its own
-    length; NumPy counts floats as ceil((stop - start) / step)."""
+    length; NumPy counts floats as ceil((stop - start) / step).  Integers
+    are counted exactly at any size (len(range) overflowed beyond 2**63:
+    `one_hot(y, 10**20)`), for the builder to refuse a length no array
+    can have (`runtime.common.arange_length`)."""
     if isinstance(stop, Sym):
         return stop
     return arange_length(start, stop, step)  # (refused later where too large)

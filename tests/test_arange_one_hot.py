@@ -252,6 +252,9 @@ ERRORS = [
     ("one_hot(k, -2)", "num_classes cannot be negative, got -2"),
     ("one_hot(k, 2.5)", "num_classes must be an integer, not 2.5"),
     ("one_hot(k, x[0])", "num_classes must be known when the function is compiled"),
+    # (a count beyond 2**63 was an OverflowError from counting its range)
+    ("one_hot(k, 10**20)", "f\\(\\): a value of type i64\\[100000000000000000000\\] needs more "
+     "memory than can be addressed"),
 ]
 
 
