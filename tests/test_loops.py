@@ -928,6 +928,11 @@ def test_name_bound_only_in_a_loop_is_an_error_where_read():
     ("for i in range(0, 4, 0):", "range() step must not be zero", 26),
     ("for i in range(x):", "range() takes integer scalars, got f64[2]", 20),
     ("for i in [1, 2]:", "a for loop iterates over range(", 14),
+    # (an OverflowError from counting the trips; at the loop, as the driver's
+    # refusal of such bounds given at run time)
+    ("for i in range(-2**63, 2**63 - 1):", "range(-9223372036854775808, 9223372036854775807, "
+     "1) runs 18446744073709551615 trips, more than a loop counts", 5),
+    ("for i in range(2**63 - 1, -2**63, -1):", "runs 18446744073709551615 trips", 5),
 ])
 def test_bad_ranges_are_errors_at_the_argument(header, message, col):
     err = error_of(f"def f(x, n: i64):\n    {header}\n        x = x + 1\n    return x\n")
