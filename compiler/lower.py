@@ -1006,6 +1006,9 @@ def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
                 raise GradError(f"can only concatenate a {kind} to a {kind}, not a "
                                 f"{sequence_kind(other)} (as in Python: write both as "
                                 f"tuples, (1,) + x.shape)", span)
+            if len(left) + len(right) > MAX_PROGRAM_SIZE:  # (`t = t + t` repeated)
+                raise GradError(f"a {kind} of {len(left) + len(right)} items is too long "
+                                f"(at most {MAX_PROGRAM_SIZE})", span)
             joined = tuple(left) + tuple(right)
             return StaticList(joined) if kind == "list" else joined
         what = "a number" if is_static(other) else f"an array ({other.type})"
@@ -1163,8 +1166,9 @@ _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"
 
 
 # A compile-time integer past this many bits fits no dtype (f64 ends below
-# 2**1024), so an integer power that would pass it is refused before it is
-# computed: `9 ** 9 ** 9` would take 1.2e9 bits and minutes.
+# 2**1024), so an integer power that would pass it (a product: twice it)
+# is refused before it is computed: `9 ** 9 ** 9` would take 1.2e9 bits
+# and minutes.
 _MAX_STATIC_BITS = 1024
 
 
@@ -1208,6 +1212,12 @@ def _fold(op: str, x, y):
     elif op == "sub":
         result = x - y
     elif op == "mul":
+        if (type(x) is int and type(y) is int and x and y
+                and abs(x).bit_length() + abs(y).bit_length() - 2 >= 2 * _MAX_STATIC_BITS):
+            # (as a power: `a = a * a` repeated took 2**30 times the bits, and
+            # hours; one of two numbers each in range is made, and its
+            # constant said to be beyond the range of the dtype it meets)
+            raise OverflowError("the integer product is beyond the range of every dtype")
         result = x * y
     elif op == "div":
         result = x / y

@@ -56,6 +56,21 @@ def test_a_constant_that_does_not_fit_is_an_error_at_it(body, x, col, text):
     assert "^" in str(err).splitlines()[-1]
 
 
+def test_a_product_beyond_every_dtype_is_refused_before_it_is_computed():
+    # as an integer power is: `a = a * a` doubled its bits each time (30
+    # times took hours), and 6 times gave an integer of 3840 bits
+    squares = "    a = a * a\n" * 5
+    m = dsl.loads(f"def f(x):\n    a = 2 ** 60\n{squares}    a = -a * a\n    return x + (a < 0)\n",
+                  "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(F64)
+    assert (info.value.line, info.value.col) == (8, 9), str(info.value)
+    assert "the integer product is beyond the range of every dtype" in info.value.message
+    # (a product within the range stays exact, as a float beside arrays)
+    got = dsl.loads("def f(x):\n    return x * (2 ** 64 * 2 ** 64 * 3)\n").f(np.array([1.0]))
+    np.testing.assert_array_equal(got, [3.0 * 2.0 ** 128])
+
+
 @pytest.mark.parametrize("cotangent,x,text", [
     ("1e39", F32, "the constant 1e+39 is beyond the range of f32"),
     ("2 ** 1000 * 2 ** 100", F64, "(about 10**331) is beyond the range of f64"),

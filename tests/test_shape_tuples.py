@@ -61,6 +61,9 @@ def test_a_shape_slices_joins_and_repeats_as_a_python_tuple():
     ("return reshape(x, x.shape[::0])", 33, "slice step cannot be zero"),
     ("return reshape(x, (1,) * 10 ** 12 + x.shape)", 23,
      "a tuple of 1000000000000 items is too long (at most 100000)"),
+    # (as repeating one is: `t = t + t` 40 times made 2**40 items)
+    ("return reshape(x, (1,) * 70000 + (1,) * 70000 + x.shape)", 23,
+     "a tuple of 140000 items is too long (at most 100000)"),
     # (NumPy's ValueError "maximum supported dimension ... 64" at run time)
     ("return reshape(x, (1,) * 63 + x.shape)", 12,
      "a value of 65 axes: an array has at most 64 (NumPy's limit)"),
