@@ -5,7 +5,7 @@ coefficient and named factors (`n`, `n*m`, `3*n`).  Symbolic lowering gives
 each distinct size of a call's arguments a symbol, so one lowered program
 and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
-Sizes multiply symbolically; anything else a program does with a size
+Sizes multiply symbolically (up to `MAX_FACTORS` factors); anything else a program does with a size
 (adding to it, slicing part of a symbolic axis, comparing it with a fixed
 size) raises `NeedsConcrete`, and the caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
@@ -43,6 +43,12 @@ class NeedsValue(Exception):
         self.name = name
 
 
+# The most factors a symbolic size has: no array's size needs more (one
+# per axis), and a product past it is computed with concrete sizes, where
+# compile-time arithmetic bounds the numbers (`compiler.lower._fold`).
+MAX_FACTORS = 1024
+
+
 @dataclass(frozen=True)
 class Sym:
     factors: tuple[str, ...]
@@ -54,6 +60,9 @@ class Sym:
 
     def __mul__(self, other):
         if isinstance(other, Sym):
+            if len(self.factors) + len(other.factors) > MAX_FACTORS:
+                # (`a = a * a` repeated doubled the factors: 30 times, 2**30)
+                raise NeedsConcrete(f"a size is a product of more than {MAX_FACTORS} sizes")
             return Sym(tuple(sorted(self.factors + other.factors)), self.coef * other.coef)
         if isinstance(other, int) and not isinstance(other, bool):
             return 0 if other == 0 else Sym(self.factors, self.coef * other)

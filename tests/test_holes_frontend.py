@@ -13,6 +13,7 @@ from gradlang.compiler.ir import Function, Var
 from gradlang.compiler.lower import MAX_CALL_DEPTH
 from gradlang.compiler.namespace import param_reads
 from gradlang.compiler.pipeline import front_end
+from gradlang.compiler.shapes import NeedsConcrete, Sym
 from helpers import central_difference
 
 I64 = np.array([1, 2], dtype=np.int64)
@@ -69,6 +70,21 @@ def test_a_product_beyond_every_dtype_is_refused_before_it_is_computed():
     # (a product within the range stays exact, as a float beside arrays)
     got = dsl.loads("def f(x):\n    return x * (2 ** 64 * 2 ** 64 * 3)\n").f(np.array([1.0]))
     np.testing.assert_array_equal(got, [3.0 * 2.0 ** 128])
+
+
+def test_a_size_squared_again_and_again_is_an_error_not_a_hang():
+    # a symbolic size's factors doubled with each product (a call is
+    # lowered with symbols first): 30 squarings built 2**30 of them
+    n = Sym.named("n")
+    with pytest.raises(NeedsConcrete, match="a product of more than 1024 sizes"):
+        for _ in range(11):
+            n = n * n
+    squares = "    a = a * a\n" * 30
+    m = dsl.loads(f"def f(x):\n    a = x.shape[0]\n{squares}    return x * a\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:  # (with the sizes: the numbers' bound)
+        m.f(np.ones(2))
+    assert (info.value.line, info.value.col) == (13, 9), str(info.value)
+    assert "the integer product is beyond the range of every dtype" in info.value.message
 
 
 @pytest.mark.parametrize("cotangent,x,text", [
