@@ -20,9 +20,10 @@ from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
-from gradlang.compiler.values import (Value, as_atom, cast, is_static, sequence_kind, unify,
-                                      weak_result, weakly_typed)
-from gradlang.runtime.errors import GradError, Span
+from gradlang.compiler.values import (ArgumentValue, Value, as_atom, cast, is_static,
+                                      number_type, sequence_kind, unify, weak_result,
+                                      weakly_typed)
+from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 if TYPE_CHECKING:
     from gradlang.compiler.lower import Lowerer
@@ -160,9 +161,9 @@ def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float | int]:
     (x,) = args
     if isinstance(x, Sym):
         raise NeedsConcrete(f"the size {x} is used as a number")
-    if type(x) not in (int, float):
+    if number_type(x) not in (int, float):
         return None
-    if not op.float_only and type(x) is int:
+    if not op.float_only and number_type(x) is int:
         if not -2**63 < x < 2**63:   # (abs of the least i64 wraps in NumPy)
             return None
         return int(op.ref(np.int64(x)))
@@ -608,6 +609,9 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
 def _count_of(L: Lowerer, v: Value, what: str, span: Span):
     """A compile-time count (`segment_sum`'s segments, `one_hot`'s classes)."""
     count = compile_time_number(L, v, what, span)
+    if isinstance(count, ArgumentValue):  # (the caller's value, not the source's)
+        raise ArgumentError(f"{what} cannot be negative, got {count} (the value of argument "
+                            f"{count.name!r})", span)
     if isinstance(count, int) and count < 0:
         raise GradError(f"{what} cannot be negative, got {count}", span)
     return count

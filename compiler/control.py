@@ -39,7 +39,7 @@ from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorT
 from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (Value, as_atom, cast, is_static, literal_dtype,
-                                      promote, sequence_kind, unify, weak_number,
+                                      number_type, promote, sequence_kind, unify, weak_number,
                                       weak_result)
 from gradlang.runtime.common import range_length
 from gradlang.runtime.errors import GradError, Span
@@ -398,7 +398,8 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
 
 
 def _select(b: Builder, cond: Atom, x: Value, y: Value, name: str, stmt: ast.If) -> Value:
-    if x is y or (is_static(x) and is_static(y) and type(x) is type(y) and x == y):
+    if x is y or (is_static(x) and is_static(y) and number_type(x) is number_type(y)
+                      and x == y):
         return x
     weak = weak_result([x, y])
     if weak_number(x) is not None or weak_number(y) is not None:

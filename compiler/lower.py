@@ -41,10 +41,10 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
-from gradlang.compiler.values import (StaticList, Value, as_atom, as_results, cast,
-                                      check_range_fits, entry_results, is_static,
-                                      sequence_kind, unify, weak_float_dtype, weak_number,
-                                      weak_result)
+from gradlang.compiler.values import (ArgumentValue, StaticList, Value, as_atom, as_results,
+                                      cast, check_range_fits, entry_results, is_static,
+                                      number_type, sequence_kind, unify, weak_float_dtype,
+                                      weak_number, weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -126,7 +126,8 @@ class Lowerer:
         params = [Var(t, n) for n, t in types.items()]
         self.arguments = dict(zip(params, types))  # which Var is which argument: NeedsValue
         env: dict[str, Value] = dict(zip(types, params))
-        env.update({n: t.value for n, t in types.items() if isinstance(t, StaticScalar)})
+        env.update({n: _static_value(n, t.value) for n, t in types.items()
+                    if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
         results = entry_results(b, fdef.name, outs, fdef.result_dtype, fdef.result_spans)
@@ -325,7 +326,7 @@ class Lowerer:
                 err.add_note(jvp_layout(fdef.name, n_tangents))
             raise
         count = len(fdef.params)  # (a negative position counts from the last)
-        wrt_items = tuple(w + count if type(w) is int and -count <= w < 0 else w
+        wrt_items = tuple(w + count if number_type(w) is int and -count <= w < 0 else w
                           for w in ((wrt_value,) if single else wrt_value))
         bound = numbers_as_arrays(b, fdef, bound, wrt_items, outer.span)
         wrt_names = self.transform_wrt(fdef, bound, wrt_items, inner.span)
@@ -1226,7 +1227,7 @@ def _fold(op: str, x, y):
     elif op == "remainder":  # with the divisor's sign
         result = x % y
     elif op == "pow":
-        if (type(x) is int and type(y) is int and y > 0 and abs(x) > 1
+        if (number_type(x) is int and number_type(y) is int and y > 0 and abs(x) > 1
                 and (abs(x).bit_length() - 1) * y >= _MAX_STATIC_BITS):
             raise OverflowError("the integer power is beyond the range of every dtype")
         try:
@@ -1389,7 +1390,7 @@ def numbers_as_arrays(b: Builder, fdef: ast.FuncDef, bound: dict[str, Value], wr
             continue  # (refused by transform_wrt)
         p = fdef.params[w]
         v = bound[p.name]
-        if p.differentiable and is_static(v) and type(v) in (int, float):
+        if p.differentiable and is_static(v) and number_type(v) in (int, float):
             floats = p.ann.dtype if p.ann is not None and p.ann.dtype in FLOATS else None
             bound[p.name] = as_atom(b, float(v), span, floats or weak_float_dtype(bound.values()))
     return bound
@@ -1402,3 +1403,11 @@ def _spanned(b: Builder, start: int, span: Span) -> None:
     there, not at the function or block around it."""
     b.eqns[start:] = [e if e.span is not None else replace(e, span=span)
                       for e in b.eqns[start:]]
+
+
+def _static_value(name: str, value):
+    """A `const` or by-value argument's value as lowering sees it: a
+    negative integer remembers its argument (`ArgumentValue`)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        return ArgumentValue(value, name)
+    return value

@@ -24,6 +24,34 @@ class StaticList(tuple):
     tuple; the type only lets messages name what the user wrote."""
 
 
+class ArgumentValue(int):
+    """The value of a negative integer argument that the program is
+    compiled for (by value, or `const`), as lowering sees it: the same
+    number, remembering the argument it came from, so that a count it
+    makes negative (`segment_sum(v, ids, k)` with k = -1) is the caller's
+    `ArgumentError`, not an error in the source.  Arithmetic on it gives a
+    plain int, so only the argument passed on as it is counts as its
+    value; only a negative one is wrapped, since no other value is refused
+    for where it came from.  Code that tells numbers apart by their type
+    asks `number_type`."""
+
+    name: str
+
+    def __new__(cls, value: int, name: str) -> "ArgumentValue":
+        self = super().__new__(cls, value)
+        self.name = name
+        return self
+
+    def __getnewargs__(self) -> tuple[int, str]:  # (pickle, copy: int's lacks the name)
+        return int(self), self.name
+
+
+def number_type(v: object) -> type:
+    """`type(v)`, where an `ArgumentValue` is an int: what tells 1 from
+    1.0 and True."""
+    return int if isinstance(v, ArgumentValue) else type(v)
+
+
 def sequence_kind(v: tuple) -> str:
     """'list' or 'tuple', for messages about a compile-time sequence."""
     return "list" if isinstance(v, StaticList) else "tuple"

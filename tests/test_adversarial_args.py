@@ -2,6 +2,7 @@
 values say (checked against NumPy and finite differences) or refused with
 an `ArgumentError` before any kernel runs, on every entry point (a call,
 the transforms, params, `out=`, pullbacks)."""
+import pickle
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
+from gradlang.compiler.values import ArgumentValue
 from helpers import central_difference
 
 M = dsl.loads("""
@@ -284,6 +286,37 @@ def test_a_segment_count_beyond_addressable_memory_is_an_argument_error(f):
     got = f(np.arange(6.0).reshape(3, 2), ids, 3)
     want = [[0.0, 1.0], [6.0, 8.0], [0.0, 0.0]] if f is M.pool else np.ones((3, 2))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("f", [M.pool, dsl.grad(M.pool)], ids=["call", "grad"])
+def test_a_negative_segment_count_from_an_argument_is_an_argument_error(f):
+    """The count is the caller's value (the program compiled for it), so a
+    negative one is a bad argument, as one beyond addressable memory is:
+    it was a GradError, as if the source were wrong.  A negative count
+    written in the source stays a GradError that is no ArgumentError."""
+    with pytest.raises(dsl.ArgumentError, match=r"<string>:24:12: error: num_segments cannot "
+                       r"be negative, got -1 \(the value of argument 'count'\)"):
+        f(np.ones(3), np.array([0, 1, 1]), -1)
+    np.testing.assert_array_equal(f(np.arange(3.0), np.array([0, 1, 1]), 2),
+                                  [0.0, 3.0] if f is M.pool else np.ones(3))
+    # a negative argument value is the number it is anywhere else, where
+    # code told numbers apart by their type: a wrt position from the end was
+    # refused, a number to differentiate was "not a float array", and one
+    # of two branches' equal axes made the axis a run-time value
+    m = dsl.loads("def f(x, y):\n    return sum(x * y * y)\n\n"
+                  "def g(x, y, k: const):\n"
+                  "    return grad(f, wrt=k)(x, y) + grad(f, wrt=1)(x, k)\n\n"
+                  "def h(x, t, k: const):\n    a = -1\n    if t > 0.0:\n        a = k\n"
+                  "    return sum(x, axis=a)\n")
+    np.testing.assert_array_equal(m.g(np.array([1.0, 2.0]), np.array([3.0, 4.0]), -1),
+                                  [0.0, 10.0])
+    np.testing.assert_array_equal(m.h(np.arange(6.0).reshape(2, 3), 1.0, -1), [3.0, 12.0])
+    value = pickle.loads(pickle.dumps(ArgumentValue(-1, "k")))  # (as an IR param may travel)
+    assert (value, value.name) == (-1, "k")
+    m = dsl.loads("def f(v, ids):\n    return segment_sum(v, ids, -1)\n")
+    with pytest.raises(dsl.GradError, match="num_segments cannot be negative") as err:
+        m.f(np.ones(3), np.array([0, 1, 1]))
+    assert not isinstance(err.value, dsl.ArgumentError)
 
 
 
