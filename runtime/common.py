@@ -276,14 +276,18 @@ def arange_length(start, stop, step) -> int:
 
 
 def trip_count(start: int, stop: int, step: int, where: Where = "",
-               stacked_bytes: int = 0) -> int:
+               stacked_bytes: int = 0, limit: int = MAX_SIZE, memory: str = HOST) -> int:
     """How many times `for i in range(start, stop, step)` runs; `where`: the
     loop's place in the source, for the error (`Where`, its text a suffix
     of the messages); `stacked_bytes`: what the
     loop keeps of each trip (for a backward pass), refused before it is
     allocated if the trips' total cannot be addressed (it overflowed
-    NumPy's size computations).  A count beyond i64 is refused too, as no
-    kernel can count it."""
+    NumPy's size computations: `ArgumentError`), or if it is more than
+    `limit` bytes, `memory`'s (`AllocationError`, as `too_large`'s: a
+    target's drivers pass theirs, since under a container's limit the
+    stacks' allocation would not fail, the process would be killed as it
+    filled them).  A count beyond i64 is refused too, as no kernel can
+    count it."""
     where, span = placed(where)
     if step == 0:
         raise ArgumentError(f"range() step must not be zero{where}", span)
@@ -295,6 +299,11 @@ def trip_count(start: int, stop: int, step: int, where: Where = "",
         raise ArgumentError(f"the loop{where} runs {trips} trips and keeps {stacked_bytes} "
                             "bytes of each for its gradient: more memory than can be "
                             "addressed", span)
+    if trips * stacked_bytes > limit:
+        raise AllocationError(f"the loop{where} runs {trips} trips and keeps {stacked_bytes} "
+                              f"bytes of each for its gradient, "
+                              f"{amount(trips * stacked_bytes)}, which cannot be allocated: "
+                              f"{memory} has {amount(limit)}", span)
     return trips
 
 

@@ -42,7 +42,6 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     size_mismatch,
     size_too_small,
     slice_layout,
-    trip_count,
     Where,
 )
 from gradlang.runtime.errors import ArgumentError
@@ -78,6 +77,13 @@ ALLOCATABLE = common.HOST_MEMORY
 
 def too_large(shape: tuple, dtype, where: Where) -> None:
     common.too_large(shape, dtype, where, ALLOCATABLE, common.HOST)
+
+
+def trip_count(start: int, stop: int, step: int, where: Where = "",
+               stacked_bytes: int = 0) -> int:
+    """`common.trip_count`, the loop's stacks refused past `ALLOCATABLE`."""
+    return common.trip_count(start, stop, step, where, stacked_bytes, ALLOCATABLE,
+                             common.HOST)
 
 def reshape(x: np.ndarray, shape: tuple) -> np.ndarray:
     return x.reshape(shape)  # (np.reshape's dispatch costs a driver step more)

@@ -86,7 +86,6 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     size_too_small,
     slice_layout,
     stride_table,
-    trip_count,
     Where,
 )
 from gradlang.runtime import common, cuda_math  # noqa: E402
@@ -239,6 +238,14 @@ def memory() -> str:
 
 def too_large(shape: tuple, dtype, where: Where) -> None:
     common.too_large(shape, dtype, where, _limit(), memory())
+
+
+def trip_count(start: int, stop: int, step: int, where: Where = "",
+               stacked_bytes: int = 0) -> int:
+    """`common.trip_count`, the loop's stacks (device arrays) refused past
+    `ALLOCATABLE`."""
+    return common.trip_count(start, stop, step, where, stacked_bytes,
+                             _limit() if stacked_bytes else common.MAX_SIZE, memory())
 
 
 def _device_array(shape, dtype):

@@ -192,6 +192,36 @@ def test_a_failed_allocation_is_an_allocation_error(monkeypatch):
         dsl.value_and_grad(M.total)(np.ones(2 ** 16))  # (its gradient's 2**16: pooled)
 
 
+GROW = ("def grow(x, n: i64):\n"
+        "    for i in range(n):\n"
+        "        x = sin(x) * 0.9\n"
+        "    return sum(x)\n")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_loops_stacks_beyond_memory_are_refused_before_they_are_made(monkeypatch, target):
+    """What a loop keeps of its trips for the gradient was checked only
+    against what an array can count: past the machine's memory its
+    allocation was left to fail, which under a container's limit it does
+    not (the process is killed filling it), and a pool's block made the
+    error say 80 TiB for 72.8."""
+    from gradlang.runtime import cuda as rcuda
+    module = cpu if target == "cpu" else rcuda
+    monkeypatch.setattr(module, "ALLOCATABLE", 2 ** 20, raising=False)
+    grad = dsl.grad(dsl.loads(GROW, file="grow.grad", target=target, host_results=True).grow)
+    with pytest.raises(AllocationError) as caught:
+        grad(np.ones(100), 2000)
+    assert caught.value.message == (
+        "grad(grow): the loop runs 2000 trips and keeps 800 bytes of each for its gradient, "
+        f"1.53 MiB, which cannot be allocated: {module.common.HOST} has 1 MiB")
+    assert place(caught.value) == ("grow.grad", 2, 5)
+    x, want = np.array([0.5, -1.0]), np.ones(2)
+    for _ in range(4):  # (100 trips, 1600 bytes: kept)
+        want, x = want * np.cos(x) * 0.9, np.sin(x) * 0.9
+    np.testing.assert_allclose(grad(np.array([0.5, -1.0]), 4), want, rtol=1e-14)
+    assert grad(np.ones(2), 100).shape == (2,)
+
+
 def test_the_fast_paths_driver_checks_only_what_no_argument_holds():
     # the driver for C-contiguous arguments: log1pexp-like programs, whose
     # arrays are no larger than an argument, pay for no check
