@@ -490,8 +490,11 @@ class Compiled:
             try:
                 return run()
             except NeedsValue as need:
-                if need.name in self._by_value:  # compiled for it, yet asked again
-                    raise
+                if need.name in self._by_value and need.name in self.static_names(bound):
+                    raise  # compiled for its value, yet asked again
+                # (one already compiled for by value, now passed where its
+                # value is not on the host, a device array: by_value's
+                # ArgumentError, not this NeedsValue escaping)
                 if refuse is not None:
                     refuse(need.name)
                 self.by_value(need, bound)

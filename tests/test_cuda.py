@@ -505,3 +505,21 @@ def test_a_gpu_reuses_the_memory_of_results_nobody_holds(monkeypatch):
     kept = m.log1pexp(x)
     del kept
     assert not pool._free
+
+
+def test_a_device_array_for_a_size_after_a_host_one_is_an_argument_error():
+    # An integer argument that gives a size compiles for its value; once it
+    # had (a host 3), a device array for it reached the compiler again, and
+    # its internal NeedsValue escaped instead of the ArgumentError that the
+    # first call with a device array gives.
+    from numba import cuda
+    m = dsl.loads("def f(v, i, n: i64):\n    return segment_sum(v, i, n)\n", target="cuda",
+                  host_results=True)
+    v, ids = np.arange(6.0).reshape(3, 2), np.array([0, 2, 0])
+    np.testing.assert_array_equal(m.f(v, ids, 3), [[4.0, 6.0], [0.0, 0.0], [2.0, 3.0]])
+    for call in (m.f, dsl.grad(m.f)):
+        call(v, ids, 3)  # (grad's own program, compiled for 3 too)
+        with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'n' of "
+                                                    r"(grad\()?f\)?(\(\))? gives a size, so it "
+                                                    r"must be an integer on the host"):
+            call(v, ids, cuda.to_device(np.int64(3)))
