@@ -108,14 +108,18 @@ class Pullback:
 
     def _cotangent(self, k: int, ct: Any, out: Any) -> Any:
         """Cotangent `k` as the program takes it, for an output of type
-        `out`: a target's array of its shape and dtype as it is, anything
-        else as `host_cotangent` makes it, on the target."""
+        `out`: a target's array of its shape and dtype as it is (a device
+        array that is not C-contiguous an `ArgumentError`, as an argument
+        is), anything else as `host_cotangent` makes it, on the target."""
         where = f"cotangent {k} of the pullback of {called(self.name)}"
         if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
             if tuple(ct.shape) != out.shape or np.dtype(ct.dtype) != NUMPY[out.dtype]:
                 raise ArgumentError(f"{where} must have shape {list(out.shape)} and dtype "
                                     f"{out.dtype}")
-            return ct
+            # (taken without a copy, as an argument is, so refused where
+            # not C-contiguous: the drivers' reshapes of one need a copy a
+            # GPU's device arrays do not make)
+            return self.target.accept(ct, where)
         array = host_cotangent(where, ct, out)
         array = array if array.shape == out.shape else np.full(out.shape, array)
         return self.target.accept(array, where)

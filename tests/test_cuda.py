@@ -523,3 +523,20 @@ def test_a_device_array_for_a_size_after_a_host_one_is_an_argument_error():
                                                     r"(grad\()?f\)?(\(\))? gives a size, so it "
                                                     r"must be an integer on the host"):
             call(v, ids, cuda.to_device(np.int64(3)))
+
+
+def test_a_pullbacks_device_cotangent_that_is_not_c_contiguous_is_an_argument_error():
+    # A device cotangent of the output's shape and dtype was taken as it is,
+    # with no check of its layout (an argument's and a tangent's have one):
+    # the simulator's reshape copies, so the values came out right here,
+    # but a GPU's device array cannot be reshaped without a copy.
+    from numba import cuda
+    m = dsl.loads("def f(x):\n    return x * 2.0\n", target="cuda", host_results=True)
+    ct = np.arange(6.0).reshape(2, 3)
+    _, pullback = dsl.vjp(m.f, np.ones((2, 3)))
+    for device in (cuda.to_device(np.asfortranarray(ct)), cuda.to_device(np.ones((2, 6)))[:, ::2]):
+        with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: cotangent 0 of the "
+                                                    r"pullback of f\(\) is a device array that "
+                                                    r"is not C-contiguous"):
+            pullback(device)
+    np.testing.assert_array_equal(pullback(cuda.to_device(ct))[0], 2 * ct)  # C order: as it is
