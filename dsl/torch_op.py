@@ -383,11 +383,15 @@ def _memory(t):
     CPU tensor, a CUDA tensor itself; a copy of one whose memory holds the
     negation of its values (torch's negative bit: `c.conj().imag` of a
     complex c), which was refused as having "no memory for compiled kernels
-    to read" on the CPU (numpy() refuses it)."""
+    to read" on the CPU (numpy() refuses it).  A CUDA tensor of another
+    layout than C-contiguous is copied to one (the CUDA target refuses
+    other layouts, and torch's own backward hands an output an expanded,
+    zero-stride cotangent for `y.sum().backward()`), as the CPU target
+    copies what its kernels cannot read in place."""
     if t.is_neg():
         t = t.detach().resolve_neg()
     if not t.is_cpu:
-        return t.detach()
+        return t.detach().contiguous()
     return (t.detach() if t.requires_grad else t).numpy()  # (numpy() refuses one that does)
 
 
