@@ -6,8 +6,8 @@ Contract:
 - `simplify`: drops identities, as the op table declares them (x + 0,
   x * 1, x ** 1, stop_gradient, casts and reshapes to the same type;
   results unchanged up to the sign of a zero sum), folds constants: an
-  `exact` op (`ops.fold`) of constants, or a reshaped or broadcast
-  constant, is a constant; reshapes and broadcasts of a one-element value
+  `exact` op (`ops.fold`) of constants, or a reshaped, broadcast,
+  sliced or transposed constant, is a constant; reshapes and broadcasts of a one-element value
   in turn become one broadcast of it, transposes in turn one transpose,
   reshapes in turn one reshape (none, where it gives the first's source
   its own shape back: a vmap'd sum's `(n,) -> (n, 1) -> (n,)`);
@@ -92,8 +92,10 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             b.eqns.append(Eqn(eqn.op, inputs, (), eqn.params, eqn.span))
             continue
         out = eqn.outputs[0]
-        if eqn.op in ("reshape", "broadcast_to") and inputs[0] in fills:
-            # a reshaped or broadcast constant is a constant of the new shape
+        if eqn.op in _LAYOUT_OF_ONE and inputs[0] in fills:
+            # a reshaped, broadcast, sliced or transposed constant is a
+            # constant of the new shape (a stack's gradient slices its
+            # cotangent: of ones, for a sum, n kernel arguments of ones)
             eqn = _full(eqn, fills[inputs[0]])
             inputs = ()
         elif eqn.op in ("reshape", "broadcast_to") and isinstance(inputs[0], Var) and (
@@ -168,6 +170,9 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             broadcast[out] = alias
         b.eqns.append(Eqn(eqn.op, inputs, eqn.outputs, eqn.params, eqn.span))
     return b.function(fn.name, fn.params, [sub(a) for a in fn.outputs])
+
+
+_LAYOUT_OF_ONE = ("reshape", "broadcast_to", "slice", "transpose")  # (each value is one of x's)
 
 
 def _full(eqn: Eqn, value) -> Eqn:

@@ -220,6 +220,18 @@ def test_simplify_folds_a_reshaped_and_broadcast_quotient():
     np.testing.assert_array_equal(build(fn)(np.ones((4, 2)))[0], np.full((4, 2), 0.125))
 
 
+def test_a_stacks_gradient_of_ones_is_a_constant_not_a_kernel_of_every_slice():
+    # a stack's gradient slices its cotangent, ones for a sum: each slice
+    # of the fill was an argument of one kernel adding them up, and Numba
+    # compiles a kernel in time superlinear in its arguments (2000 stacked
+    # x: about three minutes); a sliced or transposed fill is now a fill
+    m = dsl.loads("def f(x):\n    return sum(stack([x, x, x, transpose(x)[::1]]))\n")
+    x = np.arange(4.0).reshape(2, 2)
+    gradient = dsl.grad(m.f)
+    np.testing.assert_array_equal(gradient(x), np.full((2, 2), 4.0))
+    assert kernels_of(gradient, x) == ()
+
+
 @pytest.mark.parametrize("dtype", ["f64", "i32"])
 def test_abs_of_a_negation_and_a_double_negation_drop_the_negations(dtype):
     # log_sigmoid(u) beside log_sigmoid(-u) computed exp(-abs(u)) twice: CSE
