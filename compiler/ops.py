@@ -1040,10 +1040,17 @@ _TABLE: tuple[Op, ...] = (
            "neg", _mul(b, ct, b.bind("floor_divide", x, y))))),
     # (`compiler.passes.simplify` turns small integer powers into products;
     # a negative integer exponent is spelled out: Numba's i64 0 ** -1 was
-    # the least integer, its i32 one 0)
+    # the least integer, its i32 one 0; and so is one beyond 2**16, which
+    # Numba takes to math.pow in float64 and back: the least integer where
+    # NumPy's wraps around (3 ** 65537), and an even power where 2**53 + 1
+    # rounded to 2**53 ((-1) ** (2**53 + 1) was 1).  It is split into
+    # 16-bit digits, each power of 2**16 a literal one, which Numba unrolls
+    # into products that wrap as NumPy's do.)
     Op("pow", template="math.pow({0}, {1})",
-       int_template="{0} ** {1} if {1} >= 0 else {T}({0} == 1) + {T}({0} == -1) * "
-                    "{T}(1 - 2 * ({1} & 1))", ref=_power_ref,
+       int_template="({0} ** {1} if {1} <= 65536 else ((({0} ** ({1} >> 48)) ** 65536 * "
+                    "{0} ** (({1} >> 32) & 65535)) ** 65536 * {0} ** (({1} >> 16) & 65535)) "
+                    "** 65536 * {0} ** ({1} & 65535)) if {1} >= 0 else {T}({0} == 1) + "
+                    "{T}({0} == -1) * {T}(1 - 2 * ({1} & 1))", ref=_power_ref,
        arity=2, domain=("positive", "real"), identity=1, tol=1e-4,
        vjp=_binary(_pow_a, _pow_b), cost=64),
     Op("maximum", template="{0} if ({0} > {1} or {0} != {0}) else {1}", ref=np.maximum,

@@ -241,6 +241,23 @@ def test_an_integer_to_a_negative_run_time_power_is_rounded_toward_zero_on_every
             np.testing.assert_array_equal(got, want)
 
 
+def test_an_integer_to_a_power_beyond_2_to_the_16_wraps_around_as_numpys():
+    # Numba computes an integer power whose exponent passes 2**16 by
+    # math.pow in float64: 3 ** 65537 was the least integer where NumPy's
+    # wraps around, and (-1) ** (2**53 + 1) was 1 (the odd exponent rounded
+    # to 2**53).  Exponents of each size of 16-bit digit.
+    a = np.array([-1, -1, 1, 3, -3, 2, 0, 7, -5, 3])
+    b = np.array([2**53 + 1, 2**62 + 3, 2**63 - 1, 2**63 - 1, 65537, 2**40, 2**62, 99999,
+                  2**31 - 1, 65536])
+    for target in ("cpu", "cuda"):
+        m = dsl.loads("def f(a, b):\n    return a ** b\n", target=target, host_results=True)
+        for dtype, exponents in ((np.int64, b), (np.int32, np.minimum(b, 2**31 - 1))):
+            x, k = a.astype(dtype), exponents.astype(dtype)
+            with np.errstate(all="ignore"):
+                got = m.f(x, k)
+            np.testing.assert_array_equal(got, np.power(x, k))
+
+
 
 # ------------------------------------------- random expression programs
 # Random trees of elementwise ops, where, broadcasting and reductions over
