@@ -402,10 +402,14 @@ def _pow_b(b, x, y, out, ct):
     # 0 for y > 0, so its derivative there is 0, not log(0) * 0 = NaN; a
     # negative x ** y is a number only at integer y, where it has no
     # derivative in y, and log(x)'s NaN made even u * v ** (w - w) NaN in u
-    # (JAX and PyTorch give NaN there)
+    # (JAX and PyTorch give NaN there).  A select, not log(1) x ** y: that
+    # was 0 * inf = NaN where the power is infinite or NaN at x <= 0 (0 **
+    # -1, (-2) ** 1e300, (-2) ** 0.5), where TensorFlow's is NaN too.
     zero = lit(b, 0, x)
-    base = b.bind("where", b.bind("gt", x, zero), x, lit(b, 1, x))
-    return b.bind("mul", ct, b.bind("mul", b.bind("log", base), out))
+    positive = b.bind("gt", x, zero)
+    base = b.bind("where", positive, x, lit(b, 1, x))
+    slope = b.bind("where", positive, b.bind("mul", b.bind("log", base), out), lit(b, 0, out))
+    return b.bind("mul", ct, slope)
 
 
 def _arcsinh_slope(b, x):

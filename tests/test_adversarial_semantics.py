@@ -145,6 +145,10 @@ def test_derivative_of_a_power_by_its_exponent_at_a_negative_base_is_zero(powers
     np.testing.assert_array_equal(dsl.grad(powers.power, wrt=1)(x, y), [0.0, 0.0, 0.0])
     np.testing.assert_allclose(dsl.grad(powers.power, wrt=0)(x, y), y * x ** (y - 1),
                                rtol=1e-12)
+    # and 0 where the power is infinite or NaN there, as docs/language.md
+    # says: log(1) * x ** y was 0 * inf = NaN at 0 ** -1 and (-2) ** 1e300
+    x, y = np.array([0.0, -0.0, -2.0, -2.0, 0.0]), np.array([-1.0, -3.0, 1e300, 0.5, 2.0])
+    np.testing.assert_array_equal(dsl.grad(powers.power, wrt=1)(x, y), [0.0] * 5)
     h = dsl.loads("def h(u, v):\n    return sum(u * v ** log1p(u - u))\n", "h.grad")
     u, v = np.array([0.3, -0.7, 1.1]), np.array([0.9, 0.4, -0.6])
     du, dv = dsl.grad(h.h, wrt=(0, 1))(u, v)
