@@ -230,9 +230,11 @@ def test_sigmoid_cross_entropy_gradient_does_not_cancel_at_labels_0_and_1():
 
 
 def test_gelu_slope_at_infinities_is_its_limit():
-    # catches: x phi(x) = inf * 0 = NaN at x = +-inf, where gelu' is 1 and 0
+    # catches: x phi(x) = inf * 0 = NaN at x = +-inf, where gelu' is 1 and 0,
+    # and the value x Phi(x) = -inf * 0 = NaN at -inf, where its limit is 0
     x = np.array([np.inf, -np.inf, np.nan, -20.0])
-    slope = dsl.grad(STD.gelu)(x)
+    value, slope = dsl.value_and_grad(STD.gelu)(x)
+    np.testing.assert_array_equal(value[:3], [np.inf, 0.0, np.nan])
     np.testing.assert_array_equal(slope[:3], [1.0, 0.0, np.nan])
     # Phi(-20) - 20 phi(-20), which 1 + erf cancels: JAX's is -1.10143605e-86
     np.testing.assert_allclose(slope[3], -1.1014360483133464e-86, rtol=1e-14)
