@@ -107,6 +107,19 @@ def test_sigmoid_cross_entropy_is_finite_for_every_logit():
     np.testing.assert_allclose(dt, -logits, rtol=1e-15)
 
 
+def test_sigmoid_cross_entropy_at_infinite_logits_and_labels_near_1():
+    # catches: max(z, 0) - z y + log1p(exp(-|z|)), which was inf * 0 = NaN at
+    # a masked logit z = -inf with label 0 (and z = inf with label 1), where
+    # the loss is 0, and cancelled at labels near 1: 7e-15 off a loss of 1e-4
+    # at z = 100, y = 1 - 1e-6 (exactly 100 (1 - y) + log1p(e^-100)).
+    # (the gradient check's shape: its programs serve)
+    z = np.array([[-np.inf, np.inf, np.inf], [-np.inf, 100.0, -3.0]])
+    y = np.array([[0.0, 1.0, 0.25], [0.25, 1 - 1e-6, 1.0]])
+    want = [[0.0, 0.0, np.inf], [np.inf, 100 * (1 - y[1, 1]) + np.exp(-100.0),
+                                 3 + np.log1p(np.exp(-3.0))]]
+    np.testing.assert_allclose(STD.sigmoid_cross_entropy(z, y), want, rtol=1e-15)
+
+
 def test_a_number_or_one_hot_beside_f32_arrays_keeps_the_two_argument_functions_f32():
     m = dsl.loads("from std import logaddexp, sigmoid_cross_entropy\n"
                   "def f(x, labels):\n"
