@@ -201,13 +201,13 @@ def test_softmax_and_log_softmax_keep_their_digits_at_large_logits():
 def test_logsumexp_and_log_softmax_keep_their_digits_where_the_max_dominates():
     # catches: log(s) of the shifted sum s = 1 + e^-40 + e^-45, which rounds
     # to 1: logsumexp([0, -40, -45]) was 0 (it is 4.3e-18, as SciPy's and
-    # logaddexp's log1p give) and log_softmax 0 at the max; in float32 at
-    # [-30, -1e-3] too.  The second row's max is tied: both 1s count.
-    # (x of the gradient check's shape and dtypes: its programs serve)
+    # logaddexp's log1p give) and log_softmax 0 at the max, in float32 too.
+    # The second row's max is tied: both 1s count.  (the programs of the
+    # gradient check and of the tests above serve)
     x = np.array([[0.0, -40.0, -45.0], [-30.0, 2.0, 2.0]])
     lse = np.array([np.log1p(np.exp(-40.0) + np.exp(-45.0)), 2 + np.log(2 + np.exp(-32.0))])
     for dtype, rtol in ((np.float32, 1e-6), (np.float64, 1e-15)):
-        np.testing.assert_allclose(STD.logsumexp(x.astype(dtype)), lse, rtol=rtol)
+        np.testing.assert_allclose(STD.logsumexp(x.astype(dtype), 1), lse, rtol=rtol)
         np.testing.assert_allclose(dsl.value_and_grad(STD.log_softmax)(x.astype(dtype))[0],
                                    x - lse[:, None], rtol=rtol)
 
