@@ -300,6 +300,11 @@ class _Function:
             self.local_to[name] = (f"is bound only inside the for loop at line "
                                    f"{stmt.span.line}; bind it before the loop to carry it "
                                    "through and out of the loop")
+        # (Python's loop variable outlives its loop; here it does not, so
+        # say where it was, as for a name the body binds)
+        self.local_to[stmt.var] = (f"is the variable of the for loop at line {stmt.span.line} "
+                                   "and local to it; to keep its last value, bind a name "
+                                   "before the loop and rebind it in the body")
 
     def if_branches(self, stmt: ast.If, defined: set[str], allow_named: bool) -> None:
         """A name is defined after the if when it was before, or when every

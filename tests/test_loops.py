@@ -923,6 +923,14 @@ def test_name_bound_only_in_a_loop_is_an_error_where_read():
     assert "name 'y' is bound only inside the for loop at line 2" in str(err)
 
 
+def test_loop_variable_read_after_the_loop_says_it_is_local_to_it():
+    # (the language's documented rule, which Python's loops do not have)
+    err = error_of("def f(x, n: i64):\n    for i in range(n):\n        x = x + 1.0\n"
+                   "    return x * i\n")
+    assert "name 'i' is the variable of the for loop at line 2 and local to it" in str(err)
+    assert (err.line, err.col) == (4, 16)
+
+
 @pytest.mark.parametrize("header, message, col", [
     ("for i in range(1.5):", "range() takes integers, got a float", 20),
     ("for i in range(0, 4, 0):", "range() step must not be zero", 26),
