@@ -275,8 +275,11 @@ def _static_shape(L, v, span, sizes: bool = True) -> tuple:
 def _reshape(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = list(_static_shape(L, _kw(args, kwargs, 1, "shape"), span))
-    if shape.count(-1) > 1 or any(isinstance(d, int) and d < -1 for d in shape):
+    if shape.count(-1) > 1:
         raise GradError(f"invalid shape {shape}", span)
+    for d in shape:
+        if isinstance(d, int) and d < -1:
+            raise _negative(d, f"invalid shape {shape}", span)
     if -1 in shape:
         known, size = prod(d for d in shape if d != -1), x.type.size
         # (symbolic sizes: `reshape(x, (-1, d))` of (n, t, d) is (n * t, d)
@@ -296,8 +299,9 @@ def _reshape(L, b, args, kwargs, span):
 def _broadcast_to(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = _static_shape(L, _kw(args, kwargs, 1, "shape"), span)
-    if any(isinstance(d, int) and d < 0 for d in shape):  # (a size is never negative)
-        raise GradError(f"invalid shape {list(shape)}: sizes cannot be negative", span)
+    for d in shape:
+        if isinstance(d, int) and d < 0:  # (a size is never negative)
+            raise _negative(d, f"invalid shape {list(shape)}: sizes cannot be negative", span)
     if shape == x.type.shape:
         return args[0] if is_static(args[0]) else x
     return b.bind("broadcast_to", x, shape=shape, span=span, weak=weakly_typed(args[:1]))
@@ -609,12 +613,18 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
 def _count_of(L: Lowerer, v: Value, what: str, span: Span):
     """A compile-time count (`segment_sum`'s segments, `one_hot`'s classes)."""
     count = compile_time_number(L, v, what, span)
-    if isinstance(count, ArgumentValue):  # (the caller's value, not the source's)
-        raise ArgumentError(f"{what} cannot be negative, got {count} (the value of argument "
-                            f"{count.name!r})", span)
     if isinstance(count, int) and count < 0:
-        raise GradError(f"{what} cannot be negative, got {count}", span)
+        raise _negative(count, f"{what} cannot be negative, got {count}", span)
     return count
+
+
+def _negative(value: int, message: str, span: Span) -> GradError:
+    """The error `message` says about a negative `value`: the caller's
+    `ArgumentError`, naming the argument, where it is an argument's value
+    (`ArgumentValue`), else an error in the source."""
+    if isinstance(value, ArgumentValue):
+        return ArgumentError(f"{message} (the value of argument {value.name!r})", span)
+    return GradError(message, span)
 
 
 def _arange(L, b, args, kwargs, span):

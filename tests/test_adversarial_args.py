@@ -319,6 +319,24 @@ def test_a_negative_segment_count_from_an_argument_is_an_argument_error(f):
     assert not isinstance(err.value, dsl.ArgumentError)
 
 
+def test_a_negative_size_of_a_shape_from_an_argument_is_an_argument_error():
+    """A shape's size that is an argument's value is the caller's, as a
+    segment count is: broadcast_to's and reshape's negative sizes were a
+    GradError, as if the source were wrong.  Written in the source, they
+    stay GradErrors that are no ArgumentErrors."""
+    m = dsl.loads("def fill(x, k: const):\n    return broadcast_to(x, (k,))\n\n"
+                  "def rows(x, k: const):\n    return reshape(x, (k, 2))\n\n"
+                  "def written(x):\n    return broadcast_to(x, (-2,))\n")
+    for call, shape in [(lambda: m.fill(1.0, -1), r"\[-1\]"),
+                        (lambda: m.rows(np.ones(4), -3), r"\[-3, 2\]")]:
+        with pytest.raises(dsl.ArgumentError, match=rf"invalid shape {shape}.* \(the value of "
+                           r"argument 'k'\)"):
+            call()
+    with pytest.raises(dsl.GradError, match=r"invalid shape \[-2\]") as err:
+        m.written(1.0)
+    assert not isinstance(err.value, dsl.ArgumentError)
+    np.testing.assert_array_equal(m.rows(np.arange(4.0), -1), [[0.0, 1.0], [2.0, 3.0]])
+
 
 def test_an_index_into_an_empty_axis_names_no_valid_range():
     """It said "(valid: 0 to -1)"."""
