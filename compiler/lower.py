@@ -1213,7 +1213,7 @@ def _fold(op: str, x, y):
     elif op == "sub":
         result = x - y
     elif op == "mul":
-        if (type(x) is int and type(y) is int and x and y
+        if (number_type(x) is int and number_type(y) is int and x and y
                 and abs(x).bit_length() + abs(y).bit_length() - 2 >= 2 * _MAX_STATIC_BITS):
             # (as a power: `a = a * a` repeated took 2**30 times the bits, and
             # hours; one of two numbers each in range is made, and its
