@@ -246,13 +246,14 @@ def iota(start, stop, step, dtype) -> np.ndarray:
     values of the language's `arange`, for the drivers of every target and
     for the reference interpreter (one definition, so the targets and the
     oracle agree to the bit: NumPy fills floats as start + i * delta)."""
-    if arange_length(*(v.item() if isinstance(v, np.generic) else v
-                       for v in (start, stop, step))) == 0:
-        # (NumPy's own count overflows for bounds far apart and the wrong
-        # way round, arange(2**63 - 1, -2**63) or arange(2.0**62, 0.5,
-        # 1e-300): "Maximum allowed size exceeded" for what has no values)
-        return np.empty(0, dtype)
-    return np.arange(start, stop, step, dtype=dtype)
+    if (stop - start) / step > 0:  # (`arange_length` is not 0, for bounds in i64)
+        return np.arange(start, stop, step, dtype=dtype)
+    # NumPy's own count overflows for bounds far apart and the wrong way
+    # round, arange(2**63 - 1, -2**63) or arange(2.0**62, 0.5, 1e-300):
+    # "Maximum allowed size exceeded" for what has no values.  (The sign of
+    # the quotient, not arange_length: a driver makes each arange at each
+    # call, and counting its length doubled a small call's time.)
+    return np.empty(0, dtype)
 
 
 def range_length(start: int, stop: int, step: int) -> int:
