@@ -247,13 +247,26 @@ def iota(start, stop, step, dtype) -> np.ndarray:
     for the reference interpreter (one definition, so the targets and the
     oracle agree to the bit: NumPy fills floats as start + i * delta)."""
     if (stop - start) / step > 0:  # (`arange_length` is not 0, for bounds in i64)
-        return np.arange(start, stop, step, dtype=dtype)
+        if abs(step) < _INEXACT_STEP or np.dtype(dtype).kind == "f":
+            return np.arange(start, stop, step, dtype=dtype)
+        # NumPy counts integers as a float quotient too: arange(-5, 2**62,
+        # 2**62) has one value for it, where the type rule counts two (and a
+        # kernel read past the end).  Counted exactly; i64 wraps in between,
+        # and the values themselves fit (`values.check_range_fits`).
+        count = range_length(int(start), int(stop), int(step))
+        return np.arange(count, dtype=np.int64) * np.int64(step) + np.int64(start)
     # NumPy's own count overflows for bounds far apart and the wrong way
     # round, arange(2**63 - 1, -2**63) or arange(2.0**62, 0.5, 1e-300):
     # "Maximum allowed size exceeded" for what has no values.  (The sign of
     # the quotient, not arange_length: a driver makes each arange at each
     # call, and counting its length doubled a small call's time.)
     return np.empty(0, dtype)
+
+
+# A step at which NumPy's float count of an integer range can be wrong:
+# the range spans more than 2**53 (a float's exact integers) in fewer
+# steps than 2**41 (any more are beyond memory).
+_INEXACT_STEP = 2**12
 
 
 def range_length(start: int, stop: int, step: int) -> int:

@@ -190,6 +190,19 @@ def test_a_length_beyond_i64_from_constant_bounds_is_an_argument_error(call, err
         call()
 
 
+def test_an_arange_of_a_step_beyond_a_floats_integers_counts_as_python_does():
+    """NumPy counts an integer arange as a float quotient, one value short
+    for arange(-5, 2**62, 2**62); the type rule counts two, and the second
+    was read past the end of the first (0 here)."""
+    m = dsl.loads("def steps(a: const i64, b: const i64, c: const i64):\n"
+                  "    return arange(a, b, c)\n")
+    for bounds in [(-5, 2**62, 2**62), (2**63 - 1, -5, -2**62), (-2**63, 0, 2**63 - 1),
+                   (0, 10, 3)]:
+        got = m.steps(*bounds)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, list(range(*bounds)))
+
+
 def test_trip_counts_near_the_limits_count_as_python_does():
     x = np.array([0.5, -1.0])
     for bounds in [(-2**63, 2**63 - 1, 2**62), (2**63 - 1, -2**63, -2**62), (5, 5, 1),
