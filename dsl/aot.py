@@ -565,7 +565,7 @@ def written_by_gradc(path: Path) -> bool:
     may be overwritten), recognized by its first line: a regular file
     (`read_regular_file`: a FIFO there, which a plain open() waits on for
     ever, hung gradc compile; it is none)."""
-    data = read_regular_file(path)
+    data = read_regular_file(path, len(MARKER.encode()) + 1)  # (not all of a large file)
     return data is not None and \
         data.split(b"\n", 1)[0].decode("utf-8", errors="replace") == MARKER
 

@@ -743,17 +743,18 @@ def stored(kind: str, key: str) -> Optional[bytes]:
     return data
 
 
-def read_regular_file(path: Path) -> Optional[bytes]:
-    """The bytes of `path`, or None where it cannot be read or is no
-    regular file: a FIFO among a cache's files, which a plain open() waits
-    on for ever, is opened without waiting and refused."""
+def read_regular_file(path: Path, size: int = -1) -> Optional[bytes]:
+    """The bytes of `path` (its first `size`, where given), or None where
+    it cannot be read or is no regular file: a FIFO among a cache's files,
+    which a plain open() waits on for ever, is opened without waiting and
+    refused."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
         try:
-            return handle.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+            return handle.read(size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
         except OSError:
             return None
 
