@@ -179,6 +179,10 @@ class AotFunction:
         self.module = module
         self.name = self.__name__ = name
         self.specs = tuple(ParamSpec(*p) for p in spec["params"])
+        # const integers of no width, which a NumPy i32 may be given for
+        # (`_narrow_statics`: found once, for a call of arrays to pay nothing)
+        self.widthless_consts = tuple(s.name for s in self.specs
+                                      if s.const and s.dtype in (None, "int"))
         self.reads = tuple(spec["reads"])
         self.param_specs = tuple(module.params.spec(w) for w in self.reads)
         # (kind, dtype and rank of each argument) -> the programs compiled for
@@ -230,9 +234,9 @@ class AotFunction:
         names no width: its value alone picks the program (it is a
         constant of it, as in `dsl.load`'s), and a signature gives it as a
         Python int, i64, so no --sig could compile one of i32."""
-        return tuple(s.name for s in self.specs
-                     if s.const and s.dtype in (None, "int") and s.name in bound
-                     and np.ndim(bound[s.name]) == 0 and np.dtype(bound[s.name].dtype) == np.int32)
+        return tuple(n for n in self.widthless_consts
+                     if n in bound and np.ndim(bound[n]) == 0
+                     and np.dtype(bound[n].dtype) == np.int32)
 
     @staticmethod
     def _widened(bound: dict[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
