@@ -94,9 +94,6 @@ def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
     1))`'s `(0, (1, 0))`), where an integer stands for every result in its
     part (as JAX's tree prefixes); its nesting a call checks
     (`_axes_per_result`).  Lists are taken as tuples."""
-    if _is_axis(out_axes):
-        return int(out_axes)
-
     def checked(item: Any) -> Any:
         if isinstance(item, (list, tuple)):
             return tuple(map(checked, item))
@@ -104,9 +101,7 @@ def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
             raise ArgumentError(f"out_axes is an integer or a tuple of one per result (the axis "
                                 f"of the examples in each), got {out_axes!r}", f.span)
         return int(item)
-    if isinstance(out_axes, (list, tuple)):
-        return checked(out_axes)
-    return checked(None)
+    return checked(out_axes)
 
 
 def _axes_per_result(out_axes: OutAxes, layout: Any, name: str, span) -> dict[int, int]:
