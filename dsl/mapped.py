@@ -463,16 +463,17 @@ class MappedJacobian(AsFunction):
         """The Jacobians for arguments bound by `f` (the vmap of the
         Jacobian's function), refused where a tuple out_axes (of zeros)
         does not nest as they do: `(0, 0, 0)` for two Jacobians was taken
-        as 0."""
-        jacobians = self._jacobians(bound)
+        as 0; checked on their structure (`results_like`) before any is
+        worked out."""
         if isinstance(self.out_axes, tuple):
             count = itertools.count()
-            _axes_per_result(self.out_axes, _each_leaf(jacobians, lambda _: next(count)),
+            _axes_per_result(self.out_axes,
+                             _each_leaf(self.results_like(bound), lambda _: next(count)),
                              self.name, self.jacobian.f.span)
-        return jacobians
+        return self._jacobians(bound)
 
     def _jacobians(self, bound: dict[str, Any]) -> Any:
-        """`call_bound`'s Jacobians, before out_axes is checked."""
+        """`call_bound`'s Jacobians, out_axes checked."""
         stacked = self.front.stacked
         bound = {n: self.f.to_front(n, a) if n in stacked else a for n, a in bound.items()}
         k = bound[stacked[0]].shape[0]
