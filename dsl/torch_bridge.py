@@ -77,7 +77,8 @@ from dsl.aot_bridge import AotBridged, arranged
 from dsl.bridge import Bridged, bind_foreign, bridged, widened_halves
 from dsl.dask_bridge import placeholder
 from dsl.function import (Compiled, FastPath, Stacked, backward_function, batched_function,
-                          fast_key, jvp_function, needs_ir, result_types, split_of_bound)
+                          fast_key, holding_nothing, jvp_function, needs_ir, result_types,
+                          results_like, split_of_bound)
 from dsl.torch_op import _memory, _shareable, _tensor, apply as apply_operation, hint
 from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import INTEGRAL
@@ -524,10 +525,12 @@ def _operations() -> tuple:
                 for i in range(info.batch_size)]
             if each:
                 outs = tuple(torch.stack(_same_shapes(o, call.f)) for o in zip(*each))
-            else:  # no example: empty results of the shapes one of zeros gives (as dsl.vmap)
-                outs = tuple(o.new_empty((0, *o.shape)) for o in apply(call.f, *call.rebound(
-                    [t if dims[n] is None else t.new_zeros(t.shape[1:])
-                     for n, t in zip(call.names, tensors)])))
+            else:  # no example: empty results of the shapes f's IR gives, none run (as dsl.vmap)
+                example = {n: holding_nothing(tuple(t.shape[1:]), call.bound[n].dtype)
+                           for n, t in zip(call.names, tensors) if dims[n] is not None}
+                device = next(t.device for n, t in zip(call.names, tensors) if n in example)
+                outs = tuple(torch.from_numpy(np.empty((0, *r.shape), r.dtype)).to(device)
+                             for r in results_like(call.f, {**call.bound, **example}))
         return outs, (0,) * len(outs)
 
     def forward_with_ctx(ctx, call: Call, *tensors) -> tuple:

@@ -513,6 +513,18 @@ def test_vmap_over_a_size_stacks_equal_results_and_refuses_unequal_ones():
         f(x, seg, torch.tensor([2, 3]))
 
 
+def test_vmap_over_a_batch_of_no_examples_runs_no_example():
+    # one call per example (n gives a size): a batch of none ran f on
+    # zeros of one example's shape for the results' shapes, 1 TiB here
+    # (torch's allocator refused it); the shapes now come from f's IR
+    m = dsl.loads("def g(x, n: i64):\n    return x * 2.0, arange(n) * 1.0\n")
+    f = torch.func.vmap(dsl.to_torch(m.g), in_dims=(0, 0))
+    doubled, counted = f(torch.zeros((), dtype=torch.float64).expand(0, 2**37),
+                         torch.zeros(0, dtype=torch.long))
+    assert (doubled.shape, doubled.dtype) == ((0, 2**37), torch.float64)
+    assert (counted.shape, counted.dtype) == ((0, 0), torch.float64)
+
+
 # A grad block that deliberately differs from the true derivative (d/dx
 # is y * x, not y * cos x): every torch.func transform must follow it, in
 # reverse and forward mode, to second order (d/dx of the block is y).
