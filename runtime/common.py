@@ -246,7 +246,7 @@ def iota(start, stop, step, dtype) -> np.ndarray:
     values of the language's `arange`, for the drivers of every target and
     for the reference interpreter (one definition, so the targets and the
     oracle agree to the bit: NumPy fills floats as start + i * delta)."""
-    if (stop - start) / step > 0:  # (`arange_length` is not 0, for bounds in i64)
+    if _ascends_to(start, stop, step):  # (`arange_length` is not 0)
         if abs(step) < _INEXACT_STEP or np.dtype(dtype).kind == "f":
             return np.arange(start, stop, step, dtype=dtype)
         # NumPy counts integers as a float quotient too: arange(-5, 2**62,
@@ -258,9 +258,16 @@ def iota(start, stop, step, dtype) -> np.ndarray:
     # NumPy's own count overflows for bounds far apart and the wrong way
     # round, arange(2**63 - 1, -2**63) or arange(2.0**62, 0.5, 1e-300):
     # "Maximum allowed size exceeded" for what has no values.  (The sign of
-    # the quotient, not arange_length: a driver makes each arange at each
+    # the signs, not arange_length: a driver makes each arange at each
     # call, and counting its length doubled a small call's time.)
     return np.empty(0, dtype)
+
+
+def _ascends_to(start, stop, step) -> bool:
+    """Whether `np.arange(start, stop, step)` has any value: stop lies
+    beyond start in step's direction (by the signs, not the quotient,
+    which underflows to 0 for arange(0.0, 1e-300, 1e300): one value)."""
+    return stop != start and (stop > start) == (step > 0)
 
 
 # A step at which NumPy's float count of an integer range can be wrong:
@@ -285,8 +292,10 @@ def arange_length(start, stop, step) -> int:
     a length refused as too large as any beyond memory is."""
     if all(isinstance(v, int) for v in (start, stop, step)):
         return range_length(start, stop, step)
-    quotient = (stop - start) / step
-    return 0 if quotient <= 0 else math.ceil(min(quotient, sys.float_info.max))
+    if not _ascends_to(start, stop, step):
+        return 0
+    # (at least one: a quotient that underflows to 0 has start, as NumPy's)
+    return max(1, math.ceil(min((stop - start) / step, sys.float_info.max)))
 
 
 def trip_count(start: int, stop: int, step: int, where: Where = "",

@@ -68,6 +68,18 @@ def test_arange_is_numpys_for_sizes_steps_and_floats():
     np.testing.assert_array_equal(M.between(2, 5), np.arange(2, 5))
 
 
+@pytest.mark.parametrize("bounds", ["0.0, 1e-300, 1e300", "0.0, -1e-300, 1e300",
+                                    "-1e-300, 0.0, -1e300", "1.0, 1.0, 1e300"])
+def test_an_arange_whose_count_underflows_is_numpys(bounds):
+    # (stop - start) / step underflowing to 0 counted no value; NumPy has
+    # start, one value, where stop lies beyond start in step's direction
+    m = dsl.loads(f"def f(x):\n    return arange({bounds}) + x\n")
+    expected = np.arange(*map(float, bounds.split(", ")))
+    got = m.f(0.0)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_arange_and_one_hot_are_weakly_typed_like_literals():
     x = np.arange(1.0, 5.0, dtype=np.float32)
     scaled, flipped, converted, carried = M.weak(x)  # carried: as from `s = 0.0`
