@@ -2,9 +2,11 @@
 
 Contract: `ChildSafeLock()` is a lock (a context manager; re-entrant with
 `reentrant=True`) that a process forked while another thread held it
-finds free.  What one guards must be whole between any two steps of the
-thread that holds it (an entry stored once it is complete): the child sees
-it as that thread left it, and does the rest again itself.
+finds free, and that an exception raised by a signal's handler (a Ctrl-C)
+as a `with` takes it never leaves held (`with lock as x` gives x no
+meaning).  What one guards must be whole between any two steps of the
+thread that holds it (an entry stored once it is complete): the child
+sees it as that thread left it, and does the rest again itself.
 
 Numba's compiler lock guards much more (its typing and target contexts,
 changed all through a compile), so instead of freeing it in the child, a
@@ -50,12 +52,17 @@ class ChildSafeLock:
         self._lock = threading.RLock() if reentrant else threading.Lock()
         _LOCKS.add(self)
 
-    def __enter__(self) -> "ChildSafeLock":
-        self._lock.acquire()
-        return self
+    # `with` runs the lock's own (C) methods: no line of Python runs
+    # between its taking the lock and the block's start, where a Ctrl-C's
+    # handler could raise (as it did after a Python `__enter__`'s acquire:
+    # `__exit__` never ran, and every other thread waited for ever).
+    @property
+    def __enter__(self) -> Callable[[], bool]:
+        return self._lock.__enter__
 
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
+    @property
+    def __exit__(self) -> Callable[..., None]:
+        return self._lock.__exit__
 
 
 class cached_attribute:

@@ -2,12 +2,14 @@
 the compile has ended, so that the compile is never cut short (Numba's
 state after a cut one failed every later compile of the process)."""
 import signal
+import sys
+import threading
 
 import numpy as np
 import pytest
 
 import dsl
-from gradlang.runtime import interrupts, loader
+from gradlang.runtime import forking, interrupts, loader
 
 
 @pytest.fixture
@@ -59,3 +61,78 @@ def test_ctrl_c_pressed_again_as_a_compile_ends_is_raised_once(python_handles_ct
     except KeyboardInterrupt:
         pytest.fail("a later block's end raised the first Ctrl-C again")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _interrupting_at(n: int, code_file: str, raised: list):
+    """A trace function raising KeyboardInterrupt at the n-th line run in
+    `code_file`'s functions (as a Ctrl-C's handler does at whichever line
+    the eval loop delivers it), `raised` told so."""
+    lines = [0]
+
+    def at_line(frame, event, arg):
+        if event == "line":
+            lines[0] += 1
+            if lines[0] == n:
+                raised.append(n)
+                raise KeyboardInterrupt
+        return at_line
+    return lambda frame, event, arg: at_line if frame.f_code.co_filename == code_file else None
+
+
+def _taken_by_another_thread(lock) -> bool:
+    taken = []
+
+    def take():
+        with lock:
+            taken.append(True)
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    thread.join(2)
+    return bool(taken)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_ctrl_c_at_any_line_of_taking_a_child_safe_lock_leaves_it_free(reentrant):
+    # a Ctrl-C delivered just after `__enter__` took the lock, before it
+    # returned: `with` never ran `__exit__`, and every other thread's next
+    # call of the function (whose programs it guards) waited for ever
+    lock = forking.ChildSafeLock(reentrant=reentrant)
+    for n in range(1, 10):
+        raised: list = []
+        sys.settrace(_interrupting_at(n, forking.__file__, raised))
+        try:
+            with lock:
+                sys.settrace(None)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert _taken_by_another_thread(lock), f"held after a Ctrl-C at line {n} of entering"
+        if not raised:
+            break
+
+
+def test_a_function_interrupted_as_it_takes_its_lock_is_called_by_another_thread():
+    m = dsl.loads("def f(x):\n    return x * 2.5 - 0.75\n")
+    x = np.linspace(-1.0, 1.0, 4)
+    finished = []
+
+    def interrupted_calls():  # (in a thread: where a lock is left held, it waits for ever)
+        for n in range(1, 60):  # at each line of gradlang's lock code that a call runs
+            raised: list = []
+            sys.settrace(_interrupting_at(n, forking.__file__, raised))
+            try:
+                m.f(x)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            if not raised:
+                finished.append(n)
+                return
+    caller = threading.Thread(target=interrupted_calls, daemon=True)
+    caller.start()
+    caller.join(20)
+    assert finished, "a call waited for a lock that an interrupted call left held"
+    assert _taken_by_another_thread(m.f._lock)
+    np.testing.assert_array_equal(m.f(x[:, None]), x[:, None] * 2.5 - 0.75)
