@@ -91,8 +91,10 @@ class Lease:
                                     "data": (block.ctypes.data, False)}
 
     def __del__(self):
-        if _open:  # at exit, what _give_back uses may be gone already
-            _give_back(self._block)
+        # (a Ctrl-C delivered as __init__ began leaves a lease of no block)
+        block = getattr(self, "_block", None)
+        if _open and block is not None:  # at exit, what _give_back uses may be gone
+            _give_back(block)
 
     def __reduce__(self):
         raise TypeError("a pool lease cannot be copied or pickled (a copy would give "
