@@ -311,9 +311,25 @@ class VmapFunction(Stacked):
         each = [self.inner.call_bound({n: fronts[n][i] if n in fronts else a
                                        for n, a in bound.items()}) for i in range(k)]
         # (no example: empty results of the shapes one would have, run for none)
-        like = each[0] if each else results_like(self.inner, example)
+        like = each[0] if each else _results_like(self.inner, example)
         return tuple(self._stack([e[j] for e in each], like[j], j, len(like))
                      for j in range(len(like)))
+
+    def results_like(self, bound: dict[str, Any]) -> tuple[np.ndarray, ...]:
+        """Its results for arguments like `bound` (bound by `bind`), as
+        arrays of their shapes and dtypes that hold no memory, running
+        nothing: the stacked program's (from its IR), or, where it runs one
+        example at a time, one example's with the examples' axis put in."""
+        example = {n: self._example(n, a) for n, a in bound.items()}
+        if self.stacks(example):
+            return results_like(self, bound)
+        first = bound[self.stacked[0]]
+        k = first.shape[self.axis(self.stacked[0], first.ndim)]
+        like = _results_like(self.inner, example)
+        shapes = [r.shape for r in like]
+        placed = [self.out_axis(j, len(like), len(shape) + 1) for j, shape in enumerate(shapes)]
+        return tuple(holding_nothing(shape[:axis] + (k,) + shape[axis:], r.dtype)
+                     for r, shape, axis in zip(like, shapes, placed))
 
     def _stack(self, results: list, like: Any, j: int, count: int) -> Any:
         """The examples' results (result j of `count`) as one array of the
@@ -511,6 +527,15 @@ class MappedJacobian(AsFunction):
             return tuple(self._stacked_like([e[j] for e in each], part)
                          for j, part in enumerate(like))
         return self._placed(self.front.host_stack(each, like))
+
+
+def _results_like(f: Compiled, bound: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    """f's results for arguments like `bound`, running nothing
+    (`dsl.function.results_like`; a vmap that runs one example at a time
+    has no program of its own to read them from: its own)."""
+    if isinstance(f, VmapFunction):
+        return f.results_like(bound)
+    return results_like(f, bound)
 
 
 def _each_leaf(tree: Any, change: Callable[[np.ndarray], Any]) -> Any:

@@ -157,6 +157,11 @@ def test_a_batch_of_no_examples_runs_no_example_one_at_a_time():
     doubled, counted = dsl.vmap(m.f)(batch, np.zeros(0, np.int64))
     assert (doubled.shape, doubled.dtype) == ((0, 2**37), np.float64)
     assert (counted.shape, counted.dtype) == ((0, 0), np.float64)
+    # a vmap of such a vmap has no program to read the shapes from: its
+    # inner one's examples give them (that was a NotStacked error)
+    twice = dsl.vmap(dsl.vmap(m.f, out_axes=(1, 0)), in_axes=1, out_axes=(2, 0))
+    doubled, counted = twice(np.zeros((3, 0, 4)), np.zeros((3, 0), np.int64))
+    assert (doubled.shape, counted.shape) == ((4, 3, 0), (0, 3, 0))
 
 
 @pytest.mark.parametrize("jacobian", [dsl.jacrev, dsl.jacfwd])
