@@ -271,6 +271,9 @@ def elementwise_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]
             taken = cond if k == 1 else b.bind("logical_not", cond)
         elif row.picked_when is not None:
             taken = b.bind(row.picked_when, eqn.inputs[k], eqn.inputs[1 - k])
+            if eqn.inputs[k].type.is_float and not isinstance(eqn.inputs[k], Lit):
+                # (a NaN input is the one picked: maximum(NaN, 1) is NaN)
+                taken = b.bind("logical_or", taken, b.bind("ne", eqn.inputs[k], eqn.inputs[k]))
         if taken is not None:
             mask = taken if mask is None or mask is taken else \
                 b.bind("logical_and", mask, taken)

@@ -370,12 +370,35 @@ def _mul(b, x, y):
     return b.bind("mul", x, y)
 
 
+def _is_nan(b, x: Atom):
+    """x != x: where x is NaN; False for a literal that is not, and for an
+    integer (which has none), so that maximum(x, 0) costs no test."""
+    if isinstance(x, Lit) and not (isinstance(x.value, float) and math.isnan(x.value)):
+        return None
+    if not x.type.is_float:
+        return None
+    return b.bind("ne", x, x)
+
+
 def _max_vjp(pick_greater: bool):
+    # The cotangent goes to the input the value is (maximum(NaN, 1) is NaN,
+    # as NumPy's): a NaN input takes it all, two NaNs share it as a tie.  A
+    # comparison with NaN is false both ways, so `x > y` and `x == y` alone
+    # gave both inputs 0: `max(x, axis=1, initial=0)` (maximum(reduce_max,
+    # 0)) dropped the gradient of a row holding NaN, which `max`'s rule
+    # shares among its NaNs.  (JAX's is 0 there, PyTorch's 1 for both.)
     def rule_for(first: bool):
         def rule(b, x, y, out, ct):
             mine, other = (x, y) if first else (y, x)
             strict = b.bind("gt" if pick_greater else "lt", mine, other)
             tie = b.bind("eq", mine, other)
+            mine_nan, other_nan = _is_nan(b, mine), _is_nan(b, other)
+            if mine_nan is not None:
+                alone = mine_nan if other_nan is None else \
+                    b.bind("logical_and", mine_nan, b.bind("logical_not", other_nan))
+                strict = b.bind("logical_or", strict, alone)
+                if other_nan is not None:
+                    tie = b.bind("logical_or", tie, b.bind("logical_and", mine_nan, other_nan))
             half = b.bind("mul", ct, lit(b, 0.5, ct))
             zero = lit(b, 0, ct)
             return b.bind("where", strict, ct, b.bind("where", tie, half, zero))

@@ -287,6 +287,26 @@ def test_max_gradient_goes_to_the_nan_of_a_row_holding_one(module):
     np.testing.assert_array_equal(slope, [[0, 1, 0], [0.5, 0.5, 0], [0.5, 0, 0.5]])
 
 
+def test_a_max_with_initial_and_maximum_give_the_gradient_to_their_nan():
+    # catches: maximum(a, b)'s derivative tested a > b and a == b, both
+    # false at a NaN: maximum(NaN, 1) (NaN) gave both inputs 0, so
+    # max(x, initial=0), maximum(reduce_max, 0), dropped the gradient of a
+    # row holding NaN that max's rule gives its NaNs; forward mode too
+    m = dsl.loads("""
+def capped(x):
+    return max(x, axis=1, initial=0)
+def larger(a, b):
+    return maximum(a, b)
+""")
+    x = np.array([[1.0, np.nan, 2.0], [np.nan, -1.0, np.nan], [-1.0, -2.0, 3.0]])
+    np.testing.assert_array_equal(dsl.grad(m.capped)(x), [[0, 1, 0], [0.5, 0, 0.5], [0, 0, 1]])
+    t = np.array([[1.0, 2.0, 4.0]] * 3)
+    np.testing.assert_array_equal(dsl.jvp(m.capped, (x,), (t,))[1], [2.0, 2.5, 4.0])
+    a, b = np.array([np.nan, 1.0, np.nan, 2.0]), np.array([1.0, np.nan, np.nan, 2.0])
+    np.testing.assert_array_equal(dsl.grad(m.larger, wrt=(0, 1))(a, b),
+                                  [[1, 0, 0.5, 0.5], [0, 1, 0.5, 0.5]])
+
+
 @pytest.mark.parametrize("parallel", ["always", "never"])
 def test_a_max_along_short_rows_runs_row_parallel_with_the_serial_bits(gradc_parallel, parallel):
     # (a max_pool2d's stacked windows: R.reduce_max over a last axis of 9,
