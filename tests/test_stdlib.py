@@ -251,3 +251,18 @@ def test_gelu_slope_at_infinities_is_its_limit():
     np.testing.assert_array_equal(slope[:3], [1.0, 0.0, np.nan])
     # Phi(-20) - 20 phi(-20), which 1 + erf cancels: JAX's is -1.10143605e-86
     np.testing.assert_allclose(slope[3], -1.1014360483133464e-86, rtol=1e-14)
+
+
+def test_log_softmax_gradient_keeps_its_digits_at_a_confident_max():
+    # catches: dy - softmax(x) * sum(dy), where softmax rounds to 1 at the
+    # max of [0, -20, -30] in float32: its gradient there (a cross-entropy's
+    # at a confident label) was 1 - 1 = 0, where it is 1 - p = 2.1e-9; the
+    # tied row checks the max's ties still share it
+    x = np.array([[0.0, -20.0, -30.0], [-30.0, 2.0, 2.0]])
+    dy = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    e1, e2, s = np.exp(-20.0), np.exp(-30.0), 1 + np.exp(-20.0) + np.exp(-30.0)
+    p = np.exp(-32.0) / (2 + np.exp(-32.0))
+    expected = [[(e1 + e2) / s, -e1 / s, -e2 / s], [-p, 1 - (1 - p) / 2, -(1 - p) / 2]]
+    for dtype, rtol in ((np.float32, 1e-6), (np.float64, 1e-15)):
+        _, pullback = dsl.vjp(STD.log_softmax, x.astype(dtype))
+        np.testing.assert_allclose(pullback(dy.astype(dtype))[0], expected, rtol=rtol)
