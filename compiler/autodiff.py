@@ -207,7 +207,7 @@ def _pull_back(b: Builder, record: _Record, cots: Cotangents) -> None:
     if op.kind == "call":
         start = len(b.eqns)
         in_cts = inline(b, eqn.p["bwd"], list(eqn.inputs) + residuals + out_cts)
-        in_cts, block_masks = _masked_by_block(b, b.eqns[start:], out_cts,
+        in_cts, block_masks = _masked_by_block(b, start, out_cts,
                                                [cots.mask(o) for o in outs], in_cts)
     else:
         in_cts = op.vjp(b, shadow, out_cts, needs)
@@ -220,36 +220,94 @@ def _pull_back(b: Builder, record: _Record, cots: Cotangents) -> None:
             cots.accumulate(a, ct, _both(b, mask, block_masks[index]))
 
 
-def _masked_by_block(b: Builder, eqns: Sequence[Eqn], cts: Sequence[Atom],
+def _masked_by_block(b: Builder, start: int, cts: Sequence[Atom],
                      ct_masks: Sequence[Optional[Var]], results: Sequence[Atom]
                      ) -> tuple[list[Atom], list[Optional[Var]]]:
     """A grad block's results (computed from the cotangents `cts` by
-    `eqns`, its inlined body), each re-selected by the where-mask it has
-    (None: none), and those masks: the block's wheres, and the cotangents'
-    masks `ct_masks`, carried through its equations as forward mode
-    carries a tangent's (`elementwise_mask`, `moved_positions_mask`).
+    `b.eqns[start:]`, its inlined body), each re-selected by the where-mask
+    it has (None: none), and those masks: the block's wheres, and the
+    cotangents' masks `ct_masks`, carried through its equations as forward
+    mode carries a tangent's (`elementwise_mask`, `moved_positions_mask`).
     Without them, the cotangent of x through a block where(x > 0, d, 0)
     met sqrt's infinite slope before the call: grad of sum(r(sqrt(x))) was
-    0 * inf = NaN at x = 0, and 0 with the where written without a block."""
+    0 * inf = NaN at x = 0, and 0 with the where written without a block.
+    As forward mode does a tangent, each value the mask of an elementwise
+    op holds is re-selected by it where it is made (the equations after it
+    read the selected value): a block `where(x > 0, d, 0) / sqrt(x) + d`
+    was NaN at x <= 0 in reverse mode (the sum has no mask: d has none),
+    where its transpose (forward mode) and the block without `+ d` give
+    the finite value.  A loop's body is re-selected so too (`_masked_loop`)."""
+    eqns = b.eqns[start:]
+    del b.eqns[start:]
     masks = {c: m for c, m in zip(cts, ct_masks) if isinstance(c, Var) and m is not None}
     reached = {c for c in cts if isinstance(c, Var)}
+    alias: dict[Var, Atom] = {}
+
+    def sub(a: Atom) -> Atom:
+        return alias.get(a, a) if isinstance(a, Var) else a
+
     for e in eqns:
+        e = Eqn(e.op, tuple(sub(a) for a in e.inputs), e.outputs, e.params, e.span)
         on = [isinstance(a, Var) and a in reached for a in e.inputs]
         if not any(on):
+            b.eqns.append(e)
             continue
         reached.update(e.outputs)
         op = ops.OPS[e.op]
+        if op.kind == "loop":
+            e = _masked_loop(e, on)
+        b.eqns.append(e)
         from_cts = [a if o else None for a, o in zip(e.inputs, on)]
         in_masks = [masks.get(a) if isinstance(a, Var) else None for a in e.inputs]
         mask = None
         if op.kind == "elementwise":
             mask = elementwise_mask(b, e, from_cts, in_masks)
+            if mask is not None and op.masking == "select" and e.out.type.is_float:
+                alias[e.out] = zero_outside(b, mask, e.out)
+                reached.add(alias[e.out])
+                masks[alias[e.out]] = mask
         elif op.kind in MOVES_POSITIONS:
             mask = moved_positions_mask(b, e, from_cts, in_masks)
         if mask is not None:
             masks[e.out] = mask
+    results = [sub(r) for r in results]
     found = [masks.get(r) if isinstance(r, Var) else None for r in results]
     return [zero_outside(b, m, r) for r, m in zip(results, found)], found
+
+
+def _masked_loop(eqn: Eqn, on: Sequence[bool]) -> Eqn:
+    """A loop of a grad block whose body re-selects, as `_masked_by_block`
+    does, the values it computes from the loop's inputs that the
+    cotangents reach (`on`, by input; a carried value also where a trip
+    makes it reached), by the where-masks found in the body (none of the
+    inputs' own: those stay outside, as the results' re-selection)."""
+    p = eqn.p
+    body, n_carry = p["body"], p["n_carry"]
+    # body parameter k - 2 is the loop's input k (parameter 0 is the index)
+    reached = [False] + list(on[3:])
+    while True:
+        outs = _read_from(body, reached)
+        grown = [r or (1 <= k <= n_carry and outs[k - 1]) for k, r in enumerate(reached)]
+        if grown == reached:
+            break
+        reached = grown
+    bb = Builder()
+    params = [Var(v.type, v.hint) for v in body.params]
+    start = len(bb.eqns)
+    results = inline(bb, body, params)
+    cts = [v for v, r in zip(params, reached) if r]
+    selected, _ = _masked_by_block(bb, start, cts, [], results)
+    new_body = bb.function(body.name, params, selected)
+    return Eqn(eqn.op, eqn.inputs, eqn.outputs, tuple({**p, "body": new_body}.items()), eqn.span)
+
+
+def _read_from(fn: Function, reached: Sequence[bool]) -> list[bool]:
+    """By output of `fn`: whether it reads a parameter `reached` marks."""
+    on = {v for v, r in zip(fn.params, reached) if r}
+    for e in fn.eqns:
+        if any(isinstance(a, Var) and a in on for a in e.inputs):
+            on.update(e.outputs)
+    return [isinstance(o, Var) and o in on for o in fn.outputs]
 
 
 def elementwise_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],

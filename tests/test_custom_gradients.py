@@ -324,6 +324,25 @@ def test_a_blocks_where_masks_the_cotangent_it_gives_as_the_where_itself_does():
     np.testing.assert_array_equal(dsl.grad(dsl.grad(m.g))(x), [0.0, 0.0, 2.0])
 
 
+def test_a_blocks_where_masks_its_value_before_a_sum_and_in_a_loop():
+    # the block's masked term 0 * (0.5 / sqrt(x)) (NaN at x <= 0) was
+    # re-selected only as the block's result: `+ d` (which has no mask)
+    # or a loop around it left NaN in reverse mode, where the transpose
+    # (forward mode, `dsl.jvp`) and the block without them give d's part
+    m = dsl.loads("def s(x):\n    return sqrt(where(x > 0, x, 0)) + x\ngrad(d):\n"
+                  "    return where(x > 0, d, 0) * 0.5 / sqrt(x) + d\n"
+                  "def l(x):\n    return sqrt(where(x > 0, x, 0))\ngrad(d):\n"
+                  "    acc = zeros_like(d)\n    for i in range(2):\n"
+                  "        acc = acc + where(x > 0, d, 0) * 0.25 / sqrt(x)\n    return acc\n")
+    x, t = np.array([-1.0, 0.0, 4.0]), np.array([2.0, 3.0, 5.0])
+    slope = np.array([0.0, 0.0, 0.25])
+    np.testing.assert_array_equal(dsl.vjp(m.s, x)[1](t)[0], (slope + 1) * t)
+    np.testing.assert_array_equal(dsl.vjp(m.l, x)[1](t)[0], slope * t)
+    # the loop's block differentiated through its residual x: d/dx of
+    # 0.5 d / sqrt(x) is -d / (4 x^1.5), and 0 where the where is not taken
+    np.testing.assert_allclose(dsl.hvp(m.l)(x, t), [0.0, 0.0, -5 / 32], rtol=1e-12)
+
+
 STD = dsl.loads("from std import softplus, log_sigmoid, logsumexp, relu, leaky_relu, gelu, "
                 "sigmoid\n"
                 "def lse_rows(x):\n    return logsumexp(x, axis=1)\n")
