@@ -248,12 +248,16 @@ def _masked_by_block(b: Builder, start: int, cts: Sequence[Atom],
 
     for e in eqns:
         e = Eqn(e.op, tuple(sub(a) for a in e.inputs), e.outputs, e.params, e.span)
-        on = [isinstance(a, Var) and a in reached for a in e.inputs]
+        op = ops.OPS[e.op]
+        # (a token input, as `@recompute`'s barrier on its rerun's inputs
+        # takes the cotangent, is no value taken from it: its rerun of x
+        # was reached, and the block's masks lost at 0.5 / sqrt(x))
+        on = [isinstance(a, Var) and a in reached and i not in op.token_inputs
+              for i, a in enumerate(e.inputs)]
         if not any(on):
             b.eqns.append(e)
             continue
         reached.update(e.outputs)
-        op = ops.OPS[e.op]
         if op.kind == "loop":
             e = _masked_loop(e, on)
         b.eqns.append(e)

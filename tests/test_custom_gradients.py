@@ -343,6 +343,20 @@ def test_a_blocks_where_masks_its_value_before_a_sum_and_in_a_loop():
     np.testing.assert_allclose(dsl.hvp(m.l)(x, t), [0.0, 0.0, -5 / 32], rtol=1e-12)
 
 
+def test_a_recomputed_blocks_where_masks_the_cotangent_it_gives():
+    # @recompute's rerun of x takes the cotangent as a token (its barrier),
+    # which was taken for a value computed from it: x > 0 then masked
+    # nothing, and the cotangent of sqrt(x) at x = 0 was 0 * inf = NaN,
+    # as was the block's own 0 * (0.5 / sqrt(x)) at x <= 0
+    m = dsl.loads("@recompute\ndef r(x):\n    return where(x > 0, x, 0.0)\ngrad(d):\n"
+                  "    return where(x > 0, d, 0.0)\ndef f(x):\n    return sum(r(sqrt(x)))\n"
+                  "@recompute\ndef s(x):\n    return sqrt(where(x > 0, x, 0)) + x\ngrad(d):\n"
+                  "    return where(x > 0, d, 0) * 0.5 / sqrt(x) + d\n")
+    np.testing.assert_array_equal(dsl.grad(m.f)(np.array([0.0, 4.0])), [0.0, 0.25])
+    x, t = np.array([-1.0, 0.0, 4.0]), np.array([2.0, 3.0, 5.0])
+    np.testing.assert_array_equal(dsl.vjp(m.s, x)[1](t)[0], [2.0, 3.0, 6.25])
+
+
 STD = dsl.loads("from std import softplus, log_sigmoid, logsumexp, relu, leaky_relu, gelu, "
                 "sigmoid\n"
                 "def lse_rows(x):\n    return logsumexp(x, axis=1)\n")
