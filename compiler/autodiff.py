@@ -286,15 +286,8 @@ def _masked_loop(eqn: Eqn, on: Sequence[bool]) -> Eqn:
     makes it reached), by the where-masks found in the body (none of the
     inputs' own: those stay outside, as the results' re-selection)."""
     p = eqn.p
-    body, n_carry = p["body"], p["n_carry"]
-    # body parameter k - 2 is the loop's input k (parameter 0 is the index)
-    reached = [False] + list(on[3:])
-    while True:
-        outs = _read_from(body, reached)
-        grown = [r or (1 <= k <= n_carry and outs[k - 1]) for k, r in enumerate(reached)]
-        if grown == reached:
-            break
-        reached = grown
+    body = p["body"]
+    reached = _loop_reach(eqn, on)[0]
     bb = Builder()
     params = [Var(v.type, v.hint) for v in body.params]
     start = len(bb.eqns)
@@ -303,6 +296,26 @@ def _masked_loop(eqn: Eqn, on: Sequence[bool]) -> Eqn:
     selected, _ = _masked_by_block(bb, start, cts, [], results)
     new_body = bb.function(body.name, params, selected)
     return Eqn(eqn.op, eqn.inputs, eqn.outputs, tuple({**p, "body": new_body}.items()), eqn.span)
+
+
+def loop_outputs_reading(eqn: Eqn, on: Sequence[bool]) -> list[bool]:
+    """By output of loop `eqn`: whether it reads an input `on` marks (a
+    carried value also through the trips before)."""
+    return _loop_reach(eqn, on)[1]
+
+
+def _loop_reach(eqn: Eqn, on: Sequence[bool]) -> tuple[list[bool], list[bool]]:
+    """By parameter of a loop's body, whether it reads an input `on` marks
+    (a carried one also where a trip makes it read one), and by output."""
+    n_carry = eqn.p["n_carry"]
+    # body parameter k - 2 is the loop's input k (parameter 0 is the index)
+    reached = [False] + list(on[3:])
+    while True:
+        outs = _read_from(eqn.p["body"], reached)
+        grown = [r or (1 <= k <= n_carry and outs[k - 1]) for k, r in enumerate(reached)]
+        if grown == reached:
+            return reached, outs
+        reached = grown
 
 
 def _read_from(fn: Function, reached: Sequence[bool]) -> list[bool]:

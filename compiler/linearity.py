@@ -37,7 +37,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops
-from gradlang.compiler.autodiff import Cotangents, loop_forward, loop_pull_back, select_by_mask
+from gradlang.compiler.autodiff import (Cotangents, loop_forward, loop_outputs_reading,
+                                       loop_pull_back, select_by_mask)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
 from gradlang.compiler.passes import inline_calls
@@ -277,7 +278,15 @@ def transpose_eqns(b: Builder, eqns: Sequence[Eqn], linear: set[Var],
             b.eqns.append(eqn)
         elif eqn.op == "loop":
             taped.append(eqn)
-            linear.update(eqn.outputs)
+            reading = loop_outputs_reading(eqn, [a in linear for a in eqn.inputs])
+            linear.update(o for o, r in zip(eqn.outputs, reading) if r)
+            if not all(reading):
+                # its results free of the linear values (a count carried
+                # beside a sum: `acc / k`) are values the rules after it
+                # read; they were never computed (an undefined value, a
+                # KeyError in fusion)
+                zeroed = [ops.zeros_like(b, a.type) if a in linear else a for a in eqn.inputs]
+                b.eqns.append(Eqn("loop", tuple(zeroed), eqn.outputs, eqn.params, eqn.span))
         elif all(i in op.token_inputs for i in reads):
             alias[eqn.out] = eqn.inputs[0]  # a data dependency on the upstream only
         else:

@@ -190,3 +190,15 @@ def test_gathers_and_scatters_of_the_upstream_are_linear():
     err = load_error("def g(x, i: i64[k]):\n    return take(x, i)\ngrad(dy):\n"
                      "    return scatter_add(ones_like(x), i, dy)\n")
     assert "affine" in err.message
+
+
+def test_a_blocks_loop_result_free_of_the_upstream_is_computed_in_its_transpose():
+    # k, carried beside the sum, is no linear value: the transpose (forward
+    # mode) taped the loop whole, never computed k, and fusion raised a
+    # KeyError on `acc * 2 / k`
+    m = dsl.loads("def f(x: f64[n]):\n    return x * 2\ngrad(dy):\n    k = 0\n"
+                  "    acc = zeros_like(dy)\n    for i in range(3):\n        k = k + 1\n"
+                  "        acc = acc + dy\n    return acc * 2 / k\n")
+    x, t = np.array([1.0, -2.0, 3.0]), np.array([0.5, 4.0, -1.0])
+    np.testing.assert_allclose(dsl.jvp(m.f, (x,), (t,))[1], 2 * t, rtol=1e-12)
+    np.testing.assert_allclose(dsl.vjp(m.f, x)[1](t)[0], 2 * t, rtol=1e-12)
