@@ -259,7 +259,11 @@ def _masked_by_block(b: Builder, start: int, cts: Sequence[Atom],
             continue
         reached.update(e.outputs)
         if op.kind == "loop":
-            e = _masked_loop(e, on)
+            e, loop_masks = _masked_loop(b, e, on, [masks.get(a) if isinstance(a, Var) else None
+                                                    for a in e.inputs])
+            b.eqns.append(e)
+            masks.update((o, m) for o, m in zip(e.outputs, loop_masks) if m is not None)
+            continue
         b.eqns.append(e)
         from_cts = [a if o else None for a, o in zip(e.inputs, on)]
         in_masks = [masks.get(a) if isinstance(a, Var) else None for a in e.inputs]
@@ -279,23 +283,65 @@ def _masked_by_block(b: Builder, start: int, cts: Sequence[Atom],
     return [zero_outside(b, m, r) for r, m in zip(results, found)], found
 
 
-def _masked_loop(eqn: Eqn, on: Sequence[bool]) -> Eqn:
+def _masked_loop(b: Builder, eqn: Eqn, on: Sequence[bool], in_masks: Sequence[Optional[Var]]
+                 ) -> tuple[Eqn, list[Optional[Var]]]:
     """A loop of a grad block whose body re-selects, as `_masked_by_block`
     does, the values it computes from the loop's inputs that the
     cotangents reach (`on`, by input; a carried value also where a trip
-    makes it reached), by the where-masks found in the body (none of the
-    inputs' own: those stay outside, as the results' re-selection)."""
+    makes it reached), by the where-masks found in the body; and the masks
+    of its results (None: none), by result.  A float carried value that
+    the cotangents reach carries its mask beside it, from its input's
+    (`in_masks`; nowhere for an input they do not reach, which a linear
+    block starts at zero) while every trip keeps one: without it the
+    cotangent of sqrt(x) through a block `acc = acc + where(x > 0, d, 0)`
+    in a loop was 0 * inf = NaN at x = 0, and 0 without the loop."""
     p = eqn.p
-    body = p["body"]
+    body, n_carry = p["body"], p["n_carry"]
     reached = _loop_reach(eqn, on)[0]
-    bb = Builder()
-    params = [Var(v.type, v.hint) for v in body.params]
-    start = len(bb.eqns)
-    results = inline(bb, body, params)
-    cts = [v for v, r in zip(params, reached) if r]
-    selected, _ = _masked_by_block(bb, start, cts, [], results)
-    new_body = bb.function(body.name, params, selected)
-    return Eqn(eqn.op, eqn.inputs, eqn.outputs, tuple({**p, "body": new_body}.items()), eqn.span)
+    # body parameter 1 + j is carried value j, the loop's input 3 + j
+    kept = [j for j in range(n_carry) if reached[1 + j] and body.params[1 + j].type.is_float
+            and (not on[3 + j] or in_masks[3 + j] is not None)]
+    # an invariant's mask goes in as an invariant (one the loop reads may
+    # be the block's where, hoisted out of the body)
+    n_inv = p["n_inv"]
+    inv = [k for k in range(1 + n_carry, 1 + n_carry + n_inv)
+           if on[k + 2] and in_masks[k + 2] is not None]
+    while True:
+        bb = Builder()
+        params = [Var(v.type, v.hint) for v in body.params]
+        mask_params = {j: Var(TensorType("bool", params[1 + j].type.shape), "mask") for j in kept}
+        inv_masks = {k: Var(TensorType("bool", params[k].type.shape), "mask") for k in inv}
+        results = inline(bb, body, params)
+        cts = [v for v, r in zip(params, reached) if r]
+        ct_masks = [mask_params.get(k - 1) if 1 <= k <= n_carry else inv_masks.get(k)
+                    for k, r in enumerate(reached) if r]
+        selected, found = _masked_by_block(bb, 0, cts, ct_masks, results)
+        still = [j for j in kept if found[j] is not None]
+        if still == kept:
+            break
+        kept = still
+    mask_outs = [_mask_at(bb, found[j], params[1 + j].type) for j in kept]
+    groups = ops.loop_groups(list(params), p, lead=1)
+    new_body = bb.function(body.name, [*groups[0], *groups[1], *mask_params.values(),
+                                       *groups[2], *inv_masks.values(), *groups[3]],
+                           selected[:n_carry] + mask_outs + selected[n_carry:])
+    entry = []
+    for j in kept:
+        t = TensorType("bool", eqn.inputs[3 + j].type.shape)
+        m = in_masks[3 + j] if on[3 + j] else ops.full(b, False, t.shape, "bool")
+        entry.append(_mask_at(b, m, t))
+    inv_in = [_mask_at(b, in_masks[k + 2], TensorType("bool", eqn.inputs[k + 2].type.shape))
+              for k in inv]
+    bounds, carried, invariants, xs = ops.loop_groups(list(eqn.inputs), p)
+    outs = [Var(m.type, "mask") for m in entry]
+    new = Eqn(eqn.op, (*bounds, *carried, *entry, *invariants, *inv_in, *xs),
+              (*eqn.outputs[:n_carry], *outs, *eqn.outputs[n_carry:]),
+              tuple({**p, "body": new_body, "n_carry": n_carry + len(kept),
+                     "n_inv": n_inv + len(inv)}.items()), eqn.span)
+    out_masks: list[Optional[Var]] = [None] * len(eqn.outputs)
+    for j, m in zip(kept, outs):
+        out_masks[j] = m
+    return new, out_masks + [None] * len(outs)
 
 
 def loop_outputs_reading(eqn: Eqn, on: Sequence[bool]) -> list[bool]:
