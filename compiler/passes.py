@@ -7,8 +7,8 @@ Contract:
   x * 1, x ** 1, stop_gradient, casts and reshapes to the same type;
   results unchanged up to the sign of a zero sum), folds constants: an
   `exact` op (`ops.fold`) of constants, or a reshaped, broadcast,
-  sliced or transposed constant, is a constant; reshapes and broadcasts of a one-element value
-  in turn become one broadcast of it, transposes in turn one transpose,
+  sliced or transposed constant, is a constant; reshapes and broadcasts
+  of a one-element value in turn become one broadcast of it, transposes in turn one transpose,
   reshapes in turn one reshape (none, where it gives the first's source
   its own shape back: a vmap'd sum's `(n,) -> (n, 1) -> (n,)`);
   and computes x ** 0, 2, 3, 4 and

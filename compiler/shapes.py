@@ -5,9 +5,9 @@ coefficient and named factors (`n`, `n*m`, `3*n`).  Symbolic lowering gives
 each distinct size of a call's arguments a symbol, so one lowered program
 and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
-Sizes multiply symbolically (up to `MAX_FACTORS` factors); anything else a program does with a size
-(adding to it, slicing part of a symbolic axis, comparing it with a fixed
-size) raises `NeedsConcrete`, and the caller lowers again with concrete
+Sizes multiply symbolically (up to `MAX_FACTORS` factors); anything else
+a program does with a size (adding to it, slicing part of a symbolic axis,
+comparing it with a fixed size) raises `NeedsConcrete`, and the caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
 float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
 run time instead (`compiler.lower.Lowerer.size_number`).

@@ -48,8 +48,8 @@ itself (JAX asks for the value and the tangents separately); a tangent
 that may be other than zero for an argument without a gradient (a const
 float JAX differentiates) is an `ArgumentError`.  Arguments
 are checked (dtype, rank, dimensions, against f's signature) at trace
-time: `ArgumentError` (a symbolic shape of jax.export's too); one found only from the values (an index out of
-range) is raised as itself by a call outside `jit`, and inside it as JAX
+time: `ArgumentError` (a symbolic shape of jax.export's too); one found
+only from the values (an index out of range) is raised as itself by a call outside `jit`, and inside it as JAX
 wraps a callback's errors (`JaxRuntimeError`).
 A weakly typed number (a Python float or int that `jit` or `grad` made a
 tracer, `jnp.asarray(0.5)`) is taken as a Python number is: f32 beside

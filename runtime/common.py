@@ -257,9 +257,9 @@ def iota(start, stop, step, dtype) -> np.ndarray:
         return np.arange(count, dtype=np.int64) * np.int64(step) + np.int64(start)
     # NumPy's own count overflows for bounds far apart and the wrong way
     # round, arange(2**63 - 1, -2**63) or arange(2.0**62, 0.5, 1e-300):
-    # "Maximum allowed size exceeded" for what has no values.  (The sign of
-    # the signs, not arange_length: a driver makes each arange at each
-    # call, and counting its length doubled a small call's time.)
+    # "Maximum allowed size exceeded" for what has no values.  (By the
+    # signs, not arange_length: a driver makes each arange at each call,
+    # and counting its length doubled a small call's time.)
     return np.empty(0, dtype)
 
 
