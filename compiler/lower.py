@@ -27,6 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
 from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
@@ -41,10 +43,10 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
-from gradlang.compiler.values import (ArgumentValue, StaticList, Value, as_atom, as_results,
-                                      cast, check_range_fits, entry_results, is_static,
-                                      number_type, sequence_kind, unify, weak_float_dtype,
-                                      weak_number, weak_result)
+from gradlang.compiler.values import (ArgumentValue, ByValueArgument, RunTimeInt, StaticList,
+                                      Value, as_atom, as_results, cast, check_range_fits,
+                                      entry_results, is_static, number_type, sequence_kind,
+                                      unify, weak_float_dtype, weak_number, weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -126,7 +128,8 @@ class Lowerer:
         params = [Var(t, n) for n, t in types.items()]
         self.arguments = dict(zip(params, types))  # which Var is which argument: NeedsValue
         env: dict[str, Value] = dict(zip(types, params))
-        env.update({n: _static_value(n, t.value) for n, t in types.items()
+        consts = {p.name for p in fdef.params if p.is_const}
+        env.update({n: _static_value(n, t, n not in consts) for n, t in types.items()
                     if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
@@ -575,6 +578,12 @@ class Lowerer:
     def apply_Compare(self, b, e: ast.Compare, left: Value, right: Value) -> Value:
         op = _COMPARE[e.op]
         if is_static(left) and is_static(right):
+            if _at_run_time(left, right) and all(
+                    number_type(v) in (int, float, bool) for v in (left, right)):
+                # (as the kernel compares them: `k == 2.0 ** 53` in f64)
+                x, y = unify(b, [left, right], e.span, arithmetic=False,
+                             spans=(e.left.span, e.right.span))
+                return ops.fold(op, [x.value, y.value], [x.type.dtype] * 2, "bool")
             return _static_compare(e.op, left, right, e.span)
         x, y = unify(b, [left, right], e.span, arithmetic=False,
                      spans=(e.left.span, e.right.span))
@@ -595,6 +604,8 @@ class Lowerer:
         if is_static(v):
             if isinstance(v, tuple):
                 raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
+            if isinstance(v, RunTimeInt):  # (-k wraps for the least integer)
+                return RunTimeInt(_run_time_value("neg", (int(v),), v.dtype), v.dtype)
             return -v
         return self.of_arguments(b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool"
                                         else v, span=e.span, weak=isinstance(v, WeakVar)), (v,))
@@ -862,6 +873,8 @@ class Lowerer:
                 by_value(self, right if isinstance(left, tuple) else left)
             return sequence_arithmetic(op, left, right, span, operand_spans)
         if is_static(left) and is_static(right):
+            if _at_run_time(left, right):
+                return self.run_time_arithmetic(b, op, left, right, span, operand_spans)
             try:
                 return _fold(op, left, right)
             except NeedsConcrete as err:
@@ -874,13 +887,31 @@ class Lowerer:
         self.inexact_of_sizes(b, op, (left, right))
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
-        if op == "pow" and x.type.dtype in INTS and isinstance(y, Lit) and y.value < 0:
-            # (as NumPy: an integer result cannot hold it)
-            raise GradError(f"an integer to a negative power ({y.value}) is not an integer: "
-                            f"write a float exponent ({float(y.value)})",
-                            operand_spans[1] if operand_spans else span)
+        _refuse_negative_power(op, x, right, span, operand_spans)
         return self.of_arguments(b.bind(op, x, y, span=span, weak=weak_result([left, right])),
                                  (left, right))
+
+    def run_time_arithmetic(self, b, op: str, left: Value, right: Value, span,
+                            operand_spans: Optional[tuple[Span, Span]]) -> Value:
+        """`op` of compile-time operands, one of them a by-value argument's
+        number (`RunTimeInt`), as the program computes it where that
+        argument is not taken by value: a `RunTimeInt` of the kernels'
+        value where the result is an integer (wrapped around to its dtype;
+        `//` and `%` by 0 give 0; a negative power is rounded toward zero,
+        as `ops.fold` and the pow op's reference compute), computed at run
+        time where it is a float (the kernels' `/`, `**`: inf for `k / 0`,
+        NaN for `(-k) ** 0.5`).  A literal that does not fit the
+        argument's dtype, or a negative literal exponent of it, is the
+        error it is at run time."""
+        if isinstance(left, Sym) or isinstance(right, Sym):
+            return _fold(op, left, right)  # (NeedsConcrete: then folded with its sizes)
+        x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
+                     spans=operand_spans)
+        dtype = x.type.dtype
+        if dtype not in INTS:
+            return b.bind(op, x, y, span=span)
+        _refuse_negative_power(op, x, right, span, operand_spans)
+        return RunTimeInt(_run_time_value(op, (x.value, y.value), dtype), dtype)
 
     def of_arguments(self, out: Value, operands: Sequence[Value]) -> Value:
         """out, an integer scalar computed from integer arguments and
@@ -1207,6 +1238,38 @@ def _size_operand(b: Builder, v, span: Span, divisor: bool) -> Atom:
     return as_atom(b, v, span, "f64")
 
 
+def _at_run_time(*operands: Value) -> bool:
+    """Whether arithmetic on these compile-time operands is the run
+    time's: one is a by-value argument's number (`RunTimeInt`)."""
+    return any(isinstance(v, RunTimeInt) for v in operands)
+
+
+def _run_time_value(op: str, values: Sequence[int], dtype: str) -> int:
+    """`op` on integers of `dtype`, as a kernel computes it: the op's
+    template on NumPy scalars (`ops.fold`), or for a power (not `exact`
+    as a float op) its reference, which the integer template matches
+    (wrapping around; a negative exponent rounds toward zero)."""
+    if op == "pow":
+        with np.errstate(all="ignore"):
+            arrays = [np.array(v, ops.NUMPY_DTYPES[dtype]) for v in values]
+            return int(ops.OPS["pow"].ref(*arrays))
+    return ops.fold(op, values, [dtype] * len(values), dtype)
+
+
+def _refuse_negative_power(op: str, x: Atom, exponent: Value, span,
+                           operand_spans: Optional[tuple[Span, Span]]) -> None:
+    """An integer x to a negative literal exponent is an error, as NumPy's
+    (an integer cannot hold it); one an argument gives at run time, or by
+    value, is rounded toward zero instead (docs/language.md)."""
+    if op != "pow" or x.type.dtype not in INTS or isinstance(exponent, RunTimeInt):
+        return
+    value = exponent.value if isinstance(exponent, Lit) else exponent
+    if number_type(value) is int and value < 0:
+        raise GradError(f"an integer to a negative power ({value}) is not an integer: "
+                        f"write a float exponent ({float(value)})",
+                        operand_spans[1] if operand_spans else span)
+
+
 def _fold(op: str, x, y):
     if op == "add":
         result = x + y
@@ -1405,9 +1468,15 @@ def _spanned(b: Builder, start: int, span: Span) -> None:
                       for e in b.eqns[start:]]
 
 
-def _static_value(name: str, value):
-    """A `const` or by-value argument's value as lowering sees it: a
-    negative integer remembers its argument (`ArgumentValue`)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-        return ArgumentValue(value, name)
-    return value
+def _static_value(name: str, t: StaticScalar, by_value: bool):
+    """A `const` or by-value argument's value (of type `t`) as lowering
+    sees it: a negative integer remembers its argument (`ArgumentValue`);
+    an integer taken by value stands for the run-time scalar it is
+    otherwise (`RunTimeInt`), so that arithmetic on it folds as the
+    program computes it then."""
+    value = t.value
+    if not isinstance(value, int) or isinstance(value, bool) or t.dtype not in INTS:
+        return value
+    if by_value:
+        return ByValueArgument(value, t.dtype, name) if value < 0 else RunTimeInt(value, t.dtype)
+    return ArgumentValue(value, name) if value < 0 else value

@@ -477,7 +477,8 @@ def _exact(value: Value) -> Optional[tuple]:
     if isinstance(value, float):
         return ("float", repr(value))
     if isinstance(value, (bool, int, str, Sym)) or value is None:
-        return (type(value).__name__, value)
+        # (a by-value argument's `RunTimeInt` folds as its dtype computes)
+        return (type(value).__name__, getattr(value, "dtype", None), value)
     return None
 
 

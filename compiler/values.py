@@ -46,10 +46,61 @@ class ArgumentValue(int):
         return int(self), self.name
 
 
+class RunTimeInt(int):
+    """The value of an integer argument that the program is compiled for
+    by value (`builtins.by_value`: one a shape or an axis takes, not
+    declared `const`), or integer arithmetic on it, as lowering sees it: a
+    compile-time integer standing for a run-time scalar of `dtype` (i64 or
+    i32).  Arithmetic that folds it (`lower.Lowerer.run_time_arithmetic`)
+    gives what the program computes on that scalar when the argument is
+    not taken by value (it wraps around, `1 // k` is 0 for k = 0, `2 **
+    -k` is 0), and where it meets arrays it is an array of its dtype, not
+    a literal taking theirs: taking an argument by value changes no
+    result.  Python's arithmetic on it (the compiler's own: `axis + 1`)
+    gives a plain int."""
+
+    dtype: str
+
+    def __new__(cls, value: int, dtype: str) -> "RunTimeInt":
+        self = super().__new__(cls, value)
+        self.dtype = dtype
+        return self
+
+    def __getnewargs__(self) -> tuple:  # (pickle, copy: int's lacks the dtype)
+        return int(self), self.dtype
+
+
+class ByValueArgument(RunTimeInt):
+    """A negative integer argument taken by value: a `RunTimeInt` that
+    remembers its argument, as an `ArgumentValue` does (`is_argument`)."""
+
+    def __new__(cls, value: int, dtype: str, name: str) -> "ByValueArgument":
+        self = int.__new__(cls, value)
+        self.dtype, self.name = dtype, name
+        return self
+
+    def __getnewargs__(self) -> tuple:
+        return int(self), self.dtype, self.name
+
+
+def is_argument(v: object) -> bool:
+    """Whether v is a negative integer argument's value, passed on as it
+    is (`ArgumentValue`, `ByValueArgument`), which has a `name`."""
+    return isinstance(v, (ArgumentValue, ByValueArgument))
+
+
 def number_type(v: object) -> type:
-    """`type(v)`, where an `ArgumentValue` is an int: what tells 1 from
-    1.0 and True."""
-    return int if isinstance(v, ArgumentValue) else type(v)
+    """`type(v)`, where an `ArgumentValue` or a `RunTimeInt` is an int:
+    what tells 1 from 1.0 and True."""
+    return int if isinstance(v, (ArgumentValue, RunTimeInt)) else type(v)
+
+
+def run_time_atom(b: Builder, v: Value, span: Optional[Span]) -> Value:
+    """v, where it is a `RunTimeInt`, as the scalar it stands for: a
+    literal of its dtype, which promotes as an array does (`y * k` is i64
+    for i32 y and an i64 k, as it is when k is not taken by value); any
+    other value as it is."""
+    return b.lit(int(v), v.dtype, span) if isinstance(v, RunTimeInt) else v
 
 
 def sequence_kind(v: tuple) -> str:
@@ -79,6 +130,8 @@ def promote(a: str, b: str) -> str:
 
 
 def _weak_dtype(value: Static) -> str:
+    if isinstance(value, RunTimeInt):
+        return value.dtype
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
@@ -194,7 +247,8 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
     """Bring operands to one dtype: arrays promote (f32 with f64 gives f64),
     literals take the arrays' dtype (a float literal makes ints f64).  A
     constant that does not fit is an error at its own span in `spans` when
-    given, else at `span`."""
+    given, else at `span`.  A `RunTimeInt` is the array it stands for."""
+    values = [run_time_atom(b, v, span) for v in values]
     arrays = [v for v in values if not is_static(v) and not isinstance(v, WeakVar)]
     weak = [v for v in values if isinstance(v, WeakVar)]
     if arrays or weak:

@@ -1,0 +1,145 @@
+"""Integer arithmetic on an integer argument taken by value (compiled for
+its value because a shape, an axis or a count uses it) folds at compile
+time, and must give what the program gives where the argument is passed
+as a run-time scalar: NumPy's wraparound in the argument's dtype, 0 for
+an integer `//` or `%` by 0, an integer to a negative power rounded
+toward zero (docs/language.md), the kernels' inf and NaN for floats, and
+the argument's dtype.  It gave Python's instead: `2 ** -k` was 0.25 for
+k = 2, `1 // k` a GradError for k = 0, `-k` of the least i64 an error."""
+import operator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+
+# `len((0,) * (k - k))` is 0 and repeats a tuple k - k times: a count, so
+# the function is compiled for k's value, which then folds what follows.
+FORCED = "    n = len((0,) * (k - k))\n"
+DTYPES = {"i64": np.int64, "i32": np.int32}
+
+
+def _wrap(value: int, dtype) -> int:
+    """value wrapped around to `dtype`, as NumPy's integer arithmetic does."""
+    bits = np.iinfo(dtype).bits
+    return (value + 2 ** (bits - 1)) % 2 ** bits - 2 ** (bits - 1)
+
+
+class LiteralNegativePower(Exception):
+    """An integer to a negative literal power: an error at run time."""
+
+
+def run_time(node, k: int, dtype) -> int:
+    """The value of expression `node` (see `expressions`) at run time, by
+    hand: integers of `dtype` that wrap around; `//` and `%` by 0 give 0
+    (NumPy's); an integer to a negative power is 1, +-1 or 0."""
+    if node[0] == "k":
+        return k
+    if node[0] == "lit":
+        return node[1]
+    if node[0] == "neg":
+        return _wrap(-run_time(node[1], k, dtype), dtype)
+    op, a, b = node[0], run_time(node[1], k, dtype), run_time(node[2], k, dtype)
+    if op == "**" and node[2][0] == "lit" and b < 0:
+        raise LiteralNegativePower
+    if op in ("//", "%") and b == 0:
+        return 0
+    if op == "**":
+        if b < 0:
+            return 1 if a == 1 else (-1) ** (b & 1) if a == -1 else 0
+        return _wrap(pow(a, b, 2 ** 64), dtype)
+    exact = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+             "//": operator.floordiv, "%": operator.mod}[op](a, b)
+    return _wrap(exact, dtype)  # (-2**63 // -1 wraps to -2**63)
+
+
+def source(node) -> str:
+    if node[0] == "k":
+        return "k"
+    if node[0] == "lit":
+        return f"({node[1]})"
+    if node[0] == "neg":
+        return f"(-{source(node[1])})"
+    return f"({source(node[1])} {node[0]} {source(node[2])})"
+
+
+def _with_k(children):
+    """Operations on subexpressions at least one of which reads k (an
+    operation on literals alone folds as Python's, as documented)."""
+    def reads_k(node):
+        return node[0] == "k" or any(isinstance(c, tuple) and reads_k(c) for c in node[1:])
+    ops = st.sampled_from(["+", "-", "*", "//", "%", "**"])
+    return st.one_of(
+        st.tuples(st.just("neg"), children).filter(reads_k),
+        st.tuples(ops, children, children).filter(reads_k))
+
+
+LITERALS = st.tuples(st.just("lit"), st.integers(-3, 3))
+expressions = st.recursive(st.just(("k",)) | LITERALS, _with_k, max_leaves=5).filter(
+    lambda node: node[0] != "lit")
+EDGES = [0, 1, -1, 2, -2, 3, 2**31 - 1, -2**31, 2**62, 2**63 - 1, -2**63]
+
+
+@settings(max_examples=60, deadline=None)
+@given(expressions, st.sampled_from(EDGES) | st.integers(-2**63, 2**63 - 1),
+       st.sampled_from(sorted(DTYPES)))
+def test_integer_arithmetic_on_a_by_value_argument_folds_as_it_runs(node, k, dtype):
+    np_dtype = DTYPES[dtype]
+    k = _wrap(k, np_dtype)
+    text = source(node)
+    m = dsl.loads(f"def f(k: {dtype}):\n{FORCED}    return {text} + n\n", "folded.grad")
+    try:
+        want = run_time(node, k, np_dtype)
+    except LiteralNegativePower:
+        with pytest.raises(dsl.GradError, match="an integer to a negative power"):
+            m.f(np_dtype(k))
+        return
+    got = m.f(np_dtype(k))
+    assert got.dtype == np_dtype, (text, k, got.dtype)
+    assert got == want, (text, k, got, want)
+
+
+SCALARS = """\
+def {name}(k: i64):
+{forced}    return 2 ** -k, 1 // k, 7 % k, k * k * k, -k, k // -1, abs(k), 1 / k, \\
+        k * 1e308 * 10.0, k // 0.0, k % 0.0, k == 9007199254740992.0
+"""
+
+
+def test_a_by_value_argument_gives_the_run_time_values_and_dtypes():
+    # One program with k a run-time scalar, one compiled for k's value:
+    # each result NumPy's for an i64 k (where NumPy raises for a negative
+    # integer power, by hand, as the docs say).  The floats were
+    # GradErrors by value ("division by zero", "beyond the range of f64"),
+    # and k == 2.0**53 compared exactly, not in f64 (False for 2**53 + 1).
+    m = dsl.loads(SCALARS.format(name="scalar", forced="")
+                  + SCALARS.format(name="by_value", forced=FORCED), "scalars.grad")
+    for k in (0, 2, -1, -2**63, 2**53 + 1):
+        i, x = np.int64(k), np.float64(k)
+        with np.errstate(all="ignore"):
+            want = [2 ** -k if -2**63 < k <= 0 else 0, 0 if k == 0 else 1 // k,
+                    0 if k == 0 else 7 % k, i * i * i, -i, -i, np.abs(i), 1 / x,
+                    x * 1e308 * 10.0, x // 0.0, x % 0.0, x == 2.0**53]
+        by_value, scalar = m.by_value(i), m.scalar(i)
+        for index, (got, same, value) in enumerate(zip(by_value, scalar, want, strict=True)):
+            value = np.asarray(value, bool if index == 11 else
+                               np.float64 if index > 6 else np.int64)
+            np.testing.assert_array_equal(got, value, err_msg=f"k = {k}, result {index}")
+            np.testing.assert_array_equal(same, value, err_msg=f"k = {k}, result {index}")
+            assert got.dtype == same.dtype == value.dtype, (k, index)
+
+
+def test_a_by_value_argument_meets_arrays_as_the_run_time_scalar_does():
+    # i32 y with an i64 k is i64 (NumPy's, JAX's): by value, k took y's
+    # dtype as a literal does; and y ** k for k = -1 was the error of a
+    # negative literal power, where at run time it rounds toward zero.
+    source = "def {name}(y: i32[2], k: i64):\n{forced}    return y * k, y ** k\n"
+    m = dsl.loads(source.format(name="scalar", forced="")
+                  + source.format(name="by_value", forced=FORCED), "arrays.grad")
+    y = np.array([3, -1], np.int32)
+    k = np.int64(-1)
+    for product, power in (m.scalar(y, k), m.by_value(y, k)):
+        assert product.dtype == power.dtype == np.int64
+        np.testing.assert_array_equal(product, y * k)
+        np.testing.assert_array_equal(power, [0, -1])
