@@ -225,11 +225,17 @@ def weak_number(v: Value) -> Optional[Value]:
     return v if is_static(v) else None
 
 
+def _weak_static(v: Value) -> bool:
+    """Whether v is a compile-time value that is weakly typed: not a
+    `RunTimeInt`, which is the array of its dtype it stands for."""
+    return is_static(v) and not isinstance(v, RunTimeInt)
+
+
 def weak_result(values: Sequence[Value]) -> bool:
     """Whether arithmetic on `values` is weakly typed: some are `WeakVar`s
     and the others compile-time numbers (`arange(n) * 0.5`)."""
     return any(isinstance(v, WeakVar) for v in values) and all(
-        is_static(v) or isinstance(v, WeakVar) for v in values)
+        _weak_static(v) or isinstance(v, WeakVar) for v in values)
 
 
 def weakly_typed(values: Sequence[Value]) -> bool:
@@ -237,7 +243,7 @@ def weakly_typed(values: Sequence[Value]) -> bool:
     typed: each is a compile-time number or a `WeakVar`, as JAX keeps
     `broadcast_to(2.0, s)`, `stack([a, 1.0])` and `where(m, 1.0, 0.0)` weak.
     (Arithmetic on numbers folds instead: see `weak_result`.)"""
-    return all(isinstance(v, WeakVar) or is_static(v) and not isinstance(v, tuple)
+    return all(isinstance(v, WeakVar) or _weak_static(v) and not isinstance(v, tuple)
                for v in values)
 
 

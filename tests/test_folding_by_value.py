@@ -132,14 +132,17 @@ def test_a_by_value_argument_gives_the_run_time_values_and_dtypes():
 
 def test_a_by_value_argument_meets_arrays_as_the_run_time_scalar_does():
     # i32 y with an i64 k is i64 (NumPy's, JAX's): by value, k took y's
-    # dtype as a literal does; and y ** k for k = -1 was the error of a
-    # negative literal power, where at run time it rounds toward zero.
-    source = "def {name}(y: i32[2], k: i64):\n{forced}    return y * k, y ** k\n"
+    # dtype as a literal does, also through a layout op or a weakly typed
+    # arange; and y ** k for k = -1 was the error of a negative literal
+    # power, where at run time it rounds toward zero.
+    source = ("def {name}(y: i32[2], k: i64):\n{forced}    return y * k, y ** k, "
+              "y * stack([k, 1]), y * where(y > 0, k, 0), y * (arange(2) * k)\n")
     m = dsl.loads(source.format(name="scalar", forced="")
                   + source.format(name="by_value", forced=FORCED), "arrays.grad")
     y = np.array([3, -1], np.int32)
     k = np.int64(-1)
-    for product, power in (m.scalar(y, k), m.by_value(y, k)):
-        assert product.dtype == power.dtype == np.int64
-        np.testing.assert_array_equal(product, y * k)
-        np.testing.assert_array_equal(power, [0, -1])
+    want = [y * k, [0, -1], y * np.array([k, 1]), [3 * k, 0], y * (np.arange(2) * k)]
+    for results in (m.scalar(y, k), m.by_value(y, k)):
+        for got, value in zip(results, want, strict=True):
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, value)
