@@ -20,9 +20,9 @@ from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
-from gradlang.compiler.values import (RunTimeInt, Value, as_atom, cast, is_argument,
-                                      is_static, number_type, sequence_kind, unify, weak_result,
-                                      weakly_typed)
+from gradlang.compiler.values import (RUN_TIME, Value, as_atom, cast, is_argument, is_static,
+                                      number_type, run_time_number, sequence_kind, unify,
+                                      weak_result, weakly_typed)
 from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 if TYPE_CHECKING:
@@ -157,15 +157,15 @@ def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float | int]:
     symbolic size is used as a number, as in `1 / x.shape[0]`:
     NeedsConcrete, which `Lowerer.size_number` turns into a run-time number
     where it can (`sqrt(d)`), else the program is lowered for concrete
-    sizes.  A by-value argument's number (`RunTimeInt`) folds as the
-    kernel computes it, in its dtype (`abs` of the least integer wraps);
-    a float function of one is computed at run time (None), as it is where
-    the argument is not taken by value."""
+    sizes.  A by-value argument's number (`RunTimeInt`, `RunTimeFloat`)
+    folds as the kernel computes it, in its dtype (`abs` of the least
+    integer wraps); a float function of one is computed at run time
+    (None), as it is where the argument is not taken by value."""
     (x,) = args
-    if isinstance(x, RunTimeInt):
-        if op.float_only or not op.exact:
+    if isinstance(x, RUN_TIME):
+        if not op.exact or op.float_only and x.dtype in INTS:
             return None
-        return RunTimeInt(ops.fold(op.name, [int(x)], [x.dtype], x.dtype), x.dtype)
+        return run_time_number(ops.fold(op.name, [x], [x.dtype], x.dtype), x.dtype)
     if isinstance(x, Sym):
         raise NeedsConcrete(f"the size {x} is used as a number")
     if number_type(x) not in (int, float):

@@ -43,10 +43,11 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
-from gradlang.compiler.values import (ArgumentValue, ByValueArgument, RunTimeInt, StaticList,
-                                      Value, as_atom, as_results, cast, check_range_fits,
-                                      entry_results, is_static, number_type, sequence_kind,
-                                      unify, weak_float_dtype, weak_number, weak_result)
+from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, RunTimeInt,
+                                      StaticList, Value, as_atom, as_results, cast,
+                                      check_range_fits, entry_results, is_static, number_type,
+                                      run_time_number, sequence_kind, unify, weak_float_dtype,
+                                      weak_number, weak_result)
 from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -604,8 +605,8 @@ class Lowerer:
         if is_static(v):
             if isinstance(v, tuple):
                 raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
-            if isinstance(v, RunTimeInt):  # (-k wraps for the least integer)
-                return RunTimeInt(_run_time_value("neg", (int(v),), v.dtype), v.dtype)
+            if isinstance(v, RUN_TIME):  # (-k wraps for the least integer)
+                return run_time_number(_run_time_value("neg", (v,), v.dtype), v.dtype)
             return -v
         return self.of_arguments(b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool"
                                         else v, span=e.span, weak=isinstance(v, WeakVar)), (v,))
@@ -894,24 +895,24 @@ class Lowerer:
     def run_time_arithmetic(self, b, op: str, left: Value, right: Value, span,
                             operand_spans: Optional[tuple[Span, Span]]) -> Value:
         """`op` of compile-time operands, one of them a by-value argument's
-        number (`RunTimeInt`), as the program computes it where that
-        argument is not taken by value: a `RunTimeInt` of the kernels'
-        value where the result is an integer (wrapped around to its dtype;
-        `//` and `%` by 0 give 0; a negative power is rounded toward zero,
-        as `ops.fold` and the pow op's reference compute), computed at run
-        time where it is a float (the kernels' `/`, `**`: inf for `k / 0`,
-        NaN for `(-k) ** 0.5`).  A literal that does not fit the
-        argument's dtype, or a negative literal exponent of it, is the
-        error it is at run time."""
+        number (`RunTimeInt`, `RunTimeFloat`), as the program computes it
+        where that argument is not taken by value: the kernel's value, as
+        `ops.fold` (and the pow op's reference, for integers) computes it,
+        again such a number: an integer wraps around to its dtype, `//` and
+        `%` by 0 give 0, a negative power rounds toward zero; a float is
+        inf for `k / 0`.  A float power (`k ** 0.5`, not `exact`: the
+        kernel's pow may differ from NumPy's by an ulp) is computed at run
+        time.  A literal that does not fit the argument's dtype, or a
+        negative literal exponent of it, is the error it is at run time."""
         if isinstance(left, Sym) or isinstance(right, Sym):
             return _fold(op, left, right)  # (NeedsConcrete: then folded with its sizes)
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
         dtype = x.type.dtype
-        if dtype not in INTS:
-            return b.bind(op, x, y, span=span)
         _refuse_negative_power(op, x, right, span, operand_spans)
-        return RunTimeInt(_run_time_value(op, (x.value, y.value), dtype), dtype)
+        if dtype not in INTS and not ops.OPS[op].exact:
+            return b.bind(op, x, y, span=span)
+        return run_time_number(_run_time_value(op, (x.value, y.value), dtype), dtype)
 
     def of_arguments(self, out: Value, operands: Sequence[Value]) -> Value:
         """out, an integer scalar computed from integer arguments and
@@ -1240,15 +1241,17 @@ def _size_operand(b: Builder, v, span: Span, divisor: bool) -> Atom:
 
 def _at_run_time(*operands: Value) -> bool:
     """Whether arithmetic on these compile-time operands is the run
-    time's: one is a by-value argument's number (`RunTimeInt`)."""
-    return any(isinstance(v, RunTimeInt) for v in operands)
+    time's: one is a by-value argument's number (`RunTimeInt`), or a
+    float made of one (`RunTimeFloat`)."""
+    return any(isinstance(v, RUN_TIME) for v in operands)
 
 
-def _run_time_value(op: str, values: Sequence[int], dtype: str) -> int:
-    """`op` on integers of `dtype`, as a kernel computes it: the op's
-    template on NumPy scalars (`ops.fold`), or for a power (not `exact`
-    as a float op) its reference, which the integer template matches
-    (wrapping around; a negative exponent rounds toward zero)."""
+def _run_time_value(op: str, values: Sequence, dtype: str):
+    """`op` on numbers of `dtype`, as a kernel computes it: the op's
+    template on NumPy scalars (`ops.fold`), or for an integer power (not
+    `exact`, as a float one is not) its reference, which the integer
+    template matches (wrapping around; a negative exponent rounds toward
+    zero)."""
     if op == "pow":
         with np.errstate(all="ignore"):
             arrays = [np.array(v, ops.NUMPY_DTYPES[dtype]) for v in values]

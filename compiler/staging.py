@@ -474,8 +474,8 @@ def _exact(value: Value) -> Optional[tuple]:
     if isinstance(value, tuple):
         items = tuple(_exact(v) for v in value)
         return None if None in items else (type(value).__name__,) + items
-    if isinstance(value, float):
-        return ("float", repr(value))
+    if isinstance(value, float):  # (a `RunTimeFloat` is an f64 array)
+        return (type(value).__name__, repr(value))
     if isinstance(value, (bool, int, str, Sym)) or value is None:
         # (a by-value argument's `RunTimeInt` folds as its dtype computes)
         return (type(value).__name__, getattr(value, "dtype", None), value)

@@ -70,6 +70,36 @@ class RunTimeInt(int):
         return int(self), self.dtype
 
 
+class RunTimeFloat(float):
+    """A float that exact arithmetic on a `RunTimeInt` gave (`k * 0.5`, `k
+    / 2`, `1 / k`): the value of the run-time scalar of `dtype` (f64) that
+    the same arithmetic computes where the argument is not taken by value,
+    as the kernel computes it (`ops.fold`: 1 / 0 is inf), and so a
+    `RunTimeInt`'s kin: arithmetic on it folds as the run time's, and where
+    it meets arrays it is an array of its dtype (f64 with f32 x); it stays
+    a compile-time number (`full_like(x, k * 0.5)`)."""
+
+    dtype: str
+
+    def __new__(cls, value: float, dtype: str) -> "RunTimeFloat":
+        self = super().__new__(cls, value)
+        self.dtype = dtype
+        return self
+
+    def __getnewargs__(self) -> tuple:
+        return float(self), self.dtype
+
+
+# compile-time numbers that stand for run-time scalars
+RUN_TIME = (RunTimeInt, RunTimeFloat)
+
+
+def run_time_number(value: Union[int, float], dtype: str) -> Union[RunTimeInt, RunTimeFloat]:
+    """The compile-time number standing for a run-time scalar of `dtype`
+    whose value is `value`."""
+    return RunTimeFloat(value, dtype) if dtype in FLOATS else RunTimeInt(value, dtype)
+
+
 class ByValueArgument(RunTimeInt):
     """A negative integer argument taken by value: a `RunTimeInt` that
     remembers its argument, as an `ArgumentValue` does (`is_argument`)."""
@@ -90,17 +120,19 @@ def is_argument(v: object) -> bool:
 
 
 def number_type(v: object) -> type:
-    """`type(v)`, where an `ArgumentValue` or a `RunTimeInt` is an int:
-    what tells 1 from 1.0 and True."""
+    """`type(v)`, where an `ArgumentValue` or a `RunTimeInt` is an int and
+    a `RunTimeFloat` a float: what tells 1 from 1.0 and True."""
+    if isinstance(v, RunTimeFloat):
+        return float
     return int if isinstance(v, (ArgumentValue, RunTimeInt)) else type(v)
 
 
 def run_time_atom(b: Builder, v: Value, span: Optional[Span]) -> Value:
-    """v, where it is a `RunTimeInt`, as the scalar it stands for: a
-    literal of its dtype, which promotes as an array does (`y * k` is i64
-    for i32 y and an i64 k, as it is when k is not taken by value); any
-    other value as it is."""
-    return b.lit(int(v), v.dtype, span) if isinstance(v, RunTimeInt) else v
+    """v, where it is a `RunTimeInt` or `RunTimeFloat`, as the scalar it
+    stands for: a literal of its dtype, which promotes as an array does
+    (`y * k` is i64 for i32 y and an i64 k, as it is when k is not taken
+    by value); any other value as it is."""
+    return b.lit(v, v.dtype, span) if isinstance(v, RUN_TIME) else v
 
 
 def sequence_kind(v: tuple) -> str:
@@ -130,7 +162,7 @@ def promote(a: str, b: str) -> str:
 
 
 def _weak_dtype(value: Static) -> str:
-    if isinstance(value, RunTimeInt):
+    if isinstance(value, RUN_TIME):
         return value.dtype
     if isinstance(value, bool):
         return "bool"
@@ -227,8 +259,8 @@ def weak_number(v: Value) -> Optional[Value]:
 
 def _weak_static(v: Value) -> bool:
     """Whether v is a compile-time value that is weakly typed: not a
-    `RunTimeInt`, which is the array of its dtype it stands for."""
-    return is_static(v) and not isinstance(v, RunTimeInt)
+    `RunTimeInt` or `RunTimeFloat`, the array of its dtype it stands for."""
+    return is_static(v) and not isinstance(v, RUN_TIME)
 
 
 def weak_result(values: Sequence[Value]) -> bool:
@@ -253,7 +285,8 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
     """Bring operands to one dtype: arrays promote (f32 with f64 gives f64),
     literals take the arrays' dtype (a float literal makes ints f64).  A
     constant that does not fit is an error at its own span in `spans` when
-    given, else at `span`.  A `RunTimeInt` is the array it stands for."""
+    given, else at `span`.  A `RunTimeInt` or `RunTimeFloat` is the array
+    it stands for."""
     values = [run_time_atom(b, v, span) for v in values]
     arrays = [v for v in values if not is_static(v) and not isinstance(v, WeakVar)]
     weak = [v for v in values if isinstance(v, WeakVar)]

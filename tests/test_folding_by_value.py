@@ -131,18 +131,23 @@ def test_a_by_value_argument_gives_the_run_time_values_and_dtypes():
 
 
 def test_a_by_value_argument_meets_arrays_as_the_run_time_scalar_does():
-    # i32 y with an i64 k is i64 (NumPy's, JAX's): by value, k took y's
-    # dtype as a literal does, also through a layout op or a weakly typed
-    # arange; and y ** k for k = -1 was the error of a negative literal
-    # power, where at run time it rounds toward zero.
-    source = ("def {name}(y: i32[2], k: i64):\n{forced}    return y * k, y ** k, "
-              "y * stack([k, 1]), y * where(y > 0, k, 0), y * (arange(2) * k)\n")
-    m = dsl.loads(source.format(name="scalar", forced="")
-                  + source.format(name="by_value", forced=FORCED), "arrays.grad")
-    y = np.array([3, -1], np.int32)
-    k = np.int64(-1)
-    want = [y * k, [0, -1], y * np.array([k, 1]), [3 * k, 0], y * (np.arange(2) * k)]
-    for results in (m.scalar(y, k), m.by_value(y, k)):
-        for got, value in zip(results, want, strict=True):
-            assert got.dtype == np.int64
-            np.testing.assert_array_equal(got, value)
+    # Against NumPy's values and dtypes for an i64 scalar k (a kernel's
+    # for k passed as such, which other tests check; compiled here only by
+    # value, as each program costs a compile).  i32 y with an i64 k is i64:
+    # by value, k took y's dtype as a literal does, also through a layout
+    # op or a weakly typed arange; y ** k for k = -1 was the error of a
+    # negative literal power, where at run time it rounds toward zero; k /
+    # 4 was a Python float, which took f32 x's dtype (f64 at run time).  A
+    # float made of k stays a compile-time number (`full_like`'s fill);
+    # (-k) ** 0.5 was an error ("negative base"): it is the kernel's pow,
+    # computed at run time, as it may differ from NumPy's by an ulp.
+    m = dsl.loads(f"def f(y: i32[2], x: f32[2], k: i64):\n{FORCED}    return y * k, y ** k, "
+                  "y * stack([k, 1]), y * where(y > 0, k, 0), y * (arange(2) * k), x * (k / 4), "
+                  "x * (k ** 0.5), full_like(x, k * 0.25)\n", "arrays.grad")
+    y, x, k = np.array([3, -1], np.int32), np.array([1.0, -3.0], np.float32), np.int64(-1)
+    want = [y * k, np.array([0, -1]), y * np.array([k, 1]), np.array([3 * k, 0]),
+            y * (np.arange(2) * k), x * np.float64(k / 4), np.array([np.nan] * 2),
+            np.full_like(x, k * 0.25)]
+    for index, (got, value) in enumerate(zip(m.f(y, x, k), want, strict=True)):
+        assert got.dtype == value.dtype, index
+        np.testing.assert_array_equal(got, value, err_msg=f"result {index}")
