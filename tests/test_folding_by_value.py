@@ -139,8 +139,9 @@ def test_a_by_value_argument_meets_arrays_as_the_run_time_scalar_does():
     # negative literal power, where at run time it rounds toward zero; k /
     # 4 was a Python float, which took f32 x's dtype (f64 at run time).  A
     # float made of k stays a compile-time number (`full_like`'s fill);
-    # (-k) ** 0.5 was an error ("negative base"): it is the kernel's pow,
-    # computed at run time, as it may differ from NumPy's by an ulp.
+    # k ** 0.5 was an error for k = -1 ("negative base"): it is the
+    # kernel's pow, computed at run time, as it may differ from NumPy's by
+    # an ulp.
     m = dsl.loads(f"def f(y: i32[2], x: f32[2], k: i64):\n{FORCED}    return y * k, y ** k, "
                   "y * stack([k, 1]), y * where(y > 0, k, 0), y * (arange(2) * k), x * (k / 4), "
                   "x * (k ** 0.5), full_like(x, k * 0.25)\n", "arrays.grad")
