@@ -25,6 +25,11 @@ Contract:
   taken reads 0 rather than raise: `Lowerer.index_guard`).  Such a name
   must have the same type in both branches (a `GradError` otherwise); a
   name only some branches bind is dropped (the checker rejects reading it).
+- In a grad block, a runtime condition that is no scalar bool and a bound
+  that is no integer scalar are lowered anyway (a truth test, a cast,
+  marked with their role) and their type errors held back
+  (`Lowerer.defer_in_block`), so that the block's linearity check can
+  name one that depends on the upstream at load.
 """
 from __future__ import annotations
 
@@ -256,7 +261,11 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
             atoms.append(as_atom(b, v, arg.span, "i64"))
             continue
         if v.type.dtype not in INTS or v.type.rank != 0:
-            raise GradError(f"range() takes integer scalars, got {v.type}", arg.span)
+            lw.defer_in_block(GradError(f"range() takes integer scalars, got {v.type}",
+                                        arg.span))
+            atoms.append(b.bind("cast", _scalar(b, v), dtype="i64", span=arg.span,
+                                role="a loop bound"))
+            continue
         atoms.append(cast(b, v, "i64"))
     if len(atoms) == 1:
         atoms, known = [Lit(0, INDEX)] + atoms, [0] + known
@@ -267,6 +276,17 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
     if isinstance(step, Lit) and step.value == 0:
         raise GradError("range() step must not be zero", stmt.args[2].span)
     return atoms, known
+
+
+def _scalar(b: Builder, v: Atom) -> Atom:
+    """A scalar that depends on each element of `v` (its sum), standing for
+    an array where a scalar is needed, in a grad block whose error for it
+    is held back (`Lowerer.defer_in_block`)."""
+    if v.type.rank == 0:
+        return v
+    if v.type.dtype not in FLOATS:
+        v = b.bind("cast", v, dtype="f64")
+    return b.bind("reduce_sum", v, axes=tuple(range(v.type.rank)))
 
 
 def _not_a_sequence(name: str, value: Value, stmt: ast.For, before: bool = False) -> None:
@@ -363,9 +383,12 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
                     break
                 continue
             if cond.type.dtype != "bool" or cond.type.rank != 0:
-                raise GradError(f"an if condition must be known at compile time or be a "
-                                f"scalar bool, got {cond.type}; select elementwise with "
-                                "where()", arm.cond.span)
+                lw.defer_in_block(GradError(
+                    f"an if condition must be known at compile time or be a scalar bool, "
+                    f"got {cond.type}; select elementwise with where()", arm.cond.span))
+                scalar = _scalar(b, cond)
+                cond = b.bind("ne", scalar, Lit(0, TensorType(scalar.type.dtype, ())),
+                              span=arm.cond.span, role="an if condition")
             if lw.numbers_of_sizes and of_sizes_only(b, cond):
                 # (`n / 2 > 1.0`: compile-time for concrete sizes, so only
                 # the arm taken is lowered; run at run time, the arm not

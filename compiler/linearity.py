@@ -13,7 +13,9 @@ Contract:
   the upstream, each carried value depending on it on entry exactly when
   a trip makes it so), and
   an output (the cotangent for `names[i]`) that does not depend on
-  the upstream is zero.  The error
+  the upstream is zero, and no equation carrying a `role` (an if
+  condition or loop bound the lowering could not type,
+  `Lowerer.defer_in_block`), read or not, depends on the upstream.  The error
   names the op at its own span (inside a called function's body too: a
   call carrying its own grad blocks is checked through its body), as a
   `NotLinear` error.  `calls` (kept by the caller across checks) holds
@@ -84,7 +86,10 @@ def _walk(fn: Function, kinds: dict[Var, str], where: str, span: Span,
     h(v) = v * v is 2 * dy, linear, though its dead forward sweep computes
     dy * dy; nor is a residual that a called function's block reads,
     computed from its input."""
-    live = _read_by(fn, fn.outputs[:n_live])
+    # an if condition or loop bound whose type error is held back
+    # (`Lowerer.defer_in_block`) is checked even where nothing reads it
+    roles = [o for e in fn.eqns if _role(e) for o in e.outputs]
+    live = _read_by(fn, list(fn.outputs[:n_live]) + roles)
     for eqn in fn.eqns:
         if not any(o in live for o in eqn.outputs):
             continue
@@ -174,6 +179,10 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
         zero = any(all(in_kinds[i] == ZERO for i in s) for s in slots if s)
         return ZERO if zero else None
     at = eqn.span or span
+    if _role(eqn):
+        raise NotLinear(f"{where} is not linear in its upstream cotangents: {_role(eqn)} "
+                        "depends on them (a block that branches, or runs a number of trips, by "
+                        "its upstream is no linear map of it)", at)
     fits = [s for s in slots if linear <= s]
     if op.linear == "each" and len(linear) > 1:
         raise NotLinear(f"{where} is not linear in its upstream cotangents: "
@@ -186,6 +195,12 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
                         "of a value that depends on them and one that does not (an affine "
                         "map, not a linear one)", at)
     return LINEAR
+
+
+def _role(eqn: Eqn) -> Optional[str]:
+    """What the equation stands for where its lowering held back a type
+    error (`Lowerer.defer_in_block`): "an if condition", "a loop bound"."""
+    return next((v for k, v in eqn.params if k == "role"), None)
 
 
 def _is_index(op: ops.Op, i: int) -> bool:

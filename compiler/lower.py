@@ -19,13 +19,14 @@ Every problem is raised as a `GradError` at the span that caused it.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
 import operator
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -103,6 +104,12 @@ class Lowerer:
         self.sizes: dict[int, tuple[Function, int]] = {}
         self.unnoted: dict[int, tuple[Function, bool]] = {}  # `_Notes`'s memo
         self.linear_kinds: CallKinds = {}  # `linearity.check_linear`'s memo
+        # the grad block being lowered, as (id of its function, its number),
+        # None in a function's body; and the errors of its if conditions and
+        # loop bounds that are no scalar bool or integer, held back until the
+        # block's linearity is checked (`defer_in_block`)
+        self.in_block: Optional[tuple[int, int]] = None
+        self.deferred: list[tuple[Optional[tuple[int, int]], GradError]] = []
 
     def alias_arguments(self, params: Sequence[Var], values: Sequence[Value]) -> None:
         """Parameters of a stage's function (`compiler.staging`) standing
@@ -134,8 +141,40 @@ class Lowerer:
                     if isinstance(t, StaticScalar)})
         args = {p.name: env[p.name] for p in fdef.params if p.name in env}
         outs = self.call(b, fdef, self.namespace, [], args, fdef.span, env)
+        if self.deferred:  # (of a block whose gradient nothing takes: not checked)
+            raise self.deferred[0][1]
         results = entry_results(b, fdef.name, outs, fdef.result_dtype, fdef.result_spans)
         return b.function(name or fdef.name, params, results)
+
+    @contextlib.contextmanager
+    def block_context(self, block: Optional[tuple[int, int]]) -> Iterator[None]:
+        """Lowering grad block `block` ((id of its function, its number);
+        None: a function's body) inside the `with`."""
+        outer, self.in_block = self.in_block, block
+        try:
+            yield
+        finally:
+            self.in_block = outer
+
+    def defer_in_block(self, error: GradError) -> None:
+        """`error`, a condition's or a loop bound's type that no call can
+        change, raised now outside a grad block; inside one, held back (the
+        caller lowers the value as one of the right type, marked with its
+        role) until the block's linearity check has run: that check then
+        reports a condition or bound that depends on the upstream
+        cotangents as not linear, at load, where the type error of a
+        representative signature is not reported (another signature may
+        have a bool or an integer there; a cotangent is always a float)."""
+        if self.in_block is None:
+            raise error
+        self.deferred.append((self.in_block, error))
+
+    def raise_deferred(self, block: tuple[int, int], since: int) -> None:
+        """The first error held back for `block` since `deferred` had
+        `since` entries, raised (its linearity now checked)."""
+        for tag, error in self.deferred[since:]:
+            if tag == block:
+                raise error
 
     # ------------------------------------------------------------ calls
 
@@ -614,7 +653,9 @@ class Lowerer:
     def as_bool(self, b, v: Value, span) -> Atom:
         a = as_atom(b, v, span)
         if a.type.dtype != "bool":
-            raise GradError(f"expected a bool value, got {a.type.dtype}", span)
+            self.defer_in_block(GradError(f"expected a bool value, got {a.type.dtype}", span))
+            a = b.bind("ne", a, Lit(0, TensorType(a.type.dtype, ())), span=span,
+                       role="an operand of `and`, `or` or `not`")
         return a
 
     def expr_Attr(self, b, e: ast.Attr, env):

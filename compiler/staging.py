@@ -244,11 +244,16 @@ class Chain:
             lw.grow(known.size, self.span)
             return known.at_site(self.span)
         outer, lw.reach = lw.reach, Reach(len(lw.call_stack))
+        held = len(lw.deferred)
         try:
             fwd, bwd, n_out, arrays = self.lower_stage(k, inputs, recompute)
             reach = lw.reach
         finally:
             lw.reach = outer
+        if len(lw.deferred) > held:
+            # an error held back for a block checked later: a reused stage
+            # would not hold it back again, and that block would pass
+            key = None
         if outer is not None:
             outer.include(reach, len(lw.call_stack))
         made = Lowered(self.span, tuple(arrays), fwd, bwd, n_out, inlined_size(fwd, lw.sizes),
@@ -284,13 +289,16 @@ class Chain:
             # through this call: the blocks, written for float cotangents,
             # do not apply (an integer upstream is no cotangent to be linear in).
             return stage.fwd, None, stage.n_out, stage.arrays
+        lw = self.lowerer
+        held = len(lw.deferred)
         bwd = self.backward(stage, inputs, recompute)
         if k < len(self.fdef.grads):
             block = self.fdef.grads[k]
             n = len(bwd.params)
             check_linear(bwd, range(n - stage.n_out, n),
                          f"grad block {k + 1} of {self.fdef.name}() (line {block.span.line})",
-                         block.span, stage.arrays, self.lowerer.linear_kinds)
+                         block.span, stage.arrays, lw.linear_kinds)
+            lw.raise_deferred((id(self.fdef), k + 1), held)
         return stage.fwd, bwd, stage.n_out, stage.arrays
 
     def eval_stage(self, b: Builder, k: int,
@@ -298,10 +306,14 @@ class Chain:
         """Stage k inline: the body, then blocks 1..k, each block's returned
         cotangents mapped onto its inputs.  Returns (outputs, final env)."""
         env = dict(inputs)
-        outs = self.lowerer.body(b, self.fdef, env)
+        lw = self.lowerer
+        # (in the context it is called in: where a grad block calls it, an
+        # error held back in its body is the block's, `Lowerer.defer_in_block`)
+        outs = lw.body(b, self.fdef, env)
         for j in range(1, k + 1):
             block = self.fdef.grads[j - 1]
-            items = self.lowerer.block_items(b, block.body, env)
+            with lw.block_context((id(self.fdef), j)):
+                items = lw.block_items(b, block.body, env)
             cts = self.map_cotangents(b, j, items, inputs)
             outs = [cts[n] for n in named_cotangents(self.fdef, self.ns, j)]
         return outs, env
@@ -386,7 +398,8 @@ class Chain:
         else:
             benv = {**base, **stage.static_residuals, **dict(zip(stage.residuals, bres))}
         benv.update(zip(block.upstream, bcts))
-        items = self.lowerer.block_items(bb, block.body, benv)
+        with self.lowerer.block_context((id(fdef), k + 1)):
+            items = self.lowerer.block_items(bb, block.body, benv)
         return self.map_cotangents(bb, k + 1, items, inputs)
 
     def pass_through(self, b: Builder, inputs: dict[str, Value]) -> list[Value]:

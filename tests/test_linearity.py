@@ -202,3 +202,55 @@ def test_a_blocks_loop_result_free_of_the_upstream_is_computed_in_its_transpose(
     x, t = np.array([1.0, -2.0, 3.0]), np.array([0.5, 4.0, -1.0])
     np.testing.assert_allclose(dsl.jvp(m.f, (x,), (t,))[1], 2 * t, rtol=1e-12)
     np.testing.assert_allclose(dsl.vjp(m.f, x)[1](t)[0], 2 * t, rtol=1e-12)
+
+
+_BRANCHES = {
+    # a float condition or bound is a type error at any signature where it
+    # depends on the upstream (a float): it was held for the first call
+    "if": ("    g = dy * x\n    if sum(dy):\n        g = g * 2.0\n    return g\n",
+           (5, 8), "an if condition depends on them"),
+    "range": ("    g = dy * x\n    n = sum(dy)\n    for i in range(n):\n        g = g + dy\n"
+              "    return g\n", (6, 20), "a loop bound depends on them"),
+    "range start, loop dead": ("    h = x\n    for i in range(sum(dy), 3):\n        h = h * 2.0\n"
+                               "    return dy * x\n", (5, 20), "a loop bound depends on them"),
+    # the condition reads a carried value the first trip leaves free of dy
+    "carried": ("    g = dy * x\n    s = 0.0\n    for i in range(3):\n        if s:\n"
+                "            g = g * 2.0\n        s = s + sum(dy)\n    return g\n",
+                (7, 12), "an if condition depends on them"),
+    "not": ("    g = dy * x\n    if not sum(dy):\n        g = g * 2.0\n    return g\n",
+            (5, 8), "an operand of `and`, `or` or `not` depends on them"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BRANCHES))
+def test_a_branch_or_trip_count_chosen_by_the_upstream_is_an_error_at_load(case):
+    body, at, what = _BRANCHES[case]
+    err = load_error("def f(x: f64[n]):\n    return x * x\ngrad(dy):\n" + body)
+    assert "grad block 1 of f() (line 3) is not linear in its upstream cotangents: " \
+           + what in err.message
+    assert (err.file, err.line, err.col) == ("lin.grad", *at), str(err)
+    assert str(err).splitlines()[-1].strip().startswith("^")
+
+
+def test_a_branch_on_the_upstream_in_a_later_block_or_a_called_body_is_found_at_load():
+    err = load_error("def f(x: f64[n]):\n    return x * x * x\ngrad(dy):\n"
+                     "    return dy * 3.0 * x * x\ngrad(ddx):\n    g = ddx * 6.0 * x * dy\n"
+                     "    if sum(ddx):\n        g = g * 2.0\n    return ddx * 3.0 * x * x, g\n")
+    assert "grad block 2 of f() (line 5)" in err.message and (err.line, err.col) == (7, 8)
+    # in the body of a function with a block of its own, called by the block
+    err = load_error("def pick(v, w):\n    r = w\n    if sum(v):\n        r = w * 2.0\n"
+                     "    return r\ngrad(d):\n    return 0, d\n"
+                     "def f(x: f64[n]):\n    return x * x\ngrad(dy):\n"
+                     "    return pick(dy, dy * x)\n")
+    assert "grad block 1 of f() (line 10)" in err.message and "an if condition" in err.message
+    assert (err.line, err.col) == (3, 8), str(err)
+
+
+def test_a_float_condition_free_of_the_upstream_is_still_the_calls_type_error():
+    # x could be an integer at another signature: the type error is the call's
+    m = dsl.loads("def f(x):\n    return x * x\ngrad(dy):\n    g = dy * x\n    if sum(x):\n"
+                  "        g = g * 2.0\n    return g\n", "lin.grad")
+    with pytest.raises(dsl.GradError, match="an if condition must be known at compile time "
+                                            "or be a scalar bool, got f64") as info:
+        dsl.grad(m.f)(np.array([1.0, 2.0]))
+    assert (info.value.line, info.value.col) == (5, 8)
