@@ -9,7 +9,7 @@ keywords; statements after `return`; bodies without one; a `return`
 inside a loop or an `if`; a loop variable that rebinds a name; names read
 after a loop or an `if` that only its body or some of its branches bind
 (the error says so); decorator arguments other than `@recompute(every=K)`
-with K a positive integer; a return annotation on a function that returns
+with K a positive integer, on a function with a loop and no grad block; a return annotation on a function that returns
 several values; and the grad-block contract:
 
 - block 1 takes one upstream cotangent per value the function returns; a
@@ -108,6 +108,16 @@ class _Function:
                 raise GradError(f"@{d.name}(every=...) checkpoints a loop every so many trips, "
                                 f"and {f.name}() has no loop (plain @{d.name} recomputes the "
                                 "whole function)", d.args[0].span)
+            if d.args and f.grads:
+                # a block is the gradient: no backward pass runs the loop's
+                # trips in reverse, so there are no per-trip states to keep
+                # or checkpoint (it was accepted and ignored)
+                raise GradError(f"@{d.name}(every=...) checkpoints a loop's trips for its "
+                                f"automatic gradient, and {f.name}() has a grad block (line "
+                                f"{f.grads[0].span.line}), which is its gradient: the block "
+                                "runs on the residuals the loop leaves, and no backward pass "
+                                f"replays its trips; write plain @{d.name} (the backward pass "
+                                "then reruns the body to rebuild the residuals)", d.args[0].span)
         decorators = [d.name for d in f.decorators]
         if len(set(decorators)) != len(decorators):
             raise GradError(f"@{decorators[-1]} repeated on {f.name}()", f.decorators[-1].span)

@@ -966,6 +966,20 @@ def test_bad_decorator_arguments(decorator, message):
     assert message in str(err) and err.line == decorator.count("\n") + 1
 
 
+def test_every_on_a_function_with_a_grad_block_is_an_error_at_the_decorator():
+    # the block is the gradient: no backward loop replays the trips, so
+    # there is nothing to checkpoint (every= was accepted and ignored)
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads("def g(x):\n    return x\n\n@recompute(every=2)\ndef f(x, n: i64):\n"
+                  "    for i in range(n):\n        x = sin(x)\n    return x\n"
+                  "grad(dy):\n    return dy * cos(x)\n", file="bad.grad")
+    err = info.value
+    assert "@recompute(every=...) checkpoints a loop's trips for its automatic gradient, " \
+           "and f() has a grad block (line 9)" in err.message
+    assert (err.line, err.col) == (4, 12), str(err)
+    assert str(err).splitlines()[-1].strip().startswith("^")
+
+
 @pytest.mark.parametrize("start, update, message", [
     ("g * 0", "d = d + p * p", "a product of two values that depend on them"),
     ("g * 0", "d = d + x", "a sum of a value that depends on them and one that does not"),
