@@ -137,10 +137,10 @@ class _Function:
             if len(f.differentiable_params) != 1 or n_outputs != 1:
                 raise GradError(f"@pass_through function {f.name}() needs exactly one "
                                 "differentiable parameter and one result", f.span)
-        visible = visible | _assigned(f.body)
+        visible = visible | _assigned_outside_loops(f.body)
         for k, block in enumerate(f.grads, start=1):
             n_outputs = self.grad_block(block, k, n_outputs, visible)
-            visible |= set(block.upstream) | _assigned(block.body)
+            visible |= set(block.upstream) | _assigned_outside_loops(block.body)
 
     @staticmethod
     def decorator_args(d: ast.Decorator) -> None:
@@ -648,6 +648,24 @@ def _keyword_names(e: ast.Call) -> list[str]:
 
 def _assigned(body: Iterable[ast.Stmt]) -> set[str]:
     return set(ast.assigned_names(tuple(body)))
+
+
+def _assigned_outside_loops(body: Iterable[ast.Stmt]) -> set[str]:
+    """The names a statement list binds outside its loops' bodies: those a
+    grad block after it may read.  A name first bound in a loop's body is
+    local to it, and the lowering has no value for it after the loop (a
+    block reading one loaded, then failed at the call: "name 't' is not
+    defined"); one bound in some branches of an if stays, as a branch
+    known at compile time binds it."""
+    out: set[str] = set()
+    for s in body:
+        if isinstance(s, ast.If):
+            arms, orelse = ast.elif_chain(s)
+            for arm_body in [arm.body for arm in arms] + [orelse]:
+                out |= _assigned_outside_loops(arm_body)
+        elif not isinstance(s, ast.For):
+            out |= _assigned((s,))
+    return out
 
 
 def _wrt_name_error(f: ast.FuncDef, name: str) -> str:

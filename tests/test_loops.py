@@ -923,6 +923,22 @@ def test_name_bound_only_in_a_loop_is_an_error_where_read():
     assert "name 'y' is bound only inside the for loop at line 2" in str(err)
 
 
+def test_a_grad_block_reading_a_name_local_to_a_loop_is_an_error_at_load():
+    # (the block sees the body's locals, but not a loop body's: it loaded,
+    # and the call said "name 't' is not defined"); a later block likewise
+    body = ("def f(x, n: i64):\n    y = x\n    for i in range(n):\n        t = sin(y)\n"
+            "        y = t\n    return y\n")
+    for blocks, at in [("grad(dy):\n    return dy * t\n", (8, 17)),
+                       ("grad(dy):\n    for i in range(2):\n        u = dy\n    return dy\n"
+                        "grad(d2):\n    return d2 * u, 0\n", (12, 17))]:
+        with pytest.raises(dsl.GradError) as info:
+            dsl.loads(body + blocks, file="bad.grad")
+        name, line = ("t", 3) if at[0] == 8 else ("u", 8)
+        assert f"name {name!r} is bound only inside the for loop at line {line}" \
+            in info.value.message
+        assert (info.value.line, info.value.col) == at, str(info.value)
+
+
 def test_loop_variable_read_after_the_loop_says_it_is_local_to_it():
     # (the language's documented rule, which Python's loops do not have)
     err = error_of("def f(x, n: i64):\n    for i in range(n):\n        x = x + 1.0\n"
