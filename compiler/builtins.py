@@ -248,7 +248,7 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
 
 
 def _where(L, b, args, kwargs, span):
-    cond = L.as_bool(b, args[0], span)
+    cond = L.as_bool(b, args[0], span, "where()'s condition")
     x, y = unify(b, args[1:], span, arithmetic=False)
     # a choice between weak values is one (a sinusoidal encoding's sin and cos)
     return b.bind("where", cond, x, y, span=span, weak=weakly_typed(args[1:]))

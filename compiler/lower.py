@@ -650,12 +650,14 @@ class Lowerer:
         return self.of_arguments(b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool"
                                         else v, span=e.span, weak=isinstance(v, WeakVar)), (v,))
 
-    def as_bool(self, b, v: Value, span) -> Atom:
+    def as_bool(self, b, v: Value, span,
+                role: str = "an operand of `and`, `or` or `not`") -> Atom:
+        """v as a bool array; `role` names it where it is not one and
+        depends on a grad block's upstream (`defer_in_block`)."""
         a = as_atom(b, v, span)
         if a.type.dtype != "bool":
             self.defer_in_block(GradError(f"expected a bool value, got {a.type.dtype}", span))
-            a = b.bind("ne", a, Lit(0, TensorType(a.type.dtype, ())), span=span,
-                       role="an operand of `and`, `or` or `not`")
+            a = b.bind("ne", a, Lit(0, TensorType(a.type.dtype, ())), span=span, role=role)
         return a
 
     def expr_Attr(self, b, e: ast.Attr, env):
