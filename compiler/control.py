@@ -24,7 +24,9 @@ Contract:
   the branch taken, as for `where`, and a run-time index in the branch not
   taken reads 0 rather than raise: `Lowerer.index_guard`).  Such a name
   must have the same type in both branches (a `GradError` otherwise); a
-  name only some branches bind is dropped (the checker rejects reading it).
+  name only some branches bind is dropped (the checker rejects reading it
+  after the if; a grad block reading it is an error that names the if,
+  `Lowerer.dropped`).
 - In a grad block, a runtime condition that is no scalar bool and a bound
   that is no integer scalar are lowered anyway (a truth test, a cast,
   marked with their role) and their type errors held back
@@ -416,6 +418,9 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
         for name in later:
             if name not in taken or name not in rest:
                 envs[-1].pop(name, None)
+                # (the checker lets a grad block read it: a branch known at
+                # compile time binds it; this one is not known then)
+                lw.dropped[lw.current_function(), name] = stmt.span.line
                 continue
             envs[-1][name] = _select(b, cond, taken[name], rest[name], name, arms[k])
 

@@ -109,6 +109,10 @@ class Lowerer:
         # loop bounds that are no scalar bool or integer, held back until the
         # block's linearity is checked (`defer_in_block`)
         self.in_block: Optional[tuple[int, int]] = None
+        # names a runtime if dropped, bound in only some of its branches, by
+        # the function lowered (`current_function`): the line of the last
+        # such if, for the error of a grad block reading one
+        self.dropped: dict[tuple[Optional[int], str], int] = {}
         self.deferred: list[tuple[Optional[tuple[int, int]], GradError]] = []
 
     def alias_arguments(self, params: Sequence[Var], values: Sequence[Value]) -> None:
@@ -145,6 +149,10 @@ class Lowerer:
             raise self.deferred[0][1]
         results = entry_results(b, fdef.name, outs, fdef.result_dtype, fdef.result_spans)
         return b.function(name or fdef.name, params, results)
+
+    def current_function(self) -> Optional[int]:
+        """The function being lowered, by identity (None: none yet)."""
+        return id(self.call_stack[-1]) if self.call_stack else None
 
     @contextlib.contextmanager
     def block_context(self, block: Optional[tuple[int, int]]) -> Iterator[None]:
@@ -572,6 +580,11 @@ class Lowerer:
             return env[e.id]
         if self.namespace.resolve(e) is not None or e.id in BUILTINS:
             raise GradError(f"function {e.id!r} used as a value; call it", e.span)
+        line = self.dropped.get((self.current_function(), e.id))
+        if line is not None:
+            raise GradError(f"name {e.id!r} is bound in only some branches of the if at line "
+                            f"{line}, whose condition is known only at run time; bind it in "
+                            "every branch (or before the if)", e.span)
         raise GradError(f"name {e.id!r} is not defined", e.span)
 
     def expr_Num(self, b, e: ast.Num, env):

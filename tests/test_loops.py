@@ -939,6 +939,21 @@ def test_a_grad_block_reading_a_name_local_to_a_loop_is_an_error_at_load():
         assert (info.value.line, info.value.col) == at, str(info.value)
 
 
+@pytest.mark.parametrize("decorator", ["", "@recompute\n"])
+def test_a_grad_block_reading_a_name_a_runtime_if_binds_in_one_branch_names_the_if(decorator):
+    # (the checker lets a block read it, as a compile-time branch binds it;
+    # the lowering said "name 't' is not defined")
+    m = dsl.loads(decorator + "def f(x: f64[n]):\n    y = x\n    if sum(x) > 0.0:\n"
+                  "        t = cos(x)\n        y = sin(x)\n    return y\ngrad(dy):\n"
+                  "    return dy * t\n", file="bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        dsl.grad(m.f)(np.ones(2))
+    assert "name 't' is bound in only some branches of the if at line " \
+        f"{3 + decorator.count(chr(10))}, whose condition is known only at run time" \
+        in info.value.message
+    assert (info.value.line, info.value.col) == (8 + decorator.count("\n"), 17)
+
+
 def test_loop_variable_read_after_the_loop_says_it_is_local_to_it():
     # (the language's documented rule, which Python's loops do not have)
     err = error_of("def f(x, n: i64):\n    for i in range(n):\n        x = x + 1.0\n"
