@@ -454,20 +454,26 @@ MASK_HINT = ("the result's shape would depend on the mask's values; keep the sha
              "where(mask, x, 0.0), or sum what the mask selects with sum(where(mask, x, 0.0))")
 
 
-def index_operand(b: Builder, v: Value, span: Span, guard: Optional[Atom]) -> Atom:
-    """An integer index array (or scalar) of the language; where `guard`
-    (a scalar bool: the branch the index is in is taken) is false, 0."""
+def index_operand(L, b: Builder, v: Value, span: Span) -> Atom:
+    """An integer index array (or scalar) of the language, lowered by `L`;
+    where the branch of a runtime if the index is in is not taken
+    (`Lowerer.index_guard`), 0.  In a grad block, an index that is no
+    integer array is lowered as a cast one and its error held back, so
+    that an index depending on the upstream is found not linear at load
+    (`Lowerer.defer_in_block`)."""
+    guard = L.index_guard(b)
     if isinstance(v, tuple):
         raise GradError(f"an index must be an integer array or scalar, not a "
                         f"{sequence_kind(v)}; build an array with stack([...])", span)
     if isinstance(v, Sym):
         raise NeedsConcrete("a size used as an index")
     idx = as_atom(b, v, span)
-    if idx.type.dtype == "bool":
-        raise GradError(f"a mask cannot index: {MASK_HINT}", span)
     if idx.type.dtype not in INTS:
-        raise GradError(f"an index must be an integer array (i32 or i64), not "
-                        f"{idx.type.dtype}{python_number_hint(idx)}", span)
+        L.defer_in_block(GradError(
+            f"a mask cannot index: {MASK_HINT}" if idx.type.dtype == "bool" else
+            f"an index must be an integer array (i32 or i64), not "
+            f"{idx.type.dtype}{python_number_hint(idx)}", span))
+        idx = b.bind("cast", idx, dtype="i64", span=span, role="an index")
     if guard is None or isinstance(idx, Lit):
         return idx
     return b.bind("where", guard, idx, b.lit(0, idx.type.dtype), span=span,
@@ -515,7 +521,7 @@ def _flattened(b: Builder, x: Atom, span: Span) -> Atom:
 
 def _take(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
-    idx = index_operand(b, args[1], span, L.index_guard(b))
+    idx = index_operand(L, b, args[1], span)
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:  # NumPy's default: the flattened array
         x, axis = _flattened(b, x, span), 0
@@ -530,7 +536,7 @@ def _picked(b: Builder, x: Value, out: Atom) -> Atom:
 
 def _take_along_axis(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
-    idx = index_operand(b, args[1], span, L.index_guard(b))
+    idx = index_operand(L, b, args[1], span)
     axis = _kw(args, kwargs, 2, "axis")
     if axis is None:
         x, axis = _flattened(b, x, span), 0
@@ -566,7 +572,7 @@ def _cumsum(L, b, args, kwargs, span):
 
 def _scatter_add(L, b, args, kwargs, span):
     base = as_atom(b, args[0], span)
-    idx = index_operand(b, args[1], span, L.index_guard(b))
+    idx = index_operand(L, b, args[1], span)
     (values,) = unify(b, [args[2]], span)
     if values.type.is_float and not base.type.is_float:
         raise GradError(f"scatter_add of {values.type.dtype} values into a "
@@ -578,7 +584,7 @@ def _scatter_add(L, b, args, kwargs, span):
 
 def _segment_sum(L, b, args, kwargs, span):
     values = as_atom(b, args[0], span)
-    ids = index_operand(b, args[1], span, L.index_guard(b))
+    ids = index_operand(L, b, args[1], span)
     count = _count_of(L, _kw(args, kwargs, 2, "num_segments"), "num_segments", span)
     if ids.type.shape != values.type.shape[:ids.type.rank]:
         raise GradError(f"segment_ids of shape {list(ids.type.shape)} do not match the "
@@ -666,7 +672,7 @@ def _one_hot(L, b, args, kwargs, span):
     `ArgumentError` naming it; a negative one counts from the end).
     Weakly typed f64 (a `WeakVar`), so that `one_hot(y, k) * logp` is
     f32 for f32 logp."""
-    labels = index_operand(b, args[0], span, L.index_guard(b))
+    labels = index_operand(L, b, args[0], span)
     count = _count_of(L, _kw(args, kwargs, 1, "num_classes"), "num_classes", span)
     classes = b.bind("iota", start=0, stop=count, step=1, dtype="i64", span=span)
     checked = take(b, classes, labels, 0, span)

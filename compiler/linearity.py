@@ -14,7 +14,7 @@ Contract:
   a trip makes it so), and
   an output (the cotangent for `names[i]`) that does not depend on
   the upstream is zero, and no equation carrying a `role` (an if
-  condition or loop bound the lowering could not type,
+  condition, loop bound or index the lowering could not type,
   `Lowerer.defer_in_block`), read or not, depends on the upstream.  The error
   names the op at its own span (inside a called function's body too: a
   call carrying its own grad blocks is checked through its body), as a
@@ -181,8 +181,8 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
     at = eqn.span or span
     if _role(eqn):
         raise NotLinear(f"{where} is not linear in its upstream cotangents: {_role(eqn)} "
-                        "depends on them (a block that branches, or runs a number of trips, by "
-                        "its upstream is no linear map of it)", at)
+                        "depends on them (a linear map only scales and adds its input: it "
+                        "cannot branch, loop or index by it)", at)
     fits = [s for s in slots if linear <= s]
     if op.linear == "each" and len(linear) > 1:
         raise NotLinear(f"{where} is not linear in its upstream cotangents: "
@@ -199,7 +199,8 @@ def _eqn_kind(eqn: Eqn, op: ops.Op, in_kinds: list[Optional[str]], where: str,
 
 def _role(eqn: Eqn) -> Optional[str]:
     """What the equation stands for where its lowering held back a type
-    error (`Lowerer.defer_in_block`): "an if condition", "a loop bound"."""
+    error (`Lowerer.defer_in_block`): "an if condition", "a loop bound",
+    "an index"."""
     return next((v for k, v in eqn.params if k == "role"), None)
 
 

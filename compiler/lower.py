@@ -771,7 +771,7 @@ class Lowerer:
             raise GradError("an index array can only be combined with slices (x[:, idx]); "
                             "use take() or take_along_axis()", e.items[arrays[0]].span)
         for k in gathers:
-            values[k] = index_operand(b, values[k], e.items[k].span, self.index_guard(b))
+            values[k] = index_operand(self, b, values[k], e.items[k].span)
         starts, stops, steps, keep = [], [], [], []
         for axis, size in enumerate(shape):
             item = e.items[axis] if axis < len(e.items) else None

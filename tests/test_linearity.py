@@ -220,11 +220,14 @@ _BRANCHES = {
     "not": ("    g = dy * x\n    if not sum(dy):\n        g = g * 2.0\n    return g\n",
             (5, 8), "an operand of `and`, `or` or `not` depends on them"),
     "where": ("    return where(dy, dy * x, 0.0)\n", (4, 12), "where()'s condition depends on them"),
+    # an index is a type error too (it loaded and failed at the call)
+    "index": ("    return dy * x[sum(dy)]\n", (4, 19), "an index depends on them"),
+    "take": ("    return take(dy, dy) * 0.0 + dy\n", (4, 12), "an index depends on them"),
 }
 
 
 @pytest.mark.parametrize("case", list(_BRANCHES))
-def test_a_branch_or_trip_count_chosen_by_the_upstream_is_an_error_at_load(case):
+def test_a_branch_trip_count_or_index_chosen_by_the_upstream_is_an_error_at_load(case):
     body, at, what = _BRANCHES[case]
     err = load_error("def f(x: f64[n]):\n    return x * x\ngrad(dy):\n" + body)
     assert "grad block 1 of f() (line 3) is not linear in its upstream cotangents: " \
