@@ -9,8 +9,10 @@ keywords; statements after `return`; bodies without one; a `return`
 inside a loop or an `if`; a loop variable that rebinds a name; names read
 after a loop or an `if` that only its body or some of its branches bind
 (the error says so); decorator arguments other than `@recompute(every=K)`
-with K a positive integer, on a function with a loop and no grad block; a return annotation on a function that returns
-several values; and the grad-block contract:
+with K a positive integer, on a function with a loop and no grad block; a
+return annotation on a function that returns several values; a grad block
+reading a name local to a loop of the body or of an earlier block; and the
+grad-block contract:
 
 - block 1 takes one upstream cotangent per value the function returns; a
   later block takes one per cotangent the block before it returns;

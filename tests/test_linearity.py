@@ -219,7 +219,8 @@ _BRANCHES = {
                 (7, 12), "an if condition depends on them"),
     "not": ("    g = dy * x\n    if not sum(dy):\n        g = g * 2.0\n    return g\n",
             (5, 8), "an operand of `and`, `or` or `not` depends on them"),
-    "where": ("    return where(dy, dy * x, 0.0)\n", (4, 12), "where()'s condition depends on them"),
+    "where": ("    return where(dy, dy * x, 0.0)\n", (4, 12),
+              "where()'s condition depends on them"),
     # an index is a type error too (it loaded and failed at the call)
     "index": ("    return dy * x[sum(dy)]\n", (4, 19), "an index depends on them"),
     "take": ("    return take(dy, dy) * 0.0 + dy\n", (4, 12), "an index depends on them"),
