@@ -942,6 +942,18 @@ _SIGMOID_SLOPE = ("math.exp(-abs({0})) / "
                   "(({T}(1) + math.exp(-abs({0}))) * ({T}(1) + math.exp(-abs({0}))))")
 
 
+# Integer +, - and * (and negation) in kernels: in unsigned 64-bit
+# arithmetic, converted back to the output's dtype.  Numba marks signed
+# integer arithmetic "no signed wrap" (nsw), and LLVM then takes an
+# overflow for impossible and folds it away: `(y + 1) > y` was True at the
+# greatest i64 and `y + (least i64)` an `or`, where NumPy's values wrap
+# around.  Unsigned arithmetic wraps by definition, with the bits of the
+# two's complement result, so the conversion back is NumPy's value; both
+# conversions are no instructions, and the loops vectorize as before.
+def _wrapping(symbol: str) -> str:
+    return f"np.uint64({{0}}) {symbol} np.uint64({{1}})"
+
+
 # tanh'(x) = 4 E / (1 + E)^2 with E = exp(-2|x|), as 4 q (1 - q) for
 # q = 1 / (1 + exp(2|x|)) (E / (1 + E)): the exp the CPU kernels'
 # `math.tanh` computes (the same argument, so LLVM computes it once where a
@@ -955,7 +967,8 @@ _TANH_SLOPE = f"{{T}}(4) * ({_TANH_Q}) * ({{T}}(1) - {_TANH_Q})"
 
 _TABLE: tuple[Op, ...] = (
     # ---- elementwise, one input
-    Op("neg", exact=True, linear="jointly", template="-{0}", ref=np.negative,
+    Op("neg", exact=True, linear="jointly", template="-{0}",
+       int_template="np.uint64(0) - np.uint64({0})", ref=np.negative,
        vjp=_unary(lambda b, x, o, ct: b.bind("neg", ct))),
     Op("exp", template="math.exp({0})", ref=np.exp, float_only=True, source_name="exp",
        vjp=_unary(lambda b, x, o, ct: _mul(b, ct, o)), cost=2),
@@ -1035,14 +1048,14 @@ _TABLE: tuple[Op, ...] = (
     Op("full", type_rule=_full_rule, template="{value}", arity=0,
        ref=lambda value, shape, dtype: np.full(shape, value, _np_dtype(dtype))),
     # ---- elementwise, two inputs
-    Op("add", template="{0} + {1}", ref=np.add, arity=2, identity=-0.0, commutative=True,
-       linear="jointly", exact=True,
+    Op("add", template="{0} + {1}", int_template=_wrapping("+"), ref=np.add, arity=2,
+       identity=-0.0, commutative=True, linear="jointly", exact=True,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: ct)),
-    Op("sub", linear="jointly", template="{0} - {1}", ref=np.subtract, arity=2, identity=0,
-       exact=True,
+    Op("sub", linear="jointly", template="{0} - {1}", int_template=_wrapping("-"),
+       ref=np.subtract, arity=2, identity=0, exact=True,
        vjp=_binary(lambda b, x, y, o, ct: ct, lambda b, x, y, o, ct: b.bind("neg", ct))),
-    Op("mul", template="{0} * {1}", ref=np.multiply, arity=2, identity=1, commutative=True,
-       linear="each", exact=True,
+    Op("mul", template="{0} * {1}", int_template=_wrapping("*"), ref=np.multiply, arity=2,
+       identity=1, commutative=True, linear="each", exact=True,
        vjp=_binary(lambda b, x, y, o, ct: _mul(b, ct, y), lambda b, x, y, o, ct: _mul(b, ct, x))),
     Op("div", template="{0} / {1}", ref=np.divide, arity=2, identity=1, float_only=True,
        linear="first", exact=True,
@@ -1053,10 +1066,10 @@ _TABLE: tuple[Op, ...] = (
     # remainder with the divisor's sign (x == (x // y) * y + x % y).  Numba
     # computes both as NumPy does, bit for bit, but two cases.  An integer
     # x // -1, which it makes 0 where x is the least integer (NumPy wraps to
-    # x).  And a float x = +-inf by a nonzero y that is not NaN (see
+    # x; negated as `_wrapping` says).  And a float x = +-inf by a nonzero y that is not NaN (see
     # _INFINITE_DIVIDEND).
     Op("floor_divide", template=_INFINITE_DIVIDEND + "{0} // {1}",
-       int_template="-{0} if {1} == -1 else {0} // {1}",
+       int_template="{T}(np.uint64(0) - np.uint64({0})) if {1} == -1 else {0} // {1}",
        fmod_template=_INFINITE_DIVIDEND + "math.floor_quotient({0}, {1}, {T}(1))",
        ref=np.floor_divide, arity=2, exact=True, domain=("real", "nonzero"), cost=16),
     Op("remainder", template=_INFINITE_DIVIDEND + "{0} % {1}",

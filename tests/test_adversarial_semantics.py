@@ -262,6 +262,29 @@ def test_an_integer_to_a_power_beyond_2_to_the_16_wraps_around_as_numpys():
             np.testing.assert_array_equal(got, np.power(x, k))
 
 
+def test_integer_arithmetic_that_overflows_wraps_around_as_numpys():
+    # Numba marks signed integer +, - and * "no signed wrap", and LLVM took
+    # an overflow for impossible: `(y + 1) > y` was True at the greatest
+    # i64, `(y - 1) < y` at the least, and `y + (least i64)` an `or` (-1
+    # for y = -1, NumPy's greatest i64).  At the edges of each dtype.
+    src = ("def f(y):\n"
+           "    return (y + 1) > y, (y - 1) < y, (y * 2) > y, -y < 0, (y // -1) < 0\n"
+           "def least(y: i64[n]):\n"
+           "    return y + (-9223372036854775807 - 1)\n")
+    for target in ("cpu", "cuda"):
+        m = dsl.loads(src, target=target, host_results=True)
+        for dtype in (np.int32, np.int64):
+            info = np.iinfo(dtype)
+            y = np.array([info.max, info.min, info.max // 2 + 1, -1, 0, 3], dtype)
+            with np.errstate(all="ignore"):
+                want = ((y + 1) > y, (y - 1) < y, (y * 2) > y, -y < 0, (y // -1) < 0)
+            for got, expected in zip(m.f(y), want):
+                np.testing.assert_array_equal(got, expected)
+        y = np.array([-1, -2, 0, 5, np.iinfo(np.int64).max])
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(m.least(y), y + np.int64(-2**63))
+
+
 
 # ------------------------------------------- random expression programs
 # Random trees of elementwise ops, where, broadcasting and reductions over
