@@ -423,11 +423,14 @@ class Jacobian(AsFunction):
     each output's example with respect to each argument's, of shape (k,) +
     out example shape + arg example shape."""
 
-    def __init__(self, f: Compiled, wrt: Wrt, mode: str, batched: bool = False):
+    def __init__(self, f: Compiled, wrt: Wrt, mode: str, batched: bool = False,
+                 name: Optional[str] = None):
         self.f, self.mode, self.batched = f, mode, batched
         self.single = not isinstance(wrt, (tuple, list))
         self.wrt = resolve_wrt(f, wrt)
-        self.name = f"jac{mode}({f.name})"
+        # (`name`: as the caller wrote it, where that is not jac{mode}(f):
+        # `hessian(f)`, whose f is grad(f))
+        self.name = name or f"jac{mode}({f.name})"
         # plain calls' runs by their arguments' `fast_key` (`_remember`),
         # kept on f: `dsl.jacfwd(f)(x)` makes a new Jacobian at each call
         self._known = derived(f, ("jacobian calls", self.wrt, self.single, mode, batched), dict)
@@ -437,7 +440,7 @@ class Jacobian(AsFunction):
 
     def __reduce__(self) -> tuple:  # (for pickle: f, and how it is taken)
         return Jacobian, (self.f, self.wrt[0] if self.single else self.wrt, self.mode,
-                          self.batched)
+                          self.batched, self.name)
 
     __signature__ = SignatureAttribute()
 
@@ -594,11 +597,7 @@ class Jacobian(AsFunction):
                                   _jacobian_dtype(out, x), what, self.f.span)
 
     def _require_float(self, name: str, x: Any) -> None:
-        dtype = np.dtype(x.dtype)
-        if dtype.kind != "f":
-            raise ArgumentError(f"{self.name}: cannot differentiate with respect to "
-                                f"{name!r}: it has dtype {SUPPORTED.get(dtype, str(dtype))}",
-                                self.f.span)
+        require_float(self.name, name, x, self.f.span)
 
     def _forward(self, bound: dict[str, Any]) -> list[list[np.ndarray]]:
         """[output][wrt] Jacobians: all columns by stacked jvps, else one jvp
@@ -718,6 +717,16 @@ class Jacobian(AsFunction):
         return result
 
 
+def require_float(jacobian: str, name: str, x: Any, span) -> None:
+    """An `ArgumentError` (of the Jacobian the caller named `jacobian`)
+    unless x, the argument `name` it is taken with respect to, is a
+    float."""
+    dtype = np.dtype(x.dtype)
+    if dtype.kind != "f":
+        raise ArgumentError(f"{jacobian}: cannot differentiate with respect to "
+                            f"{name!r}: it has dtype {SUPPORTED.get(dtype, str(dtype))}", span)
+
+
 def _jacobian_dtype(out: Any, x: Any) -> np.dtype:
     """A float output's Jacobian has its dtype; an integer or bool output's
     (zero: a pullback gives it x's dtype) has x's, in both modes."""
@@ -733,11 +742,13 @@ def jacrev(f: Compiled, wrt: Wrt = 0) -> Jacobian:
 
 
 def hessian(gradient: GradFunction, wrt: Wrt = 0) -> Jacobian:
-    """`gradient`: grad(f, wrt), shared with `dsl.grad`'s programs."""
-    return _jacobian(gradient, wrt, "fwd")
+    """`gradient`: grad(f, wrt), shared with `dsl.grad`'s programs; the
+    Jacobian is named `hessian(f)`, as the caller wrote it (its errors
+    said jacfwd(grad(f)))."""
+    return _jacobian(gradient, wrt, "fwd", f"hessian({gradient.inner.name})")
 
 
-def _jacobian(f: Compiled, wrt: Wrt, mode: str) -> Jacobian:
+def _jacobian(f: Compiled, wrt: Wrt, mode: str, name: Optional[str] = None) -> Jacobian:
     """f's Jacobian in `mode`, made once per `wrt` and kept on f, as
     `dsl.grad`'s functions are (`derived`): `dsl.jacfwd(f)(x)` at every
     call made and checked a new one (2.3 of the suite's 15.6 us at n =
@@ -745,6 +756,8 @@ def _jacobian(f: Compiled, wrt: Wrt, mode: str) -> Jacobian:
     or a NumPy integer goes through `resolve_wrt`, which refuses or
     converts it), else the names it resolves to."""
     if type(wrt) in (int, str):
-        return derived(f, ("jacobian", mode, wrt), lambda: Jacobian(f, wrt, mode))
+        return derived(f, ("jacobian", mode, wrt, name),
+                       lambda: Jacobian(f, wrt, mode, name=name))
     names, single = resolve_wrt(f, wrt), not isinstance(wrt, (tuple, list))
-    return derived(f, ("jacobian", mode, names, single), lambda: Jacobian(f, wrt, mode))
+    return derived(f, ("jacobian", mode, names, single, name),
+                   lambda: Jacobian(f, wrt, mode, name=name))

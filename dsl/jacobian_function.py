@@ -37,7 +37,8 @@ def jacobian_function(jacobian: Any) -> "JacobianFunction":
     """The `JacobianFunction` of a Jacobian, one per (function, wrt, kind
     of result, mode: the name its errors give), so that its programs
     compile once (jacfwd's and jacrev's are one program)."""
-    return derived(jacobian.f, ("jacobian", jacobian.wrt, jacobian.single, jacobian.mode),
+    return derived(jacobian.f, ("jacobian", jacobian.wrt, jacobian.single, jacobian.mode,
+                                jacobian.name),
                    lambda: JacobianFunction(jacobian))
 
 

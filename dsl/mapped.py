@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from dsl.forward import Jacobian, refuse_out
+from dsl.forward import Jacobian, refuse_out, require_float
 from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, derived, describe_layout,
                           holding_nothing, results_like)
 from gradlang.compiler.builder import Builder, inline
@@ -68,14 +68,18 @@ def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0,
 
 
 def _mapped(f: Compiled, positions: tuple[int, ...], axes: Optional[tuple[int, ...]] = None,
-            out_axes: OutAxes = 0) -> "VmapFunction":
+            out_axes: OutAxes = 0, name: Optional[str] = None) -> "VmapFunction":
     """f mapped over `axes` (default 0) of its arguments at `positions`,
-    the examples along `out_axes` of its results."""
+    the examples along `out_axes` of its results; named `name` in its
+    errors where the caller wrote another (`MappedJacobian`), else
+    vmap(f)."""
     axes = axes or (0,) * len(positions)
+    named = (name,) if name else ()
     if _at_front(axes, out_axes):
-        return derived(f, ("vmap", positions), lambda: VmapFunction(f, positions))
-    return derived(f, ("vmap", positions, axes, out_axes),
-                   lambda: VmapFunction(f, positions, axes, out_axes))
+        return derived(f, ("vmap", positions, *named),
+                       lambda: VmapFunction(f, positions, name=name))
+    return derived(f, ("vmap", positions, axes, out_axes, *named),
+                   lambda: VmapFunction(f, positions, axes, out_axes, name))
 
 
 def _at_front(axes: tuple[int, ...], out_axes: OutAxes) -> bool:
@@ -187,16 +191,19 @@ class VmapFunction(Stacked):
     takes and gives arrays as the caller lays them out."""
 
     def __init__(self, inner: Compiled, mapped: tuple[int, ...],
-                 axes: Optional[tuple[int, ...]] = None, out_axes: OutAxes = 0):
+                 axes: Optional[tuple[int, ...]] = None, out_axes: OutAxes = 0,
+                 name: Optional[str] = None):
         super().__init__(inner, [inner.specs[i].name for i in mapped], "all")
         self.mapped = mapped
         self.axes = dict(zip(self.stacked, axes or (0,) * len(mapped)))
         self.out_axes = out_axes
         self.moved = not _at_front(tuple(self.axes.values()), out_axes)
-        self.name = f"vmap({inner.name})"
+        self._own_name = name
+        self.name = name or f"vmap({inner.name})"
 
     def recipe(self) -> tuple:
-        return _mapped, (self.inner, self.mapped, tuple(self.axes.values()), self.out_axes)
+        return _mapped, (self.inner, self.mapped, tuple(self.axes.values()), self.out_axes,
+                         self._own_name)
 
     def axis(self, name: str, rank: int) -> int:
         """The axis of the examples in the mapped argument `name` of this
@@ -438,9 +445,13 @@ class MappedJacobian(AsFunction):
         # f binds a call (its arguments as the caller lays them out); `front`
         # runs it, the examples moved to axis 0
         self.jacobian, self.mapped, self.axes, self.out_axes = jacobian, mapped, axes, out_axes
-        self.f, self.front = _mapped(jacobian.f, mapped, axes), _mapped(jacobian.f, mapped)
-        self.wrt, self.single, self.mode = jacobian.wrt, jacobian.single, jacobian.mode
         self.name = f"vmap({jacobian.name})"
+        # (named as the caller wrote it: binding the call is f's, the vmap of
+        # the Jacobian's function, whose errors said vmap(grad(f)) for a
+        # vmap(hessian(f)), vmap(f) for a vmap(jacrev(f)))
+        self.f = _mapped(jacobian.f, mapped, axes, name=self.name)
+        self.front = _mapped(jacobian.f, mapped, name=self.name)
+        self.wrt, self.single, self.mode = jacobian.wrt, jacobian.single, jacobian.mode
         positions = {spec.name: i for i, spec in enumerate(jacobian.f.specs)}
         self.batched: Optional[Jacobian] = None
         if isinstance(jacobian, Jacobian) and all(n in positions for n in jacobian.wrt):
@@ -481,6 +492,9 @@ class MappedJacobian(AsFunction):
         does not nest as they do: `(0, 0, 0)` for two Jacobians was taken
         as 0; checked on their structure (`results_like`) before any is
         worked out."""
+        for name in self.wrt:  # (said of this call: lowering f's vmap said `grad(f)`'s)
+            if name in bound:
+                require_float(self.name, name, bound[name], self.jacobian.f.span)
         if isinstance(self.out_axes, tuple):
             count = itertools.count()
             _axes_per_result(self.out_axes,

@@ -114,7 +114,7 @@ def test_every_transform_names_itself():
         "jacrev(counted): the Jacobian of its result with respect to 'x' would be "
         "f64[1048576, 1048576]":
             lambda: dsl.jacrev(M.counted)(WIDE, np.int64(3)),
-        "jacfwd(grad(total)): the Jacobian of its result with respect to 'x' would be "
+        "hessian(total): the Jacobian of its result with respect to 'x' would be "
         "f64[1000000, 1000000], 7.28 TiB":
             lambda: dsl.hessian(M.total)(np.broadcast_to(1.0, (10 ** 6,))),
         # taken as a function (its jvp), its one-hot tangents are refused by name
