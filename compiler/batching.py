@@ -61,7 +61,7 @@ from gradlang.compiler.ir import Eqn, Function, Lit, Var, vars_in
 from gradlang.compiler.ops import OPS, loop_groups, zeros_like
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import Sym, evaluate
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import GradError, QuotesSource, Span
 
 BATCH = Sym.named("batch")
 
@@ -588,10 +588,14 @@ def _made(state: str) -> str:
 
 
 def _mixes(eqn: Eqn, why: str, origin: Optional[Span], name: str = "") -> GradError:
-    """`name`: what the source calls eqn's op, where that is not its name."""
-    return GradError(f"`{name or eqn.op}` {why}, so this function does not decompose over the "
-                    "rows of its Dask arguments; call it on in-memory arrays "
-                    "(compute them first)", eqn.span or origin)
+    """The error for eqn, which does not decompose, naming it as the
+    source wrote it (`QuotesSource`); else as `name` (what the source
+    calls eqn's op), the loop, or the operation (the IR's name for it is
+    no user's: `sub`, and `broadcast_to` in the gradient of a mean)."""
+    unquoted = f"`{name}`" if name else "the loop" if eqn.op == "loop" else "the operation"
+    return QuotesSource(unquoted, f"{why}, so this function does not decompose over the "
+                        "rows of its Dask arguments; call it on in-memory arrays "
+                        "(compute them first)", eqn.span or origin)
 
 
 def with_sizes(fn: Function, sizes: dict[str, int],

@@ -155,6 +155,44 @@ def _caret_lines(span: Span, source: str | None) -> str:
     return f"    {line}\n    {pad}{'^' * width}"
 
 
+class QuotesSource(GradError):
+    """A `GradError` about one operation, whose message names it as the
+    source wrote it: the text at its span, quoted (`x - mean(x, axis=0)`),
+    followed by `rest`, once its source is attached (`with_source`); until
+    then (and where the span is more than one line, or long: the caret
+    line shows it) by `unquoted`.  (The compiler, which raises it, knows
+    the IR's op, `sub`, `broadcast_to` in a gradient, but not the text.)"""
+
+    def __init__(self, unquoted: str, rest: str = "", span: Span | None = None,
+                 source: str | None = None, note: str | None = None):
+        # (`rest` empty: the whole message, as an unpickled one is built)
+        self.unquoted, self.rest = unquoted, rest
+        super().__init__(f"{unquoted} {rest}" if rest else unquoted, span, note=note)
+        if source is not None:
+            self.with_source(source)
+
+    def with_source(self, source: str) -> "GradError":
+        if self.source is None and self.rest:
+            text = source_text(self.span, source)
+            if text is not None:
+                self.message = f"`{text}` {self.rest}"
+                self.args = (self.message,)
+        return super().with_source(source)
+
+
+QUOTED_LENGTH = 60  # the longest source text a message quotes
+
+
+def source_text(span: Span, source: str) -> str | None:
+    """The source text at `span`, where it is on one line and at most
+    QUOTED_LENGTH characters, else None."""
+    lines = source.split("\n")  # as the lexer counts lines
+    if span is UNKNOWN_SPAN or span.end_line != span.line or not 1 <= span.line <= len(lines):
+        return None
+    text = lines[span.line - 1][max(span.col, 1) - 1:span.end_col - 1].strip()
+    return text if 0 < len(text) <= QUOTED_LENGTH else None
+
+
 class ArgumentError(GradError, TypeError):
     """A bad runtime argument (dtype, rank, shape, missing param, count),
     raised before any kernel runs.  Its span is the function's definition."""

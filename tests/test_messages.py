@@ -55,3 +55,40 @@ def test_a_named_vmap_of_a_hessian_still_gives_each_examples_hessian():
     got = dsl.vmap(dsl.hessian(CUBES.f))(x)
     np.testing.assert_allclose(got, np.stack([np.diag(6 * row) for row in x]), rtol=1e-12)
     np.testing.assert_allclose(dsl.hessian(CUBES.f)(x[0]), np.diag(6 * x[0]), rtol=1e-12)
+
+
+def dask_error(source: str, call) -> str:
+    da = pytest.importorskip("dask.array")
+    m = dsl.loads(source, "rows.grad")
+    x = da.from_array(np.arange(12.0).reshape(4, 3), chunks=(2, 3))
+    with pytest.raises(dsl.GradError) as info:
+        call(m, x)
+    text = str(info.value)
+    assert "Traceback" not in text
+    return text
+
+
+def test_a_dask_refusal_quotes_the_operation_the_source_wrote():
+    # (it named the IR's op, `sub`)
+    text = dask_error("def f(x):\n    return x - mean(x, axis=0)\n", lambda m, x: m.f(x))
+    assert text.startswith("rows.grad:2:12: error: `x - mean(x, axis=0)` uses a value reduced "
+                           "over the batch row by row, so this function does not decompose "
+                           "over the rows of its Dask arguments"), text
+    assert text.endswith("\n        return x - mean(x, axis=0)\n               "
+                         + "^" * len("x - mean(x, axis=0)")), text
+
+
+
+
+def test_an_operation_the_source_does_not_show_on_one_line_is_not_quoted():
+    from gradlang.runtime.errors import QuotesSource, Span
+    source = "def f(x):\n    return x - mean(x,\n                    axis=0)\n"
+    one_line, two_lines = Span("a.grad", 2, 12, 2, 31), Span("a.grad", 2, 12, 3, 28)
+    assert QuotesSource("the operation", "mixes rows", one_line, source).message == \
+        "`x - mean(x,` mixes rows"
+    assert QuotesSource("the operation", "mixes rows", two_lines, source).message == \
+        "the operation mixes rows"
+    # (pickled as its message, which it keeps)
+    import pickle
+    err = pickle.loads(pickle.dumps(QuotesSource("the loop", "mixes rows", one_line, source)))
+    assert err.message == "`x - mean(x,` mixes rows"
