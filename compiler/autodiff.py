@@ -27,6 +27,7 @@ their stacks.  Only float values carry cotangents; uses of one value sum.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from gradlang.compiler import ops, passes
@@ -186,7 +187,20 @@ class Cotangents:
 def _pull_back(b: Builder, record: _Record, cots: Cotangents) -> None:
     """Adds the contributions of one taped equation to its inputs'
     cotangents: the op's VJP rule (a custom call's bwd), selected by the
-    where-mask and, for elementwise ops, un-broadcast."""
+    where-mask and, for elementwise ops, un-broadcast.  Every equation it
+    adds with no place of its own is at the taped one's: an error about
+    it (a Dask split refusing it) names the source the gradient is of,
+    where it named the function's `def` line."""
+    start = len(b.eqns)
+    _pull_back_at(b, record, cots)
+    span = record[0].span
+    if span is not None:
+        b.eqns[start:] = [e if e.span is not None else replace(e, span=span)
+                          for e in b.eqns[start:]]
+
+
+def _pull_back_at(b: Builder, record: _Record, cots: Cotangents) -> None:
+    """`_pull_back`'s equations, some with no place."""
     eqn, outs, residuals = record
     out_cts = [cots.of(o) for o in outs]
     if all(c is None for c in out_cts):

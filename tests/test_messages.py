@@ -78,6 +78,17 @@ def test_a_dask_refusal_quotes_the_operation_the_source_wrote():
                          + "^" * len("x - mean(x, axis=0)")), text
 
 
+def test_a_dask_refusal_in_a_gradient_is_at_the_source_it_is_the_gradient_of():
+    # the mean's gradient broadcasts its cotangent (a sum over the rows) to
+    # the rows: the error named `broadcast_to`, at the `def` line (the
+    # gradient's equations had no place)
+    text = dask_error("def f(x):\n    return sum(x - mean(x, axis=0))\n",
+                      lambda m, x: dsl.grad(m.f)(x))
+    assert text.startswith("rows.grad:2:20: error: `mean(x, axis=0)` uses a value reduced over "
+                           "the batch row by row"), text
+    assert "broadcast_to" not in text and "def f" not in text
+    assert text.endswith("\n" + " " * 23 + "^" * len("mean(x, axis=0)")), text
+
 
 
 def test_an_operation_the_source_does_not_show_on_one_line_is_not_quoted():
