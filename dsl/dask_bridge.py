@@ -361,13 +361,15 @@ class _Plan:
             fn = f.retrying_by_value(bound, lambda: f.lower_as(bound, shapes), refuse)
         except NeedsConcrete as err:
             _raise_own_error(f, bound)
-            raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, and the number of rows "
-                                "of a batch is not fixed; call it on in-memory arrays",
+            # (the compiler's message names the rows' size by its symbol: say what it is)
+            raise ArgumentError(f"{called(f.name)} on Dask arrays: {err}, where `batch` is the "
+                                f"number of rows of {_listed(batch)}, which a block does not "
+                                "know (it has some of them); call it on in-memory arrays",
                                 err.at(f.span)) from None
         except GradError as err:
             _raise_own_error(f, bound)
             raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
-                            f"{', '.join(map(repr, sorted(batch)))}: arguments that are not "
+                            f"{_listed(batch)}: arguments that are not "
                             "Dask arrays chunked the same go whole to every block)",
                             err.span, err.source, err.note) from None
         self.split = split_rows(fn, n, f.span)
@@ -390,6 +392,11 @@ class _Plan:
         n_rows = sum(self.split.row_outputs)
         self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]
         self.other_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.combine.out_types]
+
+
+def _listed(names) -> str:
+    """Argument names, quoted, in order, for a message."""
+    return ", ".join(map(repr, sorted(names)))
 
 
 _PROGRAMS: dict[str, Any] = {}  # per process: a block function's text -> its program

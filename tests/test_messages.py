@@ -90,6 +90,14 @@ def test_a_dask_refusal_in_a_gradient_is_at_the_source_it_is_the_gradient_of():
     assert text.endswith("\n" + " " * 23 + "^" * len("mean(x, axis=0)")), text
 
 
+def test_a_dask_refusal_of_a_size_says_what_batch_is():
+    # (it said "axis 0 of size batch is indexed", `batch` a compiler symbol)
+    text = dask_error("def f(x):\n    return x - x[0]\n", lambda m, x: m.f(x))
+    assert text.startswith("rows.grad:2:16: error: f() on Dask arrays: axis 0 of size batch is "
+                           "indexed, where `batch` is the number of rows of 'x', which a block "
+                           "does not know (it has some of them); call it on in-memory arrays"), \
+        text
+
 
 def test_an_operation_the_source_does_not_show_on_one_line_is_not_quoted():
     from gradlang.runtime.errors import QuotesSource, Span
