@@ -590,12 +590,14 @@ def _made(state: str) -> str:
 def _mixes(eqn: Eqn, why: str, origin: Optional[Span], name: str = "") -> GradError:
     """The error for eqn, which does not decompose, naming it as the
     source wrote it (`QuotesSource`); else as `name` (what the source
-    calls eqn's op), the loop, or the operation (the IR's name for it is
+    calls eqn's op), the loop, or "an operation" (the IR's name for it is
     no user's: `sub`, and `broadcast_to` in the gradient of a mean)."""
-    unquoted = f"`{name}`" if name else "the loop" if eqn.op == "loop" else "the operation"
-    return QuotesSource(unquoted, f"{why}, so this function does not decompose over the "
-                        "rows of its Dask arguments; call it on in-memory arrays "
-                        "(compute them first)", eqn.span or origin)
+    unquoted = f"`{name}`" if name else "the loop" if eqn.op == "loop" else "an operation"
+    rest = (f"{why}, so this function does not decompose over the rows of its Dask "
+            "arguments; call it on in-memory arrays (compute them first)")
+    if eqn.span is None:  # (`origin`'s text is another operation's, or the `def`'s)
+        return GradError(f"{unquoted} {rest}", origin)
+    return QuotesSource(unquoted, rest, eqn.span)
 
 
 def with_sizes(fn: Function, sizes: dict[str, int],

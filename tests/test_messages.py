@@ -111,3 +111,16 @@ def test_an_operation_the_source_does_not_show_on_one_line_is_not_quoted():
     import pickle
     err = pickle.loads(pickle.dumps(QuotesSource("the loop", "mixes rows", one_line, source)))
     assert err.message == "`x - mean(x,` mixes rows"
+
+
+def test_a_dask_refusal_of_an_operation_of_no_place_quotes_nothing():
+    # (its fallback place is another operation's, or the `def`'s: quoted,
+    # `f` was named as the operation)
+    from gradlang.compiler.batching import _mixes
+    from gradlang.compiler.ir import Eqn
+    from gradlang.runtime.errors import Span
+    err = _mixes(Eqn("sub", (), ()), "mixes rows", Span("a.grad", 1, 5, 1, 6))
+    err.with_source("def f(x):\n    return x - mean(x, axis=0)\n")
+    assert err.message.startswith("an operation mixes rows, so this function does not "
+                                  "decompose"), err.message
+    assert str(err).startswith("a.grad:1:5: error: an operation mixes rows")
