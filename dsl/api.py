@@ -132,10 +132,14 @@ def loads(source: str, file: "str | os.PathLike" = "<string>",
     """Parse and check source text.  `target` names where kernels run
     (`gradlang.runtime.target.TARGETS`); on a device target results stay
     on the device unless host_results=True."""
+    # (ArgumentErrors, TypeErrors too: a plain TypeError left with the
+    # frames of this package above the caller's)
     if not isinstance(source, str):
-        raise TypeError(f"loads() takes source text, got {type(source).__name__}")
+        raise ArgumentError(f"loads() takes source text, got {type(source).__name__}")
     if not isinstance(file, (str, bytes, os.PathLike)):
-        raise TypeError(f"loads() takes a file name (a str or a path), got {type(file).__name__}")
+        raise ArgumentError(f"loads() takes a file name (a str or a path), got "
+                            f"{type(file).__name__}")
+    _flag_option(host_results, "loads", "host_results")
     # (as text: a Path failed when called, sorted among the str names of
     # the modules it imports, and bytes where an import looked beside it)
     file = os.fsdecode(file)
@@ -147,7 +151,8 @@ def loads(source: str, file: "str | os.PathLike" = "<string>",
 def load(path: Union[str, bytes, os.PathLike], target: "Target | str" = targets.DEFAULT,
          host_results: bool = False) -> Module:
     if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"load() takes a path to a .grad file, got {type(path).__name__}")
+        raise ArgumentError(f"load() takes a path to a .grad file, got {type(path).__name__}")
+    _flag_option(host_results, "load", "host_results")
     path = Path(os.fsdecode(path))
     source = read_source(path, Span(str(path), 1, 1))
     return loads(source, str(path), target, host_results)
@@ -174,6 +179,13 @@ def value_and_grad(f: Function, wrt: Wrt = FIRST, *, has_aux: bool = False,
     ((first output, the others), the gradient of the first's sum)."""
     f = require_function(f, "value_and_grad")
     return grad_function(f, _wrt(f, wrt, argnums), True, _flag(f, has_aux, "has_aux"))
+
+
+def _flag_option(value: Any, function: str, name: str) -> None:
+    """An `ArgumentError` unless the option `name` of `function` is True or
+    False (host_results="no" was taken as true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{function}()'s {name} is True or False, got {value!r}")
 
 
 def _flag(f: Function, value: Any, name: str) -> bool:

@@ -924,9 +924,9 @@ class AsFunction:
 def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> Any:
     """f, if `what` (an API's name) can take it: a function of a loaded
     .grad module, or of a gradc-compiled one where `aot_ok` (else `what`
-    needs the function's IR: `why` says for what).  Anything else is a
-    TypeError, and a compiled module's function that cannot do an
-    ArgumentError.  A Jacobian is taken as its compiled form
+    needs the function's IR: `why` says for what).  Anything else is an
+    ArgumentError (a TypeError too), as is a compiled module's function
+    that cannot do.  A Jacobian is taken as its compiled form
     (`as_function`)."""
     if isinstance(f, AsFunction):
         f = f.as_function()
@@ -938,8 +938,8 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
         raise needs_ir(f"{what}()", f, why)
     hint = ("; Python code is not traced: write it in the .grad module, or chain compiled "
             "calls under a dsl.Tape" if callable(f) else "")
-    raise TypeError(f"{what}() takes a function of a loaded .grad module, got "
-                    f"{type(f).__name__}{hint}")
+    raise ArgumentError(f"{what}() takes a function of a loaded .grad module, got "
+                        f"{type(f).__name__}{hint}")
 
 
 def needs_ir(what: str, f: AotFunction, why: str = "") -> ArgumentError:

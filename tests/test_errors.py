@@ -277,7 +277,7 @@ def test_load_missing_file():
 @pytest.mark.parametrize("path", [None, 3, ["bar.grad"]])
 def test_load_takes_a_path_and_says_so(path):
     # pathlib's "expected str, bytes or os.PathLike object" came from inside Path()
-    with pytest.raises(TypeError, match="^load\\(\\) takes a path to a .grad file, got "):
+    with pytest.raises(TypeError, match="^error: load\\(\\) takes a path to a .grad file, got "):
         dsl.load(path)
 
 

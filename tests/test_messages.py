@@ -2,6 +2,8 @@
 or transform as the caller wrote it (`hessian(f)`, not the `jacfwd(grad(f))`
 it is made of), and a source error the operation the source wrote, at its
 line and column, with a caret."""
+import traceback
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,33 @@ def test_a_dask_refusal_of_an_operation_of_no_place_quotes_nothing():
     assert err.message.startswith("an operation mixes rows, so this function does not "
                                   "decompose"), err.message
     assert str(err).startswith("a.grad:1:5: error: an operation mixes rows")
+
+
+@pytest.mark.parametrize("call,expected", [
+    (lambda: dsl.grad(None), "grad() takes a function of a loaded .grad module, got NoneType"),
+    (lambda: dsl.hessian(np.sin), "hessian() takes a function of a loaded .grad module, got "
+                                  "ufunc; Python code is not traced"),
+    (lambda: dsl.load(None), "load() takes a path to a .grad file, got NoneType"),
+    (lambda: dsl.loads(b"def f(x):\n    return x\n"), "loads() takes source text, got bytes"),
+    (lambda: dsl.loads("def f(x):\n    return x\n", 3),
+     "loads() takes a file name (a str or a path), got int"),
+])
+def test_a_value_that_is_no_function_or_source_is_an_argument_error(call, expected):
+    # (a plain TypeError, which showed this package's frames above the
+    # caller's; an ArgumentError is a TypeError too)
+    with pytest.raises(dsl.ArgumentError) as info:
+        call()
+    assert str(info.value) == f"error: {expected}" or \
+        str(info.value).startswith(f"error: {expected}"), str(info.value)
+    assert isinstance(info.value, TypeError)
+    files = {frame.filename for frame in traceback.extract_tb(info.value.__traceback__)}
+    assert not any(name.endswith(("api.py", "function.py")) for name in files), files
+
+
+def test_host_results_is_true_or_false():
+    # host_results="no" was taken as true
+    with pytest.raises(dsl.ArgumentError, match=r"^error: loads\(\)'s host_results is True or "
+                                                r"False, got 'no'$"):
+        dsl.loads("def f(x):\n    return x\n", host_results="no")
+    m = dsl.loads("def f(x):\n    return x * 2.0\n", host_results=np.bool_(True))
+    np.testing.assert_array_equal(m.f(np.array([1.0, 2.0])), [2.0, 4.0])
