@@ -47,7 +47,7 @@ with imports_unwalked():
     from gradlang.runtime.aot import AotFunction, AotGradient
     from gradlang.runtime.args import ParamSpec
     from gradlang.runtime.boundary import user_facing
-    from gradlang.runtime.errors import ArgumentError, Span
+    from gradlang.runtime.errors import ArgumentError, Span, kind_of
     from gradlang.runtime.params import ParamStore
     from gradlang.runtime.target import Target
 
@@ -135,10 +135,10 @@ def loads(source: str, file: "str | os.PathLike" = "<string>",
     # (ArgumentErrors, TypeErrors too: a plain TypeError left with the
     # frames of this package above the caller's)
     if not isinstance(source, str):
-        raise ArgumentError(f"loads() takes source text, got {type(source).__name__}")
+        raise ArgumentError(f"loads() takes source text, got {kind_of(source)}")
     if not isinstance(file, (str, bytes, os.PathLike)):
         raise ArgumentError(f"loads() takes a file name (a str or a path), got "
-                            f"{type(file).__name__}")
+                            f"{kind_of(file)}")
     _flag_option(host_results, "loads", "host_results")
     # (as text: a Path failed when called, sorted among the str names of
     # the modules it imports, and bytes where an import looked beside it)
@@ -151,7 +151,7 @@ def loads(source: str, file: "str | os.PathLike" = "<string>",
 def load(path: Union[str, bytes, os.PathLike], target: "Target | str" = targets.DEFAULT,
          host_results: bool = False) -> Module:
     if not isinstance(path, (str, bytes, os.PathLike)):
-        raise ArgumentError(f"load() takes a path to a .grad file, got {type(path).__name__}")
+        raise ArgumentError(f"load() takes a path to a .grad file, got {kind_of(path)}")
     _flag_option(host_results, "load", "host_results")
     path = Path(os.fsdecode(path))
     source = read_source(path, Span(str(path), 1, 1))

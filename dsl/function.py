@@ -47,7 +47,7 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, chec
                                    const_scalar_names, numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.common import out_of_memory
-from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called
+from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called, kind_of
 from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.params import reads_as_param
@@ -939,7 +939,7 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
     hint = ("; Python code is not traced: write it in the .grad module, or chain compiled "
             "calls under a dsl.Tape" if callable(f) else "")
     raise ArgumentError(f"{what}() takes a function of a loaded .grad module, got "
-                        f"{type(f).__name__}{hint}")
+                        f"{kind_of(f)}{hint}")
 
 
 def needs_ir(what: str, f: AotFunction, why: str = "") -> ArgumentError:

@@ -306,9 +306,14 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
         raise ArgumentError(f"{where} is a {type(value).__name__} holding a Dask array, which the "
                             "call would compute whole into memory: stack them into one Dask "
                             "array (da.stack) to run block by block", span)
+    if value is None:  # (said "is not numeric: got NoneType")
+        raise ArgumentError(f"{where} is None, where an array or a number goes", span)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
+        if "inhomogeneous" in str(err):  # (NumPy's three sentences about its detected shape)
+            raise ArgumentError(f"{where} is not an array: its nested sequences are ragged "
+                                "(of different lengths or depths)", span) from None
         raise ArgumentError(f"{where} is not an array: {quoted(err)}", span) from None
     if array.dtype == object and array.size and all(isinstance(v, int) for v in array.flat):
         if not as_float:

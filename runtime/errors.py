@@ -27,6 +27,12 @@ def called(name: str) -> str:
     return name if name.endswith(")") else f"{name}()"
 
 
+def kind_of(value) -> str:
+    """What a message says a value of the wrong kind is: its type's name,
+    but None for None (not NoneType, a name no caller wrote)."""
+    return "None" if value is None else type(value).__name__
+
+
 def quoted(err: BaseException) -> str:
     """The message of another library's error `err` as part of one of
     ours: its lines joined with "; ", each without its final period.  (JAX's

@@ -186,7 +186,7 @@ def test_loads_takes_a_path_for_the_file_name(tmp_path):
     np.testing.assert_array_equal(m.f(np.array([1.0, 2.5])), [3.0, 6.0])
     assert m.__file__ == str(tmp_path / "m.grad")
     with pytest.raises(TypeError, match=r"loads\(\) takes a file name \(a str or a path\), "
-                                        "got NoneType"):
+                                        "got None"):
         dsl.loads("def f(x):\n    return x\n", None)
 
 
