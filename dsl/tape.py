@@ -44,7 +44,7 @@ from dsl.dask_bridge import is_dask_array
 from dsl.function import Compiled, backward_function
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError
+from gradlang.runtime.errors import ArgumentError, kind_of
 from gradlang.runtime.recording import TapeError, active_tapes, derived_from, memory_owner
 from gradlang.runtime.target import Target, is_device_array
 
@@ -59,7 +59,9 @@ class _Record:
 
 class Tape:
     def __init__(self, persistent: bool = False):
-        self.persistent = persistent
+        if not isinstance(persistent, (bool, np.bool_)):  # (Tape("yes") was persistent)
+            raise ArgumentError(f"Tape()'s persistent is True or False, got {persistent!r}")
+        self.persistent = bool(persistent)
         self._records: list[_Record] = []
         self._tracked: dict[int, np.ndarray] = {}  # id -> array (kept alive)
         # the tracked NumPy arrays by the id of their memory's owner (kept
@@ -90,8 +92,10 @@ class Tape:
                                     "it (dsl.grad, dsl.value_and_grad and dsl.vjp run on Dask)")
             if not (isinstance(a, np.ndarray) or is_device_array(a)) or \
                     np.dtype(a.dtype).kind != "f":
-                raise ArgumentError("Tape.watch() takes float NumPy (or GPU) arrays; convert "
-                                    "Python numbers with np.asarray(x, dtype=float) first")
+                got = f"an array of dtype {np.dtype(a.dtype)}" if _is_array(a) else kind_of(a)
+                raise ArgumentError("Tape.watch() takes float NumPy (or GPU) arrays, got "
+                                    f"{got}; convert Python numbers with np.asarray(x, "
+                                    "dtype=float) first")
             if isinstance(a, np.ndarray) and not _bound_as_itself(a):
                 raise ArgumentError("Tape.watch() takes plain NumPy arrays in native byte "
                                     f"order, got {type(a).__name__} of dtype {a.dtype}: a "
@@ -131,11 +135,18 @@ class Tape:
     @user_facing
     def gradient(self, target: np.ndarray,
                  sources: Union[np.ndarray, Sequence[np.ndarray]]):
-        single = isinstance(sources, np.ndarray) or is_device_array(sources)
+        single = _is_array(sources)
         if not single and not isinstance(sources, (list, tuple)):
             # (before the tape counts as used: a call with the sources fixed may follow)
             raise ArgumentError("Tape.gradient() takes its sources as an array or a list or "
-                                f"tuple of arrays, got {type(sources).__name__}")
+                                f"tuple of arrays, got {kind_of(sources)}")
+        for k, source in enumerate(() if single else sources):
+            # (a nested tuple, or a number, was a source the target did not
+            # depend on: its gradient None, silently)
+            if not _is_array(source):
+                raise ArgumentError(f"Tape.gradient()'s sources[{k}] is {kind_of(source)}, not "
+                                    "an array: the sources are an array or a flat list or "
+                                    "tuple of arrays")
         if self._used and not self.persistent:
             raise TapeError("a non-persistent Tape gives one gradient; use "
                             "Tape(persistent=True) for more")
@@ -183,6 +194,11 @@ class Tape:
 
 
 _UNTRACKED = object()  # (`Tape.tracks`)
+
+
+def _is_array(value: Any) -> bool:
+    """Whether `value` is an array a tape can track (NumPy's, a device's)."""
+    return isinstance(value, np.ndarray) or is_device_array(value)
 
 
 def _integer_or_bool(value: Any) -> bool:

@@ -176,3 +176,35 @@ def test_host_results_is_true_or_false():
 def test_a_value_that_is_no_array_says_what_it_is(call, expected):
     text = message(call)
     assert text.splitlines()[0] == f"cubes.grad:1:5: error: {expected}", text
+
+
+def test_a_tapes_sources_are_arrays():
+    x = np.array([1.0, 2.0])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = CUBES.f(x)
+    with pytest.raises(dsl.ArgumentError, match=r"^error: Tape.gradient\(\)'s sources\[1\] is "
+                                                r"tuple, not an array: the sources are an array "
+                                                r"or a flat list or tuple of arrays$"):
+        tape.gradient(y, [x, (x,)])  # (its gradient was None, silently)
+    with pytest.raises(dsl.ArgumentError, match=r"tuple of arrays, got None$"):
+        tape.gradient(y, None)  # (it said NoneType)
+    # refused before the tape counted as used: the gradient is still given
+    (g,) = tape.gradient(y, [x])
+    np.testing.assert_array_equal(g, 3 * x ** 2)
+
+
+@pytest.mark.parametrize("value,got", [(np.ones(2, np.int64), "an array of dtype int64"),
+                                       (None, "None"), (2.0, "float")])
+def test_tape_watch_says_what_it_got(value, got):
+    with dsl.Tape() as tape:
+        with pytest.raises(dsl.ArgumentError, match=rf"^error: Tape.watch\(\) takes float NumPy "
+                                                    rf"\(or GPU\) arrays, got {got}; convert"):
+            tape.watch(value)
+
+
+def test_tape_persistent_is_true_or_false():
+    with pytest.raises(dsl.ArgumentError, match=r"^error: Tape\(\)'s persistent is True or "
+                                                r"False, got 'yes'$"):
+        dsl.Tape("yes")  # (it was persistent)
+    assert dsl.Tape(np.bool_(True)).persistent is True
