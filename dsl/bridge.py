@@ -130,7 +130,8 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
                 foreign_params[param] = library_value
         return array
 
-    positional = [bind_value(a, f"argument {i} of {name}") for i, a in enumerate(args)]
+    places = positional_names(f, len(args))
+    positional = [bind_value(a, f"argument {places[i]} of {name}") for i, a in enumerate(args)]
     keywords = {k: bind_value(v, f"argument {k!r} of {name}")
                 for k, v in kwargs.items() if k not in param_names}
     bound = f.bind(positional, keywords, {k: bind_value(v, f"param {k!r} of {name}", k)
@@ -146,6 +147,21 @@ def bind_foreign(f: Compiled, name: str, args, kwargs: dict[str, Any],
     return bound, by_name
 
 
+def positional_names(f: Compiled, count: int) -> list[str]:
+    """How a message names each of `count` positional arguments of f: as
+    the caller knows its parameter ('x', hvp's 'v'; `Compiled.label`), or
+    by its position where f has none for it (one too many, which binding
+    refuses).  (Said "argument 0 of to_torch(f)".)"""
+    names = [str(i) for i in range(count)]
+    # (a gradc-compiled function's: its parameters in order, named as written)
+    by_position = getattr(f, "by_position", lambda args: dict(enumerate(args)))
+    label = getattr(f, "label", repr)
+    for spec_index, i in by_position(list(range(count))).items():
+        if spec_index < len(f.specs):
+            names[i] = label(f.specs[spec_index].name)
+    return names
+
+
 def refuse_extended_dtypes(f: Compiled, name: str, args: tuple, kwargs: dict) -> None:
     """`ArgumentError` (at f's definition, naming the value as `bind_foreign`
     does for the bridge `name`) for a JAX array of one of JAX's own dtypes
@@ -154,7 +170,8 @@ def refuse_extended_dtypes(f: Compiled, name: str, args: tuple, kwargs: dict) ->
     'canonicalize_dtype called on extended dtype')."""
     import jax
     params = {s.name for s in f.param_specs}
-    given = [(f"argument {i} of {name}", a) for i, a in enumerate(args)]
+    places = positional_names(f, len(args))
+    given = [(f"argument {places[i]} of {name}", a) for i, a in enumerate(args)]
     given += [(f"{'param' if k in params else 'argument'} {k!r} of {name}", v)
               for k, v in kwargs.items()]
     for where, value in given:

@@ -230,7 +230,7 @@ def test_to_jax_of_a_compiled_function_takes_numbers_as_jit_does_without_x64(aot
         assert y.dtype == np.float32
         np.testing.assert_array_equal(y, np.float32([1.5, -6.0, 3.0]))
     # a PRNG key (dtype key<fry>, no NumPy dtype) was NumPy's TypeError
-    with pytest.raises(dsl.ArgumentError, match=r"argument 1 of to_jax\(weighted\) is a JAX "
+    with pytest.raises(dsl.ArgumentError, match=r"argument 's' of to_jax\(weighted\) is a JAX "
                                                 "array of dtype key<fry>"):
         f(x, jax.random.wrap_key_data(np.zeros(2, np.uint32)))
 
@@ -255,7 +255,7 @@ def test_to_jax_of_a_compiled_function_refuses_a_symbolic_shape(aot):
     jax = optional_module("jax", "jax")
     f = dsl.to_jax(aot.weighted)
     x = jax.ShapeDtypeStruct(jax.export.symbolic_shape("n"), jax.numpy.float32)
-    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(weighted\) has the "
+    with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of to_jax\(weighted\) has the "
                                                 "symbolic shape"):
         jax.eval_shape(f, x, 3.0)
     out = jax.eval_shape(f, jax.ShapeDtypeStruct((4,), jax.numpy.float32), 3.0)
@@ -281,7 +281,7 @@ def test_to_jax_of_a_compiled_function_refuses_a_masked_array(aot):
     array a JAX array before binding refused it)."""
     optional_module("jax", "jax")
     masked = np.ma.masked_array(X, mask=[False, True, False])
-    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(scaled\) is a masked"):
+    with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of to_jax\(scaled\) is a masked"):
         dsl.to_jax(aot.scaled)(masked, 2.0)
 
 def test_transforms_without_compiled_programs_say_to_load_the_file(aot):

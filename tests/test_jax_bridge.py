@@ -513,7 +513,7 @@ def test_a_symbolic_shape_is_an_argument_error_and_a_concrete_one_is_traced(x64)
     f = dsl.to_jax(load("dense").dense)
     n = jax.export.symbolic_shape("n")[0]
     x, w, b = (jax.ShapeDtypeStruct(s, jnp.float64) for s in ((n, 3), (3, 2), (2,)))
-    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(dense\) has the "
+    with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of to_jax\(dense\) has the "
                                                 r"symbolic shape \(n, 3\) of jax.export's"):
         jax.eval_shape(f, x, w, b)
     out = jax.eval_shape(f, jax.ShapeDtypeStruct((5, 3), jnp.float64), w, b)
@@ -528,7 +528,7 @@ def test_a_prng_key_array_is_an_argument_error():
     m = dsl.loads("param w: f32[n]\ndef f(x: f32[n]):\n    return x * w\n", "keys.grad")
     f, key = dsl.to_jax(m.f), jax.random.wrap_key_data(np.zeros(2, np.uint32))
     for call in (f, jax.jit(f)):
-        with pytest.raises(dsl.ArgumentError, match=r"^keys.grad:2:5: error: argument 0 of "
+        with pytest.raises(dsl.ArgumentError, match=r"^keys.grad:2:5: error: argument 'x' of "
                                                     r"to_jax\(f\) is a JAX array of dtype key<fry>"):
             call(key, w=np.ones((), np.float32))
     with pytest.raises(dsl.ArgumentError, match=r"param 'w' of to_jax\(f\) is a JAX array of "
@@ -543,7 +543,7 @@ def test_a_masked_array_is_an_argument_error_of_the_eager_call():
     m = dsl.loads("param w: f32[n]\ndef f(x: f32[n]):\n    return x * w\n")
     f = dsl.to_jax(m.f)
     masked = np.ma.masked_array(np.ones(2, np.float32), mask=[True, False])
-    with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(f\) is a masked array"):
+    with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of to_jax\(f\) is a masked array"):
         f(masked, w=np.ones(2, np.float32))
     with pytest.raises(dsl.ArgumentError, match=r"param 'w' of to_jax\(f\) is a masked array"):
         f(np.ones(2, np.float32), w=masked)
@@ -1057,7 +1057,7 @@ def test_a_list_holding_jax_arrays_is_an_argument_error_and_one_of_numpy_arrays_
     f = dsl.to_jax(load("log1pexp").log1pexp)
     for call in (lambda: jax.grad(lambda a: f([a, a]).sum())(jnp.ones(2)),
                  lambda: jax.jit(f)((jnp.ones(2),)), lambda: f([jnp.ones(2)])):
-        with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_jax\(log1pexp\) is a "
+        with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of to_jax\(log1pexp\) is a "
                                                     r"(list|tuple) holding an array.*stack"):
             call()
     with pytest.raises(dsl.ArgumentError, match="has unsupported dtype <U1"):

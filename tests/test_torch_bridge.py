@@ -260,8 +260,8 @@ def test_half_precision_for_a_parameter_not_taking_float32_is_refused_in_its_dty
     m = dsl.loads("def g(x, n: i64):\n    return x * n\ndef h(x: f64):\n    return x * 2.0\n")
     half = torch.ones(2, dtype=torch.float16)
     for call, where in ((lambda: dsl.to_torch(m.g)(half, torch.tensor(2, dtype=torch.float16)),
-                         "argument 1 of to_torch.g."),
-                        (lambda: dsl.to_torch(m.h)(half), "argument 0 of to_torch.h.")):
+                         "argument 'n' of to_torch.g."),
+                        (lambda: dsl.to_torch(m.h)(half), "argument 'x' of to_torch.h.")):
         with pytest.raises(dsl.ArgumentError, match=where + " is a tensor of dtype torch.float16; "
                            ".* cast to float32 only for a parameter that takes float32"):
             call()
@@ -309,7 +309,7 @@ def test_a_tensor_without_dense_memory_is_an_argument_error(requires_grad, make,
     # torch's TypeError from reading a sparse tensor's NumPy view escaped the bridge
     f = dsl.to_torch(load("log1pexp").log1pexp)
     t = make(requires_grad)
-    with pytest.raises(dsl.ArgumentError, match="log1pexp.grad:.*argument 0 of "
+    with pytest.raises(dsl.ArgumentError, match="log1pexp.grad:.*argument 'x' of "
                                                 f"to_torch\\(log1pexp\\) is {message}"):
         f(t)
     np.testing.assert_allclose(f(dense(t)).detach(), np.full((2, 3)[-t.dim():], np.log(2.0)))
@@ -333,7 +333,7 @@ def test_tensors_of_torchs_legacy_vmap_are_argument_errors():
             # (its backward is vjp(log1pexp)'s, which had no source location)
             ("a cotangent", lambda: functional.hessian(lambda x: f(x).sum(), x,
                                                        vectorize=True)),
-            ("argument 0 of to_torch\\(log1pexp\\)", lambda: _vmap(f)(x[:, None]))]:
+            ("argument 'x' of to_torch\\(log1pexp\\)", lambda: _vmap(f)(x[:, None]))]:
         with pytest.raises(dsl.ArgumentError, match=legacy.format(what)):
             call()
     np.testing.assert_allclose(torch.func.jacrev(f)(x), torch.diag(s), rtol=1e-15)
@@ -459,7 +459,7 @@ def test_tensor_subclasses_are_tensors():
     np.testing.assert_array_equal(g.detach().numpy(), [3.0, 4.0])
     with fake_tensor.FakeTensorMode():
         fake = torch.empty(2, dtype=torch.float64)
-    with pytest.raises(dsl.ArgumentError, match="argument 0 of to_torch\\(bar\\) is a "
+    with pytest.raises(dsl.ArgumentError, match="argument 'x' of to_torch\\(bar\\) is a "
                                                 "FakeTensor, which has no memory"):
         f(fake, y)
 
@@ -1065,7 +1065,7 @@ def test_a_list_holding_tensors_is_an_argument_error_and_one_of_numbers_is_taken
     refused = [lambda: f([x, x]), lambda: f((torch.zeros(2), [torch.ones(2)])),
                lambda: torch.func.grad(lambda t: f([t]).sum())(x.detach())]
     for call in refused:
-        with pytest.raises(dsl.ArgumentError, match=r"argument 0 of to_torch\(log1pexp\) is a "
+        with pytest.raises(dsl.ArgumentError, match=r"argument 'x' of to_torch\(log1pexp\) is a "
                                                     r"(list|tuple) holding an array.*stack"):
             call()
     np.testing.assert_allclose(f([0.0, 1.0]).numpy(), np.log1p(np.exp([0.0, 1.0])), rtol=1e-15)

@@ -385,7 +385,7 @@ def test_a_bad_argument_under_fullgraph_is_the_argument_error():
     with pytest.raises(dsl.ArgumentError, match=r"dense.grad:\d+:\d+: .*'b' of loss\(\) has size "
                        r"3 on axis 0, but its annotation says n_out, which is 2 for 'w'"):
         step(x, w.double(), torch.zeros(3, dtype=torch.float64), t.double())
-    with pytest.raises(dsl.ArgumentError, match=r"argument 1 of to_torch\(loss\) is a tensor of "
+    with pytest.raises(dsl.ArgumentError, match=r"argument 'w' of to_torch\(loss\) is a tensor of "
                        "dtype torch.complex64"):
         step(x, w.to(torch.complex64), torch.zeros(2, dtype=torch.float64), t.double())
 
