@@ -342,7 +342,10 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
         entry = spec["functions"].setdefault(
             name, {"params": [tuple(s) for s in f.specs], "reads": list(f.reads),
                    "programs": [], "wrt": [], "defaults": static_defaults(f),
-                   "default_values": default_values(f), "doc": f.__doc__})
+                   "default_values": default_values(f), "doc": f.__doc__,
+                   # (where its errors are: they named no place)
+                   "span": (f.span.file, f.span.line, f.span.col, f.span.end_line,
+                            f.span.end_col)})
         key = [(n, np.dtype(NUMPY[t.dtype]).str, t.rank)
                + ((t.value,) if isinstance(t, StaticScalar) else ()) for n, t in types.items()]
         # programs of one key (dtype and rank) differ in their fixed sizes

@@ -49,7 +49,7 @@ from gradlang.runtime.args import (NONE, NUMPY, SUPPORTED, ParamSpec, bind, call
                                    check_param_sizes, convert, is_dask_array, is_python_number,
                                    static_names)
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError, called
+from gradlang.runtime.errors import ArgumentError, Span, called
 from gradlang.runtime.loader import load_kernel_files, make_driver, read_regular_file
 from gradlang.runtime.params import ParamStore, guard_params, reads_as_param
 from gradlang.runtime.pullback import OutType, Pullback
@@ -173,11 +173,13 @@ class AotFunction:
     `gradient`, `vjp`), first order only: there is no IR to differentiate
     again."""
 
-    span = None  # no source: the module was compiled from it
-
     def __init__(self, module: AotModule, name: str, spec: dict):
         self.module = module
         self.name = self.__name__ = name
+        # its definition in the .grad file it was compiled from, which its
+        # errors name (no caret line: the source is not read); none in a
+        # module of an earlier version
+        self.span = Span(*spec["span"]) if "span" in spec else None
         self.specs = tuple(ParamSpec(*p) for p in spec["params"])
         # const integers of no width, which a NumPy i32 may be given for
         # (`_narrow_statics`: found once, for a call of arrays to pay nothing)
@@ -527,7 +529,7 @@ class AotVjp:
 
     @property
     def span(self):
-        return None  # (as f's: no source)
+        return self.f.span
 
     def __repr__(self) -> str:
         return f"<{self.__name__} of a compiled .grad module>"
@@ -568,6 +570,10 @@ class AotGradient:
 
     def call_signature(self, out: bool = False) -> "Optional[inspect.Signature]":
         return self.f.call_signature()  # (it binds as f binds)
+
+    @property
+    def span(self):
+        return self.f.span  # (where its errors are: they named no place)
 
     @user_facing
     def __call__(self, /, *args, **kwargs):

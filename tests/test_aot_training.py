@@ -341,3 +341,21 @@ def test_a_moved_compiled_directory_keeps_its_machine_code(aot, out, tmp_path):
     assert done.returncode == 0, done.stderr
     hits, misses = map(int, done.stdout.split())
     assert hits >= 1 and misses == 0
+
+
+def test_a_compiled_functions_errors_are_at_its_definition(aot, out):
+    # (they named no place: "error: doubled() was compiled for ...")
+    where = str(out.parent / "train.grad")
+    with pytest.raises(dsl.ArgumentError) as info:
+        aot.doubled(X.astype(np.int64))
+    assert str(info.value) == (f"{where}:21:5: error: argument 'x' of doubled() has dtype i64, "
+                               "but its annotation says f64")
+    with pytest.raises(dsl.ArgumentError) as info:
+        aot.scaled(X.astype(np.float32), 2.0)
+    assert str(info.value).startswith(f"{where}:12:5: error: scaled() was compiled for "
+                                      "scaled(f64[:], f64); this call is scaled(f32[3], "), \
+        str(info.value)
+    with pytest.raises(dsl.ArgumentError) as info:
+        dsl.grad(aot.weighted)(np.ones(2, np.float32), None)
+    assert str(info.value).startswith(f"{where}:18:5: error: "), str(info.value)
+    np.testing.assert_array_equal(dsl.grad(aot.doubled)(X), np.full(3, 2.0))
