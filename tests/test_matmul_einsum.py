@@ -310,8 +310,9 @@ def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
     with pytest.raises(dsl.ArgumentError, match="output 0 has 36 rows, the batch's 12 merged"):
         pullback(np.ones((36, 4)))
     # a size the batch's plus others (rows concatenated) is not known, at the op
-    with pytest.raises(dsl.ArgumentError, match=r"products.grad:\d+:12: error: .* the number "
-                                                r"of rows of a batch is not fixed"):
+    with pytest.raises(dsl.ArgumentError, match=r"products.grad:\d+:12: error: .* where `batch` "
+                                                r"is the number of rows of 'x', which a block "
+                                                r"does not know"):
         M.doubled(rows)
 
 
