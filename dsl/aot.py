@@ -465,7 +465,13 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
         if consts:
             err.add_note(f"a const integer used as an axis or index needs its value "
                          f"in the signature, e.g. {consts[0]} given as 1")
-        elif len(named) > 1:
+            raise
+        if named:  # (names no caller wrote: "shape [a1, a2]" for the ':'s of f64[:, :])
+            listed = sorted(named, key=lambda n: int(n[1:]))
+            what = "the sizes ':'s" if len(listed) > 1 else "the size a ':'"
+            err.add_note(f"{', '.join(listed)}: {what} of the signature stand"
+                         f"{'' if len(listed) > 1 else 's'} for (numbered from a0, in order)")
+        if len(named) > 1:
             err.add_note("each ':' in a signature is a size of its own, which need not equal "
                          "any other; name the sizes that must agree, as in f(f64[n], f64[n])")
         raise

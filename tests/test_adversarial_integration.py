@@ -197,6 +197,7 @@ def test_a_signature_hint_follows_the_note_of_a_called_function(tmp_path, capsys
     assert main(["show", str(path), "--emit", "ir", "--sig", "f(f64[:], f64[:])"]) == 1
     assert capsys.readouterr().err.splitlines()[3:] == [
         f"note: in add(), called at {path}:5:16",
+        "note: a0, a1: the sizes ':'s of the signature stand for (numbered from a0, in order)",
         "note: each ':' in a signature is a size of its own, which need not equal any other; "
         "name the sizes that must agree, as in f(f64[n], f64[n])"]
 

@@ -208,3 +208,23 @@ def test_tape_persistent_is_true_or_false():
                                                 r"False, got 'yes'$"):
         dsl.Tape("yes")  # (it was persistent)
     assert dsl.Tape(np.bool_(True)).persistent is True
+
+
+def test_the_sizes_of_a_signatures_colons_are_said_to_be_theirs(tmp_path, capsys):
+    # "shape [a1, a2]": names the signature's ':'s were given, which no note
+    # explained where only one of them was named
+    from dsl.cli import main
+    path = tmp_path / "g.grad"
+    path.write_text("def g(x: f64[n], y: f64[n]):\n    return x * y\n")
+    assert main(["show", str(path), "--emit", "ir", "--sig", "g(f64[:], f64[:, :])"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}:1:5: error: argument 'y' of g() has rank 2 (shape [a1, a2]), but its "
+        "annotation f64[n] has rank 1",
+        "    def g(x: f64[n], y: f64[n]):",
+        "        ^",
+        "note: a1, a2: the sizes ':'s of the signature stand for (numbered from a0, in order)",
+        "note: each ':' in a signature is a size of its own, which need not equal any other; "
+        "name the sizes that must agree, as in f(f64[n], f64[n])"]
+    assert main(["show", str(path), "--emit", "ir", "--sig", "g(f64[3], f64[:])"]) == 1
+    assert capsys.readouterr().err.splitlines()[3:] == [
+        "note: a0: the size a ':' of the signature stands for (numbered from a0, in order)"]
