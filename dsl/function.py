@@ -1770,6 +1770,11 @@ class GradFn(Compiled):
         return module_sources(self._namespace)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
+        for key in kwargs:  # (said only "h() has no parameter 'w'")
+            if key in self.reads and not any(s.name == key for s in self.specs):
+                raise ArgumentError(f"{called(self.name)} has no parameter {key!r}: {key!r} is "
+                                    "a param of its module, which it reads where it is set: "
+                                    f"module.params[{key!r}] = value", self.span)
         bound = super().bind(args, kwargs)
         for w in self.reads:
             bound[w] = self._params.validate(w, params[w], self.span) if params and w in params \

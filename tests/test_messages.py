@@ -228,3 +228,17 @@ def test_the_sizes_of_a_signatures_colons_are_said_to_be_theirs(tmp_path, capsys
     assert main(["show", str(path), "--emit", "ir", "--sig", "g(f64[3], f64[:])"]) == 1
     assert capsys.readouterr().err.splitlines()[3:] == [
         "note: a0: the size a ':' of the signature stands for (numbered from a0, in order)"]
+
+
+def test_a_param_passed_by_keyword_says_where_it_is_set():
+    m = dsl.loads("param w: f64[2]\ndef h(x):\n    return sum(x * w)\n", "p.grad")
+    m.params["w"] = np.array([2.0, 3.0])
+    for call in (lambda: m.h(np.ones(2), w=np.zeros(2)),
+                 lambda: dsl.grad(m.h, "w")(np.ones(2), w=np.zeros(2))):
+        with pytest.raises(dsl.ArgumentError) as info:
+            call()
+        # (it said only "h() has no parameter 'w'")
+        assert str(info.value).splitlines()[0] == (
+            "p.grad:2:5: error: h() has no parameter 'w': 'w' is a param of its module, which "
+            "it reads where it is set: module.params['w'] = value")
+    np.testing.assert_array_equal(dsl.grad(m.h, "w")(np.array([1.0, -1.0])), [1.0, -1.0])
