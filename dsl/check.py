@@ -138,6 +138,8 @@ class CheckResult(list):
         return "\n".join([*map(str, self), *(f"warning: {w}" for w in self.warnings)])
 
     def __repr__(self) -> str:
+        if not len(self):  # (it said "0 checks, none failed", as if all passed)
+            return f"<CheckResult: nothing checked: {self.unchecked}>\n{self}".rstrip()
         failed = len(self.failures)
         verdict = f"{failed} failed" if failed else "none failed"
         return f"<CheckResult: {len(self)} checks, {verdict}>\n{self}".rstrip()

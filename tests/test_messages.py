@@ -242,3 +242,10 @@ def test_a_param_passed_by_keyword_says_where_it_is_set():
             "p.grad:2:5: error: h() has no parameter 'w': 'w' is a param of its module, which "
             "it reads where it is set: module.params['w'] = value")
     np.testing.assert_array_equal(dsl.grad(m.h, "w")(np.array([1.0, -1.0])), [1.0, -1.0])
+
+
+def test_a_check_of_nothing_says_so():
+    result = dsl.check_gradients(CUBES.f, np.ones(3, np.int64))
+    assert len(result) == 0 and result  # (nothing failed)
+    # (it said "<CheckResult: 0 checks, none failed>", as if it had passed)
+    assert repr(result) == "<CheckResult: nothing checked: no differentiable arguments>"
