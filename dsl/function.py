@@ -1613,7 +1613,8 @@ class HvpFunction(Directional):
             vname += "'"
         super().__init__(GradFunction(inner, name, with_value=False), name, vname)
         self.name = f"hvp({inner.name})"
-        self._layout = f"{self.name} takes the arguments of {called(inner.name)}, then v"
+        # (public: a vmap of it says it where an argument is missing)
+        self.arguments_note = f"{self.name} takes the arguments of {called(inner.name)}, then v"
         # v is a parameter too, the last (`vmap` maps it by this position)
         self.specs = inner.specs + (ParamSpec(vname, None, None, False, False),)
 
@@ -1640,11 +1641,11 @@ class HvpFunction(Directional):
             kwargs = dict(kwargs)
             args = (*args, kwargs.pop("v"))
         if not args:
-            raise ArgumentError(self._layout, self.span)
+            raise ArgumentError(self.arguments_note, self.span)
         try:
             bound = self.inner.bind(args[:-1], kwargs, params)
         except ArgumentError as err:  # v was taken from the end: say so
-            err.note = err.note or self._layout
+            err.note = err.note or self.arguments_note
             raise
         if self.wrt not in bound:
             raise ArgumentError(f"no value was passed for {self.wrt!r}", self.span)

@@ -261,8 +261,11 @@ class VmapFunction(Stacked):
                 raise ArgumentError(f"in_axes maps {where}, given by keyword: a mapped argument "
                                     "is passed by position", self.span)
             if i not in examples:
-                raise ArgumentError(f"in_axes maps {where}, which must then be passed by "
-                                    "position", self.span)
+                # (vmap(hvp(f))(x) said "which must then be passed by position":
+                # x was, and taken as hvp's v, which comes last)
+                raise ArgumentError(f"in_axes maps {where}, which was not passed (a mapped "
+                                    "argument is passed by position)", self.span,
+                                    note=getattr(self.inner, "arguments_note", None))
             whole = convert(self.name, replace(spec, dims=None), examples[i], self.span)
             given = self.axes[spec.name]
             if len(whole.shape) == 0:

@@ -249,3 +249,14 @@ def test_a_check_of_nothing_says_so():
     assert len(result) == 0 and result  # (nothing failed)
     # (it said "<CheckResult: 0 checks, none failed>", as if it had passed)
     assert repr(result) == "<CheckResult: nothing checked: no differentiable arguments>"
+
+
+def test_a_vmap_of_an_hvp_missing_an_argument_says_how_it_takes_them():
+    with pytest.raises(dsl.ArgumentError) as info:
+        dsl.vmap(dsl.hvp(CUBES.f))(np.ones((2, 3)))  # (taken as v: x is missing)
+    # (it said "which must then be passed by position", of an x passed so)
+    assert str(info.value).splitlines()[0] == (
+        "cubes.grad:1:5: error: in_axes maps argument 'x' of vmap(hvp(f)), which was not passed "
+        "(a mapped argument is passed by position)")
+    assert str(info.value).splitlines()[-1] == \
+        "note: hvp(f) takes the arguments of f(), then v"
