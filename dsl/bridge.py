@@ -151,7 +151,16 @@ def positional_names(f: Compiled, count: int) -> list[str]:
     """How a message names each of `count` positional arguments of f: as
     the caller knows its parameter ('x', hvp's 'v'; `Compiled.label`), or
     by its position where f has none for it (one too many, which binding
-    refuses).  (Said "argument 0 of to_torch(f)".)"""
+    refuses).  (Said "argument 0 of to_torch(f)".)  Worked out once per
+    count and kept on f: each bridge call asks."""
+    known = f.__dict__.setdefault("_positional_names", {})
+    names = known.get(count)
+    if names is None:
+        names = known[count] = _positional_names(f, count)
+    return names
+
+
+def _positional_names(f: Compiled, count: int) -> list[str]:
     names = [str(i) for i in range(count)]
     # (a gradc-compiled function's: its parameters in order, named as written)
     by_position = getattr(f, "by_position", lambda args: dict(enumerate(args)))
