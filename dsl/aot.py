@@ -455,8 +455,10 @@ def _lower(f: GradFn, fn: Compiled, types: dict, args: list) -> Function:
                           f"concrete sizes in --sig, e.g. {_with_sizes(f.name, args)}",
                           err.at(f.span)) from None
     except GradError as err:
-        consts = [s.name for s, (dtype, _) in zip(f.specs, args)
-                  if s.const and dtype in ("i32", "i64", "bool")]
+        consts = [s.name for s, (dtype, dims) in zip(f.specs, args)
+                  if s.const and dtype in ("i32", "i64", "bool") and not dims]
+        # (a const integer array, such as labels, is no axis nor index: its
+        # values are read at run time)
         any_sizes = {d.factors[0] for dtype, dims in args if dtype != "static" for d in dims
                      if isinstance(d, Sym) and _ANY_SIZE.fullmatch(d.factors[0])}
         # (an error of sizes that the ':'s left free: one naming two of them)

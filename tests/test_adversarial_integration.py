@@ -190,6 +190,23 @@ def test_a_signature_of_unrelated_sizes_that_must_agree_says_to_name_them(capsys
     assert main(argv + ["bar(f64[n], f64[n])"]) == 0
 
 
+def test_a_const_label_array_does_not_turn_the_signature_hint_into_a_value_hint(tmp_path,
+                                                                                 capsys):
+    # labels `const i64[n]` made the note say "a const integer used as an
+    # axis or index needs its value in the signature, e.g. labels given as 1"
+    # (an array of labels has no one value) instead of naming the sizes
+    path = tmp_path / "mlp.grad"
+    path.write_text("def loss(x, w, labels: const i64[n]):\n"
+                    "    return sum(take_along_axis(x @ w, labels[:, None], axis=1))\n")
+    assert main(["show", str(path), "--emit", "ir", "--sig",
+                 "loss(f64[:, :], f64[:, :], i64[:])"]) == 1
+    err = capsys.readouterr().err
+    assert "needs its value" not in err and "note: each ':' in a signature is a size of its " \
+        "own" in err, err
+    assert main(["show", str(path), "--emit", "ir", "--sig",
+                 "loss(f64[n, d], f64[d, c], i64[n])"]) == 0
+
+
 def test_a_signature_hint_follows_the_note_of_a_called_function(tmp_path, capsys):
     # the note naming the call into add() took the place of the hint
     path = tmp_path / "helper.grad"
