@@ -89,9 +89,11 @@ class DaskBound:
             {k: self._placeholder(v, stand_ins, _argument(f, k)) for k, v in kwargs.items()})
         self.dask = {n: stand_ins[id(a)] for n, a in self.values.items() if id(a) in stand_ins}
         self.whole: set[str] = set()
-        # a const's value picks the program, and the stand-in's is 0, not the array's
+        # a const integer or bool scalar's value picks the program, and the
+        # stand-in's is 0, not the array's; a const array (labels) is data,
+        # split over the rows as any argument
         for spec in f.specs:
-            if spec.const and spec.name in self.dask:
+            if spec.name in self.dask and spec.name in f.static_names(self.values):
                 raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is `const`: its "
                                     "value is needed to compile the call, and a Dask array's is "
                                     "not known until computed; pass it computed (.compute())",

@@ -707,3 +707,19 @@ def test_a_tape_refuses_dask_arrays_rather_than_miss_their_calls():
         value = loss(X, Y, w)  # (in memory, recorded as ever)
     np.testing.assert_allclose(tape.gradient(value, w), dsl.grad(loss, wrt=2)(X, Y, W),
                                rtol=1e-13)
+
+
+def test_a_dask_array_of_const_labels_is_split_over_the_rows_as_data():
+    # every const parameter was refused as if its value picked the program,
+    # so a classifier's `labels: const i64[n]`, rows beside x, had to be
+    # computed in memory first; only a const integer or bool scalar picks one
+    m = dsl.loads("def f(x, w, labels: const i64[n]):\n"
+                  "    return -mean(take_along_axis(x * w, labels[:, None], axis=1))\n",
+                  "labels.grad")
+    labels = RNG.integers(0, 3, 800)
+    xs, ls = da.from_array(X, chunks=(300, 3)), da.from_array(labels, chunks=300)
+    value, gw = dask.compute(*dsl.value_and_grad(m.f, wrt=1)(xs, W, ls))
+    picked = X[np.arange(800), labels]
+    np.testing.assert_allclose(value, -np.mean(picked * W[labels]), rtol=1e-12)
+    expected = -np.bincount(labels, weights=picked, minlength=3) / 800
+    np.testing.assert_allclose(gw, expected, rtol=1e-12)
