@@ -1099,10 +1099,11 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     body, which the driver checks are small (`R.small_product`) before it
     calls the function, and the size symbols the driver passes it.  None
     if the target compiles no such function, or the body holds a step it
-    has no form for: a row loop, a nested loop, any op but the fused
-    loops' (sums included) and `reshape`, `full`, a 2-d `transpose`, a
-    2-d float `matmul`, `take` and `scatter_add`, or a size the driver
-    has not bound (`bound`) nor a flat argument gives.
+    has no form for: a nested loop, any op but the fused loops' (sums
+    included), row loops, a `reduce_max` over trailing axes, `reshape`,
+    `full`, a 2-d `transpose`, a 2-d float `matmul`, `take` and
+    `scatter_add`, or a size the driver has not bound (`bound`) nor a
+    flat argument gives.
 
     Its arguments: trips, start, step, the carried values (copied first,
     then replaced each trip), the invariants, the stacked inputs and the
@@ -1287,7 +1288,8 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         return []
 
     if isinstance(step, RowLoop):
-        raise _NoCompiledForm
+        return _compiled_row_loop(step, kernel_of, kernels, ref, dim, define, elements,
+                                  give_up)
     if rank_one is not None:
         (add,) = step.eqns
         product_first = add.inputs[0] == rank_one.out
@@ -1346,6 +1348,8 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
             raise _NoCompiledForm
         return [f"bad = first_out_of_range({x[0]}, {dim(p['size'])})", "if bad >= 0:",
                 f"    {give_up}"]
+    if op == "reduce_max":
+        return _compiled_max(step, x[0], dim, define, give_up)
     if op in ("take", "scatter_add"):
         shape, axis = step.inputs[0].type.shape, p["axis"]
         views = f"{dim(prod(shape[:axis]))}, {dim(shape[axis])}, {dim(prod(shape[axis + 1:]))}"
@@ -1363,6 +1367,54 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
                      f"bad = scatter_rows({out}, {x[1]}, {x[2]}, {views})"]
         return lines + ["if bad >= 0:", f"    {give_up}"]
     raise _NoCompiledForm
+
+
+def _compiled_row_loop(step: RowLoop, kernel_of: Callable, kernels: dict, ref, dim, define,
+                       elements, give_up: str) -> list[str]:
+    """`_compiled_step`'s lines for a row loop (a softmax's, a norm's):
+    its kernel's serial variant, whose blocks of rows are the parallel
+    one's (the same bits as the driver's launch, either one).  A row loop
+    that checks for empty rows (a max over an empty axis is an error)
+    gives up where its input is empty: the driver's trips then report it."""
+    kname, source, kinds = kernel_of(step)
+    kernels[kname] = source
+    lines = [line for check in step.empty_checks
+             for line in (f"if {elements(check.inputs[0])} == 0:", f"    {give_up}")]
+    call = [dim(prod(step.rows))]
+    for kind, v in kinds:
+        if kind == "in":
+            call.append(ref(v))
+        elif kind == "out":
+            call.append(define(v))
+            lines.append(f"{call[-1]} = np.empty({elements(v)}, "
+                         f"{numpy_spelling(v.type.dtype)})")
+        elif kind == "threads":  # (how many run the parallel variant's blocks)
+            call.append("i64(1)")
+        else:
+            aux = access_aux(v.type.shape, step.shape)
+            call.append(dim(aux) if not isinstance(aux, tuple) else
+                        f"({', '.join(dim(d) for d in aux)},)")
+    return lines + [f"{kname}_serial({', '.join([dim(prod(step.shape))] + call)})"]
+
+
+def _compiled_max(step: Eqn, x: str, dim, define, give_up: str) -> list[str]:
+    """`_compiled_step`'s lines for a `reduce_max` over trailing axes (a
+    log-softmax's of a vector: all of them), each row's elements in order
+    with `greatest`, as the driver's `R.reduce_max` (`_max_rows`) takes
+    them: a maximum is exact, and NaN where any element is.  An empty
+    input gives up (the driver then fills or reports an empty axis)."""
+    shape, axes = step.inputs[0].type.shape, tuple(step.p["axes"])
+    if not axes or axes != tuple(range(len(shape) - len(axes), len(shape))):
+        raise _NoCompiledForm
+    rows, length = dim(prod(shape[:len(shape) - len(axes)])), dim(prod(shape[-len(axes):]))
+    out = define(step.out)
+    return [f"if {rows} * {length} == 0:", f"    {give_up}",
+            f"{out} = np.empty({rows}, {x}.dtype)",
+            f"for o in range({rows}):",
+            f"    acc = {x}[o * {length}]",
+            f"    for r in range(1, {length}):",
+            f"        acc = greatest(acc, {x}[o * {length} + r])",
+            f"    {out}[o] = acc"]
 
 
 def _readers(steps: list, outputs) -> dict[Var, int]:

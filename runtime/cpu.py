@@ -905,7 +905,7 @@ class CpuTarget(Target):
         # The products by name from cpu_math: the header's `math` is libm's
         # with GRADC_LIBM=1, which has none.
         return "\n".join(["from gradlang.runtime.cpu_math import add_outer, "
-                          "first_out_of_range, gather_rows, matrix_product, "
+                          "first_out_of_range, gather_rows, greatest, matrix_product, "
                           "matrix_transpose, scatter_rows", _FUNCTION,
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
