@@ -1100,10 +1100,10 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     calls the function, and the size symbols the driver passes it.  None
     if the target compiles no such function, or the body holds a step it
     has no form for: a nested loop, any op but the fused loops' (sums
-    included), row loops, a `reduce_max` over trailing axes, `reshape`,
-    `full`, a 2-d `transpose`, a 2-d float `matmul`, `take` and
-    `scatter_add`, or a size the driver has not bound (`bound`) nor a
-    flat argument gives.
+    included), row loops, a `reduce_max` or float `reduce_sum` over
+    trailing axes, `dim`, `reshape`, `full`, a 2-d `transpose`, a 2-d
+    float `matmul`, `take` and `scatter_add`, or a size the driver has not
+    bound (`bound`) nor a flat argument gives.
 
     Its arguments: trips, start, step, the carried values (copied first,
     then replaced each trip), the invariants, the stacked inputs and the
@@ -1350,6 +1350,14 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
                 f"    {give_up}"]
     if op == "reduce_max":
         return _compiled_max(step, x[0], dim, define, give_up)
+    if op == "reduce_sum":
+        return _compiled_sum(step, x[0], target, dim, define, give_up)
+    if op == "dim":  # a size as a number (a mean's divisor), as the driver's `R.scalar`
+        value, out = dim(p["value"]), define(step.out)
+        # (a size a float divides by, 0: the driver's trips raise its error)
+        check = [f"if {value} == 0:", f"    {give_up}"] if p.get("nonzero") else []
+        return check + [f"{out} = np.empty(1, {numpy_spelling(p['dtype'])})",
+                        f"{out}[0] = {value}"]
     if op in ("take", "scatter_add"):
         shape, axis = step.inputs[0].type.shape, p["axis"]
         views = f"{dim(prod(shape[:axis]))}, {dim(shape[axis])}, {dim(prod(shape[axis + 1:]))}"
@@ -1415,6 +1423,19 @@ def _compiled_max(step: Eqn, x: str, dim, define, give_up: str) -> list[str]:
             f"    for r in range(1, {length}):",
             f"        acc = greatest(acc, {x}[o * {length} + r])",
             f"    {out}[o] = acc"]
+
+
+def _compiled_sum(step: Eqn, x: str, target: Target, dim, define, give_up: str) -> list[str]:
+    """`_compiled_step`'s lines for a float `reduce_sum` over trailing axes
+    (a mean of a vector's): as the driver's `R.reduce_sum` sums them
+    (`Target.sum_rows_in_function`).  A sum over leading or middle axes
+    (a bias's gradient over a batch's rows), which NumPy adds, has none."""
+    shape, axes = step.inputs[0].type.shape, tuple(step.p["axes"])
+    if (not axes or axes != tuple(range(len(shape) - len(axes), len(shape)))
+            or step.inputs[0].type.dtype not in FLOATS):
+        raise _NoCompiledForm
+    rows, length = dim(prod(shape[:len(shape) - len(axes)])), dim(prod(shape[-len(axes):]))
+    return target.sum_rows_in_function(x, define(step.out), rows, length, give_up)
 
 
 def _readers(steps: list, outputs) -> dict[Var, int]:

@@ -906,9 +906,23 @@ class CpuTarget(Target):
         # with GRADC_LIBM=1, which has none.
         return "\n".join(["from gradlang.runtime.cpu_math import add_outer, "
                           "first_out_of_range, gather_rows, greatest, matrix_product, "
-                          "matrix_transpose, scatter_rows", _FUNCTION,
+                          "matrix_transpose, scatter_rows",
+                          "from gradlang.runtime.cpu import _sum_rows as sum_rows", _FUNCTION,
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
+
+    def sum_rows_in_function(self, x: str, out: str, rows: str, length: str,
+                             give_up: str) -> list[str]:
+        """A compiled loop's lines summing the `rows` rows of `length`
+        floats of flat `x` into a new `out` as `reduce_sum` does them
+        (`_sum_rows`: each in f64, then rounded to x's dtype); `give_up`
+        where the driver would sum otherwise: one row of
+        `PARALLEL_THRESHOLD` elements or more (in chunks), or none."""
+        return [f"if {rows} * {length} == 0 or ({rows} == 1 and {length} >= "
+                f"{PARALLEL_THRESHOLD}):", f"    {give_up}",
+                f"{out} = np.empty({rows}, np.float64)",
+                f"sum_rows({x}.reshape(({rows}, {length})), {out})",
+                f"{out} = {out}.astype({x}.dtype)"]
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],
                cost: int) -> str:

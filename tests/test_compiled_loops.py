@@ -605,15 +605,17 @@ def test_a_full_sum_s_kernels_are_one_in_every_module_defining_them():
 
 
 # a language model's step: its log-softmax over the vocabulary is a max
-# (`reduce_max`) and a row loop, which had no compiled form, so the loop
-# ran trip by trip however hot (scratch: 200 tokens of a vocabulary of
-# 1,000, d = 64, value and gradient 168 ms at best, 43 ms compiled)
+# (`reduce_max`) and a row loop, and a mean's divisor a size (`dim`),
+# which had no compiled form, so the loop ran trip by trip however hot
+# (scratch: 200 tokens of a vocabulary of 1,000, d = 64, value and
+# gradient 168 ms at best, 43 ms compiled)
 LM = ("from std import log_softmax\n"
       "def lm(emb, w, tokens: i64[t]):\n"
       "    h = zeros_like(emb[0])\n"
       "    total = 0.0\n"
       "    for i in range(tokens.shape[0] - 1):\n"
       "        h = tanh(emb[tokens[i]] + h @ w)\n"
+      "        h = h - mean(h)\n"
       "        total = total - log_softmax(h @ transpose(emb))[tokens[i + 1]]\n"
       "    return total\n")
 
@@ -634,6 +636,7 @@ def test_a_hot_loop_with_a_log_softmax_runs_compiled_with_the_driver_s_bits(comp
     h, total = np.zeros(3), 0.0  # and the loop in NumPy
     for i in range(len(tokens) - 1):
         h = np.tanh(emb[tokens[i]] + h @ w)
+        h = h - np.mean(h)
         z = h @ emb.T
         total -= z[tokens[i + 1]] - z.max() - np.log(np.sum(np.exp(z - z.max())))
     np.testing.assert_allclose(compiled, total, rtol=1e-13)
