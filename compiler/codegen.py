@@ -1100,8 +1100,8 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     calls the function, and the size symbols the driver passes it.  None
     if the target compiles no such function, or the body holds a step it
     has no form for: a nested loop, any op but the fused loops' (sums
-    included), row loops, a `reduce_max` or float `reduce_sum` over
-    trailing axes, `dim`, `reshape`, `full`, a 2-d `transpose`, a 2-d
+    included), row loops, a `reduce_max` over trailing axes, a float
+    `reduce_sum` over adjacent ones, `dim`, `reshape`, `full`, a 2-d `transpose`, a 2-d
     float `matmul`, `take` and `scatter_add`, or a size the driver has not
     bound (`bound`) nor a flat argument gives.
 
@@ -1426,16 +1426,17 @@ def _compiled_max(step: Eqn, x: str, dim, define, give_up: str) -> list[str]:
 
 
 def _compiled_sum(step: Eqn, x: str, target: Target, dim, define, give_up: str) -> list[str]:
-    """`_compiled_step`'s lines for a float `reduce_sum` over trailing axes
-    (a mean of a vector's): as the driver's `R.reduce_sum` sums them
-    (`Target.sum_rows_in_function`).  A sum over leading or middle axes
-    (a bias's gradient over a batch's rows), which NumPy adds, has none."""
-    shape, axes = step.inputs[0].type.shape, tuple(step.p["axes"])
-    if (not axes or axes != tuple(range(len(shape) - len(axes), len(shape)))
+    """`_compiled_step`'s lines for a float `reduce_sum` over one run of
+    adjacent axes (a mean of a vector's, a bias's gradient over a batch's
+    rows), as the driver's `R.reduce_sum` sums them
+    (`Target.sum_in_function`)."""
+    shape, axes = step.inputs[0].type.shape, tuple(sorted(step.p["axes"]))
+    if (not axes or axes != tuple(range(axes[0], axes[-1] + 1))
             or step.inputs[0].type.dtype not in FLOATS):
         raise _NoCompiledForm
-    rows, length = dim(prod(shape[:len(shape) - len(axes)])), dim(prod(shape[-len(axes):]))
-    return target.sum_rows_in_function(x, define(step.out), rows, length, give_up)
+    outer, reduced, inner = (dim(prod(shape[:axes[0]])), dim(prod(shape[axes[0]:axes[-1] + 1])),
+                             dim(prod(shape[axes[-1] + 1:])))
+    return target.sum_in_function(x, define(step.out), outer, reduced, inner, give_up)
 
 
 def _readers(steps: list, outputs) -> dict[Var, int]:

@@ -911,17 +911,29 @@ class CpuTarget(Target):
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"
 
-    def sum_rows_in_function(self, x: str, out: str, rows: str, length: str,
-                             give_up: str) -> list[str]:
-        """A compiled loop's lines summing the `rows` rows of `length`
-        floats of flat `x` into a new `out` as `reduce_sum` does them
-        (`_sum_rows`: each in f64, then rounded to x's dtype); `give_up`
+    def sum_in_function(self, x: str, out: str, outer: str, reduced: str, inner: str,
+                        give_up: str) -> list[str]:
+        """A compiled loop's lines summing flat `x`, of (outer, reduced,
+        inner) elements, over its middle axis into a new `out` as
+        `reduce_sum` does (`_reduce`): in f64, then rounded to x's dtype;
+        with inner 1 by `_sum_rows`, else each element's rows added in
+        order, as NumPy's `add.reduce` over a middle axis does (its bits:
+        scratch `t33_np_order.py`, 792 shapes, f32 and f64).  `give_up`
         where the driver would sum otherwise: one row of
         `PARALLEL_THRESHOLD` elements or more (in chunks), or none."""
-        return [f"if {rows} * {length} == 0 or ({rows} == 1 and {length} >= "
-                f"{PARALLEL_THRESHOLD}):", f"    {give_up}",
-                f"{out} = np.empty({rows}, np.float64)",
-                f"sum_rows({x}.reshape(({rows}, {length})), {out})",
+        return [f"if {outer} * {reduced} * {inner} == 0 or ({outer} == 1 and {inner} == 1 "
+                f"and {reduced} >= {PARALLEL_THRESHOLD}):", f"    {give_up}",
+                f"{out} = np.empty({outer} * {inner}, np.float64)",
+                f"if {inner} == 1:",
+                f"    sum_rows({x}.reshape(({outer}, {reduced})), {out})",
+                "else:",
+                f"    for o in range({outer}):",
+                f"        for e in range({inner}):",
+                f"            {out}[o * {inner} + e] = {x}[o * {reduced} * {inner} + e]",
+                f"        for r in range(1, {reduced}):",
+                f"            at = (o * {reduced} + r) * {inner}",
+                f"            for e in range({inner}):",
+                f"                {out}[o * {inner} + e] = {out}[o * {inner} + e] + {x}[at + e]",
                 f"{out} = {out}.astype({x}.dtype)"]
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],

@@ -101,11 +101,12 @@ class Target:
         kernel with the same bits, serially."""
         raise NotImplementedError
 
-    def sum_rows_in_function(self, x: str, out: str, rows: str, length: str,
-                             give_up: str) -> list[str]:
-        """Lines of a `render_function` function summing the rows of flat
-        `x` into `out` with the bits of the driver's `reduce_sum` over
-        trailing axes, or running `give_up` where it cannot."""
+    def sum_in_function(self, x: str, out: str, outer: str, reduced: str, inner: str,
+                        give_up: str) -> list[str]:
+        """Lines of a `render_function` function summing flat `x`, of
+        (outer, reduced, inner) elements, over its middle axis into `out`
+        with the bits of the driver's `reduce_sum`, or running `give_up`
+        where it cannot."""
         raise NotImplementedError
 
     def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],

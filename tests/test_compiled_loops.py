@@ -640,3 +640,33 @@ def test_a_hot_loop_with_a_log_softmax_runs_compiled_with_the_driver_s_bits(comp
         z = h @ emb.T
         total -= z[tokens[i + 1]] - z.max() - np.log(np.sum(np.exp(z - z.max())))
     np.testing.assert_allclose(compiled, total, rtol=1e-13)
+
+
+def test_a_hot_loop_summing_over_a_batch_s_rows_runs_compiled_with_the_driver_s_bits(compile_from,
+                                                                              monkeypatch):
+    # a sum over a leading axis (a bias's gradient over a batch's rows, here
+    # in the forward pass) had no compiled form: a batched RNN's backward
+    # loop ran trip by trip however hot (scratch: T = 50, B = 8, d = 16,
+    # value and gradient 1.12 ms -> 0.27 ms)
+    m = dsl.loads("def f(xs, w):\n"
+                  "    h = xs[0]\n"
+                  "    acc = xs[0, 0] * 0.0\n"
+                  "    for i in range(xs.shape[0]):\n"
+                  "        h = tanh(h @ w + xs[i])\n"
+                  "        acc = acc + sum(h, axis=0) * 0.5\n"
+                  "    return acc\n", "batch_sum.grad")
+    rng = np.random.default_rng(4)
+    xs, w = rng.normal(size=(4, 5, 3)) * 10.0 ** rng.integers(-3, 4, (4, 5, 3)), rng.normal(size=(3, 3))
+    ran, run = [], cpu.run_compiled
+    monkeypatch.setattr(cpu, "run_compiled", lambda *a: ran.append(run(*a)) or ran[-1])
+    compile_from(10**12)
+    driver = m.f(xs, w)
+    compile_from(0)
+    compiled = m.f(xs, w)
+    assert len(ran) == 1 and ran[0] is not None  # the loop ran compiled
+    assert compiled.tobytes() == driver.tobytes()
+    h, acc = xs[0], np.zeros(3)
+    for i in range(len(xs)):
+        h = np.tanh(h @ w + xs[i])
+        acc = acc + np.sum(h, axis=0) * 0.5
+    np.testing.assert_allclose(compiled, acc, rtol=1e-12)
