@@ -917,8 +917,8 @@ class CpuTarget(Target):
         inner) elements, over its middle axis into a new `out` as
         `reduce_sum` does (`_reduce`): in f64, then rounded to x's dtype;
         with inner 1 by `_sum_rows`, else each element's rows added in
-        order, as NumPy's `add.reduce` over a middle axis does (its bits:
-        scratch `t33_np_order.py`, 792 shapes, f32 and f64).  `give_up`
+        order, as NumPy's `add.reduce` over a middle axis does (its bits
+        on 792 shapes, f32 and f64, scratch).  `give_up`
         where the driver would sum otherwise: one row of
         `PARALLEL_THRESHOLD` elements or more (in chunks), or none."""
         return [f"if {outer} * {reduced} * {inner} == 0 or ({outer} == 1 and {inner} == 1 "
