@@ -1101,7 +1101,8 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     if the target compiles no such function, or the body holds a step it
     has no form for: a nested loop, any op but the fused loops' (sums
     included), row loops, a `reduce_max` over trailing axes, a float
-    `reduce_sum` over adjacent ones, `dim`, `reshape`, `full`, a 2-d `transpose`, a 2-d
+    `reduce_sum` over adjacent ones, `dim`, a `slice` of positive steps,
+    `embed`, `embed_add`, `reshape`, `full`, a 2-d `transpose`, a 2-d
     float `matmul`, `take` and `scatter_add`, or a size the driver has not
     bound (`bound`) nor a flat argument gives.
 
@@ -1352,6 +1353,8 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         return _compiled_max(step, x[0], dim, define, give_up)
     if op == "reduce_sum":
         return _compiled_sum(step, x[0], target, dim, define, give_up)
+    if op in ("slice", "embed", "embed_add"):
+        return _compiled_region(step, x, dim, define, same_array, owns, elements)
     if op == "dim":  # a size as a number (a mean's divisor), as the driver's `R.scalar`
         value, out = dim(p["value"]), define(step.out)
         # (a size a float divides by, 0: the driver's trips raise its error)
@@ -1403,6 +1406,51 @@ def _compiled_row_loop(step: RowLoop, kernel_of: Callable, kernels: dict, ref, d
             call.append(dim(aux) if not isinstance(aux, tuple) else
                         f"({', '.join(dim(d) for d in aux)},)")
     return lines + [f"{kname}_serial({', '.join([dim(prod(step.shape))] + call)})"]
+
+
+def _compiled_region(step: Eqn, x: list[str], dim, define, same_array, owns,
+                     elements) -> list[str]:
+    """`_compiled_step`'s lines for a `slice` (an LSTM's gates of one
+    product), or its VJPs `embed` and `embed_add`: the region's elements
+    copied (or added: one add each, exact, as the driver's) between the
+    flat arrays, by nested loops over the region's positions.  Positive
+    steps only."""
+    op, p = step.op, step.p
+    whole = step.inputs[0].type.shape if op != "embed" else p["shape"]
+    region = step.out.type.shape if op == "slice" else step.inputs[-1].type.shape
+    if not all(isinstance(c, int) and c > 0 for c in p["steps"]) or len(whole) != len(region):
+        raise _NoCompiledForm
+    lines = []
+    if op == "slice":
+        out = define(step.out)
+        lines.append(f"{out} = np.empty({elements(step.out)}, {x[0]}.dtype)")
+        small, big = x[0], out  # (placeholders: the copy reads big at its index)
+    elif op == "embed":
+        out = define(step.out)
+        lines += [f"{out} = np.zeros({elements(step.out)}, {x[0]}.dtype)"]
+    elif owns(step.inputs[0]):
+        same_array(step.out, step.inputs[0])
+        out = x[0]
+    else:
+        out = define(step.out)
+        lines.append(f"{out} = {x[0]}.copy()")
+    part = x[0] if op != "embed_add" else x[1]
+    strides = [prod(whole[j + 1:]) for j in range(len(whole))]
+    index = " + ".join(f"({dim(a)} + k{j} * i64({c})) * {dim(st)}"
+                       for j, (a, c, st) in enumerate(zip(p["starts"], p["steps"], strides)))
+    lines.append("e = 0")
+    indent = ""
+    for j, d in enumerate(region):
+        lines.append(f"{indent}for k{j} in range({dim(d)}):")
+        indent += "    "
+    if op == "slice":
+        lines.append(f"{indent}{out}[e] = {part}[{index or '0'}]")
+    elif op == "embed_add" and not p.get("assign", False):
+        lines.append(f"{indent}{out}[{index or '0'}] = {out}[{index or '0'}] + {part}[e]")
+    else:
+        lines.append(f"{indent}{out}[{index or '0'}] = {part}[e]")
+    lines.append(f"{indent}e += 1")
+    return lines
 
 
 def _compiled_max(step: Eqn, x: str, dim, define, give_up: str) -> list[str]:
