@@ -119,10 +119,11 @@ def fit_constant(value: Union[int, float, bool], dtype: str, what: str,
 
 def coerce(value: Union[int, float, bool], dtype: str,
            span: Span | None = None) -> Union[int, float, bool]:
-    """A compile-time number as a Python scalar of `dtype`; a `GradError` at
-    `span` when it does not fit (an integer out of range, a NaN or infinity
-    meant for an integer, a finite number beyond the float's range), since
-    NumPy and Numba would raise on it or silently wrap or round it to inf."""
+    """A compile-time number as a Python scalar of `dtype` (for f32, the
+    nearest f32); a `GradError` at `span` when it does not fit (an integer
+    out of range, a NaN or infinity meant for an integer, a finite number
+    beyond the float's range), since NumPy and Numba would raise on it or
+    silently wrap or round it to inf."""
     if dtype == "bool":
         return bool(value)
     if dtype in INTS:
@@ -140,7 +141,9 @@ def coerce(value: Union[int, float, bool], dtype: str,
     finite = isinstance(value, int) or math.isfinite(value)
     if finite and abs(result) > _FLOAT_MAX[dtype]:
         raise GradError(f"the constant {_short(value)} is beyond the range of {dtype}", span)
-    return result
+    # an f32's value is the nearest f32 (0.1 is 0.100000001...): what a
+    # cast of it to f64 then carries, as NumPy's float64(float32(0.1)) does
+    return float(NUMPY[dtype].type(result)) if dtype == "f32" else result
 
 
 def _short(value: Union[int, float]) -> str:

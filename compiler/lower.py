@@ -221,7 +221,7 @@ class Lowerer:
             self.reach.enter(fdef, len(self.call_stack))
         args = self.bind_args(fdef, positional, keywords, span)
         dims = self.check_annotations(fdef, args, span)
-        inputs = dict(args)
+        inputs = annotated_floats(b, fdef, args, span)
         for w in param_reads(fdef, ns):
             inputs[w] = caller_env[w]
         self.call_stack.append(fdef)
@@ -1525,6 +1525,25 @@ def _spanned(b: Builder, start: int, span: Span) -> None:
     there, not at the function or block around it."""
     b.eqns[start:] = [e if e.span is not None else replace(e, span=span)
                       for e in b.eqns[start:]]
+
+
+def annotated_floats(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
+                     span: Span) -> dict[str, Value]:
+    """`args` where a compile-time number bound to a parameter annotated
+    f32 or f64 (its default left out, or a number the caller wrote) is an
+    array of that dtype, as a Python number passed for it from Python is
+    (`runtime.args.bind`): the annotation fixes the dtype, so
+    `def g(x, a: f64 = 1)` gives f64 for f32 x whether `a` is left out or
+    passed.  (An unannotated or kind-annotated parameter's number stays
+    weakly typed, as a Python number for it does.  Integer annotations
+    keep theirs as numbers, which a size or an axis needs.)"""
+    out = dict(args)
+    for p in fdef.params:
+        value, dtype = args[p.name], p.ann.dtype if p.ann is not None else None
+        if dtype in FLOATS and is_static(value) and not isinstance(value, tuple):
+            number = value if isinstance(value, Sym) else coerce(value, dtype, span)
+            out[p.name] = as_atom(b, number, span, dtype)
+    return out
 
 
 def _static_value(name: str, t: StaticScalar, by_value: bool):

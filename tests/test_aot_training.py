@@ -41,10 +41,13 @@ def weighted(x, s: f32):
 
 def doubled(x: f64[n]):
     return x * 2.0
+
+def anchored(x, a: f64 = 0.5):
+    return x * a
 """
 SIGNATURES = ["loss(f64[n], f64[n], f64[n])", "loss(f64[n], f64[n], f64[n], f64)",
               "lse(f64[:, :])", "total(f64[:], None)", "total(f64[:, :], 0)", "scaled(f64[:], f64)",
-              "weighted(f32[:], f32)", "doubled(f64[:])"]
+              "weighted(f32[:], f32)", "doubled(f64[:])", "anchored(f32[:])"]
 
 W = np.array([0.3, -0.7, 1.1])
 X = np.array([1.0, 2.0, -0.5])
@@ -118,6 +121,14 @@ def test_a_defaulted_parameter_no_signature_serves_is_an_argument_error(aot):
     with pytest.raises(dsl.ArgumentError, match=r"this call is loss\(f64\[3\], f64\[3\], "
                                                 r"f64\[3\], f32\); add it with gradc compile --sig$"):
         aot.loss(W, X, T, np.float32(2.0))
+
+
+def test_a_left_out_default_takes_its_annotated_dtype_as_when_loaded(aot, loaded):
+    # `a: f64 = 0.5` left out was a weakly typed 0.5: f32 x gave f32
+    x = np.array([1.5, -3.0], np.float32)
+    for out in (aot.anchored(x), loaded.anchored(x)):
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(out, [0.75, -1.5])
 
 
 def test_to_torch_of_a_compiled_function_trains(aot):
