@@ -165,12 +165,21 @@ class _Function:
         and `flag: bool = 1` are errors, and so is a constant the dtype cannot
         hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0, and so
         is `a: float = 1` (a kind's default is a number of its widest dtype,
-        weakly typed as a literal is)."""
+        weakly typed as a literal is).  A number is no value of an annotation
+        of rank 1 or more (`a: f64[3] = 1.0`)."""
         if isinstance(p.default, ast.NoneLit) and not (p.is_const and p.ann.dtype is None):
             raise GradError(f"a default of None needs a `const` parameter of no dtype "
                             f"(`{p.name}: const = None`), as None is no array",
                             p.default.span)
-        if p.default is None or p.ann is None or p.ann.dtype is None:
+        if p.default is None or p.ann is None:
+            return
+        if p.ann.rank and not isinstance(p.default, ast.NoneLit):
+            # (at load: every call leaving it out would be refused, as a
+            # number passed for it is, since a number has rank 0)
+            raise GradError(f"the default {p.default.value!r} of {p.name!r} is a number, but "
+                            f"its annotation {p.ann.text} has rank {p.ann.rank}",
+                            p.default.span)
+        if p.ann.dtype is None:
             return
         value = p.default.value
         fit_constant(value, number_dtype(p.ann.dtype), f"the default {value!r} of {p.name!r}",

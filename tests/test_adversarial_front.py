@@ -236,6 +236,10 @@ def test_a_written_wrt_position_out_of_range_is_an_error_at_it(wrt, col, got):
                                           "in i64"),
     ("a: const i32 = 3000000000", 25, "does not fit in i32"),
     ("a: f32 = 1e39", 19, "is beyond the range of f32"),
+    # (this one loaded, and each call leaving a out was refused at the def)
+    ("a: f64[3] = 1.0", 22, "the default 1.0 of 'a' is a number, but its annotation f64[3] "
+                            "has rank 1"),
+    ("a: const f64[n, 2] = 0", 31, "annotation f64[n, 2] has rank 2"),
 ])
 def test_a_default_must_be_a_value_of_its_dtype(param, col, text):
     source = f"def f(x, {param}):\n    return x * a\n"
