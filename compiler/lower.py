@@ -221,7 +221,7 @@ class Lowerer:
             self.reach.enter(fdef, len(self.call_stack))
         args = self.bind_args(fdef, positional, keywords, span)
         dims = self.check_annotations(fdef, args, span)
-        inputs = annotated_floats(b, fdef, args, span)
+        inputs = annotated_numbers(b, fdef, args, span)
         for w in param_reads(fdef, ns):
             inputs[w] = caller_env[w]
         self.call_stack.append(fdef)
@@ -335,7 +335,9 @@ class Lowerer:
                 if isinstance(value, tuple):
                     raise GradError(f"argument {p.name!r} of {fdef.name}() must be an "
                                     f"array, not a {sequence_kind(value)}", span)
-                shape, dtype = (), None
+                # (a by-value argument's or a typed number is checked as
+                # the array of its dtype it stands for)
+                shape, dtype = (), value.dtype if isinstance(value, RUN_TIME) else None
             else:
                 shape, dtype = value.type.shape, value.type.dtype
             if dtype is not None and not admits(ann.dtype, dtype):
@@ -1527,23 +1529,41 @@ def _spanned(b: Builder, start: int, span: Span) -> None:
                       for e in b.eqns[start:]]
 
 
-def annotated_floats(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
-                     span: Span) -> dict[str, Value]:
+def annotated_numbers(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
+                      span: Span) -> dict[str, Value]:
     """`args` where a compile-time number bound to a parameter annotated
-    f32 or f64 (its default left out, or a number the caller wrote) is an
-    array of that dtype, as a Python number passed for it from Python is
+    with a dtype (its default left out, or a number the caller wrote) is a
+    value of that dtype, as a Python number passed for it from Python is
     (`runtime.args.bind`): the annotation fixes the dtype, so
     `def g(x, a: f64 = 1)` gives f64 for f32 x whether `a` is left out or
-    passed.  (An unannotated or kind-annotated parameter's number stays
-    weakly typed, as a Python number for it does.  Integer annotations
-    keep theirs as numbers, which a size or an axis needs.)"""
+    passed.  A float's is an array; an integer's a `RunTimeInt`, still a
+    number for a size or an axis, as a by-value argument's is (an `int`
+    kind's an i64, as a Python int for it is).  (An unannotated or `float`
+    kind parameter's number stays weakly typed, as a Python number for it
+    does, and so does a `const` integer's, a compile-time literal given or
+    left out: `_static_value`.)"""
     out = dict(args)
     for p in fdef.params:
         value, dtype = args[p.name], p.ann.dtype if p.ann is not None else None
-        if dtype in FLOATS and is_static(value) and not isinstance(value, tuple):
+        if not is_static(value) or isinstance(value, (tuple, bool)) or value is None:
+            continue
+        if dtype in FLOATS:
             number = value if isinstance(value, Sym) else coerce(value, dtype, span)
             out[p.name] = as_atom(b, number, span, dtype)
+        elif (dtype in INTS or dtype == "int") and number_type(value) is int \
+                and not isinstance(value, RUN_TIME) and not p.is_const:
+            out[p.name] = _typed_int(value, number_dtype(dtype), span)
     return out
+
+
+def _typed_int(value: int, dtype: str, span: Span) -> RunTimeInt:
+    """A compile-time integer as the run-time scalar of `dtype` it is when
+    passed as an argument (`RunTimeInt`; a negative argument's value still
+    naming it); a `GradError` at `span` where the dtype cannot hold it."""
+    number = coerce(value, dtype, span)
+    if isinstance(value, ArgumentValue):
+        return ByValueArgument(number, dtype, value.name)
+    return RunTimeInt(number, dtype)
 
 
 def _static_value(name: str, t: StaticScalar, by_value: bool):

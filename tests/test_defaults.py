@@ -4,12 +4,14 @@ A dtype annotation fixes its parameter's dtype whichever way the value
 comes: left out (the default), passed from Python, or written by a caller
 in the language.  `def g(x, a: f64 = 1)` on f32 x is f64 every way; an f32
 parameter's number is the nearest f32 (0.1 is 0.100000001...), as NumPy's
-float32(0.1) is.  (An unannotated default stays weakly typed, as a Python
-number passed for it is: f32 beside f32 arrays.)
+float32(0.1) is; `n: i64 = 2` is an i64 beside i32 arrays, and still a
+number where a size wants one.  (An unannotated default stays weakly
+typed, as a Python number passed for it is: f32 beside f32 arrays.)
 """
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import dsl
 
@@ -63,3 +65,82 @@ def test_transforms_of_a_call_leaving_out_an_annotated_default_agree():
     y, ty = dsl.jvp(m.e, (X64,), (np.ones(2),))
     np.testing.assert_array_equal(y, X64 * F32_TENTH)
     np.testing.assert_array_equal(ty, [F32_TENTH, F32_TENTH])
+
+
+INTEGERS = """\
+def big(k, s: i64 = 1099511627776):
+    return k * s
+
+def size(k, n: i64 = 2):
+    return k * n, broadcast_to(0.5, (n - 1,))
+
+def axis(k, s: const i64 = 2):
+    return k * s
+
+def written(k):
+    return big(k, 3)
+"""
+
+
+def test_an_integer_annotation_fixes_the_dtype_of_a_default_and_of_a_caller_number():
+    m = dsl.loads(INTEGERS)
+    k = np.array([1, -2], np.int32)
+    # left out, s was a weakly typed number meeting i32 k: "the constant
+    # 1099511627776 does not fit in i32", where passing it gave i64
+    for out, s in ((m.big(k), 2 ** 40), (m.big(k, 2 ** 40), 2 ** 40), (m.written(k), 3)):
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, [s, -2 * s])
+    # a size (the function compiled for n's value): i64 however n comes
+    # (left out, it was i32 k's dtype)
+    for product, ones in (m.size(k), m.size(k, 2)):
+        assert product.dtype == np.int64
+        np.testing.assert_array_equal(product, [2, -4])
+        np.testing.assert_array_equal(ones, [0.5])
+    # a const integer is a compile-time literal, weakly typed, given or not
+    for out in (m.axis(k), m.axis(k, 2)):
+        assert out.dtype == np.int32
+        np.testing.assert_array_equal(out, [2, -4])
+
+
+def test_a_typed_integer_meets_another_annotation_as_an_array_of_its_dtype_does():
+    # left out, n was a weak number that inner's i32 took; passed, it was an
+    # i64 array that inner refused: both are refused now, at the call
+    m = dsl.loads("def inner(k, n: i32):\n    return k * n\n\n"
+                  "def outer(k, n: i64 = 2):\n    return inner(k, n)\n\n"
+                  "def written(k):\n    return inner(k, 2)\n")
+    k = np.array([1, -2], np.int32)
+    for args in ((k,), (k, 2)):
+        with pytest.raises(dsl.GradError) as info:
+            m.outer(*args)
+        assert info.value.message == "argument 'n' of inner() has dtype i64; its annotation says i32"
+        assert (info.value.line, info.value.col) == (5, 12)
+    out = m.written(k)  # (a number written in the call is weak: i32's)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, [2, -4])
+
+
+def test_an_int_kind_number_is_an_i64_as_a_python_int_passed_for_it_is():
+    m = dsl.loads("def kind(k, n: int = 2):\n    return k * n\n\n"
+                  "def const_kind(k, n: const int = 2):\n    return k * n\n\n"
+                  "def axis(k, n: const = 2):\n    return k * n\n")
+    k = np.array([1, -2], np.int32)
+    # an `int` kind's number is an i64, as a Python int passed for it is
+    # (left out, it was a weak number: i32 k's dtype); an array keeps its
+    # own; a const integer is a literal, weakly typed given or left out
+    cases = [(m.kind(k), np.int64), (m.kind(k, 2), np.int64), (m.kind(k, np.int32(2)), np.int32),
+             (m.const_kind(k), np.int32), (m.const_kind(k, 2), np.int32),
+             (m.axis(k), np.int32), (m.axis(k, 2), np.int32)]
+    for out, dtype in cases:
+        assert out.dtype == dtype
+        np.testing.assert_array_equal(out, [2, -4])
+
+
+def test_a_function_with_a_grad_block_is_lowered_apart_for_2_as_i32_and_as_i64():
+    # its stages are reused by their inputs' values: a and b were both the
+    # weak number 2, and f(k, b) gave i32 (`staging._exact` keys the dtype)
+    m = dsl.loads("def f(x, n: const):\n    return x * n\ngrad(dy):\n    return dy * n\n\n"
+                  "def g(k, a: i32 = 2, b: i64 = 2):\n    return f(k, a), f(k, b)\n")
+    narrow, wide = m.g(np.array([1, -2], np.int32))
+    assert (narrow.dtype, wide.dtype) == (np.int32, np.int64)
+    np.testing.assert_array_equal(narrow, [2, -4])
+    np.testing.assert_array_equal(wide, [2, -4])
