@@ -49,7 +49,7 @@ from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, 
                                       check_range_fits, entry_results, is_static, number_type,
                                       run_time_number, sequence_kind, unify, weak_float_dtype,
                                       weak_number, weak_result)
-from gradlang.runtime.args import admits, check_dims, kind_text, number_dtype
+from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
 
@@ -338,6 +338,8 @@ class Lowerer:
                 # (a by-value argument's or a typed number is checked as
                 # the array of its dtype it stands for)
                 shape, dtype = (), value.dtype if isinstance(value, RUN_TIME) else None
+            elif isinstance(value, WeakVar) and weak_fits(value, ann.dtype):
+                shape, dtype = value.type.shape, None  # (it takes the dtype: a number's)
             else:
                 shape, dtype = value.type.shape, value.type.dtype
             if dtype is not None and not admits(ann.dtype, dtype):
@@ -1541,10 +1543,18 @@ def annotated_numbers(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
     kind's an i64, as a Python int for it is).  (An unannotated or `float`
     kind parameter's number stays weakly typed, as a Python number for it
     does, and so does a `const` integer's, a compile-time literal given or
-    left out: `_static_value`.)"""
+    left out: `_static_value`.)  A weakly typed array (`arange(n) * 0.5`)
+    bound to a parameter of a dtype is cast to it, as a NumPy array passed
+    for it has it."""
     out = dict(args)
     for p in fdef.params:
         value, dtype = args[p.name], p.ann.dtype if p.ann is not None else None
+        if isinstance(value, WeakVar) and (dtype in FLOATS or dtype in INTS):
+            # (a weakly typed array too: `arange(n) * 0.5`, as a NumPy
+            # array passed for it, is one of the annotation's dtype)
+            check_range_fits(b, value, dtype, span)
+            out[p.name] = b.bind("cast", value, dtype=dtype, span=span)
+            continue
         if not is_static(value) or isinstance(value, (tuple, bool)) or value is None:
             continue
         if dtype in FLOATS:
@@ -1554,6 +1564,18 @@ def annotated_numbers(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
                 and not isinstance(value, RUN_TIME) and not p.is_const:
             out[p.name] = _typed_int(value, number_dtype(dtype), span)
     return out
+
+
+def weak_fits(v: WeakVar, annotated: Optional[str]) -> bool:
+    """Whether a weakly typed array takes an annotation's dtype (None:
+    any), as a number of its kind would (`fit_constant`): a float one any
+    float dtype, an integer one any numeric dtype, a bool one bool."""
+    if annotated is None:
+        return True
+    dtypes = admitted(annotated)
+    if v.type.dtype == "bool":
+        return dtypes == ("bool",)
+    return all(d in FLOATS for d in dtypes) if v.type.is_float else "bool" not in dtypes
 
 
 def _typed_int(value: int, dtype: str, span: Span) -> RunTimeInt:

@@ -144,3 +144,20 @@ def test_a_function_with_a_grad_block_is_lowered_apart_for_2_as_i32_and_as_i64()
     assert (narrow.dtype, wide.dtype) == (np.int32, np.int64)
     np.testing.assert_array_equal(narrow, [2, -4])
     np.testing.assert_array_equal(wide, [2, -4])
+
+
+def test_a_weakly_typed_array_takes_the_annotation_of_the_parameter_it_is_passed_to():
+    m = dsl.loads("def g(x, a: f64[n]):\n    return x * a\n\n"
+                  "def half_steps(x):\n    return g(x, arange(2) * 0.5)\n\n"
+                  "def counts(x, k: i32[n]):\n    return x * k\n\n"
+                  "def steps(x):\n    return counts(x, arange(2))\n")
+    x = np.array([3.0, -2.0], np.float32)
+    # arange(2) * 0.5 stayed weak in g, f32 beside x, where the same values
+    # passed from Python as an f64 array give f64
+    for out in (m.half_steps(x), m.g(x, np.arange(2) * 0.5)):
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(out, [0.0, -1.0])
+    # arange's i64 was refused by `k: i32[n]`: a weak array takes it as a number would
+    assert m.steps(x).dtype == np.float32
+    np.testing.assert_array_equal(m.steps(x), [0.0, -2.0])
+
