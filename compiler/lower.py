@@ -1560,6 +1560,12 @@ def annotated_numbers(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
         if dtype in FLOATS:
             number = value if isinstance(value, Sym) else coerce(value, dtype, span)
             out[p.name] = as_atom(b, number, span, dtype)
+        elif dtype == "bool" and not isinstance(value, Sym):
+            # (0 and 1 are bools, as runtime.args takes them from Python)
+            if value not in (0, 1):
+                raise GradError(f"argument {p.name!r} of {fdef.name}() must hold bool values "
+                                f"(0 or 1), not {value!r}", span)
+            out[p.name] = bool(value)
         elif (dtype in INTS or dtype == "int") and number_type(value) is int \
                 and not isinstance(value, RUN_TIME) and not p.is_const:
             out[p.name] = _typed_int(value, number_dtype(dtype), span)

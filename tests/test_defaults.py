@@ -161,3 +161,18 @@ def test_a_weakly_typed_array_takes_the_annotation_of_the_parameter_it_is_passed
     assert m.steps(x).dtype == np.float32
     np.testing.assert_array_equal(m.steps(x), [0.0, -2.0])
 
+
+def test_a_number_for_a_bool_parameter_is_a_bool_as_from_python():
+    m = dsl.loads("def pick(x, flag: bool = True):\n    return where(flag, x, -x)\n\n"
+                  "def zero(x):\n    return pick(x, 0)\n\n"
+                  "def two(x):\n    return pick(x, 2)\n")
+    x = np.array([1.5, -2.0])
+    # 0 written in the call was an i64 where() refused inside pick ("expected
+    # a bool value"), where Python's 0 is False
+    for out in (m.zero(x), m.pick(x, 0)):
+        np.testing.assert_array_equal(out, [-1.5, 2.0])
+    with pytest.raises(dsl.GradError) as info:
+        m.two(x)
+    assert info.value.message == "argument 'flag' of pick() must hold bool values (0 or 1), not 2"
+    assert (info.value.line, info.value.col) == (8, 12)
+
