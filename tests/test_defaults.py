@@ -74,9 +74,6 @@ def big(k, s: i64 = 1099511627776):
 def size(k, n: i64 = 2):
     return k * n, broadcast_to(0.5, (n - 1,))
 
-def axis(k, s: const i64 = 2):
-    return k * s
-
 def written(k):
     return big(k, 3)
 """
@@ -96,10 +93,6 @@ def test_an_integer_annotation_fixes_the_dtype_of_a_default_and_of_a_caller_numb
         assert product.dtype == np.int64
         np.testing.assert_array_equal(product, [2, -4])
         np.testing.assert_array_equal(ones, [0.5])
-    # a const integer is a compile-time literal, weakly typed, given or not
-    for out in (m.axis(k), m.axis(k, 2)):
-        assert out.dtype == np.int32
-        np.testing.assert_array_equal(out, [2, -4])
 
 
 def test_a_typed_integer_meets_another_annotation_as_an_array_of_its_dtype_does():
