@@ -47,7 +47,7 @@ class Builder:
 
     def bind_multi(self, op: str, *inputs: Atom, span: Span | None = None,
                    hint: str = "", weak: bool = False, **params: Any) -> tuple[Var, ...]:
-        items = tuple(sorted(params.items()))
+        items = tuple(sorted((k, _plain(v)) for k, v in params.items()))
         out_types = output_types(op, [a.type for a in inputs], items, span)
         for t in out_types:
             _check_addressable(t, span)
@@ -71,6 +71,21 @@ class Builder:
     def function(self, name: str, params: Iterable[Var],
                  outputs: Iterable[Atom]) -> Function:
         return Function(name, tuple(params), tuple(self.eqns), tuple(outputs))
+
+
+def _plain(value: Any) -> Any:
+    """A param as the IR holds it: a compile-time number that lowering
+    marks by its class (`values.RunTimeInt`, `ArgumentValue`: a shape or
+    an axis from an integer argument) as the plain int or float it is, in
+    tuples too, so that the IR's types and params hold no lowering's
+    values (`type(d) is int` for a size, as the torch bridge asks)."""
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool) and type(value) is not int:
+        return int(value)
+    if isinstance(value, float) and type(value) is not float:
+        return float(value)
+    return value
 
 
 def _check_addressable(t: TensorType, span: Span | None) -> None:

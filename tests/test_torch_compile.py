@@ -481,6 +481,21 @@ def test_the_operation_runs_a_call_it_knows_without_binding_it_again(monkeypatch
     assert len(slow) == known <= 2
 
 
+def test_a_differentiated_call_with_a_by_value_argument_keeps_its_residuals():
+    # k, a size here, is compiled by value; its `values.RunTimeInt` went
+    # into the IR's shapes, and the results' sizes (3, not `type(d) is
+    # int`) read as known only at run time: the backward ran the forward
+    # pass again instead of reading the residuals the forward kept
+    from dsl import torch_op
+    g = dsl.loads("def g(x: f32[n], k: i32):\n"
+                  "    return broadcast_to(sum(x * x), (k + 1,)) * (k + 1)\n", "g.grad").g
+    call = torch_op.op_call(g, {"x": np.arange(4, dtype=np.float32), "k": np.int32(2)}, ("x",))
+    kept = call.keeping_residuals()
+    assert kept is not call and kept.n_results == 1
+    ((shape, dtype), *residuals) = kept._result_types()
+    assert shape == (3,) and [type(d) for d in shape] == [int] and dtype == np.float32
+
+
 def test_a_loop_over_every_other_row_trains_under_fullgraph():
     # range(1, n, 2) over an axis of size n: for the pattern of sizes the
     # program runs, its trips are no size of the arguments (as above)
