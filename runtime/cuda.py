@@ -921,13 +921,20 @@ class CudaTarget(Target):
 
     def render_loop(self, kname: str, args: list[str], pre: list[str], body: list[str],
                     row: Sequence[str] = (), inner: Optional[str] = None) -> str:
-        lines = ["@cuda.jit", f"def {kname}({', '.join(['n'] + args)}):"]
-        lines += ["    " + line for line in pre]
-        lines.append("    for i in range(cuda.grid(1), n, cuda.gridsize(1)):")
+        loop = ["for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
         if inner is not None:  # one thread per element: its row, then it
-            lines += [f"        j = i % {inner}", "        i0 = i - j"]
-            lines += ["        " + line for line in row]
-        lines += ["        " + line for line in body]
+            loop += [f"    j = i % {inner}", "    i0 = i - j"]
+            loop += ["    " + line for line in row]
+        loop += ["    " + line for line in body]
+        if SIMULATOR:
+            # The simulator runs the body on NumPy scalars, which warn where
+            # the GPU is silent: an integer +, - or * computes in unsigned
+            # 64-bit (`ops._wrapping`), whose wraparound NumPy calls an
+            # overflow (`2 - 3`); as `_SimulatorMath` and a driver's
+            # scalars do, NumPy's warnings are silenced (per thread)
+            loop = ["with np.errstate(all='ignore'):"] + ["    " + line for line in loop]
+        lines = ["@cuda.jit", f"def {kname}({', '.join(['n'] + args)}):"]
+        lines += ["    " + line for line in pre + loop]
         return "\n".join(lines) + "\n"
 
     def launch(self, kname: str, size: str, known: Optional[int], args: list[str],

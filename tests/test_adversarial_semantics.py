@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -284,6 +285,21 @@ def test_integer_arithmetic_that_overflows_wraps_around_as_numpys():
         with np.errstate(all="ignore"):
             np.testing.assert_array_equal(m.least(y), y + np.int64(-2**63))
 
+
+def test_integer_arithmetic_on_the_cuda_simulator_warns_of_no_overflow():
+    # The simulator runs kernels on NumPy scalars; integer +, - and * in
+    # unsigned 64-bit made NumPy warn "overflow encountered in scalar
+    # subtract" for 2 - 3 (and for any negative operand of +), where
+    # nothing overflows and the GPU says nothing
+    m = dsl.loads("def f(y: i64[n], z: i32[n]):\n    return y - 3, -y, z * z + y\n",
+                  target="cuda", host_results=True)
+    y, z = np.array([2, -5, 7]), np.array([-2, 3, -4], np.int32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = m.f(y, z)
+    for value, want in zip(got, (y - 3, -y, z.astype(np.int64) ** 2 + y), strict=True):
+        np.testing.assert_array_equal(value, want)
+    assert [str(w.message) for w in caught] == []
 
 
 # ------------------------------------------- random expression programs
