@@ -934,9 +934,9 @@ class Lowerer:
                 by_value(self, right if isinstance(left, tuple) else left)
             return sequence_arithmetic(op, left, right, span, operand_spans)
         if is_static(left) and is_static(right):
-            if _at_run_time(left, right):
-                return self.run_time_arithmetic(b, op, left, right, span, operand_spans)
             try:
+                if _at_run_time(left, right):
+                    return self.run_time_arithmetic(b, op, left, right, span, operand_spans)
                 return _fold(op, left, right)
             except NeedsConcrete as err:
                 return self.size_number(b, op, (left, right), span, err)
@@ -1007,7 +1007,9 @@ class Lowerer:
         self.size_numbers += 1
         atoms = [_size_operand(b, v, span, divisor=op == "div" and k == 1)
                  for k, v in enumerate(operands)]
-        return b.bind(op, *atoms, span=span, weak=True)
+        # (of a by-value argument's number, f64 as that scalar's arithmetic
+        # is at run time: `x * (n / k)` is f64 for f32 x)
+        return b.bind(op, *atoms, span=span, weak=not _at_run_time(*operands))
 
     def inexact_of_sizes(self, b, op: str, operands: Sequence[Value]) -> None:
         """NeedsConcrete where `op`, a math function whose kernel may differ
@@ -1282,7 +1284,7 @@ def _float_of_sizes(op: str, operands: Sequence) -> bool:
     float: a true division, a square root, or a float among the operands
     (not `n - 1`, an integer)."""
     return op in SIZE_NUMBER_OPS and all(isinstance(v, (int, float, Sym)) for v in operands) \
-        and (op in _FLOAT_RESULT or any(type(v) is float for v in operands))
+        and (op in _FLOAT_RESULT or any(number_type(v) is float for v in operands))
 
 
 def _size_operand(b: Builder, v, span: Span, divisor: bool) -> Atom:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dsl
+import dsl.function
 
 # `len((0,) * (k - k))` is 0 and repeats a tuple k - k times: a count, so
 # the function is compiled for k's value, which then folds what follows.
@@ -152,3 +153,25 @@ def test_a_by_value_argument_meets_arrays_as_the_run_time_scalar_does():
     for index, (got, value) in enumerate(zip(m.f(y, x, k), want, strict=True)):
         assert got.dtype == value.dtype, index
         np.testing.assert_array_equal(got, value, err_msg=f"result {index}")
+
+
+def test_a_float_of_a_size_and_a_by_value_argument_compiles_once_for_every_size(monkeypatch):
+    # `x.shape[0] / k` went past `Lowerer.size_number` (k's arithmetic is
+    # the run time's, which raised the size's NeedsConcrete): the program
+    # was lowered for concrete sizes, one build per size.  Computed at run
+    # time, in f64 as k's arithmetic is (not weak: f64 with f32 x)
+    built = []
+    build_stored = dsl.function.build_stored
+    monkeypatch.setattr(dsl.function, "build_stored",
+                        lambda key, *a, **kw: (built.append(key), build_stored(key, *a, **kw))[1])
+    m = dsl.loads(f"def f(x: f32[s], k: i64):\n{FORCED}"
+                  "    return x * (x.shape[0] / k + k * 0.5 / x.shape[0]) + n\n", "sizes.grad")
+    for size in (4, 5, 6):
+        if size == 5:
+            known = len(built)
+        x = np.arange(size, dtype=np.float32)
+        got = m.f(x, np.int64(3))
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, x.astype(np.float64) * (size / 3 + 1.5 / size),
+                                   rtol=1e-15)
+    assert len(built) == known, built
