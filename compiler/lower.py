@@ -965,7 +965,9 @@ class Lowerer:
         time.  A literal that does not fit the argument's dtype, or a
         negative literal exponent of it, is the error it is at run time."""
         if isinstance(left, Sym) or isinstance(right, Sym):
-            return _fold(op, left, right)  # (NeedsConcrete: then folded with its sizes)
+            # (NeedsConcrete: `binary` makes a float a run-time number, else
+            # the program is lowered for concrete sizes)
+            return _fold(op, left, right)
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
         dtype = x.type.dtype
