@@ -206,16 +206,18 @@ def _one_element(shape: tuple) -> bool:
     return all(d == 1 for d in shape)
 
 
-def _small_power(inputs, out: Var) -> int | None:
-    """n for x ** n with n a literal 0, 2, 3 or 4 (or -1 for floats), which
-    are cheaper and as exact as a constant or products (x * x is correctly
-    rounded, like pow; x ** 3 and x ** 4 within about 1.5 ulp) than a call
-    to pow."""
+def _small_power(inputs, out: Var) -> int | float | None:
+    """n for x ** n with n a literal 0, 2, 3 or 4 (or -1 or 0.5 for floats),
+    which are cheaper and as exact as a constant or products (x * x is
+    correctly rounded, like pow; x ** 3 and x ** 4 within about 1.5 ulp)
+    than a call to pow."""
     x, y = inputs
     if not isinstance(y, Lit) or y.type.shape != () or x.type != out.type:
         return None
-    if y.value in (0, 2, 3, 4) or (y.value == -1 and out.type.dtype in ("f32", "f64")):
+    if y.value in (0, 2, 3, 4):
         return int(y.value)
+    if y.value in (-1, 0.5) and out.type.dtype in ("f32", "f64"):
+        return y.value
     return None
 
 
@@ -227,6 +229,12 @@ def _power_as_products(b: Builder, eqn: Eqn, x: Atom, n: int) -> Eqn:
         return _full(eqn, b.lit(1, out_type.dtype).value)
     if n == -1:
         return Eqn("div", (b.lit(1, x.type.dtype), x), eqn.outputs, (), eqn.span)
+    if n == 0.5:
+        # NumPy's `x ** 0.5` is its sqrt (a fast path of `np.power` for a
+        # scalar exponent): -0.0 at -0.0 and NaN at -inf, where pow gives
+        # 0.0 and inf; and correctly rounded, where the kernels' pow was an
+        # ulp off (2 ** 0.5)
+        return Eqn("sqrt", (x,), eqn.outputs, (), eqn.span)
     if n == 2:
         return Eqn("mul", (x, x), eqn.outputs, (), eqn.span)
     square = b.bind("mul", x, x, span=eqn.span)

@@ -755,3 +755,18 @@ def test_gelu_keeps_its_digits_below_zero():
     x32 = x[:1].astype(np.float32)
     np.testing.assert_allclose(m.ge(x32), x[:1] * tail[:1], rtol=1e-5)
     np.testing.assert_allclose(dsl.grad(m.ge)(x32), tail[:1] + x[:1] * density[:1], rtol=1e-5)
+
+
+def test_a_float_to_the_literal_power_one_half_is_numpys_square_root():
+    # NumPy's `x ** 0.5` is np.sqrt (its power's fast path for a scalar
+    # exponent): -0.0 at -0.0 and NaN at -inf.  The CPU kernels called pow,
+    # whose values there are 0.0 and inf, and which was an ulp off at 2.
+    m = dsl.loads("def f(x):\n    return x ** 0.5\n")
+    for dtype in (np.float32, np.float64):
+        x = np.array([-0.0, -np.inf, 2.0, 0.5, np.inf, -1.0, 1e-40], dtype)
+        with np.errstate(invalid="ignore"):
+            want = x ** 0.5
+        got = m.f(x)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
