@@ -1071,9 +1071,14 @@ class Lowerer:
         if x.type.dtype == "bool":
             x = cast(b, x, "i64")
         out = b.bind(op, x, axes=axes, span=span, **empty) if axes else x
-        if initial is not None:
-            out = b.bind("maximum" if op == "reduce_max" else "add", out,
-                         b.lit(initial, out.type.dtype), span=span)
+        if initial is not None and op == "reduce_max":
+            # initial first: NumPy's reduction starts from it, and so takes an
+            # element equal to it (max(x, initial=-0.0) of zeros is 0.0, and
+            # min(x, initial=0.0) of -0.0s is -0.0), as `maximum` takes its
+            # second operand where neither is greater
+            out = b.bind("maximum", b.lit(initial, out.type.dtype), out, span=span)
+        elif initial is not None:
+            out = b.bind("add", out, b.lit(initial, out.type.dtype), span=span)
         if keepdims:
             kept = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape))
             if out.type.shape != kept:

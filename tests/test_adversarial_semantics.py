@@ -770,3 +770,16 @@ def test_a_float_to_the_literal_power_one_half_is_numpys_square_root():
         assert got.dtype == dtype
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_max_and_min_with_initial_take_an_element_equal_to_it_as_numpys():
+    # NumPy's reduction starts from `initial`, and `maximum` keeps its second
+    # operand where neither is greater: max(zeros, initial=-0.0) is 0.0 and
+    # min(-0.0s, initial=0.0) is -0.0.  They were maximum(reduction,
+    # initial), which kept the initial's zero.
+    m = dsl.loads("def f(x, y):\n"
+                  "    return max(x, initial=-0.0), min(y, initial=0.0)\n")
+    x, y = np.zeros(3), np.full(3, -0.0)
+    got = m.f(x, y)
+    for g, want in zip(got, (np.max(x, initial=-0.0), np.min(y, initial=0.0))):
+        assert np.signbit(g) == np.signbit(want) and g == want
