@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from gradlang.compiler.builder import Builder, inline
-from gradlang.compiler.ir import Atom, Eqn, Function, Lit, Var
+from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, Var
 from gradlang.compiler.ops import OPS, fold, loop_groups, same_value
 
 
@@ -216,6 +216,11 @@ def _small_power(inputs, out: Var) -> int | float | None:
         return None
     if y.value in (0, 2, 3, 4):
         return int(y.value)
+    if out.type.dtype in INTS and isinstance(y.value, int) and y.value > 4:
+        # any: exact as products are, which wrap around as NumPy's power
+        # does (a few dozen multiplies at most); Numba's power multiplies
+        # "no signed wrap", and LLVM took `(x ** 5) // x` for x ** 4
+        return int(y.value)
     if y.value in (-1, 0.5) and out.type.dtype in ("f32", "f64"):
         return y.value
     return None
@@ -237,6 +242,13 @@ def _power_as_products(b: Builder, eqn: Eqn, x: Atom, n: int) -> Eqn:
         return Eqn("sqrt", (x,), eqn.outputs, (), eqn.span)
     if n == 2:
         return Eqn("mul", (x, x), eqn.outputs, (), eqn.span)
+    if n > 4:  # (integers) by squaring, from the exponent's high bits
+        steps = "".join("s" + ("x" if bit == "1" else "") for bit in bin(n)[3:])
+        power = x
+        for step in steps[:-1]:
+            power = b.bind("mul", power, power if step == "s" else x, span=eqn.span)
+        last = power if steps[-1] == "s" else x
+        return Eqn("mul", (power, last), eqn.outputs, (), eqn.span)
     square = b.bind("mul", x, x, span=eqn.span)
     return Eqn("mul", (square, x if n == 3 else square), eqn.outputs, (), eqn.span)
 

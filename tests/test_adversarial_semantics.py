@@ -302,6 +302,16 @@ def test_integer_arithmetic_on_the_cuda_simulator_warns_of_no_overflow():
     assert [str(w.message) for w in caught] == []
 
 
+def test_an_integer_to_a_literal_power_wraps_around_as_numpys_where_compared():
+    # Numba's integer power multiplies "no signed wrap", and LLVM took an
+    # overflow for impossible: `(a ** 5) // a` was a ** 4 for every a (and
+    # `(a ** 6) < 0` False), where NumPy's powers wrap around.
+    m = dsl.loads("def f(a):\n    return (a ** 5) // a\n")
+    a = np.array([3, 2**13 + 1, 2**20 + 3, 2**31 - 1, -(2**21 + 5), 46341])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(m.f(a), (a ** 5) // a)
+
+
 # ------------------------------------------- random expression programs
 # Random trees of elementwise ops, where, broadcasting and reductions over
 # axes (with keepdims), each with its NumPy transcription: the value and
