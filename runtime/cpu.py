@@ -585,9 +585,15 @@ def _strided_rows_add(out, offset, out_steps, x, x_steps, sizes):
 # raises (`index_out_of_range`) before any result exists, and the check
 # costs no pass of its own.  They run serially: on this 2-core machine the
 # row-parallel gather took 3.5x as long as the serial one and a scatter-add
-# parallel over disjoint column lanes 15x as long (`benchmarks/
-# bench_indexing.py`); serial, repeated indices accumulate with no race, in
-# index order.
+# parallel over disjoint column lanes 15x as long (variants indexed signed
+# in 3-d, since replaced in `benchmarks/bench_indexing.py`); serial, repeated
+# indices accumulate with no race, in index order.  Measured again there
+# with rows copied as here (unsigned offsets, AVX-512):
+# the gather in a chunk per thread 1.6x as long, the scatter-add split by
+# the output rows each thread owns 1.8-2x, at load 5-9 on 2 cores, where an
+# empty parallel kernel alone took 0.15 ms (its sleeping worker woken);
+# PyTorch's `index_select` and `index_add_` on one thread took as long as
+# these (their lead in the suite is their second thread).  Scratch timings.
 
 
 @_jit()
