@@ -923,20 +923,19 @@ class CpuTarget(Target):
         inner) elements, over its middle axis into a new `out` as
         `reduce_sum` does (`_reduce`): in f64, then rounded to x's dtype;
         with inner 1 by `_sum_rows`, else each element's rows added in
-        order, as NumPy's `add.reduce` over a middle axis does (its bits
-        on 792 shapes, f32 and f64, scratch).  `give_up`
+        order to 0.0, as NumPy's `add.reduce` over a middle axis does (its
+        bits on 792 shapes, f32 and f64, scratch; from 0.0, not the first
+        row: a sum of -0.0s is 0.0 there).  `give_up`
         where the driver would sum otherwise: one row of
         `PARALLEL_THRESHOLD` elements or more (in chunks), or none."""
         return [f"if {outer} * {reduced} * {inner} == 0 or ({outer} == 1 and {inner} == 1 "
                 f"and {reduced} >= {PARALLEL_THRESHOLD}):", f"    {give_up}",
-                f"{out} = np.empty({outer} * {inner}, np.float64)",
+                f"{out} = np.zeros({outer} * {inner}, np.float64)",
                 f"if {inner} == 1:",
                 f"    sum_rows({x}.reshape(({outer}, {reduced})), {out})",
                 "else:",
                 f"    for o in range({outer}):",
-                f"        for e in range({inner}):",
-                f"            {out}[o * {inner} + e] = {x}[o * {reduced} * {inner} + e]",
-                f"        for r in range(1, {reduced}):",
+                f"        for r in range({reduced}):",
                 f"            at = (o * {reduced} + r) * {inner}",
                 f"            for e in range({inner}):",
                 f"                {out}[o * {inner} + e] = {out}[o * {inner} + e] + {x}[at + e]",

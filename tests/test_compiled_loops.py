@@ -671,6 +671,17 @@ def test_a_hot_loop_summing_over_a_batch_s_rows_runs_compiled_with_the_driver_s_
         h = np.tanh(h @ w + xs[i])
         acc = acc + np.sum(h, axis=0) * 0.5
     np.testing.assert_allclose(compiled, acc, rtol=1e-12)
+    # a sum of -0.0s is 0.0 in NumPy's add.reduce (it adds to 0.0, not to
+    # the first row), so acc = -0.0 + 0.0 * 0.5 is 0.0 each trip: the
+    # compiled form started at the first row and kept -0.0 (h is -0.0 too,
+    # a product of -0.0s and positive weights)
+    zeros = -np.zeros_like(xs)
+    compile_from(10**12)
+    driver = m.f(zeros, np.abs(w))
+    compile_from(0)
+    compiled = m.f(zeros, np.abs(w))
+    assert len(ran) == 2 and ran[1] is not None
+    assert compiled.tobytes() == driver.tobytes() == np.zeros(3).tobytes()
 
 
 def test_a_hot_loop_slicing_gates_runs_compiled_with_the_driver_s_bits(compile_from,
