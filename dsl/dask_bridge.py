@@ -94,10 +94,7 @@ class DaskBound:
         # split over the rows as any argument
         for spec in f.specs:
             if spec.name in self.dask and spec.name in f.static_names(self.values):
-                raise ArgumentError(f"argument {spec.name!r} of {called(f.name)} is `const`: its "
-                                    "value is needed to compile the call, and a Dask array's is "
-                                    "not known until computed; pass it computed (.compute())",
-                                    f.span)
+                raise _value_refusal(f, spec.name, "is `const`" if spec.const else "gives a size")
 
     @staticmethod
     def placeholder(value, where: tuple = ("a value", None)) -> Any:
@@ -143,6 +140,15 @@ class DaskBound:
             self.dask[name] = value
             if whole:
                 self.whole.add(name)
+
+
+def _value_refusal(f: Compiled, name: str, why: str) -> ArgumentError:
+    """The `ArgumentError` of a Dask array for an argument whose value the
+    program is compiled for (`why`: a `const`, one that gives a size),
+    which its stand-in's 0 would silently stand for."""
+    return ArgumentError(f"argument {name!r} of {called(f.name)} {why}: its value is needed to "
+                        "compile the call, and a Dask array's is not known until computed; "
+                        "pass it computed (.compute())", f.span)
 
 
 def _argument(f: Compiled, name: Any) -> tuple[str, Any]:
@@ -241,7 +247,8 @@ def _layout(f: Compiled, bound: DaskBound) -> tuple:
              for n, x in arrays.items()
              if x.ndim and x.shape[0] == first.shape[0] and n not in bound.whole}
     every = {n: x for n, x in arrays.items() if n not in batch}  # Dask, to every block
-    return rows, batch, every, _plan(f, bound.values, frozenset(batch), first.shape[0])
+    return rows, batch, every, _plan(f, bound.values, frozenset(batch), frozenset(arrays),
+                                     first.shape[0])
 
 
 def run_on_dask(f: Compiled, bound: DaskBound) -> list:
@@ -353,13 +360,18 @@ class _Plan:
     """A function's split over the rows for one signature and batch size,
     with its block program built."""
 
-    def __init__(self, f: Compiled, bound: dict, batch: frozenset, n: int):
+    def __init__(self, f: Compiled, bound: dict, batch: frozenset, dask: frozenset, n: int):
         shapes = {name: (BATCH,) + bound[name].shape[1:] for name in batch}
+        refused: list[ArgumentError] = []  # (raised as it is, with no note on `batch`)
+
+        def refuse(name: str) -> None:
+            if name in batch:
+                raise ArgumentError(f"argument {name!r} of {called(f.name)} gives a "
+                                    "size, so it cannot be a Dask array", f.span)
+            if name in dask:  # (one to every block: its stand-in's 0 was compiled for)
+                refused.append(_value_refusal(f, name, "gives a size"))
+                raise refused[-1]
         try:
-            def refuse(name: str) -> None:
-                if name in batch:
-                    raise ArgumentError(f"argument {name!r} of {called(f.name)} gives a "
-                                        "size, so it cannot be a Dask array", f.span)
             fn = f.retrying_by_value(bound, lambda: f.lower_as(bound, shapes), refuse)
         except NeedsConcrete as err:
             _raise_own_error(f, bound)
@@ -369,6 +381,8 @@ class _Plan:
                                 "know (it has some of them); call it on in-memory arrays",
                                 err.at(f.span)) from None
         except GradError as err:
+            if err in refused:
+                raise
             _raise_own_error(f, bound)
             raise GradError(f"{err.message} (on Dask arrays, `batch` is the rows of "
                             f"{_listed(batch)}: arguments that are not "
@@ -435,13 +449,13 @@ class _Runner:
 ROW_PLANS = 64  # plans kept per function (one per shapes of its arguments' blocks)
 
 
-def _plan(f: Compiled, bound: dict, batch: frozenset, n: int) -> _Plan:
+def _plan(f: Compiled, bound: dict, batch: frozenset, dask: frozenset, n: int) -> _Plan:
     key = (tuple((name, a.dtype.str, a.shape, name in batch) for name, a in bound.items()),
            tuple((s, bound[s].item()) for s in sorted(f.static_names(bound))))
     cache = held_by(f, "_row_plans", ROW_PLANS)
     plan = cache.get(key)
     if plan is None:
-        plan = cache[key] = _Plan(f, bound, batch, n)
+        plan = cache[key] = _Plan(f, bound, batch, dask, n)
     return plan
 
 

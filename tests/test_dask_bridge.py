@@ -688,6 +688,19 @@ def test_a_dask_array_for_a_const_parameter_is_an_argument_error_not_its_stand_i
             call()
 
 
+def test_a_dask_array_for_an_argument_giving_a_size_is_an_argument_error_not_its_stand_in_zero():
+    m = dsl.loads("def f(x, k: i64):\n    return sum(x, axis=1) + sum(arange(k) * 1.0)\n",
+                  "size.grad")
+    xs, k = da.from_array(X, chunks=(300, 3)), da.from_array(np.array(3))
+    refused = "size.grad:1:5: error: argument 'k' of f\\(\\) gives a size.*pass it computed"
+    # k's stand-in is 0: the call compiled arange(0), its sum 0.0, silently
+    with pytest.raises(dsl.ArgumentError, match=refused):
+        m.f(xs, k)
+    np.testing.assert_allclose(m.f(xs, 3).compute(), np.sum(X, 1) + 3.0, rtol=1e-12)
+    with pytest.raises(dsl.ArgumentError, match=refused):  # (k now compiled for by value)
+        m.f(xs, k)
+
+
 def test_a_tape_refuses_dask_arrays_rather_than_miss_their_calls():
     # a Dask call is lazy, so no tape records it: watch(dask array) said
     # "convert Python numbers with np.asarray", and a Dask call taking a
