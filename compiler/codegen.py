@@ -1459,10 +1459,7 @@ def _compiled_max(step: Eqn, x: str, dim, define, give_up: str) -> list[str]:
     with `greatest`, as the driver's `R.reduce_max` (`_max_rows`) takes
     them: a maximum is exact, and NaN where any element is.  An empty
     input gives up (the driver then fills or reports an empty axis)."""
-    shape, axes = step.inputs[0].type.shape, tuple(step.p["axes"])
-    if not axes or axes != tuple(range(len(shape) - len(axes), len(shape))):
-        raise _NoCompiledForm
-    rows, length = dim(prod(shape[:len(shape) - len(axes)])), dim(prod(shape[-len(axes):]))
+    rows, length, _ = _reduced_run(step, dim, trailing=True)
     out = define(step.out)
     return [f"if {rows} * {length} == 0:", f"    {give_up}",
             f"{out} = np.empty({rows}, {x}.dtype)",
@@ -1478,13 +1475,22 @@ def _compiled_sum(step: Eqn, x: str, target: Target, dim, define, give_up: str) 
     adjacent axes (a mean of a vector's, a bias's gradient over a batch's
     rows), as the driver's `R.reduce_sum` sums them
     (`Target.sum_in_function`)."""
+    if step.inputs[0].type.dtype not in FLOATS:
+        raise _NoCompiledForm
+    outer, reduced, inner = _reduced_run(step, dim)
+    return target.sum_in_function(x, define(step.out), outer, reduced, inner, give_up)
+
+
+def _reduced_run(step: Eqn, dim, trailing: bool = False) -> tuple[str, str, str]:
+    """The sizes (`dim`'s text) of a reduction's input before, over and
+    after its axes, where they are one run of adjacent axes (with
+    `trailing`, the last ones); else `_NoCompiledForm`."""
     shape, axes = step.inputs[0].type.shape, tuple(sorted(step.p["axes"]))
     if (not axes or axes != tuple(range(axes[0], axes[-1] + 1))
-            or step.inputs[0].type.dtype not in FLOATS):
+            or trailing and axes[-1] != len(shape) - 1):
         raise _NoCompiledForm
-    outer, reduced, inner = (dim(prod(shape[:axes[0]])), dim(prod(shape[axes[0]:axes[-1] + 1])),
-                             dim(prod(shape[axes[-1] + 1:])))
-    return target.sum_in_function(x, define(step.out), outer, reduced, inner, give_up)
+    return (dim(prod(shape[:axes[0]])), dim(prod(shape[axes[0]:axes[-1] + 1])),
+            dim(prod(shape[axes[-1] + 1:])))
 
 
 def _readers(steps: list, outputs) -> dict[Var, int]:

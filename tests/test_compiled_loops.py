@@ -36,6 +36,15 @@ def compile_from(monkeypatch):
 
 
 @pytest.fixture
+def compiled_runs(monkeypatch) -> list:
+    """What each compiled run of a loop returned since (None where it gave
+    up and the driver ran the trips)."""
+    ran, run = [], cpu.run_compiled
+    monkeypatch.setattr(cpu, "run_compiled", lambda *a: ran.append(run(*a)) or ran[-1])
+    return ran
+
+
+@pytest.fixture
 def driver_stacked(monkeypatch):
     """How many values drivers stacked since the last read (a trip stacks
     each of its loop's stacked values through `R.stack_write`; a compiled
@@ -620,17 +629,12 @@ LM = ("from std import log_softmax\n"
       "    return total\n")
 
 
-def test_a_hot_loop_with_a_log_softmax_runs_compiled_with_the_driver_s_bits(compile_from,
-                                                                         monkeypatch):
+def test_a_hot_loop_with_a_log_softmax_runs_compiled_with_the_driver_s_bits(compiled_runs):
     m = dsl.loads(LM, "lm.grad")
     rng = np.random.default_rng(3)
     emb, w, tokens = rng.normal(size=(5, 3)), rng.normal(size=(3, 3)), np.array([1, 4, 0, 4, 2])
-    ran, run = [], cpu.run_compiled
-    monkeypatch.setattr(cpu, "run_compiled", lambda *a: ran.append(run(*a)) or ran[-1])
-    compile_from(10**12)
-    driver = m.lm(emb, w, tokens)
-    compile_from(0)
-    compiled = m.lm(emb, w, tokens)
+    driver, compiled, _ = driver_and_compiled(m.lm, emb, w, tokens)
+    ran = compiled_runs
     assert len(ran) == 1 and ran[0] is not None  # the loop ran compiled
     assert compiled.tobytes() == driver.tobytes()
     h, total = np.zeros(3), 0.0  # and the loop in NumPy
@@ -642,8 +646,8 @@ def test_a_hot_loop_with_a_log_softmax_runs_compiled_with_the_driver_s_bits(comp
     np.testing.assert_allclose(compiled, total, rtol=1e-13)
 
 
-def test_a_hot_loop_summing_over_a_batch_s_rows_runs_compiled_with_the_driver_s_bits(compile_from,
-                                                                              monkeypatch):
+def test_a_hot_loop_summing_over_a_batch_s_rows_runs_compiled_with_the_driver_s_bits(
+        compiled_runs):
     # a sum over a leading axis (a bias's gradient over a batch's rows, here
     # in the forward pass) had no compiled form: a batched RNN's backward
     # loop ran trip by trip however hot (scratch: T = 50, B = 8, d = 16,
@@ -658,12 +662,8 @@ def test_a_hot_loop_summing_over_a_batch_s_rows_runs_compiled_with_the_driver_s_
     rng = np.random.default_rng(4)
     xs = rng.normal(size=(4, 5, 3)) * 10.0 ** rng.integers(-3, 4, (4, 5, 3))
     w = rng.normal(size=(3, 3))
-    ran, run = [], cpu.run_compiled
-    monkeypatch.setattr(cpu, "run_compiled", lambda *a: ran.append(run(*a)) or ran[-1])
-    compile_from(10**12)
-    driver = m.f(xs, w)
-    compile_from(0)
-    compiled = m.f(xs, w)
+    driver, compiled, _ = driver_and_compiled(m.f, xs, w)
+    ran = compiled_runs
     assert len(ran) == 1 and ran[0] is not None  # the loop ran compiled
     assert compiled.tobytes() == driver.tobytes()
     h, acc = xs[0], np.zeros(3)
@@ -676,16 +676,12 @@ def test_a_hot_loop_summing_over_a_batch_s_rows_runs_compiled_with_the_driver_s_
     # compiled form started at the first row and kept -0.0 (h is -0.0 too,
     # a product of -0.0s and positive weights)
     zeros = -np.zeros_like(xs)
-    compile_from(10**12)
-    driver = m.f(zeros, np.abs(w))
-    compile_from(0)
-    compiled = m.f(zeros, np.abs(w))
+    driver, compiled, _ = driver_and_compiled(m.f, zeros, np.abs(w))
     assert len(ran) == 2 and ran[1] is not None
     assert compiled.tobytes() == driver.tobytes() == np.zeros(3).tobytes()
 
 
-def test_a_hot_loop_slicing_gates_runs_compiled_with_the_driver_s_bits(compile_from,
-                                                                      monkeypatch):
+def test_a_hot_loop_slicing_gates_runs_compiled_with_the_driver_s_bits(compiled_runs):
     # an LSTM's gates are slices of one product: `slice` (and its VJPs
     # `embed`, `embed_add`) had no compiled form, so its loops ran trip by trip
     m = dsl.loads("def f(xs, w):\n"
@@ -696,13 +692,8 @@ def test_a_hot_loop_slicing_gates_runs_compiled_with_the_driver_s_bits(compile_f
                   "    return sum(h[1:] * h[1:])\n", "gates.grad")
     rng = np.random.default_rng(5)
     xs, w = rng.normal(size=(3, 2, 4)), rng.normal(size=(2, 4))
-    ran, run = [], cpu.run_compiled
-    monkeypatch.setattr(cpu, "run_compiled", lambda *a: ran.append(run(*a)) or ran[-1])
-    value_and_grad = dsl.value_and_grad(m.f, wrt=(0, 1))
-    compile_from(10**12)
-    driver = value_and_grad(xs, w)
-    compile_from(0)
-    compiled = value_and_grad(xs, w)
+    driver, compiled, _ = driver_and_compiled(dsl.value_and_grad(m.f, wrt=(0, 1)), xs, w)
+    ran = compiled_runs
     assert ran and None not in ran  # the loops in the driver (the backward's) ran compiled
     assert compiled[0].tobytes() == driver[0].tobytes()
     assert all(a.tobytes() == b.tobytes() for a, b in zip(compiled[1], driver[1]))
