@@ -157,12 +157,19 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     # LLVM from vectorizing).  A row reads and writes through views of it
     # indexed by j from 0, which LLVM knows is not negative: indexed by
     # i = i0 + j, each access could wrap around, and it gathered them.
+    # Where the target has an unsigned index type (`Target.unsigned_index`),
+    # a row indexes a whole array at i as that type instead, which cannot
+    # wrap either, and makes no view: each view cost Numba and LLVM work
+    # per array (a kernel of 128 arrays: 5.0 s of compile, 3.1 s without
+    # views, scratch), and the loop compiles to the same vector code.
     access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
     periods = _periods(loop.inputs, loop.shape)
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
     rowwise = bool(periods) or bool(loop.reductions)
-    args, pre, row, body = _read_inputs(loop.inputs, loop.shape, names, rows=rowwise)
+    unsigned = target.unsigned_index if rowwise else None
+    args, pre, row, body = _read_inputs(loop.inputs, loop.shape, names, rows=rowwise,
+                                        unsigned=unsigned)
     kinds: list[tuple[str, Var]] = [("in", v) for v in loop.inputs]
     if periods:
         pre += _least_period(periods)
@@ -172,6 +179,8 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     aux = _aux_args(loop.inputs, loop.shape)
     args += [arg for arg, _ in aux]
     kinds += [("aux", v) for _, v in aux]
+    if unsigned:  # (first: the reads above use it)
+        body.insert(0, f"iu = {unsigned}(i)")
     body += _eqn_lines(loop.eqns, names, target=target)
     summand_of = {o: r.inputs[0] for r in loop.reductions for o in r.outputs}
     summands, reduced = [], []
@@ -179,6 +188,8 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
         if v in summand_of:
             summands.append(names[summand_of[v]])
             reduced.append(f"out{j}")
+        elif unsigned:
+            body.append(f"out{j}[iu] = {names[v]}")
         elif rowwise:
             row.append(f"y{j} = out{j}[i0:]")
             body.append(f"y{j}[j] = {names[v]}")
@@ -388,7 +399,8 @@ def render_row_kernel(group: RowLoop, target: Target) -> tuple[str, str, list[tu
 
 
 def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
-                 rows: bool = False, tag: str = "", only: Optional[set] = None
+                 rows: bool = False, tag: str = "", only: Optional[set] = None,
+                 unsigned: Optional[str] = None
                  ) -> tuple[list[str], list[str], list[str], list[str]]:
     """Kernel arguments `in<k>` for `inputs`, each read at flat index `i`
     of a loop over `shape` as its access kind says, into `a<k>` (recorded
@@ -397,7 +409,10 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
     a row from i0 reads through views `x<k>` at j, and an outer input once.
     Without `rows`, `tag` goes into the names the element lines assign
     (`a<tag><k>`, `j<tag><k>`), and only the inputs in `only` (if given)
-    get element lines: a second section's reads (`render_loop_kernel`)."""
+    get element lines: a second section's reads (`render_loop_kernel`).
+    With `rows` and `unsigned` (the target's `unsigned_index`), an input
+    read at every element is read at `iu`, which the caller's element lines
+    set to i as that type, with no view."""
     args, pre, row, body = [], [], [], []
     for k, v in enumerate(inputs):
         arg, n = f"in{k}", f"{tag}{k}"  # n: of the names the element lines assign
@@ -418,7 +433,9 @@ def _read_inputs(inputs: list[Var], shape, names: dict[Var, str], i: str = "i",
             continue
         if only is not None and v not in only:
             continue
-        if kind == "full" and rows:
+        if kind == "full" and rows and unsigned:
+            body.append(f"a{k} = {arg}[iu]")
+        elif kind == "full" and rows:
             row.append(f"x{k} = {arg}[i0:]")
             body.append(f"a{k} = x{k}[j]")
         elif kind == "full":

@@ -857,6 +857,9 @@ class CpuTarget(Target):
     slices_are_views = True  # (NumPy's basic indexing and np.transpose)
     takes_out_buffers = True
     loop_block = 256  # 2 KiB per f64 value: a block's carried values stay in L1
+    # Numba indexes an array at an unsigned integer with no wraparound
+    # check (`fix_integer_index`), as at a view's j from 0.
+    unsigned_index = "np.uintp"
 
     @property
     def header(self) -> str:

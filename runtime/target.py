@@ -62,6 +62,11 @@ class Target:
     # The most values a fused loop may read and make (its kernel's array
     # arguments, `compiler.fusion`): None for any number.
     max_kernel_arrays: Optional[int] = None
+    # Kernel source converting a flat index to an unsigned integer type,
+    # which its compiler indexes without a negative index's wraparound
+    # (`codegen.render_kernel` reads rows with it), or None: rows read
+    # through views starting at each row.
+    unsigned_index: Optional[str] = None
     # Elements per iteration of a kernel that runs a whole loop (trips in
     # sequence): more than 1 runs each trip over a block of elements, an
     # inner loop the compiler vectorizes (launched by `launch_blocks`).
