@@ -319,3 +319,22 @@ def test_a_scalar_spread_by_a_broadcast_is_read_where_it_is_used():
     s = np.exp(z).sum()
     np.testing.assert_allclose(value, np.mean(z * s), rtol=1e-14)
     np.testing.assert_allclose(grad, s / 7 + np.exp(z) * z.sum() / 7, rtol=1e-13)
+
+
+def test_rows_index_whole_arrays_at_an_unsigned_index():
+    """A CPU kernel running in rows (here a sum, and w broadcast along
+    them) reads and writes each whole array at `iu`, i as an unsigned
+    integer, with no view per array per row (each cost Numba and LLVM
+    compile time): values and gradients are NumPy's on every row."""
+    m = dsl.loads("def f(x, w, c):\n    return sum(tanh(x * w + c) * x)\n")
+    rng = np.random.default_rng(0)
+    x, w, c = rng.standard_normal((3, 5)), rng.standard_normal(5), 0.25
+    vg = dsl.value_and_grad(m.f, wrt=(0, 1))
+    value, (gx, gw) = vg(x, w, c)
+    t = np.tanh(x * w + c)
+    d = (1 - t * t) * x
+    np.testing.assert_allclose(value, np.sum(t * x), rtol=1e-12)
+    np.testing.assert_allclose(gx, t + d * w, rtol=1e-12)
+    np.testing.assert_allclose(gw, np.sum(d * x, axis=0), rtol=1e-12)
+    source = vg.program(vg.bind((x, w, c), {})).generated.kernel_source
+    assert "in0[iu]" in source and "out0[iu] =" in source and "[i0:]" not in source
