@@ -47,8 +47,8 @@ from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, RunTimeInt,
                                       StaticList, Value, as_atom, as_results, cast,
                                       check_range_fits, entry_results, is_static, number_type,
-                                      run_time_number, sequence_kind, unify, weak_float_dtype,
-                                      weak_number, weak_result)
+                                      run_time_atom, run_time_number, sequence_kind, unify,
+                                      weak_float_dtype, weak_number, weak_result)
 from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -647,7 +647,9 @@ class Lowerer:
         return b.bind(op, x, y, span=e.span)
 
     def apply_BoolOp(self, b, e: ast.BoolOp, left: Value, right: Value) -> Value:
-        if is_static(left) and is_static(right):
+        # (a by-value argument's number is its run-time scalar, no bool: the
+        # same error as at run time, not Python's `k and 3`)
+        if is_static(left) and is_static(right) and not _at_run_time(left, right):
             return (left and right) if e.op == "and" else (left or right)
         x, y = self.as_bool(b, left, e.span), self.as_bool(b, right, e.span)
         return b.bind("logical_" + e.op, x, y, span=e.span)
@@ -655,7 +657,7 @@ class Lowerer:
     def expr_UnaryOp(self, b, e: ast.UnaryOp, env):
         v = self.expr(b, e.operand, env)
         if e.op == "not":
-            if is_static(v):
+            if is_static(v) and not isinstance(v, RUN_TIME):  # (`not k`: as apply_BoolOp)
                 return not v
             return b.bind("logical_not", self.as_bool(b, v, e.span), span=e.span)
         if is_static(v):
@@ -670,8 +672,9 @@ class Lowerer:
     def as_bool(self, b, v: Value, span,
                 role: str = "an operand of `and`, `or` or `not`") -> Atom:
         """v as a bool array; `role` names it where it is not one and
-        depends on a grad block's upstream (`defer_in_block`)."""
-        a = as_atom(b, v, span)
+        depends on a grad block's upstream (`defer_in_block`).  A by-value
+        argument's number is the scalar of its dtype (`run_time_atom`)."""
+        a = as_atom(b, run_time_atom(b, v, span), span)
         if a.type.dtype != "bool":
             self.defer_in_block(GradError(f"expected a bool value, got {a.type.dtype}", span))
             a = b.bind("ne", a, Lit(0, TensorType(a.type.dtype, ())), span=span, role=role)

@@ -175,3 +175,15 @@ def test_a_float_of_a_size_and_a_by_value_argument_compiles_once_for_every_size(
         np.testing.assert_allclose(got, x.astype(np.float64) * (size / 3 + 1.5 / size),
                                    rtol=1e-15)
     assert len(built) == known, built
+
+
+@pytest.mark.parametrize("expression", ["not k", "k and 3", "1 < 2 and k"])
+def test_a_by_value_argument_is_no_bool_as_the_run_time_scalar_is_not(expression):
+    # `not k` and `k and 3` folded as Python's by value (False, 3), where
+    # with k a run-time i64 scalar they are an error: the same error, at
+    # the same place, before any kernel is compiled.
+    for forced in ("", FORCED):
+        with pytest.raises(dsl.GradError, match=r"bool\.grad:\d+:\d+: .*expected a bool value, "
+                                                 r"got i64"):
+            dsl.loads(f"def f(y: i32[2], k: i64):\n{forced}    return y * ({expression})\n",
+                      "bool.grad").f(np.array([3, -4], np.int32), np.int64(3))
