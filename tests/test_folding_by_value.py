@@ -187,3 +187,14 @@ def test_a_by_value_argument_is_no_bool_as_the_run_time_scalar_is_not(expression
                                                  r"got i64"):
             dsl.loads(f"def f(y: i32[2], k: i64):\n{forced}    return y * ({expression})\n",
                       "bool.grad").f(np.array([3, -4], np.int32), np.int64(3))
+
+
+def test_a_by_value_argument_is_no_if_condition_as_the_run_time_scalar_is_not():
+    # `if k:` took the branch by value (Python's truth of 3), where with k
+    # a run-time i64 scalar it is an error: the same error by value.
+    for forced in ("", FORCED):
+        with pytest.raises(dsl.GradError, match=r"if\.grad:\d+:8: .*an if condition must be "
+                                                 r"known at compile time or be a scalar bool"):
+            dsl.loads(f"def f(y: i32[2], k: i64):\n{forced}    r = y\n    if k:\n"
+                      "        r = y * 2\n    return r\n", "if.grad").f(
+                np.array([3, -4], np.int32), np.int64(3))
