@@ -46,7 +46,23 @@ class ArgumentValue(int):
         return int(self), self.name
 
 
-class RunTimeInt(int):
+class _RunTimeNumber:
+    """What `RunTimeInt` and `RunTimeFloat` share: a number (the class's
+    other base, `int` or `float`) that carries the dtype of the run-time
+    scalar it stands for."""
+
+    dtype: str
+
+    def __new__(cls, value, dtype: str):
+        self = super().__new__(cls, value)
+        self.dtype = dtype
+        return self
+
+    def __getnewargs__(self) -> tuple:  # (pickle, copy: the number's own lack the dtype)
+        return super().__getnewargs__() + (self.dtype,)
+
+
+class RunTimeInt(_RunTimeNumber, int):
     """The value of an integer argument that the program is compiled for
     by value (`builtins.by_value`: one a shape or an axis takes, not
     declared `const`), or integer arithmetic on it, as lowering sees it: a
@@ -59,18 +75,8 @@ class RunTimeInt(int):
     result.  Python's arithmetic on it (the compiler's own: `axis + 1`)
     gives a plain int."""
 
-    dtype: str
 
-    def __new__(cls, value: int, dtype: str) -> "RunTimeInt":
-        self = super().__new__(cls, value)
-        self.dtype = dtype
-        return self
-
-    def __getnewargs__(self) -> tuple:  # (pickle, copy: int's lacks the dtype)
-        return int(self), self.dtype
-
-
-class RunTimeFloat(float):
+class RunTimeFloat(_RunTimeNumber, float):
     """A float that exact arithmetic on a `RunTimeInt` gave (`k * 0.5`, `k
     / 2`, `1 / k`): the value of the run-time scalar of `dtype` (f64) that
     the same arithmetic computes where the argument is not taken by value,
@@ -78,16 +84,6 @@ class RunTimeFloat(float):
     `RunTimeInt`'s kin: arithmetic on it folds as the run time's, and where
     it meets arrays it is an array of its dtype (f64 with f32 x); it stays
     a compile-time number (`full_like(x, k * 0.5)`)."""
-
-    dtype: str
-
-    def __new__(cls, value: float, dtype: str) -> "RunTimeFloat":
-        self = super().__new__(cls, value)
-        self.dtype = dtype
-        return self
-
-    def __getnewargs__(self) -> tuple:
-        return float(self), self.dtype
 
 
 # compile-time numbers that stand for run-time scalars
