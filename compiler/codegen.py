@@ -162,7 +162,6 @@ def render_kernel(loop: Loop, target: Target) -> tuple[str, str, list[tuple[str,
     # wrap either, and makes no view: each view cost Numba and LLVM work
     # per array (a kernel of 128 arrays: 5.0 s of compile, 3.1 s without
     # views, scratch), and the loop compiles to the same vector code.
-    access = [access_kind(v.type.shape, loop.shape) for v in loop.inputs]
     periods = _periods(loop.inputs, loop.shape)
     inner = "inner" if periods else None
     # A sum runs in rows even with no broadcast input: rows of any length.
@@ -1441,7 +1440,6 @@ def _compiled_region(step: Eqn, x: list[str], dim, define, same_array, owns,
     if op == "slice":
         out = define(step.out)
         lines.append(f"{out} = np.empty({elements(step.out)}, {x[0]}.dtype)")
-        small, big = x[0], out  # (placeholders: the copy reads big at its index)
     elif op == "embed":
         out = define(step.out)
         lines += [f"{out} = np.zeros({elements(step.out)}, {x[0]}.dtype)"]
@@ -1454,18 +1452,18 @@ def _compiled_region(step: Eqn, x: list[str], dim, define, same_array, owns,
     part = x[0] if op != "embed_add" else x[1]
     strides = [prod(whole[j + 1:]) for j in range(len(whole))]
     index = " + ".join(f"({dim(a)} + k{j} * i64({c})) * {dim(st)}"
-                       for j, (a, c, st) in enumerate(zip(p["starts"], p["steps"], strides)))
+                       for j, (a, c, st) in enumerate(zip(p["starts"], p["steps"], strides))) or "0"
     lines.append("e = 0")
     indent = ""
     for j, d in enumerate(region):
         lines.append(f"{indent}for k{j} in range({dim(d)}):")
         indent += "    "
     if op == "slice":
-        lines.append(f"{indent}{out}[e] = {part}[{index or '0'}]")
+        lines.append(f"{indent}{out}[e] = {part}[{index}]")
     elif op == "embed_add" and not p.get("assign", False):
-        lines.append(f"{indent}{out}[{index or '0'}] = {out}[{index or '0'}] + {part}[e]")
+        lines.append(f"{indent}{out}[{index}] = {out}[{index}] + {part}[e]")
     else:
-        lines.append(f"{indent}{out}[{index or '0'}] = {part}[e]")
+        lines.append(f"{indent}{out}[{index}] = {part}[e]")
     lines.append(f"{indent}e += 1")
     return lines
 
