@@ -734,9 +734,11 @@ class _Driver:
                              lambda loop: None if self.in_driver(loop) else self.kernel_of(loop)[0])
 
     def function(self, fn: Function, top: bool = False, steps: Optional[list] = None,
-                 small_products: bool = False, owned: frozenset = frozenset()) -> _Rendered:
-        """`steps`: fn's (`steps`), when the caller made them; with
-        `small_products`, a product runs as `compiled_loop`'s do; `owned`:
+                 fits: Optional[str] = None, owned: frozenset = frozenset()) -> _Rendered:
+        """`steps`: fn's (`steps`), when the caller made them; `fits`: in
+        the body of a loop with a compiled form, the name of the driver's
+        value that says whether it may run (`R.products_fit`), with which
+        a product runs as the compiled form's do (`R.loop_matmul`); `owned`:
         parameters whose arrays the caller hands over (a loop body's
         carried values, `loop`), which fn may add into in place."""
         target = self.target
@@ -856,7 +858,7 @@ class _Driver:
                 # reshape or slice is a reader): the zeros of a gradient.
                 owned = OPS[step.op].adds_into_first and step.inputs[0] in fresh \
                     and readers[step.inputs[0]] == 1
-                lines.append(_render_eqn(step, ref, define, owned, small_products))
+                lines.append(_render_eqn(step, ref, define, owned, fits))
                 # A slice or transpose reads its input where it is (a view of
                 # it, or on a device a gather of its result alone): x[0] of a
                 # zero-stride x of 2**40 elements makes nothing that large.
@@ -994,7 +996,8 @@ class _Driver:
                                if isinstance(s, Eqn) and OPS[s.op].adds_into_first)
         owned = [v in added_into for v in carry_params]
         whole = _invariants_read_whole(body, p, steps, self.target.slices_are_views)
-        inner = self.function(body, steps=steps, small_products=compiled is not None,
+        inner = self.function(body, steps=steps,
+                              fits=None if compiled is None else f"{pre}fits",
                               owned=added_into & set(carry_params))
         lines = [f"def {bname}({', '.join(inner.params)}):"] + ["    " + l for l in inner.lines]
         bound_lines, trips = self.loop_bounds(eqn, ref, pre)
@@ -1032,8 +1035,10 @@ class _Driver:
             lines += trip_lines
         else:
             kname, self.kernels[kname], products, passed = compiled
-            small = "".join(f" and R.small_product({', '.join(map(render, dims))})"
-                            for dims in products)
+            # (a product's sizes as a tuple; the body's trips read the
+            # answer too, so that theirs are the compiled form's bits)
+            sizes = "".join(f", ({', '.join(map(render, dims))})" for dims in products)
+            lines.append(f"{pre}fits = R.products_fit({len(steps) + 1}{sizes})")
             given = [f"R.flat({c})" for c in carried]
             given += [f"R.loop_invariant({a})" for a in invariant_refs]
             given += [f"R.loop_stacked({ref(a)})" for a in stacked]
@@ -1041,7 +1046,7 @@ class _Driver:
             given += [size_variable(f) for f in passed]
             call = ", ".join([f"H, {k}, K.{kname}", trips, f"{pre}start", f"{pre}step"] + given)
             lines.append(f"{pre}r = R.run_compiled({call}) "
-                         f"if R.loop_is_hot(H, {k}, {trips}){small} else None")
+                         f"if R.loop_is_hot(H, {k}, {trips}) and {pre}fits else None")
             lines.append(f"if {pre}r is not None:")
             if carried:
                 lines.append(f"    {', '.join(carried)}, = {pre}r")
@@ -1112,8 +1117,8 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     as one function the target compiles (`Target.compiles_loops`): its
     name, its module's source (the kernels of the body's fused loops, then
     the function), the (rows, inner, columns) of each product in the
-    body, which the driver checks are small (`R.small_product`) before it
-    calls the function, and the size symbols the driver passes it.  None
+    body, which the driver weighs (`R.products_fit`) before it calls the
+    function, and the size symbols the driver passes it.  None
     if the target compiles no such function, or the body holds a step it
     has no form for: a nested loop, any op but the fused loops' (sums
     included), row loops, a `reduce_max` over trailing axes, a float
@@ -1739,9 +1744,10 @@ def _render_check(eqn: Eqn, ref) -> str:
 
 
 def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,
-                small_products: bool = False) -> str:
-    """A non-loop step: a call into the target's helper module `R`
-    (a product by `R.loop_matmul` with `small_products`)."""
+                fits: Optional[str] = None) -> str:
+    """A non-loop step: a call into the target's helper module `R` (a
+    product by `R.loop_matmul`, told `fits`, in a loop with a compiled
+    form: `_Driver.function`)."""
     x = [ref(a) for a in eqn.inputs]
     p = eqn.p
     out = define(eqn.outputs[0])
@@ -1765,7 +1771,9 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,
         return (f"{out} = R.reduce_max({x[0]}, {tuple(p['axes'])!r}, {where!r}, "
                 f"{p.get('empty')!r})")
     if op == "matmul":
-        return f"{out} = R.{'loop_matmul' if small_products else 'matmul'}({x[0]}, {x[1]})"
+        if fits is not None:
+            return f"{out} = R.loop_matmul({x[0]}, {x[1]}, {fits})"
+        return f"{out} = R.matmul({x[0]}, {x[1]})"
     if op == "reshape":
         return f"{out} = R.reshape({x[0]}, {render_shape(p['shape'])})"
     if op == "transpose":

@@ -98,22 +98,34 @@ def transpose(x: np.ndarray, perm: tuple) -> np.ndarray:
 # (`loop_is_hot`): a loop compiles once its trips have cost about what
 # the compile does (0.2-0.5 s), and a program run a few times never does.
 LOOP_COMPILE_TRIPS = 50_000
-# The most multiply-adds a product in such a loop may take (rows x inner
-# x columns) and still run in it (`cpu_math.matrix_product`'s loops, as
-# the driver's trips run it too, so that both give the same bits): a
-# 64-vector times a 64 x 64 matrix; and up to WIDE_PRODUCT where its rows
-# are at least WIDE_COLUMNS long (the loops run along them, vectorized): a
-# 256-vector through a 256 x 256 matrix.  A larger one is BLAS's, which
-# only the driver calls.  Since the backward trip stopped computing the
-# forward's product again and adding a rank-one update (the stacked
-# products, the trip sums), an RNN's gradient over 1,000 steps took 2.5 ms
-# compiled against 9.7 in the driver at 96, 4.7 against 11.4 at 128, 10.9
-# against 21.3 at 256 (and 55 against 70 at 512, left to BLAS); a batch of
-# 64 rows of 32 took 20 ms against 17, so narrow rows stay BLAS's (scratch
-# timings; `benchmarks/run.py --only loop` has 16, 64, 256 and 512).
+# The most multiply-adds a product in such a loop takes (rows x inner x
+# columns) where `cpu_math.matrix_product`, which the compiled form runs
+# (and the driver's trips too, so that both give the same bits), is as
+# fast as BLAS: a 64-vector times a 64 x 64 matrix; and up to WIDE_PRODUCT
+# where its rows are at least WIDE_COLUMNS long (the loops run along them,
+# vectorized): a 256-vector through a 256 x 256 matrix.  Since the backward
+# trip stopped computing the forward's product again and adding a rank-one
+# update (the stacked products, the trip sums), an RNN's gradient over
+# 1,000 steps took 2.5 ms compiled against 9.7 in the driver at 96, 4.7
+# against 11.4 at 128, 10.9 against 21.3 at 256 (scratch timings;
+# `benchmarks/run.py --only loop` has 16, 64, 256 and 512).
 SMALL_PRODUCT = 1 << 12
 WIDE_PRODUCT = 1 << 16
 WIDE_COLUMNS = 64
+# A larger product is up to about twice as fast in BLAS, which only the
+# driver calls; but the driver's trip pays some microseconds of Python for
+# each of its steps, which the compiled form does not: about what BLAS
+# saves on WIDE_PRODUCT multiply-adds of a product with narrow rows (64 x
+# 32 times 32 x 32: 7 us by `matrix_product`, 3.5 by BLAS, single-
+# threaded).  So a loop runs compiled while its larger products take no
+# more than STEP_WORTH multiply-adds per step of its trip
+# (`products_fit`).  Per product, an LSTM's backward trip (the gates'
+# cotangents, 4n wide, times the weights' transpose: rows of n) ran in the
+# driver at a batch of 4 and n = 32, 39 ms for 300 steps against 9 ms
+# compiled; a batch of 64 rows of 32 through an RNN 149 ms for 1,000
+# steps against 65 (scratch timings, single-threaded BLAS, a loaded
+# machine).
+STEP_WORTH = WIDE_PRODUCT
 
 
 def loop_is_hot(counts: dict, loop: int, trips: int) -> bool:
@@ -177,16 +189,30 @@ def loop_invariant(x: np.ndarray) -> Optional[np.ndarray]:
 
 
 def small_product(rows: int, inner: int, columns: int) -> bool:
+    """Whether `matrix_product` is as fast as BLAS at a product of these sizes."""
     work = rows * inner * columns
     return work <= SMALL_PRODUCT or (work <= WIDE_PRODUCT and columns >= WIDE_COLUMNS)
 
 
-def loop_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b in the body of a loop that may run compiled: a small product
-    as the compiled loop computes it, a larger one BLAS's (the loop then
-    never runs compiled: `small_product`)."""
+def products_fit(steps: int, *products: tuple) -> bool:
+    """Whether a loop whose trip runs `steps` steps in the driver, and
+    makes `products` (each (rows, inner, columns)), runs compiled when hot:
+    where the multiply-adds of its products BLAS is faster at (not
+    `small_product`) come to at most STEP_WORTH per step, what the steps
+    cost in the driver."""
+    larger = sum(rows * inner * columns for rows, inner, columns in products
+                 if not small_product(rows, inner, columns))
+    return larger <= steps * STEP_WORTH
+
+
+def loop_matmul(a: np.ndarray, b: np.ndarray, fits: bool) -> np.ndarray:
+    """a @ b in the body of a loop that may run compiled (`fits`: where
+    `products_fit` lets it): as the compiled loop computes it where the
+    loop may run compiled or the product is small, so that the trips and
+    the compiled form give the same bits; else BLAS's (the loop then never
+    runs compiled)."""
     (n, k), m = a.shape, b.shape[1]
-    if small_product(n, k, m):
+    if fits or small_product(n, k, m):
         return cpu_math.matrix_product(flat(a), flat(b), n, k, m).reshape(n, m)
     return matmul(a, b)
 
