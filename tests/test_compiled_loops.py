@@ -200,7 +200,9 @@ BATCHED_RNN = ("def rnn(xs: f64[t, b, d], h: f64[b, d], w: f64[d, d]):\n"
 
 @pytest.mark.parametrize("source, shape, compiled", [
     (RNN, (80,), True),  # 6,400 multiply-adds along rows of 80
-    # 8,192 along rows of 32: BLAS's is faster, by less than a driver's step costs
+    # 8,192 along rows of 32: BLAS's is faster, by less than a driver's step
+    # costs (as at an LSTM's backward trip: the gates' cotangents, 4n wide,
+    # times the weights' transpose, rows of n)
     (BATCHED_RNN, (8, 32), True),
     (BATCHED_RNN, (2, 64), True),  # 8,192 along rows of 64
     (BATCHED_RNN, (8, 256), False)])  # 524,288: more than its few steps are worth
@@ -704,44 +706,3 @@ def test_a_hot_loop_slicing_gates_runs_compiled_with_the_driver_s_bits(compiled_
     for k, g in enumerate(compiled[1]):
         np.testing.assert_allclose(g, central_difference(m.f, [xs, w], k), rtol=1e-7, atol=1e-9)
 
-
-LSTM = ("def lstm(xs, h, c, wx, wh, bias):\n"
-        "    n = h.shape[1]\n"
-        "    for i in range(xs.shape[0]):\n"
-        "        z = xs[i] @ wx + h @ wh + bias\n"
-        "        c = sigmoid(z[:, n:2 * n]) * c + sigmoid(z[:, :n]) * tanh(z[:, 3 * n:])\n"
-        "        h = sigmoid(z[:, 2 * n:3 * n]) * tanh(c)\n"
-        "    return sum(h * h) + sum(c)\n")
-
-
-def numpy_lstm(xs, h, c, wx, wh, bias):
-    n = h.shape[1]
-    sigmoid = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
-    for x in xs:
-        z = x @ wx + h @ wh + bias
-        c = sigmoid(z[:, n:2 * n]) * c + sigmoid(z[:, :n]) * np.tanh(z[:, 3 * n:])
-        h = sigmoid(z[:, 2 * n:3 * n]) * np.tanh(c)
-    return np.sum(h * h) + np.sum(c)
-
-
-def test_an_lstm_s_backward_loop_runs_compiled_with_the_driver_s_bits(compiled_runs):
-    # its backward trip multiplies the gates' cotangents (b x 4n) by the
-    # weights' transpose: rows of n, 8 x 64 x 16 here, more than
-    # `matrix_product` is as fast at as BLAS, so the loop ran trip by trip
-    # however hot, though its steps cost far more in the driver
-    m = dsl.loads(LSTM, "lstm.grad")
-    rng = np.random.default_rng(6)
-    b, n = 8, 16
-    args = [rng.normal(size=(3, b, 1)), rng.normal(size=(b, n)) * 0.5,
-            rng.normal(size=(b, n)) * 0.5, rng.normal(size=(1, 4 * n)),
-            rng.normal(size=(n, 4 * n)) / n, rng.normal(size=4 * n) * 0.5]
-    assert not cpu.small_product(b, 4 * n, n)
-    driver, compiled, _ = driver_and_compiled(
-        dsl.value_and_grad(m.lstm, wrt=tuple(range(6))), *args)
-    ran = compiled_runs
-    assert len(ran) == 2 and None not in ran  # the forward's loop and the backward's
-    assert_same(compiled, driver)
-    np.testing.assert_allclose(compiled[0], numpy_lstm(*args), rtol=1e-13)
-    for k, g in enumerate(compiled[1]):
-        np.testing.assert_allclose(g, central_difference(numpy_lstm, args, k),
-                                   rtol=1e-6, atol=1e-8)
