@@ -1124,7 +1124,8 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     included), row loops, a `reduce_max` over trailing axes, a float
     `reduce_sum` over adjacent ones, `dim`, a `slice` of positive steps,
     `embed`, `embed_add`, `reshape`, `full`, a 2-d `transpose`, a 2-d
-    float `matmul`, `take` and `scatter_add`, or a size the driver has not
+    float `matmul`, `take`, `scatter_add` and their `_along` forms (a
+    batch's cross-entropy), or a size the driver has not
     bound (`bound`) nor a flat argument gives.
 
     Its arguments: trips, start, step, the carried values (copied first,
@@ -1136,8 +1137,8 @@ def compiled_loop(eqn: Eqn, steps: list, target: Target, kernel_of: Callable,
     then runs the trips, which report it.  The body's values are flat
     C-order arrays too, so a reshape is no step; the fused loops' kernels
     are the driver's, the products `cpu_math.matrix_product`, the gathers
-    and scatter-adds `cpu_math.gather_rows` and `scatter_rows`, which the
-    driver's trips call too (`R.loop_matmul`, `R.take`, `R.scatter_add`):
+    and scatter-adds `cpu_math`'s (`_INDEX_HELPERS`), which the driver's
+    trips call too (`R.loop_matmul`, `R.take`, `R.scatter_add`, ...):
     the same bits either way.  A scatter-add adds in place into a carried
     value or one a step made, where nothing else reads it."""
     if not target.compiles_loops:
@@ -1284,6 +1285,13 @@ def _rank_one_updates(steps: list, readers: dict[Var, int]) -> dict[int, Eqn]:
     return found
 
 
+# The gathers and scatter-adds a compiled loop runs, by op: the `cpu_math`
+# helpers the driver's `R.take` and friends call, for the same bits (the
+# `_along` ones: a batch's cross-entropy picks each row's target).
+_INDEX_HELPERS = {"take": "gather_rows", "scatter_add": "scatter_rows",
+                  "take_along_axis": "gather_along", "scatter_add_along_axis": "scatter_along"}
+
+
 def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str, str],
                    products: list, ref, dim, names: dict[Var, str], fresh: set[Var],
                    owns: Callable[[Var], bool], give_up: str,
@@ -1382,21 +1390,22 @@ def _compiled_step(step, target: Target, kernel_of: Callable, kernels: dict[str,
         check = [f"if {value} == 0:", f"    {give_up}"] if p.get("nonzero") else []
         return check + [f"{out} = np.empty(1, {numpy_spelling(p['dtype'])})",
                         f"{out}[0] = {value}"]
-    if op in ("take", "scatter_add"):
+    if op in _INDEX_HELPERS:
+        helper = _INDEX_HELPERS[op]
         shape, axis = step.inputs[0].type.shape, p["axis"]
         views = f"{dim(prod(shape[:axis]))}, {dim(shape[axis])}, {dim(prod(shape[axis + 1:]))}"
-        if op == "take":
+        if op in ("take", "take_along_axis"):
             out = define(step.out)
             lines = [f"{out} = np.empty({elements(step.out)}, "
                      f"{numpy_spelling(step.out.type.dtype)})",
-                     f"bad = gather_rows({x[0]}, {x[1]}, {out}, {views})"]
+                     f"bad = {helper}({x[0]}, {x[1]}, {out}, {views})"]
         elif owns(step.inputs[0]):  # added into in place
             same_array(step.out, step.inputs[0])
-            lines = [f"bad = scatter_rows({x[0]}, {x[1]}, {x[2]}, {views})"]
+            lines = [f"bad = {helper}({x[0]}, {x[1]}, {x[2]}, {views})"]
         else:
             out = define(step.out)
             lines = [f"{out} = {x[0]}.copy()",
-                     f"bad = scatter_rows({out}, {x[1]}, {x[2]}, {views})"]
+                     f"bad = {helper}({out}, {x[1]}, {x[2]}, {views})"]
         return lines + ["if bad >= 0:", f"    {give_up}"]
     raise _NoCompiledForm
 

@@ -604,7 +604,8 @@ def _strided_rows_add(out, offset, out_steps, x, x_steps, sizes):
 # ------------------------------------------------- gathers and scatter-adds
 # The `index` ops of `compiler.ops`, over (outer, axis, inner) views (the
 # gather and the scatter-add are `cpu_math.gather_rows` and `scatter_rows`,
-# which a compiled loop calls too; the `_along` ones are here).  Each
+# the `_along` ones `gather_along` and `scatter_along`, which a compiled
+# loop calls too).  Each
 # kernel checks every index as it goes and returns the position of the
 # first out of range (or -1) where it stops: it writes only into the array
 # it was given to fill, which the driver then never sees, so a bad index
@@ -622,46 +623,25 @@ def _strided_rows_add(out, offset, out_steps, x, x_steps, sizes):
 # these (their lead in the suite is their second thread).  Scratch timings.
 
 
-@_jit()
-def _take_along(x, idx, out):
-    n, m, inner = x.shape[1], idx.shape[1], x.shape[2]
-    for t in range(idx.size):
-        o, k, i = t // (m * inner), (t // inner) % m, t % inner
-        j = idx[o, k, i]
-        if j < -n or j >= n:
-            return t
-        out[o, k, i] = x[o, j + n if j < 0 else j, i]
-    return -1
-
-
-@_jit()
-def _scatter_along(out, idx, values):
-    n, m, inner = out.shape[1], idx.shape[1], out.shape[2]
-    for t in range(idx.size):
-        o, k, i = t // (m * inner), (t // inner) % m, t % inner
-        j = idx[o, k, i]
-        if j < -n or j >= n:
-            return t
-        out[o, j + n if j < 0 else j, i] += values[o, k, i]
-    return -1
-
-
 def _checked(bad: int, idx: np.ndarray, n: int, where: str) -> None:
     """Raise for the index at flat position `bad` (a kernel's verdict)."""
     if bad >= 0:
         index_out_of_range(where, int(np.ravel(idx)[bad]), n)
 
 
-def _view(x: np.ndarray, axis: int, written: bool = False) -> np.ndarray:
-    """x as (outer, n, inner) around `axis`, C-contiguous; read-only unless
-    `written` (Numba compiles a helper once per readonly-ness of each
-    argument: a user's read-only index array and a writable one compiled
-    `_take_along` twice)."""
-    view = np.ascontiguousarray(x).reshape(index_views(x.shape, axis))
-    if not written:
-        view = view.view()
-        view.flags.writeable = False
+def _flat_view(x: np.ndarray) -> np.ndarray:
+    """x flat in C order, read-only (Numba compiles a helper once per
+    readonly-ness of each argument: a user's read-only index array and a
+    writable one compiled the gather twice)."""
+    view = np.ascontiguousarray(x).reshape(-1).view()
+    view.flags.writeable = False
     return view
+
+
+def _view(x: np.ndarray, axis: int) -> np.ndarray:
+    """x as (outer, n, inner) around `axis`, C-contiguous and read-only
+    (as `_flat_view`)."""
+    return _flat_view(x).reshape(index_views(x.shape, axis))
 
 
 def _out_of_range(idx: np.ndarray, n: int) -> int:
@@ -708,7 +688,8 @@ def take_along_axis(x: np.ndarray, idx: np.ndarray, axis: int, where: str) -> np
     copied."""
     out = np.empty(idx.shape, x.dtype)
     if x.flags.c_contiguous:
-        bad = _take_along(_view(x, axis), _view(idx, axis), out.reshape(_view(idx, axis).shape))
+        bad = cpu_math.gather_along(_flat_view(x), _flat_view(idx), out.reshape(-1),
+                                    *index_views(x.shape, axis))
     else:
         bad = _out_of_range(idx, x.shape[axis])
         if bad < 0:
@@ -734,7 +715,8 @@ def scatter_add_along_axis(base: np.ndarray, idx: np.ndarray, values: np.ndarray
     """base with values added where np.take_along_axis(base, idx, axis)
     reads, every index checked (`owned` as for `scatter_add`)."""
     out = _own(base, owned)
-    bad = _scatter_along(_view(out, axis, written=True), _view(idx, axis), _view(values, axis))
+    bad = cpu_math.scatter_along(out.reshape(-1), _flat_view(idx), _flat_view(values),
+                                 *index_views(out.shape, axis))
     _checked(bad, idx, out.shape[axis], where)
     return out
 
@@ -940,8 +922,8 @@ class CpuTarget(Target):
         # The products by name from cpu_math: the header's `math` is libm's
         # with GRADC_LIBM=1, which has none.
         return "\n".join(["from gradlang.runtime.cpu_math import add_outer, "
-                          "first_out_of_range, gather_rows, greatest, matrix_product, "
-                          "matrix_transpose, scatter_rows",
+                          "first_out_of_range, gather_along, gather_rows, greatest, "
+                          "matrix_product, matrix_transpose, scatter_along, scatter_rows",
                           "from gradlang.runtime.cpu import _sum_rows as sum_rows", _FUNCTION,
                           f"def {name}({', '.join(args)}):"]
                          + ["    " + line for line in lines]) + "\n"

@@ -1474,3 +1474,40 @@ def scatter_rows(out, idx, values, outer, n, inner):
                 for i in range(np.uint64(inner)):
                     out[target + i] += values[source + i]
     return -1
+
+
+# take_along_axis and its VJP over flat C-order arrays viewed as (outer,
+# n, inner) (x, out) and (outer, m, inner) (idx, values): position
+# (o, k, i) of idx picks x[o, idx[o, k, i], i].  The driver's
+# `runtime.cpu.take_along_axis` and `scatter_add_along_axis` call them,
+# and so does a compiled loop (a batch's cross-entropy picks each row's
+# target), so that both give the same bits.
+
+
+@jit_in_kernel_cache()
+def gather_along(x, idx, out, outer, n, inner):
+    """out (as idx) = x at idx along the middle axis."""
+    m = idx.size // (outer * inner) if outer * inner else 0
+    for t in range(idx.size):
+        o, i = t // (m * inner), t % inner
+        j = idx[t]
+        if j < -n or j >= n:
+            return t
+        j = j + n if j < 0 else j
+        out[t] = x[np.uint64((o * n + j) * inner + i)]
+    return -1
+
+
+@jit_in_kernel_cache()
+def scatter_along(out, idx, values, outer, n, inner):
+    """out with values (as idx) added in place where `gather_along` reads,
+    each element's values in the order of idx."""
+    m = idx.size // (outer * inner) if outer * inner else 0
+    for t in range(idx.size):
+        o, i = t // (m * inner), t % inner
+        j = idx[t]
+        if j < -n or j >= n:
+            return t
+        j = j + n if j < 0 else j
+        out[np.uint64((o * n + j) * inner + i)] += values[t]
+    return -1

@@ -706,3 +706,46 @@ def test_a_hot_loop_slicing_gates_runs_compiled_with_the_driver_s_bits(compiled_
     for k, g in enumerate(compiled[1]):
         np.testing.assert_allclose(g, central_difference(m.f, [xs, w], k), rtol=1e-7, atol=1e-9)
 
+
+# a batch's cross-entropy picks each row's target (`take_along_axis`, whose
+# VJP is `scatter_add_along_axis`), which had no compiled form: a batched
+# language model's loops ran trip by trip however hot (scratch: 200 steps,
+# a batch of 8, d = 32, 100 classes, log_softmax and all: 7.3 ms, 3.6
+# compiled; JAX 2.2).  Here a pick alone, for few kernels to compile.
+PICKS = ("def picks(xs, w, targets):\n"
+         "    total = 0.0\n"
+         "    h = xs[0] * 0.0\n"
+         "    for i in range(xs.shape[0]):\n"
+         "        h = tanh(h * w + xs[i])\n"
+         "        total = total + sum(take_along_axis(h, targets[i][:, None], axis=1) ** 2)\n"
+         "    return total\n")
+
+
+def numpy_picks(xs, w, targets):
+    h, total = np.zeros_like(xs[0]), 0.0
+    for x, target in zip(xs, targets):
+        h = np.tanh(h * w + x)
+        total += np.sum(h[np.arange(len(h)), target] ** 2)
+    return total
+
+
+def test_a_batch_s_picks_run_compiled_with_the_driver_s_bits(compiled_runs, compile_from):
+    m = dsl.loads(PICKS, "picks.grad")
+    rng = np.random.default_rng(7)
+    xs, w, targets = rng.normal(size=(3, 2, 4)), rng.normal(size=(2, 4)), np.array(
+        [[0, 3], [-1, 1], [2, 2]])
+    value_and_grad = dsl.value_and_grad(m.picks, wrt=(0, 1))
+    driver, compiled, _ = driver_and_compiled(value_and_grad, xs, w, targets)
+    ran = compiled_runs
+    assert len(ran) == 2 and None not in ran  # the forward's loop and the backward's
+    assert_same(compiled, driver)
+    np.testing.assert_allclose(compiled[0], numpy_picks(xs, w, targets), rtol=1e-13)
+    for k, g in enumerate(compiled[1]):
+        np.testing.assert_allclose(g, central_difference(numpy_picks, [xs, w, targets], k),
+                                   rtol=1e-6, atol=1e-8)
+    # an index out of range: the compiled form gives up, the trips report it
+    targets[1, 0] = 4
+    compile_from(0)
+    with pytest.raises(dsl.ArgumentError, match="index 4 is out of range"):
+        value_and_grad(xs, w, targets)
+    assert len(ran) == 3 and ran[-1] is None
