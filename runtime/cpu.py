@@ -205,12 +205,14 @@ def products_fit(steps: int, *products: tuple) -> bool:
     return larger <= steps * STEP_WORTH
 
 
-def loop_matmul(a: np.ndarray, b: np.ndarray, fits: bool) -> np.ndarray:
+def loop_matmul(a: np.ndarray, b: np.ndarray, fits: bool = False) -> np.ndarray:
     """a @ b in the body of a loop that may run compiled (`fits`: where
     `products_fit` lets it): as the compiled loop computes it where the
     loop may run compiled or the product is small, so that the trips and
     the compiled form give the same bits; else BLAS's (the loop then never
-    runs compiled)."""
+    runs compiled).  (No `fits`: a driver `gradc compile` wrote before
+    `products_fit`, whose loops ran compiled only where each product was
+    small.)"""
     (n, k), m = a.shape, b.shape[1]
     if fits or small_product(n, k, m):
         return cpu_math.matrix_product(flat(a), flat(b), n, k, m).reshape(n, m)
