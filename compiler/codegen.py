@@ -1035,8 +1035,10 @@ class _Driver:
             lines += trip_lines
         else:
             kname, self.kernels[kname], products, passed = compiled
-            # (a product's sizes as a tuple; the body's trips read the
-            # answer too, so that theirs are the compiled form's bits)
+            # (a product's sizes as a tuple; the steps a trip runs in the
+            # driver are the body's and the trip's own: its call, its stack
+            # reads and writes.  The body's trips read the answer too, so
+            # that theirs are the compiled form's bits)
             sizes = "".join(f", ({', '.join(map(render, dims))})" for dims in products)
             lines.append(f"{pre}fits = R.products_fit({len(steps) + 1}{sizes})")
             given = [f"R.flat({c})" for c in carried]
