@@ -115,8 +115,8 @@ def cases_for(name: str, quick: bool) -> tuple[str, list[workloads.Case]]:
                 "- c y1) to 300 observations read as obs[i], value + gradient w.r.t. y0, k, c "
                 "(jax: jit(value_and_grad) of lax.scan; numpy: by hand, the adjoint); an RNN "
                 "h = tanh(h @ w + xs[i]), value + gradient w.r.t. xs, h, w (jax: lax.scan; "
-                "torch: a Python loop), its loops hot (compiled) and trip by trip (of 512: "
-                "too large to compile, BLAS each trip); the same "
+                "torch: a Python loop), its loops hot (compiled; of 512 too, its product "
+                "weighed against a trip's steps: R.products_fit) and trip by trip; the same "
                 "RNN reading emb[tokens[i]] from a table of 10,000 rows, value + gradient "
                 "w.r.t. h, emb, w",
                 # at 1e5 (the size) the dsl's residuals take 800 MB
