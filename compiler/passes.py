@@ -12,7 +12,12 @@ Contract:
   reshapes in turn one reshape (none, where it gives the first's source
   its own shape back: a vmap'd sum's `(n,) -> (n, 1) -> (n,)`);
   and computes x ** 0, 2, 3, 4 and
-  (floats) x ** -1 as 1, products or a quotient;
+  (floats) x ** -1 as 1, products or a quotient; takes the bool
+  identities that hold at every position (c | not c is true, c & not c
+  false, c & true, c | false, c & c and c | c are c, not not c is c,
+  c & false is false, c | true true) and the wheres they decide
+  (where(true, a, b) is a, where(false, a, b) is b, where(c, a, a) is a,
+  where(not c, a, b) is where(c, b, a)), all bit for bit;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
   a loop that nobody reads (with the carried values only they need), and
@@ -84,6 +89,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     transposed: dict[Var, tuple[Var, tuple]] = {}  # a transpose's (source, perm)
     reshaped: dict[Var, Var] = {}  # a reshape's source
     negated: dict[Var, Var] = {}  # a negation's source
+    inverted: dict[Var, Var] = {}  # a logical_not's source
     broadcast: dict[Var, Var] = {}  # a broadcast's source (x, of x times ones too)
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
@@ -144,6 +150,19 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             eqn = Eqn("abs", inputs, eqn.outputs, eqn.params, eqn.span)
         if eqn.op == "neg" and isinstance(inputs[0], Var):
             negated[out] = inputs[0]
+        if eqn.op == "logical_not" and inputs[0] in inverted:
+            env[out] = inverted[inputs[0]]  # (not not c is c)
+            continue
+        if eqn.op == "logical_not" and isinstance(inputs[0], Var):
+            inverted[out] = inputs[0]
+        if eqn.op == "where" and inputs[0] in inverted:
+            # where(not c, a, b) is where(c, b, a), one step less
+            inputs = (inverted[inputs[0]], inputs[2], inputs[1])
+            eqn = Eqn("where", inputs, eqn.outputs, eqn.params, eqn.span)
+        decided = _decided_logic(eqn.op, inputs, fills, inverted)
+        if decided is not None:
+            eqn = _full(eqn, decided)
+            inputs = ()
         if eqn.op == "pow" and _small_power(inputs, out) is not None:
             eqn = _power_as_products(b, eqn, inputs[0], _small_power(inputs, out))
             inputs = eqn.inputs
@@ -151,6 +170,8 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             fills[out] = eqn.p["value"]
         alias = (None if keep_barriers and eqn.op == "recompute_barrier"
                  else _identity_input(eqn.op, inputs, eqn.p, fills))
+        if alias is None:
+            alias = _picked_input(eqn.op, inputs, fills)
         if alias is not None and alias.type == out.type:
             # (a literal too: a `@recompute` stage's barrier on a default
             # number has no driver code, and needs none)
@@ -271,6 +292,64 @@ def _identity_input(op: str, inputs, params, fills) -> Atom | None:
         if row.commutative and is_identity(inputs[0]):
             return inputs[1]
     return None
+
+
+# A bool op's identity and absorbing element: c & true and c | false are
+# c, c & false is false and c | true is true.  (Exact, as a float op's
+# absorbing element is not: x * 0 is NaN for x = inf.)
+_LOGIC_CONSTANTS = {"logical_and": (True, False), "logical_or": (False, True)}
+
+
+def _constant(a: Atom, fills) -> object | None:
+    """a's value where it is a literal or a `full`'s output, else None."""
+    if isinstance(a, Lit):
+        return a.value
+    return fills.get(a)
+
+
+def _decided_logic(op: str, inputs, fills, inverted) -> bool | None:
+    """The value of a logical and / or that its inputs decide at every
+    position, whatever they hold: with the absorbing element, or of c and
+    not c (c | not c is true, c & not c false).  A gradient through both
+    branches of a where(c, ...) has the where-mask c | not c
+    (`autodiff.elementwise_mask`), and re-selected every element by it,
+    keeping the bool array for the backward pass."""
+    if op not in _LOGIC_CONSTANTS:
+        return None
+    first, second = inputs
+    _, absorbing = _LOGIC_CONSTANTS[op]
+    if any(_constant(a, fills) is not None and bool(_constant(a, fills)) == absorbing
+           for a in inputs):
+        return absorbing
+    if inverted.get(first) is second or inverted.get(second) is first:
+        return absorbing
+    return None
+
+
+def _picked_input(op: str, inputs, fills) -> Atom | None:
+    """The input a logical and / or, or a where, returns whatever the
+    others hold, or None: c & true, c | false, c & c and c | c are c;
+    where(true, a, b) is a, where(false, a, b) is b, and where(c, a, a) is
+    a, bit for bit (NaN and the sign of a zero included: where copies)."""
+    if op in _LOGIC_CONSTANTS:
+        first, second = inputs
+        identity, _ = _LOGIC_CONSTANTS[op]
+        if first is second:
+            return first
+        for a, other in ((first, second), (second, first)):
+            value = _constant(a, fills)
+            if value is not None and bool(value) == identity:
+                return other
+        return None
+    if op != "where":
+        return None
+    cond, a, b = inputs
+    if a is b:
+        return a
+    value = _constant(cond, fills)
+    if value is None:
+        return None
+    return a if value else b
 
 
 def cse_key(eqn: Eqn, inputs) -> tuple | None:

@@ -14,6 +14,7 @@ import dsl
 from dsl.cli import main
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.fusion import Loop, fuse
+from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import NUMPY_DTYPES, Eqn, TensorType, Var
 from gradlang.compiler.ops import OPS, fold
 from gradlang.compiler.passes import dce, simplify
@@ -247,6 +248,92 @@ def test_abs_of_a_negation_and_a_double_negation_drop_the_negations(dtype):
     got = build(fn)(values)
     for result, expected in zip(got, [np.abs(values), values, np.abs(values)]):
         assert same_bits(result, expected)
+
+
+def test_logical_identities_and_decided_wheres_drop_their_steps():
+    # a gradient through both branches of a where(c, ...) had the where-mask
+    # c | not c, always true, and selected every element by it
+    b = Builder()
+    x = Var(TensorType("f64", (len(SPECIAL),)), "x")
+    y = Var(TensorType("f64", (len(SPECIAL),)), "y")
+    c = b.bind("gt", x, b.lit(0.0, "f64"))
+    not_c = b.bind("logical_not", c)
+    true, false = b.lit(True, "bool"), b.lit(False, "bool")
+    outputs = [
+        b.bind("where", b.bind("logical_or", c, not_c), x, y),      # x
+        b.bind("where", b.bind("logical_and", not_c, c), x, y),     # y
+        b.bind("where", c, y, y),                                   # y
+        b.bind("where", b.bind("logical_or", not_c, true), x, y),   # x
+        b.bind("where", b.bind("logical_and", c, false), x, y),     # y
+        b.bind("logical_not", not_c),                               # c
+        b.bind("logical_and", b.bind("logical_or", c, false), c),   # c
+        b.bind("logical_or", b.bind("logical_and", true, c), c),    # c
+        b.bind("where", not_c, x, y),                               # where(c, y, x)
+    ]
+    fn = b.function("f", [x, y], outputs)
+    simple = dce(simplify(fn))
+    assert [e.op for e in simple.eqns] == ["gt", "where"]
+    assert list(simple.outputs[:8]) == [x, y, y, x, y] + [simple.eqns[0].out] * 3
+    values = np.array(SPECIAL)
+    for u, v in [(values, values[::-1]), (-values, values)]:
+        for got, expected in zip(interpret(simple, u, v), interpret(fn, u, v)):
+            assert same_bits(got, expected)
+
+
+# A custom gradient through both branches of a where (`h`), and the
+# standard library's two that are
+BOTH_BRANCHES = """
+from std import leaky_relu, log_softmax
+def h(x):
+    return x * 2
+grad(dy):
+    return where(x > 0, dy * 2, dy * 3)
+def f(x):
+    return sum(exp(h(x)))
+def leaky(x):
+    return sum(exp(leaky_relu(x)))
+def log_softmax_of(x, w):
+    return sum(log_softmax(x) * w)
+"""
+
+
+@pytest.fixture(scope="module")
+def both_branches():
+    return dsl.loads(BOTH_BRANCHES)
+
+
+def _ops_of(fn) -> list[Eqn]:
+    """fn's equations, those in loop bodies too."""
+    found = []
+    for e in fn.eqns:
+        found.append(e)
+        if e.op == "loop":
+            found += _ops_of(e.p["body"])
+    return found
+
+
+@pytest.mark.parametrize("name", ["f", "leaky", "log_softmax_of"])
+def test_a_gradient_through_both_branches_of_a_where_has_no_always_true_mask(
+        both_branches, name):
+    f = getattr(both_branches, name)
+    rng = np.random.default_rng(0)
+    x = np.array([[-1.0, 0.0, -0.0, 0.5, 0.5, 2.0], [0.3, -0.2, 1.5, 1.5, -3.0, 0.1]])
+    args = (x, rng.normal(size=x.shape)) if name == "log_softmax_of" else (x[0],)
+    gradient = dsl.grad(f)
+    eqns = _ops_of(gradient.ir(*args))
+    negations = {e.out: e.inputs[0] for e in eqns if e.op == "logical_not"}
+    assert not [e for e in eqns if e.op == "logical_or" and (
+        negations.get(e.inputs[0]) is e.inputs[1] or negations.get(e.inputs[1]) is e.inputs[0])]
+    if name != "log_softmax_of":  # (whose masks of a row's sums stay)
+        assert not [e for e in eqns if e.op in ("logical_or", "logical_not")]
+    if name == "f":  # (h's block is its own: 3 dy, not 2 dy, at x <= 0)
+        expected = np.exp(2 * x[0]) * np.where(x[0] > 0, 2.0, 3.0)
+        np.testing.assert_allclose(gradient(*args), expected, rtol=1e-15)
+        return
+    # away from the kinks at 0 (central differences straddle them)
+    smooth = (args[0] + np.where(args[0] == 0, 0.25, 0.0), *args[1:])
+    expected = central_difference(f, smooth, 0)
+    np.testing.assert_allclose(gradient(*smooth), expected, rtol=1e-6, atol=1e-8)
 
 
 def test_a_one_element_value_spread_by_turns_is_read_as_a_scalar():
