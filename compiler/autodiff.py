@@ -401,7 +401,7 @@ def elementwise_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]
         if t is None:
             continue
         taken = None
-        if row.masking == "branches" and k > 0:
+        if row.masking == "branches" and k > 0 and not _both_branches_alike(in_tangents, in_masks):
             cond = eqn.inputs[0]
             taken = cond if k == 1 else b.bind("logical_not", cond)
         elif row.picked_when is not None:
@@ -422,6 +422,17 @@ def elementwise_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]]
         if mask is not union:
             union = b.bind("logical_or", union, mask)
     return union if isinstance(union, Var) else None
+
+
+def _both_branches_alike(in_tangents: Sequence[Optional[Atom]],
+                         in_masks: Sequence[Optional[Var]]) -> bool:
+    """Whether both branches of a where have tangents, under one mask:
+    then the where's is that mask, as c and not c cover every position.
+    (Narrowing each by its branch built (m & c) | (m & not c), or c | not c
+    for no mask, and selected every element by it: a grad block
+    where(c, dy * 2, dy * 3), as std's leaky_relu and log_softmax have.)"""
+    return in_tangents[1] is not None and in_tangents[2] is not None and \
+        in_masks[1] is in_masks[2]
 
 
 def moved_positions_mask(b: Builder, eqn: Eqn, in_tangents: Sequence[Optional[Atom]],

@@ -17,7 +17,9 @@ Contract:
   false, c & true, c | false, c & c and c | c are c, not not c is c,
   c & false is false, c | true true) and the wheres they decide
   (where(true, a, b) is a, where(false, a, b) is b, where(c, a, a) is a,
-  where(not c, a, b) is where(c, b, a)), all bit for bit;
+  where(not c, a, b) is where(c, b, a), and a where on c of a where on c
+  takes the inner one's branch: where(c, where(c, a, x), b) is
+  where(c, a, b)), all bit for bit;
 - `cse`: merges equations with the same op, inputs and static params;
 - `dce`: removes equations whose outputs nobody reads, and the outputs of
   a loop that nobody reads (with the carried values only they need), and
@@ -41,7 +43,7 @@ import numpy as np
 
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, Var
-from gradlang.compiler.ops import OPS, fold, loop_groups, same_value
+from gradlang.compiler.ops import OPS, broadcast_shapes, fold, loop_groups, same_value
 
 
 def _substituting():
@@ -90,6 +92,7 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
     reshaped: dict[Var, Var] = {}  # a reshape's source
     negated: dict[Var, Var] = {}  # a negation's source
     inverted: dict[Var, Var] = {}  # a logical_not's source
+    selected: dict[Var, tuple] = {}  # a where's inputs (c, a, b)
     broadcast: dict[Var, Var] = {}  # a broadcast's source (x, of x times ones too)
     for eqn in fn.eqns:
         eqn = _in_bodies(eqn, lambda body: simplify(body, keep_barriers))
@@ -159,6 +162,10 @@ def simplify(fn: Function, keep_barriers: bool = False) -> Function:
             # where(not c, a, b) is where(c, b, a), one step less
             inputs = (inverted[inputs[0]], inputs[2], inputs[1])
             eqn = Eqn("where", inputs, eqn.outputs, eqn.params, eqn.span)
+        if eqn.op == "where":
+            inputs = _through_inner_wheres(inputs, selected, out)
+            eqn = Eqn("where", inputs, eqn.outputs, eqn.params, eqn.span)
+            selected[out] = inputs
         decided = _decided_logic(eqn.op, inputs, fills, inverted)
         if decided is not None:
             eqn = _full(eqn, decided)
@@ -350,6 +357,23 @@ def _picked_input(op: str, inputs, fills) -> Atom | None:
     if value is None:
         return None
     return a if value else b
+
+
+def _through_inner_wheres(inputs, selected: dict, out: Var) -> tuple:
+    """where(c, a, b)'s inputs (giving `out`) with a branch that is itself
+    a where on c replaced by the branch it takes there: where(c, where(c,
+    a, x), b) is where(c, a, b), and where(c, a, where(c, x, b)) too, bit
+    for bit, where that keeps out's shape (x may have widened it).  (A
+    grad block's result is re-selected by its where-mask, and again by the
+    cotangent's: `autodiff._masked_by_block`.)"""
+    cond, a, b = inputs
+    if a in selected and selected[a][0] is cond:
+        a = selected[a][1]
+    if b in selected and selected[b][0] is cond:
+        b = selected[b][2]
+    if broadcast_shapes([x.type.shape for x in (cond, a, b)], None) != out.type.shape:
+        return inputs
+    return cond, a, b
 
 
 def cse_key(eqn: Eqn, inputs) -> tuple | None:

@@ -256,9 +256,13 @@ def test_logical_identities_and_decided_wheres_drop_their_steps():
     b = Builder()
     x = Var(TensorType("f64", (len(SPECIAL),)), "x")
     y = Var(TensorType("f64", (len(SPECIAL),)), "y")
+    one = Var(TensorType("f64", (1,)), "one")
     c = b.bind("gt", x, b.lit(0.0, "f64"))
     not_c = b.bind("logical_not", c)
     true, false = b.lit(True, "bool"), b.lit(False, "bool")
+    selected = b.bind("where", c, x, y)
+    c_one = b.bind("gt", one, b.lit(0.0, "f64"))
+    widened = b.bind("where", c_one, one, x)  # (one's shape: [1])
     outputs = [
         b.bind("where", b.bind("logical_or", c, not_c), x, y),      # x
         b.bind("where", b.bind("logical_and", not_c, c), x, y),     # y
@@ -268,15 +272,21 @@ def test_logical_identities_and_decided_wheres_drop_their_steps():
         b.bind("logical_not", not_c),                               # c
         b.bind("logical_and", b.bind("logical_or", c, false), c),   # c
         b.bind("logical_or", b.bind("logical_and", true, c), c),    # c
-        b.bind("where", not_c, x, y),                               # where(c, y, x)
+        b.bind("where", not_c, y, x),                               # where(c, x, y)
+        b.bind("where", c, b.bind("where", c, x, one), b.bind("where", c, one, y)),  # ditto
+        b.bind("where", c_one, widened, one),  # stays: where(c_one, one, one) is [1]
     ]
-    fn = b.function("f", [x, y], outputs)
+    fn = b.function("f", [x, y, one], [selected] + outputs)
     simple = dce(simplify(fn))
-    assert [e.op for e in simple.eqns] == ["gt", "where"]
-    assert list(simple.outputs[:8]) == [x, y, y, x, y] + [simple.eqns[0].out] * 3
+    assert [e.op for e in simple.eqns] == ["gt", "where", "gt", "where", "where", "where",
+                                           "where"]
+    c = simple.eqns[0].out
+    assert list(simple.outputs[1:9]) == [x, y, y, x, y] + [c] * 3
+    assert [e.inputs for e in simple.eqns if e.inputs[0] is c] == [(c, x, y)] * 3
+    assert simple.eqns[-1].inputs[1] is simple.eqns[3].out  # (widened kept)
     values = np.array(SPECIAL)
-    for u, v in [(values, values[::-1]), (-values, values)]:
-        for got, expected in zip(interpret(simple, u, v), interpret(fn, u, v)):
+    for u, v, w in [(values, values[::-1], [1.0]), (-values, values, [-0.0])]:
+        for got, expected in zip(interpret(simple, u, v, w), interpret(fn, u, v, w)):
             assert same_bits(got, expected)
 
 
@@ -294,6 +304,8 @@ def leaky(x):
     return sum(exp(leaky_relu(x)))
 def log_softmax_of(x, w):
     return sum(log_softmax(x) * w)
+def masked(x):
+    return sum(where(x > 1, exp(h(x)), 0))
 """
 
 
@@ -312,7 +324,7 @@ def _ops_of(fn) -> list[Eqn]:
     return found
 
 
-@pytest.mark.parametrize("name", ["f", "leaky", "log_softmax_of"])
+@pytest.mark.parametrize("name", ["f", "masked", "leaky", "log_softmax_of"])
 def test_a_gradient_through_both_branches_of_a_where_has_no_always_true_mask(
         both_branches, name):
     f = getattr(both_branches, name)
@@ -326,8 +338,13 @@ def test_a_gradient_through_both_branches_of_a_where_has_no_always_true_mask(
         negations.get(e.inputs[0]) is e.inputs[1] or negations.get(e.inputs[1]) is e.inputs[0])]
     if name != "log_softmax_of":  # (whose masks of a row's sums stay)
         assert not [e for e in eqns if e.op in ("logical_or", "logical_not")]
-    if name == "f":  # (h's block is its own: 3 dy, not 2 dy, at x <= 0)
+    if name in ("f", "masked"):  # (h's block is its own: 3 dy, not 2 dy, at x <= 0)
         expected = np.exp(2 * x[0]) * np.where(x[0] > 0, 2.0, 3.0)
+        if name == "masked":
+            expected = np.where(x[0] > 1, expected, 0.0)
+            # the block's where-mask (x > 1) & (x > 0) | (x > 1) & not (x > 0)
+            # is x > 1, by which its result was selected twice in turn
+            assert sum(e.op == "where" for e in eqns) == 6
         np.testing.assert_allclose(gradient(*args), expected, rtol=1e-15)
         return
     # away from the kinks at 0 (central differences straddle them)
