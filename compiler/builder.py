@@ -39,6 +39,29 @@ class Builder:
             b = b.outer
         return None
 
+    def computed_from(self, v: Var, sources: Iterable[object]) -> bool:
+        """Whether v is one of `sources` or is computed (here or in an outer
+        builder) from one.  A loop body's parameter stops the walk: what it
+        carries is bound in the loop's equation, made after its body."""
+        wanted = {id(s) for s in sources}
+        made_by: dict[int, Eqn] = {}
+        b: "Builder | None" = self
+        while b is not None:
+            for eqn in b.eqns:
+                made_by.update((id(o), eqn) for o in eqn.outputs)
+            b = b.outer
+        seen: set[int] = set()
+        stack: list[Atom] = [v]
+        while stack:
+            a = stack.pop()
+            if id(a) in wanted:
+                return True
+            if id(a) in seen or id(a) not in made_by:
+                continue
+            seen.add(id(a))
+            stack.extend(i for i in made_by[id(a)].inputs if isinstance(i, Var))
+        return False
+
     def bind(self, op: str, *inputs: Atom, span: Span | None = None,
              hint: str = "", weak: bool = False, **params: Any) -> Var:
         """`weak`: the output is a `WeakVar` (see there)."""

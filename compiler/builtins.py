@@ -20,9 +20,9 @@ from gradlang.compiler import convolution, ops, pooling, products
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
-from gradlang.compiler.values import (RUN_TIME, Value, as_atom, cast, is_argument, is_static,
-                                      number_type, run_time_number, sequence_kind, unify,
-                                      weak_result, weakly_typed)
+from gradlang.compiler.values import (RUN_TIME, NotCompileTime, Value, as_atom, cast,
+                                      is_argument, is_static, number_type, run_time_number,
+                                      sequence_kind, unify, weak_result, weakly_typed)
 from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 if TYPE_CHECKING:
@@ -274,8 +274,8 @@ def _static_shape(L, v, span, sizes: bool = True) -> tuple:
         if isinstance(d, Sym) and not sizes:
             raise NeedsConcrete(f"the size {d} is used as an axis")
         if not isinstance(d, Sym) and (isinstance(d, bool) or not isinstance(d, int)):
-            raise GradError("a shape must be a compile-time tuple or list of integers"
-                            f"{compile_time_hint(d)}", span)
+            raise NotCompileTime("a shape must be a compile-time tuple or list of integers"
+                                 f"{compile_time_hint(d)}", span, d)
     return shape
 
 
@@ -331,7 +331,8 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
     axis = _kw(args, kwargs, 1, "axis", 0)
     by_value(L, axis)
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError(f"axis must be a compile-time integer{compile_time_hint(axis)}", span)
+        raise NotCompileTime(f"axis must be a compile-time integer{compile_time_hint(axis)}",
+                             span, axis)
     items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
     rank = items[0].type.rank + (1 if stack else 0)
     if not -rank <= axis < rank or rank == 0:
@@ -504,7 +505,8 @@ def static_axis(L: Lowerer, axis, rank: int, span: Span) -> int:
     argument by value), as a non-negative integer."""
     by_value(L, axis)
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise GradError(f"axis must be a compile-time integer{compile_time_hint(axis)}", span)
+        raise NotCompileTime(f"axis must be a compile-time integer{compile_time_hint(axis)}",
+                             span, axis)
     if not -rank <= axis < rank:
         raise ops.axis_out_of_range(axis, rank, span)
     return axis % rank
@@ -614,9 +616,9 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
     known when the function is compiled is a GradError at `span`."""
     by_value(L, v)
     if not is_static(v):
-        raise GradError(f"{what} must be known when the function is compiled: a "
-                        "literal, an integer argument or a size (x.shape[k])"
-                        f"{compile_time_hint(v)}", span)
+        raise NotCompileTime(f"{what} must be known when the function is compiled: a "
+                             "literal, an integer argument or a size (x.shape[k])"
+                             f"{compile_time_hint(v)}", span, v)
     if isinstance(v, bool) or not isinstance(v, (Sym, int, float) if floats else (Sym, int)):
         raise GradError(f"{what} must be {'a number' if floats else 'an integer'}, not "
                         f"{v!r}", span)

@@ -44,8 +44,8 @@ from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
-from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, RunTimeInt,
-                                      StaticList, Value, as_atom, as_results, cast,
+from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
+                                      RunTimeInt, StaticList, Value, as_atom, as_results, cast,
                                       check_range_fits, entry_results, is_static, number_type,
                                       run_time_atom, run_time_number, sequence_kind, unify,
                                       weak_float_dtype, weak_number, weak_result)
@@ -109,6 +109,7 @@ class Lowerer:
         # loop bounds that are no scalar bool or integer, held back until the
         # block's linearity is checked (`defer_in_block`)
         self.in_block: Optional[tuple[int, int]] = None
+        self.upstream: tuple[Value, ...] = ()  # (that block's upstream cotangents)
         # names a runtime if dropped, bound in only some of its branches, by
         # the function lowered (`current_function`): the line of the last
         # such if, for the error of a grad block reading one
@@ -155,14 +156,34 @@ class Lowerer:
         return id(self.call_stack[-1]) if self.call_stack else None
 
     @contextlib.contextmanager
-    def block_context(self, block: Optional[tuple[int, int]]) -> Iterator[None]:
+    def block_context(self, block: Optional[tuple[int, int]],
+                      upstream: Sequence[Value] = ()) -> Iterator[None]:
         """Lowering grad block `block` ((id of its function, its number);
-        None: a function's body) inside the `with`."""
-        outer, self.in_block = self.in_block, block
+        None: a function's body), whose upstream cotangents are `upstream`,
+        inside the `with`."""
+        outer = self.in_block, self.upstream
+        self.in_block, self.upstream = block, tuple(upstream)
         try:
             yield
         finally:
-            self.in_block = outer
+            self.in_block, self.upstream = outer
+
+    def judge_compile_time(self, b: Builder, err: NotCompileTime) -> None:
+        """Marks `err` (raised in an expression lowered into `b`) as
+        `of_upstream` where its value is computed from the upstream
+        cotangents of the grad block being lowered: then no signature
+        compiles the block, and the load says so.  Only the innermost
+        expression judges it, since its builder (and the outer ones) made
+        the value; a value made in a loop's body from what it carries is
+        not followed into the loop (the error then waits for a call)."""
+        if err.judged:
+            return
+        err.judged = True
+        if self.in_block is not None and isinstance(err.value, Var):
+            err.of_upstream = b.computed_from(err.value, self.upstream)
+            if err.of_upstream:
+                err.add_note("it is computed from the grad block's upstream cotangents, which "
+                             "are known only when the block runs")
 
     def defer_in_block(self, error: GradError) -> None:
         """`error`, a condition's or a loop bound's type that no call can
@@ -571,6 +592,9 @@ class Lowerer:
         except NeedsConcrete as err:  # where, for a caller that cannot lower again
             err.spans += (e.span,) if e.span else ()
             raise
+        except NotCompileTime as err:
+            self.judge_compile_time(b, err)
+            raise
         if value is None and not none_ok:
             if isinstance(e, ast.Name):
                 raise GradError(f"{e.id!r} is None here, which is not a value (None is an "
@@ -746,10 +770,10 @@ class Lowerer:
         v = self.expr(b, e, env)
         by_value(self, v)  # (an integer argument: `x.shape[k]`)
         if not is_static(v):
-            raise GradError(f"a {kind}'s index and slice bounds must be known at compile time "
-                            f"(a literal, x.shape[k], x.ndim, or arithmetic on them); this one "
-                            f"is computed at run time (as a `for` loop's index is: a loop runs, "
-                            f"it is not unrolled)", e.span)
+            raise NotCompileTime(f"a {kind}'s index and slice bounds must be known at compile "
+                                 f"time (a literal, x.shape[k], x.ndim, or arithmetic on them); "
+                                 f"this one is computed at run time (as a `for` loop's index is: "
+                                 f"a loop runs, it is not unrolled)", e.span, v)
         return self.as_static_int(v, e.span)
 
     def index(self, b, v: Atom, e: ast.Index, env) -> Atom:
@@ -889,8 +913,8 @@ class Lowerer:
                         "argument): gather a window of fixed length at a run-time start "
                         "with take(x, i + arange(n), axis), or, for a bound that is an "
                         "argument (x[:k]), declare it `k: const i64`: one program per value")
-            raise GradError("expected a compile-time integer (a literal, x.shape[k], or "
-                            f"arithmetic on them){hint}", span)
+            raise NotCompileTime("expected a compile-time integer (a literal, x.shape[k], or "
+                                 f"arithmetic on them){hint}", span, v)
         return v
 
     def expr_Call(self, b, e: ast.Call, env):
@@ -1054,8 +1078,8 @@ class Lowerer:
         for a in axes:
             by_value(self, a)
             if isinstance(a, bool) or not isinstance(a, int):
-                raise GradError("axis must be a compile-time integer or tuple of integers"
-                                f"{compile_time_hint(a)}", span)
+                raise NotCompileTime("axis must be a compile-time integer or tuple of integers"
+                                     f"{compile_time_hint(a)}", span, a)
         return ops._normalize_axes(axes, rank, span)
 
     def reduce(self, b, op: str, v: Value, axis, keepdims, span,
@@ -1125,8 +1149,9 @@ def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
             raise NeedsConcrete(f"a {kind} is repeated a size's number of times")
         if isinstance(other, bool) or not isinstance(other, int):
             what = "a number" if is_static(other) else "an array"
-            raise GradError(f"a {kind} can only be repeated (* n) a compile-time integer "
-                            f"number of times, not by {what}", spans[1 - seq_side])
+            raise NotCompileTime(f"a {kind} can only be repeated (* n) a compile-time "
+                                 f"integer number of times, not by {what}", spans[1 - seq_side],
+                                 other)
         if len(seq) * other > MAX_PROGRAM_SIZE:  # (each item is lowered where it is used)
             raise GradError(f"a {kind} of {len(seq) * other} items is too long (at most "
                             f"{MAX_PROGRAM_SIZE})", span)

@@ -60,6 +60,7 @@ from gradlang.compiler.hoisting import hoist_invariants
 from gradlang.compiler.scalar_loops import scalar_loops
 from gradlang.compiler.ir import Eqn, Function, StaticScalar, TensorType, Var, print_function
 from gradlang.compiler.linearity import NotLinear
+from gradlang.compiler.values import NotCompileTime
 from gradlang.compiler.lower import Lowerer
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler import parser
@@ -181,6 +182,10 @@ def check_linearity(namespace: Namespace) -> None:
                 break
             except NotLinear as err:
                 raise err.with_source(namespace.source_of(err.span.file)) from None
+            except NotCompileTime as err:
+                if err.of_upstream:  # (an error of the block at every signature)
+                    raise err.with_source(namespace.source_of(err.span.file)) from None
+                continue
             except (GradError, NeedsConcrete, RecursionError):
                 continue  # an error of this signature, not of the blocks
 

@@ -312,7 +312,8 @@ class Chain:
         outs = lw.body(b, self.fdef, env)
         for j in range(1, k + 1):
             block = self.fdef.grads[j - 1]
-            with lw.block_context((id(self.fdef), j)):
+            upstream = [inputs[n] for n in block.upstream if n in inputs]
+            with lw.block_context((id(self.fdef), j), upstream):
                 items = lw.block_items(b, block.body, env)
             cts = self.map_cotangents(b, j, items, inputs)
             outs = [cts[n] for n in named_cotangents(self.fdef, self.ns, j)]
@@ -398,7 +399,7 @@ class Chain:
         else:
             benv = {**base, **stage.static_residuals, **dict(zip(stage.residuals, bres))}
         benv.update(zip(block.upstream, bcts))
-        with self.lowerer.block_context((id(fdef), k + 1)):
+        with self.lowerer.block_context((id(fdef), k + 1), bcts):
             items = self.lowerer.block_items(bb, block.body, benv)
         return self.map_cotangents(bb, k + 1, items, inputs)
 

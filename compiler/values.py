@@ -18,6 +18,22 @@ from gradlang.compiler.shapes import Sym
 from gradlang.runtime.common import arange_length
 from gradlang.runtime.errors import GradError, Span
 
+class NotCompileTime(GradError):
+    """A value a shape, an axis, a count or a static index or slice bound
+    needs when the function is compiled, that is computed at run time
+    (`value`).  In a grad block, one computed from the block's upstream
+    cotangents is so at every signature (a cotangent is never known when
+    compiling): the lowering marks it `of_upstream` (`Lowerer.expr`), and
+    the load's check reports it (`pipeline.check_linearity`) where it takes
+    other errors for its representative signature's and goes on."""
+
+    def __init__(self, message: str, span: Span, value: object) -> None:
+        super().__init__(message, span)
+        self.value = value
+        self.judged = False  # (by the innermost expression it left: its builder has the value)
+        self.of_upstream = False
+
+
 class StaticList(tuple):
     """The value of a list literal `[a, b]`.  Lists mean what tuples mean
     (`stack([a, b])`, shapes, axes, unpacking, indexing), so this is a

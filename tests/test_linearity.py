@@ -259,3 +259,51 @@ def test_a_float_condition_free_of_the_upstream_is_still_the_calls_type_error():
                                             "or be a scalar bool, got f64") as info:
         dsl.grad(m.f)(np.array([1.0, 2.0]))
     assert (info.value.line, info.value.col) == (5, 8)
+
+
+_COMPILE_TIME = {
+    # a value a shape, an axis, a count or a static index needs when the
+    # function is compiled, computed from the upstream: no signature
+    # compiles it (a cotangent is known only at run time), yet it loaded
+    # and failed at the first call
+    "axis": ("    return dy * sum(x, axis=sum(dy > 0.0))\n", (4, 17),
+             "axis must be a compile-time integer or tuple of integers"),
+    "take axis": ("    return take(dy * x, 0, axis=sum(dy > 0.0))\n", (4, 12),
+                  "axis must be a compile-time integer"),
+    "arange": ("    return dy * x + sum(arange(sum(dy > 0.0)))\n", (4, 25),
+               "each argument of arange() must be known when the function is compiled"),
+    "reshape": ("    return reshape(dy * x, (sum(dy > 0.0),))\n", (4, 12),
+                "a shape must be a compile-time tuple or list of integers"),
+    "slice": ("    return dy * x[0:sum(dy > 0.0)]\n", (4, 21), "expected a compile-time integer"),
+    "tuple index": ("    return dy * x.shape[sum(dy > 0.0)]\n", (4, 25),
+                    "a tuple's index and slice bounds must be known at compile time"),
+    "tuple repeat": ("    return dy * x * len((1,) * sum(dy > 0.0))\n", (4, 32),
+                     "a tuple can only be repeated (* n) a compile-time integer"),
+    # through a loop's result, a called function, a function with a block
+    "loop": ("    s = dy\n    for i in range(2):\n        s = s * 2.0\n"
+             "    return reshape(dy * x, (sum(s > 0.0),))\n", (7, 12), "a shape must be"),
+    "call": ("    return dy * pick(dy, x)\ndef pick(v, w):\n    return sum(w, axis=sum(v > 0.0))\n",
+             (6, 12), "axis must be"),
+    "later block": ("    return dy * 2.0 * x\ngrad(ddx):\n"
+                    "    return ddx * 2.0 * x, sum(ddx * dy, axis=sum(ddx > 0.0))\n",
+                    (6, 27), "axis must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(_COMPILE_TIME))
+def test_a_compile_time_value_computed_from_the_upstream_is_an_error_at_load(case):
+    body, at, what = _COMPILE_TIME[case]
+    err = load_error("def f(x):\n    return x * x\ngrad(dy):\n" + body)
+    assert err.message.startswith(what), str(err)
+    assert (err.file, err.line, err.col) == ("lin.grad", *at), str(err)
+    assert "computed from the grad block's upstream cotangents" in err.note
+    assert "^" in str(err)
+
+
+def test_a_compile_time_value_free_of_the_upstream_is_still_the_calls_error():
+    # x may be an integer argument at another signature: the call's error
+    m = dsl.loads("def f(x):\n    return x * x\ngrad(dy):\n"
+                  "    return dy * sum(x, axis=sum(x > 0.0))\n", "lin.grad")
+    with pytest.raises(dsl.GradError, match="axis must be a compile-time integer") as info:
+        dsl.grad(m.f)(np.array([1.0, 2.0]))
+    assert (info.value.line, info.value.col) == (4, 17) and not info.value.note
