@@ -27,6 +27,8 @@ class Builder:
     def __init__(self, outer: "Builder | None" = None) -> None:
         self.eqns: list[Eqn] = []
         self.outer = outer  # a loop body's: the builder of the values it reads from outside
+        # a loop body's: what each carried parameter (by id) starts as
+        self.starts: dict[int, object] = {}
 
     def defining(self, v: Var) -> "Eqn | None":
         """The equation that made v, here or in an outer builder (None for a
@@ -41,25 +43,27 @@ class Builder:
 
     def computed_from(self, v: Var, sources: Iterable[object]) -> bool:
         """Whether v is one of `sources` or is computed (here or in an outer
-        builder) from one.  A loop body's parameter stops the walk: what it
-        carries is bound in the loop's equation, made after its body."""
+        builder) from one: a loop body's carried parameter from what it
+        starts as (what a later trip makes it is not known while its body
+        is lowered)."""
         wanted = {id(s) for s in sources}
-        made_by: dict[int, Eqn] = {}
+        made_from: dict[int, tuple] = {}
         b: "Builder | None" = self
         while b is not None:
             for eqn in b.eqns:
-                made_by.update((id(o), eqn) for o in eqn.outputs)
+                made_from.update((id(o), eqn.inputs) for o in eqn.outputs)
+            made_from.update((p, (start,)) for p, start in b.starts.items())
             b = b.outer
         seen: set[int] = set()
-        stack: list[Atom] = [v]
+        stack: list[object] = [v]
         while stack:
             a = stack.pop()
             if id(a) in wanted:
                 return True
-            if id(a) in seen or id(a) not in made_by:
+            if id(a) in seen or id(a) not in made_from:
                 continue
             seen.add(id(a))
-            stack.extend(i for i in made_by[id(a)].inputs if isinstance(i, Var))
+            stack.extend(i for i in made_from[id(a)] if isinstance(i, Var))
         return False
 
     def bind(self, op: str, *inputs: Atom, span: Span | None = None,

@@ -150,6 +150,7 @@ def _lower_body(lw: "Lowerer", b: Builder, stmt: ast.For, env: dict[str, Value],
     sb = Builder(outer=b)
     index = Var(INDEX, stmt.var)
     params = [Var(a.type, n) for n, a in zip(carried, inits)]
+    sb.starts = {id(p): env[n] for n, p in zip(carried, params)}  # (`Builder.computed_from`)
     inner = {**env, stmt.var: index, **dict(zip(carried, params))}
     lw.statements(sb, stmt.body, inner)
     for name in carried:

@@ -174,8 +174,7 @@ class Lowerer:
         cotangents of the grad block being lowered: then no signature
         compiles the block, and the load says so.  Only the innermost
         expression judges it, since its builder (and the outer ones) made
-        the value; a value made in a loop's body from what it carries is
-        not followed into the loop (the error then waits for a call)."""
+        the value."""
         if err.judged:
             return
         err.judged = True

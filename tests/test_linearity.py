@@ -282,6 +282,9 @@ _COMPILE_TIME = {
     # through a loop's result, a called function, a function with a block
     "loop": ("    s = dy\n    for i in range(2):\n        s = s * 2.0\n"
              "    return reshape(dy * x, (sum(s > 0.0),))\n", (7, 12), "a shape must be"),
+    # in a loop's body, from the value a carried one starts as
+    "loop body": ("    s = dy\n    for i in range(2):\n        s = s + sum(x, axis=sum(s > 0.0))\n"
+                  "    return s\n", (6, 17), "axis must be"),
     "call": ("    return dy * pick(dy, x)\ndef pick(v, w):\n    return sum(w, axis=sum(v > 0.0))\n",
              (6, 12), "axis must be"),
     "later block": ("    return dy * 2.0 * x\ngrad(ddx):\n"
