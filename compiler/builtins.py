@@ -222,7 +222,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             x = _reverse_order(b, x, span)
         if initial is not None:
             if isinstance(initial, bool) or not isinstance(initial, (int, float)):
-                raise GradError("initial must be a number known at compile time", span)
+                raise NotCompileTime("initial must be a number known at compile time", span,
+                                     initial)
             initial = coerce(-initial if negate else initial,
                              "i64" if x.type.dtype == "bool" else x.type.dtype, span)
             if negate and x.type.dtype in INTS:  # (-v - 1, as _reverse_order)
@@ -355,7 +356,7 @@ def _fill_like(value_pos: Optional[int], value=None):
         x = as_atom(b, args[0], span)
         fill = args[value_pos] if value_pos is not None else value
         if not is_static(fill) or isinstance(fill, tuple):
-            raise GradError("full_like() needs a compile-time fill value", span)
+            raise NotCompileTime("full_like() needs a compile-time fill value", span, fill)
         if isinstance(fill, Sym):
             raise NeedsConcrete("a size used as a fill value")
         return ops.full(b, coerce(fill, x.type.dtype, span), x.type.shape, x.type.dtype)

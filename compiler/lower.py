@@ -1088,7 +1088,8 @@ class Lowerer:
         axis is `initial` (`reduce_max`'s `empty`), else an error."""
         x = as_atom(b, v, span)
         if not isinstance(keepdims, (bool, int)):  # an int as NumPy takes one, not an array
-            raise GradError("keepdims must be True or False, known at compile time", span)
+            raise NotCompileTime("keepdims must be True or False, known at compile time", span,
+                                 keepdims)
         axes = self.reduced_axes(x, axis, span)
         empty = {} if initial is None or op != "reduce_max" else {"empty": initial}
         if op == "reduce_max" and not empty and any(x.type.shape[a] == 0 for a in axes):

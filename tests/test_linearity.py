@@ -279,6 +279,12 @@ _COMPILE_TIME = {
                     "a tuple's index and slice bounds must be known at compile time"),
     "tuple repeat": ("    return dy * x * len((1,) * sum(dy > 0.0))\n", (4, 32),
                      "a tuple can only be repeated (* n) a compile-time integer"),
+    "initial": ("    return dy * x + max(x, initial=sum(dy))\n", (4, 21),
+                "initial must be a number known at compile time"),
+    "fill": ("    return dy * x + full_like(x, sum(dy))\n", (4, 21),
+             "full_like() needs a compile-time fill value"),
+    "keepdims": ("    return dy * x + sum(x, keepdims=sum(dy) > 0.0)\n", (4, 21),
+                 "keepdims must be True or False, known at compile time"),
     # through a loop's result, a called function, a function with a block
     "loop": ("    s = dy\n    for i in range(2):\n        s = s * 2.0\n"
              "    return reshape(dy * x, (sum(s > 0.0),))\n", (7, 12), "a shape must be"),
