@@ -1599,7 +1599,9 @@ class Directional(Derived):
 
 class HvpFunction(Directional):
     """`hvp(f, wrt)(args..., v)`: the Hessian of sum(f) w.r.t. argument
-    `wrt`, times v (reverse over reverse).  A host v of another dtype is
+    `wrt`, times v (reverse over reverse: H^T v, for H = `hessian(f)`,
+    which differs from H v = jvp(grad(f)) where a grad block that is no
+    function's derivative leaves H not symmetric).  A host v of another dtype is
     converted to wrt's, as a pullback's cotangent is (values beyond it
     refused), where jvp refuses a tangent of another dtype."""
 

@@ -56,6 +56,19 @@ def test_second_derivative_of_log1pexp_is_sigmoid_derivative():
     np.testing.assert_allclose(dsl.hvp(m.log1pexp)(x, np.ones_like(x)), s * (1 - s), atol=1e-12)
 
 
+def test_a_block_with_no_symmetric_hessian_gives_hvp_its_transpose_product():
+    # the block is no function's derivative: grad_i = x[0] for every i, so
+    # H = hessian = [[1, 0, 0]] * 3; jvp(grad) is H v, hvp (reverse over
+    # reverse) v^T H, as documented (language.md, forward mode)
+    m = dsl.loads("def f(x):\n    return x * x\ngrad(dy):\n    return dy * x[0]\n")
+    x, v = np.array([1.0, 2.0, 3.0]), np.array([1.0, 10.0, 100.0])
+    h = dsl.hessian(m.f)(x)
+    np.testing.assert_array_equal(h, [[1.0, 0.0, 0.0]] * 3)
+    np.testing.assert_array_equal(dsl.jacrev(dsl.grad(m.f))(x), h)
+    np.testing.assert_array_equal(dsl.jvp(dsl.grad(m.f), (x,), (v,))[1], h @ v)
+    np.testing.assert_array_equal(dsl.hvp(m.f)(x, v), h.T @ v)
+
+
 TRANSPOSE_ONLY = """
 def log1pexp(x):
     e = exp(x)
