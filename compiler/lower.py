@@ -171,8 +171,9 @@ class Lowerer:
     def judge_compile_time(self, b: Builder, err: NotCompileTime) -> None:
         """Marks `err` (raised in an expression lowered into `b`) as
         `of_upstream` where its value is computed from the upstream
-        cotangents of the grad block being lowered: then no signature
-        compiles the block, and the load says so.  Only the innermost
+        cotangents of the grad block being lowered: then every signature
+        that lowers the block there fails alike (a cotangent is a run-time
+        value at all of them), and the load says so.  Only the innermost
         expression judges it, since its builder (and the outer ones) made
         the value."""
         if err.judged:
