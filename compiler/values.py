@@ -27,7 +27,9 @@ class NotCompileTime(GradError):
     the load's check reports it (`pipeline.check_linearity`) where it takes
     other errors for its representative signature's and goes on."""
 
-    def __init__(self, message: str, span: Span, value: object) -> None:
+    def __init__(self, message: str, span: Optional[Span] = None, value: object = None) -> None:
+        # (span and value optional: an unpickled error is built from its message, then
+        # its attributes are set, as a process pool sends a worker's error back)
         super().__init__(message, span)
         self.value = value
         self.judged = False  # (by the innermost expression it left: its builder has the value)

@@ -163,3 +163,14 @@ def test_an_error_of_no_location_keeps_none_through_a_pickle():
     text = str(raised.value)
     assert text.startswith("error: ") and "declares no param 'v'" in text
     assert str(pickle.loads(pickle.dumps(raised.value))) == text
+
+
+def test_an_error_of_a_compile_time_value_in_a_grad_block_pickles():
+    # (its class took the value as a required argument, which unpickling,
+    # that passes the message only, did not give: a TypeError)
+    with pytest.raises(dsl.GradError) as raised:
+        dsl.loads("def f(x):\n    return x * x\ngrad(dy):\n"
+                  "    return reshape(dy * x, (sum(dy > 0.0),))\n", "b.grad")
+    text = str(raised.value)
+    assert text.startswith("b.grad:4:12: error: a shape must be") and "upstream" in text
+    assert str(pickle.loads(pickle.dumps(raised.value))) == text
