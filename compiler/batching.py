@@ -64,6 +64,9 @@ from gradlang.compiler.shapes import Sym, evaluate
 from gradlang.runtime.errors import GradError, QuotesSource, Span
 
 BATCH = Sym.named("batch")
+# why a value reduced over the batch (a partial, or computed from the combined
+# ones) cannot be read by a row's computation: its value needs every block
+REDUCED_ROW_BY_ROW = "uses a value reduced over the batch row by row"
 
 # what each value is, for the split
 CONST = "const"      # the same in every block (from non-batch arguments and n)
@@ -201,7 +204,7 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
                      "a block does not know where its rows start", origin, "arange")
     if AFTER in states or PARTIAL in states:
         if batched or layout:
-            raise _mixes(eqn, "uses a value reduced over the batch row by row", origin)
+            raise _mixes(eqn, REDUCED_ROW_BY_ROW, origin)
         return AFTER
     if layout is None:
         if not batched:
@@ -303,7 +306,7 @@ class _Walk:
         states = [self.state[a] for a in inputs]
         if not eqn.outputs:  # a check: where it runs is its inputs' (`_checks_rows`)
             if {ROWS, COLS, STACKED, PER_BLOCK} & set(states) and {AFTER, PARTIAL} & set(states):
-                raise _mixes(eqn, "uses a value reduced over the batch row by row", self.span)
+                raise _mixes(eqn, REDUCED_ROW_BY_ROW, self.span)
             self.eqns.append(eqn)
             return
         reduced = next((self.origin[a] for a in inputs if a in self.origin), None)

@@ -11,7 +11,8 @@ each.  Every other argument (NumPy, or a Dask array of another length, a
 parameter vector) goes to every block.  An elementwise function (all its
 batch arguments of one shape) keeps the first's chunks, along every axis.
 The compiler splits f over the rows (`compiler.batching.split_rows`, which
-raises `GradError` naming the op that mixes rows): each block runs the
+raises `GradError` naming the op that mixes rows, with a note where f is
+the derivative of a function that splits on its own): each block runs the
 compiled row-wise part, a program of its own; its partials (sums and
 maxima over the batch, parameter gradients among them) are combined
 pairwise in a tree and then finished once (`combine`, small: run by the
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from gradlang.compiler.batching import BATCH, split_rows, with_sizes
+from gradlang.compiler.batching import BATCH, REDUCED_ROW_BY_ROW, split_rows, with_sizes
 from gradlang.compiler.interpret import interpret
 from gradlang.compiler.ir import print_function
 from gradlang.compiler.pipeline import build, optimize
@@ -388,7 +389,11 @@ class _Plan:
                             f"{_listed(batch)}: arguments that are not "
                             "Dask arrays chunked the same go whole to every block)",
                             err.span, err.source, err.note) from None
-        self.split = split_rows(fn, n, f.span)
+        try:
+            self.split = split_rows(fn, n, f.span)
+        except GradError as err:
+            _note_a_derivative(err, f, bound, batch, n)
+            raise
         block = self.split.block
         if self.split.elementwise:  # sizes symbolic along every axis: blocks of any shape
             shape = bound[next(iter(batch))].shape
@@ -408,6 +413,38 @@ class _Plan:
         n_rows = sum(self.split.row_outputs)
         self.row_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.block.out_types[:n_rows]]
         self.other_types = [(t.shape, NUMPY[t.dtype]) for t in self.split.combine.out_types]
+
+
+def _note_a_derivative(err: GradError, f: Compiled, bound: dict, batch: frozenset,
+                       n: int) -> None:
+    """A note on err (f does not split over the rows) where f is a
+    derivative (`grad`, `vjp`, `jvp`, `hvp`) of a function that splits on
+    its own: the message names an op of that function, and says "this
+    function does not decompose", which its call on the same Dask arrays
+    contradicts.  (The derivative reads back in every row a value reduced
+    over all of them: `max(x)`'s, the count of a masked mean, `s` of
+    `sum(s * s)`; one pass over the blocks has no such value yet.)"""
+    from dsl.function import Derived
+    primal = f
+    while isinstance(primal, Derived):
+        primal = primal.inner
+    if primal is f:
+        return
+    own = {s.name for s in (*primal.specs, *primal.param_specs)}
+    primal_bound = {k: v for k, v in bound.items() if k in own}
+    primal_batch = batch & primal_bound.keys()
+    if not primal_batch:
+        return
+    shapes = {k: (BATCH,) + primal_bound[k].shape[1:] for k in primal_batch}
+    try:
+        split_rows(primal.lower_as(primal_bound, shapes), n, primal.span)
+    except (GradError, NeedsConcrete, NeedsValue):
+        return  # (it does not split either: the message is about it)
+    why = (" (it reads this value, reduced over every block's rows, back in each row, which "
+           "one pass over the blocks cannot give it)" if REDUCED_ROW_BY_ROW in err.message else "")
+    # (f is not named: `jacrev` and `hessian` run as a jvp on Dask, named so)
+    err.add_note(f"{called(primal.name)} itself decomposes over the rows; its derivative "
+                 f"does not{why}")
 
 
 def _listed(names) -> str:

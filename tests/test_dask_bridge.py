@@ -207,6 +207,23 @@ def test_a_function_that_mixes_rows_is_a_grad_error_at_the_op(body, column):
         m.f(da.from_array(X, chunks=(400, 3)))
 
 
+@pytest.mark.parametrize("transform", [dsl.grad, dsl.value_and_grad])
+def test_a_derivative_that_does_not_decompose_says_the_function_does(transform):
+    # a masked mean decomposes (two sums over the rows), its gradient not
+    # (the count, reduced over every row, is read back in each row): the
+    # message quoting the mean's op said "this function does not decompose"
+    m = dsl.loads("def f(x, m):\n    return sum(where(m, x, 0.0)) / sum(float64(m))\n",
+                  "masked.grad")
+    xs, ms = da.from_array(X, chunks=(300, 3)), da.from_array(X > 0, chunks=(300, 3))
+    np.testing.assert_allclose(m.f(xs, ms).compute(), X[X > 0].mean(), rtol=1e-12)
+    with pytest.raises(dsl.GradError) as caught:
+        transform(m.f)(xs, ms)
+    assert str(caught.value).endswith(
+        "note: f() itself decomposes over the rows; its derivative does not (it reads this "
+        "value, reduced over every block's rows, back in each row, which one pass over the "
+        "blocks cannot give it)")
+
+
 @pytest.mark.parametrize("body", [
     "x[p]",  # (named `take`, the IR's op)
     "take(x.T, p, axis=1)",
