@@ -238,11 +238,16 @@ def _layout(f: Compiled, bound: DaskBound) -> tuple:
         raise ArgumentError(f"{called(f.name)} on Dask arrays splits them by their rows (axis 0), "
                             f"and {rowed[0]!r} has none: pass a 0-d one computed (.compute())",
                             f.span)
-    if any(arrays[n].shape[0] != first.shape[0] for n in chunked):
+    other = next((n for n in chunked if arrays[n].shape[0] != first.shape[0]), None)
+    if other is not None:
+        # (a weight vector chunked along axis 0 is no batch, and goes to every
+        # block in one chunk along it: say how, for the shorter of the two)
+        other = min((chunked[0], other), key=lambda n: arrays[n].shape[0])
         raise ArgumentError(f"{called(f.name)}: the Dask arguments chunked along axis 0 are "
                             "batches of rows and must have the same number of rows; got "
-                            f"shapes {', '.join(str(list(x.shape)) for x in arrays.values())}",
-                            f.span)
+                            f"shapes {', '.join(str(list(x.shape)) for x in arrays.values())} "
+                            f"(to pass {other!r} whole to every block, give it one chunk "
+                            f"along axis 0: {other}.rechunk({{0: -1}}))", f.span)
     rows = first.chunks[0]
     batch = {n: x.rechunk((rows,) + tuple(-1 for _ in x.shape[1:]))
              for n, x in arrays.items()

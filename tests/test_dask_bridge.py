@@ -331,8 +331,13 @@ def test_a_dask_array_of_another_length_goes_to_every_block():
 def test_batch_arguments_must_have_the_same_rows():
     m = dsl.loads("def f(x, y):\n    return sum(x) + sum(y)\n")
     with pytest.raises(dsl.ArgumentError, match="same number of rows; got shapes "
-                                                "\\[800, 3\\], \\[10\\]"):
+                                                "\\[800, 3\\], \\[10\\] \\(to pass 'y' whole "
+                                                "to every block, give it one chunk along "
+                                                "axis 0: y.rechunk\\({0: -1}\\)\\)"):
         m.f(da.from_array(X, chunks=(400, 3)), da.from_array(Y[:10], chunks=5))
+    # as it says: then it goes to every block
+    y = da.from_array(Y[:10], chunks=5).rechunk({0: -1})
+    assert np.isclose(m.f(da.from_array(X, chunks=(400, 3)), y).compute(), X.sum() + Y[:10].sum())
     # a NumPy array of the batch's length is not a batch: it goes to every block
     with pytest.raises(dsl.GradError, match="rows.grad:2:12: error: shapes \\[batch\\] and "
                                             "\\[800\\] do not broadcast \\(on Dask arrays, "
