@@ -3,8 +3,9 @@
 Contract: `call_on_dask(f, args, kwargs)` (what a compiled function's call
 does when a Dask array is among its arguments) returns f's results as Dask
 arrays, computing nothing.  The *batch* arguments are the Dask arrays
-chunked along axis 0 (or, if none is, the first Dask array with an axis;
-a call whose Dask arrays are all 0-d is an `ArgumentError`) and every
+chunked along axis 0 (or, if none is, the first Dask array with an axis
+over whose rows f splits, in one block: any computes the same; a call
+whose Dask arrays are all 0-d is an `ArgumentError`) and every
 other Dask array with as many rows, n: their axis 0 is the batch, their
 row blocks are made the same as the first's, their other axes one chunk
 each.  Every other argument (NumPy, or a Dask array of another length, a
@@ -232,9 +233,36 @@ def _layout(f: Compiled, bound: DaskBound) -> tuple:
     arrays = bound.dask
     rowed = [n for n in arrays if n not in bound.whole]
     chunked = [n for n in rowed if arrays[n].ndim and arrays[n].numblocks[0] > 1]
-    first = arrays[chunked[0] if chunked else next((n for n in rowed if arrays[n].ndim),
-                                                    rowed[0])]
+    if chunked:
+        return _layout_with(f, bound, arrays[chunked[0]], chunked)
+    with_rows = [n for n in rowed if arrays[n].ndim]
+    if not with_rows:  # (a 0-d one: `_layout_with` says it has no rows)
+        return _layout_with(f, bound, arrays[rowed[0]], chunked)
+    # None is split along its rows, so whichever array gives the rows, they
+    # are one block, and any split of f computes the same: the first array
+    # (by its number of rows) that f splits over.  (Only the first was
+    # tried: `f(w, x)` of a weight vector w and a data matrix x, each one
+    # chunk, took w's entries for the rows, and x @ w did not compile, where
+    # `f(x, w)` ran.)
+    refused: list[GradError] = []
+    tried: set[int] = set()  # (numbers of rows: an array of rows tried gives the same split)
+    for n in with_rows:
+        if arrays[n].shape[0] in tried:
+            continue
+        tried.add(arrays[n].shape[0])
+        try:
+            return _layout_with(f, bound, arrays[n], chunked)
+        except GradError as err:
+            refused.append(err)
+    raise refused[0]
+
+
+def _layout_with(f: Compiled, bound: DaskBound, first: Any, chunked: list[str]) -> tuple:
+    """`_layout` with the rows of Dask array `first` as the batch's
+    (`chunked`: the Dask arguments chunked along axis 0)."""
+    arrays = bound.dask
     if first.ndim == 0:  # (and so is every other)
+        rowed = [n for n in arrays if n not in bound.whole]
         raise ArgumentError(f"{called(f.name)} on Dask arrays splits them by their rows (axis 0), "
                             f"and {rowed[0]!r} has none: pass a 0-d one computed (.compute())",
                             f.span)

@@ -578,6 +578,19 @@ def test_hvp_on_dask_arrays_is_lazy_and_equals_the_in_memory_hvp():
         np.testing.assert_allclose(lazy.compute(), expected, rtol=1e-12, atol=1e-15)
 
 
+def test_a_weight_vector_before_unsplit_data_goes_to_every_block():
+    # neither split along its rows: the batch was the first Dask array, w,
+    # whose 3 entries x @ w cannot take as rows ("the size 3 meets the size
+    # batch"), where f(x, w) ran: the rows are now the first that f splits over
+    f = dsl.loads("def f(w, x):\n    return sum(tanh(x @ w))\n").f
+    value, (gw, gx) = dask.compute(*dsl.value_and_grad(f, wrt=(0, 1))(da.from_array(W),
+                                                                      da.from_array(X)))
+    expected_value, (expected_gw, expected_gx) = dsl.value_and_grad(f, wrt=(0, 1))(W, X)
+    np.testing.assert_allclose(value, np.tanh(X @ W).sum(), rtol=1e-12)
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12)
+    np.testing.assert_allclose(gx, expected_gx, rtol=1e-12)
+
+
 def test_a_0d_dask_argument_goes_to_every_block():
     # the batch is the first Dask argument with rows: a 0-d one before it
     # was taken as the batch ("must have the same number of rows; got
