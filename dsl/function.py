@@ -275,6 +275,34 @@ def by_keyword_order(args: tuple, kwargs: dict[str, Any], order: tuple[str, ...]
         return args, kwargs
 
 
+def _torch_compiling() -> bool:
+    """Whether this call runs where torch.compile's dynamo compiles the
+    frames called (its eval-frame callback set): tracing a model that calls
+    a loaded function itself, not its `dsl.to_torch`, or running one of its
+    frames it could not trace, whose callees it compiles still.  Only where
+    torch is imported (`import dsl` never imports it)."""
+    eval_frame = sys.modules.get("torch._C._dynamo.eval_frame")
+    return eval_frame is not None and eval_frame.get_eval_frame_callback() not in (None, False)
+
+
+def _eagerly(f: "Compiled", args: tuple, kwargs: dict) -> Any:
+    """f.call_slow(args, kwargs) run by Python, its frames not compiled by
+    torch.compile's dynamo (a graph break, as for any function it cannot
+    trace): it traced binding, NumPy and the kernels with its fake tensors,
+    and raised its InternalTorchDynamoError ("Cannot interpret
+    'torch.float32' as a data type") where the same call outside
+    torch.compile reads CPU tensors as constants (or says to call it
+    through `dsl.to_torch`, for one that requires grad)."""
+    if not _UNCOMPILED:
+        import torch
+        _UNCOMPILED.append(torch.compiler.disable(lambda f, args, kwargs:
+                                                  f.call_slow(args, kwargs)))
+    return _UNCOMPILED[0](f, args, kwargs)
+
+
+_UNCOMPILED: list = []  # `_eagerly`'s call, made once torch is imported
+
+
 def plain_call_key(args: Sequence[Any]) -> Optional[tuple]:
     """`fast_key` of a plain call, where a Python float may stand too (its
     type in the key: `FastPath`)."""
@@ -531,6 +559,8 @@ class Compiled:
                     result = self.call_into(args, kwargs["out"])
                     if result is not None:
                         return result
+            if _torch_compiling():
+                return _eagerly(self, args, kwargs)
             return self.call_slow(args, kwargs)
         except GradError as err:
             raise leaving(err, self)

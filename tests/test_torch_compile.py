@@ -544,3 +544,18 @@ def test_a_loop_whose_trip_count_is_an_argument_trains_under_fullgraph(trips):
         np.testing.assert_allclose(value.item(), reference(xn), rtol=1e-14)
         np.testing.assert_allclose(x.grad.numpy(), central_difference(reference, [xn], 0),
                                    rtol=1e-7, atol=1e-8)
+
+
+def test_a_loaded_function_called_itself_runs_eagerly_as_outside_torch_compile():
+    # a model calling m.f, not dsl.to_torch(m.f): dynamo traced binding with
+    # its fake tensors, an InternalTorchDynamoError ("Cannot interpret
+    # 'torch.float32' as a data type"); the call is now a graph break, run as
+    # outside torch.compile: here the ArgumentError saying to call it through
+    # dsl.to_torch, as the tensor requires grad (one that does not is a constant)
+    f = dsl.loads("def f(x):\n    return sum(x * x)\n", "own.grad").f
+    torch._dynamo.reset()
+    step = torch.compile(lambda t: f(t * 2.0) + 1.0, backend="eager")
+    with pytest.raises(dsl.ArgumentError, match=r"own.grad:1:5: error: argument 'x' of f\(\) "
+                       r"cannot be read as a NumPy array \(.*\); call the function through "
+                       r"dsl.to_torch\(f\)"):
+        step(torch.arange(3.0, requires_grad=True))
