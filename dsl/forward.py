@@ -48,9 +48,9 @@ import numpy as np
 
 from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
 from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunction, Stacked,
-                          Wrt, derived, derived_if_made, fast_key, holding_nothing, jvp_function,
-                          resolve_wrt, results_like, stacked_jvp_function,
-                          stacked_vjp_function, vjp_of_bound)
+                          Wrt, derived, derived_if_made, eagerly, fast_key, holding_nothing,
+                          jvp_function, resolve_wrt, results_like, stacked_jvp_function,
+                          stacked_vjp_function, torch_compiling, vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
 from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
@@ -449,6 +449,8 @@ class Jacobian(AsFunction):
 
     @user_facing
     def __call__(self, /, *args, **kwargs):
+        if torch_compiling():  # (see there)
+            return eagerly(type(self).__call__, self, *args, **kwargs)
         if not kwargs and not THREAD.tapes:
             run = self._known.get(fast_key(args))
             if run is not None:

@@ -275,32 +275,37 @@ def by_keyword_order(args: tuple, kwargs: dict[str, Any], order: tuple[str, ...]
         return args, kwargs
 
 
-def _torch_compiling() -> bool:
+def torch_compiling() -> bool:
     """Whether this call runs where torch.compile's dynamo compiles the
-    frames called (its eval-frame callback set): tracing a model that calls
-    a loaded function itself, not its `dsl.to_torch`, or running one of its
-    frames it could not trace, whose callees it compiles still.  Only where
-    torch is imported (`import dsl` never imports it)."""
+    frames called: tracing a model that calls a loaded function itself
+    (not its `dsl.to_torch`; a constant there), or running one of its
+    frames it could not trace, whose callees it compiles still (its
+    eval-frame callback set).  Only where torch is imported (`import dsl`
+    never imports it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if torch.compiler.is_compiling():  # (the test dynamo traces: it knows no callback's)
+        return True
     eval_frame = sys.modules.get("torch._C._dynamo.eval_frame")
     return eval_frame is not None and eval_frame.get_eval_frame_callback() not in (None, False)
 
 
-def _eagerly(f: "Compiled", args: tuple, kwargs: dict) -> Any:
-    """f.call_slow(args, kwargs) run by Python, its frames not compiled by
+def eagerly(call: Callable, *args, **kwargs) -> Any:
+    """call(*args, **kwargs) run by Python, its frames not compiled by
     torch.compile's dynamo (a graph break, as for any function it cannot
-    trace): it traced binding, NumPy and the kernels with its fake tensors,
-    and raised its InternalTorchDynamoError ("Cannot interpret
-    'torch.float32' as a data type") where the same call outside
-    torch.compile reads CPU tensors as constants (or says to call it
-    through `dsl.to_torch`, for one that requires grad)."""
+    trace), where `torch_compiling`: it traced binding, NumPy and the
+    kernels with its fake tensors, and raised its InternalTorchDynamoError
+    ("Cannot interpret 'torch.float32' as a data type") where the same call
+    outside torch.compile reads CPU tensors as constants (or says to call
+    it through `dsl.to_torch`, for one that requires grad)."""
     if not _UNCOMPILED:
         import torch
-        _UNCOMPILED.append(torch.compiler.disable(lambda f, args, kwargs:
-                                                  f.call_slow(args, kwargs)))
-    return _UNCOMPILED[0](f, args, kwargs)
+        _UNCOMPILED.append(torch.compiler.disable(lambda c, a, k: c(*a, **k)))
+    return _UNCOMPILED[0](call, args, kwargs)
 
 
-_UNCOMPILED: list = []  # `_eagerly`'s call, made once torch is imported
+_UNCOMPILED: list = []  # `eagerly`'s call, made once torch is imported
 
 
 def plain_call_key(args: Sequence[Any]) -> Optional[tuple]:
@@ -559,8 +564,8 @@ class Compiled:
                     result = self.call_into(args, kwargs["out"])
                     if result is not None:
                         return result
-            if _torch_compiling():
-                return _eagerly(self, args, kwargs)
+            if torch_compiling():
+                return eagerly(self.call_slow, args, kwargs)
             return self.call_slow(args, kwargs)
         except GradError as err:
             raise leaving(err, self)
@@ -1723,11 +1728,13 @@ class HvpFunction(Directional):
             v = chunked_like(v, x)
         elif is_dask_array(v) and not is_dask_array(x):
             x = chunked_like(x, v, own_dtype=True)
-        dtype = np.dtype(getattr(x, "dtype", np.bool_))
-        if is_dask_array(v) and dtype.kind == "f" and v.dtype != dtype:
+        if is_dask_array(v) and is_dask_array(x) and x.dtype.kind == "f" \
+                and v.dtype != x.dtype:
             # converted to wrt's dtype as a host v is (binding could convert
-            # only its stand-in, which would then stand for no Dask array)
-            v = v.astype(dtype)
+            # only its stand-in, which would then stand for no Dask array);
+            # (x's dtype asked of a Dask array only: a torch tensor's was
+            # NumPy's TypeError "Cannot interpret 'torch.float32' as a data type")
+            v = v.astype(x.dtype)
         if self.wrt in kwargs:
             kwargs = {**kwargs, self.wrt: x}
         else:

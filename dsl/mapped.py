@@ -40,7 +40,7 @@ import numpy as np
 
 from dsl.forward import Jacobian, refuse_out, require_float
 from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, derived, describe_layout,
-                          holding_nothing, results_like)
+                          eagerly, holding_nothing, results_like, torch_compiling)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType, Var
 from gradlang.compiler.vectorize import NotVectorizable
@@ -478,6 +478,8 @@ class MappedJacobian(AsFunction):
 
     @user_facing
     def __call__(self, /, *args, **kwargs):
+        if torch_compiling():  # (see there)
+            return eagerly(type(self).__call__, self, *args, **kwargs)
         refuse_out(self.name, kwargs, self.f.span)
         bound = self.f.bind(args, kwargs)
         if recording_tapes(bound.values()):  # (one program, as `Jacobian.__call__` says)

@@ -1096,3 +1096,13 @@ def test_forward_ad_takes_no_tangent_for_a_tensor_that_has_none():
     np.testing.assert_allclose(grads[0], root + root / np.sqrt(2), rtol=1e-15)
     np.testing.assert_allclose(grads[1], x.detach().numpy() * (1 + 1 / np.sqrt(2)) / (2 * root),
                                rtol=1e-14)
+
+
+def test_an_hvp_of_torch_tensors_called_itself_binds_them_as_numpy_arrays():
+    # (not through to_torch: constants) its Dask check asked NumPy for a
+    # tensor's dtype: NumPy's TypeError "Cannot interpret 'torch.float32' as
+    # a data type" where binding says what is wrong (no program compiled)
+    f = dsl.loads("def f(x):\n    return sum(x * x * x)\n").f
+    with pytest.raises(dsl.ArgumentError, match=r"hvp\(f\): v has shape \[3\], but 'x' has "
+                                                r"shape \[2\]"):
+        dsl.hvp(f)(torch.tensor([1.0, 2.0]), torch.tensor([1.0, -1.0, 0.0]))

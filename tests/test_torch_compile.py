@@ -551,7 +551,8 @@ def test_a_loaded_function_called_itself_runs_eagerly_as_outside_torch_compile()
     # its fake tensors, an InternalTorchDynamoError ("Cannot interpret
     # 'torch.float32' as a data type"); the call is now a graph break, run as
     # outside torch.compile: here the ArgumentError saying to call it through
-    # dsl.to_torch, as the tensor requires grad (one that does not is a constant)
+    # dsl.to_torch, as the tensor requires grad (one that does not is a
+    # constant)
     f = dsl.loads("def f(x):\n    return sum(x * x)\n", "own.grad").f
     torch._dynamo.reset()
     step = torch.compile(lambda t: f(t * 2.0) + 1.0, backend="eager")
