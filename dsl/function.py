@@ -287,8 +287,11 @@ def torch_compiling() -> bool:
         return False
     if torch.compiler.is_compiling():  # (the test dynamo traces: it knows no callback's)
         return True
-    eval_frame = sys.modules.get("torch._C._dynamo.eval_frame")
-    return eval_frame is not None and eval_frame.get_eval_frame_callback() not in (None, False)
+    # (a private function: a torch without it is taken as not compiling,
+    # where the public is_compiling above said so)
+    callback = getattr(sys.modules.get("torch._C._dynamo.eval_frame"),
+                       "get_eval_frame_callback", None)
+    return callback is not None and callback() not in (None, False)
 
 
 def eagerly(call: Callable, *args, **kwargs) -> Any:
