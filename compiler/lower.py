@@ -42,13 +42,14 @@ from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, Static
                                   TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
-from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to
+from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to, plain_size
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeInt, StaticList, Value, as_atom, as_results, cast,
-                                      check_range_fits, entry_results, is_static, number_type,
-                                      run_time_atom, run_time_number, sequence_kind, unify,
-                                      weak_float_dtype, weak_number, weak_result)
+                                      check_range_fits, entry_results, is_run_time, is_static,
+                                      number_type, promote, run_time_atom, run_time_number,
+                                      run_time_product, sequence_kind, unify, weak_float_dtype,
+                                      weak_number, weak_result)
 from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -718,7 +719,7 @@ class Lowerer:
                                 f"got rank {rank}", e.span)
             return self.transpose(b, v, tuple(range(rank - 2)) + (rank - 1, rank - 2), e.span)
         if e.name == "shape":
-            return tuple(v.type.shape)
+            return tuple(plain_size(d) for d in v.type.shape)
         if e.name == "ndim":
             return v.type.rank
         if e.name == "size":
@@ -992,9 +993,12 @@ class Lowerer:
         time.  A literal that does not fit the argument's dtype, or a
         negative literal exponent of it, is the error it is at run time."""
         if isinstance(left, Sym) or isinstance(right, Sym):
-            # (NeedsConcrete: `binary` makes a float a run-time number, else
-            # the program is lowered for concrete sizes)
-            return _fold(op, left, right)
+            # (NeedsConcrete but for a product: `binary` makes a float a
+            # run-time number, else the program is lowered for concrete
+            # sizes.  A product is still a size, of the run-time operands'
+            # dtype: `sqrt(x.shape[0] * k)` was weakly typed, f32 with f32
+            # x, where with k at run time, or with concrete sizes, it is f64)
+            return run_time_product(_fold(op, left, right), _run_time_dtype(left, right))
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
         dtype = x.type.dtype
@@ -1341,7 +1345,14 @@ def _at_run_time(*operands: Value) -> bool:
     """Whether arithmetic on these compile-time operands is the run
     time's: one is a by-value argument's number (`RunTimeInt`), or a
     float made of one (`RunTimeFloat`)."""
-    return any(isinstance(v, RUN_TIME) for v in operands)
+    return any(is_run_time(v) for v in operands)
+
+
+def _run_time_dtype(*operands: Value) -> str:
+    """The dtype of arithmetic on compile-time operands, some of which
+    stand for run-time scalars (`is_run_time`): theirs, promoted (the
+    others are weakly typed, and take it)."""
+    return functools.reduce(promote, [v.dtype for v in operands if is_run_time(v)])
 
 
 def _run_time_value(op: str, values: Sequence, dtype: str):

@@ -15,8 +15,8 @@ run time instead (`compiler.lower.Lowerer.size_number`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterable, Union
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional, Union
 
 
 class NeedsConcrete(Exception):
@@ -53,6 +53,14 @@ MAX_FACTORS = 1024
 class Sym:
     factors: tuple[str, ...]
     coef: int = 1
+    # The dtype of the run-time scalar this size stands for where a
+    # by-value integer argument's number made it (`x.shape[0] * k`: i32 for
+    # an i32 k, as that product is where k is not taken by value; see
+    # `compiler.values.RunTimeInt`), else None: a size, weakly typed as a
+    # literal is.  Not part of the size: equal sizes are equal whatever
+    # made them, and arithmetic on sizes (`Sym.__mul__`) and a shape read
+    # back (`plain_size`) drop it.
+    dtype: Optional[str] = field(default=None, compare=False)
 
     @staticmethod
     def named(name: str) -> "Sym":
@@ -103,6 +111,13 @@ def made_up(stem: str, tag: object) -> Sym:
 
 
 Dim = Union[int, Sym]
+
+
+def plain_size(d: Dim) -> Dim:
+    """d as a size, weakly typed: a `Sym` without the dtype of the
+    run-time scalar that made it (`x.shape[0]` of an array whose length
+    is `n * k` is a size, as it is where that length is a number)."""
+    return replace(d, dtype=None) if isinstance(d, Sym) and d.dtype is not None else d
 
 
 def prod(dims: Iterable[Dim]) -> Dim:

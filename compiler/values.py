@@ -10,11 +10,12 @@ turns an integer array into f64; so does a `WeakVar` (`arange`'s result).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
-from gradlang.compiler.shapes import Sym
+from gradlang.compiler.shapes import Sym, plain_size
 from gradlang.runtime.common import arange_length
 from gradlang.runtime.errors import GradError, Span
 
@@ -108,6 +109,22 @@ class RunTimeFloat(_RunTimeNumber, float):
 RUN_TIME = (RunTimeInt, RunTimeFloat)
 
 
+def is_run_time(v: object) -> bool:
+    """Whether compile-time v stands for a run-time scalar of a dtype: a
+    `RunTimeInt` or `RunTimeFloat`, or a size that a by-value argument's
+    number multiplied (`x.shape[0] * k`: a `Sym` with a dtype)."""
+    return isinstance(v, RUN_TIME) or isinstance(v, Sym) and v.dtype is not None
+
+
+def run_time_product(size: Union[int, Sym], dtype: str) -> Union[RunTimeInt, Sym]:
+    """A size times a by-value argument's number (`x.shape[0] * k`), as
+    the run-time scalar of `dtype` it stands for: still a size, where a
+    shape takes it (`reshape(x, (x.shape[0] * k,))`), and, where it meets
+    arrays or a float function (`sqrt`), the scalar of `dtype` that the
+    product is where k is not taken by value; 0 (for k = 0) a `RunTimeInt`."""
+    return replace(size, dtype=dtype) if isinstance(size, Sym) else RunTimeInt(size, dtype)
+
+
 def run_time_number(value: Union[int, float], dtype: str) -> Union[RunTimeInt, RunTimeFloat]:
     """The compile-time number standing for a run-time scalar of `dtype`
     whose value is `value`."""
@@ -145,7 +162,10 @@ def run_time_atom(b: Builder, v: Value, span: Optional[Span]) -> Value:
     """v, where it is a `RunTimeInt` or `RunTimeFloat`, as the scalar it
     stands for: a literal of its dtype, which promotes as an array does
     (`y * k` is i64 for i32 y and an i64 k, as it is when k is not taken
-    by value); any other value as it is."""
+    by value), and so a size that one multiplied (`is_run_time`), as the
+    size's `dim` of that dtype; any other value as it is."""
+    if isinstance(v, Sym) and v.dtype is not None:
+        return b.bind("dim", value=plain_size(v), dtype=v.dtype, span=span)
     return b.lit(v, v.dtype, span) if isinstance(v, RUN_TIME) else v
 
 
@@ -205,7 +225,7 @@ def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = N
         hint = "; build an array with stack([...])" if isinstance(v, StaticList) else ""
         raise GradError(f"a {sequence_kind(v)} cannot be used as an array here{hint}", span)
     if isinstance(v, Sym):
-        return b.bind("dim", value=v, dtype=dtype or "i64", span=span)
+        return b.bind("dim", value=plain_size(v), dtype=dtype or v.dtype or "i64", span=span)
     return b.lit(v, dtype or _weak_dtype(v), span)
 
 
@@ -274,7 +294,7 @@ def weak_number(v: Value) -> Optional[Value]:
 def _weak_static(v: Value) -> bool:
     """Whether v is a compile-time value that is weakly typed: not a
     `RunTimeInt` or `RunTimeFloat`, the array of its dtype it stands for."""
-    return is_static(v) and not isinstance(v, RUN_TIME)
+    return is_static(v) and not is_run_time(v)
 
 
 def weak_result(values: Sequence[Value]) -> bool:

@@ -198,3 +198,25 @@ def test_a_by_value_argument_is_no_if_condition_as_the_run_time_scalar_is_not():
             dsl.loads(f"def f(y: i32[2], k: i64):\n{forced}    r = y\n    if k:\n"
                       "        r = y * 2\n    return r\n", "if.grad").f(
                 np.array([3, -4], np.int32), np.int64(3))
+
+
+SIZE_TIMES_K = """
+def {name}(x: f32[n], k: i32):
+{forced}    return x * sqrt(x.shape[0] * k), x * (x.shape[0] * k * 0.5), x.shape[0] * k, \\
+        x.shape[0] * k * x.shape[0]
+"""
+
+
+def test_a_size_times_a_by_value_argument_is_the_run_time_scalar_of_its_dtype():
+    # `x.shape[0] * k` by value was a size (the program symbolic in n),
+    # weakly typed: sqrt of it, and its product with 0.5, took f32 x's
+    # dtype, and returned it was an i64, where with k an i32 scalar at run
+    # time (or by value with concrete sizes) NumPy's rule gives f64 and i32.
+    m = dsl.loads(SIZE_TIMES_K.format(name="scalar", forced="")
+                  + SIZE_TIMES_K.format(name="by_value", forced=FORCED), "sizes.grad")
+    x, k = np.arange(1, 5, dtype=np.float32), np.int32(3)
+    want = [x * np.sqrt(4 * k), x * (4 * k * 0.5), 4 * k, 4 * k * 4]
+    for got, same, value in zip(m.by_value(x, k), m.scalar(x, k), want, strict=True):
+        assert got.dtype == same.dtype == np.asarray(value).dtype
+        np.testing.assert_array_equal(got, value)
+        np.testing.assert_array_equal(same, value)
