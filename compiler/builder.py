@@ -159,6 +159,30 @@ def fit_constant(value: Union[int, float, bool], dtype: str, what: str,
     return coerce(value, dtype, span)
 
 
+def parameter_number(value: Union[int, float, bool], dtype: str, where: str,
+                     span: Span | None = None) -> Union[int, float, bool]:
+    """A compile-time number bound to a parameter annotated with `dtype`
+    (its default, or a number a calling function writes) as a value of
+    that dtype, taken as the same number passed from Python is
+    (`runtime.args.bind`), so that a parameter takes the same numbers
+    however its value comes: a bool takes 0 and 1 (1.0 too), an integer
+    a whole float (2.0 is 2) but not a bool (NumPy refuses one as an
+    axis or a size), a float any number (True is 1.0).  Anything else is
+    a `GradError` at `span`, with the message `bind` gives (`where` names
+    the value); so is a value the dtype cannot hold (`coerce`)."""
+    if dtype in INTS and isinstance(value, bool):
+        raise GradError(f"{where} is a bool ({value}), but its annotation says {dtype}: "
+                        "pass an integer", span)
+    if dtype not in INTS and dtype != "bool":
+        return coerce(float(value) if isinstance(value, bool) else value, dtype, span)
+    if isinstance(value, float) and not value.is_integer():  # (inf and NaN too)
+        raise GradError(f"{where} must hold {dtype} values (whole numbers), not {value!r}",
+                        span)
+    if dtype == "bool" and value not in (0, 1):
+        raise GradError(f"{where} must hold bool values (0 or 1), not {value!r}", span)
+    return coerce(value, dtype, span)
+
+
 def coerce(value: Union[int, float, bool], dtype: str,
            span: Span | None = None) -> Union[int, float, bool]:
     """A compile-time number as a Python scalar of `dtype` (for f32, the

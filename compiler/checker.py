@@ -37,7 +37,7 @@ import difflib
 from typing import Iterable, Optional
 
 from gradlang.compiler import ast
-from gradlang.compiler.builder import coerce, fit_constant
+from gradlang.compiler.builder import coerce, parameter_number
 from gradlang.compiler.builtins import (BUILTINS, NONE_IS_NO_VALUE, TRANSFORMS, jvp_layout,
                                          numpy_keyword)
 from gradlang.compiler.ir import INTS
@@ -161,9 +161,11 @@ class _Function:
             coerce(k.value.value, "i64", k.value.span)  # counts trips, as i64s do
 
     def default_fits(self, p: ast.Param) -> None:
-        """A default is a value of the parameter's annotated dtype: `n: i64 = 1.5`
-        and `flag: bool = 1` are errors, and so is a constant the dtype cannot
-        hold (`k: i32 = 3000000000`); `a: f64 = 1` is the float 1.0, and so
+        """A default is a value of the parameter's annotated dtype, as the same
+        number passed from Python is (`parameter_number`): `n: i64 = 1.5`
+        and `flag: bool = 2` are errors, and so is a constant the dtype cannot
+        hold (`k: i32 = 3000000000`); `flag: bool = 1.0` is True, `n: i64 =
+        2.0` is 2, `a: f64 = 1` is the float 1.0, and so
         is `a: float = 1` (a kind's default is a number of its widest dtype,
         weakly typed as a literal is).  A number is no value of an annotation
         of rank 1 or more (`a: f64[3] = 1.0`)."""
@@ -181,9 +183,8 @@ class _Function:
                             p.default.span)
         if p.ann.dtype is None:
             return
-        value = p.default.value
-        fit_constant(value, number_dtype(p.ann.dtype), f"the default {value!r} of {p.name!r}",
-                     p.default.span)
+        parameter_number(p.default.value, number_dtype(p.ann.dtype),
+                         f"the default of {p.name!r}", p.default.span)
 
     @staticmethod
     def no_none_cotangent(block: ast.GradBlock, where: str, allowed: list[str]) -> None:

@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from gradlang.compiler import ast, autodiff, control, forward, ops, products
-from gradlang.compiler.builder import Builder, coerce, fit_constant, inline
+from gradlang.compiler.builder import Builder, coerce, fit_constant, inline, parameter_number
 from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, TRANSFORMS,
                                         by_value, compile_time_hint, index_operand,
                                         jvp_layout, take)
@@ -1604,21 +1604,34 @@ def annotated_numbers(b: Builder, fdef: ast.FuncDef, args: dict[str, Value],
             check_range_fits(b, value, dtype, span)
             out[p.name] = b.bind("cast", value, dtype=dtype, span=span)
             continue
-        if not is_static(value) or isinstance(value, (tuple, bool)) or value is None:
+        if not is_static(value) or isinstance(value, tuple) or value is None \
+                or dtype not in FLOATS and dtype not in INTS and dtype not in ("bool", "int"):
             continue
+        if isinstance(value, Sym):
+            if dtype in FLOATS:
+                out[p.name] = as_atom(b, value, span, dtype)
+            continue
+        if isinstance(value, RUN_TIME):  # (`check_annotations` checked its dtype)
+            if dtype in FLOATS:
+                out[p.name] = as_atom(b, coerce(value, dtype, span), span, dtype)
+            continue
+        # (a plain number, as `runtime.args` takes one from Python: True
+        # for an f64 is 1.0, 2.0 for an i64 is 2, 0.5 for it an error)
+        number = parameter_number(value, number_dtype(dtype),
+                                  f"argument {p.name!r} of {fdef.name}()", span)
         if dtype in FLOATS:
-            number = value if isinstance(value, Sym) else coerce(value, dtype, span)
             out[p.name] = as_atom(b, number, span, dtype)
-        elif dtype == "bool" and not isinstance(value, Sym):
-            # (0 and 1 are bools, as runtime.args takes them from Python)
-            if value not in (0, 1):
-                raise GradError(f"argument {p.name!r} of {fdef.name}() must hold bool values "
-                                f"(0 or 1), not {value!r}", span)
-            out[p.name] = bool(value)
-        elif (dtype in INTS or dtype == "int") and number_type(value) is int \
-                and not isinstance(value, RUN_TIME) and not p.is_const:
-            out[p.name] = _typed_int(value, number_dtype(dtype), span)
+        elif dtype == "bool" or p.is_const:
+            out[p.name] = _argument_number(value, number)
+        else:
+            out[p.name] = _typed_int(_argument_number(value, number), number_dtype(dtype), span)
     return out
+
+
+def _argument_number(value, number):
+    """`number`, what `parameter_number` made of `value`, still naming
+    the negative argument `value` stands for (`ArgumentValue`)."""
+    return value if isinstance(value, ArgumentValue) and number == value else number
 
 
 def weak_fits(v: WeakVar, annotated: Optional[str]) -> bool:

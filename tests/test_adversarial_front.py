@@ -229,9 +229,12 @@ def test_a_written_wrt_position_out_of_range_is_an_error_at_it(wrt, col, got):
 @pytest.mark.parametrize("param,col,text", [
     # each of these loaded, and the default was used as written: x * 1.5
     # for an i64, 1e20 as a float for an i64
-    ("a: i64 = 1.5", 19, "the default 1.5 of 'a' is not a value of its dtype i64"),
-    ("a: bool = 1", 20, "the default 1 of 'a' is not a value of its dtype bool"),
-    ("a: f64 = True", 19, "the default True of 'a' is not a value of its dtype f64"),
+    # (a default is taken as the same number passed from Python is:
+    # test_defaults.py::test_a_default_and_a_callers_number_are_taken_as_from_python)
+    ("a: i64 = 1.5", 19, "the default of 'a' must hold i64 values (whole numbers), not 1.5"),
+    ("a: bool = 2", 20, "the default of 'a' must hold bool values (0 or 1), not 2"),
+    ("a: i64 = True", 19, "the default of 'a' is a bool (True), but its annotation says i64: "
+                          "pass an integer"),
     ("a: i64 = 99999999999999999999", 19, "the constant 99999999999999999999 does not fit "
                                           "in i64"),
     ("a: const i32 = 3000000000", 25, "does not fit in i32"),

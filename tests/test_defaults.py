@@ -10,6 +10,8 @@ typed, as a Python number passed for it is: f32 beside f32 arrays.)
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -169,3 +171,33 @@ def test_a_number_for_a_bool_parameter_is_a_bool_as_from_python():
     assert info.value.message == "argument 'flag' of pick() must hold bool values (0 or 1), not 2"
     assert (info.value.line, info.value.col) == (8, 12)
 
+
+
+TAKES = "def f(a: {dtype}{default}):\n    return a\n"
+CALLS = "\ndef g():\n    return f({value})\n"
+
+
+@pytest.mark.parametrize("dtype,value,want", [
+    ("bool", "1.0", np.True_), ("bool", "0", np.False_), ("i32", "2.0", np.int32(2)),
+    ("i64", "-3.0", np.int64(-3)), ("f32", "True", np.float32(1.0)),
+    ("bool", "2", "must hold bool values (0 or 1)"),
+    ("i64", "0.5", "must hold i64 values (whole numbers), not 0.5"),
+    ("i32", "True", "is a bool (True), but its annotation says i32: pass an integer")])
+def test_a_default_and_a_callers_number_are_taken_as_from_python(dtype, value, want):
+    # A parameter takes the same numbers whichever way its value comes: its
+    # default, a calling function's number, or a Python number.  `b: bool =
+    # 1.0` and `n: i64 = 2.0` were refused at load ("not a value of its
+    # dtype bool") though Python's 1.0 and 2.0 were taken; a calling
+    # function's 2.0 for an i32, 0.5 for an i64 and True for an f32 were
+    # passed on as they were (f64 2.0, f64 0.5, a bool).
+    takes, default = TAKES.format(dtype=dtype, default=""), f" = {value}"
+    ways = [lambda: dsl.loads(TAKES.format(dtype=dtype, default=default), "takes.grad").f(),
+            lambda: dsl.loads(takes + CALLS.format(value=value), "takes.grad").g(),
+            lambda: dsl.loads(takes, "takes.grad").f(eval(value))]
+    for way in ways:
+        if isinstance(want, str):
+            with pytest.raises(dsl.GradError, match=re.escape(want)):
+                way()
+        else:
+            got = way()
+            assert got.dtype == want.dtype and got == want
