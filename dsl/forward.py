@@ -48,9 +48,10 @@ import numpy as np
 
 from dsl.dask_bridge import DaskBound, chunked_like, is_dask_array, run_on_dask
 from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunction, Stacked,
-                          Wrt, derived, derived_if_made, eagerly, fast_key, holding_nothing,
-                          jvp_function, resolve_wrt, results_like, stacked_jvp_function,
-                          stacked_vjp_function, torch_compiling, vjp_of_bound)
+                          Wrt, bind_at_defaults, derived, derived_if_made, eagerly, fast_key,
+                          holding_nothing, jvp_function, resolve_wrt, results_like,
+                          stacked_jvp_function, stacked_vjp_function, torch_compiling,
+                          vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
 from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
@@ -458,7 +459,7 @@ class Jacobian(AsFunction):
         refuse_out(self.name, kwargs, self.f.span)
         if any(map(is_dask_array, (*args, *kwargs.values()))):
             return self._on_dask(args, kwargs)
-        bound = self.f.bind(args, kwargs)
+        bound = bind_at_defaults(self.f, args, kwargs, None, self.wrt)
         if recording_tapes(bound.values()):
             # assembled on the host, from blocks of columns, it would be NumPy
             # work on the tape's results, which the tape refuses to follow: as

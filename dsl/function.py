@@ -445,6 +445,11 @@ class Compiled:
         call that leaves them out takes (as they are now)."""
         return {}
 
+    def defaults(self) -> dict[str, Any]:
+        """Its parameters' defaults, by name, as written (Python numbers):
+        what a call that leaves one out takes (`with_defaults`)."""
+        return {}
+
     # subclasses: the IR for a signature, and how to shape the results
     def lower(self, types: dict[str, TensorType]) -> Function:
         raise NotImplementedError
@@ -733,6 +738,9 @@ class Derived(Compiled):
     def span(self):
         return self.inner.span
 
+    def defaults(self) -> dict[str, Any]:
+        return self.inner.defaults()  # (its parameters are inner's)
+
     def error_sources(self) -> tuple[tuple[str, str], ...]:
         return self.inner.error_sources()
 
@@ -763,7 +771,7 @@ class GradFunction(Derived):
                                self.with_value, self.has_aux)
 
     def bind(self, args, kwargs, params=None) -> dict[str, np.ndarray]:
-        return self.inner.bind(args, kwargs, params)
+        return bind_at_defaults(self.inner, args, kwargs, params, self.wrt)
 
     def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
         return self.inner.call_signature(out)  # (it binds as inner binds)
@@ -986,6 +994,22 @@ def needs_ir(what: str, f: AotFunction, why: str = "") -> ArgumentError:
     return ArgumentError(f"{what} needs the IR of {called(f.name)}{why}, and a function of a "
                          "gradc-compiled module has only its compiled programs (call, grad, "
                          "value_and_grad, pullback); load the .grad file with dsl.load for this")
+
+
+def bind_at_defaults(f: Compiled, args, kwargs: dict[str, Any], params, wrt: Sequence[str]
+                     ) -> dict[str, Any]:
+    """f's arguments bound (`f.bind`), where the call leaves out a
+    parameter that `wrt` differentiates with respect to and that has a
+    default, with the default passed for it (as a Python number passed
+    for it is bound: the value and dtype a call that leaves it out
+    computes with, `parameter_number`'s rule, weakly typed where
+    unannotated): a transform differentiates at the default value, as the
+    language's `grad(f, wrt=1)(x)` does (it was an `ArgumentError`, "no
+    value was passed for it")."""
+    bound = f.bind(args, kwargs, params)
+    defaults = f.defaults()
+    left_out = {name: defaults[name] for name in wrt if name not in bound and name in defaults}
+    return f.bind(args, {**kwargs, **left_out}, params) if left_out else bound
 
 
 def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
@@ -1796,8 +1820,10 @@ class GradFn(Compiled):
         return function_of, (self._module, self.name)
 
     def call_signature(self, out: bool = True) -> Optional[inspect.Signature]:
-        defaults = {p.name: p.default.value for p in self.fdef.params if p.default is not None}
-        return call_signature(self.specs, defaults, out)
+        return call_signature(self.specs, self.defaults(), out)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default.value for p in self.fdef.params if p.default is not None}
 
     def describe(self) -> str:
         """Its `__doc__`: its `def` line as written, where, and the `#`

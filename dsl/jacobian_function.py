@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dsl.function import Derived, Stacked, derived, jvp_function
+from dsl.function import Derived, Stacked, bind_at_defaults, derived, jvp_function
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType
 from gradlang.compiler.shapes import NeedsConcrete
@@ -67,7 +67,7 @@ class JacobianFunction(Derived):
 
     def bind(self, args, kwargs, params: Optional[dict[str, Any]] = None
              ) -> dict[str, np.ndarray]:
-        bound = self.inner.bind(args, kwargs, params)
+        bound = bind_at_defaults(self.inner, args, kwargs, params, self.jacobian.wrt)
         self.jacobian.require_wrt(bound)  # (refused as the Jacobian's own call refuses them)
         sizes = [math.prod(bound[name].shape) for name in self.unique]
         rows, start = sum(sizes), 0

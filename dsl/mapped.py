@@ -39,8 +39,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from dsl.forward import Jacobian, refuse_out, require_float
-from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, derived, describe_layout,
-                          eagerly, holding_nothing, results_like, torch_compiling)
+from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, bind_at_defaults, derived,
+                          describe_layout, eagerly, holding_nothing, results_like,
+                          torch_compiling)
 from gradlang.compiler.builder import Builder, inline
 from gradlang.compiler.ir import Function, TensorType, Var
 from gradlang.compiler.vectorize import NotVectorizable
@@ -481,7 +482,7 @@ class MappedJacobian(AsFunction):
         if torch_compiling():  # (see there)
             return eagerly(type(self).__call__, self, *args, **kwargs)
         refuse_out(self.name, kwargs, self.f.span)
-        bound = self.f.bind(args, kwargs)
+        bound = bind_at_defaults(self.f, args, kwargs, None, self.wrt)
         if recording_tapes(bound.values()):  # (one program, as `Jacobian.__call__` says)
             return self.as_function()(*args, **kwargs)
         return self.call_bound(bound)

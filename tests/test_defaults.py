@@ -201,3 +201,35 @@ def test_a_default_and_a_callers_number_are_taken_as_from_python(dtype, value, w
         else:
             got = way()
             assert got.dtype == want.dtype and got == want
+
+
+AT_DEFAULT = """\
+def p(x, a: f64 = 2.0, b = 3.0):
+    return sum(x * a * a * b)
+
+def in_language(x):
+    ga, gb = grad(p, wrt=(1, 2))(x)
+    return ga, gb
+"""
+
+
+def test_a_transform_differentiates_at_a_default_the_call_leaves_out():
+    # dsl.grad(p, wrt=1)(x) was an ArgumentError ("cannot differentiate p()
+    # with respect to 'a': no value was passed for it"), and so were
+    # jacfwd/jacrev/hessian's, where the language's grad(p, wrt=1)(x)
+    # differentiates at the default.  d/da sum(x a^2 b) = 2 a b sum(x);
+    # d/db = a^2 sum(x); b, unannotated, weakly typed as when passed: f32
+    # for f32 x, but f64 beside a's f64, as in the language.
+    m = dsl.loads(AT_DEFAULT, "at_default.grad")
+    x = np.array([1.0, 2.0], np.float32)
+    da, db = 2 * 2.0 * 3.0 * 3.0, 2.0 * 2.0 * 3.0
+    for ga, gb in (dsl.grad(m.p, wrt=("a", 2))(x), m.in_language(x)):
+        assert (ga.dtype, gb.dtype) == (np.float64, np.float64)
+        assert (ga, gb) == (da, db)
+    gb = dsl.grad(m.p, wrt=2)(x)
+    assert gb.dtype == np.float32 and gb == db
+    np.testing.assert_array_equal(dsl.value_and_grad(m.p, wrt=1)(x), (m.p(x), da))
+    for jacobian in (dsl.jacfwd, dsl.jacrev):
+        assert jacobian(m.p, wrt=1)(x) == da
+    assert dsl.hessian(m.p, wrt=1)(x) == 2 * 3.0 * 3.0
+    assert dsl.grad(dsl.grad(m.p, wrt=1), wrt=0)(x).tolist() == [2 * 2.0 * 3.0] * 2
