@@ -255,6 +255,10 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
     atoms, known = [], []
     for arg in stmt.args:
         v = lw.expr(b, arg, env)
+        if lw.number_of_sizes(b, v):
+            # (`range(n - 1)`: with its value known, reads by the index are
+            # proven in range and become a stacked input, `loop_reads`)
+            raise NeedsConcrete("a loop bound is a number made of sizes")
         known.append(v if is_static(v) else None)
         if is_static(v):
             if isinstance(v, bool) or not isinstance(v, (int, Sym)):

@@ -974,6 +974,7 @@ class Lowerer:
             except (OverflowError, ValueError) as err:
                 raise GradError(f"compile-time arithmetic failed: {err}", span) from None
         self.inexact_of_sizes(b, op, (left, right))
+        self.division_of_sizes(b, op, left, right)
         x, y = unify(b, [left, right], span, float_result=op in ops.FLOAT_ONLY,
                      spans=operand_spans)
         _refuse_negative_power(op, x, right, span, operand_spans)
@@ -1027,22 +1028,30 @@ class Lowerer:
     def size_number(self, b, op: str, operands: Sequence[Value], span,
                     err: NeedsConcrete) -> WeakVar:
         """`op` of compile-time numbers, some of them symbolic sizes, where
-        `_fold` raised `err` since it needs their values: a float
-        (`_float_of_sizes`: `0.1 / k`, `k * 0.5`, `1 / n`) is computed at
-        run time, so that the program stays symbolic.  Each size is a `dim`
-        op (the driver's value of the symbol), and the op computes in f64
-        as the concrete lowering folds it (an `exact` op: the same bits);
-        the result is weak, so it takes the dtype of the arrays it meets as
-        that folded number does.  Anything else, or with `numbers_of_sizes`
-        off, raises err."""
-        if not (self.numbers_of_sizes and _float_of_sizes(op, operands)):
+        `_fold` raised `err` since it needs their values: a number
+        (`_number_of_sizes`: `0.1 / k`, `k * 0.5`, `1 / n`, `n - 1`, `n //
+        2`) is computed at run time, so that the program stays symbolic;
+        where something then needs it known at compile time (`x[:n - 1]`,
+        `arange(n - 1)`), `pipeline.lower_entry` lowers again for concrete
+        sizes.  Each size is a `dim` op (the driver's value of the symbol),
+        and the op computes in f64 for a float, as the concrete lowering
+        folds it (an `exact` op: the same bits), in i64 for an integer, as
+        a size has it; the result is weak, so it takes the dtype of the
+        arrays it meets as that folded number does.  Of a by-value
+        argument's number it is that scalar's arithmetic, in its dtype, not
+        weak (`x * (n / k)` is f64 for f32 x), and a divisor of 0 is the
+        run time's (`k // 0` is 0), as `run_time_arithmetic` folds it.
+        Anything else, or with `numbers_of_sizes` off, raises err."""
+        if not (self.numbers_of_sizes and _number_of_sizes(op, operands)):
             raise err
         self.size_numbers += 1
-        atoms = [_size_operand(b, v, span, divisor=op == "div" and k == 1)
+        run_time = _at_run_time(*operands)
+        dtype = "f64" if _float_of_sizes(op, operands) else \
+            _run_time_dtype(*operands) if run_time else "i64"
+        atoms = [_size_operand(b, v, span, dtype,
+                               divisor=op in _DIVISIONS and k == 1 and not run_time)
                  for k, v in enumerate(operands)]
-        # (of a by-value argument's number, f64 as that scalar's arithmetic
-        # is at run time: `x * (n / k)` is f64 for f32 x)
-        return b.bind(op, *atoms, span=span, weak=not _at_run_time(*operands))
+        return b.bind(op, *atoms, span=span, weak=not run_time)
 
     def inexact_of_sizes(self, b, op: str, operands: Sequence[Value]) -> None:
         """NeedsConcrete where `op`, a math function whose kernel may differ
@@ -1055,6 +1064,22 @@ class Lowerer:
                     isinstance(v, WeakVar) and v.type.rank == 0 and control.of_sizes_only(b, v)
                     for v in operands):
             raise NeedsConcrete(f"a number made of a size is an operand of {op}")
+
+    def division_of_sizes(self, b, op: str, left: Value, right: Value) -> None:
+        """NeedsConcrete where a division of numbers known for concrete sizes
+        (compile-time ones, or weak ones `size_number` made of sizes) has
+        a divisor made of sizes (`5 % (n - 4)`, `1 / (n * 0.5)`): for
+        concrete sizes it folds, and a divisor of 0 is the error that
+        compile-time arithmetic raises, where the kernel gives 0 or inf."""
+        if self.numbers_of_sizes and self.size_numbers and op in _DIVISIONS \
+                and self.number_of_sizes(b, right) \
+                and (is_static(left) and not is_run_time(left) or self.number_of_sizes(b, left)):
+            raise NeedsConcrete(f"a number made of a size divides ({op})")
+
+    @staticmethod
+    def number_of_sizes(b, v: Value) -> bool:
+        """Whether v is a weak number `size_number` made of sizes alone."""
+        return isinstance(v, WeakVar) and v.type.rank == 0 and control.of_sizes_only(b, v)
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
         (x,) = unify(b, [v], span, float_result=op in ops.FLOAT_ONLY)
@@ -1315,30 +1340,40 @@ _MAX_STATIC_BITS = 1024
 # Integer arithmetic on a size (`n - 1`) may make a size or an index, and
 # `exp` or `**` is a math function that may differ by an ulp between
 # NumPy and a kernel: those still need concrete sizes.
-SIZE_NUMBER_OPS = frozenset({"add", "sub", "mul", "div", "sqrt"})
+SIZE_NUMBER_OPS = frozenset({"add", "sub", "mul", "div", "floor_divide", "remainder", "sqrt"})
 _FLOAT_RESULT = frozenset({"div", "sqrt"})  # a float even of integers
+_DIVISIONS = frozenset({"div", "floor_divide", "remainder"})  # (by a second operand of 0)
+# an integer of sizes (`n - 1`); not a product, which is a size (a `Sym`),
+# or, of more factors than a size has, bounded with concrete sizes
+_INTEGER_RESULT = frozenset({"add", "sub", "floor_divide", "remainder"})
+
+
+def _number_of_sizes(op: str, operands: Sequence) -> bool:
+    """Whether `Lowerer.size_number` computes `op` of compile-time
+    `operands` at run time: one of `SIZE_NUMBER_OPS`, of numbers and sizes."""
+    return op in SIZE_NUMBER_OPS and all(isinstance(v, (int, float, Sym)) for v in operands) \
+        and (op in _INTEGER_RESULT or _float_of_sizes(op, operands))
 
 
 def _float_of_sizes(op: str, operands: Sequence) -> bool:
     """Whether `op` (`SIZE_NUMBER_OPS`) of compile-time `operands` gives a
     float: a true division, a square root, or a float among the operands
     (not `n - 1`, an integer)."""
-    return op in SIZE_NUMBER_OPS and all(isinstance(v, (int, float, Sym)) for v in operands) \
-        and (op in _FLOAT_RESULT or any(number_type(v) is float for v in operands))
+    return op in _FLOAT_RESULT or any(number_type(v) is float for v in operands)
 
 
-def _size_operand(b: Builder, v, span: Span, divisor: bool) -> Atom:
-    """An operand of `Lowerer.size_number`, in f64.  A size that divides
-    is checked at the call (`nonzero`): 0 is the division by zero that
-    compile-time arithmetic raises, not an infinity; a number that
+def _size_operand(b: Builder, v, span: Span, dtype: str, divisor: bool) -> Atom:
+    """An operand of `Lowerer.size_number`, in `dtype`.  A size that
+    divides is checked at the call (`nonzero`): 0 is the division by zero
+    that compile-time arithmetic raises, not an infinity; a number that
     divides is checked now."""
     if not divisor:
-        return as_atom(b, v, span, "f64")
+        return as_atom(b, v, span, dtype)
     if isinstance(v, Sym):
-        return b.bind("dim", value=v, dtype="f64", nonzero=True, span=span)
+        return b.bind("dim", value=v, dtype=dtype, nonzero=True, span=span)
     if v == 0:
         raise GradError("compile-time arithmetic failed: division by zero", span)
-    return as_atom(b, v, span, "f64")
+    return as_atom(b, v, span, dtype)
 
 
 def _at_run_time(*operands: Value) -> bool:

@@ -175,3 +175,42 @@ def test_a_number_of_sizes_given_a_transform_in_the_language_stays_weak():
     assert got.dtype == np.float32
     assert got.tobytes() == m.lit(x).tobytes()  # (0.3 / 4 is 0.075, as Python folds it)
     np.testing.assert_allclose(got, np.sum(x * np.float32(0.075)), rtol=1e-6)
+
+
+INTEGERS_OF_SIZES = """
+def variance(x):
+    return sum((x - mean(x)) ** 2) / (x.shape[0] - 1)
+
+def halves(x):
+    return x * (x.shape[0] // 2) + (x.shape[0] % 2)
+
+def folded(x):
+    return x * (5 % (x.shape[0] - 4))
+"""
+
+
+def test_integer_arithmetic_of_sizes_compiles_once_for_every_size(monkeypatch):
+    # `x.shape[0] - 1` (and `//`, `%` of sizes) needed concrete sizes: one
+    # program per length, and `gradc compile --sig 'variance(f64[:])'` said
+    # "cannot be compiled for any size".  An integer computed at run time
+    # (i64, weakly typed as the folded int was: f32 x stays f32), it needs
+    # them only where a compile-time integer does (`x[:n - 1]`), or a
+    # loop's bound (`range(n - 1)`, whose index then reads a stacked input).
+    built = counting_builds(monkeypatch)
+    m = dsl.loads(INTEGERS_OF_SIZES, "integers.grad")
+    value_and_grad = dsl.value_and_grad(m.variance)
+    for n in (3, 4, 5):
+        x = np.linspace(-1.0, 2.0, n) ** 2
+        value, grad = value_and_grad(x)
+        np.testing.assert_allclose(value, np.var(x, ddof=1), rtol=1e-14)
+        np.testing.assert_allclose(grad, central_difference(
+            lambda x: np.var(x, ddof=1), [x], 0), rtol=1e-7)
+        np.testing.assert_array_equal(m.halves(x), x * (n // 2) + n % 2)
+    assert m.variance(np.ones(3, np.float32)).dtype == np.float32
+    assert len(built) == 3, built  # (one program each, and one for f32)
+    # a divisor made of sizes folds, as for concrete sizes: 0 is the error
+    # compile-time arithmetic raises (the kernel's 5 % 0 gave 0)
+    np.testing.assert_array_equal(m.folded(np.ones(7)), np.full(7, 2.0))
+    with pytest.raises(dsl.GradError, match=r"integers.grad:9:17: error: compile-time "
+                                             "arithmetic failed: division by zero"):
+        m.folded(np.ones(4))
