@@ -163,9 +163,10 @@ def _folded(op: ops.Op, args: Sequence[Value]) -> Optional[float | int]:
     (None), as it is where the argument is not taken by value."""
     (x,) = args
     if isinstance(x, RUN_TIME):
-        if not op.exact or op.float_only and x.dtype in INTS:
+        if not op.exact or op.float_only and x.dtype in INTS + ("bool",):
             return None
-        return run_time_number(ops.fold(op.name, [x], [x.dtype], x.dtype), x.dtype)
+        dtype = "i64" if x.dtype == "bool" else x.dtype  # (`abs(k == 1)`: on i64, as unify's)
+        return run_time_number(ops.fold(op.name, [x], [dtype], dtype), dtype)
     if isinstance(x, Sym):
         raise NeedsConcrete(f"the size {x} is used as a number")
     if number_type(x) not in (int, float):

@@ -45,7 +45,7 @@ from gradlang.compiler.hoisting import hoist_body
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
-from gradlang.compiler.values import (RUN_TIME, Value, as_atom, cast, is_static,
+from gradlang.compiler.values import (RUN_TIME, RunTimeBool, Value, as_atom, cast, is_static,
                                       literal_dtype, number_type, promote, run_time_atom,
                                       sequence_kind, unify, weak_number, weak_result)
 from gradlang.runtime.common import range_length
@@ -380,7 +380,11 @@ def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> 
     try:
         for k, arm in enumerate(arms):
             cond = lw.expr(b, arm.cond, level)
-            if isinstance(cond, RUN_TIME):  # (`if k:` by value: the run time's error, no truth)
+            if isinstance(cond, RunTimeBool):
+                # (`if k == 1:` by value: the arm the run time takes, and only
+                # it lowered, as a shape k gives in the other may need)
+                cond = bool(cond)
+            elif isinstance(cond, RUN_TIME):  # (`if k:` by value: the run time's error, no truth)
                 cond = run_time_atom(b, cond, arm.cond.span)
             if is_static(cond):
                 if isinstance(cond, Sym):

@@ -45,6 +45,7 @@ from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to, plain_size
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
+                                      RunTimeBool,
                                       RunTimeInt, StaticList, Value, as_atom, as_results, cast,
                                       check_range_fits, entry_results, is_run_time, is_static,
                                       number_type, promote, run_time_atom, run_time_number,
@@ -665,7 +666,8 @@ class Lowerer:
                 # (as the kernel compares them: `k == 2.0 ** 53` in f64)
                 x, y = unify(b, [left, right], e.span, arithmetic=False,
                              spans=(e.left.span, e.right.span))
-                return ops.fold(op, [x.value, y.value], [x.type.dtype] * 2, "bool")
+                # (the bool scalar the comparison is at run time: `RunTimeBool`)
+                return RunTimeBool(ops.fold(op, [x.value, y.value], [x.type.dtype] * 2, "bool"))
             return _static_compare(e.op, left, right, e.span)
         x, y = unify(b, [left, right], e.span, arithmetic=False,
                      spans=(e.left.span, e.right.span))
@@ -676,6 +678,9 @@ class Lowerer:
         # same error as at run time, not Python's `k and 3`)
         if is_static(left) and is_static(right) and not _at_run_time(left, right):
             return (left and right) if e.op == "and" else (left or right)
+        if _run_time_bools(left, right):  # (`k == 1 and k > 0`, folded as the run time's)
+            return RunTimeBool(bool(left) and bool(right) if e.op == "and"
+                               else bool(left) or bool(right))
         x, y = self.as_bool(b, left, e.span), self.as_bool(b, right, e.span)
         return b.bind("logical_" + e.op, x, y, span=e.span)
 
@@ -684,12 +689,15 @@ class Lowerer:
         if e.op == "not":
             if is_static(v) and not isinstance(v, RUN_TIME):  # (`not k`: as apply_BoolOp)
                 return not v
+            if isinstance(v, RunTimeBool):
+                return RunTimeBool(not v)
             return b.bind("logical_not", self.as_bool(b, v, e.span), span=e.span)
         if is_static(v):
             if isinstance(v, tuple):
                 raise GradError(f"cannot negate a {sequence_kind(v)}", e.span)
             if isinstance(v, RUN_TIME):  # (-k wraps for the least integer)
-                return run_time_number(_run_time_value("neg", (v,), v.dtype), v.dtype)
+                dtype = "i64" if v.dtype == "bool" else v.dtype  # (a bool's, as at run time)
+                return run_time_number(_run_time_value("neg", (v,), dtype), dtype)
             return -v
         return self.of_arguments(b.bind("neg", cast(b, v, "i64") if v.type.dtype == "bool"
                                         else v, span=e.span, weak=isinstance(v, WeakVar)), (v,))
@@ -1381,6 +1389,13 @@ def _at_run_time(*operands: Value) -> bool:
     time's: one is a by-value argument's number (`RunTimeInt`), or a
     float made of one (`RunTimeFloat`)."""
     return any(is_run_time(v) for v in operands)
+
+
+def _run_time_bools(*operands: Value) -> bool:
+    """Whether `and`/`or` of these compile-time operands is of bools, one
+    of them a `RunTimeBool`, which folds as the run time's logical op."""
+    return any(isinstance(v, RunTimeBool) for v in operands) and all(
+        number_type(v) is bool for v in operands)
 
 
 def _run_time_dtype(*operands: Value) -> str:

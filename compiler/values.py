@@ -95,6 +95,21 @@ class RunTimeInt(_RunTimeNumber, int):
     gives a plain int."""
 
 
+class RunTimeBool(RunTimeInt):
+    """A comparison of by-value arguments' numbers (`k == 1`), as lowering
+    sees it: the truth (1 or 0) of the run-time bool scalar it stands for
+    (`dtype` "bool"), so that an `if` on it, `and`, `or` and `not` fold as
+    a compile-time bool does (only the arm taken is lowered, as a shape
+    the argument gives may need), but where it meets arrays or numbers
+    it is that bool scalar, not a weakly typed Python bool: arithmetic on
+    it is on i64 (`y * ((k == 1) + 1)` is i64 for i32 y), an f64
+    parameter refuses it, a `where` between it and True is a bool.
+    (Python's bool cannot be subclassed.)"""
+
+    def __new__(cls, value, dtype: str = "bool"):
+        return super().__new__(cls, bool(value), "bool")
+
+
 class RunTimeFloat(_RunTimeNumber, float):
     """A float that exact arithmetic on a `RunTimeInt` gave (`k * 0.5`, `k
     / 2`, `1 / k`): the value of the run-time scalar of `dtype` (f64) that
@@ -128,6 +143,8 @@ def run_time_product(size: Union[int, Sym], dtype: str) -> Union[RunTimeInt, Sym
 def run_time_number(value: Union[int, float], dtype: str) -> Union[RunTimeInt, RunTimeFloat]:
     """The compile-time number standing for a run-time scalar of `dtype`
     whose value is `value`."""
+    if dtype == "bool":
+        return RunTimeBool(value)
     return RunTimeFloat(value, dtype) if dtype in FLOATS else RunTimeInt(value, dtype)
 
 
@@ -151,10 +168,13 @@ def is_argument(v: object) -> bool:
 
 
 def number_type(v: object) -> type:
-    """`type(v)`, where an `ArgumentValue` or a `RunTimeInt` is an int and
-    a `RunTimeFloat` a float: what tells 1 from 1.0 and True."""
+    """`type(v)`, where an `ArgumentValue` or a `RunTimeInt` is an int, a
+    `RunTimeFloat` a float and a `RunTimeBool` a bool: what tells 1 from
+    1.0 and True."""
     if isinstance(v, RunTimeFloat):
         return float
+    if isinstance(v, RunTimeBool):
+        return bool
     return int if isinstance(v, (ArgumentValue, RunTimeInt)) else type(v)
 
 

@@ -220,3 +220,33 @@ def test_a_size_times_a_by_value_argument_is_the_run_time_scalar_of_its_dtype():
         assert got.dtype == same.dtype == np.asarray(value).dtype
         np.testing.assert_array_equal(got, value)
         np.testing.assert_array_equal(same, value)
+
+
+COMPARED = """
+def {name}(y: i32[2], k: i64):
+{forced}    return y * ((k == 1) + 1), where(y > 0, True, k < 0), maximum(k == 1, k > 5), \\
+        -(k == 1), abs(k > 0) * y, (k == 1) and not (k < 0)
+"""
+
+
+def test_a_comparison_of_a_by_value_argument_is_the_run_time_bool_scalar():
+    # `k == 1` by value was a Python bool, weakly typed: `(k == 1) + 1`
+    # took i32 y's dtype, `where(y > 0, True, k < 0)` was i64, maximum of
+    # two such bools a bool and -(k == 1) False, where with k a run-time
+    # i64 scalar each is NumPy's for a bool scalar with arithmetic on i64
+    # (docs/language.md): i64, bool, i64, i64; and an f64 parameter took
+    # it as 1.0 where it refuses the bool scalar.
+    m = dsl.loads(COMPARED.format(name="scalar", forced="")
+                  + COMPARED.format(name="by_value", forced=FORCED)
+                  + f"def takes(a: f64):\n    return a\n\ndef passes(k: i64):\n{FORCED}"
+                  "    return takes(k == 1)\n", "compared.grad")
+    y, k = np.array([3, -1], np.int32), np.int64(1)
+    t = np.int64(True)
+    want = [y * (t + 1), np.array([True, False]), t, -t, t * y, np.True_]
+    for got, same, value in zip(m.by_value(y, k), m.scalar(y, k), want, strict=True):
+        assert got.dtype == same.dtype == np.asarray(value).dtype
+        np.testing.assert_array_equal(got, value)
+        np.testing.assert_array_equal(same, value)
+    with pytest.raises(dsl.GradError, match=r"compared.grad:\d+:\d+: error: argument 'a' of "
+                                             r"takes\(\) has dtype bool; its annotation says f64"):
+        m.passes(k)
