@@ -351,6 +351,10 @@ def unify(b: Builder, values: Sequence[Value], span: Optional[Span],
         for v in values:
             if is_static(v) or arrays and isinstance(v, WeakVar):
                 dtype = literal_dtype(weak_number(v), dtype)
+    elif all(isinstance(v, bool) for v in values):
+        # (a choice or a stack of bools is a bool, as NumPy's and as one of
+        # bool arrays is: `where(m, True, False)` was an i64)
+        dtype = "bool"
     else:
         dtype = "f64" if any(isinstance(v, float) for v in values) else "i64"
     if arithmetic and dtype == "bool":

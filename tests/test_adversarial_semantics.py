@@ -819,3 +819,16 @@ def test_max_and_min_with_initial_take_an_element_equal_to_it_as_numpys():
     got = m.f(x, y)
     for g, want in zip(got, (np.max(x, initial=-0.0), np.min(y, initial=0.0))):
         assert np.signbit(g) == np.signbit(want) and g == want
+
+
+def test_a_choice_or_a_stack_of_bool_literals_is_a_bool_as_of_bool_values():
+    # `where(m, True, False)` and `stack([True, False])` were i64, where
+    # the same with a bool argument for True, and NumPy's, is a bool
+    m = dsl.loads("def lit(x):\n    return where(x > 0, True, False), stack([True, False])\n"
+                  "def arg(x, t: bool):\n    return where(x > 0, t, False), stack([t, False])\n",
+                  "bools.grad")
+    x = np.array([1.0, -1.0])
+    for got, same, want in zip(m.lit(x), m.arg(x, True), [[True, False], [True, False]]):
+        assert got.dtype == same.dtype == np.bool_
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(same, want)
