@@ -356,8 +356,14 @@ def _fill_like(value_pos: Optional[int], value=None):
     def lower(L, b, args, kwargs, span):
         x = as_atom(b, args[0], span)
         fill = args[value_pos] if value_pos is not None else value
+        if not is_static(fill) and fill.type.rank == 0:
+            # a run-time scalar, converted to x's dtype as NumPy's full_like
+            # does: as a by-value argument's number is (`full_like(x, k)`,
+            # `full_like(x, k * 0.5)`), which this refused where k is not
+            return b.bind("broadcast_to", cast(b, fill, x.type.dtype, span),
+                          shape=x.type.shape, span=span)
         if not is_static(fill) or isinstance(fill, tuple):
-            raise NotCompileTime("full_like() needs a compile-time fill value", span, fill)
+            raise NotCompileTime("full_like() needs a scalar fill value", span, fill)
         if isinstance(fill, Sym):
             raise NeedsConcrete("a size used as a fill value")
         return ops.full(b, coerce(fill, x.type.dtype, span), x.type.shape, x.type.dtype)

@@ -247,7 +247,7 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
 
     A float made of a symbolic size (`0.1 / k`) is a run-time number
     (`Lowerer.size_number`), but where something then needs it known at
-    compile time (an `initial=`, `full_like`'s fill value), the lowering fails:
+    compile time (an `initial=`, a slice bound), the lowering fails:
     it is lowered again with such a float needing concrete sizes, as it
     did before there were run-time ones, so that the caller sees the
     `NeedsConcrete` of the size it used (and lowers for concrete sizes)."""

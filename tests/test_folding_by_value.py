@@ -250,3 +250,26 @@ def test_a_comparison_of_a_by_value_argument_is_the_run_time_bool_scalar():
     with pytest.raises(dsl.GradError, match=r"compared.grad:\d+:\d+: error: argument 'a' of "
                                              r"takes\(\) has dtype bool; its annotation says f64"):
         m.passes(k)
+
+
+def test_a_run_time_scalar_fills_full_like_as_a_by_value_number_does():
+    # full_like(y, k) and full_like(x, k * 0.5) compiled by value, but
+    # with k a run-time scalar they were an error ("full_like() needs a
+    # compile-time fill value"); a run-time fill is converted to the
+    # array's dtype, as NumPy's full_like converts it, and its gradient
+    # is the sum of the fill's cotangent: d/da sum(full_like(x, a*a) * x)
+    # is 2 a sum(x).
+    fills = "    return full_like(y, k), full_like(x, k * 0.5), full_like(x, k == 2)\n"
+    m = dsl.loads(f"def scalar(y: i32[2], x: f32[2], k: i64):\n{fills}"
+                  f"def by_value(y: i32[2], x: f32[2], k: i64):\n{FORCED}{fills}"
+                  "def f(x, a):\n    return sum(full_like(x, a * a) * x)\n", "fills.grad")
+    y, x, k = np.array([3, -1], np.int32), np.array([1.0, -3.0], np.float32), np.int64(3)
+    want = [np.full(2, 3, np.int32), np.full(2, 1.5, np.float32), np.zeros(2, np.float32)]
+    for got, same, value in zip(m.by_value(y, x, k), m.scalar(y, x, k), want, strict=True):
+        assert got.dtype == same.dtype == value.dtype
+        np.testing.assert_array_equal(got, value)
+        np.testing.assert_array_equal(same, value)
+    x64 = np.array([1.0, 2.0, 3.0])
+    gx, ga = dsl.grad(m.f, wrt=(0, 1))(x64, 3.0)
+    np.testing.assert_array_equal(gx, [9.0, 9.0, 9.0])
+    assert ga == 2 * 3.0 * 6.0
