@@ -222,6 +222,9 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
                 x = cast(b, x, "i64")
             x = _reverse_order(b, x, span)
         if initial is not None:
+            # (an integer argument: compiled for its value, as by value it
+            # was taken, where at run time it was refused)
+            by_value(L, initial)
             if isinstance(initial, bool) or not isinstance(initial, (int, float)):
                 raise NotCompileTime("initial must be a number known at compile time", span,
                                      initial)

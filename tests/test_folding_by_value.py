@@ -273,3 +273,16 @@ def test_a_run_time_scalar_fills_full_like_as_a_by_value_number_does():
     gx, ga = dsl.grad(m.f, wrt=(0, 1))(x64, 3.0)
     np.testing.assert_array_equal(gx, [9.0, 9.0, 9.0])
     assert ga == 2 * 3.0 * 6.0
+
+
+def test_an_integer_argument_as_a_reductions_initial_is_taken_by_value():
+    # max(y, initial=k) compiled for k's value was taken, but with k a
+    # run-time scalar it was an error ("initial must be a number known at
+    # compile time"): the argument is now taken by value, as for a shape
+    m = dsl.loads("def f(y: i32[2], k: i64):\n    return max(y, initial=k), sum(y, initial=k)\n",
+                  "initial.grad")
+    y = np.array([3, -1], np.int32)
+    for k in (5, -2):
+        top, total = m.f(y, np.int64(k))
+        assert (top.dtype, total.dtype) == (np.int32, np.int64)
+        assert (top, total) == (np.max(y, initial=k), np.sum(y, initial=k))
