@@ -185,8 +185,24 @@ def run_time_atom(b: Builder, v: Value, span: Optional[Span]) -> Value:
     by value), and so a size that one multiplied (`is_run_time`), as the
     size's `dim` of that dtype; any other value as it is."""
     if isinstance(v, Sym) and v.dtype is not None:
-        return b.bind("dim", value=plain_size(v), dtype=v.dtype, span=span)
+        return _run_time_product(b, v, span)
     return b.lit(v, v.dtype, span) if isinstance(v, RUN_TIME) else v
+
+
+def _run_time_product(b: Builder, v: Sym, span: Optional[Span]) -> Atom:
+    """The run-time scalar that size v, a product of by-value numbers
+    (`is_run_time`), stands for: its coefficient and each of its sizes in
+    its dtype, multiplied there, so that it wraps around as the product
+    at run time does (the `dim` of the whole product did not fit:
+    `x.shape[0] * k` for an i32 k of 2**31 - 1 raised NumPy's
+    OverflowError when the program ran)."""
+    bits = {"i32": 32, "i64": 64}[v.dtype]
+    coef = (v.coef + 2 ** (bits - 1)) % 2 ** bits - 2 ** (bits - 1)
+    out: Atom = b.lit(coef, v.dtype, span)
+    for factor in v.factors:
+        size = b.bind("dim", value=Sym.named(factor), dtype=v.dtype, span=span)
+        out = b.bind("mul", out, size, span=span)
+    return out
 
 
 def sequence_kind(v: tuple) -> str:
@@ -244,8 +260,10 @@ def as_atom(b: Builder, v: Value, span: Optional[Span], dtype: Optional[str] = N
     if isinstance(v, tuple):
         hint = "; build an array with stack([...])" if isinstance(v, StaticList) else ""
         raise GradError(f"a {sequence_kind(v)} cannot be used as an array here{hint}", span)
+    if isinstance(v, Sym) and v.dtype is not None:  # (computed in its dtype, then converted)
+        return as_atom(b, _run_time_product(b, v, span), span, dtype)
     if isinstance(v, Sym):
-        return b.bind("dim", value=plain_size(v), dtype=dtype or v.dtype or "i64", span=span)
+        return b.bind("dim", value=v, dtype=dtype or "i64", span=span)
     return b.lit(v, dtype or _weak_dtype(v), span)
 
 

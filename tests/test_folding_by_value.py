@@ -212,14 +212,18 @@ def test_a_size_times_a_by_value_argument_is_the_run_time_scalar_of_its_dtype():
     # weakly typed: sqrt of it, and its product with 0.5, took f32 x's
     # dtype, and returned it was an i64, where with k an i32 scalar at run
     # time (or by value with concrete sizes) NumPy's rule gives f64 and i32.
+    # The product wraps around in k's dtype, as at run time (2**31 - 1 times
+    # 4 was NumPy's OverflowError, making the i32 scalar).
     m = dsl.loads(SIZE_TIMES_K.format(name="scalar", forced="")
                   + SIZE_TIMES_K.format(name="by_value", forced=FORCED), "sizes.grad")
-    x, k = np.arange(1, 5, dtype=np.float32), np.int32(3)
-    want = [x * np.sqrt(4 * k), x * (4 * k * 0.5), 4 * k, 4 * k * 4]
-    for got, same, value in zip(m.by_value(x, k), m.scalar(x, k), want, strict=True):
-        assert got.dtype == same.dtype == np.asarray(value).dtype
-        np.testing.assert_array_equal(got, value)
-        np.testing.assert_array_equal(same, value)
+    x = np.arange(1, 5, dtype=np.float32)
+    for k in (np.int32(3), np.int32(2**31 - 1)):
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = [x * np.sqrt(4 * k), x * (4 * k * 0.5), 4 * k, 4 * k * 4]
+        for got, same, value in zip(m.by_value(x, k), m.scalar(x, k), want, strict=True):
+            assert got.dtype == same.dtype == np.asarray(value).dtype
+            np.testing.assert_array_equal(got, value)
+            np.testing.assert_array_equal(same, value)
 
 
 COMPARED = """
