@@ -366,7 +366,7 @@ def _fill_like(value_pos: Optional[int], value=None):
             return b.bind("broadcast_to", cast(b, fill, x.type.dtype, span),
                           shape=x.type.shape, span=span)
         if not is_static(fill) or isinstance(fill, tuple):
-            raise NotCompileTime("full_like() needs a scalar fill value", span, fill)
+            raise GradError("full_like() needs a scalar fill value", span)
         if isinstance(fill, Sym):
             raise NeedsConcrete("a size used as a fill value")
         return ops.full(b, coerce(fill, x.type.dtype, span), x.type.shape, x.type.dtype)

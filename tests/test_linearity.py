@@ -281,8 +281,6 @@ _COMPILE_TIME = {
                      "a tuple can only be repeated (* n) a compile-time integer"),
     "initial": ("    return dy * x + max(x, initial=sum(dy))\n", (4, 21),
                 "initial must be a number known at compile time"),
-    "fill": ("    return dy * x + full_like(x, dy)\n", (4, 21),
-             "full_like() needs a scalar fill value"),
     "keepdims": ("    return dy * x + sum(x, keepdims=sum(dy) > 0.0)\n", (4, 21),
                  "keepdims must be True or False, known at compile time"),
     # through a loop's result, a called function, a function with a block
