@@ -182,7 +182,10 @@ def _module_of(namespace: dict) -> Optional[types.ModuleType]:
     # point back at it: the caller executing it holds it (exec_module's
     # `module`), a few frames up; else ask the collector (tens of ms).
     def holds(value) -> bool:
-        return isinstance(value, types.ModuleType) and vars(value) is namespace
+        # (by its type, not isinstance, which asks a value for its __class__:
+        # a caller's local proxy whose __class__ raises, as werkzeug's
+        # LocalProxy does outside a request, failed the import)
+        return issubclass(type(value), types.ModuleType) and vars(value) is namespace
     frame = sys._getframe(1)
     for _ in range(16):
         if frame is None:

@@ -11,6 +11,7 @@ import pickle
 import re
 import shutil
 import sys
+import types
 from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
@@ -25,6 +26,7 @@ from helpers import import_compiled, within_seconds
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.pipeline import grad_of_sum, optimize
 from gradlang.runtime.aot import AotFunction, AotModule
+from gradlang.runtime.params import ParamsModule, guard_params
 from gradlang.runtime.loader import (kernel_module_name, load_kernel_files, load_kernels,
                                      make_driver)
 
@@ -339,6 +341,23 @@ def test_a_compiled_modules_params_are_guarded_when_imported_outside_sys_modules
     # (no call: the store the functions read is the one `params` names)
     assert ab.params is ab.functions["f"].module.params
     np.testing.assert_array_equal(ab.params["w"], [2.0, 3.0])
+
+
+def test_params_are_guarded_past_a_callers_local_whose_class_raises():
+    # guarding looks for the module among its importers' locals: a proxy
+    # there whose __class__ raises (werkzeug's LocalProxy outside a request)
+    # made the import fail with the proxy's RuntimeError
+    class Proxy:
+        @property
+        def __class__(self):
+            raise RuntimeError("working outside of request context")
+    proxy = Proxy()  # (a local of the importing frame, before the module)
+    module = types.ModuleType("_unregistered_compiled")
+    module.params = dsl.loads("param w: f64\n").params
+    guard_params(vars(module))
+    assert type(module) is ParamsModule and proxy is not None
+    with pytest.raises(AttributeError, match=r"'w' is a param of module"):
+        module.w = 1.0
 
 
 def test_a_compiled_module_refuses_dask_arrays_rather_than_computing_them_whole(ab):
