@@ -866,8 +866,21 @@ class OutSpec:
         given = self.buffers(out, bound, shapes)
         views = tuple(b if b is None or type(b) is np.ndarray else b.view(np.ndarray)
                       for b in given)
-        results = run(*bound.values(), out=views)
+        try:
+            results = run(*bound.values(), out=views)
+        except GradError as err:
+            # An error only the values show (an index out of range) is found
+            # as the kernels run, after earlier ones wrote their results into
+            # the caller's buffers: said, else the caller took them as intact
+            err.add_note(self._written_before(given))
+            raise
         return tuple(r if b is None else b for r, b in zip(results, given))
+
+    def _written_before(self, given: Sequence[Any]) -> str:
+        """The note of an error raised as the kernels ran into `given`."""
+        where = ", ".join(self._where(i) for i, b in enumerate(given) if b is not None)
+        return (f"the call stopped as its kernels ran: {where} may hold results written before "
+                "the error; keep a copy where a failed call must leave them as they were")
 
     def buffers(self, out: Any, bound: dict[str, np.ndarray],
                 shapes: tuple[tuple[int, ...], ...]) -> tuple:

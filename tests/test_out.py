@@ -34,6 +34,9 @@ def times(x: f64[n], k: const i64):
 
 def cube(x):
     return sum(x * x * x)
+
+def doubled_and_gathered(x, ids):
+    return x * 2.0, x[ids] * 3.0
 """)
 
 
@@ -237,3 +240,20 @@ def test_jacobians_refuse_buffers_and_take_none(make):
                        "no out= buffers: its Jacobians are assembled on the host"):
         jacobian(x, out=np.empty((2, 2)))
     np.testing.assert_array_equal(jacobian(x, out=None), jacobian(x))
+
+
+def test_an_error_found_as_the_kernels_run_says_the_buffers_may_be_written():
+    # an index out of range shows only as the gather runs, after the first
+    # result's kernel wrote into out[0]: the error said nothing of it, and a
+    # caller took out[0] for its old contents
+    x, first = np.arange(4.0), np.empty(4)
+    for good_call_before in (False, True):  # (after one, the fast path runs it)
+        if good_call_before:
+            M.doubled_and_gathered(x, np.array([0, 3]), out=(first, None))
+        first[:] = -7.0
+        with pytest.raises(dsl.ArgumentError, match=r"index 99 in 'ids' is out of range") as err:
+            M.doubled_and_gathered(x, np.array([0, 99]), out=(first, None))
+        assert str(err.value).endswith("note: the call stopped as its kernels ran: out[0] may "
+                                       "hold results written before the error; keep a copy "
+                                       "where a failed call must leave them as they were")
+        np.testing.assert_array_equal(first, x * 2.0)  # (what the note warns of)
