@@ -484,7 +484,7 @@ def index_operand(L, b: Builder, v: Value, span: Span) -> Atom:
         L.defer_in_block(GradError(
             f"a mask cannot index: {MASK_HINT}" if idx.type.dtype == "bool" else
             f"an index must be an integer array (i32 or i64), not "
-            f"{idx.type.dtype}{python_number_hint(idx)}", span))
+            f"{idx.type.dtype}{python_values_hint(L, idx)}", span))
         idx = b.bind("cast", idx, dtype="i64", span=span, role="an index")
     if guard is None or isinstance(idx, Lit):
         return idx
@@ -499,6 +499,24 @@ def python_number_hint(v: Value) -> str:
         return (f" ({v.hint!r} is {v.type.dtype} here: a Python number passed for an "
                 f"unannotated parameter is a float; annotate it `{v.hint}: i64`)")
     return ""
+
+
+def python_values_hint(L, v: Value) -> str:
+    """Why an index may be a float: it is an argument of the call (of the
+    entry, `Lowerer.arguments`) for a parameter of no annotation, which
+    takes Python numbers, lists and tuples as floats (`runtime.args`; a
+    `const` one keeps their integers).  Said only of such an argument: a
+    local of that name cannot be annotated, and `f(x, [0, 2])` said
+    nothing of why its list of integers was f64."""
+    name = L.arguments.get(v) if isinstance(v, Var) else None
+    if name not in L.unannotated or not v.type.is_float:
+        return ""
+    if v.type.rank == 0:
+        return (f" ({name!r} is {v.type.dtype} here: a Python number passed for an "
+                f"unannotated parameter is a float; annotate it `{name}: i64`)")
+    return (f" ({name!r} is {v.type.dtype} here: a Python list or tuple passed for an "
+            "unannotated parameter holds floats; pass a NumPy integer array, or annotate it "
+            f"`{name}: i64[...]`)")
 
 
 def compile_time_hint(v: Value) -> str:

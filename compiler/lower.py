@@ -92,6 +92,9 @@ class Lowerer:
         # the entry parameters by name, and values standing for one: a
         # stage's parameter (alias_arguments), `k + 1` (of_arguments)
         self.arguments: dict[Var, str] = {}
+        # the entry's parameters of no annotation, which take Python numbers
+        # and lists as floats (`runtime.args`): `builtins.python_values_hint`
+        self.unannotated: frozenset[str] = frozenset()
         # inside a @recompute function with loops: their checkpoint interval
         # (trips per segment), or "sqrt" for about the trip count's root
         self.checkpoint: "int | str | None" = None
@@ -142,6 +145,7 @@ class Lowerer:
         b = Builder()
         params = [Var(t, n) for n, t in types.items()]
         self.arguments = dict(zip(params, types))  # which Var is which argument: NeedsValue
+        self.unannotated = frozenset(p.name for p in fdef.params if p.ann is None)
         env: dict[str, Value] = dict(zip(types, params))
         consts = {p.name for p in fdef.params if p.is_const}
         env.update({n: _static_value(n, t, n not in consts) for n, t in types.items()

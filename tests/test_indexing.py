@@ -729,6 +729,10 @@ def test_non_integer_index_parameter_is_an_error_at_load(source, line, col, text
      "a float; annotate it `i: i64`)"),
     ("def f(x, i):\n    return x[i]\n", (np.zeros(3, np.float32), 1), 2, 14,
      "not f32 ('i' is f32 here: a Python number passed"),
+    # and a list of ints holds floats: said nothing of why
+    ("def f(x, ids):\n    return take(x, ids)\n", (np.zeros(3), [0, 2]), 2, 12,
+     "not f64 ('ids' is f64 here: a Python list or tuple passed for an unannotated parameter "
+     "holds floats; pass a NumPy integer array, or annotate it `ids: i64[...]`)"),
     ("def f(v, seg, m):\n    return segment_sum(v, seg, m)\n",
      (np.zeros(3), np.zeros(3, np.int64), 2), 2, 12, "('m' is f64 here"),
     ("def f(x, idx):\n    return take_along_axis(x, idx, axis=0)\n",
@@ -778,6 +782,15 @@ def test_bad_indices_are_errors_at_their_source(source, args, line, col, text):
     assert not isinstance(err, dsl.ArgumentError)
     assert (err.line, err.col) == (line, col) and text in err.message, str(err)
     assert "^" in str(err).splitlines()[-1]
+
+
+def test_a_float_local_as_an_index_is_not_said_to_want_an_annotation():
+    # the hint for a Python number named the local: "annotate it `k: i64`"
+    m = dsl.loads("def f(x, i):\n    k = i * 1.0\n    return x[k]\n", "bad.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.zeros(3), 1)
+    assert (info.value.line, info.value.col) == (3, 14)
+    assert info.value.message == "an index must be an integer array (i32 or i64), not f64"
 
 
 def test_cpu_kernels_on_larger_arrays_with_repeated_indices():
