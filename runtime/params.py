@@ -78,6 +78,9 @@ class ParamStore(MutableMapping):
         for a call); stores nothing."""
         spec = self._spec(name)
         where = f"param {name!r}"
+        if value is None:  # (binding's message spoke of `const` parameters, which no param is)
+            raise ArgumentError(f"{where} cannot be set to None: a param holds an array; "
+                                f"to unset it, del module.params[{name!r}]", span)
         if is_foreign_array(value):
             # (a JAX array, a CPU torch tensor: converted to the declared dtype as
             # a NumPy array is; binding it as an argument refused an f32 one for f64)

@@ -626,6 +626,9 @@ def test_any_pair_of_arguments_is_computed_with_or_refused(x, y, keyword):
     ("w", np.ones(3), "param 'w' has size 3 on axis 0, but its annotation says 2"),
     ("w", "abc", "param 'w' is not numeric"),
     ("n", [1, 2], r"param 'n' has rank 1 \(shape \[2\]\)"),
+    # (it said "only a `const` parameter of no dtype (such as `axis: const`) takes None")
+    ("w", None, r"param 'w' cannot be set to None: a param holds an array; to unset it, "
+                r"del module.params\['w'\]\n"),
 ])
 def test_a_bad_param_value_is_named_as_the_param(name, value, message):
     """It was named "argument 'w' of param w()"; it is at the param's
