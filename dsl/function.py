@@ -902,7 +902,11 @@ class OutSpec:
             if not plain:
                 self._fail(i, f"must be a NumPy array, got {type(buffer).__name__}")
             if buffer.dtype != self.dtypes[i]:
-                self._fail(i, f"has dtype {buffer.dtype}, but that result is {self.dtypes[i]}")
+                # (a byte-swapped buffer said "has dtype >f8, but that result is
+                # float64", which reads as the same dtype)
+                swapped = buffer.dtype.newbyteorder("=") == self.dtypes[i]
+                self._fail(i, f"has dtype {buffer.dtype}, but that result is {self.dtypes[i]}"
+                              + (" in native byte order, as kernels write it" if swapped else ""))
             if buffer.shape != shapes[i]:
                 self._fail(i, f"has shape {list(buffer.shape)}, but that result has shape "
                               f"{list(shapes[i])}")
