@@ -18,8 +18,9 @@ returns a `TapeArray` again (a float scalar as a 0-d one), which no tape
 tracks.  `recording_tapes` raises `TapeError` when such a derived float
 array reaches a call while a tape it came from is still recording, and
 NumPy writing into an array a recording tape tracks (`y += 1`, `y[0] = 0`,
-through a view of it (`np.ravel(y)` included), by an in-place method such as `y.fill(0)` or a
-function writing its first argument such as `np.copyto(y, v)`), or writing
+through a view of it (`np.ravel(y)` included), by an in-place method such as `y.fill(0)`, a
+function writing its first argument such as `np.copyto(y, v)` or `np.add.at(y, i, v)`, or
+through `y.flat`), or writing
 a derived value into a plain array (`out=`, `np.copyto(plain, y)`), raises
 too.  A watched array is the caller's plain ndarray, which NumPy cannot
 mark; a view of it (`x[::2]`, `x.reshape(...)`) reaching a call while the
@@ -109,6 +110,8 @@ class TapeArray(np.ndarray):
         if out is not None:
             _check_write(out, tapes)
             kwargs["out"] = _plain(out)
+        if method == "at":  # (`np.add.at(y, ids, v)` writes into its first input)
+            _check_write(inputs[0], tapes)
         result = getattr(ufunc, method)(*_plain(inputs), **kwargs)
         if out is not None:
             return out[0] if len(out) == 1 else out
@@ -152,6 +155,58 @@ class TapeArray(np.ndarray):
     def put(self, indices, values, *args, **kwargs) -> None:
         _check_write(self, _tapes_in(values))
         super().put(indices, _plain(values), *args, **kwargs)
+
+    def setfield(self, value, *args, **kwargs) -> None:
+        _check_write(self, _tapes_in(value))
+        super().setfield(_plain(value), *args, **kwargs)
+
+    def byteswap(self, inplace: bool = False):
+        if inplace:
+            _check_write(self, self._tapes)
+        return super().byteswap(inplace)
+
+    # NumPy's flat iterator writes past `__setitem__` (`y.flat[0] = 0`,
+    # `y.flat = 0`): it changed y without a word, and its gradient
+    @property
+    def flat(self) -> "_CheckedFlat":
+        return _CheckedFlat(self)
+
+    @flat.setter
+    def flat(self, value) -> None:
+        _check_write(self, _tapes_in(value))
+        self.view(np.ndarray).flat = _plain(value)
+
+
+class _CheckedFlat:
+    """`y.flat` of a `TapeArray` y: NumPy's iterator over y (reads, and
+    its other attributes, as they are), its writes checked as `y[i] = v`."""
+    __slots__ = ("_array", "_flat")
+
+    def __init__(self, array: TapeArray):
+        self._array = array
+        self._flat = np.ndarray.flat.__get__(array)
+
+    def __setitem__(self, index, value) -> None:
+        _check_write(self._array, _tapes_in(value))
+        self._flat[index] = _plain(value)
+
+    def __getitem__(self, index):
+        return self._flat[index]
+
+    def __iter__(self):
+        return self._flat
+
+    def __next__(self):
+        return next(self._flat)
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    def __array__(self, *args, **kwargs):
+        return self._flat.__array__(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._flat, name)
 
 
 # NumPy functions that write into their first argument

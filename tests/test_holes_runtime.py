@@ -319,10 +319,16 @@ def test_numpy_between_recorded_calls_is_a_tape_error_not_a_partial_gradient():
                       lambda: np.ravel(y).__setitem__(0, 0.0),
                       lambda: np.reshape(y, (2, 1))[0].__iadd__(1),
                       lambda: np.copyto(np.flip(y), 1.0),
-                      lambda: np.add(1.0, y, out=np.squeeze(y[None]))):
+                      lambda: np.add(1.0, y, out=np.squeeze(y[None])),
+                      # a ufunc's `at`, the flat iterator and the rarer methods
+                      # wrote past every check
+                      lambda: np.add.at(y, [0], 1.0), lambda: y.flat.__setitem__(0, 0.0),
+                      lambda: setattr(y, "flat", 0.0), lambda: y.byteswap(True),
+                      lambda: y.setfield(0.0, y.dtype)):
             with pytest.raises(dsl.GradError, match="modified in place"):
                 write()
         np.testing.assert_allclose(y, np.logaddexp(0, x))  # each refused before it wrote
+        assert y.flat[1] == y[1] and list(y.flat) == list(y)  # (reading it is free)
         # out=None is no out: the result is derived from y, not a constant
         with pytest.raises(dsl.GradError, match="computed with NumPy"):
             BAR(np.clip(y, -9, 9, out=None), x)
