@@ -107,6 +107,11 @@ class ParamStore(MutableMapping):
         return self._values[name]
 
     def __delitem__(self, name: str) -> None:
+        # (a bare KeyError: 'z' said nothing of the module's params, where
+        # setting 'z' names them; both are KeyErrors, as mappings raise)
+        self._spec(name)
+        if name not in self._values:
+            raise ParamError(f"param {name!r} is not set, so it cannot be deleted")
         del self._values[name]
 
     def __iter__(self) -> Iterator[str]:

@@ -637,6 +637,18 @@ def test_a_bad_param_value_is_named_as_the_param(name, value, message):
         M.params[name] = value
 
 
+def test_deleting_a_param_not_declared_or_not_set_names_the_params():
+    # a bare KeyError: 'z', where setting 'z' says which params there are
+    store = dsl.loads("param w: f64[2]\n").params
+    with pytest.raises(KeyError, match=r"error: <string> declares no param 'z' \(params: w\)"):
+        del store["z"]
+    with pytest.raises(KeyError, match=r"error: param 'w' is not set, so it cannot be deleted"):
+        del store["w"]
+    store["w"] = [1.0, 2.0]
+    del store["w"]
+    assert "w" not in store and store.get("w") is None
+
+
 def test_an_update_of_params_that_refuses_one_value_sets_none():
     """MutableMapping's update set w before refusing n (or an undeclared
     name): a training step's `params.update(new)` left them half-updated."""
