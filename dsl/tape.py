@@ -23,6 +23,11 @@ drops silently out of a gradient, float NumPy results of recorded calls
 are `TapeArray`s (`runtime.recording`): NumPy operations on them give arrays
 marked as derived, and passing one to a compiled call while its tape
 records raises `TapeError`, as does modifying a tracked array in place.
+NumPy can write past a `TapeArray` (a plain view, `y.base`, a method's
+`out=`, a C routine), so while the tape records, the memory of every
+array it tracks is read-only (`writeable` off along its chain of bases,
+`runtime.recording.make_read_only`): NumPy refuses those writes itself,
+and the flags it turned off come back as the `with` block ends.
 Write such work in the `.grad` module, or pass `np.asarray(a)` to use a
 value as a constant on purpose.  A watched array is the caller's own
 ndarray, which cannot be marked: compute from it only through compiled
@@ -45,7 +50,8 @@ from dsl.function import Compiled, backward_function
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, kind_of
-from gradlang.runtime.recording import TapeError, active_tapes, derived_from, memory_owner
+from gradlang.runtime.recording import (TapeError, active_tapes, derived_from, make_read_only,
+                                        memory_owner, restore_writeable)
 from gradlang.runtime.target import Target, is_device_array
 
 
@@ -67,6 +73,8 @@ class Tape:
         # the tracked NumPy arrays by the id of their memory's owner (kept
         # alive by them): views sharing it are found without a scan
         self._by_owner: dict[int, list[np.ndarray]] = {}
+        # the arrays this tape made read-only while it records (`_freeze`)
+        self._frozen: list[np.ndarray] = []
         self._recording = False
         self._used = False
 
@@ -77,11 +85,22 @@ class Tape:
                             "nest another Tape for a higher order")
         active_tapes().append(self)
         self._recording = True
+        for a in self._tracked.values():  # (watched before the `with`)
+            self._freeze(a)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
         self._recording = False
         active_tapes().remove(self)
+        frozen, self._frozen = self._frozen, []
+        restore_writeable(frozen)
+        if frozen and isinstance(exc, ValueError) and _refused_a_write(exc):
+            # NumPy's own error names no tape (it comes from C, unwrapped)
+            _add_note(exc, "while a dsl.Tape records, the arrays it tracks (those it "
+                           "watches, the results of its calls, and the memory they are "
+                           "views of) are read-only: a write into one would silently "
+                           "change the gradient; write into a copy (np.array(y)), or "
+                           "after the `with` block")
 
     @user_facing
     def watch(self, *arrays: np.ndarray) -> None:
@@ -107,6 +126,19 @@ class Tape:
         self._tracked[id(a)] = a
         if isinstance(a, np.ndarray):
             self._by_owner.setdefault(id(memory_owner(a)), []).append(a)
+            if self._recording:
+                self._freeze(a)
+
+    def _freeze(self, a: Any) -> None:
+        """Make the memory of tracked `a` read-only until the tape stops
+        recording.  Why: a write into it (through a plain view, `y.base`,
+        `out=`, a C routine: none of which a `TapeArray` sees) changed a
+        value a recorded call read or made, and the gradient was silently
+        that of the old value.  NumPy's flag refuses every such write
+        without a copy; an array already read-only is left as it is, and
+        one an outer tape froze is restored by that tape."""
+        if isinstance(a, np.ndarray):
+            self._frozen.extend(make_read_only(a))
 
     def tracks(self, a: Any) -> bool:
         # (a sentinel: `.get(id(None))` is None, so None, a const argument's
@@ -194,6 +226,23 @@ class Tape:
 
 
 _UNTRACKED = object()  # (`Tape.tracks`)
+
+
+def _refused_a_write(err: ValueError) -> bool:
+    """Whether NumPy's ValueError `err` refused to write into read-only
+    memory (its messages: "assignment destination is read-only", "output
+    array is read-only", "...must be contiguous, writable, ...")."""
+    text = str(err)
+    return "read-only" in text or "writable" in text or "writeable" in text
+
+
+def _add_note(err: BaseException, note: str) -> None:
+    """`err.add_note(note)` (Python 3.11 on; shown by 3.10's traceback only
+    as the attribute it sets)."""
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:
+        err.__notes__ = [*getattr(err, "__notes__", ()), note]
 
 
 def _is_array(value: Any) -> bool:

@@ -26,6 +26,9 @@ too.  A watched array is the caller's plain ndarray, which NumPy cannot
 mark; a view of it (`x[::2]`, `x.reshape(...)`) reaching a call while the
 tape records raises `TapeError` as a derived array does.
 Leaving NumPy on purpose (`np.asarray(y)`, `float(y)`) makes a constant.
+`make_read_only` and `restore_writeable` turn a tracked array's memory
+read-only while its tape records (`dsl.Tape`), which stops the writes
+NumPy makes past a `TapeArray` (through a plain view, a method's `out=`).
 """
 from __future__ import annotations
 
@@ -286,3 +289,45 @@ def _check_write(target, tapes: frozenset) -> None:
         elif o is not None and any(t._recording for t in _live(tapes)):
             raise TapeError("NumPy wrote values computed from tracked arrays into a plain "
                             "array, where the tape cannot follow them")
+
+
+def make_read_only(a: np.ndarray) -> list[np.ndarray]:
+    """Turn off `writeable` on `a` and on the arrays of its chain of bases;
+    return those it changed, views before their bases.  Why the chain:
+    NumPy copies the flag into a view only as the view is made, so a write
+    through `a`'s base (`y.base`, or a view of it) passed every check on
+    `a`; with the chain read-only, every view made from now on
+    (`np.ascontiguousarray(y)`, `y.__array__()`, an `out=` or a C routine
+    given one) refuses writes with NumPy's own error.  Views made before
+    (a sibling of `a` on the same base) keep their flag: no array knows
+    its views.  The last array of a chain ending at an object that exports
+    memory only through `__array_interface__` (the runtime pool's `Lease`)
+    stays writeable: NumPy cannot ask that object whether its memory is,
+    so it would refuse to make any array over it writeable again."""
+    chain = []
+    while isinstance(a, np.ndarray):
+        chain.append(a)
+        a = a.base
+    if a is not None and not _exports_writeable_memory(a):
+        chain.pop()
+    changed = [b for b in chain if b.flags.writeable]
+    for b in changed:
+        b.flags.writeable = False
+    return changed
+
+
+def restore_writeable(arrays: Sequence[np.ndarray]) -> None:
+    """Make writeable again the arrays `make_read_only` changed (bases
+    first: NumPy lets a view be writeable only over writeable memory)."""
+    for a in reversed(arrays):
+        a.flags.writeable = True
+
+
+def _exports_writeable_memory(owner: Any) -> bool:
+    """Whether `owner`, the end of an array's chain of bases, exports its
+    memory as a writeable buffer (a `bytearray` does; the pool's `Lease`,
+    exporting it only through `__array_interface__`, does not)."""
+    try:
+        return not memoryview(owner).readonly
+    except TypeError:
+        return False

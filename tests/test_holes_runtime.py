@@ -375,6 +375,87 @@ def test_a_view_of_a_watched_array_is_a_tape_error_not_a_partial_gradient():
                                rtol=1e-12)
 
 
+def _central_differences(f, x, h=1e-6):
+    return np.array([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in np.eye(x.size)])
+
+
+def _writes_numpy_makes(a):
+    """Writes into `a` that pass no `TapeArray` check: through a plain view
+    of it or of its base, NumPy's `out=` of a method, a C routine."""
+    n = a.size
+    return (lambda: np.ascontiguousarray(a).__setitem__(0, 9.0),
+            lambda: np.array(a, copy=False).__setitem__(0, 9.0),
+            lambda: np.asarray(a).__setitem__(0, 9.0),
+            lambda: a.__array__().__setitem__(0, 9.0),
+            lambda: np.frombuffer(a).__setitem__(0, 9.0),
+            lambda: (a if a.base is None else a.base).__setitem__(0, 9.0),
+            lambda: np.arange(n, dtype=float).take(np.arange(n), out=np.asarray(a)),
+            lambda: np.zeros(n, int).choose([np.full(n, 9.0)], out=np.asarray(a)),
+            lambda: np.full(n, 9.0).compress(np.ones(n, bool), out=np.asarray(a)),
+            lambda: np.eye(n).dot(np.full(n, 9.0), out=np.asarray(a)),
+            lambda: np.random.default_rng(0).random(out=np.asarray(a)),
+            lambda: np.nditer(np.asarray(a), op_flags=["readwrite"]))
+
+
+def test_a_write_numpy_makes_into_a_tracked_array_is_refused_not_a_wrong_gradient():
+    """np.ascontiguousarray(y)[0] = 9 (a plain view, which no TapeArray
+    check sees), y.base[0] = 9, an out= or np.nditer of y or of a watched
+    x changed a value a recorded call read or made: the gradient was that
+    of the old value ([36, 16, 24] for d sum(2x * 2x) / dx, whose first
+    element no longer depended on x).  While the tape records, their
+    memory is read-only: NumPy refuses every such write."""
+    x = np.array([0.5, -1.0, 2.0])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = LOG1PEXP(x)
+        for a in (y, x):
+            for write in _writes_numpy_makes(a):
+                with pytest.raises(ValueError, match="read-only|writable|not acceptable"):
+                    write()
+        w = BAR(y, x)
+    np.testing.assert_array_equal(x, [0.5, -1.0, 2.0])  # each refused before it wrote
+    np.testing.assert_array_equal(y, np.logaddexp(0, x))
+    expected = _central_differences(lambda v: float(np.sum(BAR(LOG1PEXP(v), v))), x)
+    np.testing.assert_allclose(tape.gradient(w, x), expected, rtol=1e-7)
+    # after the tape, as they were: writeable
+    assert x.flags.writeable and y.flags.writeable and y.base.flags.writeable
+    np.asarray(y)[0] = 1.0
+    x[0] = 1.0
+    assert y[0] == 1.0 and x[0] == 1.0
+
+
+def test_a_tape_restores_only_the_writeable_flags_it_changed():
+    """A read-only array stays so; a watched view's base (the memory it
+    writes) is read-only while the tape records; an inner tape leaves what
+    an outer one still records read-only; an exception out of the `with`
+    restores the flags and says why NumPy refused the write."""
+    frozen = np.array([0.5, -1.0, 3.0])
+    frozen.flags.writeable = False
+    buffer = np.array([0.0, 0.5, -1.0, 2.0])
+    x = buffer[1:]
+    with dsl.Tape() as outer:
+        outer.watch(frozen, x)
+        with pytest.raises(ValueError, match="read-only"):
+            buffer[0] = 1.0  # (a write through x's base: PyTorch's views share a version too)
+        with dsl.Tape() as inner:
+            inner.watch(x)
+            y = LOG1PEXP(x)
+        assert not (x.flags.writeable or buffer.flags.writeable or y.flags.writeable)
+        z = BAR(y, frozen)
+    assert buffer.flags.writeable and x.flags.writeable and y.flags.writeable
+    assert not frozen.flags.writeable
+    s = 1 / (1 + np.exp(-x))
+    dx, dfrozen = outer.gradient(z, [x, frozen])
+    np.testing.assert_allclose(dx, s * frozen, rtol=1e-12)
+    np.testing.assert_allclose(dfrozen, np.logaddexp(0, x), rtol=1e-12)
+    with pytest.raises(ValueError, match="read-only") as caught:
+        with dsl.Tape() as tape:
+            tape.watch(x)
+            np.asarray(LOG1PEXP(x))[0] = 9.0
+    assert x.flags.writeable and buffer.flags.writeable
+    assert "while a dsl.Tape records, the arrays it tracks" in "".join(caught.value.__notes__)
+
+
 def test_tape_gradient_refuses_sources_that_are_no_array_or_sequence():
     """A dict of sources gave [None] (its keys, which no tape tracks, as
     if z did not depend on x), and None raised Python's TypeError."""
