@@ -456,6 +456,24 @@ def test_a_tape_restores_only_the_writeable_flags_it_changed():
     assert "while a dsl.Tape records, the arrays it tracks" in "".join(caught.value.__notes__)
 
 
+def test_a_large_result_of_a_tape_is_read_only_while_it_records_and_its_block_reused_writeable():
+    # a result from the runtime's memory pool (an array over a Lease): a
+    # block given back read-only would make the next call's result so
+    from gradlang.runtime import memory
+    x = np.linspace(-2.0, 2.0, memory.POOL_MIN // 8 + 8)
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = LOG1PEXP(x)
+        with pytest.raises(ValueError, match="read-only"):
+            np.asarray(y)[0] = 9.0
+    assert y.flags.writeable and y[0] == pytest.approx(np.logaddexp(0, -2.0), rel=1e-12)
+    at = y.__array_interface__["data"][0]
+    del y, tape  # (the tape keeps its results alive)
+    again = LOG1PEXP(x)
+    assert again.__array_interface__["data"][0] == at and again.flags.writeable
+    again[0] = 1.0
+
+
 def test_tape_gradient_refuses_sources_that_are_no_array_or_sequence():
     """A dict of sources gave [None] (its keys, which no tape tracks, as
     if z did not depend on x), and None raised Python's TypeError."""
