@@ -912,7 +912,7 @@ class OutSpec:
                               f"{list(shapes[i])}")
             flags = buffer.flags
             if not (flags.c_contiguous and flags.writeable):
-                self._fail(i, "must be C-contiguous and writeable")
+                self._fail(i, "must be C-contiguous and writeable" + _frozen_by_a_tape(buffer))
             for name, array in bound.items():
                 if np.may_share_memory(buffer, array):
                     # (as the caller knows it: hvp's v, not its '$v'; a module
@@ -956,6 +956,16 @@ class OutSpec:
     def _fail(self, index: int, message: str) -> None:
         raise ArgumentError(f"{self._where(index)} of {called(self.f.name)} {message}",
                             self.f.span)
+
+
+def _frozen_by_a_tape(buffer: np.ndarray) -> str:
+    """Why `buffer` is read-only, when a recording `dsl.Tape` made it so
+    (it tracks the memory; `Tape._freeze`): else nothing to add."""
+    if buffer.flags.writeable or not any(
+            t._recording and t.tracks_memory_of(buffer) for t in THREAD.tapes):
+        return ""
+    return (": it is read-only while a recording dsl.Tape tracks it (a write would "
+            "silently change the gradient)")
 
 
 def result_shapes(program: Program, bound: dict[str, np.ndarray]) -> tuple:

@@ -231,9 +231,11 @@ _UNTRACKED = object()  # (`Tape.tracks`)
 def _refused_a_write(err: ValueError) -> bool:
     """Whether NumPy's ValueError `err` refused to write into read-only
     memory (its messages: "assignment destination is read-only", "output
-    array is read-only", "...must be contiguous, writable, ...")."""
+    array is read-only", "...must be contiguous, writable, ...", and
+    `B.dot(v, out=y)`'s "output array is not acceptable")."""
     text = str(err)
-    return "read-only" in text or "writable" in text or "writeable" in text
+    return any(words in text for words in ("read-only", "writable", "writeable",
+                                           "output array is not acceptable"))
 
 
 def _add_note(err: BaseException, note: str) -> None:

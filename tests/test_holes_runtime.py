@@ -437,6 +437,9 @@ def test_a_tape_restores_only_the_writeable_flags_it_changed():
         outer.watch(frozen, x)
         with pytest.raises(ValueError, match="read-only"):
             buffer[0] = 1.0  # (a write through x's base: PyTorch's views share a version too)
+        with pytest.raises(dsl.ArgumentError, match="writeable: it is read-only while a "
+                                                    "recording dsl.Tape tracks it"):
+            LOG1PEXP(np.ones(3), out=x)  # (no recorded call: the kernel would write x)
         with dsl.Tape() as inner:
             inner.watch(x)
             y = LOG1PEXP(x)
