@@ -320,7 +320,13 @@ def restore_writeable(arrays: Sequence[np.ndarray]) -> None:
     """Make writeable again the arrays `make_read_only` changed (bases
     first: NumPy lets a view be writeable only over writeable memory)."""
     for a in reversed(arrays):
-        a.flags.writeable = True
+        try:
+            a.flags.writeable = True
+        except ValueError:
+            # (its memory made read-only since by the caller, through a base
+            # the tape did not change: left as the caller made it, and the
+            # rest restored, rather than an error hiding the block's own)
+            pass
 
 
 def _exports_writeable_memory(owner: Any) -> bool:

@@ -475,6 +475,11 @@ def test_a_large_result_of_a_tape_is_read_only_while_it_records_and_its_block_re
     again = LOG1PEXP(x)
     assert again.__array_interface__["data"][0] == at and again.flags.writeable
     again[0] = 1.0
+    with dsl.Tape() as tape:  # the caller's own read-only base: no error out of the block
+        tape.watch(x)
+        y = LOG1PEXP(x)
+        y.base.flags.writeable = False
+    assert not y.flags.writeable
 
 
 def test_tape_gradient_refuses_sources_that_are_no_array_or_sequence():
