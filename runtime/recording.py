@@ -301,15 +301,18 @@ def make_read_only(a: np.ndarray) -> list[np.ndarray]:
     given one) refuses writes with NumPy's own error.  Views made before
     (a sibling of `a` on the same base) keep their flag: no array knows
     its views.  The last array of a chain ending at an object that exports
-    memory only through `__array_interface__` (the runtime pool's `Lease`)
-    stays writeable: NumPy cannot ask that object whether its memory is,
-    so it would refuse to make any array over it writeable again."""
+    no writeable buffer (the runtime pool's `Lease`, which exports memory
+    through `__array_interface__`; a torch tensor) stays writeable: NumPy
+    cannot ask that object whether its memory is, so it would refuse to
+    make that array writeable again, and the views over it only while it
+    is writeable."""
     chain = []
     while isinstance(a, np.ndarray):
         chain.append(a)
         a = a.base
-    if a is not None and not _exports_writeable_memory(a):
-        chain.pop()
+    if a is not None and not _exports_writeable_memory(a) and \
+            not chain.pop().flags.writeable:
+        return []  # (read-only already: nothing over it could be writeable again)
     changed = [b for b in chain if b.flags.writeable]
     for b in changed:
         b.flags.writeable = False
@@ -332,7 +335,8 @@ def restore_writeable(arrays: Sequence[np.ndarray]) -> None:
 def _exports_writeable_memory(owner: Any) -> bool:
     """Whether `owner`, the end of an array's chain of bases, exports its
     memory as a writeable buffer (a `bytearray` does; the pool's `Lease`,
-    exporting it only through `__array_interface__`, does not)."""
+    exporting it only through `__array_interface__`, does not, nor does a
+    torch tensor under its `.numpy()`)."""
     try:
         return not memoryview(owner).readonly
     except TypeError:

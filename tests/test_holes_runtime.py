@@ -482,6 +482,23 @@ def test_a_large_result_of_a_tape_is_read_only_while_it_records_and_its_block_re
     assert not y.flags.writeable
 
 
+def test_a_watched_view_over_memory_numpy_cannot_make_writeable_again_stays_writeable():
+    # memory exported only through __array_interface__ (as a torch tensor's
+    # .numpy(), or the runtime pool's Lease), its array made read-only after
+    # x was taken from it: x, frozen, could not be writeable again
+    block = np.array([0.0, 0.5, -1.0])
+    exporter = types.SimpleNamespace(__array_interface__=block.__array_interface__,
+                                     block=block)
+    whole = np.asarray(exporter)
+    x = whole[1:]
+    whole.flags.writeable = False
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = LOG1PEXP(x)
+    assert x.flags.writeable and y.flags.writeable
+    np.testing.assert_allclose(tape.gradient(y, x), 1 / (1 + np.exp(-x)), rtol=1e-12)
+
+
 def test_tape_gradient_refuses_sources_that_are_no_array_or_sequence():
     """A dict of sources gave [None] (its keys, which no tape tracks, as
     if z did not depend on x), and None raised Python's TypeError."""
