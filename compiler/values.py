@@ -15,9 +15,10 @@ from typing import Iterable, Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
-from gradlang.compiler.shapes import Sym, plain_size
+from gradlang.compiler.shapes import Sym
 from gradlang.runtime.common import arange_length
 from gradlang.runtime.errors import GradError, Span
+
 
 class NotCompileTime(GradError):
     """A value a shape, an axis, a count or a static index or slice bound
