@@ -245,11 +245,11 @@ def lower_entry(namespace: Namespace, fdef: ast.FuncDef,
     parameters passed, then the params it reads.  A `GradError` carries
     the source of the module it points into, for the caret line.
 
-    A float made of a symbolic size (`0.1 / k`) is a run-time number
-    (`Lowerer.size_number`), but where something then needs it known at
-    compile time (an `initial=`, a slice bound), the lowering fails:
-    it is lowered again with such a float needing concrete sizes, as it
-    did before there were run-time ones, so that the caller sees the
+    A number made of a symbolic size (`0.1 / k`, `n - 1`) is a run-time
+    number (`Lowerer.size_number`), but where something then needs it
+    known at compile time (an `initial=`, a slice bound), the lowering
+    fails: it is lowered again with such a number needing concrete sizes,
+    as it did before there were run-time ones, so that the caller sees the
     `NeedsConcrete` of the size it used (and lowers for concrete sizes)."""
     try:
         lowerer = Lowerer(namespace)
