@@ -21,8 +21,9 @@ from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
 from gradlang.compiler.values import (RUN_TIME, NotCompileTime, Value, as_atom, cast,
-                                      is_argument, is_static, number_type, run_time_number,
-                                      sequence_kind, unify, weak_result, weakly_typed)
+                                      is_argument, is_integer, is_static, number_type,
+                                      run_time_number, sequence_kind, unify, weak_result,
+                                      weakly_typed)
 from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
             # (an integer argument: compiled for its value, as by value it
             # was taken, where at run time it was refused)
             by_value(L, initial)
-            if isinstance(initial, bool) or not isinstance(initial, (int, float)):
+            if number_type(initial) not in (int, float):
                 raise NotCompileTime("initial must be a number known at compile time", span,
                                      initial)
             initial = coerce(-initial if negate else initial,
@@ -278,7 +279,7 @@ def _static_shape(L, v, span, sizes: bool = True) -> tuple:
         by_value(L, d)
         if isinstance(d, Sym) and not sizes:
             raise NeedsConcrete(f"the size {d} is used as an axis")
-        if not isinstance(d, Sym) and (isinstance(d, bool) or not isinstance(d, int)):
+        if not isinstance(d, Sym) and not is_integer(d):
             raise NotCompileTime("a shape must be a compile-time tuple or list of integers"
                                  f"{compile_time_hint(d)}", span, d)
     return shape
@@ -335,7 +336,7 @@ def _concatenate(L, b, args, kwargs, span, stack: bool = False):
                         f"{name}([a, b])", span)
     axis = _kw(args, kwargs, 1, "axis", 0)
     by_value(L, axis)
-    if isinstance(axis, bool) or not isinstance(axis, int):
+    if not is_integer(axis):
         raise NotCompileTime(f"axis must be a compile-time integer{compile_time_hint(axis)}",
                              span, axis)
     items, weak = unify(b, list(seq), span, arithmetic=False), weakly_typed(seq)
@@ -533,7 +534,7 @@ def static_axis(L: Lowerer, axis, rank: int, span: Span) -> int:
     """An axis of an array of `rank`, known at compile time (an integer
     argument by value), as a non-negative integer."""
     by_value(L, axis)
-    if isinstance(axis, bool) or not isinstance(axis, int):
+    if not is_integer(axis):
         raise NotCompileTime(f"axis must be a compile-time integer{compile_time_hint(axis)}",
                              span, axis)
     if not -rank <= axis < rank:
@@ -648,7 +649,7 @@ def compile_time_number(L: Lowerer, v: Value, what: str, span: Span,
         raise NotCompileTime(f"{what} must be known when the function is compiled: a "
                              "literal, an integer argument or a size (x.shape[k])"
                              f"{compile_time_hint(v)}", span, v)
-    if isinstance(v, bool) or not isinstance(v, (Sym, int, float) if floats else (Sym, int)):
+    if not isinstance(v, Sym) and number_type(v) not in ((int, float) if floats else (int,)):
         raise GradError(f"{what} must be {'a number' if floats else 'an integer'}, not "
                         f"{v!r}", span)
     return v

@@ -45,9 +45,10 @@ from gradlang.compiler.hoisting import hoist_body
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
-from gradlang.compiler.values import (RUN_TIME, RunTimeBool, Value, as_atom, cast, is_static,
-                                      literal_dtype, number_type, promote, run_time_atom,
-                                      sequence_kind, unify, weak_number, weak_result)
+from gradlang.compiler.values import (RUN_TIME, RunTimeBool, Value, as_atom, cast, is_integer,
+                                      is_static, literal_dtype, number_type, promote,
+                                      run_time_atom, sequence_kind, unify, weak_number,
+                                      weak_result)
 from gradlang.runtime.common import range_length
 from gradlang.runtime.errors import GradError, Span
 
@@ -261,9 +262,9 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
             raise NeedsConcrete("a loop bound is a number made of sizes")
         known.append(v if is_static(v) else None)
         if is_static(v):
-            if isinstance(v, bool) or not isinstance(v, (int, Sym)):
+            if not isinstance(v, Sym) and not is_integer(v):
                 what = "a float" if isinstance(v, float) else \
-                    "a bool" if isinstance(v, bool) else "a tuple"
+                    "a bool" if number_type(v) is bool else "a tuple"
                 raise GradError(f"range() takes integers, got {what}", arg.span)
             atoms.append(as_atom(b, v, arg.span, "i64"))
             continue

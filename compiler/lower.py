@@ -45,12 +45,12 @@ from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to, plain_size
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
-                                      RunTimeBool,
-                                      RunTimeInt, StaticList, Value, as_atom, as_results, cast,
-                                      check_range_fits, entry_results, is_run_time, is_static,
-                                      number_type, promote, run_time_atom, run_time_number,
-                                      run_time_product, sequence_kind, unify, weak_float_dtype,
-                                      weak_number, weak_result)
+                                      RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
+                                      as_results, cast, check_range_fits, entry_results,
+                                      is_integer, is_run_time, is_static, number_type, promote,
+                                      run_time_atom, run_time_number, run_time_product,
+                                      sequence_kind, unify, weak_float_dtype, weak_number,
+                                      weak_result)
 from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -474,7 +474,7 @@ class Lowerer:
         for w in wrt_items:
             if isinstance(w, Sym):
                 raise NeedsConcrete("a size is a wrt position")
-            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < len(fdef.params):
+            if not is_integer(w) or not 0 <= w < len(fdef.params):
                 got = repr(w) if is_static(w) else "a value computed at run time"
                 raise GradError(f"wrt must be parameter positions of {fdef.name}() "
                                 f"({wrt_positions(len(fdef.params))}), got {got}", span)
@@ -917,7 +917,7 @@ class Lowerer:
     def as_static_int(v: Value, span: Span) -> int:
         if isinstance(v, Sym):
             raise NeedsConcrete(f"the size {v} is used as an index")
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_integer(v):
             hint = ""
             if isinstance(v, Var) and v.type.rank == 0 and v.type.dtype in INTS:
                 # (a slice is a region fixed when compiled; a loop's index or an
@@ -1118,7 +1118,7 @@ class Lowerer:
             axes = (axis,)
         for a in axes:
             by_value(self, a)
-            if isinstance(a, bool) or not isinstance(a, int):
+            if not is_integer(a):
                 raise NotCompileTime("axis must be a compile-time integer or tuple of integers"
                                      f"{compile_time_hint(a)}", span, a)
         return ops._normalize_axes(axes, rank, span)
@@ -1189,7 +1189,7 @@ def sequence_arithmetic(op: str, left: Value, right: Value, span: Span,
     if op == "mul" and not isinstance(other, tuple):
         if isinstance(other, Sym):
             raise NeedsConcrete(f"a {kind} is repeated a size's number of times")
-        if isinstance(other, bool) or not isinstance(other, int):
+        if not is_integer(other):
             what = "a number" if is_static(other) else "an array"
             raise NotCompileTime(f"a {kind} can only be repeated (* n) a compile-time "
                                  f"integer number of times, not by {what}", spans[1 - seq_side],

@@ -110,6 +110,9 @@ class RunTimeBool(RunTimeInt):
     def __new__(cls, value, dtype: str = "bool"):
         return super().__new__(cls, bool(value), "bool")
 
+    def __repr__(self) -> str:  # (as messages quote True)
+        return repr(bool(self))
+
 
 class RunTimeFloat(_RunTimeNumber, float):
     """A float that exact arithmetic on a `RunTimeInt` gave (`k * 0.5`, `k
@@ -166,6 +169,15 @@ def is_argument(v: object) -> bool:
     """Whether v is a negative integer argument's value, passed on as it
     is (`ArgumentValue`, `ByValueArgument`), which has a `name`."""
     return isinstance(v, (ArgumentValue, ByValueArgument))
+
+
+def is_integer(v: object) -> bool:
+    """Whether compile-time v is an integer, as an axis, an index, a count
+    or a shape takes one: not a bool, nor a `RunTimeBool`, which is an int
+    only so that it folds (`k == 1` by value: `x[k == 1]` was x[1] and
+    `sum(x, axis=k == 1)` a sum over axis 1, where True, and the bool
+    scalar `k == 1` is when k is not taken by value, are refused)."""
+    return number_type(v) is int
 
 
 def number_type(v: object) -> type:

@@ -7,6 +7,7 @@ toward zero (docs/language.md), the kernels' inf and NaN for floats, and
 the argument's dtype.  It gave Python's instead: `2 ** -k` was 0.25 for
 k = 2, `1 // k` a GradError for k = 0, `-k` of the least i64 an error."""
 import operator
+import re
 
 import numpy as np
 import pytest
@@ -290,3 +291,23 @@ def test_an_integer_argument_as_a_reductions_initial_is_taken_by_value():
         top, total = m.f(y, np.int64(k))
         assert (top.dtype, total.dtype) == (np.int32, np.int64)
         assert (top, total) == (np.max(y, initial=k), np.sum(y, initial=k))
+
+
+@pytest.mark.parametrize("use,message", [
+    ("x[k == 1]", "expected a compile-time integer"),
+    ("sum(x, axis=k == 1)", "axis must be a compile-time integer"),
+    ("reshape(x, (k == 1, 6))", "a shape must be a compile-time tuple or list of integers"),
+    ("arange(k == 1) * 1.0", "each argument of arange() must be a number, not True"),
+    ("x * len((0,) * (k == 1))", "a tuple can only be repeated (* n) a compile-time integer"),
+    ("x * sum(x[0, :2] * 0.0, initial=k == 1)", "initial must be a number known at compile"),
+])
+def test_a_comparison_of_a_by_value_argument_is_no_integer_as_true_is_not(use, message):
+    # `k == 1` by value is a `RunTimeBool`, an int only so that `if` and
+    # `and` fold it: as an index, an axis, a shape, a count or `initial` it
+    # was 1 (x[k == 1] was x[1], sum(x, axis=k == 1) a sum over axis 1),
+    # where True is refused there, and so is the bool scalar `k == 1` is
+    # where k is not taken by value
+    m = dsl.loads(f"def f(x: f64[2, 3], k: i64):\n{FORCED}    return {use}\n", "compared.grad")
+    with pytest.raises(dsl.GradError, match=re.escape(message)) as info:
+        m.f(np.ones((2, 3)), np.int64(1))
+    assert info.value.line == 3
