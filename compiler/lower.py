@@ -1405,8 +1405,12 @@ def _run_time_bools(*operands: Value) -> bool:
 def _run_time_dtype(*operands: Value) -> str:
     """The dtype of arithmetic on compile-time operands, some of which
     stand for run-time scalars (`is_run_time`): theirs, promoted (the
-    others are weakly typed, and take it)."""
-    return functools.reduce(promote, [v.dtype for v in operands if is_run_time(v)])
+    others are weakly typed, and take it); i64 of bools alone, since
+    arithmetic on a bool is on i64 (`unify`'s): `x.shape[0] + (k == 1)`
+    by value was the bool True, and `x.shape[0] * (k == 1)` a size of
+    dtype bool, which no run-time product has (a KeyError)."""
+    dtype = functools.reduce(promote, [v.dtype for v in operands if is_run_time(v)])
+    return "i64" if dtype == "bool" else dtype
 
 
 def _run_time_value(op: str, values: Sequence, dtype: str):

@@ -311,3 +311,25 @@ def test_a_comparison_of_a_by_value_argument_is_no_integer_as_true_is_not(use, m
     with pytest.raises(dsl.GradError, match=re.escape(message)) as info:
         m.f(np.ones((2, 3)), np.int64(1))
     assert info.value.line == 3
+
+
+SIZE_AND_COMPARED = """
+def {name}(x: f32[n], k: i64):
+{forced}    return x.shape[0] + (k == 1), x * (x.shape[0] * (k == 1)), sqrt(x.shape[0] * (k == 1))
+"""
+
+
+def test_a_size_with_a_by_value_comparison_is_on_i64_as_at_run_time():
+    # arithmetic of a size and `k == 1` by value took the bool's dtype: the
+    # sum was the bool True, and the product a size of dtype bool, which no
+    # run-time scalar has (an internal KeyError 'bool'); at run time a
+    # bool's arithmetic is on i64
+    m = dsl.loads(SIZE_AND_COMPARED.format(name="scalar", forced="")
+                  + SIZE_AND_COMPARED.format(name="by_value", forced=FORCED), "sized.grad")
+    x = np.arange(1, 4, dtype=np.float32)
+    want = [np.int64(4), x * np.float32(3), np.sqrt(np.int64(3))]  # (f32: a float beats an int)
+    for got, same, value in zip(m.by_value(x, np.int64(1)), m.scalar(x, np.int64(1)), want,
+                                strict=True):
+        assert got.dtype == same.dtype == np.asarray(value).dtype
+        np.testing.assert_array_equal(got, value)
+        np.testing.assert_array_equal(same, value)
