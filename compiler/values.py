@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
-from gradlang.compiler.shapes import Sym
+from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime.common import arange_length
 from gradlang.runtime.errors import GradError, Span
 
@@ -406,7 +406,13 @@ def check_range_fits(b: Builder, v: Var, dtype: str, span: Optional[Span]) -> No
     not a wraparound; so must one whose values reach v unchanged through
     ops that only move or pick them (`_PICKS`: `reshape(arange(...), s)`,
     a slice of it, a `where` between two).  (Arithmetic on one has no
-    compile-time values, and is not checked.)"""
+    compile-time values, and is not checked.)  An integer made of sizes
+    (`n - 1`, an i64 the driver computes: `Lowerer.size_number`) meeting
+    i32 needs concrete sizes, where it folds and is checked as a literal
+    is: `y * (y.shape[0] - 2**40)` for i32 y wrapped around silently."""
+    if dtype == "i32" and v.type.dtype == "i64" and v.type.rank == 0 \
+            and _of_sizes_only(b, v):
+        raise NeedsConcrete("an integer made of sizes meets an i32 array")
     eqn = b.defining(v)
     if eqn is not None and eqn.op in _PICKS:
         for a in _PICKS[eqn.op](eqn.inputs):
@@ -420,6 +426,12 @@ def check_range_fits(b: Builder, v: Var, dtype: str, span: Optional[Span]) -> No
     count = arange_length(start, stop, step)
     for value in ((start, start + (count - 1) * step) if count else ()):
         coerce(value, dtype, span)
+
+
+def _of_sizes_only(b: Builder, v: Var) -> bool:
+    """`control.of_sizes_only` (imported here: control imports this module)."""
+    from gradlang.compiler.control import of_sizes_only
+    return of_sizes_only(b, v)
 
 
 # ops whose result's values are some of the values of these inputs (or zeros)

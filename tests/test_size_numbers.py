@@ -214,3 +214,19 @@ def test_integer_arithmetic_of_sizes_compiles_once_for_every_size(monkeypatch):
     with pytest.raises(dsl.GradError, match=r"integers.grad:9:17: error: compile-time "
                                              "arithmetic failed: division by zero"):
         m.folded(np.ones(4))
+
+
+def test_an_integer_of_sizes_meeting_i32_is_checked_as_its_constant_is():
+    # `y.shape[0] - 2**40`, an i64 the driver computed, was cast to i32 y's
+    # dtype and wrapped around (y * 1 for n = 3), where the same number
+    # written as a constant, and NumPy's, is an error; one that fits is
+    # the product it is for concrete sizes
+    m = dsl.loads("def f(y: i32[n]):\n    return y * (y.shape[0] - 2**40), y * (y.shape[0] - 1)\n"
+                  "def g(y: i32[n]):\n    return y * (y.shape[0] - 1)\n", "i32.grad")
+    y = np.array([1, -2, 3], np.int32)
+    with pytest.raises(dsl.GradError, match=r"i32.grad:2:17: error: the constant "
+                                             r"-1099511627773 does not fit in i32"):
+        m.f(y)
+    got = m.g(y)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, y * 2)
