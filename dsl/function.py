@@ -47,7 +47,8 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, chec
                                    const_scalar_names, numeric_array, static_names)
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.common import out_of_memory
-from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, called, kind_of
+from gradlang.runtime.errors import (UNKNOWN_SPAN, ArgumentError, ArrayTooLarge, GradError,
+                                     SizeMismatchError, called, kind_of)
 from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.params import reads_as_param
@@ -871,8 +872,12 @@ class OutSpec:
         except GradError as err:
             # An error only the values show (an index out of range) is found
             # as the kernels run, after earlier ones wrote their results into
-            # the caller's buffers: said, else the caller took them as intact
-            err.add_note(self._written_before(given))
+            # the caller's buffers: said, else the caller took them as intact.
+            # Not for the driver's own checks of the arguments' sizes, which
+            # refuse the call before any kernel runs (where the sizes give
+            # the array: `ArrayTooLarge`)
+            if not isinstance(err, (ArrayTooLarge, SizeMismatchError)):
+                err.add_note(self._written_before(given))
             raise
         return tuple(r if b is None else b for r, b in zip(results, given))
 
