@@ -46,9 +46,9 @@ from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorT
 from gradlang.compiler.loop_reads import stack_index_reads
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.compiler.values import (RUN_TIME, RunTimeBool, Value, as_atom, cast, is_integer,
-                                      is_static, literal_dtype, number_type, promote,
-                                      run_time_atom, sequence_kind, unify, weak_number,
-                                      weak_result)
+                                      is_static, literal_dtype, number_type, of_sizes_only,
+                                      promote, run_time_atom, sequence_kind, unify,
+                                      weak_number, weak_result)
 from gradlang.runtime.common import range_length
 from gradlang.runtime.errors import GradError, Span
 
@@ -343,27 +343,6 @@ def close(sb: Builder, name: str, params: list[Var], outputs: list[Atom],
     fn = Function(name, tuple(params) + tuple(free.values()) + tuple(last), tuple(eqns),
                   tuple(outs))
     return fn, list(free)
-
-
-def of_sizes_only(b: Builder, value: Var) -> bool:
-    """Whether run-time `value` is computed (in `b`) from symbolic sizes
-    (`dim` ops: a number made of a size, `Lowerer.size_number`) and
-    literals alone, so that it is known at compile time for concrete sizes."""
-    need, sized = {value}, False
-    for eqn in reversed(b.eqns):
-        made = [o for o in eqn.outputs if o in need]
-        if not made:
-            continue
-        need.difference_update(made)
-        if any(o.type.rank for o in eqn.outputs):
-            return False  # (an array's: a number of sizes is a scalar)
-        if eqn.op == "dim":
-            sized = sized or isinstance(eqn.p["value"], Sym)
-        else:
-            need.update(a for a in eqn.inputs if isinstance(a, Var))
-        if not need:
-            break
-    return sized and not need
 
 
 def lower_if(lw: "Lowerer", b: Builder, stmt: ast.If, env: dict[str, Value]) -> None:

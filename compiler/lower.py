@@ -47,10 +47,10 @@ from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
                                       as_results, cast, check_range_fits, entry_results,
-                                      is_integer, is_run_time, is_static, number_type, promote,
-                                      run_time_atom, run_time_number, run_time_product,
-                                      sequence_kind, unify, weak_float_dtype, weak_number,
-                                      weak_result)
+                                      is_integer, is_run_time, is_static, number_type,
+                                      of_sizes_only, promote, run_time_atom, run_time_number,
+                                      run_time_product, sequence_kind, unify, weak_float_dtype,
+                                      weak_number, weak_result)
 from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
 from gradlang.runtime.errors import GradError, Span, one_line
 
@@ -1073,7 +1073,7 @@ class Lowerer:
         x ** 3.0, products), so computed at run time it may give other bits."""
         if self.numbers_of_sizes and self.size_numbers and op not in SIZE_NUMBER_OPS \
                 and not ops.OPS[op].exact and any(
-                    isinstance(v, WeakVar) and v.type.rank == 0 and control.of_sizes_only(b, v)
+                    isinstance(v, WeakVar) and v.type.rank == 0 and of_sizes_only(b, v)
                     for v in operands):
             raise NeedsConcrete(f"a number made of a size is an operand of {op}")
 
@@ -1091,7 +1091,7 @@ class Lowerer:
     @staticmethod
     def number_of_sizes(b, v: Value) -> bool:
         """Whether v is a weak number `size_number` made of sizes alone."""
-        return isinstance(v, WeakVar) and v.type.rank == 0 and control.of_sizes_only(b, v)
+        return isinstance(v, WeakVar) and v.type.rank == 0 and of_sizes_only(b, v)
 
     def unary(self, b, op: str, v: Value, span) -> Atom:
         (x,) = unify(b, [v], span, float_result=op in ops.FLOAT_ONLY)

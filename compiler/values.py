@@ -411,7 +411,7 @@ def check_range_fits(b: Builder, v: Var, dtype: str, span: Optional[Span]) -> No
     i32 needs concrete sizes, where it folds and is checked as a literal
     is: `y * (y.shape[0] - 2**40)` for i32 y wrapped around silently."""
     if dtype == "i32" and v.type.dtype == "i64" and v.type.rank == 0 \
-            and _of_sizes_only(b, v):
+            and of_sizes_only(b, v):
         raise NeedsConcrete("an integer made of sizes meets an i32 array")
     eqn = b.defining(v)
     if eqn is not None and eqn.op in _PICKS:
@@ -428,10 +428,25 @@ def check_range_fits(b: Builder, v: Var, dtype: str, span: Optional[Span]) -> No
         coerce(value, dtype, span)
 
 
-def _of_sizes_only(b: Builder, v: Var) -> bool:
-    """`control.of_sizes_only` (imported here: control imports this module)."""
-    from gradlang.compiler.control import of_sizes_only
-    return of_sizes_only(b, v)
+def of_sizes_only(b: Builder, value: Var) -> bool:
+    """Whether run-time `value` is computed (in `b`) from symbolic sizes
+    (`dim` ops: a number made of a size, `Lowerer.size_number`) and
+    literals alone, so that it is known at compile time for concrete sizes."""
+    need, sized = {value}, False
+    for eqn in reversed(b.eqns):
+        made = [o for o in eqn.outputs if o in need]
+        if not made:
+            continue
+        need.difference_update(made)
+        if any(o.type.rank for o in eqn.outputs):
+            return False  # (an array's: a number of sizes is a scalar)
+        if eqn.op == "dim":
+            sized = sized or isinstance(eqn.p["value"], Sym)
+        else:
+            need.update(a for a in eqn.inputs if isinstance(a, Var))
+        if not need:
+            break
+    return sized and not need
 
 
 # ops whose result's values are some of the values of these inputs (or zeros)

@@ -457,10 +457,7 @@ def _note_a_derivative(err: GradError, f: Compiled, bound: dict, batch: frozense
     contradicts.  (The derivative reads back in every row a value reduced
     over all of them: `max(x)`'s, the count of a masked mean, `s` of
     `sum(s * s)`; one pass over the blocks has no such value yet.)"""
-    from dsl.function import Derived
-    primal = f
-    while isinstance(primal, Derived):
-        primal = primal.inner
+    primal = f.primal
     if primal is f:
         return
     own = {s.name for s in (*primal.specs, *primal.param_specs)}

@@ -479,6 +479,12 @@ class Compiled:
         return bind(self.name, self.specs, args, kwargs, self.span)
 
     @property
+    def primal(self) -> Compiled:
+        """The function a transform's chain starts from (itself where it
+        is no transform: `Derived` asks its inner one)."""
+        return self
+
+    @property
     def span(self):
         return None
 
@@ -738,6 +744,10 @@ class Derived(Compiled):
     @property
     def span(self):
         return self.inner.span
+
+    @property
+    def primal(self) -> Compiled:
+        return self.inner.primal
 
     def defaults(self) -> dict[str, Any]:
         return self.inner.defaults()  # (its parameters are inner's)
