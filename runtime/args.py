@@ -228,7 +228,11 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
                                 f"Python {python})", span)
         dtype = np.dtype(value.dtype)
         if dtype not in SUPPORTED:
-            raise ArgumentError(f"{where} has unsupported dtype {dtype}", span)
+            # (taken without a copy, so not cast here as a host array of
+            # its values would be: converted where it lives, by its caller)
+            raise ArgumentError(f"{where} is a device array of unsupported dtype {dtype}; use "
+                                "float32, float64, int32, int64 or bool (convert it on the "
+                                "device first: device arrays are taken without a copy)", span)
         if not admits(spec.dtype, SUPPORTED[dtype]):
             raise ArgumentError(f"{where} has dtype {SUPPORTED[dtype]}, but its annotation "
                                 f"says {kind_text(spec.dtype)}", span)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gradlang.runtime.args import NUMPY, cast, numeric_array
+from gradlang.runtime.args import NUMPY, SUPPORTED, cast, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, called
 from gradlang.runtime.target import Target
@@ -114,8 +114,13 @@ class Pullback:
         where = f"cotangent {k} of the pullback of {called(self.name)}"
         if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
             if tuple(ct.shape) != out.shape or np.dtype(ct.dtype) != NUMPY[out.dtype]:
-                raise ArgumentError(f"{where} must have shape {list(out.shape)} and dtype "
-                                    f"{out.dtype}")
+                # (what it is, too: a host array's error says its shape or
+                # dtype, and the caller has no other way to see which is off)
+                given = SUPPORTED.get(np.dtype(ct.dtype), np.dtype(ct.dtype))
+                raise ArgumentError(f"{where} is a device array of shape {list(ct.shape)} and "
+                                    f"dtype {given}, but must have shape {list(out.shape)} "
+                                    f"and dtype {out.dtype} (the output's: device arrays are "
+                                    "taken as they are, without a copy)")
             # (taken without a copy, as an argument is, so refused where
             # not C-contiguous: the drivers' reshapes of one need a copy a
             # GPU's device arrays do not make)

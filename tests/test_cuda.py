@@ -220,10 +220,27 @@ def test_pullback_takes_device_cotangents_and_refuses_a_wrong_one():
     for ct in (rcuda.as_device(np.full(4, 2.0)), np.full(4, 2.0), 2.0):
         (g,) = pullback(ct)
         np.testing.assert_allclose(rcuda.to_host(g), want, rtol=1e-12)
-    for bad in (np.ones(3), np.ones(4, np.float32)):
+    # (saying what it is: it said only what it must be)
+    for bad, given in ((np.ones(3), r"shape \[3\] and dtype f64"),
+                       (np.ones(4, np.float32), r"shape \[4\] and dtype f32")):
         with pytest.raises(dsl.ArgumentError, match="cotangent 0 of the pullback of log1pexp"
-                                                    r"\(\) must have shape \[4\] and dtype f64"):
+                                                    rf"\(\) is a device array of {given}, but "
+                                                    r"must have shape \[4\] and dtype f64"):
             pullback(rcuda.as_device(bad))
+
+
+def test_a_device_array_of_an_unsupported_dtype_says_which_dtypes_are():
+    # as a host array's error does (it said only "has unsupported dtype
+    # uint64"); a device array is not cast, as a host one is not either
+    from numba import cuda
+    m = dsl.loads("def f(x, i: i64[n]):\n    return x[i]\n", target="cuda")
+    for x, i, name in ((np.ones(3), cuda.to_device(np.array([1], np.uint64)), "'i'"),
+                       (cuda.to_device(np.ones(3, np.float16)), np.array([1]), "'x'")):
+        with pytest.raises(dsl.ArgumentError, match=rf"<string>:1:5: error: argument {name} of "
+                                                    r"f\(\) is a device array of unsupported "
+                                                    r"dtype \w+; use float32, float64, int32, "
+                                                    r"int64 or bool \(convert it on the device"):
+            m.f(x, i)
 
 
 def test_out_buffers_are_refused_on_cuda_with_what_to_do():
