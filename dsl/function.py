@@ -552,8 +552,12 @@ class Compiled:
         program uses as a size (as for a `const` one)."""
         self._by_value.add(need.name)
         if need.name not in self.static_names(bound):
-            raise ArgumentError(f"argument {need.name!r} of {called(self.name)} gives a size, so "
-                                "it must be an integer on the host", self.span)
+            # (not static: a device array; it said "gives a size" of an
+            # axis too, and not what the caller passed or should)
+            raise ArgumentError(f"argument {need.name!r} of {called(self.name)} is a device "
+                                "array, but its value sets a shape, an axis or a count, which "
+                                "the call is compiled for: pass it on the host (a Python int)",
+                                self.span)
 
     host_results: bool = False  # device targets: copy results to NumPy
 

@@ -537,9 +537,17 @@ def test_a_device_array_for_a_size_after_a_host_one_is_an_argument_error():
     for call in (m.f, dsl.grad(m.f)):
         call(v, ids, 3)  # (grad's own program, compiled for 3 too)
         with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'n' of "
-                                                    r"(grad\()?f\)?(\(\))? gives a size, so it "
-                                                    r"must be an integer on the host"):
+                                                    r"(grad\()?f\)?(\(\))? is a device array, "
+                                                    r"but its value sets a shape, an axis or a "
+                                                    r"count, .*: pass it on the host"):
             call(v, ids, cuda.to_device(np.int64(3)))
+    # an axis so too (it said "gives a size", and nothing of a device array)
+    m = dsl.loads("def g(x, axis: const = None):\n    return sum(x, axis=axis)\n",
+                  target="cuda", host_results=True)
+    with pytest.raises(dsl.ArgumentError, match=r"<string>:1:5: error: argument 'axis' of g\(\) "
+                                                r"is a device array, but its value sets a shape, "
+                                                r"an axis or a count"):
+        m.g(np.ones((2, 3)), cuda.to_device(np.array(1)))
 
 
 def test_a_pullbacks_device_cotangent_that_is_not_c_contiguous_is_an_argument_error():
