@@ -47,12 +47,13 @@ from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
                                       as_results, cast, check_range_fits, entry_results,
-                                      is_integer, is_run_time, is_static, number_type,
+                                      is_argument, is_integer, is_run_time, is_static, number_type,
                                       of_sizes_only, promote, run_time_atom, run_time_number,
                                       run_time_product, sequence_kind, unify, weak_float_dtype,
                                       weak_number, weak_result)
 from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
-from gradlang.runtime.errors import GradError, Span, one_line
+from gradlang.runtime.common import index_out_of_range_message
+from gradlang.runtime.errors import ArgumentError, GradError, Span, one_line
 
 
 # True while compiling ahead of time (`dsl.aot`): a fixed region (`t[0:2]`,
@@ -844,8 +845,7 @@ class Lowerer:
             else:
                 k = self.as_static_int(value, item.span)
                 if not -size <= k < size:
-                    raise GradError(f"index {k} is out of range for axis {axis} of size "
-                                    f"{size}", item.span)
+                    raise static_index_out_of_range(k, axis, size, item.span)
                 k %= size
                 start, stop, step = k, k + 1, 1
             starts.append(start)
@@ -1704,9 +1704,19 @@ def weak_fits(v: WeakVar, annotated: Optional[str]) -> bool:
     return all(d in FLOATS for d in dtypes) if v.type.is_float else "bool" not in dtypes
 
 
+def static_index_out_of_range(k: int, axis: int, size: int, span: Span) -> GradError:
+    """The error of a compile-time index `k` out of range for `axis` (of
+    `size`): the caller's `ArgumentError`, as a run-time index's, where k
+    is an argument's value passed on as it is (`x[i]` for `i: const
+    i64`: `is_argument`), naming it; else an error in the source."""
+    if is_argument(k):
+        return ArgumentError(index_out_of_range_message(k, repr(k.name), size), span)
+    return GradError(f"index {k} is out of range for axis {axis} of size {size}", span)
+
+
 def _typed_int(value: int, dtype: str, span: Span) -> RunTimeInt:
     """A compile-time integer as the run-time scalar of `dtype` it is when
-    passed as an argument (`RunTimeInt`; a negative argument's value still
+    passed as an argument (`RunTimeInt`; an argument's value still
     naming it); a `GradError` at `span` where the dtype cannot hold it."""
     number = coerce(value, dtype, span)
     if isinstance(value, ArgumentValue):
@@ -1716,13 +1726,13 @@ def _typed_int(value: int, dtype: str, span: Span) -> RunTimeInt:
 
 def _static_value(name: str, t: StaticScalar, by_value: bool):
     """A `const` or by-value argument's value (of type `t`) as lowering
-    sees it: a negative integer remembers its argument (`ArgumentValue`);
-    an integer taken by value stands for the run-time scalar it is
-    otherwise (`RunTimeInt`), so that arithmetic on it folds as the
-    program computes it then."""
+    sees it: an integer remembers its argument (`ArgumentValue`); one
+    taken by value stands for the run-time scalar it is otherwise (a
+    `RunTimeInt`, `ByValueArgument`), so that arithmetic on it folds as
+    the program computes it then."""
     value = t.value
     if not isinstance(value, int) or isinstance(value, bool) or t.dtype not in INTS:
         return value
     if by_value:
-        return ByValueArgument(value, t.dtype, name) if value < 0 else RunTimeInt(value, t.dtype)
-    return ArgumentValue(value, name) if value < 0 else value
+        return ByValueArgument(value, t.dtype, name)
+    return ArgumentValue(value, name)

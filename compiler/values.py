@@ -45,15 +45,15 @@ class StaticList(tuple):
 
 
 class ArgumentValue(int):
-    """The value of a negative integer argument that the program is
-    compiled for (by value, or `const`), as lowering sees it: the same
-    number, remembering the argument it came from, so that a count it
-    makes negative (`segment_sum(v, ids, k)` with k = -1) is the caller's
+    """The value of an integer argument that the program is compiled for
+    (by value, or `const`), as lowering sees it: the same number,
+    remembering the argument it came from, so that a count it makes
+    negative (`segment_sum(v, ids, k)` with k = -1), or an index it puts
+    out of range (`x[i]` for `i: const i64`), is the caller's
     `ArgumentError`, not an error in the source.  Arithmetic on it gives a
     plain int, so only the argument passed on as it is counts as its
-    value; only a negative one is wrapped, since no other value is refused
-    for where it came from.  Code that tells numbers apart by their type
-    asks `number_type`."""
+    value.  Code that tells numbers apart by their type asks
+    `number_type`."""
 
     name: str
 
@@ -153,8 +153,8 @@ def run_time_number(value: Union[int, float], dtype: str) -> Union[RunTimeInt, R
 
 
 class ByValueArgument(RunTimeInt):
-    """A negative integer argument taken by value: a `RunTimeInt` that
-    remembers its argument, as an `ArgumentValue` does (`is_argument`)."""
+    """An integer argument taken by value: a `RunTimeInt` that remembers
+    its argument, as an `ArgumentValue` does (`is_argument`)."""
 
     def __new__(cls, value: int, dtype: str, name: str) -> "ByValueArgument":
         self = int.__new__(cls, value)
@@ -166,8 +166,8 @@ class ByValueArgument(RunTimeInt):
 
 
 def is_argument(v: object) -> bool:
-    """Whether v is a negative integer argument's value, passed on as it
-    is (`ArgumentValue`, `ByValueArgument`), which has a `name`."""
+    """Whether v is an integer argument's value, passed on as it is
+    (`ArgumentValue`, `ByValueArgument`), which has a `name`."""
     return isinstance(v, (ArgumentValue, ByValueArgument))
 
 

@@ -380,10 +380,16 @@ def index_out_of_range(where: Where, index: int, size: int) -> None:
     where an axis has `size` elements (before any result is returned);
     `where` names the index array (`Where`)."""
     what, span = placed(where)
-    raise ArgumentError(f"index {index}{' in ' * bool(what)}{what} is out of range for an "
-                        "axis of size "
-                        f"{size} " + (f"(valid: {-size} to {size - 1})" if size else
-                                      "(an empty axis has none)"), span)
+    raise ArgumentError(index_out_of_range_message(index, what, size), span)
+
+
+def index_out_of_range_message(index: int, what: str, size: int) -> str:
+    """What an index out of range says, `what` naming the index ("" for
+    none): at run time (`index_out_of_range`) and, for an argument's value
+    that indexes when compiled (`x[i]` for a `const` i), at compile time."""
+    return (f"index {index}{' in ' * bool(what)}{what} is out of range for an axis of size "
+            f"{size} " + (f"(valid: {-size} to {size - 1})" if size else
+                          "(an empty axis has none)"))
 
 
 def nonzero_divisor(size: int, where: Where) -> int:

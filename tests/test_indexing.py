@@ -683,6 +683,27 @@ def test_out_of_range_index_is_an_argument_error_naming_it(target):
         module(target).col(np.zeros((4, 2)), np.int64(-2))
 
 
+def test_a_const_index_out_of_range_is_an_argument_error_naming_it():
+    # `x[i]` for `i: const i64` selects when compiled: out of range it was a
+    # GradError ("index 3 is out of range for axis 1 of size 3"), not the
+    # caller's ArgumentError naming 'i' that the same index gets at run time
+    m = dsl.loads("def f(x, i: const i64):\n    return x[:, i]\n"
+                  "def g(x):\n    return x[:, 3]\n", "const.grad")
+    for i in (3, -4):
+        with pytest.raises(dsl.ArgumentError) as info:
+            m.f(np.zeros((2, 3)), i)
+        err = info.value
+        assert err.message == (f"index {i} in 'i' is out of range for an axis of size 3 "
+                               "(valid: -3 to 2)"), str(err)
+        assert (err.line, err.col) == (2, 17)
+    np.testing.assert_array_equal(m.f(np.arange(6.0).reshape(2, 3), -3), [0.0, 3.0])
+    # a literal index is still an error in the source
+    with pytest.raises(dsl.GradError) as info:
+        m.g(np.zeros((2, 3)))
+    assert not isinstance(info.value, dsl.ArgumentError)
+    assert info.value.message == "index 3 is out of range for axis 1 of size 3"
+
+
 @each_target
 def test_an_index_in_the_branch_not_taken_is_no_error(target):
     # Both branches of a runtime if run: x[i + 1] at the last trip, and the
