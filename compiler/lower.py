@@ -839,7 +839,7 @@ class Lowerer:
                 bounds = [None if part is None else self.static_int(b, part, env)
                           for part in ((item.start, item.stop, item.step) if item else ())]
                 if item is not None and bounds[2] == 0:
-                    raise GradError("slice step cannot be zero", item.span)
+                    raise zero_slice_step(bounds[2], item.span)
                 start, stop, step = slice(*bounds).indices(size) if item else (0, size, 1)
                 keep.append(len(range(start, stop, step)))
             else:
@@ -1712,6 +1712,17 @@ def static_index_out_of_range(k: int, axis: int, size: int, span: Span) -> GradE
     if is_argument(k):
         return ArgumentError(index_out_of_range_message(k, repr(k.name), size), span)
     return GradError(f"index {k} is out of range for axis {axis} of size {size}", span)
+
+
+def zero_slice_step(step: int, span: Span) -> GradError:
+    """The error of a slice's step of 0: the caller's `ArgumentError`,
+    naming the argument, where the step is an argument's value passed on
+    as it is (`x[::k]` for `k: const i64`, as a `range()` step of 0 given
+    at run time is), else an error in the source."""
+    if is_argument(step):
+        return ArgumentError(f"slice step cannot be zero (the value of argument {step.name!r})",
+                             span)
+    return GradError("slice step cannot be zero", span)
 
 
 def _typed_int(value: int, dtype: str, span: Span) -> RunTimeInt:

@@ -687,6 +687,7 @@ def test_a_const_index_out_of_range_is_an_argument_error_naming_it():
     # `x[i]` for `i: const i64` selects when compiled: out of range it was a
     # GradError ("index 3 is out of range for axis 1 of size 3"), not the
     # caller's ArgumentError naming 'i' that the same index gets at run time
+    # (and `x[::k]` for k = 0 "slice step cannot be zero", a GradError too)
     m = dsl.loads("def f(x, i: const i64):\n    return x[:, i]\n"
                   "def g(x):\n    return x[:, 3]\n", "const.grad")
     for i in (3, -4):
@@ -702,6 +703,17 @@ def test_a_const_index_out_of_range_is_an_argument_error_naming_it():
         m.g(np.zeros((2, 3)))
     assert not isinstance(info.value, dsl.ArgumentError)
     assert info.value.message == "index 3 is out of range for axis 1 of size 3"
+    # and so is a slice's step of 0: the argument's, or the source's
+    m = dsl.loads("def f(x, k: const i64):\n    return x[::k]\n"
+                  "def g(x):\n    return x[::0]\n", "step.grad")
+    with pytest.raises(dsl.ArgumentError) as info:
+        m.f(np.zeros(3), 0)
+    assert info.value.message == "slice step cannot be zero (the value of argument 'k')"
+    assert (info.value.line, info.value.col) == (2, 14)
+    with pytest.raises(dsl.GradError) as info:
+        m.g(np.zeros(3))
+    assert not isinstance(info.value, dsl.ArgumentError)
+    assert info.value.message == "slice step cannot be zero"
 
 
 @each_target
