@@ -24,6 +24,7 @@ import contextvars
 import functools
 import math
 import operator
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -881,6 +882,11 @@ class Lowerer:
                                  for part in (item.start, item.stop, item.step))
             if step == 0:
                 raise GradError("slice step cannot be zero", item.span)
+            if stop is not None and stop > sys.maxsize:
+                # no axis is that long (NumPy's sizes are ssize_t), so it
+                # runs to the end of every axis, as NumPy reads it; as a
+                # bound the axis must reach, its length fits no ssize_t
+                stop = None
             if (start, stop, step) in ((None, None, None), (0, None, None), (None, None, 1),
                                         (0, None, 1)):
                 return 0, size, 1

@@ -720,3 +720,14 @@ def test_gradc_show_shows_the_size_check_gradc_compile_compiles(tmp_path, capsys
     source.write_text("def head(t):\n    return t[0:3:2] * 2.0\n")
     assert main(["show", str(source), "--emit", "kernels", "--sig", "head(f64[n])"]) == 0
     assert "if size_n < 3: R.size_too_small('n', size_n, 3)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stop", ["2**63", "10**30"])
+def test_a_slice_stop_past_every_axis_runs_to_the_end_of_a_symbolic_one(tmp_path, capsys, stop):
+    # no axis reaches it (sizes are ssize_t): NumPy's whole axis, not a
+    # bound whose length overflowed ssize_t (an OverflowError traceback)
+    source = tmp_path / "tail.grad"
+    source.write_text(f"def f(x):\n    return x[:{stop}] * 2.0\n")
+    assert main(["show", str(source), "--emit", "ir", "--sig", "f(f64[n])"]) == 0
+    shown = capsys.readouterr().out
+    assert "-> (f64[n])" in shown and "slice" not in shown, shown
