@@ -42,7 +42,7 @@ from gradlang.compiler.modules import read_source
 from gradlang.compiler.values import ReturnsSequence
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import numeric_array
-from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError
+from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, one_line
 from gradlang.runtime.params import ParamError
 from gradlang.runtime.target import TargetError
 
@@ -250,7 +250,7 @@ def _show(args) -> int:
         _lookup(module, args.fn, args.file)
     names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
     if not names and not args.sig:  # (a --sig names a function)
-        print(args.file)
+        print(_terminal(args.file))
         _say_no_functions()
         return 0
     if args.sig:
@@ -288,6 +288,16 @@ def _show(args) -> int:
     return 0
 
 
+def _terminal(text: str) -> str:
+    """User text (a file name, a --sig) as gradc prints it: each character a
+    terminal would act on (an escape sequence, a line break that forges a
+    line of output) as U+FFFD, as a `GradError` shows it, and so each lone
+    surrogate of a file name that is not UTF-8 (`os.fsdecode`), which a
+    UTF-8 stream that is not the C locale's refuses to write (a
+    UnicodeEncodeError traceback)."""
+    return one_line(text)
+
+
 def _say_no_functions() -> None:
     """What show and check print under a file that defines no function."""
     print("  (it defines no functions)")
@@ -317,7 +327,7 @@ def cmd_check(args) -> int:
         names = [args.fn] if args.fn else [f.name for f in module._ast.funcs]
         for name in names:
             _lookup(module, name, str(file))
-        print(f"{file}", flush=True)  # the table comes once every column's width is known
+        print(_terminal(str(file)), flush=True)  # the table comes once every column's width is known
         if not names:
             _say_no_functions()
             continue
@@ -360,7 +370,7 @@ def cmd_check(args) -> int:
             print(f"  {line}")
         sys.stdout.flush()
         for message in messages:
-            print(message, file=sys.stderr)
+            print(_terminal(message), file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -389,10 +399,10 @@ def cmd_compile(args) -> int:
     progress = _progress if sys.stderr.isatty() else None
     target = compile_module(_existing(args.file), args.output, args.sig, args.target,
                             precompile=bool(args.sig), progress=progress, force=args.force,
-                            note=lambda text: print(f"note: {text}", file=sys.stderr))
+                            note=lambda text: print(f"note: {_terminal(text)}", file=sys.stderr))
     if progress:
         sys.stderr.write("\n")
-    print(f"wrote {target}")
+    print(f"wrote {_terminal(str(target))}")
     if not target.stem.isidentifier() or keyword.iskeyword(target.stem):
         print(f"note: {target.stem!r} is no name an import statement takes; load the module "
               "with importlib.util.spec_from_file_location, or rename the .grad file",
@@ -486,17 +496,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.flush()  # (a failure to write the output is caught here, not at exit)
         return status
     except (UsageError, OutputError) as err:
-        print(f"gradc: error: {err}", file=sys.stderr)
+        print(f"gradc: error: {_terminal(str(err))}", file=sys.stderr)
         return 2
     except TargetError as err:  # --target names one that cannot do this here
-        print(f"gradc: error: {err.message}", file=sys.stderr)
+        print(f"gradc: error: {_terminal(err.message)}", file=sys.stderr)
         return 2
     except SizesNeeded as err:  # a usage error too, at the expression needing a size
         print(_shown(err), file=sys.stderr)
         return 2
     except SignatureError as err:  # a bad --sig is a usage error
-        note = f"\nnote: {err.note}" if err.note else ""
-        print(f"gradc: error: {err.message}{note}", file=sys.stderr)
+        note = f"\nnote: {_terminal(err.note)}" if err.note else ""
+        print(f"gradc: error: {_terminal(err.message)}{note}", file=sys.stderr)
         return 2
     except GradError as err:
         print(_shown(err), file=sys.stderr)
@@ -512,7 +522,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     except OSError as err:  # (inputs are checked as read: the output, to a full disk)
         _drop_stdout()
-        print(f"gradc: error: {err.strerror or err}", file=sys.stderr)
+        print(f"gradc: error: {_terminal(str(err.strerror or err))}", file=sys.stderr)
         return 1
 
 

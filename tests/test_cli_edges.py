@@ -274,7 +274,7 @@ def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
     out_dir = tmp_path / "out {x}"
     code, out, err = run(["compile", str(path), "-o", str(out_dir), "--sig",
                           "pick(f64[:], i64[:])"], capsys)
-    assert code == 0 and out == f"wrote {out_dir / path.stem}.py\n"
+    assert code == 0 and out == f"wrote {out_dir / path.stem}.py\n".replace("\n", "\ufffd", 1)
     # (it said nothing of the name, which no import statement takes)
     assert err.startswith(f"note: {path.stem!r} is no name an import statement takes")
     spec = importlib.util.spec_from_file_location("odd", out_dir / f"{path.stem}.py")
@@ -284,6 +284,29 @@ def test_an_odd_file_name_goes_through_every_command(tmp_path, capsys):
     np.testing.assert_array_equal(module.pick(np.array([1.5, 2.5]), np.array([0])), [3.0])
     with pytest.raises(dsl.ArgumentError, match=re.escape(f"{shown}:2:12: error: index 2")):
         module.pick(np.array([1.5]), np.array([2]))
+
+
+def test_a_file_name_gradc_prints_reaches_the_terminal_as_an_errors_does(tmp_path, capsys):
+    # printed as it was: an escape sequence acted on the terminal, a newline
+    # forged a line, and a name that is not UTF-8 (os.fsdecode's surrogate)
+    # was a UnicodeEncodeError traceback on a strict UTF-8 stdout
+    name = "a\x1b[2Jb\nwrote x\udcff"
+    source = tmp_path / f"{name}.grad"
+    try:
+        source.write_text("def f(x):\n    return x\n")
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes no such name")
+    shown = "a\ufffd[2Jb\ufffdwrote x\ufffd"
+    out_dir = tmp_path / "out"
+    code, out, _ = run(["compile", str(source), "-o", str(out_dir)], capsys)
+    assert code == 0 and out == f"wrote {out_dir}/{shown}.py\n"
+    code, out, _ = run(["check", str(source), "--order", "1"], capsys)
+    assert code == 0 and out.splitlines()[0] == f"{tmp_path}/{shown}.grad"
+    source.write_text("# no functions\n")
+    code, out, _ = run(["show", str(source), "--emit", "ir"], capsys)
+    assert code == 0 and out.splitlines()[0] == f"{tmp_path}/{shown}.grad"
+    code, _, err = run(["run", f"{tmp_path}/{name}.npy", "f", "1"], capsys)
+    assert code == 2 and err == f"gradc: error: no such file: {tmp_path}/{shown}.npy\n"
 
 
 def test_show_ast_of_an_imported_function(tmp_path, capsys):
