@@ -99,12 +99,20 @@ def _regular_file_bytes(path: Path, span: Span) -> bytes:
 
 
 def _no_param_named_like_a_function(module: ast.Module, ns: Namespace) -> None:
-    """A param and a function of one name (one of them imported) would make
-    the name a value in one place and a function in another; the error is
-    at the module's own declaration of either, else at the import."""
+    """A param and a function of one name would make the name a value in
+    one place and a function in another; the error is at the later of
+    the two where the module declares both, else at the module's own
+    declaration of either, else at the import."""
     for name in sorted(ns.params.keys() & ns.functions.keys()):
         fdef, home = ns.functions[name]
-        if ns.params[name] in module.params:
+        if ns.params[name] in module.params and home is ns:
+            # (it said "as an imported function" of a def in this module)
+            param = ns.params[name]
+            if param.span.line < fdef.span.line:
+                span, what = fdef.span, f"a param at line {param.span.line}"
+            else:
+                span, what = param.span, f"a function at line {fdef.span.line}"
+        elif ns.params[name] in module.params:
             span, what = ns.params[name].span, "an imported function"
         elif home is ns:
             span, what = fdef.span, "a param of an imported module"

@@ -503,6 +503,19 @@ def test_a_param_and_a_function_may_not_share_a_name_across_imports(tmp_path, ma
     assert_well_formed(err, main)
 
 
+@pytest.mark.parametrize("source,line,col,text", [
+    ("param a: f64[2]\ndef a(x):\n    return x\n", 2, 5,
+     "'a' is already defined, as a param at line 1"),
+    ("def a(x):\n    return x\nparam a: f64[2]\n", 3, 1,
+     "'a' is already defined, as a function at line 1"),
+])
+def test_a_param_and_a_function_of_one_file_may_not_share_a_name(source, line, col, text):
+    # (it said "as an imported function", of a def in the same file)
+    err = load_error(source)
+    assert (err.line, err.col, err.message) == (line, col, text), str(err)
+    assert_well_formed(err, source)
+
+
 @pytest.mark.parametrize("main,line,col,text", [
     # loaded; f() was then refused until the param was set ("f() reads
     # param 'std', which is not set"), though it reads only the module
