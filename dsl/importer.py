@@ -86,7 +86,12 @@ def _is_namespace(spec) -> bool:
 
 def _grad_file(name: str, directories):
     """The first `name.grad` in `directories` (`sys.path`, or a package's
-    `__path__`), or None."""
+    `__path__`), or None.  A name holding a path separator names no
+    module (importlib.import_module("sub/model") or ("/any/path/model")
+    loaded that file, outside every directory searched, as Python's
+    finder, which looks a name up among a directory's entries, never does)."""
+    if not name or os.sep in name or (os.altsep and os.altsep in name):
+        return None
     for entry in list(directories):
         try:
             candidate = Path(os.fsdecode(entry) or ".") / f"{name}.grad"

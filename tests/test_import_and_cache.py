@@ -132,6 +132,23 @@ def test_import_hook_finds_a_packages_grad_files_by_relative_import(tmp_path, mo
     assert dsl.grad(grad_pkg_mod.f)(np.array([2.0])) == 12.0
 
 
+def test_import_hook_takes_no_path_for_a_module_name(tmp_path, monkeypatch):
+    # importlib.import_module("sub/model") loaded sub/model.grad, and an
+    # absolute path any .grad file on disk, where Python's finder finds no
+    # module; a name that is no identifier but a file's stem still imports
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "path_mod.grad").write_text("def f(x):\n    return x * 3.0\n")
+    (tmp_path / "dashed-mod.grad").write_text("def f(x):\n    return x * 2.0\n")
+    importable(monkeypatch, tmp_path / "sub", "path_mod")
+    importable(monkeypatch, tmp_path, "sub/path_mod", str(tmp_path / "sub" / "path_mod"),
+               "dashed-mod")
+    for name in ("sub/path_mod", str(tmp_path / "sub" / "path_mod")):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(name)
+    assert importlib.import_module("path_mod").f(np.array([1.0])) == 3.0
+    assert importlib.import_module("dashed-mod").f(np.array([1.0])) == 2.0
+
+
 def test_a_cache_directory_name_too_long_for_the_file_system_is_no_internal_error(
         tmp_path, monkeypatch):
     # Path.is_file raises ENAMETOOLONG (it swallows only "not there"): a
