@@ -145,18 +145,26 @@ def parse_with_lark(source: str, file: str = "<string>") -> ast.Module:
         raise too_deep(source, file) from None
 
 
+# What the lexer reads as one piece where brackets are counted: a string
+# (the grammar's STRING), a comment, or a bracket.
+_BRACKET_PIECES = re.compile(r'"[^"\\\n]*"|' + r"'[^'\\\n]*'|#.*|[()\[\]]")
+
+
 def _continued(lines: list[str]) -> list[bool]:
     """Per line, whether it continues the line above (inside brackets, or
     after a backslash): its leading whitespace is no indentation, as in
-    Python, which takes tabs there too."""
+    Python, which takes tabs there too.  A bracket in a string or a comment
+    opens nothing (einsum("i(", x) took every later line for a continued
+    one, unchecked: tabs, and blocks nested past MAX_INDENTATION_LEVELS)."""
     continued, depth, joined = [], 0, False
     for line in lines:
         continued.append(depth > 0 or joined)
-        code = line.split("#", 1)[0]
-        for ch in code:
-            depth += ch in "(["
-            depth -= ch in ")]" and depth > 0
-        joined = code == line and code.rstrip(" \t").endswith("\\")  # (as LINE_CONT)
+        commented = False
+        for piece in _BRACKET_PIECES.findall(line):
+            depth += piece in ("(", "[")
+            depth -= piece in (")", "]") and depth > 0
+            commented = commented or piece.startswith("#")
+        joined = not commented and line.rstrip(" \t").endswith("\\")  # (as LINE_CONT)
     return continued
 
 

@@ -380,6 +380,25 @@ def test_a_form_feed_is_whitespace_as_in_python(source):
     assert dsl.loads(source).f(1.5) == 3.0
 
 
+@pytest.mark.parametrize("source,line,col,text", [
+    ('def g(x, y):\n        a = einsum("i,i(", x, y)\n\treturn a\n', 3, 1,
+     "tabs are not allowed in indentation; use spaces"),
+    ("def g(x, y):\n        a = einsum('i[,i', x, y)\n\treturn a\n", 3, 1,
+     "tabs are not allowed in indentation; use spaces"),
+    ('def g(x):\n    return einsum("i(", x)\ndef f(x):\n    s = x\n'
+     + "".join("    " * k + f"for i{k} in range(1):\n" for k in range(1, 101))
+     + "    " * 101 + "s = s + x\n    return s\n", 104, 401,
+     "too many levels of indentation: blocks nest at most 99 deep, as in Python"),
+])
+def test_a_bracket_in_a_string_continues_no_line(source, line, col, text):
+    # the indentation check took each line after einsum("i(", x) for one
+    # continued inside brackets, so checked none of them: a tab indented
+    # (the lexer counting it as 8 spaces), and blocks nested 100 deep loaded
+    # and reached Python as a driver: IndentationError, a traceback
+    err = load_error(source)
+    assert (err.line, err.col, err.message) == (line, col, text), str(err)
+
+
 def test_a_tab_after_a_form_feed_is_still_indentation_by_tab():
     # the indentation check skipped only form feeds that start the line,
     # then stopped at one: " \f\t" loaded, the lexer counting the tab as 8
