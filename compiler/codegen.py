@@ -49,6 +49,7 @@ from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
 from gradlang.runtime.common import c_strides, stride_table, where_of
+from gradlang.runtime.errors import GradError
 from gradlang.runtime.target import Target, largest, smallest
 
 
@@ -625,6 +626,7 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT,
     """`module_params`: the names of fn's parameters that are module params
     (a `gradc compile`d function's), which its size checks name as such."""
     target = targets.get(target)
+    _refuse_loops_nested_too_deep(fn)
     driver = _Driver(target, module_params)
     run = driver.function(fn, top=True)
     # No program's name in it: every program's kernel modules share it.
@@ -653,6 +655,28 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT,
                      tuple(driver.kernel_names), source(view, True),
                      tuple((k, driver.signatures[k]) for k in driver.kernels
                            if k in driver.signatures))
+
+
+# Loops nest at most this deep in a program: the driver nests a function
+# per loop (`_Driver.loop`), and Python's tokenizer takes at most 100 levels
+# of indentation.  The parser holds each function's blocks to 99 levels,
+# but calls are inlined: loops in a function called inside another's add up.
+MAX_LOOP_NESTING = 98
+
+
+def _refuse_loops_nested_too_deep(fn: Function) -> None:
+    """A `GradError` at the first loop nested past `MAX_LOOP_NESTING` (it was
+    the driver's IndentationError, a traceback)."""
+    def visit(f: Function, depth: int) -> None:
+        for eqn in f.eqns:
+            if eqn.op != "loop":
+                continue
+            if depth == MAX_LOOP_NESTING:
+                raise GradError(f"loops nest more than {MAX_LOOP_NESTING} deep here, with "
+                                "the calls around them inlined; call the function of the "
+                                "inner loops outside some of the outer ones", eqn.span)
+            visit(eqn.p["body"], depth + 1)
+    visit(fn, 0)
 
 
 # The steps through which a product reads a parameter that `generate`

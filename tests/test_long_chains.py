@@ -312,3 +312,23 @@ def test_blocks_nest_as_deep_as_in_python_and_deeper_is_an_error_at_the_line():
         assert err.message == ("too many levels of indentation: blocks nest at most 99 deep, "
                                "as in Python")
         assert str(err).splitlines()[2] == " " * 404 + "^"
+
+
+def test_loops_nested_too_deep_through_a_call_are_an_error_at_the_first_too_deep():
+    # each function's loops nest 50 deep, within the parser's bound, but the
+    # call is inlined: 100 nested loops reached Python as a driver nesting a
+    # function per loop, whose tokenizer refused it (IndentationError)
+    def loops(name, inner):
+        lines = [f"def {name}(x):", "    s = x"]
+        lines += ["    " * (k + 1) + f"for i{k} in range(1):" for k in range(50)]
+        return "\n".join(lines + ["    " * 51 + inner, "    return s"]) + "\n"
+    source = loops("g", "s = s * 2.0") + loops("f", "s = g(s)")
+    m = dsl.loads(source, "deep.grad")
+    with pytest.raises(dsl.GradError) as info:
+        m.f(np.ones(2))
+    err = info.value
+    assert (err.file, err.line, err.col) == ("deep.grad", 51, 197)  # g's 49th loop, the 99th
+    assert err.message == ("loops nest more than 98 deep here, with the calls around them "
+                           "inlined; call the function of the inner loops outside some of "
+                           "the outer ones")
+    assert err.note == "in g(), called at deep.grad:107:209"  # (f's innermost line)
