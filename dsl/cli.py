@@ -145,11 +145,19 @@ def _load(file: str) -> dsl.Module:
     return dsl.load(_existing(file))
 
 
+def _named(text: str) -> Path:
+    """The path a command line argument names; an empty one names none
+    (Path('') is '.': `gradc check ''` checked the working directory)."""
+    if not text:
+        raise UsageError("no such file: '' (an empty path)")
+    return Path(text)
+
+
 def _existing(file: str) -> str:
     """`file`, or a usage error saying why it is not a readable file (a
     pipe or a device is refused: reading one may wait for ever, or never
     end)."""
-    path = Path(file)
+    path = _named(file)
     if not path.exists():
         raise UsageError(f"no such file: {file}")
     if path.is_dir():
@@ -304,7 +312,7 @@ def _say_no_functions() -> None:
 
 
 def cmd_check(args) -> int:
-    path = Path(args.path)
+    path = _named(args.path)
     failed = 0
     if path.is_dir():
         files = sorted(p for p in path.glob("*.grad") if not p.is_dir())  # (a dir: no module)

@@ -462,3 +462,14 @@ def test_compile_of_a_param_used_as_an_axis_says_to_pass_it_as_an_argument(tmp_p
         "gradc: error: f() uses the param 'k' as a size or an axis, which a program compiled "
         "ahead of time cannot take at call time; pass it to f() as an argument `k: const i64` "
         "and give its value in the signature\n")
+
+
+@pytest.mark.parametrize("argv", [["check", ""], ["run", "", "f"], ["show", "", "--emit", "ast"],
+                                  ["compile", ""]])
+def test_an_empty_path_names_no_file(argv, tmp_path, monkeypatch, capsys):
+    # Path('') is '.': `gradc check ''` checked every .grad file of the
+    # working directory, and the others said "cannot read : it is a directory"
+    (tmp_path / "here.grad").write_text("def f(x):\n    return x\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(argv, capsys)
+    assert (code, out, err) == (2, "", "gradc: error: no such file: '' (an empty path)\n")
