@@ -153,6 +153,8 @@ def load(path: Union[str, bytes, os.PathLike], target: "Target | str" = targets.
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ArgumentError(f"load() takes a path to a .grad file, got {kind_of(path)}")
     _flag_option(host_results, "load", "host_results")
+    if not os.fsdecode(path):  # (Path('') is '.': "cannot read .: it is a directory")
+        raise ArgumentError("load() takes a path to a .grad file, got an empty path")
     path = Path(os.fsdecode(path))
     source = read_source(path, Span(str(path), 1, 1))
     return loads(source, str(path), target, host_results)

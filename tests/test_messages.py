@@ -134,6 +134,9 @@ def test_a_dask_refusal_of_an_operation_of_no_place_quotes_nothing():
                                   "ufunc; Python code is not traced: write it in the .grad "
                                   "module, or chain compiled calls under a dsl.Tape"),
     (lambda: dsl.load(None), "load() takes a path to a .grad file, got None"),
+    # (Path('') is '.': it said "cannot read .: it is a directory", at '.:1:1')
+    (lambda: dsl.load(""), "load() takes a path to a .grad file, got an empty path"),
+    (lambda: dsl.load(b""), "load() takes a path to a .grad file, got an empty path"),
     (lambda: dsl.loads(b"def f(x):\n    return x\n"), "loads() takes source text, got bytes"),
     (lambda: dsl.loads("def f(x):\n    return x\n", 3),
      "loads() takes a file name (a str or a path), got int"),
