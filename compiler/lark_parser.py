@@ -16,6 +16,7 @@ import hashlib
 import io
 import re
 import sys
+import unicodedata
 from importlib import resources
 
 import lark
@@ -359,7 +360,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
         return GradError(f"syntax error: {hint}", Span(file, line, col, line, col + 1), source)
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         char = lines[line - 1][col - 1:col]
-        message = f"unexpected character {char!r}"
+        message = f"unexpected character {char!r}{_named_character(char)}"
     elif isinstance(err, lark.exceptions.UnexpectedToken):
         token = err.token
         if token.type == "_INDENT" and token.end_line:
@@ -385,6 +386,19 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
         message = "unexpected end of file"
     end = col + 1
     return GradError(f"syntax error: {message}", Span(file, line, col, line, end), source)
+
+
+def _named_character(char: str) -> str:
+    """What a character that is not ASCII is, for a syntax error at it: a
+    confusable looks like the letter it is not (Cyrillic 'х' is no x), a
+    fullwidth digit like a digit, and a zero-width space like nothing."""
+    if not char or char.isascii():
+        return ""
+    name = unicodedata.name(char, "")
+    told = f" (U+{ord(char):04X}{' ' + name if name else ''})"
+    if char.isalnum():  # (a letter or a digit of another script)
+        told += ": names and numbers are written in ASCII letters, digits and underscores"
+    return told
 
 
 def _span(file: str, meta) -> Span:

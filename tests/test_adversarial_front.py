@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -417,7 +418,28 @@ def test_a_digit_that_is_not_ascii_is_no_number(source, col, char):
     # the lexer's \d took any Unicode digit: `x * ٣` was x * 3 and `x[１]`
     # x[1] (as an IME's fullwidth digits type), where Python stops at them
     err = load_error(source)
-    assert (err.col, err.message) == (col, f"syntax error: unexpected character {char!r}")
+    assert (err.col, err.message) == (col, f"syntax error: unexpected character {char!r} "
+                                           f"(U+{ord(char):04X} {unicodedata.name(char)}): "
+                                           f"{ASCII_NAMES}")
+    assert_well_formed(err, source)
+
+
+ASCII_NAMES = "names and numbers are written in ASCII letters, digits and underscores"
+
+
+@pytest.mark.parametrize("source,col,said", [
+    ("def f(x):\n    return \u0445 * 2.0\n", 12,
+     f"'\u0445' (U+0445 CYRILLIC SMALL LETTER HA): {ASCII_NAMES}"),
+    ("def f(x):\n    \uff59 = x\n    return \uff59\n", 5,
+     f"'\uff59' (U+FF59 FULLWIDTH LATIN SMALL LETTER Y): {ASCII_NAMES}"),
+    ("def f(x):\n    return x\u200b * 2.0\n", 13, "'\\u200b' (U+200B ZERO WIDTH SPACE)"),
+])
+def test_a_character_that_looks_like_another_is_named(source, col, said):
+    # "unexpected character 'х'" at what reads as an x: a Cyrillic
+    # confusable, a fullwidth letter or an invisible space is now named
+    err = load_error(source)
+    assert (err.line, err.col, err.message) == (2, col, f"syntax error: unexpected character "
+                                                        f"{said}")
     assert_well_formed(err, source)
 
 
