@@ -314,21 +314,29 @@ def test_blocks_nest_as_deep_as_in_python_and_deeper_is_an_error_at_the_line():
         assert str(err).splitlines()[2] == " " * 404 + "^"
 
 
-def test_loops_nested_too_deep_through_a_call_are_an_error_at_the_first_too_deep():
-    # each function's loops nest 50 deep, within the parser's bound, but the
-    # call is inlined: 100 nested loops reached Python as a driver nesting a
-    # function per loop, whose tokenizer refused it (IndentationError)
-    def loops(name, inner):
-        lines = [f"def {name}(x):", "    s = x"]
-        lines += ["    " * (k + 1) + f"for i{k} in range(1):" for k in range(50)]
-        return "\n".join(lines + ["    " * 51 + inner, "    return s"]) + "\n"
-    source = loops("g", "s = s * 2.0") + loops("f", "s = g(s)")
+def _nested_loops(name: str, inner: str, depth: int, first: str = "s = x") -> str:
+    lines = [f"def {name}(x):", f"    {first}"]
+    lines += ["    " * (k + 1) + f"for i{k} in range(1):" for k in range(depth)]
+    return "\n".join(lines + ["    " * (depth + 1) + inner, "    return s"]) + "\n"
+
+
+@pytest.mark.parametrize("source,line,col,note", [
+    # 98 loops, as the parser allows, but the driver indents a compiled
+    # loop's trips two levels deeper than its function
+    (_nested_loops("f", "s = s + x[i0] * 0.0", 98, "s = sum(x)"), 100, 393, None),
+    # each function's loops 50 deep, but the call is inlined: 100 nested
+    (_nested_loops("g", "s = s * 2.0", 50) + _nested_loops("f", "s = g(s)", 50), 52, 201,
+     "in g(), called at deep.grad:107:209"),  # (g's innermost loop; f's innermost line)
+])
+def test_loops_nested_too_deep_for_python_are_an_error_at_the_innermost(source, line, col,
+                                                                         note):
+    # the driver nests a function per loop: past Python's 99 levels of
+    # indentation, its tokenizer refused it (IndentationError, a traceback)
     m = dsl.loads(source, "deep.grad")
     with pytest.raises(dsl.GradError) as info:
         m.f(np.ones(2))
     err = info.value
-    assert (err.file, err.line, err.col) == ("deep.grad", 51, 197)  # g's 49th loop, the 99th
-    assert err.message == ("loops nest more than 98 deep here, with the calls around them "
-                           "inlined; call the function of the inner loops outside some of "
-                           "the outer ones")
-    assert err.note == "in g(), called at deep.grad:107:209"  # (f's innermost line)
+    assert (err.file, err.line, err.col, err.note) == ("deep.grad", line, col, note), str(err)
+    assert err.message == ("loops nest too deep here for the Python driver that runs them "
+                           "(at most 99 levels of indentation; a called function's loops "
+                           "nest inside its caller's)")
