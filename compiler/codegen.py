@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from gradlang.compiler.fusion import Loop, fuse
 from gradlang.compiler.rows import RowLoop
@@ -44,7 +44,7 @@ from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcast_runs, prod
+from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcast_runs, prod, shortening
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -793,8 +793,10 @@ class _Driver:
         params = [define(v) for v in fn.params]
         fresh.update(owned)
         # a loop's body takes values its loop's types vouch for: no checks
-        lines += bind_symbols(fn.params, names, checked=top, module_params=self.module_params)
-        outer_bound, self.bound = self.bound, bound_by_arguments(fn.params)
+        uses = shortened_sizes(fn)
+        lines += bind_symbols(fn.params, names, checked=top, module_params=self.module_params,
+                              shortened=uses)
+        outer_bound, self.bound = self.bound, bound_by_arguments(fn.params, uses)
         if top:
             lines += check_reaches(fn)
         prologue_at = len(lines)
@@ -1675,18 +1677,57 @@ def _bound_symbol(d) -> Optional[str]:
     return d.factors[0] if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1 else None
 
 
-def bound_by_arguments(params) -> set[str]:
-    """The size symbols `bind_symbols` binds from the arguments' shapes."""
-    return {_bound_symbol(d) for v in params for d in v.type.shape} - {None}
+def bound_by_arguments(params, shortened: Iterable[str] = ()) -> set[str]:
+    """The size symbols `bind_symbols` binds from the arguments' shapes
+    (and the shortened sizes of those among `shortened` it computes)."""
+    bound = {_bound_symbol(d) for v in params for d in v.type.shape} - {None}
+    return bound | _computed(shortened, bound)
+
+
+def _computed(shortened: Iterable[str], bound: set[str]) -> set[str]:
+    """The shortened sizes (`shapes.shortened`) whose base is bound."""
+    return {f for f in shortened if shortening(f)[0] in bound}
+
+
+def shortened_sizes(fn: Function) -> set[str]:
+    """The factors of shortened sizes (`x[1:]`'s `n - 1`) that fn's
+    values, its steps' sizes and its loops' bodies name."""
+    found: set[str] = set()
+
+    def note(value) -> None:
+        if isinstance(value, Sym):
+            found.update(f for f in value.factors if shortening(f))
+        elif isinstance(value, (tuple, list)):
+            for sub in value:
+                note(sub)
+        elif isinstance(value, Var):
+            note(value.type.shape)
+        elif isinstance(value, Function):
+            visit(value)
+
+    def visit(f: Function) -> None:
+        note(list(f.params))
+        for eqn in f.eqns:
+            note(list(eqn.outputs))
+            note(list(eqn.p.values()))
+    visit(fn)
+    return found
 
 
 def bind_symbols(params, names: dict[Var, str], checked: bool = True,
-                 module_params: frozenset = frozenset()) -> list[str]:
+                 module_params: frozenset = frozenset(),
+                 shortened: Iterable[str] = ()) -> list[str]:
     """Driver lines binding each size symbol to the first argument axis
     that carries it, and (`checked`) checking every other axis that
     carries it, and every fixed size (a program compiled ahead of time for
-    f64[4] must not run on 2 elements)."""
+    f64[4] must not run on 2 elements).  A shortened size (`shortened`:
+    `x[1:]`'s, `shapes.shortened`) whose base an argument binds is
+    computed from it, max(0, n - c) as NumPy's slice has, never bound from
+    an argument that carries it (a gradient's cotangent): such an axis is
+    checked against it."""
     lines, bound = [], {}  # symbol -> (the argument, its axis) that binds it
+    computed = _computed(shortened, bound_by_arguments(params))
+    later = []  # the checks of axes of computed sizes, once computed
     for v in params:
         what = _parameter(v, module_params)
         for axis, d in enumerate(v.type.shape):
@@ -1698,14 +1739,26 @@ def bind_symbols(params, names: dict[Var, str], checked: bool = True,
             if symbol is None:
                 continue
             var = size_variable(symbol)
-            if symbol not in bound:
+            if symbol not in bound and symbol not in computed:
                 bound[symbol] = (what, axis)
                 lines.append(f"{var} = {names[v]}.shape[{axis}]")
+            elif symbol in computed:
+                later.append((v, what, axis, symbol))
             elif checked:
                 first, first_axis = bound[symbol]
                 lines.append(f"if {names[v]}.shape[{axis}] != {var}: R.size_mismatch("
                              f"{str(symbol)!r}, {first!r}, {first_axis}, {var}, {what!r}, "
                              f"{axis}, {names[v]}.shape[{axis}])")
+    for symbol in sorted(computed):
+        base, less = shortening(symbol)
+        lines.append(f"{size_variable(symbol)} = max(0, {size_variable(base)} - {less})")
+    for v, what, axis, symbol in later if checked else ():
+        base, less = shortening(symbol)
+        first, first_axis = bound[base]
+        got = f"{names[v]}.shape[{axis}]"  # (user text, a name: repr)
+        lines.append(f"if {got} != {size_variable(symbol)}: R.shortened_size_mismatch("
+                     f"{what!r}, {axis}, {got}, {base!r}, {less}, {first!r}, {first_axis}, "
+                     f"{size_variable(base)})")
     return lines
 
 
@@ -1823,11 +1876,11 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,
     if op == "transpose":
         return f"{out} = R.transpose({x[0]}, {tuple(p['perm'])!r})"
     if op == "slice":
-        return f"{out} = R.slice({x[0]}, ({_slices(p)},))"
+        return f"{out} = R.slice({x[0]}, ({_slices(eqn)},))"
     if op == "embed":
-        return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(p)},))"
+        return f"{out} = R.embed({x[0]}, {render_shape(p['shape'])}, ({_slices(eqn)},))"
     if op == "embed_add":
-        return (f"{out} = R.embed_add({x[0]}, {x[1]}, ({_slices(p)},), {owned!r}, "
+        return (f"{out} = R.embed_add({x[0]}, {x[1]}, ({_slices(eqn)},), {owned!r}, "
                 f"{p.get('assign', False)!r})")
     if op == "concatenate":
         return f"{out} = R.concatenate(({', '.join(x)},), {p['axis']})"
@@ -1841,8 +1894,10 @@ def _render_eqn(eqn: Eqn, ref, define, owned: bool = False,
     raise NotImplementedError(f"no driver code for {op}")
 
 
-def _slices(p) -> str:
-    return ", ".join(map(repr, python_slices(p["starts"], p["stops"], p["steps"])))
+def _slices(eqn: Eqn) -> str:
+    p = eqn.p
+    return ", ".join(map(repr, python_slices(p["starts"], p["stops"], p["steps"],
+                                             _REGION_OF[eqn.op](eqn))))
 
 
 def _ident(name: str) -> str:

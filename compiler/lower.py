@@ -43,7 +43,8 @@ from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, Static
                                   TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
-from gradlang.compiler.shapes import Dim, NeedsConcrete, Sym, broadcasts_to, plain_size
+from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, is_lone, plain_size,
+                                      shortened)
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
@@ -825,16 +826,17 @@ class Lowerer:
             if axis in gathers:  # the whole axis, gathered below
                 item = value = None
             if isinstance(size, Sym):
-                if not REGIONS_OF_SYMBOLIC_AXES.get() and item is not None and not (
-                        isinstance(item, ast.Slice) and item.start is None
-                        and item.stop is None and item.step is None):
-                    raise NeedsConcrete(f"axis {axis} of size {size} is indexed")
                 start, stop, step = self.symbolic_axis_bounds(b, item, value, axis, size, env)
+                if not REGIONS_OF_SYMBOLIC_AXES.get() and not isinstance(stop, Sym):
+                    # (a stop of symbolic size selects what NumPy's slice
+                    # does for every size: `x[1:]`, `x[:-1]`)
+                    raise NeedsConcrete(f"axis {axis} of size {size} is indexed")
                 starts.append(start)
                 stops.append(stop)
                 steps.append(step)
                 if item is None or isinstance(item, ast.Slice):  # (an integer drops the axis)
-                    keep.append(size if stop is size else len(range(start, stop, step)))
+                    keep.append(shortened(stop, start) if isinstance(stop, Sym)
+                                else len(range(start, stop, step)))
                 continue
             if item is None or isinstance(item, ast.Slice):
                 bounds = [None if part is None else self.static_int(b, part, env)
@@ -891,6 +893,10 @@ class Lowerer:
                                         (0, None, 1)):
                 return 0, size, 1
             start, step = start or 0, step or 1
+            if start >= 0 and step == 1 and is_lone(size) and (stop is None or stop < 0):
+                # `x[1:]`, `x[:-1]`, `x[1:-1]`: max(0, n - c) elements, a
+                # size of its own (`shapes.shortened`), for every n
+                return start, size if stop is None else shortened(size, -stop), 1
             if stop is None:
                 raise NeedsConcrete(f"axis {axis} of size {size} is sliced to its end, a length "
                                     f"that depends on {size}")

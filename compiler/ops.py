@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
-from gradlang.compiler.shapes import Sym
+from gradlang.compiler.shapes import Sym, shortened, shortened_by
 from gradlang.runtime.common import (arange_length, empty_axis, index_out_of_range, iota,
                                      trip_count)
 from gradlang.runtime.errors import GradError, Span
@@ -131,9 +131,20 @@ def _broadcast_to_rule(types, params, span):
 
 def _slice_rule(types, params, span):
     (x,) = types
-    shape = tuple(b if isinstance(b, Sym) and (a, c) == (0, 1) else len(range(a, b, c))
+    shape = tuple(_region_length(a, b, c, span)
                   for a, b, c in zip(params["starts"], params["stops"], params["steps"]))
     return [TensorType(x.dtype, shape)]
+
+
+def _region_length(start, stop, step, span):
+    """How many elements start:stop:step selects: a stop of symbolic size
+    (the axis's, or one shortened: `x[1:-1]`) with step 1 selects
+    max(0, stop - start) (`shapes.shortened`)."""
+    if isinstance(stop, Sym):
+        if step != 1:
+            raise GradError(f"internal: a slice of symbolic stop {stop} with step {step}", span)
+        return shortened(stop, start)
+    return len(range(start, stop, step))
 
 
 def _embed_rule(types, params, span):
@@ -710,14 +721,19 @@ def _first_type_rule(types, params, span):
 # --------------------------------------------------------------- references
 
 
-def python_slices(starts, stops, steps) -> tuple[slice, ...]:
+def python_slices(starts, stops, steps, whole=None) -> tuple[slice, ...]:
     """Slice params (normalized as by `slice.indices`) as Python slices: a
     negative stop there means "past the front", which Python spells None,
-    and an empty range must stay empty whatever its start."""
+    and an empty range must stay empty whatever its start.  A symbolic
+    stop is the axis's end (of `whole`, the shape sliced), or that end
+    shortened (`x[:-1]`, `shapes.shortened`), which Python spells as a
+    negative stop: max(0, (n - a) - c) elements of an axis of max(0, n - a)
+    are max(0, n - (a + c)), the stop's, for every n."""
     out = []
-    for a, b, c in zip(starts, stops, steps):
+    for k, (a, b, c) in enumerate(zip(starts, stops, steps)):
         if isinstance(b, Sym):
-            out.append(slice(a, None, c))
+            less = shortened_by(b) - (shortened_by(whole[k]) if whole is not None else 0)
+            out.append(slice(a, -less if less else None, c))
         elif len(range(a, b, c)) == 0:
             out.append(slice(0, 0, 1))
         else:

@@ -15,6 +15,7 @@ run time instead (`compiler.lower.Lowerer.size_number`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
 
@@ -113,6 +114,56 @@ def made_up(stem: str, tag: object) -> Sym:
 Dim = Union[int, Sym]
 
 
+# A size `n - c` where a slice takes that many of an axis of size `n`
+# (`x[1:]`, `x[:-1]`), clamped at 0 as NumPy's slice is: a size of its
+# own, named for how it is made (`n\u00b7less1`, apart from every name a
+# user writes: `made_up`), so that any driver, kernel or caller that knows
+# `n` computes it (`shortened_value`), in this process or in a module
+# compiled ahead of time.  Only of a lone symbol (coefficient 1): one of
+# `2*n` or `n*m` needs concrete sizes.
+_LESS = "\u00b7less"
+_SHORTENED = re.compile(r"(.+)\u00b7less([0-9]+)")
+
+
+def is_lone(d: Dim) -> bool:
+    """Whether d is one symbol alone (`n`, not `2*n`, `n*m` or a number)."""
+    return isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1
+
+
+def shortened(d: Sym, by: int) -> Sym:
+    """The size max(0, d - by) of a lone symbol d, by >= 0 (of a size
+    already shortened, shortened once by the sum: max(0, max(0, n - a) - b)
+    is max(0, n - a - b))."""
+    if by == 0:
+        return d
+    if not is_lone(d) or by < 0:
+        raise NeedsConcrete(f"the size {d} is shortened by {by}")
+    base, less = shortening(d.factors[0]) or (d.factors[0], 0)
+    return Sym.named(f"{base}{_LESS}{less + by}")
+
+
+def shortening(factor: str) -> "tuple[str, int] | None":
+    """(n, c) for the factor of a size `shortened(n, c)`, else None."""
+    match = _SHORTENED.fullmatch(factor)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def shortened_by(d: Dim) -> int:
+    """c for a size `shortened(n, c)`, else 0."""
+    made = shortening(d.factors[0]) if is_lone(d) else None
+    return made[1] if made else 0
+
+
+def shortened_value(factor: str, binding: dict[str, int]) -> int:
+    """A factor's value: bound, else a shortened size's from its base's."""
+    if factor in binding:
+        return binding[factor]
+    made = shortening(factor)
+    if made is None:
+        raise KeyError(factor)
+    return max(0, binding[made[0]] - made[1])
+
+
 def plain_size(d: Dim) -> Dim:
     """d as a size, weakly typed: a `Sym` without the dtype of the
     run-time scalar that made it (`x.shape[0]` of an array whose length
@@ -143,7 +194,7 @@ def quotient(a: Dim, b: Dim) -> "Dim | None":
 
 def evaluate(d: Dim, binding: dict[str, int]) -> int:
     if isinstance(d, Sym):
-        return d.coef * math.prod(binding[f] for f in d.factors)
+        return d.coef * math.prod(shortened_value(f, binding) for f in d.factors)
     return d
 
 

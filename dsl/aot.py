@@ -58,7 +58,7 @@ from gradlang.compiler.library import STDLIB
 from gradlang.compiler.lower import REGIONS_OF_SYMBOLIC_AXES
 from gradlang.compiler.modules import import_graph
 from gradlang.compiler.pipeline import optimize
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, made_up
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate, made_up, shortening
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
                                      convert, number_dtype)
@@ -397,8 +397,15 @@ def out_types(function: Function, types: dict) -> list:
         for axis, d in enumerate(t.shape):
             if isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1:
                 axes.setdefault(d.factors[0], [name, axis])
-    return [[t.dtype, [d if isinstance(d, int) else [d.coef, [axes[x] for x in d.factors]]
+    return [[t.dtype, [d if isinstance(d, int) else [d.coef, [_axis_of(x, axes) for x in d.factors]]
                        for d in t.shape]] for t in function.out_types]
+
+
+def _axis_of(factor: str, axes: dict[str, list]) -> list:
+    """[argument, axis] of a symbolic size's factor, or [argument, axis, c]
+    for max(0, that size - c): a slice's length (`shapes.shortened`)."""
+    made = shortening(factor)
+    return axes[factor] if made is None else axes[made[0]] + [made[1]]
 
 
 def static_defaults(f: GradFn) -> dict:
@@ -496,9 +503,18 @@ def _sample_size(reaches: dict[Sym, int]) -> int:
     """The size of every symbol in a program's samples: 3, or what the
     program's fixed regions of symbolic axes need (`symbolic_reaches`)."""
     size = 3
-    while any(d.coef * size ** len(d.factors) < need for d, need in reaches.items()):
+    while any(_sample_length(d, size) < need for d, need in reaches.items()):
         size += 1
     return size
+
+
+def _sample_length(d, size: int) -> int:
+    """An axis of size d in the samples: each symbol `size` (a slice's
+    length of one, `shapes.shortened`, max(0, size - c))."""
+    if isinstance(d, int):
+        return d
+    named = {(shortening(f) or (f,))[0] for f in d.factors}
+    return evaluate(d, dict.fromkeys(named, size))
 
 
 def _samples(types: dict, sig: str, make=np.ones, size: int = 3) -> list[np.ndarray]:
@@ -510,8 +526,7 @@ def _samples(types: dict, sig: str, make=np.ones, size: int = 3) -> list[np.ndar
         if isinstance(t, StaticScalar):
             samples.append(np.asarray(t.value, NUMPY[t.dtype]))
             continue
-        shape = tuple(d if isinstance(d, int) else d.coef * size ** len(d.factors)
-                      for d in t.shape)
+        shape = tuple(_sample_length(d, size) for d in t.shape)
         try:
             samples.append(make(shape, NUMPY[t.dtype]))
         except (ValueError, MemoryError) as err:

@@ -356,7 +356,7 @@ class AotFunction:
                                 "do not say their results' shapes; compile it again")
         shapes = {n: tuple(a.shape) for n, a in arrays.items()}
         return [(NUMPY[dtype], tuple(d if isinstance(d, int) else
-                                     d[0] * math.prod(shapes[n][axis] for n, axis in d[1])
+                                     d[0] * math.prod(_axis_size(shapes, f) for f in d[1])
                                      for d in dims))
                 for dtype, dims in program["outs"]]
 
@@ -614,3 +614,11 @@ class AotGradient:
 
     def __reduce__(self) -> tuple:
         return AotGradient, (self.f, self.wrt, self.single, self.with_value)
+
+
+def _axis_size(shapes: dict[str, tuple], factor: list) -> int:
+    """A factor of a result's size (`dsl.aot`'s `out_types`): [argument,
+    axis], that axis's size, or [argument, axis, c], max(0, it - c): a
+    slice's length (`compiler.shapes.shortened`)."""
+    name, axis, *less = factor
+    return max(0, shapes[name][axis] - sum(less))

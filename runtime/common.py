@@ -67,6 +67,16 @@ def size_mismatch(symbol: str, first: str, first_axis: int, expected: int, argum
                             f"equal (both {symbol})")
 
 
+def shortened_size_mismatch(argument: str, axis: int, got: int, base: str, less: int,
+                            first: str, first_axis: int, size: int) -> None:
+    """Raised by a driver given an argument whose axis has not a slice's
+    length max(0, n - c) (`compiler.shapes.shortened`: a gradient's
+    cotangent of `x[1:]`) of the size n another argument's axis binds."""
+    raise SizeMismatchError(f"{argument} has size {got} on axis {axis}, but this program "
+                            f"takes it of size max(0, {base} - {less}) = {max(0, size - less)}, "
+                            f"where {base} is {size} ({first}'s axis {first_axis})")
+
+
 def size_too_small(symbol: str, got: int, needed: int) -> None:
     """Raised by a driver compiled for a symbolic size (`gradc compile --sig
     'f(f64[n])'`) that selects a fixed part of an axis of that size

@@ -39,6 +39,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     index_views,
     into,
     nonzero_divisor,
+    shortened_size_mismatch,
     size_mismatch,
     size_too_small,
     slice_layout,

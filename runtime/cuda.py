@@ -82,6 +82,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     index_views,
     into,
     nonzero_divisor,
+    shortened_size_mismatch,
     size_mismatch,
     size_too_small,
     slice_layout,

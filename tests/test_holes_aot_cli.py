@@ -145,6 +145,25 @@ def test_a_size_named_like_a_params_own_size_is_not_that_size():
     np.testing.assert_array_equal(out, 3 * np.arange(5.0))
 
 
+def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
+    # `x[1:] - x[:-1]` on f64[:] was "cannot be compiled for any size"; its
+    # length, max(0, n - 1), is computed in the driver from n (a name no
+    # user writes: `shapes.shortened`), and by the module from the
+    # argument's axis where it says a result's shape (`out_types`)
+    source = tmp_path / "diff.grad"
+    source.write_text("def diff(x):\n    return x[1:] * x[:-1]\n")
+    assert main(["compile", str(source), "-o", str(tmp_path), "--sig", "diff(f64[:])"]) == 0
+    diff = import_compiled(tmp_path / "diff.py").functions["diff"]
+    for n in (0, 1, 2, 5):
+        x = np.linspace(-1.0, 2.0, n) ** 2
+        np.testing.assert_array_equal(diff(x), x[1:] * x[:-1])
+        assert diff.out_types("call", {"x": x}) == [(np.float64, (max(0, n - 1),))]
+        # (its pullback takes a cotangent of that length)
+        (grad,) = diff.vjp(x)[1](np.ones(max(0, n - 1)))
+        np.testing.assert_array_equal(grad, np.append(x[1:], 0) + np.append(0, x[:-1])
+                                      if n else np.zeros(0))
+
+
 def test_a_size_name_that_is_not_an_identifier_is_a_usage_error(tmp_path, capsys):
     source = tmp_path / "two.grad"
     source.write_text("def f(x, y):\n    return x * y\n")

@@ -230,3 +230,41 @@ def test_an_integer_of_sizes_meeting_i32_is_checked_as_its_constant_is():
     got = m.g(y)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, y * 2)
+
+
+SLICES_OF_SIZES = """
+def diff(x):
+    return sum(sin(x[1:] - x[:-1]))
+
+def inner(x):
+    y = x[1:]
+    return sum(y[:-1] * x[2:] * x[1:-1])
+
+def grid(x: f64[n, m]):
+    return sum((x[1:, :-2] - x[:-1, 2:]) ** 2)
+"""
+
+SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
+                    "inner": lambda x: np.sum(x[1:][:-1] * x[2:] * x[1:-1]),
+                    "grid": lambda x: np.sum((x[1:, :-2] - x[:-1, 2:]) ** 2)}
+
+
+@pytest.mark.parametrize("name", sorted(SLICE_REFERENCES))
+def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeypatch):
+    # `x[1:] - x[:-1]` (a finite difference) needed concrete sizes: one
+    # program per length, and `gradc compile --sig` refused it.  Its
+    # length is max(0, n - 1), a size computed from n where the driver
+    # binds n, so it is one program, NumPy's slices to the empty ones
+    # (lengths 0, 1 and 2 of `x[1:-1]`, `x[2:]`)
+    built = counting_builds(monkeypatch)
+    m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
+    value_and_grad = dsl.value_and_grad(getattr(m, name))
+    reference, rng = SLICE_REFERENCES[name], np.random.default_rng(1)
+    for n in (0, 2, 3, 4, 1):
+        x = rng.normal(size=(n, n + 2) if name == "grid" else n)
+        value, grad = value_and_grad(x)
+        np.testing.assert_allclose(value, reference(x), rtol=1e-13)
+        np.testing.assert_allclose(grad, central_difference(reference, [x], 0),
+                                   rtol=1e-7, atol=1e-10)
+    # (an axis of length 1, which broadcasts, has a program of its own)
+    assert len(built) == 2, built
