@@ -677,7 +677,10 @@ def _arange(L, b, args, kwargs, span):
     typed (a `WeakVar`) so that it takes the dtype of the arrays it meets
     as a number does."""
     first, stop = args[0], _kw(args, kwargs, 1, "stop")
-    start, stop = (0, first) if stop is None else (first, stop)
+    # (`arange(n - 1)`: arange(max(0, n - 1)), the same, whose length is a
+    # size; with a start or a step other than 0 and 1 it needs concrete
+    # sizes, below)
+    start, stop = (0, L.shortened_bound(first)) if stop is None else (first, stop)
     bounds = [compile_time_number(L, v, "each argument of arange()", span, floats=True)
               for v in (start, stop, _kw(args, kwargs, 2, "step", 1))]
     numbers = [v for v in bounds if not isinstance(v, Sym)]

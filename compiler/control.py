@@ -44,7 +44,7 @@ from gradlang.compiler.builder import Builder
 from gradlang.compiler.hoisting import hoist_body
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Eqn, Function, Lit, TensorType, Var
 from gradlang.compiler.loop_reads import stack_index_reads
-from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.shapes import NeedsConcrete, Sym, is_shortened
 from gradlang.compiler.values import (RUN_TIME, RunTimeBool, Value, as_atom, cast, is_integer,
                                       is_static, literal_dtype, number_type, of_sizes_only,
                                       promote, run_time_atom, sequence_kind, unify,
@@ -254,10 +254,16 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
     """range()'s start, stop and step as i64 scalars, and as what is known of
     them at compile time (an int, a size symbol; None: known at run time)."""
     atoms, known = [], []
-    for arg in stmt.args:
+    stop_at = 0 if len(stmt.args) == 1 else 1
+    for k, arg in enumerate(stmt.args):
         v = lw.expr(b, arg, env)
+        if k == stop_at and _clamps_stop(known):
+            # (`range(n - 1)`: the trips of range(max(0, n - 1)), a size
+            # that keeps the program symbolic, for a start >= 0 and a step
+            # > 0, checked below)
+            v = lw.shortened_bound(v)
         if lw.number_of_sizes(b, v):
-            # (`range(n - 1)`: with its value known, reads by the index are
+            # (`range(n // 2)`: with its value known, reads by the index are
             # proven in range and become a stacked input, `loop_reads`)
             raise NeedsConcrete("a loop bound is a number made of sizes")
         known.append(v if is_static(v) else None)
@@ -283,7 +289,16 @@ def _bounds(lw: "Lowerer", b: Builder, stmt: ast.For, env) -> tuple[list[Atom], 
     step = atoms[2]
     if isinstance(step, Lit) and step.value == 0:
         raise GradError("range() step must not be zero", stmt.args[2].span)
+    if is_shortened(known[1]) and not (isinstance(known[2], int) and known[2] > 0):
+        raise NeedsConcrete("a loop bound is a number made of sizes")
     return atoms, known
+
+
+def _clamps_stop(known: list) -> bool:
+    """Whether a stop of max(0, n - c) for n - c gives range() the same
+    trips, after a start of `known` (none, or one known >= 0)."""
+    return not known or (isinstance(known[0], (int, Sym)) and not isinstance(known[0], bool)
+                         and (isinstance(known[0], Sym) or known[0] >= 0))
 
 
 def _scalar(b: Builder, v: Atom) -> Atom:

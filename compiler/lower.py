@@ -44,7 +44,7 @@ from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, Static
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, is_lone, plain_size,
-                                      shortened)
+                                      shortened, shortening)
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
@@ -89,6 +89,10 @@ class Lowerer:
         # (`pipeline.lower_entry` lowers again without them where one was)
         self.numbers_of_sizes = numbers_of_sizes
         self.size_numbers = 0
+        # The numbers `n - c` of a size n and an int c >= 0 that `size_number`
+        # made, and the size max(0, n - c) each is where a bound clamps it
+        # at 0 (`range(n - 1)`, `arange(n - 1)`, `x[:n - 1]`: `shortened_bound`)
+        self.shortened_numbers: dict[Var, Sym] = {}
         self.call_stack: list[ast.FuncDef] = []  # (by identity: two files may share a name)
         self.call_spans: list[Span] = []  # where each call of call_stack is
         self.size = 0  # operations lowered so far: MAX_PROGRAM_SIZE
@@ -880,8 +884,13 @@ class Lowerer:
         if item is None:
             return 0, size, 1
         if isinstance(item, ast.Slice):
-            start, stop, step = (None if part is None else self.static_int(b, part, env)
-                                 for part in (item.start, item.stop, item.step))
+            start, step = (None if part is None else self.static_int(b, part, env)
+                           for part in (item.start, item.step))
+            stop = None if item.stop is None else self.slice_stop(b, item.stop, size, env)
+            if isinstance(stop, Sym):  # (`x[:n - 1]`)
+                if (start or 0) < 0 or (step or 1) != 1:
+                    raise NeedsConcrete(f"axis {axis} of size {size} is sliced from its end")
+                return start or 0, stop, 1
             if step == 0:
                 raise GradError("slice step cannot be zero", item.span)
             if stop is not None and stop > sys.maxsize:
@@ -907,6 +916,21 @@ class Lowerer:
         if k < 0:
             raise NeedsConcrete(f"axis {axis} of size {size} is indexed from its end")
         return k, k + 1, 1
+
+    def slice_stop(self, b, e: ast.Expr, size: Sym, env) -> "int | Sym":
+        """A slice's stop on an axis of symbolic size n: a compile-time
+        integer, or the size max(0, n - c) where it is the number n - c of
+        c at most 2 (`x[:n - 1]`, `shortened_bound`): NumPy reads a
+        negative stop from the end, n - c + n, which is at most 0 (nothing)
+        for every n < c only where c <= 2 (`x[:n - 3]` of 2 elements is
+        `x[:-1]`, 1 element)."""
+        value = self.expr(b, e, env)
+        bound = self.shortened_bound(value)
+        if isinstance(bound, Sym):
+            base, less = shortening(bound.factors[0])
+            if Sym.named(base) == size and less <= 2:
+                return bound
+        return self.as_static_int(value, e.span)
 
     def index_list(self, b, items: StaticList, span: Span) -> Atom:
         """A list of integers (or of such lists) as an index: the integer
@@ -1055,13 +1079,14 @@ class Lowerer:
         `_fold` raised `err` since it needs their values: a number
         (`_number_of_sizes`: `0.1 / k`, `k * 0.5`, `1 / n`, `n - 1`, `n //
         2`) is computed at run time, so that the program stays symbolic;
-        where something then needs it known at compile time (`x[:n - 1]`,
-        `arange(n - 1)`), `pipeline.lower_entry` lowers again for concrete
-        sizes.  Each size is a `dim` op (the driver's value of the symbol),
-        and the op computes in f64 for a float, as the concrete lowering
-        folds it (an `exact` op: the same bits), in i64 for an integer, as
-        a size has it; the result is weak, so it takes the dtype of the
-        arrays it meets as that folded number does.  Of a by-value
+        where something then needs it known at compile time (`x[:n // 2]`,
+        `arange(n // 2)`; but `n - c` is a size there: `shortened_bound`),
+        `pipeline.lower_entry` lowers again for concrete sizes.  Each size
+        is a `dim` op (the driver's value of the symbol), and the op
+        computes in f64 for a float, as the concrete lowering folds it (an
+        `exact` op: the same bits), in i64 for an integer, as a size has
+        it; the result is weak, so it takes the dtype of the arrays it
+        meets as that folded number does.  Of a by-value
         argument's number it is that scalar's arithmetic, in its dtype, not
         weak (`x * (n / k)` is f64 for f32 x), and a divisor of 0 is the
         run time's (`k // 0` is 0), as `run_time_arithmetic` folds it.
@@ -1075,7 +1100,17 @@ class Lowerer:
         atoms = [_size_operand(b, v, span, dtype,
                                divisor=op in _DIVISIONS and k == 1 and not run_time)
                  for k, v in enumerate(operands)]
-        return b.bind(op, *atoms, span=span, weak=not run_time)
+        out = b.bind(op, *atoms, span=span, weak=not run_time)
+        made = None if run_time or len(operands) != 2 else _size_less(op, *operands)
+        if made is not None:
+            self.shortened_numbers[out] = shortened(*made)
+        return out
+
+    def shortened_bound(self, v: Value) -> Value:
+        """v, or the size max(0, n - c) where v is the number `n - c`
+        (`shortened_numbers`): for a bound that clamps at 0 as `range`
+        and `arange` do, the same bound, which keeps the program symbolic."""
+        return self.shortened_numbers.get(v, v) if isinstance(v, Var) else v
 
     def inexact_of_sizes(self, b, op: str, operands: Sequence[Value]) -> None:
         """NeedsConcrete where `op`, a math function whose kernel may differ
@@ -1354,6 +1389,22 @@ _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"
 # is refused before it is computed: `9 ** 9 ** 9` would take 1.2e9 bits
 # and minutes.
 _MAX_STATIC_BITS = 1024
+
+
+def _size_less(op: str, left, right) -> Optional[tuple[Sym, int]]:
+    """(n, c) where `op` of these operands is n - c, a lone size n and an
+    int c >= 0 (`n - 1`, `n + -1`, `-1 + n`), else None."""
+    if op == "sub" and is_lone(left) and _is_int(right) and right >= 0:
+        return left, right
+    if op == "add":
+        size, number = (left, right) if is_lone(left) else (right, left)
+        if is_lone(size) and _is_int(number) and number <= 0:
+            return size, -number
+    return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # The ops on compile-time numbers that `Lowerer.size_number` computes at

@@ -5,9 +5,11 @@ coefficient and named factors (`n`, `n*m`, `3*n`).  Symbolic lowering gives
 each distinct size of a call's arguments a symbol, so one lowered program
 and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
-Sizes multiply symbolically (up to `MAX_FACTORS` factors); anything else
-a program does with a size (adding to it, slicing part of a symbolic axis,
-comparing it with a fixed size) raises `NeedsConcrete`, and the caller lowers again with concrete
+Sizes multiply symbolically (up to `MAX_FACTORS` factors), and a slice's
+length max(0, n - c) (`x[1:]`, `x[:n - 1]`, `range(n - 1)`) is a size of
+its own (`shortened`); anything else a program does with a size (adding
+to it, slicing part of a symbolic axis from its end, comparing it with a
+fixed size) raises `NeedsConcrete`, and the caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
 float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
 run time instead (`compiler.lower.Lowerer.size_number`).
@@ -152,6 +154,11 @@ def shortened_by(d: Dim) -> int:
     """c for a size `shortened(n, c)`, else 0."""
     made = shortening(d.factors[0]) if is_lone(d) else None
     return made[1] if made else 0
+
+
+def is_shortened(d) -> bool:
+    """Whether d is a size `shortened(n, c)`, c > 0."""
+    return isinstance(d, Sym) and shortened_by(d) > 0
 
 
 def shortened_value(factor: str, binding: dict[str, int]) -> int:

@@ -194,8 +194,8 @@ def test_integer_arithmetic_of_sizes_compiles_once_for_every_size(monkeypatch):
     # program per length, and `gradc compile --sig 'variance(f64[:])'` said
     # "cannot be compiled for any size".  An integer computed at run time
     # (i64, weakly typed as the folded int was: f32 x stays f32), it needs
-    # them only where a compile-time integer does (`x[:n - 1]`), or a
-    # loop's bound (`range(n - 1)`, whose index then reads a stacked input).
+    # them only where a compile-time integer does (`x[:n // 2]`), or a
+    # loop's bound (`range(n // 2)`, whose index then reads a stacked input).
     built = counting_builds(monkeypatch)
     m = dsl.loads(INTEGERS_OF_SIZES, "integers.grad")
     value_and_grad = dsl.value_and_grad(m.variance)
@@ -268,3 +268,41 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
                                    rtol=1e-7, atol=1e-10)
     # (an axis of length 1, which broadcasts, has a program of its own)
     assert len(built) == 2, built
+
+
+BOUNDS_OF_SIZES = """
+def shift(tokens: i64[n], x: f64[n]):
+    return sum(x[:tokens.shape[0] - 1] * x[1:] * arange(x.shape[0] - 1))
+
+def pairs(x):
+    s = 0.0
+    for i in range(x.shape[0] - 1):
+        s = s + x[i + 1] * x[i]
+    return s
+
+def far(x):
+    return x[:x.shape[0] - 3]
+"""
+
+
+def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkeypatch):
+    # `x[:n - 1]`, `arange(n - 1)` and `range(n - 1)` needed concrete sizes
+    # (one program per length).  Each clamps n - 1 at 0 as max(0, n - 1)
+    # would, a size computed from n (`x[1:]`'s): one program
+    built = counting_builds(monkeypatch)
+    m = dsl.loads(BOUNDS_OF_SIZES, "bounds.grad")
+    references = {"shift": lambda x: np.sum(x[:len(x) - 1] * x[1:] * np.arange(len(x) - 1)),
+                  "pairs": lambda x: sum(x[i + 1] * x[i] for i in range(len(x) - 1)) + 0.0}
+    rng = np.random.default_rng(2)
+    for n in (0, 2, 3, 5):
+        x = rng.normal(size=n)
+        for name, reference in references.items():
+            args = (np.zeros(n, np.int64), x) if name == "shift" else (x,)
+            value, grad = dsl.value_and_grad(getattr(m, name), wrt=len(args) - 1)(*args)
+            np.testing.assert_allclose(value, reference(x), rtol=1e-13)
+            np.testing.assert_allclose(grad, central_difference(reference, [x], 0),
+                                       rtol=1e-7, atol=1e-10)
+    assert [str(types[-1][1].shape) for types in built] == ["(s0,)"] * 2, built
+    # NumPy reads x[:n - 3] of 2 elements as x[:-1]: not max(0, n - 3), so
+    # it is compiled for the length
+    np.testing.assert_array_equal(m.far(np.arange(2.0)), [0.0])
