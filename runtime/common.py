@@ -74,7 +74,7 @@ def shortened_size_mismatch(argument: str, axis: int, got: int, base: str, less:
     cotangent of `x[1:]`) of the size n another argument's axis binds."""
     raise SizeMismatchError(f"{argument} has size {got} on axis {axis}, but this program "
                             f"takes it of size max(0, {base} - {less}) = {max(0, size - less)}, "
-                            f"where {base} is {size} ({first}'s axis {first_axis})")
+                            f"where {base} is {size} (axis {first_axis} of {first})")
 
 
 def size_too_small(symbol: str, got: int, needed: int) -> None:

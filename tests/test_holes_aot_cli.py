@@ -24,7 +24,7 @@ from dsl.aot import MARKER, _types, compile_module, parse_sig
 from dsl.cli import main
 from helpers import import_compiled, within_seconds
 from gradlang.compiler.codegen import generate
-from gradlang.compiler.pipeline import grad_of_sum, optimize
+from gradlang.compiler.pipeline import grad_of_sum, optimize, pullback
 from gradlang.runtime.aot import AotFunction, AotModule
 from gradlang.runtime.params import ParamsModule, guard_params
 from gradlang.runtime.loader import (kernel_module_name, load_kernel_files, load_kernels,
@@ -162,6 +162,22 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
         (grad,) = diff.vjp(x)[1](np.ones(max(0, n - 1)))
         np.testing.assert_array_equal(grad, np.append(x[1:], 0) + np.append(0, x[:-1])
                                       if n else np.zeros(0))
+
+
+def test_a_cotangent_of_a_slices_length_is_checked_against_the_size_it_shortens():
+    # the pullback of x[1:] * x[:-1] takes a cotangent of max(0, n - 1)
+    # elements, a size computed from x's: one of 3 is refused, not read
+    m = dsl.loads("def f(x):\n    return x[1:] * x[:-1]\n")
+    fn = pullback(m.f.lower(_types(m.f, parse_sig("f(f64[n])")[1], "f(f64[n])")), [0])
+    generated = generate(optimize(fn))
+    run = make_driver(generated.driver_source, load_kernels(generated.kernel_source),
+                      m.target.helpers)
+    x = np.array([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(run(x, np.ones(2))[0], [2.0, 4.0, 2.0])
+    with pytest.raises(dsl.SizeMismatchError, match=re.escape(
+            "argument 'd0' has size 3 on axis 0, but this program takes it of size "
+            "max(0, n - 1) = 2, where n is 3 (axis 0 of argument 'x')")):
+        run(x, np.ones(3))
 
 
 def test_a_size_name_that_is_not_an_identifier_is_a_usage_error(tmp_path, capsys):
