@@ -95,7 +95,7 @@ class Sym:
         return True
 
     def __str__(self) -> str:
-        text = "*".join(self.factors)
+        text = "*".join(map(_shown, self.factors))
         return text if self.coef == 1 else f"{self.coef}*{text}"
 
     __repr__ = __str__
@@ -154,6 +154,12 @@ def shortened_by(d: Dim) -> int:
     """c for a size `shortened(n, c)`, else 0."""
     made = shortening(d.factors[0]) if is_lone(d) else None
     return made[1] if made else 0
+
+
+def _shown(factor: str) -> str:
+    """A factor as a message shows it: a slice's length as what it is."""
+    made = shortening(factor)
+    return factor if made is None else f"max(0, {made[0]} - {made[1]})"
 
 
 def is_shortened(d) -> bool:

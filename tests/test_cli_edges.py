@@ -176,6 +176,19 @@ def test_a_size_a_signature_leaves_symbolic_is_an_error_at_the_expression_needin
             " " * 15 + "^" * 16, ""]
 
 
+def test_a_slices_length_is_named_in_a_message_as_what_it_is(tmp_path, capsys):
+    # (it was named `n\u00b7less1`, the driver's name of the size)
+    path = tmp_path / "last.grad"
+    path.write_text("def f(x):\n    y = x[1:]\n    return y[-1] * 2.0\n")
+    code, out, err = run(["compile", str(path), "-o", str(tmp_path), "--sig", "f(f64[n])"],
+                         capsys)
+    assert code == 2 and out == ""
+    assert err.split("\n")[0] == (
+        f"{path}:3:12: error: f() cannot be compiled for any size: axis 0 of size "
+        "max(0, n - 1) is indexed from its end; give concrete sizes in --sig, e.g. "
+        "f(f64[128])")
+
+
 def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_there(
         tmp_path, capsys):
     # the expression needing it is in lib.grad: the error is at the line of
