@@ -167,6 +167,13 @@ def is_shortened(d) -> bool:
     return isinstance(d, Sym) and shortened_by(d) > 0
 
 
+def computable(d: Dim, names) -> bool:
+    """Whether `evaluate` computes d from a binding of `names`: each
+    factor bound, or a slice's length of a size bound."""
+    return not isinstance(d, Sym) or all(
+        f in names or (shortening(f) or (None,))[0] in names for f in d.factors)
+
+
 def shortened_value(factor: str, binding: dict[str, int]) -> int:
     """A factor's value: bound, else a shortened size's from its base's."""
     if factor in binding:

@@ -40,7 +40,7 @@ from gradlang.compiler import ast, pipeline
 from gradlang.compiler.ir import Function, StaticScalar, TensorType
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.pipeline import Program, build_stored
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate
+from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, computable, evaluate
 from gradlang.compiler.vectorize import NotVectorizable, stacked_elements, vectorize
 from gradlang.runtime.aot import AotFunction, AotGradient
 from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, check_param_sizes,
@@ -1299,8 +1299,7 @@ def program_result_types(f: Compiled, bound: dict[str, Any]) -> tuple:
         return result_types(f, bound)
     sizes = {d.factors[0]: size for n, t in types.items() if n not in statics
              for d, size in zip(t.shape, bound[n].shape) if isinstance(d, Sym)}
-    return tuple((tuple(d if isinstance(d, Sym) and not set(d.factors) <= sizes.keys()
-                        else evaluate(d, sizes) for d in shape), dtype)
+    return tuple((tuple(evaluate(d, sizes) if computable(d, sizes) else d for d in shape), dtype)
                  for shape, dtype in symbolic[1])
 
 

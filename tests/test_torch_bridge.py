@@ -412,6 +412,15 @@ def test_fake_tensors_and_functionalization_run_the_operation():
     np.testing.assert_array_equal(gx.numpy(), [3.0, 4.0])
 
 
+def test_fake_tensors_take_a_slices_length_from_the_size_it_shortens():
+    # the result's size max(0, n - 1) of x[1:] stayed a symbol (its factor
+    # is no argument's): torch.empty refused the shape
+    f = dsl.to_torch(dsl.loads("def f(x):\n    return x[1:] * x[:-1]\n", "diff.grad").f)
+    with fake_tensor.FakeTensorMode():
+        shapes = [tuple(f(torch.empty(n, dtype=torch.float64)).shape) for n in (4, 0)]
+    assert shapes == [(3,), (0,)]
+
+
 def test_a_tensor_with_the_negative_bit_computes_with_its_values():
     # `c.conj().imag` is an f64 tensor whose memory holds its values'
     # negation (torch's negative bit): it was refused as having "no memory
