@@ -926,9 +926,12 @@ class Lowerer:
         `x[:-1]`, 1 element)."""
         value = self.expr(b, e, env)
         bound = self.shortened_bound(value)
-        if isinstance(bound, Sym):
-            base, less = shortening(bound.factors[0])
-            if Sym.named(base) == size and less <= 2:
+        if isinstance(bound, Sym) and is_lone(size):
+            # (of an axis itself shortened, `y[:y.shape[0] - 1]` for y =
+            # x[1:], c counts from that axis's length)
+            (base, less), (axis_base, axis_less) = (
+                shortening(d.factors[0]) or (d.factors[0], 0) for d in (bound, size))
+            if base == axis_base and 0 <= less - axis_less <= 2:
                 return bound
         return self.as_static_int(value, e.span)
 

@@ -282,6 +282,10 @@ def pairs(x):
 
 def far(x):
     return x[:x.shape[0] - 3]
+
+def nested(x):
+    y = x[1:]
+    return sum(y[:y.shape[0] - 1] * y[1:])
 """
 
 
@@ -292,7 +296,8 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
     built = counting_builds(monkeypatch)
     m = dsl.loads(BOUNDS_OF_SIZES, "bounds.grad")
     references = {"shift": lambda x: np.sum(x[:len(x) - 1] * x[1:] * np.arange(len(x) - 1)),
-                  "pairs": lambda x: sum(x[i + 1] * x[i] for i in range(len(x) - 1)) + 0.0}
+                  "pairs": lambda x: sum(x[i + 1] * x[i] for i in range(len(x) - 1)) + 0.0,
+                  "nested": lambda x: np.sum(x[1:][:len(x[1:]) - 1] * x[2:])}
     rng = np.random.default_rng(2)
     for n in (0, 2, 3, 5):
         x = rng.normal(size=n)
@@ -302,7 +307,7 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
             np.testing.assert_allclose(value, reference(x), rtol=1e-13)
             np.testing.assert_allclose(grad, central_difference(reference, [x], 0),
                                        rtol=1e-7, atol=1e-10)
-    assert [str(types[-1][1].shape) for types in built] == ["(s0,)"] * 2, built
+    assert [str(types[-1][1].shape) for types in built] == ["(s0,)"] * 3, built
     # NumPy reads x[:n - 3] of 2 elements as x[:-1]: not max(0, n - 3), so
     # it is compiled for the length
     np.testing.assert_array_equal(m.far(np.arange(2.0)), [0.0])
