@@ -167,11 +167,17 @@ def is_shortened(d) -> bool:
     return isinstance(d, Sym) and shortened_by(d) > 0
 
 
+def base_of(factor: str) -> str:
+    """The size a factor is computed from: n for a slice's length of n
+    (`shortened`), else the factor itself."""
+    made = shortening(factor)
+    return factor if made is None else made[0]
+
+
 def computable(d: Dim, names) -> bool:
     """Whether `evaluate` computes d from a binding of `names`: each
     factor bound, or a slice's length of a size bound."""
-    return not isinstance(d, Sym) or all(
-        f in names or (shortening(f) or (None,))[0] in names for f in d.factors)
+    return not isinstance(d, Sym) or all(f in names or base_of(f) in names for f in d.factors)
 
 
 def shortened_value(factor: str, binding: dict[str, int]) -> int:

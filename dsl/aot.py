@@ -58,7 +58,8 @@ from gradlang.compiler.library import STDLIB
 from gradlang.compiler.lower import REGIONS_OF_SYMBOLIC_AXES
 from gradlang.compiler.modules import import_graph
 from gradlang.compiler.pipeline import optimize
-from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, evaluate, made_up, shortening
+from gradlang.compiler.shapes import (NeedsConcrete, NeedsValue, Sym, base_of, evaluate, made_up,
+                                      shortening)
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
                                      convert, number_dtype)
@@ -513,7 +514,7 @@ def _sample_length(d, size: int) -> int:
     length of one, `shapes.shortened`, max(0, size - c))."""
     if isinstance(d, int):
         return d
-    named = {(shortening(f) or (f,))[0] for f in d.factors}
+    named = {base_of(f) for f in d.factors}
     return evaluate(d, dict.fromkeys(named, size))
 
 
