@@ -641,7 +641,8 @@ def generate(fn: Function, target: "Target | str" = targets.DEFAULT,
 
     def source(flatten, contiguous: bool) -> str:
         prologue = [f"{flat} = {flatten(v)}" for v, flat in run.flat_params.items()]
-        prologue = run.made.checks(fn.params, contiguous) + ([] if contiguous else ordered) \
+        prologue = run.made.checks(fn.params, contiguous, shortened_sizes(fn)) \
+            + ([] if contiguous else ordered) \
             + prologue
         body = run.lines[:run.prologue_at] + prologue + run.lines[run.prologue_at:]
         return "\n".join([f"def run({', '.join(run.params + ['out=None'])}):"]
@@ -1621,7 +1622,8 @@ class _Made:
             self.largest[factors] = (per, shape, a.type.dtype, what or "a value it computes",
                                      self.spans.get(a))
 
-    def checks(self, params: tuple[Var, ...], contiguous: bool) -> list[str]:
+    def checks(self, params: tuple[Var, ...], contiguous: bool,
+               shortened: Iterable[str] = ()) -> list[str]:
         """Driver lines refusing (`R.too_large`), before anything runs, each
         array larger than the target can make (`R.ALLOCATABLE`) whose sizes
         the arguments `params` give (a loop's stacks, whose trips are
@@ -1629,8 +1631,10 @@ class _Made:
         fails): one comparison per product of symbols, whatever the number
         of arrays.  With `contiguous` arguments (the fast path's driver),
         none where an argument of as many bytes exists already: log1pexp
-        and its gradient, a call of a few microseconds, check nothing."""
-        bound = bound_by_arguments(params)
+        and its gradient, a call of a few microseconds, check nothing.
+        Slices' lengths (`shortened`, computed from the arguments' sizes
+        before these lines) are checked as those sizes are."""
+        bound = bound_by_arguments(params, shortened)
         held: dict[tuple[str, ...], int] = {}  # bytes per product of symbols, in arguments
         for v in params if contiguous else ():
             count = prod(v.type.shape)

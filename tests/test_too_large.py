@@ -326,3 +326,15 @@ def test_a_cgroups_memory_limit_bounds_what_an_array_may_take(tmp_path, membersh
 def test_no_cgroup_file_means_no_limit(tmp_path):
     assert cpu.common.cgroup_memory_limit(0, root=str(tmp_path),
                                           membership=str(tmp_path / "absent")) is None
+
+
+def test_a_result_of_slices_lengths_beyond_memory_is_refused_at_its_expression():
+    # (n - 1)**2 elements of x[1:]'s outer product: the length max(0, n - 1)
+    # was no argument's size, so nothing checked it, and the call ran until
+    # the allocation failed ("ran out of memory", at the `def`)
+    m = dsl.loads("def outer(x):\n    return x[1:, None] * x[None, 1:]\n", file="slices.grad")
+    with pytest.raises(AllocationError) as caught:
+        m.outer(WIDE)
+    assert caught.value.message.startswith(
+        "outer(): its result would be f64[1048575, 1048575], 8 TiB, which cannot be allocated")
+    assert place(caught.value) == ("slices.grad", 2, 12)
