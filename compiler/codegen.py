@@ -866,6 +866,10 @@ class _Driver:
                                                work_per_element(step)))
                 elif reduced:
                     rows = prod(reduced[0].type.shape)
+                    # user text (a file name): repr'd by the target
+                    where = where_of("the partial sums of a sum it computes",
+                                     step.reductions[0].span)
+                    lines += target.reducing_checks(render(size), render(rows), where)
                     lines.append(target.launch_reducing(kname, render(size), render(rows),
                                                         call_args, work_per_element(step)))
                 else:

@@ -80,6 +80,17 @@ def too_large(shape: tuple, dtype, where: Where) -> None:
     common.too_large(shape, dtype, where, ALLOCATABLE, common.HOST)
 
 
+def partial_sums_fit(n: int, where: Where) -> None:
+    """Refuse (`too_large`) a full sum of `n` elements whose `_all` kernel
+    could not make its partial sums, one f64 for each chunk of
+    `REDUCE_CHUNK` (`CpuTarget.render_reducing_loop`): the values summed
+    are never stored, so no other check sees their size, and the
+    kernel's own allocation would fail in the kernel, unplaced."""
+    chunks = -(-n // REDUCE_CHUNK)
+    if chunks * 8 > ALLOCATABLE:
+        too_large((chunks,), np.float64, where)
+
+
 def trip_count(start: int, stop: int, step: int, where: Where = "",
                stacked_bytes: int = 0) -> int:
     """`common.trip_count`, the loop's stacks refused past `ALLOCATABLE`."""
@@ -825,6 +836,9 @@ def parallel_threshold(cost: int) -> int:
 # microseconds), enough of them to share out evenly among threads (25 at
 # 10^5 elements).
 REDUCE_CHUNK = 1 << 12
+# A full sum of at most this many elements has partial sums of at most
+# 1 MiB: `partial_sums_fit` need not look.
+SUMMED_UNCHECKED = REDUCE_CHUNK << 17
 
 
 def _row(first: str, row: Sequence[str], body: list[str], inner: str) -> list[str]:
@@ -1058,6 +1072,11 @@ class CpuTarget(Target):
                   f"if R.parallel_allowed({size}, {threshold}) else "
                   f"K.{kname}_all_serial if {rows} == 1 else K.{kname}_serial)")
         return f"{kernel}({', '.join([size, rows] + args)})"
+
+    def reducing_checks(self, size: str, rows: str, where: Where) -> list[str]:
+        # (the comparison first: a sum of a few elements calls nothing)
+        return [f"if {size} > {SUMMED_UNCHECKED} and {rows} == 1: "
+                f"R.partial_sums_fit({size}, {where!r})"]
 
     def reduce_in_function(self, kname: str, size: str, rows: str, args: list[str],
                            cost: int) -> list[str]:

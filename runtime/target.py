@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
 from gradlang.runtime.errors import GradError
+
+if TYPE_CHECKING:  # (common imports args, which imports this)
+    from gradlang.runtime.common import Where
+
 
 def smallest(a: str, b: str) -> str:
     """Generated code for the lesser of two integer expressions (each may
@@ -171,6 +175,12 @@ class Target:
         """As `launch`, for a loop of `render_reducing_loop` summing `size`
         elements into `rows` rows (`cost` as for `launch`)."""
         raise NotImplementedError
+
+    def reducing_checks(self, size: str, rows: str, where: Where) -> list[str]:
+        """Driver lines refusing, before `launch_reducing(..., size, rows,
+        ...)` runs, the scratch its kernel would make that cannot be made
+        (`where`: the sum it computes); none if it makes none."""
+        return []
 
     def compiled_ir(self, kernels: ModuleType, kname: str, signature: str) -> str:
         """What kernel `kname` of a loaded kernel module compiles to for

@@ -32,6 +32,9 @@ def flip(x):
 
 def counted(x, n):
     return x * sum(arange(n) * 1.0)
+
+def spread_sum(x, n: i64):
+    return sum(broadcast_to(x, (n, n, n)))
 """
 M = dsl.loads(SOURCE, file="too_large.grad")
 # 2**20 each: a result of 2**40 f64 (8 TiB), beyond any machine that runs this
@@ -70,6 +73,21 @@ def test_a_result_beyond_memory_is_refused_before_any_kernel_runs():
         frames.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
     assert frames[0] == __file__ and not any("runtime" in f or "driver" in f for f in frames)
+
+
+def test_a_full_sum_whose_partial_sums_are_beyond_memory_is_refused_at_the_sum():
+    """A sum fused with what it sums stores none of it, but its parallel
+    kernel keeps one partial sum per chunk of 4096 elements: for 10**18
+    elements its allocation failed in the kernel, an error at the `def`
+    that named nothing."""
+    with pytest.raises(AllocationError) as caught:
+        M.spread_sum(np.ones(1), 10 ** 6)
+    assert caught.value.message == (
+        "spread_sum(): the partial sums of a sum it computes would be f64[244140625000000], "
+        f"1.73 PiB, which cannot be allocated: {cpu.common.HOST} has "
+        f"{cpu.common.amount(cpu.ALLOCATABLE)}")
+    assert place(caught.value) == ("too_large.grad", 23, 12)
+    assert M.spread_sum(np.full(1, 0.5), 3) == 13.5
 
 
 def test_a_size_beyond_what_an_array_can_count_is_an_argument_error():
