@@ -1002,6 +1002,8 @@ class Lowerer:
         except ops.AxisOutOfRange as err:
             if err.span == e.span:  # (the call's own axis, not a nested call's)
                 err.span = _where_written(e, err.axis) or err.span
+            if is_argument(err.axis):
+                raise argument_axis_out_of_range(err) from None
             raise
 
     # ---------------------------------------------------- op helpers
@@ -1778,6 +1780,14 @@ def static_index_out_of_range(k: int, axis: int, size: int, span: Span) -> GradE
     if is_argument(k):
         return ArgumentError(index_out_of_range_message(k, repr(k.name), size), span)
     return GradError(f"index {k} is out of range for axis {axis} of size {size}", span)
+
+
+def argument_axis_out_of_range(err: ops.AxisOutOfRange) -> ArgumentError:
+    """`err`, of an axis that is an argument's value passed on as it is
+    (`sum(x, axis=k)` for `k: const i64`: `is_argument`), as the caller's
+    `ArgumentError` naming it, as an index out of range is
+    (`static_index_out_of_range`): the source is not at fault."""
+    return ArgumentError(f"{err.message} (the value of argument {err.axis.name!r})", err.span)
 
 
 def zero_slice_step(step: int, span: Span) -> GradError:

@@ -84,6 +84,31 @@ def test_an_axis_out_of_range_or_a_float_is_an_error_at_it(m):
         floats.f(x, (0, 1))
 
 
+def test_an_axis_argument_out_of_range_is_an_argument_error_naming_it(m):
+    # as an index argument out of range is: it was a GradError in the
+    # source ("axis 2 is out of range for rank 1"), naming no argument
+    def refused(call, message, at):
+        with pytest.raises(dsl.ArgumentError) as err:
+            call()
+        assert (err.value.message, err.value.line, err.value.col) == (message, *at)
+    x = np.ones((3, 4))
+    refused(lambda: m.summed(x, 2), "axis 2 is out of range for rank 2 "
+            "(the value of argument 'axis')", (8, 12))
+    refused(lambda: m.joined(np.ones(3), np.ones(3), -2), "axis -2 is out of range for rank 1 "
+            "(the value of argument 'axis')", (11, 12))
+    const = dsl.loads("def a(x, k: const i64):\n    return sum(x, axis=k)\n"
+                      "def t(x, k: i64):\n    return take(x, stack([0]), axis=k)\n", "const.grad")
+    refused(lambda: const.a(np.zeros(3), 2), "axis 2 is out of range for rank 1 "
+            "(the value of argument 'k')", (2, 12))
+    refused(lambda: const.t(np.zeros(3), 1), "axis 1 is out of range for rank 1 "
+            "(the value of argument 'k')", (4, 12))
+    assert const.a(np.full(3, 2.0), -1) == 6.0
+    # an axis the source writes is still the source's error
+    with pytest.raises(dsl.GradError) as err:
+        dsl.loads("def f(x):\n    return sum(x, axis=3)\n", "lit.grad").f(np.zeros(3))
+    assert not isinstance(err.value, dsl.ArgumentError)
+    assert (err.value.message, err.value.col) == ("axis 3 is out of range for rank 1", 24)
+
 
 def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
     # True was taken as 1 (the sum over axis 1), where NumPy and PyTorch
