@@ -238,7 +238,10 @@ def convert(fn_name: str, spec: ParamSpec, value: Any, span,
                                 f"says {kind_text(spec.dtype)}", span)
         return value
     as_float = floating(spec.dtype) or (spec.dtype is None and spec.differentiable)
-    array = numeric_array(where, value, span, as_float=as_float)
+    # the integer dtype it is cast to below (an unannotated integer's: i64)
+    integer = "i64" if spec.dtype is None else number_dtype(spec.dtype)
+    array = numeric_array(where, value, span, as_float=as_float,
+                          integer=integer if integer in ("i32", "i64") else None)
     if array.dtype.kind == "b" and spec.dtype is not None \
             and set(admitted(spec.dtype)) <= {"i32", "i64"}:
         # (as a NumPy bool is, above: an integer parameter is an axis, a
@@ -283,7 +286,8 @@ _BRIDGES = {"torch": "; call the function through dsl.to_torch(f), which autogra
             "jax": "; call the function through dsl.to_jax(f), which JAX transforms"}
 
 
-def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> np.ndarray:
+def numeric_array(where: str, value: Any, span=None, as_float: bool = False,
+                  integer: Optional[str] = None) -> np.ndarray:
     """`np.asarray(value)` for a Python number or a rectangular (nested)
     sequence of them, or a NumPy array; anything else (text, ragged lists,
     complex numbers, whose imaginary part a cast would drop) raises
@@ -293,7 +297,9 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
     `foreign_array` does.  Python integers
     beyond 64 bits (which NumPy holds as objects) are refused, unless
     `as_float` (a value for a float): then they are f64s, as `float()`
-    makes them."""
+    makes them; for the `integer` dtype the value is cast to (`cast`),
+    refused as out of its range, as `cast` refuses 2**63 (which NumPy
+    holds as a uint64), not as a width that says nothing of the range."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = plain(where, value, span)
         if value.dtype.kind not in "biufc":
@@ -320,6 +326,8 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False) -> 
                                 "(of different lengths or depths)", span) from None
         raise ArgumentError(f"{where} is not an array: {quoted(err)}", span) from None
     if array.dtype == object and array.size and all(isinstance(v, int) for v in array.flat):
+        if integer is not None and not as_float:
+            raise integer_out_of_range(where, integer, span)
         if not as_float:
             raise ArgumentError(f"{where} is out of range: it holds an integer beyond 64 bits",
                                 span)
@@ -364,6 +372,13 @@ def plain(where: str, value: Any, span=None) -> np.ndarray:
     return array
 
 
+def integer_out_of_range(where: str, dtype: str, span) -> ArgumentError:
+    """The error of a value beyond what integer `dtype` holds."""
+    info = np.iinfo(NUMPY[dtype])
+    return ArgumentError(f"{where} is out of range for {dtype}: its values must lie in "
+                         f"[{info.min}, {info.max}]", span)
+
+
 def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
     """`array` (from Python values) as `dtype`, refusing values that dtype
     cannot hold, which NumPy would silently wrap or truncate.  An array
@@ -381,8 +396,7 @@ def cast(where: str, array: np.ndarray, dtype: str, span) -> np.ndarray:
         info = np.iinfo(NUMPY[dtype])
         # `>= max + 1`: a float near 2**63 rounds, so `> max` could miss it
         if array.min() < info.min or array.max() >= info.max + 1:
-            raise ArgumentError(f"{where} is out of range for {dtype}: its values must lie "
-                                f"in [{info.min}, {info.max}]", span)
+            raise integer_out_of_range(where, dtype, span)
     if dtype == "bool" and array.dtype.kind != "b":
         if not np.all((array == 0) | (array == 1)):
             raise ArgumentError(f"{where} must hold bool values (0 or 1)", span)

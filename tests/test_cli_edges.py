@@ -39,10 +39,16 @@ def test_an_integer_beyond_64_bits_is_a_float_argument_or_a_clear_error(tmp_path
     assert code == 2
     assert err == ("gradc: error: argument '10000000000000000000...00000000000000000000' is "
                    "out of range for f64: it holds an integer beyond 1.797693e+308\n")
-    (tmp_path / "scale.grad").write_text("def f(x, n: i64):\n    return x * n\n")
-    code, _, err = run(["run", str(tmp_path / "scale.grad"), "f", "1.0", str(2**64)], capsys)
-    assert code == 1 and "argument 'n' of f() is out of range: it holds an integer beyond " \
-        "64 bits" in err
+    # for an integer, one message, the range, on either side of it: 2**63
+    # (which NumPy holds as a uint64) said the range, -2**63 - 1 and 2**64
+    # (as objects) "an integer beyond 64 bits"
+    scale = tmp_path / "scale.grad"
+    scale.write_text("def f(x, n: i64):\n    return x * n\n")
+    for n in (2**63, -2**63 - 1, 2**64):
+        code, _, err = run(["run", str(scale), "f", "1.0", str(n)], capsys)
+        assert code == 1 and err.split("\n")[0] == (
+            f"{scale}:1:5: error: argument 'n' of f() is out of range for i64: its values must "
+            "lie in [-9223372036854775808, 9223372036854775807]"), err
 
 
 @pytest.mark.parametrize("emit,name", [("llvm", "pool"), ("grad-llvm", "pool_value_and_grad")])
