@@ -26,7 +26,7 @@ from lark.indenter import DedentError, Indenter
 import gradlang.grammar
 from gradlang.compiler import ast
 from gradlang.compiler.ir import NUMPY_NAMES
-from gradlang.compiler.source import lines_of, too_deep
+from gradlang.compiler.source import integer_literal, lines_of, too_deep
 from gradlang.grammar import grammar_text
 from gradlang.runtime.args import KINDS, SUPPORTED
 from gradlang.runtime.errors import GradError, Span
@@ -644,18 +644,12 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Num(self._int(children[0]), _tok_span(self.file, children[0]))
 
     def _int(self, token) -> int:
-        """The integer a literal spells; `010` is an error, as in Python 3
-        (C and Python 2 read it as octal 8: taking it as 10 would be a
-        silent surprise), while `0` and `00` are zero."""
-        digits = str(token).replace("_", "")  # (`1_000`, grouped as Python's)
-        if digits.startswith("0") and digits.strip("0"):
-            raise GradError(f"leading zeros in an integer literal are not allowed, as in Python: "
-                            f"write {digits.lstrip('0')} (octal numbers are not supported)",
-                            _tok_span(self.file, token))
+        """The integer a literal spells (`integer_literal`), else a
+        `GradError` at it saying why it spells none (`010`)."""
         try:
-            return int(token)
-        except ValueError:  # beyond Python's digit limit
-            raise GradError("integer literal is too long", _tok_span(self.file, token)) from None
+            return integer_literal(str(token))
+        except ValueError as err:
+            raise GradError(str(err), _tok_span(self.file, token)) from None
 
     def float_lit(self, meta, children):
         return ast.Num(float(children[0]), _tok_span(self.file, children[0]))

@@ -3,13 +3,36 @@
 Contract: `universal_newlines(source)` ends every line with '\n', as
 Python reads source; `lines_of(source)` splits it as the lexer counts
 lines; `too_deep(source, file)` is the `GradError` for nesting beyond
-Python's recursion limit, at the line where the nesting must be.  Shared
-by the parser (both its halves: `parser.py` and `lark_parser.py`), the
-module loader and the lowering.
+Python's recursion limit, at the line where the nesting must be;
+`integer_literal(text)` is the integer a literal spells, as the language
+reads it (`INTEGER_LITERAL`, the grammar's INT).  Shared by the parser
+(both its halves: `parser.py` and `lark_parser.py`), the module loader,
+the lowering and `gradc --sig`.
 """
 from __future__ import annotations
 
+import re
+
 from gradlang.runtime.errors import GradError, Span
+
+# The grammar's INT (grammar/grad.lark): ASCII digits (re's \d would also
+# take `１` or `٣`), grouped by single underscores between them, as Python's
+INTEGER_LITERAL = re.compile(r"[0-9](_?[0-9])*", re.ASCII)
+
+
+def integer_literal(text: str) -> int:
+    """The integer a literal (`INTEGER_LITERAL`) spells; `ValueError`
+    saying why it spells none: `010`, as in Python 3 (C and Python 2 read
+    it as octal 8: taking it as 10 would be a silent surprise), while `0`
+    and `00` are zero; or digits beyond Python's limit."""
+    digits = text.replace("_", "")  # (`1_000`, grouped as Python's)
+    if digits.startswith("0") and digits.strip("0"):
+        raise ValueError(f"leading zeros in an integer literal are not allowed, as in Python: "
+                         f"write {digits.lstrip('0')} (octal numbers are not supported)")
+    try:
+        return int(digits)
+    except ValueError:  # beyond Python's digit limit
+        raise ValueError("integer literal is too long") from None
 
 
 def universal_newlines(source: str) -> str:

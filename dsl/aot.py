@@ -60,6 +60,7 @@ from gradlang.compiler.modules import import_graph
 from gradlang.compiler.pipeline import optimize
 from gradlang.compiler.shapes import (NeedsConcrete, NeedsValue, Sym, base_of, evaluate, made_up,
                                       shortening)
+from gradlang.compiler.source import INTEGER_LITERAL, integer_literal
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
                                      convert, number_dtype)
@@ -110,9 +111,13 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
     args = []
     for part in _split(body):
         literal = part.strip()
-        if re.fullmatch(r"-?\d+|True|False|None", literal):
-            values = {"True": True, "False": False, "None": None}
-            args.append(("static", values[literal] if literal in values else int(literal)))
+        if literal in ("True", "False", "None"):
+            args.append(("static", {"True": True, "False": False, "None": None}[literal]))
+            continue
+        digits = literal[1:] if literal.startswith("-") else literal
+        if INTEGER_LITERAL.fullmatch(digits):
+            number = _integer(digits, literal, text)
+            args.append(("static", -number if literal.startswith("-") else number))
             continue
         arg = _ARG.match(part)
         if not arg:
@@ -127,14 +132,24 @@ def parse_sig(text: str, counter=None) -> tuple[str, list[tuple[str, tuple]]]:
             if d == ":":
                 size = next(f"a{k}" for k in counter if f"a{k}" not in named)
                 dims.append(Sym.named(size))  # (matches _ANY_SIZE)
-            elif re.fullmatch(r"\d+", d, re.ASCII):  # not str.isdigit: '²' is a digit
-                dims.append(int(d))
+            elif INTEGER_LITERAL.fullmatch(d):  # not str.isdigit: '²' is a digit
+                dims.append(_integer(d, d, text))
             elif re.fullmatch(r"[A-Za-z_]\w*", d, re.ASCII):
                 dims.append(Sym.named(d))
             else:
                 raise SignatureError(f"bad dimension {d!r} in signature {text!r}")
         args.append((dtype, tuple(dims)))
     return name, args
+
+
+def _integer(digits: str, written: str, sig: str) -> int:
+    """The integer `digits` (`written` in signature `sig`) spells, as the
+    language reads its literals (`1_000`; not `01`, which `f64[01]` took
+    as 1), else a `SignatureError` saying why not."""
+    try:
+        return integer_literal(digits)
+    except ValueError as err:
+        raise SignatureError(f"cannot read {written!r} in signature {sig!r}: {err}") from None
 
 
 def _split(body: str) -> list[str]:

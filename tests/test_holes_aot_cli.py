@@ -25,6 +25,7 @@ from dsl.cli import main
 from helpers import import_compiled, within_seconds
 from gradlang.compiler.codegen import generate
 from gradlang.compiler.pipeline import grad_of_sum, optimize, pullback
+from gradlang.compiler.shapes import Sym
 from gradlang.runtime.aot import AotFunction, AotModule
 from gradlang.runtime.params import ParamsModule, guard_params
 from gradlang.runtime.loader import (kernel_module_name, load_kernel_files, load_kernels,
@@ -192,6 +193,25 @@ def test_a_size_name_that_is_not_an_identifier_is_a_usage_error(tmp_path, capsys
     assert main(["compile", str(source), "-o", str(tmp_path),
                  "--sig", "f(f64[\u00b2], f64[:])"]) == 2
     assert capsys.readouterr().err.startswith("gradc: error: bad dimension '\u00b2'")
+
+
+def test_a_signatures_integers_are_the_languages_integer_literals(capsys):
+    # `f64[1_000]` was a bad dimension and `f64[01]` read as 1, where the
+    # language takes 1_000 and refuses 01
+    assert parse_sig("f(f64[1_000, 0], i64[:], 2_5, -1_0, 00)") == (
+        "f", [("f64", (1000, 0)), ("i64", (Sym.named("a0"),)), ("static", 25),
+              ("static", -10), ("static", 0)])
+    bar = str(EXAMPLES / "bar.grad")
+    for sig, written, why in [
+            ("bar(f64[01], f64[1])", "01", ": leading zeros in an integer literal are not "
+             "allowed, as in Python: write 1 (octal numbers are not supported)"),
+            ("bar(f64[1], -007)", "-007", ": leading zeros in an integer literal are not "
+             "allowed, as in Python: write 7 (octal numbers are not supported)"),
+            ("bar(f64[1__0], f64[1])", "1__0", None), ("bar(f64[1_], f64[1])", "1_", None)]:
+        assert main(["show", bar, "--emit", "ir", "--sig", sig]) == 2
+        message = (f"gradc: error: cannot read {written!r} in signature {sig!r}{why}\n"
+                   if why else f"gradc: error: bad dimension {written!r} in signature {sig!r}\n")
+        assert capsys.readouterr().err == message
 
 
 # ------------------------------------------- 4. never clobber user files
