@@ -136,7 +136,8 @@ class Tape:
         value a recorded call read or made, and the gradient was silently
         that of the old value.  NumPy's flag refuses every such write
         without a copy; an array already read-only is left as it is, and
-        one an outer tape froze is restored by that tape."""
+        one another recording tape froze (in this thread or another)
+        stays read-only until the last tape holding it stops."""
         if isinstance(a, np.ndarray):
             self._frozen.extend(make_read_only(a))
 

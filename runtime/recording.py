@@ -291,9 +291,21 @@ def _check_write(target, tapes: frozenset) -> None:
                             "array, where the tape cannot follow them")
 
 
+# The arrays some recording tape made read-only, by id: [array, holds].  Why
+# counted: memory is shared by every tape and thread, and a tape that found
+# an array read-only because another tape froze it (an inner tape watching
+# it first, or a tape in another thread) left it alone; the freezing tape's
+# exit made it writeable while the other still recorded, and a write then
+# silently changed its gradient.  The flag comes back with the last hold.
+_READ_ONLY: dict[int, list] = {}
+_READ_ONLY_LOCK = threading.Lock()
+
+
 def make_read_only(a: np.ndarray) -> list[np.ndarray]:
     """Turn off `writeable` on `a` and on the arrays of its chain of bases;
-    return those it changed, views before their bases.  Why the chain:
+    return those it holds read-only (for `restore_writeable`), views before
+    their bases: those it changed, and those another recording tape holds.
+    Why the chain:
     NumPy copies the flag into a view only as the view is made, so a write
     through `a`'s base (`y.base`, or a view of it) passed every check on
     `a`; with the chain read-only, every view made from now on
@@ -313,23 +325,39 @@ def make_read_only(a: np.ndarray) -> list[np.ndarray]:
     if a is not None and not _exports_writeable_memory(a) and \
             not chain.pop().flags.writeable:
         return []  # (read-only already: nothing over it could be writeable again)
-    changed = [b for b in chain if b.flags.writeable]
-    for b in changed:
-        b.flags.writeable = False
-    return changed
+    held = []
+    with _READ_ONLY_LOCK:
+        for b in chain:
+            hold = _READ_ONLY.get(id(b))  # (an id is unique while its array is held)
+            if hold is not None:
+                hold[1] += 1
+            elif b.flags.writeable:
+                b.flags.writeable = False
+                _READ_ONLY[id(b)] = [b, 1]
+            else:
+                continue  # (the caller's own read-only array: left as it is)
+            held.append(b)
+    return held
 
 
 def restore_writeable(arrays: Sequence[np.ndarray]) -> None:
-    """Make writeable again the arrays `make_read_only` changed (bases
-    first: NumPy lets a view be writeable only over writeable memory)."""
-    for a in reversed(arrays):
-        try:
-            a.flags.writeable = True
-        except ValueError:
-            # (its memory made read-only since by the caller, through a base
-            # the tape did not change: left as the caller made it, and the
-            # rest restored, rather than an error hiding the block's own)
-            pass
+    """Let go of the holds `make_read_only` gave; make writeable again the
+    arrays no other tape holds (bases first: NumPy lets a view be
+    writeable only over writeable memory)."""
+    with _READ_ONLY_LOCK:
+        for a in reversed(arrays):
+            hold = _READ_ONLY[id(a)]
+            hold[1] -= 1
+            if hold[1]:
+                continue
+            del _READ_ONLY[id(a)]
+            try:
+                a.flags.writeable = True
+            except ValueError:
+                # (its memory made read-only since by the caller, through a base
+                # the tape did not change: left as the caller made it, and the
+                # rest restored, rather than an error hiding the block's own)
+                pass
 
 
 def _exports_writeable_memory(owner: Any) -> bool:

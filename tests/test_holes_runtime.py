@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import traceback
 import types
 import warnings
@@ -457,6 +458,40 @@ def test_a_tape_restores_only_the_writeable_flags_it_changed():
             np.asarray(LOG1PEXP(x))[0] = 9.0
     assert x.flags.writeable and buffer.flags.writeable
     assert "while a dsl.Tape records, the arrays it tracks" in "".join(caught.value.__notes__)
+
+
+def test_an_array_two_tapes_track_stays_read_only_until_the_last_stops():
+    """An inner tape watching x first froze it; the outer, watching it
+    after, found it read-only and left it, so the inner's exit made x
+    writeable while the outer still recorded: x[0] = 9 then went through,
+    and the outer's gradient of sum(log1pexp(x)) was taken at the new x
+    (sigmoid(9) for sigmoid(0.5)).  The same for a tape in another thread."""
+    x = np.array([0.5, -1.0, 2.0])
+    with dsl.Tape() as outer:
+        with dsl.Tape() as inner:
+            inner.watch(x)
+            outer.watch(x)
+        with pytest.raises(ValueError, match="read-only"):
+            np.asarray(x)[0] = 9.0
+        y = LOG1PEXP(x)
+    assert x.flags.writeable
+    np.testing.assert_allclose(outer.gradient(y, x), 1 / (1 + np.exp(-x)), rtol=1e-12)
+    entered, done = threading.Event(), threading.Event()
+
+    def other_thread():
+        with dsl.Tape() as tape:
+            tape.watch(x)
+            entered.set()
+            done.wait(10)
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    entered.wait(10)
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        done.set()
+        worker.join()
+        assert not x.flags.writeable  # (the other thread's tape stopped; this one records)
+    assert x.flags.writeable
 
 
 def test_a_large_result_of_a_tape_is_read_only_while_it_records_and_its_block_reused_writeable():
