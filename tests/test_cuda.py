@@ -221,10 +221,10 @@ def test_pullback_takes_device_cotangents_and_refuses_a_wrong_one():
         (g,) = pullback(ct)
         np.testing.assert_allclose(rcuda.to_host(g), want, rtol=1e-12)
     # (saying what it is: it said only what it must be)
-    for bad, given in ((np.ones(3), r"shape \[3\] and dtype f64"),
-                       (np.ones(4, np.float32), r"shape \[4\] and dtype f32")):
+    for bad, what in ((np.ones(3), r"shape \[3\] and dtype f64"),
+                      (np.ones(4, np.float32), r"shape \[4\] and dtype f32")):
         with pytest.raises(dsl.ArgumentError, match="cotangent 0 of the pullback of log1pexp"
-                                                    rf"\(\) is a device array of {given}, but "
+                                                    rf"\(\) is a device array of {what}, but "
                                                     r"must have shape \[4\] and dtype f64"):
             pullback(rcuda.as_device(bad))
 
