@@ -145,11 +145,12 @@ def _load(file: str) -> dsl.Module:
     return dsl.load(_existing(file))
 
 
-def _named(text: str) -> Path:
+def _named(text: str, what: str = "file") -> Path:
     """The path a command line argument names; an empty one names none
-    (Path('') is '.': `gradc check ''` checked the working directory)."""
+    (Path('') is '.': `gradc check ''` checked the working directory, and
+    `gradc compile -o ''` wrote there)."""
     if not text:
-        raise UsageError("no such file: '' (an empty path)")
+        raise UsageError(f"no such {what}: '' (an empty path)")
     return Path(text)
 
 
@@ -405,7 +406,9 @@ def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
 def cmd_compile(args) -> int:
     from dsl.aot import compile_module
     progress = _progress if sys.stderr.isatty() else None
-    target = compile_module(_existing(args.file), args.output, args.sig, args.target,
+    file = _existing(args.file)
+    out_dir = str(_named(args.output, "directory"))
+    target = compile_module(file, out_dir, args.sig, args.target,
                             precompile=bool(args.sig), progress=progress, force=args.force,
                             note=lambda text: print(f"note: {_terminal(text)}", file=sys.stderr))
     if progress:

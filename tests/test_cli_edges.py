@@ -493,3 +493,12 @@ def test_an_empty_path_names_no_file(argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, out, err = run(argv, capsys)
     assert (code, out, err) == (2, "", "gradc: error: no such file: '' (an empty path)\n")
+
+
+def test_an_empty_output_directory_names_none(tmp_path, monkeypatch, capsys):
+    # `gradc compile f.grad -o ''` wrote f.py into the working directory
+    (tmp_path / "here.grad").write_text("def f(x):\n    return x\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["compile", "here.grad", "-o", ""], capsys)
+    assert (code, out, err) == (2, "", "gradc: error: no such directory: '' (an empty path)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here.grad"]
