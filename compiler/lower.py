@@ -892,7 +892,7 @@ class Lowerer:
                     raise NeedsConcrete(f"axis {axis} of size {size} is sliced from its end")
                 return start or 0, stop, 1
             if step == 0:
-                raise GradError("slice step cannot be zero", item.span)
+                raise zero_slice_step(step, item.span)
             if stop is not None and stop > sys.maxsize:
                 # no axis is that long (NumPy's sizes are ssize_t), so it
                 # runs to the end of every axis, as NumPy reads it; as a

@@ -502,3 +502,15 @@ def test_an_empty_output_directory_names_none(tmp_path, monkeypatch, capsys):
     code, out, err = run(["compile", "here.grad", "-o", ""], capsys)
     assert (code, out, err) == (2, "", "gradc: error: no such directory: '' (an empty path)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here.grad"]
+
+
+def test_a_const_slice_step_of_zero_in_a_signature_names_its_argument(tmp_path, capsys):
+    # on an axis of symbolic size (a --sig's f64[n]) x[::k] for k = 0 said
+    # "slice step cannot be zero", an error in the source, where a call's
+    # says it is the argument's value (f5f30a6)
+    path = tmp_path / "step.grad"
+    path.write_text("def f(x: f64[n], k: const i64):\n    return sum(x[::k])\n")
+    code, out, err = run(["show", str(path), "--emit", "ir", "--sig", "f(f64[n], 0)"], capsys)
+    assert (code, out) == (1, "")
+    assert err.splitlines()[0] == (f"{path}:2:18: error: slice step cannot be zero (the value "
+                                   "of argument 'k')")
