@@ -246,7 +246,13 @@ def pooled(shape, dtype) -> np.ndarray:
     block = HOST.take(size)
     if block is None:
         block = np.empty(size, np.uint8)  # (pages past nbytes are never touched)
-    return np.asarray(Lease(block, shape, dtype))
+    # A view of the array over the lease, not that array: NumPy cannot
+    # make an array over a lease writeable again once it is read-only (the
+    # lease exports no writeable buffer), so a recording `dsl.Tape` leaves
+    # the last array of such a chain writeable; a result watched by a later
+    # tape was that array, and a write into it silently changed the
+    # gradient.  Its view can be made read-only, and writeable again.
+    return np.asarray(Lease(block, shape, dtype))[...]
 
 
 def release() -> int:

@@ -260,6 +260,7 @@ def test_load_of_a_path_with_a_nul_is_a_grad_error():
 
 LOG1PEXP = dsl.load(ROOT / "examples" / "log1pexp.grad").log1pexp
 BAR = dsl.load(ROOT / "examples" / "bar.grad").bar
+SUM_OF_SQUARES = dsl.loads("def squares(y):\n    return sum(y * y)\n").squares
 
 
 def test_three_nested_tapes_give_the_third_derivative():
@@ -510,11 +511,27 @@ def test_a_large_result_of_a_tape_is_read_only_while_it_records_and_its_block_re
     again = LOG1PEXP(x)
     assert again.__array_interface__["data"][0] == at and again.flags.writeable
     again[0] = 1.0
+    with dsl.Tape() as outer:  # such a result watched: it was the array over the
+        outer.watch(again)    # lease, left writeable, and a write into it went
+        with dsl.Tape() as inner:  # through: 100 for d/dy0 sum(y * y) at y0 = 2
+            inner.watch(again)
+            z = SUM_OF_SQUARES(again)
+            with pytest.raises(ValueError, match="read-only"):
+                again[0] = 50.0
+        np.testing.assert_allclose(inner.gradient(z, again), 2 * again, rtol=1e-12)
+    assert again[0] == 1.0 and again.flags.writeable
     with dsl.Tape() as tape:  # the caller's own read-only base: no error out of the block
         tape.watch(x)
         y = LOG1PEXP(x)
-        y.base.flags.writeable = False
+        _over_the_lease(y).flags.writeable = False
     assert not y.flags.writeable
+
+
+def _over_the_lease(a: np.ndarray) -> np.ndarray:
+    """The last array of `a`'s chain of bases (a pooled one's: over its Lease)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def test_a_watched_view_over_memory_numpy_cannot_make_writeable_again_stays_writeable():

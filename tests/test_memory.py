@@ -129,7 +129,7 @@ def test_a_large_full_reuses_a_freed_block_filled():
     a[:] = np.nan
     del a
     b = cpu.full((LARGE // 4, 4), 0.0, np.float64)
-    assert address(b) == first and isinstance(b.base, memory.Lease)  # (the pool's)
+    assert address(b) == first and isinstance(_lease_of(b), memory.Lease)  # (the pool's)
     np.testing.assert_array_equal(b, 0.0)
     flags = cpu.full((LARGE,), True, np.bool_)
     assert flags.all() and flags.dtype == np.bool_
@@ -211,7 +211,7 @@ def test_a_lease_cannot_be_duplicated(duplicate):
     copies = {"copy": copy.copy, "deepcopy": copy.deepcopy,
               "pickle": lambda lease: pickle.loads(pickle.dumps(lease))}
     with pytest.raises(TypeError, match="lease"):
-        copies[duplicate](a.base)
+        copies[duplicate](_lease_of(a))
     twin = copies[duplicate](a[::2])
     assert not np.shares_memory(twin, a)
     np.testing.assert_array_equal(twin, 1.5)
@@ -364,7 +364,7 @@ HOLDERS = {  # what NumPy, the buffer protocol and ctypes make over an array
     "np.from_dlpack": np.from_dlpack,
     "a masked array": lambda a: np.ma.masked_array(a, copy=False),
     "a pickle-5 buffer": lambda a: pickle.PickleBuffer(a),
-    "the lease itself": lambda a: a.base,
+    "the lease itself": lambda a: _lease_of(a),
 }
 
 
