@@ -27,7 +27,8 @@ NumPy can write past a `TapeArray` (a plain view, `y.base`, a method's
 `out=`, a C routine), so while the tape records, the memory of every
 array it tracks is read-only (`writeable` off along its chain of bases,
 `runtime.recording.make_read_only`): NumPy refuses those writes itself,
-and the flags it turned off come back as the `with` block ends.
+and the flags it turned off come back as the `with` block ends (as the
+last one's ends, for an array another recording tape tracks too).
 Write such work in the `.grad` module, or pass `np.asarray(a)` to use a
 value as a constant on purpose.  A watched array is the caller's own
 ndarray, which cannot be marked: compute from it only through compiled
