@@ -92,9 +92,14 @@ class Tape:
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         self._recording = False
-        active_tapes().remove(self)
         frozen, self._frozen = self._frozen, []
         restore_writeable(frozen)
+        if self not in active_tapes():
+            # (a tape records in its thread's list: ended elsewhere, it was
+            # list.remove's ValueError, with the arrays it froze left so)
+            raise TapeError("this Tape's `with` block began in another thread: a tape records "
+                            "the calls of the thread it began in, and must end there")
+        active_tapes().remove(self)
         if frozen and isinstance(exc, ValueError) and _refused_a_write(exc):
             # NumPy's own error names no tape (it comes from C, unwrapped)
             _add_note(exc, "while a dsl.Tape records, the arrays it tracks (those it "

@@ -495,6 +495,19 @@ def test_an_array_two_tapes_track_stays_read_only_until_the_last_stops():
     assert x.flags.writeable
 
 
+def test_a_tape_ended_in_another_thread_is_a_tape_error_and_gives_its_arrays_back():
+    # its with block begun in one thread and ended in another (by hand):
+    # list.remove's ValueError, an internal error, and x read-only for good
+    tape, x = dsl.Tape(), np.ones(3)
+    worker = threading.Thread(target=lambda: (tape.__enter__(), tape.watch(x)))
+    worker.start()
+    worker.join()
+    assert not x.flags.writeable
+    with pytest.raises(dsl.GradError, match="began in another thread"):
+        tape.__exit__(None, None, None)
+    assert x.flags.writeable
+
+
 def test_a_large_result_of_a_tape_is_read_only_while_it_records_and_its_block_reused_writeable():
     # a result from the runtime's memory pool (an array over a Lease): a
     # block given back read-only would make the next call's result so
