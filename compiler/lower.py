@@ -1399,17 +1399,13 @@ _MAX_STATIC_BITS = 1024
 def _size_less(op: str, left, right) -> Optional[tuple[Sym, int]]:
     """(n, c) where `op` of these operands is n - c, a lone size n and an
     int c >= 0 (`n - 1`, `n + -1`, `-1 + n`), else None."""
-    if op == "sub" and is_lone(left) and _is_int(right) and right >= 0:
+    if op == "sub" and is_lone(left) and is_integer(right) and right >= 0:
         return left, right
     if op == "add":
         size, number = (left, right) if is_lone(left) else (right, left)
-        if is_lone(size) and _is_int(number) and number <= 0:
+        if is_lone(size) and is_integer(number) and number <= 0:
             return size, -number
     return None
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # The ops on compile-time numbers that `Lowerer.size_number` computes at
