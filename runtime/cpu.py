@@ -97,6 +97,7 @@ def trip_count(start: int, stop: int, step: int, where: Where = "",
     return common.trip_count(start, stop, step, where, stacked_bytes, ALLOCATABLE,
                              common.HOST)
 
+
 def reshape(x: np.ndarray, shape: tuple) -> np.ndarray:
     return x.reshape(shape)  # (np.reshape's dispatch costs a driver step more)
 
