@@ -197,8 +197,8 @@ def _reverse_order(b: Builder, x: Atom, span) -> Atom:
 def _reduction(op: str, negate: bool = False, mean: bool = False,
                pairwise: Optional[str] = None) -> Builtin:
     """sum, max, min (and, without `initial`, mean) as NumPy's: `initial`
-    is a compile-time number taken into the reduction (added to a sum; the
-    max of it and the elements), and so the value over an empty axis.
+    (`_initial`) is taken into the reduction (added to a sum; the max of
+    it and the elements), and so the value over an empty axis.
     `pairwise` names the elementwise function that Python's max(a, b) is
     (`maximum`), which a second argument that cannot be an axis is taken
     for in the error."""
@@ -223,16 +223,8 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
                 x = cast(b, x, "i64")
             x = _reverse_order(b, x, span)
         if initial is not None:
-            # (an integer argument: compiled for its value, as by value it
-            # was taken, where at run time it was refused)
-            by_value(L, initial)
-            if number_type(initial) not in (int, float):
-                raise NotCompileTime("initial must be a number known at compile time", span,
-                                     initial)
-            initial = coerce(-initial if negate else initial,
-                             "i64" if x.type.dtype == "bool" else x.type.dtype, span)
-            if negate and x.type.dtype in INTS:  # (-v - 1, as _reverse_order)
-                initial -= 1
+            initial = _initial(L, b, initial, "i64" if x.type.dtype == "bool" else x.type.dtype,
+                               negate, span)
         out = L.reduce(b, op, x, axis, keepdims, span, initial)
         if negate:
             out = _reverse_order(b, out, span)
@@ -251,6 +243,35 @@ def _reduction(op: str, negate: bool = False, mean: bool = False,
         return out
     return _builtin(1, lower, ("axis", "keepdims") + (() if mean else ("initial",)),
                     nullable=("axis",), keyword_only=0 if mean else 1)
+
+
+def _initial(L: Lowerer, b: Builder, v: Value, dtype: str, negate: bool, span: Span):
+    """A reduction's `initial` as the reduction of `dtype` elements takes
+    it (in reversed order for min, as `_reverse_order` reverses x): a
+    compile-time number of `dtype`, or a scalar computed at run time
+    (`initial=k * 0.5`) cast to it where the cast loses no range: any
+    float to a float, as NumPy casts initial to the result's dtype; an
+    integer to a float or a wider integer.  A run-time integer argument a
+    narrower integer takes (an i64 `k` into a max of i32) is taken by
+    value, so that a value out of range is an error, not wrapped."""
+    if isinstance(v, Var) and v.type.rank == 0 and _casts_in_range(v.type.dtype, dtype):
+        atom = cast(b, v, dtype, span)
+        return _reverse_order(b, atom, span) if negate else atom
+    by_value(L, v)
+    if number_type(v) not in (int, float):
+        raise NotCompileTime("initial must be a number known at compile time, or a float "
+                             "or integer scalar that converts to the reduced dtype "
+                             f"({dtype}) without loss of range", span, v)
+    number = coerce(-v if negate else v, dtype, span)
+    return number - 1 if negate and dtype in INTS else number  # (-v - 1, as _reverse_order)
+
+
+def _casts_in_range(source: str, target: str) -> bool:
+    """Whether a run-time scalar of `source` converts to `target` with no
+    loss of range (a float may round, as NumPy's cast of initial does)."""
+    if target in FLOATS:
+        return source in FLOATS + INTS
+    return source in INTS and INTS.index(source) <= INTS.index(target)  # (INTS: by width)
 
 
 def _where(L, b, args, kwargs, span):

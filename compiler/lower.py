@@ -39,8 +39,8 @@ from gradlang.compiler.builtins import (BUILTINS, MASK_HINT, NONE_IS_NO_VALUE, T
 from gradlang.compiler.checker import ATTRIBUTES_SHOWN, wrt_positions
 from gradlang.compiler.library import in_library
 from gradlang.compiler.linearity import CallKinds
-from gradlang.compiler.ir import (FLOATS, INTS, Atom, Eqn, Function, Lit, StaticScalar,
-                                  TensorType, Var, WeakVar)
+from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, Atom, Eqn, Function, Lit,
+                                  StaticScalar, TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, is_lone, plain_size,
@@ -1176,35 +1176,43 @@ class Lowerer:
         return ops._normalize_axes(axes, rank, span)
 
     def reduce(self, b, op: str, v: Value, axis, keepdims, span,
-               initial: Optional[int | float] = None) -> Atom:
+               initial: Optional[int | float | Atom] = None) -> Atom:
         """v reduced by `op` over `axis`, as NumPy's, with `initial` (a
-        number of v's dtype, i64 for bools) taken in: a max over an empty
-        axis is `initial` (`reduce_max`'s `empty`), else an error."""
+        number, or a scalar atom, of v's dtype, i64 for bools) taken in: a
+        max over an empty axis is `initial`, else an error."""
         x = as_atom(b, v, span)
         if not isinstance(keepdims, (bool, int)):  # an int as NumPy takes one, not an array
             raise NotCompileTime("keepdims must be True or False, known at compile time", span,
                                  keepdims)
         axes = self.reduced_axes(x, axis, span)
-        empty = {} if initial is None or op != "reduce_max" else {"empty": initial}
+        if x.type.dtype == "bool":
+            x = cast(b, x, "i64")
+        # (a run-time initial: the max over an empty axis is the lowest
+        # value, which `maximum` with initial below then gives as initial)
+        empty = {} if initial is None or op != "reduce_max" else \
+            {"empty": _lowest(x.type.dtype) if isinstance(initial, Atom) else initial}
         if op == "reduce_max" and not empty and any(x.type.shape[a] == 0 for a in axes):
             raise GradError("max/min of an empty array (give it an initial value: "
                             "max(x, axis, initial=v))", span)
-        if x.type.dtype == "bool":
-            x = cast(b, x, "i64")
         out = b.bind(op, x, axes=axes, span=span, **empty) if axes else x
         if initial is not None and op == "reduce_max":
             # initial first: NumPy's reduction starts from it, and so takes an
             # element equal to it (max(x, initial=-0.0) of zeros is 0.0, and
             # min(x, initial=0.0) of -0.0s is -0.0), as `maximum` takes its
             # second operand where neither is greater
-            out = b.bind("maximum", b.lit(initial, out.type.dtype), out, span=span)
+            out = b.bind("maximum", as_atom(b, initial, span, out.type.dtype), out, span=span)
         elif initial is not None:
-            out = b.bind("add", out, b.lit(initial, out.type.dtype), span=span)
+            out = b.bind("add", out, as_atom(b, initial, span, out.type.dtype), span=span)
         if keepdims:
             kept = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape))
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
+
+
+def _lowest(dtype: str) -> int | float:
+    """The least value of `dtype` (an integer or float)."""
+    return -math.inf if dtype in FLOATS else int(np.iinfo(NUMPY_DTYPES[dtype]).min)
 
 
 _OPERATOR_TEXT = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**",

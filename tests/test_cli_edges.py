@@ -412,17 +412,17 @@ def test_compile_without_sig_says_where_it_fixed_the_sizes(tmp_path, capsys):
                    "called with in --sig (a name for sizes that must agree, an integer for a "
                    "fixed one)\n")
     # a size used as a number that must be known at compile time (the
-    # initial value of a sum), in a function whose sizes are annotated; a
+    # step of an arange), in a function whose sizes are annotated; a
     # float made of a size (`1.0 / x.shape[0]`) is computed at run time,
     # for any size (it too needed its sizes)
     (tmp_path / "scaled.grad").write_text("def scaled(x: f64[m]):\n"
                                           "    return x * (1.0 / x.shape[0])\n"
                                           "def started(x: f64[m]):\n"
-                                          "    return sum(x, initial=1.0 / x.shape[0])\n")
+                                          "    return arange(0.0, 1.0, 1.0 / x.shape[0])\n")
     code, _, err = run(["compile", str(tmp_path / "scaled.grad"), "-o", str(tmp_path)], capsys)
     assert code == 0 and err == (
         f"note: no --sig, and started() compiled for no signature of symbolic sizes "
-        f"({tmp_path / 'scaled.grad'}:4:27: the size m is used as a number): it is compiled "
+        f"({tmp_path / 'scaled.grad'}:4:29: the size m is used as a number): it is compiled "
         "for started(f64[4]) only; give the sizes it is called with in --sig (a name for "
         "sizes that must agree, an integer for a fixed one)\n")
     scaled = import_compiled(tmp_path / "scaled.py")

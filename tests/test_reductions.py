@@ -265,6 +265,52 @@ def test_initial_is_numpys_and_the_value_over_an_empty_axis():
         dsl.loads("def f(x):\n    return max(x, initial=x)\n").f(x)
 
 
+RUN_TIME_INITIAL = """
+def f(x, k: int, s):
+    return max(x, axis=1, initial=k * 0.5) + min(x, axis=1, initial=s) + sum(x, 1, initial=s * s)
+def counts(b: bool[n], k: int):
+    return max(b, initial=k + 1), min(b, initial=k - 1), sum(b, initial=k * 3)
+def small(y: i32[n], k: i32):
+    return max(y, initial=k * 2), min(y, initial=k)
+def wide(y: i32[n], k: int):
+    return max(y, initial=k * 2)
+"""
+
+
+def test_initial_computed_at_run_time_is_numpys_with_its_gradient():
+    # catches: initial had to be a compile-time number: `initial=k * 0.5`
+    # of an integer argument k, or a float argument s, was "initial must be
+    # a number known at compile time" (a bare k was compiled per value)
+    m = dsl.loads(RUN_TIME_INITIAL, "initial.grad")
+    x = np.array([[0.1, -2.0, 0.7], [-1.0, -3.0, -0.75], [0.5, 0.5, 0.2]])
+    for value, k, s in ((x, 1, 0.25), (x, -3, -2.5), (np.zeros((2, 0)), 3, 0.5)):
+        want = (np.max(value, axis=1, initial=k * 0.5) + np.min(value, axis=1, initial=s)
+                + np.sum(value, axis=1, initial=s * s))
+        np.testing.assert_allclose(m.f(value, k, s), want, rtol=1e-15)
+    # initial takes row 1's max (k * 0.5 = 0.5) and row 2's min (s = 0.1):
+    # the gradient to s is 1 from that min and 2 s from each sum; x's goes to
+    # the elements picked and 1 to each from its sum
+    x = np.array([[0.1, -2.0, 0.7], [-1.0, -3.0, -0.75], [0.6, 0.3, 0.2]])
+    gx, gs = dsl.grad(m.f, wrt=(0, 2))(x, 1, 0.1)
+    assert gs == 1 + 3 * 2 * 0.1
+    np.testing.assert_array_equal(gx, [[1, 2, 2], [1, 2, 1], [2, 1, 1]])
+    t = np.linspace(-1.0, 1.0, 9).reshape(3, 3)
+    _, tangent = dsl.jvp(m.f, (x, 1, 0.1), (t, None, 0.5))
+    np.testing.assert_allclose(tangent, (gx * t).sum(axis=1) + 0.5 * np.array([0.2, 0.2, 1.2]),
+                               rtol=1e-15)
+    for k in (2, -5):  # bools summed and compared as i64, as a literal initial is
+        b = np.array([True, False])
+        assert m.counts(b, k) == (max(1, k + 1), min(0, k - 1), 1 + 3 * k)
+    y = np.array([3, -1], np.int32)
+    top, least = m.small(y, np.int32(7))
+    assert (top.dtype, least.dtype, top, least) == (np.int32, np.int32, 14, -1)
+    # an i64 into an i32 reduction is no run-time cast (it could wrap):
+    # compiled for k's value, which must fit
+    assert m.wide(y, 4) == 8
+    with pytest.raises(dsl.GradError, match="does not fit in i32"):
+        m.wide(y, 2**31)
+
+
 def test_a_sum_of_i32_is_i64_as_numpys_and_does_not_wrap_around():
     # a sum of i32 was i32: 70,000 values of 70,000 summed to 605032704
     # (cumsum's last element, already i64 as NumPy's, was 4900000000)
