@@ -262,8 +262,22 @@ def _initial(L: Lowerer, b: Builder, v: Value, dtype: str, negate: bool, span: S
         raise NotCompileTime("initial must be a number known at compile time, or a float "
                              "or integer scalar that converts to the reduced dtype "
                              f"({dtype}) without loss of range", span, v)
-    number = coerce(-v if negate else v, dtype, span)
-    return number - 1 if negate and dtype in INTS else number  # (-v - 1, as _reverse_order)
+    number = _fitted(v, dtype, span)
+    if not negate:
+        return number
+    return -number - 1 if dtype in INTS else -number  # (as _reverse_order)
+
+
+def _fitted(v, dtype: str, span: Span):
+    """`coerce`'s number v of `dtype`, its error the caller's
+    `ArgumentError` naming the argument where v is an argument's value
+    taken by value (`is_argument`): the source is not at fault."""
+    try:
+        return coerce(v, dtype, span)
+    except GradError as err:
+        if not is_argument(v):
+            raise
+        raise ArgumentError(f"{err.message} (the value of argument {v.name!r})", span) from None
 
 
 def _casts_in_range(source: str, target: str) -> bool:
@@ -384,14 +398,19 @@ def _fill_like(value_pos: Optional[int], value=None):
         if not is_static(fill) and fill.type.rank == 0:
             # a run-time scalar, converted to x's dtype as NumPy's full_like
             # does: as a by-value argument's number is (`full_like(x, k)`,
-            # `full_like(x, k * 0.5)`), which this refused where k is not
+            # `full_like(x, k * 0.5)`), which this refused where k is not;
+            # but an integer argument x's dtype may not hold is taken by
+            # value, so that one out of range is an error, as it is by
+            # value and in NumPy, not wrapped around
+            if not _casts_in_range(fill.type.dtype, x.type.dtype):
+                by_value(L, fill)
             return b.bind("broadcast_to", cast(b, fill, x.type.dtype, span),
                           shape=x.type.shape, span=span)
         if not is_static(fill) or isinstance(fill, tuple):
             raise GradError("full_like() needs a scalar fill value", span)
         if isinstance(fill, Sym):
             raise NeedsConcrete("a size used as a fill value")
-        return ops.full(b, coerce(fill, x.type.dtype, span), x.type.shape, x.type.dtype)
+        return ops.full(b, _fitted(fill, x.type.dtype, span), x.type.shape, x.type.dtype)
     return lower
 
 

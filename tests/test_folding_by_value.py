@@ -293,6 +293,28 @@ def test_an_integer_argument_as_a_reductions_initial_is_taken_by_value():
         assert (top, total) == (np.max(y, initial=k), np.sum(y, initial=k))
 
 
+def test_an_integer_argument_an_i32_fill_or_initial_cannot_hold_is_an_error_naming_it():
+    # catches: full_like(y, k) of an i32 y and an i64 k beyond i32 wrapped
+    # around at run time (2**31 filled -2**31) where by value it was an
+    # error and NumPy raises; and min(y, initial=-2**31), which fits,
+    # was "does not fit in i32" (its reversed order, 2**31, was checked)
+    m = dsl.loads("def f(y: i32[2], k: i64):\n"
+                  "    return full_like(y, k), max(y, initial=k), min(y, initial=k)\n", "fit.grad")
+    y = np.array([3, -1], np.int32)
+    for k in (-2**31, 2**31 - 1):
+        got = m.f(y, k)
+        want = (np.full_like(y, k), np.max(y, initial=k), np.min(y, initial=k))
+        for g, w in zip(got, want):
+            assert g.dtype == np.int32
+            np.testing.assert_array_equal(g, w)
+    for k in (2**31, -2**31 - 1):
+        with pytest.raises(dsl.ArgumentError) as info:
+            m.f(y, k)
+        assert info.value.message == f"the constant {k} does not fit in i32 (the value of " \
+                                     "argument 'k')"
+        assert (info.value.line, info.value.col) == (2, 12)
+
+
 @pytest.mark.parametrize("use,message", [
     ("x[k == 1]", "expected a compile-time integer"),
     ("sum(x, axis=k == 1)", "axis must be a compile-time integer"),
