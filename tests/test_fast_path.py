@@ -3,6 +3,8 @@ a call it does not fit: each test changes one thing between calls of the
 same callable (dtype, size pattern, layout, const value, param, tape) and
 checks every result against NumPy, and that bad arguments still raise
 `ArgumentError` after the fast path has remembered good ones."""
+import re
+
 import numpy as np
 import pytest
 
@@ -67,8 +69,10 @@ def test_size_pattern_changes_between_calls(shapes):
         try:
             want = mul_add(x, y)
         except ValueError:  # NumPy cannot broadcast them either
-            with pytest.raises(dsl.GradError):
+            message = f"shapes {list(xs)} and {list(ys)} do not broadcast"
+            with pytest.raises(dsl.GradError, match=re.escape(message)) as info:
                 M.mul_add(x, y)
+            assert (info.value.line, info.value.col) == (5, 12), str(info.value)
             continue
         np.testing.assert_allclose(M.mul_add(x, y), want, rtol=1e-12)
 
