@@ -106,8 +106,10 @@ def test_another_grammar_never_reads_these_tables(fresh_cache, monkeypatch):
     assert len(tables(fresh_cache)) == 1  # nothing written before a parse
     assert "FuncDef" in repr(parser.parse_with_lark(SOURCE.replace("return", "give")))
     assert first in tables(fresh_cache) and len(tables(fresh_cache)) == 2
-    with pytest.raises(lark_parser.GradError):
+    # (`return` is a plain name there: the error is at what follows it)
+    with pytest.raises(lark_parser.GradError, match="syntax error: unexpected 'log'") as info:
         parser.parse_with_lark(SOURCE)
+    assert (info.value.line, info.value.col) == (6, 12), str(info.value)
 
 
 def test_unwritable_cache_directory_still_parses(tmp_path, monkeypatch):
