@@ -157,6 +157,8 @@ def test_keepdims_must_be_known_at_compile_time(call):
 
 def test_keepdims_from_a_const_argument_still_works():
     m = dsl.loads("def f(x, k: const bool = True):\n    return sum(x, keepdims=k)\n")
+    np.testing.assert_allclose(m.f(X), np.sum(X, keepdims=True), rtol=1e-15)
+    np.testing.assert_allclose(m.f(X, False), np.sum(X), rtol=1e-15)
     assert m.f(X).shape == (1,) and m.f(X, False).shape == ()
 
 
