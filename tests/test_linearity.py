@@ -130,15 +130,22 @@ def test_linear_blocks_load_and_give_their_gradient(ret, dx, dy):
 
 def test_a_second_blocks_upstream_may_meet_the_first_blocks_upstream():
     # block 2 is linear in ddx; dy is one of its inputs, held fixed
-    dsl.loads("def c(x):\n    return x * x * x\ngrad(dy):\n    return dy * 3 * x * x\n"
-              "grad(ddx):\n    return dy=ddx * 3 * x * x, x=ddx * dy * 6 * x\n")
+    m = dsl.loads("def c(x):\n    return x * x * x\ngrad(dy):\n    return dy * 3 * x * x\n"
+                  "grad(ddx):\n    return dy=ddx * 3 * x * x, x=ddx * dy * 6 * x\n")
+    # (x**3)'' = 6 x, through the second block
+    np.testing.assert_allclose(dsl.grad(dsl.grad(m.c))(X), 6 * X, rtol=1e-15)
 
 
-def test_recompute_and_param_blocks_load():
-    dsl.loads("@recompute\ndef f(x):\n    return tanh(x)\ngrad(dy):\n"
-              "    return dy * (1 - tanh(x) * tanh(x))\n")
-    dsl.loads("param w: f64[2]\ndef f(x):\n    return w[0] * x\ngrad(d):\n"
-              "    return d * w[0], w=stack([sum(d * x), 0 * sum(d)])\n")
+def test_recompute_and_param_blocks_load_and_give_their_gradients():
+    m = dsl.loads("@recompute\ndef f(x):\n    return tanh(x)\ngrad(dy):\n"
+                  "    return dy * (1 - tanh(x) * tanh(x))\n")
+    np.testing.assert_allclose(dsl.grad(m.f)(X), 1 - np.tanh(X) ** 2, rtol=1e-14)
+    m = dsl.loads("param w: f64[2]\ndef f(x):\n    return w[0] * x\ngrad(d):\n"
+                  "    return d * w[0], w=stack([sum(d * x), 0 * sum(d)])\n")
+    m.params["w"] = np.array([2.5, -2.0])
+    dx, dw = dsl.grad(m.f, wrt=(0, "w"))(X)
+    np.testing.assert_allclose(dx, [2.5] * 3, rtol=1e-15)
+    np.testing.assert_allclose(dw, [np.sum(X), 0.0], rtol=1e-15)
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.grad")) + [STDLIB / "std.grad"],
