@@ -299,8 +299,10 @@ def check_loads(text: str) -> None:
 @pytest.mark.parametrize("source", VALID_SEEDS, ids=lambda s: s.split("(")[0].split()[-1])
 def test_seeds_load(source):
     # The unmutated seeds are valid programs, so mutations start from deep
-    # inside the grammar and the checker.
-    dsl.loads(source)
+    # inside the grammar and the checker.  Each of their definitions is a
+    # function of the module (beside those it imports).
+    defined = re.findall(r"^def (\w+)", source, re.MULTILINE)
+    assert defined and set(defined) <= set(dsl.loads(source).functions), defined
 
 
 @settings(max_examples=400 * SCALE, deadline=None,
