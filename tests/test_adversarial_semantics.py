@@ -430,6 +430,8 @@ def test_forward_mode_takes_nothing_from_a_branch_not_taken_either():
     np.testing.assert_array_equal(t, [0.0, 0.0, 0.5])
     np.testing.assert_array_equal(t, dsl.jacrev(m.f)(x) @ np.ones(3))
     _, t = dsl.jvp(m.g, (x, y), (np.ones(3), None))
+    # d/dx log(x y + y) = y / (x y + y) where x > 1, and nothing where x <= 0
+    np.testing.assert_allclose(t, [0.0, 0.0, y[2] / (x[2] * y[2] + y[2])], rtol=1e-15)
     np.testing.assert_allclose(t, dsl.jacrev(m.g)(x, y) @ np.ones(3), rtol=1e-15)
 
 
