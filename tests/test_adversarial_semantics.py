@@ -279,7 +279,7 @@ def test_integer_arithmetic_that_overflows_wraps_around_as_numpys():
             y = np.array([info.max, info.min, info.max // 2 + 1, -1, 0, 3], dtype)
             with np.errstate(all="ignore"):
                 want = ((y + 1) > y, (y - 1) < y, (y * 2) > y, -y < 0, (y // -1) < 0)
-            for got, expected in zip(m.f(y), want):
+            for got, expected in zip(m.f(y), want, strict=True):
                 np.testing.assert_array_equal(got, expected)
         y = np.array([-1, -2, 0, 5, np.iinfo(np.int64).max])
         with np.errstate(all="ignore"):
@@ -830,7 +830,8 @@ def test_a_choice_or_a_stack_of_bool_literals_is_a_bool_as_of_bool_values():
                   "def arg(x, t: bool):\n    return where(x > 0, t, False), stack([t, False])\n",
                   "bools.grad")
     x = np.array([1.0, -1.0])
-    for got, same, want in zip(m.lit(x), m.arg(x, True), [[True, False], [True, False]]):
+    for got, same, want in zip(m.lit(x), m.arg(x, True), [[True, False], [True, False]],
+                               strict=True):
         assert got.dtype == same.dtype == np.bool_
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(same, want)

@@ -99,7 +99,7 @@ def test_arange_and_one_hot_are_weakly_typed_like_literals():
     i = np.arange(4)
     for got, want in zip(M.encoded(x), (x + np.where(i % 2 == 0, np.sin(i * 0.5),
                                                      np.cos(i * 0.5)).astype(np.float32),
-                                        np.where(x > 2, i, 0.5) * x)):
+                                        np.where(x > 2, i, 0.5) * x), strict=True):
         assert got.dtype == np.float32  # (it was f64: where gave its NumPy dtype)
         np.testing.assert_allclose(got, want, rtol=1e-6)
     m = dsl.loads("def f(x: i32[n]):\n    return arange(x.shape[0]) + x\n"
@@ -144,7 +144,8 @@ def test_weak_values_in_run_time_branches_and_ranges_beyond_the_dtype():
     # 2, not a bool: 2 == True is False, and 2 stays 2
     x = np.array([1.0, -1.0, 1.0, 1.0])
     for got, expected in zip(m.masks(x), ((x > 0) == np.arange(4),
-                             np.concatenate([x > 0, np.arange(2)]), np.where(x > 0, 2, x > 0))):
+                             np.concatenate([x > 0, np.arange(2)]), np.where(x > 0, 2, x > 0)),
+                             strict=True):
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
 

@@ -91,7 +91,7 @@ def test_dead_gathers_of_a_gradient_raise_the_calls_first_error():
     assert message.startswith("dead.grad:10:16: error: index 5 in 'i' is out of range")
     assert _error(dsl.grad(m.two, wrt=(0, 1)), x, w, i, j) == message
     i, j = np.array([0, 2, 0]), np.array([1, -1])
-    for got, k in zip(dsl.grad(m.two, wrt=(0, 1))(x, w, i, j), (0, 1)):
+    for got, k in zip(dsl.grad(m.two, wrt=(0, 1))(x, w, i, j), (0, 1), strict=True):
         np.testing.assert_allclose(got, central_difference(m.two, (x, w, i, j), k), rtol=1e-7)
     # cheapest: i's check runs first, alone; j's is its scatter-add's own
     types = {"x": TensorType("f64", (3,)), "w": TensorType("f64", (2,)),

@@ -113,7 +113,7 @@ def test_a_loop_shares_the_kernel_of_a_larger_one_that_contains_it():
     np.testing.assert_array_equal(first, b + x)
     np.testing.assert_array_equal(second, b * w)
     bufs = (np.empty((3, 3)), np.empty((3, 3)))
-    assert all(a is b for a, b in zip(m.f(x, w, out=bufs), bufs))
+    assert all(a is b for a, b in zip(m.f(x, w, out=bufs), bufs, strict=True))
     np.testing.assert_array_equal(bufs[0], b + x)
     np.testing.assert_array_equal(bufs[1], b * w)
     # ... but not as one that would also compute exp on scratch
@@ -545,7 +545,7 @@ def test_adding_a_zero_keeps_numpys_sign_of_zero(dtype):
     x = np.array([-0.0, 0.0, -2.5], NUMPY_DTYPES[dtype])
     with np.errstate(divide="ignore"):
         expected = [1 / (x + 0.0), 1 / (0.0 + x), 1 / (x + 0.0), 1 / (x + 0.0), 1 / x, 1 / x]
-    for got, want in zip(m.f(x), expected):
+    for got, want in zip(m.f(x), expected, strict=True):
         assert got.tobytes() == want.astype(x.dtype).tobytes(), (got, want)
 
 
@@ -557,5 +557,5 @@ def test_common_subexpressions_tell_a_negative_zero_from_a_zero():
     x = np.array([1.0, 2.0])
     with np.errstate(divide="ignore"):
         expected = (1.0 / (x * 0.0), 1.0 / (x * -0.0), np.zeros(2), np.zeros(2) * -1.0)
-    for got, want in zip(m.f(x), expected):
+    for got, want in zip(m.f(x), expected, strict=True):
         assert got.tobytes() == want.tobytes(), (got, want)

@@ -174,7 +174,7 @@ def test_a_list_of_integers_indexes_as_numpys_does(target):
     m = module(target)
     for i in (1, -2):
         assert m.listed(x, w, np.int64(i)) == pytest.approx(reference(x, w, i), rel=1e-14)
-    for got, k in zip(dsl.grad(m.listed, wrt=(0, 1))(x, w, np.int64(1)), (0, 1)):
+    for got, k in zip(dsl.grad(m.listed, wrt=(0, 1))(x, w, np.int64(1)), (0, 1), strict=True):
         np.testing.assert_allclose(got, central_difference(reference, [x, w], k), rtol=1e-6,
                                    atol=1e-8)
     with pytest.raises(dsl.ArgumentError, match="index 4 is out of range"):
@@ -201,7 +201,7 @@ def test_none_inserts_an_axis_where_it_stands_as_numpy():
 
     def new_axes(x):
         return x[:, None] * x[None, i], x[None, 1:, None, idx] ** 2
-    for got, want in zip(m.new_axes(x, i, idx), new_axes(x)):
+    for got, want in zip(m.new_axes(x, i, idx), new_axes(x), strict=True):
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(dsl.grad(m.new_axes)(x, i, idx), central_difference(
@@ -240,7 +240,7 @@ def test_ellipsis_stands_for_every_axis_no_other_item_indexes(target):
 
     def every_other_axis(x):
         return x[..., 0], x[1, ...], x[..., None, 1:], x[..., idx], x[0, ..., ::-2], x[...]
-    for got, want in zip(m.every_other_axis(x, idx), every_other_axis(x)):
+    for got, want in zip(m.every_other_axis(x, idx), every_other_axis(x), strict=True):
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
     if target != "cpu":

@@ -135,7 +135,7 @@ def test_the_empty_tuple_is_no_axes_and_the_scalar_shape_as_in_numpy():
                   "def g(x):\n    if x.shape == ():\n        y = x * 2.0\n    else:\n"
                   "        y = reshape(x, ())\n    return y\n")
     x = np.array([[1.0, -2.0, 3.0]])
-    for got, want in zip(m.f(x), (np.sum(x * x, axis=()), np.mean(x, axis=()))):
+    for got, want in zip(m.f(x), (np.sum(x * x, axis=()), np.mean(x, axis=())), strict=True):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(dsl.grad(m.f)(x), 2 * x + 1)
     assert m.g(np.array(2.5)) == 5.0 and m.g(np.array([4.0])).shape == ()

@@ -59,7 +59,7 @@ def inputs(dtype=np.float64):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_values_match_numpy(dtype):
     args = inputs(dtype)
-    for got, (kind, kernel, stride, padding, which) in zip(M.pools(*args), SPECS):
+    for got, (kind, kernel, stride, padding, which) in zip(M.pools(*args), SPECS, strict=True):
         assert got.dtype == dtype
         np.testing.assert_allclose(got, numpy_pool(args[which], kind, kernel, stride, padding),
                                    rtol=1e-6 if dtype == np.float32 else 1e-15,
@@ -74,7 +74,7 @@ def test_any_kernel_stride_and_padding_matches_numpy(data):
     padding = tuple(data.draw(st.integers(0, k // 2)) for k in kernel)
     shape = tuple(data.draw(st.integers(max(k - 2 * p, 1), 6)) for k, p in zip(kernel, padding))
     x = RNG.normal(size=(1, 2) + shape)
-    for got, kind in zip(M.any_pool(x, *kernel, *stride, *padding), ("max", "avg")):
+    for got, kind in zip(M.any_pool(x, *kernel, *stride, *padding), ("max", "avg"), strict=True):
         np.testing.assert_allclose(got, numpy_pool(x, kind, kernel, stride, padding),
                                    rtol=1e-14, atol=1e-15)
 
@@ -85,7 +85,7 @@ def test_gradients_match_central_differences_and_torch():
     for k in range(2):
         np.testing.assert_allclose(grads[k], central_difference(M.loss, args, k), atol=1e-7)
     expected = [np.zeros_like(a) for a in args]
-    for out, (kind, kernel, stride, padding, which) in zip(M.pools(*args), SPECS):
+    for out, (kind, kernel, stride, padding, which) in zip(M.pools(*args), SPECS, strict=True):
         expected[which] += numpy_pool_vjp(args[which], kind, kernel, stride, padding,
                                           np.cos(out))
     for got, want in zip(grads, expected):
@@ -96,7 +96,7 @@ def test_gradients_match_central_differences_and_torch():
     made = [F.max_pool2d(tx, 2), F.max_pool2d(tx, (3, 2), stride=(2, 1), padding=1),
             F.avg_pool2d(tx, 3, 2, 1), F.avg_pool2d(tx, 2), F.max_pool1d(tv, 3, stride=2),
             F.avg_pool1d(tv, 2, padding=1)]
-    for got, want in zip(M.pools(*args), made):
+    for got, want in zip(M.pools(*args), made, strict=True):
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-15, atol=1e-15)
     sum(torch.sin(t).sum() for t in made).backward()
     np.testing.assert_allclose(grads[0], tx.grad.numpy(), rtol=1e-13, atol=1e-15)
@@ -130,7 +130,7 @@ def test_a_maximum_shares_its_gradient_among_a_windows_ties():
     args = np.ones((1, 2, 4, 5)), np.ones((1, 1, 9))
     grads = dsl.grad(M.loss, wrt=(0, 1))(*args)
     expected = [np.zeros_like(a) for a in args]
-    for out, (kind, kernel, stride, padding, which) in zip(M.pools(*args), SPECS):
+    for out, (kind, kernel, stride, padding, which) in zip(M.pools(*args), SPECS, strict=True):
         expected[which] += numpy_pool_vjp(args[which], kind, kernel, stride, padding,
                                           np.cos(out))
     for got, want in zip(grads, expected):
@@ -167,9 +167,10 @@ def test_grad_of_grad_of_a_tiling_pool():
 def test_cuda_simulator_values_and_gradient():
     m = dsl.loads(SOURCE, "pool.grad", target="cuda")
     args = inputs()
-    for got, want in zip(m.pools(*args), M.pools(*args)):
+    for got, want in zip(m.pools(*args), M.pools(*args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-16)
-    for got, want in zip(dsl.grad(m.loss, wrt=(0, 1))(*args), dsl.grad(M.loss, wrt=(0, 1))(*args)):
+    for got, want in zip(dsl.grad(m.loss, wrt=(0, 1))(*args), dsl.grad(M.loss, wrt=(0, 1))(*args),
+                         strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-16)
 
 
