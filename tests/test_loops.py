@@ -1204,10 +1204,13 @@ def test_invariant_work_that_can_raise_stays_in_a_loop_of_no_trips():
     assert _invariant_steps(backward)[:2] == ["take", "reduce_max"]
     good = np.array([2, 0, 0])
     np.testing.assert_allclose(m.f(w, v, good, 2), 2 * (w[good] * 0.5 + 7.0), rtol=1e-15)
-    with pytest.raises(dsl.ArgumentError, match="idx"):
+    with pytest.raises(dsl.ArgumentError, match="index 5 in 'idx' is out of range for an "
+                                                "axis of size 3") as info:
         m.f(w, v, bad, 1)
-    with pytest.raises(dsl.ArgumentError, match="empty axis"):
+    assert (info.value.line, info.value.col) == (5, 17), str(info.value)  # at w[idx]
+    with pytest.raises(dsl.ArgumentError, match="max/min over an empty axis") as info:
         m.f(w, empty, good, 1)
+    assert (info.value.line, info.value.col) == (5, 26), str(info.value)  # at max(v)
 
 
 NESTED_INVARIANT_WORK = """
