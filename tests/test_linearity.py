@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dsl
-from gradlang.compiler import ops
+from gradlang.compiler import ops, staging
 from gradlang.compiler.modules import STDLIB
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -148,10 +148,31 @@ def test_recompute_and_param_blocks_load_and_give_their_gradients():
     np.testing.assert_allclose(dw, [np.sum(X), 0.0], rtol=1e-15)
 
 
+def grad_blocks(text: str) -> set[str]:
+    """How the linearity check names each grad block of a source."""
+    blocks, function, k = set(), None, 0
+    for line, row in enumerate(text.splitlines(), 1):
+        if row.startswith("def "):
+            function, k = row[4:].split("(")[0], 0
+        elif row.startswith("grad("):
+            k += 1
+            blocks.add(f"grad block {k} of {function}() (line {line})")
+    return blocks
+
+
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.grad")) + [STDLIB / "std.grad"],
                          ids=lambda p: p.name)
-def test_every_example_and_stdlib_block_loads(path):
+def test_every_example_and_stdlib_block_loads(path, monkeypatch):
+    # and each of its blocks was checked at load (a block no signature
+    # lowers is checked only when called: a load that passed would say
+    # nothing of it)
+    checked = []
+    check = staging.check_linear
+    monkeypatch.setattr(staging, "check_linear",
+                        lambda fn, upstream, where, *rest, **options: checked.append(where)
+                        or check(fn, upstream, where, *rest, **options))
     dsl.load(path)
+    assert grad_blocks(path.read_text()) <= set(checked), checked
 
 
 def test_linearity_lives_in_the_op_table():
