@@ -80,7 +80,10 @@ def test_one_function_runs_in_f32_and_f64_with_gradients(m):
     assert (mixed.dtype, gx.dtype, gw.dtype, gb.dtype) == (np.float64, np.float32,
                                                            np.float64, np.float64)
     np.testing.assert_allclose(mixed, value, rtol=1e-6)
+    # (against the f64 gradients, which central differences checked above)
+    np.testing.assert_allclose(gx, grads[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(gw, grads[1], rtol=1e-5)
+    np.testing.assert_allclose(gb, grads[2], rtol=1e-5)
 
 
 def test_jvp_and_vmap_follow_the_dtype(m):
