@@ -101,6 +101,7 @@ def test_f32_is_a_pattern_of_its_own(builds):
         x = np.linspace(0.0, 1.0, n, dtype=np.float32)
         value, pullback = dsl.vjp(M.total, x)
         assert value.dtype == np.float32
+        np.testing.assert_allclose(value, np.sum(x, dtype=np.float64), rtol=1e-6)
         (g,) = pullback(np.float32(3.0))
         assert g.dtype == np.float32
         np.testing.assert_array_equal(g, np.full(n, 3.0, np.float32))
