@@ -29,8 +29,8 @@ from gradlang.runtime.params import refuse_rebinding
 # Numba and the compiler, imported without the collector walking them
 # (runtime/collection.py): 25 ms of a warm process's CPU.
 with imports_unwalked():
-    from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, grad_function,
-                              require_function, resolve_wrt)
+    from dsl.function import (Compiled, GradFn, GradFunction, HvpFunction, Wrt, flag_option,
+                              grad_function, require_function, resolve_wrt)
     from dsl.forward import Jacobian
     from dsl.forward import hessian as _hessian
     from dsl.forward import jacfwd as _jacfwd
@@ -47,7 +47,7 @@ with imports_unwalked():
     from gradlang.runtime.aot import AotFunction, AotGradient
     from gradlang.runtime.args import ParamSpec
     from gradlang.runtime.boundary import user_facing
-    from gradlang.runtime.errors import ArgumentError, Span, kind_of
+    from gradlang.runtime.errors import ArgumentError, Span, kind_of, shown
     from gradlang.runtime.params import ParamStore
     from gradlang.runtime.target import Target
 
@@ -139,7 +139,7 @@ def loads(source: str, file: "str | os.PathLike" = "<string>",
     if not isinstance(file, (str, bytes, os.PathLike)):
         raise ArgumentError(f"loads() takes a file name (a str or a path), got "
                             f"{kind_of(file)}")
-    _flag_option(host_results, "loads", "host_results")
+    flag_option(host_results, "loads", "host_results")
     # (as text: a Path failed when called, sorted among the str names of
     # the modules it imports, and bytes where an import looked beside it)
     file = os.fsdecode(file)
@@ -152,7 +152,7 @@ def load(path: Union[str, bytes, os.PathLike], target: "Target | str" = targets.
          host_results: bool = False) -> Module:
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ArgumentError(f"load() takes a path to a .grad file, got {kind_of(path)}")
-    _flag_option(host_results, "load", "host_results")
+    flag_option(host_results, "load", "host_results")
     if not os.fsdecode(path):  # (Path('') is '.': "cannot read .: it is a directory")
         raise ArgumentError("load() takes a path to a .grad file, got an empty path")
     path = Path(os.fsdecode(path))
@@ -183,16 +183,9 @@ def value_and_grad(f: Function, wrt: Wrt = FIRST, *, has_aux: bool = False,
     return grad_function(f, _wrt(f, wrt, argnums), True, _flag(f, has_aux, "has_aux"))
 
 
-def _flag_option(value: Any, function: str, name: str) -> None:
-    """An `ArgumentError` unless the option `name` of `function` is True or
-    False (host_results="no" was taken as true)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{function}()'s {name} is True or False, got {value!r}")
-
-
 def _flag(f: Function, value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{name} is True or False, got {value!r}", f.span)
+        raise ArgumentError(f"{name} is True or False, got {shown(value)}", f.span)
     return bool(value)
 
 
@@ -202,8 +195,8 @@ def _wrt(f: Function, wrt: Wrt, argnums: Optional[Wrt]) -> Wrt:
     if argnums is None:
         return 0 if wrt is FIRST else wrt  # (a plain 0: the key of f's derived functions)
     if wrt is not FIRST:
-        raise ArgumentError(f"give wrt or argnums (its other name), not both: wrt={wrt!r}, "
-                            f"argnums={argnums!r}", f.span)
+        raise ArgumentError(f"give wrt or argnums (its other name), not both: wrt={shown(wrt)}, "
+                            f"argnums={shown(argnums)}", f.span)
     resolve_wrt(f, argnums, option="argnums")
     return argnums
 

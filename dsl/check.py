@@ -74,12 +74,12 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from dsl.function import (Compiled, Directional, Select, backward_function, derived,
-                          grad_function, jvp_function, require_function)
+                          flag_option, grad_function, jvp_function, require_function)
 from gradlang.compiler import ast
 from gradlang.compiler.namespace import call_targets, calls_in, nodes_in, param_reads
 from gradlang.runtime.args import NUMPY, number_dtype
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError, GradError, called
+from gradlang.runtime.errors import ArgumentError, GradError, called, shown
 
 MAX_ORDER = 8
 
@@ -221,23 +221,39 @@ def _dtype_name(x: np.ndarray) -> str:
     return "f32" if x.dtype == np.float32 else "f64"
 
 
-def _check_options(eps: Any, rtol: Any, atol: Any, seed: Any) -> None:
-    """`ArgumentError` for a step or tolerance that is no real number, a
-    step that is not finite and positive (0 or inf compared nothing, each
-    row 'not compared', and the result passed; NaN raised a KeyError), a
-    negative or NaN tolerance, or a seed NumPy's generator refuses."""
-    def real(value: Any) -> bool:
-        return isinstance(value, (int, float, np.integer, np.floating)) \
-            and not isinstance(value, (bool, np.bool_))
-    if not real(eps) or not 0 < eps < np.inf:
-        raise ArgumentError(f"check_gradients() takes a finite positive eps, got {eps!r}")
+def _check_options(eps: Any, rtol: Any, atol: Any, seed: Any,
+                   flags: dict[str, Any]) -> tuple[float, float, float]:
+    """eps, rtol and atol as floats; `ArgumentError` for a step or
+    tolerance that is no real number, a step that is not finite and
+    positive (0 or inf compared nothing, each row 'not compared', and the
+    result passed; NaN raised a KeyError), a negative or NaN tolerance, a
+    seed NumPy's generator refuses, or a flag other than True or False
+    (raise_on_failure="no" raised)."""
+    def real(value: Any) -> Optional[float]:
+        if not isinstance(value, (int, float, np.integer, np.floating)) \
+                or isinstance(value, (bool, np.bool_)):
+            return None
+        try:
+            return float(value)
+        except OverflowError:  # (an int beyond f64, 10**400, compared as a finite
+            return np.inf if value > 0 else -np.inf  # eps, and then raised this here)
+    step = real(eps)
+    if step is None or not 0 < step < np.inf:
+        raise ArgumentError(f"check_gradients() takes a finite positive eps, got {shown(eps)}")
+    tolerances = []
     for name, value in (("rtol", rtol), ("atol", atol)):
-        if not real(value) or not value >= 0:
-            raise ArgumentError(f"check_gradients() takes a non-negative {name}, got {value!r}")
+        tolerance = real(value)
+        if tolerance is None or not tolerance >= 0:
+            raise ArgumentError(f"check_gradients() takes a non-negative {name}, got "
+                                f"{shown(value)}")
+        tolerances.append(tolerance)
     if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
                              or seed < 0):
         raise ArgumentError(f"check_gradients() takes a seed that is a non-negative integer "
-                            f"or None, got {seed!r}")
+                            f"or None, got {shown(seed)}")
+    for name, value in flags.items():
+        flag_option(value, "check_gradients", name)
+    return (step, *tolerances)
 
 
 @user_facing
@@ -248,8 +264,9 @@ def check_gradients(f: Compiled, *args, order: int = 2, eps: float = 1e-6,
     f = require_function(f, "check_gradients", aot_ok=False)
     if type(order) is not int or not 1 <= order <= MAX_ORDER:
         raise ArgumentError(f"check_gradients() takes an order from 1 to {MAX_ORDER}, "
-                            f"got {order!r}")
-    _check_options(eps, rtol, atol, seed)
+                            f"got {shown(order)}")
+    eps, rtol, atol = _check_options(eps, rtol, atol, seed, {
+        "upstream": upstream, "f32": f32, "raise_on_failure": raise_on_failure})
     rng = np.random.default_rng(seed)
     # Differences in f64, unless an annotation insists on f32: then in f32,
     # with a step and tolerances f32 can honour.

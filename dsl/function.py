@@ -48,7 +48,7 @@ from gradlang.runtime.args import (NUMPY, SUPPORTED, ParamSpec, bind, cast, chec
 from gradlang.runtime.boundary import leaving
 from gradlang.runtime.common import out_of_memory
 from gradlang.runtime.errors import (UNKNOWN_SPAN, ArgumentError, ArrayTooLarge, GradError,
-                                     SizeMismatchError, called, kind_of)
+                                     SizeMismatchError, called, kind_of, shown)
 from gradlang.runtime.forking import ChildSafeLock, cached_attribute
 from gradlang.runtime.loader import source_stamp
 from gradlang.runtime.params import reads_as_param
@@ -1034,6 +1034,14 @@ def require_function(f: Any, what: str, aot_ok: bool = True, why: str = "") -> A
                         f"{kind_of(f)}{hint}")
 
 
+def flag_option(value: Any, function: str, name: str) -> bool:
+    """The option `name` of `function`, which is True or False: anything
+    else is an `ArgumentError` (host_results="no" was taken as true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{function}()'s {name} is True or False, got {shown(value)}")
+    return bool(value)
+
+
 def needs_ir(what: str, f: AotFunction, why: str = "") -> ArgumentError:
     """The error of `what` (a transform, a bridge's rule) of a function of a
     gradc-compiled module, which has no program for it."""
@@ -1070,12 +1078,12 @@ def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
         if isinstance(w, np.integer):  # a position from NumPy (np.arange, argmax)
             w = int(w)
         if isinstance(w, bool) or not isinstance(w, (int, str)):
-            raise ArgumentError(f"{option} entries are parameter positions or names, got {w!r}",
-                                f.span)
+            raise ArgumentError(f"{option} entries are parameter positions or names, got "
+                                f"{shown(w)}", f.span)
         if isinstance(w, int):
             # (negative from the last parameter, as JAX's argnums and torch.func's)
             if not -len(f.specs) <= w < len(f.specs):
-                raise ArgumentError(f"{option}={w} is out of range: {called(f.name)} has "
+                raise ArgumentError(f"{option}={shown(w)} is out of range: {called(f.name)} has "
                                     f"{len(f.specs)} parameter(s)", f.span)
             spec = f.specs[w]
         else:
@@ -1084,13 +1092,13 @@ def resolve_wrt(f: Compiled, wrt: Wrt, option: str = "wrt") -> tuple[str, ...]:
             name = f.named(w) if isinstance(f, Compiled) else w
             spec = next((s for s in f.specs + f.param_specs if s.name == name), None)
             if spec is None:
-                raise ArgumentError(f"{called(f.name)} has no parameter {w!r} and reads no param "
-                                    f"{w!r}", f.span)
+                raise ArgumentError(f"{called(f.name)} has no parameter {shown(w)} and reads no "
+                                    f"param {shown(w)}", f.span)
         if not spec.differentiable:
             why = "const" if spec.const else f"of dtype {spec.dtype}"
-            shown = f.label(spec.name) if isinstance(f, Compiled) else repr(spec.name)
+            label = f.label(spec.name) if isinstance(f, Compiled) else repr(spec.name)
             raise ArgumentError(f"cannot differentiate {called(f.name)} with respect to "
-                                f"{shown}: it is {why}", f.span)
+                                f"{label}: it is {why}", f.span)
         names.append(spec.name)
     return tuple(names)
 

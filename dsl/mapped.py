@@ -42,17 +42,23 @@ from dsl.forward import Jacobian, refuse_out, require_float
 from dsl.function import (AsFunction, Compiled, NotStacked, Stacked, bind_at_defaults, derived,
                           describe_layout, eagerly, holding_nothing, results_like,
                           torch_compiling)
-from gradlang.compiler.builder import Builder, inline
+from gradlang.compiler.builder import MAX_RANK, Builder, inline
 from gradlang.compiler.ir import Function, TensorType, Var
 from gradlang.compiler.vectorize import NotVectorizable
 from gradlang.runtime.args import SUPPORTED, cast, convert
 from gradlang.runtime.boundary import user_facing
-from gradlang.runtime.errors import ArgumentError, called
+from gradlang.runtime.errors import ArgumentError, called, shown
 from gradlang.runtime.recording import recording_tapes
 from gradlang.runtime.signatures import SignatureAttribute, positional_only
 
 InAxes = Union[int, None, Sequence[Optional[int]]]
 OutAxes = Union[int, Sequence[int]]
+
+# How deep out_axes may nest: as the results of f do, which no chain of
+# transforms takes near this; a deeper one is refused before anything
+# hashes it (as the key of the vmap), which for a tuple nested 10**6 deep
+# overflows C's stack (its checking, Python's)
+MOST_NESTING = 64
 
 
 def vmap(f: "Compiled | Jacobian | MappedJacobian", in_axes: InAxes = 0,
@@ -93,20 +99,34 @@ def _is_axis(axis: Any) -> bool:
     return isinstance(axis, numbers.Integral) and not isinstance(axis, (bool, np.bool_))
 
 
+def _beyond_every_rank(axis: int) -> bool:
+    """Whether `axis` is no axis of any array (of at most `MAX_RANK`), which
+    an in_axes or out_axes entry is refused for when vmap is called, not
+    first as a program for it is keyed (its repr, an integer's of over
+    4300 digits a ValueError) and built."""
+    return not -MAX_RANK <= axis < MAX_RANK
+
+
 def _out_axes(f: Compiled, out_axes: OutAxes) -> OutAxes:
     """out_axes (checked): one integer for every result, or a tuple of one
     per result, nested as the results are (`value_and_grad(f, wrt=(0,
     1))`'s `(0, (1, 0))`), where an integer stands for every result in its
     part (as JAX's tree prefixes); its nesting a call checks
     (`_axes_per_result`).  Lists are taken as tuples."""
-    def checked(item: Any) -> Any:
+    def checked(item: Any, depth: int) -> Any:
         if isinstance(item, (list, tuple)):
-            return tuple(map(checked, item))
+            if depth == MOST_NESTING:
+                raise ArgumentError(f"out_axes nests more than {MOST_NESTING} deep; give it "
+                                    f"nested as the results of {called(f.name)} are", f.span)
+            return tuple(checked(i, depth + 1) for i in item)
         if not _is_axis(item):
             raise ArgumentError(f"out_axes is an integer or a tuple of one per result (the axis "
-                                f"of the examples in each), got {out_axes!r}", f.span)
+                                f"of the examples in each), got {shown(out_axes)}", f.span)
+        if _beyond_every_rank(item):
+            raise ArgumentError(f"out_axes puts the examples on axis {shown(item)}, but an array "
+                                f"has at most {MAX_RANK} axes", f.span)
         return int(item)
-    return checked(out_axes)
+    return checked(out_axes, 0)
 
 
 def _axes_per_result(out_axes: OutAxes, layout: Any, name: str, span) -> dict[int, int]:
@@ -130,7 +150,7 @@ def _axes_per_result(out_axes: OutAxes, layout: Any, name: str, span) -> dict[in
             raise ArgumentError(f"out_axes has {len(given)} entries, but {called(name)} gives "
                                 f"{count} result(s): give one per result, or one for all", span)
         else:
-            raise ArgumentError(f"out_axes {out_axes!r} does not nest as the results of "
+            raise ArgumentError(f"out_axes {shown(out_axes)} does not nest as the results of "
                                 f"{called(name)} do, {describe_layout(layout)}: give an axis "
                                 "per result, or one for a tuple of them", span)
     place(out_axes, layout, True)
@@ -165,7 +185,11 @@ def _mapped_positions(f: Compiled, in_axes: InAxes) -> tuple[tuple[int, ...], tu
     for spec, axis in zip(f.specs, axes):
         if axis is not None and not _is_axis(axis):
             raise ArgumentError(f"in_axes entries are integers (the axis to map) or None (not "
-                                f"mapped), got {axis!r} for argument {f.label(spec.name)}",
+                                f"mapped), got {shown(axis)} for argument {f.label(spec.name)}",
+                                f.span)
+        if axis is not None and _beyond_every_rank(axis):
+            raise ArgumentError(f"in_axes maps axis {shown(axis)} of argument "
+                                f"{f.label(spec.name)}, but an array has at most {MAX_RANK} axes",
                                 f.span)
     mapped = tuple(i for i, axis in enumerate(axes) if axis is not None)
     if not mapped:
@@ -445,7 +469,7 @@ class MappedJacobian(AsFunction):
         if any(_leaves(out_axes)):  # ((0,): as 0)
             raise ArgumentError(f"vmap of {jacobian.name} takes out_axes=0 only (its Jacobians' "
                                 f"first axis is the examples'; np.moveaxis moves it), got "
-                                f"{out_axes!r}", jacobian.f.span)
+                                f"{shown(out_axes)}", jacobian.f.span)
         # f binds a call (its arguments as the caller lays them out); `front`
         # runs it, the examples moved to axis 0
         self.jacobian, self.mapped, self.axes, self.out_axes = jacobian, mapped, axes, out_axes

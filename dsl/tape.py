@@ -47,7 +47,7 @@ import numpy as np
 
 from dsl.api import loads
 from dsl.dask_bridge import is_dask_array
-from dsl.function import Compiled, backward_function
+from dsl.function import Compiled, backward_function, flag_option
 from gradlang.runtime import target as targets
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.errors import ArgumentError, kind_of
@@ -66,9 +66,8 @@ class _Record:
 
 class Tape:
     def __init__(self, persistent: bool = False):
-        if not isinstance(persistent, (bool, np.bool_)):  # (Tape("yes") was persistent)
-            raise ArgumentError(f"Tape()'s persistent is True or False, got {persistent!r}")
-        self.persistent = bool(persistent)
+        # (Tape("yes") was persistent)
+        self.persistent = flag_option(persistent, "Tape", "persistent")
         self._records: list[_Record] = []
         self._tracked: dict[int, np.ndarray] = {}  # id -> array (kept alive)
         # the tracked NumPy arrays by the id of their memory's owner (kept

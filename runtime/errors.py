@@ -14,9 +14,12 @@ and a derived one's name, already a call (`grad(f)`), as it is.
 `quoted(err)` is another library's error as a part of a message, which is
 one line (a line break in it is shown as U+FFFD, as any control is);
 `one_line(text)` is user text (a file name) as part of a note's line.
+`shown(value)` is a value the caller passed (an option such as `wrt` or
+`out_axes`) as part of a message: its repr, cut short.
 """
 from __future__ import annotations
 
+import reprlib
 import unicodedata
 from dataclasses import dataclass, field
 
@@ -40,6 +43,35 @@ def quoted(err: BaseException) -> str:
     message showed as U+FFFD.)"""
     lines = [line.strip() for line in str(err).splitlines()]
     return "; ".join(line.rstrip(".") for line in lines if line)
+
+
+class _Shown(reprlib.Repr):
+    """`repr` cut to a few levels and items (a tuple nested 100,000 deep,
+    passed as wrt, made its repr a RecursionError; a long list's ran on),
+    and an integer beyond `_BITS` by its size: `str` refuses one of over
+    4300 digits (a ValueError), and none of its digits would help."""
+
+    _BITS = 256
+
+    def __init__(self):
+        super().__init__()
+        self.maxlevel, self.maxtuple, self.maxlist = 3, 6, 6
+        self.maxstring, self.maxother = 60, 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > self._BITS:
+            return f"<{'a negative' if x < 0 else 'an'} integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+def shown(value) -> str:
+    """A value the caller passed (an option: `wrt`, `in_axes`, `has_aux`)
+    as a message shows it: its repr, cut short (`_Shown`); the type and
+    address of an object whose `__repr__` fails."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = _Shown()
 
 
 @dataclass(frozen=True)

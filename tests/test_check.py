@@ -313,10 +313,18 @@ def test_an_order_outside_one_to_max_is_refused_before_anything_compiles(order):
     (dict(eps="1e-6"), r"eps, got '1e-6'"), (dict(rtol=-1.0), r"non-negative rtol"),
     (dict(atol=float("nan")), r"non-negative atol, got nan"), (dict(seed=-1), r"seed .* got -1"),
     (dict(seed=1.5), r"seed .* got 1\.5"),
-], ids=["eps0", "eps<0", "epsnan", "epsinf", "epsstr", "rtol", "atol", "seed<0", "seed1.5"])
+    (dict(eps=10 ** 400), r"finite positive eps, got <an integer of 1329 bits>"),
+    (dict(rtol=-10 ** 400), r"non-negative rtol, got <a negative integer of 1329 bits>"),
+    (dict(f32="no"), r"check_gradients\(\)'s f32 is True or False, got 'no'"),
+    (dict(raise_on_failure=1), r"raise_on_failure is True or False, got 1"),
+    (dict(upstream=None), r"upstream is True or False, got None"),
+], ids=["eps0", "eps<0", "epsnan", "epsinf", "epsstr", "rtol", "atol", "seed<0", "seed1.5",
+        "eps10**400", "rtol-10**400", "f32no", "raise1", "upstreamNone"])
 def test_a_step_tolerance_or_seed_that_cannot_work_is_refused(option, pattern):
     """eps=0 compared no direction and passed every row ('not compared'),
-    eps=nan raised a KeyError, a seed NumPy refuses its ValueError."""
+    eps=nan raised a KeyError, a seed NumPy refuses its ValueError; an eps
+    of 10**400 (an int, finite to Python) raised OverflowError as the step
+    was computed; f32="no" or raise_on_failure=1 was taken as true."""
     f = dsl.loads(NAIVE).softplus_naive
     with pytest.raises(dsl.ArgumentError, match=pattern):
         dsl.check_gradients(f, np.ones(2), **option)

@@ -759,3 +759,58 @@ def test_a_loop_calling_another_module_s_kernel_loads_its_machine_code(fresh_cac
         warnings.simplefilter("error")
         np.testing.assert_array_equal(second.l_1(x, np.empty(3)), 3 * x)
     assert compiles.buffer == []
+
+
+# A tuple nested 10**5 deep (whose repr is a RecursionError, and whose hash
+# overflows C's stack), and an integer `str` refuses (over 4300 digits).
+DEEP = 0
+for _ in range(100_000):
+    DEEP = (DEEP,)
+HUGE = 10 ** 5000
+OPTIONS = dsl.loads("def mul(x, y):\n    return x * y\n")
+MUL = "<string>:1:5: error: "
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda f: dsl.grad(f, DEEP), "wrt entries are parameter positions or names, got "
+                                  "((((...),),),)"),
+    (lambda f: dsl.jacrev(f, argnums=DEEP), "argnums entries are parameter positions or names, "
+                                             "got ((((...),),),)"),
+    (lambda f: dsl.grad(f, 1, argnums=DEEP), "give wrt or argnums (its other name), not both: "
+                                             "wrt=1, argnums=((((...),),),)"),
+    (lambda f: dsl.hessian(f, HUGE), "wrt=<an integer of 16610 bits> is out of range: mul() "
+                                     "has 2 parameter(s)"),
+    (lambda f: dsl.grad(f, has_aux=-HUGE), "has_aux is True or False, got <a negative integer "
+                                           "of 16610 bits>"),
+    (lambda f: dsl.vmap(f, (0, DEEP)), "in_axes entries are integers (the axis to map) or None "
+                                       "(not mapped), got ((((...),),),) for argument 'y'"),
+    (lambda f: dsl.vmap(f, (0, HUGE)), "in_axes maps axis <an integer of 16610 bits> of "
+                                       "argument 'y', but an array has at most 64 axes"),
+    (lambda f: dsl.vmap(f, 0, -64), None),  # (the last axis that may be one)
+    (lambda f: dsl.vmap(f, 0, 64), "out_axes puts the examples on axis 64, but an array has "
+                                   "at most 64 axes"),
+    (lambda f: dsl.vmap(f, 0, HUGE), "out_axes puts the examples on axis <an integer of 16610 "
+                                     "bits>, but an array has at most 64 axes"),
+    (lambda f: dsl.vmap(f, 0, [DEEP]), "out_axes nests more than 64 deep; give it nested as "
+                                       "the results of mul() are"),
+], ids=["wrt", "argnums", "both", "hessian", "has_aux", "in_axes", "in_axes-huge",
+        "out_axes-64", "out_axes64", "out_axes-huge", "out_axes-nested"])
+def test_a_deeply_nested_or_huge_option_is_an_argument_error(call, message):
+    # Their messages repr'd them: a RecursionError, or str's ValueError for
+    # the integer (and out_axes=HUGE reached a program's key, and out_axes
+    # nested deep Python's recursion limit as it was checked)
+    if message is None:
+        call(OPTIONS.mul)
+        return
+    with pytest.raises(dsl.ArgumentError) as caught:
+        call(OPTIONS.mul)
+    assert str(caught.value).splitlines()[0] == MUL + message
+
+
+def test_tape_and_check_gradients_refuse_a_huge_integer_as_an_option():
+    with pytest.raises(dsl.ArgumentError, match=re.escape(
+            "Tape()'s persistent is True or False, got <an integer of 16610 bits>")):
+        dsl.Tape(HUGE)
+    with pytest.raises(dsl.ArgumentError, match=re.escape(
+            "takes an order from 1 to 8, got <an integer of 16610 bits>")):
+        dsl.check_gradients(OPTIONS.mul, 1.0, 2.0, order=HUGE)
