@@ -208,7 +208,9 @@ def _tangent(f: Compiled, name: str, primal: Any, t: Any) -> Optional[Any]:
         # a device array, taken as it is (where the target can)
         array = f.accepted(t, where) if carries else f.target.to_host(t)
     else:
-        array = numeric_array(where, t, f.span)
+        # (a Python integer beyond 64 bits is a float tangent's value, as it
+        # is a float argument's: 2**70 was "out of range")
+        array = numeric_array(where, t, f.span, as_float=carries)
         if carries and not isinstance(t, (np.ndarray, np.generic)) and not is_foreign_array(t):
             array = cast(where, array, SUPPORTED[dtype], f.span)  # a Python number or sequence
     # (before the shape: a const's primal may be None, bound as a 0-d `NONE`)

@@ -1774,7 +1774,10 @@ class HvpFunction(Directional):
                                 "floats carry gradients", self.span)
         if not is_device_array(v):
             where = f"v of {self.name}"
-            converted = cast(where, numeric_array(where, v, self.span), dtype, self.span)
+            # (as_float: a Python integer beyond 64 bits is a float's value, as
+            # an argument's is, not "out of range")
+            converted = cast(where, numeric_array(where, v, self.span, as_float=True), dtype,
+                             self.span)
             # a tape's result stays itself (in its own dtype, which the program
             # takes as it takes a device array's), as binding keeps an argument
             # that is one: the tape tracking it records the call (a converted

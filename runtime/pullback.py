@@ -149,8 +149,11 @@ def host_cotangent(where: str, ct: Any, out: Any) -> np.ndarray:
     dtype (a float output's refusing values beyond it) and shape, or a
     0-d one, which stands for every element (each caller fills it in its
     own arrays); another shape is an `ArgumentError` saying `where`."""
-    array = numeric_array(where, ct)
-    array = cast(where, array, out.dtype, None) if out.dtype in ("f32", "f64") \
+    floats = out.dtype in ("f32", "f64")
+    # (as_float: a Python integer beyond 64 bits is a float's value, as it
+    # is an argument's: 2**70 was "out of range")
+    array = numeric_array(where, ct, as_float=floats)
+    array = cast(where, array, out.dtype, None) if floats \
         else array.astype(np.dtype(NUMPY[out.dtype]), copy=False)
     if array.shape != tuple(out.shape) and array.ndim:
         raise ArgumentError(f"{where} has shape {list(array.shape)}; the output has shape "

@@ -767,7 +767,7 @@ DEEP = 0
 for _ in range(100_000):
     DEEP = (DEEP,)
 HUGE = 10 ** 5000
-OPTIONS = dsl.loads("def mul(x, y):\n    return x * y\n")
+OPTIONS = dsl.loads("def mul(x, y):\n    return x * y\ndef sq(x):\n    return x * x\n")
 MUL = "<string>:1:5: error: "
 
 
@@ -814,3 +814,14 @@ def test_tape_and_check_gradients_refuse_a_huge_integer_as_an_option():
     with pytest.raises(dsl.ArgumentError, match=re.escape(
             "takes an order from 1 to 8, got <an integer of 16610 bits>")):
         dsl.check_gradients(OPTIONS.mul, 1.0, 2.0, order=HUGE)
+
+
+def test_a_python_integer_beyond_64_bits_is_a_float_tangent_cotangent_or_v():
+    # as it is a float argument (mul(2**70, 1.0)); each was refused as
+    # "out of range: it holds an integer beyond 64 bits"
+    big = 2 ** 70
+    assert dsl.jvp(OPTIONS.mul, (1.5, 2.0), (big, 0))[1] == 2.0 * big
+    assert dsl.vjp(OPTIONS.mul, 1.5, 2.0)[1](big) == (2.0 * big, 1.5 * big)
+    assert dsl.hvp(OPTIONS.sq)(1.5, big) == 2.0 * big
+    with pytest.raises(dsl.ArgumentError, match="out of range for f64"):
+        dsl.vjp(OPTIONS.mul, 1.5, 2.0)[1](10 ** 400)
