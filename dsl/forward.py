@@ -56,7 +56,7 @@ from dsl.jacobian_function import jacobian_function
 from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
-from gradlang.runtime.errors import ArgumentError, called
+from gradlang.runtime.errors import ArgumentError, called, shown
 from gradlang.runtime.recording import THREAD, recording_tapes
 from gradlang.runtime.signatures import SignatureAttribute
 from gradlang.runtime.target import is_device_array
@@ -175,7 +175,7 @@ def _tangents_by_name(f: Compiled, primals: Sequence[Any], tangents: Tangents
         for name in tangents:
             if not isinstance(name, str):
                 raise ArgumentError(f"jvp() tangents given as a dict are keyed by argument "
-                                    f"or param names, got {name!r}", f.span)
+                                    f"or param names, got {shown(name)}", f.span)
         return {f.named(name): t for name, t in tangents.items()}
     if not isinstance(tangents, (tuple, list)):
         raise ArgumentError("jvp() takes the tangents as a tuple (one per primal) or a dict "

@@ -19,7 +19,7 @@ import numpy as np
 
 from gradlang.runtime.args import (ParamSpec, cast, check_shape, convert, foreign_array,
                                   is_foreign_array, plain)
-from gradlang.runtime.errors import ArgumentError, GradError, Span
+from gradlang.runtime.errors import ArgumentError, GradError, Span, shown
 
 
 class ParamError(ArgumentError, KeyError):
@@ -47,9 +47,11 @@ class ParamStore(MutableMapping):
         return name in self._specs
 
     def _spec(self, name: str) -> ParamSpec:
-        if name not in self._specs:
+        # (a name that is no text is no param's, and is not looked up: a
+        # tuple nested 10**6 deep overflowed C's stack as it was hashed)
+        if not isinstance(name, str) or name not in self._specs:
             known = ", ".join(self._specs) or "none"
-            raise ParamError(f"{self._module} declares no param {name!r} (params: {known})")
+            raise ParamError(f"{self._module} declares no param {shown(name)} (params: {known})")
         return self._specs[name]
 
     def __setitem__(self, name: str, value) -> None:
@@ -66,6 +68,7 @@ class ParamStore(MutableMapping):
 
     def _placed(self, name: str, value) -> np.ndarray:
         """`validate`, its error at the param's declaration where known."""
+        self._spec(name)  # (first: a name that is no param's is not looked up, `_spec`)
         span, source = self._places.get(name, (None, None))
         try:
             return self.validate(name, value, span)

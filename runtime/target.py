@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from gradlang.runtime.errors import GradError
+from gradlang.runtime.errors import GradError, shown
 
 if TYPE_CHECKING:  # (common imports args, which imports this)
     from gradlang.runtime.common import Where
@@ -222,7 +222,7 @@ def get(name: "str | Target") -> Target:
     if isinstance(name, Target):
         return name
     if not isinstance(name, str) or name not in TARGETS:
-        raise TargetError(f"unknown target {name!r}; the targets are "
+        raise TargetError(f"unknown target {shown(name)}; the targets are "
                           f"{', '.join(map(repr, TARGETS))}")
     target = importlib.import_module(TARGETS[name]).TARGET
     target.require()  # asked on every use: what is installed can change

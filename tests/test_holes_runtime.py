@@ -825,3 +825,37 @@ def test_a_python_integer_beyond_64_bits_is_a_float_tangent_cotangent_or_v():
     assert dsl.hvp(OPTIONS.sq)(1.5, big) == 2.0 * big
     with pytest.raises(dsl.ArgumentError, match="out of range for f64"):
         dsl.vjp(OPTIONS.mul, 1.5, 2.0)[1](10 ** 400)
+
+
+class _HashedIsABug:
+    """A key whose hashing fails the test: as a tuple nested 10**6 deep,
+    whose hash overflows C's stack (a segfault)."""
+
+    def __hash__(self):
+        raise AssertionError("hashed")
+
+    def __repr__(self):
+        return "key"
+
+
+@pytest.mark.parametrize("key, shown", [(DEEP, "((((...),),),)"), (HUGE, "<an integer of 16610 "
+                                        "bits>"), (_HashedIsABug(), "key")],
+                         ids=["deep", "huge", "unhashable"])
+def test_a_param_name_target_or_tangent_key_that_is_no_text_is_refused(key, shown):
+    # (repr'd in their messages: RecursionError, str's ValueError; and a
+    # name was hashed as it was looked up)
+    m = dsl.loads("param w: f64\ndef f(x):\n    return x * w\n")
+    declares_none = f"error: <string> declares no param {shown} (params: w)"
+    for access in (lambda: m.params.__setitem__(key, 1.0), lambda: m.params[key],
+                   lambda: m.params.__delitem__(key)):
+        with pytest.raises(dsl.GradError) as caught:
+            access()
+        assert str(caught.value) == declares_none
+    assert key not in m.params and not m.params
+    with pytest.raises(dsl.GradError, match=re.escape(f"error: unknown target {shown}; ")):
+        dsl.loads("def f(x):\n    return x\n", target=key)
+    if isinstance(key, _HashedIsABug):
+        return  # (a dict of it cannot be built)
+    with pytest.raises(dsl.ArgumentError, match=re.escape(
+            f"tangents given as a dict are keyed by argument or param names, got {shown}")):
+        dsl.jvp(m.f, (1.0,), {key: 1.0})
