@@ -185,23 +185,15 @@ class Tape:
                 raise ArgumentError(f"Tape.gradient()'s sources[{k}] is {kind_of(source)}, not "
                                     "an array: the sources are an array or a flat list or "
                                     "tuple of arrays")
+        # (the target too before the tape counts as used: a wrong one, such
+        # as the tuple of a call's results, made a non-persistent tape
+        # refuse the right one after it)
+        self._check_target(target)
         if self._used and not self.persistent:
             raise TapeError("a non-persistent Tape gives one gradient; use "
                             "Tape(persistent=True) for more")
         self._used = True
         source_list = [sources] if single else list(sources)
-        if not self.tracks(target):
-            if _integer_or_bool(target):
-                # (a call's integer or bool result is not tracked: it has no gradient)
-                raise TapeError(f"the target has dtype {np.dtype(target.dtype).name}: an "
-                                "integer or bool result has no gradient; differentiate a float "
-                                "result")
-            if self in derived_from(target):
-                raise TapeError("the target was computed with NumPy from arrays this tape "
-                                "tracks (`a + b` of two results); the tape records only calls "
-                                "of compiled functions, so its gradient would miss that "
-                                "computation: write it in the .grad module")
-            raise TapeError("the target was not computed by a call recorded on this tape")
         outer = [t for t in active_tapes() if t is not self]
         cts: dict[int, np.ndarray] = {id(target): _filled(target, 1)}
         for rec in reversed(self._records):
@@ -229,6 +221,30 @@ class Tape:
                 cts[id(arg)] = g if previous is None else _add(previous, g, bool(outer))
         result = [cts.get(id(s)) for s in source_list]
         return result[0] if single else result
+
+
+    def _check_target(self, target: Any) -> None:
+        """A `TapeError` (an `ArgumentError` for a list or tuple) unless
+        `target` is a float result of a call this tape recorded."""
+        if self.tracks(target):
+            return
+        if isinstance(target, (list, tuple)):
+            # (it said "not computed by a call recorded on this tape" of the
+            # tuple of a function's results)
+            raise ArgumentError(f"Tape.gradient() takes one target, an array, got a "
+                                f"{type(target).__name__} of {len(target)}: differentiate "
+                                "each result alone, or return their sum from the .grad module")
+        if _integer_or_bool(target):
+            # (a call's integer or bool result is not tracked: it has no gradient)
+            raise TapeError(f"the target has dtype {np.dtype(target.dtype).name}: an "
+                            "integer or bool result has no gradient; differentiate a float "
+                            "result")
+        if self in derived_from(target):
+            raise TapeError("the target was computed with NumPy from arrays this tape "
+                            "tracks (`a + b` of two results); the tape records only calls "
+                            "of compiled functions, so its gradient would miss that "
+                            "computation: write it in the .grad module")
+        raise TapeError("the target was not computed by a call recorded on this tape")
 
 
 _UNTRACKED = object()  # (`Tape.tracks`)

@@ -859,3 +859,21 @@ def test_a_param_name_target_or_tangent_key_that_is_no_text_is_refused(key, show
     with pytest.raises(dsl.ArgumentError, match=re.escape(
             f"tangents given as a dict are keyed by argument or param names, got {shown}")):
         dsl.jvp(m.f, (1.0,), {key: 1.0})
+
+
+def test_a_wrong_tape_target_leaves_a_non_persistent_tape_usable():
+    # The tuple of a call's results was "not computed by a call recorded on
+    # this tape", and any wrong target used the tape up: the right one
+    # after it was refused ("a non-persistent Tape gives one gradient")
+    x = np.array([0.5, -1.0])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = OPTIONS.sq(x)
+        pair = (y, OPTIONS.sq(y))
+    with pytest.raises(dsl.ArgumentError, match=r"^error: Tape.gradient\(\) takes one target, "
+                                                r"an array, got a tuple of 2: differentiate"):
+        tape.gradient(pair, x)
+    for wrong in (np.asarray(y), y + 1.0):
+        with pytest.raises(dsl.GradError, match="target was"):
+            tape.gradient(wrong, x)
+    np.testing.assert_array_equal(tape.gradient(pair[1], x), 4 * x ** 3)
