@@ -16,7 +16,7 @@ from typing import Any, Iterable, Union
 
 from gradlang.compiler.ir import INTS, Atom, Eqn, Function, Lit, TensorType, Var, WeakVar
 from gradlang.compiler.ops import output_types
-from gradlang.runtime.args import NUMPY
+from gradlang.runtime.args import MAX_RANK, NUMPY
 from gradlang.runtime.common import MAX_SIZE, counted_bytes
 from gradlang.runtime.errors import GradError, SizeOverflowError, Span
 
@@ -138,8 +138,6 @@ def _check_addressable(t: TensorType, span: Span | None) -> None:
         raise SizeOverflowError(f"a value of type {t} needs more memory than can be addressed",
                                 span)
 
-
-MAX_RANK = 64  # (NumPy 2's NPY_MAXDIMS)
 
 _INT_BITS = {"i32": 32, "i64": 64}
 _FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": 1.7976931348623157e308}

@@ -55,6 +55,7 @@ KINDS = {"float": ("f32", "f64"), "int": ("i32", "i64")}
 # The annotations of integer and bool values: a `const` scalar of one (or of
 # none) is a compile-time value, which picks the program (`static_names`).
 INTEGRAL = ("i32", "i64", "int", "bool")
+MAX_RANK = 64  # the most axes an array has (NumPy 2's NPY_MAXDIMS)
 
 
 def admitted(annotated: str) -> tuple[str, ...]:
@@ -343,13 +344,17 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False,
     return array
 
 
-def _holds_dask_array(sequence: Any) -> bool:
-    """Whether a (nested) list or tuple holds a Dask array."""
+def _holds_dask_array(sequence: Any, depth: int = 1) -> bool:
+    """Whether a (nested) list or tuple holds a Dask array, within the
+    `MAX_RANK` levels an array can have: one nested deeper is no array
+    (np.asarray says so), and walking it whole, 10**5 levels, was a
+    RecursionError."""
     for v in sequence:
         kind = type(v)
         if kind is float or kind is int:  # (most of a long list: skipped first)
             continue
-        if is_dask_array(v) or (isinstance(v, (list, tuple)) and _holds_dask_array(v)):
+        if is_dask_array(v) or (isinstance(v, (list, tuple)) and depth < MAX_RANK
+                                and _holds_dask_array(v, depth + 1)):
             return True
     return False
 

@@ -877,3 +877,14 @@ def test_a_wrong_tape_target_leaves_a_non_persistent_tape_usable():
         with pytest.raises(dsl.GradError, match="target was"):
             tape.gradient(wrong, x)
     np.testing.assert_array_equal(tape.gradient(pair[1], x), 4 * x ** 3)
+
+
+def test_a_list_nested_deeper_than_any_array_is_no_array_with_dask_imported():
+    # (looking for Dask arrays in it walked it whole: a RecursionError)
+    pytest.importorskip("dask.array")
+    nested = [0.0]
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(dsl.ArgumentError, match=r"^<string>:3:5: error: argument 'x' of sq\(\) "
+                                                r"is not an array: .* maximum number of dim"):
+        OPTIONS.sq(nested)
