@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from gradlang.runtime.errors import ArgumentError, Span, called, quoted
+from gradlang.runtime.recording import THREAD, TapeError, followed_by_a_tape
 from gradlang.runtime.target import is_device_array
 
 SUPPORTED = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
@@ -311,12 +312,20 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False,
     elif is_foreign_array(value):  # (its library's refusal, a tensor that requires grad, said so)
         value = foreign_array(where, value, span)
     elif isinstance(value, (list, tuple)) and "dask.array" in sys.modules \
-            and _holds_dask_array(value):
+            and _holds(value, is_dask_array):
         # np.asarray would compute the Dask arrays whole, in this process,
         # and the call would run in memory: not what a Dask call promises
         raise ArgumentError(f"{where} is a {type(value).__name__} holding a Dask array, which the "
                             "call would compute whole into memory: stack them into one Dask "
                             "array (da.stack) to run block by block", span)
+    elif isinstance(value, (list, tuple)) and THREAD.tapes and _holds(value, followed_by_a_tape):
+        # np.asarray copies their values: a constant to the tape, whose
+        # gradient then silently missed what flows through them
+        raise TapeError(f"{where} is a {type(value).__name__} holding an array a recording "
+                        "dsl.Tape follows (watched, a recorded call's result, or computed from "
+                        "one), of which the call would take a copy that the tape cannot follow: "
+                        "pass each array as an argument (stacking them in the .grad module), "
+                        "or np.asarray(...) of the list to make it a constant on purpose", span)
     if value is None:  # (said "is not numeric: got NoneType")
         raise ArgumentError(f"{where} is None, where an array or a number goes", span)
     try:
@@ -344,17 +353,17 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False,
     return array
 
 
-def _holds_dask_array(sequence: Any, depth: int = 1) -> bool:
-    """Whether a (nested) list or tuple holds a Dask array, within the
-    `MAX_RANK` levels an array can have: one nested deeper is no array
-    (np.asarray says so), and walking it whole, 10**5 levels, was a
-    RecursionError."""
+def _holds(sequence: Any, found: Callable[[Any], bool], depth: int = 1) -> bool:
+    """Whether a (nested) list or tuple holds a value `found` picks (a
+    Dask array), within the `MAX_RANK` levels an array can have: one
+    nested deeper is no array (np.asarray says so), and walking it whole,
+    10**5 levels, was a RecursionError."""
     for v in sequence:
         kind = type(v)
         if kind is float or kind is int:  # (most of a long list: skipped first)
             continue
-        if is_dask_array(v) or (isinstance(v, (list, tuple)) and depth < MAX_RANK
-                                and _holds_dask_array(v, depth + 1)):
+        if found(v) or (isinstance(v, (list, tuple)) and depth < MAX_RANK
+                        and _holds(v, found, depth + 1)):
             return True
     return False
 

@@ -58,6 +58,21 @@ def active_tapes() -> list[Any]:
     return THREAD.tapes
 
 
+def followed_by_a_tape(value: Any) -> bool:
+    """Whether a tape recording on this thread follows `value` (a float
+    array): it tracks it (a watched array, a recorded call's result), or
+    value was computed with NumPy from one it tracks (a derived
+    `TapeArray`), or it is a view of one it watches.  A copy of its values
+    (a list holding it, as a call converts it) is then a constant to the
+    tape, which the gradient would silently not follow."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        return False
+    if isinstance(value, TapeArray) and any(t._recording for t in _live(value._tapes)):
+        return True
+    return any(t._recording and (t.tracks(value) or t.watches_memory_of(value))
+               for t in THREAD.tapes)
+
+
 def recording_tapes(arrays: Iterable[Any]) -> list[Any]:
     tapes = active_tapes()
     if not tapes:

@@ -888,3 +888,21 @@ def test_a_list_nested_deeper_than_any_array_is_no_array_with_dask_imported():
     with pytest.raises(dsl.ArgumentError, match=r"^<string>:3:5: error: argument 'x' of sq\(\) "
                                                 r"is not an array: .* maximum number of dim"):
         OPTIONS.sq(nested)
+
+
+def test_a_list_holding_an_array_a_recording_tape_follows_is_a_tape_error():
+    # The call took a copy of its values, a constant to the tape: the
+    # gradient of mul(sq([y]), y) for y = sq(x) came out 2x**5, not 6x**5
+    x = np.array([1.0, 2.0])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = OPTIONS.sq(x)
+        for listed in ([y], (x, x), [[y + 1.0]], [x[::-1]]):
+            with pytest.raises(dsl.GradError, match=r"^<string>:3:5: error: argument 'x' of "
+                                                    r"sq\(\) is a (list|tuple) holding an array "
+                                                    "a recording dsl.Tape follows"):
+                OPTIONS.sq(listed)
+        z = OPTIONS.sq(np.asarray([y]))  # (a constant on purpose)
+        w = OPTIONS.mul(z, y)
+    np.testing.assert_array_equal(tape.gradient(w, x), z[0] * 2 * x)
+    assert OPTIONS.sq([y]).shape == (1, 2)  # (the tape no longer records)
