@@ -20,6 +20,7 @@ import numpy as np
 from gradlang.runtime.args import (ParamSpec, cast, check_shape, convert, foreign_array,
                                   is_foreign_array, plain)
 from gradlang.runtime.errors import ArgumentError, GradError, Span, shown
+from gradlang.runtime.recording import TapeError, followed_by_a_tape
 
 
 class ParamError(ArgumentError, KeyError):
@@ -84,6 +85,14 @@ class ParamStore(MutableMapping):
         if value is None:  # (binding's message spoke of `const` parameters, which no param is)
             raise ArgumentError(f"{where} cannot be set to None: a param holds an array; "
                                 f"to unset it, del module.params[{name!r}]", span)
+        if followed_by_a_tape(value):
+            # (the store keeps a copy, a constant to the tape: a gradient
+            # through the param silently missed where its value came from)
+            raise TapeError(f"{where} cannot be set to an array a recording dsl.Tape follows "
+                            "(watched, a recorded call's result, or computed from one): the "
+                            "param would hold a copy, which the tape cannot follow; pass the "
+                            "value as an argument, or np.array(...) of it to make it a "
+                            "constant on purpose", span)
         if is_foreign_array(value):
             # (a JAX array, a CPU torch tensor: converted to the declared dtype as
             # a NumPy array is; binding it as an argument refused an f32 one for f64)

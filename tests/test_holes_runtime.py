@@ -906,3 +906,22 @@ def test_a_list_holding_an_array_a_recording_tape_follows_is_a_tape_error():
         w = OPTIONS.mul(z, y)
     np.testing.assert_array_equal(tape.gradient(w, x), z[0] * 2 * x)
     assert OPTIONS.sq([y]).shape == (1, 2)  # (the tape no longer records)
+
+
+def test_a_param_set_to_an_array_a_recording_tape_follows_is_a_tape_error():
+    # The store kept a copy, a constant to the tape: the gradient of
+    # lin(x) = x * w with w = sq(x) came out x**2, not 3 x**2
+    m = dsl.loads("param w: f64[n]\ndef lin(x):\n    return x * w\n")
+    x = np.array([1.0, 2.0])
+    with dsl.Tape() as tape:
+        tape.watch(x)
+        y = OPTIONS.sq(x)
+        for value in (y, x, y * 2.0):
+            with pytest.raises(dsl.GradError, match=r"^<string>:1:1: error: param 'w' cannot be "
+                                                    "set to an array a recording dsl.Tape "
+                                                    "follows"):
+                m.params["w"] = value
+        m.params["w"] = np.array(y)  # (a constant on purpose)
+        z = m.lin(x)
+    np.testing.assert_array_equal(tape.gradient(z, x), x ** 2)
+    m.params["w"] = y  # (the tape no longer records)
