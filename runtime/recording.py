@@ -24,7 +24,9 @@ through `y.flat`), or writing
 a derived value into a plain array (`out=`, `np.copyto(plain, y)`), raises
 too.  A watched array is the caller's plain ndarray, which NumPy cannot
 mark; a view of it (`x[::2]`, `x.reshape(...)`) reaching a call while the
-tape records raises `TapeError` as a derived array does.
+tape records raises `TapeError` as a derived array does, and so does a
+list or tuple holding an array a recording tape follows, where a call or
+a module param would take a copy of it (`followed_by_a_tape`).
 Leaving NumPy on purpose (`np.asarray(y)`, `float(y)`) makes a constant.
 `make_read_only` and `restore_writeable` turn a tracked array's memory
 read-only while its tape records (`dsl.Tape`), which stops the writes
