@@ -42,7 +42,7 @@ from gradlang.compiler.modules import read_source
 from gradlang.compiler.values import ReturnsSequence
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import numeric_array
-from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, one_line
+from gradlang.runtime.errors import UNKNOWN_SPAN, ArgumentError, GradError, one_line, shown
 from gradlang.runtime.params import ParamError
 from gradlang.runtime.target import TargetError
 
@@ -216,7 +216,7 @@ def cmd_run(args) -> int:
                              "give the arguments before --wrt")
     values, keywords = _call_arguments(args.args, [s.name for s in f.specs])
     if args.wrt:
-        wrt = [int(w) if re.fullmatch(r"\d+", w, re.ASCII) else w for w in args.wrt]
+        wrt = [_position(w, f) if re.fullmatch(r"\d+", w, re.ASCII) else w for w in args.wrt]
     else:  # every argument and param that gets a gradient (numbers become f64;
         # .npy keep theirs)
         given = {**dict(zip((s.name for s in f.specs), values)), **keywords}
@@ -426,6 +426,16 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
+def _position(digits: str, f) -> int:
+    """A --wrt position, which `dsl.grad` checks; one of more digits than
+    int() reads (4300: its ValueError, a traceback) is out of range."""
+    try:
+        return int(digits)
+    except ValueError:
+        raise UsageError(f"--wrt {shown(digits)} is out of range: {f.name}() has "
+                         f"{len(f.specs)} parameter(s)") from None
+
+
 def _at_least(minimum: int, what: str, maximum: float = float("inf")):
     """An argparse type: an integer from `minimum` to `maximum`."""
     def parse(text: str) -> int:
@@ -434,7 +444,7 @@ def _at_least(minimum: int, what: str, maximum: float = float("inf")):
         except ValueError:
             value = minimum - 1
         if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {what}, got {shown(text)}")
         return value
     return parse
 

@@ -514,3 +514,13 @@ def test_a_const_slice_step_of_zero_in_a_signature_names_its_argument(tmp_path, 
     assert (code, out) == (1, "")
     assert err.splitlines()[0] == (f"{path}:2:18: error: slice step cannot be zero (the value "
                                    "of argument 'k')")
+
+
+def test_a_wrt_position_of_more_digits_than_int_reads_is_out_of_range(tmp_path, capsys):
+    # int() of over 4300 digits raised ValueError: a traceback
+    (tmp_path / "f.grad").write_text("def f(x, y):\n    return x * y\n")
+    code, out, err = run(["run", str(tmp_path / "f.grad"), "f", "1", "2", "--wrt", "9" * 5000],
+                         capsys)
+    assert code == 2 and out == ""
+    assert err == (f"gradc: error: --wrt '{'9' * 27}...{'9' * 28}' is out of range: f() has 2 "
+                   "parameter(s)\n")
