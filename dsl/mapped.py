@@ -55,9 +55,9 @@ InAxes = Union[int, None, Sequence[Optional[int]]]
 OutAxes = Union[int, Sequence[int]]
 
 # How deep out_axes may nest: as the results of f do, which no chain of
-# transforms takes near this; a deeper one is refused before anything
-# hashes it (as the key of the vmap), which for a tuple nested 10**6 deep
-# overflows C's stack (its checking, Python's)
+# transforms takes near this.  A deeper one is refused before anything
+# hashes it (the vmap's key): hashing a tuple nested 10**6 deep overflows
+# C's stack, and checking one 10**5 deep overflowed Python's.
 MOST_NESTING = 64
 
 

@@ -222,7 +222,6 @@ class Tape:
         result = [cts.get(id(s)) for s in source_list]
         return result[0] if single else result
 
-
     def _check_target(self, target: Any) -> None:
         """A `TapeError` (an `ArgumentError` for a list or tuple) unless
         `target` is a float result of a call this tape recorded."""
