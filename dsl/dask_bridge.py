@@ -59,7 +59,11 @@ def chunked_like(value: Any, like: Any, own_dtype: bool = False) -> Any:
     import dask.array as da
     try:
         array = np.asarray(value) if own_dtype else np.asarray(value, like.dtype)
-    except (ValueError, TypeError):  # ragged, or not numbers
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 (binding says what is wrong with it)
+        # ragged, not numbers, or holding a torch tensor that requires grad
+        # (whose RuntimeError leaked from here)
         return value
     if array.shape != like.shape:
         return value

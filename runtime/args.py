@@ -330,7 +330,11 @@ def numeric_array(where: str, value: Any, span=None, as_float: bool = False,
         raise ArgumentError(f"{where} is None, where an array or a number goes", span)
     try:
         array = np.asarray(value)
-    except (ValueError, TypeError) as err:
+    except MemoryError:  # (an AllocationError where it leaves: `runtime.boundary`)
+        raise
+    except Exception as err:  # noqa: BLE001 (an element's own refusal: its message says why)
+        # (not only NumPy's ValueError and TypeError: a list holding a torch
+        # tensor that requires grad raised torch's RuntimeError as it was read)
         if "inhomogeneous" in str(err):  # (NumPy's three sentences about its detected shape)
             raise ArgumentError(f"{where} is not an array: its nested sequences are ragged "
                                 "(of different lengths or depths)", span) from None

@@ -925,3 +925,34 @@ def test_a_param_set_to_an_array_a_recording_tape_follows_is_a_tape_error():
         z = m.lin(x)
     np.testing.assert_array_equal(tape.gradient(z, x), x ** 2)
     m.params["w"] = y  # (the tape no longer records)
+
+
+class _RefusesNumPy:
+    """As a torch tensor that requires grad: reading it raises a
+    RuntimeError (torch's: "Can't call numpy() on Tensor that requires
+    grad")."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("Can't call numpy() on this")
+
+
+def test_a_list_holding_an_array_numpy_cannot_read_is_an_argument_error():
+    # np.asarray's RuntimeError leaked (only its ValueError and TypeError
+    # were said), for an argument, a cotangent, a tangent and a param
+    m = dsl.loads("param w: f64[n]\ndef f(x):\n    return x * w\n")
+    refused = [_RefusesNumPy()]
+    not_an_array = "is not an array: Can't call numpy() on this"
+    for call, where in [
+            (lambda: OPTIONS.sq(refused), "<string>:3:5: error: argument 'x' of sq()"),
+            (lambda: dsl.vjp(OPTIONS.sq, 1.0)[1](refused),
+             "<string>:3:5: error: cotangent 0 of the pullback of sq()"),
+            (lambda: dsl.jvp(OPTIONS.sq, (1.0,), (refused,)),
+             "<string>:3:5: error: the tangent for 'x' of sq()"),
+            (lambda: m.params.__setitem__("w", refused), "<string>:1:1: error: param 'w'")]:
+        with pytest.raises(dsl.ArgumentError) as caught:
+            call()
+        assert str(caught.value).splitlines()[0] == f"{where} {not_an_array}"
+    da = pytest.importorskip("dask.array")
+    # (hvp's v beside a Dask x, split as x is: its RuntimeError leaked there)
+    with pytest.raises(dsl.ArgumentError, match=re.escape(f"v of hvp(sq) {not_an_array}")):
+        dsl.hvp(OPTIONS.sq)(da.ones(4, chunks=2), refused)
