@@ -53,7 +53,7 @@ from dsl.function import (AsFunction, Compiled, FastPath, GradFunction, JvpFunct
                           stacked_jvp_function, stacked_vjp_function, torch_compiling,
                           vjp_of_bound)
 from dsl.jacobian_function import jacobian_function
-from gradlang.runtime.args import SUPPORTED, cast, is_foreign_array, numeric_array
+from gradlang.runtime.args import MAX_RANK, SUPPORTED, cast, is_foreign_array, numeric_array
 from gradlang.runtime.boundary import user_facing
 from gradlang.runtime.common import require_host_room
 from gradlang.runtime.errors import ArgumentError, called, shown
@@ -591,15 +591,21 @@ class Jacobian(AsFunction):
     def _require_room(self, bound: dict[str, Any]) -> None:
         """Refuse, before anything runs, a Jacobian larger than the host's
         memory (`jacfwd` of a function of a 10**6-vector has 10**12
-        entries): each is assembled there whole."""
+        entries), or of more axes than an array has (the result's and the
+        argument's: NumPy's ValueError as it was made): each is assembled
+        there whole."""
         outs = results_like(self.f, bound)  # (by value where a size is an argument's)
         for k, out in enumerate(outs):
             for name in self.wrt:
                 x = bound[name]
                 what = (f"the Jacobian of {'its result' if len(outs) == 1 else f'result {k}'} "
                         f"with respect to {name!r}")  # (user text: a name, repr'd)
-                require_host_room(out.shape + _basis_shape(x, self.batched),
-                                  _jacobian_dtype(out, x), what, self.f.span)
+                shape = out.shape + _basis_shape(x, self.batched)
+                if len(shape) > MAX_RANK:
+                    raise ArgumentError(f"{self.name}: {what} would have {len(shape)} axes (the "
+                                        f"result's and then the argument's), but an array has at "
+                                        f"most {MAX_RANK}", self.f.span)
+                require_host_room(shape, _jacobian_dtype(out, x), what, self.f.span)
 
     def _require_float(self, name: str, x: Any) -> None:
         require_float(self.name, name, x, self.f.span)

@@ -956,3 +956,16 @@ def test_a_list_holding_an_array_numpy_cannot_read_is_an_argument_error():
     # (hvp's v beside a Dask x, split as x is: its RuntimeError leaked there)
     with pytest.raises(dsl.ArgumentError, match=re.escape(f"v of hvp(sq) {not_an_array}")):
         dsl.hvp(OPTIONS.sq)(da.ones(4, chunks=2), refused)
+
+
+@pytest.mark.parametrize("transform", [dsl.jacfwd, dsl.jacrev])
+def test_a_jacobian_of_more_axes_than_an_array_has_is_an_argument_error(transform):
+    # (NumPy's ValueError "maximum supported dimension for an ndarray is
+    # currently 64, found 66" as it was assembled)
+    f = transform(OPTIONS.sq)
+    np.testing.assert_array_equal(f(np.full((1,) * 32, 1.5)), np.full((1,) * 64, 3.0))
+    with pytest.raises(dsl.ArgumentError) as caught:
+        f(np.ones((1,) * 33))
+    assert str(caught.value).splitlines()[0] == (
+        f"<string>:3:5: error: {f.name}: the Jacobian of its result with respect to 'x' "
+        "would have 66 axes (the result's and then the argument's), but an array has at most 64")
