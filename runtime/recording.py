@@ -67,12 +67,12 @@ def followed_by_a_tape(value: Any) -> bool:
     `TapeArray`), or it is a view of one it watches.  A copy of its values
     (a list holding it, as a call converts it) is then a constant to the
     tape, which the gradient would silently not follow."""
-    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+    recording = [t for t in THREAD.tapes if t._recording]
+    if not recording or not isinstance(value, np.ndarray) or value.dtype.kind != "f":
         return False
-    if isinstance(value, TapeArray) and any(t._recording for t in _live(value._tapes)):
+    if isinstance(value, TapeArray) and any(t in recording for t in _live(value._tapes)):
         return True
-    return any(t._recording and (t.tracks(value) or t.watches_memory_of(value))
-               for t in THREAD.tapes)
+    return any(t.tracks(value) or t.watches_memory_of(value) for t in recording)
 
 
 def recording_tapes(arrays: Iterable[Any]) -> list[Any]:
