@@ -376,16 +376,33 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
         else:
             found = repr(str(token))
         message = f"unexpected {found}"
+        takes = _expected(err)
         expected = sorted(_TERMINAL_NAMES.get(t, repr(t.lower()) if t.isupper() and len(t) > 1 else t)
-                          for t in err.expected if not t.startswith("__"))
+                          for t in takes if not t.startswith("__"))
         if expected and len(expected) <= 6:
             message += "; expected " + " or ".join(expected)
-        if token.type == "NAME" and "DTYPE" in err.expected:
+        if token.type == "NAME" and "DTYPE" in takes:
             message += _dtype_hint(str(token))
     else:
         message = "unexpected end of file"
     end = col + 1
     return GradError(f"syntax error: {message}", Span(file, line, col, line, end), source)
+
+
+def _expected(err: lark.exceptions.UnexpectedToken) -> set[str]:
+    """The terminals the parse takes where it stopped.  lark's `expected`
+    is what the contextual lexer's state accepts: with the end of line the
+    indenter has every state accept, and the lookaheads LALR merged into
+    the state, which the parse refuses once it reduces (`def f(*x):` said
+    "expected ')' or a name or end of line", `a, b += 1` "expected ')' or
+    ',' or '=' or end of line"); its interactive parser tries each."""
+    parser = getattr(err, "interactive_parser", None)
+    if parser is None:
+        return set(err.expected)
+    try:
+        return parser.accepts()
+    except lark.exceptions.LarkError:  # (a state it cannot copy: lark's own set)
+        return set(err.expected)
 
 
 def _named_character(char: str) -> str:

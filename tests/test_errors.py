@@ -69,7 +69,7 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
      "imports are of .grad files: NumPy's functions are builtins here"),
     # a type's misspelling says which dtype or kind was meant
     ("def f(x: floats):\n    return x\n", 1, 10,
-     "a dtype (f32, f64, i32, i64, bool, float, int) or end of line; did you mean 'float'?"),
+     "expected 'const' or a dtype (f32, f64, i32, i64, bool, float, int); did you mean 'float'?"),
     ("def f(x: f31[n]):\n    return x\n", 1, 10, "did you mean 'f32'?"),
     ("def f(x) -> float64:\n    return x\n", 1, 13, "did you mean 'f64'?"),
     # "unexpected 's'; expected end of line"
@@ -80,6 +80,24 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
 ])
 def test_syntax_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
+
+
+@pytest.mark.parametrize("source,line,col,message", [
+    ("def f(*x):\n    return x\n", 1, 7, "unexpected '*'; expected ')' or a name"),
+    ("def f(x) -> :\n    return x\n", 1, 13,
+     "unexpected ':'; expected a dtype (f32, f64, i32, i64, bool, float, int)"),
+    ("def f(x):\n    a, b += x, x\n    return a\n", 2, 10, "unexpected '+='; expected ',' or '='"),
+    ("def f(x):\n    if x.ndim == 1:\n    return x\n", 3, 5,
+     "unexpected 'return'; expected an indented block"),
+])
+def test_a_syntax_error_expects_only_what_the_parse_takes_there(source, line, col, message):
+    """The expected terminals were the lexer state's: an end of line,
+    which every state accepts for the indenter, and lookaheads of merged
+    LALR states: "expected ')' or a name or end of line" for `def f(*x):`,
+    "expected ')' or ',' or '=' or end of line" for `a, b += x, x`, and
+    "expected end of line" for a block with no indented body."""
+    err = load_error(source)
+    assert (err.line, err.col, err.message) == (line, col, f"syntax error: {message}"), str(err)
 
 
 @pytest.mark.parametrize("source,line,col,text", [
