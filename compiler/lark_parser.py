@@ -336,6 +336,27 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     return None
 
 
+def _never_closed(err: lark.exceptions.UnexpectedInput, lines: list[str], line: int,
+                  col: int) -> tuple[int, int, str] | None:
+    """(line, column, bracket) of the innermost bracket the file leaves
+    open, where the parse stopped after it on a later line or at the end
+    of the file, as Python's "'(' was never closed".  Inside a bracket
+    the line breaks are dropped, so the parse stopped at the next
+    statement: `y = (x + 1` said "unexpected 'return'" on the line after."""
+    open_at: list[tuple[int, int, str]] = []
+    for number, text in enumerate(lines, 1):
+        for match in _BRACKET_PIECES.finditer(text):
+            if match.group() in ("(", "["):
+                open_at.append((number, match.start() + 1, match.group()))
+            elif match.group() in (")", "]") and open_at:
+                open_at.pop()
+    if not open_at or open_at[-1][:2] >= (line, col):
+        return None
+    token = getattr(err, "token", None)
+    at_end = token is not None and token.type in ("$END", "_DEDENT")
+    return open_at[-1] if at_end or open_at[-1][0] < line else None
+
+
 def _dtype_hint(name: str) -> str:
     """Did-you-mean for a name where a type stands: NumPy's name of a dtype
     (`float64`), or a close spelling of one (`f31`, `floats`)."""
@@ -351,6 +372,11 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
     lines = lines_of(source)
     if line > len(lines):
         line, col = len(lines), len(lines[-1]) + 1
+    unclosed = _never_closed(err, lines, line, col)
+    if unclosed is not None:
+        at, start, bracket = unclosed
+        return GradError(f"syntax error: {bracket!r} was never closed",
+                         Span(file, at, start, at, start + 1), source)
     unsupported = (_unsupported_statement(lines[line - 1], file, line, source)
                    or _item_assignment(lines[line - 1], file, line, col, source))
     if unsupported is not None:

@@ -100,6 +100,23 @@ def test_a_syntax_error_expects_only_what_the_parse_takes_there(source, line, co
     assert (err.line, err.col, err.message) == (line, col, f"syntax error: {message}"), str(err)
 
 
+@pytest.mark.parametrize("source,line,col,message", [
+    ("def f(x):\n    y = exp(x\n    return y\n", 2, 12, "'(' was never closed"),
+    ("def f(x):\n    y = stack([x, (x\n    return y\n", 2, 19, "'(' was never closed"),
+    ("def f(x):\n    return [x,\n", 2, 12, "'[' was never closed"),
+    # (a bracket in a string or a comment opens nothing; one closed is no matter)
+    ("def f(x):  # (\n    y = (x +\n         x) $\n    return y\n", 3, 13,
+     "unexpected character '$'"),
+])
+def test_a_bracket_left_open_is_the_error_where_it_opens(source, line, col, message):
+    """Python's "'(' was never closed": inside a bracket the line breaks
+    are dropped, so the parse stopped at the next statement ("unexpected
+    'return'", a line after the bracket), or at the end of the file
+    ("unexpected end of block")."""
+    err = load_error(source)
+    assert (err.line, err.col, err.message) == (line, col, f"syntax error: {message}"), str(err)
+
+
 @pytest.mark.parametrize("source,line,col,text", [
     ("def f(x):\n    return y\n", 2, 12, "name 'y' is not defined"),
     ("def f(x):\n    return foo(x)\n", 2, 12, "unknown function 'foo'"),
