@@ -246,14 +246,21 @@ _UNSUPPORTED_STATEMENTS = {
 }
 
 
-def _unsupported_statement(line_text: str, file: str, line: int,
+def _unsupported_statement(line_text: str, file: str, line: int, stopped: int,
                            source: str) -> GradError | None:
-    match = re.match(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)", line_text)
+    """The error for a Python statement the language lacks, where the
+    parse stopped (column `stopped`) at its keyword or at what follows
+    it.  These keywords are names to the language (`print = x * 2.0` is an
+    assignment): a syntax error further on in such a line (`print = x $ 2`)
+    is its own, not "`print` is not supported"."""
+    match = re.match(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)([ \t]*)", line_text)
     if match is None or match.group(2) not in _UNSUPPORTED_STATEMENTS:
         return None
     keyword, col = match.group(2), len(match.group(1)) + 1
     if keyword == "def" and not match.group(1):
         return None  # (a function's header at the top level: its own error)
+    if stopped not in (col, match.end() + 1):
+        return None
     return GradError(f"`{keyword}` is not supported: {_UNSUPPORTED_STATEMENTS[keyword]}",
                      Span(file, line, col, line, col + len(keyword)), source)
 
@@ -377,7 +384,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
         at, start, bracket = unclosed
         return GradError(f"syntax error: {bracket!r} was never closed",
                          Span(file, at, start, at, start + 1), source)
-    unsupported = (_unsupported_statement(lines[line - 1], file, line, source)
+    unsupported = (_unsupported_statement(lines[line - 1], file, line, col, source)
                    or _item_assignment(lines[line - 1], file, line, col, source))
     if unsupported is not None:
         return unsupported

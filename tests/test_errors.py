@@ -100,6 +100,24 @@ def test_a_syntax_error_expects_only_what_the_parse_takes_there(source, line, co
     assert (err.line, err.col, err.message) == (line, col, f"syntax error: {message}"), str(err)
 
 
+@pytest.mark.parametrize("statement,col,message", [
+    ("print = x $ 2.0", 15, "syntax error: unexpected character '$'"),
+    ("pass = x * * 2.0", 16, "syntax error: unexpected '*'"),
+    ("print(y)", 5, "`print` is not supported: a function computes values; print them from "
+                    "Python (or `gradc run`)"),
+    ("while y > 0:\n        y = y - 1.0", 5, "`while` is not supported: loops are `for NAME in "
+     "range(...)` with a trip count known when the loop starts"),
+    ("pass  # nothing yet", 5, "`pass` is not supported: a block holds at least one "
+                               "assignment; leave out an empty branch"),
+])
+def test_a_python_statement_is_named_only_where_the_parse_stopped_at_it(statement, col, message):
+    """`print`, `pass`, `while`, ... are names to the language, so a line
+    assigning one with a syntax error further on (`print = x $ 2.0`) said
+    "`print` is not supported" at the name, not what was wrong where."""
+    err = load_error(f"def f(x):\n    y = x\n    {statement}\n    return y\n")
+    assert (err.line, err.col, err.message) == (3, col, message), str(err)
+
+
 @pytest.mark.parametrize("source,line,col,message", [
     ("def f(x):\n    y = exp(x\n    return y\n", 2, 12, "'(' was never closed"),
     ("def f(x):\n    y = stack([x, (x\n    return y\n", 2, 19, "'(' was never closed"),
