@@ -293,6 +293,21 @@ _OPERATOR_HINTS = {
 # `=` after it (`v, (gx, gw) = ...`, `*batch, n = x.shape`)
 _TARGETS = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*\s*,\s*)*")
 _ASSIGNED = re.compile(r"(?<![=!<>])=(?!=)")
+# what `_assigned` reads: a string, a comment, a bracket, or an `=`
+_ASSIGNMENT_PIECES = re.compile(_BRACKET_PIECES.pattern + "|" + _ASSIGNED.pattern)
+
+
+def _assigned(text: str) -> bool:
+    """Whether `text` (a statement from its first bracket on) assigns: an
+    `=` outside its brackets.  One inside them is a keyword argument's
+    (`[sum(x, axis=0)]`, an expression, was said to be a nested target)."""
+    depth = 0
+    for piece in _ASSIGNMENT_PIECES.findall(text):
+        if piece == "=" and depth == 0:
+            return True
+        depth += piece in ("(", "[")
+        depth -= piece in (")", "]") and depth > 0
+    return False
 _COMPARISON = re.compile(r"<=|>=|==|!=|<|(?<!-)>")
 # a compound statement's header, up to its colon: `for i in range(3): s = ...`
 _HEADER = re.compile(r"\s*(for\b.*|if\b.*|elif\b.*|else|def\b.*\)(\s*->.*)?|grad\b.*\))\s*:\s*$")
@@ -325,7 +340,7 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
         return ("`import ... as` is not supported: import a .grad module by its name "
                 "(`import other`, then `other.f(x)`)")
     if token.value in ("(", "[", "*") and _TARGETS.fullmatch(before) \
-            and _ASSIGNED.search(line_text[col - 1:]):
+            and _assigned(line_text[col - 1:]):
         if token.value == "*":
             return ("starred unpacking (`*batch, n = x.shape`) is not supported: slice the "
                     "tuple (`batch = x.shape[:-1]`, `n = x.shape[-1]`)")

@@ -109,6 +109,13 @@ def test_a_syntax_error_expects_only_what_the_parse_takes_there(source, line, co
      "range(...)` with a trip count known when the loop starts"),
     ("pass  # nothing yet", 5, "`pass` is not supported: a block holds at least one "
                                "assignment; leave out an empty branch"),
+    # (a keyword argument's `=` makes no target of a bracket: it said "nested
+    # or parenthesized targets are not supported")
+    ("[sum(x, axis=0)]", 5, "syntax error: unexpected '['; expected 'for' or 'if' or 'return' "
+                            "or a name or end of block"),
+    ("(a, b) = y, sum(y, axis=0)", 5, "syntax error: nested or parenthesized targets are not "
+     "supported: unpack one level at a time, names without brackets (`v, g = "
+     "value_and_grad(f, wrt=(0, 1))(x, w)`, then `gx, gw = g`)"),
 ])
 def test_a_python_statement_is_named_only_where_the_parse_stopped_at_it(statement, col, message):
     """`print`, `pass`, `while`, ... are names to the language, so a line
