@@ -266,7 +266,7 @@ def _unsupported_statement(line_text: str, file: str, line: int, stopped: int,
 
 
 # `x[i] = v` (or `+=`), as NumPy and torch write an update in place.
-_ITEM_ASSIGNMENT = re.compile(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)\[.*\]\s*(//|[-+*/%])?=[^=]")
+_ITEM_ASSIGNMENT = re.compile(r"([ \t]*)([A-Za-z_][A-Za-z0-9_]*)\[.*\]\s*(//|\*\*|[-+*/%@])?=(?!=)")
 
 
 def _item_assignment(line_text: str, file: str, line: int, col: int,

@@ -38,6 +38,10 @@ def assert_at(err: dsl.GradError, line: int, col: int | None = None, text: str =
     ("def f(x):\n    x[0] = 1.0\n    return x\n", 2, 5,
      "arrays cannot be changed in place: `x[...] = ...` is not supported"),
     ("def f(x):\n    x[1:, 0] *= 2.0\n    return x\n", 2, 5, "changed in place"),
+    # (`**=`, `@=` and an `=` ending the line were "unexpected '['")
+    ("def f(x):\n    x[0] **= 2.0\n    return x\n", 2, 5, "changed in place"),
+    ("def f(x):\n    x[0] @= x\n    return x\n", 2, 5, "changed in place"),
+    ("def f(x):\n    x[0] =\n    return x\n", 2, 5, "changed in place"),
     ("def f(x):\n        y = x\n    return y\n", 3, None, "unindent"),
     # at the indented line, not the end of the one before ("unexpected an indented block")
     ("def f(x):\n    y = x\n      return y\n", 3, 7, "syntax error: unexpected indent"),
