@@ -62,6 +62,9 @@ def check(module: ast.Module, ns: Namespace) -> None:
                             f"{seen[f.name].span.line}", f.span)
         if f.name in BUILTINS or f.name in TRANSFORMS:
             raise GradError(f"function {f.name!r} shadows a builtin", f.span)
+        if f.name == "range":  # (no builtin function: a for loop's syntax)
+            raise GradError("function 'range' shadows the range() a for loop iterates over "
+                            "(`for i in range(n):` would not call it)", f.span)
         seen[f.name] = f
     declared: set[str] = set()
     for p in module.params:

@@ -104,6 +104,16 @@ def test_a_syntax_error_expects_only_what_the_parse_takes_there(source, line, co
     assert (err.line, err.col, err.message) == (line, col, f"syntax error: {message}"), str(err)
 
 
+def test_a_function_named_range_is_refused_as_the_loops_range_is_not_it():
+    """`def range(n)` loaded, and `for i in range(3):` iterated three times
+    all the same, while `range(x)` elsewhere called the function."""
+    err = load_error("def range(n):\n    return n * 2.0\ndef f(x):\n    y = x\n"
+                     "    for i in range(3):\n        y = y * 2.0\n    return y + range(x)\n")
+    assert (err.line, err.col, err.message) == (
+        1, 5, "function 'range' shadows the range() a for loop iterates over "
+              "(`for i in range(n):` would not call it)"), str(err)
+
+
 @pytest.mark.parametrize("statement,col,message", [
     ("print = x $ 2.0", 15, "syntax error: unexpected character '$'"),
     ("pass = x * * 2.0", 16, "syntax error: unexpected '*'"),
