@@ -463,6 +463,10 @@ class _Function:
             elif isinstance(func, ast.Attr):  # `x.unsqueeze(0)`, `(x + 1).softmax(1)`
                 raise GradError(self.no_method(func), func.span)
             else:
+                if isinstance(func, ast.Call):
+                    # (what it calls first: `grad = ...` then `grad(g)(x)` is a
+                    # call of the value grad, which this message did not say)
+                    self.call(func, defined)
                 raise GradError("only named functions can be called", func.span)
         subscripts = isinstance(func, ast.Name) and func.id == "einsum" \
             and self.ns.resolve(func) is None and func.id not in defined

@@ -158,6 +158,11 @@ def test_a_bracket_left_open_is_the_error_where_it_opens(source, line, col, mess
 
 @pytest.mark.parametrize("source,line,col,text", [
     ("def f(x):\n    return y\n", 2, 12, "name 'y' is not defined"),
+    # a call of what a call returns, where the first is of a value or an
+    # unknown function (each was "only named functions can be called")
+    ("def f(x):\n    grad = x\n    return grad(g)(x)\ndef g(x):\n    return sum(x)\n", 3, 12,
+     "'grad' is a value, not a function"),
+    ("def f(x):\n    return zz(x)(x)\n", 2, 12, "unknown function 'zz'"),
     ("def f(x):\n    return foo(x)\n", 2, 12, "unknown function 'foo'"),
     # NumPy's, torch's and Python's spellings, and the standard library's
     # functions without their import, say what to write (they were "unknown
