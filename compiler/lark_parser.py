@@ -214,10 +214,14 @@ def _dedent_line(source: str) -> int:
     levels = [0]
     lines = lines_of(source)
     for number, (line, continued) in enumerate(zip(lines, _continued(lines)), 1):
-        stripped = line.lstrip(" ")
+        # (as `_check_indentation` and the lexer read it: a line of spaces,
+        # tabs and form feeds is blank, and a form feed is no indentation;
+        # a blank line with a tab or a form feed was a line at column 1,
+        # and one indented past a form feed was counted one too deep)
+        stripped = line.lstrip(" \t\f")
         if not stripped or stripped.startswith("#") or continued:
             continue
-        indent = len(line) - len(stripped)
+        indent = len(line[:len(line) - len(stripped)].replace("\f", ""))
         if indent > levels[-1]:
             levels.append(indent)
             continue

@@ -114,6 +114,19 @@ def test_a_function_named_range_is_refused_as_the_loops_range_is_not_it():
               "(`for i in range(n):` would not call it)"), str(err)
 
 
+@pytest.mark.parametrize("between", ["\t", "\f", "    \f"])
+def test_an_unindent_is_reported_at_its_line_past_blank_lines_of_tabs_or_form_feeds(between):
+    """The line of a mismatched unindent was found counting a blank line
+    holding a tab or a form feed as code at column 1, and a form feed
+    before a line's spaces as indentation: the error named line 6 (or 4)."""
+    err = load_error(f"def f(x):\n    if True:\n        y = x\n{between}\n      z = x\n"
+                     "    return y\n")
+    assert (err.line, err.col, err.message) == (
+        5, 1, "unindent does not match any outer indentation level"), str(err)
+    err = load_error("def f(x):\n    if True:\n        y = x\n \f   z = x\n   return y\n")
+    assert (err.line, err.col) == (5, 1), str(err)
+
+
 @pytest.mark.parametrize("statement,col,message", [
     ("print = x $ 2.0", 15, "syntax error: unexpected character '$'"),
     ("pass = x * * 2.0", 16, "syntax error: unexpected '*'"),
