@@ -165,7 +165,7 @@ def _continued(lines: list[str]) -> list[bool]:
             depth += piece in ("(", "[")
             depth -= piece in (")", "]") and depth > 0
             commented = commented or piece.startswith("#")
-        joined = not commented and line.rstrip(" \t").endswith("\\")  # (as LINE_CONT)
+        joined = not commented and line.rstrip(" \t\f").endswith("\\")  # (as LINE_CONT)
     return continued
 
 

@@ -361,6 +361,8 @@ def test_lines_end_as_python_reads_them(tmp_path, newline):
     "def f(x):\n    return maximum(x,\n\t\tx * 2.0)\n",
     "def f(x):\n    y = [x * 2.0, # a comment (\n\t x]\n    return y[0]\n",
     "def f(x):\n    return x \\ \n\t* 2.0\n",
+    # (a form feed after the backslash, as the lexer's LINE_CONT takes)
+    "def f(x):\n    return x \\\f\n\t* 2.0\n",
 ])
 def test_a_tab_that_continues_a_line_is_no_indentation(source):
     # "tabs are not allowed in indentation" at the continuation line, which
