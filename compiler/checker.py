@@ -658,10 +658,12 @@ def none_argument(call: ast.Call, position: int, keyword: Optional[str], span,
 
 
 def _keyword_names(e: ast.Call) -> list[str]:
-    """The keywords of a call, each once (`grad(f, wrt=0, wrt=1)` too)."""
+    """The keywords of a call, each once (`grad(f, wrt=0, wrt=1)` too): a
+    repeated one is the error, at it, as Python's and a decorator's are."""
     names = [k.name for k in e.kwargs]
-    if len(set(names)) != len(names):
-        raise GradError("keyword argument repeated", e.span)
+    for i, k in enumerate(e.kwargs):
+        if k.name in names[:i]:
+            raise GradError(f"keyword argument {k.name!r} repeated", k.span)
     return names
 
 

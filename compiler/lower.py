@@ -981,8 +981,10 @@ class Lowerer:
             raise GradError(f"{name!r} is a value, not a function", e.func.span)
         args = [self.expr(b, a, env, none_ok=True) for a in e.args]
         kwargs = {k.name: self.expr(b, k.value, env, none_ok=True) for k in e.kwargs}
-        if len(kwargs) != len(e.kwargs):
-            raise GradError("keyword argument repeated", e.span)
+        if len(kwargs) != len(e.kwargs):  # (the checker's error first: `_keyword_names`)
+            repeated = next(k for i, k in enumerate(e.kwargs)
+                            if any(k.name == j.name for j in e.kwargs[:i]))
+            raise GradError(f"keyword argument {repeated.name!r} repeated", repeated.span)
         if target is not None:
             fdef, ns = target
             _refuse_none(e, args, kwargs, fdef.refuses_none)

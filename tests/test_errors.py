@@ -276,10 +276,13 @@ def test_a_bracket_left_open_is_the_error_where_it_opens(source, line, col, mess
      "name 'inf' is not defined; infinity is the number 1e400"),
     ("def f(x):\n    return x * np.pi\n", 2, 16,
      "name 'np' is not defined; write 3.141592653589793"),
-    ("def f(x):\n    return sum(x, axis=0, axis=0)\n", 2, 12, "keyword argument repeated"),
+    # (at the repeated keyword, named: it was "keyword argument repeated" at the call)
+    ("def f(x):\n    return sum(x, axis=0, axis=0)\n", 2, 27, "keyword argument 'axis' repeated"),
     # the transform's own keywords too (the first wrt was taken, silently)
     ("def g(x, y):\n    return x * y\ndef f(x):\n    return grad(g, wrt=0, wrt=1)(x, x)\n",
-     4, 12, "keyword argument repeated"),
+     4, 27, "keyword argument 'wrt' repeated"),
+    ("def g(x):\n    return x\ndef f(x):\n    return g(x=x, x=x)\n", 4, 19,
+     "keyword argument 'x' repeated"),
 ])
 def test_name_and_arity_errors(source, line, col, text):
     assert_at(load_error(source), line, col, text)
