@@ -336,6 +336,12 @@ class GradBlock:
     upstream: tuple[str, ...]
     body: tuple[Stmt, ...]
     span: Span
+    # each upstream name's place, for an error about one (none: the block's)
+    upstream_spans: tuple[Span, ...] = field(default=(), repr=False, compare=False)
+
+    def upstream_span(self, k: int) -> Span:
+        """Where the block names its k-th upstream cotangent."""
+        return self.upstream_spans[k] if k < len(self.upstream_spans) else self.span
 
 
 @dataclass(frozen=True)

@@ -211,12 +211,12 @@ class _Function:
         """Check block k; return how many cotangents it returns."""
         f = self.f
         where = f"grad block {k} of {f.name}() (line {block.span.line})"
-        if len(set(block.upstream)) != len(block.upstream):
-            raise GradError(f"{where} repeats an upstream name", block.span)
-        for u in block.upstream:
+        for i, u in enumerate(block.upstream):  # (each error at the name)
+            if u in block.upstream[:i]:
+                raise GradError(f"{where} repeats an upstream name", block.upstream_span(i))
             if u in visible:
                 raise GradError(f"{where}: upstream name {u!r} is already defined",
-                                block.span)
+                                block.upstream_span(i))
         what = "value(s) the function returns" if k == 1 else \
             f"cotangent(s) block {k - 1} returns"
         if len(block.upstream) != n_upstream:

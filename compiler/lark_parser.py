@@ -579,9 +579,10 @@ class _ToAst(Transformer_NonRecursive):
         return self._int(tok) if tok.type == "INT" else str(tok)
 
     def gradblock(self, meta, children):
-        upstream = tuple(str(c) for c in children[1:-1] if c is not None)
-        return ast.GradBlock(upstream, children[-1],
-                             _tok_span(self.file, children[0]))
+        names = [c for c in children[1:-1] if c is not None]
+        return ast.GradBlock(tuple(str(c) for c in names), children[-1],
+                             _tok_span(self.file, children[0]),
+                             tuple(_tok_span(self.file, c) for c in names))
 
     def body(self, meta, children):
         return tuple(children)

@@ -238,6 +238,11 @@ def test_a_bracket_left_open_is_the_error_where_it_opens(source, line, col, mess
     ("def f(x):\n    return where(x > 0, x)\n", 2, 12, "where() takes 3 positional"),
     ("def f(x):\n    return x\ndef f(y):\n    return y\n", 3, 5, "already defined"),
     ("def f(x, x):\n    return x\n", 1, None, "duplicate parameter"),
+    # a grad block's upstream name, at it (it was at the block's `grad`)
+    ("def f(x):\n    return x, x\ngrad(d, d):\n    return d\n", 3, 9,
+     "grad block 1 of f() (line 3) repeats an upstream name"),
+    ("def f(x):\n    y = x * x\n    return y\ngrad(dy,\n     y):\n    return dy\n", 5, 6,
+     "grad block 1 of f() (line 4): upstream name 'y' is already defined"),
     ("def f(a: f64 = 1.0, x):\n    return x * a\n", 1, 21,
      "parameter 'x' of f() has no default but follows one with a default"),
     ("def f(x):\n    return x\n    y = x\n", 3, 5, "unreachable"),
