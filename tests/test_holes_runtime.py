@@ -883,7 +883,7 @@ def test_a_list_nested_deeper_than_any_array_is_no_array_with_dask_imported():
     # (looking for Dask arrays in it walked it whole: a RecursionError)
     pytest.importorskip("dask.array")
     nested = [0.0]
-    for _ in range(100_000):
+    for _ in range(10 * sys.getrecursionlimit()):
         nested = [nested]
     with pytest.raises(dsl.ArgumentError, match=r"^<string>:3:5: error: argument 'x' of sq\(\) "
                                                 r"is not an array: .* maximum number of dim"):
