@@ -761,10 +761,11 @@ def test_a_loop_calling_another_module_s_kernel_loads_its_machine_code(fresh_cac
     assert compiles.buffer == []
 
 
-# A tuple nested 10**5 deep (whose repr is a RecursionError, and whose hash
-# overflows C's stack), and an integer `str` refuses (over 4300 digits).
+# A tuple nested deeper than Python's recursion limit (whose repr is a
+# RecursionError; nested 10**6 deep, its hash overflows C's stack), and an
+# integer `str` refuses (over 4300 digits).
 DEEP = 0
-for _ in range(100_000):
+for _ in range(10 * sys.getrecursionlimit()):
     DEEP = (DEEP,)
 HUGE = 10 ** 5000
 OPTIONS = dsl.loads("def mul(x, y):\n    return x * y\ndef sq(x):\n    return x * x\n")
