@@ -324,7 +324,7 @@ def _reshape(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = list(_static_shape(L, _kw(args, kwargs, 1, "shape"), span))
     if shape.count(-1) > 1:
-        raise GradError(f"invalid shape {shape}", span)
+        raise _shape_error(shape, f"invalid shape {shape}", span)
     for d in shape:
         if isinstance(d, int) and d < -1:
             raise _negative(d, f"invalid shape {shape}", span)
@@ -336,8 +336,13 @@ def _reshape(L, b, args, kwargs, span):
         if rest is None and (isinstance(size, Sym) or isinstance(known, Sym)):
             raise NeedsConcrete(f"the size {size} is divided by {known}")
         if rest is None:
-            raise GradError(f"cannot reshape {list(x.type.shape)} to {shape}", span)
+            raise _shape_error(shape, f"cannot reshape {list(x.type.shape)} to {shape}", span)
         shape[shape.index(-1)] = rest
+    elif all(isinstance(d, int) for d in (*shape, x.type.size)) and prod(shape) != x.type.size:
+        # (the op's shape rule says so too, but cannot tell an argument's
+        # value from the source's number)
+        raise _shape_error(shape, f"cannot reshape {list(x.type.shape)} ({x.type.size} "
+                                  f"elements) to {shape}", span)
     shape = tuple(shape)
     if shape == x.type.shape:  # (a number stays one: `reshape(0.5, ())` is weak)
         return args[0] if is_static(args[0]) else x
@@ -360,6 +365,10 @@ def _transpose(L, b, args, kwargs, span):
     axes = _kw(args, kwargs, 1, "axes")
     if axes is not None:
         axes = _static_shape(L, axes, span, sizes=False)
+        rank = x.type.rank
+        perm = [a % rank if -rank <= a < rank else a for a in axes]
+        if sorted(perm) != list(range(rank)):
+            raise _shape_error(axes, f"transpose axes {perm} do not match rank {rank}", span)
     return L.transpose(b, x, axes, span)
 
 
@@ -707,9 +716,22 @@ def _negative(value: int, message: str, span: Span) -> GradError:
     """The error `message` says about a negative `value`: the caller's
     `ArgumentError`, naming the argument, where it is an argument's value
     (`is_argument`), else an error in the source."""
-    if is_argument(value):
-        return ArgumentError(f"{message} (the value of argument {value.name!r})", span)
-    return GradError(message, span)
+    return _shape_error((value,), message, span)
+
+
+def _shape_error(values: Sequence, message: str, span: Span) -> GradError:
+    """The error `message` says about a shape or axes made of `values`:
+    the caller's `ArgumentError`, naming the arguments whose values they
+    hold as they are (`is_argument`: `reshape(x, (k, -1))` for `k: i64`
+    that does not divide x's size), as an axis or index out of range is;
+    else, with no argument among them, an error in the source."""
+    names = list(dict.fromkeys(v.name for v in values if is_argument(v)))
+    if not names:
+        return GradError(message, span)
+    if len(names) == 1:
+        return ArgumentError(f"{message} (the value of argument {names[0]!r})", span)
+    listed = ", ".join(repr(name) for name in names)
+    return ArgumentError(f"{message} (the values of arguments {listed})", span)
 
 
 def _arange(L, b, args, kwargs, span):

@@ -110,6 +110,32 @@ def test_an_axis_argument_out_of_range_is_an_argument_error_naming_it(m):
     assert (err.value.message, err.value.col) == ("axis 3 is out of range for rank 1", 24)
 
 
+def test_a_shape_or_axes_argument_that_does_not_fit_is_an_argument_error_naming_it(m):
+    # as an axis out of range is: each was a GradError in the source
+    # ("cannot reshape [6] to [4, -1]"), naming no argument
+    def refused(call, message, at):
+        with pytest.raises(dsl.ArgumentError) as err:
+            call()
+        assert (err.value.message, err.value.line, err.value.col) == (message, *at)
+    x = np.arange(6.0)
+    refused(lambda: m.reshaped(x, 4), "cannot reshape [6] to [4, -1] "
+            "(the value of argument 'rows')", (2, 12))
+    refused(lambda: m.reshaped(x, -1), "invalid shape [-1, -1] "
+            "(the value of argument 'rows')", (2, 12))
+    refused(lambda: m.moved(np.ones((2, 3)), 0, 0), "transpose axes [0, 0] do not match "
+            "rank 2 (the values of arguments 'first', 'second')", (5, 12))
+    const = dsl.loads("def f(x, k: const i64):\n    return reshape(x, (k, 2))\n"
+                      "def g(x):\n    return reshape(x, (4, 2))\n", "shapes.grad")
+    refused(lambda: const.f(x, 4), "cannot reshape [6] (6 elements) to [4, 2] "
+            "(the value of argument 'k')", (2, 12))
+    assert const.f(x, -1).shape == (3, 2)
+    # a shape the source writes is still the source's error
+    with pytest.raises(dsl.GradError) as err:
+        const.g(x)
+    assert not isinstance(err.value, dsl.ArgumentError)
+    assert (err.value.message, err.value.line) == ("cannot reshape [6] (6 elements) to [4, 2]", 4)
+
+
 def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
     # True was taken as 1 (the sum over axis 1), where NumPy and PyTorch
     # refuse a bool as an axis, the source refuses True as an i64 default
