@@ -464,8 +464,9 @@ def _per_axis(L, name: str, d: int, v, what: str, least: int, span) -> tuple[int
     if any(isinstance(k, Sym) for k in numbers):
         raise NeedsConcrete(f"a size used as the {what} of {name}()")
     if any(k < least for k in numbers):
-        raise GradError(f"{name}() {what} must be {'positive' if least else 'non-negative'}"
-                        f", got {list(numbers) if isinstance(v, tuple) else v}", span)
+        raise _shape_error([k for k in numbers if k < least],
+                           f"{name}() {what} must be {'positive' if least else 'non-negative'}"
+                           f", got {list(numbers) if isinstance(v, tuple) else v}", span)
     return numbers
 
 

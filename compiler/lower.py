@@ -775,13 +775,12 @@ class Lowerer:
                                  self.sequence_bound(b, part, kind, env)
                                  for part in (item.start, item.stop, item.step))
             if step == 0:
-                raise GradError("slice step cannot be zero", item.step.span)
+                raise zero_slice_step(step, item.step.span)
             part = v[start:stop:step]
             return StaticList(part) if isinstance(v, StaticList) else part
         k = self.sequence_bound(b, item, kind, env)
         if not -len(v) <= k < len(v):
-            raise GradError(f"index {k} is out of range for a {kind} of length "
-                            f"{len(v)}", item.span)
+            raise sequence_index_out_of_range(k, kind, len(v), item.span)
         return v[k]
 
     def sequence_bound(self, b, e: ast.Expr, kind: str, env) -> int:
@@ -1786,6 +1785,18 @@ def static_index_out_of_range(k: int, axis: int, size: int, span: Span) -> GradE
     if is_argument(k):
         return ArgumentError(index_out_of_range_message(k, repr(k.name), size), span)
     return GradError(f"index {k} is out of range for axis {axis} of size {size}", span)
+
+
+def sequence_index_out_of_range(k: int, kind: str, length: int, span: Span) -> GradError:
+    """The error of a compile-time sequence's index `k` out of range
+    (`x.shape[k]`): the caller's `ArgumentError`, naming the argument,
+    where k is an argument's value passed on as it is (`is_argument`), as
+    an array's index is (`static_index_out_of_range`); else an error in
+    the source."""
+    message = f"index {k} is out of range for a {kind} of length {length}"
+    if is_argument(k):
+        return ArgumentError(f"{message} (the value of argument {k.name!r})", span)
+    return GradError(message, span)
 
 
 def argument_axis_out_of_range(err: ops.AxisOutOfRange) -> ArgumentError:

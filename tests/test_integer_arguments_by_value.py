@@ -136,6 +136,31 @@ def test_a_shape_or_axes_argument_that_does_not_fit_is_an_argument_error_naming_
     assert (err.value.message, err.value.line) == ("cannot reshape [6] (6 elements) to [4, 2]", 4)
 
 
+def test_a_size_index_or_an_option_argument_out_of_range_is_an_argument_error_naming_it(m):
+    # x.shape[k] out of range, a tuple's slice step of 0, a stride,
+    # padding or kernel size below its least: each was a GradError in the
+    # source ("index 1 is out of range for a tuple of length 1")
+    def refused(call, message, at):
+        with pytest.raises(dsl.ArgumentError) as err:
+            call()
+        assert (err.value.message, err.value.line, err.value.col) == (message, *at)
+    refused(lambda: m.length(np.ones(3), 1), "index 1 is out of range for a tuple of length 1 "
+            "(the value of argument 'axis')", (14, 24))
+    options = dsl.loads("def c(x, w, s: i64, p: i64):\n    return conv1d(x, w, stride=s, padding=p)\n"
+                        "def p(x, k: i64):\n    return max_pool1d(x, k)\n"
+                        "def t(x, k: const i64):\n    return x * x.shape[::k][0]\n", "options.grad")
+    x, w = np.ones((1, 1, 5)), np.ones((1, 1, 2))
+    refused(lambda: options.c(x, w, 0, 0), "conv1d() stride must be positive, got 0 "
+            "(the value of argument 's')", (2, 12))
+    refused(lambda: options.c(x, w, 1, -1), "conv1d() padding must be non-negative, got -1 "
+            "(the value of argument 'p')", (2, 12))
+    refused(lambda: options.p(x, 0), "max_pool1d() kernel_size must be positive, got 0 "
+            "(the value of argument 'k')", (4, 12))
+    refused(lambda: options.t(np.ones(3), 0), "slice step cannot be zero "
+            "(the value of argument 'k')", (6, 26))
+    np.testing.assert_array_equal(options.c(x, w, 2, 0), [[[2.0, 2.0]]])
+
+
 def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
     # True was taken as 1 (the sum over axis 1), where NumPy and PyTorch
     # refuse a bool as an axis, the source refuses True as an i64 default
