@@ -158,7 +158,6 @@ def test_a_size_index_or_an_option_argument_out_of_range_is_an_argument_error_na
             "(the value of argument 'k')", (4, 12))
     refused(lambda: options.t(np.ones(3), 0), "slice step cannot be zero "
             "(the value of argument 'k')", (6, 26))
-    np.testing.assert_array_equal(options.c(x, w, 2, 0), [[[2.0, 2.0]]])
 
 
 def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
