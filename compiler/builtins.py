@@ -752,7 +752,7 @@ def _arange(L, b, args, kwargs, span):
                         span)
     start, stop, step = bounds
     if step == 0:
-        raise GradError("arange() step cannot be zero", span)
+        raise _shape_error((step,), "arange() step cannot be zero", span)
     if isinstance(start, Sym) or isinstance(step, Sym) or isinstance(stop, Sym) \
             and (start, step) != (0, 1):
         raise NeedsConcrete("a size used as a bound of arange() with a start or step")

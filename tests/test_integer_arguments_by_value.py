@@ -137,7 +137,7 @@ def test_a_shape_or_axes_argument_that_does_not_fit_is_an_argument_error_naming_
 
 
 def test_a_size_index_or_an_option_argument_out_of_range_is_an_argument_error_naming_it(m):
-    # x.shape[k] out of range, a tuple's slice step of 0, a stride,
+    # x.shape[k] out of range, a tuple's or arange()'s step of 0, a stride,
     # padding or kernel size below its least: each was a GradError in the
     # source ("index 1 is out of range for a tuple of length 1")
     def refused(call, message, at):
@@ -148,7 +148,8 @@ def test_a_size_index_or_an_option_argument_out_of_range_is_an_argument_error_na
             "(the value of argument 'axis')", (14, 24))
     options = dsl.loads("def c(x, w, s: i64, p: i64):\n    return conv1d(x, w, stride=s, padding=p)\n"
                         "def p(x, k: i64):\n    return max_pool1d(x, k)\n"
-                        "def t(x, k: const i64):\n    return x * x.shape[::k][0]\n", "options.grad")
+                        "def t(x, k: const i64):\n    return x * x.shape[::k][0]\n"
+                        "def r(k: i64):\n    return arange(0, 4, k)\n", "options.grad")
     x, w = np.ones((1, 1, 5)), np.ones((1, 1, 2))
     refused(lambda: options.c(x, w, 0, 0), "conv1d() stride must be positive, got 0 "
             "(the value of argument 's')", (2, 12))
@@ -158,6 +159,8 @@ def test_a_size_index_or_an_option_argument_out_of_range_is_an_argument_error_na
             "(the value of argument 'k')", (4, 12))
     refused(lambda: options.t(np.ones(3), 0), "slice step cannot be zero "
             "(the value of argument 'k')", (6, 26))
+    refused(lambda: options.r(0), "arange() step cannot be zero (the value of argument 'k')",
+            (8, 12))
 
 
 def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
