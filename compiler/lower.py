@@ -44,7 +44,7 @@ from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, Atom, Eqn, Functio
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
 from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, is_lone, plain_size,
-                                      shortened, shortening)
+                                      shortened, sliced, slicing)
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
@@ -838,7 +838,7 @@ class Lowerer:
                 stops.append(stop)
                 steps.append(step)
                 if item is None or isinstance(item, ast.Slice):  # (an integer drops the axis)
-                    keep.append(shortened(stop, start) if isinstance(stop, Sym)
+                    keep.append(sliced(stop, start, step) if isinstance(stop, Sym)
                                 else len(range(start, stop, step)))
                 continue
             if item is None or isinstance(item, ast.Slice):
@@ -886,12 +886,12 @@ class Lowerer:
             start, step = (None if part is None else self.static_int(b, part, env)
                            for part in (item.start, item.step))
             stop = None if item.stop is None else self.slice_stop(b, item.stop, size, env)
-            if isinstance(stop, Sym):  # (`x[:n - 1]`)
-                if (start or 0) < 0 or (step or 1) != 1:
-                    raise NeedsConcrete(f"axis {axis} of size {size} is sliced from its end")
-                return start or 0, stop, 1
             if step == 0:
                 raise zero_slice_step(step, item.span)
+            if isinstance(stop, Sym):  # (`x[:n - 1]`, `x[:n - 1:2]`)
+                if (start or 0) < 0 or (step or 1) < 0:
+                    raise NeedsConcrete(f"axis {axis} of size {size} is sliced from its end")
+                return start or 0, stop, step or 1
             if stop is not None and stop > sys.maxsize:
                 # no axis is that long (NumPy's sizes are ssize_t), so it
                 # runs to the end of every axis, as NumPy reads it; as a
@@ -901,10 +901,11 @@ class Lowerer:
                                         (0, None, 1)):
                 return 0, size, 1
             start, step = start or 0, step or 1
-            if start >= 0 and step == 1 and is_lone(size) and (stop is None or stop < 0):
-                # `x[1:]`, `x[:-1]`, `x[1:-1]`: max(0, n - c) elements, a
-                # size of its own (`shapes.shortened`), for every n
-                return start, size if stop is None else shortened(size, -stop), 1
+            if start >= 0 and step > 0 and is_lone(size) and (stop is None or stop < 0):
+                # `x[1:]`, `x[:-1]`, `x[1:-1]`, `x[1::2]`: ceil(max(0, n -
+                # c) / s) elements, a size of its own (`shapes.sliced`),
+                # for every n
+                return start, size if stop is None else shortened(size, -stop), step
             if stop is None:
                 raise NeedsConcrete(f"axis {axis} of size {size} is sliced to its end, a length "
                                     f"that depends on {size}")
@@ -927,10 +928,13 @@ class Lowerer:
         bound = self.shortened_bound(value)
         if isinstance(bound, Sym) and is_lone(size):
             # (of an axis itself shortened, `y[:y.shape[0] - 1]` for y =
-            # x[1:], c counts from that axis's length)
-            (base, less), (axis_base, axis_less) = (
-                shortening(d.factors[0]) or (d.factors[0], 0) for d in (bound, size))
-            if base == axis_base and 0 <= less - axis_less <= 2:
+            # x[1:], c counts from that axis's length, in its steps: y =
+            # x[::2] of n is ceil(n / 2), and y.shape[0] - 1 of it is
+            # ceil(max(0, n - 2) / 2), `shapes.sliced`)
+            (base, less, every), (axis_base, axis_less, axis_every) = (
+                slicing(d.factors[0]) or (d.factors[0], 0, 1) for d in (bound, size))
+            if (base, every) == (axis_base, axis_every) and \
+                    0 <= less - axis_less <= 2 * every:
                 return bound
         return self.as_static_int(value, e.span)
 

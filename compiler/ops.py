@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
-from gradlang.compiler.shapes import Sym, shortened, shortened_by
+from gradlang.compiler.shapes import Sym, shortened_by, sliced, step_of
 from gradlang.runtime.common import (arange_length, empty_axis, index_out_of_range, iota,
                                      trip_count)
 from gradlang.runtime.errors import GradError, Span
@@ -138,12 +138,12 @@ def _slice_rule(types, params, span):
 
 def _region_length(start, stop, step, span):
     """How many elements start:stop:step selects: a stop of symbolic size
-    (the axis's, or one shortened: `x[1:-1]`) with step 1 selects
-    max(0, stop - start) (`shapes.shortened`)."""
+    (the axis's, or one shortened: `x[1:-1]`) selects ceil(max(0, stop -
+    start) / step) (`shapes.sliced`)."""
     if isinstance(stop, Sym):
-        if step != 1:
+        if step < 1:
             raise GradError(f"internal: a slice of symbolic stop {stop} with step {step}", span)
-        return shortened(stop, start)
+        return sliced(stop, start, step)
     return len(range(start, stop, step))
 
 
@@ -728,11 +728,14 @@ def python_slices(starts, stops, steps, whole=None) -> tuple[slice, ...]:
     stop is the axis's end (of `whole`, the shape sliced), or that end
     shortened (`x[:-1]`, `shapes.shortened`), which Python spells as a
     negative stop: max(0, (n - a) - c) elements of an axis of max(0, n - a)
-    are max(0, n - (a + c)), the stop's, for every n."""
+    are max(0, n - (a + c)), the stop's, for every n (of an axis of every
+    s-th element, ceil(max(0, n - a) / s), the stop's c counts s apiece:
+    `shapes.sliced`)."""
     out = []
     for k, (a, b, c) in enumerate(zip(starts, stops, steps)):
         if isinstance(b, Sym):
-            less = shortened_by(b) - (shortened_by(whole[k]) if whole is not None else 0)
+            axis = whole[k] if whole is not None else None
+            less = (shortened_by(b) - shortened_by(axis)) // step_of(axis)
             out.append(slice(a, -less if less else None, c))
         elif len(range(a, b, c)) == 0:
             out.append(slice(0, 0, 1))

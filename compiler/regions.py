@@ -2,8 +2,8 @@
 
 Contract: a region is a slice's params `(starts, stops, steps)` of one
 array (normalized as `slice.indices` makes them; a symbolic
-stop only where the region takes its whole axis, start 0 and step 1, as
-`ops._slice_rule` requires).  `disjoint(r, s)` is True only where
+stop is the axis's end or short of it, `x[1::2]`, `x[:-1]`, a start >= 0
+and a step >= 1, as `ops._slice_rule` requires).  `disjoint(r, s)` is True only where
 no element lies in both regions, for every value the symbolic sizes may
 take; False where it cannot prove it (a symbolic start or step): the
 caller then keeps the general path.
@@ -11,7 +11,8 @@ caller then keeps the general path.
 Along one axis a region's indices are an arithmetic progression, and two
 regions meet only where they meet along every axis; two progressions meet
 where a common residue (the Chinese remainder theorem) falls inside both
-ranges.  A whole symbolic axis is the progression from 0 with no end.
+ranges.  A region to a symbolic stop is the progression from its start
+with no end (a superset: disjoint from it is disjoint from the region).
 """
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def _progressions(region: Region) -> Optional[list[Progression]]:
     for start, stop, step in zip(*region):
         if isinstance(start, Sym) or isinstance(step, Sym):
             return None
-        if isinstance(stop, Sym):
-            if (start, step) != (0, 1):
+        if isinstance(stop, Sym):  # (to the end of an axis, or shortened: `x[1::2]`)
+            if start < 0 or step < 1:
                 return None
-            out.append((0, math.inf, 1))
+            out.append((start, math.inf, step))
             continue
         indices = range(start, stop, step)
         out.append((min(indices[0], indices[-1]), max(indices[0], indices[-1]), abs(step))

@@ -6,10 +6,10 @@ each distinct size of a call's arguments a symbol, so one lowered program
 and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
 Sizes multiply symbolically (up to `MAX_FACTORS` factors), and a slice's
-length max(0, n - c) (`x[1:]`, `x[:n - 1]`, `range(n - 1)`) is a size of
-its own (`shortened`); anything else a program does with a size (adding
-to it, slicing part of a symbolic axis from its end, comparing it with a
-fixed size) raises `NeedsConcrete`, and the caller lowers again with concrete
+length ceil(max(0, n - c) / s) (`x[1:]`, `x[:n - 1]`, `range(n - 1)`,
+`x[1::2]`) is a size of its own (`sliced`); anything else a program does
+with a size (adding to it, slicing part of a symbolic axis from its end,
+comparing it with a fixed size) raises `NeedsConcrete`, and the caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
 float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
 run time instead (`compiler.lower.Lowerer.size_number`).
@@ -116,15 +116,20 @@ def made_up(stem: str, tag: object) -> Sym:
 Dim = Union[int, Sym]
 
 
-# A size `n - c` where a slice takes that many of an axis of size `n`
-# (`x[1:]`, `x[:-1]`), clamped at 0 as NumPy's slice is: a size of its
-# own, named for how it is made (`n\u00b7less1`, apart from every name a
-# user writes: `made_up`), so that any driver, kernel or caller that knows
-# `n` computes it (`shortened_value`), in this process or in a module
-# compiled ahead of time.  Only of a lone symbol (coefficient 1): one of
-# `2*n` or `n*m` needs concrete sizes.
+# A size ceil(max(0, n - c) / s) where a slice takes that many of an axis
+# of size `n` (`x[1:]`, `x[:-1]`: s = 1, `x[1::2]`: c = 1, s = 2),
+# clamped at 0 as NumPy's slice is: a size of its own, named for how it is
+# made (`n\u00b7less1`, `n\u00b7less1\u00b7every2`, apart from every name
+# a user writes: `made_up`), so that any driver, kernel or caller that
+# knows `n` computes it (`shortened_value`), in this process or in a
+# module compiled ahead of time.  The family is closed under slicing: a
+# slice a:-d:t (a, d >= 0, t >= 1) of an axis of ceil(max(0, n - c) / s)
+# elements is ceil(max(0, n - c - (a + d) s) / (s t)) (`sliced`).  Only
+# of a lone symbol (coefficient 1): one of `2*n` or `n*m` needs concrete
+# sizes.
 _LESS = "\u00b7less"
-_SHORTENED = re.compile(r"(.+)\u00b7less([0-9]+)")
+_EVERY = "\u00b7every"
+_SHORTENED = re.compile(r"(.+)\u00b7less([0-9]+)(?:\u00b7every([0-9]+))?")
 
 
 def is_lone(d: Dim) -> bool:
@@ -132,45 +137,73 @@ def is_lone(d: Dim) -> bool:
     return isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1
 
 
-def shortened(d: Sym, by: int) -> Sym:
-    """The size max(0, d - by) of a lone symbol d, by >= 0 (of a size
-    already shortened, shortened once by the sum: max(0, max(0, n - a) - b)
-    is max(0, n - a - b))."""
-    if by == 0:
+def sliced(d: Sym, start: int, step: int) -> Sym:
+    """The length of the slice start::step (start >= 0, step >= 1) of an
+    axis of a lone size d: ceil(max(0, d - start) / step), for d itself
+    such a length of its base n, ceil(max(0, n - c) / s), that of n with
+    c + start s and s step (the elements start s apart of those s apart
+    are s step apart, from c + start s)."""
+    if (start, step) == (0, 1):
         return d
-    if not is_lone(d) or by < 0:
+    if not is_lone(d) or start < 0 or step < 1:
+        raise NeedsConcrete(f"the size {d} is sliced {start}::{step}")
+    base, less, every = slicing(d.factors[0]) or (d.factors[0], 0, 1)
+    less, every = less + start * every, every * step
+    if (less, every) == (0, 1):
+        return Sym.named(base)
+    return Sym.named(f"{base}{_LESS}{less}" + (f"{_EVERY}{every}" if every > 1 else ""))
+
+
+def shortened(d: Sym, by: int) -> Sym:
+    """The size max(0, d - by) of a lone symbol d, by >= 0: d's elements
+    but its last `by` (of a size already shortened, shortened once by the
+    sum: max(0, max(0, n - a) - b) is max(0, n - a - b); of one of every
+    s-th element, by s steps of its base)."""
+    if by < 0:
         raise NeedsConcrete(f"the size {d} is shortened by {by}")
-    base, less = shortening(d.factors[0]) or (d.factors[0], 0)
-    return Sym.named(f"{base}{_LESS}{less + by}")
+    return sliced(d, by, 1)
 
 
-def shortening(factor: str) -> "tuple[str, int] | None":
-    """(n, c) for the factor of a size `shortened(n, c)`, else None."""
+def slicing(factor: str) -> "tuple[str, int, int] | None":
+    """(n, c, s) for the factor of a size ceil(max(0, n - c) / s) (`sliced`),
+    else None."""
     match = _SHORTENED.fullmatch(factor)
-    return (match.group(1), int(match.group(2))) if match else None
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2)), int(match.group(3) or 1)
 
 
 def shortened_by(d: Dim) -> int:
-    """c for a size `shortened(n, c)`, else 0."""
-    made = shortening(d.factors[0]) if is_lone(d) else None
+    """c for a size ceil(max(0, n - c) / s) (`sliced`), else 0."""
+    made = slicing(d.factors[0]) if is_lone(d) else None
     return made[1] if made else 0
+
+
+def step_of(d: Dim) -> int:
+    """s for a size ceil(max(0, n - c) / s) (`sliced`), else 1."""
+    made = slicing(d.factors[0]) if is_lone(d) else None
+    return made[2] if made else 1
 
 
 def _shown(factor: str) -> str:
     """A factor as a message shows it: a slice's length as what it is."""
-    made = shortening(factor)
-    return factor if made is None else f"max(0, {made[0]} - {made[1]})"
+    made = slicing(factor)
+    if made is None:
+        return factor
+    base, less, every = made
+    kept = f"max(0, {base} - {less})" if less else base
+    return kept if every == 1 else f"ceil({kept} / {every})"
 
 
 def is_shortened(d) -> bool:
-    """Whether d is a size `shortened(n, c)`, c > 0."""
-    return isinstance(d, Sym) and shortened_by(d) > 0
+    """Whether d is a size `shortened(n, c)`, c > 0 (of every element)."""
+    return isinstance(d, Sym) and shortened_by(d) > 0 and step_of(d) == 1
 
 
 def base_of(factor: str) -> str:
     """The size a factor is computed from: n for a slice's length of n
-    (`shortened`), else the factor itself."""
-    made = shortening(factor)
+    (`sliced`), else the factor itself."""
+    made = slicing(factor)
     return factor if made is None else made[0]
 
 
@@ -180,14 +213,20 @@ def computable(d: Dim, names) -> bool:
     return not isinstance(d, Sym) or all(f in names or base_of(f) in names for f in d.factors)
 
 
+def slice_length(size: int, less: int, every: int) -> int:
+    """ceil(max(0, size - less) / every): the elements of a slice less::every
+    of `size` (NumPy's, for less >= 0, every >= 1)."""
+    return -(-max(0, size - less) // every)
+
+
 def shortened_value(factor: str, binding: dict[str, int]) -> int:
-    """A factor's value: bound, else a shortened size's from its base's."""
+    """A factor's value: bound, else a slice's length from its base's."""
     if factor in binding:
         return binding[factor]
-    made = shortening(factor)
+    made = slicing(factor)
     if made is None:
         raise KeyError(factor)
-    return max(0, binding[made[0]] - made[1])
+    return slice_length(binding[made[0]], *made[1:])
 
 
 def plain_size(d: Dim) -> Dim:

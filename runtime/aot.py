@@ -618,7 +618,9 @@ class AotGradient:
 
 def _axis_size(shapes: dict[str, tuple], factor: list) -> int:
     """A factor of a result's size (`dsl.aot`'s `out_types`): [argument,
-    axis], that axis's size, or [argument, axis, c], max(0, it - c): a
-    slice's length (`compiler.shapes.shortened`)."""
-    name, axis, *less = factor
-    return max(0, shapes[name][axis] - sum(less))
+    axis], that axis's size, or [argument, axis, c], max(0, it - c), or
+    [argument, axis, c, s], ceil(max(0, it - c) / s): a slice's length
+    (`compiler.shapes.sliced`)."""
+    name, axis, *made = factor
+    less, every = (*made, *(0, 1)[len(made):])  # (c = 0 and s = 1 where left out)
+    return -(-max(0, shapes[name][axis] - less) // every)

@@ -68,12 +68,16 @@ def size_mismatch(symbol: str, first: str, first_axis: int, expected: int, argum
 
 
 def shortened_size_mismatch(argument: str, axis: int, got: int, base: str, less: int,
-                            first: str, first_axis: int, size: int) -> None:
+                            first: str, first_axis: int, size: int, every: int = 1) -> None:
     """Raised by a driver given an argument whose axis has not a slice's
-    length max(0, n - c) (`compiler.shapes.shortened`: a gradient's
-    cotangent of `x[1:]`) of the size n another argument's axis binds."""
+    length ceil(max(0, n - c) / s) (`compiler.shapes.sliced`: a gradient's
+    cotangent of `x[1:]`, of `x[1::2]`) of the size n another argument's
+    axis binds."""
+    kept, length = f"max(0, {base} - {less})", max(0, size - less)
+    if every > 1:
+        kept, length = f"ceil({kept} / {every})", -(-length // every)
     raise SizeMismatchError(f"{argument} has size {got} on axis {axis}, but this program "
-                            f"takes it of size max(0, {base} - {less}) = {max(0, size - less)}, "
+                            f"takes it of size {kept} = {length}, "
                             f"where {base} is {size} (axis {first_axis} of {first})")
 
 

@@ -225,10 +225,13 @@ def test_disjoint_regions_of_symbolic_sizes():
     assert disjoint(whole, odd)
     assert not disjoint(whole, ((3, 0), (4, 6), (1, 3)))  # row 3, columns 0 and 3
     assert disjoint(whole, ((3, 1), (4, 4), (1, 2)))  # row 3, columns 1 and 3
-    # a symbolic start, or a symbolic stop past a partial axis (no slice
-    # makes one): nothing is proved
+    # a symbolic start: nothing is proved
     assert not disjoint(((n,), (8,), (1,)), ((0,), (1,), (1,)))
-    assert not disjoint(((0,), (n,), (2,)), ((1,), (n,), (2,)))
+    # a symbolic stop with a step (`x[::2]`, `x[1:-1:2]`, `shapes.sliced`)
+    # is the progression from its start with no end
+    shorter = Sym.named("n\u00b7less1")
+    assert disjoint(((0,), (n,), (2,)), ((1,), (shorter,), (2,)))
+    assert not disjoint(((0,), (n,), (2,)), ((2,), (shorter,), (4,)))
 
 
 def test_summed_embeds_under_vmap_and_forward_over_reverse():

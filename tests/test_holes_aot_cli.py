@@ -152,12 +152,16 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
     # `x[1:] - x[:-1]` on f64[:] was "cannot be compiled for any size"; its
     # length, max(0, n - 1), is computed in the driver from n (a name no
     # user writes: `shapes.shortened`), and by the module from the
-    # argument's axis where it says a result's shape (`out_types`)
+    # argument's axis where it says a result's shape (`out_types`); so is
+    # `x[1::2]`'s, ceil(max(0, n - 1) / 2) (`shapes.sliced`)
     source = tmp_path / "diff.grad"
-    source.write_text("def diff(x):\n    return x[1:] * x[:-1]\n")
-    assert main(["compile", str(source), "-o", str(tmp_path), "--sig", "diff(f64[:])"]) == 0
-    diff = import_compiled(tmp_path / "diff.py").functions["diff"]
-    for n in (0, 1, 2, 5):
+    source.write_text("def diff(x):\n    return x[1:] * x[:-1]\n\n"
+                      "def odd(x):\n    return x[1::2] * x[:-1:2]\n")
+    assert main(["compile", str(source), "-o", str(tmp_path),
+                 "--sig", "diff(f64[:])", "odd(f64[:])"]) == 0
+    functions = import_compiled(tmp_path / "diff.py").functions
+    diff, odd = functions["diff"], functions["odd"]
+    for n in (0, 1, 2, 5, 6):
         x = np.linspace(-1.0, 2.0, n) ** 2
         np.testing.assert_array_equal(diff(x), x[1:] * x[:-1])
         assert diff.out_types("call", {"x": x}) == [(np.float64, (max(0, n - 1),))]
@@ -165,6 +169,13 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
         (grad,) = diff.vjp(x)[1](np.ones(max(0, n - 1)))
         np.testing.assert_array_equal(grad, np.append(x[1:], 0) + np.append(0, x[:-1])
                                       if n else np.zeros(0))
+        np.testing.assert_array_equal(odd(x), x[1::2] * x[:-1:2])
+        assert odd.out_types("call", {"x": x}) == [(np.float64, (n // 2,))]
+        (grad,) = odd.vjp(x)[1](np.arange(1.0, n // 2 + 1))
+        want = np.zeros(n)
+        want[1::2], want[:-1:2] = np.arange(1.0, n // 2 + 1) * x[:-1:2], \
+            np.arange(1.0, n // 2 + 1) * x[1::2]
+        np.testing.assert_array_equal(grad, want)
 
 
 def test_a_cotangent_of_a_slices_length_is_checked_against_the_size_it_shortens():
@@ -180,6 +191,18 @@ def test_a_cotangent_of_a_slices_length_is_checked_against_the_size_it_shortens(
     with pytest.raises(dsl.SizeMismatchError, match=re.escape(
             "argument 'd0' has size 3 on axis 0, but this program takes it of size "
             "max(0, n - 1) = 2, where n is 3 (axis 0 of argument 'x')")):
+        run(x, np.ones(3))
+    # and of x[1::2] * x[2::2], ceil(max(0, n - 2) / 2) (`shapes.sliced`)
+    m = dsl.loads("def f(x):\n    return x[1:-1:2] * x[2::2]\n")
+    fn = pullback(m.f.lower(_types(m.f, parse_sig("f(f64[n])")[1], "f(f64[n])")), [0])
+    generated = generate(optimize(fn))
+    run = make_driver(generated.driver_source, load_kernels(generated.kernel_source),
+                      m.target.helpers)
+    x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(run(x, np.ones(2))[0], [0.0, 3.0, 2.0, 5.0, 4.0])
+    with pytest.raises(dsl.SizeMismatchError, match=re.escape(
+            "argument 'd0' has size 3 on axis 0, but this program takes it of size "
+            "ceil(max(0, n - 2) / 2) = 2, where n is 5 (axis 0 of argument 'x')")):
         run(x, np.ones(3))
 
 

@@ -242,11 +242,26 @@ def inner(x):
 
 def grid(x: f64[n, m]):
     return sum((x[1:, :-2] - x[:-1, 2:]) ** 2)
+
+def strided(x):
+    return sum(x[::2]) * sum(x[1::2] ** 2)
+
+def odd_diffs(x):
+    y = x[1::2]
+    return sum(sin(y[1:] - y[:-1]) * x[3::2] * x[2:-1:2])
+
+def grid_steps(x: f64[n, m]):
+    return sum(x[::2, 1:-1:3] ** 2) + sum(x[1:][::3, ::2])
 """
 
 SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
                     "inner": lambda x: np.sum(x[1:][:-1] * x[2:] * x[1:-1]),
-                    "grid": lambda x: np.sum((x[1:, :-2] - x[:-1, 2:]) ** 2)}
+                    "grid": lambda x: np.sum((x[1:, :-2] - x[:-1, 2:]) ** 2),
+                    "strided": lambda x: np.sum(x[::2]) * np.sum(x[1::2] ** 2),
+                    "odd_diffs": lambda x: np.sum(np.sin(x[1::2][1:] - x[1::2][:-1])
+                                                  * x[3::2] * x[2:-1:2]),
+                    "grid_steps": lambda x: np.sum(x[::2, 1:-1:3] ** 2)
+                    + np.sum(x[1:][::3, ::2])}
 
 
 @pytest.mark.parametrize("name", sorted(SLICE_REFERENCES))
@@ -255,19 +270,34 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
     # program per length, and `gradc compile --sig` refused it.  Its
     # length is max(0, n - 1), a size computed from n where the driver
     # binds n, so it is one program, NumPy's slices to the empty ones
-    # (lengths 0, 1 and 2 of `x[1:-1]`, `x[2:]`)
+    # (lengths 0, 1 and 2 of `x[1:-1]`, `x[2:]`); a slice of step s
+    # (`x[1::2]`, and its slices) takes ceil(max(0, n - c) / s) elements,
+    # computed so too
     built = counting_builds(monkeypatch)
     m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
     value_and_grad = dsl.value_and_grad(getattr(m, name))
     reference, rng = SLICE_REFERENCES[name], np.random.default_rng(1)
-    for n in (0, 2, 3, 4, 1):
-        x = rng.normal(size=(n, n + 2) if name == "grid" else n)
+    for n in (0, 2, 3, 4, 1, 7):
+        x = rng.normal(size=(n, n + 2) if name.startswith("grid") else n)
         value, grad = value_and_grad(x)
         np.testing.assert_allclose(value, reference(x), rtol=1e-13)
         np.testing.assert_allclose(grad, central_difference(reference, [x], 0),
-                                   rtol=1e-7, atol=1e-10)
+                                   rtol=1e-6, atol=1e-9)
     # (an axis of length 1, which broadcasts, has a program of its own)
     assert len(built) == 2, built
+
+
+def test_strided_slices_push_tangents_with_one_program(monkeypatch):
+    built = counting_builds(monkeypatch)
+    m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
+    reference, rng = SLICE_REFERENCES["odd_diffs"], np.random.default_rng(3)
+    for n in (0, 2, 5, 8):
+        x, t = rng.normal(size=n), rng.normal(size=n)
+        value, tangent = dsl.jvp(m.odd_diffs, (x,), (t,))
+        np.testing.assert_allclose(value, reference(x), rtol=1e-13)
+        np.testing.assert_allclose(tangent, central_difference(reference, [x], 0) @ t,
+                                   rtol=1e-6, atol=1e-9)
+    assert len(built) == 1, built
 
 
 BOUNDS_OF_SIZES = """
@@ -286,6 +316,10 @@ def far(x):
 def nested(x):
     y = x[1:]
     return sum(y[:y.shape[0] - 1] * y[1:])
+
+def nested_steps(x):
+    y = x[::2]
+    return sum(y[:y.shape[0] - 1] * y[1:] * x[1:-1:2])
 """
 
 
@@ -297,7 +331,9 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
     m = dsl.loads(BOUNDS_OF_SIZES, "bounds.grad")
     references = {"shift": lambda x: np.sum(x[:len(x) - 1] * x[1:] * np.arange(len(x) - 1)),
                   "pairs": lambda x: sum(x[i + 1] * x[i] for i in range(len(x) - 1)) + 0.0,
-                  "nested": lambda x: np.sum(x[1:][:len(x[1:]) - 1] * x[2:])}
+                  "nested": lambda x: np.sum(x[1:][:len(x[1:]) - 1] * x[2:]),
+                  "nested_steps": lambda x: np.sum(x[::2][:len(x[::2]) - 1] * x[::2][1:]
+                                                   * x[1:-1:2])}
     rng = np.random.default_rng(2)
     for n in (0, 2, 3, 5):
         x = rng.normal(size=n)
@@ -307,7 +343,7 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
             np.testing.assert_allclose(value, reference(x), rtol=1e-13)
             np.testing.assert_allclose(grad, central_difference(reference, [x], 0),
                                        rtol=1e-7, atol=1e-10)
-    assert [str(types[-1][1].shape) for types in built] == ["(s0,)"] * 3, built
+    assert [str(types[-1][1].shape) for types in built] == ["(s0,)"] * 4, built
     # NumPy reads x[:n - 3] of 2 elements as x[:-1]: not max(0, n - 3), so
     # it is compiled for the length
     np.testing.assert_array_equal(m.far(np.arange(2.0)), [0.0])
