@@ -44,7 +44,8 @@ from gradlang.compiler.scalar_loops import kernel_loop_shape, scalar_loops
 from gradlang.compiler.ir import FLOATS, Atom, Eqn, Function, Lit, TensorType, Var, vars_in
 from gradlang.compiler.ops import (OPS, loop_cost, loop_groups, numpy_spelling, python_slices,
                                    scalar_expression)
-from gradlang.compiler.shapes import Dim, Sym, access_kind, broadcast_runs, prod, slicing
+from gradlang.compiler.shapes import (Dim, Sym, access_kind, base_of, broadcast_runs, derivation,
+                                      prod, shown)
 from gradlang.compiler.sharing import share_kernels
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import NUMPY
@@ -1693,8 +1694,8 @@ def bound_by_arguments(params, shortened: Iterable[str] = ()) -> set[str]:
 
 
 def _computed(shortened: Iterable[str], bound: set[str]) -> set[str]:
-    """The shortened sizes (`shapes.sliced`) whose base is bound."""
-    return {f for f in shortened if slicing(f)[0] in bound}
+    """The shortened sizes (`shapes.derivation`) whose base is bound."""
+    return {f for f in shortened if base_of(f) in bound}
 
 
 def shortened_sizes(fn: Function) -> set[str]:
@@ -1704,7 +1705,7 @@ def shortened_sizes(fn: Function) -> set[str]:
 
     def note(value) -> None:
         if isinstance(value, Sym):
-            found.update(f for f in value.factors if slicing(f))
+            found.update(f for f in value.factors if derivation(f))
         elif isinstance(value, (tuple, list)):
             for sub in value:
                 note(sub)
@@ -1758,19 +1759,27 @@ def bind_symbols(params, names: dict[Var, str], checked: bool = True,
                              f"{str(symbol)!r}, {first!r}, {first_axis}, {var}, {what!r}, "
                              f"{axis}, {names[v]}.shape[{axis}])")
     for symbol in sorted(computed):
-        base, less, every = slicing(symbol)
-        kept = f"max(0, {size_variable(base)} - {less})"
-        # (ceil(kept / every), in integers: `shapes.slice_length`)
-        lines.append(f"{size_variable(symbol)} = " +
-                     (kept if every == 1 else f"-(-{kept} // {every})"))
+        lines.append(f"{size_variable(symbol)} = {derived_size(symbol)}")
     for v, what, axis, symbol in later if checked else ():
-        base, less, every = slicing(symbol)
+        base = base_of(symbol)
         first, first_axis = bound[base]
-        got = f"{names[v]}.shape[{axis}]"  # (user text, a name: repr)
-        lines.append(f"if {got} != {size_variable(symbol)}: R.shortened_size_mismatch("
-                     f"{what!r}, {axis}, {got}, {base!r}, {less}, {first!r}, {first_axis}, "
-                     f"{size_variable(base)}" + (f", {every})" if every > 1 else ")"))
+        got = f"{names[v]}.shape[{axis}]"  # (user text: names, a size's shown: repr)
+        lines.append(f"if {got} != {size_variable(symbol)}: R.derived_size_mismatch("
+                     f"{what!r}, {axis}, {got}, {shown(symbol)!r}, {size_variable(symbol)}, "
+                     f"{base!r}, {first!r}, {first_axis}, {size_variable(base)})")
     return lines
+
+
+def derived_size(factor: str) -> str:
+    """Python source computing a size made of another (`shapes.derivation`:
+    a slice's length) from the symbol an argument binds, in integers."""
+    made = derivation(factor)
+    if made is None:
+        return size_variable(factor)
+    root, less, every, upto = made
+    text = f"max(0, {size_variable(root)} - {less})"
+    text = text if every == 1 else f"-(-{text} // {every})"  # (ceil(text / every))
+    return text if upto is None else f"min({text}, {upto})"
 
 
 def check_reaches(fn: Function) -> list[str]:

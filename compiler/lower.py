@@ -43,8 +43,8 @@ from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, Atom, Eqn, Functio
                                   StaticScalar, TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
-from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, is_lone, plain_size,
-                                      shortened, sliced, slicing)
+from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, derivation, is_lone,
+                                      limited, plain_size, region_size, shortened)
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
@@ -838,7 +838,7 @@ class Lowerer:
                 stops.append(stop)
                 steps.append(step)
                 if item is None or isinstance(item, ast.Slice):  # (an integer drops the axis)
-                    keep.append(sliced(stop, start, step) if isinstance(stop, Sym)
+                    keep.append(region_size(start, stop, step) if isinstance(stop, Sym)
                                 else len(range(start, stop, step)))
                 continue
             if item is None or isinstance(item, ast.Slice):
@@ -901,11 +901,10 @@ class Lowerer:
                                         (0, None, 1)):
                 return 0, size, 1
             start, step = start or 0, step or 1
-            if start >= 0 and step > 0 and is_lone(size) and (stop is None or stop < 0):
-                # `x[1:]`, `x[:-1]`, `x[1:-1]`, `x[1::2]`: ceil(max(0, n -
-                # c) / s) elements, a size of its own (`shapes.sliced`),
-                # for every n
-                return start, size if stop is None else shortened(size, -stop), step
+            if is_lone(size):
+                bounds = self.bounds_of_every_size(size, start, stop, step)
+                if bounds is not None:
+                    return bounds
             if stop is None:
                 raise NeedsConcrete(f"axis {axis} of size {size} is sliced to its end, a length "
                                     f"that depends on {size}")
@@ -916,6 +915,31 @@ class Lowerer:
         if k < 0:
             raise NeedsConcrete(f"axis {axis} of size {size} is indexed from its end")
         return k, k + 1, 1
+
+    @staticmethod
+    def bounds_of_every_size(size: Sym, start: int, stop: Optional[int], step: int
+                             ) -> Optional[tuple]:
+        """(start, stop, step) selecting what NumPy's slice start:stop:step
+        does of an axis of every size n (a lone symbol), each bound an int
+        or a size computed from n, or None where none does so (a negative
+        step, `x[-3:2]`).  From the end, `x[1:]`, `x[:-1]`, `x[1::2]`:
+        ceil(max(0, n - c) / s) elements (`shapes.sliced`); the last k,
+        `x[-k:]`, `x[-k:-1]`: a start of max(0, n - k) (`shapes.shortened`);
+        to a fixed stop k, `x[:k]`, `x[2:k:2]`: a stop of min(n, k)
+        (`shapes.limited`), but ahead of time, where a fixed region's
+        driver checks that n reaches it instead (`REGIONS_OF_SYMBOLIC_AXES`:
+        the region has its fixed shape, which `x[:2] * w` of a w of 2
+        elements needs)."""
+        if step < 1:
+            return None
+        end = size if stop is None else shortened(size, -stop) if stop < 0 else None
+        if start >= 0 and end is not None:
+            return start, end, step
+        if start < 0 and end is not None and step == 1 and (stop is None or start < stop):
+            return shortened(size, -start), end, 1
+        if start >= 0 and end is None and not REGIONS_OF_SYMBOLIC_AXES.get():
+            return start, limited(size, stop), step
+        return None
 
     def slice_stop(self, b, e: ast.Expr, size: Sym, env) -> "int | Sym":
         """A slice's stop on an axis of symbolic size n: a compile-time
@@ -931,8 +955,8 @@ class Lowerer:
             # x[1:], c counts from that axis's length, in its steps: y =
             # x[::2] of n is ceil(n / 2), and y.shape[0] - 1 of it is
             # ceil(max(0, n - 2) / 2), `shapes.sliced`)
-            (base, less, every), (axis_base, axis_less, axis_every) = (
-                slicing(d.factors[0]) or (d.factors[0], 0, 1) for d in (bound, size))
+            (base, less, every, _), (axis_base, axis_less, axis_every, _) = (
+                derivation(d.factors[0]) or (d.factors[0], 0, 1, None) for d in (bound, size))
             if (base, every) == (axis_base, axis_every) and \
                     0 <= less - axis_less <= 2 * every:
                 return bound

@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
-from gradlang.compiler.shapes import Sym, shortened_by, sliced, step_of
+from gradlang.compiler.shapes import Sym, bound_of, region_size, shortened_by, step_of
 from gradlang.runtime.common import (arange_length, empty_axis, index_out_of_range, iota,
                                      trip_count)
 from gradlang.runtime.errors import GradError, Span
@@ -137,13 +137,13 @@ def _slice_rule(types, params, span):
 
 
 def _region_length(start, stop, step, span):
-    """How many elements start:stop:step selects: a stop of symbolic size
-    (the axis's, or one shortened: `x[1:-1]`) selects ceil(max(0, stop -
-    start) / step) (`shapes.sliced`)."""
+    """How many elements start:stop:step selects: to a stop of symbolic
+    size (the axis's, one shortened, `x[1:-1]`, or limited, `x[:3]`),
+    `shapes.region_size` of them."""
     if isinstance(stop, Sym):
         if step < 1:
             raise GradError(f"internal: a slice of symbolic stop {stop} with step {step}", span)
-        return sliced(stop, start, step)
+        return region_size(start, stop, step)
     return len(range(start, stop, step))
 
 
@@ -725,23 +725,33 @@ def python_slices(starts, stops, steps, whole=None) -> tuple[slice, ...]:
     """Slice params (normalized as by `slice.indices`) as Python slices: a
     negative stop there means "past the front", which Python spells None,
     and an empty range must stay empty whatever its start.  A symbolic
-    stop is the axis's end (of `whole`, the shape sliced), or that end
-    shortened (`x[:-1]`, `shapes.shortened`), which Python spells as a
-    negative stop: max(0, (n - a) - c) elements of an axis of max(0, n - a)
-    are max(0, n - (a + c)), the stop's, for every n (of an axis of every
-    s-th element, ceil(max(0, n - a) / s), the stop's c counts s apiece:
-    `shapes.sliced`)."""
+    bound is Python's for every size (`_python_bound`)."""
     out = []
     for k, (a, b, c) in enumerate(zip(starts, stops, steps)):
         if isinstance(b, Sym):
             axis = whole[k] if whole is not None else None
-            less = (shortened_by(b) - shortened_by(axis)) // step_of(axis)
-            out.append(slice(a, -less if less else None, c))
+            start = _python_bound(a, axis) if isinstance(a, Sym) else a
+            out.append(slice(start, _python_bound(b, axis), c))
         elif len(range(a, b, c)) == 0:
             out.append(slice(0, 0, 1))
         else:
             out.append(slice(a, None if b < 0 else b, c))
     return tuple(out)
+
+
+def _python_bound(bound: Sym, axis) -> "int | None":
+    """A symbolic bound of an axis (of size `axis`, or None: an argument's)
+    as a Python slice spells it, for every size: the axis's end shortened
+    (`x[:-1]`, `x[-2:]`'s start, `shapes.shortened`) is a negative bound:
+    max(0, (n - a) - c) elements of an axis of max(0, n - a) are max(0, n
+    - (a + c)), the bound's, for every n (of an axis of every s-th
+    element, ceil(max(0, n - a) / s), the bound's c counts s apiece); one
+    shortened by none is the axis's end (None), or a fixed stop k where
+    it is at most k (`x[:3]`, `shapes.limited`)."""
+    less = (shortened_by(bound) - shortened_by(axis)) // step_of(axis)
+    if less:
+        return -less
+    return None if axis is not None and bound == axis else bound_of(bound)
 
 
 def _embed_ref(x, shape, starts, stops, steps):

@@ -95,7 +95,7 @@ class Sym:
         return True
 
     def __str__(self) -> str:
-        text = "*".join(map(_shown, self.factors))
+        text = "*".join(map(shown, self.factors))
         return text if self.coef == 1 else f"{self.coef}*{text}"
 
     __repr__ = __str__
@@ -116,20 +116,23 @@ def made_up(stem: str, tag: object) -> Sym:
 Dim = Union[int, Sym]
 
 
-# A size ceil(max(0, n - c) / s) where a slice takes that many of an axis
-# of size `n` (`x[1:]`, `x[:-1]`: s = 1, `x[1::2]`: c = 1, s = 2),
-# clamped at 0 as NumPy's slice is: a size of its own, named for how it is
-# made (`n\u00b7less1`, `n\u00b7less1\u00b7every2`, apart from every name
-# a user writes: `made_up`), so that any driver, kernel or caller that
-# knows `n` computes it (`shortened_value`), in this process or in a
-# module compiled ahead of time.  The family is closed under slicing: a
-# slice a:-d:t (a, d >= 0, t >= 1) of an axis of ceil(max(0, n - c) / s)
-# elements is ceil(max(0, n - c - (a + d) s) / (s t)) (`sliced`).  Only
-# of a lone symbol (coefficient 1): one of `2*n` or `n*m` needs concrete
-# sizes.
-_LESS = "\u00b7less"
-_EVERY = "\u00b7every"
-_SHORTENED = re.compile(r"(.+)\u00b7less([0-9]+)(?:\u00b7every([0-9]+))?")
+# A size that a slice takes of an axis of size `n`: ceil(max(0, n - c) /
+# s) (`x[1:]`, `x[:-1]`: s = 1; `x[1::2]`: c = 1, s = 2), clamped at 0 as
+# NumPy's slice is, and at most k where the slice stops at k (`x[:k]`) or
+# takes the last k (`x[-k:]`): min(ceil(max(0, n - c) / s), k).  A size
+# of its own, named for how it is made (`n\u00b7less1`,
+# `n\u00b7less1\u00b7every2`, `n\u00b7upto3`, apart from every name a user
+# writes: `made_up`), so that any driver, kernel or caller that knows `n`
+# computes it (`derivation`), in this process or in a module compiled
+# ahead of time.  The family is closed under slicing (`sliced`,
+# `limited`), and each size has one name: a slice a::t of ceil(max(0, n -
+# c) / s) elements is ceil(max(0, n - c - a s) / (s t)), and of at most k
+# elements at most ceil(max(0, k - a) / t) (the length is a nondecreasing
+# function of the axis's), so `x[:3][1:]` and `x[1:][-2:]` are one size.
+# Only of a lone symbol (coefficient 1): one of `2*n` or `n*m` needs
+# concrete sizes.
+_DERIVED = re.compile(
+    r"(.+?)(?:\u00b7less([0-9]+)(?:\u00b7every([0-9]+))?)?(?:\u00b7upto([0-9]+))?")
 
 
 def is_lone(d: Dim) -> bool:
@@ -137,24 +140,58 @@ def is_lone(d: Dim) -> bool:
     return isinstance(d, Sym) and d.coef == 1 and len(d.factors) == 1
 
 
-def sliced(d: Sym, start: int, step: int) -> Sym:
+def derivation(factor: str) -> "tuple[str, int, int, Optional[int]] | None":
+    """(n, c, s, k) for the factor of a size min(ceil(max(0, n - c) / s), k)
+    (k None: no bound) made of the symbol n, else None (a symbol that an
+    argument binds)."""
+    match = _DERIVED.fullmatch(factor)
+    root, less, every, upto = match.groups()
+    if (less, upto) == (None, None):
+        return None
+    return root, int(less or 0), int(every or 1), None if upto is None else int(upto)
+
+
+def _parts(d: Sym) -> "tuple[str, int, int, Optional[int]]":
+    """`derivation` of a lone size, (d, 0, 1, None) for a symbol itself."""
+    if not is_lone(d):
+        raise NeedsConcrete(f"a slice of an axis of size {d}")
+    return derivation(d.factors[0]) or (d.factors[0], 0, 1, None)
+
+
+def _made(root: str, less: int, every: int, upto: Optional[int]) -> Dim:
+    """The size min(ceil(max(0, root - less) / every), upto) (its one name)."""
+    if upto == 0:
+        return 0
+    if (less, every, upto) == (0, 1, None):
+        return Sym.named(root)
+    name = root + (f"\u00b7less{less}" if (less, every) != (0, 1) else "")
+    name += f"\u00b7every{every}" if every > 1 else ""
+    return Sym.named(name + (f"\u00b7upto{upto}" if upto is not None else ""))
+
+
+def slice_length(size: int, less: int, every: int) -> int:
+    """ceil(max(0, size - less) / every): the elements of a slice less::every
+    of `size` (NumPy's, for less >= 0, every >= 1)."""
+    return -(-max(0, size - less) // every)
+
+
+def sliced(d: Sym, start: int, step: int) -> Dim:
     """The length of the slice start::step (start >= 0, step >= 1) of an
     axis of a lone size d: ceil(max(0, d - start) / step), for d itself
     such a length of its base n, ceil(max(0, n - c) / s), that of n with
     c + start s and s step (the elements start s apart of those s apart
-    are s step apart, from c + start s)."""
+    are s step apart, from c + start s), and at most k where d is: at
+    most that slice of k."""
     if (start, step) == (0, 1):
         return d
-    if not is_lone(d) or start < 0 or step < 1:
+    if start < 0 or step < 1:
         raise NeedsConcrete(f"the size {d} is sliced {start}::{step}")
-    base, less, every = slicing(d.factors[0]) or (d.factors[0], 0, 1)
-    less, every = less + start * every, every * step
-    if (less, every) == (0, 1):
-        return Sym.named(base)
-    return Sym.named(f"{base}{_LESS}{less}" + (f"{_EVERY}{every}" if every > 1 else ""))
+    root, less, every, upto = _parts(d)
+    return _made(root, less + start * every, every * step,
+                 None if upto is None else slice_length(upto, start, step))
 
 
-def shortened(d: Sym, by: int) -> Sym:
+def shortened(d: Sym, by: int) -> Dim:
     """The size max(0, d - by) of a lone symbol d, by >= 0: d's elements
     but its last `by` (of a size already shortened, shortened once by the
     sum: max(0, max(0, n - a) - b) is max(0, n - a - b); of one of every
@@ -164,46 +201,71 @@ def shortened(d: Sym, by: int) -> Sym:
     return sliced(d, by, 1)
 
 
-def slicing(factor: str) -> "tuple[str, int, int] | None":
-    """(n, c, s) for the factor of a size ceil(max(0, n - c) / s) (`sliced`),
-    else None."""
-    match = _SHORTENED.fullmatch(factor)
-    if match is None:
-        return None
-    return match.group(1), int(match.group(2)), int(match.group(3) or 1)
+def limited(d: Sym, k: int) -> Dim:
+    """The size min(d, k) of a lone symbol d, k >= 0: the elements of
+    `x[:k]` and of `x[-k:]` (of a size already limited, by the lesser k)."""
+    if k < 0:
+        raise NeedsConcrete(f"the size {d} is limited to {k}")
+    root, less, every, upto = _parts(d)
+    return _made(root, less, every, k if upto is None else min(upto, k))
+
+
+def region_size(start: "int | Sym", stop: Sym, step: int) -> Dim:
+    """How many elements start:stop:step selects, up to a symbolic stop:
+    from an int start, ceil(max(0, stop - start) / step) (`sliced`); from
+    a symbolic one, the stop's last k (`x[-k:]`: a start of max(0, stop -
+    k), `shortened`, and step 1), min(stop, k) (`limited`)."""
+    if not isinstance(start, Sym):
+        return sliced(stop, start, step)
+    (root, less, every, _), (stop_root, stop_less, stop_every, _) = map(_parts, (start, stop))
+    last, apart = divmod(less - stop_less, every)
+    if step != 1 or (root, every) != (stop_root, stop_every) or last <= 0 or apart \
+            or shortened(stop, last) != start:
+        raise NeedsConcrete(f"a slice from {start} to {stop}")
+    return limited(stop, last)
 
 
 def shortened_by(d: Dim) -> int:
-    """c for a size ceil(max(0, n - c) / s) (`sliced`), else 0."""
-    made = slicing(d.factors[0]) if is_lone(d) else None
+    """c for a size min(ceil(max(0, n - c) / s), k) (`derivation`), else 0."""
+    made = derivation(d.factors[0]) if is_lone(d) else None
     return made[1] if made else 0
 
 
 def step_of(d: Dim) -> int:
-    """s for a size ceil(max(0, n - c) / s) (`sliced`), else 1."""
-    made = slicing(d.factors[0]) if is_lone(d) else None
+    """s for a size min(ceil(max(0, n - c) / s), k) (`derivation`), else 1."""
+    made = derivation(d.factors[0]) if is_lone(d) else None
     return made[2] if made else 1
 
 
-def _shown(factor: str) -> str:
+def bound_of(d: Dim) -> Optional[int]:
+    """k for a size min(ceil(max(0, n - c) / s), k) (`derivation`), else
+    None (no bound)."""
+    made = derivation(d.factors[0]) if is_lone(d) else None
+    return made[3] if made else None
+
+
+def shown(factor: str) -> str:
     """A factor as a message shows it: a slice's length as what it is."""
-    made = slicing(factor)
+    made = derivation(factor)
     if made is None:
         return factor
-    base, less, every = made
-    kept = f"max(0, {base} - {less})" if less else base
-    return kept if every == 1 else f"ceil({kept} / {every})"
+    root, less, every, upto = made
+    text = f"max(0, {root} - {less})" if less else root
+    text = text if every == 1 else f"ceil({text} / {every})"
+    return text if upto is None else f"min({text}, {upto})"
 
 
 def is_shortened(d) -> bool:
-    """Whether d is a size `shortened(n, c)`, c > 0 (of every element)."""
-    return isinstance(d, Sym) and shortened_by(d) > 0 and step_of(d) == 1
+    """Whether d is a size `shortened(n, c)`, c > 0 (of every element, with
+    no bound)."""
+    return isinstance(d, Sym) and shortened_by(d) > 0 and step_of(d) == 1 \
+        and bound_of(d) is None
 
 
 def base_of(factor: str) -> str:
-    """The size a factor is computed from: n for a slice's length of n
-    (`sliced`), else the factor itself."""
-    made = slicing(factor)
+    """The size a factor is computed from: the symbol n for a slice's
+    length of n (`derivation`), else the factor itself."""
+    made = derivation(factor)
     return factor if made is None else made[0]
 
 
@@ -213,20 +275,21 @@ def computable(d: Dim, names) -> bool:
     return not isinstance(d, Sym) or all(f in names or base_of(f) in names for f in d.factors)
 
 
-def slice_length(size: int, less: int, every: int) -> int:
-    """ceil(max(0, size - less) / every): the elements of a slice less::every
-    of `size` (NumPy's, for less >= 0, every >= 1)."""
-    return -(-max(0, size - less) // every)
+def derived_value(made: tuple, size: int) -> int:
+    """A slice's length (`derivation`'s made: n, c, s, k) for n of `size`."""
+    _, less, every, upto = made
+    length = slice_length(size, less, every)
+    return length if upto is None else min(length, upto)
 
 
 def shortened_value(factor: str, binding: dict[str, int]) -> int:
     """A factor's value: bound, else a slice's length from its base's."""
     if factor in binding:
         return binding[factor]
-    made = slicing(factor)
+    made = derivation(factor)
     if made is None:
         raise KeyError(factor)
-    return slice_length(binding[made[0]], *made[1:])
+    return derived_value(made, binding[made[0]])
 
 
 def plain_size(d: Dim) -> Dim:

@@ -58,8 +58,8 @@ from gradlang.compiler.library import STDLIB
 from gradlang.compiler.lower import REGIONS_OF_SYMBOLIC_AXES
 from gradlang.compiler.modules import import_graph
 from gradlang.compiler.pipeline import optimize
-from gradlang.compiler.shapes import (NeedsConcrete, NeedsValue, Sym, base_of, evaluate, made_up,
-                                      slicing)
+from gradlang.compiler.shapes import (NeedsConcrete, NeedsValue, Sym, base_of, derivation, evaluate,
+                                      made_up)
 from gradlang.compiler.source import INTEGER_LITERAL, integer_literal
 from gradlang.runtime import target as targets
 from gradlang.runtime.args import (INTEGRAL, KINDS, NONE, NUMPY, SUPPORTED, const_scalar_names,
@@ -418,14 +418,11 @@ def out_types(function: Function, types: dict) -> list:
 
 
 def _axis_of(factor: str, axes: dict[str, list]) -> list:
-    """[argument, axis] of a symbolic size's factor, or [argument, axis, c]
-    for max(0, that size - c), [argument, axis, c, s] for ceil(max(0, that
-    size - c) / s): a slice's length (`shapes.sliced`)."""
-    made = slicing(factor)
-    if made is None:
-        return axes[factor]
-    base, less, every = made
-    return axes[base] + ([less] if every == 1 else [less, every])
+    """[argument, axis] of a symbolic size's factor, or [argument, axis, c,
+    s, k] for min(ceil(max(0, that size - c) / s), k) (k None: no bound): a
+    slice's length (`shapes.derivation`)."""
+    made = derivation(factor)
+    return axes[factor] if made is None else axes[made[0]] + list(made[1:])
 
 
 def static_defaults(f: GradFn) -> dict:

@@ -618,9 +618,11 @@ class AotGradient:
 
 def _axis_size(shapes: dict[str, tuple], factor: list) -> int:
     """A factor of a result's size (`dsl.aot`'s `out_types`): [argument,
-    axis], that axis's size, or [argument, axis, c], max(0, it - c), or
-    [argument, axis, c, s], ceil(max(0, it - c) / s): a slice's length
-    (`compiler.shapes.sliced`)."""
+    axis], that axis's size, or [argument, axis, c, s, k], min(ceil(max(0,
+    it - c) / s), k) (k None: no bound), a slice's length
+    (`compiler.shapes.derivation`); [argument, axis, c] in modules of
+    earlier versions, max(0, it - c)."""
     name, axis, *made = factor
-    less, every = (*made, *(0, 1)[len(made):])  # (c = 0 and s = 1 where left out)
-    return -(-max(0, shapes[name][axis] - less) // every)
+    less, every, upto = made + [0, 1, None][len(made):]
+    length = -(-max(0, shapes[name][axis] - less) // every)
+    return length if upto is None else min(length, upto)

@@ -67,18 +67,23 @@ def size_mismatch(symbol: str, first: str, first_axis: int, expected: int, argum
                             f"equal (both {symbol})")
 
 
-def shortened_size_mismatch(argument: str, axis: int, got: int, base: str, less: int,
-                            first: str, first_axis: int, size: int, every: int = 1) -> None:
+def derived_size_mismatch(argument: str, axis: int, got: int, shown: str, expected: int,
+                          base: str, first: str, first_axis: int, size: int) -> None:
     """Raised by a driver given an argument whose axis has not a slice's
-    length ceil(max(0, n - c) / s) (`compiler.shapes.sliced`: a gradient's
-    cotangent of `x[1:]`, of `x[1::2]`) of the size n another argument's
-    axis binds."""
-    kept, length = f"max(0, {base} - {less})", max(0, size - less)
-    if every > 1:
-        kept, length = f"ceil({kept} / {every})", -(-length // every)
+    length (`shown`, `expected` elements: `compiler.shapes.derivation`, a
+    gradient's cotangent of `x[1:]`, of `x[1::2]`, of `x[:3]`) of the size
+    n (`base`) another argument's axis binds."""
     raise SizeMismatchError(f"{argument} has size {got} on axis {axis}, but this program "
-                            f"takes it of size {kept} = {length}, "
+                            f"takes it of size {shown} = {expected}, "
                             f"where {base} is {size} (axis {first_axis} of {first})")
+
+
+def shortened_size_mismatch(argument: str, axis: int, got: int, base: str, less: int,
+                            first: str, first_axis: int, size: int) -> None:
+    """`derived_size_mismatch` of max(0, n - c), as the drivers of modules
+    compiled before it was call it."""
+    derived_size_mismatch(argument, axis, got, f"max(0, {base} - {less})",
+                          max(0, size - less), base, first, first_axis, size)
 
 
 def size_too_small(symbol: str, got: int, needed: int) -> None:

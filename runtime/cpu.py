@@ -33,6 +33,7 @@ from gradlang.runtime.common import (  # noqa: F401 (drivers call R.size_mismatc
     axis_runs,
     empty_axis,
     fillable,
+    derived_size_mismatch,
     fixed_size_mismatch,
     iota,
     index_out_of_range,

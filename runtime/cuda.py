@@ -77,6 +77,7 @@ from gradlang.runtime.common import (  # noqa: E402,F401
     c_strides,
     empty_axis,
     fillable,
+    derived_size_mismatch,
     fixed_size_mismatch,
     index_out_of_range,
     index_views,

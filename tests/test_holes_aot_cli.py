@@ -152,15 +152,17 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
     # `x[1:] - x[:-1]` on f64[:] was "cannot be compiled for any size"; its
     # length, max(0, n - 1), is computed in the driver from n (a name no
     # user writes: `shapes.shortened`), and by the module from the
-    # argument's axis where it says a result's shape (`out_types`); so is
-    # `x[1::2]`'s, ceil(max(0, n - 1) / 2) (`shapes.sliced`)
+    # argument's axis where it says a result's shape (`out_types`); so are
+    # `x[1::2]`'s, ceil(max(0, n - 1) / 2), and `x[-3:]`'s, min(n, 3)
+    # (`shapes.derivation`)
     source = tmp_path / "diff.grad"
     source.write_text("def diff(x):\n    return x[1:] * x[:-1]\n\n"
-                      "def odd(x):\n    return x[1::2] * x[:-1:2]\n")
+                      "def odd(x):\n    return x[1::2] * x[:-1:2]\n\n"
+                      "def last(x):\n    return x[-3:] * sum(x[-4:-1][::2])\n")
     assert main(["compile", str(source), "-o", str(tmp_path),
-                 "--sig", "diff(f64[:])", "odd(f64[:])"]) == 0
+                 "--sig", "diff(f64[:])", "odd(f64[:])", "last(f64[:])"]) == 0
     functions = import_compiled(tmp_path / "diff.py").functions
-    diff, odd = functions["diff"], functions["odd"]
+    diff, odd, last = functions["diff"], functions["odd"], functions["last"]
     for n in (0, 1, 2, 5, 6):
         x = np.linspace(-1.0, 2.0, n) ** 2
         np.testing.assert_array_equal(diff(x), x[1:] * x[:-1])
@@ -175,6 +177,13 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
         want = np.zeros(n)
         want[1::2], want[:-1:2] = np.arange(1.0, n // 2 + 1) * x[:-1:2], \
             np.arange(1.0, n // 2 + 1) * x[1::2]
+        np.testing.assert_array_equal(grad, want)
+        np.testing.assert_array_equal(last(x), x[-3:] * np.sum(x[-4:-1][::2]))
+        assert last.out_types("call", {"x": x}) == [(np.float64, (min(n, 3),))]
+        (grad,) = last.vjp(x)[1](np.ones(min(n, 3)))
+        want = np.zeros(n)
+        want[-3:] += np.sum(x[-4:-1][::2])
+        want[np.arange(n)[-4:-1][::2]] += np.sum(x[-3:])
         np.testing.assert_array_equal(grad, want)
 
 

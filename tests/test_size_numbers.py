@@ -243,25 +243,29 @@ def inner(x):
 def grid(x: f64[n, m]):
     return sum((x[1:, :-2] - x[:-1, 2:]) ** 2)
 
-def strided(x):
-    return sum(x[::2]) * sum(x[1::2] ** 2)
-
 def odd_diffs(x):
     y = x[1::2]
     return sum(sin(y[1:] - y[:-1]) * x[3::2] * x[2:-1:2])
 
 def grid_steps(x: f64[n, m]):
-    return sum(x[::2, 1:-1:3] ** 2) + sum(x[1:][::3, ::2])
+    return sum(x[::2, 1:-1:3] ** 2) + sum(x[1:][::3, ::2]) + sum(x[-2:, :3] ** 2)
+
+def ends(x):
+    y = x[1:]
+    return sum(sin(x[:3]) * x[-3:]) + sum(x[2:5] ** 3) + sum(x[-3:-1] * x[1:3]) \
+        + sum(y[-2:] * x[:3][1:]) + sum(x[::2][-2:] ** 2) * sum(x[:4][-2:])
 """
 
 SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
                     "inner": lambda x: np.sum(x[1:][:-1] * x[2:] * x[1:-1]),
                     "grid": lambda x: np.sum((x[1:, :-2] - x[:-1, 2:]) ** 2),
-                    "strided": lambda x: np.sum(x[::2]) * np.sum(x[1::2] ** 2),
                     "odd_diffs": lambda x: np.sum(np.sin(x[1::2][1:] - x[1::2][:-1])
                                                   * x[3::2] * x[2:-1:2]),
                     "grid_steps": lambda x: np.sum(x[::2, 1:-1:3] ** 2)
-                    + np.sum(x[1:][::3, ::2])}
+                    + np.sum(x[1:][::3, ::2]) + np.sum(x[-2:, :3] ** 2),
+                    "ends": lambda x: np.sum(np.sin(x[:3]) * x[-3:]) + np.sum(x[2:5] ** 3)
+                    + np.sum(x[-3:-1] * x[1:3]) + np.sum(x[1:][-2:] * x[:3][1:])
+                    + np.sum(x[::2][-2:] ** 2) * np.sum(x[:4][-2:])}
 
 
 @pytest.mark.parametrize("name", sorted(SLICE_REFERENCES))
@@ -272,7 +276,8 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
     # binds n, so it is one program, NumPy's slices to the empty ones
     # (lengths 0, 1 and 2 of `x[1:-1]`, `x[2:]`); a slice of step s
     # (`x[1::2]`, and its slices) takes ceil(max(0, n - c) / s) elements,
-    # computed so too
+    # computed so too, and one to a fixed stop k or of the last k
+    # (`x[:3]`, `x[-3:]`) min(n, k) of them
     built = counting_builds(monkeypatch)
     m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
     value_and_grad = dsl.value_and_grad(getattr(m, name))
@@ -287,13 +292,13 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
     assert len(built) == 2, built
 
 
-def test_strided_slices_push_tangents_with_one_program(monkeypatch):
+def test_slices_of_sizes_push_tangents_with_one_program(monkeypatch):
     built = counting_builds(monkeypatch)
     m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
-    reference, rng = SLICE_REFERENCES["odd_diffs"], np.random.default_rng(3)
+    reference, rng = SLICE_REFERENCES["ends"], np.random.default_rng(3)
     for n in (0, 2, 5, 8):
         x, t = rng.normal(size=n), rng.normal(size=n)
-        value, tangent = dsl.jvp(m.odd_diffs, (x,), (t,))
+        value, tangent = dsl.jvp(m.ends, (x,), (t,))
         np.testing.assert_allclose(value, reference(x), rtol=1e-13)
         np.testing.assert_allclose(tangent, central_difference(reference, [x], 0) @ t,
                                    rtol=1e-6, atol=1e-9)
