@@ -6,10 +6,11 @@ each distinct size of a call's arguments a symbol, so one lowered program
 and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
 Sizes multiply symbolically (up to `MAX_FACTORS` factors), and a slice's
-length ceil(max(0, n - c) / s) (`x[1:]`, `x[:n - 1]`, `range(n - 1)`,
-`x[1::2]`) is a size of its own (`sliced`); anything else a program does
-with a size (adding to it, slicing part of a symbolic axis from its end,
-comparing it with a fixed size) raises `NeedsConcrete`, and the caller lowers again with concrete
+length min(ceil(max(0, n - c) / s), k) (`x[1:]`, `x[:n - 1]`, `range(n -
+1)`, `x[1::2]`, `x[-2:]`) is a size of its own (`derivation`); anything
+else a program does with a size (adding to it, slicing part of a symbolic
+axis from its end with a step, comparing it with a fixed size) raises
+`NeedsConcrete`, and the caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
 float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
 run time instead (`compiler.lower.Lowerer.size_number`).
@@ -256,10 +257,9 @@ def shown(factor: str) -> str:
 
 
 def is_shortened(d) -> bool:
-    """Whether d is a size `shortened(n, c)`, c > 0 (of every element, with
-    no bound)."""
-    return isinstance(d, Sym) and shortened_by(d) > 0 and step_of(d) == 1 \
-        and bound_of(d) is None
+    """Whether d is a size min(ceil(max(0, n - c) / s), k) with c > 0: one
+    that may be a number n - c clamped at 0 (`shortened`)."""
+    return isinstance(d, Sym) and shortened_by(d) > 0
 
 
 def base_of(factor: str) -> str:

@@ -322,6 +322,12 @@ def nested(x):
     y = x[1:]
     return sum(y[:y.shape[0] - 1] * y[1:])
 
+def countdown(x):
+    s = 0.0
+    for i in range(2, x[::2].shape[0] - 2, -1):
+        s = s + i
+    return s
+
 def nested_steps(x):
     y = x[::2]
     return sum(y[:y.shape[0] - 1] * y[1:] * x[1:-1:2])
@@ -352,3 +358,6 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
     # NumPy reads x[:n - 3] of 2 elements as x[:-1]: not max(0, n - 3), so
     # it is compiled for the length
     np.testing.assert_array_equal(m.far(np.arange(2.0)), [0.0])
+    # a stop counted down to is not clamped at 0: range(2, -2, -1) has 4 trips
+    for n in (0, 1, 6):
+        assert m.countdown(np.ones(n)) == sum(range(2, (n + 1) // 2 - 2, -1))
