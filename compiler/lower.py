@@ -954,11 +954,14 @@ class Lowerer:
             # (of an axis itself shortened, `y[:y.shape[0] - 1]` for y =
             # x[1:], c counts from that axis's length, in its steps: y =
             # x[::2] of n is ceil(n / 2), and y.shape[0] - 1 of it is
-            # ceil(max(0, n - 2) / 2), `shapes.sliced`)
+            # ceil(max(0, n - 2) / 2), `shapes.sliced`; but not of another
+            # axis of the same n, `x[:x[:3].shape[0] - 1]`, whose stop
+            # counts from 3)
             (base, less, every, _), (axis_base, axis_less, axis_every, _) = (
                 derivation(d.factors[0]) or (d.factors[0], 0, 1, None) for d in (bound, size))
-            if (base, every) == (axis_base, axis_every) and \
-                    0 <= less - axis_less <= 2 * every:
+            short, apart = divmod(less - axis_less, every)
+            if (base, every, apart) == (axis_base, axis_every, 0) and 0 <= short <= 2 \
+                    and shortened(size, short) == bound:
                 return bound
         return self.as_static_int(value, e.span)
 

@@ -322,6 +322,9 @@ def nested(x):
     y = x[1:]
     return sum(y[:y.shape[0] - 1] * y[1:])
 
+def capped(x):
+    return x[:x[:3].shape[0] - 1]
+
 def countdown(x):
     s = 0.0
     for i in range(2, x[::2].shape[0] - 2, -1):
@@ -358,6 +361,9 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
     # NumPy reads x[:n - 3] of 2 elements as x[:-1]: not max(0, n - 3), so
     # it is compiled for the length
     np.testing.assert_array_equal(m.far(np.arange(2.0)), [0.0])
+    # x[:3].shape[0] - 1 is min(n, 3) - 1 of x, not n - 1 (x[:-1])
+    for n in (0, 1, 4, 6):
+        np.testing.assert_array_equal(m.capped(np.arange(n + 0.0)), np.arange(min(n, 3) - 1.0))
     # a stop counted down to is not clamped at 0: range(2, -2, -1) has 4 trips
     for n in (0, 1, 6):
         assert m.countdown(np.ones(n)) == sum(range(2, (n + 1) // 2 - 2, -1))
