@@ -18,7 +18,7 @@ import numpy as np
 
 from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, NUMPY_NAMES, Atom, Eqn, Lit,
                                   TensorType, Var)
-from gradlang.compiler.shapes import Sym, bound_of, region_size, shortened_by, step_of
+from gradlang.compiler.shapes import Sym, bound_of, region_size, shortened_by, step_of, total
 from gradlang.runtime.common import (arange_length, empty_axis, index_out_of_range, iota,
                                      trip_count)
 from gradlang.runtime.errors import GradError, Span
@@ -209,7 +209,7 @@ def _concat_rule(types, params, span):
             raise GradError(f"cannot concatenate shapes {[list(t.shape) for t in types]} "
                             f"along axis {axis}", span)
     shape = list(first.shape)
-    shape[axis] = sum(t.shape[axis] for t in types)
+    shape[axis] = total(t.shape[axis] for t in types)
     return [TensorType(_same_dtype(types, span), tuple(shape))]
 
 
@@ -618,6 +618,8 @@ def _concat_vjp(b, eqn, cts, needs):
     axis = eqn.p["axis"]
     out, start = [], 0
     shape = eqn.out.type.shape
+    if isinstance(shape[axis], Sym):
+        return _symbolic_concat_vjp(b, eqn, cts, needs)
     for x, need in zip(eqn.inputs, needs):
         stop = start + x.type.shape[axis]
         if need:
@@ -625,6 +627,31 @@ def _concat_vjp(b, eqn, cts, needs):
             stops = tuple(stop if i == axis else d for i, d in enumerate(shape))
             out.append(b.bind("slice", cts[0], starts=starts, stops=stops,
                               steps=(1,) * len(shape)))
+        else:
+            out.append(None)
+        start = stop
+    return out
+
+
+def _symbolic_concat_vjp(b, eqn, cts, needs):
+    """The VJP of a concatenation along an axis of k M elements, pieces of
+    c M (M a product of symbols, `shapes.total`: `concatenate([x, x])` of
+    x of n is 2 n): the cotangent with that axis split in (k, M), each
+    piece's rows of the k (fixed bounds, where M's would be offsets no
+    slice has: n of 2 n) as its shape."""
+    axis = eqn.p["axis"]
+    shape = eqn.out.type.shape
+    whole = shape[axis]
+    each = Sym(whole.factors)
+    rows = b.bind("reshape", cts[0], shape=shape[:axis] + (whole.coef, each) + shape[axis + 1:])
+    out, start = [], 0
+    for x, need in zip(eqn.inputs, needs):
+        stop = start + x.type.shape[axis].coef
+        if need:
+            starts = tuple(start if i == axis else 0 for i in range(rows.type.rank))
+            stops = tuple(stop if i == axis else d for i, d in enumerate(rows.type.shape))
+            piece = b.bind("slice", rows, starts=starts, stops=stops, steps=(1,) * rows.type.rank)
+            out.append(b.bind("reshape", piece, shape=x.type.shape))
         else:
             out.append(None)
         start = stop

@@ -7,9 +7,11 @@ and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
 Sizes multiply symbolically (up to `MAX_FACTORS` factors), and a slice's
 length min(ceil(max(0, n - c) / s), k) (`x[1:]`, `x[:n - 1]`, `range(n -
-1)`, `x[1::2]`, `x[-2:]`) is a size of its own (`derivation`); anything
-else a program does with a size (adding to it, slicing part of a symbolic
-axis from its end with a step, comparing it with a fixed size) raises
+1)`, `x[1::2]`, `x[-2:]`) is a size of its own (`derivation`), and a
+concatenation's length of multiples of one product is its multiple
+(`total`); anything else a program does with a size (adding to it,
+slicing part of a symbolic axis from its end with a step, comparing it
+with a fixed size) raises
 `NeedsConcrete`, and the caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
 float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
@@ -290,6 +292,20 @@ def shortened_value(factor: str, binding: dict[str, int]) -> int:
     if made is None:
         raise KeyError(factor)
     return derived_value(made, binding[made[0]])
+
+
+def total(sizes: Iterable[Dim]) -> Dim:
+    """The sum of sizes (a concatenation's length): of ints, an int; of
+    multiples of one product of symbols, its multiple (n + n is 2*n, n*m +
+    2*n*m is 3*n*m); anything else (n + m, n + 1) is no `Dim`, a sum of
+    products: NeedsConcrete."""
+    sizes = list(sizes)
+    if not any(isinstance(d, Sym) for d in sizes):
+        return sum(sizes)
+    products = {d.factors if isinstance(d, Sym) else () for d in sizes}
+    if len(products) != 1:
+        raise NeedsConcrete(f"the sizes {' + '.join(map(str, sizes))} are added")
+    return Sym(products.pop(), sum(d.coef for d in sizes))
 
 
 def plain_size(d: Dim) -> Dim:

@@ -158,9 +158,10 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
     source = tmp_path / "diff.grad"
     source.write_text("def diff(x):\n    return x[1:] * x[:-1]\n\n"
                       "def odd(x):\n    return x[1::2] * x[:-1:2]\n\n"
-                      "def last(x):\n    return x[-3:] * sum(x[-4:-1][::2])\n")
-    assert main(["compile", str(source), "-o", str(tmp_path),
-                 "--sig", "diff(f64[:])", "odd(f64[:])", "last(f64[:])"]) == 0
+                      "def last(x):\n    return x[-3:] * sum(x[-4:-1][::2])\n\n"
+                      "def doubled(x):\n    return concatenate([x, 2.0 * x])\n")
+    assert main(["compile", str(source), "-o", str(tmp_path), "--sig", "diff(f64[:])",
+                 "odd(f64[:])", "last(f64[:])", "doubled(f64[:])"]) == 0
     functions = import_compiled(tmp_path / "diff.py").functions
     diff, odd, last = functions["diff"], functions["odd"], functions["last"]
     for n in (0, 1, 2, 5, 6):
@@ -185,6 +186,9 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
         want[-3:] += np.sum(x[-4:-1][::2])
         want[np.arange(n)[-4:-1][::2]] += np.sum(x[-3:])
         np.testing.assert_array_equal(grad, want)
+        # (and a concatenation's, 2 n: `shapes.total`)
+        np.testing.assert_array_equal(functions["doubled"](x), np.concatenate([x, 2.0 * x]))
+        assert functions["doubled"].out_types("call", {"x": x}) == [(np.float64, (2 * n,))]
 
 
 def test_a_cotangent_of_a_slices_length_is_checked_against_the_size_it_shortens():

@@ -252,8 +252,11 @@ def grid_steps(x: f64[n, m]):
 
 def ends(x):
     y = x[1:]
-    return sum(sin(x[:3]) * x[-3:]) + sum(x[2:5] ** 3) + sum(x[-3:-1] * x[1:3]) \
+    return sum(sin(x[:3]) * x[-3:]) + sum(x[-3:-1] * x[1:3]) \
         + sum(y[-2:] * x[:3][1:]) + sum(x[::2][-2:] ** 2) * sum(x[:4][-2:])
+
+def pushed(x):
+    return sum(x[1::2] * x[:-1:2]) + sum(sin(x[-2:]) * x[:2]) + sum(concatenate([x, x]) ** 3)
 """
 
 SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
@@ -263,9 +266,14 @@ SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
                                                   * x[3::2] * x[2:-1:2]),
                     "grid_steps": lambda x: np.sum(x[::2, 1:-1:3] ** 2)
                     + np.sum(x[1:][::3, ::2]) + np.sum(x[-2:, :3] ** 2),
-                    "ends": lambda x: np.sum(np.sin(x[:3]) * x[-3:]) + np.sum(x[2:5] ** 3)
+                    "ends": lambda x: np.sum(np.sin(x[:3]) * x[-3:])
                     + np.sum(x[-3:-1] * x[1:3]) + np.sum(x[1:][-2:] * x[:3][1:])
                     + np.sum(x[::2][-2:] ** 2) * np.sum(x[:4][-2:])}
+
+
+def pushed(x):
+    return np.sum(x[1::2] * x[:-1:2]) + np.sum(np.sin(x[-2:]) * x[:2]) \
+        + np.sum(np.concatenate([x, x]) ** 3)
 
 
 @pytest.mark.parametrize("name", sorted(SLICE_REFERENCES))
@@ -292,16 +300,46 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
     assert len(built) == 2, built
 
 
-def test_slices_of_sizes_push_tangents_with_one_program(monkeypatch):
+def test_slices_and_concatenations_of_sizes_push_tangents_with_one_program(monkeypatch):
     built = counting_builds(monkeypatch)
     m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
-    reference, rng = SLICE_REFERENCES["ends"], np.random.default_rng(3)
+    rng = np.random.default_rng(3)
     for n in (0, 2, 5, 8):
         x, t = rng.normal(size=n), rng.normal(size=n)
-        value, tangent = dsl.jvp(m.ends, (x,), (t,))
-        np.testing.assert_allclose(value, reference(x), rtol=1e-13)
-        np.testing.assert_allclose(tangent, central_difference(reference, [x], 0) @ t,
+        value, tangent = dsl.jvp(m.pushed, (x,), (t,))
+        np.testing.assert_allclose(value, pushed(x), rtol=1e-13)
+        np.testing.assert_allclose(tangent, central_difference(pushed, [x], 0) @ t,
                                    rtol=1e-6, atol=1e-9)
+    assert len(built) == 1, built
+
+
+JOINED = """
+def joined(x: f64[n, m]):
+    y = concatenate([x, sin(x)])
+    z = concatenate([x, concatenate([x ** 2, exp(x)], axis=1)], axis=1)
+    return sum(y ** 3) * sum(reshape(y, (2, x.shape[0], x.shape[1]))[1] * x) + sum(z * z)
+"""
+
+
+def joined(x):
+    y = np.concatenate([x, np.sin(x)])
+    z = np.concatenate([x, x ** 2, np.exp(x)], axis=1)
+    return np.sum(y ** 3) * np.sum(y.reshape(2, *x.shape)[1] * x) + np.sum(z * z)
+
+
+def test_a_concatenation_along_a_symbolic_axis_compiles_once_for_every_length(monkeypatch):
+    # `concatenate([x, x])` of x of n needed concrete sizes (n + n): its
+    # length is 2 n, a size (`shapes.total`), and its gradient splits the
+    # cotangent's axis in (2, n), each piece's row (its tangent: below)
+    built = counting_builds(monkeypatch)
+    m = dsl.loads(JOINED, "joined.grad")
+    rng = np.random.default_rng(4)
+    for n in (0, 2, 3, 5):
+        x = rng.normal(size=(n, n + 2))
+        value, grad = dsl.value_and_grad(m.joined)(x)
+        np.testing.assert_allclose(value, joined(x), rtol=1e-13)
+        np.testing.assert_allclose(grad, central_difference(joined, [x], 0), rtol=1e-6,
+                                   atol=1e-9)
     assert len(built) == 1, built
 
 
