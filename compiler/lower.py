@@ -923,8 +923,9 @@ class Lowerer:
         does of an axis of every size n (a lone symbol), each bound an int
         or a size computed from n, or None where none does so (a negative
         step, `x[-3:2]`).  From the end, `x[1:]`, `x[:-1]`, `x[1::2]`:
-        ceil(max(0, n - c) / s) elements (`shapes.sliced`); the last k,
-        `x[-k:]`, `x[-k:-1]`: a start of max(0, n - k) (`shapes.shortened`);
+        ceil(max(0, n - c) / s) elements (`shapes.sliced`); of the last k,
+        `x[-k:]`, `x[-k:-1]`, `x[-k::2]`: a start of max(0, n - k)
+        (`shapes.shortened`);
         to a fixed stop k, `x[:k]`, `x[2:k:2]`: a stop of min(n, k)
         (`shapes.limited`), but ahead of time, where a fixed region's
         driver checks that n reaches it instead (`REGIONS_OF_SYMBOLIC_AXES`:
@@ -935,8 +936,8 @@ class Lowerer:
         end = size if stop is None else shortened(size, -stop) if stop < 0 else None
         if start >= 0 and end is not None:
             return start, end, step
-        if start < 0 and end is not None and step == 1 and (stop is None or start < stop):
-            return shortened(size, -start), end, 1
+        if start < 0 and end is not None and (stop is None or start < stop):
+            return shortened(size, -start), end, step
         if start >= 0 and end is None and not REGIONS_OF_SYMBOLIC_AXES.get():
             return start, limited(size, stop), step
         return None

@@ -216,16 +216,17 @@ def limited(d: Sym, k: int) -> Dim:
 def region_size(start: "int | Sym", stop: Sym, step: int) -> Dim:
     """How many elements start:stop:step selects, up to a symbolic stop:
     from an int start, ceil(max(0, stop - start) / step) (`sliced`); from
-    a symbolic one, the stop's last k (`x[-k:]`: a start of max(0, stop -
-    k), `shortened`, and step 1), min(stop, k) (`limited`)."""
+    a symbolic one, of the stop's last k (`x[-k:]`, `x[-k::2]`: a start of
+    max(0, stop - k), `shortened`), ceil(min(stop, k) / step) (`limited`)."""
     if not isinstance(start, Sym):
         return sliced(stop, start, step)
     (root, less, every, _), (stop_root, stop_less, stop_every, _) = map(_parts, (start, stop))
     last, apart = divmod(less - stop_less, every)
-    if step != 1 or (root, every) != (stop_root, stop_every) or last <= 0 or apart \
+    if (root, every) != (stop_root, stop_every) or last <= 0 or apart \
             or shortened(stop, last) != start:
         raise NeedsConcrete(f"a slice from {start} to {stop}")
-    return limited(stop, last)
+    kept = limited(stop, last)
+    return sliced(kept, 0, step) if isinstance(kept, Sym) else kept
 
 
 def shortened_by(d: Dim) -> int:

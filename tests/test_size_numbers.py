@@ -253,7 +253,8 @@ def grid_steps(x: f64[n, m]):
 def ends(x):
     y = x[1:]
     return sum(sin(x[:3]) * x[-3:]) + sum(x[-3:-1] * x[1:3]) \
-        + sum(y[-2:] * x[:3][1:]) + sum(x[::2][-2:] ** 2) * sum(x[:4][-2:])
+        + sum(y[-2:] * x[:3][1:]) + sum(x[::2][-2:] ** 2) * sum(x[:4][-2:]) \
+        + sum(x[-4::2] * x[:4:2])
 
 def pushed(x):
     return sum(x[1::2] * x[:-1:2]) + sum(sin(x[-2:]) * x[:2]) + sum(concatenate([x, x]) ** 3)
@@ -268,7 +269,8 @@ SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
                     + np.sum(x[1:][::3, ::2]) + np.sum(x[-2:, :3] ** 2),
                     "ends": lambda x: np.sum(np.sin(x[:3]) * x[-3:])
                     + np.sum(x[-3:-1] * x[1:3]) + np.sum(x[1:][-2:] * x[:3][1:])
-                    + np.sum(x[::2][-2:] ** 2) * np.sum(x[:4][-2:])}
+                    + np.sum(x[::2][-2:] ** 2) * np.sum(x[:4][-2:])
+                    + np.sum(x[-4::2] * x[:4:2])}
 
 
 def pushed(x):
