@@ -1803,7 +1803,8 @@ def symbolic_reaches(fn: Function) -> dict[Sym, int]:
                 shape = _REGION_OF[eqn.op](eqn)
                 for d, start, stop, step in zip(shape, eqn.p["starts"], eqn.p["stops"],
                                                 eqn.p["steps"]):
-                    picked = range(start, stop, step) if isinstance(stop, int) else None
+                    picked = range(start, stop, step) \
+                        if isinstance(stop, int) and isinstance(start, int) else None
                     if isinstance(d, Sym) and picked:
                         needs[d] = max(needs.get(d, 0), picked[-1] + 1)
             for value in eqn.p.values():

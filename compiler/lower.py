@@ -830,7 +830,8 @@ class Lowerer:
                 item = value = None
             if isinstance(size, Sym):
                 start, stop, step = self.symbolic_axis_bounds(b, item, value, axis, size, env)
-                if not REGIONS_OF_SYMBOLIC_AXES.get() and not isinstance(stop, Sym):
+                if not REGIONS_OF_SYMBOLIC_AXES.get() and not isinstance(stop, Sym) \
+                        and not isinstance(start, Sym):
                     # (a stop of symbolic size selects what NumPy's slice
                     # does for every size: `x[1:]`, `x[:-1]`)
                     raise NeedsConcrete(f"axis {axis} of size {size} is indexed")
@@ -838,7 +839,8 @@ class Lowerer:
                 stops.append(stop)
                 steps.append(step)
                 if item is None or isinstance(item, ast.Slice):  # (an integer drops the axis)
-                    keep.append(region_size(start, stop, step) if isinstance(stop, Sym)
+                    keep.append(region_size(start, stop, step, size)
+                                if isinstance(stop, Sym) or isinstance(start, Sym)
                                 else len(range(start, stop, step)))
                 continue
             if item is None or isinstance(item, ast.Slice):
@@ -900,6 +902,10 @@ class Lowerer:
             if (start, stop, step) in ((None, None, None), (0, None, None), (None, None, 1),
                                         (0, None, 1)):
                 return 0, size, 1
+            if step is not None and step < 0 and is_lone(size):
+                bounds = self.backward_bounds(size, start, stop, step)
+                if bounds is not None:
+                    return bounds
             start, step = start or 0, step or 1
             if is_lone(size):
                 bounds = self.bounds_of_every_size(size, start, stop, step)
@@ -941,6 +947,25 @@ class Lowerer:
         if start >= 0 and end is None and not REGIONS_OF_SYMBOLIC_AXES.get():
             return start, limited(size, stop), step
         return None
+
+    @staticmethod
+    def backward_bounds(size: Sym, start: Optional[int], stop: Optional[int], step: int
+                        ) -> Optional[tuple]:
+        """`bounds_of_every_size` of a slice of negative step, from the
+        axis's end or an element counted from it (`x[::-1]`, `x[-2::-2]`)
+        down past its front or to a fixed stop k (`x[:0:-1]`): a start of
+        max(0, n - 1 - d) (`shapes.shortened`; below 0 the slice is empty,
+        so its clamp reads nothing) and a stop of -1 (past the front, as
+        the normalized slice's) or k, ceil(max(0, n - d - 1 - stop) / -step)
+        elements (`shapes.region_size`); or None (a start >= 0, a stop
+        counted from the end)."""
+        back = 1 if start is None else -start
+        if back < 1 or (stop is not None and stop < 0):
+            return None
+        first = shortened(size, back)
+        if not isinstance(first, Sym):  # (an axis of at most back - 1 elements)
+            return None
+        return first, -1 if stop is None else stop, step
 
     def slice_stop(self, b, e: ast.Expr, size: Sym, env) -> "int | Sym":
         """A slice's stop on an axis of symbolic size n: a compile-time

@@ -131,19 +131,20 @@ def _broadcast_to_rule(types, params, span):
 
 def _slice_rule(types, params, span):
     (x,) = types
-    shape = tuple(_region_length(a, b, c, span)
-                  for a, b, c in zip(params["starts"], params["stops"], params["steps"]))
+    shape = tuple(_region_length(a, b, c, d, span) for a, b, c, d in
+                  zip(params["starts"], params["stops"], params["steps"], x.shape))
     return [TensorType(x.dtype, shape)]
 
 
-def _region_length(start, stop, step, span):
-    """How many elements start:stop:step selects: to a stop of symbolic
-    size (the axis's, one shortened, `x[1:-1]`, or limited, `x[:3]`),
+def _region_length(start, stop, step, axis, span):
+    """How many elements start:stop:step selects of an axis of size
+    `axis`: between symbolic bounds (the axis's end, one shortened,
+    `x[1:-1]`, limited, `x[:3]`, or a start from the end, `x[::-1]`),
     `shapes.region_size` of them."""
-    if isinstance(stop, Sym):
-        if step < 1:
-            raise GradError(f"internal: a slice of symbolic stop {stop} with step {step}", span)
-        return region_size(start, stop, step)
+    if isinstance(stop, Sym) or isinstance(start, Sym):
+        if isinstance(stop, Sym) == (step < 0):
+            raise GradError(f"internal: a slice {start}:{stop}:{step}", span)
+        return region_size(start, stop, step, axis)
     return len(range(start, stop, step))
 
 
@@ -755,10 +756,11 @@ def python_slices(starts, stops, steps, whole=None) -> tuple[slice, ...]:
     bound is Python's for every size (`_python_bound`)."""
     out = []
     for k, (a, b, c) in enumerate(zip(starts, stops, steps)):
-        if isinstance(b, Sym):
+        if isinstance(a, Sym) or isinstance(b, Sym):
             axis = whole[k] if whole is not None else None
             start = _python_bound(a, axis) if isinstance(a, Sym) else a
-            out.append(slice(start, _python_bound(b, axis), c))
+            stop = _python_bound(b, axis) if isinstance(b, Sym) else None if b < 0 else b
+            out.append(slice(start, stop, c))
         elif len(range(a, b, c)) == 0:
             out.append(slice(0, 0, 1))
         else:

@@ -213,20 +213,32 @@ def limited(d: Sym, k: int) -> Dim:
     return _made(root, less, every, k if upto is None else min(upto, k))
 
 
-def region_size(start: "int | Sym", stop: Sym, step: int) -> Dim:
-    """How many elements start:stop:step selects, up to a symbolic stop:
-    from an int start, ceil(max(0, stop - start) / step) (`sliced`); from
-    a symbolic one, of the stop's last k (`x[-k:]`, `x[-k::2]`: a start of
-    max(0, stop - k), `shortened`), ceil(min(stop, k) / step) (`limited`)."""
+def region_size(start: "int | Sym", stop: "int | Sym", step: int, axis: Dim) -> Dim:
+    """How many elements start:stop:step selects of an axis of size
+    `axis`, up to a symbolic stop: from an int start, ceil(max(0, stop -
+    start) / step) (`sliced`); from a symbolic one, of the stop's last k
+    (`x[-k:]`, `x[-k::2]`: a start of max(0, stop - k), `shortened`),
+    ceil(min(stop, k) / step) (`limited`).  Of a negative step, from the
+    element d + 1 from the axis's end (a start of max(0, axis - d - 1))
+    down to an int stop (-1: past the front), ceil(max(0, axis - d - 1 -
+    stop) / -step) (`sliced`)."""
+    if step < 0:
+        back = _distance(start, axis)
+        return sliced(axis, back + stop, -step)
     if not isinstance(start, Sym):
         return sliced(stop, start, step)
-    (root, less, every, _), (stop_root, stop_less, stop_every, _) = map(_parts, (start, stop))
-    last, apart = divmod(less - stop_less, every)
-    if (root, every) != (stop_root, stop_every) or last <= 0 or apart \
-            or shortened(stop, last) != start:
-        raise NeedsConcrete(f"a slice from {start} to {stop}")
-    kept = limited(stop, last)
+    kept = limited(stop, _distance(start, stop))
     return sliced(kept, 0, step) if isinstance(kept, Sym) else kept
+
+
+def _distance(start: Sym, axis: Sym) -> int:
+    """d where start is the size `shortened(axis, d)`, d > 0."""
+    (root, less, every, _), (axis_root, axis_less, axis_every, _) = map(_parts, (start, axis))
+    back, apart = divmod(less - axis_less, every)
+    if (root, every) != (axis_root, axis_every) or back <= 0 or apart \
+            or shortened(axis, back) != start:
+        raise NeedsConcrete(f"a slice from {start} of an axis of {axis}")
+    return back
 
 
 def shortened_by(d: Dim) -> int:

@@ -159,7 +159,7 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
     source.write_text("def diff(x):\n    return x[1:] * x[:-1]\n\n"
                       "def odd(x):\n    return x[1::2] * x[:-1:2]\n\n"
                       "def last(x):\n    return x[-3:] * sum(x[-4:-1][::2])\n\n"
-                      "def doubled(x):\n    return concatenate([x, 2.0 * x])\n")
+                      "def doubled(x):\n    return concatenate([x, 2.0 * x[::-1]])\n")
     assert main(["compile", str(source), "-o", str(tmp_path), "--sig", "diff(f64[:])",
                  "odd(f64[:])", "last(f64[:])", "doubled(f64[:])"]) == 0
     functions = import_compiled(tmp_path / "diff.py").functions
@@ -186,8 +186,9 @@ def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
         want[-3:] += np.sum(x[-4:-1][::2])
         want[np.arange(n)[-4:-1][::2]] += np.sum(x[-3:])
         np.testing.assert_array_equal(grad, want)
-        # (and a concatenation's, 2 n: `shapes.total`)
-        np.testing.assert_array_equal(functions["doubled"](x), np.concatenate([x, 2.0 * x]))
+        # (and a concatenation's, 2 n: `shapes.total`, of x and x[::-1])
+        np.testing.assert_array_equal(functions["doubled"](x),
+                                      np.concatenate([x, 2.0 * x[::-1]]))
         assert functions["doubled"].out_types("call", {"x": x}) == [(np.float64, (2 * n,))]
 
 

@@ -256,8 +256,13 @@ def ends(x):
         + sum(y[-2:] * x[:3][1:]) + sum(x[::2][-2:] ** 2) * sum(x[:4][-2:]) \
         + sum(x[-4::2] * x[:4:2])
 
+def flipped(x):
+    return sum(x * x[::-1] * arange(x.shape[0])) + sum(x[-2::-2] * x[:0:-2]) \
+        + sum(x[1:][::-1] * x[:-1])
+
 def pushed(x):
-    return sum(x[1::2] * x[:-1:2]) + sum(sin(x[-2:]) * x[:2]) + sum(concatenate([x, x]) ** 3)
+    return sum(x[1::2] * x[:-1:2]) + sum(sin(x[-2:]) * x[:2]) + sum(concatenate([x, x]) ** 3) \
+        + sum(x * x[::-1] ** 2)
 """
 
 SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
@@ -270,12 +275,14 @@ SLICE_REFERENCES = {"diff": lambda x: np.sum(np.sin(x[1:] - x[:-1])),
                     "ends": lambda x: np.sum(np.sin(x[:3]) * x[-3:])
                     + np.sum(x[-3:-1] * x[1:3]) + np.sum(x[1:][-2:] * x[:3][1:])
                     + np.sum(x[::2][-2:] ** 2) * np.sum(x[:4][-2:])
-                    + np.sum(x[-4::2] * x[:4:2])}
+                    + np.sum(x[-4::2] * x[:4:2]),
+                    "flipped": lambda x: np.sum(x * x[::-1] * np.arange(len(x)))
+                    + np.sum(x[-2::-2] * x[:0:-2]) + np.sum(x[1:][::-1] * x[:-1])}
 
 
 def pushed(x):
     return np.sum(x[1::2] * x[:-1:2]) + np.sum(np.sin(x[-2:]) * x[:2]) \
-        + np.sum(np.concatenate([x, x]) ** 3)
+        + np.sum(np.concatenate([x, x]) ** 3) + np.sum(x * x[::-1] ** 2)
 
 
 @pytest.mark.parametrize("name", sorted(SLICE_REFERENCES))
@@ -287,7 +294,8 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
     # (lengths 0, 1 and 2 of `x[1:-1]`, `x[2:]`); a slice of step s
     # (`x[1::2]`, and its slices) takes ceil(max(0, n - c) / s) elements,
     # computed so too, and one to a fixed stop k or of the last k
-    # (`x[:3]`, `x[-3:]`) min(n, k) of them
+    # (`x[:3]`, `x[-3:]`) min(n, k) of them, and one backwards from the end
+    # (`x[::-1]`, `x[-2::-2]`) as many as forwards to it
     built = counting_builds(monkeypatch)
     m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
     value_and_grad = dsl.value_and_grad(getattr(m, name))
