@@ -7,12 +7,12 @@ and one set of kernels serve every call whose sizes repeat the same
 pattern; `gradc compile --sig 'f(f64[:])'` builds programs for any size.
 Sizes multiply symbolically (up to `MAX_FACTORS` factors), and a slice's
 length min(ceil(max(0, n - c) / s), k) (`x[1:]`, `x[:n - 1]`, `range(n -
-1)`, `x[1::2]`, `x[-2:]`) is a size of its own (`derivation`), and a
-concatenation's length of multiples of one product is its multiple
+1)`, `x[1::2]`, `x[-2:]`, `x[::-1]`) is a size of its own (`derivation`),
+and a concatenation's length of multiples of one product is its multiple
 (`total`); anything else a program does with a size (adding to it,
-slicing part of a symbolic axis from its end with a step, comparing it
-with a fixed size) raises
-`NeedsConcrete`, and the caller lowers again with concrete
+slicing a symbolic axis from a start counted from its end to a fixed
+stop, comparing it with a fixed size) raises `NeedsConcrete`, and the
+caller lowers again with concrete
 sizes (or, ahead of time, reports that the signature needs them); but a
 float that arithmetic makes of a size (`0.1 / k`) the lowerer computes at
 run time instead (`compiler.lower.Lowerer.size_number`).
