@@ -43,7 +43,8 @@ operand with the batch merged into its columns, `(k, batch * n)`).  A value redu
 over the batch that is then used row by row (`x - mean(x, axis=0)`), an op
 that moves data between rows (a slice of the batch axis, a reshape
 moving it off axis 0, `x @ x.T`, a gather or scatter-add along it: `x[p]` for row
-indices p, also in a loop's body; a cumulative sum along it), a loop that
+indices p, also in a loop's body; a cumulative sum or a concatenation along
+it), a loop that
 reads a value known only once the blocks are combined or runs a number of
 trips computed from the rows, a result a loop computes otherwise from sums over the rows
 inside it (a carried sum multiplied by a value of the rows, offset by a
@@ -161,9 +162,8 @@ def _rows(d) -> bool:
     """Whether a size is the batch's rows or a whole number of elements
     each: the batch size times sizes the blocks share (a reshape merging
     each row's leading axis into the batch's, `(batch, seq, d)` to
-    `(batch * seq, d)`, keeps a block's rows together and in order).  A
-    size is a product (`Sym`): one that adds to the rows (a concatenation
-    along them) is not known without the batch's length."""
+    `(batch * seq, d)`, keeps a block's rows together and in order; a
+    concatenation along the rows, `2*batch`, does not: `_state`)."""
     return isinstance(d, Sym) and d.factors.count(BATCH.factors[0]) == 1
 
 
@@ -240,6 +240,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
             # leading axis of windows stacked before the rows, as max_pool2d's)
             axis, axes = _batch_axes(inputs[0])[0], eqn.p["axes"]
             fine = axis not in axes and _batch_axes(out) == [axis - sum(a < axis for a in axes)]
+        elif eqn.op == "concatenate":  # along another axis: each row's elements joined
+            # (along the batch's, 2*batch rows, a block's rows would be apart)
+            fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(out)
         elif OPS[eqn.op].kind in ("index", "scan"):  # not along the batch axis: a block
             # has its rows (a cumulative sum along it would need the blocks before)
             fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(eqn.inputs[0])

@@ -309,10 +309,10 @@ def test_dask_blocks_along_the_batch_axis_and_a_folded_product_keeps_its_rows():
     _, pullback = dsl.vjp(M.merged, rows)
     with pytest.raises(dsl.ArgumentError, match="output 0 has 36 rows, the batch's 12 merged"):
         pullback(np.ones((36, 4)))
-    # a size the batch's plus others (rows concatenated) is not known, at the op
-    with pytest.raises(dsl.ArgumentError, match=r"products.grad:\d+:12: error: .* where `batch` "
-                                                r"is the number of rows of 'x', which a block "
-                                                r"does not know"):
+    # rows concatenated (2*batch of them, a size since a9f80c4) put a
+    # block's rows apart: an error at the op, not blocks concatenated each
+    with pytest.raises(dsl.GradError, match=r"products.grad:\d+:12: error: `concatenate\(\[x, "
+                                            r"x\], axis=0\)` moves data between the rows"):
         M.doubled(rows)
 
 
