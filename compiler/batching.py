@@ -181,6 +181,15 @@ def _layout(v: Var) -> Optional[str]:
     return "moved"
 
 
+def _whole_rows(eqn: Eqn) -> bool:
+    """Whether a region op (`slice`, or its VJPs `embed`, `embed_add`)
+    takes every batch axis of the array it selects from whole, in order."""
+    p = eqn.p
+    shape = p["shape"] if eqn.op == "embed" else eqn.inputs[0].type.shape
+    return all((p["starts"][k], p["stops"][k], p["steps"][k]) == (0, shape[k], 1)
+               for k, d in enumerate(shape) if isinstance(d, Sym) and BATCH.factors[0] in d.factors)
+
+
 def _leading(v: Var) -> bool:
     """Whether only size-1 axes precede v's batch axis (so that a reshape
     keeps each row's elements together and in order)."""
@@ -240,6 +249,9 @@ def _state(eqn: Eqn, inputs: list, states: list[str], origin: Optional[Span],
             # leading axis of windows stacked before the rows, as max_pool2d's)
             axis, axes = _batch_axes(inputs[0])[0], eqn.p["axes"]
             fine = axis not in axes and _batch_axes(out) == [axis - sum(a < axis for a in axes)]
+        elif eqn.op in ("slice", "embed", "embed_add"):  # of other axes: each row's own
+            # (`x[::-1]` of the batch axis keeps its size and moves its rows)
+            fine = batched <= {layout} and _whole_rows(eqn)
         elif eqn.op == "concatenate":  # along another axis: each row's elements joined
             # (along the batch's, 2*batch rows, a block's rows would be apart)
             fine = batched <= {layout} and eqn.p["axis"] not in _batch_axes(out)

@@ -669,6 +669,20 @@ def test_a_size_needed_in_an_imported_function_is_an_error_at_the_call_leading_t
         dsl.load(path).f(da.from_array(np.ones(10), chunks=3))
 
 
+def test_a_slice_reversing_the_rows_is_refused_and_one_of_each_rows_columns_runs():
+    # `x[::-1]` of the rows keeps their size (one program for every batch
+    # size since 654c78f): each block ran it on its own rows, reversed
+    # block by block
+    m = dsl.loads("def f(x):\n    return x[::-1] * 2.0\n\n"
+                  "def g(x):\n    return x[:, ::-1] * 2.0\n", "rows.grad")
+    with pytest.raises(dsl.GradError, match=r"rows.grad:2:12: error: `x\[::-1\]` moves data "
+                                            r"between the rows of the batch"):
+        m.f(da.from_array(X[:12], chunks=(5, 3)))
+    with dask.config.set(scheduler="sync"):
+        got = m.g(da.from_array(X[:12], chunks=(5, 3))).compute()
+    np.testing.assert_array_equal(got, X[:12, ::-1] * 2.0)
+
+
 def test_a_broadcast_to_the_rows_size_runs_by_blocks():
     # (its shape's negative check compared the batch's symbol: "the size
     # batch is used as a number")
