@@ -311,6 +311,7 @@ def test_slices_with_constant_bounds_compile_once_for_every_length(name, monkeyp
 
 
 def test_slices_and_concatenations_of_sizes_push_tangents_with_one_program(monkeypatch):
+    # (forward mode through each kind of size: steps, ends, 2 n, backwards)
     built = counting_builds(monkeypatch)
     m = dsl.loads(SLICES_OF_SIZES, "slices.grad")
     rng = np.random.default_rng(3)
@@ -340,7 +341,7 @@ def joined(x):
 def test_a_concatenation_along_a_symbolic_axis_compiles_once_for_every_length(monkeypatch):
     # `concatenate([x, x])` of x of n needed concrete sizes (n + n): its
     # length is 2 n, a size (`shapes.total`), and its gradient splits the
-    # cotangent's axis in (2, n), each piece's row (its tangent: below)
+    # cotangent's axis in (2, n), each piece's row (its tangent: `pushed`)
     built = counting_builds(monkeypatch)
     m = dsl.loads(JOINED, "joined.grad")
     rng = np.random.default_rng(4)
