@@ -13,20 +13,34 @@ primitives (`transpose`, `embed` for the zero padding, strided `slice`,
 grad, jvp, vmap), both targets and the linearity check of grad blocks
 apply with no rule of their own.  Every misuse is a `GradError` at
 `span` naming `name`; a symbolic spatial, channel or kernel size raises
-`NeedsConcrete`.  The batch size may stay symbolic (the batch symbol of a
-Dask split, whose rows the 2-d product's rows group).  `windows` (a
-kernel's strided slices) and `padded` (a zero embedding) serve pooling
-too (`compiler.pooling`).
+`NeedsConcrete`.  The batch size may stay symbolic (the batch symbol of
+a Dask split: the 2-d product's columns are groups of the batch's).
+`windows` (a kernel's strided slices) and `padded` (a zero embedding)
+serve pooling too (`compiler.pooling`).
 
-The lowering is im2col, channels last so that no copy is needed to lay
-the patches out as rows: x is transposed to (N, *spatial, C) and zero
-padded; each of the prod(kernel) kernel offsets is one strided slice,
-(N, *out, C); the slices are stacked to (N, *out, prod(kernel), C) and
-seen as rows (N * prod(out), prod(kernel) * C), multiplied by the weight
-laid out as (prod(kernel) * C, O): one 2-d product (one BLAS call on the
-CPU).  The backward pass is two products too (the rows' gradient
-`g @ w^T` and the weight's `rows^T @ g`), and the rows' gradient goes
-back to x as one zero-embedding per offset, summed (col2im).
+The lowering is im2col, transposed (columns, not rows), batch second: x
+is transposed to (C, N, *spatial) and zero padded; each of the
+prod(kernel) kernel offsets is one strided slice, (C, N, *out); the
+slices are stacked along the first axis to (prod(kernel) * C, N, *out)
+and seen as columns (prod(kernel) * C, N * prod(out)), multiplied on
+the left by the weight laid out as (O, prod(kernel) * C): one 2-d
+product (one BLAS call on the CPU), whose (O, N, *out) result is
+transposed to (N, O, *out).  The backward pass is two products too (the
+columns' gradient `w^T @ g` and the weight's `g @ columns^T`), and the
+columns' gradient goes back to x as one zero-embedding per offset,
+summed (col2im).
+
+Why columns: OpenBLAS runs a product with long result rows faster than
+its transpose: `w^T @ g`, (144, 32768), took 2.8 ms of CPU on one thread
+where the rows' `g @ w`, (32768, 144), took 5.4 (a 3x3 kernel over 16
+channels, 32 outputs; the forward product 3.2 against 4.1).  And the
+copies run along the last spatial axis, not the channels: each window's
+copy into the stack, each col2im add and the padding (runs of 32 f32
+against 16 in the benchmark, and the channels and batch axes of a window
+merge into one), and the result's transpose to (N, O, *out) moves whole
+planes of prod(out) elements.  Channels-last rows took 22-23 ms of CPU
+a call for `benchmarks/conv.grad`'s value and gradient on one thread,
+the columns 15 (scratch timings, load 6).
 """
 from __future__ import annotations
 
@@ -99,18 +113,19 @@ def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...]
                         f"{list(widths)} (input {list(spatial)}, padding {list(padding)})",
                         span)
     out = tuple((s - k) // st + 1 for s, k, st in zip(widths, kernel, stride))
-    channels_last = (0,) + tuple(range(2, d + 2)) + (1,)  # (N, C, *s) -> (N, *s, C)
-    xl = padded(b, b.bind("transpose", x, perm=channels_last, span=span), 1, padding, span)
-    patches = [b.bind("reshape", patch, shape=(n,) + out + (1, channels), span=span)
-               for patch in windows(b, xl, 1, kernel, stride, out, span)]
+    # x channels first, then the batch, (C, N, *spatial), so that each
+    # window's rows are runs along the last spatial axis and the product's
+    # columns are (N, *out)
+    batch_second = (1, 0) + tuple(range(2, d + 2))
+    xl = padded(b, b.bind("transpose", x, perm=batch_second, span=span), 2, padding, span)
+    patches = windows(b, xl, 2, kernel, stride, out, span)
     stacked = patches[0] if len(patches) == 1 else \
-        b.bind("concatenate", *patches, axis=d + 1, span=span)
+        b.bind("concatenate", *patches, axis=0, span=span)
     taps = prod(kernel) * channels
-    # the weight as (*kernel, C) rows per output channel, then transposed
-    wl = b.bind("transpose", w, perm=channels_last, span=span)
-    wl = b.bind("transpose", b.bind("reshape", wl, shape=(outs, taps), span=span),
-                perm=(1, 0), span=span)
-    rows = b.bind("reshape", stacked, shape=(n * prod(out), taps), span=span)
-    product = b.bind("matmul", rows, wl, span=span)
-    result = b.bind("reshape", product, shape=(n,) + out + (outs,), span=span)
-    return b.bind("transpose", result, perm=(0, d + 1) + tuple(range(1, d + 1)), span=span)
+    columns = b.bind("reshape", stacked, shape=(taps, n * prod(out)), span=span)
+    # the weight as (O, *kernel, C) rows: the order of the stacked taps
+    wl = b.bind("transpose", w, perm=(0,) + tuple(range(2, d + 2)) + (1,), span=span)
+    wl = b.bind("reshape", wl, shape=(outs, taps), span=span)
+    product = b.bind("matmul", wl, columns, span=span)
+    result = b.bind("reshape", product, shape=(outs, n) + out, span=span)
+    return b.bind("transpose", result, perm=batch_second, span=span)

@@ -16,10 +16,11 @@ stays as it was.
 Values are the same element for element; a full sum adds them in a's
 order (the same value up to rounding).
 
-Why: a convolution is a product of channels-last rows, transposed to
-(N, O, H, W) for the caller; what follows it elementwise (an activation
-and its gradient) then read the transposed product (a copy, since a
-loop reads contiguous arrays) and wrote the gradient that the backward
+Why: a convolution is a product, (O, N, H, W), transposed to (N, O, H,
+W) for the caller (channels-last rows, (N, H, W, O), until the columns of
+`compiler.convolution`); what follows it elementwise (an activation and
+its gradient) then read the transposed product (a copy, since a loop
+reads contiguous arrays) and wrote the gradient that the backward
 product transposes back (a second copy).  Run by `fusion.fuse` on every
 target, so the transforms never see it.
 """

@@ -518,9 +518,9 @@ def concatenate(xs: tuple, axis: int) -> np.ndarray:
     return out
 
 
-# The rank to which `_into_region` merges (or pads) a region's axes: a
-# convolution's (N, H, W, C) windows of (N, H + 2p, W + 2p, C) have four
-# that do not merge.
+# The rank to which `_into_region` merges (or pads) a region's axes: the
+# (N, H, W, C) windows of an (N, H + 2p, W + 2p, C) array have four that
+# do not merge.
 STRIDED_RANK = 4
 
 
@@ -528,12 +528,13 @@ def _into_region(out: np.ndarray, where: tuple, x: np.ndarray, add: bool) -> Non
     """out[where] = x, or += x with `add`; out C-contiguous.  By `_rows`
     where the region's last axis (its axes merged) runs in unit steps in
     both: NumPy's strided copy and add run an inner loop per innermost row,
-    which for short rows (a convolution's 16 channels) took 5-10x as long.
-    By `_strided_rows_add` an add whose last axis runs in other positive
-    steps, in rows with gaps between them (an outer axis left): NumPy's
-    took 1.5-1.8x as long there (a stride-2 pooling's windows), but 1.1x
-    as short along one strided axis.  Other copies are NumPy's, which beat
-    a kernel's on strided ones (1.1-1.2x on a pooling's windows)."""
+    which for short rows (a channels-last convolution's 16 channels) took
+    5-10x as long.  By `_strided_rows_add` an add whose last axis runs in
+    other positive steps, in rows with gaps between them (an outer axis
+    left): NumPy's took 1.5-1.8x as long there (a stride-2 pooling's
+    windows), but 1.1x as short along one strided axis.  Other copies are
+    NumPy's, which beat a kernel's on strided ones (1.1-1.2x on a
+    pooling's windows)."""
     if not x.size:
         return
     where = where + (builtins.slice(None),) * (out.ndim - len(where))

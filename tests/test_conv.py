@@ -180,6 +180,22 @@ def test_gradients_match_central_differences():
     np.testing.assert_allclose(gw, central_difference(np_loss, (x, w), 1), atol=1e-7)
 
 
+def test_the_products_are_of_columns_of_the_batch_and_output_positions(monkeypatch):
+    """The weight times the im2col columns, (O, taps) @ (taps, N * prod(out)),
+    and the columns' gradient, (taps, O) @ (O, N * prod(out)): results with
+    long rows, which OpenBLAS computes faster than their transposes
+    (`compiler.convolution`)."""
+    from gradlang.runtime import cpu
+    products, matmul = [], cpu.matmul
+    monkeypatch.setattr(cpu, "matmul",
+                        lambda a, b: products.append((*a.shape, b.shape[1])) or matmul(a, b))
+    x, w = normal((2, 2, 5, 4), (3, 2, 3, 3))  # (as above: the same program)
+    dsl.grad(M.loss, wrt=(0, 1))(x, w)
+    columns, taps = 2 * 3 * 2, 2 * 3 * 3  # (N * prod(out), C * KH * KW)
+    assert sorted(products) == sorted([(3, taps, columns), (3, columns, taps),
+                                       (taps, 3, columns)])
+
+
 def test_the_gradient_of_an_r1_penalty_matches_central_differences():
     x, w = normal((2, 2, 5, 5), (3, 2, 3, 3))
     np.testing.assert_allclose(M.r1(x, w), np_r1(x, w), rtol=1e-12)
