@@ -40,7 +40,10 @@ against 16 in the benchmark, and the channels and batch axes of a window
 merge into one), and the result's transpose to (N, O, *out) moves whole
 planes of prod(out) elements.  Channels-last rows took 22-23 ms of CPU
 a call for `benchmarks/conv.grad`'s value and gradient on one thread,
-the columns 15 (scratch timings, load 6).
+the columns 15; on two free cores 14 ms and 10 (JAX's jit 10.5-11).
+Where other work holds the cores the columns can be slower: OpenBLAS
+splits a product with long result rows between threads that wait for
+each other (docs/internals.md, "Convolutions").
 """
 from __future__ import annotations
 
