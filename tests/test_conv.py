@@ -180,7 +180,7 @@ def test_gradients_match_central_differences():
     np.testing.assert_allclose(gw, central_difference(np_loss, (x, w), 1), atol=1e-7)
 
 
-def test_the_products_are_of_columns_of_the_batch_and_output_positions(monkeypatch):
+def test_the_products_are_of_columns_of_the_batch_and_output_positions_or_of_rows(monkeypatch):
     """The weight times the im2col columns, (O, taps) @ (taps, N * prod(out)),
     and the columns' gradient, (taps, O) @ (O, N * prod(out)): results with
     long rows, which OpenBLAS computes faster than their transposes
@@ -194,6 +194,13 @@ def test_the_products_are_of_columns_of_the_batch_and_output_positions(monkeypat
     columns, taps = 2 * 3 * 2, 2 * 3 * 3  # (N * prod(out), C * KH * KW)
     assert sorted(products) == sorted([(3, taps, columns), (3, columns, taps),
                                        (taps, 3, columns)])
+    # an output of one position along its last axis is rows, (N * prod(out),
+    # taps) @ (taps, O), whose window copies run along the channels
+    products.clear()
+    x, w = normal((3, 2, 3, 3), (2, 2, 5, 5))  # (whole: the kernel is the padded input)
+    dsl.grad(M.whole, wrt=(0, 1))(x, w)
+    rows, taps = 3, 2 * 5 * 5  # (the gradient of a sum of it: no forward product)
+    assert sorted(products) == sorted([(rows, 2, taps), (taps, rows, 2)])
 
 
 def test_the_gradient_of_an_r1_penalty_matches_central_differences():
