@@ -521,16 +521,20 @@ class _ToAst(Transformer_NonRecursive):
         funcs = tuple(c for c in children if isinstance(c, ast.FuncDef))
         return ast.Module(self.file, self.source, imports, params, funcs)
 
+    # A declaration's span ends at its last part (`header`): the rule's own
+    # takes the line break after it, so it ended on the next line, and a
+    # caret under it was one `^` (at `import`, `param` or `@`).
     def import_stmt(self, meta, children):
-        return ast.Import(str(children[0]), None, self.s(meta))
+        return ast.Import(str(children[0]), None,
+                          self.header(meta, _tok_span(self.file, children[0])))
 
     def from_import(self, meta, children):
         return ast.Import(str(children[0]), tuple(str(c) for c in children[1:]),
-                          self.s(meta))
+                          self.header(meta, _tok_span(self.file, children[-1])))
 
     def param_decl(self, meta, children):
         name, typ = children
-        return ast.ParamDecl(str(name), typ, self.s(meta))
+        return ast.ParamDecl(str(name), typ, self.header(meta, typ.span))
 
     def funcdef(self, meta, children):
         decorators = tuple(c for c in children if isinstance(c, ast.Decorator))
@@ -542,9 +546,10 @@ class _ToAst(Transformer_NonRecursive):
     def decorator(self, meta, children):
         name, args = children
         args = args or ()
+        span = self.header(meta, args[-1].span if args else _tok_span(self.file, name))
         if any(not isinstance(a, ast.Keyword) for a in args):
-            raise GradError(f"@{name} takes keyword arguments only", self.s(meta))
-        return ast.Decorator(str(name), self.s(meta), tuple(args))
+            raise GradError(f"@{name} takes keyword arguments only", span)
+        return ast.Decorator(str(name), span, tuple(args))
 
     def params(self, meta, children):
         return tuple(c for c in children if c is not None)

@@ -127,6 +127,19 @@ def test_an_unindent_is_reported_at_its_line_past_blank_lines_of_tabs_or_form_fe
     assert (err.line, err.col) == (5, 1), str(err)
 
 
+@pytest.mark.parametrize("source,line,text", [
+    ("param w: f64\nparam w: f64[2]  # again\n", 2, "param w: f64[2]"),
+    ("import nothere\n", 1, "import nothere"),
+    ("@recompute\n@recompute\ndef f(x):\n    return x\n", 2, "@recompute"),
+])
+def test_a_declarations_caret_underlines_it(source, line, text):
+    """A declaration's span took the line break after it, so it ended on
+    the next line, and its caret was a single `^` under the first letter."""
+    err = load_error(source)
+    assert (err.line, err.col) == (line, 1), str(err)
+    assert str(err).splitlines()[-1] == "    " + "^" * len(text), str(err)
+
+
 @pytest.mark.parametrize("statement,col,message", [
     ("print = x $ 2.0", 15, "syntax error: unexpected character '$'"),
     ("pass = x * * 2.0", 16, "syntax error: unexpected '*'"),
