@@ -341,7 +341,9 @@ def cmd_check(args) -> int:
             _say_no_functions()
             continue
         table: list[list[str]] = []
-        messages: list[str] = []  # printed after the table, on stderr
+        # printed after the table, on stderr, each as a terminal shows it
+        # (an error's own lines, its source line and caret, kept apart)
+        messages: list[str] = []
         for name in names:
             f = _lookup(module, name, str(file))
             try:
@@ -360,7 +362,7 @@ def cmd_check(args) -> int:
                 errors = [f"{r.max_abs:.2e}", f"{r.max_rel:.2e}"] if r.points else ["-", "-"]
                 table.append([r.function, r.dtype, str(r.order), r.wrt, r.source, str(r.points),
                               *errors, "yes" if r.nonfinite else "no", r.verdict])
-            messages += [f"{file}: warning: {w}" for w in rows.warnings]
+            messages += [_terminal(f"{file}: warning: {w}") for w in rows.warnings]
             for r in rows.failures:
                 failed += 1
                 if r.nonfinite and r.against == "f64":
@@ -371,15 +373,15 @@ def cmd_check(args) -> int:
                     against = "reverse mode" if r.against == "reverse" else "finite differences"
                     what = f"disagrees with {against} (max rel err {r.max_rel:.2g})"
                 at = f", {r.failed_at}" if r.failed_at else ""
-                messages.append(f"{file}: error: {r.function}(): the order-{r.order} gradient "
-                                f"w.r.t. {r.wrt} from {r.source} {what}{at}")
+                messages.append(_terminal(f"{file}: error: {r.function}(): the order-{r.order} "
+                                          f"gradient w.r.t. {r.wrt} from {r.source} {what}{at}"))
         header = ["function", "dtype", "order", "wrt", "gradient", "points", "max abs err",
                   "max rel err", "NaN/Inf", "verdict"]
         for line in _aligned([header] + table, right={2, 5, 6, 7}):
             print(f"  {line}")
         sys.stdout.flush()
-        for message in messages:
-            print(_terminal(message), file=sys.stderr)
+        for message in messages:  # (a GradError's `str` shows its user text already)
+            print(message, file=sys.stderr)
     return 1 if failed else 0
 
 

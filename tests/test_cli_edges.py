@@ -525,3 +525,18 @@ def test_a_wrt_position_of_more_digits_than_int_reads_is_out_of_range(tmp_path, 
     assert code == 2 and out == ""
     assert err == (f"gradc: error: --wrt '{'9' * 27}...{'9' * 28}' is out of range: f() has 2 "
                    "parameter(s)\n")
+
+
+def test_check_prints_a_function_s_error_with_its_source_line_and_caret(tmp_path, capsys):
+    # a function that could not be checked had its error printed as one
+    # line, each line break shown as U+FFFD: "...shape [3]\ufffd        return
+    # stack([d, d])\ufffd               ^^^^^^^^^^^^^"
+    path = tmp_path / "shaped.grad"
+    path.write_text("def f(x: f64[n]):\n    return sum(x)\ngrad(d):\n    return stack([d, d])\n")
+    code, _, err = run(["check", str(path), "--order", "1"], capsys)
+    assert code == 1
+    assert err.splitlines() == [
+        f"{path}:4:12: error: grad block 1 of f() (line 3) returns a cotangent of shape [2] "
+        "for 'x', which has shape [3]",
+        "        return stack([d, d])",
+        "               ^^^^^^^^^^^^^"]
