@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import ClassVar, Union
 
 from gradlang.runtime.args import floating, number_dtype
-from gradlang.runtime.errors import Span
+from gradlang.runtime.errors import Span, one_line
 
 # ----------------------------------------------------------------- expressions
 
@@ -556,4 +556,6 @@ def _holds_nodes(value) -> bool:
 
 def _span_text(span: Span, with_file: bool) -> str:
     place = f"{span.line}:{span.col}-{span.end_line}:{span.end_col}"
-    return f"{span.file}:{place}" if with_file else place
+    # (the file name as a message shows it: one holding a line break or an
+    # escape sequence forged a line of the outline, or acted on the terminal)
+    return f"{one_line(span.file)}:{place}" if with_file else place

@@ -540,3 +540,14 @@ def test_check_prints_a_function_s_error_with_its_source_line_and_caret(tmp_path
         "for 'x', which has shape [3]",
         "        return stack([d, d])",
         "               ^^^^^^^^^^^^^"]
+
+
+def test_show_ast_prints_a_file_name_as_one_line_without_its_escapes(tmp_path, capsys):
+    # the outline's first span wrote the file name as it is: its escape
+    # sequence acted on the terminal, and its line break forged a line
+    path = tmp_path / "red\x1b[31m\nname.grad"
+    path.write_text("def f(x):\n    return x * 2.0\n")
+    code, out, _ = run(["show", str(path), "--emit", "ast"], capsys)
+    assert code == 0
+    assert out.splitlines()[0] == (f"FuncDef(name='f', ret=None, grads=(), decorators=(), "
+                                   f"span={tmp_path}/red\ufffd[31m\ufffdname.grad:1:5-1:6,")
