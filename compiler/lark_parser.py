@@ -429,9 +429,12 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
             found = repr(str(token))
         message = f"unexpected {found}"
         takes = _expected(err)
+        # (the end of the file is no help where something else may come: at
+        # the top level it would hide the list, one name too long)
+        shown = takes - {"$END"} if takes - {"$END"} else takes
         expected = sorted(_TERMINAL_NAMES.get(t, repr(t.lower()) if t.isupper() and len(t) > 1 else t)
-                          for t in takes if not t.startswith("__"))
-        if expected and len(expected) <= 6:
+                          for t in shown if not t.startswith("__"))
+        if expected and len(expected) <= 7:
             message += "; expected " + " or ".join(expected)
         if token.type == "NAME" and "DTYPE" in takes:
             message += _dtype_hint(str(token))

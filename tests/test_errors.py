@@ -93,6 +93,9 @@ def test_syntax_errors(source, line, col, text):
     ("def f(x):\n    a, b += x, x\n    return a\n", 2, 10, "unexpected '+='; expected ',' or '='"),
     ("def f(x):\n    if x.ndim == 1:\n    return x\n", 3, 5,
      "unexpected 'return'; expected an indented block"),
+    # (the end of the file, which may come there too, is left out of the list)
+    ("def f(x):\n    return x\nx = 1\n", 3, 1, "unexpected 'x'; expected '@' or 'def' or "
+     "'from' or 'grad' or 'import' or 'param' or end of line"),
 ])
 def test_a_syntax_error_expects_only_what_the_parse_takes_there(source, line, col, message):
     """The expected terminals were the lexer state's: an end of line,
