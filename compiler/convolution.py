@@ -43,7 +43,10 @@ a call for `benchmarks/conv.grad`'s value and gradient on one thread,
 the columns 15; on two free cores 14 ms and 10 (JAX's jit 10.5-11).
 Where other work holds the cores the columns can be slower: OpenBLAS
 splits a product with long result rows between threads that wait for
-each other (docs/internals.md, "Convolutions").
+each other (docs/internals.md, "Convolutions").  An output of one
+position along its last axis is lowered by rows (`_by_rows`), whose
+window copies run along the channels where the columns' would copy
+element by element.
 """
 from __future__ import annotations
 
