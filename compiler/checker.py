@@ -25,8 +25,10 @@ grad-block contract:
   for each of those, in that order or by name;
 - a missing, extra, duplicated or misnamed cotangent is an error naming the
   function, the block's line and what was expected;
-- `@pass_through` functions take no grad block and have exactly one
-  differentiable parameter and one result.
+- `@pass_through` functions take no grad block, have exactly one
+  differentiable parameter and one result, and read no float `param`
+  (directly or through calls), which their identity gradient would give
+  no cotangent.
 
 Shapes and dtypes, of arguments and results, are checked when a call
 binds them (`compiler.lower`).
@@ -142,6 +144,14 @@ class _Function:
             if len(f.differentiable_params) != 1 or n_outputs != 1:
                 raise GradError(f"@pass_through function {f.name}() needs exactly one "
                                 "differentiable parameter and one result", f.span)
+            # (its gradient is the identity in that parameter: a float param
+            # it reads would get none, silently, where a block must return it)
+            read = [w for w in named_cotangents(f, self.ns, 1) if w in self.ns.params]
+            if read:
+                raise GradError(f"@pass_through function {f.name}() reads the param "
+                                f"{read[0]!r}, which its identity gradient gives no "
+                                "cotangent; compute what needs the param outside it "
+                                f"(ste(x / {read[0]}) * {read[0]})", f.span)
         visible = visible | _assigned_outside_loops(f.body)
         for k, block in enumerate(f.grads, start=1):
             n_outputs = self.grad_block(block, k, n_outputs, visible)

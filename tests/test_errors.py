@@ -359,6 +359,13 @@ def test_max_of_two_values_says_maximum(call, text):
     # grad block reads an undefined name
     ("def f(x):\n    return x\ngrad(dz):\n    return dz * q\n", 4, "name 'q' is not defined"),
     ("@pass_through\ndef f(x):\n    return x\ngrad(dz):\n    return dz\n", 4, "pass_through"),
+    # a float param a @pass_through function reads, itself or through a
+    # call, got a zero gradient, silently (its gradient is x's identity)
+    ("param w: f64\n@pass_through\ndef f(x):\n    return x * w\n", 3,
+     "@pass_through function f() reads the param 'w', which its identity gradient gives no "
+     "cotangent; compute what needs the param outside it (ste(x / w) * w)"),
+    ("param w: f64\ndef g(x):\n    return x * w\n@pass_through\ndef f(x):\n    return g(x)\n",
+     5, "@pass_through function f() reads the param 'w'"),
 ])
 def test_grad_block_contract_is_checked_at_load(source, line, text):
     assert_at(load_error(source), line, None, text)
