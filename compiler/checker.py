@@ -323,6 +323,9 @@ class _Function:
     def for_loop(self, stmt: ast.For, defined: set[str], allow_named: bool) -> None:
         """The loop variable and the names first bound in the body are local
         to it; names bound before it and rebound in it are carried."""
+        if "range" in defined:  # (as a call of it would be, not the builtin all the same)
+            raise GradError("'range' is a value here, not the range() a for loop iterates "
+                            "over; rename it", stmt.span)
         for a in stmt.args:
             self.expr(a, defined)
         if stmt.var in defined:

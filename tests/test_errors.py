@@ -366,6 +366,9 @@ def test_max_of_two_values_says_maximum(call, text):
      "cotangent; compute what needs the param outside it (ste(x / w) * w)"),
     ("param w: f64\ndef g(x):\n    return x * w\n@pass_through\ndef f(x):\n    return g(x)\n",
      5, "@pass_through function f() reads the param 'w'"),
+    # a value named range: its for loop iterated over the builtin all the same
+    ("def f(x, range):\n    for i in range(3):\n        x = x * 2.0\n    return x + range\n", 2,
+     "'range' is a value here, not the range() a for loop iterates over; rename it"),
 ])
 def test_grad_block_contract_is_checked_at_load(source, line, text):
     assert_at(load_error(source), line, None, text)
