@@ -99,6 +99,8 @@ class _Function:
             self.not_a_param(p.name, p.span, "a parameter")
             self.default_fits(p)
             names.add(p.name)
+        for ann in [p.ann for p in f.params] + [f.ret]:
+            self.sizes_named_apart(ann, names)
         defaults = [p.default is not None for p in f.params]
         if True in defaults and False in defaults[defaults.index(True):]:
             # (as in Python: a call could not pass it by position)
@@ -211,6 +213,17 @@ class _Function:
                 raise GradError(f"{where} returns None: a block returns a cotangent {which} "
                                 "(0 for a zero one), and nothing for other parameters (where "
                                 "PyTorch's backward returns None)", item.value.span)
+
+    def sizes_named_apart(self, ann: Optional[ast.TypeAnn], names: set[str]) -> None:
+        """A size named in an annotation (`f64[n]`) that is also a parameter
+        or a module param: the two are unrelated values (`x: f64[n], n: i64`
+        took any n with any x), which reads as if they were one."""
+        for d in ann.dims or () if ann is not None else ():
+            if isinstance(d, str) and (d in names or d in self.ns.params):
+                what = f"a parameter of {self.f.name}()" if d in names else "a module param"
+                raise GradError(f"the size {d!r} of this annotation is also {what}, a value "
+                                "unrelated to it; rename one (the size is x.shape[k] in the "
+                                "body)", ann.span)
 
     def not_a_param(self, name: str, span, what: str) -> None:
         if name in self.ns.params:

@@ -366,6 +366,13 @@ def test_max_of_two_values_says_maximum(call, text):
      "cotangent; compute what needs the param outside it (ste(x / w) * w)"),
     ("param w: f64\ndef g(x):\n    return x * w\n@pass_through\ndef f(x):\n    return g(x)\n",
      5, "@pass_through function f() reads the param 'w'"),
+    # a size named as a parameter or a module param: two unrelated values
+    # (f(ones(3), 5) was [5, 5, 5])
+    ("def f(x: f64[n], n: i64):\n    return x * n\n", 1,
+     "the size 'n' of this annotation is also a parameter of f(), a value unrelated to it; "
+     "rename one (the size is x.shape[k] in the body)"),
+    ("param n: i64\ndef f(x) -> f64[n]:\n    return x\n", 2,
+     "the size 'n' of this annotation is also a module param"),
     # a value named range: its for loop iterated over the builtin all the same
     ("def f(x, range):\n    for i in range(3):\n        x = x * 2.0\n    return x + range\n", 2,
      "'range' is a value here, not the range() a for loop iterates over; rename it"),
