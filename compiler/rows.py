@@ -233,7 +233,6 @@ def _grow(steps: list, start: int, taken: set[int]
             break
         step = steps[k]
         reads = _reads(step)
-        produced = group.element | group.row | group.totals
         size = len(step.eqns) + len(step.reductions) if not isinstance(step, Eqn) else 1
         kind = None
         if k not in taken and not reads & blocked and group.eqns + size <= MAX_ROW_EQNS:
@@ -242,8 +241,12 @@ def _grow(steps: list, start: int, taken: set[int]
             if kind is None:
                 group.k = saved
         if kind is None:
-            if reads & produced:
+            if reads & (group.element | group.row):
                 break  # a reader that cannot join: the group ends before it
+            # (a reader of its totals alone is looked past: it runs after the
+            # row loop and the totals' sums, as every step left out does,
+            # so that `-sum(...)`'s negation of the total, or a mean's
+            # division, does not end the loop its gradient's rows join)
             if k not in taken:
                 blocked.update(_outputs(step))
             misses += 1

@@ -53,6 +53,9 @@ def unit_sum(x):
     s = sum(x, axis=-1, keepdims=True)
     return x - sum(s, axis=(1, 2), keepdims=True)
 
+def cross_entropy(x, w):
+    return -sum(w * log_softmax(x, axis=-1)) / x.shape[0]
+
 def nested(x):
     s = softmax(log_softmax(x, axis=-1), axis=-1)
     return s * sum(s * s, axis=-1, keepdims=True), min(x, axis=-1)
@@ -202,6 +205,24 @@ def test_a_sum_over_the_rows_and_more_is_summed_per_row_in_the_row_loop():
     got = dsl.value_and_grad(M.loss)(x32, w.astype(np.float32))
     assert got[0].dtype == got[1].dtype == np.float32
     np.testing.assert_allclose(got[0], np.sum(p * w), rtol=1e-6)
+
+
+def test_a_step_reading_only_the_total_leaves_the_gradients_rows_in_the_row_loop():
+    # catches: the negation and the division of a loss's total
+    # (-sum(w * log_softmax(x)) / n) ending the row loop at them, so that
+    # its gradient's rows ran as three kernels storing n x k arrays
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=(3, 4)), rng.uniform(size=(3, 4))
+    vg = dsl.value_and_grad(M.cross_entropy)
+    assert len(vg.program(vg.bind((x, w), {})).generated.kernel_names) == 1
+
+    def want(a):
+        shifted = a - a.max(axis=-1, keepdims=True)
+        return -np.sum(w * (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))) / 3
+
+    value, grad = vg(x, w)
+    np.testing.assert_allclose(value, want(x), rtol=1e-14)
+    np.testing.assert_allclose(grad, central_difference(want, [x], 0), rtol=1e-6, atol=1e-9)
 
 
 def test_a_row_values_sum_over_axes_of_one_element_is_no_total():
