@@ -142,7 +142,8 @@ def loads(source: str, file: "str | os.PathLike" = "<string>",
     flag_option(host_results, "loads", "host_results")
     # (as text: a Path failed when called, sorted among the str names of
     # the modules it imports, and bytes where an import looked beside it)
-    file = os.fsdecode(file)
+    # (an empty name would begin each message with ":2:14: error")
+    file = os.fsdecode(file) or "<string>"
     module, namespace = front_end(source, file)
     return Module(module, namespace, target, host_results)
 

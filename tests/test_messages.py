@@ -152,6 +152,13 @@ def test_a_value_that_is_no_function_or_source_is_an_argument_error(call, expect
     assert not any(name.endswith(("api.py", "function.py")) for name in files), files
 
 
+def test_loads_with_an_empty_file_name_names_the_source_as_the_default_does():
+    # an empty name began each message with ":2:14: error" (no file)
+    with pytest.raises(dsl.GradError) as info:
+        dsl.loads("def f(x):\n    return y\n", "")
+    assert str(info.value).startswith("<string>:2:12: error: name 'y' is not defined")
+
+
 def test_host_results_is_true_or_false():
     # host_results="no" was taken as true
     with pytest.raises(dsl.ArgumentError, match=r"^error: loads\(\)'s host_results is True or "
