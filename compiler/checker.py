@@ -257,6 +257,11 @@ class _Function:
                     "then the function's parameters)"
         positional = [it for it in items if it.name is None]
         named = [it for it in items if it.name is not None]
+        first_named = items.index(named[0]) if named else len(items)
+        after = [it for it in items[first_named:] if it.name is None]
+        if after:  # (as Python's "positional argument follows keyword argument")
+            raise GradError(f"{where} returns a positional cotangent after a named one "
+                            f"({named[0].name}=...): positional ones come first", after[0].span)
         if len(positional) > len(positional_names):
             raise GradError(f"{where} returns {len(items)} cotangent(s); expected {want}",
                             positional[len(positional_names)].span)

@@ -373,6 +373,10 @@ def test_max_of_two_values_says_maximum(call, text):
      "rename one (the size is x.shape[k] in the body)"),
     ("param n: i64\ndef f(x) -> f64[n]:\n    return x\n", 2,
      "the size 'n' of this annotation is also a module param"),
+    # a positional cotangent after a named one: "the cotangent for 'x' twice"
+    ("def f(x, y):\n    return x * y\ngrad(d):\n    return x=d, d\n", 4,
+     "grad block 1 of f() (line 3) returns a positional cotangent after a named one (x=...): "
+     "positional ones come first"),
     # a value named range: its for loop iterated over the builtin all the same
     ("def f(x, range):\n    for i in range(3):\n        x = x * 2.0\n    return x + range\n", 2,
      "'range' is a value here, not the range() a for loop iterates over; rename it"),
