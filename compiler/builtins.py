@@ -21,10 +21,10 @@ from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, INTS, Atom, Lit, Var
 from gradlang.compiler.shapes import NeedsConcrete, NeedsValue, Sym, prod, quotient
 from gradlang.compiler.values import (RUN_TIME, NotCompileTime, Value, as_atom, cast,
-                                      is_argument, is_integer, is_static, number_type,
+                                      is_integer, is_static, naming_arguments, number_type,
                                       run_time_number, sequence_kind, unify, weak_result,
                                       weakly_typed)
-from gradlang.runtime.errors import ArgumentError, GradError, Span
+from gradlang.runtime.errors import GradError, Span
 
 if TYPE_CHECKING:
     from gradlang.compiler.lower import Lowerer
@@ -274,7 +274,7 @@ def _fitted(v, dtype: str, span: Span):
     try:
         return coerce(v, dtype, span)
     except GradError as err:
-        raise _naming_arguments((v,), err.message, span) from None
+        raise naming_arguments((v,), err.message, span) from None
 
 
 def _casts_in_range(source: str, target: str) -> bool:
@@ -321,7 +321,7 @@ def _reshape(L, b, args, kwargs, span):
     x = as_atom(b, args[0], span)
     shape = list(_static_shape(L, _kw(args, kwargs, 1, "shape"), span))
     if shape.count(-1) > 1:
-        raise _naming_arguments(shape, f"invalid shape {shape}", span)
+        raise naming_arguments(shape, f"invalid shape {shape}", span)
     for d in shape:
         if isinstance(d, int) and d < -1:
             raise _negative(d, f"invalid shape {shape}", span)
@@ -333,12 +333,12 @@ def _reshape(L, b, args, kwargs, span):
         if rest is None and (isinstance(size, Sym) or isinstance(known, Sym)):
             raise NeedsConcrete(f"the size {size} is divided by {known}")
         if rest is None:
-            raise _naming_arguments(shape, f"cannot reshape {list(x.type.shape)} to {shape}", span)
+            raise naming_arguments(shape, f"cannot reshape {list(x.type.shape)} to {shape}", span)
         shape[shape.index(-1)] = rest
     elif all(isinstance(d, int) for d in (*shape, x.type.size)) and prod(shape) != x.type.size:
         # (the op's shape rule says so too, but cannot tell an argument's
         # value from the source's number)
-        raise _naming_arguments(shape, f"cannot reshape {list(x.type.shape)} ({x.type.size} "
+        raise naming_arguments(shape, f"cannot reshape {list(x.type.shape)} ({x.type.size} "
                                   f"elements) to {shape}", span)
     shape = tuple(shape)
     if shape == x.type.shape:  # (a number stays one: `reshape(0.5, ())` is weak)
@@ -365,7 +365,7 @@ def _transpose(L, b, args, kwargs, span):
         rank = x.type.rank
         perm = [a % rank if -rank <= a < rank else a for a in axes]
         if sorted(perm) != list(range(rank)):
-            raise _naming_arguments(axes, f"transpose axes {perm} do not match rank {rank}", span)
+            raise naming_arguments(axes, f"transpose axes {perm} do not match rank {rank}", span)
     return L.transpose(b, x, axes, span)
 
 
@@ -461,7 +461,7 @@ def _per_axis(L, name: str, d: int, v, what: str, least: int, span) -> tuple[int
     if any(isinstance(k, Sym) for k in numbers):
         raise NeedsConcrete(f"a size used as the {what} of {name}()")
     if any(k < least for k in numbers):
-        raise _naming_arguments([k for k in numbers if k < least],
+        raise naming_arguments([k for k in numbers if k < least],
                            f"{name}() {what} must be {'positive' if least else 'non-negative'}"
                            f", got {list(numbers) if isinstance(v, tuple) else v}", span)
     return numbers
@@ -714,22 +714,7 @@ def _negative(value: int, message: str, span: Span) -> GradError:
     """The error `message` says about a negative `value`: the caller's
     `ArgumentError`, naming the argument, where it is an argument's value
     (`is_argument`), else an error in the source."""
-    return _naming_arguments((value,), message, span)
-
-
-def _naming_arguments(values: Sequence, message: str, span: Span) -> GradError:
-    """The error `message` says about `values` (a shape, axes, a number):
-    the caller's `ArgumentError`, naming the arguments whose values they
-    hold as they are (`is_argument`: `reshape(x, (k, -1))` for `k: i64`
-    that does not divide x's size), as an axis or index out of range is;
-    else, with no argument among them, an error in the source."""
-    names = list(dict.fromkeys(v.name for v in values if is_argument(v)))
-    if not names:
-        return GradError(message, span)
-    if len(names) == 1:
-        return ArgumentError(f"{message} (the value of argument {names[0]!r})", span)
-    listed = ", ".join(repr(name) for name in names)
-    return ArgumentError(f"{message} (the values of arguments {listed})", span)
+    return naming_arguments((value,), message, span)
 
 
 def _arange(L, b, args, kwargs, span):
@@ -749,7 +734,7 @@ def _arange(L, b, args, kwargs, span):
                         span)
     start, stop, step = bounds
     if step == 0:
-        raise _naming_arguments((step,), "arange() step cannot be zero", span)
+        raise naming_arguments((step,), "arange() step cannot be zero", span)
     if isinstance(start, Sym) or isinstance(step, Sym) or isinstance(stop, Sym) \
             and (start, step) != (0, 1):
         raise NeedsConcrete("a size used as a bound of arange() with a start or step")

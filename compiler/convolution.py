@@ -55,6 +55,7 @@ import itertools
 from gradlang.compiler.builder import Builder
 from gradlang.compiler.ir import FLOATS, Atom
 from gradlang.compiler.shapes import NeedsConcrete, Sym, prod
+from gradlang.compiler.values import naming_arguments
 from gradlang.runtime.errors import GradError, Span
 
 
@@ -115,9 +116,9 @@ def convolution(b: Builder, name: str, x: Atom, w: Atom, stride: tuple[int, ...]
                         f"the weight of shape {list(ws)} takes {ws[1]}", span)
     widths = tuple(s + 2 * p for s, p in zip(spatial, padding))
     if any(k > s for k, s in zip(kernel, widths)):
-        raise GradError(f"{name}() kernel {list(kernel)} is larger than the padded input "
-                        f"{list(widths)} (input {list(spatial)}, padding {list(padding)})",
-                        span)
+        raise naming_arguments(padding, f"{name}() kernel {list(kernel)} is larger than the "
+                               f"padded input {list(widths)} (input {list(spatial)}, padding "
+                               f"{list(padding)})", span)
     out = tuple((s - k) // st + 1 for s, k, st in zip(widths, kernel, stride))
     # the weight as (O, *kernel, C) rows: the order of the stacked taps
     wl = b.bind("transpose", w, perm=(0,) + tuple(range(2, d + 2)) + (1,), span=span)

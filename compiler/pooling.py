@@ -39,6 +39,7 @@ from gradlang.compiler.convolution import padded, windows
 from gradlang.compiler.ir import FLOATS, Atom
 from gradlang.compiler.ops import full
 from gradlang.compiler.shapes import NeedsConcrete, Sym
+from gradlang.compiler.values import naming_arguments
 from gradlang.runtime.errors import GradError, Span
 
 
@@ -60,8 +61,9 @@ def pooling(b: Builder, name: str, x: Atom, kernel: tuple[int, ...], stride: tup
                         f"{list(kernel)}", span)
     widths = tuple(s + 2 * p for s, p in zip(spatial, padding))
     if any(k > w for k, w in zip(kernel, widths)):
-        raise GradError(f"{name}() kernel {list(kernel)} is larger than the padded input "
-                        f"{list(widths)} (input {list(spatial)}, padding {list(padding)})", span)
+        raise naming_arguments(kernel + padding, f"{name}() kernel {list(kernel)} is larger "
+                               f"than the padded input {list(widths)} (input {list(spatial)}, "
+                               f"padding {list(padding)})", span)
     out = tuple((w - k) // st + 1 for w, k, st in zip(widths, kernel, stride))
     maximum = name.startswith("max")
     if maximum and any(padding):

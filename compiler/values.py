@@ -17,7 +17,7 @@ from gradlang.compiler.builder import Builder, coerce
 from gradlang.compiler.ir import FLOATS, Atom, Lit, Var, WeakVar
 from gradlang.compiler.shapes import NeedsConcrete, Sym
 from gradlang.runtime.common import arange_length
-from gradlang.runtime.errors import GradError, Span
+from gradlang.runtime.errors import ArgumentError, GradError, Span
 
 
 class NotCompileTime(GradError):
@@ -169,6 +169,21 @@ def is_argument(v: object) -> bool:
     """Whether v is an integer argument's value, passed on as it is
     (`ArgumentValue`, `ByValueArgument`), which has a `name`."""
     return isinstance(v, (ArgumentValue, ByValueArgument))
+
+
+def naming_arguments(values: Sequence, message: str, span: Span) -> GradError:
+    """The error `message` says about `values` (a shape, axes, a number):
+    the caller's `ArgumentError`, naming the arguments whose values they
+    hold as they are (`is_argument`: `reshape(x, (k, -1))` for `k: i64`
+    that does not divide x's size), as an axis or index out of range is;
+    else, with no argument among them, an error in the source."""
+    names = list(dict.fromkeys(v.name for v in values if is_argument(v)))
+    if not names:
+        return GradError(message, span)
+    if len(names) == 1:
+        return ArgumentError(f"{message} (the value of argument {names[0]!r})", span)
+    listed = ", ".join(repr(name) for name in names)
+    return ArgumentError(f"{message} (the values of arguments {listed})", span)
 
 
 def is_integer(v: object) -> bool:

@@ -161,6 +161,12 @@ def test_a_size_index_or_an_option_argument_out_of_range_is_an_argument_error_na
             "(the value of argument 'k')", (6, 26))
     refused(lambda: options.r(0), "arange() step cannot be zero (the value of argument 'k')",
             (8, 12))
+    # a pooling's kernel, or a convolution's padding, that the input cannot
+    # hold (a GradError in the source naming no argument)
+    refused(lambda: options.p(x, 9), "max_pool1d() kernel [9] is larger than the padded input "
+            "[5] (input [5], padding [0]) (the value of argument 'k')", (4, 12))
+    refused(lambda: options.c(x, np.ones((1, 1, 9)), 1, 1), "conv1d() kernel [9] is larger than "
+            "the padded input [7] (input [5], padding [1]) (the value of argument 'p')", (2, 12))
 
 
 def test_a_bool_for_an_integer_argument_is_an_argument_error(m):
