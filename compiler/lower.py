@@ -1165,8 +1165,13 @@ class Lowerer:
                  for k, v in enumerate(operands)]
         out = b.bind(op, *atoms, span=span, weak=not run_time)
         made = None if run_time or len(operands) != 2 else _size_less(op, *operands)
-        if made is not None:
-            self.shortened_numbers[out] = shortened(*made)
+        size = None if made is None else shortened(*made)
+        # (only a size: `x[-3:].shape[0] - 3` clamped is 0 for every n, an
+        # int that no longer says it is a number clamped, so a loop counting
+        # down to it ran no trip where range(0, min(n, 3) - 3, -1) has some;
+        # as a run-time number it is each n's)
+        if isinstance(size, Sym):
+            self.shortened_numbers[out] = size
         return out
 
     def shortened_bound(self, v: Value) -> Value:

@@ -380,6 +380,12 @@ def countdown(x):
         s = s + i
     return s
 
+def below(x):
+    s = 0.0
+    for i in range(0, x[-3:].shape[0] - 3, -1):
+        s = s + i
+    return s
+
 def nested_steps(x):
     y = x[::2]
     return sum(y[:y.shape[0] - 1] * y[1:] * x[1:-1:2])
@@ -416,3 +422,7 @@ def test_a_bound_of_a_size_less_a_constant_compiles_once_for_every_length(monkey
     # a stop counted down to is not clamped at 0: range(2, -2, -1) has 4 trips
     for n in (0, 1, 6):
         assert m.countdown(np.ones(n)) == sum(range(2, (n + 1) // 2 - 2, -1))
+    # nor one of the last 3 less 3, min(n, 3) - 3, which clamped is 0 for
+    # every n: range(0, -3, -1) has 3 trips
+    for n in (0, 2, 5):
+        assert m.below(np.ones(n)) == sum(range(0, min(n, 3) - 3, -1))
