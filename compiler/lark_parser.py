@@ -362,6 +362,28 @@ def _spelling_hint(err: lark.exceptions.UnexpectedInput, line_text: str,
     return None
 
 
+_OPENED_BY = {")": "(", "]": "["}
+
+
+def _left_open(lines: list[str]) -> list[tuple[int, int, str]]:
+    """(line, column, bracket) of each bracket open at the end of the
+    file, innermost last; or at a closing bracket of another kind than the
+    innermost open one (`[x, (x` then `]`), those open there: that `]`
+    closes no `(`, which is the one never closed (popped, the `[` was
+    said to be)."""
+    open_at: list[tuple[int, int, str]] = []
+    for number, text in enumerate(lines, 1):
+        for match in _BRACKET_PIECES.finditer(text):
+            piece = match.group()
+            if piece in ("(", "["):
+                open_at.append((number, match.start() + 1, piece))
+            elif piece in _OPENED_BY and open_at:
+                if open_at[-1][2] != _OPENED_BY[piece]:
+                    return open_at
+                open_at.pop()
+    return open_at
+
+
 def _never_closed(err: lark.exceptions.UnexpectedInput, lines: list[str], line: int,
                   col: int) -> tuple[int, int, str] | None:
     """(line, column, bracket) of the innermost bracket the file leaves
@@ -369,13 +391,7 @@ def _never_closed(err: lark.exceptions.UnexpectedInput, lines: list[str], line: 
     of the file, as Python's "'(' was never closed".  Inside a bracket
     the line breaks are dropped, so the parse stopped at the next
     statement: `y = (x + 1` said "unexpected 'return'" on the line after."""
-    open_at: list[tuple[int, int, str]] = []
-    for number, text in enumerate(lines, 1):
-        for match in _BRACKET_PIECES.finditer(text):
-            if match.group() in ("(", "["):
-                open_at.append((number, match.start() + 1, match.group()))
-            elif match.group() in (")", "]") and open_at:
-                open_at.pop()
+    open_at = _left_open(lines)
     if not open_at or open_at[-1][:2] >= (line, col):
         return None
     token = getattr(err, "token", None)

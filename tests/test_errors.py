@@ -172,6 +172,8 @@ def test_a_python_statement_is_named_only_where_the_parse_stopped_at_it(statemen
     ("def f(x):\n    y = exp(x\n    return y\n", 2, 12, "'(' was never closed"),
     ("def f(x):\n    y = stack([x, (x\n    return y\n", 2, 19, "'(' was never closed"),
     ("def f(x):\n    return [x,\n", 2, 12, "'[' was never closed"),
+    # (a `]` closes no `(`: the `[` before it was said never closed)
+    ("def f(x):\n    y = [x, (x\n    ]\n    return y\n", 2, 13, "'(' was never closed"),
     # (a bracket in a string or a comment opens nothing; one closed is no matter)
     ("def f(x):  # (\n    y = (x +\n         x) $\n    return y\n", 3, 13,
      "unexpected character '$'"),
