@@ -279,9 +279,12 @@ def _fitted(v, dtype: str, span: Span):
 
 def _casts_in_range(source: str, target: str) -> bool:
     """Whether a run-time scalar of `source` converts to `target` with no
-    loss of range (a float may round, as NumPy's cast of initial does)."""
-    if target in FLOATS:
-        return source in FLOATS + INTS
+    loss of range (a float may round, as NumPy's cast of initial does).  A
+    bool is 0 or 1 in any dtype, and any number is a bool as NumPy takes
+    one (nonzero is True: 256 too, no wraparound); of bools, asking an
+    integer's width raised tuple.index's ValueError."""
+    if target in FLOATS or "bool" in (source, target):
+        return True
     return source in INTS and INTS.index(source) <= INTS.index(target)  # (INTS: by width)
 
 

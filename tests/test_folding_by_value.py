@@ -315,6 +315,28 @@ def test_an_integer_argument_an_i32_fill_or_initial_cannot_hold_is_an_error_nami
         assert (info.value.line, info.value.col) == (2, 12)
 
 
+def test_a_bool_array_filled_or_a_bool_initial_at_run_time_is_numpys():
+    # full_like(b, k) of a bool b raised tuple.index's ValueError (a
+    # traceback) for a run-time scalar k, asking how far an integer's range
+    # reaches in a bool; NumPy's fill is k != 0 (256 and 2**40 too, no
+    # wraparound).  A bool initial (flag: bool) was "initial must be a
+    # number known at compile time", where a bool converts to any dtype
+    m = dsl.loads("def f(b: bool[3], k: i64, v: f64):\n"
+                  "    return full_like(b, k), full_like(b, v)\n"
+                  "def g(y: i32[2], flag: bool):\n"
+                  "    return sum(y, initial=flag), max(y * 0.5, initial=flag)\n", "flags.grad")
+    b = np.array([True, False, True])
+    for k, v in ((0, 0.0), (256, 0.5), (2**40, -np.inf), (-1, np.nan)):
+        for got, want in zip(m.f(b, k, v), (np.full_like(b, k), np.full_like(b, v)), strict=True):
+            assert got.dtype == np.bool_
+            np.testing.assert_array_equal(got, want)
+    y = np.array([-3, -1], np.int32)
+    for flag in (True, False):
+        total, top = m.g(y, flag)
+        assert (total, top) == (np.sum(y, initial=flag), np.max(y * 0.5, initial=flag))
+        assert (total.dtype, top.dtype) == (np.int64, np.float64)
+
+
 @pytest.mark.parametrize("use,message", [
     ("x[k == 1]", "expected a compile-time integer"),
     ("sum(x, axis=k == 1)", "axis must be a compile-time integer"),
