@@ -389,7 +389,7 @@ def _compile_module(path: str, out_dir: str, sigs: Optional[list[str]], target: 
             program = {"kernels": kernels, "driver": generated.driver_source, "sizes": sizes,
                        "outs": out_types(lowered, fn_types)}
             if precompile:
-                size = _sample_size(symbolic_reaches(optimized))
+                size = _sample_size(symbolic_reaches(optimized), f, text)
                 _samples(fn_types, text, np.empty, size)  # can they be made? (no memory touched)
                 samples.append((name, kind, fn_types, text, program, size))
             entry["programs"].append((kind, key, program))
@@ -516,13 +516,31 @@ def _with_sizes(name: str, args: list, size: int = 128) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-def _sample_size(reaches: dict[Sym, int]) -> int:
+def _sample_size(reaches: dict[Sym, int], f: Compiled, sig: str) -> int:
     """The size of every symbol in a program's samples: 3, or what the
-    program's fixed regions of symbolic axes need (`symbolic_reaches`)."""
+    program's fixed regions of symbolic axes need (`symbolic_reaches`);
+    a `SignatureError` for a region of an axis that no size makes long
+    enough (`_longest`: `x[-3:][3]`), which the search ran after for ever."""
+    for d, need in reaches.items():
+        longest = _longest(d)
+        if longest is not None and longest < need:
+            raise SignatureError(f"cannot compile {sig!r}: {f.name}() selects element "
+                                 f"{need - 1} of an axis of {d} elements, which no size makes "
+                                 f"longer than {longest}", f.span)
     size = 3
     while any(_sample_length(d, size) < need for d, need in reaches.items()):
         size += 1
     return size
+
+
+def _longest(d: Sym) -> Optional[int]:
+    """The most elements an axis of size d has for any sizes of its symbols,
+    where each factor is a slice's length of at most k (`shapes.limited`:
+    `x[-3:]`, min(n, 3)), else None (it grows with them).  (A slice's
+    length is nondecreasing in the size it is of, so where it is, a large
+    enough sample reaches it.)"""
+    bounds = [made[3] if made else None for made in map(derivation, d.factors)]
+    return None if None in bounds else d.coef * math.prod(bounds)
 
 
 def _sample_length(d, size: int) -> int:

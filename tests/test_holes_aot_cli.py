@@ -148,6 +148,18 @@ def test_a_size_named_like_a_params_own_size_is_not_that_size():
     np.testing.assert_array_equal(out, 3 * np.arange(5.0))
 
 
+def test_a_fixed_region_of_an_axis_no_size_makes_that_long_is_refused(tmp_path, capsys):
+    # x[-3:][3] selects element 3 of an axis of min(n, 3) elements, which no
+    # n makes that long: precompiling looked for a sample size reaching it,
+    # n = 3, 4, 5, ..., for ever (`gradc compile` hung)
+    source = tmp_path / "far.grad"
+    source.write_text("def f(x):\n    return x[-3:][3] * 2.0\n")
+    assert within_seconds(60, main, ["compile", str(source), "-o", str(tmp_path),
+                                     "--sig", "f(f64[:])"]) == 2
+    assert capsys.readouterr().err == "gradc: error: cannot compile 'f(f64[:])': f() selects " \
+        "element 3 of an axis of min(a0, 3) elements, which no size makes longer than 3\n"
+
+
 def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
     # `x[1:] - x[:-1]` on f64[:] was "cannot be compiled for any size"; its
     # length, max(0, n - 1), is computed in the driver from n (a name no
