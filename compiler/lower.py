@@ -43,8 +43,9 @@ from gradlang.compiler.ir import (FLOATS, INTS, NUMPY_DTYPES, Atom, Eqn, Functio
                                   StaticScalar, TensorType, Var, WeakVar)
 from gradlang.compiler.namespace import Namespace, param_reads
 from gradlang.compiler.source import too_deep
-from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, broadcasts_to, derivation, is_lone,
-                                      limited, plain_size, region_size, shortened)
+from gradlang.compiler.shapes import (Dim, NeedsConcrete, Sym, bound_of, broadcasts_to,
+                                      derivation, is_lone, limited, plain_size, region_size,
+                                      shortened)
 from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
@@ -936,7 +937,7 @@ class Lowerer:
         (`shapes.limited`), but ahead of time, where a fixed region's
         driver checks that n reaches it instead (`REGIONS_OF_SYMBOLIC_AXES`:
         the region has its fixed shape, which `x[:2] * w` of a w of 2
-        elements needs)."""
+        elements needs; unless no size reaches it, `_past_every_length`)."""
         if step < 1:
             return None
         end = size if stop is None else shortened(size, -stop) if stop < 0 else None
@@ -944,7 +945,8 @@ class Lowerer:
             return start, end, step
         if start < 0 and end is not None and (stop is None or start < stop):
             return shortened(size, -start), end, step
-        if start >= 0 and end is None and not REGIONS_OF_SYMBOLIC_AXES.get():
+        if start >= 0 and end is None and (not REGIONS_OF_SYMBOLIC_AXES.get()
+                                           or _past_every_length(size, start, stop, step)):
             return start, limited(size, stop), step
         return None
 
@@ -1271,6 +1273,16 @@ class Lowerer:
             if out.type.shape != kept:
                 out = b.bind("reshape", out, shape=kept, span=span)
         return out
+
+
+def _past_every_length(size: Sym, start: int, stop: int, step: int) -> bool:
+    """Whether the fixed region start:stop:step reaches past every length
+    an axis of `size` may have (one of at most k elements, `x[-3:]`, and
+    `[:4:3]` of it): no driver's check that the axis reaches the region
+    could pass (`codegen.check_reaches`), so ahead of time too it is the
+    slice's own length (`shapes.limited`), as NumPy's for every size."""
+    picked, longest = range(start, stop, step), bound_of(size)
+    return bool(picked) and longest is not None and picked[-1] >= longest
 
 
 def _lowest(dtype: str) -> int | float:

@@ -160,6 +160,19 @@ def test_a_fixed_region_of_an_axis_no_size_makes_that_long_is_refused(tmp_path, 
         "element 3 of an axis of min(a0, 3) elements, which no size makes longer than 3\n"
 
 
+def test_a_region_past_every_length_of_a_bounded_axis_is_numpys_slice(tmp_path):
+    # x[-3:][:4:3]: a fixed region (elements 0 and 3) of an axis of min(n,
+    # 3) elements, which no n reaches, so the signature was refused; it is
+    # the slice's own length, ceil(min(n, 3) / 3), as outside gradc
+    source = tmp_path / "past.grad"
+    source.write_text("def f(x):\n    return x[-3:][:4:3] * 2.0\n")
+    assert main(["compile", str(source), "-o", str(tmp_path), "--sig", "f(f64[:])"]) == 0
+    f = import_compiled(tmp_path / "past.py").functions["f"]
+    for n in (0, 1, 2, 5):
+        x = np.arange(1.0, n + 1)
+        np.testing.assert_array_equal(f(x), x[-3:][:4:3] * 2.0)
+
+
 def test_a_slices_length_is_computed_from_the_size_it_shortens(tmp_path):
     # `x[1:] - x[:-1]` on f64[:] was "cannot be compiled for any size"; its
     # length, max(0, n - 1), is computed in the driver from n (a name no
