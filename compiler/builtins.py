@@ -342,7 +342,7 @@ def _reshape(L, b, args, kwargs, span):
         # (the op's shape rule says so too, but cannot tell an argument's
         # value from the source's number)
         raise naming_arguments(shape, f"cannot reshape {list(x.type.shape)} ({x.type.size} "
-                                  f"elements) to {shape}", span)
+                               f"elements) to {shape}", span)
     shape = tuple(shape)
     if shape == x.type.shape:  # (a number stays one: `reshape(0.5, ())` is weak)
         return args[0] if is_static(args[0]) else x
@@ -465,8 +465,8 @@ def _per_axis(L, name: str, d: int, v, what: str, least: int, span) -> tuple[int
         raise NeedsConcrete(f"a size used as the {what} of {name}()")
     if any(k < least for k in numbers):
         raise naming_arguments([k for k in numbers if k < least],
-                           f"{name}() {what} must be {'positive' if least else 'non-negative'}"
-                           f", got {list(numbers) if isinstance(v, tuple) else v}", span)
+                               f"{name}() {what} must be {'positive' if least else 'non-negative'}"
+                               f", got {list(numbers) if isinstance(v, tuple) else v}", span)
     return numbers
 
 

@@ -448,7 +448,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, file: str,
         # (the end of the file is no help where something else may come: at
         # the top level it would hide the list, one name too long)
         shown = takes - {"$END"} if takes - {"$END"} else takes
-        expected = sorted(_TERMINAL_NAMES.get(t, repr(t.lower()) if t.isupper() and len(t) > 1 else t)
+        expected = sorted(_TERMINAL_NAMES.get(t, repr(t.lower()) if t.isupper() and len(t) > 1
+                                              else t)
                           for t in shown if not t.startswith("__"))
         if expected and len(expected) <= 7:
             message += "; expected " + " or ".join(expected)
