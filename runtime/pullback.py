@@ -112,6 +112,10 @@ class Pullback:
         array that is not C-contiguous an `ArgumentError`, as an argument
         is), anything else as `host_cotangent` makes it, on the target."""
         where = f"cotangent {k} of the pullback of {called(self.name)}"
+        if ct is None and out.dtype not in ("f32", "f64"):
+            # (a bool or integer output takes no cotangent, JAX's float0:
+            # None stands for its zeros, where an array was required)
+            ct = 0
         if self.target.is_array(ct) and not isinstance(ct, np.ndarray):
             if tuple(ct.shape) != out.shape or np.dtype(ct.dtype) != NUMPY[out.dtype]:
                 # (what it is, too: a host array's error says its shape or

@@ -188,6 +188,18 @@ def test_a_value_that_is_no_array_says_what_it_is(call, expected):
     assert text.splitlines()[0] == f"cubes.grad:1:5: error: {expected}", text
 
 
+def test_a_pullback_takes_none_for_a_bool_or_integer_outputs_cotangent():
+    # a bool output's cotangent had to be an array ("cotangent 1 ... is
+    # None, where an array or a number goes"), though nothing reads it (JAX
+    # takes float0); a float output's None is still refused
+    m = dsl.loads("def f(x):\n    return x * 3.0, x > 0.0, sum(x > 0.0)\n")
+    _, pullback = dsl.vjp(m.f, np.array([1.0, -1.0]))
+    (dx,) = pullback(np.array([1.0, 2.0]), None, None)
+    np.testing.assert_array_equal(dx, [3.0, 6.0])
+    with pytest.raises(dsl.ArgumentError, match="cotangent 0 of the pullback of f"):
+        pullback(None, None, None)
+
+
 def test_a_tapes_sources_are_arrays():
     x = np.array([1.0, 2.0])
     with dsl.Tape() as tape:
