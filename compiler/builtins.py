@@ -270,7 +270,7 @@ def _initial(L: Lowerer, b: Builder, v: Value, dtype: str, negate: bool, span: S
 
 def _fitted(v, dtype: str, span: Span):
     """`coerce`'s number v of `dtype`, its error the caller's where v is
-    an argument's value taken by value (`_naming_arguments`)."""
+    an argument's value taken by value (`naming_arguments`)."""
     try:
         return coerce(v, dtype, span)
     except GradError as err:
@@ -327,7 +327,7 @@ def _reshape(L, b, args, kwargs, span):
         raise naming_arguments(shape, f"invalid shape {shape}", span)
     for d in shape:
         if isinstance(d, int) and d < -1:
-            raise _negative(d, f"invalid shape {shape}", span)
+            raise naming_arguments((d,), f"invalid shape {shape}", span)
     if -1 in shape:
         known, size = prod(d for d in shape if d != -1), x.type.size
         # (symbolic sizes: `reshape(x, (-1, d))` of (n, t, d) is (n * t, d)
@@ -354,7 +354,8 @@ def _broadcast_to(L, b, args, kwargs, span):
     shape = _static_shape(L, _kw(args, kwargs, 1, "shape"), span)
     for d in shape:
         if isinstance(d, int) and d < 0:  # (a size is never negative)
-            raise _negative(d, f"invalid shape {list(shape)}: sizes cannot be negative", span)
+            raise naming_arguments((d,), f"invalid shape {list(shape)}: sizes cannot be negative",
+                                   span)
     if shape == x.type.shape:
         return args[0] if is_static(args[0]) else x
     return b.bind("broadcast_to", x, shape=shape, span=span, weak=weakly_typed(args[:1]))
@@ -365,10 +366,6 @@ def _transpose(L, b, args, kwargs, span):
     axes = _kw(args, kwargs, 1, "axes")
     if axes is not None:
         axes = _static_shape(L, axes, span, sizes=False)
-        rank = x.type.rank
-        perm = [a % rank if -rank <= a < rank else a for a in axes]
-        if sorted(perm) != list(range(rank)):
-            raise naming_arguments(axes, f"transpose axes {perm} do not match rank {rank}", span)
     return L.transpose(b, x, axes, span)
 
 
@@ -709,15 +706,8 @@ def _count_of(L: Lowerer, v: Value, what: str, span: Span):
     """A compile-time count (`segment_sum`'s segments, `one_hot`'s classes)."""
     count = compile_time_number(L, v, what, span)
     if isinstance(count, int) and count < 0:
-        raise _negative(count, f"{what} cannot be negative, got {count}", span)
+        raise naming_arguments((count,), f"{what} cannot be negative, got {count}", span)
     return count
-
-
-def _negative(value: int, message: str, span: Span) -> GradError:
-    """The error `message` says about a negative `value`: the caller's
-    `ArgumentError`, naming the argument, where it is an argument's value
-    (`is_argument`), else an error in the source."""
-    return naming_arguments((value,), message, span)
 
 
 def _arange(L, b, args, kwargs, span):

@@ -50,8 +50,9 @@ from gradlang.compiler.staging import Lowered, Reach, lower_staged
 from gradlang.compiler.values import (RUN_TIME, ArgumentValue, ByValueArgument, NotCompileTime,
                                       RunTimeBool, RunTimeInt, StaticList, Value, as_atom,
                                       as_results, cast, check_range_fits, entry_results,
-                                      is_argument, is_integer, is_run_time, is_static, number_type,
-                                      of_sizes_only, promote, run_time_atom, run_time_number,
+                                      is_argument, is_integer, is_run_time, is_static,
+                                      naming_arguments, number_type, of_sizes_only, promote,
+                                      run_time_atom, run_time_number,
                                       run_time_product, sequence_kind, unify, weak_float_dtype,
                                       weak_number, weak_result)
 from gradlang.runtime.args import admits, admitted, check_dims, kind_text, number_dtype
@@ -1221,6 +1222,9 @@ class Lowerer:
         rank = v.type.rank
         perm = tuple(reversed(range(rank))) if axes is None else tuple(
             a % rank if -rank <= a < rank else a for a in axes)
+        if sorted(perm) != list(range(rank)):  # (axes of an argument's value: its error)
+            raise naming_arguments(axes, f"transpose axes {list(perm)} do not match rank "
+                                         f"{rank}", span)
         if perm == tuple(range(rank)):
             return v
         return b.bind("transpose", v, perm=perm, span=span, weak=isinstance(v, WeakVar))
@@ -1867,18 +1871,16 @@ def sequence_index_out_of_range(k: int, kind: str, length: int, span: Span) -> G
     where k is an argument's value passed on as it is (`is_argument`), as
     an array's index is (`static_index_out_of_range`); else an error in
     the source."""
-    message = f"index {k} is out of range for a {kind} of length {length}"
-    if is_argument(k):
-        return ArgumentError(f"{message} (the value of argument {k.name!r})", span)
-    return GradError(message, span)
+    return naming_arguments((k,), f"index {k} is out of range for a {kind} of length {length}",
+                            span)
 
 
-def argument_axis_out_of_range(err: ops.AxisOutOfRange) -> ArgumentError:
+def argument_axis_out_of_range(err: ops.AxisOutOfRange) -> GradError:
     """`err`, of an axis that is an argument's value passed on as it is
     (`sum(x, axis=k)` for `k: const i64`: `is_argument`), as the caller's
     `ArgumentError` naming it, as an index out of range is
     (`static_index_out_of_range`): the source is not at fault."""
-    return ArgumentError(f"{err.message} (the value of argument {err.axis.name!r})", err.span)
+    return naming_arguments((err.axis,), err.message, err.span)
 
 
 def zero_slice_step(step: int, span: Span) -> GradError:
@@ -1886,10 +1888,7 @@ def zero_slice_step(step: int, span: Span) -> GradError:
     naming the argument, where the step is an argument's value passed on
     as it is (`x[::k]` for `k: const i64`, as a `range()` step of 0 given
     at run time is), else an error in the source."""
-    if is_argument(step):
-        return ArgumentError(f"slice step cannot be zero (the value of argument {step.name!r})",
-                             span)
-    return GradError("slice step cannot be zero", span)
+    return naming_arguments((step,), "slice step cannot be zero", span)
 
 
 def _typed_int(value: int, dtype: str, span: Span) -> RunTimeInt:
